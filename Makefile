@@ -1,0 +1,49 @@
+# The two commands of the quickstart are `make demo` and `make test`; both create .venv and
+# install everything from this repository's own files (pyproject.toml, package-lock.json) first.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: install demo test test-all lint typecheck contracts bench-gas bench-sim bench-engine clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml package.json package-lock.json
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	npm ci --no-audit --no-fund --silent
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/gwtf-node demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q -m "slow or not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy gwtf coordinator_free contracts node
+
+# Recompile the Solidity sources into contracts/artifacts.json (solc-js, evmVersion prague).
+contracts: $(STAMP)
+	node contracts/compile.js
+
+bench-gas: $(STAMP)
+	$(BIN)/python bench/gas.py
+
+bench-sim: $(STAMP)
+	$(BIN)/python bench/sim_compare.py
+
+bench-engine: $(STAMP)
+	$(BIN)/python bench/engine.py
+
+clean:
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache
