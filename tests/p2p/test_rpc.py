@@ -1,0 +1,133 @@
+"""Framed request/response between real libp2p hosts on 127.0.0.1, with untrusted peers."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import trio
+from libp2p.custom_types import TProtocol
+
+from gwtf.errors import ProtocolError
+from node.p2p.host import full_address, peer_info, running_host
+from node.p2p.identity import load_or_create_identity, peer_id_of
+from node.p2p.rpc import PeerTimeout, PeerUnavailable, RequestResponse, RpcLimits
+from node.p2p.scoring import Offence
+
+ECHO = "/gwtf/test-echo/1.0.0"
+LIMITS = RpcLimits(max_request_bytes=4096, max_response_bytes=4096, timeout_s=3.0)
+
+
+async def reverse(_peer: str, request: bytes) -> bytes:
+    if request == b"boom":
+        raise RuntimeError("handler bug")
+    if request == b"bad":
+        raise ProtocolError("undecodable request")
+    return request[::-1]
+
+
+Scenario = Callable[[RequestResponse, RequestResponse], Awaitable[None]]
+
+
+def run_pair(tmp_path: Path, scenario: Scenario, admit_client: bool = True) -> None:
+    async def admit(peer: str) -> bool:
+        return admit_client
+
+    async def main() -> None:
+        server_key = load_or_create_identity(tmp_path / "server.key")
+        client_key = load_or_create_identity(tmp_path / "client.key")
+        async with running_host(server_key) as server_host, running_host(client_key) as client_host:
+            server = RequestResponse(server_host, admit=admit)
+            server.serve(ECHO, reverse, LIMITS)
+            client = RequestResponse(client_host)
+            await client_host.connect(peer_info(full_address(server_host)))
+            with trio.fail_after(20):
+                await scenario(server, client)
+
+    trio.run(main)
+
+
+def test_request_gets_the_reply(tmp_path: Path) -> None:
+    async def scenario(server: RequestResponse, client: RequestResponse) -> None:
+        reply = await client.request(server.host.get_id(), ECHO, b"hello", LIMITS)
+        assert reply == b"olleh"
+
+    run_pair(tmp_path, scenario)
+
+
+def test_failing_handler_does_not_wedge_the_connection(tmp_path: Path) -> None:
+    async def scenario(server: RequestResponse, client: RequestResponse) -> None:
+        with pytest.raises(PeerUnavailable):
+            await client.request(server.host.get_id(), ECHO, b"boom", LIMITS)
+        with pytest.raises(PeerUnavailable):
+            await client.request(server.host.get_id(), ECHO, b"bad", LIMITS)
+        assert await client.request(server.host.get_id(), ECHO, b"after", LIMITS) == b"retfa"
+        offences = server.scores.offences[str(client.host.get_id())]
+        assert offences == [Offence.HANDLER_FAILURE, Offence.MALFORMED_MESSAGE]
+
+    run_pair(tmp_path, scenario)
+
+
+def test_oversized_and_garbage_frames_are_dropped_and_scored(tmp_path: Path) -> None:
+    async def raw(client: RequestResponse, server: RequestResponse, data: bytes) -> None:
+        stream = await client.host.new_stream(server.host.get_id(), [TProtocol(ECHO)])
+        await stream.write(data)
+        await stream.close()
+        with pytest.raises(Exception):  # noqa: B017 - the server resets: any stream error is right
+            with trio.fail_after(3):
+                reply = await stream.read(100)
+                if not reply:
+                    raise EOFError("reset")
+
+    async def scenario(server: RequestResponse, client: RequestResponse) -> None:
+        await raw(client, server, struct.pack(">I", 10_000_000) + b"x" * 64)  # announces 10 MB
+        await raw(client, server, struct.pack(">I", 100) + b"short")  # closes mid-frame
+        offences = server.scores.offences[str(client.host.get_id())]
+        assert offences == [Offence.OVERSIZED_FRAME, Offence.MALFORMED_MESSAGE]
+        assert await client.request(server.host.get_id(), ECHO, b"still", LIMITS) == b"llits"
+
+    run_pair(tmp_path, scenario)
+
+
+def test_unknown_protocol_version_is_refused(tmp_path: Path) -> None:
+    async def scenario(server: RequestResponse, client: RequestResponse) -> None:
+        with pytest.raises(PeerUnavailable):
+            await client.request(server.host.get_id(), "/gwtf/test-echo/9.0.0", b"x", LIMITS)
+        assert await client.request(server.host.get_id(), ECHO, b"ok", LIMITS) == b"ko"
+
+    run_pair(tmp_path, scenario)
+
+
+def test_unadmitted_peer_is_refused_and_counted(tmp_path: Path) -> None:
+    async def scenario(server: RequestResponse, client: RequestResponse) -> None:
+        with pytest.raises(PeerUnavailable):
+            await client.request(server.host.get_id(), ECHO, b"let me in", LIMITS)
+        assert server.refused == {str(client.host.get_id()): 1}
+
+    run_pair(tmp_path, scenario, admit_client=False)
+
+
+def test_silent_peer_times_out(tmp_path: Path) -> None:
+    silent = "/gwtf/test-silent/1.0.0"
+
+    async def never_answer(_peer: str, _request: bytes) -> bytes:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def scenario(server: RequestResponse, client: RequestResponse) -> None:
+        server.serve(silent, never_answer, RpcLimits(timeout_s=30))
+        short = RpcLimits(timeout_s=0.5)
+        with pytest.raises(PeerTimeout):
+            await client.request(server.host.get_id(), silent, b"hello?", short)
+        assert await client.request(server.host.get_id(), ECHO, b"ab", LIMITS) == b"ba"
+
+    run_pair(tmp_path, scenario)
+
+
+def test_identity_persists_across_restarts(tmp_path: Path) -> None:
+    first = load_or_create_identity(tmp_path / "node.key")
+    again = load_or_create_identity(tmp_path / "node.key")
+    assert peer_id_of(first) == peer_id_of(again)
+    assert (tmp_path / "node.key").stat().st_mode & 0o777 == 0o600

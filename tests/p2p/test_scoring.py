@@ -1,0 +1,22 @@
+"""Peer scores fall with offences, recover with time, and ban below the threshold."""
+
+from __future__ import annotations
+
+from node.p2p.scoring import Offence, PeerScores, ScoringConfig
+
+
+def test_offences_lower_the_score_and_time_restores_it() -> None:
+    scores = PeerScores(ScoringConfig(ban_below=-50.0, recovery_per_s=1.0))
+    assert scores.penalise("p", Offence.OVERSIZED_FRAME, now=0.0) == -20.0
+    assert scores.score("p", now=5.0) == -15.0
+    assert scores.score("p", now=100.0) == 0.0
+    assert scores.score("stranger", now=3.0) == 0.0
+
+
+def test_repeated_garbage_bans_and_the_ban_expires() -> None:
+    scores = PeerScores(ScoringConfig(ban_below=-50.0, recovery_per_s=1.0))
+    for _ in range(6):
+        scores.penalise("p", Offence.MALFORMED_MESSAGE, now=0.0)
+    assert scores.is_banned("p", now=0.0)
+    assert not scores.is_banned("other", now=0.0)
+    assert not scores.is_banned("p", now=11.0)
