@@ -1,1 +1,1 @@
-"""The node's peer-to-peer layer: identity, host, framed request/response, peer scoring, link emulation."""
+"""The node's p2p layer: identity, host, framed request/response, scoring, link emulation."""

@@ -1,4 +1,4 @@
-"""Building a libp2p host the way GWTF needs it: Noise + yamux, loopback-friendly, one connection per peer."""
+"""Building a libp2p host the way GWTF needs it: Noise + yamux, one connection per peer."""
 
 from __future__ import annotations
 

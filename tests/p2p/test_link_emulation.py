@@ -20,7 +20,8 @@ TWO_REGIONS = Topology(
 def test_one_message_costs_bytes_over_bandwidth_plus_latency() -> None:
     links = LinkEmulator(TWO_REGIONS)
     # 100 MB at 0.8 Gbit/s = 1.0 s, then 96 ms of latency.
-    assert links.arrival_time("a", "b", "oregon", "tokyo", 100_000_000, now=10.0) == pytest.approx(11.096)
+    arrival = links.arrival_time("a", "b", "oregon", "tokyo", 100_000_000, now=10.0)
+    assert arrival == pytest.approx(11.096)
 
 
 def test_messages_on_one_link_queue_behind_each_other_but_other_links_do_not() -> None:
