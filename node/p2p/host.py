@@ -17,13 +17,7 @@ from gwtf.errors import ConfigError
 
 def build_host(key_pair: KeyPair, dial_timeout_s: float = 10.0) -> IHost:
     # One connection per peer: py-libp2p otherwise dials three and waits ~250 ms on each connect.
-    # No automatic dialing towards a minimum connection count: a node talks to whom it chooses.
-    config = ConnectionConfig(
-        max_connections_per_peer=1,
-        dial_timeout=dial_timeout_s,
-        min_connections=0,
-        low_watermark=0,
-    )
+    config = ConnectionConfig(max_connections_per_peer=1, dial_timeout=dial_timeout_s)
     return new_host(key_pair=key_pair, connection_config=config, muxer_preference="YAMUX")
 
 
