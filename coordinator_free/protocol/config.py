@@ -1,0 +1,130 @@
+"""The parameters of the flow protocol and the identity of one node.
+
+Defaults are the values seen in the authors' 2024 prototype of GWTF (DESIGN.md §2) unless a
+comment names another source.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from coordinator_free.flow_errors import FlowConfigError
+from coordinator_free.messages import Message
+
+DATA = "data"
+RELAY = "relay"
+#: Data nodes sit at stage 0 (they hold the embedding and the head with the loss).
+DATA_STAGE = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FlowConfig:
+    """Protocol parameters shared by every node of one training run."""
+
+    stages: int
+    activation_bytes: float
+    decision_period_s: float = 2.0
+    relay_temperature: float = 1.7
+    data_temperature: float = 2.0
+    cooling: float = 0.95
+    anneal_probability_needing: float = 0.3
+    anneal_probability_idle: float = 0.1
+    unmatched_timeout_periods: int = 12
+    ack_deadline_s: float = 20.0
+    keepalive_interval_s: float = 20.0
+    keepalive_timeout_s: float = 5.0
+    keepalive_misses: int = 3
+    # Ours: bounds on per-node work and memory, so a tick costs O(neighbours + flows).
+    max_peers_per_stage: int = 16
+    # Ours: what a node assumes of a link before its first measurement.
+    default_latency_ms: float = 50.0
+    default_bandwidth_gbps: float = 1.0
+    # Ours: how often unchanged adverts are repeated, and tables and slot lists are exchanged.
+    advert_refresh_periods: int = 10
+    reconcile_periods: int = 5
+    # Ours: a peer that rejected a slot is not asked again for it for this many periods.
+    exclusion_periods: int = 6
+    # Ours: a same-stage table older than this is too stale to plan a move with.
+    table_max_age_periods: int = 3
+    # Ours: an annealing move not answered within this many periods is abandoned.
+    move_timeout_periods: int = 2
+
+    def __post_init__(self) -> None:
+        if self.stages < 1:
+            raise FlowConfigError(f"stages must be >= 1, got {self.stages}; set the model's stages")
+        positive = {
+            "activation_bytes": self.activation_bytes,
+            "decision_period_s": self.decision_period_s,
+            "relay_temperature": self.relay_temperature,
+            "data_temperature": self.data_temperature,
+            "keepalive_interval_s": self.keepalive_interval_s,
+            "keepalive_timeout_s": self.keepalive_timeout_s,
+            "default_bandwidth_gbps": self.default_bandwidth_gbps,
+            "ack_deadline_s": self.ack_deadline_s,
+        }
+        for name, value in positive.items():
+            if not math.isfinite(value) or value <= 0:
+                raise FlowConfigError(f"flow.{name} must be > 0, got {value!r}")
+        if not 0 < self.cooling <= 1:
+            raise FlowConfigError(f"flow.cooling must be in (0, 1], got {self.cooling!r}")
+        for name in ("anneal_probability_needing", "anneal_probability_idle"):
+            value = getattr(self, name)
+            if not 0 <= value <= 1:
+                raise FlowConfigError(f"flow.{name} must be in [0, 1], got {value!r}")
+        counts = (
+            "unmatched_timeout_periods",
+            "keepalive_misses",
+            "max_peers_per_stage",
+            "advert_refresh_periods",
+            "reconcile_periods",
+            "exclusion_periods",
+            "table_max_age_periods",
+            "move_timeout_periods",
+        )
+        for name in counts:
+            if getattr(self, name) < 1:
+                raise FlowConfigError(f"flow.{name} must be >= 1, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """Who a node is: its id, role, stage (0 for data nodes), capacity and compute time."""
+
+    node_id: str
+    role: str
+    stage: int
+    capacity: int
+    compute_ms: float
+
+    def validate(self, config: FlowConfig) -> None:
+        if self.role not in (DATA, RELAY):
+            raise FlowConfigError(f"node role must be 'data' or 'relay', got {self.role!r}")
+        if self.role == DATA and self.stage != DATA_STAGE:
+            raise FlowConfigError(f"data node {self.node_id} must have stage 0, got {self.stage}")
+        if self.role == RELAY and not 1 <= self.stage <= config.stages:
+            raise FlowConfigError(
+                f"relay {self.node_id} stage {self.stage} is outside 1..{config.stages}"
+            )
+        if self.capacity < 1:
+            raise FlowConfigError(f"node {self.node_id} capacity must be >= 1")
+        if not math.isfinite(self.compute_ms) or self.compute_ms < 0:
+            raise FlowConfigError(f"node {self.node_id} compute_ms must be >= 0")
+
+
+def next_stage(stage: int, stages: int) -> int:
+    """The stage a flow goes to from ``stage``: 1 after the data nodes, data after the last."""
+    return DATA_STAGE if stage == stages else stage + 1
+
+
+def previous_stage(stage: int, stages: int) -> int:
+    """The stage a flow comes from into ``stage``: data before stage 1, the last before data."""
+    return stages if stage == DATA_STAGE else stage - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """A message the node wants sent to ``to``."""
+
+    to: str
+    message: Message

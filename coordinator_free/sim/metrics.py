@@ -1,0 +1,88 @@
+"""What a simulated run measures, and the JSON object ``gwtf-sim --json`` prints.
+
+GPU time is counted per compute task actually executed (a task cut by a crash counts up to the
+crash). *Useful* GPU time is the compute of the hops on each completed microbatch's final path whose
+node was still alive, in the same incarnation, at that iteration's gradient averaging; everything
+else (work lost with a crashed node, forwards redone after a failure, duplicates after a spurious
+timeout, attempts dropped by a restart, gradients that died with their replica) is *wasted*.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RunMetrics:
+    """Counters the engine fills in while it runs."""
+
+    algorithm: str
+    scenario: str
+    seed: int
+    iterations_target: int
+    iterations_completed: int = 0
+    sim_time_s: float = 0.0
+    microbatches_injected: int = 0
+    microbatches_completed: int = 0
+    microbatches_abandoned: int = 0
+    restarts: int = 0
+    forward_timeouts: int = 0
+    backward_timeouts: int = 0
+    replacements: int = 0
+    stalls: int = 0
+    hops_lost: int = 0
+    total_gpu_s: float = 0.0
+    useful_gpu_s: float = 0.0
+    crashes: int = 0
+    joins: int = 0
+    stage_moves: int = 0
+    capacity_exceeded: int = 0
+    control_messages: int = 0
+    control_bytes: int = 0
+    events_processed: int = 0
+    stopped_reason: str = "finished"
+    iteration_end_times_s: list[float] = field(default_factory=list)
+
+    @property
+    def wasted_gpu_s(self) -> float:
+        # Clamped: useful and total are sums of the same floats in different orders.
+        return max(0.0, self.total_gpu_s - self.useful_gpu_s)
+
+    @property
+    def throughput_mb_per_s(self) -> float:
+        if self.sim_time_s <= 0:
+            return 0.0
+        return self.microbatches_completed / self.sim_time_s
+
+    def to_json(self) -> dict[str, Any]:
+        """The run's summary as a flat JSON object."""
+        return {
+            "algorithm": self.algorithm,
+            "scenario": self.scenario,
+            "seed": self.seed,
+            "iterations_target": self.iterations_target,
+            "iterations_completed": self.iterations_completed,
+            "sim_time_s": round(self.sim_time_s, 6),
+            "microbatches_injected": self.microbatches_injected,
+            "microbatches_completed": self.microbatches_completed,
+            "microbatches_abandoned": self.microbatches_abandoned,
+            "throughput_mb_per_s": round(self.throughput_mb_per_s, 6),
+            "total_gpu_s": round(self.total_gpu_s, 6),
+            "useful_gpu_s": round(self.useful_gpu_s, 6),
+            "wasted_gpu_s": round(self.wasted_gpu_s, 6),
+            "restarts": self.restarts,
+            "forward_timeouts": self.forward_timeouts,
+            "backward_timeouts": self.backward_timeouts,
+            "replacements": self.replacements,
+            "stalls": self.stalls,
+            "hops_lost": self.hops_lost,
+            "crashes": self.crashes,
+            "joins": self.joins,
+            "stage_moves": self.stage_moves,
+            "capacity_exceeded": self.capacity_exceeded,
+            "control_messages": self.control_messages,
+            "control_bytes": self.control_bytes,
+            "events_processed": self.events_processed,
+            "stopped_reason": self.stopped_reason,
+        }

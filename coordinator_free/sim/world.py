@@ -1,0 +1,169 @@
+"""The simulated world's state (nodes, links, stages, occupancy) and the read-only view policies get.
+
+``World`` is mutated only by the engine. It implements ``policy.WorldView``; the engine hands the
+same object to every callback, and ``is_alive`` is refused to policies without full knowledge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from coordinator_free.cost import EdgeInputs, edge_cost_ms
+from coordinator_free.sim.policy import DATA_STAGE, NodeSpec, PolicyContractError
+from coordinator_free.sim.scenario import Scenario
+
+_BITS_PER_BYTE = 8.0
+_BITS_PER_GBIT = 1e9
+
+
+@dataclass(slots=True)
+class NodeState:
+    """One node's mutable state as the engine tracks it."""
+
+    spec: NodeSpec
+    region_index: int
+    stage: int | None
+    alive: bool = False
+    known: bool = False
+    incarnation: int = 0
+    ready_at_s: float = 0.0
+    compute_free_at_s: float = 0.0
+    nic_free_at_s: float = 0.0
+    #: (start_s, end_s) of compute tasks queued on this node, in FIFO order.
+    tasks: list[tuple[float, float]] = field(default_factory=list)
+    held: set[int] = field(default_factory=set)
+
+
+class World:
+    """Static facts of a scenario plus the live node table; implements ``WorldView``."""
+
+    def __init__(self, scenario: Scenario, full_knowledge: bool) -> None:
+        self.scenario = scenario
+        self._full_knowledge = full_knowledge
+        self._latency_ms = scenario.topology.latency_ms
+        self._bandwidth_gbps = scenario.topology.bandwidth_gbps
+        region_index = {r: i for i, r in enumerate(scenario.topology.regions)}
+        self.nodes: dict[str, NodeState] = {}
+        for entry in scenario.nodes:
+            spec = NodeSpec(entry.id, entry.role, entry.region, entry.speed, entry.capacity)
+            stage = DATA_STAGE if entry.role == "data" else entry.stage
+            self.nodes[entry.id] = NodeState(spec, region_index[entry.region], stage)
+        self._known_order: list[str] = []
+        self._data_nodes = [e.id for e in scenario.nodes if e.role == "data"]
+        self._stage_members: dict[int, list[str]] = {}
+        self._compute_ms = {
+            e.id: scenario.model.stage_compute_ms / e.speed for e in scenario.nodes
+        }
+        self.current_iteration = 0
+
+    # ---- WorldView ----
+
+    @property
+    def stages(self) -> int:
+        return self.scenario.model.stages
+
+    @property
+    def activation_bytes(self) -> int:
+        return self.scenario.model.activation_bytes
+
+    @property
+    def stage_param_bytes(self) -> int:
+        return self.scenario.model.stage_param_bytes
+
+    @property
+    def iteration(self) -> int:
+        return self.current_iteration
+
+    def known_nodes(self) -> Sequence[str]:
+        return tuple(self._known_order)
+
+    def spec(self, node_id: str) -> NodeSpec:
+        return self._node(node_id).spec
+
+    def stage_of(self, node_id: str) -> int | None:
+        return self._node(node_id).stage
+
+    def nodes_in_stage(self, stage: int) -> Sequence[str]:
+        if stage == DATA_STAGE:
+            return self.data_nodes()
+        return tuple(self._stage_members.get(stage, ()))
+
+    def data_nodes(self) -> Sequence[str]:
+        return tuple(n for n in self._data_nodes if self.nodes[n].known)
+
+    def compute_ms(self, node_id: str) -> float:
+        return self._compute_ms[node_id]
+
+    def latency_ms(self, src: str, dst: str) -> float:
+        return self._latency_ms[self.nodes[src].region_index][self.nodes[dst].region_index]
+
+    def bandwidth_gbps(self, src: str, dst: str) -> float:
+        return self._bandwidth_gbps[self.nodes[src].region_index][self.nodes[dst].region_index]
+
+    def edge_cost_ms(self, src: str, dst: str) -> float:
+        return edge_cost_ms(
+            EdgeInputs(
+                compute_i_ms=self._compute_ms[src],
+                compute_j_ms=self._compute_ms[dst],
+                latency_ij_ms=self.latency_ms(src, dst),
+                latency_ji_ms=self.latency_ms(dst, src),
+                bandwidth_ij_gbps=self.bandwidth_gbps(src, dst),
+                bandwidth_ji_gbps=self.bandwidth_gbps(dst, src),
+                activation_bytes=self.activation_bytes,
+            )
+        )
+
+    def occupancy(self, node_id: str) -> int:
+        return len(self._node(node_id).held)
+
+    def is_ready(self, node_id: str) -> bool:
+        node = self._node(node_id)
+        return node.ready_at_s <= self._now
+
+    def is_alive(self, node_id: str) -> bool:
+        if not self._full_knowledge:
+            raise PolicyContractError(
+                "is_alive is reserved to full-knowledge policies; detect crashes by deadlines"
+            )
+        return self._node(node_id).alive
+
+    # ---- engine-side helpers ----
+
+    _now: float = 0.0
+
+    def set_now(self, now: float) -> None:
+        self._now = now
+
+    def transfer_s(self, src: str, dst: str, size_bytes: float) -> float:
+        """Serialisation time of ``size_bytes`` on the src -> dst link, in seconds."""
+        return size_bytes * _BITS_PER_BYTE / (self.bandwidth_gbps(src, dst) * _BITS_PER_GBIT)
+
+    def mark_known(self, node_id: str) -> None:
+        node = self.nodes[node_id]
+        if not node.known:
+            node.known = True
+            self._known_order.append(node_id)
+            if node.stage is not None and node.stage != DATA_STAGE:
+                self._stage_members.setdefault(node.stage, []).append(node_id)
+
+    def assign_stage(self, node_id: str, stage: int) -> None:
+        node = self.nodes[node_id]
+        if node.spec.role == "data":
+            raise PolicyContractError(f"policy tried to give data node {node_id} a stage")
+        if not 1 <= stage <= self.stages:
+            raise PolicyContractError(f"policy placed {node_id} at stage {stage}, not in 1..S")
+        if node.known and node.stage is not None and node.stage != DATA_STAGE:
+            self._stage_members[node.stage].remove(node_id)
+        node.stage = stage
+        if node.known:
+            self._stage_members.setdefault(stage, []).append(node_id)
+
+    def alive_in_stage(self, stage: int) -> list[str]:
+        return [n for n in self.nodes_in_stage(stage) if self.nodes[n].alive]
+
+    def _node(self, node_id: str) -> NodeState:
+        try:
+            return self.nodes[node_id]
+        except KeyError:
+            raise PolicyContractError(f"policy named unknown node {node_id!r}") from None

@@ -1,0 +1,158 @@
+"""A part's state as one file: weights, AdamW state and step count, with a content digest.
+
+Tensors go into a safetensors file (no pickle: loading a peer's file runs no code); a JSON-valued
+header says which part of which model the file holds and carries the SHA-256 of everything else.
+A joining replica loads a peer's file and is then bit-for-bit that peer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from node.training.errors import CheckpointError
+from node.training.model import DataPart, Stage, WholeModel
+from node.training.trainer import PartTrainer
+
+FORMAT = "gwtf-part-state/1"
+
+
+def part_identity(trainer: PartTrainer) -> str:
+    """Which part a trainer holds: ``data``, ``whole`` or ``stage:<first>-<end>``."""
+    module = trainer.module
+    if isinstance(module, Stage):
+        return f"stage:{module.first_layer}-{module.end_layer}"
+    if isinstance(module, DataPart):
+        return "data"
+    if isinstance(module, WholeModel):
+        return "whole"
+    raise CheckpointError(f"cannot checkpoint a {type(module).__name__}")
+
+
+def _config_json(trainer: PartTrainer) -> str:
+    module = trainer.module
+    if not isinstance(module, Stage | DataPart | WholeModel):
+        raise CheckpointError(f"cannot checkpoint a {type(module).__name__}")
+    return json.dumps(dataclasses.asdict(module.config), sort_keys=True)
+
+
+def state_tensors(trainer: PartTrainer) -> dict[str, torch.Tensor]:
+    """Every tensor of the part's state, on the host, under stable names."""
+    tensors = {
+        f"param/{name}": param.detach().to("cpu").contiguous().clone()
+        for name, param in trainer.named_params
+    }
+    by_param = {id(param): name for name, param in trainer.named_params}
+    for param, state in trainer.optimizer.state.items():
+        name = by_param[id(param)]
+        for key, value in state.items():
+            tensors[f"optim/{name}/{key}"] = value.detach().to("cpu").contiguous().clone()
+    return tensors
+
+
+def content_digest(metadata: dict[str, str], tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over the header fields and each tensor's name, dtype, shape and bytes."""
+    hasher = hashlib.sha256(json.dumps(metadata, sort_keys=True).encode())
+    for name in sorted(tensors):
+        tensor = tensors[name].contiguous()
+        hasher.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
+        hasher.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+    return hasher.hexdigest()
+
+
+def _metadata(trainer: PartTrainer) -> dict[str, str]:
+    return {
+        "format": FORMAT,
+        "part": part_identity(trainer),
+        "config": _config_json(trainer),
+        "step": str(trainer.step_count),
+    }
+
+
+def state_digest(trainer: PartTrainer) -> str:
+    """Digest of the part's current state: equal digests mean bit-identical replicas."""
+    return content_digest(_metadata(trainer), state_tensors(trainer))
+
+
+def save_part_state(trainer: PartTrainer, path: Path) -> str:
+    """Write the part's state atomically to ``path``; returns its digest."""
+    tensors = state_tensors(trainer)
+    metadata = _metadata(trainer)
+    digest = content_digest(metadata, tensors)
+    temporary = path.with_name(path.name + ".partial")
+    save_file(tensors, str(temporary), metadata={**metadata, "digest": digest})
+    os.replace(temporary, path)
+    return digest
+
+
+def load_part_state(trainer: PartTrainer, path: Path) -> str:
+    """Replace the trainer's weights, optimizer state and step with the file's; returns its
+    digest. Nothing changes unless the file is intact and holds this very part."""
+    metadata, tensors = _read_checked(path)
+    expected = _metadata(trainer)
+    for field in ("part", "config"):
+        if metadata.get(field) != expected[field]:
+            raise CheckpointError(
+                f"checkpoint {path} holds {field}={metadata.get(field)!r}, "
+                f"but this replica serves {expected[field]!r}; fetch the state of the same part"
+            )
+    params = dict(trainer.named_params)
+    if {f"param/{name}" for name in params} - set(tensors):
+        raise CheckpointError(f"checkpoint {path} lacks some parameters of this part")
+    optimizer_state = _optimizer_state(trainer, tensors)
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(tensors[f"param/{name}"])
+    groups = trainer.optimizer.state_dict()["param_groups"]
+    trainer.optimizer.load_state_dict({"state": optimizer_state, "param_groups": groups})
+    trainer.discard_gradients()
+    trainer.step_count = int(metadata["step"])
+    return metadata["digest"]
+
+
+def _read_checked(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = dict(handle.metadata() or {})
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
+    except (OSError, SafetensorError) as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
+    if metadata.get("format") != FORMAT or "digest" not in metadata or "step" not in metadata:
+        raise CheckpointError(f"{path} is not a {FORMAT} checkpoint")
+    claimed = metadata.pop("digest")
+    actual = content_digest(metadata, tensors)
+    if actual != claimed:
+        raise CheckpointError(
+            f"checkpoint {path} digest mismatch (content {actual[:12]}, header {claimed[:12]}); "
+            "it is corrupt or tampered with: fetch it again from another replica"
+        )
+    if not metadata["step"].isdigit():
+        raise CheckpointError(f"checkpoint {path} has a malformed step {metadata['step']!r}")
+    return {**metadata, "digest": claimed}, tensors
+
+
+def _optimizer_state(
+    trainer: PartTrainer, tensors: dict[str, torch.Tensor]
+) -> dict[int, dict[str, torch.Tensor]]:
+    """The file's AdamW state keyed the way ``optimizer.load_state_dict`` numbers parameters."""
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    shapes = dict(trainer.named_params)
+    for index, name in enumerate(trainer.optimizer_names):
+        prefix = f"optim/{name}/"
+        entry = {
+            key[len(prefix) :]: value for key, value in tensors.items() if key.startswith(prefix)
+        }
+        if not entry:
+            continue
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in entry and entry[key].shape != shapes[name].shape:
+                raise CheckpointError(f"checkpoint optimizer state {name}/{key} has a wrong shape")
+        state[index] = entry
+    return state

@@ -1,0 +1,84 @@
+"""The ``training`` section of the node's settings: device, precision, optimizer, schedule and
+wire limits. Frozen and validated at start-up, so a bad value stops the node with a message that
+names it instead of failing mid-run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from node.training.errors import ModelConfigError
+
+DeviceChoice = Literal["auto", "cuda", "cpu"]
+ParamDtypeName = Literal["float32", "float64"]
+
+PARAM_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """AdamW with per-part gradient-norm clipping and linear warmup then cosine decay."""
+
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    warmup_steps: int = 10
+    total_steps: int = 1000
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip_norm: float = 1.0
+
+    def validate(self) -> None:
+        if not 0.0 <= self.min_lr <= self.lr:
+            raise ModelConfigError(
+                f"training.optimizer: need 0 <= min_lr ({self.min_lr}) <= lr ({self.lr})"
+            )
+        if self.warmup_steps < 0 or self.total_steps < 1:
+            raise ModelConfigError(
+                "training.optimizer: warmup_steps must be >= 0 and total_steps >= 1, got "
+                f"{self.warmup_steps} and {self.total_steps}"
+            )
+        if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
+            raise ModelConfigError("training.optimizer: beta1 and beta2 must lie in [0, 1)")
+        if self.weight_decay < 0.0 or self.eps <= 0.0 or self.grad_clip_norm <= 0.0:
+            raise ModelConfigError(
+                "training.optimizer: weight_decay must be >= 0, eps and grad_clip_norm > 0"
+            )
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    device: DeviceChoice = "auto"
+    #: Master weights' dtype; float64 is for equivalence tests on CPU.
+    param_dtype: ParamDtypeName = "float32"
+    #: On CUDA, run forward under bf16 autocast (master weights stay in param_dtype).
+    bf16_autocast: bool = True
+    #: Microbatches a part may hold forward state for at once (its advertised capacity).
+    max_in_flight: int = 64
+    codec_max_bytes: int = 256 * 1024 * 1024
+    codec_max_ndim: int = 8
+    optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
+
+    def validate(self) -> None:
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise ModelConfigError(
+                f"training.device={self.device!r} is not one of 'auto', 'cuda', 'cpu'"
+            )
+        if self.param_dtype not in PARAM_DTYPES:
+            raise ModelConfigError(
+                f"training.param_dtype={self.param_dtype!r} is not one of {sorted(PARAM_DTYPES)}"
+            )
+        if self.max_in_flight < 1:
+            raise ModelConfigError(f"training.max_in_flight={self.max_in_flight} must be >= 1")
+        if self.codec_max_bytes < 1 or not 1 <= self.codec_max_ndim <= 16:
+            raise ModelConfigError(
+                "training.codec_max_bytes must be >= 1 and codec_max_ndim within 1..16"
+            )
+        self.optimizer.validate()
+
+    @property
+    def torch_param_dtype(self) -> torch.dtype:
+        return PARAM_DTYPES[self.param_dtype]

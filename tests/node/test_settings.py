@@ -1,0 +1,123 @@
+"""Settings: precedence, validation messages, and secrets that never leak."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from gwtf.errors import ConfigError
+from node.settings import Secret, Settings, load_settings
+
+
+def write_toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "gwtf.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_load_and_are_valid(tmp_path: Path) -> None:
+    settings = load_settings(env={}, config_file=write_toml(tmp_path, ""))
+    assert settings == Settings()
+    assert settings.api.host == "127.0.0.1"
+    assert settings.flow.temperature_relay == 1.7
+
+
+def test_precedence_cli_over_env_over_toml_over_default(tmp_path: Path) -> None:
+    toml = write_toml(tmp_path, "[api]\nport = 1111\nhost = '0.0.0.0'\n[log]\nlevel = 'DEBUG'\n")
+    env = {"GWTF_API_PORT": "2222", "GWTF_LOG_LEVEL": "WARNING"}
+    settings = load_settings({"api.port": 3333, "log.level": None}, env=env, config_file=toml)
+    assert settings.api.port == 3333  # flag
+    assert settings.log.level == "WARNING"  # env (the flag was not given)
+    assert settings.api.host == "0.0.0.0"  # toml
+    assert settings.db.url.startswith("sqlite:///")  # default
+
+
+def test_env_strings_are_converted_to_field_types(tmp_path: Path) -> None:
+    env = {
+        "GWTF_API_ENABLED": "false",
+        "GWTF_FLOW_COOLING_FACTOR": "0.9",
+        "GWTF_P2P_BOOTSTRAP_PEERS": "/ip4/1.2.3.4/tcp/1, /ip4/5.6.7.8/tcp/2",
+    }
+    settings = load_settings(env=env, config_file=write_toml(tmp_path, ""))
+    assert settings.api.enabled is False
+    assert settings.flow.cooling_factor == 0.9
+    assert settings.p2p.bootstrap_peers == ("/ip4/1.2.3.4/tcp/1", "/ip4/5.6.7.8/tcp/2")
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"GWTF_API_PORT": "70000"}, "api.port=70000 from the environment must be a TCP port"),
+        ({"GWTF_API_PORT": "eighty"}, "api.port='eighty' from the environment is not an integer"),
+        ({"GWTF_FLOW_COOLING_FACTOR": "1.5"}, "flow.cooling_factor=1.5"),
+        ({"GWTF_CHAIN_RPC_URL": "localhost:8545"}, "must be an http:// or https://"),
+        ({"GWTF_TRAINING_DEVICE": "tpu"}, "must be one of auto, cpu, cuda"),
+        ({"GWTF_DB_URL": "mysql://x"}, "must be a sqlite:///PATH or postgresql://"),
+        ({"GWTF_API_ENABLED": "maybe"}, "is not a boolean"),
+    ],
+)
+def test_bad_values_name_the_value_and_the_fix(
+    tmp_path: Path, env: dict[str, str], fragment: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(env=env, config_file=write_toml(tmp_path, ""))
+    message = str(info.value)
+    assert fragment in message
+    assert "\n" not in message
+    assert "fix it in the environment" in message
+
+
+def test_toml_errors_name_the_file(tmp_path: Path) -> None:
+    bad_type = write_toml(tmp_path, "[p2p]\nlisten_port = 'x'\n")
+    with pytest.raises(
+        ConfigError, match=r"p2p.listen_port='x' from .*gwtf.toml is not an integer"
+    ):
+        load_settings(env={}, config_file=bad_type)
+    typo = write_toml(tmp_path, "[p2p]\nlisten_prot = 1\n")
+    with pytest.raises(ConfigError, match=r"unknown setting p2p\.listen_prot"):
+        load_settings(env={}, config_file=typo)
+    section = write_toml(tmp_path, "[gpu]\nx = 1\n")
+    with pytest.raises(ConfigError, match=r"unknown section \[gpu\]"):
+        load_settings(env={}, config_file=section)
+    broken = write_toml(tmp_path, "[p2p\n")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        load_settings(env={}, config_file=broken)
+
+
+def test_missing_explicit_config_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(env={}, config_file=tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(env={"GWTF_CONFIG": str(tmp_path / "nope.toml")})
+
+
+def test_secrets_are_refused_in_toml(tmp_path: Path) -> None:
+    toml = write_toml(tmp_path, "[chain]\nrpc_token = 'hunter2hunter2'\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(env={}, config_file=toml)
+    assert "must not be in" in str(info.value)
+    assert "GWTF_RPC_TOKEN" in str(info.value)
+    assert "hunter2hunter2" not in str(info.value)
+
+
+def test_secret_from_env_never_shows_in_repr_describe_or_logs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    token = "s3cr3t-token-value"
+    settings = load_settings(env={"GWTF_RPC_TOKEN": token}, config_file=write_toml(tmp_path, ""))
+    assert settings.chain.rpc_token == Secret(token)
+    assert settings.chain.rpc_token is not None
+    assert settings.chain.rpc_token.reveal() == token
+    with caplog.at_level(logging.DEBUG):
+        logging.getLogger("gwtf.test").info("settings %s %r", settings, settings.describe())
+    shown = [repr(settings), str(settings), repr(settings.describe()), caplog.text]
+    assert all(token not in text for text in shown)
+    assert settings.describe()["chain"]["rpc_token"] == "***"
+
+
+def test_settings_are_frozen(tmp_path: Path) -> None:
+    settings = load_settings(env={}, config_file=write_toml(tmp_path, ""))
+    with pytest.raises(AttributeError):
+        settings.api.port = 1  # type: ignore[misc]
