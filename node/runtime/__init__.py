@@ -1,0 +1,1 @@
+"""The live node's services over the p2p layer: gradient averaging among stage replicas."""
