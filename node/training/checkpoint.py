@@ -63,7 +63,7 @@ def content_digest(metadata: dict[str, str], tensors: dict[str, torch.Tensor]) -
     for name in sorted(tensors):
         tensor = tensors[name].contiguous()
         hasher.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
-        hasher.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+        hasher.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
     return hasher.hexdigest()
 
 

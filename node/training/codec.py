@@ -91,7 +91,7 @@ def encode_frames(
             f"tensor of {payload_bytes} bytes exceeds the {limits.max_bytes}-byte limit"
         )
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-    payload = memoryview(flat.numpy())
+    payload = flat.numpy().data
     header = _FIXED.pack(MAGIC, VERSION, code, tensor.dim(), 0, microbatch_id, payload_bytes)
     header += b"".join(_DIM.pack(size) for size in tensor.shape)
     return header, payload

@@ -73,7 +73,7 @@ class DataNodeWorker(PartTrainer):
         x = self.device.to_device(final_activation).detach().requires_grad_(True)
         with self.device.autocast():
             loss = self.part.loss(x, self.device.to_device(targets))
-        loss.backward()
+        torch.autograd.backward(loss)
         self.microbatch_count += 1
         assert x.grad is not None  # x is a leaf that requires grad
         return float(loss.detach()), self.device.to_host(x.grad)
@@ -94,7 +94,7 @@ class DataNodeWorker(PartTrainer):
                 f"{tuple(input_grad.shape)}, expected {tuple(activation.shape)}"
             )
         del self._embedded[microbatch_id]
-        activation.backward(self.device.to_device(input_grad).to(activation.dtype))
+        torch.autograd.backward(activation, self.device.to_device(input_grad).to(activation.dtype))
 
     def drop(self, microbatch_id: int) -> bool:
         return self._embedded.pop(microbatch_id, None) is not None

@@ -37,6 +37,8 @@ class Rotary(nn.Module):
         angles = torch.outer(torch.arange(block_size, dtype=torch.float64), inv_freq)  # (T, hd/2)
         angles = torch.cat([angles, angles], dim=-1)  # (T, hd)
         # Not persistent: derived from the config, so never part of a checkpoint.
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
@@ -74,7 +76,8 @@ class CausalSelfAttention(nn.Module):
         grouped = self.n_kv_head != self.n_head
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
         y = y.transpose(1, 2).reshape(batch, seq_len, d_model)  # (B, T, C)
-        return self.proj(y)
+        out: torch.Tensor = self.proj(y)  # (B, T, C)
+        return out
 
 
 class GeluMLP(nn.Module):
@@ -84,7 +87,8 @@ class GeluMLP(nn.Module):
         self.proj = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(F.gelu(self.fc(x)))  # (B, T, C) -> (B, T, 4C) -> (B, T, C)
+        out: torch.Tensor = self.proj(F.gelu(self.fc(x)))  # (B, T, C) -> (B, T, 4C) -> (B, T, C)
+        return out
 
 
 class SwiGLU(nn.Module):
@@ -95,7 +99,8 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)  # (B, T, F) each
-        return self.proj(F.silu(gate) * up)
+        out: torch.Tensor = self.proj(F.silu(gate) * up)  # (B, T, C)
+        return out
 
 
 class Block(nn.Module):
@@ -125,7 +130,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        return out
 
 
 @torch.no_grad()
@@ -178,7 +184,7 @@ class DataPart(nn.Module):
             init_weights_(self.head, part_seed(seed, "head"), INIT_STD)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.token_embedding(tokens)  # (B, T) -> (B, T, C)
+        x: torch.Tensor = self.token_embedding(tokens)  # (B, T) -> (B, T, C)
         if self.position_embedding is not None:
             positions = torch.arange(tokens.shape[1], device=tokens.device)
             x = x + self.position_embedding(positions)  # (T, C) broadcast over B
@@ -223,4 +229,5 @@ class WholeModel(nn.Module):
         self.body = Stage(config, 0, config.n_layer, seed)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.data.loss(self.body(self.data.embed(tokens)), targets)
+        x: torch.Tensor = self.body(self.data.embed(tokens))  # (B, T, C)
+        return self.data.loss(x, targets)

@@ -105,7 +105,7 @@ class StageWorker(PartTrainer):
             )
         del self._saved[microbatch_id]
         grad = self.device.to_device(output_grad).to(saved.outputs.dtype)
-        saved.outputs.backward(grad)
+        torch.autograd.backward(saved.outputs, grad)
         self.microbatch_count += 1
         assert saved.inputs.grad is not None  # inputs is a leaf that requires grad
         return self.device.to_host(saved.inputs.grad)

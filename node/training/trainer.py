@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from gwtf.errors import TrainingError
 from node.training.device import DeviceContext
-from node.training.errors import GradientShareError, TrainingError
+from node.training.errors import GradientShareError
 from node.training.model import WholeModel
 from node.training.optim import build_adamw, clip_gradients, lr_at, optimizer_param_names
 from node.training.partition import PartitionPlan
@@ -170,7 +171,7 @@ class WholeModelTrainer(PartTrainer):
         """Forward and backward of one microbatch; returns its mean token loss."""
         with self.device.autocast():
             loss = self.model(self.device.to_device(inputs), self.device.to_device(targets))
-        loss.backward()
+        torch.autograd.backward(loss)
         self.microbatch_count += 1
         return float(loss.detach())
 
