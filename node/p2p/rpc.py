@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[str, bytes], Awaitable[bytes]]
 Admission = Callable[[str], Awaitable[bool]]
+#: Seconds a request of ``n`` bytes to ``peer`` waits before it is written (link emulation).
+Shaper = Callable[[str, int], float]
 
 
 class PeerUnavailable(ProtocolError):
@@ -57,6 +59,7 @@ class RequestResponse:
     host: IHost
     scores: PeerScores = field(default_factory=PeerScores)
     admit: Admission = _admit_everyone
+    shaper: Shaper | None = None
     refused: dict[str, int] = field(default_factory=dict)
 
     def serve(self, protocol: str, handler: Handler, limits: RpcLimits) -> None:
@@ -114,6 +117,8 @@ class RequestResponse:
         """Send one request and return the reply, or raise ``PeerUnavailable``/``PeerTimeout``."""
         try:
             with trio.fail_after(limits.timeout_s):
+                if self.shaper is not None:
+                    await trio.sleep(self.shaper(str(peer), len(payload)))
                 stream = await self.host.new_stream(peer, [TProtocol(protocol)])
                 try:
                     await write_frame(stream, payload, limits.max_request_bytes)

@@ -1,0 +1,111 @@
+"""Peer discovery by exchange: ask any known peer for the peers it knows.
+
+Each node starts from bootstrap addresses, asks them for their address books and introduces
+itself with its own address and region, so a joiner becomes known to the swarm through whichever
+node it asked first. Nothing here is trusted: lines are parsed strictly, the book is bounded, and
+a peer's claimed region only affects link emulation (a test-bench feature).
+
+Protocol ``/gwtf/peers/1.0.0``: request = ``ADDRESS REGION``; reply = up to ``MAX_ENTRIES`` lines
+of ``ADDRESS REGION``, all UTF-8.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+from libp2p.peer.id import ID
+
+from gwtf.errors import ConfigError, ProtocolError
+from node.p2p.host import full_address, peer_info
+from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_ID = "/gwtf/peers/1.0.0"
+MAX_ENTRIES = 256
+MAX_LINE_BYTES = 256
+LIMITS = RpcLimits(MAX_LINE_BYTES, MAX_ENTRIES * (MAX_LINE_BYTES + 1), 5.0)
+
+
+@dataclass(frozen=True)
+class PeerRecord:
+    peer_id: str
+    address: str
+    region: str
+
+
+def parse_record(line: str) -> PeerRecord:
+    parts = line.split(" ")
+    if len(parts) != 2 or len(line.encode()) > MAX_LINE_BYTES:
+        raise ProtocolError("peer record must be 'ADDRESS REGION' within 256 bytes")
+    address, region = parts
+    try:
+        info = peer_info(address)
+    except ConfigError as exc:
+        raise ProtocolError(f"bad peer address in a peer record: {exc}") from exc
+    if not region.isidentifier():
+        raise ProtocolError(f"bad region {region[:20]!r} in a peer record")
+    return PeerRecord(str(info.peer_id), address, region)
+
+
+@dataclass
+class AddressBook:
+    """Peers this node knows, with a callback for each new one."""
+
+    rpc: RequestResponse
+    own: PeerRecord
+    on_new_peer: Callable[[PeerRecord], None]
+    peers: dict[str, PeerRecord] = field(default_factory=dict)
+
+    def serve(self) -> None:
+        self.rpc.serve(PROTOCOL_ID, self._handle, LIMITS)
+
+    async def _handle(self, peer: str, request: bytes) -> bytes:
+        try:
+            record = parse_record(request.decode())
+        except UnicodeDecodeError as exc:
+            raise ProtocolError("peer record is not UTF-8") from exc
+        if record.peer_id != peer:
+            raise ProtocolError(f"peer {peer} introduced itself with another peer id")
+        self.learn(record)
+        lines = [f"{r.address} {r.region}" for r in [self.own, *self.peers.values()]]
+        return "\n".join(lines[:MAX_ENTRIES]).encode()
+
+    def learn(self, record: PeerRecord) -> None:
+        if record.peer_id == self.own.peer_id or record.peer_id in self.peers:
+            return
+        if len(self.peers) >= MAX_ENTRIES:
+            return
+        self.peers[record.peer_id] = record
+        self.rpc.host.get_peerstore().add_addrs(
+            ID.from_base58(record.peer_id), peer_info(record.address).addrs, 3600
+        )
+        self.on_new_peer(record)
+
+    async def exchange_with(self, address: str) -> None:
+        """Introduce this node to the peer at ``address`` and learn the peers it knows."""
+        info = peer_info(address)
+        request = f"{self.own.address} {self.own.region}".encode()
+        try:
+            if not self.rpc.host.get_network().connections.get(info.peer_id):
+                await self.rpc.host.connect(info)
+            reply = await self.rpc.request(info.peer_id, PROTOCOL_ID, request, LIMITS)
+        except (PeerUnavailable, OSError, trio.TooSlowError) as exc:
+            log.info("peer exchange with %s failed: %s", address, exc)
+            return
+        except Exception as exc:  # libp2p's dial errors have no common base worth naming
+            log.info("could not dial %s: %s", address, exc)
+            return
+        for line in reply.decode(errors="replace").splitlines()[:MAX_ENTRIES]:
+            try:
+                self.learn(parse_record(line))
+            except ProtocolError as exc:
+                log.warning("peer %s sent a bad peer record: %s", info.peer_id, exc)
+
+
+def own_record(rpc: RequestResponse, region: str) -> PeerRecord:
+    address = full_address(rpc.host)
+    return PeerRecord(str(rpc.host.get_id()), address, region)

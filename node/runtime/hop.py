@@ -1,0 +1,119 @@
+"""The data-plane envelope of one hop: which microbatch, which attempt, where it has been.
+
+A hop request is a header followed by one tensor frame (``node.training.codec``):
+
+    run_id u64 | iteration u64 | microbatch_id u64 | attempt u16 | direction u8 | stage u16 |
+    slot u32 | flags u8 | origin (u8 len + utf-8) | path count u8 | path ids (u8 len + utf-8)*
+
+``stage`` is the stage the *receiver* computes: forward 1..S at relays and S+1 at the sink data
+node (loss); backward S..1 at relays and 0 at the origin (embedding backward). ``path`` lists the
+nodes that computed the forward so far, origin first, so a backward retraces it: the receiver of a
+backward at stage k sends its gradient to ``path[k-1]``. ``slot`` is the sender's flow slot, which
+the receiver's flow table maps to its own next hop. ``attempt`` grows with every re-send, so a
+re-sent hop is a new attempt and never a second claim of the same work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, replace
+
+from gwtf.errors import ProtocolError
+
+FORWARD = 0
+BACKWARD = 1
+#: The receiver recomputes a lost hop: it keeps the forward's state and sends nothing onward.
+FLAG_REPAIR = 1
+
+_FIXED = struct.Struct(">QQQHBHIB")
+_MAX_ID_BYTES = 96
+MAX_PATH = 64
+
+
+class HopFormatError(ProtocolError):
+    """A hop request's header is malformed."""
+
+
+@dataclass(frozen=True)
+class HopHeader:
+    run_id: int
+    iteration: int
+    microbatch_id: int
+    attempt: int
+    direction: int
+    stage: int
+    slot: int
+    flags: int
+    origin: str
+    path: tuple[str, ...]
+
+    @property
+    def is_repair(self) -> bool:
+        return bool(self.flags & FLAG_REPAIR)
+
+    def onward(self, **changes: object) -> HopHeader:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _pack_id(value: str) -> bytes:
+    raw = value.encode()
+    if not 0 < len(raw) <= _MAX_ID_BYTES:
+        raise HopFormatError(f"peer id {value[:20]!r} is empty or over {_MAX_ID_BYTES} bytes")
+    return bytes([len(raw)]) + raw
+
+
+def encode_hop(header: HopHeader, frame: bytes) -> bytes:
+    if header.direction not in (FORWARD, BACKWARD) or len(header.path) > MAX_PATH:
+        raise HopFormatError("hop header with a bad direction or an over-long path")
+    fixed = _FIXED.pack(
+        header.run_id,
+        header.iteration,
+        header.microbatch_id,
+        header.attempt,
+        header.direction,
+        header.stage,
+        header.slot,
+        header.flags,
+    )
+    ids = _pack_id(header.origin) + bytes([len(header.path)])
+    ids += b"".join(_pack_id(peer) for peer in header.path)
+    return fixed + ids + frame
+
+
+def decode_hop(data: bytes) -> tuple[HopHeader, bytes]:
+    """Split a hop request into its header and the tensor frame behind it."""
+    if len(data) < _FIXED.size + 2:
+        raise HopFormatError("hop request shorter than its header")
+    run_id, iteration, mb, attempt, direction, stage, slot, flags = _FIXED.unpack_from(data)
+    if direction not in (FORWARD, BACKWARD):
+        raise HopFormatError(f"hop direction {direction} is neither forward nor backward")
+    pos = _FIXED.size
+
+    def read_id() -> str:
+        nonlocal pos
+        length = data[pos] if pos < len(data) else 0
+        raw = data[pos + 1 : pos + 1 + length]
+        if not 0 < length <= _MAX_ID_BYTES or len(raw) != length:
+            raise HopFormatError("hop header has a malformed peer id")
+        pos += 1 + length
+        try:
+            return raw.decode()
+        except UnicodeDecodeError as exc:
+            raise HopFormatError("hop header has a peer id that is not UTF-8") from exc
+
+    origin = read_id()
+    if pos >= len(data):
+        raise HopFormatError("hop header ends before its path")
+    count = data[pos]
+    pos += 1
+    if count > MAX_PATH:
+        raise HopFormatError(f"hop path of {count} nodes, limit {MAX_PATH}")
+    path = tuple(read_id() for _ in range(count))
+    header = HopHeader(run_id, iteration, mb, attempt, direction, stage, slot, flags, origin, path)
+    return header, data[pos:]
+
+
+def frame_digest(frame: bytes) -> bytes:
+    """SHA-256 of a tensor frame: what an acknowledgement (and later a receipt) names."""
+    return hashlib.sha256(frame).digest()

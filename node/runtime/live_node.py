@@ -1,0 +1,254 @@
+"""One live node assembled from its parts: host, discovery, flow protocol, data plane, role.
+
+This is where a node's pieces meet (the process's composition root builds a ``LiveNodeConfig``
+and calls ``run_live_node``). A data node trains ``iterations`` iterations and returns its
+results; a relay serves until cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+from libp2p.peer.id import ID
+
+from coordinator_free.protocol.config import DATA, FlowConfig, NodeSpec
+from coordinator_free.protocol.node import FlowNode
+from gwtf.errors import ConfigError, ProtocolError
+from node.p2p.host import running_host
+from node.p2p.identity import load_or_create_identity
+from node.p2p.link_emulation import LinkEmulator, Topology
+from node.p2p.rpc import RequestResponse, RpcLimits
+from node.p2p.weights import StageSnapshot, download_stage_state, serve_weights
+from node.runtime import control
+from node.runtime.averaging import GradientAverager
+from node.runtime.data_role import DataRole, IterationResult
+from node.runtime.dataplane import DataPlane
+from node.runtime.discovery import AddressBook, PeerRecord, own_record
+from node.runtime.flow_service import FlowService
+from node.runtime.relay import RelayRole
+from node.training.checkpoint import load_part_state, save_part_state
+from node.training.codec import CodecLimits
+from node.training.config import ModelConfig
+from node.training.data import MicrobatchSampler, load_default_corpus
+from node.training.data_node import DataNodeWorker
+from node.training.partition import plan_partition
+from node.training.settings import TrainingSettings
+from node.training.stage_worker import StageWorker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LiveNodeConfig:
+    name: str
+    role: str  # "data" | "relay"
+    stage: int  # relays: 1..S; data nodes: 0
+    region: str
+    capacity: int
+    key_path: Path
+    model: ModelConfig
+    stages: int
+    batch_size: int
+    seq_len: int
+    training: TrainingSettings
+    flow: FlowConfig
+    run_id: int = 1
+    seed: int = 0
+    bootstrap: tuple[str, ...] = ()
+    listen: str = "/ip4/127.0.0.1/tcp/0"
+    topology: Topology | None = None
+    iterations: int = 0  # data node: how many to train
+    batch: int = 4  # data node: microbatches per iteration
+    stall_timeout_s: float = 30.0
+    join: bool = False  # relay: download the stage's state from a replica before serving
+    flow_timeout_s: float = 60.0
+    discovery_period_s: float = 1.0
+    compute_ms: float = 100.0
+
+
+@dataclass
+class LiveNode:
+    config: LiveNodeConfig
+    rpc: RequestResponse
+    book: AddressBook
+    flow: FlowService
+    plane: DataPlane
+    role: DataRole | RelayRole
+    address: str
+    ready: trio.Event = field(default_factory=trio.Event)
+
+
+Started = Callable[[LiveNode], Awaitable[None] | None]
+
+
+def _worker(config: LiveNodeConfig, node_id: str) -> DataNodeWorker | StageWorker:
+    plan = plan_partition(config.model, config.stages)
+    if config.role == DATA:
+        sampler = MicrobatchSampler(load_default_corpus(), config.batch_size, config.seq_len)
+        return DataNodeWorker(plan, config.training, config.seed, sampler, replica_id=node_id)
+    if not 1 <= config.stage <= config.stages:
+        raise ConfigError(f"relay stage {config.stage} is outside 1..{config.stages}")
+    return StageWorker(plan, config.stage - 1, config.training, config.seed, replica_id=node_id)
+
+
+async def run_live_node(
+    config: LiveNodeConfig, on_started: Callable[[LiveNode], None] | None = None
+) -> list[IterationResult]:
+    """Run one node; returns the data node's iteration results (a relay runs until cancelled)."""
+    key = load_or_create_identity(config.key_path)
+    async with running_host(key, [config.listen]) as host, trio.open_nursery() as nursery:
+        node_id = str(host.get_id())
+        rpc = RequestResponse(host)
+        spec = NodeSpec(node_id, config.role, config.stage, config.capacity, config.compute_ms)
+        flow = FlowService(
+            rpc,
+            FlowNode(spec, config.flow, random.Random(config.seed ^ hash(node_id))),
+            config.flow.decision_period_s / 4,
+        )
+        limits = CodecLimits.from_settings(config.training)
+        plane = DataPlane(
+            rpc,
+            node_id,
+            config.run_id,
+            config.stages,
+            config.flow.ack_deadline_s,
+            limits.max_bytes + 4096,
+        )
+        worker = await trio.to_thread.run_sync(_worker, config, node_id)
+        role: DataRole | RelayRole
+        if isinstance(worker, DataNodeWorker):
+            role = DataRole(
+                worker, plane, flow, limits, nursery, config.batch, config.stall_timeout_s
+            )
+        else:
+            averager = GradientAverager(rpc, node_id, limits, config.flow.ack_deadline_s)
+            averager.serve()
+            role = RelayRole(worker, config.stage, plane, flow, averager, limits, nursery)
+        introduce_later: list[str] = []
+
+        def on_new_peer(record: PeerRecord) -> None:
+            if ready.is_set():
+                flow.dispatch(flow.node.introduce(record.peer_id))
+            else:
+                introduce_later.append(record.peer_id)
+
+        ready = trio.Event()
+        book = AddressBook(rpc, own_record(rpc, config.region), on_new_peer)
+        if config.topology is not None:
+            rpc.shaper = _shaper(LinkEmulator(config.topology), node_id, config.region, book)
+        book.serve()
+        flow.serve()
+        flow.start(nursery)
+        plane.serve(nursery)
+        _serve_control(rpc, role, config.flow.ack_deadline_s)
+        if isinstance(role, RelayRole):
+            _serve_stage_state(rpc, role, config)
+        nursery.start_soon(_discover, book, config)
+        if config.join and isinstance(role, RelayRole):
+            await _join_stage(rpc, book, role, config)
+        ready.set()
+        for peer_id in introduce_later:
+            flow.dispatch(flow.node.introduce(peer_id))
+        live = LiveNode(config, rpc, book, flow, plane, role, book.own.address, ready)
+        if on_started is not None:
+            on_started(live)
+        if isinstance(role, DataRole):
+            await role.wait_for_flows(config.flow_timeout_s)
+            for iteration in range(config.iterations):
+                result = await role.run_iteration(iteration)
+                log.info(
+                    "iteration %s: loss %.4f in %.2f s", iteration, result.loss, result.duration_s
+                )
+            nursery.cancel_scope.cancel()
+            return role.results
+        await trio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+def _shaper(emulator: LinkEmulator, node_id: str, region: str, book: AddressBook):  # type: ignore[no-untyped-def]
+    def delay_s(peer: str, n_bytes: int) -> float:
+        record = book.peers.get(peer)
+        if record is None:
+            return 0.0
+        now = trio.current_time()
+        return emulator.arrival_time(node_id, peer, region, record.region, n_bytes, now) - now
+
+    return delay_s
+
+
+async def _discover(book: AddressBook, config: LiveNodeConfig) -> None:
+    """Ask the bootstrap peers, then every known peer now and then, for the peers they know."""
+    while True:
+        # The bootstrap peers and a few known ones: enough for news of joiners to spread.
+        known = list(book.peers.values())
+        sample = random.Random(len(known)).sample(known, min(3, len(known)))
+        targets = list(config.bootstrap) + [record.address for record in sample]
+        for address in targets:
+            await book.exchange_with(address)
+        await trio.sleep(config.discovery_period_s)
+
+
+def _serve_control(rpc: RequestResponse, role: DataRole | RelayRole, timeout_s: float) -> None:
+    async def handle(_peer: str, request: bytes) -> bytes:
+        message = control.decode_request(request)
+        if isinstance(message, control.Resend):
+            return await role.handle_resend(message)
+        if isinstance(role, RelayRole):
+            return await role.end_iteration(message.iteration)
+        raise ProtocolError("a data node does not end iterations on request")
+
+    limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 8 * timeout_s)
+    rpc.serve(control.PROTOCOL_ID, handle, limits)
+
+
+def _serve_stage_state(rpc: RequestResponse, role: RelayRole, config: LiveNodeConfig) -> None:
+    cache: dict[int, StageSnapshot] = {}
+
+    def snapshot_of(stage: int) -> StageSnapshot | None:
+        if stage != role.stage:
+            return None
+        step = role.worker.step_count
+        if step not in cache:
+            cache.clear()
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "state.safetensors"
+                save_part_state(role.worker, path)
+                cache[step] = StageSnapshot(stage, step, path.read_bytes())
+        return cache[step]
+
+    serve_weights(rpc, snapshot_of, config.flow.ack_deadline_s)
+
+
+async def _join_stage(
+    rpc: RequestResponse, book: AddressBook, role: RelayRole, config: LiveNodeConfig
+) -> None:
+    """Load the current state of this relay's stage from a live replica before taking traffic."""
+    with trio.fail_after(config.flow_timeout_s):
+        while True:
+            for record in list(book.peers.values()):
+                try:
+                    snapshot = await download_stage_state(
+                        rpc,
+                        ID.from_base58(record.peer_id),
+                        role.stage,
+                        1 << 30,
+                        config.flow.ack_deadline_s,
+                    )
+                except ProtocolError as exc:
+                    log.debug("no stage %s state from %s: %s", role.stage, record.peer_id, exc)
+                    continue
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = Path(tmp) / "state.safetensors"
+                    path.write_bytes(snapshot.blob)
+                    await trio.to_thread.run_sync(load_part_state, role.worker, path)
+                log.info(
+                    "joined stage %s at step %s from %s", role.stage, snapshot.step, record.peer_id
+                )
+                return
+            await trio.sleep(config.discovery_period_s)

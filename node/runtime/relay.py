@@ -1,0 +1,240 @@
+"""A relay on the live network: computes its stage for whatever the flow protocol sends it.
+
+Forward: compute, keep the input and output until the backward comes, send the output to the next
+hop that the flow table maps the incoming flow to (another next-stage replica if that one does not
+acknowledge). Backward: compute, send the gradient to the previous node of the recorded path; if
+that node is dead, repair just that hop — ask the node before it to re-send its buffered forward
+output to a live replica of the dead node's stage, flagged as a repair, then send the gradient
+there. End of iteration: average with the stage's live replicas and step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+from libp2p.peer.id import ID
+
+from gwtf.errors import ProtocolError
+from node.p2p.rpc import PeerUnavailable, RpcLimits
+from node.runtime import control
+from node.runtime.averaging import GradientAverager
+from node.runtime.compute import T, in_worker_thread
+from node.runtime.dataplane import DataPlane, HopRecord
+from node.runtime.flow_service import FlowService
+from node.runtime.hop import FLAG_REPAIR, FORWARD, HopHeader, frame_digest
+from node.training import codec
+from node.training.codec import CodecLimits
+from node.training.stage_worker import StageWorker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Buffered:
+    """What a relay keeps of a microbatch until its backward is through."""
+
+    header: HopHeader  # the forward hop as received
+    output_frame: bytes
+
+
+@dataclass
+class HopStats:
+    forward_resends: int = 0
+    backward_repairs: int = 0
+    repairs_served: int = 0
+
+
+class HopSender:
+    """Forward sends with re-send on a missed ack, and backward sends with hop repair."""
+
+    def __init__(self, plane: DataPlane, flow: FlowService, stats: HopStats) -> None:
+        self.plane = plane
+        self.flow = flow
+        self.stats = stats
+
+    async def forward(self, header: HopHeader, frame: bytes, to: str, input_digest: bytes) -> None:
+        """Send a forward; on a missed ack re-send to another replica of the next stage."""
+        tried: set[str] = set()
+        while True:
+            try:
+                await self.plane.send(to, header, frame)
+                self._record(header, to, input_digest, frame)
+                return
+            except PeerUnavailable as exc:
+                log.warning(
+                    "forward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
+                )
+                tried.add(to)
+                self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
+                replacement = self.replacement(header.stage, tried)
+                if replacement is None:
+                    raise
+                self.stats.forward_resends += 1
+                to, header = replacement, header.onward(attempt=header.attempt + 1)
+
+    def replacement(self, stage: int, exclude: set[str]) -> str | None:
+        """A live node of ``stage`` (the sink stage is S+1, data nodes) not in ``exclude``."""
+        wanted = 0 if stage > self.plane.stages else stage
+        for peer in self.flow.node.alive_peers(wanted):
+            if peer.peer_id not in exclude:
+                return peer.peer_id
+        return None
+
+    async def backward(self, header: HopHeader, frame: bytes, input_digest: bytes) -> None:
+        """Send a gradient to ``path[stage]``; if it is dead, repair that hop and send there."""
+        to = header.path[header.stage]
+        tried: set[str] = set()
+        while True:
+            try:
+                await self.plane.send(to, header, frame)
+                self._record(header, to, input_digest, frame)
+                return
+            except PeerUnavailable as exc:
+                if header.stage == 0:
+                    raise  # the origin holds the iteration; nobody can stand in for it
+                log.warning(
+                    "backward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
+                )
+                tried.add(to)
+                self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
+                replacement = self.replacement(header.stage, tried)
+                if replacement is None:
+                    raise
+                attempt = header.attempt + 1
+                await self.request_resend(header, replacement, attempt)
+                self.stats.backward_repairs += 1
+                path = list(header.path)
+                path[header.stage] = replacement
+                to, header = replacement, header.onward(path=tuple(path), attempt=attempt)
+
+    async def request_resend(self, header: HopHeader, replacement: str, attempt: int) -> None:
+        """Ask the node before the dead hop to re-send its forward output to ``replacement``."""
+        before = header.path[header.stage - 1]
+        request = control.Resend(header.iteration, header.microbatch_id, replacement, attempt)
+        limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 2 * self.plane.ack_deadline_s)
+        reply = control.decode_reply(
+            await self.plane.rpc.request(
+                ID.from_base58(before), control.PROTOCOL_ID, control.encode_request(request), limits
+            )
+        )
+        if not reply["ok"]:
+            raise PeerUnavailable(f"{before} could not re-send microbatch {header.microbatch_id}")
+
+    def _record(self, header: HopHeader, to: str, input_digest: bytes, frame: bytes) -> None:
+        self.plane.log.record(
+            HopRecord(
+                header.iteration,
+                header.microbatch_id,
+                header.stage - (header.direction == FORWARD),
+                header.direction,
+                header.attempt,
+                self.plane.node_id,
+                to,
+                input_digest,
+                frame_digest(frame),
+                bool(header.flags & FLAG_REPAIR),
+            )
+        )
+
+
+@dataclass
+class RelayRole:
+    worker: StageWorker
+    stage: int
+    plane: DataPlane
+    flow: FlowService
+    averager: GradientAverager
+    limits: CodecLimits
+    nursery: trio.Nursery
+    stats: HopStats = field(default_factory=HopStats)
+    limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(1))
+    buffers: dict[tuple[int, int], Buffered] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.sender = HopSender(self.plane, self.flow, self.stats)
+        self.plane.compute = self.compute
+
+    async def compute(self, header: HopHeader, frame: bytes) -> None:
+        if header.stage != self.stage:
+            raise ProtocolError(f"hop for stage {header.stage} sent to a stage {self.stage} relay")
+        tensor = codec.decode(bytearray(frame), self.limits).tensor
+        key = (header.iteration, header.microbatch_id)
+        if header.direction == FORWARD:
+            output = await self._run(self.worker.forward, header.microbatch_id, tensor)
+            out_frame = codec.encode(header.microbatch_id, output, self.limits)
+            self.buffers[key] = Buffered(header, out_frame)
+            if not header.flags & FLAG_REPAIR:
+                self.nursery.start_soon(self._send_forward, header, out_frame, frame_digest(frame))
+        else:
+            grad = await self._run(self.worker.backward, header.microbatch_id, tensor)
+            self.buffers.pop(key, None)
+            grad_frame = codec.encode(header.microbatch_id, grad, self.limits)
+            onward = header.onward(stage=header.stage - 1, flags=0)
+            self.nursery.start_soon(self._send_backward, onward, grad_frame, frame_digest(frame))
+
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
+        return await in_worker_thread(self.limiter, fn, *args)
+
+    async def _send_forward(self, received: HopHeader, frame: bytes, input_digest: bytes) -> None:
+        upstream = received.path[-1]
+        route = self.flow.node.route(upstream, received.slot)
+        if route is None:  # not (yet) a flow of ours: any live next-stage replica will do
+            to = self.sender.replacement(self.stage + 1, set())
+            slot = 0
+        else:
+            to, slot = route
+        if to is None:
+            log.warning(
+                "no next hop for microbatch %s; it will be repaired", received.microbatch_id
+            )
+            return
+        header = received.onward(
+            stage=self.stage + 1, slot=slot, path=(*received.path, self.plane.node_id), flags=0
+        )
+        try:
+            await self.sender.forward(header, frame, to, input_digest)
+        except PeerUnavailable as exc:
+            log.warning("microbatch %s stalls here: %s", received.microbatch_id, exc)
+
+    async def _send_backward(self, header: HopHeader, frame: bytes, input_digest: bytes) -> None:
+        try:
+            await self.sender.backward(header, frame, input_digest)
+        except (PeerUnavailable, ProtocolError) as exc:
+            log.warning("gradient of microbatch %s stalls here: %s", header.microbatch_id, exc)
+
+    async def handle_resend(self, request: control.Resend) -> bytes:
+        buffered = self.buffers.get((request.iteration, request.microbatch))
+        if buffered is None:
+            return control.encode_reply(False, why="no buffered forward for that microbatch")
+        header = buffered.header.onward(
+            stage=self.stage + 1,
+            attempt=request.attempt,
+            flags=FLAG_REPAIR,
+            path=(*buffered.header.path, self.plane.node_id),
+        )
+        try:
+            await self.plane.send(request.to, header, buffered.output_frame)
+        except PeerUnavailable as exc:
+            return control.encode_reply(False, why=str(exc))
+        self.stats.repairs_served += 1
+        return control.encode_reply(True)
+
+    async def end_iteration(self, iteration: int) -> bytes:
+        """Average with the live replicas of this stage, step, and report the step."""
+        if self.worker.step_count != iteration:
+            return control.encode_reply(False, why="out of step", step=self.worker.step_count)
+        replicas = [p.peer_id for p in self.flow.node.alive_peers(self.stage)]
+        share = await self._run(self.worker.gradient_share)
+        shares = await self.averager.average(self.stage, iteration, share, replicas)
+        if sum(s.microbatch_count for s in shares) > 0:
+            await self._run(self.worker.average_gradients, shares)
+            await self._run(self.worker.step)
+        else:
+            await self._run(self.worker.discard_gradients)
+            self.worker.step_count += 1  # no stage traffic at all: keep the step count in lockstep
+        await self._run(self.worker.drop_all)
+        self.buffers.clear()
+        return control.encode_reply(True, step=self.worker.step_count)

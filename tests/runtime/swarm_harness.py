@@ -1,0 +1,133 @@
+"""Start a small live swarm in one process: real libp2p hosts on 127.0.0.1, one trio loop."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import trio
+
+from coordinator_free.protocol.config import FlowConfig
+from node.runtime.data_role import IterationResult
+from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
+from node.training.config import named_config
+from node.training.data import MicrobatchSampler, load_default_corpus
+from node.training.partition import plan_partition
+from node.training.settings import TrainingSettings
+from node.training.trainer import WholeModelTrainer
+
+MODEL = named_config("gpt", "tiny")
+STAGES = 2
+BATCH_SIZE = 2
+SEQ_LEN = 32
+SEED = 3
+TRAINING = TrainingSettings(device="cpu", max_in_flight=8)
+FLOW = FlowConfig(
+    stages=STAGES,
+    activation_bytes=BATCH_SIZE * SEQ_LEN * MODEL.d_model * 4,
+    decision_period_s=0.25,
+    keepalive_interval_s=1.0,
+    keepalive_timeout_s=1.0,
+    keepalive_misses=3,
+    ack_deadline_s=3.0,
+)
+
+
+def node_config(
+    tmp_path: Path, name: str, role: str, stage: int, **extra: object
+) -> LiveNodeConfig:
+    base = LiveNodeConfig(
+        name=name,
+        role=role,
+        stage=stage,
+        region="oregon",
+        capacity=2,
+        key_path=tmp_path / f"{name}.key",
+        model=MODEL,
+        stages=STAGES,
+        batch_size=BATCH_SIZE,
+        seq_len=SEQ_LEN,
+        training=TRAINING,
+        flow=FLOW,
+        seed=SEED,
+        discovery_period_s=1.0,
+        stall_timeout_s=15.0,
+    )
+    return replace(base, **extra)  # type: ignore[arg-type]
+
+
+Scenario = Callable[["Swarm"], Awaitable[None]]
+
+
+class Swarm:
+    """The nodes started so far, and a way to crash one (its host closes mid-whatever)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, LiveNode] = {}
+        self.scopes: dict[str, trio.CancelScope] = {}
+        self.crashed: list[str] = []
+
+    def crash(self, name: str) -> None:
+        self.crashed.append(name)
+        self.scopes[name].cancel()
+
+
+async def run_swarm(
+    tmp_path: Path,
+    iterations: int,
+    batch: int,
+    relays: dict[str, int],
+    during: Scenario | None = None,
+    swarm: Swarm | None = None,
+) -> list[IterationResult]:
+    """Start relays (name -> stage), then a data node that trains; returns its results."""
+    torch.set_num_threads(1)
+    swarm = swarm or Swarm()
+    started = swarm.nodes
+    results: list[IterationResult] = []
+    async with trio.open_nursery() as nursery:
+        data_config = node_config(tmp_path, "data", "data", 0, iterations=iterations, batch=batch)
+        data_ready = trio.Event()
+
+        def data_started(node: LiveNode) -> None:
+            started["data"] = node
+            data_ready.set()
+
+        async def data_main() -> None:
+            results.extend(await run_live_node(data_config, data_started))
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(data_main)
+        await data_ready.wait()
+        bootstrap = (started["data"].address,)
+        for name, stage in relays.items():
+            config = node_config(tmp_path, name, "relay", stage, bootstrap=bootstrap)
+            nursery.start_soon(run_relay, config, swarm)
+        if during is not None:
+            nursery.start_soon(during, swarm)
+    return results
+
+
+async def run_relay(config: LiveNodeConfig, swarm: Swarm) -> None:
+    with trio.CancelScope() as scope:
+        swarm.scopes[config.name] = scope
+
+        def on_started(node: LiveNode) -> None:
+            swarm.nodes[config.name] = node
+
+        await run_live_node(config, on_started)
+
+
+def reference_losses(iterations: int, batch: int) -> list[float]:
+    """Whole-model training on the same microbatch ids: what the swarm must reproduce."""
+    plan = plan_partition(MODEL, STAGES)
+    trainer = WholeModelTrainer(plan, TRAINING, SEED)
+    sampler = MicrobatchSampler(load_default_corpus(), BATCH_SIZE, SEQ_LEN)
+    losses = []
+    for iteration in range(iterations):
+        ids = [iteration * batch + j for j in range(batch)]
+        losses.append(sum(trainer.train_microbatch(*sampler(m)) for m in ids) / batch)
+        trainer.step()
+    return losses
