@@ -256,7 +256,10 @@ contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
         returns (address wallet, uint256 stakeWei, NodeStatus status, uint256 unlockAt)
     {
         Node storage record = _nodes[node];
-        return (record.wallet, record.stakeWei, record.status, record.unlockAt);
+        status = record.status;
+        // unlockAt lives in the second slot: read it only when it means something.
+        unlockAt = status == NodeStatus.Unbonding ? record.unlockAt : 0;
+        return (record.wallet, record.stakeWei, status, unlockAt);
     }
 
     /// @notice Whether the node is in the active set (registered, staked, not unbonding).

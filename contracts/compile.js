@@ -76,7 +76,7 @@ function main() {
   for (const rel of relPaths) {
     for (const [name, compiled] of Object.entries(output.contracts[rel] || {})) {
       const bytecode = compiled.evm.bytecode.object;
-      if (bytecode.length === 0) continue; // interfaces and abstract contracts
+      if (bytecode.length === 0 || compiled.abi.length === 0) continue; // interfaces, libraries
       contracts[name] = { source: rel, abi: compiled.abi, bytecode: "0x" + bytecode };
     }
   }

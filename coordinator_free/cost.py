@@ -84,7 +84,7 @@ def symmetric_edge_cost_ms(
 
 
 def smooth_delay(previous: float | None, measured: float) -> float:
-    """The per-neighbour estimate ``0.6·old + 0.4·measured``; the first measurement is taken whole."""
+    """The per-neighbour estimate ``0.6·old + 0.4·measured``; a first measurement is taken as is."""
     _require_non_negative("measured", measured)
     if previous is None:
         return measured

@@ -6,7 +6,7 @@ from gwtf.errors import ConfigError, ProtocolError
 
 
 class WireFormatError(ProtocolError):
-    """Bytes from a peer are not a valid flow-protocol message (bad version, type, length, field)."""
+    """Bytes from a peer are not a valid flow-protocol message (version, type, length, field)."""
 
 
 class CostModelError(ConfigError):

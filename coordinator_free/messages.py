@@ -71,6 +71,8 @@ class Hello:
     spare: int
     flows: int
     compute_ms: float
+    boot_id: int  # changes when the node restarts: what it carried before is gone
+    wants_reply: bool  # an introduction (answer with yours), not an answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +178,13 @@ class TableExchange:
 
 
 @dataclass(frozen=True, slots=True)
+class TableRequest:
+    """Same stage: send me your table (I am about to try an annealing move)."""
+
+    TYPE_ID: ClassVar[int] = 27
+
+
+@dataclass(frozen=True, slots=True)
 class SwapProposal:
     """Same stage: exchange the next hops (and the rest of the paths) of two flows."""
 
@@ -267,6 +276,14 @@ class Goodbye:
 
 
 @dataclass(frozen=True, slots=True)
+class SlotList:
+    """To an upstream peer: the slots of yours I carry (anti-entropy, and a flow heartbeat)."""
+
+    TYPE_ID: ClassVar[int] = 26
+    slots: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class HopAck:
     """Data plane: a hop's output arrived; digest of the tensor, and which attempt it was."""
 
@@ -308,6 +325,7 @@ Message = (
     | Rebind
     | Redirect
     | TableExchange
+    | TableRequest
     | SwapProposal
     | SwapAccept
     | SwapReject
@@ -318,6 +336,7 @@ Message = (
     | Ping
     | Pong
     | Goodbye
+    | SlotList
     | HopAck
     | Probe
     | ProbeReply
@@ -412,6 +431,45 @@ def _encode_value(out: bytearray, kind: _Kind, value: Any, name: str) -> None:
 def _check_len(name: str, length: int, limit: int) -> None:
     if length > limit:
         raise WireFormatError(f"field {name} has {length} items/bytes, over {limit}; send less")
+
+
+def encoded_size(message: Message) -> int:
+    """``len(encode(message))`` without building the bytes (what a simulator charges a link)."""
+    fixed, variable = _SIZE_PLANS[type(message)]
+    if not variable:
+        return 2 + fixed
+    return 2 + _record_size(message)
+
+
+def _record_size(record: Any) -> int:
+    fixed, variable = _SIZE_PLANS[type(record)]
+    return fixed + sum(_value_size(kind, getattr(record, name)) for name, kind in variable)
+
+
+def _value_size(kind: _Kind, value: Any) -> int:
+    if kind == "str":
+        return 2 + (len(value) if value.isascii() else len(value.encode("utf-8")))
+    if kind == "bytes":
+        return 2 + len(value)
+    if kind in ("int", "float"):
+        return 8
+    if kind == "bool":
+        return 1
+    if isinstance(kind, tuple) and kind[0] == "tuple":
+        return 2 + sum(_value_size(kind[1], item) for item in value)
+    return _record_size(value)
+
+
+def _size_plan(cls: type[Any]) -> tuple[int, tuple[tuple[str, _Kind], ...]]:
+    fixed_width = {"int": 8, "float": 8, "bool": 1}
+    fixed = sum(fixed_width.get(kind, 0) for _, kind in _SCHEMAS[cls] if isinstance(kind, str))
+    variable = tuple(
+        (n, k) for n, k in _SCHEMAS[cls] if not (isinstance(k, str) and k in fixed_width)
+    )
+    return fixed, variable
+
+
+_SIZE_PLANS = {cls: _size_plan(cls) for cls in _SCHEMAS}
 
 
 # ---- decode ------------------------------------------------------------------------------------

@@ -17,14 +17,38 @@ from typing import Any, Protocol
 
 import requests
 from eth_account.signers.local import LocalAccount
+from eth_typing import ChecksumAddress
+from eth_utils.exceptions import ValidationError as EvmValidationError
 from web3 import Web3
-from web3.exceptions import Web3RPCError
-from web3.providers.eth_tester import EthereumTesterProvider
+from web3.exceptions import ContractLogicError, Web3RPCError
 from web3.providers.rpc.utils import ExceptionRetryConfiguration
 
+from contracts.bindings import all_errors_abi, decode_revert
+from contracts.bindings import call as call_contract
 from gwtf.errors import ChainError, WalletError
 from node.settings import Secret
 
+REVERT_ERRORS: tuple[type[Exception], ...]
+try:  # eth-tester raises its own revert type in process; it is a dev/devnet dependency.
+    from eth_tester.exceptions import TransactionFailed
+
+    REVERT_ERRORS = (TransactionFailed, ContractLogicError)
+except ImportError:  # pragma: no cover - only without the dev extra
+    REVERT_ERRORS = (ContractLogicError,)
+
+# What py-evm raises in process for a transaction it refuses before running it.
+VALIDATION_ERRORS: tuple[type[Exception], ...] = (EvmValidationError,)
+try:
+    from eth_tester.exceptions import ValidationError as TesterValidationError
+
+    VALIDATION_ERRORS = (EvmValidationError, TesterValidationError)
+except ImportError:  # pragma: no cover - only without the dev extra
+    pass
+
+# A node (JSON-RPC) or py-evm (in process) refusing a transaction before running it.
+REFUSAL_ERRORS: tuple[type[Exception], ...] = (Web3RPCError, *VALIDATION_ERRORS)
+# Gas of a typical GWTF transaction, for "you need about X ETH" before anything is estimated.
+TYPICAL_TX_GAS = 300_000
 # Few, quick retries: a person waiting on the CLI should hear about a dead RPC in seconds.
 CONNECT_RETRIES = 2
 CONNECT_BACKOFF_S = 0.1
@@ -67,7 +91,7 @@ def connect(
 ) -> Web3:
     """A connected ``Web3``: JSON-RPC at ``rpc_url``, or a fresh in-process eth-tester if None."""
     if not rpc_url:
-        return Web3(EthereumTesterProvider())
+        return embedded_chain()
     headers = {"Content-Type": "application/json"}
     if rpc_token is not None:
         headers["Authorization"] = f"Bearer {rpc_token.reveal()}"
@@ -86,25 +110,45 @@ def connect(
     except (requests.RequestException, OSError) as exc:
         raise ChainUnavailable(rpc_url) from exc
     except (Web3RPCError, ValueError) as exc:
-        raise ChainError(f"{rpc_url} answered but is not an Ethereum JSON-RPC node ({exc})") from exc
+        raise ChainError(
+            f"{rpc_url} answered but is not an Ethereum JSON-RPC node ({exc})"
+        ) from exc
     return w3
 
 
+def embedded_chain() -> Web3:
+    """A fresh in-process eth-tester (py-evm) chain with ten funded test accounts."""
+    try:
+        from web3.providers.eth_tester import EthereumTesterProvider
+
+        return Web3(EthereumTesterProvider())
+    except ImportError as exc:
+        raise ChainError(
+            "the embedded chain needs eth-tester; install it with `pip install -e '.[dev]'`"
+        ) from exc
+
+
 def is_insufficient_funds(exc: BaseException) -> bool:
-    """geth, anvil and our devnet all say "insufficient funds" when a sender cannot pay."""
-    return "insufficient funds" in str(exc).lower()
+    """geth, anvil and our devnet say "insufficient funds"; py-evm in process "cannot afford"."""
+    text = str(exc).lower()
+    return "insufficient funds" in text or "cannot afford" in text
 
 
 @dataclass(frozen=True)
 class Sender:
     """Who pays for and signs a transaction: a local key, or an account the node unlocks."""
 
-    address: str
+    address: ChecksumAddress
     account: LocalAccount | None = field(default=None, repr=False)
 
     @classmethod
     def from_account(cls, account: LocalAccount) -> Sender:
         return cls(address=account.address, account=account)
+
+    @classmethod
+    def unlocked(cls, address: str) -> Sender:
+        """An account whose key the chain node holds (eth-tester, anvil, geth --dev)."""
+        return cls(address=Web3.to_checksum_address(address))
 
 
 def send_transaction(
@@ -149,6 +193,37 @@ def send_transaction(
             "check the contract state and retry"
         )
     return receipt
+
+
+def transact_as(
+    w3: Web3, sender: Sender, fn: Any, value_wei: int = 0, *, gas_limit: int | None = None
+) -> Any:
+    """Send contract call ``fn`` from ``sender``: a revert becomes ``ContractRevert``, a sender
+    short of funds ``InsufficientFunds``; returns the mined receipt.
+
+    Without ``gas_limit`` the gas is estimated (what a real chain needs). With it, the call is
+    simulated once to surface a revert and then sent with that limit: on eth-tester this is ten
+    times faster, since its estimator re-runs the transaction for a binary search.
+    """
+    balance_wei = int(w3.eth.get_balance(sender.address))
+    if balance_wei <= value_wei:
+        # Not even the value, or nothing at all left for gas: say so before simulating.
+        needed_wei = value_wei + (gas_limit or TYPICAL_TX_GAS) * int(w3.eth.gas_price)
+        raise InsufficientFunds(sender.address, balance_wei, needed_wei)
+    params: dict[str, Any] = {"from": sender.address, "value": value_wei}
+    try:
+        if gas_limit is not None:
+            # "pending": the block the transaction will land in (its timestamp matters here).
+            fn.call(dict(params), block_identifier="pending")
+            params["gas"] = gas_limit
+        tx = fn.build_transaction(params)
+    except REVERT_ERRORS as exc:
+        raise decode_revert(exc, all_errors_abi()) from exc
+    except REFUSAL_ERRORS as exc:
+        if is_insufficient_funds(exc):
+            raise InsufficientFunds(sender.address, balance_wei, value_wei) from exc
+        raise ChainError(f"the chain refused to simulate the transaction: {exc}") from exc
+    return send_transaction(w3, sender, tx)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,3 +312,100 @@ class FakeChain:
             return False
         joined = (run_id, node.node_address.lower()) in self._members
         return joined and node.stake_wei >= run.min_stake_wei
+
+
+# Order of NodeRegistry.NodeStatus.
+NODE_STATUS_ACTIVE = 1
+ZERO_ADDRESS = "0x" + "00" * 20
+
+
+class Web3Chain:
+    """``ChainPort`` over the deployed NodeRegistry and WorkLedger (views only, no gas)."""
+
+    def __init__(self, registry: Any, ledger: Any) -> None:
+        self.registry = registry
+        self.ledger = ledger
+
+    def run_info(self, run_id: int) -> RunInfo | None:
+        run = self._call(self.ledger.functions.getRun(run_id))
+        # Run struct: sponsor, startTime, epochLengthS, stageCount, closed, availableWei,
+        # rewardPerEpochWei, unitsPerHop, minStakeWei, lastEpoch, challengeWindowS, ...
+        if run[0] == ZERO_ADDRESS:
+            return None
+        return RunInfo(
+            run_id=run_id,
+            sponsor=run[0],
+            stage_count=run[3],
+            epoch_length_s=run[2],
+            units_per_hop=run[7],
+            reward_per_epoch_wei=run[6],
+            challenge_window_s=run[10],
+            min_stake_wei=run[8],
+            balance_wei=run[5],
+            closed=run[4],
+        )
+
+    def node_info(self, node_address: str) -> NodeInfo | None:
+        if not Web3.is_address(node_address):
+            return None
+        address = Web3.to_checksum_address(node_address)
+        # Node struct: wallet, stakeWei, status, unlockAt, registeredAt, peerId, capacity.
+        record = self._call(self.registry.functions.getNode(address))
+        if record[0] == ZERO_ADDRESS:
+            return None
+        gpu_model, memory_mib, throughput, max_in_flight = record[6]
+        return NodeInfo(
+            node_address=address,
+            operator=record[0],
+            peer_id=bytes(record[5]),
+            stake_wei=record[1],
+            active=record[2] == NODE_STATUS_ACTIVE,
+            gpu_model=gpu_model,
+            memory_mib=memory_mib,
+            throughput=throughput,
+            max_in_flight=max_in_flight,
+        )
+
+    def node_by_peer_id(self, peer_id: bytes) -> NodeInfo | None:
+        node = self._call(self.registry.functions.nodeOfPeerId(Web3.keccak(peer_id)))
+        return None if node == ZERO_ADDRESS else self.node_info(node)
+
+    def is_run_member(self, run_id: int, peer_id: bytes) -> bool:
+        node = self.node_by_peer_id(peer_id)
+        run = self.run_info(run_id)
+        if node is None or run is None or not node.active:
+            return False
+        joined = self._call(self.ledger.functions.hasJoined(run_id, node.node_address))
+        return bool(joined) and node.stake_wei >= run.min_stake_wei
+
+    @staticmethod
+    def _call(fn: Any) -> Any:
+        try:
+            return call_contract(fn)
+        except (requests.RequestException, OSError) as exc:
+            raise ChainUnavailable(str(getattr(fn.w3.provider, "endpoint_uri", "?"))) from exc
+
+
+def advance_time(w3: Web3, seconds: int) -> int:
+    """Move a development chain's clock forward and mine a block; returns the new timestamp.
+
+    Works in process (eth-tester) and over JSON-RPC (`gwtf-node devnet`, anvil, hardhat).
+    """
+    latest = int(w3.eth.get_block("latest")["timestamp"])
+    tester = getattr(w3.provider, "ethereum_tester", None)
+    if tester is not None:
+        tester.time_travel(latest + seconds)
+    else:
+        response = w3.provider.make_request("evm_increaseTime", [seconds])  # type: ignore[arg-type]
+        if "error" in response:
+            raise ChainError(
+                f"this chain cannot move its clock ({response['error']}); use a devnet or anvil"
+            )
+        w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
+    return int(w3.eth.get_block("latest")["timestamp"])
+
+
+def advance_time_to(w3: Web3, timestamp: int) -> int:
+    """Move the clock so that the next block is at or after ``timestamp``."""
+    latest = int(w3.eth.get_block("latest")["timestamp"])
+    return advance_time(w3, timestamp - latest) if timestamp > latest else latest

@@ -69,7 +69,6 @@ class ChainSettings:
     #: JSON-RPC URL; empty means "the URL written by `gwtf-node devnet` in devnet_file".
     rpc_url: str = ""
     devnet_file: str = ".gwtf/devnet.json"
-    artifacts_file: str = ""
     run_id: int = 0
     rpc_timeout_s: float = 10.0
     #: Bearer token for RPC providers that need one; from GWTF_RPC_TOKEN or a flag only.

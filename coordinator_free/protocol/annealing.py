@@ -1,11 +1,14 @@
 """The two local moves between same-stage peers and the simulated-annealing acceptance rule.
 
-A move changes at most two flows. Its gain Δ (seconds; positive is better) is the drop in the
-larger of the affected flows' path costs, plus a quarter of the drop in their sum so that moves
-that cheapen one flow without touching the slowest still count. A move with Δ > 0 is taken; a
-worse move is taken with probability exp(Δ/T), and T is multiplied by ``cooling`` after each
-accepted move (GWTF prototype: T = 1.7 relays / 2.0 data nodes, cooling 0.95). Path costs use the
-prefix (source to the node) and suffix (next hop to a sink) costs each node keeps per flow.
+A move changes at most two flows. Its gain Δ (milliseconds, the unit of the cost model; positive
+is better) is the drop in the larger of the affected flows' path costs, plus a quarter of the drop
+in their sum so that moves that cheapen one flow without touching the slowest still count. A move
+with Δ > 0 is taken; a worse move is taken with probability exp(Δ/T), and T is multiplied by
+``cooling`` after each accepted move (GWTF prototype: T = 1.7 relays / 2.0 data nodes, cooling
+0.95). In milliseconds these temperatures let a node accept a move a few ms worse early on, and
+make it greedy later; in seconds they would accept almost any move for hundreds of rounds.
+Path costs use the prefix (source to the node) and suffix (next hop to a sink) costs each node
+keeps per flow.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from dataclasses import dataclass
 from coordinator_free.messages import TableEntry
 
 _SUM_WEIGHT = 0.25
-_MS_PER_S = 1000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +41,7 @@ class FlowView:
 class SwapMove:
     mine: FlowView
     theirs: TableEntry
-    gain_s: float
+    gain_ms: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,18 +49,21 @@ class TakeOverMove:
     theirs: TableEntry
     edge_in_ms: float  # upstream -> me
     edge_out_ms: float  # me -> their next hop
-    gain_s: float
+    gain_ms: float
 
 
-def move_gain_s(before_ms: list[float], after_ms: list[float]) -> float:
-    """Δ in seconds: drop of the max path cost plus a quarter of the drop of the sum."""
+def move_gain_ms(before_ms: list[float], after_ms: list[float]) -> float:
+    """Δ: drop of the max path cost plus a quarter of the drop of the sum."""
     drop_max = max(before_ms) - max(after_ms)
     drop_sum = sum(before_ms) - sum(after_ms)
-    return (drop_max + _SUM_WEIGHT * drop_sum) / _MS_PER_S
+    return drop_max + _SUM_WEIGHT * drop_sum
 
 
-def swap_gain_s(
-    mine: FlowView, theirs: TableEntry, my_edge_to_their_next_ms: float, their_edge_to_my_next_ms: float
+def swap_gain_ms(
+    mine: FlowView,
+    theirs: TableEntry,
+    my_edge_to_their_next_ms: float,
+    their_edge_to_my_next_ms: float,
 ) -> float:
     """Gain of exchanging the next hops (and the rest of the paths) of two flows."""
     their_prefix = theirs.prefix_cost_ms
@@ -70,21 +75,21 @@ def swap_gain_s(
         mine.prefix_cost_ms + my_edge_to_their_next_ms + theirs.suffix_cost_ms,
         their_prefix + their_edge_to_my_next_ms + mine.suffix_cost_ms,
     ]
-    return move_gain_s(before, after)
+    return move_gain_ms(before, after)
 
 
-def take_over_gain_s(theirs: TableEntry, my_edge_in_ms: float, my_edge_out_ms: float) -> float:
+def take_over_gain_ms(theirs: TableEntry, my_edge_in_ms: float, my_edge_out_ms: float) -> float:
     """Gain of carrying a peer's flow myself, between the same upstream and next hop."""
     upstream_prefix = theirs.prefix_cost_ms - theirs.edge_in_ms
     before = theirs.prefix_cost_ms + theirs.edge_out_ms + theirs.suffix_cost_ms
     after = upstream_prefix + my_edge_in_ms + my_edge_out_ms + theirs.suffix_cost_ms
-    return move_gain_s([before], [after])
+    return move_gain_ms([before], [after])
 
 
-def is_accepted(gain_s: float, temperature: float, rng: random.Random) -> bool:
+def is_accepted(gain_ms: float, temperature: float, rng: random.Random) -> bool:
     """Annealing: better moves always; worse ones with probability exp(Δ/T); no-ops never."""
-    if not math.isfinite(gain_s) or gain_s == 0:
+    if not math.isfinite(gain_ms) or gain_ms == 0:
         return False
-    if gain_s > 0:
+    if gain_ms > 0:
         return True
-    return rng.random() < math.exp(gain_s / temperature)
+    return rng.random() < math.exp(gain_ms / temperature)

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from coordinator_free.flow_errors import FlowConfigError
-from coordinator_free.messages import Message
+from coordinator_free.messages import MAX_ITEMS, Message
 
 DATA = "data"
 RELAY = "relay"
@@ -37,11 +37,16 @@ class FlowConfig:
     keepalive_misses: int = 3
     # Ours: bounds on per-node work and memory, so a tick costs O(neighbours + flows).
     max_peers_per_stage: int = 16
+    # Ours: upstream (previous-stage) peers kept. Larger, because a stage's nodes pick their
+    # next hops among the cheapest few, so fan-in concentrates: a node that turned upstream
+    # introductions away would leave some upstream nodes with no next hop at all.
+    max_upstream_peers: int = 64
     # Ours: what a node assumes of a link before its first measurement.
     default_latency_ms: float = 50.0
     default_bandwidth_gbps: float = 1.0
-    # Ours: how often unchanged adverts are repeated, and tables and slot lists are exchanged.
-    advert_refresh_periods: int = 10
+    # Ours: how often an unchanged advert is repeated (adverts go on change and to new peers;
+    # the repeat only covers a lost message), and how often slot lists are exchanged.
+    advert_refresh_periods: int = 150
     reconcile_periods: int = 5
     # Ours: a peer that rejected a slot is not asked again for it for this many periods.
     exclusion_periods: int = 6
@@ -76,6 +81,7 @@ class FlowConfig:
             "unmatched_timeout_periods",
             "keepalive_misses",
             "max_peers_per_stage",
+            "max_upstream_peers",
             "advert_refresh_periods",
             "reconcile_periods",
             "exclusion_periods",
@@ -106,8 +112,10 @@ class NodeSpec:
             raise FlowConfigError(
                 f"relay {self.node_id} stage {self.stage} is outside 1..{config.stages}"
             )
-        if self.capacity < 1:
-            raise FlowConfigError(f"node {self.node_id} capacity must be >= 1")
+        if not 1 <= self.capacity <= MAX_ITEMS:
+            raise FlowConfigError(
+                f"node {self.node_id} capacity must be in 1..{MAX_ITEMS}, got {self.capacity}"
+            )
         if not math.isfinite(self.compute_ms) or self.compute_ms < 0:
             raise FlowConfigError(f"node {self.node_id} compute_ms must be >= 0")
 

@@ -47,6 +47,8 @@ class Peer:
     last_ping_s: float = -INF
     misses: int = 0
     last_slot_list_s: float = -INF
+    edge_cost_ms: float | None = None  # cached d_ij; cleared when an input changes
+    boot_id: int = 0
 
 
 @dataclass(slots=True)

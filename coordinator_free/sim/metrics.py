@@ -38,6 +38,7 @@ class RunMetrics:
     joins: int = 0
     stage_moves: int = 0
     capacity_exceeded: int = 0
+    admission_waits: int = 0
     control_messages: int = 0
     control_bytes: int = 0
     events_processed: int = 0
@@ -81,6 +82,7 @@ class RunMetrics:
             "joins": self.joins,
             "stage_moves": self.stage_moves,
             "capacity_exceeded": self.capacity_exceeded,
+            "admission_waits": self.admission_waits,
             "control_messages": self.control_messages,
             "control_bytes": self.control_bytes,
             "events_processed": self.events_processed,

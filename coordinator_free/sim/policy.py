@@ -36,19 +36,22 @@ Model the engine implements (what a policy may rely on):
   previous hop's buffer and the gradient from the next hop's buffer, recomputes the forward, then
   the backward (``Replace``). Only that hop is recomputed. ``Restart`` drops the attempt and
   re-injects the microbatch at its origin; everything computed for the attempt counts as wasted.
-* Occupancy: a node holds a microbatch from the moment a forward is sent to it until its backward
-  through it is done (or the microbatch moved away). Relays' ``capacity`` is how many they may hold
-  at once; the engine does not refuse extra ones (they queue) but counts them in the metrics.
-  A data node injects ``capacity`` microbatches per iteration (its batch).
+* Occupancy: a relay holds a microbatch from the admission of its forward until its backward
+  through it is done (or the microbatch moved away); ``capacity`` is how many it holds at once.
+  A forward that arrives at a full relay waits, outside its memory, and is admitted in arrival
+  order when a slot frees (its ack, hence its deadline, includes that wait). A repair is always
+  admitted (counted in the metrics when over capacity). A data node injects ``capacity``
+  microbatches per iteration (its batch) and has no holding limit as a sink.
 * Iteration: ends when every microbatch injected in it has finished its backward at its origin;
   then each stage's live replicas (and the data nodes, for embedding and head) average gradients
   by ring all-reduce of ``stage_param_bytes``; dead replicas are dropped, not waited for. Then the
   ``MoveStage`` actions requested so far take effect (the node downloads the new stage's weights
   from its nearest live replica) and the next iteration starts.
-* Holding: ``Hold`` parks the microbatch at the node. The engine asks ``choose_next_hop`` again for
-  parked microbatches when a node of the next stage frees a slot, on every ``on_tick`` of the
-  holder, and when the policy returns ``Retry(node)``; it asks in FIFO order and stops, at that
-  node, at the first answer ``Hold``. A ``Hold`` answer to ``on_backward_timeout`` waits one more
+* Holding: ``Hold`` parks the microbatch at the node. The engine asks ``choose_next_hop`` again
+  for parked microbatches when a node of the next stage frees a slot, when any node joins, on
+  every ``on_tick`` of the holder, every ``park_retry_s``, and when the policy returns
+  ``Retry(node)``; it asks in FIFO order and stops, at that node, at the first answer ``Hold``.
+  A ``Hold`` answer to ``on_backward_timeout`` waits one more
   ``backward_timeout_s``. ``on_stall`` may answer ``Restart`` or ``Hold`` (wait again), not
   ``Replace``. If the node that must resend the input of a ``Replace`` is itself dead, the repair
   cannot start: after ``forward_timeout_s`` the engine restarts the microbatch.
@@ -214,12 +217,14 @@ class PolicyTiming:
     ``stall_timeout_s``: the origin's watchdog; a microbatch with no progress for that long is
     handed to ``on_stall`` (covers what no hop deadline sees, e.g. a parked microbatch whose
     holder died). ``tick_period_s``: period of ``on_tick`` for every live node, None for no ticks.
+    ``park_retry_s``: a parked microbatch is asked about again at least this often.
     """
 
     forward_timeout_s: float
     backward_timeout_s: float
     stall_timeout_s: float = 600.0
     tick_period_s: float | None = None
+    park_retry_s: float = 30.0
 
 
 class WorldView(Protocol):
@@ -261,7 +266,7 @@ class WorldView(Protocol):
         ...
 
     def occupancy(self, node_id: str) -> int:
-        """Microbatches the node holds now (meant for the node's own decisions)."""
+        """Microbatches the node holds or has waiting for a slot (for the node's own decisions)."""
         ...
 
     def is_ready(self, node_id: str) -> bool:

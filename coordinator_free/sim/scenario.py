@@ -130,7 +130,9 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def parse_scenario(data: object) -> Scenario:
     """Validate a decoded JSON object against the scenario schema."""
-    top = _object(data, "scenario", ("name", "seed", "topology", "model", "nodes", "churn", "workload"))
+    top = _object(
+        data, "scenario", ("name", "seed", "topology", "model", "nodes", "churn", "workload")
+    )
     name = _str(top["name"], "name")
     seed = _int(top["seed"], "seed", 0, 2**63 - 1)
     topology = _topology(top["topology"])
@@ -144,7 +146,9 @@ def parse_scenario(data: object) -> Scenario:
 
 def _topology(value: object) -> Topology:
     obj = _object(value, "topology", ("regions", "latency_ms", "bandwidth_gbps"))
-    regions = tuple(_str(r, "topology.regions[]") for r in _list(obj["regions"], "topology.regions"))
+    regions = tuple(
+        _str(r, "topology.regions[]") for r in _list(obj["regions"], "topology.regions")
+    )
     if not regions:
         raise ScenarioError("topology.regions is empty; list at least one region")
     if len(set(regions)) != len(regions):
@@ -180,7 +184,7 @@ def _nodes(value: object, topology: Topology, model: ModelSpec) -> tuple[NodeEnt
         seen.add(node_id)
         role = obj["role"]
         if role not in ("data", "relay"):
-            raise ScenarioError(f"{where}.role is {role!r}; use \"data\" or \"relay\"")
+            raise ScenarioError(f'{where}.role is {role!r}; use "data" or "relay"')
         region = _str(obj["region"], f"{where}.region")
         if region not in topology.regions:
             raise ScenarioError(f"{where}.region {region!r} is not in topology.regions; add it")
@@ -192,7 +196,7 @@ def _nodes(value: object, topology: Topology, model: ModelSpec) -> tuple[NodeEnt
         nodes.append(
             NodeEntry(
                 id=node_id,
-                role=cast(Literal["data", "relay"], role),
+                role=role,
                 region=region,
                 speed=_float(obj["speed"], f"{where}.speed", 1e-6, 1e6),
                 capacity=_int(obj["capacity"], f"{where}.capacity", 1, 1_000_000),
@@ -200,7 +204,7 @@ def _nodes(value: object, topology: Topology, model: ModelSpec) -> tuple[NodeEnt
             )
         )
     if not any(n.role == "data" for n in nodes):
-        raise ScenarioError("nodes has no data node; add one with role \"data\"")
+        raise ScenarioError('nodes has no data node; add one with role "data"')
     return tuple(nodes)
 
 
@@ -219,9 +223,9 @@ def _churn(value: object, node_ids: set[str]) -> Churn:
             raise ScenarioError(f"{where}.node {node!r} is not in nodes; add it or fix the name")
         kind = ev["event"]
         if kind not in ("crash", "join"):
-            raise ScenarioError(f"{where}.event is {kind!r}; use \"crash\" or \"join\"")
+            raise ScenarioError(f'{where}.event is {kind!r}; use "crash" or "join"')
         t = _float(ev["t"], f"{where}.t", 0.0, 1e12)
-        events.append(ChurnEvent(t, node, cast(Literal["crash", "join"], kind)))
+        events.append(ChurnEvent(t, node, kind))
     return Churn(
         crash_rate_per_hour=_float(obj["crash_rate_per_hour"], "churn.crash_rate_per_hour", 0, 1e6),
         rejoin=rejoin,
@@ -285,5 +289,7 @@ def _matrix(
         cells = _list(row, f"{where}[{i}]")
         if len(cells) != size:
             raise ScenarioError(f"{where}[{i}] has {len(cells)} entries; it needs {size}")
-        matrix.append(tuple(_float(c, f"{where}[{i}][{j}]", low, high) for j, c in enumerate(cells)))
+        matrix.append(
+            tuple(_float(c, f"{where}[{i}][{j}]", low, high) for j, c in enumerate(cells))
+        )
     return tuple(matrix)

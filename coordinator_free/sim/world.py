@@ -1,4 +1,4 @@
-"""The simulated world's state (nodes, links, stages, occupancy) and the read-only view policies get.
+"""The simulated world's state (nodes, links, stages, occupancy) and the view policies read.
 
 ``World`` is mutated only by the engine. It implements ``policy.WorldView``; the engine hands the
 same object to every callback, and ``is_alive`` is refused to policies without full knowledge.
@@ -6,6 +6,7 @@ same object to every callback, and ``is_alive`` is refused to policies without f
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -31,8 +32,10 @@ class NodeState:
     compute_free_at_s: float = 0.0
     nic_free_at_s: float = 0.0
     #: (start_s, end_s) of compute tasks queued on this node, in FIFO order.
-    tasks: list[tuple[float, float]] = field(default_factory=list)
+    tasks: deque[tuple[float, float]] = field(default_factory=deque)
     held: set[int] = field(default_factory=set)
+    #: forwards that arrived while the node was full: (mb_id, version, sender), FIFO.
+    waiting: deque[tuple[int, int, str]] = field(default_factory=deque)
 
 
 class World:
@@ -52,10 +55,9 @@ class World:
         self._known_order: list[str] = []
         self._data_nodes = [e.id for e in scenario.nodes if e.role == "data"]
         self._stage_members: dict[int, list[str]] = {}
-        self._compute_ms = {
-            e.id: scenario.model.stage_compute_ms / e.speed for e in scenario.nodes
-        }
+        self._compute_ms = {e.id: scenario.model.stage_compute_ms / e.speed for e in scenario.nodes}
         self.current_iteration = 0
+        self._now = 0.0
 
     # ---- WorldView ----
 
@@ -115,7 +117,8 @@ class World:
         )
 
     def occupancy(self, node_id: str) -> int:
-        return len(self._node(node_id).held)
+        node = self._node(node_id)
+        return len(node.held) + len(node.waiting)
 
     def is_ready(self, node_id: str) -> bool:
         node = self._node(node_id)
@@ -129,8 +132,6 @@ class World:
         return self._node(node_id).alive
 
     # ---- engine-side helpers ----
-
-    _now: float = 0.0
 
     def set_now(self, now: float) -> None:
         self._now = now

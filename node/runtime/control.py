@@ -3,7 +3,9 @@
 Small JSON objects, at most ``MAX_BYTES``, checked field by field: an unknown type, a missing or
 mistyped field is a ``ProtocolError`` (charged to the sender by the rpc layer).
 
-    {"type": "end_iteration", "iteration": int}            -> {"ok": bool, "step": int}
+    {"type": "alive"}                                       -> {"ok": true}
+    {"type": "end_iteration", "iteration": int,
+     "replicas": [peer id]}                                 -> {"ok": bool, "step": int}
     {"type": "resend", "iteration": int, "microbatch": int,
      "to": peer id, "attempt": int}                         -> {"ok": bool, "why": str}
 """
@@ -20,9 +22,20 @@ PROTOCOL_ID = "/gwtf/control/1.0.0"
 MAX_BYTES = 4096
 
 
+MAX_REPLICAS = 64
+
+
+@dataclass(frozen=True)
+class Alive:
+    """Are you there? Asked before ending an iteration, with a short deadline."""
+
+
 @dataclass(frozen=True)
 class EndIteration:
+    """Average with exactly ``replicas`` (the live replicas of your stage) and step."""
+
     iteration: int
+    replicas: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -35,13 +48,15 @@ class Resend:
     attempt: int
 
 
-ControlRequest = EndIteration | Resend
-_TYPES: dict[str, type[EndIteration] | type[Resend]] = {
+ControlRequest = Alive | EndIteration | Resend
+_TYPES: dict[str, type[Alive] | type[EndIteration] | type[Resend]] = {
+    "alive": Alive,
     "end_iteration": EndIteration,
     "resend": Resend,
 }
 _FIELDS: dict[type[Any], dict[str, type]] = {
-    EndIteration: {"iteration": int},
+    Alive: {},
+    EndIteration: {"iteration": int, "replicas": list},
     Resend: {"iteration": int, "microbatch": int, "to": str, "attempt": int},
 }
 
@@ -67,6 +82,12 @@ def decode_request(data: bytes) -> ControlRequest:
             raise ProtocolError(f"control field {name} out of range")
         if isinstance(value, str) and not 0 < len(value) <= 96:
             raise ProtocolError(f"control field {name} has a bad length")
+        if isinstance(value, list):
+            if len(value) > MAX_REPLICAS or not all(
+                isinstance(item, str) and 0 < len(item) <= 96 for item in value
+            ):
+                raise ProtocolError(f"control field {name} must be a short list of peer ids")
+            raw[name] = tuple(value)
     return cls(**raw)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import trio
 from libp2p.peer.id import ID
 
-from gwtf.errors import ProtocolError
+from gwtf.errors import ProtocolError, TrainingError
 from node.p2p.rpc import PeerUnavailable, RpcLimits
 from node.runtime import control
 from node.runtime.compute import T, in_worker_thread
@@ -32,6 +32,9 @@ from node.training.codec import CodecLimits
 from node.training.data_node import DataNodeWorker
 
 log = logging.getLogger(__name__)
+
+#: Attempts of one microbatch before the data node gives up on the swarm (a stage is empty).
+MAX_ATTEMPTS = 5
 
 
 @dataclass
@@ -59,6 +62,7 @@ class DataRole:
     losses: dict[tuple[int, int], float] = field(default_factory=dict)
     done: dict[tuple[int, int], trio.Event] = field(default_factory=dict)
     results: list[IterationResult] = field(default_factory=list)
+    training: bool = False  # flows exist and iterations have started
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats)
@@ -127,6 +131,7 @@ class DataRole:
         with trio.fail_after(timeout_s):
             while not self.flow.node.source_routes():
                 await trio.sleep(0.05)
+        self.training = True
 
     async def run_iteration(self, iteration: int) -> IterationResult:
         started = trio.current_time()
@@ -140,11 +145,16 @@ class DataRole:
             while not await self._run_microbatch(iteration, microbatch_id, slot, attempt):
                 restarts += 1
                 attempt += 1
-                routes = self.flow.node.source_routes()
-                slot = min(routes) if routes else slot
+                if attempt > MAX_ATTEMPTS:
+                    raise TrainingError(
+                        f"microbatch {microbatch_id} failed {attempt} times; the swarm has no "
+                        "working path through every stage — start more relays"
+                    )
             await slots.send(slot)
 
-        for slot in sorted(self.flow.node.source_routes()):
+        # Every source slot of this data node (one per unit of its capacity), routed or not:
+        # a slot whose flow is being rebuilt starts its microbatch on any live stage-1 replica.
+        for slot in sorted(self.flow.node.out_slots):
             slots.send_nowait(slot)
         async with trio.open_nursery() as nursery:
             for microbatch_id in pending:
@@ -160,15 +170,24 @@ class DataRole:
         self.results.append(result)
         return result
 
+    async def _first_hop(self, slot: int) -> str | None:
+        """The slot's routed first hop, else any live stage-1 replica; waits while none is known."""
+        with trio.move_on_after(self.stall_timeout_s):
+            while True:
+                routed = self.flow.node.source_routes().get(slot)
+                first_hop = routed[1] if routed else self.sender.replacement(1, set())
+                if first_hop is not None:
+                    return first_hop
+                await trio.sleep(self.flow.tick_s)
+        return None
+
     async def _run_microbatch(
         self, iteration: int, microbatch_id: int, slot: int, attempt: int
     ) -> bool:
         """One attempt of one microbatch; False when it stalled and must start again."""
         key = (iteration, microbatch_id)
-        routes = self.flow.node.source_routes()
-        first_hop = routes.get(slot, (None, None))[1] or self.sender.replacement(1, set())
+        first_hop = await self._first_hop(slot)
         if first_hop is None:
-            await trio.sleep(self.flow.tick_s)
             return False
         activation = await self._run(self.worker.embed, microbatch_id)
         frame = codec.encode(microbatch_id, activation, self.limits)
@@ -203,16 +222,25 @@ class DataRole:
         return False
 
     async def _end_iteration(self, iteration: int) -> int:
-        """Ask every live relay to average and step; returns how many did."""
-        relays = sorted(
+        """Ask every live relay to average with its stage's live replicas and step.
+
+        Relays that answer a quick liveness probe are the replica sets, announced to all of them,
+        so every replica of a stage averages over the same list and none waits for a dead one.
+        """
+        believed = sorted(
             p.peer_id for p in self.flow.node.peers.values() if p.alive and p.stage >= 1
         )
+        alive = await self._probe(believed)
+        by_stage: dict[int, list[str]] = {}
+        for relay in alive:
+            by_stage.setdefault(self.flow.node.peers[relay].stage, []).append(relay)
         stepped = 0
-        request = control.encode_request(control.EndIteration(iteration))
         limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 4 * self.stall_timeout_s)
 
         async def ask(relay: str) -> None:
             nonlocal stepped
+            replicas = tuple(by_stage[self.flow.node.peers[relay].stage])
+            request = control.encode_request(control.EndIteration(iteration, replicas))
             try:
                 reply = control.decode_reply(
                     await self.plane.rpc.request(
@@ -225,6 +253,29 @@ class DataRole:
             stepped += bool(reply["ok"])
 
         async with trio.open_nursery() as nursery:
-            for relay in relays:
+            for relay in alive:
                 nursery.start_soon(ask, relay)
         return stepped
+
+    async def _probe(self, relays: list[str]) -> list[str]:
+        """The relays among ``relays`` that answer within a short deadline."""
+        answered: list[str] = []
+        request = control.encode_request(control.Alive())
+        limits = RpcLimits(
+            control.MAX_BYTES, control.MAX_BYTES, self.flow.node.config.keepalive_timeout_s
+        )
+
+        async def probe(relay: str) -> None:
+            try:
+                await self.plane.rpc.request(
+                    ID.from_base58(relay), control.PROTOCOL_ID, request, limits
+                )
+            except PeerUnavailable:
+                self.flow.dispatch(self.flow.node.peer_dead(relay, trio.current_time()))
+                return
+            answered.append(relay)
+
+        async with trio.open_nursery() as nursery:
+            for relay in relays:
+                nursery.start_soon(probe, relay)
+        return sorted(answered)

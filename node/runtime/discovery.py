@@ -58,6 +58,8 @@ class AddressBook:
     rpc: RequestResponse
     own: PeerRecord
     on_new_peer: Callable[[PeerRecord], None]
+    #: Called with a peer's id whenever an exchange with it succeeds (it is alive right now).
+    on_heard: Callable[[str], None] = lambda _peer: None
     peers: dict[str, PeerRecord] = field(default_factory=dict)
 
     def serve(self) -> None:
@@ -71,6 +73,7 @@ class AddressBook:
         if record.peer_id != peer:
             raise ProtocolError(f"peer {peer} introduced itself with another peer id")
         self.learn(record)
+        self.on_heard(peer)
         lines = [f"{r.address} {r.region}" for r in [self.own, *self.peers.values()]]
         return "\n".join(lines[:MAX_ENTRIES]).encode()
 
@@ -99,6 +102,7 @@ class AddressBook:
         except Exception as exc:  # libp2p's dial errors have no common base worth naming
             log.info("could not dial %s: %s", address, exc)
             return
+        self.on_heard(str(info.peer_id))
         for line in reply.decode(errors="replace").splitlines()[:MAX_ENTRIES]:
             try:
                 self.learn(parse_record(line))

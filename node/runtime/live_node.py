@@ -109,7 +109,7 @@ async def run_live_node(
         flow = FlowService(
             rpc,
             FlowNode(spec, config.flow, random.Random(config.seed ^ hash(node_id))),
-            config.flow.decision_period_s / 4,
+            config.flow.decision_period_s / 2,
         )
         limits = CodecLimits.from_settings(config.training)
         plane = DataPlane(
@@ -128,7 +128,6 @@ async def run_live_node(
             )
         else:
             averager = GradientAverager(rpc, node_id, limits, config.flow.ack_deadline_s)
-            averager.serve()
             role = RelayRole(worker, config.stage, plane, flow, averager, limits, nursery)
         introduce_later: list[str] = []
 
@@ -138,20 +137,37 @@ async def run_live_node(
             else:
                 introduce_later.append(record.peer_id)
 
+        def on_heard(peer_id: str) -> None:
+            # A peer the flow core gave up on (missed keep-alives under load) that answers again
+            # is introduced anew, so a slow moment never removes a live replica for good.
+            peer = flow.node.peers.get(peer_id)
+            if ready.is_set() and peer is not None and not peer.alive:
+                flow.dispatch(flow.node.introduce(peer_id))
+
         ready = trio.Event()
-        book = AddressBook(rpc, own_record(rpc, config.region), on_new_peer)
+        book = AddressBook(rpc, own_record(rpc, config.region), on_new_peer, on_heard)
         if config.topology is not None:
             rpc.shaper = _shaper(LinkEmulator(config.topology), node_id, config.region, book)
         book.serve()
-        flow.serve()
         flow.start(nursery)
-        plane.serve(nursery)
-        _serve_control(rpc, role, config.flow.ack_deadline_s)
         if isinstance(role, RelayRole):
             _serve_stage_state(rpc, role, config)
         nursery.start_soon(_discover, book, config)
-        if config.join and isinstance(role, RelayRole):
-            await _join_stage(rpc, book, role, config)
+        if isinstance(role, RelayRole):
+
+            async def resync(min_step: int) -> None:
+                await _join_stage(rpc, book, role, config, min_step)
+
+            role.resync = resync
+            if config.join:
+                await _join_stage(rpc, book, role, config, 0)
+        # Only now does this node speak the training protocols: a joiner takes no flows, hops
+        # or averaging rounds before it holds its stage's current state.
+        flow.serve()
+        plane.serve(nursery)
+        _serve_control(rpc, role, config.flow.ack_deadline_s)
+        if isinstance(role, RelayRole):
+            role.averager.serve()
         ready.set()
         for peer_id in introduce_later:
             flow.dispatch(flow.node.introduce(peer_id))
@@ -197,10 +213,12 @@ async def _discover(book: AddressBook, config: LiveNodeConfig) -> None:
 def _serve_control(rpc: RequestResponse, role: DataRole | RelayRole, timeout_s: float) -> None:
     async def handle(_peer: str, request: bytes) -> bytes:
         message = control.decode_request(request)
+        if isinstance(message, control.Alive):
+            return control.encode_reply(True)
         if isinstance(message, control.Resend):
             return await role.handle_resend(message)
         if isinstance(role, RelayRole):
-            return await role.end_iteration(message.iteration)
+            return await role.end_iteration(message.iteration, message.replicas)
         raise ProtocolError("a data node does not end iterations on request")
 
     limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 8 * timeout_s)
@@ -226,9 +244,9 @@ def _serve_stage_state(rpc: RequestResponse, role: RelayRole, config: LiveNodeCo
 
 
 async def _join_stage(
-    rpc: RequestResponse, book: AddressBook, role: RelayRole, config: LiveNodeConfig
+    rpc: RequestResponse, book: AddressBook, role: RelayRole, config: LiveNodeConfig, min_step: int
 ) -> None:
-    """Load the current state of this relay's stage from a live replica before taking traffic."""
+    """Load the state of this relay's stage, at ``min_step`` or later, from a live replica."""
     with trio.fail_after(config.flow_timeout_s):
         while True:
             for record in list(book.peers.values()):
@@ -243,6 +261,8 @@ async def _join_stage(
                 except ProtocolError as exc:
                     log.debug("no stage %s state from %s: %s", role.stage, record.peer_id, exc)
                     continue
+                if snapshot.step < min_step:
+                    continue  # that replica has not stepped yet; ask again shortly
                 with tempfile.TemporaryDirectory() as tmp:
                     path = Path(tmp) / "state.safetensors"
                     path.write_bytes(snapshot.blob)

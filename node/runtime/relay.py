@@ -11,7 +11,7 @@ there. End of iteration: average with the stage's live replicas and step.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -152,6 +152,9 @@ class RelayRole:
     stats: HopStats = field(default_factory=HopStats)
     limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(1))
     buffers: dict[tuple[int, int], Buffered] = field(default_factory=dict)
+    #: Loads the stage's state at a step >= the given one from a live replica (set by the node).
+    resync: Callable[[int], Awaitable[None]] | None = None
+    resyncing: bool = False
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats)
@@ -222,11 +225,32 @@ class RelayRole:
         self.stats.repairs_served += 1
         return control.encode_reply(True)
 
-    async def end_iteration(self, iteration: int) -> bytes:
-        """Average with the live replicas of this stage, step, and report the step."""
-        if self.worker.step_count != iteration:
+    async def _resync(self, min_step: int) -> None:
+        assert self.resync is not None
+        try:
+            await self.resync(min_step)
+        finally:
+            self.resyncing = False
+
+    async def end_iteration(self, iteration: int, replicas: tuple[str, ...]) -> bytes:
+        """Average with ``replicas`` (this stage's live replicas), step, report the step."""
+        if self.worker.step_count != iteration or self.plane.node_id not in replicas:
+            # Left out of this round (joined mid-iteration, or missed a step): sit it out, then
+            # load the replicas' state after their step so the next round includes this relay.
+            log.warning(
+                "stage %s relay at step %s sits out iteration %s (%s); it will resync",
+                self.stage,
+                self.worker.step_count,
+                iteration,
+                "not among the replicas" if self.plane.node_id not in replicas else "out of step",
+            )
+            await self._run(self.worker.discard_gradients)
+            await self._run(self.worker.drop_all)
+            self.buffers.clear()
+            if self.resync is not None and not self.resyncing:
+                self.resyncing = True
+                self.nursery.start_soon(self._resync, iteration + 1)
             return control.encode_reply(False, why="out of step", step=self.worker.step_count)
-        replicas = [p.peer_id for p in self.flow.node.alive_peers(self.stage)]
         share = await self._run(self.worker.gradient_share)
         shares = await self.averager.average(self.stage, iteration, share, replicas)
         if sum(s.microbatch_count for s in shares) > 0:

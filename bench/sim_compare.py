@@ -1,0 +1,222 @@
+"""GWTF vs SWARM vs DT-FM vs the centralised optimum on the paper-like grid (simulated).
+
+For every grid cell (GPUs homogeneous/heterogeneous x 1/10 regions x churn 0/10/33 % per hour)
+and every algorithm, runs ``--seeds`` seeds of ``--iterations`` iterations and reports medians:
+training time, throughput, wasted GPU time, and GWTF's throughput as a fraction of the optimum
+measured in the same run. The issue's goals are printed as PASS/FAIL columns. Plots go to
+``bench/out/``.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/sim_compare.py [--quick] [--seeds 5] [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from coordinator_free.sim.algorithms import gwtf_available, make_policy
+from coordinator_free.sim.engine import EngineConfig, run_scenario
+from coordinator_free.sim.generator import GridCell, GridSize, build_scenario, paper_grid
+from gwtf.errors import GwtfError
+
+OUT = Path(__file__).resolve().parent / "out"
+KEY_CELL = "het-10reg-churn33"
+#: Runs that cannot finish are cut here (deterministic); they count as not finished (DNF).
+MAX_EVENTS = 3_000_000
+
+
+@dataclass(frozen=True)
+class Run:
+    cell: str
+    algorithm: str
+    seed: int
+    finished: bool
+    sim_time_s: float
+    throughput: float
+    wasted_gpu_s: float
+    crashes: int
+    wall_s: float
+
+
+def run_one(job: tuple[GridCell, str, int, int]) -> Run:
+    cell, algorithm, seed, iterations = job
+    scenario = build_scenario(cell, seed, GridSize(iterations=iterations))
+    started = time.perf_counter()
+    config = EngineConfig(max_sim_time_s=200.0 * iterations, max_events=MAX_EVENTS)
+    try:
+        metrics = run_scenario(scenario, make_policy(algorithm), config)
+    except GwtfError as err:
+        print(f"  {cell.label} {algorithm} seed {seed}: {err}", file=sys.stderr)
+        return Run(cell.label, algorithm, seed, False, math.inf, 0.0, math.inf, 0, 0.0)
+    return Run(
+        cell.label,
+        algorithm,
+        seed,
+        metrics.stopped_reason == "finished",
+        metrics.sim_time_s if metrics.stopped_reason == "finished" else math.inf,
+        metrics.throughput_mb_per_s,
+        metrics.wasted_gpu_s,
+        metrics.crashes,
+        time.perf_counter() - started,
+    )
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def summarise(runs: list[Run]) -> dict[tuple[str, str], dict[str, float]]:
+    table: dict[tuple[str, str], dict[str, float]] = {}
+    for key in sorted({(r.cell, r.algorithm) for r in runs}):
+        group = [r for r in runs if (r.cell, r.algorithm) == key]
+        table[key] = {
+            "time_s": median([r.sim_time_s for r in group]),
+            "throughput": median([r.throughput for r in group]),
+            "wasted_s": median([r.wasted_gpu_s for r in group]),
+            "crashes": median([float(r.crashes) for r in group]),
+            "finished": sum(r.finished for r in group) / len(group),
+        }
+    return table
+
+
+def print_tables(
+    table: dict[tuple[str, str], dict[str, float]], cells: list[str], algorithms: list[str]
+) -> None:
+    print("\n| cell | algorithm | time s | mb/s | wasted GPU s | crashes | thr / optimal | done |")
+    print("|---|---|---|---|---|---|---|---|")
+    for cell in cells:
+        optimal = table.get((cell, "optimal"), {}).get("throughput", math.nan)
+        for algorithm in algorithms:
+            row = table.get((cell, algorithm))
+            if row is None:
+                continue
+            ratio = row["throughput"] / optimal if optimal else math.nan
+            print(
+                f"| {cell} | {algorithm} | {_fmt(row['time_s'])} | {row['throughput']:.3f} | "
+                f"{_fmt(row['wasted_s'])} | {row['crashes']:.0f} | {ratio:.3f} | "
+                f"{row['finished']:.0%} |"
+            )
+
+
+def print_goals(table: dict[tuple[str, str], dict[str, float]], cells: list[str]) -> None:
+    def get(cell: str, algorithm: str, key: str) -> float:
+        return table.get((cell, algorithm), {}).get(key, math.nan)
+
+    print("\n| goal | measured | target | verdict |")
+    print("|---|---|---|---|")
+    if KEY_CELL in cells:
+        gwtf_t, swarm_t = get(KEY_CELL, "gwtf", "time_s"), get(KEY_CELL, "swarm", "time_s")
+        dtfm_t = get(KEY_CELL, "dtfm", "time_s")
+        _goal(f"{KEY_CELL}: GWTF time / SWARM time", gwtf_t / swarm_t, "<= 0.60", 0.60)
+        _goal(f"{KEY_CELL}: GWTF time / DT-FM time", gwtf_t / dtfm_t, "< 1.00", 1.0 - 1e-9)
+        gwtf_w, swarm_w = get(KEY_CELL, "gwtf", "wasted_s"), get(KEY_CELL, "swarm", "wasted_s")
+        _goal(
+            f"{KEY_CELL}: GWTF wasted / SWARM wasted",
+            _safe_ratio(gwtf_w, swarm_w),
+            "<= 0.33",
+            1 / 3,
+        )
+    for cell in cells:
+        if cell.endswith("churn0"):
+            ratio = get(cell, "gwtf", "throughput") / get(cell, "optimal", "throughput")
+            _goal(f"{cell}: GWTF thr / optimal thr", ratio, ">= 0.95", 0.95, higher=True)
+
+
+def _safe_ratio(a: float, b: float) -> float:
+    if b == 0:
+        return 0.0 if a == 0 else math.inf
+    return a / b
+
+
+def _goal(name: str, value: float, target: str, bound: float, higher: bool = False) -> None:
+    if math.isnan(value):
+        verdict = "n/a"
+    elif higher:
+        verdict = "PASS" if value >= bound else "FAIL"
+    else:
+        verdict = "PASS" if value <= bound else "FAIL"
+    print(f"| {name} | {_fmt(value, 3)} | {target} | {verdict} |")
+
+
+def _fmt(value: float, digits: int = 1) -> str:
+    if math.isinf(value):
+        return "DNF"
+    if math.isnan(value):
+        return "n/a"
+    return f"{value:.{digits}f}"
+
+
+def plot(
+    table: dict[tuple[str, str], dict[str, float]], cells: list[str], algos: list[str]
+) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    width = 0.8 / max(len(algos), 1)
+    for index, algorithm in enumerate(algos):
+        xs = [c + index * width for c in range(len(cells))]
+        times = [table.get((cell, algorithm), {}).get("time_s", math.nan) for cell in cells]
+        wasted = [table.get((cell, algorithm), {}).get("wasted_s", math.nan) for cell in cells]
+        axes[0].bar(xs, [t if math.isfinite(t) else 0 for t in times], width, label=algorithm)
+        axes[1].bar(xs, [w if math.isfinite(w) else 0 for w in wasted], width, label=algorithm)
+    for ax, title in zip(
+        axes, ("training time (s, median)", "wasted GPU time (s, median)"), strict=True
+    ):
+        ax.set_xticks([c + 0.4 - width / 2 for c in range(len(cells))])
+        ax.set_xticklabels(cells, rotation=45, ha="right", fontsize=8)
+        ax.set_title(title)
+        ax.legend()
+    fig.tight_layout()
+    path = OUT / "sim_compare.png"
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="4 cells, 3 seeds, 20 iterations")
+    parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--iterations", type=int, default=None)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--algorithms", default="gwtf,swarm,dtfm,optimal")
+    args = parser.parse_args()
+    seeds = args.seeds or (3 if args.quick else 5)
+    iterations = args.iterations or (20 if args.quick else 30)
+    cells = paper_grid()
+    if args.quick:
+        keep = {"hom-1reg-churn0", "het-10reg-churn0", "het-10reg-churn10", KEY_CELL}
+        cells = [c for c in cells if c.label in keep]
+    algorithms = args.algorithms.split(",")
+    if "gwtf" in algorithms and not gwtf_available():
+        print("GWTF policy not built: running the baselines only", file=sys.stderr)
+        algorithms.remove("gwtf")
+    jobs = [(c, a, s, iterations) for c in cells for a in algorithms for s in range(seeds)]
+    print(
+        f"{len(jobs)} runs: {len(cells)} cells x {len(algorithms)} algorithms x {seeds} seeds, "
+        f"{iterations} iterations each, {args.jobs} processes"
+    )
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        runs = list(pool.map(run_one, jobs, chunksize=1))
+    print(f"wall time {time.perf_counter() - started:.1f} s")
+    table = summarise(runs)
+    labels = [c.label for c in cells]
+    print_tables(table, labels, algorithms)
+    print_goals(table, labels)
+    print(f"\nplot: {plot(table, labels, algorithms)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The algorithms GWTF is compared with: SWARM, DT-FM and the centralised optimum."""

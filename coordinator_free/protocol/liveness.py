@@ -1,0 +1,155 @@
+"""Who is around: introductions, keep-alives with flow partners, death and graceful leaving.
+
+Keep-alives go only to flow partners (upstream and next hops of carried flows), every
+``keepalive_interval_s``; an unanswered ping after ``keepalive_timeout_s`` is a miss, and
+``keepalive_misses`` misses in a row declare the peer dead (GWTF prototype: 20 s, 5 s, 3). The
+data plane declares deaths sooner through ``peer_dead`` when a hop acknowledgement is missed.
+A dead peer is never chosen again until it introduces itself anew.
+"""
+
+from __future__ import annotations
+
+from coordinator_free.messages import CostAdvert, FlowCancel, Goodbye, Hello, Ping, Pong, PushBack
+from coordinator_free.protocol.base import NodeBase
+from coordinator_free.protocol.config import Outbound
+from coordinator_free.protocol.state import Peer, SlotState
+
+
+class LivenessMixin(NodeBase):
+    def introduce(self, peer_id: str) -> list[Outbound]:
+        """Introduce this node to ``peer_id`` (found by discovery); its Hello comes back."""
+        if peer_id == self.node_id:
+            return []
+        return [Outbound(peer_id, self.hello(wants_reply=True))]
+
+    def handle_hello(self, sender: str, msg: Hello, now: float) -> list[Outbound]:
+        if sender == self.node_id or msg.stages != self.config.stages:
+            return []
+        if msg.role not in ("data", "relay") or (msg.role == "data") != (msg.stage == 0):
+            return []
+        peer = self.peers.get(sender)
+        sends: list[Outbound] = []
+        if peer is not None and (peer.stage != msg.stage or peer.boot_id != msg.boot_id):
+            # It restarted, or came back at another stage: what it carried for us is gone.
+            sends = self.peer_dead(sender, now)
+            self.remove_peer(sender)
+            peer = None
+        if msg.stage not in (self.previous_stage, self.spec.stage, self.next_stage):
+            return sends
+        if peer is None:
+            if not self._room_for(msg.stage):
+                return sends
+            peer = Peer(
+                sender, msg.role, msg.stage, msg.capacity, max(msg.compute_ms, 0.0), msg.spare, now
+            )
+            peer.boot_id = msg.boot_id
+            self.add_peer(peer)
+            if msg.stage == self.previous_stage:  # a new upstream peer needs my current advert
+                advert = CostAdvert(self.cost_to_sink_ms(), max(self.spare, 0))
+                sends.append(Outbound(sender, advert))
+        else:
+            self.set_peer_alive(peer, True)
+            peer.misses, peer.last_heard_s, peer.capacity = 0, now, msg.capacity
+            self.set_peer_view(peer, msg.spare)
+            if peer.compute_ms != msg.compute_ms:
+                peer.compute_ms, peer.edge_cost_ms = max(msg.compute_ms, 0.0), None
+        if msg.wants_reply:
+            sends.insert(0, Outbound(sender, self.hello()))
+        return sends
+
+    def _room_for(self, stage: int) -> bool:
+        """Bounded neighbour table: at most ``max_peers_per_stage`` a stage (``max_upstream_peers``
+        for the previous stage); dead ones make room."""
+        same = [p for p in self.peers.values() if p.stage == stage]
+        limit = self.config.max_peers_per_stage
+        if stage == self.previous_stage:
+            limit = max(limit, self.config.max_upstream_peers)
+        if len(same) < limit:
+            return True
+        dead = sorted((p for p in same if not p.alive), key=lambda p: p.peer_id)
+        if dead:
+            self.remove_peer(dead[0].peer_id)
+            return True
+        return False
+
+    def handle_ping(self, sender: str, msg: Ping, now: float) -> list[Outbound]:
+        return [Outbound(sender, Pong(msg.nonce))]
+
+    def handle_pong(self, sender: str, msg: Pong, now: float) -> list[Outbound]:
+        peer = self.peers.get(sender)
+        if peer is not None and peer.ping_nonce == msg.nonce:
+            self.observe_link(sender, (now - peer.ping_sent_s) * 1000.0 / 2.0)
+            peer.ping_nonce, peer.misses = None, 0
+        return []
+
+    def handle_goodbye(self, sender: str, msg: Goodbye, now: float) -> list[Outbound]:
+        return self.peer_dead(sender, now)
+
+    def heard_from(self, sender: str, now: float) -> None:
+        peer = self.peers.get(sender)
+        if peer is not None and peer.alive:
+            peer.last_heard_s = now
+
+    def keepalive(self, now: float) -> list[Outbound]:
+        """Ping flow partners that were quiet for an interval; count misses; declare death.
+
+        Any message from a partner (the data plane reports its hop acknowledgements through
+        ``heard_from``) counts as an answer, so busy links need no pings.
+        """
+        partners = {inflow.upstream for inflow in self.in_slots.values()}
+        partners.update(o.next_hop for o in self.out_slots.values() if o.next_hop is not None)
+        sends: list[Outbound] = []
+        for peer_id in sorted(partners):
+            peer = self.peers.get(peer_id)
+            if peer is None or not peer.alive:
+                continue
+            if peer.ping_nonce is not None and peer.last_heard_s > peer.ping_sent_s:
+                peer.ping_nonce, peer.misses = None, 0  # any message answers a keep-alive
+            timeout_s = self.config.keepalive_timeout_s
+            if peer.ping_nonce is not None and now - peer.ping_sent_s > timeout_s:
+                peer.ping_nonce = None
+                peer.misses += 1
+                if peer.misses >= self.config.keepalive_misses:
+                    sends += self.peer_dead(peer_id, now)
+                    continue
+            quiet_s = now - max(peer.last_ping_s, peer.last_heard_s)
+            # After a miss the next ping goes at once: three misses take three timeouts, not
+            # three intervals, so a silent partner is declared dead within interval + 3 timeouts.
+            retry = peer.ping_nonce is None and peer.misses > 0
+            if retry or (peer.ping_nonce is None and quiet_s >= self.config.keepalive_interval_s):
+                peer.ping_nonce, peer.ping_sent_s, peer.last_ping_s = self.new_nonce(), now, now
+                sends.append(Outbound(peer_id, Ping(peer.ping_nonce)))
+        return sends
+
+    def peer_dead(self, peer_id: str, now: float) -> list[Outbound]:
+        """Hook: ``peer_id`` is gone. Re-route flows that went to it, release those from it."""
+        peer = self.peers.get(peer_id)
+        if peer is not None:
+            self.set_peer_alive(peer, False)
+            peer.table, peer.ping_nonce = None, None
+        sends: list[Outbound] = []
+        for key in [k for k in self.in_slots if k[0] == peer_id]:
+            sends += self.drop_in_slot(key)
+        for slot in [s for s, r in self.reserved.items() if r[0] == peer_id]:
+            del self.reserved[slot]
+        for out in list(self.out_slots.values()):
+            if out.pending_move is not None and out.pending_move[0] == peer_id:
+                out.state, out.pending_move = SlotState.MATCHED, None
+            if out.next_hop == peer_id and out.state is not SlotState.UNMATCHED:
+                sends += self.unmatch(out, now, 0.0)
+        return sends
+
+    def leave(self, now: float) -> list[Outbound]:
+        """Leave gracefully: release every flow up- and downstream and say goodbye."""
+        sends: list[Outbound] = []
+        for out in self.out_slots.values():
+            if out.next_hop is not None and out.state is not SlotState.UNMATCHED:
+                sends.append(Outbound(out.next_hop, FlowCancel(out.slot)))
+        for inflow in self.in_slots.values():
+            sends.append(Outbound(inflow.upstream, PushBack(inflow.upstream_slot)))
+        sends += [Outbound(peer_id, Goodbye()) for peer_id in sorted(self.peers)]
+        self.in_slots.clear()
+        self.out_slots.clear()
+        self.reserved.clear()
+        self.left = True
+        return sends

@@ -1,0 +1,408 @@
+"""Same-stage improvement: table exchange and the two annealing moves (swap, take-over).
+
+A node tries a move with probability 0.3 per period while it has flows without a next hop and 0.1
+otherwise (GWTF prototype): it pulls the table of a random same-stage peer, evaluates every swap
+and take-over with it, and starts the best one, or a random worse one accepted by annealing.
+
+Swap: node a and same-stage peer b exchange the next hops of one flow each (and so the rest of the
+two paths). a locks its slot and proposes; b moves its slot to a's old next hop and hands its old
+next hop to a (``Rebind``); a, on ``SwapAccept``, does the same the other way. Take-over: a, with
+spare capacity, asks b for one of b's flows; b gives it up, points the upstream at a
+(``Redirect``) and the next hop at a (``Rebind``), and a carries it. Capacity is checked before a
+flow is taken, so no move ever exceeds a capacity, and no move creates or ends a flow.
+"""
+
+from __future__ import annotations
+
+from coordinator_free.messages import (
+    EdgeEntry,
+    FlowCancel,
+    FlowCost,
+    FlowRequest,
+    PathUpdate,
+    PushBack,
+    Rebind,
+    Redirect,
+    SwapAccept,
+    SwapProposal,
+    SwapReject,
+    TableEntry,
+    TableExchange,
+    TableRequest,
+    TakeOverDeny,
+    TakeOverGrant,
+    TakeOverRequest,
+)
+from coordinator_free.protocol.annealing import (
+    FlowView,
+    SwapMove,
+    TakeOverMove,
+    is_accepted,
+    swap_gain_ms,
+    take_over_gain_ms,
+)
+from coordinator_free.protocol.config import Outbound
+from coordinator_free.protocol.sharing import SharingMixin
+from coordinator_free.protocol.state import INF, InSlot, OutSlot, Peer, SlotState
+
+Move = SwapMove | TakeOverMove
+# Ours: a reroute must save at least this much, so flows do not flap between near-equal hops.
+_REROUTE_MIN_GAIN_MS = 1.0
+_REROUTE_MIN_GAIN_SHARE = 0.05
+_MAX_TABLE_ENTRIES = 128
+
+
+class MovesMixin(SharingMixin):
+    # ---- tables ---------------------------------------------------------------------------------
+
+    def table(self) -> TableExchange:
+        entries = [
+            self._entry(out) for out in self.out_slots.values() if out.state is SlotState.MATCHED
+        ]
+        edges = tuple(
+            EdgeEntry(p.peer_id, self.edge_cost_ms(p.peer_id))
+            for p in self.alive_peers(self.next_stage)
+        )
+        return TableExchange(max(self.spare, 0), tuple(entries[:_MAX_TABLE_ENTRIES]), edges)
+
+    def _entry(self, out: OutSlot) -> TableEntry:
+        assert out.next_hop is not None
+        inflow = None if out.in_key is None else self.in_slots[out.in_key]
+        return TableEntry(
+            slot=out.slot,
+            flow_id=out.flow_id,
+            upstream="" if inflow is None else inflow.upstream,
+            next_hop=out.next_hop,
+            prefix_cost_ms=self.prefix_of(out),
+            edge_in_ms=0.0 if inflow is None else self.edge_cost_ms(inflow.upstream),
+            edge_out_ms=out.edge_ms,
+            suffix_cost_ms=out.suffix_cost_ms,
+        )
+
+    def handle_table_request(self, sender: str, msg: TableRequest, now: float) -> list[Outbound]:
+        peer = self.peers.get(sender)
+        if peer is None or peer.stage != self.spec.stage:
+            return []
+        return [Outbound(sender, self.table())]
+
+    def handle_table(self, sender: str, msg: TableExchange, now: float) -> list[Outbound]:
+        peer = self.peers.get(sender)
+        if peer is None or peer.stage != self.spec.stage:
+            return []
+        peer.table, peer.table_at_s = msg, now
+        self.set_peer_view(peer, msg.spare)
+        asked_s = self.table_requests.pop(sender, None)
+        if asked_s is None or now - asked_s > self.config.table_max_age_periods * self.period_s:
+            return []
+        return self.plan_move(peer, now)
+
+    # ---- planning -------------------------------------------------------------------------------
+
+    def try_move(self, now: float) -> list[Outbound]:
+        """Start one annealing round: ask a random same-stage peer for its table.
+
+        Tables are pulled when a move is tried rather than pushed every period: the same
+        information, at a fraction of the messages.
+        """
+        has_flow = any(o.state is SlotState.MATCHED for o in self.out_slots.values())
+        if not has_flow and not self.is_data and self.spare <= 0:
+            return []  # nothing to swap, and no room to take a flow over
+        same = self.alive_peers(self.spec.stage)
+        if not same:
+            return []
+        peer = self.rng.choice(same)
+        self.table_requests[peer.peer_id] = now
+        return [Outbound(peer.peer_id, TableRequest())]
+
+    def try_reroute(self, now: float) -> list[Outbound]:
+        """Move one of my flows to a next-stage peer with spare capacity that is clearly cheaper.
+
+        Make before break: the new hop is asked while the old one still carries the flow, and
+        released only once the new one accepted. A sink's cost is its advertised wait, and
+        taking a flow there adds one more share of it.
+        """
+        best: tuple[float, int, str] | None = None
+        for out in self.out_slots.values():
+            if out.state is not SlotState.MATCHED or out.next_hop is None:
+                continue
+            current = self.peers.get(out.next_hop)
+            if current is None:
+                continue
+            suffix = current.cost_to_sink_ms if current.role == "data" else out.suffix_cost_ms
+            now_ms = out.edge_ms + suffix
+            for peer in self.alive_peers(self.next_stage):
+                if peer.peer_id == out.next_hop or peer.spare <= 0:
+                    continue
+                if out.excluded_until_s.get(peer.peer_id, -INF) > now:
+                    continue
+                if self.next_stage == 0 and peer.role != "data":
+                    continue
+                added = peer.compute_ms / max(peer.capacity, 1) if peer.role == "data" else 0.0
+                gain = now_ms - (self.cost_through_ms(peer) + added)
+                threshold = max(_REROUTE_MIN_GAIN_MS, _REROUTE_MIN_GAIN_SHARE * now_ms)
+                if gain > threshold and (best is None or (-gain, out.slot, peer.peer_id) < best):
+                    best = (-gain, out.slot, peer.peer_id)
+        if best is None:
+            return []
+        _, slot, target = best
+        out = self.out_slots[slot]
+        out.state, out.pending_move, out.since_s = SlotState.LOCKED, (target, target), now
+        self.pending_swaps[slot] = (target, target, now)
+        prefix = self.prefix_of(out) + self.edge_cost_ms(target)
+        return [Outbound(target, FlowRequest(slot, out.flow_id, self.path_of(out), prefix))]
+
+    def plan_move(self, peer: Peer, now: float) -> list[Outbound]:
+        """Plan one annealing move with ``peer``'s table and start it if it is accepted."""
+        handover = self.plan_handover(peer, now)
+        if handover:
+            return handover
+        moves = self._candidate_moves(peer)
+        if not moves:
+            return []
+        best = max(moves, key=lambda move: move.gain_ms)
+        chosen = best if best.gain_ms > 0 else self.rng.choice(moves)
+        if not is_accepted(chosen.gain_ms, self.temperature, self.rng):
+            return []
+        self.temperature *= self.config.cooling
+        self.moves_done += 1
+        if isinstance(chosen, SwapMove):
+            return self._propose_swap(peer, chosen, now)
+        return self._request_take_over(peer, chosen, now)
+
+    def _candidate_moves(self, peer: Peer) -> list[Move]:
+        assert peer.table is not None
+        theirs = [
+            e for e in peer.table.entries if e.suffix_cost_ms < INF and e.next_hop != self.node_id
+        ]
+        their_edges = {edge.peer: edge.cost_ms for edge in peer.table.next_edges}
+        next_ids = {p.peer_id for p in self.alive_peers(self.next_stage)}
+        moves: list[Move] = []
+        for out in self.out_slots.values():
+            if (
+                out.state is not SlotState.MATCHED
+                or out.suffix_cost_ms == INF
+                or out.next_hop is None
+            ):
+                continue
+            mine = FlowView(
+                out.slot, out.next_hop, self.prefix_of(out), out.edge_ms, out.suffix_cost_ms
+            )
+            for entry in theirs:
+                if entry.next_hop == mine.next_hop or entry.next_hop not in next_ids:
+                    continue
+                if mine.next_hop not in their_edges:
+                    continue
+                gain = swap_gain_ms(
+                    mine, entry, self.edge_cost_ms(entry.next_hop), their_edges[mine.next_hop]
+                )
+                moves.append(SwapMove(mine, entry, gain))
+        if self.is_data or self.spare <= 0:
+            return moves
+        previous_ids = {p.peer_id for p in self.alive_peers(self.previous_stage)}
+        for entry in theirs:
+            if entry.upstream in previous_ids and entry.next_hop in next_ids:
+                edge_in, edge_out = (
+                    self.edge_cost_ms(entry.upstream),
+                    self.edge_cost_ms(entry.next_hop),
+                )
+                gain = take_over_gain_ms(entry, edge_in, edge_out)
+                moves.append(TakeOverMove(entry, edge_in, edge_out, gain))
+        return moves
+
+    def _propose_swap(self, peer: Peer, move: SwapMove, now: float) -> list[Outbound]:
+        out = self.out_slots[move.mine.slot]
+        out.state = SlotState.LOCKED
+        out.pending_move = (peer.peer_id, move.theirs.next_hop)
+        out.since_s = now
+        self.pending_swaps[out.slot] = (peer.peer_id, move.theirs.next_hop, now)
+        proposal = SwapProposal(
+            proposer_slot=out.slot,
+            proposer_next=move.mine.next_hop,
+            target_slot=move.theirs.slot,
+            target_next=move.theirs.next_hop,
+            flow_id=out.flow_id,
+            path=self.path_of(out),
+            prefix_cost_ms=self.prefix_of(out) + self.edge_cost_ms(move.theirs.next_hop),
+            suffix_cost_ms=out.suffix_cost_ms,
+        )
+        return [Outbound(peer.peer_id, proposal)]
+
+    def _request_take_over(self, peer: Peer, move: TakeOverMove, now: float) -> list[Outbound]:
+        new_slot = self.new_slot_number()
+        until_s = now + self.config.move_timeout_periods * self.period_s
+        self.reserved[new_slot] = (peer.peer_id, move.theirs.slot, until_s)
+        return [Outbound(peer.peer_id, TakeOverRequest(move.theirs.slot, new_slot))]
+
+    def expire_moves(self, now: float) -> None:
+        """Forget moves whose answer never came: unlock slots, release reservations."""
+        limit_s = self.config.move_timeout_periods * self.period_s
+        for out in self.out_slots.values():
+            if out.state is SlotState.LOCKED and now - out.since_s > limit_s:
+                out.state, out.pending_move = SlotState.MATCHED, None
+        for slot, (_, _, until_s) in list(self.reserved.items()):
+            if until_s < now:
+                del self.reserved[slot]
+        for slot, asked_s in list(self.handover_slots.items()):
+            if now - asked_s > limit_s:
+                del self.handover_slots[slot]
+        max_age_s = self.config.table_max_age_periods * self.period_s
+        for peer_id, asked_s in list(self.table_requests.items()):
+            if now - asked_s > max_age_s:
+                del self.table_requests[peer_id]
+        # A swap answer can still arrive after the lock is gone; remember it a while longer.
+        for slot, (_, _, started_s) in list(self.pending_swaps.items()):
+            if now - started_s > 5 * limit_s:
+                del self.pending_swaps[slot]
+
+    # ---- swap handlers --------------------------------------------------------------------------
+
+    def handle_swap_proposal(self, sender: str, msg: SwapProposal, now: float) -> list[Outbound]:
+        out = self.out_slots.get(msg.target_slot)
+        peer = self.peers.get(sender)
+        valid = (
+            out is not None
+            and peer is not None
+            and peer.stage == self.spec.stage
+            and out.state is SlotState.MATCHED
+            and out.next_hop == msg.target_next
+            and msg.proposer_next in self.peers
+            and msg.proposer_next != msg.target_next
+            and len(msg.path) <= self.config.stages + 1
+        )
+        if not valid or out is None:
+            return [Outbound(sender, SwapReject(msg.proposer_slot))]
+        old_next, old_suffix = msg.target_next, out.suffix_cost_ms
+        out.next_hop, out.suffix_cost_ms = msg.proposer_next, msg.suffix_cost_ms
+        out.edge_ms, out.since_s = self.edge_cost_ms(msg.proposer_next), now
+        rebind = Rebind(
+            msg.target_slot, sender, msg.proposer_slot, msg.flow_id, msg.path, msg.prefix_cost_ms
+        )
+        accept = SwapAccept(
+            proposer_slot=msg.proposer_slot,
+            target_slot=msg.target_slot,
+            flow_id=out.flow_id,
+            path=self.path_of(out),
+            prefix_cost_ms=self.prefix_of(out) + out.edge_ms,
+            suffix_cost_ms=old_suffix,
+        )
+        return [Outbound(old_next, rebind), Outbound(sender, accept), *self.report_suffix(out)]
+
+    def handle_swap_accept(self, sender: str, msg: SwapAccept, now: float) -> list[Outbound]:
+        pending = self.pending_swaps.pop(msg.proposer_slot, None)
+        if pending is None or pending[0] != sender:
+            return []
+        new_next = pending[1]  # the peer already bound its old next hop to our slot
+        out = self.out_slots.get(msg.proposer_slot)
+        if out is None:  # the flow ended meanwhile: release it at the hop we were given
+            return [Outbound(new_next, FlowCancel(msg.proposer_slot))]
+        sends: list[Outbound] = []
+        old_next = out.next_hop
+        if out.is_carried and old_next is not None:
+            rebind = Rebind(
+                msg.proposer_slot,
+                sender,
+                msg.target_slot,
+                msg.flow_id,
+                msg.path,
+                msg.prefix_cost_ms,
+            )
+            sends.append(Outbound(old_next, rebind))
+        elif out.state is SlotState.PENDING and old_next is not None:
+            # The slot lost its next hop while the move was in flight and asked another peer;
+            # keep the hop the move gave us and withdraw that request. The peer's side of the
+            # swap is repaired by reconciliation.
+            sends.append(Outbound(old_next, FlowCancel(out.slot)))
+        out.next_hop, out.suffix_cost_ms = new_next, msg.suffix_cost_ms
+        out.edge_ms, out.state, out.pending_move, out.since_s = (
+            self.edge_cost_ms(new_next),
+            SlotState.MATCHED,
+            None,
+            now,
+        )
+        return sends + self.report_suffix(out)
+
+    def handle_swap_reject(self, sender: str, msg: SwapReject, now: float) -> list[Outbound]:
+        self.pending_swaps.pop(msg.proposer_slot, None)
+        out = self.out_slots.get(msg.proposer_slot)
+        if out is not None and out.state is SlotState.LOCKED and out.pending_move is not None:
+            out.state, out.pending_move = SlotState.MATCHED, None
+        return []
+
+    # ---- take-over handlers ---------------------------------------------------------------------
+
+    def handle_take_over_request(
+        self, sender: str, msg: TakeOverRequest, now: float
+    ) -> list[Outbound]:
+        if self.is_data:
+            return self.hand_over_source(sender, msg, now)
+        out = self.out_slots.get(msg.target_slot)
+        peer = self.peers.get(sender)
+        ok = (
+            out is not None
+            and out.in_key is not None
+            and out.state is SlotState.MATCHED
+            and peer is not None
+            and peer.stage == self.spec.stage
+        )
+        if not ok or out is None or out.in_key is None or out.next_hop is None:
+            return [Outbound(sender, TakeOverDeny(msg.target_slot, msg.new_slot))]
+        inflow = self.in_slots.pop(out.in_key)
+        del self.out_slots[out.slot]
+        upstream_prefix = inflow.prefix_cost_ms - self.edge_cost_ms(inflow.upstream)
+        grant = TakeOverGrant(
+            target_slot=msg.target_slot,
+            new_slot=msg.new_slot,
+            upstream=inflow.upstream,
+            upstream_slot=inflow.upstream_slot,
+            next_hop=out.next_hop,
+            flow_id=out.flow_id,
+            path=inflow.path,
+            upstream_prefix_cost_ms=max(upstream_prefix, 0.0),
+            suffix_cost_ms=out.suffix_cost_ms,
+        )
+        rebind = Rebind(
+            out.slot,
+            sender,
+            msg.new_slot,
+            out.flow_id,
+            (*inflow.path, sender),
+            inflow.prefix_cost_ms,
+        )
+        return [
+            Outbound(inflow.upstream, Redirect(inflow.upstream_slot, sender)),
+            Outbound(out.next_hop, rebind),
+            Outbound(sender, grant),
+        ]
+
+    def handle_take_over_grant(self, sender: str, msg: TakeOverGrant, now: float) -> list[Outbound]:
+        if self.is_data:
+            return self.adopt_source(sender, msg, now)
+        reserved = self.reserved.pop(msg.new_slot, None)
+        key = (msg.upstream, msg.upstream_slot)
+        fits = reserved is not None or self.spare > 0
+        if not fits or key in self.in_slots or msg.new_slot in self.out_slots:
+            # Nowhere to put it: hand the flow back to its upstream, release it downstream.
+            return [
+                Outbound(msg.next_hop, FlowCancel(msg.new_slot)),
+                Outbound(msg.upstream, PushBack(msg.upstream_slot)),
+            ]
+        prefix = msg.upstream_prefix_cost_ms + self.edge_cost_ms(msg.upstream)
+        inflow = InSlot(msg.upstream, msg.upstream_slot, msg.flow_id, msg.path, prefix, now)
+        inflow.out_slot = msg.new_slot
+        out = OutSlot(msg.new_slot, msg.flow_id, key, SlotState.MATCHED, msg.next_hop, since_s=now)
+        out.suffix_cost_ms = msg.suffix_cost_ms
+        out.edge_ms = self.edge_cost_ms(msg.next_hop)
+        self.in_slots[key] = inflow
+        self.out_slots[out.slot] = out
+        update = PathUpdate(out.slot, out.flow_id, self.path_of(out), prefix + out.edge_ms)
+        inflow.reported_suffix_ms = out.edge_ms + out.suffix_cost_ms
+        return [
+            Outbound(msg.next_hop, update),
+            Outbound(msg.upstream, FlowCost(msg.upstream_slot, inflow.reported_suffix_ms)),
+            Outbound(msg.upstream, self.hello(wants_reply=True)),
+        ]
+
+    def handle_take_over_deny(self, sender: str, msg: TakeOverDeny, now: float) -> list[Outbound]:
+        self.reserved.pop(msg.new_slot, None)
+        self.handover_slots.pop(msg.new_slot, None)
+        return []

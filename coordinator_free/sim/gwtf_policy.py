@@ -1,0 +1,383 @@
+"""GWTF as a simulator routing policy: the pure flow core, run once per simulated node.
+
+Each live node owns a ``FlowNode``; the engine's ticks, control messages and deadlines drive it,
+exactly as the live node's libp2p service will. The data plane is the thin part here: a
+microbatch injected at a data node takes one of its carried flows (one microbatch per flow at a
+time), and each relay forwards it along the flow it arrived on (``FlowNode.route``). When a flow
+is being rebuilt, a relay sends the microbatch to its best next-stage peer instead of stalling.
+A missed forward ack declares the suspect dead to the sender's core and re-sends to another
+replica; a missed backward ack makes the data node probe the path and repair only the dead hop.
+The policy reads from the world only what a node could know: static facts, and measurements of
+the links it uses (as keep-alives would give).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import ClassVar
+
+from coordinator_free.messages import encoded_size
+from coordinator_free.placement import choose_stage, place_relays, stage_loads
+from coordinator_free.protocol import DATA, FlowConfig, FlowNode, NodeSpec, Outbound
+from coordinator_free.protocol.state import Peer
+from coordinator_free.repair import HopKey, PendingHop, plan_forward_resend, plan_hop_repair
+from coordinator_free.sim.policy import (
+    Action,
+    Forward,
+    Hold,
+    HopDecision,
+    HopReport,
+    Message,
+    MicrobatchView,
+    PolicyDefaults,
+    PolicyTiming,
+    RepairDecision,
+    Replace,
+    Restart,
+    Retry,
+    Send,
+    WorldView,
+)
+
+#: A probe of the path waits this long for the dead hop (the prototype's keep-alive timeout).
+PROBE_TIMEOUT_S = 5.0
+#: Ours: decision periods a microbatch waits at a data node with no flow before going off-flow.
+_FLOWLESS_PATIENCE_PERIODS = 10
+#: Ours: a lookup returns this many candidates per neighbour wanted, of which the cheapest are kept.
+_CANDIDATES_PER_QUOTA = 4
+#: Ours: decision periods between two lookups of a node that knows no live next-stage peer.
+_REDISCOVERY_PERIODS = 5
+
+
+class GwtfPolicy(PolicyDefaults):
+    """The coordinator-free flow protocol of GWTF (arXiv 2509.21221) in the simulator."""
+
+    name: ClassVar[str] = "gwtf"
+
+    def __init__(self, neighbours_per_stage: int = 8, seed_offset: int = 0) -> None:
+        self._neighbours_per_stage = neighbours_per_stage
+        self._seed_offset = seed_offset
+        self._config: FlowConfig | None = None
+        self._rng = random.Random(seed_offset)
+        self._nodes: dict[str, FlowNode] = {}
+        self._last_tick_s: dict[str, float] = {}
+        self._boots: dict[str, int] = {}
+        self._rediscovered_s: dict[str, float] = {}
+        self._waiting_since: dict[int, float] = {}  # mb -> when it first waited for a flow
+        self._hop_slot: dict[int, tuple[str, int]] = {}  # mb -> (sender, sender's slot)
+        self._source_slot: dict[int, tuple[str, int]] = {}  # mb -> (origin, source slot)
+        self._busy: dict[tuple[str, int], int] = {}  # (origin, source slot) -> mb
+        self._topology_cost: dict[tuple[str, float, str, float], float] = {}
+
+    def timing(self) -> PolicyTiming:
+        config = self._flow_config_defaults()
+        # The origin's watchdog: a microbatch with no hop for two ack deadlines lost both ends
+        # of a hop at once (sender and receiver crashed), which no hop deadline can see.
+        return PolicyTiming(
+            forward_timeout_s=config.ack_deadline_s,
+            backward_timeout_s=config.ack_deadline_s,
+            stall_timeout_s=2 * config.ack_deadline_s,
+            tick_period_s=config.decision_period_s,
+        )
+
+    # ---- membership ----
+
+    def place_initial(self, world: WorldView, rng: random.Random) -> dict[str, int]:
+        self._rng = random.Random(rng.random() + self._seed_offset)
+        placed = []
+        newcomers = []
+        for node_id in world.known_nodes():
+            spec, stage = world.spec(node_id), world.stage_of(node_id)
+            if spec.role != "relay":
+                continue
+            if stage is None:
+                newcomers.append((node_id, spec.capacity))
+            else:
+                placed.append((stage, 0, spec.capacity))
+        newcomers.sort(key=lambda item: (-item[1], item[0]))
+        demand = sum(world.spec(d).capacity for d in world.data_nodes())
+        return place_relays(world.stages, placed, newcomers, demand)
+
+    def place_joiner(self, world: WorldView, node_id: str, now: float) -> int:
+        # The joiner asks relays for their load; those that stopped ticking (crashed) do not answer.
+        answers = []
+        for other_id, node in self._nodes.items():
+            responsive = now - self._last_tick_s.get(other_id, -1e9) <= 2 * node.period_s
+            if other_id != node_id and not node.is_data and not node.left and responsive:
+                hello = node.hello()
+                answers.append((hello.stage, hello.flows, hello.capacity))
+        demand = sum(world.spec(d).capacity for d in world.data_nodes())
+        return choose_stage(stage_loads(world.stages, answers, demand)).stage
+
+    def on_node_up(self, world: WorldView, node_id: str, now: float) -> Sequence[Action]:
+        config = self._flow_config(world)
+        spec = world.spec(node_id)
+        stage = world.stage_of(node_id) or 0
+        self._boots[node_id] = self._boots.get(node_id, -1) + 1
+        node = FlowNode(
+            NodeSpec(node_id, spec.role, stage, spec.capacity, world.compute_ms(node_id)),
+            config,
+            random.Random(f"{self._rng.random()}:{node_id}"),
+            boot_id=self._boots[node_id],
+        )
+        self._nodes[node_id] = node
+        self._last_tick_s[node_id] = now
+        sends: list[Outbound] = []
+        for peer_id in self._discover(world, node):
+            sends += node.introduce(peer_id)
+        return self._sends(node_id, sends)
+
+    def _discover(self, world: WorldView, node: FlowNode) -> list[str]:
+        """Neighbours a node finds (a DHT lookup would): per stage, the cheapest half of its
+        quota by the topology, and a random rest so the graph stays connected.
+
+        In a large stage the cheapest are picked from a random sample of candidates (what a
+        lookup returns and the node then measures), not from the whole stage: if every node
+        picked the globally cheapest peers, those few would fill their bounded tables at once
+        and turn the later introductions away, leaving some nodes with no next hop at all.
+        """
+        found: list[str] = []
+        quota = self._neighbours_per_stage
+        stages = {node.previous_stage, node.spec.stage, node.next_stage}
+        for stage in sorted(stages):
+            members = [m for m in world.nodes_in_stage(stage) if m != node.node_id]
+            members = [m for m in members if m in self._nodes and not self._nodes[m].left]
+            pool = _CANDIDATES_PER_QUOTA * quota
+            if len(members) > pool:
+                members = self._rng.sample(members, pool)
+            by_cost = sorted(members, key=lambda m: (self._topology_cost_ms(world, node, m), m))
+            chosen = by_cost[: quota // 2]
+            rest = by_cost[quota // 2 :]
+            chosen += self._rng.sample(rest, min(len(rest), quota - len(chosen)))
+            found += chosen
+        return found
+
+    def _topology_cost_ms(self, world: WorldView, node: FlowNode, peer_id: str) -> float:
+        """d_ij from static facts, cached by (region, speed) of both ends."""
+        mine, theirs = world.spec(node.node_id), world.spec(peer_id)
+        key = (mine.region, mine.speed, theirs.region, theirs.speed)
+        cost = self._topology_cost.get(key)
+        if cost is None:
+            cost = self._topology_cost[key] = world.edge_cost_ms(node.node_id, peer_id)
+        return cost
+
+    # ---- control plane ----
+
+    def on_message(self, world: WorldView, message: Message, now: float) -> Sequence[Action]:
+        node = self._nodes.get(message.dst)
+        payload = message.payload
+        if node is None:
+            return ()
+        sends = node.handle(message.src, payload, now)  # type: ignore[arg-type]
+        # The first message from a peer measures the link (as a keep-alive would); the core
+        # smooths later measurements.
+        if message.src in node.peers and node.peers[message.src].latency_ms is None:
+            node.observe_link(
+                message.src,
+                world.latency_ms(message.src, message.dst),
+                world.bandwidth_gbps(message.src, message.dst),
+            )
+        return self._sends(message.dst, sends)
+
+    def on_tick(self, world: WorldView, node_id: str, now: float) -> Sequence[Action]:
+        node = self._nodes.get(node_id)
+        if node is None:
+            return ()
+        self._last_tick_s[node_id] = now
+        sends = node.tick(now)
+        if not node.alive_peers(node.next_stage):
+            sends += self._rediscover(world, node, now)
+        return self._sends(node_id, sends)
+
+    def _rediscover(self, world: WorldView, node: FlowNode, now: float) -> list[Outbound]:
+        """A node that knows no live next-stage peer looks up more (another DHT lookup would),
+        at most once per ``_REDISCOVERY_PERIODS``: without one it can carry no flow."""
+        last_s = self._rediscovered_s.get(node.node_id, -math.inf)
+        if now - last_s < _REDISCOVERY_PERIODS * node.period_s:
+            return []
+        self._rediscovered_s[node.node_id] = now
+        members = [
+            m
+            for m in world.nodes_in_stage(node.next_stage)
+            if m in self._nodes and not self._nodes[m].left and m not in node.peers
+        ]
+        if node.next_stage == 0:
+            members = [m for m in members if self._nodes[m].is_data]
+        chosen = self._rng.sample(members, min(len(members), self._neighbours_per_stage))
+        sends: list[Outbound] = []
+        for peer_id in chosen:
+            sends += node.introduce(peer_id)
+        return sends
+
+    def _sends(self, sender: str, sends: list[Outbound]) -> list[Action]:
+        return [Send(sender, o.to, o.message, encoded_size(o.message)) for o in sends]
+
+    # ---- data plane ----
+
+    def choose_next_hop(
+        self, world: WorldView, node_id: str, mb: MicrobatchView, now: float
+    ) -> HopDecision:
+        node = self._nodes[node_id]
+        if node.is_data:
+            return self._inject(world, node, mb, now)
+        header = self._hop_slot.get(mb.mb_id)
+        route = None if header is None else node.route(*header)
+        if route is not None and world.stage_of(route[0]) == node.next_stage:
+            self._hop_slot[mb.mb_id] = (node_id, route[1])
+            return Forward(route[0])
+        fallback = self._best_next(world, node, exclude=None)
+        if fallback is None:  # it knows no next-stage peer at all: holding would never end
+            self._forget(mb.mb_id)
+            return Restart()
+        self._hop_slot[mb.mb_id] = (node_id, -1)  # off any flow until the next hop
+        return Forward(fallback)
+
+    def _inject(
+        self, world: WorldView, node: FlowNode, mb: MicrobatchView, now: float
+    ) -> HopDecision:
+        held = self._source_slot.get(mb.mb_id)
+        # A hop that came back at another stage is not usable until its introduction lands.
+        routes = {
+            slot: route
+            for slot, route in node.source_routes().items()
+            if world.stage_of(route[1]) == node.next_stage
+        }
+        if not routes:
+            # No flow (start-up, or the data node lost all of them): wait a few decision periods
+            # for the flows to be built, then send along the best known hop so the batch cannot
+            # stall behind a data node that gets none.
+            first_s = self._waiting_since.setdefault(mb.mb_id, now)
+            patience_s = _FLOWLESS_PATIENCE_PERIODS * node.period_s
+            fallback = self._best_next(world, node, exclude=None)
+            if fallback is None or now - first_s < patience_s:
+                return Hold()
+            self._hop_slot[mb.mb_id] = (node.node_id, -1)
+            return Forward(fallback)
+        if held is not None and held[1] not in routes:
+            self._release(mb.mb_id)
+            held = None
+        if held is None:
+            free = [s for s in sorted(routes) if (node.node_id, s) not in self._busy]
+            if not free:
+                return Hold()
+            held = (node.node_id, free[0])
+            self._source_slot[mb.mb_id] = held
+            self._busy[held] = mb.mb_id
+        self._hop_slot[mb.mb_id] = held
+        return Forward(routes[held[1]][1])
+
+    def _release(self, mb_id: int) -> None:
+        held = self._source_slot.pop(mb_id, None)
+        if held is not None and self._busy.get(held) == mb_id:
+            del self._busy[held]
+
+    def _best_next(self, world: WorldView, node: FlowNode, exclude: str | None) -> str | None:
+        """The next-stage peer this node believes alive with the lowest cost to a sink."""
+        candidates = [
+            p
+            for p in node.alive_peers(node.next_stage)
+            if p.peer_id != exclude and world.stage_of(p.peer_id) == node.next_stage
+        ]
+        if node.next_stage == 0:
+            candidates = [p for p in candidates if p.role == DATA]
+        if not candidates:
+            return None
+
+        # Peers that can reach a sink first (a peer advertising an infinite cost knows no way
+        # on), then peers believed to have room, so detours spread instead of piling on one.
+        def rank(peer: Peer) -> tuple[bool, bool, float, str]:
+            cost = node.cost_through_ms(peer)
+            return (cost == math.inf, peer.spare <= 0, cost, peer.peer_id)
+
+        return min(candidates, key=rank).peer_id
+
+    def on_hop_acked(self, world: WorldView, report: HopReport, now: float) -> Sequence[Action]:
+        node = self._nodes.get(report.sender)
+        if node is not None:  # an acknowledgement proves the receiver alive (no ping needed)
+            node.heard_from(report.receiver, now)
+        return ()
+
+    def on_microbatch_done(
+        self, world: WorldView, mb: MicrobatchView, now: float
+    ) -> Sequence[Action]:
+        self._forget(mb.mb_id)
+        return (Retry(mb.origin),)
+
+    # ---- failures ----
+
+    def on_forward_timeout(
+        self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
+    ) -> HopDecision:
+        node = self._nodes[node_id]
+        actions = self._sends(node_id, node.peer_dead(suspect, now))
+        if mb.stage != node.spec.stage:
+            # The microbatch already moved past the suspect (its ack was lost with it): the
+            # engine would route from the microbatch's stage, not ours, so start it over.
+            self._forget(mb.mb_id)
+            return Restart(tuple(actions))
+        key = HopKey(str(mb.mb_id), mb.stage + 1, 0)
+        missed = PendingHop(key, suspect, mb.attempt, now, now)
+        plan = plan_forward_resend(missed, lambda dead: self._best_next(world, node, dead))
+        decision = self.choose_next_hop(world, node_id, mb, now)
+        if isinstance(decision, Forward) and decision.to != suspect:
+            return Forward(decision.to, tuple(actions))
+        if plan is None:
+            return Hold(tuple(actions))
+        self._hop_slot[mb.mb_id] = (node_id, -1)
+        return Forward(plan.to, tuple(actions))
+
+    def on_backward_timeout(
+        self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
+    ) -> RepairDecision:
+        stage = mb.stage - 1
+        path = (mb.origin, *(hop or "" for hop in mb.path), mb.sink or "")
+        upstream_id = path[stage - 1]
+        actions = self._sends(node_id, self._nodes[node_id].peer_dead(suspect, now))
+        upstream = self._nodes.get(upstream_id)
+        if upstream is None:
+            return Restart(tuple(actions))
+        actions += self._sends(upstream_id, upstream.peer_dead(suspect, now))
+        repair = plan_hop_repair(
+            str(mb.mb_id),
+            path,
+            stage,
+            lambda _stage, dead: self._best_next(world, upstream, dead),
+        )
+        if repair is None:
+            return Restart(tuple(actions))
+        # The stalled node tells the data node, which probes the path and waits for the dead
+        # hop's probe to time out, then tells the hop before it where to re-send.
+        delay_s = (
+            world.latency_ms(node_id, mb.origin) / 1000.0
+            + PROBE_TIMEOUT_S
+            + world.latency_ms(mb.origin, upstream_id) / 1000.0
+        )
+        return Replace(stage, repair.replacement, delay_s, tuple(actions))
+
+    def on_stall(self, world: WorldView, mb: MicrobatchView, now: float) -> RepairDecision:
+        self._forget(mb.mb_id)
+        return Restart()
+
+    def _forget(self, mb_id: int) -> None:
+        self._waiting_since.pop(mb_id, None)
+        self._hop_slot.pop(mb_id, None)
+        self._release(mb_id)
+
+    # ---- config ----
+
+    def _flow_config_defaults(self) -> FlowConfig:
+        return FlowConfig(stages=1, activation_bytes=1.0)
+
+    def _flow_config(self, world: WorldView) -> FlowConfig:
+        if self._config is None:
+            self._config = FlowConfig(
+                stages=world.stages,
+                activation_bytes=float(world.activation_bytes),
+                max_peers_per_stage=max(self._neighbours_per_stage * 2, 4),
+            )
+        return self._config
+
+
+__all__ = ["GwtfPolicy"]

@@ -1,0 +1,159 @@
+"""Baselines on hand-built cases: each does what its paper says, measured in the simulator."""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections import Counter
+
+import networkx as nx
+import pytest
+
+from coordinator_free.baselines.dtfm import DtfmPolicy
+from coordinator_free.baselines.dtfm_schedule import (
+    CostModel,
+    random_schedule_cost,
+    search_schedule,
+)
+from coordinator_free.baselines.optimal import OptimalPolicy, build_flow_graph, route_cost_ms
+from coordinator_free.baselines.swarm import SwarmPolicy
+from coordinator_free.sim.engine import Engine, EngineConfig, run_scenario
+from coordinator_free.sim.policy import HopReport
+from coordinator_free.sim.world import World
+from tests.coordinator_free.sim_helpers import small_scenario
+
+
+def _world(scenario: object, full_knowledge: bool = False) -> World:
+    world = World(scenario, full_knowledge)  # type: ignore[arg-type]
+    for entry in world.scenario.nodes:
+        world.mark_known(entry.id)
+        world.nodes[entry.id].alive = True
+    return world
+
+
+# ---- SWARM ----
+
+
+def test_swarm_wiring_sends_more_to_faster_peers() -> None:
+    scenario = small_scenario(relays_per_stage=2, speeds=[1.0, 0.25, 1.0, 1.0])
+    world = _world(scenario)
+    policy = SwarmPolicy()
+    picks = Counter(policy._pick(world, "d0", 1, 0.0) for _ in range(500))
+    # announced throughput 1/0.3 s vs 1/1.2 s: 4 times more to the fast peer, interleaved
+    assert picks["r1_0"] == pytest.approx(400, abs=2)
+    assert picks["r1_1"] == pytest.approx(100, abs=2)
+
+
+def test_swarm_moving_average_follows_observed_response_times() -> None:
+    scenario = small_scenario(relays_per_stage=2)
+    world = _world(scenario)
+    policy = SwarmPolicy()
+    for _ in range(60):  # r1_0 answers in 10 s (overloaded), r1_1 in 0.1 s
+        policy.on_hop_acked(world, HopReport(0, "d0", "r1_0", 1, "forward", 0.0, 10.0), 0.0)
+        policy.on_hop_acked(world, HopReport(0, "d0", "r1_1", 1, "forward", 0.0, 0.1), 0.0)
+    picks = Counter(policy._pick(world, "d0", 1, 0.0) for _ in range(200))
+    # EMA after 60 samples: ~10 mb/s for r1_1, ~0.1 for r1_0: almost everything goes to r1_1
+    assert picks["r1_0"] <= 4
+    assert picks["r1_1"] >= 196
+
+
+def test_swarm_faster_peer_does_more_work_in_a_run() -> None:
+    scenario = small_scenario(relays_per_stage=2, data_capacity=8, speeds=[1.0, 0.35, 1.0, 1.0])
+    engine = Engine(scenario, SwarmPolicy(), EngineConfig(record_trace=True))
+    engine.run()
+    tasks = Counter(r.node_id for r in engine.trace)
+    assert tasks["r1_0"] > 1.5 * tasks["r1_1"]
+
+
+def test_swarm_rebalancing_moves_a_peer_to_the_weakest_stage() -> None:
+    scenario = small_scenario(relays_per_stage=3, speeds=[1.0, 1.0, 1.0, 0.3, 0.3, 0.3])
+    world = _world(scenario)
+    move = SwarmPolicy()._rebalancing_move(world, 0.0)
+    assert move is not None
+    assert move.stage == 2
+    assert world.stage_of(move.node_id) == 1
+
+
+# ---- DT-FM ----
+
+
+def test_dtfm_search_beats_random_layouts_on_its_cost_model() -> None:
+    scenario = small_scenario(relays_per_stage=4, stages=3, regions=3, data_capacity=12)
+    world = _world(scenario)
+    relays = [n for n in world.known_nodes() if world.spec(n).role == "relay"]
+    schedule = search_schedule(world, [relays], 12, random.Random(1))
+    assert schedule is not None
+    rng = random.Random(2)
+    random_costs = [random_schedule_cost(world, relays, 12, rng) for _ in range(50)]
+    assert schedule.cost_s < statistics.median(random_costs)
+    assert schedule.cost_s <= min(random_costs)
+    groups = [[p[k] for p in schedule.pipelines] for k in range(3)]
+    model = CostModel(world, relays, 12, list(world.data_nodes()))
+    assert model.cost(groups) == pytest.approx(schedule.cost_s)
+
+
+def test_dtfm_crash_stalls_only_its_pipeline() -> None:
+    # Two pipelines; r1_0 dies at t=1 s. The other pipeline keeps finishing microbatches while
+    # the broken one waits, then the scheduler re-matches and the stalled work completes.
+    events = [{"t": 1.0, "node": "r1_0", "event": "crash"}]
+    scenario = small_scenario(
+        relays_per_stage=2, data_capacity=8, relay_capacity=2, iterations=2, events=events
+    )
+    policy = DtfmPolicy(hop_timeout_s=10.0)
+    engine = Engine(scenario, policy, EngineConfig(record_trace=True))
+    metrics = engine.run()
+    assert metrics.stopped_reason == "finished"
+    assert policy.reschedules >= 1
+    schedule = policy.schedule
+    assert schedule is not None
+    healthy = next(p for p in schedule.pipelines if "r1_0" not in p)
+    # Between the crash and the detection (10 s), the healthy pipeline's relays kept working.
+    during = [r for r in engine.trace if 1.0 < r.start_s < 10.0]
+    assert any(r.node_id in healthy for r in during)
+    assert not any(r.node_id == "r1_0" for r in during)
+
+
+def test_dtfm_without_churn_wastes_nothing_and_finishes() -> None:
+    scenario = small_scenario(relays_per_stage=3, regions=2, data_capacity=6, iterations=4)
+    metrics = run_scenario(scenario, DtfmPolicy())
+    assert metrics.iterations_completed == 4
+    assert metrics.wasted_gpu_s == pytest.approx(0.0)
+    assert metrics.admission_waits == 0  # pipelines hold at most their capacity
+
+
+# ---- the optimum ----
+
+
+def test_optimal_flow_equals_networkx_max_flow() -> None:
+    scenario = small_scenario(relays_per_stage=3, stages=3, data_capacity=20, relay_capacity=2)
+    world = _world(scenario, full_knowledge=True)
+    policy = OptimalPolicy()
+    policy._recompute(world)
+    graph = build_flow_graph(world, world.is_alive)
+    assert policy.flow_value == nx.maximum_flow_value(graph, "__source__", "__sink__")
+    assert policy.flow_value == 6  # three relays of capacity 2 per stage
+
+
+def test_optimal_routes_are_min_cost_and_respect_capacity() -> None:
+    # Two regions; the cheapest routes stay inside the data node's region.
+    scenario = small_scenario(relays_per_stage=2, regions=2, data_capacity=2, relay_capacity=1)
+    world = _world(scenario, full_knowledge=True)
+    policy = OptimalPolicy()
+    policy._recompute(world)
+    routes = [r for rs in policy._routes.values() for r in rs]
+    assert len(routes) == 2
+    per_relay = Counter(n for r in routes for n in r[1:-1])
+    assert max(per_relay.values()) == 1
+    graph = build_flow_graph(world, world.is_alive)
+    flow_cost = nx.cost_of_flow(graph, nx.max_flow_min_cost(graph, "__source__", "__sink__"))
+    total_ms = sum(route_cost_ms(world, r) for r in routes)
+    assert total_ms == pytest.approx(flow_cost / 1000.0, rel=1e-6)
+
+
+def test_optimal_beats_or_matches_the_baselines_without_churn() -> None:
+    scenario = small_scenario(
+        relays_per_stage=3, regions=3, data_capacity=8, iterations=5, speeds=[1, 0.35, 0.6] * 2
+    )
+    optimal = run_scenario(scenario, OptimalPolicy()).throughput_mb_per_s
+    swarm = run_scenario(scenario, SwarmPolicy()).throughput_mb_per_s
+    assert optimal >= 0.95 * swarm

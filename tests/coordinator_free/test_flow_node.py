@@ -1,0 +1,266 @@
+"""One flow node driven message by message, and small swarms driven by the loopback network."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from coordinator_free.flow_errors import FlowConfigError
+from coordinator_free.messages import (
+    CostAdvert,
+    FlowAccept,
+    FlowCancel,
+    FlowReject,
+    FlowRequest,
+    Hello,
+    Ping,
+    Pong,
+    PushBack,
+    SlotList,
+)
+from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from coordinator_free.protocol.annealing import FlowView, SwapMove, TakeOverMove
+from coordinator_free.protocol.state import SlotState
+from tests.coordinator_free.flow_graphs import (
+    build_network,
+    check_consistent,
+    drain,
+    random_swarm,
+    settle,
+    trace_flows,
+)
+
+CONFIG = FlowConfig(stages=2, activation_bytes=1e6)
+
+
+def relay(node_id: str, stage: int, capacity: int = 2) -> FlowNode:
+    return FlowNode(NodeSpec(node_id, "relay", stage, capacity, 20.0), CONFIG, random.Random(1))
+
+
+def hello(role: str, stage: int, spare: int = 2) -> Hello:
+    return Hello(role, stage, CONFIG.stages, 2, spare, 0, 20.0, 0, True)
+
+
+def meet(node: FlowNode, *peers: tuple[str, str, int]) -> None:
+    for peer_id, role, stage in peers:
+        node.handle(peer_id, hello(role, stage), 0.0)
+
+
+def sent(sends: list, kind: type) -> list:
+    return [s for s in sends if isinstance(s.message, kind)]
+
+
+def test_a_request_with_spare_capacity_is_accepted_and_forwarded_to_the_cheapest_peer() -> None:
+    node = relay("a", 1)
+    meet(node, ("d0", "data", 0), ("x", "relay", 2), ("y", "relay", 2))
+    node.observe_link("x", 100.0)
+    node.observe_link("y", 10.0)
+    node.handle("x", CostAdvert(50.0, 1), 0.0)
+    node.handle("y", CostAdvert(50.0, 1), 0.0)
+    sends = node.handle("d0", FlowRequest(7, "d0/0", ("d0",), 30.0), 0.0)
+    assert sent(sends, FlowAccept)[0].to == "d0"
+    (request,) = sent(sends, FlowRequest)
+    assert request.to == "y"
+    assert request.message.path == ("d0", "a")
+    assert node.route("d0", 7) is None  # not matched until y accepts
+    node.handle("y", FlowAccept(request.message.slot, 40.0), 0.1)
+    assert node.route("d0", 7) == ("y", request.message.slot)
+
+
+def test_capacity_is_never_exceeded_and_unknown_senders_are_refused() -> None:
+    node = relay("a", 1, capacity=2)
+    meet(node, ("d0", "data", 0))
+    answers = [node.handle("d0", FlowRequest(i, f"d0/{i}", ("d0",), 1.0), 0.0) for i in range(4)]
+    assert [bool(sent(a, FlowAccept)) for a in answers] == [True, True, False, False]
+    assert sent(answers[3], FlowReject)[0].message.spare == 0
+    assert sent(node.handle("zz", FlowRequest(9, "zz/0", ("zz",), 1.0), 0.0), FlowReject)
+    assert len(node.in_slots) == 2
+    node.check_invariants()
+
+
+def test_a_reject_excludes_that_peer_and_tries_the_next() -> None:
+    node = relay("a", 1)
+    meet(node, ("d0", "data", 0), ("x", "relay", 2), ("y", "relay", 2))
+    node.observe_link("x", 1.0)
+    node.observe_link("y", 90.0)
+    for peer in ("x", "y"):
+        node.handle(peer, CostAdvert(10.0, 2), 0.0)
+    (first,) = sent(node.handle("d0", FlowRequest(1, "d0/0", ("d0",), 5.0), 0.0), FlowRequest)
+    assert first.to == "x"
+    (second,) = sent(node.handle("x", FlowReject(first.message.slot, 0), 0.1), FlowRequest)
+    assert second.to == "y"
+
+
+def test_an_unforwardable_flow_is_pushed_back_after_twelve_periods() -> None:
+    node = relay("a", 1)
+    meet(node, ("d0", "data", 0))
+    node.handle("d0", FlowRequest(3, "d0/0", ("d0",), 5.0), 0.0)
+    pushed = []
+    for period in range(1, 15):
+        sends = node.tick(period * CONFIG.decision_period_s)
+        pushed += sent(sends, PushBack)
+        if pushed:
+            break
+    assert pushed and pushed[0].to == "d0" and pushed[0].message.slot == 3
+    assert period * CONFIG.decision_period_s > 12 * CONFIG.decision_period_s
+    assert not node.in_slots
+
+
+def test_cancel_releases_the_flow_and_cancels_downstream() -> None:
+    node = relay("a", 1)
+    meet(node, ("d0", "data", 0), ("x", "relay", 2))
+    node.handle("x", CostAdvert(10.0, 2), 0.0)
+    (request,) = sent(node.handle("d0", FlowRequest(3, "d0/0", ("d0",), 5.0), 0.0), FlowRequest)
+    node.handle("x", FlowAccept(request.message.slot, 10.0), 0.1)
+    (cancel,) = sent(node.handle("d0", FlowCancel(3), 0.2), FlowCancel)
+    assert cancel.to == "x" and cancel.message.slot == request.message.slot
+    assert not node.in_slots and not node.out_slots
+
+
+def test_a_dead_next_hop_is_replaced_and_not_chosen_while_dead() -> None:
+    node = relay("a", 1)
+    meet(node, ("d0", "data", 0), ("x", "relay", 2), ("y", "relay", 2))
+    node.observe_link("x", 1.0)
+    node.observe_link("y", 50.0)
+    for peer in ("x", "y"):
+        node.handle(peer, CostAdvert(10.0, 2), 0.0)
+    (request,) = sent(node.handle("d0", FlowRequest(3, "d0/0", ("d0",), 5.0), 0.0), FlowRequest)
+    node.handle("x", FlowAccept(request.message.slot, 10.0), 0.1)
+    (again,) = sent(node.peer_dead("x", 1.0), FlowRequest)
+    assert again.to == "y"
+    assert all(p.peer_id != "x" for p in node.alive_peers(2))
+    assert node.alternative_next_hop(again.message.slot, exclude="y", now=2.0) is None
+    # A crashed node sends nothing: a peer that speaks again was only slow, and may be used.
+    node.handle("x", CostAdvert(0.0, 9), 3.0)
+    assert node.alternative_next_hop(again.message.slot, exclude="y", now=3.0) == "x"
+
+
+def test_three_missed_keepalives_declare_a_flow_partner_dead() -> None:
+    node = relay("a", 1)
+    meet(node, ("d0", "data", 0), ("x", "relay", 2))
+    node.handle("x", CostAdvert(10.0, 2), 0.0)
+    (request,) = sent(node.handle("d0", FlowRequest(3, "d0/0", ("d0",), 5.0), 0.0), FlowRequest)
+    node.handle("x", FlowAccept(request.message.slot, 10.0), 0.0)
+    pings, now = 0, 0.0
+    while node.peers["d0"].alive and now < 200.0:
+        for ping in sent(node.tick(now), Ping):
+            if ping.to == "d0":
+                pings += 1
+            else:  # x answers, d0 is silent
+                node.handle("x", Pong(ping.message.nonce), now + 0.1)
+        node.handle("x", SlotList((request.message.slot,)), now + 0.1)  # x still carries it
+        now += 1.0
+    assert not node.peers["d0"].alive
+    assert pings == CONFIG.keepalive_misses
+    # d0 was last heard at 0 s: a ping at 20 s; each miss (no answer after 5 s, seen at the
+    # next tick of 1 s) sends the next ping at once, so the third miss comes at 20 + 3 x 6 s,
+    # well before three keep-alive intervals.
+    assert 35.0 < now <= 40.0
+    assert not node.in_slots  # the flow from the dead upstream is released
+
+
+def test_bad_config_and_spec_are_refused_with_a_config_error() -> None:
+    with pytest.raises(FlowConfigError, match="stages"):
+        FlowConfig(stages=0, activation_bytes=1.0)
+    with pytest.raises(FlowConfigError, match="cooling"):
+        FlowConfig(stages=2, activation_bytes=1.0, cooling=1.5)
+    with pytest.raises(FlowConfigError, match="stage"):
+        FlowNode(NodeSpec("r", "relay", 3, 1, 1.0), CONFIG, random.Random(0))
+    with pytest.raises(FlowConfigError, match="role"):
+        FlowNode(NodeSpec("r", "boss", 1, 1, 1.0), CONFIG, random.Random(0))
+
+
+# ---- small swarms ------------------------------------------------------------------------------
+
+
+def converged(seed: int, through_wire: bool = False):  # type: ignore[no-untyped-def]
+    swarm = random_swarm(seed)
+    network = build_network(swarm, seed, through_wire=through_wire)
+    network.run_until(200.0)
+    settle(network)
+    return swarm, network
+
+
+def test_sources_learn_the_paths_of_their_flows() -> None:
+    swarm, network = converged(4, through_wire=True)
+    traced = {p[0] + str(i): p for i, p in enumerate(trace_flows(network))}
+    reported = set()
+    for node in network.nodes.values():
+        if node.is_data:
+            for path, cost in node.flow_paths().values():
+                reported.add(path)
+                assert cost == pytest.approx(swarm.path_cost_ms(path), rel=1e-6)
+    assert reported == set(traced.values())
+
+
+def _two_flows_in_one_stage(network):  # type: ignore[no-untyped-def]
+    for stage in (1, 2, 3):
+        relays = [n for n in network.nodes.values() if n.spec.stage == stage and not n.is_data]
+        carried = [
+            (n, o) for n in relays for o in n.out_slots.values() if o.state is SlotState.MATCHED
+        ]
+        for a, out_a in carried:
+            for b, out_b in carried:
+                if a is not b and out_a.next_hop != out_b.next_hop:
+                    return a, out_a, b, out_b
+    raise AssertionError("no pair of flows to move")
+
+
+def test_a_forced_swap_exchanges_next_hops_and_keeps_every_flow_whole() -> None:
+    _swarm, network = converged(2)
+    before = len(trace_flows(network))
+    a, out_a, b, out_b = _two_flows_in_one_stage(network)
+    b.handle(a.node_id, a.table(), network.now)
+    b_table = b.table()
+    a.handle(b.node_id, b_table, network.now)
+    theirs = next(e for e in b_table.entries if e.slot == out_b.slot)
+    mine = FlowView(out_a.slot, out_a.next_hop, a.prefix_of(out_a), out_a.edge_ms, 1.0)
+    x, y = out_a.next_hop, out_b.next_hop
+    network.send(
+        a.node_id, a._propose_swap(a.peers[b.node_id], SwapMove(mine, theirs, 1.0), network.now)
+    )
+    drain(network)
+    assert a.out_slots[out_a.slot].next_hop == y and b.out_slots[out_b.slot].next_hop == x
+    check_consistent(network)
+    assert len(trace_flows(network)) == before
+
+
+def test_a_forced_take_over_moves_one_flow_and_keeps_every_flow_whole() -> None:
+    _swarm, network = converged(2)
+    before = len(trace_flows(network))
+    relays = [n for n in network.nodes.values() if not n.is_data]
+    pairs = [
+        (taker, giver)
+        for taker in relays
+        for giver in relays
+        if taker is not giver
+        and taker.spec.stage == giver.spec.stage
+        and taker.spare > 0
+        and giver.carried_count() > 0
+    ]
+    taker, giver = pairs[0]
+    move = TakeOverMove(giver.table().entries[0], 1.0, 1.0, 1.0)
+    taken = len(taker.in_slots)
+    network.send(
+        taker.node_id, taker._request_take_over(taker.peers[giver.node_id], move, network.now)
+    )
+    drain(network)
+    assert len(taker.in_slots) == taken + 1
+    check_consistent(network)
+    assert len(trace_flows(network)) == before
+
+
+def test_a_leaving_relay_releases_its_flows_and_the_swarm_routes_around_it() -> None:
+    _swarm, network = converged(7)
+    before = len(trace_flows(network))
+    leaver = max(
+        (n for n in network.nodes.values() if not n.is_data), key=lambda n: n.carried_count()
+    )
+    assert leaver.carried_count() > 0
+    network.send(leaver.node_id, leaver.leave(network.now))
+    network.run_until(network.now + 200.0)
+    settle(network)
+    paths = trace_flows(network)
+    assert all(leaver.node_id not in p for p in paths)
+    assert len(paths) >= before - leaver.spec.capacity

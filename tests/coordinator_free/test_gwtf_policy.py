@@ -1,0 +1,77 @@
+"""GWTF in the simulator: the pure core driven by the engine's ticks, messages and deadlines."""
+
+from __future__ import annotations
+
+from coordinator_free.protocol.state import SlotState
+from coordinator_free.sim.engine import Engine, run_scenario
+from coordinator_free.sim.gwtf_policy import GwtfPolicy
+from coordinator_free.sim.round_robin import RoundRobinPolicy
+from coordinator_free.sim.scenario import parse_scenario
+from tests.coordinator_free.sim_helpers import scenario_document, small_scenario
+
+
+def test_a_quiet_swarm_trains_every_microbatch_with_no_waste_and_no_repair() -> None:
+    scenario = small_scenario(relays_per_stage=3, stages=2, data_nodes=2, iterations=20)
+    metrics = run_scenario(scenario, GwtfPolicy())
+    assert metrics.stopped_reason == "finished"
+    assert metrics.iterations_completed == 20
+    assert metrics.microbatches_completed == metrics.microbatches_injected == 160
+    assert metrics.wasted_gpu_s == 0.0
+    assert metrics.restarts == metrics.replacements == metrics.forward_timeouts == 0
+    assert metrics.control_messages > 0
+
+
+def test_the_same_scenario_gives_the_same_run() -> None:
+    def run() -> tuple[float, int, int]:
+        scenario = small_scenario(relays_per_stage=3, stages=2, data_nodes=2, iterations=10)
+        metrics = run_scenario(scenario, GwtfPolicy())
+        return metrics.sim_time_s, metrics.control_messages, metrics.control_bytes
+
+    assert run() == run()
+
+
+def test_with_slow_relays_in_three_regions_it_beats_cost_blind_round_robin() -> None:
+    speeds = [1.0, 0.35, 1.0, 0.35, 1.0, 0.35]
+
+    def scenario():  # type: ignore[no-untyped-def]
+        return small_scenario(
+            relays_per_stage=3, stages=2, data_nodes=2, iterations=40, speeds=speeds, regions=3
+        )
+
+    gwtf = run_scenario(scenario(), GwtfPolicy())
+    blind = run_scenario(scenario(), RoundRobinPolicy())
+    assert gwtf.iterations_completed == blind.iterations_completed == 40
+    assert gwtf.sim_time_s < blind.sim_time_s
+
+
+def test_a_crashed_relay_is_routed_around_and_no_flow_points_at_it() -> None:
+    crash = [{"t": 40.0, "node": "r1_0", "event": "crash"}]
+    scenario = small_scenario(
+        relays_per_stage=3, stages=2, data_nodes=2, iterations=60, events=crash
+    )
+    policy = GwtfPolicy()
+    engine = Engine(scenario, policy)
+    metrics = engine.run()
+    assert metrics.stopped_reason == "finished"
+    assert metrics.crashes == 1
+    assert metrics.microbatches_completed == metrics.microbatches_injected
+    for node_id, node in policy._nodes.items():
+        if node_id == "r1_0" or not engine.world.nodes[node_id].alive:
+            continue
+        for out in node.out_slots.values():
+            assert not (out.next_hop == "r1_0" and out.state is not SlotState.UNMATCHED)
+
+
+def test_a_joining_relay_without_a_stage_goes_to_the_bottleneck() -> None:
+    document = scenario_document(relays_per_stage=2, stages=3, data_nodes=1, iterations=15)
+    for node in document["nodes"]:
+        if node["id"] == "r3_1":
+            node["capacity"] = 1  # stage 3 holds the least
+    joiner = dict(document["nodes"][-1], id="joiner", stage=None)
+    document["nodes"].append(joiner)
+    document["churn"]["events"] = [{"t": 20.0, "node": "joiner", "event": "join"}]
+    engine = Engine(parse_scenario(document), GwtfPolicy())
+    metrics = engine.run()
+    assert metrics.joins == 1
+    assert engine.world.stage_of("joiner") == 3
+    assert metrics.stopped_reason == "finished"

@@ -1,0 +1,199 @@
+"""`gwtf-node`: each bad input is one line on stderr with the documented exit code; no traceback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from eth_account import Account
+
+from node.chain import Sender
+from node.chain_actions import Contracts, RunConfig, open_run
+from node.cli import main
+from node.devnet import RunningDevnet
+from node.wallet import create_wallet
+from tests.node.conftest import FAST_SCRYPT_N
+
+REPO = Path(__file__).resolve().parents[2]
+PASSWORD = "volunteer-password"
+ETH = 10**18
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(err: str, fragment: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("gwtf-node: error: ")
+    assert fragment in lines[0]
+    assert "Traceback" not in err
+
+
+@pytest.fixture
+def wallet(tmp_path: Path) -> tuple[Path, Path, str]:
+    path = tmp_path / "wallet.json"
+    account = create_wallet(path, PASSWORD, scrypt_n=FAST_SCRYPT_N)
+    password_file = tmp_path / "password"
+    password_file.write_text(PASSWORD + "\n")
+    return path, password_file, account.address
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_wrong_password_exits_4(
+    capsys: pytest.CaptureFixture[str], wallet: tuple[Path, Path, str], devnet_file: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    path, _, _ = wallet
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not-it")
+    code, _, err = run_cli(
+        capsys, "--devnet-file", str(devnet_file), "register", "--wallet", str(path),
+        "--password-file", str(wrong), "--stake-eth", "2",
+    )  # fmt: skip
+    assert code == 4
+    assert_one_line_error(err, "wrong password for wallet")
+
+
+def test_unfunded_wallet_exits_4_then_fund_and_register_succeed(
+    capsys: pytest.CaptureFixture[str], wallet: tuple[Path, Path, str], devnet_file: Path
+) -> None:
+    path, password_file, address = wallet
+    register = ("--devnet-file", str(devnet_file), "register", "--wallet", str(path),
+                "--password-file", str(password_file), "--stake-eth", "2")  # fmt: skip
+    code, _, err = run_cli(capsys, *register)
+    assert code == 4
+    assert_one_line_error(err, f"wallet {address} holds 0 ETH")
+    code, out, _ = run_cli(capsys, "--devnet-file", str(devnet_file), "fund", "--to", address,
+                           "--eth", "3")  # fmt: skip
+    assert code == 0 and "it now holds 3" in out
+    code, out, err = run_cli(capsys, *register)
+    assert code == 0, err
+    assert "registered node" in out and "with 2 ETH stake" in out
+
+
+def test_revert_exits_3_with_the_contract_error(
+    capsys: pytest.CaptureFixture[str], wallet: tuple[Path, Path, str], devnet_file: Path
+) -> None:
+    path, password_file, address = wallet
+    run_cli(capsys, "--devnet-file", str(devnet_file), "fund", "--to", address, "--eth", "3")
+    code, _, err = run_cli(
+        capsys, "--devnet-file", str(devnet_file), "register", "--wallet", str(path),
+        "--password-file", str(password_file), "--stake-eth", "0.1",
+    )  # fmt: skip
+    assert code == 3
+    assert_one_line_error(err, "InsufficientStake(")
+    assert "send at least the minimum stake" in err
+
+
+def test_join_and_info_read_back_the_chain(
+    capsys: pytest.CaptureFixture[str],
+    wallet: tuple[Path, Path, str],
+    devnet_file: Path,
+    rpc_contracts: Contracts,
+) -> None:
+    path, password_file, address = wallet
+    flags = ("--wallet", str(path), "--password-file", str(password_file))
+    chain = ("--devnet-file", str(devnet_file))
+    run_cli(capsys, *chain, "fund", "--to", address, "--eth", "5")
+    assert run_cli(capsys, *chain, "register", *flags, "--stake-eth", "2")[0] == 0
+    sponsor = Sender.unlocked(rpc_contracts.w3.eth.accounts[7])
+    run_id = open_run(rpc_contracts, sponsor, RunConfig(b"\x01" * 32, b"\x02" * 32, 2, 600, 10,
+                                                        ETH, 600, ETH), ETH)  # fmt: skip
+    code, out, err = run_cli(capsys, *chain, "join", *flags, "--run", str(run_id))
+    assert code == 0, err
+    node = out.split()[1]
+    assert rpc_contracts.ledger.functions.hasJoined(run_id, node).call()
+    code, out, _ = run_cli(capsys, *chain, "info", "--node", node, "--run", str(run_id))
+    assert code == 0
+    assert f"operator='{address}'" in out and "stake_wei=2000000000000000000" in out
+    assert f"run_id={run_id}" in out
+
+
+def test_bad_settings_and_missing_devnet_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = run_cli(capsys, "--rpc-url", "localhost:8545", "info", "--run", "1")
+    assert code == 2
+    assert_one_line_error(err, "chain.rpc_url='localhost:8545' from the command line")
+    code, _, err = run_cli(capsys, "--devnet-file", str(tmp_path / "none.json"), "info",
+                           "--run", "1")  # fmt: skip
+    assert code == 3
+    assert_one_line_error(err, "no devnet file at")
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GWTF_")}
+    env.update(extra)
+    return env
+
+
+def test_unreachable_rpc_as_a_subprocess(devnet_file: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [sys.executable, "-m", "node.cli", "--rpc-url", url, "--devnet-file", str(devnet_file),
+         "info", "--run", "1"],
+        capture_output=True, text=True, timeout=120, env=subprocess_env(), cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 3
+    assert done.stderr.strip() == (
+        f"gwtf-node: error: cannot reach chain RPC at {url}; start `gwtf-node devnet` or pass "
+        "--rpc-url"
+    )
+
+
+def test_missing_artifacts_as_a_subprocess(tmp_path: Path) -> None:
+    # A copy of the contracts package without artifacts.json shadows the real one.
+    shadow = tmp_path / "shadow" / "contracts"
+    shutil.copytree(REPO / "contracts", shadow, ignore=shutil.ignore_patterns("artifacts.json"))
+    done = subprocess.run(
+        [sys.executable, "-m", "node.cli", "--devnet-file", str(tmp_path / "d.json"), "devnet",
+         "--port", "0"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env=subprocess_env(PYTHONPATH=os.pathsep.join([str(shadow.parent), str(REPO)])),
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert_one_line_error(done.stderr, "contracts/artifacts.json is missing or stale")
+    assert not (tmp_path / "d.json").exists()
+
+
+def test_wallet_new_and_address_commands(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    password_file = tmp_path / "pw"
+    password_file.write_text(PASSWORD)
+    path = tmp_path / "new.json"
+    code, out, _ = run_cli(capsys, "wallet", "new", "--wallet", str(path), "--password-file",
+                           str(password_file))  # fmt: skip
+    assert code == 0
+    address = out.split()[2]
+    assert Account.decrypt(path.read_text(), PASSWORD) is not None
+    assert run_cli(capsys, "wallet", "address", "--wallet", str(path))[1].strip() == address
+    code, _, err = run_cli(capsys, "wallet", "new", "--wallet", str(path), "--password-file",
+                           str(password_file))  # fmt: skip
+    assert code == 4
+    assert_one_line_error(err, "already exists")
+    assert PASSWORD not in out + err
+
+
+def test_devnet_port_in_use_is_one_line(
+    capsys: pytest.CaptureFixture[str], devnet: RunningDevnet, tmp_path: Path
+) -> None:
+    port = devnet.info.rpc_url.rsplit(":", 1)[1]
+    code, _, err = run_cli(capsys, "--devnet-file", str(tmp_path / "d.json"), "devnet",
+                           "--port", port)  # fmt: skip
+    assert code == 3
+    assert_one_line_error(err, f"cannot listen on 127.0.0.1:{port}")
