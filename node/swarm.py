@@ -9,7 +9,8 @@ microbatches, loss per iteration, throughput, crashes, joins, recovered hops).
 Swarm file::
 
     [run]    model = "gpt-tiny", stages = 2, batch_size = 2, seq_len = 32,
-             microbatches_per_iteration = 4, iterations = 5, seed = 0
+             microbatches_per_iteration = 4, iterations = 5, seed = 0,
+             routing = "gwtf" (or "swarm": SWARM's throughput-weighted wiring, for comparison)
     [swarm]  relays_per_stage = 2, capacity = 2 (a relay's microbatches in flight; the data
              node's is relays_per_stage times that), regions = ["oregon"], topology = "" (a JSON
              file like coordinator_free/sim/data/regions-10.json, or "" for no emulation)
@@ -46,6 +47,7 @@ _DEFAULT_FLOW = {
 }
 _SECTIONS = {
     "run": {
+        "routing",
         "model",
         "stages",
         "batch_size",
@@ -105,6 +107,7 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
         "microbatches_per_iteration": 4,
         "iterations": 5,
         "seed": 0,
+        "routing": "gwtf",
         **raw.get("run", {}),
     }
     swarm = {
@@ -163,6 +166,7 @@ def _spec(
         "status_file": str(plan.out_dir / f"{name}.status.json"),
         "crash_on": _crash_on(plan, stage),
         "start_file": None,
+        "routing": run["routing"],
         **extra,
     }
 

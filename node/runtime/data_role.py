@@ -27,6 +27,7 @@ from node.runtime.dataplane import DataPlane
 from node.runtime.flow_service import FlowService
 from node.runtime.hop import BACKWARD, FLAG_REPAIR, FORWARD, HopHeader, frame_digest
 from node.runtime.relay import HopSender, HopStats
+from node.runtime.routing import SwarmWiring
 from node.training import codec
 from node.training.codec import CodecLimits
 from node.training.data_node import DataNodeWorker
@@ -64,8 +65,10 @@ class DataRole:
     results: list[IterationResult] = field(default_factory=list)
     training: bool = False  # flows exist and iterations have started
 
+    wiring: SwarmWiring | None = None
+
     def __post_init__(self) -> None:
-        self.sender = HopSender(self.plane, self.flow, self.stats)
+        self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
         self.plane.compute = self.compute
 
     @property
@@ -175,7 +178,7 @@ class DataRole:
         with trio.move_on_after(self.stall_timeout_s):
             while True:
                 routed = self.flow.node.source_routes().get(slot)
-                first_hop = routed[1] if routed else self.sender.replacement(1, set())
+                first_hop = self.sender.next_hop(1, routed[1] if routed else None)
                 if first_hop is not None:
                     return first_hop
                 await trio.sleep(self.flow.tick_s)

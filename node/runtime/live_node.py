@@ -23,7 +23,7 @@ from gwtf.errors import ConfigError, ProtocolError
 from node.p2p.host import running_host
 from node.p2p.identity import load_or_create_identity
 from node.p2p.link_emulation import LinkEmulator, Topology
-from node.p2p.rpc import RequestResponse, RpcLimits
+from node.p2p.rpc import Admission, RequestResponse, RpcLimits
 from node.p2p.weights import StageSnapshot, download_stage_state, serve_weights
 from node.runtime import control
 from node.runtime.averaging import GradientAverager
@@ -32,6 +32,7 @@ from node.runtime.dataplane import DataPlane
 from node.runtime.discovery import AddressBook, PeerRecord, own_record
 from node.runtime.flow_service import FlowService
 from node.runtime.relay import RelayRole
+from node.runtime.routing import ROUTINGS, SwarmWiring
 from node.training.checkpoint import load_part_state, save_part_state
 from node.training.codec import CodecLimits
 from node.training.config import ModelConfig
@@ -70,6 +71,9 @@ class LiveNodeConfig:
     flow_timeout_s: float = 60.0
     discovery_period_s: float = 1.0
     compute_ms: float = 100.0
+    #: Who may talk to this node (e.g. ``RunAdmission`` over the chain); None admits every peer.
+    admit: Admission | None = None
+    routing: str = "gwtf"  # "gwtf": follow the flow table; "swarm": SWARM's throughput wiring
 
 
 @dataclass
@@ -104,7 +108,11 @@ async def run_live_node(
     key = load_or_create_identity(config.key_path)
     async with running_host(key, [config.listen]) as host, trio.open_nursery() as nursery:
         node_id = str(host.get_id())
-        rpc = RequestResponse(host)
+        rpc = (
+            RequestResponse(host)
+            if config.admit is None
+            else RequestResponse(host, admit=config.admit)
+        )
         spec = NodeSpec(node_id, config.role, config.stage, config.capacity, config.compute_ms)
         flow = FlowService(
             rpc,
@@ -122,13 +130,25 @@ async def run_live_node(
         )
         worker = await trio.to_thread.run_sync(_worker, config, node_id)
         role: DataRole | RelayRole
+        if config.routing not in ROUTINGS:
+            raise ConfigError(f"routing {config.routing!r} is not one of {', '.join(ROUTINGS)}")
+        wiring = SwarmWiring(random.Random(config.seed)) if config.routing == "swarm" else None
         if isinstance(worker, DataNodeWorker):
             role = DataRole(
-                worker, plane, flow, limits, nursery, config.batch, config.stall_timeout_s
+                worker,
+                plane,
+                flow,
+                limits,
+                nursery,
+                config.batch,
+                config.stall_timeout_s,
+                wiring=wiring,
             )
         else:
             averager = GradientAverager(rpc, node_id, limits, config.flow.ack_deadline_s)
-            role = RelayRole(worker, config.stage, plane, flow, averager, limits, nursery)
+            role = RelayRole(
+                worker, config.stage, plane, flow, averager, limits, nursery, wiring=wiring
+            )
         introduce_later: list[str] = []
 
         def on_new_peer(record: PeerRecord) -> None:

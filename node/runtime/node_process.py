@@ -8,7 +8,8 @@ the data node's iteration results when it finishes — always by atomic rename, 
 Spec keys: name, role, stage, region, capacity, key_path, model ("gpt-tiny"), stages,
 batch_size, seq_len, run_id, seed, bootstrap [addresses], iterations, batch, flow {FlowConfig
 fields}, join, stall_timeout_s, discovery_period_s, topology_file (or null), status_file,
-start_file (null, or a path: wait until it exists before starting — a joiner already loaded), and
+start_file (null, or a path: wait until it exists before starting — a joiner already loaded),
+routing ("gwtf" or "swarm"), and
 crash_on (null, or {"direction": "forward"|"backward", "iteration": int, "lock": path}): fault
 injection for tests — the first node to reach such a hop and create ``lock`` kills itself with
 SIGKILL right there, mid-hop, so a crash lands exactly where a test wants it.
@@ -66,6 +67,7 @@ _SPEC_KEYS = {
     "status_file",
     "crash_on",
     "start_file",
+    "routing",
 }
 
 
@@ -101,6 +103,7 @@ def config_from_spec(spec: dict[str, Any]) -> tuple[LiveNodeConfig, Path]:
         stall_timeout_s=float(spec["stall_timeout_s"]),
         discovery_period_s=float(spec["discovery_period_s"]),
         topology=Topology.from_json_file(Path(topology)) if topology else None,
+        routing=str(spec["routing"]),
     )
     return config, Path(spec["status_file"])
 

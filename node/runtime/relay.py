@@ -25,6 +25,7 @@ from node.runtime.compute import T, in_worker_thread
 from node.runtime.dataplane import DataPlane, HopRecord
 from node.runtime.flow_service import FlowService
 from node.runtime.hop import FLAG_REPAIR, FORWARD, HopHeader, frame_digest
+from node.runtime.routing import SwarmWiring
 from node.training import codec
 from node.training.codec import CodecLimits
 from node.training.stage_worker import StageWorker
@@ -50,17 +51,30 @@ class HopStats:
 class HopSender:
     """Forward sends with re-send on a missed ack, and backward sends with hop repair."""
 
-    def __init__(self, plane: DataPlane, flow: FlowService, stats: HopStats) -> None:
+    def __init__(
+        self, plane: DataPlane, flow: FlowService, stats: HopStats, wiring: SwarmWiring | None
+    ) -> None:
         self.plane = plane
         self.flow = flow
         self.stats = stats
+        self.wiring = wiring  # None: hops follow the flow table (GWTF); else SWARM's wiring
+
+    def next_hop(self, stage: int, route: str | None) -> str | None:
+        """Where a forward into ``stage`` goes: the flow's next hop, or SWARM's weighted draw."""
+        if self.wiring is not None:
+            wanted = 0 if stage > self.plane.stages else stage
+            return self.wiring.choose([p.peer_id for p in self.flow.node.alive_peers(wanted)])
+        return route if route is not None else self.replacement(stage, set())
 
     async def forward(self, header: HopHeader, frame: bytes, to: str, input_digest: bytes) -> None:
         """Send a forward; on a missed ack re-send to another replica of the next stage."""
         tried: set[str] = set()
         while True:
             try:
+                sent_at = trio.current_time()
                 await self.plane.send(to, header, frame)
+                if self.wiring is not None:
+                    self.wiring.observe(to, trio.current_time() - sent_at)
                 self._record(header, to, input_digest, frame)
                 return
             except PeerUnavailable as exc:
@@ -156,8 +170,10 @@ class RelayRole:
     resync: Callable[[int], Awaitable[None]] | None = None
     resyncing: bool = False
 
+    wiring: SwarmWiring | None = None
+
     def __post_init__(self) -> None:
-        self.sender = HopSender(self.plane, self.flow, self.stats)
+        self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
         self.plane.compute = self.compute
 
     async def compute(self, header: HopHeader, frame: bytes) -> None:
@@ -184,11 +200,9 @@ class RelayRole:
     async def _send_forward(self, received: HopHeader, frame: bytes, input_digest: bytes) -> None:
         upstream = received.path[-1]
         route = self.flow.node.route(upstream, received.slot)
-        if route is None:  # not (yet) a flow of ours: any live next-stage replica will do
-            to = self.sender.replacement(self.stage + 1, set())
-            slot = 0
-        else:
-            to, slot = route
+        # Not (yet) a flow of ours: any live next-stage replica will do.
+        to = self.sender.next_hop(self.stage + 1, route[0] if route else None)
+        slot = route[1] if route and to == route[0] else 0
         if to is None:
             log.warning(
                 "no next hop for microbatch %s; it will be repaired", received.microbatch_id

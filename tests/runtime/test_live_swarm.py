@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import struct
 from pathlib import Path
 
 import pytest
 import trio
+from libp2p.custom_types import TProtocol
 
-from tests.runtime.swarm_harness import reference_losses, run_swarm
+from coordinator_free.messages import PROTOCOL_ID as FLOW
+from node.p2p.framing import write_frame
+from node.p2p.host import peer_info, running_host
+from node.p2p.identity import load_or_create_identity
+from node.p2p.rpc import RequestResponse, RpcLimits
+from node.p2p.scoring import Offence
+from node.p2p.weights import PROTOCOL_ID as WEIGHTS
+from node.runtime.dataplane import PROTOCOL_ID as HOP
+from tests.runtime.swarm_harness import Swarm, reference_losses, run_swarm
 
 ITERATIONS = 3
 BATCH = 4
@@ -27,3 +38,57 @@ def test_swarm_of_two_stages_by_two_replicas_matches_the_reference(tmp_path: Pat
     assert results[-1].loss < results[0].loss
     assert all(r.relays_stepped == 4 for r in results)
     assert all(r.restarts == 0 for r in results)
+
+
+def test_bad_peers_are_dropped_and_training_goes_on(tmp_path: Path) -> None:
+    swarm = Swarm()
+    rogue_done = trio.Event()
+    offences: dict[str, list[Offence]] = {}
+
+    async def rogue(swarm: Swarm) -> None:
+        """Connect to the data node and a relay and misbehave in every way a peer can."""
+        while not {"data", "a1"} <= set(swarm.nodes):
+            await trio.sleep(0.05)
+        key = load_or_create_identity(tmp_path / "rogue.key")
+        async with running_host(key) as host:
+            for victim in ("data", "a1"):
+                node = swarm.nodes[victim]
+                await host.connect(peer_info(node.address))
+                target = node.rpc.host.get_id()
+                for protocol, payload in (
+                    (HOP, struct.pack(">I", 1 << 31) + b"x" * 16),  # announces a 2 GiB frame
+                    (FLOW, struct.pack(">I", 5) + b"\xff" * 5),  # garbage flow message
+                    (HOP, struct.pack(">I", 40) + b"\x00" * 40),  # garbage hop header
+                ):
+                    stream = await host.new_stream(target, [TProtocol(protocol)])
+                    await stream.write(payload)
+                    with contextlib.suppress(Exception), trio.move_on_after(2):
+                        await stream.read(64)
+                with pytest.raises(Exception):  # noqa: B017 - unknown version: refused at negotiation
+                    await host.new_stream(target, [TProtocol("/gwtf/hop/9.9.9")])
+                if victim == "a1":
+                    # A peer that stops reading: asks for a 1 MiB chunk of the stage's state and
+                    # never reads it; at worst that one write waits for its deadline.
+                    rpc = RequestResponse(host)
+                    manifest = await rpc.request(
+                        target, WEIGHTS, struct.pack(">BH32sQ", 1, 1, bytes(32), 0), RpcLimits()
+                    )
+                    digest = manifest[-32:]
+                    stream = await host.new_stream(target, [TProtocol(WEIGHTS)])
+                    await write_frame(stream, struct.pack(">BH32sQ", 2, 1, digest, 0), 1 << 10)
+                    await trio.sleep(1.0)
+                offences[victim] = node.rpc.scores.offences.get(str(host.get_id()), [])
+        rogue_done.set()
+
+    async def main() -> list:  # type: ignore[type-arg]
+        with trio.fail_after(120):
+            return await run_swarm(
+                tmp_path, ITERATIONS, BATCH, {"a1": 1, "a2": 1, "b1": 2, "b2": 2}, rogue, swarm
+            )
+
+    results = trio.run(main)
+    assert rogue_done.is_set()
+    assert [r.loss for r in results] == pytest.approx(reference_losses(ITERATIONS, BATCH), rel=1e-4)
+    for victim in ("data", "a1"):
+        assert Offence.OVERSIZED_FRAME in offences[victim]
+        assert offences[victim].count(Offence.MALFORMED_MESSAGE) >= 2
