@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
-
 from coordinator_free.sim.policy import RoutingPolicy
-from gwtf.errors import ConfigError, NotBuiltError
+from gwtf.errors import ConfigError
 
 ALGORITHMS = ("gwtf", "swarm", "dtfm", "optimal", "round_robin")
 
@@ -33,26 +31,7 @@ def make_policy(name: str) -> RoutingPolicy:
     raise ConfigError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
 
 
-def gwtf_available() -> bool:
-    try:
-        _gwtf_policy()
-    except NotBuiltError:
-        return False
-    return True
-
-
 def _gwtf_policy() -> RoutingPolicy:
-    try:
-        module = importlib.import_module("coordinator_free.sim.gwtf_policy")
-    except ModuleNotFoundError as exc:
-        if exc.name != "coordinator_free.sim.gwtf_policy":
-            raise
-        raise NotBuiltError(
-            "the GWTF simulator policy (coordinator_free/sim/gwtf_policy.py) is not built yet "
-            "(issue 3); run another --algorithm"
-        ) from exc
-    policy_class = getattr(module, "GwtfPolicy", None)
-    if policy_class is None:
-        raise NotBuiltError("coordinator_free.sim.gwtf_policy has no GwtfPolicy class (issue 3)")
-    policy: RoutingPolicy = policy_class()
-    return policy
+    from coordinator_free.sim.gwtf_policy import GwtfPolicy
+
+    return GwtfPolicy()

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from coordinator_free.sim.algorithms import gwtf_available
 from coordinator_free.sim.cli import main
 from tests.coordinator_free.sim_helpers import scenario_document
 
@@ -68,12 +67,6 @@ def test_unknown_algorithm_and_missing_flag_exit_2(
     assert main([str(scenario_file), "--algorithm", "magic"]) == 2
     assert main([str(scenario_file)]) == 2
     assert "gwtf-sim --help" in capsys.readouterr().err
-
-
-@pytest.mark.skipif(gwtf_available(), reason="the GWTF policy is built")
-def test_gwtf_not_built_exits_7(scenario_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([str(scenario_file), "--algorithm", "gwtf"]) == 7
-    assert "not built" in capsys.readouterr().err
 
 
 def test_generate_writes_the_grid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
