@@ -95,7 +95,9 @@ class DataRole:
                 flags=0,
                 path=(*header.path, self.node_id),
             )
-            self.nursery.start_soon(self._send_backward, back, grad_frame, frame_digest(frame))
+            self.nursery.start_soon(
+                self.sender.backward_or_log, back, grad_frame, frame_digest(frame)
+            )
         elif header.direction == BACKWARD and header.stage == 0 and header.origin == self.node_id:
             if key not in self.embedded:
                 raise ProtocolError(
@@ -109,24 +111,13 @@ class DataRole:
         else:
             raise ProtocolError(f"a data node does not compute {header.direction}/{header.stage}")
 
-    async def _send_backward(self, header: HopHeader, frame: bytes, input_digest: bytes) -> None:
-        try:
-            await self.sender.backward(header, frame, input_digest)
-        except (PeerUnavailable, ProtocolError) as exc:
-            log.warning("gradient of microbatch %s stalls: %s", header.microbatch_id, exc)
-
     async def handle_resend(self, request: control.Resend) -> bytes:
         entry = self.embedded.get((request.iteration, request.microbatch))
         if entry is None:
             return control.encode_reply(False, why="microbatch not in flight here")
         header, frame = entry
         repair = header.onward(attempt=request.attempt, flags=FLAG_REPAIR)
-        try:
-            await self.plane.send(request.to, repair, frame)
-        except PeerUnavailable as exc:
-            return control.encode_reply(False, why=str(exc))
-        self.stats.repairs_served += 1
-        return control.encode_reply(True)
+        return await self.sender.serve_resend(request.to, repair, frame)
 
     # ---- driving iterations ----------------------------------------------------------------
 

@@ -124,6 +124,23 @@ class HopSender:
                 path[header.stage] = replacement
                 to, header = replacement, header.onward(path=tuple(path), attempt=attempt)
 
+    async def backward_or_log(self, header: HopHeader, frame: bytes, input_digest: bytes) -> None:
+        """``backward`` as a background task: a gradient that cannot be delivered is logged (the
+        origin's stall deadline then restarts the microbatch)."""
+        try:
+            await self.backward(header, frame, input_digest)
+        except (PeerUnavailable, ProtocolError) as exc:
+            log.warning("gradient of microbatch %s stalls: %s", header.microbatch_id, exc)
+
+    async def serve_resend(self, to: str, repair: HopHeader, frame: bytes) -> bytes:
+        """Answer a ``Resend``: send the buffered forward, flagged as a repair, to ``to``."""
+        try:
+            await self.plane.send(to, repair, frame)
+        except PeerUnavailable as exc:
+            return control.encode_reply(False, why=str(exc))
+        self.stats.repairs_served += 1
+        return control.encode_reply(True)
+
     async def request_resend(self, header: HopHeader, replacement: str, attempt: int) -> None:
         """Ask the node before the dead hop to re-send its forward output to ``replacement``."""
         before = header.path[header.stage - 1]
@@ -192,7 +209,9 @@ class RelayRole:
             self.buffers.pop(key, None)
             grad_frame = codec.encode(header.microbatch_id, grad, self.limits)
             onward = header.onward(stage=header.stage - 1, flags=0)
-            self.nursery.start_soon(self._send_backward, onward, grad_frame, frame_digest(frame))
+            self.nursery.start_soon(
+                self.sender.backward_or_log, onward, grad_frame, frame_digest(frame)
+            )
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
         return await in_worker_thread(self.limiter, fn, *args)
@@ -216,12 +235,6 @@ class RelayRole:
         except PeerUnavailable as exc:
             log.warning("microbatch %s stalls here: %s", received.microbatch_id, exc)
 
-    async def _send_backward(self, header: HopHeader, frame: bytes, input_digest: bytes) -> None:
-        try:
-            await self.sender.backward(header, frame, input_digest)
-        except (PeerUnavailable, ProtocolError) as exc:
-            log.warning("gradient of microbatch %s stalls here: %s", header.microbatch_id, exc)
-
     async def handle_resend(self, request: control.Resend) -> bytes:
         buffered = self.buffers.get((request.iteration, request.microbatch))
         if buffered is None:
@@ -232,12 +245,7 @@ class RelayRole:
             flags=FLAG_REPAIR,
             path=(*buffered.header.path, self.plane.node_id),
         )
-        try:
-            await self.plane.send(request.to, header, buffered.output_frame)
-        except PeerUnavailable as exc:
-            return control.encode_reply(False, why=str(exc))
-        self.stats.repairs_served += 1
-        return control.encode_reply(True)
+        return await self.sender.serve_resend(request.to, header, buffered.output_frame)
 
     async def _resync(self, min_step: int) -> None:
         assert self.resync is not None
