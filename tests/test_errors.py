@@ -9,7 +9,9 @@ def test_every_error_family_has_a_distinct_exit_code() -> None:
     families = [
         cls
         for cls in vars(errors).values()
-        if isinstance(cls, type) and issubclass(cls, errors.GwtfError) and cls is not errors.GwtfError
+        if isinstance(cls, type)
+        and issubclass(cls, errors.GwtfError)
+        and cls is not errors.GwtfError
     ]
     codes = [cls.exit_code for cls in families]
     assert len(families) >= 6

@@ -33,7 +33,9 @@ def python_files(*relative: str) -> list[Path]:
     return [f for f in files if f.exists()]
 
 
-PURE_FILES = python_files("gwtf", "coordinator_free", "contracts/encoding.py", "contracts/merkle.py")
+PURE_FILES = python_files(
+    "gwtf", "coordinator_free", "contracts/encoding.py", "contracts/merkle.py"
+)
 
 
 @pytest.mark.parametrize("path", PURE_FILES, ids=lambda p: str(p.relative_to(ROOT)))
