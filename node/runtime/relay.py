@@ -90,12 +90,13 @@ class HopSender:
                 to, header = replacement, header.onward(attempt=header.attempt + 1)
 
     def replacement(self, stage: int, exclude: set[str]) -> str | None:
-        """A live node of ``stage`` (the sink stage is S+1, data nodes) not in ``exclude``."""
+        """A live node of ``stage`` (the sink stage is S+1, data nodes) not in ``exclude``,
+        drawn at random (from the flow core's seeded generator) so that hops outside any flow
+        spread over the replicas instead of piling onto the first."""
         wanted = 0 if stage > self.plane.stages else stage
-        for peer in self.flow.node.alive_peers(wanted):
-            if peer.peer_id not in exclude:
-                return peer.peer_id
-        return None
+        candidates = [p.peer_id for p in self.flow.node.alive_peers(wanted)]
+        candidates = [peer for peer in candidates if peer not in exclude]
+        return self.flow.node.rng.choice(candidates) if candidates else None
 
     async def backward(self, header: HopHeader, frame: bytes, input_digest: bytes) -> None:
         """Send a gradient to ``path[stage]``; if it is dead, repair that hop and send there."""
@@ -186,6 +187,7 @@ class RelayRole:
     #: Loads the stage's state at a step >= the given one from a live replica (set by the node).
     resync: Callable[[int], Awaitable[None]] | None = None
     resyncing: bool = False
+    resync_target: int = 0  # the step the replicas reach after the latest round sat out
 
     wiring: SwarmWiring | None = None
 
@@ -247,10 +249,12 @@ class RelayRole:
         )
         return await self.sender.serve_resend(request.to, header, buffered.output_frame)
 
-    async def _resync(self, min_step: int) -> None:
+    async def _resync(self) -> None:
+        """Load the replicas' state until this relay has caught up with the latest round."""
         assert self.resync is not None
         try:
-            await self.resync(min_step)
+            while self.worker.step_count < self.resync_target:
+                await self.resync(self.resync_target)
         finally:
             self.resyncing = False
 
@@ -269,9 +273,14 @@ class RelayRole:
             await self._run(self.worker.discard_gradients)
             await self._run(self.worker.drop_all)
             self.buffers.clear()
+            if self.plane.node_id in replicas:
+                # Still hand in an empty share, so the round need not wait for this relay.
+                empty = await self._run(self.worker.gradient_share)
+                await self.averager.average(self.stage, iteration, empty, replicas)
+            self.resync_target = max(self.resync_target, iteration + 1)
             if self.resync is not None and not self.resyncing:
                 self.resyncing = True
-                self.nursery.start_soon(self._resync, iteration + 1)
+                self.nursery.start_soon(self._resync)
             return control.encode_reply(False, why="out of step", step=self.worker.step_count)
         share = await self._run(self.worker.gradient_share)
         shares = await self.averager.average(self.stage, iteration, share, replicas)
