@@ -40,12 +40,9 @@ def test_forgetting_a_peer_clears_its_queues() -> None:
     assert links.arrival_time("a", "b", "oregon", "tokyo", 0, now=0.0) == pytest.approx(0.096)
 
 
-def test_the_shipped_ten_region_matrix_loads(tmp_path: Path) -> None:
-    shared = Path(__file__).resolve().parents[3] / "shared" / "data" / "regions-10.json"
-    source = shared if shared.exists() else None
-    if source is None:
-        pytest.fail("the shared 10-region matrix is missing; it is part of the repository layout")
-    topology = Topology.from_json_file(source)
+def test_the_shipped_ten_region_matrix_loads() -> None:
+    shipped = Path(__file__).resolve().parents[2] / "coordinator_free/sim/data/regions-10.json"
+    topology = Topology.from_json_file(shipped)
     assert len(topology.regions) == 10
     assert topology.latency_s("oregon", "oregon") < topology.latency_s("oregon", "sydney")
 
