@@ -1,6 +1,6 @@
 # The two commands of the quickstart are `make demo` and `make test`; both create .venv and
 # install everything from this repository's own files (pyproject.toml, package-lock.json) first.
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
