@@ -84,6 +84,10 @@ class DataRole:
         tensor = codec.decode(bytearray(frame), self.limits).tensor
         key = (header.iteration, header.microbatch_id)
         if header.direction == FORWARD and header.stage == self.plane.stages + 1:
+            if key in self.losses:
+                # A copy re-sent past a slow (not dead) relay: one loss per microbatch, or its
+                # gradient would count twice. A restart clears the entry first.
+                raise ProtocolError(f"microbatch {header.microbatch_id} already reached its loss")
             loss, grad = await self._run(
                 self.worker.loss_and_backward, header.microbatch_id, tensor
             )
@@ -212,6 +216,7 @@ class DataRole:
             return True
         log.warning("microbatch %s stalled; starting it again", microbatch_id)
         self.embedded.pop(key, None)
+        self.losses.pop(key, None)
         await self._run(self.worker.drop, microbatch_id)
         return False
 
