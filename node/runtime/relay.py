@@ -156,11 +156,15 @@ class HopSender:
             raise PeerUnavailable(f"{before} could not re-send microbatch {header.microbatch_id}")
 
     def _record(self, header: HopHeader, to: str, input_digest: bytes, frame: bytes) -> None:
+        """Record the hop this node computed, once ``to`` acknowledged its output (``header`` is
+        the outgoing one, so this node's stage is one before a forward's, one after a backward's).
+        """
+        worker_stage = header.stage - 1 if header.direction == FORWARD else header.stage + 1
         self.plane.log.record(
             HopRecord(
                 header.iteration,
                 header.microbatch_id,
-                header.stage - (header.direction == FORWARD),
+                worker_stage,
                 header.direction,
                 header.attempt,
                 self.plane.node_id,

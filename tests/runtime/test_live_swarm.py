@@ -92,3 +92,22 @@ def test_bad_peers_are_dropped_and_training_goes_on(tmp_path: Path) -> None:
     for victim in ("data", "a1"):
         assert Offence.OVERSIZED_FRAME in offences[victim]
         assert offences[victim].count(Offence.MALFORMED_MESSAGE) >= 2
+
+
+def test_every_hop_is_recorded_once_by_its_worker(tmp_path: Path) -> None:
+    swarm = Swarm()
+
+    async def main() -> list:  # type: ignore[type-arg]
+        with trio.fail_after(120):
+            return await run_swarm(tmp_path, 1, BATCH, {"a1": 1, "b1": 2}, swarm=swarm)
+
+    trio.run(main)
+    records = [r for node in swarm.nodes.values() for r in node.plane.log.records]
+    # Per microbatch: forward out of stages 0 (embedding), 1, 2; backward out of 3 (loss), 2, 1.
+    expected = {(m, stage, direction) for m in range(BATCH) for stage, direction in
+                [(0, 0), (1, 0), (2, 0), (3, 1), (2, 1), (1, 1)]}  # fmt: skip
+    assert sorted((r.microbatch_id, r.stage, r.direction) for r in records) == sorted(expected)
+    by_node = {node.plane.node_id: name for name, node in swarm.nodes.items()}
+    for record in records:
+        worker = by_node[record.worker]
+        assert record.stage == {"data": record.stage, "a1": 1, "b1": 2}[worker]
