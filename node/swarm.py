@@ -280,7 +280,7 @@ def run_swarm(
                 next_random = now + rng.expovariate(rate_per_s)
             time.sleep(0.05)
         time.sleep(1.0)  # the relays' last status (their final step) lands within 0.25 s
-        _record_injected_crashes(plan, training_from)
+        _record_injected_crashes(plan)
         return summarise(plan, data, time.monotonic() - started)
     finally:
         for proc in plan.procs.values():
@@ -317,7 +317,8 @@ def _apply(
         raise ConfigError(f"churn event {event} names neither 'kill' nor 'join'")
 
 
-def _record_injected_crashes(plan: SwarmPlan, training_from: float) -> None:
+def _record_injected_crashes(plan: SwarmPlan) -> None:
+    """Nodes that fault injection killed (they died by SIGKILL, not by the schedule)."""
     for name, proc in plan.procs.items():
         if not proc.killed and proc.popen.poll() == -signal.SIGKILL:
             proc.killed = True

@@ -75,7 +75,7 @@ class DataPlane:
     ack_deadline_s: float
     max_frame_bytes: int
     compute: Compute | None = None
-    log: HopLog = field(default_factory=HopLog)
+    hop_log: HopLog = field(default_factory=HopLog)
     _queue: tuple[trio.MemorySendChannel[_Job], trio.MemoryReceiveChannel[_Job]] | None = None
 
     def serve(self, nursery: trio.Nursery) -> None:

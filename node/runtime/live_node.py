@@ -11,7 +11,7 @@ import logging
 import random
 import tempfile
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
@@ -23,7 +23,7 @@ from gwtf.errors import ConfigError, ProtocolError
 from node.p2p.host import running_host
 from node.p2p.identity import load_or_create_identity
 from node.p2p.link_emulation import LinkEmulator, Topology
-from node.p2p.rpc import Admission, RequestResponse, RpcLimits
+from node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper
 from node.p2p.weights import StageSnapshot, download_stage_state, serve_weights
 from node.runtime import control
 from node.runtime.averaging import GradientAverager
@@ -85,7 +85,6 @@ class LiveNode:
     plane: DataPlane
     role: DataRole | RelayRole
     address: str
-    ready: trio.Event = field(default_factory=trio.Event)
 
 
 Started = Callable[[LiveNode], Awaitable[None] | None]
@@ -191,7 +190,7 @@ async def run_live_node(
         ready.set()
         for peer_id in introduce_later:
             flow.dispatch(flow.node.introduce(peer_id))
-        live = LiveNode(config, rpc, book, flow, plane, role, book.own.address, ready)
+        live = LiveNode(config, rpc, book, flow, plane, role, book.own.address)
         if on_started is not None:
             on_started(live)
         if isinstance(role, DataRole):
@@ -207,7 +206,7 @@ async def run_live_node(
     raise AssertionError("unreachable")
 
 
-def _shaper(emulator: LinkEmulator, node_id: str, region: str, book: AddressBook):  # type: ignore[no-untyped-def]
+def _shaper(emulator: LinkEmulator, node_id: str, region: str, book: AddressBook) -> Shaper:
     def delay_s(peer: str, n_bytes: int) -> float:
         record = book.peers.get(peer)
         if record is None:

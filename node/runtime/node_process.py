@@ -123,8 +123,8 @@ def node_status(node: LiveNode) -> dict[str, Any]:
         "role": node.config.role,
         "stage": node.config.stage,
         "stats": dataclasses.asdict(role.stats),
-        "hops_recorded": len(node.plane.log.records),
-        "recomputed_hops": sum(1 for r in node.plane.log.records if r.attempt > 0),
+        "hops_recorded": len(node.plane.hop_log.records),
+        "recomputed_hops": sum(1 for r in node.plane.hop_log.records if r.attempt > 0),
     }
     if isinstance(role, DataRole):
         status["results"] = [dataclasses.asdict(r) for r in role.results]

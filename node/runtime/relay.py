@@ -160,7 +160,7 @@ class HopSender:
         the outgoing one, so this node's stage is one before a forward's, one after a backward's).
         """
         worker_stage = header.stage - 1 if header.direction == FORWARD else header.stage + 1
-        self.plane.log.record(
+        self.plane.hop_log.record(
             HopRecord(
                 header.iteration,
                 header.microbatch_id,
