@@ -21,7 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from coordinator_free.sim.algorithms import gwtf_available, make_policy
+from coordinator_free.sim.algorithms import make_policy
 from coordinator_free.sim.engine import EngineConfig, run_scenario
 from coordinator_free.sim.generator import GridCell, GridSize, build_scenario, paper_grid
 from gwtf.errors import GwtfError
@@ -198,9 +198,6 @@ def main() -> int:
         keep = {"hom-1reg-churn0", "het-10reg-churn0", "het-10reg-churn10", KEY_CELL}
         cells = [c for c in cells if c.label in keep]
     algorithms = args.algorithms.split(",")
-    if "gwtf" in algorithms and not gwtf_available():
-        print("GWTF policy not built: running the baselines only", file=sys.stderr)
-        algorithms.remove("gwtf")
     jobs = [(c, a, s, iterations) for c in cells for a in algorithms for s in range(seeds)]
     print(
         f"{len(jobs)} runs: {len(cells)} cells x {len(algorithms)} algorithms x {seeds} seeds, "

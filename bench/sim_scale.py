@@ -1,11 +1,14 @@
 """How the simulator's wall time grows with the number of nodes (one core, 100 iterations).
 
 Scenarios: 10 regions, heterogeneous GPUs, 8 stages, no churn; one data node per 50 nodes, each
-injecting 16 microbatches per iteration, so the work per iteration grows with the swarm. Prints
-wall time, events per second and the time per node relative to the smallest size measured in the
-same run; writes ``bench/out/sim_scale.png``.
+injecting 16 microbatches per iteration, so the work per iteration grows with the swarm. Each
+size runs the GWTF policy and, as the baseline of the same run, the reference round-robin policy
+(the engine alone). Prints wall time, events, control messages, and GWTF's wall time over the
+baseline's; writes ``bench/out/sim_scale.png``. CPU seconds are printed too: on a shared machine
+the wall time also counts the time other processes held the core.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/sim_scale.py [--quick] [--algorithm swarm]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/sim_scale.py [--quick] [--sizes 50,100,1000]
+        [--algorithms gwtf,round_robin] [--iterations 100]
 """
 
 from __future__ import annotations
@@ -32,38 +35,48 @@ def measure(nodes: int, iterations: int, algorithm: str) -> dict[str, float]:
         iterations=iterations,
     )
     scenario = build_scenario(GridCell(True, True, 0.0), 0, size)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     metrics = run_scenario(scenario, make_policy(algorithm), EngineConfig())
     wall = time.perf_counter() - started
-    return {
+    row = {
         "nodes": nodes,
         "wall_s": wall,
         "events": metrics.events_processed,
         "microbatches": metrics.microbatches_completed,
+        "messages": metrics.control_messages,
+        "sim_s": metrics.sim_time_s,
         "finished": metrics.stopped_reason == "finished",
+        "cpu_s": time.process_time() - cpu_started,
     }
+    print(f"  {algorithm} {nodes} nodes: {wall:.1f} s wall, {row['cpu_s']:.1f} s cpu", flush=True)
+    return row
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="up to 500 nodes, 30 iterations")
-    parser.add_argument("--algorithm", default="round_robin")
+    parser.add_argument("--quick", action="store_true", help="up to 250 nodes, 30 iterations")
+    parser.add_argument("--sizes", default=None, help="comma-separated node counts")
+    parser.add_argument("--algorithms", default="gwtf,round_robin", help="first one is measured")
     parser.add_argument("--iterations", type=int, default=None)
     args = parser.parse_args()
-    sizes = [50, 100, 250, 500] if args.quick else [50, 100, 250, 500, 1000, 2000]
+    default_sizes = "50,100,250" if args.quick else "50,100,250,500,1000"
+    sizes = [int(n) for n in (args.sizes or default_sizes).split(",")]
+    algorithms = args.algorithms.split(",")
     iterations = args.iterations or (30 if args.quick else 100)
-    rows = [measure(n, iterations, args.algorithm) for n in sizes]
-    base = rows[0]["wall_s"] / rows[0]["nodes"]
-    print(f"\nalgorithm {args.algorithm}, {iterations} iterations, 1 process")
-    print("| nodes | wall s | events | events/s | microbatches | wall per node / smallest |")
-    print("|---|---|---|---|---|---|")
-    for row in rows:
-        per_node = row["wall_s"] / row["nodes"] / base
-        print(
-            f"| {row['nodes']:.0f} | {row['wall_s']:.2f} | {row['events']:.0f} | "
-            f"{row['events'] / row['wall_s']:.0f} | {row['microbatches']:.0f} | {per_node:.2f} |"
-            + ("" if row["finished"] else " (not finished)")
-        )
+    rows = {a: [measure(n, iterations, a) for n in sizes] for a in algorithms}
+    baseline = algorithms[-1]
+    print(f"\n{iterations} iterations, 1 process; baseline: {baseline} (same sizes, same run)")
+    print("| nodes | algorithm | wall s | cpu s | sim s | events | control msgs | cpu / baseline |")
+    print("|---|---|---|---|---|---|---|---|")
+    for index, nodes in enumerate(sizes):
+        base_cpu = rows[baseline][index]["cpu_s"]
+        for algorithm in algorithms:
+            row = rows[algorithm][index]
+            print(
+                f"| {nodes} | {algorithm} | {row['wall_s']:.2f} | {row['cpu_s']:.2f} | "
+                f"{row['sim_s']:.0f} | {row['events']:,.0f} | {row['messages']:,.0f} | "
+                f"{row['cpu_s'] / base_cpu:.2f} |" + ("" if row["finished"] else " (not finished)")
+            )
     import matplotlib
 
     matplotlib.use("Agg")
@@ -71,10 +84,13 @@ def main() -> int:
 
     OUT.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["nodes"] for r in rows], [r["wall_s"] for r in rows], marker="o")
+    for algorithm in algorithms:
+        series = rows[algorithm]
+        ax.plot([r["nodes"] for r in series], [r["cpu_s"] for r in series], marker="o")
+    ax.legend(algorithms)
     ax.set_xlabel("nodes")
-    ax.set_ylabel(f"wall time for {iterations} iterations (s)")
-    ax.set_title(f"simulator scaling ({args.algorithm})")
+    ax.set_ylabel(f"CPU seconds for {iterations} iterations")
+    ax.set_title("simulator scaling, one core")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     path = OUT / "sim_scale.png"

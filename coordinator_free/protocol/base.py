@@ -160,6 +160,10 @@ class NodeBase:
             peer.bandwidth_gbps = smooth_delay(peer.bandwidth_gbps, bandwidth_gbps)
         peer.edge_cost_ms = None
         self._sink_cost_ms = None
+        self.state_changed()
+
+    def state_changed(self) -> None:
+        """Work may now be due sooner (the node forgets its cached ``next_tick_s``)."""
 
     def edge_cost_ms(self, peer_id: str) -> float:
         """This node's estimate of d_ij to ``peer_id`` (inf for a peer it does not know)."""

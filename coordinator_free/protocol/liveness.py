@@ -12,7 +12,7 @@ from __future__ import annotations
 from coordinator_free.messages import CostAdvert, FlowCancel, Goodbye, Hello, Ping, Pong, PushBack
 from coordinator_free.protocol.base import NodeBase
 from coordinator_free.protocol.config import Outbound
-from coordinator_free.protocol.state import Peer, SlotState
+from coordinator_free.protocol.state import INF, Peer, SlotState
 
 
 class LivenessMixin(NodeBase):
@@ -90,16 +90,51 @@ class LivenessMixin(NodeBase):
         if peer is not None and peer.alive:
             peer.last_heard_s = now
 
+    def flow_partners(self) -> set[str]:
+        """Upstream peers of carried flows and next hops of sent ones: whom keep-alives watch."""
+        partners = {inflow.upstream for inflow in self.in_slots.values()}
+        partners.update(o.next_hop for o in self.out_slots.values() if o.next_hop is not None)
+        return partners
+
+    def next_keepalive_s(self, now: float, not_before_s: float = -INF) -> float:
+        """When ``keepalive`` next has something to do (a ping to send or a miss to count).
+
+        Any time at or before ``not_before_s`` is answered as ``not_before_s`` (a caller that
+        ticks no sooner need not know more), which ends the scan early.
+        """
+        due_s = INF
+        interval_s = self.config.keepalive_interval_s
+        timeout_s = self.config.keepalive_timeout_s
+        peers = self.peers
+        partners = [inflow.upstream for inflow in self.in_slots.values()]
+        partners += [out.next_hop for out in self.out_slots.values() if out.next_hop is not None]
+        for peer_id in partners:
+            peer = peers.get(peer_id)
+            if peer is None or not peer.alive:
+                continue
+            if peer.ping_nonce is not None and peer.last_heard_s <= peer.ping_sent_s:
+                peer_due_s = peer.ping_sent_s + timeout_s
+            elif peer.ping_nonce is None and peer.misses > 0:
+                peer_due_s = now
+            else:
+                last_s = peer.last_heard_s
+                if peer.last_ping_s > last_s:
+                    last_s = peer.last_ping_s
+                peer_due_s = last_s + interval_s
+            if peer_due_s < due_s:
+                if peer_due_s <= not_before_s:
+                    return not_before_s
+                due_s = peer_due_s
+        return due_s
+
     def keepalive(self, now: float) -> list[Outbound]:
         """Ping flow partners that were quiet for an interval; count misses; declare death.
 
         Any message from a partner (the data plane reports its hop acknowledgements through
         ``heard_from``) counts as an answer, so busy links need no pings.
         """
-        partners = {inflow.upstream for inflow in self.in_slots.values()}
-        partners.update(o.next_hop for o in self.out_slots.values() if o.next_hop is not None)
         sends: list[Outbound] = []
-        for peer_id in sorted(partners):
+        for peer_id in sorted(self.flow_partners()):
             peer = self.peers.get(peer_id)
             if peer is None or not peer.alive:
                 continue
@@ -123,6 +158,7 @@ class LivenessMixin(NodeBase):
 
     def peer_dead(self, peer_id: str, now: float) -> list[Outbound]:
         """Hook: ``peer_id`` is gone. Re-route flows that went to it, release those from it."""
+        self.state_changed()
         peer = self.peers.get(peer_id)
         if peer is not None:
             self.set_peer_alive(peer, False)

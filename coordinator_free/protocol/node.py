@@ -15,6 +15,7 @@ nothing here reads a clock, opens a socket or starts a thread, and all randomnes
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -50,7 +51,7 @@ from coordinator_free.protocol.config import FlowConfig, NodeSpec, Outbound
 from coordinator_free.protocol.liveness import LivenessMixin
 from coordinator_free.protocol.moves import MovesMixin
 from coordinator_free.protocol.routing import RoutingMixin
-from coordinator_free.protocol.state import INF, SlotState
+from coordinator_free.protocol.state import INF, TIME_SLACK_S, SlotState
 
 Handler = Callable[[Any, str, Any, float], list[Outbound]]
 
@@ -63,7 +64,11 @@ class FlowNode(RoutingMixin, MovesMixin, LivenessMixin):
     ) -> None:
         super().__init__(spec, config, rng, boot_id)
         self._last_decision_s = -INF
-        self._periods = 0
+        self._last_reconcile_s = -INF
+        #: When the next annealing move of an idle node is due (drawn ahead, see ``_idle_move``).
+        self._idle_move_at_s: float | None = None
+        #: ``next_tick_s`` as last computed; None once anything that could bring it forward ran.
+        self._next_tick_cache_s: float | None = None
         #: Annealing moves on or off (off while an operator freezes the routing, or in a drain).
         self.moves_enabled = True
 
@@ -74,6 +79,8 @@ class FlowNode(RoutingMixin, MovesMixin, LivenessMixin):
         if self.left:
             return []
         peer = self.peers.get(sender)
+        if type(message) not in _ANSWER_ONLY or peer is None or not peer.alive:
+            self._next_tick_cache_s = None
         if peer is not None and not peer.alive and not isinstance(message, Goodbye):
             # Crashed nodes send nothing, and a death is declared long after any message could
             # still be in flight: a peer that speaks was only suspected wrongly (slow, not dead).
@@ -89,29 +96,98 @@ class FlowNode(RoutingMixin, MovesMixin, LivenessMixin):
         """Timers: keep-alives on every call, and the decision round once per period."""
         if self.left:
             return []
+        self._next_tick_cache_s = None
         sends = self.keepalive(now)
-        if now - self._last_decision_s < self.period_s:
+        if now - self._last_decision_s < self.period_s - TIME_SLACK_S:
             return sends
+        if self._last_decision_s == -INF:  # the first round: reconcile 4 periods from now
+            self._last_reconcile_s = now - self.period_s
         self._last_decision_s = now
-        self._periods += 1
         if self.pending_swaps or self.reserved or self.table_requests or self.handover_slots:
             self.expire_moves(now)
-        needing = any(not out.is_carried for out in self.out_slots.values())
+        needing = self.needs_next_hops()
         if needing:  # only slots without a next hop need these two
             sends += self.push_back_stale(now)
             sends += self.route_unmatched(now)
         sends += self.advertise(now)
-        if self._periods % self.config.reconcile_periods == 0:
+        reconcile_s = self.config.reconcile_periods * self.period_s
+        if now - self._last_reconcile_s >= reconcile_s - TIME_SLACK_S:
+            self._last_reconcile_s = now
             sends += self.reconcile(now)
-        chance = (
-            self.config.anneal_probability_needing
-            if needing
-            else self.config.anneal_probability_idle
-        )
-        if self.rng.random() < chance and self.moves_enabled:
+        if needing:
+            self._idle_move_at_s = None
+            moving = self.rng.random() < self.config.anneal_probability_needing
+        else:
+            moving = self._idle_move(now)
+        if moving and self.moves_enabled:
             rerouted = self.try_reroute(now)
             sends += rerouted or self.try_move(now)
+        if self._idle_move_at_s is None and not self.needs_next_hops():
+            self._idle_move_at_s = now + self.period_s * (1 + self._periods_until_idle_move())
         return sends
+
+    def needs_next_hops(self) -> bool:
+        """Whether a slot lacks a next hop (then every decision round has routing to do)."""
+        carried = _CARRIED
+        return any(out.state not in carried for out in self.out_slots.values())
+
+    def state_changed(self) -> None:
+        """Hook for a driver that changed the node's state from outside (a link measured, a peer
+        declared dead): ``next_tick_s`` is computed afresh."""
+        self._next_tick_cache_s = None
+
+    def _idle_move(self, now: float) -> bool:
+        """Whether an idle node tries a move this round (chance ``anneal_probability_idle``).
+
+        The chance per round is drawn ahead as the number of rounds until the next move (a
+        geometric draw, the same distribution as one Bernoulli draw per round), so an idle
+        node knows when it next has work and need not be woken every period for nothing.
+        """
+        if self._idle_move_at_s is None:
+            self._idle_move_at_s = now + self.period_s * self._periods_until_idle_move()
+        if now < self._idle_move_at_s - TIME_SLACK_S:
+            return False
+        self._idle_move_at_s = None
+        return True
+
+    def _periods_until_idle_move(self) -> float:
+        """Rounds that pass before the next idle move (0: this one), geometric in the chance."""
+        chance = self.config.anneal_probability_idle
+        if chance >= 1.0:
+            return 0.0
+        if chance <= 0.0:
+            return INF
+        return float(math.floor(math.log1p(-self.rng.random()) / math.log1p(-chance)))
+
+    def next_round_s(self, now: float) -> float:
+        """When the next decision round may run (now, if one is overdue)."""
+        return max(now, self._last_decision_s + self.period_s)
+
+    def next_tick_s(self, now: float) -> float:
+        """The earliest time a ``tick`` has anything to do; a tick before it changes nothing.
+
+        A driver may call ``tick`` at any time (the live node does, on a fixed period); one that
+        wakes the node only at this time (the simulator) saves the idle rounds. Call it again
+        after every ``handle``, ``tick`` or hook, which may make work due sooner. The answer is
+        kept until the state changes; news that only delays work (a peer heard from) keeps it,
+        so it may be early (a tick that does nothing), never late by more than this: while a
+        decision round is due, a keep-alive due before it is reported at the round (a driver
+        ticking once per period, as the simulator does, sees no difference).
+        """
+        if self.left:
+            return INF
+        if self._next_tick_cache_s is None:
+            self._next_tick_cache_s = self._compute_next_tick_s(now)
+        return self._next_tick_cache_s
+
+    def _compute_next_tick_s(self, now: float) -> float:
+        next_round_s = self.next_round_s(now)
+        if self._last_decision_s == -INF or self.needs_next_hops() or self.advert_due(now):
+            return next_round_s  # a keep-alive due sooner waits for it too (docstring above)
+        reconcile_s = self._last_reconcile_s + self.config.reconcile_periods * self.period_s
+        move_s = INF if self._idle_move_at_s is None else self._idle_move_at_s
+        round_s = min(reconcile_s, move_s, self.next_advert_refresh_s(), self.next_expiry_s())
+        return min(self.next_keepalive_s(now, next_round_s), max(next_round_s, round_s))
 
     # ---- what the data plane asks ---------------------------------------------------------------
 
@@ -198,3 +274,6 @@ def _handlers() -> dict[type[Any], Handler]:
 
 
 _HANDLERS = _handlers()
+#: Messages whose handling only answers (from a live peer): they bring no work forward.
+_ANSWER_ONLY: frozenset[type[Any]] = frozenset({Ping, TableRequest})
+_CARRIED = frozenset({SlotState.MATCHED, SlotState.LOCKED})

@@ -27,7 +27,7 @@ from coordinator_free.messages import (
 )
 from coordinator_free.protocol.base import NodeBase
 from coordinator_free.protocol.config import DATA, Outbound
-from coordinator_free.protocol.state import INF, InSlot, OutSlot, Peer, SlotState
+from coordinator_free.protocol.state import INF, TIME_SLACK_S, InSlot, OutSlot, Peer, SlotState
 
 _ADVERT_CHANGE = 0.05  # re-advertise when the cost moves by more than 5% (ours)
 
@@ -218,17 +218,23 @@ class RoutingMixin(NodeBase):
 
     def advertise(self, now: float) -> list[Outbound]:
         """Tell previous-stage peers my cheapest cost to a sink, when it changed or to refresh."""
-        cost, spare = self.cost_to_sink_ms(), max(self.spare, 0)
-        last = self._last_advert
-        refresh_due = (
-            now - self._last_advert_at_s >= self.config.advert_refresh_periods * self.period_s
-        )
-        changed = last is None or last[1] != (spare > 0) or _moved(last[0], cost)
-        if not (changed or refresh_due):
+        if not self.advert_due(now):
             return []
+        cost, spare = self.cost_to_sink_ms(), max(self.spare, 0)
         self._last_advert, self._last_advert_at_s = (cost, spare > 0), now
         advert = CostAdvert(cost, spare)
         return [Outbound(p.peer_id, advert) for p in self.alive_peers(self.previous_stage)]
+
+    def advert_due(self, now: float) -> bool:
+        """Whether the advert changed enough to be sent again, or its refresh is due."""
+        last = self._last_advert
+        if last is None or now >= self.next_advert_refresh_s() - TIME_SLACK_S:
+            return True
+        cost, spare = self.cost_to_sink_ms(), self.spare
+        return last[1] != (spare > 0) or _moved(last[0], cost)
+
+    def next_advert_refresh_s(self) -> float:
+        return self._last_advert_at_s + self.config.advert_refresh_periods * self.period_s
 
     def reconcile(self, now: float) -> list[Outbound]:
         """Send each upstream peer the list of its slots I carry; drop silent downstream slots."""

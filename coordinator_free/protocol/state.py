@@ -16,6 +16,9 @@ from coordinator_free.messages import TableExchange
 
 InKey = tuple[str, int]  # (upstream node, upstream's slot number)
 INF = math.inf
+#: Timers compare with this slack: a period of 2 s added to a time and subtracted again may come
+#: back a rounding error short, and the round it times must not slip by a whole period.
+TIME_SLACK_S = 1e-6
 
 
 class SlotState(enum.Enum):

@@ -38,6 +38,7 @@ from coordinator_free.sim.policy import (
     Restart,
     Retry,
     Send,
+    Wake,
     WorldView,
 )
 
@@ -63,6 +64,7 @@ class GwtfPolicy(PolicyDefaults):
         self._rng = random.Random(seed_offset)
         self._nodes: dict[str, FlowNode] = {}
         self._last_tick_s: dict[str, float] = {}
+        self._wake_asked_s: dict[str, float] = {}  # node -> the tick it asked the engine for
         self._boots: dict[str, int] = {}
         self._rediscovered_s: dict[str, float] = {}
         self._waiting_since: dict[int, float] = {}  # mb -> when it first waited for a flow
@@ -80,6 +82,7 @@ class GwtfPolicy(PolicyDefaults):
             backward_timeout_s=config.ack_deadline_s,
             stall_timeout_s=2 * config.ack_deadline_s,
             tick_period_s=config.decision_period_s,
+            ticks_on_request=True,
         )
 
     # ---- membership ----
@@ -101,10 +104,12 @@ class GwtfPolicy(PolicyDefaults):
         return place_relays(world.stages, placed, newcomers, demand)
 
     def place_joiner(self, world: WorldView, node_id: str, now: float) -> int:
-        # The joiner asks relays for their load; those that stopped ticking (crashed) do not answer.
+        # The joiner asks relays for their load; those that stopped ticking (crashed) do not
+        # answer. A live node ticks at least once per reconciliation period.
         answers = []
         for other_id, node in self._nodes.items():
-            responsive = now - self._last_tick_s.get(other_id, -1e9) <= 2 * node.period_s
+            quiet_s = (node.config.reconcile_periods + 1) * node.period_s
+            responsive = now - self._last_tick_s.get(other_id, -1e9) <= quiet_s
             if other_id != node_id and not node.is_data and not node.left and responsive:
                 hello = node.hello()
                 answers.append((hello.stage, hello.flows, hello.capacity))
@@ -124,6 +129,7 @@ class GwtfPolicy(PolicyDefaults):
         )
         self._nodes[node_id] = node
         self._last_tick_s[node_id] = now
+        self._wake_asked_s.pop(node_id, None)  # the engine ticks a new node first by itself
         sends: list[Outbound] = []
         for peer_id in self._discover(world, node):
             sends += node.introduce(peer_id)
@@ -173,23 +179,38 @@ class GwtfPolicy(PolicyDefaults):
         sends = node.handle(message.src, payload, now)  # type: ignore[arg-type]
         # The first message from a peer measures the link (as a keep-alive would); the core
         # smooths later measurements.
-        if message.src in node.peers and node.peers[message.src].latency_ms is None:
+        peer = node.peers.get(message.src)
+        if peer is not None and peer.latency_ms is None:
             node.observe_link(
                 message.src,
                 world.latency_ms(message.src, message.dst),
                 world.bandwidth_gbps(message.src, message.dst),
             )
-        return self._sends(message.dst, sends)
+        return self._sends(message.dst, sends) + self._wake(node, now)
 
     def on_tick(self, world: WorldView, node_id: str, now: float) -> Sequence[Action]:
         node = self._nodes.get(node_id)
         if node is None:
             return ()
         self._last_tick_s[node_id] = now
+        self._wake_asked_s.pop(node_id, None)  # this tick was the one asked for
         sends = node.tick(now)
         if not node.alive_peers(node.next_stage):
             sends += self._rediscover(world, node, now)
-        return self._sends(node_id, sends)
+        return self._sends(node_id, sends) + self._wake(node, now)
+
+    def _wake(self, node: FlowNode, now: float) -> list[Action]:
+        """Ask the engine to tick ``node`` when its core next has work (if sooner than asked)."""
+        asked_s = self._wake_asked_s.get(node.node_id)
+        if asked_s is not None and asked_s <= node.next_round_s(now):
+            return []  # nothing is due sooner than the next decision round
+        wake_s = node.next_tick_s(now)
+        if not node.alive_peers(node.next_stage):  # it must look up peers (``_rediscover``)
+            wake_s = now
+        if asked_s is not None and asked_s <= wake_s:
+            return []
+        self._wake_asked_s[node.node_id] = wake_s
+        return [Wake(node.node_id, wake_s)]
 
     def _rediscover(self, world: WorldView, node: FlowNode, now: float) -> list[Outbound]:
         """A node that knows no live next-stage peer looks up more (another DHT lookup would),
@@ -212,7 +233,14 @@ class GwtfPolicy(PolicyDefaults):
         return sends
 
     def _sends(self, sender: str, sends: list[Outbound]) -> list[Action]:
-        return [Send(sender, o.to, o.message, encoded_size(o.message)) for o in sends]
+        actions: list[Action] = []
+        last: object = None
+        size = 0
+        for outbound in sends:
+            if outbound.message is not last:  # an advert goes to many peers as one object
+                last, size = outbound.message, encoded_size(outbound.message)
+            actions.append(Send(sender, outbound.to, outbound.message, size))
+        return actions
 
     # ---- data plane ----
 
@@ -311,7 +339,7 @@ class GwtfPolicy(PolicyDefaults):
         self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
     ) -> HopDecision:
         node = self._nodes[node_id]
-        actions = self._sends(node_id, node.peer_dead(suspect, now))
+        actions = self._sends(node_id, node.peer_dead(suspect, now)) + self._wake(node, now)
         if mb.stage != node.spec.stage:
             # The microbatch already moved past the suspect (its ack was lost with it): the
             # engine would route from the microbatch's stage, not ours, so start it over.
@@ -334,11 +362,13 @@ class GwtfPolicy(PolicyDefaults):
         stage = mb.stage - 1
         path = (mb.origin, *(hop or "" for hop in mb.path), mb.sink or "")
         upstream_id = path[stage - 1]
-        actions = self._sends(node_id, self._nodes[node_id].peer_dead(suspect, now))
+        node = self._nodes[node_id]
+        actions = self._sends(node_id, node.peer_dead(suspect, now)) + self._wake(node, now)
         upstream = self._nodes.get(upstream_id)
         if upstream is None:
             return Restart(tuple(actions))
         actions += self._sends(upstream_id, upstream.peer_dead(suspect, now))
+        actions += self._wake(upstream, now)
         repair = plan_hop_repair(
             str(mb.mb_id),
             path,

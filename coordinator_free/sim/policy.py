@@ -166,7 +166,17 @@ class Retry:
     node_id: str
 
 
-Action = Send | MoveStage | Retry
+@dataclass(frozen=True)
+class Wake:
+    """Tick ``node_id`` at the first point of its tick grid at or after ``at_s`` (policies with
+    ``PolicyTiming.ticks_on_request``). A node has at most one tick pending: an earlier request
+    replaces it, a later one is dropped, and the policy asks again after each tick."""
+
+    node_id: str
+    at_s: float
+
+
+Action = Send | MoveStage | Retry | Wake
 
 
 # ---- decisions about one microbatch ----
@@ -218,6 +228,10 @@ class PolicyTiming:
     handed to ``on_stall`` (covers what no hop deadline sees, e.g. a parked microbatch whose
     holder died). ``tick_period_s``: period of ``on_tick`` for every live node, None for no ticks.
     ``park_retry_s``: a parked microbatch is asked about again at least this often.
+    ``ticks_on_request``: tick a node only when the policy asked for it with ``Wake`` (and at its
+    first tick, and every period while it holds parked microbatches), on the same grid of
+    ``tick_period_s`` from a random phase per node; a policy whose idle nodes have nothing to do
+    saves their ticks. False: every live node is ticked every period.
     """
 
     forward_timeout_s: float
@@ -225,6 +239,7 @@ class PolicyTiming:
     stall_timeout_s: float = 600.0
     tick_period_s: float | None = None
     park_retry_s: float = 30.0
+    ticks_on_request: bool = False
 
 
 class WorldView(Protocol):

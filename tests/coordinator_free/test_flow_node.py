@@ -264,3 +264,18 @@ def test_a_leaving_relay_releases_its_flows_and_the_swarm_routes_around_it() -> 
     paths = trace_flows(network)
     assert all(leaver.node_id not in p for p in paths)
     assert len(paths) >= before - leaver.spec.capacity
+
+
+def test_a_flow_that_just_moved_is_not_rerouted_until_costs_settle() -> None:
+    node = relay("a", 1)
+    meet(node, ("d0", "data", 0), ("x", "relay", 2), ("y", "relay", 2))
+    node.handle("x", CostAdvert(50.0, 1), 0.0)
+    node.handle("y", CostAdvert(500.0, 1), 0.0)
+    (request,) = sent(node.handle("d0", FlowRequest(7, "d0/0", ("d0",), 30.0), 0.0), FlowRequest)
+    assert request.to == "x"
+    node.handle("x", FlowAccept(request.message.slot, 50.0), 0.1)
+    node.handle("x", CostAdvert(900.0, 1), 0.2)  # x got expensive, y is now far cheaper
+    node.handle("y", CostAdvert(10.0, 1), 0.2)
+    assert node.try_reroute(10.0) == []  # the flow moved 10 s ago: it waits
+    (moved,) = node.try_reroute(31.0)  # 15 periods of 2 s later it may move
+    assert moved.to == "y" and isinstance(moved.message, FlowRequest)

@@ -1,0 +1,196 @@
+"""The engine's state and its primitives: the event heap, actions, compute and uplink queues,
+control messages and each node's tick grid.
+
+Events sit in a heap ordered by (time, sequence number), so equal-time events run in the order
+they were scheduled and a run is a pure function of the scenario, the seed and the policy. The
+layers above (``hops``, ``recovery``, ``membership``, ``iterations``) each add one concern;
+``engine.Engine`` puts them together.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from coordinator_free.sim.events import (
+    COMPUTE_DONE,
+    MESSAGE,
+    RETRY,
+    TICK,
+    ComputeRecord,
+    EngineConfig,
+)
+from coordinator_free.sim.metrics import RunMetrics
+from coordinator_free.sim.microbatch import Microbatch
+from coordinator_free.sim.policy import (
+    Action,
+    Message,
+    MoveStage,
+    PolicyContractError,
+    Retry,
+    RoutingPolicy,
+    Send,
+    Wake,
+)
+from coordinator_free.sim.scenario import Scenario
+from coordinator_free.sim.world import World
+
+
+class EngineBase(ABC):
+    """State of one run, and the primitives every layer of the engine uses."""
+
+    def __init__(
+        self, scenario: Scenario, policy: RoutingPolicy, config: EngineConfig | None = None
+    ) -> None:
+        self.scenario = scenario
+        self.policy = policy
+        self.config = config or EngineConfig()
+        self.world = World(scenario, policy.full_knowledge)
+        self.timing = policy.timing()
+        self.metrics = RunMetrics(policy.name, scenario.name, scenario.seed, scenario.iterations)
+        self._rng = random.Random(scenario.seed)
+        self._churn_rngs: dict[str, random.Random] = {}
+        self._entry_stage = {e.id: e.stage for e in scenario.nodes}
+        self._policy_rng = random.Random(scenario.seed * 7919 + 17)
+        self._heap: list[tuple[float, int, int, tuple[Any, ...]]] = []
+        self._seq = 0
+        self.now = 0.0
+        self._mbs: dict[int, Microbatch] = {}
+        self._iteration_mbs: list[Microbatch] = []
+        self._remaining = 0
+        self._parked: dict[str, deque[tuple[int, int]]] = {}
+        self._park_timers: set[str] = set()
+        self._pending_moves: dict[str, int] = {}
+        self._ever_joined: set[str] = set()
+        self._finished = False
+        self._running = False
+        self.trace: list[ComputeRecord] = []
+        # Each node's tick grid: its random phase, the index of the last tick it ran, and the
+        # index of the tick scheduled next (``ticks_on_request``: the earliest one asked for).
+        self._tick_phase_s: dict[str, float] = {}
+        self._tick_done: dict[str, int] = {}
+        self._tick_due: dict[str, int] = {}
+        self.liveness: list[tuple[float, str, bool]] = []
+
+    # ---- what the layers above provide ----
+
+    @abstractmethod
+    def _retry_parked(self, node_id: str) -> None:
+        """Ask the policy again about the microbatches parked at ``node_id`` (``hops``)."""
+
+    @abstractmethod
+    def _restart(self, mb: Microbatch) -> None:
+        """Drop the attempt and re-inject ``mb`` at its origin (``recovery``)."""
+
+    @abstractmethod
+    def _check_barrier(self) -> None:
+        """End the iteration if every microbatch is done (``iterations``)."""
+
+    # ---- events and actions ----
+
+    def _schedule(self, when: float, kind: int, *args: Any) -> None:
+        assert when >= self.now, f"event {kind} scheduled in the past ({when} < {self.now})"
+        self._seq += 1
+        heapq.heappush(self._heap, (when, self._seq, kind, args))
+
+    def _apply(self, actions: Sequence[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Send):
+                self._send_message(action)
+            elif isinstance(action, Wake):
+                self._request_tick(action.node_id, action.at_s)
+            elif isinstance(action, Retry):
+                self._schedule(self.now, RETRY, action.node_id)
+            elif isinstance(action, MoveStage):
+                if self.world.nodes[action.node_id].spec.role != "relay":
+                    raise PolicyContractError(f"MoveStage of data node {action.node_id}")
+                self._pending_moves[action.node_id] = action.stage
+            else:
+                raise PolicyContractError(f"{self.policy.name} returned unknown action {action!r}")
+
+    # ---- compute and uplinks ----
+
+    def _transfer(self, sender: str, receiver: str) -> float:
+        """Queue activations on the sender's uplink; return their arrival time."""
+        node = self.world.nodes[sender]
+        start = max(self.now, node.nic_free_at_s)
+        node.nic_free_at_s = start + self.world.transfer_s(
+            sender, receiver, self.scenario.model.activation_bytes
+        )
+        return node.nic_free_at_s + self.world.latency_ms(sender, receiver) / 1000.0
+
+    def _enqueue(self, node_id: str, task: int, seconds: float, mb: Microbatch, peer: str) -> None:
+        node = self.world.nodes[node_id]
+        start = max(self.now, node.compute_free_at_s, node.ready_at_s)
+        end = start + seconds
+        node.compute_free_at_s = end
+        node.tasks.append((start, end))
+        args = (node_id, node.incarnation, mb.mb_id, mb.version, task, peer, start)
+        self._schedule(end, COMPUTE_DONE, *args)
+
+    def _count_compute(self, node_id: str, incarnation: int, start: float, end: float) -> None:
+        self.metrics.total_gpu_s += end - start
+        if self.config.record_trace:
+            self.trace.append(ComputeRecord(node_id, incarnation, start, end))
+
+    # ---- control plane ----
+
+    def _send_message(self, send: Send) -> None:
+        src = self.world.nodes.get(send.src)
+        if send.dst not in self.world.nodes or src is None:
+            raise PolicyContractError(f"{self.policy.name} sent a message {send.src}->{send.dst}")
+        if not src.alive:
+            return
+        size = max(0, int(send.size_bytes))
+        self.metrics.control_messages += 1
+        self.metrics.control_bytes += size
+        delay = self.world.latency_ms(send.src, send.dst) / 1000.0
+        delay += self.world.transfer_s(send.src, send.dst, size)
+        message = Message(send.src, send.dst, send.payload, size, self.now)
+        self._schedule(self.now + delay, MESSAGE, message)
+
+    def _on_message(self, message: Message) -> None:
+        if self.world.nodes[message.dst].alive:
+            self._apply(self.policy.on_message(self.world, message, self.now))
+
+    # ---- ticks ----
+
+    def _schedule_tick(self, node_id: str, index: int) -> None:
+        self._tick_due[node_id] = index
+        period = self.timing.tick_period_s
+        assert period is not None
+        when = self._tick_phase_s[node_id] + index * period
+        self._schedule(when, TICK, node_id, self.world.nodes[node_id].incarnation, index)
+
+    def _request_tick(self, node_id: str, at_s: float) -> None:
+        """Tick ``node_id`` at the first point of its grid at or after ``at_s``, after its last."""
+        period = self.timing.tick_period_s
+        node = self.world.nodes.get(node_id)
+        if node is None or not node.alive or period is None or at_s == math.inf:
+            return
+        # Never in the past: a time already gone means the next grid point from now.
+        after = math.ceil((max(at_s, self.now) - self._tick_phase_s[node_id]) / period - 1e-9)
+        index = max(self._tick_done[node_id] + 1, after)
+        due = self._tick_due.get(node_id)
+        if due is None or index < due:
+            self._schedule_tick(node_id, index)
+
+    def _on_tick(self, node_id: str, incarnation: int, index: int) -> None:
+        node = self.world.nodes[node_id]
+        if not node.alive or node.incarnation != incarnation:
+            return
+        if self._tick_due.get(node_id) != index:
+            return  # superseded by an earlier request
+        del self._tick_due[node_id]
+        self._tick_done[node_id] = index
+        self._apply(self.policy.on_tick(self.world, node_id, self.now))
+        self._retry_parked(node_id)
+        if not self.timing.ticks_on_request:
+            self._schedule_tick(node_id, index + 1)
+        elif self._parked.get(node_id):
+            self._request_tick(node_id, self.now)
