@@ -2,13 +2,18 @@
 
 A frame is a 4-byte big-endian length followed by that many bytes. The reader enforces the bound
 before allocating anything and reads in its own loop (py-libp2p's ``read_exactly`` gives up after
-100 partial reads, which large activations reach).
+100 partial reads, which large activations reach). ``FrameReader`` reads a stream that carries
+many frames: it takes whatever the stream holds in one read (each read of a py-libp2p yamux
+stream costs a window update on the wire, so fewer, larger reads are cheaper) and keeps the rest
+for the next frame; it loses nothing when a read is cancelled.
 """
 
 from __future__ import annotations
 
 import struct
 from typing import Protocol
+
+import trio
 
 from gwtf.errors import ProtocolError
 
@@ -60,3 +65,55 @@ async def read_frame(stream: ByteStream, max_bytes: int) -> bytes:
     if length > max_bytes:
         raise FrameError(f"peer announced a frame of {length} bytes, over the limit of {max_bytes}")
     return await read_exact(stream, length) if length else b""
+
+
+class FrameReader:
+    """Reads consecutive frames from one stream through a buffer."""
+
+    def __init__(self, stream: ByteStream, read_bytes: int = 1 << 16) -> None:
+        self._stream = stream
+        self._read_bytes = read_bytes
+        self._buffer = bytearray()
+
+    async def _fill(self, wanted: int) -> bool:
+        """Append one read of at least what is wanted; False when the peer closed its side."""
+        try:
+            chunk = await self._stream.read(max(self._read_bytes, wanted))
+        except EOFError:  # libp2p's StreamEOF
+            chunk = b""
+        if not chunk:
+            return False
+        self._buffer += chunk  # no checkpoint between the read and here: cancel-safe
+        return True
+
+    async def wait_for_data(self) -> bool:
+        """Wait (with no deadline) until a frame begins; False if the peer closed instead."""
+        return bool(self._buffer) or await self._fill(_LENGTH.size)
+
+    async def next_frame(self, max_bytes: int, body_timeout_s: float) -> bytes | None:
+        """The next frame, or None if the peer closed the stream between frames.
+
+        Waiting for a frame to begin has no deadline (an idle stream is normal); once it has
+        begun, the rest must come within ``body_timeout_s`` (``trio.TooSlowError`` otherwise).
+        """
+        if not await self.wait_for_data():
+            return None
+        with trio.fail_after(body_timeout_s):
+            while len(self._buffer) < _LENGTH.size:
+                if not await self._fill(_LENGTH.size - len(self._buffer)):
+                    raise FrameError("peer closed the stream in the middle of a frame length")
+            (length,) = _LENGTH.unpack_from(self._buffer)
+            if length > max_bytes:
+                raise FrameError(
+                    f"peer announced a frame of {length} bytes, over the limit of {max_bytes}"
+                )
+            end = _LENGTH.size + length
+            while len(self._buffer) < end:
+                if not await self._fill(end - len(self._buffer)):
+                    raise FrameError(
+                        f"peer closed the stream with {end - len(self._buffer)} of {length} "
+                        "bytes unread"
+                    )
+        frame = bytes(self._buffer[_LENGTH.size : end])
+        del self._buffer[:end]
+        return frame

@@ -1,15 +1,33 @@
-"""Request/response over libp2p streams: one framed request, one framed reply, with deadlines.
+"""Request/response over libp2p: many framed requests on one stream per (peer, protocol).
 
 Everything that must arrive (flow-protocol messages, activations, acknowledgements, weights) goes
-through here; pubsub is only for hints. A stream handler never lets an exception escape: in
-py-libp2p an escaped exception is swallowed and wedges the whole connection to that peer, so every
-failure resets the stream and is charged to the peer's score, and a banned or unadmitted peer is
-refused before anything is read.
+through here; pubsub is only for hints. Opening a stream costs a multistream negotiation (several
+Noise-encrypted yamux frames each way, ~10 ms of CPU in py-libp2p), so a node opens one stream per
+peer and protocol and sends every request on it. Each frame carries a request id:
+
+    request frame: id u32 | request bytes
+    reply frame:   id u32 | status u8 (0 ok, 1 refused) | reply bytes, or the reason refused
+
+The serving side answers each request in its own task (so a slow request does not hold back the
+ones behind it) and writes replies in any order; the sending side has one reader task per stream
+that hands each reply to the request waiting for it, every request has its own deadline, and a
+stream that breaks (the peer died, reset it or sent bytes that are not a frame) fails all its
+waiting requests at once with ``PeerUnavailable`` and is reopened by the next request.
+
+Handler safety and scoring: a stream handler never lets an exception escape (in py-libp2p an
+escaped exception is swallowed and wedges the whole connection to that peer). A banned or
+unadmitted peer's stream is reset before anything is read. A frame that is oversized, truncated
+or stalled is charged to the peer and resets its stream (nothing after it can be framed); a
+request the handler rejects as malformed is charged and refused on its own, as is one on which
+the handler fails; a request the handler could not answer in time is refused but not charged
+(the slowness is this node's). A reply that is not a frame or too large is charged to the peer
+that sent it.
 """
 
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -20,7 +38,7 @@ from libp2p.exceptions import BaseLibp2pError
 from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError
-from node.p2p.framing import FrameError, read_frame, write_frame
+from node.p2p.framing import FrameError, FrameReader, encode_frame
 from node.p2p.scoring import Offence, PeerScores
 
 log = logging.getLogger(__name__)
@@ -29,6 +47,13 @@ Handler = Callable[[str, bytes], Awaitable[bytes]]
 Admission = Callable[[str], Awaitable[bool]]
 #: Seconds a request of ``n`` bytes to ``peer`` waits before it is written (link emulation).
 Shaper = Callable[[str, int], float]
+
+_REQUEST = struct.Struct(">I")
+_REPLY = struct.Struct(">IB")
+_OK, _REFUSED = 0, 1
+_MAX_REASON_BYTES = 256
+#: Requests one peer may have in a handler at once on one stream; more wait to be read.
+MAX_REQUESTS_PER_STREAM = 64
 
 
 class PeerUnavailable(ProtocolError):
@@ -61,6 +86,11 @@ class RequestResponse:
     admit: Admission = _admit_everyone
     shaper: Shaper | None = None
     refused: dict[str, int] = field(default_factory=dict)
+    streams_opened: int = 0
+    _channels: dict[tuple[str, str], _Channel] = field(default_factory=dict)
+    _opening: dict[tuple[str, str], trio.Lock] = field(default_factory=dict)
+
+    # ---- serving ------------------------------------------------------------------------------
 
     def serve(self, protocol: str, handler: Handler, limits: RpcLimits) -> None:
         """Answer requests on ``protocol`` with ``handler(peer_id, request) -> reply``."""
@@ -68,72 +98,295 @@ class RequestResponse:
         async def on_stream(stream: INetStream) -> None:
             peer = str(stream.muxed_conn.peer_id)
             try:
-                await self._answer(stream, peer, handler, limits)
+                await self._serve_stream(stream, peer, handler, limits)
             except Exception:  # supervision boundary: nothing may escape a libp2p handler
-                log.exception("handler for %s failed on a request from %s", protocol, peer)
+                log.exception("stream of %s from %s failed", protocol, peer)
                 self.scores.penalise(peer, Offence.HANDLER_FAILURE, trio.current_time())
                 await _reset_quietly(stream)
 
         self.host.set_stream_handler(TProtocol(protocol), on_stream)
 
-    async def _answer(
+    def _refuse(self, peer: str, why: str) -> None:
+        self.refused[peer] = self.refused.get(peer, 0) + 1
+        log.warning("refused a stream from %s: %s", peer, why)
+
+    async def _serve_stream(
         self, stream: INetStream, peer: str, handler: Handler, limits: RpcLimits
     ) -> None:
-        now = trio.current_time()
-        if self.scores.is_banned(peer, now) or not await self.admit(peer):
-            self.refused[peer] = self.refused.get(peer, 0) + 1
-            log.warning("refused a stream from %s: banned or not admitted to the run", peer)
+        if self.scores.is_banned(peer, trio.current_time()) or not await self.admit(peer):
+            self._refuse(peer, "banned or not admitted to the run")
             await _reset_quietly(stream)
             return
+        reader = FrameReader(stream)
+        replies = _ReplyWriter(stream, limits)
+        slots = trio.Semaphore(MAX_REQUESTS_PER_STREAM)
+        async with trio.open_nursery() as nursery:
+            try:
+                while True:
+                    await slots.acquire()
+                    body = await reader.next_frame(
+                        limits.max_request_bytes + _REQUEST.size, limits.timeout_s
+                    )
+                    if body is None:
+                        break  # the peer closed its side between requests; answer what is open
+                    if len(body) < _REQUEST.size:
+                        raise FrameError("request frame shorter than its request id")
+                    if self.scores.is_banned(peer, trio.current_time()):
+                        self._refuse(peer, "banned while its stream was open")
+                        replies.broken = True
+                        break
+                    (request_id,) = _REQUEST.unpack_from(body)
+                    request = body[_REQUEST.size :]
+                    answer = self._answer
+                    nursery.start_soon(answer, replies, peer, request_id, request, handler, slots)
+            except FrameError as exc:
+                self._charge(peer, _offence_of(exc), exc)
+                replies.broken = True
+            except trio.TooSlowError:
+                self._charge(peer, Offence.TIMEOUT, "a frame begun but not finished in time")
+                replies.broken = True
+            except BaseLibp2pError as exc:
+                log.info("stream from %s broke: %s", peer, exc)
+                replies.broken = True
+            if replies.broken:
+                nursery.cancel_scope.cancel()
+        if replies.broken:
+            await _reset_quietly(stream)
+        else:
+            await _close_quietly(stream)
+
+    async def _answer(
+        self,
+        replies: _ReplyWriter,
+        peer: str,
+        request_id: int,
+        request: bytes,
+        handler: Handler,
+        slots: trio.Semaphore,
+    ) -> None:
         try:
-            with trio.fail_after(limits.timeout_s):
-                request = await read_frame(stream, limits.max_request_bytes)
-                reply = await handler(peer, request)
-                await write_frame(stream, reply, limits.max_response_bytes)
-                await stream.close()
-        except FrameError as exc:
-            offence = (
-                Offence.OVERSIZED_FRAME
-                if "over the limit" in str(exc)
-                else Offence.MALFORMED_MESSAGE
-            )
-            self._charge(peer, offence, exc)
-            await _reset_quietly(stream)
-        except ProtocolError as exc:
-            self._charge(peer, Offence.MALFORMED_MESSAGE, exc)
-            await _reset_quietly(stream)
-        except trio.TooSlowError:
-            self._charge(peer, Offence.TIMEOUT, "no complete request before the deadline")
-            await _reset_quietly(stream)
-        except BaseLibp2pError as exc:
-            log.info("stream from %s broke: %s", peer, exc)
-            await _reset_quietly(stream)
+            status, reply = _OK, b""
+            try:
+                with trio.fail_after(replies.limits.timeout_s):
+                    reply = await handler(peer, request)
+            except trio.TooSlowError:
+                log.warning("a request from %s was not answered in time", peer)
+                status, reply = _REFUSED, b"not answered in time"
+            except ProtocolError as exc:
+                self._charge(peer, Offence.MALFORMED_MESSAGE, exc)
+                status, reply = _REFUSED, str(exc).encode()[:_MAX_REASON_BYTES]
+            except Exception:  # a handler bug must not take the stream down with it
+                log.exception("handler failed on a request from %s", peer)
+                self.scores.penalise(peer, Offence.HANDLER_FAILURE, trio.current_time())
+                status, reply = _REFUSED, b"handler failed"
+            if status == _OK and len(reply) > replies.limits.max_response_bytes:
+                log.error("reply of %s bytes to %s is over the protocol's limit", len(reply), peer)
+                status, reply = _REFUSED, b"reply too large"
+            if not await replies.write(request_id, status, reply):
+                self._charge(peer, Offence.TIMEOUT, "did not read its reply in time")
+        finally:
+            slots.release()
 
     def _charge(self, peer: str, offence: Offence, why: object) -> None:
         score = self.scores.penalise(peer, offence, trio.current_time())
         log.warning("peer %s: %s (%s); score now %.0f", peer, offence.name, why, score)
 
+    # ---- sending ------------------------------------------------------------------------------
+
     async def request(self, peer: ID, protocol: str, payload: bytes, limits: RpcLimits) -> bytes:
         """Send one request and return the reply, or raise ``PeerUnavailable``/``PeerTimeout``."""
+        if len(payload) > limits.max_request_bytes:
+            raise FrameError(
+                f"request of {len(payload)} bytes exceeds the limit of {limits.max_request_bytes}"
+            )
         try:
             with trio.fail_after(limits.timeout_s):
                 if self.shaper is not None:
                     await trio.sleep(self.shaper(str(peer), len(payload)))
-                stream = await self.host.new_stream(peer, [TProtocol(protocol)])
-                try:
-                    await write_frame(stream, payload, limits.max_request_bytes)
-                    return await read_frame(stream, limits.max_response_bytes)
-                finally:
-                    await _close_quietly(stream)
+                channel = await self._channel(peer, protocol)
+                return await channel.call(payload, limits)
         except trio.TooSlowError as exc:
             raise PeerTimeout(
                 f"peer {peer} did not answer {protocol} within {limits.timeout_s:g} s"
             ) from exc
-        except FrameError as exc:
-            self._charge(str(peer), Offence.MALFORMED_MESSAGE, exc)
-            raise PeerUnavailable(f"peer {peer} sent a bad reply on {protocol}: {exc}") from exc
         except (BaseLibp2pError, OSError) as exc:
             raise PeerUnavailable(f"peer {peer} is unreachable on {protocol}: {exc}") from exc
+
+    async def _channel(self, peer: ID, protocol: str) -> _Channel:
+        """The open stream to ``peer`` for ``protocol``, opened now if there is none."""
+        key = (str(peer), protocol)
+        lock = self._opening.setdefault(key, trio.Lock())
+        async with lock:
+            channel = self._channels.get(key)
+            if channel is None or channel.broken:
+                stream = await self.host.new_stream(peer, [TProtocol(protocol)])
+                self.streams_opened += 1
+                channel = _Channel(stream, key[0], protocol, self._charge)
+                self._channels[key] = channel
+                trio.lowlevel.spawn_system_task(channel.read_replies, name=f"replies {key}")
+            return channel
+
+
+@dataclass
+class _ReplyWriter:
+    """The serving side's writes on one stream, one frame at a time."""
+
+    stream: INetStream
+    limits: RpcLimits
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    broken: bool = False
+
+    async def write(self, request_id: int, status: int, reply: bytes) -> bool:
+        """Write one reply; False if the peer did not take it in time (the stream is reset)."""
+        frame = encode_frame(
+            _REPLY.pack(request_id, status) + reply, _reply_bound(self.limits.max_response_bytes)
+        )
+        async with self.lock:
+            if self.broken:
+                return True  # the stream is gone for a reason already dealt with
+            try:
+                with trio.fail_after(self.limits.timeout_s):
+                    await self.stream.write(frame)
+                return True
+            except trio.TooSlowError:
+                self.broken = True
+                await _reset_quietly(self.stream)
+                return False
+            except BaseLibp2pError as exc:
+                log.info("reply could not be written: %s", exc)
+                self.broken = True
+                return True
+
+
+@dataclass
+class _Waiter:
+    max_response_bytes: int
+    done: trio.Event = field(default_factory=trio.Event)
+    reply: bytes = b""
+    error: PeerUnavailable | None = None
+
+    def finish(self, reply: bytes = b"", error: PeerUnavailable | None = None) -> None:
+        if not self.done.is_set():
+            self.reply, self.error = reply, error
+            self.done.set()
+
+
+class _Channel:
+    """The sending side of one stream: numbered requests out, replies to their waiters."""
+
+    def __init__(
+        self,
+        stream: INetStream,
+        peer: str,
+        protocol: str,
+        charge: Callable[[str, Offence, object], None],
+    ) -> None:
+        self.stream, self.peer, self.protocol, self._charge = stream, peer, protocol, charge
+        self.reader = FrameReader(stream)
+        self.write_lock = trio.Lock()
+        self.waiters: dict[int, _Waiter] = {}
+        self.next_id = 0
+        self.broken = False
+        # Bounds for replies: the largest any request on this stream allowed, and its deadline.
+        self.max_response_bytes = 0
+        self.timeout_s = 1.0
+
+    async def call(self, payload: bytes, limits: RpcLimits) -> bytes:
+        request_id = self.next_id
+        self.next_id = (self.next_id + 1) & 0xFFFFFFFF
+        waiter = self.waiters[request_id] = _Waiter(limits.max_response_bytes)
+        self.max_response_bytes = max(self.max_response_bytes, limits.max_response_bytes)
+        self.timeout_s = max(self.timeout_s, limits.timeout_s)
+        try:
+            frame = encode_frame(_REQUEST.pack(request_id) + payload, len(payload) + _REQUEST.size)
+            await self._write(frame)
+            await waiter.done.wait()
+        finally:
+            self.waiters.pop(request_id, None)
+        if waiter.error is not None:
+            raise waiter.error
+        return waiter.reply
+
+    async def _write(self, frame: bytes) -> None:
+        async with self.write_lock:
+            if self.broken:
+                raise PeerUnavailable(f"stream to {self.peer} on {self.protocol} broke")
+            try:
+                await self.stream.write(frame)
+            except BaseException as exc:
+                # Cancelled or failed mid-write: the peer may hold half a frame, so nothing
+                # after it could be framed. Break the stream; the next request opens another.
+                self.fail(f"the stream broke while writing: {exc!r}")
+                with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                    await _reset_quietly(self.stream)
+                if isinstance(exc, BaseLibp2pError):
+                    raise PeerUnavailable(f"peer {self.peer} is unreachable: {exc}") from exc
+                raise
+
+    def fail(self, why: str) -> None:
+        """Break the stream and fail every request waiting on it."""
+        self.broken = True
+        error = PeerUnavailable(f"peer {self.peer} on {self.protocol}: {why}")
+        for waiter in self.waiters.values():
+            waiter.finish(error=error)
+
+    async def read_replies(self) -> None:
+        """Hand each reply to its waiter until the stream ends (a system task: never raises)."""
+        try:
+            while not self.broken:
+                # Bounds are read once a reply begins: requests sent meanwhile may raise them.
+                body = None
+                if await self.reader.wait_for_data():
+                    bound = _reply_bound(self.max_response_bytes)
+                    body = await self.reader.next_frame(bound, self.timeout_s)
+                if body is None:
+                    self.fail("the peer closed the stream")
+                    break
+                self._deliver(body)
+        except FrameError as exc:
+            self._charge(self.peer, _offence_of(exc), exc)
+            self.fail(f"sent a bad reply: {exc}")
+        except trio.TooSlowError:
+            self.fail("a reply stalled mid-frame")
+        except (BaseLibp2pError, OSError) as exc:
+            self.fail(f"the stream broke: {exc}")
+        except Exception as exc:  # supervision boundary: a system task must never raise
+            log.exception("reader of the stream to %s failed", self.peer)
+            self.fail(f"the reader failed: {exc!r}")
+        if self.broken:
+            await _reset_quietly(self.stream)
+
+    def _deliver(self, body: bytes) -> None:
+        if len(body) < _REPLY.size:
+            raise FrameError("reply frame shorter than its header")
+        request_id, status = _REPLY.unpack_from(body)
+        reply = body[_REPLY.size :]
+        if status not in (_OK, _REFUSED):
+            raise FrameError(f"reply with unknown status {status}")
+        waiter = self.waiters.get(request_id)
+        if waiter is None:
+            log.debug("late reply %s from %s on %s dropped", request_id, self.peer, self.protocol)
+            return
+        if status == _REFUSED:
+            reason = reply[:_MAX_REASON_BYTES].decode(errors="replace")
+            waiter.finish(error=PeerUnavailable(f"peer {self.peer} refused the request: {reason}"))
+        elif len(reply) > waiter.max_response_bytes:
+            self._charge(self.peer, Offence.OVERSIZED_FRAME, f"reply of {len(reply)} bytes")
+            waiter.finish(error=PeerUnavailable(f"peer {self.peer} sent an oversized reply"))
+        else:
+            waiter.finish(reply)
+
+
+def _reply_bound(max_response_bytes: int) -> int:
+    """The largest reply frame: an answer within the protocol's limit, or a refusal's reason.
+
+    A protocol whose answers are tiny (a 16-byte verdict) must still carry a refusal's reason.
+    """
+    return max(max_response_bytes, _MAX_REASON_BYTES) + _REPLY.size
+
+
+def _offence_of(exc: FrameError) -> Offence:
+    return Offence.OVERSIZED_FRAME if "over the limit" in str(exc) else Offence.MALFORMED_MESSAGE
 
 
 async def _reset_quietly(stream: INetStream) -> None:
