@@ -5,7 +5,7 @@ replica's current state file, then fetches it in chunks that name the digest the
 replica whose state moved on (it took a step mid-download) answers ``stale`` instead of mixing two
 states. The joiner checks the digest of what it assembled before loading anything.
 
-Wire format (protocol ``/gwtf/weights/1.0.0``; numbers big-endian):
+Wire format (protocol ``/gwtf/weights/2.0.0``; numbers big-endian):
   request  = kind u8 (1 manifest, 2 chunk) | stage u16 | digest 32 bytes | offset u64
   manifest = status u8 | size u64 | step u64 | digest 32 bytes
   chunk    = status u8 | raw bytes (at most the chunk size)
@@ -23,7 +23,7 @@ from libp2p.peer.id import ID
 from gwtf.errors import ProtocolError
 from node.p2p.rpc import RequestResponse, RpcLimits
 
-PROTOCOL_ID = "/gwtf/weights/1.0.0"
+PROTOCOL_ID = "/gwtf/weights/2.0.0"
 CHUNK_BYTES = 1 << 20
 
 _REQUEST = struct.Struct(">BH32sQ")

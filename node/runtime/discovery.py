@@ -1,11 +1,14 @@
-"""Peer discovery by exchange: ask any known peer for the peers it knows.
+"""The address book of known peers, and peer discovery by exchange (the DHT's fallback).
+
+The book is the one place discovery feeds: the DHT (``node.runtime.run_discovery``), hints on
+the run's topic, and the exchange below all ``learn`` peers into it.
 
 Each node starts from bootstrap addresses, asks them for their address books and introduces
 itself with its own address and region, so a joiner becomes known to the swarm through whichever
 node it asked first. Nothing here is trusted: lines are parsed strictly, the book is bounded, and
 a peer's claimed region only affects link emulation (a test-bench feature).
 
-Protocol ``/gwtf/peers/1.0.0``: request = ``ADDRESS REGION``; reply = up to ``MAX_ENTRIES`` lines
+Protocol ``/gwtf/peers/2.0.0``: request = ``ADDRESS REGION``; reply = up to ``MAX_ENTRIES`` lines
 of ``ADDRESS REGION``, all UTF-8.
 """
 
@@ -24,7 +27,7 @@ from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_ID = "/gwtf/peers/1.0.0"
+PROTOCOL_ID = "/gwtf/peers/2.0.0"
 MAX_ENTRIES = 256
 MAX_LINE_BYTES = 256
 LIMITS = RpcLimits(MAX_LINE_BYTES, MAX_ENTRIES * (MAX_LINE_BYTES + 1), 5.0)
@@ -35,6 +38,8 @@ class PeerRecord:
     peer_id: str
     address: str
     region: str
+    #: The stage the peer serves (0 = data node), when a card or hint said so.
+    stage: int | None = None
 
 
 def parse_record(line: str) -> PeerRecord:
@@ -61,6 +66,8 @@ class AddressBook:
     #: Called with a peer's id whenever an exchange with it succeeds (it is alive right now).
     on_heard: Callable[[str], None] = lambda _peer: None
     peers: dict[str, PeerRecord] = field(default_factory=dict)
+    #: Spare capacity (microbatches) that peers last hinted; informational only.
+    spare: dict[str, int] = field(default_factory=dict)
 
     def serve(self) -> None:
         self.rpc.serve(PROTOCOL_ID, self._handle, LIMITS)
@@ -78,15 +85,37 @@ class AddressBook:
         return "\n".join(lines[:MAX_ENTRIES]).encode()
 
     def learn(self, record: PeerRecord) -> None:
-        if record.peer_id == self.own.peer_id or record.peer_id in self.peers:
+        """Add a peer (``on_new_peer`` fires once per peer), or update a known one's record."""
+        if record.peer_id == self.own.peer_id:
+            return
+        known = self.peers.get(record.peer_id)
+        if known is not None:
+            # A card or hint (they carry a stage) may correct what an exchange said, or bring a
+            # new address after a restart; an exchange's hearsay never overrides them.
+            if record.stage is None and known.stage is not None:
+                return
+            if record != known:
+                self.peers[record.peer_id] = record
+                self._remember_address(record)
             return
         if len(self.peers) >= MAX_ENTRIES:
             return
         self.peers[record.peer_id] = record
+        self._remember_address(record)
+        self.on_new_peer(record)
+
+    def forget(self, peer_id: str) -> None:
+        """Drop a peer that said it is leaving; it is learned anew if it shows up again."""
+        self.peers.pop(peer_id, None)
+        self.spare.pop(peer_id, None)
+
+    def replicas_of(self, stage: int) -> list[PeerRecord]:
+        return [r for r in self.peers.values() if r.stage == stage]
+
+    def _remember_address(self, record: PeerRecord) -> None:
         self.rpc.host.get_peerstore().add_addrs(
             ID.from_base58(record.peer_id), peer_info(record.address).addrs, 3600
         )
-        self.on_new_peer(record)
 
     async def exchange_with(self, address: str) -> None:
         """Introduce this node to the peer at ``address`` and learn the peers it knows."""
