@@ -93,7 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     _wallet_flags(join)
     join.add_argument("--run", type=int, required=True, help="run id")
 
-    swarm = sub.add_parser("swarm", help="run a local training swarm, one process per node")
+    swarm = sub.add_parser(
+        "swarm",
+        help="run a local training swarm on its own devnet, one process per node",
+        description="Start a devnet (or use [chain] rpc_url), register every node on it, and run "
+        "the nodes as processes on loopback with admission on; [chain] enabled = false runs "
+        "without a chain. Examples: node/swarm-examples/*.toml.",
+    )
     swarm.add_argument("--swarm-file", required=True, help="swarm file (TOML), see node/swarm.py")
     swarm.add_argument("--out", default=".gwtf/swarm", help="folder for logs, states, summary")
     swarm.add_argument("--timeout-s", type=float, default=600.0)

@@ -1,8 +1,13 @@
 """The node's settings: one object with a frozen section per concern, loaded and validated once.
 
-Precedence, highest first: CLI flags > ``GWTF_<SECTION>_<FIELD>`` environment variables >
-``gwtf.toml`` > the defaults written below. Every value is checked at start-up and a bad one
-stops the node with a ``ConfigError`` that names it and says how to fix it.
+Sections: ``node`` (who this node is in the run: role, stage, capacity), ``p2p``, ``chain``,
+``training`` (with ``[training.optimizer]``; the one ``TrainingSettings`` of the stage engine),
+``flow``, ``db``, ``api``, ``log``. Precedence, highest first: CLI flags >
+``GWTF_<SECTION>_<FIELD>`` environment variables > ``gwtf.toml`` > the defaults written below.
+Every value is checked at start-up and a bad one stops the node with a ``ConfigError`` that
+names it and says how to fix it. A nested section's keys are dotted: ``training.optimizer.lr``
+is ``[training.optimizer] lr`` in the toml file and ``GWTF_TRAINING_OPTIMIZER_LR`` in the
+environment.
 
 Secrets (the RPC token; keystore passwords live in ``node.wallet``) come only from the
 environment or a flag, never from the toml file, and are wrapped in ``Secret`` so that no
@@ -21,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from gwtf.errors import ConfigError
+from node.training.settings import OptimizerSettings, TrainingSettings
+
+__all__ = ["OptimizerSettings", "Settings", "TrainingSettings", "load_settings"]
 
 DEFAULT_CONFIG_FILE = "gwtf.toml"
 ENV_PREFIX = "GWTF_"
@@ -56,12 +64,35 @@ class Secret:
 
 
 @dataclass(frozen=True)
+class NodeSettings:
+    """Who this node is in its run."""
+
+    name: str = "node"
+    role: str = "relay"  # "data" | "relay"
+    #: A relay's stage, 1..training.stages; a data node sits at 0; -1 means "not chosen yet".
+    stage: int = -1
+    #: Microbatches this node holds in flight at once (what it advertises to the flow protocol).
+    capacity: int = 2
+    #: A relay that enters a running swarm: it first downloads its stage's current weights.
+    join: bool = False
+    #: This node's compute time for one microbatch of its stage, before it measures its own.
+    compute_ms: float = 100.0
+
+
+@dataclass(frozen=True)
 class P2PSettings:
     listen_host: str = "127.0.0.1"
     listen_port: int = 0
     bootstrap_peers: tuple[str, ...] = ()
     connect_timeout_s: float = 10.0
     max_message_bytes: int = 64 * 1024 * 1024
+    #: The node's Ed25519 libp2p identity (created on first start, mode 0600).
+    key_file: str = ".gwtf/node.p2p.key"
+    #: This node's region in the topology file (link emulation), e.g. "oregon".
+    region: str = "local"
+    #: A JSON topology (regions, latency, bandwidth) to emulate links with; "" for none.
+    topology_file: str = ""
+    discovery_period_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -71,16 +102,12 @@ class ChainSettings:
     devnet_file: str = ".gwtf/devnet.json"
     run_id: int = 0
     rpc_timeout_s: float = 10.0
+    #: Serve only peers whose libp2p id the chain binds to a staked node of ``run_id``.
+    admission: bool = False
+    #: How long an admission answer is reused before the chain is asked again.
+    admission_cache_s: float = 30.0
     #: Bearer token for RPC providers that need one; from GWTF_RPC_TOKEN or a flag only.
     rpc_token: Secret | None = field(default=None, repr=False)
-
-
-@dataclass(frozen=True)
-class TrainingSettings:
-    device: str = "auto"
-    stage: int = -1
-    max_microbatches_in_flight: int = 4
-    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -98,6 +125,10 @@ class FlowSettings:
     keepalive_timeout_s: float = 5.0
     keepalive_misses: int = 3
     delay_estimate_old_weight: float = 0.6
+    #: "gwtf" follows the flow table; "swarm" is SWARM's throughput-weighted wiring (baseline).
+    routing: str = "gwtf"
+    #: How long a node waits for its first flows, or a joiner for its stage's weights.
+    setup_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -120,9 +151,10 @@ class LogSettings:
 
 @dataclass(frozen=True)
 class Settings:
+    node: NodeSettings = NodeSettings()
     p2p: P2PSettings = P2PSettings()
     chain: ChainSettings = ChainSettings()
-    training: TrainingSettings = TrainingSettings()
+    training: TrainingSettings = field(default_factory=TrainingSettings)
     flow: FlowSettings = FlowSettings()
     db: DbSettings = DbSettings()
     api: ApiSettings = ApiSettings()
@@ -134,11 +166,17 @@ class Settings:
         for section_field in dataclasses.fields(self):
             section = getattr(self, section_field.name)
             out[section_field.name] = {
-                f.name: ("***" if isinstance(v, Secret) else v)
-                for f in dataclasses.fields(section)
-                for v in [getattr(section, f.name)]
+                f.name: _plain(getattr(section, f.name)) for f in dataclasses.fields(section)
             }
         return out
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, Secret):
+        return "***"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
 
 
 #: Section name -> its dataclass, in the order of ``Settings``.
@@ -195,6 +233,15 @@ def _stage(v: int) -> str | None:
     return None if v >= -1 else "must be a stage index, or -1 to let the node choose"
 
 
+def _model_name(v: str) -> str | None:
+    family, _, size = v.partition("-")
+    return None if family and size else "must name a model as family-size, e.g. gpt-tiny"
+
+
+def _positive_int(v: int) -> str | None:
+    return None if v >= 1 else "must be 1 or more"
+
+
 # Field checks by "section.field"; fields without an entry only need the right type.
 VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "p2p.listen_host": _non_empty,
@@ -205,10 +252,28 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "chain.devnet_file": _non_empty,
     "chain.run_id": _non_negative,
     "chain.rpc_timeout_s": _positive,
+    "node.name": _non_empty,
+    "node.role": _one_of("data", "relay"),
+    "node.stage": _stage,
+    "node.capacity": _positive_int,
+    "node.compute_ms": _positive,
+    "p2p.key_file": _non_empty,
+    "p2p.region": _non_empty,
+    "p2p.discovery_period_s": _positive,
+    "chain.admission_cache_s": _non_negative,
+    "training.model": _model_name,
     "training.device": _one_of("auto", "cpu", "cuda"),
-    "training.stage": _stage,
-    "training.max_microbatches_in_flight": _positive,
-    "training.dtype": _one_of("float32", "bfloat16"),
+    "training.param_dtype": _one_of("float32", "float64"),
+    "training.stages": _positive_int,
+    "training.batch_size": _positive_int,
+    "training.seq_len": _positive_int,
+    "training.iterations": _non_negative,
+    "training.microbatches_per_iteration": _positive_int,
+    "training.stall_timeout_s": _positive,
+    "training.max_in_flight": _positive_int,
+    "training.codec_max_bytes": _positive_int,
+    "training.optimizer.lr": _positive,
+    "training.optimizer.total_steps": _positive_int,
     "flow.decision_period_s": _positive,
     "flow.temperature_relay": _positive,
     "flow.temperature_data": _positive,
@@ -221,6 +286,8 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "flow.keepalive_timeout_s": _positive,
     "flow.keepalive_misses": _positive,
     "flow.delay_estimate_old_weight": _probability,
+    "flow.routing": _one_of("gwtf", "swarm"),
+    "flow.setup_timeout_s": _positive,
     "db.url": _db_url,
     "api.host": _non_empty,
     "api.port": _port,
@@ -229,7 +296,8 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
 
 
 def env_var_name(section: str, name: str) -> str:
-    return f"{ENV_PREFIX}{section.upper()}_{name.upper()}"
+    """``("training", "optimizer.lr")`` -> ``GWTF_TRAINING_OPTIMIZER_LR``."""
+    return f"{ENV_PREFIX}{section.upper()}_{name.replace('.', '_').upper()}"
 
 
 def _coerce(key: str, kind: Any, raw: object, source: str) -> object:
@@ -238,6 +306,11 @@ def _coerce(key: str, kind: Any, raw: object, source: str) -> object:
     def bad(expected: str) -> ConfigError:
         return ConfigError(f"{key}={raw!r} from {source} is not {expected}; fix it in {source}")
 
+    if typing.get_origin(kind) is typing.Literal:
+        # The value's validator (below) names the choices; this only checks the type.
+        if isinstance(raw, str):
+            return raw
+        raise bad("a string")
     if kind is bool:
         if isinstance(raw, bool):
             return raw
@@ -304,6 +377,43 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read settings file {path} ({exc.strerror})") from exc
 
 
+def _is_section(kind: Any) -> bool:
+    return isinstance(kind, type) and dataclasses.is_dataclass(kind)
+
+
+def _leaf_types(prefix: str, cls: type[Any]) -> dict[str, Any]:
+    """Every setting below ``prefix`` ("training") as "training.optimizer.lr" -> its type."""
+    leaves: dict[str, Any] = {}
+    for name, kind in typing.get_type_hints(cls).items():
+        key = f"{prefix}.{name}"
+        leaves.update(_leaf_types(key, kind) if _is_section(kind) else {key: kind})
+    return leaves
+
+
+#: Every setting ("section.field", or "section.sub.field" in a nested section) -> its type.
+LEAVES: dict[str, Any] = {
+    key: kind
+    for section, cls in SECTIONS.items()
+    for key, kind in _leaf_types(section, cls).items()
+}
+
+
+def _flatten(prefix: str, values: Mapping[str, Any], path: Path) -> dict[str, object]:
+    layer: dict[str, object] = {}
+    for name, value in values.items():
+        key = f"{prefix}.{name}"
+        if name in SECRET_KEYS:
+            raise ConfigError(
+                f"{key} is a secret and must not be in {path}; remove it and set "
+                f"{ENV_RPC_TOKEN if name == 'rpc_token' else 'it by env var or flag'} instead"
+            )
+        if isinstance(value, dict) and key not in LEAVES:
+            layer.update(_flatten(key, value, path))
+        else:
+            layer[key] = value
+    return layer
+
+
 def _toml_layer(data: Mapping[str, Any], path: Path) -> dict[str, object]:
     layer: dict[str, object] = {}
     for section, values in data.items():
@@ -313,23 +423,16 @@ def _toml_layer(data: Mapping[str, Any], path: Path) -> dict[str, object]:
             )
         if not isinstance(values, dict):
             raise ConfigError(f"{section} in {path} must be a table: write [{section}]")
-        for name, value in values.items():
-            if name in SECRET_KEYS:
-                raise ConfigError(
-                    f"{section}.{name} is a secret and must not be in {path}; remove it and set "
-                    f"{ENV_RPC_TOKEN if name == 'rpc_token' else 'it by env var or flag'} instead"
-                )
-            layer[f"{section}.{name}"] = value
+        layer.update(_flatten(section, values, path))
     return layer
 
 
 def _env_layer(env: Mapping[str, str]) -> dict[str, object]:
     layer: dict[str, object] = {}
-    for section, cls in SECTIONS.items():
-        for f in dataclasses.fields(cls):
-            name = env_var_name(section, f.name)
-            if name in env:
-                layer[f"{section}.{f.name}"] = env[name]
+    for key in LEAVES:
+        name = env_var_name(*key.split(".", 1))
+        if name in env:
+            layer[key] = env[name]
     if env.get(ENV_RPC_TOKEN):
         layer["chain.rpc_token"] = env[ENV_RPC_TOKEN]
     return layer
@@ -365,24 +468,30 @@ def load_settings(
 
 
 def _build(chosen: Mapping[str, tuple[object, str]]) -> Settings:
-    known = {f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
     for key, (_, source) in chosen.items():
-        if key not in known:
+        if key not in LEAVES:
             raise ConfigError(f"unknown setting {key} from {source}; check its spelling")
-    sections: dict[str, object] = {}
-    for section, cls in SECTIONS.items():
-        hints = typing.get_type_hints(cls)
-        kwargs: dict[str, object] = {}
-        for f in dataclasses.fields(cls):
-            key = f"{section}.{f.name}"
-            if key not in chosen:
-                continue
-            raw, source = chosen[key]
-            value = _coerce(key, hints[f.name], raw, source)
-            problem = VALIDATORS[key](value) if key in VALIDATORS else None
-            if problem:
-                shown = "***" if isinstance(value, Secret) else repr(value)
-                raise ConfigError(f"{key}={shown} from {source} {problem}; fix it in {source}")
-            kwargs[f.name] = value
-        sections[section] = cls(**kwargs)
-    return Settings(**sections)  # type: ignore[arg-type]
+    sections = {name: _build_section(name, cls, chosen) for name, cls in SECTIONS.items()}
+    settings = Settings(**sections)
+    # Checks across fields (the optimizer's min_lr <= lr, ...) name the keys they refuse.
+    settings.training.validate()
+    return settings
+
+
+def _build_section(prefix: str, cls: type[Any], chosen: Mapping[str, tuple[object, str]]) -> Any:
+    kwargs: dict[str, object] = {}
+    for name, kind in typing.get_type_hints(cls).items():
+        key = f"{prefix}.{name}"
+        if _is_section(kind):
+            kwargs[name] = _build_section(key, kind, chosen)
+            continue
+        if key not in chosen:
+            continue
+        raw, source = chosen[key]
+        value = _coerce(key, kind, raw, source)
+        problem = VALIDATORS[key](value) if key in VALIDATORS else None
+        if problem:
+            shown = "***" if isinstance(value, Secret) else repr(value)
+            raise ConfigError(f"{key}={shown} from {source} {problem}; fix it in {source}")
+        kwargs[name] = value
+    return cls(**kwargs)

@@ -1,10 +1,15 @@
 """`gwtf-node swarm`: a whole training swarm on this machine, one OS process per node.
 
-Reads a swarm file (TOML), starts the data node, then the relays, each as
-``python -m node.runtime.node_process`` on 127.0.0.1 with the topology's link emulation; kills
-nodes with SIGKILL and starts joiners on the churn schedule; streams the nodes' logs with a name
+Reads a swarm file (TOML); starts a chain, opens the run and registers every node on it
+(``node.swarm_chain``; on by default, ``[chain] enabled = false`` for a quick chain-less run);
+writes each node's settings file (``<out>/<name>.toml``, the ``node.settings`` format) and starts
+the data node, then the relays, each as ``python -m node.runtime.node_process`` on 127.0.0.1 with
+the topology's link emulation and, with the chain on, admission: a node serves only peers that
+the chain binds to a staked node of the run. It kills nodes with SIGKILL and starts joiners
+(registered just before they enter) on the churn schedule; streams the nodes' logs with a name
 prefix; and when the data node has trained its iterations writes a JSON summary (iterations,
-microbatches, loss per iteration, throughput, crashes, joins, recovered hops).
+microbatches, loss per iteration, throughput, crashes, joins, recovered hops, and the chain: RPC
+URL, run id, registered nodes, refused peers).
 
 Swarm file::
 
@@ -14,8 +19,15 @@ Swarm file::
     [swarm]  relays_per_stage = 2, capacity = 2 (a relay's microbatches in flight; the data
              node's is relays_per_stage times that), regions = ["oregon"], topology = "" (a JSON
              file like coordinator_free/sim/data/regions-10.json, or "" for no emulation)
-    [flow]   any FlowConfig field (decision_period_s, ack_deadline_s, ...)
-    [churn]  events = [{t = 8.0, kill = "relay-1-0"}, {t = 12.0, join = 1}],
+    [flow]   any field of the node settings' flow section (decision_period_s,
+             hop_ack_deadline_s, keepalive_interval_s, ...; see node/settings.py)
+    [chain]  enabled = true, rpc_url = "" (use a running chain instead of starting a devnet),
+             devnet_file = "" (its contracts, as `gwtf-node devnet` writes them; without it the
+             suite is deployed on rpc_url), stake_eth = 2.0, fund_eth = 3.0 (per node),
+             reward_pool_eth = 10.0, epoch_length_s = 3600
+    [churn]  events = [{t = 8.0, kill = "relay-1-0"}, {t = 12.0, join = 1},
+             {t = 2.0, stranger = 1}] (a stranger: a relay of that stage whose libp2p id is not
+             registered on chain; with the chain on, every node refuses it),
              crash_on = [{stage = 1, direction = "forward", iteration = 1}] (fault injection:
              the first relay of that stage to get such a hop dies by SIGKILL mid-hop),
              crash_rate_per_hour = 0.0 (relays killed at random at this rate), seed = 0
@@ -36,16 +48,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import tomli_w
+
 from gwtf.errors import ConfigError, GwtfError
+from node.settings import FlowSettings, load_settings
+from node.swarm_chain import ChainPlan, SwarmChain, chain_facts, child_env, start_swarm_chain
 
 _DEFAULT_FLOW = {
     "decision_period_s": 0.5,
     "keepalive_interval_s": 1.0,
-    "keepalive_timeout_s": 1.0,
+    # Also the data node's liveness probe deadline before the relays average and step: at a
+    # load of 12 on two cores, 1 s was missed by every relay, which then never stepped.
+    "keepalive_timeout_s": 3.0,
     "keepalive_misses": 3,
-    "ack_deadline_s": 5.0,
+    "hop_ack_deadline_s": 5.0,
+    # Every process loads torch, libp2p and web3 at once on a few shared cores: on a busy
+    # two-core machine the last relay can take a minute or more to come up.
+    "setup_timeout_s": 240.0,
 }
-_SECTIONS = {
+_SECTIONS: dict[str, set[str]] = {
     "run": {
         "routing",
         "model",
@@ -57,7 +78,8 @@ _SECTIONS = {
         "seed",
     },
     "swarm": {"relays_per_stage", "capacity", "regions", "topology"},
-    "flow": None,  # FlowConfig's own fields; FlowConfig validates them
+    "flow": set(FlowSettings.__dataclass_fields__) - {"routing"},
+    "chain": set(ChainPlan.__dataclass_fields__),
     "churn": {"events", "crash_rate_per_hour", "seed", "crash_on"},
 }
 
@@ -77,9 +99,12 @@ class SwarmPlan:
     flow: dict[str, Any]
     churn: dict[str, Any]
     out_dir: Path
+    chain_plan: ChainPlan = field(default_factory=ChainPlan)
     procs: dict[str, Proc] = field(default_factory=dict)
     crashes: list[dict[str, Any]] = field(default_factory=list)
     joins: list[dict[str, Any]] = field(default_factory=list)
+    chain: SwarmChain | None = None
+    strangers: dict[str, str] = field(default_factory=dict)  # name -> peer id
 
 
 def load_swarm_file(path: Path) -> dict[str, dict[str, Any]]:
@@ -90,8 +115,7 @@ def load_swarm_file(path: Path) -> dict[str, dict[str, Any]]:
     for section, value in raw.items():
         if section not in _SECTIONS or not isinstance(value, dict):
             raise ConfigError(f"swarm file {path}: unknown section [{section}]")
-        allowed = _SECTIONS[section]
-        unknown = set(value) - allowed if allowed is not None else set()
+        unknown = set(value) - _SECTIONS[section]
         if unknown:
             raise ConfigError(f"swarm file {path}: unknown keys {sorted(unknown)} in [{section}]")
     return raw
@@ -127,48 +151,68 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
     flow = {**_DEFAULT_FLOW, **raw.get("flow", {})}
     if swarm["topology"] and not Path(swarm["topology"]).exists():
         raise ConfigError(f"topology file {swarm['topology']} does not exist")
+    for event in churn["events"]:
+        if not isinstance(event, dict) or not {"kill", "join", "stranger"} & set(event):
+            raise ConfigError(f"churn event {event} names none of 'kill', 'join', 'stranger'")
+    chain_plan = ChainPlan.from_section(raw.get("chain", {}))
+    if not chain_plan.enabled and any("stranger" in event for event in churn["events"]):
+        raise ConfigError("a 'stranger' churn event tests admission: it needs [chain] enabled")
     out_dir.mkdir(parents=True, exist_ok=True)
-    return SwarmPlan(run, swarm, flow, churn, out_dir)
+    return SwarmPlan(run, swarm, flow, churn, out_dir, chain_plan)
 
 
-def _spec(
-    plan: SwarmPlan, name: str, role: str, stage: int, index: int, **extra: Any
+def node_settings(
+    plan: SwarmPlan, name: str, role: str, stage: int, index: int, **node: Any
 ) -> dict[str, Any]:
-    regions = plan.swarm["regions"]
-    run = plan.run
+    """One node's settings (the sections of ``node.settings``), as written to its toml file."""
+    regions, run, chain = plan.swarm["regions"], plan.run, plan.chain
+    # A data node starts as many microbatches at once as a stage of relays can hold.
+    capacity = plan.swarm["capacity"] * (plan.swarm["relays_per_stage"] if role == "data" else 1)
+    key_file = chain.identity_path(name) if chain else plan.out_dir / f"{name}.key"
     return {
-        "name": name,
-        "role": role,
-        "stage": stage,
-        "region": regions[index % len(regions)],
-        # A data node starts as many microbatches at once as a stage of relays can hold.
-        "capacity": plan.swarm["capacity"]
-        * (plan.swarm["relays_per_stage"] if role == "data" else 1),
-        "key_path": str(plan.out_dir / f"{name}.key"),
-        "model": run["model"],
-        "stages": run["stages"],
-        "batch_size": run["batch_size"],
-        "seq_len": run["seq_len"],
-        "run_id": 1,
-        "seed": run["seed"],
-        "bootstrap": [],
-        "iterations": run["iterations"],
-        "batch": run["microbatches_per_iteration"],
-        "flow": {
-            "stages": run["stages"],
-            "activation_bytes": 4.0 * run["batch_size"] * run["seq_len"] * 64,
-            **plan.flow,
+        "node": {"name": name, "role": role, "stage": stage, "capacity": capacity, **node},
+        "p2p": {
+            "key_file": str(key_file.resolve()),
+            "region": regions[index % len(regions)],
+            "topology_file": str(Path(plan.swarm["topology"]).resolve())
+            if plan.swarm["topology"]
+            else "",
+            "bootstrap_peers": [],
+            "discovery_period_s": 1.0,
         },
-        "join": False,
-        "stall_timeout_s": 60.0,
-        "discovery_period_s": 1.0,
-        "topology_file": plan.swarm["topology"] or None,
-        "status_file": str(plan.out_dir / f"{name}.status.json"),
-        "crash_on": _crash_on(plan, stage),
-        "start_file": None,
-        "routing": run["routing"],
-        **extra,
+        "chain": {
+            "admission": chain is not None,
+            "run_id": chain.run_id if chain else 1,
+            "rpc_url": chain.rpc_url if chain else "",
+            "devnet_file": str(chain.devnet_file.resolve()) if chain else ".gwtf/devnet.json",
+        },
+        "training": {
+            "model": run["model"],
+            "stages": run["stages"],
+            "batch_size": run["batch_size"],
+            "seq_len": run["seq_len"],
+            "seed": run["seed"],
+            "iterations": run["iterations"],
+            "microbatches_per_iteration": run["microbatches_per_iteration"],
+            "stall_timeout_s": 60.0,
+            "device": "cpu",
+            "max_in_flight": max(8, capacity),
+        },
+        "flow": {"routing": run["routing"], **plan.flow},
     }
+
+
+def write_node_settings(plan: SwarmPlan, settings: dict[str, Any]) -> Path:
+    """Write a node's settings file and load it back, so a bad value stops the swarm early."""
+    path = plan.out_dir / f"{settings['node']['name']}.toml"
+    path.write_text(tomli_w.dumps(settings))
+    try:
+        load_settings(env={}, config_file=path)
+    except ConfigError as exc:
+        # The value came from the swarm file (or its defaults): point there, not at our copy.
+        message = str(exc).replace(str(path), "the swarm file")
+        raise ConfigError(f"{message} (node {settings['node']['name']})") from exc
+    return path
 
 
 def _crash_on(plan: SwarmPlan, stage: int) -> dict[str, Any] | None:
@@ -183,17 +227,27 @@ def _crash_on(plan: SwarmPlan, stage: int) -> dict[str, Any] | None:
     return None
 
 
-def start_node(plan: SwarmPlan, spec: dict[str, Any], log: IO[bytes] | None) -> Proc:
-    spec_file = plan.out_dir / f"{spec['name']}.spec.json"
-    spec_file.write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+def start_node(
+    plan: SwarmPlan,
+    settings: dict[str, Any],
+    log: IO[bytes] | None,
+    start_file: Path | None = None,
+) -> Proc:
+    name, stage = settings["node"]["name"], int(settings["node"]["stage"])
+    config = write_node_settings(plan, settings)
+    status_file = plan.out_dir / f"{name}.status.json"
+    status_file.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "node.runtime.node_process", "--config", str(config)]
+    command += ["--status-file", str(status_file)]
+    if start_file is not None:
+        command += ["--start-file", str(start_file)]
+    crash_on = _crash_on(plan, stage) if settings["node"]["role"] == "relay" else None
+    if crash_on is not None:
+        command += ["--crash-on", json.dumps(crash_on)]
     popen = subprocess.Popen(
-        [sys.executable, "-m", "node.runtime.node_process", str(spec_file)],
-        stdout=log or subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        env=env,
+        command, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, env=child_env()
     )
-    proc = Proc(spec["name"], popen, Path(spec["status_file"]))
+    proc = Proc(name, popen, status_file)
     plan.procs[proc.name] = proc
     return proc
 
@@ -235,31 +289,30 @@ def run_swarm(
     """Run the swarm to the end of the data node's iterations; returns the summary."""
     stages, per_stage = plan.run["stages"], plan.swarm["relays_per_stage"]
     started = time.monotonic()
+    # A previous run in this folder leaves go files and crash locks that would start joiners at
+    # once and disarm fault injection.
+    for stale in (*plan.out_dir.glob("*.go"), *plan.out_dir.glob("crash-*.lock")):
+        stale.unlink()
     try:
-        data = start_node(plan, _spec(plan, "data", "data", 0, 0), log)
+        if plan.chain_plan.enabled:
+            plan.chain = start_swarm_chain(
+                plan.chain_plan, plan.out_dir, stages, str(plan.run["model"]), log
+            )
+        data_settings = node_settings(plan, "data", "data", 0, 0)
+        _register(plan, data_settings)
+        data = start_node(plan, data_settings, log)
         bootstrap = [wait_for_address(data, 60.0)]
         relay_names: list[str] = []
         for stage in range(1, stages + 1):
             for replica in range(per_stage):
                 name = f"relay-{stage}-{replica}"
-                spec = _spec(plan, name, "relay", stage, len(relay_names) + 1, bootstrap=bootstrap)
-                start_node(plan, spec, log)
+                settings = node_settings(plan, name, "relay", stage, len(relay_names) + 1)
+                settings["p2p"]["bootstrap_peers"] = bootstrap
+                _register(plan, settings)
+                start_node(plan, settings, log)
                 relay_names.append(name)
         events = sorted(plan.churn["events"], key=lambda e: float(e["t"]))
-        for index, event in enumerate(e for e in events if "join" in e):
-            event["_name"] = name = f"joiner-{int(event['join'])}-{index}"
-            go_file = str(plan.out_dir / f"{name}.go")
-            spec = _spec(
-                plan,
-                name,
-                "relay",
-                int(event["join"]),
-                len(plan.procs),
-                bootstrap=bootstrap,
-                join=True,
-                start_file=go_file,
-            )
-            start_node(plan, spec, log)
+        _prestart_entrants(plan, events, bootstrap, log)
         rng = random.Random(plan.churn["seed"])
         rate_per_s = float(plan.churn["crash_rate_per_hour"]) / 3600.0 * len(relay_names)
         training_from = _wait_for_training(data, started + timeout_s)
@@ -271,8 +324,7 @@ def run_swarm(
             if now - started > timeout_s:
                 raise GwtfError(f"the swarm did not finish within {timeout_s:g} s")
             while events and now - training_from >= float(events[0]["t"]):
-                event = events.pop(0)
-                _apply(plan, event, now - training_from, bootstrap, log)
+                _apply(plan, events.pop(0), now - training_from)
             if now >= next_random:
                 alive = [n for n in relay_names if not plan.procs[n].killed]
                 if alive:
@@ -291,6 +343,32 @@ def run_swarm(
                 proc.popen.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.popen.kill()
+        if plan.chain is not None:
+            plan.chain.stop()
+
+
+def _register(plan: SwarmPlan, settings: dict[str, Any]) -> None:
+    """Put the node on chain (staked, its libp2p id bound, joined to the run) before it starts."""
+    if plan.chain is not None:
+        plan.chain.register(settings["node"]["name"], int(settings["node"]["capacity"]))
+
+
+def _prestart_entrants(
+    plan: SwarmPlan, events: list[dict[str, Any]], bootstrap: list[str], log: IO[bytes] | None
+) -> None:
+    """Start joiners' and strangers' processes now (loading torch takes seconds); each waits
+    for its go file, which the churn schedule creates at the event's time."""
+    counts = {"joiner": 0, "stranger": 0}
+    for event in (e for e in events if "join" in e or "stranger" in e):
+        kind = "joiner" if "join" in event else "stranger"
+        stage = int(event["join"] if "join" in event else event["stranger"])
+        event["_name"] = name = f"{kind}-{stage}-{counts[kind]}"
+        counts[kind] += 1
+        settings = node_settings(plan, name, "relay", stage, len(plan.procs), join=kind == "joiner")
+        settings["p2p"]["bootstrap_peers"] = bootstrap
+        if kind == "stranger" and plan.chain is not None:
+            plan.strangers[name] = plan.chain.peer_id_of(name)
+        start_node(plan, settings, log, start_file=plan.out_dir / f"{name}.go")
 
 
 def _wait_for_training(data: Proc, deadline: float) -> float:
@@ -303,18 +381,18 @@ def _wait_for_training(data: Proc, deadline: float) -> float:
     return time.monotonic()
 
 
-def _apply(
-    plan: SwarmPlan, event: dict[str, Any], at_s: float, bootstrap: list[str], log: IO[bytes] | None
-) -> None:
+def _apply(plan: SwarmPlan, event: dict[str, Any], at_s: float) -> None:
     if "kill" in event:
         kill(plan, str(event["kill"]), at_s)
-    elif "join" in event:
-        # The joiner's process was started (and has loaded torch) at launch; now it joins.
-        name = str(event["_name"])
-        (plan.out_dir / f"{name}.go").touch()
+        return
+    # The entrant's process was started (and has loaded torch) at launch; now it enters. A
+    # joiner is registered on chain first; a stranger never is.
+    name = str(event["_name"])
+    if "join" in event and plan.chain is not None:
+        plan.chain.register(name, int(plan.swarm["capacity"]))
+    (plan.out_dir / f"{name}.go").touch()
+    if "join" in event:
         plan.joins.append({"t": round(at_s, 2), "node": name, "stage": int(event["join"])})
-    else:
-        raise ConfigError(f"churn event {event} names neither 'kill' nor 'join'")
 
 
 def _record_injected_crashes(plan: SwarmPlan) -> None:
@@ -346,13 +424,21 @@ def summarise(plan: SwarmPlan, data: Proc, wall_s: float) -> dict[str, Any]:
         "recovered_hops": {
             "forward_resends": sum(s["forward_resends"] for s in stats),
             "backward_repairs": sum(s["backward_repairs"] for s in stats),
+            "forward_repairs": sum(s.get("forward_repairs", 0) for s in stats),
             "restarted_microbatches": sum(r["restarts"] for r in results),
         },
+        # (iteration, stage) pairs in which no replica of the stage stepped: the relays of that
+        # stage trained nothing that iteration, which a healthy swarm never shows.
+        "stages_not_stepped": sum(s.get("stages_not_stepped", 0) for s in stats),
         "relays": {
             name: {key: s.get(key) for key in ("stage", "step", "state_digest", "hops_recorded")}
             for name, s in statuses.items()
-            if s is not None and name != "data" and not plan.procs[name].killed
+            if s is not None
+            and name != "data"
+            and name not in plan.strangers
+            and not plan.procs[name].killed
         },
+        "chain": chain_facts(plan.chain, plan.strangers, statuses),
     }
     (plan.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -2,7 +2,13 @@
 
 The chain port answers from a snapshot of chain state (web3 in a worker thread, since its calls
 block); answers are cached for ``cache_s`` so a busy peer costs one chain call per period, and a
-peer that unstakes or is slashed loses access within that period. Refusals are logged.
+peer that unstakes or is slashed loses access within about that period. Refusals are logged.
+
+Two rules keep the chain off the data path: a lookup is shared by every request of that peer
+that arrives while it runs (a burst of hop streams costs one chain call, not one each), and an
+admitted peer whose answer has aged is still served while a background lookup refreshes it, so
+a hop never waits for the chain once its sender has been admitted. A refused peer is looked up
+again before it is served, since it may have registered meanwhile.
 """
 
 from __future__ import annotations
@@ -24,24 +30,57 @@ class RunAdmission:
     chain: ChainPort
     run_id: int
     cache_s: float = 30.0
+    #: peer -> (member, when the chain said so, in trio time)
     _cache: dict[str, tuple[bool, float]] = field(default_factory=dict)
+    #: peer -> set when its lookup in flight ends
+    _pending: dict[str, trio.Event] = field(default_factory=dict)
     _limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(2))
 
     async def __call__(self, peer: str) -> bool:
-        now = trio.current_time()
         cached = self._cache.get(peer)
-        if cached is not None and now - cached[1] < self.cache_s:
-            return cached[0]
+        if cached is not None:
+            member, checked_at = cached
+            if trio.current_time() - checked_at < self.cache_s:
+                return member
+            if member:
+                if peer not in self._pending:
+                    trio.lowlevel.spawn_system_task(self._refresh, peer)
+                return True
+        if peer not in self._pending:
+            await self._look_up(peer)
+        else:
+            await self._pending[peer].wait()
+        answer = self._cache.get(peer)
+        # No answer: the chain could not be asked. Fail closed, and ask again next time.
+        return answer is not None and answer[0]
+
+    async def _refresh(self, peer: str) -> None:
+        # A system task: an exception escaping it would end the whole node, so none may.
+        try:
+            await self._look_up(peer)
+        except Exception:
+            log.exception("refreshing the admission of %s failed; it is asked again later", peer)
+            self._cache.pop(peer, None)
+
+    async def _look_up(self, peer: str) -> None:
+        """Ask the chain once for ``peer``; every caller waiting on it reads the cache after."""
+        done = self._pending[peer] = trio.Event()
         try:
             peer_bytes = ID.from_base58(peer).to_bytes()
             member = await trio.to_thread.run_sync(
                 self.chain.is_run_member, self.run_id, peer_bytes, limiter=self._limiter
             )
-        except ChainError as exc:
-            # Fail closed, but do not remember it: the chain may be back at the next request.
+        except (ChainError, ValueError) as exc:
+            # Not remembered: the chain may be back at the next request. A stale admission is
+            # dropped too, so a peer is not served for ever on an answer that can't be renewed.
             log.warning("cannot check peer %s on chain (%s); refusing it for now", peer, exc)
-            return False
-        if not member:
-            log.warning("refused peer %s: not a staked node of run %s on chain", peer, self.run_id)
-        self._cache[peer] = (member, now)
-        return member
+            self._cache.pop(peer, None)
+        else:
+            if not member:
+                log.warning(
+                    "refused peer %s: not a staked node of run %s on chain", peer, self.run_id
+                )
+            self._cache[peer] = (member, trio.current_time())
+        finally:
+            del self._pending[peer]
+            done.set()

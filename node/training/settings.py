@@ -1,20 +1,26 @@
-"""The ``training`` section of the node's settings: device, precision, optimizer, schedule and
-wire limits. Frozen and validated at start-up, so a bad value stops the node with a message that
-names it instead of failing mid-run."""
+"""The ``training`` section of the node's settings, the one ``TrainingSettings`` of the project:
+what is trained (model, stages, microbatch shape, seed, iterations) and how (device, precision,
+optimizer, schedule, wire limits). ``node.settings`` loads it from ``[training]`` and
+``[training.optimizer]``; the stage engine reads it. Frozen and validated at start-up, so a bad
+value stops the node with a message that names it instead of failing mid-run.
+
+Importing this module does not import torch (the command line reads settings for every command).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from node.training.errors import ModelConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 DeviceChoice = Literal["auto", "cuda", "cpu"]
 ParamDtypeName = Literal["float32", "float64"]
 
-PARAM_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
+PARAM_DTYPES = ("float32", "float64")
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,18 @@ class OptimizerSettings:
 
 @dataclass(frozen=True)
 class TrainingSettings:
+    #: A named model, "<family>-<size>" (``node.training.config.named_config``), e.g. "gpt-tiny".
+    model: str = "gpt-tiny"
+    #: Relay stages the model is split into (the data node holds embedding and head).
+    stages: int = 2
+    batch_size: int = 2
+    seq_len: int = 32
+    seed: int = 0
+    #: Data node: iterations to train, and microbatches injected per iteration.
+    iterations: int = 0
+    microbatches_per_iteration: int = 4
+    #: Data node: a microbatch with no progress for this long is started again.
+    stall_timeout_s: float = 30.0
     device: DeviceChoice = "auto"
     #: Master weights' dtype; float64 is for equivalence tests on CPU.
     param_dtype: ParamDtypeName = "float32"
@@ -63,6 +81,19 @@ class TrainingSettings:
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
 
     def validate(self) -> None:
+        family, _, size = self.model.partition("-")
+        if not family or not size:
+            raise ModelConfigError(
+                f"training.model={self.model!r} must name a model as family-size, e.g. gpt-tiny"
+            )
+        for name in ("stages", "batch_size", "seq_len", "microbatches_per_iteration"):
+            if getattr(self, name) < 1:
+                raise ModelConfigError(f"training.{name}={getattr(self, name)} must be >= 1")
+        if self.iterations < 0 or self.stall_timeout_s <= 0:
+            raise ModelConfigError(
+                "training.iterations must be >= 0 and training.stall_timeout_s > 0, got "
+                f"{self.iterations} and {self.stall_timeout_s}"
+            )
         if self.device not in ("auto", "cuda", "cpu"):
             raise ModelConfigError(
                 f"training.device={self.device!r} is not one of 'auto', 'cuda', 'cpu'"
@@ -81,4 +112,7 @@ class TrainingSettings:
 
     @property
     def torch_param_dtype(self) -> torch.dtype:
-        return PARAM_DTYPES[self.param_dtype]
+        import torch
+
+        dtype: torch.dtype = getattr(torch, self.param_dtype)
+        return dtype

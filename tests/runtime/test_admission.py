@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 import trio
 from eth_account import Account
+from trio.testing import MockClock
 
 from contracts.bindings import SuiteParams, deploy_suite
-from node.chain import Sender, connect
-from node.chain_actions import Capacity, Contracts, RunConfig, join_run, open_run, register_node
+from gwtf.errors import ChainError
+from node.chain import FakeChain, Sender, connect
+from node.chain_actions import (
+    Capacity,
+    Contracts,
+    RunConfig,
+    join_run,
+    open_run,
+    register_node,
+    request_unstake,
+)
 from node.p2p.host import full_address, peer_info, running_host
 from node.p2p.identity import load_or_create_identity, peer_id_of
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
@@ -69,5 +80,95 @@ def test_staked_member_is_served_and_strangers_are_refused(
                 with pytest.raises(PeerUnavailable):
                     await stranger.request(server_host.get_id(), ECHO, b"hi", LIMITS)
             assert server.refused == {str(stranger_host.get_id()): 1}
+
+    trio.run(main)
+
+
+def test_a_node_that_unstakes_loses_access_once_the_cache_expires(
+    tmp_path: Path, chain: tuple[Contracts, int]
+) -> None:
+    contracts, run_id = chain
+    peer = peer_id_of(load_or_create_identity(tmp_path / "leaver.key"))
+    wallet = Sender.unlocked(contracts.w3.eth.accounts[3])
+    node = Account.create()
+    register_node(contracts, wallet, node.key, peer.to_bytes(), Capacity("cpu", 1, 1, 1), 2 * ETH)
+    join_run(contracts, wallet, run_id, node.address)
+    admission = RunAdmission(contracts.port(), run_id, cache_s=30.0)
+    clock = MockClock()  # trio's time stands still until the test moves it
+
+    async def main() -> None:
+        assert await admission(str(peer))
+        request_unstake(contracts, wallet, node.address)
+        assert await admission(str(peer)), "within the cache period the answer is reused"
+        clock.jump(31.0)
+        # The aged admission still serves this request; a lookup in the background renews it.
+        assert await admission(str(peer)), "a hop never waits for the chain once admitted"
+        assert await refused_soon(admission, str(peer)), "an unbonding node loses access"
+
+    trio.run(main, clock=clock)
+
+
+async def refused_soon(admission: RunAdmission, peer: str, within_s: float = 30.0) -> bool:
+    """Whether the admission turns ``peer`` away within ``within_s`` of real time."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not await admission(peer):
+            return True
+        await trio.sleep(0)
+        time.sleep(0.01)  # the background lookup runs in a worker thread
+    return False
+
+
+class CountingChain(FakeChain):
+    """A slow chain port that says yes to everyone and counts how often it was asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def is_run_member(self, run_id: int, peer_id: bytes) -> bool:
+        self.calls += 1
+        time.sleep(0.2)
+        return True
+
+
+def test_a_burst_of_requests_from_one_peer_costs_one_chain_call(tmp_path: Path) -> None:
+    peer = str(peer_id_of(load_or_create_identity(tmp_path / "busy.key")))
+    port = CountingChain()
+    admission = RunAdmission(port, 1)
+    answers: list[bool] = []
+
+    async def ask() -> None:
+        answers.append(await admission(peer))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(10):
+                nursery.start_soon(ask)
+
+    trio.run(main)
+    assert answers == [True] * 10 and port.calls == 1
+
+
+class FlakyChain(FakeChain):
+    """A chain port whose endpoint is down until ``up`` is set."""
+
+    up = False
+
+    def is_run_member(self, run_id: int, peer_id: bytes) -> bool:
+        if not self.up:
+            raise ChainError("http://127.0.0.1:1 is unreachable")
+        return True
+
+
+def test_an_unreachable_chain_refuses_for_now_and_asks_again(tmp_path: Path) -> None:
+    peer = str(peer_id_of(load_or_create_identity(tmp_path / "peer.key")))
+    port = FlakyChain()
+    admission = RunAdmission(port, 1)
+
+    async def main() -> None:
+        assert not await admission(peer), "fail closed while the chain cannot answer"
+        port.up = True
+        assert await admission(peer), "the refusal was not remembered"
 
     trio.run(main)

@@ -1,0 +1,165 @@
+"""The node's settings file as the live node reads it: sections, nested keys, one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+
+from gwtf.errors import ConfigError
+from node import settings as node_settings
+from node.runtime.node_process import live_config_from_settings
+from node.settings import load_settings
+from node.training import settings as training_settings
+
+NODE_FILE: dict[str, dict[str, Any]] = {
+    "node": {"name": "relay-2-1", "role": "relay", "stage": 2, "capacity": 3},
+    "p2p": {
+        "key_file": "keys/relay.key",
+        "region": "tokyo",
+        "bootstrap_peers": ["/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWQxPoZRk7eqs81JrPWUiaPgLmkAEH"],
+        "discovery_period_s": 0.5,
+    },
+    "chain": {"run_id": 7},
+    "training": {
+        "model": "llama-tiny",
+        "stages": 3,
+        "batch_size": 4,
+        "seq_len": 16,
+        "seed": 9,
+        "device": "cpu",
+        "max_in_flight": 8,
+        "optimizer": {"lr": 0.01, "warmup_steps": 2},
+    },
+    "flow": {"routing": "swarm", "hop_ack_deadline_s": 4.0, "cooling_factor": 0.9},
+}
+
+
+def write(tmp_path: Path, data: dict[str, Any], name: str = "node.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+def test_one_training_settings_class_serves_the_settings_and_the_engine() -> None:
+    assert node_settings.TrainingSettings is training_settings.TrainingSettings
+    assert node_settings.Settings().training == training_settings.TrainingSettings()
+
+
+def test_a_node_file_maps_onto_the_live_node(tmp_path: Path) -> None:
+    settings = load_settings(env={}, config_file=write(tmp_path, NODE_FILE))
+    config = live_config_from_settings(settings)
+    assert (config.name, config.role, config.stage, config.capacity) == ("relay-2-1", "relay", 2, 3)
+    assert (config.region, config.key_path) == ("tokyo", Path("keys/relay.key"))
+    assert config.bootstrap == tuple(NODE_FILE["p2p"]["bootstrap_peers"])
+    assert (config.stages, config.batch_size, config.seq_len, config.seed) == (3, 4, 16, 9)
+    assert config.model.d_model > 0 and config.routing == "swarm" and config.run_id == 7
+    assert config.training.optimizer.lr == 0.01 and config.training.optimizer.warmup_steps == 2
+    assert config.training.device == "cpu" and config.training.max_in_flight == 8
+    # The flow section's names map onto the protocol's FlowConfig.
+    assert config.flow.ack_deadline_s == 4.0 and config.flow.cooling == 0.9
+    assert config.flow.stages == 3
+    assert config.flow.activation_bytes == 4.0 * 4 * 16 * config.model.d_model
+    assert config.admit is None, "admission is off unless chain.admission is set"
+
+
+def test_nested_optimizer_keys_come_from_the_environment_too(tmp_path: Path) -> None:
+    env = {"GWTF_TRAINING_OPTIMIZER_LR": "0.002", "GWTF_NODE_ROLE": "data"}
+    settings = load_settings(env=env, config_file=write(tmp_path, {}))
+    assert settings.training.optimizer.lr == 0.002 and settings.node.role == "data"
+    assert settings.describe()["training"]["optimizer"]["lr"] == 0.002  # type: ignore[index]
+
+
+def with_change(section: str, key: str, value: object) -> dict[str, dict[str, Any]]:
+    data = {name: dict(values) for name, values in NODE_FILE.items()}
+    data[section][key] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        (with_change("node", "role", "boss"), "node.role='boss' from"),
+        (with_change("training", "stages", 0), "training.stages=0 from"),
+        (with_change("training", "model", "tiny"), "training.model='tiny' from"),
+        (with_change("training", "device", 3), "training.device=3 from"),
+        (with_change("flow", "routing", "random"), "flow.routing='random' from"),
+        (with_change("training", "optimizer", {"lr": 1e-4, "min_lr": 1e-3}), "min_lr"),
+        (with_change("training", "optimizer", {"lrr": 1.0}), "training.optimizer.lrr"),
+    ],
+)
+def test_bad_values_are_refused_with_one_line_naming_the_key(
+    tmp_path: Path, data: dict[str, dict[str, Any]], fragment: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(env={}, config_file=write(tmp_path, data))
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        (with_change("node", "stage", 4), "node.stage=4 is not a relay stage of this run"),
+        (with_change("node", "stage", -1), "node.stage=-1"),
+        (with_change("training", "model", "gpt-huge"), "training.model='gpt-huge'"),
+        (with_change("p2p", "topology_file", "nowhere.json"), "p2p.topology_file="),
+        (with_change("chain", "admission", True), "chain.admission"),
+    ],
+)
+def test_settings_the_live_node_cannot_run_with_name_the_key(
+    tmp_path: Path, data: dict[str, dict[str, Any]], fragment: str
+) -> None:
+    if fragment == "chain.admission":
+        data["chain"] = {"admission": True}  # no run id
+    settings = load_settings(env={}, config_file=write(tmp_path, data))
+    with pytest.raises(ConfigError) as info:
+        live_config_from_settings(settings)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_reading_settings_does_not_import_torch() -> None:
+    code = "import sys, node.settings; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("example", sorted(Path("node/swarm-examples").glob("*.toml")))
+def test_the_example_swarm_files_load_and_their_node_files_validate(
+    example: Path, tmp_path: Path
+) -> None:
+    from node.swarm import node_settings, plan_from_file, write_node_settings
+
+    plan = plan_from_file(example, tmp_path)
+    # Each node's settings file, as the swarm writes it (chain facts aside), loads back.
+    for role, stage in (("data", 0), ("relay", 1)):
+        written = write_node_settings(plan, node_settings(plan, f"{role}-x", role, stage, 0))
+        settings = load_settings(env={}, config_file=written)
+        assert settings.node.role == role and settings.training.stages == plan.run["stages"]
+        assert settings.flow.routing == plan.run["routing"]
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ("[flow]\nack_deadline_s = 2.0\n", "unknown keys ['ack_deadline_s'] in [flow]"),
+        ("[flow]\nhop_ack_deadline_s = -1.0\n", "flow.hop_ack_deadline_s=-1.0"),
+        ("[run]\nrouting = 'random'\n", "flow.routing='random'"),
+        ("[chain]\nenabled = false\n[churn]\nevents = [{t = 1.0, stranger = 1}]\n", "stranger"),
+        ("[churn]\nevents = [{t = 1.0, leave = 1}]\n", "names none of"),
+    ],
+)
+def test_bad_swarm_files_are_refused_naming_the_key(
+    body: str, fragment: str, tmp_path: Path
+) -> None:
+    from node.swarm import node_settings, plan_from_file, write_node_settings
+
+    swarm_file = tmp_path / "swarm.toml"
+    swarm_file.write_text(body)
+    with pytest.raises(ConfigError) as info:
+        plan = plan_from_file(swarm_file, tmp_path / "out")
+        write_node_settings(plan, node_settings(plan, "relay-1-0", "relay", 1, 0))
+    assert fragment in str(info.value) and "\n" not in str(info.value)
