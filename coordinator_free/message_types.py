@@ -10,7 +10,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-PROTOCOL_ID = "/gwtf/flow/1.0.0"
+PROTOCOL_ID = "/gwtf/flow/2.0.0"
 WIRE_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_ID_BYTES = 128

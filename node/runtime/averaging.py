@@ -4,10 +4,13 @@ Replicas must apply the *same* average, or they drift apart. Exchanging shares a
 guarantee that when a replica dies halfway (some saw its share, some did not), so one replica
 gathers: the leader is the replica with the smallest id among those still believed alive. Every
 follower sends its share to the leader; the leader closes the round when all expected shares are
-in or its deadline passes, and answers every follower with the full list of shares it used. Each
-replica then averages the same list (``PartTrainer.average_gradients`` sums in replica-id order),
-so all of them step bit for bit alike. A dead replica is simply missing from the list. If the leader
-itself does not answer, followers drop it and the next smallest id gathers.
+in or its deadline passes, combines them once — gradient sums added in replica-id order, their
+microbatch counts added — and answers every follower with that one combined share and the ids it
+came from (one share back instead of every share: the reply no longer grows with the replicas).
+Each replica then applies the same combined share (``PartTrainer.average_gradients`` divides it by
+the total count), so all of them step bit for bit alike, exactly as if each had summed every share
+itself in that order. A dead replica is simply missing from the sum. If the leader itself does not
+answer, followers drop it and the next smallest id gathers.
 """
 
 from __future__ import annotations
@@ -17,30 +20,63 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import torch
 import trio
 from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
-from node.runtime.share_codec import decode_shares, encode_shares
+from node.runtime.share_codec import decode_average, decode_shares, encode_average, encode_shares
 from node.training.codec import CodecLimits
 from node.training.trainer import GradientShare
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_ID = "/gwtf/average/1.0.0"
+PROTOCOL_ID = "/gwtf/average/2.0.0"
 _ROUND = struct.Struct(">HQ")  # stage, iteration
 
 
 MAX_OPEN_ROUNDS = 4  # a peer cannot make a replica hold more rounds than this
 
 
+@dataclass(frozen=True)
+class RoundResult:
+    """What every replica of a round applies: the shares' combination and whose shares it holds."""
+
+    contributors: tuple[str, ...]
+    combined: GradientShare
+
+
+def combine_shares(gatherer: str, shares: Sequence[GradientShare]) -> RoundResult:
+    """Add the shares' gradient sums in replica-id order (in the first share's dtypes) and their
+    microbatch counts. Shares whose tensors do not match the first's names and shapes are left
+    out (a replica of another stage, or a broken one)."""
+    ordered = sorted(shares, key=lambda share: share.replica_id)
+    reference = ordered[0].gradients
+    shapes = {name: tensor.shape for name, tensor in reference.items()}
+    fitting = []
+    for share in ordered:
+        if {name: t.shape for name, t in share.gradients.items()} == shapes:
+            fitting.append(share)
+        else:
+            log.warning("share of %s does not fit this stage; left out", share.replica_id)
+    summed = {name: torch.zeros_like(tensor) for name, tensor in reference.items()}
+    for share in fitting:
+        for name, total in summed.items():
+            total += share.gradients[name].to(total.dtype)
+    count = sum(share.microbatch_count for share in fitting)
+    return RoundResult(
+        tuple(share.replica_id for share in fitting), GradientShare(gatherer, count, summed)
+    )
+
+
 @dataclass
 class _Round:
+    gatherer: str
     expected: frozenset[str] | None = None  # None until this replica itself opens the round
     shares: dict[str, GradientShare] = field(default_factory=dict)
     closed: trio.Event = field(default_factory=trio.Event)
-    result: list[GradientShare] = field(default_factory=list)
+    result: RoundResult | None = None
 
     def add(self, share: GradientShare) -> None:
         if not self.closed.is_set():
@@ -51,10 +87,13 @@ class _Round:
         if self.expected is not None and self.expected <= set(self.shares):
             self.close()
 
-    def close(self) -> None:
+    def close(self) -> RoundResult:
         if not self.closed.is_set():
-            self.result = [self.shares[key] for key in sorted(self.shares)]
+            # Closed by this replica after its own share is in, so never empty.
+            self.result = combine_shares(self.gatherer, list(self.shares.values()))
             self.closed.set()
+        assert self.result is not None
+        return self.result
 
 
 @dataclass
@@ -85,22 +124,23 @@ class GradientAverager:
             # A follower may finish its iteration before this replica does: keep its share.
             if len(self._rounds) >= MAX_OPEN_ROUNDS:
                 raise ProtocolError(f"peer {peer} opens too many averaging rounds")
-            round_ = self._rounds[(stage, iteration)] = _Round()
+            round_ = self._rounds[(stage, iteration)] = _Round(self.replica_id)
         round_.add(shares[0])
         await round_.closed.wait()
-        return encode_shares(round_.result, self.codec_limits)
+        assert round_.result is not None
+        return encode_average(round_.result.contributors, round_.result.combined, self.codec_limits)
 
     def open_round(self, stage: int, iteration: int, replicas: Sequence[str]) -> None:
         """Expect the shares of ``replicas`` in this round."""
-        round_ = self._rounds.setdefault((stage, iteration), _Round())
+        round_ = self._rounds.setdefault((stage, iteration), _Round(self.replica_id))
         if round_.expected is None:
             round_.expected = frozenset(replicas)
             round_.close_if_complete()
 
     async def average(
         self, stage: int, iteration: int, own: GradientShare, replicas: Sequence[str]
-    ) -> list[GradientShare]:
-        """Return the shares every live replica of ``stage`` will average this iteration."""
+    ) -> RoundResult:
+        """Return the combined share every live replica of ``stage`` applies this iteration."""
         candidates = sorted(set(replicas) | {self.replica_id})
         self.open_round(stage, iteration, candidates)
         round_ = self._rounds[(stage, iteration)]
@@ -110,8 +150,7 @@ class GradientAverager:
                     round_.add(own)
                     with trio.move_on_after(self.round_timeout_s):
                         await round_.closed.wait()
-                    round_.close()
-                    return round_.result
+                    return round_.close()
                 try:
                     return await self._send_to(leader, stage, iteration, own)
                 except PeerUnavailable as exc:
@@ -124,14 +163,14 @@ class GradientAverager:
 
     async def _send_to(
         self, leader: str, stage: int, iteration: int, own: GradientShare
-    ) -> list[GradientShare]:
+    ) -> RoundResult:
         request = _ROUND.pack(stage, iteration) + encode_shares([own], self.codec_limits)
         limits = RpcLimits(len(request), self.codec_limits.max_bytes, 2 * self.round_timeout_s)
         reply = await self.rpc.request(ID.from_base58(leader), PROTOCOL_ID, request, limits)
         try:
-            shares = decode_shares(reply, self.codec_limits)
+            contributors, combined = decode_average(reply, self.codec_limits)
         except ProtocolError as exc:
-            raise PeerUnavailable(f"leader {leader} sent undecodable shares: {exc}") from exc
-        if self.replica_id not in {share.replica_id for share in shares}:
+            raise PeerUnavailable(f"leader {leader} sent an undecodable average: {exc}") from exc
+        if self.replica_id not in contributors:
             log.warning("leader %s closed stage %s's round without this replica", leader, stage)
-        return shares
+        return RoundResult(contributors, combined)

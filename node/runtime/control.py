@@ -1,4 +1,4 @@
-"""Control requests between live nodes: end an iteration, re-send a buffered forward for a repair.
+"""Control requests between live nodes: end an iteration, trace and repair a stalled microbatch.
 
 Small JSON objects, at most ``MAX_BYTES``, checked field by field: an unknown type, a missing or
 mistyped field is a ``ProtocolError`` (charged to the sender by the rpc layer).
@@ -8,6 +8,12 @@ mistyped field is a ``ProtocolError`` (charged to the sender by the rpc layer).
      "replicas": [peer id]}                                 -> {"ok": bool, "step": int}
     {"type": "resend", "iteration": int, "microbatch": int,
      "to": peer id, "attempt": int}                         -> {"ok": bool, "why": str}
+    {"type": "resume", ... the fields of resend}            -> {"ok": bool, "why": str}
+    {"type": "trace", "iteration": int, "microbatch": int}  -> {"ok": true, "state": str,
+                                                                "next": peer id or ""}
+
+A trace's ``state`` is one of ``TRACE_STATES``: what the asked node knows of the microbatch's
+forward (``next`` names whom it delivered it to when ``sent``).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import Any
 
 from gwtf.errors import ProtocolError
 
-PROTOCOL_ID = "/gwtf/control/1.0.0"
+PROTOCOL_ID = "/gwtf/control/2.0.0"
 MAX_BYTES = 4096
 
 
@@ -48,21 +54,45 @@ class Resend:
     attempt: int
 
 
-ControlRequest = Alive | EndIteration | Resend
-_TYPES: dict[str, type[Alive] | type[EndIteration] | type[Resend]] = {
+@dataclass(frozen=True)
+class Resume(Resend):
+    """Re-send your buffered forward output of a microbatch to ``to``, to be computed and sent
+    on like any forward: the hop after you was lost (a forward repair)."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """What do you know of this microbatch's forward? Asked along a stalled forward's path."""
+
+    iteration: int
+    microbatch: int
+
+
+#: absent: never received (or lost); queued: waiting for or in compute; sending: computed, its
+#: output on the way to the next hop; sent: delivered to ``next``; stuck: computed, but no next
+#: hop took it; held: computed and kept for a repair or the loss (nothing more to send).
+TRACE_STATES = ("absent", "queued", "sending", "sent", "stuck", "held")
+
+ControlRequest = Alive | EndIteration | Resend | Resume | Trace
+_TYPES: dict[str, type[Any]] = {
     "alive": Alive,
     "end_iteration": EndIteration,
     "resend": Resend,
+    "resume": Resume,
+    "trace": Trace,
 }
+_RESEND_FIELDS = {"iteration": int, "microbatch": int, "to": str, "attempt": int}
 _FIELDS: dict[type[Any], dict[str, type]] = {
     Alive: {},
     EndIteration: {"iteration": int, "replicas": list},
-    Resend: {"iteration": int, "microbatch": int, "to": str, "attempt": int},
+    Resend: _RESEND_FIELDS,
+    Resume: _RESEND_FIELDS,
+    Trace: {"iteration": int, "microbatch": int},
 }
 
 
 def encode_request(request: ControlRequest) -> bytes:
-    kind = next(name for name, cls in _TYPES.items() if isinstance(request, cls))
+    kind = next(name for name, cls in _TYPES.items() if type(request) is cls)
     return json.dumps({"type": kind, **asdict(request)}).encode()
 
 
@@ -88,11 +118,27 @@ def decode_request(data: bytes) -> ControlRequest:
             ):
                 raise ProtocolError(f"control field {name} must be a short list of peer ids")
             raw[name] = tuple(value)
-    return cls(**raw)
+    request: ControlRequest = cls(**raw)
+    return request
 
 
 def encode_reply(ok: bool, **extra: int | str) -> bytes:
     return json.dumps({"ok": ok, **extra}).encode()
+
+
+def encode_trace(state: str, next_hop: str = "") -> bytes:
+    return encode_reply(True, state=state, next=next_hop)
+
+
+def decode_trace(data: bytes) -> tuple[str, str]:
+    """A trace reply's state and next hop; anything malformed is a ``ProtocolError``."""
+    raw = decode_reply(data)
+    state, next_hop = raw.get("state"), raw.get("next")
+    if state not in TRACE_STATES or not isinstance(next_hop, str) or len(next_hop) > 96:
+        raise ProtocolError("trace reply without a known state and a next hop")
+    if (state == "sent") != bool(next_hop):
+        raise ProtocolError("trace reply names a next hop exactly when the forward was sent")
+    return state, next_hop
 
 
 def decode_reply(data: bytes) -> dict[str, Any]:

@@ -2,11 +2,13 @@
 
 Origin: each iteration injects its batch of microbatches (ids ``iteration * batch + j``) on the
 flows the flow protocol built, at most one per flow slot at a time, keeps each embedding output
-until the microbatch's gradient comes back, and re-starts a microbatch that stalls past its
-deadline (a new attempt; the summary counts it). Sink: computes the loss of a microbatch that
-finished its forward and sends the gradient back along the recorded path (repairing the last
-hop if that relay died). When every microbatch of the iteration is done it asks every relay to
-average and step, steps its own part, and starts the next iteration.
+until the microbatch's gradient comes back, repairs a forward that stalls past its deadline at
+the lost hop (``forward_repair.py``), and re-starts a microbatch only when nothing can be repaired
+(a new attempt; the summary counts it). Sink: computes the loss of a microbatch that finished its
+forward and sends the gradient back along the recorded path (repairing the last hop if that relay
+died). When every microbatch of the iteration is done it probes the relays, asks every live one
+to average and step, steps its own part, warns about (and counts) any stage none of whose
+replicas stepped, and starts the next iteration.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from node.runtime import control
 from node.runtime.compute import T, in_worker_thread
 from node.runtime.dataplane import DataPlane
 from node.runtime.flow_service import FlowService
-from node.runtime.hop import BACKWARD, FLAG_REPAIR, FORWARD, HopHeader, frame_digest
+from node.runtime.forward_repair import ForwardRepair
+from node.runtime.hop import BACKWARD, FLAG_REPAIR, FLAG_RESUME, FORWARD, HopHeader, frame_digest
 from node.runtime.relay import HopSender, HopStats
 from node.runtime.routing import SwarmWiring
 from node.training import codec
@@ -36,6 +39,8 @@ log = logging.getLogger(__name__)
 
 #: Attempts of one microbatch before the data node gives up on the swarm (a stage is empty).
 MAX_ATTEMPTS = 5
+#: Stall deadlines one attempt may spend repairing (or waiting on) its forward before it restarts.
+MAX_FORWARD_REPAIRS = 3
 
 
 @dataclass
@@ -46,6 +51,9 @@ class IterationResult:
     restarts: int
     duration_s: float
     relays_stepped: int
+    end_s: float = 0.0  # of duration_s: probing, the relays' averaging and steps, own step
+    #: Stages none of whose replicas stepped this iteration: their part learned nothing.
+    stages_not_stepped: tuple[int, ...] = ()
 
 
 @dataclass
@@ -60,16 +68,31 @@ class DataRole:
     stats: HopStats = field(default_factory=HopStats)
     limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(1))
     embedded: dict[tuple[int, int], tuple[HopHeader, bytes]] = field(default_factory=dict)
+    first_hops: dict[tuple[int, int], str] = field(default_factory=dict)  # who took the embedding
+    attempts: dict[tuple[int, int], int] = field(default_factory=dict)  # next attempt number
     losses: dict[tuple[int, int], float] = field(default_factory=dict)
     done: dict[tuple[int, int], trio.Event] = field(default_factory=dict)
     results: list[IterationResult] = field(default_factory=list)
     training: bool = False  # flows exist and iterations have started
+    #: The liveness probe's deadline before ending an iteration; None: the larger of the
+    #: keep-alive timeout and twice the hop ack deadline (a loaded relay answers late, not never).
+    probe_timeout_s: float | None = None
 
     wiring: SwarmWiring | None = None
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
         self.plane.compute = self.compute
+        self.repairer = ForwardRepair(
+            self.plane,
+            self.flow,
+            self.sender,
+            self.stats,
+            self.trace,
+            self.handle_resend,
+            self._take_attempt,
+            self._probe_timeout_s,
+        )
 
     @property
     def node_id(self) -> str:
@@ -116,12 +139,27 @@ class DataRole:
             raise ProtocolError(f"a data node does not compute {header.direction}/{header.stage}")
 
     async def handle_resend(self, request: control.Resend) -> bytes:
-        entry = self.embedded.get((request.iteration, request.microbatch))
+        key = (request.iteration, request.microbatch)
+        entry = self.embedded.get(key)
         if entry is None:
             return control.encode_reply(False, why="microbatch not in flight here")
         header, frame = entry
-        repair = header.onward(attempt=request.attempt, flags=FLAG_REPAIR)
-        return await self.sender.serve_resend(request.to, repair, frame)
+        resume = isinstance(request, control.Resume)
+        repair = header.onward(
+            attempt=request.attempt, flags=FLAG_RESUME if resume else FLAG_REPAIR
+        )
+        reply = await self.sender.serve_resend(request.to, repair, frame)
+        if resume and control.decode_reply(reply)["ok"]:
+            self.first_hops[key] = request.to
+        return reply
+
+    def trace(self, request: control.Trace) -> bytes:
+        """What this node, as a sink, knows of a microbatch's forward."""
+        if self.plane.receiving(request.iteration, request.microbatch, FORWARD):
+            return control.encode_trace("queued")
+        if (request.iteration, request.microbatch) in self.losses:
+            return control.encode_trace("held")
+        return control.encode_trace("absent")
 
     # ---- driving iterations ----------------------------------------------------------------
 
@@ -139,15 +177,20 @@ class DataRole:
 
         async def run_one(microbatch_id: int, slot: int) -> None:
             nonlocal restarts
-            attempt = 0
-            while not await self._run_microbatch(iteration, microbatch_id, slot, attempt):
+            key = (iteration, microbatch_id)
+            failed = 0
+            while not await self._run_microbatch(
+                iteration, microbatch_id, slot, self._take_attempt(key)
+            ):
                 restarts += 1
-                attempt += 1
-                if attempt > MAX_ATTEMPTS:
+                failed += 1
+                if failed > MAX_ATTEMPTS:
                     raise TrainingError(
-                        f"microbatch {microbatch_id} failed {attempt} times; the swarm has no "
+                        f"microbatch {microbatch_id} failed {failed} times; the swarm has no "
                         "working path through every stage — start more relays"
                     )
+            self.attempts.pop(key, None)
+            self.first_hops.pop(key, None)
             await slots.send(slot)
 
         # Every source slot of this data node (one per unit of its capacity), routed or not:
@@ -158,15 +201,42 @@ class DataRole:
             for microbatch_id in pending:
                 slot = await free_slots.receive()
                 nursery.start_soon(run_one, microbatch_id, slot)
-        relays_stepped = await self._end_iteration(iteration)
-        await self._run(self.worker.step)
+        ending = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            # The data node's own step needs nothing from the relays: take it meanwhile.
+            nursery.start_soon(self._run, self.worker.step)
+            stepped_by_stage = await self._end_iteration(iteration)
+        end_s = trio.current_time() - ending
+        idle = tuple(s for s in range(1, self.plane.stages + 1) if not stepped_by_stage.get(s))
+        if idle:
+            self.stats.stages_not_stepped += len(idle)
+            log.warning(
+                "iteration %s: no replica of stage(s) %s stepped; their part learned nothing "
+                "this iteration (relays busy or gone: check their logs, or start more relays)",
+                iteration,
+                ", ".join(map(str, idle)),
+            )
         keys = [(iteration, m) for m in pending]
         loss = sum(self.losses.pop(k) for k in keys) / len(keys)
         result = IterationResult(
-            iteration, loss, len(keys), restarts, trio.current_time() - started, relays_stepped
+            iteration,
+            loss,
+            len(keys),
+            restarts,
+            trio.current_time() - started,
+            sum(stepped_by_stage.values()),
+            end_s,
+            idle,
         )
         self.results.append(result)
         return result
+
+    def _take_attempt(self, key: tuple[int, int]) -> int:
+        """The next attempt number of a microbatch: restarts and repaired hops each take one, so
+        no two tries of the same hop carry the same attempt."""
+        attempt = self.attempts.get(key, 0)
+        self.attempts[key] = attempt + 1
+        return attempt
 
     async def _first_hop(self, slot: int) -> str | None:
         """The slot's routed first hop, else any live stage-1 replica; waits while none is known."""
@@ -204,15 +274,14 @@ class DataRole:
         self.embedded[key] = (header, frame)
         event = self.done[key] = trio.Event()
         try:
-            await self.sender.forward(header, frame, first_hop, b"")
+            self.first_hops[key] = await self.sender.forward(header, frame, first_hop, b"")
         except PeerUnavailable as exc:
             log.warning("microbatch %s could not start: %s", microbatch_id, exc)
             self.embedded.pop(key, None)
             return False
-        with trio.move_on_after(self.stall_timeout_s):
-            await event.wait()
+        finished = await self._wait_or_repair(key, event)
         del self.done[key]
-        if event.is_set():
+        if finished:
             return True
         log.warning("microbatch %s stalled; starting it again", microbatch_id)
         self.embedded.pop(key, None)
@@ -220,8 +289,32 @@ class DataRole:
         await self._run(self.worker.drop, microbatch_id)
         return False
 
-    async def _end_iteration(self, iteration: int) -> int:
-        """Ask every live relay to average with its stage's live replicas and step.
+    # ---- repairing a stalled forward ---------------------------------------------------------
+
+    async def _wait_or_repair(self, key: tuple[int, int], event: trio.Event) -> bool:
+        """Wait for the microbatch's gradient; at each stall deadline repair its forward at the
+        lost hop. False when it stalled and nothing could be repaired: restart it."""
+        for deadline in range(MAX_FORWARD_REPAIRS + 1):
+            with trio.move_on_after(self.stall_timeout_s):
+                await event.wait()
+            if event.is_set():
+                return True
+            if deadline == MAX_FORWARD_REPAIRS:
+                break
+            outcome = await self._repair_forward(key)
+            if outcome is None:
+                return False
+            log.warning("microbatch %s stalled; %s", key[1], outcome)
+        return False
+
+    async def _repair_forward(self, key: tuple[int, int]) -> str | None:
+        if key in self.losses:
+            return None  # the forward reached the loss; its backward stalls: restart
+        return await self.repairer.repair(key, self.first_hops.get(key))
+
+    async def _end_iteration(self, iteration: int) -> dict[int, int]:
+        """Ask every live relay to average with its stage's live replicas and step; returns how
+        many replicas of each stage stepped.
 
         Relays that answer a quick liveness probe are the replica sets, announced to all of them,
         so every replica of a stage averages over the same list and none waits for a dead one.
@@ -233,11 +326,10 @@ class DataRole:
         by_stage: dict[int, list[str]] = {}
         for relay in alive:
             by_stage.setdefault(self.flow.node.peers[relay].stage, []).append(relay)
-        stepped = 0
+        stepped: dict[int, int] = {}
         limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 4 * self.stall_timeout_s)
 
         async def ask(relay: str) -> None:
-            nonlocal stepped
             replicas = tuple(by_stage[self.flow.node.peers[relay].stage])
             request = control.encode_request(control.EndIteration(iteration, replicas))
             try:
@@ -249,30 +341,39 @@ class DataRole:
             except (PeerUnavailable, ProtocolError) as exc:
                 log.warning("relay %s did not end iteration %s: %s", relay, iteration, exc)
                 return
-            stepped += bool(reply["ok"])
+            if reply["ok"]:
+                stage = self.flow.node.peers[relay].stage
+                stepped[stage] = stepped.get(stage, 0) + 1
 
         async with trio.open_nursery() as nursery:
             for relay in alive:
                 nursery.start_soon(ask, relay)
         return stepped
 
+    def _probe_timeout_s(self) -> float:
+        if self.probe_timeout_s is not None:
+            return self.probe_timeout_s
+        return max(self.flow.node.config.keepalive_timeout_s, 2 * self.plane.ack_deadline_s)
+
     async def _probe(self, relays: list[str]) -> list[str]:
-        """The relays among ``relays`` that answer within a short deadline."""
+        """The relays among ``relays`` that answer a liveness probe (asked twice before a relay
+        counts as gone: one missed answer on a loaded machine must not cost a stage its step)."""
         answered: list[str] = []
         request = control.encode_request(control.Alive())
-        limits = RpcLimits(
-            control.MAX_BYTES, control.MAX_BYTES, self.flow.node.config.keepalive_timeout_s
-        )
+        limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, self._probe_timeout_s())
 
         async def probe(relay: str) -> None:
-            try:
-                await self.plane.rpc.request(
-                    ID.from_base58(relay), control.PROTOCOL_ID, request, limits
-                )
-            except PeerUnavailable:
-                self.flow.dispatch(self.flow.node.peer_dead(relay, trio.current_time()))
+            for attempt in range(2):
+                try:
+                    await self.plane.rpc.request(
+                        ID.from_base58(relay), control.PROTOCOL_ID, request, limits
+                    )
+                except PeerUnavailable as exc:
+                    log.info("relay %s missed liveness probe %s: %s", relay, attempt + 1, exc)
+                    continue
+                answered.append(relay)
                 return
-            answered.append(relay)
+            self.flow.dispatch(self.flow.node.peer_dead(relay, trio.current_time()))
 
         async with trio.open_nursery() as nursery:
             for relay in relays:

@@ -23,7 +23,7 @@ from node.runtime.hop import BACKWARD, FORWARD, HopHeader, decode_hop, encode_ho
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_ID = "/gwtf/hop/1.0.0"
+PROTOCOL_ID = "/gwtf/hop/2.0.0"
 _QUEUE_DEPTH = 64
 
 Compute = Callable[[HopHeader, bytes], Awaitable[None]]
@@ -58,12 +58,40 @@ class HopLog:
 
 
 @dataclass
+class HopTimings:
+    """Where this node's hop time goes (sums in seconds), reported with the node's status."""
+
+    sent: int = 0
+    send_to_ack_s: float = 0.0  # a send until its ack: transfer + the receiver's queue + compute
+    send_to_ack_max_s: float = 0.0
+    in_flight: int = 0  # sends waiting for their ack now
+    in_flight_max: int = 0
+    computed: int = 0
+    queue_wait_s: float = 0.0  # a received hop waiting for the compute queue
+    compute_s: float = 0.0  # the role's compute of a received hop (torch + encode)
+    queue_depth_max: int = 0
+
+    def sending(self) -> float:
+        self.in_flight += 1
+        self.in_flight_max = max(self.in_flight_max, self.in_flight)
+        return trio.current_time()
+
+    def acked(self, started: float) -> None:
+        elapsed = trio.current_time() - started
+        self.in_flight -= 1
+        self.sent += 1
+        self.send_to_ack_s += elapsed
+        self.send_to_ack_max_s = max(self.send_to_ack_max_s, elapsed)
+
+
+@dataclass
 class _Job:
     peer: str
     header: HopHeader
     frame: bytes
     done: trio.Event = field(default_factory=trio.Event)
     error: GwtfError | None = None
+    queued_at: float = field(default_factory=trio.current_time)
 
 
 @dataclass
@@ -76,7 +104,11 @@ class DataPlane:
     max_frame_bytes: int
     compute: Compute | None = None
     hop_log: HopLog = field(default_factory=HopLog)
+    timings: HopTimings = field(default_factory=HopTimings)
     _queue: tuple[trio.MemorySendChannel[_Job], trio.MemoryReceiveChannel[_Job]] | None = None
+    #: Hops received and not yet computed, by (iteration, microbatch, direction): a trace of a
+    #: stalled microbatch must tell a slow node from one that never got the hop.
+    _receiving: dict[tuple[int, int, int], int] = field(default_factory=dict)
 
     def serve(self, nursery: trio.Nursery) -> None:
         send, receive = trio.open_memory_channel[_Job](_QUEUE_DEPTH)
@@ -90,8 +122,17 @@ class DataPlane:
         self._check_sender(peer, header)
         assert self._queue is not None, "serve() starts the queue before any request arrives"
         job = _Job(peer, header, frame)
-        await self._queue[0].send(job)
-        await job.done.wait()
+        key = (header.iteration, header.microbatch_id, header.direction)
+        self._receiving[key] = self._receiving.get(key, 0) + 1
+        try:
+            await self._queue[0].send(job)
+            depth = self._queue[0].statistics().current_buffer_used
+            self.timings.queue_depth_max = max(self.timings.queue_depth_max, depth)
+            await job.done.wait()
+        finally:
+            self._receiving[key] -= 1
+            if not self._receiving[key]:
+                del self._receiving[key]
         if job.error is not None:
             raise HopRejected(str(job.error)) from job.error
         ack = HopAck(
@@ -102,6 +143,10 @@ class DataPlane:
             frame_digest(frame),
         )
         return encode(ack)
+
+    def receiving(self, iteration: int, microbatch_id: int, direction: int) -> bool:
+        """Whether such a hop is here, waiting for or in compute."""
+        return (iteration, microbatch_id, direction) in self._receiving
 
     def _check_sender(self, peer: str, header: HopHeader) -> None:
         if header.run_id != self.run_id:
@@ -117,6 +162,8 @@ class DataPlane:
     async def _compute_loop(self, receive: trio.MemoryReceiveChannel[_Job]) -> None:
         assert self.compute is not None, "a role sets compute before serving"
         async for job in receive:
+            started = trio.current_time()
+            self.timings.queue_wait_s += started - job.queued_at
             try:
                 await self.compute(job.header, job.frame)
             except GwtfError as exc:
@@ -127,6 +174,8 @@ class DataPlane:
                     exc,
                 )
                 job.error = exc
+            self.timings.computed += 1
+            self.timings.compute_s += trio.current_time() - started
             job.done.set()
 
     async def send(self, to: str, header: HopHeader, frame: bytes) -> bytes:
@@ -136,7 +185,11 @@ class DataPlane:
         """
         payload = encode_hop(header, frame)
         limits = RpcLimits(len(payload), 1024, self.ack_deadline_s)
-        reply = await self.rpc.request(ID.from_base58(to), PROTOCOL_ID, payload, limits)
+        started = self.timings.sending()
+        try:
+            reply = await self.rpc.request(ID.from_base58(to), PROTOCOL_ID, payload, limits)
+        finally:
+            self.timings.acked(started)
         try:
             ack = decode(reply)
         except ProtocolError as exc:

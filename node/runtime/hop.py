@@ -23,8 +23,12 @@ from gwtf.errors import ProtocolError
 
 FORWARD = 0
 BACKWARD = 1
-#: The receiver recomputes a lost hop: it keeps the forward's state and sends nothing onward.
+#: The receiver recomputes a lost hop: it keeps the forward's state and sends nothing onward
+#: (a backward repair: the gradient that stalled at the dead hop comes to it next).
 FLAG_REPAIR = 1
+#: The receiver recomputes a lost forward hop and sends its output on like any forward
+#: (a forward repair: the node that held the output re-sent it past the dead hop).
+FLAG_RESUME = 2
 
 _FIXED = struct.Struct(">QQQHBHIB")
 _MAX_ID_BYTES = 96

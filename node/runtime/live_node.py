@@ -33,6 +33,7 @@ from node.runtime.discovery import AddressBook, PeerRecord, own_record
 from node.runtime.flow_service import FlowService
 from node.runtime.relay import RelayRole
 from node.runtime.routing import ROUTINGS, SwarmWiring
+from node.runtime.run_discovery import DiscoverySettings, RunDiscovery
 from node.training.checkpoint import load_part_state, save_part_state
 from node.training.codec import CodecLimits
 from node.training.config import ModelConfig
@@ -73,6 +74,9 @@ class LiveNodeConfig:
     compute_ms: float = 100.0
     #: Who may talk to this node (e.g. ``RunAdmission`` over the chain); None admits every peer.
     admit: Admission | None = None
+    #: Awaited once the host is up and the worker built, before the node makes itself known:
+    #: a joiner started ahead of time waits here for its moment, its slow start-up done.
+    entry_gate: Callable[[], Awaitable[None]] | None = None
     routing: str = "gwtf"  # "gwtf": follow the flow table; "swarm": SWARM's throughput wiring
 
 
@@ -85,6 +89,7 @@ class LiveNode:
     plane: DataPlane
     role: DataRole | RelayRole
     address: str
+    discovery: RunDiscovery | None = None
 
 
 Started = Callable[[LiveNode], Awaitable[None] | None]
@@ -128,6 +133,8 @@ async def run_live_node(
             limits.max_bytes + 4096,
         )
         worker = await trio.to_thread.run_sync(_worker, config, node_id)
+        if config.entry_gate is not None:
+            await config.entry_gate()
         role: DataRole | RelayRole
         if config.routing not in ROUTINGS:
             raise ConfigError(f"routing {config.routing!r} is not one of {', '.join(ROUTINGS)}")
@@ -171,15 +178,28 @@ async def run_live_node(
         flow.start(nursery)
         if isinstance(role, RelayRole):
             _serve_stage_state(rpc, role, config)
-        nursery.start_soon(_discover, book, config)
+        # Kademlia DHT + the run's hint topic; peer exchange only as the DHT's fallback.
+        discovery = RunDiscovery(
+            book,
+            key.private_key,
+            DiscoverySettings(
+                config.run_id,
+                config.stage,
+                config.role,
+                config.bootstrap,
+                period_s=config.discovery_period_s,
+            ),
+            spare_of=lambda: flow.node.spare,
+        )
+        nursery.start_soon(discovery.run)
         if isinstance(role, RelayRole):
 
             async def resync(min_step: int) -> None:
-                await _join_stage(rpc, book, role, config, min_step)
+                await _join_stage(rpc, discovery, role, config, min_step)
 
             role.resync = resync
             if config.join:
-                await _join_stage(rpc, book, role, config, 0)
+                await _join_stage(rpc, discovery, role, config, 0)
         # Only now does this node speak the training protocols: a joiner takes no flows, hops
         # or averaging rounds before it holds its stage's current state.
         flow.serve()
@@ -188,9 +208,11 @@ async def run_live_node(
         if isinstance(role, RelayRole):
             role.averager.serve()
         ready.set()
+        # Peers that met this node before it served (a joiner) hear that it does now.
+        nursery.start_soon(discovery.publish_hint, "stage")
         for peer_id in introduce_later:
             flow.dispatch(flow.node.introduce(peer_id))
-        live = LiveNode(config, rpc, book, flow, plane, role, book.own.address)
+        live = LiveNode(config, rpc, book, flow, plane, role, book.own.address, discovery)
         if on_started is not None:
             on_started(live)
         if isinstance(role, DataRole):
@@ -217,25 +239,15 @@ def _shaper(emulator: LinkEmulator, node_id: str, region: str, book: AddressBook
     return delay_s
 
 
-async def _discover(book: AddressBook, config: LiveNodeConfig) -> None:
-    """Ask the bootstrap peers, then every known peer now and then, for the peers they know."""
-    while True:
-        # The bootstrap peers and a few known ones: enough for news of joiners to spread.
-        known = list(book.peers.values())
-        sample = random.Random(len(known)).sample(known, min(3, len(known)))
-        targets = list(config.bootstrap) + [record.address for record in sample]
-        for address in targets:
-            await book.exchange_with(address)
-        await trio.sleep(config.discovery_period_s)
-
-
 def _serve_control(rpc: RequestResponse, role: DataRole | RelayRole, timeout_s: float) -> None:
     async def handle(_peer: str, request: bytes) -> bytes:
         message = control.decode_request(request)
         if isinstance(message, control.Alive):
             return control.encode_reply(True)
-        if isinstance(message, control.Resend):
+        if isinstance(message, control.Resend):  # and Resume, a forward repair
             return await role.handle_resend(message)
+        if isinstance(message, control.Trace):
+            return role.trace(message)
         if isinstance(role, RelayRole):
             return await role.end_iteration(message.iteration, message.replicas)
         raise ProtocolError("a data node does not end iterations on request")
@@ -263,12 +275,16 @@ def _serve_stage_state(rpc: RequestResponse, role: RelayRole, config: LiveNodeCo
 
 
 async def _join_stage(
-    rpc: RequestResponse, book: AddressBook, role: RelayRole, config: LiveNodeConfig, min_step: int
+    rpc: RequestResponse,
+    discovery: RunDiscovery,
+    role: RelayRole,
+    config: LiveNodeConfig,
+    min_step: int,
 ) -> None:
     """Load the state of this relay's stage, at ``min_step`` or later, from a live replica."""
     with trio.fail_after(config.flow_timeout_s):
         while True:
-            for record in list(book.peers.values()):
+            for record in await discovery.weight_sources(role.stage):
                 try:
                     snapshot = await download_stage_state(
                         rpc,

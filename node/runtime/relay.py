@@ -24,7 +24,7 @@ from node.runtime.averaging import GradientAverager
 from node.runtime.compute import T, in_worker_thread
 from node.runtime.dataplane import DataPlane, HopRecord
 from node.runtime.flow_service import FlowService
-from node.runtime.hop import FLAG_REPAIR, FORWARD, HopHeader, frame_digest
+from node.runtime.hop import FLAG_REPAIR, FLAG_RESUME, FORWARD, HopHeader, frame_digest
 from node.runtime.routing import SwarmWiring
 from node.training import codec
 from node.training.codec import CodecLimits
@@ -39,13 +39,28 @@ class Buffered:
 
     header: HopHeader  # the forward hop as received
     output_frame: bytes
+    sending: bool = False  # the output is on its way to the next hop
+    sent_to: str = ""  # the next hop that acknowledged the output
+
+    def trace_state(self) -> tuple[str, str]:
+        """This forward's state for a ``Trace`` (see ``control.TRACE_STATES``)."""
+        if self.header.flags & FLAG_REPAIR:
+            return "held", ""
+        if self.sent_to:
+            return "sent", self.sent_to
+        return ("sending" if self.sending else "stuck"), ""
 
 
 @dataclass
 class HopStats:
     forward_resends: int = 0
     backward_repairs: int = 0
+    forward_repairs: int = 0  # a data node: stalled forwards resumed at the lost hop
     repairs_served: int = 0
+    stages_not_stepped: int = 0  # a data node: (iteration, stage) pairs with no replica stepping
+    # A relay's ends of iteration (seconds, summed): all of it, and the averaging exchange in it.
+    ending_s: float = 0.0
+    averaging_s: float = 0.0
 
 
 class HopSender:
@@ -66,8 +81,9 @@ class HopSender:
             return self.wiring.choose([p.peer_id for p in self.flow.node.alive_peers(wanted)])
         return route if route is not None else self.replacement(stage, set())
 
-    async def forward(self, header: HopHeader, frame: bytes, to: str, input_digest: bytes) -> None:
-        """Send a forward; on a missed ack re-send to another replica of the next stage."""
+    async def forward(self, header: HopHeader, frame: bytes, to: str, input_digest: bytes) -> str:
+        """Send a forward; on a missed ack re-send to another replica of the next stage.
+        Returns the node that acknowledged it."""
         tried: set[str] = set()
         while True:
             try:
@@ -76,7 +92,7 @@ class HopSender:
                 if self.wiring is not None:
                     self.wiring.observe(to, trio.current_time() - sent_at)
                 self._record(header, to, input_digest, frame)
-                return
+                return to
             except PeerUnavailable as exc:
                 log.warning(
                     "forward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
@@ -207,8 +223,9 @@ class RelayRole:
         if header.direction == FORWARD:
             output = await self._run(self.worker.forward, header.microbatch_id, tensor)
             out_frame = codec.encode(header.microbatch_id, output, self.limits)
-            self.buffers[key] = Buffered(header, out_frame)
-            if not header.flags & FLAG_REPAIR:
+            sends_on = not header.flags & FLAG_REPAIR
+            self.buffers[key] = Buffered(header, out_frame, sending=sends_on)
+            if sends_on:
                 self.nursery.start_soon(self._send_forward, header, out_frame, frame_digest(frame))
         else:
             grad = await self._run(self.worker.backward, header.microbatch_id, tensor)
@@ -228,7 +245,10 @@ class RelayRole:
         # Not (yet) a flow of ours: any live next-stage replica will do.
         to = self.sender.next_hop(self.stage + 1, route[0] if route else None)
         slot = route[1] if route and to == route[0] else 0
+        buffered = self.buffers.get((received.iteration, received.microbatch_id))
         if to is None:
+            if buffered is not None:
+                buffered.sending = False
             log.warning(
                 "no next hop for microbatch %s; it will be repaired", received.microbatch_id
             )
@@ -237,21 +257,39 @@ class RelayRole:
             stage=self.stage + 1, slot=slot, path=(*received.path, self.plane.node_id), flags=0
         )
         try:
-            await self.sender.forward(header, frame, to, input_digest)
+            delivered_to = await self.sender.forward(header, frame, to, input_digest)
         except PeerUnavailable as exc:
             log.warning("microbatch %s stalls here: %s", received.microbatch_id, exc)
+            delivered_to = ""
+        if buffered is not None:
+            buffered.sending, buffered.sent_to = False, delivered_to
 
     async def handle_resend(self, request: control.Resend) -> bytes:
+        """Re-send the buffered forward output: for a backward repair (``Resend``: the receiver
+        only recomputes) or a forward repair (``Resume``: the receiver also sends it on)."""
         buffered = self.buffers.get((request.iteration, request.microbatch))
         if buffered is None:
             return control.encode_reply(False, why="no buffered forward for that microbatch")
+        resume = isinstance(request, control.Resume)
         header = buffered.header.onward(
             stage=self.stage + 1,
             attempt=request.attempt,
-            flags=FLAG_REPAIR,
+            flags=FLAG_RESUME if resume else FLAG_REPAIR,
             path=(*buffered.header.path, self.plane.node_id),
         )
-        return await self.sender.serve_resend(request.to, header, buffered.output_frame)
+        reply = await self.sender.serve_resend(request.to, header, buffered.output_frame)
+        if resume and control.decode_reply(reply)["ok"]:
+            buffered.sending, buffered.sent_to = False, request.to
+        return reply
+
+    def trace(self, request: control.Trace) -> bytes:
+        """What this relay knows of a microbatch's forward."""
+        if self.plane.receiving(request.iteration, request.microbatch, FORWARD):
+            return control.encode_trace("queued")
+        buffered = self.buffers.get((request.iteration, request.microbatch))
+        if buffered is None:
+            return control.encode_trace("absent")
+        return control.encode_trace(*buffered.trace_state())
 
     async def _resync(self) -> None:
         """Load the replicas' state until this relay has caught up with the latest round."""
@@ -286,14 +324,18 @@ class RelayRole:
                 self.resyncing = True
                 self.nursery.start_soon(self._resync)
             return control.encode_reply(False, why="out of step", step=self.worker.step_count)
+        started = trio.current_time()
         share = await self._run(self.worker.gradient_share)
-        shares = await self.averager.average(self.stage, iteration, share, replicas)
-        if sum(s.microbatch_count for s in shares) > 0:
-            await self._run(self.worker.average_gradients, shares)
+        averaging = trio.current_time()
+        result = await self.averager.average(self.stage, iteration, share, replicas)
+        self.stats.averaging_s += trio.current_time() - averaging
+        if result.combined.microbatch_count > 0:
+            await self._run(self.worker.average_gradients, [result.combined])
             await self._run(self.worker.step)
         else:
             await self._run(self.worker.discard_gradients)
             self.worker.step_count += 1  # no stage traffic at all: keep the step count in lockstep
         await self._run(self.worker.drop_all)
         self.buffers.clear()
+        self.stats.ending_s += trio.current_time() - started
         return control.encode_reply(True, step=self.worker.step_count)

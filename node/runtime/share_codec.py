@@ -4,6 +4,11 @@
     share    = id_len u16 | id utf-8 | microbatch_count u32 | n_tensors u16 | tensor*
     tensor   = name_len u16 | name utf-8 | frame_len u64 | tensor frame (node.training.codec)
 
+    average  = count u16 | (id_len u16 | id utf-8)* | shares (exactly one: the combined share)
+
+An ``average`` is a gatherer's answer: the replicas whose shares it combined, and their
+combination (gradient sums added in replica-id order, microbatch counts added).
+
 Everything is bounded: ids and names at most 256 bytes, the whole message at most the codec
 limit, and every tensor frame is checked by the tensor codec. Bad bytes raise ``TensorCodecError``.
 """
@@ -73,8 +78,36 @@ class _Reader:
             raise TensorCodecError("a name in a gradient message is not UTF-8") from exc
 
 
-def decode_shares(data: bytes, limits: CodecLimits) -> list[GradientShare]:
+def encode_average(
+    contributors: Sequence[str], combined: GradientShare, limits: CodecLimits
+) -> bytes:
+    if len(contributors) > MAX_SHARES:
+        raise TensorCodecError(f"{len(contributors)} contributors, limit {MAX_SHARES}")
+    ids = b"".join(_text(replica_id) for replica_id in contributors)
+    return _U16.pack(len(contributors)) + ids + encode_shares([combined], limits)
+
+
+def decode_average(data: bytes, limits: CodecLimits) -> tuple[tuple[str, ...], GradientShare]:
+    """The contributors and the combined share of a gatherer's answer."""
     reader = _Reader(data, limits)
+    count = reader.number(_U16)
+    if count > MAX_SHARES:
+        raise TensorCodecError(f"{count} contributors in one average, limit {MAX_SHARES}")
+    contributors = tuple(reader.text() for _ in range(count))
+    if len(set(contributors)) != len(contributors):
+        raise TensorCodecError("an average names a contributor twice")
+    shares = _read_shares(reader)
+    if len(shares) != 1:
+        raise TensorCodecError(f"an average carries {len(shares)} shares instead of one")
+    return contributors, shares[0]
+
+
+def decode_shares(data: bytes, limits: CodecLimits) -> list[GradientShare]:
+    return _read_shares(_Reader(data, limits))
+
+
+def _read_shares(reader: _Reader) -> list[GradientShare]:
+    limits = reader.limits
     count = reader.number(_U16)
     if count > MAX_SHARES:
         raise TensorCodecError(f"{count} gradient shares in one message, limit {MAX_SHARES}")

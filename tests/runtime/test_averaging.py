@@ -14,11 +14,14 @@ from hypothesis import strategies as st
 from node.p2p.host import full_address, peer_info, running_host
 from node.p2p.identity import load_or_create_identity
 from node.p2p.rpc import RequestResponse
-from node.runtime.averaging import GradientAverager
-from node.runtime.share_codec import decode_shares, encode_shares
+from node.runtime.averaging import GradientAverager, RoundResult, combine_shares
+from node.runtime.share_codec import decode_average, decode_shares, encode_average, encode_shares
 from node.training.codec import CodecLimits
 from node.training.errors import TensorCodecError
+from node.training.partition import plan_partition
+from node.training.stage_worker import StageWorker
 from node.training.trainer import GradientShare
+from tests.runtime.swarm_harness import MODEL, SEED, STAGES, TRAINING
 
 LIMITS = CodecLimits(max_bytes=1 << 20, max_ndim=4)
 
@@ -42,9 +45,12 @@ def same_shares(a: list[GradientShare], b: list[GradientShare]) -> bool:
     )
 
 
-def run_round(tmp_path: Path, n_replicas: int, alive: set[int]) -> dict[str, list[GradientShare]]:
+def run_round(
+    tmp_path: Path, n_replicas: int, alive: set[int]
+) -> tuple[list[str], dict[str, RoundResult]]:
     """Start ``n_replicas`` hosts, let the ``alive`` ones average; the others never take part."""
-    results: dict[str, list[GradientShare]] = {}
+    results: dict[str, RoundResult] = {}
+    ids: list[str] = []
 
     async def main() -> None:
         async with AsyncExitStack() as stack:
@@ -52,7 +58,7 @@ def run_round(tmp_path: Path, n_replicas: int, alive: set[int]) -> dict[str, lis
             for i in range(n_replicas):
                 key = load_or_create_identity(tmp_path / f"r{i}.key")
                 hosts.append(await stack.enter_async_context(running_host(key)))
-            ids = [str(h.get_id()) for h in hosts]
+            ids.extend(str(h.get_id()) for h in hosts)
             averagers = []
             for host in hosts:
                 averager = GradientAverager(RequestResponse(host), str(host.get_id()), LIMITS, 2.0)
@@ -76,26 +82,88 @@ def run_round(tmp_path: Path, n_replicas: int, alive: set[int]) -> dict[str, lis
                         nursery.start_soon(one, i)
 
     trio.run(main)
-    return results
+    return ids, results
 
 
-def test_all_replicas_get_every_share(tmp_path: Path) -> None:
-    results = run_round(tmp_path, 3, alive={0, 1, 2})
-    lists = list(results.values())
-    assert len(lists) == 3
-    assert [s.microbatch_count for s in lists[0]] != []
-    assert sorted(s.microbatch_count for s in lists[0]) == [1, 2, 3]
-    assert all(same_shares(lists[0], other) for other in lists[1:])
+def same_result(a: RoundResult, b: RoundResult) -> bool:
+    return a.contributors == b.contributors and same_shares([a.combined], [b.combined])
+
+
+def expected_sum(ids: list[str], alive: set[int]) -> dict[str, torch.Tensor]:
+    """The shares of the ``alive`` replicas added in replica-id order, as the gatherer must."""
+    shares = sorted((share_of(ids[i], i + 1) for i in alive), key=lambda s: s.replica_id)
+    return {k: sum((s.gradients[k] for s in shares), torch.zeros(v.shape)) for k, v in
+            shares[0].gradients.items()}  # fmt: skip
+
+
+def test_all_replicas_get_the_same_combined_share(tmp_path: Path) -> None:
+    ids, results = run_round(tmp_path, 3, alive={0, 1, 2})
+    first = results[ids[0]]
+    expected = expected_sum(ids, {0, 1, 2})
+    assert len(results) == 3
+    assert first.contributors == tuple(sorted(ids))
+    assert first.combined.microbatch_count == 1 + 2 + 3
+    assert all(same_result(first, other) for other in results.values())
+    assert all(torch.equal(first.combined.gradients[k], v) for k, v in expected.items())
 
 
 @pytest.mark.parametrize("dead", [0, 1, 2])
 def test_a_dead_replica_is_left_out_and_the_rest_agree(tmp_path: Path, dead: int) -> None:
     alive = {0, 1, 2} - {dead}
-    results = run_round(tmp_path, 3, alive=alive)
+    ids, results = run_round(tmp_path, 3, alive=alive)
     lists = list(results.values())
     assert len(lists) == 2
-    assert same_shares(lists[0], lists[1])
-    assert sorted(s.microbatch_count for s in lists[0]) == sorted(i + 1 for i in alive)
+    assert same_result(lists[0], lists[1])
+    assert lists[0].combined.microbatch_count == sum(i + 1 for i in alive)
+    assert lists[0].contributors == tuple(sorted(ids[i] for i in alive))
+    expected = expected_sum(ids, alive)
+    assert all(torch.equal(lists[0].combined.gradients[k], v) for k, v in expected.items())
+
+
+def test_the_combined_share_is_the_sum_in_replica_id_order() -> None:
+    ids = ["c", "a", "b"]
+    result = combine_shares("a", [share_of(ids[i], i + 1) for i in range(3)])
+    assert result.contributors == ("a", "b", "c")
+    assert result.combined.microbatch_count == 6
+    expected = expected_sum(ids, {0, 1, 2})
+    assert all(torch.equal(result.combined.gradients[k], expected[k]) for k in expected)
+
+
+def test_a_share_of_another_shape_is_left_out() -> None:
+    odd = GradientShare("z", 9, {"w": torch.zeros(2, 2), "b": torch.zeros(3)})
+    result = combine_shares("a", [share_of("a", 1), share_of("b", 2), odd])
+    assert result.contributors == ("a", "b")
+    assert result.combined.microbatch_count == 3
+
+
+def test_replicas_applying_the_combined_share_step_exactly_as_with_every_share() -> None:
+    """What each replica did before (average every share itself) and what it does now (apply
+    the gatherer's combined share) give bit-identical gradients on the real stage engine."""
+    torch.manual_seed(0)
+    plan = plan_partition(MODEL, STAGES)
+    workers = [StageWorker(plan, 0, TRAINING, SEED, replica_id=r) for r in ("a", "b")]
+    shares = [
+        GradientShare(rid, n, {k: torch.randn(p.shape) for k, p in workers[0].named_params})
+        for rid, n in (("b", 3), ("a", 2), ("c", 0))
+    ]
+    workers[0].average_gradients(shares)
+    workers[1].average_gradients([combine_shares("a", shares).combined])
+    for (_, p0), (_, p1) in zip(workers[0].named_params, workers[1].named_params, strict=True):
+        assert p0.grad is not None and p1.grad is not None
+        assert torch.equal(p0.grad, p1.grad)
+    assert workers[0].microbatch_count == workers[1].microbatch_count == 5
+
+
+def test_an_average_round_trips_and_garbage_is_refused() -> None:
+    combined = share_of("a", 4)
+    encoded = encode_average(("a", "b"), combined, LIMITS)
+    contributors, decoded = decode_average(encoded, LIMITS)
+    assert contributors == ("a", "b") and same_shares([decoded], [combined])
+    for cut in (1, 5, len(encoded) // 2, len(encoded) - 1):
+        with pytest.raises(TensorCodecError):
+            decode_average(encoded[:cut], LIMITS)
+    with pytest.raises(TensorCodecError):
+        decode_average(encode_average(("a", "a"), combined, LIMITS), LIMITS)
 
 
 def test_shares_round_trip_exactly() -> None:
