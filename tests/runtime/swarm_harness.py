@@ -68,6 +68,7 @@ class Swarm:
         self.nodes: dict[str, LiveNode] = {}
         self.scopes: dict[str, trio.CancelScope] = {}
         self.crashed: list[str] = []
+        self.training_done = trio.Event()  # the data node has finished its iterations
 
     def crash(self, name: str) -> None:
         self.crashed.append(name)
@@ -95,9 +96,22 @@ async def run_swarm(
             started["data"] = node
             data_ready.set()
 
+        scenario_done = trio.Event()
+
         async def data_main() -> None:
             results.extend(await run_live_node(data_config, data_started))
+            swarm.training_done.set()
+            # A scenario runs to its end even when training finished first, so all its checks
+            # run against live nodes; a test asserts the overlap it needs.
+            await scenario_done.wait()
             nursery.cancel_scope.cancel()
+
+        async def scenario() -> None:
+            try:
+                if during is not None:
+                    await during(swarm)
+            finally:
+                scenario_done.set()
 
         nursery.start_soon(data_main)
         await data_ready.wait()
@@ -105,8 +119,7 @@ async def run_swarm(
         for name, stage in relays.items():
             config = node_config(tmp_path, name, "relay", stage, bootstrap=bootstrap)
             nursery.start_soon(run_relay, config, swarm)
-        if during is not None:
-            nursery.start_soon(during, swarm)
+        nursery.start_soon(scenario)
     return results
 
 

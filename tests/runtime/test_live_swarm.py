@@ -43,6 +43,7 @@ def test_swarm_of_two_stages_by_two_replicas_matches_the_reference(tmp_path: Pat
 def test_bad_peers_are_dropped_and_training_goes_on(tmp_path: Path) -> None:
     swarm = Swarm()
     rogue_done = trio.Event()
+    rogue_started_while_training: list[bool] = []
     offences: dict[str, list[Offence]] = {}
 
     async def rogue(swarm: Swarm) -> None:
@@ -50,6 +51,7 @@ def test_bad_peers_are_dropped_and_training_goes_on(tmp_path: Path) -> None:
         while not {"data", "a1"} <= set(swarm.nodes):
             await trio.sleep(0.05)
         key = load_or_create_identity(tmp_path / "rogue.key")
+        rogue_started_while_training.append(not swarm.training_done.is_set())
         async with running_host(key) as host:
             for victim in ("data", "a1"):
                 node = swarm.nodes[victim]
@@ -99,6 +101,7 @@ def test_bad_peers_are_dropped_and_training_goes_on(tmp_path: Path) -> None:
 
     results = trio.run(main)
     assert rogue_done.is_set()
+    assert rogue_started_while_training == [True], "the rogue misbehaved while the swarm trained"
     assert [r.loss for r in results] == pytest.approx(reference_losses(ITERATIONS, BATCH), rel=1e-4)
     for victim in ("data", "a1"):
         assert Offence.OVERSIZED_FRAME in offences[victim]
