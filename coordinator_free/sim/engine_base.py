@@ -115,6 +115,20 @@ class EngineBase(ABC):
 
     # ---- compute and uplinks ----
 
+    def _arrived(
+        self, receiver: str, incarnation: int, mb_id: int, version: int
+    ) -> Microbatch | None:
+        """The microbatch a hop carried, if it is still current and its receiver is the same live
+        incarnation it was sent to; a hop that reached a dead or restarted node is counted lost."""
+        mb = self._mbs.get(mb_id)
+        if mb is None or mb.version != version:
+            return None
+        node = self.world.nodes[receiver]
+        if not node.alive or node.incarnation != incarnation:
+            self.metrics.hops_lost += 1
+            return None
+        return mb
+
     def _transfer(self, sender: str, receiver: str) -> float:
         """Queue activations on the sender's uplink; return their arrival time."""
         node = self.world.nodes[sender]

@@ -143,13 +143,10 @@ class HopsMixin(EngineBase):
     def _on_arrive_forward(
         self, receiver: str, incarnation: int, mb_id: int, version: int, sender: str
     ) -> None:
-        mb = self._mbs.get(mb_id)
-        if mb is None or mb.version != version:
+        mb = self._arrived(receiver, incarnation, mb_id, version)
+        if mb is None:
             return
         node = self.world.nodes[receiver]
-        if not node.alive or node.incarnation != incarnation:
-            self.metrics.hops_lost += 1
-            return
         if node.spec.role == "data":
             compute_s = self.world.compute_ms(receiver) / 1000.0
             self._enqueue(receiver, TASK_SINK, compute_s, mb, sender)
@@ -277,12 +274,8 @@ class HopsMixin(EngineBase):
     def _on_arrive_backward(
         self, receiver: str, incarnation: int, mb_id: int, version: int, sender: str
     ) -> None:
-        mb = self._mbs.get(mb_id)
-        if mb is None or mb.version != version:
-            return
-        node = self.world.nodes[receiver]
-        if not node.alive or node.incarnation != incarnation:
-            self.metrics.hops_lost += 1
+        mb = self._arrived(receiver, incarnation, mb_id, version)
+        if mb is None:
             return
         if receiver == mb.origin and mb.stage == 1:
             mb.stage = DATA_STAGE

@@ -93,12 +93,8 @@ class RecoveryMixin(HopsMixin):
     def _on_arrive_repair(
         self, receiver: str, incarnation: int, mb_id: int, version: int, sender: str
     ) -> None:
-        mb = self._mbs.get(mb_id)
-        if mb is None or mb.version != version:
-            return
-        node = self.world.nodes[receiver]
-        if not node.alive or node.incarnation != incarnation:
-            self.metrics.hops_lost += 1
+        mb = self._arrived(receiver, incarnation, mb_id, version)
+        if mb is None:
             return
         self._enqueue(receiver, TASK_REPAIR, self.world.compute_ms(receiver) / 1000.0, mb, sender)
 
