@@ -8,12 +8,13 @@
    status files), the share of each iteration spent ending it (averaging, steps), and the CPU
    seconds the whole swarm spent per microbatch against the one process's, which bounds what
    the swarm can reach on this machine's cores however it is scheduled.
-2. Ten-region link emulation with churn: the same swarm routed by GWTF's flow table and by
-   SWARM's throughput-weighted wiring (a policy switch in the live node), with the same kills.
-   Churn is compressed in time: a few relays die within a minute-long run, the number that 33 %
-   of relays per hour would kill over a run of hours.
+2. Ten-region link emulation with churn: the same swarm (3 relays per stage) routed by GWTF's
+   flow table and by SWARM's throughput-weighted wiring (a policy switch in the live node), with
+   the same kills, alternating, ``--runs`` times each; the medians are compared. Churn is
+   compressed in time: two relays die within a minute-long run, the number that 33 % of relays
+   per hour would kill over a run of hours.
 
-Usage: python bench/swarm_throughput.py [--iterations 8] [--quick]
+Usage: python bench/swarm_throughput.py [--iterations 8] [--runs 3] [--quick | --routing-only]
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
 import threading
 import time
@@ -146,6 +148,7 @@ def swarm_file(
     regions: bool,
     kills: list[tuple[float, str]],
     capacity: int = 2,
+    relays_per_stage: int = 2,
 ) -> str:
     events = ", ".join(f'{{t = {t}, kill = "{node}"}}' for t, node in kills)
     region_lines = (
@@ -156,7 +159,8 @@ def swarm_file(
     )
     return (
         f"[run]\niterations = {iterations}\nmicrobatches_per_iteration = {MICROBATCHES}\n"
-        f'routing = "{routing}"\n[swarm]\nrelays_per_stage = 2\ncapacity = {capacity}\n'
+        f'routing = "{routing}"\n[swarm]\nrelays_per_stage = {relays_per_stage}\n'
+        f"capacity = {capacity}\n"
         f"{region_lines}"
         f"[churn]\nevents = [{events}]\n"
     )
@@ -165,10 +169,15 @@ def swarm_file(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=3, help="ten-region runs per routing")
     parser.add_argument("--quick", action="store_true", help="loopback comparison only")
+    parser.add_argument("--routing-only", action="store_true", help="ten-region comparison only")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
+        if args.routing_only:
+            compare_routings(args.iterations, args.runs, out)
+            return
         print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         local, local_cpu_ms = single_process_mb_per_s(args.iterations)
         print(f"{'setting':<44}{'mb/s':>8}{'ratio':>8}")
@@ -186,23 +195,37 @@ def main() -> None:
         print(f"load average after: {os.getloadavg()[0]:.1f}")
         if args.quick:
             return
-        kills = [(3.0, "relay-1-0"), (6.0, "relay-2-1")]
-        results = {}
-        for routing in ("gwtf", "swarm"):
-            results[routing] = swarm_run(
-                f"regions-{routing}", swarm_file(args.iterations, routing, True, kills), out
-            )
-        print(f"\n{'10 regions, 2 relays killed':<44}{'mb/s':>8}{'time s':>8}{'resent':>8}")
-        for routing, summary in results.items():
-            recovered = summary["recovered_hops"]
-            print(
-                f"{routing + ' routing':<44}{summary['throughput_mb_per_s']:>8.2f}"
-                f"{summary['training_time_s']:>8.1f}"
-                f"{recovered['forward_resends'] + recovered['backward_repairs']:>8}"
-            )
-        ratio = results["gwtf"]["throughput_mb_per_s"] / results["swarm"]["throughput_mb_per_s"]
-        print(f"GWTF / SWARM throughput: {ratio:.2f} (the simulator's direction: GWTF > SWARM)")
-        print(json.dumps({k: v["loss_per_iteration"] for k, v in results.items()}))
+        compare_routings(args.iterations, args.runs, out)
+
+
+def compare_routings(iterations: int, runs: int, out: Path) -> None:
+    """GWTF against SWARM routing under the ten-region emulation with the same kills."""
+    kills = [(4.0, "relay-1-0"), (10.0, "relay-2-1")]
+    results: dict[str, list[dict[str, Any]]] = {"gwtf": [], "swarm": []}
+    for run in range(runs):
+        for routing in results:  # alternating, so a slow spell of the machine hits both
+            body = swarm_file(iterations, routing, True, kills, relays_per_stage=3)
+            results[routing].append(swarm_run(f"regions-{routing}-{run}", body, out))
+    print(
+        f"\n{'10 regions, 3 relays/stage, 2 killed':<40}{'mb/s (each run)':>24}{'median':>8}"
+        f"{'resent':>8}{'fwd rep':>8}{'grad res':>9}{'restart':>8}"
+    )
+    medians = {}
+    for routing, summaries in results.items():
+        rates = [s["throughput_mb_per_s"] for s in summaries]
+        medians[routing] = statistics.median(rates)
+        recovered = [s["recovered_hops"] for s in summaries]
+        resent = sum(r["forward_resends"] + r["backward_repairs"] for r in recovered)
+        print(
+            f"{routing + ' routing':<40}{' '.join(f'{r:.2f}' for r in rates):>24}"
+            f"{medians[routing]:>8.2f}{resent:>8}"
+            f"{sum(r['forward_repairs'] for r in recovered):>8}"
+            f"{sum(r['gradient_resumes'] for r in recovered):>9}"
+            f"{sum(r['restarted_microbatches'] for r in recovered):>8}"
+        )
+    ratio = medians["gwtf"] / medians["swarm"]
+    print(f"GWTF / SWARM median throughput: {ratio:.2f} (the simulator's direction: GWTF > SWARM)")
+    print(json.dumps({k: [s["loss_per_iteration"] for s in v] for k, v in results.items()}))
 
 
 if __name__ == "__main__":

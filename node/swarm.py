@@ -425,6 +425,7 @@ def summarise(plan: SwarmPlan, data: Proc, wall_s: float) -> dict[str, Any]:
             "forward_resends": sum(s["forward_resends"] for s in stats),
             "backward_repairs": sum(s["backward_repairs"] for s in stats),
             "forward_repairs": sum(s.get("forward_repairs", 0) for s in stats),
+            "gradient_resumes": sum(s.get("gradient_resumes", 0) for s in stats),
             "restarted_microbatches": sum(r["restarts"] for r in results),
         },
         # (iteration, stage) pairs in which no replica of the stage stepped: the relays of that

@@ -11,9 +11,13 @@ mistyped field is a ``ProtocolError`` (charged to the sender by the rpc layer).
     {"type": "resume", ... the fields of resend}            -> {"ok": bool, "why": str}
     {"type": "trace", "iteration": int, "microbatch": int}  -> {"ok": true, "state": str,
                                                                 "next": peer id or ""}
+    {"type": "trace_back", ... the fields of trace}         -> the same, of the backward
+    {"type": "resume_back", "iteration": int,
+     "microbatch": int, "dead": peer id}                    -> {"ok": bool, "why": str}
 
-A trace's ``state`` is one of ``TRACE_STATES``: what the asked node knows of the microbatch's
-forward (``next`` names whom it delivered it to when ``sent``).
+A trace's ``state`` is one of ``TRACE_STATES`` (``TRACE_BACK_STATES`` for ``trace_back``): what
+the asked node knows of the microbatch's forward (backward); ``next`` names whom it delivered it
+to when ``sent``.
 """
 
 from __future__ import annotations
@@ -68,18 +72,38 @@ class Trace:
     microbatch: int
 
 
+@dataclass(frozen=True)
+class TraceBack(Trace):
+    """What do you know of this microbatch's backward? Asked along a stalled gradient's path."""
+
+
+@dataclass(frozen=True)
+class ResumeBack:
+    """You delivered this microbatch's gradient to ``dead``, which died holding it: send it
+    again, around the dead hop, to another replica of its stage (a backward repair)."""
+
+    iteration: int
+    microbatch: int
+    dead: str
+
+
 #: absent: never received (or lost); queued: waiting for or in compute; sending: computed, its
 #: output on the way to the next hop; sent: delivered to ``next``; stuck: computed, but no next
 #: hop took it; held: computed and kept for a repair or the loss (nothing more to send).
 TRACE_STATES = ("absent", "queued", "sending", "sent", "stuck", "held")
+#: The same words for a backward: queued, then sending the gradient on, then sent to ``next``
+#: (stuck: computed, but no node before it took the gradient).
+TRACE_BACK_STATES = ("absent", "queued", "sending", "sent", "stuck")
 
-ControlRequest = Alive | EndIteration | Resend | Resume | Trace
+ControlRequest = Alive | EndIteration | Resend | Resume | Trace | TraceBack | ResumeBack
 _TYPES: dict[str, type[Any]] = {
     "alive": Alive,
     "end_iteration": EndIteration,
     "resend": Resend,
     "resume": Resume,
     "trace": Trace,
+    "trace_back": TraceBack,
+    "resume_back": ResumeBack,
 }
 _RESEND_FIELDS = {"iteration": int, "microbatch": int, "to": str, "attempt": int}
 _FIELDS: dict[type[Any], dict[str, type]] = {
@@ -88,6 +112,8 @@ _FIELDS: dict[type[Any], dict[str, type]] = {
     Resend: _RESEND_FIELDS,
     Resume: _RESEND_FIELDS,
     Trace: {"iteration": int, "microbatch": int},
+    TraceBack: {"iteration": int, "microbatch": int},
+    ResumeBack: {"iteration": int, "microbatch": int, "dead": str},
 }
 
 
@@ -130,11 +156,12 @@ def encode_trace(state: str, next_hop: str = "") -> bytes:
     return encode_reply(True, state=state, next=next_hop)
 
 
-def decode_trace(data: bytes) -> tuple[str, str]:
-    """A trace reply's state and next hop; anything malformed is a ``ProtocolError``."""
+def decode_trace(data: bytes, states: tuple[str, ...] = TRACE_STATES) -> tuple[str, str]:
+    """A trace reply's state (one of ``states``) and next hop; anything malformed is a
+    ``ProtocolError``."""
     raw = decode_reply(data)
     state, next_hop = raw.get("state"), raw.get("next")
-    if state not in TRACE_STATES or not isinstance(next_hop, str) or len(next_hop) > 96:
+    if state not in states or not isinstance(next_hop, str) or len(next_hop) > 96:
         raise ProtocolError("trace reply without a known state and a next hop")
     if (state == "sent") != bool(next_hop):
         raise ProtocolError("trace reply names a next hop exactly when the forward was sent")

@@ -2,19 +2,22 @@
 
 Origin: each iteration injects its batch of microbatches (ids ``iteration * batch + j``) on the
 flows the flow protocol built, at most one per flow slot at a time, keeps each embedding output
-until the microbatch's gradient comes back, repairs a forward that stalls past its deadline at
-the lost hop (``forward_repair.py``), and re-starts a microbatch only when nothing can be repaired
-(a new attempt; the summary counts it). Sink: computes the loss of a microbatch that finished its
-forward and sends the gradient back along the recorded path (repairing the last hop if that relay
-died). When every microbatch of the iteration is done it probes the relays, asks every live one
-to average and step, steps its own part, warns about (and counts) any stage none of whose
-replicas stepped, and starts the next iteration.
+until the microbatch's gradient comes back, traces a microbatch that runs late and repairs it at
+the lost hop (``stall_repair.py``), and re-starts a microbatch only when it stalls past its
+deadline with nothing to repair (a new attempt; the summary counts it). Sink: computes the loss
+of a microbatch that finished its forward and sends the gradient back along the recorded path
+(repairing the last hop if that relay died), keeping it until the iteration ends. When every
+microbatch of the iteration is done it probes the relays, asks every live one to average and
+step, steps its own part, warns about (and counts) any stage none of whose replicas stepped, and
+starts the next iteration.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import statistics
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,10 +30,10 @@ from node.runtime import control
 from node.runtime.compute import T, in_worker_thread
 from node.runtime.dataplane import DataPlane
 from node.runtime.flow_service import FlowService
-from node.runtime.forward_repair import ForwardRepair
 from node.runtime.hop import BACKWARD, FLAG_REPAIR, FLAG_RESUME, FORWARD, HopHeader, frame_digest
 from node.runtime.relay import HopSender, HopStats
 from node.runtime.routing import SwarmWiring
+from node.runtime.stall_repair import Outcome, StallRepair
 from node.training import codec
 from node.training.codec import CodecLimits
 from node.training.data_node import DataNodeWorker
@@ -39,8 +42,12 @@ log = logging.getLogger(__name__)
 
 #: Attempts of one microbatch before the data node gives up on the swarm (a stage is empty).
 MAX_ATTEMPTS = 5
-#: Stall deadlines one attempt may spend repairing (or waiting on) its forward before it restarts.
-MAX_FORWARD_REPAIRS = 3
+#: Stall deadlines one attempt may spend repairing (or waiting on) before it restarts.
+MAX_STALL_DEADLINES = 4
+#: A microbatch is late, and traced, after this many times the recent median microbatch time
+#: (acknowledged first hop to returned gradient), and never sooner than ``MIN_LATE_S``.
+LATE_FACTOR = 4.0
+MIN_LATE_S = 1.0
 
 
 @dataclass
@@ -77,13 +84,15 @@ class DataRole:
     #: The liveness probe's deadline before ending an iteration; None: the larger of the
     #: keep-alive timeout and twice the hop ack deadline (a loaded relay answers late, not never).
     probe_timeout_s: float | None = None
+    #: Recent microbatch times (acknowledged first hop to returned gradient): what "late" means.
+    recent_s: deque[float] = field(default_factory=lambda: deque(maxlen=64))
 
     wiring: SwarmWiring | None = None
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
         self.plane.compute = self.compute
-        self.repairer = ForwardRepair(
+        self.repairer = StallRepair(
             self.plane,
             self.flow,
             self.sender,
@@ -122,9 +131,8 @@ class DataRole:
                 flags=0,
                 path=(*header.path, self.node_id),
             )
-            self.nursery.start_soon(
-                self.sender.backward_or_log, back, grad_frame, frame_digest(frame)
-            )
+            record = self.sender.pass_back(back, grad_frame, frame_digest(frame))
+            self.nursery.start_soon(self.sender.backward_or_log, record)
         elif header.direction == BACKWARD and header.stage == 0 and header.origin == self.node_id:
             if key not in self.embedded:
                 raise ProtocolError(
@@ -218,6 +226,8 @@ class DataRole:
             )
         keys = [(iteration, m) for m in pending]
         loss = sum(self.losses.pop(k) for k in keys) / len(keys)
+        for key in keys:
+            self.sender.passed.pop(key, None)
         result = IterationResult(
             iteration,
             loss,
@@ -286,31 +296,48 @@ class DataRole:
         log.warning("microbatch %s stalled; starting it again", microbatch_id)
         self.embedded.pop(key, None)
         self.losses.pop(key, None)
+        self.sender.passed.pop(key, None)
         await self._run(self.worker.drop, microbatch_id)
         return False
 
-    # ---- repairing a stalled forward ---------------------------------------------------------
+    # ---- repairing a late microbatch ---------------------------------------------------------
 
     async def _wait_or_repair(self, key: tuple[int, int], event: trio.Event) -> bool:
-        """Wait for the microbatch's gradient; at each stall deadline repair its forward at the
-        lost hop. False when it stalled and nothing could be repaired: restart it."""
-        for deadline in range(MAX_FORWARD_REPAIRS + 1):
-            with trio.move_on_after(self.stall_timeout_s):
+        """Wait for the microbatch's gradient. Whenever it runs late, trace it and repair the
+        hop where it was lost: a relay can acknowledge a hop and die before sending it on, and
+        no sender would notice. False when it stalled past its deadline and nothing could be
+        repaired: restart it."""
+        sent_at = trio.current_time()
+        deadline = sent_at + self.stall_timeout_s
+        deadlines = 0
+        while True:
+            with trio.move_on_after(max(min(self._late_s(), deadline - trio.current_time()), 0)):
                 await event.wait()
             if event.is_set():
+                self.recent_s.append(trio.current_time() - sent_at)
                 return True
-            if deadline == MAX_FORWARD_REPAIRS:
-                break
-            outcome = await self._repair_forward(key)
-            if outcome is None:
+            outcome = await self._repair(key)
+            if outcome is not None:
+                level = logging.WARNING if outcome.repaired else logging.INFO
+                log.log(level, "microbatch %s is late; %s", key[1], outcome.what)
+            if trio.current_time() < deadline:
+                continue
+            deadlines += 1
+            if outcome is None or deadlines >= MAX_STALL_DEADLINES:
                 return False
-            log.warning("microbatch %s stalled; %s", key[1], outcome)
-        return False
+            deadline = trio.current_time() + self.stall_timeout_s
 
-    async def _repair_forward(self, key: tuple[int, int]) -> str | None:
-        if key in self.losses:
-            return None  # the forward reached the loss; its backward stalls: restart
-        return await self.repairer.repair(key, self.first_hops.get(key))
+    def _late_s(self) -> float:
+        """How long a microbatch may go on before it is traced."""
+        if not self.recent_s:
+            return min(self.stall_timeout_s, 2 * self.plane.ack_deadline_s)
+        typical = LATE_FACTOR * statistics.median(self.recent_s)
+        return min(self.stall_timeout_s, max(typical, MIN_LATE_S))
+
+    async def _repair(self, key: tuple[int, int]) -> Outcome | None:
+        if key in self.losses:  # the forward reached the loss: the gradient is what is late
+            return await self.repairer.backward(key)
+        return await self.repairer.forward(key, self.first_hops.get(key))
 
     async def _end_iteration(self, iteration: int) -> dict[int, int]:
         """Ask every live relay to average with its stage's live replicas and step; returns how

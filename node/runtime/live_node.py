@@ -246,6 +246,10 @@ def _serve_control(rpc: RequestResponse, role: DataRole | RelayRole, timeout_s: 
             return control.encode_reply(True)
         if isinstance(message, control.Resend):  # and Resume, a forward repair
             return await role.handle_resend(message)
+        if isinstance(message, control.TraceBack):
+            return role.sender.trace_back(message)
+        if isinstance(message, control.ResumeBack):
+            return await role.sender.resume_backward(message)
         if isinstance(message, control.Trace):
             return role.trace(message)
         if isinstance(role, RelayRole):

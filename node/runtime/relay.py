@@ -24,7 +24,14 @@ from node.runtime.averaging import GradientAverager
 from node.runtime.compute import T, in_worker_thread
 from node.runtime.dataplane import DataPlane, HopRecord
 from node.runtime.flow_service import FlowService
-from node.runtime.hop import FLAG_REPAIR, FLAG_RESUME, FORWARD, HopHeader, frame_digest
+from node.runtime.hop import (
+    BACKWARD,
+    FLAG_REPAIR,
+    FLAG_RESUME,
+    FORWARD,
+    HopHeader,
+    frame_digest,
+)
 from node.runtime.routing import SwarmWiring
 from node.training import codec
 from node.training.codec import CodecLimits
@@ -52,10 +59,24 @@ class Buffered:
 
 
 @dataclass
+class PassedBack:
+    """A gradient a node computed and sent on, kept until the iteration ends."""
+
+    header: HopHeader  # the outgoing backward (its path names the node it goes to)
+    frame: bytes
+    input_digest: bytes
+    sending: bool = False
+    sent_to: str = ""  # the node that acknowledged it
+    around: set[str] = field(default_factory=set)  # dead nodes it was re-sent around
+    recorded: bool = False  # in the hop log (once, however often it is sent)
+
+
+@dataclass
 class HopStats:
     forward_resends: int = 0
     backward_repairs: int = 0
     forward_repairs: int = 0  # a data node: stalled forwards resumed at the lost hop
+    gradient_resumes: int = 0  # a data node: lost gradients sent again around the dead hop
     repairs_served: int = 0
     stages_not_stepped: int = 0  # a data node: (iteration, stage) pairs with no replica stepping
     # A relay's ends of iteration (seconds, summed): all of it, and the averaging exchange in it.
@@ -73,6 +94,7 @@ class HopSender:
         self.flow = flow
         self.stats = stats
         self.wiring = wiring  # None: hops follow the flow table (GWTF); else SWARM's wiring
+        self.passed: dict[tuple[int, int], PassedBack] = {}  # by (iteration, microbatch)
 
     def next_hop(self, stage: int, route: str | None) -> str | None:
         """Where a forward into ``stage`` goes: the flow's next hop, or SWARM's weighted draw."""
@@ -114,40 +136,87 @@ class HopSender:
         candidates = [peer for peer in candidates if peer not in exclude]
         return self.flow.node.rng.choice(candidates) if candidates else None
 
-    async def backward(self, header: HopHeader, frame: bytes, input_digest: bytes) -> None:
-        """Send a gradient to ``path[stage]``; if it is dead, repair that hop and send there."""
-        to = header.path[header.stage]
-        tried: set[str] = set()
-        while True:
-            try:
-                await self.plane.send(to, header, frame)
-                self._record(header, to, input_digest, frame)
-                return
-            except PeerUnavailable as exc:
-                if header.stage == 0:
-                    raise  # the origin holds the iteration; nobody can stand in for it
-                log.warning(
-                    "backward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
-                )
-                tried.add(to)
-                self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
-                replacement = self.replacement(header.stage, tried)
-                if replacement is None:
-                    raise
-                attempt = header.attempt + 1
-                await self.request_resend(header, replacement, attempt)
-                self.stats.backward_repairs += 1
-                path = list(header.path)
-                path[header.stage] = replacement
-                to, header = replacement, header.onward(path=tuple(path), attempt=attempt)
+    def pass_back(self, header: HopHeader, frame: bytes, input_digest: bytes) -> PassedBack:
+        """Keep a gradient this node computed (``header`` is the outgoing backward) until the
+        iteration ends: if the node it goes to dies holding it, this node sends it again."""
+        record = PassedBack(header, frame, input_digest)
+        self.passed[(header.iteration, header.microbatch_id)] = record
+        return record
 
-    async def backward_or_log(self, header: HopHeader, frame: bytes, input_digest: bytes) -> None:
-        """``backward`` as a background task: a gradient that cannot be delivered is logged (the
-        origin's stall deadline then restarts the microbatch)."""
+    async def backward(self, record: PassedBack) -> None:
+        """Send a kept gradient to ``path[stage]``; if that node is dead, repair the hop around
+        it and send there. ``record`` ends up naming the node that acknowledged it."""
+        header, tried = record.header, set(record.around)
+        record.sending = True
         try:
-            await self.backward(header, frame, input_digest)
+            while True:
+                to = header.path[header.stage]
+                try:
+                    await self.plane.send(to, header, record.frame)
+                except PeerUnavailable as exc:
+                    if header.stage == 0:
+                        raise  # the origin holds the iteration; nobody can stand in for it
+                    log.warning(
+                        "backward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
+                    )
+                    tried.add(to)
+                    self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
+                    header = await self._around(header, tried)
+                    continue
+                if not record.recorded:  # a gradient sent again is the same work, claimed once
+                    self._record(header, to, record.input_digest, record.frame)
+                    record.recorded = True
+                record.header, record.sent_to = header, to
+                return
+        finally:
+            record.sending = False
+
+    async def _around(self, header: HopHeader, dead: set[str]) -> HopHeader:
+        """Repair a backward hop whose node is dead: the node before it re-sends its forward
+        output to another replica of the dead node's stage; returns the backward to send there."""
+        replacement = self.replacement(header.stage, dead)
+        if replacement is None:
+            raise PeerUnavailable(f"no live replica of stage {header.stage} left")
+        attempt = header.attempt + 1
+        await self.request_resend(header, replacement, attempt)
+        self.stats.backward_repairs += 1
+        path = list(header.path)
+        path[header.stage] = replacement
+        return header.onward(path=tuple(path), attempt=attempt)
+
+    async def backward_or_log(self, record: PassedBack) -> None:
+        """``backward`` as a background task: a gradient that cannot be delivered is logged (the
+        origin's trace of the stalled microbatch finds it here, stuck)."""
+        try:
+            await self.backward(record)
         except (PeerUnavailable, ProtocolError) as exc:
-            log.warning("gradient of microbatch %s stalls: %s", header.microbatch_id, exc)
+            log.warning("gradient of microbatch %s stalls: %s", record.header.microbatch_id, exc)
+
+    def trace_back(self, request: control.TraceBack) -> bytes:
+        """What this node knows of a microbatch's backward."""
+        if self.plane.receiving(request.iteration, request.microbatch, BACKWARD):
+            return control.encode_trace("queued")
+        record = self.passed.get((request.iteration, request.microbatch))
+        if record is None:
+            return control.encode_trace("absent")
+        if record.sent_to:
+            return control.encode_trace("sent", record.sent_to)
+        return control.encode_trace("sending" if record.sending else "stuck")
+
+    async def resume_backward(self, request: control.ResumeBack) -> bytes:
+        """Send a gradient again around ``request.dead``, which acknowledged it and died."""
+        record = self.passed.get((request.iteration, request.microbatch))
+        if record is None or record.sending or record.sent_to != request.dead:
+            return control.encode_reply(False, why="no gradient delivered to that node here")
+        record.around.add(request.dead)
+        record.sent_to = ""
+        self.flow.dispatch(self.flow.node.peer_dead(request.dead, trio.current_time()))
+        try:
+            record.header = await self._around(record.header, record.around)
+            await self.backward(record)
+        except (PeerUnavailable, ProtocolError) as exc:
+            return control.encode_reply(False, why=str(exc))
+        return control.encode_reply(True)
 
     async def serve_resend(self, to: str, repair: HopHeader, frame: bytes) -> bytes:
         """Answer a ``Resend``: send the buffered forward, flagged as a repair, to ``to``."""
@@ -232,9 +301,8 @@ class RelayRole:
             self.buffers.pop(key, None)
             grad_frame = codec.encode(header.microbatch_id, grad, self.limits)
             onward = header.onward(stage=header.stage - 1, flags=0)
-            self.nursery.start_soon(
-                self.sender.backward_or_log, onward, grad_frame, frame_digest(frame)
-            )
+            record = self.sender.pass_back(onward, grad_frame, frame_digest(frame))
+            self.nursery.start_soon(self.sender.backward_or_log, record)
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
         return await in_worker_thread(self.limiter, fn, *args)
@@ -291,6 +359,11 @@ class RelayRole:
             return control.encode_trace("absent")
         return control.encode_trace(*buffered.trace_state())
 
+    def _forget_microbatches(self) -> None:
+        """The iteration is over: nothing kept for its repairs is needed any more."""
+        self.buffers.clear()
+        self.sender.passed.clear()
+
     async def _resync(self) -> None:
         """Load the replicas' state until this relay has caught up with the latest round."""
         assert self.resync is not None
@@ -314,7 +387,7 @@ class RelayRole:
             )
             await self._run(self.worker.discard_gradients)
             await self._run(self.worker.drop_all)
-            self.buffers.clear()
+            self._forget_microbatches()
             if self.plane.node_id in replicas:
                 # Still hand in an empty share, so the round need not wait for this relay.
                 empty = await self._run(self.worker.gradient_share)
@@ -336,6 +409,6 @@ class RelayRole:
             await self._run(self.worker.discard_gradients)
             self.worker.step_count += 1  # no stage traffic at all: keep the step count in lockstep
         await self._run(self.worker.drop_all)
-        self.buffers.clear()
+        self._forget_microbatches()
         self.stats.ending_s += trio.current_time() - started
         return control.encode_reply(True, step=self.worker.step_count)

@@ -1,0 +1,181 @@
+"""A relay that dies holding a hop it acknowledged: only that hop is redone, long before the
+stall deadline.
+
+Acks come after compute, so a relay can acknowledge a hop and die before sending it on, and no
+sender notices. The data node sees the microbatch run late (a few times the usual microbatch
+time), traces it along the path the nodes remember, and has the hop sent again past the dead
+relay: a lost forward is re-sent by the node before it (for a stage-1 relay the data node
+itself, for a stage-2 relay the stage-1 relay that fed it) to the other replica of its stage; a
+lost gradient is sent again around the dead relay by the node that delivered it (the data node
+as the sink, or the stage-2 relay), after the node before the dead hop re-sends its forward
+output to the other replica. No microbatch restarts, every iteration ends well inside the
+minute-long stall deadline, and every hop of those iterations is recorded exactly once (the dead
+relay's lost hop was never recorded: nobody acknowledged its output).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from gwtf.errors import ProtocolError
+from node.runtime import control
+from node.runtime.hop import BACKWARD, FLAG_REPAIR, FLAG_RESUME, FORWARD, HopHeader
+from node.runtime.relay import Buffered, PassedBack, RelayRole
+from tests.runtime.swarm_harness import Swarm, reference_losses, run_swarm
+
+ITERATIONS = 3
+BATCH = 4
+STALL_S = 60.0  # the stall deadline: a restart after it would show in the iteration times
+#: Which relays may die in which iteration: the first of the pair to send a hop of it.
+FORWARD_CRASHES = {1: ("a1", "a2"), 2: ("b1", "b2")}
+BACKWARD_CRASHES = {1: ("b1", "b2"), 2: ("a1", "a2")}
+RELAYS = {"a1": 1, "a2": 1, "b1": 2, "b2": 2}
+
+
+class Killer:
+    """The first relay of an iteration's pair to send a hop of that iteration dies instead,
+    once its ack is out, and sends nothing more."""
+
+    def __init__(self, swarm: Swarm, crashes: dict[int, tuple[str, str]]) -> None:
+        self.swarm, self.crashes = swarm, crashes
+        self.crashed: dict[int, str] = {}
+
+    async def gate(self, name: str, iteration: int) -> None:
+        """Return to let the send go on; never returns for the relay that dies."""
+        if name not in self.crashes.get(iteration, ()) or name in self.swarm.crashed:
+            return
+        if self.crashed.setdefault(iteration, name) != name:
+            return
+        if name not in self.swarm.crashed:
+            await trio.sleep(0.5)  # the ack reaches the sender meanwhile
+            if name not in self.swarm.crashed:
+                self.swarm.crash(name)
+        await trio.sleep_forever()
+
+    def forward(self, name: str, role: RelayRole) -> Callable[..., Coroutine[Any, Any, None]]:
+        send_forward = role._send_forward
+
+        async def send(received: HopHeader, frame: bytes, digest: bytes) -> None:
+            await self.gate(name, received.iteration)
+            await send_forward(received, frame, digest)
+
+        return send
+
+    def backward(self, name: str, role: RelayRole) -> Callable[..., Coroutine[Any, Any, None]]:
+        send_backward = role.sender.backward_or_log
+
+        async def send(record: PassedBack) -> None:
+            await self.gate(name, record.header.iteration)
+            await send_backward(record)
+
+        return send
+
+
+def run_with_crashes(tmp_path: Path, crashes: dict[int, tuple[str, str]], direction: int) -> tuple:  # type: ignore[type-arg]
+    swarm = Swarm()
+    killer = Killer(swarm, crashes)
+
+    async def arm(swarm: Swarm) -> None:
+        while not {"data", *RELAYS} <= set(swarm.nodes):
+            await trio.sleep(0.01)
+        data = swarm.nodes["data"].role
+        data.stall_timeout_s = STALL_S  # type: ignore[union-attr]
+        data.probe_timeout_s = 2.0  # type: ignore[union-attr] # a trace of the dead relay
+        for name in RELAYS:
+            role = swarm.nodes[name].role
+            assert isinstance(role, RelayRole)
+            if direction == FORWARD:
+                role._send_forward = killer.forward(name, role)  # type: ignore[method-assign]
+            else:
+                role.sender.backward_or_log = killer.backward(name, role)  # type: ignore[method-assign]
+
+    async def main() -> list:  # type: ignore[type-arg]
+        with trio.fail_after(150):
+            return await run_swarm(tmp_path, ITERATIONS, BATCH, RELAYS, arm, swarm)
+
+    results = trio.run(main)
+    assert killer.crashed == {i: killer.crashed[i] for i in crashes}, killer.crashed
+    assert [r.restarts for r in results] == [0] * ITERATIONS
+    assert max(r.duration_s for r in results) < STALL_S / 3, [r.duration_s for r in results]
+    assert [r.loss for r in results] == pytest.approx(reference_losses(ITERATIONS, BATCH), rel=1e-4)
+    for iteration, name in killer.crashed.items():
+        records = [
+            r
+            for node in swarm.nodes.values()
+            for r in node.plane.hop_log.records
+            if r.iteration == iteration
+        ]
+        counts = Counter((r.microbatch_id, r.stage, r.direction) for r in records)
+        microbatches = range(iteration * BATCH, (iteration + 1) * BATCH)
+        expected = {(m, s, FORWARD): 1 for m in microbatches for s in (0, 1, 2)}
+        expected |= {(m, s, BACKWARD): 1 for m in microbatches for s in (1, 2, 3)}
+        assert dict(counts) == expected
+        # The hop the dead relay lost was computed again by the other replica only.
+        dead = swarm.nodes[name].plane.node_id
+        assert not [r for r in records if r.worker == dead and r.direction == direction]
+    return swarm, killer
+
+
+def test_a_relay_dying_between_its_ack_and_its_forward_costs_one_hop(tmp_path: Path) -> None:
+    swarm, _ = run_with_crashes(tmp_path, FORWARD_CRASHES, FORWARD)
+    data = swarm.nodes["data"].role
+    assert data.stats.forward_repairs >= 2
+    relays = [node.role for name, node in swarm.nodes.items() if name != "data"]
+    assert sum(r.stats.repairs_served for r in relays) >= 1  # a stage-1 relay's
+
+
+def test_a_relay_dying_between_its_ack_and_its_gradient_costs_one_hop(tmp_path: Path) -> None:
+    swarm, _ = run_with_crashes(tmp_path, BACKWARD_CRASHES, BACKWARD)
+    data = swarm.nodes["data"].role
+    assert data.stats.gradient_resumes >= 2
+    assert data.stats.forward_repairs == 0
+    # The stage-2 relay lost in iteration 1 is sent around by the data node (the sink), the
+    # stage-1 relay lost in iteration 2 by a stage-2 relay.
+    relays = [node.role for name, node in swarm.nodes.items() if name != "data"]
+    assert data.stats.backward_repairs >= 1
+    assert sum(r.stats.backward_repairs for r in relays) >= 1
+
+
+def test_trace_requests_and_replies_are_checked() -> None:
+    request = control.Trace(3, 7)
+    assert control.decode_request(control.encode_request(request)) == request
+    resume = control.Resume(3, 7, "peer", 2)
+    decoded = control.decode_request(control.encode_request(resume))
+    assert type(decoded) is control.Resume and decoded == resume
+    assert control.decode_trace(control.encode_trace("sent", "peer")) == ("sent", "peer")
+    back = control.TraceBack(3, 7)
+    decoded = control.decode_request(control.encode_request(back))
+    assert type(decoded) is control.TraceBack and decoded == back
+    resume_back = control.ResumeBack(3, 7, "peer")
+    assert control.decode_request(control.encode_request(resume_back)) == resume_back
+    with pytest.raises(ProtocolError):
+        control.decode_request(b'{"type": "resume_back", "iteration": 3, "microbatch": 7}')
+    with pytest.raises(ProtocolError):  # a forward's state is no backward's
+        control.decode_trace(control.encode_trace("held"), control.TRACE_BACK_STATES)
+    for bad in (
+        control.encode_trace("sent"),
+        control.encode_trace("absent", "peer"),
+        control.encode_trace("lost"),
+        control.encode_reply(True),
+    ):
+        with pytest.raises(ProtocolError):
+            control.decode_trace(bad)
+
+
+def test_a_relays_buffered_forward_reports_its_trace_state() -> None:
+    header = HopHeader(1, 0, 3, 0, FORWARD, 1, 0, 0, "origin", ("origin",))
+    assert Buffered(header, b"out", sending=True).trace_state() == ("sending", "")
+    assert Buffered(header, b"out").trace_state() == ("stuck", "")
+    assert Buffered(header, b"out", sent_to="next").trace_state() == ("sent", "next")
+    repair = header.onward(flags=FLAG_REPAIR)
+    assert Buffered(repair, b"out").trace_state() == ("held", "")
+    resumed = header.onward(flags=FLAG_RESUME)
+    assert Buffered(resumed, b"out", sent_to="next").trace_state() == ("sent", "next")
+    for state, next_hop in (("sending", ""), ("stuck", ""), ("sent", "next"), ("held", "")):
+        assert control.decode_trace(control.encode_trace(state, next_hop)) == (state, next_hop)
