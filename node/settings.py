@@ -63,13 +63,18 @@ class Secret:
         return hash(("Secret", self._value))
 
 
+#: ``node.stage`` of a relay that takes the run's bottleneck stage when it starts.
+AUTO_STAGE = -1
+
+
 @dataclass(frozen=True)
 class NodeSettings:
     """Who this node is in its run."""
 
     name: str = "node"
     role: str = "relay"  # "data" | "relay"
-    #: A relay's stage, 1..training.stages; a data node sits at 0; -1 means "not chosen yet".
+    #: A relay's stage, 1..training.stages; a data node sits at 0. A relay at -1 takes the run's
+    #: bottleneck stage when it starts, as its bootstrap peers' answers show it.
     stage: int = -1
     #: Microbatches this node holds in flight at once (what it advertises to the flow protocol).
     capacity: int = 2

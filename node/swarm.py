@@ -26,6 +26,7 @@ Swarm file::
              suite is deployed on rpc_url), stake_eth = 2.0, fund_eth = 3.0 (per node),
              reward_pool_eth = 10.0, epoch_length_s = 3600
     [churn]  events = [{t = 8.0, kill = "relay-1-0"}, {t = 12.0, join = 1},
+             {t = 14.0, join = "auto"} (it takes the bottleneck stage when it enters),
              {t = 2.0, stranger = 1}] (a stranger: a relay of that stage whose libp2p id is not
              registered on chain; with the chain on, every node refuses it),
              crash_on = [{stage = 1, direction = "forward", iteration = 1}] (fault injection:
@@ -51,7 +52,7 @@ from typing import IO, Any
 import tomli_w
 
 from gwtf.errors import ConfigError, GwtfError
-from node.settings import FlowSettings, load_settings
+from node.settings import AUTO_STAGE, FlowSettings, load_settings
 from node.swarm_chain import ChainPlan, SwarmChain, chain_facts, child_env, start_swarm_chain
 
 _DEFAULT_FLOW = {
@@ -154,6 +155,10 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
     for event in churn["events"]:
         if not isinstance(event, dict) or not {"kill", "join", "stranger"} & set(event):
             raise ConfigError(f"churn event {event} names none of 'kill', 'join', 'stranger'")
+        if "join" in event:
+            _entrant_stage(run["stages"], event["join"])
+        if "stranger" in event and _entrant_stage(run["stages"], event["stranger"]) < 1:
+            raise ConfigError("a stranger cannot ask the run for its stage; give it one")
     chain_plan = ChainPlan.from_section(raw.get("chain", {}))
     if not chain_plan.enabled and any("stranger" in event for event in churn["events"]):
         raise ConfigError("a 'stranger' churn event tests admission: it needs [chain] enabled")
@@ -361,14 +366,27 @@ def _prestart_entrants(
     counts = {"joiner": 0, "stranger": 0}
     for event in (e for e in events if "join" in e or "stranger" in e):
         kind = "joiner" if "join" in event else "stranger"
-        stage = int(event["join"] if "join" in event else event["stranger"])
-        event["_name"] = name = f"{kind}-{stage}-{counts[kind]}"
+        stage = _entrant_stage(plan.run["stages"], event["join" if "join" in event else "stranger"])
+        label = "auto" if stage == AUTO_STAGE else stage
+        event["_name"] = name = f"{kind}-{label}-{counts[kind]}"
         counts[kind] += 1
         settings = node_settings(plan, name, "relay", stage, len(plan.procs), join=kind == "joiner")
         settings["p2p"]["bootstrap_peers"] = bootstrap
         if kind == "stranger" and plan.chain is not None:
             plan.strangers[name] = plan.chain.peer_id_of(name)
         start_node(plan, settings, log, start_file=plan.out_dir / f"{name}.go")
+
+
+def _entrant_stage(stages: int, stage: Any) -> int:
+    """A joiner's or stranger's stage: 1..stages, or "auto" for the bottleneck when it enters."""
+    if stage == "auto":
+        return AUTO_STAGE
+    if isinstance(stage, int) and not isinstance(stage, bool) and 1 <= stage <= stages:
+        return stage
+    raise ConfigError(
+        f'churn event stage {stage!r}: use a stage 1..{stages}, or "auto" to join the '
+        "bottleneck stage"
+    )
 
 
 def _wait_for_training(data: Proc, deadline: float) -> float:
@@ -392,7 +410,7 @@ def _apply(plan: SwarmPlan, event: dict[str, Any], at_s: float) -> None:
         plan.chain.register(name, int(plan.swarm["capacity"]))
     (plan.out_dir / f"{name}.go").touch()
     if "join" in event:
-        plan.joins.append({"t": round(at_s, 2), "node": name, "stage": int(event["join"])})
+        plan.joins.append({"t": round(at_s, 2), "node": name, "stage": event["join"]})
 
 
 def _record_injected_crashes(plan: SwarmPlan) -> None:

@@ -14,7 +14,12 @@ mistyped field is a ``ProtocolError`` (charged to the sender by the rpc layer).
     {"type": "trace_back", ... the fields of trace}         -> the same, of the backward
     {"type": "resume_back", "iteration": int,
      "microbatch": int, "dead": peer id}                    -> {"ok": bool, "why": str}
+    {"type": "loads"}                                       -> {"ok": true, "loads": [[peer id,
+                                                                address, stage, capacity,
+                                                                spare], ...]}
 
+``loads`` lists the asking node's view of the run: itself and the live peers its flow protocol
+knows (at most ``MAX_LOADS``, taken stage by stage in turn), for a relay choosing its stage.
 A trace's ``state`` is one of ``TRACE_STATES`` (``TRACE_BACK_STATES`` for ``trace_back``): what
 the asked node knows of the microbatch's forward (backward); ``next`` names whom it delivered it
 to when ``sent``.
@@ -29,7 +34,8 @@ from typing import Any
 from gwtf.errors import ProtocolError
 
 PROTOCOL_ID = "/gwtf/control/2.0.0"
-MAX_BYTES = 4096
+MAX_BYTES = 8192
+MAX_LOADS = 24
 
 
 MAX_REPLICAS = 64
@@ -38,6 +44,20 @@ MAX_REPLICAS = 64
 @dataclass(frozen=True)
 class Alive:
     """Are you there? Asked before ending an iteration, with a short deadline."""
+
+
+@dataclass(frozen=True)
+class Loads:
+    """Which nodes of the run do you know, at which stage, with what capacity and spare?"""
+
+
+@dataclass(frozen=True)
+class LoadEntry:
+    peer_id: str
+    address: str
+    stage: int
+    capacity: int
+    spare: int
 
 
 @dataclass(frozen=True)
@@ -95,9 +115,10 @@ TRACE_STATES = ("absent", "queued", "sending", "sent", "stuck", "held")
 #: (stuck: computed, but no node before it took the gradient).
 TRACE_BACK_STATES = ("absent", "queued", "sending", "sent", "stuck")
 
-ControlRequest = Alive | EndIteration | Resend | Resume | Trace | TraceBack | ResumeBack
+ControlRequest = Alive | Loads | EndIteration | Resend | Resume | Trace | TraceBack | ResumeBack
 _TYPES: dict[str, type[Any]] = {
     "alive": Alive,
+    "loads": Loads,
     "end_iteration": EndIteration,
     "resend": Resend,
     "resume": Resume,
@@ -108,6 +129,7 @@ _TYPES: dict[str, type[Any]] = {
 _RESEND_FIELDS = {"iteration": int, "microbatch": int, "to": str, "attempt": int}
 _FIELDS: dict[type[Any], dict[str, type]] = {
     Alive: {},
+    Loads: {},
     EndIteration: {"iteration": int, "replicas": list},
     Resend: _RESEND_FIELDS,
     Resume: _RESEND_FIELDS,
@@ -148,7 +170,7 @@ def decode_request(data: bytes) -> ControlRequest:
     return request
 
 
-def encode_reply(ok: bool, **extra: int | str) -> bytes:
+def encode_reply(ok: bool, **extra: Any) -> bytes:
     return json.dumps({"ok": ok, **extra}).encode()
 
 
@@ -166,6 +188,40 @@ def decode_trace(data: bytes, states: tuple[str, ...] = TRACE_STATES) -> tuple[s
     if (state == "sent") != bool(next_hop):
         raise ProtocolError("trace reply names a next hop exactly when the forward was sent")
     return state, next_hop
+
+
+def encode_loads(entries: list[LoadEntry]) -> bytes:
+    """At most ``MAX_LOADS`` entries, taken stage by stage in turn so every stage is seen."""
+    by_stage: dict[int, list[LoadEntry]] = {}
+    for entry in sorted(entries, key=lambda e: (e.stage, e.peer_id)):
+        by_stage.setdefault(entry.stage, []).append(entry)
+    chosen: list[LoadEntry] = []
+    while len(chosen) < MAX_LOADS and any(by_stage.values()):
+        for queue in by_stage.values():
+            if queue and len(chosen) < MAX_LOADS:
+                chosen.append(queue.pop(0))
+    rows = [[e.peer_id, e.address, e.stage, e.capacity, e.spare] for e in chosen]
+    return encode_reply(True, loads=rows)
+
+
+def decode_loads(data: bytes) -> list[LoadEntry]:
+    """A loads reply's entries; anything malformed is a ``ProtocolError``."""
+    rows = decode_reply(data).get("loads")
+    if not isinstance(rows, list) or len(rows) > MAX_LOADS:
+        raise ProtocolError(f"loads reply without a list of at most {MAX_LOADS} entries")
+    entries = []
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 5):
+            raise ProtocolError("a loads entry must be [peer, address, stage, capacity, spare]")
+        peer_id, address, *numbers = row
+        if not all(isinstance(v, str) and 0 < len(v) <= 256 for v in (peer_id, address)):
+            raise ProtocolError("a loads entry needs a peer id and an address")
+        if not all(type(v) is int and 0 <= v < 2**31 for v in numbers[:2]) or not (
+            type(numbers[2]) is int and -(2**31) < numbers[2] < 2**31
+        ):
+            raise ProtocolError("a loads entry's stage, capacity and spare must be small ints")
+        entries.append(LoadEntry(peer_id, address, *numbers))
+    return entries
 
 
 def decode_reply(data: bytes) -> dict[str, Any]:

@@ -116,6 +116,10 @@ class DataRole:
         tensor = codec.decode(bytearray(frame), self.limits).tensor
         key = (header.iteration, header.microbatch_id)
         if header.direction == FORWARD and header.stage == self.plane.stages + 1:
+            if header.origin == self.node_id and key not in self.embedded:
+                # A late copy of a microbatch that is done (or restarted): its loss would add a
+                # gradient to another iteration's.
+                raise ProtocolError(f"microbatch {header.microbatch_id} is not in flight here")
             if key in self.losses:
                 # A copy re-sent past a slow (not dead) relay: one loss per microbatch, or its
                 # gradient would count twice. A restart clears the entry first.

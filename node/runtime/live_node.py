@@ -11,7 +11,7 @@ import logging
 import random
 import tempfile
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import trio
@@ -31,9 +31,11 @@ from node.runtime.data_role import DataRole, IterationResult
 from node.runtime.dataplane import DataPlane
 from node.runtime.discovery import AddressBook, PeerRecord, own_record
 from node.runtime.flow_service import FlowService
+from node.runtime.join_placement import choose_join_stage
 from node.runtime.relay import RelayRole
 from node.runtime.routing import ROUTINGS, SwarmWiring
 from node.runtime.run_discovery import DiscoverySettings, RunDiscovery
+from node.settings import AUTO_STAGE
 from node.training.checkpoint import load_part_state, save_part_state
 from node.training.codec import CodecLimits
 from node.training.config import ModelConfig
@@ -117,6 +119,14 @@ async def run_live_node(
             if config.admit is None
             else RequestResponse(host, admit=config.admit)
         )
+        if config.role != DATA and config.stage == AUTO_STAGE:
+            # The stage is the run's bottleneck at the moment this relay enters: ask then.
+            if config.entry_gate is not None:
+                await config.entry_gate()
+            decision = await choose_join_stage(
+                rpc, config.bootstrap, config.stages, config.flow.ack_deadline_s
+            )
+            config = replace(config, stage=decision.stage, entry_gate=None)
         spec = NodeSpec(node_id, config.role, config.stage, config.capacity, config.compute_ms)
         flow = FlowService(
             rpc,
@@ -204,7 +214,7 @@ async def run_live_node(
         # or averaging rounds before it holds its stage's current state.
         flow.serve()
         plane.serve(nursery)
-        _serve_control(rpc, role, config.flow.ack_deadline_s)
+        _serve_control(rpc, role, flow, book, config.flow.ack_deadline_s)
         if isinstance(role, RelayRole):
             role.averager.serve()
         ready.set()
@@ -239,11 +249,19 @@ def _shaper(emulator: LinkEmulator, node_id: str, region: str, book: AddressBook
     return delay_s
 
 
-def _serve_control(rpc: RequestResponse, role: DataRole | RelayRole, timeout_s: float) -> None:
+def _serve_control(
+    rpc: RequestResponse,
+    role: DataRole | RelayRole,
+    flow: FlowService,
+    book: AddressBook,
+    timeout_s: float,
+) -> None:
     async def handle(_peer: str, request: bytes) -> bytes:
         message = control.decode_request(request)
         if isinstance(message, control.Alive):
             return control.encode_reply(True)
+        if isinstance(message, control.Loads):
+            return control.encode_loads(_loads(flow, book))
         if isinstance(message, control.Resend):  # and Resume, a forward repair
             return await role.handle_resend(message)
         if isinstance(message, control.TraceBack):
@@ -258,6 +276,24 @@ def _serve_control(rpc: RequestResponse, role: DataRole | RelayRole, timeout_s: 
 
     limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 8 * timeout_s)
     rpc.serve(control.PROTOCOL_ID, handle, limits)
+
+
+def _loads(flow: FlowService, book: AddressBook) -> list[control.LoadEntry]:
+    """This node and the live peers its flow protocol knows, with capacity and spare."""
+    node = flow.node
+    own = book.own
+    entries = [
+        control.LoadEntry(own.peer_id, own.address, node.spec.stage, node.spec.capacity, node.spare)
+    ]
+    for peer in node.peers.values():
+        record = book.peers.get(peer.peer_id)
+        if peer.alive and record is not None:
+            entries.append(
+                control.LoadEntry(
+                    peer.peer_id, record.address, peer.stage, peer.capacity, peer.spare
+                )
+            )
+    return entries
 
 
 def _serve_stage_state(rpc: RequestResponse, role: RelayRole, config: LiveNodeConfig) -> None:

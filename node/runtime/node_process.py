@@ -43,7 +43,7 @@ from node.runtime.admission import RunAdmission
 from node.runtime.data_role import DataRole
 from node.runtime.hop import BACKWARD, FORWARD, HopHeader
 from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
-from node.settings import Settings, load_settings
+from node.settings import AUTO_STAGE, Settings, load_settings
 from node.training.checkpoint import state_digest
 from node.training.config import ModelConfig, named_config
 from node.training.errors import ModelConfigError
@@ -88,9 +88,10 @@ def live_config_from_settings(settings: Settings) -> LiveNodeConfig:
     stages = training.stages
     if node.role == DATA and node.stage not in (-1, 0):
         raise ConfigError(f"node.stage={node.stage}: a data node sits at stage 0; drop node.stage")
-    if node.role != DATA and not 1 <= node.stage <= stages:
+    if node.role != DATA and not (1 <= node.stage <= stages or node.stage == AUTO_STAGE):
         raise ConfigError(
-            f"node.stage={node.stage} is not a relay stage of this run; set it to 1..{stages}"
+            f"node.stage={node.stage} is not a relay stage of this run; set it to 1..{stages}, "
+            "or -1 to take the run's bottleneck stage"
         )
     if p2p.topology_file and not Path(p2p.topology_file).is_file():
         raise ConfigError(f"p2p.topology_file={p2p.topology_file!r} does not exist; fix the path")

@@ -277,6 +277,7 @@ class RelayRole:
     resync: Callable[[int], Awaitable[None]] | None = None
     resyncing: bool = False
     resync_target: int = 0  # the step the replicas reach after the latest round sat out
+    resynced: trio.Event = field(default_factory=trio.Event)  # set when a resync ends
 
     wiring: SwarmWiring | None = None
 
@@ -287,6 +288,7 @@ class RelayRole:
     async def compute(self, header: HopHeader, frame: bytes) -> None:
         if header.stage != self.stage:
             raise ProtocolError(f"hop for stage {header.stage} sent to a stage {self.stage} relay")
+        await self._catch_up(header.iteration)
         tensor = codec.decode(bytearray(frame), self.limits).tensor
         key = (header.iteration, header.microbatch_id)
         if header.direction == FORWARD:
@@ -359,6 +361,32 @@ class RelayRole:
             return control.encode_trace("absent")
         return control.encode_trace(*buffered.trace_state())
 
+    async def _catch_up(self, iteration: int) -> None:
+        """Hold a hop of ``iteration`` until this relay's weights are that iteration's (step
+        ``iteration``): a hop computed with other weights gives a wrong gradient. A relay behind
+        (it joined while its replicas stepped, or sat a round out) loads the replicas' state
+        first; its sender waits for the ack meanwhile."""
+        if iteration < self.worker.step_count:
+            raise ProtocolError(
+                f"hop of iteration {iteration}, but this relay has stepped to "
+                f"{self.worker.step_count}; send it to a replica still in that iteration"
+            )
+        if iteration > self.worker.step_count and self.resync is not None:
+            self._start_resync(iteration)
+        while self.resyncing:
+            await self.resynced.wait()
+        if iteration != self.worker.step_count:
+            raise ProtocolError(
+                f"hop of iteration {iteration}, but this relay is at step "
+                f"{self.worker.step_count} and could not catch up"
+            )
+
+    def _start_resync(self, step: int) -> None:
+        self.resync_target = max(self.resync_target, step)
+        if self.resync is not None and not self.resyncing:
+            self.resyncing, self.resynced = True, trio.Event()
+            self.nursery.start_soon(self._resync)
+
     def _forget_microbatches(self) -> None:
         """The iteration is over: nothing kept for its repairs is needed any more."""
         self.buffers.clear()
@@ -372,6 +400,7 @@ class RelayRole:
                 await self.resync(self.resync_target)
         finally:
             self.resyncing = False
+            self.resynced.set()
 
     async def end_iteration(self, iteration: int, replicas: tuple[str, ...]) -> bytes:
         """Average with ``replicas`` (this stage's live replicas), step, report the step."""
@@ -392,10 +421,7 @@ class RelayRole:
                 # Still hand in an empty share, so the round need not wait for this relay.
                 empty = await self._run(self.worker.gradient_share)
                 await self.averager.average(self.stage, iteration, empty, replicas)
-            self.resync_target = max(self.resync_target, iteration + 1)
-            if self.resync is not None and not self.resyncing:
-                self.resyncing = True
-                self.nursery.start_soon(self._resync)
+            self._start_resync(iteration + 1)
             return control.encode_reply(False, why="out of step", step=self.worker.step_count)
         started = trio.current_time()
         share = await self._run(self.worker.gradient_share)

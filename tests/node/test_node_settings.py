@@ -13,7 +13,7 @@ import tomli_w
 from gwtf.errors import ConfigError
 from node import settings as node_settings
 from node.runtime.node_process import live_config_from_settings
-from node.settings import load_settings
+from node.settings import AUTO_STAGE, load_settings
 from node.training import settings as training_settings
 
 NODE_FILE: dict[str, dict[str, Any]] = {
@@ -104,7 +104,7 @@ def test_bad_values_are_refused_with_one_line_naming_the_key(
     ("data", "fragment"),
     [
         (with_change("node", "stage", 4), "node.stage=4 is not a relay stage of this run"),
-        (with_change("node", "stage", -1), "node.stage=-1"),
+        (with_change("node", "stage", 0), "node.stage=0 is not a relay stage"),
         (with_change("training", "model", "gpt-huge"), "training.model='gpt-huge'"),
         (with_change("p2p", "topology_file", "nowhere.json"), "p2p.topology_file="),
         (with_change("chain", "admission", True), "chain.admission"),
@@ -119,6 +119,11 @@ def test_settings_the_live_node_cannot_run_with_name_the_key(
     with pytest.raises(ConfigError) as info:
         live_config_from_settings(settings)
     assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_relay_at_stage_minus_one_is_placed_when_it_starts(tmp_path: Path) -> None:
+    settings = load_settings(env={}, config_file=write(tmp_path, with_change("node", "stage", -1)))
+    assert live_config_from_settings(settings).stage == AUTO_STAGE
 
 
 def test_reading_settings_does_not_import_torch() -> None:

@@ -82,6 +82,7 @@ async def run_swarm(
     relays: dict[str, int],
     during: Scenario | None = None,
     swarm: Swarm | None = None,
+    data_capacity: int = 2,
 ) -> list[IterationResult]:
     """Start relays (name -> stage), then a data node that trains; returns its results."""
     torch.set_num_threads(1)
@@ -89,7 +90,9 @@ async def run_swarm(
     started = swarm.nodes
     results: list[IterationResult] = []
     async with trio.open_nursery() as nursery:
-        data_config = node_config(tmp_path, "data", "data", 0, iterations=iterations, batch=batch)
+        data_config = node_config(
+            tmp_path, "data", "data", 0, iterations=iterations, batch=batch, capacity=data_capacity
+        )
         data_ready = trio.Event()
 
         def data_started(node: LiveNode) -> None:

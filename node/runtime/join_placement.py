@@ -1,0 +1,86 @@
+"""A relay started without a stage (``node.stage = -1``) takes the run's bottleneck stage.
+
+Before it builds its stage worker, the relay asks its bootstrap peers which nodes of the run they
+know, at which stage, with what capacity and spare capacity (the control protocol's ``loads``),
+then asks the nodes they named, a few rounds deep: every node knows the live replicas of the
+stages next to its own, so a handful of answers covers the pipeline. The placement rule is the
+flow core's (``coordinator_free.placement``): the stage whose carried flows are highest against
+its capacity, where a new replica raises the swarm's throughput most (DESIGN.md §2).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from coordinator_free.placement import JoinDecision, choose_stage, stage_loads
+from gwtf.errors import ConfigError, ProtocolError
+from node.p2p.host import peer_info
+from node.p2p.rpc import RequestResponse, RpcLimits
+from node.runtime import control
+
+log = logging.getLogger(__name__)
+
+#: Rounds of asking the nodes the previous answers named, and nodes asked in all.
+MAX_ROUNDS = 4
+MAX_ASKED = 32
+
+
+async def choose_join_stage(
+    rpc: RequestResponse, bootstrap: tuple[str, ...], stages: int, timeout_s: float
+) -> JoinDecision:
+    """The bottleneck stage of the run, as the nodes reachable from ``bootstrap`` see it
+    (``timeout_s``: each request's deadline)."""
+    if not bootstrap:
+        raise ConfigError("node.stage = -1 needs p2p.bootstrap_peers to learn the run's loads")
+    known: dict[str, control.LoadEntry] = {}
+    addresses = {str(peer_info(address).peer_id): address for address in bootstrap}
+    asked: set[str] = set()
+    with trio.move_on_after(MAX_ROUNDS * timeout_s):
+        for _ in range(MAX_ROUNDS):
+            frontier = [p for p in sorted(addresses) if p not in asked][: MAX_ASKED - len(asked)]
+            if not frontier:
+                break
+            asked.update(frontier)
+            async with trio.open_nursery() as nursery:
+                for peer_id in frontier:
+                    nursery.start_soon(_ask, rpc, addresses[peer_id], known, timeout_s)
+            own = str(rpc.host.get_id())
+            addresses |= {p: e.address for p, e in known.items() if p != own}
+    relays = [e for e in known.values() if 1 <= e.stage <= stages]
+    if not relays and not any(e.stage == 0 for e in known.values()):
+        raise ProtocolError(
+            f"none of the {len(asked)} nodes asked told this relay the run's loads; check "
+            "p2p.bootstrap_peers, or set node.stage"
+        )
+    demand = sum(e.capacity for e in known.values() if e.stage == 0)
+    # A replica's carried flows are its capacity less its spare (flows it could still take).
+    loads = stage_loads(
+        stages, [(e.stage, max(e.capacity - e.spare, 0), e.capacity) for e in relays], demand
+    )
+    decision = choose_stage(loads)
+    log.info("joining stage %s: %s (%s nodes asked)", decision.stage, decision.reason, len(asked))
+    return decision
+
+
+async def _ask(
+    rpc: RequestResponse, address: str, known: dict[str, control.LoadEntry], timeout_s: float
+) -> None:
+    info = peer_info(address)
+    limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, timeout_s)
+    try:
+        if not rpc.host.get_network().connections.get(info.peer_id):
+            await rpc.host.connect(info)
+        reply = await rpc.request(
+            info.peer_id, control.PROTOCOL_ID, control.encode_request(control.Loads()), limits
+        )
+        entries = control.decode_loads(reply)
+    except ProtocolError as exc:
+        log.info("loads from %s: %s", info.peer_id, exc)
+        return
+    except Exception as exc:  # libp2p's dial errors have no common base worth naming
+        log.info("could not dial %s: %s", address, exc)
+        return
+    for entry in entries:
+        known[entry.peer_id] = entry

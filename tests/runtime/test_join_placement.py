@@ -1,0 +1,100 @@
+"""A relay started without a stage takes the run's bottleneck, loads its state, and trains in it.
+
+Stage 1 has two replicas and stage 2 one, and the data node starts four microbatches at once, so
+stage 2 carries its whole capacity while stage 1 carries half of its: a relay with
+``stage = -1`` asks the data node for the run's loads, picks stage 2, downloads its weights,
+and takes hops; after the next step it is bit for bit the stage's other replica, and training
+still reproduces the whole-model reference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from gwtf.errors import ProtocolError
+from node.runtime import control
+from node.runtime.relay import RelayRole
+from node.settings import AUTO_STAGE
+from node.training.checkpoint import state_digest
+from tests.runtime.swarm_harness import Swarm, node_config, reference_losses, run_relay, run_swarm
+
+ITERATIONS = 24
+BATCH = 4
+
+
+def test_a_relay_without_a_stage_joins_the_bottleneck_and_matches_its_replica(
+    tmp_path: Path,
+) -> None:
+    swarm = Swarm()
+    seen: dict[str, Any] = {}
+
+    async def join_without_a_stage(swarm: Swarm) -> None:
+        while "data" not in swarm.nodes or not swarm.nodes["data"].role.results:
+            await trio.sleep(0.01)  # iteration 0 is over: the flows are in place
+        config = node_config(
+            tmp_path,
+            "joiner",
+            "relay",
+            AUTO_STAGE,
+            join=True,
+            bootstrap=(swarm.nodes["data"].address,),
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_relay, config, swarm)
+            await swarm.training_done.wait()
+            joiner, replica = swarm.nodes["joiner"].role, swarm.nodes["b1"].role
+            assert isinstance(joiner, RelayRole) and isinstance(replica, RelayRole)
+            with trio.fail_after(30):  # a joiner that sat a round out loads the replicas' state
+                while joiner.worker.step_count < replica.worker.step_count:
+                    await trio.sleep(0.05)
+            seen["stage"] = swarm.nodes["joiner"].config.stage
+            seen["steps"] = (joiner.worker.step_count, replica.worker.step_count)
+            seen["digests"] = {state_digest(joiner.worker), state_digest(replica.worker)}
+            seen["hops"] = len(swarm.nodes["joiner"].plane.hop_log.records)
+            nursery.cancel_scope.cancel()
+
+    async def main() -> list:  # type: ignore[type-arg]
+        with trio.fail_after(150):
+            return await run_swarm(
+                tmp_path,
+                ITERATIONS,
+                BATCH,
+                {"a1": 1, "a2": 1, "b1": 2},
+                join_without_a_stage,
+                swarm,
+                data_capacity=4,
+            )
+
+    results = trio.run(main)
+    assert seen["stage"] == 2, "the joiner took the bottleneck stage"
+    assert seen["steps"] == (ITERATIONS, ITERATIONS)
+    assert len(seen["digests"]) == 1, "the joiner is bit for bit its stage's other replica"
+    assert seen["hops"] > 0, "the joiner took traffic"
+    assert [r.loss for r in results] == pytest.approx(reference_losses(ITERATIONS, BATCH), rel=1e-4)
+
+
+def test_loads_replies_are_bounded_and_checked() -> None:
+    entries = [
+        control.LoadEntry(f"peer-{stage}-{i}", f"/ip4/127.0.0.1/tcp/{i}", stage, 2, 1)
+        for stage in range(3)
+        for i in range(20)
+    ]
+    decoded = control.decode_loads(control.encode_loads(entries))
+    assert len(decoded) == control.MAX_LOADS
+    # Taken stage by stage in turn: every stage is seen however many replicas one has.
+    assert {e.stage for e in decoded} == {0, 1, 2}
+    assert control.decode_request(control.encode_request(control.Loads())) == control.Loads()
+    for bad in (
+        control.encode_reply(True),
+        control.encode_reply(True, loads=[["peer", "/ip4/x", 1, 2]]),
+        control.encode_reply(True, loads=[["peer", "/ip4/x", -1, 2, 0]]),
+        control.encode_reply(True, loads=[["peer", "", 1, 2, 0]]),
+        control.encode_reply(True, loads=[["peer", "/ip4/x", 1, True, 0]]),
+        control.encode_reply(True, loads=[["p", "/a", 1, 1, 0]] * (control.MAX_LOADS + 1)),
+    ):
+        with pytest.raises(ProtocolError):
+            control.decode_loads(bad)
