@@ -60,6 +60,19 @@ class PeerUnavailable(ProtocolError):
     """A request to a peer failed: it is unreachable, reset the stream or sent a bad reply."""
 
 
+class RequestDeclined(PeerUnavailable):
+    """The peer understood the request and will not serve it now (a copy of work already done,
+    a hop of an iteration it has left): it is alive, and nobody is at fault."""
+
+
+class Decline(ProtocolError):
+    """Raised by a handler to refuse a well-formed request without charging its sender."""
+
+
+#: A refusal's reason starts with this when the handler declined (``RequestDeclined``).
+_DECLINED = "declined: "
+
+
 class PeerTimeout(PeerUnavailable):
     """A peer did not answer within the deadline."""
 
@@ -172,6 +185,8 @@ class RequestResponse:
             except trio.TooSlowError:
                 log.warning("a request from %s was not answered in time", peer)
                 status, reply = _REFUSED, b"not answered in time"
+            except Decline as exc:
+                status, reply = _REFUSED, f"{_DECLINED}{exc}".encode()[:_MAX_REASON_BYTES]
             except ProtocolError as exc:
                 self._charge(peer, Offence.MALFORMED_MESSAGE, exc)
                 status, reply = _REFUSED, str(exc).encode()[:_MAX_REASON_BYTES]
@@ -369,7 +384,8 @@ class _Channel:
             return
         if status == _REFUSED:
             reason = reply[:_MAX_REASON_BYTES].decode(errors="replace")
-            waiter.finish(error=PeerUnavailable(f"peer {self.peer} refused the request: {reason}"))
+            refusal = RequestDeclined if reason.startswith(_DECLINED) else PeerUnavailable
+            waiter.finish(error=refusal(f"peer {self.peer} refused the request: {reason}"))
         elif len(reply) > waiter.max_response_bytes:
             self._charge(self.peer, Offence.OVERSIZED_FRAME, f"reply of {len(reply)} bytes")
             waiter.finish(error=PeerUnavailable(f"peer {self.peer} sent an oversized reply"))

@@ -25,7 +25,7 @@ import trio
 from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError, TrainingError
-from node.p2p.rpc import PeerUnavailable, RpcLimits
+from node.p2p.rpc import Decline, PeerUnavailable, RpcLimits
 from node.runtime import control
 from node.runtime.compute import T, in_worker_thread
 from node.runtime.dataplane import DataPlane
@@ -119,11 +119,11 @@ class DataRole:
             if header.origin == self.node_id and key not in self.embedded:
                 # A late copy of a microbatch that is done (or restarted): its loss would add a
                 # gradient to another iteration's.
-                raise ProtocolError(f"microbatch {header.microbatch_id} is not in flight here")
+                raise Decline(f"microbatch {header.microbatch_id} is not in flight here")
             if key in self.losses:
                 # A copy re-sent past a slow (not dead) relay: one loss per microbatch, or its
                 # gradient would count twice. A restart clears the entry first.
-                raise ProtocolError(f"microbatch {header.microbatch_id} already reached its loss")
+                raise Decline(f"microbatch {header.microbatch_id} already reached its loss")
             loss, grad = await self._run(
                 self.worker.loss_and_backward, header.microbatch_id, tensor
             )
@@ -139,9 +139,7 @@ class DataRole:
             self.nursery.start_soon(self.sender.backward_or_log, record)
         elif header.direction == BACKWARD and header.stage == 0 and header.origin == self.node_id:
             if key not in self.embedded:
-                raise ProtocolError(
-                    f"gradient for microbatch {header.microbatch_id}, not in flight"
-                )
+                raise Decline(f"gradient for microbatch {header.microbatch_id}, not in flight")
             await self._run(self.worker.backward_embedding, header.microbatch_id, tensor)
             del self.embedded[key]
             event = self.done.get(key)

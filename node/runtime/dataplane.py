@@ -18,7 +18,7 @@ from libp2p.peer.id import ID
 
 from coordinator_free.messages import HopAck, decode, encode
 from gwtf.errors import GwtfError, ProtocolError
-from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
+from node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
 from node.runtime.hop import BACKWARD, FORWARD, HopHeader, decode_hop, encode_hop, frame_digest
 
 log = logging.getLogger(__name__)
@@ -133,6 +133,8 @@ class DataPlane:
             self._receiving[key] -= 1
             if not self._receiving[key]:
                 del self._receiving[key]
+        if isinstance(job.error, Decline):
+            raise Decline(str(job.error)) from job.error
         if job.error is not None:
             raise HopRejected(str(job.error)) from job.error
         ack = HopAck(

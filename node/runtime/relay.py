@@ -18,7 +18,7 @@ import trio
 from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError
-from node.p2p.rpc import PeerUnavailable, RpcLimits
+from node.p2p.rpc import Decline, PeerUnavailable, RequestDeclined, RpcLimits
 from node.runtime import control
 from node.runtime.averaging import GradientAverager
 from node.runtime.compute import T, in_worker_thread
@@ -120,7 +120,8 @@ class HopSender:
                     "forward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
                 )
                 tried.add(to)
-                self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
+                if not isinstance(exc, RequestDeclined):  # a decline comes from a live peer
+                    self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
                 replacement = self.replacement(header.stage, tried)
                 if replacement is None:
                     raise
@@ -160,7 +161,8 @@ class HopSender:
                         "backward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
                     )
                     tried.add(to)
-                    self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
+                    if not isinstance(exc, RequestDeclined):  # a decline comes from a live peer
+                        self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
                     header = await self._around(header, tried)
                     continue
                 if not record.recorded:  # a gradient sent again is the same work, claimed once
@@ -367,7 +369,7 @@ class RelayRole:
         (it joined while its replicas stepped, or sat a round out) loads the replicas' state
         first; its sender waits for the ack meanwhile."""
         if iteration < self.worker.step_count:
-            raise ProtocolError(
+            raise Decline(
                 f"hop of iteration {iteration}, but this relay has stepped to "
                 f"{self.worker.step_count}; send it to a replica still in that iteration"
             )
@@ -376,7 +378,7 @@ class RelayRole:
         while self.resyncing:
             await self.resynced.wait()
         if iteration != self.worker.step_count:
-            raise ProtocolError(
+            raise Decline(
                 f"hop of iteration {iteration}, but this relay is at step "
                 f"{self.worker.step_count} and could not catch up"
             )

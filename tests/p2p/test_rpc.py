@@ -13,7 +13,14 @@ from libp2p.custom_types import TProtocol
 from gwtf.errors import ProtocolError
 from node.p2p.host import full_address, peer_info, running_host
 from node.p2p.identity import load_or_create_identity, peer_id_of
-from node.p2p.rpc import PeerTimeout, PeerUnavailable, RequestResponse, RpcLimits
+from node.p2p.rpc import (
+    Decline,
+    PeerTimeout,
+    PeerUnavailable,
+    RequestDeclined,
+    RequestResponse,
+    RpcLimits,
+)
 from node.p2p.scoring import Offence
 
 ECHO = "/gwtf/test-echo/1.0.0"
@@ -25,6 +32,8 @@ async def reverse(_peer: str, request: bytes) -> bytes:
         raise RuntimeError("handler bug")
     if request == b"bad":
         raise ProtocolError("undecodable request")
+    if request == b"again":
+        raise Decline("already done")
     return request[::-1]
 
 
@@ -66,6 +75,19 @@ def test_failing_handler_does_not_wedge_the_connection(tmp_path: Path) -> None:
         assert await client.request(server.host.get_id(), ECHO, b"after", LIMITS) == b"retfa"
         offences = server.scores.offences[str(client.host.get_id())]
         assert offences == [Offence.HANDLER_FAILURE, Offence.MALFORMED_MESSAGE]
+
+    run_pair(tmp_path, scenario)
+
+
+def test_a_declined_request_is_told_apart_and_not_charged(tmp_path: Path) -> None:
+    async def scenario(server: RequestResponse, client: RequestResponse) -> None:
+        with pytest.raises(RequestDeclined, match="already done"):
+            await client.request(server.host.get_id(), ECHO, b"again", LIMITS)
+        with pytest.raises(PeerUnavailable) as refused:
+            await client.request(server.host.get_id(), ECHO, b"bad", LIMITS)
+        assert not isinstance(refused.value, RequestDeclined)
+        offences = server.scores.offences[str(client.host.get_id())]
+        assert offences == [Offence.MALFORMED_MESSAGE]  # the decline cost the client nothing
 
     run_pair(tmp_path, scenario)
 
