@@ -44,9 +44,13 @@ class RunAdmission:
                 return member
             if member:
                 if peer not in self._pending:
+                    # Registered now, not when the task first runs: a request arriving before
+                    # then must not start a second lookup.
+                    self._pending[peer] = trio.Event()
                     trio.lowlevel.spawn_system_task(self._refresh, peer)
                 return True
         if peer not in self._pending:
+            self._pending[peer] = trio.Event()
             await self._look_up(peer)
         else:
             await self._pending[peer].wait()
@@ -63,8 +67,9 @@ class RunAdmission:
             self._cache.pop(peer, None)
 
     async def _look_up(self, peer: str) -> None:
-        """Ask the chain once for ``peer``; every caller waiting on it reads the cache after."""
-        done = self._pending[peer] = trio.Event()
+        """Ask the chain once for ``peer`` (its ``_pending`` event is registered); every caller
+        waiting on it reads the cache after."""
+        done = self._pending[peer]
         try:
             peer_bytes = ID.from_base58(peer).to_bytes()
             member = await trio.to_thread.run_sync(
@@ -82,5 +87,5 @@ class RunAdmission:
                 )
             self._cache[peer] = (member, trio.current_time())
         finally:
-            del self._pending[peer]
+            self._pending.pop(peer, None)
             done.set()

@@ -31,7 +31,7 @@ from node.runtime.compute import T, in_worker_thread
 from node.runtime.dataplane import DataPlane
 from node.runtime.flow_service import FlowService
 from node.runtime.hop import BACKWARD, FLAG_REPAIR, FLAG_RESUME, FORWARD, HopHeader, frame_digest
-from node.runtime.relay import HopSender, HopStats
+from node.runtime.hop_sender import HopSender, HopStats
 from node.runtime.routing import SwarmWiring
 from node.runtime.stall_repair import Outcome, StallRepair
 from node.training import codec

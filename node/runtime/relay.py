@@ -2,10 +2,11 @@
 
 Forward: compute, keep the input and output until the backward comes, send the output to the next
 hop that the flow table maps the incoming flow to (another next-stage replica if that one does not
-acknowledge). Backward: compute, send the gradient to the previous node of the recorded path; if
-that node is dead, repair just that hop — ask the node before it to re-send its buffered forward
-output to a live replica of the dead node's stage, flagged as a repair, then send the gradient
-there. End of iteration: average with the stage's live replicas and step.
+acknowledge). Backward: compute, send the gradient to the previous node of the recorded path,
+repairing that hop if the node is dead (``hop_sender.py``). Answers traces and re-send requests
+for what it keeps. A hop of a later iteration than its weights waits until the relay has loaded
+its replicas' state; one of an earlier iteration is declined. End of iteration: average with the
+stage's live replicas and step.
 """
 
 from __future__ import annotations
@@ -15,23 +16,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
-from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError
-from node.p2p.rpc import Decline, PeerUnavailable, RequestDeclined, RpcLimits
+from node.p2p.rpc import Decline, PeerUnavailable
 from node.runtime import control
 from node.runtime.averaging import GradientAverager
 from node.runtime.compute import T, in_worker_thread
-from node.runtime.dataplane import DataPlane, HopRecord
+from node.runtime.dataplane import DataPlane
 from node.runtime.flow_service import FlowService
-from node.runtime.hop import (
-    BACKWARD,
-    FLAG_REPAIR,
-    FLAG_RESUME,
-    FORWARD,
-    HopHeader,
-    frame_digest,
-)
+from node.runtime.hop import FLAG_REPAIR, FLAG_RESUME, FORWARD, HopHeader, frame_digest
+from node.runtime.hop_sender import HopSender, HopStats
 from node.runtime.routing import SwarmWiring
 from node.training import codec
 from node.training.codec import CodecLimits
@@ -56,211 +50,6 @@ class Buffered:
         if self.sent_to:
             return "sent", self.sent_to
         return ("sending" if self.sending else "stuck"), ""
-
-
-@dataclass
-class PassedBack:
-    """A gradient a node computed and sent on, kept until the iteration ends."""
-
-    header: HopHeader  # the outgoing backward (its path names the node it goes to)
-    frame: bytes
-    input_digest: bytes
-    sending: bool = False
-    sent_to: str = ""  # the node that acknowledged it
-    around: set[str] = field(default_factory=set)  # dead nodes it was re-sent around
-    recorded: bool = False  # in the hop log (once, however often it is sent)
-
-
-@dataclass
-class HopStats:
-    forward_resends: int = 0
-    backward_repairs: int = 0
-    forward_repairs: int = 0  # a data node: stalled forwards resumed at the lost hop
-    gradient_resumes: int = 0  # a data node: lost gradients sent again around the dead hop
-    repairs_served: int = 0
-    stages_not_stepped: int = 0  # a data node: (iteration, stage) pairs with no replica stepping
-    # A relay's ends of iteration (seconds, summed): all of it, and the averaging exchange in it.
-    ending_s: float = 0.0
-    averaging_s: float = 0.0
-
-
-class HopSender:
-    """Forward sends with re-send on a missed ack, and backward sends with hop repair."""
-
-    def __init__(
-        self, plane: DataPlane, flow: FlowService, stats: HopStats, wiring: SwarmWiring | None
-    ) -> None:
-        self.plane = plane
-        self.flow = flow
-        self.stats = stats
-        self.wiring = wiring  # None: hops follow the flow table (GWTF); else SWARM's wiring
-        self.passed: dict[tuple[int, int], PassedBack] = {}  # by (iteration, microbatch)
-
-    def next_hop(self, stage: int, route: str | None) -> str | None:
-        """Where a forward into ``stage`` goes: the flow's next hop, or SWARM's weighted draw."""
-        if self.wiring is not None:
-            wanted = 0 if stage > self.plane.stages else stage
-            return self.wiring.choose([p.peer_id for p in self.flow.node.alive_peers(wanted)])
-        return route if route is not None else self.replacement(stage, set())
-
-    async def forward(self, header: HopHeader, frame: bytes, to: str, input_digest: bytes) -> str:
-        """Send a forward; on a missed ack re-send to another replica of the next stage.
-        Returns the node that acknowledged it."""
-        tried: set[str] = set()
-        while True:
-            try:
-                sent_at = trio.current_time()
-                await self.plane.send(to, header, frame)
-                if self.wiring is not None:
-                    self.wiring.observe(to, trio.current_time() - sent_at)
-                self._record(header, to, input_digest, frame)
-                return to
-            except PeerUnavailable as exc:
-                log.warning(
-                    "forward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
-                )
-                tried.add(to)
-                if not isinstance(exc, RequestDeclined):  # a decline comes from a live peer
-                    self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
-                replacement = self.replacement(header.stage, tried)
-                if replacement is None:
-                    raise
-                self.stats.forward_resends += 1
-                to, header = replacement, header.onward(attempt=header.attempt + 1)
-
-    def replacement(self, stage: int, exclude: set[str]) -> str | None:
-        """A live node of ``stage`` (the sink stage is S+1, data nodes) not in ``exclude``,
-        drawn at random (from the flow core's seeded generator) so that hops outside any flow
-        spread over the replicas instead of piling onto the first."""
-        wanted = 0 if stage > self.plane.stages else stage
-        candidates = [p.peer_id for p in self.flow.node.alive_peers(wanted)]
-        candidates = [peer for peer in candidates if peer not in exclude]
-        return self.flow.node.rng.choice(candidates) if candidates else None
-
-    def pass_back(self, header: HopHeader, frame: bytes, input_digest: bytes) -> PassedBack:
-        """Keep a gradient this node computed (``header`` is the outgoing backward) until the
-        iteration ends: if the node it goes to dies holding it, this node sends it again."""
-        record = PassedBack(header, frame, input_digest)
-        self.passed[(header.iteration, header.microbatch_id)] = record
-        return record
-
-    async def backward(self, record: PassedBack) -> None:
-        """Send a kept gradient to ``path[stage]``; if that node is dead, repair the hop around
-        it and send there. ``record`` ends up naming the node that acknowledged it."""
-        header, tried = record.header, set(record.around)
-        record.sending = True
-        try:
-            while True:
-                to = header.path[header.stage]
-                try:
-                    await self.plane.send(to, header, record.frame)
-                except PeerUnavailable as exc:
-                    if header.stage == 0:
-                        raise  # the origin holds the iteration; nobody can stand in for it
-                    log.warning(
-                        "backward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
-                    )
-                    tried.add(to)
-                    if not isinstance(exc, RequestDeclined):  # a decline comes from a live peer
-                        self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
-                    header = await self._around(header, tried)
-                    continue
-                if not record.recorded:  # a gradient sent again is the same work, claimed once
-                    self._record(header, to, record.input_digest, record.frame)
-                    record.recorded = True
-                record.header, record.sent_to = header, to
-                return
-        finally:
-            record.sending = False
-
-    async def _around(self, header: HopHeader, dead: set[str]) -> HopHeader:
-        """Repair a backward hop whose node is dead: the node before it re-sends its forward
-        output to another replica of the dead node's stage; returns the backward to send there."""
-        replacement = self.replacement(header.stage, dead)
-        if replacement is None:
-            raise PeerUnavailable(f"no live replica of stage {header.stage} left")
-        attempt = header.attempt + 1
-        await self.request_resend(header, replacement, attempt)
-        self.stats.backward_repairs += 1
-        path = list(header.path)
-        path[header.stage] = replacement
-        return header.onward(path=tuple(path), attempt=attempt)
-
-    async def backward_or_log(self, record: PassedBack) -> None:
-        """``backward`` as a background task: a gradient that cannot be delivered is logged (the
-        origin's trace of the stalled microbatch finds it here, stuck)."""
-        try:
-            await self.backward(record)
-        except (PeerUnavailable, ProtocolError) as exc:
-            log.warning("gradient of microbatch %s stalls: %s", record.header.microbatch_id, exc)
-
-    def trace_back(self, request: control.TraceBack) -> bytes:
-        """What this node knows of a microbatch's backward."""
-        if self.plane.receiving(request.iteration, request.microbatch, BACKWARD):
-            return control.encode_trace("queued")
-        record = self.passed.get((request.iteration, request.microbatch))
-        if record is None:
-            return control.encode_trace("absent")
-        if record.sent_to:
-            return control.encode_trace("sent", record.sent_to)
-        return control.encode_trace("sending" if record.sending else "stuck")
-
-    async def resume_backward(self, request: control.ResumeBack) -> bytes:
-        """Send a gradient again around ``request.dead``, which acknowledged it and died."""
-        record = self.passed.get((request.iteration, request.microbatch))
-        if record is None or record.sending or record.sent_to != request.dead:
-            return control.encode_reply(False, why="no gradient delivered to that node here")
-        record.around.add(request.dead)
-        record.sent_to = ""
-        self.flow.dispatch(self.flow.node.peer_dead(request.dead, trio.current_time()))
-        try:
-            record.header = await self._around(record.header, record.around)
-            await self.backward(record)
-        except (PeerUnavailable, ProtocolError) as exc:
-            return control.encode_reply(False, why=str(exc))
-        return control.encode_reply(True)
-
-    async def serve_resend(self, to: str, repair: HopHeader, frame: bytes) -> bytes:
-        """Answer a ``Resend``: send the buffered forward, flagged as a repair, to ``to``."""
-        try:
-            await self.plane.send(to, repair, frame)
-        except PeerUnavailable as exc:
-            return control.encode_reply(False, why=str(exc))
-        self.stats.repairs_served += 1
-        return control.encode_reply(True)
-
-    async def request_resend(self, header: HopHeader, replacement: str, attempt: int) -> None:
-        """Ask the node before the dead hop to re-send its forward output to ``replacement``."""
-        before = header.path[header.stage - 1]
-        request = control.Resend(header.iteration, header.microbatch_id, replacement, attempt)
-        limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 2 * self.plane.ack_deadline_s)
-        reply = control.decode_reply(
-            await self.plane.rpc.request(
-                ID.from_base58(before), control.PROTOCOL_ID, control.encode_request(request), limits
-            )
-        )
-        if not reply["ok"]:
-            raise PeerUnavailable(f"{before} could not re-send microbatch {header.microbatch_id}")
-
-    def _record(self, header: HopHeader, to: str, input_digest: bytes, frame: bytes) -> None:
-        """Record the hop this node computed, once ``to`` acknowledged its output (``header`` is
-        the outgoing one, so this node's stage is one before a forward's, one after a backward's).
-        """
-        worker_stage = header.stage - 1 if header.direction == FORWARD else header.stage + 1
-        self.plane.hop_log.record(
-            HopRecord(
-                header.iteration,
-                header.microbatch_id,
-                worker_stage,
-                header.direction,
-                header.attempt,
-                self.plane.node_id,
-                to,
-                input_digest,
-                frame_digest(frame),
-                bool(header.flags & FLAG_REPAIR),
-            )
-        )
 
 
 @dataclass

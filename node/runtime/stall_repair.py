@@ -30,7 +30,7 @@ from node.p2p.rpc import RpcLimits
 from node.runtime import control
 from node.runtime.dataplane import DataPlane
 from node.runtime.flow_service import FlowService
-from node.runtime.relay import HopSender, HopStats
+from node.runtime.hop_sender import HopSender, HopStats
 
 log = logging.getLogger(__name__)
 

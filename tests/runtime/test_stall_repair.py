@@ -26,7 +26,8 @@ import trio
 from gwtf.errors import ProtocolError
 from node.runtime import control
 from node.runtime.hop import BACKWARD, FLAG_REPAIR, FLAG_RESUME, FORWARD, HopHeader
-from node.runtime.relay import Buffered, PassedBack, RelayRole
+from node.runtime.hop_sender import PassedBack
+from node.runtime.relay import Buffered, RelayRole
 from tests.runtime.swarm_harness import Swarm, reference_losses, run_swarm
 
 ITERATIONS = 3
