@@ -1,9 +1,12 @@
 """Stage weight download for joiners: chunked, bounded, digest-checked.
 
 A joining relay asks a replica of its stage for a manifest (size, SHA-256, optimizer step) of the
-replica's current state file, then fetches it in chunks that name the digest they belong to, so a
-replica whose state moved on (it took a step mid-download) answers ``stale`` instead of mixing two
-states. The joiner checks the digest of what it assembled before loading anything.
+replica's current state file, then fetches it in chunks that name the digest they belong to. The
+replica keeps the states named by its last ``KEPT_STATES`` manifests, so a download finishes with
+the state its manifest named even when the replica takes a step meanwhile (a joiner of a large
+stage would otherwise never finish while the swarm steps faster than it downloads); a chunk of a
+state no longer kept is answered ``stale``, never mixed with another. The joiner checks the
+digest of what it assembled before loading anything.
 
 Wire format (protocol ``/gwtf/weights/2.0.0``; numbers big-endian):
   request  = kind u8 (1 manifest, 2 chunk) | stage u16 | digest 32 bytes | offset u64
@@ -25,6 +28,8 @@ from node.p2p.rpc import RequestResponse, RpcLimits
 
 PROTOCOL_ID = "/gwtf/weights/2.0.0"
 CHUNK_BYTES = 1 << 20
+#: States kept for downloads in progress: the current one and the one before a step.
+KEPT_STATES = 2
 
 _REQUEST = struct.Struct(">BH32sQ")
 _MANIFEST = struct.Struct(">BQQ32s")
@@ -56,6 +61,7 @@ SnapshotSource = Callable[[int], StageSnapshot | None]
 def serve_weights(rpc: RequestResponse, snapshot_of: SnapshotSource, timeout_s: float) -> None:
     """Answer manifest and chunk requests from ``snapshot_of(stage)`` (None: stage not held)."""
     limits = RpcLimits(_REQUEST.size, CHUNK_BYTES + 1, timeout_s)
+    kept: dict[bytes, StageSnapshot] = {}  # by digest, the states the last manifests named
 
     async def handle(_peer: str, request: bytes) -> bytes:
         if len(request) != _REQUEST.size:
@@ -63,16 +69,19 @@ def serve_weights(rpc: RequestResponse, snapshot_of: SnapshotSource, timeout_s: 
                 f"weights request of {len(request)} bytes, expected {_REQUEST.size}"
             )
         kind, stage, digest, offset = _REQUEST.unpack(request)
-        snapshot = snapshot_of(stage)
         if kind == _MANIFEST_KIND:
+            snapshot = snapshot_of(stage)
             if snapshot is None:
                 return _MANIFEST.pack(_NO_SUCH_STAGE, 0, 0, _NO_DIGEST)
+            kept.pop(snapshot.digest, None)
+            kept[snapshot.digest] = snapshot  # the newest last
+            while len(kept) > KEPT_STATES:
+                del kept[next(iter(kept))]
             return _MANIFEST.pack(_OK, len(snapshot.blob), snapshot.step, snapshot.digest)
         if kind != _CHUNK_KIND:
             raise ProtocolError(f"unknown weights request kind {kind}")
-        if snapshot is None:
-            return bytes([_NO_SUCH_STAGE])
-        if digest != snapshot.digest:
+        snapshot = kept.get(digest)
+        if snapshot is None or snapshot.stage != stage:
             return bytes([_STALE])
         if offset > len(snapshot.blob):
             raise ProtocolError(

@@ -11,6 +11,7 @@ its capacity, where a new replica raises the swarm's throughput most (DESIGN.md 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import trio
 
@@ -27,9 +28,16 @@ MAX_ROUNDS = 4
 MAX_ASKED = 32
 
 
+@dataclass(frozen=True)
+class Placement:
+    decision: JoinDecision
+    #: The chosen stage's replicas that answered or were named: whom to ask for its state.
+    replicas: tuple[control.LoadEntry, ...]
+
+
 async def choose_join_stage(
     rpc: RequestResponse, bootstrap: tuple[str, ...], stages: int, timeout_s: float
-) -> JoinDecision:
+) -> Placement:
     """The bottleneck stage of the run, as the nodes reachable from ``bootstrap`` see it
     (``timeout_s``: each request's deadline)."""
     if not bootstrap:
@@ -61,7 +69,7 @@ async def choose_join_stage(
     )
     decision = choose_stage(loads)
     log.info("joining stage %s: %s (%s nodes asked)", decision.stage, decision.reason, len(asked))
-    return decision
+    return Placement(decision, tuple(e for e in relays if e.stage == decision.stage))
 
 
 async def _ask(

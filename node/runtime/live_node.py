@@ -123,10 +123,16 @@ async def run_live_node(
             # The stage is the run's bottleneck at the moment this relay enters: ask then.
             if config.entry_gate is not None:
                 await config.entry_gate()
-            decision = await choose_join_stage(
+            placement = await choose_join_stage(
                 rpc, config.bootstrap, config.stages, config.flow.ack_deadline_s
             )
-            config = replace(config, stage=decision.stage, entry_gate=None)
+            config = replace(config, stage=placement.decision.stage, entry_gate=None)
+            # Its replicas just answered: ask them for the stage's state before the DHT does.
+            first_sources = [
+                PeerRecord(e.peer_id, e.address, "", e.stage) for e in placement.replicas
+            ]
+        else:
+            first_sources = []
         spec = NodeSpec(node_id, config.role, config.stage, config.capacity, config.compute_ms)
         flow = FlowService(
             rpc,
@@ -209,7 +215,7 @@ async def run_live_node(
 
             role.resync = resync
             if config.join:
-                await _join_stage(rpc, discovery, role, config, 0)
+                await _join_stage(rpc, discovery, role, config, 0, first_sources)
         # Only now does this node speak the training protocols: a joiner takes no flows, hops
         # or averaging rounds before it holds its stage's current state.
         flow.serve()
@@ -320,11 +326,15 @@ async def _join_stage(
     role: RelayRole,
     config: LiveNodeConfig,
     min_step: int,
+    first_sources: list[PeerRecord] | None = None,
 ) -> None:
-    """Load the state of this relay's stage, at ``min_step`` or later, from a live replica."""
+    """Load the state of this relay's stage, at ``min_step`` or later, from a live replica
+    (``first_sources`` first, then whom discovery names)."""
+    first = list(first_sources or [])
+    records = first
     with trio.fail_after(config.flow_timeout_s):
         while True:
-            for record in await discovery.weight_sources(role.stage):
+            for record in records:
                 try:
                     snapshot = await download_stage_state(
                         rpc,
@@ -347,3 +357,6 @@ async def _join_stage(
                 )
                 return
             await trio.sleep(config.discovery_period_s)
+            known = {r.peer_id for r in first}
+            found = await discovery.weight_sources(role.stage)
+            records = first + [r for r in found if r.peer_id not in known]

@@ -4,9 +4,9 @@ Forward: compute, keep the input and output until the backward comes, send the o
 hop that the flow table maps the incoming flow to (another next-stage replica if that one does not
 acknowledge). Backward: compute, send the gradient to the previous node of the recorded path,
 repairing that hop if the node is dead (``hop_sender.py``). Answers traces and re-send requests
-for what it keeps. A hop of a later iteration than its weights waits until the relay has loaded
-its replicas' state; one of an earlier iteration is declined. End of iteration: average with the
-stage's live replicas and step.
+for what it keeps. A hop of a later iteration than its weights' is held while the relay loads
+its replicas' state; one it cannot compute with the right weights is declined. End of
+iteration: average with the stage's live replicas and step.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class RelayRole:
     async def compute(self, header: HopHeader, frame: bytes) -> None:
         if header.stage != self.stage:
             raise ProtocolError(f"hop for stage {header.stage} sent to a stage {self.stage} relay")
-        await self._catch_up(header.iteration)
+        await self._check_in_step(header.iteration)
         tensor = codec.decode(bytearray(frame), self.limits).tensor
         key = (header.iteration, header.microbatch_id)
         if header.direction == FORWARD:
@@ -152,24 +152,23 @@ class RelayRole:
             return control.encode_trace("absent")
         return control.encode_trace(*buffered.trace_state())
 
-    async def _catch_up(self, iteration: int) -> None:
-        """Hold a hop of ``iteration`` until this relay's weights are that iteration's (step
-        ``iteration``): a hop computed with other weights gives a wrong gradient. A relay behind
-        (it joined while its replicas stepped, or sat a round out) loads the replicas' state
-        first; its sender waits for the ack meanwhile."""
-        if iteration < self.worker.step_count:
-            raise Decline(
-                f"hop of iteration {iteration}, but this relay has stepped to "
-                f"{self.worker.step_count}; send it to a replica still in that iteration"
-            )
-        if iteration > self.worker.step_count and self.resync is not None:
+    async def _check_in_step(self, iteration: int) -> None:
+        """Compute a hop only with that iteration's weights (step ``iteration``): other weights
+        give a wrong gradient. A relay behind its replicas (it joined while they stepped, or sat
+        a round out) loads their state and holds the hop meanwhile, for up to half its sender's
+        ack deadline: the held hop keeps its iteration from ending, so the relay catches up
+        instead of chasing steps. Past that, or for a hop of an iteration it has left, it
+        declines, and the sender sends the hop to another replica."""
+        if iteration > self.worker.step_count:
             self._start_resync(iteration)
-        while self.resyncing:
-            await self.resynced.wait()
-        if iteration != self.worker.step_count:
+        with trio.move_on_after(self.plane.ack_deadline_s / 2):
+            while self.resyncing:
+                await self.resynced.wait()
+        if self.resyncing or iteration != self.worker.step_count:
             raise Decline(
-                f"hop of iteration {iteration}, but this relay is at step "
-                f"{self.worker.step_count} and could not catch up"
+                f"hop of iteration {iteration} at a stage {self.stage} relay at step "
+                f"{self.worker.step_count}{' (catching up)' if self.resyncing else ''}; "
+                "send it to another replica"
             )
 
     def _start_resync(self, step: int) -> None:

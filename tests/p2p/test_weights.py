@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -14,6 +15,7 @@ from node.p2p.identity import load_or_create_identity
 from node.p2p.rpc import RequestResponse
 from node.p2p.weights import (
     CHUNK_BYTES,
+    KEPT_STATES,
     StageSnapshot,
     WeightDownloadError,
     download_stage_state,
@@ -23,18 +25,13 @@ from node.p2p.weights import (
 Scenario = Callable[[RequestResponse, RequestResponse, dict[int, StageSnapshot]], Awaitable[None]]
 
 
-def run_pair(tmp_path: Path, scenario: Scenario, step_after_lookups: int | None = None) -> None:
-    """Serve stage 2; the replica takes a step at lookup number ``step_after_lookups``."""
+def run_pair(tmp_path: Path, scenario: Scenario) -> None:
+    """Serve stage 2 from ``held`` (the scenario may change it: the replica took a step)."""
     held: dict[int, StageSnapshot] = {
         2: StageSnapshot(stage=2, step=7, blob=os.urandom(2 * CHUNK_BYTES + 12345))
     }
-    lookups = 0
 
     def snapshot_of(stage: int) -> StageSnapshot | None:
-        nonlocal lookups
-        lookups += 1
-        if lookups == step_after_lookups:
-            held[2] = StageSnapshot(stage=2, step=8, blob=os.urandom(len(held[2].blob)))
         return held.get(stage)
 
     async def main() -> None:
@@ -76,16 +73,61 @@ def test_unknown_stage_and_oversized_state_are_refused(tmp_path: Path) -> None:
     run_pair(tmp_path, scenario)
 
 
-def test_state_that_changes_mid_download_is_not_mixed(tmp_path: Path) -> None:
+def after_first_chunk(joiner: RequestResponse, action: Callable[[], Awaitable[None]]) -> None:
+    """Run ``action`` once the joiner's first download has its manifest and first chunk."""
+    request = joiner.request
+    replies = 0
+
+    async def request_then_act(*args: Any) -> bytes:
+        nonlocal replies
+        reply = await request(*args)
+        replies += 1
+        if replies == 2:
+            await action()
+        return reply
+
+    joiner.request = request_then_act  # type: ignore[method-assign]
+
+
+def step(held: dict[int, StageSnapshot]) -> None:
+    old = held[2]
+    held[2] = StageSnapshot(stage=2, step=old.step + 1, blob=os.urandom(len(old.blob)))
+
+
+def test_a_step_mid_download_still_yields_the_state_the_manifest_named(tmp_path: Path) -> None:
     async def scenario(
         replica: RequestResponse, joiner: RequestResponse, held: dict[int, StageSnapshot]
     ) -> None:
+        before = held[2]
+        newer: list[StageSnapshot] = []
+
+        async def step_and_download_again() -> None:
+            step(held)  # another joiner now gets the new state, whole
+            newer.append(await download_stage_state(joiner, replica.host.get_id(), 2, 1 << 26, 5))
+
+        after_first_chunk(joiner, step_and_download_again)
+        got = await download_stage_state(joiner, replica.host.get_id(), 2, 64 << 20, 5.0)
+        assert got == before and got.step == 7, "the state its manifest named, not a mix"
+        assert newer == [held[2]] and held[2].step == 8
+
+    run_pair(tmp_path, scenario)
+
+
+def test_a_state_no_longer_kept_is_not_mixed(tmp_path: Path) -> None:
+    async def scenario(
+        replica: RequestResponse, joiner: RequestResponse, held: dict[int, StageSnapshot]
+    ) -> None:
+        async def two_steps_each_downloaded() -> None:
+            for _ in range(KEPT_STATES):  # the first download's state is pushed out
+                step(held)
+                await download_stage_state(joiner, replica.host.get_id(), 2, 64 << 20, 5.0)
+
+        after_first_chunk(joiner, two_steps_each_downloaded)
         with pytest.raises(WeightDownloadError, match="changed during the download"):
             await download_stage_state(joiner, replica.host.get_id(), 2, 64 << 20, 5.0)
-        # A fresh attempt gets the new state whole.
+        # A fresh attempt gets the newest state whole.
         assert (
             await download_stage_state(joiner, replica.host.get_id(), 2, 64 << 20, 5.0) == held[2]
         )
 
-    # Lookup 1 answers the manifest, lookup 2 the first chunk; the step lands on lookup 3.
-    run_pair(tmp_path, scenario, step_after_lookups=3)
+    run_pair(tmp_path, scenario)
