@@ -30,7 +30,15 @@ from node.runtime import control
 from node.runtime.compute import T, in_worker_thread
 from node.runtime.dataplane import DataPlane
 from node.runtime.flow_service import FlowService
-from node.runtime.hop import BACKWARD, FLAG_REPAIR, FLAG_RESUME, FORWARD, HopHeader, frame_digest
+from node.runtime.hop import (
+    BACKWARD,
+    FLAG_REPAIR,
+    FLAG_RESUME,
+    FORWARD,
+    HopHeader,
+    frame_digest,
+    origin_attempt,
+)
 from node.runtime.hop_sender import HopSender, HopStats
 from node.runtime.routing import SwarmWiring
 from node.runtime.stall_repair import Outcome, StallRepair
@@ -244,11 +252,11 @@ class DataRole:
         return result
 
     def _take_attempt(self, key: tuple[int, int]) -> int:
-        """The next attempt number of a microbatch: restarts and repaired hops each take one, so
-        no two tries of the same hop carry the same attempt."""
-        attempt = self.attempts.get(key, 0)
-        self.attempts[key] = attempt + 1
-        return attempt
+        """The next attempt number of a microbatch: restarts and repaired hops each take a new
+        block of them (``hop.origin_attempt``), so no two tries of a hop carry the same one."""
+        tries = self.attempts.get(key, 0)
+        self.attempts[key] = tries + 1
+        return origin_attempt(tries)
 
     async def _first_hop(self, slot: int) -> str | None:
         """The slot's routed first hop, else any live stage-1 replica; waits while none is known."""

@@ -10,7 +10,12 @@ node (loss); backward S..1 at relays and 0 at the origin (embedding backward). `
 nodes that computed the forward so far, origin first, so a backward retraces it: the receiver of a
 backward at stage k sends its gradient to ``path[k-1]``. ``slot`` is the sender's flow slot, which
 the receiver's flow table maps to its own next hop. ``attempt`` grows with every re-send, so a
-re-sent hop is a new attempt and never a second claim of the same work.
+re-sent hop is a new attempt and never a second claim of the same work. Two kinds of node number
+attempts without asking each other, so the space is split: the data node gives each restart or
+repair of a microbatch a new block of ``ATTEMPT_BLOCK`` numbers (its n-th is ``n * 256``), and a
+node re-sending a hop on its own takes the next number inside the block it received
+(``resend_attempt``). A relay's re-send then never takes a number the data node hands out later
+(a receipt's hop key must not be claimed by two workers).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ FLAG_REPAIR = 1
 #: The receiver recomputes a lost forward hop and sends its output on like any forward
 #: (a forward repair: the node that held the output re-sent it past the dead hop).
 FLAG_RESUME = 2
+
+ATTEMPT_BLOCK = 256
 
 _FIXED = struct.Struct(">QQQHBHIB")
 _MAX_ID_BYTES = 96
@@ -121,3 +128,17 @@ def decode_hop(data: bytes) -> tuple[HopHeader, bytes]:
 def frame_digest(frame: bytes) -> bytes:
     """SHA-256 of a tensor frame: what an acknowledgement (and later a receipt) names."""
     return hashlib.sha256(frame).digest()
+
+
+def origin_attempt(tries: int) -> int:
+    """The data node's attempt number for its ``tries``-th try of a microbatch (0, 256, ...)."""
+    if not 0 <= tries < (1 << 16) // ATTEMPT_BLOCK:
+        raise ProtocolError(f"microbatch tried {tries} times; no attempt numbers left")
+    return tries * ATTEMPT_BLOCK
+
+
+def resend_attempt(attempt: int) -> int:
+    """The attempt number of a hop a node re-sends on its own: the next one in its block."""
+    if attempt % ATTEMPT_BLOCK == ATTEMPT_BLOCK - 1:
+        raise ProtocolError(f"hop re-sent {ATTEMPT_BLOCK - 1} times within one attempt; giving up")
+    return attempt + 1

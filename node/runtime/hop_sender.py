@@ -23,7 +23,14 @@ from node.p2p.rpc import PeerUnavailable, RequestDeclined, RpcLimits
 from node.runtime import control
 from node.runtime.dataplane import DataPlane, HopRecord
 from node.runtime.flow_service import FlowService
-from node.runtime.hop import BACKWARD, FLAG_REPAIR, FORWARD, HopHeader, frame_digest
+from node.runtime.hop import (
+    BACKWARD,
+    FLAG_REPAIR,
+    FORWARD,
+    HopHeader,
+    frame_digest,
+    resend_attempt,
+)
 from node.runtime.routing import SwarmWiring
 
 log = logging.getLogger(__name__)
@@ -97,7 +104,7 @@ class HopSender:
                 if replacement is None:
                     raise
                 self.stats.forward_resends += 1
-                to, header = replacement, header.onward(attempt=header.attempt + 1)
+                to, header = replacement, header.onward(attempt=_next_attempt(header.attempt))
 
     def replacement(self, stage: int, exclude: set[str]) -> str | None:
         """A live node of ``stage`` (the sink stage is S+1, data nodes) not in ``exclude``,
@@ -150,7 +157,7 @@ class HopSender:
         replacement = self.replacement(header.stage, dead)
         if replacement is None:
             raise PeerUnavailable(f"no live replica of stage {header.stage} left")
-        attempt = header.attempt + 1
+        attempt = _next_attempt(header.attempt)
         await self.request_resend(header, replacement, attempt)
         self.stats.backward_repairs += 1
         path = list(header.path)
@@ -232,3 +239,11 @@ class HopSender:
                 bool(header.flags & FLAG_REPAIR),
             )
         )
+
+
+def _next_attempt(attempt: int) -> int:
+    """``resend_attempt``, as a failure of the send (callers give the hop up, logged)."""
+    try:
+        return resend_attempt(attempt)
+    except ProtocolError as exc:
+        raise PeerUnavailable(str(exc)) from exc

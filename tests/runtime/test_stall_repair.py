@@ -25,7 +25,16 @@ import trio
 
 from gwtf.errors import ProtocolError
 from node.runtime import control
-from node.runtime.hop import BACKWARD, FLAG_REPAIR, FLAG_RESUME, FORWARD, HopHeader
+from node.runtime.hop import (
+    ATTEMPT_BLOCK,
+    BACKWARD,
+    FLAG_REPAIR,
+    FLAG_RESUME,
+    FORWARD,
+    HopHeader,
+    origin_attempt,
+    resend_attempt,
+)
 from node.runtime.hop_sender import PassedBack
 from node.runtime.relay import Buffered, RelayRole
 from tests.runtime.swarm_harness import Swarm, reference_losses, run_swarm
@@ -180,3 +189,18 @@ def test_a_relays_buffered_forward_reports_its_trace_state() -> None:
     assert Buffered(resumed, b"out", sent_to="next").trace_state() == ("sent", "next")
     for state, next_hop in (("sending", ""), ("stuck", ""), ("sent", "next"), ("held", "")):
         assert control.decode_trace(control.encode_trace(state, next_hop)) == (state, next_hop)
+
+
+def test_attempt_numbers_of_the_data_node_and_of_re_senders_never_meet() -> None:
+    data_node_attempts = [origin_attempt(tries) for tries in range(5)]
+    assert data_node_attempts == [0, 256, 512, 768, 1024]
+    # A relay re-sending a hop of the data node's second try stays inside that try's block.
+    resent = [resend_attempt(256)]
+    while len(resent) < ATTEMPT_BLOCK - 1:
+        resent.append(resend_attempt(resent[-1]))
+    assert resent[0] == 257 and resent[-1] == 511
+    assert not set(resent) & set(data_node_attempts)
+    with pytest.raises(ProtocolError, match="re-sent 255 times"):
+        resend_attempt(511)
+    with pytest.raises(ProtocolError, match="no attempt numbers left"):
+        origin_attempt(256)
