@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 PROTOCOL_ID = "/gwtf/flow/2.0.0"
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_ID_BYTES = 128
 MAX_BLOB_BYTES = 256
@@ -261,10 +261,14 @@ class Goodbye:
 
 @dataclass(frozen=True, slots=True)
 class SlotList:
-    """To an upstream peer: the slots of yours I carry (anti-entropy, and a flow heartbeat)."""
+    """To an upstream peer: the slots of yours I carry (anti-entropy, and a flow heartbeat).
+
+    It is also my keep-alive ping to that peer: a ``nonce`` other than 0 asks for ``Pong(nonce)``.
+    """
 
     TYPE_ID: ClassVar[int] = 26
     slots: tuple[int, ...]
+    nonce: int = 0
 
 
 @dataclass(frozen=True, slots=True)

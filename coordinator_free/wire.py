@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import struct
 import typing
 from typing import Any
@@ -117,41 +118,58 @@ def _check_len(name: str, length: int, limit: int) -> None:
 
 def encoded_size(message: Message) -> int:
     """``len(encode(message))`` without building the bytes (what a simulator charges a link)."""
-    fixed, variable = _SIZE_PLANS[type(message)]
-    if not variable:
-        return 2 + fixed
-    return 2 + _record_size(message)
+    return 2 + _SIZERS[type(message)](message)
 
 
-def _record_size(record: Any) -> int:
-    fixed, variable = _SIZE_PLANS[type(record)]
-    return fixed + sum(_value_size(kind, getattr(record, name)) for name, kind in variable)
+# A simulator sizes every control message it sends, so the schema is turned once into one
+# sizing function per type (fixed-width fields summed ahead) instead of being interpreted per call.
+_Sizer = typing.Callable[[Any], int]
+_FIXED_WIDTH = {"int": 8, "float": 8, "bool": 1}
 
 
-def _value_size(kind: _Kind, value: Any) -> int:
+def _str_size(value: str) -> int:
+    return 2 + (len(value) if value.isascii() else len(value.encode("utf-8")))
+
+
+def _bytes_size(value: bytes) -> int:
+    return 2 + len(value)
+
+
+def _value_sizer(kind: _Kind) -> _Sizer:
     if kind == "str":
-        return 2 + (len(value) if value.isascii() else len(value.encode("utf-8")))
+        return _str_size
     if kind == "bytes":
-        return 2 + len(value)
-    if kind in ("int", "float"):
-        return 8
-    if kind == "bool":
-        return 1
-    if isinstance(kind, tuple) and kind[0] == "tuple":
-        return 2 + sum(_value_size(kind[1], item) for item in value)
-    return _record_size(value)
+        return _bytes_size
+    if isinstance(kind, str):
+        width = _FIXED_WIDTH[kind]
+        return lambda _value: width
+    if kind[0] == "tuple":
+        item = kind[1]
+        if isinstance(item, str) and item in _FIXED_WIDTH:
+            item_width = _FIXED_WIDTH[item]
+            return lambda value: 2 + item_width * len(value)
+        item_sizer = _value_sizer(item)
+        return lambda value: 2 + sum(map(item_sizer, value))
+    return _record_sizer(kind[1])
 
 
-def _size_plan(cls: type[Any]) -> tuple[int, tuple[tuple[str, _Kind], ...]]:
-    fixed_width = {"int": 8, "float": 8, "bool": 1}
-    fixed = sum(fixed_width.get(kind, 0) for _, kind in _SCHEMAS[cls] if isinstance(kind, str))
+def _record_sizer(cls: type[Any]) -> _Sizer:
+    schema = _SCHEMAS[cls]
+    fixed = sum(_FIXED_WIDTH.get(k, 0) for _, k in schema if isinstance(k, str))
     variable = tuple(
-        (n, k) for n, k in _SCHEMAS[cls] if not (isinstance(k, str) and k in fixed_width)
+        (operator.attrgetter(name), _value_sizer(kind))
+        for name, kind in schema
+        if not (isinstance(kind, str) and kind in _FIXED_WIDTH)
     )
-    return fixed, variable
+    if not variable:
+        return lambda _record: fixed
+    if len(variable) == 1:
+        ((get, size),) = variable
+        return lambda record: fixed + size(get(record))
+    return lambda record: fixed + sum(size(get(record)) for get, size in variable)
 
 
-_SIZE_PLANS = {cls: _size_plan(cls) for cls in _SCHEMAS}
+_SIZERS: dict[type[Any], _Sizer] = {cls: _record_sizer(cls) for cls in _SCHEMAS}
 
 
 # ---- decode ------------------------------------------------------------------------------------

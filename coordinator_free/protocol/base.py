@@ -40,6 +40,12 @@ class NodeBase:
     ) -> None:
         spec.validate(config)
         self.spec = spec
+        # Neighbour stages are fixed for a node's life (a move is a new node): asked on every
+        # message, so computed once.
+        self._next_stage = next_stage(spec.stage, config.stages)
+        self._previous_stage = previous_stage(spec.stage, config.stages)
+        #: The decision period (``config.decision_period_s``), read on every timer check.
+        self.period_s: float = config.decision_period_s
         self.boot_id = boot_id
         self.config = config
         self.rng = rng
@@ -75,20 +81,16 @@ class NodeBase:
 
     @property
     def next_stage(self) -> int:
-        return next_stage(self.spec.stage, self.config.stages)
+        return self._next_stage
 
     @property
     def previous_stage(self) -> int:
-        return previous_stage(self.spec.stage, self.config.stages)
+        return self._previous_stage
 
     @property
     def spare(self) -> int:
         """Flows this node can still accept (a data node: as a sink)."""
         return self.spec.capacity - len(self.in_slots) - len(self.reserved)
-
-    @property
-    def period_s(self) -> float:
-        return self.config.decision_period_s
 
     def new_slot_number(self) -> int:
         self._next_slot += 1
@@ -143,10 +145,21 @@ class NodeBase:
 
     def set_peer_view(self, peer: Peer, spare: int, cost_to_sink_ms: float | None = None) -> None:
         """Record a peer's spare capacity (and advertised cost) as last heard."""
+        cached = self._sink_cost_ms
+        counted = cached is not None and peer.alive and peer.stage == self._next_stage
+        old_ms = self._through_if_room_ms(peer) if counted else INF
         peer.spare = spare
         if cost_to_sink_ms is not None:
             peer.cost_to_sink_ms = cost_to_sink_ms
-        self._sink_cost_ms = None
+        if not counted or cached is None:
+            return
+        # ``cost_to_sink_ms`` is a minimum over next-stage peers: update it for this one peer
+        # instead of scanning them all (an advert arrives for every change of every peer).
+        new_ms = self._through_if_room_ms(peer)
+        if new_ms < cached:
+            self._sink_cost_ms = new_ms
+        elif new_ms > cached and old_ms == cached:
+            self._sink_cost_ms = None  # it may have been the cheapest: scan again
 
     def observe_link(
         self, peer_id: str, latency_ms: float, bandwidth_gbps: float | None = None
@@ -179,6 +192,15 @@ class NodeBase:
         )
         return peer.edge_cost_ms
 
+    def _through_if_room_ms(self, peer: Peer) -> float:
+        """What ``peer`` adds to the minimum in ``cost_to_sink_ms`` (inf without room)."""
+        if peer.spare <= 0:
+            return INF
+        edge = peer.edge_cost_ms
+        if edge is None:
+            edge = self.edge_cost_ms(peer.peer_id)
+        return edge + peer.cost_to_sink_ms
+
     def cost_through_ms(self, peer: Peer) -> float:
         return self.edge_cost_ms(peer.peer_id) + peer.cost_to_sink_ms
 
@@ -190,10 +212,12 @@ class NodeBase:
             # paper's c_j is a measured time, which grows the same way with load).
             return self.spec.compute_ms * len(self.in_slots) / self.spec.capacity
         if self._sink_cost_ms is None:
-            costs = [
-                self.cost_through_ms(p) for p in self.alive_peers(self.next_stage) if p.spare > 0
-            ]
-            self._sink_cost_ms = min(costs, default=INF)
+            best = INF
+            for peer in self.alive_peers(self._next_stage):
+                cost = self._through_if_room_ms(peer)
+                if cost < best:
+                    best = cost
+            self._sink_cost_ms = best
         return self._sink_cost_ms
 
     def choose_next_hop(self, out: OutSlot, now: float, exclude: str | None = None) -> str | None:

@@ -45,9 +45,11 @@ class FlowConfig:
     default_latency_ms: float = 50.0
     default_bandwidth_gbps: float = 1.0
     # Ours: how often an unchanged advert is repeated (adverts go on change and to new peers;
-    # the repeat only covers a lost message), and how often slot lists are exchanged.
+    # the repeat only covers a lost message), and how often slot lists are exchanged. A slot
+    # list is also the keep-alive ping to the upstream peer, so its period matches the
+    # keep-alive interval (10 x 2 s = 20 s) and the two make one message, not two.
     advert_refresh_periods: int = 150
-    reconcile_periods: int = 5
+    reconcile_periods: int = 10
     # Ours: a peer that rejected a slot is not asked again for it for this many periods.
     exclusion_periods: int = 6
     # Ours: a same-stage table older than this is too stale to plan a move with.

@@ -53,6 +53,7 @@ class LivenessMixin(NodeBase):
             self.set_peer_view(peer, msg.spare)
             if peer.compute_ms != msg.compute_ms:
                 peer.compute_ms, peer.edge_cost_ms = max(msg.compute_ms, 0.0), None
+                self.peers_changed()  # its edge cost changed: the cheapest way on may too
         if msg.wants_reply:
             sends.insert(0, Outbound(sender, self.hello()))
         return sends
@@ -106,10 +107,10 @@ class LivenessMixin(NodeBase):
         interval_s = self.config.keepalive_interval_s
         timeout_s = self.config.keepalive_timeout_s
         peers = self.peers
-        partners = [inflow.upstream for inflow in self.in_slots.values()]
-        partners += [out.next_hop for out in self.out_slots.values() if out.next_hop is not None]
+        partners: list[str | None] = [inflow.upstream for inflow in self.in_slots.values()]
+        partners += [out.next_hop for out in self.out_slots.values()]
         for peer_id in partners:
-            peer = peers.get(peer_id)
+            peer = peers.get(peer_id) if peer_id is not None else None
             if peer is None or not peer.alive:
                 continue
             if peer.ping_nonce is not None and peer.last_heard_s <= peer.ping_sent_s:

@@ -79,30 +79,42 @@ class FlowNode(RoutingMixin, MovesMixin, LivenessMixin):
         if self.left:
             return []
         peer = self.peers.get(sender)
-        if type(message) not in _ANSWER_ONLY or peer is None or not peer.alive:
+        kind = type(message)
+        if (kind not in _ANSWER_ONLY and kind is not CostAdvert) or peer is None or not peer.alive:
             self._next_tick_cache_s = None
         if peer is not None and not peer.alive and not isinstance(message, Goodbye):
             # Crashed nodes send nothing, and a death is declared long after any message could
             # still be in flight: a peer that speaks was only suspected wrongly (slow, not dead).
             self.set_peer_alive(peer, True)
             peer.misses = 0
-        self.heard_from(sender, now)
-        handler = _HANDLERS.get(type(message))
+        if peer is not None and peer.alive:  # ``heard_from``, inlined on the hot path
+            peer.last_heard_s = now
+        handler = _HANDLERS.get(kind)
         if handler is None:
             return []  # data-plane messages are the data plane's business
-        return handler(self, sender, message, now)
+        sends = handler(self, sender, message, now)
+        if kind is CostAdvert and self._next_tick_cache_s is not None and self.advert_due(now):
+            # A peer's advert changes nothing a tick waits for but this node's own advert.
+            self._next_tick_cache_s = None
+        return sends
 
     def tick(self, now: float) -> list[Outbound]:
         """Timers: keep-alives on every call, and the decision round once per period."""
         if self.left:
             return []
         self._next_tick_cache_s = None
-        sends = self.keepalive(now)
         if now - self._last_decision_s < self.period_s - TIME_SLACK_S:
-            return sends
-        if self._last_decision_s == -INF:  # the first round: reconcile 4 periods from now
+            return self.keepalive(now)
+        if self._last_decision_s == -INF:  # the first round: reconcile 9 periods from now
             self._last_reconcile_s = now - self.period_s
         self._last_decision_s = now
+        sends: list[Outbound] = []
+        reconcile_s = self.config.reconcile_periods * self.period_s
+        if now - self._last_reconcile_s >= reconcile_s - TIME_SLACK_S:
+            # Before the keep-alives: the slot lists are this round's pings to upstream peers.
+            self._last_reconcile_s = now
+            sends += self.reconcile(now)
+        sends += self.keepalive(now)
         if self.pending_swaps or self.reserved or self.table_requests or self.handover_slots:
             self.expire_moves(now)
         needing = self.needs_next_hops()
@@ -110,10 +122,6 @@ class FlowNode(RoutingMixin, MovesMixin, LivenessMixin):
             sends += self.push_back_stale(now)
             sends += self.route_unmatched(now)
         sends += self.advertise(now)
-        reconcile_s = self.config.reconcile_periods * self.period_s
-        if now - self._last_reconcile_s >= reconcile_s - TIME_SLACK_S:
-            self._last_reconcile_s = now
-            sends += self.reconcile(now)
         if needing:
             self._idle_move_at_s = None
             moving = self.rng.random() < self.config.anneal_probability_needing
@@ -128,8 +136,12 @@ class FlowNode(RoutingMixin, MovesMixin, LivenessMixin):
 
     def needs_next_hops(self) -> bool:
         """Whether a slot lacks a next hop (then every decision round has routing to do)."""
-        carried = _CARRIED
-        return any(out.state not in carried for out in self.out_slots.values())
+        matched, locked = SlotState.MATCHED, SlotState.LOCKED
+        for out in self.out_slots.values():
+            state = out.state
+            if state is not matched and state is not locked:
+                return True
+        return False
 
     def state_changed(self) -> None:
         """Hook for a driver that changed the node's state from outside (a link measured, a peer
@@ -274,6 +286,8 @@ def _handlers() -> dict[type[Any], Handler]:
 
 
 _HANDLERS = _handlers()
-#: Messages whose handling only answers (from a live peer): they bring no work forward.
-_ANSWER_ONLY: frozenset[type[Any]] = frozenset({Ping, TableRequest})
-_CARRIED = frozenset({SlotState.MATCHED, SlotState.LOCKED})
+#: Messages whose handling (from a live peer) brings no work forward: they answer, or only
+#: tell that the peer lives (which delays a keep-alive). Where their handler does change the
+#: state (a Pong that measures the link, a slot list that drops a flow) it calls
+#: ``state_changed`` itself.
+_ANSWER_ONLY: frozenset[type[Any]] = frozenset({Ping, TableRequest, Pong, SlotList})

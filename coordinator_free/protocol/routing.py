@@ -20,6 +20,7 @@ from coordinator_free.messages import (
     FlowRequest,
     PathReport,
     PathUpdate,
+    Pong,
     PushBack,
     Rebind,
     Redirect,
@@ -181,7 +182,7 @@ class RoutingMixin(NodeBase):
         if peer is not None:
             peer.last_slot_list_s = now
         held = set(msg.slots)
-        sends: list[Outbound] = []
+        sends: list[Outbound] = [] if msg.nonce == 0 else [Outbound(sender, Pong(msg.nonce))]
         for slot in msg.slots:
             out = self.out_slots.get(slot)
             if out is None or out.next_hop != sender or out.state is SlotState.UNMATCHED:
@@ -190,6 +191,7 @@ class RoutingMixin(NodeBase):
         for out in list(self.out_slots.values()):
             stale = out.since_s < now - grace_s
             if out.next_hop == sender and out.is_carried and out.slot not in held and stale:
+                self.state_changed()
                 sends += self.unmatch(out, now, 0.0)
         return sends
 
@@ -237,11 +239,19 @@ class RoutingMixin(NodeBase):
         return self._last_advert_at_s + self.config.advert_refresh_periods * self.period_s
 
     def reconcile(self, now: float) -> list[Outbound]:
-        """Send each upstream peer the list of its slots I carry; drop silent downstream slots."""
+        """Send each upstream peer the list of its slots I carry; drop silent downstream slots.
+
+        The slot list doubles as the keep-alive ping to that peer (``keepalive`` then has no
+        ping to send it for an interval), so a flow's two ends exchange one message each way
+        per period instead of a slot list plus a ping and its answer.
+        """
         by_upstream: dict[str, list[int]] = {}
         for inflow in self.in_slots.values():
             by_upstream.setdefault(inflow.upstream, []).append(inflow.upstream_slot)
-        sends = [Outbound(up, SlotList(tuple(sorted(slots)))) for up, slots in by_upstream.items()]
+        sends = [
+            Outbound(up, SlotList(tuple(sorted(slots)), self._keepalive_nonce(up, now)))
+            for up, slots in by_upstream.items()
+        ]
         silent_s = 3 * self.config.reconcile_periods * self.period_s
         for out in list(self.out_slots.values()):
             if not out.is_carried or out.next_hop is None:
@@ -251,6 +261,16 @@ class RoutingMixin(NodeBase):
             if now - max(heard_s, out.since_s) > silent_s:
                 sends += self.unmatch(out, now, 0.0)
         return sends
+
+    def _keepalive_nonce(self, peer_id: str, now: float) -> int:
+        """The ping nonce a slot list to ``peer_id`` carries (0 for a peer not watched)."""
+        peer = self.peers.get(peer_id)
+        if peer is None or not peer.alive:
+            return 0
+        if peer.ping_nonce is None:  # a new ping; an outstanding one keeps its deadline
+            peer.ping_nonce, peer.ping_sent_s = self.new_nonce(), now
+        peer.last_ping_s = now
+        return peer.ping_nonce
 
     def _suffix_for(self, inflow: InSlot) -> float:
         if inflow.out_slot is None:

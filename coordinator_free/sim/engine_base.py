@@ -155,16 +155,17 @@ class EngineBase(ABC):
     # ---- control plane ----
 
     def _send_message(self, send: Send) -> None:
-        src = self.world.nodes.get(send.src)
-        if send.dst not in self.world.nodes or src is None:
+        nodes = self.world.nodes
+        src, dst = nodes.get(send.src), nodes.get(send.dst)
+        if dst is None or src is None:
             raise PolicyContractError(f"{self.policy.name} sent a message {send.src}->{send.dst}")
         if not src.alive:
             return
         size = max(0, int(send.size_bytes))
-        self.metrics.control_messages += 1
-        self.metrics.control_bytes += size
-        delay = self.world.latency_ms(send.src, send.dst) / 1000.0
-        delay += self.world.transfer_s(send.src, send.dst, size)
+        metrics = self.metrics
+        metrics.control_messages += 1
+        metrics.control_bytes += size
+        delay = self.world.region_delay_s(src.region_index, dst.region_index, size)
         message = Message(send.src, send.dst, send.payload, size, self.now)
         self._schedule(self.now + delay, MESSAGE, message)
 

@@ -1,11 +1,14 @@
 """Iterations in the engine: injection, the barrier, gradient averaging, stage moves, useful work.
 
 An iteration ends when every microbatch injected in it finished its backward; then each stage's
-live replicas average gradients by ring all-reduce (stages in parallel), pending stage moves
+live replicas average gradients by butterfly all-reduce (stages in parallel), pending stage moves
 happen, and the next iteration starts.
 """
 
 from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
 
 from coordinator_free.sim.events import ALLREDUCE_DONE, STALL
 from coordinator_free.sim.membership import MembershipMixin
@@ -74,21 +77,19 @@ class IterationsMixin(MembershipMixin):
         self.metrics.stopped_reason = reason
 
     def _allreduce_s(self) -> float:
-        """Ring all-reduce of each stage among its live replicas; stages reduce in parallel."""
-        size_bits = self.scenario.model.stage_param_bytes * 8.0
+        """Butterfly all-reduce of each stage among its live replicas; stages reduce in parallel."""
+        topology = self.scenario.topology
         slowest = 0.0
         for stage in range(self.scenario.model.stages + 1):
-            members = sorted(
-                self.world.alive_in_stage(stage), key=lambda n: self.world.nodes[n].region_index
+            regions = Counter(
+                self.world.nodes[n].region_index for n in self.world.alive_in_stage(stage)
             )
-            count = len(members)
-            if count < 2:
-                continue
-            ring = list(zip(members, members[1:] + members[:1], strict=True))
-            bandwidth = min(self.world.bandwidth_gbps(a, b) for a, b in ring) * 1e9
-            latency_s = max(self.world.latency_ms(a, b) for a, b in ring) / 1000.0
-            # Reduce-scatter then all-gather: 2(n-1) steps of 1/n of the parameters each.
-            seconds = 2.0 * (count - 1) * (size_bits / count / bandwidth + latency_s)
+            seconds = butterfly_allreduce_s(
+                regions,
+                self.scenario.model.stage_param_bytes,
+                topology.latency_ms,
+                topology.bandwidth_gbps,
+            )
             slowest = max(slowest, seconds)
         return slowest
 
@@ -103,3 +104,37 @@ class IterationsMixin(MembershipMixin):
                 if node.alive and node.incarnation == incarnation:
                     useful += seconds
         self.metrics.useful_gpu_s += useful
+
+
+def butterfly_allreduce_s(
+    replicas_by_region: Mapping[int, int],
+    param_bytes: float,
+    latency_ms: Sequence[Sequence[float]],
+    bandwidth_gbps: Sequence[Sequence[float]],
+) -> float:
+    """Seconds to average ``param_bytes`` among replicas placed by region (count per region).
+
+    Butterfly all-reduce, as hivemind's ``AllReduceRunner`` runs it for SWARM and DeDLOC: each of
+    the n replicas owns 1/n of the parameters; in the reduce-scatter every replica sends each
+    other replica its part (all at once, one after another on its own uplink) and reduces its
+    own; the all-gather sends the reduced parts back the same way. Each phase takes the slowest
+    replica's uplink time, sum over peers j of (P/n) / bandwidth to j, plus the largest one-way
+    latency between two replicas: 2 latency steps, against the 2(n-1) of a ring.
+    """
+    count = sum(replicas_by_region.values())
+    if count < 2:
+        return 0.0
+    part_bits = param_bytes * 8.0 / count
+    present = sorted(r for r, n in replicas_by_region.items() if n > 0)
+    upload_s = 0.0
+    latency_s = 0.0
+    for src in present:
+        seconds = 0.0
+        for dst in present:
+            peers = replicas_by_region[dst] - (1 if dst == src else 0)
+            if peers <= 0:
+                continue
+            seconds += peers * part_bits / (bandwidth_gbps[src][dst] * 1e9)
+            latency_s = max(latency_s, latency_ms[src][dst] / 1000.0)
+        upload_s = max(upload_s, seconds)
+    return 2.0 * (upload_s + latency_s)

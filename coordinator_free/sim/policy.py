@@ -44,7 +44,8 @@ Model the engine implements (what a policy may rely on):
   microbatches per iteration (its batch) and has no holding limit as a sink.
 * Iteration: ends when every microbatch injected in it has finished its backward at its origin;
   then each stage's live replicas (and the data nodes, for embedding and head) average gradients
-  by ring all-reduce of ``stage_param_bytes``; dead replicas are dropped, not waited for. Then the
+  by butterfly all-reduce of ``stage_param_bytes`` (``iterations.butterfly_allreduce_s``); dead
+  replicas are dropped, not waited for. Then the
   ``MoveStage`` actions requested so far take effect (the node downloads the new stage's weights
   from its nearest live replica) and the next iteration starts.
 * Holding: ``Hold`` parks the microbatch at the node. The engine asks ``choose_next_hop`` again

@@ -72,7 +72,10 @@ class RoundRobinPolicy(PolicyDefaults):
         return Replace(mb.stage - 1, target) if target is not None else Restart()
 
     def _usable(self, world: WorldView, stage: int, now: float) -> Sequence[str]:
-        return [n for n in world.nodes_in_stage(stage) if not self._suspects.is_suspected(n, now)]
+        members = world.nodes_in_stage(stage)
+        if self._suspects.is_empty():  # the usual case: no scan of the whole stage
+            return members
+        return [n for n in members if not self._suspects.is_suspected(n, now)]
 
     def _next(self, world: WorldView, stage: int, now: float) -> str | None:
         candidates = self._usable(world, stage, now)

@@ -24,6 +24,10 @@ class Suspicions:
     def clear(self, peer: str) -> None:
         self._until.pop(peer, None)
 
+    def is_empty(self) -> bool:
+        """Whether nobody is suspected (then no peer needs checking one by one)."""
+        return not self._until
+
     def is_suspected(self, peer: str, now: float) -> bool:
         until = self._until.get(peer)
         if until is None:

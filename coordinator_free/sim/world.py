@@ -140,6 +140,13 @@ class World:
         """Serialisation time of ``size_bytes`` on the src -> dst link, in seconds."""
         return size_bytes * _BITS_PER_BYTE / (self.bandwidth_gbps(src, dst) * _BITS_PER_GBIT)
 
+    def region_delay_s(self, src_region: int, dst_region: int, size_bytes: float) -> float:
+        """Latency plus serialisation of ``size_bytes`` between two regions, in seconds (what a
+        control message takes; the same arithmetic as ``latency_ms`` / 1000 + ``transfer_s``)."""
+        latency_s = self._latency_ms[src_region][dst_region] / 1000.0
+        bandwidth = self._bandwidth_gbps[src_region][dst_region]
+        return latency_s + size_bytes * _BITS_PER_BYTE / (bandwidth * _BITS_PER_GBIT)
+
     def mark_known(self, node_id: str) -> None:
         node = self.nodes[node_id]
         if not node.known:

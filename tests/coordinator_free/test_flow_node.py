@@ -136,26 +136,67 @@ def test_a_dead_next_hop_is_replaced_and_not_chosen_while_dead() -> None:
     assert node.alternative_next_hop(again.message.slot, exclude="y", now=3.0) == "x"
 
 
+def test_a_slot_list_is_the_keepalive_to_the_upstream_peer() -> None:
+    node = relay("a", 1)
+    meet(node, ("d0", "data", 0), ("x", "relay", 2))
+    node.handle("x", CostAdvert(10.0, 2), 0.0)
+    (request,) = sent(node.handle("d0", FlowRequest(3, "d0/0", ("d0",), 5.0), 0.0), FlowRequest)
+    node.handle("x", FlowAccept(request.message.slot, 10.0), 0.0)
+    to_d0: list = []
+    now = 0.0
+    while now < 120.0:
+        sends = node.tick(now)
+        for out in sends:
+            if out.to == "d0":
+                to_d0.append(out.message)
+                if isinstance(out.message, SlotList):  # d0 answers every keep-alive
+                    node.handle("d0", Pong(out.message.nonce), now + 0.1)
+            elif isinstance(out.message, Ping):
+                node.handle("x", Pong(out.message.nonce), now + 0.1)
+        node.handle("x", SlotList((request.message.slot,)), now + 0.1)  # x still carries it
+        now += 1.0
+    assert node.peers["d0"].alive and node.in_slots
+    # One message to the upstream peer per keep-alive interval: the slot list, never a ping.
+    assert not [m for m in to_d0 if isinstance(m, Ping)]
+    slot_lists = [m for m in to_d0 if isinstance(m, SlotList)]
+    assert len(slot_lists) == 6  # at 18, 38, ..., 118 s
+    assert all(m.slots == (3,) and m.nonce != 0 for m in slot_lists)
+    assert len({m.nonce for m in slot_lists}) == len(slot_lists)
+
+
+def test_a_slot_list_asking_for_an_answer_gets_a_pong() -> None:
+    node = relay("a", 2)
+    meet(node, ("u", "relay", 1))
+    assert sent(node.handle("u", SlotList((), 42), 1.0), Pong)[0].message.nonce == 42
+    assert not sent(node.handle("u", SlotList(()), 2.0), Pong)
+
+
 def test_three_missed_keepalives_declare_a_flow_partner_dead() -> None:
     node = relay("a", 1)
     meet(node, ("d0", "data", 0), ("x", "relay", 2))
     node.handle("x", CostAdvert(10.0, 2), 0.0)
     (request,) = sent(node.handle("d0", FlowRequest(3, "d0/0", ("d0",), 5.0), 0.0), FlowRequest)
     node.handle("x", FlowAccept(request.message.slot, 10.0), 0.0)
-    pings, now = 0, 0.0
+    pings, slot_list_pings, now = 0, 0, 0.0
     while node.peers["d0"].alive and now < 200.0:
-        for ping in sent(node.tick(now), Ping):
+        sends = node.tick(now)
+        for ping in sent(sends, Ping):
             if ping.to == "d0":
                 pings += 1
             else:  # x answers, d0 is silent
                 node.handle("x", Pong(ping.message.nonce), now + 0.1)
+        for slot_list in sent(sends, SlotList):
+            assert slot_list.to == "d0" and slot_list.message.nonce != 0
+            slot_list_pings += 1
         node.handle("x", SlotList((request.message.slot,)), now + 0.1)  # x still carries it
         now += 1.0
     assert not node.peers["d0"].alive
-    assert pings == CONFIG.keepalive_misses
-    # d0 was last heard at 0 s: a ping at 20 s; each miss (no answer after 5 s, seen at the
-    # next tick of 1 s) sends the next ping at once, so the third miss comes at 20 + 3 x 6 s,
-    # well before three keep-alive intervals.
+    # The first keep-alive to d0 is the slot list of the reconciliation (at 18 s, 10 periods
+    # after the first round); each miss (no answer after 5 s, seen at the next tick of 1 s)
+    # sends a ping at once, so the third miss comes at 18 + 3 x 6 s, well before three
+    # keep-alive intervals.
+    assert slot_list_pings + pings == CONFIG.keepalive_misses
+    assert slot_list_pings == 1
     assert 35.0 < now <= 40.0
     assert not node.in_slots  # the flow from the dead upstream is released
 
@@ -279,3 +320,25 @@ def test_a_flow_that_just_moved_is_not_rerouted_until_costs_settle() -> None:
     assert node.try_reroute(10.0) == []  # the flow moved 10 s ago: it waits
     (moved,) = node.try_reroute(31.0)  # 15 periods of 2 s later it may move
     assert moved.to == "y" and isinstance(moved.message, FlowRequest)
+
+
+def test_the_cheapest_way_on_follows_every_peer_view_update() -> None:
+    # cost_to_sink_ms is kept up to date peer by peer; it must always equal a full scan.
+    rng = random.Random(7)
+    node = relay("a", 1)
+    names = [f"x{i}" for i in range(6)]
+    meet(node, *((name, "relay", 2) for name in names))
+    for name in names:
+        node.observe_link(name, rng.uniform(5.0, 80.0))
+    for step in range(400):
+        peer = node.peers[rng.choice(names)]
+        cost = rng.choice([None, rng.uniform(0.0, 500.0), float("inf")])
+        node.set_peer_view(peer, rng.choice([0, 0, 1, 2]), cost)
+        if step % 50 == 0:
+            node.peer_dead(rng.choice(names), float(step))
+            node.handle(rng.choice(names), CostAdvert(rng.uniform(0.0, 500.0), 1), float(step))
+        scan = min(
+            (node.cost_through_ms(p) for p in node.alive_peers(2) if p.spare > 0),
+            default=float("inf"),
+        )
+        assert node.cost_to_sink_ms() == scan
