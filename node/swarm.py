@@ -30,7 +30,9 @@ Swarm file::
              {t = 2.0, stranger = 1}] (a stranger: a relay of that stage whose libp2p id is not
              registered on chain; with the chain on, every node refuses it),
              crash_on = [{stage = 1, direction = "forward", iteration = 1}] (fault injection:
-             the first relay of that stage to get such a hop dies by SIGKILL mid-hop),
+             the first relay of that stage to get such a hop dies by SIGKILL mid-hop; with
+             when = "after_ack" it dies once it has computed and acknowledged the hop, before
+             sending its output on: the loss no sender sees),
              crash_rate_per_hour = 0.0 (relays killed at random at this rate), seed = 0
              (times count from the start of training: when the data node has its first flows)
 """
@@ -52,6 +54,7 @@ from typing import IO, Any
 import tomli_w
 
 from gwtf.errors import ConfigError, GwtfError
+from node.runtime.fault_injection import CRASH_MOMENTS
 from node.settings import AUTO_STAGE, FlowSettings, load_settings
 from node.swarm_chain import ChainPlan, SwarmChain, chain_facts, child_env, start_swarm_chain
 
@@ -159,6 +162,11 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
             _entrant_stage(run["stages"], event["join"])
         if "stranger" in event and _entrant_stage(run["stages"], event["stranger"]) < 1:
             raise ConfigError("a stranger cannot ask the run for its stage; give it one")
+    for rule in churn["crash_on"]:
+        if not isinstance(rule, dict) or rule.get("direction") not in ("forward", "backward"):
+            raise ConfigError(f'crash_on rule {rule} needs direction = "forward" or "backward"')
+        if rule.get("when", "on_receipt") not in CRASH_MOMENTS:
+            raise ConfigError(f"crash_on rule {rule}: 'when' is one of {', '.join(CRASH_MOMENTS)}")
     chain_plan = ChainPlan.from_section(raw.get("chain", {}))
     if not chain_plan.enabled and any("stranger" in event for event in churn["events"]):
         raise ConfigError("a 'stranger' churn event tests admission: it needs [chain] enabled")
@@ -227,6 +235,7 @@ def _crash_on(plan: SwarmPlan, stage: int) -> dict[str, Any] | None:
             return {
                 "direction": rule["direction"],
                 "iteration": rule["iteration"],
+                "when": rule.get("when", "on_receipt"),
                 "lock": str(lock),
             }
     return None

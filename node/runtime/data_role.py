@@ -92,6 +92,10 @@ class DataRole:
     #: The liveness probe's deadline before ending an iteration; None: the larger of the
     #: keep-alive timeout and twice the hop ack deadline (a loaded relay answers late, not never).
     probe_timeout_s: float | None = None
+    #: Relay -> stage of every relay discovery knows (set by the node; the flow protocol only
+    #: knows stage 1 and the last stage), and those of them that failed a liveness probe.
+    discovered_relays: Callable[[], dict[str, int]] = dict
+    unreachable: set[str] = field(default_factory=set)
     #: Recent microbatch times (acknowledged first hop to returned gradient): what "late" means.
     recent_s: deque[float] = field(default_factory=lambda: deque(maxlen=64))
 
@@ -356,18 +360,17 @@ class DataRole:
         Relays that answer a quick liveness probe are the replica sets, announced to all of them,
         so every replica of a stage averages over the same list and none waits for a dead one.
         """
-        believed = sorted(
-            p.peer_id for p in self.flow.node.peers.values() if p.alive and p.stage >= 1
-        )
-        alive = await self._probe(believed)
+        stage_of = self._relays_believed()
+        alive = await self._probe(sorted(stage_of))
+        self.unreachable.update(set(stage_of) - set(alive))
         by_stage: dict[int, list[str]] = {}
         for relay in alive:
-            by_stage.setdefault(self.flow.node.peers[relay].stage, []).append(relay)
+            by_stage.setdefault(stage_of[relay], []).append(relay)
         stepped: dict[int, int] = {}
         limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 4 * self.stall_timeout_s)
 
         async def ask(relay: str) -> None:
-            replicas = tuple(by_stage[self.flow.node.peers[relay].stage])
+            replicas = tuple(by_stage[stage_of[relay]])
             request = control.encode_request(control.EndIteration(iteration, replicas))
             try:
                 reply = control.decode_reply(
@@ -379,13 +382,30 @@ class DataRole:
                 log.warning("relay %s did not end iteration %s: %s", relay, iteration, exc)
                 return
             if reply["ok"]:
-                stage = self.flow.node.peers[relay].stage
-                stepped[stage] = stepped.get(stage, 0) + 1
+                stepped[stage_of[relay]] = stepped.get(stage_of[relay], 0) + 1
 
         async with trio.open_nursery() as nursery:
             for relay in alive:
                 nursery.start_soon(ask, relay)
         return stepped
+
+    def _relays_believed(self) -> dict[str, int]:
+        """Relay -> stage, for every relay that may be alive: those the flow protocol knows alive
+        (only stage 1 and the last stage: its neighbours), and those discovery found that it
+        does not know (a middle stage's, or one not yet introduced), unless one failed a probe."""
+        stage_of = {
+            relay: stage
+            for relay, stage in self.discovered_relays().items()
+            if 1 <= stage <= self.plane.stages and relay not in self.unreachable
+        }
+        for peer in self.flow.node.peers.values():
+            if peer.stage >= 1:
+                if peer.alive:
+                    stage_of[peer.peer_id] = peer.stage
+                    self.unreachable.discard(peer.peer_id)
+                else:
+                    stage_of.pop(peer.peer_id, None)
+        return stage_of
 
     def _probe_timeout_s(self) -> float:
         if self.probe_timeout_s is not None:

@@ -188,6 +188,10 @@ async def run_live_node(
 
         ready = trio.Event()
         book = AddressBook(rpc, own_record(rpc, config.region), on_new_peer, on_heard)
+        if isinstance(role, DataRole):
+            role.discovered_relays = lambda: {
+                peer: record.stage for peer, record in book.peers.items() if record.stage
+            }
         if config.topology is not None:
             rpc.shaper = _shaper(LinkEmulator(config.topology), node_id, config.region, book)
         book.serve()
@@ -211,7 +215,10 @@ async def run_live_node(
         if isinstance(role, RelayRole):
 
             async def resync(min_step: int) -> None:
-                await _join_stage(rpc, discovery, role, config, min_step)
+                # Bounded: with no replica left to load from, the relay goes on from its own
+                # state (RelayRole._resync) instead of holding up its stage for good.
+                with trio.fail_after(4 * config.flow.ack_deadline_s + config.discovery_period_s):
+                    await _join_stage(rpc, discovery, role, config, min_step)
 
             role.resync = resync
             if config.join:

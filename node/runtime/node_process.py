@@ -24,7 +24,6 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -41,7 +40,7 @@ from node.devnet_file import read_devnet_file
 from node.p2p.link_emulation import Topology
 from node.runtime.admission import RunAdmission
 from node.runtime.data_role import DataRole
-from node.runtime.hop import BACKWARD, FORWARD, HopHeader
+from node.runtime.fault_injection import arm_crash
 from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
 from node.settings import AUTO_STAGE, Settings, load_settings
 from node.training.checkpoint import state_digest
@@ -182,32 +181,6 @@ def _digest_at_step(worker: PartTrainer) -> str:
         _digests.clear()
         _digests[worker.step_count] = state_digest(worker)
     return _digests[worker.step_count]
-
-
-def arm_crash(node: LiveNode, crash_on: dict[str, Any]) -> None:
-    """Die by SIGKILL when the first matching hop arrives (if this node wins the lock)."""
-    direction = FORWARD if crash_on["direction"] == "forward" else BACKWARD
-    iteration = int(crash_on["iteration"])
-    lock = Path(crash_on["lock"])
-    compute = node.plane.compute
-    assert compute is not None, "the role sets compute before the node is started"
-
-    async def crashing(header: HopHeader, frame: bytes) -> None:
-        if header.direction == direction and header.iteration == iteration:
-            try:
-                os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            except FileExistsError:
-                pass  # another node took this crash
-            else:
-                log.warning(
-                    "fault injection: dying mid-%s of iteration %s",
-                    crash_on["direction"],
-                    iteration,
-                )
-                os.kill(os.getpid(), signal.SIGKILL)
-        await compute(header, frame)
-
-    node.plane.compute = crashing
 
 
 async def run_process(

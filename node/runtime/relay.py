@@ -183,11 +183,26 @@ class RelayRole:
         self.sender.passed.clear()
 
     async def _resync(self) -> None:
-        """Load the replicas' state until this relay has caught up with the latest round."""
+        """Load the replicas' state until this relay has caught up with the latest round.
+
+        If no replica answers in time (the others died), this relay holds the newest state of
+        its stage that is left: it goes on from it, and the stage loses the steps in between,
+        rather than declining every hop for good."""
         assert self.resync is not None
         try:
             while self.worker.step_count < self.resync_target:
-                await self.resync(self.resync_target)
+                try:
+                    await self.resync(self.resync_target)
+                except (trio.TooSlowError, ProtocolError) as exc:
+                    log.error(
+                        "no replica of stage %s gave its state at step %s (%s); going on from this "
+                        "relay's own state at step %s: the stage loses the updates in between",
+                        self.stage,
+                        self.resync_target,
+                        exc or "none answered",
+                        self.worker.step_count,
+                    )
+                    self.worker.step_count = self.resync_target
         finally:
             self.resyncing = False
             self.resynced.set()

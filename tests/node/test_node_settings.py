@@ -155,6 +155,13 @@ def test_the_example_swarm_files_load_and_their_node_files_validate(
         ("[run]\nrouting = 'random'\n", "flow.routing='random'"),
         ("[chain]\nenabled = false\n[churn]\nevents = [{t = 1.0, stranger = 1}]\n", "stranger"),
         ("[churn]\nevents = [{t = 1.0, leave = 1}]\n", "names none of"),
+        ("[churn]\nevents = [{t = 1.0, join = 3}]\n", "churn event stage 3"),
+        ("[churn]\nevents = [{t = 1.0, stranger = 'auto'}]\n", "a stranger cannot ask"),
+        ("[churn]\ncrash_on = [{stage = 1, iteration = 1}]\n", "needs direction"),
+        (
+            "[churn]\ncrash_on = [{stage = 1, direction = 'forward', iteration = 1, when = 'x'}]\n",
+            "'when' is one of on_receipt, after_ack",
+        ),
     ],
 )
 def test_bad_swarm_files_are_refused_naming_the_key(

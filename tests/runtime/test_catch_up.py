@@ -1,0 +1,84 @@
+"""Who ends an iteration, and a relay left behind with nobody to load its stage from.
+
+Both are small decisions inside the live roles, checked here on their own: the data node asks
+every relay it may reach to end an iteration, including those its flow protocol does not know
+(a middle stage's replicas, a relay not yet introduced); a relay whose replicas all died while
+it was catching up goes on from its own state instead of declining hops for ever.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import trio
+
+from coordinator_free.protocol.state import Peer
+from gwtf.errors import ProtocolError
+from node.runtime.data_role import DataRole
+from node.runtime.relay import RelayRole
+
+
+def peer(peer_id: str, stage: int, alive: bool = True) -> Peer:
+    found = Peer(peer_id, "relay" if stage else "data", stage, 2, 10.0, 0, 0.0)
+    found.alive = alive
+    return found
+
+
+def test_the_data_node_ends_iterations_with_every_relay_it_may_reach() -> None:
+    role = SimpleNamespace(
+        plane=SimpleNamespace(stages=3),
+        flow=SimpleNamespace(
+            node=SimpleNamespace(
+                peers={
+                    "a1": peer("a1", 1),
+                    "a2": peer("a2", 1, alive=False),  # the flow protocol saw it die
+                    "c1": peer("c1", 3),
+                    "data2": peer("data2", 0),
+                }
+            )
+        ),
+        # Discovery knows the middle stage, a relay of stage 1 not yet introduced, the dead
+        # one's stale card, one that failed a probe, and a data node.
+        discovered_relays=lambda: {"b1": 2, "a3": 1, "a2": 1, "b2": 2, "data2": 0, "x": 9},
+        unreachable={"b2", "c1"},
+    )
+    believed = DataRole._relays_believed(role)  # type: ignore[arg-type]
+    assert believed == {"a1": 1, "a3": 1, "b1": 2, "c1": 3}
+    assert role.unreachable == {"b2"}, "a relay the flow protocol hears again is reachable"
+
+
+def relay_behind(resync: object, step: int, target: int) -> SimpleNamespace:
+    return SimpleNamespace(
+        resync=resync,
+        worker=SimpleNamespace(step_count=step),
+        resync_target=target,
+        stage=2,
+        resyncing=True,
+        resynced=trio.Event(),
+    )
+
+
+@pytest.mark.parametrize("failure", [trio.TooSlowError(), ProtocolError("no replica")])
+def test_a_relay_whose_replicas_are_gone_goes_on_from_its_own_state(failure: Exception) -> None:
+    asked: list[int] = []
+
+    async def resync(step: int) -> None:
+        asked.append(step)
+        raise failure
+
+    relay = relay_behind(resync, step=3, target=5)
+    trio.run(RelayRole._resync, relay)  # type: ignore[arg-type]
+    assert asked == [5]
+    assert relay.worker.step_count == 5 and not relay.resyncing and relay.resynced.is_set()
+
+
+def test_a_relay_that_loads_its_replicas_state_takes_their_step() -> None:
+    relay = relay_behind(None, step=3, target=5)
+
+    async def resync(step: int) -> None:
+        relay.worker.step_count = step + 1  # the replica had stepped once more meanwhile
+
+    relay.resync = resync
+    trio.run(RelayRole._resync, relay)  # type: ignore[arg-type]
+    assert relay.worker.step_count == 6 and relay.resynced.is_set()
