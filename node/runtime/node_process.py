@@ -78,6 +78,9 @@ def flow_config(settings: Settings, model: ModelConfig) -> FlowConfig:
         keepalive_interval_s=flow.keepalive_interval_s,
         keepalive_timeout_s=flow.keepalive_timeout_s,
         keepalive_misses=flow.keepalive_misses,
+        # The slot list a node sends its upstream peers doubles as its keep-alive: send it at
+        # the keep-alive interval, so no separate ping is needed.
+        reconcile_periods=max(1, round(flow.keepalive_interval_s / flow.decision_period_s)),
     )
 
 

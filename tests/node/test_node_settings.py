@@ -63,6 +63,8 @@ def test_a_node_file_maps_onto_the_live_node(tmp_path: Path) -> None:
     # The flow section's names map onto the protocol's FlowConfig.
     assert config.flow.ack_deadline_s == 4.0 and config.flow.cooling == 0.9
     assert config.flow.stages == 3
+    # Slot lists (which double as keep-alives) go at the keep-alive interval: 20 s / 2 s.
+    assert config.flow.reconcile_periods == 10
     assert config.flow.activation_bytes == 4.0 * 4 * 16 * config.model.d_model
     assert config.admit is None, "admission is off unless chain.admission is set"
 
