@@ -36,7 +36,7 @@ FLOW = FlowConfig(
 
 
 def node_config(
-    tmp_path: Path, name: str, role: str, stage: int, **extra: object
+    tmp_path: Path, name: str, role: str, stage: int, stages: int = STAGES, **extra: object
 ) -> LiveNodeConfig:
     base = LiveNodeConfig(
         name=name,
@@ -46,11 +46,11 @@ def node_config(
         capacity=2,
         key_path=tmp_path / f"{name}.key",
         model=MODEL,
-        stages=STAGES,
+        stages=stages,
         batch_size=BATCH_SIZE,
         seq_len=SEQ_LEN,
         training=TRAINING,
-        flow=FLOW,
+        flow=replace(FLOW, stages=stages),
         seed=SEED,
         discovery_period_s=1.0,
         stall_timeout_s=15.0,
@@ -83,6 +83,7 @@ async def run_swarm(
     during: Scenario | None = None,
     swarm: Swarm | None = None,
     data_capacity: int = 2,
+    stages: int = STAGES,
 ) -> list[IterationResult]:
     """Start relays (name -> stage), then a data node that trains; returns its results."""
     torch.set_num_threads(1)
@@ -91,7 +92,14 @@ async def run_swarm(
     results: list[IterationResult] = []
     async with trio.open_nursery() as nursery:
         data_config = node_config(
-            tmp_path, "data", "data", 0, iterations=iterations, batch=batch, capacity=data_capacity
+            tmp_path,
+            "data",
+            "data",
+            0,
+            stages,
+            iterations=iterations,
+            batch=batch,
+            capacity=data_capacity,
         )
         data_ready = trio.Event()
 
@@ -120,7 +128,7 @@ async def run_swarm(
         await data_ready.wait()
         bootstrap = (started["data"].address,)
         for name, stage in relays.items():
-            config = node_config(tmp_path, name, "relay", stage, bootstrap=bootstrap)
+            config = node_config(tmp_path, name, "relay", stage, stages, bootstrap=bootstrap)
             nursery.start_soon(run_relay, config, swarm)
         nursery.start_soon(scenario)
     return results
@@ -136,9 +144,9 @@ async def run_relay(config: LiveNodeConfig, swarm: Swarm) -> None:
         await run_live_node(config, on_started)
 
 
-def reference_losses(iterations: int, batch: int) -> list[float]:
+def reference_losses(iterations: int, batch: int, stages: int = STAGES) -> list[float]:
     """Whole-model training on the same microbatch ids: what the swarm must reproduce."""
-    plan = plan_partition(MODEL, STAGES)
+    plan = plan_partition(MODEL, stages)
     trainer = WholeModelTrainer(plan, TRAINING, SEED)
     sampler = MicrobatchSampler(load_default_corpus(), BATCH_SIZE, SEQ_LEN)
     losses = []

@@ -40,6 +40,26 @@ def test_swarm_of_two_stages_by_two_replicas_matches_the_reference(tmp_path: Pat
     assert all(r.restarts == 0 for r in results)
 
 
+def test_a_three_stage_swarm_steps_its_middle_stage_and_matches_the_reference(
+    tmp_path: Path,
+) -> None:
+    """The data node's flow neighbours are stage 1 and the last stage; the middle stage's relays
+    are known to it only through discovery, and must still be asked to end every iteration."""
+
+    async def main() -> list:  # type: ignore[type-arg]
+        with trio.fail_after(120):
+            return await run_swarm(
+                tmp_path, ITERATIONS, BATCH, {"a1": 1, "b1": 2, "b2": 2, "c1": 3}, stages=3
+            )
+
+    results = trio.run(main)
+    assert [r.loss for r in results] == pytest.approx(
+        reference_losses(ITERATIONS, BATCH, stages=3), rel=1e-4
+    )
+    assert all(r.relays_stepped == 4 and not r.stages_not_stepped for r in results)
+    assert all(r.restarts == 0 for r in results)
+
+
 def test_bad_peers_are_dropped_and_training_goes_on(tmp_path: Path) -> None:
     swarm = Swarm()
     rogue_done = trio.Event()
