@@ -113,6 +113,7 @@ class DataRole:
             self.handle_resend,
             self._take_attempt,
             self._probe_timeout_s,
+            self._replicas_of,
         )
 
     @property
@@ -406,6 +407,10 @@ class DataRole:
                 else:
                     stage_of.pop(peer.peer_id, None)
         return stage_of
+
+    def _replicas_of(self, stage: int) -> list[str]:
+        """The relays of ``stage`` that may be alive (1..S; the sink stage S+1 has none)."""
+        return sorted(relay for relay, at in self._relays_believed().items() if at == stage)
 
     def _probe_timeout_s(self) -> float:
         if self.probe_timeout_s is not None:

@@ -55,6 +55,9 @@ class StallRepair:
     #: The microbatch's next attempt number (each re-sent hop is a new attempt).
     take_attempt: Callable[[Key], int]
     trace_timeout_s: Callable[[], float]
+    #: The relays of a stage that may be alive (the flow protocol's and discovery's: the data
+    #: node's flow neighbours are only stage 1 and the last stage).
+    replicas_of: Callable[[int], list[str]]
 
     @property
     def node_id(self) -> str:
@@ -86,10 +89,7 @@ class StallRepair:
 
     async def _holder_in(self, stage: int, key: Key, exclude: set[str]) -> str | None:
         """A live node of ``stage`` (S+1: this sink) that has received the forward, if any."""
-        if stage > self.plane.stages:
-            candidates = [self.node_id]
-        else:
-            candidates = [p.peer_id for p in self.flow.node.alive_peers(stage)]
+        candidates = [self.node_id] if stage > self.plane.stages else self.replicas_of(stage)
         for node in candidates:
             if node not in exclude:
                 state, _ = await self._trace(node, control.Trace(*key))
@@ -101,7 +101,8 @@ class StallRepair:
         self, holder: str, stage: int, exclude: set[str], key: Key, why: str
     ) -> Outcome | None:
         """Ask ``holder`` to re-send its buffered output to a live replica of ``stage``."""
-        to = self.sender.replacement(stage, exclude)
+        candidates = [r for r in self.replicas_of(stage) if r not in exclude]
+        to = self.flow.node.rng.choice(candidates) if candidates else None
         if to is None and stage == self.plane.stages + 1 and self.node_id not in exclude:
             to = self.node_id  # the sink: this data node computes the loss itself
         if to is None:

@@ -42,23 +42,26 @@ from tests.runtime.swarm_harness import Swarm, reference_losses, run_swarm
 ITERATIONS = 3
 BATCH = 4
 STALL_S = 60.0  # the stall deadline: a restart after it would show in the iteration times
-#: Which relays may die in which iteration: the first of the pair to send a hop of it.
-FORWARD_CRASHES = {1: ("a1", "a2"), 2: ("b1", "b2")}
-BACKWARD_CRASHES = {1: ("b1", "b2"), 2: ("a1", "a2")}
+#: Which relays may die in which iteration, after acking a hop of which direction: the first of
+#: the pair to send such a hop on.
+Crashes = dict[int, tuple[int, tuple[str, str]]]
+FORWARD_CRASHES: Crashes = {1: (FORWARD, ("a1", "a2")), 2: (FORWARD, ("b1", "b2"))}
+BACKWARD_CRASHES: Crashes = {1: (BACKWARD, ("b1", "b2")), 2: (BACKWARD, ("a1", "a2"))}
 RELAYS = {"a1": 1, "a2": 1, "b1": 2, "b2": 2}
 
 
 class Killer:
-    """The first relay of an iteration's pair to send a hop of that iteration dies instead,
-    once its ack is out, and sends nothing more."""
+    """The first relay of an iteration's pair to send on a hop of that iteration and direction
+    dies instead, once its ack is out, and sends nothing more."""
 
-    def __init__(self, swarm: Swarm, crashes: dict[int, tuple[str, str]]) -> None:
+    def __init__(self, swarm: Swarm, crashes: Crashes) -> None:
         self.swarm, self.crashes = swarm, crashes
         self.crashed: dict[int, str] = {}
 
-    async def gate(self, name: str, iteration: int) -> None:
+    async def gate(self, name: str, iteration: int, direction: int) -> None:
         """Return to let the send go on; never returns for the relay that dies."""
-        if name not in self.crashes.get(iteration, ()) or name in self.swarm.crashed:
+        dies_on, pair = self.crashes.get(iteration, (direction, ()))
+        if dies_on != direction or name not in pair or name in self.swarm.crashed:
             return
         if self.crashed.setdefault(iteration, name) != name:
             return
@@ -72,7 +75,7 @@ class Killer:
         send_forward = role._send_forward
 
         async def send(received: HopHeader, frame: bytes, digest: bytes) -> None:
-            await self.gate(name, received.iteration)
+            await self.gate(name, received.iteration, FORWARD)
             await send_forward(received, frame, digest)
 
         return send
@@ -81,39 +84,41 @@ class Killer:
         send_backward = role.sender.backward_or_log
 
         async def send(record: PassedBack) -> None:
-            await self.gate(name, record.header.iteration)
+            await self.gate(name, record.header.iteration, BACKWARD)
             await send_backward(record)
 
         return send
 
 
-def run_with_crashes(tmp_path: Path, crashes: dict[int, tuple[str, str]], direction: int) -> tuple:  # type: ignore[type-arg]
+def run_with_crashes(
+    tmp_path: Path, crashes: Crashes, relays: dict[str, int] = RELAYS, stages: int = 2
+) -> tuple:  # type: ignore[type-arg]
+    """Train with relays that die holding a hop they acknowledged; check nothing else is lost."""
     swarm = Swarm()
     killer = Killer(swarm, crashes)
 
     async def arm(swarm: Swarm) -> None:
-        while not {"data", *RELAYS} <= set(swarm.nodes):
+        while not {"data", *relays} <= set(swarm.nodes):
             await trio.sleep(0.01)
         data = swarm.nodes["data"].role
         data.stall_timeout_s = STALL_S  # type: ignore[union-attr]
         data.probe_timeout_s = 2.0  # type: ignore[union-attr] # a trace of the dead relay
-        for name in RELAYS:
+        for name in relays:
             role = swarm.nodes[name].role
             assert isinstance(role, RelayRole)
-            if direction == FORWARD:
-                role._send_forward = killer.forward(name, role)  # type: ignore[method-assign]
-            else:
-                role.sender.backward_or_log = killer.backward(name, role)  # type: ignore[method-assign]
+            role._send_forward = killer.forward(name, role)  # type: ignore[method-assign]
+            role.sender.backward_or_log = killer.backward(name, role)  # type: ignore[method-assign]
 
     async def main() -> list:  # type: ignore[type-arg]
         with trio.fail_after(150):
-            return await run_swarm(tmp_path, ITERATIONS, BATCH, RELAYS, arm, swarm)
+            return await run_swarm(tmp_path, ITERATIONS, BATCH, relays, arm, swarm, stages=stages)
 
     results = trio.run(main)
     assert killer.crashed == {i: killer.crashed[i] for i in crashes}, killer.crashed
     assert [r.restarts for r in results] == [0] * ITERATIONS
     assert max(r.duration_s for r in results) < STALL_S / 3, [r.duration_s for r in results]
-    assert [r.loss for r in results] == pytest.approx(reference_losses(ITERATIONS, BATCH), rel=1e-4)
+    expected_losses = reference_losses(ITERATIONS, BATCH, stages)
+    assert [r.loss for r in results] == pytest.approx(expected_losses, rel=1e-4)
     for iteration, name in killer.crashed.items():
         records = [
             r
@@ -123,17 +128,17 @@ def run_with_crashes(tmp_path: Path, crashes: dict[int, tuple[str, str]], direct
         ]
         counts = Counter((r.microbatch_id, r.stage, r.direction) for r in records)
         microbatches = range(iteration * BATCH, (iteration + 1) * BATCH)
-        expected = {(m, s, FORWARD): 1 for m in microbatches for s in (0, 1, 2)}
-        expected |= {(m, s, BACKWARD): 1 for m in microbatches for s in (1, 2, 3)}
+        expected = {(m, s, FORWARD): 1 for m in microbatches for s in range(stages + 1)}
+        expected |= {(m, s, BACKWARD): 1 for m in microbatches for s in range(1, stages + 2)}
         assert dict(counts) == expected
-        # The hop the dead relay lost was computed again by the other replica only.
-        dead = swarm.nodes[name].plane.node_id
-        assert not [r for r in records if r.worker == dead and r.direction == direction]
+        # The hop the dead relay lost was computed again by another replica only.
+        dead, lost = swarm.nodes[name].plane.node_id, crashes[iteration][0]
+        assert not [r for r in records if r.worker == dead and r.direction == lost]
     return swarm, killer
 
 
 def test_a_relay_dying_between_its_ack_and_its_forward_costs_one_hop(tmp_path: Path) -> None:
-    swarm, _ = run_with_crashes(tmp_path, FORWARD_CRASHES, FORWARD)
+    swarm, _ = run_with_crashes(tmp_path, FORWARD_CRASHES)
     data = swarm.nodes["data"].role
     assert data.stats.forward_repairs >= 2
     relays = [node.role for name, node in swarm.nodes.items() if name != "data"]
@@ -141,7 +146,7 @@ def test_a_relay_dying_between_its_ack_and_its_forward_costs_one_hop(tmp_path: P
 
 
 def test_a_relay_dying_between_its_ack_and_its_gradient_costs_one_hop(tmp_path: Path) -> None:
-    swarm, _ = run_with_crashes(tmp_path, BACKWARD_CRASHES, BACKWARD)
+    swarm, _ = run_with_crashes(tmp_path, BACKWARD_CRASHES)
     data = swarm.nodes["data"].role
     assert data.stats.gradient_resumes >= 2
     assert data.stats.forward_repairs == 0
@@ -150,6 +155,19 @@ def test_a_relay_dying_between_its_ack_and_its_gradient_costs_one_hop(tmp_path: 
     relays = [node.role for name, node in swarm.nodes.items() if name != "data"]
     assert data.stats.backward_repairs >= 1
     assert sum(r.stats.backward_repairs for r in relays) >= 1
+
+
+def test_a_middle_stage_relay_known_only_through_discovery_is_repaired_too(
+    tmp_path: Path,
+) -> None:
+    """Three stages: the data node's flow neighbours are stages 1 and 3, so the replicas that
+    stand in for a lost stage-2 hop come from what discovery knows. A stage-2 relay dies after
+    acking a forward in iteration 1, another after acking a gradient in iteration 2."""
+    relays = {"a1": 1, "b1": 2, "b2": 2, "b3": 2, "c1": 3}
+    crashes: Crashes = {1: (FORWARD, ("b1", "b2")), 2: (BACKWARD, ("b2", "b3"))}
+    swarm, _ = run_with_crashes(tmp_path, crashes, relays, stages=3)
+    data = swarm.nodes["data"].role
+    assert data.stats.forward_repairs >= 1 and data.stats.gradient_resumes >= 1
 
 
 def test_trace_requests_and_replies_are_checked() -> None:
