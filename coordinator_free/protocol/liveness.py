@@ -16,6 +16,8 @@ from coordinator_free.protocol.state import INF, Peer, SlotState
 
 
 class LivenessMixin(NodeBase):
+    _last_advert: tuple[float, bool] | None  # this node's last advert (``RoutingMixin``)
+
     def introduce(self, peer_id: str) -> list[Outbound]:
         """Introduce this node to ``peer_id`` (found by discovery); its Hello comes back."""
         if peer_id == self.node_id:
@@ -44,7 +46,9 @@ class LivenessMixin(NodeBase):
             )
             peer.boot_id = msg.boot_id
             self.add_peer(peer)
-            if msg.stage == self.previous_stage:  # a new upstream peer needs my current advert
+            if msg.stage == self.previous_stage and self._last_advert is not None:
+                # A new upstream peer needs my current advert; before my first decision round
+                # it gets that round's advert with every other upstream peer (not twice).
                 advert = CostAdvert(self.cost_to_sink_ms(), max(self.spare, 0))
                 sends.append(Outbound(sender, advert))
         else:

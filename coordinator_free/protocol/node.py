@@ -194,7 +194,12 @@ class FlowNode(RoutingMixin, MovesMixin, LivenessMixin):
 
     def _compute_next_tick_s(self, now: float) -> float:
         next_round_s = self.next_round_s(now)
-        if self._last_decision_s == -INF or self.needs_next_hops() or self.advert_due(now):
+        if (
+            self._last_decision_s == -INF
+            or self._idle_move_at_s is None  # the next round draws when the idle move comes
+            or self.needs_next_hops()
+            or self.advert_due(now)
+        ):
             return next_round_s  # a keep-alive due sooner waits for it too (docstring above)
         reconcile_s = self._last_reconcile_s + self.config.reconcile_periods * self.period_s
         move_s = INF if self._idle_move_at_s is None else self._idle_move_at_s
@@ -286,8 +291,10 @@ def _handlers() -> dict[type[Any], Handler]:
 
 
 _HANDLERS = _handlers()
-#: Messages whose handling (from a live peer) brings no work forward: they answer, or only
-#: tell that the peer lives (which delays a keep-alive). Where their handler does change the
-#: state (a Pong that measures the link, a slot list that drops a flow) it calls
-#: ``state_changed`` itself.
-_ANSWER_ONLY: frozenset[type[Any]] = frozenset({Ping, TableRequest, Pong, SlotList})
+#: Messages whose handling (from a live peer) brings no work forward: they answer, only tell
+#: that the peer lives (which delays a keep-alive), or update a flow's recorded cost or path
+#: (which no timer reads). Where their handler does change the state (a Pong that measures the
+#: link, a slot list that drops a flow) it calls ``state_changed`` itself.
+_ANSWER_ONLY: frozenset[type[Any]] = frozenset(
+    {Ping, TableRequest, Pong, SlotList, FlowCost, PathUpdate, PathReport}
+)

@@ -223,6 +223,10 @@ class RoutingMixin(NodeBase):
         if not self.advert_due(now):
             return []
         cost, spare = self.cost_to_sink_ms(), max(self.spare, 0)
+        if self._last_advert is None and cost == INF:
+            # No way to a sink known yet: upstream peers assume infinity for a peer that never
+            # advertised, and my Hello told them my spare, so there is nothing to say yet.
+            return []
         self._last_advert, self._last_advert_at_s = (cost, spare > 0), now
         advert = CostAdvert(cost, spare)
         return [Outbound(p.peer_id, advert) for p in self.alive_peers(self.previous_stage)]

@@ -103,7 +103,7 @@ class EngineBase(ABC):
             if isinstance(action, Send):
                 self._send_message(action)
             elif isinstance(action, Wake):
-                self._request_tick(action.node_id, action.at_s)
+                self._request_tick(action.node_id, action.at_s, action.postpone)
             elif isinstance(action, Retry):
                 self._schedule(self.now, RETRY, action.node_id)
             elif isinstance(action, MoveStage):
@@ -182,8 +182,10 @@ class EngineBase(ABC):
         when = self._tick_phase_s[node_id] + index * period
         self._schedule(when, TICK, node_id, self.world.nodes[node_id].incarnation, index)
 
-    def _request_tick(self, node_id: str, at_s: float) -> None:
-        """Tick ``node_id`` at the first point of its grid at or after ``at_s``, after its last."""
+    def _request_tick(self, node_id: str, at_s: float, postpone: bool = False) -> None:
+        """Tick ``node_id`` at the first point of its grid at or after ``at_s``, after its last
+        (``postpone``: also when that is later than the tick pending, unless it holds parked
+        microbatches, which are asked about again on every tick)."""
         period = self.timing.tick_period_s
         node = self.world.nodes.get(node_id)
         if node is None or not node.alive or period is None or at_s == math.inf:
@@ -194,6 +196,13 @@ class EngineBase(ABC):
         due = self._tick_due.get(node_id)
         if due is None or index < due:
             self._schedule_tick(node_id, index)
+        elif (
+            postpone
+            and index > due
+            and self.timing.ticks_on_request
+            and not self._parked.get(node_id)
+        ):
+            self._schedule_tick(node_id, index)  # the pending event is then skipped
 
     def _on_tick(self, node_id: str, incarnation: int, index: int) -> None:
         node = self.world.nodes[node_id]

@@ -50,6 +50,8 @@ _FLOWLESS_PATIENCE_PERIODS = 10
 _CANDIDATES_PER_QUOTA = 4
 #: Ours: decision periods between two lookups of a node that knows no live next-stage peer.
 _REDISCOVERY_PERIODS = 5
+#: A tick this close before the time the core names is not stale (grid rounding).
+_STALE_TICK_SLACK_S = 1e-6
 
 
 class GwtfPolicy(PolicyDefaults):
@@ -65,6 +67,10 @@ class GwtfPolicy(PolicyDefaults):
         self._nodes: dict[str, FlowNode] = {}
         self._last_tick_s: dict[str, float] = {}
         self._wake_asked_s: dict[str, float] = {}  # node -> the tick it asked the engine for
+        #: Ticks that found the core's work moved later and were only re-requested.
+        self.stale_ticks = 0
+        # Ticking every period (a reference run) calls the core on every tick, idle or not.
+        self._skips_stale_ticks = self.timing().ticks_on_request
         self._boots: dict[str, int] = {}
         self._rediscovered_s: dict[str, float] = {}
         self._waiting_since: dict[int, float] = {}  # mb -> when it first waited for a flow
@@ -194,23 +200,31 @@ class GwtfPolicy(PolicyDefaults):
             return ()
         self._last_tick_s[node_id] = now
         self._wake_asked_s.pop(node_id, None)  # this tick was the one asked for
+        if (
+            self._skips_stale_ticks
+            and node.next_tick_s(now) > now + _STALE_TICK_SLACK_S
+            and node.alive_peers(node.next_stage)
+        ):
+            # Work moved later since this tick was asked for (a flow was accepted, a table
+            # answered): the core would do nothing now, so only ask again for the new time.
+            self.stale_ticks += 1
+            return self._wake(node, now)
         sends = node.tick(now)
         if not node.alive_peers(node.next_stage):
             sends += self._rediscover(world, node, now)
         return self._sends(node_id, sends) + self._wake(node, now)
 
     def _wake(self, node: FlowNode, now: float) -> list[Action]:
-        """Ask the engine to tick ``node`` when its core next has work (if sooner than asked)."""
+        """Ask the engine to tick ``node`` when its core next has work (a later time postpones)."""
         asked_s = self._wake_asked_s.get(node.node_id)
-        if asked_s is not None and asked_s <= node.next_round_s(now):
-            return []  # nothing is due sooner than the next decision round
         wake_s = node.next_tick_s(now)
         if not node.alive_peers(node.next_stage):  # it must look up peers (``_rediscover``)
             wake_s = now
-        if asked_s is not None and asked_s <= wake_s:
+        if asked_s is not None and asked_s == wake_s:
             return []
         self._wake_asked_s[node.node_id] = wake_s
-        return [Wake(node.node_id, wake_s)]
+        # A later time postpones the tick asked for: the work it was for moved later.
+        return [Wake(node.node_id, wake_s, postpone=asked_s is not None and wake_s > asked_s)]
 
     def _rediscover(self, world: WorldView, node: FlowNode, now: float) -> list[Outbound]:
         """A node that knows no live next-stage peer looks up more (another DHT lookup would),

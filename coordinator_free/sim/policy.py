@@ -171,10 +171,13 @@ class Retry:
 class Wake:
     """Tick ``node_id`` at the first point of its tick grid at or after ``at_s`` (policies with
     ``PolicyTiming.ticks_on_request``). A node has at most one tick pending: an earlier request
-    replaces it, a later one is dropped, and the policy asks again after each tick."""
+    replaces it, a later one is dropped (unless ``postpone``: then it moves the pending tick
+    later, except while the node holds parked microbatches), and the policy asks again after
+    each tick."""
 
     node_id: str
     at_s: float
+    postpone: bool = False
 
 
 Action = Send | MoveStage | Retry | Wake

@@ -101,6 +101,27 @@ def test_the_engine_ticks_on_the_node_grid_at_the_earliest_time_asked_and_not_ot
     assert others and all(sum(1 for n, _ in policy.ticks if n == node) == 1 for node in others)
 
 
+class _PostponingRecorder(_WakeRecorder):
+    """At r1_0's first tick it asks for +3 s, then postpones that to +5 s."""
+
+    def on_tick(self, world: WorldView, node_id: str, now: float) -> Sequence[Action]:
+        self.ticks.append((node_id, now))
+        if node_id == "r1_0" and len([n for n, _ in self.ticks if n == node_id]) == 1:
+            return [Wake("r1_0", now + 3.0), Wake("r1_0", now + 5.0, postpone=True)]
+        return []
+
+
+def test_a_postponing_wake_moves_the_pending_tick_later() -> None:
+    policy = _PostponingRecorder()
+    engine = Engine(small_scenario(relays_per_stage=2, stages=2, iterations=6), policy)
+    engine.run()
+    mine = [t for node, t in policy.ticks if node == "r1_0"]
+    # The tick asked for at +3 s (grid +4 s) never ran: the postponed one ran at the grid
+    # point at or after +5 s instead.
+    assert len(mine) == 2
+    assert mine[1] - mine[0] == pytest.approx(6.0)
+
+
 class _CheckedGwtf(_EveryPeriodGwtf):
     """Ticks every period, and checks each tick the core called idle on a copy first."""
 
