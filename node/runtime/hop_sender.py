@@ -154,15 +154,25 @@ class HopSender:
     async def _around(self, header: HopHeader, dead: set[str]) -> HopHeader:
         """Repair a backward hop whose node is dead: the node before it re-sends its forward
         output to another replica of the dead node's stage; returns the backward to send there."""
-        replacement = self.replacement(header.stage, dead)
-        if replacement is None:
-            raise PeerUnavailable(f"no live replica of stage {header.stage} left")
-        attempt = _next_attempt(header.attempt)
-        await self.request_resend(header, replacement, attempt)
-        self.stats.backward_repairs += 1
-        path = list(header.path)
-        path[header.stage] = replacement
-        return header.onward(path=tuple(path), attempt=attempt)
+        tried = set(dead)
+        while True:
+            replacement = self.replacement(header.stage, tried)
+            if replacement is None:
+                raise PeerUnavailable(f"no live replica of stage {header.stage} left")
+            attempt = _next_attempt(header.attempt)
+            try:
+                await self.request_resend(header, replacement, attempt)
+            except PeerUnavailable as exc:
+                # This node's view of the stage may be stale (a replica that died unseen):
+                # try the next one; the attempt number is spent either way.
+                log.warning("%s could not stand in for a dead hop: %s", replacement, exc)
+                tried.add(replacement)
+                header = header.onward(attempt=attempt)
+                continue
+            self.stats.backward_repairs += 1
+            path = list(header.path)
+            path[header.stage] = replacement
+            return header.onward(path=tuple(path), attempt=attempt)
 
     async def backward_or_log(self, record: PassedBack) -> None:
         """``backward`` as a background task: a gradient that cannot be delivered is logged (the
@@ -193,6 +203,10 @@ class HopSender:
         self.flow.dispatch(self.flow.node.peer_dead(request.dead, trio.current_time()))
         try:
             record.header = await self._around(record.header, record.around)
+        except (PeerUnavailable, ProtocolError) as exc:
+            record.sent_to = request.dead  # unchanged: the next trace may ask again
+            return control.encode_reply(False, why=str(exc))
+        try:
             await self.backward(record)
         except (PeerUnavailable, ProtocolError) as exc:
             return control.encode_reply(False, why=str(exc))

@@ -43,15 +43,15 @@ ITERATIONS = 3
 BATCH = 4
 STALL_S = 60.0  # the stall deadline: a restart after it would show in the iteration times
 #: Which relays may die in which iteration, after acking a hop of which direction: the first of
-#: the pair to send such a hop on.
-Crashes = dict[int, tuple[int, tuple[str, str]]]
+#: the group to send such a hop on.
+Crashes = dict[int, tuple[int, tuple[str, ...]]]
 FORWARD_CRASHES: Crashes = {1: (FORWARD, ("a1", "a2")), 2: (FORWARD, ("b1", "b2"))}
 BACKWARD_CRASHES: Crashes = {1: (BACKWARD, ("b1", "b2")), 2: (BACKWARD, ("a1", "a2"))}
 RELAYS = {"a1": 1, "a2": 1, "b1": 2, "b2": 2}
 
 
 class Killer:
-    """The first relay of an iteration's pair to send on a hop of that iteration and direction
+    """The first relay of an iteration's group to send on a hop of that iteration and direction
     dies instead, once its ack is out, and sends nothing more."""
 
     def __init__(self, swarm: Swarm, crashes: Crashes) -> None:
@@ -157,6 +157,7 @@ def test_a_relay_dying_between_its_ack_and_its_gradient_costs_one_hop(tmp_path: 
     assert sum(r.stats.backward_repairs for r in relays) >= 1
 
 
+@pytest.mark.slow  # ~35 s; failed once in ~10 runs before stand-ins were retried (see README)
 def test_a_middle_stage_relay_known_only_through_discovery_is_repaired_too(
     tmp_path: Path,
 ) -> None:
@@ -164,7 +165,9 @@ def test_a_middle_stage_relay_known_only_through_discovery_is_repaired_too(
     stand in for a lost stage-2 hop come from what discovery knows. A stage-2 relay dies after
     acking a forward in iteration 1, another after acking a gradient in iteration 2."""
     relays = {"a1": 1, "b1": 2, "b2": 2, "b3": 2, "c1": 3}
-    crashes: Crashes = {1: (FORWARD, ("b1", "b2")), 2: (BACKWARD, ("b2", "b3"))}
+    # Any of the three may die, so iteration 2 always has a live candidate to lose.
+    stage_2 = ("b1", "b2", "b3")
+    crashes: Crashes = {1: (FORWARD, stage_2), 2: (BACKWARD, stage_2)}
     swarm, _ = run_with_crashes(tmp_path, crashes, relays, stages=3)
     data = swarm.nodes["data"].role
     assert data.stats.forward_repairs >= 1 and data.stats.gradient_resumes >= 1
