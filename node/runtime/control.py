@@ -31,7 +31,10 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from libp2p.peer.id import ID
+
 from gwtf.errors import ProtocolError
+from node.p2p.rpc import RequestResponse, RpcLimits
 
 PROTOCOL_ID = "/gwtf/control/2.0.0"
 MAX_BYTES = 8192
@@ -137,6 +140,15 @@ _FIELDS: dict[type[Any], dict[str, type]] = {
     TraceBack: {"iteration": int, "microbatch": int},
     ResumeBack: {"iteration": int, "microbatch": int, "dead": str},
 }
+
+
+async def ask(
+    rpc: RequestResponse, peer: str | ID, request: ControlRequest, timeout_s: float
+) -> bytes:
+    """Send ``request`` to ``peer`` and return its raw reply (a ``PeerUnavailable`` on failure)."""
+    peer_id = ID.from_base58(peer) if isinstance(peer, str) else peer
+    limits = RpcLimits(MAX_BYTES, MAX_BYTES, timeout_s)
+    return await rpc.request(peer_id, PROTOCOL_ID, encode_request(request), limits)
 
 
 def encode_request(request: ControlRequest) -> bytes:

@@ -22,10 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
-from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError, TrainingError
-from node.p2p.rpc import Decline, PeerUnavailable, RpcLimits
+from node.p2p.rpc import Decline, PeerUnavailable
 from node.runtime import control
 from node.runtime.compute import T, in_worker_thread
 from node.runtime.dataplane import DataPlane
@@ -368,16 +367,12 @@ class DataRole:
         for relay in alive:
             by_stage.setdefault(stage_of[relay], []).append(relay)
         stepped: dict[int, int] = {}
-        limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 4 * self.stall_timeout_s)
 
         async def ask(relay: str) -> None:
-            replicas = tuple(by_stage[stage_of[relay]])
-            request = control.encode_request(control.EndIteration(iteration, replicas))
+            request = control.EndIteration(iteration, tuple(by_stage[stage_of[relay]]))
             try:
                 reply = control.decode_reply(
-                    await self.plane.rpc.request(
-                        ID.from_base58(relay), control.PROTOCOL_ID, request, limits
-                    )
+                    await control.ask(self.plane.rpc, relay, request, 4 * self.stall_timeout_s)
                 )
             except (PeerUnavailable, ProtocolError) as exc:
                 log.warning("relay %s did not end iteration %s: %s", relay, iteration, exc)
@@ -421,15 +416,12 @@ class DataRole:
         """The relays among ``relays`` that answer a liveness probe (asked twice before a relay
         counts as gone: one missed answer on a loaded machine must not cost a stage its step)."""
         answered: list[str] = []
-        request = control.encode_request(control.Alive())
-        limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, self._probe_timeout_s())
+        timeout_s = self._probe_timeout_s()
 
         async def probe(relay: str) -> None:
             for attempt in range(2):
                 try:
-                    await self.plane.rpc.request(
-                        ID.from_base58(relay), control.PROTOCOL_ID, request, limits
-                    )
+                    await control.ask(self.plane.rpc, relay, control.Alive(), timeout_s)
                 except PeerUnavailable as exc:
                     log.info("relay %s missed liveness probe %s: %s", relay, attempt + 1, exc)
                     continue

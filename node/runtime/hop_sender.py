@@ -16,10 +16,9 @@ import logging
 from dataclasses import dataclass, field
 
 import trio
-from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError
-from node.p2p.rpc import PeerUnavailable, RequestDeclined, RpcLimits
+from node.p2p.rpc import PeerUnavailable, RequestDeclined
 from node.runtime import control
 from node.runtime.dataplane import DataPlane, HopRecord
 from node.runtime.flow_service import FlowService
@@ -225,12 +224,8 @@ class HopSender:
         """Ask the node before the dead hop to re-send its forward output to ``replacement``."""
         before = header.path[header.stage - 1]
         request = control.Resend(header.iteration, header.microbatch_id, replacement, attempt)
-        limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 2 * self.plane.ack_deadline_s)
-        reply = control.decode_reply(
-            await self.plane.rpc.request(
-                ID.from_base58(before), control.PROTOCOL_ID, control.encode_request(request), limits
-            )
-        )
+        timeout_s = 2 * self.plane.ack_deadline_s
+        reply = control.decode_reply(await control.ask(self.plane.rpc, before, request, timeout_s))
         if not reply["ok"]:
             raise PeerUnavailable(f"{before} could not re-send microbatch {header.microbatch_id}")
 

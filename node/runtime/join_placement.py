@@ -18,7 +18,7 @@ import trio
 from coordinator_free.placement import JoinDecision, choose_stage, stage_loads
 from gwtf.errors import ConfigError, ProtocolError
 from node.p2p.host import peer_info
-from node.p2p.rpc import RequestResponse, RpcLimits
+from node.p2p.rpc import RequestResponse
 from node.runtime import control
 
 log = logging.getLogger(__name__)
@@ -76,13 +76,10 @@ async def _ask(
     rpc: RequestResponse, address: str, known: dict[str, control.LoadEntry], timeout_s: float
 ) -> None:
     info = peer_info(address)
-    limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, timeout_s)
     try:
         if not rpc.host.get_network().connections.get(info.peer_id):
             await rpc.host.connect(info)
-        reply = await rpc.request(
-            info.peer_id, control.PROTOCOL_ID, control.encode_request(control.Loads()), limits
-        )
+        reply = await control.ask(rpc, info.peer_id, control.Loads(), timeout_s)
         entries = control.decode_loads(reply)
     except ProtocolError as exc:
         log.info("loads from %s: %s", info.peer_id, exc)

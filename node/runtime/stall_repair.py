@@ -23,10 +23,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
-from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError
-from node.p2p.rpc import RpcLimits
 from node.runtime import control
 from node.runtime.dataplane import DataPlane
 from node.runtime.flow_service import FlowService
@@ -148,11 +146,8 @@ class StallRepair:
         states = control.TRACE_BACK_STATES if backward else control.TRACE_STATES
         if node == self.node_id:
             return control.decode_trace(self.trace_here(request), states)
-        limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, self.trace_timeout_s())
         try:
-            reply = await self.plane.rpc.request(
-                ID.from_base58(node), control.PROTOCOL_ID, control.encode_request(request), limits
-            )
+            reply = await control.ask(self.plane.rpc, node, request, self.trace_timeout_s())
             return control.decode_trace(reply, states)
         except ProtocolError as exc:
             log.warning("tracing microbatch %s: %s is silent: %s", request.microbatch, node, exc)
@@ -171,21 +166,14 @@ class StallRepair:
                 reply = await here(request)
             else:
                 # The holder asks the node before the gap to re-send, then sends: allow both.
-                limits = RpcLimits(
-                    control.MAX_BYTES, control.MAX_BYTES, 4 * self.plane.ack_deadline_s
-                )
-                reply = await self.plane.rpc.request(
-                    ID.from_base58(holder),
-                    control.PROTOCOL_ID,
-                    control.encode_request(request),
-                    limits,
-                )
+                timeout_s = 4 * self.plane.ack_deadline_s
+                reply = await control.ask(self.plane.rpc, holder, request, timeout_s)
             answer = control.decode_reply(reply)
         except ProtocolError as exc:
             log.warning("repairing microbatch %s: %s failed: %s", request.microbatch, holder, exc)
             return False
         if not answer["ok"]:
             log.info(
-                "repairing microbatch %s: %s said %s", request.microbatch, holder, answer["why"]
+                "repairing microbatch %s: %s said %s", request.microbatch, holder, answer.get("why")
             )
         return bool(answer["ok"])
