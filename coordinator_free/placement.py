@@ -2,10 +2,13 @@
 
 A new relay raises the swarm's throughput most at the stage whose load is highest relative to its
 capacity (flow / capacity): that stage caps the number of microbatches every iteration can carry
-(DESIGN.md §2, after the GWTF paper). Loads come from what peers announce in their introductions
-(``Hello.flows`` and ``Hello.capacity``); before any flow is routed, a stage's load is the data
-nodes' demand, so the stage with the least capacity is chosen. Leaving is
-``FlowNode.leave``: it pushes its flows back upstream and cancels them downstream.
+(DESIGN.md §2, after the GWTF paper). Capacity is weighted by speed: a node computes its
+microbatches one after another, so a slot of a node twice as fast turns over twice as often, and
+a stage of slow GPUs is the bottleneck sooner than its slot count says. Loads come from what peers
+announce in their introductions (``Hello.flows``, ``Hello.capacity`` and ``Hello.compute_ms``);
+before any flow is routed, a stage's load is the data nodes' demand, so the stage with the least
+capacity is chosen. Leaving is ``FlowNode.leave``: it pushes its flows back upstream and cancels
+them downstream.
 """
 
 from __future__ import annotations
@@ -17,20 +20,36 @@ from dataclasses import dataclass
 from coordinator_free.flow_errors import PlacementError
 
 
+#: Speed-weighted capacity counts slots per second of compute time; a node that declares no
+#: compute time (0) counts as very fast rather than dividing by zero.
+_MS_PER_S = 1000.0
+_MIN_COMPUTE_MS = 1e-3
+
+
+def slots_per_s(capacity: int, compute_ms: float) -> float:
+    """A node's capacity weighted by its speed: how often its slots turn over per second."""
+    return capacity * _MS_PER_S / max(compute_ms, _MIN_COMPUTE_MS)
+
+
 @dataclass(frozen=True, slots=True)
 class StageLoad:
-    """What a stage carries (microbatches in flight, or demand) against what it can hold."""
+    """What a stage carries (microbatches in flight, or demand) against what it can hold.
+
+    ``capacity`` counts slots; ``slots_per_s`` weights each replica's slots by its speed
+    (``slots_per_s()``), which is what the pressure compares.
+    """
 
     stage: int
     flows: int
     capacity: int
+    slots_per_s: float
 
     @property
     def pressure(self) -> float:
-        """flow / capacity; an empty stage is infinitely pressed (nothing passes it)."""
-        if self.capacity <= 0:
+        """flow / speed-weighted capacity; an empty stage is infinitely pressed."""
+        if self.slots_per_s <= 0:
             return math.inf
-        return self.flows / self.capacity
+        return self.flows / self.slots_per_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,47 +65,54 @@ def choose_stage(loads: Sequence[StageLoad]) -> JoinDecision:
     """The bottleneck: highest flow/capacity; ties go to less capacity, then the lower stage."""
     if not loads:
         raise PlacementError("no stage loads to choose from; introduce the node to peers first")
-    best = min(loads, key=lambda load: (-load.pressure, load.capacity, load.stage))
-    reason = f"stage {best.stage} is the bottleneck: {best.flows} flows on capacity {best.capacity}"
+    best = min(loads, key=lambda load: (-load.pressure, load.slots_per_s, load.stage))
+    reason = (
+        f"stage {best.stage} is the bottleneck: {best.flows} flows on capacity {best.capacity} "
+        f"({best.slots_per_s:.3g} slots/s)"
+    )
     return JoinDecision(best.stage, best.pressure, reason)
 
 
-def stage_loads(
-    stages: int, replicas: Iterable[tuple[int, int, int]], demand: int
-) -> list[StageLoad]:
-    """Per-stage loads from (stage, flows, capacity) of live replicas; demand fills idle stages.
+#: What a replica announces: (stage, flows it carries, capacity, compute ms per microbatch).
+Replica = tuple[int, int, int, float]
+
+
+def stage_loads(stages: int, replicas: Iterable[Replica], demand: int) -> list[StageLoad]:
+    """Per-stage loads from the live replicas' announcements; demand fills idle stages.
 
     ``demand`` is the microbatches the data nodes want per round (their summed capacity); a stage
     that carries no flows yet is charged that demand, so placement works before routing starts.
     """
     flows = dict.fromkeys(range(1, stages + 1), 0)
     capacity = dict.fromkeys(range(1, stages + 1), 0)
-    for stage, stage_flows, stage_capacity in replicas:
+    weighted = dict.fromkeys(range(1, stages + 1), 0.0)
+    for stage, stage_flows, stage_capacity, compute_ms in replicas:
         if stage in flows:
             flows[stage] += stage_flows
             capacity[stage] += stage_capacity
+            weighted[stage] += slots_per_s(stage_capacity, compute_ms)
     routed = any(flows.values())
     return [
-        StageLoad(stage, flows[stage] if routed else demand, capacity[stage])
+        StageLoad(stage, flows[stage] if routed else demand, capacity[stage], weighted[stage])
         for stage in range(1, stages + 1)
     ]
 
 
 def place_relays(
     stages: int,
-    placed: Iterable[tuple[int, int, int]],
-    newcomers: Sequence[tuple[str, int]],
+    placed: Iterable[Replica],
+    newcomers: Sequence[tuple[str, int, float]],
     demand: int,
 ) -> dict[str, int]:
     """Stages for relays that start unplaced: each in turn goes to the current bottleneck.
 
-    ``newcomers`` is (node id, capacity) in the order they decide (largest capacity first gives
-    the most even result, but the caller chooses). Deterministic: no randomness is needed.
+    ``newcomers`` is (node id, capacity, compute ms) in the order they decide (the fastest and
+    largest first gives the most even result, but the caller chooses). Deterministic.
     """
     replicas = list(placed)
     chosen: dict[str, int] = {}
-    for node_id, capacity in newcomers:
+    for node_id, capacity, compute_ms in newcomers:
         decision = choose_stage(stage_loads(stages, replicas, demand))
         chosen[node_id] = decision.stage
-        replicas.append((decision.stage, 0, capacity))
+        replicas.append((decision.stage, 0, capacity, compute_ms))
     return chosen

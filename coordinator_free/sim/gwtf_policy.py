@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from coordinator_free.messages import encoded_size
-from coordinator_free.placement import choose_stage, place_relays, stage_loads
+from coordinator_free.placement import choose_stage, place_relays, slots_per_s, stage_loads
 from coordinator_free.protocol import DATA, FlowConfig, FlowNode, NodeSpec, Outbound
 from coordinator_free.protocol.state import Peer
 from coordinator_free.repair import HopKey, PendingHop, plan_forward_resend, plan_hop_repair
@@ -101,11 +101,12 @@ class GwtfPolicy(PolicyDefaults):
             spec, stage = world.spec(node_id), world.stage_of(node_id)
             if spec.role != "relay":
                 continue
+            compute_ms = world.compute_ms(node_id)
             if stage is None:
-                newcomers.append((node_id, spec.capacity))
+                newcomers.append((node_id, spec.capacity, compute_ms))
             else:
-                placed.append((stage, 0, spec.capacity))
-        newcomers.sort(key=lambda item: (-item[1], item[0]))
+                placed.append((stage, 0, spec.capacity, compute_ms))
+        newcomers.sort(key=lambda item: (-slots_per_s(item[1], item[2]), item[0]))
         demand = sum(world.spec(d).capacity for d in world.data_nodes())
         return place_relays(world.stages, placed, newcomers, demand)
 
@@ -118,7 +119,7 @@ class GwtfPolicy(PolicyDefaults):
             responsive = now - self._last_tick_s.get(other_id, -1e9) <= quiet_s
             if other_id != node_id and not node.is_data and not node.left and responsive:
                 hello = node.hello()
-                answers.append((hello.stage, hello.flows, hello.capacity))
+                answers.append((hello.stage, hello.flows, hello.capacity, hello.compute_ms))
         demand = sum(world.spec(d).capacity for d in world.data_nodes())
         return choose_stage(stage_loads(world.stages, answers, demand)).stage
 

@@ -39,6 +39,8 @@ from node.p2p.rpc import RequestResponse, RpcLimits
 PROTOCOL_ID = "/gwtf/control/2.0.0"
 MAX_BYTES = 8192
 MAX_LOADS = 24
+#: A loads entry's compute time per microbatch is at most this (ms): about three hours.
+MAX_COMPUTE_MS = 1e7
 
 
 MAX_REPLICAS = 64
@@ -61,6 +63,9 @@ class LoadEntry:
     stage: int
     capacity: int
     spare: int
+    #: Compute time per microbatch (ms), as the node measures or declares it: placement weighs
+    #: capacity by speed.
+    compute_ms: float
 
 
 @dataclass(frozen=True)
@@ -212,7 +217,7 @@ def encode_loads(entries: list[LoadEntry]) -> bytes:
         for queue in by_stage.values():
             if queue and len(chosen) < MAX_LOADS:
                 chosen.append(queue.pop(0))
-    rows = [[e.peer_id, e.address, e.stage, e.capacity, e.spare] for e in chosen]
+    rows = [[e.peer_id, e.address, e.stage, e.capacity, e.spare, e.compute_ms] for e in chosen]
     return encode_reply(True, loads=rows)
 
 
@@ -223,16 +228,20 @@ def decode_loads(data: bytes) -> list[LoadEntry]:
         raise ProtocolError(f"loads reply without a list of at most {MAX_LOADS} entries")
     entries = []
     for row in rows:
-        if not (isinstance(row, list) and len(row) == 5):
-            raise ProtocolError("a loads entry must be [peer, address, stage, capacity, spare]")
-        peer_id, address, *numbers = row
+        if not (isinstance(row, list) and len(row) == 6):
+            raise ProtocolError(
+                "a loads entry must be [peer, address, stage, capacity, spare, compute_ms]"
+            )
+        peer_id, address, *numbers, compute_ms = row
         if not all(isinstance(v, str) and 0 < len(v) <= 256 for v in (peer_id, address)):
             raise ProtocolError("a loads entry needs a peer id and an address")
         if not all(type(v) is int and 0 <= v < 2**31 for v in numbers[:2]) or not (
             type(numbers[2]) is int and -(2**31) < numbers[2] < 2**31
         ):
             raise ProtocolError("a loads entry's stage, capacity and spare must be small ints")
-        entries.append(LoadEntry(peer_id, address, *numbers))
+        if not (type(compute_ms) in (int, float) and 0 < compute_ms <= MAX_COMPUTE_MS):
+            raise ProtocolError(f"a loads entry's compute_ms must be in (0, {MAX_COMPUTE_MS}]")
+        entries.append(LoadEntry(peer_id, address, *numbers, float(compute_ms)))
     return entries
 
 

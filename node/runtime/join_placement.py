@@ -5,7 +5,8 @@ know, at which stage, with what capacity and spare capacity (the control protoco
 then asks the nodes they named, a few rounds deep: every node knows the live replicas of the
 stages next to its own, so a handful of answers covers the pipeline. The placement rule is the
 flow core's (``coordinator_free.placement``): the stage whose carried flows are highest against
-its capacity, where a new replica raises the swarm's throughput most (DESIGN.md §2).
+its capacity weighted by speed, where a new replica raises the swarm's throughput most
+(DESIGN.md §2).
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ async def choose_join_stage(
     demand = sum(e.capacity for e in known.values() if e.stage == 0)
     # A replica's carried flows are its capacity less its spare (flows it could still take).
     loads = stage_loads(
-        stages, [(e.stage, max(e.capacity - e.spare, 0), e.capacity) for e in relays], demand
+        stages,
+        [(e.stage, max(e.capacity - e.spare, 0), e.capacity, e.compute_ms) for e in relays],
+        demand,
     )
     decision = choose_stage(loads)
     log.info("joining stage %s: %s (%s nodes asked)", decision.stage, decision.reason, len(asked))

@@ -296,14 +296,26 @@ def _loads(flow: FlowService, book: AddressBook) -> list[control.LoadEntry]:
     node = flow.node
     own = book.own
     entries = [
-        control.LoadEntry(own.peer_id, own.address, node.spec.stage, node.spec.capacity, node.spare)
+        control.LoadEntry(
+            own.peer_id,
+            own.address,
+            node.spec.stage,
+            node.spec.capacity,
+            node.spare,
+            node.spec.compute_ms,
+        )
     ]
     for peer in node.peers.values():
         record = book.peers.get(peer.peer_id)
         if peer.alive and record is not None:
             entries.append(
                 control.LoadEntry(
-                    peer.peer_id, record.address, peer.stage, peer.capacity, peer.spare
+                    peer.peer_id,
+                    record.address,
+                    peer.stage,
+                    peer.capacity,
+                    peer.spare,
+                    peer.compute_ms,
                 )
             )
     return entries

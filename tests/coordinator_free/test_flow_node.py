@@ -68,6 +68,28 @@ def test_a_request_with_spare_capacity_is_accepted_and_forwarded_to_the_cheapest
     assert node.route("d0", 7) == ("y", request.message.slot)
 
 
+def test_equally_cheap_next_hops_go_to_the_peer_already_carrying_this_nodes_flows() -> None:
+    node = relay("a", 1, capacity=3)
+    meet(node, ("d0", "data", 0), ("x", "relay", 2), ("y", "relay", 2))
+    for peer in ("x", "y"):
+        node.observe_link(peer, 10.0)
+        node.handle(peer, CostAdvert(50.0, 2), 0.0)
+    first = sent(node.handle("d0", FlowRequest(1, "d0/1", ("d0",), 30.0), 0.0), FlowRequest)
+    assert first[0].to == "x"  # a tie on cost and spare: by id
+    node.handle("x", FlowAccept(first[0].message.slot, 60.0), 0.1)
+    node.handle("x", CostAdvert(50.0, 1), 0.1)
+    # y now has more room, but x already carries a flow of a: the second follows it, so the two
+    # microbatches queue in one pipeline instead of crossing into both replicas.
+    second = sent(node.handle("d0", FlowRequest(2, "d0/2", ("d0",), 30.0), 0.2), FlowRequest)
+    assert second[0].to == "x"
+    # A cheaper peer still wins over the one already used.
+    node.handle("x", FlowAccept(second[0].message.slot, 60.0), 0.2)
+    node.handle("y", CostAdvert(20.0, 2), 0.3)
+    third = sent(node.handle("d0", FlowRequest(3, "d0/3", ("d0",), 30.0), 0.3), FlowRequest)
+    assert third[0].to == "y"
+    node.check_invariants()
+
+
 def test_capacity_is_never_exceeded_and_unknown_senders_are_refused() -> None:
     node = relay("a", 1, capacity=2)
     meet(node, ("d0", "data", 0))

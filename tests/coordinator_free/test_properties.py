@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coordinator_free.messages import FlowRequest, Hello
-from coordinator_free.placement import choose_stage, stage_loads
+from coordinator_free.placement import choose_stage, slots_per_s, stage_loads
 from coordinator_free.protocol.config import Outbound
 from coordinator_free.protocol.loopback import LoopbackNetwork
 from tests.coordinator_free.flow_graphs import (
@@ -101,7 +101,8 @@ def test_the_same_seed_gives_the_same_routing(seed: int) -> None:
 
 
 def loads_from_hellos(stages: int, hellos: Iterable[Hello], demand: int):  # type: ignore[no-untyped-def]
-    return stage_loads(stages, ((h.stage, h.flows, h.capacity) for h in hellos if h.stage), demand)
+    announced = ((h.stage, h.flows, h.capacity, h.compute_ms) for h in hellos if h.stage)
+    return stage_loads(stages, announced, demand)
 
 
 @PROPERTY_SETTINGS
@@ -117,5 +118,6 @@ def test_a_joiner_goes_to_the_bottleneck_stage_of_the_running_swarm(seed: int) -
     for stage in range(1, swarm.stages + 1):
         members = [n for n in relays if n.spec.stage == stage]
         carried = sum(len(n.in_slots) for n in members)
-        pressure[stage] = carried / sum(n.spec.capacity for n in members)
+        weighted = sum(slots_per_s(n.spec.capacity, n.spec.compute_ms) for n in members)
+        pressure[stage] = carried / weighted
     assert pressure[decision.stage] == max(pressure.values())

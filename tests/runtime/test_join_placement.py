@@ -79,7 +79,7 @@ def test_a_relay_without_a_stage_joins_the_bottleneck_and_matches_its_replica(
 
 def test_loads_replies_are_bounded_and_checked() -> None:
     entries = [
-        control.LoadEntry(f"peer-{stage}-{i}", f"/ip4/127.0.0.1/tcp/{i}", stage, 2, 1)
+        control.LoadEntry(f"peer-{stage}-{i}", f"/ip4/127.0.0.1/tcp/{i}", stage, 2, 1, 50.0)
         for stage in range(3)
         for i in range(20)
     ]
@@ -90,11 +90,14 @@ def test_loads_replies_are_bounded_and_checked() -> None:
     assert control.decode_request(control.encode_request(control.Loads())) == control.Loads()
     for bad in (
         control.encode_reply(True),
-        control.encode_reply(True, loads=[["peer", "/ip4/x", 1, 2]]),
-        control.encode_reply(True, loads=[["peer", "/ip4/x", -1, 2, 0]]),
-        control.encode_reply(True, loads=[["peer", "", 1, 2, 0]]),
-        control.encode_reply(True, loads=[["peer", "/ip4/x", 1, True, 0]]),
-        control.encode_reply(True, loads=[["p", "/a", 1, 1, 0]] * (control.MAX_LOADS + 1)),
+        control.encode_reply(True, loads=[["peer", "/ip4/x", 1, 2, 0]]),
+        control.encode_reply(True, loads=[["peer", "/ip4/x", -1, 2, 0, 5.0]]),
+        control.encode_reply(True, loads=[["peer", "", 1, 2, 0, 5.0]]),
+        control.encode_reply(True, loads=[["peer", "/ip4/x", 1, True, 0, 5.0]]),
+        control.encode_reply(True, loads=[["peer", "/ip4/x", 1, 2, 0, 0.0]]),
+        control.encode_reply(True, loads=[["peer", "/ip4/x", 1, 2, 0, "fast"]]),
+        control.encode_reply(True, loads=[["peer", "/ip4/x", 1, 2, 0, 1e300]]),
+        control.encode_reply(True, loads=[["p", "/a", 1, 1, 0, 5.0]] * (control.MAX_LOADS + 1)),
     ):
         with pytest.raises(ProtocolError):
             control.decode_loads(bad)
