@@ -10,8 +10,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-PROTOCOL_ID = "/gwtf/flow/2.0.0"
-WIRE_VERSION = 2
+PROTOCOL_ID = "/gwtf/flow/3.0.0"
+WIRE_VERSION = 3
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_ID_BYTES = 128
 MAX_BLOB_BYTES = 256
@@ -272,6 +272,32 @@ class SlotList:
 
 
 @dataclass(frozen=True, slots=True)
+class FlowWanted:
+    """Data node to data peers: microbatches of mine wait for a flow (0: none wait any more)."""
+
+    TYPE_ID: ClassVar[int] = 28
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True)
+class FlowLoan:
+    """Data node to a waiting data peer: carry one microbatch on my idle source ``slot``, whose
+    first hop is ``first_hop`` (send it there as my slot), then give the slot back."""
+
+    TYPE_ID: ClassVar[int] = 29
+    slot: int
+    first_hop: str
+
+
+@dataclass(frozen=True, slots=True)
+class FlowLoanReturn:
+    """Borrower to lender: source ``slot`` is yours again."""
+
+    TYPE_ID: ClassVar[int] = 30
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
 class HopAck:
     """Data plane: a hop's output arrived; digest of the tensor, and which attempt it was."""
 
@@ -325,6 +351,9 @@ Message = (
     | Pong
     | Goodbye
     | SlotList
+    | FlowWanted
+    | FlowLoan
+    | FlowLoanReturn
     | HopAck
     | Probe
     | ProbeReply

@@ -12,7 +12,7 @@ u16 length + bytes (at most ``MAX_BLOB_BYTES``), and a tuple is u16 count + item
 
 Slots are hop-local: a node numbers its outgoing flow slots itself, and its downstream peer knows
 the flow as (that node, slot). Data-plane messages (acknowledgements, probes) live here too so the
-live node speaks one protocol: ``/gwtf/flow/2.0.0``.
+live node speaks one protocol: ``/gwtf/flow/3.0.0``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ from coordinator_free.message_types import (
     FlowAccept,
     FlowCancel,
     FlowCost,
+    FlowLoan,
+    FlowLoanReturn,
     FlowReject,
     FlowRequest,
+    FlowWanted,
     Goodbye,
     Hello,
     HopAck,
@@ -75,8 +78,11 @@ __all__ = [
     "FlowAccept",
     "FlowCancel",
     "FlowCost",
+    "FlowLoan",
+    "FlowLoanReturn",
     "FlowReject",
     "FlowRequest",
+    "FlowWanted",
     "Goodbye",
     "Hello",
     "HopAck",

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 from coordinator_free.flow_errors import PlacementError
 
-
 #: Speed-weighted capacity counts slots per second of compute time; a node that declares no
 #: compute time (0) counts as very fast rather than dividing by zero.
 _MS_PER_S = 1000.0

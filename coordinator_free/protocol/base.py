@@ -58,6 +58,12 @@ class NodeBase:
         self.pending_swaps: dict[int, tuple[str, str, float]] = {}  # slot -> (peer, next, since)
         self.table_requests: dict[str, float] = {}  # peer -> when its table was asked for
         self.handover_slots: dict[int, float] = {}  # data node: source slot -> asked at
+        # Loans of idle flows between data nodes (``lending.py``).
+        self.waiting_announced = 0  # my microbatches waiting for a flow
+        self.waiting_told: dict[str, int] = {}  # data peer -> what it was last told of them
+        self.waiting_peers: dict[str, int] = {}  # data peer -> microbatches it said wait
+        self.lent_slots: dict[int, str] = {}  # my source slot -> the data peer borrowing it
+        self.borrowed: dict[tuple[str, int], str] = {}  # (lender, its slot) -> first hop
         self.flow_reports: dict[str, tuple[tuple[str, ...], float]] = {}
         self.temperature = config.data_temperature if self.is_data else config.relay_temperature
         self.moves_done = 0

@@ -25,8 +25,11 @@ from coordinator_free.messages import (
     FlowAccept,
     FlowCancel,
     FlowCost,
+    FlowLoan,
+    FlowLoanReturn,
     FlowReject,
     FlowRequest,
+    FlowWanted,
     Goodbye,
     Hello,
     Message,
@@ -48,6 +51,7 @@ from coordinator_free.messages import (
     TakeOverRequest,
 )
 from coordinator_free.protocol.config import FlowConfig, NodeSpec, Outbound
+from coordinator_free.protocol.lending import LendingMixin
 from coordinator_free.protocol.liveness import LivenessMixin
 from coordinator_free.protocol.moves import MovesMixin
 from coordinator_free.protocol.routing import RoutingMixin
@@ -56,7 +60,7 @@ from coordinator_free.protocol.state import INF, TIME_SLACK_S, SlotState
 Handler = Callable[[Any, str, Any, float], list[Outbound]]
 
 
-class FlowNode(RoutingMixin, MovesMixin, LivenessMixin):
+class FlowNode(RoutingMixin, MovesMixin, LendingMixin, LivenessMixin):
     """One data node or relay running the flow protocol."""
 
     def __init__(
@@ -133,6 +137,11 @@ class FlowNode(RoutingMixin, MovesMixin, LivenessMixin):
         if self._idle_move_at_s is None and not self.needs_next_hops():
             self._idle_move_at_s = now + self.period_s * (1 + self._periods_until_idle_move())
         return sends
+
+    def peer_dead(self, peer_id: str, now: float) -> list[Outbound]:
+        """Hook: ``peer_id`` is gone; its flows are re-routed or released, its loans end."""
+        self.forget_loans(peer_id)
+        return super().peer_dead(peer_id, now)
 
     def needs_next_hops(self) -> bool:
         """Whether a slot lacks a next hop (then every decision round has routing to do)."""
@@ -286,15 +295,29 @@ def _handlers() -> dict[type[Any], Handler]:
         Pong: FlowNode.handle_pong,
         Goodbye: FlowNode.handle_goodbye,
         SlotList: FlowNode.handle_slot_list,
+        FlowWanted: FlowNode.handle_flow_wanted,
+        FlowLoan: FlowNode.handle_flow_loan,
+        FlowLoanReturn: FlowNode.handle_flow_loan_return,
     }
     return table
 
 
 _HANDLERS = _handlers()
 #: Messages whose handling (from a live peer) brings no work forward: they answer, only tell
-#: that the peer lives (which delays a keep-alive), or update a flow's recorded cost or path
-#: (which no timer reads). Where their handler does change the state (a Pong that measures the
-#: link, a slot list that drops a flow) it calls ``state_changed`` itself.
+#: that the peer lives (which delays a keep-alive), or update a flow's recorded cost or path or
+#: a loan between data nodes (which no timer reads). Where their handler does change the state
+#: (a Pong that measures the link, a slot list that drops a flow) it calls ``state_changed``.
 _ANSWER_ONLY: frozenset[type[Any]] = frozenset(
-    {Ping, TableRequest, Pong, SlotList, FlowCost, PathUpdate, PathReport}
+    {
+        Ping,
+        TableRequest,
+        Pong,
+        SlotList,
+        FlowCost,
+        PathUpdate,
+        PathReport,
+        FlowWanted,
+        FlowLoan,
+        FlowLoanReturn,
+    }
 )

@@ -52,7 +52,12 @@ class SharingMixin(NodeBase):
         """Give one of my flows to the asking data node; my source slot looks for another."""
         out = self.out_slots.get(msg.target_slot)
         peer = self.peers.get(sender)
-        valid = out is not None and out.state is SlotState.MATCHED and out.next_hop is not None
+        valid = (
+            out is not None
+            and out.state is SlotState.MATCHED
+            and out.next_hop is not None
+            and msg.target_slot not in self.lent_slots  # a peer's microbatch may be on it
+        )
         if not valid or out is None or out.next_hop is None or peer is None or peer.role != DATA:
             return [Outbound(sender, TakeOverDeny(msg.target_slot, msg.new_slot))]
         next_hop, suffix = out.next_hop, out.suffix_cost_ms

@@ -18,7 +18,7 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from coordinator_free.messages import encoded_size
+from coordinator_free.messages import FlowLoanReturn, FlowWanted, encoded_size
 from coordinator_free.placement import choose_stage, place_relays, slots_per_s, stage_loads
 from coordinator_free.protocol import DATA, FlowConfig, FlowNode, NodeSpec, Outbound
 from coordinator_free.protocol.state import Peer
@@ -76,7 +76,8 @@ class GwtfPolicy(PolicyDefaults):
         self._waiting_since: dict[int, float] = {}  # mb -> when it first waited for a flow
         self._hop_slot: dict[int, tuple[str, int]] = {}  # mb -> (sender, sender's slot)
         self._source_slot: dict[int, tuple[str, int]] = {}  # mb -> (origin, source slot)
-        self._busy: dict[tuple[str, int], int] = {}  # (origin, source slot) -> mb
+        self._busy: dict[tuple[str, int], int] = {}  # (slot's owner, source slot) -> mb
+        self._waiting: dict[str, set[int]] = {}  # data node -> its mbs waiting for a flow
         self._topology_cost: dict[tuple[str, float, str, float], float] = {}
 
     def timing(self) -> PolicyTiming:
@@ -184,6 +185,8 @@ class GwtfPolicy(PolicyDefaults):
         if node is None:
             return ()
         sends = node.handle(message.src, payload, now)  # type: ignore[arg-type]
+        if node.is_data and isinstance(payload, FlowWanted | FlowLoanReturn):
+            sends += self._lend_idle(node)
         # The first message from a peer measures the link (as a keep-alive would); the core
         # smooths later measurements.
         peer = node.peers.get(message.src)
@@ -280,14 +283,38 @@ class GwtfPolicy(PolicyDefaults):
     def _inject(
         self, world: WorldView, node: FlowNode, mb: MicrobatchView, now: float
     ) -> HopDecision:
+        decision = self._inject_on_flow(world, node, mb, now)
+        waiting = self._waiting.setdefault(node.node_id, set())
+        if isinstance(decision, Hold):
+            waiting.add(mb.mb_id)
+        else:
+            waiting.discard(mb.mb_id)
+        sends = node.announce_waiting(len(waiting))
+        if not waiting:
+            sends += self._return_idle_loans(node)
+        if not sends:
+            return decision
+        actions = tuple(self._sends(node.node_id, sends))
+        if isinstance(decision, Forward):
+            return Forward(decision.to, decision.actions + actions)
+        return Hold(actions)
+
+    def _inject_on_flow(
+        self, world: WorldView, node: FlowNode, mb: MicrobatchView, now: float
+    ) -> HopDecision:
         held = self._source_slot.get(mb.mb_id)
         # A hop that came back at another stage is not usable until its introduction lands.
         routes = {
-            slot: route
-            for slot, route in node.source_routes().items()
-            if world.stage_of(route[1]) == node.next_stage
+            (node.node_id, slot): first_hop
+            for slot, (_, first_hop) in node.source_routes().items()
+            if world.stage_of(first_hop) == node.next_stage and not node.is_lent(slot)
         }
-        if not routes:
+        loans = {
+            key: first_hop
+            for key, first_hop in node.borrowed.items()
+            if world.stage_of(first_hop) == node.next_stage
+        }
+        if not routes and not loans:
             # No flow (start-up, or the data node lost all of them): wait a few decision periods
             # for the flows to be built, then send along the best known hop so the batch cannot
             # stall behind a data node that gets none.
@@ -298,23 +325,38 @@ class GwtfPolicy(PolicyDefaults):
                 return Hold()
             self._hop_slot[mb.mb_id] = (node.node_id, -1)
             return Forward(fallback)
-        if held is not None and held[1] not in routes:
+        if held is not None and held not in routes and held not in loans:
             self._release(mb.mb_id)
             held = None
         if held is None:
-            free = [s for s in sorted(routes) if (node.node_id, s) not in self._busy]
+            # Its own flows first, then a peer's idle flow lent to it.
+            free = [k for k in sorted(routes) if k not in self._busy]
+            free += [k for k in sorted(loans) if k not in self._busy]
             if not free:
                 return Hold()
-            held = (node.node_id, free[0])
+            held = free[0]
             self._source_slot[mb.mb_id] = held
             self._busy[held] = mb.mb_id
         self._hop_slot[mb.mb_id] = held
-        return Forward(routes[held[1]][1])
+        return Forward(routes.get(held) or loans[held])
 
     def _release(self, mb_id: int) -> None:
         held = self._source_slot.pop(mb_id, None)
         if held is not None and self._busy.get(held) == mb_id:
             del self._busy[held]
+
+    def _lend_idle(self, node: FlowNode) -> list[Outbound]:
+        """A data node with nothing waiting lends its idle flows to data peers that wait."""
+        if self._waiting.get(node.node_id) or not node.waiting_peers:
+            return []
+        idle = [s for s in sorted(node.source_routes()) if (node.node_id, s) not in self._busy]
+        return node.lend_idle(idle)
+
+    def _return_idle_loans(self, node: FlowNode) -> list[Outbound]:
+        sends: list[Outbound] = []
+        for lender, slot in [k for k in node.borrowed if k not in self._busy]:
+            sends += node.return_loan(lender, slot)
+        return sends
 
     def _best_next(self, world: WorldView, node: FlowNode, exclude: str | None) -> str | None:
         """The next-stage peer this node believes alive with the lowest cost to a sink."""
@@ -345,8 +387,18 @@ class GwtfPolicy(PolicyDefaults):
     def on_microbatch_done(
         self, world: WorldView, mb: MicrobatchView, now: float
     ) -> Sequence[Action]:
+        held = self._source_slot.get(mb.mb_id)
         self._forget(mb.mb_id)
-        return (Retry(mb.origin),)
+        origin = self._nodes.get(mb.origin)
+        if origin is None:
+            return (Retry(mb.origin),)
+        # A freed flow goes to the origin's next waiting microbatch (the retry); with none
+        # waiting, a borrowed one goes back and an own one may be lent.
+        if held is not None and held[0] != mb.origin:
+            sends = [] if self._waiting.get(mb.origin) else origin.return_loan(*held)
+        else:
+            sends = self._lend_idle(origin)
+        return (Retry(mb.origin), *self._sends(mb.origin, sends))
 
     # ---- failures ----
 
@@ -407,6 +459,8 @@ class GwtfPolicy(PolicyDefaults):
 
     def _forget(self, mb_id: int) -> None:
         self._waiting_since.pop(mb_id, None)
+        for waiting in self._waiting.values():
+            waiting.discard(mb_id)
         self._hop_slot.pop(mb_id, None)
         self._release(mb_id)
 

@@ -232,16 +232,16 @@ def decode_loads(data: bytes) -> list[LoadEntry]:
             raise ProtocolError(
                 "a loads entry must be [peer, address, stage, capacity, spare, compute_ms]"
             )
-        peer_id, address, *numbers, compute_ms = row
+        peer_id, address, stage, capacity, spare, compute_ms = row
         if not all(isinstance(v, str) and 0 < len(v) <= 256 for v in (peer_id, address)):
             raise ProtocolError("a loads entry needs a peer id and an address")
-        if not all(type(v) is int and 0 <= v < 2**31 for v in numbers[:2]) or not (
-            type(numbers[2]) is int and -(2**31) < numbers[2] < 2**31
+        if not all(type(v) is int and 0 <= v < 2**31 for v in (stage, capacity)) or not (
+            type(spare) is int and -(2**31) < spare < 2**31
         ):
             raise ProtocolError("a loads entry's stage, capacity and spare must be small ints")
         if not (type(compute_ms) in (int, float) and 0 < compute_ms <= MAX_COMPUTE_MS):
             raise ProtocolError(f"a loads entry's compute_ms must be in (0, {MAX_COMPUTE_MS}]")
-        entries.append(LoadEntry(peer_id, address, *numbers, float(compute_ms)))
+        entries.append(LoadEntry(peer_id, address, stage, capacity, spare, float(compute_ms)))
     return entries
 
 

@@ -1,6 +1,6 @@
 """The flow protocol on the live host: the pure ``FlowNode`` fed by real messages and a real clock.
 
-Incoming ``/gwtf/flow/2.0.0`` requests are decoded (bad bytes are charged to the sender) and handed
+Incoming ``/gwtf/flow/3.0.0`` requests are decoded (bad bytes are charged to the sender) and handed
 to the core with ``now``; everything the core answers is queued per destination and sent in order
 by one task per peer, so messages to one peer keep their order as on the simulator's links. The
 round trip of each send is folded into the core's delay estimate of that link. The core's tick runs
