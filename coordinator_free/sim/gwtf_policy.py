@@ -329,9 +329,20 @@ class GwtfPolicy(PolicyDefaults):
             self._release(mb.mb_id)
             held = None
         if held is None:
-            # Its own flows first, then a peer's idle flow lent to it.
-            free = [k for k in sorted(routes) if k not in self._busy]
-            free += [k for k in sorted(loans) if k not in self._busy]
+            # Its own flows first, cheapest path first (as its sink last reported it), then a
+            # peer's idle flow lent to it, nearest first hop first.
+            paths = node.flow_paths()
+            flow_ids = {slot: flow_id for slot, (flow_id, _) in node.source_routes().items()}
+
+            def path_cost_ms(key: tuple[str, int]) -> tuple[float, tuple[str, int]]:
+                report = paths.get(flow_ids[key[1]])
+                return (math.inf if report is None else report[1], key)
+
+            def hop_cost_ms(key: tuple[str, int]) -> tuple[float, tuple[str, int]]:
+                return (node.edge_cost_ms(loans[key]), key)
+
+            free = sorted((k for k in routes if k not in self._busy), key=path_cost_ms)
+            free += sorted((k for k in loans if k not in self._busy), key=hop_cost_ms)
             if not free:
                 return Hold()
             held = free[0]
