@@ -33,6 +33,7 @@ from typing import Any
 
 from libp2p.peer.id import ID
 
+from coordinator_free.messages import MAX_ITEMS
 from gwtf.errors import ProtocolError
 from node.p2p.rpc import RequestResponse, RpcLimits
 
@@ -235,10 +236,12 @@ def decode_loads(data: bytes) -> list[LoadEntry]:
         peer_id, address, stage, capacity, spare, compute_ms = row
         if not all(isinstance(v, str) and 0 < len(v) <= 256 for v in (peer_id, address)):
             raise ProtocolError("a loads entry needs a peer id and an address")
-        if not all(type(v) is int and 0 <= v < 2**31 for v in (stage, capacity)) or not (
-            type(spare) is int and -(2**31) < spare < 2**31
+        if not all(type(v) is int and 0 <= v <= MAX_ITEMS for v in (stage, capacity)) or not (
+            type(spare) is int and -MAX_ITEMS <= spare <= MAX_ITEMS
         ):
-            raise ProtocolError("a loads entry's stage, capacity and spare must be small ints")
+            raise ProtocolError(
+                f"a loads entry's stage, capacity and spare must be ints within {MAX_ITEMS}"
+            )
         if not (type(compute_ms) in (int, float) and 0 < compute_ms <= MAX_COMPUTE_MS):
             raise ProtocolError(f"a loads entry's compute_ms must be in (0, {MAX_COMPUTE_MS}]")
         entries.append(LoadEntry(peer_id, address, stage, capacity, spare, float(compute_ms)))

@@ -7,6 +7,10 @@ stages next to its own, so a handful of answers covers the pipeline. The placeme
 flow core's (``coordinator_free.placement``): the stage whose carried flows are highest against
 its capacity weighted by speed, where a new replica raises the swarm's throughput most
 (DESIGN.md §2).
+
+Peers are untrusted: what a node says of others only tells the relay whom to ask next. The loads
+it places by are what each node said of itself, so a lying peer can misstate one node's load (its
+own, bounded by the wire limits) but cannot invent replicas or stages.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ async def choose_join_stage(
     (``timeout_s``: each request's deadline)."""
     if not bootstrap:
         raise ConfigError("node.stage = -1 needs p2p.bootstrap_peers to learn the run's loads")
-    known: dict[str, control.LoadEntry] = {}
+    known: dict[str, control.LoadEntry] = {}  # what nodes said of themselves
+    hints: dict[str, control.LoadEntry] = {}  # what nodes said of others: whom to ask
     addresses = {str(peer_info(address).peer_id): address for address in bootstrap}
     asked: set[str] = set()
     with trio.move_on_after(MAX_ROUNDS * timeout_s):
@@ -54,9 +59,9 @@ async def choose_join_stage(
             asked.update(frontier)
             async with trio.open_nursery() as nursery:
                 for peer_id in frontier:
-                    nursery.start_soon(_ask, rpc, addresses[peer_id], known, timeout_s)
+                    nursery.start_soon(_ask, rpc, addresses[peer_id], known, hints, timeout_s)
             own = str(rpc.host.get_id())
-            addresses |= {p: e.address for p, e in known.items() if p != own}
+            addresses |= {p: e.address for p, e in hints.items() if p != own and p not in asked}
     relays = [e for e in known.values() if 1 <= e.stage <= stages]
     if not relays and not any(e.stage == 0 for e in known.values()):
         raise ProtocolError(
@@ -76,12 +81,22 @@ async def choose_join_stage(
 
 
 async def _ask(
-    rpc: RequestResponse, address: str, known: dict[str, control.LoadEntry], timeout_s: float
+    rpc: RequestResponse,
+    address: str,
+    known: dict[str, control.LoadEntry],
+    hints: dict[str, control.LoadEntry],
+    timeout_s: float,
 ) -> None:
-    info = peer_info(address)
+    try:
+        info = peer_info(address)  # a peer may have named a malformed one
+    except ConfigError as exc:
+        log.info("a peer named a bad address: %s", exc)
+        return
     try:
         if not rpc.host.get_network().connections.get(info.peer_id):
-            await rpc.host.connect(info)
+            # A peer may name addresses where nothing answers: each dial gets the deadline.
+            with trio.fail_after(timeout_s):
+                await rpc.host.connect(info)
         reply = await control.ask(rpc, info.peer_id, control.Loads(), timeout_s)
         entries = control.decode_loads(reply)
     except ProtocolError as exc:
@@ -90,5 +105,9 @@ async def _ask(
     except Exception as exc:  # libp2p's dial errors have no common base worth naming
         log.info("could not dial %s: %s", address, exc)
         return
+    answering = str(info.peer_id)
     for entry in entries:
-        known[entry.peer_id] = entry
+        if entry.peer_id == answering:
+            known[answering] = entry
+        elif entry.address.endswith(f"/p2p/{entry.peer_id}"):  # else it names someone else
+            hints.setdefault(entry.peer_id, entry)

@@ -9,14 +9,20 @@ still reproduces the whole-model reference.
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError
+from node.p2p.host import full_address, running_host
+from node.p2p.identity import load_or_create_identity
+from node.p2p.rpc import Handler, RequestResponse, RpcLimits
 from node.runtime import control
+from node.runtime.join_placement import choose_join_stage
 from node.runtime.relay import RelayRole
 from node.settings import AUTO_STAGE
 from node.training.checkpoint import state_digest
@@ -24,6 +30,7 @@ from tests.runtime.swarm_harness import Swarm, node_config, reference_losses, ru
 
 ITERATIONS = 24
 BATCH = 4
+LOAD_LIMITS = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 10.0)
 
 
 def test_a_relay_without_a_stage_joins_the_bottleneck_and_matches_its_replica(
@@ -101,3 +108,58 @@ def test_loads_replies_are_bounded_and_checked() -> None:
     ):
         with pytest.raises(ProtocolError):
             control.decode_loads(bad)
+
+
+def test_what_a_peer_says_of_other_nodes_only_names_whom_to_ask(tmp_path: Path) -> None:
+    """Real hosts on 127.0.0.1: a data node, one replica each of stages 1 and 2 (stage 2 full),
+    and a rogue that says it knows four stage-1 replicas carrying twice their capacity. The
+    rogue's made-up replicas cannot be reached, so the joiner places itself by what the nodes
+    it reached said of themselves, and takes stage 2."""
+
+    def loads_of(*rows: control.LoadEntry) -> Handler:
+        async def answer(_peer: str, _request: bytes) -> bytes:
+            return control.encode_loads(list(rows))
+
+        return answer
+
+    async def main() -> str:
+        async with AsyncExitStack() as stack:
+            hosts = {
+                name: await stack.enter_async_context(
+                    running_host(load_or_create_identity(tmp_path / f"{name}.key"))
+                )
+                for name in ("data", "a", "b", "rogue", "joiner")
+            }
+            ids = {name: str(host.get_id()) for name, host in hosts.items()}
+            addr = {name: full_address(host) for name, host in hosts.items()}
+            entry = {
+                "data": control.LoadEntry(ids["data"], addr["data"], 0, 4, 4, 10.0),
+                "a": control.LoadEntry(ids["a"], addr["a"], 1, 2, 1, 10.0),
+                "b": control.LoadEntry(ids["b"], addr["b"], 2, 2, 0, 10.0),
+            }
+            fakes = []
+            for i in range(4):
+                key = load_or_create_identity(tmp_path / f"fake{i}.key")
+                fake = str(ID.from_pubkey(key.public_key))
+                address = f"/ip4/127.0.0.1/tcp/9/p2p/{fake}"  # nothing listens there
+                fakes.append(control.LoadEntry(fake, address, 1, 4, -4, 1.0))
+            # And one that names a real node at another node's address.
+            fakes.append(control.LoadEntry(ids["b"], addr["a"], 1, 4, -4, 1.0))
+            answers = {
+                "data": loads_of(entry["data"], entry["a"]),
+                "a": loads_of(entry["a"], entry["data"], entry["b"]),
+                "b": loads_of(entry["b"], entry["a"]),
+                "rogue": loads_of(*fakes, entry["a"]),
+            }
+            for name, answer in answers.items():
+                RequestResponse(hosts[name]).serve(control.PROTOCOL_ID, answer, LOAD_LIMITS)
+            joiner = RequestResponse(hosts["joiner"])
+            with trio.fail_after(60):
+                placement = await choose_join_stage(
+                    joiner, (addr["rogue"], addr["data"]), stages=2, timeout_s=2.0
+                )
+            assert {e.peer_id for e in placement.replicas} == {ids["b"]}
+            return placement.decision.reason
+
+    reason = trio.run(main)
+    assert reason.startswith("stage 2 is the bottleneck: 2 flows on capacity 2"), reason
