@@ -1,7 +1,8 @@
 """A hypothesis state machine drives the contracts with random stakes, unstakes, withdrawals,
 honest and fraudulent epoch claims, fraud proofs and reward claims, and checks them against a
 small Python model: stakes held == sum of stakes, the ledger's ETH == pool + unpaid budgets +
-credits, rewards paid <= funded, and no claim is ever paid twice."""
+credits, rewards paid <= what went into the reward pool (the sponsor's funding, and slashed
+stake less the challenger's bounty), and no claim is ever paid twice."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ class Model:
     available: int = RUN_FUNDING
     credits: int = 0
     paid: int = 0
-    funded: int = RUN_FUNDING
+    funded: int = RUN_FUNDING  # into the reward pool: funding, and slashed stake less bounties
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -177,6 +178,7 @@ class LedgerMachine(RuleBasedStateMachine):
         bounty = slashed * BOUNTY_BPS // 10_000
         self.model.credits += bounty
         self.model.available += slashed - bounty
+        self.model.funded += slashed - bounty  # the pool pays honest work with it
         target.state = "voided"
         book = self.model.epochs[target.claim.epoch]
         book.open_units -= target.claim.units
