@@ -9,10 +9,16 @@ A dead peer is never chosen again until it introduces itself anew.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 from coordinator_free.messages import CostAdvert, FlowCancel, Goodbye, Hello, Ping, Pong, PushBack
 from coordinator_free.protocol.base import NodeBase
 from coordinator_free.protocol.config import Outbound
 from coordinator_free.protocol.state import INF, Peer, SlotState
+
+#: A measured compute time is announced once it differs from the announced one by this fraction.
+COMPUTE_CHANGE = 0.25
 
 
 class LivenessMixin(NodeBase):
@@ -89,6 +95,23 @@ class LivenessMixin(NodeBase):
 
     def handle_goodbye(self, sender: str, msg: Goodbye, now: float) -> list[Outbound]:
         return self.peer_dead(sender, now)
+
+    def measured_compute(self, compute_ms: float) -> list[Outbound]:
+        """The data plane measured this node's compute time per microbatch: when it moved by more
+        than ``COMPUTE_CHANGE`` from the one announced, adopt it (edge costs use it; placement
+        weighs speed by it) and tell every live peer in a ``Hello``."""
+        announced = self.spec.compute_ms
+        if not math.isfinite(compute_ms) or compute_ms <= 0:
+            return []
+        if announced > 0 and abs(compute_ms - announced) <= COMPUTE_CHANGE * announced:
+            return []
+        self.spec = dataclasses.replace(self.spec, compute_ms=compute_ms)
+        for peer in self.peers.values():
+            peer.edge_cost_ms = None
+        self.peers_changed()
+        self.state_changed()
+        hello = self.hello()
+        return [Outbound(p.peer_id, hello) for p in self.peers.values() if p.alive]
 
     def heard_from(self, sender: str, now: float) -> None:
         peer = self.peers.get(sender)

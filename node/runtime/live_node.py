@@ -27,6 +27,7 @@ from node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper
 from node.p2p.weights import StageSnapshot, download_stage_state, serve_weights
 from node.runtime import control
 from node.runtime.averaging import GradientAverager
+from node.runtime.compute_meter import report_compute
 from node.runtime.data_role import DataRole, IterationResult
 from node.runtime.dataplane import DataPlane
 from node.runtime.discovery import AddressBook, PeerRecord, own_record
@@ -227,6 +228,7 @@ async def run_live_node(
         # or averaging rounds before it holds its stage's current state.
         flow.serve()
         plane.serve(nursery)
+        nursery.start_soon(report_compute, plane, flow)
         _serve_control(rpc, role, flow, book, config.flow.ack_deadline_s)
         if isinstance(role, RelayRole):
             role.averager.serve()

@@ -364,3 +364,22 @@ def test_the_cheapest_way_on_follows_every_peer_view_update() -> None:
             default=float("inf"),
         )
         assert node.cost_to_sink_ms() == scan
+
+
+def test_a_measured_compute_time_is_adopted_and_announced_when_it_moved_enough() -> None:
+    node = relay("a", 1)
+    meet(node, ("d0", "data", 0), ("x", "relay", 2), ("y", "relay", 2))
+    node.observe_link("x", 10.0)
+    before = node.edge_cost_ms("x")
+    assert node.measured_compute(24.0) == []  # within a quarter of the 20 ms announced
+    assert node.measured_compute(float("nan")) == [] and node.measured_compute(-1.0) == []
+    sends = node.measured_compute(80.0)
+    assert sorted(s.to for s in sends) == ["d0", "x", "y"]
+    assert all(isinstance(s.message, Hello) and s.message.compute_ms == 80.0 for s in sends)
+    assert node.spec.compute_ms == 80.0
+    assert node.edge_cost_ms("x") == pytest.approx(before + 30.0)  # d_ij takes (c_i + c_j) / 2
+    # A peer that hears it weighs this node's speed from then on.
+    peer = relay("x", 2)
+    peer.handle("a", hello("relay", 1), 0.0)
+    peer.handle("a", sends[0].message, 1.0)
+    assert peer.peers["a"].compute_ms == 80.0

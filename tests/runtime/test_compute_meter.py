@@ -1,0 +1,51 @@
+"""A node measures its compute time per microbatch from the hops it computes, and the flow
+protocol adopts it (``node/runtime/compute_meter.py``)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from node.runtime.compute_meter import MIN_HOPS, report_compute
+from node.runtime.dataplane import DataPlane
+from node.runtime.flow_service import FlowService
+
+
+def test_the_measured_time_per_microbatch_replaces_the_configured_one() -> None:
+    node = FlowNode(
+        NodeSpec("relay", "relay", 1, 2, 100.0),
+        FlowConfig(stages=2, activation_bytes=1e6),
+        random.Random(0),
+    )
+    unused: Any = None  # neither serves nor sends here: the node has no peers to tell
+    plane = DataPlane(unused, "relay", 1, 2, 1.0, 1 << 20)
+    flow = FlowService(unused, node, tick_s=1.0)
+    plane.timings.computed, plane.timings.compute_s = 10, 5.0  # before the meter starts
+    seen: list[float] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(report_compute, plane, flow, 1.0)
+            await trio.sleep(0.5)
+            plane.timings.computed += 10
+            plane.timings.compute_s += 0.2  # 20 ms a hop: 40 ms a microbatch
+            await trio.sleep(1.0)
+            seen.append(node.spec.compute_ms)
+            plane.timings.computed += MIN_HOPS - 1
+            plane.timings.compute_s += 10.0  # too few hops to judge by
+            await trio.sleep(1.0)
+            seen.append(node.spec.compute_ms)
+            plane.timings.computed += 1
+            await trio.sleep(1.0)
+            seen.append(node.spec.compute_ms)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert seen[0] == pytest.approx(40.0)
+    assert seen[1] == seen[0]
+    assert seen[2] > 1000.0  # the slow hops, once there were enough of them
