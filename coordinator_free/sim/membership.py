@@ -43,6 +43,10 @@ class MembershipMixin(RecoveryMixin):
         if node.alive:
             return
         first_time = node_id not in self._ever_joined
+        if not first_time:
+            # A new life: hops sent to the dead node carry the number it died with, and must
+            # not land in this life (it may serve another stage now).
+            node.incarnation += 1
         self.world.mark_known(node_id)
         if node.spec.role == "relay":
             entry_stage = self._entry_stage[node_id]

@@ -76,16 +76,23 @@ class RecoveryMixin(HopsMixin):
             self._schedule(when, RESTART, mb_id, version)
             return
         node = nodes[replacement]
-        if len(node.held) >= node.spec.capacity:
-            # A repair never waits behind forwards: that could deadlock a full stage.
-            self.metrics.capacity_exceeded += 1
-        node.held.add(mb_id)
         mb.replace_dead_hop(replacement)
         mb.hop_seq += 1
-        arrival = max(self._transfer(upstream, replacement), self._transfer(sender, replacement))
-        self._schedule(
-            arrival, ARRIVE_REPAIR, replacement, node.incarnation, mb_id, version, sender
-        )
+        if node.alive and node.stage == mb.stage - 1:
+            if len(node.held) >= node.spec.capacity:
+                # A repair never waits behind forwards: that could deadlock a full stage.
+                self.metrics.capacity_exceeded += 1
+            node.held.add(mb_id)
+            arrival = max(
+                self._transfer(upstream, replacement), self._transfer(sender, replacement)
+            )
+            self._schedule(
+                arrival, ARRIVE_REPAIR, replacement, node.incarnation, mb_id, version, sender
+            )
+        else:
+            # The replacement crashed during the probe, or came back at another stage: the
+            # repair is lost like a hop to a dead node, and its deadline repairs again.
+            self.metrics.hops_lost += 1
         deadline = self.now + self.timing.backward_timeout_s
         hop = (sender, nodes[sender].incarnation, mb_id, version, mb.hop_seq)
         self._schedule(deadline, BWD_DEADLINE, *hop, replacement)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from coordinator_free.protocol.state import SlotState
 from coordinator_free.sim.engine import Engine, run_scenario
+from coordinator_free.sim.generator import GridCell, GridSize, build_scenario
 from coordinator_free.sim.gwtf_policy import GwtfPolicy
 from coordinator_free.sim.round_robin import RoundRobinPolicy
 from coordinator_free.sim.scenario import parse_scenario
@@ -75,3 +76,15 @@ def test_a_joining_relay_without_a_stage_goes_to_the_bottleneck() -> None:
     assert metrics.joins == 1
     assert engine.world.stage_of("joiner") == 3
     assert metrics.stopped_reason == "finished"
+
+
+def test_heavy_churn_with_relays_returning_at_other_stages_finishes() -> None:
+    # 100 %/h: relays crash and come back, often at another stage. In this run a hop sent to a
+    # crashed relay once landed in its next life, at stage 4, which then passed a stage-3 output
+    # to a data node (a policy contract error): a new life now has a new incarnation number,
+    # and a repair whose replacement died or moved during the probe is lost, not computed.
+    scenario = build_scenario(GridCell(True, True, 1.0), 2, GridSize(iterations=30))
+    metrics = run_scenario(scenario, GwtfPolicy())
+    assert metrics.stopped_reason == "finished"
+    assert metrics.crashes >= 5 and metrics.joins >= 3
+    assert metrics.iterations_completed == 30
