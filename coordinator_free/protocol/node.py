@@ -80,6 +80,8 @@ class FlowNode(RoutingMixin, MovesMixin, LivenessMixin):
             return []
         peer = self.peers.get(sender)
         kind = type(message)
+        cached_s = self._next_tick_cache_s
+        peer_was_alive = peer is not None and peer.alive
         if (kind not in _ANSWER_ONLY and kind is not CostAdvert) or peer is None or not peer.alive:
             self._next_tick_cache_s = None
         if peer is not None and not peer.alive and not isinstance(message, Goodbye):
@@ -96,6 +98,18 @@ class FlowNode(RoutingMixin, MovesMixin, LivenessMixin):
         if kind is CostAdvert and self._next_tick_cache_s is not None and self.advert_due(now):
             # A peer's advert changes nothing a tick waits for but this node's own advert.
             self._next_tick_cache_s = None
+        elif kind is Pong and peer_was_alive and cached_s is not None and not self.advert_due(now):
+            # Likewise a pong: it measures the link (a cost, so only the advert may be due
+            # sooner) and answers a ping (the next keep-alive comes later, not sooner).
+            self._next_tick_cache_s = cached_s
+        if (
+            cached_s is not None
+            and self._next_tick_cache_s is None
+            and (cached_s <= now or cached_s <= self._last_decision_s + self.period_s)
+        ):
+            # No tick has work before the next decision round may run, and the time kept is no
+            # later than that: whatever this message changed, the time is still not late.
+            self._next_tick_cache_s = cached_s
         return sends
 
     def tick(self, now: float) -> list[Outbound]:
@@ -193,18 +207,30 @@ class FlowNode(RoutingMixin, MovesMixin, LivenessMixin):
         return self._next_tick_cache_s
 
     def _compute_next_tick_s(self, now: float) -> float:
-        next_round_s = self.next_round_s(now)
+        last_decision_s, period_s = self._last_decision_s, self.period_s
+        next_round_s = last_decision_s + period_s  # ``next_round_s``, inlined (hot path)
+        if next_round_s < now:
+            next_round_s = now
+        move_s = self._idle_move_at_s
         if (
-            self._last_decision_s == -INF
-            or self._idle_move_at_s is None  # the next round draws when the idle move comes
+            last_decision_s == -INF
+            or move_s is None  # the next round draws when the idle move comes
             or self.needs_next_hops()
             or self.advert_due(now)
         ):
             return next_round_s  # a keep-alive due sooner waits for it too (docstring above)
-        reconcile_s = self._last_reconcile_s + self.config.reconcile_periods * self.period_s
-        move_s = INF if self._idle_move_at_s is None else self._idle_move_at_s
-        round_s = min(reconcile_s, move_s, self.next_advert_refresh_s(), self.next_expiry_s())
-        return min(self.next_keepalive_s(now, next_round_s), max(next_round_s, round_s))
+        round_s = self._last_reconcile_s + self.config.reconcile_periods * period_s
+        if move_s < round_s:
+            round_s = move_s
+        refresh_s = self.next_advert_refresh_s()
+        if refresh_s < round_s:
+            round_s = refresh_s
+        if self.pending_swaps or self.reserved or self.table_requests or self.handover_slots:
+            round_s = min(round_s, self.next_expiry_s())  # inf when nothing is pending
+        if round_s < next_round_s:
+            round_s = next_round_s
+        keepalive_s = self.next_keepalive_s(now, next_round_s)
+        return keepalive_s if keepalive_s < round_s else round_s
 
     # ---- what the data plane asks ---------------------------------------------------------------
 

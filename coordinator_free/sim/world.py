@@ -57,7 +57,8 @@ class World:
         self._stage_members: dict[int, list[str]] = {}
         self._compute_ms = {e.id: scenario.model.stage_compute_ms / e.speed for e in scenario.nodes}
         self.current_iteration = 0
-        self._now = 0.0
+        #: The engine's clock, set before each event (``is_ready`` reads it).
+        self.now_s = 0.0
 
     # ---- WorldView ----
 
@@ -122,7 +123,7 @@ class World:
 
     def is_ready(self, node_id: str) -> bool:
         node = self._node(node_id)
-        return node.ready_at_s <= self._now
+        return node.ready_at_s <= self.now_s
 
     def is_alive(self, node_id: str) -> bool:
         if not self._full_knowledge:
@@ -132,9 +133,6 @@ class World:
         return self._node(node_id).alive
 
     # ---- engine-side helpers ----
-
-    def set_now(self, now: float) -> None:
-        self._now = now
 
     def transfer_s(self, src: str, dst: str, size_bytes: float) -> float:
         """Serialisation time of ``size_bytes`` on the src -> dst link, in seconds."""
