@@ -98,9 +98,16 @@ class FlowNode(RoutingMixin, MovesMixin, LivenessMixin):
         if kind is CostAdvert and self._next_tick_cache_s is not None and self.advert_due(now):
             # A peer's advert changes nothing a tick waits for but this node's own advert.
             self._next_tick_cache_s = None
-        elif kind is Pong and peer_was_alive and cached_s is not None and not self.advert_due(now):
+        elif (
+            (kind is Pong or (kind is TableExchange and not sends))
+            and peer_was_alive
+            and cached_s is not None
+            and not self.advert_due(now)
+        ):
             # Likewise a pong: it measures the link (a cost, so only the advert may be due
-            # sooner) and answers a ping (the next keep-alive comes later, not sooner).
+            # sooner) and answers a ping (the next keep-alive comes later, not sooner); and a
+            # table that started no move: it told the peer's room (a cost again) and ended the
+            # wait for that table (whose expiry only comes later).
             self._next_tick_cache_s = cached_s
         if (
             cached_s is not None
