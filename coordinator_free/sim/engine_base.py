@@ -37,7 +37,7 @@ from coordinator_free.sim.policy import (
     Wake,
 )
 from coordinator_free.sim.scenario import Scenario
-from coordinator_free.sim.world import World
+from coordinator_free.sim.world import BITS_PER_BYTE, World
 
 
 class EngineBase(ABC):
@@ -162,17 +162,21 @@ class EngineBase(ABC):
         if not src.alive:
             return
         metrics = self.metrics
-        delay_s = self.world.region_delay_s
-        src_id, src_region, now, heap = send.src, src.region_index, self.now, self._heap
+        # ``world.region_delay_s``, inlined with the same arithmetic: one row per sender.
+        latency_s = self.world.latency_s_by_region[src.region_index]
+        bits_per_s = self.world.bits_per_s_by_region[src.region_index]
+        src_id, now, heap = send.src, self.now, self._heap
         for dst_id, payload, size in send.messages:
             dst = nodes.get(dst_id)
             if dst is None:
                 raise PolicyContractError(f"{self.policy.name} sent a message {src_id}->{dst_id}")
-            size = max(0, int(size))
+            if size.__class__ is not int or size < 0:
+                size = max(0, int(size))
             metrics.control_messages += 1
             metrics.control_bytes += size
             self._seq += 1  # ``_schedule``, inlined: one event per control message
-            when = now + delay_s(src_region, dst.region_index, size)
+            region = dst.region_index
+            when = now + (latency_s[region] + size * BITS_PER_BYTE / bits_per_s[region])
             heapq.heappush(heap, (when, self._seq, MESSAGE, (src_id, dst_id, payload)))
 
     def _on_message(self, src: str, dst: str, payload: object) -> None:
