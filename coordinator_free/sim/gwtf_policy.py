@@ -201,11 +201,7 @@ class GwtfPolicy(PolicyDefaults):
             return ()
         self._last_tick_s[node_id] = now
         self._wake_asked_s.pop(node_id, None)  # this tick was the one asked for
-        if (
-            self._skips_stale_ticks
-            and node.next_tick_s(now) > now + _STALE_TICK_SLACK_S
-            and node.alive_peers(node.next_stage)
-        ):
+        if self._skips_stale_ticks and self._is_stale(node, now):
             # Work moved later since this tick was asked for (a flow was accepted, a table
             # answered): the core would do nothing now, so only ask again for the new time.
             self.stale_ticks += 1
@@ -218,6 +214,17 @@ class GwtfPolicy(PolicyDefaults):
         if wake is not None:
             actions.append(wake)
         return actions
+
+    def _is_stale(self, node: FlowNode, now: float) -> bool:
+        """Whether the core has nothing to do now. The time it keeps may be early (it keeps it
+        across news that can only delay work), so one that says "now" is asked afresh: that
+        costs less than a round that finds nothing to do."""
+        if not node.alive_peers(node.next_stage):
+            return False  # it must look up peers (``_rediscover``)
+        if node.next_tick_s(now) > now + _STALE_TICK_SLACK_S:
+            return True
+        node.state_changed()
+        return node.next_tick_s(now) > now + _STALE_TICK_SLACK_S
 
     def _wake(self, node: FlowNode, now: float) -> list[Action]:
         wake = self._wake_action(node, now)
