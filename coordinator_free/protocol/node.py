@@ -202,8 +202,9 @@ class FlowNode(RoutingMixin, MovesMixin, LivenessMixin):
         A driver may call ``tick`` at any time (the live node does, on a fixed period); one that
         wakes the node only at this time (the simulator) saves the idle rounds. Call it again
         after every ``handle``, ``tick`` or hook, which may make work due sooner. The answer is
-        kept until the state changes; news that only delays work (a peer heard from) keeps it,
-        so it may be early (a tick that does nothing), never late by more than this: while a
+        kept until the state changes; news that only delays work (a peer heard from, a pong)
+        keeps it, and so does any news while it is no later than the next round may run, so it
+        may be early (``state_changed`` then asks afresh), never late by more than this: while a
         decision round is due, a keep-alive due before it is reported at the round (a driver
         ticking once per period, as the simulator does, sees no difference).
         """
