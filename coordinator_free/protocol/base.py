@@ -40,6 +40,9 @@ class NodeBase:
     ) -> None:
         spec.validate(config)
         self.spec = spec
+        #: The spec's id and role, fixed for the node's life: read on every message, so kept here.
+        self.node_id: str = spec.node_id
+        self.is_data: bool = spec.role == DATA
         # Neighbour stages are fixed for a node's life (a move is a new node): asked on every
         # message, so computed once.
         self._next_stage = next_stage(spec.stage, config.stages)
@@ -76,14 +79,6 @@ class NodeBase:
                 self.out_slots[slot] = OutSlot(slot, f"{spec.node_id}/{index}", None)
 
     # ---- identity -------------------------------------------------------------------------------
-
-    @property
-    def node_id(self) -> str:
-        return self.spec.node_id
-
-    @property
-    def is_data(self) -> bool:
-        return self.spec.role == DATA
 
     @property
     def next_stage(self) -> int:
@@ -208,7 +203,15 @@ class NodeBase:
         return edge + peer.cost_to_sink_ms
 
     def cost_through_ms(self, peer: Peer) -> float:
-        return self.edge_cost_ms(peer.peer_id) + peer.cost_to_sink_ms
+        edge = peer.edge_cost_ms
+        if edge is None:
+            edge = self.edge_cost_ms(peer.peer_id)
+        return edge + peer.cost_to_sink_ms
+
+    def edge_cost_to(self, peer: Peer) -> float:
+        """``edge_cost_ms`` of a peer already in hand (its cached estimate, no table lookup)."""
+        edge = peer.edge_cost_ms
+        return self.edge_cost_ms(peer.peer_id) if edge is None else edge
 
     def cost_to_sink_ms(self) -> float:
         """The cheapest cost to a sink through next-stage peers with spare capacity."""

@@ -65,8 +65,7 @@ class MovesMixin(SharingMixin):
             self._entry(out) for out in self.out_slots.values() if out.state is SlotState.MATCHED
         ]
         edges = tuple(
-            EdgeEntry(p.peer_id, self.edge_cost_ms(p.peer_id))
-            for p in self.alive_peers(self.next_stage)
+            EdgeEntry(p.peer_id, self.edge_cost_to(p)) for p in self.alive_peers(self.next_stage)
         )
         return TableExchange(max(self.spare, 0), tuple(entries[:_MAX_TABLE_ENTRIES]), edges)
 

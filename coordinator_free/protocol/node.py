@@ -84,6 +84,8 @@ class FlowNode(RoutingMixin, MovesMixin, LendingMixin, LivenessMixin):
             return []
         peer = self.peers.get(sender)
         kind = type(message)
+        cached_s = self._next_tick_cache_s
+        peer_was_alive = peer is not None and peer.alive
         if (kind not in _ANSWER_ONLY and kind is not CostAdvert) or peer is None or not peer.alive:
             self._next_tick_cache_s = None
         if peer is not None and not peer.alive and not isinstance(message, Goodbye):
@@ -100,6 +102,25 @@ class FlowNode(RoutingMixin, MovesMixin, LendingMixin, LivenessMixin):
         if kind is CostAdvert and self._next_tick_cache_s is not None and self.advert_due(now):
             # A peer's advert changes nothing a tick waits for but this node's own advert.
             self._next_tick_cache_s = None
+        elif (
+            (kind is Pong or (kind is TableExchange and not sends))
+            and peer_was_alive
+            and cached_s is not None
+            and not self.advert_due(now)
+        ):
+            # Likewise a pong: it measures the link (a cost, so only the advert may be due
+            # sooner) and answers a ping (the next keep-alive comes later, not sooner); and a
+            # table that started no move: it told the peer's room (a cost again) and ended the
+            # wait for that table (whose expiry only comes later).
+            self._next_tick_cache_s = cached_s
+        if (
+            cached_s is not None
+            and self._next_tick_cache_s is None
+            and (cached_s <= now or cached_s <= self._last_decision_s + self.period_s)
+        ):
+            # No tick has work before the next decision round may run, and the time kept is no
+            # later than that: whatever this message changed, the time is still not late.
+            self._next_tick_cache_s = cached_s
         return sends
 
     def tick(self, now: float) -> list[Outbound]:
@@ -190,8 +211,9 @@ class FlowNode(RoutingMixin, MovesMixin, LendingMixin, LivenessMixin):
         A driver may call ``tick`` at any time (the live node does, on a fixed period); one that
         wakes the node only at this time (the simulator) saves the idle rounds. Call it again
         after every ``handle``, ``tick`` or hook, which may make work due sooner. The answer is
-        kept until the state changes; news that only delays work (a peer heard from) keeps it,
-        so it may be early (a tick that does nothing), never late by more than this: while a
+        kept until the state changes; news that only delays work (a peer heard from, a pong)
+        keeps it, and so does any news while it is no later than the next round may run, so it
+        may be early (``state_changed`` then asks afresh), never late by more than this: while a
         decision round is due, a keep-alive due before it is reported at the round (a driver
         ticking once per period, as the simulator does, sees no difference).
         """
@@ -202,18 +224,30 @@ class FlowNode(RoutingMixin, MovesMixin, LendingMixin, LivenessMixin):
         return self._next_tick_cache_s
 
     def _compute_next_tick_s(self, now: float) -> float:
-        next_round_s = self.next_round_s(now)
+        last_decision_s, period_s = self._last_decision_s, self.period_s
+        next_round_s = last_decision_s + period_s  # ``next_round_s``, inlined (hot path)
+        if next_round_s < now:
+            next_round_s = now
+        move_s = self._idle_move_at_s
         if (
-            self._last_decision_s == -INF
-            or self._idle_move_at_s is None  # the next round draws when the idle move comes
+            last_decision_s == -INF
+            or move_s is None  # the next round draws when the idle move comes
             or self.needs_next_hops()
             or self.advert_due(now)
         ):
             return next_round_s  # a keep-alive due sooner waits for it too (docstring above)
-        reconcile_s = self._last_reconcile_s + self.config.reconcile_periods * self.period_s
-        move_s = INF if self._idle_move_at_s is None else self._idle_move_at_s
-        round_s = min(reconcile_s, move_s, self.next_advert_refresh_s(), self.next_expiry_s())
-        return min(self.next_keepalive_s(now, next_round_s), max(next_round_s, round_s))
+        round_s = self._last_reconcile_s + self.config.reconcile_periods * period_s
+        if move_s < round_s:
+            round_s = move_s
+        refresh_s = self.next_advert_refresh_s()
+        if refresh_s < round_s:
+            round_s = refresh_s
+        if self.pending_swaps or self.reserved or self.table_requests or self.handover_slots:
+            round_s = min(round_s, self.next_expiry_s())  # inf when nothing is pending
+        if round_s < next_round_s:
+            round_s = next_round_s
+        keepalive_s = self.next_keepalive_s(now, next_round_s)
+        return keepalive_s if keepalive_s < round_s else round_s
 
     # ---- what the data plane asks ---------------------------------------------------------------
 

@@ -236,8 +236,12 @@ class RoutingMixin(NodeBase):
         last = self._last_advert
         if last is None or now >= self.next_advert_refresh_s() - TIME_SLACK_S:
             return True
-        cost, spare = self.cost_to_sink_ms(), self.spare
-        return last[1] != (spare > 0) or _moved(last[0], cost)
+        # Asked after most messages (``next_tick_s``): the cached cost and spare read directly.
+        cost = self._sink_cost_ms
+        if cost is None or self.is_data:
+            cost = self.cost_to_sink_ms()
+        spare = self.spec.capacity - len(self.in_slots) - len(self.reserved)
+        return last[1] != (spare > 0) or (last[0] != cost and _moved(last[0], cost))
 
     def next_advert_refresh_s(self) -> float:
         return self._last_advert_at_s + self.config.advert_refresh_periods * self.period_s

@@ -76,19 +76,20 @@ class Engine(IterationsMixin):
         limit = self.config.max_sim_time_s
         heap = self._heap
         handlers = self._handlers
+        world = self.world
+        pop = heapq.heappop
         processed = 0
         max_events = self.config.max_events or -1
         while heap and not self._finished:
             if processed == max_events:
                 self.metrics.stopped_reason = "event_limit"
                 break
-            when, _, kind, args = heapq.heappop(heap)
+            when, _, kind, args = pop(heap)
             if when > limit:
                 self.now = limit
                 self.metrics.stopped_reason = "time_limit"
                 break
-            self.now = when
-            self.world.set_now(when)
+            self.now = world.now_s = when
             handlers[kind](*args)
             processed += 1
         else:

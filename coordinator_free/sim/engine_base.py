@@ -29,7 +29,6 @@ from coordinator_free.sim.metrics import RunMetrics
 from coordinator_free.sim.microbatch import Microbatch
 from coordinator_free.sim.policy import (
     Action,
-    Message,
     MoveStage,
     PolicyContractError,
     Retry,
@@ -38,7 +37,7 @@ from coordinator_free.sim.policy import (
     Wake,
 )
 from coordinator_free.sim.scenario import Scenario
-from coordinator_free.sim.world import World
+from coordinator_free.sim.world import BITS_PER_BYTE, World
 
 
 class EngineBase(ABC):
@@ -101,7 +100,7 @@ class EngineBase(ABC):
     def _apply(self, actions: Sequence[Action]) -> None:
         for action in actions:
             if isinstance(action, Send):
-                self._send_message(action)
+                self._send_messages(action)
             elif isinstance(action, Wake):
                 self._request_tick(action.node_id, action.at_s, action.postpone)
             elif isinstance(action, Retry):
@@ -154,24 +153,35 @@ class EngineBase(ABC):
 
     # ---- control plane ----
 
-    def _send_message(self, send: Send) -> None:
+    def _send_messages(self, send: Send) -> None:
+        """Schedule each message's arrival; the event carries (src, dst, payload) as they are."""
         nodes = self.world.nodes
-        src, dst = nodes.get(send.src), nodes.get(send.dst)
-        if dst is None or src is None:
-            raise PolicyContractError(f"{self.policy.name} sent a message {send.src}->{send.dst}")
+        src = nodes.get(send.src)
+        if src is None:
+            raise PolicyContractError(f"{self.policy.name} sent a message from {send.src}")
         if not src.alive:
             return
-        size = max(0, int(send.size_bytes))
         metrics = self.metrics
-        metrics.control_messages += 1
-        metrics.control_bytes += size
-        delay = self.world.region_delay_s(src.region_index, dst.region_index, size)
-        message = Message(send.src, send.dst, send.payload, size, self.now)
-        self._schedule(self.now + delay, MESSAGE, message)
+        # ``world.region_delay_s``, inlined with the same arithmetic: one row per sender.
+        latency_s = self.world.latency_s_by_region[src.region_index]
+        bits_per_s = self.world.bits_per_s_by_region[src.region_index]
+        src_id, now, heap = send.src, self.now, self._heap
+        for dst_id, payload, size in send.messages:
+            dst = nodes.get(dst_id)
+            if dst is None:
+                raise PolicyContractError(f"{self.policy.name} sent a message {src_id}->{dst_id}")
+            if size.__class__ is not int or size < 0:
+                size = max(0, int(size))
+            metrics.control_messages += 1
+            metrics.control_bytes += size
+            self._seq += 1  # ``_schedule``, inlined: one event per control message
+            region = dst.region_index
+            when = now + (latency_s[region] + size * BITS_PER_BYTE / bits_per_s[region])
+            heapq.heappush(heap, (when, self._seq, MESSAGE, (src_id, dst_id, payload)))
 
-    def _on_message(self, message: Message) -> None:
-        if self.world.nodes[message.dst].alive:
-            self._apply(self.policy.on_message(self.world, message, self.now))
+    def _on_message(self, src: str, dst: str, payload: object) -> None:
+        if self.world.nodes[dst].alive:
+            self._apply(self.policy.on_message(self.world, src, dst, payload, self.now))
 
     # ---- ticks ----
 

@@ -29,7 +29,6 @@ from coordinator_free.sim.policy import (
     Hold,
     HopDecision,
     HopReport,
-    Message,
     MicrobatchView,
     PolicyDefaults,
     PolicyTiming,
@@ -179,24 +178,25 @@ class GwtfPolicy(PolicyDefaults):
 
     # ---- control plane ----
 
-    def on_message(self, world: WorldView, message: Message, now: float) -> Sequence[Action]:
-        node = self._nodes.get(message.dst)
-        payload = message.payload
+    def on_message(
+        self, world: WorldView, src: str, dst: str, payload: object, now: float
+    ) -> Sequence[Action]:
+        node = self._nodes.get(dst)
         if node is None:
             return ()
-        sends = node.handle(message.src, payload, now)  # type: ignore[arg-type]
+        sends = node.handle(src, payload, now)  # type: ignore[arg-type]
         if node.is_data and isinstance(payload, FlowWanted | FlowLoanReturn):
             sends += self._lend_idle(node)
         # The first message from a peer measures the link (as a keep-alive would); the core
         # smooths later measurements.
-        peer = node.peers.get(message.src)
+        peer = node.peers.get(src)
         if peer is not None and peer.latency_ms is None:
-            node.observe_link(
-                message.src,
-                world.latency_ms(message.src, message.dst),
-                world.bandwidth_gbps(message.src, message.dst),
-            )
-        return self._sends(message.dst, sends) + self._wake(node, now)
+            node.observe_link(src, world.latency_ms(src, dst), world.bandwidth_gbps(src, dst))
+        actions = self._sends(dst, sends)
+        wake = self._wake_action(node, now)
+        if wake is not None:
+            actions.append(wake)
+        return actions
 
     def on_tick(self, world: WorldView, node_id: str, now: float) -> Sequence[Action]:
         node = self._nodes.get(node_id)
@@ -204,11 +204,7 @@ class GwtfPolicy(PolicyDefaults):
             return ()
         self._last_tick_s[node_id] = now
         self._wake_asked_s.pop(node_id, None)  # this tick was the one asked for
-        if (
-            self._skips_stale_ticks
-            and node.next_tick_s(now) > now + _STALE_TICK_SLACK_S
-            and node.alive_peers(node.next_stage)
-        ):
+        if self._skips_stale_ticks and self._is_stale(node, now):
             # Work moved later since this tick was asked for (a flow was accepted, a table
             # answered): the core would do nothing now, so only ask again for the new time.
             self.stale_ticks += 1
@@ -216,19 +212,40 @@ class GwtfPolicy(PolicyDefaults):
         sends = node.tick(now)
         if not node.alive_peers(node.next_stage):
             sends += self._rediscover(world, node, now)
-        return self._sends(node_id, sends) + self._wake(node, now)
+        actions = self._sends(node_id, sends)
+        wake = self._wake_action(node, now)
+        if wake is not None:
+            actions.append(wake)
+        return actions
+
+    def _is_stale(self, node: FlowNode, now: float) -> bool:
+        """Whether the core has nothing to do now. The time it keeps may be early (it keeps it
+        across news that can only delay work), so one that says "now" is asked afresh: that
+        costs less than a round that finds nothing to do."""
+        if not node.alive_peers(node.next_stage):
+            return False  # it must look up peers (``_rediscover``)
+        if node.next_tick_s(now) > now + _STALE_TICK_SLACK_S:
+            return True
+        node.state_changed()
+        return node.next_tick_s(now) > now + _STALE_TICK_SLACK_S
 
     def _wake(self, node: FlowNode, now: float) -> list[Action]:
-        """Ask the engine to tick ``node`` when its core next has work (a later time postpones)."""
-        asked_s = self._wake_asked_s.get(node.node_id)
+        wake = self._wake_action(node, now)
+        return [] if wake is None else [wake]
+
+    def _wake_action(self, node: FlowNode, now: float) -> Wake | None:
+        """Ask the engine to tick ``node`` when its core next has work (a later time postpones);
+        None when that is the time already asked for."""
+        node_id = node.spec.node_id
+        asked_s = self._wake_asked_s.get(node_id)
         wake_s = node.next_tick_s(now)
         if not node.alive_peers(node.next_stage):  # it must look up peers (``_rediscover``)
             wake_s = now
-        if asked_s is not None and asked_s == wake_s:
-            return []
-        self._wake_asked_s[node.node_id] = wake_s
+        if asked_s == wake_s:
+            return None
+        self._wake_asked_s[node_id] = wake_s
         # A later time postpones the tick asked for: the work it was for moved later.
-        return [Wake(node.node_id, wake_s, postpone=asked_s is not None and wake_s > asked_s)]
+        return Wake(node_id, wake_s, postpone=asked_s is not None and wake_s > asked_s)
 
     def _rediscover(self, world: WorldView, node: FlowNode, now: float) -> list[Outbound]:
         """A node that knows no live next-stage peer looks up more (another DHT lookup would),
@@ -251,14 +268,18 @@ class GwtfPolicy(PolicyDefaults):
         return sends
 
     def _sends(self, sender: str, sends: list[Outbound]) -> list[Action]:
-        actions: list[Action] = []
+        """One ``Send`` of the core's messages, sized as encoded (none when there are none)."""
+        if not sends:
+            return []
+        messages: list[tuple[str, object, int]] = []
         last: object = None
         size = 0
         for outbound in sends:
-            if outbound.message is not last:  # an advert goes to many peers as one object
-                last, size = outbound.message, encoded_size(outbound.message)
-            actions.append(Send(sender, outbound.to, outbound.message, size))
-        return actions
+            message = outbound.message
+            if message is not last:  # an advert goes to many peers as one object
+                last, size = message, encoded_size(message)
+            messages.append((outbound.to, message, size))
+        return [Send(sender, messages)]
 
     # ---- data plane ----
 

@@ -128,28 +128,18 @@ class HopReport:
     acked_at_s: float
 
 
-@dataclass(frozen=True)
-class Message:
-    """A control message delivered by the engine to ``dst`` (never to a dead node)."""
-
-    src: str
-    dst: str
-    payload: object
-    size_bytes: int
-    sent_at_s: float
-
-
 # ---- actions a policy returns from callbacks ----
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Send:
-    """A control message; it arrives after latency + size/bandwidth, or never if dst is dead."""
+    """Control messages from ``src``, each ``(dst, payload, size_bytes)``; each arrives after
+    latency + size/bandwidth, or never if its dst is dead. One action carries every message a
+    callback sends from one node (a cost advert goes to a dozen peers at once), so a message
+    costs the engine one tuple, not an object of its own."""
 
     src: str
-    dst: str
-    payload: object
-    size_bytes: int = 64
+    messages: Sequence[tuple[str, object, int]]
 
 
 @dataclass(frozen=True)
@@ -167,7 +157,7 @@ class Retry:
     node_id: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Wake:
     """Tick ``node_id`` at the first point of its tick grid at or after ``at_s`` (policies with
     ``PolicyTiming.ticks_on_request``). A node has at most one tick pending: an earlier request
@@ -373,8 +363,10 @@ class RoutingPolicy(Protocol):
         """Periodic call on every live node (period ``timing().tick_period_s``)."""
         ...
 
-    def on_message(self, world: WorldView, message: Message, now: float) -> Sequence[Action]:
-        """A control message reached ``message.dst``."""
+    def on_message(
+        self, world: WorldView, src: str, dst: str, payload: object, now: float
+    ) -> Sequence[Action]:
+        """A control message (``payload``, as sent in a ``Send``) from ``src`` reached ``dst``."""
         ...
 
 
@@ -410,5 +402,7 @@ class PolicyDefaults:
     def on_tick(self, world: WorldView, node_id: str, now: float) -> Sequence[Action]:
         return ()
 
-    def on_message(self, world: WorldView, message: Message, now: float) -> Sequence[Action]:
+    def on_message(
+        self, world: WorldView, src: str, dst: str, payload: object, now: float
+    ) -> Sequence[Action]:
         return ()

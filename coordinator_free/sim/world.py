@@ -14,7 +14,7 @@ from coordinator_free.cost import EdgeInputs, edge_cost_ms
 from coordinator_free.sim.policy import DATA_STAGE, NodeSpec, PolicyContractError
 from coordinator_free.sim.scenario import Scenario
 
-_BITS_PER_BYTE = 8.0
+BITS_PER_BYTE = 8.0
 _BITS_PER_GBIT = 1e9
 
 
@@ -46,6 +46,12 @@ class World:
         self._full_knowledge = full_knowledge
         self._latency_ms = scenario.topology.latency_ms
         self._bandwidth_gbps = scenario.topology.bandwidth_gbps
+        #: Per pair of regions, the terms of a control message's delay (``region_delay_s``),
+        #: computed once: every message reads them.
+        self.latency_s_by_region = [[ms / 1000.0 for ms in row] for row in self._latency_ms]
+        self.bits_per_s_by_region = [
+            [gbps * _BITS_PER_GBIT for gbps in row] for row in self._bandwidth_gbps
+        ]
         region_index = {r: i for i, r in enumerate(scenario.topology.regions)}
         self.nodes: dict[str, NodeState] = {}
         for entry in scenario.nodes:
@@ -57,7 +63,8 @@ class World:
         self._stage_members: dict[int, list[str]] = {}
         self._compute_ms = {e.id: scenario.model.stage_compute_ms / e.speed for e in scenario.nodes}
         self.current_iteration = 0
-        self._now = 0.0
+        #: The engine's clock, set before each event (``is_ready`` reads it).
+        self.now_s = 0.0
 
     # ---- WorldView ----
 
@@ -122,7 +129,7 @@ class World:
 
     def is_ready(self, node_id: str) -> bool:
         node = self._node(node_id)
-        return node.ready_at_s <= self._now
+        return node.ready_at_s <= self.now_s
 
     def is_alive(self, node_id: str) -> bool:
         if not self._full_knowledge:
@@ -133,19 +140,18 @@ class World:
 
     # ---- engine-side helpers ----
 
-    def set_now(self, now: float) -> None:
-        self._now = now
-
     def transfer_s(self, src: str, dst: str, size_bytes: float) -> float:
         """Serialisation time of ``size_bytes`` on the src -> dst link, in seconds."""
-        return size_bytes * _BITS_PER_BYTE / (self.bandwidth_gbps(src, dst) * _BITS_PER_GBIT)
+        return size_bytes * BITS_PER_BYTE / (self.bandwidth_gbps(src, dst) * _BITS_PER_GBIT)
 
     def region_delay_s(self, src_region: int, dst_region: int, size_bytes: float) -> float:
         """Latency plus serialisation of ``size_bytes`` between two regions, in seconds (what a
         control message takes; the same arithmetic as ``latency_ms`` / 1000 + ``transfer_s``)."""
-        latency_s = self._latency_ms[src_region][dst_region] / 1000.0
-        bandwidth = self._bandwidth_gbps[src_region][dst_region]
-        return latency_s + size_bytes * _BITS_PER_BYTE / (bandwidth * _BITS_PER_GBIT)
+        latency_s = self.latency_s_by_region[src_region][dst_region]
+        return (
+            latency_s
+            + size_bytes * BITS_PER_BYTE / self.bits_per_s_by_region[src_region][dst_region]
+        )
 
     def mark_known(self, node_id: str) -> None:
         node = self.nodes[node_id]
