@@ -7,6 +7,10 @@ measured in the same run. The issue's goals are printed as PASS/FAIL columns. Pl
 ``bench/out/``.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/sim_compare.py [--quick] [--seeds 5] [--jobs 2]
+        [--sweep]
+
+``--sweep`` adds the key cell's GPUs and regions at churn rates beyond the grid (100 and 200 % of
+relays per hour) and prints how GWTF's time and waste compare with SWARM's as churn grows.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from gwtf.errors import GwtfError
 
 OUT = Path(__file__).resolve().parent / "out"
 KEY_CELL = "het-10reg-churn33"
+#: Churn rates (of relays per hour) of ``--sweep``, beyond the grid's 0 / 10 / 33 %.
+SWEEP_CHURN = (1.0, 2.0)
 #: Runs that cannot finish are cut here (deterministic); they count as not finished (DNF).
 MAX_EVENTS = 3_000_000
 
@@ -129,6 +135,22 @@ def print_goals(table: dict[tuple[str, str], dict[str, float]], cells: list[str]
             _goal(f"{cell}: GWTF thr / optimal thr", ratio, ">= 0.95", 0.95, higher=True)
 
 
+def print_sweep(table: dict[tuple[str, str], dict[str, float]], cells: list[str]) -> None:
+    """GWTF against SWARM (and the optimum against SWARM, the bound) as churn grows."""
+    print("\n| cell | GWTF / SWARM time | optimum / SWARM time | GWTF / SWARM wasted |")
+    print("|---|---|---|---|")
+    for cell in cells:
+        row = {a: table.get((cell, a), {}) for a in ("gwtf", "swarm", "optimal")}
+        swarm_t = row["swarm"].get("time_s", math.nan)
+        # Below 0.05 s a waste is the rounding of float sums (total - useful), not lost work.
+        gwtf_w, swarm_w = (row[a].get("wasted_s", 0.0) for a in ("gwtf", "swarm"))
+        wasted = math.nan if swarm_w < 0.05 else _safe_ratio(gwtf_w, swarm_w)
+        print(
+            f"| {cell} | {_fmt(row['gwtf'].get('time_s', math.nan) / swarm_t, 3)} | "
+            f"{_fmt(row['optimal'].get('time_s', math.nan) / swarm_t, 3)} | {_fmt(wasted, 3)} |"
+        )
+
+
 def _safe_ratio(a: float, b: float) -> float:
     if b == 0:
         return 0.0 if a == 0 else math.inf
@@ -190,6 +212,7 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=None)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--algorithms", default="gwtf,swarm,dtfm,optimal")
+    parser.add_argument("--sweep", action="store_true", help="the key cell at 100/200 %%/h churn")
     args = parser.parse_args()
     seeds = args.seeds or (3 if args.quick else 5)
     iterations = args.iterations or (20 if args.quick else 30)
@@ -197,6 +220,9 @@ def main() -> int:
     if args.quick:
         keep = {"hom-1reg-churn0", "het-10reg-churn0", "het-10reg-churn10", KEY_CELL}
         cells = [c for c in cells if c.label in keep]
+    if args.sweep:
+        key = next(c for c in paper_grid() if c.label == KEY_CELL)
+        cells += [GridCell(key.heterogeneous, key.ten_regions, rate) for rate in SWEEP_CHURN]
     algorithms = args.algorithms.split(",")
     jobs = [(c, a, s, iterations) for c in cells for a in algorithms for s in range(seeds)]
     print(
@@ -211,6 +237,14 @@ def main() -> int:
     labels = [c.label for c in cells]
     print_tables(table, labels, algorithms)
     print_goals(table, labels)
+    if args.sweep:
+        key = next(c for c in paper_grid() if c.label == KEY_CELL)
+        same = [
+            c.label
+            for c in cells
+            if (c.heterogeneous, c.ten_regions) == (key.heterogeneous, key.ten_regions)
+        ]
+        print_sweep(table, same)
     print(f"\nplot: {plot(table, labels, algorithms)}")
     return 0
 
