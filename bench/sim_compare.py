@@ -217,11 +217,11 @@ def main() -> int:
     seeds = args.seeds or (3 if args.quick else 5)
     iterations = args.iterations or (20 if args.quick else 30)
     cells = paper_grid()
+    key = next(c for c in cells if c.label == KEY_CELL)
     if args.quick:
         keep = {"hom-1reg-churn0", "het-10reg-churn0", "het-10reg-churn10", KEY_CELL}
         cells = [c for c in cells if c.label in keep]
     if args.sweep:
-        key = next(c for c in paper_grid() if c.label == KEY_CELL)
         cells += [GridCell(key.heterogeneous, key.ten_regions, rate) for rate in SWEEP_CHURN]
     algorithms = args.algorithms.split(",")
     jobs = [(c, a, s, iterations) for c in cells for a in algorithms for s in range(seeds)]
@@ -238,7 +238,6 @@ def main() -> int:
     print_tables(table, labels, algorithms)
     print_goals(table, labels)
     if args.sweep:
-        key = next(c for c in paper_grid() if c.label == KEY_CELL)
         same = [
             c.label
             for c in cells

@@ -324,10 +324,11 @@ class GwtfPolicy(PolicyDefaults):
         self, world: WorldView, node: FlowNode, mb: MicrobatchView, now: float
     ) -> HopDecision:
         held = self._source_slot.get(mb.mb_id)
+        source = node.source_routes()
         # A hop that came back at another stage is not usable until its introduction lands.
         routes = {
             (node.node_id, slot): first_hop
-            for slot, (_, first_hop) in node.source_routes().items()
+            for slot, (_, first_hop) in source.items()
             if world.stage_of(first_hop) == node.next_stage and not node.is_lent(slot)
         }
         loans = {
@@ -353,10 +354,9 @@ class GwtfPolicy(PolicyDefaults):
             # Its own flows first, cheapest path first (as its sink last reported it), then a
             # peer's idle flow lent to it, nearest first hop first.
             paths = node.flow_paths()
-            flow_ids = {slot: flow_id for slot, (flow_id, _) in node.source_routes().items()}
 
             def path_cost_ms(key: tuple[str, int]) -> tuple[float, tuple[str, int]]:
-                report = paths.get(flow_ids[key[1]])
+                report = paths.get(source[key[1]][0])
                 return (math.inf if report is None else report[1], key)
 
             def hop_cost_ms(key: tuple[str, int]) -> tuple[float, tuple[str, int]]:

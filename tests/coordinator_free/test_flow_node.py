@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -49,6 +50,16 @@ def meet(node: FlowNode, *peers: tuple[str, str, int]) -> None:
 
 def sent(sends: list, kind: type) -> list:
     return [s for s in sends if isinstance(s.message, kind)]
+
+
+def relay_carrying_one_flow(accepted_s: float) -> tuple[FlowNode, Any]:
+    """Relay ``a`` (stage 1) carrying one flow from d0 to x; returns it and its request to x."""
+    node = relay("a", 1)
+    meet(node, ("d0", "data", 0), ("x", "relay", 2))
+    node.handle("x", CostAdvert(10.0, 2), 0.0)
+    (request,) = sent(node.handle("d0", FlowRequest(3, "d0/0", ("d0",), 5.0), 0.0), FlowRequest)
+    node.handle("x", FlowAccept(request.message.slot, 10.0), accepted_s)
+    return node, request
 
 
 def test_a_request_with_spare_capacity_is_accepted_and_forwarded_to_the_cheapest_peer() -> None:
@@ -130,11 +141,7 @@ def test_an_unforwardable_flow_is_pushed_back_after_twelve_periods() -> None:
 
 
 def test_cancel_releases_the_flow_and_cancels_downstream() -> None:
-    node = relay("a", 1)
-    meet(node, ("d0", "data", 0), ("x", "relay", 2))
-    node.handle("x", CostAdvert(10.0, 2), 0.0)
-    (request,) = sent(node.handle("d0", FlowRequest(3, "d0/0", ("d0",), 5.0), 0.0), FlowRequest)
-    node.handle("x", FlowAccept(request.message.slot, 10.0), 0.1)
+    node, request = relay_carrying_one_flow(accepted_s=0.1)
     (cancel,) = sent(node.handle("d0", FlowCancel(3), 0.2), FlowCancel)
     assert cancel.to == "x" and cancel.message.slot == request.message.slot
     assert not node.in_slots and not node.out_slots
@@ -159,11 +166,7 @@ def test_a_dead_next_hop_is_replaced_and_not_chosen_while_dead() -> None:
 
 
 def test_a_slot_list_is_the_keepalive_to_the_upstream_peer() -> None:
-    node = relay("a", 1)
-    meet(node, ("d0", "data", 0), ("x", "relay", 2))
-    node.handle("x", CostAdvert(10.0, 2), 0.0)
-    (request,) = sent(node.handle("d0", FlowRequest(3, "d0/0", ("d0",), 5.0), 0.0), FlowRequest)
-    node.handle("x", FlowAccept(request.message.slot, 10.0), 0.0)
+    node, request = relay_carrying_one_flow(accepted_s=0.0)
     to_d0: list = []
     now = 0.0
     while now < 120.0:
@@ -194,11 +197,7 @@ def test_a_slot_list_asking_for_an_answer_gets_a_pong() -> None:
 
 
 def test_three_missed_keepalives_declare_a_flow_partner_dead() -> None:
-    node = relay("a", 1)
-    meet(node, ("d0", "data", 0), ("x", "relay", 2))
-    node.handle("x", CostAdvert(10.0, 2), 0.0)
-    (request,) = sent(node.handle("d0", FlowRequest(3, "d0/0", ("d0",), 5.0), 0.0), FlowRequest)
-    node.handle("x", FlowAccept(request.message.slot, 10.0), 0.0)
+    node, request = relay_carrying_one_flow(accepted_s=0.0)
     pings, slot_list_pings, now = 0, 0, 0.0
     while node.peers["d0"].alive and now < 200.0:
         sends = node.tick(now)
