@@ -275,6 +275,8 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "training.iterations": _non_negative,
     "training.microbatches_per_iteration": _positive_int,
     "training.stall_timeout_s": _positive,
+    "training.data_nodes": _positive_int,
+    "training.data_shard": _non_negative,
     "training.max_in_flight": _positive_int,
     "training.codec_max_bytes": _positive_int,
     "training.optimizer.lr": _positive,

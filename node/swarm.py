@@ -17,8 +17,10 @@ Swarm file::
              microbatches_per_iteration = 4, iterations = 5, seed = 0,
              routing = "gwtf" (or "swarm": SWARM's throughput-weighted wiring, for comparison)
     [swarm]  relays_per_stage = 2, capacity = 2 (a relay's microbatches in flight; the data
-             node's is relays_per_stage times that), regions = ["oregon"], topology = "" (a JSON
-             file like coordinator_free/sim/data/regions-10.json, or "" for no emulation)
+             nodes' together are relays_per_stage times that), regions = ["oregon"],
+             topology = "" (a JSON file like coordinator_free/sim/data/regions-10.json, or ""
+             for no emulation), data_nodes = 1 (data nodes "data", "data-1", ...: each starts
+             microbatches_per_iteration microbatches of its own per iteration)
     [flow]   any field of the node settings' flow section (decision_period_s,
              hop_ack_deadline_s, keepalive_interval_s, ...; see node/settings.py)
     [chain]  enabled = true, rpc_url = "" (use a running chain instead of starting a devnet),
@@ -81,7 +83,7 @@ _SECTIONS: dict[str, set[str]] = {
         "iterations",
         "seed",
     },
-    "swarm": {"relays_per_stage", "capacity", "regions", "topology"},
+    "swarm": {"relays_per_stage", "capacity", "regions", "topology", "data_nodes"},
     "flow": set(FlowSettings.__dataclass_fields__) - {"routing"},
     "chain": set(ChainPlan.__dataclass_fields__),
     "churn": {"events", "crash_rate_per_hour", "seed", "crash_on"},
@@ -143,8 +145,12 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
         "capacity": 2,
         "regions": ["oregon"],
         "topology": "",
+        "data_nodes": 1,
         **raw.get("swarm", {}),
     }
+    data_nodes = swarm["data_nodes"]
+    if not isinstance(data_nodes, int) or isinstance(data_nodes, bool) or data_nodes < 1:
+        raise ConfigError(f"[swarm] data_nodes = {data_nodes!r}: give a whole number, 1 or more")
     churn = {
         "events": [],
         "crash_rate_per_hour": 0.0,
@@ -179,8 +185,10 @@ def node_settings(
 ) -> dict[str, Any]:
     """One node's settings (the sections of ``node.settings``), as written to its toml file."""
     regions, run, chain = plan.swarm["regions"], plan.run, plan.chain
-    # A data node starts as many microbatches at once as a stage of relays can hold.
-    capacity = plan.swarm["capacity"] * (plan.swarm["relays_per_stage"] if role == "data" else 1)
+    # The data nodes start as many microbatches at once as a stage of relays can hold.
+    capacity = plan.swarm["capacity"]
+    if role == "data":
+        capacity = max(1, capacity * plan.swarm["relays_per_stage"] // plan.swarm["data_nodes"])
     key_file = chain.identity_path(name) if chain else plan.out_dir / f"{name}.key"
     return {
         "node": {"name": name, "role": role, "stage": stage, "capacity": capacity, **node},
@@ -312,15 +320,14 @@ def run_swarm(
             plan.chain = start_swarm_chain(
                 plan.chain_plan, plan.out_dir, stages, str(plan.run["model"]), log
             )
-        data_settings = node_settings(plan, "data", "data", 0, 0)
-        _register(plan, data_settings)
-        data = start_node(plan, data_settings, log)
+        data_nodes = _start_data_nodes(plan, log)
+        data = data_nodes[0]
         bootstrap = [wait_for_address(data, 60.0)]
         relay_names: list[str] = []
         for stage in range(1, stages + 1):
             for replica in range(per_stage):
                 name = f"relay-{stage}-{replica}"
-                settings = node_settings(plan, name, "relay", stage, len(relay_names) + 1)
+                settings = node_settings(plan, name, "relay", stage, len(plan.procs))
                 settings["p2p"]["bootstrap_peers"] = bootstrap
                 _register(plan, settings)
                 start_node(plan, settings, log)
@@ -333,7 +340,7 @@ def run_swarm(
         next_random = training_from + (
             rng.expovariate(rate_per_s) if rate_per_s > 0 else float("inf")
         )
-        while data.popen.poll() is None:
+        while any(proc.popen.poll() is None for proc in data_nodes):
             now = time.monotonic()
             if now - started > timeout_s:
                 raise GwtfError(f"the swarm did not finish within {timeout_s:g} s")
@@ -347,7 +354,7 @@ def run_swarm(
             time.sleep(0.05)
         time.sleep(1.0)  # the relays' last status (their final step) lands within 0.25 s
         _record_injected_crashes(plan)
-        return summarise(plan, data, time.monotonic() - started)
+        return summarise(plan, data_nodes, time.monotonic() - started)
     finally:
         for proc in plan.procs.values():
             if proc.popen.poll() is None:
@@ -359,6 +366,22 @@ def run_swarm(
                 proc.popen.kill()
         if plan.chain is not None:
             plan.chain.stop()
+
+
+def _start_data_nodes(plan: SwarmPlan, log: IO[bytes] | None) -> list[Proc]:
+    """Start the data nodes ("data", then "data-1", ... bootstrapping from it), each with its
+    shard of every iteration."""
+    count: int = plan.swarm["data_nodes"]
+    procs: list[Proc] = []
+    for shard in range(count):
+        name = "data" if shard == 0 else f"data-{shard}"
+        settings = node_settings(plan, name, "data", 0, shard)
+        settings["training"].update(data_nodes=count, data_shard=shard)
+        if procs:
+            settings["p2p"]["bootstrap_peers"] = [wait_for_address(procs[0], 60.0)]
+        _register(plan, settings)
+        procs.append(start_node(plan, settings, log))
+    return procs
 
 
 def _register(plan: SwarmPlan, settings: dict[str, Any]) -> None:
@@ -430,19 +453,32 @@ def _record_injected_crashes(plan: SwarmPlan) -> None:
             plan.crashes.append({"t": None, "node": name, "injected": True})
 
 
-def summarise(plan: SwarmPlan, data: Proc, wall_s: float) -> dict[str, Any]:
+def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[str, Any]:
+    """The run's summary. The first data node must have finished; another one may have been
+    killed on the schedule (its iterations until then count)."""
+    data = data_nodes[0]
     status = read_status(data)
     if data.popen.returncode != 0 or status is None or not status.get("finished"):
         raise GwtfError(f"the data node failed (exit {data.popen.returncode}); see its log")
+    for proc in data_nodes[1:]:
+        if not proc.killed and proc.popen.returncode != 0:
+            raise GwtfError(
+                f"data node {proc.name} failed (exit {proc.popen.returncode}); see its log"
+            )
     results = status["results"]
     statuses = {name: read_status(proc) for name, proc in plan.procs.items()}
     stats = [s["stats"] for s in statuses.values() if s is not None]
-    microbatches = sum(r["microbatches"] for r in results)
+    all_results = [r for proc in data_nodes for r in (statuses[proc.name] or {}).get("results", [])]
+    microbatches = sum(r["microbatches"] for r in all_results)
     train_s = sum(r["duration_s"] for r in results)
+    losses: dict[int, list[float]] = {}
+    for result in all_results:
+        losses.setdefault(result["iteration"], []).append(result["loss"])
     summary = {
         "iterations": len(results),
         "microbatches": microbatches,
-        "loss_per_iteration": [round(r["loss"], 5) for r in results],
+        # The mean over the data nodes that finished the iteration (each over its own shard).
+        "loss_per_iteration": [round(sum(v) / len(v), 5) for _, v in sorted(losses.items())],
         "throughput_mb_per_s": round(microbatches / train_s, 4) if train_s else 0.0,
         "training_time_s": round(train_s, 3),
         "wall_time_s": round(wall_s, 3),
@@ -453,7 +489,7 @@ def summarise(plan: SwarmPlan, data: Proc, wall_s: float) -> dict[str, Any]:
             "backward_repairs": sum(s["backward_repairs"] for s in stats),
             "forward_repairs": sum(s.get("forward_repairs", 0) for s in stats),
             "gradient_resumes": sum(s.get("gradient_resumes", 0) for s in stats),
-            "restarted_microbatches": sum(r["restarts"] for r in results),
+            "restarted_microbatches": sum(r["restarts"] for r in all_results),
         },
         # (iteration, stage) pairs in which no replica of the stage stepped: the relays of that
         # stage trained nothing that iteration, which a healthy swarm never shows.
@@ -462,9 +498,14 @@ def summarise(plan: SwarmPlan, data: Proc, wall_s: float) -> dict[str, Any]:
             name: {key: s.get(key) for key in ("stage", "step", "state_digest", "hops_recorded")}
             for name, s in statuses.items()
             if s is not None
-            and name != "data"
+            and s.get("role") != "data"
             and name not in plan.strangers
             and not plan.procs[name].killed
+        },
+        "data_nodes": {
+            proc.name: {key: status.get(key) for key in ("step", "state_digest")}
+            for proc in data_nodes
+            if (status := statuses[proc.name]) is not None and not proc.killed
         },
         "chain": chain_facts(plan.chain, plan.strangers, statuses),
     }

@@ -17,9 +17,14 @@ mistyped field is a ``ProtocolError`` (charged to the sender by the rpc layer).
     {"type": "loads"}                                       -> {"ok": true, "loads": [[peer id,
                                                                 address, stage, capacity,
                                                                 spare], ...]}
+    {"type": "batch_done", "iteration": int}                -> {"ok": true}
+    {"type": "iteration_ended", "iteration": int,
+     "relays_stepped": int}                                 -> {"ok": true}
 
 ``loads`` lists the asking node's view of the run: itself and the live peers its flow protocol
 knows (at most ``MAX_LOADS``, taken stage by stage in turn), for a relay choosing its stage.
+``batch_done`` and ``iteration_ended`` pass between the data nodes of a run (``data_peers.py``):
+every microbatch of the sender's share of the iteration is done; the relays have stepped.
 A trace's ``state`` is one of ``TRACE_STATES`` (``TRACE_BACK_STATES`` for ``trace_back``): what
 the asked node knows of the microbatch's forward (backward); ``next`` names whom it delivered it
 to when ``sent``.
@@ -116,6 +121,21 @@ class ResumeBack:
     dead: str
 
 
+@dataclass(frozen=True)
+class BatchDone:
+    """(Between data nodes.) Every microbatch of my share of ``iteration`` is done."""
+
+    iteration: int
+
+
+@dataclass(frozen=True)
+class IterationEnded:
+    """(Between data nodes.) The relays averaged and stepped ``iteration`` (that many did)."""
+
+    iteration: int
+    relays_stepped: int
+
+
 #: absent: never received (or lost); queued: waiting for or in compute; sending: computed, its
 #: output on the way to the next hop; sent: delivered to ``next``; stuck: computed, but no next
 #: hop took it; held: computed and kept for a repair or the loss (nothing more to send).
@@ -124,7 +144,18 @@ TRACE_STATES = ("absent", "queued", "sending", "sent", "stuck", "held")
 #: (stuck: computed, but no node before it took the gradient).
 TRACE_BACK_STATES = ("absent", "queued", "sending", "sent", "stuck")
 
-ControlRequest = Alive | Loads | EndIteration | Resend | Resume | Trace | TraceBack | ResumeBack
+ControlRequest = (
+    Alive
+    | Loads
+    | EndIteration
+    | Resend
+    | Resume
+    | Trace
+    | TraceBack
+    | ResumeBack
+    | BatchDone
+    | IterationEnded
+)
 _TYPES: dict[str, type[Any]] = {
     "alive": Alive,
     "loads": Loads,
@@ -134,6 +165,8 @@ _TYPES: dict[str, type[Any]] = {
     "trace": Trace,
     "trace_back": TraceBack,
     "resume_back": ResumeBack,
+    "batch_done": BatchDone,
+    "iteration_ended": IterationEnded,
 }
 _RESEND_FIELDS = {"iteration": int, "microbatch": int, "to": str, "attempt": int}
 _FIELDS: dict[type[Any], dict[str, type]] = {
@@ -145,6 +178,8 @@ _FIELDS: dict[type[Any], dict[str, type]] = {
     Trace: {"iteration": int, "microbatch": int},
     TraceBack: {"iteration": int, "microbatch": int},
     ResumeBack: {"iteration": int, "microbatch": int, "dead": str},
+    BatchDone: {"iteration": int},
+    IterationEnded: {"iteration": int, "relays_stepped": int},
 }
 
 

@@ -10,6 +10,12 @@ of a microbatch that finished its forward and sends the gradient back along the 
 microbatch of the iteration is done it probes the relays, asks every live one to average and
 step, steps its own part, warns about (and counts) any stage none of whose replicas stepped, and
 starts the next iteration.
+
+Several data nodes can share a run (``shards``): each starts its own shard of every iteration's
+microbatches (ids ``(iteration * shards + shard) * batch + j``) and computes their loss (a
+microbatch's sink is its origin, which holds its embedding and, from the id, its labels); they
+agree when every shard is done and which of them asks the relays to step (``data_peers.py``), and
+average their embedding and head like any stage's replicas.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ import trio
 from gwtf.errors import ProtocolError, TrainingError
 from node.p2p.rpc import Decline, PeerUnavailable
 from node.runtime import control
+from node.runtime.averaging import GradientAverager
 from node.runtime.compute import T, in_worker_thread
+from node.runtime.data_peers import DataPeers
 from node.runtime.dataplane import DataPlane
 from node.runtime.flow_service import FlowService
 from node.runtime.hop import (
@@ -99,6 +107,12 @@ class DataRole:
     recent_s: deque[float] = field(default_factory=lambda: deque(maxlen=64))
 
     wiring: SwarmWiring | None = None
+    #: This data node's shard of each iteration's microbatches, of ``shards``; with several,
+    #: the other data nodes and the averaging of the embedding and head among them.
+    shard: int = 0
+    shards: int = 1
+    peers: DataPeers | None = None
+    averager: GradientAverager | None = None
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
@@ -128,9 +142,10 @@ class DataRole:
         tensor = codec.decode(bytearray(frame), self.limits).tensor
         key = (header.iteration, header.microbatch_id)
         if header.direction == FORWARD and header.stage == self.plane.stages + 1:
-            if header.origin == self.node_id and key not in self.embedded:
-                # A late copy of a microbatch that is done (or restarted): its loss would add a
-                # gradient to another iteration's.
+            if header.origin != self.node_id or key not in self.embedded:
+                # Another data node's microbatch (its origin computes its loss), or a late copy
+                # of one that is done (or restarted): its loss would add a gradient to another
+                # iteration's.
                 raise Decline(f"microbatch {header.microbatch_id} is not in flight here")
             if key in self.losses:
                 # A copy re-sent past a slow (not dead) relay: one loss per microbatch, or its
@@ -186,6 +201,8 @@ class DataRole:
     # ---- driving iterations ----------------------------------------------------------------
 
     async def wait_for_flows(self, timeout_s: float) -> None:
+        if self.peers is not None:
+            await self.peers.wait_for_all(timeout_s)
         with trio.fail_after(timeout_s):
             while not self.flow.node.source_routes():
                 await trio.sleep(0.05)
@@ -194,7 +211,8 @@ class DataRole:
     async def run_iteration(self, iteration: int) -> IterationResult:
         started = trio.current_time()
         restarts = 0
-        pending = [iteration * self.batch + j for j in range(self.batch)]
+        first = (iteration * self.shards + self.shard) * self.batch
+        pending = [first + j for j in range(self.batch)]
         slots, free_slots = trio.open_memory_channel[int](math.inf)  # holds every flow slot
 
         async def run_one(microbatch_id: int, slot: int) -> None:
@@ -224,12 +242,17 @@ class DataRole:
                 slot = await free_slots.receive()
                 nursery.start_soon(run_one, microbatch_id, slot)
         ending = trio.current_time()
+        data_nodes = await self.peers.agree_done(iteration) if self.peers else [self.node_id]
         async with trio.open_nursery() as nursery:
             # The data node's own step needs nothing from the relays: take it meanwhile.
-            nursery.start_soon(self._run, self.worker.step)
-            stepped_by_stage = await self._end_iteration(iteration)
+            nursery.start_soon(self._step_own_part, iteration, data_nodes)
+            stepped_by_stage, relays_stepped = await self._relays_end(iteration, data_nodes)
         end_s = trio.current_time() - ending
-        idle = tuple(s for s in range(1, self.plane.stages + 1) if not stepped_by_stage.get(s))
+        idle = tuple(
+            s
+            for s in range(1, self.plane.stages + 1)
+            if stepped_by_stage is not None and not stepped_by_stage.get(s)
+        )
         if idle:
             self.stats.stages_not_stepped += len(idle)
             log.warning(
@@ -248,12 +271,41 @@ class DataRole:
             len(keys),
             restarts,
             trio.current_time() - started,
-            sum(stepped_by_stage.values()),
+            relays_stepped,
             end_s,
             idle,
         )
         self.results.append(result)
         return result
+
+    async def _step_own_part(self, iteration: int, data_nodes: list[str]) -> None:
+        """Step the embedding and head: alone, or with the average over ``data_nodes``."""
+        if len(data_nodes) == 1 or self.averager is None:
+            await self._run(self.worker.step)
+            return
+        share = await self._run(self.worker.gradient_share)
+        result = await self.averager.average(0, iteration, share, data_nodes)
+        if result.combined.microbatch_count > 0:
+            await self._run(self.worker.average_gradients, [result.combined])
+            await self._run(self.worker.step)
+        else:
+            await self._run(self.worker.discard_gradients)
+            self.worker.step_count += 1  # keep the step count in lockstep with the others
+
+    async def _relays_end(
+        self, iteration: int, data_nodes: list[str]
+    ) -> tuple[dict[int, int] | None, int]:
+        """Have the relays end ``iteration`` once: this data node asks them (returning how many
+        replicas of each stage stepped) unless another data node is in charge (then None, with
+        how many relays it says stepped)."""
+        if self.peers is not None:
+            stepped = await self.peers.ended_by_other(iteration, data_nodes)
+            if stepped is not None:
+                return None, stepped
+        by_stage = await self._end_iteration(iteration)
+        if self.peers is not None:
+            await self.peers.announce_ended(iteration, sum(by_stage.values()), data_nodes)
+        return by_stage, sum(by_stage.values())
 
     def _take_attempt(self, key: tuple[int, int]) -> int:
         """The next attempt number of a microbatch: restarts and repaired hops each take a new

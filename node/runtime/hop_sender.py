@@ -99,6 +99,8 @@ class HopSender:
                 tried.add(to)
                 if not isinstance(exc, RequestDeclined):  # a decline comes from a live peer
                     self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
+                if header.stage > self.plane.stages:
+                    raise  # only the origin computes its microbatch's loss
                 replacement = self.replacement(header.stage, tried)
                 if replacement is None:
                     raise

@@ -28,6 +28,7 @@ from node.p2p.weights import StageSnapshot, download_stage_state, serve_weights
 from node.runtime import control
 from node.runtime.averaging import GradientAverager
 from node.runtime.compute_meter import report_compute
+from node.runtime.data_peers import DataPeers
 from node.runtime.data_role import DataRole, IterationResult
 from node.runtime.dataplane import DataPlane
 from node.runtime.discovery import AddressBook, PeerRecord, own_record
@@ -81,6 +82,9 @@ class LiveNodeConfig:
     #: a joiner started ahead of time waits here for its moment, its slow start-up done.
     entry_gate: Callable[[], Awaitable[None]] | None = None
     routing: str = "gwtf"  # "gwtf": follow the flow table; "swarm": SWARM's throughput wiring
+    #: Data nodes sharing the run's batches, and this data node's shard of them (0-based).
+    data_nodes: int = 1
+    data_shard: int = 0
 
 
 @dataclass
@@ -166,6 +170,8 @@ async def run_live_node(
                 config.batch,
                 config.stall_timeout_s,
                 wiring=wiring,
+                shard=config.data_shard,
+                shards=config.data_nodes,
             )
         else:
             averager = GradientAverager(rpc, node_id, limits, config.flow.ack_deadline_s)
@@ -193,6 +199,8 @@ async def run_live_node(
             role.discovered_relays = lambda: {
                 peer: record.stage for peer, record in book.peers.items() if record.stage
             }
+            if config.data_nodes > 1:
+                _share_the_run(role, rpc, book, config, limits)
         if config.topology is not None:
             rpc.shaper = _shaper(LinkEmulator(config.topology), node_id, config.region, book)
         book.serve()
@@ -230,7 +238,7 @@ async def run_live_node(
         plane.serve(nursery)
         nursery.start_soon(report_compute, plane, flow)
         _serve_control(rpc, role, flow, book, config.flow.ack_deadline_s)
-        if isinstance(role, RelayRole):
+        if role.averager is not None:
             role.averager.serve()
         ready.set()
         # Peers that met this node before it served (a joiner) hear that it does now.
@@ -253,6 +261,28 @@ async def run_live_node(
     raise AssertionError("unreachable")
 
 
+def _share_the_run(
+    role: DataRole,
+    rpc: RequestResponse,
+    book: AddressBook,
+    config: LiveNodeConfig,
+    limits: CodecLimits,
+) -> None:
+    """Give a data node the run's other data nodes (discovery's stage-0 peers) to agree on
+    each iteration's end with, and to average the embedding and head with."""
+    node_id = book.own.peer_id
+    probe_timeout_s = max(config.flow.keepalive_timeout_s, 2 * config.flow.ack_deadline_s)
+    role.peers = DataPeers(
+        rpc,
+        node_id,
+        config.data_nodes,
+        lambda: {peer for peer, record in book.peers.items() if record.stage == 0},
+        probe_timeout_s,
+        patience_s=max(config.stall_timeout_s / 2, probe_timeout_s),
+    )
+    role.averager = GradientAverager(rpc, node_id, limits, config.flow.ack_deadline_s)
+
+
 def _shaper(emulator: LinkEmulator, node_id: str, region: str, book: AddressBook) -> Shaper:
     def delay_s(peer: str, n_bytes: int) -> float:
         record = book.peers.get(peer)
@@ -271,7 +301,7 @@ def _serve_control(
     book: AddressBook,
     timeout_s: float,
 ) -> None:
-    async def handle(_peer: str, request: bytes) -> bytes:
+    async def handle(peer: str, request: bytes) -> bytes:
         message = control.decode_request(request)
         if isinstance(message, control.Alive):
             return control.encode_reply(True)
@@ -285,6 +315,10 @@ def _serve_control(
             return await role.sender.resume_backward(message)
         if isinstance(message, control.Trace):
             return role.trace(message)
+        if isinstance(message, control.BatchDone | control.IterationEnded):
+            if isinstance(role, DataRole) and role.peers is not None:
+                return role.peers.handle(peer, message)
+            raise ProtocolError("only a data node sharing its run with others takes that")
         if isinstance(role, RelayRole):
             return await role.end_iteration(message.iteration, message.replicas)
         raise ProtocolError("a data node does not end iterations on request")

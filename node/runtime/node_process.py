@@ -125,6 +125,8 @@ def live_config_from_settings(settings: Settings) -> LiveNodeConfig:
         compute_ms=node.compute_ms,
         admit=admission_from_settings(settings),
         routing=settings.flow.routing,
+        data_nodes=training.data_nodes,
+        data_shard=training.data_shard,
     )
 
 
@@ -169,9 +171,8 @@ def node_status(node: LiveNode) -> dict[str, Any]:
     if isinstance(role, DataRole):
         status["results"] = [dataclasses.asdict(r) for r in role.results]
         status["training"] = role.training
-    else:
-        status["step"] = role.worker.step_count
-        status["state_digest"] = _digest_at_step(role.worker)
+    status["step"] = role.worker.step_count
+    status["state_digest"] = _digest_at_step(role.worker)
     return status
 
 

@@ -71,6 +71,8 @@ class RelayRole:
     resynced: trio.Event = field(default_factory=trio.Event)  # set when a resync ends
 
     wiring: SwarmWiring | None = None
+    _ending: trio.Lock = field(default_factory=trio.Lock)
+    _ended: tuple[int, bytes] = (-1, b"")  # the latest iteration ended, and its reply
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
@@ -103,8 +105,12 @@ class RelayRole:
     async def _send_forward(self, received: HopHeader, frame: bytes, input_digest: bytes) -> None:
         upstream = received.path[-1]
         route = self.flow.node.route(upstream, received.slot)
-        # Not (yet) a flow of ours: any live next-stage replica will do.
-        to = self.sender.next_hop(self.stage + 1, route[0] if route else None)
+        if self.stage == self.plane.stages:
+            # The sink is the microbatch's origin: it holds the embedding the gradient ends in.
+            to: str | None = received.origin
+        else:
+            # Not (yet) a flow of ours: any live next-stage replica will do.
+            to = self.sender.next_hop(self.stage + 1, route[0] if route else None)
         slot = route[1] if route and to == route[0] else 0
         buffered = self.buffers.get((received.iteration, received.microbatch_id))
         if to is None:
@@ -208,7 +214,16 @@ class RelayRole:
             self.resynced.set()
 
     async def end_iteration(self, iteration: int, replicas: tuple[str, ...]) -> bytes:
-        """Average with ``replicas`` (this stage's live replicas), step, report the step."""
+        """Average with ``replicas`` (this stage's live replicas), step, report the step.
+
+        Once per iteration: a repeated request (a second data node ending the iteration, its
+        first one having died on the way) waits for the first and gets the same reply."""
+        async with self._ending:
+            if self._ended[0] != iteration:
+                self._ended = (iteration, await self._end_iteration(iteration, replicas))
+            return self._ended[1]
+
+    async def _end_iteration(self, iteration: int, replicas: tuple[str, ...]) -> bytes:
         if self.worker.step_count != iteration or self.plane.node_id not in replicas:
             # Left out of this round (joined mid-iteration, or missed a step): sit it out, then
             # load the replicas' state after their step so the next round includes this relay.

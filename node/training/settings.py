@@ -69,6 +69,10 @@ class TrainingSettings:
     microbatches_per_iteration: int = 4
     #: Data node: a microbatch with no progress for this long is started again.
     stall_timeout_s: float = 30.0
+    #: Data nodes sharing each iteration (each starts ``microbatches_per_iteration`` of its
+    #: own), and this data node's shard among them, 0 .. data_nodes - 1.
+    data_nodes: int = 1
+    data_shard: int = 0
     device: DeviceChoice = "auto"
     #: Master weights' dtype; float64 is for equivalence tests on CPU.
     param_dtype: ParamDtypeName = "float32"
@@ -93,6 +97,11 @@ class TrainingSettings:
             raise ModelConfigError(
                 "training.iterations must be >= 0 and training.stall_timeout_s > 0, got "
                 f"{self.iterations} and {self.stall_timeout_s}"
+            )
+        if not 0 <= self.data_shard < self.data_nodes:
+            raise ModelConfigError(
+                f"training.data_shard={self.data_shard} must be within 0..data_nodes-1 "
+                f"(data_nodes={self.data_nodes}): give each data node its own shard"
             )
         if self.device not in ("auto", "cuda", "cpu"):
             raise ModelConfigError(

@@ -92,6 +92,8 @@ def with_change(section: str, key: str, value: object) -> dict[str, dict[str, An
         (with_change("flow", "routing", "random"), "flow.routing='random' from"),
         (with_change("training", "optimizer", {"lr": 1e-4, "min_lr": 1e-3}), "min_lr"),
         (with_change("training", "optimizer", {"lrr": 1.0}), "training.optimizer.lrr"),
+        (with_change("training", "data_shard", 1), "training.data_shard=1 must be within"),
+        (with_change("training", "data_nodes", 0), "training.data_nodes=0 from"),
     ],
 )
 def test_bad_values_are_refused_with_one_line_naming_the_key(
@@ -157,6 +159,7 @@ def test_the_example_swarm_files_load_and_their_node_files_validate(
         ("[run]\nrouting = 'random'\n", "flow.routing='random'"),
         ("[chain]\nenabled = false\n[churn]\nevents = [{t = 1.0, stranger = 1}]\n", "stranger"),
         ("[churn]\nevents = [{t = 1.0, leave = 1}]\n", "names none of"),
+        ("[swarm]\ndata_nodes = 0\n", "[swarm] data_nodes = 0"),
         ("[churn]\nevents = [{t = 1.0, join = 3}]\n", "churn event stage 3"),
         ("[churn]\nevents = [{t = 1.0, stranger = 'auto'}]\n", "a stranger cannot ask"),
         ("[churn]\ncrash_on = [{stage = 1, iteration = 1}]\n", "needs direction"),

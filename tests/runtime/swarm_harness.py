@@ -69,6 +69,7 @@ class Swarm:
         self.scopes: dict[str, trio.CancelScope] = {}
         self.crashed: list[str] = []
         self.training_done = trio.Event()  # the data node has finished its iterations
+        self.results: dict[str, list[IterationResult]] = {}  # of every data node, by name
 
     def crash(self, name: str) -> None:
         self.crashed.append(name)
@@ -84,38 +85,51 @@ async def run_swarm(
     swarm: Swarm | None = None,
     data_capacity: int = 2,
     stages: int = STAGES,
+    data_nodes: int = 1,
 ) -> list[IterationResult]:
-    """Start relays (name -> stage), then a data node that trains; returns its results."""
+    """Start a data node ("data"; with ``data_nodes`` > 1 also "data-1", ...: each trains its
+    shard of every iteration), then relays (name -> stage); returns the first data node's
+    results (every data node's are in ``swarm.results``)."""
     torch.set_num_threads(1)
     swarm = swarm or Swarm()
     started = swarm.nodes
-    results: list[IterationResult] = []
+    scenario_done = trio.Event()
     async with trio.open_nursery() as nursery:
-        data_config = node_config(
-            tmp_path,
-            "data",
-            "data",
-            0,
-            stages,
-            iterations=iterations,
-            batch=batch,
-            capacity=data_capacity,
-        )
-        data_ready = trio.Event()
+        trained = 0
 
-        def data_started(node: LiveNode) -> None:
-            started["data"] = node
-            data_ready.set()
-
-        scenario_done = trio.Event()
-
-        async def data_main() -> None:
-            results.extend(await run_live_node(data_config, data_started))
+        async def data_main(name: str, shard: int, bootstrap: tuple[str, ...]) -> None:
+            nonlocal trained
+            config = node_config(
+                tmp_path,
+                name,
+                "data",
+                0,
+                stages,
+                iterations=iterations,
+                batch=batch,
+                capacity=data_capacity,
+                bootstrap=bootstrap,
+                data_nodes=data_nodes,
+                data_shard=shard,
+            )
+            with trio.CancelScope() as scope:  # a crashed data node counts as done
+                swarm.scopes[name] = scope
+                swarm.results[name] = await run_live_node(config, lambda node: ready(name, node))
+            trained += 1
+            if trained < data_nodes:
+                return
             swarm.training_done.set()
             # A scenario runs to its end even when training finished first, so all its checks
             # run against live nodes; a test asserts the overlap it needs.
             await scenario_done.wait()
             nursery.cancel_scope.cancel()
+
+        data_ready = trio.Event()
+
+        def ready(name: str, node: LiveNode) -> None:
+            started[name] = node
+            if name == "data":
+                data_ready.set()
 
         async def scenario() -> None:
             try:
@@ -124,14 +138,16 @@ async def run_swarm(
             finally:
                 scenario_done.set()
 
-        nursery.start_soon(data_main)
+        nursery.start_soon(data_main, "data", 0, ())
         await data_ready.wait()
         bootstrap = (started["data"].address,)
+        for shard in range(1, data_nodes):
+            nursery.start_soon(data_main, f"data-{shard}", shard, bootstrap)
         for name, stage in relays.items():
             config = node_config(tmp_path, name, "relay", stage, stages, bootstrap=bootstrap)
             nursery.start_soon(run_relay, config, swarm)
         nursery.start_soon(scenario)
-    return results
+    return swarm.results["data"]
 
 
 async def run_relay(config: LiveNodeConfig, swarm: Swarm) -> None:

@@ -17,7 +17,9 @@ from node.p2p.identity import load_or_create_identity
 from node.p2p.rpc import RequestResponse, RpcLimits
 from node.p2p.scoring import Offence
 from node.p2p.weights import PROTOCOL_ID as WEIGHTS
+from node.runtime import control
 from node.runtime.dataplane import PROTOCOL_ID as HOP
+from node.training.checkpoint import state_digest
 from tests.runtime.swarm_harness import Swarm, reference_losses, run_swarm
 
 ITERATIONS = 3
@@ -58,6 +60,67 @@ def test_a_three_stage_swarm_steps_its_middle_stage_and_matches_the_reference(
     )
     assert all(r.relays_stepped == 4 and not r.stages_not_stepped for r in results)
     assert all(r.restarts == 0 for r in results)
+
+
+def test_two_data_nodes_share_each_iteration_and_match_the_reference(tmp_path: Path) -> None:
+    """Each data node starts its own shard of every iteration and computes its loss; the relays
+    step once per iteration, after both shards are done; the data nodes average their embedding
+    and head. Together they train exactly like the whole model on both shards' microbatches."""
+    swarm = Swarm()
+
+    async def main() -> None:
+        with trio.fail_after(150):
+            await run_swarm(
+                tmp_path, ITERATIONS, BATCH, {"a1": 1, "b1": 2}, swarm=swarm, data_nodes=2
+            )
+        # Asked again to end the last iteration (a second data node taking over the ending),
+        # a relay answers as the first time and does not step again.
+        relay = swarm.nodes["a1"]
+        reply = await relay.role.end_iteration(ITERATIONS - 1, (relay.plane.node_id,))
+        assert control.decode_reply(reply) == {"ok": True, "step": ITERATIONS}
+
+    trio.run(main)
+    first, second = swarm.results["data"], swarm.results["data-1"]
+    expected = reference_losses(ITERATIONS, 2 * BATCH)
+    assert [(a.loss + b.loss) / 2 for a, b in zip(first, second, strict=True)] == pytest.approx(
+        expected, rel=1e-4
+    )
+    assert first[0].loss != pytest.approx(second[0].loss, rel=1e-4)  # different microbatches
+    assert all(r.relays_stepped == 2 and r.restarts == 0 for r in first + second)
+    workers = [swarm.nodes[name].role.worker for name in ("data", "data-1", "a1", "b1")]
+    assert [w.step_count for w in workers] == [ITERATIONS] * 4
+    assert state_digest(workers[0]) == state_digest(workers[1])  # bit for bit alike
+
+
+def test_a_data_node_that_dies_is_left_out_and_the_other_trains_on(tmp_path: Path) -> None:
+    """A data node killed after its first iteration: the other one waits for its share, finds
+    it gone, ends that iteration at the relays itself, and trains on alone."""
+    swarm = Swarm()
+
+    async def kill_the_second_data_node(swarm: Swarm) -> None:
+        while not swarm.nodes.get("data-1") or not swarm.nodes["data-1"].role.results:
+            await trio.sleep(0.05)
+        swarm.crash("data-1")
+
+    async def main() -> None:
+        with trio.fail_after(150):
+            await run_swarm(
+                tmp_path,
+                ITERATIONS,
+                BATCH,
+                {"a1": 1, "b1": 2},
+                kill_the_second_data_node,
+                swarm,
+                data_nodes=2,
+            )
+
+    trio.run(main)
+    results = swarm.results["data"]
+    assert [r.iteration for r in results] == list(range(ITERATIONS))
+    assert all(r.restarts == 0 and r.relays_stepped == 2 for r in results)
+    first = swarm.nodes["data"].role
+    assert first.peers is not None and first.peers.gone == {swarm.nodes["data-1"].plane.node_id}
+    assert [swarm.nodes[r].role.worker.step_count for r in ("a1", "b1")] == [ITERATIONS] * 2
 
 
 def test_bad_peers_are_dropped_and_training_goes_on(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """A swarm of real OS processes on loopback, with its chain: relays die by SIGKILL mid-hop, a
-registered relay joins, and a process whose libp2p id is not on chain is refused by everyone."""
+registered relay joins, and a process whose libp2p id is not on chain is refused by everyone;
+two data nodes share a run (~30 s: the only one of these in the default run)."""
 
 from __future__ import annotations
 
@@ -111,3 +112,31 @@ def test_swarm_without_a_chain_trains_with_admission_off(tmp_path: Path) -> None
     assert not (tmp_path / "out" / "devnet.json").exists()
     settings = tomllib.loads((tmp_path / "out" / "relay-1-0.toml").read_text())
     assert settings["chain"]["admission"] is False
+
+
+TWO_DATA_NODES_FILE = """
+[run]
+iterations = 3
+microbatches_per_iteration = 2
+[swarm]
+relays_per_stage = 1
+data_nodes = 2
+[chain]
+enabled = false
+"""
+
+
+def test_two_data_node_processes_share_the_run(tmp_path: Path) -> None:
+    swarm_file = tmp_path / "swarm.toml"
+    swarm_file.write_text(TWO_DATA_NODES_FILE)
+    plan = plan_from_file(swarm_file, tmp_path / "out")
+    with (tmp_path / "swarm.log").open("wb") as log:
+        summary = run_swarm(plan, log, timeout_s=300)
+    assert summary["iterations"] == 3 and summary["microbatches"] == 12
+    data_nodes = summary["data_nodes"]
+    assert sorted(data_nodes) == ["data", "data-1"]
+    assert data_nodes["data"] == data_nodes["data-1"] and data_nodes["data"]["step"] == 3
+    assert sorted(summary["relays"]) == ["relay-1-0", "relay-2-0"]
+    assert all(relay["step"] == 3 for relay in summary["relays"].values())
+    settings = tomllib.loads((tmp_path / "out" / "data-1.toml").read_text())
+    assert settings["training"]["data_shard"] == 1

@@ -1,0 +1,142 @@
+"""The data nodes of a run agreeing on the end of each iteration.
+
+A run's batch can be shared by several data nodes, each with a replica of the embedding and head
+and its own shard of the microbatches. The relays must average and step only after every data
+node's share is done, and only once. So a data node done with its share tells the others
+(``BatchDone``) and waits until every other one has said so too, or has stopped answering
+liveness probes (it is left out for the rest of the run). Of the data nodes whose share is done,
+the one with the smallest id ends the iteration at the relays and tells the others
+(``IterationEnded``); they start the next iteration only then, since a relay takes an early hop of
+the next iteration as a sign that it is behind. If that data node dies before it says so, the
+next in line ends the iteration (a relay answers a repeated request for an iteration it already
+ended with the same reply).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from gwtf.errors import ProtocolError, TrainingError
+from node.p2p.rpc import PeerUnavailable, RequestResponse
+from node.runtime import control
+
+log = logging.getLogger(__name__)
+
+#: Missed liveness probes in a row after which a data node counts as gone.
+PROBES_BEFORE_GONE = 2
+
+
+@dataclass
+class DataPeers:
+    rpc: RequestResponse
+    node_id: str
+    expected: int  # data nodes of the run, this one included
+    known: Callable[[], set[str]]  # the other data nodes of the run that discovery knows
+    probe_timeout_s: float
+    #: How long to wait on a data node that is still working before probing it again.
+    patience_s: float
+    gone: set[str] = field(default_factory=set)
+    done: dict[int, set[str]] = field(default_factory=dict)  # iteration -> whose share is done
+    ended: dict[int, int] = field(default_factory=dict)  # iteration -> relays that stepped
+    _changed: trio.Event = field(default_factory=trio.Event)
+
+    def others(self) -> list[str]:
+        """The other data nodes not (yet) counted as gone."""
+        return sorted(self.known() - self.gone - {self.node_id})
+
+    async def wait_for_all(self, timeout_s: float) -> None:
+        """Wait until discovery knows every data node of the run."""
+        with trio.move_on_after(timeout_s):
+            while len(self.known() - {self.node_id}) < self.expected - 1:
+                await trio.sleep(0.1)
+            return
+        found = len(self.known() - {self.node_id}) + 1
+        raise TrainingError(
+            f"found {found} of the run's {self.expected} data nodes within {timeout_s:g} s; "
+            "start them all with a common bootstrap peer, or set training.data_nodes to "
+            "how many there are"
+        )
+
+    def handle(self, peer: str, message: control.BatchDone | control.IterationEnded) -> bytes:
+        if peer not in self.known():
+            raise ProtocolError(f"{peer} is not a data node of this run")
+        if isinstance(message, control.BatchDone):
+            self.done.setdefault(message.iteration, set()).add(peer)
+        else:
+            self.ended[message.iteration] = message.relays_stepped
+        self._changed.set()
+        return control.encode_reply(True)
+
+    async def agree_done(self, iteration: int) -> list[str]:
+        """Say that this data node's share of ``iteration`` is done; return the data nodes whose
+        share is done (sorted, this one included) once every other one has said so or is gone,
+        or the iteration was ended meanwhile."""
+        async with trio.open_nursery() as nursery:
+            for peer in self.others():
+                nursery.start_soon(self._tell, peer, control.BatchDone(iteration))
+        while iteration not in self.ended:
+            waiting = [p for p in self.others() if p not in self.done.get(iteration, ())]
+            if not waiting:
+                break
+            if not await self._wait_for_change(self.patience_s):
+                await self._probe_all(waiting)
+        for old in [i for i in self.done if i < iteration]:
+            del self.done[old]
+        return sorted(({self.node_id} | self.done.get(iteration, set())) - self.gone)
+
+    async def ended_by_other(self, iteration: int, live: list[str]) -> int | None:
+        """Wait until the data node in charge of ending ``iteration`` (the first of ``live``
+        still answering) says it did, and return how many relays stepped; None when this data
+        node is in charge."""
+        while True:
+            leader = next(p for p in live if p not in self.gone)  # this node is never gone
+            if leader == self.node_id:
+                return None
+            if iteration in self.ended or await self._wait_for_change(self.patience_s):
+                if iteration in self.ended:
+                    return self.ended.pop(iteration)
+                continue
+            await self._probe_all([leader])
+
+    async def announce_ended(self, iteration: int, relays_stepped: int, live: list[str]) -> None:
+        async with trio.open_nursery() as nursery:
+            for peer in live:
+                if peer != self.node_id and peer not in self.gone:
+                    message = control.IterationEnded(iteration, relays_stepped)
+                    nursery.start_soon(self._tell, peer, message)
+
+    async def _wait_for_change(self, timeout_s: float) -> bool:
+        """Wait for the next message from a data node; False when none came in time."""
+        with trio.move_on_after(timeout_s):
+            await self._changed.wait()
+            self._changed = trio.Event()
+            return True
+        return False
+
+    async def _tell(self, peer: str, message: control.ControlRequest) -> None:
+        for _ in range(PROBES_BEFORE_GONE):
+            try:
+                await control.ask(self.rpc, peer, message, self.probe_timeout_s)
+                return
+            except PeerUnavailable as exc:
+                log.info("data node %s did not take %s: %s", peer, type(message).__name__, exc)
+        # Not yet gone: the waiting loop's probes decide that.
+
+    async def _probe_all(self, peers: list[str]) -> None:
+        async def probe(peer: str) -> None:
+            for _ in range(PROBES_BEFORE_GONE):
+                try:
+                    await control.ask(self.rpc, peer, control.Alive(), self.probe_timeout_s)
+                    return
+                except PeerUnavailable:
+                    continue
+            self.gone.add(peer)
+            log.warning("data node %s stopped answering; the run goes on without its share", peer)
+
+        async with trio.open_nursery() as nursery:
+            for peer in peers:
+                nursery.start_soon(probe, peer)
