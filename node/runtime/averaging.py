@@ -48,11 +48,12 @@ class RoundResult:
 
 
 def combine_shares(gatherer: str, shares: Sequence[GradientShare]) -> RoundResult:
-    """Add the shares' gradient sums in replica-id order (in the first share's dtypes) and their
-    microbatch counts. Shares whose tensors do not match the first's names and shapes are left
-    out (a replica of another stage, or a broken one)."""
+    """Add the shares' gradient sums in replica-id order (in the gatherer's own share's dtypes,
+    else the first's) and their microbatch counts. Shares whose tensors do not match that
+    share's names and shapes are left out (a replica of another stage, or a broken one)."""
     ordered = sorted(shares, key=lambda share: share.replica_id)
-    reference = ordered[0].gradients
+    own = [share for share in ordered if share.replica_id == gatherer]
+    reference = (own or ordered)[0].gradients
     shapes = {name: tensor.shape for name, tensor in reference.items()}
     fitting = []
     for share in ordered:
@@ -89,8 +90,13 @@ class _Round:
 
     def close(self) -> RoundResult:
         if not self.closed.is_set():
-            # Closed by this replica after its own share is in, so never empty.
-            self.result = combine_shares(self.gatherer, list(self.shares.values()))
+            # Closed by this replica after its own share is in, so never empty. Only the
+            # replicas the round expects count: any other admitted peer can send a share.
+            expected = self.expected
+            shares = [
+                s for s in self.shares.values() if expected is None or s.replica_id in expected
+            ]
+            self.result = combine_shares(self.gatherer, shares)
             self.closed.set()
         assert self.result is not None
         return self.result

@@ -136,6 +136,53 @@ def test_a_share_of_another_shape_is_left_out() -> None:
     assert result.combined.microbatch_count == 3
 
 
+def test_the_gatherers_own_share_sets_the_shapes() -> None:
+    """A share of another shape whose id sorts first cannot push the right ones out."""
+    odd = GradientShare("a", 9, {"w": torch.zeros(2, 2), "b": torch.zeros(3)})
+    result = combine_shares("b", [odd, share_of("b", 2), share_of("c", 3)])
+    assert result.contributors == ("b", "c")
+
+
+def test_a_share_from_outside_the_round_is_left_out(tmp_path: Path) -> None:
+    """A peer that is not one of the round's replicas (another stage's relay with the same
+    shapes, say) sends its share first: the round's result holds only the replicas'."""
+    results: dict[str, RoundResult] = {}
+    ids: list[str] = []
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            hosts = []
+            for i in range(3):
+                key = load_or_create_identity(tmp_path / f"r{i}.key")
+                hosts.append(await stack.enter_async_context(running_host(key)))
+            ids.extend(sorted(str(h.get_id()) for h in hosts))
+            by_id = {str(h.get_id()): h for h in hosts}
+            averagers = {}
+            for peer, host in by_id.items():
+                averagers[peer] = GradientAverager(RequestResponse(host), peer, LIMITS, 2.0)
+                averagers[peer].serve()
+            gatherer, replica, outsider = ids  # the outsider's id sorts last
+            for peer in (replica, outsider):
+                await by_id[peer].connect(peer_info(full_address(by_id[gatherer])))
+
+            async def one(peer: str, count: int) -> None:
+                results[peer] = await averagers[peer].average(2, 7, share_of(peer, count), ids[:2])
+
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    # Only the outsider's share is in before the gatherer opens its round.
+                    nursery.start_soon(averagers[outsider]._send_to, gatherer, 2, 7,
+                                       share_of(outsider, 5))  # fmt: skip
+                    await trio.sleep(0.5)
+                    nursery.start_soon(one, gatherer, 1)
+                    nursery.start_soon(one, replica, 2)
+
+    trio.run(main)
+    for result in results.values():
+        assert result.contributors == tuple(ids[:2])
+        assert result.combined.microbatch_count == 1 + 2
+
+
 def test_replicas_applying_the_combined_share_step_exactly_as_with_every_share() -> None:
     """What each replica did before (average every share itself) and what it does now (apply
     the gatherer's combined share) give bit-identical gradients on the real stage engine."""
