@@ -10,7 +10,9 @@ its capacity weighted by speed, where a new replica raises the swarm's throughpu
 
 Peers are untrusted: what a node says of others only tells the relay whom to ask next. The loads
 it places by are what each node said of itself, so a lying peer can misstate one node's load (its
-own, bounded by the wire limits) but cannot invent replicas or stages.
+own, bounded by the wire limits) but cannot invent replicas or stages. Nor can it hide a node by
+naming it at a wrong address: every address named for a node is tried (a few per node) until it
+answers.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import logging
 from dataclasses import dataclass
 
 import trio
+from libp2p.network.swarm import Swarm
 
 from coordinator_free.placement import JoinDecision, choose_stage, stage_loads
 from gwtf.errors import ConfigError, ProtocolError
@@ -31,6 +34,8 @@ log = logging.getLogger(__name__)
 #: Rounds of asking the nodes the previous answers named, and nodes asked in all.
 MAX_ROUNDS = 4
 MAX_ASKED = 32
+#: Addresses kept per node named by others: a rogue naming a wrong one cannot hide it.
+MAX_ADDRESSES_PER_NODE = 4
 
 
 @dataclass(frozen=True)
@@ -48,20 +53,27 @@ async def choose_join_stage(
     if not bootstrap:
         raise ConfigError("node.stage = -1 needs p2p.bootstrap_peers to learn the run's loads")
     known: dict[str, control.LoadEntry] = {}  # what nodes said of themselves
-    hints: dict[str, control.LoadEntry] = {}  # what nodes said of others: whom to ask
-    addresses = {str(peer_info(address).peer_id): address for address in bootstrap}
-    asked: set[str] = set()
+    # Where nodes are, as the bootstrap list and the answers named them: whom to ask.
+    named: dict[str, list[str]] = {}
+    for address in bootstrap:
+        named.setdefault(str(peer_info(address).peer_id), []).append(address)
+    own = str(rpc.host.get_id())
+    tried: set[str] = set()  # addresses asked
     with trio.move_on_after(MAX_ROUNDS * timeout_s):
         for _ in range(MAX_ROUNDS):
-            frontier = [p for p in sorted(addresses) if p not in asked][: MAX_ASKED - len(asked)]
+            # One untried address per node that has not answered yet.
+            frontier = [
+                next(a for a in named[p] if a not in tried)
+                for p in sorted(named)
+                if p != own and p not in known and any(a not in tried for a in named[p])
+            ][: MAX_ASKED - len(tried)]
             if not frontier:
                 break
-            asked.update(frontier)
+            tried.update(frontier)
             async with trio.open_nursery() as nursery:
-                for peer_id in frontier:
-                    nursery.start_soon(_ask, rpc, addresses[peer_id], known, hints, timeout_s)
-            own = str(rpc.host.get_id())
-            addresses |= {p: e.address for p, e in hints.items() if p != own and p not in asked}
+                for address in frontier:
+                    nursery.start_soon(_ask, rpc, address, known, named, timeout_s)
+    asked = {str(peer_info(address).peer_id) for address in tried}
     relays = [e for e in known.values() if 1 <= e.stage <= stages]
     if not relays and not any(e.stage == 0 for e in known.values()):
         raise ProtocolError(
@@ -84,7 +96,7 @@ async def _ask(
     rpc: RequestResponse,
     address: str,
     known: dict[str, control.LoadEntry],
-    hints: dict[str, control.LoadEntry],
+    named: dict[str, list[str]],
     timeout_s: float,
 ) -> None:
     try:
@@ -93,7 +105,14 @@ async def _ask(
         log.info("a peer named a bad address: %s", exc)
         return
     try:
-        if not rpc.host.get_network().connections.get(info.peer_id):
+        network = rpc.host.get_network()
+        if not network.connections.get(info.peer_id):
+            # Dial this address alone: py-libp2p dials one TCP address per peer, the first it
+            # stored, and caches a peer whose dial failed; a wrong address a rogue named
+            # earlier would otherwise hide the node.
+            rpc.host.get_peerstore().clear_addrs(info.peer_id)
+            if isinstance(network, Swarm):
+                network.unblock_peer(info.peer_id)
             # A peer may name addresses where nothing answers: each dial gets the deadline.
             with trio.fail_after(timeout_s):
                 await rpc.host.connect(info)
@@ -110,4 +129,6 @@ async def _ask(
         if entry.peer_id == answering:
             known[answering] = entry
         elif entry.address.endswith(f"/p2p/{entry.peer_id}"):  # else it names someone else
-            hints.setdefault(entry.peer_id, entry)
+            addresses = named.setdefault(entry.peer_id, [])
+            if entry.address not in addresses and len(addresses) < MAX_ADDRESSES_PER_NODE:
+                addresses.append(entry.address)
