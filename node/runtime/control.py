@@ -17,14 +17,17 @@ mistyped field is a ``ProtocolError`` (charged to the sender by the rpc layer).
     {"type": "loads"}                                       -> {"ok": true, "loads": [[peer id,
                                                                 address, stage, capacity,
                                                                 spare], ...]}
+    {"type": "shard"}                                       -> {"ok": true, "shard": int,
+                                                                "shards": int}
     {"type": "batch_done", "iteration": int}                -> {"ok": true}
     {"type": "iteration_ended", "iteration": int,
      "relays_stepped": int}                                 -> {"ok": true}
 
 ``loads`` lists the asking node's view of the run: itself and the live peers its flow protocol
 knows (at most ``MAX_LOADS``, taken stage by stage in turn), for a relay choosing its stage.
-``batch_done`` and ``iteration_ended`` pass between the data nodes of a run (``data_peers.py``):
-every microbatch of the sender's share of the iteration is done; the relays have stepped.
+``shard``, ``batch_done`` and ``iteration_ended`` pass between the data nodes of a run
+(``data_peers.py``): which shard of each iteration the asked one starts, of how many; every
+microbatch of the sender's share of the iteration is done; the relays have stepped.
 A trace's ``state`` is one of ``TRACE_STATES`` (``TRACE_BACK_STATES`` for ``trace_back``): what
 the asked node knows of the microbatch's forward (backward); ``next`` names whom it delivered it
 to when ``sent``.
@@ -122,6 +125,11 @@ class ResumeBack:
 
 
 @dataclass(frozen=True)
+class Shard:
+    """(Between data nodes.) Which shard of each iteration's microbatches do you start?"""
+
+
+@dataclass(frozen=True)
 class BatchDone:
     """(Between data nodes.) Every microbatch of my share of ``iteration`` is done."""
 
@@ -153,6 +161,7 @@ ControlRequest = (
     | Trace
     | TraceBack
     | ResumeBack
+    | Shard
     | BatchDone
     | IterationEnded
 )
@@ -165,6 +174,7 @@ _TYPES: dict[str, type[Any]] = {
     "trace": Trace,
     "trace_back": TraceBack,
     "resume_back": ResumeBack,
+    "shard": Shard,
     "batch_done": BatchDone,
     "iteration_ended": IterationEnded,
 }
@@ -178,6 +188,7 @@ _FIELDS: dict[type[Any], dict[str, type]] = {
     Trace: {"iteration": int, "microbatch": int},
     TraceBack: {"iteration": int, "microbatch": int},
     ResumeBack: {"iteration": int, "microbatch": int, "dead": str},
+    Shard: {},
     BatchDone: {"iteration": int},
     IterationEnded: {"iteration": int, "relays_stepped": int},
 }

@@ -9,7 +9,8 @@ the one with the smallest id ends the iteration at the relays and tells the othe
 (``IterationEnded``); they start the next iteration only then, since a relay takes an early hop of
 the next iteration as a sign that it is behind. If that data node dies before it says so, the
 next in line ends the iteration (a relay answers a repeated request for an iteration it already
-ended with the same reply).
+ended with the same reply). Before the first iteration the data nodes compare their shards: two
+starting the same microbatches would collide at every relay, so that is refused at the start.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class DataPeers:
     rpc: RequestResponse
     node_id: str
     expected: int  # data nodes of the run, this one included
+    shard: int  # this data node's shard, 0 .. expected - 1
     known: Callable[[], set[str]]  # the other data nodes of the run that discovery knows
     probe_timeout_s: float
     #: How long to wait on a data node that is still working before probing it again.
@@ -49,10 +51,12 @@ class DataPeers:
         return sorted(self.known() - self.gone - {self.node_id})
 
     async def wait_for_all(self, timeout_s: float) -> None:
-        """Wait until discovery knows every data node of the run."""
+        """Wait until discovery knows every data node of the run, and check that each starts
+        its own shard (a ``TrainingError`` saying what to fix otherwise)."""
         with trio.move_on_after(timeout_s):
             while len(self.known() - {self.node_id}) < self.expected - 1:
                 await trio.sleep(0.1)
+            await self._check_shards()
             return
         found = len(self.known() - {self.node_id}) + 1
         raise TrainingError(
@@ -61,9 +65,38 @@ class DataPeers:
             "how many there are"
         )
 
-    def handle(self, peer: str, message: control.BatchDone | control.IterationEnded) -> bytes:
+    async def _check_shards(self) -> None:
+        owners = {self.shard: self.node_id}
+        for peer in self.others():
+            while True:  # a data node just started may not serve its control protocol yet
+                try:
+                    reply = control.decode_reply(
+                        await control.ask(self.rpc, peer, control.Shard(), self.probe_timeout_s)
+                    )
+                    break
+                except (PeerUnavailable, ProtocolError):
+                    await trio.sleep(0.1)
+            shard, shards = reply.get("shard"), reply.get("shards")
+            if shards != self.expected:
+                raise TrainingError(
+                    f"data node {peer} counts {shards} data nodes, this one "
+                    f"{self.expected}: give every data node the same training.data_nodes"
+                )
+            if not isinstance(shard, int) or shard in owners:
+                other = owners.get(shard, "?") if isinstance(shard, int) else "?"
+                raise TrainingError(
+                    f"data nodes {other} and {peer} both start shard {shard}: give each data "
+                    "node its own training.data_shard"
+                )
+            owners[shard] = peer
+
+    def handle(
+        self, peer: str, message: control.Shard | control.BatchDone | control.IterationEnded
+    ) -> bytes:
         if peer not in self.known():
             raise ProtocolError(f"{peer} is not a data node of this run")
+        if isinstance(message, control.Shard):
+            return control.encode_reply(True, shard=self.shard, shards=self.expected)
         if isinstance(message, control.BatchDone):
             self.done.setdefault(message.iteration, set()).add(peer)
         else:

@@ -276,6 +276,7 @@ def _share_the_run(
         rpc,
         node_id,
         config.data_nodes,
+        config.data_shard,
         lambda: {peer for peer, record in book.peers.items() if record.stage == 0},
         probe_timeout_s,
         patience_s=max(config.stall_timeout_s / 2, probe_timeout_s),
@@ -315,7 +316,7 @@ def _serve_control(
             return await role.sender.resume_backward(message)
         if isinstance(message, control.Trace):
             return role.trace(message)
-        if isinstance(message, control.BatchDone | control.IterationEnded):
+        if isinstance(message, control.Shard | control.BatchDone | control.IterationEnded):
             if isinstance(role, DataRole) and role.peers is not None:
                 return role.peers.handle(peer, message)
             raise ProtocolError("only a data node sharing its run with others takes that")

@@ -1,21 +1,30 @@
-"""The data nodes' end-of-iteration messages: checked on the wire, taken only from data nodes."""
+"""The data nodes' messages: checked on the wire, taken only from data nodes; shards compared."""
 
 from __future__ import annotations
 
-import pytest
+from contextlib import AsyncExitStack
+from pathlib import Path
 
-from gwtf.errors import ProtocolError
+import pytest
+import trio
+
+from gwtf.errors import ProtocolError, TrainingError
+from node.p2p.host import full_address, peer_info, running_host
+from node.p2p.identity import load_or_create_identity
+from node.p2p.rpc import RequestResponse, RpcLimits
 from node.runtime import control
 from node.runtime.data_peers import DataPeers
+
+LIMITS = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 5.0)
 
 
 def peers_of(known: set[str]) -> DataPeers:
     # handle() never sends: no host is needed to check what it takes.
-    return DataPeers(None, "me", 3, lambda: known, 1.0, 1.0)  # type: ignore[arg-type]
+    return DataPeers(None, "me", 3, 1, lambda: known, 1.0, 1.0)  # type: ignore[arg-type]
 
 
 def test_the_messages_round_trip_and_bad_ones_are_refused() -> None:
-    for message in (control.BatchDone(4), control.IterationEnded(4, 3)):
+    for message in (control.Shard(), control.BatchDone(4), control.IterationEnded(4, 3)):
         assert control.decode_request(control.encode_request(message)) == message
     for bad in (
         b'{"type": "batch_done"}',
@@ -32,9 +41,56 @@ def test_only_a_data_node_of_the_run_is_heard() -> None:
     with pytest.raises(ProtocolError, match="not a data node of this run"):
         peers.handle("relay", control.BatchDone(0))
     assert peers.done == {}
+    assert control.decode_reply(peers.handle("other", control.Shard())) == {
+        "ok": True,
+        "shard": 1,
+        "shards": 3,
+    }
     assert control.decode_reply(peers.handle("other", control.BatchDone(0)))["ok"]
     peers.handle("other", control.IterationEnded(0, 4))
     assert peers.done == {0: {"other"}} and peers.ended == {0: 4}
     assert peers.others() == ["other"]
     peers.gone.add("other")
     assert peers.others() == []
+
+
+def test_data_nodes_starting_one_shard_or_counting_differently_are_refused(
+    tmp_path: Path,
+) -> None:
+    """Two data nodes on real hosts compare shards before training: the same shard twice, or a
+    different count of data nodes, is a one-line error saying which setting to fix."""
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            hosts = [
+                await stack.enter_async_context(
+                    running_host(load_or_create_identity(tmp_path / f"d{i}.key"))
+                )
+                for i in range(2)
+            ]
+            ids = [str(host.get_id()) for host in hosts]
+            rpcs = [RequestResponse(host) for host in hosts]
+            peers = [
+                DataPeers(rpcs[i], ids[i], 2, 0, lambda i=i: {ids[1 - i]}, 2.0, 2.0)  # type: ignore[misc]
+                for i in range(2)
+            ]
+            for rpc, data_peers in zip(rpcs, peers, strict=True):
+
+                async def handle(peer: str, request: bytes, mine: DataPeers = data_peers) -> bytes:
+                    message = control.decode_request(request)
+                    assert isinstance(message, control.Shard)
+                    return mine.handle(peer, message)
+
+                rpc.serve(control.PROTOCOL_ID, handle, LIMITS)
+            await hosts[0].connect(peer_info(full_address(hosts[1])))
+            with trio.fail_after(20):
+                with pytest.raises(TrainingError, match="both start shard 0") as info:
+                    await peers[0].wait_for_all(10.0)
+                assert "training.data_shard" in str(info.value)
+                peers[1].shard = 1
+                await peers[0].wait_for_all(10.0)
+                peers[1].expected = 3
+                with pytest.raises(TrainingError, match="counts 3 data nodes, this one 2"):
+                    await peers[0].wait_for_all(10.0)
+
+    trio.run(main)
