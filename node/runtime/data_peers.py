@@ -37,58 +37,71 @@ class DataPeers:
     node_id: str
     expected: int  # data nodes of the run, this one included
     shard: int  # this data node's shard, 0 .. expected - 1
-    known: Callable[[], set[str]]  # the other data nodes of the run that discovery knows
+    #: Peers discovery says are data nodes (stage 0): candidates until they answer ``shard``.
+    known: Callable[[], set[str]]
     probe_timeout_s: float
     #: How long to wait on a data node that is still working before probing it again.
     patience_s: float
+    #: The other data nodes: each answered ``shard`` with a shard of its own. Only these are
+    #: waited for, so a peer that merely claims stage 0 cannot hold up an iteration.
+    members: dict[str, int] = field(default_factory=dict)  # peer -> its shard
     gone: set[str] = field(default_factory=set)
+    iteration: int = 0  # the iteration this data node is in
     done: dict[int, set[str]] = field(default_factory=dict)  # iteration -> whose share is done
     ended: dict[int, int] = field(default_factory=dict)  # iteration -> relays that stepped
     _changed: trio.Event = field(default_factory=trio.Event)
 
     def others(self) -> list[str]:
         """The other data nodes not (yet) counted as gone."""
-        return sorted(self.known() - self.gone - {self.node_id})
+        return sorted(set(self.members) - self.gone)
 
     async def wait_for_all(self, timeout_s: float) -> None:
-        """Wait until discovery knows every data node of the run, and check that each starts
-        its own shard (a ``TrainingError`` saying what to fix otherwise)."""
+        """Wait until every other data node of the run has answered with a shard of its own
+        (a ``TrainingError`` saying what to fix when two start the same one, or count the data
+        nodes differently, or not all are found in time)."""
         with trio.move_on_after(timeout_s):
-            while len(self.known() - {self.node_id}) < self.expected - 1:
-                await trio.sleep(0.1)
-            await self._check_shards()
+            while len(self.members) < self.expected - 1:
+                candidates = self.known() - set(self.members) - {self.node_id}
+                problems: list[str] = []
+                async with trio.open_nursery() as nursery:
+                    for peer in sorted(candidates):
+                        nursery.start_soon(self._ask_shard, peer, problems)
+                if problems:
+                    raise TrainingError(problems[0])
+                if len(self.members) < self.expected - 1:
+                    await trio.sleep(0.1)
             return
-        found = len(self.known() - {self.node_id}) + 1
         raise TrainingError(
-            f"found {found} of the run's {self.expected} data nodes within {timeout_s:g} s; "
-            "start them all with a common bootstrap peer, or set training.data_nodes to "
-            "how many there are"
+            f"found {len(self.members) + 1} of the run's {self.expected} data nodes within "
+            f"{timeout_s:g} s; start them all with a common bootstrap peer, or set "
+            "training.data_nodes to how many there are"
         )
 
-    async def _check_shards(self) -> None:
-        owners = {self.shard: self.node_id}
-        for peer in self.others():
-            while True:  # a data node just started may not serve its control protocol yet
-                try:
-                    reply = control.decode_reply(
-                        await control.ask(self.rpc, peer, control.Shard(), self.probe_timeout_s)
-                    )
-                    break
-                except (PeerUnavailable, ProtocolError):
-                    await trio.sleep(0.1)
-            shard, shards = reply.get("shard"), reply.get("shards")
-            if shards != self.expected:
-                raise TrainingError(
-                    f"data node {peer} counts {shards} data nodes, this one "
-                    f"{self.expected}: give every data node the same training.data_nodes"
-                )
-            if not isinstance(shard, int) or shard in owners:
-                other = owners.get(shard, "?") if isinstance(shard, int) else "?"
-                raise TrainingError(
-                    f"data nodes {other} and {peer} both start shard {shard}: give each data "
-                    "node its own training.data_shard"
-                )
-            owners[shard] = peer
+    async def _ask_shard(self, peer: str, problems: list[str]) -> None:
+        try:
+            reply = control.decode_reply(
+                await control.ask(self.rpc, peer, control.Shard(), self.probe_timeout_s)
+            )
+        except (PeerUnavailable, ProtocolError) as exc:
+            # Not up yet, or not a data node after all: asked again on the next round.
+            log.debug("no shard from %s: %s", peer, exc)
+            return
+        shard, shards = reply.get("shard"), reply.get("shards")
+        if shards != self.expected:
+            problems.append(
+                f"data node {peer} counts {shards} data nodes, this one {self.expected}: "
+                "give every data node the same training.data_nodes"
+            )
+            return
+        owners = {self.shard: self.node_id} | {s: p for p, s in self.members.items()}
+        if not isinstance(shard, int) or shard in owners or not 0 <= shard < self.expected:
+            other = owners.get(shard, "?") if isinstance(shard, int) else "?"
+            problems.append(
+                f"data nodes {other} and {peer} both start shard {shard}: give each data node "
+                "its own training.data_shard"
+            )
+            return
+        self.members[peer] = shard
 
     def handle(
         self, peer: str, message: control.Shard | control.BatchDone | control.IterationEnded
@@ -97,6 +110,15 @@ class DataPeers:
             raise ProtocolError(f"{peer} is not a data node of this run")
         if isinstance(message, control.Shard):
             return control.encode_reply(True, shard=self.shard, shards=self.expected)
+        # A data node is at most one iteration ahead of another (an iteration ends only when
+        # every shard is done): anything further is refused, so a peer cannot grow these maps.
+        if message.iteration > self.iteration + 1:
+            raise ProtocolError(
+                f"{peer} speaks of iteration {message.iteration}; this data node is at "
+                f"{self.iteration}"
+            )
+        if message.iteration < self.iteration:
+            return control.encode_reply(True)  # a late word about an iteration that is over
         if isinstance(message, control.BatchDone):
             self.done.setdefault(message.iteration, set()).add(peer)
         else:

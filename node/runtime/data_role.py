@@ -210,6 +210,8 @@ class DataRole:
 
     async def run_iteration(self, iteration: int) -> IterationResult:
         started = trio.current_time()
+        if self.peers is not None:
+            self.peers.iteration = iteration
         restarts = 0
         first = (iteration * self.shards + self.shard) * self.batch
         pending = [first + j for j in range(self.batch)]

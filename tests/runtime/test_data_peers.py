@@ -36,7 +36,7 @@ def test_the_messages_round_trip_and_bad_ones_are_refused() -> None:
             control.decode_request(bad)
 
 
-def test_only_a_data_node_of_the_run_is_heard() -> None:
+def test_only_a_data_node_of_the_run_is_heard_and_only_about_the_iterations_at_hand() -> None:
     peers = peers_of({"other"})
     with pytest.raises(ProtocolError, match="not a data node of this run"):
         peers.handle("relay", control.BatchDone(0))
@@ -46,9 +46,17 @@ def test_only_a_data_node_of_the_run_is_heard() -> None:
         "shard": 1,
         "shards": 3,
     }
-    assert control.decode_reply(peers.handle("other", control.BatchDone(0)))["ok"]
-    peers.handle("other", control.IterationEnded(0, 4))
-    assert peers.done == {0: {"other"}} and peers.ended == {0: 4}
+    peers.iteration = 5
+    assert control.decode_reply(peers.handle("other", control.BatchDone(5)))["ok"]
+    peers.handle("other", control.IterationEnded(5, 4))
+    peers.handle("other", control.BatchDone(6))  # one ahead: it may have finished its share
+    peers.handle("other", control.BatchDone(3))  # late: over, and forgotten
+    with pytest.raises(ProtocolError, match="speaks of iteration 7"):
+        peers.handle("other", control.BatchDone(7))
+    assert peers.done == {5: {"other"}, 6: {"other"}} and peers.ended == {5: 4}
+    # Only a peer that answered with a shard of its own is waited for.
+    assert peers.others() == []
+    peers.members["other"] = 2
     assert peers.others() == ["other"]
     peers.gone.add("other")
     assert peers.others() == []
@@ -87,10 +95,11 @@ def test_data_nodes_starting_one_shard_or_counting_differently_are_refused(
                 with pytest.raises(TrainingError, match="both start shard 0") as info:
                     await peers[0].wait_for_all(10.0)
                 assert "training.data_shard" in str(info.value)
-                peers[1].shard = 1
-                await peers[0].wait_for_all(10.0)
                 peers[1].expected = 3
                 with pytest.raises(TrainingError, match="counts 3 data nodes, this one 2"):
                     await peers[0].wait_for_all(10.0)
+                peers[1].expected, peers[1].shard = 2, 1
+                await peers[0].wait_for_all(10.0)
+                assert peers[0].members == {ids[1]: 1}
 
     trio.run(main)
