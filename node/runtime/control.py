@@ -21,13 +21,15 @@ mistyped field is a ``ProtocolError`` (charged to the sender by the rpc layer).
                                                                 "shards": int}
     {"type": "batch_done", "iteration": int}                -> {"ok": true}
     {"type": "iteration_ended", "iteration": int,
-     "relays_stepped": int}                                 -> {"ok": true}
+     "relays_stepped": int, "members": [peer id]}           -> {"ok": true}
+    {"type": "rejoin"}                                      -> {"ok": true}
 
 ``loads`` lists the asking node's view of the run: itself and the live peers its flow protocol
 knows (at most ``MAX_LOADS``, taken stage by stage in turn), for a relay choosing its stage.
-``shard``, ``batch_done`` and ``iteration_ended`` pass between the data nodes of a run
+``shard``, ``batch_done``, ``iteration_ended`` and ``rejoin`` pass between the data nodes of a run
 (``data_peers.py``): which shard of each iteration the asked one starts, of how many; every
-microbatch of the sender's share of the iteration is done; the relays have stepped.
+microbatch of the sender's share of the iteration is done; the relays have stepped, and which
+data nodes train the next iteration; take the sender (back) into the run.
 A trace's ``state`` is one of ``TRACE_STATES`` (``TRACE_BACK_STATES`` for ``trace_back``): what
 the asked node knows of the microbatch's forward (backward); ``next`` names whom it delivered it
 to when ``sent``.
@@ -138,10 +140,17 @@ class BatchDone:
 
 @dataclass(frozen=True)
 class IterationEnded:
-    """(Between data nodes.) The relays averaged and stepped ``iteration`` (that many did)."""
+    """(Between data nodes.) The relays averaged and stepped ``iteration`` (that many did);
+    ``members`` are the data nodes of the next iteration."""
 
     iteration: int
     relays_stepped: int
+    members: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """(Between data nodes.) Take me (back) into the run from the next iteration."""
 
 
 #: absent: never received (or lost); queued: waiting for or in compute; sending: computed, its
@@ -164,6 +173,7 @@ ControlRequest = (
     | Shard
     | BatchDone
     | IterationEnded
+    | Rejoin
 )
 _TYPES: dict[str, type[Any]] = {
     "alive": Alive,
@@ -177,6 +187,7 @@ _TYPES: dict[str, type[Any]] = {
     "shard": Shard,
     "batch_done": BatchDone,
     "iteration_ended": IterationEnded,
+    "rejoin": Rejoin,
 }
 _RESEND_FIELDS = {"iteration": int, "microbatch": int, "to": str, "attempt": int}
 _FIELDS: dict[type[Any], dict[str, type]] = {
@@ -190,7 +201,8 @@ _FIELDS: dict[type[Any], dict[str, type]] = {
     ResumeBack: {"iteration": int, "microbatch": int, "dead": str},
     Shard: {},
     BatchDone: {"iteration": int},
-    IterationEnded: {"iteration": int, "relays_stepped": int},
+    IterationEnded: {"iteration": int, "relays_stepped": int, "members": list},
+    Rejoin: {},
 }
 
 

@@ -11,6 +11,12 @@ the next iteration as a sign that it is behind. If that data node dies before it
 next in line ends the iteration (a relay answers a repeated request for an iteration it already
 ended with the same reply). Before the first iteration the data nodes compare their shards: two
 starting the same microbatches would collide at every relay, so that is refused at the start.
+
+A data node that restarts, or a new one taking over a shard, asks to be taken (back) in
+(``Rejoin``). Membership changes only between iterations and only by the data node ending one:
+it names the data nodes of the next iteration in its ``IterationEnded`` (to them all, the new one
+included), so every data node waits for, and averages with, the same ones. The new one then
+loads the embedding and head from another data node and starts at that next iteration.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from dataclasses import dataclass, field
 import trio
 
 from gwtf.errors import ProtocolError, TrainingError
-from node.p2p.rpc import PeerUnavailable, RequestResponse
+from node.p2p.rpc import Decline, PeerUnavailable, RequestResponse
 from node.runtime import control
 
 log = logging.getLogger(__name__)
@@ -49,6 +55,11 @@ class DataPeers:
     iteration: int = 0  # the iteration this data node is in
     done: dict[int, set[str]] = field(default_factory=dict)  # iteration -> whose share is done
     ended: dict[int, int] = field(default_factory=dict)  # iteration -> relays that stepped
+    #: iteration -> the data nodes of the next one, as its end announced them.
+    next_members: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    pending: set[str] = field(default_factory=set)  # data nodes that asked to be taken in
+    joining: bool = False  # this data node asked to be taken (back) in and waits for it
+    start_at: int | None = None  # the iteration the run took this data node in from
     _changed: trio.Event = field(default_factory=trio.Event)
 
     def others(self) -> list[str]:
@@ -59,6 +70,8 @@ class DataPeers:
         """Wait until every other data node of the run has answered with a shard of its own
         (a ``TrainingError`` saying what to fix when two start the same one, or count the data
         nodes differently, or not all are found in time)."""
+        if self.start_at is not None:
+            return  # taken in mid-run: the data node that ended the last iteration named them
         with trio.move_on_after(timeout_s):
             while len(self.members) < self.expected - 1:
                 candidates = self.known() - set(self.members) - {self.node_id}
@@ -104,12 +117,24 @@ class DataPeers:
         self.members[peer] = shard
 
     def handle(
-        self, peer: str, message: control.Shard | control.BatchDone | control.IterationEnded
+        self,
+        peer: str,
+        message: control.Shard | control.BatchDone | control.IterationEnded | control.Rejoin,
     ) -> bytes:
         if peer not in self.known():
-            raise ProtocolError(f"{peer} is not a data node of this run")
+            # Discovery may not have told this node yet: not an offence.
+            raise Decline(f"{peer} is not known here as a data node of this run")
         if isinstance(message, control.Shard):
             return control.encode_reply(True, shard=self.shard, shards=self.expected)
+        if isinstance(message, control.Rejoin):
+            self._take_back(peer)
+            return control.encode_reply(True)
+        if isinstance(message, control.IterationEnded) and self.joining:
+            if self.node_id in message.members:
+                self.start_at = message.iteration + 1
+                self._adopt(message.members)
+                self._changed.set()
+            return control.encode_reply(True)
         # A data node is at most one iteration ahead of another (an iteration ends only when
         # every shard is done): anything further is refused, so a peer cannot grow these maps.
         if message.iteration > self.iteration + 1:
@@ -123,8 +148,45 @@ class DataPeers:
             self.done.setdefault(message.iteration, set()).add(peer)
         else:
             self.ended[message.iteration] = message.relays_stepped
+            self.next_members[message.iteration] = message.members
         self._changed.set()
         return control.encode_reply(True)
+
+    def _take_back(self, peer: str) -> None:
+        if peer in self.members and peer not in self.gone:
+            # It restarted: its share of the iteration at hand went with its old process.
+            self.gone.add(peer)
+            log.warning("data node %s restarted; its share of this iteration is lost", peer)
+        self.pending.add(peer)
+        self._changed.set()  # a wait for its share ends
+
+    def _adopt(self, members: tuple[str, ...]) -> None:
+        """Take ``members`` as the data nodes of the next iteration."""
+        listed = set(members) - {self.node_id}
+        for peer in listed:
+            self.members.setdefault(peer, -1)  # its shard: checked by the one that took it in
+            self.gone.discard(peer)
+            self.pending.discard(peer)
+        self.gone |= set(self.members) - listed
+
+    async def rejoin(self, timeout_s: float) -> int:
+        """Ask the run's data nodes to take this one (back) in; return the iteration it trains
+        from: the one after the next iteration to end."""
+        self.joining = True
+        with trio.move_on_after(timeout_s):
+            while self.start_at is None:
+                async with trio.open_nursery() as nursery:
+                    for peer in sorted(self.known() - {self.node_id}):
+                        nursery.start_soon(self._tell, peer, control.Rejoin())
+                await self._wait_for_change(self.patience_s)
+        self.joining = False
+        if self.start_at is None:
+            raise TrainingError(
+                f"no data node of the run took this one in within {timeout_s:g} s; check "
+                "p2p.bootstrap_peers, and that the run is still training"
+            )
+        self.iteration = self.start_at
+        return self.start_at
 
     async def agree_done(self, iteration: int) -> list[str]:
         """Say that this data node's share of ``iteration`` is done; return the data nodes whose
@@ -153,16 +215,51 @@ class DataPeers:
                 return None
             if iteration in self.ended or await self._wait_for_change(self.patience_s):
                 if iteration in self.ended:
+                    self._adopt(self.next_members.pop(iteration, tuple(live)))
                     return self.ended.pop(iteration)
                 continue
             await self._probe_all([leader])
 
     async def announce_ended(self, iteration: int, relays_stepped: int, live: list[str]) -> None:
+        """Tell the data nodes of the next iteration (``live`` and any taken in now) that the
+        relays ended ``iteration``, and who they are."""
+        joiners: list[str] = []
         async with trio.open_nursery() as nursery:
-            for peer in live:
-                if peer != self.node_id and peer not in self.gone:
-                    message = control.IterationEnded(iteration, relays_stepped)
+            for peer in sorted(self.pending):
+                nursery.start_soon(self._admit, peer, joiners)
+        members = tuple(sorted((set(live) - self.gone) | set(joiners)))
+        message = control.IterationEnded(iteration, relays_stepped, members)
+        async with trio.open_nursery() as nursery:
+            for peer in members:
+                if peer != self.node_id:
                     nursery.start_soon(self._tell, peer, message)
+        self._adopt(members)
+
+    async def _admit(self, peer: str, joiners: list[str]) -> None:
+        """Take ``peer`` in if it answers with a shard no live data node starts."""
+        self.pending.discard(peer)
+        owners = {self.shard} | {s for p, s in self.members.items() if p not in self.gone}
+        try:
+            reply = control.decode_reply(
+                await control.ask(self.rpc, peer, control.Shard(), self.probe_timeout_s)
+            )
+        except (PeerUnavailable, ProtocolError) as exc:
+            log.info("data node %s asked to join but did not answer: %s", peer, exc)
+            return
+        shard = reply.get("shard")
+        if reply.get("shards") != self.expected or not isinstance(shard, int) or shard in owners:
+            log.warning(
+                "data node %s asked to join with shard %s of %s; refused: the run has %s data "
+                "nodes and that shard is taken or unknown",
+                peer,
+                shard,
+                reply.get("shards"),
+                self.expected,
+            )
+            return
+        self.members[peer] = shard
+        joiners.append(peer)
+        log.info("data node %s (shard %s) joins from iteration after this one", peer, shard)
 
     async def _wait_for_change(self, timeout_s: float) -> bool:
         """Wait for the next message from a data node; False when none came in time."""

@@ -72,7 +72,9 @@ class LiveNodeConfig:
     iterations: int = 0  # data node: how many to train
     batch: int = 4  # data node: microbatches per iteration
     stall_timeout_s: float = 30.0
-    join: bool = False  # relay: download the stage's state from a replica before serving
+    #: Relay: download the stage's state from a replica before serving. Data node: ask the
+    #: run's data nodes to take it (back) in, then load the embedding and head from one.
+    join: bool = False
     flow_timeout_s: float = 60.0
     discovery_period_s: float = 1.0
     compute_ms: float = 100.0
@@ -205,7 +207,7 @@ async def run_live_node(
             rpc.shaper = _shaper(LinkEmulator(config.topology), node_id, config.region, book)
         book.serve()
         flow.start(nursery)
-        if isinstance(role, RelayRole):
+        if isinstance(role, RelayRole) or role.peers is not None:
             _serve_stage_state(rpc, role, config)
         # Kademlia DHT + the run's hint topic; peer exchange only as the DHT's fallback.
         discovery = RunDiscovery(
@@ -249,8 +251,14 @@ async def run_live_node(
         if on_started is not None:
             on_started(live)
         if isinstance(role, DataRole):
+            first = 0
+            if config.join and role.peers is not None:
+                # A restarted data node, or a new one for a shard: taken in between iterations,
+                # it loads the embedding and head as they are then.
+                first = await role.peers.rejoin(config.flow_timeout_s)
+                await _load_data_part(rpc, role, config, first)
             await role.wait_for_flows(config.flow_timeout_s)
-            for iteration in range(config.iterations):
+            for iteration in range(first, config.iterations):
                 result = await role.run_iteration(iteration)
                 log.info(
                     "iteration %s: loss %.4f in %.2f s", iteration, result.loss, result.duration_s
@@ -316,7 +324,9 @@ def _serve_control(
             return await role.sender.resume_backward(message)
         if isinstance(message, control.Trace):
             return role.trace(message)
-        if isinstance(message, control.Shard | control.BatchDone | control.IterationEnded):
+        if isinstance(
+            message, control.Shard | control.BatchDone | control.IterationEnded | control.Rejoin
+        ):
             if isinstance(role, DataRole) and role.peers is not None:
                 return role.peers.handle(peer, message)
             raise ProtocolError("only a data node sharing its run with others takes that")
@@ -358,11 +368,14 @@ def _loads(flow: FlowService, book: AddressBook) -> list[control.LoadEntry]:
     return entries
 
 
-def _serve_stage_state(rpc: RequestResponse, role: RelayRole, config: LiveNodeConfig) -> None:
+def _serve_stage_state(
+    rpc: RequestResponse, role: DataRole | RelayRole, config: LiveNodeConfig
+) -> None:
     cache: dict[int, StageSnapshot] = {}
+    own_stage = role.stage if isinstance(role, RelayRole) else 0
 
     def snapshot_of(stage: int) -> StageSnapshot | None:
-        if stage != role.stage:
+        if stage != own_stage:
             return None
         step = role.worker.step_count
         if step not in cache:
@@ -391,28 +404,50 @@ async def _join_stage(
     with trio.fail_after(config.flow_timeout_s):
         while True:
             for record in records:
-                try:
-                    snapshot = await download_stage_state(
-                        rpc,
-                        ID.from_base58(record.peer_id),
-                        role.stage,
-                        1 << 30,
-                        config.flow.ack_deadline_s,
-                    )
-                except ProtocolError as exc:
-                    log.debug("no stage %s state from %s: %s", role.stage, record.peer_id, exc)
-                    continue
-                if snapshot.step < min_step:
-                    continue  # that replica has not stepped yet; ask again shortly
-                with tempfile.TemporaryDirectory() as tmp:
-                    path = Path(tmp) / "state.safetensors"
-                    path.write_bytes(snapshot.blob)
-                    await trio.to_thread.run_sync(load_part_state, role.worker, path)
-                log.info(
-                    "joined stage %s at step %s from %s", role.stage, snapshot.step, record.peer_id
-                )
-                return
+                deadline_s = config.flow.ack_deadline_s
+                if await _load_state_from(
+                    rpc, role.worker, role.stage, record.peer_id, min_step, deadline_s
+                ):
+                    return
             await trio.sleep(config.discovery_period_s)
             known = {r.peer_id for r in first}
             found = await discovery.weight_sources(role.stage)
             records = first + [r for r in found if r.peer_id not in known]
+
+
+async def _load_data_part(
+    rpc: RequestResponse, role: DataRole, config: LiveNodeConfig, min_step: int
+) -> None:
+    """Load the embedding and head, at ``min_step`` or later, from another data node."""
+    assert role.peers is not None
+    with trio.fail_after(config.flow_timeout_s):
+        while True:
+            for peer in role.peers.others():
+                deadline_s = config.flow.ack_deadline_s
+                if await _load_state_from(rpc, role.worker, 0, peer, min_step, deadline_s):
+                    return
+            await trio.sleep(0.2)  # its own step may still be under way
+
+
+async def _load_state_from(
+    rpc: RequestResponse,
+    worker: DataNodeWorker | StageWorker,
+    stage: int,
+    peer: str,
+    min_step: int,
+    timeout_s: float,
+) -> bool:
+    """Load ``stage``'s state from ``peer`` if it has it at ``min_step`` or later."""
+    try:
+        snapshot = await download_stage_state(rpc, ID.from_base58(peer), stage, 1 << 30, timeout_s)
+    except ProtocolError as exc:
+        log.debug("no stage %s state from %s: %s", stage, peer, exc)
+        return False
+    if snapshot.step < min_step:
+        return False  # that replica has not stepped yet; ask again shortly
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "state.safetensors"
+        path.write_bytes(snapshot.blob)
+        await trio.to_thread.run_sync(load_part_state, worker, path)
+    log.info("loaded stage %s at step %s from %s", stage, snapshot.step, peer)
+    return True

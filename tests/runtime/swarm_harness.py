@@ -150,6 +150,19 @@ async def run_swarm(
     return swarm.results["data"]
 
 
+async def run_data_node(config: LiveNodeConfig, swarm: Swarm) -> list[IterationResult]:
+    """A data node started during a scenario (e.g. one restarting); its results, or none if it
+    was crashed."""
+    with trio.CancelScope() as scope:
+        swarm.scopes[config.name] = scope
+
+        def on_started(node: LiveNode) -> None:
+            swarm.nodes[config.name] = node
+
+        return await run_live_node(config, on_started)
+    return []
+
+
 async def run_relay(config: LiveNodeConfig, swarm: Swarm) -> None:
     with trio.CancelScope() as scope:
         swarm.scopes[config.name] = scope

@@ -11,7 +11,7 @@ import trio
 from gwtf.errors import ProtocolError, TrainingError
 from node.p2p.host import full_address, peer_info, running_host
 from node.p2p.identity import load_or_create_identity
-from node.p2p.rpc import RequestResponse, RpcLimits
+from node.p2p.rpc import Decline, RequestResponse, RpcLimits
 from node.runtime import control
 from node.runtime.data_peers import DataPeers
 
@@ -24,12 +24,17 @@ def peers_of(known: set[str]) -> DataPeers:
 
 
 def test_the_messages_round_trip_and_bad_ones_are_refused() -> None:
-    for message in (control.Shard(), control.BatchDone(4), control.IterationEnded(4, 3)):
+    for message in (
+        control.Shard(),
+        control.BatchDone(4),
+        control.IterationEnded(4, 3, ("a", "b")),
+    ):
         assert control.decode_request(control.encode_request(message)) == message
     for bad in (
         b'{"type": "batch_done"}',
         b'{"type": "iteration_ended", "iteration": 4}',
-        b'{"type": "iteration_ended", "iteration": 4, "relays_stepped": "3"}',
+        b'{"type": "iteration_ended", "iteration": 4, "relays_stepped": "3", "members": []}',
+        b'{"type": "iteration_ended", "iteration": 4, "relays_stepped": 3, "members": [3]}',
         b'{"type": "batch_done", "iteration": -1}',
     ):
         with pytest.raises(ProtocolError):
@@ -38,7 +43,7 @@ def test_the_messages_round_trip_and_bad_ones_are_refused() -> None:
 
 def test_only_a_data_node_of_the_run_is_heard_and_only_about_the_iterations_at_hand() -> None:
     peers = peers_of({"other"})
-    with pytest.raises(ProtocolError, match="not a data node of this run"):
+    with pytest.raises(Decline, match="not known here as a data node"):
         peers.handle("relay", control.BatchDone(0))
     assert peers.done == {}
     assert control.decode_reply(peers.handle("other", control.Shard())) == {
@@ -48,12 +53,13 @@ def test_only_a_data_node_of_the_run_is_heard_and_only_about_the_iterations_at_h
     }
     peers.iteration = 5
     assert control.decode_reply(peers.handle("other", control.BatchDone(5)))["ok"]
-    peers.handle("other", control.IterationEnded(5, 4))
+    peers.handle("other", control.IterationEnded(5, 4, ("me", "other")))
     peers.handle("other", control.BatchDone(6))  # one ahead: it may have finished its share
     peers.handle("other", control.BatchDone(3))  # late: over, and forgotten
     with pytest.raises(ProtocolError, match="speaks of iteration 7"):
         peers.handle("other", control.BatchDone(7))
     assert peers.done == {5: {"other"}, 6: {"other"}} and peers.ended == {5: 4}
+    assert peers.next_members == {5: ("me", "other")}
     # Only a peer that answered with a shard of its own is waited for.
     assert peers.others() == []
     peers.members["other"] = 2
@@ -103,3 +109,25 @@ def test_data_nodes_starting_one_shard_or_counting_differently_are_refused(
                 assert peers[0].members == {ids[1]: 1}
 
     trio.run(main)
+
+
+def test_a_data_node_asking_back_in_ends_the_wait_for_its_lost_share() -> None:
+    """A member that restarted asks to be taken back: its old process's share of the iteration
+    at hand is lost, so it is gone for now and waits to be named in the next membership."""
+    peers = peers_of({"other"})
+    peers.members["other"] = 2
+    peers.handle("other", control.Rejoin())
+    assert peers.others() == [] and peers.pending == {"other"}
+    peers._adopt(("me", "other"))
+    assert peers.others() == ["other"] and peers.pending == set()
+    peers._adopt(("me",))  # the one ending an iteration left it out
+    assert peers.others() == []
+
+
+def test_a_joiner_starts_after_the_iteration_whose_end_names_it() -> None:
+    peers = peers_of({"other"})
+    peers.joining = True
+    peers.handle("other", control.IterationEnded(7, 2, ("other",)))  # not yet named
+    assert peers.start_at is None
+    peers.handle("other", control.IterationEnded(8, 2, ("me", "other")))
+    assert peers.start_at == 9 and peers.others() == ["other"]

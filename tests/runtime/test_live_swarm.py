@@ -18,9 +18,16 @@ from node.p2p.rpc import RequestResponse, RpcLimits
 from node.p2p.scoring import Offence
 from node.p2p.weights import PROTOCOL_ID as WEIGHTS
 from node.runtime import control
+from node.runtime.data_role import IterationResult
 from node.runtime.dataplane import PROTOCOL_ID as HOP
 from node.training.checkpoint import state_digest
-from tests.runtime.swarm_harness import Swarm, reference_losses, run_swarm
+from tests.runtime.swarm_harness import (
+    Swarm,
+    node_config,
+    reference_losses,
+    run_data_node,
+    run_swarm,
+)
 
 ITERATIONS = 3
 BATCH = 4
@@ -92,35 +99,63 @@ def test_two_data_nodes_share_each_iteration_and_match_the_reference(tmp_path: P
     assert state_digest(workers[0]) == state_digest(workers[1])  # bit for bit alike
 
 
-def test_a_data_node_that_dies_is_left_out_and_the_other_trains_on(tmp_path: Path) -> None:
-    """A data node killed after its first iteration: the other one waits for its share, finds
-    it gone, ends that iteration at the relays itself, and trains on alone."""
+def test_a_data_node_that_dies_is_left_out_and_a_new_one_takes_over_its_shard(
+    tmp_path: Path,
+) -> None:
+    """A data node killed after its first iteration: the other one waits for its share, finds it
+    gone, ends that iteration at the relays itself and trains on alone. A new data node for the
+    dead one's shard asks to be taken in: the data node ending the next iteration names it, it
+    loads the embedding and head, trains the remaining iterations and ends bit for bit like the
+    other data node. (A restart under the same identity takes the same path, less the wait: a
+    member asking back in is known to have lost its share. In one process a crashed host's
+    connections hang instead of closing, so that case is left to the unit tests.)"""
     swarm = Swarm()
+    iterations = 12
+    taken_over: list[IterationResult] = []
 
-    async def kill_the_second_data_node(swarm: Swarm) -> None:
+    async def kill_and_replace(swarm: Swarm) -> None:
         while not swarm.nodes.get("data-1") or not swarm.nodes["data-1"].role.results:
             await trio.sleep(0.05)
         swarm.crash("data-1")
+        config = node_config(
+            tmp_path,
+            "data-1b",
+            "data",
+            0,
+            iterations=iterations,
+            batch=BATCH,
+            bootstrap=(swarm.nodes["data"].address,),
+            data_nodes=2,
+            data_shard=1,
+            join=True,
+        )
+        taken_over.extend(await run_data_node(config, swarm))
 
     async def main() -> None:
-        with trio.fail_after(150):
+        with trio.fail_after(170):
             await run_swarm(
                 tmp_path,
-                ITERATIONS,
+                iterations,
                 BATCH,
                 {"a1": 1, "b1": 2},
-                kill_the_second_data_node,
+                kill_and_replace,
                 swarm,
                 data_nodes=2,
             )
 
     trio.run(main)
     results = swarm.results["data"]
-    assert [r.iteration for r in results] == list(range(ITERATIONS))
+    assert [r.iteration for r in results] == list(range(iterations))
     assert all(r.restarts == 0 and r.relays_stepped == 2 for r in results)
     first = swarm.nodes["data"].role
     assert first.peers is not None and first.peers.gone == {swarm.nodes["data-1"].plane.node_id}
-    assert [swarm.nodes[r].role.worker.step_count for r in ("a1", "b1")] == [ITERATIONS] * 2
+    assert first.peers.others() == [swarm.nodes["data-1b"].plane.node_id]
+    start = taken_over[0].iteration
+    assert 2 <= start < iterations - 2, "taken in well before the run ended"
+    assert [r.iteration for r in taken_over] == list(range(start, iterations))
+    workers = [swarm.nodes[name].role.worker for name in ("data", "data-1b", "a1", "b1")]
+    assert [w.step_count for w in workers] == [iterations] * 4
+    assert state_digest(workers[0]) == state_digest(workers[1])
 
 
 def test_bad_peers_are_dropped_and_training_goes_on(tmp_path: Path) -> None:
