@@ -78,7 +78,8 @@ class NodeSettings:
     stage: int = -1
     #: Microbatches this node holds in flight at once (what it advertises to the flow protocol).
     capacity: int = 2
-    #: A relay that enters a running swarm: it first downloads its stage's current weights.
+    #: A relay that enters a running swarm: it first downloads its stage's current weights. A
+    #: data node (of a run with several): it asks to be taken (back) in, then loads theirs.
     join: bool = False
     #: This node's compute time for one microbatch of its stage, before it measures its own.
     compute_ms: float = 100.0
