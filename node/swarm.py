@@ -31,6 +31,9 @@ Swarm file::
              {t = 14.0, join = "auto"} (it takes the bottleneck stage when it enters),
              {t = 2.0, stranger = 1}] (a stranger: a relay of that stage whose libp2p id is not
              registered on chain; with the chain on, every node refuses it),
+             {t = 9.0, restart = "relay-1-0"} (a node killed earlier starts again with its
+             identity and node.join = true: a relay loads its stage's state, a data node asks
+             the run's data nodes to take it back in),
              crash_on = [{stage = 1, direction = "forward", iteration = 1}] (fault injection:
              the first relay of that stage to get such a hop dies by SIGKILL mid-hop; with
              when = "after_ack" it dies once it has computed and acknowledged the hop, before
@@ -111,6 +114,8 @@ class SwarmPlan:
     joins: list[dict[str, Any]] = field(default_factory=list)
     chain: SwarmChain | None = None
     strangers: dict[str, str] = field(default_factory=dict)  # name -> peer id
+    #: The last status of each killed node that was started again (its first life's work).
+    retired: list[dict[str, Any]] = field(default_factory=list)
 
 
 def load_swarm_file(path: Path) -> dict[str, dict[str, Any]]:
@@ -161,9 +166,17 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
     flow = {**_DEFAULT_FLOW, **raw.get("flow", {})}
     if swarm["topology"] and not Path(swarm["topology"]).exists():
         raise ConfigError(f"topology file {swarm['topology']} does not exist")
-    for event in churn["events"]:
-        if not isinstance(event, dict) or not {"kill", "join", "stranger"} & set(event):
-            raise ConfigError(f"churn event {event} names none of 'kill', 'join', 'stranger'")
+    killed_at: dict[str, float] = {}
+    for event in sorted(churn["events"], key=lambda e: float(e.get("t", 0.0))):
+        kinds = {"kill", "join", "stranger", "restart"}
+        if not isinstance(event, dict) or not kinds & set(event):
+            raise ConfigError(
+                f"churn event {event} names none of 'kill', 'join', 'stranger', 'restart'"
+            )
+        if "kill" in event:
+            killed_at.setdefault(str(event["kill"]), float(event.get("t", 0.0)))
+        if "restart" in event and str(event["restart"]) not in killed_at:
+            raise ConfigError(f"churn event {event}: restart a node only after a kill event for it")
         if "join" in event:
             _entrant_stage(run["stages"], event["join"])
         if "stranger" in event and _entrant_stage(run["stages"], event["stranger"]) < 1:
@@ -340,12 +353,12 @@ def run_swarm(
         next_random = training_from + (
             rng.expovariate(rate_per_s) if rate_per_s > 0 else float("inf")
         )
-        while any(proc.popen.poll() is None for proc in data_nodes):
+        while any(plan.procs[p.name].popen.poll() is None for p in data_nodes):
             now = time.monotonic()
             if now - started > timeout_s:
                 raise GwtfError(f"the swarm did not finish within {timeout_s:g} s")
             while events and now - training_from >= float(events[0]["t"]):
-                _apply(plan, events.pop(0), now - training_from)
+                _apply(plan, events.pop(0), now - training_from, log)
             if now >= next_random:
                 alive = [n for n in relay_names if not plan.procs[n].killed]
                 if alive:
@@ -354,7 +367,7 @@ def run_swarm(
             time.sleep(0.05)
         time.sleep(1.0)  # the relays' last status (their final step) lands within 0.25 s
         _record_injected_crashes(plan)
-        return summarise(plan, data_nodes, time.monotonic() - started)
+        return summarise(plan, [plan.procs[p.name] for p in data_nodes], time.monotonic() - started)
     finally:
         for proc in plan.procs.values():
             if proc.popen.poll() is None:
@@ -431,9 +444,12 @@ def _wait_for_training(data: Proc, deadline: float) -> float:
     return time.monotonic()
 
 
-def _apply(plan: SwarmPlan, event: dict[str, Any], at_s: float) -> None:
+def _apply(plan: SwarmPlan, event: dict[str, Any], at_s: float, log: IO[bytes] | None) -> None:
     if "kill" in event:
         kill(plan, str(event["kill"]), at_s)
+        return
+    if "restart" in event:
+        _restart(plan, str(event["restart"]), at_s, log)
         return
     # The entrant's process was started (and has loaded torch) at launch; now it enters. A
     # joiner is registered on chain first; a stranger never is.
@@ -443,6 +459,20 @@ def _apply(plan: SwarmPlan, event: dict[str, Any], at_s: float) -> None:
     (plan.out_dir / f"{name}.go").touch()
     if "join" in event:
         plan.joins.append({"t": round(at_s, 2), "node": name, "stage": event["join"]})
+
+
+def _restart(plan: SwarmPlan, name: str, at_s: float, log: IO[bytes] | None) -> None:
+    """Start a killed node again from its settings file, with its identity, as a joiner."""
+    proc = plan.procs.get(name)
+    if proc is None or proc.popen.poll() is None:
+        return  # never started, or still running (its kill came later than planned)
+    status = read_status(proc)
+    if status is not None:
+        plan.retired.append(status)
+    settings = tomllib.loads((plan.out_dir / f"{name}.toml").read_text())
+    settings["node"]["join"] = True
+    start_node(plan, settings, log)
+    plan.joins.append({"t": round(at_s, 2), "node": name, "restart": True})
 
 
 def _record_injected_crashes(plan: SwarmPlan) -> None:
@@ -468,7 +498,10 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
     results = status["results"]
     statuses = {name: read_status(proc) for name, proc in plan.procs.items()}
     stats = [s["stats"] for s in statuses.values() if s is not None]
-    all_results = [r for proc in data_nodes for r in (statuses[proc.name] or {}).get("results", [])]
+    data_statuses = [statuses[proc.name] or {} for proc in data_nodes] + [
+        status for status in plan.retired if status.get("role") == "data"
+    ]
+    all_results = [r for status in data_statuses for r in status.get("results", [])]
     microbatches = sum(r["microbatches"] for r in all_results)
     train_s = sum(r["duration_s"] for r in results)
     losses: dict[int, list[float]] = {}

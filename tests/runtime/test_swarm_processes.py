@@ -1,6 +1,7 @@
 """A swarm of real OS processes on loopback, with its chain: relays die by SIGKILL mid-hop, a
 registered relay joins, and a process whose libp2p id is not on chain is refused by everyone;
-two data nodes share a run (~30 s: the only one of these in the default run)."""
+two data nodes share a run and one comes back after a SIGKILL (~60 s: the only one of these in
+the default run)."""
 
 from __future__ import annotations
 
@@ -116,27 +117,38 @@ def test_swarm_without_a_chain_trains_with_admission_off(tmp_path: Path) -> None
 
 TWO_DATA_NODES_FILE = """
 [run]
-iterations = 3
+iterations = 24
 microbatches_per_iteration = 2
 [swarm]
 relays_per_stage = 1
 data_nodes = 2
 [chain]
 enabled = false
+[churn]
+events = [{t = 1.0, kill = "data-1"}, {t = 1.5, restart = "data-1"}]
 """
 
 
-def test_two_data_node_processes_share_the_run(tmp_path: Path) -> None:
+def test_two_data_node_processes_share_the_run_and_one_comes_back_after_a_sigkill(
+    tmp_path: Path,
+) -> None:
+    """A data node killed by SIGKILL and started again with its identity: the other trains on
+    alone meanwhile, takes it back in, and both end with the same state as the relays step."""
     swarm_file = tmp_path / "swarm.toml"
     swarm_file.write_text(TWO_DATA_NODES_FILE)
     plan = plan_from_file(swarm_file, tmp_path / "out")
     with (tmp_path / "swarm.log").open("wb") as log:
         summary = run_swarm(plan, log, timeout_s=300)
-    assert summary["iterations"] == 3 and summary["microbatches"] == 12
+    assert summary["iterations"] == 24
+    assert [c["node"] for c in summary["crashes"]] == ["data-1"]
+    assert summary["joins"][0]["node"] == "data-1" and summary["joins"][0]["restart"]
     data_nodes = summary["data_nodes"]
     assert sorted(data_nodes) == ["data", "data-1"]
-    assert data_nodes["data"] == data_nodes["data-1"] and data_nodes["data"]["step"] == 3
+    assert data_nodes["data"] == data_nodes["data-1"] and data_nodes["data"]["step"] == 24
     assert sorted(summary["relays"]) == ["relay-1-0", "relay-2-0"]
-    assert all(relay["step"] == 3 for relay in summary["relays"].values())
+    assert all(relay["step"] == 24 for relay in summary["relays"].values())
+    # Every microbatch the data nodes finished counts, the first life's included: all of
+    # "data"'s, and some of "data-1"'s (not the ones lost with it or those before it was back).
+    assert 24 * 2 < summary["microbatches"] < 24 * 2 * 2
     settings = tomllib.loads((tmp_path / "out" / "data-1.toml").read_text())
-    assert settings["training"]["data_shard"] == 1
+    assert settings["training"]["data_shard"] == 1 and settings["node"]["join"] is True
