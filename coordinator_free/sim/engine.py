@@ -29,6 +29,7 @@ from coordinator_free.sim.events import (
     JOIN,
     MESSAGE,
     PARK_TIMER,
+    QUEUED_DEADLINE,
     REPAIR_START,
     RESTART,
     RETRY,
@@ -69,6 +70,11 @@ class Engine(IterationsMixin):
             JOIN: self._on_join,
             ALLREDUCE_DONE: self._on_allreduce_done,
             PARK_TIMER: self._on_park_timer,
+            QUEUED_DEADLINE: self._on_queued_deadline,
+        }
+        self._deadline_moot = {
+            FWD_DEADLINE: self._forward_deadline_moot,
+            BWD_DEADLINE: self._backward_deadline_moot,
         }
 
     def run(self) -> RunMetrics:
@@ -98,6 +104,14 @@ class Engine(IterationsMixin):
         self.metrics.events_processed = processed
         self.metrics.sim_time_s = self.now
         return self.metrics
+
+    def _on_queued_deadline(self, kind: int, args: tuple[object, ...]) -> None:
+        """The deadline at the head of ``kind``'s queue is due (``_schedule_deadline``)."""
+        self._deadlines[kind].popleft()
+        self._deadline_armed.discard(kind)
+        self._handlers[kind](*args)
+        if kind not in self._deadline_armed:  # the handler may have set (and armed) another
+            self._arm_deadline(kind)
 
     def _start(self) -> None:
         joining_later = {e.node for e in self.scenario.churn.events if e.event == "join"}
