@@ -261,10 +261,13 @@ class FlowNode(RoutingMixin, MovesMixin, LendingMixin, LivenessMixin):
 
     def source_routes(self) -> dict[int, tuple[str, str]]:
         """A data node's carried flows: its slot -> (flow id, first hop)."""
+        matched, locked = SlotState.MATCHED, SlotState.LOCKED  # ``is_carried``, inlined
         return {
             out.slot: (out.flow_id, out.next_hop)
             for out in self.out_slots.values()
-            if out.in_key is None and out.is_carried and out.next_hop is not None
+            if out.in_key is None
+            and (out.state is matched or out.state is locked)
+            and out.next_hop is not None
         }
 
     def flow_paths(self) -> dict[str, tuple[tuple[str, ...], float]]:

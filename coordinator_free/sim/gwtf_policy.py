@@ -351,26 +351,42 @@ class GwtfPolicy(PolicyDefaults):
             self._release(mb.mb_id)
             held = None
         if held is None:
-            # Its own flows first, cheapest path first (as its sink last reported it), then a
-            # peer's idle flow lent to it, nearest first hop first.
-            paths = node.flow_paths()
-
-            def path_cost_ms(key: tuple[str, int]) -> tuple[float, tuple[str, int]]:
-                report = paths.get(source[key[1]][0])
-                return (math.inf if report is None else report[1], key)
-
-            def hop_cost_ms(key: tuple[str, int]) -> tuple[float, tuple[str, int]]:
-                return (node.edge_cost_ms(loans[key]), key)
-
-            free = sorted((k for k in routes if k not in self._busy), key=path_cost_ms)
-            free += sorted((k for k in loans if k not in self._busy), key=hop_cost_ms)
-            if not free:
+            held = self._free_flow(node, source, routes, loans)
+            if held is None:
                 return Hold()
-            held = free[0]
             self._source_slot[mb.mb_id] = held
             self._busy[held] = mb.mb_id
         self._hop_slot[mb.mb_id] = held
         return Forward(routes.get(held) or loans[held])
+
+    def _free_flow(
+        self,
+        node: FlowNode,
+        source: dict[int, tuple[str, str]],
+        routes: dict[tuple[str, int], str],
+        loans: dict[tuple[str, int], str],
+    ) -> tuple[str, int] | None:
+        """The flow a data node's next microbatch takes: its own free flows first, cheapest
+        path first (as its sink last reported it), then a free flow a peer lent it, nearest
+        first hop first; ties by slot. None when every flow is busy."""
+        busy = self._busy
+        reports = node.flow_reports  # a carried flow's report is the one ``flow_paths`` gives
+        best: tuple[float, tuple[str, int]] | None = None
+        for key in routes:
+            if key in busy:
+                continue
+            report = reports.get(source[key[1]][0])
+            rank = (math.inf if report is None else report[1], key)
+            if best is None or rank < best:
+                best = rank
+        if best is None:
+            for key, first_hop in loans.items():
+                if key in busy:
+                    continue
+                rank = (node.edge_cost_ms(first_hop), key)
+                if best is None or rank < best:
+                    best = rank
+        return None if best is None else best[1]
 
     def _release(self, mb_id: int) -> None:
         held = self._source_slot.pop(mb_id, None)
