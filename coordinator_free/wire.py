@@ -188,6 +188,12 @@ def _record_sizer(cls: type[Any]) -> _Sizer:
 
 
 _SIZERS: dict[type[Any], _Sizer] = {cls: _record_sizer(cls) for cls in _SCHEMAS}
+#: ``encoded_size`` of every message type whose fields are all fixed-width (the same for all).
+FIXED_SIZES: dict[type[Any], int] = {
+    cls: 2 + sum(_FIXED_WIDTH.get(str(kind), 0) for _, kind in schema)
+    for cls, schema in _SCHEMAS.items()
+    if all(isinstance(kind, str) and kind in _FIXED_WIDTH for _, kind in schema)
+}
 
 
 # ---- decode ------------------------------------------------------------------------------------

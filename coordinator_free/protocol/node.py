@@ -244,8 +244,9 @@ class FlowNode(RoutingMixin, MovesMixin, LendingMixin, LivenessMixin):
             round_s = refresh_s
         if self.pending_swaps or self.reserved or self.table_requests or self.handover_slots:
             round_s = min(round_s, self.next_expiry_s())  # inf when nothing is pending
-        if round_s < next_round_s:
-            round_s = next_round_s
+        if round_s <= next_round_s:
+            # Round work is due at the next round, and no keep-alive is reported before it.
+            return next_round_s
         keepalive_s = self.next_keepalive_s(now, next_round_s)
         return keepalive_s if keepalive_s < round_s else round_s
 

@@ -18,7 +18,7 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from coordinator_free.messages import FlowLoanReturn, FlowWanted, encoded_size
+from coordinator_free.messages import FIXED_SIZES, FlowLoanReturn, FlowWanted, encoded_size
 from coordinator_free.placement import choose_stage, place_relays, slots_per_s, stage_loads
 from coordinator_free.protocol import DATA, FlowConfig, FlowNode, NodeSpec, Outbound
 from coordinator_free.protocol.state import Peer
@@ -49,6 +49,10 @@ _FLOWLESS_PATIENCE_PERIODS = 10
 _CANDIDATES_PER_QUOTA = 4
 #: Ours: decision periods between two lookups of a node that knows no live next-stage peer.
 _REDISCOVERY_PERIODS = 5
+#: Encoded sizes of the message types whose size never varies (most control messages).
+_FIXED_SIZES = FIXED_SIZES
+#: What a data node hears that may let it lend an idle flow.
+_LENDING_NEWS = (FlowWanted, FlowLoanReturn)
 #: A tick this close before the time the core names is not stale (grid rounding).
 _STALE_TICK_SLACK_S = 1e-6
 
@@ -185,7 +189,7 @@ class GwtfPolicy(PolicyDefaults):
         if node is None:
             return ()
         sends = node.handle(src, payload, now)  # type: ignore[arg-type]
-        if node.is_data and isinstance(payload, FlowWanted | FlowLoanReturn):
+        if node.is_data and type(payload) in _LENDING_NEWS:
             sends += self._lend_idle(node)
         # The first message from a peer measures the link (as a keep-alive would); the core
         # smooths later measurements.
@@ -277,7 +281,8 @@ class GwtfPolicy(PolicyDefaults):
         for outbound in sends:
             message = outbound.message
             if message is not last:  # an advert goes to many peers as one object
-                last, size = message, encoded_size(message)
+                last = message
+                size = _FIXED_SIZES.get(type(message)) or encoded_size(message)
             messages.append((outbound.to, message, size))
         return [Send(sender, messages)]
 
