@@ -177,8 +177,9 @@ class NodeBase:
         if bandwidth_gbps is not None and bandwidth_gbps > 0:
             peer.bandwidth_gbps = smooth_delay(peer.bandwidth_gbps, bandwidth_gbps)
         peer.edge_cost_ms = None
-        self._sink_cost_ms = None
-        self._table_edges = None
+        if peer.stage == self._next_stage:  # the only edges the cheapest way on and a table use
+            self._sink_cost_ms = None
+            self._table_edges = None
         self.state_changed()
 
     def state_changed(self) -> None:

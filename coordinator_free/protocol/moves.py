@@ -206,24 +206,24 @@ class MovesMixin(SharingMixin):
         their_edges = {edge.peer: edge.cost_ms for edge in peer.table.next_edges}
         next_ids = {p.peer_id for p in self.alive_peers(self.next_stage)}
         moves: list[Move] = []
-        for out in self.out_slots.values():
+        # Their flows whose next hop I can reach, with my edge to it (the same for all mine).
+        reachable = [(e, self.edge_cost_ms(e.next_hop)) for e in theirs if e.next_hop in next_ids]
+        for out in self.out_slots.values() if reachable else ():
             if (
                 out.state is not SlotState.MATCHED
                 or out.suffix_cost_ms == INF
                 or out.next_hop is None
+                or out.next_hop not in their_edges  # they cannot reach my next hop
             ):
                 continue
+            their_edge_ms = their_edges[out.next_hop]
             mine = FlowView(
                 out.slot, out.next_hop, self.prefix_of(out), out.edge_ms, out.suffix_cost_ms
             )
-            for entry in theirs:
-                if entry.next_hop == mine.next_hop or entry.next_hop not in next_ids:
+            for entry, my_edge_ms in reachable:
+                if entry.next_hop == out.next_hop:
                     continue
-                if mine.next_hop not in their_edges:
-                    continue
-                gain = swap_gain_ms(
-                    mine, entry, self.edge_cost_ms(entry.next_hop), their_edges[mine.next_hop]
-                )
+                gain = swap_gain_ms(mine, entry, my_edge_ms, their_edge_ms)
                 moves.append(SwapMove(mine, entry, gain))
         if self.is_data or self.spare <= 0:
             return moves

@@ -99,6 +99,13 @@ class FlowNode(RoutingMixin, MovesMixin, LendingMixin, LivenessMixin):
         if handler is None:
             return []  # data-plane messages are the data plane's business
         sends = handler(self, sender, message, now)
+        if cached_s is not None and (
+            cached_s <= now or cached_s <= self._last_decision_s + self.period_s
+        ):
+            # No tick has work before the next decision round may run, and the time kept is no
+            # later than that: whatever this message changed, the time is still not late.
+            self._next_tick_cache_s = cached_s
+            return sends
         if kind is CostAdvert and self._next_tick_cache_s is not None and self.advert_due(now):
             # A peer's advert changes nothing a tick waits for but this node's own advert.
             self._next_tick_cache_s = None
@@ -112,14 +119,6 @@ class FlowNode(RoutingMixin, MovesMixin, LendingMixin, LivenessMixin):
             # sooner) and answers a ping (the next keep-alive comes later, not sooner); and a
             # table that started no move: it told the peer's room (a cost again) and ended the
             # wait for that table (whose expiry only comes later).
-            self._next_tick_cache_s = cached_s
-        if (
-            cached_s is not None
-            and self._next_tick_cache_s is None
-            and (cached_s <= now or cached_s <= self._last_decision_s + self.period_s)
-        ):
-            # No tick has work before the next decision round may run, and the time kept is no
-            # later than that: whatever this message changed, the time is still not late.
             self._next_tick_cache_s = cached_s
         return sends
 
