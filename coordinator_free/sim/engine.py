@@ -11,6 +11,7 @@ dropped when they fire, which is how work superseded by a recovery is discarded.
 
 from __future__ import annotations
 
+import gc
 import heapq
 from collections.abc import Callable
 
@@ -42,6 +43,9 @@ from coordinator_free.sim.iterations import IterationsMixin
 from coordinator_free.sim.metrics import RunMetrics
 from coordinator_free.sim.policy import PolicyContractError, RoutingPolicy
 from coordinator_free.sim.scenario import Scenario
+
+#: Allocations between two young-generation collections during a run (Python's default: 700).
+_GC_THRESHOLD = 20_000
 
 
 class Engine(IterationsMixin):
@@ -78,6 +82,17 @@ class Engine(IterationsMixin):
         }
 
     def run(self) -> RunMetrics:
+        # A run allocates millions of short-lived containers (event tuples, messages) next to a
+        # large, long-lived swarm state; with the default threshold the collector rescans that
+        # state every ~700 allocations (~3 % of a 1,000-node run). Collect less often meanwhile.
+        thresholds = gc.get_threshold()
+        gc.set_threshold(max(thresholds[0], _GC_THRESHOLD), *thresholds[1:])
+        try:
+            return self._run()
+        finally:
+            gc.set_threshold(*thresholds)
+
+    def _run(self) -> RunMetrics:
         self._start()
         limit = self.config.max_sim_time_s
         heap = self._heap
