@@ -61,10 +61,11 @@ from coordinator_free.message_types import (
     TakeOverGrant,
     TakeOverRequest,
 )
-from coordinator_free.wire import decode, encode, encoded_size
+from coordinator_free.wire import FIXED_SIZES, decode, encode, encoded_size
 
 __all__ = [
     "BACKWARD",
+    "FIXED_SIZES",
     "FORWARD",
     "MAX_BLOB_BYTES",
     "MAX_ID_BYTES",

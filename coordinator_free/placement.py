@@ -82,19 +82,39 @@ def stage_loads(stages: int, replicas: Iterable[Replica], demand: int) -> list[S
     ``demand`` is the microbatches the data nodes want per round (their summed capacity); a stage
     that carries no flows yet is charged that demand, so placement works before routing starts.
     """
-    flows = dict.fromkeys(range(1, stages + 1), 0)
-    capacity = dict.fromkeys(range(1, stages + 1), 0)
-    weighted = dict.fromkeys(range(1, stages + 1), 0.0)
-    for stage, stage_flows, stage_capacity, compute_ms in replicas:
-        if stage in flows:
-            flows[stage] += stage_flows
-            capacity[stage] += stage_capacity
-            weighted[stage] += slots_per_s(stage_capacity, compute_ms)
-    routed = any(flows.values())
-    return [
-        StageLoad(stage, flows[stage] if routed else demand, capacity[stage], weighted[stage])
-        for stage in range(1, stages + 1)
-    ]
+    totals = _StageTotals(stages)
+    for replica in replicas:
+        totals.add(replica)
+    return totals.loads(demand)
+
+
+class _StageTotals:
+    """Running per-stage sums of flows, capacity and speed-weighted capacity."""
+
+    def __init__(self, stages: int) -> None:
+        self.stages = stages
+        self.flows = dict.fromkeys(range(1, stages + 1), 0)
+        self.capacity = dict.fromkeys(range(1, stages + 1), 0)
+        self.weighted = dict.fromkeys(range(1, stages + 1), 0.0)
+
+    def add(self, replica: Replica) -> None:
+        stage, stage_flows, stage_capacity, compute_ms = replica
+        if stage in self.flows:
+            self.flows[stage] += stage_flows
+            self.capacity[stage] += stage_capacity
+            self.weighted[stage] += slots_per_s(stage_capacity, compute_ms)
+
+    def loads(self, demand: int) -> list[StageLoad]:
+        routed = any(self.flows.values())
+        return [
+            StageLoad(
+                stage,
+                self.flows[stage] if routed else demand,
+                self.capacity[stage],
+                self.weighted[stage],
+            )
+            for stage in range(1, self.stages + 1)
+        ]
 
 
 def place_relays(
@@ -106,12 +126,15 @@ def place_relays(
     """Stages for relays that start unplaced: each in turn goes to the current bottleneck.
 
     ``newcomers`` is (node id, capacity, compute ms) in the order they decide (the fastest and
-    largest first gives the most even result, but the caller chooses). Deterministic.
+    largest first gives the most even result, but the caller chooses). Deterministic. The sums
+    grow with each newcomer in the order ``stage_loads`` would add them up (same floats).
     """
-    replicas = list(placed)
+    totals = _StageTotals(stages)
+    for replica in placed:
+        totals.add(replica)
     chosen: dict[str, int] = {}
     for node_id, capacity, compute_ms in newcomers:
-        decision = choose_stage(stage_loads(stages, replicas, demand))
+        decision = choose_stage(totals.loads(demand))
         chosen[node_id] = decision.stage
-        replicas.append((decision.stage, 0, capacity, compute_ms))
+        totals.add((decision.stage, 0, capacity, compute_ms))
     return chosen

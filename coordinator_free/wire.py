@@ -166,10 +166,34 @@ def _record_sizer(cls: type[Any]) -> _Sizer:
     if len(variable) == 1:
         ((get, size),) = variable
         return lambda record: fixed + size(get(record))
+    # Two to four variable fields (most records): unrolled, no generator per record.
+    if len(variable) == 2:
+        (get1, size1), (get2, size2) = variable
+        return lambda record: fixed + size1(get1(record)) + size2(get2(record))
+    if len(variable) == 3:
+        (get1, size1), (get2, size2), (get3, size3) = variable
+        return lambda record: (
+            fixed + size1(get1(record)) + size2(get2(record)) + size3(get3(record))
+        )
+    if len(variable) == 4:
+        (get1, size1), (get2, size2), (get3, size3), (get4, size4) = variable
+        return lambda record: (
+            fixed
+            + size1(get1(record))
+            + size2(get2(record))
+            + size3(get3(record))
+            + size4(get4(record))
+        )
     return lambda record: fixed + sum(size(get(record)) for get, size in variable)
 
 
 _SIZERS: dict[type[Any], _Sizer] = {cls: _record_sizer(cls) for cls in _SCHEMAS}
+#: ``encoded_size`` of every message type whose fields are all fixed-width (the same for all).
+FIXED_SIZES: dict[type[Any], int] = {
+    cls: 2 + sum(_FIXED_WIDTH.get(str(kind), 0) for _, kind in schema)
+    for cls, schema in _SCHEMAS.items()
+    if all(isinstance(kind, str) and kind in _FIXED_WIDTH for _, kind in schema)
+}
 
 
 # ---- decode ------------------------------------------------------------------------------------

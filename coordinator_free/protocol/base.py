@@ -12,6 +12,7 @@ import random
 
 from coordinator_free.cost import smooth_delay, symmetric_edge_cost_ms
 from coordinator_free.messages import (
+    EdgeEntry,
     FlowCancel,
     FlowCost,
     FlowRequest,
@@ -55,6 +56,8 @@ class NodeBase:
         self.peers: dict[str, Peer] = {}
         self._alive_by_stage: dict[int, list[Peer]] = {}
         self._sink_cost_ms: float | None = None  # cached cost_to_sink_ms(); None when stale
+        #: The next-stage edges a table sends (``MovesMixin.table``); None once one may change.
+        self._table_edges: tuple[EdgeEntry, ...] | None = None
         self.in_slots: dict[InKey, InSlot] = {}
         self.out_slots: dict[int, OutSlot] = {}
         self.reserved: dict[int, tuple[str, int, float]] = {}  # new slot -> (peer, slot, until)
@@ -143,6 +146,7 @@ class NodeBase:
         """Forget what was derived from the neighbour table (call after any change to it)."""
         self._alive_by_stage.clear()
         self._sink_cost_ms = None
+        self._table_edges = None
 
     def set_peer_view(self, peer: Peer, spare: int, cost_to_sink_ms: float | None = None) -> None:
         """Record a peer's spare capacity (and advertised cost) as last heard."""
@@ -173,7 +177,9 @@ class NodeBase:
         if bandwidth_gbps is not None and bandwidth_gbps > 0:
             peer.bandwidth_gbps = smooth_delay(peer.bandwidth_gbps, bandwidth_gbps)
         peer.edge_cost_ms = None
-        self._sink_cost_ms = None
+        if peer.stage == self._next_stage:  # the only edges the cheapest way on and a table use
+            self._sink_cost_ms = None
+            self._table_edges = None
         self.state_changed()
 
     def state_changed(self) -> None:

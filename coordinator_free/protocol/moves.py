@@ -64,9 +64,12 @@ class MovesMixin(SharingMixin):
         entries = [
             self._entry(out) for out in self.out_slots.values() if out.state is SlotState.MATCHED
         ]
-        edges = tuple(
-            EdgeEntry(p.peer_id, self.edge_cost_to(p)) for p in self.alive_peers(self.next_stage)
-        )
+        edges = self._table_edges
+        if edges is None:  # kept until a next-stage peer or a link estimate changes
+            edges = self._table_edges = tuple(
+                EdgeEntry(p.peer_id, self.edge_cost_to(p))
+                for p in self.alive_peers(self.next_stage)
+            )
         return TableExchange(max(self.spare, 0), tuple(entries[:_MAX_TABLE_ENTRIES]), edges)
 
     def _entry(self, out: OutSlot) -> TableEntry:
@@ -127,6 +130,10 @@ class MovesMixin(SharingMixin):
         """
         best: tuple[float, int, str] | None = None
         settled_s = now - _REROUTE_HOLD_PERIODS * self.period_s
+        # What a new flow would cost through each next-stage peer with room, in peer order
+        # (the same for every flow of this node; None until a flow is due to be looked at).
+        targets: list[tuple[str, float]] | None = None
+        cheapest_ms = INF
         for out in self.out_slots.values():
             if out.state is not SlotState.MATCHED or out.next_hop is None:
                 continue
@@ -137,18 +144,21 @@ class MovesMixin(SharingMixin):
                 continue
             suffix = current.cost_to_sink_ms if current.role == "data" else out.suffix_cost_ms
             now_ms = out.edge_ms + suffix
-            for peer in self.alive_peers(self.next_stage):
-                if peer.peer_id == out.next_hop or peer.spare <= 0:
+            if targets is None:
+                targets = self._reroute_targets()
+                cheapest_ms = min((cost for _, cost in targets), default=INF)
+            threshold = max(_REROUTE_MIN_GAIN_MS, _REROUTE_MIN_GAIN_SHARE * now_ms)
+            if not now_ms - cheapest_ms > threshold:
+                continue  # not even the cheapest peer saves enough
+            excluded = out.excluded_until_s
+            for peer_id, cost in targets:
+                if peer_id == out.next_hop:
                     continue
-                if out.excluded_until_s.get(peer.peer_id, -INF) > now:
+                if excluded and excluded.get(peer_id, -INF) > now:
                     continue
-                if self.next_stage == 0 and peer.role != "data":
-                    continue
-                added = peer.compute_ms / max(peer.capacity, 1) if peer.role == "data" else 0.0
-                gain = now_ms - (self.cost_through_ms(peer) + added)
-                threshold = max(_REROUTE_MIN_GAIN_MS, _REROUTE_MIN_GAIN_SHARE * now_ms)
-                if gain > threshold and (best is None or (-gain, out.slot, peer.peer_id) < best):
-                    best = (-gain, out.slot, peer.peer_id)
+                gain = now_ms - cost
+                if gain > threshold and (best is None or (-gain, out.slot, peer_id) < best):
+                    best = (-gain, out.slot, peer_id)
         if best is None:
             return []
         _, slot, target = best
@@ -157,6 +167,18 @@ class MovesMixin(SharingMixin):
         self.pending_swaps[slot] = (target, target, now)
         prefix = self.prefix_of(out) + self.edge_cost_ms(target)
         return [Outbound(target, FlowRequest(slot, out.flow_id, self.path_of(out), prefix))]
+
+    def _reroute_targets(self) -> list[tuple[str, float]]:
+        """Next-stage peers with room a flow may be rerouted to, with what a new flow through
+        each would cost from here (a sink's cost grows by one more share of its wait)."""
+        targets = []
+        to_sink = self.next_stage == 0
+        for peer in self.alive_peers(self.next_stage):
+            if peer.spare <= 0 or (to_sink and peer.role != "data"):
+                continue
+            added = peer.compute_ms / max(peer.capacity, 1) if peer.role == "data" else 0.0
+            targets.append((peer.peer_id, self.cost_through_ms(peer) + added))
+        return targets
 
     def plan_move(self, peer: Peer, now: float) -> list[Outbound]:
         """Plan one annealing move with ``peer``'s table and start it if it is accepted."""
@@ -184,24 +206,24 @@ class MovesMixin(SharingMixin):
         their_edges = {edge.peer: edge.cost_ms for edge in peer.table.next_edges}
         next_ids = {p.peer_id for p in self.alive_peers(self.next_stage)}
         moves: list[Move] = []
-        for out in self.out_slots.values():
+        # Their flows whose next hop I can reach, with my edge to it (the same for all mine).
+        reachable = [(e, self.edge_cost_ms(e.next_hop)) for e in theirs if e.next_hop in next_ids]
+        for out in self.out_slots.values() if reachable else ():
             if (
                 out.state is not SlotState.MATCHED
                 or out.suffix_cost_ms == INF
                 or out.next_hop is None
+                or out.next_hop not in their_edges  # they cannot reach my next hop
             ):
                 continue
+            their_edge_ms = their_edges[out.next_hop]
             mine = FlowView(
                 out.slot, out.next_hop, self.prefix_of(out), out.edge_ms, out.suffix_cost_ms
             )
-            for entry in theirs:
-                if entry.next_hop == mine.next_hop or entry.next_hop not in next_ids:
+            for entry, my_edge_ms in reachable:
+                if entry.next_hop == out.next_hop:
                     continue
-                if mine.next_hop not in their_edges:
-                    continue
-                gain = swap_gain_ms(
-                    mine, entry, self.edge_cost_ms(entry.next_hop), their_edges[mine.next_hop]
-                )
+                gain = swap_gain_ms(mine, entry, my_edge_ms, their_edge_ms)
                 moves.append(SwapMove(mine, entry, gain))
         if self.is_data or self.spare <= 0:
             return moves

@@ -99,6 +99,13 @@ class FlowNode(RoutingMixin, MovesMixin, LendingMixin, LivenessMixin):
         if handler is None:
             return []  # data-plane messages are the data plane's business
         sends = handler(self, sender, message, now)
+        if cached_s is not None and (
+            cached_s <= now or cached_s <= self._last_decision_s + self.period_s
+        ):
+            # No tick has work before the next decision round may run, and the time kept is no
+            # later than that: whatever this message changed, the time is still not late.
+            self._next_tick_cache_s = cached_s
+            return sends
         if kind is CostAdvert and self._next_tick_cache_s is not None and self.advert_due(now):
             # A peer's advert changes nothing a tick waits for but this node's own advert.
             self._next_tick_cache_s = None
@@ -112,14 +119,6 @@ class FlowNode(RoutingMixin, MovesMixin, LendingMixin, LivenessMixin):
             # sooner) and answers a ping (the next keep-alive comes later, not sooner); and a
             # table that started no move: it told the peer's room (a cost again) and ended the
             # wait for that table (whose expiry only comes later).
-            self._next_tick_cache_s = cached_s
-        if (
-            cached_s is not None
-            and self._next_tick_cache_s is None
-            and (cached_s <= now or cached_s <= self._last_decision_s + self.period_s)
-        ):
-            # No tick has work before the next decision round may run, and the time kept is no
-            # later than that: whatever this message changed, the time is still not late.
             self._next_tick_cache_s = cached_s
         return sends
 
@@ -244,8 +243,9 @@ class FlowNode(RoutingMixin, MovesMixin, LendingMixin, LivenessMixin):
             round_s = refresh_s
         if self.pending_swaps or self.reserved or self.table_requests or self.handover_slots:
             round_s = min(round_s, self.next_expiry_s())  # inf when nothing is pending
-        if round_s < next_round_s:
-            round_s = next_round_s
+        if round_s <= next_round_s:
+            # Round work is due at the next round, and no keep-alive is reported before it.
+            return next_round_s
         keepalive_s = self.next_keepalive_s(now, next_round_s)
         return keepalive_s if keepalive_s < round_s else round_s
 
@@ -261,10 +261,13 @@ class FlowNode(RoutingMixin, MovesMixin, LendingMixin, LivenessMixin):
 
     def source_routes(self) -> dict[int, tuple[str, str]]:
         """A data node's carried flows: its slot -> (flow id, first hop)."""
+        matched, locked = SlotState.MATCHED, SlotState.LOCKED  # ``is_carried``, inlined
         return {
             out.slot: (out.flow_id, out.next_hop)
             for out in self.out_slots.values()
-            if out.in_key is None and out.is_carried and out.next_hop is not None
+            if out.in_key is None
+            and (out.state is matched or out.state is locked)
+            and out.next_hop is not None
         }
 
     def flow_paths(self) -> dict[str, tuple[tuple[str, ...], float]]:

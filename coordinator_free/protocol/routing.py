@@ -36,6 +36,7 @@ _ADVERT_CHANGE = 0.05  # re-advertise when the cost moves by more than 5% (ours)
 class RoutingMixin(NodeBase):
     _last_advert: tuple[float, bool] | None = None
     _last_advert_at_s: float = -INF
+    _advert_refresh_at_s: float = -INF  # when the last advert is to be refreshed
 
     # ---- handlers -------------------------------------------------------------------------------
 
@@ -228,13 +229,14 @@ class RoutingMixin(NodeBase):
             # advertised, and my Hello told them my spare, so there is nothing to say yet.
             return []
         self._last_advert, self._last_advert_at_s = (cost, spare > 0), now
+        self._advert_refresh_at_s = now + self.config.advert_refresh_periods * self.period_s
         advert = CostAdvert(cost, spare)
         return [Outbound(p.peer_id, advert) for p in self.alive_peers(self.previous_stage)]
 
     def advert_due(self, now: float) -> bool:
         """Whether the advert changed enough to be sent again, or its refresh is due."""
         last = self._last_advert
-        if last is None or now >= self.next_advert_refresh_s() - TIME_SLACK_S:
+        if last is None or now >= self._advert_refresh_at_s - TIME_SLACK_S:
             return True
         # Asked after most messages (``next_tick_s``): the cached cost and spare read directly.
         cost = self._sink_cost_ms
@@ -244,7 +246,7 @@ class RoutingMixin(NodeBase):
         return last[1] != (spare > 0) or (last[0] != cost and _moved(last[0], cost))
 
     def next_advert_refresh_s(self) -> float:
-        return self._last_advert_at_s + self.config.advert_refresh_periods * self.period_s
+        return self._advert_refresh_at_s
 
     def reconcile(self, now: float) -> list[Outbound]:
         """Send each upstream peer the list of its slots I carry; drop silent downstream slots.

@@ -14,12 +14,13 @@ import math
 import random
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from coordinator_free.sim.events import (
     COMPUTE_DONE,
     MESSAGE,
+    QUEUED_DEADLINE,
     RETRY,
     TICK,
     ComputeRecord,
@@ -75,6 +76,11 @@ class EngineBase(ABC):
         self._tick_done: dict[str, int] = {}
         self._tick_due: dict[str, int] = {}
         self.liveness: list[tuple[float, str, bool]] = []
+        # Hop deadlines waiting in order, per kind (``_schedule_deadline``): (when, seq, args).
+        self._deadlines: dict[int, deque[tuple[float, int, tuple[Any, ...]]]] = {}
+        self._deadline_armed: set[int] = set()
+        #: Per deadline kind: whether a deadline with these args can no longer do anything.
+        self._deadline_moot: dict[int, Callable[..., bool]] = {}
 
     # ---- what the layers above provide ----
 
@@ -96,6 +102,42 @@ class EngineBase(ABC):
         assert when >= self.now, f"event {kind} scheduled in the past ({when} < {self.now})"
         self._seq += 1
         heapq.heappush(self._heap, (when, self._seq, kind, args))
+
+    def _schedule_deadline(self, when: float, kind: int, *args: Any) -> None:
+        """Schedule a hop deadline, ``_schedule`` with the same order of events but cheaper.
+
+        Nearly every hop deadline is moot when it comes (the ack came first), and each is set a
+        fixed timeout after the hop, so a kind's deadlines come due in the order they were set.
+        They wait in one queue per kind; only the first that may still fire is on the heap, with
+        the time and sequence number it was set with, so events run in exactly the order they
+        would if every deadline were on the heap. A moot deadline stays moot (acks, versions and
+        incarnations only grow), so moot ones are dropped from the queue's head unseen.
+        """
+        assert when >= self.now, f"deadline {kind} scheduled in the past ({when} < {self.now})"
+        self._seq += 1
+        queue = self._deadlines.get(kind)
+        if queue is None:
+            queue = self._deadlines[kind] = deque()
+        if queue and when < queue[-1][0]:  # out of order (another timeout): a plain event
+            heapq.heappush(self._heap, (when, self._seq, kind, args))
+            return
+        queue.append((when, self._seq, args))
+        if kind not in self._deadline_armed:
+            self._arm_deadline(kind)
+
+    def _arm_deadline(self, kind: int) -> None:
+        """Drop the moot deadlines at the head of ``kind``'s queue; put the first live one on
+        the heap."""
+        queue = self._deadlines[kind]
+        moot = self._deadline_moot[kind]
+        while queue and moot(*queue[0][2]):
+            queue.popleft()
+        if queue:
+            when, seq, args = queue[0]
+            heapq.heappush(self._heap, (when, seq, QUEUED_DEADLINE, (kind, args)))
+            self._deadline_armed.add(kind)
+        else:
+            self._deadline_armed.discard(kind)
 
     def _apply(self, actions: Sequence[Action]) -> None:
         for action in actions:

@@ -18,7 +18,7 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from coordinator_free.messages import FlowLoanReturn, FlowWanted, encoded_size
+from coordinator_free.messages import FIXED_SIZES, FlowLoanReturn, FlowWanted, encoded_size
 from coordinator_free.placement import choose_stage, place_relays, slots_per_s, stage_loads
 from coordinator_free.protocol import DATA, FlowConfig, FlowNode, NodeSpec, Outbound
 from coordinator_free.protocol.state import Peer
@@ -49,6 +49,10 @@ _FLOWLESS_PATIENCE_PERIODS = 10
 _CANDIDATES_PER_QUOTA = 4
 #: Ours: decision periods between two lookups of a node that knows no live next-stage peer.
 _REDISCOVERY_PERIODS = 5
+#: Encoded sizes of the message types whose size never varies (most control messages).
+_FIXED_SIZES = FIXED_SIZES
+#: What a data node hears that may let it lend an idle flow.
+_LENDING_NEWS = (FlowWanted, FlowLoanReturn)
 #: A tick this close before the time the core names is not stale (grid rounding).
 _STALE_TICK_SLACK_S = 1e-6
 
@@ -185,7 +189,7 @@ class GwtfPolicy(PolicyDefaults):
         if node is None:
             return ()
         sends = node.handle(src, payload, now)  # type: ignore[arg-type]
-        if node.is_data and isinstance(payload, FlowWanted | FlowLoanReturn):
+        if node.is_data and type(payload) in _LENDING_NEWS:
             sends += self._lend_idle(node)
         # The first message from a peer measures the link (as a keep-alive would); the core
         # smooths later measurements.
@@ -277,7 +281,8 @@ class GwtfPolicy(PolicyDefaults):
         for outbound in sends:
             message = outbound.message
             if message is not last:  # an advert goes to many peers as one object
-                last, size = message, encoded_size(message)
+                last = message
+                size = _FIXED_SIZES.get(type(message)) or encoded_size(message)
             messages.append((outbound.to, message, size))
         return [Send(sender, messages)]
 
@@ -351,26 +356,42 @@ class GwtfPolicy(PolicyDefaults):
             self._release(mb.mb_id)
             held = None
         if held is None:
-            # Its own flows first, cheapest path first (as its sink last reported it), then a
-            # peer's idle flow lent to it, nearest first hop first.
-            paths = node.flow_paths()
-
-            def path_cost_ms(key: tuple[str, int]) -> tuple[float, tuple[str, int]]:
-                report = paths.get(source[key[1]][0])
-                return (math.inf if report is None else report[1], key)
-
-            def hop_cost_ms(key: tuple[str, int]) -> tuple[float, tuple[str, int]]:
-                return (node.edge_cost_ms(loans[key]), key)
-
-            free = sorted((k for k in routes if k not in self._busy), key=path_cost_ms)
-            free += sorted((k for k in loans if k not in self._busy), key=hop_cost_ms)
-            if not free:
+            held = self._free_flow(node, source, routes, loans)
+            if held is None:
                 return Hold()
-            held = free[0]
             self._source_slot[mb.mb_id] = held
             self._busy[held] = mb.mb_id
         self._hop_slot[mb.mb_id] = held
         return Forward(routes.get(held) or loans[held])
+
+    def _free_flow(
+        self,
+        node: FlowNode,
+        source: dict[int, tuple[str, str]],
+        routes: dict[tuple[str, int], str],
+        loans: dict[tuple[str, int], str],
+    ) -> tuple[str, int] | None:
+        """The flow a data node's next microbatch takes: its own free flows first, cheapest
+        path first (as its sink last reported it), then a free flow a peer lent it, nearest
+        first hop first; ties by slot. None when every flow is busy."""
+        busy = self._busy
+        reports = node.flow_reports  # a carried flow's report is the one ``flow_paths`` gives
+        best: tuple[float, tuple[str, int]] | None = None
+        for key in routes:
+            if key in busy:
+                continue
+            report = reports.get(source[key[1]][0])
+            rank = (math.inf if report is None else report[1], key)
+            if best is None or rank < best:
+                best = rank
+        if best is None:
+            for key, first_hop in loans.items():
+                if key in busy:
+                    continue
+                rank = (node.edge_cost_ms(first_hop), key)
+                if best is None or rank < best:
+                    best = rank
+        return None if best is None else best[1]
 
     def _release(self, mb_id: int) -> None:
         held = self._source_slot.pop(mb_id, None)

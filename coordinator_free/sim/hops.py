@@ -138,7 +138,7 @@ class HopsMixin(EngineBase):
         self._schedule(arrival, ARRIVE_FWD, receiver, incarnation, mb.mb_id, mb.version, sender)
         deadline = self.now + self.timing.forward_timeout_s
         args = (sender, self.world.nodes[sender].incarnation, mb.mb_id, mb.version, mb.hop_seq)
-        self._schedule(deadline, FWD_DEADLINE, *args, receiver)
+        self._schedule_deadline(deadline, FWD_DEADLINE, *args, receiver)
 
     def _on_arrive_forward(
         self, receiver: str, incarnation: int, mb_id: int, version: int, sender: str
@@ -173,6 +173,16 @@ class HopsMixin(EngineBase):
             mb = self._mbs.get(waiting_id)
             if mb is not None and mb.version == version:
                 self._admit(node_id, mb, sender)
+
+    def _forward_deadline_moot(
+        self, sender: str, incarnation: int, mb_id: int, version: int, hop: int, suspect: str
+    ) -> bool:
+        """Whether ``_on_forward_deadline`` would do nothing (then or at any later time)."""
+        mb = self._mbs.get(mb_id)
+        if mb is None or mb.version != version or mb.acked_seq >= hop:
+            return True
+        node = self.world.nodes[sender]
+        return not node.alive or node.incarnation != incarnation
 
     def _on_forward_deadline(
         self, sender: str, incarnation: int, mb_id: int, version: int, hop: int, suspect: str
@@ -269,7 +279,9 @@ class HopsMixin(EngineBase):
         incarnation = self.world.nodes[receiver].incarnation
         self._schedule(arrival, ARRIVE_BWD, receiver, incarnation, mb.mb_id, mb.version, sender)
         args = (sender, self.world.nodes[sender].incarnation, mb.mb_id, mb.version, mb.hop_seq)
-        self._schedule(self.now + self.timing.backward_timeout_s, BWD_DEADLINE, *args, receiver)
+        self._schedule_deadline(
+            self.now + self.timing.backward_timeout_s, BWD_DEADLINE, *args, receiver
+        )
 
     def _on_arrive_backward(
         self, receiver: str, incarnation: int, mb_id: int, version: int, sender: str

@@ -66,7 +66,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Protocol
+from typing import ClassVar, Literal, NamedTuple, Protocol
 
 from gwtf.errors import GwtfError
 
@@ -92,9 +92,8 @@ class NodeSpec:
     capacity: int
 
 
-@dataclass(frozen=True)
-class MicrobatchView:
-    """A microbatch as the node handling it sees it.
+class MicrobatchView(NamedTuple):
+    """A microbatch as the node handling it sees it (immutable; a tuple, built per decision).
 
     ``path[k-1]`` is the relay of stage k chosen so far (None where not yet chosen); ``sink`` is the
     data node computing the loss once chosen. ``stage`` is the stage of the node that holds it now
@@ -111,9 +110,9 @@ class MicrobatchView:
     sink: str | None
 
 
-@dataclass(frozen=True)
-class HopReport:
-    """An acknowledged hop, as seen by its sender when the acknowledgement arrives.
+class HopReport(NamedTuple):
+    """An acknowledged hop, as seen by its sender when the acknowledgement arrives (immutable;
+    a tuple, built per acknowledgement).
 
     ``sent_at_s`` is when the transfer was queued at the sender, ``acked_at_s`` when the ack
     arrived: the difference is the hop's response time (queueing, transfer, compute, ack latency).

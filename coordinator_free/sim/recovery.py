@@ -26,6 +26,16 @@ class RecoveryMixin(HopsMixin):
 
     # ---- backward deadlines and repair ----
 
+    def _backward_deadline_moot(
+        self, sender: str, incarnation: int, mb_id: int, version: int, hop: int, suspect: str
+    ) -> bool:
+        """Whether ``_on_backward_deadline`` would do nothing (then or at any later time)."""
+        mb = self._mbs.get(mb_id)
+        if mb is None or mb.version != version or mb.acked_seq >= hop or mb.done:
+            return True
+        node = self.world.nodes[sender]
+        return not node.alive or node.incarnation != incarnation
+
     def _on_backward_deadline(
         self, sender: str, incarnation: int, mb_id: int, version: int, hop: int, suspect: str
     ) -> None:
@@ -46,7 +56,8 @@ class RecoveryMixin(HopsMixin):
         self._apply(decision.actions)
         if isinstance(decision, Hold):
             args = (sender, self.world.nodes[sender].incarnation, mb.mb_id, mb.version, mb.hop_seq)
-            self._schedule(self.now + self.timing.backward_timeout_s, BWD_DEADLINE, *args, suspect)
+            deadline = self.now + self.timing.backward_timeout_s
+            self._schedule_deadline(deadline, BWD_DEADLINE, *args, suspect)
         elif isinstance(decision, Restart):
             self._restart(mb)
         elif isinstance(decision, Replace):
@@ -95,7 +106,7 @@ class RecoveryMixin(HopsMixin):
             self.metrics.hops_lost += 1
         deadline = self.now + self.timing.backward_timeout_s
         hop = (sender, nodes[sender].incarnation, mb_id, version, mb.hop_seq)
-        self._schedule(deadline, BWD_DEADLINE, *hop, replacement)
+        self._schedule_deadline(deadline, BWD_DEADLINE, *hop, replacement)
 
     def _on_arrive_repair(
         self, receiver: str, incarnation: int, mb_id: int, version: int, sender: str

@@ -14,14 +14,21 @@ from hypothesis import strategies as st
 
 from coordinator_free.flow_errors import WireFormatError
 from coordinator_free.messages import (
+    FIXED_SIZES,
     MAX_ID_BYTES,
     MAX_ITEMS,
     MESSAGE_TYPES,
     WIRE_VERSION,
+    CostAdvert,
+    FlowCost,
     FlowRequest,
+    Hello,
     HopAck,
+    Pong,
+    SlotList,
     TableEntry,
     TableExchange,
+    TableRequest,
     decode,
     encode,
     encoded_size,
@@ -137,3 +144,15 @@ def test_wire_format_error_is_a_protocol_error_with_one_line() -> None:
 @given(ANY_MESSAGE)
 def test_encoded_size_is_the_length_of_the_encoding(message: Any) -> None:
     assert encoded_size(message) == len(encode(message))
+
+
+@settings(max_examples=200, deadline=None)
+@given(ANY_MESSAGE)
+def test_a_fixed_size_is_the_length_of_every_encoding_of_its_type(message: Any) -> None:
+    fixed = FIXED_SIZES.get(type(message))
+    assert fixed is None or fixed == len(encode(message))
+
+
+def test_fixed_sizes_cover_the_small_control_messages_only() -> None:
+    assert {CostAdvert, Pong, FlowCost, TableRequest} <= set(FIXED_SIZES)
+    assert not {Hello, TableExchange, SlotList, FlowRequest} & set(FIXED_SIZES)
