@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import logging
 import random
-import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import trio
-from libp2p.peer.id import ID
 
 from coordinator_free.protocol.config import DATA, FlowConfig, NodeSpec
 from coordinator_free.protocol.node import FlowNode
@@ -24,7 +22,6 @@ from node.p2p.host import running_host
 from node.p2p.identity import load_or_create_identity
 from node.p2p.link_emulation import LinkEmulator, Topology
 from node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper
-from node.p2p.weights import StageSnapshot, download_stage_state, serve_weights
 from node.runtime import control
 from node.runtime.averaging import GradientAverager
 from node.runtime.compute_meter import report_compute
@@ -37,8 +34,8 @@ from node.runtime.join_placement import choose_join_stage
 from node.runtime.relay import RelayRole
 from node.runtime.routing import ROUTINGS, SwarmWiring
 from node.runtime.run_discovery import DiscoverySettings, RunDiscovery
+from node.runtime.stage_state import join_stage, load_data_part, serve_stage_state
 from node.settings import AUTO_STAGE
-from node.training.checkpoint import load_part_state, save_part_state
 from node.training.codec import CodecLimits
 from node.training.config import ModelConfig
 from node.training.data import MicrobatchSampler, load_default_corpus
@@ -208,7 +205,7 @@ async def run_live_node(
         book.serve()
         flow.start(nursery)
         if isinstance(role, RelayRole) or role.peers is not None:
-            _serve_stage_state(rpc, role, config)
+            serve_stage_state(rpc, role, config.flow.ack_deadline_s)
         # Kademlia DHT + the run's hint topic; peer exchange only as the DHT's fallback.
         discovery = RunDiscovery(
             book,
@@ -224,16 +221,21 @@ async def run_live_node(
         )
         nursery.start_soon(discovery.run)
         if isinstance(role, RelayRole):
+            deadlines = (
+                config.flow_timeout_s,
+                config.flow.ack_deadline_s,
+                config.discovery_period_s,
+            )
 
             async def resync(min_step: int) -> None:
                 # Bounded: with no replica left to load from, the relay goes on from its own
                 # state (RelayRole._resync) instead of holding up its stage for good.
                 with trio.fail_after(4 * config.flow.ack_deadline_s + config.discovery_period_s):
-                    await _join_stage(rpc, discovery, role, config, min_step)
+                    await join_stage(rpc, discovery, role, min_step, deadlines)
 
             role.resync = resync
             if config.join:
-                await _join_stage(rpc, discovery, role, config, 0, first_sources)
+                await join_stage(rpc, discovery, role, 0, deadlines, first_sources)
         # Only now does this node speak the training protocols: a joiner takes no flows, hops
         # or averaging rounds before it holds its stage's current state.
         flow.serve()
@@ -256,7 +258,9 @@ async def run_live_node(
                 # A restarted data node, or a new one for a shard: taken in between iterations,
                 # it loads the embedding and head as they are then.
                 first = await role.peers.rejoin(config.flow_timeout_s)
-                await _load_data_part(rpc, role, config, first)
+                await load_data_part(
+                    rpc, role, first, config.flow_timeout_s, config.flow.ack_deadline_s
+                )
             await role.wait_for_flows(config.flow_timeout_s)
             for iteration in range(first, config.iterations):
                 result = await role.run_iteration(iteration)
@@ -366,88 +370,3 @@ def _loads(flow: FlowService, book: AddressBook) -> list[control.LoadEntry]:
                 )
             )
     return entries
-
-
-def _serve_stage_state(
-    rpc: RequestResponse, role: DataRole | RelayRole, config: LiveNodeConfig
-) -> None:
-    cache: dict[int, StageSnapshot] = {}
-    own_stage = role.stage if isinstance(role, RelayRole) else 0
-
-    def snapshot_of(stage: int) -> StageSnapshot | None:
-        if stage != own_stage:
-            return None
-        step = role.worker.step_count
-        if step not in cache:
-            cache.clear()
-            with tempfile.TemporaryDirectory() as tmp:
-                path = Path(tmp) / "state.safetensors"
-                save_part_state(role.worker, path)
-                cache[step] = StageSnapshot(stage, step, path.read_bytes())
-        return cache[step]
-
-    serve_weights(rpc, snapshot_of, config.flow.ack_deadline_s)
-
-
-async def _join_stage(
-    rpc: RequestResponse,
-    discovery: RunDiscovery,
-    role: RelayRole,
-    config: LiveNodeConfig,
-    min_step: int,
-    first_sources: list[PeerRecord] | None = None,
-) -> None:
-    """Load the state of this relay's stage, at ``min_step`` or later, from a live replica
-    (``first_sources`` first, then whom discovery names)."""
-    first = list(first_sources or [])
-    records = first
-    with trio.fail_after(config.flow_timeout_s):
-        while True:
-            for record in records:
-                deadline_s = config.flow.ack_deadline_s
-                if await _load_state_from(
-                    rpc, role.worker, role.stage, record.peer_id, min_step, deadline_s
-                ):
-                    return
-            await trio.sleep(config.discovery_period_s)
-            known = {r.peer_id for r in first}
-            found = await discovery.weight_sources(role.stage)
-            records = first + [r for r in found if r.peer_id not in known]
-
-
-async def _load_data_part(
-    rpc: RequestResponse, role: DataRole, config: LiveNodeConfig, min_step: int
-) -> None:
-    """Load the embedding and head, at ``min_step`` or later, from another data node."""
-    assert role.peers is not None
-    with trio.fail_after(config.flow_timeout_s):
-        while True:
-            for peer in role.peers.others():
-                deadline_s = config.flow.ack_deadline_s
-                if await _load_state_from(rpc, role.worker, 0, peer, min_step, deadline_s):
-                    return
-            await trio.sleep(0.2)  # its own step may still be under way
-
-
-async def _load_state_from(
-    rpc: RequestResponse,
-    worker: DataNodeWorker | StageWorker,
-    stage: int,
-    peer: str,
-    min_step: int,
-    timeout_s: float,
-) -> bool:
-    """Load ``stage``'s state from ``peer`` if it has it at ``min_step`` or later."""
-    try:
-        snapshot = await download_stage_state(rpc, ID.from_base58(peer), stage, 1 << 30, timeout_s)
-    except ProtocolError as exc:
-        log.debug("no stage %s state from %s: %s", stage, peer, exc)
-        return False
-    if snapshot.step < min_step:
-        return False  # that replica has not stepped yet; ask again shortly
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "state.safetensors"
-        path.write_bytes(snapshot.blob)
-        await trio.to_thread.run_sync(load_part_state, worker, path)
-    log.info("loaded stage %s at step %s from %s", stage, snapshot.step, peer)
-    return True

@@ -1,10 +1,13 @@
 """A relay started without a stage takes the run's bottleneck, loads its state, and trains in it.
 
-Stage 1 has two replicas and stage 2 one, and the data node starts four microbatches at once, so
-stage 2 carries its whole capacity while stage 1 carries half of its: a relay with
+Stage 1 has three replicas and stage 2 one, and the data node starts four microbatches at once,
+so stage 2 carries its whole capacity while stage 1 carries a third of its: a relay with
 ``stage = -1`` asks the data node for the run's loads, picks stage 2, downloads its weights,
 and takes hops; after the next step it is bit for bit the stage's other replica, and training
-still reproduces the whole-model reference.
+still reproduces the whole-model reference. (Placement weighs capacity by each replica's measured
+speed. With two stage-1 replicas the joiner once took stage 1 on two busy cores, most likely
+because the measured speeds of equal relays differed by more than the two-to-one margin; the
+margin is now three to one.)
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def test_a_relay_without_a_stage_joins_the_bottleneck_and_matches_its_replica(
                 tmp_path,
                 ITERATIONS,
                 BATCH,
-                {"a1": 1, "a2": 1, "b1": 2},
+                {"a1": 1, "a2": 1, "a3": 1, "b1": 2},
                 join_without_a_stage,
                 swarm,
                 data_capacity=4,
