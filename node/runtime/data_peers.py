@@ -106,12 +106,14 @@ class DataPeers:
                 "give every data node the same training.data_nodes"
             )
             return
+        if not isinstance(shard, int) or not 0 <= shard < self.expected:
+            problems.append(f"data node {peer} answered shard {shard!r}, not 0..{shards - 1}")
+            return
         owners = {self.shard: self.node_id} | {s: p for p, s in self.members.items()}
-        if not isinstance(shard, int) or shard in owners or not 0 <= shard < self.expected:
-            other = owners.get(shard, "?") if isinstance(shard, int) else "?"
+        if shard in owners:
             problems.append(
-                f"data nodes {other} and {peer} both start shard {shard}: give each data node "
-                "its own training.data_shard"
+                f"data nodes {owners[shard]} and {peer} both start shard {shard}: give each "
+                "data node its own training.data_shard"
             )
             return
         self.members[peer] = shard
