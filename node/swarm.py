@@ -166,7 +166,7 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
     flow = {**_DEFAULT_FLOW, **raw.get("flow", {})}
     if swarm["topology"] and not Path(swarm["topology"]).exists():
         raise ConfigError(f"topology file {swarm['topology']} does not exist")
-    killed_at: dict[str, float] = {}
+    killed: set[str] = set()
     for event in sorted(churn["events"], key=lambda e: float(e.get("t", 0.0))):
         kinds = {"kill", "join", "stranger", "restart"}
         if not isinstance(event, dict) or not kinds & set(event):
@@ -174,8 +174,8 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
                 f"churn event {event} names none of 'kill', 'join', 'stranger', 'restart'"
             )
         if "kill" in event:
-            killed_at.setdefault(str(event["kill"]), float(event.get("t", 0.0)))
-        if "restart" in event and str(event["restart"]) not in killed_at:
+            killed.add(str(event["kill"]))
+        if "restart" in event and str(event["restart"]) not in killed:
             raise ConfigError(f"churn event {event}: restart a node only after a kill event for it")
         if "join" in event:
             _entrant_stage(run["stages"], event["join"])
