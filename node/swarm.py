@@ -167,9 +167,9 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
     if swarm["topology"] and not Path(swarm["topology"]).exists():
         raise ConfigError(f"topology file {swarm['topology']} does not exist")
     killed: set[str] = set()
-    for event in sorted(churn["events"], key=lambda e: float(e.get("t", 0.0))):
+    for event in sorted(churn["events"], key=_event_time):
         kinds = {"kill", "join", "stranger", "restart"}
-        if not isinstance(event, dict) or not kinds & set(event):
+        if not kinds & set(event):
             raise ConfigError(
                 f"churn event {event} names none of 'kill', 'join', 'stranger', 'restart'"
             )
@@ -191,6 +191,14 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
         raise ConfigError("a 'stranger' churn event tests admission: it needs [chain] enabled")
     out_dir.mkdir(parents=True, exist_ok=True)
     return SwarmPlan(run, swarm, flow, churn, out_dir, chain_plan)
+
+
+def _event_time(event: Any) -> float:
+    """A churn event's time ``t`` (seconds from the start of training)."""
+    t = event.get("t") if isinstance(event, dict) else None
+    if not isinstance(t, int | float) or isinstance(t, bool):
+        raise ConfigError(f"churn event {event} needs a time t in seconds, e.g. t = 4.0")
+    return float(t)
 
 
 def node_settings(

@@ -160,6 +160,7 @@ def test_the_example_swarm_files_load_and_their_node_files_validate(
         ("[chain]\nenabled = false\n[churn]\nevents = [{t = 1.0, stranger = 1}]\n", "stranger"),
         ("[churn]\nevents = [{t = 1.0, leave = 1}]\n", "names none of"),
         ("[swarm]\ndata_nodes = 0\n", "[swarm] data_nodes = 0"),
+        ("[churn]\nevents = [{kill = 'data'}]\n", "needs a time t in seconds"),
         ("[churn]\nevents = [{t = 1.0, restart = 'data'}]\n", "only after a kill event"),
         ("[churn]\nevents = [{t = 1.0, leave = 'data'}]\n", "'stranger', 'restart'"),
         ("[churn]\nevents = [{t = 1.0, join = 3}]\n", "churn event stage 3"),
