@@ -91,32 +91,46 @@ class DataPeers:
         )
 
     async def _ask_shard(self, peer: str, problems: list[str]) -> None:
+        answer = await self._shard_of(peer)
+        if answer is None:
+            return  # not up yet, or not a data node after all: asked again on the next round
+        owners = {self.shard: self.node_id} | {s: p for p, s in self.members.items()}
+        problem = self._shard_problem(peer, *answer, owners)
+        if problem is not None:
+            problems.append(problem)
+            return
+        assert isinstance(answer[0], int)  # as _shard_problem checked
+        self.members[peer] = answer[0]
+
+    async def _shard_of(self, peer: str) -> tuple[object, object] | None:
+        """``peer``'s answer to ``shard``: (its shard, its count of data nodes); None if none."""
         try:
             reply = control.decode_reply(
                 await control.ask(self.rpc, peer, control.Shard(), self.probe_timeout_s)
             )
         except (PeerUnavailable, ProtocolError) as exc:
-            # Not up yet, or not a data node after all: asked again on the next round.
             log.debug("no shard from %s: %s", peer, exc)
-            return
-        shard, shards = reply.get("shard"), reply.get("shards")
+            return None
+        return reply.get("shard"), reply.get("shards")
+
+    def _shard_problem(
+        self, peer: str, shard: object, shards: object, owners: dict[int, str]
+    ) -> str | None:
+        """What is wrong with ``peer`` starting ``shard`` of ``shards`` (None: nothing), given
+        who starts which shard already."""
         if shards != self.expected:
-            problems.append(
+            return (
                 f"data node {peer} counts {shards} data nodes, this one {self.expected}: "
                 "give every data node the same training.data_nodes"
             )
-            return
         if not isinstance(shard, int) or not 0 <= shard < self.expected:
-            problems.append(f"data node {peer} answered shard {shard!r}, not 0..{shards - 1}")
-            return
-        owners = {self.shard: self.node_id} | {s: p for p, s in self.members.items()}
+            return f"data node {peer} answered shard {shard!r}, not 0..{self.expected - 1}"
         if shard in owners:
-            problems.append(
+            return (
                 f"data nodes {owners[shard]} and {peer} both start shard {shard}: give each "
                 "data node its own training.data_shard"
             )
-            return
-        self.members[peer] = shard
+        return None
 
     def handle(
         self,
@@ -240,28 +254,20 @@ class DataPeers:
     async def _admit(self, peer: str, joiners: list[str]) -> None:
         """Take ``peer`` in if it answers with a shard no live data node starts."""
         self.pending.discard(peer)
-        owners = {self.shard} | {s for p, s in self.members.items() if p not in self.gone}
-        try:
-            reply = control.decode_reply(
-                await control.ask(self.rpc, peer, control.Shard(), self.probe_timeout_s)
-            )
-        except (PeerUnavailable, ProtocolError) as exc:
-            log.info("data node %s asked to join but did not answer: %s", peer, exc)
+        answer = await self._shard_of(peer)
+        if answer is None:
+            log.info("data node %s asked to join but did not answer", peer)
             return
-        shard = reply.get("shard")
-        if reply.get("shards") != self.expected or not isinstance(shard, int) or shard in owners:
-            log.warning(
-                "data node %s asked to join with shard %s of %s; refused: the run has %s data "
-                "nodes and that shard is taken or unknown",
-                peer,
-                shard,
-                reply.get("shards"),
-                self.expected,
-            )
+        live = {s: p for p, s in self.members.items() if p not in self.gone}
+        problem = self._shard_problem(peer, *answer, {self.shard: self.node_id} | live)
+        if problem is not None:
+            log.warning("data node %s asked to join; refused: %s", peer, problem)
             return
+        shard = answer[0]
+        assert isinstance(shard, int)  # as _shard_problem checked
         self.members[peer] = shard
         joiners.append(peer)
-        log.info("data node %s (shard %s) joins from iteration after this one", peer, shard)
+        log.info("data node %s (shard %s) joins from the next iteration", peer, shard)
 
     async def _wait_for_change(self, timeout_s: float) -> bool:
         """Wait for the next message from a data node; False when none came in time."""
