@@ -394,14 +394,16 @@ def _start_data_nodes(plan: SwarmPlan, log: IO[bytes] | None) -> list[Proc]:
     shard of every iteration."""
     count: int = plan.swarm["data_nodes"]
     procs: list[Proc] = []
+    bootstrap: list[str] = []
     for shard in range(count):
         name = "data" if shard == 0 else f"data-{shard}"
         settings = node_settings(plan, name, "data", 0, shard)
         settings["training"].update(data_nodes=count, data_shard=shard)
-        if procs:
-            settings["p2p"]["bootstrap_peers"] = [wait_for_address(procs[0], 60.0)]
+        settings["p2p"]["bootstrap_peers"] = bootstrap
         _register(plan, settings)
         procs.append(start_node(plan, settings, log))
+        if shard == 0 and count > 1:
+            bootstrap = [wait_for_address(procs[0], 60.0)]
     return procs
 
 

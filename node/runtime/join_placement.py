@@ -59,21 +59,22 @@ async def choose_join_stage(
         named.setdefault(str(peer_info(address).peer_id), []).append(address)
     own = str(rpc.host.get_id())
     tried: set[str] = set()  # addresses asked
+    asked: set[str] = set()  # nodes asked, at one address or more
     with trio.move_on_after(MAX_ROUNDS * timeout_s):
         for _ in range(MAX_ROUNDS):
             # One untried address per node that has not answered yet.
             frontier = [
-                next(a for a in named[p] if a not in tried)
+                (p, next(a for a in named[p] if a not in tried))
                 for p in sorted(named)
                 if p != own and p not in known and any(a not in tried for a in named[p])
             ][: MAX_ASKED - len(tried)]
             if not frontier:
                 break
-            tried.update(frontier)
             async with trio.open_nursery() as nursery:
-                for address in frontier:
+                for peer_id, address in frontier:
+                    asked.add(peer_id)
+                    tried.add(address)
                     nursery.start_soon(_ask, rpc, address, known, named, timeout_s)
-    asked = {str(peer_info(address).peer_id) for address in tried}
     relays = [e for e in known.values() if 1 <= e.stage <= stages]
     if not relays and not any(e.stage == 0 for e in known.values()):
         raise ProtocolError(
