@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import multiaddr
+import trio
 from libp2p import new_host
 from libp2p.abc import IHost
 from libp2p.crypto.keys import KeyPair
 from libp2p.network.config import ConnectionConfig
+from libp2p.network.swarm import Swarm
+from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
 from gwtf.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: How long closing the sockets of a stopping host may take before it is given up.
+_CLOSE_S = 2.0
+#: How long a peer's address stays in the peerstore (py-libp2p needs a time to live).
+_ADDRESS_TTL_S = 3600
 
 
 def build_host(key_pair: KeyPair, dial_timeout_s: float = 10.0) -> IHost:
@@ -32,7 +43,41 @@ async def running_host(
     except ValueError as exc:
         raise ConfigError(f"bad listen address in {list(listen)}: {exc}") from exc
     async with host.run(listen_addrs=addrs):
-        yield host
+        try:
+            yield host
+        finally:
+            # py-libp2p serves each TCP listener from a trio system task that only its
+            # ``close`` stops, and its own shutdown path awaits other things first, which a
+            # cancelled node (Ctrl-C, a crash in-process) never gets past. The listener then
+            # kept accepting connections nobody served, and open connections stayed up
+            # unread: peers waited out their deadlines instead of seeing the node go.
+            with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_S):
+                await close_sockets(host)
+
+
+async def close_sockets(host: IHost) -> None:
+    """Stop listening and close every connection, as the end of the process would."""
+    network = host.get_network()
+    closers = [listener.close for listener in network.listeners.values()]
+    closers += [conn.close for conns in network.connections.values() for conn in conns]
+    for close in closers:
+        try:
+            await close()
+        except Exception as exc:  # one socket that fails to close must not keep the rest open
+            log.debug("closing a socket of a stopping host failed: %s", exc)
+
+
+def point_at(host: IHost, peer_id: ID, addrs: Sequence[multiaddr.Multiaddr]) -> None:
+    """Make ``addrs`` the only addresses ``host`` dials ``peer_id`` at, from now on.
+
+    py-libp2p dials one TCP address per peer, the first it stored, and refuses for a while to
+    dial a peer whose dial failed: a peer that moved (a restart on a new port) or an address a
+    rogue named would otherwise hide it."""
+    host.get_peerstore().clear_addrs(peer_id)
+    network = host.get_network()
+    if isinstance(network, Swarm):
+        network.unblock_peer(peer_id)
+    host.get_peerstore().add_addrs(peer_id, addrs, _ADDRESS_TTL_S)
 
 
 def peer_info(address: str) -> PeerInfo:

@@ -227,6 +227,18 @@ class RequestResponse:
         except (BaseLibp2pError, OSError) as exc:
             raise PeerUnavailable(f"peer {peer} is unreachable on {protocol}: {exc}") from exc
 
+    async def drop_peer(self, peer: ID) -> None:
+        """Close every stream and connection to ``peer``; the next request dials it anew.
+
+        For a peer known to have restarted: what was open to it belongs to its old process,
+        and py-libp2p may not have noticed that it is gone."""
+        for key, channel in list(self._channels.items()):
+            if key[0] == str(peer):
+                channel.fail("the peer restarted")
+                del self._channels[key]
+                await _reset_quietly(channel.stream)
+        await self.host.get_network().close_peer(peer)
+
     async def _channel(self, peer: ID, protocol: str) -> _Channel:
         """The open stream to ``peer`` for ``protocol``, opened now if there is none."""
         key = (str(peer), protocol)

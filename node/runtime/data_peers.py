@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
+from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError, TrainingError
 from node.p2p.rpc import Decline, PeerUnavailable, RequestResponse
@@ -58,6 +59,7 @@ class DataPeers:
     #: iteration -> the data nodes of the next one, as its end announced them.
     next_members: dict[int, tuple[str, ...]] = field(default_factory=dict)
     pending: set[str] = field(default_factory=set)  # data nodes that asked to be taken in
+    restarted: set[str] = field(default_factory=set)  # pending members that asked back in
     joining: bool = False  # this data node asked to be taken (back) in and waits for it
     start_at: int | None = None  # the iteration the run took this data node in from
     _changed: trio.Event = field(default_factory=trio.Event)
@@ -172,6 +174,7 @@ class DataPeers:
         if peer in self.members and peer not in self.gone:
             # It restarted: its share of the iteration at hand went with its old process.
             self.gone.add(peer)
+            self.restarted.add(peer)
             log.warning("data node %s restarted; its share of this iteration is lost", peer)
         self.pending.add(peer)
         self._changed.set()  # a wait for its share ends
@@ -254,6 +257,9 @@ class DataPeers:
     async def _admit(self, peer: str, joiners: list[str]) -> None:
         """Take ``peer`` in if it answers with a shard no live data node starts."""
         self.pending.discard(peer)
+        if peer in self.restarted:
+            self.restarted.discard(peer)
+            await self.rpc.drop_peer(ID.from_base58(peer))
         answer = await self._shard_of(peer)
         if answer is None:
             log.info("data node %s asked to join but did not answer", peer)

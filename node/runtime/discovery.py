@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import trio
 from libp2p.peer.id import ID
 
 from gwtf.errors import ConfigError, ProtocolError
-from node.p2p.host import full_address, peer_info
+from node.p2p.host import full_address, peer_info, point_at
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 
 log = logging.getLogger(__name__)
@@ -79,29 +79,35 @@ class AddressBook:
             raise ProtocolError("peer record is not UTF-8") from exc
         if record.peer_id != peer:
             raise ProtocolError(f"peer {peer} introduced itself with another peer id")
-        self.learn(record)
+        self.learn(record, firsthand=True)
         self.on_heard(peer)
         lines = [f"{r.address} {r.region}" for r in [self.own, *self.peers.values()]]
         return "\n".join(lines[:MAX_ENTRIES]).encode()
 
-    def learn(self, record: PeerRecord) -> None:
-        """Add a peer (``on_new_peer`` fires once per peer), or update a known one's record."""
+    def learn(self, record: PeerRecord, firsthand: bool = False) -> None:
+        """Add a peer (``on_new_peer`` fires once per peer), or update a known one's record.
+
+        ``firsthand``: the peer itself said it, over its own connection. Cards and hints (they
+        carry a stage) are signed by the peer, so they are firsthand too."""
         if record.peer_id == self.own.peer_id:
             return
+        firsthand = firsthand or record.stage is not None
         known = self.peers.get(record.peer_id)
         if known is not None:
-            # A card or hint (they carry a stage) may correct what an exchange said, or bring a
-            # new address after a restart; an exchange's hearsay never overrides them.
-            if record.stage is None and known.stage is not None:
+            # The peer's own word may correct what an exchange said, or bring a new address
+            # after a restart; an exchange's hearsay never overrides it.
+            if not firsthand and known.stage is not None:
                 return
+            if record.stage is None:
+                record = replace(record, stage=known.stage)
             if record != known:
                 self.peers[record.peer_id] = record
-                self._remember_address(record)
+                self._remember_address(record, moved=firsthand and record.address != known.address)
             return
         if len(self.peers) >= MAX_ENTRIES:
             return
         self.peers[record.peer_id] = record
-        self._remember_address(record)
+        self._remember_address(record, moved=False)
         self.on_new_peer(record)
 
     def forget(self, peer_id: str) -> None:
@@ -112,10 +118,13 @@ class AddressBook:
     def replicas_of(self, stage: int) -> list[PeerRecord]:
         return [r for r in self.peers.values() if r.stage == stage]
 
-    def _remember_address(self, record: PeerRecord) -> None:
-        self.rpc.host.get_peerstore().add_addrs(
-            ID.from_base58(record.peer_id), peer_info(record.address).addrs, 3600
-        )
+    def _remember_address(self, record: PeerRecord, moved: bool) -> None:
+        addrs = peer_info(record.address).addrs
+        if moved:
+            # Only the new address: py-libp2p dials the first one it stored for a peer.
+            point_at(self.rpc.host, ID.from_base58(record.peer_id), addrs)
+        else:
+            self.rpc.host.get_peerstore().add_addrs(ID.from_base58(record.peer_id), addrs, 3600)
 
     async def exchange_with(self, address: str) -> None:
         """Introduce this node to the peer at ``address`` and learn the peers it knows."""

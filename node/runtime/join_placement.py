@@ -21,11 +21,10 @@ import logging
 from dataclasses import dataclass
 
 import trio
-from libp2p.network.swarm import Swarm
 
 from coordinator_free.placement import JoinDecision, choose_stage, stage_loads
 from gwtf.errors import ConfigError, ProtocolError
-from node.p2p.host import peer_info
+from node.p2p.host import peer_info, point_at
 from node.p2p.rpc import RequestResponse
 from node.runtime import control
 
@@ -108,12 +107,8 @@ async def _ask(
     try:
         network = rpc.host.get_network()
         if not network.connections.get(info.peer_id):
-            # Dial this address alone: py-libp2p dials one TCP address per peer, the first it
-            # stored, and caches a peer whose dial failed; a wrong address a rogue named
-            # earlier would otherwise hide the node.
-            rpc.host.get_peerstore().clear_addrs(info.peer_id)
-            if isinstance(network, Swarm):
-                network.unblock_peer(info.peer_id)
+            # Dial this address alone: a wrong one a rogue named earlier would hide the node.
+            point_at(rpc.host, info.peer_id, info.addrs)
             # A peer may name addresses where nothing answers: each dial gets the deadline.
             with trio.fail_after(timeout_s):
                 await rpc.host.connect(info)
