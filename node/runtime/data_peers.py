@@ -13,10 +13,13 @@ ended with the same reply). Before the first iteration the data nodes compare th
 starting the same microbatches would collide at every relay, so that is refused at the start.
 
 A data node that restarts, or a new one taking over a shard, asks to be taken (back) in
-(``Rejoin``). Membership changes only between iterations and only by the data node ending one:
-it names the data nodes of the next iteration in its ``IterationEnded`` (to them all, the new one
-included), so every data node waits for, and averages with, the same ones. The new one then
-loads the embedding and head from another data node and starts at that next iteration.
+(``Rejoin``); so does one left out while alive (say, on an overloaded machine that missed the
+probes): a microbatch of its that fails, or a wait for the others that drags on, makes it ask
+whether the others still count it (``Shard``'s answer says), and if not it raises ``LeftOut``.
+Membership changes only between iterations and only by the data node ending one: it names the
+data nodes of the next iteration in its ``IterationEnded`` (to them all, the new one included),
+so every data node waits for, and averages with, the same ones. The new one then loads the
+embedding and head from another data node and starts at that next iteration.
 """
 
 from __future__ import annotations
@@ -36,6 +39,14 @@ log = logging.getLogger(__name__)
 
 #: Missed liveness probes in a row after which a data node counts as gone.
 PROBES_BEFORE_GONE = 2
+
+
+class LeftOut(Exception):
+    """The other data nodes went on without this one: it must ask to be taken back in."""
+
+    def __init__(self, iteration: int) -> None:
+        super().__init__(f"left out of iteration {iteration} by the other data nodes")
+        self.iteration = iteration
 
 
 @dataclass
@@ -61,6 +72,11 @@ class DataPeers:
     pending: set[str] = field(default_factory=set)  # data nodes that asked to be taken in
     restarted: set[str] = field(default_factory=set)  # pending members that asked back in
     joining: bool = False  # this data node asked to be taken (back) in and waits for it
+    #: The iteration whose end, as another data node announced it, left this one out.
+    left_out_at: int | None = None
+    #: Where this data node tells a member it left out that it did, without waiting on it.
+    background: trio.Nursery | None = None
+    told_out: set[str] = field(default_factory=set)  # members told they were left out
     start_at: int | None = None  # the iteration the run took this data node in from
     _changed: trio.Event = field(default_factory=trio.Event)
 
@@ -143,7 +159,9 @@ class DataPeers:
             # Discovery may not have told this node yet: not an offence.
             raise Decline(f"{peer} is not known here as a data node of this run")
         if isinstance(message, control.Shard):
-            return control.encode_reply(True, shard=self.shard, shards=self.expected)
+            return control.encode_reply(
+                True, shard=self.shard, shards=self.expected, left_out=peer in self.gone
+            )
         if isinstance(message, control.Rejoin):
             self._take_back(peer)
             return control.encode_reply(True)
@@ -152,6 +170,14 @@ class DataPeers:
                 self.start_at = message.iteration + 1
                 self._adopt(message.members)
                 self._changed.set()
+            return control.encode_reply(True)
+        if (
+            isinstance(message, control.IterationEnded)
+            and peer in self.members
+            and self.node_id not in message.members
+        ):
+            self.left_out_at = message.iteration
+            self._changed.set()
             return control.encode_reply(True)
         # A data node is at most one iteration ahead of another (an iteration ends only when
         # every shard is done): anything further is refused, so a peer cannot grow these maps.
@@ -186,12 +212,14 @@ class DataPeers:
             self.members.setdefault(peer, -1)  # its shard: checked by the one that took it in
             self.gone.discard(peer)
             self.pending.discard(peer)
+            self.told_out.discard(peer)
         self.gone |= set(self.members) - listed
 
     async def rejoin(self, timeout_s: float) -> int:
         """Ask the run's data nodes to take this one (back) in; return the iteration it trains
         from: the one after the next iteration to end."""
         self.joining = True
+        self.left_out_at = None
         with trio.move_on_after(timeout_s):
             while self.start_at is None:
                 async with trio.open_nursery() as nursery:
@@ -218,8 +246,11 @@ class DataPeers:
             waiting = [p for p in self.others() if p not in self.done.get(iteration, ())]
             if not waiting:
                 break
+            if self.left_out_at is not None:
+                raise LeftOut(self.left_out_at)
             if not await self._wait_for_change(self.patience_s):
                 await self._probe_all(waiting)
+                await self.check_in(iteration)
         for old in [i for i in self.done if i < iteration]:
             del self.done[old]
         return sorted(({self.node_id} | self.done.get(iteration, set())) - self.gone)
@@ -232,12 +263,15 @@ class DataPeers:
             leader = next(p for p in live if p not in self.gone)  # this node is never gone
             if leader == self.node_id:
                 return None
+            if self.left_out_at is not None:
+                raise LeftOut(self.left_out_at)
             if iteration in self.ended or await self._wait_for_change(self.patience_s):
                 if iteration in self.ended:
                     self._adopt(self.next_members.pop(iteration, tuple(live)))
                     return self.ended.pop(iteration)
                 continue
             await self._probe_all([leader])
+            await self.check_in(iteration)
 
     async def announce_ended(self, iteration: int, relays_stepped: int, live: list[str]) -> None:
         """Tell the data nodes of the next iteration (``live`` and any taken in now) that the
@@ -252,6 +286,12 @@ class DataPeers:
             for peer in members:
                 if peer != self.node_id:
                     nursery.start_soon(self._tell, peer, message)
+        # A member left out may be alive (it missed the probes): it hears so, and asks back in.
+        # Not waited for: a dead one would hold up the next iteration.
+        for peer in sorted(set(self.members) - set(members) - self.told_out):
+            self.told_out.add(peer)
+            if self.background is not None:
+                self.background.start_soon(self._tell, peer, message)
         self._adopt(members)
 
     async def _admit(self, peer: str, joiners: list[str]) -> None:
@@ -282,6 +322,23 @@ class DataPeers:
             self._changed = trio.Event()
             return True
         return False
+
+    async def check_in(self, iteration: int) -> None:
+        """Raise ``LeftOut`` if another data node said or says it left this one out. Those
+        this one counts as gone are asked too: two data nodes that lost touch may each have gone
+        on alone, and the one whose hops the relays now refuse is the one to ask back in."""
+        if self.left_out_at is not None:
+            raise LeftOut(self.left_out_at)
+        for peer in sorted(self.members):
+            try:
+                reply = control.decode_reply(
+                    await control.ask(self.rpc, peer, control.Shard(), self.probe_timeout_s)
+                )
+            except (PeerUnavailable, ProtocolError):
+                continue  # the probes decide about a peer that does not answer
+            if reply.get("left_out") is True:
+                log.warning("data node %s left this one out; asking back in", peer)
+                raise LeftOut(iteration)
 
     async def _tell(self, peer: str, message: control.ControlRequest) -> None:
         for _ in range(PROBES_BEFORE_GONE):

@@ -34,7 +34,7 @@ from node.p2p.rpc import Decline, PeerUnavailable
 from node.runtime import control
 from node.runtime.averaging import GradientAverager
 from node.runtime.compute import T, in_worker_thread
-from node.runtime.data_peers import DataPeers
+from node.runtime.data_peers import DataPeers, LeftOut
 from node.runtime.dataplane import DataPlane
 from node.runtime.flow_service import FlowService
 from node.runtime.hop import (
@@ -209,6 +209,8 @@ class DataRole:
         self.training = True
 
     async def run_iteration(self, iteration: int) -> IterationResult:
+        """Train ``iteration``'s share of this data node; ``LeftOut`` if the other data nodes
+        went on without it (then it must ask back in)."""
         started = trio.current_time()
         if self.peers is not None:
             self.peers.iteration = iteration
@@ -216,6 +218,7 @@ class DataRole:
         first = (iteration * self.shards + self.shard) * self.batch
         pending = [first + j for j in range(self.batch)]
         slots, free_slots = trio.open_memory_channel[int](math.inf)  # holds every flow slot
+        left_out: list[LeftOut] = []
 
         async def run_one(microbatch_id: int, slot: int) -> None:
             nonlocal restarts
@@ -226,6 +229,15 @@ class DataRole:
             ):
                 restarts += 1
                 failed += 1
+                if self.peers is not None:
+                    # Relays refuse the hops of an iteration they ended: was it ended without
+                    # this data node?
+                    try:
+                        await self.peers.check_in(iteration)
+                    except LeftOut as exc:
+                        left_out.append(exc)
+                        nursery.cancel_scope.cancel()
+                        return
                 if failed > MAX_ATTEMPTS:
                     raise TrainingError(
                         f"microbatch {microbatch_id} failed {failed} times; the swarm has no "
@@ -243,12 +255,22 @@ class DataRole:
             for microbatch_id in pending:
                 slot = await free_slots.receive()
                 nursery.start_soon(run_one, microbatch_id, slot)
+        if left_out:
+            for microbatch_id in pending:
+                self.losses.pop((iteration, microbatch_id), None)
+            raise left_out[0]
         ending = trio.current_time()
         data_nodes = await self.peers.agree_done(iteration) if self.peers else [self.node_id]
-        async with trio.open_nursery() as nursery:
-            # The data node's own step needs nothing from the relays: take it meanwhile.
-            nursery.start_soon(self._step_own_part, iteration, data_nodes)
-            stepped_by_stage, relays_stepped = await self._relays_end(iteration, data_nodes)
+        try:
+            async with trio.open_nursery() as nursery:
+                # The data node's own step needs nothing from the relays: take it meanwhile.
+                nursery.start_soon(self._step_own_part, iteration, data_nodes)
+                stepped_by_stage, relays_stepped = await self._relays_end(iteration, data_nodes)
+        except BaseExceptionGroup as group:
+            left_out_now = group.subgroup(LeftOut)
+            if left_out_now is not None:
+                raise left_out_now.exceptions[0] from None
+            raise
         end_s = trio.current_time() - ending
         idle = tuple(
             s

@@ -25,7 +25,7 @@ from node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper
 from node.runtime import control
 from node.runtime.averaging import GradientAverager
 from node.runtime.compute_meter import report_compute
-from node.runtime.data_peers import DataPeers
+from node.runtime.data_peers import DataPeers, LeftOut
 from node.runtime.data_role import DataRole, IterationResult
 from node.runtime.dataplane import DataPlane
 from node.runtime.discovery import AddressBook, PeerRecord, own_record
@@ -200,6 +200,8 @@ async def run_live_node(
             }
             if config.data_nodes > 1:
                 _share_the_run(role, rpc, book, config, limits)
+                assert role.peers is not None
+                role.peers.background = nursery
         if config.topology is not None:
             rpc.shaper = _shaper(LinkEmulator(config.topology), node_id, config.region, book)
         book.serve()
@@ -262,11 +264,22 @@ async def run_live_node(
                     rpc, role, first, config.flow_timeout_s, config.flow.ack_deadline_s
                 )
             await role.wait_for_flows(config.flow_timeout_s)
-            for iteration in range(first, config.iterations):
-                result = await role.run_iteration(iteration)
+            iteration = first
+            while iteration < config.iterations:
+                try:
+                    result = await role.run_iteration(iteration)
+                except LeftOut as exc:
+                    assert role.peers is not None  # only data nodes sharing a run are left out
+                    log.warning("%s; asking to be taken back in", exc)
+                    iteration = await role.peers.rejoin(config.flow_timeout_s)
+                    await load_data_part(
+                        rpc, role, iteration, config.flow_timeout_s, config.flow.ack_deadline_s
+                    )
+                    continue
                 log.info(
                     "iteration %s: loss %.4f in %.2f s", iteration, result.loss, result.duration_s
                 )
+                iteration += 1
             nursery.cancel_scope.cancel()
             return role.results
         await trio.sleep_forever()

@@ -13,7 +13,7 @@ from node.p2p.host import full_address, peer_info, running_host
 from node.p2p.identity import load_or_create_identity
 from node.p2p.rpc import Decline, RequestResponse, RpcLimits
 from node.runtime import control
-from node.runtime.data_peers import DataPeers
+from node.runtime.data_peers import DataPeers, LeftOut
 
 LIMITS = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 5.0)
 
@@ -50,6 +50,7 @@ def test_only_a_data_node_of_the_run_is_heard_and_only_about_the_iterations_at_h
         "ok": True,
         "shard": 1,
         "shards": 3,
+        "left_out": False,
     }
     peers.iteration = 5
     assert control.decode_reply(peers.handle("other", control.BatchDone(5)))["ok"]
@@ -66,6 +67,29 @@ def test_only_a_data_node_of_the_run_is_heard_and_only_about_the_iterations_at_h
     assert peers.others() == ["other"]
     peers.gone.add("other")
     assert peers.others() == []
+
+
+def test_a_data_node_hears_that_it_was_left_out_only_from_a_member() -> None:
+    """An iteration's end that does not name this data node, from a data node of the run,
+    means it was left out: it then asks back in. Anyone else saying so changes nothing; and a
+    data node tells one it counts as gone so when asked (``Shard``)."""
+    peers = peers_of({"other", "stranger"})
+    peers.members["other"] = 2
+    peers.iteration = 5
+    peers.handle("stranger", control.IterationEnded(5, 4, ("other",)))
+    assert peers.left_out_at is None
+    peers.handle("other", control.IterationEnded(5, 4, ("me", "other")))
+    assert peers.left_out_at is None and peers.ended == {5: 4}
+    peers.handle("other", control.IterationEnded(4, 4, ("other",)))  # late, but still telling
+    assert peers.left_out_at == 4
+
+    async def check_in() -> None:
+        with pytest.raises(LeftOut, match="left out of iteration 4"):
+            await peers.check_in(5)
+
+    trio.run(check_in)
+    peers.gone.add("other")
+    assert control.decode_reply(peers.handle("other", control.Shard()))["left_out"] is True
 
 
 def test_data_nodes_starting_one_shard_or_counting_differently_are_refused(

@@ -162,6 +162,44 @@ def test_a_data_node_that_dies_is_left_out_and_a_new_one_takes_over_its_shard(
     assert state_digest(workers[0]) == state_digest(workers[1])
 
 
+def test_a_data_node_left_out_while_alive_asks_back_in_by_itself(tmp_path: Path) -> None:
+    """The data node that ends iterations (the smaller id) counts the other as gone mid-run, as
+    after probes it missed on an overloaded machine, while the other trains on. The other finds
+    out (relays that stepped without it refuse its hops, or the first tells it so when it checks
+    in), asks back in, reloads the embedding and head, and ends bit for bit like the first."""
+    swarm = Swarm()
+    iterations = 12
+    names: list[str] = []  # the one ending iterations, the one left out
+
+    async def leave_out(swarm: Swarm) -> None:
+        while not swarm.nodes.get("data-1") or len(swarm.nodes["data"].role.results) < 2:
+            await trio.sleep(0.05)
+        names.extend(sorted(("data", "data-1"), key=lambda n: swarm.nodes[n].plane.node_id))
+        leader = swarm.nodes[names[0]].role.peers
+        assert leader is not None
+        leader.gone.add(swarm.nodes[names[1]].plane.node_id)
+
+    async def main() -> None:
+        with trio.fail_after(170):
+            await run_swarm(
+                tmp_path,
+                iterations,
+                BATCH,
+                {"a1": 1, "b1": 2},
+                leave_out,
+                swarm,
+                data_nodes=2,
+            )
+
+    trio.run(main)
+    kept, left = ([r.iteration for r in swarm.results[name]] for name in names)
+    assert kept == list(range(iterations))
+    assert left[-1] == iterations - 1 and len(left) < iterations, "it skipped while out"
+    workers = [swarm.nodes[name].role.worker for name in (*names, "a1", "b1")]
+    assert [w.step_count for w in workers] == [iterations] * 4
+    assert state_digest(workers[0]) == state_digest(workers[1])
+
+
 def test_bad_peers_are_dropped_and_training_goes_on(tmp_path: Path) -> None:
     swarm = Swarm()
     rogue_done = trio.Event()
