@@ -537,6 +537,8 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
         # (iteration, stage) pairs in which no replica of the stage stepped: the relays of that
         # stage trained nothing that iteration, which a healthy swarm never shows.
         "stages_not_stepped": sum(s.get("stages_not_stepped", 0) for s in stats),
+        # Data nodes the others left out while they were alive, which asked back in.
+        "data_nodes_taken_back_in": sum(s.get("taken_back_in", 0) for s in stats),
         "relays": {
             name: {key: s.get(key) for key in ("stage", "step", "state_digest", "hops_recorded")}
             for name, s in statuses.items()

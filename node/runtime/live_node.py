@@ -271,6 +271,7 @@ async def run_live_node(
                 except LeftOut as exc:
                     assert role.peers is not None  # only data nodes sharing a run are left out
                     log.warning("%s; asking to be taken back in", exc)
+                    role.stats.taken_back_in += 1
                     iteration = await role.peers.rejoin(config.flow_timeout_s)
                     await load_data_part(
                         rpc, role, iteration, config.flow_timeout_s, config.flow.ack_deadline_s

@@ -193,6 +193,7 @@ def test_a_data_node_left_out_while_alive_asks_back_in_by_itself(tmp_path: Path)
 
     trio.run(main)
     kept, left = ([r.iteration for r in swarm.results[name]] for name in names)
+    assert swarm.nodes[names[1]].role.stats.taken_back_in == 1
     assert kept == list(range(iterations))
     assert left[-1] == iterations - 1 and len(left) < iterations, "it skipped while out"
     workers = [swarm.nodes[name].role.worker for name in (*names, "a1", "b1")]
