@@ -77,6 +77,8 @@ class DataPeers:
     #: Where this data node tells a member it left out that it did, without waiting on it.
     background: trio.Nursery | None = None
     told_out: set[str] = field(default_factory=set)  # members told they were left out
+    #: iteration -> data nodes that did not answer a check-in about it (not asked again).
+    silent: dict[int, set[str]] = field(default_factory=dict)
     start_at: int | None = None  # the iteration the run took this data node in from
     _changed: trio.Event = field(default_factory=trio.Event)
 
@@ -324,21 +326,37 @@ class DataPeers:
         return False
 
     async def check_in(self, iteration: int) -> None:
-        """Raise ``LeftOut`` if another data node said or says it left this one out. Those
-        this one counts as gone are asked too: two data nodes that lost touch may each have gone
-        on alone, and the one whose hops the relays now refuse is the one to ask back in."""
+        """Raise ``LeftOut`` if another data node said or says it left this one out.
+
+        The live ones are asked, all at once; with none live, those counted as gone are asked
+        instead: two data nodes that lost touch may each have gone on alone, and the one whose
+        hops the relays now refuse is the one to ask back in. A peer that does not answer is
+        not asked again about this iteration, so a dead one costs one deadline at most."""
         if self.left_out_at is not None:
             raise LeftOut(self.left_out_at)
-        for peer in sorted(self.members):
+        silent = self.silent.setdefault(iteration, set())
+        for old in [i for i in self.silent if i < iteration]:
+            del self.silent[old]
+        asked = [p for p in (self.others() or sorted(self.members)) if p not in silent]
+        verdicts: list[bool] = []
+
+        async def ask(peer: str) -> None:
             try:
                 reply = control.decode_reply(
                     await control.ask(self.rpc, peer, control.Shard(), self.probe_timeout_s)
                 )
             except (PeerUnavailable, ProtocolError):
-                continue  # the probes decide about a peer that does not answer
+                silent.add(peer)  # the probes decide about a peer that does not answer
+                return
             if reply.get("left_out") is True:
                 log.warning("data node %s left this one out; asking back in", peer)
-                raise LeftOut(iteration)
+                verdicts.append(True)
+
+        async with trio.open_nursery() as nursery:
+            for peer in asked:
+                nursery.start_soon(ask, peer)
+        if verdicts:
+            raise LeftOut(iteration)
 
     async def _tell(self, peer: str, message: control.ControlRequest) -> None:
         for _ in range(PROBES_BEFORE_GONE):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError, TrainingError
 from node.p2p.host import full_address, peer_info, running_host
@@ -131,6 +132,17 @@ def test_data_nodes_starting_one_shard_or_counting_differently_are_refused(
                 peers[1].expected, peers[1].shard = 2, 1
                 await peers[0].wait_for_all(10.0)
                 assert peers[0].members == {ids[1]: 1}
+                # Checking in: counted, then left out by the other; one that never answers is
+                # asked once per iteration.
+                dead = str(ID.from_pubkey(load_or_create_identity(tmp_path / "x.key").public_key))
+                peers[0].members[dead] = 0
+                peers[1].members[ids[0]] = 0
+                await peers[0].check_in(3)
+                assert peers[0].silent == {3: {dead}}
+                peers[1].gone.add(ids[0])
+                with pytest.raises(LeftOut, match="left out of iteration 3"):
+                    await peers[0].check_in(3)
+                assert peers[0].left_out_at is None  # heard when asked, not told
 
     trio.run(main)
 
