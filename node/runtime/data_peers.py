@@ -178,8 +178,11 @@ class DataPeers:
             and peer in self.members
             and self.node_id not in message.members
         ):
-            self.left_out_at = message.iteration
-            self._changed.set()
+            # Left out of that iteration, unless the word is older than the one this data
+            # node was taken back in at (this one may have gone on alone for one iteration).
+            if message.iteration + 1 >= self.iteration:
+                self.left_out_at = message.iteration
+                self._changed.set()
             return control.encode_reply(True)
         # A data node is at most one iteration ahead of another (an iteration ends only when
         # every shard is done): anything further is refused, so a peer cannot grow these maps.

@@ -81,6 +81,8 @@ def test_a_data_node_hears_that_it_was_left_out_only_from_a_member() -> None:
     assert peers.left_out_at is None
     peers.handle("other", control.IterationEnded(5, 4, ("me", "other")))
     assert peers.left_out_at is None and peers.ended == {5: 4}
+    peers.handle("other", control.IterationEnded(3, 4, ("other",)))  # older than the last one
+    assert peers.left_out_at is None
     peers.handle("other", control.IterationEnded(4, 4, ("other",)))  # late, but still telling
     assert peers.left_out_at == 4
 
