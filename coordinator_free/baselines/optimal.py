@@ -100,7 +100,7 @@ class OptimalPolicy(PolicyDefaults):
             return self._assign(world, mb)
         route = self._mb_route.get(mb.mb_id)
         target = route[mb.stage + 1] if route is not None else None
-        if target is None or not world.is_alive(target):
+        if target is None or not self._serves(world, target, mb.stage + 1):
             target = self._greedy(world, node_id, mb.stage + 1)
         return Forward(target)
 
@@ -117,7 +117,7 @@ class OptimalPolicy(PolicyDefaults):
     def on_forward_timeout(
         self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
     ) -> HopDecision:
-        if world.is_alive(suspect):
+        if self._serves(world, suspect, mb.stage + 1):
             return Forward(suspect)
         return self.choose_next_hop(world, node_id, mb, now)
 
@@ -176,6 +176,16 @@ class OptimalPolicy(PolicyDefaults):
             return (full, world.edge_cost_ms(node_id, n), n)
 
         return min(candidates, key=rank)
+
+    @staticmethod
+    def _serves(world: WorldView, node_id: str, stage: int) -> bool:
+        """Whether ``node_id`` is alive and serves ``stage`` (a data node past S): a relay that
+        crashed and came back may have been placed at another stage since its route was made."""
+        if not world.is_alive(node_id):
+            return False
+        if stage > world.stages:
+            return world.spec(node_id).role == "data"
+        return world.stage_of(node_id) == stage
 
     @staticmethod
     def _alive(world: WorldView, stage: int) -> list[str]:

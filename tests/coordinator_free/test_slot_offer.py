@@ -153,3 +153,12 @@ def test_optimum_with_speed_aware_slots_runs_and_refuses_a_bad_scale() -> None:
     assert metrics.iterations_completed == 3 and metrics.capacity_exceeded == 0
     with pytest.raises(ConfigError, match="slot_speed_scale"):
         OptimalPolicy(slot_speed_scale=0.0)
+
+
+def test_optimum_never_forwards_to_a_relay_that_came_back_at_another_stage() -> None:
+    # 100 % of relays crash per hour: relay0 crashes and comes back placed at stage 1 while a
+    # microbatch's route (and a forward deadline) still named it for stage 2; that forward was
+    # a contract violation until routes were checked against the current stage.
+    scenario = build_scenario(GridCell(True, True, 1.0), 2, GridSize(iterations=30))
+    metrics = run_scenario(scenario, OptimalPolicy(slot_speed_scale=2.0))
+    assert metrics.stopped_reason == "finished" and metrics.iterations_completed == 30
