@@ -30,6 +30,24 @@ def slots_per_s(capacity: int, compute_ms: float) -> float:
     return capacity * _MS_PER_S / max(compute_ms, _MIN_COMPUTE_MS)
 
 
+def offered_slots(
+    capacity: int, compute_ms: float, fastest_compute_ms: float, slot_speed_scale: float
+) -> int:
+    """How many of its ``capacity`` slots a relay offers, given the fastest same-stage compute
+    time it knows: ``min(capacity, max(1, round(capacity x fastest / mine x scale)))``.
+
+    A relay computes its microbatches one after another, so a slot on a slow GPU holds its
+    microbatch longer than one on a fast GPU, while a max flow fills every slot offered: with
+    every slot offered, relays at speed 0.35 carried as many flows as those at 1.0 and each
+    iteration waited for them. A scale of 0 (or no compute time) offers every slot; so does a
+    relay as fast as the fastest when the scale is at least 1, so equal GPUs change nothing.
+    """
+    if slot_speed_scale <= 0 or compute_ms <= 0:
+        return capacity
+    fastest_ms = min(max(fastest_compute_ms, 0.0), compute_ms) or compute_ms
+    return max(1, min(capacity, round(capacity * fastest_ms / compute_ms * slot_speed_scale)))
+
+
 @dataclass(frozen=True, slots=True)
 class StageLoad:
     """What a stage carries (microbatches in flight, or demand) against what it can hold.

@@ -26,6 +26,7 @@ from typing import ClassVar
 import networkx as nx
 
 from coordinator_free.baselines.common import balanced_placement, unplaced_relays, weakest_stage
+from coordinator_free.placement import offered_slots
 from coordinator_free.sim.policy import (
     Action,
     Forward,
@@ -40,6 +41,7 @@ from coordinator_free.sim.policy import (
     Retry,
     WorldView,
 )
+from gwtf.errors import ConfigError
 
 #: Edge costs are scaled to integers (microseconds) because network simplex needs exact arithmetic.
 _COST_SCALE = 1000.0
@@ -55,8 +57,13 @@ class OptimalPolicy(PolicyDefaults):
     name: ClassVar[str] = "optimal"
     full_knowledge: ClassVar[bool] = True
 
-    def __init__(self, hop_timeout_s: float = 10.0) -> None:
+    def __init__(self, hop_timeout_s: float = 10.0, slot_speed_scale: float | None = None) -> None:
+        if slot_speed_scale is not None and not slot_speed_scale > 0:
+            raise ConfigError(
+                f"slot_speed_scale must be > 0 (or None: every slot), got {slot_speed_scale!r}"
+            )
         self._timing = PolicyTiming(hop_timeout_s, hop_timeout_s)
+        self.slot_speed_scale = slot_speed_scale
         self._dirty = True
         self._routes: dict[str, list[Route]] = {}
         self._in_use: dict[Route, int] = {}
@@ -93,7 +100,7 @@ class OptimalPolicy(PolicyDefaults):
             return self._assign(world, mb)
         route = self._mb_route.get(mb.mb_id)
         target = route[mb.stage + 1] if route is not None else None
-        if target is None or not world.is_alive(target):
+        if target is None or not self._serves(world, target, mb.stage + 1):
             target = self._greedy(world, node_id, mb.stage + 1)
         return Forward(target)
 
@@ -110,7 +117,7 @@ class OptimalPolicy(PolicyDefaults):
     def on_forward_timeout(
         self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
     ) -> HopDecision:
-        if world.is_alive(suspect):
+        if self._serves(world, suspect, mb.stage + 1):
             return Forward(suspect)
         return self.choose_next_hop(world, node_id, mb, now)
 
@@ -148,7 +155,7 @@ class OptimalPolicy(PolicyDefaults):
     def _recompute(self, world: WorldView) -> None:
         self._dirty = False
         self.recomputations += 1
-        graph = build_flow_graph(world, world.is_alive)
+        graph = build_flow_graph(world, world.is_alive, self.slot_speed_scale)
         flow = nx.max_flow_min_cost(graph, _SOURCE, _SINK)
         self._routes = decompose_routes(flow, world)
         self.flow_value = sum(len(r) for r in self._routes.values())
@@ -171,12 +178,29 @@ class OptimalPolicy(PolicyDefaults):
         return min(candidates, key=rank)
 
     @staticmethod
+    def _serves(world: WorldView, node_id: str, stage: int) -> bool:
+        """Whether ``node_id`` is alive and serves ``stage`` (a data node past S): a relay that
+        crashed and came back may have been placed at another stage since its route was made."""
+        if not world.is_alive(node_id):
+            return False
+        if stage > world.stages:
+            return world.spec(node_id).role == "data"
+        return world.stage_of(node_id) == stage
+
+    @staticmethod
     def _alive(world: WorldView, stage: int) -> list[str]:
         return [n for n in world.nodes_in_stage(stage) if world.is_alive(n)]
 
 
-def build_flow_graph(world: WorldView, is_usable: Callable[[str], bool]) -> nx.DiGraph:
-    """The layered graph with capacities and integer edge costs (µs) over usable nodes."""
+def build_flow_graph(
+    world: WorldView, is_usable: Callable[[str], bool], slot_speed_scale: float | None = None
+) -> nx.DiGraph:
+    """The layered graph with capacities and integer edge costs (µs) over usable nodes.
+
+    A relay's capacity is its ``capacity``, or with ``slot_speed_scale`` the slots
+    ``placement.offered_slots`` gives it against the fastest usable relay of its stage (the
+    rule GWTF's relays apply with what their peers' Hellos tell them).
+    """
     graph = nx.DiGraph()
     data = [d for d in world.data_nodes() if is_usable(d)]
     layers: list[list[tuple[str, str]]] = [[(d, f"out:{d}") for d in data]]
@@ -185,9 +209,17 @@ def build_flow_graph(world: WorldView, is_usable: Callable[[str], bool]) -> nx.D
         graph.add_edge(f"sink:{d}", _SINK, capacity=world.spec(d).capacity, weight=0)
     for stage in range(1, world.stages + 1):
         layer = []
+        members = [r for r in world.nodes_in_stage(stage) if is_usable(r)]
+        fastest = max((world.spec(r).speed for r in members), default=1.0)
         for relay in world.nodes_in_stage(stage):
             if is_usable(relay):
-                capacity = world.spec(relay).capacity
+                spec = world.spec(relay)
+                capacity = spec.capacity
+                if slot_speed_scale is not None:
+                    # compute time is inversely proportional to speed
+                    capacity = offered_slots(
+                        capacity, 1 / spec.speed, 1 / fastest, slot_speed_scale
+                    )
                 graph.add_edge(f"in:{relay}", f"out:{relay}", capacity=capacity, weight=0)
                 layer.append((relay, f"out:{relay}"))
         for prev, prev_out in layers[-1]:

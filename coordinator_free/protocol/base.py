@@ -20,6 +20,7 @@ from coordinator_free.messages import (
     PathReport,
     PathUpdate,
 )
+from coordinator_free.placement import offered_slots
 from coordinator_free.protocol.config import (
     DATA,
     FlowConfig,
@@ -56,6 +57,7 @@ class NodeBase:
         self.peers: dict[str, Peer] = {}
         self._alive_by_stage: dict[int, list[Peer]] = {}
         self._sink_cost_ms: float | None = None  # cached cost_to_sink_ms(); None when stale
+        self._offered_slots: int | None = None  # cached offered_slots(); None when stale
         #: The next-stage edges a table sends (``MovesMixin.table``); None once one may change.
         self._table_edges: tuple[EdgeEntry, ...] | None = None
         self.in_slots: dict[InKey, InSlot] = {}
@@ -93,8 +95,40 @@ class NodeBase:
 
     @property
     def spare(self) -> int:
-        """Flows this node can still accept (a data node: as a sink)."""
-        return self.spec.capacity - len(self.in_slots) - len(self.reserved)
+        """Flows this node can still accept (a data node: as a sink); < 0 while it holds more
+        than it now offers (its peers' speeds became known after it accepted them)."""
+        offered = self._offered_slots
+        if offered is None:
+            offered = self.offered_slots()
+        return offered - len(self.in_slots) - len(self.reserved)
+
+    def offered_slots(self) -> int:
+        """How many of its ``capacity`` slots this node offers (``placement.offered_slots``):
+        fewer on a relay slower than the fastest same-stage peer it knows from their Hellos,
+        ``capacity`` on data nodes, on the fastest, and with ``slot_speed_scale`` 0.
+
+        The scale (1.5) was chosen by measurement on the simulator's heterogeneous grid cells
+        (bench/README.md, sim_compare): it gave the highest throughput in one region and in
+        ten; lower scales leave slow relays idle while microbatches wait, higher ones let
+        them hold the iteration's tail again (2.5 and above: every slot, with speeds 1/0.35).
+        Never more than ``capacity``; a relay that learns of a faster peer after accepting
+        flows keeps them (``spare`` < 0) and takes no new one until it is below its offer.
+        """
+        offered = self._offered_slots
+        if offered is None:
+            offered = self._offered_slots = self._count_offered_slots()
+        return offered
+
+    def _count_offered_slots(self) -> int:
+        if self.is_data:
+            return self.spec.capacity
+        fastest_ms = self.spec.compute_ms
+        for peer in self.alive_peers(self.spec.stage):
+            if 0 < peer.compute_ms < fastest_ms and peer.role != DATA:
+                fastest_ms = peer.compute_ms
+        return offered_slots(
+            self.spec.capacity, self.spec.compute_ms, fastest_ms, self.config.slot_speed_scale
+        )
 
     def new_slot_number(self) -> int:
         self._next_slot += 1
@@ -146,6 +180,7 @@ class NodeBase:
         """Forget what was derived from the neighbour table (call after any change to it)."""
         self._alive_by_stage.clear()
         self._sink_cost_ms = None
+        self._offered_slots = None  # a same-stage peer's speed counts in it
         self._table_edges = None
 
     def set_peer_view(self, peer: Peer, spare: int, cost_to_sink_ms: float | None = None) -> None:

@@ -56,6 +56,10 @@ class FlowConfig:
     table_max_age_periods: int = 3
     # Ours: an annealing move not answered within this many periods is abandoned.
     move_timeout_periods: int = 2
+    # Ours: a relay offers min(capacity, max(1, round(capacity x fastest / mine x scale)))
+    # slots, where "fastest" is the least compute_ms among itself and the same-stage peers
+    # it knows (their Hello); 0 offers every slot. See ``NodeBase.offered_slots``.
+    slot_speed_scale: float = 1.5
 
     def __post_init__(self) -> None:
         if self.stages < 1:
@@ -73,6 +77,11 @@ class FlowConfig:
         for name, value in positive.items():
             if not math.isfinite(value) or value <= 0:
                 raise FlowConfigError(f"flow.{name} must be > 0, got {value!r}")
+        if not math.isfinite(self.slot_speed_scale) or self.slot_speed_scale < 0:
+            raise FlowConfigError(
+                f"flow.slot_speed_scale must be >= 0 (0 offers every slot), "
+                f"got {self.slot_speed_scale!r}"
+            )
         if not 0 < self.cooling <= 1:
             raise FlowConfigError(f"flow.cooling must be in (0, 1], got {self.cooling!r}")
         for name in ("anneal_probability_needing", "anneal_probability_idle"):

@@ -242,7 +242,7 @@ class RoutingMixin(NodeBase):
         cost = self._sink_cost_ms
         if cost is None or self.is_data:
             cost = self.cost_to_sink_ms()
-        spare = self.spec.capacity - len(self.in_slots) - len(self.reserved)
+        spare = self.spare
         return last[1] != (spare > 0) or (last[0] != cost and _moved(last[0], cost))
 
     def next_advert_refresh_s(self) -> float:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 from coordinator_free.messages import FIXED_SIZES, FlowLoanReturn, FlowWanted, encoded_size
@@ -62,8 +63,14 @@ class GwtfPolicy(PolicyDefaults):
 
     name: ClassVar[str] = "gwtf"
 
-    def __init__(self, neighbours_per_stage: int = 8, seed_offset: int = 0) -> None:
+    def __init__(
+        self,
+        neighbours_per_stage: int = 8,
+        seed_offset: int = 0,
+        slot_speed_scale: float | None = None,
+    ) -> None:
         self._neighbours_per_stage = neighbours_per_stage
+        self._slot_speed_scale = slot_speed_scale  # None: FlowConfig's default
         self._seed_offset = seed_offset
         self._config: FlowConfig | None = None
         self._rng = random.Random(seed_offset)
@@ -529,6 +536,8 @@ class GwtfPolicy(PolicyDefaults):
                 activation_bytes=float(world.activation_bytes),
                 max_peers_per_stage=max(self._neighbours_per_stage * 2, 4),
             )
+            if self._slot_speed_scale is not None:
+                self._config = replace(self._config, slot_speed_scale=self._slot_speed_scale)
         return self._config
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from coordinator_free.cost import symmetric_edge_cost_ms
+from coordinator_free.placement import offered_slots
 from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
 from coordinator_free.protocol.loopback import LoopbackNetwork
 from coordinator_free.protocol.state import SlotState
@@ -140,15 +141,27 @@ def check_consistent(network: LoopbackNetwork) -> None:
             )
 
 
-def optimum(swarm: Swarm) -> tuple[int, float]:
-    """networkx min-cost max-flow on the same graph: (max flow, cost of its slowest path)."""
+def slots_offered(swarm: Swarm, spec: NodeSpec, slot_speed_scale: float) -> int:
+    """The slots ``spec`` offers when it knows every same-stage relay (as here)."""
+    if spec.role == "data":
+        return spec.capacity
+    same = [s.compute_ms for s in swarm.specs if s.stage == spec.stage and s.role == "relay"]
+    return offered_slots(spec.capacity, spec.compute_ms, min(same), slot_speed_scale)
+
+
+def optimum(swarm: Swarm, slot_speed_scale: float | None = None) -> tuple[int, float]:
+    """networkx min-cost max-flow on the same graph: (max flow, cost of its slowest path).
+
+    Relays hold the slots they offer (``FlowConfig.slot_speed_scale``, the default unless
+    given), so this is the max flow the protocol can reach."""
+    if slot_speed_scale is None:
+        slot_speed_scale = FlowConfig(stages=swarm.stages, activation_bytes=1.0).slot_speed_scale
     graph = nx.DiGraph()
     scale = 1000  # integer weights keep network simplex exact
     data = [s for s in swarm.specs if s.role == "data"]
     for spec in swarm.specs:
-        graph.add_edge(
-            ("in", spec.node_id), ("out", spec.node_id), capacity=spec.capacity, weight=0
-        )
+        capacity = slots_offered(swarm, spec, slot_speed_scale)
+        graph.add_edge(("in", spec.node_id), ("out", spec.node_id), capacity=capacity, weight=0)
     for spec in data:
         graph.add_edge("S", ("src", spec.node_id), capacity=spec.capacity, weight=0)
         graph.add_edge(("out", spec.node_id), "T", capacity=spec.capacity, weight=0)
