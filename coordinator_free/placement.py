@@ -30,6 +30,11 @@ def slots_per_s(capacity: int, compute_ms: float) -> float:
     return capacity * _MS_PER_S / max(compute_ms, _MIN_COMPUTE_MS)
 
 
+#: The most a relay believes a same-stage peer is faster than itself (GPU generations differ by
+#: a few times; the grid's fastest and slowest by 2.9).
+MAX_SPEED_RATIO = 4.0
+
+
 def offered_slots(
     capacity: int, compute_ms: float, fastest_compute_ms: float, slot_speed_scale: float
 ) -> int:
@@ -45,6 +50,8 @@ def offered_slots(
     if slot_speed_scale <= 0 or compute_ms <= 0:
         return capacity
     fastest_ms = min(max(fastest_compute_ms, 0.0), compute_ms) or compute_ms
+    # A peer's speed is its own claim: one claiming to be far faster cuts the offer only so far.
+    fastest_ms = max(fastest_ms, compute_ms / MAX_SPEED_RATIO)
     return max(1, min(capacity, round(capacity * fastest_ms / compute_ms * slot_speed_scale)))
 
 

@@ -62,6 +62,8 @@ def test_slower_relays_offer_fewer_slots_and_scale_zero_offers_all() -> None:
     assert offered_slots(4, 1714.0, 600.0, 0.0) == 4  # switched off
     # A "fastest" slower than the node itself (stale news) never raises the offer.
     assert offered_slots(4, 600.0, 1714.0, 1.5) == 4
+    # A peer claiming to be a thousand times faster cuts it as one four times faster would.
+    assert offered_slots(8, 1000.0, 1.0, 1.5) == offered_slots(8, 1000.0, 250.0, 1.5) == 3
 
 
 def test_config_refuses_a_negative_or_infinite_scale() -> None:
