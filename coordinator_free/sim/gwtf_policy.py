@@ -22,7 +22,7 @@ from typing import ClassVar
 from coordinator_free.messages import FIXED_SIZES, FlowLoanReturn, FlowWanted, encoded_size
 from coordinator_free.placement import choose_stage, place_relays, slots_per_s, stage_loads
 from coordinator_free.protocol import DATA, FlowConfig, FlowNode, NodeSpec, Outbound
-from coordinator_free.protocol.state import Peer
+from coordinator_free.protocol.state import Peer, SlotState
 from coordinator_free.repair import HopKey, PendingHop, plan_forward_resend, plan_hop_repair
 from coordinator_free.sim.policy import (
     Action,
@@ -221,7 +221,7 @@ class GwtfPolicy(PolicyDefaults):
             self.stale_ticks += 1
             return self._wake(node, now)
         sends = node.tick(now)
-        if not node.alive_peers(node.next_stage):
+        if self._may_rediscover(node, now) and self._stuck(node):
             sends += self._rediscover(world, node, now)
         actions = self._sends(node_id, sends)
         wake = self._wake_action(node, now)
@@ -258,12 +258,25 @@ class GwtfPolicy(PolicyDefaults):
         # A later time postpones the tick asked for: the work it was for moved later.
         return Wake(node_id, wake_s, postpone=asked_s is not None and wake_s > asked_s)
 
-    def _rediscover(self, world: WorldView, node: FlowNode, now: float) -> list[Outbound]:
-        """A node that knows no live next-stage peer looks up more (another DHT lookup would),
-        at most once per ``_REDISCOVERY_PERIODS``: without one it can carry no flow."""
+    def _may_rediscover(self, node: FlowNode, now: float) -> bool:
         last_s = self._rediscovered_s.get(node.node_id, -math.inf)
-        if now - last_s < _REDISCOVERY_PERIODS * node.period_s:
-            return []
+        return now - last_s >= _REDISCOVERY_PERIODS * node.period_s
+
+    @staticmethod
+    def _stuck(node: FlowNode) -> bool:
+        """Whether ``node`` needs more next-stage peers: it knows no live one, or it has a flow
+        to send on and every one it knows is full (slow relays offer fewer slots, so the few
+        a node met first may all be taken)."""
+        peers = node.alive_peers(node.next_stage)
+        if not peers:
+            return True
+        if any(peer.spare > 0 for peer in peers):
+            return False
+        return any(out.state is SlotState.UNMATCHED for out in node.out_slots.values())
+
+    def _rediscover(self, world: WorldView, node: FlowNode, now: float) -> list[Outbound]:
+        """A node that is stuck (``_stuck``) looks up more next-stage peers (another DHT lookup
+        would), at most once per ``_REDISCOVERY_PERIODS``: without them it carries no flow."""
         self._rediscovered_s[node.node_id] = now
         members = [
             m
