@@ -30,6 +30,10 @@ class FlowConfig:
     cooling: float = 0.95
     anneal_probability_needing: float = 0.3
     anneal_probability_idle: float = 0.1
+    # Ours: annealing ends. An idle node whose rounds keep finding no move at all (while its
+    # flows and neighbours stay the same) halves its idle move chance per such round, down to
+    # 1 / this; a move found or any change restores it. 1 keeps the prototype's rate for good.
+    anneal_backoff_max: int = 8
     unmatched_timeout_periods: int = 12
     ack_deadline_s: float = 20.0
     keepalive_interval_s: float = 20.0
@@ -81,6 +85,7 @@ class FlowConfig:
                 raise FlowConfigError(f"flow.{name} must be in [0, 1], got {value!r}")
         counts = (
             "unmatched_timeout_periods",
+            "anneal_backoff_max",
             "keepalive_misses",
             "max_peers_per_stage",
             "max_upstream_peers",
