@@ -49,10 +49,11 @@ class FlowConfig:
     default_latency_ms: float = 50.0
     default_bandwidth_gbps: float = 1.0
     # Ours: how often an unchanged advert is repeated (adverts go on change and to new peers;
-    # the repeat only covers a lost message), and how often slot lists are exchanged. A slot
-    # list is also the keep-alive ping to the upstream peer, so its period matches the
-    # keep-alive interval (10 x 2 s = 20 s) and the two make one message, not two.
-    advert_refresh_periods: int = 150
+    # the repeat only covers a lost message: every 15 min, it was 5 and made half of a large
+    # swarm's steady-state adverts), and how often slot lists are exchanged. A slot list is
+    # also the keep-alive ping to an upstream peer not heard from lately, so its period matches
+    # the keep-alive interval (10 x 2 s = 20 s) and the two make one message, not two.
+    advert_refresh_periods: int = 450
     reconcile_periods: int = 10
     # Ours: a peer that rejected a slot is not asked again for it for this many periods.
     exclusion_periods: int = 6
