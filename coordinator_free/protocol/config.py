@@ -30,6 +30,10 @@ class FlowConfig:
     cooling: float = 0.95
     anneal_probability_needing: float = 0.3
     anneal_probability_idle: float = 0.1
+    # Ours: annealing ends. An idle node whose rounds keep finding no move at all (while its
+    # flows and neighbours stay the same) halves its idle move chance per such round, down to
+    # 1 / this; a move found or any change restores it. 1 keeps the prototype's rate for good.
+    anneal_backoff_max: int = 8
     unmatched_timeout_periods: int = 12
     ack_deadline_s: float = 20.0
     keepalive_interval_s: float = 20.0
@@ -45,10 +49,11 @@ class FlowConfig:
     default_latency_ms: float = 50.0
     default_bandwidth_gbps: float = 1.0
     # Ours: how often an unchanged advert is repeated (adverts go on change and to new peers;
-    # the repeat only covers a lost message), and how often slot lists are exchanged. A slot
-    # list is also the keep-alive ping to the upstream peer, so its period matches the
-    # keep-alive interval (10 x 2 s = 20 s) and the two make one message, not two.
-    advert_refresh_periods: int = 150
+    # the repeat only covers a lost message: every 15 min, it was 5 and made half of a large
+    # swarm's steady-state adverts), and how often slot lists are exchanged. A slot list is
+    # also the keep-alive ping to an upstream peer not heard from lately, so its period matches
+    # the keep-alive interval (10 x 2 s = 20 s) and the two make one message, not two.
+    advert_refresh_periods: int = 450
     reconcile_periods: int = 10
     # Ours: a peer that rejected a slot is not asked again for it for this many periods.
     exclusion_periods: int = 6
@@ -90,6 +95,7 @@ class FlowConfig:
                 raise FlowConfigError(f"flow.{name} must be in [0, 1], got {value!r}")
         counts = (
             "unmatched_timeout_periods",
+            "anneal_backoff_max",
             "keepalive_misses",
             "max_peers_per_stage",
             "max_upstream_peers",

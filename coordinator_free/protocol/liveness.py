@@ -4,7 +4,9 @@ Keep-alives go only to flow partners (upstream and next hops of carried flows), 
 ``keepalive_interval_s``; an unanswered ping after ``keepalive_timeout_s`` is a miss, and
 ``keepalive_misses`` misses in a row declare the peer dead (GWTF prototype: 20 s, 5 s, 3). The
 data plane declares deaths sooner through ``peer_dead`` when a hop acknowledgement is missed.
-A dead peer is never chosen again until it introduces itself anew.
+A dead peer is never chosen again until it introduces itself anew. Any message, and any hop
+acknowledgement the data plane reports through ``heard_from``, counts as a sign of life: a flow
+partner that keeps delivering is never pinged (the slot list to it then asks for no answer).
 """
 
 from __future__ import annotations

@@ -58,6 +58,10 @@ _MAX_TABLE_ENTRIES = 128
 
 
 class MovesMixin(SharingMixin):
+    #: Divides the idle move chance (``note_round``); 1 is the prototype's rate.
+    idle_backoff: int = 1
+    _fruitless_signature: tuple[object, ...] | None = None
+
     # ---- tables ---------------------------------------------------------------------------------
 
     def table(self) -> TableExchange:
@@ -186,6 +190,7 @@ class MovesMixin(SharingMixin):
         if handover:
             return handover
         moves = self._candidate_moves(peer)
+        self.note_round(found_moves=bool(moves))
         if not moves:
             return []
         best = max(moves, key=lambda move: move.gain_ms)
@@ -197,6 +202,32 @@ class MovesMixin(SharingMixin):
         if isinstance(chosen, SwapMove):
             return self._propose_swap(peer, chosen, now)
         return self._request_take_over(peer, chosen, now)
+
+    def note_round(self, found_moves: bool) -> None:
+        """Annealing's end: an idle node whose rounds keep finding no move at all, while its own
+        flows and neighbours stay as they were, tries its idle moves less often (the expected
+        wait doubles per such round after the first, up to ``anneal_backoff_max`` times the
+        prototype's); a round that finds any move, or a change of its flows or neighbours
+        (``FlowNode.tick`` checks), restores the full rate."""
+        if found_moves:
+            self.idle_backoff, self._fruitless_signature = 1, None
+            return
+        signature = self.flow_signature()
+        if signature == self._fruitless_signature:
+            self.idle_backoff = min(2 * self.idle_backoff, self.config.anneal_backoff_max)
+        else:
+            self.idle_backoff, self._fruitless_signature = 1, signature
+
+    def flow_signature(self) -> tuple[object, ...]:
+        """What decides which moves this node can make: its flows and next hops, its load, and
+        how many live peers it knows in the three stages it deals with."""
+        return (
+            tuple((out.slot, out.next_hop, out.state) for out in self.out_slots.values()),
+            len(self.in_slots) + len(self.reserved),
+            len(self.alive_peers(self.previous_stage)),
+            len(self.alive_peers(self.spec.stage)),
+            len(self.alive_peers(self.next_stage)),
+        )
 
     def _candidate_moves(self, peer: Peer) -> list[Move]:
         assert peer.table is not None

@@ -150,6 +150,10 @@ class FlowNode(RoutingMixin, MovesMixin, LendingMixin, LivenessMixin):
             self._idle_move_at_s = None
             moving = self.rng.random() < self.config.anneal_probability_needing
         else:
+            if self.idle_backoff > 1 and self.flow_signature() != self._fruitless_signature:
+                # Its flows or neighbours changed since the rounds that found nothing: the
+                # next idle move comes at the full rate again (drawn afresh).
+                self.idle_backoff, self._idle_move_at_s = 1, None
             moving = self._idle_move(now)
         if moving and self.moves_enabled:
             rerouted = self.try_reroute(now)
@@ -193,7 +197,7 @@ class FlowNode(RoutingMixin, MovesMixin, LendingMixin, LivenessMixin):
 
     def _periods_until_idle_move(self) -> float:
         """Rounds that pass before the next idle move (0: this one), geometric in the chance."""
-        chance = self.config.anneal_probability_idle
+        chance = self.config.anneal_probability_idle / self.idle_backoff
         if chance >= 1.0:
             return 0.0
         if chance <= 0.0:

@@ -251,9 +251,10 @@ class RoutingMixin(NodeBase):
     def reconcile(self, now: float) -> list[Outbound]:
         """Send each upstream peer the list of its slots I carry; drop silent downstream slots.
 
-        The slot list doubles as the keep-alive ping to that peer (``keepalive`` then has no
-        ping to send it for an interval), so a flow's two ends exchange one message each way
-        per period instead of a slot list plus a ping and its answer.
+        The slot list doubles as the keep-alive ping to a peer quiet for about an interval
+        (``keepalive`` then has no ping to send it for an interval), so a flow's two ends
+        exchange one message each way per period instead of a slot list plus a ping and its
+        answer, and one message alone while the data plane shows the peer alive.
         """
         by_upstream: dict[str, list[int]] = {}
         for inflow in self.in_slots.values():
@@ -273,11 +274,17 @@ class RoutingMixin(NodeBase):
         return sends
 
     def _keepalive_nonce(self, peer_id: str, now: float) -> int:
-        """The ping nonce a slot list to ``peer_id`` carries (0 for a peer not watched)."""
+        """The ping nonce a slot list to ``peer_id`` carries: 0 (no answer wanted) for a peer
+        not watched or heard from within the keep-alive interval less one period (a busy link
+        needs no ping: TCP's keep-alive goes only on idle connections; ``keepalive`` pings the
+        peer should it fall quiet for an interval before the next slot list)."""
         peer = self.peers.get(peer_id)
         if peer is None or not peer.alive:
             return 0
         if peer.ping_nonce is None:  # a new ping; an outstanding one keeps its deadline
+            quiet_s = now - max(peer.last_heard_s, peer.last_ping_s)
+            if quiet_s < self.config.keepalive_interval_s - self.period_s:
+                return 0  # heard from lately (a message, or an ack via ``heard_from``)
             peer.ping_nonce, peer.ping_sent_s = self.new_nonce(), now
         peer.last_ping_s = now
         return peer.ping_nonce

@@ -19,6 +19,8 @@ from coordinator_free.messages import (
     Pong,
     PushBack,
     SlotList,
+    TableExchange,
+    TableRequest,
 )
 from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
 from coordinator_free.protocol.annealing import FlowView, SwapMove, TakeOverMove
@@ -220,6 +222,75 @@ def test_three_missed_keepalives_declare_a_flow_partner_dead() -> None:
     assert slot_list_pings == 1
     assert 35.0 < now <= 40.0
     assert not node.in_slots  # the flow from the dead upstream is released
+
+
+def test_a_flow_partner_heard_from_gets_no_ping_and_one_falling_silent_is_declared_dead() -> None:
+    node, request = relay_carrying_one_flow(accepted_s=0.0)
+    to_d0: list = []
+    now = 0.0
+    while node.peers["d0"].alive and now < 300.0:
+        if now < 100.0 and now % 15.0 == 0.0:  # d0 delivers a hop every 15 s: acks show it
+            node.heard_from("d0", now)
+        sends = node.tick(now)
+        to_d0 += [out.message for out in sends if out.to == "d0"]
+        for ping in sent(sends, Ping):
+            if ping.to == "x":
+                node.handle("x", Pong(ping.message.nonce), now + 0.1)
+        node.handle("x", SlotList((request.message.slot,)), now + 0.1)  # x still carries it
+        now += 1.0
+    slot_lists = [m for m in to_d0 if isinstance(m, SlotList)]
+    # While d0 delivered, the slot lists asked for no answer and no ping went to it.
+    assert [m.nonce for m in slot_lists[:5]] == [0] * 5  # at 18, 38, ..., 98 s
+    assert all(m.slots == (3,) for m in slot_lists)
+    # Silent since 90 s: pinged an interval later, dead after three missed answers (a slot
+    # list going out meanwhile carries the outstanding ping's nonce).
+    pings = {m.nonce for m in to_d0 if isinstance(m, (Ping, SlotList)) and m.nonce != 0}
+    assert len(pings) == CONFIG.keepalive_misses
+    assert not node.peers["d0"].alive and not node.in_slots
+    assert 90.0 + 20.0 + 3 * 5.0 <= now <= 90.0 + 20.0 + 3 * 6.0 + 1.0
+
+
+def test_an_idle_node_whose_rounds_find_no_move_backs_off_until_something_changes() -> None:
+    node, _ = relay_carrying_one_flow(accepted_s=0.0)
+    meet(node, ("b", "relay", 1))
+    empty = TableExchange(2, (), ())
+    requests: list[float] = []
+
+    def run(start_s: float, end_s: float) -> None:
+        now = start_s
+        while now < end_s:
+            for out in node.tick(now):
+                if isinstance(out.message, TableRequest):
+                    requests.append(now)
+                    node.handle("b", empty, now + 0.1)  # b carries nothing: no move with it
+            node.handle("x", SlotList((3,)), now + 0.1)
+            node.handle("d0", Pong(node.peers["d0"].ping_nonce or 0), now + 0.1)
+            now += CONFIG.decision_period_s
+
+    run(0.0, 4000.0)
+    late = len([t for t in requests if t >= 2000.0])
+    assert node.idle_backoff == CONFIG.anneal_backoff_max
+    # The prototype's rate, 0.1 per 2 s period, would make ~100 rounds in the last 2,000 s;
+    # backed off to 1/8 of it, ~12 (still trying: a peer's table may change).
+    assert 0 < late <= 25
+    # A new neighbour (a change its rounds had not seen) restores the full rate at once.
+    meet(node, ("y", "relay", 2))
+    node.tick(4000.0)
+    assert node.idle_backoff == 1
+    # And so does a round that finds a move.
+    node.idle_backoff = 4
+    node.note_round(found_moves=True)
+    assert node.idle_backoff == 1
+
+
+def test_the_backoff_of_rounds_can_be_turned_off() -> None:
+    config = FlowConfig(stages=2, activation_bytes=1e6, anneal_backoff_max=1)
+    node = FlowNode(NodeSpec("a", "relay", 1, 2, 20.0), config, random.Random(1))
+    for _ in range(5):
+        node.note_round(found_moves=False)
+    assert node.idle_backoff == 1
+    with pytest.raises(FlowConfigError, match="anneal_backoff_max"):
+        FlowConfig(stages=2, activation_bytes=1.0, anneal_backoff_max=0)
 
 
 def test_bad_config_and_spec_are_refused_with_a_config_error() -> None:
