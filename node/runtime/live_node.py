@@ -360,13 +360,17 @@ def _loads(flow: FlowService, book: AddressBook) -> list[control.LoadEntry]:
     """This node and the live peers its flow protocol knows, with capacity and spare."""
     node = flow.node
     own = book.own
+    # A joiner counts capacity less spare as the flows a replica carries. Counted here: the
+    # flows it passes on. The slots a slow relay holds back (``offered_slots``) carry none, and
+    # flows it holds but cannot forward are not its load: the stage after it is short of room.
+    carried = sum(1 for out in node.out_slots.values() if out.is_carried)
     entries = [
         control.LoadEntry(
             own.peer_id,
             own.address,
             node.spec.stage,
             node.spec.capacity,
-            node.spare,
+            node.spec.capacity - carried,
             node.spec.compute_ms,
         )
     ]
