@@ -58,6 +58,7 @@ class NodeBase:
         self._alive_by_stage: dict[int, list[Peer]] = {}
         self._sink_cost_ms: float | None = None  # cached cost_to_sink_ms(); None when stale
         self._offered_slots: int | None = None  # cached offered_slots(); None when stale
+        self._speed_reference: str | None = None  # set with it (``speed_reference``)
         #: The next-stage edges a table sends (``MovesMixin.table``); None once one may change.
         self._table_edges: tuple[EdgeEntry, ...] | None = None
         self.in_slots: dict[InKey, InSlot] = {}
@@ -119,16 +120,27 @@ class NodeBase:
             offered = self._offered_slots = self._count_offered_slots()
         return offered
 
+    def speed_reference(self) -> str | None:
+        """The same-stage peer whose speed cuts this relay's slot offer, if one does. Keep-alives
+        watch it like a flow partner: a relay that never learned its faster peer died would
+        keep offering fewer slots for good, and its stage would carry less than it can."""
+        self.offered_slots()
+        return self._speed_reference
+
     def _count_offered_slots(self) -> int:
+        self._speed_reference = None
         if self.is_data:
             return self.spec.capacity
-        fastest_ms = self.spec.compute_ms
+        fastest_ms, fastest = self.spec.compute_ms, None
         for peer in self.alive_peers(self.spec.stage):
             if 0 < peer.compute_ms < fastest_ms and peer.role != DATA:
-                fastest_ms = peer.compute_ms
-        return offered_slots(
+                fastest_ms, fastest = peer.compute_ms, peer.peer_id
+        offer = offered_slots(
             self.spec.capacity, self.spec.compute_ms, fastest_ms, self.config.slot_speed_scale
         )
+        if offer < self.spec.capacity:
+            self._speed_reference = fastest
+        return offer
 
     def new_slot_number(self) -> int:
         self._next_slot += 1

@@ -121,9 +121,13 @@ class LivenessMixin(NodeBase):
             peer.last_heard_s = now
 
     def flow_partners(self) -> set[str]:
-        """Upstream peers of carried flows and next hops of sent ones: whom keep-alives watch."""
+        """Upstream peers of carried flows, next hops of sent ones, and the same-stage peer that
+        cuts this relay's slot offer (``speed_reference``): whom keep-alives watch."""
         partners = {inflow.upstream for inflow in self.in_slots.values()}
         partners.update(o.next_hop for o in self.out_slots.values() if o.next_hop is not None)
+        reference = self.speed_reference()
+        if reference is not None:
+            partners.add(reference)
         return partners
 
     def next_keepalive_s(self, now: float, not_before_s: float = -INF) -> float:
@@ -138,6 +142,7 @@ class LivenessMixin(NodeBase):
         peers = self.peers
         partners: list[str | None] = [inflow.upstream for inflow in self.in_slots.values()]
         partners += [out.next_hop for out in self.out_slots.values()]
+        partners.append(self.speed_reference())
         for peer_id in partners:
             peer = peers.get(peer_id) if peer_id is not None else None
             if peer is None or not peer.alive:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from coordinator_free.baselines.optimal import OptimalPolicy, build_flow_graph
 from coordinator_free.flow_errors import FlowConfigError
-from coordinator_free.messages import FlowAccept, FlowReject, FlowRequest, Hello
+from coordinator_free.messages import FlowAccept, FlowReject, FlowRequest, Hello, Ping
 from coordinator_free.placement import offered_slots
 from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
 from coordinator_free.sim.engine import run_scenario
@@ -85,6 +85,24 @@ def test_a_slow_relay_offers_fewer_slots_once_it_hears_of_a_faster_peer() -> Non
     assert node.spare == 2
     node.peer_dead("fast", 1.0)  # the fast peer gone: every slot again
     assert node.spare == 4
+
+
+def test_a_slow_relay_watches_the_peer_that_cuts_its_offer_and_offers_all_when_it_dies() -> None:
+    """Keep-alives watch flow partners; a faster same-stage peer is none, yet a relay that never
+    learned it died would offer fewer slots for good (its stage then carried half the max flow
+    after the fastest relay crashed)."""
+    node = relay(1714.0)
+    node.handle("fast", hello(1, 600.0), 0.0)
+    assert node.speed_reference() == "fast" and "fast" in node.flow_partners()
+    interval = CONFIG.keepalive_interval_s
+    pings = [o for o in node.keepalive(interval) if isinstance(o.message, Ping)]
+    assert [o.to for o in pings] == ["fast"]
+    now = interval
+    for _ in range(CONFIG.keepalive_misses):  # it never answers
+        now += CONFIG.keepalive_timeout_s + 0.1
+        node.keepalive(now)
+    assert not node.peers["fast"].alive
+    assert node.speed_reference() is None and node.spare == 4
 
 
 def test_equal_peers_change_nothing_and_scale_zero_ignores_speeds() -> None:
