@@ -22,6 +22,7 @@ from node.runtime.data_role import IterationResult
 from node.runtime.dataplane import PROTOCOL_ID as HOP
 from node.training.checkpoint import state_digest
 from tests.runtime.swarm_harness import (
+    Scenario,
     Swarm,
     node_config,
     reference_losses,
@@ -99,6 +100,18 @@ def test_two_data_nodes_share_each_iteration_and_match_the_reference(tmp_path: P
     assert state_digest(workers[0]) == state_digest(workers[1])  # bit for bit alike
 
 
+def run_two_data_nodes(tmp_path: Path, iterations: int, scenario: Scenario, swarm: Swarm) -> None:
+    """Two data nodes and one relay per stage, with ``scenario`` running beside them."""
+
+    async def main() -> None:
+        with trio.fail_after(170):
+            await run_swarm(
+                tmp_path, iterations, BATCH, {"a1": 1, "b1": 2}, scenario, swarm, data_nodes=2
+            )
+
+    trio.run(main)
+
+
 @pytest.mark.parametrize("identity", ["new", "same"])
 def test_a_data_node_that_dies_is_left_out_and_a_new_one_takes_over_its_shard(
     tmp_path: Path, identity: str
@@ -134,19 +147,7 @@ def test_a_data_node_that_dies_is_left_out_and_a_new_one_takes_over_its_shard(
         )
         taken_over.extend(await run_data_node(config, swarm))
 
-    async def main() -> None:
-        with trio.fail_after(170):
-            await run_swarm(
-                tmp_path,
-                iterations,
-                BATCH,
-                {"a1": 1, "b1": 2},
-                kill_and_replace,
-                swarm,
-                data_nodes=2,
-            )
-
-    trio.run(main)
+    run_two_data_nodes(tmp_path, iterations, kill_and_replace, swarm)
     results = swarm.results["data"]
     assert [r.iteration for r in results] == list(range(iterations))
     assert all(r.restarts == 0 and r.relays_stepped == 2 for r in results)
@@ -179,19 +180,7 @@ def test_a_data_node_left_out_while_alive_asks_back_in_by_itself(tmp_path: Path)
         assert leader is not None
         leader.gone.add(swarm.nodes[names[1]].plane.node_id)
 
-    async def main() -> None:
-        with trio.fail_after(170):
-            await run_swarm(
-                tmp_path,
-                iterations,
-                BATCH,
-                {"a1": 1, "b1": 2},
-                leave_out,
-                swarm,
-                data_nodes=2,
-            )
-
-    trio.run(main)
+    run_two_data_nodes(tmp_path, iterations, leave_out, swarm)
     kept, left = ([r.iteration for r in swarm.results[name]] for name in names)
     assert swarm.nodes[names[1]].role.stats.taken_back_in == 1
     assert kept == list(range(iterations))
