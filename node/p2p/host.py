@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 #: How long closing the sockets of a stopping host may take before it is given up.
 _CLOSE_S = 2.0
 #: How long a peer's address stays in the peerstore (py-libp2p needs a time to live).
-_ADDRESS_TTL_S = 3600
+ADDRESS_TTL_S = 3600
 
 
 def build_host(key_pair: KeyPair, dial_timeout_s: float = 10.0) -> IHost:
@@ -77,7 +77,7 @@ def point_at(host: IHost, peer_id: ID, addrs: Sequence[multiaddr.Multiaddr]) -> 
     network = host.get_network()
     if isinstance(network, Swarm):
         network.unblock_peer(peer_id)
-    host.get_peerstore().add_addrs(peer_id, addrs, _ADDRESS_TTL_S)
+    host.get_peerstore().add_addrs(peer_id, addrs, ADDRESS_TTL_S)
 
 
 def peer_info(address: str) -> PeerInfo:

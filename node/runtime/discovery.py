@@ -22,7 +22,7 @@ import trio
 from libp2p.peer.id import ID
 
 from gwtf.errors import ConfigError, ProtocolError
-from node.p2p.host import full_address, peer_info, point_at
+from node.p2p.host import ADDRESS_TTL_S, full_address, peer_info, point_at
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 
 log = logging.getLogger(__name__)
@@ -119,12 +119,12 @@ class AddressBook:
         return [r for r in self.peers.values() if r.stage == stage]
 
     def _remember_address(self, record: PeerRecord, moved: bool) -> None:
-        addrs = peer_info(record.address).addrs
+        peer, addrs = ID.from_base58(record.peer_id), peer_info(record.address).addrs
         if moved:
             # Only the new address: py-libp2p dials the first one it stored for a peer.
-            point_at(self.rpc.host, ID.from_base58(record.peer_id), addrs)
+            point_at(self.rpc.host, peer, addrs)
         else:
-            self.rpc.host.get_peerstore().add_addrs(ID.from_base58(record.peer_id), addrs, 3600)
+            self.rpc.host.get_peerstore().add_addrs(peer, addrs, ADDRESS_TTL_S)
 
     async def exchange_with(self, address: str) -> None:
         """Introduce this node to the peer at ``address`` and learn the peers it knows."""

@@ -363,7 +363,7 @@ def _loads(flow: FlowService, book: AddressBook) -> list[control.LoadEntry]:
     # A joiner counts capacity less spare as the flows a replica carries. Counted here: the
     # flows it passes on. The slots a slow relay holds back (``offered_slots``) carry none, and
     # flows it holds but cannot forward are not its load: the stage after it is short of room.
-    carried = sum(1 for out in node.out_slots.values() if out.is_carried)
+    carried = node.carried_count()
     entries = [
         control.LoadEntry(
             own.peer_id,
