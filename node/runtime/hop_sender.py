@@ -91,6 +91,7 @@ class HopSender:
                 await self.plane.send(to, header, frame)
                 if self.wiring is not None:
                     self.wiring.observe(to, trio.current_time() - sent_at)
+                self._acknowledged(to)
                 self._record(header, to, input_digest, frame)
                 return to
             except PeerUnavailable as exc:
@@ -145,6 +146,7 @@ class HopSender:
                         self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
                     header = await self._around(header, tried)
                     continue
+                self._acknowledged(to)
                 if not record.recorded:  # a gradient sent again is the same work, claimed once
                     self._record(header, to, record.input_digest, record.frame)
                     record.recorded = True
@@ -231,6 +233,10 @@ class HopSender:
         reply = control.decode_reply(await control.ask(self.plane.rpc, before, request, timeout_s))
         if not reply["ok"]:
             raise PeerUnavailable(f"{before} could not re-send microbatch {header.microbatch_id}")
+
+    def _acknowledged(self, peer: str) -> None:
+        """An acknowledged hop proves ``peer`` alive: the core's keep-alives need not ping it."""
+        self.flow.node.heard_from(peer, trio.current_time())
 
     def _record(self, header: HopHeader, to: str, input_digest: bytes, frame: bytes) -> None:
         """Record the hop this node computed, once ``to`` acknowledged its output (``header`` is
