@@ -21,6 +21,11 @@ from coordinator_free.protocol.state import INF, Peer, SlotState
 
 #: A measured compute time is announced once it differs from the announced one by this fraction.
 COMPUTE_CHANGE = 0.25
+#: The same-stage peer that cuts a relay's slot offer (``speed_reference``) is pinged after this
+#: many keep-alive intervals of quiet, not one: its death loses no microbatch (it carries none of
+#: this relay's flows), only slots this relay could offer meanwhile, and at 1,000 nodes one ping
+#: per slow relay each interval was a tenth of all control messages.
+REFERENCE_WATCH_INTERVALS = 4
 
 
 class LivenessMixin(NodeBase):
@@ -123,12 +128,22 @@ class LivenessMixin(NodeBase):
     def flow_partners(self) -> set[str]:
         """Upstream peers of carried flows, next hops of sent ones, and the same-stage peer that
         cuts this relay's slot offer (``speed_reference``): whom keep-alives watch."""
-        partners = {inflow.upstream for inflow in self.in_slots.values()}
-        partners.update(o.next_hop for o in self.out_slots.values() if o.next_hop is not None)
+        partners = self._flow_ends()
         reference = self.speed_reference()
         if reference is not None:
             partners.add(reference)
         return partners
+
+    def _flow_ends(self) -> set[str]:
+        partners = {inflow.upstream for inflow in self.in_slots.values()}
+        partners.update(o.next_hop for o in self.out_slots.values() if o.next_hop is not None)
+        return partners
+
+    def _watch_interval_s(self, peer_id: str, flow_ends: set[str]) -> float:
+        """How long ``peer_id`` may be quiet before a ping: longer for the speed reference
+        alone (``REFERENCE_WATCH_INTERVALS``)."""
+        interval_s = self.config.keepalive_interval_s
+        return interval_s if peer_id in flow_ends else REFERENCE_WATCH_INTERVALS * interval_s
 
     def next_keepalive_s(self, now: float, not_before_s: float = -INF) -> float:
         """When ``keepalive`` next has something to do (a ping to send or a miss to count).
@@ -142,24 +157,22 @@ class LivenessMixin(NodeBase):
         peers = self.peers
         partners: list[str | None] = [inflow.upstream for inflow in self.in_slots.values()]
         partners += [out.next_hop for out in self.out_slots.values()]
-        partners.append(self.speed_reference())
         for peer_id in partners:
             peer = peers.get(peer_id) if peer_id is not None else None
             if peer is None or not peer.alive:
                 continue
-            if peer.ping_nonce is not None and peer.last_heard_s <= peer.ping_sent_s:
-                peer_due_s = peer.ping_sent_s + timeout_s
-            elif peer.ping_nonce is None and peer.misses > 0:
-                peer_due_s = now
-            else:
-                last_s = peer.last_heard_s
-                if peer.last_ping_s > last_s:
-                    last_s = peer.last_ping_s
-                peer_due_s = last_s + interval_s
+            peer_due_s = _ping_due_s(peer, now, interval_s, timeout_s)
             if peer_due_s < due_s:
                 if peer_due_s <= not_before_s:
                     return not_before_s
                 due_s = peer_due_s
+        reference = self.speed_reference()
+        peer = peers.get(reference) if reference is not None else None
+        if peer is not None and peer.alive and reference not in partners:
+            reference_interval_s = REFERENCE_WATCH_INTERVALS * interval_s
+            due_s = min(
+                due_s, max(not_before_s, _ping_due_s(peer, now, reference_interval_s, timeout_s))
+            )
         return due_s
 
     def keepalive(self, now: float) -> list[Outbound]:
@@ -169,6 +182,7 @@ class LivenessMixin(NodeBase):
         ``heard_from``) counts as an answer, so busy links need no pings.
         """
         sends: list[Outbound] = []
+        flow_ends = self._flow_ends()
         for peer_id in sorted(self.flow_partners()):
             peer = self.peers.get(peer_id)
             if peer is None or not peer.alive:
@@ -186,7 +200,8 @@ class LivenessMixin(NodeBase):
             # After a miss the next ping goes at once: three misses take three timeouts, not
             # three intervals, so a silent partner is declared dead within interval + 3 timeouts.
             retry = peer.ping_nonce is None and peer.misses > 0
-            if retry or (peer.ping_nonce is None and quiet_s >= self.config.keepalive_interval_s):
+            interval_s = self._watch_interval_s(peer_id, flow_ends)
+            if retry or (peer.ping_nonce is None and quiet_s >= interval_s):
                 peer.ping_nonce, peer.ping_sent_s, peer.last_ping_s = self.new_nonce(), now, now
                 sends.append(Outbound(peer_id, Ping(peer.ping_nonce)))
         return sends
@@ -224,3 +239,16 @@ class LivenessMixin(NodeBase):
         self.reserved.clear()
         self.left = True
         return sends
+
+
+def _ping_due_s(peer: Peer, now: float, interval_s: float, timeout_s: float) -> float:
+    """When a watched ``peer`` next needs ``keepalive``: its ping's timeout, at once after a
+    miss, or an interval after it was last heard from or pinged."""
+    if peer.ping_nonce is not None and peer.last_heard_s <= peer.ping_sent_s:
+        return peer.ping_sent_s + timeout_s
+    if peer.ping_nonce is None and peer.misses > 0:
+        return now
+    last_s = peer.last_heard_s
+    if peer.last_ping_s > last_s:
+        last_s = peer.last_ping_s
+    return last_s + interval_s

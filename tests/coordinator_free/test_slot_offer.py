@@ -15,6 +15,7 @@ from coordinator_free.flow_errors import FlowConfigError
 from coordinator_free.messages import FlowAccept, FlowReject, FlowRequest, Hello, Ping
 from coordinator_free.placement import offered_slots
 from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from coordinator_free.protocol.liveness import REFERENCE_WATCH_INTERVALS
 from coordinator_free.sim.engine import run_scenario
 from coordinator_free.sim.generator import GridCell, GridSize, build_scenario
 from coordinator_free.sim.world import World
@@ -94,7 +95,10 @@ def test_a_slow_relay_watches_the_peer_that_cuts_its_offer_and_offers_all_when_i
     node = relay(1714.0)
     node.handle("fast", hello(1, 600.0), 0.0)
     assert node.speed_reference() == "fast" and "fast" in node.flow_partners()
-    interval = CONFIG.keepalive_interval_s
+    # It carries none of this relay's flows: watched after a few quiet intervals, not one.
+    interval = REFERENCE_WATCH_INTERVALS * CONFIG.keepalive_interval_s
+    assert node.next_keepalive_s(0.0) == interval
+    assert not [o for o in node.keepalive(interval - 1.0) if isinstance(o.message, Ping)]
     pings = [o for o in node.keepalive(interval) if isinstance(o.message, Ping)]
     assert [o.to for o in pings] == ["fast"]
     now = interval
