@@ -62,6 +62,8 @@ from gwtf.errors import ConfigError, GwtfError
 from node.runtime.fault_injection import CRASH_MOMENTS
 from node.settings import AUTO_STAGE, FlowSettings, load_settings
 from node.swarm_chain import ChainPlan, SwarmChain, chain_facts, child_env, start_swarm_chain
+from node.training.config import model_for_run
+from node.training.errors import ModelConfigError
 
 _DEFAULT_FLOW = {
     "decision_period_s": 0.5,
@@ -153,6 +155,12 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
         "data_nodes": 1,
         **raw.get("swarm", {}),
     }
+    if not isinstance(run["seq_len"], int) or not isinstance(run["model"], str):
+        raise ConfigError('[run] model is a name like "gpt-tiny" and seq_len a whole number')
+    try:
+        model_for_run(run["model"], run["seq_len"])
+    except ModelConfigError as exc:
+        raise ConfigError(f"[run] {exc}") from exc
     data_nodes = swarm["data_nodes"]
     if not isinstance(data_nodes, int) or isinstance(data_nodes, bool) or data_nodes < 1:
         raise ConfigError(f"[swarm] data_nodes = {data_nodes!r}: give a whole number, 1 or more")

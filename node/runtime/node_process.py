@@ -44,7 +44,7 @@ from node.runtime.fault_injection import arm_crash
 from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
 from node.settings import AUTO_STAGE, Settings, load_settings
 from node.training.checkpoint import state_digest
-from node.training.config import ModelConfig, named_config
+from node.training.config import ModelConfig, model_for_run
 from node.training.errors import ModelConfigError
 from node.training.trainer import PartTrainer
 
@@ -52,9 +52,8 @@ log = logging.getLogger(__name__)
 
 
 def model_of(settings: Settings) -> ModelConfig:
-    family, _, size = settings.training.model.partition("-")
     try:
-        return named_config(family, size)
+        return model_for_run(settings.training.model, settings.training.seq_len)
     except ModelConfigError as exc:
         raise ConfigError(f"training.model={settings.training.model!r}: {exc}") from exc
 
