@@ -183,7 +183,9 @@ class LivenessMixin(NodeBase):
         """
         sends: list[Outbound] = []
         flow_ends = self._flow_ends()
-        for peer_id in sorted(self.flow_partners()):
+        reference = self.speed_reference()
+        watched = flow_ends if reference is None else flow_ends | {reference}
+        for peer_id in sorted(watched):
             peer = self.peers.get(peer_id)
             if peer is None or not peer.alive:
                 continue
