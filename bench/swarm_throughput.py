@@ -7,14 +7,19 @@
    each node's mean send-to-ack time, compute time and queue wait per hop (from the nodes'
    status files), the share of each iteration spent ending it (averaging, steps), and the CPU
    seconds the whole swarm spent per microbatch against the one process's, which bounds what
-   the swarm can reach on this machine's cores however it is scheduled.
-2. Ten-region link emulation with churn: the same swarm (3 relays per stage) routed by GWTF's
-   flow table and by SWARM's throughput-weighted wiring (a policy switch in the live node), with
-   the same kills, alternating, ``--runs`` times each; the medians are compared. Churn is
+   the swarm can reach on this machine's cores however it is scheduled. Then the same at
+   larger microbatches (``--sizes``, batch x sequence length): the swarm's cost per hop is
+   mostly fixed (py-libp2p's CPU per request), so the ratio shows where compute outweighs it.
+2. Ten-region link emulation with churn: the same swarm (3 relays per stage, of emulated GPU
+   speeds ``--speeds``, by default 1.0 / 0.6 / 0.35 in every stage like the simulator's key
+   heterogeneous cell) routed by GWTF's flow table and by SWARM's throughput-weighted wiring (a
+   policy switch in the live node), with the same kills, alternating, ``--runs`` times each; the
+   medians are compared. Churn is
    compressed in time: two relays die within a minute-long run, the number that 33 % of relays
    per hour would kill over a run of hours.
 
-Usage: python bench/swarm_throughput.py [--iterations 8] [--runs 3] [--quick | --routing-only]
+Usage: python bench/swarm_throughput.py [--iterations 8] [--runs 3] [--sizes 16x64]
+       [--speeds 1.0,0.6,0.35] [--quick | --routing-only]
 """
 
 from __future__ import annotations
@@ -42,13 +47,15 @@ REGIONS_FILE = Path(__file__).resolve().parents[1] / "coordinator_free/sim/data/
 BATCH_SIZE, SEQ_LEN, MICROBATCHES = 2, 32, 8
 
 
-def single_process_mb_per_s(iterations: int) -> tuple[float, float]:
+def single_process_mb_per_s(
+    iterations: int, batch_size: int = BATCH_SIZE, seq_len: int = SEQ_LEN
+) -> tuple[float, float]:
     """The same model and microbatches, all stages in one process, one after another:
     (microbatches/s, CPU ms per microbatch)."""
     torch.set_num_threads(1)
     plan = plan_partition(named_config("gpt", "tiny"), 2)
     settings = TrainingSettings(device="cpu")
-    sampler = MicrobatchSampler(load_default_corpus(), BATCH_SIZE, SEQ_LEN)
+    sampler = MicrobatchSampler(load_default_corpus(), batch_size, seq_len)
     pipeline = LocalPipeline(plan, settings, 0, sampler, n_replicas=1)
     started, cpu = time.perf_counter(), time.process_time()
     for iteration in range(iterations):
@@ -149,6 +156,9 @@ def swarm_file(
     kills: list[tuple[float, str]],
     capacity: int = 2,
     relays_per_stage: int = 2,
+    batch_size: int = BATCH_SIZE,
+    seq_len: int = SEQ_LEN,
+    speeds: tuple[float, ...] = (1.0,),
 ) -> str:
     events = ", ".join(f'{{t = {t}, kill = "{node}"}}' for t, node in kills)
     region_lines = (
@@ -159,8 +169,9 @@ def swarm_file(
     )
     return (
         f"[run]\niterations = {iterations}\nmicrobatches_per_iteration = {MICROBATCHES}\n"
+        f"batch_size = {batch_size}\nseq_len = {seq_len}\n"
         f'routing = "{routing}"\n[swarm]\nrelays_per_stage = {relays_per_stage}\n'
-        f"capacity = {capacity}\n"
+        f"capacity = {capacity}\nspeeds = [{', '.join(map(str, speeds))}]\n"
         f"{region_lines}"
         f"[churn]\nevents = [{events}]\n"
     )
@@ -172,11 +183,18 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="ten-region runs per routing")
     parser.add_argument("--quick", action="store_true", help="loopback comparison only")
     parser.add_argument("--routing-only", action="store_true", help="ten-region comparison only")
+    parser.add_argument(
+        "--speeds", default="1.0,0.6,0.35", help="emulated GPU speeds of each stage's relays"
+    )
+    parser.add_argument(
+        "--sizes", default="16x64", help="larger microbatches (batch x sequence), '' for none"
+    )
     args = parser.parse_args()
+    speeds = tuple(float(v) for v in args.speeds.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         if args.routing_only:
-            compare_routings(args.iterations, args.runs, out)
+            compare_routings(args.iterations, args.runs, out, speeds)
             return
         print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         local, local_cpu_ms = single_process_mb_per_s(args.iterations)
@@ -192,21 +210,38 @@ def main() -> None:
             print(f"{label:<44}{rate:>8.2f}{rate / local:>8.2f}")
             print_breakdown(loopback, local_cpu_ms)
         print(f"goal: swarm >= 0.7 of one process -> {'PASS' if best >= 0.7 else 'FAIL'}")
+        for size in filter(None, args.sizes.split(",")):
+            compare_size(args.iterations, size, out)
         print(f"load average after: {os.getloadavg()[0]:.1f}")
         if args.quick:
             return
-        compare_routings(args.iterations, args.runs, out)
+        compare_routings(args.iterations, args.runs, out, speeds)
 
 
-def compare_routings(iterations: int, runs: int, out: Path) -> None:
+def compare_size(iterations: int, size: str, out: Path) -> None:
+    """The loopback comparison (2 in flight per relay) at microbatches of ``size``
+    (batch x sequence length): more compute per hop against the same messages."""
+    batch_size, seq_len = (int(part) for part in size.lower().split("x"))
+    local, local_cpu_ms = single_process_mb_per_s(iterations, batch_size, seq_len)
+    body = swarm_file(iterations, "gwtf", False, [], batch_size=batch_size, seq_len=seq_len)
+    loopback = swarm_run(f"loopback-{batch_size}x{seq_len}", body, out)
+    rate = loopback["throughput_mb_per_s"]
+    print(f"\nmicrobatches of {batch_size} x {seq_len} tokens")
+    print(f"{'one process, stages in sequence':<44}{local:>8.2f}{1.0:>8.2f}")
+    print(f"{'swarm on loopback (GWTF), 2 in flight':<44}{rate:>8.2f}{rate / local:>8.2f}")
+    print_breakdown(loopback, local_cpu_ms)
+
+
+def compare_routings(iterations: int, runs: int, out: Path, speeds: tuple[float, ...]) -> None:
     """GWTF against SWARM routing under the ten-region emulation with the same kills."""
     kills = [(4.0, "relay-1-0"), (10.0, "relay-2-1")]
     results: dict[str, list[dict[str, Any]]] = {"gwtf": [], "swarm": []}
     for run in range(runs):
         for routing in results:  # alternating, so a slow spell of the machine hits both
-            body = swarm_file(iterations, routing, True, kills, relays_per_stage=3)
+            body = swarm_file(iterations, routing, True, kills, relays_per_stage=3, speeds=speeds)
             results[routing].append(swarm_run(f"regions-{routing}-{run}", body, out))
     print(
+        f"\nrelay speeds {'/'.join(map(str, speeds))} in every stage"
         f"\n{'10 regions, 3 relays/stage, 2 killed':<40}{'mb/s (each run)':>24}{'median':>8}"
         f"{'resent':>8}{'fwd rep':>8}{'grad res':>9}{'restart':>8}"
     )

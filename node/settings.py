@@ -83,6 +83,10 @@ class NodeSettings:
     join: bool = False
     #: This node's compute time for one microbatch of its stage, before it measures its own.
     compute_ms: float = 100.0
+    #: Emulates a slower GPU (0 < speed <= 1): each hop's compute is stretched to 1 / speed of
+    #: what it took, by waiting, so a swarm on one machine mixes GPU speeds like the simulator's
+    #: heterogeneous scenarios (1.0 / 0.6 / 0.35). Leave 1.0 on a real node.
+    emulated_speed: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -204,6 +208,10 @@ def _probability(v: float) -> str | None:
     return None if 0.0 <= v <= 1.0 else "must be between 0 and 1"
 
 
+def _speed(v: float) -> str | None:
+    return None if 0.0 < v <= 1.0 else "must be above 0 and at most 1 (it only slows compute)"
+
+
 def _fraction_open(v: float) -> str | None:
     return None if 0.0 < v < 1.0 else "must be strictly between 0 and 1"
 
@@ -263,6 +271,7 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "node.stage": _stage,
     "node.capacity": _positive_int,
     "node.compute_ms": _positive,
+    "node.emulated_speed": _speed,
     "p2p.key_file": _non_empty,
     "p2p.region": _non_empty,
     "p2p.discovery_period_s": _positive,

@@ -20,7 +20,10 @@ Swarm file::
              nodes' together are relays_per_stage times that), regions = ["oregon"],
              topology = "" (a JSON file like coordinator_free/sim/data/regions-10.json, or ""
              for no emulation), data_nodes = 1 (data nodes "data", "data-1", ...: each starts
-             microbatches_per_iteration microbatches of its own per iteration)
+             microbatches_per_iteration microbatches of its own per iteration),
+             speeds = [1.0] (emulated GPU speeds, node.emulated_speed: the n-th relay of each
+             stage gets the n-th, cyclically; e.g. [1.0, 0.6, 0.35] mixes slow GPUs into every
+             stage like the simulator's heterogeneous scenarios; data nodes run at 1.0)
     [flow]   any field of the node settings' flow section (decision_period_s,
              hop_ack_deadline_s, keepalive_interval_s, ...; see node/settings.py)
     [chain]  enabled = true, rpc_url = "" (use a running chain instead of starting a devnet),
@@ -88,7 +91,7 @@ _SECTIONS: dict[str, set[str]] = {
         "iterations",
         "seed",
     },
-    "swarm": {"relays_per_stage", "capacity", "regions", "topology", "data_nodes"},
+    "swarm": {"relays_per_stage", "capacity", "regions", "topology", "data_nodes", "speeds"},
     "flow": set(FlowSettings.__dataclass_fields__) - {"routing"},
     "chain": set(ChainPlan.__dataclass_fields__),
     "churn": {"events", "crash_rate_per_hour", "seed", "crash_on"},
@@ -153,8 +156,19 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
         "regions": ["oregon"],
         "topology": "",
         "data_nodes": 1,
+        "speeds": [1.0],
         **raw.get("swarm", {}),
     }
+    speeds = swarm["speeds"]
+    if (
+        not isinstance(speeds, list)
+        or not speeds
+        or not all(isinstance(v, int | float) and 0 < v <= 1 for v in speeds)
+    ):
+        raise ConfigError(
+            f"[swarm] speeds = {speeds!r}: give a list of speeds above 0 and at most 1, "
+            "like [1.0, 0.6, 0.35]"
+        )
     if not isinstance(run["seq_len"], int) or not isinstance(run["model"], str):
         raise ConfigError('[run] model is a name like "gpt-tiny" and seq_len a whole number')
     try:
@@ -356,7 +370,10 @@ def run_swarm(
         for stage in range(1, stages + 1):
             for replica in range(per_stage):
                 name = f"relay-{stage}-{replica}"
-                settings = node_settings(plan, name, "relay", stage, len(plan.procs))
+                speed = plan.swarm["speeds"][replica % len(plan.swarm["speeds"])]
+                settings = node_settings(
+                    plan, name, "relay", stage, len(plan.procs), emulated_speed=speed
+                )
                 settings["p2p"]["bootstrap_peers"] = bootstrap
                 _register(plan, settings)
                 start_node(plan, settings, log)
@@ -433,7 +450,10 @@ def _prestart_entrants(
         label = "auto" if stage == AUTO_STAGE else stage
         event["_name"] = name = f"{kind}-{label}-{counts[kind]}"
         counts[kind] += 1
-        settings = node_settings(plan, name, "relay", stage, len(plan.procs), join=kind == "joiner")
+        speed = plan.swarm["speeds"][len(plan.procs) % len(plan.swarm["speeds"])]
+        settings = node_settings(
+            plan, name, "relay", stage, len(plan.procs), join=kind == "joiner", emulated_speed=speed
+        )
         settings["p2p"]["bootstrap_peers"] = bootstrap
         if kind == "stranger" and plan.chain is not None:
             plan.strangers[name] = plan.chain.peer_id_of(name)

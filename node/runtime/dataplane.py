@@ -103,6 +103,9 @@ class DataPlane:
     ack_deadline_s: float
     max_frame_bytes: int
     compute: Compute | None = None
+    #: Below 1, each hop's compute is followed by a wait that stretches it to 1 / speed: the
+    #: compute queue is held meanwhile, as a slower GPU would hold it (link emulation's sibling).
+    emulated_speed: float = 1.0
     hop_log: HopLog = field(default_factory=HopLog)
     timings: HopTimings = field(default_factory=HopTimings)
     _queue: tuple[trio.MemorySendChannel[_Job], trio.MemoryReceiveChannel[_Job]] | None = None
@@ -176,6 +179,9 @@ class DataPlane:
                     exc,
                 )
                 job.error = exc
+            if self.emulated_speed < 1.0:
+                elapsed_s = trio.current_time() - started
+                await trio.sleep(elapsed_s * (1.0 / self.emulated_speed - 1.0))
             self.timings.computed += 1
             self.timings.compute_s += trio.current_time() - started
             job.done.set()

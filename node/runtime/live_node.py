@@ -75,6 +75,8 @@ class LiveNodeConfig:
     flow_timeout_s: float = 60.0
     discovery_period_s: float = 1.0
     compute_ms: float = 100.0
+    #: Below 1, each hop's compute is stretched to 1 / speed (``DataPlane.emulated_speed``).
+    emulated_speed: float = 1.0
     #: Who may talk to this node (e.g. ``RunAdmission`` over the chain); None admits every peer.
     admit: Admission | None = None
     #: Awaited once the host is up and the worker built, before the node makes itself known:
@@ -151,6 +153,7 @@ async def run_live_node(
             config.stages,
             config.flow.ack_deadline_s,
             limits.max_bytes + 4096,
+            emulated_speed=config.emulated_speed,
         )
         worker = await trio.to_thread.run_sync(_worker, config, node_id)
         if config.entry_gate is not None:

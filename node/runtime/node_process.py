@@ -122,6 +122,7 @@ def live_config_from_settings(settings: Settings) -> LiveNodeConfig:
         flow_timeout_s=settings.flow.setup_timeout_s,
         discovery_period_s=p2p.discovery_period_s,
         compute_ms=node.compute_ms,
+        emulated_speed=node.emulated_speed,
         admit=admission_from_settings(settings),
         routing=settings.flow.routing,
         data_nodes=training.data_nodes,

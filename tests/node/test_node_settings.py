@@ -57,6 +57,7 @@ def test_a_node_file_maps_onto_the_live_node(tmp_path: Path) -> None:
     assert (config.region, config.key_path) == ("tokyo", Path("keys/relay.key"))
     assert config.bootstrap == tuple(NODE_FILE["p2p"]["bootstrap_peers"])
     assert (config.stages, config.batch_size, config.seq_len, config.seed) == (3, 4, 16, 9)
+    assert config.emulated_speed == 1.0
     assert config.model.d_model > 0 and config.routing == "swarm" and config.run_id == 7
     assert config.training.optimizer.lr == 0.01 and config.training.optimizer.warmup_steps == 2
     assert config.training.device == "cpu" and config.training.max_in_flight == 8
@@ -86,6 +87,7 @@ def with_change(section: str, key: str, value: object) -> dict[str, dict[str, An
     ("data", "fragment"),
     [
         (with_change("node", "role", "boss"), "node.role='boss' from"),
+        (with_change("node", "emulated_speed", 1.5), "node.emulated_speed=1.5 from"),
         (with_change("training", "stages", 0), "training.stages=0 from"),
         (with_change("training", "model", "tiny"), "training.model='tiny' from"),
         (with_change("training", "device", 3), "training.device=3 from"),
@@ -161,6 +163,8 @@ def test_the_example_swarm_files_load_and_their_node_files_validate(
         ("[chain]\nenabled = false\n[churn]\nevents = [{t = 1.0, stranger = 1}]\n", "stranger"),
         ("[churn]\nevents = [{t = 1.0, leave = 1}]\n", "names none of"),
         ("[swarm]\ndata_nodes = 0\n", "[swarm] data_nodes = 0"),
+        ("[swarm]\nspeeds = []\n", "[swarm] speeds = []"),
+        ("[swarm]\nspeeds = [1.0, 1.5]\n", "[swarm] speeds = [1.0, 1.5]"),
         ("[run]\nseq_len = 128\n", "[run] seq_len=128 is longer than gpt-tiny's context of 64"),
         ("[run]\nmodel = 'gpt-huge'\n", "[run] unknown gpt size 'huge'"),
         ("[run]\nseq_len = '32'\n", "seq_len a whole number"),

@@ -1,4 +1,5 @@
-"""A node measures its compute time per microbatch from the hops it computes, and the flow
+"""A node measures its compute time per microbatch from the hops it computes (stretched by an
+emulated slower GPU), and the flow
 protocol adopts it (``node/runtime/compute_meter.py``)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import trio.testing
 
 from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
 from node.runtime.compute_meter import MIN_HOPS, report_compute
-from node.runtime.dataplane import DataPlane
+from node.runtime.dataplane import DataPlane, _Job
 from node.runtime.flow_service import FlowService
 
 
@@ -49,3 +50,31 @@ def test_the_measured_time_per_microbatch_replaces_the_configured_one() -> None:
     assert seen[0] == pytest.approx(40.0)
     assert seen[1] == seen[0]
     assert seen[2] > 1000.0  # the slow hops, once there were enough of them
+
+
+def test_an_emulated_slower_gpu_stretches_each_hop_and_holds_the_queue_meanwhile() -> None:
+    """``emulated_speed`` 0.5: a hop that computes in 1 s takes 2 s, and the next one waits."""
+    unused: Any = None
+    plane = DataPlane(unused, "relay", 1, 2, 1.0, 1 << 20, emulated_speed=0.5)
+
+    async def compute(header: Any, frame: bytes) -> None:
+        await trio.sleep(1.0)
+
+    plane.compute = compute
+    finished: list[float] = []
+
+    async def main() -> None:
+        send, receive = trio.open_memory_channel[_Job](2)
+        jobs = [_Job("peer", unused, b"") for _ in range(2)]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(plane._compute_loop, receive)
+            for job in jobs:
+                await send.send(job)
+            for job in jobs:
+                await job.done.wait()
+                finished.append(trio.current_time())
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert finished == [2.0, 4.0]
+    assert plane.timings.compute_s == pytest.approx(4.0)  # what the meter reports: a slow GPU
