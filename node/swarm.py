@@ -62,11 +62,12 @@ from typing import IO, Any
 import tomli_w
 
 from gwtf.errors import ConfigError, GwtfError
+from node.p2p.link_emulation import Topology
 from node.runtime.fault_injection import CRASH_MOMENTS
 from node.settings import AUTO_STAGE, FlowSettings, load_settings
 from node.swarm_chain import ChainPlan, SwarmChain, chain_facts, child_env, start_swarm_chain
-from node.training.config import model_for_run
 from node.training.errors import ModelConfigError
+from node.training.partition import model_for_run
 
 _DEFAULT_FLOW = {
     "decision_period_s": 0.5,
@@ -159,25 +160,8 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
         "speeds": [1.0],
         **raw.get("swarm", {}),
     }
-    speeds = swarm["speeds"]
-    if (
-        not isinstance(speeds, list)
-        or not speeds
-        or not all(isinstance(v, int | float) and 0 < v <= 1 for v in speeds)
-    ):
-        raise ConfigError(
-            f"[swarm] speeds = {speeds!r}: give a list of speeds above 0 and at most 1, "
-            "like [1.0, 0.6, 0.35]"
-        )
-    if not isinstance(run["seq_len"], int) or not isinstance(run["model"], str):
-        raise ConfigError('[run] model is a name like "gpt-tiny" and seq_len a whole number')
-    try:
-        model_for_run(run["model"], run["seq_len"])
-    except ModelConfigError as exc:
-        raise ConfigError(f"[run] {exc}") from exc
-    data_nodes = swarm["data_nodes"]
-    if not isinstance(data_nodes, int) or isinstance(data_nodes, bool) or data_nodes < 1:
-        raise ConfigError(f"[swarm] data_nodes = {data_nodes!r}: give a whole number, 1 or more")
+    _check_run(run)
+    _check_swarm(swarm)
     churn = {
         "events": [],
         "crash_rate_per_hour": 0.0,
@@ -186,8 +170,6 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
         **raw.get("churn", {}),
     }
     flow = {**_DEFAULT_FLOW, **raw.get("flow", {})}
-    if swarm["topology"] and not Path(swarm["topology"]).exists():
-        raise ConfigError(f"topology file {swarm['topology']} does not exist")
     killed: set[str] = set()
     for event in sorted(churn["events"], key=_event_time):
         kinds = {"kill", "join", "stranger", "restart"}
@@ -213,6 +195,50 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
         raise ConfigError("a 'stranger' churn event tests admission: it needs [chain] enabled")
     out_dir.mkdir(parents=True, exist_ok=True)
     return SwarmPlan(run, swarm, flow, churn, out_dir, chain_plan)
+
+
+def _check_run(run: dict[str, Any]) -> None:
+    """The model, sequence length and stage count fit together (each node would find out only
+    when it builds its part)."""
+    model, seq_len, stages = run["model"], run["seq_len"], run["stages"]
+    if not isinstance(model, str) or not all(_whole(v, 1) for v in (seq_len, stages)):
+        raise ConfigError('[run] model is a name like "gpt-tiny", seq_len and stages whole numbers')
+    try:
+        model_for_run(model, seq_len, stages)
+    except ModelConfigError as exc:
+        raise ConfigError(f"[run] {exc}") from exc
+
+
+def _check_swarm(swarm: dict[str, Any]) -> None:
+    for key in ("relays_per_stage", "data_nodes"):
+        if not _whole(swarm[key], 1):
+            raise ConfigError(f"[swarm] {key} = {swarm[key]!r}: give a whole number, 1 or more")
+    speeds, regions = swarm["speeds"], swarm["regions"]
+    if not isinstance(speeds, list) or not speeds or not all(_speed(v) for v in speeds):
+        raise ConfigError(
+            f"[swarm] speeds = {speeds!r}: give a list of speeds above 0 and at most 1, "
+            "like [1.0, 0.6, 0.35]"
+        )
+    if not isinstance(regions, list) or not regions or not all(isinstance(r, str) for r in regions):
+        raise ConfigError(f'[swarm] regions = {regions!r}: give a list like ["oregon", "tokyo"]')
+    if swarm["topology"]:
+        topology_file = Path(swarm["topology"])
+        if not topology_file.exists():
+            raise ConfigError(f"topology file {topology_file} does not exist")
+        known = Topology.from_json_file(topology_file).regions
+        unknown = sorted(set(regions) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"[swarm] regions {unknown} are not in {topology_file}; choose from {list(known)}"
+            )
+
+
+def _whole(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _speed(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1
 
 
 def _event_time(event: Any) -> float:

@@ -44,8 +44,9 @@ from node.runtime.fault_injection import arm_crash
 from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
 from node.settings import AUTO_STAGE, Settings, load_settings
 from node.training.checkpoint import state_digest
-from node.training.config import ModelConfig, model_for_run
+from node.training.config import ModelConfig
 from node.training.errors import ModelConfigError
+from node.training.partition import model_for_run
 from node.training.trainer import PartTrainer
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,8 @@ log = logging.getLogger(__name__)
 
 def model_of(settings: Settings) -> ModelConfig:
     try:
-        return model_for_run(settings.training.model, settings.training.seq_len)
+        training = settings.training
+        return model_for_run(training.model, training.seq_len, training.stages)
     except ModelConfigError as exc:
         raise ConfigError(f"training.model={settings.training.model!r}: {exc}") from exc
 
@@ -96,6 +98,12 @@ def live_config_from_settings(settings: Settings) -> LiveNodeConfig:
         )
     if p2p.topology_file and not Path(p2p.topology_file).is_file():
         raise ConfigError(f"p2p.topology_file={p2p.topology_file!r} does not exist; fix the path")
+    topology = Topology.from_json_file(Path(p2p.topology_file)) if p2p.topology_file else None
+    if topology is not None and p2p.region not in topology.regions:
+        raise ConfigError(
+            f"p2p.region={p2p.region!r} is not a region of {p2p.topology_file}; choose one of "
+            f"{list(topology.regions)}"
+        )
     model = model_of(settings)
     return LiveNodeConfig(
         name=node.name,
@@ -114,7 +122,7 @@ def live_config_from_settings(settings: Settings) -> LiveNodeConfig:
         seed=training.seed,
         bootstrap=p2p.bootstrap_peers,
         listen=f"/ip4/{p2p.listen_host}/tcp/{p2p.listen_port}",
-        topology=Topology.from_json_file(Path(p2p.topology_file)) if p2p.topology_file else None,
+        topology=topology,
         iterations=training.iterations,
         batch=training.microbatches_per_iteration,
         stall_timeout_s=training.stall_timeout_s,

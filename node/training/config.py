@@ -92,19 +92,6 @@ def named_config(family: str, size: str) -> ModelConfig:
     return table[size]
 
 
-def model_for_run(model: str, seq_len: int) -> ModelConfig:
-    """The config a run's settings name ("family-size"), checked against the run's ``seq_len``:
-    a sequence longer than the model's context would fail only at the first embedding."""
-    family, _, size = model.partition("-")
-    config = named_config(family, size)
-    if seq_len > config.block_size:
-        raise ModelConfigError(
-            f"seq_len={seq_len} is longer than {model}'s context of {config.block_size} tokens; "
-            "lower it"
-        )
-    return config
-
-
 def validate_config(config: ModelConfig) -> None:
     """Refuse a config the modules cannot build, naming the bad value."""
     positive = {

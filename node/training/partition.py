@@ -13,6 +13,7 @@ from node.training.config import (
     ModelConfig,
     block_param_count,
     data_part_param_count,
+    named_config,
     validate_config,
 )
 from node.training.errors import ModelConfigError
@@ -100,3 +101,17 @@ def plan_partition(
         stages.append(StageSpan(index, first, first + size, size * per_layer))
         first += size
     return PartitionPlan(config, data_part_param_count(config), tuple(stages))
+
+
+def model_for_run(model: str, seq_len: int, stages: int) -> ModelConfig:
+    """The config a run's settings name ("family-size"), checked against the run's ``seq_len``
+    and ``stages``: either mistake would otherwise surface only once a node builds its part."""
+    family, _, size = model.partition("-")
+    config = named_config(family, size)
+    if seq_len > config.block_size:
+        raise ModelConfigError(
+            f"seq_len={seq_len} is longer than {model}'s context of {config.block_size} tokens; "
+            "lower it"
+        )
+    plan_partition(config, stages)
+    return config

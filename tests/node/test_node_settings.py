@@ -77,9 +77,10 @@ def test_nested_optimizer_keys_come_from_the_environment_too(tmp_path: Path) -> 
     assert settings.describe()["training"]["optimizer"]["lr"] == 0.002  # type: ignore[index]
 
 
-def with_change(section: str, key: str, value: object) -> dict[str, dict[str, Any]]:
+def with_change(section: str, key: str, value: object, **more: object) -> dict[str, dict[str, Any]]:
+    """NODE_FILE with ``section.key`` (and ``section.<more>``) changed."""
     data = {name: dict(values) for name, values in NODE_FILE.items()}
-    data[section][key] = value
+    data[section].update({key: value, **more})
     return data
 
 
@@ -114,6 +115,13 @@ def test_bad_values_are_refused_with_one_line_naming_the_key(
         (with_change("training", "model", "gpt-huge"), "training.model='gpt-huge'"),
         (with_change("training", "seq_len", 128), "seq_len=128 is longer than llama-tiny"),
         (with_change("p2p", "topology_file", "nowhere.json"), "p2p.topology_file="),
+        (
+            with_change(
+                "p2p", "topology_file", "coordinator_free/sim/data/regions-10.json", region="mars"
+            ),
+            "p2p.region='mars' is not a region of",
+        ),
+        (with_change("training", "stages", 5), "cannot split 4 layers into 5 non-empty stages"),
         (with_change("chain", "admission", True), "chain.admission"),
     ],
 )
@@ -164,10 +172,17 @@ def test_the_example_swarm_files_load_and_their_node_files_validate(
         ("[churn]\nevents = [{t = 1.0, leave = 1}]\n", "names none of"),
         ("[swarm]\ndata_nodes = 0\n", "[swarm] data_nodes = 0"),
         ("[swarm]\nspeeds = []\n", "[swarm] speeds = []"),
+        ("[swarm]\nrelays_per_stage = 0\n", "[swarm] relays_per_stage = 0"),
+        ("[swarm]\nregions = []\n", "[swarm] regions = []"),
+        (
+            "[swarm]\nregions = ['mars']\ntopology = 'coordinator_free/sim/data/regions-10.json'\n",
+            "[swarm] regions ['mars'] are not in",
+        ),
+        ("[run]\nstages = 10\n", "[run] cannot split 4 layers into 10 non-empty stages"),
         ("[swarm]\nspeeds = [1.0, 1.5]\n", "[swarm] speeds = [1.0, 1.5]"),
         ("[run]\nseq_len = 128\n", "[run] seq_len=128 is longer than gpt-tiny's context of 64"),
         ("[run]\nmodel = 'gpt-huge'\n", "[run] unknown gpt size 'huge'"),
-        ("[run]\nseq_len = '32'\n", "seq_len a whole number"),
+        ("[run]\nseq_len = '32'\n", "seq_len and stages whole numbers"),
         ("[churn]\nevents = [{kill = 'data'}]\n", "needs a time t in seconds"),
         ("[churn]\nevents = [{t = 1.0, restart = 'data'}]\n", "only after a kill event"),
         ("[churn]\nevents = [{t = 1.0, leave = 'data'}]\n", "'stranger', 'restart'"),
