@@ -176,9 +176,13 @@ def test_a_data_node_left_out_while_alive_asks_back_in_by_itself(tmp_path: Path)
         while not swarm.nodes.get("data-1") or len(swarm.nodes["data"].role.results) < 2:
             await trio.sleep(0.05)
         names.extend(sorted(("data", "data-1"), key=lambda n: swarm.nodes[n].plane.node_id))
-        leader = swarm.nodes[names[0]].role.peers
-        assert leader is not None
-        leader.gone.add(swarm.nodes[names[1]].plane.node_id)
+        leader, left = swarm.nodes[names[0]].role.peers, swarm.nodes[names[1]].role
+        assert leader is not None and left.peers is not None
+        # Until the other hears it: a leader announcing an iteration's end when this lands
+        # adopts the members it announced, the other among them, and takes it back.
+        while left.stats.taken_back_in == 0 and left.peers.left_out_at is None:
+            leader.gone.add(swarm.nodes[names[1]].plane.node_id)
+            await trio.sleep(0.02)
 
     run_two_data_nodes(tmp_path, iterations, leave_out, swarm)
     kept, left = ([r.iteration for r in swarm.results[name]] for name in names)
