@@ -21,7 +21,6 @@ average their embedding and head like any stage's replicas.
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 from collections import deque
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from node.runtime.averaging import GradientAverager
 from node.runtime.compute import T, in_worker_thread
 from node.runtime.data_peers import DataPeers, LeftOut
 from node.runtime.dataplane import DataPlane
+from node.runtime.flow_pool import Flow, FlowPool
 from node.runtime.flow_service import FlowService
 from node.runtime.hop import (
     BACKWARD,
@@ -116,6 +116,8 @@ class DataRole:
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
+        self.pool = FlowPool(self.flow)
+        self.flow.observer = self.pool.heard
         self.plane.compute = self.compute
         self.repairer = StallRepair(
             self.plane,
@@ -214,18 +216,23 @@ class DataRole:
         started = trio.current_time()
         if self.peers is not None:
             self.peers.iteration = iteration
-        restarts = 0
+        restarts = launched = 0
         first = (iteration * self.shards + self.shard) * self.batch
         pending = [first + j for j in range(self.batch)]
-        slots, free_slots = trio.open_memory_channel[int](math.inf)  # holds every flow slot
         left_out: list[LeftOut] = []
 
-        async def run_one(microbatch_id: int, slot: int) -> None:
+        async def run_one(microbatch_id: int, flow: Flow) -> None:
+            try:
+                await run_on(microbatch_id, flow)
+            finally:
+                self.pool.release(flow, len(pending) - launched)
+
+        async def run_on(microbatch_id: int, flow: Flow) -> None:
             nonlocal restarts
             key = (iteration, microbatch_id)
             failed = 0
             while not await self._run_microbatch(
-                iteration, microbatch_id, slot, self._take_attempt(key)
+                iteration, microbatch_id, flow, self._take_attempt(key)
             ):
                 restarts += 1
                 failed += 1
@@ -245,16 +252,17 @@ class DataRole:
                     )
             self.attempts.pop(key, None)
             self.first_hops.pop(key, None)
-            await slots.send(slot)
 
-        # Every source slot of this data node (one per unit of its capacity), routed or not:
-        # a slot whose flow is being rebuilt starts its microbatch on any live stage-1 replica.
-        for slot in sorted(self.flow.node.out_slots):
-            slots.send_nowait(slot)
+        # Every source slot of this data node (one per unit of its capacity), routed or not (a
+        # slot whose flow is being rebuilt starts its microbatch on any live stage-1 replica),
+        # and slots other data nodes lend it while its microbatches wait.
+        self.pool.open()
         async with trio.open_nursery() as nursery:
             for microbatch_id in pending:
-                slot = await free_slots.receive()
-                nursery.start_soon(run_one, microbatch_id, slot)
+                flow = await self.pool.take(len(pending) - launched)
+                launched += 1
+                nursery.start_soon(run_one, microbatch_id, flow)
+            self.pool.all_started()
         if left_out:
             for microbatch_id in pending:
                 self.losses.pop((iteration, microbatch_id), None)
@@ -338,23 +346,28 @@ class DataRole:
         self.attempts[key] = tries + 1
         return origin_attempt(tries)
 
-    async def _first_hop(self, slot: int) -> str | None:
-        """The slot's routed first hop, else any live stage-1 replica; waits while none is known."""
+    async def _first_hop(self, flow: Flow) -> str | None:
+        """The flow's routed first hop, else any live stage-1 replica; waits while none is
+        known."""
         with trio.move_on_after(self.stall_timeout_s):
             while True:
-                routed = self.flow.node.source_routes().get(slot)
-                first_hop = self.sender.next_hop(1, routed[1] if routed else None)
+                if flow.lender:
+                    routed_to = self.pool.first_hop(flow)
+                else:
+                    routed = self.flow.node.source_routes().get(flow.slot)
+                    routed_to = routed[1] if routed else None
+                first_hop = self.sender.next_hop(1, routed_to)
                 if first_hop is not None:
                     return first_hop
                 await trio.sleep(self.flow.tick_s)
         return None
 
     async def _run_microbatch(
-        self, iteration: int, microbatch_id: int, slot: int, attempt: int
+        self, iteration: int, microbatch_id: int, flow: Flow, attempt: int
     ) -> bool:
         """One attempt of one microbatch; False when it stalled and must start again."""
         key = (iteration, microbatch_id)
-        first_hop = await self._first_hop(slot)
+        first_hop = await self._first_hop(flow)
         if first_hop is None:
             return False
         activation = await self._run(self.worker.embed, microbatch_id)
@@ -366,10 +379,11 @@ class DataRole:
             attempt,
             FORWARD,
             1,
-            slot,
+            flow.slot,
             0,
             self.node_id,
             (self.node_id,),
+            flow.lender if self.pool.first_hop(flow) == first_hop else "",
         )
         self.embedded[key] = (header, frame)
         event = self.done[key] = trio.Event()

@@ -23,7 +23,7 @@ from node.runtime.hop import BACKWARD, FORWARD, HopHeader, decode_hop, encode_ho
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_ID = "/gwtf/hop/2.0.0"
+PROTOCOL_ID = "/gwtf/hop/3.0.0"
 _QUEUE_DEPTH = 64
 
 Compute = Callable[[HopHeader, bytes], Awaitable[None]]

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import trio
 from libp2p.peer.id import ID
 
-from coordinator_free.messages import PROTOCOL_ID, decode, encode
+from coordinator_free.messages import PROTOCOL_ID, Message, decode, encode
 from coordinator_free.protocol.config import Outbound
 from coordinator_free.protocol.node import FlowNode
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
@@ -36,6 +36,8 @@ class FlowService:
     _outboxes: dict[str, trio.MemorySendChannel[bytes]] = field(default_factory=dict)
     _nursery: trio.Nursery | None = None
     dropped: int = 0
+    #: Told of every message after the core handled it (a data node's pool of flows).
+    observer: Callable[[str, Message], None] | None = None
 
     def serve(self) -> None:
         self.rpc.serve(PROTOCOL_ID, self._handle, LIMITS)
@@ -43,6 +45,8 @@ class FlowService:
     async def _handle(self, peer: str, request: bytes) -> bytes:
         message = decode(request)  # WireFormatError is a ProtocolError: the rpc layer scores it
         self.dispatch(self.node.handle(peer, message, trio.current_time()))
+        if self.observer is not None:
+            self.observer(peer, message)
         return b""
 
     def dispatch(self, outbounds: Iterable[Outbound]) -> None:

@@ -3,14 +3,17 @@
 A hop request is a header followed by one tensor frame (``node.training.codec``):
 
     run_id u64 | iteration u64 | microbatch_id u64 | attempt u16 | direction u8 | stage u16 |
-    slot u32 | flags u8 | origin (u8 len + utf-8) | path count u8 | path ids (u8 len + utf-8)*
+    slot u32 | flags u8 | origin (u8 len + utf-8) | path count u8 | path ids (u8 len + utf-8)* |
+    lender (u8 len + utf-8, only with FLAG_LENT)
 
 ``stage`` is the stage the *receiver* computes: forward 1..S at relays and S+1 at the sink data
 node (loss); backward S..1 at relays and 0 at the origin (embedding backward). ``path`` lists the
 nodes that computed the forward so far, origin first, so a backward retraces it: the receiver of a
 backward at stage k sends its gradient to ``path[k-1]``. ``slot`` is the sender's flow slot, which
 the receiver's flow table maps to its own next hop. ``attempt`` grows with every re-send, so a
-re-sent hop is a new attempt and never a second claim of the same work. Two kinds of node number
+re-sent hop is a new attempt and never a second claim of the same work. A first hop a data node
+sends on a flow another data node lent it (``lending.py``) names that ``lender``: the slot is
+the lender's, and the stage-1 relay looks its flow up under the lender. Two kinds of node number
 attempts without asking each other, so the space is split: the data node gives each restart or
 repair of a microbatch a new block of ``ATTEMPT_BLOCK`` numbers (its n-th is ``n * 256``), and a
 node re-sending a hop on its own takes the next number inside the block it received
@@ -34,6 +37,8 @@ FLAG_REPAIR = 1
 #: The receiver recomputes a lost forward hop and sends its output on like any forward
 #: (a forward repair: the node that held the output re-sent it past the dead hop).
 FLAG_RESUME = 2
+#: The header names a lender after its path: the data node whose flow slot ``slot`` is.
+FLAG_LENT = 4
 
 ATTEMPT_BLOCK = 256
 
@@ -58,6 +63,7 @@ class HopHeader:
     flags: int
     origin: str
     path: tuple[str, ...]
+    lender: str = ""  # a first hop on a lent flow: whose slot ``slot`` is
 
     @property
     def is_repair(self) -> bool:
@@ -77,6 +83,7 @@ def _pack_id(value: str) -> bytes:
 def encode_hop(header: HopHeader, frame: bytes) -> bytes:
     if header.direction not in (FORWARD, BACKWARD) or len(header.path) > MAX_PATH:
         raise HopFormatError("hop header with a bad direction or an over-long path")
+    flags = header.flags | FLAG_LENT if header.lender else header.flags & ~FLAG_LENT
     fixed = _FIXED.pack(
         header.run_id,
         header.iteration,
@@ -85,10 +92,12 @@ def encode_hop(header: HopHeader, frame: bytes) -> bytes:
         header.direction,
         header.stage,
         header.slot,
-        header.flags,
+        flags,
     )
     ids = _pack_id(header.origin) + bytes([len(header.path)])
     ids += b"".join(_pack_id(peer) for peer in header.path)
+    if header.lender:
+        ids += _pack_id(header.lender)
     return fixed + ids + frame
 
 
@@ -121,7 +130,11 @@ def decode_hop(data: bytes) -> tuple[HopHeader, bytes]:
     if count > MAX_PATH:
         raise HopFormatError(f"hop path of {count} nodes, limit {MAX_PATH}")
     path = tuple(read_id() for _ in range(count))
-    header = HopHeader(run_id, iteration, mb, attempt, direction, stage, slot, flags, origin, path)
+    lender = read_id() if flags & FLAG_LENT else ""
+    flags &= ~FLAG_LENT  # said by ``lender``
+    header = HopHeader(
+        run_id, iteration, mb, attempt, direction, stage, slot, flags, origin, path, lender
+    )
     return header, data[pos:]
 
 

@@ -103,7 +103,8 @@ class RelayRole:
         return await in_worker_thread(self.limiter, fn, *args)
 
     async def _send_forward(self, received: HopHeader, frame: bytes, input_digest: bytes) -> None:
-        upstream = received.path[-1]
+        # A first hop on a lent flow comes from the borrower on the lender's slot.
+        upstream = received.lender or received.path[-1]
         route = self.flow.node.route(upstream, received.slot)
         if self.stage == self.plane.stages:
             # The sink is the microbatch's origin: it holds the embedding the gradient ends in.
@@ -121,7 +122,11 @@ class RelayRole:
             )
             return
         header = received.onward(
-            stage=self.stage + 1, slot=slot, path=(*received.path, self.plane.node_id), flags=0
+            stage=self.stage + 1,
+            slot=slot,
+            path=(*received.path, self.plane.node_id),
+            flags=0,
+            lender="",
         )
         try:
             delivered_to = await self.sender.forward(header, frame, to, input_digest)

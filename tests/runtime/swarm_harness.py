@@ -86,10 +86,13 @@ async def run_swarm(
     data_capacity: int = 2,
     stages: int = STAGES,
     data_nodes: int = 1,
+    capacities: dict[str, int] | None = None,
 ) -> list[IterationResult]:
     """Start a data node ("data"; with ``data_nodes`` > 1 also "data-1", ...: each trains its
     shard of every iteration), then relays (name -> stage); returns the first data node's
-    results (every data node's are in ``swarm.results``)."""
+    results (every data node's are in ``swarm.results``). ``capacities`` overrides nodes'
+    capacities by name (data nodes: ``data_capacity``; relays: 2)."""
+    capacities = capacities or {}
     torch.set_num_threads(1)
     swarm = swarm or Swarm()
     started = swarm.nodes
@@ -107,7 +110,7 @@ async def run_swarm(
                 stages,
                 iterations=iterations,
                 batch=batch,
-                capacity=data_capacity,
+                capacity=capacities.get(name, data_capacity),
                 bootstrap=bootstrap,
                 data_nodes=data_nodes,
                 data_shard=shard,
@@ -144,7 +147,15 @@ async def run_swarm(
         for shard in range(1, data_nodes):
             nursery.start_soon(data_main, f"data-{shard}", shard, bootstrap)
         for name, stage in relays.items():
-            config = node_config(tmp_path, name, "relay", stage, stages, bootstrap=bootstrap)
+            config = node_config(
+                tmp_path,
+                name,
+                "relay",
+                stage,
+                stages,
+                bootstrap=bootstrap,
+                capacity=capacities.get(name, 2),
+            )
             nursery.start_soon(run_relay, config, swarm)
         nursery.start_soon(scenario)
     return swarm.results["data"]

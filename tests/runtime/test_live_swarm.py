@@ -100,6 +100,37 @@ def test_two_data_nodes_share_each_iteration_and_match_the_reference(tmp_path: P
     assert state_digest(workers[0]) == state_digest(workers[1])  # bit for bit alike
 
 
+def test_a_data_node_with_few_flows_borrows_idle_ones_from_the_other(tmp_path: Path) -> None:
+    """One data node holds 1 flow, the other 3 (each starts 4 microbatches an iteration): the
+    one done first lends its idle flows to the one whose microbatches wait, which starts them
+    there (the first hop names the lender, whose slot it is). Training is unchanged: the two
+    still train exactly like the whole model on both shards."""
+    swarm = Swarm()
+
+    async def main() -> None:
+        with trio.fail_after(150):
+            await run_swarm(
+                tmp_path,
+                ITERATIONS,
+                BATCH,
+                {"a1": 1, "b1": 2},
+                swarm=swarm,
+                data_nodes=2,
+                capacities={"data": 1, "data-1": 3, "a1": 4, "b1": 4},
+            )
+
+    trio.run(main)
+    few, many = (swarm.nodes[name].role for name in ("data", "data-1"))
+    assert few.pool.started_on_loans > 0 and many.pool.started_on_loans == 0
+    assert not many.flow.node.lent_slots  # every loan came back
+    expected = reference_losses(ITERATIONS, 2 * BATCH)
+    first, second = swarm.results["data"], swarm.results["data-1"]
+    assert [(a.loss + b.loss) / 2 for a, b in zip(first, second, strict=True)] == pytest.approx(
+        expected, rel=1e-4
+    )
+    assert all(r.restarts == 0 and 0 < r.duration_s < 60 for r in first + second)
+
+
 def run_two_data_nodes(tmp_path: Path, iterations: int, scenario: Scenario, swarm: Swarm) -> None:
     """Two data nodes and one relay per stage, with ``scenario`` running beside them."""
 

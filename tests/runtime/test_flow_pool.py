@@ -1,0 +1,110 @@
+"""A data node's pool of flows (``node/runtime/flow_pool.py``): idle flows lent to a data peer
+whose microbatches wait, used there, and given back. Two real flow cores, whose messages go
+straight to each other (the live swarm test runs the same over libp2p)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from typing import Any
+
+import trio
+import trio.testing
+
+from coordinator_free.messages import Hello
+from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from coordinator_free.protocol.config import Outbound
+from node.runtime.flow_pool import Flow, FlowPool
+from node.runtime.flow_service import FlowService
+from tests.coordinator_free.test_lending import meet, route_all
+
+CONFIG = FlowConfig(stages=1, activation_bytes=1e6)
+
+
+class Wire(FlowService):
+    """A flow service whose messages reach the other data node's at once."""
+
+    services: dict[str, Wire]
+
+    def dispatch(self, outbounds: Iterable[Outbound]) -> None:
+        for outbound in outbounds:
+            peer = self.services[outbound.to]
+            peer.dispatch(peer.node.handle(self.node.node_id, outbound.message, 0.0))
+            if peer.observer is not None:
+                peer.observer(self.node.node_id, outbound.message)
+
+
+def two_pools() -> tuple[FlowPool, FlowPool]:
+    """Data node "a" with 1 flow and "b" with 2, both through relay r1."""
+    unused: Any = None
+    services: dict[str, Wire] = {}
+    pools = []
+    for name, capacity in (("a", 1), ("b", 2)):
+        node = FlowNode(NodeSpec(name, "data", 0, capacity, 20.0), CONFIG, random.Random(1))
+        service = services[name] = Wire(unused, node, tick_s=1.0)
+        service.services = services
+        pool = FlowPool(service)
+        service.observer = pool.heard
+        pools.append(pool)
+    a, b = pools
+    meet(a.node, b.node)
+    for pool in pools:
+        pool.node.handle("r1", Hello("relay", 1, CONFIG.stages, 4, 4, 0, 20.0, 0, True), 0.0)
+        route_all(pool.node, "r1")
+    return a, b
+
+
+def test_an_idle_flow_is_lent_to_the_waiting_peer_used_there_and_given_back() -> None:
+    a, b = two_pools()
+    taken: list[Flow] = []
+
+    async def main() -> None:
+        a.open()
+        b.open()
+        taken.append(await a.take(waiting=3))  # a's own flow
+        own_b = [await b.take(waiting=2), await b.take(waiting=1)]
+        b.all_started()  # b has nothing waiting: its flows are lent as they free
+        async with trio.open_nursery() as nursery:
+
+            async def take_loan() -> None:
+                taken.append(await a.take(waiting=2))  # waits: tells b two wait
+
+            nursery.start_soon(take_loan)
+            await trio.sleep(0.1)
+            assert len(taken) == 1
+            b.release(own_b[0], still_to_start=0)  # freed: lent to a at once
+        loan = taken[1]
+        assert loan.lender == "b" and a.first_hop(loan) == "r1"
+        assert b.node.lent_slots == {loan.slot: "a"}
+        b.open()  # b's next iteration: the lent slot stays a's
+        assert own_b[0] not in b._free
+        a.all_started()  # a's last microbatch runs on the loan: a tells b none wait
+        assert not b.node.waiting_peers
+        a.release(loan, still_to_start=0)  # done: the loan goes back
+        assert not b.node.lent_slots and own_b[0] in b._free
+        assert a.started_on_loans == 1
+
+    trio.run(main)
+
+
+def test_a_loan_whose_lender_died_is_not_started_on() -> None:
+    a, b = two_pools()
+    taken: list[Flow] = []
+
+    async def main() -> None:
+        a.open()
+        b.open()
+        own_a = await a.take(waiting=3)
+        b.all_started()  # b starts nothing: both its flows are idle, lent as a asks
+        loan = await a.take(waiting=2)
+        assert loan.lender == "b"
+        a.release(loan, still_to_start=1)  # kept while a's microbatches wait
+        a.node.peer_dead("b", 1.0)  # its loans end with it
+        with trio.move_on_after(5.0):
+            taken.append(await a.take(waiting=1))
+        assert not taken, "a dead lender's loan was taken"
+        a.release(own_a, still_to_start=1)
+        taken.append(await a.take(waiting=1))
+        assert taken == [own_a]
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

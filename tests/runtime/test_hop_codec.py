@@ -1,0 +1,65 @@
+"""The hop header's codec (``node/runtime/hop.py``): round trips, and bad bytes raise only
+``HopFormatError``."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from node.runtime.hop import (
+    BACKWARD,
+    FLAG_LENT,
+    FLAG_REPAIR,
+    FORWARD,
+    HopFormatError,
+    HopHeader,
+    decode_hop,
+    encode_hop,
+)
+
+FIRST_HOP = HopHeader(7, 3, 41, 256, FORWARD, 1, 2, 0, "data-b", ("data-b",))
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        FIRST_HOP,
+        FIRST_HOP.onward(lender="data-a"),  # on a flow data-a lent to data-b
+        FIRST_HOP.onward(flags=FLAG_REPAIR, lender="data-a"),
+        HopHeader(7, 3, 41, 257, BACKWARD, 0, 0, 0, "data-b", ("data-b", "r1", "r2", "data-b")),
+    ],
+)
+def test_a_header_and_its_frame_round_trip(header: HopHeader) -> None:
+    assert decode_hop(encode_hop(header, b"frame")) == (header, b"frame")
+
+
+def test_the_lent_flag_follows_the_lender_and_is_not_kept_as_a_flag() -> None:
+    lent = encode_hop(FIRST_HOP.onward(lender="data-a"), b"")
+    own = encode_hop(FIRST_HOP.onward(flags=FLAG_LENT), b"")  # a flag without a lender: dropped
+    assert decode_hop(own)[0] == FIRST_HOP
+    assert decode_hop(lent)[0].flags == 0 and len(lent) == len(own) + 1 + len("data-a")
+
+
+def test_a_lent_flag_without_its_lender_is_malformed() -> None:
+    data = bytearray(encode_hop(FIRST_HOP, b""))
+    data[33] |= FLAG_LENT  # the flags byte, after the fixed fields before it
+    with pytest.raises(HopFormatError):
+        decode_hop(bytes(data))
+
+
+@given(st.binary(max_size=300))
+def test_random_bytes_raise_only_a_format_error(data: bytes) -> None:
+    with contextlib.suppress(HopFormatError):  # anything else fails the test
+        decode_hop(data)
+
+
+@given(st.integers(min_value=0, max_value=80))
+def test_truncated_headers_raise_only_a_format_error(cut: int) -> None:
+    data = encode_hop(FIRST_HOP.onward(lender="data-a"), b"")
+    if cut >= len(data):
+        return
+    with pytest.raises(HopFormatError):
+        decode_hop(data[:cut])
