@@ -63,6 +63,8 @@ MAX_STALL_DEADLINES = 4
 #: (acknowledged first hop to returned gradient), and never sooner than ``MIN_LATE_S``.
 LATE_FACTOR = 4.0
 MIN_LATE_S = 1.0
+#: Decision rounds a data node joining a training run waits for a flow of its own.
+JOINER_FLOW_ROUNDS = 5
 
 
 @dataclass
@@ -202,12 +204,31 @@ class DataRole:
 
     # ---- driving iterations ----------------------------------------------------------------
 
-    async def wait_for_flows(self, timeout_s: float) -> None:
+    async def wait_for_flows(self, timeout_s: float, joining: bool = False) -> None:
+        """Wait for a flow of this node's own, up to ``timeout_s``; then start anyway on a live
+        stage-1 relay. A data node joining a run that trains (``joining``) waits only a few
+        decision rounds: the other data nodes may hold all of stage 1's slots, so it starts on
+        the flows they lend it and on any stage-1 relay, and its own come as slots free."""
         if self.peers is not None:
             await self.peers.wait_for_all(timeout_s)
-        with trio.fail_after(timeout_s):
-            while not self.flow.node.source_routes():
+        node = self.flow.node
+        patience_s = min(timeout_s, JOINER_FLOW_ROUNDS * node.period_s) if joining else timeout_s
+        with trio.move_on_after(timeout_s):
+            waited = trio.current_time()
+            while not node.source_routes():
+                if node.alive_peers(1) and trio.current_time() - waited >= patience_s:
+                    break
                 await trio.sleep(0.05)
+        if not node.source_routes():
+            if not node.alive_peers(1):
+                raise TrainingError(
+                    f"no stage-1 relay found within {timeout_s:g} s; start relays, or check "
+                    "p2p.bootstrap_peers"
+                )
+            log.warning(
+                "no flow of its own yet (the stage-1 relays are full): starting on lent flows "
+                "and any stage-1 relay"
+            )
         self.training = True
 
     async def run_iteration(self, iteration: int) -> IterationResult:

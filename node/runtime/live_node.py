@@ -266,7 +266,7 @@ async def run_live_node(
                 await load_data_part(
                     rpc, role, first, config.flow_timeout_s, config.flow.ack_deadline_s
                 )
-            await role.wait_for_flows(config.flow_timeout_s)
+            await role.wait_for_flows(config.flow_timeout_s, joining=config.join)
             iteration = first
             while iteration < config.iterations:
                 try:
