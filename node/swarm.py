@@ -593,6 +593,8 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
         "stages_not_stepped": sum(s.get("stages_not_stepped", 0) for s in stats),
         # Data nodes the others left out while they were alive, which asked back in.
         "data_nodes_taken_back_in": sum(s.get("taken_back_in", 0) for s in stats),
+        # Microbatches data nodes started on flows another data node lent them.
+        "microbatches_on_loans": sum(s.get("microbatches_on_loans", 0) for s in stats),
         "relays": {
             name: {key: s.get(key) for key in ("stage", "step", "state_digest", "hops_recorded")}
             for name, s in statuses.items()

@@ -282,6 +282,8 @@ class DataRole:
             for microbatch_id in pending:
                 flow = await self.pool.take(len(pending) - launched)
                 launched += 1
+                if flow.lender:
+                    self.stats.microbatches_on_loans += 1
                 nursery.start_soon(run_one, microbatch_id, flow)
             self.pool.all_started()
         if left_out:

@@ -43,7 +43,6 @@ class FlowPool:
         self._in_use: set[Flow] = set()
         self._changed = trio.Event()
         self._waiting = 0  # microbatches of this node that found no free flow
-        self.started_on_loans = 0
 
     # ---- the data node's side --------------------------------------------------------------
 
@@ -61,8 +60,6 @@ class FlowPool:
             flow = self._pop_free()
             if flow is not None:
                 self._in_use.add(flow)
-                if flow.lender:
-                    self.started_on_loans += 1
                 return flow
             if waiting > self._waiting:
                 self._waiting = waiting

@@ -57,6 +57,7 @@ class HopStats:
     repairs_served: int = 0
     stages_not_stepped: int = 0  # a data node: (iteration, stage) pairs with no replica stepping
     taken_back_in: int = 0  # a data node: times it was left out while alive and asked back in
+    microbatches_on_loans: int = 0  # a data node: started on a flow another data node lent it
     # A relay's ends of iteration (seconds, summed): all of it, and the averaging exchange in it.
     ending_s: float = 0.0
     averaging_s: float = 0.0
