@@ -31,16 +31,17 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from coordinator_free.baselines.optimal import OptimalPolicy
+from coordinator_free.protocol.config import FlowConfig
 from coordinator_free.sim.algorithms import make_policy
 from coordinator_free.sim.engine import EngineConfig, run_scenario
 from coordinator_free.sim.generator import GridCell, GridSize, build_scenario, paper_grid
 from coordinator_free.sim.gwtf_policy import GwtfPolicy
-from coordinator_free.sim.policy import RoutingPolicy
-from gwtf.errors import GwtfError
+from coordinator_free.sim.policy import RoutingPolicy, WorldView
+from gwtf.errors import ConfigError, GwtfError
 
 OUT = Path(__file__).resolve().parent / "out"
 KEY_CELL = "het-10reg-churn33"
@@ -68,13 +69,40 @@ class Run:
     wall_s: float
 
 
+class TunedGwtfPolicy(GwtfPolicy):
+    """GWTF with some ``FlowConfig`` fields set (``gwtf@field=value+field=value``), to measure a
+    parameter against the defaults in the same run."""
+
+    def __init__(self, overrides: dict[str, float]) -> None:
+        super().__init__()
+        self._overrides = overrides
+
+    def _flow_config(self, world: WorldView) -> FlowConfig:
+        return replace(super()._flow_config(world), **self._overrides)
+
+
+def parse_overrides(spec: str) -> dict[str, float]:
+    """``a=1+b=2`` -> {"a": 1.0, "b": 2.0}; a field FlowConfig lacks is a ConfigError."""
+    overrides: dict[str, float] = {}
+    known = {f.name for f in fields(FlowConfig)}
+    for item in spec.split("+"):
+        name, _, value = item.partition("=")
+        if name not in known:
+            raise ConfigError(f"gwtf@{spec}: FlowConfig has no field {name!r}; name one of it")
+        overrides[name] = float(value)
+    return overrides
+
+
 def policy_for(algorithm: str) -> RoutingPolicy:
-    """A policy by name; ``optimal@S`` is the optimum at slot scale S (``all``: every slot)."""
+    """A policy by name; ``optimal@S`` is the optimum at slot scale S (``all``: every slot);
+    ``gwtf@field=value+...`` is GWTF with those ``FlowConfig`` fields."""
     if algorithm.startswith(OPTIMAL + "@"):
         scale = algorithm.partition("@")[2]
         return OptimalPolicy(slot_speed_scale=None if scale == "all" else float(scale))
     if algorithm == "gwtf-allslots":
         return GwtfPolicy(slot_speed_scale=0.0)
+    if algorithm.startswith("gwtf@"):
+        return TunedGwtfPolicy(parse_overrides(algorithm.partition("@")[2]))
     return make_policy(algorithm)
 
 
@@ -274,8 +302,10 @@ def main() -> int:
     parser.add_argument(
         "--algorithms",
         default="gwtf,swarm,dtfm,optimal",
-        help="also: gwtf-allslots, optimal-allslots (every relay slot offered)",
+        help="also: gwtf-allslots, optimal-allslots (every relay slot offered), "
+        "gwtf@FIELD=VALUE+FIELD=VALUE (GWTF with those FlowConfig fields)",
     )
+    parser.add_argument("--cells", default=None, help="only these cells (comma-separated labels)")
     parser.add_argument("--sweep", action="store_true", help="the key cell at 100/200 %%/h churn")
     args = parser.parse_args()
     seeds = args.seeds or (3 if args.quick else 5)
@@ -285,6 +315,12 @@ def main() -> int:
     if args.quick:
         keep = {"hom-1reg-churn0", "het-10reg-churn0", "het-10reg-churn10", KEY_CELL}
         cells = [c for c in cells if c.label in keep]
+    if args.cells:
+        wanted = set(args.cells.split(","))
+        unknown = wanted - {c.label for c in cells}
+        if unknown:
+            parser.error(f"unknown cells {sorted(unknown)}; the grid's labels are like {KEY_CELL}")
+        cells = [c for c in cells if c.label in wanted]
     if args.sweep:
         cells += [GridCell(key.heterogeneous, key.ten_regions, rate) for rate in SWEEP_CHURN]
     algorithms = args.algorithms.split(",")
