@@ -63,8 +63,14 @@ class FlowConfig:
     move_timeout_periods: int = 2
     # Ours: a relay offers min(capacity, max(1, round(capacity x fastest / mine x scale)))
     # slots, where "fastest" is the least compute_ms among itself and the same-stage peers
-    # it knows (their Hello); 0 offers every slot. See ``NodeBase.offered_slots``.
-    slot_speed_scale: float = 1.5
+    # it knows (their Hello); 0 offers every slot. See ``NodeBase.offered_slots``. 2.0 since
+    # pipelines of like GPUs (below): a slow pipeline then takes 3 of a slow relay's 4 slots.
+    slot_speed_scale: float = 2.0
+    # Ours: pipelines of like GPUs. A flow's edge from node i to node j counts
+    # k x |c_i - c_j| ms more when a node picks or reroutes to a next hop and when an
+    # annealing move is judged, never in advertised costs; 0 switches it off, and equal
+    # compute times make every such term exactly 0. See ``protocol/like_speed.py``.
+    like_speed_weight: float = 3.0
 
     def __post_init__(self) -> None:
         if self.stages < 1:
@@ -86,6 +92,11 @@ class FlowConfig:
             raise FlowConfigError(
                 f"flow.slot_speed_scale must be >= 0 (0 offers every slot), "
                 f"got {self.slot_speed_scale!r}"
+            )
+        if not math.isfinite(self.like_speed_weight) or self.like_speed_weight < 0:
+            raise FlowConfigError(
+                f"flow.like_speed_weight must be >= 0 (0 switches it off), "
+                f"got {self.like_speed_weight!r}"
             )
         if not 0 < self.cooling <= 1:
             raise FlowConfigError(f"flow.cooling must be in (0, 1], got {self.cooling!r}")
