@@ -7,7 +7,7 @@ measured in the same run. The issue's goals are printed as PASS/FAIL columns. Pl
 ``bench/out/``.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/sim_compare.py [--quick] [--seeds 5] [--jobs 2]
-        [--sweep]
+        [--sweep] [--cells het-1reg-churn0,...] [--algorithms gwtf,swarm,dtfm,optimal,...]
 
 ``--sweep`` adds the key cell's GPUs and regions at churn rates beyond the grid (100 and 200 % of
 relays per hour) and prints how GWTF's time and waste compare with SWARM's as churn grows.
@@ -19,7 +19,10 @@ every relay slot, and with relays given slots in proportion to their speed
 through every slot is not the fastest schedule (slow relays then hold the iteration's tail), so
 the optimum with every slot ("optimal-allslots", the definition before) was beaten by GWTF on
 some seeds. In a cell of equal GPUs every member of the family is the same run, so only the
-first is run. "gwtf-allslots" is GWTF with every slot offered (``slot_speed_scale`` 0).
+first is run. "gwtf-allslots" is GWTF with every slot offered (``slot_speed_scale`` 0);
+"gwtf-like" is GWTF with pipelines of like GPUs (``like_speed_weight`` 3, slot scale 2), run in
+the heterogeneous cells only; ``gwtf@FIELD=VALUE+FIELD=VALUE`` is GWTF with those ``FlowConfig``
+fields, to measure a parameter against the defaults in the same run. ``--cells`` picks cells.
 """
 
 from __future__ import annotations
@@ -54,6 +57,11 @@ MAX_EVENTS = 3_000_000
 #: gives 1.5's, 2.5 and above every slot).
 OPTIMUM_SCALES: tuple[float | None, ...] = (None, 1.0, 1.25, 1.5, 2.0)
 OPTIMAL, OPTIMAL_ALL = "optimal", "optimal-allslots"
+#: GWTF with pipelines of like GPUs (``protocol/like_speed.py``), off by default in the core:
+#: the weight and slot scale measured best on the heterogeneous cells. Run only where GPUs differ
+#: (with equal GPUs it is GWTF to the last message).
+LIKE = "gwtf-like"
+LIKE_SETTINGS = "like_speed_weight=3+slot_speed_scale=2"
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,8 @@ def policy_for(algorithm: str) -> RoutingPolicy:
         return GwtfPolicy(slot_speed_scale=0.0)
     if algorithm.startswith("gwtf@"):
         return TunedGwtfPolicy(parse_overrides(algorithm.partition("@")[2]))
+    if algorithm == LIKE:
+        return TunedGwtfPolicy(parse_overrides(LIKE_SETTINGS))
     return make_policy(algorithm)
 
 
@@ -117,6 +127,8 @@ def expand(cell: GridCell, algorithm: str) -> list[str]:
         return [variant_name(scale) for scale in scales]
     if algorithm == OPTIMAL_ALL:
         return [variant_name(None)]
+    if algorithm == LIKE and not cell.heterogeneous:
+        return []
     return [algorithm]
 
 
@@ -221,6 +233,10 @@ def print_goals(table: dict[tuple[str, str], dict[str, float]], cells: list[str]
         if cell.endswith("churn0"):
             ratio = get(cell, "gwtf", "throughput") / get(cell, "optimal", "throughput")
             _goal(f"{cell}: GWTF thr / optimal thr", ratio, ">= 0.95", 0.95, higher=True)
+    for cell in cells:
+        if cell.endswith("churn0") and (cell, LIKE) in table:
+            ratio = get(cell, LIKE, "throughput") / get(cell, "optimal", "throughput")
+            _goal(f"{cell}: {LIKE} thr / optimal thr", ratio, ">= 0.95", 0.95, higher=True)
 
 
 def print_sweep(table: dict[tuple[str, str], dict[str, float]], cells: list[str]) -> None:
@@ -302,7 +318,8 @@ def main() -> int:
     parser.add_argument(
         "--algorithms",
         default="gwtf,swarm,dtfm,optimal",
-        help="also: gwtf-allslots, optimal-allslots (every relay slot offered), "
+        help=f"also: gwtf-allslots, optimal-allslots (every relay slot offered), {LIKE} "
+        f"(GWTF with {LIKE_SETTINGS}, heterogeneous cells only), "
         "gwtf@FIELD=VALUE+FIELD=VALUE (GWTF with those FlowConfig fields)",
     )
     parser.add_argument("--cells", default=None, help="only these cells (comma-separated labels)")

@@ -109,11 +109,10 @@ class NodeBase:
         fewer on a relay slower than the fastest same-stage peer it knows from their Hellos,
         ``capacity`` on data nodes, on the fastest, and with ``slot_speed_scale`` 0.
 
-        The scale (2.0) was chosen by measurement on the simulator's heterogeneous grid cells
-        (bench/README.md, sim_compare): with pipelines of like GPUs (``like_speed``) it gave
-        the highest throughput in one region and in ten (1.5 did without them); lower scales
-        leave slow relays idle while microbatches wait, higher ones let them hold the
-        iteration's tail again (2.5 and above: every slot, with speeds 1/0.35).
+        The scale (1.5) was chosen by measurement on the simulator's heterogeneous grid cells
+        (bench/README.md, sim_compare): it gave the highest throughput in one region and in
+        ten; lower scales leave slow relays idle while microbatches wait, higher ones let
+        them hold the iteration's tail again (2.5 and above: every slot, with speeds 1/0.35).
         Never more than ``capacity``; a relay that learns of a faster peer after accepting
         flows keeps them (``spare`` < 0) and takes no new one until it is below its offer.
         """

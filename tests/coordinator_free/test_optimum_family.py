@@ -75,16 +75,23 @@ def test_gwtf_variants_set_flow_config_fields_and_refuse_unknown_ones() -> None:
     }
     with pytest.raises(ConfigError, match="no_such_field"):
         SC.policy_for("gwtf@no_such_field=1")
-    # Heterogeneous GPUs: switching pipelines of like GPUs off changes the run; in a cell of
-    # equal GPUs the same setting changes nothing (every speed-gap term is 0).
+    # Heterogeneous GPUs: pipelines of like GPUs change the run; in a cell of equal GPUs the
+    # same setting changes nothing (every speed-gap term is 0).
     het, hom = GridCell(True, False, 0.0), GridCell(False, False, 0.0)
+    like = "gwtf@like_speed_weight=3"
     results = {
         (cell.label, algorithm): run_scenario(
             build_scenario(cell, 1, GridSize(iterations=4)), SC.policy_for(algorithm)
         )
         for cell in (het, hom)
-        for algorithm in ("gwtf", "gwtf@like_speed_weight=0")
+        for algorithm in ("gwtf", like)
     }
-    assert results[(hom.label, "gwtf")] == results[(hom.label, "gwtf@like_speed_weight=0")]
-    het_on, het_off = results[(het.label, "gwtf")], results[(het.label, "gwtf@like_speed_weight=0")]
-    assert het_on.sim_time_s != het_off.sim_time_s
+    assert results[(hom.label, "gwtf")] == results[(hom.label, like)]
+    assert results[(het.label, "gwtf")].sim_time_s != results[(het.label, like)].sim_time_s
+
+
+def test_like_speed_variant_runs_only_where_speeds_differ() -> None:
+    assert SC.expand(GridCell(False, True, 0.0), SC.LIKE) == []
+    assert SC.expand(GridCell(True, True, 0.0), SC.LIKE) == [SC.LIKE]
+    policy = SC.policy_for(SC.LIKE)
+    assert isinstance(policy, SC.TunedGwtfPolicy)
