@@ -70,9 +70,9 @@ class FlowConfig:
     # annealing move is judged, never in advertised costs; equal compute times make every
     # such term exactly 0. Off (0) by default: it pays only while flows are fewer than the
     # microbatches an iteration sends (each flow then carries several); where every flow
-    # carries about one, the slowest path sets the iteration and it costs time. With
-    # slot_speed_scale 2 and k = 3, the simulator's capacity-bound heterogeneous cells ran
-    # 2-8 % faster, 250-1,000-node swarms 20-32 % slower (``protocol/like_speed.py``).
+    # carries about one, the slowest path sets the iteration and it costs time. k = 3 with
+    # slot_speed_scale 2 measured best where it pays (``protocol/like_speed.py``, and
+    # bench/README.md, sim_compare).
     like_speed_weight: float = 0.0
 
     def __post_init__(self) -> None:

@@ -13,6 +13,12 @@ judged (``swap_speed_gain_ms``, ``take_over_speed_gain_ms``). A path's sum of th
 its spread (slowest minus fastest GPU), and each node sees the gaps of its own edges, so no new
 message is needed. The terms never enter advertised or reported costs, which stay what a flow
 takes. With equal compute times every term is exactly 0, so equal GPUs route as before.
+
+The weight is ``FlowConfig.like_speed_weight``, 0 (off) by default: the argument above holds
+while flows are fewer than the microbatches an iteration sends, so each flow carries several.
+Where flows outnumber them each carries about one, the slowest path sets the iteration, and the
+annealing's min-max is the right objective: there pipelines of like GPUs made the simulator's
+swarms 21-32 % slower (bench/README.md, sim_compare, measures both regimes).
 """
 
 from __future__ import annotations
