@@ -7,7 +7,7 @@ measured in the same run. The issue's goals are printed as PASS/FAIL columns. Pl
 ``bench/out/``.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/sim_compare.py [--quick] [--seeds 5] [--jobs 2]
-        [--sweep]
+        [--sweep] [--cells het-1reg-churn0,...] [--algorithms gwtf,swarm,dtfm,optimal,...]
 
 ``--sweep`` adds the key cell's GPUs and regions at churn rates beyond the grid (100 and 200 % of
 relays per hour) and prints how GWTF's time and waste compare with SWARM's as churn grows.
@@ -19,7 +19,10 @@ every relay slot, and with relays given slots in proportion to their speed
 through every slot is not the fastest schedule (slow relays then hold the iteration's tail), so
 the optimum with every slot ("optimal-allslots", the definition before) was beaten by GWTF on
 some seeds. In a cell of equal GPUs every member of the family is the same run, so only the
-first is run. "gwtf-allslots" is GWTF with every slot offered (``slot_speed_scale`` 0).
+first is run. "gwtf-allslots" is GWTF with every slot offered (``slot_speed_scale`` 0);
+"gwtf-like" is GWTF with pipelines of like GPUs (``like_speed_weight`` 3, slot scale 2), run in
+the heterogeneous cells only; ``gwtf@FIELD=VALUE+FIELD=VALUE`` is GWTF with those ``FlowConfig``
+fields, to measure a parameter against the defaults in the same run. ``--cells`` picks cells.
 """
 
 from __future__ import annotations
@@ -31,16 +34,17 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from coordinator_free.baselines.optimal import OptimalPolicy
+from coordinator_free.protocol.config import FlowConfig
 from coordinator_free.sim.algorithms import make_policy
 from coordinator_free.sim.engine import EngineConfig, run_scenario
 from coordinator_free.sim.generator import GridCell, GridSize, build_scenario, paper_grid
 from coordinator_free.sim.gwtf_policy import GwtfPolicy
-from coordinator_free.sim.policy import RoutingPolicy
-from gwtf.errors import GwtfError
+from coordinator_free.sim.policy import RoutingPolicy, WorldView
+from gwtf.errors import ConfigError, GwtfError
 
 OUT = Path(__file__).resolve().parent / "out"
 KEY_CELL = "het-10reg-churn33"
@@ -53,6 +57,11 @@ MAX_EVENTS = 3_000_000
 #: gives 1.5's, 2.5 and above every slot).
 OPTIMUM_SCALES: tuple[float | None, ...] = (None, 1.0, 1.25, 1.5, 2.0)
 OPTIMAL, OPTIMAL_ALL = "optimal", "optimal-allslots"
+#: GWTF with pipelines of like GPUs (``protocol/like_speed.py``), off by default in the core:
+#: the weight and slot scale measured best on the heterogeneous cells. Run only where GPUs differ
+#: (with equal GPUs it is GWTF to the last message).
+LIKE = "gwtf-like"
+LIKE_SETTINGS = "like_speed_weight=3+slot_speed_scale=2"
 
 
 @dataclass(frozen=True)
@@ -68,13 +77,42 @@ class Run:
     wall_s: float
 
 
+class TunedGwtfPolicy(GwtfPolicy):
+    """GWTF with some ``FlowConfig`` fields set (``gwtf@field=value+field=value``), to measure a
+    parameter against the defaults in the same run."""
+
+    def __init__(self, overrides: dict[str, float]) -> None:
+        super().__init__()
+        self._overrides = overrides
+
+    def _flow_config(self, world: WorldView) -> FlowConfig:
+        return replace(super()._flow_config(world), **self._overrides)
+
+
+def parse_overrides(spec: str) -> dict[str, float]:
+    """``a=1+b=2`` -> {"a": 1.0, "b": 2.0}; a field FlowConfig lacks is a ConfigError."""
+    overrides: dict[str, float] = {}
+    known = {f.name for f in fields(FlowConfig)}
+    for item in spec.split("+"):
+        name, _, value = item.partition("=")
+        if name not in known:
+            raise ConfigError(f"gwtf@{spec}: FlowConfig has no field {name!r}; name one of it")
+        overrides[name] = float(value)
+    return overrides
+
+
 def policy_for(algorithm: str) -> RoutingPolicy:
-    """A policy by name; ``optimal@S`` is the optimum at slot scale S (``all``: every slot)."""
+    """A policy by name; ``optimal@S`` is the optimum at slot scale S (``all``: every slot);
+    ``gwtf@field=value+...`` is GWTF with those ``FlowConfig`` fields."""
     if algorithm.startswith(OPTIMAL + "@"):
         scale = algorithm.partition("@")[2]
         return OptimalPolicy(slot_speed_scale=None if scale == "all" else float(scale))
     if algorithm == "gwtf-allslots":
         return GwtfPolicy(slot_speed_scale=0.0)
+    if algorithm.startswith("gwtf@"):
+        return TunedGwtfPolicy(parse_overrides(algorithm.partition("@")[2]))
+    if algorithm == LIKE:
+        return TunedGwtfPolicy(parse_overrides(LIKE_SETTINGS))
     return make_policy(algorithm)
 
 
@@ -89,6 +127,8 @@ def expand(cell: GridCell, algorithm: str) -> list[str]:
         return [variant_name(scale) for scale in scales]
     if algorithm == OPTIMAL_ALL:
         return [variant_name(None)]
+    if algorithm == LIKE and not cell.heterogeneous:
+        return []
     return [algorithm]
 
 
@@ -193,6 +233,10 @@ def print_goals(table: dict[tuple[str, str], dict[str, float]], cells: list[str]
         if cell.endswith("churn0"):
             ratio = get(cell, "gwtf", "throughput") / get(cell, "optimal", "throughput")
             _goal(f"{cell}: GWTF thr / optimal thr", ratio, ">= 0.95", 0.95, higher=True)
+    for cell in cells:
+        if cell.endswith("churn0") and (cell, LIKE) in table:
+            ratio = get(cell, LIKE, "throughput") / get(cell, "optimal", "throughput")
+            _goal(f"{cell}: {LIKE} thr / optimal thr", ratio, ">= 0.95", 0.95, higher=True)
 
 
 def print_sweep(table: dict[tuple[str, str], dict[str, float]], cells: list[str]) -> None:
@@ -274,8 +318,11 @@ def main() -> int:
     parser.add_argument(
         "--algorithms",
         default="gwtf,swarm,dtfm,optimal",
-        help="also: gwtf-allslots, optimal-allslots (every relay slot offered)",
+        help=f"also: gwtf-allslots, optimal-allslots (every relay slot offered), {LIKE} "
+        f"(GWTF with {LIKE_SETTINGS}, heterogeneous cells only), "
+        "gwtf@FIELD=VALUE+FIELD=VALUE (GWTF with those FlowConfig fields)",
     )
+    parser.add_argument("--cells", default=None, help="only these cells (comma-separated labels)")
     parser.add_argument("--sweep", action="store_true", help="the key cell at 100/200 %%/h churn")
     args = parser.parse_args()
     seeds = args.seeds or (3 if args.quick else 5)
@@ -285,6 +332,12 @@ def main() -> int:
     if args.quick:
         keep = {"hom-1reg-churn0", "het-10reg-churn0", "het-10reg-churn10", KEY_CELL}
         cells = [c for c in cells if c.label in keep]
+    if args.cells:
+        wanted = set(args.cells.split(","))
+        unknown = wanted - {c.label for c in cells}
+        if unknown:
+            parser.error(f"unknown cells {sorted(unknown)}; the grid's labels are like {KEY_CELL}")
+        cells = [c for c in cells if c.label in wanted]
     if args.sweep:
         cells += [GridCell(key.heterogeneous, key.ten_regions, rate) for rate in SWEEP_CHURN]
     algorithms = args.algorithms.split(",")

@@ -29,6 +29,7 @@ from coordinator_free.protocol.config import (
     next_stage,
     previous_stage,
 )
+from coordinator_free.protocol.like_speed import hop_penalties_ms
 from coordinator_free.protocol.state import INF, InKey, InSlot, OutSlot, Peer, SlotState
 
 _COST_EPSILON_MS = 1e-6
@@ -294,18 +295,29 @@ class NodeBase:
         for other in self.out_slots.values():
             if other.next_hop is not None:
                 sharing[other.next_hop] = sharing.get(other.next_hop, 0) + 1
-        for peer in self.alive_peers(self.next_stage):
+        candidates = self.alive_peers(self.next_stage)
+        penalties = self.hop_penalties_ms(candidates)  # like GPUs together (like_speed.py)
+        for peer in candidates:
             if peer.spare <= 0 or peer.peer_id == exclude:
                 continue
             if out.excluded_until_s.get(peer.peer_id, -INF) > now:
                 continue
             if self.next_stage == 0 and peer.role != DATA:
                 continue
-            cost = self.cost_through_ms(peer)
+            cost = self.cost_through_ms(peer) + penalties.get(peer.peer_id, 0.0)
             key = (round(cost, 6), -sharing.get(peer.peer_id, 0), -peer.spare, peer.peer_id)
             if cost < INF and (best is None or key < best):
                 best = key
         return None if best is None else best[3]
+
+    def hop_penalties_ms(self, candidates: list[Peer]) -> dict[str, float]:
+        """Extra ms per next-stage peer for its speed gap to this node (``like_speed``)."""
+        weight = self.config.like_speed_weight
+        if weight <= 0:
+            return {}
+        return hop_penalties_ms(
+            self.spec.compute_ms, ((p.peer_id, p.compute_ms) for p in candidates), weight
+        )
 
     # ---- per-slot helpers -----------------------------------------------------------------------
 

@@ -65,6 +65,15 @@ class FlowConfig:
     # slots, where "fastest" is the least compute_ms among itself and the same-stage peers
     # it knows (their Hello); 0 offers every slot. See ``NodeBase.offered_slots``.
     slot_speed_scale: float = 1.5
+    # Ours: pipelines of like GPUs. A flow's edge from node i to node j counts
+    # k x |c_i - c_j| ms more when a node picks or reroutes to a next hop and when an
+    # annealing move is judged, never in advertised costs; equal compute times make every
+    # such term exactly 0. Off (0) by default: it pays only while flows are fewer than the
+    # microbatches an iteration sends (each flow then carries several); where every flow
+    # carries about one, the slowest path sets the iteration and it costs time. k = 3 with
+    # slot_speed_scale 2 measured best where it pays (``protocol/like_speed.py``, and
+    # bench/README.md, sim_compare).
+    like_speed_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.stages < 1:
@@ -86,6 +95,11 @@ class FlowConfig:
             raise FlowConfigError(
                 f"flow.slot_speed_scale must be >= 0 (0 offers every slot), "
                 f"got {self.slot_speed_scale!r}"
+            )
+        if not math.isfinite(self.like_speed_weight) or self.like_speed_weight < 0:
+            raise FlowConfigError(
+                f"flow.like_speed_weight must be >= 0 (0 switches it off), "
+                f"got {self.like_speed_weight!r}"
             )
         if not 0 < self.cooling <= 1:
             raise FlowConfigError(f"flow.cooling must be in (0, 1], got {self.cooling!r}")

@@ -42,6 +42,7 @@ from coordinator_free.protocol.annealing import (
     take_over_gain_ms,
 )
 from coordinator_free.protocol.config import Outbound
+from coordinator_free.protocol.like_speed import swap_speed_gain_ms, take_over_speed_gain_ms
 from coordinator_free.protocol.sharing import SharingMixin
 from coordinator_free.protocol.state import INF, InSlot, OutSlot, Peer, SlotState
 
@@ -137,6 +138,7 @@ class MovesMixin(SharingMixin):
         # What a new flow would cost through each next-stage peer with room, in peer order
         # (the same for every flow of this node; None until a flow is due to be looked at).
         targets: list[tuple[str, float]] | None = None
+        penalties: dict[str, float] = {}  # the speed gaps' extra ms (like_speed.py)
         cheapest_ms = INF
         for out in self.out_slots.values():
             if out.state is not SlotState.MATCHED or out.next_hop is None:
@@ -146,11 +148,12 @@ class MovesMixin(SharingMixin):
             current = self.peers.get(out.next_hop)
             if current is None:
                 continue
-            suffix = current.cost_to_sink_ms if current.role == "data" else out.suffix_cost_ms
-            now_ms = out.edge_ms + suffix
             if targets is None:
-                targets = self._reroute_targets()
+                penalties = self.hop_penalties_ms(self.alive_peers(self.next_stage))
+                targets = self._reroute_targets(penalties)
                 cheapest_ms = min((cost for _, cost in targets), default=INF)
+            suffix = current.cost_to_sink_ms if current.role == "data" else out.suffix_cost_ms
+            now_ms = out.edge_ms + suffix + penalties.get(out.next_hop, 0.0)
             threshold = max(_REROUTE_MIN_GAIN_MS, _REROUTE_MIN_GAIN_SHARE * now_ms)
             if not now_ms - cheapest_ms > threshold:
                 continue  # not even the cheapest peer saves enough
@@ -172,16 +175,18 @@ class MovesMixin(SharingMixin):
         prefix = self.prefix_of(out) + self.edge_cost_ms(target)
         return [Outbound(target, FlowRequest(slot, out.flow_id, self.path_of(out), prefix))]
 
-    def _reroute_targets(self) -> list[tuple[str, float]]:
+    def _reroute_targets(self, penalties: dict[str, float]) -> list[tuple[str, float]]:
         """Next-stage peers with room a flow may be rerouted to, with what a new flow through
-        each would cost from here (a sink's cost grows by one more share of its wait)."""
+        each would cost from here (a sink's cost grows by one more share of its wait), plus
+        the peer's speed-gap penalty."""
         targets = []
         to_sink = self.next_stage == 0
         for peer in self.alive_peers(self.next_stage):
             if peer.spare <= 0 or (to_sink and peer.role != "data"):
                 continue
             added = peer.compute_ms / max(peer.capacity, 1) if peer.role == "data" else 0.0
-            targets.append((peer.peer_id, self.cost_through_ms(peer) + added))
+            cost = self.cost_through_ms(peer) + added + penalties.get(peer.peer_id, 0.0)
+            targets.append((peer.peer_id, cost))
         return targets
 
     def plan_move(self, peer: Peer, now: float) -> list[Outbound]:
@@ -236,6 +241,8 @@ class MovesMixin(SharingMixin):
         ]
         their_edges = {edge.peer: edge.cost_ms for edge in peer.table.next_edges}
         next_ids = {p.peer_id for p in self.alive_peers(self.next_stage)}
+        # Moves that part like GPUs count against them (like_speed.py); 0 when all are alike.
+        like_weight, my_ms = self.config.like_speed_weight, self.spec.compute_ms
         moves: list[Move] = []
         # Their flows whose next hop I can reach, with my edge to it (the same for all mine).
         reachable = [(e, self.edge_cost_ms(e.next_hop)) for e in theirs if e.next_hop in next_ids]
@@ -248,6 +255,7 @@ class MovesMixin(SharingMixin):
             ):
                 continue
             their_edge_ms = their_edges[out.next_hop]
+            my_next = self.peers.get(out.next_hop)
             mine = FlowView(
                 out.slot, out.next_hop, self.prefix_of(out), out.edge_ms, out.suffix_cost_ms
             )
@@ -255,6 +263,14 @@ class MovesMixin(SharingMixin):
                 if entry.next_hop == out.next_hop:
                     continue
                 gain = swap_gain_ms(mine, entry, my_edge_ms, their_edge_ms)
+                if like_weight > 0 and my_next is not None:
+                    gain += swap_speed_gain_ms(
+                        my_ms,
+                        peer.compute_ms,
+                        my_next.compute_ms,
+                        self.peers[entry.next_hop].compute_ms,
+                        like_weight,
+                    )
                 moves.append(SwapMove(mine, entry, gain))
         if self.is_data or self.spare <= 0:
             return moves
@@ -266,6 +282,14 @@ class MovesMixin(SharingMixin):
                     self.edge_cost_ms(entry.next_hop),
                 )
                 gain = take_over_gain_ms(entry, edge_in, edge_out)
+                if like_weight > 0:
+                    gain += take_over_speed_gain_ms(
+                        self.peers[entry.upstream].compute_ms,
+                        peer.compute_ms,
+                        my_ms,
+                        self.peers[entry.next_hop].compute_ms,
+                        like_weight,
+                    )
                 moves.append(TakeOverMove(entry, edge_in, edge_out, gain))
         return moves
 

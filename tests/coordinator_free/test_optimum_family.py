@@ -9,8 +9,12 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from coordinator_free.baselines.optimal import OptimalPolicy
-from coordinator_free.sim.generator import GridCell
+from coordinator_free.sim.engine import run_scenario
+from coordinator_free.sim.generator import GridCell, GridSize, build_scenario
+from gwtf.errors import ConfigError
 
 
 def _sim_compare() -> ModuleType:
@@ -62,3 +66,32 @@ def test_family_is_run_only_where_speeds_differ() -> None:
     policy = SC.policy_for("optimal@1.25")
     assert isinstance(policy, OptimalPolicy) and policy.slot_speed_scale == 1.25
     assert SC.policy_for("optimal@all").slot_speed_scale is None
+
+
+def test_gwtf_variants_set_flow_config_fields_and_refuse_unknown_ones() -> None:
+    assert SC.parse_overrides("like_speed_weight=0+slot_speed_scale=1.5") == {
+        "like_speed_weight": 0.0,
+        "slot_speed_scale": 1.5,
+    }
+    with pytest.raises(ConfigError, match="no_such_field"):
+        SC.policy_for("gwtf@no_such_field=1")
+    # Heterogeneous GPUs: pipelines of like GPUs change the run; in a cell of equal GPUs the
+    # same setting changes nothing (every speed-gap term is 0).
+    het, hom = GridCell(True, False, 0.0), GridCell(False, False, 0.0)
+    like = "gwtf@like_speed_weight=3"
+    results = {
+        (cell.label, algorithm): run_scenario(
+            build_scenario(cell, 1, GridSize(iterations=4)), SC.policy_for(algorithm)
+        )
+        for cell in (het, hom)
+        for algorithm in ("gwtf", like)
+    }
+    assert results[(hom.label, "gwtf")] == results[(hom.label, like)]
+    assert results[(het.label, "gwtf")].sim_time_s != results[(het.label, like)].sim_time_s
+
+
+def test_like_speed_variant_runs_only_where_speeds_differ() -> None:
+    assert SC.expand(GridCell(False, True, 0.0), SC.LIKE) == []
+    assert SC.expand(GridCell(True, True, 0.0), SC.LIKE) == [SC.LIKE]
+    policy = SC.policy_for(SC.LIKE)
+    assert isinstance(policy, SC.TunedGwtfPolicy)

@@ -22,7 +22,8 @@ from coordinator_free.sim.world import World
 from gwtf.errors import ConfigError
 from tests.coordinator_free.flow_graphs import build_network, random_swarm, settle, trace_flows
 
-CONFIG = FlowConfig(stages=2, activation_bytes=1e6)
+# The scale these tests count slots with (a slow relay at 0.35 offers 2 of 4).
+CONFIG = FlowConfig(stages=2, activation_bytes=1e6, slot_speed_scale=1.5)
 
 
 def relay(compute_ms: float, capacity: int = 4, config: FlowConfig = CONFIG) -> FlowNode:
