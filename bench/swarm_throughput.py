@@ -12,14 +12,15 @@
    mostly fixed (py-libp2p's CPU per request), so the ratio shows where compute outweighs it.
 2. Ten-region link emulation with churn: the same swarm (3 relays per stage, of emulated GPU
    speeds ``--speeds``, by default 1.0 / 0.6 / 0.35 in every stage like the simulator's key
-   heterogeneous cell) routed by GWTF's flow table and by SWARM's throughput-weighted wiring (a
+   heterogeneous cell, each relay hop lasting at least ``--hop-ms`` before its speed stretches
+   it, so that the relays' time is spent as on GPUs and not on the shared CPUs) routed by GWTF's flow table and by SWARM's throughput-weighted wiring (a
    policy switch in the live node), with the same kills, alternating, ``--runs`` times each; the
    medians are compared. Churn is
    compressed in time: two relays die within a minute-long run, the number that 33 % of relays
    per hour would kill over a run of hours.
 
 Usage: python bench/swarm_throughput.py [--iterations 8] [--runs 3] [--sizes 16x64]
-       [--speeds 1.0,0.6,0.35] [--quick | --routing-only]
+       [--speeds 1.0,0.6,0.35] [--hop-ms 100] [--quick | --routing-only]
 """
 
 from __future__ import annotations
@@ -159,6 +160,7 @@ def swarm_file(
     batch_size: int = BATCH_SIZE,
     seq_len: int = SEQ_LEN,
     speeds: tuple[float, ...] = (1.0,),
+    hop_ms: float = 0.0,
 ) -> str:
     events = ", ".join(f'{{t = {t}, kill = "{node}"}}' for t, node in kills)
     region_lines = (
@@ -171,7 +173,7 @@ def swarm_file(
         f"[run]\niterations = {iterations}\nmicrobatches_per_iteration = {MICROBATCHES}\n"
         f"batch_size = {batch_size}\nseq_len = {seq_len}\n"
         f'routing = "{routing}"\n[swarm]\nrelays_per_stage = {relays_per_stage}\n'
-        f"capacity = {capacity}\nspeeds = [{', '.join(map(str, speeds))}]\n"
+        f"capacity = {capacity}\nspeeds = [{', '.join(map(str, speeds))}]\nhop_ms = {hop_ms}\n"
         f"{region_lines}"
         f"[churn]\nevents = [{events}]\n"
     )
@@ -187,6 +189,9 @@ def main() -> None:
         "--speeds", default="1.0,0.6,0.35", help="emulated GPU speeds of each stage's relays"
     )
     parser.add_argument(
+        "--hop-ms", type=float, default=100.0, help="a relay hop's emulated least compute time"
+    )
+    parser.add_argument(
         "--sizes", default="16x64", help="larger microbatches (batch x sequence), '' for none"
     )
     args = parser.parse_args()
@@ -194,7 +199,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         if args.routing_only:
-            compare_routings(args.iterations, args.runs, out, speeds)
+            compare_routings(args.iterations, args.runs, out, speeds, args.hop_ms)
             return
         print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         local, local_cpu_ms = single_process_mb_per_s(args.iterations)
@@ -215,7 +220,7 @@ def main() -> None:
         print(f"load average after: {os.getloadavg()[0]:.1f}")
         if args.quick:
             return
-        compare_routings(args.iterations, args.runs, out, speeds)
+        compare_routings(args.iterations, args.runs, out, speeds, args.hop_ms)
 
 
 def compare_size(iterations: int, size: str, out: Path) -> None:
@@ -232,16 +237,20 @@ def compare_size(iterations: int, size: str, out: Path) -> None:
     print_breakdown(loopback, local_cpu_ms)
 
 
-def compare_routings(iterations: int, runs: int, out: Path, speeds: tuple[float, ...]) -> None:
+def compare_routings(
+    iterations: int, runs: int, out: Path, speeds: tuple[float, ...], hop_ms: float
+) -> None:
     """GWTF against SWARM routing under the ten-region emulation with the same kills."""
     kills = [(4.0, "relay-1-0"), (10.0, "relay-2-1")]
     results: dict[str, list[dict[str, Any]]] = {"gwtf": [], "swarm": []}
     for run in range(runs):
         for routing in results:  # alternating, so a slow spell of the machine hits both
-            body = swarm_file(iterations, routing, True, kills, relays_per_stage=3, speeds=speeds)
+            body = swarm_file(
+                iterations, routing, True, kills, relays_per_stage=3, speeds=speeds, hop_ms=hop_ms
+            )
             results[routing].append(swarm_run(f"regions-{routing}-{run}", body, out))
     print(
-        f"\nrelay speeds {'/'.join(map(str, speeds))} in every stage"
+        f"\nrelay speeds {'/'.join(map(str, speeds))} in every stage, a hop at least {hop_ms:g} ms"
         f"\n{'10 regions, 3 relays/stage, 2 killed':<40}{'mb/s (each run)':>24}{'median':>8}"
         f"{'resent':>8}{'fwd rep':>8}{'grad res':>9}{'restart':>8}"
     )

@@ -87,6 +87,10 @@ class NodeSettings:
     #: what it took, by waiting, so a swarm on one machine mixes GPU speeds like the simulator's
     #: heterogeneous scenarios (1.0 / 0.6 / 0.35). Leave 1.0 on a real node.
     emulated_speed: float = 1.0
+    #: Emulation too: each hop's compute lasts at least this long (before the speed stretches
+    #: it), so a swarm of a small model on one machine spends its time like GPUs on a big
+    #: one, not on its shared CPUs. Leave 0 on a real node.
+    emulated_hop_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -272,6 +276,7 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "node.capacity": _positive_int,
     "node.compute_ms": _positive,
     "node.emulated_speed": _speed,
+    "node.emulated_hop_ms": _non_negative,
     "p2p.key_file": _non_empty,
     "p2p.region": _non_empty,
     "p2p.discovery_period_s": _positive,

@@ -23,7 +23,10 @@ Swarm file::
              microbatches_per_iteration microbatches of its own per iteration),
              speeds = [1.0] (emulated GPU speeds, node.emulated_speed: the n-th relay of each
              stage gets the n-th, cyclically; e.g. [1.0, 0.6, 0.35] mixes slow GPUs into every
-             stage like the simulator's heterogeneous scenarios; data nodes run at 1.0)
+             stage like the simulator's heterogeneous scenarios; data nodes run at 1.0),
+             hop_ms = 0.0 (node.emulated_hop_ms of every relay: a hop's compute lasts at least
+             this long, then 1 / speed of it; e.g. 200 makes the relays' timing a GPU
+             cluster's, not the shared CPUs')
     [flow]   any field of the node settings' flow section (decision_period_s,
              hop_ack_deadline_s, keepalive_interval_s, ...; see node/settings.py)
     [chain]  enabled = true, rpc_url = "" (use a running chain instead of starting a devnet),
@@ -92,7 +95,15 @@ _SECTIONS: dict[str, set[str]] = {
         "iterations",
         "seed",
     },
-    "swarm": {"relays_per_stage", "capacity", "regions", "topology", "data_nodes", "speeds"},
+    "swarm": {
+        "relays_per_stage",
+        "capacity",
+        "regions",
+        "topology",
+        "data_nodes",
+        "speeds",
+        "hop_ms",
+    },
     "flow": set(FlowSettings.__dataclass_fields__) - {"routing"},
     "chain": set(ChainPlan.__dataclass_fields__),
     "churn": {"events", "crash_rate_per_hour", "seed", "crash_on"},
@@ -158,6 +169,7 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
         "topology": "",
         "data_nodes": 1,
         "speeds": [1.0],
+        "hop_ms": 0.0,
         **raw.get("swarm", {}),
     }
     _check_run(run)
@@ -259,6 +271,8 @@ def node_settings(
     if role == "data":
         capacity = max(1, capacity * plan.swarm["relays_per_stage"] // plan.swarm["data_nodes"])
     key_file = chain.identity_path(name) if chain else plan.out_dir / f"{name}.key"
+    if role == "relay":
+        node = {"emulated_hop_ms": plan.swarm["hop_ms"], **node}
     return {
         "node": {"name": name, "role": role, "stage": stage, "capacity": capacity, **node},
         "p2p": {

@@ -106,6 +106,9 @@ class DataPlane:
     #: Below 1, each hop's compute is followed by a wait that stretches it to 1 / speed: the
     #: compute queue is held meanwhile, as a slower GPU would hold it (link emulation's sibling).
     emulated_speed: float = 1.0
+    #: A hop's compute lasts at least this long (then 1 / speed of it): a swarm of small
+    #: models on one machine then spends its time as GPUs on a big one would, not on its CPUs.
+    emulated_hop_s: float = 0.0
     hop_log: HopLog = field(default_factory=HopLog)
     timings: HopTimings = field(default_factory=HopTimings)
     _queue: tuple[trio.MemorySendChannel[_Job], trio.MemoryReceiveChannel[_Job]] | None = None
@@ -179,9 +182,10 @@ class DataPlane:
                     exc,
                 )
                 job.error = exc
-            if self.emulated_speed < 1.0:
+            if self.emulated_speed < 1.0 or self.emulated_hop_s > 0.0:
                 elapsed_s = trio.current_time() - started
-                await trio.sleep(elapsed_s * (1.0 / self.emulated_speed - 1.0))
+                emulated_s = max(elapsed_s, self.emulated_hop_s) / self.emulated_speed
+                await trio.sleep(emulated_s - elapsed_s)
             self.timings.computed += 1
             self.timings.compute_s += trio.current_time() - started
             job.done.set()

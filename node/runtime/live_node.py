@@ -77,6 +77,7 @@ class LiveNodeConfig:
     compute_ms: float = 100.0
     #: Below 1, each hop's compute is stretched to 1 / speed (``DataPlane.emulated_speed``).
     emulated_speed: float = 1.0
+    emulated_hop_s: float = 0.0  # a hop's compute lasts at least this (``DataPlane``)
     #: Who may talk to this node (e.g. ``RunAdmission`` over the chain); None admits every peer.
     admit: Admission | None = None
     #: Awaited once the host is up and the worker built, before the node makes itself known:
@@ -154,6 +155,7 @@ async def run_live_node(
             config.flow.ack_deadline_s,
             limits.max_bytes + 4096,
             emulated_speed=config.emulated_speed,
+            emulated_hop_s=config.emulated_hop_s,
         )
         worker = await trio.to_thread.run_sync(_worker, config, node_id)
         if config.entry_gate is not None:

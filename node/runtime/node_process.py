@@ -131,6 +131,7 @@ def live_config_from_settings(settings: Settings) -> LiveNodeConfig:
         discovery_period_s=p2p.discovery_period_s,
         compute_ms=node.compute_ms,
         emulated_speed=node.emulated_speed,
+        emulated_hop_s=node.emulated_hop_ms / 1000.0,
         admit=admission_from_settings(settings),
         routing=settings.flow.routing,
         data_nodes=training.data_nodes,

@@ -89,6 +89,7 @@ def with_change(section: str, key: str, value: object, **more: object) -> dict[s
     [
         (with_change("node", "role", "boss"), "node.role='boss' from"),
         (with_change("node", "emulated_speed", 1.5), "node.emulated_speed=1.5 from"),
+        (with_change("node", "emulated_hop_ms", -1.0), "node.emulated_hop_ms=-1.0 from"),
         (with_change("training", "stages", 0), "training.stages=0 from"),
         (with_change("training", "model", "tiny"), "training.model='tiny' from"),
         (with_change("training", "device", 3), "training.device=3 from"),

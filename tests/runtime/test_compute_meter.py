@@ -52,10 +52,14 @@ def test_the_measured_time_per_microbatch_replaces_the_configured_one() -> None:
     assert seen[2] > 1000.0  # the slow hops, once there were enough of them
 
 
-def test_an_emulated_slower_gpu_stretches_each_hop_and_holds_the_queue_meanwhile() -> None:
-    """``emulated_speed`` 0.5: a hop that computes in 1 s takes 2 s, and the next one waits."""
+@pytest.mark.parametrize(("hop_s", "done_s"), [(0.0, [2.0, 4.0]), (3.0, [6.0, 12.0])])
+def test_an_emulated_slower_gpu_stretches_each_hop_and_holds_the_queue_meanwhile(
+    hop_s: float, done_s: list[float]
+) -> None:
+    """``emulated_speed`` 0.5: a hop that computes in 1 s takes 2 s, and the next one waits;
+    with ``emulated_hop_s`` 3 it lasts 3 s before the speed stretches it."""
     unused: Any = None
-    plane = DataPlane(unused, "relay", 1, 2, 1.0, 1 << 20, emulated_speed=0.5)
+    plane = DataPlane(unused, "relay", 1, 2, 1.0, 1 << 20, emulated_speed=0.5, emulated_hop_s=hop_s)
 
     async def compute(header: Any, frame: bytes) -> None:
         await trio.sleep(1.0)
@@ -76,5 +80,5 @@ def test_an_emulated_slower_gpu_stretches_each_hop_and_holds_the_queue_meanwhile
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert finished == [2.0, 4.0]
-    assert plane.timings.compute_s == pytest.approx(4.0)  # what the meter reports: a slow GPU
+    assert finished == done_s
+    assert plane.timings.compute_s == pytest.approx(done_s[-1])  # what the meter reports
