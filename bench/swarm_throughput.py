@@ -13,11 +13,11 @@
 2. Ten-region link emulation with churn: the same swarm (3 relays per stage, of emulated GPU
    speeds ``--speeds``, by default 1.0 / 0.6 / 0.35 in every stage like the simulator's key
    heterogeneous cell, each relay hop lasting at least ``--hop-ms`` before its speed stretches
-   it, so that the relays' time is spent as on GPUs and not on the shared CPUs) routed by GWTF's flow table and by SWARM's throughput-weighted wiring (a
-   policy switch in the live node), with the same kills, alternating, ``--runs`` times each; the
-   medians are compared. Churn is
-   compressed in time: two relays die within a minute-long run, the number that 33 % of relays
-   per hour would kill over a run of hours.
+   it, so that the relays' time is spent as on GPUs and not on the shared CPUs) routed by
+   GWTF's flow table and by SWARM's throughput-weighted wiring (a policy switch in the live
+   node), with the same kills, alternating, ``--runs`` times each; the medians are compared.
+   Churn is compressed in time: two relays die within a minute-long run, the number that 33 %
+   of relays per hour would kill over a run of hours.
 
 Usage: python bench/swarm_throughput.py [--iterations 8] [--runs 3] [--sizes 16x64]
        [--speeds 1.0,0.6,0.35] [--hop-ms 100] [--quick | --routing-only]
