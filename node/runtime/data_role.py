@@ -277,7 +277,7 @@ class DataRole:
         # Every source slot of this data node (one per unit of its capacity), routed or not (a
         # slot whose flow is being rebuilt starts its microbatch on any live stage-1 replica),
         # and slots other data nodes lend it while its microbatches wait.
-        self.pool.open()
+        self.pool.open(self.peers.others() if self.peers is not None else None)
         async with trio.open_nursery() as nursery:
             for microbatch_id in pending:
                 flow = await self.pool.take(len(pending) - launched)

@@ -19,6 +19,7 @@ The core keeps who lent what to whom; this pool keeps which flows are free now.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import trio
@@ -46,8 +47,14 @@ class FlowPool:
 
     # ---- the data node's side --------------------------------------------------------------
 
-    def open(self) -> None:
-        """A new iteration: every own slot is free unless it is lent or still in use."""
+    def open(self, data_peers: Iterable[str] | None = None) -> None:
+        """A new iteration: every own slot is free unless it is lent or still in use. Slots lent
+        to a borrower no longer among ``data_peers`` (it died: no keep-alive watches data
+        peers, so the core would not know) are taken back."""
+        if data_peers is not None:
+            members = set(data_peers)
+            for borrower in set(self.node.lent_slots.values()) - members:
+                self.node.forget_loans(borrower)
         own = [Flow(slot) for slot in sorted(self.node.out_slots)]
         self._free = [f for f in own if f not in self._in_use and not self.node.is_lent(f.slot)]
         self._notify()

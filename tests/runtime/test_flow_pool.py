@@ -107,3 +107,21 @@ def test_a_loan_whose_lender_died_is_not_started_on() -> None:
         assert taken == [own_a]
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_slot_lent_to_a_data_node_that_is_gone_is_taken_back_next_iteration() -> None:
+    a, b = two_pools()
+
+    async def main() -> None:
+        a.open()
+        b.open()
+        await a.take(waiting=2)
+        b.all_started()
+        loan = await a.take(waiting=1)  # b lent it, and a dies holding it
+        assert b.node.lent_slots == {loan.slot: "a"}
+        b.open(data_peers=["a"])  # a still counted: the loan stands
+        assert Flow(loan.slot) not in b._free
+        b.open(data_peers=[])  # a gone (its probes failed): the slot is b's again
+        assert not b.node.lent_slots and Flow(loan.slot) in b._free
+
+    trio.run(main)
