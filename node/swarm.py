@@ -245,6 +245,12 @@ def _check_swarm(swarm: dict[str, Any]) -> None:
             )
 
 
+def _speed_of(plan: SwarmPlan, index: int) -> float:
+    """The emulated speed of the ``index``-th relay (``[swarm] speeds``, cyclically)."""
+    speeds = plan.swarm["speeds"]
+    return float(speeds[index % len(speeds)])
+
+
 def _whole(value: Any, least: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
@@ -410,9 +416,13 @@ def run_swarm(
         for stage in range(1, stages + 1):
             for replica in range(per_stage):
                 name = f"relay-{stage}-{replica}"
-                speed = plan.swarm["speeds"][replica % len(plan.swarm["speeds"])]
                 settings = node_settings(
-                    plan, name, "relay", stage, len(plan.procs), emulated_speed=speed
+                    plan,
+                    name,
+                    "relay",
+                    stage,
+                    len(plan.procs),
+                    emulated_speed=_speed_of(plan, replica),
                 )
                 settings["p2p"]["bootstrap_peers"] = bootstrap
                 _register(plan, settings)
@@ -490,7 +500,7 @@ def _prestart_entrants(
         label = "auto" if stage == AUTO_STAGE else stage
         event["_name"] = name = f"{kind}-{label}-{counts[kind]}"
         counts[kind] += 1
-        speed = plan.swarm["speeds"][len(plan.procs) % len(plan.swarm["speeds"])]
+        speed = _speed_of(plan, len(plan.procs))
         settings = node_settings(
             plan, name, "relay", stage, len(plan.procs), join=kind == "joiner", emulated_speed=speed
         )

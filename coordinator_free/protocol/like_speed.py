@@ -53,7 +53,7 @@ def swap_speed_gain_ms(
     """The drop of the two flows' speed gaps when two same-stage nodes swap next hops."""
     before = speed_gap_ms(mine_ms, my_next_ms) + speed_gap_ms(theirs_ms, their_next_ms)
     after = speed_gap_ms(mine_ms, their_next_ms) + speed_gap_ms(theirs_ms, my_next_ms)
-    return weight * (before - after) if weight > 0 and before != after else 0.0
+    return _weighted_drop(before, after, weight)
 
 
 def take_over_speed_gain_ms(
@@ -62,4 +62,9 @@ def take_over_speed_gain_ms(
     """The drop of a flow's speed gaps when this node carries it instead of a same-stage peer."""
     before = speed_gap_ms(upstream_ms, theirs_ms) + speed_gap_ms(theirs_ms, next_ms)
     after = speed_gap_ms(upstream_ms, mine_ms) + speed_gap_ms(mine_ms, next_ms)
-    return weight * (before - after) if weight > 0 and before != after else 0.0
+    return _weighted_drop(before, after, weight)
+
+
+def _weighted_drop(before_ms: float, after_ms: float, weight: float) -> float:
+    """``weight x (before - after)``; exactly 0 when off or when nothing changed."""
+    return weight * (before_ms - after_ms) if weight > 0 and before_ms != after_ms else 0.0

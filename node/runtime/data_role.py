@@ -406,7 +406,8 @@ class DataRole:
             0,
             self.node_id,
             (self.node_id,),
-            flow.lender if self.pool.first_hop(flow) == first_hop else "",
+            # A loan's first hop names its lender, unless the hop went elsewhere (loan ended).
+            flow.lender if flow.lender and self.pool.first_hop(flow) == first_hop else "",
         )
         self.embedded[key] = (header, frame)
         event = self.done[key] = trio.Event()
