@@ -44,6 +44,7 @@ class FlowPool:
         self._in_use: set[Flow] = set()
         self._changed = trio.Event()
         self._waiting = 0  # microbatches of this node that found no free flow
+        self._starting = False  # its microbatches of the iteration are not all started yet
 
     # ---- the data node's side --------------------------------------------------------------
 
@@ -57,6 +58,7 @@ class FlowPool:
                 self.node.forget_loans(borrower)
         own = [Flow(slot) for slot in sorted(self.node.out_slots)]
         self._free = [f for f in own if f not in self._in_use and not self.node.is_lent(f.slot)]
+        self._starting = True
         self._notify()
 
     async def take(self, waiting: int) -> Flow:
@@ -93,7 +95,7 @@ class FlowPool:
     def all_started(self) -> None:
         """Every microbatch of the iteration is started: nothing waits; idle loans go back and
         idle own slots may be lent."""
-        self._waiting = 0
+        self._waiting, self._starting = 0, False
         self.flow.dispatch(self.node.announce_waiting(0))
         for flow in [f for f in self._free if f.lender]:
             self._free.remove(flow)
@@ -111,9 +113,8 @@ class FlowPool:
             back = not self.node.is_lent(message.slot) and message.slot in self.node.out_slots
             if back and flow not in self._free and flow not in self._in_use:
                 self._put(flow)
-                if not self._waiting:
-                    self._lend_idle()
-        elif isinstance(message, FlowWanted) and not self._waiting:
+                self._lend_idle()
+        elif isinstance(message, FlowWanted):
             self._lend_idle()
 
     # ---- helpers ------------------------------------------------------------------------------
@@ -130,8 +131,9 @@ class FlowPool:
         return pick
 
     def _lend_idle(self) -> None:
-        """Lend free own slots to waiting peers (the core picks whom, and skips unusable ones)."""
-        if self._waiting or not self.node.waiting_peers:
+        """Lend free own slots to waiting peers (the core picks whom, and skips unusable ones),
+        once this node's own microbatches of the iteration are all started."""
+        if self._starting or not self.node.waiting_peers:
             return
         idle = [f.slot for f in self._free if not f.lender]
         self.flow.dispatch(self.node.lend_idle(idle))

@@ -125,3 +125,20 @@ def test_a_slot_lent_to_a_data_node_that_is_gone_is_taken_back_next_iteration() 
         assert not b.node.lent_slots and Flow(loan.slot) in b._free
 
     trio.run(main)
+
+
+def test_a_data_node_still_starting_its_microbatches_lends_nothing() -> None:
+    a, b = two_pools()
+
+    async def main() -> None:
+        a.open()  # a's iteration begins: its one flow is free, and a has microbatches to start
+        b.open()
+        await b.take(waiting=3)
+        await b.take(waiting=2)
+        with trio.move_on_after(1.0):
+            await b.take(waiting=1)  # b waits, and says so to a
+        assert a.node.waiting_peers == {"b": 1}
+        assert not a.node.lent_slots  # a keeps its flow for its own microbatches
+        assert (await a.take(waiting=1)).lender == ""
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
