@@ -6,7 +6,8 @@ would hold everyone up while another, done with its batch, leaves its flows idle
 simulator, ``coordinator_free/protocol/lending.py``):
 
 * a data node whose next microbatch finds no free flow tells its data peers how many wait
-  (``announce_waiting``); once all its microbatches of the iteration are started, that none do;
+  (``announce_waiting``, again each flow tick for a peer met or restarted since); once all its
+  microbatches of the iteration are started, that none do;
 * a data node with nothing waiting lends each free slot of its own to the peer waiting for the
   most (``lend_idle``): at once when a peer says it waits, and whenever one of its slots frees;
 * a borrower starts a waiting microbatch on the loan (the hop names the lender, whose slot it
@@ -43,7 +44,6 @@ class FlowPool:
         self._free: list[Flow] = []
         self._in_use: set[Flow] = set()
         self._changed = trio.Event()
-        self._waiting = 0  # microbatches of this node that found no free flow
         self._starting = False  # its microbatches of the iteration are not all started yet
 
     # ---- the data node's side --------------------------------------------------------------
@@ -66,14 +66,16 @@ class FlowPool:
         one included) have none yet: the data peers are told while it waits."""
         while True:
             changed = self._changed
+            self._reclaim()
             flow = self._pop_free()
             if flow is not None:
                 self._in_use.add(flow)
                 return flow
-            if waiting > self._waiting:
-                self._waiting = waiting
-                self.flow.dispatch(self.node.announce_waiting(waiting))
-            await changed.wait()
+            # Said again each flow tick: the core tells each data peer once per number, so
+            # only a peer met or restarted since (told nothing yet) hears it.
+            self.flow.dispatch(self.node.announce_waiting(waiting))
+            with trio.move_on_after(self.flow.tick_s):
+                await changed.wait()
 
     def first_hop(self, flow: Flow) -> str | None:
         """Where a lent flow starts (None once the loan ended: the lender died)."""
@@ -95,7 +97,7 @@ class FlowPool:
     def all_started(self) -> None:
         """Every microbatch of the iteration is started: nothing waits; idle loans go back and
         idle own slots may be lent."""
-        self._waiting, self._starting = 0, False
+        self._starting = False
         self.flow.dispatch(self.node.announce_waiting(0))
         for flow in [f for f in self._free if f.lender]:
             self._free.remove(flow)
@@ -129,6 +131,14 @@ class FlowPool:
         pick = candidates[0]
         self._free.remove(pick)
         return pick
+
+    def _reclaim(self) -> None:
+        """Own slots neither free, in use nor lent are free again: their borrower died or
+        restarted mid-iteration, and the core ended its loans (no ``FlowLoanReturn`` comes)."""
+        for slot in self.node.out_slots:
+            flow = Flow(slot)
+            if flow not in self._in_use and flow not in self._free and not self.node.is_lent(slot):
+                self._free.append(flow)
 
     def _lend_idle(self) -> None:
         """Lend free own slots to waiting peers (the core picks whom, and skips unusable ones),

@@ -142,3 +142,50 @@ def test_a_data_node_still_starting_its_microbatches_lends_nothing() -> None:
         assert (await a.take(waiting=1)).lender == ""
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_slot_lent_to_a_data_node_that_died_mid_iteration_is_started_on_at_once() -> None:
+    a, b = two_pools()
+    taken: list[Flow] = []
+
+    async def main() -> None:
+        a.open()
+        b.open()
+        await a.take(waiting=2)
+        b.all_started()
+        await a.take(waiting=1)  # on b's loan
+        b.open()  # b's next iteration: its other flow free, the lent one a's
+        taken.append(await b.take(waiting=2))
+        async with trio.open_nursery() as nursery:
+
+            async def take_second() -> None:
+                taken.append(await b.take(waiting=1))
+
+            nursery.start_soon(take_second)
+            await trio.sleep(3.0)
+            assert len(taken) == 1  # the lent slot is a's while a lives
+            b.node.peer_dead("a", 3.0)  # a dies holding it: no loan return will come
+        assert [flow.lender for flow in taken] == ["", ""] and len(set(taken)) == 2
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_waiting_data_node_tells_a_peer_that_restarted_since() -> None:
+    a, b = two_pools()
+
+    async def main() -> None:
+        a.open()
+        b.open()
+        await a.take(waiting=3)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a.take, 2)
+            await trio.sleep(0.5)
+            assert b.node.waiting_peers == {"a": 2}
+            # b restarts: the new b knows nothing of a's wait; a's core forgets what it told b.
+            b.node.waiting_peers.clear()
+            a.node.forget_loans("b")
+            await trio.sleep(a.flow.tick_s)
+            assert b.node.waiting_peers == {"a": 2}  # a said it again
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
