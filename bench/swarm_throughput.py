@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from node.swarm import plan_from_file, run_swarm
+from node.swarm import run_swarm
+from node.swarm_plan import plan_from_file
 from node.training.config import named_config
 from node.training.data import MicrobatchSampler, load_default_corpus
 from node.training.local_pipeline import LocalPipeline, round_robin

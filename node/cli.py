@@ -242,7 +242,8 @@ def cmd_info(args: argparse.Namespace, settings: Settings, console: Console) -> 
 def cmd_swarm(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     from pathlib import Path
 
-    from node.swarm import plan_from_file, run_swarm
+    from node.swarm import run_swarm
+    from node.swarm_plan import plan_from_file
 
     plan = plan_from_file(Path(args.swarm_file), Path(args.out))
     log = (plan.out_dir / "swarm.log").open("wb")

@@ -152,7 +152,7 @@ def test_reading_settings_does_not_import_torch() -> None:
 def test_the_example_swarm_files_load_and_their_node_files_validate(
     example: Path, tmp_path: Path
 ) -> None:
-    from node.swarm import node_settings, plan_from_file, write_node_settings
+    from node.swarm_plan import node_settings, plan_from_file, write_node_settings
 
     plan = plan_from_file(example, tmp_path)
     # Each node's settings file, as the swarm writes it (chain facts aside), loads back.
@@ -199,7 +199,7 @@ def test_the_example_swarm_files_load_and_their_node_files_validate(
 def test_bad_swarm_files_are_refused_naming_the_key(
     body: str, fragment: str, tmp_path: Path
 ) -> None:
-    from node.swarm import node_settings, plan_from_file, write_node_settings
+    from node.swarm_plan import node_settings, plan_from_file, write_node_settings
 
     swarm_file = tmp_path / "swarm.toml"
     swarm_file.write_text(body)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from node.swarm import plan_from_file, run_swarm
+from node.swarm import run_swarm
+from node.swarm_plan import plan_from_file
 
 SWARM_FILE = """
 [run]
