@@ -8,8 +8,8 @@ deadline with nothing to repair (a new attempt; the summary counts it). Sink: co
 of a microbatch that finished its forward and sends the gradient back along the recorded path
 (repairing the last hop if that relay died), keeping it until the iteration ends. When every
 microbatch of the iteration is done it probes the relays, asks every live one to average and
-step, steps its own part, warns about (and counts) any stage none of whose replicas stepped, and
-starts the next iteration.
+step (``relay_roster.py``), steps its own part, warns about (and counts) any stage none of
+whose replicas stepped, and starts the next iteration.
 
 Several data nodes can share a run (``shards``): each starts its own shard of every iteration's
 microbatches (ids ``(iteration * shards + shard) * batch + j``) and computes their loss (a
@@ -47,6 +47,7 @@ from node.runtime.hop import (
     origin_attempt,
 )
 from node.runtime.hop_sender import HopSender, HopStats
+from node.runtime.relay_roster import RelayRoster
 from node.runtime.routing import SwarmWiring
 from node.runtime.stall_repair import Outcome, StallRepair
 from node.training import codec
@@ -98,13 +99,6 @@ class DataRole:
     done: dict[tuple[int, int], trio.Event] = field(default_factory=dict)
     results: list[IterationResult] = field(default_factory=list)
     training: bool = False  # flows exist and iterations have started
-    #: The liveness probe's deadline before ending an iteration; None: the larger of the
-    #: keep-alive timeout and twice the hop ack deadline (a loaded relay answers late, not never).
-    probe_timeout_s: float | None = None
-    #: Relay -> stage of every relay discovery knows (set by the node; the flow protocol only
-    #: knows stage 1 and the last stage), and those of them that failed a liveness probe.
-    discovered_relays: Callable[[], dict[str, int]] = dict
-    unreachable: set[str] = field(default_factory=set)
     #: Recent microbatch times (acknowledged first hop to returned gradient): what "late" means.
     recent_s: deque[float] = field(default_factory=lambda: deque(maxlen=64))
 
@@ -121,6 +115,7 @@ class DataRole:
         self.pool = FlowPool(self.flow)
         self.flow.observer = self.pool.heard
         self.plane.compute = self.compute
+        self.roster = RelayRoster(self.plane, self.flow)
         self.repairer = StallRepair(
             self.plane,
             self.flow,
@@ -129,8 +124,8 @@ class DataRole:
             self.trace,
             self.handle_resend,
             self._take_attempt,
-            self._probe_timeout_s,
-            self._replicas_of,
+            self.roster.probe_deadline_s,
+            self.roster.replicas_of,
         )
 
     @property
@@ -357,7 +352,7 @@ class DataRole:
             stepped = await self.peers.ended_by_other(iteration, data_nodes)
             if stepped is not None:
                 return None, stepped
-        by_stage = await self._end_iteration(iteration)
+        by_stage = await self.roster.end_iteration(iteration, 4 * self.stall_timeout_s)
         if self.peers is not None:
             await self.peers.announce_ended(iteration, sum(by_stage.values()), data_nodes)
         return by_stage, sum(by_stage.values())
@@ -466,84 +461,3 @@ class DataRole:
         if key in self.losses:  # the forward reached the loss: the gradient is what is late
             return await self.repairer.backward(key)
         return await self.repairer.forward(key, self.first_hops.get(key))
-
-    async def _end_iteration(self, iteration: int) -> dict[int, int]:
-        """Ask every live relay to average with its stage's live replicas and step; returns how
-        many replicas of each stage stepped.
-
-        Relays that answer a quick liveness probe are the replica sets, announced to all of them,
-        so every replica of a stage averages over the same list and none waits for a dead one.
-        """
-        stage_of = self._relays_believed()
-        alive = await self._probe(sorted(stage_of))
-        self.unreachable.update(set(stage_of) - set(alive))
-        by_stage: dict[int, list[str]] = {}
-        for relay in alive:
-            by_stage.setdefault(stage_of[relay], []).append(relay)
-        stepped: dict[int, int] = {}
-
-        async def ask(relay: str) -> None:
-            request = control.EndIteration(iteration, tuple(by_stage[stage_of[relay]]))
-            try:
-                reply = control.decode_reply(
-                    await control.ask(self.plane.rpc, relay, request, 4 * self.stall_timeout_s)
-                )
-            except (PeerUnavailable, ProtocolError) as exc:
-                log.warning("relay %s did not end iteration %s: %s", relay, iteration, exc)
-                return
-            if reply["ok"]:
-                stepped[stage_of[relay]] = stepped.get(stage_of[relay], 0) + 1
-
-        async with trio.open_nursery() as nursery:
-            for relay in alive:
-                nursery.start_soon(ask, relay)
-        return stepped
-
-    def _relays_believed(self) -> dict[str, int]:
-        """Relay -> stage, for every relay that may be alive: those the flow protocol knows alive
-        (only stage 1 and the last stage: its neighbours), and those discovery found that it
-        does not know (a middle stage's, or one not yet introduced), unless one failed a probe."""
-        stage_of = {
-            relay: stage
-            for relay, stage in self.discovered_relays().items()
-            if 1 <= stage <= self.plane.stages and relay not in self.unreachable
-        }
-        for peer in self.flow.node.peers.values():
-            if peer.stage >= 1:
-                if peer.alive:
-                    stage_of[peer.peer_id] = peer.stage
-                    self.unreachable.discard(peer.peer_id)
-                else:
-                    stage_of.pop(peer.peer_id, None)
-        return stage_of
-
-    def _replicas_of(self, stage: int) -> list[str]:
-        """The relays of ``stage`` that may be alive (1..S; the sink stage S+1 has none)."""
-        return sorted(relay for relay, at in self._relays_believed().items() if at == stage)
-
-    def _probe_timeout_s(self) -> float:
-        if self.probe_timeout_s is not None:
-            return self.probe_timeout_s
-        return max(self.flow.node.config.keepalive_timeout_s, 2 * self.plane.ack_deadline_s)
-
-    async def _probe(self, relays: list[str]) -> list[str]:
-        """The relays among ``relays`` that answer a liveness probe (asked twice before a relay
-        counts as gone: one missed answer on a loaded machine must not cost a stage its step)."""
-        answered: list[str] = []
-        timeout_s = self._probe_timeout_s()
-
-        async def probe(relay: str) -> None:
-            for attempt in range(2):
-                try:
-                    await control.ask(self.plane.rpc, relay, control.Alive(), timeout_s)
-                except PeerUnavailable as exc:
-                    log.info("relay %s missed liveness probe %s: %s", relay, attempt + 1, exc)
-                    continue
-                answered.append(relay)
-                return
-            self.flow.dispatch(self.flow.node.peer_dead(relay, trio.current_time()))
-
-        async with trio.open_nursery() as nursery:
-            for relay in relays:
-                nursery.start_soon(probe, relay)
-        return sorted(answered)

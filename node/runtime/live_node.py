@@ -200,7 +200,7 @@ async def run_live_node(
         ready = trio.Event()
         book = AddressBook(rpc, own_record(rpc, config.region), on_new_peer, on_heard)
         if isinstance(role, DataRole):
-            role.discovered_relays = lambda: {
+            role.roster.discovered = lambda: {
                 peer: record.stage for peer, record in book.peers.items() if record.stage
             }
             if config.data_nodes > 1:

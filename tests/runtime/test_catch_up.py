@@ -15,8 +15,8 @@ import trio
 
 from coordinator_free.protocol.state import Peer
 from gwtf.errors import ProtocolError
-from node.runtime.data_role import DataRole
 from node.runtime.relay import RelayRole
+from node.runtime.relay_roster import RelayRoster
 
 
 def peer(peer_id: str, stage: int, alive: bool = True) -> Peer:
@@ -26,9 +26,9 @@ def peer(peer_id: str, stage: int, alive: bool = True) -> Peer:
 
 
 def test_the_data_node_ends_iterations_with_every_relay_it_may_reach() -> None:
-    role = SimpleNamespace(
-        plane=SimpleNamespace(stages=3),
-        flow=SimpleNamespace(
+    roster = RelayRoster(
+        plane=SimpleNamespace(stages=3),  # type: ignore[arg-type]
+        flow=SimpleNamespace(  # type: ignore[arg-type]
             node=SimpleNamespace(
                 peers={
                     "a1": peer("a1", 1),
@@ -40,12 +40,12 @@ def test_the_data_node_ends_iterations_with_every_relay_it_may_reach() -> None:
         ),
         # Discovery knows the middle stage, a relay of stage 1 not yet introduced, the dead
         # one's stale card, one that failed a probe, and a data node.
-        discovered_relays=lambda: {"b1": 2, "a3": 1, "a2": 1, "b2": 2, "data2": 0, "x": 9},
+        discovered=lambda: {"b1": 2, "a3": 1, "a2": 1, "b2": 2, "data2": 0, "x": 9},
         unreachable={"b2", "c1"},
     )
-    believed = DataRole._relays_believed(role)  # type: ignore[arg-type]
+    believed = roster.believed()
     assert believed == {"a1": 1, "a3": 1, "b1": 2, "c1": 3}
-    assert role.unreachable == {"b2"}, "a relay the flow protocol hears again is reachable"
+    assert roster.unreachable == {"b2"}, "a relay the flow protocol hears again is reachable"
 
 
 def relay_behind(resync: object, step: int, target: int) -> SimpleNamespace:

@@ -22,7 +22,7 @@ def test_a_stage_with_no_replica_stepping_is_counted_and_warned(
     async def unreachable_probe(swarm: Swarm) -> None:
         while "data" not in swarm.nodes:
             await trio.sleep(0.01)
-        swarm.nodes["data"].role.probe_timeout_s = 1e-6  # type: ignore[union-attr]
+        swarm.nodes["data"].role.roster.probe_timeout_s = 1e-6  # type: ignore[union-attr]
 
     async def main() -> list:  # type: ignore[type-arg]
         with trio.fail_after(120):

@@ -102,7 +102,7 @@ def run_with_crashes(
             await trio.sleep(0.01)
         data = swarm.nodes["data"].role
         data.stall_timeout_s = STALL_S  # type: ignore[union-attr]
-        data.probe_timeout_s = 2.0  # type: ignore[union-attr] # a trace of the dead relay
+        data.roster.probe_timeout_s = 2.0  # type: ignore[union-attr] # a trace of the dead relay
         for name in relays:
             role = swarm.nodes[name].role
             assert isinstance(role, RelayRole)
