@@ -66,6 +66,7 @@ class NodeBase:
         self.out_slots: dict[int, OutSlot] = {}
         self.reserved: dict[int, tuple[str, int, float]] = {}  # new slot -> (peer, slot, until)
         self.pending_swaps: dict[int, tuple[str, str, float]] = {}  # slot -> (peer, next, since)
+        self.reroute_seen: tuple[int, str] | None = None  # the last look's best (slot, peer)
         self.table_requests: dict[str, float] = {}  # peer -> when its table was asked for
         self.handover_slots: dict[int, float] = {}  # data node: source slot -> asked at
         # Loans of idle flows between data nodes (``lending.py``).

@@ -410,8 +410,31 @@ def test_a_flow_that_just_moved_is_not_rerouted_until_costs_settle() -> None:
     node.handle("x", CostAdvert(900.0, 1), 0.2)  # x got expensive, y is now far cheaper
     node.handle("y", CostAdvert(10.0, 1), 0.2)
     assert node.try_reroute(10.0) == []  # the flow moved 10 s ago: it waits
-    (moved,) = node.try_reroute(31.0)  # 15 periods of 2 s later it may move
+    assert node.try_reroute(31.0) == []  # 15 periods of 2 s later: a first look at y
+    (moved,) = node.try_reroute(33.0)  # y still the best at the next look: it moves
     assert moved.to == "y" and isinstance(moved.message, FlowRequest)
+
+
+def test_a_cheaper_way_seen_once_is_not_taken_until_a_second_look_finds_it_again() -> None:
+    node = relay("a", 1)
+    meet(node, ("d0", "data", 0), ("x", "relay", 2), ("y", "relay", 2), ("z", "relay", 2))
+    for peer, cost in (("x", 50.0), ("y", 500.0), ("z", 500.0)):
+        node.handle(peer, CostAdvert(cost, 1), 0.0)
+    (request,) = sent(node.handle("d0", FlowRequest(7, "d0/0", ("d0",), 30.0), 0.0), FlowRequest)
+    node.handle("x", FlowAccept(request.message.slot, 50.0), 0.1)
+    node.handle("x", CostAdvert(900.0, 1), 40.0)
+    node.handle("y", CostAdvert(10.0, 1), 40.0)  # y looks far cheaper
+    assert node.try_reroute(41.0) == []  # first look
+    node.handle("y", CostAdvert(10.0, 0), 42.0)  # y filled meanwhile: the gain was a jump
+    node.handle("z", CostAdvert(20.0, 1), 42.0)
+    assert node.try_reroute(43.0) == []  # z is the best now: a first look at z
+    node.handle("z", CostAdvert(900.0, 1), 44.0)  # and z's jump is undone too
+    assert node.try_reroute(45.0) == []  # nothing cheaper: nothing moves
+    assert node.out_slots[request.message.slot].next_hop == "x"
+    node.handle("z", CostAdvert(20.0, 1), 46.0)
+    assert node.try_reroute(47.0) == []  # z again, but after a look that found nothing
+    (moved,) = node.try_reroute(49.0)
+    assert moved.to == "z"
 
 
 def test_the_cheapest_way_on_follows_every_peer_view_update() -> None:
