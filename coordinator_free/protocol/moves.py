@@ -138,7 +138,7 @@ class MovesMixin(SharingMixin):
         them fills or frees; a gain seen once may be such a jump, soon undone, and moving on it
         fills and frees peers along two paths, which upstream nodes see as new jumps. Without
         the second look the swarm's reroutes fed on each other: at a 10 % advert threshold
-        they never settled (bench/README.md, sim_scale); with it they do, with a sixth fewer
+        they never settled (bench/README.md, sim_scale); with it they do, with 9-17 % fewer
         messages at the 5 % threshold and the grid's training times within noise or shorter.
         """
         best: tuple[float, int, str] | None = None
