@@ -35,6 +35,7 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
+from libp2p.network.swarm import Swarm
 from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError
@@ -231,13 +232,18 @@ class RequestResponse:
         """Close every stream and connection to ``peer``; the next request dials it anew.
 
         For a peer known to have restarted: what was open to it belongs to its old process,
-        and py-libp2p may not have noticed that it is gone."""
+        and py-libp2p may not have noticed that it is gone. Dials that failed meanwhile (to the
+        old process's address) are forgotten too: py-libp2p refuses for a minute to dial a
+        peer whose dial failed, and that would refuse the new process as well."""
         for key, channel in list(self._channels.items()):
             if key[0] == str(peer):
                 channel.fail("the peer restarted")
                 del self._channels[key]
                 await _reset_quietly(channel.stream)
-        await self.host.get_network().close_peer(peer)
+        network = self.host.get_network()
+        await network.close_peer(peer)
+        if isinstance(network, Swarm):
+            network.unblock_peer(peer)
 
     async def _channel(self, peer: ID, protocol: str) -> _Channel:
         """The open stream to ``peer`` for ``protocol``, opened now if there is none."""

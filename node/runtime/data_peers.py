@@ -19,7 +19,9 @@ whether the others still count it (``Shard``'s answer says), and if not it raise
 Membership changes only between iterations and only by the data node ending one: it names the
 data nodes of the next iteration in its ``IterationEnded`` (to them all, the new one included),
 so every data node waits for, and averages with, the same ones. The new one then loads the
-embedding and head from another data node and starts at that next iteration.
+embedding and head from another data node and starts at that next iteration. One that asked but
+did not answer its ``Shard`` (a restarted one's new address may not be dialled yet) is asked
+again at the next iteration ends, up to ``ADMIT_TRIES`` times.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ log = logging.getLogger(__name__)
 
 #: Missed liveness probes in a row after which a data node counts as gone.
 PROBES_BEFORE_GONE = 2
+#: Iteration ends at which a data node that asked to join is asked for its shard before it must
+#: ask again: it just spoke, so a first silence is likely the dial (its new address not yet
+#: tried), and its own next ask may come only after the run has ended.
+ADMIT_TRIES = 3
 
 
 class LeftOut(Exception):
@@ -77,6 +83,7 @@ class DataPeers:
     #: Where this data node tells a member it left out that it did, without waiting on it.
     background: trio.Nursery | None = None
     told_out: set[str] = field(default_factory=set)  # members told they were left out
+    admit_tries: dict[str, int] = field(default_factory=dict)  # asker -> unanswered shard asks
     #: iteration -> data nodes that did not answer a check-in about it (not asked again).
     silent: dict[int, set[str]] = field(default_factory=dict)
     start_at: int | None = None  # the iteration the run took this data node in from
@@ -307,8 +314,15 @@ class DataPeers:
             await self.rpc.drop_peer(ID.from_base58(peer))
         answer = await self._shard_of(peer)
         if answer is None:
-            log.info("data node %s asked to join but did not answer", peer)
+            tries = self.admit_tries.pop(peer, 0) + 1
+            if tries < ADMIT_TRIES:
+                self.admit_tries[peer] = tries
+                self.pending.add(peer)
+            log.info(
+                "data node %s asked to join but did not answer (%s of %s)", peer, tries, ADMIT_TRIES
+            )
             return
+        self.admit_tries.pop(peer, None)
         live = {s: p for p, s in self.members.items() if p not in self.gone}
         problem = self._shard_problem(peer, *answer, {self.shard: self.node_id} | live)
         if problem is not None:

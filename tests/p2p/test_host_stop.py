@@ -7,12 +7,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 import trio
 from libp2p.abc import IHost
 
 from node.p2p.host import full_address, peer_info, running_host
 from node.p2p.identity import load_or_create_identity
-from node.p2p.rpc import RequestResponse, RpcLimits
+from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 from node.runtime.discovery import AddressBook, PeerRecord, own_record
 
 ECHO = "/gwtf/test-echo/1.0.0"
@@ -126,6 +127,34 @@ def test_dropping_a_peer_closes_what_was_open_and_the_next_request_dials_anew(
             assert await rpc.request(info.peer_id, ECHO, b"two", LIMITS) == b"two"
             assert host.get_network().connections[info.peer_id] != first
             assert rpc.streams_opened == 2
+            server.scope.cancel()
+
+    run_bounded(main)
+
+
+def test_dropping_a_peer_forgets_its_failed_dials(tmp_path: Path) -> None:
+    """A peer whose dial failed (its old process's address) is refused by py-libp2p for a
+    minute; a peer dropped as restarted is dialled at once where it is now."""
+
+    async def main() -> None:
+        async with client(tmp_path) as (host, rpc), trio.open_nursery() as nursery:
+            server = Server(tmp_path / "server.key")
+            await nursery.start(server.run)
+            info = peer_info(server.address)
+            gone = Server(tmp_path / "gone.key")  # a free port: nothing listens there after it
+            await nursery.start(gone.run)
+            dead_address = peer_info(gone.address).addrs
+            gone.scope.cancel()
+            await trio.sleep(0.2)
+            host.get_peerstore().add_addrs(info.peer_id, dead_address, 60)
+            with pytest.raises(PeerUnavailable):
+                await rpc.request(info.peer_id, ECHO, b"one", LIMITS)
+            host.get_peerstore().clear_addrs(info.peer_id)
+            host.get_peerstore().add_addrs(info.peer_id, info.addrs, 60)
+            with pytest.raises(PeerUnavailable, match="recently failed"):
+                await rpc.request(info.peer_id, ECHO, b"two", LIMITS)
+            await rpc.drop_peer(info.peer_id)
+            assert await rpc.request(info.peer_id, ECHO, b"three", LIMITS) == b"three"
             server.scope.cancel()
 
     run_bounded(main)

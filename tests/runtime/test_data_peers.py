@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 import trio
+from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError, TrainingError
 from node.p2p.host import full_address, peer_info, running_host
 from node.p2p.identity import load_or_create_identity
-from node.p2p.rpc import Decline, RequestResponse, RpcLimits
+from node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
 from node.runtime import control
 from node.runtime.data_peers import DataPeers, LeftOut
 
@@ -169,3 +170,47 @@ def test_a_joiner_starts_after_the_iteration_whose_end_names_it() -> None:
     assert peers.start_at is None
     peers.handle("other", control.IterationEnded(8, 2, ("me", "other")))
     assert peers.start_at == 9 and peers.others() == ["other"]
+
+
+class ShardAfterSilence:
+    """A control channel on which the first ``silent`` asks fail as a refused dial would, and
+    then the peer answers as a data node of shard 2 of 3."""
+
+    def __init__(self, silent: int) -> None:
+        self.silent = silent
+        self.dropped: list[str] = []
+
+    async def request(self, peer: ID, protocol: str, payload: bytes, limits: object) -> bytes:
+        if self.silent:
+            self.silent -= 1
+            raise PeerUnavailable(f"peer {peer} recently failed all addresses")
+        return control.encode_reply(True, shard=2, shards=3, left_out=False)
+
+    async def drop_peer(self, peer: ID) -> None:
+        self.dropped.append(str(peer))
+
+
+def restarted_member(rpc: ShardAfterSilence) -> tuple[DataPeers, str]:
+    other = str(ID.from_pubkey(create_new_key_pair().public_key))
+    peers = DataPeers(rpc, "me", 3, 1, lambda: {other}, 1.0, 1.0)  # type: ignore[arg-type]
+    peers.members[other] = 2
+    peers.handle(other, control.Rejoin())  # it restarted and asks back in
+    return peers, other
+
+
+def test_a_data_node_asking_back_in_is_asked_again_when_its_first_answer_does_not_come() -> None:
+    rpc = ShardAfterSilence(silent=1)
+    peers, other = restarted_member(rpc)
+    trio.run(peers.announce_ended, 5, 2, ["me"])
+    assert rpc.dropped == [other]  # what was open to its old process is closed first
+    assert peers.pending == {other} and peers.others() == []  # asked again at the next end
+    trio.run(peers.announce_ended, 6, 2, ["me"])
+    assert peers.others() == [other] and peers.members[other] == 2 and not peers.pending
+
+
+def test_a_data_node_that_never_answers_is_given_up_after_a_few_iteration_ends() -> None:
+    peers, other = restarted_member(ShardAfterSilence(silent=10))
+    for iteration in range(3):
+        assert other in peers.pending
+        trio.run(peers.announce_ended, iteration, 2, ["me"])
+    assert not peers.pending and peers.others() == [] and not peers.admit_tries
