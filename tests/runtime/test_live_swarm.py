@@ -211,9 +211,22 @@ def test_a_data_node_left_out_while_alive_asks_back_in_by_itself(tmp_path: Path)
         assert leader is not None and left.peers is not None
         # Until the other hears it: a leader announcing an iteration's end when this lands
         # adopts the members it announced, the other among them, and takes it back.
+        left_id = swarm.nodes[names[1]].plane.node_id
         while left.stats.taken_back_in == 0 and left.peers.left_out_at is None:
-            leader.gone.add(swarm.nodes[names[1]].plane.node_id)
+            leader.gone.add(left_id)
             await trio.sleep(0.02)
+        # The run is short: the leader, alone, could end it before the other has found out and
+        # asked back in (a stalled hop can take seconds to tell it). Each iteration it ends
+        # waits for that ask, as a longer run would give it time to come.
+        announce_ended = leader.announce_ended
+
+        async def announce_then_wait(iteration: int, stepped: int, live: list[str]) -> None:
+            await announce_ended(iteration, stepped, live)
+            with trio.move_on_after(60):
+                while left_id in leader.gone and left_id not in leader.pending:
+                    await trio.sleep(0.02)
+
+        leader.announce_ended = announce_then_wait  # type: ignore[method-assign]
 
     run_two_data_nodes(tmp_path, iterations, leave_out, swarm)
     kept, left = ([r.iteration for r in swarm.results[name]] for name in names)
