@@ -73,6 +73,7 @@ class RelayRole:
     wiring: SwarmWiring | None = None
     _ending: trio.Lock = field(default_factory=trio.Lock)
     _ended: tuple[int, bytes] = (-1, b"")  # the latest iteration ended, and its reply
+    _closing: int = -1  # the latest iteration whose end began: its hops are computed no more
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
@@ -85,14 +86,18 @@ class RelayRole:
         tensor = codec.decode(bytearray(frame), self.limits).tensor
         key = (header.iteration, header.microbatch_id)
         if header.direction == FORWARD:
-            output = await self._run(self.worker.forward, header.microbatch_id, tensor)
+            output = await self._run(
+                self._in_step, header.iteration, self.worker.forward, header.microbatch_id, tensor
+            )
             out_frame = codec.encode(header.microbatch_id, output, self.limits)
             sends_on = not header.flags & FLAG_REPAIR
             self.buffers[key] = Buffered(header, out_frame, sending=sends_on)
             if sends_on:
                 self.nursery.start_soon(self._send_forward, header, out_frame, frame_digest(frame))
         else:
-            grad = await self._run(self.worker.backward, header.microbatch_id, tensor)
+            grad = await self._run(
+                self._in_step, header.iteration, self.worker.backward, header.microbatch_id, tensor
+            )
             self.buffers.pop(key, None)
             grad_frame = codec.encode(header.microbatch_id, grad, self.limits)
             onward = header.onward(stage=header.stage - 1, flags=0)
@@ -182,6 +187,21 @@ class RelayRole:
                 "send it to another replica"
             )
 
+    def _in_step(self, iteration: int, fn: Callable[..., T], *args: object) -> T:
+        """Compute a hop of ``iteration`` only while the weights are that iteration's and its
+        end has not begun. Checked again here, in the compute thread the step also runs in: a
+        hop that passed ``_check_in_step`` may wait for the thread behind the iteration's end,
+        and then a backward would meet a graph the step changed under it (a crash in torch), a
+        forward the next iteration's weights, and a gradient added between the averaging and
+        the step would reach only this replica's weights. Such a straggler (from a data node
+        the others left out) is declined like any late hop."""
+        if iteration != self.worker.step_count or iteration <= self._closing:
+            raise Decline(
+                f"hop of iteration {iteration} at a stage {self.stage} relay ending or past it "
+                f"(step {self.worker.step_count}); send it to another replica"
+            )
+        return fn(*args)
+
     def _start_resync(self, step: int) -> None:
         self.resync_target = max(self.resync_target, step)
         if self.resync is not None and not self.resyncing:
@@ -229,6 +249,7 @@ class RelayRole:
             return self._ended[1]
 
     async def _end_iteration(self, iteration: int, replicas: tuple[str, ...]) -> bytes:
+        self._closing = max(self._closing, iteration)
         if self.worker.step_count != iteration or self.plane.node_id not in replicas:
             # Left out of this round (joined mid-iteration, or missed a step): sit it out, then
             # load the replicas' state after their step so the next round includes this relay.

@@ -15,6 +15,7 @@ import trio
 
 from coordinator_free.protocol.state import Peer
 from gwtf.errors import ProtocolError
+from node.p2p.rpc import Decline
 from node.runtime.relay import RelayRole
 from node.runtime.relay_roster import RelayRoster
 
@@ -82,3 +83,25 @@ def test_a_relay_that_loads_its_replicas_state_takes_their_step() -> None:
     relay.resync = resync
     trio.run(RelayRole._resync, relay)  # type: ignore[arg-type]
     assert relay.worker.step_count == 6 and relay.resynced.is_set()
+
+
+def test_a_hop_is_computed_only_while_its_iteration_is_neither_ending_nor_past() -> None:
+    """Checked in the compute thread the step runs in: a hop that waited there behind the
+    iteration's end (a straggler from a data node left out) is declined, not computed on a
+    graph or weights the step changed."""
+    relay = SimpleNamespace(worker=SimpleNamespace(step_count=4), stage=1, _closing=3)
+    computed: list[int] = []
+
+    def compute(microbatch: int) -> int:
+        computed.append(microbatch)
+        return microbatch
+
+    assert RelayRole._in_step(relay, 4, compute, 7) == 7  # type: ignore[arg-type]
+    relay._closing = 4  # the end of iteration 4 began
+    with pytest.raises(Decline, match="ending or past it"):
+        RelayRole._in_step(relay, 4, compute, 8)  # type: ignore[arg-type]
+    relay.worker.step_count = 5  # stepped
+    with pytest.raises(Decline):
+        RelayRole._in_step(relay, 4, compute, 9)  # type: ignore[arg-type]
+    assert RelayRole._in_step(relay, 5, compute, 10) == 10  # type: ignore[arg-type]
+    assert computed == [7, 10]
