@@ -28,6 +28,10 @@ import trio
 from coordinator_free.messages import FlowLoan, FlowLoanReturn, FlowWanted, Message
 from node.runtime.flow_service import FlowService
 
+#: Flow ticks a data node's microbatch waits for a flow before the node takes back the slots it
+#: lent: their borrower should have given them back when its own microbatches were all started.
+RECALL_TICKS = 20
+
 
 @dataclass(frozen=True)
 class Flow:
@@ -64,8 +68,11 @@ class FlowPool:
     async def take(self, waiting: int) -> Flow:
         """A free flow for the next microbatch; ``waiting`` of this node's microbatches (this
         one included) have none yet: the data peers are told while it waits."""
+        ticks = 0
         while True:
             changed = self._changed
+            if ticks >= RECALL_TICKS and self.node.lent_slots:
+                self.node.recall_loans()
             self._reclaim()
             flow = self._pop_free()
             if flow is not None:
@@ -74,8 +81,9 @@ class FlowPool:
             # Said again each flow tick: the core tells each data peer once per number, so
             # only a peer met or restarted since (told nothing yet) hears it.
             self.flow.dispatch(self.node.announce_waiting(waiting))
-            with trio.move_on_after(self.flow.tick_s):
+            with trio.move_on_after(self.flow.tick_s) as timer:
                 await changed.wait()
+            ticks += timer.cancelled_caught
 
     def first_hop(self, flow: Flow) -> str | None:
         """Where a lent flow starts (None once the loan ended: the lender died)."""

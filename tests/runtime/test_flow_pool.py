@@ -14,7 +14,7 @@ import trio.testing
 from coordinator_free.messages import Hello
 from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
 from coordinator_free.protocol.config import Outbound
-from node.runtime.flow_pool import Flow, FlowPool
+from node.runtime.flow_pool import RECALL_TICKS, Flow, FlowPool
 from node.runtime.flow_service import FlowService
 from tests.coordinator_free.test_lending import meet, route_all
 
@@ -187,5 +187,27 @@ def test_a_waiting_data_node_tells_a_peer_that_restarted_since() -> None:
             await trio.sleep(a.flow.tick_s)
             assert b.node.waiting_peers == {"a": 2}  # a said it again
             nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_lender_whose_microbatches_wait_too_long_takes_its_lent_slots_back() -> None:
+    a, b = two_pools()
+
+    async def main() -> None:
+        a.open()
+        b.open()
+        await a.take(waiting=2)
+        b.all_started()
+        loan = await a.take(waiting=1)
+        assert b.node.lent_slots == {loan.slot: "a"}
+        a.node.borrowed.clear()  # a lost track of the loan: no return will ever come
+        b.open()
+        await b.take(waiting=2)  # b's other flow
+        with trio.move_on_after(b.flow.tick_s * (RECALL_TICKS - 2)):
+            await b.take(waiting=1)
+            raise AssertionError("the lent slot came back before the recall")
+        taken = await b.take(waiting=1)
+        assert taken == Flow(loan.slot) and not b.node.lent_slots
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
