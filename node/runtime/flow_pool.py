@@ -13,7 +13,9 @@ simulator, ``coordinator_free/protocol/lending.py``):
 * a borrower starts a waiting microbatch on the loan (the hop names the lender, whose slot it
   is: ``HopHeader.lender``), keeps the loan while microbatches wait and gives it back
   (``return_loan``) when none do, or when it no longer can use it;
-* a lent slot is the borrower's until it comes back (``FlowLoanReturn``), across iterations.
+* a lent slot is the borrower's until it comes back (``FlowLoanReturn``), across iterations;
+  a lender whose own microbatch has waited ``RECALL_TICKS`` for a flow takes its lent slots back
+  (``recall_loans``): a borrower that lost track of one would otherwise hold it for good.
 
 The core keeps who lent what to whom; this pool keeps which flows are free now.
 """
