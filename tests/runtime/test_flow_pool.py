@@ -54,6 +54,18 @@ def two_pools() -> tuple[FlowPool, FlowPool]:
     return a, b
 
 
+async def lend_b_flow_to_a(a: FlowPool, b: FlowPool) -> Flow:
+    """Both start an iteration; a starts its own flow, b starts nothing and lends an idle flow
+    to a, whose second microbatch takes it: the loan."""
+    a.open()
+    b.open()
+    await a.take(waiting=2)
+    b.all_started()
+    loan = await a.take(waiting=1)
+    assert b.node.lent_slots == {loan.slot: "a"}
+    return loan
+
+
 def test_an_idle_flow_is_lent_to_the_waiting_peer_used_there_and_given_back() -> None:
     a, b = two_pools()
     taken: list[Flow] = []
@@ -113,12 +125,7 @@ def test_a_slot_lent_to_a_data_node_that_is_gone_is_taken_back_next_iteration() 
     a, b = two_pools()
 
     async def main() -> None:
-        a.open()
-        b.open()
-        await a.take(waiting=2)
-        b.all_started()
-        loan = await a.take(waiting=1)  # b lent it, and a dies holding it
-        assert b.node.lent_slots == {loan.slot: "a"}
+        loan = await lend_b_flow_to_a(a, b)  # and a dies holding it
         b.open(data_peers=["a"])  # a still counted: the loan stands
         assert Flow(loan.slot) not in b._free
         b.open(data_peers=[])  # a gone (its probes failed): the slot is b's again
@@ -149,11 +156,7 @@ def test_a_slot_lent_to_a_data_node_that_died_mid_iteration_is_started_on_at_onc
     taken: list[Flow] = []
 
     async def main() -> None:
-        a.open()
-        b.open()
-        await a.take(waiting=2)
-        b.all_started()
-        await a.take(waiting=1)  # on b's loan
+        await lend_b_flow_to_a(a, b)
         b.open()  # b's next iteration: its other flow free, the lent one a's
         taken.append(await b.take(waiting=2))
         async with trio.open_nursery() as nursery:
@@ -195,12 +198,7 @@ def test_a_lender_whose_microbatches_wait_too_long_takes_its_lent_slots_back() -
     a, b = two_pools()
 
     async def main() -> None:
-        a.open()
-        b.open()
-        await a.take(waiting=2)
-        b.all_started()
-        loan = await a.take(waiting=1)
-        assert b.node.lent_slots == {loan.slot: "a"}
+        loan = await lend_b_flow_to_a(a, b)
         a.node.borrowed.clear()  # a lost track of the loan: no return will ever come
         b.open()
         await b.take(waiting=2)  # b's other flow
