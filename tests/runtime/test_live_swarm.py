@@ -121,7 +121,9 @@ def test_a_data_node_with_few_flows_borrows_idle_ones_from_the_other(tmp_path: P
 
     trio.run(main)
     few, many = (swarm.nodes[name].role for name in ("data", "data-1"))
-    assert few.stats.microbatches_on_loans > 0 and many.stats.microbatches_on_loans == 0
+    # The one with few flows borrows; the other may too, now and then, when its own flows
+    # are out on loan and the first's one flow is idle.
+    assert few.stats.microbatches_on_loans > many.stats.microbatches_on_loans
     assert not many.flow.node.lent_slots  # every loan came back
     expected = reference_losses(ITERATIONS, 2 * BATCH)
     first, second = swarm.results["data"], swarm.results["data-1"]
