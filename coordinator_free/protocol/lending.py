@@ -71,13 +71,11 @@ class LendingMixin(NodeBase):
     def is_lent(self, slot: int) -> bool:
         return slot in self.lent_slots
 
-    def recall_loans(self) -> list[int]:
+    def recall_loans(self) -> None:
         """Take back every slot this node lent, without waiting for the borrowers: for a lender
         whose own microbatches have waited too long (a borrower that lost track of a loan would
         hold it for good). A borrower that still sends on one shares the flow meanwhile."""
-        slots = sorted(self.lent_slots)
         self.lent_slots.clear()
-        return slots
 
     # ---- messages -------------------------------------------------------------------------------
 
