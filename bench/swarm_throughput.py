@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from node.swarm import run_swarm
-from node.swarm_plan import plan_from_file
+from node.swarm.plan import plan_from_file
+from node.swarm.run import run_swarm
 from node.training.config import named_config
 from node.training.data import MicrobatchSampler, load_default_corpus
 from node.training.local_pipeline import LocalPipeline, round_robin

@@ -10,11 +10,13 @@ Pure: no chain, no clock. Golden vectors in ``tests/contracts/test_encoding.py``
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 from typing import Final
 
 from eth_abi.abi import encode
 from eth_account import Account
+from eth_hash.auto import keccak as keccak256
 from eth_keys.datatypes import Signature
 from eth_keys.exceptions import BadSignature
 from eth_utils.address import to_checksum_address
@@ -39,6 +41,7 @@ HOP_RECEIPT_TYPE: Final = (
     "bytes32 outputDigest,uint64 units)"
 )
 NODE_BINDING_TYPE: Final = "NodeBinding(address wallet,bytes peerId,address node)"
+HOP_RECEIPT_TYPE_HASH: Final = keccak(text=HOP_RECEIPT_TYPE)
 
 # (solidity type, python field) in struct order; the EIP-712 type string above lists the same.
 HOP_RECEIPT_ABI_TYPES: Final = (
@@ -72,18 +75,24 @@ class Eip712Domain:
 
     def separator(self) -> bytes:
         """The domain separator, as OpenZeppelin's EIP712 computes it."""
-        return keccak(
-            encode(
-                ["bytes32", "bytes32", "bytes32", "uint256", "address"],
-                [
-                    keccak(text=EIP712_DOMAIN_TYPE),
-                    keccak(text=self.name),
-                    keccak(text=self.version),
-                    self.chain_id,
-                    to_checksum_address(self.verifying_contract),
-                ],
-            )
+        return _domain_separator(self)
+
+
+@functools.cache
+def _domain_separator(domain: Eip712Domain) -> bytes:
+    # Cached: a node hashes every receipt of an epoch under one domain.
+    return keccak(
+        encode(
+            ["bytes32", "bytes32", "bytes32", "uint256", "address"],
+            [
+                keccak(text=EIP712_DOMAIN_TYPE),
+                keccak(text=domain.name),
+                keccak(text=domain.version),
+                domain.chain_id,
+                to_checksum_address(domain.verifying_contract),
+            ],
         )
+    )
 
 
 def ledger_domain(chain_id: int, ledger_address: str) -> Eip712Domain:
@@ -177,18 +186,46 @@ def hop_key(receipt: HopReceipt) -> bytes:
 
 
 def receipt_struct_hash(receipt: HopReceipt) -> bytes:
-    """EIP-712 hashStruct(receipt)."""
-    return keccak(
-        encode(
-            ["bytes32", *HOP_RECEIPT_ABI_TYPES],
-            [keccak(text=HOP_RECEIPT_TYPE), *receipt.as_tuple()],
+    """EIP-712 hashStruct(receipt).
+
+    Every field of ``HopReceipt`` is a static ABI type, so ``abi.encode`` of the struct is the
+    concatenation of one 32-byte word per field; packing the words directly is byte-identical to
+    eth-abi's encoding (the golden vectors pin it) and several times faster, which matters to a node
+    hashing 100,000 receipts of an epoch. The fields were range-checked when the receipt was built.
+    """
+    r = receipt
+    return keccak256(
+        b"".join(
+            (
+                HOP_RECEIPT_TYPE_HASH,
+                _word(r.runId),
+                _word(r.epoch),
+                _word(r.iteration),
+                _word(r.microbatchId),
+                _word(r.stage),
+                _word(r.direction),
+                _word(r.attempt),
+                _address_word(r.worker),
+                _address_word(r.counterparty),
+                r.inputDigest,
+                r.outputDigest,
+                _word(r.units),
+            )
         )
     )
 
 
+def _word(value: int) -> bytes:
+    return value.to_bytes(32, "big")
+
+
+def _address_word(address: str) -> bytes:
+    return bytes(12) + bytes.fromhex(address[2:])
+
+
 def typed_data_digest(domain: Eip712Domain, struct_hash: bytes) -> bytes:
     """keccak256("\\x19\\x01" ‖ domainSeparator ‖ structHash)."""
-    return keccak(b"\x19\x01" + domain.separator() + struct_hash)
+    return keccak256(b"\x19\x01" + domain.separator() + struct_hash)
 
 
 def receipt_digest(receipt: HopReceipt, domain: Eip712Domain) -> bytes:
@@ -263,13 +300,13 @@ def receipt_leaf(
     """
     _check_uint("index", index, 64)
     _check_uint("unitsBefore", units_before, 64)
-    inner = keccak(
-        encode(
-            ["bytes32", "uint64", "uint64", "bytes32"],
-            [receipt_digest(receipt, domain), index, units_before, keccak(counterparty_signature)],
-        )
+    inner = keccak256(
+        receipt_digest(receipt, domain)
+        + _word(index)
+        + _word(units_before)
+        + keccak256(counterparty_signature)
     )
-    return keccak(inner)
+    return keccak256(inner)
 
 
 def claim_commitment(root: bytes, count: int, units: int) -> bytes:

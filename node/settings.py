@@ -9,7 +9,7 @@ names it and says how to fix it. A nested section's keys are dotted: ``training.
 is ``[training.optimizer] lr`` in the toml file and ``GWTF_TRAINING_OPTIMIZER_LR`` in the
 environment.
 
-Secrets (the RPC token; keystore passwords live in ``node.wallet``) come only from the
+Secrets (the RPC token; keystore passwords live in ``node.chain.wallet``) come only from the
 environment or a flag, never from the toml file, and are wrapped in ``Secret`` so that no
 ``repr``, log line or ``describe()`` output can show them.
 """

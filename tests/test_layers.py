@@ -1,5 +1,6 @@
 """The layers point one way (DESIGN.md §3): the pure core and the on-chain encoding import nothing
-of the project's adapters nor of the heavy libraries, and the API never imports the node."""
+of the project's adapters nor of the heavy libraries, the API never imports the node, and the
+node's rooms import only rooms below them."""
 
 from __future__ import annotations
 
@@ -49,10 +50,78 @@ def test_api_does_not_import_the_node(path: Path) -> None:
     assert "node" not in imported_roots(path)
 
 
+# The node's rooms, lowest first: a room may import only rooms of earlier layers. A room is a
+# package directly under node/ or node/runtime/, or a top-level module of node/ (node.runtime
+# itself holds the live node's assembly).
+NODE_LAYERS: list[set[str]] = [
+    {"node.training", "node.p2p"},
+    {"node.settings"},
+    {"node.chain", "node.runtime.flow"},
+    {"node.devnet", "node.demo", "node.runtime.dataplane"},
+    {"node.runtime.discovery"},
+    {"node.runtime.replicas"},
+    {"node.runtime.roles"},
+    {"node.runtime"},
+    {"node.composition", "node.swarm"},
+    {"node.process", "node.cli"},
+]
+
+
+def room_of(module: str) -> str:
+    parts = module.split(".")
+    if (
+        len(parts) >= 3
+        and parts[1] == "runtime"
+        and (ROOT / "node" / "runtime" / parts[2]).is_dir()
+    ):
+        return ".".join(parts[:3])
+    return ".".join(parts[:2])
+
+
+def node_modules() -> dict[str, Path]:
+    modules = {}
+    for path in sorted((ROOT / "node").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts).removesuffix(".__init__")] = path
+    return modules
+
+
+def imported_node_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for item in ast.walk(tree):
+        if isinstance(item, ast.Import):
+            found.update(alias.name for alias in item.names)
+        elif isinstance(item, ast.ImportFrom) and item.module and item.level == 0:
+            found.add(item.module)
+    return {name for name in found if name.startswith("node.")}
+
+
+def test_every_node_room_has_a_layer() -> None:
+    placed = set().union(*NODE_LAYERS)
+    rooms = {room_of(module) for module in node_modules() if module != "node"}
+    assert rooms == placed, f"rooms without a layer: {sorted(rooms - placed)}"
+
+
+def test_node_rooms_import_only_lower_rooms() -> None:
+    layer_of = {room: rank for rank, rooms in enumerate(NODE_LAYERS) for room in rooms}
+    wrong = []
+    for module, path in node_modules().items():
+        source = room_of(module) if module != "node" else "node"
+        for target in map(room_of, imported_node_modules(path)):
+            if target != source and layer_of[target] >= layer_of.get(source, -1):
+                wrong.append(f"{module} imports {target}")
+    assert not wrong, "imports that point up or sideways: " + "; ".join(sorted(wrong))
+
+
 def test_error_root_imports_nothing() -> None:
     assert imported_roots(ROOT / "gwtf" / "errors.py") <= {"__future__"}
 
 
 def test_the_scan_sees_imports() -> None:
-    # Guard against a scanner that silently finds nothing: this very file imports pytest.
+    # Guard against a scanner that silently finds nothing: this very file imports pytest, and the
+    # node's process imports the composition root (a room of a later layer than the roles).
     assert "pytest" in imported_roots(Path(__file__))
+    assert "node.composition" in imported_node_modules(ROOT / "node" / "process.py")
+    assert room_of("node.runtime.roles.relay") == "node.runtime.roles"
+    assert room_of("node.runtime.live_node") == "node.runtime"

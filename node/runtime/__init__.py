@@ -1,1 +1,2 @@
-"""The live node's services over the p2p layer: gradient averaging among stage replicas."""
+"""The live node on the p2p layer: its roles, the data plane, the flow protocol's service,
+discovery and admission, and the state its stage's replicas share."""

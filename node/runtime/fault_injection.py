@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from node.runtime.hop import BACKWARD, FORWARD, HopHeader
+from node.runtime.dataplane.hop import BACKWARD, FORWARD, HopHeader
 
 if TYPE_CHECKING:
-    from node.runtime.hop_sender import PassedBack
+    from node.runtime.dataplane.sender import PassedBack
     from node.runtime.live_node import LiveNode
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def arm_crash(node: LiveNode, crash_on: dict[str, Any]) -> None:
 
         node.plane.compute = crashing
         return
-    from node.runtime.relay import RelayRole  # the process's own role; torch is loaded by now
+    from node.runtime.roles.relay import RelayRole  # the process's own role; torch is loaded by now
 
     role = node.role
     assert isinstance(role, RelayRole), "only relays are armed"
@@ -69,20 +69,20 @@ def arm_crash(node: LiveNode, crash_on: dict[str, Any]) -> None:
     if direction == FORWARD:
         send_forward = role._send_forward
 
-        async def forward_then_die(received: HopHeader, frame: bytes, digest: bytes) -> None:
+        async def send_forward_then_die(received: HopHeader, frame: bytes, digest: bytes) -> None:
             if wins(received):
                 await trio.sleep(ACK_GRACE_S)
                 die("after acknowledging a forward")
             await send_forward(received, frame, digest)
 
-        role._send_forward = forward_then_die  # type: ignore[method-assign,assignment]
+        role._send_forward = send_forward_then_die  # type: ignore[method-assign,assignment]
     else:
-        send_backward = role.sender.backward_or_log
+        send_backward = role.sender.send_backward_or_log
 
-        async def backward_then_die(record: PassedBack) -> None:
+        async def send_backward_then_die(record: PassedBack) -> None:
             if wins(record.header):
                 await trio.sleep(ACK_GRACE_S)
                 die("after acknowledging a backward")
             await send_backward(record)
 
-        role.sender.backward_or_log = backward_then_die  # type: ignore[method-assign]
+        role.sender.send_backward_or_log = send_backward_then_die  # type: ignore[method-assign]

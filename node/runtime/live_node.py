@@ -22,19 +22,19 @@ from node.p2p.host import running_host
 from node.p2p.identity import load_or_create_identity
 from node.p2p.link_emulation import LinkEmulator, Topology
 from node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper
-from node.runtime import control
-from node.runtime.averaging import GradientAverager
-from node.runtime.compute_meter import report_compute
-from node.runtime.data_peers import DataPeers, LeftOut
-from node.runtime.data_role import DataRole, IterationResult
-from node.runtime.dataplane import DataPlane
-from node.runtime.discovery import AddressBook, PeerRecord, own_record
-from node.runtime.flow_service import FlowService
-from node.runtime.join_placement import choose_join_stage
-from node.runtime.relay import RelayRole
-from node.runtime.routing import ROUTINGS, SwarmWiring
-from node.runtime.run_discovery import DiscoverySettings, RunDiscovery
-from node.runtime.stage_state import join_stage, load_data_part, serve_stage_state
+from node.runtime.dataplane import control
+from node.runtime.dataplane.compute_meter import report_compute
+from node.runtime.dataplane.exchange import DataPlane
+from node.runtime.discovery.address_book import AddressBook, PeerRecord, own_record
+from node.runtime.discovery.join_placement import choose_join_stage
+from node.runtime.discovery.run_discovery import DiscoverySettings, RunDiscovery
+from node.runtime.flow.routing import ROUTINGS, SwarmWiring
+from node.runtime.flow.service import FlowService
+from node.runtime.replicas.averaging import GradientAverager
+from node.runtime.replicas.stage_state import join_stage, load_data_part, serve_stage_state
+from node.runtime.roles.data import DataRole, IterationResult
+from node.runtime.roles.data_peers import DataPeers, LeftOut
+from node.runtime.roles.relay import RelayRole
 from node.settings import AUTO_STAGE
 from node.training.codec import CodecLimits
 from node.training.config import ModelConfig
@@ -212,7 +212,7 @@ async def run_live_node(
         book.serve()
         flow.start(nursery)
         if isinstance(role, RelayRole) or role.peers is not None:
-            serve_stage_state(rpc, role, config.flow.ack_deadline_s)
+            serve_stage_state(rpc, role.worker, config.stage, config.flow.ack_deadline_s)
         # Kademlia DHT + the run's hint topic; peer exchange only as the DHT's fallback.
         discovery = RunDiscovery(
             book,
@@ -238,11 +238,13 @@ async def run_live_node(
                 # Bounded: with no replica left to load from, the relay goes on from its own
                 # state (RelayRole._resync) instead of holding up its stage for good.
                 with trio.fail_after(4 * config.flow.ack_deadline_s + config.discovery_period_s):
-                    await join_stage(rpc, discovery, role, min_step, deadlines)
+                    await join_stage(rpc, discovery, role.worker, role.stage, min_step, deadlines)
 
             role.resync = resync
             if config.join:
-                await join_stage(rpc, discovery, role, 0, deadlines, first_sources)
+                await join_stage(
+                    rpc, discovery, role.worker, role.stage, 0, deadlines, first_sources
+                )
         # Only now does this node speak the training protocols: a joiner takes no flows, hops
         # or averaging rounds before it holds its stage's current state.
         flow.serve()
@@ -261,13 +263,12 @@ async def run_live_node(
             on_started(live)
         if isinstance(role, DataRole):
             first = 0
+            part_deadlines = (config.flow_timeout_s, config.flow.ack_deadline_s)
             if config.join and role.peers is not None:
                 # A restarted data node, or a new one for a shard: taken in between iterations,
                 # it loads the embedding and head as they are then.
                 first = await role.peers.rejoin(config.flow_timeout_s)
-                await load_data_part(
-                    rpc, role, first, config.flow_timeout_s, config.flow.ack_deadline_s
-                )
+                await load_data_part(rpc, role.worker, role.peers.others, first, part_deadlines)
             await role.wait_for_flows(config.flow_timeout_s, joining=config.join)
             iteration = first
             while iteration < config.iterations:
@@ -279,7 +280,7 @@ async def run_live_node(
                     role.stats.taken_back_in += 1
                     iteration = await role.peers.rejoin(config.flow_timeout_s)
                     await load_data_part(
-                        rpc, role, iteration, config.flow_timeout_s, config.flow.ack_deadline_s
+                        rpc, role.worker, role.peers.others, iteration, part_deadlines
                     )
                     continue
                 log.info(

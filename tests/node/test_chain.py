@@ -14,7 +14,16 @@ from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
 from contracts.bindings import ContractRevert, SuiteParams, call, deploy_suite
-from node.chain import (
+from node.chain.actions import (
+    Capacity,
+    Contracts,
+    RunConfig,
+    join_run,
+    open_run,
+    register_node,
+    request_unstake,
+)
+from node.chain.adapter import (
     ChainPort,
     ChainUnavailable,
     FakeChain,
@@ -23,15 +32,6 @@ from node.chain import (
     RunInfo,
     Sender,
     connect,
-)
-from node.chain_actions import (
-    Capacity,
-    Contracts,
-    RunConfig,
-    join_run,
-    open_run,
-    register_node,
-    request_unstake,
 )
 from tests.node.conftest import TEST_GAS_LIMIT
 
@@ -230,7 +230,7 @@ def test_revert_at_estimation_is_decoded_too(rpc_contracts: Contracts) -> None:
 def test_local_key_wallet_signs_over_rpc(rpc_contracts: Contracts, devnet: object) -> None:
     faucet = Sender.unlocked(rpc_contracts.w3.eth.accounts[6])
     volunteer = Sender.from_account(Account.create())
-    from node.chain_actions import transfer_eth
+    from node.chain.actions import transfer_eth
 
     transfer_eth(rpc_contracts.w3, faucet, volunteer.address, 3 * ETH)
     key = Account.create()

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from eth_account import Account
 
-from node.chain import Sender
-from node.chain_actions import Contracts, RunConfig, open_run
-from node.cli import main
-from node.devnet import RunningDevnet
-from node.wallet import create_wallet
+from node.chain.actions import Contracts, RunConfig, open_run
+from node.chain.adapter import Sender
+from node.chain.wallet import create_wallet
+from node.cli.main import main
+from node.devnet.server import RunningDevnet
 from tests.node.conftest import FAST_SCRYPT_N
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,8 +7,8 @@ import io
 from rich.console import Console
 
 from contracts.bindings import attach
-from node.chain import connect, format_eth
-from node.demo import CHEATER, DemoConfig, run_demo
+from node.chain.adapter import connect, format_eth
+from node.demo.run import CHEATER, DemoConfig, run_demo
 
 ETH = 10**18
 

@@ -12,10 +12,10 @@ from eth_account import Account
 from web3 import Web3
 
 from contracts.bindings import attach
-from node.chain import advance_time
-from node.devnet import RunningDevnet
-from node.devnet_file import read_devnet_file
-from node.devnet_rpc import EthTesterRpc, to_json_rpc
+from node.chain.adapter import advance_time
+from node.chain.deployment import read_devnet_file
+from node.devnet.rpc import EthTesterRpc, to_json_rpc
+from node.devnet.server import RunningDevnet
 
 
 def post(url: str, body: bytes) -> Any:

@@ -12,7 +12,7 @@ import tomli_w
 
 from gwtf.errors import ConfigError
 from node import settings as node_settings
-from node.runtime.node_process import live_config_from_settings
+from node.composition import live_config_from_settings
 from node.settings import AUTO_STAGE, load_settings
 from node.training import settings as training_settings
 
@@ -148,11 +148,11 @@ def test_reading_settings_does_not_import_torch() -> None:
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("example", sorted(Path("node/swarm-examples").glob("*.toml")))
+@pytest.mark.parametrize("example", sorted(Path("node/swarm/examples").glob("*.toml")))
 def test_the_example_swarm_files_load_and_their_node_files_validate(
     example: Path, tmp_path: Path
 ) -> None:
-    from node.swarm_plan import node_settings, plan_from_file, write_node_settings
+    from node.swarm.plan import node_settings, plan_from_file, write_node_settings
 
     plan = plan_from_file(example, tmp_path)
     # Each node's settings file, as the swarm writes it (chain facts aside), loads back.
@@ -199,7 +199,7 @@ def test_the_example_swarm_files_load_and_their_node_files_validate(
 def test_bad_swarm_files_are_refused_naming_the_key(
     body: str, fragment: str, tmp_path: Path
 ) -> None:
-    from node.swarm_plan import node_settings, plan_from_file, write_node_settings
+    from node.swarm.plan import node_settings, plan_from_file, write_node_settings
 
     swarm_file = tmp_path / "swarm.toml"
     swarm_file.write_text(body)

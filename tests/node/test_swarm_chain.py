@@ -10,12 +10,13 @@ import tomli_w
 import trio
 
 from gwtf.errors import ConfigError
-from node.chain import Sender, connect
-from node.chain_actions import Contracts
-from node.devnet import RunningDevnet
-from node.runtime.node_process import admission_from_settings
+from node.chain.actions import Contracts
+from node.chain.adapter import Sender, connect
+from node.chain.wallet import open_wallet, read_keystore_address
+from node.composition import admission_from_settings
+from node.devnet.server import RunningDevnet
 from node.settings import load_settings
-from node.swarm_chain import (
+from node.swarm.chain import (
     ChainPlan,
     SwarmChain,
     chain_facts,
@@ -23,7 +24,6 @@ from node.swarm_chain import (
     open_swarm_run,
     start_swarm_chain,
 )
-from node.wallet import open_wallet, read_keystore_address
 from tests.node.conftest import TEST_GAS_LIMIT
 
 ETH = 10**18
@@ -152,7 +152,7 @@ def test_a_swarm_deploys_the_contracts_on_a_running_chain_without_a_devnet_file(
 def test_the_swarm_command_refuses_a_bad_swarm_file_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from node.cli import main
+    from node.cli.main import main
 
     swarm_file = tmp_path / "swarm.toml"
     swarm_file.write_text("[chain]\nstake_eth = 3.0\nfund_eth = 1.0\n")

@@ -26,8 +26,8 @@ from node.p2p.hints import HintChannel
 from node.p2p.host import full_address, peer_info, running_host
 from node.p2p.rpc import Admission, RequestResponse
 from node.p2p.scoring import Offence
-from node.runtime.discovery import AddressBook, own_record
-from node.runtime.run_discovery import DiscoverySettings, RunDiscovery
+from node.runtime.discovery.address_book import AddressBook, own_record
+from node.runtime.discovery.run_discovery import DiscoverySettings, RunDiscovery
 
 
 @asynccontextmanager

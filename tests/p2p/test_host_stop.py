@@ -14,7 +14,7 @@ from libp2p.abc import IHost
 from node.p2p.host import full_address, peer_info, running_host
 from node.p2p.identity import load_or_create_identity
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
-from node.runtime.discovery import AddressBook, PeerRecord, own_record
+from node.runtime.discovery.address_book import AddressBook, PeerRecord, own_record
 
 ECHO = "/gwtf/test-echo/1.0.0"
 LIMITS = RpcLimits(max_request_bytes=64, max_response_bytes=64, timeout_s=5.0)

@@ -10,8 +10,8 @@ import torch
 import trio
 
 from coordinator_free.protocol.config import FlowConfig
-from node.runtime.data_role import IterationResult
 from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
+from node.runtime.roles.data import IterationResult
 from node.training.config import named_config
 from node.training.data import MicrobatchSampler, load_default_corpus
 from node.training.partition import plan_partition

@@ -12,8 +12,7 @@ from trio.testing import MockClock
 
 from contracts.bindings import SuiteParams, deploy_suite
 from gwtf.errors import ChainError
-from node.chain import FakeChain, Sender, connect
-from node.chain_actions import (
+from node.chain.actions import (
     Capacity,
     Contracts,
     RunConfig,
@@ -22,10 +21,11 @@ from node.chain_actions import (
     register_node,
     request_unstake,
 )
+from node.chain.adapter import FakeChain, Sender, connect
 from node.p2p.host import full_address, peer_info, running_host
 from node.p2p.identity import load_or_create_identity, peer_id_of
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
-from node.runtime.admission import RunAdmission
+from node.runtime.discovery.admission import RunAdmission
 from tests.node.conftest import TEST_GAS_LIMIT
 
 ETH = 10**18

@@ -14,8 +14,13 @@ from hypothesis import strategies as st
 from node.p2p.host import full_address, peer_info, running_host
 from node.p2p.identity import load_or_create_identity
 from node.p2p.rpc import RequestResponse
-from node.runtime.averaging import GradientAverager, RoundResult, combine_shares
-from node.runtime.share_codec import decode_average, decode_shares, encode_average, encode_shares
+from node.runtime.replicas.averaging import GradientAverager, RoundResult, combine_shares
+from node.runtime.replicas.share_codec import (
+    decode_average,
+    decode_shares,
+    encode_average,
+    encode_shares,
+)
 from node.training.codec import CodecLimits
 from node.training.errors import TensorCodecError
 from node.training.partition import plan_partition

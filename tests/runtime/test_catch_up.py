@@ -16,8 +16,8 @@ import trio
 from coordinator_free.protocol.state import Peer
 from gwtf.errors import ProtocolError
 from node.p2p.rpc import Decline
-from node.runtime.relay import RelayRole
-from node.runtime.relay_roster import RelayRoster
+from node.runtime.roles.relay import RelayRole
+from node.runtime.roles.relay_roster import RelayRoster
 
 
 def peer(peer_id: str, stage: int, alive: bool = True) -> Peer:

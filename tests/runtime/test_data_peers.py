@@ -14,8 +14,8 @@ from gwtf.errors import ProtocolError, TrainingError
 from node.p2p.host import full_address, peer_info, running_host
 from node.p2p.identity import load_or_create_identity
 from node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
-from node.runtime import control
-from node.runtime.data_peers import DataPeers, LeftOut
+from node.runtime.dataplane import control
+from node.runtime.roles.data_peers import DataPeers, LeftOut
 
 LIMITS = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 5.0)
 

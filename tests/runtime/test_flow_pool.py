@@ -1,4 +1,4 @@
-"""A data node's pool of flows (``node/runtime/flow_pool.py``): idle flows lent to a data peer
+"""A data node's pool of flows (``node/runtime/roles/flow_pool.py``): idle flows lent to a data peer
 whose microbatches wait, used there, and given back. Two real flow cores, whose messages go
 straight to each other (the live swarm test runs the same over libp2p)."""
 
@@ -14,8 +14,8 @@ import trio.testing
 from coordinator_free.messages import Hello
 from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
 from coordinator_free.protocol.config import Outbound
-from node.runtime.flow_pool import RECALL_TICKS, Flow, FlowPool
-from node.runtime.flow_service import FlowService
+from node.runtime.flow.service import FlowService
+from node.runtime.roles.flow_pool import RECALL_TICKS, Flow, FlowPool
 from tests.coordinator_free.test_lending import meet, route_all
 
 CONFIG = FlowConfig(stages=1, activation_bytes=1e6)

@@ -1,4 +1,4 @@
-"""The hop header's codec (``node/runtime/hop.py``): round trips, and bad bytes raise only
+"""The hop header's codec (``node/runtime/dataplane/hop.py``): round trips, and bad bytes raise only
 ``HopFormatError``."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node.runtime.hop import (
+from node.runtime.dataplane.hop import (
     BACKWARD,
     FLAG_LENT,
     FLAG_REPAIR,

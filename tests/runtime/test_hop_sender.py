@@ -1,5 +1,5 @@
-"""An acknowledged hop tells the flow core its receiver is alive (``node/runtime/hop_sender.py``),
-so keep-alives need not ping a peer that data flows to."""
+"""An acknowledged hop tells the flow core its receiver is alive
+(``node/runtime/dataplane/sender.py``), so keep-alives need not ping a peer that data flows to."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import trio.testing
 
 from coordinator_free.messages import Hello
 from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
-from node.runtime.dataplane import DataPlane
-from node.runtime.flow_service import FlowService
-from node.runtime.hop import BACKWARD, FORWARD, HopHeader
-from node.runtime.hop_sender import HopSender, HopStats
+from node.runtime.dataplane.exchange import DataPlane
+from node.runtime.dataplane.hop import BACKWARD, FORWARD, HopHeader
+from node.runtime.dataplane.sender import HopSender, HopStats
+from node.runtime.flow.service import FlowService
 
 ACK_S = 0.25  # how long the receiver takes to acknowledge a hop
 
@@ -41,10 +41,10 @@ def test_an_acknowledged_forward_or_backward_counts_as_hearing_from_its_receiver
 
     async def main() -> None:
         await trio.sleep(10.0)
-        assert await sender.forward(forward, b"out", "b", b"in") == "b"
+        assert await sender.send_forward(forward, b"out", "b", b"in") == "b"
         heard["b"] = node.peers["b"].last_heard_s
         await trio.sleep(10.0)
-        await sender.backward(sender.pass_back(backward, b"grad", b"in"))
+        await sender.send_backward(sender.pass_back(backward, b"grad", b"in"))
         heard["d"] = node.peers["d"].last_heard_s
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

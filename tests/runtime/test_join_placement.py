@@ -28,11 +28,12 @@ from gwtf.errors import ProtocolError
 from node.p2p.host import full_address, running_host
 from node.p2p.identity import load_or_create_identity
 from node.p2p.rpc import Handler, RequestResponse, RpcLimits
-from node.runtime import control, live_node
-from node.runtime.discovery import PeerRecord
-from node.runtime.join_placement import choose_join_stage
+from node.runtime import live_node
+from node.runtime.dataplane import control
+from node.runtime.discovery.address_book import PeerRecord
+from node.runtime.discovery.join_placement import choose_join_stage
 from node.runtime.live_node import _loads
-from node.runtime.relay import RelayRole
+from node.runtime.roles.relay import RelayRole
 from node.settings import AUTO_STAGE
 from node.training.checkpoint import state_digest
 from tests.runtime.swarm_harness import Swarm, node_config, reference_losses, run_relay, run_swarm

@@ -17,9 +17,9 @@ from node.p2p.identity import load_or_create_identity
 from node.p2p.rpc import RequestResponse, RpcLimits
 from node.p2p.scoring import Offence
 from node.p2p.weights import PROTOCOL_ID as WEIGHTS
-from node.runtime import control
-from node.runtime.data_role import IterationResult
-from node.runtime.dataplane import PROTOCOL_ID as HOP
+from node.runtime.dataplane import control
+from node.runtime.dataplane.exchange import PROTOCOL_ID as HOP
+from node.runtime.roles.data import IterationResult
 from node.training.checkpoint import state_digest
 from tests.runtime.swarm_harness import (
     Scenario,

@@ -24,8 +24,8 @@ import pytest
 import trio
 
 from gwtf.errors import ProtocolError
-from node.runtime import control
-from node.runtime.hop import (
+from node.runtime.dataplane import control
+from node.runtime.dataplane.hop import (
     ATTEMPT_BLOCK,
     BACKWARD,
     FLAG_REPAIR,
@@ -35,8 +35,8 @@ from node.runtime.hop import (
     origin_attempt,
     resend_attempt,
 )
-from node.runtime.hop_sender import PassedBack
-from node.runtime.relay import Buffered, RelayRole
+from node.runtime.dataplane.sender import PassedBack
+from node.runtime.roles.relay import Buffered, RelayRole
 from tests.runtime.swarm_harness import Swarm, reference_losses, run_swarm
 
 ITERATIONS = 3
@@ -71,7 +71,7 @@ class Killer:
                 self.swarm.crash(name)
         await trio.sleep_forever()
 
-    def forward(self, name: str, role: RelayRole) -> Callable[..., Coroutine[Any, Any, None]]:
+    def send_forward(self, name: str, role: RelayRole) -> Callable[..., Coroutine[Any, Any, None]]:
         send_forward = role._send_forward
 
         async def send(received: HopHeader, frame: bytes, digest: bytes) -> None:
@@ -80,8 +80,8 @@ class Killer:
 
         return send
 
-    def backward(self, name: str, role: RelayRole) -> Callable[..., Coroutine[Any, Any, None]]:
-        send_backward = role.sender.backward_or_log
+    def send_backward(self, name: str, role: RelayRole) -> Callable[..., Coroutine[Any, Any, None]]:
+        send_backward = role.sender.send_backward_or_log
 
         async def send(record: PassedBack) -> None:
             await self.gate(name, record.header.iteration, BACKWARD)
@@ -106,8 +106,8 @@ def run_with_crashes(
         for name in relays:
             role = swarm.nodes[name].role
             assert isinstance(role, RelayRole)
-            role._send_forward = killer.forward(name, role)  # type: ignore[method-assign]
-            role.sender.backward_or_log = killer.backward(name, role)  # type: ignore[method-assign]
+            role._send_forward = killer.send_forward(name, role)  # type: ignore[method-assign]
+            role.sender.send_backward_or_log = killer.send_backward(name, role)  # type: ignore[method-assign]
 
     async def main() -> list:  # type: ignore[type-arg]
         with trio.fail_after(150):

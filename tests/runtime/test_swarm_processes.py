@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from node.swarm import run_swarm
-from node.swarm_plan import plan_from_file
+from node.swarm.plan import plan_from_file
+from node.swarm.run import run_swarm
 
 SWARM_FILE = """
 [run]

@@ -1,0 +1,90 @@
+"""``gwtf-node devnet|fund|demo|swarm``: a network on this machine, for trying and testing."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from web3 import Web3
+
+from gwtf.errors import ConfigError
+from node.chain.actions import transfer_eth
+from node.chain.adapter import Sender, connect, format_eth
+from node.chain.deployment import read_devnet_file
+from node.cli.args import Command, eth_amount
+from node.composition import open_contracts
+from node.settings import Settings
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
+    devnet = sub.add_parser("devnet", help="start a dev chain with the contracts deployed")
+    devnet.add_argument("--host", default="127.0.0.1")
+    devnet.add_argument("--port", type=int, default=8545)
+
+    fund = sub.add_parser("fund", help="send devnet ETH from a dev account to an address")
+    fund.add_argument("--to", required=True, help="recipient address")
+    fund.add_argument("--eth", type=eth_amount, default=eth_amount("10"), help="amount (ETH)")
+
+    demo = sub.add_parser("demo", help="run the contract lifecycle of one epoch and summarise it")
+    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--on-devnet", action="store_true", help="use the devnet's chain")
+
+    swarm = sub.add_parser(
+        "swarm",
+        help="run a local training swarm on its own devnet, one process per node",
+        description="Start a devnet (or use [chain] rpc_url), register every node on it, and run "
+        "the nodes as processes on loopback with admission on; [chain] enabled = false runs "
+        "without a chain. Examples: node/swarm/examples/*.toml.",
+    )
+    swarm.add_argument("--swarm-file", required=True, help="swarm file (TOML), see node/swarm/")
+    swarm.add_argument("--out", default=".gwtf/swarm", help="folder for logs, states, summary")
+    swarm.add_argument("--timeout-s", type=float, default=600.0)
+    return {"devnet": cmd_devnet, "fund": cmd_fund, "demo": cmd_demo, "swarm": cmd_swarm}
+
+
+def cmd_devnet(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from node.devnet.server import run_devnet
+
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port {args.port} is not a TCP port; use 0-65535 (0 = any free)")
+    run_devnet(
+        args.host, args.port, settings.chain.rpc_url or None, settings.chain.devnet_file, console
+    )
+    return 0
+
+
+def cmd_fund(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    contracts, info = open_contracts(settings)
+    if not Web3.is_address(args.to):
+        raise ConfigError(f"--to {args.to!r} is not an Ethereum address; pass 0x + 40 hex digits")
+    faucet = Sender.unlocked(info.accounts[0].address)
+    transfer_eth(contracts.w3, faucet, args.to, args.eth)
+    balance = contracts.w3.eth.get_balance(Web3.to_checksum_address(args.to))
+    console.print(
+        f"sent {format_eth(args.eth)} ETH to {args.to}; it now holds {format_eth(balance)}"
+    )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from node.demo.run import DemoConfig, run_demo
+
+    w3 = None
+    if args.on_devnet:
+        w3 = connect(settings.chain.rpc_url or read_devnet_file(settings.chain.devnet_file).rpc_url)
+    run_demo(w3, DemoConfig(seed=args.seed), console)
+    return 0
+
+
+def cmd_swarm(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from node.swarm.plan import plan_from_file
+    from node.swarm.run import run_swarm
+
+    plan = plan_from_file(Path(args.swarm_file), Path(args.out))
+    log = (plan.out_dir / "swarm.log").open("wb")
+    console.print(f"swarm: logs in {plan.out_dir / 'swarm.log'}")
+    with log:
+        summary = run_swarm(plan, log, args.timeout_s)
+    console.print_json(data=summary)
+    return 0

@@ -1,0 +1,134 @@
+"""The composition root: the node's parts built from its settings, and nothing else.
+
+Each function here reads the ``Settings`` sections it needs, refuses a value it cannot run with
+(a ``ConfigError`` naming the key and the fix) and returns a ready part: the chain's contracts, the
+flow protocol's parameters, the live node's configuration, the chain admission of peers. The
+command line and the node's OS process both build through here, so a setting means the same in
+every command.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from coordinator_free.protocol.config import DATA, FlowConfig
+from gwtf.errors import ConfigError
+from node.chain.actions import Contracts
+from node.chain.adapter import connect
+from node.chain.deployment import DevnetInfo, read_devnet_file
+from node.p2p.link_emulation import Topology
+from node.runtime.discovery.admission import RunAdmission
+from node.runtime.live_node import LiveNodeConfig
+from node.settings import AUTO_STAGE, Settings
+from node.training.config import ModelConfig
+from node.training.errors import ModelConfigError
+from node.training.partition import model_for_run
+
+
+def open_contracts(settings: Settings) -> tuple[Contracts, DevnetInfo]:
+    """Connect to the configured chain and the contracts named in the devnet file."""
+    info = read_devnet_file(settings.chain.devnet_file)
+    w3 = connect(
+        settings.chain.rpc_url or info.rpc_url,
+        timeout_s=settings.chain.rpc_timeout_s,
+        rpc_token=settings.chain.rpc_token,
+    )
+    return Contracts.from_devnet(w3, info), info
+
+
+def model_of(settings: Settings) -> ModelConfig:
+    try:
+        training = settings.training
+        return model_for_run(training.model, training.seq_len, training.stages)
+    except ModelConfigError as exc:
+        raise ConfigError(f"training.model={settings.training.model!r}: {exc}") from exc
+
+
+def flow_config(settings: Settings, model: ModelConfig) -> FlowConfig:
+    """The flow protocol's parameters from the ``flow`` section (names of the settings file)."""
+    flow, training = settings.flow, settings.training
+    # Bytes of one activation crossing an edge: (batch, seq, d_model) float32.
+    activation_bytes = 4.0 * training.batch_size * training.seq_len * model.d_model
+    return FlowConfig(
+        stages=training.stages,
+        activation_bytes=activation_bytes,
+        decision_period_s=flow.decision_period_s,
+        relay_temperature=flow.temperature_relay,
+        data_temperature=flow.temperature_data,
+        cooling=flow.cooling_factor,
+        anneal_probability_needing=flow.anneal_probability_needy,
+        anneal_probability_idle=flow.anneal_probability_idle,
+        unmatched_timeout_periods=flow.drop_unmatched_after_periods,
+        ack_deadline_s=flow.hop_ack_deadline_s,
+        keepalive_interval_s=flow.keepalive_interval_s,
+        keepalive_timeout_s=flow.keepalive_timeout_s,
+        keepalive_misses=flow.keepalive_misses,
+        # The slot list a node sends its upstream peers doubles as its keep-alive: send it at
+        # the keep-alive interval, so no separate ping is needed.
+        reconcile_periods=max(1, round(flow.keepalive_interval_s / flow.decision_period_s)),
+    )
+
+
+def live_config_from_settings(settings: Settings) -> LiveNodeConfig:
+    """The live node's configuration; a setting it cannot run with is a ``ConfigError``."""
+    node, p2p, training = settings.node, settings.p2p, settings.training
+    stages = training.stages
+    if node.role == DATA and node.stage not in (-1, 0):
+        raise ConfigError(f"node.stage={node.stage}: a data node sits at stage 0; drop node.stage")
+    if node.role != DATA and not (1 <= node.stage <= stages or node.stage == AUTO_STAGE):
+        raise ConfigError(
+            f"node.stage={node.stage} is not a relay stage of this run; set it to 1..{stages}, "
+            "or -1 to take the run's bottleneck stage"
+        )
+    if p2p.topology_file and not Path(p2p.topology_file).is_file():
+        raise ConfigError(f"p2p.topology_file={p2p.topology_file!r} does not exist; fix the path")
+    topology = Topology.from_json_file(Path(p2p.topology_file)) if p2p.topology_file else None
+    if topology is not None and p2p.region not in topology.regions:
+        raise ConfigError(
+            f"p2p.region={p2p.region!r} is not a region of {p2p.topology_file}; choose one of "
+            f"{list(topology.regions)}"
+        )
+    model = model_of(settings)
+    return LiveNodeConfig(
+        name=node.name,
+        role=node.role,
+        stage=0 if node.role == DATA else node.stage,
+        region=p2p.region,
+        capacity=node.capacity,
+        key_path=Path(p2p.key_file),
+        model=model,
+        stages=stages,
+        batch_size=training.batch_size,
+        seq_len=training.seq_len,
+        training=training,
+        flow=flow_config(settings, model),
+        run_id=settings.chain.run_id,
+        seed=training.seed,
+        bootstrap=p2p.bootstrap_peers,
+        listen=f"/ip4/{p2p.listen_host}/tcp/{p2p.listen_port}",
+        topology=topology,
+        iterations=training.iterations,
+        batch=training.microbatches_per_iteration,
+        stall_timeout_s=training.stall_timeout_s,
+        join=node.join,
+        flow_timeout_s=settings.flow.setup_timeout_s,
+        discovery_period_s=p2p.discovery_period_s,
+        compute_ms=node.compute_ms,
+        emulated_speed=node.emulated_speed,
+        emulated_hop_s=node.emulated_hop_ms / 1000.0,
+        admit=admission_from_settings(settings),
+        routing=settings.flow.routing,
+        data_nodes=training.data_nodes,
+        data_shard=training.data_shard,
+    )
+
+
+def admission_from_settings(settings: Settings) -> RunAdmission | None:
+    """``RunAdmission`` over the chain named by the settings, or None when admission is off."""
+    chain = settings.chain
+    if not chain.admission:
+        return None
+    if chain.run_id < 1:
+        raise ConfigError("chain.admission is on but chain.run_id is not set; set the run's id")
+    contracts, _ = open_contracts(settings)
+    return RunAdmission(contracts.port(), chain.run_id, cache_s=chain.admission_cache_s)

@@ -1,0 +1,1 @@
+"""`gwtf-node devnet`: an in-process EVM served as JSON-RPC, with the contracts deployed."""

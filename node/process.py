@@ -1,0 +1,157 @@
+"""One live node as an OS process: ``python -m node.process --config node.toml``.
+
+The node is configured by its settings file (``node.settings``: sections ``node``, ``p2p``,
+``chain``, ``training``, ``flow``; flags > ``GWTF_*`` env > file > defaults), which the
+composition root (``node.composition``) turns into the live node. With ``chain.admission = true``
+the node serves only peers that the chain (``chain.rpc_url`` or the devnet file's, contracts from
+``chain.devnet_file``) binds to a staked node of ``chain.run_id``.
+
+Flags of the process supervisor (``gwtf-node swarm``), not settings of the node:
+``--status-file`` (the node writes its listen address once started, hop statistics and refused
+peers every 0.25 s, and the data node's iteration results when it finishes — always by atomic
+rename, so a reader, or a ``kill -9`` mid-write, never sees a torn file); ``--start-file`` (with
+its host up and its worker built, wait until that path exists before making itself known: a
+joiner started ahead of time, waiting for its moment); and
+``--crash-on JSON`` ({"direction": "forward"|"backward", "iteration": int, "lock": path}): fault
+injection for tests — the first node to reach such a hop and create ``lock`` kills itself with
+SIGKILL right there, mid-hop, so a crash lands exactly where a test wants it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import trio
+
+from gwtf.errors import GwtfError
+from node.composition import live_config_from_settings
+from node.runtime.fault_injection import arm_crash
+from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
+from node.runtime.roles.data import DataRole
+from node.settings import load_settings
+from node.training.checkpoint import state_digest
+from node.training.trainer import PartTrainer
+
+log = logging.getLogger(__name__)
+
+
+def write_status(path: Path, status: dict[str, Any]) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(status))
+    os.replace(temporary, path)
+
+
+def node_status(node: LiveNode) -> dict[str, Any]:
+    role = node.role
+    status: dict[str, Any] = {
+        "name": node.config.name,
+        "peer_id": node.plane.node_id,
+        "address": node.address,
+        "role": node.config.role,
+        "stage": node.config.stage,
+        "stats": dataclasses.asdict(role.stats),
+        "hops_recorded": len(node.plane.hop_log.records),
+        "recomputed_hops": sum(1 for r in node.plane.hop_log.records if r.attempt > 0),
+        # Peers this node refused (banned, or not admitted to the run), with how often.
+        "refused": dict(node.rpc.refused),
+        # Where this node's hop time goes, and its CPU seconds (the throughput benchmark's).
+        "hop_timings": dataclasses.asdict(node.plane.timings),
+        "cpu_s": sum(os.times()[:2]),
+    }
+    if isinstance(role, DataRole):
+        status["results"] = [dataclasses.asdict(r) for r in role.results]
+        status["training"] = role.training
+    status["step"] = role.worker.step_count
+    status["state_digest"] = _digest_at_step(role.worker)
+    return status
+
+
+_digests: dict[int, str] = {}
+
+
+def _digest_at_step(worker: PartTrainer) -> str:
+    """The stage state's content digest, computed once per step (replicas compare it)."""
+    if worker.step_count not in _digests:
+        _digests.clear()
+        _digests[worker.step_count] = state_digest(worker)
+    return _digests[worker.step_count]
+
+
+async def run_process(
+    config: LiveNodeConfig, status_file: Path, crash_on: dict[str, Any] | None = None
+) -> None:
+    started: list[LiveNode] = []
+
+    async def report() -> None:
+        while True:
+            if started:
+                write_status(status_file, node_status(started[0]))
+            await trio.sleep(0.25)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(report)
+
+        def on_started(node: LiveNode) -> None:
+            started.append(node)
+            if crash_on is not None:
+                arm_crash(node, crash_on)
+
+        await run_live_node(config, on_started)
+        write_status(status_file, {**node_status(started[0]), "finished": True})
+        nursery.cancel_scope.cancel()
+
+
+def start_file_gate(start_file: Path) -> Callable[[], Awaitable[None]]:
+    async def wait_for_start_file() -> None:
+        while not start_file.exists():
+            await trio.sleep(0.05)
+
+    return wait_for_start_file
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m node.process")
+    parser.add_argument("--config", required=True, help="the node's settings file (TOML)")
+    parser.add_argument("--status-file", required=True, help="where to write the node's status")
+    parser.add_argument("--start-file", help="wait until this path exists before starting")
+    parser.add_argument("--crash-on", help="fault injection (JSON), for tests")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    name = Path(args.config).name.removesuffix(".toml")
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("libp2p", "multiaddr", "async_service"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    torch.set_num_threads(1)
+    try:
+        settings = load_settings(config_file=args.config)
+        config = live_config_from_settings(settings)
+        if args.start_file:  # a joiner: host up and worker built, it waits for its moment
+            config = dataclasses.replace(config, entry_gate=start_file_gate(Path(args.start_file)))
+        crash_on = json.loads(args.crash_on) if args.crash_on else None
+        trio.run(run_process, config, Path(args.status_file), crash_on)
+    except (GwtfError, OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+        print(f"gwtf-node: error: {exc}", file=sys.stderr)
+        return exc.exit_code if isinstance(exc, GwtfError) else 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

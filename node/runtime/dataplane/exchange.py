@@ -1,0 +1,228 @@
+"""Moving activations and gradients between live nodes, one acknowledged hop at a time.
+
+Received hops go into one FIFO compute queue per node; a hop is acknowledged once the receiver has
+computed it (the ack names the digest of the tensor received and the attempt), so a sender that
+gets no ack before its deadline knows the hop was lost and re-sends it elsewhere. Every hop this
+node computed and handed on is reported to one ``HopLog`` — the one place a finished hop is
+recorded, where receipts attach.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import trio
+from libp2p.peer.id import ID
+
+from coordinator_free.messages import HopAck, decode, encode
+from gwtf.errors import GwtfError, ProtocolError
+from node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
+from node.runtime.dataplane.hop import (
+    BACKWARD,
+    FORWARD,
+    HopHeader,
+    decode_hop,
+    encode_hop,
+    frame_digest,
+)
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_ID = "/gwtf/hop/3.0.0"
+_QUEUE_DEPTH = 64
+
+Compute = Callable[[HopHeader, bytes], Awaitable[None]]
+
+
+class HopRejected(ProtocolError):
+    """This node will not compute a hop (wrong run or stage, or the compute failed on its input)."""
+
+
+@dataclass(frozen=True)
+class HopRecord:
+    """A hop this node computed whose output the counterparty acknowledged."""
+
+    iteration: int
+    microbatch_id: int
+    stage: int
+    direction: int
+    attempt: int
+    worker: str
+    counterparty: str
+    input_digest: bytes
+    output_digest: bytes
+    repair: bool
+
+
+@dataclass
+class HopLog:
+    records: list[HopRecord] = field(default_factory=list)
+
+    def record(self, record: HopRecord) -> None:
+        self.records.append(record)
+
+
+@dataclass
+class HopTimings:
+    """Where this node's hop time goes (sums in seconds), reported with the node's status."""
+
+    sent: int = 0
+    send_to_ack_s: float = 0.0  # a send until its ack: transfer + the receiver's queue + compute
+    send_to_ack_max_s: float = 0.0
+    in_flight: int = 0  # sends waiting for their ack now
+    in_flight_max: int = 0
+    computed: int = 0
+    queue_wait_s: float = 0.0  # a received hop waiting for the compute queue
+    compute_s: float = 0.0  # the role's compute of a received hop (torch + encode)
+    queue_depth_max: int = 0
+
+    def sending(self) -> float:
+        self.in_flight += 1
+        self.in_flight_max = max(self.in_flight_max, self.in_flight)
+        return trio.current_time()
+
+    def acked(self, started: float) -> None:
+        elapsed = trio.current_time() - started
+        self.in_flight -= 1
+        self.sent += 1
+        self.send_to_ack_s += elapsed
+        self.send_to_ack_max_s = max(self.send_to_ack_max_s, elapsed)
+
+
+@dataclass
+class _Job:
+    peer: str
+    header: HopHeader
+    frame: bytes
+    done: trio.Event = field(default_factory=trio.Event)
+    error: GwtfError | None = None
+    queued_at: float = field(default_factory=trio.current_time)
+
+
+@dataclass
+class DataPlane:
+    rpc: RequestResponse
+    node_id: str
+    run_id: int
+    stages: int
+    ack_deadline_s: float
+    max_frame_bytes: int
+    compute: Compute | None = None
+    #: Below 1, each hop's compute is followed by a wait that stretches it to 1 / speed: the
+    #: compute queue is held meanwhile, as a slower GPU would hold it (link emulation's sibling).
+    emulated_speed: float = 1.0
+    #: A hop's compute lasts at least this long (then 1 / speed of it): a swarm of small
+    #: models on one machine then spends its time as GPUs on a big one would, not on its CPUs.
+    emulated_hop_s: float = 0.0
+    hop_log: HopLog = field(default_factory=HopLog)
+    timings: HopTimings = field(default_factory=HopTimings)
+    _queue: tuple[trio.MemorySendChannel[_Job], trio.MemoryReceiveChannel[_Job]] | None = None
+    #: Hops received and not yet computed, by (iteration, microbatch, direction): a trace of a
+    #: stalled microbatch must tell a slow node from one that never got the hop.
+    _receiving: dict[tuple[int, int, int], int] = field(default_factory=dict)
+
+    def serve(self, nursery: trio.Nursery) -> None:
+        send, receive = trio.open_memory_channel[_Job](_QUEUE_DEPTH)
+        self._queue = (send, receive)
+        limits = RpcLimits(self.max_frame_bytes, 1024, self.ack_deadline_s)
+        self.rpc.serve(PROTOCOL_ID, self._handle, limits)
+        nursery.start_soon(self._compute_loop, receive)
+
+    async def _handle(self, peer: str, request: bytes) -> bytes:
+        header, frame = decode_hop(request)
+        self._check_sender(peer, header)
+        assert self._queue is not None, "serve() starts the queue before any request arrives"
+        job = _Job(peer, header, frame)
+        key = (header.iteration, header.microbatch_id, header.direction)
+        self._receiving[key] = self._receiving.get(key, 0) + 1
+        try:
+            await self._queue[0].send(job)
+            depth = self._queue[0].statistics().current_buffer_used
+            self.timings.queue_depth_max = max(self.timings.queue_depth_max, depth)
+            await job.done.wait()
+        finally:
+            self._receiving[key] -= 1
+            if not self._receiving[key]:
+                del self._receiving[key]
+        if isinstance(job.error, Decline):
+            raise Decline(str(job.error)) from job.error
+        if job.error is not None:
+            raise HopRejected(str(job.error)) from job.error
+        ack = HopAck(
+            str(header.microbatch_id),
+            header.stage,
+            header.direction,
+            header.attempt,
+            frame_digest(frame),
+        )
+        return encode(ack)
+
+    def receiving(self, iteration: int, microbatch_id: int, direction: int) -> bool:
+        """Whether such a hop is here, waiting for or in compute."""
+        return (iteration, microbatch_id, direction) in self._receiving
+
+    def _check_sender(self, peer: str, header: HopHeader) -> None:
+        if header.run_id != self.run_id:
+            raise HopRejected(f"hop for run {header.run_id}, this node trains run {self.run_id}")
+        if header.direction == FORWARD:
+            if not header.path or header.path[-1] != peer or len(header.path) != header.stage:
+                raise HopRejected("forward hop whose path does not end at its sender")
+        else:
+            # Backward path: origin, stage 1..S relays, sink. The sender computed stage + 1.
+            if len(header.path) != self.stages + 2 or header.path[header.stage + 1] != peer:
+                raise HopRejected("backward hop not sent by the next node of its path")
+
+    async def _compute_loop(self, receive: trio.MemoryReceiveChannel[_Job]) -> None:
+        assert self.compute is not None, "a role sets compute before serving"
+        async for job in receive:
+            started = trio.current_time()
+            self.timings.queue_wait_s += started - job.queued_at
+            try:
+                await self.compute(job.header, job.frame)
+            except GwtfError as exc:
+                log.warning(
+                    "hop %s of microbatch %s rejected: %s",
+                    job.header.stage,
+                    job.header.microbatch_id,
+                    exc,
+                )
+                job.error = exc
+            if self.emulated_speed < 1.0 or self.emulated_hop_s > 0.0:
+                elapsed_s = trio.current_time() - started
+                emulated_s = max(elapsed_s, self.emulated_hop_s) / self.emulated_speed
+                await trio.sleep(emulated_s - elapsed_s)
+            self.timings.computed += 1
+            self.timings.compute_s += trio.current_time() - started
+            job.done.set()
+
+    async def send(self, to: str, header: HopHeader, frame: bytes) -> bytes:
+        """Send one hop and wait for its ack; returns the acknowledged digest.
+
+        Raises ``PeerUnavailable`` (or ``PeerTimeout``) when the hop was not acknowledged in time.
+        """
+        payload = encode_hop(header, frame)
+        limits = RpcLimits(len(payload), 1024, self.ack_deadline_s)
+        started = self.timings.sending()
+        try:
+            reply = await self.rpc.request(ID.from_base58(to), PROTOCOL_ID, payload, limits)
+        finally:
+            self.timings.acked(started)
+        try:
+            ack = decode(reply)
+        except ProtocolError as exc:
+            raise PeerUnavailable(f"peer {to} sent a malformed hop ack") from exc
+        expected = (str(header.microbatch_id), header.stage, header.direction, header.attempt)
+        if (
+            not isinstance(ack, HopAck)
+            or (ack.microbatch_id, ack.stage, ack.direction, ack.attempt) != expected
+        ):
+            raise PeerUnavailable(f"peer {to} acknowledged another hop")
+        if ack.digest != frame_digest(frame):
+            raise PeerUnavailable(f"peer {to} acknowledged a tensor other than the one sent")
+        return ack.digest
+
+
+def direction_name(direction: int) -> str:
+    return "backward" if direction == BACKWARD else "forward"

@@ -1,0 +1,91 @@
+"""Admission: a peer is served only if the chain binds its libp2p id to a staked node of the run.
+
+The chain port answers from a snapshot of chain state (web3 in a worker thread, since its calls
+block); answers are cached for ``cache_s`` so a busy peer costs one chain call per period, and a
+peer that unstakes or is slashed loses access within about that period. Refusals are logged.
+
+Two rules keep the chain off the data path: a lookup is shared by every request of that peer
+that arrives while it runs (a burst of hop streams costs one chain call, not one each), and an
+admitted peer whose answer has aged is still served while a background lookup refreshes it, so
+a hop never waits for the chain once its sender has been admitted. A refused peer is looked up
+again before it is served, since it may have registered meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import trio
+from libp2p.peer.id import ID
+
+from gwtf.errors import ChainError
+from node.chain.adapter import ChainPort
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunAdmission:
+    chain: ChainPort
+    run_id: int
+    cache_s: float = 30.0
+    #: peer -> (member, when the chain said so, in trio time)
+    _cache: dict[str, tuple[bool, float]] = field(default_factory=dict)
+    #: peer -> set when its lookup in flight ends
+    _pending: dict[str, trio.Event] = field(default_factory=dict)
+    _limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(2))
+
+    async def __call__(self, peer: str) -> bool:
+        cached = self._cache.get(peer)
+        if cached is not None:
+            member, checked_at = cached
+            if trio.current_time() - checked_at < self.cache_s:
+                return member
+            if member:
+                if peer not in self._pending:
+                    # Registered now, not when the task first runs: a request arriving before
+                    # then must not start a second lookup.
+                    self._pending[peer] = trio.Event()
+                    trio.lowlevel.spawn_system_task(self._refresh, peer)
+                return True
+        if peer not in self._pending:
+            self._pending[peer] = trio.Event()
+            await self._look_up(peer)
+        else:
+            await self._pending[peer].wait()
+        answer = self._cache.get(peer)
+        # No answer: the chain could not be asked. Fail closed, and ask again next time.
+        return answer is not None and answer[0]
+
+    async def _refresh(self, peer: str) -> None:
+        # A system task: an exception escaping it would end the whole node, so none may.
+        try:
+            await self._look_up(peer)
+        except Exception:
+            log.exception("refreshing the admission of %s failed; it is asked again later", peer)
+            self._cache.pop(peer, None)
+
+    async def _look_up(self, peer: str) -> None:
+        """Ask the chain once for ``peer`` (its ``_pending`` event is registered); every caller
+        waiting on it reads the cache after."""
+        done = self._pending[peer]
+        try:
+            peer_bytes = ID.from_base58(peer).to_bytes()
+            member = await trio.to_thread.run_sync(
+                self.chain.is_run_member, self.run_id, peer_bytes, limiter=self._limiter
+            )
+        except (ChainError, ValueError) as exc:
+            # Not remembered: the chain may be back at the next request. A stale admission is
+            # dropped too, so a peer is not served for ever on an answer that can't be renewed.
+            log.warning("cannot check peer %s on chain (%s); refusing it for now", peer, exc)
+            self._cache.pop(peer, None)
+        else:
+            if not member:
+                log.warning(
+                    "refused peer %s: not a staked node of run %s on chain", peer, self.run_id
+                )
+            self._cache[peer] = (member, trio.current_time())
+        finally:
+            self._pending.pop(peer, None)
+            done.set()

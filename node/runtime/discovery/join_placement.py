@@ -1,0 +1,130 @@
+"""A relay started without a stage (``node.stage = -1``) takes the run's bottleneck stage.
+
+Before it builds its stage worker, the relay asks its bootstrap peers which nodes of the run they
+know, at which stage, with what capacity and spare capacity (the control protocol's ``loads``),
+then asks the nodes they named, a few rounds deep: every node knows the live replicas of the
+stages next to its own, so a handful of answers covers the pipeline. The placement rule is the
+flow core's (``coordinator_free.placement``): the stage whose carried flows are highest against
+its capacity weighted by speed, where a new replica raises the swarm's throughput most
+(DESIGN.md §2).
+
+Peers are untrusted: what a node says of others only tells the relay whom to ask next. The loads
+it places by are what each node said of itself, so a lying peer can misstate one node's load (its
+own, bounded by the wire limits) but cannot invent replicas or stages. Nor can it hide a node by
+naming it at a wrong address: every address named for a node is tried (a few per node) until it
+answers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import trio
+
+from coordinator_free.placement import JoinDecision, choose_stage, stage_loads
+from gwtf.errors import ConfigError, ProtocolError
+from node.p2p.host import peer_info, point_at
+from node.p2p.rpc import RequestResponse
+from node.runtime.dataplane import control
+
+log = logging.getLogger(__name__)
+
+#: Rounds of asking the nodes the previous answers named, and nodes asked in all.
+MAX_ROUNDS = 4
+MAX_ASKED = 32
+#: Addresses kept per node named by others: a rogue naming a wrong one cannot hide it.
+MAX_ADDRESSES_PER_NODE = 4
+
+
+@dataclass(frozen=True)
+class Placement:
+    decision: JoinDecision
+    #: The chosen stage's replicas that answered or were named: whom to ask for its state.
+    replicas: tuple[control.LoadEntry, ...]
+
+
+async def choose_join_stage(
+    rpc: RequestResponse, bootstrap: tuple[str, ...], stages: int, timeout_s: float
+) -> Placement:
+    """The bottleneck stage of the run, as the nodes reachable from ``bootstrap`` see it
+    (``timeout_s``: each request's deadline)."""
+    if not bootstrap:
+        raise ConfigError("node.stage = -1 needs p2p.bootstrap_peers to learn the run's loads")
+    known: dict[str, control.LoadEntry] = {}  # what nodes said of themselves
+    # Where nodes are, as the bootstrap list and the answers named them: whom to ask.
+    named: dict[str, list[str]] = {}
+    for address in bootstrap:
+        named.setdefault(str(peer_info(address).peer_id), []).append(address)
+    own = str(rpc.host.get_id())
+    tried: set[str] = set()  # addresses asked
+    asked: set[str] = set()  # nodes asked, at one address or more
+    with trio.move_on_after(MAX_ROUNDS * timeout_s):
+        for _ in range(MAX_ROUNDS):
+            # One untried address per node that has not answered yet.
+            frontier = [
+                (p, next(a for a in named[p] if a not in tried))
+                for p in sorted(named)
+                if p != own and p not in known and any(a not in tried for a in named[p])
+            ][: MAX_ASKED - len(tried)]
+            if not frontier:
+                break
+            async with trio.open_nursery() as nursery:
+                for peer_id, address in frontier:
+                    asked.add(peer_id)
+                    tried.add(address)
+                    nursery.start_soon(_ask, rpc, address, known, named, timeout_s)
+    relays = [e for e in known.values() if 1 <= e.stage <= stages]
+    if not relays and not any(e.stage == 0 for e in known.values()):
+        raise ProtocolError(
+            f"none of the {len(asked)} nodes asked told this relay the run's loads; check "
+            "p2p.bootstrap_peers, or set node.stage"
+        )
+    demand = sum(e.capacity for e in known.values() if e.stage == 0)
+    # A replica's carried flows are its capacity less its spare (flows it could still take).
+    loads = stage_loads(
+        stages,
+        [(e.stage, max(e.capacity - e.spare, 0), e.capacity, e.compute_ms) for e in relays],
+        demand,
+    )
+    decision = choose_stage(loads)
+    log.info("joining stage %s: %s (%s nodes asked)", decision.stage, decision.reason, len(asked))
+    return Placement(decision, tuple(e for e in relays if e.stage == decision.stage))
+
+
+async def _ask(
+    rpc: RequestResponse,
+    address: str,
+    known: dict[str, control.LoadEntry],
+    named: dict[str, list[str]],
+    timeout_s: float,
+) -> None:
+    try:
+        info = peer_info(address)  # a peer may have named a malformed one
+    except ConfigError as exc:
+        log.info("a peer named a bad address: %s", exc)
+        return
+    try:
+        network = rpc.host.get_network()
+        if not network.connections.get(info.peer_id):
+            # Dial this address alone: a wrong one a rogue named earlier would hide the node.
+            point_at(rpc.host, info.peer_id, info.addrs)
+            # A peer may name addresses where nothing answers: each dial gets the deadline.
+            with trio.fail_after(timeout_s):
+                await rpc.host.connect(info)
+        reply = await control.ask(rpc, info.peer_id, control.Loads(), timeout_s)
+        entries = control.decode_loads(reply)
+    except ProtocolError as exc:
+        log.info("loads from %s: %s", info.peer_id, exc)
+        return
+    except Exception as exc:  # libp2p's dial errors have no common base worth naming
+        log.info("could not dial %s: %s", address, exc)
+        return
+    answering = str(info.peer_id)
+    for entry in entries:
+        if entry.peer_id == answering:
+            known[answering] = entry
+        elif entry.address.endswith(f"/p2p/{entry.peer_id}"):  # else it names someone else
+            addresses = named.setdefault(entry.peer_id, [])
+            if entry.address not in addresses and len(addresses) < MAX_ADDRESSES_PER_NODE:
+                addresses.append(entry.address)

@@ -1,0 +1,117 @@
+"""A stage's state between replicas: served to joiners, loaded by a joiner or a relay behind.
+
+A relay serves its stage's weights and optimizer state (one snapshot per step, digest-checked in
+chunks by ``node.p2p.weights``); a data node of a run with several serves its embedding and head
+(stage 0). A joiner loads the state at the step it needs, or later, from whichever replica has it.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+from libp2p.peer.id import ID
+
+from gwtf.errors import ProtocolError
+from node.p2p.rpc import RequestResponse
+from node.p2p.weights import StageSnapshot, download_stage_state, serve_weights
+from node.runtime.discovery.address_book import PeerRecord
+from node.runtime.discovery.run_discovery import RunDiscovery
+from node.training.checkpoint import load_part_state, save_part_state
+from node.training.data_node import DataNodeWorker
+from node.training.stage_worker import StageWorker
+
+log = logging.getLogger(__name__)
+
+
+Part = DataNodeWorker | StageWorker
+
+
+def serve_stage_state(rpc: RequestResponse, worker: Part, own_stage: int, timeout_s: float) -> None:
+    """Serve this node's part (a relay's stage, a data node's stage 0) as it is at each step."""
+    cache: dict[int, StageSnapshot] = {}
+
+    def snapshot_of(stage: int) -> StageSnapshot | None:
+        if stage != own_stage:
+            return None
+        step = worker.step_count
+        if step not in cache:
+            cache.clear()
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "state.safetensors"
+                save_part_state(worker, path)
+                cache[step] = StageSnapshot(stage, step, path.read_bytes())
+        return cache[step]
+
+    serve_weights(rpc, snapshot_of, timeout_s)
+
+
+async def join_stage(
+    rpc: RequestResponse,
+    discovery: RunDiscovery,
+    worker: StageWorker,
+    stage: int,
+    min_step: int,
+    deadlines: tuple[float, float, float],
+    first_sources: list[PeerRecord] | None = None,
+) -> None:
+    """Load the state of this relay's ``stage``, at ``min_step`` or later, from a live replica
+    (``first_sources`` first, then whom discovery names). ``deadlines``: for the whole search,
+    for each request, and between two searches (seconds)."""
+    total_s, request_s, retry_s = deadlines
+    first = list(first_sources or [])
+    records = first
+    with trio.fail_after(total_s):
+        while True:
+            for record in records:
+                if await _load_state_from(rpc, worker, stage, record.peer_id, min_step, request_s):
+                    return
+            await trio.sleep(retry_s)
+            known = {r.peer_id for r in first}
+            found = await discovery.weight_sources(stage)
+            records = first + [r for r in found if r.peer_id not in known]
+
+
+async def load_data_part(
+    rpc: RequestResponse,
+    worker: DataNodeWorker,
+    data_peers: Callable[[], list[str]],
+    min_step: int,
+    deadlines: tuple[float, float],
+) -> None:
+    """Load the embedding and head, at ``min_step`` or later, from another data node (whom
+    ``data_peers`` names now). ``deadlines``: for the whole search and for each request (s)."""
+    total_s, request_s = deadlines
+    with trio.fail_after(total_s):
+        while True:
+            for peer in data_peers():
+                if await _load_state_from(rpc, worker, 0, peer, min_step, request_s):
+                    return
+            await trio.sleep(0.2)  # its own step may still be under way
+
+
+async def _load_state_from(
+    rpc: RequestResponse,
+    worker: Part,
+    stage: int,
+    peer: str,
+    min_step: int,
+    timeout_s: float,
+) -> bool:
+    """Load ``stage``'s state from ``peer`` if it has it at ``min_step`` or later."""
+    try:
+        snapshot = await download_stage_state(rpc, ID.from_base58(peer), stage, 1 << 30, timeout_s)
+    except ProtocolError as exc:
+        log.debug("no stage %s state from %s: %s", stage, peer, exc)
+        return False
+    if snapshot.step < min_step:
+        return False  # that replica has not stepped yet; ask again shortly
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "state.safetensors"
+        path.write_bytes(snapshot.blob)
+        await trio.to_thread.run_sync(load_part_state, worker, path)
+    log.info("loaded stage %s at step %s from %s", stage, snapshot.step, peer)
+    return True

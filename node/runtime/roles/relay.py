@@ -1,0 +1,286 @@
+"""A relay on the live network: computes its stage for whatever the flow protocol sends it.
+
+Forward: compute, keep the input and output until the backward comes, send the output to the next
+hop that the flow table maps the incoming flow to (another next-stage replica if that one does not
+acknowledge). Backward: compute, send the gradient to the previous node of the recorded path,
+repairing that hop if the node is dead (``hop_sender.py``). Answers traces and re-send requests
+for what it keeps. A hop of a later iteration than its weights' is held while the relay loads
+its replicas' state; one it cannot compute with the right weights is declined. End of
+iteration: average with the stage's live replicas and step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from gwtf.errors import ProtocolError
+from node.p2p.rpc import Decline, PeerUnavailable
+from node.runtime.dataplane import control
+from node.runtime.dataplane.compute import T, in_worker_thread
+from node.runtime.dataplane.exchange import DataPlane
+from node.runtime.dataplane.hop import FLAG_REPAIR, FLAG_RESUME, FORWARD, HopHeader, frame_digest
+from node.runtime.dataplane.sender import HopSender, HopStats
+from node.runtime.flow.routing import SwarmWiring
+from node.runtime.flow.service import FlowService
+from node.runtime.replicas.averaging import GradientAverager
+from node.training import codec
+from node.training.codec import CodecLimits
+from node.training.stage_worker import StageWorker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Buffered:
+    """What a relay keeps of a microbatch until its backward is through."""
+
+    header: HopHeader  # the forward hop as received
+    output_frame: bytes
+    sending: bool = False  # the output is on its way to the next hop
+    sent_to: str = ""  # the next hop that acknowledged the output
+
+    def trace_state(self) -> tuple[str, str]:
+        """This forward's state for a ``Trace`` (see ``control.TRACE_STATES``)."""
+        if self.header.flags & FLAG_REPAIR:
+            return "held", ""
+        if self.sent_to:
+            return "sent", self.sent_to
+        return ("sending" if self.sending else "stuck"), ""
+
+
+@dataclass
+class RelayRole:
+    worker: StageWorker
+    stage: int
+    plane: DataPlane
+    flow: FlowService
+    averager: GradientAverager
+    limits: CodecLimits
+    nursery: trio.Nursery
+    stats: HopStats = field(default_factory=HopStats)
+    limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(1))
+    buffers: dict[tuple[int, int], Buffered] = field(default_factory=dict)
+    #: Loads the stage's state at a step >= the given one from a live replica (set by the node).
+    resync: Callable[[int], Awaitable[None]] | None = None
+    resyncing: bool = False
+    resync_target: int = 0  # the step the replicas reach after the latest round sat out
+    resynced: trio.Event = field(default_factory=trio.Event)  # set when a resync ends
+
+    wiring: SwarmWiring | None = None
+    _ending: trio.Lock = field(default_factory=trio.Lock)
+    _ended: tuple[int, bytes] = (-1, b"")  # the latest iteration ended, and its reply
+    _closing: int = -1  # the latest iteration whose end began: its hops are computed no more
+
+    def __post_init__(self) -> None:
+        self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
+        self.plane.compute = self.compute
+
+    async def compute(self, header: HopHeader, frame: bytes) -> None:
+        if header.stage != self.stage:
+            raise ProtocolError(f"hop for stage {header.stage} sent to a stage {self.stage} relay")
+        await self._check_in_step(header.iteration)
+        tensor = codec.decode(bytearray(frame), self.limits).tensor
+        key = (header.iteration, header.microbatch_id)
+        if header.direction == FORWARD:
+            output = await self._run(
+                self._in_step, header.iteration, self.worker.forward, header.microbatch_id, tensor
+            )
+            out_frame = codec.encode(header.microbatch_id, output, self.limits)
+            sends_on = not header.flags & FLAG_REPAIR
+            self.buffers[key] = Buffered(header, out_frame, sending=sends_on)
+            if sends_on:
+                self.nursery.start_soon(self._send_forward, header, out_frame, frame_digest(frame))
+        else:
+            grad = await self._run(
+                self._in_step, header.iteration, self.worker.backward, header.microbatch_id, tensor
+            )
+            self.buffers.pop(key, None)
+            grad_frame = codec.encode(header.microbatch_id, grad, self.limits)
+            onward = header.onward(stage=header.stage - 1, flags=0)
+            record = self.sender.pass_back(onward, grad_frame, frame_digest(frame))
+            self.nursery.start_soon(self.sender.send_backward_or_log, record)
+
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
+        return await in_worker_thread(self.limiter, fn, *args)
+
+    async def _send_forward(self, received: HopHeader, frame: bytes, input_digest: bytes) -> None:
+        # A first hop on a lent flow comes from the borrower on the lender's slot.
+        upstream = received.lender or received.path[-1]
+        route = self.flow.node.route(upstream, received.slot)
+        if self.stage == self.plane.stages:
+            # The sink is the microbatch's origin: it holds the embedding the gradient ends in.
+            to: str | None = received.origin
+        else:
+            # Not (yet) a flow of ours: any live next-stage replica will do.
+            to = self.sender.next_hop(self.stage + 1, route[0] if route else None)
+        slot = route[1] if route and to == route[0] else 0
+        buffered = self.buffers.get((received.iteration, received.microbatch_id))
+        if to is None:
+            if buffered is not None:
+                buffered.sending = False
+            log.warning(
+                "no next hop for microbatch %s; it will be repaired", received.microbatch_id
+            )
+            return
+        header = received.onward(
+            stage=self.stage + 1,
+            slot=slot,
+            path=(*received.path, self.plane.node_id),
+            flags=0,
+            lender="",
+        )
+        try:
+            delivered_to = await self.sender.send_forward(header, frame, to, input_digest)
+        except PeerUnavailable as exc:
+            log.warning("microbatch %s stalls here: %s", received.microbatch_id, exc)
+            delivered_to = ""
+        if buffered is not None:
+            buffered.sending, buffered.sent_to = False, delivered_to
+
+    async def handle_resend(self, request: control.Resend) -> bytes:
+        """Re-send the buffered forward output: for a backward repair (``Resend``: the receiver
+        only recomputes) or a forward repair (``Resume``: the receiver also sends it on)."""
+        buffered = self.buffers.get((request.iteration, request.microbatch))
+        if buffered is None:
+            return control.encode_reply(False, why="no buffered forward for that microbatch")
+        resume = isinstance(request, control.Resume)
+        header = buffered.header.onward(
+            stage=self.stage + 1,
+            attempt=request.attempt,
+            flags=FLAG_RESUME if resume else FLAG_REPAIR,
+            path=(*buffered.header.path, self.plane.node_id),
+        )
+        reply = await self.sender.serve_resend(request.to, header, buffered.output_frame)
+        if resume and control.decode_reply(reply)["ok"]:
+            buffered.sending, buffered.sent_to = False, request.to
+        return reply
+
+    def trace(self, request: control.Trace) -> bytes:
+        """What this relay knows of a microbatch's forward."""
+        if self.plane.receiving(request.iteration, request.microbatch, FORWARD):
+            return control.encode_trace("queued")
+        buffered = self.buffers.get((request.iteration, request.microbatch))
+        if buffered is None:
+            return control.encode_trace("absent")
+        return control.encode_trace(*buffered.trace_state())
+
+    async def _check_in_step(self, iteration: int) -> None:
+        """Compute a hop only with that iteration's weights (step ``iteration``): other weights
+        give a wrong gradient. A relay behind its replicas (it joined while they stepped, or sat
+        a round out) loads their state and holds the hop meanwhile, for up to half its sender's
+        ack deadline: the held hop keeps its iteration from ending, so the relay catches up
+        instead of chasing steps. Past that, or for a hop of an iteration it has left, it
+        declines, and the sender sends the hop to another replica."""
+        if iteration > self.worker.step_count:
+            self._start_resync(iteration)
+        with trio.move_on_after(self.plane.ack_deadline_s / 2):
+            while self.resyncing:
+                await self.resynced.wait()
+        if self.resyncing or iteration != self.worker.step_count:
+            raise Decline(
+                f"hop of iteration {iteration} at a stage {self.stage} relay at step "
+                f"{self.worker.step_count}{' (catching up)' if self.resyncing else ''}; "
+                "send it to another replica"
+            )
+
+    def _in_step(self, iteration: int, fn: Callable[..., T], *args: object) -> T:
+        """Compute a hop of ``iteration`` only while the weights are that iteration's and its
+        end has not begun. Checked again here, in the compute thread the step also runs in: a
+        hop that passed ``_check_in_step`` may wait for the thread behind the iteration's end,
+        and then a backward would meet a graph the step changed under it (a crash in torch), a
+        forward the next iteration's weights, and a gradient added between the averaging and
+        the step would reach only this replica's weights. Such a straggler (from a data node
+        the others left out) is declined like any late hop."""
+        if iteration != self.worker.step_count or iteration <= self._closing:
+            raise Decline(
+                f"hop of iteration {iteration} at a stage {self.stage} relay ending or past it "
+                f"(step {self.worker.step_count}); send it to another replica"
+            )
+        return fn(*args)
+
+    def _start_resync(self, step: int) -> None:
+        self.resync_target = max(self.resync_target, step)
+        if self.resync is not None and not self.resyncing:
+            self.resyncing, self.resynced = True, trio.Event()
+            self.nursery.start_soon(self._resync)
+
+    def _forget_microbatches(self) -> None:
+        """The iteration is over: nothing kept for its repairs is needed any more."""
+        self.buffers.clear()
+        self.sender.passed.clear()
+
+    async def _resync(self) -> None:
+        """Load the replicas' state until this relay has caught up with the latest round.
+
+        If no replica answers in time (the others died), this relay holds the newest state of
+        its stage that is left: it goes on from it, and the stage loses the steps in between,
+        rather than declining every hop for good."""
+        assert self.resync is not None
+        try:
+            while self.worker.step_count < self.resync_target:
+                try:
+                    await self.resync(self.resync_target)
+                except (trio.TooSlowError, ProtocolError) as exc:
+                    log.error(
+                        "no replica of stage %s gave its state at step %s (%s); going on from this "
+                        "relay's own state at step %s: the stage loses the updates in between",
+                        self.stage,
+                        self.resync_target,
+                        exc or "none answered",
+                        self.worker.step_count,
+                    )
+                    self.worker.step_count = self.resync_target
+        finally:
+            self.resyncing = False
+            self.resynced.set()
+
+    async def end_iteration(self, iteration: int, replicas: tuple[str, ...]) -> bytes:
+        """Average with ``replicas`` (this stage's live replicas), step, report the step.
+
+        Once per iteration: a repeated request (a second data node ending the iteration, its
+        first one having died on the way) waits for the first and gets the same reply."""
+        async with self._ending:
+            if self._ended[0] != iteration:
+                self._ended = (iteration, await self._end_iteration(iteration, replicas))
+            return self._ended[1]
+
+    async def _end_iteration(self, iteration: int, replicas: tuple[str, ...]) -> bytes:
+        self._closing = max(self._closing, iteration)
+        if self.worker.step_count != iteration or self.plane.node_id not in replicas:
+            # Left out of this round (joined mid-iteration, or missed a step): sit it out, then
+            # load the replicas' state after their step so the next round includes this relay.
+            log.warning(
+                "stage %s relay at step %s sits out iteration %s (%s); it will resync",
+                self.stage,
+                self.worker.step_count,
+                iteration,
+                "not among the replicas" if self.plane.node_id not in replicas else "out of step",
+            )
+            await self._run(self.worker.discard_gradients)
+            await self._run(self.worker.drop_all)
+            self._forget_microbatches()
+            if self.plane.node_id in replicas:
+                # Still hand in an empty share, so the round need not wait for this relay.
+                empty = await self._run(self.worker.gradient_share)
+                await self.averager.average(self.stage, iteration, empty, replicas)
+            self._start_resync(iteration + 1)
+            return control.encode_reply(False, why="out of step", step=self.worker.step_count)
+        started = trio.current_time()
+        share = await self._run(self.worker.gradient_share)
+        averaging = trio.current_time()
+        result = await self.averager.average(self.stage, iteration, share, replicas)
+        self.stats.averaging_s += trio.current_time() - averaging
+        if result.combined.microbatch_count > 0:
+            await self._run(self.worker.average_gradients, [result.combined])
+            await self._run(self.worker.step)
+        else:
+            await self._run(self.worker.discard_gradients)
+            self.worker.step_count += 1  # no stage traffic at all: keep the step count in lockstep
+        await self._run(self.worker.drop_all)
+        self._forget_microbatches()
+        self.stats.ending_s += trio.current_time() - started
+        return control.encode_reply(True, step=self.worker.step_count)

@@ -1,0 +1,114 @@
+"""The relays a data node believes alive, by stage, and the end of an iteration among them.
+
+The flow protocol knows only a data node's neighbours (stage 1 and the last stage); discovery
+knows the rest, and may still list a relay that died. So a relay counts as alive when the flow
+protocol knows it alive, or discovery lists it and it has not failed a liveness probe. Ending an
+iteration probes them all: those that answer are each stage's replica set, announced to every one
+of them, so every replica of a stage averages over the same list and none waits for a dead one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from gwtf.errors import ProtocolError
+from node.p2p.rpc import PeerUnavailable
+from node.runtime.dataplane import control
+from node.runtime.dataplane.exchange import DataPlane
+from node.runtime.flow.service import FlowService
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RelayRoster:
+    plane: DataPlane
+    flow: FlowService
+    #: The liveness probe's deadline; None: the larger of the keep-alive timeout and twice the
+    #: hop ack deadline (a loaded relay answers late, not never).
+    probe_timeout_s: float | None = None
+    #: Relay -> stage of every relay discovery knows (set by the node).
+    discovered: Callable[[], dict[str, int]] = dict
+    #: Relays discovery lists that failed a liveness probe.
+    unreachable: set[str] = field(default_factory=set)
+
+    def believed(self) -> dict[str, int]:
+        """Relay -> stage, for every relay that may be alive: those the flow protocol knows alive
+        (only stage 1 and the last stage: its neighbours), and those discovery found that it
+        does not know (a middle stage's, or one not yet introduced), unless one failed a probe."""
+        stage_of = {
+            relay: stage
+            for relay, stage in self.discovered().items()
+            if 1 <= stage <= self.plane.stages and relay not in self.unreachable
+        }
+        for peer in self.flow.node.peers.values():
+            if peer.stage >= 1:
+                if peer.alive:
+                    stage_of[peer.peer_id] = peer.stage
+                    self.unreachable.discard(peer.peer_id)
+                else:
+                    stage_of.pop(peer.peer_id, None)
+        return stage_of
+
+    def replicas_of(self, stage: int) -> list[str]:
+        """The relays of ``stage`` that may be alive (1..S; the sink stage S+1 has none)."""
+        return sorted(relay for relay, at in self.believed().items() if at == stage)
+
+    def probe_deadline_s(self) -> float:
+        if self.probe_timeout_s is not None:
+            return self.probe_timeout_s
+        return max(self.flow.node.config.keepalive_timeout_s, 2 * self.plane.ack_deadline_s)
+
+    async def end_iteration(self, iteration: int, reply_timeout_s: float) -> dict[int, int]:
+        """Ask every live relay to average with its stage's live replicas and step (each within
+        ``reply_timeout_s``); returns how many replicas of each stage stepped."""
+        stage_of = self.believed()
+        alive = await self.probe(sorted(stage_of))
+        self.unreachable.update(set(stage_of) - set(alive))
+        by_stage: dict[int, list[str]] = {}
+        for relay in alive:
+            by_stage.setdefault(stage_of[relay], []).append(relay)
+        stepped: dict[int, int] = {}
+
+        async def ask(relay: str) -> None:
+            request = control.EndIteration(iteration, tuple(by_stage[stage_of[relay]]))
+            try:
+                reply = control.decode_reply(
+                    await control.ask(self.plane.rpc, relay, request, reply_timeout_s)
+                )
+            except (PeerUnavailable, ProtocolError) as exc:
+                log.warning("relay %s did not end iteration %s: %s", relay, iteration, exc)
+                return
+            if reply["ok"]:
+                stepped[stage_of[relay]] = stepped.get(stage_of[relay], 0) + 1
+
+        async with trio.open_nursery() as nursery:
+            for relay in alive:
+                nursery.start_soon(ask, relay)
+        return stepped
+
+    async def probe(self, relays: list[str]) -> list[str]:
+        """The relays among ``relays`` that answer a liveness probe (asked twice before a relay
+        counts as gone: one missed answer on a loaded machine must not cost a stage its step)."""
+        answered: list[str] = []
+        timeout_s = self.probe_deadline_s()
+
+        async def probe(relay: str) -> None:
+            for attempt in range(2):
+                try:
+                    await control.ask(self.plane.rpc, relay, control.Alive(), timeout_s)
+                except PeerUnavailable as exc:
+                    log.info("relay %s missed liveness probe %s: %s", relay, attempt + 1, exc)
+                    continue
+                answered.append(relay)
+                return
+            self.flow.dispatch(self.flow.node.peer_dead(relay, trio.current_time()))
+
+        async with trio.open_nursery() as nursery:
+            for relay in relays:
+                nursery.start_soon(probe, relay)
+        return sorted(answered)

@@ -1,0 +1,1 @@
+"""`gwtf-node swarm`: a whole training swarm as OS processes on loopback, with its own chain."""

@@ -1,0 +1,348 @@
+"""The chain of a local swarm: start or reach it, open the run, give every node a staked identity.
+
+``gwtf-node swarm`` uses this before it starts any node process, and again for each joiner just
+before it enters. What happens, with the transactions of ``node.chain.actions``:
+
+* the chain: a devnet (``gwtf-node devnet`` as its own OS process, on an ephemeral port) unless the
+  swarm file names ``[chain] rpc_url``; then the contracts named by ``[chain] devnet_file`` are
+  used, or the suite is deployed there (which needs an unlocked dev account, as anvil has);
+* the run: the sponsor (the chain's first dev account) opens it with the reward pool;
+* each node: a wallet keystore and a node signing key (``wallets/<name>.json`` and
+  ``wallets/<name>.node-main.json``, one random password for the swarm in ``wallets/password``,
+  mode 0600, never logged), a libp2p identity (``wallets/<name>.node-main.p2p.key``, the layout
+  of ``gwtf-node register``), funded by the sponsor, registered with a stake and its libp2p id
+  bound on chain, and joined to the run.
+
+A node that was never registered (a "stranger", for admission tests) only gets an identity.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import IO, Any
+
+from eth_account import Account
+from web3 import Web3
+
+from gwtf.errors import ChainError, ConfigError
+from node.chain.actions import (
+    Capacity,
+    Contracts,
+    RunConfig,
+    join_run,
+    open_run,
+    register_node,
+    transfer_eth,
+)
+from node.chain.adapter import Sender, connect
+from node.chain.deployment import DevnetInfo, read_devnet_file
+from node.chain.wallet import create_wallet, load_or_create_node_key, node_key_path, open_wallet
+from node.p2p.identity import load_or_create_identity, peer_id_of
+from node.settings import ENV_PREFIX, ENV_RPC_TOKEN
+
+WEI_PER_ETH = 10**18
+#: Every transaction gets this fixed gas limit after a revert-checking call: eth-tester's gas
+#: estimator searches for ~0.8 s per transaction (registerNode uses ~243k, openRun ~149k).
+SWARM_GAS_LIMIT = 2_000_000
+#: scrypt cost of the swarm's keystores on its own devnet (they hold devnet ETH only): ~60 ms
+#: per keystore instead of ~1 s at eth-account's default, which a chain named by rpc_url keeps.
+DEVNET_SCRYPT_N = 2**14
+DEVNET_START_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    """The ``[chain]`` section of a swarm file."""
+
+    enabled: bool = True
+    rpc_url: str = ""
+    devnet_file: str = ""
+    stake_eth: float = 2.0
+    reward_pool_eth: float = 10.0
+    fund_eth: float = 3.0
+    epoch_length_s: int = 3600
+
+    @classmethod
+    def from_section(cls, section: dict[str, Any]) -> ChainPlan:
+        plan = cls(**section)
+        if not isinstance(plan.enabled, bool):
+            raise ConfigError(f"[chain] enabled={plan.enabled!r} must be true or false")
+        if plan.rpc_url and not plan.rpc_url.startswith(("http://", "https://")):
+            raise ConfigError(f"[chain] rpc_url={plan.rpc_url!r} must be an http(s):// URL")
+        if plan.devnet_file and not plan.rpc_url:
+            raise ConfigError("[chain] devnet_file needs rpc_url: name the chain it describes")
+        for name in ("stake_eth", "reward_pool_eth", "fund_eth"):
+            if not isinstance(getattr(plan, name), int | float) or getattr(plan, name) <= 0:
+                raise ConfigError(f"[chain] {name}={getattr(plan, name)!r} must be above 0")
+        if plan.fund_eth <= plan.stake_eth:
+            raise ConfigError(
+                f"[chain] fund_eth={plan.fund_eth} must exceed stake_eth={plan.stake_eth} "
+                "(the stake plus gas)"
+            )
+        return plan
+
+
+@dataclass(frozen=True)
+class RegisteredNode:
+    name: str
+    wallet: str
+    node_address: str
+    peer_id: str  # base58, as libp2p prints it
+
+    def as_json(self) -> dict[str, str]:
+        return {
+            "node": self.name,
+            "wallet": self.wallet,
+            "node_address": self.node_address,
+            "peer_id": self.peer_id,
+        }
+
+
+@dataclass
+class SwarmChain:
+    """The swarm's chain once it is up and its run is open."""
+
+    contracts: Contracts
+    sponsor: Sender
+    run_id: int
+    rpc_url: str
+    devnet_file: Path
+    wallets_dir: Path
+    plan: ChainPlan
+    scrypt_n: int | None
+    devnet: subprocess.Popen[bytes] | None = None
+    registered: dict[str, RegisteredNode] = field(default_factory=dict)
+    _password: str = field(default="", repr=False)
+
+    def identity_path(self, name: str) -> Path:
+        key_path = node_key_path(self.wallets_dir / f"{name}.json", "main")
+        return key_path.with_name(key_path.stem + ".p2p.key")
+
+    def peer_id_of(self, name: str) -> str:
+        """The node's libp2p id (its identity is created here if it has none yet)."""
+        return str(peer_id_of(load_or_create_identity(self.identity_path(name))))
+
+    def register(self, name: str, capacity: int) -> RegisteredNode:
+        """Fund, register (libp2p id bound, stake) and join the run: the node may now enter."""
+        wallet_path = self.wallets_dir / f"{name}.json"
+        if wallet_path.exists():
+            wallet = open_wallet(wallet_path, self._password)
+        else:
+            wallet = create_wallet(wallet_path, self._password, scrypt_n=self.scrypt_n)
+        node_key = load_or_create_node_key(
+            node_key_path(wallet_path, "main"), self._password, scrypt_n=self.scrypt_n
+        )
+        identity = load_or_create_identity(self.identity_path(name))
+        peer_id = peer_id_of(identity)
+        stake_wei = _wei(self.plan.stake_eth)
+        c, sender = self.contracts, Sender.from_account(wallet)
+        transfer_eth(c.w3, self.sponsor, wallet.address, _wei(self.plan.fund_eth))
+        if c.port().node_info(node_key.address) is None:
+            hardware = Capacity("cpu", 1024, 3600, capacity)
+            register_node(c, sender, bytes(node_key.key), peer_id.to_bytes(), hardware, stake_wei)
+        join_run(c, sender, self.run_id, node_key.address)
+        node = RegisteredNode(name, wallet.address, node_key.address, str(peer_id))
+        self.registered[name] = node
+        return node
+
+    def is_member(self, peer_id: str) -> bool:
+        from libp2p.peer.id import ID
+
+        return self.contracts.port().is_run_member(self.run_id, ID.from_base58(peer_id).to_bytes())
+
+    def stop(self) -> None:
+        if self.devnet is not None and self.devnet.poll() is None:
+            # SIGINT: the devnet removes its devnet file (its addresses die with it).
+            self.devnet.send_signal(2)
+            try:
+                self.devnet.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.devnet.kill()
+
+
+def _wei(eth: float) -> int:
+    # Through the decimal text, so 0.1 ETH is exactly 10**17 wei.
+    return int(Decimal(str(eth)) * WEI_PER_ETH)
+
+
+def start_swarm_chain(
+    plan: ChainPlan, out_dir: Path, stages: int, model: str, log: IO[bytes] | None
+) -> SwarmChain:
+    """Start (or reach) the chain and open the swarm's run on it."""
+    devnet_file = out_dir / "devnet.json"
+    devnet: subprocess.Popen[bytes] | None = None
+    try:
+        if plan.rpc_url and plan.devnet_file:
+            info = read_devnet_file(plan.devnet_file)
+            devnet_file.write_text(Path(plan.devnet_file).read_text())
+        elif plan.rpc_url:
+            from node.devnet.server import start_devnet
+
+            info = start_devnet("127.0.0.1", 0, plan.rpc_url, devnet_file).info
+        else:
+            devnet = _spawn_devnet(devnet_file, log)
+            info = _wait_for_devnet(devnet, devnet_file)
+        rpc_url = plan.rpc_url or info.rpc_url
+        contracts = Contracts.at(connect(rpc_url), info.contracts, gas_limit=SWARM_GAS_LIMIT)
+        scrypt_n = None if plan.rpc_url else DEVNET_SCRYPT_N
+        chain = open_swarm_run(
+            contracts, _sponsor(info), plan, out_dir, stages, model, scrypt_n=scrypt_n
+        )
+    except BaseException:
+        if devnet is not None:
+            devnet.kill()
+            devnet.wait()
+        raise
+    chain.rpc_url, chain.devnet_file, chain.devnet = rpc_url, devnet_file, devnet
+    return chain
+
+
+def open_swarm_run(
+    contracts: Contracts,
+    sponsor: Sender,
+    plan: ChainPlan,
+    out_dir: Path,
+    stages: int,
+    model: str,
+    *,
+    scrypt_n: int | None = DEVNET_SCRYPT_N,
+) -> SwarmChain:
+    """Open the swarm's run with its reward pool on deployed contracts (any chain)."""
+    run_id = open_run(
+        contracts, sponsor, _run_config(plan, stages, model), _wei(plan.reward_pool_eth)
+    )
+    return SwarmChain(
+        contracts,
+        sponsor,
+        run_id,
+        rpc_url="",
+        devnet_file=out_dir / "devnet.json",
+        wallets_dir=_wallets_dir(out_dir),
+        plan=plan,
+        scrypt_n=scrypt_n,
+        _password=_swarm_password(out_dir),
+    )
+
+
+def _run_config(plan: ChainPlan, stages: int, model: str) -> RunConfig:
+    return RunConfig(
+        model_config_hash=Web3.keccak(text=f"{model}, {stages} stages"),
+        dataset_hash=Web3.keccak(text="node.training.data default corpus"),
+        stage_count=stages,
+        epoch_length_s=plan.epoch_length_s,
+        units_per_hop=10,
+        reward_per_epoch_wei=_wei(plan.reward_pool_eth) // 10,
+        challenge_window_s=plan.epoch_length_s,
+        min_stake_wei=_wei(plan.stake_eth),
+    )
+
+
+def _sponsor(info: DevnetInfo) -> Sender:
+    if not info.accounts:
+        raise ChainError(
+            f"the chain at {info.rpc_url} lists no dev account to sponsor the run; use anvil or "
+            "the embedded devnet"
+        )
+    account = info.accounts[0]
+    if account.private_key:
+        return Sender.from_account(Account.from_key(account.private_key))
+    return Sender.unlocked(account.address)
+
+
+def child_env() -> dict[str, str]:
+    """The environment of the swarm's processes: their command lines and settings files say
+    everything, so ``GWTF_*`` variables of the caller's shell (which outrank a settings file)
+    are left out, except the RPC token a chain named by ``rpc_url`` may need."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    if ENV_RPC_TOKEN in os.environ:
+        env[ENV_RPC_TOKEN] = os.environ[ENV_RPC_TOKEN]
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _spawn_devnet(devnet_file: Path, log: IO[bytes] | None) -> subprocess.Popen[bytes]:
+    devnet_file.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "node.cli", "--devnet-file", str(devnet_file)]
+    return subprocess.Popen(
+        [*command, "devnet", "--port", "0"],
+        stdout=log or subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        env=child_env(),
+    )
+
+
+def _wait_for_devnet(devnet: subprocess.Popen[bytes], devnet_file: Path) -> DevnetInfo:
+    deadline = time.monotonic() + DEVNET_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if devnet_file.exists():
+            return read_devnet_file(devnet_file)
+        if devnet.poll() is not None:
+            raise ChainError(
+                f"the swarm's devnet exited with code {devnet.returncode}; see the swarm log"
+            )
+        time.sleep(0.1)
+    raise ChainError(f"the swarm's devnet did not start within {DEVNET_START_TIMEOUT_S:g} s")
+
+
+def _wallets_dir(out_dir: Path) -> Path:
+    wallets = out_dir / "wallets"
+    wallets.mkdir(parents=True, exist_ok=True)
+    os.chmod(wallets, 0o700)
+    return wallets
+
+
+def _swarm_password(out_dir: Path) -> str:
+    """The keystores' password: read back if this folder has one, else a new random one."""
+    path = _wallets_dir(out_dir) / "password"
+    if path.exists():
+        return path.read_text().strip()
+    password = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(password + "\n")
+    return password
+
+
+def chain_facts(
+    chain: SwarmChain | None,
+    strangers: dict[str, str],
+    statuses: dict[str, dict[str, Any] | None],
+) -> dict[str, Any]:
+    """What the chain did for a swarm, and whom its nodes refused (from their status files);
+    ``strangers`` maps the names of never-registered nodes to their libp2p ids."""
+    if chain is None:
+        return {"enabled": False}
+    names = {node.peer_id: name for name, node in chain.registered.items()}
+    names.update({peer_id: name for name, peer_id in strangers.items()})
+    refusals: dict[str, dict[str, int]] = {}
+    for name, status in statuses.items():
+        for peer_id, count in (status or {}).get("refused", {}).items():
+            refusals.setdefault(peer_id, {})[name] = int(count)
+    return {
+        "enabled": True,
+        "rpc_url": chain.rpc_url,
+        "run_id": chain.run_id,
+        "registered_nodes": [node.as_json() for node in chain.registered.values()],
+        "refused_peers": [
+            {
+                "peer_id": peer_id,
+                "node": names.get(peer_id),
+                "registered": any(n.peer_id == peer_id for n in chain.registered.values()),
+                "refused_by": by_node,
+            }
+            for peer_id, by_node in sorted(refusals.items())
+        ],
+        "strangers": {
+            name: {
+                "peer_id": peer_id,
+                "hops_recorded": (statuses.get(name) or {}).get("hops_recorded"),
+            }
+            for name, peer_id in strangers.items()
+        },
+    }

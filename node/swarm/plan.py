@@ -1,0 +1,335 @@
+"""The swarm file of `gwtf-node swarm` (TOML): its sections and their defaults, the checks that
+stop a bad file before any process starts, and each node's settings (the ``node.settings``
+format) as the swarm writes them.
+
+Swarm file::
+
+    [run]    model = "gpt-tiny", stages = 2, batch_size = 2, seq_len = 32,
+             microbatches_per_iteration = 4, iterations = 5, seed = 0,
+             routing = "gwtf" (or "swarm": SWARM's throughput-weighted wiring, for comparison)
+    [swarm]  relays_per_stage = 2, capacity = 2 (a relay's microbatches in flight; the data
+             nodes' together are relays_per_stage times that), regions = ["oregon"],
+             topology = "" (a JSON file like coordinator_free/sim/data/regions-10.json, or ""
+             for no emulation), data_nodes = 1 (data nodes "data", "data-1", ...: each starts
+             microbatches_per_iteration microbatches of its own per iteration),
+             speeds = [1.0] (emulated GPU speeds, node.emulated_speed: the n-th relay of each
+             stage gets the n-th, cyclically; e.g. [1.0, 0.6, 0.35] mixes slow GPUs into every
+             stage like the simulator's heterogeneous scenarios; data nodes run at 1.0),
+             hop_ms = 0.0 (node.emulated_hop_ms of every relay: a hop's compute lasts at least
+             this long, then 1 / speed of it; e.g. 200 makes the relays' timing a GPU
+             cluster's, not the shared CPUs')
+    [flow]   any field of the node settings' flow section (decision_period_s,
+             hop_ack_deadline_s, keepalive_interval_s, ...; see node/settings.py)
+    [chain]  enabled = true, rpc_url = "" (use a running chain instead of starting a devnet),
+             devnet_file = "" (its contracts, as `gwtf-node devnet` writes them; without it the
+             suite is deployed on rpc_url), stake_eth = 2.0, fund_eth = 3.0 (per node),
+             reward_pool_eth = 10.0, epoch_length_s = 3600
+    [churn]  events = [{t = 8.0, kill = "relay-1-0"}, {t = 12.0, join = 1},
+             {t = 14.0, join = "auto"} (it takes the bottleneck stage when it enters),
+             {t = 2.0, stranger = 1}] (a stranger: a relay of that stage whose libp2p id is not
+             registered on chain; with the chain on, every node refuses it),
+             {t = 9.0, restart = "relay-1-0"} (a node killed earlier starts again with its
+             identity and node.join = true: a relay loads its stage's state, a data node asks
+             the run's data nodes to take it back in),
+             crash_on = [{stage = 1, direction = "forward", iteration = 1}] (fault injection:
+             the first relay of that stage to get such a hop dies by SIGKILL mid-hop; with
+             when = "after_ack" it dies once it has computed and acknowledged the hop, before
+             sending its output on: the loss no sender sees),
+             crash_rate_per_hour = 0.0 (relays killed at random at this rate), seed = 0
+             (times count from the start of training: when the data node has its first flows)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from gwtf.errors import ConfigError
+from node.p2p.link_emulation import Topology
+from node.runtime.fault_injection import CRASH_MOMENTS
+from node.settings import AUTO_STAGE, FlowSettings, load_settings
+from node.swarm.chain import ChainPlan, SwarmChain
+from node.training.errors import ModelConfigError
+from node.training.partition import model_for_run
+
+_DEFAULT_FLOW = {
+    "decision_period_s": 0.5,
+    "keepalive_interval_s": 1.0,
+    # Also the data node's liveness probe deadline before the relays average and step: at a
+    # load of 12 on two cores, 1 s was missed by every relay, which then never stepped.
+    "keepalive_timeout_s": 3.0,
+    "keepalive_misses": 3,
+    "hop_ack_deadline_s": 5.0,
+    # Every process loads torch, libp2p and web3 at once on a few shared cores: on a busy
+    # two-core machine the last relay can take a minute or more to come up.
+    "setup_timeout_s": 240.0,
+}
+_SECTIONS: dict[str, set[str]] = {
+    "run": {
+        "routing",
+        "model",
+        "stages",
+        "batch_size",
+        "seq_len",
+        "microbatches_per_iteration",
+        "iterations",
+        "seed",
+    },
+    "swarm": {
+        "relays_per_stage",
+        "capacity",
+        "regions",
+        "topology",
+        "data_nodes",
+        "speeds",
+        "hop_ms",
+    },
+    "flow": set(FlowSettings.__dataclass_fields__) - {"routing"},
+    "chain": set(ChainPlan.__dataclass_fields__),
+    "churn": {"events", "crash_rate_per_hour", "seed", "crash_on"},
+}
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    status_file: Path
+    killed: bool = False
+
+
+@dataclass
+class SwarmPlan:
+    run: dict[str, Any]
+    swarm: dict[str, Any]
+    flow: dict[str, Any]
+    churn: dict[str, Any]
+    out_dir: Path
+    chain_plan: ChainPlan = field(default_factory=ChainPlan)
+    procs: dict[str, Proc] = field(default_factory=dict)
+    crashes: list[dict[str, Any]] = field(default_factory=list)
+    joins: list[dict[str, Any]] = field(default_factory=list)
+    chain: SwarmChain | None = None
+    strangers: dict[str, str] = field(default_factory=dict)  # name -> peer id
+    #: The last status of each killed node that was started again (its first life's work).
+    retired: list[dict[str, Any]] = field(default_factory=list)
+
+
+def load_swarm_file(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read swarm file {path}: {exc}") from exc
+    for section, value in raw.items():
+        if section not in _SECTIONS or not isinstance(value, dict):
+            raise ConfigError(f"swarm file {path}: unknown section [{section}]")
+        unknown = set(value) - _SECTIONS[section]
+        if unknown:
+            raise ConfigError(f"swarm file {path}: unknown keys {sorted(unknown)} in [{section}]")
+    return raw
+
+
+def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
+    raw = load_swarm_file(path)
+    run = {
+        "model": "gpt-tiny",
+        "stages": 2,
+        "batch_size": 2,
+        "seq_len": 32,
+        "microbatches_per_iteration": 4,
+        "iterations": 5,
+        "seed": 0,
+        "routing": "gwtf",
+        **raw.get("run", {}),
+    }
+    swarm = {
+        "relays_per_stage": 2,
+        "capacity": 2,
+        "regions": ["oregon"],
+        "topology": "",
+        "data_nodes": 1,
+        "speeds": [1.0],
+        "hop_ms": 0.0,
+        **raw.get("swarm", {}),
+    }
+    _check_run(run)
+    _check_swarm(swarm)
+    churn = {
+        "events": [],
+        "crash_rate_per_hour": 0.0,
+        "seed": 0,
+        "crash_on": [],
+        **raw.get("churn", {}),
+    }
+    flow = {**_DEFAULT_FLOW, **raw.get("flow", {})}
+    killed: set[str] = set()
+    for event in sorted(churn["events"], key=_event_time):
+        kinds = {"kill", "join", "stranger", "restart"}
+        if not kinds & set(event):
+            raise ConfigError(
+                f"churn event {event} names none of 'kill', 'join', 'stranger', 'restart'"
+            )
+        if "kill" in event:
+            killed.add(str(event["kill"]))
+        if "restart" in event and str(event["restart"]) not in killed:
+            raise ConfigError(f"churn event {event}: restart a node only after a kill event for it")
+        if "join" in event:
+            entrant_stage(run["stages"], event["join"])
+        if "stranger" in event and entrant_stage(run["stages"], event["stranger"]) < 1:
+            raise ConfigError("a stranger cannot ask the run for its stage; give it one")
+    for rule in churn["crash_on"]:
+        if not isinstance(rule, dict) or rule.get("direction") not in ("forward", "backward"):
+            raise ConfigError(f'crash_on rule {rule} needs direction = "forward" or "backward"')
+        if rule.get("when", "on_receipt") not in CRASH_MOMENTS:
+            raise ConfigError(f"crash_on rule {rule}: 'when' is one of {', '.join(CRASH_MOMENTS)}")
+    chain_plan = ChainPlan.from_section(raw.get("chain", {}))
+    if not chain_plan.enabled and any("stranger" in event for event in churn["events"]):
+        raise ConfigError("a 'stranger' churn event tests admission: it needs [chain] enabled")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return SwarmPlan(run, swarm, flow, churn, out_dir, chain_plan)
+
+
+def _check_run(run: dict[str, Any]) -> None:
+    """The model, sequence length and stage count fit together (each node would find out only
+    when it builds its part)."""
+    model, seq_len, stages = run["model"], run["seq_len"], run["stages"]
+    if not isinstance(model, str) or not all(_whole(v, 1) for v in (seq_len, stages)):
+        raise ConfigError('[run] model is a name like "gpt-tiny", seq_len and stages whole numbers')
+    try:
+        model_for_run(model, seq_len, stages)
+    except ModelConfigError as exc:
+        raise ConfigError(f"[run] {exc}") from exc
+
+
+def _check_swarm(swarm: dict[str, Any]) -> None:
+    for key in ("relays_per_stage", "data_nodes"):
+        if not _whole(swarm[key], 1):
+            raise ConfigError(f"[swarm] {key} = {swarm[key]!r}: give a whole number, 1 or more")
+    speeds, regions = swarm["speeds"], swarm["regions"]
+    if not isinstance(speeds, list) or not speeds or not all(_speed(v) for v in speeds):
+        raise ConfigError(
+            f"[swarm] speeds = {speeds!r}: give a list of speeds above 0 and at most 1, "
+            "like [1.0, 0.6, 0.35]"
+        )
+    if not isinstance(regions, list) or not regions or not all(isinstance(r, str) for r in regions):
+        raise ConfigError(f'[swarm] regions = {regions!r}: give a list like ["oregon", "tokyo"]')
+    if swarm["topology"]:
+        topology_file = Path(swarm["topology"])
+        if not topology_file.exists():
+            raise ConfigError(f"topology file {topology_file} does not exist")
+        known = Topology.from_json_file(topology_file).regions
+        unknown = sorted(set(regions) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"[swarm] regions {unknown} are not in {topology_file}; choose from {list(known)}"
+            )
+
+
+def speed_of(plan: SwarmPlan, index: int) -> float:
+    """The emulated speed of the ``index``-th relay (``[swarm] speeds``, cyclically)."""
+    speeds = plan.swarm["speeds"]
+    return float(speeds[index % len(speeds)])
+
+
+def _whole(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _speed(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1
+
+
+def _event_time(event: Any) -> float:
+    """A churn event's time ``t`` (seconds from the start of training)."""
+    t = event.get("t") if isinstance(event, dict) else None
+    if not isinstance(t, int | float) or isinstance(t, bool):
+        raise ConfigError(f"churn event {event} needs a time t in seconds, e.g. t = 4.0")
+    return float(t)
+
+
+def node_settings(
+    plan: SwarmPlan, name: str, role: str, stage: int, index: int, **node: Any
+) -> dict[str, Any]:
+    """One node's settings (the sections of ``node.settings``), as written to its toml file."""
+    regions, run, chain = plan.swarm["regions"], plan.run, plan.chain
+    # The data nodes start as many microbatches at once as a stage of relays can hold.
+    capacity = plan.swarm["capacity"]
+    if role == "data":
+        capacity = max(1, capacity * plan.swarm["relays_per_stage"] // plan.swarm["data_nodes"])
+    key_file = chain.identity_path(name) if chain else plan.out_dir / f"{name}.key"
+    if role == "relay":
+        node = {"emulated_hop_ms": plan.swarm["hop_ms"], **node}
+    return {
+        "node": {"name": name, "role": role, "stage": stage, "capacity": capacity, **node},
+        "p2p": {
+            "key_file": str(key_file.resolve()),
+            "region": regions[index % len(regions)],
+            "topology_file": str(Path(plan.swarm["topology"]).resolve())
+            if plan.swarm["topology"]
+            else "",
+            "bootstrap_peers": [],
+            "discovery_period_s": 1.0,
+        },
+        "chain": {
+            "admission": chain is not None,
+            "run_id": chain.run_id if chain else 1,
+            "rpc_url": chain.rpc_url if chain else "",
+            "devnet_file": str(chain.devnet_file.resolve()) if chain else ".gwtf/devnet.json",
+        },
+        "training": {
+            "model": run["model"],
+            "stages": run["stages"],
+            "batch_size": run["batch_size"],
+            "seq_len": run["seq_len"],
+            "seed": run["seed"],
+            "iterations": run["iterations"],
+            "microbatches_per_iteration": run["microbatches_per_iteration"],
+            "stall_timeout_s": 60.0,
+            "device": "cpu",
+            "max_in_flight": max(8, capacity),
+        },
+        "flow": {"routing": run["routing"], **plan.flow},
+    }
+
+
+def write_node_settings(plan: SwarmPlan, settings: dict[str, Any]) -> Path:
+    """Write a node's settings file and load it back, so a bad value stops the swarm early."""
+    path = plan.out_dir / f"{settings['node']['name']}.toml"
+    path.write_text(tomli_w.dumps(settings))
+    try:
+        load_settings(env={}, config_file=path)
+    except ConfigError as exc:
+        # The value came from the swarm file (or its defaults): point there, not at our copy.
+        message = str(exc).replace(str(path), "the swarm file")
+        raise ConfigError(f"{message} (node {settings['node']['name']})") from exc
+    return path
+
+
+def crash_rule(plan: SwarmPlan, stage: int) -> dict[str, Any] | None:
+    for index, rule in enumerate(plan.churn["crash_on"]):
+        if int(rule["stage"]) == stage:
+            lock = plan.out_dir / f"crash-{index}.lock"
+            return {
+                "direction": rule["direction"],
+                "iteration": rule["iteration"],
+                "when": rule.get("when", "on_receipt"),
+                "lock": str(lock),
+            }
+    return None
+
+
+def entrant_stage(stages: int, stage: Any) -> int:
+    """A joiner's or stranger's stage: 1..stages, or "auto" for the bottleneck when it enters."""
+    if stage == "auto":
+        return AUTO_STAGE
+    if isinstance(stage, int) and not isinstance(stage, bool) and 1 <= stage <= stages:
+        return stage
+    raise ConfigError(
+        f'churn event stage {stage!r}: use a stage 1..{stages}, or "auto" to join the '
+        "bottleneck stage"
+    )

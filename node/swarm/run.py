@@ -1,0 +1,329 @@
+"""`gwtf-node swarm`: a whole training swarm on this machine, one OS process per node.
+
+Reads a swarm file (TOML); starts a chain, opens the run and registers every node on it
+(``node.swarm.chain``; on by default, ``[chain] enabled = false`` for a quick chain-less run);
+writes each node's settings file (``<out>/<name>.toml``, the ``node.settings`` format) and starts
+the data node, then the relays, each as ``python -m node.process`` on 127.0.0.1 with
+the topology's link emulation and, with the chain on, admission: a node serves only peers that
+the chain binds to a staked node of the run. It kills nodes with SIGKILL and starts joiners
+(registered just before they enter) on the churn schedule; streams the nodes' logs with a name
+prefix; and when the data node has trained its iterations writes a JSON summary (iterations,
+microbatches, loss per iteration, throughput, crashes, joins, recovered hops, and the chain: RPC
+URL, run id, registered nodes, refused peers).
+
+The swarm file's format and checks are ``node.swarm.plan``'s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import IO, Any
+
+from gwtf.errors import GwtfError
+from node.settings import AUTO_STAGE
+from node.swarm.chain import chain_facts, child_env, start_swarm_chain
+from node.swarm.plan import (
+    Proc,
+    SwarmPlan,
+    crash_rule,
+    entrant_stage,
+    node_settings,
+    speed_of,
+    write_node_settings,
+)
+
+
+def start_node(
+    plan: SwarmPlan,
+    settings: dict[str, Any],
+    log: IO[bytes] | None,
+    start_file: Path | None = None,
+) -> Proc:
+    name, stage = settings["node"]["name"], int(settings["node"]["stage"])
+    config = write_node_settings(plan, settings)
+    status_file = plan.out_dir / f"{name}.status.json"
+    status_file.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "node.process", "--config", str(config)]
+    command += ["--status-file", str(status_file)]
+    if start_file is not None:
+        command += ["--start-file", str(start_file)]
+    crash_on = crash_rule(plan, stage) if settings["node"]["role"] == "relay" else None
+    if crash_on is not None:
+        command += ["--crash-on", json.dumps(crash_on)]
+    popen = subprocess.Popen(
+        command, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, env=child_env()
+    )
+    proc = Proc(name, popen, status_file)
+    plan.procs[proc.name] = proc
+    return proc
+
+
+def read_status(proc: Proc) -> dict[str, Any] | None:
+    try:
+        status: dict[str, Any] = json.loads(proc.status_file.read_text())
+        return status
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def wait_for_address(proc: Proc, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = read_status(proc)
+        if status is not None:
+            return str(status["address"])
+        if proc.popen.poll() is not None:
+            raise GwtfError(
+                f"node {proc.name} exited with code {proc.popen.returncode}; see its log"
+            )
+        time.sleep(0.1)
+    raise GwtfError(f"node {proc.name} did not start within {timeout_s:g} s; see its log")
+
+
+def kill(plan: SwarmPlan, name: str, at_s: float) -> None:
+    proc = plan.procs.get(name)
+    if proc is None or proc.killed or proc.popen.poll() is not None:
+        return
+    os.kill(proc.popen.pid, signal.SIGKILL)
+    proc.killed = True
+    plan.crashes.append({"t": round(at_s, 2), "node": name})
+
+
+def run_swarm(
+    plan: SwarmPlan, log: IO[bytes] | None = None, timeout_s: float = 600.0
+) -> dict[str, Any]:
+    """Run the swarm to the end of the data node's iterations; returns the summary."""
+    stages, per_stage = plan.run["stages"], plan.swarm["relays_per_stage"]
+    started = time.monotonic()
+    # A previous run in this folder leaves go files and crash locks that would start joiners at
+    # once and disarm fault injection.
+    for stale in (*plan.out_dir.glob("*.go"), *plan.out_dir.glob("crash-*.lock")):
+        stale.unlink()
+    try:
+        if plan.chain_plan.enabled:
+            plan.chain = start_swarm_chain(
+                plan.chain_plan, plan.out_dir, stages, str(plan.run["model"]), log
+            )
+        data_nodes = _start_data_nodes(plan, log)
+        data = data_nodes[0]
+        bootstrap = [wait_for_address(data, 60.0)]
+        relay_names: list[str] = []
+        for stage in range(1, stages + 1):
+            for replica in range(per_stage):
+                name = f"relay-{stage}-{replica}"
+                settings = node_settings(
+                    plan,
+                    name,
+                    "relay",
+                    stage,
+                    len(plan.procs),
+                    emulated_speed=speed_of(plan, replica),
+                )
+                settings["p2p"]["bootstrap_peers"] = bootstrap
+                _register(plan, settings)
+                start_node(plan, settings, log)
+                relay_names.append(name)
+        events = sorted(plan.churn["events"], key=lambda e: float(e["t"]))
+        _prestart_entrants(plan, events, bootstrap, log)
+        rng = random.Random(plan.churn["seed"])
+        rate_per_s = float(plan.churn["crash_rate_per_hour"]) / 3600.0 * len(relay_names)
+        training_from = _wait_for_training(data, started + timeout_s)
+        next_random = training_from + (
+            rng.expovariate(rate_per_s) if rate_per_s > 0 else float("inf")
+        )
+        while any(plan.procs[p.name].popen.poll() is None for p in data_nodes):
+            now = time.monotonic()
+            if now - started > timeout_s:
+                raise GwtfError(f"the swarm did not finish within {timeout_s:g} s")
+            while events and now - training_from >= float(events[0]["t"]):
+                _apply(plan, events.pop(0), now - training_from, log)
+            if now >= next_random:
+                alive = [n for n in relay_names if not plan.procs[n].killed]
+                if alive:
+                    kill(plan, rng.choice(alive), now - training_from)
+                next_random = now + rng.expovariate(rate_per_s)
+            time.sleep(0.05)
+        time.sleep(1.0)  # the relays' last status (their final step) lands within 0.25 s
+        _record_injected_crashes(plan)
+        return summarise(plan, [plan.procs[p.name] for p in data_nodes], time.monotonic() - started)
+    finally:
+        for proc in plan.procs.values():
+            if proc.popen.poll() is None:
+                proc.popen.terminate()
+        for proc in plan.procs.values():
+            try:
+                proc.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+        if plan.chain is not None:
+            plan.chain.stop()
+
+
+def _start_data_nodes(plan: SwarmPlan, log: IO[bytes] | None) -> list[Proc]:
+    """Start the data nodes ("data", then "data-1", ... bootstrapping from it), each with its
+    shard of every iteration."""
+    count: int = plan.swarm["data_nodes"]
+    procs: list[Proc] = []
+    bootstrap: list[str] = []
+    for shard in range(count):
+        name = "data" if shard == 0 else f"data-{shard}"
+        settings = node_settings(plan, name, "data", 0, shard)
+        settings["training"].update(data_nodes=count, data_shard=shard)
+        settings["p2p"]["bootstrap_peers"] = bootstrap
+        _register(plan, settings)
+        procs.append(start_node(plan, settings, log))
+        if shard == 0 and count > 1:
+            bootstrap = [wait_for_address(procs[0], 60.0)]
+    return procs
+
+
+def _register(plan: SwarmPlan, settings: dict[str, Any]) -> None:
+    """Put the node on chain (staked, its libp2p id bound, joined to the run) before it starts."""
+    if plan.chain is not None:
+        plan.chain.register(settings["node"]["name"], int(settings["node"]["capacity"]))
+
+
+def _prestart_entrants(
+    plan: SwarmPlan, events: list[dict[str, Any]], bootstrap: list[str], log: IO[bytes] | None
+) -> None:
+    """Start joiners' and strangers' processes now (loading torch takes seconds); each waits
+    for its go file, which the churn schedule creates at the event's time."""
+    counts = {"joiner": 0, "stranger": 0}
+    for event in (e for e in events if "join" in e or "stranger" in e):
+        kind = "joiner" if "join" in event else "stranger"
+        stage = entrant_stage(plan.run["stages"], event["join" if "join" in event else "stranger"])
+        label = "auto" if stage == AUTO_STAGE else stage
+        event["_name"] = name = f"{kind}-{label}-{counts[kind]}"
+        counts[kind] += 1
+        speed = speed_of(plan, len(plan.procs))
+        settings = node_settings(
+            plan, name, "relay", stage, len(plan.procs), join=kind == "joiner", emulated_speed=speed
+        )
+        settings["p2p"]["bootstrap_peers"] = bootstrap
+        if kind == "stranger" and plan.chain is not None:
+            plan.strangers[name] = plan.chain.peer_id_of(name)
+        start_node(plan, settings, log, start_file=plan.out_dir / f"{name}.go")
+
+
+def _wait_for_training(data: Proc, deadline: float) -> float:
+    """When the data node starts training (it has flows); churn times count from there."""
+    while time.monotonic() < deadline and data.popen.poll() is None:
+        status = read_status(data)
+        if status is not None and status.get("training"):
+            return time.monotonic()
+        time.sleep(0.1)
+    return time.monotonic()
+
+
+def _apply(plan: SwarmPlan, event: dict[str, Any], at_s: float, log: IO[bytes] | None) -> None:
+    if "kill" in event:
+        kill(plan, str(event["kill"]), at_s)
+        return
+    if "restart" in event:
+        _restart(plan, str(event["restart"]), at_s, log)
+        return
+    # The entrant's process was started (and has loaded torch) at launch; now it enters. A
+    # joiner is registered on chain first; a stranger never is.
+    name = str(event["_name"])
+    if "join" in event and plan.chain is not None:
+        plan.chain.register(name, int(plan.swarm["capacity"]))
+    (plan.out_dir / f"{name}.go").touch()
+    if "join" in event:
+        plan.joins.append({"t": round(at_s, 2), "node": name, "stage": event["join"]})
+
+
+def _restart(plan: SwarmPlan, name: str, at_s: float, log: IO[bytes] | None) -> None:
+    """Start a killed node again from its settings file, with its identity, as a joiner."""
+    proc = plan.procs.get(name)
+    if proc is None or proc.popen.poll() is None:
+        return  # never started, or still running (its kill came later than planned)
+    status = read_status(proc)
+    if status is not None:
+        plan.retired.append(status)
+    settings = tomllib.loads((plan.out_dir / f"{name}.toml").read_text())
+    settings["node"]["join"] = True
+    start_node(plan, settings, log)
+    plan.joins.append({"t": round(at_s, 2), "node": name, "restart": True})
+
+
+def _record_injected_crashes(plan: SwarmPlan) -> None:
+    """Nodes that fault injection killed (they died by SIGKILL, not by the schedule)."""
+    for name, proc in plan.procs.items():
+        if not proc.killed and proc.popen.poll() == -signal.SIGKILL:
+            proc.killed = True
+            plan.crashes.append({"t": None, "node": name, "injected": True})
+
+
+def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[str, Any]:
+    """The run's summary. The first data node must have finished; another one may have been
+    killed on the schedule (its iterations until then count)."""
+    data = data_nodes[0]
+    status = read_status(data)
+    if data.popen.returncode != 0 or status is None or not status.get("finished"):
+        raise GwtfError(f"the data node failed (exit {data.popen.returncode}); see its log")
+    for proc in data_nodes[1:]:
+        if not proc.killed and proc.popen.returncode != 0:
+            raise GwtfError(
+                f"data node {proc.name} failed (exit {proc.popen.returncode}); see its log"
+            )
+    results = status["results"]
+    statuses = {name: read_status(proc) for name, proc in plan.procs.items()}
+    stats = [s["stats"] for s in statuses.values() if s is not None]
+    data_statuses = [statuses[proc.name] or {} for proc in data_nodes] + [
+        status for status in plan.retired if status.get("role") == "data"
+    ]
+    all_results = [r for status in data_statuses for r in status.get("results", [])]
+    microbatches = sum(r["microbatches"] for r in all_results)
+    train_s = sum(r["duration_s"] for r in results)
+    losses: dict[int, list[float]] = {}
+    for result in all_results:
+        losses.setdefault(result["iteration"], []).append(result["loss"])
+    summary = {
+        "iterations": len(results),
+        "microbatches": microbatches,
+        # The mean over the data nodes that finished the iteration (each over its own shard).
+        "loss_per_iteration": [round(sum(v) / len(v), 5) for _, v in sorted(losses.items())],
+        "throughput_mb_per_s": round(microbatches / train_s, 4) if train_s else 0.0,
+        "training_time_s": round(train_s, 3),
+        "wall_time_s": round(wall_s, 3),
+        "crashes": plan.crashes,
+        "joins": plan.joins,
+        "recovered_hops": {
+            "forward_resends": sum(s["forward_resends"] for s in stats),
+            "backward_repairs": sum(s["backward_repairs"] for s in stats),
+            "forward_repairs": sum(s.get("forward_repairs", 0) for s in stats),
+            "gradient_resumes": sum(s.get("gradient_resumes", 0) for s in stats),
+            "restarted_microbatches": sum(r["restarts"] for r in all_results),
+        },
+        # (iteration, stage) pairs in which no replica of the stage stepped: the relays of that
+        # stage trained nothing that iteration, which a healthy swarm never shows.
+        "stages_not_stepped": sum(s.get("stages_not_stepped", 0) for s in stats),
+        # Data nodes the others left out while they were alive, which asked back in.
+        "data_nodes_taken_back_in": sum(s.get("taken_back_in", 0) for s in stats),
+        # Microbatches data nodes started on flows another data node lent them.
+        "microbatches_on_loans": sum(s.get("microbatches_on_loans", 0) for s in stats),
+        "relays": {
+            name: {key: s.get(key) for key in ("stage", "step", "state_digest", "hops_recorded")}
+            for name, s in statuses.items()
+            if s is not None
+            and s.get("role") != "data"
+            and name not in plan.strangers
+            and not plan.procs[name].killed
+        },
+        "data_nodes": {
+            proc.name: {key: status.get(key) for key in ("step", "state_digest")}
+            for proc in data_nodes
+            if (status := statuses[proc.name]) is not None and not proc.killed
+        },
+        "chain": chain_facts(plan.chain, plan.strangers, statuses),
+    }
+    (plan.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
