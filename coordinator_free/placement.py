@@ -2,7 +2,7 @@
 
 A new relay raises the swarm's throughput most at the stage whose load is highest relative to its
 capacity (flow / capacity): that stage caps the number of microbatches every iteration can carry
-(DESIGN.md §2, after the GWTF paper). Capacity is weighted by speed: a node computes its
+(the GWTF paper's joining rule). Capacity is weighted by speed: a node computes its
 microbatches one after another, so a slot of a node twice as fast turns over twice as often, and
 a stage of slow GPUs is the bottleneck sooner than its slot count says. Loads come from what peers
 announce in their introductions (``Hello.flows``, ``Hello.capacity`` and ``Hello.compute_ms``);

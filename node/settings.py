@@ -126,7 +126,7 @@ class ChainSettings:
 
 @dataclass(frozen=True)
 class FlowSettings:
-    # Starting points from the GWTF authors' 2024 prototype (see DESIGN.md section 2).
+    # Starting points from the GWTF authors' 2024 prototype.
     decision_period_s: float = 2.0
     temperature_relay: float = 1.7
     temperature_data: float = 2.0

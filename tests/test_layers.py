@@ -1,4 +1,4 @@
-"""The layers point one way (DESIGN.md §3): the pure core and the on-chain encoding import nothing
+"""The layers point one way: the pure core and the on-chain encoding import nothing
 of the project's adapters nor of the heavy libraries, the API never imports the node, and the
 node's rooms import only rooms below them."""
 

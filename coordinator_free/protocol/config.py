@@ -1,7 +1,7 @@
 """The parameters of the flow protocol and the identity of one node.
 
-Defaults are the values seen in the authors' 2024 prototype of GWTF (DESIGN.md §2) unless a
-comment names another source.
+Defaults are the values seen in the GWTF authors' 2024 prototype unless a comment names another
+source.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ know, at which stage, with what capacity and spare capacity (the control protoco
 then asks the nodes they named, a few rounds deep: every node knows the live replicas of the
 stages next to its own, so a handful of answers covers the pipeline. The placement rule is the
 flow core's (``coordinator_free.placement``): the stage whose carried flows are highest against
-its capacity weighted by speed, where a new replica raises the swarm's throughput most
-(DESIGN.md §2).
+its capacity weighted by speed, where a new replica raises the swarm's throughput most (the
+GWTF paper's joining rule).
 
 Peers are untrusted: what a node says of others only tells the relay whom to ask next. The loads
 it places by are what each node said of itself, so a lying peer can misstate one node's load (its
