@@ -17,7 +17,6 @@ import argparse
 import tempfile
 import time
 from functools import partial
-from pathlib import Path
 
 import trio
 from libp2p.custom_types import TProtocol
@@ -25,7 +24,7 @@ from libp2p.peer.id import ID
 
 from node.p2p.framing import read_frame, write_frame
 from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import load_or_create_identity
+from node.p2p.identity import new_identity
 from node.p2p.rpc import RequestResponse, RpcLimits
 
 PROTOCOL = TProtocol("/gwtf/bench-sink/1.0.0")
@@ -75,9 +74,9 @@ async def libp2p_mb_per_s(total_bytes: int) -> float:
             received += len(await read_frame(stream, CHUNK_BYTES))
         done.set()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        a_key = load_or_create_identity(Path(tmp) / "a.key")
-        b_key = load_or_create_identity(Path(tmp) / "b.key")
+    with tempfile.TemporaryDirectory():
+        a_key = new_identity()
+        b_key = new_identity()
         async with running_host(a_key) as a, running_host(b_key) as b:
             b.set_stream_handler(PROTOCOL, sink)
             await a.connect(peer_info(full_address(b)))
@@ -114,9 +113,9 @@ async def request_rates(requests: int) -> list[tuple[str, int, float, float]]:
         await stream.close()
 
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        a_key = load_or_create_identity(Path(tmp) / "a.key")
-        b_key = load_or_create_identity(Path(tmp) / "b.key")
+    with tempfile.TemporaryDirectory():
+        a_key = new_identity()
+        b_key = new_identity()
         async with running_host(a_key) as a, running_host(b_key) as b:
             server, client = RequestResponse(b), RequestResponse(a)
             server.serve(ECHO, _ack, LIMITS)

@@ -1,15 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 pragma solidity ^0.8.28;
 
-/// @notice One stage's forward or backward of one microbatch, signed by the worker and
-/// countersigned (EIP-712, domain "GWTF Ledger" v1) by the counterparty that received the output.
-/// The field names are those of `contracts/encoding.py`.
+/// @notice One relay stage's forward or backward of one microbatch. The worker signs it and the
+/// counterparty that received the output countersigns it (EIP-712, domain "GWTF Ledger" v1 of
+/// the WorkLedger). The field names are those of `contracts/encoding.py`.
 struct HopReceipt {
     uint256 runId;
     uint64 epoch;
+    address dataNode; // the data node whose microbatch this is; it certifies the hop
     uint64 iteration;
     uint64 microbatchId;
-    uint16 stage;
+    uint16 stage; // relay stage, 1..stageCount (0 is the data nodes)
     uint8 direction; // 0 forward, 1 backward
     uint16 attempt; // numbered by the sender; a re-send after a crash is a new attempt
     address worker;
@@ -19,75 +20,91 @@ struct HopReceipt {
     uint64 units;
 }
 
-/// @notice A receipt as committed in a node's epoch tree, with its Merkle proof.
-/// `index` is the leaf's position in the node's list; `unitsBefore` the sum of the units of the
-/// leaves before it, so the leaves 0..count-1 of an honest tree chain up to the claimed units.
-struct LeafProof {
-    HopReceipt receipt;
+/// @notice A hop as a data node certifies it: one leaf of its certificate tree for an epoch.
+/// The tree is OpenZeppelin's StandardMerkleTree over these seven values with the leaves in
+/// index order; an honest tree sorts them by (worker, hopKey), strictly, so each worker's hops
+/// form one range, and `unitsBefore` is the sum of the units of the leaves before it.
+struct CertifiedHop {
     uint64 index;
     uint64 unitsBefore;
-    bytes counterpartySignature;
-    bytes32[] proof;
+    address worker;
+    uint64 units;
+    bytes32 hopKey;
+    bytes32 receiptDigest;
+    bytes32 signaturesHash; // keccak256(abi.encode(workerSignature, counterpartySignature))
+}
+
+/// @notice A data node's certificate commitment for one epoch, as submitted.
+struct CertRef {
+    uint256 runId;
+    uint64 epoch;
+    address dataNode;
+    bytes32 root;
+    uint64 count;
+    uint64 units;
 }
 
 /// @title HopReceipts
-/// @notice Hashing rules of hop receipts and their tree leaves, shared by the ledger and mirrored
-/// byte for byte by `contracts/encoding.py`.
+/// @notice Hashing rules of hop receipts and certificate leaves, shared by the ledger and the
+/// disputes contract and mirrored byte for byte by `contracts/encoding.py`.
 library HopReceipts {
     bytes32 internal constant HOP_RECEIPT_TYPEHASH = keccak256(
-        "HopReceipt(uint256 runId,uint64 epoch,uint64 iteration,uint64 microbatchId,uint16 stage,"
-        "uint8 direction,uint16 attempt,address worker,address counterparty,bytes32 inputDigest,"
-        "bytes32 outputDigest,uint64 units)"
+        "HopReceipt(uint256 runId,uint64 epoch,address dataNode,uint64 iteration,uint64 microbatchId,"
+        "uint16 stage,uint8 direction,uint16 attempt,address worker,address counterparty,"
+        "bytes32 inputDigest,bytes32 outputDigest,uint64 units)"
     );
+    bytes32 internal constant DOMAIN_TYPEHASH =
+        keccak256("EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)");
+    bytes32 internal constant LEDGER_NAME_HASH = keccak256("GWTF Ledger");
+    bytes32 internal constant LEDGER_VERSION_HASH = keccak256("1");
 
     uint8 internal constant FORWARD = 0;
     uint8 internal constant BACKWARD = 1;
 
     /// @dev EIP-712 hashStruct of a receipt.
     function structHash(HopReceipt calldata receipt) internal pure returns (bytes32) {
-        return keccak256(
-            abi.encode(
-                HOP_RECEIPT_TYPEHASH,
-                receipt.runId,
-                receipt.epoch,
-                receipt.iteration,
-                receipt.microbatchId,
-                receipt.stage,
-                receipt.direction,
-                receipt.attempt,
-                receipt.worker,
-                receipt.counterparty,
-                receipt.inputDigest,
-                receipt.outputDigest,
-                receipt.units
-            )
-        );
+        return keccak256(abi.encode(HOP_RECEIPT_TYPEHASH, receipt));
     }
 
-    /// @dev The tree leaf: double-hashed like OpenZeppelin's StandardMerkleTree, so that a leaf
-    /// preimage is never 64 bytes and cannot pass for an inner node.
-    function leaf(bytes32 receiptDigest, uint64 index, uint64 unitsBefore, bytes calldata signature)
-        internal
-        pure
-        returns (bytes32)
-    {
-        return keccak256(
-            bytes.concat(keccak256(abi.encode(receiptDigest, index, unitsBefore, keccak256(signature))))
-        );
+    /// @dev The digest worker and counterparty sign, under the ledger at `ledger` on this chain:
+    /// the same digest OpenZeppelin's EIP712 of the ledger computes.
+    function digest(HopReceipt calldata receipt, address ledger) internal view returns (bytes32) {
+        bytes32 separator =
+            keccak256(abi.encode(DOMAIN_TYPEHASH, LEDGER_NAME_HASH, LEDGER_VERSION_HASH, block.chainid, ledger));
+        return keccak256(abi.encodePacked("\x19\x01", separator, structHash(receipt)));
     }
 
-    /// @dev What makes a hop unique: claiming the same key twice is a double claim.
+    /// @dev What makes a hop unique: one worker's try at one stage and direction of one
+    /// microbatch of one data node. Two receipts with one key and different contents are
+    /// conflicting statements of whoever signed both.
     function hopKey(HopReceipt calldata receipt) internal pure returns (bytes32) {
         return keccak256(
             abi.encode(
                 receipt.runId,
                 receipt.epoch,
+                receipt.dataNode,
                 receipt.microbatchId,
                 receipt.stage,
                 receipt.direction,
-                receipt.attempt
+                receipt.attempt,
+                receipt.worker
             )
         );
+    }
+
+    /// @dev The certificate tree's leaf: StandardMerkleTree's double hash of the leaf's values,
+    /// so a leaf preimage is never 64 bytes and cannot pass for an inner node.
+    function leaf(CertifiedHop calldata hop) internal pure returns (bytes32) {
+        return keccak256(bytes.concat(keccak256(abi.encode(hop))));
+    }
+
+    /// @dev What a certificate leaf commits of the two signatures.
+    function signaturesHash(bytes calldata workerSignature, bytes calldata counterpartySignature)
+        internal
+        pure
+        returns (bytes32)
+    {
+        return keccak256(abi.encode(workerSignature, counterpartySignature));
     }
 
     /// @dev The run's schedule: a backward hop costs twice the forward compute of a stage.

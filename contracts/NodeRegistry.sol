@@ -8,10 +8,12 @@ import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
 import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
 
 /// @title NodeRegistry
-/// @notice Volunteers' nodes, their capacity and their stake. A wallet registers a node (an
-/// ECDSA "node address" whose key the node process holds, bound to a libp2p peer id) with a stake;
-/// one wallet may run several nodes. Unstaking leaves the active set at once and unlocks the stake
-/// after an unbonding delay. Only the work ledger may slash.
+/// @notice Volunteers' nodes, their capacity and their stake. A node is one secp256k1 key: its
+/// Ethereum address is the node's address here, the same key is its libp2p identity (so its peer
+/// id follows from its public key) and it signs hop receipts. A wallet registers a node with a
+/// stake and the node key's signature binding the two; one wallet may run several nodes.
+/// Unstaking leaves the active set at once and unlocks the stake after an unbonding delay. Only
+/// the disputes contract may slash.
 contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
     enum NodeStatus {
         None,
@@ -29,20 +31,23 @@ contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
         uint16 maxInFlight;
     }
 
-    /// @dev Slot 0 holds everything the ledger reads when a root is submitted (one cold SLOAD).
+    /// @dev Slot 0 holds what a claim or a join reads; slot 1 the times `bondedDuring` reads.
+    /// The times are written once each, so facts about the past never change.
     struct Node {
         address wallet;
         uint88 stakeWei;
         NodeStatus status;
-        uint40 unlockAt;
         uint40 registeredAt;
-        bytes peerId;
+        uint40 unbondingAt; // 0 until an unstake is requested
+        uint40 slashedAt; // 0 until slashed
         Capacity capacity;
     }
 
-    bytes32 public constant NODE_BINDING_TYPEHASH =
-        keccak256("NodeBinding(address wallet,bytes peerId,address node)");
-    uint256 public constant MAX_PEER_ID_BYTES = 128;
+    bytes32 public constant NODE_BINDING_TYPEHASH = keccak256("NodeBinding(address wallet,address node)");
+    /// @dev A libp2p peer id of a secp256k1 key: identity multihash (0x00, 37 bytes) of the
+    /// protobuf PublicKey {Type: Secp256k1 (0x08 0x02), Data: 33 bytes (0x12 0x21)}.
+    bytes6 internal constant PEER_ID_PREFIX = 0x002508021221;
+    uint256 public constant PUBLIC_KEY_BYTES = 64;
     uint256 public constant MAX_GPU_MODEL_BYTES = 64;
     uint256 public constant MAX_PAGE = 100;
 
@@ -50,15 +55,14 @@ contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
     uint256 public immutable unbondingDelayS;
 
     /// @notice The only contract allowed to slash; set once by the owner after deployment.
-    address public ledger;
+    address public slasher;
     /// @notice Sum of the stakes of all nodes (equals the ETH this contract holds).
     uint256 public totalStakedWei;
 
     mapping(address node => Node) private _nodes;
     mapping(address wallet => address[]) private _walletNodes;
-    mapping(bytes32 peerIdHash => address node) public nodeOfPeerId;
 
-    event LedgerSet(address indexed ledger);
+    event SlasherSet(address indexed slasher);
     event NodeRegistered(
         address indexed node, address indexed wallet, bytes peerId, uint256 stakeWei, Capacity capacity
     );
@@ -68,9 +72,10 @@ contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
     event StakeWithdrawn(address indexed node, address indexed wallet, uint256 amountWei);
     event NodeSlashed(address indexed node, uint256 amountWei);
 
-    error LedgerAlreadySet(address ledger);
-    error NotLedger(address caller);
+    error SlasherAlreadySet(address slasher);
+    error NotSlasher(address caller);
     error ZeroAddress();
+    error ZeroUnbondingDelay();
     error NodeAlreadyRegistered(address node);
     error UnknownNode(address node);
     error NotNodeWallet(address node, address caller);
@@ -80,8 +85,7 @@ contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
     error InsufficientStake(address node, uint256 stakeWei, uint256 requiredWei);
     error ZeroAmount();
     error StakeOverflow(uint256 stakeWei);
-    error PeerIdLengthInvalid(uint256 length, uint256 maxLength);
-    error PeerIdTaken(bytes32 peerIdHash, address node);
+    error PublicKeyInvalid(uint256 length);
     error InvalidCapacity();
     error BadBindingSignature(address node, address signer);
     error TransferFailed(address to, uint256 amountWei);
@@ -95,50 +99,46 @@ contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
     }
 
     /// @param minStakeWei_ Smallest stake a node may register with.
-    /// @param unbondingDelayS_ Seconds between an unstake request and the withdrawal it unlocks.
-    /// @param owner_ Account that wires the ledger once after deployment.
+    /// @param unbondingDelayS_ Seconds between an unstake request and the withdrawal it unlocks;
+    /// every run's windows must fit in it (WorkLedger.openRun checks).
+    /// @param owner_ Account that names the slasher once after deployment.
     constructor(uint256 minStakeWei_, uint256 unbondingDelayS_, address owner_)
         Ownable(owner_)
         EIP712("GWTF Registry", "1")
     {
         if (minStakeWei_ == 0) revert ZeroAmount();
+        if (unbondingDelayS_ == 0) revert ZeroUnbondingDelay();
         minStakeWei = minStakeWei_;
         unbondingDelayS = unbondingDelayS_;
     }
 
-    /// @notice Names the work ledger, the only contract that may slash. Callable once, by the owner.
-    /// @param ledger_ The WorkLedger address.
-    function setLedger(address ledger_) external onlyOwner {
-        if (ledger != address(0)) revert LedgerAlreadySet(ledger);
-        if (ledger_ == address(0)) revert ZeroAddress();
-        ledger = ledger_;
-        emit LedgerSet(ledger_);
+    /// @notice Names the disputes contract, the only one that may slash. Once, by the owner.
+    /// @param slasher_ The Disputes address.
+    function setSlasher(address slasher_) external onlyOwner {
+        if (slasher != address(0)) revert SlasherAlreadySet(slasher);
+        if (slasher_ == address(0)) revert ZeroAddress();
+        slasher = slasher_;
+        emit SlasherSet(slasher_);
     }
 
-    /// @notice Registers `node` for the calling wallet with `msg.value` as stake.
-    /// @param node The node's ECDSA address (its key signs receipts and the binding).
-    /// @param peerId The node's libp2p peer id bytes.
+    /// @notice Registers the node whose public key is `publicKey` for the calling wallet, with
+    /// `msg.value` as stake. The node's address and libp2p peer id both follow from the key, so
+    /// nobody can bind another's peer id: the key itself must sign the binding.
+    /// @param publicKey The node's uncompressed secp256k1 public key, x ‖ y (64 bytes).
     /// @param capacity What the node offers.
-    /// @param bindingSignature The node key's EIP-712 signature of NodeBinding(wallet, peerId, node).
-    function registerNode(
-        address node,
-        bytes calldata peerId,
-        Capacity calldata capacity,
-        bytes calldata bindingSignature
-    ) external payable {
-        if (node == address(0)) revert ZeroAddress();
+    /// @param bindingSignature The node key's EIP-712 signature of NodeBinding(wallet, node).
+    function registerNode(bytes calldata publicKey, Capacity calldata capacity, bytes calldata bindingSignature)
+        external
+        payable
+    {
+        address node = nodeAddressOf(publicKey);
         if (_nodes[node].status != NodeStatus.None) revert NodeAlreadyRegistered(node);
-        if (peerId.length == 0 || peerId.length > MAX_PEER_ID_BYTES) {
-            revert PeerIdLengthInvalid(peerId.length, MAX_PEER_ID_BYTES);
-        }
-        bytes32 peerIdHash = keccak256(peerId);
-        if (nodeOfPeerId[peerIdHash] != address(0)) {
-            revert PeerIdTaken(peerIdHash, nodeOfPeerId[peerIdHash]);
-        }
         _checkCapacity(capacity);
         if (msg.value < minStakeWei) revert InsufficientStake(node, msg.value, minStakeWei);
         if (msg.value > type(uint88).max) revert StakeOverflow(msg.value);
-        address signer = ECDSA.recover(bindingDigest(msg.sender, peerId, node), bindingSignature);
+        // The signer's address is keccak256 of its public key, so a match also proves that
+        // `publicKey` is the signer's: no other key hashes to that address.
+        address signer = ECDSA.recover(bindingDigest(msg.sender, node), bindingSignature);
         if (signer != node) revert BadBindingSignature(node, signer);
 
         Node storage record = _nodes[node];
@@ -146,12 +146,10 @@ contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
         record.stakeWei = uint88(msg.value);
         record.status = NodeStatus.Active;
         record.registeredAt = uint40(block.timestamp);
-        record.peerId = peerId;
         record.capacity = capacity;
-        nodeOfPeerId[peerIdHash] = node;
         _walletNodes[msg.sender].push(node);
         totalStakedWei += msg.value;
-        emit NodeRegistered(node, msg.sender, peerId, msg.value, capacity);
+        emit NodeRegistered(node, msg.sender, peerIdOf(publicKey), msg.value, capacity);
     }
 
     /// @notice Adds `msg.value` to an active node's stake.
@@ -183,10 +181,9 @@ contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
     function requestUnstake(address node) external onlyNodeWallet(node) {
         Node storage record = _nodes[node];
         if (record.status != NodeStatus.Active) revert NodeNotActive(node, record.status);
-        uint256 unlockAt = block.timestamp + unbondingDelayS;
         record.status = NodeStatus.Unbonding;
-        record.unlockAt = uint40(unlockAt);
-        emit UnstakeRequested(node, unlockAt);
+        record.unbondingAt = uint40(block.timestamp);
+        emit UnstakeRequested(node, block.timestamp + unbondingDelayS);
     }
 
     /// @notice Sends an unbonded node's stake to its wallet once the unbonding delay has passed.
@@ -194,9 +191,8 @@ contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
     function withdrawStake(address node) external nonReentrant onlyNodeWallet(node) {
         Node storage record = _nodes[node];
         if (record.status != NodeStatus.Unbonding) revert NodeNotUnbonding(node, record.status);
-        if (block.timestamp < record.unlockAt) {
-            revert StakeStillLocked(node, record.unlockAt, block.timestamp);
-        }
+        uint256 unlocksAt = uint256(record.unbondingAt) + unbondingDelayS;
+        if (block.timestamp < unlocksAt) revert StakeStillLocked(node, unlocksAt, block.timestamp);
         uint256 amount = record.stakeWei;
         record.stakeWei = 0;
         record.status = NodeStatus.Withdrawn;
@@ -205,36 +201,47 @@ contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
         _send(msg.sender, amount);
     }
 
-    /// @notice Confiscates the node's whole stake and sends it to the ledger, which shares it
-    /// between the challenger and the run's pool. Only the ledger may call; a node with nothing
+    /// @notice Confiscates the node's whole stake and sends it to the slasher, which pays the
+    /// challenger's bounty and burns the rest. Only the slasher may call; a node with nothing
     /// left at stake yields 0.
     /// @param node The convicted node.
     /// @return amountWei The stake taken.
     function slash(address node) external nonReentrant returns (uint256 amountWei) {
-        if (msg.sender != ledger) revert NotLedger(msg.sender);
+        if (msg.sender != slasher) revert NotSlasher(msg.sender);
         Node storage record = _nodes[node];
         if (record.status == NodeStatus.None) revert UnknownNode(node);
         amountWei = record.stakeWei;
         record.stakeWei = 0;
+        if (record.slashedAt == 0) record.slashedAt = uint40(block.timestamp);
         if (record.status != NodeStatus.Withdrawn) record.status = NodeStatus.Slashed;
         totalStakedWei -= amountWei;
         emit NodeSlashed(node, amountWei);
         _send(msg.sender, amountWei);
     }
 
-    /// @notice The EIP-712 digest the node key signs to bind itself to `wallet` and `peerId`.
+    /// @notice The EIP-712 digest the node key signs to bind itself to `wallet`.
     /// @param wallet The wallet that registers the node.
-    /// @param peerId The libp2p peer id bytes.
     /// @param node The node address.
     /// @return The digest (binds chain id and this registry's address through the domain).
-    function bindingDigest(address wallet, bytes calldata peerId, address node)
-        public
-        view
-        returns (bytes32)
-    {
-        return _hashTypedDataV4(
-            keccak256(abi.encode(NODE_BINDING_TYPEHASH, wallet, keccak256(peerId), node))
-        );
+    function bindingDigest(address wallet, address node) public view returns (bytes32) {
+        return _hashTypedDataV4(keccak256(abi.encode(NODE_BINDING_TYPEHASH, wallet, node)));
+    }
+
+    /// @notice The node address of a public key: the last 20 bytes of its keccak256.
+    /// @param publicKey The uncompressed secp256k1 public key, x ‖ y.
+    /// @return The address.
+    function nodeAddressOf(bytes calldata publicKey) public pure returns (address) {
+        if (publicKey.length != PUBLIC_KEY_BYTES) revert PublicKeyInvalid(publicKey.length);
+        return address(uint160(uint256(keccak256(publicKey))));
+    }
+
+    /// @notice The libp2p peer id of a public key: the identity multihash of its compressed form.
+    /// @param publicKey The uncompressed secp256k1 public key, x ‖ y.
+    /// @return The peer id bytes (39).
+    function peerIdOf(bytes calldata publicKey) public pure returns (bytes memory) {
+        if (publicKey.length != PUBLIC_KEY_BYTES) revert PublicKeyInvalid(publicKey.length);
+        bytes1 parity = uint8(publicKey[63]) % 2 == 0 ? bytes1(0x02) : bytes1(0x03);
+        return bytes.concat(PEER_ID_PREFIX, parity, publicKey[:32]);
     }
 
     /// @notice Everything known about a node.
@@ -244,22 +251,38 @@ contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
         return _nodes[node];
     }
 
-    /// @notice The fields the ledger needs to accept a claim or a join, in one call.
+    /// @notice The fields a join, a submission or a claim needs, in one call.
     /// @param node The node address.
     /// @return wallet Its wallet (zero when unknown).
     /// @return stakeWei Its stake at risk.
     /// @return status Its status.
-    /// @return unlockAt When an unbonding stake unlocks (0 when not unbonding).
-    function bondOf(address node)
-        external
-        view
-        returns (address wallet, uint256 stakeWei, NodeStatus status, uint256 unlockAt)
-    {
+    function bondOf(address node) external view returns (address wallet, uint256 stakeWei, NodeStatus status) {
         Node storage record = _nodes[node];
-        status = record.status;
-        // unlockAt lives in the second slot: read it only when it means something.
-        unlockAt = status == NodeStatus.Unbonding ? record.unlockAt : 0;
-        return (record.wallet, record.stakeWei, status, unlockAt);
+        return (record.wallet, record.stakeWei, record.status);
+    }
+
+    /// @notice Whether the node had its stake at risk at some time in [from, to): registered
+    /// before `to`, and neither unbonding nor slashed before `from`. It reads only times written
+    /// once, so the answer for a past interval never changes.
+    /// @param node The node address.
+    /// @param from Start of the interval.
+    /// @param to End of the interval.
+    /// @return True when bonded in it.
+    function bondedDuring(address node, uint256 from, uint256 to) external view returns (bool) {
+        Node storage record = _nodes[node];
+        uint256 registeredAt = record.registeredAt;
+        uint256 unbondingAt = record.unbondingAt;
+        uint256 slashedAt = record.slashedAt;
+        return registeredAt != 0 && registeredAt < to && (unbondingAt == 0 || unbondingAt > from)
+            && (slashedAt == 0 || slashedAt > from);
+    }
+
+    /// @notice When an unbonding node's stake unlocks (0 when it is not unbonding).
+    /// @param node The node address.
+    /// @return The time.
+    function unlockAt(address node) external view returns (uint256) {
+        Node storage record = _nodes[node];
+        return record.status == NodeStatus.Unbonding ? uint256(record.unbondingAt) + unbondingDelayS : 0;
     }
 
     /// @notice Whether the node is in the active set (registered, staked, not unbonding).
@@ -281,11 +304,7 @@ contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
     /// @param offset First index.
     /// @param limit Most entries returned (at most MAX_PAGE).
     /// @return page The node addresses.
-    function nodesOf(address wallet, uint256 offset, uint256 limit)
-        external
-        view
-        returns (address[] memory page)
-    {
+    function nodesOf(address wallet, uint256 offset, uint256 limit) external view returns (address[] memory page) {
         if (limit > MAX_PAGE) revert PageTooLarge(limit, MAX_PAGE);
         address[] storage all = _walletNodes[wallet];
         uint256 end = offset + limit < all.length ? offset + limit : all.length;

@@ -5,9 +5,11 @@ import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol
 import {NodeRegistry} from "./NodeRegistry.sol";
 
 /// @title RunBook
-/// @notice Training runs: a sponsor opens a run with its schedule and reward budget, funds and
-/// closes it; staked nodes join and leave it. The work ledger (which extends this contract) keeps
-/// the run's funds here, so rewards, slashed stake and refunds move within one balance sheet.
+/// @notice Training runs: a sponsor opens a run with its schedule and reward budget, names its
+/// data nodes, funds and closes it; staked relays join and leave it. The work ledger (which
+/// extends this contract) keeps the run's funds here, so rewards and refunds move within one
+/// balance sheet. Membership and data-node times are written once each, so whether a node took
+/// part in a past epoch never changes.
 abstract contract RunBook is ReentrancyGuard {
     /// @notice What a sponsor fixes when opening a run.
     struct RunConfig {
@@ -21,8 +23,8 @@ abstract contract RunBook is ReentrancyGuard {
         uint96 minStakeWei;
     }
 
-    /// @dev Packed so that accepting a root reads three slots: slot 0 (sponsor, timing, state),
-    /// slot 1 (funds) and slot 2 (schedule).
+    /// @dev Packed so that accepting a certificate reads three slots: slot 0 (sponsor, timing,
+    /// state), slot 1 (funds) and slot 2 (schedule).
     struct Run {
         address sponsor;
         uint40 startTime;
@@ -40,28 +42,32 @@ abstract contract RunBook is ReentrancyGuard {
     }
 
     struct Membership {
-        bool joined; // ever joined: receipts it countersigned while a member stay valid
+        uint40 joinedAt; // 0 until it joins; a node joins a run once
+        uint40 leftAt; // 0 until it leaves
         uint32 positionPlusOne; // 1-based position in the member list, 0 when not a member now
     }
 
     uint256 public constant MAX_STAGES = 1024;
     uint256 public constant MAX_EPOCH_LENGTH_S = 30 days;
+    /// @notice The shortest challenge window: time to fetch a tree, check it and commit to a
+    /// proof a block before revealing it.
+    uint256 public constant MIN_CHALLENGE_WINDOW_S = 600;
     uint256 public constant MAX_RUN_PAGE = 100;
     uint64 internal constant OPEN_ENDED = type(uint64).max;
 
     NodeRegistry public immutable registry;
-    /// @notice Seconds a challenged node has to reveal the leaf asked for.
-    uint256 public immutable revealPeriodS;
 
     uint256 public runCount;
     mapping(uint256 runId => Run) internal _runs;
     mapping(uint256 runId => address[]) internal _members;
     mapping(uint256 runId => mapping(address node => Membership)) internal _membership;
+    mapping(uint256 runId => mapping(address node => uint40 since)) internal _dataNodeSince;
 
     event RunOpened(uint256 indexed runId, address indexed sponsor, RunConfig config, uint256 fundedWei);
     event RunFunded(uint256 indexed runId, address indexed funder, uint256 amountWei, uint256 availableWei);
     event RunClosed(uint256 indexed runId, uint64 lastEpoch, uint256 refundableAt);
     event RefundWithdrawn(uint256 indexed runId, address indexed sponsor, uint256 amountWei);
+    event DataNodeAdded(uint256 indexed runId, address indexed node);
     event RunJoined(uint256 indexed runId, address indexed node);
     event RunLeft(uint256 indexed runId, address indexed node);
 
@@ -75,8 +81,9 @@ abstract contract RunBook is ReentrancyGuard {
     error FundsOverflow(uint256 availableWei);
     error StageCountOutOfRange(uint256 stageCount, uint256 maxStages);
     error EpochLengthOutOfRange(uint256 epochLengthS, uint256 maxEpochLengthS);
-    error ZeroChallengeWindow();
-    error ZeroUnitsPerHop();
+    error ChallengeWindowTooShort(uint256 challengeWindowS, uint256 minChallengeWindowS);
+    error UnitsPerHopOutOfRange(uint256 unitsPerHop, uint256 maxUnitsPerHop);
+    error MinStakeTooLarge(uint256 minStakeWei, uint256 maxStakeWei);
     error ZeroRewardPerEpoch();
     error MinStakeBelowRegistry(uint256 minStakeWei, uint256 registryMinStakeWei);
     error WindowsExceedUnbonding(uint256 requiredS, uint256 unbondingDelayS);
@@ -84,13 +91,15 @@ abstract contract RunBook is ReentrancyGuard {
     error NodeNotActive(address node);
     error StakeBelowRunMinimum(address node, uint256 stakeWei, uint256 requiredWei);
     error AlreadyMember(uint256 runId, address node);
+    error AlreadyLeft(uint256 runId, address node);
     error NotMember(uint256 runId, address node);
+    error AlreadyDataNode(uint256 runId, address node);
+    error DataNodeNotSponsors(address node, address wallet);
     error PageTooLarge(uint256 limit, uint256 maxLimit);
     error TransferFailed(address to, uint256 amountWei);
 
-    constructor(NodeRegistry registry_, uint256 revealPeriodS_) {
+    constructor(NodeRegistry registry_) {
         registry = registry_;
-        revealPeriodS = revealPeriodS_;
     }
 
     modifier onlySponsor(uint256 runId) {
@@ -133,8 +142,25 @@ abstract contract RunBook is ReentrancyGuard {
         emit RunFunded(runId, msg.sender, msg.value, run.availableWei);
     }
 
+    /// @notice Names one of the sponsor's nodes a data node of the run: it certifies the hops of
+    /// the microbatches it completes. For good: a data node stays one. Sponsor only.
+    /// @param runId The run.
+    /// @param node The node (registered by the sponsor's wallet, active, with the run's stake).
+    function addDataNode(uint256 runId, address node) external onlySponsor(runId) {
+        Run storage run = _runs[runId];
+        if (run.closed) revert RunIsClosed(runId);
+        (address wallet, uint256 stakeWei, NodeRegistry.NodeStatus status) = registry.bondOf(node);
+        if (wallet != msg.sender) revert DataNodeNotSponsors(node, wallet);
+        if (status != NodeRegistry.NodeStatus.Active) revert NodeNotActive(node);
+        if (stakeWei < run.minStakeWei) revert StakeBelowRunMinimum(node, stakeWei, run.minStakeWei);
+        if (_membership[runId][node].joinedAt != 0) revert AlreadyMember(runId, node);
+        if (_dataNodeSince[runId][node] != 0) revert AlreadyDataNode(runId, node);
+        _dataNodeSince[runId][node] = uint40(block.timestamp);
+        emit DataNodeAdded(runId, node);
+    }
+
     /// @notice Closes a run: the epoch in progress is its last; unreserved funds become
-    /// refundable once that epoch's roots are all in (its submission period is over).
+    /// refundable once that epoch's certificates are all in (its submission period is over).
     /// @param runId The run.
     function closeRun(uint256 runId) external onlySponsor(runId) {
         Run storage run = _runs[runId];
@@ -146,7 +172,7 @@ abstract contract RunBook is ReentrancyGuard {
     }
 
     /// @notice Sends the closed run's unreserved funds to the sponsor. Can be called again when
-    /// slashed stake or a voided epoch's budget flows back into the pool later.
+    /// a voided epoch's budget or rounding dust flows back into the pool later.
     /// @param runId The run.
     function withdrawRefund(uint256 runId) external nonReentrant onlySponsor(runId) {
         Run storage run = _runs[runId];
@@ -160,30 +186,33 @@ abstract contract RunBook is ReentrancyGuard {
         _send(msg.sender, amount);
     }
 
-    /// @notice Adds an active node with enough stake to the run. Node's wallet only.
+    /// @notice Adds an active relay with enough stake to the run. Node's wallet only; a node
+    /// joins a run once.
     /// @param runId The run.
     /// @param node The node.
     function joinRun(uint256 runId, address node) external {
         Run storage run = _existingRun(runId);
         if (run.closed) revert RunIsClosed(runId);
-        (address wallet, uint256 stakeWei, NodeRegistry.NodeStatus status,) = registry.bondOf(node);
+        (address wallet, uint256 stakeWei, NodeRegistry.NodeStatus status) = registry.bondOf(node);
         if (wallet != msg.sender) revert NotNodeWallet(node, msg.sender);
         if (status != NodeRegistry.NodeStatus.Active) revert NodeNotActive(node);
         if (stakeWei < run.minStakeWei) revert StakeBelowRunMinimum(node, stakeWei, run.minStakeWei);
+        if (_dataNodeSince[runId][node] != 0) revert AlreadyDataNode(runId, node);
         Membership storage membership = _membership[runId][node];
-        if (membership.positionPlusOne != 0) revert AlreadyMember(runId, node);
+        if (membership.leftAt != 0) revert AlreadyLeft(runId, node);
+        if (membership.joinedAt != 0) revert AlreadyMember(runId, node);
         _members[runId].push(node);
-        membership.joined = true;
+        membership.joinedAt = uint40(block.timestamp);
         membership.positionPlusOne = uint32(_members[runId].length);
         emit RunJoined(runId, node);
     }
 
-    /// @notice Removes the node from the run's member list. Node's wallet only.
+    /// @notice Removes the node from the run for good. Node's wallet only.
     /// @param runId The run.
     /// @param node The node.
     function leaveRun(uint256 runId, address node) external {
         _existingRun(runId);
-        (address wallet,,,) = registry.bondOf(node);
+        (address wallet,,) = registry.bondOf(node);
         if (wallet != msg.sender) revert NotNodeWallet(node, msg.sender);
         Membership storage membership = _membership[runId][node];
         uint256 position = membership.positionPlusOne;
@@ -194,6 +223,7 @@ abstract contract RunBook is ReentrancyGuard {
         _membership[runId][moved].positionPlusOne = uint32(position);
         members.pop();
         membership.positionPlusOne = 0;
+        membership.leftAt = uint40(block.timestamp);
         emit RunLeft(runId, node);
     }
 
@@ -212,23 +242,23 @@ abstract contract RunBook is ReentrancyGuard {
         return uint64((block.timestamp - run.startTime) / run.epochLengthS);
     }
 
-    /// @notice The times that frame an epoch's claims.
+    /// @notice The times that frame an epoch's work and its certificates.
     /// @param runId The run.
     /// @param epoch The epoch.
-    /// @return submitOpensAt Roots are accepted from the epoch's end...
+    /// @return startsAt The epoch's work starts here...
+    /// @return endsAt ...and ends here, when its certificates are accepted...
     /// @return submitClosesAt ...for one epoch length;
-    /// @return challengeEndsAt index challenges may be opened until here;
     /// @return settlesAt fraud proofs are judged until here, rewards are paid from here.
     function epochTimes(uint256 runId, uint64 epoch)
         public
         view
-        returns (uint256 submitOpensAt, uint256 submitClosesAt, uint256 challengeEndsAt, uint256 settlesAt)
+        returns (uint256 startsAt, uint256 endsAt, uint256 submitClosesAt, uint256 settlesAt)
     {
         Run storage run = _existingRun(runId);
-        submitOpensAt = uint256(run.startTime) + (uint256(epoch) + 1) * run.epochLengthS;
-        submitClosesAt = submitOpensAt + run.epochLengthS;
-        challengeEndsAt = submitClosesAt + run.challengeWindowS;
-        settlesAt = challengeEndsAt + revealPeriodS;
+        startsAt = uint256(run.startTime) + uint256(epoch) * run.epochLengthS;
+        endsAt = startsAt + run.epochLengthS;
+        submitClosesAt = endsAt + run.epochLengthS;
+        settlesAt = submitClosesAt + run.challengeWindowS;
     }
 
     /// @notice When a closed run's sponsor may withdraw the unreserved funds.
@@ -237,16 +267,45 @@ abstract contract RunBook is ReentrancyGuard {
     function refundableAt(uint256 runId) public view returns (uint256) {
         Run storage run = _existingRun(runId);
         if (!run.closed) return 0;
-        (, uint256 submitClosesAt,,) = epochTimes(runId, run.lastEpoch);
+        (,, uint256 submitClosesAt,) = epochTimes(runId, run.lastEpoch);
         return submitClosesAt;
     }
 
-    /// @notice Whether the node ever joined the run (so its countersignatures count there).
+    /// @notice Whether the node was a member of the run at some time in [from, to).
     /// @param runId The run.
     /// @param node The node.
-    /// @return True when it joined at some time.
-    function hasJoined(uint256 runId, address node) public view returns (bool) {
-        return _membership[runId][node].joined;
+    /// @param from Start of the interval.
+    /// @param to End of the interval.
+    /// @return True when it was.
+    function wasMemberDuring(uint256 runId, address node, uint256 from, uint256 to) public view returns (bool) {
+        Membership storage membership = _membership[runId][node];
+        uint256 joinedAt = membership.joinedAt;
+        uint256 leftAt = membership.leftAt;
+        return joinedAt != 0 && joinedAt < to && (leftAt == 0 || leftAt > from);
+    }
+
+    /// @notice Whether the node was a data node of the run at some time before `to`.
+    /// @param runId The run.
+    /// @param node The node.
+    /// @param to End of the interval.
+    /// @return True when it was.
+    function wasDataNodeBefore(uint256 runId, address node, uint256 to) public view returns (bool) {
+        uint256 since = _dataNodeSince[runId][node];
+        return since != 0 && since < to;
+    }
+
+    /// @notice Whether the peer behind `node` may be served in the run now: a member or a data
+    /// node of it, active, with at least the run's minimum stake.
+    /// @param runId The run.
+    /// @param node The node.
+    /// @return True when admitted.
+    function isAdmitted(uint256 runId, address node) external view returns (bool) {
+        Run storage run = _runs[runId];
+        if (run.sponsor == address(0)) return false;
+        bool takesPart = _membership[runId][node].positionPlusOne != 0 || _dataNodeSince[runId][node] != 0;
+        if (!takesPart) return false;
+        (, uint256 stakeWei, NodeRegistry.NodeStatus status) = registry.bondOf(node);
+        return status == NodeRegistry.NodeStatus.Active && stakeWei >= run.minStakeWei;
     }
 
     /// @notice How many nodes are members of the run now (active or not).
@@ -287,15 +346,23 @@ abstract contract RunBook is ReentrancyGuard {
         if (config.epochLengthS == 0 || config.epochLengthS > MAX_EPOCH_LENGTH_S) {
             revert EpochLengthOutOfRange(config.epochLengthS, MAX_EPOCH_LENGTH_S);
         }
-        if (config.challengeWindowS == 0) revert ZeroChallengeWindow();
-        if (config.unitsPerHop == 0) revert ZeroUnitsPerHop();
+        if (config.challengeWindowS < MIN_CHALLENGE_WINDOW_S) {
+            revert ChallengeWindowTooShort(config.challengeWindowS, MIN_CHALLENGE_WINDOW_S);
+        }
+        // A backward hop earns twice unitsPerHop, which must still fit a receipt's uint64.
+        if (config.unitsPerHop == 0 || config.unitsPerHop > type(uint64).max / 2) {
+            revert UnitsPerHopOutOfRange(config.unitsPerHop, type(uint64).max / 2);
+        }
+        // A node's stake is a uint88: a higher minimum would let nobody take part.
+        if (config.minStakeWei > type(uint88).max) revert MinStakeTooLarge(config.minStakeWei, type(uint88).max);
         if (config.rewardPerEpochWei == 0) revert ZeroRewardPerEpoch();
         uint256 registryMin = registry.minStakeWei();
         if (config.minStakeWei < registryMin) revert MinStakeBelowRegistry(config.minStakeWei, registryMin);
-        // A node that unstakes while working must stay slashable until every claim it can still
-        // submit has been judged: two epochs (the one in progress and its submission period),
-        // the challenge window and the reveal period.
-        uint256 requiredS = 2 * uint256(config.epochLengthS) + config.challengeWindowS + revealPeriodS;
+        // Everything a node can be slashed for in epoch e is judged before settlesAt(e) =
+        // start(e) + 2 epoch lengths + the challenge window, and a node bonded during e began
+        // unbonding after start(e): with this, its stake unlocks only after settlesAt(e), and
+        // proofs (t < settlesAt) and withdrawals (t >= unlock) can never meet.
+        uint256 requiredS = 2 * uint256(config.epochLengthS) + config.challengeWindowS;
         uint256 unbondingS = registry.unbondingDelayS();
         if (requiredS > unbondingS) revert WindowsExceedUnbonding(requiredS, unbondingS);
     }

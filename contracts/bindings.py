@@ -25,7 +25,7 @@ from web3.exceptions import ContractLogicError
 from web3.types import TxParams, TxReceipt, Wei
 
 from contracts.artifacts import Artifacts, load_artifacts
-from contracts.encoding import ClaimRef
+from contracts.encoding import CertRef
 from gwtf.errors import ChainError
 
 try:  # eth-tester is a test/devnet dependency; a node talking to a real RPC may lack it.
@@ -45,10 +45,14 @@ HINTS: Mapping[str, str] = {
     "StakeBelowRunMinimum": "add stake to the node before joining or submitting",
     "NotNodeWallet": "send from the wallet that registered the node",
     "NotSponsor": "send from the run's sponsor account",
-    "SubmissionClosed": "submit an epoch's root during the epoch after it",
+    "SubmissionClosed": "submit an epoch's certificates during the epoch after it",
     "StakeStillLocked": "wait until the unbonding delay has passed",
     "NotSettled": "wait until the epoch settles (see epochTimes)",
     "NothingToWithdraw": "there is nothing owed to this account",
+    "NotDataNode": "the sponsor names a run's data nodes with addDataNode",
+    "AlreadyClaimed": "this range was claimed already",
+    "NoCommitment": "commit to the proof first and reveal it a block later",
+    "CommitmentTooRecent": "reveal the proof in a later block than its commitment",
 }
 DEFAULT_HINT = "check the arguments and the contract state (see contracts/README.md)"
 
@@ -206,9 +210,7 @@ class SuiteParams:
 
     min_stake_wei: int = 10**18
     unbonding_delay_s: int = 7 * 24 * 3600
-    reveal_period_s: int = 3600
-    index_challenge_bond_wei: int = 10**16
-    bounty_bps: int = 5_000
+    bounty_bps: int = 500
 
 
 @dataclass(frozen=True)
@@ -218,10 +220,15 @@ class Suite:
     w3: Web3
     registry: Contract
     ledger: Contract
+    disputes: Contract
 
     @property
     def addresses(self) -> dict[str, str]:
-        return {"NodeRegistry": self.registry.address, "WorkLedger": self.ledger.address}
+        return {
+            "NodeRegistry": self.registry.address,
+            "WorkLedger": self.ledger.address,
+            "Disputes": self.disputes.address,
+        }
 
 
 def deploy_contract(w3: Web3, name: str, sender: str, *args: Any) -> Contract:
@@ -245,30 +252,29 @@ def attach(w3: Web3, name: str, address: str) -> Contract:
 
 
 def deploy_suite(w3: Web3, deployer: str, params: SuiteParams | None = None) -> Suite:
-    """Deploys NodeRegistry and WorkLedger and names the ledger in the registry."""
+    """Deploys NodeRegistry, WorkLedger and Disputes, and names Disputes the registry's slasher
+    and the ledger's disputes."""
     params = params or SuiteParams()
     registry = deploy_contract(
         w3, "NodeRegistry", deployer, params.min_stake_wei, params.unbonding_delay_s, deployer
     )
-    ledger = deploy_contract(
-        w3,
-        "WorkLedger",
-        deployer,
-        registry.address,
-        params.reveal_period_s,
-        params.index_challenge_bond_wei,
-        params.bounty_bps,
+    ledger = deploy_contract(w3, "WorkLedger", deployer, registry.address, deployer)
+    disputes = deploy_contract(
+        w3, "Disputes", deployer, registry.address, ledger.address, params.bounty_bps
     )
-    transact(w3, registry.functions.setLedger(ledger.address), deployer)
-    return Suite(w3, registry, ledger)
+    transact(w3, registry.functions.setSlasher(disputes.address), deployer)
+    transact(w3, ledger.functions.setDisputes(disputes.address), deployer)
+    return Suite(w3, registry, ledger, disputes)
 
 
-def find_claim(ledger: Contract, run_id: int, epoch: int, node: str) -> ClaimRef | None:
-    """The claim a node submitted for an epoch, read back from its EpochRootSubmitted event."""
-    logs = ledger.events.EpochRootSubmitted.get_logs(
-        argument_filters={"runId": run_id, "epoch": epoch, "node": node}, from_block=0
+def find_certificate(ledger: Contract, run_id: int, epoch: int, data_node: str) -> CertRef | None:
+    """The certificate a data node submitted for an epoch, from its CertificatesSubmitted event."""
+    logs = ledger.events.CertificatesSubmitted.get_logs(
+        argument_filters={"runId": run_id, "epoch": epoch, "dataNode": data_node}, from_block=0
     )
     if not logs:
         return None
     args = logs[-1]["args"]
-    return ClaimRef(run_id, epoch, args["node"], bytes(args["root"]), args["count"], args["units"])
+    return CertRef(
+        run_id, epoch, args["dataNode"], bytes(args["root"]), args["count"], args["units"]
+    )

@@ -1,10 +1,11 @@
-"""The Python mirror of the on-chain encoding: hop receipts, EIP-712 digests, tree leaves.
+"""The Python mirror of the on-chain encoding: hop receipts, certificate leaves, node bindings.
 
-Owns the byte-exact rules that `HopReceipts.sol`, `WorkLedger.sol` and `NodeRegistry.sol` apply:
-the ``HopReceipt`` struct (same field names as Solidity), the EIP-712 domains ("GWTF Ledger" v1
-for receipts, "GWTF Registry" v1 for node bindings), receipt digests and signatures, and the
-double-hashed leaf ``keccak256(keccak256(abi.encode(digest, index, unitsBefore,
-keccak256(counterpartySignature))))`` that commits a receipt to its place in a node's epoch tree.
+Owns the byte-exact rules that `HopReceipts.sol`, `WorkLedger.sol`, `Disputes.sol` and
+`NodeRegistry.sol` apply: the ``HopReceipt`` struct (same field names as Solidity), the EIP-712
+domains ("GWTF Ledger" v1 for receipts, "GWTF Registry" v1 for node bindings), receipt digests,
+hop keys and signatures, the ``CertifiedHop`` leaf of a data node's certificate tree (an
+OpenZeppelin StandardMerkleTree leaf), and a node's identity: one secp256k1 key whose address is
+the node on chain and whose compressed public key is its libp2p peer id.
 Pure: no chain, no clock. Golden vectors in ``tests/contracts/test_encoding.py`` pin every rule.
 """
 
@@ -14,15 +15,11 @@ import functools
 from dataclasses import dataclass, fields
 from typing import Final
 
+import coincurve
 from eth_abi.abi import encode
-from eth_account import Account
-from eth_hash.auto import keccak as keccak256
-from eth_keys.datatypes import Signature
-from eth_keys.exceptions import BadSignature
 from eth_utils.address import to_checksum_address
-from eth_utils.crypto import keccak
-from eth_utils.exceptions import ValidationError
 
+from contracts.keccak import keccak256
 from gwtf.errors import ProtocolError
 
 FORWARD: Final = 0
@@ -36,17 +33,18 @@ EIP712_DOMAIN_TYPE: Final = (
     "EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)"
 )
 HOP_RECEIPT_TYPE: Final = (
-    "HopReceipt(uint256 runId,uint64 epoch,uint64 iteration,uint64 microbatchId,uint16 stage,"
-    "uint8 direction,uint16 attempt,address worker,address counterparty,bytes32 inputDigest,"
-    "bytes32 outputDigest,uint64 units)"
+    "HopReceipt(uint256 runId,uint64 epoch,address dataNode,uint64 iteration,uint64 microbatchId,"
+    "uint16 stage,uint8 direction,uint16 attempt,address worker,address counterparty,"
+    "bytes32 inputDigest,bytes32 outputDigest,uint64 units)"
 )
-NODE_BINDING_TYPE: Final = "NodeBinding(address wallet,bytes peerId,address node)"
-HOP_RECEIPT_TYPE_HASH: Final = keccak(text=HOP_RECEIPT_TYPE)
+HOP_RECEIPT_TYPE_HASH: Final = keccak256(HOP_RECEIPT_TYPE.encode())
+NODE_BINDING_TYPE: Final = "NodeBinding(address wallet,address node)"
 
-# (solidity type, python field) in struct order; the EIP-712 type string above lists the same.
+# Solidity types of HopReceipt's fields, in struct order; the EIP-712 type string lists the same.
 HOP_RECEIPT_ABI_TYPES: Final = (
     "uint256",
     "uint64",
+    "address",
     "uint64",
     "uint64",
     "uint16",
@@ -58,7 +56,21 @@ HOP_RECEIPT_ABI_TYPES: Final = (
     "bytes32",
     "uint64",
 )
+# The certificate tree's leaf values, as OpenZeppelin's StandardMerkleTree is given them.
+CERTIFIED_HOP_ABI_TYPES: Final = (
+    "uint64",
+    "uint64",
+    "address",
+    "uint64",
+    "bytes32",
+    "bytes32",
+    "bytes32",
+)
 SIGNATURE_BYTES: Final = 65
+PUBLIC_KEY_BYTES: Final = 64
+# A libp2p peer id of a secp256k1 key: identity multihash of the protobuf PublicKey
+# {Type: Secp256k1, Data: the 33-byte compressed key}.
+PEER_ID_PREFIX: Final = bytes.fromhex("002508021221")
 # secp256k1 order / 2: OpenZeppelin's ECDSA rejects signatures with a larger s (malleability).
 SECP256K1_HALF_ORDER: Final = 0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0
 MAX_UINT = {bits: (1 << bits) - 1 for bits in (8, 16, 64, 256)}
@@ -80,14 +92,14 @@ class Eip712Domain:
 
 @functools.cache
 def _domain_separator(domain: Eip712Domain) -> bytes:
-    # Cached: a node hashes every receipt of an epoch under one domain.
-    return keccak(
+    # Cached: a data node hashes every receipt of an epoch under one domain.
+    return keccak256(
         encode(
             ["bytes32", "bytes32", "bytes32", "uint256", "address"],
             [
-                keccak(text=EIP712_DOMAIN_TYPE),
-                keccak(text=domain.name),
-                keccak(text=domain.version),
+                keccak256(EIP712_DOMAIN_TYPE.encode()),
+                keccak256(domain.name.encode()),
+                keccak256(domain.version.encode()),
                 domain.chain_id,
                 to_checksum_address(domain.verifying_contract),
             ],
@@ -107,11 +119,13 @@ def registry_domain(chain_id: int, registry_address: str) -> Eip712Domain:
 
 @dataclass(frozen=True)
 class HopReceipt:
-    """One stage's forward (direction 0) or backward (1) of one microbatch; mirrors Solidity."""
+    """One relay stage's forward (direction 0) or backward (1) of one microbatch; mirrors
+    Solidity. ``dataNode`` is the data node whose microbatch it is and which certifies it."""
 
     # Field names are Solidity's (camelCase), so the mirror can be diffed against the contract.
     runId: int
     epoch: int
+    dataNode: str
     iteration: int
     microbatchId: int
     stage: int
@@ -127,13 +141,12 @@ class HopReceipt:
         for field, abi_type in zip(fields(self), HOP_RECEIPT_ABI_TYPES, strict=True):
             value = getattr(self, field.name)
             if abi_type.startswith("uint"):
-                _check_uint(field.name, value, int(abi_type[4:]))
+                check_uint(field.name, value, int(abi_type[4:]))
             elif abi_type == "address":
-                _check_address(field.name, value)
                 # Canonical (checksummed) form, as web3 and recover_signer return addresses.
-                object.__setattr__(self, field.name, to_checksum_address(value))
+                object.__setattr__(self, field.name, checked_address(field.name, value))
             else:
-                _check_bytes32(field.name, value)
+                check_bytes32(field.name, value)
         if self.direction not in (FORWARD, BACKWARD):
             raise ProtocolError(
                 f"receipt direction {self.direction} is neither 0 (forward) nor 1 (backward)"
@@ -144,23 +157,33 @@ class HopReceipt:
         return tuple(getattr(self, field.name) for field in fields(self))
 
 
-def _check_uint(name: str, value: object, bits: int) -> None:
+def check_uint(name: str, value: object, bits: int) -> None:
+    """A ``ProtocolError`` unless ``value`` is an int that fits a uint of ``bits``."""
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_UINT[bits]:
-        raise ProtocolError(f"receipt field {name}={value!r} is not a uint{bits}; fix the sender")
+        raise ProtocolError(f"field {name}={value!r} is not a uint{bits}; fix the sender")
 
 
-def _check_address(name: str, value: object) -> None:
+def checked_address(name: str, value: object) -> str:
+    """``value`` as a checksummed address, or a ``ProtocolError``."""
     if not isinstance(value, str) or len(value) != 42 or not value.startswith("0x"):
-        raise ProtocolError(f"receipt field {name}={value!r} is not a 0x-prefixed 20-byte address")
+        raise ProtocolError(f"field {name}={value!r} is not a 0x-prefixed 20-byte address")
     try:
         bytes.fromhex(value[2:])
     except ValueError as exc:
-        raise ProtocolError(f"receipt field {name}={value!r} is not hex") from exc
+        raise ProtocolError(f"field {name}={value!r} is not hex") from exc
+    return _checksummed(value)
 
 
-def _check_bytes32(name: str, value: object) -> None:
+@functools.lru_cache(maxsize=4096)
+def _checksummed(address: str) -> str:
+    # Cached: an epoch's receipts name a few nodes many times, and each checksum is a keccak.
+    return to_checksum_address(address)
+
+
+def check_bytes32(name: str, value: object) -> None:
+    """A ``ProtocolError`` unless ``value`` is exactly 32 bytes."""
     if not isinstance(value, bytes) or len(value) != 32:
-        raise ProtocolError(f"receipt field {name} must be exactly 32 bytes")
+        raise ProtocolError(f"field {name} must be exactly 32 bytes")
 
 
 def scheduled_units(direction: int, units_per_hop: int) -> int:
@@ -168,19 +191,30 @@ def scheduled_units(direction: int, units_per_hop: int) -> int:
     return units_per_hop if direction == FORWARD else 2 * units_per_hop
 
 
+def _word(value: int) -> bytes:
+    return value.to_bytes(32, "big")
+
+
+def _address_word(address: str) -> bytes:
+    return bytes(12) + bytes.fromhex(address[2:])
+
+
 def hop_key(receipt: HopReceipt) -> bytes:
-    """What makes a hop unique on chain; two leaves with one key are a double claim."""
-    return keccak(
-        encode(
-            ["uint256", "uint64", "uint64", "uint16", "uint8", "uint16"],
-            [
-                receipt.runId,
-                receipt.epoch,
-                receipt.microbatchId,
-                receipt.stage,
-                receipt.direction,
-                receipt.attempt,
-            ],
+    """What makes a hop unique: one worker's try at one stage and direction of one microbatch
+    of one data node. Two receipts with one key and different contents conflict."""
+    r = receipt
+    return keccak256(
+        b"".join(
+            (
+                _word(r.runId),
+                _word(r.epoch),
+                _address_word(r.dataNode),
+                _word(r.microbatchId),
+                _word(r.stage),
+                _word(r.direction),
+                _word(r.attempt),
+                _address_word(r.worker),
+            )
         )
     )
 
@@ -190,8 +224,9 @@ def receipt_struct_hash(receipt: HopReceipt) -> bytes:
 
     Every field of ``HopReceipt`` is a static ABI type, so ``abi.encode`` of the struct is the
     concatenation of one 32-byte word per field; packing the words directly is byte-identical to
-    eth-abi's encoding (the golden vectors pin it) and several times faster, which matters to a node
-    hashing 100,000 receipts of an epoch. The fields were range-checked when the receipt was built.
+    eth-abi's encoding (the golden vectors pin it) and several times faster, which matters to a
+    data node hashing 100,000 receipts of an epoch. The fields were range-checked when the
+    receipt was built.
     """
     r = receipt
     return keccak256(
@@ -200,6 +235,7 @@ def receipt_struct_hash(receipt: HopReceipt) -> bytes:
                 HOP_RECEIPT_TYPE_HASH,
                 _word(r.runId),
                 _word(r.epoch),
+                _address_word(r.dataNode),
                 _word(r.iteration),
                 _word(r.microbatchId),
                 _word(r.stage),
@@ -215,14 +251,6 @@ def receipt_struct_hash(receipt: HopReceipt) -> bytes:
     )
 
 
-def _word(value: int) -> bytes:
-    return value.to_bytes(32, "big")
-
-
-def _address_word(address: str) -> bytes:
-    return bytes(12) + bytes.fromhex(address[2:])
-
-
 def typed_data_digest(domain: Eip712Domain, struct_hash: bytes) -> bytes:
     """keccak256("\\x19\\x01" ‖ domainSeparator ‖ structHash)."""
     return keccak256(b"\x19\x01" + domain.separator() + struct_hash)
@@ -233,23 +261,23 @@ def receipt_digest(receipt: HopReceipt, domain: Eip712Domain) -> bytes:
     return typed_data_digest(domain, receipt_struct_hash(receipt))
 
 
-def binding_digest(wallet: str, peer_id: bytes, node: str, domain: Eip712Domain) -> bytes:
-    """The digest a node key signs to bind itself to ``wallet`` and its libp2p ``peer_id``."""
-    struct_hash = keccak(
-        encode(
-            ["bytes32", "address", "bytes32", "address"],
-            [keccak(text=NODE_BINDING_TYPE), wallet, keccak(peer_id), node],
-        )
-    )
-    return typed_data_digest(domain, struct_hash)
-
-
 def sign_digest(digest: bytes, private_key: bytes) -> bytes:
-    """A 65-byte r‖s‖v signature (v 27/28, low s) of a 32-byte digest."""
+    """A 65-byte r‖s‖v signature (v 27/28, low s) of a 32-byte digest.
+
+    libsecp256k1 (through coincurve) signs deterministically (RFC 6979) and always with a low s,
+    so the bytes are those eth-account makes, about eight times faster: a relay signs and
+    countersigns a receipt for every hop."""
     if len(digest) != 32:
         raise ProtocolError("a digest to sign must be 32 bytes")
-    signed = Account.unsafe_sign_hash(digest, private_key)
-    return bytes(signed.signature)
+    signature = _signing_key(private_key).sign_recoverable(digest, hasher=None)
+    return signature[:64] + bytes([27 + signature[64]])
+
+
+@functools.lru_cache(maxsize=16)
+def _signing_key(private_key: bytes) -> coincurve.PrivateKey:
+    # Cached: building the key derives its public key, which costs more than a signature, and a
+    # node signs with its one key all day.
+    return coincurve.PrivateKey(private_key)
 
 
 def sign_receipt(receipt: HopReceipt, domain: Eip712Domain, private_key: bytes) -> bytes:
@@ -257,18 +285,10 @@ def sign_receipt(receipt: HopReceipt, domain: Eip712Domain, private_key: bytes) 
     return sign_digest(receipt_digest(receipt, domain), private_key)
 
 
-def sign_binding(
-    wallet: str, peer_id: bytes, node_private_key: bytes, domain: Eip712Domain
-) -> bytes:
-    """The node key's signature binding it to ``wallet`` and ``peer_id`` (for registerNode)."""
-    node = Account.from_key(node_private_key).address
-    return sign_digest(binding_digest(wallet, peer_id, node, domain), node_private_key)
-
-
 def recover_digest_signer(digest: bytes, signature: bytes) -> str:
     """The checksummed address that signed ``digest``; rejects what OpenZeppelin's ECDSA rejects
-    (wrong length, v not 27/28, s in the upper half), so a receipt accepted here verifies on chain.
-    """
+    (wrong length, v not 27/28, s in the upper half), so a signature accepted here verifies on
+    chain."""
     if len(signature) != SIGNATURE_BYTES:
         raise ProtocolError(f"signature is {len(signature)} bytes, expected {SIGNATURE_BYTES}")
     r = int.from_bytes(signature[:32], "big")
@@ -276,11 +296,15 @@ def recover_digest_signer(digest: bytes, signature: bytes) -> str:
     v = signature[64]
     if v not in (27, 28) or s > SECP256K1_HALF_ORDER or r == 0 or s == 0:
         raise ProtocolError("signature is malformed or malleable (v must be 27/28, s low)")
+    if len(digest) != 32:
+        raise ProtocolError("a signed digest must be 32 bytes")
     try:
-        public_key = Signature(vrs=(v - 27, r, s)).recover_public_key_from_msg_hash(digest)
-    except (BadSignature, ValidationError) as exc:
+        public_key = coincurve.PublicKey.from_signature_and_message(
+            signature[:64] + bytes([v - 27]), digest, hasher=None
+        )
+    except ValueError as exc:  # coincurve: no key recovers from these r, s
         raise ProtocolError("signature does not recover to any public key") from exc
-    return to_checksum_address(public_key.to_canonical_address())
+    return node_address_of(public_key.format(compressed=False)[1:])
 
 
 def recover_signer(receipt: HopReceipt, domain: Eip712Domain, signature: bytes) -> str:
@@ -288,75 +312,152 @@ def recover_signer(receipt: HopReceipt, domain: Eip712Domain, signature: bytes) 
     return recover_digest_signer(receipt_digest(receipt, domain), signature)
 
 
-def receipt_leaf(
-    receipt: HopReceipt,
-    domain: Eip712Domain,
-    index: int,
-    units_before: int,
-    counterparty_signature: bytes,
-) -> bytes:
-    """The leaf committing ``receipt`` to position ``index`` of a tree, with the prefix sum of
-    units before it and its countersignature. Double-hashed like OpenZeppelin's StandardMerkleTree.
-    """
-    _check_uint("index", index, 64)
-    _check_uint("unitsBefore", units_before, 64)
-    inner = keccak256(
-        receipt_digest(receipt, domain)
-        + _word(index)
-        + _word(units_before)
-        + keccak256(counterparty_signature)
+def signatures_hash(worker_signature: bytes, counterparty_signature: bytes) -> bytes:
+    """What a certificate leaf commits of a hop's two signatures:
+    keccak256(abi.encode(workerSignature, counterpartySignature)), packed directly."""
+
+    def tail(value: bytes) -> bytes:  # a dynamic ``bytes``: its length, then padded data
+        return _word(len(value)) + value + bytes(-len(value) % 32)
+
+    first = tail(worker_signature)
+    head = _word(64) + _word(64 + len(first))  # the offsets of the two tails
+    return keccak256(head + first + tail(counterparty_signature))
+
+
+# ---------------------------------------------------------------- node identity
+
+
+def node_public_key(private_key: bytes) -> bytes:
+    """The uncompressed secp256k1 public key x ‖ y (64 bytes) of a node key."""
+    return bytes(coincurve.PrivateKey(private_key).public_key.format(compressed=False)[1:])
+
+
+def node_address_of(public_key: bytes) -> str:
+    """The node's address: the last 20 bytes of keccak256 of its public key x ‖ y."""
+    if len(public_key) != PUBLIC_KEY_BYTES:
+        raise ProtocolError(f"a public key is {PUBLIC_KEY_BYTES} bytes, got {len(public_key)}")
+    return _checksummed("0x" + keccak256(public_key)[12:].hex())
+
+
+def compressed_public_key(public_key: bytes) -> bytes:
+    """The 33-byte compressed form (0x02 or 0x03 by the parity of y, then x)."""
+    if len(public_key) != PUBLIC_KEY_BYTES:
+        raise ProtocolError(f"a public key is {PUBLIC_KEY_BYTES} bytes, got {len(public_key)}")
+    return bytes([2 + public_key[63] % 2]) + public_key[:32]
+
+
+def peer_id_of_public_key(public_key: bytes) -> bytes:
+    """The libp2p peer id (39 bytes) of a secp256k1 public key, as NodeRegistry derives it."""
+    return PEER_ID_PREFIX + compressed_public_key(public_key)
+
+
+def binding_digest(wallet: str, node: str, domain: Eip712Domain) -> bytes:
+    """The digest a node key signs to bind itself to ``wallet``."""
+    struct_hash = keccak256(
+        encode(
+            ["bytes32", "address", "address"],
+            [keccak256(NODE_BINDING_TYPE.encode()), wallet, node],
+        )
     )
-    return keccak256(inner)
+    return typed_data_digest(domain, struct_hash)
 
 
-def claim_commitment(root: bytes, count: int, units: int) -> bytes:
-    """What the ledger stores for a claim: keccak256(abi.encode(root, count, units))."""
-    _check_bytes32("root", root)
-    return keccak(encode(["bytes32", "uint64", "uint64"], [root, count, units]))
+def sign_binding(wallet: str, node_private_key: bytes, domain: Eip712Domain) -> bytes:
+    """The node key's signature binding it to ``wallet`` (for registerNode)."""
+    node = node_address_of(node_public_key(node_private_key))
+    return sign_digest(binding_digest(wallet, node, domain), node_private_key)
+
+
+# ---------------------------------------------------------------- certificates
 
 
 @dataclass(frozen=True)
-class ClaimRef:
-    """A node's claim for one epoch, as submitted (the ledger stores only its commitment)."""
+class CertifiedHop:
+    """One leaf of a data node's certificate tree; mirrors Solidity's ``CertifiedHop``."""
+
+    index: int
+    unitsBefore: int
+    worker: str
+    units: int
+    hopKey: bytes
+    receiptDigest: bytes
+    signaturesHash: bytes
+
+    def __post_init__(self) -> None:
+        check_uint("index", self.index, 64)
+        check_uint("unitsBefore", self.unitsBefore, 64)
+        check_uint("units", self.units, 64)
+        object.__setattr__(self, "worker", checked_address("worker", self.worker))
+        for name in ("hopKey", "receiptDigest", "signaturesHash"):
+            check_bytes32(name, getattr(self, name))
+
+    def as_tuple(self) -> tuple[object, ...]:
+        """The struct as an ABI tuple (also the StandardMerkleTree leaf's values)."""
+        return tuple(getattr(self, field.name) for field in fields(self))
+
+    def leaf(self) -> bytes:
+        """The leaf hash: StandardMerkleTree's keccak256(keccak256(abi.encode(values)))."""
+        r = self
+        words = b"".join(
+            (
+                _word(r.index),
+                _word(r.unitsBefore),
+                _address_word(r.worker),
+                _word(r.units),
+                r.hopKey,
+                r.receiptDigest,
+                r.signaturesHash,
+            )
+        )
+        return keccak256(keccak256(words))
+
+    def sort_key(self) -> tuple[int, bytes]:
+        """The order of an honest tree: by worker, then by hop key, strictly increasing."""
+        return (int(self.worker, 16), self.hopKey)
+
+
+def certify_hop(
+    receipt: HopReceipt,
+    domain: Eip712Domain,
+    worker_signature: bytes,
+    counterparty_signature: bytes,
+    index: int = 0,
+    units_before: int = 0,
+) -> CertifiedHop:
+    """The leaf a data node commits for ``receipt`` at ``index`` after ``units_before`` units."""
+    return CertifiedHop(
+        index=index,
+        unitsBefore=units_before,
+        worker=receipt.worker,
+        units=receipt.units,
+        hopKey=hop_key(receipt),
+        receiptDigest=receipt_digest(receipt, domain),
+        signaturesHash=signatures_hash(worker_signature, counterparty_signature),
+    )
+
+
+def certificate_commitment(root: bytes, count: int, units: int) -> bytes:
+    """What the ledger stores for a certificate: keccak256(abi.encode(root, count, units))."""
+    check_bytes32("root", root)
+    return keccak256(encode(["bytes32", "uint64", "uint64"], [root, count, units]))
+
+
+@dataclass(frozen=True)
+class CertRef:
+    """A data node's certificate for one epoch, as submitted (the ledger stores its
+    commitment); mirrors Solidity's ``CertRef``."""
 
     runId: int
     epoch: int
-    node: str
+    dataNode: str
     root: bytes
     count: int
     units: int
 
     def as_tuple(self) -> tuple[object, ...]:
         """The struct as an ABI tuple."""
-        return (self.runId, self.epoch, self.node, self.root, self.count, self.units)
+        return (self.runId, self.epoch, self.dataNode, self.root, self.count, self.units)
 
     def commitment(self) -> bytes:
-        """What the ledger stores for this claim."""
-        return claim_commitment(self.root, self.count, self.units)
-
-
-@dataclass(frozen=True)
-class LeafProof:
-    """A receipt as committed in a node's tree, with its Merkle proof; mirrors Solidity."""
-
-    receipt: HopReceipt
-    index: int
-    unitsBefore: int
-    counterpartySignature: bytes
-    proof: tuple[bytes, ...]
-
-    def as_tuple(self) -> tuple[object, ...]:
-        """The struct as an ABI tuple."""
-        return (
-            self.receipt.as_tuple(),
-            self.index,
-            self.unitsBefore,
-            self.counterpartySignature,
-            list(self.proof),
-        )
-
-    def leaf(self, domain: Eip712Domain) -> bytes:
-        """This leaf's hash."""
-        return receipt_leaf(
-            self.receipt, domain, self.index, self.unitsBefore, self.counterpartySignature
-        )
+        """What the ledger stores for this certificate."""
+        return certificate_commitment(self.root, self.count, self.units)

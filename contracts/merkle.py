@@ -1,10 +1,12 @@
-"""Merkle trees over 32-byte leaves, verified on chain by OpenZeppelin's MerkleProof.
+"""Merkle trees laid out exactly as OpenZeppelin's StandardMerkleTree lays them out.
 
-Owns tree construction, proofs and verification with OpenZeppelin's rule for inner nodes: the
-commutative keccak256 of the sorted pair, so a proof is a plain list of sibling hashes and needs
-no left/right flags. Leaves keep the order given (a receipt's index is committed inside its leaf,
-see ``contracts.encoding.receipt_leaf``); an odd node at the end of a level is promoted unchanged.
-Pure: no chain.
+Owns tree construction, proofs and verification. The tree is a complete binary tree in one
+array of ``2n - 1`` nodes: leaf ``i`` (in the order given, as ``sortLeaves: false`` keeps them)
+sits at position ``2n - 2 - i`` and node ``k`` hashes its children ``2k + 1`` and ``2k + 2``
+with OpenZeppelin's rule, the commutative keccak256 of the sorted pair, so a proof is a plain
+list of sibling hashes and OpenZeppelin's MerkleProof verifies it on chain. Roots and proofs
+equal those of the ``@openzeppelin/merkle-tree`` package (``tests/contracts/test_merkle.py``
+checks them against it), so an auditor can use OpenZeppelin's own tools. Pure: no chain.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from eth_utils.crypto import keccak
-
+from contracts.keccak import keccak256 as keccak
 from gwtf.errors import ProtocolError
 
 HASH_BYTES = 32
@@ -28,30 +29,36 @@ def hash_pair(a: bytes, b: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class MerkleTree:
-    """All levels of a tree; ``levels[0]`` are the leaves, ``levels[-1]`` is ``[root]``."""
+    """The tree's nodes in OpenZeppelin's array layout; ``nodes[0]`` is the root."""
 
-    levels: tuple[tuple[bytes, ...], ...]
+    nodes: tuple[bytes, ...]
 
     @property
     def root(self) -> bytes:
-        return self.levels[-1][0]
+        return self.nodes[0]
 
     @property
     def leaf_count(self) -> int:
-        return len(self.levels[0])
+        return (len(self.nodes) + 1) // 2
+
+    def leaf(self, index: int) -> bytes:
+        """Leaf ``index`` (in the order the tree was built from)."""
+        return self.nodes[self._position(index)]
 
     def proof(self, index: int) -> list[bytes]:
-        """The sibling hashes from leaf ``index`` up to the root."""
+        """The sibling hashes from leaf ``index`` up to the root (OpenZeppelin's getProof)."""
+        position = self._position(index)
+        path: list[bytes] = []
+        while position > 0:
+            sibling = position + 1 if position % 2 else position - 1
+            path.append(self.nodes[sibling])
+            position = (position - 1) // 2
+        return path
+
+    def _position(self, index: int) -> int:
         if not 0 <= index < self.leaf_count:
             raise ProtocolError(f"leaf index {index} is outside a tree of {self.leaf_count} leaves")
-        path: list[bytes] = []
-        position = index
-        for level in self.levels[:-1]:
-            sibling = position ^ 1
-            if sibling < len(level):
-                path.append(level[sibling])
-            position //= 2
-        return path
+        return len(self.nodes) - 1 - index
 
 
 def build_tree(leaves: Sequence[bytes]) -> MerkleTree:
@@ -61,14 +68,13 @@ def build_tree(leaves: Sequence[bytes]) -> MerkleTree:
     for leaf in leaves:
         if len(leaf) != HASH_BYTES:
             raise ProtocolError(f"a Merkle leaf must be {HASH_BYTES} bytes, got {len(leaf)}")
-    levels = [tuple(leaves)]
-    while len(levels[-1]) > 1:
-        below = levels[-1]
-        above = [hash_pair(below[i], below[i + 1]) for i in range(0, len(below) - 1, 2)]
-        if len(below) % 2:
-            above.append(below[-1])
-        levels.append(tuple(above))
-    return MerkleTree(tuple(levels))
+    size = 2 * len(leaves) - 1
+    nodes: list[bytes] = [b""] * size
+    for index, leaf in enumerate(leaves):
+        nodes[size - 1 - index] = leaf
+    for position in range(size - 1 - len(leaves), -1, -1):
+        nodes[position] = hash_pair(nodes[2 * position + 1], nodes[2 * position + 2])
+    return MerkleTree(tuple(nodes))
 
 
 def process_proof(proof: Sequence[bytes], leaf: bytes) -> bytes:

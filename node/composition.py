@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from libp2p.crypto.keys import KeyPair
+
 from coordinator_free.protocol.config import DATA, FlowConfig
 from gwtf.errors import ConfigError
 from node.chain.actions import Contracts
 from node.chain.adapter import connect
 from node.chain.deployment import DevnetInfo, read_devnet_file
+from node.chain.wallet import load_or_create_node_key, resolve_password
+from node.p2p.identity import identity_from_key
 from node.p2p.link_emulation import Topology
 from node.runtime.discovery.admission import RunAdmission
 from node.runtime.live_node import LiveNodeConfig
@@ -34,6 +38,16 @@ def open_contracts(settings: Settings) -> tuple[Contracts, DevnetInfo]:
         rpc_token=settings.chain.rpc_token,
     )
     return Contracts.from_devnet(w3, info), info
+
+
+def node_identity(settings: Settings) -> KeyPair:
+    """The node key from its keystore (``node.key_file``, created when missing), as the node's
+    libp2p identity. The password comes from ``node.password_file`` or GWTF_WALLET_PASSWORD: a
+    node process never prompts."""
+    node = settings.node
+    password = resolve_password(node.password_file or None, interactive=False)
+    account = load_or_create_node_key(node.key_file, password)
+    return identity_from_key(bytes(account.key))
 
 
 def model_of(settings: Settings) -> ModelConfig:
@@ -95,7 +109,7 @@ def live_config_from_settings(settings: Settings) -> LiveNodeConfig:
         stage=0 if node.role == DATA else node.stage,
         region=p2p.region,
         capacity=node.capacity,
-        key_path=Path(p2p.key_file),
+        identity=node_identity(settings),
         model=model,
         stages=stages,
         batch_size=training.batch_size,

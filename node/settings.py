@@ -73,6 +73,11 @@ class NodeSettings:
 
     name: str = "node"
     role: str = "relay"  # "data" | "relay"
+    #: The node key's encrypted keystore: its address is the node on chain, it is the node's
+    #: libp2p identity and it signs receipts (created on first start when missing).
+    key_file: str = ".gwtf/node-key.json"
+    #: A file holding the keystore's password; "" reads GWTF_WALLET_PASSWORD instead.
+    password_file: str = ""
     #: A relay's stage, 1..training.stages; a data node sits at 0. A relay at -1 takes the run's
     #: bottleneck stage when it starts, as its bootstrap peers' answers show it.
     stage: int = -1
@@ -100,8 +105,6 @@ class P2PSettings:
     bootstrap_peers: tuple[str, ...] = ()
     connect_timeout_s: float = 10.0
     max_message_bytes: int = 64 * 1024 * 1024
-    #: The node's Ed25519 libp2p identity (created on first start, mode 0600).
-    key_file: str = ".gwtf/node.p2p.key"
     #: This node's region in the topology file (link emulation), e.g. "oregon".
     region: str = "local"
     #: A JSON topology (regions, latency, bandwidth) to emulate links with; "" for none.
@@ -277,7 +280,7 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "node.compute_ms": _positive,
     "node.emulated_speed": _speed,
     "node.emulated_hop_ms": _non_negative,
-    "p2p.key_file": _non_empty,
+    "node.key_file": _non_empty,
     "p2p.region": _non_empty,
     "p2p.discovery_period_s": _positive,
     "chain.admission_cache_s": _non_negative,

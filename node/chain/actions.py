@@ -11,18 +11,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from eth_account import Account
 from web3 import Web3
 from web3.logs import DISCARD
 
 from contracts.bindings import attach
-from contracts.encoding import ClaimRef, LeafProof, registry_domain, sign_binding
+from contracts.certificate_tree import CertificateTree
+from contracts.encoding import CertRef, node_public_key, registry_domain, sign_binding
+from contracts.fraud_proofs import FraudProof, commitment_of
 from gwtf.errors import ChainError
 from node.chain.adapter import Sender, Web3Chain, send_transaction, transact_as
 from node.chain.deployment import DevnetInfo
 
 REGISTRY = "NodeRegistry"
 LEDGER = "WorkLedger"
+DISPUTES = "Disputes"
+SUITE = (REGISTRY, LEDGER, DISPUTES)
 
 
 @dataclass(frozen=True)
@@ -32,25 +35,45 @@ class Contracts:
     w3: Web3
     registry: Any
     ledger: Any
+    disputes: Any
     #: Fixed gas limit for every transaction (after a revert check), or None to estimate.
     gas_limit: int | None = None
 
     @classmethod
     def at(cls, w3: Web3, addresses: dict[str, str], gas_limit: int | None = None) -> Contracts:
-        missing = [name for name in (REGISTRY, LEDGER) if name not in addresses]
+        missing = [name for name in SUITE if name not in addresses]
         if missing:
             raise ChainError(
                 f"no address for {', '.join(missing)}; redeploy with `gwtf-node devnet`"
             )
-        registry = attach(w3, REGISTRY, addresses[REGISTRY])
-        ledger = attach(w3, LEDGER, addresses[LEDGER])
-        for name, contract in ((REGISTRY, registry), (LEDGER, ledger)):
+        contracts = {name: attach(w3, name, addresses[name]) for name in SUITE}
+        for name, contract in contracts.items():
             if not w3.eth.get_code(contract.address):
                 raise ChainError(
                     f"no {name} contract at {contract.address} on this chain; "
                     "restart `gwtf-node devnet` (a devnet forgets everything when it stops)"
                 )
-        return cls(w3, registry, ledger, gas_limit)
+        suite = cls(w3, contracts[REGISTRY], contracts[LEDGER], contracts[DISPUTES], gas_limit)
+        suite.check_wiring()
+        return suite
+
+    def check_wiring(self) -> None:
+        """Refuse contracts that are not wired to each other as ``deploy_suite`` wires them: a
+        registry whose slasher is someone else's could slash anyone."""
+        registry, ledger, disputes = self.registry, self.ledger, self.disputes
+        links = {
+            "NodeRegistry.slasher": (registry.functions.slasher(), disputes.address),
+            "WorkLedger.disputes": (ledger.functions.disputes(), disputes.address),
+            "WorkLedger.registry": (ledger.functions.registry(), registry.address),
+            "Disputes.registry": (disputes.functions.registry(), registry.address),
+            "Disputes.ledger": (disputes.functions.ledger(), ledger.address),
+        }
+        wrong = [name for name, (view, expected) in links.items() if view.call() != expected]
+        if wrong:
+            raise ChainError(
+                f"the contracts are not wired to each other ({', '.join(wrong)}); "
+                "deploy them with `gwtf-node devnet` or contracts.bindings.deploy_suite"
+            )
 
     @classmethod
     def from_devnet(cls, w3: Web3, info: DevnetInfo) -> Contracts:
@@ -100,18 +123,15 @@ class RunConfig:
 
 
 def register_node(
-    c: Contracts,
-    wallet: Sender,
-    node_key: bytes,
-    peer_id: bytes,
-    capacity: Capacity,
-    stake_wei: int,
+    c: Contracts, wallet: Sender, node_key: bytes, capacity: Capacity, stake_wei: int
 ) -> Any:
-    """Register the node whose signing key is ``node_key`` under ``wallet``, with a stake."""
+    """Register the node whose key is ``node_key`` under ``wallet``, with a stake: the key signs
+    the binding, and the registry derives the node's address and peer id from its public key."""
     domain = registry_domain(c.w3.eth.chain_id, c.registry.address)
-    signature = sign_binding(wallet.address, peer_id, node_key, domain)
-    node_address = Account.from_key(node_key).address
-    fn = c.registry.functions.registerNode(node_address, peer_id, capacity.as_tuple(), signature)
+    signature = sign_binding(wallet.address, node_key, domain)
+    fn = c.registry.functions.registerNode(
+        node_public_key(node_key), capacity.as_tuple(), signature
+    )
     return c.send(wallet, fn, stake_wei)
 
 
@@ -121,6 +141,10 @@ def add_stake(c: Contracts, wallet: Sender, node: str, amount_wei: int) -> Any:
 
 def request_unstake(c: Contracts, wallet: Sender, node: str) -> Any:
     return c.send(wallet, c.registry.functions.requestUnstake(node))
+
+
+def withdraw_stake(c: Contracts, wallet: Sender, node: str) -> Any:
+    return c.send(wallet, c.registry.functions.withdrawStake(node))
 
 
 def open_run(c: Contracts, sponsor: Sender, config: RunConfig, funding_wei: int) -> int:
@@ -134,37 +158,56 @@ def fund_run(c: Contracts, sponsor: Sender, run_id: int, amount_wei: int) -> Any
     return c.send(sponsor, c.ledger.functions.fundRun(run_id), amount_wei)
 
 
+def add_data_node(c: Contracts, sponsor: Sender, run_id: int, node: str) -> Any:
+    """Name one of the sponsor's nodes a data node of the run (it certifies hops)."""
+    return c.send(sponsor, c.ledger.functions.addDataNode(run_id, node))
+
+
 def join_run(c: Contracts, wallet: Sender, run_id: int, node: str) -> Any:
     return c.send(wallet, c.ledger.functions.joinRun(run_id, node))
 
 
-def submit_epoch_root(c: Contracts, wallet: Sender, claim: ClaimRef) -> Any:
-    fn = c.ledger.functions.submitEpochRoot(
-        claim.runId, claim.epoch, claim.node, claim.root, claim.count, claim.units
+def submit_certificates(c: Contracts, sponsor: Sender, cert: CertRef) -> Any:
+    """Commit a data node's certificate tree for an epoch (from the data node's wallet)."""
+    fn = c.ledger.functions.submitCertificates(
+        cert.runId, cert.epoch, cert.dataNode, cert.root, cert.count, cert.units
     )
+    return c.send(sponsor, fn)
+
+
+def claim_reward(
+    c: Contracts, wallet: Sender, cert: CertRef, tree: CertificateTree, node: str
+) -> Any:
+    """Claim ``node``'s range of a data node's certificate tree, once the epoch settled."""
+    span = tree.worker_range(node)
+    if span is None:
+        raise ChainError(f"node {node} has no hops in data node {cert.dataNode}'s certificate")
+    first, first_proof = span.first.as_args()
+    last, last_proof = span.last.as_args()
+    fn = c.ledger.functions.claimReward(cert.as_tuple(), first, first_proof, last, last_proof)
     return c.send(wallet, fn)
 
 
-def prove_double_claim(
-    c: Contracts,
-    auditor: Sender,
-    first: ClaimRef,
-    first_leaf: LeafProof,
-    second: ClaimRef,
-    second_leaf: LeafProof,
-) -> Any:
-    fn = c.ledger.functions.proveDoubleClaim(
-        first.as_tuple(), first_leaf.as_tuple(), second.as_tuple(), second_leaf.as_tuple()
-    )
-    return c.send(auditor, fn)
+def close_epoch(c: Contracts, sender: Sender, run_id: int, epoch: int) -> Any:
+    """Once an epoch's claim period is over, return what nobody claimed to the run's pool."""
+    return c.send(sender, c.ledger.functions.closeEpoch(run_id, epoch))
 
 
-def claim_reward(c: Contracts, wallet: Sender, claim: ClaimRef) -> Any:
-    return c.send(wallet, c.ledger.functions.claimReward(claim.as_tuple()))
+def commit_proof(c: Contracts, challenger: Sender, proof: FraudProof, salt: bytes) -> Any:
+    """The first half of a fraud proof: commit to it; reveal it from the next block on."""
+    commitment = commitment_of(challenger.address, salt, proof.proof_hash)
+    return c.send(challenger, c.disputes.functions.commit(commitment))
+
+
+def reveal_proof(c: Contracts, challenger: Sender, proof: FraudProof, salt: bytes) -> Any:
+    """The second half: the proof itself, which slashes the accused if it holds."""
+    fn = getattr(c.disputes.functions, proof.function)(*proof.args, salt)
+    return c.send(challenger, fn)
 
 
 def withdraw_credit(c: Contracts, account: Sender) -> Any:
-    return c.send(account, c.ledger.functions.withdrawCredit())
+    """Withdraw the bounties credited to ``account``."""
+    return c.send(account, c.disputes.functions.withdrawCredit())
 
 
 def transfer_eth(w3: Web3, sender: Sender, to: str, amount_wei: int) -> Any:

@@ -1,7 +1,7 @@
 """The node's chain adapter: connecting, sending transactions, and the ``ChainPort`` it reads.
 
-``ChainPort`` is what the rest of the node asks the chain (is this peer a registered, staked
-node of run R; a node's info; a run's info). ``Web3Chain`` answers from the deployed contracts
+``ChainPort`` is what the rest of the node asks the chain (may this node be served in run R; a
+node's info; a run's info). ``Web3Chain`` answers from the deployed contracts
 through web3; ``FakeChain`` answers from memory for unit tests of the core, and one shared
 conformance suite (tests/node/test_chain.py) runs against both so the fake cannot drift.
 
@@ -265,11 +265,9 @@ class ChainPort(Protocol):
 
     def node_info(self, node_address: str) -> NodeInfo | None: ...
 
-    def node_by_peer_id(self, peer_id: bytes) -> NodeInfo | None: ...
-
-    def is_run_member(self, run_id: int, peer_id: bytes) -> bool:
-        """True iff ``peer_id`` is a registered, active node that joined run ``run_id`` with
-        at least the run's minimum stake."""
+    def is_admitted(self, run_id: int, node_address: str) -> bool:
+        """True iff ``node_address`` is a member or a data node of run ``run_id`` now, active,
+        with at least the run's minimum stake."""
         ...
 
 
@@ -280,6 +278,7 @@ class FakeChain:
         self._runs: dict[int, RunInfo] = {}
         self._nodes: dict[str, NodeInfo] = {}
         self._members: set[tuple[int, str]] = set()
+        self._data_nodes: set[tuple[int, str]] = set()
 
     # -- set-up, mirroring the contracts' state changes --
     def add_run(self, run: RunInfo) -> None:
@@ -290,6 +289,12 @@ class FakeChain:
 
     def join_run(self, run_id: int, node_address: str) -> None:
         self._members.add((run_id, node_address.lower()))
+
+    def leave_run(self, run_id: int, node_address: str) -> None:
+        self._members.discard((run_id, node_address.lower()))
+
+    def add_data_node(self, run_id: int, node_address: str) -> None:
+        self._data_nodes.add((run_id, node_address.lower()))
 
     def deactivate(self, node_address: str) -> None:
         key = node_address.lower()
@@ -302,16 +307,14 @@ class FakeChain:
     def node_info(self, node_address: str) -> NodeInfo | None:
         return self._nodes.get(node_address.lower())
 
-    def node_by_peer_id(self, peer_id: bytes) -> NodeInfo | None:
-        return next((n for n in self._nodes.values() if n.peer_id == peer_id), None)
-
-    def is_run_member(self, run_id: int, peer_id: bytes) -> bool:
-        node = self.node_by_peer_id(peer_id)
+    def is_admitted(self, run_id: int, node_address: str) -> bool:
+        node = self.node_info(node_address)
         run = self._runs.get(run_id)
         if node is None or run is None or not node.active:
             return False
-        joined = (run_id, node.node_address.lower()) in self._members
-        return joined and node.stake_wei >= run.min_stake_wei
+        key = (run_id, node_address.lower())
+        takes_part = key in self._members or key in self._data_nodes
+        return takes_part and node.stake_wei >= run.min_stake_wei
 
 
 # Order of NodeRegistry.NodeStatus.
@@ -349,7 +352,7 @@ class Web3Chain:
         if not Web3.is_address(node_address):
             return None
         address = Web3.to_checksum_address(node_address)
-        # Node struct: wallet, stakeWei, status, unlockAt, registeredAt, peerId, capacity.
+        # Node struct: wallet, stakeWei, status, registeredAt, unbondingAt, slashedAt, capacity.
         record = self._call(self.registry.functions.getNode(address))
         if record[0] == ZERO_ADDRESS:
             return None
@@ -357,7 +360,7 @@ class Web3Chain:
         return NodeInfo(
             node_address=address,
             operator=record[0],
-            peer_id=bytes(record[5]),
+            peer_id=self._peer_id_of(address),
             stake_wei=record[1],
             active=record[2] == NODE_STATUS_ACTIVE,
             gpu_model=gpu_model,
@@ -366,17 +369,23 @@ class Web3Chain:
             max_in_flight=max_in_flight,
         )
 
-    def node_by_peer_id(self, peer_id: bytes) -> NodeInfo | None:
-        node = self._call(self.registry.functions.nodeOfPeerId(Web3.keccak(peer_id)))
-        return None if node == ZERO_ADDRESS else self.node_info(node)
-
-    def is_run_member(self, run_id: int, peer_id: bytes) -> bool:
-        node = self.node_by_peer_id(peer_id)
-        run = self.run_info(run_id)
-        if node is None or run is None or not node.active:
+    def is_admitted(self, run_id: int, node_address: str) -> bool:
+        if not Web3.is_address(node_address):
             return False
-        joined = self._call(self.ledger.functions.hasJoined(run_id, node.node_address))
-        return bool(joined) and node.stake_wei >= run.min_stake_wei
+        address = Web3.to_checksum_address(node_address)
+        return bool(self._call(self.ledger.functions.isAdmitted(run_id, address)))
+
+    def _peer_id_of(self, address: str) -> bytes:
+        # The registry keeps no peer id (it follows from the node's key); its event has it.
+        try:
+            logs = self.registry.events.NodeRegistered.get_logs(
+                argument_filters={"node": address}, from_block=0
+            )
+        except (requests.RequestException, OSError) as exc:
+            raise ChainUnavailable(
+                str(getattr(self.registry.w3.provider, "endpoint_uri", "?"))
+            ) from exc
+        return bytes(logs[-1]["args"]["peerId"]) if logs else b""
 
     @staticmethod
     def _call(fn: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Keys on disk: the operator's wallet and each node's receipt-signing key.
+"""Keys on disk: the operator's wallet and each node's key.
 
 Both are standard encrypted Ethereum keystores (eth-account / Web3 Secret Storage), so any
 Ethereum tool can open the wallet. The password comes from ``--password-file``, else the
@@ -157,7 +157,7 @@ def open_wallet(path: str | Path, password: str) -> LocalAccount:
 
 
 def node_key_path(wallet_path: str | Path, node_name: str) -> Path:
-    """Where the signing key of node ``node_name`` lives: next to the wallet that owns it."""
+    """Where the key of node ``node_name`` lives: next to the wallet that owns it."""
     if not node_name or not all(c.isalnum() or c in "-_" for c in node_name):
         raise WalletError(f"node name {node_name!r} must be letters, digits, '-' or '_'")
     wallet = Path(wallet_path)
@@ -167,10 +167,12 @@ def node_key_path(wallet_path: str | Path, node_name: str) -> Path:
 def load_or_create_node_key(
     path: str | Path, password: str, *, scrypt_n: int | None = None
 ) -> LocalAccount:
-    """The node's ECDSA receipt-signing key: opened if it exists, else created and saved.
+    """The node's secp256k1 key: opened if it exists, else created and saved.
 
-    The node key signs hop receipts (EIP-712) all day, so it is separate from the wallet that
-    holds stake and rewards: losing a node key never exposes the funds.
+    The node key is the node: its address is the node on chain, it is its libp2p identity, and
+    it signs hop receipts (EIP-712) all day. It is separate from the wallet that holds stake and
+    rewards, so a node key that leaks never exposes the funds (though its stake can be slashed
+    by whoever signs two receipts for one hop with it).
     """
     path = Path(path)
     if path.exists():

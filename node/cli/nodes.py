@@ -1,4 +1,8 @@
-"""``gwtf-node register|join|info``: a wallet's nodes on chain, their stake and their runs."""
+"""``gwtf-node register|join|info``: a wallet's nodes on chain, their stake and their runs.
+
+A node is one key (``<wallet>.node-<name>.json``, the wallet's password): its address is the
+node on chain and it is the node's libp2p identity, so registering binds both at once.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,9 @@ from rich.console import Console
 from gwtf.errors import ConfigError
 from node.chain.actions import Capacity, join_run, register_node
 from node.chain.adapter import format_eth
-from node.chain.wallet import node_key_path
 from node.cli.args import Command, add_wallet_flags, eth_amount, open_node
 from node.composition import open_contracts
+from node.p2p.identity import identity_from_key, peer_id_of
 from node.settings import Settings
 
 
@@ -24,7 +28,6 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     register.add_argument("--memory-mib", type=int, default=8192)
     register.add_argument("--throughput", type=int, default=60, help="microbatches per hour")
     register.add_argument("--max-in-flight", type=int, default=2)
-    register.add_argument("--peer-id", help="libp2p peer id as hex (default: the node's own)")
 
     join = sub.add_parser("join", help="join a run with a registered node")
     add_wallet_flags(join)
@@ -36,32 +39,15 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     return {"register": cmd_register, "join": cmd_join, "info": cmd_info}
 
 
-def node_peer_id(wallet_path: str, node_name: str) -> bytes:
-    """The node's libp2p peer id, from its persisted Ed25519 identity next to the wallet."""
-    from node.p2p.identity import load_or_create_identity, peer_id_of
-
-    key_path = node_key_path(wallet_path, node_name)
-    identity = load_or_create_identity(key_path.with_name(key_path.stem + ".p2p.key"))
-    return bytes(peer_id_of(identity).to_bytes())
-
-
 def cmd_register(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     contracts, _ = open_contracts(settings)
     wallet, node_key = open_node(args)
     node_address = Account.from_key(node_key).address
-    if args.peer_id:
-        try:
-            peer_id = bytes.fromhex(args.peer_id.removeprefix("0x"))
-        except ValueError:
-            raise ConfigError(
-                f"--peer-id {args.peer_id!r} is not hex; pass the id's bytes"
-            ) from None
-    else:
-        peer_id = node_peer_id(args.wallet, args.node_name)
+    peer_id = peer_id_of(identity_from_key(node_key)).to_base58()
     capacity = Capacity(args.gpu_model, args.memory_mib, args.throughput, args.max_in_flight)
-    receipt = register_node(contracts, wallet, node_key, peer_id, capacity, args.stake_eth)
+    receipt = register_node(contracts, wallet, node_key, capacity, args.stake_eth)
     console.print(
-        f"registered node {node_address} (peer id {peer_id.hex()}) for wallet {wallet.address} "
+        f"registered node {node_address} (peer id {peer_id}) for wallet {wallet.address} "
         f"with {format_eth(args.stake_eth)} ETH stake; gas used {receipt['gasUsed']:,}"
     )
     return 0

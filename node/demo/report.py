@@ -17,8 +17,8 @@ class NodeRow:
     node_address: str
     wallet: str
     stake_wei: int
-    receipts: int
-    units: int
+    units: int  # certified
+    claimed_units: int
     reward_wei: int
     slashed_wei: int
     gas_used: int
@@ -30,11 +30,16 @@ class DemoReport:
     run_id: int
     registry: str
     ledger: str
+    disputes: str
+    certified_hops: int
+    certified_units: int
     rows: tuple[NodeRow, ...]
     epoch_budget_wei: int
     run_available_wei: int
     auditor: str
     bounty_wei: int
+    burned_wei: int
+    returned_wei: int  # what nobody claimed, back in the pool when the claim period ended
     gas_by_operation: dict[str, tuple[int, ...]]
 
     @property
@@ -47,8 +52,8 @@ def nodes_table(report: DemoReport) -> Table:
     for heading in (
         "node",
         "stage",
-        "receipts",
-        "units",
+        "certified units",
+        "claimed units",
         "stake ETH",
         "reward ETH",
         "slashed ETH",
@@ -60,8 +65,8 @@ def nodes_table(report: DemoReport) -> Table:
         table.add_row(
             f"{row.name} {row.node_address[:10]}",
             str(row.stage),
-            str(row.receipts),
             str(row.units),
+            str(row.claimed_units),
             format_eth(row.stake_wei),
             format_eth(row.reward_wei),
             format_eth(row.slashed_wei),
@@ -84,12 +89,16 @@ def gas_table(report: DemoReport) -> Table:
 
 
 def print_report(report: DemoReport, console: Console) -> None:
-    console.print(f"NodeRegistry {report.registry}   WorkLedger {report.ledger}")
+    console.print(
+        f"NodeRegistry {report.registry}   WorkLedger {report.ledger}   Disputes {report.disputes}"
+    )
     console.print(nodes_table(report))
     console.print(
-        f"epoch budget {format_eth(report.epoch_budget_wei)} ETH; rewards paid "
-        f"{format_eth(report.rewards_paid_wei)} ETH; auditor {report.auditor[:10]} bounty "
-        f"{format_eth(report.bounty_wei)} ETH; run pool now "
-        f"{format_eth(report.run_available_wei)} ETH"
+        f"certified {report.certified_hops} hops, {report.certified_units} units; epoch budget "
+        f"{format_eth(report.epoch_budget_wei)} ETH; rewards paid "
+        f"{format_eth(report.rewards_paid_wei)} ETH, unclaimed and back in the pool "
+        f"{format_eth(report.returned_wei)} ETH; auditor {report.auditor[:10]} bounty "
+        f"{format_eth(report.bounty_wei)} ETH; burned {format_eth(report.burned_wei)} ETH; "
+        f"run pool now {format_eth(report.run_available_wei)} ETH"
     )
     console.print(gas_table(report))

@@ -1,23 +1,24 @@
 """The demo's work, without a chain: a tiny pipeline schedule, countersigned receipts, audits.
 
 Two pipeline stages of relays and one data node. Each microbatch takes one relay per stage
-(chosen by a seeded ``random.Random``) and makes four hops: forward at stage 0 and 1, backward at
-stage 1 and 0. The "tensors" are random bytes; a hop's output digest is the keccak of the bytes
+(chosen by a seeded ``random.Random``) and makes four hops: forward at stage 1 and 2, backward at
+stage 2 and 1. The "tensors" are random bytes; a hop's output digest is the keccak of the bytes
 the counterparty received, and the next hop's input digest is the same value, so the digest chain
 of each microbatch is consistent. The worker signs each receipt (EIP-712), the counterparty
-checks that signature and the digest of what it received, then countersigns.
+checks that signature and the digest of what it received, then countersigns; the data node
+certifies every hop of the microbatches it completed.
 """
 
 from __future__ import annotations
 
 import random
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from eth_account.signers.local import LocalAccount
 from eth_utils.crypto import keccak
 
+from contracts.certificate_tree import SignedReceipt
 from contracts.encoding import (
     BACKWARD,
     FORWARD,
@@ -28,7 +29,6 @@ from contracts.encoding import (
     scheduled_units,
     sign_receipt,
 )
-from contracts.epoch_tree import EpochTree, SignedReceipt
 from gwtf.errors import ProtocolError
 
 # Bytes of a synthetic activation/gradient: enough to make digests meaningful, small to stay fast.
@@ -69,13 +69,13 @@ def synthetic_schedule(
             )
             common = {"iteration": iteration, "microbatch_id": microbatch_id}
             hops += [
-                Hop(**common, stage=0, direction=FORWARD, worker=first, counterparty=second,
+                Hop(**common, stage=1, direction=FORWARD, worker=first, counterparty=second,
                     input_tensor=batch, output_tensor=act),
-                Hop(**common, stage=1, direction=FORWARD, worker=second, counterparty=data_node,
+                Hop(**common, stage=2, direction=FORWARD, worker=second, counterparty=data_node,
                     input_tensor=act, output_tensor=logits),
-                Hop(**common, stage=1, direction=BACKWARD, worker=second, counterparty=first,
+                Hop(**common, stage=2, direction=BACKWARD, worker=second, counterparty=first,
                     input_tensor=grad_logits, output_tensor=grad_act),
-                Hop(**common, stage=0, direction=BACKWARD, worker=first, counterparty=data_node,
+                Hop(**common, stage=1, direction=BACKWARD, worker=first, counterparty=data_node,
                     input_tensor=grad_act, output_tensor=grad_in),
             ]  # fmt: skip
     return hops
@@ -85,6 +85,7 @@ def countersigned_receipt(
     hop: Hop,
     run_id: int,
     epoch: int,
+    data_node: str,
     units_per_hop: int,
     keys: Mapping[str, LocalAccount],
     domain: Eip712Domain,
@@ -96,6 +97,7 @@ def countersigned_receipt(
     receipt = HopReceipt(
         runId=run_id,
         epoch=epoch,
+        dataNode=data_node,
         iteration=hop.iteration,
         microbatchId=hop.microbatch_id,
         stage=hop.stage,
@@ -114,25 +116,41 @@ def countersigned_receipt(
         raise ProtocolError(
             f"output of {hop.worker} does not match what arrived; not countersigning"
         )
-    return SignedReceipt(receipt, sign_receipt(receipt, domain, counterparty.key))
+    return SignedReceipt(receipt, worker_signature, sign_receipt(receipt, domain, counterparty.key))
 
 
-def receipts_by_worker(receipts: Sequence[SignedReceipt]) -> dict[str, list[SignedReceipt]]:
-    """Each worker's receipts in schedule order (the order of its epoch tree's leaves)."""
-    grouped: dict[str, list[SignedReceipt]] = defaultdict(list)
-    for signed in receipts:
-        grouped[signed.receipt.worker].append(signed)
-    return dict(grouped)
+@dataclass(frozen=True)
+class Signed:
+    """One signature an auditor has seen: who made it, over which receipt."""
+
+    signer: str
+    receipt: HopReceipt
+    signature: bytes
 
 
-def find_double_claims(tree: EpochTree) -> list[tuple[int, int]]:
-    """Pairs of leaf indices of one tree that claim the same hop (what an auditor looks for)."""
-    first_index: dict[bytes, int] = {}
-    pairs: list[tuple[int, int]] = []
-    for index, entry in enumerate(tree.entries):
-        key = hop_key(entry.receipt)
-        if key in first_index:
-            pairs.append((first_index[key], index))
-        else:
-            first_index[key] = index
+def signatures_seen(receipts: Sequence[SignedReceipt]) -> list[Signed]:
+    """Every signature of ``receipts``: each receipt's worker's and its counterparty's."""
+    seen: list[Signed] = []
+    for entry in receipts:
+        seen.append(Signed(entry.receipt.worker, entry.receipt, entry.worker_signature))
+        seen.append(Signed(entry.receipt.counterparty, entry.receipt, entry.counterparty_signature))
+    return seen
+
+
+def find_equivocations(seen: Sequence[Signed], domain: Eip712Domain) -> list[tuple[Signed, Signed]]:
+    """Pairs of signatures by one key over two different receipts of one hop: what an auditor
+    looks for, since the key that signed both pays."""
+    first: dict[tuple[str, bytes], Signed] = {}
+    pairs: list[tuple[Signed, Signed]] = []
+    for signed in seen:
+        try:
+            signer = recover_signer(signed.receipt, domain, signed.signature)
+        except ProtocolError:
+            continue  # malformed: nothing anyone can be held to
+        if signer != signed.signer:
+            continue  # not this signer's signature at all
+        key = (signed.signer, hop_key(signed.receipt))
+        earlier = first.setdefault(key, signed)
+        if earlier.receipt != signed.receipt:
+            pairs.append((earlier, signed))
     return pairs

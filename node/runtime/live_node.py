@@ -10,16 +10,15 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 
 import trio
+from libp2p.crypto.keys import KeyPair
 
 from coordinator_free.protocol.config import DATA, FlowConfig, NodeSpec
 from coordinator_free.protocol.node import FlowNode
 from gwtf.errors import ConfigError, ProtocolError
 from node.p2p.host import running_host
-from node.p2p.identity import load_or_create_identity
 from node.p2p.link_emulation import LinkEmulator, Topology
 from node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper
 from node.runtime.dataplane import control
@@ -54,7 +53,8 @@ class LiveNodeConfig:
     stage: int  # relays: 1..S; data nodes: 0
     region: str
     capacity: int
-    key_path: Path
+    #: The node key as a libp2p key pair: its peer id is the node's identity on chain.
+    identity: KeyPair = field(repr=False)
     model: ModelConfig
     stages: int
     batch_size: int
@@ -118,7 +118,7 @@ async def run_live_node(
     config: LiveNodeConfig, on_started: Callable[[LiveNode], None] | None = None
 ) -> list[IterationResult]:
     """Run one node; returns the data node's iteration results (a relay runs until cancelled)."""
-    key = load_or_create_identity(config.key_path)
+    key = config.identity
     async with running_host(key, [config.listen]) as host, trio.open_nursery() as nursery:
         node_id = str(host.get_id())
         rpc = (

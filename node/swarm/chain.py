@@ -7,13 +7,14 @@ before it enters. What happens, with the transactions of ``node.chain.actions``:
   swarm file names ``[chain] rpc_url``; then the contracts named by ``[chain] devnet_file`` are
   used, or the suite is deployed there (which needs an unlocked dev account, as anvil has);
 * the run: the sponsor (the chain's first dev account) opens it with the reward pool;
-* each node: a wallet keystore and a node signing key (``wallets/<name>.json`` and
-  ``wallets/<name>.node-main.json``, one random password for the swarm in ``wallets/password``,
-  mode 0600, never logged), a libp2p identity (``wallets/<name>.node-main.p2p.key``, the layout
-  of ``gwtf-node register``), funded by the sponsor, registered with a stake and its libp2p id
-  bound on chain, and joined to the run.
+* each node: a node key (``wallets/<name>.node-main.json``, the layout of ``gwtf-node
+  register``; one random password for the swarm in ``wallets/password``, mode 0600, never
+  logged), which is also its libp2p identity. A relay gets a wallet keystore
+  (``wallets/<name>.json``) funded by the sponsor, is registered with a stake and joins the run;
+  a data node is registered by the sponsor's own wallet and named a data node of the run.
 
-A node that was never registered (a "stranger", for admission tests) only gets an identity.
+A node that was never registered (a "stranger", for admission tests) only gets its key; so does
+every node of a swarm without a chain.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from eth_account import Account
+from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
 from gwtf.errors import ChainError, ConfigError
@@ -36,6 +38,7 @@ from node.chain.actions import (
     Capacity,
     Contracts,
     RunConfig,
+    add_data_node,
     join_run,
     open_run,
     register_node,
@@ -44,7 +47,7 @@ from node.chain.actions import (
 from node.chain.adapter import Sender, connect
 from node.chain.deployment import DevnetInfo, read_devnet_file
 from node.chain.wallet import create_wallet, load_or_create_node_key, node_key_path, open_wallet
-from node.p2p.identity import load_or_create_identity, peer_id_of
+from node.p2p.identity import identity_from_key, node_address_of_peer, peer_id_of
 from node.settings import ENV_PREFIX, ENV_RPC_TOKEN
 
 WEI_PER_ETH = 10**18
@@ -121,41 +124,43 @@ class SwarmChain:
     registered: dict[str, RegisteredNode] = field(default_factory=dict)
     _password: str = field(default="", repr=False)
 
-    def identity_path(self, name: str) -> Path:
-        key_path = node_key_path(self.wallets_dir / f"{name}.json", "main")
-        return key_path.with_name(key_path.stem + ".p2p.key")
-
     def peer_id_of(self, name: str) -> str:
-        """The node's libp2p id (its identity is created here if it has none yet)."""
-        return str(peer_id_of(load_or_create_identity(self.identity_path(name))))
+        """The node's libp2p id (its key is created here if it has none yet)."""
+        return peer_id_of_node(self.wallets_dir.parent, name, self.scrypt_n)
 
-    def register(self, name: str, capacity: int) -> RegisteredNode:
-        """Fund, register (libp2p id bound, stake) and join the run: the node may now enter."""
-        wallet_path = self.wallets_dir / f"{name}.json"
-        if wallet_path.exists():
-            wallet = open_wallet(wallet_path, self._password)
+    def register(self, name: str, capacity: int, *, data_node: bool = False) -> RegisteredNode:
+        """Put the node in the run, staked: a relay is funded, registered by its own wallet and
+        joins; a data node is registered by the sponsor and named a data node of the run."""
+        c = self.contracts
+        node_key = ensure_node_key(self.wallets_dir.parent, name, self.scrypt_n)
+        if data_node:
+            wallet = self.sponsor
         else:
-            wallet = create_wallet(wallet_path, self._password, scrypt_n=self.scrypt_n)
-        node_key = load_or_create_node_key(
-            node_key_path(wallet_path, "main"), self._password, scrypt_n=self.scrypt_n
-        )
-        identity = load_or_create_identity(self.identity_path(name))
-        peer_id = peer_id_of(identity)
-        stake_wei = _wei(self.plan.stake_eth)
-        c, sender = self.contracts, Sender.from_account(wallet)
-        transfer_eth(c.w3, self.sponsor, wallet.address, _wei(self.plan.fund_eth))
+            wallet_path = self.wallets_dir / f"{name}.json"
+            if wallet_path.exists():
+                account = open_wallet(wallet_path, self._password)
+            else:
+                account = create_wallet(wallet_path, self._password, scrypt_n=self.scrypt_n)
+            wallet = Sender.from_account(account)
+            transfer_eth(c.w3, self.sponsor, wallet.address, _wei(self.plan.fund_eth))
         if c.port().node_info(node_key.address) is None:
             hardware = Capacity("cpu", 1024, 3600, capacity)
-            register_node(c, sender, bytes(node_key.key), peer_id.to_bytes(), hardware, stake_wei)
-        join_run(c, sender, self.run_id, node_key.address)
-        node = RegisteredNode(name, wallet.address, node_key.address, str(peer_id))
+            register_node(c, wallet, bytes(node_key.key), hardware, _wei(self.plan.stake_eth))
+        if data_node:
+            add_data_node(c, self.sponsor, self.run_id, node_key.address)
+        else:
+            join_run(c, wallet, self.run_id, node_key.address)
+        peer_id = str(peer_id_of(identity_from_key(bytes(node_key.key))))
+        node = RegisteredNode(name, wallet.address, node_key.address, peer_id)
         self.registered[name] = node
         return node
 
     def is_member(self, peer_id: str) -> bool:
+        """Whether the chain admits the peer to the swarm's run now."""
         from libp2p.peer.id import ID
 
-        return self.contracts.port().is_run_member(self.run_id, ID.from_base58(peer_id).to_bytes())
+        node = node_address_of_peer(ID.from_base58(peer_id))
+        return self.contracts.port().is_admitted(self.run_id, node)
 
     def stop(self) -> None:
         if self.devnet is not None and self.devnet.poll() is None:
@@ -297,16 +302,39 @@ def _wallets_dir(out_dir: Path) -> Path:
     return wallets
 
 
+def password_file(out_dir: Path) -> Path:
+    """The file holding the swarm's keystore password, created with a random one if missing."""
+    path = _wallets_dir(out_dir) / "password"
+    if not path.exists():
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(24) + "\n")
+    return path
+
+
 def _swarm_password(out_dir: Path) -> str:
     """The keystores' password: read back if this folder has one, else a new random one."""
-    path = _wallets_dir(out_dir) / "password"
-    if path.exists():
-        return path.read_text().strip()
-    password = secrets.token_urlsafe(24)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(password + "\n")
-    return password
+    return password_file(out_dir).read_text().strip()
+
+
+def node_key_file(out_dir: Path, name: str) -> Path:
+    """Where the swarm keeps node ``name``'s key (the layout of ``gwtf-node register``)."""
+    return node_key_path(_wallets_dir(out_dir) / f"{name}.json", "main")
+
+
+def ensure_node_key(
+    out_dir: Path, name: str, scrypt_n: int | None = DEVNET_SCRYPT_N
+) -> LocalAccount:
+    """Node ``name``'s key, created on first use (so the node process only opens it)."""
+    return load_or_create_node_key(
+        node_key_file(out_dir, name), _swarm_password(out_dir), scrypt_n=scrypt_n
+    )
+
+
+def peer_id_of_node(out_dir: Path, name: str, scrypt_n: int | None = DEVNET_SCRYPT_N) -> str:
+    """Node ``name``'s libp2p id (its key is created if it has none yet)."""
+    key = ensure_node_key(out_dir, name, scrypt_n)
+    return str(peer_id_of(identity_from_key(bytes(key.key))))
 
 
 def chain_facts(

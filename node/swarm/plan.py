@@ -53,7 +53,7 @@ from gwtf.errors import ConfigError
 from node.p2p.link_emulation import Topology
 from node.runtime.fault_injection import CRASH_MOMENTS
 from node.settings import AUTO_STAGE, FlowSettings, load_settings
-from node.swarm.chain import ChainPlan, SwarmChain
+from node.swarm.chain import ChainPlan, SwarmChain, node_key_file, password_file
 from node.training.errors import ModelConfigError
 from node.training.partition import model_for_run
 
@@ -261,13 +261,19 @@ def node_settings(
     capacity = plan.swarm["capacity"]
     if role == "data":
         capacity = max(1, capacity * plan.swarm["relays_per_stage"] // plan.swarm["data_nodes"])
-    key_file = chain.identity_path(name) if chain else plan.out_dir / f"{name}.key"
     if role == "relay":
         node = {"emulated_hop_ms": plan.swarm["hop_ms"], **node}
     return {
-        "node": {"name": name, "role": role, "stage": stage, "capacity": capacity, **node},
+        "node": {
+            "name": name,
+            "role": role,
+            "stage": stage,
+            "capacity": capacity,
+            "key_file": str(node_key_file(plan.out_dir, name).resolve()),
+            "password_file": str(password_file(plan.out_dir).resolve()),
+            **node,
+        },
         "p2p": {
-            "key_file": str(key_file.resolve()),
             "region": regions[index % len(regions)],
             "topology_file": str(Path(plan.swarm["topology"]).resolve())
             if plan.swarm["topology"]

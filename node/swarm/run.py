@@ -29,7 +29,14 @@ from typing import IO, Any
 
 from gwtf.errors import GwtfError
 from node.settings import AUTO_STAGE
-from node.swarm.chain import chain_facts, child_env, start_swarm_chain
+from node.swarm.chain import (
+    DEVNET_SCRYPT_N,
+    chain_facts,
+    child_env,
+    ensure_node_key,
+    peer_id_of_node,
+    start_swarm_chain,
+)
 from node.swarm.plan import (
     Proc,
     SwarmPlan,
@@ -186,9 +193,13 @@ def _start_data_nodes(plan: SwarmPlan, log: IO[bytes] | None) -> list[Proc]:
 
 
 def _register(plan: SwarmPlan, settings: dict[str, Any]) -> None:
-    """Put the node on chain (staked, its libp2p id bound, joined to the run) before it starts."""
-    if plan.chain is not None:
-        plan.chain.register(settings["node"]["name"], int(settings["node"]["capacity"]))
+    """Give the node its key and, with a chain, put it in the run (staked, as a relay or a data
+    node) before it starts."""
+    node = settings["node"]
+    if plan.chain is None:
+        ensure_node_key(plan.out_dir, node["name"])
+        return
+    plan.chain.register(node["name"], int(node["capacity"]), data_node=node["role"] == "data")
 
 
 def _prestart_entrants(
@@ -208,8 +219,10 @@ def _prestart_entrants(
             plan, name, "relay", stage, len(plan.procs), join=kind == "joiner", emulated_speed=speed
         )
         settings["p2p"]["bootstrap_peers"] = bootstrap
+        scrypt_n = plan.chain.scrypt_n if plan.chain else DEVNET_SCRYPT_N
+        peer_id = peer_id_of_node(plan.out_dir, name, scrypt_n)  # its key, made before it starts
         if kind == "stranger" and plan.chain is not None:
-            plan.strangers[name] = plan.chain.peer_id_of(name)
+            plan.strangers[name] = peer_id
         start_node(plan, settings, log, start_file=plan.out_dir / f"{name}.go")
 
 

@@ -4,28 +4,27 @@ starts from a snapshot of that state and the chain is rolled back after it."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 from eth_tester import EthereumTester
 from web3 import EthereumTesterProvider, Web3
 
 from contracts.bindings import SuiteParams, deploy_suite
+from contracts.certificate_tree import CertificateTree
+from contracts.encoding import CertRef
 from tests.contracts.world import ETH, NodeKey, World
+
+# 2 epochs + the challenge window (4,000 s) fit in the unbonding delay, as openRun requires.
+TEST_PARAMS = SuiteParams(min_stake_wei=ETH, unbonding_delay_s=10_000, bounty_bps=500)
 
 
 @pytest.fixture(scope="session")
 def deployed_world() -> World:
     tester = EthereumTester()
     w3 = Web3(EthereumTesterProvider(tester))
-    params = SuiteParams(
-        min_stake_wei=10**18,
-        unbonding_delay_s=10_000,
-        reveal_period_s=600,
-        index_challenge_bond_wei=10**16,
-        bounty_bps=5_000,
-    )
-    suite = deploy_suite(w3, w3.eth.accounts[0], params)
-    return World(tester=tester, w3=w3, suite=suite, params=params)
+    suite = deploy_suite(w3, w3.eth.accounts[0], TEST_PARAMS)
+    return World(tester=tester, w3=w3, suite=suite, params=TEST_PARAMS)
 
 
 @pytest.fixture
@@ -37,17 +36,52 @@ def world(deployed_world: World) -> Iterator[World]:
         deployed_world.tester.revert_to_snapshot(snapshot)
 
 
-@pytest.fixture
-def pair(world: World) -> tuple[World, int, NodeKey, NodeKey]:
-    """Nodes a (stake 2 ETH, wallet 0) and b (stake 4 ETH, wallet 1) in a fresh run, epoch 0."""
+@dataclass(frozen=True)
+class Staffed:
+    """A run in epoch 0 with its data node and three relays, all staked and in the run."""
 
-    def build() -> tuple[int, NodeKey, NodeKey]:
+    w: World
+    run: int
+    data: NodeKey  # the sponsor's data node, 2 ETH
+    a: NodeKey  # wallet 0, 2 ETH
+    b: NodeKey  # wallet 1, 4 ETH
+    c: NodeKey  # wallet 2, 2 ETH
+
+
+@pytest.fixture
+def staffed(world: World) -> Staffed:
+    def build() -> tuple[int, NodeKey, NodeKey, NodeKey, NodeKey]:
+        data = world.register("data", world.sponsor, 2 * ETH)
         a = world.register("a", world.wallet(0), 2 * ETH)
         b = world.register("b", world.wallet(1), 4 * ETH)
+        c = world.register("c", world.wallet(2), 2 * ETH)
         run = world.open_run()
-        world.join(run, a, world.wallet(0))
-        world.join(run, b, world.wallet(1))
-        return run, a, b
+        world.add_data_node(run, data)
+        for key, i in ((a, 0), (b, 1), (c, 2)):
+            world.join(run, key, world.wallet(i))
+        return run, data, a, b, c
 
-    run, a, b = world.scenario("pair", build)
-    return world, run, a, b
+    run, data, a, b, c = world.scenario("staffed", build)
+    return Staffed(world, run, data, a, b, c)
+
+
+@dataclass(frozen=True)
+class Certified(Staffed):
+    """Staffed, with the data node's honest certificate of 4 microbatches through a (stage 1)
+    and b (stage 2) submitted for epoch 0."""
+
+    tree: CertificateTree
+    cert: CertRef
+
+
+@pytest.fixture
+def certified(staffed: Staffed) -> Certified:
+    w = staffed.w
+
+    def build() -> tuple[CertificateTree, CertRef]:
+        hops = w.pipeline_hops(staffed.run, 0, staffed.data, [staffed.a, staffed.b], range(4))
+        tree = w.certificate_tree(hops)
+        return tree, w.certify(tree, staffed.run, 0, staffed.data)
+
+    tree, cert = w.scenario("certified", build)
+    return Certified(w, staffed.run, staffed.data, staffed.a, staffed.b, staffed.c, tree, cert)

@@ -1,29 +1,40 @@
-"""The Python mirror of the on-chain encoding: golden vectors (an encoding change is noticed),
-an independent EIP-712 implementation (eth-account) as a cross-check, and agreement with the
-deployed contracts on random inputs."""
+"""The Python mirror of the on-chain encoding: golden vectors pin every rule, an independent
+EIP-712 implementation and libp2p agree with it, bad fields are refused, and the contracts
+compute the same digests, keys, leaves, bindings, node addresses and peer ids on random
+inputs."""
 
 from __future__ import annotations
 
 import pytest
+from eth_abi.abi import encode
 from eth_account import Account
 from eth_account.messages import encode_typed_data
 from eth_utils.crypto import keccak
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from libp2p.crypto.secp256k1 import Secp256k1PublicKey
+from libp2p.peer.id import ID
 
+from contracts import fraud_proofs
 from contracts.encoding import (
+    HOP_RECEIPT_ABI_TYPES,
     HOP_RECEIPT_TYPE,
+    CertifiedHop,
     HopReceipt,
     binding_digest,
-    claim_commitment,
+    certificate_commitment,
+    certify_hop,
     hop_key,
     ledger_domain,
+    node_address_of,
+    node_public_key,
+    peer_id_of_public_key,
     receipt_digest,
-    receipt_leaf,
     receipt_struct_hash,
     recover_signer,
     registry_domain,
     sign_receipt,
+    signatures_hash,
 )
 from contracts.merkle import build_tree
 from gwtf.errors import ProtocolError
@@ -34,6 +45,7 @@ GOLDEN_DOMAIN = ledger_domain(1, "0x" + "11" * 20)
 GOLDEN_RECEIPT = HopReceipt(
     runId=7,
     epoch=3,
+    dataNode="0x" + "dd" * 20,
     iteration=12,
     microbatchId=49,
     stage=2,
@@ -48,36 +60,68 @@ GOLDEN_RECEIPT = HopReceipt(
 
 GOLDEN = {
     "separator": "165e19ef8377444b4d537c8aaa45e815ed42a2c4a3ab59f977533848c4f7e1ed",
-    "struct": "0b76384e26a78dc6933440eef39952924015d3e739882843c18d80983b0e0789",
-    "digest": "a2420ab48cc20532e9c68bca1d19411fa5daf1e1041bb95de2f1924d857e6c5d",
-    "signature": "eb34948defe8bd3b09deb87a65593a9ea640ab625af8c106017c8d758d687db8"
-    "065831c53496f38d69cfacb5ec5a8da70df6dd5df04a4e8bda1a93ee61af2aa71b",
-    "leaf": "f02f7b3b07f87d9dd4d2614cdd72a07cb0014269f183d27e358b1ebc5a1cc43c",
-    "hop_key": "5cbd2476461650e501dbf9716f5299edb45c44917b35eaccf6f8c8edd0c3f04c",
-    "binding": "f253c6227e906cef012672b0a43f5e6d662fe48a727b6a4ad172a560663c045a",
+    "struct": "01598680be6b7461fafcfee76cec5c45f0104541a2563caa3603b4fe94193935",
+    "digest": "0f893bad7c4897914d8d33b4d0f718c4783e6241d87a96b95e45ab194914f2f2",
+    "signature": "bb22705078fa33ff949ccc603c1500563dfca30d805e39920ce5ed8b48c64258"
+    "7ae4dd26e02636e1c53d4405d4ba4eb1f0feb0eecb54a4e3d26f9d480043e2271b",
+    "hop_key": "c5141425490cadcb035e0d12a450efc4922c450baecfdacdf8d280bc59a52f61",
+    "signatures_hash": "5f8c232b0038476f93b000eafd3380ae988a1ed9ae3b9a1da2a8af5917ec94b0",
+    "leaf": "bbfa9d8e0c0b85c3263f50eae2615b9ef25306892256b687acd09fc766934d78",
+    "binding": "ef88ec62b3beb96ea38892cb026c9e02c975966107699d676b6035bbb7a56c12",
     "commitment": "d2b3664a4cacbfd876ad899c1ddca2dc95ea6c3aeeb0cc0aedd47e4ec79a8aaf",
-    "root5": "11aeafa56c9b34805cc86b1c320c9331672c07e600f0a44317051cfa05a0c296",
+    "root5": "4012e3527351abde51ed075bbd7c41097ede613e3e77bc14c1b2900fee859002",
+    "node_address": "0xf1cCb3E6f91dB17B6dd3450CdD5956aF5D8600c0",
+    "peer_id": "00250802122102c8c1f4f6c0da69ead5616f4548d7e0cdfd506376410e09e1b9dc36e82f4e0a14",
 }
 
 
-def test_golden_vectors() -> None:
+def computed_vectors() -> dict[str, str]:
     signature = sign_receipt(GOLDEN_RECEIPT, GOLDEN_DOMAIN, GOLDEN_KEY)
-    peer = b"\x00\x24peer"
+    hop = certify_hop(GOLDEN_RECEIPT, GOLDEN_DOMAIN, signature, signature, 5, 900)
+    public_key = node_public_key(GOLDEN_KEY)
     binding = binding_digest(
-        "0x" + "33" * 20, peer, "0x" + "44" * 20, registry_domain(1, "0x" + "22" * 20)
+        "0x" + "33" * 20, "0x" + "44" * 20, registry_domain(1, "0x" + "22" * 20)
     )
-    computed = {
+    return {
         "separator": GOLDEN_DOMAIN.separator().hex(),
         "struct": receipt_struct_hash(GOLDEN_RECEIPT).hex(),
         "digest": receipt_digest(GOLDEN_RECEIPT, GOLDEN_DOMAIN).hex(),
         "signature": signature.hex(),
-        "leaf": receipt_leaf(GOLDEN_RECEIPT, GOLDEN_DOMAIN, 5, 900, signature).hex(),
         "hop_key": hop_key(GOLDEN_RECEIPT).hex(),
+        "signatures_hash": signatures_hash(signature, b"\x01" * 65).hex(),
+        "leaf": hop.leaf().hex(),
         "binding": binding.hex(),
-        "commitment": claim_commitment(b"\x55" * 32, 10, 1500).hex(),
+        "commitment": certificate_commitment(b"\x55" * 32, 10, 1500).hex(),
         "root5": build_tree([keccak(bytes([i])) for i in range(5)]).root.hex(),
+        "node_address": node_address_of(public_key),
+        "peer_id": peer_id_of_public_key(public_key).hex(),
     }
-    assert computed == GOLDEN
+
+
+def test_golden_vectors() -> None:
+    assert computed_vectors() == GOLDEN
+
+
+def test_the_struct_hash_packs_exactly_what_eth_abi_encodes() -> None:
+    reference = keccak(
+        encode(
+            ["bytes32", *HOP_RECEIPT_ABI_TYPES],
+            [keccak(text=HOP_RECEIPT_TYPE), *GOLDEN_RECEIPT.as_tuple()],
+        )
+    )
+    assert receipt_struct_hash(GOLDEN_RECEIPT) == reference
+    words = encode(
+        ["uint256", "uint64", "address", "uint64", "uint16", "uint8", "uint16", "address"],
+        [7, 3, GOLDEN_RECEIPT.dataNode, 49, 2, 1, 1, GOLDEN_RECEIPT.worker],
+    )
+    assert hop_key(GOLDEN_RECEIPT) == keccak(words)
+
+
+@given(first=st.binary(max_size=100), second=st.binary(max_size=100))
+def test_the_signatures_hash_packs_exactly_what_eth_abi_encodes(
+    first: bytes, second: bytes
+) -> None:
+    assert signatures_hash(first, second) == keccak(encode(["bytes", "bytes"], [first, second]))
 
 
 def test_digest_matches_eth_account_typed_data() -> None:
@@ -109,6 +153,13 @@ def test_digest_matches_eth_account_typed_data() -> None:
     assert bytes(signed.signature) == sign_receipt(GOLDEN_RECEIPT, GOLDEN_DOMAIN, GOLDEN_KEY)
 
 
+def test_a_nodes_peer_id_is_libp2ps_for_its_key() -> None:
+    public_key = node_public_key(GOLDEN_KEY)
+    libp2p_key = Secp256k1PublicKey.from_bytes(bytes([4]) + public_key)
+    assert ID.from_pubkey(libp2p_key).to_bytes() == peer_id_of_public_key(public_key)
+    assert node_address_of(public_key) == Account.from_key(GOLDEN_KEY).address
+
+
 def test_recover_signer_round_trip_and_domain_binding() -> None:
     signature = sign_receipt(GOLDEN_RECEIPT, GOLDEN_DOMAIN, GOLDEN_KEY)
     assert recover_signer(GOLDEN_RECEIPT, GOLDEN_DOMAIN, signature) == GOLDEN_RECEIPT.counterparty
@@ -135,6 +186,7 @@ def test_recover_signer_rejects_malleable_and_malformed_signatures() -> None:
         ("direction", 2),
         ("runId", -1),
         ("worker", "0x12"),
+        ("dataNode", "not an address"),
         ("inputDigest", b"x"),
     ],
 )
@@ -145,11 +197,22 @@ def test_receipt_rejects_out_of_range_fields(field: str, value: object) -> None:
         HopReceipt(**fields)  # type: ignore[arg-type]
 
 
+def test_a_certified_hop_rejects_bad_fields() -> None:
+    good = certify_hop(GOLDEN_RECEIPT, GOLDEN_DOMAIN, b"\x01" * 65, b"\x02" * 65)
+    for field, value in (("index", -1), ("units", 1 << 64), ("hopKey", b"short"), ("worker", "0x")):
+        values = dict(zip(CertifiedHop.__dataclass_fields__, good.as_tuple(), strict=True))
+        values[field] = value
+        with pytest.raises(ProtocolError, match=field):
+            CertifiedHop(**values)  # type: ignore[arg-type]
+
+
 addresses = st.binary(min_size=20, max_size=20).map(lambda raw: "0x" + raw.hex())
+bytes32 = st.binary(min_size=32, max_size=32)
 receipts = st.builds(
     HopReceipt,
     runId=st.integers(0, 2**256 - 1),
     epoch=st.integers(0, 2**64 - 1),
+    dataNode=addresses,
     iteration=st.integers(0, 2**64 - 1),
     microbatchId=st.integers(0, 2**64 - 1),
     stage=st.integers(0, 2**16 - 1),
@@ -157,9 +220,19 @@ receipts = st.builds(
     attempt=st.integers(0, 2**16 - 1),
     worker=addresses,
     counterparty=addresses,
-    inputDigest=st.binary(min_size=32, max_size=32),
-    outputDigest=st.binary(min_size=32, max_size=32),
+    inputDigest=bytes32,
+    outputDigest=bytes32,
     units=st.integers(0, 2**64 - 1),
+)
+certified_hops = st.builds(
+    CertifiedHop,
+    index=st.integers(0, 2**64 - 1),
+    unitsBefore=st.integers(0, 2**64 - 1),
+    worker=addresses,
+    units=st.integers(0, 2**64 - 1),
+    hopKey=bytes32,
+    receiptDigest=bytes32,
+    signaturesHash=bytes32,
 )
 MIRROR = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -167,32 +240,42 @@ MIRROR = settings(
 
 
 @MIRROR
-@given(
-    receipt=receipts,
-    index=st.integers(0, 2**64 - 1),
-    units_before=st.integers(0, 2**64 - 1),
-    signature=st.binary(max_size=80),
-)
-def test_receipt_digest_and_leaf_agree_with_contract(
-    world: World, receipt: HopReceipt, index: int, units_before: int, signature: bytes
+@given(receipt=receipts, hop=certified_hops)
+def test_digest_key_and_leaf_agree_with_contract(
+    world: World, receipt: HopReceipt, hop: CertifiedHop
 ) -> None:
     ledger = world.ledger
-    domain = world.ledger_domain
     assert ledger.functions.receiptDigest(receipt.as_tuple()).call() == receipt_digest(
-        receipt, domain
+        receipt, world.ledger_domain
     )
-    leaf_struct = (receipt.as_tuple(), index, units_before, signature, [])
-    assert ledger.functions.leafHash(leaf_struct).call() == receipt_leaf(
-        receipt, domain, index, units_before, signature
-    )
+    assert ledger.functions.hopKeyOf(receipt.as_tuple()).call() == hop_key(receipt)
+    assert ledger.functions.leafHash(hop.as_tuple()).call() == hop.leaf()
 
 
 @MIRROR
-@given(wallet=addresses, node=addresses, peer_id=st.binary(min_size=1, max_size=128))
-def test_binding_digest_agrees_with_contract(
-    world: World, wallet: str, node: str, peer_id: bytes
-) -> None:
+@given(wallet=addresses, node=addresses)
+def test_binding_digest_agrees_with_contract(world: World, wallet: str, node: str) -> None:
     on_chain = world.registry.functions.bindingDigest(
-        world.w3.to_checksum_address(wallet), peer_id, world.w3.to_checksum_address(node)
+        world.w3.to_checksum_address(wallet), world.w3.to_checksum_address(node)
     ).call()
-    assert on_chain == binding_digest(wallet, peer_id, node, world.registry_domain)
+    assert on_chain == binding_digest(wallet, node, world.registry_domain)
+
+
+@MIRROR
+@given(secret=st.integers(1, 2**255))
+def test_node_address_and_peer_id_agree_with_contract(world: World, secret: int) -> None:
+    public_key = node_public_key(secret.to_bytes(32, "big"))
+    registry = world.registry.functions
+    assert registry.nodeAddressOf(public_key).call() == node_address_of(public_key)
+    assert registry.peerIdOf(public_key).call() == peer_id_of_public_key(public_key)
+
+
+@MIRROR
+@given(challenger=addresses, salt=bytes32, proof_hash=bytes32)
+def test_commitment_agrees_with_contract(
+    world: World, challenger: str, salt: bytes, proof_hash: bytes
+) -> None:
+    on_chain = world.disputes.functions.commitmentOf(
+        world.w3.to_checksum_address(challenger), salt, proof_hash
+    ).call()
+    assert on_chain == fraud_proofs.commitment_of(challenger, salt, proof_hash)

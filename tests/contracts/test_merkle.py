@@ -1,15 +1,22 @@
-"""Merkle trees: proofs verify, tampering fails, and OpenZeppelin's MerkleProof (on chain)
-computes the same roots as the Python tree."""
+"""Merkle trees: proofs verify, tampering fails, OpenZeppelin's MerkleProof (on chain) computes
+the same roots as the Python tree, and the Python tree is OpenZeppelin's StandardMerkleTree:
+the same roots, leaf hashes and proofs as the ``@openzeppelin/merkle-tree`` package of the npm
+lock file, for certificate leaves in index order."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
+from eth_utils.crypto import keccak
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contracts.bindings import deploy_contract
+from contracts.encoding import CERTIFIED_HOP_ABI_TYPES, CertifiedHop
 from contracts.merkle import build_tree, hash_pair, process_proof, verify_proof
 from gwtf.errors import ProtocolError
 from tests.contracts.world import World
@@ -74,3 +81,49 @@ def test_openzeppelin_agrees_with_python_tree(
     assert probe.functions.verify(proof, tree.root, leaves[index]).call()
     wrong_root = bytes([tree.root[0] ^ 1]) + tree.root[1:]
     assert not probe.functions.verify(proof, wrong_root, leaves[index]).call()
+
+
+STANDARD_TREE_JS = Path(__file__).with_name("standard_tree.js")
+
+
+def openzeppelin_trees(trees: list[list[CertifiedHop]]) -> list[dict[str, Any]]:
+    """Root, leaf hashes and proofs of each tree's StandardMerkleTree, from OpenZeppelin's
+    package (one node process for all)."""
+
+    def values(hop: CertifiedHop) -> list[str]:
+        return [
+            str(v) if isinstance(v, int) else v if isinstance(v, str) else "0x" + v.hex()
+            for v in hop.as_tuple()
+        ]
+
+    payload = json.dumps(
+        {"types": list(CERTIFIED_HOP_ABI_TYPES), "trees": [[values(h) for h in t] for t in trees]}
+    )
+    done = subprocess.run(
+        ["node", str(STANDARD_TREE_JS)], input=payload, capture_output=True, text=True,
+        check=True, timeout=60, cwd=STANDARD_TREE_JS.parents[2],
+    )  # fmt: skip
+    return list(json.loads(done.stdout))
+
+
+def hops_of(size: int, seed: int) -> list[CertifiedHop]:
+    return [
+        CertifiedHop(
+            index=i, unitsBefore=100 * i + seed, worker="0x" + f"{(seed + i) % 7:040x}",
+            units=100 + i, hopKey=keccak(bytes([i, seed % 256, 1])),
+            receiptDigest=keccak(bytes([i, seed % 256, 2])),
+            signaturesHash=keccak(bytes([i, seed % 256, 3])),
+        )
+        for i in range(size)
+    ]  # fmt: skip
+
+
+def test_the_tree_is_openzeppelins_standard_merkle_tree() -> None:
+    # Every size from 1 to 33 leaves: complete and incomplete last levels alike.
+    trees = [hops_of(size, seed=size) for size in range(1, 34)]
+    for hops, theirs in zip(trees, openzeppelin_trees(trees), strict=True):
+        ours = build_tree([hop.leaf() for hop in hops])
+        assert "0x" + ours.root.hex() == theirs["root"], len(hops)
+        assert ["0x" + hop.leaf().hex() for hop in hops] == theirs["leaves"]
+        proofs = [["0x" + p.hex() for p in ours.proof(i)] for i in range(len(hops))]
+        assert proofs == theirs["proofs"]

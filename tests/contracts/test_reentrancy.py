@@ -1,108 +1,274 @@
-"""A contract wallet that re-enters the contract paying it: every re-entry is refused by the
-guard, and the attacker is paid exactly once."""
+"""The four payments to an account (withdrawStake, claimReward, withdrawRefund and
+Disputes.withdrawCredit) against a contract wallet that attacks them
+(``contracts/test/ReentrantWallet.sol``): re-entering from the payment's receive hook is refused
+and nothing is paid twice; a wallet that rejects ETH makes the payment revert with
+TransferFailed, loses nothing and is paid in full once it accepts again."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from eth_tester.exceptions import TransactionFailed
 
+from contracts import fraud_proofs
 from contracts.bindings import ContractRevert, all_errors_abi, decode_revert, deploy_contract
-from contracts.encoding import ClaimRef, sign_binding
-from tests.contracts.world import ETH, World, default_capacity, reverts
+from contracts.encoding import sign_binding
+from tests.contracts.world import ETH, World, default_capacity
+
+UNBONDING, WITHDRAWN = 2, 3
+BOUNTY_BPS = 500
 
 
-def attacker_node(w: World, run: int | None = None) -> tuple[Any, Any]:
-    """A ReentrantWallet owning node 'evil' (stake 2 ETH), joined to ``run`` if given."""
-    wallet = deploy_contract(w.w3, "ReentrantWallet", w.stranger)
+def decode(data: bytes) -> tuple[str, tuple[Any, ...]]:
+    revert = decode_revert(TransactionFailed(bytes(data)), all_errors_abi())
+    return revert.name, revert.args
+
+
+@dataclass(frozen=True)
+class Attacker:
+    """A ReentrantWallet owned (and driven) by the world's attacker account."""
+
+    w: World
+    wallet: Any
+
+    @classmethod
+    def deploy(cls, w: World) -> Attacker:
+        return cls(w, deploy_contract(w.w3, "ReentrantWallet", w.attacker))
+
+    @property
+    def address(self) -> str:
+        return str(self.wallet.address)
+
+    def execute(self, target: Any, function: str, *args: Any, value: int = 0) -> None:
+        data = target.encode_abi(function, args=list(args))
+        self.w.tx(self.wallet.functions.execute(target.address, data), self.w.attacker, value)
+
+    def forward_fails(self, target: Any, function: str, *args: Any) -> tuple[str, tuple[Any, ...]]:
+        """The target's own revert of a forwarded call (the wallet wraps it in ForwardFailed)."""
+        with pytest.raises(ContractRevert) as excinfo:
+            self.execute(target, function, *args)
+        assert excinfo.value.name == "ForwardFailed"
+        return decode(excinfo.value.args[0])
+
+    def arm(self, target: Any, function: str, *args: Any) -> None:
+        data = target.encode_abi(function, args=list(args))
+        self.w.tx(self.wallet.functions.arm(target.address, data), self.w.attacker)
+
+    def reject(self, rejecting: bool) -> None:
+        self.w.tx(self.wallet.functions.setRejecting(rejecting), self.w.attacker)
+
+    def counters(self) -> tuple[int, int, int]:
+        """(payments received, re-entries attempted, re-entries that succeeded)."""
+        f = self.wallet.functions
+        return (
+            f.paymentsReceived().call(),
+            f.reentryAttempts().call(),
+            f.reentrySuccesses().call(),
+        )
+
+    def last_reentry_revert(self) -> tuple[str, tuple[Any, ...]]:
+        return decode(self.wallet.functions.lastReentryRevert().call())
+
+
+# ---------------------------------------------------------------- the four payments
+
+
+@dataclass(frozen=True)
+class Setup:
+    """An attacker owed ``amount`` by ``payer`` through ``function(*args)``."""
+
+    attacker: Attacker
+    payer: Any
+    function: str
+    args: tuple[Any, ...]
+    amount: int
+    records: Callable[[], tuple[Any, ...]]  # the payer's records of what it owes
+    again: tuple[str, tuple[Any, ...]]  # the payer's answer to a second withdrawal
+
+
+def owed_stake(w: World) -> Setup:
+    """The attacker's node unbonded; its 2 ETH stake has unlocked."""
+    attacker = Attacker.deploy(w)
     key = w.key("evil")
-    signature = sign_binding(wallet.address, key.peer_id, key.private_key, w.registry_domain)
-    register = w.registry.encode_abi(
-        "registerNode", args=[key.address, key.peer_id, default_capacity(), signature]
+    signature = sign_binding(attacker.address, key.private_key, w.registry_domain)
+    attacker.execute(
+        w.registry, "registerNode", key.public_key, default_capacity(), signature, value=2 * ETH
     )
-    w.tx(wallet.functions.execute(w.registry.address, register), w.stranger, 2 * ETH)
-    if run is not None:
-        join = w.ledger.encode_abi("joinRun", args=[run, key.address])
-        w.tx(wallet.functions.execute(w.ledger.address, join), w.stranger)
-    return wallet, key
+    attacker.execute(w.registry, "requestUnstake", key.address)
+    w.travel_to(w.call(w.registry.functions.unlockAt(key.address)))
+    registry = w.registry.functions
+
+    def records() -> tuple[Any, ...]:
+        return (
+            tuple(w.call(registry.bondOf(key.address))),
+            w.call(registry.totalStakedWei()),
+            w.balance(w.registry.address),
+        )
+
+    again = ("NodeNotUnbonding", (key.address, WITHDRAWN))
+    return Setup(attacker, w.registry, "withdrawStake", (key.address,), 2 * ETH, records, again)
 
 
-def assert_paid_once_and_reentry_refused(wallet: Any) -> None:
-    assert wallet.functions.paymentsReceived().call() == 1
-    assert wallet.functions.reentryAttempts().call() == 1
-    assert wallet.functions.reentrySuccesses().call() == 0
-    refused = decode_revert(
-        TransactionFailed(bytes(wallet.functions.lastReentryRevert().call())), all_errors_abi()
+def owed_reward(w: World) -> Setup:
+    """The attacker's node worked stage 1 of a settled epoch, half of its units."""
+    attacker = Attacker.deploy(w)
+    key = w.key("evil")
+    signature = sign_binding(attacker.address, key.private_key, w.registry_domain)
+    attacker.execute(
+        w.registry, "registerNode", key.public_key, default_capacity(), signature, value=2 * ETH
     )
-    assert (refused.name, refused.args) == ("ReentrancyGuardReentrantCall", ())
-
-
-def test_reentering_withdraw_stake_is_refused(world: World) -> None:
-    w = world
-    wallet, key = attacker_node(w)
-    unstake = w.registry.encode_abi("requestUnstake", args=[key.address])
-    w.tx(wallet.functions.execute(w.registry.address, unstake), w.stranger)
-    w.travel_to(w.registry.functions.getNode(key.address).call()[3])
-    withdraw = w.registry.encode_abi("withdrawStake", args=[key.address])
-    w.tx(wallet.functions.arm(w.registry.address, withdraw), w.stranger)
-    w.tx(wallet.functions.execute(w.registry.address, withdraw), w.stranger)
-    assert_paid_once_and_reentry_refused(wallet)
-    assert w.balance(wallet.address) == 2 * ETH
-    assert w.registry.functions.totalStakedWei().call() == w.balance(w.registry.address) == 0
-
-
-def test_reentering_claim_reward_is_refused(world: World) -> None:
-    w = world
-    run = w.open_run()
-    wallet, evil = attacker_node(w, run)
+    data = w.register("data", w.sponsor)
     peer = w.register("peer", w.wallet(0))
+    run = w.open_run()
+    w.add_data_node(run, data)
+    attacker.execute(w.ledger, "joinRun", run, key.address)
     w.join(run, peer, w.wallet(0))
-    tree = w.honest_tree(run, 0, evil, peer, count=2)
-    w.to_submission(run, 0)
-    claim: ClaimRef = tree.claim(run, 0, evil.address)
-    submit = w.ledger.encode_abi(
-        "submitEpochRoot", args=[run, 0, evil.address, claim.root, claim.count, claim.units]
-    )
-    w.tx(wallet.functions.execute(w.ledger.address, submit), w.stranger)
+    tree = w.certificate_tree(w.pipeline_hops(run, 0, data, [key, peer], range(2)))
+    cert = w.certify(tree, run, 0, data)
     w.to_settled(run, 0)
-    claim_call = w.ledger.encode_abi("claimReward", args=[claim.as_tuple()])
-    w.tx(wallet.functions.arm(w.ledger.address, claim_call), w.stranger)
-    w.tx(wallet.functions.execute(w.ledger.address, claim_call), w.stranger)
-    assert_paid_once_and_reentry_refused(wallet)
-    assert w.balance(wallet.address) == 3 * ETH  # the whole epoch budget, once
+    span = tree.worker_range(key.address)
+    assert span is not None and 2 * span.units == tree.units
+    (first, first_proof), (last, last_proof) = span.first.as_args(), span.last.as_args()
+    ledger = w.ledger.functions
+
+    def records() -> tuple[Any, ...]:
+        return (
+            w.call(ledger.isClaimed(run, 0, data.address, key.address)),
+            tuple(w.call(ledger.epochBook(run, 0))),
+            w.call(ledger.getRun(run))[5],
+            w.balance(w.ledger.address),
+        )
+
+    again = ("AlreadyClaimed", (run, 0, data.address, key.address))
+    args = (cert.as_tuple(), first, first_proof, last, last_proof)
+    return Setup(attacker, w.ledger, "claimReward", args, 3 * ETH // 2, records, again)
 
 
-def test_reentering_withdraw_credit_is_refused_and_a_refusing_wallet_gets_transfer_failed(
-    world: World,
-) -> None:
-    w = world
+def owed_refund(w: World) -> Setup:
+    """The attacker sponsored a run of 5 ETH, closed it and may take the funds back."""
+    attacker = Attacker.deploy(w)
+    attacker.execute(w.ledger, "openRun", w.run_config(), value=5 * ETH)
+    run = w.call(w.ledger.functions.runCount())
+    attacker.execute(w.ledger, "closeRun", run)
+    w.travel_to(w.call(w.ledger.functions.refundableAt(run)))
+
+    def records() -> tuple[Any, ...]:
+        return w.call(w.ledger.functions.getRun(run))[5], w.balance(w.ledger.address)
+
+    again = ("NothingToWithdraw", (attacker.address,))
+    return Setup(attacker, w.ledger, "withdrawRefund", (run,), 5 * ETH, records, again)
+
+
+def owed_bounty(w: World) -> Setup:
+    """The attacker proved that node c (2 ETH) equivocated: its bounty is 5 % of the stake."""
+    attacker = Attacker.deploy(w)
+    c, peer, data = w.register("c", w.wallet(2)), w.key("peer"), w.key("data")
     run = w.open_run()
-    wallet, evil = attacker_node(w, run)
-    peer = w.register("peer", w.wallet(0))
-    w.join(run, peer, w.wallet(0))
-    # The attacker earns a bounty honestly: peer claims evil's work.
-    stolen = w.honest_tree(run, 0, evil, peer, count=1)
-    w.to_submission(run, 0)
-    claim = stolen.claim(run, 0, peer.address)
-    w.submit(claim, w.wallet(0))
-    prove = w.ledger.encode_abi(
-        "proveWrongWorker", args=[claim.as_tuple(), stolen.leaf_proof(0).as_tuple()]
+    first = w.receipt(run, 0, data, c, peer, 0)
+    second = w.receipt(run, 0, data, c, peer, 0, inputDigest=b"\x02" * 32)
+    proof = fraud_proofs.equivocation(
+        c.address,
+        first,
+        w.signed(first, c, peer).worker_signature,
+        second,
+        w.signed(second, c, peer).worker_signature,
     )
-    w.tx(wallet.functions.execute(w.ledger.address, prove), w.stranger)
-    bounty = w.ledger.functions.creditWei(wallet.address).call()
-    assert bounty == ETH
-    withdraw = w.ledger.encode_abi("withdrawCredit", args=[])
-    w.tx(wallet.functions.setRejecting(True), w.stranger)
-    forwarded = wallet.functions.execute(w.ledger.address, withdraw)
-    with pytest.raises(ContractRevert) as excinfo:
-        w.tx(forwarded, w.stranger)
-    # The wallet's ForwardFailed(bytes) carries the ledger's own revert, decoded the same way.
-    assert excinfo.value.name == "ForwardFailed"
-    decoded = decode_revert(TransactionFailed(excinfo.value.args[0]), w.ledger.abi)
-    assert (decoded.name, decoded.args) == ("TransferFailed", (wallet.address, ETH))
-    w.tx(wallet.functions.setRejecting(False), w.stranger)
-    w.tx(wallet.functions.arm(w.ledger.address, withdraw), w.stranger)
-    w.tx(forwarded, w.stranger)
-    assert_paid_once_and_reentry_refused(wallet)
-    reverts(w, w.ledger.functions.withdrawCredit(), w.stranger, "NothingToWithdraw", w.stranger)
+    salt = os.urandom(32)
+    commitment = fraud_proofs.commitment_of(attacker.address, salt, proof.proof_hash)
+    attacker.execute(w.disputes, "commit", commitment)
+    w.mine()
+    attacker.execute(w.disputes, proof.function, *proof.args, salt)
+    bounty = 2 * ETH * BOUNTY_BPS // 10_000
+    assert w.call(w.disputes.functions.creditWei(attacker.address)) == bounty
+
+    def records() -> tuple[Any, ...]:
+        return (
+            w.call(w.disputes.functions.creditWei(attacker.address)),
+            w.call(w.disputes.functions.burnedWei()),
+            w.balance(w.disputes.address),
+        )
+
+    again = ("NothingToWithdraw", (attacker.address,))
+    return Setup(attacker, w.disputes, "withdrawCredit", (), bounty, records, again)
+
+
+PAYMENTS: dict[str, Callable[[World], Setup]] = {
+    "withdrawStake": owed_stake,
+    "claimReward": owed_reward,
+    "withdrawRefund": owed_refund,
+    "withdrawCredit": owed_bounty,
+}
+
+
+@pytest.fixture(params=list(PAYMENTS))
+def owed(request: pytest.FixtureRequest, world: World) -> Setup:
+    build = PAYMENTS[request.param]
+    setup: Setup = world.scenario(f"reentrancy:{request.param}", lambda: build(world))
+    return setup
+
+
+def test_reentering_the_payment_is_refused_and_pays_once(world: World, owed: Setup) -> None:
+    w, attacker = world, owed.attacker
+    payer_before = w.balance(owed.payer.address)
+    attacker.arm(owed.payer, owed.function, *owed.args)
+    attacker.execute(owed.payer, owed.function, *owed.args)
+    assert attacker.counters() == (1, 1, 0)
+    assert attacker.last_reentry_revert() == ("ReentrancyGuardReentrantCall", ())
+    assert w.balance(attacker.address) == owed.amount
+    assert w.balance(owed.payer.address) == payer_before - owed.amount
+    # And after it, the debt is settled: a second withdrawal finds nothing.
+    assert attacker.forward_fails(owed.payer, owed.function, *owed.args) == owed.again
+    assert w.balance(attacker.address) == owed.amount
+
+
+def test_a_wallet_that_rejects_ether_loses_nothing_and_can_retry(world: World, owed: Setup) -> None:
+    w, attacker = world, owed.attacker
+    records = owed.records()
+    attacker.reject(True)
+    refused = attacker.forward_fails(owed.payer, owed.function, *owed.args)
+    assert refused == ("TransferFailed", (attacker.address, owed.amount))
+    assert owed.records() == records
+    assert w.balance(attacker.address) == 0
+    attacker.reject(False)
+    attacker.execute(owed.payer, owed.function, *owed.args)
+    assert w.balance(attacker.address) == owed.amount
+    assert attacker.counters() == (1, 0, 0)
+    assert owed.records() != records
+
+
+def test_the_stake_is_marked_withdrawn_before_it_is_sent(world: World) -> None:
+    """Checks-effects-interactions, seen from the receive hook: re-entering an unguarded
+    function of the registry (addStake) finds the node already withdrawn."""
+    w = world
+    owed = w.scenario("reentrancy:withdrawStake", lambda: owed_stake(w))
+    attacker, node = owed.attacker, owed.args[0]
+    attacker.arm(w.registry, "addStake", node)
+    attacker.execute(w.registry, "withdrawStake", node)
+    assert attacker.counters() == (1, 1, 0)
+    assert attacker.last_reentry_revert() == ("NodeNotActive", (node, WITHDRAWN))
+    assert w.balance(attacker.address) == 2 * ETH
+    assert w.call(w.registry.functions.totalStakedWei()) == w.balance(w.registry.address)
+
+
+def test_a_claim_reentered_into_another_guarded_ledger_function_is_refused(world: World) -> None:
+    """The ledger's guard spans its functions: from the reward's payment, the refund of a run
+    the attacker sponsors is refused too."""
+    w = world
+    owed = w.scenario("reentrancy:claimReward", lambda: owed_reward(w))
+    attacker = owed.attacker
+    attacker.execute(w.ledger, "openRun", w.run_config(), value=ETH)
+    run = w.call(w.ledger.functions.runCount())
+    attacker.execute(w.ledger, "closeRun", run)
+    w.travel_to(max(w.call(w.ledger.functions.refundableAt(run)), w.now() + 1))
+    attacker.arm(w.ledger, "withdrawRefund", run)
+    attacker.execute(w.ledger, owed.function, *owed.args)
+    assert attacker.counters() == (1, 1, 0)
+    assert attacker.last_reentry_revert() == ("ReentrancyGuardReentrantCall", ())
+    assert w.balance(attacker.address) == owed.amount
+    # Outside the payment the refund goes through.
+    attacker.execute(w.ledger, "withdrawRefund", run)
+    assert w.balance(attacker.address) == owed.amount + ETH

@@ -1,7 +1,9 @@
-"""Test vocabulary for the contracts: accounts with roles, node keys, runs, receipts and trees."""
+"""Test vocabulary for the contracts: accounts with roles, node keys, runs, receipts,
+certificate trees, claims and fraud proofs."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,18 +14,29 @@ from eth_utils.crypto import keccak
 from web3 import Web3
 from web3.types import TxReceipt
 
+from contracts import fraud_proofs
 from contracts.bindings import ContractRevert, Suite, SuiteParams, call, transact
+from contracts.certificate_tree import (
+    CertificateTree,
+    SignedReceipt,
+    build_certificate_tree,
+    tree_of_hops,
+)
 from contracts.encoding import (
-    ClaimRef,
+    CertifiedHop,
+    CertRef,
     Eip712Domain,
     HopReceipt,
     ledger_domain,
+    node_address_of,
+    node_public_key,
+    peer_id_of_public_key,
     registry_domain,
     scheduled_units,
     sign_binding,
     sign_receipt,
 )
-from contracts.epoch_tree import EpochTree, SignedReceipt, build_epoch_tree
+from contracts.fraud_proofs import FraudProof
 
 ETH = 10**18
 TEST_GAS_LIMIT = 3_000_000
@@ -31,21 +44,25 @@ EPOCH_S = 1_000
 WINDOW_S = 2_000
 UNITS_PER_HOP = 100
 REWARD_PER_EPOCH = 3 * ETH
+STAGES = 2
 
 
 @dataclass(frozen=True)
 class NodeKey:
-    """A node's secp256k1 key (it signs bindings and receipts) and its libp2p peer id."""
+    """A node's secp256k1 key: its address on chain, its libp2p identity, its receipt signer."""
 
     private_key: bytes
     address: str
+    public_key: bytes
     peer_id: bytes
 
     @classmethod
     def derive(cls, label: str) -> NodeKey:
         private_key = keccak(text=f"gwtf test node {label}")
+        public_key = node_public_key(private_key)
         address = Account.from_key(private_key).address
-        return cls(private_key, address, b"\x00\x24\x08\x01" + keccak(text=label)[:28])
+        assert address == node_address_of(public_key)
+        return cls(private_key, address, public_key, peer_id_of_public_key(public_key))
 
 
 def default_capacity() -> tuple[str, int, int, int]:
@@ -92,6 +109,14 @@ class World:
     def stranger(self) -> str:
         return str(self.w3.eth.accounts[7])
 
+    @property
+    def attacker(self) -> str:
+        return str(self.w3.eth.accounts[8])
+
+    @property
+    def accomplice(self) -> str:
+        return str(self.w3.eth.accounts[9])
+
     def key(self, label: str) -> NodeKey:
         if label not in self.keys:
             self.keys[label] = NodeKey.derive(label)
@@ -105,6 +130,9 @@ class World:
         "latest" sees one second less)."""
         self.tester.time_travel(timestamp)
 
+    def mine(self) -> None:
+        self.tester.mine_blocks(1)
+
     @property
     def registry(self) -> Any:
         return self.suite.registry
@@ -112,6 +140,10 @@ class World:
     @property
     def ledger(self) -> Any:
         return self.suite.ledger
+
+    @property
+    def disputes(self) -> Any:
+        return self.suite.disputes
 
     @property
     def ledger_domain(self) -> Eip712Domain:
@@ -135,19 +167,23 @@ class World:
     # ------------------------------------------------------------ registry
     def register(self, label: str, wallet: str, stake_wei: int = 2 * ETH) -> NodeKey:
         key = self.key(label)
-        signature = sign_binding(wallet, key.peer_id, key.private_key, self.registry_domain)
-        fn = self.registry.functions.registerNode(
-            key.address, key.peer_id, default_capacity(), signature
-        )
+        signature = sign_binding(wallet, key.private_key, self.registry_domain)
+        fn = self.registry.functions.registerNode(key.public_key, default_capacity(), signature)
         self.tx(fn, wallet, stake_wei)
         return key
+
+    def stake_of(self, key: NodeKey) -> int:
+        return int(self.registry.functions.bondOf(key.address).call()[1])
+
+    def status_of(self, key: NodeKey) -> int:
+        return int(self.registry.functions.bondOf(key.address).call()[2])
 
     # ------------------------------------------------------------ runs
     def run_config(self, **overrides: Any) -> tuple[Any, ...]:
         config = {
             "modelConfigHash": keccak(text="model"),
             "datasetHash": keccak(text="data"),
-            "stageCount": 4,
+            "stageCount": STAGES,
             "epochLengthS": EPOCH_S,
             "unitsPerHop": UNITS_PER_HOP,
             "rewardPerEpochWei": REWARD_PER_EPOCH,
@@ -164,30 +200,35 @@ class World:
         (event,) = self.ledger.events.RunOpened().process_receipt(receipt)
         return int(event["args"]["runId"])
 
+    def add_data_node(self, run_id: int, key: NodeKey) -> None:
+        self.tx(self.ledger.functions.addDataNode(run_id, key.address), self.sponsor)
+
     def join(self, run_id: int, key: NodeKey, wallet: str) -> None:
         self.tx(self.ledger.functions.joinRun(run_id, key.address), wallet)
 
     def epoch_times(self, run_id: int, epoch: int) -> tuple[int, int, int, int]:
+        """(startsAt, endsAt, submitClosesAt, settlesAt)."""
         return tuple(self.ledger.functions.epochTimes(run_id, epoch).call())  # type: ignore[return-value]
 
     def to_submission(self, run_id: int, epoch: int) -> None:
-        opens_at, _, _, _ = self.epoch_times(run_id, epoch)
-        if self.now() < opens_at:
-            self.travel_to(opens_at + 1)  # calls on "latest" are inside the period too
+        _, ends_at, _, _ = self.epoch_times(run_id, epoch)
+        if self.now() < ends_at:
+            self.travel_to(ends_at + 1)  # calls on "latest" are inside the period too
 
     def to_settled(self, run_id: int, epoch: int) -> None:
         _, _, _, settles_at = self.epoch_times(run_id, epoch)
         self.travel_to(max(settles_at + 1, self.now() + 1))
 
-    # ------------------------------------------------------------ receipts
+    # ------------------------------------------------------------ receipts and certificates
     def receipt(
         self,
         run_id: int,
         epoch: int,
+        data_node: NodeKey,
         worker: NodeKey,
         counterparty: NodeKey,
         microbatch: int,
-        stage: int = 0,
+        stage: int = 1,
         direction: int = 0,
         attempt: int = 0,
         **overrides: Any,
@@ -195,6 +236,7 @@ class World:
         fields: dict[str, Any] = {
             "runId": run_id,
             "epoch": epoch,
+            "dataNode": data_node.address,
             "iteration": microbatch // 4,
             "microbatchId": microbatch,
             "stage": stage,
@@ -202,46 +244,121 @@ class World:
             "attempt": attempt,
             "worker": worker.address,
             "counterparty": counterparty.address,
-            "inputDigest": keccak(text=f"in {microbatch} {stage} {direction}"),
-            "outputDigest": keccak(text=f"out {microbatch} {stage} {direction}"),
+            "inputDigest": keccak(text=f"in {microbatch} {stage} {direction} {attempt}"),
+            "outputDigest": keccak(text=f"out {microbatch} {stage} {direction} {attempt}"),
             "units": scheduled_units(direction, UNITS_PER_HOP),
         }
         fields.update(overrides)
         return HopReceipt(**fields)
 
-    def countersign(
-        self, receipt: HopReceipt, signer: NodeKey, domain: Eip712Domain | None = None
+    def signed(
+        self,
+        receipt: HopReceipt,
+        worker: NodeKey,
+        counterparty: NodeKey,
+        domain: Eip712Domain | None = None,
     ) -> SignedReceipt:
-        signature = sign_receipt(receipt, domain or self.ledger_domain, signer.private_key)
-        return SignedReceipt(receipt, signature)
+        """The receipt signed by ``worker`` and countersigned by ``counterparty``."""
+        domain = domain or self.ledger_domain
+        return SignedReceipt(
+            receipt,
+            sign_receipt(receipt, domain, worker.private_key),
+            sign_receipt(receipt, domain, counterparty.private_key),
+        )
 
-    def honest_tree(
-        self, run_id: int, epoch: int, worker: NodeKey, counterparty: NodeKey, count: int
-    ) -> EpochTree:
-        entries = [
-            self.countersign(
-                self.receipt(run_id, epoch, worker, counterparty, microbatch=m, direction=m % 2),
-                counterparty,
-            )
-            for m in range(count)
-        ]
-        return build_epoch_tree(entries, self.ledger_domain)
+    def pipeline_hops(
+        self,
+        run_id: int,
+        epoch: int,
+        data_node: NodeKey,
+        relays: Sequence[NodeKey],
+        microbatches: Sequence[int],
+    ) -> list[SignedReceipt]:
+        """Every hop of ``microbatches`` through ``relays`` (one per stage, 1..S): each forward
+        countersigned by the next stage (the data node after the last), each backward by the
+        stage before (the data node before the first)."""
+        hops: list[SignedReceipt] = []
+        stages = len(relays)
+        for m in microbatches:
+            for stage, relay in enumerate(relays, start=1):
+                after = relays[stage] if stage < stages else data_node
+                before = relays[stage - 2] if stage > 1 else data_node
+                forward = self.receipt(run_id, epoch, data_node, relay, after, m, stage, 0)
+                backward = self.receipt(run_id, epoch, data_node, relay, before, m, stage, 1)
+                hops += [self.signed(forward, relay, after), self.signed(backward, relay, before)]
+        return hops
 
-    def tree_of(self, entries: Sequence[SignedReceipt], **kwargs: Any) -> EpochTree:
-        return build_epoch_tree(entries, self.ledger_domain, **kwargs)
+    def certificate_tree(self, entries: Sequence[SignedReceipt]) -> CertificateTree:
+        return build_certificate_tree(entries, self.ledger_domain)
+
+    def dishonest_tree(self, hops: Sequence[CertifiedHop]) -> CertificateTree:
+        return tree_of_hops(hops)
 
     def submit(
-        self, claim: ClaimRef, wallet: str, *, count: int | None = None, units: int | None = None
-    ) -> TxReceipt:
-        fn = self.ledger.functions.submitEpochRoot(
-            claim.runId,
-            claim.epoch,
-            claim.node,
-            claim.root,
-            claim.count if count is None else count,
-            claim.units if units is None else units,
+        self, cert: CertRef, wallet: str | None = None, *, count: int | None = None,
+        units: int | None = None,
+    ) -> TxReceipt:  # fmt: skip
+        fn = self.ledger.functions.submitCertificates(
+            cert.runId,
+            cert.epoch,
+            cert.dataNode,
+            cert.root,
+            cert.count if count is None else count,
+            cert.units if units is None else units,
         )
-        return self.tx(fn, wallet)
+        return self.tx(fn, wallet or self.sponsor)
+
+    def certify(
+        self, tree: CertificateTree, run_id: int, epoch: int, data_node: NodeKey
+    ) -> CertRef:
+        """Submits ``tree`` as the data node's certificate (moving to the submission period)."""
+        self.to_submission(run_id, epoch)
+        cert = tree.cert_ref(run_id, epoch, data_node.address)
+        self.submit(cert)
+        return cert
+
+    def claim_fn(self, cert: CertRef, tree: CertificateTree, worker: NodeKey) -> Any:
+        span = tree.worker_range(worker.address)
+        assert span is not None, f"{worker.address} has no hops in the tree"
+        first, first_proof = span.first.as_args()
+        last, last_proof = span.last.as_args()
+        return self.ledger.functions.claimReward(
+            cert.as_tuple(), first, first_proof, last, last_proof
+        )
+
+    def claim(
+        self, cert: CertRef, tree: CertificateTree, worker: NodeKey, wallet: str
+    ) -> TxReceipt:
+        return self.tx(self.claim_fn(cert, tree, worker), wallet)
+
+    # ------------------------------------------------------------ disputes
+    def equivocation(self, signer: NodeKey, first: HopReceipt, second: HopReceipt) -> FraudProof:
+        """The proof that ``signer`` signed both receipts (of one hop)."""
+        domain = self.ledger_domain
+        return fraud_proofs.equivocation(
+            signer.address,
+            first,
+            sign_receipt(first, domain, signer.private_key),
+            second,
+            sign_receipt(second, domain, signer.private_key),
+        )
+
+    def commit(self, proof: FraudProof, challenger: str, salt: bytes | None = None) -> bytes:
+        """Commits to ``proof`` for ``challenger`` and mines a block; returns the salt."""
+        salt = salt or os.urandom(32)
+        commitment = fraud_proofs.commitment_of(challenger, salt, proof.proof_hash)
+        self.tx(self.disputes.functions.commit(commitment), challenger)
+        self.mine()
+        return salt
+
+    def reveal_fn(self, proof: FraudProof, salt: bytes) -> Any:
+        return getattr(self.disputes.functions, proof.function)(*proof.args, salt)
+
+    def prove(self, proof: FraudProof, challenger: str | None = None) -> TxReceipt:
+        """Commits, then reveals ``proof`` a block later."""
+        challenger = challenger or self.challenger
+        salt = self.commit(proof, challenger)
+        return self.tx(self.reveal_fn(proof, salt), challenger)
 
 
 def expect_revert(excinfo: Any, name: str, *args: Any) -> None:
@@ -262,3 +379,9 @@ def reverts(w: World, fn: Any, sender: str, name: str, *args: Any, value: int = 
         assert error.args == args, f"{name}: expected args {args}, got {error.args}"
         return
     raise AssertionError(f"expected revert {name}{args}, but the transaction succeeded")
+
+
+def proof_reverts(w: World, proof: FraudProof, name: str, *args: Any) -> None:
+    """Commits ``proof`` for the challenger and asserts its reveal reverts with ``name``."""
+    salt = w.commit(proof, w.challenger)
+    reverts(w, w.reveal_fn(proof, salt), w.challenger, name, *args)

@@ -14,10 +14,12 @@ from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
 from contracts.bindings import ContractRevert, SuiteParams, call, deploy_suite
+from contracts.encoding import node_public_key, peer_id_of_public_key
 from node.chain.actions import (
     Capacity,
     Contracts,
     RunConfig,
+    add_data_node,
     join_run,
     open_run,
     register_node,
@@ -47,8 +49,10 @@ class World(Protocol):
     sponsor: str
 
     def open_run(self, funding_wei: int) -> int: ...
-    def register(self, peer_id: bytes, stake_wei: int) -> str: ...
+    def register(self, key: LocalAccount, stake_wei: int, *, by_sponsor: bool = False) -> str: ...
     def join(self, run_id: int, node: str) -> None: ...
+    def leave(self, run_id: int, node: str) -> None: ...
+    def add_data_node(self, run_id: int, node: str) -> None: ...
     def unstake(self, node: str) -> None: ...
 
 
@@ -68,15 +72,22 @@ class FakeWorld:
         )  # fmt: skip
         return self.runs
 
-    def register(self, peer_id: bytes, stake_wei: int) -> str:
-        node = Account.create().address
+    def register(self, key: LocalAccount, stake_wei: int, *, by_sponsor: bool = False) -> str:
+        peer_id = peer_id_of_public_key(node_public_key(key.key))
+        wallet = self.sponsor if by_sponsor else self.wallet
         self.port.add_node(
-            NodeInfo(node, self.wallet, peer_id, stake_wei, True, *CAPACITY.as_tuple())
+            NodeInfo(key.address, wallet, peer_id, stake_wei, True, *CAPACITY.as_tuple())
         )
-        return node
+        return str(key.address)
 
     def join(self, run_id: int, node: str) -> None:
         self.port.join_run(run_id, node)
+
+    def leave(self, run_id: int, node: str) -> None:
+        self.port.leave_run(run_id, node)
+
+    def add_data_node(self, run_id: int, node: str) -> None:
+        self.port.add_data_node(run_id, node)
 
     def unstake(self, node: str) -> None:
         self.port.deactivate(node)
@@ -93,13 +104,19 @@ class Web3World:
     def open_run(self, funding_wei: int) -> int:
         return open_run(self.c, Sender.unlocked(self.sponsor), RUN, funding_wei)
 
-    def register(self, peer_id: bytes, stake_wei: int) -> str:
-        key: LocalAccount = Account.create()
-        register_node(self.c, self.wallet, key.key, peer_id, CAPACITY, stake_wei)
-        return key.address
+    def register(self, key: LocalAccount, stake_wei: int, *, by_sponsor: bool = False) -> str:
+        wallet = Sender.unlocked(self.sponsor) if by_sponsor else self.wallet
+        register_node(self.c, wallet, key.key, CAPACITY, stake_wei)
+        return str(key.address)
 
     def join(self, run_id: int, node: str) -> None:
         join_run(self.c, self.wallet, run_id, node)
+
+    def leave(self, run_id: int, node: str) -> None:
+        self.c.send(self.wallet, self.c.ledger.functions.leaveRun(run_id, node))
+
+    def add_data_node(self, run_id: int, node: str) -> None:
+        add_data_node(self.c, Sender.unlocked(self.sponsor), run_id, node)
 
     def unstake(self, node: str) -> None:
         request_unstake(self.c, self.wallet, node)
@@ -135,32 +152,39 @@ def test_run_info_reports_the_opened_run(world: World) -> None:
     assert world.port.run_info(run_id + 1) is None
 
 
-def test_node_info_by_address_and_by_peer_id(world: World) -> None:
-    node = world.register(b"peer-one", 3 * ETH)
+def test_node_info_by_address_carries_the_peer_id_of_its_key(world: World) -> None:
+    key: LocalAccount = Account.create()
+    node = world.register(key, 3 * ETH)
     info = world.port.node_info(node)
     assert info is not None
     assert (info.node_address, info.peer_id, info.stake_wei, info.active) == (
-        node, b"peer-one", 3 * ETH, True
+        node, peer_id_of_public_key(node_public_key(key.key)), 3 * ETH, True
     )  # fmt: skip
     assert (info.gpu_model, info.memory_mib, info.throughput, info.max_in_flight) == (
         CAPACITY.as_tuple()
     )
     assert world.port.node_info(node.lower()) == info
-    assert world.port.node_by_peer_id(b"peer-one") == info
-    assert world.port.node_by_peer_id(b"nobody") is None
     assert world.port.node_info(Account.create().address) is None
 
 
-def test_membership_needs_registration_join_activity_and_stake(world: World) -> None:
+def test_admission_needs_a_run_member_or_data_node_active_and_staked(world: World) -> None:
     run_id = world.open_run(ETH)
-    staked = world.register(b"staked", 2 * ETH)
-    assert not world.port.is_run_member(run_id, b"staked")  # registered, not joined
+    staked = world.register(Account.create(), 2 * ETH)
+    assert not world.port.is_admitted(run_id, staked)  # registered, not joined
     world.join(run_id, staked)
-    assert world.port.is_run_member(run_id, b"staked")
-    assert not world.port.is_run_member(run_id + 1, b"staked")  # no such run
-    assert not world.port.is_run_member(run_id, b"stranger")  # unknown peer
+    assert world.port.is_admitted(run_id, staked)
+    assert not world.port.is_admitted(run_id + 1, staked)  # no such run
+    assert not world.port.is_admitted(run_id, Account.create().address)  # unknown node
+    data = world.register(Account.create(), 2 * ETH, by_sponsor=True)
+    assert not world.port.is_admitted(run_id, data)
+    world.add_data_node(run_id, data)
+    assert world.port.is_admitted(run_id, data)
+    leaver = world.register(Account.create(), 2 * ETH)
+    world.join(run_id, leaver)
+    world.leave(run_id, leaver)
+    assert not world.port.is_admitted(run_id, leaver)  # left the run
     world.unstake(staked)
-    assert not world.port.is_run_member(run_id, b"staked")  # left the active set
+    assert not world.port.is_admitted(run_id, staked)  # left the active set
     assert world.port.node_info(staked).active is False  # type: ignore[union-attr]
 
 
@@ -189,7 +213,7 @@ def test_unfunded_wallet_is_a_wallet_error_in_process_and_over_rpc(
     for contracts in (in_process_contracts, rpc_contracts):
         pauper = Sender.from_account(Account.create())
         with pytest.raises(InsufficientFunds) as info:
-            register_node(contracts, pauper, Account.create().key, b"p", CAPACITY, ETH)
+            register_node(contracts, pauper, Account.create().key, CAPACITY, ETH)
         assert info.value.exit_code == 4
         assert "holds 0 ETH" in str(info.value) and "gwtf-node fund" in str(info.value)
         # Gas alone: a zero-value transaction from an empty wallet.
@@ -204,7 +228,7 @@ def test_revert_over_json_rpc_decodes_to_the_custom_error(
     key = Account.create()
     minimum = call(rpc_contracts.registry.functions.minStakeWei())
     with pytest.raises(ContractRevert) as info:
-        register_node(rpc_contracts, wallet, key.key, b"cheap", CAPACITY, minimum // 2)
+        register_node(rpc_contracts, wallet, key.key, CAPACITY, minimum // 2)
     assert info.value.name == "InsufficientStake"
     node, staked, required = info.value.args
     assert (Web3.to_checksum_address(node), staked, required) == (
@@ -220,7 +244,9 @@ def test_revert_over_json_rpc_decodes_to_the_custom_error(
 
 
 def test_revert_at_estimation_is_decoded_too(rpc_contracts: Contracts) -> None:
-    estimating = Contracts(rpc_contracts.w3, rpc_contracts.registry, rpc_contracts.ledger)
+    estimating = Contracts(
+        rpc_contracts.w3, rpc_contracts.registry, rpc_contracts.ledger, rpc_contracts.disputes
+    )
     wallet = Sender.unlocked(rpc_contracts.w3.eth.accounts[4])
     with pytest.raises(ContractRevert) as info:
         join_run(estimating, wallet, 12345, Account.create().address)
@@ -234,8 +260,27 @@ def test_local_key_wallet_signs_over_rpc(rpc_contracts: Contracts, devnet: objec
 
     transfer_eth(rpc_contracts.w3, faucet, volunteer.address, 3 * ETH)
     key = Account.create()
-    receipt = register_node(rpc_contracts, volunteer, key.key, b"local-key", CAPACITY, 2 * ETH)
+    receipt = register_node(rpc_contracts, volunteer, key.key, CAPACITY, 2 * ETH)
     assert receipt["status"] == 1
     info = rpc_contracts.port().node_info(key.address)
     assert info is not None and info.operator == volunteer.address
     assert Web3.to_checksum_address(receipt["from"]) == volunteer.address
+
+
+def test_contracts_not_wired_to_each_other_are_refused() -> None:
+    """A registry whose slasher is not the suite's Disputes could let anyone slash: the node
+    refuses to work with it."""
+    from contracts.bindings import deploy_contract
+    from gwtf.errors import ChainError
+
+    w3 = connect(None)
+    deployer = w3.eth.accounts[0]
+    registry = deploy_contract(w3, "NodeRegistry", deployer, ETH, 10_000, deployer)
+    ledger = deploy_contract(w3, "WorkLedger", deployer, registry.address, deployer)
+    disputes = deploy_contract(w3, "Disputes", deployer, registry.address, ledger.address, 500)
+    addresses = {
+        "NodeRegistry": registry.address, "WorkLedger": ledger.address,
+        "Disputes": disputes.address,
+    }  # fmt: skip
+    with pytest.raises(ChainError, match=r"NodeRegistry\.slasher, WorkLedger\.disputes"):
+        Contracts.at(w3, addresses)

@@ -27,13 +27,15 @@ def post(url: str, body: bytes) -> Any:
 def test_second_client_sees_the_deployed_contracts(devnet: RunningDevnet, rpc_w3: Web3) -> None:
     info = devnet.info
     assert info.rpc_url.startswith("http://127.0.0.1:")
-    assert set(info.contracts) == {"NodeRegistry", "WorkLedger"}
+    assert set(info.contracts) == {"NodeRegistry", "WorkLedger", "Disputes"}
     assert rpc_w3.eth.chain_id == info.chain_id
     for name, address in info.contracts.items():
         assert len(rpc_w3.eth.get_code(Web3.to_checksum_address(address))) > 100
         assert attach(rpc_w3, name, address).address == address
     registry = attach(rpc_w3, "NodeRegistry", info.contracts["NodeRegistry"])
-    assert registry.functions.ledger().call() == info.contracts["WorkLedger"]
+    ledger = attach(rpc_w3, "WorkLedger", info.contracts["WorkLedger"])
+    assert registry.functions.slasher().call() == info.contracts["Disputes"]
+    assert ledger.functions.disputes().call() == info.contracts["Disputes"]
     assert registry.functions.minStakeWei().call() > 0
 
 

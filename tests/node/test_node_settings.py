@@ -10,16 +10,17 @@ from typing import Any
 import pytest
 import tomli_w
 
-from gwtf.errors import ConfigError
+from gwtf.errors import ConfigError, WalletError
 from node import settings as node_settings
+from node.chain.wallet import load_or_create_node_key
 from node.composition import live_config_from_settings
+from node.p2p.identity import node_address_of_peer, peer_id_of
 from node.settings import AUTO_STAGE, load_settings
 from node.training import settings as training_settings
 
 NODE_FILE: dict[str, dict[str, Any]] = {
     "node": {"name": "relay-2-1", "role": "relay", "stage": 2, "capacity": 3},
     "p2p": {
-        "key_file": "keys/relay.key",
         "region": "tokyo",
         "bootstrap_peers": ["/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWQxPoZRk7eqs81JrPWUiaPgLmkAEH"],
         "discovery_period_s": 0.5,
@@ -39,9 +40,18 @@ NODE_FILE: dict[str, dict[str, Any]] = {
 }
 
 
+PASSWORD = "node key password"
+
+
 def write(tmp_path: Path, data: dict[str, Any], name: str = "node.toml") -> Path:
+    """The settings file of ``data``, with the node's key (a real keystore) and password file."""
+    key_file, password_file = tmp_path / "node-key.json", tmp_path / "password"
+    if not key_file.exists():
+        load_or_create_node_key(key_file, PASSWORD, scrypt_n=2**4)
+        password_file.write_text(PASSWORD + "\n")
+    node = {"key_file": str(key_file), "password_file": str(password_file), **data.get("node", {})}
     path = tmp_path / name
-    path.write_text(tomli_w.dumps(data))
+    path.write_text(tomli_w.dumps({**data, "node": node}))
     return path
 
 
@@ -54,7 +64,10 @@ def test_a_node_file_maps_onto_the_live_node(tmp_path: Path) -> None:
     settings = load_settings(env={}, config_file=write(tmp_path, NODE_FILE))
     config = live_config_from_settings(settings)
     assert (config.name, config.role, config.stage, config.capacity) == ("relay-2-1", "relay", 2, 3)
-    assert (config.region, config.key_path) == ("tokyo", Path("keys/relay.key"))
+    assert config.region == "tokyo"
+    # The node key from its keystore is the node's libp2p identity: its peer id names the node.
+    key = load_or_create_node_key(tmp_path / "node-key.json", PASSWORD)
+    assert node_address_of_peer(peer_id_of(config.identity)) == key.address
     assert config.bootstrap == tuple(NODE_FILE["p2p"]["bootstrap_peers"])
     assert (config.stages, config.batch_size, config.seq_len, config.seed) == (3, 4, 16, 9)
     assert config.emulated_speed == 1.0
@@ -68,6 +81,14 @@ def test_a_node_file_maps_onto_the_live_node(tmp_path: Path) -> None:
     assert config.flow.reconcile_periods == 10
     assert config.flow.activation_bytes == 4.0 * 4 * 16 * config.model.d_model
     assert config.admit is None, "admission is off unless chain.admission is set"
+
+
+def test_a_node_without_its_keys_password_refuses_to_start_in_one_line(tmp_path: Path) -> None:
+    data = with_change("node", "password_file", str(tmp_path / "missing"))
+    settings = load_settings(env={}, config_file=write(tmp_path, data))
+    with pytest.raises(WalletError) as info:
+        live_config_from_settings(settings)
+    assert "cannot read password file" in str(info.value) and info.value.exit_code == 4
 
 
 def test_nested_optimizer_keys_come_from_the_environment_too(tmp_path: Path) -> None:

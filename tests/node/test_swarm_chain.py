@@ -1,5 +1,6 @@
-"""The swarm's chain: its run opened, each node staked and bound on chain, admission from the
-node's settings file (the devnet served over real HTTP JSON-RPC, as the node processes see it)."""
+"""The swarm's chain: its run opened, each relay staked and in the run and the data node named
+by the sponsor, admission from the node's settings file (the devnet served over real HTTP
+JSON-RPC, as the node processes see it)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 import trio
+from libp2p.peer.id import ID
 
 from gwtf.errors import ConfigError
 from node.chain.actions import Contracts
@@ -38,8 +40,8 @@ def swarm_chain(devnet: RunningDevnet, tmp_path_factory: pytest.TempPathFactory)
     plan = ChainPlan(stake_eth=1.5, reward_pool_eth=4.0)
     chain = open_swarm_run(rpc_contracts, sponsor, plan, out, 2, "gpt-tiny")
     chain.rpc_url = devnet.info.rpc_url
-    for name in ("data", "relay-1-0"):
-        chain.register(name, capacity=2)
+    chain.register("data", capacity=2, data_node=True)
+    chain.register("relay-1-0", capacity=2)
     return chain
 
 
@@ -55,6 +57,13 @@ def test_the_run_is_open_with_its_pool_and_every_node_is_a_staked_member(
         info = port.node_info(node.node_address)
         assert info is not None and info.active and info.stake_wei == 3 * ETH // 2
         assert info.operator == node.wallet
+        assert ID(info.peer_id).to_base58() == node.peer_id
+    # The data node is the sponsor's: its wallet is the sponsor's, and it is named in the run.
+    assert swarm_chain.registered["data"].wallet == swarm_chain.sponsor.address
+    ledger = swarm_chain.contracts.ledger
+    assert ledger.functions.wasDataNodeBefore(
+        swarm_chain.run_id, swarm_chain.registered["data"].node_address, 2**40
+    ).call()
     assert not swarm_chain.is_member(swarm_chain.peer_id_of("stranger"))
 
 

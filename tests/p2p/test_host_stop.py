@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import trio
 from libp2p.abc import IHost
+from libp2p.crypto.keys import KeyPair
 
 from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import load_or_create_identity
+from node.p2p.identity import new_identity
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 from node.runtime.discovery.address_book import AddressBook, PeerRecord, own_record
 
@@ -34,17 +35,26 @@ async def refuses_tcp(address: str) -> bool:
     return False
 
 
-class Server:
-    """A host serving ``ECHO`` under the identity in ``key_path``, stopped by cancellation."""
+_IDENTITIES: dict[tuple[Path, str], KeyPair] = {}
 
-    def __init__(self, key_path: Path) -> None:
-        self.key_path = key_path
+
+def identity_of(tmp_path: Path, name: str) -> KeyPair:
+    """The identity of host ``name`` in this test: the same each time it (re)starts."""
+    return _IDENTITIES.setdefault((tmp_path, name), new_identity())
+
+
+class Server:
+    """A host serving ``ECHO`` under ``identity`` (the same on a restart), stopped by
+    cancellation."""
+
+    def __init__(self, identity: KeyPair) -> None:
+        self.identity = identity
         self.scope = trio.CancelScope()
         self.address = ""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with self.scope:
-            async with running_host(load_or_create_identity(self.key_path)) as host:
+            async with running_host(self.identity) as host:
                 RequestResponse(host).serve(ECHO, echo, LIMITS)
                 self.address = full_address(host)
                 task_status.started()
@@ -61,14 +71,14 @@ def run_bounded(main: Callable[[], Awaitable[None]]) -> None:
 
 @asynccontextmanager
 async def client(tmp_path: Path) -> AsyncIterator[tuple[IHost, RequestResponse]]:
-    async with running_host(load_or_create_identity(tmp_path / "client.key")) as host:
+    async with running_host(new_identity()) as host:
         yield host, RequestResponse(host)
 
 
 def test_a_stopped_host_stops_listening_and_closes_its_connections(tmp_path: Path) -> None:
     async def main() -> None:
         async with client(tmp_path) as (host, rpc), trio.open_nursery() as nursery:
-            server = Server(tmp_path / "server.key")
+            server = Server(identity_of(tmp_path, "server"))
             await nursery.start(server.run)
             info = peer_info(server.address)
             await host.connect(info)
@@ -90,7 +100,7 @@ def test_a_peer_back_on_a_new_port_is_reached_there_once_it_says_so(tmp_path: Pa
     async def main() -> None:
         async with client(tmp_path) as (_host, rpc), trio.open_nursery() as nursery:
             book = AddressBook(rpc, own_record(rpc, "oregon"), on_new_peer=lambda _record: None)
-            server = Server(tmp_path / "server.key")
+            server = Server(identity_of(tmp_path, "server"))
             await nursery.start(server.run)
             old = server.address
             peer = peer_info(old).peer_id
@@ -98,7 +108,7 @@ def test_a_peer_back_on_a_new_port_is_reached_there_once_it_says_so(tmp_path: Pa
             assert await rpc.request(peer, ECHO, b"one", LIMITS) == b"one"
             server.scope.cancel()
             await trio.sleep(0.5)
-            comeback = Server(tmp_path / "server.key")
+            comeback = Server(identity_of(tmp_path, "server"))
             await nursery.start(comeback.run)
             assert comeback.address != old
             book.learn(PeerRecord(str(peer), old.replace("127.0.0.1", "127.0.0.2"), "oregon"))
@@ -116,7 +126,7 @@ def test_dropping_a_peer_closes_what_was_open_and_the_next_request_dials_anew(
 ) -> None:
     async def main() -> None:
         async with client(tmp_path) as (host, rpc), trio.open_nursery() as nursery:
-            server = Server(tmp_path / "server.key")
+            server = Server(identity_of(tmp_path, "server"))
             await nursery.start(server.run)
             info = peer_info(server.address)
             host.get_peerstore().add_addrs(info.peer_id, info.addrs, 60)
@@ -138,10 +148,12 @@ def test_dropping_a_peer_forgets_its_failed_dials(tmp_path: Path) -> None:
 
     async def main() -> None:
         async with client(tmp_path) as (host, rpc), trio.open_nursery() as nursery:
-            server = Server(tmp_path / "server.key")
+            server = Server(identity_of(tmp_path, "server"))
             await nursery.start(server.run)
             info = peer_info(server.address)
-            gone = Server(tmp_path / "gone.key")  # a free port: nothing listens there after it
+            gone = Server(
+                identity_of(tmp_path, "gone")
+            )  # a free port: nothing listens there after it
             await nursery.start(gone.run)
             dead_address = peer_info(gone.address).addrs
             gone.scope.cancel()

@@ -8,11 +8,21 @@ from pathlib import Path
 
 import pytest
 import trio
+from eth_account import Account
+from libp2p.crypto import ed25519
 from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
 
+from contracts.encoding import peer_id_of_public_key
 from gwtf.errors import ProtocolError
 from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import load_or_create_identity, peer_id_of
+from node.p2p.identity import (
+    identity_from_key,
+    new_identity,
+    node_address_of_peer,
+    peer_id_of,
+    public_key_of,
+)
 from node.p2p.rpc import (
     Decline,
     PeerTimeout,
@@ -45,8 +55,8 @@ def run_pair(tmp_path: Path, scenario: Scenario, admit_client: bool = True) -> N
         return admit_client
 
     async def main() -> None:
-        server_key = load_or_create_identity(tmp_path / "server.key")
-        client_key = load_or_create_identity(tmp_path / "client.key")
+        server_key = new_identity()
+        client_key = new_identity()
         async with running_host(server_key) as server_host, running_host(client_key) as client_host:
             server = RequestResponse(server_host, admit=admit)
             server.serve(ECHO, reverse, LIMITS)
@@ -148,8 +158,14 @@ def test_silent_peer_times_out(tmp_path: Path) -> None:
     run_pair(tmp_path, scenario)
 
 
-def test_identity_persists_across_restarts(tmp_path: Path) -> None:
-    first = load_or_create_identity(tmp_path / "node.key")
-    again = load_or_create_identity(tmp_path / "node.key")
-    assert peer_id_of(first) == peer_id_of(again)
-    assert (tmp_path / "node.key").stat().st_mode & 0o777 == 0o600
+def test_a_node_key_is_its_libp2p_identity_and_its_peer_id_names_the_node() -> None:
+    account = Account.create()
+    identity = identity_from_key(bytes(account.key))
+    assert identity_from_key(bytes(account.key)).public_key == identity.public_key
+    peer = peer_id_of(identity)
+    assert node_address_of_peer(peer) == account.address
+    assert peer.to_bytes() == peer_id_of_public_key(public_key_of(identity))
+    with pytest.raises(ProtocolError, match="secp256k1"):
+        node_address_of_peer(ID.from_pubkey(ed25519.create_new_key_pair().public_key))
+    with pytest.raises(ProtocolError, match="32 bytes"):
+        identity_from_key(b"short")

@@ -15,7 +15,7 @@ from libp2p.custom_types import TProtocol
 from gwtf.errors import ProtocolError
 from node.p2p.framing import FrameReader, encode_frame, read_frame, write_frame
 from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import load_or_create_identity
+from node.p2p.identity import new_identity
 from node.p2p.rpc import PeerTimeout, PeerUnavailable, RequestResponse, RpcLimits
 from node.p2p.scoring import Offence
 
@@ -33,7 +33,7 @@ async def delayed_echo(_peer: str, request: bytes) -> bytes:
 
 @asynccontextmanager
 async def host(tmp_path: Path, name: str) -> AsyncIterator[IHost]:
-    async with running_host(load_or_create_identity(tmp_path / f"{name}.key")) as started:
+    async with running_host(new_identity()) as started:
         yield started
 
 

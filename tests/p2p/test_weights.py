@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import load_or_create_identity
+from node.p2p.identity import new_identity
 from node.p2p.rpc import RequestResponse
 from node.p2p.weights import (
     CHUNK_BYTES,
@@ -35,8 +35,8 @@ def run_pair(tmp_path: Path, scenario: Scenario) -> None:
         return held.get(stage)
 
     async def main() -> None:
-        replica_key = load_or_create_identity(tmp_path / "replica.key")
-        joiner_key = load_or_create_identity(tmp_path / "joiner.key")
+        replica_key = new_identity()
+        joiner_key = new_identity()
         async with (
             running_host(replica_key) as replica_host,
             running_host(joiner_key) as joiner_host,

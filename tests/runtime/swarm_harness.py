@@ -8,8 +8,10 @@ from pathlib import Path
 
 import torch
 import trio
+from libp2p.crypto.keys import KeyPair
 
 from coordinator_free.protocol.config import FlowConfig
+from node.p2p.identity import new_identity
 from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
 from node.runtime.roles.data import IterationResult
 from node.training.config import named_config
@@ -35,6 +37,14 @@ FLOW = FlowConfig(
 )
 
 
+_IDENTITIES: dict[tuple[Path, str], KeyPair] = {}
+
+
+def identity_for(tmp_path: Path, name: str) -> KeyPair:
+    """Node ``name``'s identity in this test: the same key each time it (re)starts."""
+    return _IDENTITIES.setdefault((tmp_path, name), new_identity())
+
+
 def node_config(
     tmp_path: Path, name: str, role: str, stage: int, stages: int = STAGES, **extra: object
 ) -> LiveNodeConfig:
@@ -44,7 +54,7 @@ def node_config(
         stage=stage,
         region="oregon",
         capacity=2,
-        key_path=tmp_path / f"{name}.key",
+        identity=identity_for(tmp_path, name),
         model=MODEL,
         stages=stages,
         batch_size=BATCH_SIZE,

@@ -1,4 +1,5 @@
-"""Only peers bound on chain to a staked node of the run are served (real libp2p, eth-tester)."""
+"""Only peers whose key is a staked node of the run on chain are served (real libp2p,
+eth-tester); a peer whose id embeds no node key is refused without asking the chain."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from node.chain.actions import (
 )
 from node.chain.adapter import FakeChain, Sender, connect
 from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import load_or_create_identity, peer_id_of
+from node.p2p.identity import identity_from_key, new_identity, peer_id_of
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 from node.runtime.discovery.admission import RunAdmission
 from tests.node.conftest import TEST_GAS_LIMIT
@@ -43,11 +44,11 @@ def chain() -> tuple[Contracts, int]:
     return contracts, run_id
 
 
-def register_and_join(contracts: Contracts, run_id: int, peer_id: bytes, stake_wei: int) -> None:
+def register_and_join(contracts: Contracts, run_id: int, node_key: bytes, stake_wei: int) -> None:
     wallet = Sender.unlocked(contracts.w3.eth.accounts[2])
-    node = Account.create()
+    node = Account.from_key(node_key)
     capacity = Capacity("cpu", 1024, 10, 2)
-    register_node(contracts, wallet, node.key, peer_id, capacity, stake_wei)
+    register_node(contracts, wallet, node_key, capacity, stake_wei)
     join_run(contracts, wallet, run_id, node.address)
 
 
@@ -55,16 +56,17 @@ def test_staked_member_is_served_and_strangers_are_refused(
     tmp_path: Path, chain: tuple[Contracts, int]
 ) -> None:
     contracts, run_id = chain
-    member_key = load_or_create_identity(tmp_path / "member.key")
-    stranger_key = load_or_create_identity(tmp_path / "stranger.key")
-    register_and_join(contracts, run_id, peer_id_of(member_key).to_bytes(), 2 * ETH)
+    member = Account.create()
+    member_key = identity_from_key(bytes(member.key))
+    stranger_key = new_identity()
+    register_and_join(contracts, run_id, bytes(member.key), 2 * ETH)
     admission = RunAdmission(contracts.port(), run_id)
 
     async def echo(_peer: str, request: bytes) -> bytes:
         return request
 
     async def main() -> None:
-        server_key = load_or_create_identity(tmp_path / "server.key")
+        server_key = new_identity()
         async with (
             running_host(server_key) as server_host,
             running_host(member_key) as member_host,
@@ -88,10 +90,10 @@ def test_a_node_that_unstakes_loses_access_once_the_cache_expires(
     tmp_path: Path, chain: tuple[Contracts, int]
 ) -> None:
     contracts, run_id = chain
-    peer = peer_id_of(load_or_create_identity(tmp_path / "leaver.key"))
     wallet = Sender.unlocked(contracts.w3.eth.accounts[3])
     node = Account.create()
-    register_node(contracts, wallet, node.key, peer.to_bytes(), Capacity("cpu", 1, 1, 1), 2 * ETH)
+    peer = peer_id_of(identity_from_key(bytes(node.key)))
+    register_node(contracts, wallet, node.key, Capacity("cpu", 1, 1, 1), 2 * ETH)
     join_run(contracts, wallet, run_id, node.address)
     admission = RunAdmission(contracts.port(), run_id, cache_s=30.0)
     clock = MockClock()  # trio's time stands still until the test moves it
@@ -126,14 +128,14 @@ class CountingChain(FakeChain):
         super().__init__()
         self.calls = 0
 
-    def is_run_member(self, run_id: int, peer_id: bytes) -> bool:
+    def is_admitted(self, run_id: int, node_address: str) -> bool:
         self.calls += 1
         time.sleep(0.2)
         return True
 
 
 def test_a_burst_of_requests_from_one_peer_costs_one_chain_call(tmp_path: Path) -> None:
-    peer = str(peer_id_of(load_or_create_identity(tmp_path / "busy.key")))
+    peer = str(peer_id_of(new_identity()))
     port = CountingChain()
     admission = RunAdmission(port, 1)
     answers: list[bool] = []
@@ -155,14 +157,14 @@ class FlakyChain(FakeChain):
 
     up = False
 
-    def is_run_member(self, run_id: int, peer_id: bytes) -> bool:
+    def is_admitted(self, run_id: int, node_address: str) -> bool:
         if not self.up:
             raise ChainError("http://127.0.0.1:1 is unreachable")
         return True
 
 
 def test_an_unreachable_chain_refuses_for_now_and_asks_again(tmp_path: Path) -> None:
-    peer = str(peer_id_of(load_or_create_identity(tmp_path / "peer.key")))
+    peer = str(peer_id_of(new_identity()))
     port = FlakyChain()
     admission = RunAdmission(port, 1)
 
@@ -172,3 +174,17 @@ def test_an_unreachable_chain_refuses_for_now_and_asks_again(tmp_path: Path) -> 
         assert await admission(peer), "the refusal was not remembered"
 
     trio.run(main)
+
+
+def test_a_peer_whose_id_embeds_no_node_key_is_refused_without_a_chain_call() -> None:
+    from libp2p.crypto.ed25519 import create_new_key_pair
+
+    peer = str(peer_id_of(create_new_key_pair()))
+    port = CountingChain()
+    admission = RunAdmission(port, 1)
+
+    async def main() -> None:
+        assert not await admission(peer)
+
+    trio.run(main)
+    assert port.calls == 0

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import load_or_create_identity
+from node.p2p.identity import new_identity
 from node.p2p.rpc import RequestResponse
 from node.runtime.replicas.averaging import GradientAverager, RoundResult, combine_shares
 from node.runtime.replicas.share_codec import (
@@ -60,8 +60,8 @@ def run_round(
     async def main() -> None:
         async with AsyncExitStack() as stack:
             hosts = []
-            for i in range(n_replicas):
-                key = load_or_create_identity(tmp_path / f"r{i}.key")
+            for _ in range(n_replicas):
+                key = new_identity()
                 hosts.append(await stack.enter_async_context(running_host(key)))
             ids.extend(str(h.get_id()) for h in hosts)
             averagers = []
@@ -157,8 +157,8 @@ def test_a_share_from_outside_the_round_is_left_out(tmp_path: Path) -> None:
     async def main() -> None:
         async with AsyncExitStack() as stack:
             hosts = []
-            for i in range(3):
-                key = load_or_create_identity(tmp_path / f"r{i}.key")
+            for _i in range(3):
+                key = new_identity()
                 hosts.append(await stack.enter_async_context(running_host(key)))
             ids.extend(sorted(str(h.get_id()) for h in hosts))
             by_id = {str(h.get_id()): h for h in hosts}

@@ -12,7 +12,7 @@ from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError, TrainingError
 from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import load_or_create_identity
+from node.p2p.identity import new_identity
 from node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
 from node.runtime.dataplane import control
 from node.runtime.roles.data_peers import DataPeers, LeftOut
@@ -105,10 +105,7 @@ def test_data_nodes_starting_one_shard_or_counting_differently_are_refused(
     async def main() -> None:
         async with AsyncExitStack() as stack:
             hosts = [
-                await stack.enter_async_context(
-                    running_host(load_or_create_identity(tmp_path / f"d{i}.key"))
-                )
-                for i in range(2)
+                await stack.enter_async_context(running_host(new_identity())) for i in range(2)
             ]
             ids = [str(host.get_id()) for host in hosts]
             rpcs = [RequestResponse(host) for host in hosts]
@@ -137,7 +134,7 @@ def test_data_nodes_starting_one_shard_or_counting_differently_are_refused(
                 assert peers[0].members == {ids[1]: 1}
                 # Checking in: counted, then left out by the other; one that never answers is
                 # asked once per iteration.
-                dead = str(ID.from_pubkey(load_or_create_identity(tmp_path / "x.key").public_key))
+                dead = str(ID.from_pubkey(new_identity().public_key))
                 peers[0].members[dead] = 0
                 peers[1].members[ids[0]] = 0
                 await peers[0].check_in(3)

@@ -26,7 +26,7 @@ from coordinator_free.messages import FlowRequest, Hello
 from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
 from gwtf.errors import ProtocolError
 from node.p2p.host import full_address, running_host
-from node.p2p.identity import load_or_create_identity
+from node.p2p.identity import new_identity
 from node.p2p.rpc import Handler, RequestResponse, RpcLimits
 from node.runtime import live_node
 from node.runtime.dataplane import control
@@ -172,9 +172,7 @@ def test_what_a_peer_says_of_other_nodes_only_names_whom_to_ask(tmp_path: Path) 
     async def main() -> str:
         async with AsyncExitStack() as stack:
             hosts = {
-                name: await stack.enter_async_context(
-                    running_host(load_or_create_identity(tmp_path / f"{name}.key"))
-                )
+                name: await stack.enter_async_context(running_host(new_identity()))
                 for name in ("data", "a", "b", "rogue", "joiner")
             }
             ids = {name: str(host.get_id()) for name, host in hosts.items()}
@@ -185,8 +183,8 @@ def test_what_a_peer_says_of_other_nodes_only_names_whom_to_ask(tmp_path: Path) 
                 "b": control.LoadEntry(ids["b"], addr["b"], 2, 2, 0, 10.0),
             }
             fakes = []
-            for i in range(4):
-                key = load_or_create_identity(tmp_path / f"fake{i}.key")
+            for _ in range(4):
+                key = new_identity()
                 fake = str(ID.from_pubkey(key.public_key))
                 address = f"/ip4/127.0.0.1/tcp/9/p2p/{fake}"  # nothing listens there
                 fakes.append(control.LoadEntry(fake, address, 1, 4, -4, 1.0))

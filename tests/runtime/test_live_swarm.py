@@ -13,7 +13,7 @@ from libp2p.custom_types import TProtocol
 from coordinator_free.messages import PROTOCOL_ID as FLOW
 from node.p2p.framing import write_frame
 from node.p2p.host import peer_info, running_host
-from node.p2p.identity import load_or_create_identity
+from node.p2p.identity import new_identity
 from node.p2p.rpc import RequestResponse, RpcLimits
 from node.p2p.scoring import Offence
 from node.p2p.weights import PROTOCOL_ID as WEIGHTS
@@ -24,6 +24,7 @@ from node.training.checkpoint import state_digest
 from tests.runtime.swarm_harness import (
     Scenario,
     Swarm,
+    identity_for,
     node_config,
     reference_losses,
     run_data_node,
@@ -176,7 +177,7 @@ def test_a_data_node_that_dies_is_left_out_and_a_new_one_takes_over_its_shard(
             data_nodes=2,
             data_shard=1,
             join=True,
-            key_path=tmp_path / f"{key_name}.key",
+            identity=identity_for(tmp_path, key_name),
         )
         taken_over.extend(await run_data_node(config, swarm))
 
@@ -250,7 +251,7 @@ def test_bad_peers_are_dropped_and_training_goes_on(tmp_path: Path) -> None:
         """Connect to the data node and a relay and misbehave in every way a peer can."""
         while not {"data", "a1"} <= set(swarm.nodes):
             await trio.sleep(0.05)
-        key = load_or_create_identity(tmp_path / "rogue.key")
+        key = new_identity()
         rogue_started_while_training.append(not swarm.training_done.is_set())
         async with running_host(key) as host:
             for victim in ("data", "a1"):

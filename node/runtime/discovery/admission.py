@@ -1,4 +1,8 @@
-"""Admission: a peer is served only if the chain binds its libp2p id to a staked node of the run.
+"""Admission: a peer is served only if the chain has its node in the run, active and staked.
+
+A peer's libp2p id embeds its secp256k1 key, whose Ethereum address is the node on chain
+(``node.p2p.identity.node_address_of_peer``): the registry binds exactly that key, so a peer
+cannot pass for another node, and a peer whose id embeds no such key is no node at all.
 
 The chain port answers from a snapshot of chain state (web3 in a worker thread, since its calls
 block); answers are cached for ``cache_s`` so a busy peer costs one chain call per period, and a
@@ -19,8 +23,9 @@ from dataclasses import dataclass, field
 import trio
 from libp2p.peer.id import ID
 
-from gwtf.errors import ChainError
+from gwtf.errors import ChainError, ProtocolError
 from node.chain.adapter import ChainPort
+from node.p2p.identity import node_address_of_peer
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +76,13 @@ class RunAdmission:
         waiting on it reads the cache after."""
         done = self._pending[peer]
         try:
-            peer_bytes = ID.from_base58(peer).to_bytes()
+            node = node_address_of_peer(ID.from_base58(peer))
             member = await trio.to_thread.run_sync(
-                self.chain.is_run_member, self.run_id, peer_bytes, limiter=self._limiter
+                self.chain.is_admitted, self.run_id, node, limiter=self._limiter
             )
+        except ProtocolError as exc:
+            log.warning("refused peer %s: %s", peer, exc)
+            self._cache[peer] = (False, trio.current_time())
         except (ChainError, ValueError) as exc:
             # Not remembered: the chain may be back at the next request. A stale admission is
             # dropped too, so a peer is not served for ever on an answer that can't be renewed.

@@ -1,0 +1,320 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity ^0.8.28;
+
+import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
+import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
+import {MerkleProof} from "@openzeppelin/contracts/utils/cryptography/MerkleProof.sol";
+import {CertifiedHop, CertRef, HopReceipt, HopReceipts} from "./HopReceipts.sol";
+import {NodeRegistry} from "./NodeRegistry.sol";
+import {WorkLedger} from "./WorkLedger.sol";
+
+/// @title Disputes
+/// @notice Fraud the chain judges alone, and who pays for it: the key that signed or committed
+/// the fraud. A data node whose certificate tree breaks a rule loses its stake and the tree is
+/// voided; a node that signed two different receipts for one hop (as worker, or as
+/// counterparty) loses its stake. Nobody else is ever slashed. Proofs are accepted until the
+/// epoch settles, and only after the challenger committed to them one block earlier, so a proof
+/// seen in the mempool cannot be copied for the bounty. The challenger gets `bountyBps` of the
+/// slashed stake (a small share, so that reporting oneself never pays); the rest is burned.
+contract Disputes is ReentrancyGuard {
+    using HopReceipts for HopReceipt;
+
+    enum Fraud {
+        InvalidHop,
+        BadTotals,
+        BadSequence,
+        Equivocation
+    }
+
+    uint256 public constant BPS = 10_000;
+    /// @notice The largest bounty share a deployment may set.
+    uint256 public constant MAX_BOUNTY_BPS = 1_000;
+
+    NodeRegistry public immutable registry;
+    WorkLedger public immutable ledger;
+    /// @notice Share of a slashed stake that goes to the challenger, in basis points.
+    uint256 public immutable bountyBps;
+
+    /// @notice Block in which each commitment was made (0: none).
+    mapping(bytes32 commitment => uint256 blockNumber) public commitments;
+    /// @notice ETH owed to an account (bounties), withdrawn with withdrawCredit.
+    mapping(address account => uint256) public creditWei;
+    /// @notice Slashed ETH that no account will ever withdraw.
+    uint256 public burnedWei;
+
+    event ProofCommitted(bytes32 indexed commitment, address indexed challenger);
+    event FraudProven(
+        address indexed node,
+        uint256 indexed runId,
+        uint64 indexed epoch,
+        Fraud fraud,
+        address challenger,
+        uint256 slashedWei,
+        uint256 bountyWei
+    );
+    event CreditWithdrawn(address indexed account, uint256 amountWei);
+
+    error BountyOutOfRange(uint256 bountyBps, uint256 maxBountyBps);
+    error UnexpectedPayment(address sender);
+    error CommitmentExists(bytes32 commitment);
+    error NoCommitment(bytes32 commitment);
+    error CommitmentTooRecent(bytes32 commitment, uint256 committedAt);
+    error ChallengePeriodOver(uint256 runId, uint64 epoch, uint256 settlesAt);
+    error LeafNotInTree(address dataNode, uint64 index);
+    error NotTheLeafsReceipt(uint64 index);
+    error HopValid(uint64 index);
+    error TotalsBacked(uint64 index);
+    error SequenceConsistent(uint64 index, uint64 nextIndex);
+    error LeavesNotAdjacent(uint64 index, uint64 nextIndex);
+    error NotSameHop();
+    error SameReceipt();
+    error NotOneSigner(address first, address second);
+    error SignerNotParty(address signer);
+    error AlreadySlashed(address node);
+    error NothingToWithdraw(address account);
+    error TransferFailed(address to, uint256 amountWei);
+
+    /// @param registry_ The NodeRegistry (which names this contract its slasher).
+    /// @param ledger_ The WorkLedger (which names this contract its disputes).
+    /// @param bountyBps_ Challenger's share of a slashed stake, in basis points (1..MAX_BOUNTY_BPS).
+    constructor(NodeRegistry registry_, WorkLedger ledger_, uint256 bountyBps_) {
+        if (bountyBps_ == 0 || bountyBps_ > MAX_BOUNTY_BPS) revert BountyOutOfRange(bountyBps_, MAX_BOUNTY_BPS);
+        registry = registry_;
+        ledger = ledger_;
+        bountyBps = bountyBps_;
+    }
+
+    /// @notice Accepts slashed stake from the registry only.
+    receive() external payable {
+        if (msg.sender != address(registry)) revert UnexpectedPayment(msg.sender);
+    }
+
+    /// @notice Commits to a proof before revealing it: keccak256(abi.encode(challenger, salt,
+    /// proofHash)), with proofHash as the proof functions compute it. The proof may be revealed
+    /// from the next block on, by the challenger only.
+    /// @param commitment The commitment.
+    function commit(bytes32 commitment) external {
+        if (commitments[commitment] != 0) revert CommitmentExists(commitment);
+        commitments[commitment] = block.number;
+        emit ProofCommitted(commitment, msg.sender);
+    }
+
+    // ---------------------------------------------------------------- certificate fraud
+
+    /// @notice A leaf of a data node's certificate tree whose hop breaks a rule: a receipt for
+    /// another run, epoch or data node, a stage or direction the run does not have, units off
+    /// the schedule, leaf fields that do not match the receipt, a signature that is not the
+    /// worker's or the counterparty's, a worker that countersigns itself, a worker that was not
+    /// a bonded member of the run during the epoch, or a counterparty that was neither a bonded
+    /// member nor a data node of the run during it. `receipt` and the signatures must be the
+    /// leaf's (its digest and signatures hash).
+    /// @param cert The accused data node's certificate.
+    /// @param hop The leaf.
+    /// @param proof Its Merkle proof.
+    /// @param receipt The leaf's receipt.
+    /// @param workerSignature The worker's signature of it.
+    /// @param counterpartySignature The counterparty's signature of it.
+    /// @param salt The challenger's salt of the commitment.
+    function proveInvalidHop(
+        CertRef calldata cert,
+        CertifiedHop calldata hop,
+        bytes32[] calldata proof,
+        HopReceipt calldata receipt,
+        bytes calldata workerSignature,
+        bytes calldata counterpartySignature,
+        bytes32 salt
+    ) external nonReentrant {
+        bytes32 proofHash = keccak256(
+            abi.encode(Fraud.InvalidHop, cert, hop, proof, receipt, workerSignature, counterpartySignature)
+        );
+        _useCommitment(proofHash, salt);
+        _checkLeaf(cert, hop, proof);
+        if (
+            hop.receiptDigest != receipt.digest(address(ledger))
+                || hop.signaturesHash != HopReceipts.signaturesHash(workerSignature, counterpartySignature)
+        ) revert NotTheLeafsReceipt(hop.index);
+        if (_isValidHop(cert, hop, receipt, workerSignature, counterpartySignature)) revert HopValid(hop.index);
+        _convictDataNode(cert, Fraud.InvalidHop);
+    }
+
+    /// @notice One leaf that contradicts the certificate's count or units: a leaf beyond the
+    /// count, leaf 0 with units before it, or the last leaf not ending at the total.
+    /// @param cert The accused data node's certificate.
+    /// @param hop The leaf.
+    /// @param proof Its Merkle proof.
+    /// @param salt The challenger's salt of the commitment.
+    function proveBadTotals(CertRef calldata cert, CertifiedHop calldata hop, bytes32[] calldata proof, bytes32 salt)
+        external
+        nonReentrant
+    {
+        _useCommitment(keccak256(abi.encode(Fraud.BadTotals, cert, hop, proof)), salt);
+        _checkLeaf(cert, hop, proof);
+        uint64 index = hop.index;
+        bool contradicts = index >= cert.count || (index == 0 && hop.unitsBefore != 0)
+            || (index == cert.count - 1 && uint256(hop.unitsBefore) + hop.units != cert.units);
+        if (!contradicts) revert TotalsBacked(index);
+        _convictDataNode(cert, Fraud.BadTotals);
+    }
+
+    /// @notice Two leaves of one tree that break its sequence: two different leaves with one
+    /// index, or adjacent leaves whose prefix sums do not chain or that are not strictly
+    /// increasing in (worker, hopKey), the order in which each worker's hops form one range.
+    /// @param cert The accused data node's certificate.
+    /// @param hop A leaf at index i.
+    /// @param proof Its Merkle proof.
+    /// @param next A leaf at index i or i + 1.
+    /// @param nextProof Its Merkle proof.
+    /// @param salt The challenger's salt of the commitment.
+    function proveBadSequence(
+        CertRef calldata cert,
+        CertifiedHop calldata hop,
+        bytes32[] calldata proof,
+        CertifiedHop calldata next,
+        bytes32[] calldata nextProof,
+        bytes32 salt
+    ) external nonReentrant {
+        _useCommitment(keccak256(abi.encode(Fraud.BadSequence, cert, hop, proof, next, nextProof)), salt);
+        _checkLeaf(cert, hop, proof);
+        _checkLeaf(cert, next, nextProof);
+        bool broken;
+        if (next.index == hop.index) {
+            broken = HopReceipts.leaf(hop) != HopReceipts.leaf(next);
+        } else if (uint256(hop.index) + 1 == next.index) {
+            bool ordered = hop.worker < next.worker || (hop.worker == next.worker && hop.hopKey < next.hopKey);
+            broken = uint256(hop.unitsBefore) + hop.units != next.unitsBefore || !ordered;
+        } else {
+            revert LeavesNotAdjacent(hop.index, next.index);
+        }
+        if (!broken) revert SequenceConsistent(hop.index, next.index);
+        _convictDataNode(cert, Fraud.BadSequence);
+    }
+
+    // ---------------------------------------------------------------- equivocation
+
+    /// @notice Two different receipts of one hop signed by one key, which is the worker of both
+    /// or the counterparty of both: that node is slashed. An honest node signs and countersigns
+    /// at most one receipt per hop key (a re-sent or recomputed hop is a new attempt).
+    /// @param first One receipt.
+    /// @param firstSignature The signer's signature of it.
+    /// @param second The other receipt, with the same hop key.
+    /// @param secondSignature The signer's signature of it.
+    /// @param salt The challenger's salt of the commitment.
+    function proveEquivocation(
+        HopReceipt calldata first,
+        bytes calldata firstSignature,
+        HopReceipt calldata second,
+        bytes calldata secondSignature,
+        bytes32 salt
+    ) external nonReentrant {
+        _useCommitment(
+            keccak256(abi.encode(Fraud.Equivocation, first, firstSignature, second, secondSignature)), salt
+        );
+        (,,, uint256 settlesAt) = ledger.epochTimes(first.runId, first.epoch);
+        if (block.timestamp >= settlesAt) revert ChallengePeriodOver(first.runId, first.epoch, settlesAt);
+        if (first.hopKey() != second.hopKey()) revert NotSameHop();
+        bytes32 firstDigest = first.digest(address(ledger));
+        bytes32 secondDigest = second.digest(address(ledger));
+        if (firstDigest == secondDigest) revert SameReceipt();
+        address signer = _signer(firstDigest, firstSignature);
+        address other = _signer(secondDigest, secondSignature);
+        if (signer == address(0) || signer != other) revert NotOneSigner(signer, other);
+        // The signer's role must be the same in both: the worker of both (and counterparty of
+        // neither), or the counterparty of both (and not the worker).
+        bool asWorker = signer == first.worker && signer != first.counterparty && signer != second.counterparty;
+        bool asCounterparty = signer == first.counterparty && signer == second.counterparty && signer != first.worker;
+        if (!asWorker && !asCounterparty) revert SignerNotParty(signer);
+        (,, NodeRegistry.NodeStatus status) = registry.bondOf(signer);
+        if (status == NodeRegistry.NodeStatus.Slashed) revert AlreadySlashed(signer);
+        _slash(signer, first.runId, first.epoch, Fraud.Equivocation);
+    }
+
+    /// @notice Sends the caller the bounties credited to it.
+    function withdrawCredit() external nonReentrant {
+        uint256 amount = creditWei[msg.sender];
+        if (amount == 0) revert NothingToWithdraw(msg.sender);
+        creditWei[msg.sender] = 0;
+        emit CreditWithdrawn(msg.sender, amount);
+        (bool ok,) = msg.sender.call{value: amount}("");
+        if (!ok) revert TransferFailed(msg.sender, amount);
+    }
+
+    /// @notice The commitment a challenger makes for a proof.
+    /// @param challenger Who will reveal the proof.
+    /// @param salt A secret of the challenger's.
+    /// @param proofHash The proof's hash, as the proof function computes it.
+    /// @return The commitment.
+    function commitmentOf(address challenger, bytes32 salt, bytes32 proofHash) public pure returns (bytes32) {
+        return keccak256(abi.encode(challenger, salt, proofHash));
+    }
+
+    // ---------------------------------------------------------------- internals
+
+    function _useCommitment(bytes32 proofHash, bytes32 salt) private {
+        bytes32 commitment = commitmentOf(msg.sender, salt, proofHash);
+        uint256 committedAt = commitments[commitment];
+        if (committedAt == 0) revert NoCommitment(commitment);
+        if (committedAt >= block.number) revert CommitmentTooRecent(commitment, committedAt);
+        delete commitments[commitment];
+    }
+
+    /// @dev The leaf is in the certificate's tree, the certificate is open and it is judged
+    /// before the epoch settles.
+    function _checkLeaf(CertRef calldata cert, CertifiedHop calldata hop, bytes32[] calldata proof) private view {
+        (,,, uint256 settlesAt) = ledger.epochTimes(cert.runId, cert.epoch);
+        if (block.timestamp >= settlesAt) revert ChallengePeriodOver(cert.runId, cert.epoch, settlesAt);
+        ledger.checkCertificate(cert);
+        if (!MerkleProof.verifyCalldata(proof, cert.root, HopReceipts.leaf(hop))) {
+            revert LeafNotInTree(cert.dataNode, hop.index);
+        }
+    }
+
+    /// @dev Every rule an honest data node checks before it certifies a hop. Each reads only
+    /// facts that never change once written, so a hop valid when certified stays valid.
+    function _isValidHop(
+        CertRef calldata cert,
+        CertifiedHop calldata hop,
+        HopReceipt calldata receipt,
+        bytes calldata workerSignature,
+        bytes calldata counterpartySignature
+    ) private view returns (bool) {
+        WorkLedger.Run memory run = ledger.getRun(cert.runId);
+        bool onSchedule = receipt.runId == cert.runId && receipt.epoch == cert.epoch
+            && receipt.dataNode == cert.dataNode && receipt.stage >= 1 && receipt.stage <= run.stageCount
+            && receipt.direction <= HopReceipts.BACKWARD
+            && receipt.units == HopReceipts.scheduledUnits(receipt.direction, run.unitsPerHop);
+        bool leafMatches =
+            hop.worker == receipt.worker && hop.units == receipt.units && hop.hopKey == receipt.hopKey();
+        if (!onSchedule || !leafMatches || receipt.worker == receipt.counterparty) return false;
+        bytes32 digest = hop.receiptDigest;
+        if (_signer(digest, workerSignature) != receipt.worker) return false;
+        if (_signer(digest, counterpartySignature) != receipt.counterparty) return false;
+        (uint256 startsAt, uint256 endsAt,,) = ledger.epochTimes(cert.runId, cert.epoch);
+        bool workerTookPart = ledger.wasMemberDuring(cert.runId, receipt.worker, startsAt, endsAt)
+            && registry.bondedDuring(receipt.worker, startsAt, endsAt);
+        bool counterpartyTookPart = (
+            ledger.wasMemberDuring(cert.runId, receipt.counterparty, startsAt, endsAt)
+                || ledger.wasDataNodeBefore(cert.runId, receipt.counterparty, endsAt)
+        ) && registry.bondedDuring(receipt.counterparty, startsAt, endsAt);
+        return workerTookPart && counterpartyTookPart;
+    }
+
+    function _signer(bytes32 digest, bytes calldata signature) private pure returns (address) {
+        (address signer, ECDSA.RecoverError failure,) = ECDSA.tryRecover(digest, signature);
+        return failure == ECDSA.RecoverError.NoError ? signer : address(0);
+    }
+
+    /// @dev A data node slashed before still has its fraudulent tree voided (with no bounty).
+    function _convictDataNode(CertRef calldata cert, Fraud fraud) private {
+        ledger.voidCertificate(cert);
+        _slash(cert.dataNode, cert.runId, cert.epoch, fraud);
+    }
+
+    /// @dev Slashed ETH arrives from the registry (trusted) before the credit is written.
+    function _slash(address node, uint256 runId, uint64 epoch, Fraud fraud) private {
+        uint256 slashedWei = registry.slash(node);
+        uint256 bountyWei = slashedWei * bountyBps / BPS;
+        creditWei[msg.sender] += bountyWei;
+        burnedWei += slashedWei - bountyWei;
+        emit FraudProven(node, runId, epoch, fraud, msg.sender, slashedWei, bountyWei);
+    }
+}

@@ -1,0 +1,384 @@
+"""The attacks a rational attacker with several wallets, a colluding peer and the mempool in
+view would try on the ledger, one test each, written as "the attack fails": it costs the
+attacker, it gains nothing, and no honest node loses anything. The numbering follows the table
+of attack classes in contracts/README.md."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from eth_utils.crypto import keccak
+from web3.logs import DISCARD
+
+from contracts import fraud_proofs
+from contracts.bindings import ContractRevert
+from contracts.encoding import CertifiedHop, CertRef, peer_id_of_public_key, sign_binding
+from tests.contracts.conftest import TEST_PARAMS, Certified, Staffed
+from tests.contracts.world import (
+    EPOCH_S,
+    ETH,
+    REWARD_PER_EPOCH,
+    World,
+    default_capacity,
+    proof_reverts,
+    reverts,
+)
+
+BOUNTY = TEST_PARAMS.bounty_bps / 10_000
+
+
+def leaf(index: int, units_before: int, worker: str, units: int) -> CertifiedHop:
+    """A hand-made certificate leaf (for dishonest trees)."""
+    seed = f"{index} {worker}"
+    return CertifiedHop(
+        index, units_before, worker, units, keccak(text=f"key {seed}"),
+        keccak(text=f"digest {seed}"), keccak(text=f"sigs {seed}"),
+    )  # fmt: skip
+
+
+def every_proof_against_the_honest_fails(w: World, c: Certified) -> None:
+    """Every fraud proof an attacker can build from the public data of an honest epoch (the
+    certificate tree, every receipt and signature behind it) reverts."""
+    tree, cert = c.tree, c.cert
+    for index in range(tree.count):
+        entry = tree.entries[index]
+        assert entry is not None
+        leaf = tree.leaf_proof(index)
+        proof_reverts(w, fraud_proofs.invalid_hop(cert, leaf, entry), "HopValid", index)
+        proof_reverts(w, fraud_proofs.bad_totals(cert, leaf), "TotalsBacked", index)
+        if index + 1 < tree.count:
+            after = tree.leaf_proof(index + 1)
+            proof = fraud_proofs.bad_sequence(cert, leaf, after)
+            proof_reverts(w, proof, "SequenceConsistent", index, index + 1)
+    for key in (c.data, c.a, c.b):
+        assert w.status_of(key) == 1  # Active: nobody honest was slashed
+
+
+# ------------------------------------------------------------ 1. copying published work
+
+
+def test_1_copying_an_honest_nodes_published_receipts_slashes_nobody_and_earns_nothing(
+    certified: Certified,
+) -> None:
+    w, run, a = certified.w, certified.run, certified.a
+    copier = w.register("copier", w.attacker, 1 * ETH)
+    w.join(run, copier, w.attacker)
+    honest = next(e for e in certified.tree.entries if e and e.receipt.worker == a.address)
+    # The copier claims a's hop as its own: a receipt naming itself, with a's real signatures.
+    stolen = replace(honest.receipt, worker=copier.address)
+    proof = fraud_proofs.equivocation(
+        a.address, honest.receipt, honest.worker_signature, stolen, honest.worker_signature
+    )
+    proof_reverts(w, proof, "NotSameHop")  # a different worker is a different hop
+    # The copy and the original under a's key: a never signed the copy.
+    same_key = replace(honest.receipt, outputDigest=keccak(text="copied"))
+    proof = fraud_proofs.equivocation(
+        a.address, honest.receipt, honest.worker_signature, same_key, honest.worker_signature
+    )
+    try:
+        w.prove(proof)
+        raise AssertionError("a proof from one real signature and one copied must fail")
+    except ContractRevert as error:
+        assert error.name == "NotOneSigner"
+    every_proof_against_the_honest_fails(w, certified)
+    # The copier's leaf is in no certificate, so it has no range to claim.
+    assert certified.tree.worker_range(copier.address) is None
+    w.to_settled(run, 0)
+    w.claim(certified.cert, certified.tree, a, w.wallet(0))
+    assert w.stake_of(a) == 2 * ETH
+
+
+# ------------------------------------------------------------ 2. an equivocating counterparty
+
+
+def test_2_a_counterparty_that_countersigns_two_versions_pays_and_the_workers_do_not(
+    certified: Certified,
+) -> None:
+    w, b = certified.w, certified.b
+    entry = next(e for e in certified.tree.entries if e and e.receipt.counterparty == b.address)
+    # b countersigns a second version of a's hop naming another worker, and another output.
+    for change in ({"outputDigest": keccak(text="v2")}, {"iteration": 99}):
+        version = replace(entry.receipt, **change)
+        signature = w.signed(version, certified.c, b).counterparty_signature
+        proof = fraud_proofs.equivocation(
+            b.address, entry.receipt, entry.counterparty_signature, version, signature
+        )
+        if change.get("iteration"):
+            proof_reverts(w, proof, "AlreadySlashed", b.address)
+            continue
+        w.prove(proof)
+    assert w.stake_of(b) == 0
+    assert w.stake_of(certified.a) == 2 * ETH and w.status_of(certified.a) == 1
+    # b's bounty to its own second wallet would be 5 % of its 4 ETH: it lost 3.8 ETH net.
+    assert w.call(w.disputes.functions.creditWei(w.challenger)) == int(4 * ETH * BOUNTY)
+
+
+# ------------------------------------------------------------ 3. attempt numbers
+
+
+def test_3_extra_attempts_earn_nothing_without_a_certificate(certified: Certified) -> None:
+    w, run, a, data = certified.w, certified.run, certified.a, certified.data
+    accomplice = w.register("accomplice", w.accomplice, 1 * ETH)
+    w.join(run, accomplice, w.accomplice)
+    # a re-signs its hop under attempts 1..3, countersigned by an accomplice: valid receipts
+    # with their own keys, but the data node certified attempt 0 only.
+    honest = next(e for e in certified.tree.entries if e and e.receipt.worker == a.address)
+    extra = [
+        w.signed(replace(honest.receipt, attempt=n, counterparty=accomplice.address), a, accomplice)
+        for n in (1, 2, 3)
+    ]
+    inflated = w.certificate_tree([*certified.tree.entries, *extra])  # type: ignore[list-item]
+    w.to_settled(run, 0)
+    # A range built from the attacker's own tree is not in the data node's certificate.
+    span = inflated.worker_range(a.address)
+    assert span is not None
+    first, first_proof = span.first.as_args()
+    last, last_proof = span.last.as_args()
+    fn = w.ledger.functions.claimReward(
+        certified.cert.as_tuple(), first, first_proof, last, last_proof
+    )
+    reverts(w, fn, w.wallet(0), "LeafNotInTree", data.address, span.first.hop.index)
+    before = w.balance(w.wallet(0))
+    receipt = w.claim(certified.cert, certified.tree, a, w.wallet(0))
+    gas = receipt["gasUsed"] * receipt["effectiveGasPrice"]
+    assert w.balance(w.wallet(0)) - before + gas == REWARD_PER_EPOCH // 2  # its certified half
+
+
+# ------------------------------------------------------------ 4. sybil countersigning
+
+
+def test_4_made_up_hops_countersigned_by_a_sybil_take_nothing_from_the_budget(
+    staffed: Staffed,
+) -> None:
+    w, run, a, data = staffed.w, staffed.run, staffed.a, staffed.data
+    sybil = w.register("sybil", w.attacker, 1 * ETH)
+    second = w.register("sybil-2", w.attacker, 1 * ETH)  # the same wallet's second node
+    w.join(run, sybil, w.attacker)
+    w.join(run, second, w.attacker)
+    made_up = [
+        w.signed(w.receipt(run, 0, data, sybil, second, 1_000 + m), sybil, second)
+        for m in range(256)
+    ]
+    fabricated = w.certificate_tree(made_up)  # a tree of its own: no data node commits it
+    honest = w.certificate_tree(w.pipeline_hops(run, 0, data, [a, staffed.b], range(2)))
+    cert = w.certify(honest, run, 0, data)
+    w.to_settled(run, 0)
+    span = fabricated.worker_range(sybil.address)
+    assert span is not None
+    first, first_proof = span.first.as_args()
+    last, last_proof = span.last.as_args()
+    fn = w.ledger.functions.claimReward(cert.as_tuple(), first, first_proof, last, last_proof)
+    reverts(w, fn, w.attacker, "LeafNotInTree", data.address, 0)
+    for key, wallet in ((a, w.wallet(0)), (staffed.b, w.wallet(1))):
+        w.claim(cert, honest, key, wallet)
+    assert w.call(w.ledger.functions.epochBook(run, 0))[4] == REWARD_PER_EPOCH  # all to honest
+
+
+# ------------------------------------------------------------ 5. a countersigner gone
+
+
+def test_5_a_countersigner_that_left_before_the_epoch_cannot_back_a_hop(world: World) -> None:
+    w = world
+    data = w.register("data", w.sponsor)
+    a = w.register("a", w.wallet(0))
+    leaver = w.register("leaver", w.wallet(1))
+    run = w.open_run()
+    w.add_data_node(run, data)
+    w.join(run, a, w.wallet(0))
+    w.join(run, leaver, w.wallet(1))
+    w.tx(w.ledger.functions.leaveRun(run, leaver.address), w.wallet(1))
+    reverts(
+        w, w.ledger.functions.joinRun(run, leaver.address), w.wallet(1), "AlreadyLeft", run,
+        leaver.address,
+    )  # fmt: skip
+    starts, _, _, _ = w.epoch_times(run, 1)
+    w.travel_to(starts + 1)
+    receipt = w.receipt(run, 1, data, a, leaver, 3)
+    tree = w.certificate_tree([w.signed(receipt, a, leaver)])
+    cert = w.certify(tree, run, 1, data)
+    w.prove(fraud_proofs.invalid_hop(cert, tree.leaf_proof(0), tree.entries[0]))  # type: ignore[arg-type]
+    assert w.stake_of(data) == 0  # the data node that certified it pays, not the worker
+    assert w.stake_of(a) == 2 * ETH
+
+
+# ------------------------------------------------------------ 6. unbounded claims
+
+
+def test_6_a_claim_is_bounded_by_its_range_and_an_epoch_by_its_budget(staffed: Staffed) -> None:
+    w, run, a, b, data = staffed.w, staffed.run, staffed.a, staffed.b, staffed.data
+    low, high = sorted((a, b), key=lambda k: int(k.address, 16))
+    # A dishonest tree: low's leaf claims to end at 10^7 units; the ranges of low and high
+    # overlap (the fraud nobody proves in time).
+    hops = [
+        leaf(0, 0, low.address, 100),
+        leaf(1, 100, low.address, 10_000_000 - 100),
+        leaf(2, 100, high.address, 100),
+    ]
+    tree = w.dishonest_tree(hops)
+    w.to_submission(run, 0)
+    cert = CertRef(run, 0, data.address, tree.root, 3, 300)
+    w.submit(cert)
+    w.to_settled(run, 0)
+    wallet_of = {a.address: w.wallet(0), b.address: w.wallet(1)}
+    reverts(
+        w, w.claim_fn(cert, tree, low), wallet_of[low.address], "RangeOutOfTotals", 0,
+        10_000_000, 300,
+    )  # fmt: skip
+    w.claim(cert, tree, high, wallet_of[high.address])
+    book = w.call(w.ledger.functions.epochBook(run, 0))
+    assert book[4] <= REWARD_PER_EPOCH
+
+
+# ------------------------------------------------------------ 7. peer-id squatting
+
+
+def test_7_nobody_can_bind_another_nodes_key_and_the_peer_id_follows_from_it(
+    world: World,
+) -> None:
+    w = world
+    victim = w.key("victim")
+    # The squatter knows the victim's public key (it is public) but not its private key.
+    forged = sign_binding(w.attacker, w.key("squatter").private_key, w.registry_domain)
+    fn = w.registry.functions.registerNode(victim.public_key, default_capacity(), forged)
+    try:
+        w.tx(fn, w.attacker, ETH)
+        raise AssertionError("a binding signed by another key must not register")
+    except ContractRevert as error:
+        assert error.name == "BadBindingSignature" and error.args[0] == victim.address
+    # The victim's own binding, replayed by the squatter from another wallet, fails too.
+    own = sign_binding(w.wallet(0), victim.private_key, w.registry_domain)
+    fn = w.registry.functions.registerNode(victim.public_key, default_capacity(), own)
+    try:
+        w.tx(fn, w.attacker, ETH)
+        raise AssertionError("a binding signed for another wallet must not register")
+    except ContractRevert as error:
+        assert error.name == "BadBindingSignature"
+    receipt = w.tx(fn, w.wallet(0), ETH)
+    (event,) = w.registry.events.NodeRegistered().process_receipt(receipt)
+    assert event["args"]["node"] == victim.address
+    peer_id = bytes(event["args"]["peerId"])
+    assert peer_id == victim.peer_id == peer_id_of_public_key(victim.public_key)
+
+
+# ------------------------------------------------------------ 8. the window race
+
+
+def test_8_windows_equal_to_the_unbonding_delay_leave_no_second_to_escape(world: World) -> None:
+    w = world
+    delay = TEST_PARAMS.unbonding_delay_s
+    window = delay - 2 * EPOCH_S  # 2 epochs + the window == the delay exactly
+    reverts(
+        w, w.ledger.functions.openRun(w.run_config(challengeWindowS=window + 1)), w.sponsor,
+        "WindowsExceedUnbonding", delay + 1, delay,
+    )  # fmt: skip
+    data = w.register("data", w.sponsor)
+    cheat = w.register("cheat", w.attacker)
+    peer = w.register("peer", w.wallet(0))
+    run = w.open_run(challengeWindowS=window)
+    w.add_data_node(run, data)
+    w.join(run, cheat, w.attacker)
+    w.join(run, peer, w.wallet(0))
+    # The cheat signs two versions of a hop in epoch 0 and unstakes at once.
+    first = w.receipt(run, 0, data, cheat, peer, 1)
+    second = replace(first, outputDigest=keccak(text="other"))
+    one, two = w.signed(first, cheat, peer), w.signed(second, cheat, peer)
+    w.tx(w.registry.functions.requestUnstake(cheat.address), w.attacker)
+    unlock_at = w.call(w.registry.functions.unlockAt(cheat.address))
+    _, _, _, settles_at = w.epoch_times(run, 0)
+    assert unlock_at > settles_at  # unbonding began after the epoch started
+    proof = fraud_proofs.equivocation(
+        cheat.address, first, one.worker_signature, second, two.worker_signature
+    )
+    salt = w.commit(proof, w.challenger)
+    snapshot = w.tester.take_snapshot()
+    w.travel_to(settles_at - 1)  # the last second a proof is judged: the stake is locked
+    reverts(
+        w, w.registry.functions.withdrawStake(cheat.address), w.attacker, "StakeStillLocked",
+        cheat.address, unlock_at, settles_at - 1,
+    )  # fmt: skip
+    w.tester.revert_to_snapshot(snapshot)
+    w.travel_to(settles_at - 1)
+    w.tx(w.reveal_fn(proof, salt), w.challenger)
+    assert w.stake_of(cheat) == 0
+
+
+# ------------------------------------------------------------ 9. copying from the mempool
+
+
+def test_9_a_proof_copied_from_the_mempool_pays_the_copier_nothing(certified: Certified) -> None:
+    w, a = certified.w, certified.a
+    entry = next(e for e in certified.tree.entries if e and e.receipt.worker == a.address)
+    other = replace(entry.receipt, outputDigest=keccak(text="v2"))
+    proof = fraud_proofs.equivocation(
+        a.address, entry.receipt, entry.worker_signature, other,
+        w.signed(other, a, certified.b).worker_signature,
+    )  # fmt: skip
+    salt = w.commit(proof, w.challenger)
+    # The copier sees the reveal's calldata: sending it from its own account has no commitment,
+    # and a commitment made now can be revealed only in a later block.
+    reverts(
+        w, w.reveal_fn(proof, salt), w.attacker, "NoCommitment",
+        fraud_proofs.commitment_of(w.attacker, salt, proof.proof_hash),
+    )  # fmt: skip
+    copier_salt = w.commit(proof, w.attacker)  # a block later than the original commitment
+    w.tx(w.reveal_fn(proof, salt), w.challenger)  # the original lands first
+    reverts(w, w.reveal_fn(proof, copier_salt), w.attacker, "AlreadySlashed", a.address)
+    assert w.call(w.disputes.functions.creditWei(w.attacker)) == 0
+    assert w.call(w.disputes.functions.creditWei(w.challenger)) == int(2 * ETH * BOUNTY)
+
+
+# ------------------------------------------------------------ 10. reporting oneself
+
+
+def test_10_a_cheater_reporting_itself_from_a_second_wallet_loses_most_of_its_stake(
+    certified: Certified,
+) -> None:
+    w, b = certified.w, certified.b
+    entry = next(e for e in certified.tree.entries if e and e.receipt.worker == b.address)
+    other = replace(entry.receipt, outputDigest=keccak(text="self"))
+    proof = fraud_proofs.equivocation(
+        b.address, entry.receipt, entry.worker_signature, other,
+        w.signed(other, b, certified.a).worker_signature,
+    )  # fmt: skip
+    w.prove(proof, w.accomplice)  # b's operator's second wallet
+    back = w.call(w.disputes.functions.creditWei(w.accomplice))
+    assert back == int(4 * ETH * BOUNTY)
+    assert 4 * ETH - back == int(4 * ETH * (1 - BOUNTY))  # 3.8 ETH lost for good
+    assert w.call(w.disputes.functions.burnedWei()) == 4 * ETH - back
+
+
+def test_10_no_deployment_sets_a_bounty_that_could_pay(world: World) -> None:
+    from contracts.bindings import deploy_contract
+
+    w = world
+    for bps in (0, 1_001, 10_000):
+        try:
+            deploy_contract(w.w3, "Disputes", w.deployer, w.registry.address, w.ledger.address, bps)
+            raise AssertionError(f"a bounty of {bps} bps must be refused")
+        except ContractRevert as error:
+            assert error.name == "BountyOutOfRange" and error.args == (bps, 1_000)
+
+
+# ------------------------------------------------------------ 11. order of claims and voids
+
+
+def test_11_equal_work_is_paid_equally_whatever_the_order_of_claims_and_voids(
+    staffed: Staffed,
+) -> None:
+    w, run, a, b, data = staffed.w, staffed.run, staffed.a, staffed.b, staffed.data
+    second = w.register("data-2", w.sponsor)
+    w.add_data_node(run, second)
+    honest = w.certificate_tree(w.pipeline_hops(run, 0, data, [a, b], range(3)))
+    cert = w.certify(honest, run, 0, data)
+    bad_hop = w.receipt(run, 0, second, a, b, 50, stage=7)  # off the run's stages
+    bad = w.certificate_tree([w.signed(bad_hop, a, b)])
+    bad_cert = bad.cert_ref(run, 0, second.address)
+    w.submit(bad_cert)
+    w.prove(fraud_proofs.invalid_hop(bad_cert, bad.leaf_proof(0), bad.entries[0]))  # type: ignore[arg-type]
+    w.to_settled(run, 0)
+    paid = {}
+    for key, wallet in ((b, w.wallet(1)), (a, w.wallet(0))):  # b first this time
+        receipt = w.claim(cert, honest, key, wallet)
+        (event,) = w.ledger.events.RewardClaimed().process_receipt(receipt, errors=DISCARD)
+        paid[key.address] = event["args"]["amountWei"]
+    assert paid[a.address] == paid[b.address] == REWARD_PER_EPOCH // 2
