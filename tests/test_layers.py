@@ -56,7 +56,7 @@ def test_api_does_not_import_the_node(path: Path) -> None:
 NODE_LAYERS: list[set[str]] = [
     {"node.training", "node.p2p"},
     {"node.settings"},
-    {"node.chain", "node.runtime.flow"},
+    {"node.chain", "node.store", "node.runtime.flow"},
     {"node.devnet", "node.demo", "node.runtime.dataplane"},
     {"node.runtime.discovery"},
     {"node.runtime.replicas"},
