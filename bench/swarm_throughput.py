@@ -18,9 +18,12 @@
    node), with the same kills, alternating, ``--runs`` times each; the medians are compared.
    Churn is compressed in time: two relays die within a minute-long run, the number that 33 %
    of relays per hour would kill over a run of hours.
+3. Receipts: the loopback swarm on its chain at 16 x 64-token microbatches with receipts on
+   (every hop signed, countersigned, committed to each node's database and reported to the data
+   node) and off, alternating, ``--runs`` times each; the medians are compared (goal >= 0.98).
 
 Usage: python bench/swarm_throughput.py [--iterations 8] [--runs 3] [--sizes 16x64]
-       [--speeds 1.0,0.6,0.35] [--hop-ms 100] [--quick | --routing-only]
+       [--speeds 1.0,0.6,0.35] [--hop-ms 100] [--quick | --routing-only | --receipts-only]
 """
 
 from __future__ import annotations
@@ -162,6 +165,7 @@ def swarm_file(
     seq_len: int = SEQ_LEN,
     speeds: tuple[float, ...] = (1.0,),
     hop_ms: float = 0.0,
+    receipts: bool = True,
 ) -> str:
     events = ", ".join(f'{{t = {t}, kill = "{node}"}}' for t, node in kills)
     region_lines = (
@@ -176,6 +180,7 @@ def swarm_file(
         f'routing = "{routing}"\n[swarm]\nrelays_per_stage = {relays_per_stage}\n'
         f"capacity = {capacity}\nspeeds = [{', '.join(map(str, speeds))}]\nhop_ms = {hop_ms}\n"
         f"{region_lines}"
+        f"[chain]\nreceipts = {str(receipts).lower()}\n"
         f"[churn]\nevents = [{events}]\n"
     )
 
@@ -186,6 +191,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="ten-region runs per routing")
     parser.add_argument("--quick", action="store_true", help="loopback comparison only")
     parser.add_argument("--routing-only", action="store_true", help="ten-region comparison only")
+    parser.add_argument("--receipts-only", action="store_true", help="receipts on/off only")
     parser.add_argument(
         "--speeds", default="1.0,0.6,0.35", help="emulated GPU speeds of each stage's relays"
     )
@@ -201,6 +207,9 @@ def main() -> None:
         out = Path(tmp)
         if args.routing_only:
             compare_routings(args.iterations, args.runs, out, speeds, args.hop_ms)
+            return
+        if args.receipts_only:
+            compare_receipts(args.iterations, args.runs, out)
             return
         print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         local, local_cpu_ms = single_process_mb_per_s(args.iterations)
@@ -221,7 +230,32 @@ def main() -> None:
         print(f"load average after: {os.getloadavg()[0]:.1f}")
         if args.quick:
             return
+        compare_receipts(args.iterations, args.runs, out)
         compare_routings(args.iterations, args.runs, out, speeds, args.hop_ms)
+
+
+def compare_receipts(iterations: int, runs: int, out: Path) -> None:
+    """The loopback swarm at 16 x 64-token microbatches, receipts on and off, alternating."""
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    hops: list[int] = []
+    for run in range(runs):
+        for on in (True, False):  # alternating, so a slow spell of the machine hits both
+            body = swarm_file(iterations, "gwtf", False, [], batch_size=16, seq_len=64, receipts=on)
+            summary = swarm_run(f"receipts-{'on' if on else 'off'}-{run}", body, out)
+            rates[on].append(summary["throughput_mb_per_s"])
+            if on:
+                earned = summary["chain"].get("earnings", {}).values()
+                hops.append(sum(e["receipts"]["signed"] or 0 for e in earned))
+    on, off = (statistics.median(rates[flag]) for flag in (True, False))
+    print(
+        f"\nreceipts on every hop, loopback, 16 x 64-token microbatches, {iterations} iterations"
+        f"\n{'setting':<44}{'mb/s (each run)':>24}{'median':>8}"
+    )
+    for flag, label in ((False, "receipts off"), (True, "receipts on (signed, kept, reported)")):
+        each = " ".join(f"{r:.2f}" for r in rates[flag])
+        print(f"{label:<44}{each:>24}{statistics.median(rates[flag]):>8.2f}")
+    verdict = "PASS" if on / off >= 0.98 else "FAIL"
+    print(f"receipts on / off: {on / off:.3f} (goal >= 0.98 -> {verdict}); signed per run: {hops}")
 
 
 def compare_size(iterations: int, size: str, out: Path) -> None:

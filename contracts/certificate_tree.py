@@ -18,9 +18,10 @@ from contracts.encoding import (
     CertRef,
     Eip712Domain,
     HopReceipt,
-    certify_hop,
+    hop_key,
     receipt_digest,
     recover_digest_signer,
+    signatures_hash,
 )
 from contracts.merkle import MerkleTree, build_tree
 from gwtf.errors import ProtocolError
@@ -107,10 +108,10 @@ class CertificateTree:
         return list(seen)
 
 
-def check_signatures(entry: SignedReceipt, domain: Eip712Domain) -> None:
-    """A ``ProtocolError`` unless the receipt is signed by its worker and countersigned by its
-    counterparty, two different keys: the part of the certification rules that needs no chain
-    (membership and bonds are the data node's to check against the chain)."""
+def check_signatures(entry: SignedReceipt, domain: Eip712Domain) -> bytes:
+    """The receipt's digest, or a ``ProtocolError`` unless the receipt is signed by its worker
+    and countersigned by its counterparty, two different keys: the part of the certification
+    rules that needs no chain (membership and bonds are the data node's to check against it)."""
     receipt = entry.receipt
     if receipt.worker == receipt.counterparty:
         raise ProtocolError(f"a receipt of {receipt.worker} is countersigned by its own worker")
@@ -119,6 +120,29 @@ def check_signatures(entry: SignedReceipt, domain: Eip712Domain) -> None:
         raise ProtocolError(f"the worker signature is not {receipt.worker}'s")
     if recover_digest_signer(digest, entry.counterparty_signature) != receipt.counterparty:
         raise ProtocolError(f"the countersignature is not {receipt.counterparty}'s")
+    return digest
+
+
+@dataclass(frozen=True)
+class PreparedHop:
+    """A signed receipt with the hashes its leaf needs, computed once (a data node prepares
+    each receipt as it is reported, so an epoch's end only sorts and builds the tree)."""
+
+    entry: SignedReceipt
+    hop_key: bytes
+    receipt_digest: bytes
+    signatures_hash: bytes
+
+    @classmethod
+    def of(
+        cls, entry: SignedReceipt, domain: Eip712Domain, digest: bytes | None = None
+    ) -> PreparedHop:
+        return cls(
+            entry,
+            hop_key(entry.receipt),
+            digest if digest is not None else receipt_digest(entry.receipt, domain),
+            signatures_hash(entry.worker_signature, entry.counterparty_signature),
+        )
 
 
 def build_certificate_tree(
@@ -126,29 +150,29 @@ def build_certificate_tree(
 ) -> CertificateTree:
     """The honest tree of ``entries``: sorted by (worker, hop key), prefix sums from 0. The same
     hop twice is an error: a data node certifies each hop once."""
-    if not entries:
+    return tree_of_prepared([PreparedHop.of(e, domain) for e in entries])
+
+
+def tree_of_prepared(prepared: Sequence[PreparedHop]) -> CertificateTree:
+    """``build_certificate_tree`` of receipts whose hashes are already computed."""
+    if not prepared:
         raise ProtocolError("a certificate tree needs at least one hop")
-    certified = sorted(
-        (
-            (certify_hop(e.receipt, domain, e.worker_signature, e.counterparty_signature), e)
-            for e in entries
-        ),
-        key=lambda pair: pair[0].sort_key(),
-    )
+    ordered = sorted(prepared, key=lambda p: (int(p.entry.receipt.worker, 16), p.hop_key))
     hops: list[CertifiedHop] = []
     running = 0
-    for index, (hop, _) in enumerate(certified):
-        if hops and hops[-1].sort_key() == hop.sort_key():
-            raise ProtocolError(f"hop {hop.hopKey.hex()} of {hop.worker} is certified twice")
+    for index, p in enumerate(ordered):
+        receipt = p.entry.receipt
+        if index and hops[-1].hopKey == p.hop_key and hops[-1].worker == receipt.worker:
+            raise ProtocolError(f"hop {p.hop_key.hex()} of {receipt.worker} is certified twice")
         hops.append(
             CertifiedHop(
-                index, running, hop.worker, hop.units, hop.hopKey, hop.receiptDigest,
-                hop.signaturesHash,
+                index, running, receipt.worker, receipt.units, p.hop_key, p.receipt_digest,
+                p.signatures_hash,
             )
         )  # fmt: skip
-        running += hop.units
+        running += receipt.units
     return CertificateTree(
-        tuple(hops), tuple(e for _, e in certified), build_tree([h.leaf() for h in hops])
+        tuple(hops), tuple(p.entry for p in ordered), build_tree([h.leaf() for h in hops])
     )
 
 

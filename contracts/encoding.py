@@ -12,6 +12,7 @@ Pure: no chain, no clock. Golden vectors in ``tests/contracts/test_encoding.py``
 from __future__ import annotations
 
 import functools
+import struct
 from dataclasses import dataclass, fields
 from typing import Final
 
@@ -138,15 +139,15 @@ class HopReceipt:
     units: int
 
     def __post_init__(self) -> None:
-        for field, abi_type in zip(fields(self), HOP_RECEIPT_ABI_TYPES, strict=True):
-            value = getattr(self, field.name)
-            if abi_type.startswith("uint"):
-                check_uint(field.name, value, int(abi_type[4:]))
-            elif abi_type == "address":
+        for name, kind, bits in _HOP_RECEIPT_FIELDS:
+            value = getattr(self, name)
+            if kind == "uint":
+                check_uint(name, value, bits)
+            elif kind == "address":
                 # Canonical (checksummed) form, as web3 and recover_signer return addresses.
-                object.__setattr__(self, field.name, checked_address(field.name, value))
+                object.__setattr__(self, name, checked_address(name, value))
             else:
-                check_bytes32(field.name, value)
+                check_bytes32(name, value)
         if self.direction not in (FORWARD, BACKWARD):
             raise ProtocolError(
                 f"receipt direction {self.direction} is neither 0 (forward) nor 1 (backward)"
@@ -157,6 +158,13 @@ class HopReceipt:
         return tuple(getattr(self, field.name) for field in fields(self))
 
 
+# (field name, "uint" | "address" | "bytes32", bits) in struct order: what each field must be.
+_HOP_RECEIPT_FIELDS: Final = tuple(
+    (f.name, abi[:4] if abi.startswith("uint") else abi, int(abi[4:]) if abi[:4] == "uint" else 0)
+    for f, abi in zip(fields(HopReceipt), HOP_RECEIPT_ABI_TYPES, strict=True)
+)
+
+
 def check_uint(name: str, value: object, bits: int) -> None:
     """A ``ProtocolError`` unless ``value`` is an int that fits a uint of ``bits``."""
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_UINT[bits]:
@@ -165,19 +173,30 @@ def check_uint(name: str, value: object, bits: int) -> None:
 
 def checked_address(name: str, value: object) -> str:
     """``value`` as a checksummed address, or a ``ProtocolError``."""
-    if not isinstance(value, str) or len(value) != 42 or not value.startswith("0x"):
+    if not isinstance(value, str):
         raise ProtocolError(f"field {name}={value!r} is not a 0x-prefixed 20-byte address")
-    try:
-        bytes.fromhex(value[2:])
-    except ValueError as exc:
-        raise ProtocolError(f"field {name}={value!r} is not hex") from exc
-    return _checksummed(value)
+    canonical = _canonical_address(value)
+    if canonical is None:
+        raise ProtocolError(f"field {name}={value!r} is not a 0x-prefixed 20-byte hex address")
+    return canonical
 
 
 @functools.lru_cache(maxsize=4096)
-def _checksummed(address: str) -> str:
+def _canonical_address(value: str) -> str | None:
     # Cached: an epoch's receipts name a few nodes many times, and each checksum is a keccak.
-    return to_checksum_address(address)
+    if len(value) != 42 or not value.startswith("0x"):
+        return None
+    try:
+        bytes.fromhex(value[2:])
+    except ValueError:
+        return None
+    return to_checksum_address(value)
+
+
+def _checksummed(address: str) -> str:
+    canonical = _canonical_address(address)
+    assert canonical is not None, "only called with addresses built here"
+    return canonical
 
 
 def check_bytes32(name: str, value: object) -> None:
@@ -196,27 +215,30 @@ def _word(value: int) -> bytes:
 
 
 def _address_word(address: str) -> bytes:
-    return bytes(12) + bytes.fromhex(address[2:])
+    return bytes(12) + _address_bytes(address)
+
+
+@functools.lru_cache(maxsize=4096)
+def _address_bytes(address: str) -> bytes:
+    return bytes.fromhex(address[2:])
+
+
+# The ABI words after the run id, packed at once: a uint64 is 24 zero bytes and 8, an address
+# 12 and 20 (what abi.encode writes for them).
+_HOP_KEY_TAIL: Final = struct.Struct(">24xQ12x20s24xQ24xQ24xQ24xQ12x20s")
+_STRUCT_TAIL: Final = struct.Struct(">24xQ12x20s24xQ24xQ24xQ24xQ24xQ12x20s12x20s32s32s24xQ")
+_LEAF_WORDS: Final = struct.Struct(">24xQ24xQ12x20s24xQ32s32s32s")
 
 
 def hop_key(receipt: HopReceipt) -> bytes:
     """What makes a hop unique: one worker's try at one stage and direction of one microbatch
     of one data node. Two receipts with one key and different contents conflict."""
     r = receipt
-    return keccak256(
-        b"".join(
-            (
-                _word(r.runId),
-                _word(r.epoch),
-                _address_word(r.dataNode),
-                _word(r.microbatchId),
-                _word(r.stage),
-                _word(r.direction),
-                _word(r.attempt),
-                _address_word(r.worker),
-            )
-        )
-    )
+    tail = _HOP_KEY_TAIL.pack(
+        r.epoch, _address_bytes(r.dataNode), r.microbatchId, r.stage, r.direction, r.attempt,
+        _address_bytes(r.worker),
+    )  # fmt: skip
+    return keccak256(_word(r.runId) + tail)
 
 
 def receipt_struct_hash(receipt: HopReceipt) -> bytes:
@@ -229,26 +251,12 @@ def receipt_struct_hash(receipt: HopReceipt) -> bytes:
     receipt was built.
     """
     r = receipt
-    return keccak256(
-        b"".join(
-            (
-                HOP_RECEIPT_TYPE_HASH,
-                _word(r.runId),
-                _word(r.epoch),
-                _address_word(r.dataNode),
-                _word(r.iteration),
-                _word(r.microbatchId),
-                _word(r.stage),
-                _word(r.direction),
-                _word(r.attempt),
-                _address_word(r.worker),
-                _address_word(r.counterparty),
-                r.inputDigest,
-                r.outputDigest,
-                _word(r.units),
-            )
-        )
-    )
+    tail = _STRUCT_TAIL.pack(
+        r.epoch, _address_bytes(r.dataNode), r.iteration, r.microbatchId, r.stage, r.direction,
+        r.attempt, _address_bytes(r.worker), _address_bytes(r.counterparty), r.inputDigest,
+        r.outputDigest, r.units,
+    )  # fmt: skip
+    return keccak256(HOP_RECEIPT_TYPE_HASH + _word(r.runId) + tail)
 
 
 def typed_data_digest(domain: Eip712Domain, struct_hash: bytes) -> bytes:
@@ -316,12 +324,26 @@ def signatures_hash(worker_signature: bytes, counterparty_signature: bytes) -> b
     """What a certificate leaf commits of a hop's two signatures:
     keccak256(abi.encode(workerSignature, counterpartySignature)), packed directly."""
 
+    if len(worker_signature) == len(counterparty_signature) == SIGNATURE_BYTES:
+        # The usual case, with its constant offsets and padding written once.
+        return keccak256(
+            _TWO_SIGNATURES_HEAD + worker_signature + _SIGNATURE_PAD + _SIGNATURE_LENGTH
+            + counterparty_signature + _SIGNATURE_PAD
+        )  # fmt: skip
+
     def tail(value: bytes) -> bytes:  # a dynamic ``bytes``: its length, then padded data
         return _word(len(value)) + value + bytes(-len(value) % 32)
 
     first = tail(worker_signature)
     head = _word(64) + _word(64 + len(first))  # the offsets of the two tails
     return keccak256(head + first + tail(counterparty_signature))
+
+
+# abi.encode(bytes, bytes) of two 65-byte signatures: offsets 64 and 192, then each tail as
+# its length (65) and its data padded to 96 bytes.
+_SIGNATURE_LENGTH: Final = _word(SIGNATURE_BYTES)
+_SIGNATURE_PAD: Final = bytes(-SIGNATURE_BYTES % 32)
+_TWO_SIGNATURES_HEAD: Final = _word(64) + _word(64 + 32 + 96) + _SIGNATURE_LENGTH
 
 
 # ---------------------------------------------------------------- node identity
@@ -398,17 +420,10 @@ class CertifiedHop:
     def leaf(self) -> bytes:
         """The leaf hash: StandardMerkleTree's keccak256(keccak256(abi.encode(values)))."""
         r = self
-        words = b"".join(
-            (
-                _word(r.index),
-                _word(r.unitsBefore),
-                _address_word(r.worker),
-                _word(r.units),
-                r.hopKey,
-                r.receiptDigest,
-                r.signaturesHash,
-            )
-        )
+        words = _LEAF_WORDS.pack(
+            r.index, r.unitsBefore, _address_bytes(r.worker), r.units, r.hopKey,
+            r.receiptDigest, r.signaturesHash,
+        )  # fmt: skip
         return keccak256(keccak256(words))
 
     def sort_key(self) -> tuple[int, bytes]:

@@ -13,4 +13,4 @@ import sha3
 
 def keccak256(data: bytes) -> bytes:
     """keccak256 of ``data`` (Ethereum's, not NIST SHA3-256)."""
-    return bytes(sha3.keccak_256(data).digest())
+    return sha3.keccak_256(data).digest()  # type: ignore[no-any-return]

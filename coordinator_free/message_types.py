@@ -299,7 +299,8 @@ class FlowLoanReturn:
 
 @dataclass(frozen=True, slots=True)
 class HopAck:
-    """Data plane: a hop's output arrived; digest of the tensor, and which attempt it was."""
+    """Data plane: a hop's output arrived; digest of the tensor, and which attempt it was. A
+    live receiver of a signed hop countersigns its receipt here (empty otherwise)."""
 
     TYPE_ID: ClassVar[int] = 23
     microbatch_id: str
@@ -307,6 +308,7 @@ class HopAck:
     direction: int  # FORWARD or BACKWARD
     attempt: int
     digest: bytes
+    countersignature: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

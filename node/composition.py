@@ -13,14 +13,18 @@ from pathlib import Path
 
 from libp2p.crypto.keys import KeyPair
 
+from contracts.encoding import ledger_domain
 from coordinator_free.protocol.config import DATA, FlowConfig
 from gwtf.errors import ConfigError
 from node.chain.actions import Contracts
-from node.chain.adapter import connect
+from node.chain.adapter import Sender, connect
 from node.chain.deployment import DevnetInfo, read_devnet_file
-from node.chain.wallet import load_or_create_node_key, resolve_password
+from node.chain.epochs import EpochLedger
+from node.chain.wallet import load_or_create_node_key, open_wallet, resolve_password
 from node.p2p.identity import identity_from_key
 from node.p2p.link_emulation import Topology
+from node.receipts import ReceiptsConfig
+from node.receipts.book import ReceiptTerms
 from node.runtime.discovery.admission import RunAdmission
 from node.runtime.live_node import LiveNodeConfig
 from node.settings import AUTO_STAGE, Settings
@@ -134,6 +138,7 @@ def live_config_from_settings(settings: Settings) -> LiveNodeConfig:
         routing=settings.flow.routing,
         data_nodes=training.data_nodes,
         data_shard=training.data_shard,
+        receipts=receipts_from_settings(settings),
     )
 
 
@@ -146,3 +151,40 @@ def admission_from_settings(settings: Settings) -> RunAdmission | None:
         raise ConfigError("chain.admission is on but chain.run_id is not set; set the run's id")
     contracts, _ = open_contracts(settings)
     return RunAdmission(contracts.port(), chain.run_id, cache_s=chain.admission_cache_s)
+
+
+def receipts_from_settings(settings: Settings) -> ReceiptsConfig | None:
+    """Receipts and the epoch cycle over the chain named by the settings, or None when off."""
+    chain = settings.chain
+    if not chain.receipts:
+        return None
+    if chain.run_id < 1:
+        raise ConfigError("chain.receipts is on but chain.run_id is not set; set the run's id")
+    contracts, _ = open_contracts(settings)
+    run = contracts.port().run_info(chain.run_id)
+    if run is None:
+        raise ConfigError(f"chain.run_id={chain.run_id}: no such run on this chain")
+    if run.stage_count != settings.training.stages:
+        raise ConfigError(
+            f"training.stages={settings.training.stages} but run {chain.run_id} has "
+            f"{run.stage_count} stages; set training.stages to the run's"
+        )
+    wallet = None
+    if chain.wallet_file:
+        password = resolve_password(settings.node.password_file or None, interactive=False)
+        wallet = Sender.from_account(open_wallet(chain.wallet_file, password))
+    terms = ReceiptTerms(
+        chain.run_id,
+        ledger_domain(contracts.w3.eth.chain_id, contracts.ledger.address),
+        run.stage_count,
+        run.units_per_hop,
+    )
+    ledger = EpochLedger(contracts, chain.run_id, wallet)
+    return ReceiptsConfig(
+        terms,
+        settings.db.url,
+        ledger,
+        report_period_s=chain.report_period_s,
+        grace_s=2 * chain.report_period_s + 1.0,
+        clock_period_s=chain.clock_period_s,
+    )

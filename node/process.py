@@ -59,8 +59,8 @@ def node_status(node: LiveNode) -> dict[str, Any]:
         "role": node.config.role,
         "stage": node.config.stage,
         "stats": dataclasses.asdict(role.stats),
-        "hops_recorded": len(node.plane.hop_log.records),
-        "recomputed_hops": sum(1 for r in node.plane.hop_log.records if r.attempt > 0),
+        "hops_recorded": node.plane.hops.recorded,
+        "recomputed_hops": node.plane.hops.recomputed,
         # Peers this node refused (banned, or not admitted to the run), with how often.
         "refused": dict(node.rpc.refused),
         # Where this node's hop time goes, and its CPU seconds (the throughput benchmark's).
@@ -70,6 +70,19 @@ def node_status(node: LiveNode) -> dict[str, Any]:
     if isinstance(role, DataRole):
         status["results"] = [dataclasses.asdict(r) for r in role.results]
         status["training"] = role.training
+        status["finished"] = role.finished
+    if node.receipts is not None:
+        parts = node.receipts
+        status["receipts"] = {
+            **dataclasses.asdict(parts.book.counts),
+            "address": parts.book.address,
+            "epoch": parts.clock.epoch_now(),
+            "reported": parts.reporter.reported if parts.reporter else 0,
+            "unreported": parts.reporter.pending if parts.reporter else 0,
+            "accepted": parts.inbox.accepted if parts.inbox else 0,
+            "refused_reports": parts.inbox.refused if parts.inbox else 0,
+            "cycle": dataclasses.asdict(parts.cycle.status),
+        }
     status["step"] = role.worker.step_count
     status["state_digest"] = _digest_at_step(role.worker)
     return status

@@ -123,6 +123,19 @@ class ChainSettings:
     admission: bool = False
     #: How long an admission answer is reused before the chain is asked again.
     admission_cache_s: float = 30.0
+    #: Receipts on every hop (signed, countersigned, kept in the node database, reported to the
+    #: data node) and the epoch cycle: a data node certifies and submits each epoch, a relay
+    #: claims its reward. Needs ``run_id`` and the chain.
+    receipts: bool = False
+    #: The staking wallet's keystore (a data node's: its sponsor's), which submits
+    #: certificates or claims rewards; its password is ``node.password_file``'s. "" sends
+    #: nothing (receipts are still kept).
+    wallet_file: str = ""
+    #: How often chain time is read (it runs on by the local clock in between), and how often
+    #: a worker reports its complete receipts to their data nodes; a data node waits two
+    #: report periods and a second after an epoch's last iteration for the last reports.
+    clock_period_s: float = 2.0
+    report_period_s: float = 5.0
     #: Bearer token for RPC providers that need one; from GWTF_RPC_TOKEN or a flag only.
     rpc_token: Secret | None = field(default=None, repr=False)
 
@@ -284,6 +297,8 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "p2p.region": _non_empty,
     "p2p.discovery_period_s": _positive,
     "chain.admission_cache_s": _non_negative,
+    "chain.clock_period_s": _positive,
+    "chain.report_period_s": _positive,
     "training.model": _model_name,
     "training.device": _one_of("auto", "cpu", "cuda"),
     "training.param_dtype": _one_of("float32", "float64"),

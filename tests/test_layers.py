@@ -57,6 +57,7 @@ NODE_LAYERS: list[set[str]] = [
     {"node.training", "node.p2p"},
     {"node.settings"},
     {"node.chain", "node.store", "node.runtime.flow"},
+    {"node.receipts"},
     {"node.devnet", "node.demo", "node.runtime.dataplane"},
     {"node.runtime.discovery"},
     {"node.runtime.replicas"},

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
+from rich.table import Table
 from web3 import Web3
 
 from gwtf.errors import ConfigError
@@ -87,4 +89,33 @@ def cmd_swarm(args: argparse.Namespace, settings: Settings, console: Console) ->
     with log:
         summary = run_swarm(plan, log, args.timeout_s)
     console.print_json(data=summary)
+    if summary["chain"].get("earnings"):
+        print_earnings(console, summary["chain"])
     return 0
+
+
+def print_earnings(console: Console, chain: dict[str, Any]) -> None:
+    """The swarm's epochs and each node's receipts and rewards, as tables."""
+    epochs = Table(title="epochs on chain")
+    for column in ("epoch", "hops certified", "units", "units claimed", "budget ETH", "paid ETH"):
+        epochs.add_column(column, justify="right")
+    epochs.add_column("adds up to the wei")
+    for epoch in chain["epochs"]:
+        count = sum(c["count"] for c in epoch["certificates"].values())
+        epochs.add_row(
+            str(epoch["epoch"]), str(count), str(epoch["certified_units"]),
+            str(epoch["claimed_units"]), format_eth(int(epoch["budget_wei"])),
+            format_eth(int(epoch["claimed_wei"])), "yes" if epoch["adds_up"] else "NO",
+        )  # fmt: skip
+    console.print(epochs)
+    nodes = Table(title="receipts and rewards per node")
+    nodes.add_column("node")
+    for column in ("signed", "countersigned", "units claimed", "reward ETH", "stake ETH"):
+        nodes.add_column(column, justify="right")
+    for name, entry in sorted(chain["earnings"].items()):
+        receipts = entry["receipts"]
+        nodes.add_row(
+            name, str(receipts.get("signed") or 0), str(receipts.get("countersigned") or 0),
+            str(entry["units"]), entry["reward_eth"], format_eth(int(entry["stake_wei"])),
+        )  # fmt: skip
+    console.print(nodes)

@@ -19,6 +19,7 @@ class Offence(Enum):
     TIMEOUT = 5.0
     HANDLER_FAILURE = 5.0
     NOT_ADMITTED = 100.0
+    BAD_RECEIPT = 25.0  # a signature that does not check, a receipt of another's hop
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,18 @@ from dataclasses import dataclass, field, replace
 import trio
 from libp2p.crypto.keys import KeyPair
 
+from contracts.certificate_tree import SignedReceipt
 from coordinator_free.protocol.config import DATA, FlowConfig, NodeSpec
 from coordinator_free.protocol.node import FlowNode
 from gwtf.errors import ConfigError, ProtocolError
 from node.p2p.host import running_host
 from node.p2p.link_emulation import LinkEmulator, Topology
 from node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper
+from node.p2p.scoring import Offence
+from node.receipts import ReceiptsConfig
+from node.receipts.book import ReceiptBook, address_of_peer
+from node.receipts.epochs import DataNodeEpochs, EpochClock, WorkerEpochs
+from node.receipts.reports import ReceiptInbox, ReceiptReporter
 from node.runtime.dataplane import control
 from node.runtime.dataplane.compute_meter import report_compute
 from node.runtime.dataplane.exchange import DataPlane
@@ -35,6 +41,9 @@ from node.runtime.roles.data import DataRole, IterationResult
 from node.runtime.roles.data_peers import DataPeers, LeftOut
 from node.runtime.roles.relay import RelayRole
 from node.settings import AUTO_STAGE
+from node.store.database import open_database
+from node.store.hops import HopStore
+from node.store.ledger import LedgerRecords
 from node.training.codec import CodecLimits
 from node.training.config import ModelConfig
 from node.training.data import MicrobatchSampler, load_default_corpus
@@ -87,6 +96,19 @@ class LiveNodeConfig:
     #: Data nodes sharing the run's batches, and this data node's shard of them (0-based).
     data_nodes: int = 1
     data_shard: int = 0
+    #: Receipts on every hop and the epoch cycle on chain; None trains without.
+    receipts: ReceiptsConfig | None = None
+
+
+@dataclass
+class ReceiptParts:
+    """A node's receipts at work: its book, its epoch cycle and its report channel."""
+
+    book: ReceiptBook
+    cycle: DataNodeEpochs | WorkerEpochs
+    clock: EpochClock
+    reporter: ReceiptReporter | None = None
+    inbox: ReceiptInbox | None = None
 
 
 @dataclass
@@ -99,6 +121,7 @@ class LiveNode:
     role: DataRole | RelayRole
     address: str
     discovery: RunDiscovery | None = None
+    receipts: ReceiptParts | None = None
 
 
 Started = Callable[[LiveNode], Awaitable[None] | None]
@@ -209,6 +232,10 @@ async def run_live_node(
                 role.peers.background = nursery
         if config.topology is not None:
             rpc.shaper = _shaper(LinkEmulator(config.topology), node_id, config.region, book)
+        receipts = None
+        if config.receipts is not None:
+            receipts = await _start_receipts(config, config.receipts, rpc, plane, role, book)
+            nursery.start_soon(_run_receipts, receipts)
         book.serve()
         flow.start(nursery)
         if isinstance(role, RelayRole) or role.peers is not None:
@@ -258,7 +285,7 @@ async def run_live_node(
         nursery.start_soon(discovery.publish_hint, "stage")
         for peer_id in introduce_later:
             flow.dispatch(flow.node.introduce(peer_id))
-        live = LiveNode(config, rpc, book, flow, plane, role, book.own.address, discovery)
+        live = LiveNode(config, rpc, book, flow, plane, role, book.own.address, discovery, receipts)
         if on_started is not None:
             on_started(live)
         if isinstance(role, DataRole):
@@ -287,10 +314,93 @@ async def run_live_node(
                     "iteration %s: loss %.4f in %.2f s", iteration, result.loss, result.duration_s
                 )
                 iteration += 1
+            role.finished = True
+            if receipts is not None:
+                # Its receipts' epochs are still to certify, and workers will ask for their
+                # ranges: a data node with receipts serves on until it is stopped.
+                await trio.sleep_forever()
             nursery.cancel_scope.cancel()
             return role.results
         await trio.sleep_forever()
     raise AssertionError("unreachable")
+
+
+async def _start_receipts(
+    config: LiveNodeConfig,
+    setup: ReceiptsConfig,
+    rpc: RequestResponse,
+    plane: DataPlane,
+    role: DataRole | RelayRole,
+    book: AddressBook,
+) -> ReceiptParts:
+    """The node's receipt book on its data plane, its database, and its side of the epoch
+    cycle: a data node's inbox of reports, or a worker's reporter."""
+    db = await trio.to_thread.run_sync(open_database, setup.db_url)
+    store, records = HopStore(db), LedgerRecords(db)
+
+    def penalise(peer: str, why: str) -> None:
+        rpc.scores.penalise(peer, Offence.BAD_RECEIPT, trio.current_time())
+
+    private_key = config.identity.private_key.to_bytes()
+    receipts = ReceiptBook(setup.terms, private_key, store, penalise)
+    plane.receipts = receipts
+    clock = EpochClock(setup.ledger, setup.clock_period_s)
+    await clock.start_reading()
+    timeout_s = 2 * config.flow.ack_deadline_s
+
+    def data_node_peers() -> dict[str, str]:
+        return {address_of_peer(p): p for p, record in book.peers.items() if record.stage == 0}
+
+    if isinstance(role, DataRole):
+        inbox = ReceiptInbox(rpc, setup.terms, receipts.address, store, timeout_s, penalise)
+        inbox.serve()
+        plane.origin_send = lambda header, digest: inbox.note_origin(
+            header.epoch, header.iteration, header.microbatch_id, header.direction, digest
+        )
+        role.epoch_now = clock.epoch_now
+        data_role = role
+        certifying = DataNodeEpochs(
+            setup.terms, receipts.address, setup.ledger, clock, store, records, inbox,
+            busy_in=lambda epoch: data_role.iterating and data_role.epoch == epoch,
+            grace_s=setup.grace_s,
+        )  # fmt: skip
+        return ReceiptParts(receipts, certifying, clock, inbox=inbox)
+    reporter = ReceiptReporter(rpc, timeout_s, setup.report_period_s, data_node_peers)
+    # A restarted worker reports again what its database holds of recent epochs (the data node
+    # takes a receipt twice as once): nothing it was countersigned for is lost to the crash.
+    recent = max(0, clock.epoch_now() - 1)
+    for epoch in range(recent, clock.epoch_now() + 1):
+        entries = await trio.to_thread.run_sync(store.signed_hops, setup.terms.run_id, epoch)
+        reporter.requeue(entries)
+
+    def data_node_peer(address: str) -> str | None:
+        return reporter.peers.get(address) or data_node_peers().get(address)
+
+    cycle = WorkerEpochs(
+        setup.terms, receipts.address, setup.ledger, clock, store, records, rpc,
+        data_node_peer, timeout_s,
+    )  # fmt: skip
+
+    def complete(origin: str, entry: SignedReceipt) -> None:
+        reporter.add(origin, entry)
+        cycle.worked_in(entry.receipt.epoch, entry.receipt.dataNode)
+
+    receipts.on_complete = complete
+    return ReceiptParts(receipts, cycle, clock, reporter=reporter)
+
+
+async def _run_receipts(parts: ReceiptParts) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(parts.book.run)
+        nursery.start_soon(parts.clock.run)
+        if parts.inbox is not None:
+            nursery.start_soon(parts.inbox.run)
+        if parts.reporter is not None:
+            nursery.start_soon(parts.reporter.run)
+        if parts.cycle.ledger.wallet is not None:
+            nursery.start_soon(parts.cycle.run)
+        else:
+            log.warning("no wallet (chain.wallet_file): receipts are kept, nothing is sent")
 
 
 def _share_the_run(

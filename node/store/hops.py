@@ -15,16 +15,21 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session
+from sqlalchemy import delete, select
+from sqlalchemy.engine import Connection
 
-from contracts.certificate_tree import SignedReceipt
+from contracts.certificate_tree import PreparedHop, SignedReceipt
 from contracts.encoding import HopReceipt
 from gwtf.errors import GwtfError
 from node.store.database import Database
-from node.store.models import Base, CertifiedHopRow, Countersignature, SignedHop
+from node.store.models import (
+    Base,
+    CertifiedHopRow,
+    Countersignature,
+    OriginDigest,
+    ReportedHop,
+    SignedHop,
+)
 
 # Rows per statement: SQLite binds at most 32,766 parameters, a hop row has 18.
 CHUNK = 1_000
@@ -40,12 +45,14 @@ class ConflictingReceipt(GwtfError):
 @dataclass(frozen=True)
 class ToSign:
     """A receipt to sign under ``hop_key``: ``sign`` makes the signature, called only for a key
-    this node holds no receipt of yet."""
+    this node holds no receipt of yet. A worker signing a hop its receiver has countersigned
+    already keeps the ``countersignature`` with it."""
 
     hop_key: bytes
     receipt: HopReceipt
     receipt_digest: bytes
     sign: Callable[[], bytes]
+    countersignature: bytes | None = None
 
 
 def receipt_columns(receipt: HopReceipt) -> dict[str, object]:
@@ -59,7 +66,7 @@ def receipt_columns(receipt: HopReceipt) -> dict[str, object]:
     }  # fmt: skip
 
 
-def receipt_of(row: SignedHop | CertifiedHopRow) -> HopReceipt:
+def receipt_of(row: SignedHop | CertifiedHopRow | ReportedHop) -> HopReceipt:
     return HopReceipt(
         row.run_id, row.epoch, row.data_node, row.iteration, row.microbatch_id, row.stage,
         row.direction, row.attempt, row.worker, row.counterparty, row.input_digest,
@@ -80,12 +87,15 @@ class HopStore:
         return self._sign_once(SignedHop, batch, self._signed_row)
 
     def add_countersignatures(self, signatures: Sequence[tuple[bytes, bytes]]) -> None:
-        """Complete the hops this node signed with their counterparties' countersignatures."""
-        with self.db.sessions.begin() as session:
-            for hop_key, signature in signatures:
-                row = session.get(SignedHop, hop_key)
-                if row is not None and row.counterparty_signature is None:
-                    row.counterparty_signature = signature
+        """Complete the hops this node signed with their counterparties' countersignatures
+        (the first one of each hop stays)."""
+        mark = self._mark
+        sql = (
+            f"UPDATE signed_hops SET counterparty_signature = {mark} "
+            f"WHERE hop_key = {mark} AND counterparty_signature IS NULL"
+        )
+        with self.db.engine.begin() as connection:
+            self._executemany(connection, sql, [(sig, key) for key, sig in signatures])
 
     def signed_hops(self, run_id: int, epoch: int) -> list[SignedReceipt]:
         """The complete receipts of hops this node did in an epoch (countersigned ones)."""
@@ -107,21 +117,83 @@ class HopStore:
         """Countersign each receipt, at most one per hop key (see ``sign_once``)."""
         return self._sign_once(Countersignature, batch, self._countersigned_row)
 
+    def signed_epochs(self, run_id: int) -> list[tuple[int, str]]:
+        """(epoch, data node) pairs of which this node holds complete receipts of its own."""
+        with self.db.sessions() as session:
+            rows = session.execute(
+                select(SignedHop.epoch, SignedHop.data_node)
+                .where(SignedHop.run_id == run_id, SignedHop.counterparty_signature.is_not(None))
+                .distinct()
+            )
+            return sorted((epoch, data_node) for epoch, data_node in rows)
+
     # ------------------------------------------------------------ as data node
-    def certify(self, entries: Sequence[tuple[bytes, bytes, SignedReceipt]]) -> None:
-        """Record certified hops: (hop key, receipt digest, signed receipt); again is a no-op."""
+    def add_reported(self, prepared: Sequence[PreparedHop]) -> None:
+        """Keep receipts workers reported, checked and prepared; again is a no-op."""
         now = time.time()
         rows = [
             {
-                "hop_key": key, "receipt_digest": digest,
-                "worker_signature": e.worker_signature,
-                "counterparty_signature": e.counterparty_signature, "certified_at": now,
-                **receipt_columns(e.receipt),
+                "hop_key": p.hop_key, "receipt_digest": p.receipt_digest,
+                "signatures_hash": p.signatures_hash,
+                "worker_signature": p.entry.worker_signature,
+                "counterparty_signature": p.entry.counterparty_signature, "reported_at": now,
+                **receipt_columns(p.entry.receipt),
             }
-            for key, digest, e in entries
+            for p in prepared
         ]  # fmt: skip
-        with self.db.sessions.begin() as session:
-            self._insert_new(session, CertifiedHopRow, rows)
+        with self.db.engine.begin() as connection:
+            self._insert_new(connection, ReportedHop, _unique_by_key(rows))
+
+    def reported_hops(self, run_id: int, epoch: int) -> list[PreparedHop]:
+        """Every receipt reported to this data node for an epoch, as prepared when it came."""
+        with self.db.sessions() as session:
+            rows = session.scalars(
+                select(ReportedHop).where(ReportedHop.run_id == run_id, ReportedHop.epoch == epoch)
+            )
+            return [
+                PreparedHop(
+                    SignedReceipt(receipt_of(r), r.worker_signature, r.counterparty_signature),
+                    r.hop_key,
+                    r.receipt_digest,
+                    r.signatures_hash,
+                )
+                for r in rows
+            ]
+
+    def add_anchors(self, anchors: Sequence[dict[str, object]]) -> None:
+        """Keep the frames this data node started chains with (``OriginDigest`` columns)."""
+        unique = list({tuple(a.values()): a for a in anchors}.values())
+        with self.db.engine.begin() as connection:
+            self._insert_new(connection, OriginDigest, unique)
+
+    def anchors(self, run_id: int, epoch: int) -> list[OriginDigest]:
+        with self.db.sessions() as session:
+            return list(
+                session.scalars(
+                    select(OriginDigest).where(
+                        OriginDigest.run_id == run_id, OriginDigest.epoch == epoch
+                    )
+                )
+            )
+
+    def certify(self, entries: Sequence[tuple[bytes, bytes, SignedReceipt]]) -> None:
+        """Record certified hops: (hop key, receipt digest, signed receipt); again is a no-op."""
+        with self.db.engine.begin() as connection:
+            self._insert_new(connection, CertifiedHopRow, _certified_rows(entries))
+
+    def replace_certified(
+        self, run_id: int, epoch: int, entries: Sequence[tuple[bytes, bytes, SignedReceipt]]
+    ) -> None:
+        """Make ``entries`` the epoch's certified hops, in one transaction: a certificate built
+        again after a crash before its submission replaces the one that never reached the
+        chain."""
+        with self.db.engine.begin() as connection:
+            connection.execute(
+                delete(CertifiedHopRow).where(
+                    CertifiedHopRow.run_id == run_id, CertifiedHopRow.epoch == epoch
+                )
+            )
+            self._insert_new(connection, CertifiedHopRow, _certified_rows(entries))
 
     def certified_hops(self, run_id: int, epoch: int) -> list[SignedReceipt]:
         """Every hop this data node certified for an epoch."""
@@ -141,7 +213,8 @@ class HopStore:
     def _signed_row(item: ToSign, signature: bytes, now: float) -> dict[str, object]:
         return {
             "hop_key": item.hop_key, "receipt_digest": item.receipt_digest,
-            "worker_signature": signature, "counterparty_signature": None, "signed_at": now,
+            "worker_signature": signature, "counterparty_signature": item.countersignature,
+            "signed_at": now,
             **receipt_columns(item.receipt),
         }  # fmt: skip
 
@@ -161,8 +234,8 @@ class HopStore:
     ) -> list[bytes | ConflictingReceipt]:
         now = time.time()
         keys = [item.hop_key for item in batch]
-        with self.db.sessions.begin() as session:
-            held = self._held(session, table, keys)
+        with self.db.engine.begin() as connection:
+            held = self._held(connection, table, keys)
             results: list[bytes | ConflictingReceipt] = []
             fresh: dict[bytes, tuple[bytes, bytes]] = {}
             for item in batch:
@@ -185,38 +258,75 @@ class HopStore:
                 for item in batch
                 if item.hop_key in fresh and fresh[item.hop_key][0] == item.receipt_digest
             ]
-            self._insert_new(session, table, _unique_by_key(rows))
+            self._insert_new(connection, table, _unique_by_key(rows))
         return results
 
-    @staticmethod
     def _held(
-        session: Session, table: type[SignedHop] | type[Countersignature], keys: list[bytes]
+        self,
+        connection: Connection,
+        table: type[SignedHop] | type[Countersignature],
+        keys: list[bytes],
     ) -> dict[bytes, tuple[bytes, bytes]]:
         held: dict[bytes, tuple[bytes, bytes]] = {}
-        signature_column = (
-            SignedHop.worker_signature if table is SignedHop else Countersignature.signature
-        )
-        for start in range(0, len(keys), CHUNK):
-            chunk = keys[start : start + CHUNK]
-            query = select(table.hop_key, table.receipt_digest, signature_column).where(
-                table.hop_key.in_(chunk)
-            )
-            for key, digest, signature in session.execute(query):
-                held[key] = (digest, signature)
+        signature = "worker_signature" if table is SignedHop else "signature"
+        cursor = connection.connection.cursor()
+        try:
+            for start in range(0, len(keys), CHUNK):
+                chunk = keys[start : start + CHUNK]
+                marks = ", ".join([self._mark] * len(chunk))
+                cursor.execute(
+                    f"SELECT hop_key, receipt_digest, {signature} FROM {table.__tablename__} "
+                    f"WHERE hop_key IN ({marks})",
+                    chunk,
+                )
+                for key, digest, signed in cursor.fetchall():
+                    held[bytes(key)] = (bytes(digest), bytes(signed))
+        finally:
+            cursor.close()
         return held
 
     def _insert_new(
-        self, session: Session, table: type[Base], rows: Sequence[dict[str, object]]
+        self, connection: Connection, table: type[Base], rows: Sequence[dict[str, object]]
     ) -> None:
         """Insert rows whose primary key is new; rows already there are left as they are."""
         if not rows:
             return
-        dialect = self.db.engine.dialect.name
-        insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
-        # One Core statement executed for many rows (the driver's executemany): the ORM's bulk
-        # path costs several times more per row.
-        statement = insert(table.__table__).on_conflict_do_nothing()  # type: ignore[arg-type]
-        session.connection().execute(statement, list(rows))
+        columns = list(rows[0])
+        marks = ", ".join([self._mark] * len(columns))
+        sql = (
+            f"INSERT INTO {table.__tablename__} ({', '.join(columns)}) VALUES ({marks}) "
+            "ON CONFLICT DO NOTHING"
+        )
+        self._executemany(connection, sql, [tuple(row[c] for c in columns) for row in rows])
+
+    @property
+    def _mark(self) -> str:
+        return "%s" if self.db.engine.dialect.name == "postgresql" else "?"
+
+    @staticmethod
+    def _executemany(connection: Connection, sql: str, rows: list[tuple[object, ...]]) -> None:
+        # The driver's own executemany on the connection, inside its transaction: a
+        # receipt row is 18 values, and SQLAlchemy's per-value processing would cost several
+        # times the write itself (a relay writes every hop's receipt twice).
+        cursor = connection.connection.cursor()
+        try:
+            cursor.executemany(sql, rows)
+        finally:
+            cursor.close()
+
+
+def _certified_rows(
+    entries: Sequence[tuple[bytes, bytes, SignedReceipt]],
+) -> list[dict[str, object]]:
+    now = time.time()
+    return [
+        {
+            "hop_key": key, "receipt_digest": digest, "worker_signature": e.worker_signature,
+            "counterparty_signature": e.counterparty_signature, "certified_at": now,
+            **receipt_columns(e.receipt),
+        }
+        for key, digest, e in entries
+    ]  # fmt: skip
 
 
 def _unique_by_key(rows: list[dict[str, object]]) -> list[dict[str, object]]:

@@ -83,6 +83,34 @@ class CertifiedHopRow(ReceiptFields, Base):
     __table_args__ = (Index("ix_certified_hops_epoch", "run_id", "epoch"),)
 
 
+class ReportedHop(ReceiptFields, Base):
+    """A complete receipt a worker reported to this data node: what its certificate is built
+    from, once the epoch is over (``node.receipts.certify`` decides which it certifies)."""
+
+    __tablename__ = "reported_hops"
+    hop_key: Mapped[bytes] = mapped_column(HASH, primary_key=True)
+    # Computed as the receipt is checked, so the epoch's tree needs no hashing but its own.
+    receipt_digest: Mapped[bytes] = mapped_column(HASH)
+    signatures_hash: Mapped[bytes] = mapped_column(HASH)
+    worker_signature: Mapped[bytes] = mapped_column(SIGNATURE)
+    counterparty_signature: Mapped[bytes] = mapped_column(SIGNATURE)
+    reported_at: Mapped[float]
+    __table_args__ = (Index("ix_reported_hops_epoch", "run_id", "epoch"),)
+
+
+class OriginDigest(Base):
+    """A frame this data node sent to start a chain of hops (a first forward, a loss
+    gradient): the anchors its certificate's hops are chained to."""
+
+    __tablename__ = "origin_digests"
+    run_id: Mapped[int] = mapped_column(primary_key=True)
+    epoch: Mapped[int] = mapped_column(primary_key=True)
+    iteration: Mapped[int] = mapped_column(primary_key=True)
+    microbatch_id: Mapped[int] = mapped_column(primary_key=True)
+    direction: Mapped[int] = mapped_column(primary_key=True)
+    digest: Mapped[bytes] = mapped_column(HASH, primary_key=True)
+
+
 class Transaction:
     """The columns of a transaction the node sends: where it stands, and what went wrong."""
 

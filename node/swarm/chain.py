@@ -46,7 +46,13 @@ from node.chain.actions import (
 )
 from node.chain.adapter import Sender, connect
 from node.chain.deployment import DevnetInfo, read_devnet_file
-from node.chain.wallet import create_wallet, load_or_create_node_key, node_key_path, open_wallet
+from node.chain.wallet import (
+    create_wallet,
+    import_key,
+    load_or_create_node_key,
+    node_key_path,
+    open_wallet,
+)
 from node.p2p.identity import identity_from_key, node_address_of_peer, peer_id_of
 from node.settings import ENV_PREFIX, ENV_RPC_TOKEN
 
@@ -71,6 +77,12 @@ class ChainPlan:
     reward_pool_eth: float = 10.0
     fund_eth: float = 3.0
     epoch_length_s: int = 3600
+    #: Epochs the training spans: the devnet's clock is moved on one epoch at each of the
+    #: iterations' equal parts, then past the last epoch's end and its dispute window, so that
+    #: every node's receipts are certified and claimed before the swarm ends.
+    epochs: int = 1
+    #: Receipts on every hop and the epoch cycle (``chain.receipts`` of every node).
+    receipts: bool = True
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> ChainPlan:
@@ -84,6 +96,10 @@ class ChainPlan:
         for name in ("stake_eth", "reward_pool_eth", "fund_eth"):
             if not isinstance(getattr(plan, name), int | float) or getattr(plan, name) <= 0:
                 raise ConfigError(f"[chain] {name}={getattr(plan, name)!r} must be above 0")
+        if not isinstance(plan.epochs, int) or plan.epochs < 1:
+            raise ConfigError(f"[chain] epochs={plan.epochs!r} must be a whole number from 1")
+        if not isinstance(plan.receipts, bool):
+            raise ConfigError(f"[chain] receipts={plan.receipts!r} must be true or false")
         if plan.fund_eth <= plan.stake_eth:
             raise ConfigError(
                 f"[chain] fund_eth={plan.fund_eth} must exceed stake_eth={plan.stake_eth} "
@@ -127,6 +143,25 @@ class SwarmChain:
     def peer_id_of(self, name: str) -> str:
         """The node's libp2p id (its key is created here if it has none yet)."""
         return peer_id_of_node(self.wallets_dir.parent, name, self.scrypt_n)
+
+    def wallet_file(self, name: str, *, data_node: bool = False) -> Path:
+        """The keystore of the wallet behind node ``name`` (created, unfunded, if missing): a
+        relay's own, a data node's the sponsor's. The node claims or submits with it."""
+        if data_node:
+            path = self.wallets_dir / "sponsor.json"
+            if not path.exists():
+                if self.sponsor.account is None:
+                    raise ChainError(
+                        "the sponsor's key is not known (an unlocked account): a data node "
+                        "cannot submit its certificates; use the embedded devnet or anvil"
+                    )
+                key = bytes(self.sponsor.account.key)
+                import_key(path, key, self._password, scrypt_n=self.scrypt_n)
+            return path
+        path = self.wallets_dir / f"{name}.json"
+        if not path.exists():
+            create_wallet(path, self._password, scrypt_n=self.scrypt_n)
+        return path
 
     def register(self, name: str, capacity: int, *, data_node: bool = False) -> RegisteredNode:
         """Put the node in the run, staked: a relay is funded, registered by its own wallet and

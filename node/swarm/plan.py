@@ -118,6 +118,7 @@ class SwarmPlan:
     strangers: dict[str, str] = field(default_factory=dict)  # name -> peer id
     #: The last status of each killed node that was started again (its first life's work).
     retired: list[dict[str, Any]] = field(default_factory=list)
+    last_epoch: int = -1  # the last epoch settled on chain (-1: no epoch cycle)
 
 
 def load_swarm_file(path: Path) -> dict[str, dict[str, Any]]:
@@ -286,7 +287,16 @@ def node_settings(
             "run_id": chain.run_id if chain else 1,
             "rpc_url": chain.rpc_url if chain else "",
             "devnet_file": str(chain.devnet_file.resolve()) if chain else ".gwtf/devnet.json",
+            "receipts": chain is not None and chain.plan.receipts,
+            # The swarm's epochs pass in seconds (it moves its devnet's clock): read it often.
+            "clock_period_s": 0.5,
+            "report_period_s": 1.0,
+            "wallet_file": str(chain.wallet_file(name, data_node=role == "data").resolve())
+            if chain is not None and chain.plan.receipts
+            else "",
         },
+        # One database per node; a restarted node opens its own again.
+        "db": {"url": f"sqlite:///{(plan.out_dir / f'{name}.sqlite').resolve()}"},
         "training": {
             "model": run["model"],
             "stages": run["stages"],

@@ -37,6 +37,7 @@ from node.swarm.chain import (
     peer_id_of_node,
     start_swarm_chain,
 )
+from node.swarm.epochs import SwarmEpochs, rewards
 from node.swarm.plan import (
     Proc,
     SwarmPlan,
@@ -112,7 +113,12 @@ def run_swarm(
     started = time.monotonic()
     # A previous run in this folder leaves go files and crash locks that would start joiners at
     # once and disarm fault injection.
-    for stale in (*plan.out_dir.glob("*.go"), *plan.out_dir.glob("crash-*.lock")):
+    # Its node databases hold receipts of a run on a chain that is gone.
+    for stale in (
+        *plan.out_dir.glob("*.go"),
+        *plan.out_dir.glob("crash-*.lock"),
+        *plan.out_dir.glob("*.sqlite*"),
+    ):
         stale.unlink()
     try:
         if plan.chain_plan.enabled:
@@ -146,10 +152,20 @@ def run_swarm(
         next_random = training_from + (
             rng.expovariate(rate_per_s) if rate_per_s > 0 else float("inf")
         )
-        while any(plan.procs[p.name].popen.poll() is None for p in data_nodes):
+        epochs = None
+        if plan.chain is not None and plan.chain.plan.receipts:
+            epochs = SwarmEpochs(
+                plan.chain,
+                plan.run["iterations"],
+                lambda last: _certified(plan, data_nodes, last),
+                lambda: _claimed(plan),
+            )
+        while not _trained(data_nodes):
             now = time.monotonic()
             if now - started > timeout_s:
                 raise GwtfError(f"the swarm did not finish within {timeout_s:g} s")
+            if epochs is not None:
+                epochs.trained(len((read_status(data) or {}).get("results", [])))
             while events and now - training_from >= float(events[0]["t"]):
                 _apply(plan, events.pop(0), now - training_from, log)
             if now >= next_random:
@@ -160,6 +176,8 @@ def run_swarm(
             time.sleep(0.05)
         time.sleep(1.0)  # the relays' last status (their final step) lands within 0.25 s
         _record_injected_crashes(plan)
+        if epochs is not None:
+            plan.last_epoch = epochs.settle()
         return summarise(plan, [plan.procs[p.name] for p in data_nodes], time.monotonic() - started)
     finally:
         for proc in plan.procs.values():
@@ -172,6 +190,43 @@ def run_swarm(
                 proc.popen.kill()
         if plan.chain is not None:
             plan.chain.stop()
+
+
+def _trained(data_nodes: list[Proc]) -> bool:
+    """Every data node has trained its iterations, or is gone (killed, or failed)."""
+    for proc in data_nodes:
+        if proc.popen.poll() is None and not (read_status(proc) or {}).get("finished"):
+            return False
+    return True
+
+
+def _certified(plan: SwarmPlan, data_nodes: list[Proc], last: int) -> bool:
+    """Every live data node has settled every epoch up to ``last`` (certified, or nothing to)."""
+    for proc in data_nodes:
+        if proc.popen.poll() is not None:
+            continue
+        cycle = ((read_status(proc) or {}).get("receipts") or {}).get("cycle", {})
+        if any(str(epoch) not in cycle.get("certificates", {}) for epoch in range(last + 1)):
+            return False
+    return True
+
+
+def _claimed(plan: SwarmPlan) -> bool:
+    """Every live relay has reported all its receipts and claimed every epoch it worked in."""
+    for name, proc in plan.procs.items():
+        if proc.popen.poll() is not None or name in plan.strangers:
+            continue
+        status = read_status(proc)
+        if status is None:
+            if any(join["node"] == name for join in plan.joins):
+                return False  # restarting, or a joiner starting: it claims once it is up
+            continue  # an entrant whose time never came
+        receipts = status.get("receipts")
+        if status.get("role") == "data" or receipts is None:
+            continue
+        if receipts["unreported"] or receipts["cycle"]["pending"]:
+            return False
+    return True
 
 
 def _start_data_nodes(plan: SwarmPlan, log: IO[bytes] | None) -> list[Proc]:
@@ -280,10 +335,13 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
     killed on the schedule (its iterations until then count)."""
     data = data_nodes[0]
     status = read_status(data)
-    if data.popen.returncode != 0 or status is None or not status.get("finished"):
-        raise GwtfError(f"the data node failed (exit {data.popen.returncode}); see its log")
+    # A data node with receipts serves on after training (workers claim from it) until the
+    # swarm stops it; one without exits when it is done.
+    exit_code = data.popen.poll()
+    if exit_code not in (None, 0) or status is None or not status.get("finished"):
+        raise GwtfError(f"the data node failed (exit {exit_code}); see its log")
     for proc in data_nodes[1:]:
-        if not proc.killed and proc.popen.returncode != 0:
+        if not proc.killed and proc.popen.poll() not in (None, 0):
             raise GwtfError(
                 f"data node {proc.name} failed (exit {proc.popen.returncode}); see its log"
             )
@@ -338,5 +396,17 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
         },
         "chain": chain_facts(plan.chain, plan.strangers, statuses),
     }
+    if plan.chain is not None and plan.last_epoch >= 0:
+        names = {node.node_address: name for name, node in plan.chain.registered.items()}
+        earned = rewards(plan.chain, plan.last_epoch, names)
+        for name, entry in earned["nodes"].items():
+            receipts = (statuses.get(name) or {}).get("receipts") or {}
+            entry["receipts"] = {
+                key: receipts.get(key)
+                for key in ("signed", "countersigned", "completed", "refused", "reported")
+            }
+            entry["claims"] = list((receipts.get("cycle") or {}).get("claims", {}).values())
+        summary["chain"]["epochs"] = earned["epochs"]
+        summary["chain"]["earnings"] = earned["nodes"]
     (plan.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

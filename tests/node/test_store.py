@@ -38,7 +38,7 @@ DOMAIN = ledger_domain(1, "0x" + "ab" * 20)
 WORKER, RECEIVER = (Account.from_key(keccak(text=f"store test {who}")) for who in ("a", "b"))
 TABLES = {
     "signed_hops", "countersignatures", "certified_hops", "epoch_certificates",
-    "reward_claims", "slashes", "challenges_seen", "peers",
+    "reward_claims", "slashes", "challenges_seen", "peers", "reported_hops", "origin_digests",
 }  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from libp2p.crypto.keys import KeyPair
 
 from coordinator_free.protocol.config import FlowConfig
 from node.p2p.identity import new_identity
+from node.runtime.dataplane.exchange import HopRecord
 from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
 from node.runtime.roles.data import IterationResult
 from node.training.config import named_config
@@ -80,6 +81,14 @@ class Swarm:
         self.crashed: list[str] = []
         self.training_done = trio.Event()  # the data node has finished its iterations
         self.results: dict[str, list[IterationResult]] = {}  # of every data node, by name
+        self.hops: dict[str, list[HopRecord]] = {}  # every acknowledged hop, by its worker
+
+    def started(self, name: str, node: LiveNode) -> None:
+        self.nodes[name] = node
+        node.plane.hops.observer = self.hops.setdefault(name, []).append
+
+    def hop_records(self) -> list[HopRecord]:
+        return [record for records in self.hops.values() for record in records]
 
     def crash(self, name: str) -> None:
         self.crashed.append(name)
@@ -140,7 +149,7 @@ async def run_swarm(
         data_ready = trio.Event()
 
         def ready(name: str, node: LiveNode) -> None:
-            started[name] = node
+            swarm.started(name, node)
             if name == "data":
                 data_ready.set()
 
@@ -178,7 +187,7 @@ async def run_data_node(config: LiveNodeConfig, swarm: Swarm) -> list[IterationR
         swarm.scopes[config.name] = scope
 
         def on_started(node: LiveNode) -> None:
-            swarm.nodes[config.name] = node
+            swarm.started(config.name, node)
 
         return await run_live_node(config, on_started)
     return []
@@ -189,7 +198,7 @@ async def run_relay(config: LiveNodeConfig, swarm: Swarm) -> None:
         swarm.scopes[config.name] = scope
 
         def on_started(node: LiveNode) -> None:
-            swarm.nodes[config.name] = node
+            swarm.started(config.name, node)
 
         await run_live_node(config, on_started)
 

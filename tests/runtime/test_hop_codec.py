@@ -12,15 +12,20 @@ from hypothesis import strategies as st
 from node.runtime.dataplane.hop import (
     BACKWARD,
     FLAG_LENT,
+    FLAG_RECEIPTED,
     FLAG_REPAIR,
     FORWARD,
     HopFormatError,
     HopHeader,
+    ReceiptInput,
     decode_hop,
+    decode_hop_request,
     encode_hop,
 )
 
 FIRST_HOP = HopHeader(7, 3, 41, 256, FORWARD, 1, 2, 0, "data-b", ("data-b",))
+FLAGS_AT = 41  # the flags byte, after the fixed fields before it
+RECEIPTED = ReceiptInput(bytes(range(32)))
 
 
 @pytest.mark.parametrize(
@@ -29,6 +34,7 @@ FIRST_HOP = HopHeader(7, 3, 41, 256, FORWARD, 1, 2, 0, "data-b", ("data-b",))
         FIRST_HOP,
         FIRST_HOP.onward(lender="data-a"),  # on a flow data-a lent to data-b
         FIRST_HOP.onward(flags=FLAG_REPAIR, lender="data-a"),
+        FIRST_HOP.onward(epoch=2**40),
         HopHeader(7, 3, 41, 257, BACKWARD, 0, 0, 0, "data-b", ("data-b", "r1", "r2", "data-b")),
     ],
 )
@@ -45,9 +51,26 @@ def test_the_lent_flag_follows_the_lender_and_is_not_kept_as_a_flag() -> None:
 
 def test_a_lent_flag_without_its_lender_is_malformed() -> None:
     data = bytearray(encode_hop(FIRST_HOP, b""))
-    data[33] |= FLAG_LENT  # the flags byte, after the fixed fields before it
+    data[FLAGS_AT] |= FLAG_LENT
     with pytest.raises(HopFormatError):
         decode_hop(bytes(data))
+
+
+def test_a_receipts_input_digest_travels_after_the_header_and_before_the_frame() -> None:
+    header = FIRST_HOP.onward(lender="data-a", epoch=3)
+    data = encode_hop(header, b"frame", RECEIPTED)
+    assert decode_hop_request(data) == (header, RECEIPTED, b"frame")
+    assert decode_hop_request(encode_hop(header, b"frame")) == (header, None, b"frame")
+    assert len(data) == len(encode_hop(header, b"frame")) + 32
+
+
+def test_a_receipted_flag_without_its_digest_is_malformed() -> None:
+    data = bytearray(encode_hop(FIRST_HOP, b""))
+    data[FLAGS_AT] |= FLAG_RECEIPTED
+    with pytest.raises(HopFormatError):
+        decode_hop_request(bytes(data))
+    with pytest.raises(HopFormatError):
+        encode_hop(FIRST_HOP, b"", ReceiptInput(b"short"))
 
 
 @given(st.binary(max_size=300))

@@ -22,7 +22,9 @@ ACK_S = 0.25  # how long the receiver takes to acknowledge a hop
 class AckingPlane(DataPlane):
     """A data plane whose every send is acknowledged after ``ACK_S``."""
 
-    async def send(self, to: str, header: HopHeader, frame: bytes) -> bytes:
+    async def send(
+        self, to: str, header: HopHeader, frame: bytes, input_digest: bytes | None = None
+    ) -> bytes:
         await trio.sleep(ACK_S)
         return b""
 

@@ -317,7 +317,7 @@ def test_every_hop_is_recorded_once_by_its_worker(tmp_path: Path) -> None:
             return await run_swarm(tmp_path, 1, BATCH, {"a1": 1, "b1": 2}, swarm=swarm)
 
     trio.run(main)
-    records = [r for node in swarm.nodes.values() for r in node.plane.hop_log.records]
+    records = swarm.hop_records()
     # Per microbatch: forward out of stages 0 (embedding), 1, 2; backward out of 3 (loss), 2, 1.
     expected = {(m, stage, direction) for m in range(BATCH) for stage, direction in
                 [(0, 0), (1, 0), (2, 0), (3, 1), (2, 1), (1, 1)]}  # fmt: skip

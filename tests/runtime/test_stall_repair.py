@@ -120,12 +120,7 @@ def run_with_crashes(
     expected_losses = reference_losses(ITERATIONS, BATCH, stages)
     assert [r.loss for r in results] == pytest.approx(expected_losses, rel=1e-4)
     for iteration, name in killer.crashed.items():
-        records = [
-            r
-            for node in swarm.nodes.values()
-            for r in node.plane.hop_log.records
-            if r.iteration == iteration
-        ]
+        records = [r for r in swarm.hop_records() if r.iteration == iteration]
         counts = Counter((r.microbatch_id, r.stage, r.direction) for r in records)
         microbatches = range(iteration * BATCH, (iteration + 1) * BATCH)
         expected = {(m, s, FORWARD): 1 for m in microbatches for s in range(stages + 1)}

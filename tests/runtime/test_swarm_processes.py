@@ -1,7 +1,8 @@
 """A swarm of real OS processes on loopback, with its chain: relays die by SIGKILL mid-hop, a
 registered relay joins, and a process whose libp2p id is not on chain is refused by everyone;
-two data nodes share a run and one comes back after a SIGKILL (~60 s: the only one of these in
-the default run)."""
+every hop leaves a receipt and the epochs are certified and claimed on chain, a relay killed and
+restarted included; two data nodes share a run and one comes back after a SIGKILL (the receipts
+run, ~80 s, is the only one of these in the default run)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from node.store.database import open_database
+from node.store.hops import HopStore
 from node.swarm.plan import plan_from_file
 from node.swarm.run import run_swarm
 
@@ -33,6 +36,8 @@ crash_on = [
 ]
 # The joiner is registered on chain just before it enters; the stranger never is.
 events = [{t = 0.0, join = 1}, {t = 0.0, stranger = 1}]
+[chain]
+epochs = 2
 """
 
 
@@ -84,11 +89,87 @@ def test_swarm_on_chain_survives_sigkills_takes_in_a_joiner_and_refuses_a_strang
     assert not refused[stranger["peer_id"]]["registered"]
     assert sum(refused[stranger["peer_id"]]["refused_by"].values()) >= 1
     assert not set(refused) & set(registered.values()), "no registered node was refused"
-    # Every node ran from its own settings file with admission on.
+    # Every node ran from its own settings file with admission and receipts on.
     for name in registered:
         settings = tomllib.loads((tmp_path / "out" / f"{name}.toml").read_text())
-        assert settings["chain"]["admission"] is True
+        assert settings["chain"]["admission"] is True and settings["chain"]["receipts"] is True
         assert settings["chain"]["run_id"] == chain["run_id"]
+    # Two epochs certified and claimed: every relay alive at the end claimed exactly its
+    # certified units, the two killed mid-hop claimed nothing, and each epoch adds up.
+    assert all(epoch["adds_up"] for epoch in chain["epochs"])
+    certified = certified_units(tmp_path / "out", chain["run_id"], len(chain["epochs"]))
+    addresses = {node["node"]: node["node_address"] for node in chain["registered_nodes"]}
+    earnings = chain["earnings"]
+    for name in relays:
+        assert earnings[name]["units"] == certified.get(addresses[name], 0), name
+    assert earnings["joiner-1-0"]["units"] > 0, "the joiner was paid for its hops"
+    killed = [c["node"] for c in summary["crashes"]]
+    assert all(earnings[name]["units"] == 0 for name in killed)
+
+
+RECEIPTS_FILE = """
+[run]
+iterations = 16
+microbatches_per_iteration = 2
+seed = 3
+[swarm]
+relays_per_stage = 2
+capacity = 1
+[chain]
+epochs = 2
+[churn]
+# Training lasts ~5 s: the relay is back for its second half.
+events = [{t = 1.0, kill = "relay-1-1"}, {t = 2.0, restart = "relay-1-1"}]
+"""
+
+
+def certified_units(out: Path, run_id: int, epochs: int) -> dict[str, int]:
+    """Units per worker address in the data node's certificates, from its own database."""
+    store = HopStore(open_database(f"sqlite:///{out / 'data.sqlite'}"))
+    units: dict[str, int] = {}
+    for epoch in range(epochs):
+        for entry in store.certified_hops(run_id, epoch):
+            units[entry.receipt.worker] = units.get(entry.receipt.worker, 0) + entry.receipt.units
+    return units
+
+
+def test_every_hop_earns_two_epochs_are_certified_and_claimed_a_restarted_relay_included(
+    tmp_path: Path,
+) -> None:
+    swarm_file = tmp_path / "swarm.toml"
+    swarm_file.write_text(RECEIPTS_FILE)
+    plan = plan_from_file(swarm_file, tmp_path / "out")
+    with (tmp_path / "swarm.log").open("wb") as log:
+        summary = run_swarm(plan, log, timeout_s=300)
+    assert summary["iterations"] == 16 and summary["microbatches"] == 32
+    assert [j["node"] for j in summary["joins"]] == ["relay-1-1"], "the relay came back"
+    chain = summary["chain"]
+    epochs = chain["epochs"]
+    assert [e["epoch"] for e in epochs][:2] == [0, 1], "training spanned two epochs"
+    for epoch in epochs[:2]:
+        assert epoch["certified_units"] > 0 and epoch["adds_up"], epoch
+    # Every live relay claimed exactly its certified units, the restarted one included (from
+    # its own database, after its restart); its claims are each epoch's once.
+    addresses = {node["node"]: node["node_address"] for node in chain["registered_nodes"]}
+    certified = certified_units(tmp_path / "out", chain["run_id"], len(epochs))
+    earnings = chain["earnings"]
+    for name in ("relay-1-0", "relay-1-1", "relay-2-0", "relay-2-1"):
+        assert earnings[name]["units"] == certified.get(addresses[name], 0), name
+        claims = earnings[name]["claims"]
+        assert all(c["status"] == "confirmed" for c in claims), claims
+        assert len({(c["epoch"], c["data_node"]) for c in claims}) == len(claims)
+    assert earnings["relay-1-1"]["units"] > 0, "the restarted relay was paid"
+    assert sum(e["units"] for e in earnings.values()) == sum(certified.values())
+    paid = sum(int(e["reward_wei"]) for e in earnings.values())
+    assert paid == sum(int(e["claimed_wei"]) for e in epochs)
+    # Each closed epoch (all its units claimed) paid its budget to the wei with the dust back.
+    for epoch in epochs:
+        if epoch["closed"]:
+            assert int(epoch["claimed_wei"]) + int(epoch["returned_wei"]) == int(
+                epoch["budget_wei"]
+            )
+    receipts = earnings["relay-2-0"]["receipts"]
+    assert receipts["signed"] > 0 and receipts["refused"] == 0
 
 
 CHAINLESS_FILE = """
@@ -124,17 +205,20 @@ microbatches_per_iteration = 2
 relays_per_stage = 1
 data_nodes = 2
 [chain]
-enabled = false
+epochs = 2
 [churn]
 events = [{t = 1.0, kill = "data-1"}, {t = 1.5, restart = "data-1"}]
 """
 
 
+@pytest.mark.slow  # a devnet and four OS processes, one restarted: ~2 minutes on two cores
 def test_two_data_node_processes_share_the_run_and_one_comes_back_after_a_sigkill(
     tmp_path: Path,
 ) -> None:
     """A data node killed by SIGKILL and started again with its identity: the other trains on
-    alone meanwhile, takes it back in, and both end with the same state as the relays step."""
+    alone meanwhile, takes it back in, and both end with the same state as the relays step;
+    each certifies its own shard's hops (the restarted one from its database) and the relays
+    claim from both."""
     swarm_file = tmp_path / "swarm.toml"
     swarm_file.write_text(TWO_DATA_NODES_FILE)
     plan = plan_from_file(swarm_file, tmp_path / "out")
@@ -153,3 +237,7 @@ def test_two_data_node_processes_share_the_run_and_one_comes_back_after_a_sigkil
     assert 24 * 2 < summary["microbatches"] < 24 * 2 * 2
     settings = tomllib.loads((tmp_path / "out" / "data-1.toml").read_text())
     assert settings["training"]["data_shard"] == 1 and settings["node"]["join"] is True
+    epochs = summary["chain"]["epochs"]
+    assert all(epoch["adds_up"] and epoch["closed"] for epoch in epochs[:2]), epochs
+    data_nodes_certifying = {node for epoch in epochs for node in epoch["certificates"]}
+    assert len(data_nodes_certifying) == 2, "each data node certified its own shard's hops"

@@ -2,9 +2,10 @@
 
 Received hops go into one FIFO compute queue per node; a hop is acknowledged once the receiver has
 computed it (the ack names the digest of the tensor received and the attempt), so a sender that
-gets no ack before its deadline knows the hop was lost and re-sends it elsewhere. Every hop this
-node computed and handed on is reported to one ``HopLog`` — the one place a finished hop is
-recorded, where receipts attach.
+gets no ack before its deadline knows the hop was lost and re-sends it elsewhere. With receipts
+on (``node.receipts``), a relay names the input of each hop it computed, the receiver
+countersigns the hop's receipt in the ack and the relay signs it then; a data node notes the
+digests of the hops it starts (the anchors its certificate's chains of hops begin at).
 """
 
 from __future__ import annotations
@@ -19,21 +20,26 @@ from libp2p.peer.id import ID
 from coordinator_free.messages import HopAck, decode, encode
 from gwtf.errors import GwtfError, ProtocolError
 from node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
+from node.receipts.book import HopFacts, ReceiptBook, worker_stage
 from node.runtime.dataplane.hop import (
     BACKWARD,
     FORWARD,
     HopHeader,
-    decode_hop,
+    ReceiptInput,
+    decode_hop_request,
     encode_hop,
     frame_digest,
 )
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_ID = "/gwtf/hop/3.0.0"
+PROTOCOL_ID = "/gwtf/hop/4.0.0"
 _QUEUE_DEPTH = 64
 
 Compute = Callable[[HopHeader, bytes], Awaitable[None]]
+#: Called by a data node with each hop it starts (a first forward, a loss gradient) and the
+#: digest of the frame sent.
+OriginSend = Callable[[HopHeader, bytes], None]
 
 
 class HopRejected(ProtocolError):
@@ -57,11 +63,20 @@ class HopRecord:
 
 
 @dataclass
-class HopLog:
-    records: list[HopRecord] = field(default_factory=list)
+class HopCounts:
+    """Hops this node computed whose output the counterparty acknowledged: counted, not kept
+    (their receipts are in the node's database), so memory stays flat over a long run. An
+    ``observer`` (a test's, a tool's) sees each one."""
+
+    recorded: int = 0
+    recomputed: int = 0  # of a re-sent or repaired attempt (attempt > 0)
+    observer: Callable[[HopRecord], None] | None = None
 
     def record(self, record: HopRecord) -> None:
-        self.records.append(record)
+        self.recorded += 1
+        self.recomputed += record.attempt > 0
+        if self.observer is not None:
+            self.observer(record)
 
 
 @dataclass
@@ -116,7 +131,10 @@ class DataPlane:
     #: A hop's compute lasts at least this long (then 1 / speed of it): a swarm of small
     #: models on one machine then spends its time as GPUs on a big one would, not on its CPUs.
     emulated_hop_s: float = 0.0
-    hop_log: HopLog = field(default_factory=HopLog)
+    #: This node's receipts; None runs without (no chain, or receipts turned off).
+    receipts: ReceiptBook | None = None
+    origin_send: OriginSend | None = None
+    hops: HopCounts = field(default_factory=HopCounts)
     timings: HopTimings = field(default_factory=HopTimings)
     _queue: tuple[trio.MemorySendChannel[_Job], trio.MemoryReceiveChannel[_Job]] | None = None
     #: Hops received and not yet computed, by (iteration, microbatch, direction): a trace of a
@@ -131,7 +149,7 @@ class DataPlane:
         nursery.start_soon(self._compute_loop, receive)
 
     async def _handle(self, peer: str, request: bytes) -> bytes:
-        header, frame = decode_hop(request)
+        header, receipted, frame = decode_hop_request(request)
         self._check_sender(peer, header)
         assert self._queue is not None, "serve() starts the queue before any request arrives"
         job = _Job(peer, header, frame)
@@ -150,14 +168,35 @@ class DataPlane:
             raise Decline(str(job.error)) from job.error
         if job.error is not None:
             raise HopRejected(str(job.error)) from job.error
+        digest = frame_digest(frame)
+        countersignature = b""
+        if receipted is not None and self.receipts is not None:
+            countersignature = await self._countersign(peer, header, receipted, digest)
         ack = HopAck(
             str(header.microbatch_id),
             header.stage,
             header.direction,
             header.attempt,
-            frame_digest(frame),
+            digest,
+            countersignature,
         )
         return encode(ack)
+
+    async def _countersign(
+        self, peer: str, header: HopHeader, receipted: ReceiptInput, digest: bytes
+    ) -> bytes:
+        """The countersignature of a receipted hop this node computed, or b"" when refused."""
+        assert self.receipts is not None
+        if not self.receipts.is_receipted(header.direction, header.stage):
+            return b""  # only relays' hops have receipts; a data node's own sends have none
+        try:
+            receipt = self.receipts.receipt(
+                _facts(header, peer, self.node_id, receipted.input_digest, digest)
+            )
+        except ProtocolError as exc:  # an origin that is no node, a field out of range
+            self.receipts.refuse(peer, f"hop receipt cannot be built: {exc}")
+            return b""
+        return await self.receipts.countersign(peer, receipt)
 
     def receiving(self, iteration: int, microbatch_id: int, direction: int) -> bool:
         """Whether such a hop is here, waiting for or in compute."""
@@ -197,12 +236,24 @@ class DataPlane:
             self.timings.compute_s += trio.current_time() - started
             job.done.set()
 
-    async def send(self, to: str, header: HopHeader, frame: bytes) -> bytes:
-        """Send one hop and wait for its ack; returns the acknowledged digest.
+    async def send(
+        self, to: str, header: HopHeader, frame: bytes, input_digest: bytes | None = None
+    ) -> bytes:
+        """Send one hop and wait for its ack; returns the acknowledged digest. With receipts
+        on, a hop this node computed (``input_digest`` given: what it computed from) comes
+        back countersigned, and this node signs its receipt then.
 
         Raises ``PeerUnavailable`` (or ``PeerTimeout``) when the hop was not acknowledged in time.
         """
-        payload = encode_hop(header, frame)
+        digest = frame_digest(frame)
+        book, receipt, receipted = self.receipts, None, None
+        if book is not None and input_digest is not None:
+            if book.is_receipted(header.direction, header.stage):
+                receipt = book.receipt(_facts(header, self.node_id, to, input_digest, digest))
+                receipted = ReceiptInput(input_digest)
+            elif self.origin_send is not None and header.origin == self.node_id:
+                self.origin_send(header, digest)
+        payload = encode_hop(header, frame, receipted)
         limits = RpcLimits(len(payload), 1024, self.ack_deadline_s)
         started = self.timings.sending()
         try:
@@ -219,9 +270,21 @@ class DataPlane:
             or (ack.microbatch_id, ack.stage, ack.direction, ack.attempt) != expected
         ):
             raise PeerUnavailable(f"peer {to} acknowledged another hop")
-        if ack.digest != frame_digest(frame):
+        if ack.digest != digest:
             raise PeerUnavailable(f"peer {to} acknowledged a tensor other than the one sent")
+        if book is not None and receipt is not None:
+            book.acknowledged(to, header.origin, receipt, ack.countersignature)
         return ack.digest
+
+
+def _facts(
+    header: HopHeader, worker: str, receiver: str, input_digest: bytes, output_digest: bytes
+) -> HopFacts:
+    return HopFacts(
+        header.epoch, header.origin, header.iteration, header.microbatch_id,
+        worker_stage(header.direction, header.stage), header.direction, header.attempt,
+        worker, receiver, input_digest, output_digest,
+    )  # fmt: skip
 
 
 def direction_name(direction: int) -> str:

@@ -2,9 +2,10 @@
 
 A hop request is a header followed by one tensor frame (``node.training.codec``):
 
-    run_id u64 | iteration u64 | microbatch_id u64 | attempt u16 | direction u8 | stage u16 |
-    slot u32 | flags u8 | origin (u8 len + utf-8) | path count u8 | path ids (u8 len + utf-8)* |
-    lender (u8 len + utf-8, only with FLAG_LENT)
+    run_id u64 | epoch u64 | iteration u64 | microbatch_id u64 | attempt u16 | direction u8 |
+    stage u16 | slot u32 | flags u8 | origin (u8 len + utf-8) | path count u8 |
+    path ids (u8 len + utf-8)* | lender (u8 len + utf-8, only with FLAG_LENT) |
+    input digest (32 bytes), only with FLAG_RECEIPTED
 
 ``stage`` is the stage the *receiver* computes: forward 1..S at relays and S+1 at the sink data
 node (loss); backward S..1 at relays and 0 at the origin (embedding backward). ``path`` lists the
@@ -19,6 +20,12 @@ repair of a microbatch a new block of ``ATTEMPT_BLOCK`` numbers (its n-th is ``n
 node re-sending a hop on its own takes the next number inside the block it received
 (``resend_attempt``). A relay's re-send then never takes a number the data node hands out later
 (a receipt's hop key must not be claimed by two workers).
+
+``epoch`` is the run's epoch the origin started the microbatch's iteration in; every receipt of
+the microbatch's hops names it. A relay that computed the hop it sends names the digest of the
+input it computed from (``ReceiptInput``): the receiver rebuilds the whole receipt from the
+header, the two peers' ids, that digest and the frame, and countersigns it in its ack; the
+worker signs it then (``node.receipts``).
 """
 
 from __future__ import annotations
@@ -39,10 +46,12 @@ FLAG_REPAIR = 1
 FLAG_RESUME = 2
 #: The header names a lender after its path: the data node whose flow slot ``slot`` is.
 FLAG_LENT = 4
+#: The hop has a receipt: the digest of its worker's input follows the header (``ReceiptInput``).
+FLAG_RECEIPTED = 8
 
 ATTEMPT_BLOCK = 256
 
-_FIXED = struct.Struct(">QQQHBHIB")
+_FIXED = struct.Struct(">QQQQHBHIB")
 _MAX_ID_BYTES = 96
 MAX_PATH = 64
 
@@ -64,6 +73,7 @@ class HopHeader:
     origin: str
     path: tuple[str, ...]
     lender: str = ""  # a first hop on a lent flow: whose slot ``slot`` is
+    epoch: int = 0  # the run's epoch of the microbatch's iteration, set by its origin
 
     @property
     def is_repair(self) -> bool:
@@ -73,6 +83,14 @@ class HopHeader:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class ReceiptInput:
+    """What a hop request carries of its receipt beyond the header: the digest of the input
+    its worker computed from."""
+
+    input_digest: bytes
+
+
 def _pack_id(value: str) -> bytes:
     raw = value.encode()
     if not 0 < len(raw) <= _MAX_ID_BYTES:
@@ -80,12 +98,14 @@ def _pack_id(value: str) -> bytes:
     return bytes([len(raw)]) + raw
 
 
-def encode_hop(header: HopHeader, frame: bytes) -> bytes:
+def encode_hop(header: HopHeader, frame: bytes, receipted: ReceiptInput | None = None) -> bytes:
     if header.direction not in (FORWARD, BACKWARD) or len(header.path) > MAX_PATH:
         raise HopFormatError("hop header with a bad direction or an over-long path")
     flags = header.flags | FLAG_LENT if header.lender else header.flags & ~FLAG_LENT
+    flags = flags | FLAG_RECEIPTED if receipted is not None else flags & ~FLAG_RECEIPTED
     fixed = _FIXED.pack(
         header.run_id,
+        header.epoch,
         header.iteration,
         header.microbatch_id,
         header.attempt,
@@ -98,14 +118,24 @@ def encode_hop(header: HopHeader, frame: bytes) -> bytes:
     ids += b"".join(_pack_id(peer) for peer in header.path)
     if header.lender:
         ids += _pack_id(header.lender)
+    if receipted is not None:
+        if len(receipted.input_digest) != 32:
+            raise HopFormatError("a hop's receipt input must be a 32-byte digest")
+        ids += receipted.input_digest
     return fixed + ids + frame
 
 
 def decode_hop(data: bytes) -> tuple[HopHeader, bytes]:
     """Split a hop request into its header and the tensor frame behind it."""
+    header, _, frame = decode_hop_request(data)
+    return header, frame
+
+
+def decode_hop_request(data: bytes) -> tuple[HopHeader, ReceiptInput | None, bytes]:
+    """Split a hop request into its header, its receipt's input (if receipted) and the frame."""
     if len(data) < _FIXED.size + 2:
         raise HopFormatError("hop request shorter than its header")
-    run_id, iteration, mb, attempt, direction, stage, slot, flags = _FIXED.unpack_from(data)
+    run_id, epoch, iteration, mb, attempt, direction, stage, slot, flags = _FIXED.unpack_from(data)
     if direction not in (FORWARD, BACKWARD):
         raise HopFormatError(f"hop direction {direction} is neither forward nor backward")
     pos = _FIXED.size
@@ -131,11 +161,17 @@ def decode_hop(data: bytes) -> tuple[HopHeader, bytes]:
         raise HopFormatError(f"hop path of {count} nodes, limit {MAX_PATH}")
     path = tuple(read_id() for _ in range(count))
     lender = read_id() if flags & FLAG_LENT else ""
-    flags &= ~FLAG_LENT  # said by ``lender``
+    receipted = None
+    if flags & FLAG_RECEIPTED:
+        if len(data) < pos + 32:
+            raise HopFormatError("hop request ends inside its receipt's input digest")
+        receipted = ReceiptInput(data[pos : pos + 32])
+        pos += 32
+    flags &= ~(FLAG_LENT | FLAG_RECEIPTED)  # said by ``lender`` and ``receipted``
     header = HopHeader(
-        run_id, iteration, mb, attempt, direction, stage, slot, flags, origin, path, lender
+        run_id, iteration, mb, attempt, direction, stage, slot, flags, origin, path, lender, epoch
     )
-    return header, data[pos:]
+    return header, receipted, data[pos:]
 
 
 def frame_digest(frame: bytes) -> bytes:

@@ -6,8 +6,8 @@ acknowledge it goes to another replica of the next stage. A gradient is kept (``
 until the iteration ends: if its receiver is dead, the node before that one re-sends its buffered
 forward output to another replica as a repair, which recomputes that forward and then takes the
 gradient; the same happens later on request (``resume_backward``) when the receiver acknowledged
-the gradient and died holding it. Every hop is recorded in the hop log once its receiver
-acknowledged the output.
+the gradient and died holding it. Every hop is counted once its receiver acknowledged the
+output (its receipt, with receipts on, is signed and countersigned in ``DataPlane.send``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from node.runtime.dataplane.hop import (
     FLAG_REPAIR,
     FORWARD,
     HopHeader,
-    frame_digest,
     resend_attempt,
 )
 from node.runtime.flow.routing import SwarmWiring
@@ -45,7 +44,7 @@ class PassedBack:
     sending: bool = False
     sent_to: str = ""  # the node that acknowledged it
     around: set[str] = field(default_factory=set)  # dead nodes it was re-sent around
-    recorded: bool = False  # in the hop log (once, however often it is sent)
+    recorded: bool = False  # counted (once, however often it is sent)
 
 
 @dataclass
@@ -91,11 +90,11 @@ class HopSender:
         while True:
             try:
                 sent_at = trio.current_time()
-                await self.plane.send(to, header, frame)
+                output_digest = await self.plane.send(to, header, frame, input_digest)
                 if self.wiring is not None:
                     self.wiring.observe(to, trio.current_time() - sent_at)
                 self._acknowledged(to)
-                self._record(header, to, input_digest, frame)
+                self._record(header, to, input_digest, output_digest)
                 return to
             except PeerUnavailable as exc:
                 log.warning(
@@ -137,7 +136,9 @@ class HopSender:
             while True:
                 to = header.path[header.stage]
                 try:
-                    await self.plane.send(to, header, record.frame)
+                    output_digest = await self.plane.send(
+                        to, header, record.frame, record.input_digest
+                    )
                 except PeerUnavailable as exc:
                     if header.stage == 0:
                         raise  # the origin holds the iteration; nobody can stand in for it
@@ -150,8 +151,8 @@ class HopSender:
                     header = await self._around(header, tried)
                     continue
                 self._acknowledged(to)
-                if not record.recorded:  # a gradient sent again is the same work, claimed once
-                    self._record(header, to, record.input_digest, record.frame)
+                if not record.recorded:  # a gradient sent again is the same work, counted once
+                    self._record(header, to, record.input_digest, output_digest)
                     record.recorded = True
                 record.header, record.sent_to = header, to
                 return
@@ -241,12 +242,14 @@ class HopSender:
         """An acknowledged hop proves ``peer`` alive: the core's keep-alives need not ping it."""
         self.flow.node.heard_from(peer, trio.current_time())
 
-    def _record(self, header: HopHeader, to: str, input_digest: bytes, frame: bytes) -> None:
-        """Record the hop this node computed, once ``to`` acknowledged its output (``header`` is
+    def _record(
+        self, header: HopHeader, to: str, input_digest: bytes, output_digest: bytes
+    ) -> None:
+        """Count the hop this node computed, once ``to`` acknowledged its output (``header`` is
         the outgoing one, so this node's stage is one before a forward's, one after a backward's).
         """
         worker_stage = header.stage - 1 if header.direction == FORWARD else header.stage + 1
-        self.plane.hop_log.record(
+        self.plane.hops.record(
             HopRecord(
                 header.iteration,
                 header.microbatch_id,
@@ -256,7 +259,7 @@ class HopSender:
                 self.plane.node_id,
                 to,
                 input_digest,
-                frame_digest(frame),
+                output_digest,
                 bool(header.flags & FLAG_REPAIR),
             )
         )

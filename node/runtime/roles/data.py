@@ -79,6 +79,7 @@ class IterationResult:
     end_s: float = 0.0  # of duration_s: probing, the relays' averaging and steps, own step
     #: Stages none of whose replicas stepped this iteration: their part learned nothing.
     stages_not_stepped: tuple[int, ...] = ()
+    epoch: int = 0  # the run's epoch the iteration's hops are receipted in
 
 
 @dataclass
@@ -99,6 +100,7 @@ class DataRole:
     done: dict[tuple[int, int], trio.Event] = field(default_factory=dict)
     results: list[IterationResult] = field(default_factory=list)
     training: bool = False  # flows exist and iterations have started
+    finished: bool = False  # all its iterations are trained
     #: Recent microbatch times (acknowledged first hop to returned gradient): what "late" means.
     recent_s: deque[float] = field(default_factory=lambda: deque(maxlen=64))
 
@@ -109,6 +111,11 @@ class DataRole:
     shards: int = 1
     peers: DataPeers | None = None
     averager: GradientAverager | None = None
+    #: The run's epoch now (chain time); each iteration's hops carry the epoch it started in.
+    epoch_now: Callable[[], int] = lambda: 0
+    epoch: int = 0
+    #: An iteration (of ``epoch``) is under way: its epoch's certificate waits for it.
+    iterating: bool = False
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
@@ -230,6 +237,7 @@ class DataRole:
         """Train ``iteration``'s share of this data node; ``LeftOut`` if the other data nodes
         went on without it (then it must ask back in)."""
         started = trio.current_time()
+        self.epoch, self.iterating = self.epoch_now(), True
         if self.peers is not None:
             self.peers.iteration = iteration
         restarts = launched = 0
@@ -324,7 +332,9 @@ class DataRole:
             relays_stepped,
             end_s,
             idle,
+            self.epoch,
         )
+        self.iterating = False
         self.results.append(result)
         return result
 
@@ -403,6 +413,7 @@ class DataRole:
             (self.node_id,),
             # A loan's first hop names its lender, unless the hop went elsewhere (loan ended).
             flow.lender if flow.lender and self.pool.first_hop(flow) == first_hop else "",
+            self.epoch,
         )
         self.embedded[key] = (header, frame)
         event = self.done[key] = trio.Event()

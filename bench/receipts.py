@@ -1,0 +1,198 @@
+"""What receipts cost a node: signing and checking per hop, the database's write rate, a data
+node's certificate tree, and memory over a long run — each against its goal, in one run.
+
+1. Per hop (``ReceiptBook``, in process): the receiver countersigns, the worker checks the
+   countersignature and signs; both commit to their SQLite databases. Microseconds
+   of CPU per hop, against the 16 x 64-token microbatch's stage compute (forward + backward,
+   measured here) that each hop carries.
+2. Database writes: receipts committed per second, batched (``HopStore.sign_once``, 1,000 per
+   transaction, SQLite WAL on one core; goal >= 20,000/s).
+3. A data node's epoch: each receipt checked and prepared as it is reported, then at the
+   epoch's end the certifiable ones chosen (``certify.certifiable``) and the tree and root of
+   100,000 receipts built (goal <= 2 s for the tree).
+4. Memory: the process's resident memory after 1,000 and after 10,000 hops through the receipt
+   path (goal: within 10 %): receipts live in the database, not in memory.
+
+Usage: python bench/receipts.py [--hops 10000] [--tree 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import trio
+from eth_utils.crypto import keccak
+
+from contracts.certificate_tree import PreparedHop, SignedReceipt, tree_of_prepared
+from contracts.encoding import BACKWARD, FORWARD, HopReceipt, hop_key, ledger_domain, receipt_digest
+from contracts.encoding import sign_digest as sign
+from node.p2p.identity import identity_from_key, peer_id_of
+from node.receipts.book import HopFacts, ReceiptBook, ReceiptTerms, address_of_peer
+from node.receipts.certify import Anchor, certifiable
+from node.store.database import open_database
+from node.store.hops import HopStore, ToSign
+from node.training.config import named_config
+from node.training.partition import plan_partition
+from node.training.settings import TrainingSettings
+from node.training.stage_worker import StageWorker
+
+DOMAIN = ledger_domain(31337, "0x" + "ab" * 20)
+TERMS = ReceiptTerms(1, DOMAIN, 2, 10)
+KEYS = {name: keccak(text=f"bench receipts {name}") for name in ("data", "a", "b")}
+PEERS = {name: str(peer_id_of(identity_from_key(key))) for name, key in KEYS.items()}
+IN_FLIGHT = 16  # hops through the receipt path at once, as a relay's queue holds them
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise OSError("no VmRSS in /proc/self/status")
+
+
+def facts(i: int) -> HopFacts:
+    return HopFacts(
+        0, PEERS["data"], i // 64, i, 1, FORWARD, 0, PEERS["a"], PEERS["b"],
+        keccak(i.to_bytes(8, "big")), keccak(b"out" + i.to_bytes(8, "big")),
+    )  # fmt: skip
+
+
+def hop_path(folder: Path, checkpoints: tuple[int, ...]) -> tuple[float, dict[int, float]]:
+    """CPU microseconds per hop through countersigning, checking and signing (both ends, their
+    database threads included), and the resident memory at each checkpoint."""
+    books = [
+        ReceiptBook(TERMS, KEYS[n], HopStore(open_database(f"sqlite:///{folder / n}.sqlite")))
+        for n in ("a", "b")
+    ]
+    worker, receiver = books
+    memory: dict[int, float] = {}
+    cpu_s = [0.0]
+
+    async def one(i: int) -> None:
+        receipt = worker.receipt(facts(i))
+        counter = await receiver.countersign(PEERS["a"], receipt)
+        worker.acknowledged(PEERS["b"], PEERS["data"], receipt, counter)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for book in books:
+                nursery.start_soon(book.run)
+            started = time.process_time()
+            done = 0
+            for checkpoint in checkpoints:
+                while done < checkpoint:
+                    upto = min(done + IN_FLIGHT, checkpoint)
+                    async with trio.open_nursery() as batch:
+                        for i in range(done, upto):
+                            batch.start_soon(one, i)
+                    done = upto
+                while worker.counts.completed < checkpoint:  # the worker's signing, behind
+                    await trio.sleep(0.001)
+                gc.collect()
+                memory[checkpoint] = rss_mib()
+            cpu_s[0] = time.process_time() - started
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    return 1e6 * cpu_s[0] / checkpoints[-1], memory
+
+
+def stage_compute_us() -> float:
+    """A relay's forward + backward of one 16 x 64-token microbatch (gpt-tiny, stage 1 of 2)."""
+    torch.set_num_threads(1)
+    plan = plan_partition(named_config("gpt", "tiny"), 2)
+    worker = StageWorker(plan, 0, TrainingSettings(device="cpu"), 0, replica_id="bench")
+    x = torch.randn(16, 64, plan.config.d_model)
+    rounds = 10
+    started = time.process_time()
+    for m in range(rounds):
+        out = worker.forward(m, x)
+        worker.backward(m, torch.ones_like(out))
+    return 1e6 * (time.process_time() - started) / rounds
+
+
+def write_rate(folder: Path, count: int) -> float:
+    """Receipts per second into ``HopStore.sign_once``, 1,000 per transaction."""
+    store = HopStore(open_database(f"sqlite:///{folder / 'rate'}.sqlite"))
+    signature = sign(keccak(b"x"), KEYS["a"])
+    data, a, b = (address_of_peer(PEERS[n]) for n in ("data", "a", "b"))
+    batch = []
+    for i in range(count):
+        receipt = HopReceipt(1, 0, data, 0, i, 1, 0, 0, a, b, keccak(b"i"), keccak(b"o"), 10)
+        key, digest = hop_key(receipt), receipt_digest(receipt, DOMAIN)
+        batch.append(ToSign(key, receipt, digest, lambda: signature))
+    started = time.perf_counter()
+    for start in range(0, count, 1000):
+        store.sign_once(batch[start : start + 1000])
+    return count / (time.perf_counter() - started)
+
+
+def epoch_of(count: int) -> tuple[float, float, float]:
+    """(µs to prepare one receipt as it is reported, seconds to choose the certifiable ones,
+    seconds to build the tree) for ``count`` receipts of microbatches through two stages,
+    every digest chained."""
+    relay, data = (address_of_peer(PEERS[n]) for n in ("a", "data"))
+    signature = sign(keccak(b"x"), KEYS["a"])
+    entries, anchors = [], []
+    links = ((1, FORWARD, 0, 1), (2, FORWARD, 1, 2), (2, BACKWARD, 3, 4), (1, BACKWARD, 4, 5))
+    for m in range(count // 4):
+        digests = [keccak(f"{m} {i}".encode()) for i in range(6)]
+        anchors += [Anchor(0, m, FORWARD, digests[0]), Anchor(0, m, BACKWARD, digests[3])]
+        for stage, direction, i, o in links:
+            units = 10 if direction == FORWARD else 20
+            receipt = HopReceipt(
+                1, 0, data, 0, m, stage, direction, 0, relay, data, digests[i], digests[o], units
+            )
+            entries.append(SignedReceipt(receipt, signature, signature))
+    started = time.perf_counter()
+    prepared = [PreparedHop.of(e, DOMAIN) for e in entries]
+    prepare_us = 1e6 * (time.perf_counter() - started) / len(entries)
+    started = time.perf_counter()
+    chosen = certifiable(prepared, anchors, stages=2)
+    chose_s = time.perf_counter() - started
+    started = time.perf_counter()
+    tree = tree_of_prepared(chosen)
+    built_s = time.perf_counter() - started
+    assert tree.count == len(entries)
+    return prepare_us, chose_s, built_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hops", type=int, default=10_000)
+    parser.add_argument("--tree", type=int, default=100_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        small = max(1, args.hops // 10)
+        per_hop_us, memory = hop_path(folder, (small, args.hops))
+        compute_us = stage_compute_us()
+        rate = write_rate(folder, 20_000)
+        prepare_us, chose_s, built_s = epoch_of(args.tree)
+    rows = [
+        ("receipt path per hop, both ends (CPU us)", f"{per_hop_us:.0f}", ""),
+        ("  a relay stage forward + backward, 16 x 64 tokens (CPU us)", f"{compute_us:.0f}", ""),
+        ("  receipts / compute of the hop", f"{per_hop_us / compute_us:.3f}", "<= 0.02"),
+        ("database writes, batched, SQLite (receipts/s)", f"{rate:.0f}", ">= 20000"),
+        ("a reported receipt's hashes, computed as it comes (us)", f"{prepare_us:.0f}", ""),
+        (f"choosing the certifiable of {args.tree:,} receipts (s)", f"{chose_s:.2f}", ""),
+        (f"certificate tree and root of {args.tree:,} receipts (s)", f"{built_s:.2f}", "<= 2"),
+        (
+            f"resident memory after {small:,} / {args.hops:,} hops (MiB)",
+            f"{memory[small]:.0f} / {memory[args.hops]:.0f}",
+            f"ratio {memory[args.hops] / memory[small]:.3f} <= 1.1",
+        ),
+    ]
+    print(f"{'measure':<62}{'value':>14}  goal")
+    for label, value, goal in rows:
+        print(f"{label:<62}{value:>14}  {goal}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""What a node sent to the ledger and what became of it: its certificates and its claims.
+
+A row is written before its transaction is sent (status ``pending``), and again once it is
+mined (``confirmed``, with its hash) or refused (``failed``, with the error). After a crash in
+between, the epoch cycle asks the chain what happened (``node.receipts.epochs``) before it sends
+anything again, so a node never submits an epoch twice nor claims twice.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import select
+
+from node.store.database import Database
+from node.store.models import EpochCertificate, RewardClaim
+
+
+class LedgerRecords:
+    """The node's certificates (as a data node) and claims (as a worker), in its database."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def certificate(self, run_id: int, epoch: int, data_node: str) -> EpochCertificate | None:
+        with self.db.sessions() as session:
+            return session.get(EpochCertificate, (run_id, epoch, data_node))
+
+    def save_certificate(
+        self,
+        run_id: int,
+        epoch: int,
+        data_node: str,
+        root: bytes,
+        count: int,
+        units: int,
+        status: str,
+        tx_hash: bytes | None = None,
+        error: str | None = None,
+    ) -> None:
+        row = EpochCertificate(
+            run_id=run_id, epoch=epoch, data_node=data_node, root=root, count=count,
+            units=units, status=status, tx_hash=tx_hash, error=_short(error),
+            updated_at=time.time(),
+        )  # fmt: skip
+        with self.db.sessions.begin() as session:
+            session.merge(row)
+
+    def certificates(self, run_id: int) -> list[EpochCertificate]:
+        with self.db.sessions() as session:
+            query = select(EpochCertificate).where(EpochCertificate.run_id == run_id)
+            return list(session.scalars(query.order_by(EpochCertificate.epoch)))
+
+    def claim(self, run_id: int, epoch: int, data_node: str, node: str) -> RewardClaim | None:
+        with self.db.sessions() as session:
+            return session.get(RewardClaim, (run_id, epoch, data_node, node))
+
+    def save_claim(
+        self,
+        run_id: int,
+        epoch: int,
+        data_node: str,
+        node: str,
+        units: int,
+        status: str,
+        amount_wei: int | None = None,
+        tx_hash: bytes | None = None,
+        error: str | None = None,
+    ) -> None:
+        row = RewardClaim(
+            run_id=run_id, epoch=epoch, data_node=data_node, node=node, units=units,
+            amount_wei=None if amount_wei is None else str(amount_wei), status=status,
+            tx_hash=tx_hash, error=_short(error), updated_at=time.time(),
+        )  # fmt: skip
+        with self.db.sessions.begin() as session:
+            session.merge(row)
+
+    def claims(self, run_id: int) -> list[RewardClaim]:
+        with self.db.sessions() as session:
+            query = select(RewardClaim).where(RewardClaim.run_id == run_id)
+            return list(session.scalars(query.order_by(RewardClaim.epoch)))
+
+
+def _short(error: str | None) -> str | None:
+    return None if error is None else error[:400]

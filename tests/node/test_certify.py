@@ -1,0 +1,145 @@
+"""Which receipts an honest data node certifies (``node/receipts/certify.py``): the hops chained
+to its own sends, once per computation, and reports that check out."""
+
+from __future__ import annotations
+
+import pytest
+from eth_account import Account
+from eth_utils.crypto import keccak
+
+from contracts.certificate_tree import PreparedHop, SignedReceipt
+from contracts.encoding import (
+    BACKWARD,
+    FORWARD,
+    HopReceipt,
+    ledger_domain,
+    scheduled_units,
+    sign_receipt,
+)
+from gwtf.errors import ProtocolError
+from node.receipts.book import ReceiptTerms
+from node.receipts.certify import MAX_PER_HOP, Anchor, certifiable, check_report
+
+DOMAIN = ledger_domain(1, "0x" + "cd" * 20)
+TERMS = ReceiptTerms(run_id=3, domain=DOMAIN, stages=2, units_per_hop=10)
+NAMES = ("data", "a", "b", "x", "y", "p", "q", "r")
+KEYS = {name: keccak(text=f"certify test {name}") for name in NAMES}
+ADDRESS = {name: Account.from_key(key).address for name, key in KEYS.items()}
+
+
+def digest(label: str) -> bytes:
+    return keccak(text=label)
+
+
+def hop(
+    worker: str,
+    counterparty: str,
+    stage: int,
+    direction: int,
+    inp: str,
+    out: str,
+    *,
+    microbatch: int = 0,
+    attempt: int = 0,
+) -> PreparedHop:
+    receipt = HopReceipt(
+        3, 0, ADDRESS["data"], 0, microbatch, stage, direction, attempt, ADDRESS[worker],
+        ADDRESS[counterparty], digest(inp), digest(out), scheduled_units(direction, 10),
+    )  # fmt: skip
+    signed = SignedReceipt(
+        receipt,
+        sign_receipt(receipt, DOMAIN, KEYS[worker]),
+        sign_receipt(receipt, DOMAIN, KEYS[counterparty]),
+    )
+    return PreparedHop.of(signed, DOMAIN)
+
+
+def anchors(microbatch: int = 0) -> list[Anchor]:
+    return [
+        Anchor(0, microbatch, FORWARD, digest(f"embed {microbatch}")),
+        Anchor(0, microbatch, BACKWARD, digest(f"loss grad {microbatch}")),
+    ]
+
+
+def pipeline(microbatch: int = 0) -> list[PreparedHop]:
+    """Microbatch ``microbatch`` through a (stage 1) and b (stage 2), every digest chained."""
+    m = microbatch
+    return [
+        hop("a", "b", 1, FORWARD, f"embed {m}", f"act1 {m}", microbatch=m),
+        hop("b", "data", 2, FORWARD, f"act1 {m}", f"act2 {m}", microbatch=m),
+        hop("b", "a", 2, BACKWARD, f"loss grad {m}", f"grad2 {m}", microbatch=m),
+        hop("a", "data", 1, BACKWARD, f"grad2 {m}", f"grad1 {m}", microbatch=m),
+    ]
+
+
+def keys_of(entries: list[PreparedHop]) -> set[tuple[str, int, int, int]]:
+    receipts = [p.entry.receipt for p in entries]
+    return {(r.worker, r.stage, r.direction, r.attempt) for r in receipts}
+
+
+def test_every_hop_of_a_microbatch_chained_to_the_data_nodes_sends_is_certified() -> None:
+    entries = pipeline(0) + pipeline(1)
+    assert len(certifiable(entries, anchors(0) + anchors(1), stages=2)) == 8
+
+
+def test_hops_chained_to_nothing_the_data_node_sent_are_not_certified() -> None:
+    made_up = [
+        # An accomplice pair's hop of a microbatch from an input nobody sent.
+        hop("x", "y", 1, FORWARD, "invented", "act1 0"),
+        # A backward from a gradient the data node never sent.
+        hop("x", "y", 2, BACKWARD, "invented grad", "grad2 0"),
+    ]
+    chosen = certifiable(pipeline(0) + made_up, anchors(0), stages=2)
+    assert keys_of(chosen) == keys_of(pipeline(0))
+    assert certifiable(pipeline(0), [], stages=2) == [], "without anchors nothing is chained"
+    # A hop after a broken link is not chained either, even if its own input matches: without
+    # stage 1's forward, stage 2's is not; the backwards start from the data node's gradient.
+    no_stage_1 = pipeline(0)[1:]
+    chosen = certifiable(no_stage_1, anchors(0), stages=2)
+    assert keys_of(chosen) == {(ADDRESS["b"], 2, BACKWARD, 0), (ADDRESS["a"], 1, BACKWARD, 0)}
+
+
+def test_the_acknowledged_hop_of_an_attempt_lost_to_a_crash_is_certified() -> None:
+    # a's forward reached x, which acknowledged it and died; b then computed it from a's
+    # output sent again (attempt 1). Both of a's receivers' work is real; x's onward hop never
+    # happened, so x has nothing here, but a's first acknowledged forward is paid.
+    lost = hop("a", "x", 1, FORWARD, "embed 0", "act1 0", attempt=0)
+    again = hop("a", "b", 1, FORWARD, "embed 0", "act1 0", attempt=1)
+    entries = [lost, again, *pipeline(0)[1:]]
+    chosen = certifiable(entries, anchors(0), stages=2)
+    # One computation of a from one input: paid once, under its lowest attempt.
+    assert (ADDRESS["a"], 1, FORWARD, 0) in keys_of(chosen)
+    assert (ADDRESS["a"], 1, FORWARD, 1) not in keys_of(chosen)
+    assert len(chosen) == 4
+
+
+def test_a_chain_forked_to_accomplices_is_bounded_per_hop() -> None:
+    # x received a's output and "sent" its own to many receivers: only one per (worker,
+    # input) counts, and at most MAX_PER_HOP receipts per (microbatch, stage, direction).
+    workers = ["a", "x", "b", "p", "q", "r", "a", "x"]
+    forks = [
+        hop(w, "y", 1, FORWARD, "embed 0", f"act fork {i}", attempt=i)
+        for i, w in enumerate(workers)
+    ]
+    chosen = certifiable(forks, anchors(0), stages=2)
+    assert len(chosen) == MAX_PER_HOP < len(set(workers))
+    assert [p.entry.receipt.attempt for p in chosen] == list(range(MAX_PER_HOP)), "lowest first"
+
+
+def test_a_report_must_be_the_reporters_own_receipt_for_this_data_node_and_run() -> None:
+    prepared = pipeline(0)[0]
+    good = prepared.entry
+    assert check_report(good, TERMS, ADDRESS["data"], ADDRESS["a"]) == prepared
+    with pytest.raises(ProtocolError, match="reported by"):
+        check_report(good, TERMS, ADDRESS["data"], ADDRESS["b"])
+    with pytest.raises(ProtocolError, match="not this one"):
+        check_report(good, TERMS, ADDRESS["x"], ADDRESS["a"])
+    with pytest.raises(ProtocolError, match="not this one"):
+        check_report(good, ReceiptTerms(4, DOMAIN, 2, 10), ADDRESS["data"], ADDRESS["a"])
+    with pytest.raises(ProtocolError, match="schedule"):
+        check_report(good, ReceiptTerms(3, DOMAIN, 2, 11), ADDRESS["data"], ADDRESS["a"])
+    with pytest.raises(ProtocolError, match="relay stage"):
+        check_report(good, ReceiptTerms(3, DOMAIN, 0, 10), ADDRESS["data"], ADDRESS["a"])
+    forged = SignedReceipt(good.receipt, good.worker_signature, good.worker_signature)
+    with pytest.raises(ProtocolError, match="countersignature"):
+        check_report(forged, TERMS, ADDRESS["data"], ADDRESS["a"])
