@@ -503,10 +503,16 @@ class HonestyMachine(RuleBasedStateMachine):
         signer = signer_of(first_digest, attack.first.signature)
         if signer is None or signer != signer_of(second_digest, attack.second.signature):
             return "NotOneSigner"
-        party = signer == first.worker or (
-            signer == first.counterparty and signer == second.counterparty
+        # Disputes' rule: one role in both, the worker of both (and counterparty of neither)
+        # or the counterparty of both (and not the worker).
+        as_worker = signer == first.worker and signer not in (
+            first.counterparty,
+            second.counterparty,
         )
-        if not party:
+        as_counterparty = (
+            signer == first.counterparty == second.counterparty and signer != first.worker
+        )
+        if not (as_worker or as_counterparty):
             return "SignerNotParty"
         if self.party(signer).status == SLASHED:
             return "AlreadySlashed"
