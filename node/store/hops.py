@@ -86,17 +86,6 @@ class HopStore:
         already held is returned again, a different receipt for a held key is refused."""
         return self._sign_once(SignedHop, batch, self._signed_row)
 
-    def add_countersignatures(self, signatures: Sequence[tuple[bytes, bytes]]) -> None:
-        """Complete the hops this node signed with their counterparties' countersignatures
-        (the first one of each hop stays)."""
-        mark = self._mark
-        sql = (
-            f"UPDATE signed_hops SET counterparty_signature = {mark} "
-            f"WHERE hop_key = {mark} AND counterparty_signature IS NULL"
-        )
-        with self.db.engine.begin() as connection:
-            self._executemany(connection, sql, [(sig, key) for key, sig in signatures])
-
     def signed_hops(self, run_id: int, epoch: int) -> list[SignedReceipt]:
         """The complete receipts of hops this node did in an epoch (countersigned ones)."""
         with self.db.sessions() as session:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -122,10 +123,16 @@ def test_a_hop_key_is_signed_once_and_a_second_version_is_refused(store: HopStor
 
 def test_complete_receipts_and_certified_hops_round_trip(store: HopStore) -> None:
     receipts = [receipt(m) for m in range(5)]
-    signatures = store.sign_once([to_sign(r) for r in receipts])
     countersigned = [sign_digest(receipt_digest(r, DOMAIN), RECEIVER.key) for r in receipts]
-    first_three = zip(receipts[:3], countersigned, strict=False)
-    store.add_countersignatures([(hop_key(r), c) for r, c in first_three])
+    # A worker signs a hop once its receiver countersigned it, and keeps both; the last two
+    # are signed without (never acknowledged): they are not complete.
+    signatures = store.sign_once(
+        [
+            replace(to_sign(r), countersignature=c)
+            for r, c in zip(receipts[:3], countersigned[:3], strict=True)
+        ]
+        + [to_sign(r) for r in receipts[3:]]
+    )
     complete = store.signed_hops(1, 0)
     assert {e.receipt for e in complete} == set(receipts[:3])
     entries = [

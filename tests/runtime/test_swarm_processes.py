@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,16 @@ from node.store.database import open_database
 from node.store.hops import HopStore
 from node.swarm.plan import plan_from_file
 from node.swarm.run import run_swarm
+
+
+def swarm_of(tmp_path: Path, swarm_file: str, timeout_s: float) -> dict[str, Any]:
+    """Run the swarm of ``swarm_file`` (its text) in ``tmp_path``; its summary."""
+    path = tmp_path / "swarm.toml"
+    path.write_text(swarm_file)
+    plan = plan_from_file(path, tmp_path / "out")
+    with (tmp_path / "swarm.log").open("wb") as log:
+        return run_swarm(plan, log, timeout_s=timeout_s)
+
 
 SWARM_FILE = """
 [run]
@@ -45,11 +56,7 @@ epochs = 2
 def test_swarm_on_chain_survives_sigkills_takes_in_a_joiner_and_refuses_a_stranger(
     tmp_path: Path,
 ) -> None:
-    swarm_file = tmp_path / "swarm.toml"
-    swarm_file.write_text(SWARM_FILE)
-    plan = plan_from_file(swarm_file, tmp_path / "out")
-    with (tmp_path / "swarm.log").open("wb") as log:
-        summary = run_swarm(plan, log, timeout_s=400)
+    summary = swarm_of(tmp_path, SWARM_FILE, timeout_s=400)
 
     assert summary == json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["iterations"] == 16
@@ -118,8 +125,9 @@ capacity = 1
 [chain]
 epochs = 2
 [churn]
-# Training lasts ~5 s: the relay is back for its second half.
-events = [{t = 1.0, kill = "relay-1-1"}, {t = 2.0, restart = "relay-1-1"}]
+# Training lasts ~5 s: the relay has worked and reported (every second) for 2.5 s when it dies,
+# and restarts before training ends.
+events = [{t = 2.5, kill = "relay-1-1"}, {t = 3.0, restart = "relay-1-1"}]
 """
 
 
@@ -136,11 +144,7 @@ def certified_units(out: Path, run_id: int, epochs: int) -> dict[str, int]:
 def test_every_hop_earns_two_epochs_are_certified_and_claimed_a_restarted_relay_included(
     tmp_path: Path,
 ) -> None:
-    swarm_file = tmp_path / "swarm.toml"
-    swarm_file.write_text(RECEIPTS_FILE)
-    plan = plan_from_file(swarm_file, tmp_path / "out")
-    with (tmp_path / "swarm.log").open("wb") as log:
-        summary = run_swarm(plan, log, timeout_s=300)
+    summary = swarm_of(tmp_path, RECEIPTS_FILE, timeout_s=300)
     assert summary["iterations"] == 16 and summary["microbatches"] == 32
     assert [j["node"] for j in summary["joins"]] == ["relay-1-1"], "the relay came back"
     chain = summary["chain"]
@@ -185,11 +189,7 @@ enabled = false
 
 @pytest.mark.slow  # three OS processes loading torch: ~1 minute on two cores
 def test_swarm_without_a_chain_trains_with_admission_off(tmp_path: Path) -> None:
-    swarm_file = tmp_path / "swarm.toml"
-    swarm_file.write_text(CHAINLESS_FILE)
-    plan = plan_from_file(swarm_file, tmp_path / "out")
-    with (tmp_path / "swarm.log").open("wb") as log:
-        summary = run_swarm(plan, log, timeout_s=300)
+    summary = swarm_of(tmp_path, CHAINLESS_FILE, timeout_s=300)
     assert summary["iterations"] == 3 and summary["microbatches"] == 6
     assert summary["chain"] == {"enabled": False}
     assert not (tmp_path / "out" / "devnet.json").exists()
@@ -219,11 +219,7 @@ def test_two_data_node_processes_share_the_run_and_one_comes_back_after_a_sigkil
     alone meanwhile, takes it back in, and both end with the same state as the relays step;
     each certifies its own shard's hops (the restarted one from its database) and the relays
     claim from both."""
-    swarm_file = tmp_path / "swarm.toml"
-    swarm_file.write_text(TWO_DATA_NODES_FILE)
-    plan = plan_from_file(swarm_file, tmp_path / "out")
-    with (tmp_path / "swarm.log").open("wb") as log:
-        summary = run_swarm(plan, log, timeout_s=300)
+    summary = swarm_of(tmp_path, TWO_DATA_NODES_FILE, timeout_s=300)
     assert summary["iterations"] == 24
     assert [c["node"] for c in summary["crashes"]] == ["data-1"]
     assert summary["joins"][0]["node"] == "data-1" and summary["joins"][0]["restart"]

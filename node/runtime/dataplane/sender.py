@@ -19,12 +19,12 @@ import trio
 
 from gwtf.errors import ProtocolError
 from node.p2p.rpc import PeerUnavailable, RequestDeclined
+from node.receipts.book import worker_stage
 from node.runtime.dataplane import control
 from node.runtime.dataplane.exchange import DataPlane, HopRecord
 from node.runtime.dataplane.hop import (
     BACKWARD,
     FLAG_REPAIR,
-    FORWARD,
     HopHeader,
     resend_attempt,
 )
@@ -248,12 +248,11 @@ class HopSender:
         """Count the hop this node computed, once ``to`` acknowledged its output (``header`` is
         the outgoing one, so this node's stage is one before a forward's, one after a backward's).
         """
-        worker_stage = header.stage - 1 if header.direction == FORWARD else header.stage + 1
         self.plane.hops.record(
             HopRecord(
                 header.iteration,
                 header.microbatch_id,
-                worker_stage,
+                worker_stage(header.direction, header.stage),
                 header.direction,
                 header.attempt,
                 self.plane.node_id,
