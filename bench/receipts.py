@@ -1,8 +1,10 @@
 """What receipts cost a node: signing and checking per hop, the database's write rate, a data
 node's certificate tree, and memory over a long run — each against its goal, in one run.
 
-1. Per hop (``ReceiptBook``, in process): the receiver countersigns, the worker checks the
-   countersignature and signs; both commit to their SQLite databases. Microseconds
+1. Per hop (``ReceiptBook``, in process): the worker signs, the receiver checks the signature
+   and countersigns, the worker checks the countersignature; both commit to their SQLite
+   databases (the receiver the whole receipt, the worker its signature, then the
+   countersignature). Microseconds
    of CPU per hop, against the 16 x 64-token microbatch's stage compute (forward + backward,
    measured here) that each hop carries.
 2. Database writes: receipts committed per second, batched (``HopStore.sign_once``, 1,000 per
@@ -64,7 +66,7 @@ def facts(i: int) -> HopFacts:
 
 
 def hop_path(folder: Path, checkpoints: tuple[int, ...]) -> tuple[float, dict[int, float]]:
-    """CPU microseconds per hop through countersigning, checking and signing (both ends, their
+    """CPU microseconds per hop through signing, checking and countersigning (both ends, their
     database threads included), and the resident memory at each checkpoint."""
     books = [
         ReceiptBook(TERMS, KEYS[n], HopStore(open_database(f"sqlite:///{folder / n}.sqlite")))
@@ -76,8 +78,10 @@ def hop_path(folder: Path, checkpoints: tuple[int, ...]) -> tuple[float, dict[in
 
     async def one(i: int) -> None:
         receipt = worker.receipt(facts(i))
-        counter = await receiver.countersign(PEERS["a"], receipt)
-        worker.acknowledged(PEERS["b"], PEERS["data"], receipt, counter)
+        signature = await worker.sign(receipt)
+        assert signature is not None
+        counter = await receiver.countersign(PEERS["a"], PEERS["data"], receipt, signature)
+        worker.acknowledged(PEERS["b"], PEERS["data"], receipt, signature, counter)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -92,7 +96,7 @@ def hop_path(folder: Path, checkpoints: tuple[int, ...]) -> tuple[float, dict[in
                         for i in range(done, upto):
                             batch.start_soon(one, i)
                     done = upto
-                while worker.counts.completed < checkpoint:  # the worker's signing, behind
+                while worker.counts.completed < checkpoint:  # the worker's last commit, behind
                     await trio.sleep(0.001)
                 gc.collect()
                 memory[checkpoint] = rss_mib()

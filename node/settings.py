@@ -132,7 +132,8 @@ class ChainSettings:
     #: nothing (receipts are still kept).
     wallet_file: str = ""
     #: How often chain time is read (it runs on by the local clock in between), and how often
-    #: a worker reports its complete receipts to their data nodes; a data node waits two
+    #: a relay reports the complete receipts it holds (as worker and as receiver) to their
+    #: data nodes; a data node waits two
     #: report periods and a second after an epoch's last iteration for the last reports.
     clock_period_s: float = 2.0
     report_period_s: float = 5.0

@@ -18,7 +18,7 @@ class ReceiptsConfig:
     #: The run's ledger; its wallet submits a data node's certificates (the sponsor's) or a
     #: worker's claims. Without a wallet the node keeps receipts but sends no transaction.
     ledger: EpochLedger
-    #: How often a worker sends its complete receipts to their data nodes (a report is one
+    #: How often a relay sends the complete receipts it holds to their data nodes (a report is one
     #: request each; fewer is cheaper), and how long a data node waits after an epoch's last
     #: iteration for the last reports (more than one period; ``chain.*`` settings).
     report_period_s: float = 5.0

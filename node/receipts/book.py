@@ -1,18 +1,21 @@
-"""A node's receipts on the hot path: countersign what it received, sign what it computed.
+"""A node's receipts on the hot path: sign what it computed, countersign what it received.
 
-A relay that sends the output of a hop it computed names, with the hop, the digest of the input
-it computed from; the receiver rebuilds the receipt from the hop's header, the two peers' ids,
-that digest and the digest of the frame it got, computes the hop, and countersigns the receipt
-in its ack; the worker checks the countersignature, signs the receipt itself and keeps the
-complete receipt, which it reports to the microbatch's data node (``node.receipts.reports``).
-The worker signs after the ack, off the hop's path: its signature is needed by nobody until the
-report, and the receiver needs only facts it can check.
+A relay that sends the output of a hop it computed signs the hop's receipt first and sends,
+with the hop, the digest of the input it computed from and its signature; the receiver rebuilds
+the receipt from the hop's header, the two peers' ids, that digest and the digest of the frame
+it got, checks the worker's signature, computes the hop, commits the whole receipt and
+countersigns it in its ack. The worker checks the countersignature and keeps the complete
+receipt too. Both report it to the microbatch's data node (``node.receipts.reports``; a data
+node takes it twice as once): what a countersignature vouches for is on the receiver's disk
+before the worker learns of it, so a crash of either end does not cost the worker its pay, and
+a receiver that will not report does not either once the worker has its ack.
 
 Every signature is handed out only after the receipt it signs is committed to the node's
 database under its hop key (``node.store.hops``), one receipt per hop key for ever, so no crash
-or retry can make an honest node sign two versions of a hop. The commits are batched in a writer
-thread (``BatchWriter``). A countersignature that does not check, or a sender re-using a hop
-key, is refused, logged once and scored down; the training goes on.
+or retry can make an honest node sign two versions of a hop. The commits are batched in writer
+threads (``BatchWriter``). A signature that does not check, or a sender re-using a hop key, is
+refused, logged once and scored down; the training goes on (the hop is computed and
+acknowledged, unreceipted).
 """
 
 from __future__ import annotations
@@ -79,9 +82,9 @@ class HopFacts:
 class ReceiptCounts:
     """What this node's receipts did, reported with its status."""
 
-    signed: int = 0  # receipts signed as worker (each complete: countersigned first)
+    signed: int = 0  # receipts signed as worker (before the hop is sent)
     countersigned: int = 0  # receipts countersigned as receiver
-    completed: int = 0  # own receipts complete and handed to the reporter
+    completed: int = 0  # own receipts complete (countersigned) and handed to the reporter
     refused: int = 0  # peers' signatures that did not check (logged once per peer)
     recomputed: int = 0  # completed receipts of a re-sent or repaired attempt (attempt > 0)
 
@@ -108,6 +111,11 @@ class ReceiptBook:
     penalise: Callable[[str, str], None] = lambda peer, why: None
     #: Called with each complete receipt of this node's (the reporter takes it to the data node).
     on_complete: Callable[[str, SignedReceipt], None] = lambda origin, entry: None
+    #: Called with each complete receipt this node countersigned (a relay reports it too).
+    on_received: Callable[[str, SignedReceipt], None] = lambda origin, entry: None
+    #: Called with each receipt this node signed as worker: it has work to claim in that
+    #: receipt's epoch, even if its own copy of the countersignature never comes.
+    on_signed: Callable[[HopReceipt], None] = lambda receipt: None
     counts: ReceiptCounts = field(default_factory=ReceiptCounts)
     _warned: set[str] = field(default_factory=set)
 
@@ -115,11 +123,15 @@ class ReceiptBook:
         self.address = node_address_of(node_public_key(self.private_key))
         self._signing = BatchWriter(self.store.sign_once)
         self._countersigning = BatchWriter(self.store.countersign_once)
+        # Nobody waits on the worker's own copy of a countersignature (the receiver holds the
+        # whole receipt): it is written in larger, later batches.
+        self._completing = BatchWriter(self.store.add_countersignatures, linger_s=0.05)
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._signing.run)
             nursery.start_soon(self._countersigning.run)
+            nursery.start_soon(self._completing.run)
 
     def is_receipted(self, direction: int, receiver_stage: int) -> bool:
         """Whether a hop into ``receiver_stage`` has a receipt: its worker is a relay."""
@@ -143,23 +155,30 @@ class ReceiptBook:
             units=scheduled_units(hop.direction, self.terms.units_per_hop),
         )
 
-    # ------------------------------------------------------------ as receiver
-    async def countersign(self, sender: str, receipt: HopReceipt) -> bytes:
-        """This node's countersignature of a receipt of a hop it received and computed, once it
-        is committed; b"" (refused) when the hop key holds another receipt already."""
+    # ------------------------------------------------------------ as worker
+    async def sign(self, receipt: HopReceipt) -> bytes | None:
+        """This node's signature of a hop it computed, once committed; None when its hop key
+        holds another receipt already (this node's own numbering gone wrong: the hop is sent
+        unreceipted and goes unpaid rather than the node slashable)."""
         digest = receipt_digest(receipt, self.terms.domain)
-        signature = await self._countersigning.submit(self._to_sign(receipt, digest))
+        try:
+            signature = await self._signing.submit(self._to_sign(receipt, digest))
+        except Exception as exc:  # the database's (disk full, locked): the hop goes on unpaid
+            log.error("receipt of hop %s not signed: %s", hop_key(receipt).hex(), exc)
+            return None
         if isinstance(signature, ConflictingReceipt):
-            self.refuse(sender, str(signature))  # the sender re-used a hop key
-            return b""
-        self.counts.countersigned += 1
+            log.error("receipt of hop %s not signed: %s", hop_key(receipt).hex(), signature)
+            return None
+        self.counts.signed += 1
+        self.on_signed(receipt)
         return signature
 
-    # ------------------------------------------------------------ as worker
-    def acknowledged(self, receiver: str, origin: str, receipt: HopReceipt, counter: bytes) -> bool:
-        """The receiver acknowledged this node's hop with ``counter``: if it checks, sign the
-        receipt (committed with the countersignature, in the background) and hand the complete
-        receipt to ``on_complete``; a bad countersignature is refused (False)."""
+    def acknowledged(
+        self, receiver: str, origin: str, receipt: HopReceipt, signature: bytes, counter: bytes
+    ) -> bool:
+        """The receiver acknowledged this node's hop with ``counter``: if it checks, keep it
+        with the receipt (in the background) and hand the complete receipt to
+        ``on_complete``; a bad countersignature is refused (False)."""
         digest = receipt_digest(receipt, self.terms.domain)
         try:
             if recover_digest_signer(digest, counter) != receipt.counterparty:
@@ -168,28 +187,53 @@ class ReceiptBook:
             self.refuse(receiver, f"countersignature refused: {exc}")
             return False
 
-        def signed(
-            signature: bytes | ConflictingReceipt | None, error: BaseException | None
-        ) -> None:
-            if error is not None or not isinstance(signature, bytes):
-                # A conflicting receipt here is this node's own numbering gone wrong: it never
-                # signs a second version; the hop goes unpaid rather than the node slashable.
-                log.error(
-                    "receipt of hop %s not signed: %s", hop_key(receipt).hex(), error or signature
-                )
-                return
-            self.counts.signed += 1
+        def kept(_: None, error: BaseException | None) -> None:
+            if error is not None:
+                # The receiver holds the complete receipt and reports it; only this node's
+                # own record of it is missing.
+                log.error("countersignature of hop %s not kept: %s", hop_key(receipt).hex(), error)
             self.counts.completed += 1
             self.counts.recomputed += receipt.attempt > 0
             self.on_complete(origin, SignedReceipt(receipt, signature, counter))
 
-        self._signing.post(self._to_sign(receipt, digest, counter), signed)
+        self._completing.post((hop_key(receipt), counter), kept)
         return True
 
-    # ------------------------------------------------------------ internals
-    def _to_sign(self, receipt: HopReceipt, digest: bytes, counter: bytes | None = None) -> ToSign:
+    # ------------------------------------------------------------ as receiver
+    async def countersign(
+        self, sender: str, origin: str, receipt: HopReceipt, worker_signature: bytes
+    ) -> bytes:
+        """This node's countersignature of a receipt of a hop it received and computed, once
+        the whole receipt is committed; b"" (refused) when the worker's signature does not
+        check or the hop key holds another receipt already."""
+        digest = receipt_digest(receipt, self.terms.domain)
+        try:
+            if recover_digest_signer(digest, worker_signature) != receipt.worker:
+                raise ProtocolError("it is not the sender's, or not of the hop received")
+        except ProtocolError as exc:
+            self.refuse(sender, f"receipt signature refused: {exc}")
+            return b""
+        fresh: list[bool] = []  # whether this receipt was countersigned now, not before
         key = self.private_key
-        return ToSign(hop_key(receipt), receipt, digest, lambda: sign_digest(digest, key), counter)
+
+        def sign() -> bytes:
+            fresh.append(True)
+            return sign_digest(digest, key)
+
+        item = ToSign(hop_key(receipt), receipt, digest, sign, worker_signature)
+        counter = await self._countersigning.submit(item)
+        if isinstance(counter, ConflictingReceipt):
+            self.refuse(sender, str(counter))  # the sender re-used a hop key
+            return b""
+        if fresh:  # a request again for a receipt held is answered, not reported again
+            self.counts.countersigned += 1
+            self.on_received(origin, SignedReceipt(receipt, worker_signature, counter))
+        return counter
+
+    # ------------------------------------------------------------ internals
+    def _to_sign(self, receipt: HopReceipt, digest: bytes) -> ToSign:
+        sign = functools.partial(sign_digest, digest, self.private_key)
+        return ToSign(hop_key(receipt), receipt, digest, sign)
 
     def refuse(self, peer: str, why: str) -> None:
         self.counts.refused += 1

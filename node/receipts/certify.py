@@ -4,7 +4,7 @@ A receipt signed by its worker and countersigned by its receiver proves only tha
 agree. A data node certifies a hop only when it is also chained to the data node's own work:
 
 * **checked** (``check_report``): the run, this data node, a relay stage, the run's units for
-  its direction, both signatures; reported by its own worker;
+  its direction, both signatures; reported by its worker or its counterparty (both keep it);
 * **chained** (``certifiable``): a forward at stage 1 computed from a frame this data node sent,
   a forward at stage k > 1 from the output of a chained forward at stage k - 1; a backward at
   the last stage from a gradient this data node sent, a backward at stage k from the output of
@@ -48,17 +48,25 @@ def check_report(
     entry: SignedReceipt, terms: ReceiptTerms, data_node: str, reporter: str
 ) -> PreparedHop:
     """``entry`` prepared for a certificate, or a ``ProtocolError`` unless it is a receipt this
-    data node may certify, reported by its worker."""
+    data node may certify, reported by its worker or its counterparty."""
+    r = entry.receipt
+    if reporter not in (r.worker, r.counterparty):
+        raise ProtocolError(f"receipt of {r.worker} to {r.counterparty} reported by {reporter}")
+    check_fields(entry, terms, data_node)
+    return PreparedHop.of(entry, terms.domain, check_signatures(entry, terms.domain))
+
+
+def check_fields(entry: SignedReceipt, terms: ReceiptTerms, data_node: str) -> None:
+    """A ``ProtocolError`` unless the receipt is of this run and data node, at a relay stage,
+    for the run's units: what a data node checks of every receipt it certifies, its own ones
+    (whose signatures it checked as it countersigned them) included."""
     r = entry.receipt
     if r.runId != terms.run_id or r.dataNode != data_node:
         raise ProtocolError(f"receipt for run {r.runId} and data node {r.dataNode}, not this one")
-    if r.worker != reporter:
-        raise ProtocolError(f"receipt of worker {r.worker} reported by {reporter}")
     if not 1 <= r.stage <= terms.stages:
         raise ProtocolError(f"receipt of stage {r.stage}, not a relay stage 1..{terms.stages}")
     if r.units != scheduled_units(r.direction, terms.units_per_hop):
         raise ProtocolError(f"receipt of {r.units} units, off the run's schedule")
-    return PreparedHop.of(entry, terms.domain, check_signatures(entry, terms.domain))
 
 
 def certifiable(

@@ -26,6 +26,7 @@ from contracts.bindings import ContractRevert
 from contracts.certificate_tree import (
     CertificateTree,
     PreparedHop,
+    SignedReceipt,
     WorkerRange,
     build_certificate_tree,
     tree_of_prepared,
@@ -33,9 +34,10 @@ from contracts.certificate_tree import (
 from contracts.merkle import verify_proof
 from gwtf.errors import ChainError, GwtfError, ProtocolError
 from node.chain.epochs import EpochLedger, EpochTimes
+from node.failpoints import failpoint
 from node.p2p.rpc import PeerUnavailable, RequestResponse
 from node.receipts.book import ReceiptTerms
-from node.receipts.certify import Anchor, certifiable
+from node.receipts.certify import Anchor, certifiable, check_fields
 from node.receipts.reports import ReceiptInbox, request_range
 from node.store.hops import HopStore
 from node.store.ledger import LedgerRecords
@@ -197,6 +199,7 @@ class DataNodeEpochs:
         )
         cert = tree.cert_ref(run_id, epoch, self.address)
         tx_hash = self.ledger.submit(cert)
+        failpoint("epochs.after_submit")
         self.records.save_certificate(
             run_id, epoch, self.address, tree.root, tree.count, tree.units, "confirmed", tx_hash
         )
@@ -214,7 +217,14 @@ class DataNodeEpochs:
             Anchor(a.iteration, a.microbatch_id, a.direction, a.digest)
             for a in self.store.anchors(run_id, epoch)
         ]
-        chained = certifiable(self.store.reported_hops(run_id, epoch), anchors, self.terms.stages)
+        # Reported by relays, and countersigned by this node itself (held to the same rules).
+        own = [
+            PreparedHop.of(e, self.terms.domain)
+            for e in self.store.received_hops(run_id, epoch)
+            if _fits(e, self.terms, self.address)
+        ]
+        hops = self.store.reported_hops(run_id, epoch) + own
+        chained = certifiable(hops, anchors, self.terms.stages)
         # The disputes contract's rule: the worker a bonded member, the counterparty a bonded
         # member or data node, during the epoch. Asked once per node.
         workers = {p.entry.receipt.worker for p in chained}
@@ -240,6 +250,15 @@ class DataNodeEpochs:
 
     def _record_failure(self, epoch: int, error: str) -> None:
         self.status.certificates[epoch] = {"status": "failed", "error": error[:200]}
+
+
+def _fits(entry: SignedReceipt, terms: ReceiptTerms, data_node: str) -> bool:
+    try:
+        check_fields(entry, terms, data_node)
+    except ProtocolError as exc:
+        log.warning("own receipt of hop %s left out: %s", entry.receipt.microbatchId, exc)
+        return False
+    return True
 
 
 def _window_closed(epoch: int, times: EpochTimes) -> ContractRevert:
@@ -313,10 +332,7 @@ class WorkerEpochs:
             if self.clock.now >= times.submit_closes_at:
                 self._final(epoch, data_node, 0, "uncertified")
             return
-        peer = self.data_node_peer(data_node)
-        if peer is None:
-            raise PeerUnavailable(f"data node {data_node} is not among this node's peers")
-        span = await request_range(self.rpc, peer, run_id, epoch, self.timeout_s)
+        span = await self.fetch_range(epoch, data_node)
         if span is None:
             self._final(epoch, data_node, 0, "not certified")
             return
@@ -325,11 +341,19 @@ class WorkerEpochs:
             self.records.save_claim, run_id, epoch, data_node, self.address, span.units, "pending"
         )
         paid = await trio.to_thread.run_sync(ledger.claim, cert, span)
+        failpoint("epochs.after_claim")
         log.info(
             "epoch %s: claimed %s units of %s's certificate: %s wei",
             epoch, paid.units, data_node, paid.amount_wei,
         )  # fmt: skip
         self._final(epoch, data_node, paid.units, "confirmed", paid.amount_wei, paid.tx_hash)
+
+    async def fetch_range(self, epoch: int, data_node: str) -> WorkerRange | None:
+        """This node's range of ``data_node``'s certificate of ``epoch``, asked of it."""
+        peer = self.data_node_peer(data_node)
+        if peer is None:
+            raise PeerUnavailable(f"data node {data_node} is not among this node's peers")
+        return await request_range(self.rpc, peer, self.terms.run_id, epoch, self.timeout_s)
 
     def _final(
         self,

@@ -1,11 +1,12 @@
 """Receipts between workers and data nodes: reports in, certificate ranges out.
 
-A worker reports each complete receipt to the data node of its microbatch, in batches of up to
-``MAX_REPORT`` every ``period_s`` (``/gwtf/receipts/report/1.0.0``); none is lost while the data
-node is unreachable: they wait in the outbox, and a restarted worker reports again what its
-database holds of the epochs not yet certified (a report is idempotent). A data node checks each
-receipt (``certify.check_report``), keeps the good ones and refuses, scores down and logs once
-the sender of a bad one. It also keeps the digests of the frames it starts chains with.
+A relay reports each complete receipt it holds, as worker or as receiver, to the data node of
+its microbatch, in batches of up to ``MAX_REPORT`` every ``period_s``
+(``/gwtf/receipts/report/1.0.0``); none is lost while the data node is unreachable: they wait
+in the outbox, and a restarted relay reports again what its database holds of recent epochs (a
+report is idempotent; a receipt kept already is not checked again). A data node checks each
+new receipt (``certify.check_report``), keeps the good ones and refuses, scores down and logs
+once the sender of a bad one. It also keeps the digests of the frames it starts chains with.
 
 Once a data node has submitted an epoch's certificate it answers each worker's
 ``/gwtf/certificate/range/1.0.0`` with the worker's first and last leaf and their proofs, which
@@ -43,14 +44,18 @@ REPORT_PROTOCOL = "/gwtf/receipts/report/1.0.0"
 RANGE_PROTOCOL = "/gwtf/certificate/range/1.0.0"
 _RANGE_REQUEST = struct.Struct(">QQ")
 _REPORT_REPLY = struct.Struct(">HH")
-#: Receipts a worker holds for unreachable data nodes before it drops the oldest (they stay in
+#: Receipts a relay holds for unreachable data nodes before it drops the oldest (they stay in
 #: its database, and a restart reports them again).
 MAX_OUTBOX = 100_000
+#: Data nodes a relay keeps an outbox for: a hop's origin is the sender's word, and a peer
+#: naming a new one on every hop must not grow the outbox or the flush without bound.
+MAX_DATA_NODES = 16
 
 
 @dataclass
 class ReceiptReporter:
-    """A worker's outbox of complete receipts, by data node address. Start ``run``."""
+    """A relay's outbox of complete receipts (its own and those it countersigned), by data
+    node address. Start ``run``."""
 
     rpc: RequestResponse
     timeout_s: float
@@ -63,9 +68,13 @@ class ReceiptReporter:
     _wake: trio.Event = field(default_factory=trio.Event)
 
     def add(self, origin: str, entry: SignedReceipt) -> None:
-        """Queue ``entry`` for its data node, whose peer id is ``origin``."""
+        """Queue ``entry`` for its data node, whose peer id is ``origin`` ("": unknown here)."""
         address = entry.receipt.dataNode
-        self.peers.setdefault(address, origin)
+        full = address not in self.outbox and len(self.outbox) >= MAX_DATA_NODES
+        if full and address not in self.data_node_peers():
+            return  # an origin nobody else knows of: kept in the database only
+        if origin:
+            self.peers.setdefault(address, origin)
         queue = self.outbox.setdefault(address, [])
         queue.append(entry)
         if len(queue) > MAX_OUTBOX:
@@ -76,7 +85,7 @@ class ReceiptReporter:
     def requeue(self, entries: list[SignedReceipt]) -> None:
         """Queue receipts read back from the database (after a restart)."""
         for entry in entries:
-            self.outbox.setdefault(entry.receipt.dataNode, []).append(entry)
+            self.add(self.peers.get(entry.receipt.dataNode, ""), entry)
 
     @property
     def pending(self) -> int:
@@ -90,28 +99,31 @@ class ReceiptReporter:
             await self.flush()
 
     async def flush(self) -> None:
-        """Send every queued receipt it can; what a data node does not take stays queued."""
-        for address in list(self.outbox):
-            peer = self.peers.get(address) or self.data_node_peers().get(address)
-            while peer and self.outbox.get(address):
-                batch = self.outbox[address][:MAX_REPORT]
-                try:
-                    reply = await self.rpc.request(
-                        ID.from_base58(peer),
-                        REPORT_PROTOCOL,
-                        encode_receipts(batch),
-                        _limits(self.timeout_s),
-                    )
-                    _, refused = _REPORT_REPLY.unpack(reply)
-                except (PeerUnavailable, struct.error) as exc:
-                    log.info("receipts for %s wait: %s", address, exc)
-                    break
-                if refused:
-                    log.warning(
-                        "data node %s refused %s of %s receipts", address, refused, len(batch)
-                    )
-                del self.outbox[address][: len(batch)]
-                self.reported += len(batch)
+        """Send every queued receipt it can, to each data node at once (one that does not
+        answer holds up no other); what a data node does not take stays queued."""
+        async with trio.open_nursery() as nursery:
+            for address in list(self.outbox):
+                nursery.start_soon(self._flush_to, address)
+
+    async def _flush_to(self, address: str) -> None:
+        peer = self.peers.get(address) or self.data_node_peers().get(address)
+        while peer and self.outbox.get(address):
+            batch = self.outbox[address][:MAX_REPORT]
+            try:
+                reply = await self.rpc.request(
+                    ID.from_base58(peer),
+                    REPORT_PROTOCOL,
+                    encode_receipts(batch),
+                    _limits(self.timeout_s),
+                )
+                _, refused = _REPORT_REPLY.unpack(reply)
+            except (PeerUnavailable, struct.error) as exc:
+                log.info("receipts for %s wait: %s", address, exc)
+                break
+            if refused:
+                log.warning("data node %s refused %s of %s receipts", address, refused, len(batch))
+            del self.outbox[address][: len(batch)]
+            self.reported += len(batch)
 
 
 @dataclass
@@ -161,24 +173,30 @@ class ReceiptInbox:
         entries = decode_receipts(request)
         reporter = address_of_peer(peer)
 
-        def check_and_keep() -> tuple[list[PreparedHop], list[str]]:
+        def check_and_keep() -> tuple[int, list[str]]:
             # Two signature recoveries and the leaf's hashes per receipt: in a worker thread,
-            # so the data node's loop (the pipeline's hub) never waits on a report.
-            good, bad = [], []
-            for entry in entries:
+            # so the data node's loop (the pipeline's hub) never waits on a report. A receipt
+            # kept already (its worker and its receiver both report it) is not checked again.
+            hashed = [PreparedHop.of(entry, self.terms.domain) for entry in entries]
+            kept = self.store.reported_hashes([p.hop_key for p in hashed])
+            good, bad, again = [], [], 0
+            for p in hashed:
+                if kept.get(p.hop_key) == (p.receipt_digest, p.signatures_hash):
+                    again += 1
+                    continue
                 try:
-                    good.append(check_report(entry, self.terms, self.address, reporter))
+                    good.append(check_report(p.entry, self.terms, self.address, reporter))
                 except ProtocolError as exc:
                     bad.append(str(exc))
             if good:
                 self.store.add_reported(good)
-            return good, bad
+            return len(good) + again, bad
 
-        good, bad = await trio.to_thread.run_sync(check_and_keep)
+        accepted, bad = await trio.to_thread.run_sync(check_and_keep)
         for why in bad:
             self._refuse(peer, why)
-        self.accepted += len(good)
-        return _REPORT_REPLY.pack(len(good), len(bad))
+        self.accepted += accepted
+        return _REPORT_REPLY.pack(accepted, len(bad))
 
     async def _range(self, peer: str, request: bytes) -> bytes:
         if len(request) != _RANGE_REQUEST.size:

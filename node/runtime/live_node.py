@@ -366,12 +366,14 @@ async def _start_receipts(
         )  # fmt: skip
         return ReceiptParts(receipts, certifying, clock, inbox=inbox)
     reporter = ReceiptReporter(rpc, timeout_s, setup.report_period_s, data_node_peers)
-    # A restarted worker reports again what its database holds of recent epochs (the data node
-    # takes a receipt twice as once): nothing it was countersigned for is lost to the crash.
+    # A restarted relay reports again what its database holds of recent epochs, as worker and
+    # as receiver (the data node takes a receipt twice as once): nothing a countersignature
+    # vouched for is lost to the crash.
     recent = max(0, clock.epoch_now() - 1)
     for epoch in range(recent, clock.epoch_now() + 1):
-        entries = await trio.to_thread.run_sync(store.signed_hops, setup.terms.run_id, epoch)
-        reporter.requeue(entries)
+        for held in (store.signed_hops, store.received_hops):
+            entries = await trio.to_thread.run_sync(held, setup.terms.run_id, epoch)
+            reporter.requeue(entries)
 
     def data_node_peer(address: str) -> str | None:
         return reporter.peers.get(address) or data_node_peers().get(address)
@@ -386,6 +388,8 @@ async def _start_receipts(
         cycle.worked_in(entry.receipt.epoch, entry.receipt.dataNode)
 
     receipts.on_complete = complete
+    receipts.on_received = reporter.add
+    receipts.on_signed = lambda receipt: cycle.worked_in(receipt.epoch, receipt.dataNode)
     return ReceiptParts(receipts, cycle, clock, reporter=reporter)
 
 

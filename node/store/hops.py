@@ -3,7 +3,9 @@
 The rule that keeps an honest node from ever being slashed lives here: a node signs (as worker)
 and countersigns (as receiver) at most one receipt per hop key, for ever, restarts included. So
 a signature is handed out only after the receipt it signs is committed under its hop key, and a
-second, different receipt for a key already held is refused (``ConflictingReceipt``). Writes are
+second, different receipt for a key already held is refused (``ConflictingReceipt``). A
+receiver commits the whole receipt, its worker's signature with its own, before it acks: the
+work a countersignature vouches for is on disk before anyone can rely on it. Writes are
 batched: each call takes a whole batch in one transaction, and the callers gather batches off
 the trio loop (``node.store.writer``). Every write is idempotent: the same receipt again changes
 nothing and returns the same signature.
@@ -21,12 +23,15 @@ from sqlalchemy.engine import Connection
 from contracts.certificate_tree import PreparedHop, SignedReceipt
 from contracts.encoding import HopReceipt
 from gwtf.errors import GwtfError
+from node.failpoints import failpoint
 from node.store.database import Database
 from node.store.models import (
     Base,
     CertifiedHopRow,
     Countersignature,
     OriginDigest,
+    ReceiptFields,
+    ReceivedHop,
     ReportedHop,
     SignedHop,
 )
@@ -45,14 +50,14 @@ class ConflictingReceipt(GwtfError):
 @dataclass(frozen=True)
 class ToSign:
     """A receipt to sign under ``hop_key``: ``sign`` makes the signature, called only for a key
-    this node holds no receipt of yet. A worker signing a hop its receiver has countersigned
-    already keeps the ``countersignature`` with it."""
+    this node holds no receipt of yet. A receiver countersigning keeps the worker's
+    ``worker_signature`` with its own."""
 
     hop_key: bytes
     receipt: HopReceipt
     receipt_digest: bytes
     sign: Callable[[], bytes]
-    countersignature: bytes | None = None
+    worker_signature: bytes | None = None
 
 
 def receipt_columns(receipt: HopReceipt) -> dict[str, object]:
@@ -66,7 +71,7 @@ def receipt_columns(receipt: HopReceipt) -> dict[str, object]:
     }  # fmt: skip
 
 
-def receipt_of(row: SignedHop | CertifiedHopRow | ReportedHop) -> HopReceipt:
+def receipt_of(row: ReceiptFields) -> HopReceipt:
     return HopReceipt(
         row.run_id, row.epoch, row.data_node, row.iteration, row.microbatch_id, row.stage,
         row.direction, row.attempt, row.worker, row.counterparty, row.input_digest,
@@ -86,6 +91,16 @@ class HopStore:
         already held is returned again, a different receipt for a held key is refused."""
         return self._sign_once(SignedHop, batch, self._signed_row)
 
+    def add_countersignatures(self, batch: Sequence[tuple[bytes, bytes]]) -> list[None]:
+        """Complete signed hops with their receivers' countersignatures: (hop key, signature)."""
+        sql = (
+            f"UPDATE signed_hops SET counterparty_signature = {self._mark} "
+            f"WHERE hop_key = {self._mark} AND counterparty_signature IS NULL"
+        )
+        with self.db.engine.begin() as connection:
+            self._executemany(connection, sql, [(counter, key) for key, counter in batch])
+        return [None] * len(batch)
+
     def signed_hops(self, run_id: int, epoch: int) -> list[SignedReceipt]:
         """The complete receipts of hops this node did in an epoch (countersigned ones)."""
         with self.db.sessions() as session:
@@ -103,15 +118,30 @@ class HopStore:
 
     # ------------------------------------------------------------ as counterparty
     def countersign_once(self, batch: Sequence[ToSign]) -> list[bytes | ConflictingReceipt]:
-        """Countersign each receipt, at most one per hop key (see ``sign_once``)."""
-        return self._sign_once(Countersignature, batch, self._countersigned_row)
+        """Countersign each receipt, at most one per hop key (see ``sign_once``), and keep it
+        whole with its worker's signature (``received_hops``) in the same transaction."""
+        return self._sign_once(
+            Countersignature, batch, self._countersigned_row, (ReceivedHop, self._received_row)
+        )
+
+    def received_hops(self, run_id: int, epoch: int) -> list[SignedReceipt]:
+        """The whole receipts of hops this node countersigned in an epoch."""
+        with self.db.sessions() as session:
+            rows = session.scalars(
+                select(ReceivedHop).where(ReceivedHop.run_id == run_id, ReceivedHop.epoch == epoch)
+            )
+            return [
+                SignedReceipt(receipt_of(r), r.worker_signature, r.counterparty_signature)
+                for r in rows
+            ]
 
     def signed_epochs(self, run_id: int) -> list[tuple[int, str]]:
-        """(epoch, data node) pairs of which this node holds complete receipts of its own."""
+        """(epoch, data node) pairs of which this node signed receipts: complete or not here,
+        their receivers hold them whole and may have reported them."""
         with self.db.sessions() as session:
             rows = session.execute(
                 select(SignedHop.epoch, SignedHop.data_node)
-                .where(SignedHop.run_id == run_id, SignedHop.counterparty_signature.is_not(None))
+                .where(SignedHop.run_id == run_id)
                 .distinct()
             )
             return sorted((epoch, data_node) for epoch, data_node in rows)
@@ -132,6 +162,11 @@ class HopStore:
         ]  # fmt: skip
         with self.db.engine.begin() as connection:
             self._insert_new(connection, ReportedHop, _unique_by_key(rows))
+
+    def reported_hashes(self, keys: Sequence[bytes]) -> dict[bytes, tuple[bytes, bytes]]:
+        """(receipt digest, signatures hash) of the reported receipts under ``keys``."""
+        with self.db.engine.begin() as connection:
+            return self._held(connection, ReportedHop, list(keys))
 
     def reported_hops(self, run_id: int, epoch: int) -> list[PreparedHop]:
         """Every receipt reported to this data node for an epoch, as prepared when it came."""
@@ -202,8 +237,7 @@ class HopStore:
     def _signed_row(item: ToSign, signature: bytes, now: float) -> dict[str, object]:
         return {
             "hop_key": item.hop_key, "receipt_digest": item.receipt_digest,
-            "worker_signature": signature, "counterparty_signature": item.countersignature,
-            "signed_at": now,
+            "worker_signature": signature, "counterparty_signature": None, "signed_at": now,
             **receipt_columns(item.receipt),
         }  # fmt: skip
 
@@ -215,11 +249,22 @@ class HopStore:
             "signed_at": now,
         }  # fmt: skip
 
+    @staticmethod
+    def _received_row(item: ToSign, signature: bytes, now: float) -> dict[str, object]:
+        assert item.worker_signature is not None, "a receiver keeps its worker's signature"
+        return {
+            "hop_key": item.hop_key, "receipt_digest": item.receipt_digest,
+            "worker_signature": item.worker_signature, "counterparty_signature": signature,
+            "received_at": now,
+            **receipt_columns(item.receipt),
+        }  # fmt: skip
+
     def _sign_once(
         self,
         table: type[SignedHop] | type[Countersignature],
         batch: Sequence[ToSign],
         row_of: Callable[[ToSign, bytes, float], dict[str, object]],
+        also: tuple[type[Base], Callable[[ToSign, bytes, float], dict[str, object]]] | None = None,
     ) -> list[bytes | ConflictingReceipt]:
         now = time.time()
         keys = [item.hop_key for item in batch]
@@ -242,22 +287,33 @@ class HopStore:
                             "refusing to sign a second version"
                         )
                     )
-            rows = [
-                row_of(item, fresh[item.hop_key][1], now)
+            signed = [
+                (item, fresh[item.hop_key][1])
                 for item in batch
                 if item.hop_key in fresh and fresh[item.hop_key][0] == item.receipt_digest
             ]
+            rows = [row_of(item, signature, now) for item, signature in signed]
             self._insert_new(connection, table, _unique_by_key(rows))
+            failpoint("store.mid_batch")
+            if also is not None:
+                other, other_row = also
+                rows = [other_row(item, signature, now) for item, signature in signed]
+                self._insert_new(connection, other, _unique_by_key(rows))
         return results
 
     def _held(
         self,
         connection: Connection,
-        table: type[SignedHop] | type[Countersignature],
+        table: type[SignedHop] | type[Countersignature] | type[ReportedHop],
         keys: list[bytes],
     ) -> dict[bytes, tuple[bytes, bytes]]:
+        """(receipt digest, signature) under each held key; of a reported hop, the hash of
+        its signatures."""
         held: dict[bytes, tuple[bytes, bytes]] = {}
-        signature = "worker_signature" if table is SignedHop else "signature"
+        signature = {
+            SignedHop: "worker_signature", Countersignature: "signature",
+            ReportedHop: "signatures_hash",
+        }[table]  # fmt: skip
         cursor = connection.connection.cursor()
         try:
             for start in range(0, len(keys), CHUNK):

@@ -70,6 +70,21 @@ class Countersignature(Base):
     signed_at: Mapped[float]
 
 
+class ReceivedHop(ReceiptFields, Base):
+    """A hop this node countersigned, whole: the receipt with its worker's signature and this
+    node's. Committed before the ack, so the work a countersignature vouches for survives
+    either end's crash: a relay reports it to the data node beside the worker (a data node
+    certifies its own straight from here)."""
+
+    __tablename__ = "received_hops"
+    hop_key: Mapped[bytes] = mapped_column(HASH, primary_key=True)
+    receipt_digest: Mapped[bytes] = mapped_column(HASH)
+    worker_signature: Mapped[bytes] = mapped_column(SIGNATURE)
+    counterparty_signature: Mapped[bytes] = mapped_column(SIGNATURE)
+    received_at: Mapped[float]
+    __table_args__ = (Index("ix_received_hops_epoch", "run_id", "epoch"),)
+
+
 class CertifiedHopRow(ReceiptFields, Base):
     """A hop a data node certified: the whole receipt with both signatures, which an auditor
     needs to check the certificate's leaves."""

@@ -15,6 +15,7 @@ from contracts.certificate_tree import PreparedHop, SignedReceipt
 from contracts.encoding import (
     BACKWARD,
     FORWARD,
+    Eip712Domain,
     HopReceipt,
     hop_key,
     receipt_digest,
@@ -26,11 +27,11 @@ from node.chain.adapter import Sender
 from node.chain.epochs import EpochLedger
 from node.receipts.book import ReceiptTerms
 from node.receipts.epochs import DataNodeEpochs, EpochClock, WorkerEpochs
-from node.receipts.reports import ReceiptInbox
 from node.store.database import open_database
-from node.store.hops import HopStore
+from node.store.hops import HopStore, ToSign
 from node.store.ledger import LedgerRecords
 from tests.contracts.conftest import Staffed
+from tests.contracts.crash_child import data_node_cycle
 from tests.contracts.world import STAGES, TEST_GAS_LIMIT, UNITS_PER_HOP, NodeKey, World
 
 
@@ -82,16 +83,16 @@ def chained_hops(s: Staffed, ghost: NodeKey) -> tuple[list[SignedReceipt], list[
     return entries, anchors
 
 
+def received(entry: SignedReceipt, domain: Eip712Domain) -> ToSign:
+    """``entry`` as its counterparty commits it on receipt (``HopStore.countersign_once``)."""
+    r = entry.receipt
+    counter = entry.counterparty_signature
+    return ToSign(hop_key(r), r, receipt_digest(r, domain), lambda: counter, entry.worker_signature)
+
+
 def data_cycle(s: Staffed, db_path: Path, ledger: EpochLedger) -> DataNodeEpochs:
-    db = open_database(f"sqlite:///{db_path}")
     terms = ReceiptTerms(s.run, s.w.ledger_domain, STAGES, UNITS_PER_HOP)
-    store = HopStore(db)
-    unused: Any = None  # the inbox only keeps trees here; nothing is served
-    inbox = ReceiptInbox(unused, terms, s.data.address, store, 1.0)
-    clock = EpochClock(ledger)
-    return DataNodeEpochs(
-        terms, s.data.address, ledger, clock, store, LedgerRecords(db), inbox, lambda e: False
-    )
+    return data_node_cycle(terms, s.data.address, db_path, ledger)
 
 
 def test_a_data_node_certifies_the_chained_hops_of_members_and_submits_once(
@@ -105,7 +106,11 @@ def test_a_data_node_certifies_the_chained_hops_of_members_and_submits_once(
     crashing = CountingLedger(suite_of(w), s.run, sponsor)
     crashing.crash_after_submit = True
     cycle = data_cycle(s, tmp_path / "data.sqlite", crashing)
-    cycle.store.add_reported([PreparedHop.of(e, w.ledger_domain) for e in entries])
+    # The hops the data node received are in its own database, half of them reported too.
+    own = [e for e in entries if e.receipt.counterparty == s.data.address]
+    reported = [e for e in entries if e not in own[: len(own) // 2]]
+    cycle.store.add_reported([PreparedHop.of(e, w.ledger_domain) for e in reported])
+    cycle.store.countersign_once([received(e, w.ledger_domain) for e in own])
     cycle.store.add_anchors(anchors)
     w.to_submission(s.run, 0)
 

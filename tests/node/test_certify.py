@@ -130,8 +130,10 @@ def test_a_report_must_be_the_reporters_own_receipt_for_this_data_node_and_run()
     prepared = pipeline(0)[0]
     good = prepared.entry
     assert check_report(good, TERMS, ADDRESS["data"], ADDRESS["a"]) == prepared
+    receiver = good.receipt.counterparty  # the receiver keeps it too, and may report it
+    assert check_report(good, TERMS, ADDRESS["data"], receiver) == prepared
     with pytest.raises(ProtocolError, match="reported by"):
-        check_report(good, TERMS, ADDRESS["data"], ADDRESS["b"])
+        check_report(good, TERMS, ADDRESS["data"], ADDRESS["x"])
     with pytest.raises(ProtocolError, match="not this one"):
         check_report(good, TERMS, ADDRESS["x"], ADDRESS["a"])
     with pytest.raises(ProtocolError, match="not this one"):

@@ -1,13 +1,16 @@
-"""Receipts on the hot path (``node/receipts/book.py``): what the receiver countersigns and the
-worker signs is the contract mirror's receipt, each committed before it is handed out; a bad
-countersignature is refused, scored and logged once; no node signs two versions of a hop; the
-wire format of reports and ranges holds."""
+"""Receipts on the hot path (``node/receipts/book.py``): what the worker signs and the receiver
+countersigns is the contract mirror's receipt, each committed before it is handed out, and the
+receiver holds it whole before its ack; a bad signature either way is refused, scored and
+logged once; no node signs two versions of a hop; the wire format of reports and ranges
+holds."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -15,11 +18,12 @@ from eth_utils.crypto import keccak
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.certificate_tree import build_certificate_tree, check_signatures
-from contracts.encoding import FORWARD, ledger_domain, recover_signer, sign_receipt
+from contracts.certificate_tree import SignedReceipt, build_certificate_tree, check_signatures
+from contracts.encoding import FORWARD, HopReceipt, ledger_domain, recover_signer, sign_receipt
 from gwtf.errors import ProtocolError
 from node.p2p.identity import identity_from_key, peer_id_of
 from node.receipts.book import HopFacts, ReceiptBook, ReceiptTerms, address_of_peer
+from node.receipts.reports import MAX_DATA_NODES, ReceiptReporter
 from node.receipts.wire import decode_range, decode_receipts, encode_range, encode_receipts
 from node.store.database import open_database
 from node.store.hops import HopStore
@@ -62,13 +66,29 @@ async def completion(book: ReceiptBook, count: int) -> None:
             await trio.sleep(0.01)
 
 
-def test_the_receiver_countersigns_the_worker_signs_and_the_receipt_certifies(
+async def exchange(
+    worker: ReceiptBook, receiver: ReceiptBook, receipt: HopReceipt
+) -> tuple[bytes, bytes, bool]:
+    """One receipted hop from ``a`` to ``b``: the worker signs, the receiver countersigns, the
+    worker checks the ack. (signature, countersignature, whether the worker took it)"""
+    signature = await worker.sign(receipt)
+    assert signature is not None
+    counter = await receiver.countersign(PEER["a"], PEER["data"], receipt, signature)
+    return (
+        signature,
+        counter,
+        worker.acknowledged(PEER["b"], PEER["data"], receipt, signature, counter),
+    )
+
+
+def test_the_worker_signs_the_receiver_countersigns_and_both_keep_the_receipt(
     tmp_path: Path,
 ) -> None:
     penalties: list[tuple[str, str]] = []
     worker, receiver = book(tmp_path, "a", penalties), book(tmp_path, "b", penalties)
-    completed = []
+    completed, received = [], []
     worker.on_complete = lambda origin, entry: completed.append((origin, entry))
+    receiver.on_received = lambda origin, entry: received.append((origin, entry))
 
     async def body() -> None:
         receipt = worker.receipt(facts())
@@ -76,17 +96,23 @@ def test_the_receiver_countersigns_the_worker_signs_and_the_receipt_certifies(
         assert receipt.counterparty == receiver.address
         assert receipt.dataNode == address_of_peer(PEER["data"])
         assert receipt.units == 10 and receipt.stage == 1
-        # The receiver rebuilds the same receipt from what it received, and countersigns it.
+        # The receiver rebuilds the same receipt from what it received, checks the worker's
+        # signature, and has the whole receipt on disk before its countersignature is out.
         assert receiver.receipt(facts()) == receipt
-        counter = await receiver.countersign(PEER["a"], receipt)
+        signature = await worker.sign(receipt)
+        assert (
+            signature is not None and recover_signer(receipt, DOMAIN, signature) == worker.address
+        )
+        counter = await receiver.countersign(PEER["a"], PEER["data"], receipt, signature)
         assert recover_signer(receipt, DOMAIN, counter) == receiver.address
-        assert worker.acknowledged(PEER["b"], PEER["data"], receipt, counter)
+        assert receiver.store.received_hops(1, 0) == [SignedReceipt(receipt, signature, counter)]
+        assert worker.acknowledged(PEER["b"], PEER["data"], receipt, signature, counter)
         await completion(worker, 1)
 
     run_with([worker, receiver], body)
     assert penalties == []
     ((origin, entry),) = completed
-    assert origin == PEER["data"]
+    assert origin == PEER["data"] and received == completed, "both ends report it"
     check_signatures(entry, DOMAIN)  # what the disputes contract checks of a hop
     (kept,) = worker.store.signed_hops(1, 0)
     assert kept == entry, "the complete receipt is in the worker's database"
@@ -103,48 +129,81 @@ def test_a_bad_countersignature_is_refused_scored_and_logged_once(
 
     async def body() -> None:
         receipt = worker.receipt(facts())
-        other = worker.receipt(facts(1))
-        counter_of_other = await receiver.countersign(PEER["a"], other)
+        signature = await worker.sign(receipt)
+        assert signature is not None
+        _, counter_of_other, _ = await exchange(worker, receiver, worker.receipt(facts(1)))
         # Not the receiver's key, then the receiver's signature of another receipt.
-        assert not worker.acknowledged(PEER["b"], PEER["data"], receipt, b"\x01" * 65)
-        assert not worker.acknowledged(PEER["b"], PEER["data"], receipt, counter_of_other)
-        counter = await receiver.countersign(PEER["a"], receipt)
-        assert worker.acknowledged(PEER["b"], PEER["data"], receipt, counter)
-        await completion(worker, 1)
+        assert not worker.acknowledged(PEER["b"], PEER["data"], receipt, signature, b"\x01" * 65)
+        assert not worker.acknowledged(
+            PEER["b"], PEER["data"], receipt, signature, counter_of_other
+        )
+        counter = await receiver.countersign(PEER["a"], PEER["data"], receipt, signature)
+        assert worker.acknowledged(PEER["b"], PEER["data"], receipt, signature, counter)
+        await completion(worker, 2)
 
     run_with([worker, receiver], body)
     assert [peer for peer, _ in penalties] == [PEER["b"], PEER["b"]]
-    assert worker.counts.refused == 2 and worker.counts.signed == 1
-    assert worker.store.signed_hops(1, 0)[0].receipt == worker.receipt(facts())
+    assert worker.counts.refused == 2 and worker.counts.completed == 2
+    assert {e.receipt for e in worker.store.signed_hops(1, 0)} == {
+        worker.receipt(facts()),
+        worker.receipt(facts(1)),
+    }
     logged = [r for r in caplog.records if PEER["b"] in r.getMessage()]
     assert len(logged) == 1, "a misbehaving peer is logged once"
+
+
+def test_a_receipt_its_worker_did_not_sign_is_refused_and_nothing_is_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    penalties: list[tuple[str, str]] = []
+    receiver = book(tmp_path, "b", penalties)
+    caplog.set_level(logging.WARNING, logger="node.receipts.book")
+    results = []
+
+    async def body() -> None:
+        receipt = receiver.receipt(facts())
+        # Signed by another key; then a's signature of a receipt for another output (the
+        # frame that arrived is not the one a signed).
+        by_x = sign_receipt(receipt, DOMAIN, KEYS["x"])
+        other_output = sign_receipt(receiver.receipt(facts(output=b"else")), DOMAIN, KEYS["a"])
+        for signature in (by_x, other_output, b"\x00" * 65):
+            results.append(await receiver.countersign(PEER["a"], PEER["data"], receipt, signature))
+
+    run_with([receiver], body)
+    assert results == [b"", b"", b""]
+    assert [peer for peer, _ in penalties] == [PEER["a"]] * 3
+    assert receiver.store.received_hops(1, 0) == [] and receiver.counts.countersigned == 0
+    assert len([r for r in caplog.records if PEER["a"] in r.getMessage()]) == 1
 
 
 def test_no_node_signs_or_countersigns_two_versions_of_one_hop(tmp_path: Path) -> None:
     penalties: list[tuple[str, str]] = []
     worker, receiver = book(tmp_path, "a", penalties), book(tmp_path, "b", penalties)
     results = []
-    completed = []
-    worker.on_complete = lambda origin, entry: completed.append(entry)
+    received = []
+    receiver.on_received = lambda origin, entry: received.append(entry)
 
     async def body() -> None:
         first = worker.receipt(facts())
         second = worker.receipt(facts(output=b"another output"))  # same hop key
-        results.append(await receiver.countersign(PEER["a"], first))
-        # The sender re-uses the hop key for other contents: refused, and counted against it.
-        results.append(await receiver.countersign(PEER["a"], second))
-        # Nor does the worker sign a second version, whatever it is told.
-        forged = sign_receipt(second, DOMAIN, KEYS["b"])
-        assert worker.acknowledged(PEER["b"], PEER["data"], first, results[0])
-        assert worker.acknowledged(PEER["b"], PEER["data"], second, forged)
+        signature, counter, taken = await exchange(worker, receiver, first)
+        assert taken and counter != b""
+        # The worker never signs a second version, whatever it computed ...
+        assert await worker.sign(second) is None
+        assert await worker.sign(first) == signature, "the first again is the same signature"
+        # The same hop asked again gets the same countersignature, and is not reported twice.
+        again = await receiver.countersign(PEER["a"], PEER["data"], first, signature)
+        assert again == counter and len(received) == 1
+        # ... nor does the receiver countersign one, though its worker signed it.
+        dishonest = sign_receipt(second, DOMAIN, KEYS["a"])
+        results.append(await receiver.countersign(PEER["a"], PEER["data"], second, dishonest))
         await completion(worker, 1)
-        await trio.sleep(0.2)  # the second one's batch is written, and refused
 
     run_with([worker, receiver], body)
-    assert results[0] != b"" and results[1] == b""
+    assert results == [b""]
     assert penalties and penalties[-1][0] == PEER["a"]
-    assert [e.receipt for e in completed] == [worker.receipt(facts())]
-    assert worker.counts.signed == 1
+    assert [e.receipt for e in worker.store.signed_hops(1, 0)] == [worker.receipt(facts())]
+    assert [e.receipt for e in receiver.store.received_hops(1, 0)] == [worker.receipt(facts())]
 
 
 def test_reports_and_ranges_round_trip(tmp_path: Path) -> None:
@@ -155,9 +214,7 @@ def test_reports_and_ranges_round_trip(tmp_path: Path) -> None:
 
     async def body() -> None:
         for attempt in range(3):
-            receipt = worker.receipt(facts(attempt))
-            counter = await receiver.countersign(PEER["a"], receipt)
-            worker.acknowledged(PEER["b"], PEER["data"], receipt, counter)
+            await exchange(worker, receiver, worker.receipt(facts(attempt)))
         await completion(worker, 3)
 
     run_with([worker, receiver], body)
@@ -173,3 +230,21 @@ def test_bad_report_and_range_bytes_raise_only_a_protocol_error(data: bytes) -> 
     for decode in (decode_receipts, decode_range):
         with contextlib.suppress(ProtocolError):  # anything else fails the test
             decode(data)
+
+
+def test_a_relays_outbox_keeps_few_data_nodes_a_peer_names_but_every_known_one(
+    tmp_path: Path,
+) -> None:
+    penalties: list[tuple[str, str]] = []
+    worker = book(tmp_path, "a", penalties)
+    unused: Any = None
+    receipt = worker.receipt(facts())
+    known = receipt.dataNode
+    reporter = ReceiptReporter(unused, 1.0, data_node_peers=lambda: {known: PEER["data"]})
+    # Receipts naming ever new origins (a hop's origin is its sender's word): few outboxes.
+    for n in range(3 * MAX_DATA_NODES):
+        named = replace(receipt, dataNode="0x" + f"{n + 1:040x}")
+        reporter.add(PEER["x"], SignedReceipt(named, b"", b""))
+    assert len(reporter.outbox) == MAX_DATA_NODES
+    reporter.add(PEER["data"], SignedReceipt(receipt, b"", b""))
+    assert known in reporter.outbox, "a data node discovery knows always has its outbox"

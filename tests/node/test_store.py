@@ -114,25 +114,30 @@ def test_a_hop_key_is_signed_once_and_a_second_version_is_refused(store: HopStor
     again = store.sign_once([to_sign(receipt(1), calls=calls), to_sign(receipt(1, b"\x09" * 32))])
     assert again[0] == first[0] and len(calls) == 1, "the held signature, not a new one"
     assert isinstance(again[1], ConflictingReceipt)
-    # Countersignatures are the receiver's own: the same key may be countersigned once too.
-    counter = store.countersign_once([to_sign(receipt(1), RECEIVER.key)])
-    assert isinstance(counter[0], bytes) and counter[0] != first[0]
-    conflict = store.countersign_once([to_sign(receipt(1, b"\x07" * 32), RECEIVER.key)])
+    # Countersignatures are the receiver's own: the same key may be countersigned once too,
+    # and the receiver keeps the whole receipt, its worker's signature with its own.
+    worker_signature = first[0]
+    assert isinstance(worker_signature, bytes)
+    received = replace(to_sign(receipt(1), RECEIVER.key), worker_signature=worker_signature)
+    counter = store.countersign_once([received])
+    assert isinstance(counter[0], bytes) and counter[0] != worker_signature
+    assert store.received_hops(1, 0) == [SignedReceipt(receipt(1), worker_signature, counter[0])]
+    other = replace(to_sign(receipt(1, b"\x07" * 32), RECEIVER.key), worker_signature=b"\x01" * 65)
+    conflict = store.countersign_once([other])
     assert isinstance(conflict[0], ConflictingReceipt)
+    assert len(store.received_hops(1, 0)) == 1
 
 
 def test_complete_receipts_and_certified_hops_round_trip(store: HopStore) -> None:
     receipts = [receipt(m) for m in range(5)]
     countersigned = [sign_digest(receipt_digest(r, DOMAIN), RECEIVER.key) for r in receipts]
-    # A worker signs a hop once its receiver countersigned it, and keeps both; the last two
-    # are signed without (never acknowledged): they are not complete.
-    signatures = store.sign_once(
-        [
-            replace(to_sign(r), countersignature=c)
-            for r, c in zip(receipts[:3], countersigned[:3], strict=True)
-        ]
-        + [to_sign(r) for r in receipts[3:]]
-    )
+    # A worker signs a hop before sending it, and keeps the countersignature its ack brought;
+    # the last two were never acknowledged: they are not complete.
+    signatures = store.sign_once([to_sign(r) for r in receipts])
+    assert store.signed_hops(1, 0) == []
+    keys = [hop_key(r) for r in receipts[:3]]
+    store.add_countersignatures(list(zip(keys, countersigned[:3], strict=True)))
+    store.add_countersignatures([(keys[0], countersigned[4])])  # a kept one is not replaced
     complete = store.signed_hops(1, 0)
     assert {e.receipt for e in complete} == set(receipts[:3])
     entries = [

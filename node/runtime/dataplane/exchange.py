@@ -3,8 +3,8 @@
 Received hops go into one FIFO compute queue per node; a hop is acknowledged once the receiver has
 computed it (the ack names the digest of the tensor received and the attempt), so a sender that
 gets no ack before its deadline knows the hop was lost and re-sends it elsewhere. With receipts
-on (``node.receipts``), a relay names the input of each hop it computed, the receiver
-countersigns the hop's receipt in the ack and the relay signs it then; a data node notes the
+on (``node.receipts``), a relay signs the receipt of each hop it computed and sends it with
+the input's digest, the receiver checks it and countersigns in the ack; a data node notes the
 digests of the hops it starts (the anchors its certificate's chains of hops begin at).
 """
 
@@ -33,7 +33,7 @@ from node.runtime.dataplane.hop import (
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_ID = "/gwtf/hop/4.0.0"
+PROTOCOL_ID = "/gwtf/hop/5.0.0"
 _QUEUE_DEPTH = 64
 
 Compute = Callable[[HopHeader, bytes], Awaitable[None]]
@@ -196,7 +196,9 @@ class DataPlane:
         except ProtocolError as exc:  # an origin that is no node, a field out of range
             self.receipts.refuse(peer, f"hop receipt cannot be built: {exc}")
             return b""
-        return await self.receipts.countersign(peer, receipt)
+        return await self.receipts.countersign(
+            peer, header.origin, receipt, receipted.worker_signature
+        )
 
     def receiving(self, iteration: int, microbatch_id: int, direction: int) -> bool:
         """Whether such a hop is here, waiting for or in compute."""
@@ -240,8 +242,8 @@ class DataPlane:
         self, to: str, header: HopHeader, frame: bytes, input_digest: bytes | None = None
     ) -> bytes:
         """Send one hop and wait for its ack; returns the acknowledged digest. With receipts
-        on, a hop this node computed (``input_digest`` given: what it computed from) comes
-        back countersigned, and this node signs its receipt then.
+        on, this node signs the receipt of a hop it computed (``input_digest`` given: what it
+        computed from) before sending it, and the ack brings it back countersigned.
 
         Raises ``PeerUnavailable`` (or ``PeerTimeout``) when the hop was not acknowledged in time.
         """
@@ -250,7 +252,11 @@ class DataPlane:
         if book is not None and input_digest is not None:
             if book.is_receipted(header.direction, header.stage):
                 receipt = book.receipt(_facts(header, self.node_id, to, input_digest, digest))
-                receipted = ReceiptInput(input_digest)
+                signature = await book.sign(receipt)
+                if signature is None:
+                    receipt = None
+                else:
+                    receipted = ReceiptInput(input_digest, signature)
             elif self.origin_send is not None and header.origin == self.node_id:
                 self.origin_send(header, digest)
         payload = encode_hop(header, frame, receipted)
@@ -272,8 +278,10 @@ class DataPlane:
             raise PeerUnavailable(f"peer {to} acknowledged another hop")
         if ack.digest != digest:
             raise PeerUnavailable(f"peer {to} acknowledged a tensor other than the one sent")
-        if book is not None and receipt is not None:
-            book.acknowledged(to, header.origin, receipt, ack.countersignature)
+        if book is not None and receipt is not None and receipted is not None:
+            book.acknowledged(
+                to, header.origin, receipt, receipted.worker_signature, ack.countersignature
+            )
         return ack.digest
 
 

@@ -5,7 +5,7 @@ A hop request is a header followed by one tensor frame (``node.training.codec``)
     run_id u64 | epoch u64 | iteration u64 | microbatch_id u64 | attempt u16 | direction u8 |
     stage u16 | slot u32 | flags u8 | origin (u8 len + utf-8) | path count u8 |
     path ids (u8 len + utf-8)* | lender (u8 len + utf-8, only with FLAG_LENT) |
-    input digest (32 bytes), only with FLAG_RECEIPTED
+    input digest (32 bytes) | worker signature (65 bytes), only with FLAG_RECEIPTED
 
 ``stage`` is the stage the *receiver* computes: forward 1..S at relays and S+1 at the sink data
 node (loss); backward S..1 at relays and 0 at the origin (embedding backward). ``path`` lists the
@@ -23,9 +23,9 @@ node re-sending a hop on its own takes the next number inside the block it recei
 
 ``epoch`` is the run's epoch the origin started the microbatch's iteration in; every receipt of
 the microbatch's hops names it. A relay that computed the hop it sends names the digest of the
-input it computed from (``ReceiptInput``): the receiver rebuilds the whole receipt from the
-header, the two peers' ids, that digest and the frame, and countersigns it in its ack; the
-worker signs it then (``node.receipts``).
+input it computed from and signs the hop's receipt (``ReceiptInput``): the receiver rebuilds
+the whole receipt from the header, the two peers' ids, that digest and the frame, checks the
+signature and countersigns it in its ack (``node.receipts``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ FLAG_REPAIR = 1
 FLAG_RESUME = 2
 #: The header names a lender after its path: the data node whose flow slot ``slot`` is.
 FLAG_LENT = 4
-#: The hop has a receipt: the digest of its worker's input follows the header (``ReceiptInput``).
+#: The hop has a receipt: its worker's input digest and signature follow the header
+#: (``ReceiptInput``).
 FLAG_RECEIPTED = 8
 
 ATTEMPT_BLOCK = 256
@@ -86,9 +87,10 @@ class HopHeader:
 @dataclass(frozen=True)
 class ReceiptInput:
     """What a hop request carries of its receipt beyond the header: the digest of the input
-    its worker computed from."""
+    its worker computed from, and the worker's signature of the receipt."""
 
     input_digest: bytes
+    worker_signature: bytes
 
 
 def _pack_id(value: str) -> bytes:
@@ -119,9 +121,9 @@ def encode_hop(header: HopHeader, frame: bytes, receipted: ReceiptInput | None =
     if header.lender:
         ids += _pack_id(header.lender)
     if receipted is not None:
-        if len(receipted.input_digest) != 32:
-            raise HopFormatError("a hop's receipt input must be a 32-byte digest")
-        ids += receipted.input_digest
+        if len(receipted.input_digest) != 32 or len(receipted.worker_signature) != 65:
+            raise HopFormatError("a hop's receipt is a 32-byte digest and a 65-byte signature")
+        ids += receipted.input_digest + receipted.worker_signature
     return fixed + ids + frame
 
 
@@ -163,10 +165,10 @@ def decode_hop_request(data: bytes) -> tuple[HopHeader, ReceiptInput | None, byt
     lender = read_id() if flags & FLAG_LENT else ""
     receipted = None
     if flags & FLAG_RECEIPTED:
-        if len(data) < pos + 32:
-            raise HopFormatError("hop request ends inside its receipt's input digest")
-        receipted = ReceiptInput(data[pos : pos + 32])
-        pos += 32
+        if len(data) < pos + 97:
+            raise HopFormatError("hop request ends inside its receipt")
+        receipted = ReceiptInput(data[pos : pos + 32], data[pos + 32 : pos + 97])
+        pos += 97
     flags &= ~(FLAG_LENT | FLAG_RECEIPTED)  # said by ``lender`` and ``receipted``
     header = HopHeader(
         run_id, iteration, mb, attempt, direction, stage, slot, flags, origin, path, lender, epoch
