@@ -58,7 +58,7 @@ NODE_LAYERS: list[set[str]] = [
     {"node.settings"},
     {"node.chain", "node.store", "node.runtime.flow"},
     {"node.receipts"},
-    {"node.devnet", "node.demo", "node.runtime.dataplane"},
+    {"node.devnet", "node.demo", "node.runtime.dataplane", "node.audit"},
     {"node.runtime.discovery"},
     {"node.runtime.replicas"},
     {"node.runtime.roles"},

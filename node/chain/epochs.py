@@ -84,6 +84,17 @@ class EpochLedger:
             self.run_id, epoch, args["dataNode"], bytes(args["root"]), args["count"], args["units"]
         )
 
+    def certificates(self, epoch: int) -> list[CertRef]:
+        """Every data node's certificate of ``epoch``, from the events (the last of each)."""
+        logs = self.c.ledger.events.CertificatesSubmitted.get_logs(
+            argument_filters={"runId": self.run_id, "epoch": epoch}, from_block=0
+        )
+        latest = {log["args"]["dataNode"]: log["args"] for log in logs}
+        return [
+            CertRef(self.run_id, epoch, node, bytes(a["root"]), a["count"], a["units"])
+            for node, a in latest.items()
+        ]
+
     def submit(self, cert: CertRef) -> bytes:
         assert self.wallet is not None, "a read-only ledger sends nothing"
         return bytes(submit_certificates(self.c, self.wallet, cert)["transactionHash"])

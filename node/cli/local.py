@@ -119,3 +119,11 @@ def print_earnings(console: Console, chain: dict[str, Any]) -> None:
             str(entry["units"]), entry["reward_eth"], format_eth(int(entry["stake_wei"])),
         )  # fmt: skip
     console.print(nodes)
+    audit = chain.get("audit")
+    if audit is not None:
+        found = audit["findings"]
+        console.print(
+            f"audit: {audit['certificates']} certificates, {audit['leaves_checked']} leaves and "
+            f"{audit['receipts_seen']} receipts checked: "
+            + (", ".join(f"{f['kind']} by {f['accused']}" for f in found) or "no finding")
+        )

@@ -27,6 +27,7 @@ from node.receipts import ReceiptsConfig
 from node.receipts.book import ReceiptBook, address_of_peer
 from node.receipts.epochs import DataNodeEpochs, EpochClock, WorkerEpochs
 from node.receipts.reports import ReceiptInbox, ReceiptReporter
+from node.receipts.serving import ReceiptServer
 from node.runtime.dataplane import control
 from node.runtime.dataplane.compute_meter import report_compute
 from node.runtime.dataplane.exchange import DataPlane
@@ -354,6 +355,7 @@ async def _start_receipts(
     if isinstance(role, DataRole):
         inbox = ReceiptInbox(rpc, setup.terms, receipts.address, store, timeout_s, penalise)
         inbox.serve()
+        ReceiptServer(store, setup.terms, inbox.trees.get).serve(rpc, timeout_s)
         plane.origin_send = lambda header, digest: inbox.note_origin(
             header.epoch, header.iteration, header.microbatch_id, header.direction, digest
         )
@@ -365,6 +367,7 @@ async def _start_receipts(
             grace_s=setup.grace_s,
         )  # fmt: skip
         return ReceiptParts(receipts, certifying, clock, inbox=inbox)
+    ReceiptServer(store, setup.terms).serve(rpc, timeout_s)
     reporter = ReceiptReporter(rpc, timeout_s, setup.report_period_s, data_node_peers)
     # A restarted relay reports again what its database holds of recent epochs, as worker and
     # as receiver (the data node takes a receipt twice as once): nothing a countersignature

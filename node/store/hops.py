@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.engine import Connection
 
 from contracts.certificate_tree import PreparedHop, SignedReceipt
@@ -145,6 +145,31 @@ class HopStore:
                 .distinct()
             )
             return sorted((epoch, data_node) for epoch, data_node in rows)
+
+    # ------------------------------------------------------------ served to peers
+    def page(
+        self,
+        table: type[SignedHop] | type[ReceivedHop],
+        run_id: int,
+        epoch: int,
+        offset: int,
+        limit: int,
+    ) -> tuple[int, list[SignedReceipt]]:
+        """(how many, ``limit`` from ``offset``) of the complete receipts of an epoch this node
+        signed (``SignedHop``) or countersigned (``ReceivedHop``), in hop key order."""
+        where = [table.run_id == run_id, table.epoch == epoch]
+        if table is SignedHop:
+            where.append(SignedHop.counterparty_signature.is_not(None))
+        with self.db.sessions() as session:
+            total = session.scalar(select(func.count()).select_from(table).where(*where)) or 0
+            query = select(table).where(*where).order_by(table.hop_key)
+            rows: list[SignedHop | ReceivedHop] = list(
+                session.scalars(query.offset(offset).limit(limit))
+            )
+            return total, [
+                SignedReceipt(receipt_of(r), r.worker_signature, r.counterparty_signature or b"")
+                for r in rows
+            ]
 
     # ------------------------------------------------------------ as data node
     def add_reported(self, prepared: Sequence[PreparedHop]) -> None:

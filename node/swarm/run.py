@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from gwtf.errors import GwtfError
 from node.settings import AUTO_STAGE
+from node.swarm.audit import audit_swarm
 from node.swarm.chain import (
     DEVNET_SCRYPT_N,
     chain_facts,
@@ -408,5 +409,7 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
             entry["claims"] = list((receipts.get("cycle") or {}).get("claims", {}).values())
         summary["chain"]["epochs"] = earned["epochs"]
         summary["chain"]["earnings"] = earned["nodes"]
+        if plan.chain.plan.receipts:
+            summary["chain"]["audit"] = audit_swarm(plan.chain, plan.out_dir, plan.last_epoch)
     (plan.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -174,6 +174,12 @@ def test_every_hop_earns_two_epochs_are_certified_and_claimed_a_restarted_relay_
             )
     receipts = earnings["relay-2-0"]["receipts"]
     assert receipts["signed"] > 0 and receipts["refused"] == 0
+    # The auditor's checks on every certificate and every receipt held: nothing to find.
+    audit = chain["audit"]
+    assert audit["findings"] == []
+    assert audit["certificates"] == sum(len(e["certificates"]) for e in epochs)
+    certified_count = sum(c["count"] for e in epochs for c in e["certificates"].values())
+    assert audit["leaves_checked"] == certified_count > 0
 
 
 CHAINLESS_FILE = """

@@ -1,0 +1,256 @@
+"""What an auditor checks of an epoch's certificates and receipts, and the fraud proof of each
+finding the chain judges alone. Pure: the chain's answers come in as values and callables.
+
+The rules are ``Disputes.sol``'s, one for one, so a finding with a proof is one the chain
+convicts on, and an honest tree yields none:
+
+* **invalid hop** (``proveInvalidHop``): a leaf whose receipt is off the run's schedule (run,
+  epoch, data node, relay stage, direction, units), does not match its leaf (worker, units, hop
+  key), is countersigned by its own worker, lacks either party's signature, or names a worker
+  that was no bonded member of the run during the epoch, or a counterparty that was neither a
+  bonded member nor one of its data nodes;
+* **bad totals** (``proveBadTotals``): a leaf beyond the count, leaf 0 with units before it, the
+  last leaf not ending at the certificate's units;
+* **bad sequence** (``proveBadSequence``): two different leaves with one index, or adjacent
+  leaves whose prefix sums do not chain or that are not strictly increasing in (worker, hop key);
+* **equivocation** (``proveEquivocation``): two different receipts of one hop key signed by one
+  key, the worker of both (and counterparty of neither) or the counterparty of both (and not the
+  worker), across everything the auditor has seen.
+
+What the chain cannot judge is reported without a proof: leaves a data node would not serve
+(``withheld``), a served leaf not in the tree or a served receipt that is not its leaf's
+(``unproven``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from contracts import fraud_proofs
+from contracts.certificate_tree import LeafProof, SignedReceipt
+from contracts.encoding import (
+    BACKWARD,
+    CertifiedHop,
+    CertRef,
+    Eip712Domain,
+    hop_key,
+    receipt_digest,
+    recover_digest_signer,
+    scheduled_units,
+    signatures_hash,
+)
+from contracts.fraud_proofs import FraudProof
+from contracts.merkle import verify_proof
+from gwtf.errors import ProtocolError
+
+INVALID_HOP: Final = "invalid hop"
+BAD_TOTALS: Final = "bad totals"
+BAD_SEQUENCE: Final = "bad sequence"
+EQUIVOCATION: Final = "equivocation"
+WITHHELD: Final = "withheld"
+UNPROVEN: Final = "unproven"
+
+#: Whether a node took part in the run during the epoch: (node, or as a data node) -> bool,
+#: the chain's ``wasMemberDuring`` (or ``wasDataNodeBefore``) and ``bondedDuring``.
+TookPart = Callable[[str, bool], bool]
+
+
+@dataclass(frozen=True)
+class RunRules:
+    """What the chain knows of a run that a hop's validity depends on."""
+
+    stages: int
+    units_per_hop: int
+    domain: Eip712Domain
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing wrong: its kind, the node it accuses, what was seen, and the fraud proof the
+    chain judges it by (None: no contract judges it alone)."""
+
+    kind: str
+    accused: str
+    detail: str
+    proof: FraudProof | None = None
+
+
+def audit_certificate(
+    cert: CertRef,
+    served: Sequence[tuple[SignedReceipt, LeafProof]],
+    rules: RunRules,
+    took_part: TookPart,
+) -> list[Finding]:
+    """Every finding in what a data node served of ``cert`` (each receipt with its leaf)."""
+    findings: list[Finding] = []
+    proven: dict[int, list[LeafProof]] = defaultdict(list)
+    took = _cached(took_part)
+    for entry, leaf in served:
+        hop = leaf.hop
+        if not verify_proof(leaf.proof, cert.root, hop.leaf()):
+            findings.append(
+                Finding(UNPROVEN, cert.dataNode, f"leaf {hop.index} is not in the tree")
+            )
+            continue
+        proven[hop.index].append(leaf)
+        if _contradicts_totals(cert, hop):
+            findings.append(
+                Finding(
+                    BAD_TOTALS,
+                    cert.dataNode,
+                    f"leaf {hop.index} contradicts count or units",
+                    fraud_proofs.bad_totals(cert, leaf),
+                )
+            )
+        if not _is_the_leafs(entry, hop, rules.domain):
+            detail = f"the receipt served for leaf {hop.index} is not the leaf's"
+            findings.append(Finding(UNPROVEN, cert.dataNode, detail))
+            continue
+        why = invalid_because(cert, hop, entry, rules, took)
+        if why is not None:
+            findings.append(
+                Finding(
+                    INVALID_HOP,
+                    cert.dataNode,
+                    f"leaf {hop.index}: {why}",
+                    fraud_proofs.invalid_hop(cert, leaf, entry),
+                )
+            )
+    findings.extend(_sequence_findings(cert, proven))
+    missing = cert.count - len([i for i in proven if i < cert.count])
+    if missing > 0:
+        detail = f"{missing} of {cert.count} leaves not served"
+        findings.append(Finding(WITHHELD, cert.dataNode, detail))
+    return findings
+
+
+def invalid_because(
+    cert: CertRef, hop: CertifiedHop, entry: SignedReceipt, rules: RunRules, took_part: TookPart
+) -> str | None:
+    """Why ``Disputes._isValidHop`` would find the leaf's hop invalid, or None when valid."""
+    r = entry.receipt
+    if (r.runId, r.epoch, r.dataNode.lower()) != (cert.runId, cert.epoch, cert.dataNode.lower()):
+        return "a receipt of another run, epoch or data node"
+    if not 1 <= r.stage <= rules.stages or r.direction > BACKWARD:
+        return f"stage {r.stage} direction {r.direction} is off the run"
+    if r.units != scheduled_units(r.direction, rules.units_per_hop):
+        return f"{r.units} units, off the run's schedule"
+    if hop.worker.lower() != r.worker.lower() or hop.units != r.units or hop.hopKey != hop_key(r):
+        return "the leaf does not match its receipt"
+    if r.worker.lower() == r.counterparty.lower():
+        return "countersigned by its own worker"
+    if _signer(hop.receiptDigest, entry.worker_signature) != r.worker.lower():
+        return "the worker signature is not the worker's"
+    if _signer(hop.receiptDigest, entry.counterparty_signature) != r.counterparty.lower():
+        return "the countersignature is not the counterparty's"
+    if not took_part(r.worker, False):
+        return f"worker {r.worker} was no bonded member during the epoch"
+    if not took_part(r.counterparty, True):
+        return f"counterparty {r.counterparty} was neither a bonded member nor a data node"
+    return None
+
+
+def equivocations(entries: Iterable[SignedReceipt], domain: Eip712Domain) -> list[Finding]:
+    """Each key that signed two different receipts of one hop in one role, once."""
+    by_key: dict[bytes, dict[bytes, SignedReceipt]] = defaultdict(dict)
+    for entry in entries:
+        by_key[hop_key(entry.receipt)].setdefault(receipt_digest(entry.receipt, domain), entry)
+    findings: list[Finding] = []
+    convicted: set[str] = set()
+    for versions in by_key.values():
+        seen = list(versions.items())
+        for i, (first_digest, first) in enumerate(seen):
+            for second_digest, second in seen[i + 1 :]:
+                for finding in _equivocation(first_digest, first, second_digest, second):
+                    if finding.accused not in convicted:
+                        convicted.add(finding.accused)
+                        findings.append(finding)
+    return findings
+
+
+def _equivocation(
+    first_digest: bytes, first: SignedReceipt, second_digest: bytes, second: SignedReceipt
+) -> list[Finding]:
+    a, b = first.receipt, second.receipt
+    found = []
+    roles = (
+        ("worker", first.worker_signature, second.worker_signature),
+        ("counterparty", first.counterparty_signature, second.counterparty_signature),
+    )
+    for role, first_signature, second_signature in roles:
+        signer = _signer(first_digest, first_signature)
+        if not signer or signer != _signer(second_digest, second_signature):
+            continue
+        as_worker = signer == a.worker.lower() and signer not in (
+            a.counterparty.lower(), b.counterparty.lower()
+        )  # fmt: skip
+        as_counterparty = (
+            signer == a.counterparty.lower() == b.counterparty.lower()
+            and signer != a.worker.lower()
+        )
+        if as_worker or as_counterparty:
+            accused = a.worker if as_worker else a.counterparty
+            proof = fraud_proofs.equivocation(accused, a, first_signature, b, second_signature)
+            detail = f"signed two receipts of microbatch {a.microbatchId} as {role}"
+            found.append(Finding(EQUIVOCATION, accused, detail, proof))
+    return found
+
+
+def _contradicts_totals(cert: CertRef, hop: CertifiedHop) -> bool:
+    return (
+        hop.index >= cert.count
+        or (hop.index == 0 and hop.unitsBefore != 0)
+        or (hop.index == cert.count - 1 and hop.unitsBefore + hop.units != cert.units)
+    )
+
+
+def _sequence_findings(cert: CertRef, proven: dict[int, list[LeafProof]]) -> list[Finding]:
+    findings = []
+    for index, leaves in sorted(proven.items()):
+        distinct = {leaf.hop.leaf(): leaf for leaf in leaves}
+        if len(distinct) > 1:
+            first, second = list(distinct.values())[:2]
+            proof = fraud_proofs.bad_sequence(cert, first, second)
+            findings.append(Finding(BAD_SEQUENCE, cert.dataNode, f"two leaves {index}", proof))
+        following = proven.get(index + 1)
+        if following and _breaks(leaves[0].hop, following[0].hop):
+            proof = fraud_proofs.bad_sequence(cert, leaves[0], following[0])
+            detail = f"leaves {index} and {index + 1} do not chain"
+            findings.append(Finding(BAD_SEQUENCE, cert.dataNode, detail, proof))
+    return findings
+
+
+def _breaks(hop: CertifiedHop, following: CertifiedHop) -> bool:
+    ordered = (int(hop.worker, 16), hop.hopKey) < (int(following.worker, 16), following.hopKey)
+    return hop.unitsBefore + hop.units != following.unitsBefore or not ordered
+
+
+def _is_the_leafs(entry: SignedReceipt, hop: CertifiedHop, domain: Eip712Domain) -> bool:
+    return hop.receiptDigest == receipt_digest(
+        entry.receipt, domain
+    ) and hop.signaturesHash == signatures_hash(
+        entry.worker_signature, entry.counterparty_signature
+    )
+
+
+def _signer(digest: bytes, signature: bytes) -> str:
+    """The signer's address in lower case, or "" where OpenZeppelin's ``tryRecover`` fails."""
+    try:
+        return recover_digest_signer(digest, signature).lower()
+    except ProtocolError:
+        return ""
+
+
+def _cached(took_part: TookPart) -> TookPart:
+    answers: dict[tuple[str, bool], bool] = {}
+
+    def cached(node: str, or_data_node: bool) -> bool:
+        key = (node.lower(), or_data_node)
+        if key not in answers:
+            answers[key] = took_part(node, or_data_node)
+        return answers[key]
+
+    return cached

@@ -1,0 +1,137 @@
+"""The auditor's checks (``node/audit/checks.py``) against the real contracts: an honest
+certificate yields no finding; each kind of fraud is found, and its proof convicts on chain;
+what the chain cannot judge is reported without a proof."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from eth_utils.crypto import keccak
+
+from contracts.certificate_tree import LeafProof, SignedReceipt
+from contracts.encoding import CertRef, sign_receipt
+from contracts.fraud_proofs import Fraud
+from node.audit.checks import (
+    BAD_SEQUENCE,
+    BAD_TOTALS,
+    EQUIVOCATION,
+    INVALID_HOP,
+    UNPROVEN,
+    WITHHELD,
+    Finding,
+    RunRules,
+    TookPart,
+    audit_certificate,
+    equivocations,
+)
+from node.chain.adapter import Sender
+from node.chain.epochs import EpochLedger
+from tests.contracts.conftest import Certified, Staffed
+from tests.contracts.test_disputes import assert_slashed, certified_with, hand_made, one_hop
+from tests.contracts.test_node_epoch_cycle import suite_of
+from tests.contracts.world import ETH, STAGES, UNITS_PER_HOP, World
+
+
+def rules_of(w: World) -> RunRules:
+    return RunRules(STAGES, UNITS_PER_HOP, w.ledger_domain)
+
+
+def took_part(s: Staffed) -> TookPart:
+    """The chain's answer, as the audit command asks it."""
+    ledger = EpochLedger(suite_of(s.w), s.run, Sender.unlocked(s.w.sponsor))
+    return lambda node, or_data_node: ledger.took_part(node, 0, or_data_node=or_data_node)
+
+
+def served(tree: object) -> list[tuple[SignedReceipt, LeafProof]]:
+    entries = tree.entries  # type: ignore[attr-defined]
+    return [(entries[i], tree.leaf_proof(i)) for i in range(len(entries))]  # type: ignore[attr-defined]
+
+
+def kinds(findings: list[Finding]) -> list[str]:
+    return [f.kind for f in findings]
+
+
+def test_an_honest_certificate_and_its_receipts_yield_no_finding(certified: Certified) -> None:
+    w = certified.w
+    findings = audit_certificate(
+        certified.cert, served(certified.tree), rules_of(w), took_part(certified)
+    )
+    assert findings == []
+    assert equivocations([e for e in certified.tree.entries if e], w.ledger_domain) == []
+
+
+def test_an_invalid_hop_is_found_and_its_proof_slashes_the_data_node(staffed: Staffed) -> None:
+    w = staffed.w
+    ghost = w.register("ghost", w.stranger)  # bonded, but never in the run
+    tree, cert = certified_with(
+        staffed,
+        [one_hop(staffed), one_hop(staffed, worker_key=ghost, microbatchId=1)],
+    )
+    findings = audit_certificate(cert, served(tree), rules_of(w), took_part(staffed))
+    assert kinds(findings) == [INVALID_HOP]
+    (finding,) = findings
+    assert "no bonded member" in finding.detail and finding.accused == staffed.data.address
+    assert finding.proof is not None
+    assert_slashed(w, w.prove(finding.proof), staffed.data, Fraud.INVALID_HOP, 2 * ETH)
+
+
+def test_units_off_the_schedule_and_a_forged_countersignature_are_invalid_hops(
+    staffed: Staffed,
+) -> None:
+    w = staffed.w
+    good = one_hop(staffed, microbatchId=2)
+    forged = SignedReceipt(good.receipt, good.worker_signature, good.worker_signature)
+    tree, cert = certified_with(staffed, [one_hop(staffed, units=UNITS_PER_HOP + 1), forged])
+    findings = audit_certificate(cert, served(tree), rules_of(w), took_part(staffed))
+    assert kinds(findings) == [INVALID_HOP, INVALID_HOP]
+    details = " ".join(f.detail for f in findings)
+    assert "schedule" in details and "countersignature" in details
+
+
+def test_bad_totals_and_a_broken_sequence_are_found_with_proofs_the_chain_takes(
+    staffed: Staffed,
+) -> None:
+    w = staffed.w
+    low, high = sorted((staffed.a, staffed.b), key=lambda k: int(k.address, 16))
+    # Leaf 1 does not chain from leaf 0, and the last leaf ends short of the units claimed.
+    tree = hand_made(w, staffed, [(0, 0, low, 100, 1), (1, 150, high, 100, 2)])
+    w.to_submission(staffed.run, 0)
+    cert = CertRef(staffed.run, 0, staffed.data.address, tree.root, 2, 300)
+    w.submit(cert)
+    # Whatever receipts the data node serves with such leaves, they are not the leaves'.
+    some = one_hop(staffed)
+    pairs = [(some, tree.leaf_proof(i)) for i in range(2)]
+    findings = audit_certificate(cert, pairs, rules_of(w), took_part(staffed))
+    assert sorted(kinds(findings)) == sorted([BAD_TOTALS, UNPROVEN, UNPROVEN, BAD_SEQUENCE])
+    sequence = next(f for f in findings if f.kind == BAD_SEQUENCE)
+    assert sequence.proof is not None
+    assert_slashed(w, w.prove(sequence.proof), staffed.data, Fraud.BAD_SEQUENCE, 2 * ETH)
+
+
+def test_a_counterparty_signing_two_versions_is_found_and_slashed(certified: Certified) -> None:
+    w, b = certified.w, certified.b
+    entry = next(e for e in certified.tree.entries if e and e.receipt.counterparty == b.address)
+    other = replace(entry.receipt, outputDigest=keccak(text="another output"))
+    second = SignedReceipt(
+        other, entry.worker_signature, sign_receipt(other, w.ledger_domain, b.private_key)
+    )
+    seen = [e for e in certified.tree.entries if e] + [second, second]
+    (finding,) = equivocations(seen, w.ledger_domain)
+    assert finding.kind == EQUIVOCATION and finding.accused == b.address
+    assert finding.proof is not None
+    assert_slashed(w, w.prove(finding.proof), b, Fraud.EQUIVOCATION, 4 * ETH)
+
+
+def test_leaves_a_data_node_will_not_serve_or_cannot_prove_are_reported_without_proof(
+    certified: Certified,
+) -> None:
+    w, tree, cert = certified.w, certified.tree, certified.cert
+    pairs = served(tree)
+    entry, leaf = pairs[0]
+    outside = LeafProof(replace(leaf.hop, units=leaf.hop.units + 1), leaf.proof)
+    findings = audit_certificate(
+        cert, [*pairs[2:], (entry, outside)], rules_of(w), took_part(certified)
+    )
+    assert sorted(kinds(findings)) == [UNPROVEN, WITHHELD]
+    assert all(f.proof is None for f in findings)
+    assert "2 of" in next(f for f in findings if f.kind == WITHHELD).detail

@@ -1,0 +1,145 @@
+"""A node's receipts served over ``/gwtf/receipts/1.0.0`` (real libp2p hosts on 127.0.0.1, a
+real SQLite store): every complete receipt it signed or countersigned, and a data node's
+certificate with each leaf's proof against its root, in bounded pages; the page format holds
+against arbitrary bytes."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+import trio
+from eth_utils.crypto import keccak
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contracts.certificate_tree import SignedReceipt, build_certificate_tree, check_signatures
+from contracts.encoding import (
+    FORWARD,
+    HopReceipt,
+    hop_key,
+    ledger_domain,
+    node_address_of,
+    node_public_key,
+    receipt_digest,
+    sign_digest,
+)
+from contracts.merkle import verify_proof
+from gwtf.errors import ProtocolError
+from node.p2p.host import full_address, peer_info, running_host
+from node.p2p.identity import identity_from_key, peer_id_of
+from node.p2p.rpc import RequestDeclined, RequestResponse
+from node.receipts.book import ReceiptTerms
+from node.receipts.serving import (
+    CERTIFIED,
+    RECEIVED,
+    SIGNED,
+    ReceiptServer,
+    certified_page,
+    fetch_receipts,
+)
+from node.receipts.wire import MAX_PAGE, ReceiptPage, decode_page, encode_page
+from node.store.database import open_database
+from node.store.hops import HopStore, ToSign
+
+DOMAIN = ledger_domain(31337, "0x" + "ef" * 20)
+TERMS = ReceiptTerms(run_id=1, domain=DOMAIN, stages=2, units_per_hop=10)
+KEYS = {name: keccak(text=f"receipt serving test {name}") for name in ("data", "a", "b")}
+ADDRESS = {name: node_address_of(node_public_key(key)) for name, key in KEYS.items()}
+
+
+def signed(microbatch: int, worker: str = "a", receiver: str = "b") -> SignedReceipt:
+    receipt = HopReceipt(
+        1, 0, ADDRESS["data"], 0, microbatch, 1, FORWARD, 0, ADDRESS[worker], ADDRESS[receiver],
+        keccak(b"in"), keccak(microbatch.to_bytes(8, "big")), 10,
+    )  # fmt: skip
+    digest = receipt_digest(receipt, DOMAIN)
+    return SignedReceipt(
+        receipt, sign_digest(digest, KEYS[worker]), sign_digest(digest, KEYS[receiver])
+    )
+
+
+def as_signed(entry: SignedReceipt) -> ToSign:
+    r = entry.receipt
+    return ToSign(hop_key(r), r, receipt_digest(r, DOMAIN), lambda: entry.worker_signature)
+
+
+def as_received(entry: SignedReceipt) -> ToSign:
+    r = entry.receipt
+    signature = entry.counterparty_signature
+    return ToSign(
+        hop_key(r), r, receipt_digest(r, DOMAIN), lambda: signature, entry.worker_signature
+    )
+
+
+def test_a_node_serves_its_receipts_and_a_certificate_with_proofs_in_pages(
+    tmp_path: Path,
+) -> None:
+    store = HopStore(open_database(f"sqlite:///{tmp_path / 'a.sqlite'}"))
+    mine = [signed(m) for m in range(MAX_PAGE + 44)]  # two pages
+    store.sign_once([as_signed(e) for e in mine])
+    complete = mine[:-4]  # the last four never acknowledged: not served
+    store.add_countersignatures([(hop_key(e.receipt), e.counterparty_signature) for e in complete])
+    received = [signed(1000 + m, worker="b", receiver="a") for m in range(5)]
+    store.countersign_once([as_received(e) for e in received])
+    tree = build_certificate_tree(mine, DOMAIN)
+    server = ReceiptServer(store, TERMS, {0: tree}.get)
+    pages: dict[int, list[ReceiptPage]] = {}
+    declined: list[str] = []
+
+    async def main() -> None:
+        async with (
+            running_host(identity_from_key(KEYS["a"])) as server_host,
+            running_host(identity_from_key(KEYS["b"])) as client_host,
+        ):
+            server.serve(RequestResponse(server_host), timeout_s=5.0)
+            await client_host.connect(peer_info(full_address(server_host)))
+            client = RequestResponse(client_host)
+            peer = str(peer_id_of(identity_from_key(KEYS["a"])))
+            with trio.fail_after(30):
+                for which in (SIGNED, RECEIVED, CERTIFIED):
+                    pages[which] = await fetch_receipts(client, peer, 1, 0, which, 5.0)
+                assert await fetch_receipts(client, peer, 1, 7, SIGNED, 5.0) == [
+                    ReceiptPage(0, 0, ())
+                ]
+                for run, epoch, which in ((2, 0, SIGNED), (1, 3, CERTIFIED)):
+                    try:
+                        await fetch_receipts(client, peer, run, epoch, which, 5.0)
+                    except RequestDeclined as exc:
+                        declined.append(str(exc))
+
+    trio.run(main)
+    assert [len(p.entries) for p in pages[SIGNED]] == [MAX_PAGE, len(complete) - MAX_PAGE]
+    served = [e for page in pages[SIGNED] for e in page.entries]
+    assert sorted(served, key=lambda e: hop_key(e.receipt)) == served, "in hop key order"
+    assert set(served) == set(complete)
+    assert {e for page in pages[RECEIVED] for e in page.entries} == set(received)
+    # The certificate: every leaf's proof checks against the root, each receipt is its leaf's.
+    leaves = [
+        (e, leaf) for p in pages[CERTIFIED] for e, leaf in zip(p.entries, p.leaves, strict=True)
+    ]
+    assert len(leaves) == tree.count == len(mine)
+    for entry, leaf in leaves:
+        assert verify_proof(leaf.proof, tree.root, leaf.hop.leaf())
+        assert leaf.hop.receiptDigest == check_signatures(entry, DOMAIN)
+    assert len(declined) == 2
+
+
+def test_a_page_round_trips_and_bad_pages_are_refused() -> None:
+    entries = tuple(signed(m) for m in range(3))
+    tree = build_certificate_tree(list(entries), DOMAIN)
+    for page in (ReceiptPage(10, 4, entries), certified_page(tree, 1, 5), ReceiptPage(0, 0, ())):
+        assert decode_page(encode_page(page)) == page
+    with pytest.raises(ProtocolError):
+        encode_page(ReceiptPage(1000, 0, tuple(signed(0) for _ in range(MAX_PAGE + 1))))
+    raw = encode_page(ReceiptPage(3, 0, entries))
+    for bad in (raw[:-1], raw + b"\x00", raw[:4] + b"\x00\x00\x00\x03" + raw[8:]):
+        with pytest.raises(ProtocolError):
+            decode_page(bad)
+
+
+@given(st.binary(max_size=1200))
+def test_arbitrary_page_bytes_raise_only_a_protocol_error(data: bytes) -> None:
+    with contextlib.suppress(ProtocolError):  # anything else fails the test
+        decode_page(data)
