@@ -17,9 +17,10 @@ convicts on, and an honest tree yields none:
   key, the worker of both (and counterparty of neither) or the counterparty of both (and not the
   worker), across everything the auditor has seen.
 
-What the chain cannot judge is reported without a proof: leaves a data node would not serve
-(``withheld``), a served leaf not in the tree or a served receipt that is not its leaf's
-(``unproven``).
+What the chain cannot judge is reported without a proof: leaves a data node served fewer of
+than its count (``withheld``), a served leaf not in the tree or a served receipt that is not its
+leaf's (``unproven``), and, accusing nobody, a certificate the auditor could not read whole
+(``unchecked``: unreachable, throttled, or a page that broke off).
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ BAD_SEQUENCE: Final = "bad sequence"
 EQUIVOCATION: Final = "equivocation"
 WITHHELD: Final = "withheld"
 UNPROVEN: Final = "unproven"
+UNCHECKED: Final = "unchecked"
+#: Versions of one hop kept per signer while looking for a second: enough for any honest mix of
+#: a receipt seen from several nodes, and a bound on what a peer's made-up versions cost.
+MAX_VERSIONS: Final = 4
 
 #: Whether a node took part in the run during the epoch: (node, or as a data node) -> bool,
 #: the chain's ``wasMemberDuring`` (or ``wasDataNodeBefore``) and ``bondedDuring``.
@@ -83,8 +88,11 @@ def audit_certificate(
     served: Sequence[tuple[SignedReceipt, LeafProof]],
     rules: RunRules,
     took_part: TookPart,
+    *,
+    complete: bool = True,
 ) -> list[Finding]:
-    """Every finding in what a data node served of ``cert`` (each receipt with its leaf)."""
+    """Every finding in what a data node served of ``cert`` (each receipt with its leaf);
+    ``complete`` False: the auditor read only part of it, so what is missing is not counted."""
     findings: list[Finding] = []
     proven: dict[int, list[LeafProof]] = defaultdict(list)
     took = _cached(took_part)
@@ -121,7 +129,7 @@ def audit_certificate(
             )
     findings.extend(_sequence_findings(cert, proven))
     missing = cert.count - len([i for i in proven if i < cert.count])
-    if missing > 0:
+    if complete and missing > 0:
         detail = f"{missing} of {cert.count} leaves not served"
         findings.append(Finding(WITHHELD, cert.dataNode, detail))
     return findings
@@ -154,49 +162,55 @@ def invalid_because(
 
 
 def equivocations(entries: Iterable[SignedReceipt], domain: Eip712Domain) -> list[Finding]:
-    """Each key that signed two different receipts of one hop in one role, once."""
-    by_key: dict[bytes, dict[bytes, SignedReceipt]] = defaultdict(dict)
-    for entry in entries:
-        by_key[hop_key(entry.receipt)].setdefault(receipt_digest(entry.receipt, domain), entry)
+    """Each key that signed two different receipts of one hop in one role, once. Linear: each
+    signature is recovered once, and each (hop key, signer) keeps its first few versions."""
+    versions: dict[tuple[bytes, str], list[tuple[bytes, SignedReceipt, bytes]]] = defaultdict(list)
     findings: list[Finding] = []
     convicted: set[str] = set()
-    for versions in by_key.values():
-        seen = list(versions.items())
-        for i, (first_digest, first) in enumerate(seen):
-            for second_digest, second in seen[i + 1 :]:
-                for finding in _equivocation(first_digest, first, second_digest, second):
-                    if finding.accused not in convicted:
-                        convicted.add(finding.accused)
-                        findings.append(finding)
+    for entry in entries:
+        digest = receipt_digest(entry.receipt, domain)
+        key = hop_key(entry.receipt)
+        for signature in (entry.worker_signature, entry.counterparty_signature):
+            signer = _signer(digest, signature)
+            if not signer or signer in convicted:
+                continue
+            held = versions[(key, signer)]
+            for other_digest, other, other_signature in held:
+                if other_digest == digest:
+                    break
+                finding = _equivocation(signer, other, other_signature, entry, signature)
+                if finding is not None:
+                    convicted.add(signer)
+                    findings.append(finding)
+                    break
+            else:
+                if len(held) < MAX_VERSIONS:
+                    held.append((digest, entry, signature))
     return findings
 
 
 def _equivocation(
-    first_digest: bytes, first: SignedReceipt, second_digest: bytes, second: SignedReceipt
-) -> list[Finding]:
+    signer: str,
+    first: SignedReceipt,
+    first_signature: bytes,
+    second: SignedReceipt,
+    second_signature: bytes,
+) -> Finding | None:
+    """The finding if ``signer``'s role in both receipts is one the contract convicts."""
     a, b = first.receipt, second.receipt
-    found = []
-    roles = (
-        ("worker", first.worker_signature, second.worker_signature),
-        ("counterparty", first.counterparty_signature, second.counterparty_signature),
+    as_worker = signer == a.worker.lower() and signer not in (
+        a.counterparty.lower(), b.counterparty.lower()
+    )  # fmt: skip
+    as_counterparty = (
+        signer == a.counterparty.lower() == b.counterparty.lower() and signer != a.worker.lower()
     )
-    for role, first_signature, second_signature in roles:
-        signer = _signer(first_digest, first_signature)
-        if not signer or signer != _signer(second_digest, second_signature):
-            continue
-        as_worker = signer == a.worker.lower() and signer not in (
-            a.counterparty.lower(), b.counterparty.lower()
-        )  # fmt: skip
-        as_counterparty = (
-            signer == a.counterparty.lower() == b.counterparty.lower()
-            and signer != a.worker.lower()
-        )
-        if as_worker or as_counterparty:
-            accused = a.worker if as_worker else a.counterparty
-            proof = fraud_proofs.equivocation(accused, a, first_signature, b, second_signature)
-            detail = f"signed two receipts of microbatch {a.microbatchId} as {role}"
-            found.append(Finding(EQUIVOCATION, accused, detail, proof))
-    return found
+    if not (as_worker or as_counterparty):
+        return None
+    accused = a.worker if as_worker else a.counterparty
+    proof = fraud_proofs.equivocation(accused, a, first_signature, b, second_signature)
+    role = "worker" if as_worker else "counterparty"
+    detail = f"signed two receipts of one hop of microbatch {a.microbatchId} as {role}"
+    return Finding(EQUIVOCATION, accused, detail, proof)
 
 
 def _contradicts_totals(cert: CertRef, hop: CertifiedHop) -> bool:

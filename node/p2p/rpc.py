@@ -16,12 +16,13 @@ waiting requests at once with ``PeerUnavailable`` and is reopened by the next re
 
 Handler safety and scoring: a stream handler never lets an exception escape (in py-libp2p an
 escaped exception is swallowed and wedges the whole connection to that peer). A banned or
-unadmitted peer's stream is reset before anything is read. A frame that is oversized, truncated
-or stalled is charged to the peer and resets its stream (nothing after it can be framed); a
-request the handler rejects as malformed is charged and refused on its own, as is one on which
-the handler fails; a request the handler could not answer in time is refused but not charged
-(the slowness is this node's). A reply that is not a frame or too large is charged to the peer
-that sent it.
+unadmitted peer's stream is reset before anything is read, except that a protocol served in
+public (``PublicRate``: an auditor's receipts) answers unadmitted peers within one shared rate.
+A frame that is oversized, truncated or stalled is charged to the peer and resets its stream
+(nothing after it can be framed); a request the handler rejects as malformed is charged and
+refused on its own, as is one on which the handler fails; a request the handler could not answer
+in time is refused but not charged (the slowness is this node's). A reply that is not a frame or
+too large is charged to the peer that sent it.
 """
 
 from __future__ import annotations
@@ -92,6 +93,36 @@ async def _admit_everyone(_peer: str) -> bool:
 
 
 @dataclass
+class PublicRate:
+    """The rate at which a protocol answers peers outside the run: one budget for all of them
+    (a fresh peer id costs nothing, so a budget per peer would bound nothing), refilled at
+    ``per_s`` up to ``burst``. A request over it is declined, not charged."""
+
+    per_s: float = 10.0
+    burst: float = 20.0
+    _tokens: float = -1.0
+    _at: float = 0.0
+
+    def take(self, now: float) -> bool:
+        if self._tokens < 0:
+            self._tokens, self._at = self.burst, now
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.per_s)
+        self._at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+    def limiting(self, handler: Handler) -> Handler:
+        async def limited(peer: str, request: bytes) -> bytes:
+            if not self.take(trio.current_time()):
+                raise Decline(f"busy: peers outside the run get {self.per_s:g} requests/s here")
+            return await handler(peer, request)
+
+        return limited
+
+
+@dataclass
 class RequestResponse:
     """Serves and sends framed request/response exchanges on a libp2p host."""
 
@@ -106,13 +137,20 @@ class RequestResponse:
 
     # ---- serving ------------------------------------------------------------------------------
 
-    def serve(self, protocol: str, handler: Handler, limits: RpcLimits) -> None:
-        """Answer requests on ``protocol`` with ``handler(peer_id, request) -> reply``."""
+    def serve(
+        self,
+        protocol: str,
+        handler: Handler,
+        limits: RpcLimits,
+        public: PublicRate | None = None,
+    ) -> None:
+        """Answer requests on ``protocol`` with ``handler(peer_id, request) -> reply``; with
+        ``public``, peers the run does not admit are answered too, within its rate."""
 
         async def on_stream(stream: INetStream) -> None:
             peer = str(stream.muxed_conn.peer_id)
             try:
-                await self._serve_stream(stream, peer, handler, limits)
+                await self._serve_stream(stream, peer, handler, limits, public)
             except Exception:  # supervision boundary: nothing may escape a libp2p handler
                 log.exception("stream of %s from %s failed", protocol, peer)
                 self.scores.penalise(peer, Offence.HANDLER_FAILURE, trio.current_time())
@@ -125,12 +163,21 @@ class RequestResponse:
         log.warning("refused a stream from %s: %s", peer, why)
 
     async def _serve_stream(
-        self, stream: INetStream, peer: str, handler: Handler, limits: RpcLimits
+        self,
+        stream: INetStream,
+        peer: str,
+        handler: Handler,
+        limits: RpcLimits,
+        public: PublicRate | None = None,
     ) -> None:
-        if self.scores.is_banned(peer, trio.current_time()) or not await self.admit(peer):
+        banned = self.scores.is_banned(peer, trio.current_time())
+        admitted = not banned and await self.admit(peer)
+        if not admitted and (banned or public is None):
             self._refuse(peer, "banned or not admitted to the run")
             await _reset_quietly(stream)
             return
+        if not admitted and public is not None:
+            handler = public.limiting(handler)
         reader = FrameReader(stream)
         replies = _ReplyWriter(stream, limits)
         slots = trio.Semaphore(MAX_REQUESTS_PER_STREAM)

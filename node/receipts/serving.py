@@ -4,9 +4,10 @@ A request names a run, an epoch, which receipts (``SIGNED``: the complete receip
 this node computed; ``RECEIVED``: those it countersigned; ``CERTIFIED``: a data node's
 certificate, each leaf with its Merkle proof against the root it submitted), an offset and a
 page size; the answer is one page (``ReceiptPage``, at most ``MAX_PAGE`` receipts) and the
-total, in a stable order (hop key; a certificate's leaf order). Served only to peers the run
-admits (the request/response layer's admission) within the layer's deadline; the database is
-read in a worker thread, so a reader never holds up the node's hops.
+total, in a stable order (hop key; a certificate's leaf order). Anyone may audit: peers the
+run admits are answered freely, any other peer within one shared rate (``PUBLIC_RATE``), each
+within the layer's deadline; the database is read in a worker thread, so a reader never holds
+up the node's hops.
 """
 
 from __future__ import annotations
@@ -19,9 +20,16 @@ from typing import Final
 import trio
 from libp2p.peer.id import ID
 
-from contracts.certificate_tree import CertificateTree
+from contracts.certificate_tree import CertificateTree, SignedReceipt
 from gwtf.errors import ProtocolError
-from node.p2p.rpc import Decline, RequestResponse, RpcLimits
+from node.p2p.rpc import (
+    Decline,
+    PeerUnavailable,
+    PublicRate,
+    RequestDeclined,
+    RequestResponse,
+    RpcLimits,
+)
 from node.receipts.book import ReceiptTerms
 from node.receipts.wire import MAX_PAGE, ReceiptPage, decode_page, encode_page
 from node.store.hops import HopStore
@@ -30,8 +38,13 @@ from node.store.models import ReceivedHop, SignedHop
 RECEIPTS_PROTOCOL: Final = "/gwtf/receipts/1.0.0"
 SIGNED, RECEIVED, CERTIFIED = 0, 1, 2
 _REQUEST = struct.Struct(">QQBIH")  # run, epoch, which, offset, page size
-#: The most pages ``fetch_receipts`` reads of one answer: a peer claiming more is cut short.
-MAX_PAGES: Final = 4096
+#: Requests per second, and burst, answered to all peers outside the run together.
+PUBLIC_RATE: Final = (10.0, 20.0)
+#: The most receipts ``fetch_receipts`` reads of one kind from one peer, unless told fewer (a
+#: certificate's count): a peer claiming more is cut short.
+MAX_FETCH: Final = 200_000
+#: How often a page declined as busy is asked again (after 0.5, 1, 2, 4, 8, 8 ... s).
+MAX_BUSY_RETRIES: Final = 8
 
 
 @dataclass
@@ -43,8 +56,11 @@ class ReceiptServer:
     terms: ReceiptTerms
     trees: Callable[[int], CertificateTree | None] = lambda epoch: None
 
-    def serve(self, rpc: RequestResponse, timeout_s: float) -> None:
-        rpc.serve(RECEIPTS_PROTOCOL, self._answer, _limits(timeout_s))
+    def serve(
+        self, rpc: RequestResponse, timeout_s: float, public: PublicRate | None = None
+    ) -> None:
+        rate = public or PublicRate(*PUBLIC_RATE)
+        rpc.serve(RECEIPTS_PROTOCOL, self._answer, _limits(timeout_s), rate)
 
     async def _answer(self, peer: str, request: bytes) -> bytes:
         if len(request) != _REQUEST.size:
@@ -82,26 +98,60 @@ def certified_page(tree: CertificateTree, offset: int, size: int) -> ReceiptPage
     )
 
 
+@dataclass(frozen=True)
+class Fetched:
+    """The pages read of one kind of a peer's receipts, in order, and why the reading stopped
+    short (None: it did not)."""
+
+    pages: tuple[ReceiptPage, ...]
+    stopped: str | None = None
+
+    @property
+    def entries(self) -> list[SignedReceipt]:
+        return [entry for page in self.pages for entry in page.entries]
+
+
 async def fetch_receipts(
-    rpc: RequestResponse, peer: str, run_id: int, epoch: int, which: int, timeout_s: float
-) -> list[ReceiptPage]:
-    """Every page of one kind of ``peer``'s receipts of ``epoch``, read in order (at most
-    ``MAX_PAGES``). Raises ``PeerUnavailable`` or ``ProtocolError`` as the peer answers."""
+    rpc: RequestResponse,
+    peer: str,
+    run_id: int,
+    epoch: int,
+    which: int,
+    timeout_s: float,
+    limit: int = MAX_FETCH,
+) -> Fetched:
+    """The pages of one kind of ``peer``'s receipts of ``epoch``, in order, up to ``limit``
+    receipts. A page declined as busy (the public rate) is asked again after a backoff; any
+    other failure ends the reading, and what was read before it is kept."""
     pages: list[ReceiptPage] = []
-    offset = 0
-    while len(pages) < MAX_PAGES:
-        request = _REQUEST.pack(run_id, epoch, which, offset, MAX_PAGE)
-        reply = await rpc.request(
-            ID.from_base58(peer), RECEIPTS_PROTOCOL, request, _limits(timeout_s)
-        )
-        page = decode_page(reply)
-        if page.offset != offset:
-            raise ProtocolError(f"asked for receipts from {offset}, got a page from {page.offset}")
+    offset, busy = 0, 0
+    while offset < limit:
+        request = _REQUEST.pack(run_id, epoch, which, offset, min(MAX_PAGE, limit - offset))
+        try:
+            reply = await rpc.request(
+                ID.from_base58(peer), RECEIPTS_PROTOCOL, request, _limits(timeout_s)
+            )
+            page = decode_page(reply)
+            if page.offset != offset:
+                raise ProtocolError(
+                    f"asked for receipts from {offset}, got a page from {page.offset}"
+                )
+            if which == CERTIFIED and len(page.leaves) != len(page.entries):
+                raise ProtocolError("a page of a certificate without each receipt's leaf")
+        except RequestDeclined as exc:
+            if "busy" in str(exc) and busy < MAX_BUSY_RETRIES:
+                await trio.sleep(min(8.0, 0.5 * 2**busy))
+                busy += 1
+                continue
+            return Fetched(tuple(pages), str(exc))
+        except (PeerUnavailable, ProtocolError) as exc:
+            return Fetched(tuple(pages), str(exc))
+        busy = 0
         pages.append(page)
         offset += len(page.entries)
         if not page.entries or offset >= page.total:
-            break
-    return pages
+            return Fetched(tuple(pages))
+    return Fetched(tuple(pages), f"stopped at {limit} receipts")
 
 
 def _limits(timeout_s: float) -> RpcLimits:

@@ -6,6 +6,7 @@ against arbitrary bytes."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,12 +30,13 @@ from contracts.merkle import verify_proof
 from gwtf.errors import ProtocolError
 from node.p2p.host import full_address, peer_info, running_host
 from node.p2p.identity import identity_from_key, peer_id_of
-from node.p2p.rpc import RequestDeclined, RequestResponse
+from node.p2p.rpc import PublicRate, RequestResponse
 from node.receipts.book import ReceiptTerms
 from node.receipts.serving import (
     CERTIFIED,
     RECEIVED,
     SIGNED,
+    Fetched,
     ReceiptServer,
     certified_page,
     fetch_receipts,
@@ -84,30 +86,42 @@ def test_a_node_serves_its_receipts_and_a_certificate_with_proofs_in_pages(
     received = [signed(1000 + m, worker="b", receiver="a") for m in range(5)]
     store.countersign_once([as_received(e) for e in received])
     tree = build_certificate_tree(mine, DOMAIN)
-    server = ReceiptServer(store, TERMS, {0: tree}.get)
-    pages: dict[int, list[ReceiptPage]] = {}
+    # Epoch 1's tree holds the receipts of its first page only: a reading of it breaks off.
+    cut = replace(
+        tree, entries=tuple(e if i < MAX_PAGE else None for i, e in enumerate(tree.entries))
+    )
+    server = ReceiptServer(store, TERMS, {0: tree, 1: cut}.get)
+    broken: list[Fetched] = []
+    pages: dict[int, tuple[ReceiptPage, ...]] = {}
     declined: list[str] = []
+
+    async def refuse(_peer: str) -> bool:
+        return False  # the client is outside the run: served in public, within the rate
 
     async def main() -> None:
         async with (
             running_host(identity_from_key(KEYS["a"])) as server_host,
             running_host(identity_from_key(KEYS["b"])) as client_host,
         ):
-            server.serve(RequestResponse(server_host), timeout_s=5.0)
+            # A burst of one request and four a second: the pages after the first are declined
+            # as busy and asked again.
+            rate = PublicRate(per_s=4.0, burst=1.0)
+            server.serve(RequestResponse(server_host, admit=refuse), 5.0, rate)
             await client_host.connect(peer_info(full_address(server_host)))
             client = RequestResponse(client_host)
             peer = str(peer_id_of(identity_from_key(KEYS["a"])))
             with trio.fail_after(30):
                 for which in (SIGNED, RECEIVED, CERTIFIED):
-                    pages[which] = await fetch_receipts(client, peer, 1, 0, which, 5.0)
-                assert await fetch_receipts(client, peer, 1, 7, SIGNED, 5.0) == [
-                    ReceiptPage(0, 0, ())
-                ]
+                    fetched = await fetch_receipts(client, peer, 1, 0, which, 5.0)
+                    assert fetched.stopped is None, fetched.stopped
+                    pages[which] = fetched.pages
+                broken.append(await fetch_receipts(client, peer, 1, 1, CERTIFIED, 5.0))
+                empty = await fetch_receipts(client, peer, 1, 7, SIGNED, 5.0)
+                assert empty.pages == (ReceiptPage(0, 0, ()),) and empty.stopped is None
                 for run, epoch, which in ((2, 0, SIGNED), (1, 3, CERTIFIED)):
-                    try:
-                        await fetch_receipts(client, peer, run, epoch, which, 5.0)
-                    except RequestDeclined as exc:
-                        declined.append(str(exc))
+                    refused = await fetch_receipts(client, peer, run, epoch, which, 5.0)
+                    assert refused.pages == () and refused.stopped is not None
+                    declined.append(refused.stopped)
 
     trio.run(main)
     assert [len(p.entries) for p in pages[SIGNED]] == [MAX_PAGE, len(complete) - MAX_PAGE]
@@ -124,6 +138,10 @@ def test_a_node_serves_its_receipts_and_a_certificate_with_proofs_in_pages(
         assert verify_proof(leaf.proof, tree.root, leaf.hop.leaf())
         assert leaf.hop.receiptDigest == check_signatures(entry, DOMAIN)
     assert len(declined) == 2
+    # What was read before the break is kept, and the break is said.
+    (partial,) = broken
+    assert [len(p.entries) for p in partial.pages] == [MAX_PAGE]
+    assert partial.stopped is not None and "not all held" in partial.stopped
 
 
 def test_a_page_round_trips_and_bad_pages_are_refused() -> None:
@@ -143,3 +161,10 @@ def test_a_page_round_trips_and_bad_pages_are_refused() -> None:
 def test_arbitrary_page_bytes_raise_only_a_protocol_error(data: bytes) -> None:
     with contextlib.suppress(ProtocolError):  # anything else fails the test
         decode_page(data)
+
+
+def test_peers_outside_the_run_share_one_rate() -> None:
+    rate = PublicRate(per_s=2.0, burst=3.0)
+    assert [rate.take(0.0) for _ in range(4)] == [True, True, True, False], "a burst, then no"
+    assert not rate.take(0.4) and rate.take(0.5), "refilled at 2 per second"
+    assert [rate.take(100.0) for _ in range(4)] == [True, True, True, False], "never over burst"

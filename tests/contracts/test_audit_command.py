@@ -1,0 +1,124 @@
+"""``gwtf-node audit`` end to end: the test chain served over JSON-RPC, a data node's real libp2p
+host serving its certificate to peers outside the run (the auditor is one), the command run as
+a person runs it. An honest certificate passes; a certified hop of a non-member is found, marked
+provable, and the command exits with ``EXIT_FINDINGS``; a data node not among the peers has its
+certificate reported unchecked."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from contracts.certificate_tree import CertificateTree
+from node.chain.deployment import DevnetInfo, write_devnet_file
+from node.cli.audit import EXIT_FINDINGS
+from node.cli.main import main
+from node.devnet.rpc import DevnetHttpServer, EthTesterRpc
+from node.p2p.host import full_address, running_host
+from node.p2p.identity import identity_from_key
+from node.p2p.rpc import RequestResponse
+from node.receipts.book import ReceiptTerms
+from node.receipts.serving import ReceiptServer
+from node.store.database import open_database
+from node.store.hops import HopStore
+from tests.contracts.conftest import Certified, Staffed
+from tests.contracts.test_disputes import certified_with, one_hop
+from tests.contracts.world import STAGES, UNITS_PER_HOP, NodeKey
+
+
+@pytest.fixture
+def devnet_file(staffed: Staffed, tmp_path: Path) -> Iterator[Path]:
+    """The test chain over JSON-RPC, and the devnet file naming its contracts."""
+    w = staffed.w
+    server = DevnetHttpServer(EthTesterRpc(w.tester), "127.0.0.1", 0).start_background()
+    path = write_devnet_file(
+        tmp_path / "devnet.json", DevnetInfo(server.url, w.w3.eth.chain_id, w.suite.addresses, ())
+    )
+    try:
+        yield path
+    finally:
+        server.stop()
+
+
+@contextmanager
+def serving_data_node(s: Staffed, node: NodeKey, tree: CertificateTree, db: Path) -> Iterator[str]:
+    """``node``'s host serving ``tree`` as its certificate of epoch 0 to anyone (it admits no
+    peer: an auditor is served in public); yields its address."""
+    terms = ReceiptTerms(s.run, s.w.ledger_domain, STAGES, UNITS_PER_HOP)
+    server = ReceiptServer(HopStore(open_database(f"sqlite:///{db}")), terms, {0: tree}.get)
+    address: queue.Queue[str] = queue.Queue()
+    stop = threading.Event()
+
+    async def refuse(_peer: str) -> bool:
+        return False
+
+    async def serve() -> None:
+        async with running_host(identity_from_key(node.private_key)) as host:
+            server.serve(RequestResponse(host, admit=refuse), timeout_s=5.0)
+            address.put(full_address(host))
+            while not stop.is_set():
+                await trio.sleep(0.05)
+
+    thread = threading.Thread(target=trio.run, args=(serve,), daemon=True)
+    thread.start()
+    try:
+        yield address.get(timeout=30)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def audit(
+    capsys: pytest.CaptureFixture[str], devnet_file: Path, run: int, *peers: str
+) -> tuple[int, dict[str, Any]]:
+    flags = [flag for peer in peers for flag in ("--peer", peer)]
+    argv = ["--devnet-file", str(devnet_file), "audit", "--run", str(run), "--epoch", "0"]
+    code = main([*argv, *flags, "--timeout-s", "10", "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_an_honest_certificate_passes_the_audit(
+    certified: Certified, devnet_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with serving_data_node(certified, certified.data, certified.tree, tmp_path / "d.sqlite") as at:
+        code, report = audit(capsys, devnet_file, certified.run, at)
+        argv = ["--devnet-file", str(devnet_file), "audit", "--run", str(certified.run)]
+        assert main([*argv, "--epoch", "0", "--peer", at]) == 0  # the tables a person reads
+        printed = capsys.readouterr().out
+    assert "certificates" in printed and "no finding" in printed
+    assert code == 0, report
+    (cert,) = report["certificates"]
+    assert cert["data_node"] == certified.data.address and cert["findings"] == []
+    assert cert["leaves_served"] == cert["count"] == certified.tree.count
+    assert report["findings"] == 0 and report["peers"] == {certified.data.address: "ok"}
+
+
+def test_a_certified_hop_of_a_non_member_is_found_provable_and_fails_the_audit(
+    staffed: Staffed, devnet_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = staffed.w
+    ghost = w.register("ghost", w.stranger)  # bonded, but never in the run
+    tree, _ = certified_with(
+        staffed, [one_hop(staffed), one_hop(staffed, worker_key=ghost, microbatchId=1)]
+    )
+    with serving_data_node(staffed, staffed.data, tree, tmp_path / "d.sqlite") as at:
+        code, report = audit(capsys, devnet_file, staffed.run, at)
+    assert code == EXIT_FINDINGS
+    (cert,) = report["certificates"]
+    (finding,) = cert["findings"]
+    assert finding["kind"] == "invalid hop" and finding["provable_on_chain"]
+    assert finding["fraud_proof"] == "proveInvalidHop" and "no bonded member" in finding["detail"]
+    # Without the data node among the peers, its certificate cannot be checked: unchecked,
+    # which accuses nobody and still fails the audit.
+    code, report = audit(capsys, devnet_file, staffed.run)
+    assert code == EXIT_FINDINGS
+    (unchecked,) = report["certificates"][0]["findings"]
+    assert unchecked["kind"] == "unchecked" and not unchecked["provable_on_chain"]
