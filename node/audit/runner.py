@@ -16,12 +16,15 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
+import requests
 import trio
+from web3.exceptions import Web3Exception
 
 from contracts.certificate_tree import SignedReceipt
 from contracts.encoding import CertRef, ledger_domain
-from gwtf.errors import ConfigError, ProtocolError
+from gwtf.errors import ChainError, ConfigError, ProtocolError
 from node.audit.checks import (
     UNCHECKED,
     Finding,
@@ -35,6 +38,8 @@ from node.p2p.host import peer_info, running_host
 from node.p2p.identity import new_identity, node_address_of_peer
 from node.p2p.rpc import RequestResponse
 from node.receipts.serving import CERTIFIED, RECEIVED, SIGNED, fetch_receipts
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -85,9 +90,9 @@ async def audit_epoch(
     """Audit ``epoch`` of ``run_id`` with the receipts of the nodes at ``peers`` (multiaddrs
     that end in /p2p/<peer id>)."""
     infos = [peer_info(address) for address in peers]  # a bad address fails before any dial
-    rules = await trio.to_thread.run_sync(run_rules, contracts, run_id)
+    rules = await _ask_chain(run_rules, contracts, run_id)
     ledger = EpochLedger(contracts, run_id, None)
-    certs = await trio.to_thread.run_sync(ledger.certificates, epoch)
+    certs = await _ask_chain(ledger.certificates, epoch)
     report = AuditReport(run_id, epoch)
 
     def took_part(node: str, or_data_node: bool) -> bool:
@@ -132,13 +137,13 @@ async def audit_epoch(
             if fetched.stopped is not None:
                 detail = f"read {len(served)} of {cert.count} leaves: {fetched.stopped}"
                 checked.findings.append(Finding(UNCHECKED, cert.dataNode, detail[:300]))
-            found = await trio.to_thread.run_sync(
+            found = await _ask_chain(
                 functools.partial(
                     audit_certificate, cert, served, rules, took_part,
                     complete=fetched.stopped is None,
                 )
             )  # fmt: skip
-            open_now = await trio.to_thread.run_sync(_open_to_challenge, contracts, cert)
+            open_now = await _ask_chain(_open_to_challenge, contracts, cert)
             checked.findings += found if open_now else [_not_provable(f) for f in found]
         for node, peer in reachable.items():
             progress(f"receipts of {node}")
@@ -150,6 +155,18 @@ async def audit_epoch(
     report.receipts_seen = len(seen)
     report.equivocations = await trio.to_thread.run_sync(equivocations, seen, rules.domain)
     return report
+
+
+async def _ask_chain(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a worker thread: it asks the chain (blocking web3 calls), whose
+    failures become one ``ChainError`` a person can act on."""
+    try:
+        return await trio.to_thread.run_sync(fn, *args)
+    except (requests.RequestException, OSError, Web3Exception) as exc:
+        raise ChainError(
+            f"the chain did not answer the audit ({exc}); check --rpc-url, and that the "
+            "provider serves eth_getLogs from block 0"
+        ) from exc
 
 
 def _open_to_challenge(contracts: Contracts, cert: CertRef) -> bool:

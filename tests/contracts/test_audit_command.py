@@ -122,3 +122,12 @@ def test_a_certified_hop_of_a_non_member_is_found_provable_and_fails_the_audit(
     assert code == EXIT_FINDINGS
     (unchecked,) = report["certificates"][0]["findings"]
     assert unchecked["kind"] == "unchecked" and not unchecked["provable_on_chain"]
+
+
+def test_an_unreachable_chain_is_one_line_and_the_chains_exit_code(
+    staffed: Staffed, devnet_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--rpc-url", "http://127.0.0.1:9", "--devnet-file", str(devnet_file), "audit"]
+    assert main([*argv, "--run", str(staffed.run), "--epoch", "0"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gwtf-node: error:") and "\n" not in err
