@@ -180,11 +180,7 @@ class ReceiptBook:
         with the receipt (in the background) and hand the complete receipt to
         ``on_complete``; a bad countersignature is refused (False)."""
         digest = receipt_digest(receipt, self.terms.domain)
-        try:
-            if recover_digest_signer(digest, counter) != receipt.counterparty:
-                raise ProtocolError("it is not the receiver's")
-        except ProtocolError as exc:
-            self.refuse(receiver, f"countersignature refused: {exc}")
+        if not self._signed_by(receiver, digest, counter, receipt.counterparty, "countersignature"):
             return False
 
         def kept(_: None, error: BaseException | None) -> None:
@@ -207,20 +203,12 @@ class ReceiptBook:
         the whole receipt is committed; b"" (refused) when the worker's signature does not
         check or the hop key holds another receipt already."""
         digest = receipt_digest(receipt, self.terms.domain)
-        try:
-            if recover_digest_signer(digest, worker_signature) != receipt.worker:
-                raise ProtocolError("it is not the sender's, or not of the hop received")
-        except ProtocolError as exc:
-            self.refuse(sender, f"receipt signature refused: {exc}")
+        if not self._signed_by(
+            sender, digest, worker_signature, receipt.worker, "receipt signature"
+        ):
             return b""
         fresh: list[bool] = []  # whether this receipt was countersigned now, not before
-        key = self.private_key
-
-        def sign() -> bytes:
-            fresh.append(True)
-            return sign_digest(digest, key)
-
-        item = ToSign(hop_key(receipt), receipt, digest, sign, worker_signature)
+        item = self._to_sign(receipt, digest, worker_signature, fresh)
         counter = await self._countersigning.submit(item)
         if isinstance(counter, ConflictingReceipt):
             self.refuse(sender, str(counter))  # the sender re-used a hop key
@@ -231,9 +219,35 @@ class ReceiptBook:
         return counter
 
     # ------------------------------------------------------------ internals
-    def _to_sign(self, receipt: HopReceipt, digest: bytes) -> ToSign:
-        sign = functools.partial(sign_digest, digest, self.private_key)
-        return ToSign(hop_key(receipt), receipt, digest, sign)
+    def _to_sign(
+        self,
+        receipt: HopReceipt,
+        digest: bytes,
+        worker_signature: bytes | None = None,
+        fresh: list[bool] | None = None,
+    ) -> ToSign:
+        """``receipt`` to sign under its hop key; ``fresh`` learns whether it was signed now
+        (the writer calls ``sign`` only for a key it holds no receipt of)."""
+        key = self.private_key
+
+        def sign() -> bytes:
+            if fresh is not None:
+                fresh.append(True)
+            return sign_digest(digest, key)
+
+        return ToSign(hop_key(receipt), receipt, digest, sign, worker_signature)
+
+    def _signed_by(
+        self, peer: str, digest: bytes, signature: bytes, signer: str, what: str
+    ) -> bool:
+        """Whether ``signer`` signed ``digest``; if not, ``peer`` is refused for it."""
+        try:
+            if recover_digest_signer(digest, signature) != signer:
+                raise ProtocolError("it is not its party's, or not of the hop received")
+        except ProtocolError as exc:
+            self.refuse(peer, f"{what} refused: {exc}")
+            return False
+        return True
 
     def refuse(self, peer: str, why: str) -> None:
         self.counts.refused += 1
