@@ -25,6 +25,7 @@ from node.p2p.identity import identity_from_key
 from node.p2p.link_emulation import Topology
 from node.receipts import ReceiptsConfig
 from node.receipts.book import ReceiptTerms
+from node.receipts.cheats import check_cheat
 from node.runtime.discovery.admission import RunAdmission
 from node.runtime.live_node import LiveNodeConfig
 from node.settings import AUTO_STAGE, Settings
@@ -157,7 +158,10 @@ def receipts_from_settings(settings: Settings) -> ReceiptsConfig | None:
     """Receipts and the epoch cycle over the chain named by the settings, or None when off."""
     chain = settings.chain
     if not chain.receipts:
+        if settings.node.cheat:
+            raise ConfigError("node.cheat needs chain.receipts on: a cheat is in the receipts")
         return None
+    check_cheat(settings.node.cheat, settings.node.role)
     if chain.run_id < 1:
         raise ConfigError("chain.receipts is on but chain.run_id is not set; set the run's id")
     contracts, _ = open_contracts(settings)
@@ -187,4 +191,5 @@ def receipts_from_settings(settings: Settings) -> ReceiptsConfig | None:
         report_period_s=chain.report_period_s,
         grace_s=2 * chain.report_period_s + 1.0,
         clock_period_s=chain.clock_period_s,
+        cheat=settings.node.cheat,
     )

@@ -96,6 +96,11 @@ class NodeSettings:
     #: it), so a swarm of a small model on one machine spends its time like GPUs on a big
     #: one, not on its shared CPUs. Leave 0 on a real node.
     emulated_hop_ms: float = 0.0
+    #: Makes this node dishonest on purpose, in one named way, for tests and the demo
+    #: (``node.receipts.cheats``: forge-countersignature, phantom-hops, inflate-units or
+    #: withhold-leaf for a data node; claim-twice or equivocate for a relay). Needs
+    #: ``chain.receipts``. Leave "" (honest) on a real node: an auditor finds every cheat.
+    cheat: str = ""
 
 
 @dataclass(frozen=True)

@@ -127,3 +127,10 @@ def print_earnings(console: Console, chain: dict[str, Any]) -> None:
             f"{audit['receipts_seen']} receipts checked: "
             + (", ".join(f"{f['kind']} by {f['accused']}" for f in found) or "no finding")
         )
+        for proof in audit.get("challenges", []):
+            if proof["outcome"] == "slashed":
+                console.print(
+                    f"slashed {proof['accused']} for {proof['kind']}: "
+                    f"{format_eth(int(proof['slashed_wei']))} ETH, bounty "
+                    f"{format_eth(int(proof['bounty_wei']))} ETH"
+                )

@@ -24,3 +24,5 @@ class ReceiptsConfig:
     report_period_s: float = 5.0
     grace_s: float = 11.0
     clock_period_s: float = 2.0
+    #: A cheat this node plays on purpose (``node.receipts.cheats``); "" is honest.
+    cheat: str = ""

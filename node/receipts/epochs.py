@@ -38,6 +38,7 @@ from node.failpoints import failpoint
 from node.p2p.rpc import PeerUnavailable, RequestResponse
 from node.receipts.book import ReceiptTerms
 from node.receipts.certify import Anchor, certifiable, check_fields
+from node.receipts.cheats import Cheat
 from node.receipts.reports import ReceiptInbox, request_range
 from node.store.hops import HopStore
 from node.store.ledger import LedgerRecords
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 FINAL_REVERTS = {
     "SubmissionClosed", "CertificateAlreadySubmitted", "ClaimantSlashed", "ClaimPeriodOver",
     "AlreadyClaimed", "EmptyCertificate", "NotDataNode", "NotNodeWallet", "EmptyRange",
+    "CertificateNotOpen",  # voided by a fraud proof
 }  # fmt: skip
 MAX_BACKOFF_S = 60.0
 
@@ -129,6 +131,8 @@ class DataNodeEpochs:
     inbox: ReceiptInbox
     busy_in: Callable[[int], bool]
     grace_s: float = 3.0
+    #: A data node that cheats on purpose certifies and submits what its cheat makes.
+    cheat: Cheat | None = None
     status: CycleStatus = field(default_factory=CycleStatus)
     done: set[int] = field(default_factory=set)
     _ended_seen: dict[int, float] = field(default_factory=dict)
@@ -191,6 +195,8 @@ class DataNodeEpochs:
         times = self.ledger.epoch_times(epoch)
         if self.ledger.now() >= times.submit_closes_at:
             raise _window_closed(epoch, times)
+        if self.cheat is not None:
+            chosen = self.cheat.certify(chosen)
         tree = tree_of_prepared(chosen)
         entries = [(p.hop_key, p.receipt_digest, p.entry) for p in chosen]
         self.store.replace_certified(run_id, epoch, entries)
@@ -198,6 +204,8 @@ class DataNodeEpochs:
             run_id, epoch, self.address, tree.root, tree.count, tree.units, "pending"
         )
         cert = tree.cert_ref(run_id, epoch, self.address)
+        if self.cheat is not None:
+            cert = self.cheat.certificate(cert)
         tx_hash = self.ledger.submit(cert)
         failpoint("epochs.after_submit")
         self.records.save_certificate(

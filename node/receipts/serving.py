@@ -31,6 +31,7 @@ from node.p2p.rpc import (
     RpcLimits,
 )
 from node.receipts.book import ReceiptTerms
+from node.receipts.cheats import Cheat
 from node.receipts.wire import MAX_PAGE, ReceiptPage, decode_page, encode_page
 from node.store.hops import HopStore
 from node.store.models import ReceivedHop, SignedHop
@@ -55,6 +56,8 @@ class ReceiptServer:
     store: HopStore
     terms: ReceiptTerms
     trees: Callable[[int], CertificateTree | None] = lambda epoch: None
+    #: A node that cheats on purpose serves what its cheat makes of its pages (``cheats``).
+    cheat: Cheat | None = None
 
     def serve(
         self, rpc: RequestResponse, timeout_s: float, public: PublicRate | None = None
@@ -74,14 +77,16 @@ class ReceiptServer:
             tree = self.trees(epoch)
             if tree is None:
                 raise Decline(f"no certificate of epoch {epoch} here (yet)")
-            return encode_page(certified_page(tree, offset, size))
+            page = certified_page(tree, offset, size)
+            return encode_page(self.cheat.certified_page(page) if self.cheat else page)
         if which not in (SIGNED, RECEIVED):
             raise ProtocolError(f"receipts of kind {which}: ask for 0, 1 or 2")
         table = SignedHop if which == SIGNED else ReceivedHop
         total, entries = await trio.to_thread.run_sync(
             self.store.page, table, run_id, epoch, offset, size
         )
-        return encode_page(ReceiptPage(total, min(offset, total), tuple(entries)))
+        page = ReceiptPage(total, min(offset, total), tuple(entries))
+        return encode_page(self.cheat.served(epoch, which, page) if self.cheat else page)
 
 
 def certified_page(tree: CertificateTree, offset: int, size: int) -> ReceiptPage:

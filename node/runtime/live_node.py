@@ -25,6 +25,7 @@ from node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper
 from node.p2p.scoring import Offence
 from node.receipts import ReceiptsConfig
 from node.receipts.book import ReceiptBook, address_of_peer
+from node.receipts.cheats import Cheat
 from node.receipts.epochs import DataNodeEpochs, EpochClock, WorkerEpochs
 from node.receipts.reports import ReceiptInbox, ReceiptReporter
 from node.receipts.serving import ReceiptServer
@@ -344,6 +345,11 @@ async def _start_receipts(
 
     private_key = config.identity.private_key.to_bytes()
     receipts = ReceiptBook(setup.terms, private_key, store, penalise)
+    cheat = (
+        Cheat(setup.cheat, private_key, setup.terms.domain, setup.terms.units_per_hop)
+        if setup.cheat
+        else None
+    )
     plane.receipts = receipts
     clock = EpochClock(setup.ledger, setup.clock_period_s)
     await clock.start_reading()
@@ -355,7 +361,7 @@ async def _start_receipts(
     if isinstance(role, DataRole):
         inbox = ReceiptInbox(rpc, setup.terms, receipts.address, store, timeout_s, penalise)
         inbox.serve()
-        ReceiptServer(store, setup.terms, inbox.trees.get).serve(rpc, timeout_s)
+        ReceiptServer(store, setup.terms, inbox.trees.get, cheat).serve(rpc, timeout_s)
         plane.origin_send = lambda header, digest: inbox.note_origin(
             header.epoch, header.iteration, header.microbatch_id, header.direction, digest
         )
@@ -364,10 +370,10 @@ async def _start_receipts(
         certifying = DataNodeEpochs(
             setup.terms, receipts.address, setup.ledger, clock, store, records, inbox,
             busy_in=lambda epoch: data_role.iterating and data_role.epoch == epoch,
-            grace_s=setup.grace_s,
+            grace_s=setup.grace_s, cheat=cheat,
         )  # fmt: skip
         return ReceiptParts(receipts, certifying, clock, inbox=inbox)
-    ReceiptServer(store, setup.terms).serve(rpc, timeout_s)
+    ReceiptServer(store, setup.terms, cheat=cheat).serve(rpc, timeout_s)
     reporter = ReceiptReporter(rpc, timeout_s, setup.report_period_s, data_node_peers)
     # A restarted relay reports again what its database holds of recent epochs, as worker and
     # as receiver (the data node takes a receipt twice as once): nothing a countersignature
@@ -389,9 +395,17 @@ async def _start_receipts(
     def complete(origin: str, entry: SignedReceipt) -> None:
         reporter.add(origin, entry)
         cycle.worked_in(entry.receipt.epoch, entry.receipt.dataNode)
+        twice = cheat.signed(entry) if cheat is not None else None
+        if twice is not None:
+            reporter.add(origin, twice)
+
+    def received(origin: str, entry: SignedReceipt) -> None:
+        reporter.add(origin, entry)
+        if cheat is not None:
+            cheat.received(entry)
 
     receipts.on_complete = complete
-    receipts.on_received = reporter.add
+    receipts.on_received = received
     receipts.on_signed = lambda receipt: cycle.worked_in(receipt.epoch, receipt.dataNode)
     return ReceiptParts(receipts, cycle, clock, reporter=reporter)
 

@@ -1,78 +1,82 @@
-"""The swarm's audit at its end: the auditor's checks (``node.audit.checks``) run on what the
-swarm's nodes hold and the chain says. Every certificate on chain is checked leaf by leaf
-against the tree its data node rebuilds from its database (roots, totals, sequence, each hop
-by the disputes contract's validity rule, membership asked of the chain), and every receipt any
-node holds, signed, countersigned or certified, is checked for equivocations. An honest swarm
-has no finding; a finding names the node, and whether the chain would convict on its proof.
+"""The swarm's audit, as anyone would run it: once every epoch is certified and before the
+challenge windows close, ``gwtf-node audit``'s auditor (``node.audit.runner``, a libp2p host
+of its own, served in public) checks each epoch's certificates and the receipts of every live
+node, and ``gwtf-node challenge``'s prover (``node.audit.challenge``) sends the fraud proof of
+each finding the chain judges alone, from an auditor wallet the sponsor funds. An honest swarm
+has no finding; a cheating node (``[swarm] cheaters``) is found and slashed before anyone
+claims.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from contracts.certificate_tree import SignedReceipt, build_certificate_tree
-from contracts.encoding import ledger_domain
-from node.audit.checks import Finding, RunRules, audit_certificate, equivocations
-from node.chain.epochs import EpochLedger
-from node.store.database import open_database
-from node.store.hops import HopStore
+import trio
+from eth_account import Account
+
+from node.audit.challenge import Challenges, challenge
+from node.audit.checks import Finding
+from node.audit.runner import AuditReport, audit_epoch
+from node.chain.actions import transfer_eth
+from node.chain.adapter import Sender
 from node.swarm.chain import SwarmChain
 
+AUDITOR_FUND_WEI = 10**18
 
-def audit_swarm(chain: SwarmChain, out_dir: Path, last_epoch: int) -> dict[str, Any]:
-    """Certificates and leaves checked, receipts seen, and the findings (none when honest)."""
-    contracts, run_id = chain.contracts, chain.run_id
-    run = contracts.port().run_info(run_id)
-    assert run is not None, "the swarm's run is on its chain"
-    domain = ledger_domain(contracts.w3.eth.chain_id, contracts.ledger.address)
-    rules = RunRules(run.stage_count, run.units_per_hop, domain)
-    ledger = EpochLedger(contracts, run_id, None)
+
+def auditor_of(chain: SwarmChain) -> Sender:
+    """A fresh wallet for the swarm's auditor, funded by the sponsor for its proofs' gas."""
+    auditor = Sender.from_account(Account.create())
+    transfer_eth(chain.contracts.w3, chain.sponsor, auditor.address, AUDITOR_FUND_WEI)
+    return auditor
+
+
+def audit_and_challenge(
+    chain: SwarmChain, peers: list[str], last_epoch: int, auditor: Sender
+) -> dict[str, Any]:
+    """Audit epochs 0..``last_epoch`` with the receipts of the nodes at ``peers``, prove what
+    the chain judges; what was checked, found and judged."""
     names = {node.node_address.lower(): name for name, node in chain.registered.items()}
-    findings: list[Finding] = []
-    seen: list[SignedReceipt] = []
-    certificates = leaves = 0
-    for name, node in chain.registered.items():
-        path = out_dir / f"{name}.sqlite"
-        if not path.exists():
-            continue
-        db = open_database(f"sqlite:///{path}")
-        try:
-            store = HopStore(db)
-            for epoch in range(last_epoch + 1):
-                seen += store.signed_hops(run_id, epoch) + store.received_hops(run_id, epoch)
-                cert = ledger.certificate(epoch, node.node_address)
-                if cert is None:
-                    continue
-                entries = store.certified_hops(run_id, epoch)
-                seen += entries
-                tree = build_certificate_tree(entries, domain)
-                served = [
-                    (entry, tree.leaf_proof(i))
-                    for i, entry in enumerate(tree.entries)
-                    if entry is not None  # a tree rebuilt from receipts holds each one
-                ]
 
-                def took_part(node_address: str, or_data_node: bool, epoch: int = epoch) -> bool:
-                    return ledger.took_part(node_address, epoch, or_data_node=or_data_node)
+    def named(address: str) -> str:
+        return names.get(address.lower(), address)
 
-                findings += audit_certificate(cert, served, rules, took_part)
-                certificates += 1
-                leaves += len(served)
-        finally:
-            db.close()
-    findings += equivocations(seen, domain)
+    reports: list[AuditReport] = []
+    proven: list[Challenges] = []
+    for epoch in range(last_epoch + 1):
+        report = trio.run(audit_epoch, chain.contracts, chain.run_id, epoch, peers)
+        reports.append(report)
+        proven.append(challenge(chain.contracts, auditor, report.findings))
+
+    def finding(f: Finding) -> dict[str, Any]:
+        return {
+            "kind": f.kind,
+            "accused": named(f.accused),
+            "detail": f.detail,
+            "provable_on_chain": f.proof is not None,
+        }
+
     return {
-        "certificates": certificates,
-        "leaves_checked": leaves,
-        "receipts_seen": len(seen),
-        "findings": [
+        "certificates": sum(len(r.certificates) for r in reports),
+        "leaves_checked": sum(c.leaves_served for r in reports for c in r.certificates),
+        "receipts_seen": sum(r.receipts_seen for r in reports),
+        "peers_unread": {
+            named(node): why for r in reports for node, why in r.peers.items() if why != "ok"
+        },
+        "findings": [finding(f) for r in reports for f in r.findings],
+        "challenges": [
             {
-                "kind": f.kind,
-                "accused": names.get(f.accused.lower(), f.accused),
-                "detail": f.detail,
-                "provable_on_chain": f.proof is not None,
+                **finding(j.finding),
+                "outcome": j.outcome,
+                "slashed_wei": str(j.slashed_wei),
+                "bounty_wei": str(j.bounty_wei),
             }
-            for f in findings
+            for done in proven
+            for j in done.judgements
         ],
+        "auditor": auditor.address,
+        # What every proof took, and what of it was burned (the rest is the bounties).
+        "slashed_wei": str(sum(j.slashed_wei for done in proven for j in done.judgements)),
+        "burned_wei": str(chain.contracts.disputes.functions.burnedWei().call()),
+        "bounty_withdrawn_wei": str(sum(done.withdrawn_wei for done in proven)),
     }

@@ -58,15 +58,17 @@ class SwarmEpochs:
         start, length = self.ledger.run_start_and_length()
         return max(0, (self.ledger.now() - start) // length)
 
-    def settle(self) -> int:
-        """Past the last epoch's end until it is certified, then past its dispute window until
-        every relay has claimed; returns the last epoch."""
+    def settle(self, audit: Callable[[int], None] = lambda last: None) -> int:
+        """Past the last epoch's end until it is certified, ``audit(last)`` while every
+        epoch's dispute window is open, then past the last window until every relay has
+        claimed; returns the last epoch."""
         last = self.current_epoch()
         times = self.ledger.epoch_times(last)
         w3 = self.chain.contracts.w3
         self._before_closing(last)
         advance_time_to(w3, times.ends_at)
         _wait(lambda: self.certified(last), self.timeout_s)
+        audit(last)
         advance_time_to(w3, times.settles_at)
         _wait(self.claimed, self.timeout_s)
         return last

@@ -17,7 +17,9 @@ Swarm file::
              stage like the simulator's heterogeneous scenarios; data nodes run at 1.0),
              hop_ms = 0.0 (node.emulated_hop_ms of every relay: a hop's compute lasts at least
              this long, then 1 / speed of it; e.g. 200 makes the relays' timing a GPU
-             cluster's, not the shared CPUs')
+             cluster's, not the shared CPUs'), cheaters = {} (nodes dishonest on purpose, by
+             name: e.g. {"relay-1-0" = "claim-twice", "data" = "inflate-units"}; the modes of
+             node.receipts.cheats; the swarm audits and challenges every epoch before it settles)
     [flow]   any field of the node settings' flow section (decision_period_s,
              hop_ack_deadline_s, keepalive_interval_s, ...; see node/settings.py)
     [chain]  enabled = true, rpc_url = "" (use a running chain instead of starting a devnet),
@@ -51,6 +53,7 @@ import tomli_w
 
 from gwtf.errors import ConfigError
 from node.p2p.link_emulation import Topology
+from node.receipts.cheats import check_cheat
 from node.runtime.fault_injection import CRASH_MOMENTS
 from node.settings import AUTO_STAGE, FlowSettings, load_settings
 from node.swarm.chain import ChainPlan, SwarmChain, node_key_file, password_file
@@ -88,6 +91,7 @@ _SECTIONS: dict[str, set[str]] = {
         "data_nodes",
         "speeds",
         "hop_ms",
+        "cheaters",
     },
     "flow": set(FlowSettings.__dataclass_fields__) - {"routing"},
     "chain": set(ChainPlan.__dataclass_fields__),
@@ -119,6 +123,8 @@ class SwarmPlan:
     #: The last status of each killed node that was started again (its first life's work).
     retired: list[dict[str, Any]] = field(default_factory=list)
     last_epoch: int = -1  # the last epoch settled on chain (-1: no epoch cycle)
+    #: What the audit of the epochs found and proved before they settled (``node.swarm.audit``).
+    audit: dict[str, Any] | None = None
 
 
 def load_swarm_file(path: Path) -> dict[str, dict[str, Any]]:
@@ -156,6 +162,7 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
         "data_nodes": 1,
         "speeds": [1.0],
         "hop_ms": 0.0,
+        "cheaters": {},
         **raw.get("swarm", {}),
     }
     _check_run(run)
@@ -189,6 +196,8 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
         if rule.get("when", "on_receipt") not in CRASH_MOMENTS:
             raise ConfigError(f"crash_on rule {rule}: 'when' is one of {', '.join(CRASH_MOMENTS)}")
     chain_plan = ChainPlan.from_section(raw.get("chain", {}))
+    if swarm["cheaters"] and not (chain_plan.enabled and chain_plan.receipts):
+        raise ConfigError("[swarm] cheaters cheat with receipts: they need [chain] enabled")
     if not chain_plan.enabled and any("stranger" in event for event in churn["events"]):
         raise ConfigError("a 'stranger' churn event tests admission: it needs [chain] enabled")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -217,6 +226,11 @@ def _check_swarm(swarm: dict[str, Any]) -> None:
             f"[swarm] speeds = {speeds!r}: give a list of speeds above 0 and at most 1, "
             "like [1.0, 0.6, 0.35]"
         )
+    cheaters = swarm["cheaters"]
+    if not isinstance(cheaters, dict):
+        raise ConfigError('[swarm] cheaters: give a table like {"relay-1-0" = "claim-twice"}')
+    for name, mode in cheaters.items():
+        check_cheat(str(mode), "data" if name == "data" or name.startswith("data-") else "relay")
     if not isinstance(regions, list) or not regions or not all(isinstance(r, str) for r in regions):
         raise ConfigError(f'[swarm] regions = {regions!r}: give a list like ["oregon", "tokyo"]')
     if swarm["topology"]:
@@ -264,6 +278,8 @@ def node_settings(
         capacity = max(1, capacity * plan.swarm["relays_per_stage"] // plan.swarm["data_nodes"])
     if role == "relay":
         node = {"emulated_hop_ms": plan.swarm["hop_ms"], **node}
+    if name in plan.swarm["cheaters"]:
+        node = {"cheat": plan.swarm["cheaters"][name], **node}
     return {
         "node": {
             "name": name,

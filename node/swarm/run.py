@@ -29,7 +29,7 @@ from typing import IO, Any
 
 from gwtf.errors import GwtfError
 from node.settings import AUTO_STAGE
-from node.swarm.audit import audit_swarm
+from node.swarm.audit import audit_and_challenge, auditor_of
 from node.swarm.chain import (
     DEVNET_SCRYPT_N,
     chain_facts,
@@ -178,7 +178,7 @@ def run_swarm(
         time.sleep(1.0)  # the relays' last status (their final step) lands within 0.25 s
         _record_injected_crashes(plan)
         if epochs is not None:
-            plan.last_epoch = epochs.settle()
+            plan.last_epoch = epochs.settle(lambda last: _audit(plan, last))
         return summarise(plan, [plan.procs[p.name] for p in data_nodes], time.monotonic() - started)
     finally:
         for proc in plan.procs.values():
@@ -191,6 +191,19 @@ def run_swarm(
                 proc.popen.kill()
         if plan.chain is not None:
             plan.chain.stop()
+
+
+def _audit(plan: SwarmPlan, last: int) -> None:
+    """The epochs 0..``last`` audited over p2p and their fraud proven, nodes still serving."""
+    assert plan.chain is not None
+    peers = [
+        str(status["address"])
+        for name, proc in plan.procs.items()
+        if name not in plan.strangers
+        and proc.popen.poll() is None
+        and (status := read_status(proc)) is not None
+    ]
+    plan.audit = audit_and_challenge(plan.chain, peers, last, auditor_of(plan.chain))
 
 
 def _trained(data_nodes: list[Proc]) -> bool:
@@ -409,7 +422,7 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
             entry["claims"] = list((receipts.get("cycle") or {}).get("claims", {}).values())
         summary["chain"]["epochs"] = earned["epochs"]
         summary["chain"]["earnings"] = earned["nodes"]
-        if plan.chain.plan.receipts:
-            summary["chain"]["audit"] = audit_swarm(plan.chain, plan.out_dir, plan.last_epoch)
+        if plan.audit is not None:
+            summary["chain"]["audit"] = plan.audit
     (plan.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

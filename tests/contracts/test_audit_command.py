@@ -26,6 +26,7 @@ from node.p2p.host import full_address, running_host
 from node.p2p.identity import identity_from_key
 from node.p2p.rpc import RequestResponse
 from node.receipts.book import ReceiptTerms
+from node.receipts.cheats import Cheat
 from node.receipts.serving import ReceiptServer
 from node.store.database import open_database
 from node.store.hops import HopStore
@@ -49,11 +50,15 @@ def devnet_file(staffed: Staffed, tmp_path: Path) -> Iterator[Path]:
 
 
 @contextmanager
-def serving_data_node(s: Staffed, node: NodeKey, tree: CertificateTree, db: Path) -> Iterator[str]:
-    """``node``'s host serving ``tree`` as its certificate of epoch 0 to anyone (it admits no
-    peer: an auditor is served in public); yields its address."""
+def serving_data_node(
+    s: Staffed, node: NodeKey, tree: CertificateTree | None, db: Path, cheat: Cheat | None = None
+) -> Iterator[str]:
+    """``node``'s host serving its receipts and ``tree`` as its certificate of epoch 0 (None: a
+    relay's, no certificate) to anyone, with what ``cheat`` makes of them (it admits no peer: an
+    auditor is served in public); yields its address."""
     terms = ReceiptTerms(s.run, s.w.ledger_domain, STAGES, UNITS_PER_HOP)
-    server = ReceiptServer(HopStore(open_database(f"sqlite:///{db}")), terms, {0: tree}.get)
+    trees = {0: tree} if tree is not None else {}
+    server = ReceiptServer(HopStore(open_database(f"sqlite:///{db}")), terms, trees.get, cheat)
     address: queue.Queue[str] = queue.Queue()
     stop = threading.Event()
 

@@ -122,6 +122,8 @@ seed = 3
 [swarm]
 relays_per_stage = 2
 capacity = 1
+# Two relays sign two versions of a hop: one as its worker, one as its receiver.
+cheaters = {"relay-1-0" = "claim-twice", "relay-2-1" = "equivocate"}
 [chain]
 epochs = 2
 [churn]
@@ -141,7 +143,7 @@ def certified_units(out: Path, run_id: int, epochs: int) -> dict[str, int]:
     return units
 
 
-def test_every_hop_earns_two_epochs_are_certified_and_claimed_a_restarted_relay_included(
+def test_every_hop_earns_the_audit_slashes_the_two_cheaters_and_pays_the_honest_to_the_wei(
     tmp_path: Path,
 ) -> None:
     summary = swarm_of(tmp_path, RECEIPTS_FILE, timeout_s=300)
@@ -152,34 +154,62 @@ def test_every_hop_earns_two_epochs_are_certified_and_claimed_a_restarted_relay_
     assert [e["epoch"] for e in epochs][:2] == [0, 1], "training spanned two epochs"
     for epoch in epochs[:2]:
         assert epoch["certified_units"] > 0 and epoch["adds_up"], epoch
-    # Every live relay claimed exactly its certified units, the restarted one included (from
-    # its own database, after its restart); its claims are each epoch's once.
-    addresses = {node["node"]: node["node_address"] for node in chain["registered_nodes"]}
-    certified = certified_units(tmp_path / "out", chain["run_id"], len(epochs))
-    earnings = chain["earnings"]
-    for name in ("relay-1-0", "relay-1-1", "relay-2-0", "relay-2-1"):
-        assert earnings[name]["units"] == certified.get(addresses[name], 0), name
-        claims = earnings[name]["claims"]
-        assert all(c["status"] == "confirmed" for c in claims), claims
-        assert len({(c["epoch"], c["data_node"]) for c in claims}) == len(claims)
-    assert earnings["relay-1-1"]["units"] > 0, "the restarted relay was paid"
-    assert sum(e["units"] for e in earnings.values()) == sum(certified.values())
-    paid = sum(int(e["reward_wei"]) for e in earnings.values())
-    assert paid == sum(int(e["claimed_wei"]) for e in epochs)
-    # Each closed epoch (all its units claimed) paid its budget to the wei with the dust back.
-    for epoch in epochs:
-        if epoch["closed"]:
-            assert int(epoch["claimed_wei"]) + int(epoch["returned_wei"]) == int(
-                epoch["budget_wei"]
-            )
-    receipts = earnings["relay-2-0"]["receipts"]
-    assert receipts["signed"] > 0 and receipts["refused"] == 0
-    # The auditor's checks on every certificate and every receipt held: nothing to find.
+    # The audit over p2p, before the epochs settled: one equivocation per cheater per epoch it
+    # cheated in, nobody else accused; the first proof slashed each, the next was judged.
     audit = chain["audit"]
-    assert audit["findings"] == []
+    assert audit["peers_unread"] == {}
     assert audit["certificates"] == sum(len(e["certificates"]) for e in epochs)
     certified_count = sum(c["count"] for e in epochs for c in e["certificates"].values())
     assert audit["leaves_checked"] == certified_count > 0
+    cheaters = {"relay-1-0": "as worker", "relay-2-1": "as counterparty"}
+    assert {f["accused"] for f in audit["findings"]} == set(cheaters)
+    for f in audit["findings"]:
+        assert f["kind"] == "equivocation" and f["provable_on_chain"], f
+        assert cheaters[f["accused"]] in f["detail"], f
+    slashed = [c for c in audit["challenges"] if c["outcome"] == "slashed"]
+    assert sorted(c["accused"] for c in slashed) == sorted(cheaters)
+    assert all(c["outcome"] == "already judged" for c in audit["challenges"] if c not in slashed)
+    stake = 2 * 10**18
+    assert all(int(c["slashed_wei"]) == stake for c in slashed)
+    bounty = sum(int(c["bounty_wei"]) for c in slashed)
+    assert int(audit["bounty_withdrawn_wei"]) == bounty == 2 * stake // 20
+    assert int(audit["slashed_wei"]) == int(audit["burned_wei"]) + bounty
+    # The honest relays, the restarted one included (from its own database, after its
+    # restart), claimed exactly their certified units, at the epoch's one rate; the slashed
+    # claimed nothing, and their stake is gone.
+    addresses = {node["node"]: node["node_address"] for node in chain["registered_nodes"]}
+    certified = certified_units(tmp_path / "out", chain["run_id"], len(epochs))
+    earnings = chain["earnings"]
+    for name in ("relay-1-1", "relay-2-0"):
+        assert earnings[name]["units"] == certified.get(addresses[name], 0) > 0, name
+        claims = earnings[name]["claims"]
+        assert all(c["status"] == "confirmed" for c in claims), claims
+        assert len({(c["epoch"], c["data_node"]) for c in claims}) == len(claims)
+    for name in cheaters:
+        assert earnings[name]["units"] == 0 and earnings[name]["stake_wei"] == "0", name
+    honest_units = sum(certified.get(addresses[n], 0) for n in ("relay-1-1", "relay-2-0"))
+    assert sum(e["units"] for e in earnings.values()) == honest_units
+    # Each epoch: what was claimed is what the ledger paid, each claim its units' share of the
+    # budget; claimed + returned + still claimable (the cheaters' share, back when the claim
+    # period ends) is the budget to the wei.
+    paid = sum(int(e["reward_wei"]) for e in earnings.values())
+    assert paid == sum(int(e["claimed_wei"]) for e in epochs)
+    for epoch in epochs:
+        parts = ("claimed_wei", "returned_wei", "unclaimed_wei")
+        assert sum(int(epoch[k]) for k in parts) == int(epoch["budget_wei"]), epoch
+        cheated = sum(certified_units_of(tmp_path / "out", chain["run_id"], epoch["epoch"],
+                                         [addresses[n] for n in cheaters]))  # fmt: skip
+        share = int(epoch["budget_wei"]) * cheated // max(1, epoch["certified_units"])
+        assert int(epoch["unclaimed_wei"]) >= share
+    receipts = earnings["relay-2-0"]["receipts"]
+    assert receipts["signed"] > 0 and receipts["refused"] == 0
+
+
+def certified_units_of(out: Path, run_id: int, epoch: int, workers: list[str]) -> list[int]:
+    """Units of ``workers`` in the data node's certificate of ``epoch``."""
+    store = HopStore(open_database(f"sqlite:///{out / 'data.sqlite'}"))
+    return [e.receipt.units for e in store.certified_hops(run_id, epoch)
+            if e.receipt.worker in workers]  # fmt: skip
 
 
 CHAINLESS_FILE = """

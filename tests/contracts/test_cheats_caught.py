@@ -1,0 +1,161 @@
+"""Every cheat of ``node.receipts.cheats`` against the real auditor and the real contracts: the
+cheating node serves what its cheat makes (its real libp2p host, in public), ``gwtf-node
+challenge`` audits the epoch over p2p, proves each fraud the chain judges alone, and the cheater
+alone is slashed, with the bounty withdrawn to the challenger's wallet; run again it sends
+nothing. A withheld leaf is found, fails the audit and slashes nobody: no contract sees it."""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contracts.certificate_tree import PreparedHop, SignedReceipt, tree_of_prepared
+from node.chain.wallet import create_wallet
+from node.cli.audit import EXIT_FINDINGS
+from node.cli.main import main
+from node.receipts.cheats import (
+    CLAIM_TWICE,
+    EQUIVOCATE,
+    FORGE_COUNTERSIGNATURE,
+    INFLATE_UNITS,
+    PHANTOM_HOPS,
+    WITHHOLD_LEAF,
+    Cheat,
+)
+from tests.contracts.conftest import Staffed
+from tests.contracts.test_audit_command import devnet_file, serving_data_node  # noqa: F401
+from tests.contracts.world import ETH, UNITS_PER_HOP, NodeKey
+
+SLASHED_STATUS = 4
+PASSWORD = "challenger password"
+
+
+def challenger_wallet(s: Staffed, tmp_path: Path) -> tuple[Path, Path]:
+    """A keystore funded with 1 ETH, and its password file."""
+    path, password = tmp_path / "challenger.json", tmp_path / "password"
+    account = create_wallet(path, PASSWORD, scrypt_n=2**10)
+    password.write_text(PASSWORD)
+    s.w.w3.eth.send_transaction({"from": s.w.challenger, "to": account.address, "value": ETH})
+    return path, password
+
+
+def run_challenge(
+    capsys: pytest.CaptureFixture[str], devnet: Path, wallet: tuple[Path, Path], run: int,
+    peers: list[str],
+) -> tuple[int, dict[str, Any]]:  # fmt: skip
+    argv = ["--devnet-file", str(devnet), "challenge", "--run", str(run), "--epoch", "0"]
+    argv += ["--wallet", str(wallet[0]), "--password-file", str(wallet[1]), "--json"]
+    argv += [flag for peer in peers for flag in ("--peer", peer)] + ["--timeout-s", "10"]
+    code = main(argv)
+    return code, json.loads(capsys.readouterr().out)
+
+
+def honest_hops(s: Staffed) -> list[SignedReceipt]:
+    """Two microbatches through a (stage 1) and b (stage 2)."""
+    return s.w.pipeline_hops(s.run, 0, s.data, [s.a, s.b], [0, 1])
+
+
+def submit(s: Staffed, entries: list[SignedReceipt], cheat: Cheat | None = None) -> Any:
+    """The data node's tree of ``entries`` as its cheat (if any) makes it, submitted."""
+    chosen = [PreparedHop.of(e, s.w.ledger_domain) for e in entries]
+    if cheat is not None:
+        chosen = cheat.certify(chosen)
+    tree = tree_of_prepared(chosen)
+    s.w.to_submission(s.run, 0)
+    cert = tree.cert_ref(s.run, 0, s.data.address)
+    s.w.submit(cheat.certificate(cert) if cheat is not None else cert)
+    return tree
+
+
+def cheat_of(s: Staffed, mode: str, key: NodeKey) -> Cheat:
+    return Cheat(mode, key.private_key, s.w.ledger_domain, UNITS_PER_HOP)
+
+
+DATA_NODE_CHEATS = {
+    FORGE_COUNTERSIGNATURE: ("invalid hop", "countersignature is not the counterparty's"),
+    PHANTOM_HOPS: ("invalid hop", "countersigned by its own worker"),
+    INFLATE_UNITS: ("bad totals", "contradicts count or units"),
+}
+
+
+@pytest.mark.parametrize("mode", DATA_NODE_CHEATS)
+def test_a_cheating_data_node_is_found_slashed_and_its_certificate_voided(
+    mode: str, staffed: Staffed, devnet_file: Path, tmp_path: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    s, (kind, why) = staffed, DATA_NODE_CHEATS[mode]
+    cheat = cheat_of(s, mode, s.data)
+    tree = submit(s, honest_hops(s), cheat)
+    wallet = challenger_wallet(s, tmp_path)
+    with serving_data_node(s, s.data, tree, tmp_path / "d.sqlite", cheat) as at:
+        code, report = run_challenge(capsys, devnet_file, wallet, s.run, [at])
+        again, report_again = run_challenge(capsys, devnet_file, wallet, s.run, [at])
+    assert code == 0, report
+    first, *rest = report["challenges"]
+    assert first["kind"] == kind and why in first["detail"], first
+    assert first["accused"] == s.data.address and first["outcome"] == "slashed"
+    assert int(first["slashed_wei"]) == 2 * ETH and int(first["bounty_wei"]) == 2 * ETH // 20
+    assert all(r["outcome"] == "already judged" for r in rest), rest  # the same certificate
+    assert int(report["withdrawn_wei"]) == 2 * ETH // 20
+    assert s.w.status_of(s.data) == SLASHED_STATUS
+    assert all(s.w.status_of(k) != SLASHED_STATUS for k in (s.a, s.b, s.c)), "nobody else"
+    # Run again: the finding is still there (no longer provable: the certificate is voided),
+    # nothing is sent, nothing is withdrawn.
+    assert report_again["challenges"] == [] and report_again["withdrawn_wei"] == "0"
+    assert again == EXIT_FINDINGS
+
+
+def test_a_withheld_leaf_fails_the_audit_and_slashes_nobody(
+    staffed: Staffed, devnet_file: Path, tmp_path: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    s = staffed
+    cheat = cheat_of(s, WITHHOLD_LEAF, s.data)
+    tree = submit(s, honest_hops(s), cheat)
+    wallet = challenger_wallet(s, tmp_path)
+    with serving_data_node(s, s.data, tree, tmp_path / "d.sqlite", cheat) as at:
+        code, report = run_challenge(capsys, devnet_file, wallet, s.run, [at])
+    assert code == EXIT_FINDINGS
+    (finding,) = report["certificates"][0]["findings"]
+    assert finding["kind"] == "withheld" and not finding["provable_on_chain"]
+    assert finding["detail"] == f"1 of {tree.count} leaves not served"
+    assert report["challenges"] == []
+    assert all(s.w.status_of(k) != SLASHED_STATUS for k in (s.data, s.a, s.b, s.c))
+
+
+@pytest.mark.parametrize("mode", [CLAIM_TWICE, EQUIVOCATE])
+def test_a_relay_that_signs_two_versions_of_a_hop_is_slashed_and_nobody_else(
+    mode: str, staffed: Staffed, devnet_file: Path, tmp_path: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    s = staffed
+    entries = honest_hops(s)
+    tree = submit(s, entries)  # an honest data node certifies the first version
+    # b computed stage 2 and received a's forwards: as worker it claims one twice, or as
+    # counterparty it countersigns a second version of one.
+    cheater = s.b
+    cheat = cheat_of(s, mode, cheater)
+    for entry in entries:
+        if mode == CLAIM_TWICE and entry.receipt.worker == cheater.address:
+            cheat.signed(entry)
+        if mode == EQUIVOCATE and entry.receipt.counterparty == cheater.address:
+            cheat.received(entry)
+    wallet = challenger_wallet(s, tmp_path)
+    with ExitStack() as stack:
+        data = stack.enter_context(serving_data_node(s, s.data, tree, tmp_path / "d.sqlite"))
+        relay = stack.enter_context(
+            serving_data_node(s, cheater, None, tmp_path / "b.sqlite", cheat)
+        )
+        code, report = run_challenge(capsys, devnet_file, wallet, s.run, [data, relay])
+    assert code == 0, report
+    (judged,) = report["challenges"]
+    role = "worker" if mode == CLAIM_TWICE else "counterparty"
+    assert judged["kind"] == "equivocation" and f"as {role}" in judged["detail"]
+    assert judged["accused"] == cheater.address and judged["outcome"] == "slashed"
+    assert int(judged["slashed_wei"]) == 4 * ETH  # b's whole stake
+    assert s.w.status_of(cheater) == SLASHED_STATUS
+    assert all(s.w.status_of(k) != SLASHED_STATUS for k in (s.data, s.a, s.c))
