@@ -25,6 +25,7 @@ leaf's (``unproven``), and, accusing nobody, a certificate the auditor could not
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -250,8 +251,11 @@ def _is_the_leafs(entry: SignedReceipt, hop: CertifiedHop, domain: Eip712Domain)
     )
 
 
+@functools.lru_cache(maxsize=1 << 18)
 def _signer(digest: bytes, signature: bytes) -> str:
-    """The signer's address in lower case, or "" where OpenZeppelin's ``tryRecover`` fails."""
+    """The signer's address in lower case, or "" where OpenZeppelin's ``tryRecover`` fails.
+    Cached: an audit recovers each signature of a certificate's leaves again when it looks for
+    equivocations, and recovery is most of an audit's time (``bench/audit.py``)."""
     try:
         return recover_digest_signer(digest, signature).lower()
     except ProtocolError:

@@ -1,0 +1,178 @@
+"""What an audit costs: checking an epoch's receipts on one core, and fetching them from a node.
+
+1. Checks (``node.audit.checks``) of one data node's certificate of ``--receipts`` hops (real
+   secp256k1 signatures, two stages, two workers): every leaf's Merkle proof against the root,
+   the totals and sequence, each hop by the disputes contract's validity rule (both signatures
+   recovered; membership asked once per node), then equivocations across all of them (both
+   signatures, recovered once: the auditor caches each signer). Receipts per second on one
+   core (goal >= 5,000), against the bare cost of recovering two signatures per receipt in the
+   same run.
+2. Fetching that certificate's leaves with their proofs over ``/gwtf/receipts/1.0.0`` from a real
+   libp2p host on loopback: as a peer of the run (no rate limit) and as an outsider (the shared
+   public rate, 10 pages a second with a burst of 20), against decoding the same pages in
+   process.
+
+Re-executing sampled hops is not built (hop inputs are not kept), so it has no row here.
+
+Usage: python bench/audit.py [--receipts 100000] [--fetch 100000] [--public 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import trio
+from eth_utils.crypto import keccak
+from libp2p.peer.id import ID
+
+from contracts.certificate_tree import CertificateTree, SignedReceipt, build_certificate_tree
+from contracts.encoding import (
+    BACKWARD,
+    FORWARD,
+    HopReceipt,
+    ledger_domain,
+    node_address_of,
+    node_public_key,
+    receipt_digest,
+    recover_digest_signer,
+    sign_digest,
+)
+from node.audit.checks import RunRules, audit_certificate, equivocations
+from node.p2p.host import peer_info, running_host
+from node.p2p.identity import identity_from_key
+from node.p2p.rpc import RequestResponse
+from node.receipts.book import ReceiptTerms
+from node.receipts.serving import CERTIFIED, ReceiptServer, certified_page, fetch_receipts
+from node.receipts.wire import MAX_PAGE, decode_page, encode_page
+from node.store.database import open_database
+from node.store.hops import HopStore
+
+DOMAIN = ledger_domain(31337, "0x" + "ab" * 20)
+UNITS = 10
+KEYS = {name: keccak(text=f"bench audit {name}") for name in ("data", "a", "b", "auditor")}
+ADDRESSES = {name: node_address_of(node_public_key(key)) for name, key in KEYS.items()}
+
+
+def epoch_of(count: int) -> list[SignedReceipt]:
+    """``count`` receipts of microbatches through a (stage 1) and b (stage 2), each signed by
+    its worker and countersigned by its receiver."""
+    a, b, data = ADDRESSES["a"], ADDRESSES["b"], ADDRESSES["data"]
+    links = (
+        (1, FORWARD, "a", b), (2, FORWARD, "b", data), (2, BACKWARD, "b", a),
+        (1, BACKWARD, "a", data),
+    )  # fmt: skip
+    receivers = {b: "b", data: "data", a: "a"}
+    entries = []
+    for m in range(count // 4 + 1):
+        for stage, direction, worker, to in links:
+            if len(entries) == count:
+                return entries
+            digests = keccak(f"{m} {stage} {direction}".encode())
+            units = UNITS if direction == FORWARD else 2 * UNITS
+            r = HopReceipt(
+                1, 0, data, 0, m, stage, direction, 0, ADDRESSES[worker], to, digests,
+                keccak(digests), units,
+            )  # fmt: skip
+            digest = receipt_digest(r, DOMAIN)
+            entries.append(
+                SignedReceipt(
+                    r, sign_digest(digest, KEYS[worker]), sign_digest(digest, KEYS[receivers[to]])
+                )
+            )
+    return entries
+
+
+def check_rates(tree: CertificateTree) -> tuple[float, float, float]:
+    """Receipts per second: bare signature recovery, the certificate's checks, equivocations."""
+    entries = [e for e in tree.entries if e is not None]
+    started = time.perf_counter()
+    for e in entries:
+        digest = receipt_digest(e.receipt, DOMAIN)
+        recover_digest_signer(digest, e.worker_signature)
+        recover_digest_signer(digest, e.counterparty_signature)
+    bare = len(entries) / (time.perf_counter() - started)
+    served = [(e, tree.leaf_proof(i)) for i, e in enumerate(entries)]
+    cert = tree.cert_ref(1, 0, ADDRESSES["data"])
+    rules = RunRules(2, UNITS, DOMAIN)
+    started = time.perf_counter()
+    findings = audit_certificate(cert, served, rules, lambda node, or_data_node: True)
+    checked = len(entries) / (time.perf_counter() - started)
+    assert findings == [], findings[:3]
+    started = time.perf_counter()
+    assert equivocations(entries, DOMAIN) == []
+    unique = len(entries) / (time.perf_counter() - started)
+    return bare, checked, unique
+
+
+def decode_rate(tree: CertificateTree) -> float:
+    """Receipts per second of paging the certificate in process (encode and decode)."""
+    started = time.perf_counter()
+    for offset in range(0, tree.count, MAX_PAGE):
+        decode_page(encode_page(certified_page(tree, offset, MAX_PAGE)))
+    return tree.count / (time.perf_counter() - started)
+
+
+async def fetch_rate(tree: CertificateTree, count: int, admitted: bool) -> float:
+    """Receipts per second fetching ``count`` leaves of ``tree`` from a data node's host."""
+    auditor = identity_from_key(KEYS["auditor"])
+    auditor_id = str(ID.from_pubkey(auditor.public_key))
+    store = HopStore(open_database("sqlite://"))
+    terms = ReceiptTerms(1, DOMAIN, 2, UNITS)
+
+    async def admit(peer: str) -> bool:
+        return admitted and peer == auditor_id
+
+    async with (
+        running_host(identity_from_key(KEYS["data"])) as host,
+        running_host(auditor) as client,
+    ):
+        ReceiptServer(store, terms, {0: tree}.get).serve(RequestResponse(host, admit=admit), 30.0)
+        await client.connect(peer_info(f"{host.get_addrs()[0]}/p2p/{host.get_id()}"))
+        rpc = RequestResponse(client)
+        started = time.perf_counter()
+        fetched = await fetch_receipts(rpc, str(host.get_id()), 1, 0, CERTIFIED, 30.0, count)
+        elapsed = time.perf_counter() - started
+    assert len(fetched.entries) == count, fetched.stopped  # (stopped: at ``count``, as asked)
+    return count / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--receipts", type=int, default=100_000)
+    parser.add_argument("--fetch", type=int, default=100_000, help="leaves fetched as a peer")
+    parser.add_argument("--public", type=int, default=20_000, help="leaves fetched in public")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    tree = build_certificate_tree(epoch_of(args.receipts), DOMAIN)
+    made_s = time.perf_counter() - started
+    print(f"{args.receipts:,} signed receipts and their tree in {made_s:.0f} s")
+    bare, checked, unique = check_rates(tree)
+    both = 1 / (1 / checked + 1 / unique)
+    in_process = decode_rate(tree)
+    as_peer = trio.run(fetch_rate, tree, min(args.fetch, tree.count), True)
+    in_public = trio.run(fetch_rate, tree, min(args.public, tree.count), False)
+    n = f"{args.receipts:,}"
+    rows = [
+        (f"two signatures recovered per receipt, {n} (receipts/s)", f"{bare:,.0f}", "baseline"),
+        (f"certificate checks of {n} leaves (receipts/s)", f"{checked:,.0f}",
+         f"{checked / bare:.2f} of baseline"),
+        (f"equivocations across {n} receipts, signers known (receipts/s)", f"{unique:,.0f}",
+         f"{unique / bare:.2f} of baseline"),
+        ("the whole audit of an epoch, one core (receipts/s)", f"{both:,.0f}", ">= 5000"),
+        ("certificate pages encoded + decoded in process (receipts/s)", f"{in_process:,.0f}",
+         "baseline"),
+        (f"fetched over p2p as a peer of the run, {min(args.fetch, tree.count):,} (receipts/s)",
+         f"{as_peer:,.0f}", f"{as_peer / in_process:.2f} of in process"),
+        (f"fetched in public (10 pages/s), {min(args.public, tree.count):,} (receipts/s)",
+         f"{in_public:,.0f}", f"{in_public / in_process:.3f} of in process"),
+        (f"an epoch of {n} receipts fetched as a peer / in public (s)",
+         f"{args.receipts / as_peer:.1f} / {args.receipts / in_public:.1f}", ""),
+    ]  # fmt: skip
+    print(f"{'measure':<66}{'value':>14}  vs")
+    for label, value, goal in rows:
+        print(f"{label:<66}{value:>14}  {goal}")
+
+
+if __name__ == "__main__":
+    main()
