@@ -165,6 +165,7 @@ def receipts_from_settings(settings: Settings) -> ReceiptsConfig | None:
     if chain.run_id < 1:
         raise ConfigError("chain.receipts is on but chain.run_id is not set; set the run's id")
     contracts, _ = open_contracts(settings)
+    check_cheat(settings.node.cheat, settings.node.role, contracts.w3.eth.chain_id)
     run = contracts.port().run_info(chain.run_id)
     if run is None:
         raise ConfigError(f"chain.run_id={chain.run_id}: no such run on this chain")

@@ -10,24 +10,27 @@ The bounties credited to the challenger are withdrawn at the end (pull payment).
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from web3.logs import DISCARD
 
 from contracts.bindings import ContractRevert
-from contracts.encoding import CertRef
+from contracts.encoding import CertRef, sign_digest
 from contracts.fraud_proofs import Fraud, FraudProof, commitment_of
 from contracts.keccak import keccak256
+from gwtf.errors import ChainError
 from node.audit.checks import Finding
 from node.chain.actions import Contracts, commit_proof, reveal_proof, withdraw_credit
-from node.chain.adapter import Sender
+from node.chain.adapter import NODE_STATUS_SLASHED, Sender
 
 SLASHED: Final = "slashed"
 JUDGED_BEFORE: Final = "already judged"
 REFUSED: Final = "refused"
-#: NodeRegistry.NodeStatus.Slashed
-_STATUS_SLASHED: Final = 4
+#: Gas a reveal is sent with: the proofs take 100-200 thousand (``contracts/README.md``).
+REVEAL_GAS: Final = 1_000_000
+NEXT_BLOCK_TIMEOUT_S: Final = 120.0
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ def challenge(contracts: Contracts, challenger: Sender, findings: list[Finding])
             done.judgements.append(_judge(contracts, challenger, finding, finding.proof))
     credit = int(contracts.disputes.functions.creditWei(challenger.address).call())
     if credit > 0:
-        withdraw_credit(contracts, challenger)
+        withdraw_credit(contracts, challenger)  # a failure here leaves the credit to withdraw
         done.withdrawn_wei = credit
     return done
 
@@ -74,10 +77,11 @@ def _judge(c: Contracts, challenger: Sender, finding: Finding, proof: FraudProof
     try:
         if int(c.disputes.functions.commitments(commitment).call()) == 0:
             commit_proof(c, challenger, proof, salt)
-        # The reveal is mined in a later block than the commitment, which the contract asks.
-        receipt = reveal_proof(c, challenger, proof, salt)
+        receipt = _reveal(c, challenger, proof, salt)
     except ContractRevert as exc:
         return Judgement(finding, REFUSED, str(exc))
+    except ChainError as exc:  # mined and failed, no receipt in time: the next proofs go on
+        return Judgement(finding, REFUSED, " ".join(str(exc).split())[:300])
     (event,) = c.disputes.events.FraudProven().process_receipt(receipt, errors=DISCARD)
     args = event["args"]
     return Judgement(
@@ -86,11 +90,33 @@ def _judge(c: Contracts, challenger: Sender, finding: Finding, proof: FraudProof
     )  # fmt: skip
 
 
+def _reveal(c: Contracts, challenger: Sender, proof: FraudProof, salt: bytes) -> Any:
+    """The proof, sent once the commitment's block is behind. It is checked against the
+    pending block and sent with a fixed gas limit: a node estimating gas at the latest block
+    (geth) would find the commitment too recent in the very block that holds it. On a chain
+    that is slow to make the next block, it is asked again once the next block is in."""
+    try:
+        return reveal_proof(c, challenger, proof, salt, gas_limit=REVEAL_GAS)
+    except ContractRevert as exc:
+        if exc.name != "CommitmentTooRecent":
+            raise
+        _wait_for_block(c, int(exc.args[1]) + 1)
+        return reveal_proof(c, challenger, proof, salt, gas_limit=REVEAL_GAS)
+
+
+def _wait_for_block(c: Contracts, number: int, timeout_s: float = NEXT_BLOCK_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while c.w3.eth.block_number < number:
+        if time.monotonic() > deadline:
+            raise ChainError(f"the chain made no block {number} in {timeout_s:.0f} s")
+        time.sleep(1.0)
+
+
 def _judged_before(c: Contracts, proof: FraudProof) -> str:
     """Why the chain has judged this fraud already, or ""."""
     if proof.fraud == Fraud.EQUIVOCATION:
         status = c.registry.functions.bondOf(proof.accused).call()[2]
-        return "its signer is slashed" if status == _STATUS_SLASHED else ""
+        return "its signer is slashed" if status == NODE_STATUS_SLASHED else ""
     cert = CertRef(*proof.args[0])  # type: ignore[misc]
     stored = c.ledger.functions.certificateCommitment(cert.runId, cert.epoch, cert.dataNode).call()
     return "" if bytes(stored) == cert.commitment() else "its certificate is voided"
@@ -101,4 +127,6 @@ def salt_of(challenger: Sender, proof: FraudProof) -> bytes:
     own commitment; random for an account the chain unlocks (its key is not here)."""
     if challenger.account is None:
         return secrets.token_bytes(32)
-    return keccak256(b"gwtf challenge salt" + bytes(challenger.account.key) + proof.proof_hash)
+    # A deterministic (RFC 6979) signature of a message no contract asks to be signed.
+    message = keccak256(b"gwtf challenge salt" + proof.proof_hash)
+    return keccak256(sign_digest(message, bytes(challenger.account.key)))

@@ -76,12 +76,14 @@ class RunRules:
 @dataclass(frozen=True)
 class Finding:
     """One thing wrong: its kind, the node it accuses, what was seen, and the fraud proof the
-    chain judges it by (None: no contract judges it alone)."""
+    chain judges it by (None: no contract judges it alone, or no longer); ``judged`` when the
+    chain has convicted on it already (the certificate voided, the signer slashed)."""
 
     kind: str
     accused: str
     detail: str
     proof: FraudProof | None = None
+    judged: bool = False
 
 
 def audit_certificate(

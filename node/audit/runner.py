@@ -7,8 +7,9 @@ epoch it fetches the data node's leaves with their proofs and checks them, membe
 the chain; it fetches every peer's signed and countersigned receipts too and looks for
 equivocations across all it saw. A data node it cannot reach, or that will not serve, has its
 certificate reported unchecked (which accuses nobody); what it read before a reading broke off
-is checked all the same. A finding on a certificate already voided or settled is reported
-without its proof: the chain would refuse it. Re-execution of hops is not part of it yet.
+is checked all the same. A finding the chain has judged already (a voided certificate, a slashed
+signer) is marked judged, and one on a settled epoch not provable: neither carries its proof,
+which the chain would refuse. Re-execution of hops is not part of it yet.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from node.audit.checks import (
     equivocations,
 )
 from node.chain.actions import Contracts
+from node.chain.adapter import NODE_STATUS_SLASHED
 from node.chain.epochs import EpochLedger
 from node.p2p.host import peer_info, running_host
 from node.p2p.identity import new_identity, node_address_of_peer
@@ -40,6 +42,11 @@ from node.p2p.rpc import RequestResponse
 from node.receipts.serving import CERTIFIED, RECEIVED, SIGNED, fetch_receipts
 
 T = TypeVar("T")
+
+OPEN = "open"
+VOIDED = "the certificate is voided"
+SETTLED = "the epoch settled"
+SLASHED = "the signer is slashed"
 
 
 @dataclass
@@ -132,7 +139,7 @@ async def audit_epoch(
                 for page in fetched.pages
                 for entry, leaf in zip(page.entries, page.leaves, strict=True)
             ]
-            checked.leaves_served = len(served)
+            checked.leaves_served = len({leaf.hop.index for _, leaf in served})
             seen += [entry for entry, _ in served]
             if fetched.stopped is not None:
                 detail = f"read {len(served)} of {cert.count} leaves: {fetched.stopped}"
@@ -143,8 +150,8 @@ async def audit_epoch(
                     complete=fetched.stopped is None,
                 )
             )  # fmt: skip
-            open_now = await _ask_chain(_open_to_challenge, contracts, cert)
-            checked.findings += found if open_now else [_not_provable(f) for f in found]
+            state = await _ask_chain(_certificate_state, contracts, cert)
+            checked.findings += [_as_of(state, f) for f in found]
         for node, peer in reachable.items():
             progress(f"receipts of {node}")
             for which in (SIGNED, RECEIVED):
@@ -153,7 +160,11 @@ async def audit_epoch(
                     report.peers[node] = f"served receipts only in part: {fetched.stopped}"[:200]
                 seen += fetched.entries
     report.receipts_seen = len(seen)
-    report.equivocations = await trio.to_thread.run_sync(equivocations, seen, rules.domain)
+    found = await trio.to_thread.run_sync(equivocations, seen, rules.domain)
+    slashed = await _ask_chain(_slashed, contracts, {f.accused for f in found})
+    report.equivocations = [
+        _as_of(SLASHED if f.accused in slashed else OPEN, f) for f in found
+    ]  # fmt: skip
     return report
 
 
@@ -169,17 +180,26 @@ async def _ask_chain(fn: Callable[..., T], *args: Any) -> T:
         ) from exc
 
 
-def _open_to_challenge(contracts: Contracts, cert: CertRef) -> bool:
-    """Whether a proof against ``cert`` can still convict: not voided, not settled."""
+def _certificate_state(contracts: Contracts, cert: CertRef) -> str:
+    """Whether a proof against ``cert`` can still convict (OPEN), or why not."""
     ledger = contracts.ledger.functions
     stored = ledger.certificateCommitment(cert.runId, cert.epoch, cert.dataNode).call()
+    if bytes(stored) != cert.commitment():
+        return VOIDED
     settles_at = ledger.epochTimes(cert.runId, cert.epoch).call()[3]
     now = contracts.w3.eth.get_block("latest")["timestamp"]
-    return bytes(stored) == cert.commitment() and now < settles_at
+    return OPEN if now < settles_at else SETTLED
 
 
-def _not_provable(finding: Finding) -> Finding:
-    if finding.proof is None:
+def _slashed(contracts: Contracts, nodes: set[str]) -> set[str]:
+    registry = contracts.registry.functions
+    return {n for n in nodes if registry.bondOf(n).call()[2] == NODE_STATUS_SLASHED}
+
+
+def _as_of(state: str, finding: Finding) -> Finding:
+    """``finding`` as the chain stands (``state``): judged already, or no longer provable."""
+    if finding.proof is None or state == OPEN:
         return finding
-    detail = f"{finding.detail} (no longer provable: the certificate is voided or settled)"
-    return Finding(finding.kind, finding.accused, detail)
+    judged = state in (VOIDED, SLASHED)
+    why = "judged: " if judged else "no longer provable: "
+    return Finding(finding.kind, finding.accused, f"{finding.detail} ({why}{state})", None, judged)

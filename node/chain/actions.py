@@ -199,10 +199,15 @@ def commit_proof(c: Contracts, challenger: Sender, proof: FraudProof, salt: byte
     return c.send(challenger, c.disputes.functions.commit(commitment))
 
 
-def reveal_proof(c: Contracts, challenger: Sender, proof: FraudProof, salt: bytes) -> Any:
-    """The second half: the proof itself, which slashes the accused if it holds."""
+def reveal_proof(
+    c: Contracts, challenger: Sender, proof: FraudProof, salt: bytes, gas_limit: int | None = None
+) -> Any:
+    """The second half: the proof itself, which slashes the accused if it holds. With
+    ``gas_limit`` it is checked against the pending block and sent with that limit."""
     fn = getattr(c.disputes.functions, proof.function)(*proof.args, salt)
-    return c.send(challenger, fn)
+    if gas_limit is None:
+        return c.send(challenger, fn)
+    return transact_as(c.w3, challenger, fn, gas_limit=gas_limit)
 
 
 def withdraw_credit(c: Contracts, account: Sender) -> Any:

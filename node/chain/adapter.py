@@ -319,6 +319,7 @@ class FakeChain:
 
 # Order of NodeRegistry.NodeStatus.
 NODE_STATUS_ACTIVE = 1
+NODE_STATUS_SLASHED = 4
 ZERO_ADDRESS = "0x" + "00" * 20
 
 

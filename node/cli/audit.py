@@ -9,7 +9,8 @@ provable. Exits 0 when nothing is found and ``EXIT_FINDINGS`` otherwise.
 ``challenge`` runs the same audit, then sends each provable finding's fraud proof from the
 given wallet (``node.audit.challenge``: commit, reveal, judged) and withdraws the bounties.
 Exits 0 when every finding is judged (now or before) and ``EXIT_FINDINGS`` while any is left
-that the chain did not or cannot judge.
+that the chain did not or cannot judge (withheld leaves, an unchecked certificate, a refused or
+failed proof).
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def cmd_challenge(args: argparse.Namespace, settings: Settings, console: Console
             done = challenge(contracts, challenger, report.findings)
         print_challenges(console, done)
     judged = {id(j.finding) for j in done.judgements if j.outcome != REFUSED}
-    return EXIT_FINDINGS if any(id(f) not in judged for f in report.findings) else 0
+    left = [f for f in report.findings if not f.judged and id(f) not in judged]
+    return EXIT_FINDINGS if left else 0
 
 
 def _audit(args: argparse.Namespace, contracts: Contracts, console: Console) -> AuditReport:
@@ -107,6 +109,7 @@ def finding_json(finding: Finding) -> dict[str, Any]:
         "accused": finding.accused,
         "detail": finding.detail,
         "provable_on_chain": finding.proof is not None,
+        "judged": finding.judged,
         "fraud_proof": finding.proof.function if finding.proof is not None else None,
     }
 
@@ -150,7 +153,8 @@ def print_report(console: Console, report: AuditReport) -> None:
         for column in ("kind", "accused", "what", "the chain convicts on"):
             found.add_column(column)
         for f in report.findings:
-            found.add_row(f.kind, f.accused, f.detail, f.proof.function if f.proof else "no")
+            convicts = f.proof.function if f.proof else ("judged" if f.judged else "no")
+            found.add_row(f.kind, f.accused, f.detail, convicts)
         console.print(found)
     unreachable = {node: why for node, why in report.peers.items() if why != "ok"}
     for node, why in unreachable.items():

@@ -65,7 +65,6 @@ DATA_NODE = "data-node"
 CHEATER = "relay-d"
 # Above any single operation here (registerNode ~0.3 M); see node.chain.adapter.transact_as for why.
 DEMO_GAS_LIMIT = 1_500_000
-NODE_SLASHED = 4  # NodeRegistry.NodeStatus.Slashed
 
 
 @dataclass(frozen=True)

@@ -65,10 +65,21 @@ _FORGER_KEY: Final = keccak256(b"gwtf forged countersignature")
 PHANTOMS_PER_EPOCH: Final = 2
 
 
-def check_cheat(mode: str, role: str) -> None:
-    """A ``ConfigError`` unless ``mode`` is "" or a cheat of ``role`` ("data" or "relay")."""
+#: Chain ids of dev chains (eth-tester, anvil and hardhat, geth --dev): the only chains a
+#: cheat runs on, so that no setting left on can make a real node cheat.
+DEV_CHAIN_IDS: Final = frozenset({131277322940537, 31337, 1337})
+
+
+def check_cheat(mode: str, role: str, chain_id: int | None = None) -> None:
+    """A ``ConfigError`` unless ``mode`` is "" or a cheat of ``role`` ("data" or "relay") on a
+    dev chain (``chain_id``, when known)."""
     if not mode:
         return
+    if chain_id is not None and chain_id not in DEV_CHAIN_IDS:
+        raise ConfigError(
+            f"node.cheat={mode!r} runs only on a dev chain, not chain {chain_id}; remove it "
+            "from the settings (and GWTF_NODE_CHEAT from the environment)"
+        )
     allowed = DATA_NODE_CHEATS if role == "data" else RELAY_CHEATS
     if mode not in allowed:
         raise ConfigError(

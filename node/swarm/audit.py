@@ -1,5 +1,5 @@
-"""The swarm's audit, as anyone would run it: once every epoch is certified and before the
-challenge windows close, ``gwtf-node audit``'s auditor (``node.audit.runner``, a libp2p host
+"""The swarm's audit, as anyone would run it: once the last epoch is certified, while every
+epoch's dispute window is open, ``gwtf-node audit``'s auditor (``node.audit.runner``, a libp2p host
 of its own, served in public) checks each epoch's certificates and the receipts of every live
 node, and ``gwtf-node challenge``'s prover (``node.audit.challenge``) sends the fraud proof of
 each finding the chain judges alone, from an auditor wallet the sponsor funds. An honest swarm
@@ -14,7 +14,7 @@ from typing import Any
 import trio
 from eth_account import Account
 
-from node.audit.challenge import Challenges, challenge
+from node.audit.challenge import SLASHED, Challenges, challenge
 from node.audit.checks import Finding
 from node.audit.runner import AuditReport, audit_epoch
 from node.chain.actions import transfer_eth
@@ -31,52 +31,71 @@ def auditor_of(chain: SwarmChain) -> Sender:
     return auditor
 
 
-def audit_and_challenge(
-    chain: SwarmChain, peers: list[str], last_epoch: int, auditor: Sender
-) -> dict[str, Any]:
-    """Audit epochs 0..``last_epoch`` with the receipts of the nodes at ``peers``, prove what
-    the chain judges; what was checked, found and judged."""
-    names = {node.node_address.lower(): name for name, node in chain.registered.items()}
+class SwarmAudit:
+    """The audit of each epoch of the swarm's run: ``epoch(e, peers)`` while its dispute
+    window is open, ``summary()`` at the end."""
 
-    def named(address: str) -> str:
-        return names.get(address.lower(), address)
+    def __init__(self, chain: SwarmChain) -> None:
+        self.chain = chain
+        self.auditor = auditor_of(chain)
+        self.reports: list[AuditReport] = []
+        self.proven: list[Challenges] = []
 
-    reports: list[AuditReport] = []
-    proven: list[Challenges] = []
-    for epoch in range(last_epoch + 1):
-        report = trio.run(audit_epoch, chain.contracts, chain.run_id, epoch, peers)
-        reports.append(report)
-        proven.append(challenge(chain.contracts, auditor, report.findings))
+    def epoch(self, epoch: int, peers: list[str]) -> None:
+        """Audit ``epoch`` with the receipts of the nodes at ``peers``; prove what the chain
+        judges."""
+        c = self.chain
+        report = trio.run(audit_epoch, c.contracts, c.run_id, epoch, peers)
+        self.reports.append(report)
+        self.proven.append(challenge(c.contracts, self.auditor, report.findings))
 
-    def finding(f: Finding) -> dict[str, Any]:
+    def slashed(self) -> set[str]:
+        """The addresses of the nodes slashed on this audit's proofs (lower case)."""
         return {
-            "kind": f.kind,
-            "accused": named(f.accused),
-            "detail": f.detail,
-            "provable_on_chain": f.proof is not None,
+            j.finding.accused.lower()
+            for done in self.proven
+            for j in done.judgements
+            if j.outcome == SLASHED
         }
 
-    return {
-        "certificates": sum(len(r.certificates) for r in reports),
-        "leaves_checked": sum(c.leaves_served for r in reports for c in r.certificates),
-        "receipts_seen": sum(r.receipts_seen for r in reports),
-        "peers_unread": {
-            named(node): why for r in reports for node, why in r.peers.items() if why != "ok"
-        },
-        "findings": [finding(f) for r in reports for f in r.findings],
-        "challenges": [
-            {
-                **finding(j.finding),
-                "outcome": j.outcome,
-                "slashed_wei": str(j.slashed_wei),
-                "bounty_wei": str(j.bounty_wei),
+    def summary(self) -> dict[str, Any]:
+        """What was checked, found and judged, named by node."""
+        names = {node.node_address.lower(): name for name, node in self.chain.registered.items()}
+
+        def named(address: str) -> str:
+            return names.get(address.lower(), address)
+
+        def finding(f: Finding) -> dict[str, Any]:
+            return {
+                "kind": f.kind,
+                "accused": named(f.accused),
+                "detail": f.detail,
+                "provable_on_chain": f.proof is not None,
+                "judged": f.judged,
             }
-            for done in proven
-            for j in done.judgements
-        ],
-        "auditor": auditor.address,
-        # What every proof took, and what of it was burned (the rest is the bounties).
-        "slashed_wei": str(sum(j.slashed_wei for done in proven for j in done.judgements)),
-        "burned_wei": str(chain.contracts.disputes.functions.burnedWei().call()),
-        "bounty_withdrawn_wei": str(sum(done.withdrawn_wei for done in proven)),
-    }
+
+        reports, judgements = self.reports, [j for done in self.proven for j in done.judgements]
+        return {
+            "epochs": [r.epoch for r in reports],
+            "certificates": sum(len(r.certificates) for r in reports),
+            "leaves_checked": sum(c.leaves_served for r in reports for c in r.certificates),
+            "receipts_seen": sum(r.receipts_seen for r in reports),
+            "peers_unread": {
+                named(node): why for r in reports for node, why in r.peers.items() if why != "ok"
+            },
+            "findings": [finding(f) for r in reports for f in r.findings],
+            "challenges": [
+                {
+                    **finding(j.finding),
+                    "outcome": j.outcome,
+                    "slashed_wei": str(j.slashed_wei),
+                    "bounty_wei": str(j.bounty_wei),
+                }
+                for j in judgements
+            ],
+            "auditor": self.auditor.address,
+            # What every proof took, and what of it was burned (the rest is the bounties).
+            "slashed_wei": str(sum(j.slashed_wei for j in judgements)),
+            "burned_wei": str(self.chain.contracts.disputes.functions.burnedWei().call()),
+            "bounty_withdrawn_wei": str(sum(done.withdrawn_wei for done in self.proven)),
+        }

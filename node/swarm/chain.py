@@ -279,7 +279,8 @@ def _run_config(plan: ChainPlan, stages: int, model: str) -> RunConfig:
         epoch_length_s=plan.epoch_length_s,
         units_per_hop=10,
         reward_per_epoch_wei=_wei(plan.reward_pool_eth) // 10,
-        challenge_window_s=plan.epoch_length_s,
+        # Every epoch's fraud proofs are still open when the swarm audits, after the last.
+        challenge_window_s=plan.epochs * plan.epoch_length_s,
         min_stake_wei=_wei(plan.stake_eth),
     )
 

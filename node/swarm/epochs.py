@@ -30,8 +30,10 @@ def epoch_boundaries(iterations: int, epochs: int) -> list[int]:
 class SwarmEpochs:
     """Moves the swarm's chain clock through its epochs. ``certified(e)`` says whether every
     live data node has settled epochs 0..e; ``claimed()`` whether every live relay has claimed
-    all it worked for. An epoch's submission window closes when the next epoch ends, so the
-    clock never moves past that before the epoch is certified."""
+    all it worked for; ``audit(e)`` runs for each epoch once the last is certified, while
+    every epoch's dispute window is open (the swarm's run has a window of all its epochs).
+    An epoch's submission window closes when the next epoch ends, so the clock never moves
+    past that before the epoch is certified."""
 
     def __init__(
         self,
@@ -39,12 +41,14 @@ class SwarmEpochs:
         iterations: int,
         certified: Callable[[int], bool],
         claimed: Callable[[], bool],
+        audit: Callable[[int], None] = lambda epoch: None,
         timeout_s: float = SETTLE_TIMEOUT_S,
     ) -> None:
         self.chain = chain
         self.ledger = EpochLedger(chain.contracts, chain.run_id, None)
         self.boundaries = epoch_boundaries(iterations, chain.plan.epochs)
         self.certified, self.claimed, self.timeout_s = certified, claimed, timeout_s
+        self.audit = audit
 
     def trained(self, iterations_done: int) -> None:
         """The data node finished ``iterations_done`` iterations: move on an epoch at a part's
@@ -58,17 +62,17 @@ class SwarmEpochs:
         start, length = self.ledger.run_start_and_length()
         return max(0, (self.ledger.now() - start) // length)
 
-    def settle(self, audit: Callable[[int], None] = lambda last: None) -> int:
-        """Past the last epoch's end until it is certified, ``audit(last)`` while every
-        epoch's dispute window is open, then past the last window until every relay has
-        claimed; returns the last epoch."""
+    def settle(self) -> int:
+        """Past the last epoch's end until it is certified, each epoch audited, then past the
+        last dispute window until every relay has claimed; returns the last epoch."""
         last = self.current_epoch()
         times = self.ledger.epoch_times(last)
         w3 = self.chain.contracts.w3
         self._before_closing(last)
         advance_time_to(w3, times.ends_at)
         _wait(lambda: self.certified(last), self.timeout_s)
-        audit(last)
+        for epoch in range(last + 1):
+            self.audit(epoch)
         advance_time_to(w3, times.settles_at)
         _wait(self.claimed, self.timeout_s)
         return last

@@ -56,6 +56,7 @@ from node.p2p.link_emulation import Topology
 from node.receipts.cheats import check_cheat
 from node.runtime.fault_injection import CRASH_MOMENTS
 from node.settings import AUTO_STAGE, FlowSettings, load_settings
+from node.swarm.audit import SwarmAudit
 from node.swarm.chain import ChainPlan, SwarmChain, node_key_file, password_file
 from node.training.errors import ModelConfigError
 from node.training.partition import model_for_run
@@ -123,8 +124,8 @@ class SwarmPlan:
     #: The last status of each killed node that was started again (its first life's work).
     retired: list[dict[str, Any]] = field(default_factory=list)
     last_epoch: int = -1  # the last epoch settled on chain (-1: no epoch cycle)
-    #: What the audit of the epochs found and proved before they settled (``node.swarm.audit``).
-    audit: dict[str, Any] | None = None
+    #: The audit of the epochs, each proved before it settled (``node.swarm.audit``).
+    audit: SwarmAudit | None = None
 
 
 def load_swarm_file(path: Path) -> dict[str, dict[str, Any]]:
@@ -167,6 +168,7 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
     }
     _check_run(run)
     _check_swarm(swarm)
+    _check_cheaters(swarm, run["stages"])
     churn = {
         "events": [],
         "crash_rate_per_hour": 0.0,
@@ -226,11 +228,6 @@ def _check_swarm(swarm: dict[str, Any]) -> None:
             f"[swarm] speeds = {speeds!r}: give a list of speeds above 0 and at most 1, "
             "like [1.0, 0.6, 0.35]"
         )
-    cheaters = swarm["cheaters"]
-    if not isinstance(cheaters, dict):
-        raise ConfigError('[swarm] cheaters: give a table like {"relay-1-0" = "claim-twice"}')
-    for name, mode in cheaters.items():
-        check_cheat(str(mode), "data" if name == "data" or name.startswith("data-") else "relay")
     if not isinstance(regions, list) or not regions or not all(isinstance(r, str) for r in regions):
         raise ConfigError(f'[swarm] regions = {regions!r}: give a list like ["oregon", "tokyo"]')
     if swarm["topology"]:
@@ -243,6 +240,24 @@ def _check_swarm(swarm: dict[str, Any]) -> None:
             raise ConfigError(
                 f"[swarm] regions {unknown} are not in {topology_file}; choose from {list(known)}"
             )
+
+
+def _check_cheaters(swarm: dict[str, Any], stages: int) -> None:
+    """Each cheater is a node of the swarm, with a cheat of its role."""
+    cheaters = swarm["cheaters"]
+    if not isinstance(cheaters, dict):
+        raise ConfigError('[swarm] cheaters: give a table like {"relay-1-0" = "claim-twice"}')
+    data = ["data"] + [f"data-{i}" for i in range(1, swarm["data_nodes"])]
+    relays = [
+        f"relay-{s}-{r}" for s in range(1, stages + 1) for r in range(swarm["relays_per_stage"])
+    ]
+    for name, mode in cheaters.items():
+        if name not in data + relays:
+            raise ConfigError(
+                f"[swarm] cheaters: no node {name!r} in this swarm; name one of "
+                f"{', '.join(data + relays)}"
+            )
+        check_cheat(str(mode), "data" if name in data else "relay")
 
 
 def speed_of(plan: SwarmPlan, index: int) -> float:

@@ -29,7 +29,7 @@ from typing import IO, Any
 
 from gwtf.errors import GwtfError
 from node.settings import AUTO_STAGE
-from node.swarm.audit import audit_and_challenge, auditor_of
+from node.swarm.audit import SwarmAudit
 from node.swarm.chain import (
     DEVNET_SCRYPT_N,
     chain_facts,
@@ -155,11 +155,14 @@ def run_swarm(
         )
         epochs = None
         if plan.chain is not None and plan.chain.plan.receipts:
+            audit = SwarmAudit(plan.chain)
+            plan.audit = audit
             epochs = SwarmEpochs(
                 plan.chain,
                 plan.run["iterations"],
                 lambda last: _certified(plan, data_nodes, last),
                 lambda: _claimed(plan),
+                lambda epoch: audit.epoch(epoch, _live_addresses(plan)),
             )
         while not _trained(data_nodes):
             now = time.monotonic()
@@ -178,7 +181,7 @@ def run_swarm(
         time.sleep(1.0)  # the relays' last status (their final step) lands within 0.25 s
         _record_injected_crashes(plan)
         if epochs is not None:
-            plan.last_epoch = epochs.settle(lambda last: _audit(plan, last))
+            plan.last_epoch = epochs.settle()
         return summarise(plan, [plan.procs[p.name] for p in data_nodes], time.monotonic() - started)
     finally:
         for proc in plan.procs.values():
@@ -193,17 +196,15 @@ def run_swarm(
             plan.chain.stop()
 
 
-def _audit(plan: SwarmPlan, last: int) -> None:
-    """The epochs 0..``last`` audited over p2p and their fraud proven, nodes still serving."""
-    assert plan.chain is not None
-    peers = [
+def _live_addresses(plan: SwarmPlan) -> list[str]:
+    """The addresses of the swarm's live nodes (strangers aside), as the auditor dials them."""
+    return [
         str(status["address"])
         for name, proc in plan.procs.items()
         if name not in plan.strangers
         and proc.popen.poll() is None
         and (status := read_status(proc)) is not None
     ]
-    plan.audit = audit_and_challenge(plan.chain, peers, last, auditor_of(plan.chain))
 
 
 def _trained(data_nodes: list[Proc]) -> bool:
@@ -226,9 +227,14 @@ def _certified(plan: SwarmPlan, data_nodes: list[Proc], last: int) -> bool:
 
 
 def _claimed(plan: SwarmPlan) -> bool:
-    """Every live relay has reported all its receipts and claimed every epoch it worked in."""
+    """Every live relay has reported all its receipts and claimed every epoch it worked in (a
+    relay slashed by the audit is never paid, and no longer admitted to report)."""
+    slashed = plan.audit.slashed() if plan.audit is not None else set()
     for name, proc in plan.procs.items():
         if proc.popen.poll() is not None or name in plan.strangers:
+            continue
+        node = plan.chain.registered.get(name) if plan.chain is not None else None
+        if node is not None and node.node_address.lower() in slashed:
             continue
         status = read_status(proc)
         if status is None:
@@ -423,6 +429,6 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
         summary["chain"]["epochs"] = earned["epochs"]
         summary["chain"]["earnings"] = earned["nodes"]
         if plan.audit is not None:
-            summary["chain"]["audit"] = plan.audit
+            summary["chain"]["audit"] = plan.audit.summary()
     (plan.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -2,7 +2,8 @@
 cheating node serves what its cheat makes (its real libp2p host, in public), ``gwtf-node
 challenge`` audits the epoch over p2p, proves each fraud the chain judges alone, and the cheater
 alone is slashed, with the bounty withdrawn to the challenger's wallet; run again it sends
-nothing. A withheld leaf is found, fails the audit and slashes nobody: no contract sees it."""
+nothing, and a run cut off after its commitment reveals it when run again. A withheld leaf is
+found, fails the audit and slashes nobody: no contract sees it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eth_account import Account
 
 from contracts.certificate_tree import PreparedHop, SignedReceipt, tree_of_prepared
+from node.audit.challenge import JUDGED_BEFORE, SLASHED, challenge, salt_of
+from node.audit.checks import equivocations
+from node.chain.actions import Contracts, commit_proof
+from node.chain.adapter import NODE_STATUS_SLASHED, Sender
 from node.chain.wallet import create_wallet
 from node.cli.audit import EXIT_FINDINGS
 from node.cli.main import main
@@ -30,7 +36,6 @@ from tests.contracts.conftest import Staffed
 from tests.contracts.test_audit_command import devnet_file, serving_data_node  # noqa: F401
 from tests.contracts.world import ETH, UNITS_PER_HOP, NodeKey
 
-SLASHED_STATUS = 4
 PASSWORD = "challenger password"
 
 
@@ -101,12 +106,14 @@ def test_a_cheating_data_node_is_found_slashed_and_its_certificate_voided(
     assert int(first["slashed_wei"]) == 2 * ETH and int(first["bounty_wei"]) == 2 * ETH // 20
     assert all(r["outcome"] == "already judged" for r in rest), rest  # the same certificate
     assert int(report["withdrawn_wei"]) == 2 * ETH // 20
-    assert s.w.status_of(s.data) == SLASHED_STATUS
-    assert all(s.w.status_of(k) != SLASHED_STATUS for k in (s.a, s.b, s.c)), "nobody else"
-    # Run again: the finding is still there (no longer provable: the certificate is voided),
-    # nothing is sent, nothing is withdrawn.
+    assert s.w.status_of(s.data) == NODE_STATUS_SLASHED
+    assert all(s.w.status_of(k) != NODE_STATUS_SLASHED for k in (s.a, s.b, s.c)), "nobody else"
+    # Run again: the findings are still there, judged (the certificate is voided); nothing is
+    # sent, nothing is withdrawn, and nothing is left to judge.
+    again_found = report_again["certificates"][0]["findings"]
+    assert again_found and all(f["judged"] and not f["provable_on_chain"] for f in again_found)
     assert report_again["challenges"] == [] and report_again["withdrawn_wei"] == "0"
-    assert again == EXIT_FINDINGS
+    assert again == 0
 
 
 def test_a_withheld_leaf_fails_the_audit_and_slashes_nobody(
@@ -123,8 +130,9 @@ def test_a_withheld_leaf_fails_the_audit_and_slashes_nobody(
     (finding,) = report["certificates"][0]["findings"]
     assert finding["kind"] == "withheld" and not finding["provable_on_chain"]
     assert finding["detail"] == f"1 of {tree.count} leaves not served"
+    assert report["certificates"][0]["leaves_served"] == tree.count - 1
     assert report["challenges"] == []
-    assert all(s.w.status_of(k) != SLASHED_STATUS for k in (s.data, s.a, s.b, s.c))
+    assert all(s.w.status_of(k) != NODE_STATUS_SLASHED for k in (s.data, s.a, s.b, s.c))
 
 
 @pytest.mark.parametrize("mode", [CLAIM_TWICE, EQUIVOCATE])
@@ -157,5 +165,30 @@ def test_a_relay_that_signs_two_versions_of_a_hop_is_slashed_and_nobody_else(
     assert judged["kind"] == "equivocation" and f"as {role}" in judged["detail"]
     assert judged["accused"] == cheater.address and judged["outcome"] == "slashed"
     assert int(judged["slashed_wei"]) == 4 * ETH  # b's whole stake
-    assert s.w.status_of(cheater) == SLASHED_STATUS
-    assert all(s.w.status_of(k) != SLASHED_STATUS for k in (s.data, s.a, s.c))
+    assert s.w.status_of(cheater) == NODE_STATUS_SLASHED
+    assert all(s.w.status_of(k) != NODE_STATUS_SLASHED for k in (s.data, s.a, s.c))
+
+
+def test_a_challenge_cut_off_after_its_commitment_reveals_it_when_run_again(
+    staffed: Staffed,
+) -> None:
+    """The salt comes from the challenger's key and the proof: a run stopped after its commit
+    finds the commitment on chain and only reveals; a third run finds the signer slashed."""
+    s, w = staffed, staffed.w
+    entry = honest_hops(s)[0]  # a's forward, countersigned by b
+    cheat = cheat_of(s, EQUIVOCATE, s.b)
+    cheat.received(entry)
+    (finding,) = equivocations([entry, *cheat.extras[(0, 1)]], w.ledger_domain)
+    assert finding.proof is not None and finding.accused == s.b.address
+    contracts = Contracts(w.w3, w.registry, w.ledger, w.disputes)
+    challenger = Sender.from_account(Account.create())
+    w.w3.eth.send_transaction({"from": w.challenger, "to": challenger.address, "value": ETH})
+    commit_proof(contracts, challenger, finding.proof, salt_of(challenger, finding.proof))
+    done = challenge(contracts, challenger, [finding])
+    (judged,) = done.judgements
+    assert judged.outcome == SLASHED and judged.slashed_wei == 4 * ETH
+    commits = w.disputes.events.ProofCommitted.get_logs(from_block=0)
+    assert [c["args"]["challenger"] for c in commits] == [challenger.address], "one commitment"
+    assert done.withdrawn_wei == 4 * ETH // 20 and w.balance(challenger.address) > ETH
+    (again,) = challenge(contracts, challenger, [finding]).judgements
+    assert again.outcome == JUDGED_BEFORE and again.detail == "its signer is slashed"
