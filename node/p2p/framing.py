@@ -86,6 +86,10 @@ class FrameReader:
         self._buffer += chunk  # no checkpoint between the read and here: cancel-safe
         return True
 
+    def has_data(self) -> bool:
+        """Whether bytes of a frame are buffered."""
+        return bool(self._buffer)
+
     async def wait_for_data(self) -> bool:
         """Wait (with no deadline) until a frame begins; False if the peer closed instead."""
         return bool(self._buffer) or await self._fill(_LENGTH.size)

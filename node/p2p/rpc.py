@@ -17,7 +17,8 @@ waiting requests at once with ``PeerUnavailable`` and is reopened by the next re
 Handler safety and scoring: a stream handler never lets an exception escape (in py-libp2p an
 escaped exception is swallowed and wedges the whole connection to that peer). A banned or
 unadmitted peer's stream is reset before anything is read, except that a protocol served in
-public (``PublicRate``: an auditor's receipts) answers unadmitted peers within one shared rate.
+public (``PublicRate``: an auditor's receipts) answers unadmitted peers within one shared rate,
+on a capped number of streams, each closed once idle.
 A frame that is oversized, truncated or stalled is charged to the peer and resets its stream
 (nothing after it can be framed); a request the handler rejects as malformed is charged and
 refused on its own, as is one on which the handler fails; a request the handler could not answer
@@ -100,6 +101,11 @@ class PublicRate:
 
     per_s: float = 10.0
     burst: float = 20.0
+    #: Streams of outsiders open at once, and how long one may wait idle for its next request:
+    #: an outsider's open stream holds a task and buffers, and costs it nothing to keep.
+    max_streams: int = 32
+    idle_s: float = 30.0
+    streams: int = 0
     _tokens: float = -1.0
     _at: float = 0.0
 
@@ -176,8 +182,30 @@ class RequestResponse:
             self._refuse(peer, "banned or not admitted to the run")
             await _reset_quietly(stream)
             return
-        if not admitted and public is not None:
-            handler = public.limiting(handler)
+        if admitted:
+            await self._serve_frames(stream, peer, handler, limits, None)
+            return
+        assert public is not None
+        if public.streams >= public.max_streams:
+            self._refuse(peer, f"{public.max_streams} streams of peers outside the run are open")
+            await _reset_quietly(stream)
+            return
+        public.streams += 1
+        try:
+            await self._serve_frames(stream, peer, public.limiting(handler), limits, public.idle_s)
+        finally:
+            public.streams -= 1
+
+    async def _serve_frames(
+        self,
+        stream: INetStream,
+        peer: str,
+        handler: Handler,
+        limits: RpcLimits,
+        idle_s: float | None,
+    ) -> None:
+        """Answer the stream's requests until it closes; with ``idle_s``, close it too once it
+        has waited that long for a request."""
         reader = FrameReader(stream)
         replies = _ReplyWriter(stream, limits)
         slots = trio.Semaphore(MAX_REQUESTS_PER_STREAM)
@@ -185,6 +213,11 @@ class RequestResponse:
             try:
                 while True:
                     await slots.acquire()
+                    if idle_s is not None:
+                        with trio.move_on_after(idle_s):
+                            await reader.wait_for_data()
+                        if not reader.has_data():
+                            break  # idle (or closed): an outsider's stream is not kept
                     body = await reader.next_frame(
                         limits.max_request_bytes + _REQUEST.size, limits.timeout_s
                     )

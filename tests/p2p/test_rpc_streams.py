@@ -16,7 +16,7 @@ from gwtf.errors import ProtocolError
 from node.p2p.framing import FrameReader, encode_frame, read_frame, write_frame
 from node.p2p.host import full_address, peer_info, running_host
 from node.p2p.identity import new_identity
-from node.p2p.rpc import PeerTimeout, PeerUnavailable, RequestResponse, RpcLimits
+from node.p2p.rpc import PeerTimeout, PeerUnavailable, PublicRate, RequestResponse, RpcLimits
 from node.p2p.scoring import Offence
 
 ECHO = "/gwtf/test-echo/1.0.0"
@@ -231,5 +231,35 @@ def test_a_refusal_reaches_the_sender_even_where_answers_are_tiny(tmp_path: Path
                 assert await client.request(target, ECHO, b"ok", verdicts) == b"y"
             assert client.streams_opened == 1
             assert client.scores.score(str(target), trio.current_time()) == 0
+
+    trio.run(main)
+
+
+def test_outsiders_streams_are_capped_and_closed_when_idle(tmp_path: Path) -> None:
+    """Peers outside the run share a cap on open streams, and an idle one is closed, so that
+    keeping streams open costs an outsider nothing but the server no task either."""
+
+    async def refuse(_peer: str) -> bool:
+        return False
+
+    async def main() -> None:
+        public = PublicRate(max_streams=1, idle_s=0.5)
+        async with (
+            host(tmp_path, "server") as server_host,
+            host(tmp_path, "first") as first_host,
+            host(tmp_path, "second") as second_host,
+        ):
+            RequestResponse(server_host, admit=refuse).serve(ECHO, delayed_echo, LIMITS, public)
+            first, second = RequestResponse(first_host), RequestResponse(second_host)
+            for client in (first_host, second_host):
+                await client.connect(peer_info(full_address(server_host)))
+            with trio.fail_after(20):
+                assert await first.request(server_host.get_id(), ECHO, b"\0ab", LIMITS) == b"ba\0"
+                assert public.streams == 1, "the first outsider's stream stays open"
+                with pytest.raises(PeerUnavailable):
+                    await second.request(server_host.get_id(), ECHO, b"\0cd", LIMITS)
+                while public.streams:  # the idle stream is closed by the server
+                    await trio.sleep(0.05)
+                assert await second.request(server_host.get_id(), ECHO, b"\0cd", LIMITS) == b"dc\0"
 
     trio.run(main)
