@@ -199,8 +199,10 @@ def test_every_hop_earns_the_audit_slashes_the_two_cheaters_and_pays_the_honest_
     for epoch in epochs:
         parts = ("claimed_wei", "returned_wei", "unclaimed_wei")
         assert sum(int(epoch[k]) for k in parts) == int(epoch["budget_wei"]), epoch
-        cheated = sum(certified_units_of(tmp_path / "out", chain["run_id"], epoch["epoch"],
-                                         [addresses[n] for n in cheaters]))  # fmt: skip
+        cheaters_at = [addresses[n] for n in cheaters]
+        cheated = sum(
+            certified_units_of(tmp_path / "out", chain["run_id"], epoch["epoch"], cheaters_at)
+        )
         share = int(epoch["budget_wei"]) * cheated // max(1, epoch["certified_units"])
         assert int(epoch["unclaimed_wei"]) >= share
     receipts = earnings["relay-2-0"]["receipts"]
@@ -209,9 +211,12 @@ def test_every_hop_earns_the_audit_slashes_the_two_cheaters_and_pays_the_honest_
 
 def certified_units_of(out: Path, run_id: int, epoch: int, workers: list[str]) -> list[int]:
     """Units of ``workers`` in the data node's certificate of ``epoch``."""
-    store = HopStore(open_database(f"sqlite:///{out / 'data.sqlite'}"))
-    return [e.receipt.units for e in store.certified_hops(run_id, epoch)
-            if e.receipt.worker in workers]  # fmt: skip
+    db = open_database(f"sqlite:///{out / 'data.sqlite'}")
+    try:
+        entries = HopStore(db).certified_hops(run_id, epoch)
+    finally:
+        db.close()
+    return [e.receipt.units for e in entries if e.receipt.worker in workers]
 
 
 CHAINLESS_FILE = """
