@@ -127,9 +127,10 @@ cheaters = {"relay-1-0" = "claim-twice", "relay-2-1" = "equivocate"}
 [chain]
 epochs = 2
 [churn]
-# Training lasts ~8 s: the relay has worked and reported (every second) for 2.5 s when it dies,
-# and restarts (its process loads torch again) before training ends, also on loaded cores.
-events = [{t = 2.5, kill = "relay-1-1"}, {t = 3.0, restart = "relay-1-1"}]
+# Training lasts 4-8 s: the relay has worked and reported (every second) for 1.5 s when it dies,
+# and is started again (its process loads torch again) before training ends; it claims what its
+# database holds once it is up, after training if need be.
+events = [{t = 1.5, kill = "relay-1-1"}, {t = 2.0, restart = "relay-1-1"}]
 """
 
 
