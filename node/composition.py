@@ -161,7 +161,6 @@ def receipts_from_settings(settings: Settings) -> ReceiptsConfig | None:
         if settings.node.cheat:
             raise ConfigError("node.cheat needs chain.receipts on: a cheat is in the receipts")
         return None
-    check_cheat(settings.node.cheat, settings.node.role)
     if chain.run_id < 1:
         raise ConfigError("chain.receipts is on but chain.run_id is not set; set the run's id")
     contracts, _ = open_contracts(settings)

@@ -85,6 +85,17 @@ class Finding:
     proof: FraudProof | None = None
     judged: bool = False
 
+    def as_json(self) -> dict[str, object]:
+        """The finding as the audit's JSON reports it."""
+        return {
+            "kind": self.kind,
+            "accused": self.accused,
+            "detail": self.detail,
+            "provable_on_chain": self.proof is not None,
+            "judged": self.judged,
+            "fraud_proof": self.proof.function if self.proof is not None else None,
+        }
+
 
 def audit_certificate(
     cert: CertRef,

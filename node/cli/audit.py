@@ -24,7 +24,6 @@ from rich.console import Console
 from rich.table import Table
 
 from node.audit.challenge import REFUSED, Challenges, challenge
-from node.audit.checks import Finding
 from node.audit.runner import AuditReport, audit_epoch
 from node.chain.actions import Contracts
 from node.chain.adapter import Sender, format_eth
@@ -103,17 +102,6 @@ def _audit(args: argparse.Namespace, contracts: Contracts, console: Console) -> 
         )
 
 
-def finding_json(finding: Finding) -> dict[str, Any]:
-    return {
-        "kind": finding.kind,
-        "accused": finding.accused,
-        "detail": finding.detail,
-        "provable_on_chain": finding.proof is not None,
-        "judged": finding.judged,
-        "fraud_proof": finding.proof.function if finding.proof is not None else None,
-    }
-
-
 def report_json(report: AuditReport) -> dict[str, Any]:
     return {
         "run": report.run_id,
@@ -127,11 +115,11 @@ def report_json(report: AuditReport) -> dict[str, Any]:
                 "count": c.cert.count,
                 "units": c.cert.units,
                 "leaves_served": c.leaves_served,
-                "findings": [finding_json(f) for f in c.findings],
+                "findings": [f.as_json() for f in c.findings],
             }
             for c in report.certificates
         ],
-        "equivocations": [finding_json(f) for f in report.equivocations],
+        "equivocations": [f.as_json() for f in report.equivocations],
         "findings": len(report.findings),
         "provable": len(report.fraud),
     }
@@ -170,7 +158,7 @@ def challenges_json(done: Challenges) -> dict[str, Any]:
     return {
         "challenges": [
             {
-                **finding_json(j.finding),
+                **j.finding.as_json(),
                 "outcome": j.outcome,
                 "why": j.detail,
                 "slashed_wei": str(j.slashed_wei),

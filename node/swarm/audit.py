@@ -66,13 +66,7 @@ class SwarmAudit:
             return names.get(address.lower(), address)
 
         def finding(f: Finding) -> dict[str, Any]:
-            return {
-                "kind": f.kind,
-                "accused": named(f.accused),
-                "detail": f.detail,
-                "provable_on_chain": f.proof is not None,
-                "judged": f.judged,
-            }
+            return {**f.as_json(), "accused": named(f.accused)}
 
         reports, judgements = self.reports, [j for done in self.proven for j in done.judgements]
         return {
