@@ -16,6 +16,9 @@ import {WorkLedger} from "./WorkLedger.sol";
 /// epoch settles, and only after the challenger committed to them one block earlier, so a proof
 /// seen in the mempool cannot be copied for the bounty. The challenger gets `bountyBps` of the
 /// slashed stake (a small share, so that reporting oneself never pays); the rest is burned.
+/// A wrong tensor is the one fraud the chain cannot judge (no contract runs the model): a
+/// challenger opens a tensor dispute with a bond, the run's sponsor re-executes the hop and
+/// rules before the epoch settles, and a dispute it leaves unruled lapses in the worker's favour.
 contract Disputes is ReentrancyGuard {
     using HopReceipts for HopReceipt;
 
@@ -23,7 +26,28 @@ contract Disputes is ReentrancyGuard {
         InvalidHop,
         BadTotals,
         BadSequence,
-        Equivocation
+        Equivocation,
+        WrongTensor
+    }
+
+    enum DisputeState {
+        None,
+        Open,
+        Upheld, // the arbiter found the tensor wrong: the worker is slashed
+        Rejected, // the arbiter found the tensor right: the bond goes to the worker
+        Lapsed // nobody ruled before the epoch settled: the bond goes back
+    }
+
+    /// @notice A tensor dispute: a challenger's claim that a certified hop's output is not what
+    /// the worker's stage computes from its input with the stage's weights at that iteration.
+    struct TensorDispute {
+        address challenger;
+        DisputeState state;
+        address worker;
+        uint64 epoch;
+        uint256 runId;
+        uint256 bondWei;
+        bytes32 receiptDigest;
     }
 
     uint256 public constant BPS = 10_000;
@@ -34,6 +58,20 @@ contract Disputes is ReentrancyGuard {
     WorkLedger public immutable ledger;
     /// @notice Share of a slashed stake that goes to the challenger, in basis points.
     uint256 public immutable bountyBps;
+    /// @notice What a challenger deposits to open a tensor dispute; the worker keeps it when the
+    /// arbiter finds the tensor right (its wallet is credited), so disputing honest work costs the
+    /// disputer.
+    uint256 public immutable tensorBondWei;
+    /// @notice A tensor dispute opens no later than this long before the epoch settles, so its
+    /// arbiter has at least this long to re-execute the hop and rule.
+    uint256 public constant MIN_RULING_S = 300;
+
+    /// @notice The tensor disputes, numbered from 1.
+    mapping(uint256 id => TensorDispute) public tensorDisputes;
+    /// @notice The dispute opened about a receipt (0: none); a receipt is disputed once.
+    mapping(bytes32 receiptDigest => uint256 id) public tensorDisputeOf;
+    /// @notice How many tensor disputes were opened.
+    uint256 public tensorDisputeCount;
 
     /// @notice Block in which each commitment was made (0: none).
     mapping(bytes32 commitment => uint256 blockNumber) public commitments;
@@ -53,6 +91,17 @@ contract Disputes is ReentrancyGuard {
         uint256 bountyWei
     );
     event CreditWithdrawn(address indexed account, uint256 amountWei);
+    event TensorDisputeOpened(
+        uint256 indexed id,
+        uint256 indexed runId,
+        uint64 indexed epoch,
+        address worker,
+        address challenger,
+        bytes32 receiptDigest,
+        uint256 bondWei
+    );
+    event TensorDisputeRuled(uint256 indexed id, bool wrongTensor, bytes32 evidenceHash);
+    event TensorDisputeLapsed(uint256 indexed id);
 
     error BountyOutOfRange(uint256 bountyBps, uint256 maxBountyBps);
     error UnexpectedPayment(address sender);
@@ -73,15 +122,28 @@ contract Disputes is ReentrancyGuard {
     error AlreadySlashed(address node);
     error NothingToWithdraw(address account);
     error TransferFailed(address to, uint256 amountWei);
+    error WrongBond(uint256 sentWei, uint256 bondWei);
+    error ReceiptNotOfCertificate(uint64 index);
+    error NotWorkersSignature(address worker);
+    error TooLateToDispute(uint256 runId, uint64 epoch, uint256 lastOpenAt);
+    error DisputeExists(uint256 id);
+    error DisputeNotOpen(uint256 id);
+    error NotArbiter(address caller, address arbiter);
+    error RulingPeriodOver(uint256 id, uint256 settlesAt);
+    error RulingPeriodOpen(uint256 id, uint256 settlesAt);
+    error BondOutOfRange(uint256 bondWei);
 
     /// @param registry_ The NodeRegistry (which names this contract its slasher).
     /// @param ledger_ The WorkLedger (which names this contract its disputes).
     /// @param bountyBps_ Challenger's share of a slashed stake, in basis points (1..MAX_BOUNTY_BPS).
-    constructor(NodeRegistry registry_, WorkLedger ledger_, uint256 bountyBps_) {
+    /// @param tensorBondWei_ The bond of a tensor dispute (non-zero).
+    constructor(NodeRegistry registry_, WorkLedger ledger_, uint256 bountyBps_, uint256 tensorBondWei_) {
         if (bountyBps_ == 0 || bountyBps_ > MAX_BOUNTY_BPS) revert BountyOutOfRange(bountyBps_, MAX_BOUNTY_BPS);
+        if (tensorBondWei_ == 0) revert BondOutOfRange(tensorBondWei_);
         registry = registry_;
         ledger = ledger_;
         bountyBps = bountyBps_;
+        tensorBondWei = tensorBondWei_;
     }
 
     /// @notice Accepts slashed stake from the registry only.
@@ -225,10 +287,96 @@ contract Disputes is ReentrancyGuard {
         if (!asWorker && !asCounterparty) revert SignerNotParty(signer);
         (,, NodeRegistry.NodeStatus status) = registry.bondOf(signer);
         if (status == NodeRegistry.NodeStatus.Slashed) revert AlreadySlashed(signer);
-        _slash(signer, first.runId, first.epoch, Fraud.Equivocation);
+        _slash(signer, first.runId, first.epoch, Fraud.Equivocation, msg.sender);
     }
 
-    /// @notice Sends the caller the bounties credited to it.
+    // ---------------------------------------------------------------- wrong tensors
+
+    /// @notice Disputes the output of a certified hop: the challenger says the worker's stage,
+    /// with its weights at the hop's iteration, does not compute the output digest the worker
+    /// signed from the input digest it signed. Takes `tensorBondWei`; the run's sponsor rules.
+    /// Needs a commitment a block earlier, like every proof, so it cannot be copied from the
+    /// mempool, and opens no later than MIN_RULING_S before the epoch settles.
+    /// @param cert The certificate that holds the hop.
+    /// @param hop The leaf.
+    /// @param proof Its Merkle proof.
+    /// @param receipt The leaf's receipt.
+    /// @param workerSignature The worker's signature of it.
+    /// @param salt The challenger's salt of the commitment.
+    /// @return id The dispute's number.
+    function openTensorDispute(
+        CertRef calldata cert,
+        CertifiedHop calldata hop,
+        bytes32[] calldata proof,
+        HopReceipt calldata receipt,
+        bytes calldata workerSignature,
+        bytes32 salt
+    ) external payable nonReentrant returns (uint256 id) {
+        if (msg.value != tensorBondWei) revert WrongBond(msg.value, tensorBondWei);
+        _useCommitment(keccak256(abi.encode(Fraud.WrongTensor, cert, hop, proof, receipt, workerSignature)), salt);
+        _checkLeaf(cert, hop, proof);
+        (,,, uint256 settlesAt) = ledger.epochTimes(cert.runId, cert.epoch);
+        if (block.timestamp + MIN_RULING_S > settlesAt) {
+            revert TooLateToDispute(cert.runId, cert.epoch, settlesAt - MIN_RULING_S);
+        }
+        bytes32 digest = receipt.digest(address(ledger));
+        if (hop.receiptDigest != digest) revert NotTheLeafsReceipt(hop.index);
+        if (receipt.runId != cert.runId || receipt.epoch != cert.epoch) revert ReceiptNotOfCertificate(hop.index);
+        if (_signer(digest, workerSignature) != receipt.worker) revert NotWorkersSignature(receipt.worker);
+        (,, NodeRegistry.NodeStatus status) = registry.bondOf(receipt.worker);
+        if (status == NodeRegistry.NodeStatus.Slashed) revert AlreadySlashed(receipt.worker);
+        if (tensorDisputeOf[digest] != 0) revert DisputeExists(tensorDisputeOf[digest]);
+        id = ++tensorDisputeCount;
+        tensorDisputeOf[digest] = id;
+        tensorDisputes[id] =
+            TensorDispute(msg.sender, DisputeState.Open, receipt.worker, cert.epoch, cert.runId, msg.value, digest);
+        emit TensorDisputeOpened(id, cert.runId, cert.epoch, receipt.worker, msg.sender, digest, msg.value);
+    }
+
+    /// @notice The arbiter's ruling on a tensor dispute, before the epoch settles. Wrong: the
+    /// worker is slashed (the challenger gets the bounty and its bond back). Right: the worker's
+    /// wallet gets the bond. Only the run's sponsor rules; `evidenceHash` names its re-execution record.
+    /// @param id The dispute.
+    /// @param wrongTensor Whether the re-executed output differs from the signed one.
+    /// @param evidenceHash Hash of the arbiter's re-execution record, published off chain.
+    function ruleTensorDispute(uint256 id, bool wrongTensor, bytes32 evidenceHash) external nonReentrant {
+        TensorDispute storage dispute = tensorDisputes[id];
+        if (dispute.state != DisputeState.Open) revert DisputeNotOpen(id);
+        address arbiter = ledger.getRun(dispute.runId).sponsor;
+        if (msg.sender != arbiter) revert NotArbiter(msg.sender, arbiter);
+        (,,, uint256 settlesAt) = ledger.epochTimes(dispute.runId, dispute.epoch);
+        if (block.timestamp >= settlesAt) revert RulingPeriodOver(id, settlesAt);
+        emit TensorDisputeRuled(id, wrongTensor, evidenceHash);
+        if (!wrongTensor) {
+            dispute.state = DisputeState.Rejected;
+            (address wallet,,) = registry.bondOf(dispute.worker);
+            creditWei[wallet] += dispute.bondWei;
+            return;
+        }
+        dispute.state = DisputeState.Upheld;
+        address challenger = dispute.challenger;
+        creditWei[challenger] += dispute.bondWei;
+        (,, NodeRegistry.NodeStatus status) = registry.bondOf(dispute.worker);
+        // A worker slashed since the dispute opened has nothing left to take.
+        if (status != NodeRegistry.NodeStatus.Slashed) {
+            _slash(dispute.worker, dispute.runId, dispute.epoch, Fraud.WrongTensor, challenger);
+        }
+    }
+
+    /// @notice Closes a dispute nobody ruled on before the epoch settled: the worker keeps its
+    /// stake and the challenger gets its bond back (the silence is the arbiter's, not theirs).
+    /// @param id The dispute.
+    function lapseTensorDispute(uint256 id) external nonReentrant {
+        TensorDispute storage dispute = tensorDisputes[id];
+        if (dispute.state != DisputeState.Open) revert DisputeNotOpen(id);
+        (,,, uint256 settlesAt) = ledger.epochTimes(dispute.runId, dispute.epoch);
+        if (block.timestamp < settlesAt) revert RulingPeriodOpen(id, settlesAt);
+        dispute.state = DisputeState.Lapsed;
+        creditWei[dispute.challenger] += dispute.bondWei;
+        emit TensorDisputeLapsed(id);
+    }
+
+    /// @notice Sends the caller the bounties (and dispute bonds) credited to it.
     function withdrawCredit() external nonReentrant {
         uint256 amount = creditWei[msg.sender];
         if (amount == 0) revert NothingToWithdraw(msg.sender);
@@ -306,15 +454,15 @@ contract Disputes is ReentrancyGuard {
     /// @dev A data node slashed before still has its fraudulent tree voided (with no bounty).
     function _convictDataNode(CertRef calldata cert, Fraud fraud) private {
         ledger.voidCertificate(cert);
-        _slash(cert.dataNode, cert.runId, cert.epoch, fraud);
+        _slash(cert.dataNode, cert.runId, cert.epoch, fraud, msg.sender);
     }
 
     /// @dev Slashed ETH arrives from the registry (trusted) before the credit is written.
-    function _slash(address node, uint256 runId, uint64 epoch, Fraud fraud) private {
+    function _slash(address node, uint256 runId, uint64 epoch, Fraud fraud, address challenger) private {
         uint256 slashedWei = registry.slash(node);
         uint256 bountyWei = slashedWei * bountyBps / BPS;
-        creditWei[msg.sender] += bountyWei;
+        creditWei[challenger] += bountyWei;
         burnedWei += slashedWei - bountyWei;
-        emit FraudProven(node, runId, epoch, fraud, msg.sender, slashedWei, bountyWei);
+        emit FraudProven(node, runId, epoch, fraud, challenger, slashedWei, bountyWei);
     }
 }

@@ -53,6 +53,9 @@ HINTS: Mapping[str, str] = {
     "AlreadyClaimed": "this range was claimed already",
     "NoCommitment": "commit to the proof first and reveal it a block later",
     "CommitmentTooRecent": "reveal the proof in a later block than its commitment",
+    "WrongBond": "send exactly Disputes.tensorBondWei with a tensor dispute",
+    "NotArbiter": "only the run's sponsor rules on its tensor disputes",
+    "TooLateToDispute": "open a tensor dispute at least MIN_RULING_S before the epoch settles",
 }
 DEFAULT_HINT = "check the arguments and the contract state (see contracts/README.md)"
 
@@ -211,6 +214,7 @@ class SuiteParams:
     min_stake_wei: int = 10**18
     unbonding_delay_s: int = 7 * 24 * 3600
     bounty_bps: int = 500
+    tensor_bond_wei: int = 10**17
 
 
 @dataclass(frozen=True)
@@ -260,8 +264,9 @@ def deploy_suite(w3: Web3, deployer: str, params: SuiteParams | None = None) -> 
     )
     ledger = deploy_contract(w3, "WorkLedger", deployer, registry.address, deployer)
     disputes = deploy_contract(
-        w3, "Disputes", deployer, registry.address, ledger.address, params.bounty_bps
-    )
+        w3, "Disputes", deployer, registry.address, ledger.address, params.bounty_bps,
+        params.tensor_bond_wei,
+    )  # fmt: skip
     transact(w3, registry.functions.setSlasher(disputes.address), deployer)
     transact(w3, ledger.functions.setDisputes(disputes.address), deployer)
     return Suite(w3, registry, ledger, disputes)

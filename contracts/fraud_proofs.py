@@ -34,6 +34,7 @@ class Fraud(IntEnum):
     BAD_TOTALS = 1
     BAD_SEQUENCE = 2
     EQUIVOCATION = 3
+    WRONG_TENSOR = 4
 
 
 FUNCTIONS = {
@@ -41,7 +42,12 @@ FUNCTIONS = {
     Fraud.BAD_TOTALS: "proveBadTotals",
     Fraud.BAD_SEQUENCE: "proveBadSequence",
     Fraud.EQUIVOCATION: "proveEquivocation",
+    Fraud.WRONG_TENSOR: "openTensorDispute",
 }
+
+#: The one kind the chain does not judge alone: revealing it opens a tensor dispute, with the
+#: contract's bond, that the run's sponsor rules on.
+NEEDS_ARBITER = frozenset({Fraud.WRONG_TENSOR})
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,15 @@ def equivocation(
     types = [HOP_RECEIPT_ABI, "bytes", HOP_RECEIPT_ABI, "bytes"]
     proof_hash = keccak256(encode(["uint8", *types], [int(Fraud.EQUIVOCATION), *args]))
     return FraudProof(Fraud.EQUIVOCATION, signer, first.runId, first.epoch, args, proof_hash)
+
+
+def wrong_tensor(cert: CertRef, leaf: LeafProof, entry: SignedReceipt) -> FraudProof:
+    """A certified hop whose output is not what its worker's stage computes: opens a tensor
+    dispute against the worker, with the receipt and the worker's signature behind the leaf."""
+    hop, proof = leaf.as_args()
+    args = (cert.as_tuple(), hop, proof, entry.receipt.as_tuple(), entry.worker_signature)
+    types = [CERT_REF_ABI, CERTIFIED_HOP_ABI, "bytes32[]", HOP_RECEIPT_ABI, "bytes"]
+    return _proof(Fraud.WRONG_TENSOR, entry.receipt.worker, cert, args, types)
 
 
 def _proof(

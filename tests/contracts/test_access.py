@@ -75,6 +75,7 @@ class Ctx:
     proofs: dict[str, tuple[FraudProof, bytes]]  # valid proofs the challenger committed to
     fresh_registry: Any  # deployed by the owner, no slasher yet
     fresh_ledger: Any  # deployed by the owner, no disputes yet
+    sponsor: str  # the runs' sponsor, arbiter of tensor dispute 1 (open)
 
 
 def conflicting_receipts(
@@ -114,8 +115,16 @@ def prepare(w: World) -> Ctx:
         bad, w.ledger_domain, entry.worker_signature, entry.counterparty_signature, 0, 7
     )
     leaf1 = CertifiedHop(1, 0, b.address, 100, keccak(text="k"), keccak(text="d"), keccak(text="s"))
-    liar_tree = w.dishonest_tree([leaf0, leaf1])
-    liar_cert = replace(liar_tree.cert_ref(run, epoch - 1, liar.address), units=200)
+    # Leaves 2 and 3 are real hops of a's whose tensors the challenger disputes.
+    disputed = [w.signed(w.receipt(run, epoch - 1, liar, a, b, m), a, b) for m in (1, 2)]
+    leaves = [
+        certify_hop(
+            e.receipt, w.ledger_domain, e.worker_signature, e.counterparty_signature, 2 + i, 0
+        )
+        for i, e in enumerate(disputed)
+    ]
+    liar_tree = w.dishonest_tree([leaf0, leaf1, *leaves])
+    liar_cert = replace(liar_tree.cert_ref(run, epoch - 1, liar.address), units=400)
     w.submit(liar_cert)
     # b equivocated and was slashed: the challenger has a bounty, the disputes contract ETH.
     w.prove(conflicting_receipts(w, run, epoch, data, b, a), w.challenger)
@@ -126,15 +135,20 @@ def prepare(w: World) -> Ctx:
             liar_cert, liar_tree.leaf_proof(0), liar_tree.leaf_proof(1)
         ),
         "proveEquivocation": conflicting_receipts(w, run, epoch, data, c, a),
+        "openTensorDispute": fraud_proofs.wrong_tensor(
+            liar_cert, liar_tree.leaf_proof(2), disputed[0]
+        ),
     }
     proofs = {name: (proof, w.commit(proof, w.challenger)) for name, proof in pending.items()}
+    # A tensor dispute about a's other hop awaits the sponsor's ruling.
+    w.prove(fraud_proofs.wrong_tensor(liar_cert, liar_tree.leaf_proof(3), disputed[1]))
     w.tx(registry.transferOwnership(w.accomplice), w.deployer)
     w.tx(ledger.transferOwnership(w.accomplice), w.deployer)
     fresh_registry = deploy_contract(w.w3, "NodeRegistry", w.deployer, ETH, 100, w.deployer)
     fresh_ledger = deploy_contract(w.w3, "WorkLedger", w.deployer, w.registry.address, w.deployer)
     return Ctx(
         run, closed_run, epoch, data, data2, a, a2, u, b, tree, cert, proofs, fresh_registry,
-        fresh_ledger,
+        fresh_ledger, w.sponsor,
     )  # fmt: skip
 
 
@@ -343,6 +357,15 @@ RULES: list[Rule] = [
         for name in ("proveInvalidHop", "proveBadTotals", "proveBadSequence", "proveEquivocation")
     ),
     Rule(
+        "Disputes", "openTensorDispute", only("challenger"), prove("openTensorDispute"),
+        no_commitment("openTensorDispute"), value=10**17,
+    ),
+    Rule(
+        "Disputes", "ruleTensorDispute", only("sponsor"),
+        lambda w, c, _: w.disputes.functions.ruleTensorDispute(1, True, b"\x00" * 32),
+        lambda c, caller: ("NotArbiter", (caller, c.sponsor)),
+    ),
+    Rule(
         "Disputes", "withdrawCredit", only("challenger"),
         lambda w, c, _: w.disputes.functions.withdrawCredit(),
         lambda c, caller: ("NothingToWithdraw", (caller,)),
@@ -380,7 +403,9 @@ def test_access_table(access: tuple[World, Ctx], rule: Rule) -> None:
 
 # Anyone may close an epoch, but only 90 days after it settled: a prepared chain cannot hold
 # that and a settled epoch still open for claims at once. test_rewards.py has a stranger do it.
-OUTSIDE_THE_TABLE = {("WorkLedger", "closeEpoch")}
+# Anyone may lapse a tensor dispute, but only once its epoch settled with it unruled: see
+# test_tensor_disputes.py.
+OUTSIDE_THE_TABLE = {("WorkLedger", "closeEpoch"), ("Disputes", "lapseTensorDispute")}
 
 
 def test_the_table_covers_every_state_changing_function() -> None:

@@ -353,7 +353,9 @@ def test_10_no_deployment_sets_a_bounty_that_could_pay(world: World) -> None:
     w = world
     for bps in (0, 1_001, 10_000):
         try:
-            deploy_contract(w.w3, "Disputes", w.deployer, w.registry.address, w.ledger.address, bps)
+            deploy_contract(
+                w.w3, "Disputes", w.deployer, w.registry.address, w.ledger.address, bps, 1
+            )
             raise AssertionError(f"a bounty of {bps} bps must be refused")
         except ContractRevert as error:
             assert error.name == "BountyOutOfRange" and error.args == (bps, 1_000)

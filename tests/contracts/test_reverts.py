@@ -146,11 +146,14 @@ def test_constructors_reject_bad_parameters(world: World) -> None:
     deploy_reverts(w, "WorkLedger", (w.registry.address, ZERO), "OwnableInvalidOwner", ZERO)
     for bps in (0, MAX_BOUNTY_BPS + 1):
         deploy_reverts(
-            w, "Disputes", (w.registry.address, w.ledger.address, bps), "BountyOutOfRange", bps,
+            w, "Disputes", (w.registry.address, w.ledger.address, bps, 1), "BountyOutOfRange", bps,
             MAX_BOUNTY_BPS,
         )  # fmt: skip
+    deploy_reverts(
+        w, "Disputes", (w.registry.address, w.ledger.address, 500, 0), "BondOutOfRange", 0
+    )
     # The largest bounty is accepted.
-    deploy_contract(w.w3, "Disputes", w.deployer, w.registry.address, w.ledger.address, 1_000)
+    deploy_contract(w.w3, "Disputes", w.deployer, w.registry.address, w.ledger.address, 1_000, 1)
 
 
 def test_the_slasher_and_the_disputes_contract_are_named_once_by_the_owner(world: World) -> None:

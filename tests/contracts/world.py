@@ -354,11 +354,17 @@ class World:
     def reveal_fn(self, proof: FraudProof, salt: bytes) -> Any:
         return getattr(self.disputes.functions, proof.function)(*proof.args, salt)
 
+    def bond_of(self, proof: FraudProof) -> int:
+        """What revealing ``proof`` costs: a tensor dispute's bond, nothing for the others."""
+        if proof.fraud not in fraud_proofs.NEEDS_ARBITER:
+            return 0
+        return int(self.call(self.disputes.functions.tensorBondWei()))
+
     def prove(self, proof: FraudProof, challenger: str | None = None) -> TxReceipt:
         """Commits, then reveals ``proof`` a block later."""
         challenger = challenger or self.challenger
         salt = self.commit(proof, challenger)
-        return self.tx(self.reveal_fn(proof, salt), challenger)
+        return self.tx(self.reveal_fn(proof, salt), challenger, self.bond_of(proof))
 
 
 def expect_revert(excinfo: Any, name: str, *args: Any) -> None:
@@ -384,4 +390,4 @@ def reverts(w: World, fn: Any, sender: str, name: str, *args: Any, value: int = 
 def proof_reverts(w: World, proof: FraudProof, name: str, *args: Any) -> None:
     """Commits ``proof`` for the challenger and asserts its reveal reverts with ``name``."""
     salt = w.commit(proof, w.challenger)
-    reverts(w, w.reveal_fn(proof, salt), w.challenger, name, *args)
+    reverts(w, w.reveal_fn(proof, salt), w.challenger, name, *args, value=w.bond_of(proof))

@@ -277,7 +277,9 @@ def test_contracts_not_wired_to_each_other_are_refused() -> None:
     deployer = w3.eth.accounts[0]
     registry = deploy_contract(w3, "NodeRegistry", deployer, ETH, 10_000, deployer)
     ledger = deploy_contract(w3, "WorkLedger", deployer, registry.address, deployer)
-    disputes = deploy_contract(w3, "Disputes", deployer, registry.address, ledger.address, 500)
+    disputes = deploy_contract(
+        w3, "Disputes", deployer, registry.address, ledger.address, 500, 10**17
+    )
     addresses = {
         "NodeRegistry": registry.address, "WorkLedger": ledger.address,
         "Disputes": disputes.address,

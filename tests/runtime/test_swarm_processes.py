@@ -116,7 +116,7 @@ def test_swarm_on_chain_survives_sigkills_takes_in_a_joiner_and_refuses_a_strang
 
 RECEIPTS_FILE = """
 [run]
-iterations = 24
+iterations = 48
 microbatches_per_iteration = 2
 seed = 3
 [swarm]
@@ -127,7 +127,7 @@ cheaters = {"relay-1-0" = "claim-twice", "relay-2-1" = "equivocate"}
 [chain]
 epochs = 2
 [churn]
-# Training lasts 4-8 s: the relay has worked and reported (every second) for 1.5 s when it dies,
+# Training lasts 4-16 s: the relay has worked and reported (every second) for 1.5 s when it dies,
 # and is started again (its process loads torch again) before training ends; it claims what its
 # database holds once it is up, after training if need be.
 events = [{t = 1.5, kill = "relay-1-1"}, {t = 2.0, restart = "relay-1-1"}]
@@ -148,7 +148,7 @@ def test_every_hop_earns_the_audit_slashes_the_two_cheaters_and_pays_the_honest_
     tmp_path: Path,
 ) -> None:
     summary = swarm_of(tmp_path, RECEIPTS_FILE, timeout_s=300)
-    assert summary["iterations"] == 24 and summary["microbatches"] == 48
+    assert summary["iterations"] == 48 and summary["microbatches"] == 96
     assert [j["node"] for j in summary["joins"]] == ["relay-1-1"], "the relay came back"
     chain = summary["chain"]
     epochs = chain["epochs"]
