@@ -6,6 +6,8 @@ Checks, each PASS/FAIL (exit status 1 if any fails):
   * activations leave the device in pinned host memory and survive the codec round trip;
   * drop() returns the device memory a microbatch's saved state held;
   * a checkpoint saved on CUDA loads back bit for bit;
+  * a hop computed on CUDA (bf16 autocast) and re-executed on CPU float32, as an auditor does,
+    is within ``node.audit.reexecute.CUDA_BF16`` (the printed errors calibrate it);
 and times one microbatch of a 125M model whole vs split (informational).
 
     python bench/cuda_check.py              # on a machine with a GPU, < 2 minutes on an H200
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from node.audit.reexecute import CPU_FLOAT32, CUDA_BF16, compare
 from node.training.checkpoint import load_part_state, save_part_state, state_digest
 from node.training.codec import CodecLimits, decode, encode
 from node.training.config import named_config
@@ -160,6 +163,35 @@ def checkpoint_round_trip(device: str) -> None:
     check("checkpoint save/load on device", same, f"digest {digest[:16]}, equal={same}")
 
 
+def replay_tolerance(device: str) -> None:
+    """A hop computed on ``device`` (bf16 autocast on CUDA) re-executed as an auditor does, on
+    CPU float32: the error the re-execution tolerance must cover, printed to calibrate it."""
+    plan = plan_partition(named_config("gpt", "small"), 2)
+    worker = StageWorker(plan, 0, settings_for(device), seed=3)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "weights.safetensors"
+        save_part_state(worker, path, weights_only=True)
+        auditor = StageWorker(plan, 0, settings_for("cpu"), seed=9)
+        load_part_state(auditor, path)
+    tolerance = CUDA_BF16 if device == "cuda" else CPU_FLOAT32
+    worst = (0.0, 1.0)
+    for m in range(4):
+        x = torch.randn(2, 64, plan.config.d_model, generator=torch.Generator().manual_seed(m))
+        on_device = worker.forward(m, x).float()
+        worker.drop(m)
+        on_cpu = auditor.forward(m, x)
+        auditor.drop(m)
+        error, cosine = compare(on_device, on_cpu)
+        worst = (max(worst[0], error), min(worst[1], cosine))
+    within = worst[0] <= tolerance.max_relative_error and worst[1] >= tolerance.min_cosine
+    check(
+        "hop replayed on CPU float32 within tolerance",
+        within,
+        f"worst relative error {worst[0]:.2e} (<= {tolerance.max_relative_error:.0e}), "
+        f"cosine {worst[1]:.6f} (>= {tolerance.min_cosine})",
+    )
+
+
 def timing(device: str) -> None:
     settings = settings_for(device)
     plan = plan_partition(named_config("llama", "125m"), 2)
@@ -204,6 +236,7 @@ def main() -> int:
     guarded("pinned codec round trip", lambda: pinned_codec_round_trip(args.device))
     guarded("drop() frees device memory", lambda: drop_frees_memory(args.device))
     guarded("checkpoint on device", lambda: checkpoint_round_trip(args.device))
+    guarded("replay tolerance", lambda: replay_tolerance(args.device))
     if not args.skip_timing:
         guarded("timing", lambda: timing(args.device))
     failed = [name for name, passed, _ in RESULTS if not passed]

@@ -17,7 +17,7 @@ from contracts.encoding import ledger_domain
 from coordinator_free.protocol.config import DATA, FlowConfig
 from gwtf.errors import ConfigError
 from node.chain.actions import Contracts
-from node.chain.adapter import Sender, connect
+from node.chain.adapter import RunInfo, Sender, connect
 from node.chain.deployment import DevnetInfo, read_devnet_file
 from node.chain.epochs import EpochLedger
 from node.chain.wallet import load_or_create_node_key, open_wallet, resolve_password
@@ -192,4 +192,12 @@ def receipts_from_settings(settings: Settings) -> ReceiptsConfig | None:
         grace_s=2 * chain.report_period_s + 1.0,
         clock_period_s=chain.clock_period_s,
         cheat=settings.node.cheat,
+        evidence_dir=chain.evidence_dir if settings.node.role == "relay" else "",
+        evidence_epochs=chain.evidence_epochs or evidence_epochs_of(run),
     )
+
+
+def evidence_epochs_of(run: RunInfo) -> int:
+    """Epochs of hop evidence a relay keeps for ``run``: the epoch it works in, the one being
+    certified, and every epoch whose challenge window is still open."""
+    return 2 + -(-run.challenge_window_s // max(1, run.epoch_length_s))

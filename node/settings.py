@@ -98,7 +98,7 @@ class NodeSettings:
     emulated_hop_ms: float = 0.0
     #: Makes this node dishonest on purpose, in one named way, for tests and the demo
     #: (``node.receipts.cheats``: forge-countersignature, phantom-hops, inflate-units or
-    #: withhold-leaf for a data node; claim-twice or equivocate for a relay). Needs
+    #: withhold-leaf for a data node; claim-twice, equivocate or wrong-tensor for a relay). Needs
     #: ``chain.receipts``. Leave "" (honest) on a real node: an auditor finds every cheat.
     cheat: str = ""
 
@@ -142,6 +142,12 @@ class ChainSettings:
     #: report periods and a second after an epoch's last iteration for the last reports.
     clock_period_s: float = 2.0
     report_period_s: float = 5.0
+    #: Where a relay keeps each hop's input and output frames and its stage's state at each
+    #: iteration, for auditors to re-execute (``node.store.evidence``); "" keeps nothing.
+    evidence_dir: str = ".gwtf/evidence"
+    #: Epochs of evidence kept; 0 keeps what the run's challenge window needs (the epoch being
+    #: worked, the one being certified and those still open to disputes).
+    evidence_epochs: int = 0
     #: Bearer token for RPC providers that need one; from GWTF_RPC_TOKEN or a flag only.
     rpc_token: Secret | None = field(default=None, repr=False)
 

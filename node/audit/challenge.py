@@ -1,5 +1,7 @@
 """Each finding the chain judges alone, turned into its fraud proof on chain: committed, revealed
-a block later, and judged. What the chain cannot judge is left to the report.
+a block later, and judged. A wrong tensor, which the chain cannot judge, opens a tensor dispute
+the same way (with the contract's bond) for the run's sponsor to rule on (``node.audit.arbiter``).
+What neither can judge is left to the report.
 
 Safe to run again: a finding already judged (its certificate voided, its equivocating signer
 slashed) is skipped, and a commitment already on chain is revealed, not made again; the salt is
@@ -17,8 +19,8 @@ from typing import Any, Final
 from web3.logs import DISCARD
 
 from contracts.bindings import ContractRevert
-from contracts.encoding import CertRef, sign_digest
-from contracts.fraud_proofs import Fraud, FraudProof, commitment_of
+from contracts.encoding import CertRef, HopReceipt, ledger_domain, receipt_digest, sign_digest
+from contracts.fraud_proofs import NEEDS_ARBITER, Fraud, FraudProof, commitment_of
 from contracts.keccak import keccak256
 from gwtf.errors import ChainError
 from node.audit.checks import Finding
@@ -26,6 +28,7 @@ from node.chain.actions import Contracts, commit_proof, reveal_proof, withdraw_c
 from node.chain.adapter import NODE_STATUS_SLASHED, Sender
 
 SLASHED: Final = "slashed"
+DISPUTED: Final = "disputed"  # a tensor dispute is open: the arbiter rules
 JUDGED_BEFORE: Final = "already judged"
 REFUSED: Final = "refused"
 #: Gas a reveal is sent with: the proofs take 100-200 thousand (``contracts/README.md``).
@@ -38,7 +41,7 @@ class Judgement:
     """What became of one provable finding."""
 
     finding: Finding
-    outcome: str  # SLASHED, JUDGED_BEFORE or REFUSED
+    outcome: str  # SLASHED, DISPUTED, JUDGED_BEFORE or REFUSED
     detail: str = ""
     slashed_wei: int = 0
     bounty_wei: int = 0
@@ -58,9 +61,19 @@ class Challenges:
 def challenge(contracts: Contracts, challenger: Sender, findings: list[Finding]) -> Challenges:
     """Prove every finding that carries a fraud proof, in order; withdraw the bounties."""
     done = Challenges()
+    disputed: set[str] = set()
     for finding in findings:
-        if finding.proof is not None:
-            done.judgements.append(_judge(contracts, challenger, finding, finding.proof))
+        proof = finding.proof
+        if proof is None:
+            continue
+        if proof.fraud in NEEDS_ARBITER and proof.accused.lower() in disputed:
+            # One dispute per worker: a ruling of wrong slashes its whole stake at once.
+            done.judgements.append(Judgement(finding, JUDGED_BEFORE, "a dispute about it is open"))
+            continue
+        judgement = _judge(contracts, challenger, finding, proof)
+        if proof.fraud in NEEDS_ARBITER and judgement.outcome != REFUSED:
+            disputed.add(proof.accused.lower())
+        done.judgements.append(judgement)
     credit = int(contracts.disputes.functions.creditWei(challenger.address).call())
     if credit > 0:
         withdraw_credit(contracts, challenger)  # a failure here leaves the credit to withdraw
@@ -82,11 +95,16 @@ def _judge(c: Contracts, challenger: Sender, finding: Finding, proof: FraudProof
         return Judgement(finding, REFUSED, str(exc))
     except ChainError as exc:  # mined and failed, no receipt in time: the next proofs go on
         return Judgement(finding, REFUSED, " ".join(str(exc).split())[:300])
+    tx_hash = receipt["transactionHash"].hex()
+    if proof.fraud in NEEDS_ARBITER:
+        (opened,) = c.disputes.events.TensorDisputeOpened().process_receipt(receipt, errors=DISCARD)
+        detail = f"tensor dispute {opened['args']['id']} opened: the run's sponsor rules"
+        return Judgement(finding, DISPUTED, detail, tx_hash=tx_hash)
     (event,) = c.disputes.events.FraudProven().process_receipt(receipt, errors=DISCARD)
     args = event["args"]
     return Judgement(
         finding, SLASHED, f"{Fraud(args['fraud']).name.lower()} proven",
-        int(args["slashedWei"]), int(args["bountyWei"]), receipt["transactionHash"].hex(),
+        int(args["slashedWei"]), int(args["bountyWei"]), tx_hash,
     )  # fmt: skip
 
 
@@ -114,9 +132,17 @@ def _wait_for_block(c: Contracts, number: int, timeout_s: float = NEXT_BLOCK_TIM
 
 def _judged_before(c: Contracts, proof: FraudProof) -> str:
     """Why the chain has judged this fraud already, or ""."""
-    if proof.fraud == Fraud.EQUIVOCATION:
+    if proof.fraud in (Fraud.EQUIVOCATION, Fraud.WRONG_TENSOR):
         status = c.registry.functions.bondOf(proof.accused).call()[2]
-        return "its signer is slashed" if status == NODE_STATUS_SLASHED else ""
+        if status == NODE_STATUS_SLASHED:
+            return "its signer is slashed"
+    if proof.fraud == Fraud.EQUIVOCATION:
+        return ""
+    if proof.fraud == Fraud.WRONG_TENSOR:
+        receipt = HopReceipt(*proof.args[3])  # type: ignore[misc]
+        digest = receipt_digest(receipt, ledger_domain(c.w3.eth.chain_id, c.ledger.address))
+        dispute = int(c.disputes.functions.tensorDisputeOf(digest).call())
+        return f"tensor dispute {dispute} is open or ruled" if dispute else ""
     cert = CertRef(*proof.args[0])  # type: ignore[misc]
     stored = c.ledger.functions.certificateCommitment(cert.runId, cert.epoch, cert.dataNode).call()
     return "" if bytes(stored) == cert.commitment() else "its certificate is voided"

@@ -9,7 +9,9 @@ equivocations across all it saw. A data node it cannot reach, or that will not s
 certificate reported unchecked (which accuses nobody); what it read before a reading broke off
 is checked all the same. A finding the chain has judged already (a voided certificate, a slashed
 signer) is marked judged, and one on a settled epoch not provable: neither carries its proof,
-which the chain would refuse. Re-execution of hops is not part of it yet.
+which the chain would refuse. With a ``Sampling``, a sample of each certificate's hops drawn from
+a block hash after the submission deadline is re-executed from the evidence the nodes keep
+(``node.audit.replays``); before that block exists nothing is sampled, and the report says when.
 """
 
 from __future__ import annotations
@@ -33,6 +35,17 @@ from node.audit.checks import (
     audit_certificate,
     equivocations,
 )
+from node.audit.reexecute import Replayer
+from node.audit.replays import (
+    WRONG_TENSOR,
+    EvidenceSource,
+    Replayed,
+    draw_sample,
+    relays_of,
+    replay_findings,
+    replay_sample,
+    sample_seed,
+)
 from node.chain.actions import Contracts
 from node.chain.adapter import NODE_STATUS_SLASHED
 from node.chain.epochs import EpochLedger
@@ -49,6 +62,14 @@ SETTLED = "the epoch settled"
 SLASHED = "the signer is slashed"
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """Re-execute ``hops`` sampled hops of each certificate with ``replayer``."""
+
+    hops: int
+    replayer: Replayer
+
+
 @dataclass
 class CertificateReport:
     """One data node's certificate and what its audit found."""
@@ -56,6 +77,7 @@ class CertificateReport:
     cert: CertRef
     leaves_served: int = 0
     findings: list[Finding] = field(default_factory=list)
+    replayed: list[Replayed] = field(default_factory=list)
 
 
 @dataclass
@@ -67,6 +89,8 @@ class AuditReport:
     #: Peers dialled: node address -> "ok" or why not.
     peers: dict[str, str] = field(default_factory=dict)
     equivocations: list[Finding] = field(default_factory=list)
+    #: Why no hop was re-executed, when sampling was asked ("": it was, or it was not asked).
+    sample_note: str = ""
 
     @property
     def findings(self) -> list[Finding]:
@@ -93,34 +117,32 @@ async def audit_epoch(
     peers: Sequence[str],
     timeout_s: float = 20.0,
     progress: Callable[[str], None] = lambda step: None,
+    sampling: Sampling | None = None,
 ) -> AuditReport:
     """Audit ``epoch`` of ``run_id`` with the receipts of the nodes at ``peers`` (multiaddrs
-    that end in /p2p/<peer id>)."""
-    infos = [peer_info(address) for address in peers]  # a bad address fails before any dial
-    rules = await _ask_chain(run_rules, contracts, run_id)
+    that end in /p2p/<peer id>); with ``sampling``, re-execute a sample of its hops."""
+    for address in peers:
+        peer_info(address)  # a bad address fails before anything is asked
+    rules = await ask_chain(run_rules, contracts, run_id)
     ledger = EpochLedger(contracts, run_id, None)
-    certs = await _ask_chain(ledger.certificates, epoch)
+    certs = await ask_chain(ledger.certificates, epoch)
     report = AuditReport(run_id, epoch)
+    seed = None
+    if sampling is not None and sampling.hops > 0:
+        closes_at = (await ask_chain(ledger.epoch_times, epoch)).submit_closes_at
+        seed = await ask_chain(sample_seed, contracts.w3, closes_at)
+        if seed is None:
+            report.sample_note = (
+                f"no hop re-executed: the sample is drawn from the first block at or after "
+                f"the submission deadline ({closes_at}, unix time); audit again after it"
+            )
 
     def took_part(node: str, or_data_node: bool) -> bool:
         return ledger.took_part(node, epoch, or_data_node=or_data_node)
 
     async with running_host(new_identity()) as host:
         rpc = RequestResponse(host)
-        reachable: dict[str, str] = {}  # node address -> peer id
-        for info in infos:
-            try:
-                node = node_address_of_peer(info.peer_id)
-            except ProtocolError as exc:
-                raise ConfigError(f"peer {info.peer_id} is no GWTF node: {exc}") from exc
-            try:
-                with trio.fail_after(timeout_s):
-                    await host.connect(info)
-            except Exception as exc:  # libp2p's dial errors have no common type
-                report.peers[node] = f"unreachable: {exc}"[:200]
-                continue
-            report.peers[node] = "ok"
-            reachable[node.lower()] = str(info.peer_id)
+        reachable, report.peers = await connect_peers(host, peers, timeout_s)
         seen: list[SignedReceipt] = []
         for cert in certs:
             progress(f"certificate of {cert.dataNode}")
@@ -144,14 +166,28 @@ async def audit_epoch(
             if fetched.stopped is not None:
                 detail = f"read {len(served)} of {cert.count} leaves: {fetched.stopped}"
                 checked.findings.append(Finding(UNCHECKED, cert.dataNode, detail[:300]))
-            found = await _ask_chain(
+            found = await ask_chain(
                 functools.partial(
                     audit_certificate, cert, served, rules, took_part,
                     complete=fetched.stopped is None,
                 )
             )  # fmt: skip
-            state = await _ask_chain(_certificate_state, contracts, cert)
-            checked.findings += [_as_of(state, f) for f in found]
+            if seed is not None and sampling is not None:
+                data_nodes = {c.dataNode.lower() for c in certs}
+                source = EvidenceSource(rpc, relays_of(reachable, data_nodes), run_id, timeout_s)
+                sample = draw_sample(seed, served, sampling.hops)
+                entries = [entry for entry, _ in served]
+                checked.replayed = await replay_sample(
+                    source, sampling.replayer, entries, sample, progress
+                )
+                found += replay_findings(cert, checked.replayed)
+            state = await ask_chain(_certificate_state, contracts, cert)
+            slashed_workers = await ask_chain(
+                _slashed, contracts, {f.accused for f in found if f.kind == WRONG_TENSOR}
+            )
+            checked.findings += [
+                _as_of(SLASHED if f.accused in slashed_workers else state, f) for f in found
+            ]
         for node, peer in reachable.items():
             progress(f"receipts of {node}")
             for which in (SIGNED, RECEIVED):
@@ -161,14 +197,38 @@ async def audit_epoch(
                 seen += fetched.entries
     report.receipts_seen = len(seen)
     found = await trio.to_thread.run_sync(equivocations, seen, rules.domain)
-    slashed = await _ask_chain(_slashed, contracts, {f.accused for f in found})
+    slashed = await ask_chain(_slashed, contracts, {f.accused for f in found})
     report.equivocations = [
         _as_of(SLASHED if f.accused in slashed else OPEN, f) for f in found
     ]  # fmt: skip
     return report
 
 
-async def _ask_chain(fn: Callable[..., T], *args: Any) -> T:
+async def connect_peers(
+    host: Any, peers: Sequence[str], timeout_s: float
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Dial each of ``peers`` (multiaddrs): (node address in lower case -> peer id of those
+    reached, node address -> "ok" or why not)."""
+    infos = [peer_info(address) for address in peers]
+    reachable: dict[str, str] = {}
+    statuses: dict[str, str] = {}
+    for info in infos:
+        try:
+            node = node_address_of_peer(info.peer_id)
+        except ProtocolError as exc:
+            raise ConfigError(f"peer {info.peer_id} is no GWTF node: {exc}") from exc
+        try:
+            with trio.fail_after(timeout_s):
+                await host.connect(info)
+        except Exception as exc:  # libp2p's dial errors have no common type
+            statuses[node] = f"unreachable: {exc}"[:200]
+            continue
+        statuses[node] = "ok"
+        reachable[node.lower()] = str(info.peer_id)
+    return reachable, statuses
+
+
+async def ask_chain(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` in a worker thread: it asks the chain (blocking web3 calls), whose
     failures become one ``ChainError`` a person can act on."""
     try:

@@ -17,7 +17,7 @@ from web3.logs import DISCARD
 from contracts.bindings import attach
 from contracts.certificate_tree import CertificateTree
 from contracts.encoding import CertRef, node_public_key, registry_domain, sign_binding
-from contracts.fraud_proofs import FraudProof, commitment_of
+from contracts.fraud_proofs import NEEDS_ARBITER, FraudProof, commitment_of
 from gwtf.errors import ChainError
 from node.chain.adapter import Sender, Web3Chain, send_transaction, transact_as
 from node.chain.deployment import DevnetInfo
@@ -205,9 +205,25 @@ def reveal_proof(
     """The second half: the proof itself, which slashes the accused if it holds. With
     ``gas_limit`` it is checked against the pending block and sent with that limit."""
     fn = getattr(c.disputes.functions, proof.function)(*proof.args, salt)
+    bond_wei = bond_of(c, proof)
     if gas_limit is None:
-        return c.send(challenger, fn)
-    return transact_as(c.w3, challenger, fn, gas_limit=gas_limit)
+        return c.send(challenger, fn, bond_wei)
+    return transact_as(c.w3, challenger, fn, bond_wei, gas_limit=gas_limit)
+
+
+def bond_of(c: Contracts, proof: FraudProof) -> int:
+    """What revealing ``proof`` costs beyond gas: a tensor dispute's bond, else nothing."""
+    if proof.fraud not in NEEDS_ARBITER:
+        return 0
+    return int(c.disputes.functions.tensorBondWei().call())
+
+
+def rule_tensor_dispute(
+    c: Contracts, arbiter: Sender, dispute_id: int, wrong_tensor: bool, evidence_hash: bytes
+) -> Any:
+    """The run's sponsor's ruling on a tensor dispute (before its epoch settles)."""
+    fn = c.disputes.functions.ruleTensorDispute(dispute_id, wrong_tensor, evidence_hash)
+    return c.send(arbiter, fn)
 
 
 def withdraw_credit(c: Contracts, account: Sender) -> Any:

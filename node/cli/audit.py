@@ -6,16 +6,24 @@ their proofs and every given peer's receipts (``node.audit.runner``), and report
 certificate what it checked and found; each finding the chain convicts on alone is marked
 provable. Exits 0 when nothing is found and ``EXIT_FINDINGS`` otherwise.
 
+With ``--sample K`` it also re-executes K hops of each certificate, drawn from the first block
+after the epoch's submission deadline, from the evidence the relays keep, on CPU with the run's
+model (``--model``, default ``training.model``); a wrong tensor is a finding for the arbiter.
+
 ``challenge`` runs the same audit, then sends each provable finding's fraud proof from the
-given wallet (``node.audit.challenge``: commit, reveal, judged) and withdraws the bounties.
-Exits 0 when every finding is judged (now or before) and ``EXIT_FINDINGS`` while any is left
-that the chain did not or cannot judge (withheld leaves, an unchecked certificate, a refused or
-failed proof).
+given wallet (``node.audit.challenge``: commit, reveal, judged), opens a tensor dispute (with
+the contract's bond) for a wrong tensor, and withdraws the bounties. Exits 0 when every finding
+is judged or disputed (now or before) and ``EXIT_FINDINGS`` while any is left that the chain did
+not or cannot judge (withheld leaves, an unchecked certificate, a refused or failed proof).
+
+``arbitrate`` is the run sponsor's: it re-executes the hop of every open tensor dispute of the
+run and rules on chain (``node.audit.arbiter``); a dispute it cannot replay stays unruled.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from typing import Any
 
@@ -23,14 +31,19 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
+from gwtf.errors import ConfigError
+from node.audit.arbiter import Ruling, arbitrate
 from node.audit.challenge import REFUSED, Challenges, challenge
-from node.audit.runner import AuditReport, audit_epoch
+from node.audit.reexecute import Replayer
+from node.audit.replays import Replayed
+from node.audit.runner import AuditReport, Sampling, audit_epoch
 from node.chain.actions import Contracts
 from node.chain.adapter import Sender, format_eth
 from node.chain.wallet import open_wallet, resolve_password
 from node.cli.args import Command
 from node.composition import open_contracts
 from node.settings import Settings
+from node.training.partition import model_for_run, plan_partition
 
 #: The exit code of an audit that found something (fraud or withheld leaves).
 EXIT_FINDINGS = 10
@@ -45,12 +58,29 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     _audit_flags(prove)
     prove.add_argument("--wallet", required=True, help="the challenger's wallet keystore")
     prove.add_argument("--password-file", help="file holding the keystore password")
-    return {"audit": cmd_audit, "challenge": cmd_challenge}
+    judge = sub.add_parser(
+        "arbitrate", help="as a run's sponsor, re-execute each disputed hop and rule on it"
+    )
+    judge.add_argument("--run", type=int, required=True, help="run id")
+    _peer_flags(judge)
+    judge.add_argument("--model", help="the run's model, e.g. gpt-tiny (default training.model)")
+    judge.add_argument("--wallet", required=True, help="the sponsor's wallet keystore")
+    judge.add_argument("--password-file", help="file holding the keystore password")
+    return {"audit": cmd_audit, "challenge": cmd_challenge, "arbitrate": cmd_arbitrate}
 
 
 def _audit_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", type=int, required=True, help="run id")
     parser.add_argument("--epoch", type=int, required=True, help="epoch of the run")
+    parser.add_argument(
+        "--sample", type=int, default=0, metavar="K",
+        help="re-execute K hops of each certificate from the relays' evidence (default 0)",
+    )  # fmt: skip
+    parser.add_argument("--model", help="the run's model, e.g. gpt-tiny (default training.model)")
+    _peer_flags(parser)
+
+
+def _peer_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--peer",
         action="append",
@@ -64,7 +94,7 @@ def _audit_flags(parser: argparse.ArgumentParser) -> None:
 
 def cmd_audit(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     contracts, _ = open_contracts(settings)
-    report = _audit(args, contracts, console)
+    report = _audit(args, contracts, console, settings)
     if args.json:
         print(json.dumps(report_json(report), indent=2))
     else:
@@ -75,7 +105,7 @@ def cmd_audit(args: argparse.Namespace, settings: Settings, console: Console) ->
 def cmd_challenge(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     contracts, _ = open_contracts(settings)
     challenger = Sender.from_account(open_wallet(args.wallet, resolve_password(args.password_file)))
-    report = _audit(args, contracts, console)
+    report = _audit(args, contracts, console, settings)
     if args.json:
         done = challenge(contracts, challenger, report.findings)
         print(json.dumps({**report_json(report), **challenges_json(done)}, indent=2))
@@ -89,17 +119,76 @@ def cmd_challenge(args: argparse.Namespace, settings: Settings, console: Console
     return EXIT_FINDINGS if left else 0
 
 
-def _audit(args: argparse.Namespace, contracts: Contracts, console: Console) -> AuditReport:
+def cmd_arbitrate(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    contracts, _ = open_contracts(settings)
+    arbiter = Sender.from_account(open_wallet(args.wallet, resolve_password(args.password_file)))
+    replayer = replayer_for(contracts, args.run, args.model or settings.training.model, settings)
+    call = functools.partial(
+        arbitrate, contracts, arbiter, args.run, args.peer, replayer, args.timeout_s
+    )
     if args.json:
-        return trio.run(audit_epoch, contracts, args.run, args.epoch, args.peer, args.timeout_s)
+        rulings = trio.run(call)
+        print(
+            json.dumps({"run": args.run, "rulings": [rulings_json(r) for r in rulings]}, indent=2)
+        )
+        return 0
+    with console.status("re-executing the disputed hops"):
+        rulings = trio.run(call)
+    if not rulings:
+        console.print(f"run {args.run} has no open tensor dispute")
+        return 0
+    table = Table(title=f"run {args.run}: tensor disputes")
+    for column in ("dispute", "worker", "ruling", "replay"):
+        table.add_column(column)
+    for r in rulings:
+        table.add_row(str(r.dispute_id), r.worker, r.outcome, r.detail)
+    console.print(table)
+    return 0
+
+
+def rulings_json(ruling: Ruling) -> dict[str, Any]:
+    return {
+        "dispute": ruling.dispute_id,
+        "worker": ruling.worker,
+        "outcome": ruling.outcome,
+        "detail": ruling.detail,
+        "record": ruling.record,
+        "tx_hash": ruling.tx_hash,
+        "slashed_wei": str(ruling.slashed_wei),
+        "bounty_wei": str(ruling.bounty_wei),
+    }
+
+
+def replayer_for(contracts: Contracts, run_id: int, model: str, settings: Settings) -> Replayer:
+    """A CPU replayer of ``model`` split into run ``run_id``'s stages."""
+    run = contracts.port().run_info(run_id)
+    if run is None:
+        raise ConfigError(f"no run {run_id} on this chain; check --run and the RPC URL")
+    config = model_for_run(model, settings.training.seq_len, run.stage_count)
+    return Replayer(plan_partition(config, run.stage_count), settings.training)
+
+
+def _audit(
+    args: argparse.Namespace, contracts: Contracts, console: Console, settings: Settings
+) -> AuditReport:
+    sampling = None
+    if args.sample < 0:
+        raise ConfigError(f"--sample {args.sample}: give a number of hops, 0 or more")
+    if args.sample > 0:
+        model = args.model or settings.training.model
+        sampling = Sampling(args.sample, replayer_for(contracts, args.run, model, settings))
+    call = functools.partial(
+        audit_epoch, contracts, args.run, args.epoch, args.peer, args.timeout_s,
+        sampling=sampling,
+    )  # fmt: skip
+    if args.json:
+        return trio.run(call)
     with console.status("auditing") as status:
 
         def progress(step: str) -> None:
             status.update(f"auditing: {step}")
 
-        return trio.run(
-            audit_epoch, contracts, args.run, args.epoch, args.peer, args.timeout_s, progress
-        )
+        return trio.run(functools.partial(call, progress=progress))
 
 
 def report_json(report: AuditReport) -> dict[str, Any]:
@@ -115,27 +204,52 @@ def report_json(report: AuditReport) -> dict[str, Any]:
                 "count": c.cert.count,
                 "units": c.cert.units,
                 "leaves_served": c.leaves_served,
+                "replayed": [_replayed_json(done) for done in c.replayed],
                 "findings": [f.as_json() for f in c.findings],
             }
             for c in report.certificates
         ],
+        "sample_note": report.sample_note,
         "equivocations": [f.as_json() for f in report.equivocations],
         "findings": len(report.findings),
         "provable": len(report.fraud),
     }
 
 
+def _replayed_json(done: Replayed) -> dict[str, Any]:
+    r, replay = done.entry.receipt, done.replay
+    return {
+        "worker": r.worker,
+        "iteration": r.iteration,
+        "microbatch": r.microbatchId,
+        "stage": r.stage,
+        "direction": "forward" if r.direction == 0 else "backward",
+        "exact": replay.exact if replay else None,
+        "relative_error": replay.relative_error if replay else None,
+        "cosine": replay.cosine if replay else None,
+        "wrong": replay.wrong if replay else None,
+        "compute_s": replay.compute_s if replay else None,
+        "weights_from": done.weights_from,
+        "not_replayed_because": done.why_not,
+    }
+
+
 def print_report(console: Console, report: AuditReport) -> None:
     table = Table(title=f"run {report.run_id}, epoch {report.epoch}: certificates")
     table.add_column("data node")
-    for column in ("hops", "units", "leaves checked", "findings"):
+    for column in ("hops", "units", "leaves checked", "re-executed", "exact", "findings"):
         table.add_column(column, justify="right")
     for c in report.certificates:
+        replayed = [d.replay for d in c.replayed if d.replay is not None]
         table.add_row(
             c.cert.dataNode, str(c.cert.count), str(c.cert.units), str(c.leaves_served),
+            f"{len(replayed)} of {len(c.replayed)}", str(sum(r.exact for r in replayed)),
             str(len(c.findings)),
         )  # fmt: skip
     console.print(table)
+    _print_workers(console, report)
+    if report.sample_note:
+        console.print(report.sample_note)
     if report.findings:
         found = Table(title="findings")
         for column in ("kind", "accused", "what", "the chain convicts on"):
@@ -152,6 +266,31 @@ def print_report(console: Console, report: AuditReport) -> None:
         + (f"{len(report.findings)} findings, {len(report.fraud)} provable on chain"
            if report.findings else "no finding")
     )  # fmt: skip
+
+
+def _print_workers(console: Console, report: AuditReport) -> None:
+    """Per node: hops in the certificates, re-executed, wrong, findings against it."""
+    hops: dict[str, list[int]] = {}
+    for c in report.certificates:
+        for done in c.replayed:
+            row = hops.setdefault(done.entry.receipt.worker, [0, 0, 0])
+            row[0] += 1
+            if done.replay is not None:
+                row[1] += 1
+                row[2] += done.replay.wrong
+    if not hops:
+        return
+    accused: dict[str, int] = {}
+    for f in report.findings:
+        accused[f.accused.lower()] = accused.get(f.accused.lower(), 0) + 1
+    table = Table(title="re-executed hops by worker")
+    table.add_column("worker")
+    for column in ("sampled", "re-executed", "wrong", "findings"):
+        table.add_column(column, justify="right")
+    for worker, (sampled, replayed, wrong) in sorted(hops.items()):
+        found = str(accused.get(worker.lower(), 0))
+        table.add_row(worker, str(sampled), str(replayed), str(wrong), found)
+    console.print(table)
 
 
 def challenges_json(done: Challenges) -> dict[str, Any]:

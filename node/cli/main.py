@@ -63,12 +63,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_cli_settings(args)
         return commands[args.command](args, settings, console)
     except GwtfError as err:
-        message = " ".join(str(err).split())  # one line, always
-        print(f"gwtf-node: error: {message}", file=sys.stderr)
-        return err.exit_code
+        return _report(err)
+    except BaseExceptionGroup as group:
+        # A GwtfError raised inside a libp2p host's nursery arrives wrapped in a group.
+        errors = _leaves(group)
+        if errors and all(isinstance(e, GwtfError) for e in errors):
+            return _report(errors[0])  # type: ignore[arg-type]
+        raise
     except KeyboardInterrupt:
         print("gwtf-node: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _report(err: GwtfError) -> int:
+    message = " ".join(str(err).split())  # one line, always
+    print(f"gwtf-node: error: {message}", file=sys.stderr)
+    return err.exit_code
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for error in group.exceptions:
+        leaves += _leaves(error) if isinstance(error, BaseExceptionGroup) else [error]
+    return leaves
 
 
 if __name__ == "__main__":

@@ -26,3 +26,7 @@ class ReceiptsConfig:
     clock_period_s: float = 2.0
     #: A cheat this node plays on purpose (``node.receipts.cheats``); "" is honest.
     cheat: str = ""
+    #: A relay's hop evidence for auditors (``node.store.evidence``): where, "" for nowhere,
+    #: and how many epochs of it are kept.
+    evidence_dir: str = ""
+    evidence_epochs: int = 2

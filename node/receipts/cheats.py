@@ -17,21 +17,26 @@ A relay's change what it signs:
   same hop key (another output digest), reports it to the data node and serves it with its
   receipts;
 * ``equivocate``: for the first hop it receives each epoch it countersigns a second version of
-  its receipt, and serves it with the receipts it received.
+  its receipt, and serves it with the receipts it received;
+* ``wrong-tensor``: every forward output it sends is its stage's true output scaled by
+  ``1 + WRONG_TENSOR_SCALE`` (a small error, as a relay saving work with a cheaper kernel might
+  make); it signs and keeps what it sent, like an honest relay.
 
-The chain convicts the first three and the last two alone (invalid hop, bad totals,
+The chain convicts the first three and the next two alone (invalid hop, bad totals,
 equivocation); a withheld leaf is the auditor's to report, since no contract can see what a
-node does not serve. A wrong tensor needs re-execution, which is not built yet: no cheat
-returns one.
+node does not serve; a wrong tensor is found by re-execution and judged by the run's sponsor
+(a tensor dispute).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
+
+import torch
 
 from contracts.certificate_tree import PreparedHop, SignedReceipt
 from contracts.encoding import (
@@ -57,8 +62,12 @@ INFLATE_UNITS: Final = "inflate-units"
 WITHHOLD_LEAF: Final = "withhold-leaf"
 CLAIM_TWICE: Final = "claim-twice"
 EQUIVOCATE: Final = "equivocate"
+WRONG_TENSOR: Final = "wrong-tensor"
 DATA_NODE_CHEATS: Final = (FORGE_COUNTERSIGNATURE, PHANTOM_HOPS, INFLATE_UNITS, WITHHOLD_LEAF)
-RELAY_CHEATS: Final = (CLAIM_TWICE, EQUIVOCATE)
+RELAY_CHEATS: Final = (CLAIM_TWICE, EQUIVOCATE, WRONG_TENSOR)
+#: The relative error a ``wrong-tensor`` relay puts in each forward output: a hundred times
+#: the CPU re-execution tolerance, far below what training would notice at once.
+WRONG_TENSOR_SCALE: Final = 1e-3
 #: A made-up key signs forged countersignatures: anyone's but the counterparty's.
 _FORGER_KEY: Final = keccak256(b"gwtf forged countersignature")
 #: How many hops a ``phantom-hops`` data node makes up per epoch.
@@ -183,6 +192,12 @@ class Cheat:
         if not at_end or len(page.entries) + len(extra) > MAX_PAGE:
             return replace(page, total=total)  # the next page, from the honest end, has them
         return replace(page, total=total, entries=page.entries + tuple(extra))
+
+    def distort(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """What a ``wrong-tensor`` relay does to each forward output, or None."""
+        if self.mode != WRONG_TENSOR:
+            return None
+        return lambda output: output * (1.0 + WRONG_TENSOR_SCALE)
 
     @staticmethod
     def _second_version(entry: SignedReceipt) -> HopReceipt:

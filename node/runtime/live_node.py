@@ -11,6 +11,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import trio
 from libp2p.crypto.keys import KeyPair
@@ -27,6 +28,7 @@ from node.receipts import ReceiptsConfig
 from node.receipts.book import ReceiptBook, address_of_peer
 from node.receipts.cheats import Cheat
 from node.receipts.epochs import DataNodeEpochs, EpochClock, WorkerEpochs
+from node.receipts.evidence import serve_evidence
 from node.receipts.reports import ReceiptInbox, ReceiptReporter
 from node.receipts.serving import ReceiptServer
 from node.runtime.dataplane import control
@@ -44,6 +46,7 @@ from node.runtime.roles.data_peers import DataPeers, LeftOut
 from node.runtime.roles.relay import RelayRole
 from node.settings import AUTO_STAGE
 from node.store.database import open_database
+from node.store.evidence import EvidenceArchive
 from node.store.hops import HopStore
 from node.store.ledger import LedgerRecords
 from node.training.codec import CodecLimits
@@ -374,6 +377,12 @@ async def _start_receipts(
         )  # fmt: skip
         return ReceiptParts(receipts, certifying, clock, inbox=inbox)
     ReceiptServer(store, setup.terms, cheat=cheat).serve(rpc, timeout_s)
+    if setup.evidence_dir:
+        archive = EvidenceArchive(Path(setup.evidence_dir), setup.evidence_epochs)
+        role.evidence = archive
+        serve_evidence(rpc, archive, setup.terms.run_id, timeout_s)
+    if cheat is not None:
+        role.distort = cheat.distort()
     reporter = ReceiptReporter(rpc, timeout_s, setup.report_period_s, data_node_peers)
     # A restarted relay reports again what its database holds of recent epochs, as worker and
     # as receiver (the data node takes a receipt twice as once): nothing a countersignature

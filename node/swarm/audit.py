@@ -1,22 +1,27 @@
-"""The swarm's audit, as anyone would run it: once the last epoch is certified, while every
-epoch's dispute window is open, ``gwtf-node audit``'s auditor (``node.audit.runner``, a libp2p host
-of its own, served in public) checks each epoch's certificates and the receipts of every live
-node, and ``gwtf-node challenge``'s prover (``node.audit.challenge``) sends the fraud proof of
-each finding the chain judges alone, from an auditor wallet the sponsor funds. An honest swarm
-has no finding; a cheating node (``[swarm] cheaters``) is found and slashed before anyone
+"""The swarm's audit, as anyone would run it: once the last epoch is certified and its
+submission closed, while every epoch's dispute window is open, ``gwtf-node audit``'s auditor
+(``node.audit.runner``, a libp2p host of its own, served in public) checks each epoch's
+certificates and the receipts of every live node and re-executes a sample of each
+certificate's hops (``[chain] audit_sample``) from the evidence the relays keep;
+``gwtf-node challenge``'s prover (``node.audit.challenge``) sends the fraud proof of each finding
+the chain judges alone, and opens a tensor dispute for each wrong tensor, from an auditor wallet
+the sponsor funds; the sponsor then rules on the disputes (``node.audit.arbiter``). An honest
+swarm has no finding; a cheating node (``[swarm] cheaters``) is found and slashed before anyone
 claims.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import trio
 from eth_account import Account
 
+from node.audit.arbiter import WRONG, WRONG_BEFORE, Ruling, arbitrate
 from node.audit.challenge import SLASHED, Challenges, challenge
 from node.audit.checks import Finding
-from node.audit.runner import AuditReport, audit_epoch
+from node.audit.runner import AuditReport, Sampling, audit_epoch
 from node.chain.actions import transfer_eth
 from node.chain.adapter import Sender
 from node.swarm.chain import SwarmChain
@@ -35,27 +40,39 @@ class SwarmAudit:
     """The audit of each epoch of the swarm's run: ``epoch(e, peers)`` while its dispute
     window is open, ``summary()`` at the end."""
 
-    def __init__(self, chain: SwarmChain) -> None:
+    def __init__(self, chain: SwarmChain, sampling: Sampling | None = None) -> None:
         self.chain = chain
+        self.sampling = sampling
         self.auditor = auditor_of(chain)
         self.reports: list[AuditReport] = []
         self.proven: list[Challenges] = []
+        self.rulings: list[Ruling] = []
 
     def epoch(self, epoch: int, peers: list[str]) -> None:
-        """Audit ``epoch`` with the receipts of the nodes at ``peers``; prove what the chain
-        judges."""
+        """Audit ``epoch`` with the receipts and evidence of the nodes at ``peers``; prove what
+        the chain judges, dispute what it cannot, and have the sponsor rule."""
         c = self.chain
-        report = trio.run(audit_epoch, c.contracts, c.run_id, epoch, peers)
+        report = trio.run(
+            functools.partial(
+                audit_epoch, c.contracts, c.run_id, epoch, peers, sampling=self.sampling
+            )
+        )
         self.reports.append(report)
         self.proven.append(challenge(c.contracts, self.auditor, report.findings))
+        if self.sampling is not None:
+            replayer = self.sampling.replayer
+            self.rulings += trio.run(arbitrate, c.contracts, c.sponsor, c.run_id, peers, replayer)
 
     def slashed(self) -> set[str]:
         """The addresses of the nodes slashed on this audit's proofs (lower case)."""
-        return {
+        proven = {
             j.finding.accused.lower()
             for done in self.proven
             for j in done.judgements
             if j.outcome == SLASHED
+        }
+        return proven | {
+            r.worker.lower() for r in self.rulings if r.outcome in (WRONG, WRONG_BEFORE)
         }
 
     def summary(self) -> dict[str, Any]:
@@ -87,9 +104,31 @@ class SwarmAudit:
                 }
                 for j in judgements
             ],
+            "replayed": sum(len(c.replayed) for r in reports for c in r.certificates),
+            "replayed_exact": sum(
+                1
+                for r in reports
+                for c in r.certificates
+                for done in c.replayed
+                if done.replay is not None and done.replay.exact
+            ),
+            "sample_notes": sorted({r.sample_note for r in reports if r.sample_note}),
+            "rulings": [
+                {
+                    "dispute": ruling.dispute_id,
+                    "accused": named(ruling.worker),
+                    "outcome": ruling.outcome,
+                    "detail": ruling.detail,
+                    "slashed_wei": str(ruling.slashed_wei),
+                    "bounty_wei": str(ruling.bounty_wei),
+                }
+                for ruling in self.rulings
+            ],
             "auditor": self.auditor.address,
             # What every proof took, and what of it was burned (the rest is the bounties).
-            "slashed_wei": str(sum(j.slashed_wei for j in judgements)),
+            "slashed_wei": str(
+                sum(j.slashed_wei for j in judgements) + sum(r.slashed_wei for r in self.rulings)
+            ),
             "burned_wei": str(self.chain.contracts.disputes.functions.burnedWei().call()),
             "bounty_withdrawn_wei": str(sum(done.withdrawn_wei for done in self.proven)),
         }

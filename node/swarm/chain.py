@@ -83,6 +83,8 @@ class ChainPlan:
     epochs: int = 1
     #: Receipts on every hop and the epoch cycle (``chain.receipts`` of every node).
     receipts: bool = True
+    #: Hops of each certificate the swarm's audit re-executes from the relays' evidence.
+    audit_sample: int = 32
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> ChainPlan:
@@ -98,6 +100,8 @@ class ChainPlan:
                 raise ConfigError(f"[chain] {name}={getattr(plan, name)!r} must be above 0")
         if not isinstance(plan.epochs, int) or plan.epochs < 1:
             raise ConfigError(f"[chain] epochs={plan.epochs!r} must be a whole number from 1")
+        if not isinstance(plan.audit_sample, int) or plan.audit_sample < 0:
+            raise ConfigError(f"[chain] audit_sample={plan.audit_sample!r} must be a whole number")
         if not isinstance(plan.receipts, bool):
             raise ConfigError(f"[chain] receipts={plan.receipts!r} must be true or false")
         if plan.fund_eth <= plan.stake_eth:

@@ -63,7 +63,8 @@ class SwarmEpochs:
         return max(0, (self.ledger.now() - start) // length)
 
     def settle(self) -> int:
-        """Past the last epoch's end until it is certified, each epoch audited, then past the
+        """Past the last epoch's end until it is certified, past its submission deadline, each
+        epoch audited, then past the
         last dispute window until every relay has claimed; returns the last epoch."""
         last = self.current_epoch()
         times = self.ledger.epoch_times(last)
@@ -71,6 +72,8 @@ class SwarmEpochs:
         self._before_closing(last)
         advance_time_to(w3, times.ends_at)
         _wait(lambda: self.certified(last), self.timeout_s)
+        # The audit's sample is drawn from the first block after the submission deadline.
+        advance_time_to(w3, times.submit_closes_at)
         for epoch in range(last + 1):
             self.audit(epoch)
         advance_time_to(w3, times.settles_at)

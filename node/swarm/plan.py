@@ -25,7 +25,8 @@ Swarm file::
     [chain]  enabled = true, rpc_url = "" (use a running chain instead of starting a devnet),
              devnet_file = "" (its contracts, as `gwtf-node devnet` writes them; without it the
              suite is deployed on rpc_url), stake_eth = 2.0, fund_eth = 3.0 (per node),
-             reward_pool_eth = 10.0, epoch_length_s = 3600
+             reward_pool_eth = 10.0, epoch_length_s = 3600, audit_sample = 32 (hops of each
+             certificate the audit re-executes from the relays' evidence; 0: none)
     [churn]  events = [{t = 8.0, kill = "relay-1-0"}, {t = 12.0, join = 1},
              {t = 14.0, join = "auto"} (it takes the bottleneck stage when it enters),
              {t = 2.0, stranger = 1}] (a stranger: a relay of that stage whose libp2p id is not
@@ -325,6 +326,7 @@ def node_settings(
             "wallet_file": str(chain.wallet_file(name, data_node=role == "data").resolve())
             if chain is not None and chain.plan.receipts
             else "",
+            "evidence_dir": str((plan.out_dir / f"{name}.evidence").resolve()),
         },
         # One database per node; a restarted node opens its own again.
         "db": {"url": f"sqlite:///{(plan.out_dir / f'{name}.sqlite').resolve()}"},

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from gwtf.errors import GwtfError
+from node.audit.reexecute import Replayer
+from node.audit.runner import Sampling
 from node.settings import AUTO_STAGE
 from node.swarm.audit import SwarmAudit
 from node.swarm.chain import (
@@ -48,6 +50,8 @@ from node.swarm.plan import (
     speed_of,
     write_node_settings,
 )
+from node.training.partition import model_for_run, plan_partition
+from node.training.settings import TrainingSettings
 
 
 def start_node(
@@ -155,7 +159,7 @@ def run_swarm(
         )
         epochs = None
         if plan.chain is not None and plan.chain.plan.receipts:
-            audit = SwarmAudit(plan.chain)
+            audit = SwarmAudit(plan.chain, _sampling(plan))
             plan.audit = audit
             epochs = SwarmEpochs(
                 plan.chain,
@@ -299,6 +303,18 @@ def _prestart_entrants(
         if kind == "stranger" and plan.chain is not None:
             plan.strangers[name] = peer_id
         start_node(plan, settings, log, start_file=plan.out_dir / f"{name}.go")
+
+
+def _sampling(plan: SwarmPlan) -> Sampling | None:
+    """What the swarm's audit re-executes, with the run's model on CPU."""
+    assert plan.chain is not None
+    hops = plan.chain.plan.audit_sample
+    if hops == 0:
+        return None
+    run = plan.run
+    config = model_for_run(str(run["model"]), int(run["seq_len"]), int(run["stages"]))
+    settings = TrainingSettings(device="cpu", seq_len=int(run["seq_len"]))
+    return Sampling(hops, Replayer(plan_partition(config, int(run["stages"])), settings))
 
 
 def _wait_for_training(data: Proc, deadline: float) -> float:

@@ -43,12 +43,15 @@ def _config_json(trainer: PartTrainer) -> str:
     return json.dumps(dataclasses.asdict(module.config), sort_keys=True)
 
 
-def state_tensors(trainer: PartTrainer) -> dict[str, torch.Tensor]:
-    """Every tensor of the part's state, on the host, under stable names."""
+def state_tensors(trainer: PartTrainer, weights_only: bool = False) -> dict[str, torch.Tensor]:
+    """Every tensor of the part's state (only its weights: ``weights_only``), on the host,
+    under stable names."""
     tensors = {
         f"param/{name}": param.detach().to("cpu").contiguous().clone()
         for name, param in trainer.named_params
     }
+    if weights_only:
+        return tensors
     by_param = {id(param): name for name, param in trainer.named_params}
     for param, state in trainer.optimizer.state.items():
         name = by_param[id(param)]
@@ -81,9 +84,11 @@ def state_digest(trainer: PartTrainer) -> str:
     return content_digest(_metadata(trainer), state_tensors(trainer))
 
 
-def save_part_state(trainer: PartTrainer, path: Path) -> str:
-    """Write the part's state atomically to ``path``; returns its digest."""
-    tensors = state_tensors(trainer)
+def save_part_state(trainer: PartTrainer, path: Path, weights_only: bool = False) -> str:
+    """Write the part's state atomically to ``path``; returns its digest. ``weights_only``
+    leaves out the optimizer's state (two thirds of the file with AdamW): what re-executing a
+    hop needs, which loads as a state whose optimizer starts afresh."""
+    tensors = state_tensors(trainer, weights_only)
     metadata = _metadata(trainer)
     digest = content_digest(metadata, tensors)
     temporary = path.with_name(path.name + ".partial")

@@ -27,8 +27,10 @@ from node.p2p.identity import identity_from_key
 from node.p2p.rpc import RequestResponse
 from node.receipts.book import ReceiptTerms
 from node.receipts.cheats import Cheat
+from node.receipts.evidence import serve_evidence
 from node.receipts.serving import ReceiptServer
 from node.store.database import open_database
+from node.store.evidence import EvidenceArchive
 from node.store.hops import HopStore
 from tests.contracts.conftest import Certified, Staffed
 from tests.contracts.test_disputes import certified_with, one_hop
@@ -51,11 +53,16 @@ def devnet_file(staffed: Staffed, tmp_path: Path) -> Iterator[Path]:
 
 @contextmanager
 def serving_data_node(
-    s: Staffed, node: NodeKey, tree: CertificateTree | None, db: Path, cheat: Cheat | None = None
+    s: Staffed,
+    node: NodeKey,
+    tree: CertificateTree | None,
+    db: Path,
+    cheat: Cheat | None = None,
+    evidence: EvidenceArchive | None = None,
 ) -> Iterator[str]:
     """``node``'s host serving its receipts and ``tree`` as its certificate of epoch 0 (None: a
-    relay's, no certificate) to anyone, with what ``cheat`` makes of them (it admits no peer: an
-    auditor is served in public); yields its address."""
+    relay's, no certificate) to anyone, with what ``cheat`` makes of them, and a relay's kept
+    ``evidence`` (it admits no peer: an auditor is served in public); yields its address."""
     terms = ReceiptTerms(s.run, s.w.ledger_domain, STAGES, UNITS_PER_HOP)
     trees = {0: tree} if tree is not None else {}
     server = ReceiptServer(HopStore(open_database(f"sqlite:///{db}")), terms, trees.get, cheat)
@@ -67,7 +74,10 @@ def serving_data_node(
 
     async def serve() -> None:
         async with running_host(identity_from_key(node.private_key)) as host:
-            server.serve(RequestResponse(host, admit=refuse), timeout_s=5.0)
+            rpc = RequestResponse(host, admit=refuse)
+            server.serve(rpc, timeout_s=5.0)
+            if evidence is not None:
+                serve_evidence(rpc, evidence, s.run, timeout_s=5.0)
             address.put(full_address(host))
             while not stop.is_set():
                 await trio.sleep(0.05)

@@ -198,3 +198,19 @@ def test_devnet_port_in_use_is_one_line(
                            "--port", port)  # fmt: skip
     assert code == 3
     assert_one_line_error(err, f"cannot listen on 127.0.0.1:{port}")
+
+
+def test_an_error_raised_inside_a_hosts_nursery_is_still_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A command's GwtfError that a libp2p host's nursery wraps in an exception group exits
+    with its own code and one line, like any other."""
+    import node.cli.audit
+    from gwtf.errors import ChainError
+
+    def fails(*_args: object) -> int:
+        raise ExceptionGroup("nursery", [ExceptionGroup("host", [ChainError("the RPC is gone")])])
+
+    monkeypatch.setattr(node.cli.audit, "cmd_audit", fails)
+    assert main(["audit", "--run", "1", "--epoch", "0"]) == 3
+    assert capsys.readouterr().err == "gwtf-node: error: the RPC is gone\n"

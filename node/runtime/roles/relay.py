@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+import torch
 import trio
 
 from gwtf.errors import ProtocolError
@@ -27,7 +28,9 @@ from node.runtime.dataplane.sender import HopSender, HopStats
 from node.runtime.flow.routing import SwarmWiring
 from node.runtime.flow.service import FlowService
 from node.runtime.replicas.averaging import GradientAverager
+from node.store.evidence import EvidenceArchive
 from node.training import codec
+from node.training.checkpoint import save_part_state
 from node.training.codec import CodecLimits
 from node.training.stage_worker import StageWorker
 
@@ -71,6 +74,10 @@ class RelayRole:
     resynced: trio.Event = field(default_factory=trio.Event)  # set when a resync ends
 
     wiring: SwarmWiring | None = None
+    #: Keeps each hop's frames and each iteration's state for auditors (None: keeps nothing).
+    evidence: EvidenceArchive | None = None
+    #: What a ``wrong-tensor`` cheat makes of each forward output (None: honest).
+    distort: Callable[[torch.Tensor], torch.Tensor] | None = None
     _ending: trio.Lock = field(default_factory=trio.Lock)
     _ended: tuple[int, bytes] = (-1, b"")  # the latest iteration ended, and its reply
     _closing: int = -1  # the latest iteration whose end began: its hops are computed no more
@@ -86,23 +93,52 @@ class RelayRole:
         tensor = codec.decode(bytearray(frame), self.limits).tensor
         key = (header.iteration, header.microbatch_id)
         if header.direction == FORWARD:
-            output = await self._run(
-                self._in_step, header.iteration, self.worker.forward, header.microbatch_id, tensor
+            out_frame = await self._run(
+                self._in_step, header.iteration, self._forward, header, frame, tensor
             )
-            out_frame = codec.encode(header.microbatch_id, output, self.limits)
             sends_on = not header.flags & FLAG_REPAIR
             self.buffers[key] = Buffered(header, out_frame, sending=sends_on)
             if sends_on:
                 self.nursery.start_soon(self._send_forward, header, out_frame, frame_digest(frame))
         else:
-            grad = await self._run(
-                self._in_step, header.iteration, self.worker.backward, header.microbatch_id, tensor
+            grad_frame = await self._run(
+                self._in_step, header.iteration, self._backward, header, frame, tensor
             )
             self.buffers.pop(key, None)
-            grad_frame = codec.encode(header.microbatch_id, grad, self.limits)
             onward = header.onward(stage=header.stage - 1, flags=0)
             record = self.sender.pass_back(onward, grad_frame, frame_digest(frame))
             self.nursery.start_soon(self.sender.send_backward_or_log, record)
+
+    def _forward(self, header: HopHeader, frame: bytes, tensor: torch.Tensor) -> bytes:
+        self._keep_state(header)
+        output = self.worker.forward(header.microbatch_id, tensor)
+        if self.distort is not None:
+            output = self.distort(output)
+        out_frame = codec.encode(header.microbatch_id, output, self.limits)
+        self._keep_frames(header, frame, out_frame)
+        return out_frame
+
+    def _backward(self, header: HopHeader, frame: bytes, tensor: torch.Tensor) -> bytes:
+        self._keep_state(header)
+        grad = self.worker.backward(header.microbatch_id, tensor)
+        grad_frame = codec.encode(header.microbatch_id, grad, self.limits)
+        self._keep_frames(header, frame, grad_frame)
+        return grad_frame
+
+    def _keep_state(self, header: HopHeader) -> None:
+        # In the compute thread, which the step also runs in: the state is this iteration's.
+        if self.evidence is not None:
+            worker = self.worker
+            self.evidence.keep_state(
+                header.epoch,
+                header.iteration,
+                lambda path: save_part_state(worker, path, weights_only=True),
+            )
+
+    def _keep_frames(self, header: HopHeader, frame: bytes, out_frame: bytes) -> None:
+        if self.evidence is not None:
+            self.evidence.keep_frame(header.epoch, frame)
+            self.evidence.keep_frame(header.epoch, out_frame)
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
         return await in_worker_thread(self.limiter, fn, *args)

@@ -1,0 +1,137 @@
+"""A relay's kept hop evidence, served to auditors and arbiters: ``/gwtf/evidence/1.0.0``.
+
+Two things can be asked of an epoch: a frame by its SHA-256 (a hop's input or output, as its
+receipt names it; the neighbours of a hop keep the same frames, so a worker that withholds its
+own is no obstacle) and the relay's stage state at an iteration. Both come in chunks of at most
+``CHUNK_BYTES``; the reader checks a frame against the digest it asked for and bounds every
+total. Access is that of the receipts: the run's peers freely, anyone else within one shared
+rate. Files are read in a worker thread.
+
+Wire format (numbers big-endian):
+  request = run u64 | epoch u64 | kind u8 (1 frame, 2 state) | key 32 bytes | offset u64
+            (key: the frame's digest, or the iteration as a u64 in the last 8 bytes)
+  reply   = status u8 (0 found, 1 not kept) | total u64 | up to CHUNK_BYTES bytes from offset
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Final
+
+import trio
+from libp2p.peer.id import ID
+
+from gwtf.errors import ProtocolError
+from node.p2p.rpc import Decline, PublicRate, RequestDeclined, RequestResponse, RpcLimits
+from node.receipts.serving import MAX_BUSY_RETRIES, PUBLIC_RATE
+from node.store.evidence import EvidenceArchive
+
+EVIDENCE_PROTOCOL: Final = "/gwtf/evidence/1.0.0"
+FRAME, STATE = 1, 2
+CHUNK_BYTES: Final = 1 << 20
+#: The largest frame or state a reader takes (a frame is bounded by the codec's 256 MiB).
+MAX_EVIDENCE_BYTES: Final = 1 << 30
+_REQUEST = struct.Struct(">QQB32sQ")
+_REPLY = struct.Struct(">BQ")
+_FOUND, _NOT_KEPT = 0, 1
+
+
+class EvidenceMissing(ProtocolError):
+    """The peer does not keep what was asked (or never had it)."""
+
+
+def serve_evidence(
+    rpc: RequestResponse,
+    archive: EvidenceArchive,
+    run_id: int,
+    timeout_s: float,
+    public: PublicRate | None = None,
+) -> None:
+    """Answer ``/gwtf/evidence/1.0.0`` from ``archive``."""
+
+    async def answer(_peer: str, request: bytes) -> bytes:
+        if len(request) != _REQUEST.size:
+            raise ProtocolError("an evidence request is (run u64, epoch u64, kind u8, key 32 "
+                                "bytes, offset u64)")  # fmt: skip
+        run, epoch, kind, key, offset = _REQUEST.unpack(request)
+        if run != run_id:
+            raise Decline(f"this node works on run {run_id}, not {run}")
+        if kind == FRAME:
+            blob = await trio.to_thread.run_sync(archive.frame, epoch, key)
+        elif kind == STATE:
+            iteration = int.from_bytes(key, "big")
+            blob = await trio.to_thread.run_sync(archive.state, epoch, iteration)
+        else:
+            raise ProtocolError(f"evidence kind {kind} is neither 1 (frame) nor 2 (state)")
+        if blob is None:
+            return _REPLY.pack(_NOT_KEPT, 0)
+        return _REPLY.pack(_FOUND, len(blob)) + blob[offset : offset + CHUNK_BYTES]
+
+    rpc.serve(EVIDENCE_PROTOCOL, answer, _limits(timeout_s), public or PublicRate(*PUBLIC_RATE))
+
+
+async def fetch_frame(
+    rpc: RequestResponse, peer: str, run_id: int, epoch: int, digest: bytes, timeout_s: float
+) -> bytes:
+    """The frame of ``epoch`` whose SHA-256 is ``digest``, from ``peer``; raises
+    ``EvidenceMissing`` when the peer does not keep it and ``ProtocolError`` when it sends
+    other bytes."""
+    frame = await _fetch(rpc, peer, run_id, epoch, FRAME, digest, timeout_s)
+    if hashlib.sha256(frame).digest() != digest:
+        raise ProtocolError(f"peer {peer} sent a frame that is not {digest.hex()[:16]}…")
+    return frame
+
+
+async def fetch_state(
+    rpc: RequestResponse, peer: str, run_id: int, epoch: int, iteration: int, timeout_s: float
+) -> bytes:
+    """``peer``'s stage state file at ``iteration`` of ``epoch`` (``EvidenceMissing`` when it
+    keeps none); what it is worth is the caller's to check (against other replicas')."""
+    key = iteration.to_bytes(32, "big")
+    return await _fetch(rpc, peer, run_id, epoch, STATE, key, timeout_s)
+
+
+async def _fetch(
+    rpc: RequestResponse,
+    peer: str,
+    run_id: int,
+    epoch: int,
+    kind: int,
+    key: bytes,
+    timeout_s: float,
+) -> bytes:
+    chunks: list[bytes] = []
+    offset, total, busy = 0, None, 0
+    while total is None or offset < total:
+        request = _REQUEST.pack(run_id, epoch, kind, key, offset)
+        try:
+            reply = await rpc.request(
+                ID.from_base58(peer), EVIDENCE_PROTOCOL, request, _limits(timeout_s)
+            )
+        except RequestDeclined as exc:
+            # Outsiders share one rate: a request declined as busy is asked again after a wait.
+            if "busy" not in str(exc) or busy >= MAX_BUSY_RETRIES:
+                raise
+            await trio.sleep(min(8.0, 0.5 * 2**busy))
+            busy += 1
+            continue
+        busy = 0
+        if len(reply) < _REPLY.size:
+            raise ProtocolError(f"an evidence reply of {len(reply)} bytes")
+        status, size = _REPLY.unpack_from(reply)
+        if status == _NOT_KEPT:
+            raise EvidenceMissing(f"peer {peer} keeps no such evidence of epoch {epoch}")
+        if status != _FOUND or size > MAX_EVIDENCE_BYTES or (total is not None and size != total):
+            raise ProtocolError(f"an evidence reply with status {status} and total {size}")
+        total = size
+        chunk = reply[_REPLY.size :]
+        if len(chunk) != min(CHUNK_BYTES, total - offset):
+            raise ProtocolError(f"an evidence chunk of {len(chunk)} bytes at offset {offset}")
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _limits(timeout_s: float) -> RpcLimits:
+    return RpcLimits(_REQUEST.size, _REPLY.size + CHUNK_BYTES, timeout_s)

@@ -1,0 +1,135 @@
+"""Re-executing hops from kept evidence: a real stage's forward and backward, replayed from
+the frames and the state file a relay keeps (``EvidenceArchive``), are bit-identical on CPU;
+an output off by the ``wrong-tensor`` cheat's 1e-3 is wrong, one off by float32 summation
+order is not; evidence that is not the receipt's is refused."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from contracts.encoding import BACKWARD, FORWARD, HopReceipt
+from gwtf.errors import ProtocolError
+from node.audit.reexecute import CPU_FLOAT32, HopEvidence, Replayer, compare
+from node.receipts.cheats import WRONG_TENSOR_SCALE
+from node.store.evidence import EvidenceArchive
+from node.training import codec
+from node.training.checkpoint import save_part_state
+from node.training.codec import CodecLimits
+from node.training.config import named_config
+from node.training.partition import plan_partition
+from node.training.settings import TrainingSettings
+from node.training.stage_worker import StageWorker
+
+SETTINGS = TrainingSettings(device="cpu")
+LIMITS = CodecLimits()
+ITERATION, MICROBATCH = 3, 7
+
+
+def receipt(direction: int, input_frame: bytes, output_frame: bytes) -> HopReceipt:
+    return HopReceipt(
+        runId=1, epoch=0, dataNode="0x" + "11" * 20, iteration=ITERATION,
+        microbatchId=MICROBATCH, stage=2, direction=direction, attempt=0,
+        worker="0x" + "22" * 20, counterparty="0x" + "33" * 20,
+        inputDigest=hashlib.sha256(input_frame).digest(),
+        outputDigest=hashlib.sha256(output_frame).digest(), units=100,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def hops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Replayer, EvidenceArchive, dict]:
+    """A stage-2 relay's forward and backward of one microbatch at iteration 3, kept."""
+    plan = plan_partition(named_config("gpt", "tiny"), 2)
+    worker = StageWorker(plan, 1, SETTINGS, seed=5)
+    worker.step_count = ITERATION
+    archive = EvidenceArchive(tmp_path_factory.mktemp("evidence"), keep_epochs=2)
+    archive.keep_state(0, ITERATION, lambda path: save_part_state(worker, path, weights_only=True))
+    generator = torch.Generator().manual_seed(1)
+    activation = torch.randn(2, 16, plan.config.d_model, generator=generator)
+    grad = torch.randn(2, 16, plan.config.d_model, generator=generator)
+    frames = {"activation": codec.encode(MICROBATCH, activation, LIMITS)}
+    output = worker.forward(MICROBATCH, activation)
+    frames["output"] = codec.encode(MICROBATCH, output, LIMITS)
+    frames["grad"] = codec.encode(MICROBATCH, grad, LIMITS)
+    frames["input_grad"] = codec.encode(MICROBATCH, worker.backward(MICROBATCH, grad), LIMITS)
+    frames["wrong"] = codec.encode(MICROBATCH, output * (1 + WRONG_TENSOR_SCALE), LIMITS)
+    for frame in frames.values():
+        archive.keep_frame(0, frame)
+    return Replayer(plan, SETTINGS), archive, frames
+
+
+def evidence(
+    archive: EvidenceArchive, r: HopReceipt, forward_input: bytes | None = None
+) -> HopEvidence:
+    state = archive.state(0, ITERATION)
+    frame_in, frame_out = archive.frame(0, r.inputDigest), archive.frame(0, r.outputDigest)
+    assert state is not None and frame_in is not None and frame_out is not None
+    return HopEvidence(r, frame_in, frame_out, state, forward_input)
+
+
+def test_an_honest_forward_and_backward_replay_bit_identical(hops: tuple) -> None:
+    replayer, archive, f = hops
+    forward = replayer.replay(evidence(archive, receipt(FORWARD, f["activation"], f["output"])))
+    assert forward.exact and not forward.wrong and forward.relative_error == 0.0
+    backward_receipt = receipt(BACKWARD, f["grad"], f["input_grad"])
+    backward = replayer.replay(evidence(archive, backward_receipt, f["activation"]))
+    assert backward.exact and not backward.wrong
+    assert forward.state_digest == backward.state_digest
+    assert forward.compute_s > 0
+
+
+def test_the_wrong_tensor_cheats_output_is_wrong(hops: tuple) -> None:
+    replayer, archive, f = hops
+    replay = replayer.replay(evidence(archive, receipt(FORWARD, f["activation"], f["wrong"])))
+    assert replay.wrong and not replay.exact
+    assert replay.relative_error == pytest.approx(WRONG_TENSOR_SCALE, rel=1e-2)
+    assert replay.relative_error > 10 * CPU_FLOAT32.max_relative_error
+
+
+def test_float32_summation_order_is_within_the_tolerance() -> None:
+    """The same product summed in another order (what another thread count does) differs in
+    the last bits only: far inside CPU_FLOAT32."""
+    generator = torch.Generator().manual_seed(2)
+    a, b = torch.randn(64, 256, generator=generator), torch.randn(256, 64, generator=generator)
+    blocked = sum(a[:, i : i + 32] @ b[i : i + 32] for i in range(0, 256, 32))
+    error, cosine = compare(blocked, a @ b)
+    assert 0 < error < CPU_FLOAT32.max_relative_error / 10
+    assert cosine > CPU_FLOAT32.min_cosine
+
+
+def test_evidence_that_is_not_the_receipts_is_refused(hops: tuple) -> None:
+    replayer, archive, f = hops
+    r = receipt(FORWARD, f["activation"], f["output"])
+    good = evidence(archive, r)
+    with pytest.raises(ProtocolError, match="input frame is not the one"):
+        replayer.replay(replace(good, input_frame=f["grad"]))
+    with pytest.raises(ProtocolError, match="state is at step"):
+        replayer.replay(replace(good, receipt=replace(r, iteration=ITERATION + 1)))
+    with pytest.raises(ProtocolError, match="does not load"):
+        replayer.replay(replace(good, state=b"not a state file"))
+    backward = receipt(BACKWARD, f["grad"], f["input_grad"])
+    with pytest.raises(ProtocolError, match="forward's input"):
+        replayer.replay(evidence(archive, backward))
+    other = codec.encode(
+        MICROBATCH + 1, codec.decode(bytearray(f["activation"]), LIMITS).tensor, LIMITS
+    )
+    with pytest.raises(ProtocolError, match="microbatch"):
+        replayer.replay(
+            HopEvidence(receipt(FORWARD, other, f["output"]), other, f["output"], good.state)
+        )
+
+
+def test_the_archive_keeps_a_frame_under_its_digest_and_prunes_old_epochs(tmp_path: Path) -> None:
+    archive = EvidenceArchive(tmp_path, keep_epochs=2)
+    digest = archive.keep_frame(0, b"frame of epoch 0")
+    assert archive.frame(0, digest) == b"frame of epoch 0"
+    assert archive.frame(1, digest) is None and archive.bytes_of(0) == 16
+    archive.keep_frame(1, b"frame of epoch 1")
+    assert archive.frame(0, digest) is not None  # two epochs kept
+    archive.keep_frame(2, b"frame of epoch 2")
+    assert archive.frame(0, digest) is None and archive.bytes_of(0) == 0
+    assert not list(tmp_path.rglob("*.tmp"))
