@@ -1,10 +1,11 @@
 """What an audit costs: checking an epoch's receipts on one core, and fetching them from a node.
 
 1. Checks (``node.audit.checks``) of one data node's certificate of ``--receipts`` hops (real
-   secp256k1 signatures, two stages, two workers): every leaf's Merkle proof against the root,
-   the totals and sequence, each hop by the disputes contract's validity rule (both signatures
-   recovered; membership asked once per node), then equivocations across all of them (both
-   signatures, recovered once: the auditor caches each signer). Receipts per second on one
+   secp256k1 signatures, two stages, two workers): the tree rebuilt from its leaves against the
+   root (served whole, in order), the totals and sequence, each hop by the disputes contract's
+   validity rule (both signatures recovered; membership asked once per node), then
+   equivocations across all of them (both signatures, recovered once: the auditor caches each
+   signer). Receipts per second on one
    core (goal >= 5,000), against the bare cost of recovering two signatures per receipt in the
    same run.
 2. Fetching that certificate's leaves with their proofs over ``/gwtf/receipts/1.0.0`` from a real
@@ -12,7 +13,7 @@
    public rate, 10 pages a second with a burst of 20), against decoding the same pages in
    process.
 
-Re-executing sampled hops is not built (hop inputs are not kept), so it has no row here.
+Re-executing sampled hops has its own benchmark, ``bench/reexecution.py``.
 
 Usage: python bench/audit.py [--receipts 100000] [--fetch 100000] [--public 20000]
 """

@@ -175,7 +175,10 @@ async def audit_epoch(
             if seed is not None and sampling is not None:
                 data_nodes = {c.dataNode.lower() for c in certs}
                 source = EvidenceSource(rpc, relays_of(reachable, data_nodes), run_id, timeout_s)
-                sample = draw_sample(seed, served, sampling.hops)
+                # A hop a data node signed as its worker is no relay's work: an invalid hop
+                # already, with nothing to re-execute.
+                relay_hops = [p for p in served if p[0].receipt.worker.lower() not in data_nodes]
+                sample = draw_sample(seed, relay_hops, sampling.hops)
                 entries = [entry for entry, _ in served]
                 checked.replayed = await replay_sample(
                     source, sampling.replayer, entries, sample, progress

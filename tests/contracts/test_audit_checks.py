@@ -135,3 +135,27 @@ def test_leaves_a_data_node_will_not_serve_or_cannot_prove_are_reported_without_
     assert sorted(kinds(findings)) == [UNPROVEN, WITHHELD]
     assert all(f.proof is None for f in findings)
     assert "2 of" in next(f for f in findings if f.kind == WITHHELD).detail
+
+
+def test_a_whole_tree_served_is_checked_by_its_root_and_proven_with_its_own_proofs(
+    staffed: Staffed,
+) -> None:
+    """Every leaf served in order: the auditor rebuilds the tree once instead of checking each
+    proof, and a finding's proof comes from that tree, so a data node serving garbage proofs
+    with its leaves cannot spoil the fraud proof. A leaf that is not the tree's falls back to
+    each proof checked."""
+    w = staffed.w
+    ghost = w.register("ghost", w.stranger)
+    tree, cert = certified_with(
+        staffed,
+        [one_hop(staffed), one_hop(staffed, worker_key=ghost, microbatchId=1)],
+    )
+    garbage = [(e, LeafProof(leaf.hop, (keccak(text="junk"),))) for e, leaf in served(tree)]
+    (finding,) = audit_certificate(cert, garbage, rules_of(w), took_part(staffed))
+    assert finding.kind == INVALID_HOP and finding.proof is not None
+    # Tampered: the rebuilt root differs, so each garbage proof is checked, and fails.
+    entry, leaf = garbage[0]
+    tampered = [(entry, LeafProof(replace(leaf.hop, units=leaf.hop.units + 1), leaf.proof))]
+    findings = audit_certificate(cert, tampered + garbage[1:], rules_of(w), took_part(staffed))
+    assert kinds(findings) == [UNPROVEN, UNPROVEN, WITHHELD]
+    assert_slashed(w, w.prove(finding.proof), staffed.data, Fraud.INVALID_HOP, 2 * ETH)

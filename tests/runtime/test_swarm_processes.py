@@ -212,7 +212,7 @@ def test_every_hop_earns_the_audit_slashes_the_two_cheaters_and_pays_the_honest_
     assert receipts["signed"] > 0 and receipts["refused"] == 0
 
 
-WRONG_TENSOR_FILE = """
+CHEATERS_FILE = """
 [run]
 iterations = 8
 microbatches_per_iteration = 2
@@ -220,47 +220,56 @@ seed = 3
 [swarm]
 relays_per_stage = 2
 capacity = 1
-# Each forward output of relay-1-0 is 0.1 % off: only re-execution can tell.
-cheaters = {"relay-1-0" = "wrong-tensor"}
+data_nodes = 2
+# Each forward output of relay-1-0 is 0.1 % off, which only re-execution tells; data-1 certifies
+# hops nobody computed, in its own name.
+cheaters = {"relay-1-0" = "wrong-tensor", "data-1" = "phantom-hops"}
 [chain]
 epochs = 2
-# The certificates hold 16 microbatches x 2 stages x 2 directions = 64 hops in all: the audit
-# re-executes every one, so it cannot miss the cheater's.
+# Each data node's certificates hold its 16 microbatches x 2 stages x 2 directions = 64 relay
+# hops: the audit re-executes every one, so it cannot miss the cheater's.
 audit_sample = 64
 """
 
 
-def test_a_wrong_tensor_is_found_by_re_execution_and_the_sponsors_ruling_slashes_its_worker(
+def test_a_wrong_tensor_and_a_phantom_hop_are_found_and_slashed_and_the_honest_are_paid(
     tmp_path: Path,
 ) -> None:
-    summary = swarm_of(tmp_path, WRONG_TENSOR_FILE, timeout_s=300)
+    summary = swarm_of(tmp_path, CHEATERS_FILE, timeout_s=300)
     audit = summary["chain"]["audit"]
-    # Every hop was re-executed from the relays' evidence: every honest one bit for bit, the
-    # cheater's forwards 1e-3 off.
-    counts = [c["count"] for e in summary["chain"]["epochs"] for c in e["certificates"].values()]
-    assert audit["sample_notes"] == [] and audit["replayed"] == sum(counts) > 0
+    # Every relay hop was re-executed from the relays' evidence: every honest one bit for bit,
+    # the cheater's forwards 1e-3 off.
+    assert audit["sample_notes"] == [] and audit["replayed"] > 64
+    by_kind: dict[str, set[str]] = {}
+    for f in audit["findings"]:
+        by_kind.setdefault(f["kind"], set()).add(f["accused"])
+    assert by_kind == {"wrong tensor": {"relay-1-0"}, "invalid hop": {"data-1"}}, by_kind
     wrong = [f for f in audit["findings"] if f["kind"] == "wrong tensor"]
     assert audit["replayed_exact"] + len(wrong) == audit["replayed"]
-    assert wrong and {f["accused"] for f in audit["findings"]} == {"relay-1-0"}
     assert all("relative error 1.00e-03" in f["detail"] for f in wrong)
-    # One dispute, opened with a bond; the sponsor re-executed it and ruled: slashed.
-    disputed = [c for c in audit["challenges"] if c["outcome"] == "disputed"]
-    assert len(disputed) == 1 and disputed[0]["accused"] == "relay-1-0"
+    # The phantom hop slashes data-1 on its own proof; the wrong tensor opens one dispute, which
+    # the sponsor re-executes and rules on: relay-1-0 is slashed.
+    outcomes = {(c["accused"], c["outcome"]) for c in audit["challenges"]}
+    assert ("data-1", "slashed") in outcomes and ("relay-1-0", "disputed") in outcomes
+    assert [c["outcome"] for c in audit["challenges"]].count("disputed") == 1
     (ruling,) = audit["rulings"]
     assert ruling["outcome"] == "wrong tensor: worker slashed"
     stake = 2 * 10**18
     assert int(ruling["slashed_wei"]) == stake and int(ruling["bounty_wei"]) == stake // 20
-    # The auditor withdrew its bounty and its bond back; the rest of the stake is burned.
-    assert int(audit["bounty_withdrawn_wei"]) == stake // 20 + 10**17
-    assert int(audit["burned_wei"]) == stake - stake // 20
-    # The honest relays are paid their certified units; the cheater nothing, its stake gone.
+    # The auditor withdrew two bounties and its bond; the rest of both stakes is burned.
+    assert int(audit["bounty_withdrawn_wei"]) == 2 * (stake // 20) + 10**17
+    assert int(audit["burned_wei"]) == 2 * (stake - stake // 20)
+    # data-1's certificates are void: the honest relays are paid what the honest data node
+    # certified of theirs; the cheaters nothing, their stakes gone.
     chain = summary["chain"]
     addresses = {node["node"]: node["node_address"] for node in chain["registered_nodes"]}
     certified = certified_units(tmp_path / "out", chain["run_id"], len(chain["epochs"]))
     earnings = chain["earnings"]
     for name in ("relay-1-1", "relay-2-0", "relay-2-1"):
         assert earnings[name]["units"] == certified[addresses[name]] > 0, name
-    assert earnings["relay-1-0"]["units"] == 0 and earnings["relay-1-0"]["stake_wei"] == "0"
+    for name in ("relay-1-0", "data-1"):
+        assert earnings[name]["units"] == 0 and earnings[name]["stake_wei"] == "0", name
+    assert all(epoch["adds_up"] for epoch in chain["epochs"])
 
 
 def certified_units_of(out: Path, run_id: int, epoch: int, workers: list[str]) -> list[int]:
