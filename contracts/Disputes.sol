@@ -98,7 +98,9 @@ contract Disputes is ReentrancyGuard {
         address worker,
         address challenger,
         bytes32 receiptDigest,
-        uint256 bondWei
+        uint256 bondWei,
+        HopReceipt receipt,
+        bytes workerSignature
     );
     event TensorDisputeRuled(uint256 indexed id, bool wrongTensor, bytes32 evidenceHash);
     event TensorDisputeLapsed(uint256 indexed id);
@@ -321,7 +323,9 @@ contract Disputes is ReentrancyGuard {
         }
         bytes32 digest = receipt.digest(address(ledger));
         if (hop.receiptDigest != digest) revert NotTheLeafsReceipt(hop.index);
-        if (receipt.runId != cert.runId || receipt.epoch != cert.epoch) revert ReceiptNotOfCertificate(hop.index);
+        if (receipt.runId != cert.runId || receipt.epoch != cert.epoch || receipt.dataNode != cert.dataNode) {
+            revert ReceiptNotOfCertificate(hop.index);
+        }
         if (_signer(digest, workerSignature) != receipt.worker) revert NotWorkersSignature(receipt.worker);
         (,, NodeRegistry.NodeStatus status) = registry.bondOf(receipt.worker);
         if (status == NodeRegistry.NodeStatus.Slashed) revert AlreadySlashed(receipt.worker);
@@ -330,7 +334,11 @@ contract Disputes is ReentrancyGuard {
         tensorDisputeOf[digest] = id;
         tensorDisputes[id] =
             TensorDispute(msg.sender, DisputeState.Open, receipt.worker, cert.epoch, cert.runId, msg.value, digest);
-        emit TensorDisputeOpened(id, cert.runId, cert.epoch, receipt.worker, msg.sender, digest, msg.value);
+        // The whole receipt and signature in the event: the arbiter needs them, whatever
+        // contract or wallet sent the transaction.
+        emit TensorDisputeOpened(
+            id, cert.runId, cert.epoch, receipt.worker, msg.sender, digest, msg.value, receipt, workerSignature
+        );
     }
 
     /// @notice The arbiter's ruling on a tensor dispute, before the epoch settles. Wrong: the

@@ -4,8 +4,9 @@ For each open dispute of the run, the arbiter reads the disputed receipt from th
 that opened it (the contract keeps only its digest), fetches the hop's evidence from the run's
 nodes like an auditor (``node.audit.replays``), re-executes it, and rules: wrong when the replay
 is outside the tolerance, right when it is within. The evidence hash it posts is keccak256 of
-the canonical JSON of its record (the receipt digest, the weights' digest and where they came
-from, the errors measured), which it prints, so anyone can check the ruling by re-running it.
+the canonical JSON of its record (the receipt digest, the weights' checked content digest and
+whose they were, the errors measured), which it prints, so anyone can check the ruling by
+re-running it while the relays still keep the evidence (the challenge window).
 A dispute whose evidence nobody serves is left unruled with the reason: it lapses when the
 epoch settles, in the worker's favour.
 """
@@ -54,8 +55,8 @@ class Ruling:
 
 
 def open_disputes(contracts: Contracts, run_id: int) -> list[tuple[int, HopReceipt, bytes]]:
-    """Each open tensor dispute of ``run_id``: (id, receipt, the worker's signature), read from
-    the transaction that opened it."""
+    """Each open tensor dispute of ``run_id``: (id, receipt, the worker's signature), from the
+    event that opened it, in the order they were opened."""
     disputes = contracts.disputes
     logs = disputes.events.TensorDisputeOpened.get_logs(
         argument_filters={"runId": run_id}, from_block=0
@@ -65,9 +66,8 @@ def open_disputes(contracts: Contracts, run_id: int) -> list[tuple[int, HopRecei
         dispute_id = int(log["args"]["id"])
         if int(disputes.functions.tensorDisputes(dispute_id).call()[1]) != DISPUTE_OPEN:
             continue
-        tx = contracts.w3.eth.get_transaction(log["transactionHash"])
-        _, args = disputes.decode_function_input(tx["input"])
-        receipt = HopReceipt(**args["receipt"])  # web3 decodes a struct as a dict
+        args = log["args"]
+        receipt = HopReceipt(**dict(args["receipt"]))  # web3 decodes a struct as a dict
         found.append((dispute_id, receipt, bytes(args["workerSignature"])))
     return found
 
@@ -90,7 +90,8 @@ async def arbitrate(
             f"run {run_id}'s disputes are ruled by its sponsor {run.sponsor}, not "
             f"{arbiter.address}; give the sponsor's wallet"
         )
-    disputes = await ask_chain(open_disputes, contracts, run_id)
+    # Those of the earliest epoch first: they settle first.
+    disputes = sorted(await ask_chain(open_disputes, contracts, run_id), key=lambda d: d[1].epoch)
     if not disputes:
         return []
     rulings = []

@@ -7,17 +7,19 @@ the same sample (``sample_seed``, ``draw_sample``).
 
 **The evidence** of a hop (``node.receipts.evidence``) is fetched by digest from whoever keeps
 it: the worker, else its neighbours, who keep the same frames as their output or input. The
-weights come from another replica of the worker's stage that kept its state at that iteration
-(a worker's own weights could be made to fit its output); only when no other replica has them
-are the worker's own used, and the finding says so.
+weights are the worker's own kept weights of that iteration, so no replica can frame an honest
+worker by serving made-up ones; a worker that keeps none is replayed with weights two other
+replicas of its stage serve identically, or not at all (``_weights``).
 
 A replay outside the tolerance is a ``wrong tensor`` finding against the worker, with the
-tensor dispute that asks the run's sponsor to judge it. Evidence nobody serves is an
-``unreplayed`` finding, which accuses nobody.
+tensor dispute that asks the run's sponsor to judge it. Weights of the worker's that differ
+from another replica's are a ``weights differ`` finding, without proof (which of the two is
+off is for a person to see). Evidence nobody serves is ``unreplayed``, accusing nobody.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -35,11 +37,16 @@ from node.audit.checks import Finding
 from node.audit.reexecute import HopEvidence, Replay, Replayer
 from node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestResponse
 from node.receipts.evidence import EvidenceMissing, fetch_frame, fetch_state
+from node.training.checkpoint import verified_digest
+from node.training.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
 WRONG_TENSOR: Final = "wrong tensor"
 UNREPLAYED: Final = "unreplayed"
+WEIGHTS_DIFFER: Final = "weights differ"
+#: Request deadlines one frame or state file may take to fetch whole.
+FETCH_DEADLINES: Final = 4
 _FETCH_ERRORS = (EvidenceMissing, ProtocolError, PeerUnavailable, RequestDeclined)
 
 
@@ -76,7 +83,8 @@ class Replayed:
     leaf: LeafProof | None  # None: a hop judged alone (the arbiter's), not from a tree
     replay: Replay | None
     why_not: str = ""
-    weights_from: str = ""  # the node address whose kept state was used
+    weights_from: str = ""  # whose kept weights it ran with (node addresses, "+"-joined)
+    weights_differ: str = ""  # another replica whose weights differ from the worker's own
 
 
 class EvidenceSource:
@@ -120,9 +128,15 @@ class EvidenceSource:
             if node not in self.peers or node in self._silent:
                 continue
             try:
-                return await fetch(self.peers[node]), node
+                # A whole fetch has a deadline, not only each chunk: a peer that trickles a
+                # large file cannot hold the audit (or a ruling) past its window.
+                with trio.fail_after(FETCH_DEADLINES * self.timeout_s):
+                    return await fetch(self.peers[node]), node
             except EvidenceMissing:
                 continue
+            except trio.TooSlowError:
+                log.debug("evidence from %s came too slowly", node)
+                self._silent.add(node)
             except _FETCH_ERRORS as exc:
                 log.debug("no evidence from %s: %s", node, exc)
                 self._silent.add(node)
@@ -138,9 +152,12 @@ async def replay_sample(
 ) -> list[Replayed]:
     """Fetch each sampled hop's evidence and re-execute it (in a worker thread)."""
     replicas = _replicas_by_stage(cert_entries)
-    forwards = {
-        _forward_key(e.receipt): e.receipt for e in cert_entries if e.receipt.direction == FORWARD
-    }
+    forwards: dict[tuple[object, ...], list[bytes]] = {}
+    for e in cert_entries:
+        if e.receipt.direction == FORWARD:
+            digests = forwards.setdefault(_forward_key(e.receipt), [])
+            if e.receipt.inputDigest not in digests:
+                digests.append(e.receipt.inputDigest)
     done = []
     for entry, leaf in sample:
         r = entry.receipt
@@ -155,41 +172,84 @@ async def _replay_one(
     entry: SignedReceipt,
     leaf: LeafProof | None,
     replicas: dict[int, list[str]],
-    forwards: dict[tuple[object, ...], HopReceipt],
+    forwards: dict[tuple[object, ...], list[bytes]],
 ) -> Replayed:
     r = entry.receipt
     worker, counterparty = r.worker.lower(), r.counterparty.lower()
-    neighbours = [worker, counterparty]
-    input_frame = await source.frame(r.epoch, r.inputDigest, neighbours)
+    input_frame = await source.frame(r.epoch, r.inputDigest, [worker, counterparty])
     output_frame = await source.frame(r.epoch, r.outputDigest, [counterparty, worker])
-    forward_input = None
+    forward_inputs: list[bytes | None] = [None]
     if r.direction == BACKWARD:
-        forward = forwards.get(_forward_key(r))
-        if forward is not None:
-            forward_input = await source.frame(r.epoch, forward.inputDigest, [worker])
+        candidates = forwards.get(_forward_key(r), [])
+        fetched = [await source.frame(r.epoch, digest, [worker]) for digest in candidates]
+        forward_inputs = [frame for frame in fetched if frame is not None]
     others = [n for n in replicas.get(r.stage, []) if n != worker]
-    state = await source.state(r.epoch, r.iteration, [*others, worker])
+    weights = await _weights(source, r, worker, others)
     missing = [
         what
         for what, got in (
-            ("input", input_frame), ("output", output_frame), ("weights", state),
-            ("forward input", forward_input if r.direction == BACKWARD else b""),
+            ("input", input_frame), ("output", output_frame), ("weights", weights),
+            ("forward input", forward_inputs or None),
         )
         if got is None
     ]  # fmt: skip
-    if missing or input_frame is None or output_frame is None or state is None:
+    if input_frame is None or output_frame is None or weights is None or not forward_inputs:
         return Replayed(entry, leaf, None, f"nobody served its {', '.join(missing)}")
-    evidence = HopEvidence(r, input_frame, output_frame, state[0], forward_input)
+    state, weights_from, differ = weights
+    replay = None
+    # A backward the worker computed after more than one forward of the microbatch is right if
+    # it follows from any of them: an honest worker is never judged on the wrong one.
+    for forward_input in forward_inputs:
+        evidence = HopEvidence(r, input_frame, output_frame, state, forward_input)
+        try:
+            replay = await trio.to_thread.run_sync(replayer.replay, evidence)
+        except ProtocolError as exc:
+            return Replayed(entry, leaf, None, f"its evidence does not replay: {exc}"[:300])
+        if not replay.wrong:
+            break
+    return Replayed(entry, leaf, replay, weights_from=weights_from, weights_differ=differ)
+
+
+async def _weights(
+    source: EvidenceSource, r: HopReceipt, worker: str, others: Sequence[str]
+) -> tuple[bytes, str, str] | None:
+    """The weights to replay ``r`` with, whose they are, and which replica's differ ("").
+
+    The worker's own kept weights first: a hop that is wrong even with them is wrong whatever
+    anyone else serves, so no replica can frame an honest worker with made-up weights. Without
+    them, weights two other replicas serve identically. With them, one other replica's are
+    compared: weights that differ from the stage's are reported (a relay computing with stale
+    weights replays right with its own), for a person to look at, never proven.
+    """
+    own = await source.state(r.epoch, r.iteration, [worker])
+    if own is not None:
+        other = await source.state(r.epoch, r.iteration, others)
+        theirs = _sha(other[0]) if other is not None else b""
+        differ = other[1] if other is not None and theirs and theirs != _sha(own[0]) else ""
+        return own[0], worker, differ
+    agreed: dict[bytes, list[tuple[bytes, str]]] = {}
+    for node in others:
+        served = await source.state(r.epoch, r.iteration, [node])
+        digest = _sha(served[0]) if served is not None else b""
+        if served is not None and digest:
+            agreed.setdefault(digest, []).append(served)
+            if len(agreed[digest]) >= 2:
+                return served[0], "+".join(n for _, n in agreed[digest]), ""
+    return None
+
+
+@functools.lru_cache(maxsize=16)  # the same state file serves every hop of its iteration
+def _sha(blob: bytes) -> bytes:
+    """Which weights a state file holds (its checked content digest; b"" if it is none)."""
     try:
-        replay = await trio.to_thread.run_sync(replayer.replay, evidence)
-    except ProtocolError as exc:
-        return Replayed(entry, leaf, None, f"its evidence does not replay: {exc}"[:300], state[1])
-    return Replayed(entry, leaf, replay, weights_from=state[1])
+        return verified_digest(blob).encode()
+    except CheckpointError:
+        return b""
 
 
 def replay_findings(cert: CertRef, replayed: Sequence[Replayed]) -> list[Finding]:
     """A wrong tensor (with its dispute) for each replay outside the tolerance; unreplayed for
-    each hop nobody served the evidence of."""
+    each hop nobody served the evidence of; weights that differ from another replica's."""
     findings = []
     for done in replayed:
         r = done.entry.receipt
@@ -198,14 +258,12 @@ def replay_findings(cert: CertRef, replayed: Sequence[Replayed]) -> list[Finding
         if done.replay is None:
             findings.append(Finding(UNREPLAYED, "", f"{hop}: {done.why_not}"))
             continue
+        if done.weights_differ:
+            detail = f"{hop}: its weights differ from replica {done.weights_differ}'s"
+            findings.append(Finding(WEIGHTS_DIFFER, r.worker, detail))
         if not done.replay.wrong or done.leaf is None:
             continue
-        own = (
-            " (with its own weights: no other replica kept them)"
-            if done.weights_from == r.worker.lower()
-            else ""
-        )
-        detail = f"{hop}: {done.replay.describe()}{own}"
+        detail = f"{hop}: {done.replay.describe()} (weights of {done.weights_from})"
         proof = fraud_proofs.wrong_tensor(cert, done.leaf, done.entry)
         findings.append(Finding(WRONG_TENSOR, r.worker, detail, proof))
     return findings

@@ -34,7 +34,7 @@ from rich.table import Table
 from gwtf.errors import ConfigError
 from node.audit.arbiter import Ruling, arbitrate
 from node.audit.challenge import REFUSED, Challenges, challenge
-from node.audit.reexecute import Replayer
+from node.audit.reexecute import TOLERANCES, Replayer, Tolerance
 from node.audit.replays import Replayed
 from node.audit.runner import AuditReport, Sampling, audit_epoch
 from node.chain.actions import Contracts
@@ -64,6 +64,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     judge.add_argument("--run", type=int, required=True, help="run id")
     _peer_flags(judge)
     judge.add_argument("--model", help="the run's model, e.g. gpt-tiny (default training.model)")
+    _tolerance_flag(judge)
     judge.add_argument("--wallet", required=True, help="the sponsor's wallet keystore")
     judge.add_argument("--password-file", help="file holding the keystore password")
     return {"audit": cmd_audit, "challenge": cmd_challenge, "arbitrate": cmd_arbitrate}
@@ -77,7 +78,16 @@ def _audit_flags(parser: argparse.ArgumentParser) -> None:
         help="re-execute K hops of each certificate from the relays' evidence (default 0)",
     )  # fmt: skip
     parser.add_argument("--model", help="the run's model, e.g. gpt-tiny (default training.model)")
+    _tolerance_flag(parser)
     _peer_flags(parser)
+
+
+def _tolerance_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tolerance", choices=sorted(TOLERANCES), default="bf16",
+        help="how far a replay may differ: bf16 (default; covers relays on GPUs in bf16 "
+        "autocast) or cpu (only when every relay computes on CPU in float32)",
+    )  # fmt: skip
 
 
 def _peer_flags(parser: argparse.ArgumentParser) -> None:
@@ -122,7 +132,8 @@ def cmd_challenge(args: argparse.Namespace, settings: Settings, console: Console
 def cmd_arbitrate(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     contracts, _ = open_contracts(settings)
     arbiter = Sender.from_account(open_wallet(args.wallet, resolve_password(args.password_file)))
-    replayer = replayer_for(contracts, args.run, args.model or settings.training.model, settings)
+    model = args.model or settings.training.model
+    replayer = replayer_for(contracts, args.run, model, settings, TOLERANCES[args.tolerance])
     call = functools.partial(
         arbitrate, contracts, arbiter, args.run, args.peer, replayer, args.timeout_s
     )
@@ -159,13 +170,15 @@ def rulings_json(ruling: Ruling) -> dict[str, Any]:
     }
 
 
-def replayer_for(contracts: Contracts, run_id: int, model: str, settings: Settings) -> Replayer:
+def replayer_for(
+    contracts: Contracts, run_id: int, model: str, settings: Settings, tolerance: Tolerance
+) -> Replayer:
     """A CPU replayer of ``model`` split into run ``run_id``'s stages."""
     run = contracts.port().run_info(run_id)
     if run is None:
         raise ConfigError(f"no run {run_id} on this chain; check --run and the RPC URL")
     config = model_for_run(model, settings.training.seq_len, run.stage_count)
-    return Replayer(plan_partition(config, run.stage_count), settings.training)
+    return Replayer(plan_partition(config, run.stage_count), settings.training, tolerance)
 
 
 def _audit(
@@ -176,7 +189,9 @@ def _audit(
         raise ConfigError(f"--sample {args.sample}: give a number of hops, 0 or more")
     if args.sample > 0:
         model = args.model or settings.training.model
-        sampling = Sampling(args.sample, replayer_for(contracts, args.run, model, settings))
+        tolerance = TOLERANCES[args.tolerance]
+        replayer = replayer_for(contracts, args.run, model, settings, tolerance)
+        sampling = Sampling(args.sample, replayer)
     call = functools.partial(
         audit_epoch, contracts, args.run, args.epoch, args.peer, args.timeout_s,
         sampling=sampling,

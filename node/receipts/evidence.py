@@ -1,11 +1,13 @@
 """A relay's kept hop evidence, served to auditors and arbiters: ``/gwtf/evidence/1.0.0``.
 
 Two things can be asked of an epoch: a frame by its SHA-256 (a hop's input or output, as its
-receipt names it; the neighbours of a hop keep the same frames, so a worker that withholds its
-own is no obstacle) and the relay's stage state at an iteration. Both come in chunks of at most
-``CHUNK_BYTES``; the reader checks a frame against the digest it asked for and bounds every
-total. Access is that of the receipts: the run's peers freely, anyone else within one shared
-rate. Files are read in a worker thread.
+receipt names it; the relay neighbours of a hop keep the same frames, so a worker that
+withholds its own is no obstacle, except for a first stage's forward input and a last stage's
+backward input, which only data nodes saw and they keep none) and the relay's stage weights
+at an iteration. Both come in chunks of at most ``CHUNK_BYTES``, read from disk ``READERS`` at
+a time in worker threads, never a file whole; the reader checks a frame against the digest it
+asked for and bounds every total. Access is that of the receipts: the run's peers freely,
+anyone else within one shared rate.
 
 Wire format (numbers big-endian):
   request = run u64 | epoch u64 | kind u8 (1 frame, 2 state) | key 32 bytes | offset u64
@@ -15,6 +17,7 @@ Wire format (numbers big-endian):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from typing import Final
@@ -30,6 +33,8 @@ from node.store.evidence import EvidenceArchive
 EVIDENCE_PROTOCOL: Final = "/gwtf/evidence/1.0.0"
 FRAME, STATE = 1, 2
 CHUNK_BYTES: Final = 1 << 20
+#: Chunks read from disk at once, whoever asks: the node's threads are not the readers'.
+READERS: Final = 2
 #: The largest frame or state a reader takes (a frame is bounded by the codec's 256 MiB).
 MAX_EVIDENCE_BYTES: Final = 1 << 30
 _REQUEST = struct.Struct(">QQB32sQ")
@@ -58,16 +63,18 @@ def serve_evidence(
         if run != run_id:
             raise Decline(f"this node works on run {run_id}, not {run}")
         if kind == FRAME:
-            blob = await trio.to_thread.run_sync(archive.frame, epoch, key)
+            read = functools.partial(archive.frame_chunk, epoch, key, offset, CHUNK_BYTES)
         elif kind == STATE:
             iteration = int.from_bytes(key, "big")
-            blob = await trio.to_thread.run_sync(archive.state, epoch, iteration)
+            read = functools.partial(archive.state_chunk, epoch, iteration, offset, CHUNK_BYTES)
         else:
             raise ProtocolError(f"evidence kind {kind} is neither 1 (frame) nor 2 (state)")
-        if blob is None:
+        chunk = await trio.to_thread.run_sync(read, limiter=readers)
+        if chunk is None:
             return _REPLY.pack(_NOT_KEPT, 0)
-        return _REPLY.pack(_FOUND, len(blob)) + blob[offset : offset + CHUNK_BYTES]
+        return _REPLY.pack(_FOUND, chunk.total) + chunk.data
 
+    readers = trio.CapacityLimiter(READERS)
     rpc.serve(EVIDENCE_PROTOCOL, answer, _limits(timeout_s), public or PublicRate(*PUBLIC_RATE))
 
 

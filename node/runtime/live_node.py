@@ -270,7 +270,10 @@ async def run_live_node(
                 # Bounded: with no replica left to load from, the relay goes on from its own
                 # state (RelayRole._resync) instead of holding up its stage for good.
                 with trio.fail_after(4 * config.flow.ack_deadline_s + config.discovery_period_s):
-                    await join_stage(rpc, discovery, role.worker, role.stage, min_step, deadlines)
+                    await join_stage(
+                        rpc, discovery, role.worker, role.stage, min_step, deadlines,
+                        limiter=role.limiter,
+                    )  # fmt: skip
 
             role.resync = resync
             if config.join:
@@ -378,7 +381,11 @@ async def _start_receipts(
         return ReceiptParts(receipts, certifying, clock, inbox=inbox)
     ReceiptServer(store, setup.terms, cheat=cheat).serve(rpc, timeout_s)
     if setup.evidence_dir:
-        archive = EvidenceArchive(Path(setup.evidence_dir), setup.evidence_epochs)
+        # One folder per chain, ledger and run: another run's weights are never served as its.
+        domain = setup.terms.domain
+        folder = f"{domain.chain_id}-{domain.verifying_contract.lower()}-run{setup.terms.run_id}"
+        root = Path(setup.evidence_dir) / folder
+        archive = EvidenceArchive(root, setup.evidence_epochs, clock.epoch_now)
         role.evidence = archive
         serve_evidence(rpc, archive, setup.terms.run_id, timeout_s)
     if cheat is not None:

@@ -5,9 +5,12 @@ For every hop a relay computes it keeps the input and the output frame, each und
 slip in another), and once per iteration its stage's state at that iteration: the weights
 every hop of the iteration ran with. A backward's re-execution also needs the forward's input,
 which is the input frame of the forward hop of the same microbatch. The files of epoch e lie
-under ``<root>/<e>/``; when a hop of a newer epoch arrives, epochs older than ``keep_epochs``
-before it are deleted (the retention setting covers the challenge window). Every file is
-written to a temporary name and renamed, so a crash leaves no half file under a digest.
+under ``<root>/<e>/``. The epoch is the hop's header's, which a peer stamps, so with a chain
+clock (``epoch_now``) only hops of the last ``keep_epochs`` epochs up to the next one are kept,
+and epochs before those are deleted as time goes on: a made-up epoch can neither be kept nor
+prune what an auditor still needs (the retention covers the challenge window). Every file is
+written to a temporary name and renamed, so a crash leaves no half file under a digest; reads
+return one chunk, so serving a large state never reads it whole.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -30,36 +34,56 @@ _STATE_SUFFIX = ".safetensors"
 class EvidenceArchive:
     """One relay's kept evidence under ``root``; safe to call from several threads."""
 
-    def __init__(self, root: Path, keep_epochs: int) -> None:
+    def __init__(
+        self, root: Path, keep_epochs: int, epoch_now: Callable[[], int] | None = None
+    ) -> None:
         if keep_epochs < 1:
             raise ValueError(f"keep_epochs must be at least 1, got {keep_epochs}")
         self.root = root
         self.keep_epochs = keep_epochs
+        self.epoch_now = epoch_now
         self._lock = threading.Lock()
         self._newest = -1
         root.mkdir(parents=True, exist_ok=True)
 
     def keep_frame(self, epoch: int, frame: bytes | bytearray | memoryview) -> bytes:
-        """Keeps ``frame`` of a hop of ``epoch``; returns its digest."""
+        """Keeps ``frame`` of a hop of ``epoch`` (unless the epoch is out of range); returns
+        its digest."""
         digest = hashlib.sha256(frame).digest()
-        path = self._epoch_dir(epoch) / (digest.hex() + _FRAME_SUFFIX)
-        if not path.exists():
+        folder = self._epoch_dir(epoch)
+        path = folder / (digest.hex() + _FRAME_SUFFIX) if folder else None
+        if path is not None and not path.exists():
             _write_atomically(path, lambda tmp: tmp.write_bytes(frame))
         return digest
 
     def keep_state(self, epoch: int, iteration: int, save: Callable[[Path], object]) -> None:
         """Keeps the stage's state at ``iteration`` (``save(path)`` writes it) unless kept."""
-        path = self._epoch_dir(epoch) / f"{_STATE_PREFIX}{iteration}{_STATE_SUFFIX}"
-        if not path.exists():
+        folder = self._epoch_dir(epoch)
+        path = folder / f"{_STATE_PREFIX}{iteration}{_STATE_SUFFIX}" if folder else None
+        if path is not None and not path.exists():
             _write_atomically(path, save)
 
     def frame(self, epoch: int, digest: bytes) -> bytes | None:
         """The kept frame of ``epoch`` with ``digest``, or None."""
-        return _read(self.root / str(epoch) / (digest.hex() + _FRAME_SUFFIX))
+        return _read(self._frame_path(epoch, digest))
 
     def state(self, epoch: int, iteration: int) -> bytes | None:
         """The kept state file of the stage at ``iteration`` of ``epoch``, or None."""
-        return _read(self.root / str(epoch) / f"{_STATE_PREFIX}{iteration}{_STATE_SUFFIX}")
+        return _read(self._state_path(epoch, iteration))
+
+    def frame_chunk(self, epoch: int, digest: bytes, offset: int, size: int) -> Chunk | None:
+        """``size`` bytes from ``offset`` of a kept frame, with its length, or None."""
+        return _read_chunk(self._frame_path(epoch, digest), offset, size)
+
+    def state_chunk(self, epoch: int, iteration: int, offset: int, size: int) -> Chunk | None:
+        """``size`` bytes from ``offset`` of a kept state file, with its length, or None."""
+        return _read_chunk(self._state_path(epoch, iteration), offset, size)
+
+    def _frame_path(self, epoch: int, digest: bytes) -> Path:
+        return self.root / str(epoch) / (digest.hex() + _FRAME_SUFFIX)
+
+    def _state_path(self, epoch: int, iteration: int) -> Path:
+        return self.root / str(epoch) / f"{_STATE_PREFIX}{iteration}{_STATE_SUFFIX}"
 
     def bytes_of(self, epoch: int) -> int:
         """Disk use of ``epoch``'s evidence."""
@@ -68,12 +92,21 @@ class EvidenceArchive:
             return 0
         return sum(path.stat().st_size for path in folder.iterdir())
 
-    def _epoch_dir(self, epoch: int) -> Path:
+    def _epoch_dir(self, epoch: int) -> Path | None:
+        """The folder of ``epoch``'s evidence, pruning what is past keeping; None for an epoch
+        the clock says is not being worked or disputed."""
+        newest = epoch
+        if self.epoch_now is not None:
+            now = self.epoch_now()
+            if not now - self.keep_epochs < epoch <= now + 1:
+                log.debug("no evidence kept of a hop of epoch %s (now %s)", epoch, now)
+                return None
+            newest = min(epoch, now)
         folder = self.root / str(epoch)
         with self._lock:
-            if epoch > self._newest:
-                self._newest = epoch
-                self._prune_before(epoch - self.keep_epochs + 1)
+            if newest > self._newest:
+                self._newest = newest
+                self._prune_before(newest - self.keep_epochs + 1)
             folder.mkdir(exist_ok=True)
         return folder
 
@@ -88,6 +121,22 @@ def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     write(tmp)
     os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    total: int  # the file's length
+    data: bytes
+
+
+def _read_chunk(path: Path, offset: int, size: int) -> Chunk | None:
+    try:
+        with path.open("rb") as file:
+            total = os.fstat(file.fileno()).st_size
+            file.seek(min(offset, total))
+            return Chunk(total, file.read(size))
+    except FileNotFoundError:
+        return None
 
 
 def _read(path: Path) -> bytes | None:

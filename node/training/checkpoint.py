@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load, save_file
 
 from node.training.errors import CheckpointError
 from node.training.model import DataPart, Stage, WholeModel
@@ -120,6 +120,23 @@ def load_part_state(trainer: PartTrainer, path: Path) -> str:
     trainer.discard_gradients()
     trainer.step_count = int(metadata["step"])
     return metadata["digest"]
+
+
+def verified_digest(blob: bytes) -> str:
+    """The content digest of a state file's bytes, checked against the one its header names:
+    equal for bit-identical states whatever order the header's keys were written in (the bytes
+    of two saves of one state differ)."""
+    try:
+        header_bytes = int.from_bytes(blob[:8], "little")
+        header = json.loads(blob[8 : 8 + header_bytes])
+        tensors = load(blob)
+    except (ValueError, SafetensorError) as exc:
+        raise CheckpointError(f"not a state file: {exc}") from exc
+    metadata = dict(header.get("__metadata__") or {})
+    claimed = metadata.pop("digest", None)
+    if claimed is None or content_digest(metadata, tensors) != claimed:
+        raise CheckpointError("a state file whose content is not the digest its header names")
+    return str(claimed)
 
 
 def _read_checked(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:

@@ -272,6 +272,48 @@ def test_a_wrong_tensor_and_a_phantom_hop_are_found_and_slashed_and_the_honest_a
     assert all(epoch["adds_up"] for epoch in chain["epochs"])
 
 
+DATA_NODE_CHEAT_FILE = """
+[run]
+iterations = 4
+microbatches_per_iteration = 2
+seed = 3
+[swarm]
+relays_per_stage = 1
+data_nodes = 2
+cheaters = {"data-1" = "MODE"}
+[chain]
+epochs = 1
+audit_sample = 0
+"""
+#: What the audit of a data node's cheat finds, and whether the chain slashes it.
+DATA_NODE_CHEATS = {
+    "forge-countersignature": ("invalid hop", True),
+    "inflate-units": ("bad totals", True),
+    "withhold-leaf": ("withheld", False),
+}
+
+
+@pytest.mark.slow  # a devnet and four OS processes per mode: ~1 minute each on two cores
+@pytest.mark.parametrize("mode", DATA_NODE_CHEATS)
+def test_a_cheating_data_node_in_a_live_swarm_is_found_and_the_other_pays(
+    tmp_path: Path, mode: str
+) -> None:
+    summary = swarm_of(tmp_path, DATA_NODE_CHEAT_FILE.replace("MODE", mode), timeout_s=300)
+    audit, (kind, slashed) = summary["chain"]["audit"], DATA_NODE_CHEATS[mode]
+    assert {(f["kind"], f["accused"]) for f in audit["findings"]} == {(kind, "data-1")}
+    outcomes = {c["outcome"] for c in audit["challenges"]}
+    assert outcomes == ({"slashed"} if slashed else set()), audit["challenges"]
+    earnings = summary["chain"]["earnings"]
+    assert (earnings["data-1"]["stake_wei"] == "0") == slashed
+    # The honest data node's certificate pays its relays what it certified of theirs.
+    chain = summary["chain"]
+    addresses = {node["node"]: node["node_address"] for node in chain["registered_nodes"]}
+    certified = certified_units(tmp_path / "out", chain["run_id"], len(chain["epochs"]))
+    for name in ("relay-1-0", "relay-2-0"):
+        assert earnings[name]["units"] >= certified[addresses[name]] > 0, name
+    assert all(epoch["adds_up"] for epoch in chain["epochs"])
+
+
 def certified_units_of(out: Path, run_id: int, epoch: int, workers: list[str]) -> list[int]:
     """Units of ``workers`` in the data node's certificate of ``epoch``."""
     db = open_database(f"sqlite:///{out / 'data.sqlite'}")

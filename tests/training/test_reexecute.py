@@ -14,13 +14,14 @@ import torch
 
 from contracts.encoding import BACKWARD, FORWARD, HopReceipt
 from gwtf.errors import ProtocolError
-from node.audit.reexecute import CPU_FLOAT32, HopEvidence, Replayer, compare
+from node.audit.reexecute import CPU_FLOAT32, CUDA_BF16, HopEvidence, Replayer, compare
 from node.receipts.cheats import WRONG_TENSOR_SCALE
 from node.store.evidence import EvidenceArchive
 from node.training import codec
-from node.training.checkpoint import save_part_state
+from node.training.checkpoint import save_part_state, verified_digest
 from node.training.codec import CodecLimits
 from node.training.config import named_config
+from node.training.errors import CheckpointError
 from node.training.partition import plan_partition
 from node.training.settings import TrainingSettings
 from node.training.stage_worker import StageWorker
@@ -133,3 +134,44 @@ def test_the_archive_keeps_a_frame_under_its_digest_and_prunes_old_epochs(tmp_pa
     archive.keep_frame(2, b"frame of epoch 2")
     assert archive.frame(0, digest) is None and archive.bytes_of(0) == 0
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_two_saves_of_one_state_differ_in_bytes_but_not_in_verified_digest(tmp_path: Path) -> None:
+    """safetensors writes its header's keys in no fixed order: replicas' weights are compared
+    by their checked content digest, and a file whose content is not its header's is refused."""
+    worker = StageWorker(plan_partition(named_config("gpt", "tiny"), 2), 0, SETTINGS, seed=4)
+    blobs = []
+    for name in ("a", "b", "c"):
+        save_part_state(worker, tmp_path / name, weights_only=True)
+        blobs.append((tmp_path / name).read_bytes())
+    assert len({verified_digest(blob) for blob in blobs}) == 1
+    tampered = bytearray(blobs[0])
+    tampered[-1] ^= 1
+    with pytest.raises(CheckpointError, match="not the digest"):
+        verified_digest(bytes(tampered))
+    with pytest.raises(CheckpointError, match="not a state file"):
+        verified_digest(b"\xff" * 16)
+
+
+def test_with_a_clock_a_made_up_epoch_is_neither_kept_nor_prunes_anything(tmp_path: Path) -> None:
+    now = [5]
+    archive = EvidenceArchive(tmp_path, keep_epochs=2, epoch_now=lambda: now[0])
+    kept = archive.keep_frame(5, b"frame of epoch 5")
+    archive.keep_frame(2**62, b"a hop a peer stamped with a far epoch")
+    archive.keep_frame(3, b"a hop of an epoch past keeping")
+    assert archive.frame(5, kept) is not None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["5"]
+    chunk = archive.frame_chunk(5, kept, 6, 5)
+    assert chunk is not None and (chunk.total, chunk.data) == (16, b"of ep")
+    now[0] = 7  # epoch 5 is past its window: the next hop prunes it
+    archive.keep_frame(7, b"frame of epoch 7")
+    assert archive.frame(5, kept) is None
+
+
+def test_under_the_bf16_tolerance_a_1e3_error_is_honest_rounding(hops: tuple) -> None:
+    """What a GPU relay's honest bf16 hop looks like replayed on CPU is within CUDA_BF16, so an
+    auditor that cannot tell how relays computed accuses none of them for it."""
+    replayer, archive, f = hops
+    lenient = Replayer(replayer.plan, SETTINGS, CUDA_BF16)
+    replay = lenient.replay(evidence(archive, receipt(FORWARD, f["activation"], f["wrong"])))
+    assert not replay.exact and not replay.wrong

@@ -57,17 +57,22 @@ async def join_stage(
     min_step: int,
     deadlines: tuple[float, float, float],
     first_sources: list[PeerRecord] | None = None,
+    limiter: trio.CapacityLimiter | None = None,
 ) -> None:
     """Load the state of this relay's ``stage``, at ``min_step`` or later, from a live replica
     (``first_sources`` first, then whom discovery names). ``deadlines``: for the whole search,
-    for each request, and between two searches (seconds)."""
+    for each request, and between two searches (seconds). ``limiter``: the relay's compute
+    thread's, so that no hop computes (nor its evidence is kept) with half-loaded weights."""
     total_s, request_s, retry_s = deadlines
     first = list(first_sources or [])
     records = first
     with trio.fail_after(total_s):
         while True:
             for record in records:
-                if await _load_state_from(rpc, worker, stage, record.peer_id, min_step, request_s):
+                loaded = await _load_state_from(
+                    rpc, worker, stage, record.peer_id, min_step, request_s, limiter
+                )
+                if loaded:
                     return
             await trio.sleep(retry_s)
             known = {r.peer_id for r in first}
@@ -100,6 +105,7 @@ async def _load_state_from(
     peer: str,
     min_step: int,
     timeout_s: float,
+    limiter: trio.CapacityLimiter | None = None,
 ) -> bool:
     """Load ``stage``'s state from ``peer`` if it has it at ``min_step`` or later."""
     try:
@@ -112,6 +118,6 @@ async def _load_state_from(
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "state.safetensors"
         path.write_bytes(snapshot.blob)
-        await trio.to_thread.run_sync(load_part_state, worker, path)
+        await trio.to_thread.run_sync(load_part_state, worker, path, limiter=limiter)
     log.info("loaded stage %s at step %s from %s", stage, snapshot.step, peer)
     return True
