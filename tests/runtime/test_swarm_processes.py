@@ -293,7 +293,7 @@ DATA_NODE_CHEATS = {
 }
 
 
-@pytest.mark.slow  # a devnet and four OS processes per mode: ~1 minute each on two cores
+@pytest.mark.slow  # a devnet and four OS processes per mode: ~30-60 s each
 @pytest.mark.parametrize("mode", DATA_NODE_CHEATS)
 def test_a_cheating_data_node_in_a_live_swarm_is_found_and_the_other_pays(
     tmp_path: Path, mode: str
