@@ -193,6 +193,8 @@ async def _replay_one(
         )
         if got is None
     ]  # fmt: skip
+    if r.direction == BACKWARD and not forwards.get(_forward_key(r)):
+        return Replayed(entry, leaf, None, "its forward's receipt is not among the leaves served")
     if input_frame is None or output_frame is None or weights is None or not forward_inputs:
         return Replayed(entry, leaf, None, f"nobody served its {', '.join(missing)}")
     state, weights_from, differ = weights
