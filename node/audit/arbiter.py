@@ -53,6 +53,19 @@ class Ruling:
     slashed_wei: int = 0
     bounty_wei: int = 0
 
+    def as_json(self) -> dict[str, Any]:
+        """The ruling as ``arbitrate --json`` and the swarm's summary report it."""
+        return {
+            "dispute": self.dispute_id,
+            "worker": self.worker,
+            "outcome": self.outcome,
+            "detail": self.detail,
+            "record": self.record,
+            "tx_hash": self.tx_hash,
+            "slashed_wei": str(self.slashed_wei),
+            "bounty_wei": str(self.bounty_wei),
+        }
+
 
 def open_disputes(contracts: Contracts, run_id: int) -> list[tuple[int, HopReceipt, bytes]]:
     """Each open tensor dispute of ``run_id``: (id, receipt, the worker's signature), from the

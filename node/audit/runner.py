@@ -143,6 +143,10 @@ async def audit_epoch(
     async with running_host(new_identity()) as host:
         rpc = RequestResponse(host)
         reachable, report.peers = await connect_peers(host, peers, timeout_s)
+        # One source for every certificate: what it learns of silent peers and the states it
+        # fetched serve them all.
+        data_nodes = {c.dataNode.lower() for c in certs}
+        source = EvidenceSource(rpc, relays_of(reachable, data_nodes), run_id, timeout_s)
         seen: list[SignedReceipt] = []
         for cert in certs:
             progress(f"certificate of {cert.dataNode}")
@@ -173,8 +177,6 @@ async def audit_epoch(
                 )
             )  # fmt: skip
             if seed is not None and sampling is not None:
-                data_nodes = {c.dataNode.lower() for c in certs}
-                source = EvidenceSource(rpc, relays_of(reachable, data_nodes), run_id, timeout_s)
                 # A hop a data node signed as its worker is no relay's work: an invalid hop
                 # already, with nothing to re-execute.
                 relay_hops = [p for p in served if p[0].receipt.worker.lower() not in data_nodes]

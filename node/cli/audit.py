@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gwtf.errors import ConfigError
-from node.audit.arbiter import Ruling, arbitrate
+from node.audit.arbiter import arbitrate
 from node.audit.challenge import REFUSED, Challenges, challenge
 from node.audit.reexecute import TOLERANCES, Replayer, Tolerance
 from node.audit.replays import Replayed
@@ -139,9 +139,7 @@ def cmd_arbitrate(args: argparse.Namespace, settings: Settings, console: Console
     )
     if args.json:
         rulings = trio.run(call)
-        print(
-            json.dumps({"run": args.run, "rulings": [rulings_json(r) for r in rulings]}, indent=2)
-        )
+        print(json.dumps({"run": args.run, "rulings": [r.as_json() for r in rulings]}, indent=2))
         return 0
     with console.status("re-executing the disputed hops"):
         rulings = trio.run(call)
@@ -155,19 +153,6 @@ def cmd_arbitrate(args: argparse.Namespace, settings: Settings, console: Console
         table.add_row(str(r.dispute_id), r.worker, r.outcome, r.detail)
     console.print(table)
     return 0
-
-
-def rulings_json(ruling: Ruling) -> dict[str, Any]:
-    return {
-        "dispute": ruling.dispute_id,
-        "worker": ruling.worker,
-        "outcome": ruling.outcome,
-        "detail": ruling.detail,
-        "record": ruling.record,
-        "tx_hash": ruling.tx_hash,
-        "slashed_wei": str(ruling.slashed_wei),
-        "bounty_wei": str(ruling.bounty_wei),
-    }
 
 
 def replayer_for(

@@ -44,6 +44,7 @@ class EvidenceArchive:
         self.epoch_now = epoch_now
         self._lock = threading.Lock()
         self._newest = -1
+        self._made: set[int] = set()  # epochs whose folder exists
         root.mkdir(parents=True, exist_ok=True)
 
     def keep_frame(self, epoch: int, frame: bytes | bytearray | memoryview) -> bytes:
@@ -107,13 +108,16 @@ class EvidenceArchive:
             if newest > self._newest:
                 self._newest = newest
                 self._prune_before(newest - self.keep_epochs + 1)
-            folder.mkdir(exist_ok=True)
+            if epoch not in self._made:
+                folder.mkdir(exist_ok=True)
+                self._made.add(epoch)
         return folder
 
     def _prune_before(self, first_kept: int) -> None:
         for folder in self.root.iterdir():
             if folder.is_dir() and folder.name.isdigit() and int(folder.name) < first_kept:
                 shutil.rmtree(folder, ignore_errors=True)
+                self._made.discard(int(folder.name))
                 log.info("pruned the hop evidence of epoch %s", folder.name)
 
 

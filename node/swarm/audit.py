@@ -113,17 +113,7 @@ class SwarmAudit:
                 if done.replay is not None and done.replay.exact
             ),
             "sample_notes": sorted({r.sample_note for r in reports if r.sample_note}),
-            "rulings": [
-                {
-                    "dispute": ruling.dispute_id,
-                    "accused": named(ruling.worker),
-                    "outcome": ruling.outcome,
-                    "detail": ruling.detail,
-                    "slashed_wei": str(ruling.slashed_wei),
-                    "bounty_wei": str(ruling.bounty_wei),
-                }
-                for ruling in self.rulings
-            ],
+            "rulings": [{**r.as_json(), "worker": named(r.worker)} for r in self.rulings],
             "auditor": self.auditor.address,
             # What every proof took, and what of it was burned (the rest is the bounties).
             "slashed_wei": str(

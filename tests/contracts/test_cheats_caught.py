@@ -50,10 +50,10 @@ def challenger_wallet(s: Staffed, tmp_path: Path) -> tuple[Path, Path]:
 
 def run_challenge(
     capsys: pytest.CaptureFixture[str], devnet: Path, wallet: tuple[Path, Path], run: int,
-    peers: list[str],
+    peers: list[str], *flags: str,
 ) -> tuple[int, dict[str, Any]]:  # fmt: skip
     argv = ["--devnet-file", str(devnet), "challenge", "--run", str(run), "--epoch", "0"]
-    argv += ["--wallet", str(wallet[0]), "--password-file", str(wallet[1]), "--json"]
+    argv += ["--wallet", str(wallet[0]), "--password-file", str(wallet[1]), "--json", *flags]
     argv += [flag for peer in peers for flag in ("--peer", peer)] + ["--timeout-s", "10"]
     code = main(argv)
     return code, json.loads(capsys.readouterr().out)

@@ -38,7 +38,7 @@ from node.training.settings import TrainingSettings
 from node.training.stage_worker import StageWorker
 from tests.contracts.conftest import Staffed
 from tests.contracts.test_audit_command import devnet_file, serving_data_node  # noqa: F401
-from tests.contracts.test_cheats_caught import challenger_wallet
+from tests.contracts.test_cheats_caught import challenger_wallet, run_challenge
 from tests.contracts.world import ETH, NodeKey
 
 SETTINGS = TrainingSettings(device="cpu")
@@ -129,7 +129,9 @@ def test_a_wrong_tensor_is_re_executed_disputed_and_ruled_and_an_honest_one_is_n
         assert finding["fraud_proof"] == "openTensorDispute"
         # The challenge opens one dispute, with the bond.
         wallet = challenger_wallet(s, tmp_path)
-        code, proven = challenge_with_sample(capsys, devnet_file, wallet, s.run, peers)
+        code, proven = run_challenge(
+            capsys, devnet_file, wallet, s.run, peers, "--sample", "3", "--tolerance", "cpu"
+        )
         assert code == 0, proven
         (disputed,) = proven["challenges"]
         assert disputed["outcome"] == "disputed" and "tensor dispute 1" in disputed["why"]
@@ -156,17 +158,6 @@ def test_a_wrong_tensor_is_re_executed_disputed_and_ruled_and_an_honest_one_is_n
     assert w.call(w.disputes.functions.creditWei(w.wallet(2))) == BOND
     # Nothing left to rule.
     assert trio.run(arbitrate, contracts, sponsor, s.run, peers, replayer, 10.0) == []
-
-
-def challenge_with_sample(
-    capsys: pytest.CaptureFixture[str], devnet: Path, wallet: tuple[Path, Path], run: int,
-    peers: list[str],
-) -> tuple[int, dict[str, Any]]:  # fmt: skip
-    argv = ["--devnet-file", str(devnet), "challenge", "--run", str(run), "--epoch", "0"]
-    argv += ["--wallet", str(wallet[0]), "--password-file", str(wallet[1]), "--json"]
-    argv += ["--sample", "3", "--tolerance", "cpu", "--timeout-s", "10"]
-    code = main(argv + [flag for peer in peers for flag in ("--peer", peer)])
-    return code, json.loads(capsys.readouterr().out)
 
 
 def _index(tree: Any, worker: NodeKey) -> int:
