@@ -9,6 +9,7 @@ every command.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from libp2p.crypto.keys import KeyPair
@@ -21,6 +22,8 @@ from node.chain.adapter import RunInfo, Sender, connect
 from node.chain.deployment import DevnetInfo, read_devnet_file
 from node.chain.epochs import EpochLedger
 from node.chain.wallet import load_or_create_node_key, open_wallet, resolve_password
+from node.local_api import LocalApi
+from node.local_api.server import api_token, bind_api_socket
 from node.p2p.identity import identity_from_key
 from node.p2p.link_emulation import Topology
 from node.receipts import ReceiptsConfig
@@ -32,6 +35,10 @@ from node.settings import AUTO_STAGE, Settings
 from node.training.config import ModelConfig
 from node.training.errors import ModelConfigError
 from node.training.partition import model_for_run
+
+log = logging.getLogger(__name__)
+#: Hosts that keep the local API to this machine.
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def open_contracts(settings: Settings) -> tuple[Contracts, DevnetInfo]:
@@ -194,6 +201,20 @@ def receipts_from_settings(settings: Settings) -> ReceiptsConfig | None:
         cheat=settings.node.cheat,
         evidence_dir=chain.evidence_dir if settings.node.role == "relay" else "",
         evidence_epochs=chain.evidence_epochs or evidence_epochs_of(run),
+    )
+
+
+def local_api_from_settings(settings: Settings) -> LocalApi | None:
+    """The local API's socket, bound now (a port in use stops the node before it starts), and
+    its token; None when ``api.enabled`` is off."""
+    api = settings.api
+    if not api.enabled:
+        return None
+    if api.host not in LOOPBACK:
+        log.warning("api.host=%s: the local API is reachable from other machines", api.host)
+    token = api_token(api.token_file)
+    return LocalApi(
+        bind_api_socket(api.host, api.port), token, api.snapshot_period_s, api.chain_period_s
     )
 
 

@@ -33,7 +33,9 @@ import torch
 import trio
 
 from gwtf.errors import GwtfError
-from node.composition import live_config_from_settings
+from node.composition import live_config_from_settings, local_api_from_settings
+from node.local_api import LocalApi, run_local_api
+from node.local_api.snapshot import SnapshotBox
 from node.runtime.fault_injection import arm_crash
 from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
 from node.runtime.roles.data import DataRole
@@ -100,14 +102,18 @@ def _digest_at_step(worker: PartTrainer) -> str:
 
 
 async def run_process(
-    config: LiveNodeConfig, status_file: Path, crash_on: dict[str, Any] | None = None
+    config: LiveNodeConfig,
+    status_file: Path,
+    crash_on: dict[str, Any] | None = None,
+    api: LocalApi | None = None,
 ) -> None:
     started: list[LiveNode] = []
+    extra = {"api_url": api.url} if api is not None else {}
 
     async def report() -> None:
         while True:
             if started:
-                write_status(status_file, node_status(started[0]))
+                write_status(status_file, {**node_status(started[0]), **extra})
             await trio.sleep(0.25)
 
     async with trio.open_nursery() as nursery:
@@ -117,9 +123,11 @@ async def run_process(
             started.append(node)
             if crash_on is not None:
                 arm_crash(node, crash_on)
+            if api is not None:
+                nursery.start_soon(run_local_api, node, api, SnapshotBox())
 
         await run_live_node(config, on_started)
-        write_status(status_file, {**node_status(started[0]), "finished": True})
+        write_status(status_file, {**node_status(started[0]), **extra, "finished": True})
         nursery.cancel_scope.cancel()
 
 
@@ -157,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.start_file:  # a joiner: host up and worker built, it waits for its moment
             config = dataclasses.replace(config, entry_gate=start_file_gate(Path(args.start_file)))
         crash_on = json.loads(args.crash_on) if args.crash_on else None
-        trio.run(run_process, config, Path(args.status_file), crash_on)
+        api = local_api_from_settings(settings)
+        trio.run(run_process, config, Path(args.status_file), crash_on, api)
     except (GwtfError, OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         print(f"gwtf-node: error: {exc}", file=sys.stderr)
         return exc.exit_code if isinstance(exc, GwtfError) else 2

@@ -180,9 +180,16 @@ class DbSettings:
 
 @dataclass(frozen=True)
 class ApiSettings:
+    """The node's local REST API and dashboard (``api/``); 127.0.0.1 keeps it to this machine."""
+
     enabled: bool = True
     host: str = "127.0.0.1"
-    port: int = 8787
+    port: int = 8787  # 0 picks a free one (the node's status and log say which)
+    #: The bearer token of the API's mutating routes (claim), made (0600) when missing.
+    token_file: str = ".gwtf/api-token"
+    #: How often the node's status snapshot is taken, and the chain's view of the run read.
+    snapshot_period_s: float = 1.0
+    chain_period_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -343,6 +350,9 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "db.url": _db_url,
     "api.host": _non_empty,
     "api.port": _port,
+    "api.token_file": _non_empty,
+    "api.snapshot_period_s": _positive,
+    "api.chain_period_s": _positive,
     "log.level": _one_of(*_LOG_LEVELS),
 }
 

@@ -63,6 +63,7 @@ NODE_LAYERS: list[set[str]] = [
     {"node.runtime.replicas"},
     {"node.runtime.roles"},
     {"node.runtime"},
+    {"node.local_api"},
     {"node.composition", "node.swarm"},
     {"node.process", "node.cli"},
 ]

@@ -27,6 +27,29 @@ class EpochTimes:
 
 
 @dataclass(frozen=True)
+class EpochBook:
+    """``WorkLedger.epochBook``: the epoch's budget, certified units and what was paid."""
+
+    budget_wei: int
+    total_units: int
+    budget_fixed: bool
+    paid_units: int
+    paid_wei: int
+    closed: bool
+
+
+@dataclass(frozen=True)
+class RewardPaid:
+    """One ``RewardClaimed`` event: a range of one data node's certificate, paid."""
+
+    epoch: int
+    data_node: str
+    units: int
+    amount_wei: int
+    tx_hash: bytes
+
+
+@dataclass(frozen=True)
 class Paid:
     """A mined claim: its transaction and the wei it paid."""
 
@@ -94,6 +117,23 @@ class EpochLedger:
             CertRef(self.run_id, epoch, node, bytes(a["root"]), a["count"], a["units"])
             for node, a in latest.items()
         ]
+
+    def book(self, epoch: int) -> EpochBook:
+        return EpochBook(*self.c.ledger.functions.epochBook(self.run_id, epoch).call())
+
+    def rewards_to(self, node: str) -> list[RewardPaid]:
+        """Every reward ``node`` was paid in this run, from the events."""
+        logs = self.c.ledger.events.RewardClaimed.get_logs(
+            argument_filters={"runId": self.run_id, "node": node}, from_block=0
+        )
+        return [
+            RewardPaid(
+                int(a["epoch"]), a["dataNode"], int(a["units"]), int(a["amountWei"]),
+                bytes(log["transactionHash"]),
+            )
+            for log in logs
+            for a in (log["args"],)
+        ]  # fmt: skip
 
     def submit(self, cert: CertRef) -> bytes:
         assert self.wallet is not None, "a read-only ledger sends nothing"

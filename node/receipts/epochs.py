@@ -293,6 +293,8 @@ class WorkerEpochs:
     #: once, then kept up by ``worked_in`` as receipts complete.
     worked: set[tuple[int, str]] | None = None
     _retry: dict[tuple[int, str], Retry] = field(default_factory=dict)
+    #: One claim at a time: the cycle's and an operator's ``claim_now`` never send one twice.
+    _claiming: trio.Lock = field(default_factory=trio.Lock)
 
     def worked_in(self, epoch: int, data_node: str) -> None:
         if self.worked is not None:
@@ -311,20 +313,39 @@ class WorkerEpochs:
         todo = [pair for pair in worked if pair not in self.done]
         self.status.pending = len(todo)
         for epoch, data_node in todo:
-            retry = self._retry.setdefault((epoch, data_node), Retry())
-            if not retry.ready():
-                continue
-            try:
-                await self.claim(epoch, data_node)
-            except ContractRevert as exc:
-                if exc.name not in FINAL_REVERTS:
-                    retry.failed(f"claim of epoch {epoch} from {data_node}", exc)
-                    continue
-                log.warning("claim of epoch %s from %s refused for good: %s", epoch, data_node, exc)
-                self._final(epoch, data_node, 0, "failed", error=str(exc))
-            except (ChainError, OSError, PeerUnavailable, ProtocolError) as exc:
-                retry.failed(f"claim of epoch {epoch} from {data_node}", exc)
+            if self._retry.setdefault((epoch, data_node), Retry()).ready():
+                await self._try_claim(epoch, data_node)
         self.status.pending = len([p for p in worked if p not in self.done])
+
+    async def claim_now(self, epoch: int | None = None) -> list[int]:
+        """Claim every unfinished (epoch, data node) of ``epoch`` (None: of every epoch) now,
+        whatever the backoff says; returns the epochs tried. The operator's ``claim``."""
+        if self.worked is None:
+            await self.step()
+        assert self.worked is not None
+        todo = [p for p in sorted(self.worked) if p not in self.done and epoch in (None, p[0])]
+        for pair in todo:
+            self._retry[pair] = Retry()
+            await self._try_claim(*pair)
+        return sorted({e for e, _ in todo})
+
+    async def _try_claim(self, epoch: int, data_node: str) -> None:
+        retry = self._retry.setdefault((epoch, data_node), Retry())
+        try:
+            async with self._claiming:
+                if (epoch, data_node) not in self.done:
+                    await self.claim(epoch, data_node)
+        except ContractRevert as exc:
+            if exc.name not in FINAL_REVERTS:
+                retry.failed(f"claim of epoch {epoch} from {data_node}", exc)
+                return
+            log.warning("claim of epoch %s from %s refused for good: %s", epoch, data_node, exc)
+            # The units it claimed stay on record: what a challenge, or a slash, cost it.
+            asked = self.records.claim(self.terms.run_id, epoch, data_node, self.address)
+            units = asked.units if asked is not None else 0
+            self._final(epoch, data_node, units, "failed", error=f"{exc.name}: {exc}")
+        except (ChainError, OSError, PeerUnavailable, ProtocolError) as exc:
+            retry.failed(f"claim of epoch {epoch} from {data_node}", exc)
 
     async def claim(self, epoch: int, data_node: str) -> None:
         run_id, ledger = self.terms.run_id, self.ledger

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from contracts.rewards import reward_wei
 from node.chain.adapter import advance_time, advance_time_to, format_eth
 from node.chain.epochs import EpochLedger
 from node.swarm.chain import SwarmChain
@@ -114,7 +115,8 @@ def rewards(chain: SwarmChain, last_epoch: int, names: dict[str, str]) -> dict[s
         claimed_wei = sum(int(c["args"]["amountWei"]) for c in claims)
         returned_wei = sum(int(r["args"]["returnedWei"]) for r in returned)
         fair = all(
-            int(c["args"]["amountWei"]) == budget_wei * int(c["args"]["units"]) // total_units
+            int(c["args"]["amountWei"])
+            == reward_wei(budget_wei, int(c["args"]["units"]), total_units)
             for c in claims
         )  # (no claim without certified units: total_units is then above 0)
         epochs.append(

@@ -330,6 +330,12 @@ def node_settings(
         },
         # One database per node; a restarted node opens its own again.
         "db": {"url": f"sqlite:///{(plan.out_dir / f'{name}.sqlite').resolve()}"},
+        # Each node's local API on a free port (its status file says which).
+        "api": {
+            "port": 0,
+            "token_file": str((plan.out_dir / f"{name}.api-token").resolve()),
+            "chain_period_s": 1.0,
+        },
         "training": {
             "model": run["model"],
             "stages": run["stages"],

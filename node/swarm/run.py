@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
@@ -367,6 +368,28 @@ def _record_injected_crashes(plan: SwarmPlan) -> None:
             plan.crashes.append({"t": None, "node": name, "injected": True})
 
 
+def _api_view(status: dict[str, Any] | None, proc: Proc) -> dict[str, Any] | None:
+    """What a live node's own API says of its health and earnings (None: not running)."""
+    url = (status or {}).get("api_url")
+    if url is None or proc.popen.poll() is not None:
+        return None
+    try:
+        health = _get_json(f"{url}/healthz")
+        earnings = _get_json(f"{url}/v1/earnings")
+    except (OSError, ValueError) as exc:
+        return {"error": str(exc)}
+    return {
+        "health": health["status"],
+        "claimed_wei": earnings["total_claimed"]["wei"],
+        "epochs": len(earnings["epochs"]),
+    }
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return json.loads(answer.read())
+
+
 def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[str, Any]:
     """The run's summary. The first data node must have finished; another one may have been
     killed on the schedule (its iterations until then count)."""
@@ -443,6 +466,7 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
                 for key in ("signed", "countersigned", "completed", "refused", "reported")
             }
             entry["claims"] = list((receipts.get("cycle") or {}).get("claims", {}).values())
+            entry["api"] = _api_view(statuses.get(name), plan.procs[name])
         summary["chain"]["epochs"] = earned["epochs"]
         summary["chain"]["earnings"] = earned["nodes"]
         if plan.audit is not None:

@@ -92,6 +92,9 @@ class HopTimings:
     queue_wait_s: float = 0.0  # a received hop waiting for the compute queue
     compute_s: float = 0.0  # the role's compute of a received hop (torch + encode)
     queue_depth_max: int = 0
+    queue_depth: int = 0  # received hops waiting for compute now
+    bytes_sent: int = 0  # hop requests sent (frames with their headers)
+    bytes_received: int = 0  # hop requests received
 
     def sending(self) -> float:
         self.in_flight += 1
@@ -149,6 +152,7 @@ class DataPlane:
         nursery.start_soon(self._compute_loop, receive)
 
     async def _handle(self, peer: str, request: bytes) -> bytes:
+        self.timings.bytes_received += len(request)
         header, receipted, frame = decode_hop_request(request)
         self._check_sender(peer, header)
         assert self._queue is not None, "serve() starts the queue before any request arrives"
@@ -158,6 +162,7 @@ class DataPlane:
         try:
             await self._queue[0].send(job)
             depth = self._queue[0].statistics().current_buffer_used
+            self.timings.queue_depth = depth
             self.timings.queue_depth_max = max(self.timings.queue_depth_max, depth)
             await job.done.wait()
         finally:
@@ -236,6 +241,7 @@ class DataPlane:
                 await trio.sleep(emulated_s - elapsed_s)
             self.timings.computed += 1
             self.timings.compute_s += trio.current_time() - started
+            self.timings.queue_depth = receive.statistics().current_buffer_used
             job.done.set()
 
     async def send(
@@ -261,6 +267,7 @@ class DataPlane:
                 self.origin_send(header, digest)
         payload = encode_hop(header, frame, receipted)
         limits = RpcLimits(len(payload), 1024, self.ack_deadline_s)
+        self.timings.bytes_sent += len(payload)
         started = self.timings.sending()
         try:
             reply = await self.rpc.request(ID.from_base58(to), PROTOCOL_ID, payload, limits)

@@ -1,0 +1,204 @@
+"""The API's response schemas: what a node's local API answers, as pydantic models.
+
+The node fills these in (``node.local_api``); the API only serves them. Amounts are ``Amount``s:
+wei as decimal text (a uint256 outgrows JSON's safe integers) beside the same value in ETH,
+exact. Addresses are EIP-55 checksummed, peer ids libp2p's base58.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+WEI_PER_ETH = 10**18
+
+
+class Schema(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Amount(Schema):
+    wei: str = Field(pattern=r"^[0-9]+$", description="the amount in wei, decimal text")
+    eth: str = Field(description="the same amount in ETH, exact")
+
+    @classmethod
+    def of(cls, wei: int) -> Amount:
+        eth = format(Decimal(wei) / WEI_PER_ETH, "f")
+        if "." in eth:
+            eth = eth.rstrip("0").rstrip(".")
+        return cls(wei=str(wei), eth=eth)
+
+
+class Health(Schema):
+    status: Literal["ok", "starting", "degraded", "stopping"]
+    detail: str = ""
+
+
+class Status(Schema):
+    """What the node is doing now."""
+
+    name: str
+    node_address: str
+    peer_id: str
+    listen: str = Field(description="multiaddr peers reach this node on")
+    role: Literal["data", "relay"]
+    stage: int = Field(description="0 for a data node, 1..stages for a relay")
+    stages: int
+    run_id: int
+    region: str
+    health: Health
+    iteration: int = Field(description="the data node's iteration now; a relay's last step")
+    epoch: int | None = Field(description="the run's epoch by chain time; null without receipts")
+    peers_alive: int
+    flows_in: int
+    flows_out: int
+    hops_computed: int
+    hops_recomputed: int
+    throughput_hops_per_s: float = Field(description="hops computed per second, last minute")
+    loss: float | None = Field(description="a data node's last iteration loss")
+    started_at: float = Field(description="unix time")
+    updated_at: float = Field(description="unix time of this snapshot")
+
+
+class PeerView(Schema):
+    peer_id: str
+    node_address: str
+    role: Literal["data", "relay"]
+    stage: int
+    region: str
+    alive: bool
+    capacity: int
+    spare: int
+    compute_ms: float
+    latency_ms: float | None
+    place: Literal["upstream", "same stage", "downstream", "other"]
+
+
+class FlowView(Schema):
+    direction: Literal["in", "out"]
+    flow_id: str
+    peer_id: str | None = Field(description="upstream (in) or next hop (out); null if unmatched")
+    state: str
+    since_s: float
+
+
+class EpochEarnings(Schema):
+    """One epoch of one run, as this node's database and the chain see it. ``expected`` is the
+    contract's share (budget × units ÷ certified units of the epoch), with the certified units
+    when known and the node's countersigned units before that."""
+
+    run_id: int
+    epoch: int
+    phase: Literal["working", "certifying", "disputable", "settled", "closed"]
+    units_worked: int = Field(description="units of this node's countersigned receipts")
+    units_certified: int | None = Field(description="units of its ranges in the certificates")
+    units_challenged: int = Field(description="units of claims refused: slashed or voided")
+    expected: Amount | None = Field(description="null before any certificate of the epoch")
+    pending: Amount = Field(description="expected, not yet settled")
+    claimable: Amount = Field(description="settled, not yet claimed")
+    claimed: Amount = Field(description="claims mined, by this node's records")
+    chain_claimed: Amount | None = Field(description="claims mined, by the chain's events")
+    chain_budget: Amount | None = Field(description="the epoch's budget on chain")
+    chain_total_units: int | None = Field(description="certified units of the epoch, on chain")
+    claims: list[ClaimView]
+
+
+class ClaimView(Schema):
+    data_node: str
+    units: int
+    status: str
+    amount: Amount
+    tx_hash: str | None
+    error: str | None
+
+
+class Earnings(Schema):
+    run_id: int
+    node_address: str
+    chain_time: int | None = Field(description="unix time of the chain's latest block seen")
+    epochs: list[EpochEarnings]
+    total_claimed: Amount
+    total_claimable: Amount
+    total_pending: Amount
+
+
+class ReceiptView(Schema):
+    hop_key: str
+    run_id: int
+    epoch: int
+    data_node: str
+    iteration: int
+    microbatch_id: int
+    stage: int
+    direction: Literal["forward", "backward"]
+    attempt: int
+    worker: str
+    counterparty: str
+    input_digest: str
+    output_digest: str
+    units: int
+    receipt_digest: str = Field(description="the EIP-712 digest both parties signed")
+    worker_signature: str
+    counterparty_signature: str | None = Field(description="null until countersigned")
+    as_worker: bool = Field(description="this node did the hop (else it countersigned it)")
+
+
+class ReceiptPage(Schema):
+    items: list[ReceiptView]
+    total: int
+    offset: int
+    limit: int
+
+
+class RunView(Schema):
+    run_id: int
+    sponsor: str
+    stage_count: int
+    epoch_length_s: int
+    challenge_window_s: int
+    units_per_hop: int
+    reward_per_epoch: Amount
+    pool: Amount
+    min_stake: Amount
+    open: bool
+    member: bool = Field(description="this node is a member of the run")
+    data_node: bool = Field(description="this node is one of the run's data nodes")
+
+
+class Slashed(Schema):
+    node: str
+    run_id: int
+    epoch: int
+    fraud: str
+    slashed: Amount
+    tx_hash: str
+
+
+class ClaimRequest(Schema):
+    epoch: int | None = Field(default=None, ge=0, description="one epoch; null claims all")
+
+
+class ClaimResult(Schema):
+    asked: list[int] = Field(description="epochs whose claims were attempted now")
+    claims: list[ClaimView]
+
+
+class Problem(Schema):
+    """An error answer: what went wrong and what to do."""
+
+    detail: str
+
+
+class HistoryPoint(Schema):
+    t: float = Field(description="unix time")
+    throughput_hops_per_s: float
+    loss: float | None
+
+
+class History(Schema):
+    points: list[HistoryPoint]
+
+
+EpochEarnings.model_rebuild()

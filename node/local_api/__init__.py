@@ -1,0 +1,81 @@
+"""The node's local API at run time: its snapshot loop, chain watcher and server.
+
+``run_local_api`` runs beside a started ``LiveNode`` (in its nursery) until cancelled: a status
+snapshot every ``snapshot_period_s``, the chain's view of the run every ``chain_period_s`` (with
+receipts on), and ``api.app.create_app`` served on a socket bound before the node started.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+import trio
+
+from api.app import create_app
+from api.services import Refused
+from node.local_api.server import ApiServer, serve_api
+from node.local_api.snapshot import Meter, SnapshotBox, take_snapshot
+from node.local_api.views import ClaimNow, NodeViews
+from node.local_api.watcher import watch_chain
+from node.receipts.book import address_of_peer
+from node.receipts.epochs import WorkerEpochs
+from node.runtime.live_node import LiveNode
+from node.store.views import NodeRecords
+
+
+@dataclass(frozen=True)
+class LocalApi:
+    """A bound socket and the token, made before the node starts (``node.composition``)."""
+
+    sock: socket.socket
+    token: str
+    snapshot_period_s: float = 1.0
+    chain_period_s: float = 5.0
+
+    @property
+    def url(self) -> str:
+        host, port = self.sock.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+
+async def run_local_api(node: LiveNode, api: LocalApi, box: SnapshotBox) -> None:
+    address = address_of_peer(node.plane.node_id)
+    parts = node.receipts
+    records = NodeRecords(parts.cycle.records.db) if parts is not None else None
+    claim_now = None
+    if parts is not None and isinstance(parts.cycle, WorkerEpochs):
+        cycle = parts.cycle
+        if cycle.ledger.wallet is not None:
+            claim_now = _claims(cycle)
+    views = NodeViews(
+        box, records, node.config.run_id, address, claim_now, trio.lowlevel.current_trio_token()
+    )
+    server: ApiServer | None = None
+    try:
+        server = serve_api(create_app(views, token=api.token), api.sock)
+        async with trio.open_nursery() as nursery:
+            if parts is not None and records is not None:
+                ledger = parts.cycle.ledger
+                nursery.start_soon(
+                    watch_chain, box, ledger.c, ledger, records, address, api.chain_period_s
+                )
+            meter = Meter()
+            while True:
+                box.snapshot = take_snapshot(node, box, meter)
+                await trio.sleep(api.snapshot_period_s)
+    finally:
+        if server is not None:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(server.stop)
+
+
+def _claims(cycle: WorkerEpochs) -> ClaimNow:
+    async def claim_now(epoch: int | None) -> list[int]:
+        asked = await cycle.claim_now(epoch)
+        if not asked:
+            which = f"epoch {epoch}" if epoch is not None else "any epoch"
+            raise Refused(f"nothing is left to claim in {which}: every claim is settled")
+        return asked
+
+    return claim_now

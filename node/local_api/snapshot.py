@@ -1,0 +1,209 @@
+"""The node's status as an immutable snapshot, taken on the trio loop and read by the API.
+
+``take_snapshot`` reads a ``LiveNode`` once (no awaits: the loop is not left in between, so the
+snapshot is consistent) into frozen API schemas. ``SnapshotBox`` hands the latest to the API's
+threads: replacing one reference is atomic, and nothing in a snapshot is ever mutated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import trio
+
+from api.schemas import FlowView, Health, HistoryPoint, PeerView, RunView, Slashed, Status
+from api.services import NotReady
+from coordinator_free.protocol.config import DATA
+from coordinator_free.protocol.state import Peer
+from node.local_api.earnings import ChainView
+from node.receipts.book import address_of_peer
+from node.runtime.live_node import LiveNode
+from node.runtime.roles.data import DataRole
+
+#: A throughput sample every snapshot; the rate is over the last minute of them.
+RATE_WINDOW_S = 60.0
+HISTORY_POINTS = 720
+
+
+@dataclass(frozen=True)
+class ChainParts:
+    """What the chain watcher last read: epochs, runs, slashes (``node.local_api.watcher``)."""
+
+    view: ChainView
+    runs: tuple[RunView, ...]
+    slashes: tuple[Slashed, ...]
+    claimed_wei: int
+    claimable_wei: int
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    status: Status
+    peers: tuple[PeerView, ...]
+    flows: tuple[FlowView, ...]
+    counters: dict[str, float]
+    history: tuple[HistoryPoint, ...]
+    chain: ChainParts | None
+
+
+@dataclass
+class SnapshotBox:
+    """The latest snapshot, and the chain watcher's latest reading, for the API's threads."""
+
+    snapshot: NodeSnapshot | None = None
+    chain: ChainParts | None = None
+    stopping: bool = False
+
+    def get(self) -> NodeSnapshot:
+        snapshot = self.snapshot
+        if snapshot is None:
+            raise NotReady("the node is starting: its host and worker are not up yet")
+        return snapshot
+
+
+@dataclass
+class Meter:
+    """Hops computed over time: the throughput figure and the dashboard's history."""
+
+    started_at: float = field(default_factory=time.time)
+    samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=4096))
+    history: deque[HistoryPoint] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+
+    def rate(self, now: float, computed: int) -> float:
+        self.samples.append((now, computed))
+        while self.samples and self.samples[0][0] < now - RATE_WINDOW_S:
+            self.samples.popleft()
+        first_t, first_n = self.samples[0]
+        return (computed - first_n) / (now - first_t) if now > first_t else 0.0
+
+
+def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapshot:
+    now = time.time()
+    config, flow, plane, role = node.config, node.flow.node, node.plane, node.role
+    timings = plane.timings
+    throughput = meter.rate(now, timings.computed)
+    loss = role.results[-1].loss if isinstance(role, DataRole) and role.results else None
+    meter.history.append(HistoryPoint(t=now, throughput_hops_per_s=throughput, loss=loss))
+    peers = tuple(_peer(node, p) for p in flow.peers.values())
+    flows = _flows(node)
+    receipts = node.receipts
+    epoch = receipts.clock.epoch_now() if receipts is not None else None
+    status = Status(
+        name=config.name,
+        node_address=address_of_peer(plane.node_id),
+        peer_id=plane.node_id,
+        listen=node.address,
+        role=config.role,  # type: ignore[arg-type]
+        stage=config.stage,
+        stages=config.stages,
+        run_id=config.run_id,
+        region=config.region,
+        health=_health(node, box, peers),
+        iteration=role.worker.step_count,
+        epoch=epoch,
+        peers_alive=sum(p.alive for p in peers),
+        flows_in=sum(f.direction == "in" for f in flows),
+        flows_out=sum(f.direction == "out" and f.peer_id is not None for f in flows),
+        hops_computed=timings.computed,
+        hops_recomputed=plane.hops.recomputed,
+        throughput_hops_per_s=round(throughput, 3),
+        loss=loss,
+        started_at=meter.started_at,
+        updated_at=now,
+    )
+    chain = box.chain
+    counters: dict[str, float] = {
+        "hops_computed": timings.computed,
+        "hops_recomputed": plane.hops.recomputed,
+        "hops_sent": timings.sent,
+        "bytes_sent": timings.bytes_sent,
+        "bytes_received": timings.bytes_received,
+        "queue_depth": timings.queue_depth,
+        "sends_in_flight": timings.in_flight,
+        "throughput_hops_per_second": throughput,
+        "iteration": status.iteration,
+        "peers_alive": status.peers_alive,
+        "flows_in": status.flows_in,
+        "flows_out": status.flows_out,
+    }
+    if loss is not None:
+        counters["loss"] = loss
+    if epoch is not None:
+        counters["epoch"] = epoch
+    if receipts is not None:
+        counts = receipts.book.counts
+        counters |= {
+            "receipts_signed": counts.signed,
+            "receipts_countersigned": counts.countersigned,
+            "receipts_refused": counts.refused,
+        }
+    if chain is not None:
+        counters["rewards_claimed_eth"] = chain.claimed_wei / 10**18
+        counters["rewards_claimable_eth"] = chain.claimable_wei / 10**18
+    history = tuple(meter.history)
+    return NodeSnapshot(status, peers, flows, counters, history, chain)
+
+
+def _health(node: LiveNode, box: SnapshotBox, peers: tuple[PeerView, ...]) -> Health:
+    if box.stopping:
+        return Health(status="stopping", detail="handing back its flows and closing")
+    if not any(p.alive for p in peers):
+        return Health(status="degraded", detail="no live peer: check bootstrap and reachability")
+    role = node.role
+    if isinstance(role, DataRole) and not role.training and not role.finished:
+        return Health(status="starting", detail="waiting for flows through every stage")
+    return Health(status="ok")
+
+
+def _peer(node: LiveNode, peer: Peer) -> PeerView:
+    own, stages = node.config.stage, node.config.stages
+    stage = peer.stage
+    place = "other"
+    if stage == own:
+        place = "same stage"
+    elif stage == (own + 1) % (stages + 1):
+        place = "downstream"
+    elif stage == (own - 1) % (stages + 1):
+        place = "upstream"
+    record = node.book.peers.get(peer.peer_id)
+    return PeerView(
+        peer_id=peer.peer_id,
+        node_address=address_of_peer(peer.peer_id),
+        role="data" if peer.role == DATA else "relay",
+        stage=stage,
+        region=record.region if record is not None else "",
+        alive=peer.alive,
+        capacity=peer.capacity,
+        spare=peer.spare,
+        compute_ms=peer.compute_ms,
+        latency_ms=peer.latency_ms,
+        place=place,  # type: ignore[arg-type]
+    )
+
+
+def _flows(node: LiveNode) -> tuple[FlowView, ...]:
+    flow = node.flow.node
+    now = trio.current_time()  # the flow core's clock
+    inbound = [
+        FlowView(
+            direction="in",
+            flow_id=slot.flow_id,
+            peer_id=slot.upstream,
+            state="carrying",
+            since_s=max(0.0, now - slot.since_s),
+        )
+        for slot in flow.in_slots.values()
+    ]
+    outbound = [
+        FlowView(
+            direction="out",
+            flow_id=slot.flow_id,
+            peer_id=slot.next_hop,
+            state=slot.state.name.lower(),
+            since_s=max(0.0, now - slot.since_s),
+        )
+        for slot in flow.out_slots.values()
+    ]
+    return tuple(inbound + outbound)

@@ -1,0 +1,106 @@
+"""Read-only queries of the node database for its operator: work done per epoch, receipts page
+by page, claims. The local API and ``gwtf-node earnings|receipts`` read through here."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Select, func, literal, select, union_all
+
+from node.store.database import Database
+from node.store.models import ReceivedHop, RewardClaim, SignedHop
+
+
+@dataclass(frozen=True)
+class Work:
+    """Per epoch: the units of this node's countersigned receipts, and the data nodes it signed
+    receipts for (complete or not: their receivers may have reported them)."""
+
+    units: dict[int, int]
+    data_nodes: dict[int, set[str]]
+
+
+@dataclass(frozen=True)
+class ReceiptRow:
+    hop_key: bytes
+    receipt_digest: bytes
+    run_id: int
+    epoch: int
+    data_node: str
+    iteration: int
+    microbatch_id: int
+    stage: int
+    direction: int
+    attempt: int
+    worker: str
+    counterparty: str
+    input_digest: bytes
+    output_digest: bytes
+    units: int
+    worker_signature: bytes
+    counterparty_signature: bytes | None
+    at: float
+    as_worker: bool
+
+
+FIELDS = (
+    "hop_key", "receipt_digest", "run_id", "epoch", "data_node", "iteration", "microbatch_id",
+    "stage", "direction", "attempt", "worker", "counterparty", "input_digest", "output_digest",
+    "units", "worker_signature", "counterparty_signature",
+)  # fmt: skip
+
+
+class NodeRecords:
+    """What the node's database says of its own work, for the node's operator."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def work(self, run_id: int) -> Work:
+        units: dict[int, int] = defaultdict(int)
+        data_nodes: dict[int, set[str]] = defaultdict(set)
+        complete = func.sum(SignedHop.units).filter(SignedHop.counterparty_signature.is_not(None))
+        query = (
+            select(SignedHop.epoch, SignedHop.data_node, complete)
+            .where(SignedHop.run_id == run_id)
+            .group_by(SignedHop.epoch, SignedHop.data_node)
+        )
+        with self.db.sessions() as session:
+            for epoch, data_node, total in session.execute(query):
+                units[epoch] += int(total or 0)
+                data_nodes[epoch].add(data_node)
+        return Work(dict(units), dict(data_nodes))
+
+    def claims(self, run_id: int) -> list[RewardClaim]:
+        with self.db.sessions() as session:
+            query = select(RewardClaim).where(RewardClaim.run_id == run_id)
+            return list(session.scalars(query.order_by(RewardClaim.epoch, RewardClaim.data_node)))
+
+    def receipts(
+        self, run_id: int, offset: int, limit: int, epoch: int | None = None
+    ) -> tuple[int, list[ReceiptRow]]:
+        """(how many, a page of) the receipts this node signed as worker or countersigned as
+        receiver, newest first."""
+
+        def part(
+            table: type[SignedHop] | type[ReceivedHop], at: str, as_worker: bool
+        ) -> Select[Any]:
+            where = [table.run_id == run_id]
+            if epoch is not None:
+                where.append(table.epoch == epoch)
+            columns = [getattr(table, name) for name in FIELDS]
+            return select(
+                *columns, getattr(table, at).label("at"), literal(as_worker).label("as_worker")
+            ).where(*where)
+
+        both = union_all(
+            part(SignedHop, "signed_at", True), part(ReceivedHop, "received_at", False)
+        ).subquery()
+        with self.db.sessions() as session:
+            total = session.scalar(select(func.count()).select_from(both)) or 0
+            rows = session.execute(
+                select(both).order_by(both.c.at.desc(), both.c.hop_key).offset(offset).limit(limit)
+            )
+            return int(total), [ReceiptRow(**row._mapping) for row in rows]

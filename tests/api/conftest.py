@@ -1,0 +1,144 @@
+"""A node's local API over a real node database: receipts signed and countersigned as a relay
+does, claims recorded as its epoch cycle does, a status snapshot and a chain reading."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from eth_account import Account
+from eth_utils.crypto import keccak
+from fastapi import FastAPI
+
+from api.app import create_app
+from api.schemas import Amount, Health, PeerView, RunView, Status
+from contracts.encoding import (
+    HopReceipt,
+    hop_key,
+    ledger_domain,
+    receipt_digest,
+    scheduled_units,
+    sign_digest,
+)
+from node.chain.epochs import EpochBook, EpochTimes, RewardPaid
+from node.local_api.earnings import ChainView
+from node.local_api.snapshot import ChainParts, NodeSnapshot, SnapshotBox
+from node.local_api.views import NodeViews
+from node.store.database import Database, open_database
+from node.store.hops import HopStore, ToSign
+from node.store.ledger import LedgerRecords
+from node.store.views import NodeRecords
+
+TOKEN = "t" * 32
+DOMAIN = ledger_domain(1, "0x" + "ab" * 20)
+NODE, PEER = (Account.from_key(keccak(text=f"api test {who}")) for who in ("node", "peer"))
+DATA_NODE = "0x" + "cd" * 20
+UNITS = scheduled_units(0, 10)
+EPOCH_S = 100
+#: Epoch e runs [1000 + 100e, 1100 + 100e); submissions close 50 s later, it settles 600 s later.
+WORKING = 9
+NOW = 1000 + WORKING * EPOCH_S + 10  # epoch 0 has settled, epoch 9 is being worked
+
+
+def times_of(epoch: int) -> EpochTimes:
+    start = 1000 + EPOCH_S * epoch
+    return EpochTimes(start, start + EPOCH_S, start + EPOCH_S + 50, start + EPOCH_S + 600)
+
+
+def receipt(epoch: int, microbatch: int, worker: str, counterparty: str) -> HopReceipt:
+    return HopReceipt(
+        runId=1, epoch=epoch, dataNode=DATA_NODE, iteration=microbatch // 4,
+        microbatchId=microbatch, stage=1, direction=microbatch % 2, attempt=0, worker=worker,
+        counterparty=counterparty, inputDigest=b"\x01" * 32, outputDigest=b"\x02" * 32,
+        units=UNITS,
+    )  # fmt: skip
+
+
+def fill(db: Database) -> None:
+    """Epochs 0 and WORKING: 4 hops each as worker (3 countersigned), 2 countersigned for the peer.
+    Epoch 0 is claimed (settled), its budget 1 ETH over 10 hops' units."""
+    store = HopStore(db)
+    for epoch in (0, WORKING):
+        own = [receipt(epoch, m, NODE.address, PEER.address) for m in range(4)]
+        signed = store.sign_once(
+            [ToSign(hop_key(r), r, receipt_digest(r, DOMAIN), _signer(r, NODE.key)) for r in own]
+        )
+        assert all(isinstance(s, bytes) for s in signed)
+        counter = [sign_digest(receipt_digest(r, DOMAIN), PEER.key) for r in own[:3]]
+        store.add_countersignatures([(hop_key(r), c) for r, c in zip(own, counter, strict=False)])
+        theirs = [receipt(epoch, 100 + m, PEER.address, NODE.address) for m in range(2)]
+        store.countersign_once(
+            [
+                replace(
+                    ToSign(hop_key(r), r, receipt_digest(r, DOMAIN), _signer(r, NODE.key)),
+                    worker_signature=sign_digest(receipt_digest(r, DOMAIN), PEER.key),
+                )
+                for r in theirs
+            ]
+        )
+    LedgerRecords(db).save_claim(
+        1, 0, DATA_NODE, NODE.address, 3 * UNITS, "confirmed", 3 * 10**17, b"\x0a" * 32
+    )
+
+
+def _signer(r: HopReceipt, key: bytes):  # type: ignore[no-untyped-def]
+    return lambda: sign_digest(receipt_digest(r, DOMAIN), key)
+
+
+def chain_parts() -> ChainParts:
+    books = {
+        0: EpochBook(10**18, 10 * UNITS, True, 3 * UNITS, 3 * 10**17, False),
+        WORKING: EpochBook(0, 0, False, 0, 0, False),
+    }
+    paid = [RewardPaid(0, DATA_NODE, 3 * UNITS, 3 * 10**17, b"\x0a" * 32)]
+    view = ChainView(NOW, {0: times_of(0), WORKING: times_of(WORKING)}, books, paid)
+    run = RunView(
+        run_id=1, sponsor=PEER.address, stage_count=2, epoch_length_s=EPOCH_S,
+        challenge_window_s=600, units_per_hop=10, reward_per_epoch=Amount.of(10**18),
+        pool=Amount.of(5 * 10**18), min_stake=Amount.of(10**18), open=True, member=True,
+        data_node=False,
+    )  # fmt: skip
+    return ChainParts(view, (run,), (), 3 * 10**17, 0)
+
+
+def snapshot(chain: ChainParts) -> NodeSnapshot:
+    now = time.time()
+    status = Status(
+        name="relay-1", node_address=NODE.address, peer_id="16Uiu2HAm" + "x" * 44,
+        listen="/ip4/127.0.0.1/tcp/4001/p2p/16Uiu2HAm", role="relay", stage=1, stages=2,
+        run_id=1, region="local", health=Health(status="ok"), iteration=7, epoch=WORKING,
+        peers_alive=1, flows_in=1, flows_out=1, hops_computed=14, hops_recomputed=1,
+        throughput_hops_per_s=2.5, loss=None, started_at=now - 60, updated_at=now,
+    )  # fmt: skip
+    peer = PeerView(
+        peer_id="16Uiu2HAmpeer", node_address=PEER.address, role="relay", stage=2,
+        region="local", alive=True, capacity=2, spare=1, compute_ms=80.0, latency_ms=0.5,
+        place="downstream",
+    )  # fmt: skip
+    counters = {"hops_computed": 14.0, "peers_alive": 1.0, "rewards_claimed_eth": 0.3}
+    return NodeSnapshot(status, (peer,), (), counters, (), chain)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    database = open_database(f"sqlite:///{tmp_path / 'node.sqlite'}")
+    fill(database)
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+@pytest.fixture
+def views(db: Database) -> NodeViews:
+    chain = chain_parts()
+    box = SnapshotBox(snapshot(chain), chain)
+    return NodeViews(box, NodeRecords(db), 1, NODE.address)
+
+
+@pytest.fixture
+def app(views: NodeViews, tmp_path: Path) -> FastAPI:
+    return create_app(views, token=TOKEN, dashboard_dir=tmp_path / "no-dashboard")

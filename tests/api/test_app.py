@@ -1,0 +1,123 @@
+"""The local API's routes over a real node database: every answer in its schema, receipts page
+by page, earnings by the contract's formula, the token on the one mutating route, metrics in
+Prometheus' text format."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from api.app import MAX_PAGE, create_app
+from api.services import Refused
+from node.local_api.snapshot import SnapshotBox
+from node.local_api.views import NodeViews
+from tests.api.conftest import NODE, TOKEN, UNITS, WORKING
+
+
+def test_status_peers_and_health_come_from_the_snapshot(app: FastAPI) -> None:
+    client = TestClient(app)
+    assert client.get("/healthz").json() == {"status": "ok", "detail": ""}
+    status = client.get("/v1/status").json()
+    assert (status["role"], status["stage"], status["node_address"]) == ("relay", 1, NODE.address)
+    (peer,) = client.get("/v1/peers").json()
+    assert peer["place"] == "downstream"
+    assert client.get("/v1/flows").json() == []
+
+
+def test_a_node_not_started_yet_says_so_with_503(views: NodeViews, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    views.box = SnapshotBox()
+    client = TestClient(create_app(views, token=TOKEN, dashboard_dir=tmp_path))
+    assert client.get("/healthz").json()["status"] == "starting"
+    answer = client.get("/v1/status")
+    assert answer.status_code == 503 and "starting" in answer.json()["detail"]
+    assert client.get("/v1/earnings").status_code == 503  # the chain not read yet
+
+
+def test_receipts_are_paged_newest_first_as_worker_and_as_receiver(app: FastAPI) -> None:
+    client = TestClient(app)
+    page = client.get("/v1/receipts", params={"limit": 5}).json()
+    # 4 signed + 2 countersigned in each of two epochs.
+    assert (page["total"], len(page["items"])) == (12, 5)
+    rest = client.get("/v1/receipts", params={"limit": 5, "offset": 5}).json()["items"]
+    keys = [r["hop_key"] for r in page["items"] + rest]
+    assert len(set(keys)) == 10
+    epoch3 = client.get("/v1/receipts", params={"epoch": WORKING, "limit": MAX_PAGE}).json()
+    assert epoch3["total"] == 6 and {r["epoch"] for r in epoch3["items"]} == {WORKING}
+    mine = [r for r in epoch3["items"] if r["as_worker"]]
+    assert len(mine) == 4 and sum(r["counterparty_signature"] is None for r in mine) == 1
+    assert all(r["worker"] == NODE.address for r in mine)
+    assert client.get("/v1/receipts", params={"limit": MAX_PAGE + 1}).status_code == 422
+    assert client.get("/v1/receipts", params={"offset": -1}).status_code == 422
+
+
+def test_earnings_follow_the_contracts_formula_beside_the_chains_view(app: FastAPI) -> None:
+    earnings = TestClient(app).get("/v1/earnings").json()
+    epoch0, epoch3 = earnings["epochs"]
+    # Epoch 0: settled, 3 hops' units of 10 certified, a 1 ETH budget: 0.3 ETH, claimed.
+    assert epoch0["phase"] == "settled" and epoch0["units_worked"] == 3 * UNITS
+    assert epoch0["expected"] == {"wei": str(3 * 10**17), "eth": "0.3"}
+    assert epoch0["claimed"] == epoch0["chain_claimed"] == epoch0["expected"]
+    assert epoch0["claimable"]["wei"] == "0"
+    # The epoch being worked: no certificate yet, nothing expected so far.
+    assert epoch3["phase"] == "working" and epoch3["expected"] is None
+    assert earnings["total_claimed"]["eth"] == "0.3"
+
+
+def test_claim_needs_the_token_and_a_node_that_claims(app: FastAPI) -> None:
+    client = TestClient(app)
+    assert client.post("/v1/claim", json={}).status_code == 401
+    wrong = {"Authorization": "Bearer " + "x" * 32}
+    assert client.post("/v1/claim", json={}, headers=wrong).status_code == 401
+    right = {"Authorization": f"Bearer {TOKEN}"}
+    refused = client.post("/v1/claim", json={"epoch": 0}, headers=right)
+    assert refused.status_code == 409 and "wallet" in refused.json()["detail"]
+    assert client.post("/v1/claim", json={"epoch": -1}, headers=right).status_code == 422
+
+
+def test_claim_runs_on_the_nodes_loop_and_answers_its_records(views: NodeViews, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import trio
+
+    asked: list[int | None] = []
+
+    async def claim_now(epoch: int | None) -> list[int]:
+        asked.append(epoch)
+        if epoch == 3:
+            raise Refused("epoch 3 has not settled")
+        return [0]
+
+    async def main() -> tuple[int, dict, int]:  # type: ignore[type-arg]
+        views.claim_now, views.trio_token = claim_now, trio.lowlevel.current_trio_token()
+        client = TestClient(create_app(views, token=TOKEN, dashboard_dir=tmp_path))
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        ok = await trio.to_thread.run_sync(
+            lambda: client.post("/v1/claim", json={"epoch": 0}, headers=headers)
+        )
+        refused = await trio.to_thread.run_sync(
+            lambda: client.post("/v1/claim", json={"epoch": 3}, headers=headers)
+        )
+        return ok.status_code, ok.json(), refused.status_code
+
+    code, body, refused = trio.run(main)
+    assert code == 200 and body["asked"] == [0] and body["claims"][0]["status"] == "confirmed"
+    assert refused == 409 and asked == [0, 3]
+
+
+def test_metrics_are_prometheus_text(app: FastAPI) -> None:
+    answer = TestClient(app).get("/metrics")
+    assert answer.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(answer.text)}
+    assert families["gwtf_hops_computed"].samples[0].value == 14.0
+    assert families["gwtf_hops_computed"].type == "counter"
+    assert families["gwtf_peers_alive"].type == "gauge"
+
+
+def test_the_openapi_docs_are_served_and_cors_is_off(app: FastAPI) -> None:
+    client = TestClient(app)
+    assert client.get("/docs").status_code == 200
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/status", "/v1/earnings", "/v1/receipts", "/v1/claim", "/metrics"} <= set(paths)
+    answer = client.get("/v1/status", headers={"Origin": "http://evil.example"})
+    assert "access-control-allow-origin" not in answer.headers
+    missing = client.get("/")
+    assert missing.status_code == 404 and "make install" in missing.json()["detail"]

@@ -1,0 +1,56 @@
+"""A node's earnings per epoch, put together from its records and the chain's: the phase of each
+epoch by chain time, the contract's share of the budget, what is pending, claimable, claimed
+and lost to a challenge."""
+
+from __future__ import annotations
+
+from contracts.rewards import reward_wei
+from node.chain.epochs import EpochBook, EpochTimes, RewardPaid
+from node.local_api.earnings import ChainView, ClaimRecord, earnings_of, phase_of
+
+TIMES = EpochTimes(100, 200, 250, 800)
+BOOK = EpochBook(10**18, 7, True, 0, 0, False)
+DN = "0x" + "cd" * 20
+
+
+def view(now: int, book: EpochBook = BOOK, paid: tuple[RewardPaid, ...] = ()) -> ChainView:
+    return ChainView(now, {0: TIMES}, {0: book}, paid)
+
+
+def test_phases_follow_chain_time() -> None:
+    phases = [phase_of(TIMES, BOOK, t) for t in (150, 200, 249, 250, 799, 800)]
+    assert phases == ["working", "certifying", "certifying", "disputable", "disputable", "settled"]
+    closed = EpochBook(10**18, 7, True, 7, 10**18, True)
+    assert phase_of(TIMES, closed, 900) == "closed"
+
+
+def test_the_expected_share_is_the_contracts_formula_rounded_down() -> None:
+    (epoch,) = earnings_of(1, {0: 3}, {0: {DN}}, [], view(300))
+    assert epoch.expected is not None and int(epoch.expected.wei) == reward_wei(10**18, 3, 7)
+    assert int(epoch.expected.wei) == 10**18 * 3 // 7  # 428571428571428571: rounded down
+    assert epoch.pending == epoch.expected and epoch.claimable.wei == "0"
+
+
+def test_a_settled_epoch_is_claimable_until_claimed() -> None:
+    (settled,) = earnings_of(1, {0: 3}, {0: {DN}}, [], view(800))
+    assert settled.claimable == settled.expected and settled.pending.wei == "0"
+    # The data node's range says 2 units were certified; the claim paid them.
+    amount = reward_wei(10**18, 2, 7)
+    claim = ClaimRecord(0, DN, 2, "confirmed", amount, b"\x01" * 32, None)
+    paid = (RewardPaid(0, DN, 2, amount, b"\x01" * 32),)
+    (claimed,) = earnings_of(1, {0: 3}, {0: {DN}}, [claim], view(800, paid=paid))
+    assert claimed.units_certified == 2 and int(claimed.claimed.wei) == amount
+    assert claimed.chain_claimed == claimed.claimed and claimed.claimable.wei == "0"
+
+
+def test_a_claim_refused_for_a_slash_counts_as_challenged_and_pays_nothing() -> None:
+    refused = ClaimRecord(0, DN, 3, "failed", 0, None, "ClaimantSlashed: the node was slashed")
+    (epoch,) = earnings_of(1, {0: 3}, {0: {DN}}, [refused], view(800))
+    assert epoch.units_challenged == 3
+    assert (epoch.claimed.wei, epoch.claimable.wei) == ("0", "0")
+
+
+def test_an_epoch_without_a_certificate_expects_nothing_yet() -> None:
+    unfixed = EpochBook(0, 0, False, 0, 0, False)
+    (epoch,) = earnings_of(1, {0: 3}, {0: {DN}}, [], view(300, unfixed))
+    assert epoch.expected is None and epoch.chain_budget is None and epoch.pending.wei == "0"
