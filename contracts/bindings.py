@@ -56,6 +56,15 @@ HINTS: Mapping[str, str] = {
     "WrongBond": "send exactly Disputes.tensorBondWei with a tensor dispute",
     "NotArbiter": "only the run's sponsor rules on its tensor disputes",
     "TooLateToDispute": "open a tensor dispute at least MIN_RULING_S before the epoch settles",
+    "NodeAlreadyRegistered": "this node key is registered already; see `gwtf-node status`",
+    "UnknownNode": "register the node first with `gwtf-node register`",
+    "NodeNotActive": "the node is unbonding or slashed; see `gwtf-node status`",
+    "NodeNotUnbonding": "request the unstake first with `gwtf-node unstake`",
+    "UnknownRun": "there is no such run; see `gwtf-node runs list`",
+    "RunIsClosed": "the run is closed; choose an open one from `gwtf-node runs list`",
+    "RunNotClosed": "close the run first with `gwtf-node runs close`",
+    "RefundNotYet": "the last epoch's claims are still open; try again after refundableAt",
+    "AlreadyMember": "the node is a member of the run already",
 }
 DEFAULT_HINT = "check the arguments and the contract state (see contracts/README.md)"
 

@@ -50,3 +50,9 @@ class NotBuiltError(GwtfError):
     """A capability that is designed but not built yet; the message says which issue builds it."""
 
     exit_code = 7
+
+
+class NodeNotRunning(GwtfError):
+    """No node answers on this machine's local API: the command needs a running node."""
+
+    exit_code = 8

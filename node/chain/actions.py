@@ -122,6 +122,15 @@ class RunConfig:
         )
 
 
+#: What a run's dataset hash names: the corpus shipped with the node (``node.training.data``).
+DATASET_HASH = Web3.keccak(text="node.training.data default corpus")
+
+
+def model_config_hash(model: str, stages: int) -> bytes:
+    """A run's model commitment: its model (as ``training.model`` names it) and stage count."""
+    return bytes(Web3.keccak(text=f"{model}, {stages} stages"))
+
+
 def register_node(
     c: Contracts, wallet: Sender, node_key: bytes, capacity: Capacity, stake_wei: int
 ) -> Any:
@@ -156,6 +165,18 @@ def open_run(c: Contracts, sponsor: Sender, config: RunConfig, funding_wei: int)
 
 def fund_run(c: Contracts, sponsor: Sender, run_id: int, amount_wei: int) -> Any:
     return c.send(sponsor, c.ledger.functions.fundRun(run_id), amount_wei)
+
+
+def close_run(c: Contracts, sponsor: Sender, run_id: int) -> Any:
+    """Close a run: no epoch after the current one is paid; refundable after its claims."""
+    return c.send(sponsor, c.ledger.functions.closeRun(run_id))
+
+
+def withdraw_refund(c: Contracts, sponsor: Sender, run_id: int) -> int:
+    """Withdraw a closed run's unspent funds; returns the wei refunded (its event's)."""
+    receipt = c.send(sponsor, c.ledger.functions.withdrawRefund(run_id))
+    (event,) = c.ledger.events.RefundWithdrawn().process_receipt(receipt, errors=DISCARD)
+    return int(event["args"]["amountWei"])
 
 
 def add_data_node(c: Contracts, sponsor: Sender, run_id: int, node: str) -> Any:

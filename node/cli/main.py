@@ -6,7 +6,8 @@ missing artifacts, a reverted transaction) is a ``GwtfError``; ``main`` prints i
 
   0 success · 1 other GWTF error · 2 bad setting or usage · 3 chain (unreachable RPC, revert,
   missing/stale artifacts) · 4 wallet (wrong password, missing keystore, unfunded) ·
-  5 protocol · 6 training · 7 not built yet · 10 the audit found something ·
+  5 protocol · 6 training · 7 not built yet · 8 no node running here (the local API does
+  not answer) · 10 the audit found something ·
   130 interrupted (Ctrl-C)
 """
 
@@ -19,13 +20,14 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from gwtf.errors import GwtfError
-from node.cli import audit, local, nodes, wallet
+from node.cli import audit, earnings, local, nodes, runs, stake, wallet
 from node.cli.args import Command
+from node.cli.output import add_json_flags
 from node.settings import Settings, load_settings
 
 EXIT_INTERRUPTED = 130
 #: The command families, in the order ``--help`` lists them.
-FAMILIES = (local, wallet, nodes, audit)
+FAMILIES = (local, wallet, nodes, stake, earnings, runs, audit)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
@@ -43,6 +45,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
     commands: dict[str, Command] = {}
     for family in FAMILIES:
         commands.update(family.add_commands(sub))
+    add_json_flags(parser)
     return parser, commands
 
 

@@ -1,33 +1,52 @@
-"""``gwtf-node register|join|info``: a wallet's nodes on chain, their stake and their runs.
+"""``gwtf-node register|join|info|status``: a wallet's nodes on chain, their stake and their runs.
 
 A node is one key (``<wallet>.node-<name>.json``, the wallet's password): its address is the
-node on chain and it is the node's libp2p identity, so registering binds both at once.
+node on chain and it is the node's libp2p identity, so registering binds both at once. Its
+capacity is measured by default (``--capacity auto``: the GPU torch sees, and a short benchmark
+of the run's model); each flag overrides one figure.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from eth_account import Account
 from rich.console import Console
+from web3 import Web3
 
-from gwtf.errors import ConfigError
+from api.schemas import Amount
+from gwtf.errors import ConfigError, GwtfError
 from node.chain.actions import Capacity, join_run, register_node
-from node.chain.adapter import format_eth
+from node.chain.adapter import NodeInfo, format_eth
+from node.chain.wallet import node_key_path, read_keystore_address
 from node.cli.args import Command, add_wallet_flags, eth_amount, open_node
+from node.cli.output import emit, fields
+from node.cli.runs import run_json
 from node.composition import open_contracts
+from node.local_api.client import api_url, call_api
 from node.p2p.identity import identity_from_key, peer_id_of
 from node.settings import Settings
+
+NODE_STATUS = ("none", "active", "unbonding", "withdrawn", "slashed")  # NodeRegistry.NodeStatus
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
     register = sub.add_parser("register", help="register a node with its capacity and a stake")
     add_wallet_flags(register)
     register.add_argument("--stake-eth", type=eth_amount, required=True)
-    register.add_argument("--gpu-model", default="cpu")
-    register.add_argument("--memory-mib", type=int, default=8192)
-    register.add_argument("--throughput", type=int, default=60, help="microbatches per hour")
-    register.add_argument("--max-in-flight", type=int, default=2)
+    register.add_argument(
+        "--capacity",
+        choices=("auto", "flags"),
+        default="auto",
+        help="auto (default): detect the GPU and benchmark the model; flags: only the flags",
+    )
+    register.add_argument("--model", help="the run's model to benchmark (default training.model)")
+    register.add_argument("--stages", type=int, help="the run's stages (default training.stages)")
+    register.add_argument("--gpu-model", help="overrides the detected GPU name")
+    register.add_argument("--memory-mib", type=int, help="overrides the detected memory")
+    register.add_argument("--throughput", type=int, help="microbatches per hour (overrides)")
+    register.add_argument("--max-in-flight", type=int, help="microbatches held at once")
 
     join = sub.add_parser("join", help="join a run with a registered node")
     add_wallet_flags(join)
@@ -36,7 +55,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     info = sub.add_parser("info", help="show what the chain knows about a node or a run")
     info.add_argument("--node", help="node address")
     info.add_argument("--run", type=int, help="run id")
-    return {"register": cmd_register, "join": cmd_join, "info": cmd_info}
+
+    status = sub.add_parser("status", help="a wallet's node: chain, stake, runs and the live node")
+    status.add_argument("--wallet", required=True, help="wallet keystore path")
+    status.add_argument("--node-name", default="main", help="which of the wallet's nodes")
+    status.add_argument("--run", type=int, help="run id (default chain.run_id)")
+    status.add_argument("--api-port", type=int, help="the running node's API port (api.port)")
+    return {"register": cmd_register, "join": cmd_join, "info": cmd_info, "status": cmd_status}
 
 
 def cmd_register(args: argparse.Namespace, settings: Settings, console: Console) -> int:
@@ -44,13 +69,52 @@ def cmd_register(args: argparse.Namespace, settings: Settings, console: Console)
     wallet, node_key = open_node(args)
     node_address = Account.from_key(node_key).address
     peer_id = peer_id_of(identity_from_key(node_key)).to_base58()
-    capacity = Capacity(args.gpu_model, args.memory_mib, args.throughput, args.max_in_flight)
+    capacity = capacity_of(args, settings, console)
     receipt = register_node(contracts, wallet, node_key, capacity, args.stake_eth)
-    console.print(
+    data = {
+        "node": node_address, "peer_id": peer_id, "wallet": wallet.address,
+        "stake": Amount.of(args.stake_eth), "capacity": capacity_json(capacity),
+        "tx_hash": receipt["transactionHash"], "gas_used": receipt["gasUsed"],
+    }  # fmt: skip
+    return emit(args, console, data, lambda c: c.print(
         f"registered node {node_address} (peer id {peer_id}) for wallet {wallet.address} "
-        f"with {format_eth(args.stake_eth)} ETH stake; gas used {receipt['gasUsed']:,}"
-    )
-    return 0
+        f"with {format_eth(args.stake_eth)} ETH stake: {capacity.gpu_model}, "
+        f"{capacity.memory_mib} MiB, {capacity.microbatches_per_hour} microbatches/h; "
+        f"gas used {receipt['gasUsed']:,}"
+    ))  # fmt: skip
+
+
+def capacity_of(args: argparse.Namespace, settings: Settings, console: Console) -> Capacity:
+    """The capacity to register: measured (``--capacity auto``) unless every figure is given."""
+    given = (args.gpu_model, args.memory_mib, args.throughput)
+    if args.capacity == "flags" or None not in given:
+        if args.capacity == "flags" and None in given:
+            raise ConfigError("--capacity flags needs --gpu-model, --memory-mib and --throughput")
+        gpu, memory, throughput = given
+    else:
+        from node.training.capacity import measure_capacity
+
+        model = args.model or settings.training.model
+        stages = args.stages or settings.training.stages
+        measured = measure_capacity(
+            model, stages, settings.training, quiet=getattr(args, "json", False)
+        )
+        gpu = args.gpu_model or measured.gpu_model
+        memory = args.memory_mib or measured.memory_mib
+        throughput = args.throughput or measured.microbatches_per_hour
+    in_flight = args.max_in_flight or settings.node.capacity
+    if memory <= 0 or throughput <= 0 or in_flight <= 0 or not gpu:
+        raise ConfigError("capacity figures must be positive and the GPU named")
+    return Capacity(str(gpu), int(memory), int(throughput), int(in_flight))
+
+
+def capacity_json(capacity: Capacity) -> dict[str, Any]:
+    return {
+        "gpu_model": capacity.gpu_model,
+        "memory_mib": capacity.memory_mib,
+        "microbatches_per_hour": capacity.microbatches_per_hour,
+        "max_in_flight": capacity.max_in_flight,
+    }
 
 
 def cmd_join(args: argparse.Namespace, settings: Settings, console: Console) -> int:
@@ -58,19 +122,115 @@ def cmd_join(args: argparse.Namespace, settings: Settings, console: Console) -> 
     wallet, node_key = open_node(args)
     node_address = Account.from_key(node_key).address
     receipt = join_run(contracts, wallet, args.run, node_address)
-    console.print(f"node {node_address} joined run {args.run}; gas used {receipt['gasUsed']:,}")
-    return 0
+    data = {"node": node_address, "run_id": args.run, "tx_hash": receipt["transactionHash"]}
+    return emit(args, console, data, lambda c: c.print(
+        f"node {node_address} joined run {args.run}; gas used {receipt['gasUsed']:,}"
+    ))  # fmt: skip
 
 
 def cmd_info(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     if args.node is None and args.run is None:
         raise ConfigError("say what to show: --node ADDRESS and/or --run ID")
+    if args.node is not None and not Web3.is_address(args.node):
+        raise ConfigError(f"--node {args.node!r} is not an address; pass 0x + 40 hex digits")
     contracts, _ = open_contracts(settings)
     port = contracts.port()
+    data: dict[str, Any] = {}
     if args.node is not None:
         node = port.node_info(args.node)
-        console.print(node if node else f"no node {args.node} is registered")
+        data["node"] = node_json(contracts, node) if node is not None else None
     if args.run is not None:
         run = port.run_info(args.run)
-        console.print(run if run else f"there is no run {args.run}")
-    return 0
+        data["run"] = run_json(run) if run is not None else None
+
+    def render(c: Console) -> None:
+        if "node" in data:
+            c.print(_fields("node", data["node"]) if data["node"] else f"no node {args.node}")
+        if "run" in data:
+            c.print(_fields("run", data["run"]) if data["run"] else f"there is no run {args.run}")
+
+    return emit(args, console, data, render)
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    key = node_key_path(args.wallet, args.node_name)
+    wallet_address = read_keystore_address(args.wallet)
+    if not key.is_file():
+        raise ConfigError(f"wallet {args.wallet} has no node {args.node_name!r} yet: register it")
+    node_address = read_keystore_address(key)
+    contracts, _ = open_contracts(settings)
+    node = contracts.port().node_info(node_address)
+    run_id = args.run if args.run is not None else settings.chain.run_id
+    data: dict[str, Any] = {
+        "wallet": wallet_address,
+        "balance": Amount.of(
+            contracts.w3.eth.get_balance(Web3.to_checksum_address(wallet_address))
+        ),
+        "node": node_json(contracts, node) if node is not None else None,
+    }
+    if run_id:
+        ledger = contracts.ledger.functions
+        data["run"] = {
+            "run_id": run_id,
+            "member": bool(ledger.isAdmitted(run_id, node_address).call()),
+        }
+    url = api_url(settings.api.host, args.api_port or settings.api.port)
+    try:
+        data["live"] = call_api(url, "/v1/status", timeout_s=5)
+    except GwtfError as exc:
+        data["live"] = None
+        data["live_error"] = str(exc)
+
+    def render(c: Console) -> None:
+        c.print(_fields("wallet", {"address": wallet_address, "balance": data["balance"]}))
+        c.print(_fields("node", data["node"]) if node else f"node {node_address} is not registered")
+        if "run" in data:
+            c.print(_fields("run", data["run"]))
+        live = data["live"]
+        if live is None:
+            c.print(f"not running here: {data['live_error']}")
+        else:
+            shown = ("role", "stage", "health", "iteration", "epoch", "peers_alive", "flows_in",
+                     "flows_out", "hops_computed", "throughput_hops_per_s")  # fmt: skip
+            c.print(_fields(f"live node at {url}", {k: live[k] for k in shown}))
+
+    return emit(args, console, data, render)
+
+
+def node_json(contracts: Any, node: NodeInfo) -> dict[str, Any]:
+    record = contracts.registry.functions.getNode(node.node_address).call()
+    unlock_at = int(record[4]) and int(
+        contracts.registry.functions.unlockAt(node.node_address).call()
+    )
+    return {
+        "node": node.node_address,
+        "wallet": node.operator,
+        "peer_id": _base58(node.peer_id),
+        "status": NODE_STATUS[record[2]] if record[2] < len(NODE_STATUS) else str(record[2]),
+        "stake": Amount.of(node.stake_wei),
+        "unlock_at": unlock_at or None,
+        "capacity": capacity_json(
+            Capacity(node.gpu_model, node.memory_mib, node.throughput, node.max_in_flight)
+        ),
+    }
+
+
+def _base58(peer_id: bytes) -> str:
+    from libp2p.peer.id import ID
+
+    return ID(peer_id).to_base58() if peer_id else ""
+
+
+def _fields(title: str, values: dict[str, Any]) -> Any:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Amount):
+            value = f"{value.eth} ETH"
+        if isinstance(value, dict) and set(value) == {"wei", "eth"}:
+            value = f"{value['eth']} ETH"
+        if isinstance(value, dict):
+            for inner, v in value.items():
+                flat[f"{key}.{inner}"] = v
+            continue
+        flat[key] = value
+    return fields(title, flat)

@@ -31,15 +31,16 @@ from typing import IO, Any
 
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
-from web3 import Web3
 
 from gwtf.errors import ChainError, ConfigError
 from node.chain.actions import (
+    DATASET_HASH,
     Capacity,
     Contracts,
     RunConfig,
     add_data_node,
     join_run,
+    model_config_hash,
     open_run,
     register_node,
     transfer_eth,
@@ -277,8 +278,8 @@ def open_swarm_run(
 
 def _run_config(plan: ChainPlan, stages: int, model: str) -> RunConfig:
     return RunConfig(
-        model_config_hash=Web3.keccak(text=f"{model}, {stages} stages"),
-        dataset_hash=Web3.keccak(text="node.training.data default corpus"),
+        model_config_hash=model_config_hash(model, stages),
+        dataset_hash=DATASET_HASH,
         stage_count=stages,
         epoch_length_s=plan.epoch_length_s,
         units_per_hop=10,

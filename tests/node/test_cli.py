@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -118,10 +119,15 @@ def test_join_and_info_read_back_the_chain(
     assert code == 0, err
     node = out.split()[1]
     assert rpc_contracts.ledger.functions.isAdmitted(run_id, node).call()
-    code, out, _ = run_cli(capsys, *chain, "info", "--node", node, "--run", str(run_id))
+    code, out, _ = run_cli(capsys, *chain, "info", "--node", node, "--run", str(run_id), "--json")
     assert code == 0
-    assert f"operator='{address}'" in out and "stake_wei=2000000000000000000" in out
-    assert f"run_id={run_id}" in out
+    info = json.loads(out)
+    assert info["node"]["wallet"] == address and info["node"]["status"] == "active"
+    assert info["node"]["stake"] == {"wei": str(2 * ETH), "eth": "2"}
+    assert info["node"]["peer_id"].startswith("16Uiu2")
+    assert info["run"]["run_id"] == run_id and info["run"]["open"]
+    code, out, _ = run_cli(capsys, *chain, "info", "--node", node)
+    assert code == 0 and "2 ETH" in out and address in out
 
 
 def test_bad_settings_and_missing_devnet_file(

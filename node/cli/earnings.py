@@ -1,0 +1,166 @@
+"""``gwtf-node earnings|receipts|claim``: what a node did and earned, and getting paid.
+
+``earnings`` and ``receipts`` read the node's own database (``db.url``) beside the chain, so they
+work whether or not the node is running, and show what its local API shows. ``claim`` asks the
+running node to claim now (a running node claims every settled epoch by itself; this one forces
+a retry), through its API with the token in its data directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from web3 import Web3
+
+from gwtf.errors import ConfigError, GwtfError
+from node.chain.epochs import EpochLedger
+from node.chain.wallet import node_key_path, read_keystore_address
+from node.cli.args import Command
+from node.cli.output import emit, fields, table
+from node.composition import open_contracts
+from node.local_api.client import api_url, call_api
+from node.local_api.server import api_token
+from node.local_api.snapshot import SnapshotBox
+from node.local_api.views import NodeViews
+from node.local_api.watcher import read_chain
+from node.settings import Settings
+from node.store.database import Database, open_database
+from node.store.views import NodeRecords
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
+    earnings = sub.add_parser("earnings", help="a node's earnings per epoch (database + chain)")
+    _node_flags(earnings)
+    receipts = sub.add_parser("receipts", help="the receipts a node signed and countersigned")
+    _node_flags(receipts)
+    receipts.add_argument("--epoch", type=int, help="only this epoch")
+    receipts.add_argument("--limit", type=int, default=20, help="how many, newest first")
+    receipts.add_argument("--offset", type=int, default=0)
+    claim = sub.add_parser("claim", help="have the running node claim its settled epochs now")
+    which = claim.add_mutually_exclusive_group()
+    which.add_argument("--epoch", type=int, help="claim this epoch")
+    which.add_argument("--all", action="store_true", help="claim every settled epoch (default)")
+    claim.add_argument("--api-port", type=int, help="the running node's API port (api.port)")
+    return {"earnings": cmd_earnings, "receipts": cmd_receipts, "claim": cmd_claim}
+
+
+def _node_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run", type=int, help="run id (default chain.run_id)")
+    who = parser.add_mutually_exclusive_group()
+    who.add_argument("--wallet", help="the wallet whose node to show (its key names it)")
+    who.add_argument("--node", help="the node's address")
+    parser.add_argument("--node-name", default="main", help="which of the wallet's nodes")
+    parser.add_argument("--db-url", help="the node's database (default db.url)")
+
+
+def cmd_earnings(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    run_id, node = _run_of(args, settings), _node_of(args, settings)
+    db = _open(args.db_url or settings.db.url)
+    try:
+        contracts, _ = open_contracts(settings)
+        records = NodeRecords(db)
+        chain = read_chain(contracts, EpochLedger(contracts, run_id, None), records, node)
+        earned = NodeViews(SnapshotBox(chain=chain), records, run_id, node).earnings()
+    finally:
+        db.close()
+    columns = ["epoch", "phase", "units", "certified", "challenged", "pending ETH",
+               "claimable ETH", "claimed ETH", "chain says ETH"]  # fmt: skip
+    rows = [
+        [e.epoch, e.phase, e.units_worked, e.units_certified, e.units_challenged, e.pending.eth,
+         e.claimable.eth, e.claimed.eth, e.chain_claimed.eth if e.chain_claimed else None]
+        for e in earned.epochs
+    ]  # fmt: skip
+
+    def render(c: Console) -> None:
+        c.print(table(f"earnings of node {node} in run {run_id}", columns, rows, right_from=2))
+        c.print(
+            f"claimed {earned.total_claimed.eth} ETH; claimable {earned.total_claimable.eth} "
+            f"ETH; pending {earned.total_pending.eth} ETH"
+        )
+
+    return emit(args, console, earned, render)
+
+
+def cmd_receipts(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    run_id, node = _run_of(args, settings), _node_of(args, settings)
+    if not 1 <= args.limit <= 500 or args.offset < 0:
+        raise ConfigError("--limit must be 1..500 and --offset 0 or more")
+    db = _open(args.db_url or settings.db.url)
+    try:
+        page = NodeViews(SnapshotBox(), NodeRecords(db), run_id, node).receipts(
+            args.offset, args.limit, args.epoch
+        )
+    finally:
+        db.close()
+    columns = ["epoch", "iteration", "microbatch", "stage", "direction", "attempt", "as",
+               "peer", "units", "countersigned"]  # fmt: skip
+    rows = [
+        [r.epoch, r.iteration, r.microbatch_id, r.stage, r.direction, r.attempt,
+         "worker" if r.as_worker else "receiver", r.counterparty if r.as_worker else r.worker,
+         r.units, "yes" if r.counterparty_signature else "no"]
+        for r in page.items
+    ]  # fmt: skip
+    title = f"receipts {page.offset + 1}-{page.offset + len(page.items)} of {page.total}"
+    return emit(args, console, page, lambda c: c.print(table(title, columns, rows, 0)))
+
+
+def cmd_claim(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    url = api_url(settings.api.host, args.api_port or settings.api.port)
+    if not Path(settings.api.token_file).is_file():
+        raise ConfigError(
+            f"no API token at {settings.api.token_file}: run this where the node runs, with its "
+            "--config (api.token_file)"
+        )
+    token = api_token(settings.api.token_file)
+    result = call_api(url, "/v1/claim", {"epoch": args.epoch}, token=token, timeout_s=300)
+    claims = result["claims"]
+
+    def render(c: Console) -> None:
+        if not result["asked"]:
+            c.print("nothing to claim")
+        for claim in claims:
+            c.print(
+                fields(
+                    f"epoch claim from {claim['data_node']}",
+                    {
+                        "status": claim["status"],
+                        "units": claim["units"],
+                        "paid ETH": claim["amount"]["eth"],
+                        "error": claim["error"] or "",
+                    },
+                )
+            )
+
+    return emit(args, console, result, render)
+
+
+def _run_of(args: argparse.Namespace, settings: Settings) -> int:
+    run_id = args.run if args.run is not None else settings.chain.run_id
+    if run_id < 1:
+        raise ConfigError("say which run: --run ID (or chain.run_id in gwtf.toml)")
+    return int(run_id)
+
+
+def _node_of(args: argparse.Namespace, settings: Settings) -> str:
+    """The node's address: given, or read (no password needed) from its key's keystore."""
+    if args.node:
+        if not Web3.is_address(args.node):
+            raise ConfigError(f"--node {args.node!r} is not an address; pass 0x + 40 hex digits")
+        return str(Web3.to_checksum_address(args.node))
+    key = node_key_path(args.wallet, args.node_name) if args.wallet else settings.node.key_file
+    if not Path(key).is_file():
+        raise ConfigError(f"no node key at {key}: register the node first, or pass --node")
+    return read_keystore_address(key)
+
+
+def _open(url: str) -> Database:
+    if url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///"))
+        if not path.is_file():
+            raise GwtfError(
+                f"no node database at {path}: a node keeps its receipts there once started; "
+                "pass --db-url (db.url) if it is elsewhere"
+            )
+    return open_database(url)

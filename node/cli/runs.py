@@ -1,0 +1,153 @@
+"""``gwtf-node runs list|open|fund|add-data-node|close|refund``: training runs on chain.
+
+A sponsor opens a run (its model, stages, epoch length, reward per epoch, challenge window and
+minimum stake) with its first funding, tops it up, names its data nodes, closes it, and takes back
+what no epoch will pay once the last epoch's claims are over.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+
+from api.schemas import Amount
+from gwtf.errors import ConfigError
+from node.chain.actions import (
+    DATASET_HASH,
+    RunConfig,
+    add_data_node,
+    close_run,
+    fund_run,
+    model_config_hash,
+    open_run,
+    withdraw_refund,
+)
+from node.chain.adapter import RunInfo, Sender, format_eth
+from node.chain.wallet import open_wallet, resolve_password
+from node.cli.args import Command, eth_amount
+from node.cli.output import emit, table
+from node.composition import open_contracts
+from node.settings import Settings
+from node.training.config import ModelConfig
+from node.training.errors import ModelConfigError
+from node.training.partition import model_for_run
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
+    runs = sub.add_parser("runs", help="list, open, fund, close and refund training runs")
+    actions = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="the latest runs on chain")
+    listing.add_argument("--limit", type=int, default=50, help="how many, newest first")
+    opening = actions.add_parser("open", help="open and fund a run (the sponsor)")
+    _sponsor_flags(opening)
+    opening.add_argument("--model", default="gpt-tiny", help="the run's model, e.g. gpt-tiny")
+    opening.add_argument("--stages", type=int, required=True, help="pipeline stages")
+    opening.add_argument("--seq-len", type=int, default=64, help="tokens per sequence")
+    opening.add_argument("--epoch-length-s", type=int, default=3600)
+    opening.add_argument("--challenge-window-s", type=int, default=3600)
+    opening.add_argument("--units-per-hop", type=int, default=10)
+    opening.add_argument("--reward-per-epoch-eth", type=eth_amount, required=True)
+    opening.add_argument("--min-stake-eth", type=eth_amount, required=True)
+    opening.add_argument("--fund-eth", type=eth_amount, required=True, help="first funding")
+    sponsor_actions = {
+        "fund": "add funds to a run",
+        "close": "close a run (the sponsor)",
+        "refund": "withdraw a closed run's unspent funds (the sponsor)",
+    }
+    for name, text in sponsor_actions.items():
+        action = actions.add_parser(name, help=text)
+        _sponsor_flags(action)
+        action.add_argument("--run", type=int, required=True, help="run id")
+        if name == "fund":
+            action.add_argument("--eth", type=eth_amount, required=True, help="amount (ETH)")
+    data_node = actions.add_parser("add-data-node", help="name one of the sponsor's nodes")
+    _sponsor_flags(data_node)
+    data_node.add_argument("--run", type=int, required=True, help="run id")
+    data_node.add_argument("--node", required=True, help="the data node's address")
+    return {"runs": cmd_runs}
+
+
+def _sponsor_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--wallet", required=True, help="the sponsor's wallet keystore")
+    parser.add_argument("--password-file", help="file holding the keystore password")
+
+
+def cmd_runs(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    contracts, _ = open_contracts(settings)
+    if args.runs_command == "list":
+        count = int(contracts.ledger.functions.runCount().call())
+        port = contracts.port()
+        newest = range(count, max(0, count - max(1, args.limit)), -1)
+        runs = [run for i in newest if (run := port.run_info(i)) is not None]
+        data = [run_json(run) for run in runs]
+        return emit(args, console, data, lambda c: c.print(runs_table(runs)))
+    sponsor = Sender.from_account(open_wallet(args.wallet, resolve_password(args.password_file)))
+    if args.runs_command == "open":
+        _model(args)  # a model this node can train, split into that many stages
+        config = RunConfig(
+            model_config_hash=model_config_hash(args.model, args.stages),
+            dataset_hash=DATASET_HASH,
+            stage_count=args.stages,
+            epoch_length_s=args.epoch_length_s,
+            units_per_hop=args.units_per_hop,
+            reward_per_epoch_wei=args.reward_per_epoch_eth,
+            challenge_window_s=args.challenge_window_s,
+            min_stake_wei=args.min_stake_eth,
+        )
+        run_id = open_run(contracts, sponsor, config, args.fund_eth)
+        done = f"opened run {run_id} ({args.model}, {args.stages} stages)"
+    elif args.runs_command == "fund":
+        run_id = args.run
+        fund_run(contracts, sponsor, run_id, args.eth)
+        done = f"added {format_eth(args.eth)} ETH to run {run_id}"
+    elif args.runs_command == "add-data-node":
+        run_id = args.run
+        add_data_node(contracts, sponsor, run_id, args.node)
+        done = f"named {args.node} a data node of run {run_id}"
+    elif args.runs_command == "close":
+        run_id = args.run
+        close_run(contracts, sponsor, run_id)
+        at = int(contracts.ledger.functions.refundableAt(run_id).call())
+        done = f"closed run {run_id}; its unspent funds can be refunded from unix time {at}"
+    else:
+        run_id = args.run
+        amount = withdraw_refund(contracts, sponsor, run_id)
+        done = f"refunded {format_eth(amount)} ETH of run {run_id} to {sponsor.address}"
+    run = contracts.port().run_info(run_id)
+    assert run is not None, "the transaction above named an existing run"
+    return emit(args, console, run_json(run), lambda c: c.print(done))
+
+
+def _model(args: argparse.Namespace) -> ModelConfig:
+    try:
+        return model_for_run(args.model, args.seq_len, args.stages)
+    except ModelConfigError as exc:
+        raise ConfigError(f"--model {args.model}: {exc}") from exc
+
+
+def run_json(run: RunInfo) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "sponsor": run.sponsor,
+        "stage_count": run.stage_count,
+        "epoch_length_s": run.epoch_length_s,
+        "challenge_window_s": run.challenge_window_s,
+        "units_per_hop": run.units_per_hop,
+        "reward_per_epoch": Amount.of(run.reward_per_epoch_wei),
+        "pool": Amount.of(run.balance_wei),
+        "min_stake": Amount.of(run.min_stake_wei),
+        "open": not run.closed,
+    }
+
+
+def runs_table(runs: list[RunInfo]) -> Any:
+    columns = ["run", "sponsor", "stages", "epoch s", "reward/epoch ETH", "pool ETH",
+               "min stake ETH", "open"]  # fmt: skip
+    rows = [
+        [r.run_id, r.sponsor, r.stage_count, r.epoch_length_s, format_eth(r.reward_per_epoch_wei),
+         format_eth(r.balance_wei), format_eth(r.min_stake_wei), "yes" if not r.closed else "no"]
+        for r in runs
+    ]  # fmt: skip
+    return table("runs", columns, rows, right_from=2)
