@@ -52,12 +52,13 @@ def open_contracts(settings: Settings) -> tuple[Contracts, DevnetInfo]:
     return Contracts.from_devnet(w3, info), info
 
 
-def node_identity(settings: Settings) -> KeyPair:
+def node_identity(settings: Settings, password: str | None = None) -> KeyPair:
     """The node key from its keystore (``node.key_file``, created when missing), as the node's
-    libp2p identity. The password comes from ``node.password_file`` or GWTF_WALLET_PASSWORD: a
-    node process never prompts."""
+    libp2p identity. The password is ``password`` (``gwtf-node start`` asked for it) or comes
+    from ``node.password_file`` or GWTF_WALLET_PASSWORD: a node process never prompts."""
     node = settings.node
-    password = resolve_password(node.password_file or None, interactive=False)
+    if password is None:
+        password = resolve_password(node.password_file or None, interactive=False)
     account = load_or_create_node_key(node.key_file, password)
     return identity_from_key(bytes(account.key))
 
@@ -95,7 +96,7 @@ def flow_config(settings: Settings, model: ModelConfig) -> FlowConfig:
     )
 
 
-def live_config_from_settings(settings: Settings) -> LiveNodeConfig:
+def live_config_from_settings(settings: Settings, password: str | None = None) -> LiveNodeConfig:
     """The live node's configuration; a setting it cannot run with is a ``ConfigError``."""
     node, p2p, training = settings.node, settings.p2p, settings.training
     stages = training.stages
@@ -121,7 +122,7 @@ def live_config_from_settings(settings: Settings) -> LiveNodeConfig:
         stage=0 if node.role == DATA else node.stage,
         region=p2p.region,
         capacity=node.capacity,
-        identity=node_identity(settings),
+        identity=node_identity(settings, password),
         model=model,
         stages=stages,
         batch_size=training.batch_size,
@@ -146,7 +147,7 @@ def live_config_from_settings(settings: Settings) -> LiveNodeConfig:
         routing=settings.flow.routing,
         data_nodes=training.data_nodes,
         data_shard=training.data_shard,
-        receipts=receipts_from_settings(settings),
+        receipts=receipts_from_settings(settings, password),
     )
 
 
@@ -161,7 +162,9 @@ def admission_from_settings(settings: Settings) -> RunAdmission | None:
     return RunAdmission(contracts.port(), chain.run_id, cache_s=chain.admission_cache_s)
 
 
-def receipts_from_settings(settings: Settings) -> ReceiptsConfig | None:
+def receipts_from_settings(
+    settings: Settings, password: str | None = None
+) -> ReceiptsConfig | None:
     """Receipts and the epoch cycle over the chain named by the settings, or None when off."""
     chain = settings.chain
     if not chain.receipts:
@@ -182,7 +185,8 @@ def receipts_from_settings(settings: Settings) -> ReceiptsConfig | None:
         )
     wallet = None
     if chain.wallet_file:
-        password = resolve_password(settings.node.password_file or None, interactive=False)
+        if password is None:
+            password = resolve_password(settings.node.password_file or None, interactive=False)
         wallet = Sender.from_account(open_wallet(chain.wallet_file, password))
     terms = ReceiptTerms(
         chain.run_id,
@@ -201,6 +205,7 @@ def receipts_from_settings(settings: Settings) -> ReceiptsConfig | None:
         cheat=settings.node.cheat,
         evidence_dir=chain.evidence_dir if settings.node.role == "relay" else "",
         evidence_epochs=chain.evidence_epochs or evidence_epochs_of(run),
+        auto_claim=chain.auto_claim,
     )
 
 

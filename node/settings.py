@@ -101,6 +101,8 @@ class NodeSettings:
     #: withhold-leaf for a data node; claim-twice, equivocate or wrong-tensor for a relay). Needs
     #: ``chain.receipts``. Leave "" (honest) on a real node: an auditor finds every cheat.
     cheat: str = ""
+    #: The node's data directory; ``gwtf-node start`` locks it, so two nodes never share one.
+    data_dir: str = ".gwtf"
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,9 @@ class ChainSettings:
     #: Epochs of evidence kept; 0 keeps what the run's challenge window needs (the epoch being
     #: worked, the one being certified and those still open to disputes).
     evidence_epochs: int = 0
+    #: A relay claims each settled epoch by itself; off, it claims only when asked
+    #: (``gwtf-node claim``, or ``POST /v1/claim`` on its API).
+    auto_claim: bool = True
     #: Bearer token for RPC providers that need one; from GWTF_RPC_TOKEN or a flag only.
     rpc_token: Secret | None = field(default=None, repr=False)
 
@@ -313,6 +318,7 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "node.emulated_speed": _speed,
     "node.emulated_hop_ms": _non_negative,
     "node.key_file": _non_empty,
+    "node.data_dir": _non_empty,
     "p2p.region": _non_empty,
     "p2p.discovery_period_s": _positive,
     "chain.admission_cache_s": _non_negative,

@@ -30,3 +30,5 @@ class ReceiptsConfig:
     #: and how many epochs of it are kept.
     evidence_dir: str = ""
     evidence_epochs: int = 2
+    #: A worker claims each settled epoch by itself; off, only when asked (``claim_now``).
+    auto_claim: bool = True

@@ -305,11 +305,14 @@ class WorkerEpochs:
             await self.step()
             await trio.sleep(1.0)
 
-    async def step(self) -> None:
+    async def _load_worked(self) -> set[tuple[int, str]]:
         if self.worked is None:
             pairs = await trio.to_thread.run_sync(self.store.signed_epochs, self.terms.run_id)
             self.worked = set(pairs)
-        worked = sorted(self.worked)
+        return self.worked
+
+    async def step(self) -> None:
+        worked = sorted(await self._load_worked())
         todo = [pair for pair in worked if pair not in self.done]
         self.status.pending = len(todo)
         for epoch, data_node in todo:
@@ -320,10 +323,8 @@ class WorkerEpochs:
     async def claim_now(self, epoch: int | None = None) -> list[int]:
         """Claim every unfinished (epoch, data node) of ``epoch`` (None: of every epoch) now,
         whatever the backoff says; returns the epochs tried. The operator's ``claim``."""
-        if self.worked is None:
-            await self.step()
-        assert self.worked is not None
-        todo = [p for p in sorted(self.worked) if p not in self.done and epoch in (None, p[0])]
+        worked = await self._load_worked()
+        todo = [p for p in sorted(worked) if p not in self.done and epoch in (None, p[0])]
         for pair in todo:
             self._retry[pair] = Retry()
             await self._try_claim(*pair)

@@ -112,6 +112,7 @@ class ReceiptParts:
     book: ReceiptBook
     cycle: DataNodeEpochs | WorkerEpochs
     clock: EpochClock
+    auto_claim: bool = True
     reporter: ReceiptReporter | None = None
     inbox: ReceiptInbox | None = None
 
@@ -423,7 +424,7 @@ async def _start_receipts(
     receipts.on_complete = complete
     receipts.on_received = received
     receipts.on_signed = lambda receipt: cycle.worked_in(receipt.epoch, receipt.dataNode)
-    return ReceiptParts(receipts, cycle, clock, reporter=reporter)
+    return ReceiptParts(receipts, cycle, clock, setup.auto_claim, reporter=reporter)
 
 
 async def _run_receipts(parts: ReceiptParts) -> None:
@@ -434,10 +435,12 @@ async def _run_receipts(parts: ReceiptParts) -> None:
             nursery.start_soon(parts.inbox.run)
         if parts.reporter is not None:
             nursery.start_soon(parts.reporter.run)
-        if parts.cycle.ledger.wallet is not None:
+        if parts.cycle.ledger.wallet is None:
+            log.warning("no wallet (chain.wallet_file): receipts are kept, nothing is sent")
+        elif parts.auto_claim or isinstance(parts.cycle, DataNodeEpochs):
             nursery.start_soon(parts.cycle.run)
         else:
-            log.warning("no wallet (chain.wallet_file): receipts are kept, nothing is sent")
+            log.info("chain.auto_claim is off: epochs are claimed when asked (gwtf-node claim)")
 
 
 def _share_the_run(

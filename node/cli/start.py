@@ -1,0 +1,248 @@
+"""``gwtf-node start``: this machine's node in a real network, until Ctrl-C.
+
+Before anything starts, the chain is asked everything that would make the node useless or
+unpaid, and each is one line saying what to do: the chain unreachable or not the devnet file's,
+the run missing, closed or of another model, the node not registered, not active, under the
+run's minimum stake or not in the run, the data directory in use by another node, the p2p or
+API port taken. The node is a relay, or a data node when the run's sponsor named it one. Then
+its libp2p host, its role, its database, the epoch cycle and the local API run; the dashboard's
+address is printed. Ctrl-C (or SIGTERM) leaves gracefully: the node hands its flows back up-
+and downstream (their microbatches are re-routed by the peers), stops, and closes its database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import logging
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+from eth_account import Account
+from rich.console import Console
+
+from gwtf.errors import ChainError, ConfigError
+from node.chain.actions import Contracts, model_config_hash
+from node.chain.wallet import node_key_path, open_wallet, resolve_password
+from node.cli.args import Command, add_wallet_flags
+from node.composition import live_config_from_settings, local_api_from_settings, open_contracts
+from node.local_api import LocalApi, run_local_api
+from node.local_api.snapshot import SnapshotBox
+from node.p2p.identity import identity_from_key, peer_id_of
+from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
+from node.settings import Settings, load_settings
+
+log = logging.getLogger(__name__)
+#: How long a leaving node lets its goodbyes and hand-backs reach its peers.
+LEAVE_GRACE_S = 2.0
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
+    start = sub.add_parser("start", help="run this machine's node in a run, until Ctrl-C")
+    add_wallet_flags(start)
+    start.add_argument("--run", type=int, required=True, help="run id")
+    start.add_argument(
+        "--bootstrap", action="append", default=[], help="a peer's multiaddr (repeatable)"
+    )
+    start.add_argument("--listen-port", type=int, help="p2p port (p2p.listen_port; 0: any)")
+    start.add_argument("--api-port", type=int, help="local API port (api.port; 0: any)")
+    start.add_argument("--data-dir", help="the node's data directory (node.data_dir)")
+    return {"start": cmd_start}
+
+
+def cmd_start(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    password = resolve_password(args.password_file)
+    open_wallet(args.wallet, password)  # a wrong password stops here, before anything starts
+    key_file = node_key_path(args.wallet, args.node_name)
+    if not key_file.is_file():
+        raise ConfigError(
+            f"wallet {args.wallet} has no node {args.node_name!r}: register it first with "
+            "`gwtf-node register`"
+        )
+    node_key = bytes(open_wallet(key_file, password).key)
+    node = Account.from_key(node_key).address
+    contracts, info = open_contracts(settings)
+    role = check_the_chain(contracts, info.chain_id, args.run, node, settings)
+    settings = start_settings(args, settings, role, key_file, contracts)
+    with data_dir_lock(Path(settings.node.data_dir)):
+        check_listen_port(settings.p2p.listen_host, settings.p2p.listen_port)
+        api = local_api_from_settings(settings)
+        config = live_config_from_settings(settings, password)
+        peer_id = peer_id_of(identity_from_key(node_key)).to_base58()
+        console.print(f"node {node} (peer id {peer_id}) starts in run {args.run} as a {role} node")
+        if api is not None:
+            console.print(f"dashboard and API: {api.url}  (OpenAPI docs at {api.url}/docs)")
+        _quiet_libraries()
+        trio.run(run_until_stopped, config, api, console)
+    console.print("the node left its run; its database is closed")
+    return 0
+
+
+def check_the_chain(
+    contracts: Contracts, chain_id: int, run_id: int, node: str, settings: Settings
+) -> str:
+    """The node's role in ``run_id`` ("data" or "relay"), or a ``ConfigError`` saying why the
+    node cannot take part."""
+    if contracts.w3.eth.chain_id != chain_id:
+        raise ChainError(
+            f"the chain at the RPC URL has chain id {contracts.w3.eth.chain_id}, the devnet "
+            f"file's contracts are on {chain_id}: point --rpc-url and --devnet-file at one chain"
+        )
+    port = contracts.port()
+    run = port.run_info(run_id)
+    if run is None:
+        raise ConfigError(f"there is no run {run_id} on this chain; see `gwtf-node runs list`")
+    if run.closed:
+        raise ConfigError(f"run {run_id} is closed; choose an open one from `gwtf-node runs list`")
+    model = settings.training.model
+    on_chain = bytes(contracts.ledger.functions.getRun(run_id).call()[11])
+    if model_config_hash(model, run.stage_count) != on_chain:
+        raise ConfigError(
+            f"run {run_id} trains another model than training.model={model!r} in "
+            f"{run.stage_count} stages; set training.model to the run's"
+        )
+    registered = port.node_info(node)
+    if registered is None:
+        raise ConfigError(f"node {node} is not registered; run `gwtf-node register` first")
+    if not registered.active:
+        raise ConfigError(
+            f"node {node} is not active (unbonding or slashed); see `gwtf-node status`"
+        )
+    if registered.stake_wei < run.min_stake_wei:
+        raise ConfigError(
+            f"node {node} stakes {registered.stake_wei} wei, under run {run_id}'s minimum of "
+            f"{run.min_stake_wei}; add stake with `gwtf-node stake add`"
+        )
+    now = int(contracts.w3.eth.get_block("latest")["timestamp"])
+    if contracts.ledger.functions.wasDataNodeBefore(run_id, node, now + 1).call():
+        return "data"
+    if not contracts.ledger.functions.isAdmitted(run_id, node).call():
+        raise ConfigError(
+            f"node {node} is not in run {run_id}; join it with `gwtf-node join --run {run_id}`"
+        )
+    return "relay"
+
+
+def start_settings(
+    args: argparse.Namespace,
+    settings: Settings,
+    role: str,
+    key_file: Path,
+    contracts: Contracts,
+) -> Settings:
+    """The node's settings for this run: the run's facts over the user's file and flags."""
+    stages = int(contracts.ledger.functions.getRun(args.run).call()[3])
+    if role == "relay" and not (args.bootstrap or settings.p2p.bootstrap_peers):
+        raise ConfigError(
+            "a relay needs a peer to find the run through: pass --bootstrap "
+            "/ip4/HOST/tcp/PORT/p2p/PEER_ID (a data node's address, printed when it starts)"
+        )
+    overrides: dict[str, Any] = {
+        "node.role": role,
+        "node.stage": 0 if role == "data" else settings.node.stage,
+        "node.key_file": str(key_file),
+        "node.data_dir": args.data_dir,
+        "chain.run_id": args.run,
+        "chain.admission": True,
+        "chain.receipts": True,
+        "chain.wallet_file": str(args.wallet),
+        "training.stages": stages,
+        "p2p.listen_port": args.listen_port,
+        "api.port": args.api_port,
+    }
+    if args.bootstrap:
+        overrides["p2p.bootstrap_peers"] = ",".join(args.bootstrap)
+    if args.data_dir:
+        # What the node keeps goes in its data directory, unless a setting puts it elsewhere.
+        folder = Path(args.data_dir)
+        defaults = Settings()
+        for key, value, default in (
+            ("db.url", f"sqlite:///{folder / 'node.sqlite'}", defaults.db.url),
+            ("api.token_file", str(folder / "api-token"), defaults.api.token_file),
+            ("chain.evidence_dir", str(folder / "evidence"), defaults.chain.evidence_dir),
+        ):
+            section, name = key.split(".")
+            if getattr(getattr(settings, section), name) == default:
+                overrides[key] = value
+    # The same layers as every command (flags > env > file > defaults), the run's facts on top.
+    flags = {"chain.rpc_url": args.rpc_url, "chain.devnet_file": args.devnet_file}
+    return load_settings({**flags, **overrides}, config_file=args.config)
+
+
+@contextmanager
+def data_dir_lock(folder: Path) -> Iterator[None]:
+    """Hold ``folder``'s lock file for as long as the node runs; another node holding it is a
+    ``ConfigError``. The OS drops the lock when the process dies, however it dies."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / "node.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"another node is using the data directory {folder}; stop it, or give this one "
+                "its own with --data-dir (and its own db.url)"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        yield
+    finally:
+        os.close(fd)
+
+
+def check_listen_port(host: str, port: int) -> None:
+    if port == 0:
+        return
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"p2p port {port} on {host} cannot be used ({exc.strerror}); stop what holds it "
+                "or pass --listen-port with a free port"
+            ) from exc
+
+
+async def run_until_stopped(config: LiveNodeConfig, api: LocalApi | None, console: Console) -> None:
+    """Run the node and its API until SIGINT or SIGTERM; then leave gracefully."""
+    box = SnapshotBox()
+    started: list[LiveNode] = []
+    async with trio.open_nursery() as nursery:
+
+        def on_started(node: LiveNode) -> None:
+            started.append(node)
+            console.print(f"serving on {node.address}")
+            if api is not None:
+                nursery.start_soon(run_local_api, node, api, box)
+
+        async def stop_on_signal() -> None:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    console.print("leaving: handing flows back to the peers")
+                    box.stopping = True
+                    if started:
+                        flow = started[0].flow
+                        flow.dispatch(flow.node.leave(trio.current_time()))
+                        await trio.sleep(LEAVE_GRACE_S)
+                    nursery.cancel_scope.cancel()
+                    return
+
+        nursery.start_soon(stop_on_signal)
+        await run_live_node(config, on_started)
+        nursery.cancel_scope.cancel()
+    if started and started[0].receipts is not None:
+        started[0].receipts.cycle.records.db.close()
+
+
+def _quiet_libraries() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    for noisy in ("libp2p", "multiaddr", "async_service"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)

@@ -1,0 +1,222 @@
+"""A volunteer's whole story through the real ``gwtf-node`` processes on the devnet: a sponsor
+opens a run and names its data node, two volunteers register and join, each node is started
+with ``gwtf-node start``, the run trains, the epoch is certified and settles, one relay claims by
+itself and the other when asked (``gwtf-node claim``), their APIs and ``gwtf-node earnings``
+agree with the chain, Ctrl-C leaves cleanly, and the stake comes back. Each refusal of ``start``
+is one line with its exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from web3 import Web3
+
+from node.chain.actions import Contracts
+from node.chain.adapter import advance_time, advance_time_to
+from node.chain.epochs import EpochLedger
+from node.local_api.client import call_api
+from tests.node.test_cli import assert_one_line_error, run_cli
+from tests.node.test_cli_volunteer import cli_json, new_wallet
+
+ITERATIONS = 6
+WEEK_S = 7 * 24 * 3600
+
+
+@dataclass
+class NodeProcess:
+    name: str
+    popen: subprocess.Popen[str]
+    log: Any
+    lines: queue.Queue[str] = field(default_factory=queue.Queue)
+    seen: list[str] = field(default_factory=list)
+
+    def wait_for(self, prefix: str, timeout_s: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for line in self.seen:
+                if line.startswith(prefix):
+                    return line
+            try:
+                self.seen.append(self.lines.get(timeout=0.2).strip())
+            except queue.Empty:
+                if self.popen.poll() is not None:
+                    break
+        raise AssertionError(f"{self.name} never printed {prefix!r}: {self.seen[-20:]}")
+
+
+def start(tmp_path: Path, name: str, argv: list[str]) -> NodeProcess:
+    log = (tmp_path / f"{name}.log").open("w")
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "node.cli.main", *argv],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    proc = NodeProcess(name, popen, log)
+
+    def pump() -> None:
+        assert popen.stdout is not None
+        for line in popen.stdout:
+            proc.lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return proc
+
+
+def settings_file(tmp_path: Path, name: str, **chain: Any) -> Path:
+    path = tmp_path / f"{name}.toml"
+    chain_lines = "".join(f"{k} = {json.dumps(v)}\n" for k, v in chain.items())
+    path.write_text(
+        f'[training]\nmodel = "gpt-tiny"\niterations = {ITERATIONS}\n'
+        'microbatches_per_iteration = 2\ndevice = "cpu"\n'
+        f"[chain]\nclock_period_s = 0.5\nreport_period_s = 1.0\n{chain_lines}"
+        "[api]\nchain_period_s = 1.0\n[flow]\nsetup_timeout_s = 60.0\n"
+    )
+    return path
+
+
+def wait_until(check: Any, what: str, timeout_s: float = 90.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_register_start_earn_claim_leave_unstake_withdraw(
+    capsys: pytest.CaptureFixture[str],
+    devnet_file: Path,
+    rpc_w3: Web3,
+    rpc_contracts: Contracts,
+    tmp_path: Path,
+) -> None:
+    chain = ("--devnet-file", str(devnet_file))
+    sponsor, sponsor_address = new_wallet(tmp_path, "sponsor")
+    volunteers = [new_wallet(tmp_path, f"volunteer-{i}") for i in range(2)]
+    for _, address in [(sponsor, sponsor_address), *volunteers]:
+        run_cli(capsys, *chain, "fund", "--to", address, "--eth", "10")
+    capacity = ("--capacity", "flags", "--gpu-model", "cpu", "--memory-mib", "4096",
+                "--throughput", "600")  # fmt: skip
+    opened = cli_json(capsys, *chain, "runs", "open", *sponsor, "--stages", "2",
+                      "--reward-per-epoch-eth", "1", "--min-stake-eth", "1", "--fund-eth", "5",
+                      "--epoch-length-s", "3600", "--challenge-window-s", "600")  # fmt: skip
+    assert isinstance(opened, dict)
+    run = str(opened["run_id"])
+    data_node = cli_json(capsys, *chain, "register", *sponsor, "--node-name", "data",
+                         "--stake-eth", "1", *capacity)  # fmt: skip
+    assert isinstance(data_node, dict)
+    cli_json(capsys, *chain, "runs", "add-data-node", *sponsor, "--run", run,
+             "--node", data_node["node"])  # fmt: skip
+    relay_nodes = []
+    for wallet, _ in volunteers:
+        relay_nodes.append(cli_json(capsys, *chain, "register", *wallet, "--stake-eth", "2",
+                                    *capacity)["node"])  # type: ignore[index]  # fmt: skip
+        code, _, err = run_cli(capsys, *chain, "start", *wallet, "--run", run,
+                               "--bootstrap", "/ip4/127.0.0.1/tcp/1/p2p/x")  # fmt: skip
+        assert code == 2
+        assert_one_line_error(err, f"is not in run {run}; join it")
+        cli_json(capsys, *chain, "join", *wallet, "--run", run)
+
+    common = [*chain, "start", "--run", run, "--api-port", "0", "--listen-port", "0"]
+    data_toml = settings_file(tmp_path, "data")
+    data = start(tmp_path, "data", ["--config", str(data_toml), *common, *sponsor,
+                                    "--node-name", "data", "--data-dir", "data"])  # fmt: skip
+    procs = [data]
+    try:
+        address = data.wait_for("serving on ").split()[-1]
+        data_api = data.wait_for("dashboard and API: ").split()[3]
+        relays, urls = [], []
+        for i, (wallet, _) in enumerate(volunteers):
+            # The second relay claims only when asked.
+            toml = settings_file(tmp_path, f"relay-{i}", auto_claim=i == 0)
+            relay = start(tmp_path, f"relay-{i}", ["--config", str(toml), *common, *wallet,
+                                                   "--bootstrap", address, "--data-dir",
+                                                   f"relay-{i}"])  # fmt: skip
+            relays.append(relay)
+            procs.append(relay)
+            urls.append(relay.wait_for("dashboard and API: ").split()[3])
+            # Each relay takes the stage that needs it most when it starts, as the data node
+            # sees the run then: the next one starts once this one is seen serving its stage.
+            wait_until(lambda i=i: len(call_api(data_api, "/v1/peers")) > i
+                       and call_api(urls[-1], "/v1/status")["health"]["status"] == "ok",
+                       f"relay-{i} to serve", 60)  # fmt: skip
+        stages = sorted(call_api(url, "/v1/status")["stage"] for url in urls)
+        assert stages == [1, 2], "the second relay took the stage nobody served"
+        # A second node on a data directory in use is refused in one line.
+        code, _, err = run_cli(capsys, "--config", str(tmp_path / "relay-0.toml"), *common,
+                               *volunteers[0][0], "--bootstrap", address,
+                               "--data-dir", str(tmp_path / "relay-0"))  # fmt: skip
+        assert code == 2
+        assert_one_line_error(err, "another node is using the data directory")
+
+        wait_until(lambda: call_api(data_api, "/v1/status")["iteration"] >= ITERATIONS,
+                   "the data node to train its iterations", 240)  # fmt: skip
+        ledger = EpochLedger(rpc_contracts, int(run), None)
+        times = ledger.epoch_times(0)
+        advance_time_to(rpc_w3, times.ends_at + 1)
+        wait_until(lambda: ledger.certificate(0, data_node["node"]), "the certificate", 60)
+        advance_time_to(rpc_w3, times.settles_at + 1)
+
+        def claimed(url: str) -> int:
+            return int(call_api(url, "/v1/earnings")["total_claimed"]["wei"])
+
+        wait_until(lambda: claimed(urls[0]) > 0, "relay-0 to claim by itself", 60)
+        assert claimed(urls[1]) == 0, "relay-1 claims only when asked"
+        token_file = tmp_path / "relay-1" / "api-token"
+        port = urls[1].rsplit(":", 1)[1]
+        config = tmp_path / "relay-1-claim.toml"
+        config.write_text(f'[api]\ntoken_file = "{token_file}"\n')
+        result = cli_json(capsys, "--config", str(config), "claim", "--api-port", port)
+        assert isinstance(result, dict) and result["asked"] == [0]
+        assert [c["status"] for c in result["claims"]] == ["confirmed"]
+        # Each relay's API, its database read by `earnings`, and the chain agree to the wei.
+        for i, (wallet, _) in enumerate(volunteers):
+            paid = sum(p.amount_wei for p in ledger.rewards_to(relay_nodes[i]))
+            assert paid > 0 and claimed(urls[i]) == paid
+            db_url = f"sqlite:///{tmp_path / f'relay-{i}' / 'node.sqlite'}"
+            earned = cli_json(capsys, *chain, "earnings", "--run", run, "--wallet", wallet[1],
+                              "--db-url", db_url)  # fmt: skip
+            assert isinstance(earned, dict) and earned["total_claimed"]["wei"] == str(paid)
+            (epoch,) = earned["epochs"]
+            # Both relays claimed all the certified units: the epoch closed with the last claim.
+            assert epoch["phase"] == "closed" and epoch["units_certified"] > 0
+            status = call_api(urls[i], "/v1/status")
+            assert status["role"] == "relay" and status["stage"] in (1, 2)
+        for proc in reversed(procs):
+            proc.popen.send_signal(signal.SIGINT)
+        for proc in procs:
+            assert proc.popen.wait(timeout=30) == 0, proc.name
+            assert "the node left its run" in " ".join(proc.seen + list(proc.lines.queue))
+    finally:
+        for proc in procs:
+            if proc.popen.poll() is None:
+                proc.popen.kill()
+            proc.popen.wait()
+            proc.log.close()
+            if proc.popen.stdout is not None:
+                proc.popen.stdout.close()
+
+    wallet = volunteers[0][0]
+    cli_json(capsys, *chain, "unstake", *wallet)
+    code, _, err = run_cli(capsys, *chain, "start", *wallet, "--run", run,
+                           "--bootstrap", address)  # fmt: skip
+    assert code == 2
+    assert_one_line_error(err, "is not active")
+    advance_time(rpc_w3, WEEK_S + 1)
+    withdrawn = cli_json(capsys, *chain, "withdraw", *wallet)
+    assert isinstance(withdrawn, dict) and withdrawn["withdrawn"]["eth"] == "2"
