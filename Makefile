@@ -9,11 +9,11 @@ STAMP  := $(VENV)/.installed-stamp
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml package.json package-lock.json
+$(STAMP): pyproject.toml package.json package-lock.json $(wildcard api/dashboard/*)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	npm ci --no-audit --no-fund --silent
+	npm ci --no-audit --no-fund --silent  # its postinstall builds the dashboard into api/static
 	touch $(STAMP)
 
 demo: $(STAMP)

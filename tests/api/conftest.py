@@ -14,7 +14,7 @@ from eth_utils.crypto import keccak
 from fastapi import FastAPI
 
 from api.app import create_app
-from api.schemas import Amount, Health, PeerView, RunView, Status
+from api.schemas import Amount, Health, HistoryPoint, PeerView, RunView, Status
 from contracts.encoding import (
     HopReceipt,
     hop_key,
@@ -119,7 +119,11 @@ def snapshot(chain: ChainParts) -> NodeSnapshot:
         place="downstream",
     )  # fmt: skip
     counters = {"hops_computed": 14.0, "peers_alive": 1.0, "rewards_claimed_eth": 0.3}
-    return NodeSnapshot(status, (peer,), (), counters, (), chain)
+    history = tuple(
+        HistoryPoint(t=now - 60 + i, throughput_hops_per_s=2.0 + i % 3, loss=None)
+        for i in range(60)
+    )
+    return NodeSnapshot(status, (peer,), (), counters, history, chain)
 
 
 @pytest.fixture

@@ -1,0 +1,135 @@
+// The node's dashboard: polls its own API every two seconds and redraws. No framework, no
+// CDN: uPlot is copied from the npm lock into the API's static assets at install time.
+"use strict";
+
+const PERIOD_MS = 2000;
+const charts = {};
+
+async function get(path) {
+  const answer = await fetch(path, { cache: "no-store" });
+  if (!answer.ok) throw new Error(`${path}: ${answer.status}`);
+  return answer.json();
+}
+
+function text(id, value) {
+  document.getElementById(id).textContent = value === null || value === undefined ? "–" : value;
+}
+
+function short(id) {
+  return id && id.length > 14 ? `${id.slice(0, 8)}…${id.slice(-4)}` : id || "–";
+}
+
+function rows(tableId, items, cells) {
+  const body = document.querySelector(`#${tableId} tbody`);
+  body.replaceChildren(
+    ...items.map((item) => {
+      const row = document.createElement("tr");
+      for (const cell of cells(item)) {
+        const td = document.createElement("td");
+        td.textContent = cell === null || cell === undefined ? "–" : cell;
+        row.appendChild(td);
+      }
+      return row;
+    }),
+  );
+}
+
+function chart(id, label, xs, ys) {
+  const target = document.getElementById(id);
+  const data = [xs, ys];
+  if (!charts[id]) {
+    charts[id] = new uPlot(
+      {
+        width: Math.max(300, target.clientWidth || 480),
+        height: 200,
+        series: [{}, { label, stroke: "#2563eb", width: 2, spanGaps: true }],
+        axes: [{}, {}],
+      },
+      data,
+      target,
+    );
+  } else {
+    charts[id].setData(data);
+  }
+}
+
+function renderStatus(status) {
+  text("name", status.name);
+  const health = document.getElementById("health");
+  health.textContent = status.health.status;
+  health.className = `badge ${status.health.status}`;
+  health.title = status.health.detail;
+  text("role", status.role);
+  text("stage", `${status.stage} of ${status.stages}`);
+  text("iteration", status.iteration);
+  text("epoch", status.epoch);
+  text("throughput", status.throughput_hops_per_s.toFixed(2));
+  text("loss", status.loss === null ? null : status.loss.toFixed(4));
+  text("updated", `updated ${new Date(status.updated_at * 1000).toLocaleTimeString()}`);
+}
+
+function renderPipeline(status, peers) {
+  const column = (title, list, self) => {
+    const div = document.createElement("div");
+    if (self) div.className = "self";
+    const h = document.createElement("h3");
+    h.textContent = title;
+    div.appendChild(h);
+    for (const peer of list) {
+      const p = document.createElement("div");
+      p.className = "peer";
+      p.textContent = `${short(peer.peer_id)} stage ${peer.stage} ${peer.region}${peer.alive ? "" : " (silent)"}`;
+      div.appendChild(p);
+    }
+    return div;
+  };
+  const by = (place) => peers.filter((peer) => peer.place === place);
+  const self = { peer_id: status.peer_id, stage: status.stage, region: status.region, alive: true };
+  document.getElementById("pipeline").replaceChildren(
+    column("upstream", by("upstream")),
+    column("this node and its stage", [self, ...by("same stage")], true),
+    column("downstream", by("downstream")),
+  );
+}
+
+function renderEarnings(earnings) {
+  text("claimed-eth", earnings.total_claimed.eth);
+  text("claimable-eth", earnings.total_claimable.eth);
+  text("pending-eth", earnings.total_pending.eth);
+  rows("earnings", earnings.epochs, (e) => [
+    e.epoch, e.phase, e.units_worked, e.units_certified, e.units_challenged, e.pending.eth,
+    e.claimable.eth, e.claimed.eth, e.chain_claimed ? e.chain_claimed.eth : null,
+  ]);
+}
+
+async function refresh() {
+  try {
+    const [status, peers, history] = await Promise.all([
+      get("/v1/status"), get("/v1/peers"), get("/v1/history"),
+    ]);
+    renderStatus(status);
+    renderPipeline(status, peers);
+    const xs = history.points.map((p) => p.t);
+    chart("throughput-chart", "hops / s", xs, history.points.map((p) => p.throughput_hops_per_s));
+    chart("loss-chart", "loss", xs, history.points.map((p) => p.loss));
+  } catch (error) {
+    const health = document.getElementById("health");
+    health.textContent = "unreachable";
+    health.className = "badge unreachable";
+    health.title = String(error);
+  }
+  // Earnings, receipts and slashes need the node's receipts and a chain reading: shown when
+  // there (503 until then).
+  get("/v1/earnings").then(renderEarnings).catch(() => {});
+  get("/v1/receipts?limit=10").then((page) => rows("receipts", page.items, (r) => [
+    r.epoch, r.iteration, r.microbatch_id, r.stage, r.direction,
+    r.as_worker ? "worker" : "receiver", short(r.as_worker ? r.counterparty : r.worker), r.units,
+    r.counterparty_signature ? "yes" : "no",
+  ])).catch(() => {});
+  get("/v1/slashes").then((list) => rows("slashes", list, (s) => [
+    short(s.node), s.epoch, s.fraud, s.slashed.eth,
+  ])).catch(() => {});
+}
+
+refresh();
+setInterval(refresh, PERIOD_MS);
