@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import io
 from pathlib import Path
 from typing import Any
 
@@ -10,11 +12,13 @@ from rich.console import Console
 from rich.table import Table
 from web3 import Web3
 
+from api.schemas import Amount
 from gwtf.errors import ConfigError
 from node.chain.actions import transfer_eth
 from node.chain.adapter import Sender, connect, format_eth
 from node.chain.deployment import read_devnet_file
 from node.cli.args import Command, eth_amount
+from node.cli.output import emit
 from node.composition import open_contracts
 from node.settings import Settings
 
@@ -51,8 +55,9 @@ def cmd_devnet(args: argparse.Namespace, settings: Settings, console: Console) -
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port} is not a TCP port; use 0-65535 (0 = any free)")
     run_devnet(
-        args.host, args.port, settings.chain.rpc_url or None, settings.chain.devnet_file, console
-    )
+        args.host, args.port, settings.chain.rpc_url or None, settings.chain.devnet_file, console,
+        as_json=args.json,
+    )  # fmt: skip
     return 0
 
 
@@ -63,10 +68,11 @@ def cmd_fund(args: argparse.Namespace, settings: Settings, console: Console) -> 
     faucet = Sender.unlocked(info.accounts[0].address)
     transfer_eth(contracts.w3, faucet, args.to, args.eth)
     balance = contracts.w3.eth.get_balance(Web3.to_checksum_address(args.to))
-    console.print(
+    data = {"to": Web3.to_checksum_address(args.to), "sent": Amount.of(args.eth),
+            "balance": Amount.of(balance)}  # fmt: skip
+    return emit(args, console, data, lambda c: c.print(
         f"sent {format_eth(args.eth)} ETH to {args.to}; it now holds {format_eth(balance)}"
-    )
-    return 0
+    ))  # fmt: skip
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings, console: Console) -> int:
@@ -75,6 +81,9 @@ def cmd_demo(args: argparse.Namespace, settings: Settings, console: Console) -> 
     w3 = None
     if args.on_devnet:
         w3 = connect(settings.chain.rpc_url or read_devnet_file(settings.chain.devnet_file).rpc_url)
+    if args.json:  # the story's lines are for a person; the report is the result
+        report = run_demo(w3, DemoConfig(seed=args.seed), Console(file=io.StringIO()))
+        return emit(args, console, dataclasses.asdict(report), lambda c: None)
     run_demo(w3, DemoConfig(seed=args.seed), console)
     return 0
 
@@ -85,9 +94,12 @@ def cmd_swarm(args: argparse.Namespace, settings: Settings, console: Console) ->
 
     plan = plan_from_file(Path(args.swarm_file), Path(args.out))
     log = (plan.out_dir / "swarm.log").open("wb")
-    console.print(f"swarm: logs in {plan.out_dir / 'swarm.log'}")
+    if not args.json:
+        console.print(f"swarm: logs in {plan.out_dir / 'swarm.log'}")
     with log:
         summary = run_swarm(plan, log, args.timeout_s)
+    if args.json:
+        return emit(args, console, summary, lambda c: None)
     console.print_json(data=summary)
     if summary["chain"].get("earnings"):
         print_earnings(console, summary["chain"])

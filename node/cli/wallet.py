@@ -8,6 +8,7 @@ from rich.console import Console
 
 from node.chain.wallet import create_wallet, read_keystore_address, resolve_password
 from node.cli.args import Command
+from node.cli.output import emit
 from node.settings import Settings
 
 
@@ -24,8 +25,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
 def cmd_wallet(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     if args.wallet_command == "new":
         password = resolve_password(args.password_file, confirm=True)
-        account = create_wallet(args.wallet, password)
-        console.print(f"created wallet {account.address} at {args.wallet}")
+        address = str(create_wallet(args.wallet, password).address)
+        done = f"created wallet {address} at {args.wallet}"
     else:
-        console.print(read_keystore_address(args.wallet))
-    return 0
+        address = read_keystore_address(args.wallet)
+        done = address
+    data = {"address": address, "path": str(args.wallet)}
+    return emit(args, console, data, lambda c: c.print(done))

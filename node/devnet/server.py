@@ -10,6 +10,7 @@ other commands read (default ``.gwtf/devnet.json``).
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,13 +106,21 @@ def run_devnet(
     out_file: str | Path,
     console: Console,
     wait: Callable[[], None] | None = None,
+    as_json: bool = False,
 ) -> DevnetInfo:
-    """The command: start, describe, then serve until interrupted (embedded chain only)."""
+    """The command: start, describe (``as_json``: the devnet file's JSON on stdout, one line),
+    then serve until interrupted (embedded chain only)."""
     devnet = start_devnet(host, port, rpc_url, out_file)
-    describe(devnet.info, out_file, console)
+    if as_json:
+        print(json.dumps(devnet.info.to_json()), flush=True)
+    else:
+        describe(devnet.info, out_file, console)
     if devnet.server is None:
         return devnet.info
-    console.print("serving JSON-RPC; press Ctrl-C to stop (the chain is forgotten when it stops)")
+    if not as_json:
+        console.print(
+            "serving JSON-RPC; press Ctrl-C to stop (the chain is forgotten when it stops)"
+        )
     try:
         (wait or _wait_forever)()
     except KeyboardInterrupt:

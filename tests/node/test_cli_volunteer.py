@@ -148,3 +148,35 @@ def test_claim_without_a_running_node_says_so(
     code, _, err = run_cli(capsys, "--config", str(config), "claim", "--all")
     assert code == 8
     assert_one_line_error(err, "no node answers at http://127.0.0.1:1")
+
+
+def test_every_command_takes_json_and_the_simple_ones_answer_in_it(
+    capsys: pytest.CaptureFixture[str], devnet_file: Path, tmp_path: Path
+) -> None:
+    from node.cli.main import build_parser
+
+    parser, _ = build_parser()
+    leaves = []
+
+    def walk(p: object, name: str) -> None:
+        import argparse
+
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]  # type: ignore[attr-defined]
+        if not subs:
+            leaves.append((name, p))
+        for action in subs:
+            for child_name, child in action.choices.items():
+                walk(child, f"{name} {child_name}".strip())
+
+    walk(parser, "")
+    assert len(leaves) > 20
+    for name, leaf in leaves:
+        assert any("--json" in a.option_strings for a in leaf._actions), name  # type: ignore[attr-defined]
+    wallet, address = new_wallet(tmp_path, "json")
+    shown = cli_json(capsys, "wallet", "address", "--wallet", wallet[1])
+    assert shown == {"address": address, "path": wallet[1]}
+    sent = cli_json(capsys, "--devnet-file", str(devnet_file), "fund", "--to", address,
+                    "--eth", "1.5")  # fmt: skip
+    assert isinstance(sent, dict) and sent["sent"] == {"wei": str(15 * ETH // 10), "eth": "1.5"}
+    report = cli_json(capsys, "demo")
+    assert isinstance(report, dict) and report["certified_hops"] > 0
