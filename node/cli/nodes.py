@@ -22,9 +22,9 @@ from node.chain.adapter import NodeInfo, format_eth
 from node.chain.wallet import node_key_path, read_keystore_address
 from node.cli.args import Command, add_wallet_flags, eth_amount, open_node
 from node.cli.output import emit, fields
-from node.cli.runs import run_json
 from node.composition import open_contracts
 from node.local_api.client import api_url, call_api
+from node.local_api.watcher import run_fields
 from node.p2p.identity import identity_from_key, peer_id_of
 from node.settings import Settings
 
@@ -141,7 +141,7 @@ def cmd_info(args: argparse.Namespace, settings: Settings, console: Console) -> 
         data["node"] = node_json(contracts, node) if node is not None else None
     if args.run is not None:
         run = port.run_info(args.run)
-        data["run"] = run_json(run) if run is not None else None
+        data["run"] = run_fields(run) if run is not None else None
 
     def render(c: Console) -> None:
         if "node" in data:

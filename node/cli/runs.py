@@ -12,7 +12,6 @@ from typing import Any
 
 from rich.console import Console
 
-from api.schemas import Amount
 from gwtf.errors import ConfigError
 from node.chain.actions import (
     DATASET_HASH,
@@ -29,6 +28,7 @@ from node.chain.wallet import open_wallet, resolve_password
 from node.cli.args import Command, eth_amount
 from node.cli.output import emit, table
 from node.composition import open_contracts
+from node.local_api.watcher import run_fields
 from node.settings import Settings
 from node.training.config import ModelConfig
 from node.training.errors import ModelConfigError
@@ -81,7 +81,7 @@ def cmd_runs(args: argparse.Namespace, settings: Settings, console: Console) -> 
         port = contracts.port()
         newest = range(count, max(0, count - max(1, args.limit)), -1)
         runs = [run for i in newest if (run := port.run_info(i)) is not None]
-        data = [run_json(run) for run in runs]
+        data = [run_fields(run) for run in runs]
         return emit(args, console, data, lambda c: c.print(runs_table(runs)))
     sponsor = Sender.from_account(open_wallet(args.wallet, resolve_password(args.password_file)))
     if args.runs_command == "open":
@@ -117,7 +117,7 @@ def cmd_runs(args: argparse.Namespace, settings: Settings, console: Console) -> 
         done = f"refunded {format_eth(amount)} ETH of run {run_id} to {sponsor.address}"
     run = contracts.port().run_info(run_id)
     assert run is not None, "the transaction above named an existing run"
-    return emit(args, console, run_json(run), lambda c: c.print(done))
+    return emit(args, console, run_fields(run), lambda c: c.print(done))
 
 
 def _model(args: argparse.Namespace) -> ModelConfig:
@@ -125,21 +125,6 @@ def _model(args: argparse.Namespace) -> ModelConfig:
         return model_for_run(args.model, args.seq_len, args.stages)
     except ModelConfigError as exc:
         raise ConfigError(f"--model {args.model}: {exc}") from exc
-
-
-def run_json(run: RunInfo) -> dict[str, Any]:
-    return {
-        "run_id": run.run_id,
-        "sponsor": run.sponsor,
-        "stage_count": run.stage_count,
-        "epoch_length_s": run.epoch_length_s,
-        "challenge_window_s": run.challenge_window_s,
-        "units_per_hop": run.units_per_hop,
-        "reward_per_epoch": Amount.of(run.reward_per_epoch_wei),
-        "pool": Amount.of(run.balance_wei),
-        "min_stake": Amount.of(run.min_stake_wei),
-        "open": not run.closed,
-    }
 
 
 def runs_table(runs: list[RunInfo]) -> Any:

@@ -9,6 +9,7 @@ calls it once.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import trio
 
@@ -16,6 +17,7 @@ from api.schemas import Amount, RunView, Slashed
 from contracts.fraud_proofs import Fraud
 from gwtf.errors import ChainError
 from node.chain.actions import Contracts
+from node.chain.adapter import RunInfo
 from node.chain.epochs import EpochLedger
 from node.local_api.earnings import ChainView, ClaimRecord, earnings_of
 from node.local_api.snapshot import ChainParts, SnapshotBox
@@ -65,19 +67,26 @@ def run_view(contracts: Contracts, run_id: int, node: str) -> RunView | None:
     ledger = contracts.ledger.functions
     now = contracts.w3.eth.get_block("latest")["timestamp"]
     return RunView(
-        run_id=run_id,
-        sponsor=run.sponsor,
-        stage_count=run.stage_count,
-        epoch_length_s=run.epoch_length_s,
-        challenge_window_s=run.challenge_window_s,
-        units_per_hop=run.units_per_hop,
-        reward_per_epoch=Amount.of(run.reward_per_epoch_wei),
-        pool=Amount.of(run.balance_wei),
-        min_stake=Amount.of(run.min_stake_wei),
-        open=not run.closed,
+        **run_fields(run),
         member=bool(ledger.isAdmitted(run_id, node).call()),
         data_node=bool(ledger.wasDataNodeBefore(run_id, node, now + 1).call()),
     )
+
+
+def run_fields(run: RunInfo) -> dict[str, Any]:
+    """A run as the API and ``gwtf-node runs`` show it (amounts as wei and ETH)."""
+    return {
+        "run_id": run.run_id,
+        "sponsor": run.sponsor,
+        "stage_count": run.stage_count,
+        "epoch_length_s": run.epoch_length_s,
+        "challenge_window_s": run.challenge_window_s,
+        "units_per_hop": run.units_per_hop,
+        "reward_per_epoch": Amount.of(run.reward_per_epoch_wei),
+        "pool": Amount.of(run.balance_wei),
+        "min_stake": Amount.of(run.min_stake_wei),
+        "open": not run.closed,
+    }
 
 
 def slashes_of(contracts: Contracts, run_id: int) -> list[Slashed]:
