@@ -79,9 +79,18 @@ def create_app(
             headers={"WWW-Authenticate": "Bearer"},
         )
 
-    @app.get("/healthz", response_model=Health, tags=["node"])
-    def healthz() -> Health:
-        return services.health()
+    @app.get(
+        "/healthz",
+        response_model=Health,
+        responses={503: {"model": Health, "description": "starting, degraded or stopping"}},
+        tags=["node"],
+    )
+    def healthz(response: Response) -> Health:
+        # A probe (a supervisor, a load balancer) reads the code: 200 only when all is well.
+        health = services.health()
+        if health.status != "ok":
+            response.status_code = 503
+        return health
 
     @app.get("/v1/status", response_model=Status, responses=NOT_READY, tags=["node"])
     def status() -> Status:

@@ -174,6 +174,7 @@ class Slashed(Schema):
     fraud: str
     slashed: Amount
     tx_hash: str
+    block: int
 
 
 class ClaimRequest(Schema):

@@ -20,7 +20,7 @@ from eth_account.signers.local import LocalAccount
 from eth_typing import ChecksumAddress
 from eth_utils.exceptions import ValidationError as EvmValidationError
 from web3 import Web3
-from web3.exceptions import ContractLogicError, Web3RPCError
+from web3.exceptions import ContractLogicError, TimeExhausted, Web3RPCError
 from web3.providers.rpc.utils import ExceptionRetryConfiguration
 
 from contracts.bindings import all_errors_abi, decode_revert
@@ -186,7 +186,14 @@ def send_transaction(
         if is_insufficient_funds(exc):
             raise InsufficientFunds(sender.address, balance_wei, needed_wei) from exc
         raise ChainError(f"the chain refused the transaction: {exc}") from exc
-    receipt = w3.eth.wait_for_transaction_receipt(tx_hash, timeout=timeout_s)
+    try:
+        receipt = w3.eth.wait_for_transaction_receipt(tx_hash, timeout=timeout_s)
+    except TimeExhausted as exc:
+        # Sent, so it may still be mined: the caller re-reads the chain before sending again.
+        raise ChainError(
+            f"transaction {tx_hash.hex()} was not mined within {timeout_s:.0f} s; it may still "
+            "be: check it on the chain before sending it again"
+        ) from exc
     if receipt["status"] != 1:
         raise ChainError(
             f"transaction {tx_hash.hex()} failed on chain (gas used {receipt['gasUsed']}); "
@@ -256,6 +263,8 @@ class RunInfo:
     min_stake_wei: int
     balance_wei: int
     closed: bool
+    #: What the run trains (``node.chain.actions.model_config_hash``).
+    model_config_hash: bytes
 
 
 class ChainPort(Protocol):
@@ -333,7 +342,8 @@ class Web3Chain:
     def run_info(self, run_id: int) -> RunInfo | None:
         run = self._call(self.ledger.functions.getRun(run_id))
         # Run struct: sponsor, startTime, epochLengthS, stageCount, closed, availableWei,
-        # rewardPerEpochWei, unitsPerHop, minStakeWei, lastEpoch, challengeWindowS, ...
+        # rewardPerEpochWei, unitsPerHop, minStakeWei, lastEpoch, challengeWindowS,
+        # modelConfigHash, ...
         if run[0] == ZERO_ADDRESS:
             return None
         return RunInfo(
@@ -347,6 +357,7 @@ class Web3Chain:
             min_stake_wei=run[8],
             balance_wei=run[5],
             closed=run[4],
+            model_config_hash=bytes(run[11]),
         )
 
     def node_info(self, node_address: str) -> NodeInfo | None:

@@ -47,6 +47,8 @@ class RewardPaid:
     units: int
     amount_wei: int
     tx_hash: bytes
+    block: int = 0
+    log_index: int = 0
 
 
 @dataclass(frozen=True)
@@ -121,15 +123,19 @@ class EpochLedger:
     def book(self, epoch: int) -> EpochBook:
         return EpochBook(*self.c.ledger.functions.epochBook(self.run_id, epoch).call())
 
-    def rewards_to(self, node: str) -> list[RewardPaid]:
-        """Every reward ``node`` was paid in this run, from the events."""
+    def rewards_to(
+        self, node: str, from_block: int = 0, to_block: int | str = "latest"
+    ) -> list[RewardPaid]:
+        """The rewards ``node`` was paid in this run in those blocks, from the events."""
         logs = self.c.ledger.events.RewardClaimed.get_logs(
-            argument_filters={"runId": self.run_id, "node": node}, from_block=0
+            argument_filters={"runId": self.run_id, "node": node},
+            from_block=from_block,
+            to_block=to_block,
         )
         return [
             RewardPaid(
                 int(a["epoch"]), a["dataNode"], int(a["units"]), int(a["amountWei"]),
-                bytes(log["transactionHash"]),
+                bytes(log["transactionHash"]), int(log["blockNumber"]), int(log["logIndex"]),
             )
             for log in logs
             for a in (log["args"],)

@@ -1,4 +1,5 @@
-"""What several command families share: the command signature, amount flags, a wallet's node."""
+"""What several command families share: the command signature, typed flags (amounts, counts,
+ports, addresses), a wallet's node."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import argparse
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 
+from eth_utils.address import is_address, to_checksum_address
 from rich.console import Console
 
+from gwtf.errors import ConfigError
 from node.chain.adapter import Sender
 from node.chain.wallet import load_or_create_node_key, node_key_path, open_wallet, resolve_password
 from node.settings import Settings
@@ -29,6 +32,42 @@ def eth_amount(text: str) -> int:
     return int(value * WEI_PER_ETH)
 
 
+#: Numbers the chain and the node database both hold (64-bit columns are signed).
+MAX_WHOLE = 2**63 - 1
+
+
+def whole(text: str) -> int:
+    """A count, id or epoch flag: a whole number 0 .. 2**63 - 1."""
+    return _bounded(text, 0, MAX_WHOLE, "a whole number (0 or more)")
+
+
+def positive(text: str) -> int:
+    """A size flag (stages, seconds, microbatches): 1 .. 2**63 - 1."""
+    return _bounded(text, 1, MAX_WHOLE, "a whole number of 1 or more")
+
+
+def port(text: str) -> int:
+    """A TCP port flag; 0 lets the system pick one."""
+    return _bounded(text, 0, 65535, "a port number 0..65535 (0: any free port)")
+
+
+def address(text: str) -> str:
+    """An Ethereum address flag, checksummed."""
+    if not is_address(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an address (0x and 40 hex digits)")
+    return to_checksum_address(text)
+
+
+def _bounded(text: str, low: int, high: int, what: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: give {what}")
+    return value
+
+
 def add_wallet_flags(parser: argparse.ArgumentParser) -> None:
     """``--wallet``, ``--password-file``, ``--node-name``: which wallet, and which of its nodes."""
     parser.add_argument("--wallet", required=True, help="wallet keystore path")
@@ -36,9 +75,16 @@ def add_wallet_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-name", default="main", help="which of the wallet's nodes")
 
 
-def open_node(args: argparse.Namespace) -> tuple[Sender, bytes]:
-    """The wallet as a sender, and its node's signing key (created on first use)."""
+def open_node(args: argparse.Namespace, *, create: bool = False) -> tuple[Sender, bytes]:
+    """The wallet as a sender, and its node's signing key (made when ``create``: registering).
+    A node that was never made is a ``ConfigError``, so a mistyped --node-name makes nothing."""
     password = resolve_password(args.password_file)
     wallet = open_wallet(args.wallet, password)
-    node_key = load_or_create_node_key(node_key_path(args.wallet, args.node_name), password)
+    path = node_key_path(args.wallet, args.node_name)
+    if not create and not path.is_file():
+        raise ConfigError(
+            f"wallet {args.wallet} has no node {args.node_name!r} (no {path}); register it first "
+            "with `gwtf-node register`, or check --node-name"
+        )
+    node_key = load_or_create_node_key(path, password)
     return Sender.from_account(wallet), bytes(node_key.key)

@@ -40,7 +40,7 @@ from node.audit.runner import AuditReport, Sampling, audit_epoch
 from node.chain.actions import Contracts
 from node.chain.adapter import Sender, format_eth
 from node.chain.wallet import open_wallet, resolve_password
-from node.cli.args import Command
+from node.cli.args import Command, whole
 from node.composition import open_contracts
 from node.settings import Settings
 from node.training.partition import model_for_run, plan_partition
@@ -61,7 +61,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     judge = sub.add_parser(
         "arbitrate", help="as a run's sponsor, re-execute each disputed hop and rule on it"
     )
-    judge.add_argument("--run", type=int, required=True, help="run id")
+    judge.add_argument("--run", type=whole, required=True, help="run id")
     _peer_flags(judge)
     judge.add_argument("--model", help="the run's model, e.g. gpt-tiny (default training.model)")
     _tolerance_flag(judge)
@@ -71,10 +71,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
 
 
 def _audit_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run", type=int, required=True, help="run id")
-    parser.add_argument("--epoch", type=int, required=True, help="epoch of the run")
+    parser.add_argument("--run", type=whole, required=True, help="run id")
+    parser.add_argument("--epoch", type=whole, required=True, help="epoch of the run")
     parser.add_argument(
-        "--sample", type=int, default=0, metavar="K",
+        "--sample", type=whole, default=0, metavar="K",
         help="re-execute K hops of each certificate from the relays' evidence (default 0)",
     )  # fmt: skip
     parser.add_argument("--model", help="the run's model, e.g. gpt-tiny (default training.model)")

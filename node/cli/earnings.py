@@ -12,19 +12,18 @@ import argparse
 from pathlib import Path
 
 from rich.console import Console
-from web3 import Web3
 
 from gwtf.errors import ConfigError, GwtfError
 from node.chain.epochs import EpochLedger
 from node.chain.wallet import node_key_path, read_keystore_address
-from node.cli.args import Command
+from node.cli.args import Command, address, port, positive, whole
 from node.cli.output import emit, fields, table
 from node.composition import open_contracts
 from node.local_api.client import api_url, call_api
 from node.local_api.server import api_token
 from node.local_api.snapshot import SnapshotBox
 from node.local_api.views import NodeViews
-from node.local_api.watcher import read_chain
+from node.local_api.watcher import ChainReader
 from node.settings import Settings
 from node.store.database import Database, open_database
 from node.store.views import NodeRecords
@@ -35,22 +34,22 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     _node_flags(earnings)
     receipts = sub.add_parser("receipts", help="the receipts a node signed and countersigned")
     _node_flags(receipts)
-    receipts.add_argument("--epoch", type=int, help="only this epoch")
-    receipts.add_argument("--limit", type=int, default=20, help="how many, newest first")
-    receipts.add_argument("--offset", type=int, default=0)
+    receipts.add_argument("--epoch", type=whole, help="only this epoch")
+    receipts.add_argument("--limit", type=positive, default=20, help="how many, newest first")
+    receipts.add_argument("--offset", type=whole, default=0)
     claim = sub.add_parser("claim", help="have the running node claim its settled epochs now")
     which = claim.add_mutually_exclusive_group()
-    which.add_argument("--epoch", type=int, help="claim this epoch")
+    which.add_argument("--epoch", type=whole, help="claim this epoch")
     which.add_argument("--all", action="store_true", help="claim every settled epoch (default)")
-    claim.add_argument("--api-port", type=int, help="the running node's API port (api.port)")
+    claim.add_argument("--api-port", type=port, help="the running node's API port (api.port)")
     return {"earnings": cmd_earnings, "receipts": cmd_receipts, "claim": cmd_claim}
 
 
 def _node_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run", type=int, help="run id (default chain.run_id)")
+    parser.add_argument("--run", type=whole, help="run id (default chain.run_id)")
     who = parser.add_mutually_exclusive_group()
     who.add_argument("--wallet", help="the wallet whose node to show (its key names it)")
-    who.add_argument("--node", help="the node's address")
+    who.add_argument("--node", type=address, help="the node's address")
     parser.add_argument("--node-name", default="main", help="which of the wallet's nodes")
     parser.add_argument("--db-url", help="the node's database (default db.url)")
 
@@ -61,7 +60,7 @@ def cmd_earnings(args: argparse.Namespace, settings: Settings, console: Console)
     try:
         contracts, _ = open_contracts(settings)
         records = NodeRecords(db)
-        chain = read_chain(contracts, EpochLedger(contracts, run_id, None), records, node)
+        chain = ChainReader(contracts, EpochLedger(contracts, run_id, None), records, node).read()
         earned = NodeViews(SnapshotBox(chain=chain), records, run_id, node).earnings()
     finally:
         db.close()
@@ -146,9 +145,7 @@ def _run_of(args: argparse.Namespace, settings: Settings) -> int:
 def _node_of(args: argparse.Namespace, settings: Settings) -> str:
     """The node's address: given, or read (no password needed) from its key's keystore."""
     if args.node:
-        if not Web3.is_address(args.node):
-            raise ConfigError(f"--node {args.node!r} is not an address; pass 0x + 40 hex digits")
-        return str(Web3.to_checksum_address(args.node))
+        return str(args.node)  # checksummed by its flag's type
     key = node_key_path(args.wallet, args.node_name) if args.wallet else settings.node.key_file
     if not Path(key).is_file():
         raise ConfigError(f"no node key at {key}: register the node first, or pass --node")

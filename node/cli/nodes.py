@@ -20,7 +20,7 @@ from gwtf.errors import ConfigError, GwtfError
 from node.chain.actions import Capacity, join_run, register_node
 from node.chain.adapter import NodeInfo, format_eth
 from node.chain.wallet import node_key_path, read_keystore_address
-from node.cli.args import Command, add_wallet_flags, eth_amount, open_node
+from node.cli.args import Command, add_wallet_flags, eth_amount, open_node, port, positive, whole
 from node.cli.output import emit, fields
 from node.composition import open_contracts
 from node.local_api.client import api_url, call_api
@@ -42,31 +42,33 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
         help="auto (default): detect the GPU and benchmark the model; flags: only the flags",
     )
     register.add_argument("--model", help="the run's model to benchmark (default training.model)")
-    register.add_argument("--stages", type=int, help="the run's stages (default training.stages)")
+    register.add_argument(
+        "--stages", type=positive, help="the run's stages (default training.stages)"
+    )
     register.add_argument("--gpu-model", help="overrides the detected GPU name")
-    register.add_argument("--memory-mib", type=int, help="overrides the detected memory")
-    register.add_argument("--throughput", type=int, help="microbatches per hour (overrides)")
-    register.add_argument("--max-in-flight", type=int, help="microbatches held at once")
+    register.add_argument("--memory-mib", type=positive, help="overrides the detected memory")
+    register.add_argument("--throughput", type=positive, help="microbatches per hour (overrides)")
+    register.add_argument("--max-in-flight", type=positive, help="microbatches held at once")
 
     join = sub.add_parser("join", help="join a run with a registered node")
     add_wallet_flags(join)
-    join.add_argument("--run", type=int, required=True, help="run id")
+    join.add_argument("--run", type=whole, required=True, help="run id")
 
     info = sub.add_parser("info", help="show what the chain knows about a node or a run")
     info.add_argument("--node", help="node address")
-    info.add_argument("--run", type=int, help="run id")
+    info.add_argument("--run", type=whole, help="run id")
 
     status = sub.add_parser("status", help="a wallet's node: chain, stake, runs and the live node")
     status.add_argument("--wallet", required=True, help="wallet keystore path")
     status.add_argument("--node-name", default="main", help="which of the wallet's nodes")
-    status.add_argument("--run", type=int, help="run id (default chain.run_id)")
-    status.add_argument("--api-port", type=int, help="the running node's API port (api.port)")
+    status.add_argument("--run", type=whole, help="run id (default chain.run_id)")
+    status.add_argument("--api-port", type=port, help="the running node's API port (api.port)")
     return {"register": cmd_register, "join": cmd_join, "info": cmd_info, "status": cmd_status}
 
 
 def cmd_register(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     contracts, _ = open_contracts(settings)
-    wallet, node_key = open_node(args)
+    wallet, node_key = open_node(args, create=True)
     node_address = Account.from_key(node_key).address
     peer_id = peer_id_of(identity_from_key(node_key)).to_base58()
     capacity = capacity_of(args, settings, console)

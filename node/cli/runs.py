@@ -25,7 +25,7 @@ from node.chain.actions import (
 )
 from node.chain.adapter import RunInfo, Sender, format_eth
 from node.chain.wallet import open_wallet, resolve_password
-from node.cli.args import Command, eth_amount
+from node.cli.args import Command, address, eth_amount, positive, whole
 from node.cli.output import emit, table
 from node.composition import open_contracts
 from node.local_api.watcher import run_fields
@@ -39,15 +39,15 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     runs = sub.add_parser("runs", help="list, open, fund, close and refund training runs")
     actions = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="the latest runs on chain")
-    listing.add_argument("--limit", type=int, default=50, help="how many, newest first")
+    listing.add_argument("--limit", type=positive, default=50, help="how many, newest first")
     opening = actions.add_parser("open", help="open and fund a run (the sponsor)")
     _sponsor_flags(opening)
     opening.add_argument("--model", default="gpt-tiny", help="the run's model, e.g. gpt-tiny")
-    opening.add_argument("--stages", type=int, required=True, help="pipeline stages")
-    opening.add_argument("--seq-len", type=int, default=64, help="tokens per sequence")
-    opening.add_argument("--epoch-length-s", type=int, default=3600)
-    opening.add_argument("--challenge-window-s", type=int, default=3600)
-    opening.add_argument("--units-per-hop", type=int, default=10)
+    opening.add_argument("--stages", type=positive, required=True, help="pipeline stages")
+    opening.add_argument("--seq-len", type=positive, default=64, help="tokens per sequence")
+    opening.add_argument("--epoch-length-s", type=positive, default=3600)
+    opening.add_argument("--challenge-window-s", type=positive, default=3600)
+    opening.add_argument("--units-per-hop", type=positive, default=10)
     opening.add_argument("--reward-per-epoch-eth", type=eth_amount, required=True)
     opening.add_argument("--min-stake-eth", type=eth_amount, required=True)
     opening.add_argument("--fund-eth", type=eth_amount, required=True, help="first funding")
@@ -59,13 +59,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     for name, text in sponsor_actions.items():
         action = actions.add_parser(name, help=text)
         _sponsor_flags(action)
-        action.add_argument("--run", type=int, required=True, help="run id")
+        action.add_argument("--run", type=whole, required=True, help="run id")
         if name == "fund":
             action.add_argument("--eth", type=eth_amount, required=True, help="amount (ETH)")
     data_node = actions.add_parser("add-data-node", help="name one of the sponsor's nodes")
     _sponsor_flags(data_node)
-    data_node.add_argument("--run", type=int, required=True, help="run id")
-    data_node.add_argument("--node", required=True, help="the data node's address")
+    data_node.add_argument("--run", type=whole, required=True, help="run id")
+    data_node.add_argument("--node", type=address, required=True, help="the data node's address")
     return {"runs": cmd_runs}
 
 

@@ -29,8 +29,9 @@ from rich.console import Console
 
 from gwtf.errors import ChainError, ConfigError
 from node.chain.actions import Contracts, model_config_hash
+from node.chain.adapter import RunInfo
 from node.chain.wallet import node_key_path, open_wallet, resolve_password
-from node.cli.args import Command, add_wallet_flags
+from node.cli.args import Command, add_wallet_flags, port, whole
 from node.composition import live_config_from_settings, local_api_from_settings, open_contracts
 from node.local_api import LocalApi, run_local_api
 from node.local_api.snapshot import SnapshotBox
@@ -46,19 +47,20 @@ LEAVE_GRACE_S = 2.0
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
     start = sub.add_parser("start", help="run this machine's node in a run, until Ctrl-C")
     add_wallet_flags(start)
-    start.add_argument("--run", type=int, required=True, help="run id")
+    start.add_argument("--run", type=whole, required=True, help="run id")
     start.add_argument(
         "--bootstrap", action="append", default=[], help="a peer's multiaddr (repeatable)"
     )
-    start.add_argument("--listen-port", type=int, help="p2p port (p2p.listen_port; 0: any)")
-    start.add_argument("--api-port", type=int, help="local API port (api.port; 0: any)")
+    start.add_argument("--listen-port", type=port, help="p2p port (p2p.listen_port; 0: any)")
+    start.add_argument("--api-port", type=port, help="local API port (api.port; 0: any)")
     start.add_argument("--data-dir", help="the node's data directory (node.data_dir)")
     return {"start": cmd_start}
 
 
 def cmd_start(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     password = resolve_password(args.password_file)
-    open_wallet(args.wallet, password)  # a wrong password stops here, before anything starts
+    # A wrong password stops here, before anything starts.
+    wallet = open_wallet(args.wallet, password).address
     key_file = node_key_path(args.wallet, args.node_name)
     if not key_file.is_file():
         raise ConfigError(
@@ -68,9 +70,13 @@ def cmd_start(args: argparse.Namespace, settings: Settings, console: Console) ->
     node_key = bytes(open_wallet(key_file, password).key)
     node = Account.from_key(node_key).address
     contracts, info = open_contracts(settings)
-    role = check_the_chain(contracts, info.chain_id, args.run, node, settings)
-    settings = start_settings(args, settings, role, key_file, contracts)
-    with data_dir_lock(Path(settings.node.data_dir)):
+    role, run = check_the_chain(contracts, info.chain_id, args.run, node, wallet, settings)
+    settings = start_settings(args, settings, role, key_file, run)
+    # One process per node key: two would sign two versions of a hop, and be slashed for it.
+    with (
+        exclusive_lock(key_file.with_name(key_file.name + ".lock"), _KEY_IN_USE.format(node)),
+        exclusive_lock(Path(settings.node.data_dir) / "node.lock", _DIR_IN_USE),
+    ):
         check_listen_port(settings.p2p.listen_host, settings.p2p.listen_port)
         api = local_api_from_settings(settings)
         config = live_config_from_settings(settings, password)
@@ -85,10 +91,10 @@ def cmd_start(args: argparse.Namespace, settings: Settings, console: Console) ->
 
 
 def check_the_chain(
-    contracts: Contracts, chain_id: int, run_id: int, node: str, settings: Settings
-) -> str:
-    """The node's role in ``run_id`` ("data" or "relay"), or a ``ConfigError`` saying why the
-    node cannot take part."""
+    contracts: Contracts, chain_id: int, run_id: int, node: str, wallet: str, settings: Settings
+) -> tuple[str, RunInfo]:
+    """The node's role in ``run_id`` ("data" or "relay") and the run, or a ``ConfigError``
+    saying why the node cannot take part."""
     if contracts.w3.eth.chain_id != chain_id:
         raise ChainError(
             f"the chain at the RPC URL has chain id {contracts.w3.eth.chain_id}, the devnet "
@@ -101,8 +107,7 @@ def check_the_chain(
     if run.closed:
         raise ConfigError(f"run {run_id} is closed; choose an open one from `gwtf-node runs list`")
     model = settings.training.model
-    on_chain = bytes(contracts.ledger.functions.getRun(run_id).call()[11])
-    if model_config_hash(model, run.stage_count) != on_chain:
+    if model_config_hash(model, run.stage_count) != run.model_config_hash:
         raise ConfigError(
             f"run {run_id} trains another model than training.model={model!r} in "
             f"{run.stage_count} stages; set training.model to the run's"
@@ -110,6 +115,11 @@ def check_the_chain(
     registered = port.node_info(node)
     if registered is None:
         raise ConfigError(f"node {node} is not registered; run `gwtf-node register` first")
+    if registered.operator.lower() != wallet.lower():
+        raise ConfigError(
+            f"node {node} is registered to wallet {registered.operator}, not to {wallet}: start "
+            "it with the wallet that registered it"
+        )
     if not registered.active:
         raise ConfigError(
             f"node {node} is not active (unbonding or slashed); see `gwtf-node status`"
@@ -121,12 +131,12 @@ def check_the_chain(
         )
     now = int(contracts.w3.eth.get_block("latest")["timestamp"])
     if contracts.ledger.functions.wasDataNodeBefore(run_id, node, now + 1).call():
-        return "data"
+        return "data", run
     if not contracts.ledger.functions.isAdmitted(run_id, node).call():
         raise ConfigError(
             f"node {node} is not in run {run_id}; join it with `gwtf-node join --run {run_id}`"
         )
-    return "relay"
+    return "relay", run
 
 
 def start_settings(
@@ -134,10 +144,9 @@ def start_settings(
     settings: Settings,
     role: str,
     key_file: Path,
-    contracts: Contracts,
+    run: RunInfo,
 ) -> Settings:
     """The node's settings for this run: the run's facts over the user's file and flags."""
-    stages = int(contracts.ledger.functions.getRun(args.run).call()[3])
     if role == "relay" and not (args.bootstrap or settings.p2p.bootstrap_peers):
         raise ConfigError(
             "a relay needs a peer to find the run through: pass --bootstrap "
@@ -152,7 +161,7 @@ def start_settings(
         "chain.admission": True,
         "chain.receipts": True,
         "chain.wallet_file": str(args.wallet),
-        "training.stages": stages,
+        "training.stages": run.stage_count,
         "p2p.listen_port": args.listen_port,
         "api.port": args.api_port,
     }
@@ -175,20 +184,28 @@ def start_settings(
     return load_settings({**flags, **overrides}, config_file=args.config)
 
 
+_KEY_IN_USE = (
+    "another process is running node {}; a node runs once (two would sign two versions of a "
+    "hop): stop the other one"
+)
+_DIR_IN_USE = (
+    "another node is using this data directory; stop it, or give this one its own with "
+    "--data-dir (and its own db.url)"
+)
+
+
 @contextmanager
-def data_dir_lock(folder: Path) -> Iterator[None]:
-    """Hold ``folder``'s lock file for as long as the node runs; another node holding it is a
-    ``ConfigError``. The OS drops the lock when the process dies, however it dies."""
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / "node.lock", os.O_RDWR | os.O_CREAT, 0o600)
+def exclusive_lock(path: Path, in_use: str) -> Iterator[None]:
+    """Hold the lock file ``path`` for as long as the node runs; another process holding it is
+    a ``ConfigError`` saying ``in_use``. The OS drops the lock when the process dies, however
+    it dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ConfigError(
-                f"another node is using the data directory {folder}; stop it, or give this one "
-                "its own with --data-dir (and its own db.url)"
-            ) from None
+            raise ConfigError(f"{in_use} ({path})") from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         yield

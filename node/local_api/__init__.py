@@ -8,16 +8,17 @@ receipts on), and ``api.app.create_app`` served on a socket bound before the nod
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
 from api.app import create_app
 from api.services import Refused
+from node.local_api.client import socket_url
 from node.local_api.server import ApiServer, serve_api
 from node.local_api.snapshot import Meter, SnapshotBox, take_snapshot
 from node.local_api.views import ClaimNow, NodeViews
-from node.local_api.watcher import watch_chain
+from node.local_api.watcher import ChainReader, watch_chain
 from node.receipts.book import address_of_peer
 from node.receipts.epochs import WorkerEpochs
 from node.runtime.live_node import LiveNode
@@ -29,14 +30,13 @@ class LocalApi:
     """A bound socket and the token, made before the node starts (``node.composition``)."""
 
     sock: socket.socket
-    token: str
+    token: str = field(repr=False)  # a secret: never in a log line
     snapshot_period_s: float = 1.0
     chain_period_s: float = 5.0
 
     @property
     def url(self) -> str:
-        host, port = self.sock.getsockname()[:2]
-        return f"http://{host}:{port}"
+        return socket_url(self.sock)
 
 
 async def run_local_api(node: LiveNode, api: LocalApi, box: SnapshotBox) -> None:
@@ -57,9 +57,8 @@ async def run_local_api(node: LiveNode, api: LocalApi, box: SnapshotBox) -> None
         async with trio.open_nursery() as nursery:
             if parts is not None and records is not None:
                 ledger = parts.cycle.ledger
-                nursery.start_soon(
-                    watch_chain, box, ledger.c, ledger, records, address, api.chain_period_s
-                )
+                reader = ChainReader(ledger.c, ledger, records, address)
+                nursery.start_soon(watch_chain, box, reader, api.chain_period_s)
             meter = Meter()
             while True:
                 box.snapshot = take_snapshot(node, box, meter)

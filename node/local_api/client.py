@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from typing import Any
@@ -14,6 +15,12 @@ MAX_ANSWER_BYTES = 16 * 1024 * 1024
 
 def api_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def socket_url(sock: socket.socket) -> str:
+    """The API's URL on a bound socket (IPv6 hosts bracketed)."""
+    host, port = sock.getsockname()[:2]
+    return api_url(host, port)
 
 
 def call_api(
@@ -30,7 +37,7 @@ def call_api(
         request.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-            return json.loads(answer.read(MAX_ANSWER_BYTES))
+            body_bytes = answer.read(MAX_ANSWER_BYTES)
     except urllib.error.HTTPError as exc:
         try:
             detail = json.loads(exc.read(MAX_ANSWER_BYTES)).get("detail", exc.reason)
@@ -41,4 +48,10 @@ def call_api(
         raise NodeNotRunning(
             f"no node answers at {url} ({getattr(exc, 'reason', exc)}); start it with "
             "`gwtf-node start`, or point --api-port at the one running"
+        ) from exc
+    try:
+        return json.loads(body_bytes)
+    except ValueError as exc:
+        raise GwtfError(
+            f"what answers at {url} is not a GWTF node's API (no JSON); check --api-port"
         ) from exc

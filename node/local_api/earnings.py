@@ -57,14 +57,13 @@ def phase_of(times: EpochTimes, book: EpochBook | None, now: int) -> str:
 
 def earnings_of(
     run_id: int,
-    worked: Mapping[int, int],
-    worked_with: Mapping[int, set[str]],
+    worked: Mapping[int, Mapping[str, int]],
     claims: Sequence[ClaimRecord],
     chain: ChainView,
 ) -> list[EpochEarnings]:
     """One ``EpochEarnings`` per epoch the node worked in or claimed, oldest first.
-    ``worked[epoch]`` is the units of its countersigned receipts, ``worked_with[epoch]`` the
-    data nodes it signed receipts for."""
+    ``worked[epoch][data_node]`` is the units of its countersigned receipts for that data node's
+    microbatches (0 for a data node it signed receipts for that were never countersigned)."""
     by_epoch: dict[int, list[ClaimRecord]] = defaultdict(list)
     for claim in claims:
         by_epoch[claim.epoch].append(claim)
@@ -73,7 +72,7 @@ def earnings_of(
         paid[event.epoch] += event.amount_wei
     epochs = sorted(set(worked) | set(by_epoch) | set(paid))
     return [
-        _epoch(run_id, e, worked.get(e, 0), worked_with.get(e, set()), by_epoch[e], chain, paid)
+        _epoch(run_id, e, worked.get(e, {}), by_epoch[e], chain, paid)
         for e in epochs
         if e in chain.times
     ]
@@ -82,44 +81,69 @@ def earnings_of(
 def _epoch(
     run_id: int,
     epoch: int,
-    units_worked: int,
-    data_nodes: set[str],
+    worked: Mapping[str, int],
     claims: list[ClaimRecord],
     chain: ChainView,
     paid: Mapping[int, int],
 ) -> EpochEarnings:
     book = chain.books.get(epoch)
     phase = phase_of(chain.times[epoch], book, chain.now)
+    # Addresses compared whatever their case (receipts hold them checksummed).
+    worked = {data_node.lower(): units for data_node, units in worked.items()}
+    by_data_node = {c.data_node.lower(): c for c in claims}
     certified = [c for c in claims if c.status in ("pending", "confirmed")]
-    units_certified = sum(c.units for c in certified) if certified else None
-    challenged = sum(c.units for c in claims if c.error and c.error.startswith(CHALLENGED))
+    challenged = sum(c.units for c in claims if _challenged(c))
     claimed_wei = sum(c.amount_wei for c in claims if c.status == "confirmed")
-    expected_wei = None
+    expected_wei = claimable = None
     if book is not None and book.budget_fixed and book.total_units > 0:
-        units = units_certified if units_certified is not None else units_worked
-        expected_wei = reward_wei(book.budget_wei, units, book.total_units)
-    open_claims = data_nodes - {c.data_node for c in claims if c.status in FINAL}
+        # The contract pays each (epoch, data node) range on its own, rounded down, so the
+        # expectation is the sum of those shares: a data node's certified units once a claim
+        # has read them, the node's own countersigned units before.
+        shares = {
+            data_node: reward_wei(book.budget_wei, units, book.total_units)
+            for data_node in set(worked) | set(by_data_node)
+            if (units := _expected_units(worked.get(data_node, 0), by_data_node.get(data_node)))
+        }
+        expected_wei = sum(shares.values())
+        open_shares = [
+            share
+            for data_node, share in shares.items()
+            if (c := by_data_node.get(data_node)) is None or c.status not in FINAL
+        ]
+        claimable = sum(open_shares) if phase == "settled" else 0
     settling = phase in ("working", "certifying", "disputable")
-    pending = (expected_wei or 0) if settling else 0
-    claimable = 0
-    if phase == "settled" and open_claims and expected_wei is not None:
-        claimable = max(0, expected_wei - claimed_wei)
     return EpochEarnings(
         run_id=run_id,
         epoch=epoch,
         phase=phase,  # type: ignore[arg-type]
-        units_worked=units_worked,
-        units_certified=units_certified,
+        units_worked=sum(worked.values()),
+        units_certified=sum(c.units for c in certified) if certified else None,
         units_challenged=challenged,
         expected=None if expected_wei is None else Amount.of(expected_wei),
-        pending=Amount.of(pending),
-        claimable=Amount.of(claimable),
+        pending=Amount.of(expected_wei or 0 if settling else 0),
+        claimable=Amount.of(claimable or 0),
         claimed=Amount.of(claimed_wei),
         chain_claimed=Amount.of(paid.get(epoch, 0)),
         chain_budget=Amount.of(book.budget_wei) if book is not None and book.budget_fixed else None,
         chain_total_units=book.total_units if book is not None else None,
         claims=[claim_view(c) for c in sorted(claims, key=lambda c: c.data_node)],
     )
+
+
+def _challenged(claim: ClaimRecord) -> bool:
+    # A refusal is recorded as "<revert name>: <message>".
+    return claim.status == "failed" and (claim.error or "").startswith(CHALLENGED)
+
+
+def _expected_units(worked: int, claim: ClaimRecord | None) -> int:
+    """The units one data node's range is expected to pay for."""
+    if claim is None:
+        return worked
+    if claim.status in ("pending", "confirmed"):
+        return claim.units  # what the certificate says, read when the claim was built
+    if claim.status in ("uncertified", "not certified") or _challenged(claim):
+        return 0
+    return worked  # a claim that failed for another reason can be tried again
 
 
 def claim_view(claim: ClaimRecord) -> ClaimView:

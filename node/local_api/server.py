@@ -20,6 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from gwtf.errors import ConfigError, GwtfError
+from node.local_api.client import socket_url
 
 log = logging.getLogger(__name__)
 TOKEN_BYTES = 32
@@ -28,16 +29,35 @@ TOKEN_BYTES = 32
 def api_token(path: str | Path) -> str:
     """The API's bearer token from ``path``, created (0600) when missing."""
     path = Path(path)
-    if path.is_file():
-        token = path.read_text().strip()
-        if len(token) >= 16:
+    try:
+        return _read_or_make_token(path)
+    except OSError as exc:
+        raise ConfigError(
+            f"the API token file {path} cannot be read or made ({exc.strerror}); check its "
+            "folder's permissions, or set api.token_file elsewhere"
+        ) from exc
+
+
+def _read_or_make_token(path: Path) -> str:
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        token = secrets.token_urlsafe(TOKEN_BYTES)
+        # Written whole, then linked into place: a node starting beside this one reads either
+        # no file or a complete one, and one of the two tokens wins.
+        draft = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(token + "\n")
+        try:
+            os.link(draft, path)
             return token
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    token = path.read_text().strip()
+    if len(token) < 16:
         raise ConfigError(f"{path} holds no valid API token; delete it and a new one is made")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(TOKEN_BYTES)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(token + "\n")
     return token
 
 
@@ -68,8 +88,7 @@ class ApiServer:
 
     @property
     def url(self) -> str:
-        host, port = self.sock.getsockname()[:2]
-        return f"http://{host}:{port}"
+        return socket_url(self.sock)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self.server.should_exit = True

@@ -77,9 +77,8 @@ class NodeViews:
     def earnings(self) -> Earnings:
         records = self._records()
         chain = self._chain()
-        work = records.work(self.run_id)
         claims = claim_records(records, self.run_id)
-        epochs = earnings_of(self.run_id, work.units, work.data_nodes, claims, chain.view)
+        epochs = earnings_of(self.run_id, records.work(self.run_id), claims, chain.view)
         return Earnings(
             run_id=self.run_id,
             node_address=self.node_address,

@@ -1,24 +1,25 @@
 """What the chain says of this node's run, read every few seconds for the API and the CLI.
 
-``read_chain`` (blocking web3, run in a worker thread) reads the chain's time, the windows and
+A ``ChainReader`` (blocking web3, run in a worker thread) reads the chain's time, the windows and
 books of every epoch the node worked or claimed in, the rewards paid to it, its run and the
-run's slashes. The node's loop keeps the latest in its ``SnapshotBox``; ``gwtf-node earnings``
-calls it once.
+run's slashes. The node's loop keeps the latest reading in its ``SnapshotBox``; ``gwtf-node
+earnings`` reads once.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
 from api.schemas import Amount, RunView, Slashed
 from contracts.fraud_proofs import Fraud
-from gwtf.errors import ChainError
 from node.chain.actions import Contracts
 from node.chain.adapter import RunInfo
-from node.chain.epochs import EpochLedger
+from node.chain.epochs import EpochBook, EpochLedger, EpochTimes
 from node.local_api.earnings import ChainView, ClaimRecord, earnings_of
 from node.local_api.snapshot import ChainParts, SnapshotBox
 from node.store.views import NodeRecords
@@ -35,29 +36,81 @@ def claim_records(records: NodeRecords, run_id: int) -> list[ClaimRecord]:
     ]
 
 
-def read_chain(
-    contracts: Contracts, ledger: EpochLedger, records: NodeRecords, node: str
-) -> ChainParts:
-    run_id = ledger.run_id
-    work = records.work(run_id)
-    claims = claim_records(records, run_id)
-    paid = ledger.rewards_to(node)
-    epochs = sorted(set(work.units) | {c.epoch for c in claims} | {p.epoch for p in paid})
-    view = ChainView(
-        now=ledger.now(),
-        times={e: ledger.epoch_times(e) for e in epochs},
-        books={e: ledger.book(e) for e in epochs},
-        paid=paid,
-    )
-    earned = earnings_of(run_id, work.units, work.data_nodes, claims, view)
-    runs = tuple(v for v in [run_view(contracts, run_id, node)] if v is not None)
-    return ChainParts(
-        view=view,
-        runs=runs,
-        slashes=tuple(slashes_of(contracts, run_id)),
-        claimed_wei=sum(int(e.claimed.wei) for e in earned),
-        claimable_wei=sum(int(e.claimable.wei) for e in earned),
-    )
+#: Blocks read again at each reading, so that logs of blocks a reorganisation replaced go away.
+REORG_BLOCKS = 64
+
+
+@dataclass
+class EventTail:
+    """One event's logs, read incrementally: each reading asks for the blocks since the last
+    (and ``REORG_BLOCKS`` before), never the whole chain again."""
+
+    fetch: Callable[[int, int], Sequence[Any]]  # (from block, to block) → items with .block
+    items: list[Any] = field(default_factory=list)
+    next_block: int = 0
+
+    def read(self, latest: int) -> list[Any]:
+        start = max(0, min(self.next_block, latest + 1) - REORG_BLOCKS)
+        if latest >= start:
+            fresh = list(self.fetch(start, latest))
+            self.items = [item for item in self.items if item.block < start] + fresh
+        self.next_block = latest + 1
+        return list(self.items)
+
+
+@dataclass
+class ChainReader:
+    """Reads what the chain says of ``node``'s run. It remembers what can no longer change:
+    epoch windows, the books of closed epochs, events already read; so a node in a long run
+    asks for the epochs still moving and the blocks since its last reading."""
+
+    contracts: Contracts
+    ledger: EpochLedger
+    records: NodeRecords
+    node: str
+    times: dict[int, EpochTimes] = field(default_factory=dict)
+    closed_books: dict[int, EpochBook] = field(default_factory=dict)
+    rewards: EventTail = field(init=False)
+    slashes: EventTail = field(init=False)
+
+    def __post_init__(self) -> None:
+        run_id = self.ledger.run_id
+        self.rewards = EventTail(lambda a, b: self.ledger.rewards_to(self.node, a, b))
+        self.slashes = EventTail(lambda a, b: slashes_of(self.contracts, run_id, a, b))
+
+    def read(self) -> ChainParts:
+        run_id = self.ledger.run_id
+        work = self.records.work(run_id)
+        claims = claim_records(self.records, run_id)
+        latest = int(self.contracts.w3.eth.block_number)
+        paid = self.rewards.read(latest)
+        epochs = sorted(set(work) | {c.epoch for c in claims} | {p.epoch for p in paid})
+        for epoch in epochs:
+            if epoch not in self.times:
+                self.times[epoch] = self.ledger.epoch_times(epoch)
+        view = ChainView(
+            now=self.ledger.now(),
+            times={e: self.times[e] for e in epochs},
+            books={e: self._book(e) for e in epochs},
+            paid=paid,
+        )
+        earned = earnings_of(run_id, work, claims, view)
+        runs = tuple(v for v in [run_view(self.contracts, run_id, self.node)] if v is not None)
+        return ChainParts(
+            view=view,
+            runs=runs,
+            slashes=tuple(self.slashes.read(latest)),
+            claimed_wei=sum(int(e.claimed.wei) for e in earned),
+            claimable_wei=sum(int(e.claimable.wei) for e in earned),
+        )
+
+    def _book(self, epoch: int) -> EpochBook:
+        if epoch in self.closed_books:
+            return self.closed_books[epoch]
+        book = self.ledger.book(epoch)
+        if book.closed:
+            self.closed_books[epoch] = book
+        return book
 
 
 def run_view(contracts: Contracts, run_id: int, node: str) -> RunView | None:
@@ -89,10 +142,13 @@ def run_fields(run: RunInfo) -> dict[str, Any]:
     }
 
 
-def slashes_of(contracts: Contracts, run_id: int) -> list[Slashed]:
-    """Every node slashed for fraud in ``run_id``, from the ``FraudProven`` events."""
+def slashes_of(
+    contracts: Contracts, run_id: int, from_block: int = 0, to_block: int | str = "latest"
+) -> list[Slashed]:
+    """The nodes slashed for fraud in ``run_id`` in those blocks, from the ``FraudProven``
+    events."""
     logs = contracts.disputes.events.FraudProven.get_logs(
-        argument_filters={"runId": run_id}, from_block=0
+        argument_filters={"runId": run_id}, from_block=from_block, to_block=to_block
     )
     return [
         Slashed(
@@ -102,28 +158,26 @@ def slashes_of(contracts: Contracts, run_id: int) -> list[Slashed]:
             fraud=Fraud(a["fraud"]).name.lower().replace("_", " "),
             slashed=Amount.of(int(a["slashedWei"])),
             tx_hash="0x" + bytes(log["transactionHash"]).hex(),
+            block=int(log["blockNumber"]),
         )
         for log in logs
         for a in (log["args"],)
     ]
 
 
-async def watch_chain(
-    box: SnapshotBox,
-    contracts: Contracts,
-    ledger: EpochLedger,
-    records: NodeRecords,
-    node: str,
-    period_s: float,
-) -> None:
-    """Keep ``box.chain`` current; a failed read keeps the last one and says so once."""
+async def watch_chain(box: SnapshotBox, reader: ChainReader, period_s: float) -> None:
+    """Keep ``box.chain`` current; a failed read keeps the last one and says so once. Whatever
+    a reading raises, the node goes on: its API shows the last reading."""
     failing = False
     while True:
         try:
-            box.chain = await trio.to_thread.run_sync(read_chain, contracts, ledger, records, node)
+            box.chain = await trio.to_thread.run_sync(reader.read)
             failing = False
-        except (ChainError, OSError) as exc:
+        except Exception as exc:  # the boundary: no reading may stop the node
             if not failing:
-                log.warning("the chain's view of the run was not read (%s); keeping the last", exc)
+                log.warning(
+                    "the chain's view of the run was not read (%s: %s); keeping the last",
+                    type(exc).__name__, exc,
+                )  # fmt: skip
             failing = True
         await trio.sleep(period_s)

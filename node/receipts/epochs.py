@@ -289,16 +289,17 @@ class WorkerEpochs:
     timeout_s: float
     status: CycleStatus = field(default_factory=CycleStatus)
     done: set[tuple[int, str]] = field(default_factory=set)
-    #: (epoch, data node) pairs this node has complete receipts of: read from its database
-    #: once, then kept up by ``worked_in`` as receipts complete.
-    worked: set[tuple[int, str]] | None = None
+    #: (epoch, data node) pairs this node has complete receipts of: kept up by ``worked_in`` as
+    #: receipts complete, and merged with its database's once (a receipt completing while that
+    #: read is under way is in one or the other).
+    worked: set[tuple[int, str]] = field(default_factory=set)
+    _worked_loaded: bool = False
     _retry: dict[tuple[int, str], Retry] = field(default_factory=dict)
     #: One claim at a time: the cycle's and an operator's ``claim_now`` never send one twice.
     _claiming: trio.Lock = field(default_factory=trio.Lock)
 
     def worked_in(self, epoch: int, data_node: str) -> None:
-        if self.worked is not None:
-            self.worked.add((epoch, data_node))
+        self.worked.add((epoch, data_node))
 
     async def run(self) -> None:
         while True:
@@ -306,9 +307,10 @@ class WorkerEpochs:
             await trio.sleep(1.0)
 
     async def _load_worked(self) -> set[tuple[int, str]]:
-        if self.worked is None:
+        if not self._worked_loaded:
             pairs = await trio.to_thread.run_sync(self.store.signed_epochs, self.terms.run_id)
-            self.worked = set(pairs)
+            self.worked |= set(pairs)
+            self._worked_loaded = True
         return self.worked
 
     async def step(self) -> None:
@@ -340,13 +342,29 @@ class WorkerEpochs:
             if exc.name not in FINAL_REVERTS:
                 retry.failed(f"claim of epoch {epoch} from {data_node}", exc)
                 return
-            log.warning("claim of epoch %s from %s refused for good: %s", epoch, data_node, exc)
-            # The units it claimed stay on record: what a challenge, or a slash, cost it.
-            asked = self.records.claim(self.terms.run_id, epoch, data_node, self.address)
-            units = asked.units if asked is not None else 0
-            self._final(epoch, data_node, units, "failed", error=f"{exc.name}: {exc}")
+            try:
+                await self._refused(epoch, data_node, exc)
+            except (ChainError, OSError) as reread:
+                retry.failed(f"claim of epoch {epoch} from {data_node}", reread)
         except (ChainError, OSError, PeerUnavailable, ProtocolError) as exc:
             retry.failed(f"claim of epoch {epoch} from {data_node}", exc)
+
+    async def _refused(self, epoch: int, data_node: str, exc: ContractRevert) -> None:
+        # An earlier send that timed out may have been mined since (``AlreadyClaimed``): the
+        # chain's event, not the refusal, is then what happened.
+        paid = await trio.to_thread.run_sync(self.ledger.paid, epoch, data_node, self.address)
+        if paid is not None:
+            await self._final(
+                epoch, data_node, paid.units, "confirmed", paid.amount_wei, paid.tx_hash
+            )
+            return
+        log.warning("claim of epoch %s from %s refused for good: %s", epoch, data_node, exc)
+        # The units it claimed stay on record: what a challenge, or a slash, cost it.
+        asked = await trio.to_thread.run_sync(
+            self.records.claim, self.terms.run_id, epoch, data_node, self.address
+        )
+        units = asked.units if asked is not None else 0
+        await self._final(epoch, data_node, units, "failed", error=f"{exc.name}: {exc}")
 
     async def claim(self, epoch: int, data_node: str) -> None:
         run_id, ledger = self.terms.run_id, self.ledger
@@ -355,16 +373,18 @@ class WorkerEpochs:
             return
         paid = await trio.to_thread.run_sync(ledger.paid, epoch, data_node, self.address)
         if paid is not None:  # claimed, perhaps before a crash
-            self._final(epoch, data_node, paid.units, "confirmed", paid.amount_wei, paid.tx_hash)
+            await self._final(
+                epoch, data_node, paid.units, "confirmed", paid.amount_wei, paid.tx_hash
+            )
             return
         cert = await trio.to_thread.run_sync(ledger.certificate, epoch, data_node)
         if cert is None:
             if self.clock.now >= times.submit_closes_at:
-                self._final(epoch, data_node, 0, "uncertified")
+                await self._final(epoch, data_node, 0, "uncertified")
             return
         span = await self.fetch_range(epoch, data_node)
         if span is None:
-            self._final(epoch, data_node, 0, "not certified")
+            await self._final(epoch, data_node, 0, "not certified")
             return
         _check_range(span, cert.root, self.address)
         await trio.to_thread.run_sync(
@@ -376,7 +396,7 @@ class WorkerEpochs:
             "epoch %s: claimed %s units of %s's certificate: %s wei",
             epoch, paid.units, data_node, paid.amount_wei,
         )  # fmt: skip
-        self._final(epoch, data_node, paid.units, "confirmed", paid.amount_wei, paid.tx_hash)
+        await self._final(epoch, data_node, paid.units, "confirmed", paid.amount_wei, paid.tx_hash)
 
     async def fetch_range(self, epoch: int, data_node: str) -> WorkerRange | None:
         """This node's range of ``data_node``'s certificate of ``epoch``, asked of it."""
@@ -385,7 +405,7 @@ class WorkerEpochs:
             raise PeerUnavailable(f"data node {data_node} is not among this node's peers")
         return await request_range(self.rpc, peer, self.terms.run_id, epoch, self.timeout_s)
 
-    def _final(
+    async def _final(
         self,
         epoch: int,
         data_node: str,
@@ -395,9 +415,9 @@ class WorkerEpochs:
         tx_hash: bytes | None = None,
         error: str | None = None,
     ) -> None:
-        self.records.save_claim(
-            self.terms.run_id, epoch, data_node, self.address, units, status, amount_wei,
-            tx_hash, error,
+        await trio.to_thread.run_sync(
+            self.records.save_claim, self.terms.run_id, epoch, data_node, self.address, units,
+            status, amount_wei, tx_hash, error,
         )  # fmt: skip
         self.done.add((epoch, data_node))
         self.status.claims[f"{epoch}:{data_node}"] = {

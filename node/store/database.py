@@ -10,13 +10,14 @@ build picks up an older database by itself.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -52,13 +53,22 @@ def alembic_config(url: str, connection: Any = None) -> Config:
     return config
 
 
+def shown_url(url: str) -> str:
+    """``url`` with any password masked, for messages and logs."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        # Not parsable: mask whatever sits where a password would, between ":" and "@".
+        return re.sub(r":[^:@/]*@", ":***@", url)
+
+
 def create_store_engine(url: str) -> Engine:
     """The engine for ``url``; SQLite files get WAL, synchronous=NORMAL and foreign keys."""
     try:
         engine = create_engine(url, future=True)
     except (ArgumentError, ImportError) as exc:
         raise ConfigError(
-            f"db.url={url!r} is not a database URL this node can open ({exc}); use "
+            f"db.url={shown_url(url)!r} is not a database URL this node can open ({exc}); use "
             "sqlite:///path/node.sqlite or postgresql+psycopg://user@host/db"
         ) from exc
     if engine.dialect.name == "sqlite":

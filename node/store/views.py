@@ -12,14 +12,9 @@ from sqlalchemy import Select, func, literal, select, union_all
 from node.store.database import Database
 from node.store.models import ReceivedHop, RewardClaim, SignedHop
 
-
-@dataclass(frozen=True)
-class Work:
-    """Per epoch: the units of this node's countersigned receipts, and the data nodes it signed
-    receipts for (complete or not: their receivers may have reported them)."""
-
-    units: dict[int, int]
-    data_nodes: dict[int, set[str]]
+#: epoch → data node → units of this node's countersigned receipts for that data node's
+#: microbatches; a data node it signed receipts for that none countersigned is there with 0.
+Work = dict[int, dict[str, int]]
 
 
 @dataclass(frozen=True)
@@ -59,8 +54,7 @@ class NodeRecords:
         self.db = db
 
     def work(self, run_id: int) -> Work:
-        units: dict[int, int] = defaultdict(int)
-        data_nodes: dict[int, set[str]] = defaultdict(set)
+        work: Work = defaultdict(dict)
         complete = func.sum(SignedHop.units).filter(SignedHop.counterparty_signature.is_not(None))
         query = (
             select(SignedHop.epoch, SignedHop.data_node, complete)
@@ -69,9 +63,8 @@ class NodeRecords:
         )
         with self.db.sessions() as session:
             for epoch, data_node, total in session.execute(query):
-                units[epoch] += int(total or 0)
-                data_nodes[epoch].add(data_node)
-        return Work(dict(units), dict(data_nodes))
+                work[epoch][data_node] = int(total or 0)
+        return dict(work)
 
     def claims(self, run_id: int) -> list[RewardClaim]:
         with self.db.sessions() as session:

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import IO, Any
@@ -374,7 +375,7 @@ def _api_view(status: dict[str, Any] | None, proc: Proc) -> dict[str, Any] | Non
     if url is None or proc.popen.poll() is not None:
         return None
     try:
-        health = _get_json(f"{url}/healthz")
+        health = _health(url)
         earnings = _get_json(f"{url}/v1/earnings")
     except (OSError, ValueError) as exc:
         return {"error": str(exc)}
@@ -383,6 +384,13 @@ def _api_view(status: dict[str, Any] | None, proc: Proc) -> dict[str, Any] | Non
         "claimed_wei": earnings["total_claimed"]["wei"],
         "epochs": len(earnings["epochs"]),
     }
+
+
+def _health(url: str) -> Any:
+    try:
+        return _get_json(f"{url}/healthz")
+    except urllib.error.HTTPError as exc:  # 503: not "ok", and its body says which
+        return json.loads(exc.read())
 
 
 def _get_json(url: str) -> Any:

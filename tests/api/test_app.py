@@ -28,7 +28,8 @@ def test_status_peers_and_health_come_from_the_snapshot(app: FastAPI) -> None:
 def test_a_node_not_started_yet_says_so_with_503(views: NodeViews, tmp_path) -> None:  # type: ignore[no-untyped-def]
     views.box = SnapshotBox()
     client = TestClient(create_app(views, token=TOKEN, dashboard_dir=tmp_path))
-    assert client.get("/healthz").json()["status"] == "starting"
+    health = client.get("/healthz")
+    assert health.status_code == 503 and health.json()["status"] == "starting"
     answer = client.get("/v1/status")
     assert answer.status_code == 503 and "starting" in answer.json()["detail"]
     assert client.get("/v1/earnings").status_code == 503  # the chain not read yet

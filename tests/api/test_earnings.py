@@ -25,32 +25,54 @@ def test_phases_follow_chain_time() -> None:
 
 
 def test_the_expected_share_is_the_contracts_formula_rounded_down() -> None:
-    (epoch,) = earnings_of(1, {0: 3}, {0: {DN}}, [], view(300))
+    (epoch,) = earnings_of(1, {0: {DN: 3}}, [], view(300))
     assert epoch.expected is not None and int(epoch.expected.wei) == reward_wei(10**18, 3, 7)
     assert int(epoch.expected.wei) == 10**18 * 3 // 7  # 428571428571428571: rounded down
     assert epoch.pending == epoch.expected and epoch.claimable.wei == "0"
 
 
 def test_a_settled_epoch_is_claimable_until_claimed() -> None:
-    (settled,) = earnings_of(1, {0: 3}, {0: {DN}}, [], view(800))
+    (settled,) = earnings_of(1, {0: {DN: 3}}, [], view(800))
     assert settled.claimable == settled.expected and settled.pending.wei == "0"
     # The data node's range says 2 units were certified; the claim paid them.
     amount = reward_wei(10**18, 2, 7)
     claim = ClaimRecord(0, DN, 2, "confirmed", amount, b"\x01" * 32, None)
     paid = (RewardPaid(0, DN, 2, amount, b"\x01" * 32),)
-    (claimed,) = earnings_of(1, {0: 3}, {0: {DN}}, [claim], view(800, paid=paid))
+    (claimed,) = earnings_of(1, {0: {DN: 3}}, [claim], view(800, paid=paid))
     assert claimed.units_certified == 2 and int(claimed.claimed.wei) == amount
     assert claimed.chain_claimed == claimed.claimed and claimed.claimable.wei == "0"
 
 
 def test_a_claim_refused_for_a_slash_counts_as_challenged_and_pays_nothing() -> None:
     refused = ClaimRecord(0, DN, 3, "failed", 0, None, "ClaimantSlashed: the node was slashed")
-    (epoch,) = earnings_of(1, {0: 3}, {0: {DN}}, [refused], view(800))
+    (epoch,) = earnings_of(1, {0: {DN: 3}}, [refused], view(800))
     assert epoch.units_challenged == 3
     assert (epoch.claimed.wei, epoch.claimable.wei) == ("0", "0")
 
 
 def test_an_epoch_without_a_certificate_expects_nothing_yet() -> None:
     unfixed = EpochBook(0, 0, False, 0, 0, False)
-    (epoch,) = earnings_of(1, {0: 3}, {0: {DN}}, [], view(300, unfixed))
+    (epoch,) = earnings_of(1, {0: {DN: 3}}, [], view(300, unfixed))
     assert epoch.expected is None and epoch.chain_budget is None and epoch.pending.wei == "0"
+
+
+def test_each_data_nodes_range_is_its_own_rounded_share() -> None:
+    # Certified units from the claim of one data node, countersigned units of the other (not
+    # claimed yet): both count, each rounded down as the contract pays them.
+    other = "0x" + "ef" * 20
+    book = EpochBook(10, 7, True, 0, 0, False)  # 10 wei over 7 units: rounding shows
+    claim = ClaimRecord(0, DN, 2, "confirmed", reward_wei(10, 2, 7), b"\x01" * 32, None)
+    (epoch,) = earnings_of(1, {0: {DN: 3, other: 2}}, [claim], view(800, book))
+    assert int(epoch.expected.wei) == 2 * reward_wei(10, 2, 7) == 4  # type: ignore[union-attr]
+    assert reward_wei(10, 4, 7) == 5  # one share of both would be more than is paid
+    assert int(epoch.claimable.wei) == reward_wei(10, 2, 7)
+    assert epoch.units_worked == 5 and epoch.units_certified == 2
+
+
+def test_a_claim_that_failed_for_another_reason_still_expects_its_units() -> None:
+    failed = ClaimRecord(0, DN, 3, "failed", 0, None, "RunClosed: the run is closed")
+    uncertified = ClaimRecord(0, "0x" + "ef" * 20, 0, "uncertified", 0, None, None)
+    (epoch,) = earnings_of(1, {0: {DN: 3, uncertified.data_node: 4}}, [failed, uncertified],
+                           view(800))  # fmt: skip
+    assert int(epoch.expected.wei) == reward_wei(10**18, 3, 7)  # type: ignore[union-attr]
+    assert epoch.units_challenged == 0 and epoch.claimable.wei == "0"

@@ -151,8 +151,22 @@ def test_a_data_node_certifies_the_chained_hops_of_members_and_submits_once(
     assert paid == budget
 
 
-def test_a_claim_mined_before_a_crash_is_recorded_and_never_sent_again(
-    staffed: Staffed, tmp_path: Path
+class LateLedger(EpochLedger):
+    """The real ledger, whose first look for a mined claim misses it: as when a send timed out
+    and its transaction was mined after the look."""
+
+    looked = False
+
+    def paid(self, epoch: int, data_node: str, node: str) -> Any:
+        if not self.looked:
+            self.looked = True
+            return None
+        return super().paid(epoch, data_node, node)
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["seen-before-sending", "refused-then-seen"])
+def test_a_claim_mined_before_a_crash_is_recorded_and_never_paid_twice(
+    staffed: Staffed, tmp_path: Path, late: bool
 ) -> None:
     s, w = staffed, staffed.w
     entries, anchors = chained_hops(s, w.register("ghost", w.stranger))
@@ -166,7 +180,7 @@ def test_a_claim_mined_before_a_crash_is_recorded_and_never_sent_again(
     span = cycle.inbox.trees[0].worker_range(s.a.address)
     assert cert is not None and span is not None
     w.to_settled(s.run, 0)
-    wallet = EpochLedger(suite_of(w), s.run, Sender.unlocked(w.wallet(0)))
+    wallet = (LateLedger if late else EpochLedger)(suite_of(w), s.run, Sender.unlocked(w.wallet(0)))
     mined = wallet.claim(cert, span)  # ... and the node died before recording it
 
     db = open_database(f"sqlite:///{tmp_path / 'a.sqlite'}")
@@ -180,9 +194,15 @@ def test_a_claim_mined_before_a_crash_is_recorded_and_never_sent_again(
         cycle.terms, s.a.address, wallet, clock, HopStore(db), LedgerRecords(db), unused,
         no_peer, 1.0,
     )  # fmt: skip
-    trio.run(worker.claim, 0, s.data.address)
+    if late:  # it missed the claim, so it asks for its range and sends it again: refused
+
+        async def fetch_range(epoch: int, data_node: str) -> Any:
+            return span
+
+        worker.fetch_range = fetch_range  # type: ignore[method-assign]
+    trio.run(worker._try_claim, 0, s.data.address)
     record = worker.records.claim(s.run, 0, s.data.address, s.a.address)
-    assert record is not None and record.status == "confirmed"
+    assert record is not None and (record.status, record.error) == ("confirmed", None)
     assert record.amount_wei == str(mined.amount_wei) and record.tx_hash == mined.tx_hash
     assert (0, s.data.address) in worker.done
     assert len(w.ledger.events.RewardClaimed.get_logs(from_block=0)) == 1

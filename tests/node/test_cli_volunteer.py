@@ -180,3 +180,34 @@ def test_every_command_takes_json_and_the_simple_ones_answer_in_it(
     assert isinstance(sent, dict) and sent["sent"] == {"wei": str(15 * ETH // 10), "eth": "1.5"}
     report = cli_json(capsys, "demo")
     assert isinstance(report, dict) and report["certified_hops"] > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (("receipts", "--node", "0x" + "ab" * 20, "--epoch", "9" * 40), "out of range"),
+        (("receipts", "--node", "0x" + "ab" * 20, "--limit", "0"), "1 or more"),
+        (("runs", "close", "--run", "-1", "--wallet", "w.json"), "out of range"),
+        (("runs", "add-data-node", "--run", "1", "--node", "bob", "--wallet", "w"), "not an addr"),
+        (("earnings", "--node", "0x12", "--run", "1"), "not an address"),
+        (("start", "--wallet", "w", "--run", "1", "--api-port", "70000"), "port number"),
+        (("status", "--api-port", "x"), "not a port number"),
+    ],
+)
+def test_a_flag_out_of_its_range_is_a_usage_error_naming_it(
+    capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], says: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run_cli(capsys, *argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and says in err and "Traceback" not in err
+
+
+def test_a_database_url_in_an_error_never_shows_its_password(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = "nosuchdb://operator:hunter2-secret@db.example/node"
+    code, _, err = run_cli(capsys, "earnings", "--node", "0x" + "ab" * 20, "--run", "1",
+                           "--db-url", url)  # fmt: skip
+    assert code != 0 and "hunter2" not in err
+    assert_one_line_error(err, "operator:***@db.example")

@@ -22,9 +22,11 @@ from typing import Any
 import pytest
 from web3 import Web3
 
+from gwtf.errors import ConfigError
 from node.chain.actions import Contracts
 from node.chain.adapter import advance_time, advance_time_to
 from node.chain.epochs import EpochLedger
+from node.cli.start import _DIR_IN_USE, exclusive_lock
 from node.local_api.client import call_api
 from tests.node.test_cli import assert_one_line_error, run_cli
 from tests.node.test_cli_volunteer import cli_json, new_wallet
@@ -157,12 +159,12 @@ def test_register_start_earn_claim_leave_unstake_withdraw(
                        f"relay-{i} to serve", 60)  # fmt: skip
         stages = sorted(call_api(url, "/v1/status")["stage"] for url in urls)
         assert stages == [1, 2], "the second relay took the stage nobody served"
-        # A second node on a data directory in use is refused in one line.
+        # The same node started twice is refused in one line (it would sign two versions).
         code, _, err = run_cli(capsys, "--config", str(tmp_path / "relay-0.toml"), *common,
                                *volunteers[0][0], "--bootstrap", address,
                                "--data-dir", str(tmp_path / "relay-0"))  # fmt: skip
         assert code == 2
-        assert_one_line_error(err, "another node is using the data directory")
+        assert_one_line_error(err, "another process is running node")
 
         wait_until(lambda: call_api(data_api, "/v1/status")["iteration"] >= ITERATIONS,
                    "the data node to train its iterations", 240)  # fmt: skip
@@ -220,3 +222,12 @@ def test_register_start_earn_claim_leave_unstake_withdraw(
     advance_time(rpc_w3, WEEK_S + 1)
     withdrawn = cli_json(capsys, *chain, "withdraw", *wallet)
     assert isinstance(withdrawn, dict) and withdrawn["withdrawn"]["eth"] == "2"
+
+
+def test_a_lock_held_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    refused = pytest.raises(ConfigError, match="another node is using this data directory")
+    with exclusive_lock(tmp_path / "node.lock", _DIR_IN_USE), refused:  # noqa: SIM117
+        with exclusive_lock(tmp_path / "node.lock", _DIR_IN_USE):
+            pass
+    with exclusive_lock(tmp_path / "node.lock", _DIR_IN_USE):  # free again once released
+        assert (tmp_path / "node.lock").read_text() == str(os.getpid())
