@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.middleware.trustedhost import TrustedHostMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
@@ -49,8 +50,11 @@ def create_app(
     token: str,
     cors_origins: tuple[str, ...] = (),
     dashboard_dir: Path = DASHBOARD,
+    allowed_hosts: tuple[str, ...] = ("*",),
 ) -> FastAPI:
-    """The API of one node. ``token`` guards the mutating routes (compared in constant time)."""
+    """The API of one node. ``token`` guards the mutating routes (compared in constant time);
+    ``allowed_hosts`` are the Host headers answered (a page whose own name was made to point at
+    127.0.0.1, DNS rebinding, sends its own name and is refused)."""
     if len(token) < 16:
         raise ValueError("the API token must be at least 16 characters")
     app = FastAPI(
@@ -58,6 +62,8 @@ def create_app(
         version="1",
         description="A GWTF node's status, earnings, receipts, peers and flows (local only).",
     )
+    if allowed_hosts != ("*",):
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
     if cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET"])
 

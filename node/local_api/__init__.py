@@ -53,7 +53,8 @@ async def run_local_api(node: LiveNode, api: LocalApi, box: SnapshotBox) -> None
     )
     server: ApiServer | None = None
     try:
-        server = serve_api(create_app(views, token=api.token), api.sock)
+        app = create_app(views, token=api.token, allowed_hosts=hosts_of(api.sock))
+        server = serve_api(app, api.sock)
         async with trio.open_nursery() as nursery:
             if parts is not None and records is not None:
                 ledger = parts.cycle.ledger
@@ -67,6 +68,14 @@ async def run_local_api(node: LiveNode, api: LocalApi, box: SnapshotBox) -> None
         if server is not None:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(server.stop)
+
+
+def hosts_of(sock: socket.socket) -> tuple[str, ...]:
+    """The Host headers the API answers: its loopback names, or any when bound beyond them."""
+    host = sock.getsockname()[0]
+    if host in ("0.0.0.0", "::"):
+        return ("*",)
+    return tuple(dict.fromkeys((host, "127.0.0.1", "localhost", "::1", "[::1]")))
 
 
 def _claims(cycle: WorkerEpochs) -> ClaimNow:

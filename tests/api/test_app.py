@@ -4,12 +4,15 @@ Prometheus' text format."""
 
 from __future__ import annotations
 
+import socket
+
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.app import MAX_PAGE, create_app
 from api.services import Refused
+from node.local_api import hosts_of
 from node.local_api.snapshot import SnapshotBox
 from node.local_api.views import NodeViews
 from tests.api.conftest import NODE, TOKEN, UNITS, WORKING
@@ -122,3 +125,15 @@ def test_the_openapi_docs_are_served_and_cors_is_off(app: FastAPI) -> None:
     assert "access-control-allow-origin" not in answer.headers
     missing = client.get("/")
     assert missing.status_code == 404 and "make install" in missing.json()["detail"]
+
+
+def test_a_host_name_other_than_loopbacks_is_refused(views: NodeViews, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # A page whose name was pointed at 127.0.0.1 (DNS rebinding) sends its own name.
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        hosts = hosts_of(sock)
+    app = create_app(views, token=TOKEN, dashboard_dir=tmp_path, allowed_hosts=hosts)
+    client = TestClient(app, base_url="http://127.0.0.1:8787")
+    assert client.get("/v1/status").status_code == 200
+    assert client.get("/v1/status", headers={"host": "localhost:8787"}).status_code == 200
+    refused = client.get("/v1/status", headers={"host": "rebound.example:8787"})
+    assert refused.status_code == 400

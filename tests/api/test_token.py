@@ -30,5 +30,5 @@ def test_a_file_without_a_token_says_to_delete_it(tmp_path: Path) -> None:
 
 def test_a_path_that_cannot_hold_a_file_is_one_line_error(tmp_path: Path) -> None:
     (tmp_path / "api-token").mkdir()
-    with pytest.raises(ConfigError, match="cannot be read or made .* api.token_file"):
+    with pytest.raises(ConfigError, match=r"cannot be read or made .* api\.token_file"):
         api_token(tmp_path / "api-token")
