@@ -124,6 +124,18 @@ class Earnings(Schema):
     total_pending: Amount
 
 
+class InclusionProof(Schema):
+    """Where a hop sits in its data node's certificate on chain: the leaf (OpenZeppelin's
+    StandardMerkleTree over ``CertifiedHop``: index, unitsBefore, worker, units, hopKey,
+    receiptDigest, signaturesHash) and its proof against ``root``, checked by this node."""
+
+    root: str
+    leaf_index: int
+    units_before: int
+    signatures_hash: str
+    siblings: list[str] = Field(description="the Merkle proof, leaf to root")
+
+
 class ReceiptView(Schema):
     hop_key: str
     run_id: int
@@ -143,6 +155,9 @@ class ReceiptView(Schema):
     worker_signature: str
     counterparty_signature: str | None = Field(description="null until countersigned")
     as_worker: bool = Field(description="this node did the hop (else it countersigned it)")
+    proof: InclusionProof | None = Field(
+        description="in the certificate it was paid from; null until this node claimed it"
+    )
 
 
 class ReceiptPage(Schema):

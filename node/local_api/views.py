@@ -19,6 +19,7 @@ from api.schemas import (
     FlowView,
     Health,
     History,
+    InclusionProof,
     PeerView,
     ReceiptPage,
     ReceiptView,
@@ -137,6 +138,20 @@ def receipt_view(row: ReceiptRow) -> ReceiptView:
             None if row.counterparty_signature is None else _hex(row.counterparty_signature)
         ),
         as_worker=bool(row.as_worker),
+        proof=inclusion_proof(row),
+    )
+
+
+def inclusion_proof(row: ReceiptRow) -> InclusionProof | None:
+    if row.root is None or row.proof is None or row.signatures_hash is None:
+        return None
+    proof = bytes(row.proof)
+    return InclusionProof(
+        root=_hex(row.root),
+        leaf_index=int(row.leaf_index or 0),
+        units_before=int(row.units_before or 0),
+        signatures_hash=_hex(row.signatures_hash),
+        siblings=[_hex(proof[i : i + 32]) for i in range(0, len(proof), 32)],
     )
 
 

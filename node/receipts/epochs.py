@@ -39,6 +39,7 @@ from node.p2p.rpc import PeerUnavailable, RequestResponse
 from node.receipts.book import ReceiptTerms
 from node.receipts.certify import Anchor, certifiable, check_fields
 from node.receipts.cheats import Cheat
+from node.receipts.proofs import fetch_own_proofs
 from node.receipts.reports import ReceiptInbox, request_range
 from node.store.hops import HopStore
 from node.store.ledger import LedgerRecords
@@ -387,6 +388,7 @@ class WorkerEpochs:
             await self._final(epoch, data_node, 0, "not certified")
             return
         _check_range(span, cert.root, self.address)
+        await self._keep_proofs(epoch, data_node, cert.root, span)
         await trio.to_thread.run_sync(
             self.records.save_claim, run_id, epoch, data_node, self.address, span.units, "pending"
         )
@@ -397,6 +399,27 @@ class WorkerEpochs:
             epoch, paid.units, data_node, paid.amount_wei,
         )  # fmt: skip
         await self._final(epoch, data_node, paid.units, "confirmed", paid.amount_wei, paid.tx_hash)
+
+    async def _keep_proofs(
+        self, epoch: int, data_node: str, root: bytes, span: WorkerRange
+    ) -> None:
+        """Keep each of this node's hops' proofs in the certificate: for its operator, so a
+        data node that will not serve them costs the proofs, never the claim."""
+        peer = self.data_node_peer(data_node)
+        if peer is None:
+            return
+        try:
+            kept = await fetch_own_proofs(
+                self.rpc, peer, self.terms.run_id, epoch, span, root, self.timeout_s
+            )
+            await trio.to_thread.run_sync(
+                self.records.save_proofs, self.terms.run_id, epoch, data_node, kept
+            )
+        except (PeerUnavailable, ProtocolError, OSError) as exc:
+            log.warning(
+                "epoch %s: the proofs of this node's hops in %s's certificate were not kept: %s",
+                epoch, data_node, exc,
+            )  # fmt: skip
 
     async def fetch_range(self, epoch: int, data_node: str) -> WorkerRange | None:
         """This node's range of ``data_node``'s certificate of ``epoch``, asked of it."""

@@ -124,14 +124,17 @@ async def fetch_receipts(
     which: int,
     timeout_s: float,
     limit: int = MAX_FETCH,
+    start: int = 0,
 ) -> Fetched:
-    """The pages of one kind of ``peer``'s receipts of ``epoch``, in order, up to ``limit``
-    receipts. A page declined as busy (the public rate) is asked again after a backoff; any
-    other failure ends the reading, and what was read before it is kept."""
+    """The pages of one kind of ``peer``'s receipts of ``epoch``, in order, from the
+    ``start``-th, up to ``limit`` receipts. A page declined as busy (the public rate) is asked
+    again after a backoff; any other failure ends the reading, and what was read before it is
+    kept."""
     pages: list[ReceiptPage] = []
-    offset, busy = 0, 0
-    while offset < limit:
-        request = _REQUEST.pack(run_id, epoch, which, offset, min(MAX_PAGE, limit - offset))
+    offset, busy = start, 0
+    end = start + limit
+    while offset < end:
+        request = _REQUEST.pack(run_id, epoch, which, offset, min(MAX_PAGE, end - offset))
         try:
             reply = await rpc.request(
                 ID.from_base58(peer), RECEIPTS_PROTOCOL, request, _limits(timeout_s)

@@ -1,4 +1,5 @@
-"""What a node sent to the ledger and what became of it: its certificates and its claims.
+"""What a node sent to the ledger and what became of it: its certificates and its claims, and
+where its hops sit in the certificates it claimed from (their Merkle proofs).
 
 A row is written before its transaction is sent (status ``pending``), and again once it is
 mined (``confirmed``, with its hash) or refused (``failed``, with the error). After a crash in
@@ -9,11 +10,25 @@ anything again, so a node never submits an epoch twice nor claims twice.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sqlalchemy import select
 
 from node.store.database import Database
-from node.store.models import EpochCertificate, RewardClaim
+from node.store.models import EpochCertificate, HopProof, RewardClaim
+
+
+@dataclass(frozen=True)
+class KeptProof:
+    """One hop's leaf in a certificate and its Merkle proof, checked against ``root``."""
+
+    hop_key: bytes
+    leaf_index: int
+    units_before: int
+    signatures_hash: bytes
+    root: bytes
+    proof: tuple[bytes, ...]
 
 
 class LedgerRecords:
@@ -79,6 +94,20 @@ class LedgerRecords:
         with self.db.sessions() as session:
             query = select(RewardClaim).where(RewardClaim.run_id == run_id)
             return list(session.scalars(query.order_by(RewardClaim.epoch)))
+
+    def save_proofs(
+        self, run_id: int, epoch: int, data_node: str, proofs: Sequence[KeptProof]
+    ) -> None:
+        """Keep where this node's hops sit in ``data_node``'s certificate (kept again: same)."""
+        with self.db.sessions.begin() as session:
+            for p in proofs:
+                session.merge(
+                    HopProof(
+                        hop_key=p.hop_key, run_id=run_id, epoch=epoch, data_node=data_node,
+                        leaf_index=p.leaf_index, units_before=p.units_before,
+                        signatures_hash=p.signatures_hash, root=p.root, proof=b"".join(p.proof),
+                    )
+                )  # fmt: skip
 
 
 def _short(error: str | None) -> str | None:

@@ -17,6 +17,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 HASH = LargeBinary(32)
 SIGNATURE = LargeBinary(65)
+#: A Merkle proof of a tree of up to 2**64 leaves: 64 hashes.
+MAX_PROOF_BYTES = 64 * 32
 ADDRESS = String(42)
 WEI = String(78)  # decimal text of a uint256
 
@@ -96,6 +98,24 @@ class CertifiedHopRow(ReceiptFields, Base):
     counterparty_signature: Mapped[bytes] = mapped_column(SIGNATURE)
     certified_at: Mapped[float]
     __table_args__ = (Index("ix_certified_hops_epoch", "run_id", "epoch"),)
+
+
+class HopProof(Base):
+    """Where one of this node's hops sits in a data node's certificate on chain: its leaf's
+    index, the root and the Merkle proof (32-byte hashes, concatenated), as the data node
+    served them and this node checked them against the root before keeping them."""
+
+    __tablename__ = "hop_proofs"
+    hop_key: Mapped[bytes] = mapped_column(HASH, primary_key=True)
+    run_id: Mapped[int]
+    epoch: Mapped[int]
+    data_node: Mapped[str] = mapped_column(ADDRESS)
+    leaf_index: Mapped[int]
+    units_before: Mapped[int]
+    signatures_hash: Mapped[bytes] = mapped_column(HASH)
+    root: Mapped[bytes] = mapped_column(HASH)
+    proof: Mapped[bytes] = mapped_column(LargeBinary(MAX_PROOF_BYTES))
+    __table_args__ = (Index("ix_hop_proofs_epoch", "run_id", "epoch"),)
 
 
 class ReportedHop(ReceiptFields, Base):

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Select, func, literal, select, union_all
 
 from node.store.database import Database
-from node.store.models import ReceivedHop, RewardClaim, SignedHop
+from node.store.models import HopProof, ReceivedHop, RewardClaim, SignedHop
 
 #: epoch → data node → units of this node's countersigned receipts for that data node's
 #: microbatches; a data node it signed receipts for that none countersigned is there with 0.
@@ -38,6 +38,12 @@ class ReceiptRow:
     counterparty_signature: bytes | None
     at: float
     as_worker: bool
+    # Where the hop sits in the certificate it was paid from (``HopProof``); None before.
+    leaf_index: int | None = None
+    units_before: int | None = None
+    signatures_hash: bytes | None = None
+    root: bytes | None = None
+    proof: bytes | None = None
 
 
 FIELDS = (
@@ -91,9 +97,15 @@ class NodeRecords:
         both = union_all(
             part(SignedHop, "signed_at", True), part(ReceivedHop, "received_at", False)
         ).subquery()
+        proofs = [HopProof.leaf_index, HopProof.units_before, HopProof.signatures_hash,
+                  HopProof.root, HopProof.proof]  # fmt: skip
+        page = (
+            select(both, *proofs)
+            .outerjoin(HopProof, HopProof.hop_key == both.c.hop_key)
+            .order_by(both.c.at.desc(), both.c.hop_key)
+            .offset(offset)
+            .limit(limit)
+        )
         with self.db.sessions() as session:
             total = session.scalar(select(func.count()).select_from(both)) or 0
-            rows = session.execute(
-                select(both).order_by(both.c.at.desc(), both.c.hop_key).offset(offset).limit(limit)
-            )
-            return int(total), [ReceiptRow(**row._mapping) for row in rows]
+            return int(total), [ReceiptRow(**row._mapping) for row in session.execute(page)]

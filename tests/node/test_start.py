@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 from web3 import Web3
 
+from contracts.encoding import CertifiedHop, signatures_hash
+from contracts.merkle import verify_proof
 from gwtf.errors import ConfigError
 from node.chain.actions import Contracts
 from node.chain.adapter import advance_time, advance_time_to
@@ -199,6 +201,8 @@ def test_register_start_earn_claim_leave_unstake_withdraw(
             assert epoch["phase"] == "closed" and epoch["units_certified"] > 0
             status = call_api(urls[i], "/v1/status")
             assert status["role"] == "relay" and status["stage"] in (1, 2)
+            root = ledger.certificate(0, data_node["node"]).root
+            assert proven_units(urls[i], root) == epoch["units_certified"]
         for proc in reversed(procs):
             proc.popen.send_signal(signal.SIGINT)
         for proc in procs:
@@ -222,6 +226,29 @@ def test_register_start_earn_claim_leave_unstake_withdraw(
     advance_time(rpc_w3, WEEK_S + 1)
     withdrawn = cli_json(capsys, *chain, "withdraw", *wallet)
     assert isinstance(withdrawn, dict) and withdrawn["withdrawn"]["eth"] == "2"
+
+
+def proven_units(url: str, root: bytes) -> int:
+    """The units of the node's receipts that carry their leaf in the certificate of ``root``,
+    each with a Merkle proof checked here against that root."""
+    page = call_api(url, "/v1/receipts?limit=500")
+    assert page["total"] <= 500
+    units = 0
+    for r in page["items"]:
+        proof = r["proof"]
+        if proof is None:
+            continue
+        assert r["as_worker"] and proof["root"] == "0x" + root.hex(), r
+        leaf = CertifiedHop(
+            proof["leaf_index"], proof["units_before"], r["worker"], r["units"],
+            bytes.fromhex(r["hop_key"][2:]), bytes.fromhex(r["receipt_digest"][2:]),
+            signatures_hash(bytes.fromhex(r["worker_signature"][2:]),
+                            bytes.fromhex(r["counterparty_signature"][2:])),
+        )  # fmt: skip
+        assert proof["signatures_hash"] == "0x" + leaf.signaturesHash.hex()
+        assert verify_proof([bytes.fromhex(h[2:]) for h in proof["siblings"]], root, leaf.leaf())
+        units += r["units"]
+    return units
 
 
 def test_a_lock_held_is_refused_with_what_to_do(tmp_path: Path) -> None:
