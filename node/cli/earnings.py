@@ -160,4 +160,4 @@ def _open(url: str) -> Database:
                 f"no node database at {path}: a node keeps its receipts there once started; "
                 "pass --db-url (db.url) if it is elsewhere"
             )
-    return open_database(url)
+    return open_database(url, migrate=False)  # a reader changes nothing

@@ -17,6 +17,8 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -88,19 +90,37 @@ def create_store_engine(url: str) -> Engine:
     return engine
 
 
-def open_database(url: str) -> Database:
-    """Open (creating it if needed) and migrate the node database at ``url``."""
+def open_database(url: str, *, migrate: bool = True) -> Database:
+    """Open (creating it if needed) and migrate the node database at ``url``. A reader
+    (``migrate=False``: ``gwtf-node earnings``, ``receipts``) changes nothing: a database its
+    node has not migrated to this version is a ``DatabaseError`` saying so."""
     engine = create_store_engine(url)
     try:
         with engine.begin() as connection:
-            command.upgrade(alembic_config(url, connection), "head")
+            if migrate:
+                command.upgrade(alembic_config(url, connection), "head")
+            else:
+                _check_current(connection, url)
     except OperationalError as exc:
         engine.dispose()
         raise DatabaseError(
-            f"cannot open the node database at {engine.url.render_as_string(hide_password=True)} "
-            f"({exc.orig}); check db.url and that the server is running"
+            f"cannot open the node database at {shown_url(url)} ({exc.orig}); check db.url "
+            "and that the server is running"
         ) from exc
     except SQLAlchemyError as exc:
         engine.dispose()
         raise DatabaseError(f"migrating the node database failed: {exc}") from exc
+    except DatabaseError:
+        engine.dispose()
+        raise
     return Database(engine, sessionmaker(engine, expire_on_commit=False))
+
+
+def _check_current(connection: Any, url: str) -> None:
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    current = MigrationContext.configure(connection).get_current_revision()
+    if current != head:
+        raise DatabaseError(
+            f"the node database at {shown_url(url)} is at schema {current or 'none'}, this "
+            f"gwtf-node reads {head}: start the node once (it migrates its database)"
+        )

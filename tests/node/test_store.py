@@ -30,7 +30,13 @@ from contracts.encoding import (
     scheduled_units,
     sign_digest,
 )
-from node.store.database import Database, alembic_config, open_database
+from node.store.database import (
+    Database,
+    DatabaseError,
+    alembic_config,
+    create_store_engine,
+    open_database,
+)
 from node.store.hops import ConflictingReceipt, HopStore, ToSign
 
 POSTGRES_URL = os.environ.get("GWTF_TEST_POSTGRES_URL", "")
@@ -225,3 +231,14 @@ def test_writes_that_arrive_during_a_commit_share_the_next_one() -> None:
     trio.run(main)
     assert answers == {item: 2 * item for item in range(100)}
     assert batches == [1, 99]
+
+
+def test_a_reader_changes_nothing_and_says_when_the_node_must_migrate_first(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'node.sqlite'}"
+    with pytest.raises(DatabaseError, match=r"at schema none, .* start the node once"):
+        open_database(url, migrate=False)
+    assert not inspect(create_store_engine(url)).get_table_names()  # nothing was made
+    open_database(url).close()
+    open_database(url, migrate=False).close()  # migrated by its node: readable
