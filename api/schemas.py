@@ -7,7 +7,6 @@ exact. Addresses are EIP-55 checksummed, peer ids libp2p's base58.
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,9 +24,9 @@ class Amount(Schema):
 
     @classmethod
     def of(cls, wei: int) -> Amount:
-        eth = format(Decimal(wei) / WEI_PER_ETH, "f")
-        if "." in eth:
-            eth = eth.rstrip("0").rstrip(".")
+        # Integer arithmetic: exact for any uint256 (a Decimal keeps only 28 digits).
+        whole, fraction = divmod(wei, WEI_PER_ETH)
+        eth = f"{whole}.{fraction:018d}".rstrip("0").rstrip(".")
         return cls(wei=str(wei), eth=eth)
 
 

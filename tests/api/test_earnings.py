@@ -76,3 +76,14 @@ def test_a_claim_that_failed_for_another_reason_still_expects_its_units() -> Non
                            view(800))  # fmt: skip
     assert int(epoch.expected.wei) == reward_wei(10**18, 3, 7)  # type: ignore[union-attr]
     assert epoch.units_challenged == 0 and epoch.claimable.wei == "0"
+
+
+def test_amounts_in_eth_are_exact_for_any_uint256() -> None:
+    from api.schemas import Amount
+
+    assert (Amount.of(0).eth, Amount.of(1).eth, Amount.of(15 * 10**17).eth) == (
+        "0", "0.000000000000000001", "1.5",
+    )  # fmt: skip
+    largest = Amount.of(2**256 - 1)
+    whole, fraction = largest.eth.split(".")
+    assert int(whole + fraction.ljust(18, "0")) == 2**256 - 1 == int(largest.wei)
