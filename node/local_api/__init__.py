@@ -80,6 +80,13 @@ def hosts_of(sock: socket.socket) -> tuple[str, ...]:
 
 def _claims(cycle: WorkerEpochs) -> ClaimNow:
     async def claim_now(epoch: int | None) -> list[int]:
+        if epoch is not None:
+            times = await trio.to_thread.run_sync(cycle.ledger.epoch_times, epoch)
+            if cycle.clock.now < times.settles_at:
+                raise Refused(
+                    f"epoch {epoch} settles at chain time {times.settles_at}, "
+                    f"{times.settles_at - cycle.clock.now} s from now: claim it then"
+                )
         asked = await cycle.claim_now(epoch)
         if not asked:
             which = f"epoch {epoch}" if epoch is not None else "any epoch"

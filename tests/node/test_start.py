@@ -174,6 +174,14 @@ def test_register_start_earn_claim_leave_unstake_withdraw(
         times = ledger.epoch_times(0)
         advance_time_to(rpc_w3, times.ends_at + 1)
         wait_until(lambda: ledger.certificate(0, data_node["node"]), "the certificate", 60)
+        token_file = tmp_path / "relay-1" / "api-token"
+        port = urls[1].rsplit(":", 1)[1]
+        config = tmp_path / "relay-1-claim.toml"
+        config.write_text(f'[api]\ntoken_file = "{token_file}"\n')
+        code, _, err = run_cli(capsys, "--config", str(config), "claim", "--api-port", port,
+                               "--epoch", "0")  # fmt: skip
+        assert code == 1, err
+        assert_one_line_error(err, "epoch 0 settles at chain time")
         advance_time_to(rpc_w3, times.settles_at + 1)
 
         def claimed(url: str) -> int:
@@ -181,10 +189,6 @@ def test_register_start_earn_claim_leave_unstake_withdraw(
 
         wait_until(lambda: claimed(urls[0]) > 0, "relay-0 to claim by itself", 60)
         assert claimed(urls[1]) == 0, "relay-1 claims only when asked"
-        token_file = tmp_path / "relay-1" / "api-token"
-        port = urls[1].rsplit(":", 1)[1]
-        config = tmp_path / "relay-1-claim.toml"
-        config.write_text(f'[api]\ntoken_file = "{token_file}"\n')
         result = cli_json(capsys, "--config", str(config), "claim", "--api-port", port)
         assert isinstance(result, dict) and result["asked"] == [0]
         assert [c["status"] for c in result["claims"]] == ["confirmed"]
