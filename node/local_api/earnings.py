@@ -120,7 +120,7 @@ def _epoch(
         units_certified=sum(c.units for c in certified) if certified else None,
         units_challenged=challenged,
         expected=None if expected_wei is None else Amount.of(expected_wei),
-        pending=Amount.of(expected_wei or 0 if settling else 0),
+        pending=Amount.of((expected_wei or 0) if settling else 0),
         claimable=Amount.of(claimable or 0),
         claimed=Amount.of(claimed_wei),
         chain_claimed=Amount.of(paid.get(epoch, 0)),
