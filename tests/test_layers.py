@@ -59,6 +59,7 @@ NODE_LAYERS: list[set[str]] = [
     {"node.chain", "node.store", "node.runtime.flow"},
     {"node.receipts"},
     {"node.devnet", "node.demo", "node.runtime.dataplane", "node.audit"},
+    {"node.export"},
     {"node.runtime.discovery"},
     {"node.runtime.replicas"},
     {"node.runtime.roles"},

@@ -1,15 +1,23 @@
-"""Stage weight download for joiners: chunked, bounded, digest-checked.
+"""A part's state download: chunked, bounded, digest-checked. Joiners load their stage's state
+this way, and ``gwtf-node export`` gathers the weights of every part of a run.
 
-A joining relay asks a replica of its stage for a manifest (size, SHA-256, optimizer step) of the
-replica's current state file, then fetches it in chunks that name the digest they belong to. The
-replica keeps the states named by its last ``KEPT_STATES`` manifests, so a download finishes with
-the state its manifest named even when the replica takes a step meanwhile (a joiner of a large
-stage would otherwise never finish while the swarm steps faster than it downloads); a chunk of a
-state no longer kept is answered ``stale``, never mixed with another. The joiner checks the
-digest of what it assembled before loading anything.
+A client asks a node for a manifest (size, SHA-256, optimizer step) of the node's current state
+file of a stage (stage 0 is a data node's embedding and head), either the whole state (weights,
+AdamW state and step: what a joiner loads) or its weights only (a third of it with AdamW: what an
+export needs), then fetches it in chunks that name the digest they belong to. The node keeps the
+states named by its last ``KEPT_STATES`` manifests of each kind, so a download finishes with the
+state its manifest named even when the node takes a step meanwhile (a joiner of a large stage
+would otherwise never finish while the swarm steps faster than it downloads); a chunk of a state
+no longer kept is answered ``stale``, never mixed with another. The client checks the digest of
+what it assembled before anything uses it.
 
-Wire format (protocol ``/gwtf/weights/2.0.0``; numbers big-endian):
-  request  = kind u8 (1 manifest, 2 chunk) | stage u16 | digest 32 bytes | offset u64
+Peers outside the run are served too, within one shared rate (``PUBLIC_RATE``): an exporter is a
+fresh identity, and the weights are no secret (relays serve their evidence, weights included, in
+public for audits). A request over the rate is declined as busy and asked again after a backoff.
+
+Wire format (protocol ``/gwtf/weights/3.0.0``; numbers big-endian):
+  request  = kind u8 (1 state manifest, 2 chunk, 3 weights manifest) | stage u16
+             | digest 32 bytes | offset u64
   manifest = status u8 | size u64 | step u64 | digest 32 bytes
   chunk    = status u8 | raw bytes (at most the chunk size)
 """
@@ -18,22 +26,28 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Final
 
+import trio
 from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError
-from node.p2p.rpc import RequestResponse, RpcLimits
+from node.p2p.rpc import PublicRate, RequestDeclined, RequestResponse, RpcLimits
 
-PROTOCOL_ID = "/gwtf/weights/2.0.0"
+PROTOCOL_ID = "/gwtf/weights/3.0.0"
 CHUNK_BYTES = 1 << 20
-#: States kept for downloads in progress: the current one and the one before a step.
+#: States kept for downloads in progress, per kind: the current one and the one before a step.
 KEPT_STATES = 2
+#: Requests per second, and burst, answered to all peers outside the run together (1 MiB each).
+PUBLIC_RATE: Final = (10.0, 20.0)
+#: How often a request declined as busy is asked again (after 0.5, 1, 2, 4, 8, 8 ... s).
+MAX_BUSY_RETRIES: Final = 8
 
 _REQUEST = struct.Struct(">BH32sQ")
 _MANIFEST = struct.Struct(">BQQ32s")
-_MANIFEST_KIND, _CHUNK_KIND = 1, 2
+_STATE_KIND, _CHUNK_KIND, _WEIGHTS_KIND = 1, 2, 3
 _OK, _NO_SUCH_STAGE, _STALE = 0, 1, 2
 _NO_DIGEST = bytes(32)
 
@@ -44,24 +58,32 @@ class WeightDownloadError(ProtocolError):
 
 @dataclass(frozen=True)
 class StageSnapshot:
-    """One stage's serialised state (weights + optimizer + step) as served to joiners."""
+    """One stage's serialised state (weights, and unless ``weights_only`` optimizer and step)."""
 
     stage: int
     step: int
     blob: bytes
+    weights_only: bool = False
 
     @property
     def digest(self) -> bytes:
         return hashlib.sha256(self.blob).digest()
 
 
-SnapshotSource = Callable[[int], StageSnapshot | None]
+#: ``snapshot_of(stage, weights_only)``: the node's current state of ``stage`` (None: not held).
+SnapshotSource = Callable[[int, bool], Awaitable[StageSnapshot | None]]
 
 
-def serve_weights(rpc: RequestResponse, snapshot_of: SnapshotSource, timeout_s: float) -> None:
-    """Answer manifest and chunk requests from ``snapshot_of(stage)`` (None: stage not held)."""
+def serve_weights(
+    rpc: RequestResponse,
+    snapshot_of: SnapshotSource,
+    timeout_s: float,
+    public: PublicRate | None = None,
+) -> None:
+    """Answer manifest and chunk requests from ``snapshot_of``, to outsiders within ``public``."""
     limits = RpcLimits(_REQUEST.size, CHUNK_BYTES + 1, timeout_s)
-    kept: dict[bytes, StageSnapshot] = {}  # by digest, the states the last manifests named
+    # By kind, then digest: the states the last manifests named, the newest last.
+    kept: dict[bool, dict[bytes, StageSnapshot]] = {False: {}, True: {}}
 
     async def handle(_peer: str, request: bytes) -> bytes:
         if len(request) != _REQUEST.size:
@@ -69,18 +91,19 @@ def serve_weights(rpc: RequestResponse, snapshot_of: SnapshotSource, timeout_s: 
                 f"weights request of {len(request)} bytes, expected {_REQUEST.size}"
             )
         kind, stage, digest, offset = _REQUEST.unpack(request)
-        if kind == _MANIFEST_KIND:
-            snapshot = snapshot_of(stage)
+        if kind in (_STATE_KIND, _WEIGHTS_KIND):
+            snapshot = await snapshot_of(stage, kind == _WEIGHTS_KIND)
             if snapshot is None:
                 return _MANIFEST.pack(_NO_SUCH_STAGE, 0, 0, _NO_DIGEST)
-            kept.pop(snapshot.digest, None)
-            kept[snapshot.digest] = snapshot  # the newest last
-            while len(kept) > KEPT_STATES:
-                del kept[next(iter(kept))]
+            of_kind = kept[snapshot.weights_only]
+            of_kind.pop(snapshot.digest, None)
+            of_kind[snapshot.digest] = snapshot
+            while len(of_kind) > KEPT_STATES:
+                del of_kind[next(iter(of_kind))]
             return _MANIFEST.pack(_OK, len(snapshot.blob), snapshot.step, snapshot.digest)
         if kind != _CHUNK_KIND:
             raise ProtocolError(f"unknown weights request kind {kind}")
-        snapshot = kept.get(digest)
+        snapshot = kept[False].get(digest) or kept[True].get(digest)
         if snapshot is None or snapshot.stage != stage:
             return bytes([_STALE])
         if offset > len(snapshot.blob):
@@ -89,42 +112,93 @@ def serve_weights(rpc: RequestResponse, snapshot_of: SnapshotSource, timeout_s: 
             )
         return bytes([_OK]) + snapshot.blob[offset : offset + CHUNK_BYTES]
 
-    rpc.serve(PROTOCOL_ID, handle, limits)
+    rpc.serve(PROTOCOL_ID, handle, limits, public or PublicRate(*PUBLIC_RATE))
 
 
-async def download_stage_state(
-    rpc: RequestResponse, peer: ID, stage: int, max_bytes: int, timeout_s: float
-) -> StageSnapshot:
-    """Fetch ``stage``'s state from ``peer`` and return it once its digest checks out."""
-    manifest_limits = RpcLimits(_REQUEST.size, _MANIFEST.size, timeout_s)
-    reply = await rpc.request(
-        peer, PROTOCOL_ID, _REQUEST.pack(_MANIFEST_KIND, stage, _NO_DIGEST, 0), manifest_limits
-    )
+@dataclass(frozen=True)
+class Manifest:
+    """What a node offers of one stage: its state at ``step``, ``size`` bytes."""
+
+    stage: int
+    step: int
+    size: int
+    digest: bytes
+    weights_only: bool
+
+
+async def ask_manifest(
+    rpc: RequestResponse, peer: ID, stage: int, timeout_s: float, weights_only: bool = False
+) -> Manifest | None:
+    """``peer``'s manifest of ``stage`` (None: it does not hold that stage)."""
+    kind = _WEIGHTS_KIND if weights_only else _STATE_KIND
+    limits = RpcLimits(_REQUEST.size, _MANIFEST.size, timeout_s)
+    request = _REQUEST.pack(kind, stage, _NO_DIGEST, 0)
+    reply = await _ask(rpc, peer, request, limits)
     if len(reply) != _MANIFEST.size:
         raise WeightDownloadError(f"peer {peer} sent a malformed weights manifest")
     status, size, step, digest = _MANIFEST.unpack(reply)
+    if status == _NO_SUCH_STAGE:
+        return None
     if status != _OK:
-        raise WeightDownloadError(f"peer {peer} does not hold stage {stage}; ask another replica")
-    if size > max_bytes:
+        raise WeightDownloadError(f"peer {peer} answered a manifest with status {status}")
+    return Manifest(stage, step, size, digest, weights_only)
+
+
+async def download_manifest(
+    rpc: RequestResponse, peer: ID, manifest: Manifest, max_bytes: int, timeout_s: float
+) -> StageSnapshot:
+    """Fetch the state ``manifest`` names from ``peer``, once its digest checks out."""
+    stage = manifest.stage
+    if manifest.size > max_bytes:
         raise WeightDownloadError(
-            f"peer {peer} offers a stage {stage} state of {size} bytes, over the {max_bytes} limit"
+            f"peer {peer} offers a stage {stage} state of {manifest.size} bytes, over the "
+            f"{max_bytes} limit"
         )
     chunk_limits = RpcLimits(_REQUEST.size, CHUNK_BYTES + 1, timeout_s)
     parts: list[bytes] = []
     received = 0
-    while received < size:
-        request = _REQUEST.pack(_CHUNK_KIND, stage, digest, received)
-        chunk = await rpc.request(peer, PROTOCOL_ID, request, chunk_limits)
+    while received < manifest.size:
+        request = _REQUEST.pack(_CHUNK_KIND, stage, manifest.digest, received)
+        chunk = await _ask(rpc, peer, request, chunk_limits)
         if not chunk or chunk[0] != _OK:
             raise WeightDownloadError(
                 f"peer {peer}'s stage {stage} state changed during the download; start again"
             )
         body = chunk[1:]
-        if not body or received + len(body) > size:
+        if not body or received + len(body) > manifest.size:
             raise WeightDownloadError(f"peer {peer} sent a chunk that does not fit the manifest")
         parts.append(body)
         received += len(body)
     blob = b"".join(parts)
-    if hashlib.sha256(blob).digest() != digest:
-        raise WeightDownloadError(f"stage {stage} state from {peer} fails its digest; discarded")
-    return StageSnapshot(stage=stage, step=step, blob=blob)
+    if hashlib.sha256(blob).digest() != manifest.digest:
+        raise WeightDownloadError(
+            f"stage {stage} state from {peer} fails its manifest's digest; discarded"
+        )
+    return StageSnapshot(stage, manifest.step, blob, manifest.weights_only)
+
+
+async def download_stage_state(
+    rpc: RequestResponse,
+    peer: ID,
+    stage: int,
+    max_bytes: int,
+    timeout_s: float,
+    weights_only: bool = False,
+) -> StageSnapshot:
+    """Fetch ``stage``'s current state from ``peer`` and return it once its digest checks out."""
+    manifest = await ask_manifest(rpc, peer, stage, timeout_s, weights_only)
+    if manifest is None:
+        raise WeightDownloadError(f"peer {peer} does not hold stage {stage}; ask another replica")
+    return await download_manifest(rpc, peer, manifest, max_bytes, timeout_s)
+
+
+async def _ask(rpc: RequestResponse, peer: ID, request: bytes, limits: RpcLimits) -> bytes:
+    """One request; declined as busy (the public rate), it is asked again after a backoff."""
+    for busy in range(MAX_BUSY_RETRIES + 1):
+        try:
+            return await rpc.request(peer, PROTOCOL_ID, request, limits)
+        except RequestDeclined as exc:
+            if "busy" not in str(exc) or busy == MAX_BUSY_RETRIES:
+                raise
+            await trio.sleep(min(8.0, 0.5 * 2**busy))
+    raise AssertionError("unreachable")

@@ -244,8 +244,8 @@ async def run_live_node(
             nursery.start_soon(_run_receipts, receipts)
         book.serve()
         flow.start(nursery)
-        if isinstance(role, RelayRole) or role.peers is not None:
-            serve_stage_state(rpc, role.worker, config.stage, config.flow.ack_deadline_s)
+        # Every part is served: to joiners and data nodes taken back in, and to exporters.
+        serve_stage_state(rpc, role.worker, config.stage, config.flow.ack_deadline_s, role.limiter)
         # Kademlia DHT + the run's hint topic; peer exchange only as the DHT's fallback.
         discovery = RunDiscovery(
             book,

@@ -11,17 +11,20 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load, save_file
 
-from node.training.errors import CheckpointError
+from node.training.config import ModelConfig, config_from_dict
+from node.training.errors import CheckpointError, ModelConfigError
 from node.training.model import DataPart, Stage, WholeModel
 from node.training.trainer import PartTrainer
 
 FORMAT = "gwtf-part-state/1"
+_STAGE_PART = re.compile(r"stage:[0-9]{1,6}-[0-9]{1,6}")
 
 
 def part_identity(trainer: PartTrainer) -> str:
@@ -126,17 +129,65 @@ def verified_digest(blob: bytes) -> str:
     """The content digest of a state file's bytes, checked against the one its header names:
     equal for bit-identical states whatever order the header's keys were written in (the bytes
     of two saves of one state differ)."""
+    metadata, _ = _verified_contents(blob)
+    return metadata["digest"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PartState:
+    """A part's state read from a state file's bytes (a peer's), its digest checked."""
+
+    part: str  # "data", "whole" or "stage:<first>-<end>"
+    config: ModelConfig
+    step: int
+    digest: str
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def layers(self) -> range | None:
+        """The blocks a stage's state holds (None for the data part)."""
+        if not self.part.startswith("stage:"):
+            return None
+        first, _, end = self.part.removeprefix("stage:").partition("-")
+        return range(int(first), int(end))
+
+
+def read_part_state(blob: bytes) -> PartState:
+    """Parse a state file's bytes: its digest, format, part, config and step are checked before
+    anything in it is used, so a peer's malformed file is one ``CheckpointError``."""
+    metadata, tensors = _verified_contents(blob)
+    if metadata.get("format") != FORMAT:
+        raise CheckpointError(f"a state file of format {metadata.get('format')!r}, not {FORMAT}")
+    part, step = metadata.get("part", ""), metadata.get("step", "")
+    if not (part in ("data", "whole") or _STAGE_PART.fullmatch(part)):
+        raise CheckpointError(f"a state file of an unknown part {part[:40]!r}")
+    if not step.isdigit():
+        raise CheckpointError(f"a state file with a malformed step {step[:20]!r}")
+    try:
+        config = config_from_dict(json.loads(metadata.get("config", "")))
+    except (ValueError, TypeError, AttributeError, ModelConfigError) as exc:
+        raise CheckpointError(f"a state file whose model config is malformed: {exc}") from exc
+    state = PartState(part, config, int(step), metadata["digest"], tensors)
+    if state.layers is not None and not 0 <= state.layers.start < state.layers.stop:
+        raise CheckpointError(f"a state file of an empty or reversed stage {part!r}")
+    return state
+
+
+def _verified_contents(blob: bytes) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """A state file's header fields (with its digest) and tensors, once the content digest the
+    header names is the content's."""
     try:
         header_bytes = int.from_bytes(blob[:8], "little")
         header = json.loads(blob[8 : 8 + header_bytes])
         tensors = load(blob)
     except (ValueError, SafetensorError) as exc:
         raise CheckpointError(f"not a state file: {exc}") from exc
-    metadata = dict(header.get("__metadata__") or {})
+    raw = header.get("__metadata__") if isinstance(header, dict) else None
+    metadata = {str(k): str(v) for k, v in (raw or {}).items()}
     claimed = metadata.pop("digest", None)
     if claimed is None or content_digest(metadata, tensors) != claimed:
         raise CheckpointError("a state file whose content is not the digest its header names")
-    return str(claimed)
+    return {**metadata, "digest": claimed}, tensors
 
 
 def _read_checked(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:

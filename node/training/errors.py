@@ -35,3 +35,9 @@ class GradientShareError(TrainingError):
 
 class CapacityError(TrainingError):
     """A part already holds as many microbatches in flight as its capacity allows."""
+
+
+class ExportError(TrainingError):
+    """The parts gathered from a run do not make one model (steps differ, a layer is missing or
+    held twice, a part is of another model), or the model has a feature the Hugging Face layout
+    it is exported to cannot express."""

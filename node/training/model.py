@@ -190,9 +190,13 @@ class DataPart(nn.Module):
             x = x + self.position_embedding(positions)  # (T, C) broadcast over B
         return x
 
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.final_norm(x))  # (B, T, C) -> (B, T, V)
+        return out
+
     def loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy over every token of the microbatch; x is (B, T, C)."""
-        logits = self.head(self.final_norm(x))  # (B, T, V)
+        logits = self.logits(x)  # (B, T, V)
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
@@ -231,3 +235,7 @@ class WholeModel(nn.Module):
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         x: torch.Tensor = self.body(self.data.embed(tokens))  # (B, T, C)
         return self.data.loss(x, targets)
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Next-token logits (B, T, V) of ``tokens`` (B, T)."""
+        return self.data.logits(self.body(self.data.embed(tokens)))

@@ -1,4 +1,5 @@
-"""A joiner downloads a replica's stage state in chunks over real libp2p and checks its digest."""
+"""A joiner downloads a replica's stage state in chunks over real libp2p and checks its digest;
+an exporter outside the run gets a stage's weights only, within the public rate."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import trio
 
 from node.p2p.host import full_address, peer_info, running_host
 from node.p2p.identity import new_identity
-from node.p2p.rpc import RequestResponse
+from node.p2p.rpc import PublicRate, RequestResponse
 from node.p2p.weights import (
     CHUNK_BYTES,
     KEPT_STATES,
@@ -25,13 +26,26 @@ from node.p2p.weights import (
 Scenario = Callable[[RequestResponse, RequestResponse, dict[int, StageSnapshot]], Awaitable[None]]
 
 
-def run_pair(tmp_path: Path, scenario: Scenario) -> None:
-    """Serve stage 2 from ``held`` (the scenario may change it: the replica took a step)."""
+#: The weights-only snapshot of stage 2 served beside the whole state (``held``).
+WEIGHTS_ONLY = StageSnapshot(stage=2, step=7, blob=os.urandom(CHUNK_BYTES + 99), weights_only=True)
+
+
+async def refuse(_peer: str) -> bool:
+    return False
+
+
+def run_pair(
+    tmp_path: Path, scenario: Scenario, public: PublicRate | None = None, admit: bool = True
+) -> None:
+    """Serve stage 2 from ``held`` (the scenario may change it: the replica took a step), and
+    its weights only from ``WEIGHTS_ONLY``; ``admit=False``: the joiner is outside the run."""
     held: dict[int, StageSnapshot] = {
         2: StageSnapshot(stage=2, step=7, blob=os.urandom(2 * CHUNK_BYTES + 12345))
     }
 
-    def snapshot_of(stage: int) -> StageSnapshot | None:
+    async def snapshot_of(stage: int, weights_only: bool) -> StageSnapshot | None:
+        if weights_only:
+            return WEIGHTS_ONLY if stage == 2 else None
         return held.get(stage)
 
     async def main() -> None:
@@ -41,8 +55,12 @@ def run_pair(tmp_path: Path, scenario: Scenario) -> None:
             running_host(replica_key) as replica_host,
             running_host(joiner_key) as joiner_host,
         ):
-            replica = RequestResponse(replica_host)
-            serve_weights(replica, snapshot_of, timeout_s=5.0)
+            replica = (
+                RequestResponse(replica_host)
+                if admit
+                else RequestResponse(replica_host, admit=refuse)
+            )
+            serve_weights(replica, snapshot_of, timeout_s=5.0, public=public)
             joiner = RequestResponse(joiner_host)
             await joiner_host.connect(peer_info(full_address(replica_host)))
             with trio.fail_after(30):
@@ -131,3 +149,33 @@ def test_a_state_no_longer_kept_is_not_mixed(tmp_path: Path) -> None:
         )
 
     run_pair(tmp_path, scenario)
+
+
+def test_the_weights_only_state_is_its_own_download(tmp_path: Path) -> None:
+    async def scenario(
+        replica: RequestResponse, joiner: RequestResponse, held: dict[int, StageSnapshot]
+    ) -> None:
+        peer = replica.host.get_id()
+        weights = await download_stage_state(joiner, peer, 2, 64 << 20, 5.0, weights_only=True)
+        assert weights == WEIGHTS_ONLY and weights.weights_only
+        assert await download_stage_state(joiner, peer, 2, 64 << 20, 5.0) == held[2]
+
+    run_pair(tmp_path, scenario)
+
+
+def test_a_peer_outside_the_run_is_served_within_the_public_rate(tmp_path: Path) -> None:
+    """Manifest and two chunks against a burst of two requests: the third is declined as busy
+    and asked again once the rate has refilled."""
+
+    async def scenario(
+        replica: RequestResponse, joiner: RequestResponse, held: dict[int, StageSnapshot]
+    ) -> None:
+        started = trio.current_time()
+        got = await download_stage_state(
+            joiner, replica.host.get_id(), 2, 64 << 20, 5.0, weights_only=True
+        )
+        assert got == WEIGHTS_ONLY
+        assert trio.current_time() - started >= 0.4, "the third request waited for the rate"
+        assert replica.refused == {}
+
+    run_pair(tmp_path, scenario, public=PublicRate(per_s=2.0, burst=2.0), admit=False)

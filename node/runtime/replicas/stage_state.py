@@ -1,8 +1,9 @@
 """A stage's state between replicas: served to joiners, loaded by a joiner or a relay behind.
 
 A relay serves its stage's weights and optimizer state (one snapshot per step, digest-checked in
-chunks by ``node.p2p.weights``); a data node of a run with several serves its embedding and head
-(stage 0). A joiner loads the state at the step it needs, or later, from whichever replica has it.
+chunks by ``node.p2p.weights``), a data node its embedding and head (stage 0), each whole or its
+weights only (what ``gwtf-node export`` fetches). A joiner loads the state at the step it needs,
+or later, from whichever replica has it.
 """
 
 from __future__ import annotations
@@ -30,21 +31,33 @@ log = logging.getLogger(__name__)
 Part = DataNodeWorker | StageWorker
 
 
-def serve_stage_state(rpc: RequestResponse, worker: Part, own_stage: int, timeout_s: float) -> None:
-    """Serve this node's part (a relay's stage, a data node's stage 0) as it is at each step."""
-    cache: dict[int, StageSnapshot] = {}
+def serve_stage_state(
+    rpc: RequestResponse,
+    worker: Part,
+    own_stage: int,
+    timeout_s: float,
+    limiter: trio.CapacityLimiter,
+) -> None:
+    """Serve this node's part (a relay's stage, a data node's stage 0) as it is at each step,
+    whole or its weights only. ``limiter``: the compute thread's, so a snapshot is never taken
+    while a step is half applied (the step runs in that thread)."""
+    cache: dict[bool, StageSnapshot] = {}  # by kind, each of the step it was taken at
 
-    def snapshot_of(stage: int) -> StageSnapshot | None:
-        if stage != own_stage:
-            return None
+    def take(weights_only: bool) -> StageSnapshot:
         step = worker.step_count
-        if step not in cache:
-            cache.clear()
+        cached = cache.get(weights_only)
+        if cached is None or cached.step != step:
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "state.safetensors"
-                save_part_state(worker, path)
-                cache[step] = StageSnapshot(stage, step, path.read_bytes())
-        return cache[step]
+                save_part_state(worker, path, weights_only=weights_only)
+                cached = StageSnapshot(own_stage, step, path.read_bytes(), weights_only)
+            cache[weights_only] = cached
+        return cached
+
+    async def snapshot_of(stage: int, weights_only: bool) -> StageSnapshot | None:
+        if stage != own_stage:
+            return None
+        return await trio.to_thread.run_sync(take, weights_only, limiter=limiter)
 
     serve_weights(rpc, snapshot_of, timeout_s)
 

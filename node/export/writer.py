@@ -1,0 +1,53 @@
+"""The exported model on disk: ``config.json`` and ``model.safetensors`` as Hugging Face's
+``from_pretrained`` reads them, and ``gwtf-export.json`` saying where they came from."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
+
+from gwtf.errors import ConfigError
+from node.training.hf_export import HfCheckpoint
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+PROVENANCE_FILE = "gwtf-export.json"
+
+
+def check_out_dir(out: Path) -> None:
+    """Refuse, before anything is fetched, a directory the export would mix with other files."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; name a new or empty directory")
+    if out.is_dir() and any(out.iterdir()):
+        raise ConfigError(f"--out {out} exists and is not empty; name a new or empty directory")
+
+
+def write_checkpoint(checkpoint: HfCheckpoint, out: Path, provenance: dict[str, Any]) -> list[Path]:
+    """Write the checkpoint into ``out`` (created); each file appears whole or not at all."""
+    check_out_dir(out)
+    out.mkdir(parents=True, exist_ok=True)
+    # The weights last: a directory with model.safetensors in it is a complete export.
+    written = [
+        _atomic(out / PROVENANCE_FILE, lambda p: p.write_text(_json(provenance))),
+        _atomic(out / CONFIG_FILE, lambda p: p.write_text(_json(checkpoint.config))),
+        _atomic(
+            out / WEIGHTS_FILE,
+            lambda p: save_file(checkpoint.state_dict, str(p), metadata={"format": "pt"}),
+        ),
+    ]
+    return written
+
+
+def _json(value: dict[str, Any]) -> str:
+    return json.dumps(value, indent=2, sort_keys=True) + "\n"
+
+
+def _atomic(path: Path, write: Any) -> Path:
+    partial = path.with_name(path.name + ".partial")
+    write(partial)
+    os.replace(partial, path)
+    return path
