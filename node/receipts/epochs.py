@@ -42,7 +42,7 @@ from node.receipts.cheats import Cheat
 from node.receipts.proofs import fetch_own_proofs
 from node.receipts.reports import ReceiptInbox, request_range
 from node.store.hops import HopStore
-from node.store.ledger import LedgerRecords
+from node.store.ledger import KeptProof, LedgerRecords
 
 log = logging.getLogger(__name__)
 
@@ -405,13 +405,8 @@ class WorkerEpochs:
     ) -> None:
         """Keep each of this node's hops' proofs in the certificate: for its operator, so a
         data node that will not serve them costs the proofs, never the claim."""
-        peer = self.data_node_peer(data_node)
-        if peer is None:
-            return
         try:
-            kept = await fetch_own_proofs(
-                self.rpc, peer, self.terms.run_id, epoch, span, root, self.timeout_s
-            )
+            kept = await self.fetch_proofs(epoch, data_node, root, span)
             await trio.to_thread.run_sync(
                 self.records.save_proofs, self.terms.run_id, epoch, data_node, kept
             )
@@ -420,6 +415,17 @@ class WorkerEpochs:
                 "epoch %s: the proofs of this node's hops in %s's certificate were not kept: %s",
                 epoch, data_node, exc,
             )  # fmt: skip
+
+    async def fetch_proofs(
+        self, epoch: int, data_node: str, root: bytes, span: WorkerRange
+    ) -> list[KeptProof]:
+        """The checked proofs of the leaves of ``span``, asked of the data node."""
+        peer = self.data_node_peer(data_node)
+        if peer is None:
+            raise PeerUnavailable(f"data node {data_node} is not among this node's peers")
+        return await fetch_own_proofs(
+            self.rpc, peer, self.terms.run_id, epoch, span, root, self.timeout_s
+        )
 
     async def fetch_range(self, epoch: int, data_node: str) -> WorkerRange | None:
         """This node's range of ``data_node``'s certificate of ``epoch``, asked of it."""

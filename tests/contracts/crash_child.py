@@ -15,7 +15,7 @@ from typing import Any
 
 import trio
 
-from contracts.certificate_tree import WorkerRange, build_certificate_tree
+from contracts.certificate_tree import CertificateTree, WorkerRange, build_certificate_tree
 from contracts.encoding import (
     Eip712Domain,
     HopReceipt,
@@ -29,10 +29,11 @@ from node.chain.adapter import Sender, connect
 from node.chain.epochs import EpochLedger
 from node.receipts.book import ReceiptTerms
 from node.receipts.epochs import DataNodeEpochs, EpochClock, WorkerEpochs
+from node.receipts.proofs import checked_proofs
 from node.receipts.reports import ReceiptInbox
 from node.store.database import open_database
 from node.store.hops import HopStore, ToSign
-from node.store.ledger import LedgerRecords
+from node.store.ledger import KeptProof, LedgerRecords
 from tests.contracts.world import STAGES, TEST_GAS_LIMIT, UNITS_PER_HOP
 
 #: The receipts' domain where no chain is asked (the ``countersign`` step).
@@ -58,13 +59,22 @@ class LocalRangeWorker(WorkerEpochs):
 
     data_db: Path | None = None
 
-    async def fetch_range(self, epoch: int, data_node: str) -> WorkerRange | None:
+    def _tree(self, epoch: int) -> CertificateTree:
         assert self.data_db is not None
         data = HopStore(open_database(f"sqlite:///{self.data_db}"))
-        tree = build_certificate_tree(
+        return build_certificate_tree(
             data.certified_hops(self.terms.run_id, epoch), self.terms.domain
         )
-        return tree.worker_range(self.address)
+
+    async def fetch_range(self, epoch: int, data_node: str) -> WorkerRange | None:
+        return self._tree(epoch).worker_range(self.address)
+
+    async def fetch_proofs(
+        self, epoch: int, data_node: str, root: bytes, span: WorkerRange
+    ) -> list[KeptProof]:
+        tree = self._tree(epoch)
+        leaves = range(span.first.hop.index, span.last.hop.index + 1)
+        return checked_proofs([tree.leaf_proof(i) for i in leaves], span, root)
 
 
 def worker_cycle(

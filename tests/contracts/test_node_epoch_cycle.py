@@ -27,9 +27,11 @@ from node.chain.adapter import Sender
 from node.chain.epochs import EpochLedger
 from node.receipts.book import ReceiptTerms
 from node.receipts.epochs import DataNodeEpochs, EpochClock, WorkerEpochs
+from node.receipts.proofs import checked_proofs
 from node.store.database import open_database
 from node.store.hops import HopStore, ToSign
 from node.store.ledger import LedgerRecords
+from node.store.models import HopProof
 from tests.contracts.conftest import Staffed
 from tests.contracts.crash_child import data_node_cycle
 from tests.contracts.world import STAGES, TEST_GAS_LIMIT, UNITS_PER_HOP, NodeKey, World
@@ -199,13 +201,22 @@ def test_a_claim_mined_before_a_crash_is_recorded_and_never_paid_twice(
         async def fetch_range(epoch: int, data_node: str) -> Any:
             return span
 
+        async def fetch_proofs(epoch: int, data_node: str, root: bytes, span: Any) -> Any:
+            leaves = range(span.first.hop.index, span.last.hop.index + 1)
+            return checked_proofs([tree.leaf_proof(i) for i in leaves], span, root)
+
+        tree = cycle.inbox.trees[0]
         worker.fetch_range = fetch_range  # type: ignore[method-assign]
+        worker.fetch_proofs = fetch_proofs  # type: ignore[method-assign]
     trio.run(worker._try_claim, 0, s.data.address)
     record = worker.records.claim(s.run, 0, s.data.address, s.a.address)
     assert record is not None and (record.status, record.error) == ("confirmed", None)
     assert record.amount_wei == str(mined.amount_wei) and record.tx_hash == mined.tx_hash
     assert (0, s.data.address) in worker.done
     assert len(w.ledger.events.RewardClaimed.get_logs(from_block=0)) == 1
+    with db.sessions() as session:  # the proofs of its leaves kept when it built the claim
+        kept = session.query(HopProof).count()
+    assert kept == (span.last.hop.index - span.first.hop.index + 1 if late else 0)
 
 
 def test_a_certificate_on_chain_that_is_not_this_nodes_is_an_error(
