@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install demo test test-all lint typecheck contracts bench-gas bench-sim bench-engine clean
+.PHONY: install demo test test-all lint typecheck contracts bench-gas bench-sim bench-engine bench-devnet clean
 
 install: $(STAMP)
 
@@ -44,6 +44,9 @@ bench-sim: $(STAMP)
 
 bench-engine: $(STAMP)
 	$(BIN)/python bench/engine.py
+
+bench-devnet: $(STAMP)
+	$(BIN)/python bench/devnet_setup.py
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -1,8 +1,8 @@
 """The devnet file: what `gwtf-node devnet` started, so that other commands can find it.
 
 It records the JSON-RPC URL, the chain id, the deployed contract addresses and the funded
-development accounts. The dev accounts' private keys are the well-known eth-tester test keys
-(like anvil's): they are printed and stored on purpose, and must never hold real value.
+development accounts. The dev accounts' private keys are anvil's (or eth-tester's) well-known
+test keys: they are printed and stored on purpose, and must never hold real value.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ MAX_DEVNET_FILE_BYTES = 1024 * 1024
 @dataclass(frozen=True)
 class DevAccount:
     address: str
-    #: 0x-hex key of a test account, or "" when the chain keeps the key (anvil, geth --dev).
+    #: 0x-hex key of a dev account (anvil's or eth-tester's public test keys), or "" for a
+    #: chain reached with --rpc-url, which keeps its keys.
     private_key: str
     balance_wei: int
 

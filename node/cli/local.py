@@ -20,13 +20,28 @@ from node.chain.deployment import read_devnet_file
 from node.cli.args import Command, eth_amount
 from node.cli.output import emit
 from node.composition import open_contracts
+from node.devnet.anvil import DEFAULT_ANVIL
+from node.devnet.server import BACKENDS
 from node.settings import Settings
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
-    devnet = sub.add_parser("devnet", help="start a dev chain with the contracts deployed")
+    devnet = sub.add_parser(
+        "devnet",
+        help="start a dev chain with the contracts deployed",
+        description="Start anvil (from the npm lock) on --host:--port, deploy the contracts, "
+        "write the devnet file and serve until Ctrl-C; with --rpc-url, deploy on that chain "
+        "and return. Where anvil is not installed, an embedded eth-tester chain stands in.",
+    )
     devnet.add_argument("--host", default="127.0.0.1")
-    devnet.add_argument("--port", type=int, default=8545)
+    devnet.add_argument("--port", type=int, default=8545, help="0 picks a free port")
+    devnet.add_argument(
+        "--backend", choices=BACKENDS, default="auto",
+        help="auto: anvil where its binary is installed, else eth-tester (default: auto)",
+    )  # fmt: skip
+    devnet.add_argument(
+        "--anvil", type=Path, default=None, help=f"the anvil binary (default: {DEFAULT_ANVIL})"
+    )
 
     fund = sub.add_parser("fund", help="send devnet ETH from a dev account to an address")
     fund.add_argument("--to", required=True, help="recipient address")
@@ -56,7 +71,7 @@ def cmd_devnet(args: argparse.Namespace, settings: Settings, console: Console) -
         raise ConfigError(f"--port {args.port} is not a TCP port; use 0-65535 (0 = any free)")
     run_devnet(
         args.host, args.port, settings.chain.rpc_url or None, settings.chain.devnet_file, console,
-        as_json=args.json,
+        backend=args.backend, anvil=args.anvil, as_json=args.json,
     )  # fmt: skip
     return 0
 

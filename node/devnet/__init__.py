@@ -1,1 +1,2 @@
-"""`gwtf-node devnet`: an in-process EVM served as JSON-RPC, with the contracts deployed."""
+"""`gwtf-node devnet`: anvil as a child process (or an embedded eth-tester chain where anvil is
+not installed), with the contracts deployed."""

@@ -1,16 +1,19 @@
 """An embedded eth-tester (py-evm) chain served over HTTP JSON-RPC on 127.0.0.1.
 
-This lets several processes (nodes, the CLI, an auditor) share one development chain without
-installing anvil. Requests go through web3's own eth-tester request/result formatters, so the
-chain behaves exactly as ``EthereumTesterProvider`` does in process; results are re-encoded as
-standard JSON-RPC quantities (hex) so any Ethereum client can talk to it.
+It is what `gwtf-node devnet` serves where anvil is not installed, and how tests share an
+in-process chain they built with other processes (nodes, the CLI, an auditor). Requests go
+through web3's own eth-tester request/result formatters, so the chain behaves exactly as
+``EthereumTesterProvider`` does in process; results are re-encoded as standard JSON-RPC
+quantities (hex) so any Ethereum client can talk to it (not every shape matches a real node's:
+full transactions inside blocks keep eth-tester's snake_case keys, ``eth_getLogs`` by
+``blockHash`` is not served and from ``"earliest"`` finds nothing).
 
 A revert is answered like geth and anvil do (``code 3``, ``data`` = the raw revert bytes), so
 web3's ``HTTPProvider`` raises ``ContractLogicError``/``ContractCustomError`` with the data that
 ``contracts.bindings.decode_revert`` turns into the contract's custom error.
 
 Also served, as anvil/hardhat name them: ``evm_increaseTime`` (seconds; mines a block at the new
-time), ``evm_mine``, ``evm_snapshot`` and ``evm_revert``.
+time), ``evm_mine``, ``evm_snapshot`` and ``evm_revert``; and ``net_version`` is the chain id.
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ class EthTesterRpc:
         self._extra: dict[str, Callable[[list[Any]], Any]] = {
             "evm_increaseTime": self._increase_time,
             "evm_mine": self._mine,
+            "net_version": self._network_id,
         }
 
     def handle(self, payload: Any) -> Any:
@@ -197,6 +201,11 @@ class EthTesterRpc:
     def _mine(self, params: list[Any]) -> str:
         self.tester.mine_blocks(1)
         return "0x0"
+
+    def _network_id(self, params: list[Any]) -> str:
+        # Wallets read the network from net_version: web3's eth-tester glue says "1" (mainnet).
+        chain_id = API_ENDPOINTS["eth"]["chainId"](self.tester, [])
+        return str(int(chain_id))
 
 
 def _quantity(value: Any, what: str) -> int:

@@ -1,45 +1,105 @@
 """`gwtf-node devnet`: a development chain with the GWTF contracts deployed, for many processes.
 
-By default an embedded eth-tester chain is served over JSON-RPC on 127.0.0.1 (see
-``node.devnet.rpc``) until Ctrl-C. With ``--rpc-url`` the contracts are deployed on an existing
-chain instead (anvil, hardhat, geth --dev) and the command returns. Either way the RPC URL,
-contract addresses and funded dev accounts are printed and written to the devnet file that
-other commands read (default ``.gwtf/devnet.json``).
+The chain is anvil (``node.devnet.anvil``), a child of this process bound to 127.0.0.1, served
+until Ctrl-C or SIGTERM. Where anvil's binary is not installed (npm has it for Linux and macOS on
+x64 and arm64), the embedded eth-tester chain served over JSON-RPC (``node.devnet.rpc``) stands
+in, and one line on stderr says so. With ``--rpc-url`` the contracts are deployed on an existing
+chain instead (one with an unlocked dev account) and the command returns. Either way the RPC
+URL, contract addresses and funded dev accounts are printed and written to the devnet file that
+other commands read (default ``.gwtf/devnet.json``); it is removed when our chain stops, since
+its addresses die with it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import signal
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from rich.console import Console
 from rich.table import Table
 from web3 import Web3
 
+from contracts.artifacts import load_artifacts
 from contracts.bindings import deploy_suite
 from gwtf.errors import ChainError
 from node.chain.adapter import connect, format_eth
 from node.chain.deployment import DevAccount, DevnetInfo, write_devnet_file
+from node.devnet.anvil import DEFAULT_ANVIL, is_runnable, start_anvil
 from node.devnet.rpc import DevnetHttpServer, EthTesterRpc
+
+BACKENDS = ("auto", "anvil", "eth-tester")
+
+
+class LocalChain(Protocol):
+    """A chain this process runs: where it answers, its dev accounts (address, key)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def keys(self) -> tuple[tuple[str, str], ...]: ...
+
+    def wait(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class EmbeddedChain:
+    """eth-tester in this process, served over HTTP JSON-RPC from a thread."""
+
+    server: DevnetHttpServer
+    name: str = "embedded eth-tester"
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def keys(self) -> tuple[tuple[str, str], ...]:
+        tester = self.server.rpc.tester
+        secrets = ["0x" + key.to_bytes().hex() for key in tester.backend.account_keys]
+        return tuple(zip(tester.get_accounts(), secrets, strict=True))
+
+    def wait(self) -> None:
+        threading.Event().wait()
+
+    def stop(self) -> None:
+        self.server.stop()
 
 
 @dataclass
 class RunningDevnet:
-    """A devnet that is up: its description, and the server when it is embedded."""
+    """A devnet that is up: its description, and the chain when it is ours."""
 
     info: DevnetInfo
-    server: DevnetHttpServer | None
+    chain: LocalChain | None
+    out_file: Path
+
+    def wait(self) -> None:
+        """Block while our chain runs (raises ``ChainError`` if it dies)."""
+        if self.chain is not None:
+            self.chain.wait()
 
     def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
+        if self.chain is None:
+            return
+        self.chain.stop()
+        # The addresses in the file point at a chain that no longer exists.
+        self.out_file.unlink(missing_ok=True)
 
 
-def start_embedded_server(host: str, port: int) -> DevnetHttpServer:
+def start_embedded(host: str, port: int) -> EmbeddedChain:
     try:
         server = DevnetHttpServer(EthTesterRpc(), host, port)
     except OSError as exc:
@@ -47,28 +107,66 @@ def start_embedded_server(host: str, port: int) -> DevnetHttpServer:
             f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port or stop "
             "the devnet already running there"
         ) from exc
-    return server.start_background()
+    return EmbeddedChain(server.start_background())
 
 
-def dev_accounts(w3: Web3, server: DevnetHttpServer | None) -> tuple[DevAccount, ...]:
-    """The chain's funded accounts; with their (public test) keys when the devnet is ours."""
-    addresses = list(w3.eth.accounts)
-    keys = [""] * len(addresses)
-    if server is not None:
-        keys = ["0x" + key.to_bytes().hex() for key in server.rpc.tester.backend.account_keys]
+def anvil_log_path(out_file: Path) -> Path:
+    """anvil's log, next to the devnet file: ``devnet.json`` → ``devnet-anvil.log``."""
+    return out_file.with_name(f"{out_file.stem}-anvil.log")
+
+
+def start_local_chain(
+    host: str, port: int, out_file: Path, backend: str, anvil: Path | None
+) -> LocalChain:
+    """anvil, or the embedded chain when asked for or when anvil's binary is missing."""
+    if backend not in BACKENDS:
+        raise ChainError(f"unknown devnet backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    binary = anvil or DEFAULT_ANVIL
+    if backend == "eth-tester":
+        return start_embedded(host, port)
+    if is_runnable(binary):
+        return start_anvil(binary, host, port, anvil_log_path(out_file))
+    if backend == "anvil":
+        raise ChainError(
+            f"no anvil binary at {binary}; `make install` installs it (npm ci), or pass --anvil"
+        )
+    print(
+        f"gwtf-node: no anvil binary at {binary} (npm has it for Linux and macOS, x64 and "
+        "arm64); serving the embedded eth-tester chain instead",
+        file=sys.stderr,
+        flush=True,
+    )
+    return start_embedded(host, port)
+
+
+def dev_accounts(w3: Web3, chain: LocalChain | None) -> tuple[DevAccount, ...]:
+    """The chain's funded accounts; with their (public test) keys when the chain is ours."""
+    if chain is None:
+        pairs = [(address, "") for address in w3.eth.accounts]
+    else:
+        pairs = [(Web3.to_checksum_address(address), key) for address, key in chain.keys]
     return tuple(
-        DevAccount(address, key, int(w3.eth.get_balance(address)))
-        for address, key in zip(addresses, keys, strict=True)
+        DevAccount(address, key, int(w3.eth.get_balance(address))) for address, key in pairs
     )
 
 
-def start_devnet(host: str, port: int, rpc_url: str | None, out_file: str | Path) -> RunningDevnet:
+def start_devnet(
+    host: str,
+    port: int,
+    rpc_url: str | None,
+    out_file: str | Path,
+    *,
+    backend: str = "auto",
+    anvil: Path | None = None,
+) -> RunningDevnet:
     """Start (or reach) the chain, deploy the contracts, write the devnet file."""
-    server = None if rpc_url else start_embedded_server(host, port)
+    out_file = Path(out_file)
+    load_artifacts()  # refuse stale or missing artifacts before starting anything
+    chain = None if rpc_url else start_local_chain(host, port, out_file, backend, anvil)
     try:
-        url = rpc_url or (server.url if server else "")
+        url = rpc_url or (chain.url if chain else "")
         w3 = connect(url)
-        accounts = dev_accounts(w3, server)
+        accounts = dev_accounts(w3, chain)
         if not accounts:
             raise ChainError(
                 f"the chain at {url} has no unlocked dev accounts to deploy from; use anvil or "
@@ -78,14 +176,16 @@ def start_devnet(host: str, port: int, rpc_url: str | None, out_file: str | Path
         info = DevnetInfo(url, int(w3.eth.chain_id), suite.addresses, accounts)
         write_devnet_file(out_file, info)
     except BaseException:
-        if server is not None:
-            server.stop()
+        if chain is not None:
+            chain.stop()
         raise
-    return RunningDevnet(info, server)
+    return RunningDevnet(info, chain, out_file)
 
 
-def describe(info: DevnetInfo, out_file: str | Path, console: Console) -> None:
-    console.print(f"chain {info.chain_id} at [bold]{info.rpc_url}[/bold]")
+def describe(devnet: RunningDevnet, console: Console) -> None:
+    info = devnet.info
+    kind = f" ({devnet.chain.name})" if devnet.chain else ""
+    console.print(f"chain {info.chain_id} at [bold]{info.rpc_url}[/bold]{kind}")
     for name, address in info.contracts.items():
         console.print(f"  {name:<13} {address}")
     table = Table(title="funded dev accounts (public test keys: never send real value to them)")
@@ -96,7 +196,7 @@ def describe(info: DevnetInfo, out_file: str | Path, console: Console) -> None:
             str(index), account.address, format_eth(account.balance_wei), account.private_key
         )
     console.print(table)
-    console.print(f"written to {out_file}")
+    console.print(f"written to {devnet.out_file}")
 
 
 def run_devnet(
@@ -105,33 +205,47 @@ def run_devnet(
     rpc_url: str | None,
     out_file: str | Path,
     console: Console,
-    wait: Callable[[], None] | None = None,
+    *,
+    backend: str = "auto",
+    anvil: Path | None = None,
     as_json: bool = False,
 ) -> DevnetInfo:
     """The command: start, describe (``as_json``: the devnet file's JSON on stdout, one line),
-    then serve until interrupted (embedded chain only)."""
-    devnet = start_devnet(host, port, rpc_url, out_file)
-    if as_json:
-        print(json.dumps(devnet.info.to_json()), flush=True)
-    else:
-        describe(devnet.info, out_file, console)
-    if devnet.server is None:
-        return devnet.info
-    if not as_json:
-        console.print(
-            "serving JSON-RPC; press Ctrl-C to stop (the chain is forgotten when it stops)"
-        )
-    try:
-        (wait or _wait_forever)()
-    except KeyboardInterrupt:
-        console.print("stopping the devnet")
-    finally:
-        devnet.stop()
-        # The addresses in the file point at a chain that no longer exists.
-        with contextlib.suppress(FileNotFoundError):
-            Path(out_file).unlink()
+    then serve until interrupted (our own chain only)."""
+    with sigterm_interrupts():
+        devnet = start_devnet(host, port, rpc_url, out_file, backend=backend, anvil=anvil)
+        try:
+            if as_json:
+                print(json.dumps(devnet.info.to_json()), flush=True)
+            else:
+                describe(devnet, console)
+            if devnet.chain is None:
+                return devnet.info
+            if not as_json:
+                console.print(
+                    "serving JSON-RPC; press Ctrl-C to stop (the chain is forgotten when it stops)"
+                )
+            devnet.wait()
+        except KeyboardInterrupt:
+            if not as_json:
+                console.print("stopping the devnet")
+        finally:
+            devnet.stop()
     return devnet.info
 
 
-def _wait_forever() -> None:
-    threading.Event().wait()
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM stops the devnet as Ctrl-C does (the chain stopped, the file removed)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -3,9 +3,11 @@
 ``gwtf-node swarm`` uses this before it starts any node process, and again for each joiner just
 before it enters. What happens, with the transactions of ``node.chain.actions``:
 
-* the chain: a devnet (``gwtf-node devnet`` as its own OS process, on an ephemeral port) unless the
-  swarm file names ``[chain] rpc_url``; then the contracts named by ``[chain] devnet_file`` are
-  used, or the suite is deployed there (which needs an unlocked dev account, as anvil has);
+* the chain: a devnet started here as ``gwtf-node devnet`` starts it (anvil, a child process
+  that ends with the swarm, on an ephemeral port; the embedded eth-tester chain where anvil is
+  not installed) unless the swarm file names ``[chain] rpc_url``; then the contracts named by
+  ``[chain] devnet_file`` are used, or the suite is deployed there (which needs an unlocked dev
+  account, as anvil has);
 * the run: the sponsor (the chain's first dev account) opens it with the reward pool;
 * each node: a node key (``wallets/<name>.node-main.json``, the layout of ``gwtf-node
   register``; one random password for the swarm in ``wallets/password``, mode 0600, never
@@ -21,9 +23,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -54,6 +53,7 @@ from node.chain.wallet import (
     node_key_path,
     open_wallet,
 )
+from node.devnet.server import RunningDevnet, start_devnet
 from node.p2p.identity import identity_from_key, node_address_of_peer, peer_id_of
 from node.settings import ENV_PREFIX, ENV_RPC_TOKEN
 
@@ -64,7 +64,6 @@ SWARM_GAS_LIMIT = 2_000_000
 #: scrypt cost of the swarm's keystores on its own devnet (they hold devnet ETH only): ~60 ms
 #: per keystore instead of ~1 s at eth-account's default, which a chain named by rpc_url keeps.
 DEVNET_SCRYPT_N = 2**14
-DEVNET_START_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -141,7 +140,7 @@ class SwarmChain:
     wallets_dir: Path
     plan: ChainPlan
     scrypt_n: int | None
-    devnet: subprocess.Popen[bytes] | None = None
+    devnet: RunningDevnet | None = None
     registered: dict[str, RegisteredNode] = field(default_factory=dict)
     _password: str = field(default="", repr=False)
 
@@ -203,13 +202,8 @@ class SwarmChain:
         return self.contracts.port().is_admitted(self.run_id, node)
 
     def stop(self) -> None:
-        if self.devnet is not None and self.devnet.poll() is None:
-            # SIGINT: the devnet removes its devnet file (its addresses die with it).
-            self.devnet.send_signal(2)
-            try:
-                self.devnet.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.devnet.kill()
+        if self.devnet is not None:
+            self.devnet.stop()  # and removes the devnet file: its addresses die with the chain
 
 
 def _wei(eth: float) -> int:
@@ -218,32 +212,40 @@ def _wei(eth: float) -> int:
 
 
 def start_swarm_chain(
-    plan: ChainPlan, out_dir: Path, stages: int, model: str, log: IO[bytes] | None
+    plan: ChainPlan,
+    out_dir: Path,
+    stages: int,
+    model: str,
+    log: IO[bytes] | None,
+    *,
+    backend: str = "auto",
 ) -> SwarmChain:
-    """Start (or reach) the chain and open the swarm's run on it."""
+    """Start (or reach) the chain and open the swarm's run on it; ``backend`` is the devnet's,
+    as ``gwtf-node devnet --backend`` takes it."""
     devnet_file = out_dir / "devnet.json"
-    devnet: subprocess.Popen[bytes] | None = None
+    devnet: RunningDevnet | None = None
     try:
         if plan.rpc_url and plan.devnet_file:
             info = read_devnet_file(plan.devnet_file)
             devnet_file.write_text(Path(plan.devnet_file).read_text())
-        elif plan.rpc_url:
-            from node.devnet.server import start_devnet
-
-            info = start_devnet("127.0.0.1", 0, plan.rpc_url, devnet_file).info
         else:
-            devnet = _spawn_devnet(devnet_file, log)
-            info = _wait_for_devnet(devnet, devnet_file)
+            running = start_devnet(
+                "127.0.0.1", 0, plan.rpc_url or None, devnet_file, backend=backend
+            )
+            info = running.info
+            if running.chain is not None:  # ours, not the chain at rpc_url
+                devnet = running
+                if log is not None:
+                    log.write(f"devnet: {running.chain.name} at {info.rpc_url}\n".encode())
         rpc_url = plan.rpc_url or info.rpc_url
         contracts = Contracts.at(connect(rpc_url), info.contracts, gas_limit=SWARM_GAS_LIMIT)
         scrypt_n = None if plan.rpc_url else DEVNET_SCRYPT_N
         chain = open_swarm_run(
-            contracts, _sponsor(info), plan, out_dir, stages, model, scrypt_n=scrypt_n
+            contracts, sponsor_of(info), plan, out_dir, stages, model, scrypt_n=scrypt_n
         )
     except BaseException:
         if devnet is not None:
-            devnet.kill()
-            devnet.wait()
+            devnet.stop()
         raise
     chain.rpc_url, chain.devnet_file, chain.devnet = rpc_url, devnet_file, devnet
     return chain
@@ -290,7 +292,8 @@ def _run_config(plan: ChainPlan, stages: int, model: str) -> RunConfig:
     )
 
 
-def _sponsor(info: DevnetInfo) -> Sender:
+def sponsor_of(info: DevnetInfo) -> Sender:
+    """The run's sponsor: the chain's first dev account, by its key when the devnet gave it."""
     if not info.accounts:
         raise ChainError(
             f"the chain at {info.rpc_url} lists no dev account to sponsor the run; use anvil or "
@@ -310,30 +313,6 @@ def child_env() -> dict[str, str]:
     if ENV_RPC_TOKEN in os.environ:
         env[ENV_RPC_TOKEN] = os.environ[ENV_RPC_TOKEN]
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-def _spawn_devnet(devnet_file: Path, log: IO[bytes] | None) -> subprocess.Popen[bytes]:
-    devnet_file.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "node.cli", "--devnet-file", str(devnet_file)]
-    return subprocess.Popen(
-        [*command, "devnet", "--port", "0"],
-        stdout=log or subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        env=child_env(),
-    )
-
-
-def _wait_for_devnet(devnet: subprocess.Popen[bytes], devnet_file: Path) -> DevnetInfo:
-    deadline = time.monotonic() + DEVNET_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if devnet_file.exists():
-            return read_devnet_file(devnet_file)
-        if devnet.poll() is not None:
-            raise ChainError(
-                f"the swarm's devnet exited with code {devnet.returncode}; see the swarm log"
-            )
-        time.sleep(0.1)
-    raise ChainError(f"the swarm's devnet did not start within {DEVNET_START_TIMEOUT_S:g} s")
 
 
 def _wallets_dir(out_dir: Path) -> Path:

@@ -1,4 +1,5 @@
-"""Shared fixtures of the node tests: one embedded devnet served over real HTTP JSON-RPC."""
+"""Shared fixtures of the node tests: one devnet (anvil, as `gwtf-node devnet` starts it) over
+real HTTP JSON-RPC."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from node.devnet.server import RunningDevnet, start_devnet
 
 # Low scrypt cost keeps keystore tests in milliseconds; the file format is unchanged.
 FAST_SCRYPT_N = 2**4
-# A fixed gas limit skips eth-tester's slow binary-search estimator (see transact_as).
+# A fixed gas limit skips gas estimation, slow on eth-tester (see transact_as).
 TEST_GAS_LIMIT = 1_500_000
 
 

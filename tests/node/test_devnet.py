@@ -1,9 +1,14 @@
-"""The devnet: eth-tester served over HTTP JSON-RPC, contracts deployed, file for other clients."""
+"""The devnet in process, on anvil and on its fallback (eth-tester served over HTTP JSON-RPC):
+contracts deployed, the devnet file for other clients, transactions (from several processes at
+once) and time over RPC; and the fallback server's own JSON-RPC handling."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +17,12 @@ from eth_account import Account
 from web3 import Web3
 
 from contracts.bindings import attach
-from node.chain.adapter import advance_time
-from node.chain.deployment import read_devnet_file
+from node.chain.adapter import advance_time, connect
+from node.chain.deployment import read_devnet_file, write_devnet_file
 from node.devnet.rpc import EthTesterRpc, to_json_rpc
-from node.devnet.server import RunningDevnet
+from node.devnet.server import RunningDevnet, start_devnet
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def post(url: str, body: bytes) -> Any:
@@ -24,8 +31,38 @@ def post(url: str, body: bytes) -> Any:
         return json.loads(response.read())
 
 
-def test_second_client_sees_the_deployed_contracts(devnet: RunningDevnet, rpc_w3: Web3) -> None:
-    info = devnet.info
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDevnet]:
+    """The fallback: eth-tester in this process, served over HTTP."""
+    out = tmp_path_factory.mktemp("embedded") / "devnet.json"
+    running = start_devnet("127.0.0.1", 0, None, out, backend="eth-tester")
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(params=["devnet", "embedded"], ids=["anvil", "eth-tester"])
+def either(request: pytest.FixtureRequest) -> RunningDevnet:
+    """Each backend in turn: the session's anvil devnet, then the embedded fallback."""
+    running: RunningDevnet = request.getfixturevalue(request.param)
+    return running
+
+
+def test_the_session_devnet_is_anvil_and_the_fallback_is_eth_tester(
+    devnet: RunningDevnet, embedded: RunningDevnet
+) -> None:
+    assert devnet.chain is not None and devnet.chain.name == "anvil", (
+        "the devnet fell back to eth-tester: anvil is not installed (run `make install`)"
+    )
+    assert connect(devnet.info.rpc_url).client_version.startswith("anvil/")
+    assert embedded.chain is not None and embedded.chain.name == "embedded eth-tester"
+    assert "EthereumTester" in connect(embedded.info.rpc_url).client_version
+
+
+def test_second_client_sees_the_deployed_contracts(either: RunningDevnet) -> None:
+    info = either.info
+    rpc_w3 = connect(info.rpc_url)
     assert info.rpc_url.startswith("http://127.0.0.1:")
     assert set(info.contracts) == {"NodeRegistry", "WorkLedger", "Disputes"}
     assert rpc_w3.eth.chain_id == info.chain_id
@@ -40,20 +77,21 @@ def test_second_client_sees_the_deployed_contracts(devnet: RunningDevnet, rpc_w3
 
 
 def test_devnet_file_round_trips_and_lists_funded_dev_accounts(
-    devnet: RunningDevnet, rpc_w3: Web3, devnet_file: Path
+    either: RunningDevnet, tmp_path: Path
 ) -> None:
-    assert read_devnet_file(devnet_file) == devnet.info
-    accounts = devnet.info.accounts
+    rpc_w3 = connect(either.info.rpc_url)
+    assert read_devnet_file(either.out_file) == either.info
+    assert read_devnet_file(write_devnet_file(tmp_path / "copy.json", either.info)) == either.info
+    accounts = either.info.accounts
     assert len(accounts) == 10
     for account in accounts:
         assert Account.from_key(account.private_key).address == account.address
         assert rpc_w3.eth.get_balance(account.address) > 10**20
 
 
-def test_signed_raw_transactions_and_receipts_over_http(
-    rpc_w3: Web3, devnet: RunningDevnet
-) -> None:
-    sender = Account.from_key(devnet.info.accounts[5].private_key)
+def test_signed_raw_transactions_and_receipts_over_http(either: RunningDevnet) -> None:
+    rpc_w3 = connect(either.info.rpc_url)
+    sender = Account.from_key(either.info.accounts[5].private_key)
     receiver = Account.create().address
     tx = {
         "to": receiver,
@@ -70,14 +108,22 @@ def test_signed_raw_transactions_and_receipts_over_http(
     assert rpc_w3.eth.get_balance(receiver) == 12345
 
 
-def test_time_can_be_moved_forward_over_rpc(rpc_w3: Web3) -> None:
+def test_the_network_id_is_the_chain_id(either: RunningDevnet) -> None:
+    rpc_w3 = connect(either.info.rpc_url)
+    assert int(rpc_w3.net.version) == rpc_w3.eth.chain_id == either.info.chain_id
+
+
+def test_time_can_be_moved_forward_over_rpc(either: RunningDevnet) -> None:
+    rpc_w3 = connect(either.info.rpc_url)
     before = rpc_w3.eth.get_block("latest")["timestamp"]
     after = advance_time(rpc_w3, 3_600)
     assert after >= before + 3_599
 
 
-def test_malformed_requests_get_json_rpc_errors(devnet: RunningDevnet) -> None:
-    url = devnet.info.rpc_url
+def test_the_fallback_answers_malformed_requests_with_json_rpc_errors(
+    embedded: RunningDevnet,
+) -> None:
+    url = embedded.info.rpc_url
     assert post(url, b"{not json")["error"]["code"] == -32700
     unknown = post(url, b'{"jsonrpc":"2.0","id":1,"method":"eth_mineGold","params":[]}')
     assert unknown["error"]["code"] == -32601
@@ -89,7 +135,7 @@ def test_malformed_requests_get_json_rpc_errors(devnet: RunningDevnet) -> None:
         b'{"jsonrpc":"2.0","id":2,"method":"eth_blockNumber","params":[]}]',
     )
     assert [answer["id"] for answer in batch] == [1, 2]
-    assert int(batch[0]["result"], 16) == devnet.info.chain_id
+    assert int(batch[0]["result"], 16) == embedded.info.chain_id
 
 
 def test_results_are_standard_quantities() -> None:
@@ -109,3 +155,27 @@ def test_dispatcher_serves_without_http() -> None:
     assert answer["id"] == 7 and len(answer["result"]) == 10
     assert rpc.handle({"jsonrpc": "2.0", "method": "eth_chainId", "params": []}) is None
     assert rpc.handle([])["error"]["code"] == -32600
+
+
+SENDER = """
+import sys
+from eth_account import Account
+from node.chain.adapter import Sender, connect, send_transaction
+w3, sender = connect(sys.argv[1]), Sender.from_account(Account.from_key(sys.argv[2]))
+for _ in range(int(sys.argv[3])):
+    send_transaction(w3, sender, {"to": Account.create().address, "value": 1, "gas": 21_000})
+"""
+
+
+def test_processes_sending_at_once_from_their_own_wallets_all_land(either: RunningDevnet) -> None:
+    """Each process picks its nonces from the chain ("pending") while the others send."""
+    rpc_w3 = connect(either.info.rpc_url)
+    wallets = [account.private_key for account in either.info.accounts[6:9]]
+    nonces = [rpc_w3.eth.get_transaction_count(Account.from_key(k).address) for k in wallets]
+    senders = [
+        subprocess.Popen([sys.executable, "-c", SENDER, either.info.rpc_url, key, "8"], cwd=REPO)
+        for key in wallets
+    ]
+    assert [sender.wait(timeout=120) for sender in senders] == [0, 0, 0]
+    for key, nonce in zip(wallets, nonces, strict=True):
+        assert rpc_w3.eth.get_transaction_count(Account.from_key(key).address) == nonce + 8
