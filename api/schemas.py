@@ -192,7 +192,9 @@ class Slashed(Schema):
 
 
 class ClaimRequest(Schema):
-    epoch: int | None = Field(default=None, ge=0, description="one epoch; null claims all")
+    epoch: int | None = Field(
+        default=None, ge=0, le=2**63 - 1, description="one epoch; null claims all"
+    )
 
 
 class ClaimResult(Schema):

@@ -19,6 +19,8 @@ from node.settings import Settings
 Command = Callable[[argparse.Namespace, Settings, Console], int]
 
 WEI_PER_ETH = 10**18
+#: The smallest of the contracts' amount fields (RunConfig.minStakeWei) holds less than this.
+MAX_WEI = 2**96
 
 
 def eth_amount(text: str) -> int:
@@ -29,11 +31,32 @@ def eth_amount(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an amount of ETH") from None
     if not value.is_finite() or value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be a non-negative amount of ETH")
-    return int(value * WEI_PER_ETH)
+    wei = int(value * WEI_PER_ETH)
+    if wei >= MAX_WEI:
+        raise argparse.ArgumentTypeError(f"{text} ETH is more than the contracts hold; give less")
+    return wei
 
 
 #: Numbers the chain and the node database both hold (64-bit columns are signed).
 MAX_WHOLE = 2**63 - 1
+
+
+def up_to(high: int, what: str) -> Callable[[str], int]:
+    """A flag of a contract field that holds 1 .. ``high`` (a uint16 of stages, say): a value
+    the field cannot hold is a usage error, not a failed transaction."""
+
+    def parse(text: str) -> int:
+        return _bounded(text, 1, high, what)
+
+    parse.__name__ = what.split()[0]  # argparse names the type in its error
+    return parse
+
+
+#: Fields of RunBook.RunConfig and NodeRegistry.Capacity.
+stage_count = up_to(2**16 - 1, "stages 1..65535")
+seconds = up_to(2**32 - 1, "seconds 1..4294967295")
+per_hour = up_to(2**32 - 1, "a count 1..4294967295")
+in_flight = up_to(2**16 - 1, "microbatches 1..65535")
 
 
 def whole(text: str) -> int:

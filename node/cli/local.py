@@ -10,14 +10,12 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-from web3 import Web3
 
 from api.schemas import Amount
-from gwtf.errors import ConfigError
 from node.chain.actions import transfer_eth
 from node.chain.adapter import Sender, connect, format_eth
 from node.chain.deployment import read_devnet_file
-from node.cli.args import Command, eth_amount
+from node.cli.args import Command, address, eth_amount, port
 from node.cli.output import emit
 from node.composition import open_contracts
 from node.devnet.anvil import DEFAULT_ANVIL
@@ -34,7 +32,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
         "and return. Where anvil is not installed, an embedded eth-tester chain stands in.",
     )
     devnet.add_argument("--host", default="127.0.0.1")
-    devnet.add_argument("--port", type=int, default=8545, help="0 picks a free port")
+    devnet.add_argument("--port", type=port, default=8545, help="0 picks a free port")
     devnet.add_argument(
         "--backend", choices=BACKENDS, default="auto",
         help="auto: anvil where its binary is installed, else eth-tester (default: auto)",
@@ -44,7 +42,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     )
 
     fund = sub.add_parser("fund", help="send devnet ETH from a dev account to an address")
-    fund.add_argument("--to", required=True, help="recipient address")
+    fund.add_argument("--to", type=address, required=True, help="recipient address")
     fund.add_argument("--eth", type=eth_amount, default=eth_amount("10"), help="amount (ETH)")
 
     demo = sub.add_parser("demo", help="run the contract lifecycle of one epoch and summarise it")
@@ -67,8 +65,6 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
 def cmd_devnet(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     from node.devnet.server import run_devnet
 
-    if not 0 <= args.port <= 65535:
-        raise ConfigError(f"--port {args.port} is not a TCP port; use 0-65535 (0 = any free)")
     run_devnet(
         args.host, args.port, settings.chain.rpc_url or None, settings.chain.devnet_file, console,
         backend=args.backend, anvil=args.anvil, as_json=args.json,
@@ -78,12 +74,10 @@ def cmd_devnet(args: argparse.Namespace, settings: Settings, console: Console) -
 
 def cmd_fund(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     contracts, info = open_contracts(settings)
-    if not Web3.is_address(args.to):
-        raise ConfigError(f"--to {args.to!r} is not an Ethereum address; pass 0x + 40 hex digits")
     faucet = Sender.unlocked(info.accounts[0].address)
     transfer_eth(contracts.w3, faucet, args.to, args.eth)
-    balance = contracts.w3.eth.get_balance(Web3.to_checksum_address(args.to))
-    data = {"to": Web3.to_checksum_address(args.to), "sent": Amount.of(args.eth),
+    balance = contracts.w3.eth.get_balance(args.to)
+    data = {"to": args.to, "sent": Amount.of(args.eth),
             "balance": Amount.of(balance)}  # fmt: skip
     return emit(args, console, data, lambda c: c.print(
         f"sent {format_eth(args.eth)} ETH to {args.to}; it now holds {format_eth(balance)}"

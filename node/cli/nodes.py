@@ -20,7 +20,18 @@ from gwtf.errors import ConfigError, GwtfError
 from node.chain.actions import Capacity, join_run, register_node
 from node.chain.adapter import NodeInfo, format_eth
 from node.chain.wallet import node_key_path, read_keystore_address
-from node.cli.args import Command, add_wallet_flags, eth_amount, open_node, port, positive, whole
+from node.cli.args import (
+    Command,
+    add_wallet_flags,
+    address,
+    eth_amount,
+    in_flight,
+    open_node,
+    per_hour,
+    port,
+    stage_count,
+    whole,
+)
 from node.cli.output import emit, fields
 from node.composition import open_contracts
 from node.local_api.client import api_url, call_api
@@ -43,19 +54,19 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     )
     register.add_argument("--model", help="the run's model to benchmark (default training.model)")
     register.add_argument(
-        "--stages", type=positive, help="the run's stages (default training.stages)"
+        "--stages", type=stage_count, help="the run's stages (default training.stages)"
     )
     register.add_argument("--gpu-model", help="overrides the detected GPU name")
-    register.add_argument("--memory-mib", type=positive, help="overrides the detected memory")
-    register.add_argument("--throughput", type=positive, help="microbatches per hour (overrides)")
-    register.add_argument("--max-in-flight", type=positive, help="microbatches held at once")
+    register.add_argument("--memory-mib", type=per_hour, help="overrides the detected memory")
+    register.add_argument("--throughput", type=per_hour, help="microbatches per hour (overrides)")
+    register.add_argument("--max-in-flight", type=in_flight, help="microbatches held at once")
 
     join = sub.add_parser("join", help="join a run with a registered node")
     add_wallet_flags(join)
     join.add_argument("--run", type=whole, required=True, help="run id")
 
     info = sub.add_parser("info", help="show what the chain knows about a node or a run")
-    info.add_argument("--node", help="node address")
+    info.add_argument("--node", type=address, help="node address")
     info.add_argument("--run", type=whole, help="run id")
 
     status = sub.add_parser("status", help="a wallet's node: chain, stake, runs and the live node")
@@ -133,8 +144,6 @@ def cmd_join(args: argparse.Namespace, settings: Settings, console: Console) -> 
 def cmd_info(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     if args.node is None and args.run is None:
         raise ConfigError("say what to show: --node ADDRESS and/or --run ID")
-    if args.node is not None and not Web3.is_address(args.node):
-        raise ConfigError(f"--node {args.node!r} is not an address; pass 0x + 40 hex digits")
     contracts, _ = open_contracts(settings)
     port = contracts.port()
     data: dict[str, Any] = {}

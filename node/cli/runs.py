@@ -25,7 +25,7 @@ from node.chain.actions import (
 )
 from node.chain.adapter import RunInfo, Sender, format_eth
 from node.chain.wallet import open_wallet, resolve_password
-from node.cli.args import Command, address, eth_amount, positive, whole
+from node.cli.args import Command, address, eth_amount, positive, seconds, stage_count, whole
 from node.cli.output import emit, table
 from node.composition import open_contracts
 from node.local_api.watcher import run_fields
@@ -43,10 +43,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     opening = actions.add_parser("open", help="open and fund a run (the sponsor)")
     _sponsor_flags(opening)
     opening.add_argument("--model", default="gpt-tiny", help="the run's model, e.g. gpt-tiny")
-    opening.add_argument("--stages", type=positive, required=True, help="pipeline stages")
+    opening.add_argument("--stages", type=stage_count, required=True, help="pipeline stages")
     opening.add_argument("--seq-len", type=positive, default=64, help="tokens per sequence")
-    opening.add_argument("--epoch-length-s", type=positive, default=3600)
-    opening.add_argument("--challenge-window-s", type=positive, default=3600)
+    opening.add_argument("--epoch-length-s", type=seconds, default=3600)
+    opening.add_argument("--challenge-window-s", type=seconds, default=3600)
     opening.add_argument("--units-per-hop", type=positive, default=10)
     opening.add_argument("--reward-per-epoch-eth", type=eth_amount, required=True)
     opening.add_argument("--min-stake-eth", type=eth_amount, required=True)

@@ -26,14 +26,23 @@ from node.chain.adapter import NODE_STATUS_SLASHED
 from node.p2p.host import peer_info, running_host
 from node.p2p.identity import new_identity
 from node.p2p.rpc import PeerUnavailable, RequestResponse
-from node.p2p.weights import Manifest, WeightDownloadError, ask_manifest, download_manifest
+from node.p2p.weights import (
+    PUBLIC_SNAPSHOT_S,
+    Manifest,
+    WeightDownloadError,
+    ask_manifest,
+    download_manifest,
+)
 from node.training.checkpoint import PartState, read_part_state
 from node.training.errors import CheckpointError, ExportError
 from node.training.partition import PartitionPlan
 
-#: Rounds of manifests while the stages are at different steps, and the pause between two.
+#: Rounds of manifests while the stages are at different steps, and the pause between two: a
+#: node serves an exporter snapshots up to ``PUBLIC_SNAPSHOT_S`` old, so the rounds span that.
 MANIFEST_ROUNDS = 3
-ROUND_PAUSE_S = 1.0
+ROUND_PAUSE_S = PUBLIC_SNAPSHOT_S / 2 + 0.5
+#: Replicas of a part downloaded and compared: what one lying node cannot pass off alone.
+REPLICAS_COMPARED = 3
 #: Bytes a part's weights-only state file may take beyond 8 per parameter (its header).
 HEADER_ALLOWANCE_BYTES = 1 << 20
 
@@ -169,23 +178,39 @@ async def _download(
     timeout_s: float,
     statuses: dict[str, str],
 ) -> tuple[PartState, str]:
-    """The part from the first node whose download is intact and what its manifest said; each
-    node that failed has why in ``statuses``."""
-    failures = []
+    """The part from the nodes whose downloads are intact, up to ``REPLICAS_COMPARED`` of
+    them: replicas at one step hold the same content (they average and step alike), so nodes
+    that disagree are an ``ExportError`` naming them, rather than whichever answered first.
+    Each node that failed has why in ``statuses``."""
+    failures: list[str] = []
+    intact: list[tuple[PartState, str]] = []
     for source, manifest in offered:
+        if len(intact) == REPLICAS_COMPARED:
+            break
         try:
             peer = ID.from_base58(source.peer_id)
             limit = max_state_bytes(plan, stage)
             snapshot = await download_manifest(rpc, peer, manifest, limit, timeout_s)
             state = await trio.to_thread.run_sync(read_part_state, snapshot.blob)
             _check_is_the_stage(state, plan, stage, manifest)
-            return state, source.node
+            intact.append((state, source.node))
         except (ProtocolError, CheckpointError) as exc:
             statuses[source.node] = f"{_stage_name(stage)} not taken: {exc}"[:200]
             failures.append(f"{source.node}: {exc}")
-    raise WeightDownloadError(
-        f"no node served {_stage_name(stage)} intact ({'; '.join(failures)})"[:600]
-    )
+    if not intact:
+        raise WeightDownloadError(
+            f"no node served {_stage_name(stage)} intact ({'; '.join(failures)})"[:600]
+        )
+    by_digest: dict[str, list[str]] = {}
+    for state, node in intact:
+        by_digest.setdefault(state.digest, []).append(node)
+    if len(by_digest) > 1:
+        sides = " against ".join(", ".join(nodes) for nodes in by_digest.values())
+        raise ExportError(
+            f"the nodes serving {_stage_name(stage)} at step {intact[0][0].step} disagree on "
+            f"its weights ({sides}); audit the run, or export from the nodes you trust (--peer)"
+        )
+    return intact[0]
 
 
 def max_state_bytes(plan: PartitionPlan, stage: int) -> int:

@@ -141,9 +141,9 @@ def _expected_units(worked: int, claim: ClaimRecord | None) -> int:
         return worked
     if claim.status in ("pending", "confirmed"):
         return claim.units  # what the certificate says, read when the claim was built
-    if claim.status in ("uncertified", "not certified") or _challenged(claim):
-        return 0
-    return worked  # a claim that failed for another reason can be tried again
+    # Uncertified, or refused for good (a node records "failed" only for a final revert:
+    # challenged, slashed, the claim period over ...): nothing more will be paid.
+    return 0
 
 
 def claim_view(claim: ClaimRecord) -> ClaimView:

@@ -12,6 +12,7 @@ import logging
 import os
 import secrets
 import socket
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +45,8 @@ def _read_or_make_token(path: Path) -> str:
         token = secrets.token_urlsafe(TOKEN_BYTES)
         # Written whole, then linked into place: a node starting beside this one reads either
         # no file or a complete one, and one of the two tokens wins.
-        draft = path.with_name(f".{path.name}.{os.getpid()}")
-        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd, draft_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # 0600
+        draft = Path(draft_name)
         with os.fdopen(fd, "w") as out:
             out.write(token + "\n")
         try:

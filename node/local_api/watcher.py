@@ -9,6 +9,7 @@ earnings`` reads once.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,40 +39,66 @@ def claim_records(records: NodeRecords, run_id: int) -> list[ClaimRecord]:
 
 #: Blocks read again at each reading, so that logs of blocks a reorganisation replaced go away.
 REORG_BLOCKS = 64
+#: Blocks asked for in one ``eth_getLogs`` (providers cap the range), and chunks per reading: a
+#: node far behind catches up over several readings, each of them short.
+LOG_CHUNK_BLOCKS = 5_000
+CHUNKS_PER_READING = 20
 
 
 @dataclass
 class EventTail:
-    """One event's logs, read incrementally: each reading asks for the blocks since the last
-    (and ``REORG_BLOCKS`` before), never the whole chain again."""
+    """One event's logs, read incrementally from ``next_block``: each reading asks for the
+    blocks since the last (and ``REORG_BLOCKS`` before), in chunks, never the whole chain."""
 
     fetch: Callable[[int, int], Sequence[Any]]  # (from block, to block) → items with .block
     items: list[Any] = field(default_factory=list)
     next_block: int = 0
 
     def read(self, latest: int) -> list[Any]:
-        start = max(0, min(self.next_block, latest + 1) - REORG_BLOCKS)
-        if latest >= start:
-            fresh = list(self.fetch(start, latest))
-            self.items = [item for item in self.items if item.block < start] + fresh
-        self.next_block = latest + 1
+        caught_up = self.next_block > latest - LOG_CHUNK_BLOCKS
+        start = (
+            max(0, min(self.next_block, latest + 1) - REORG_BLOCKS)
+            if caught_up
+            else (self.next_block)
+        )
+        end = min(latest, start + LOG_CHUNK_BLOCKS * CHUNKS_PER_READING - 1)
+        fresh: list[Any] = []
+        for chunk in range(start, end + 1, LOG_CHUNK_BLOCKS):
+            fresh += self.fetch(chunk, min(end, chunk + LOG_CHUNK_BLOCKS - 1))
+        self.items = [item for item in self.items if item.block < start] + fresh
+        self.next_block = max(self.next_block, end + 1)
         return list(self.items)
+
+
+def first_block_at(w3: Any, timestamp: int) -> int:
+    """The first block whose time is ``timestamp`` or later (block times never go back): where
+    a run opened at that time begins, found in about log2(blocks) reads."""
+    low, high = 0, int(w3.eth.block_number)
+    while low < high:
+        middle = (low + high) // 2
+        if int(w3.eth.get_block(middle)["timestamp"]) < timestamp:
+            low = middle + 1
+        else:
+            high = middle
+    return low
 
 
 @dataclass
 class ChainReader:
     """Reads what the chain says of ``node``'s run. It remembers what can no longer change:
-    epoch windows, the books of closed epochs, events already read; so a node in a long run
-    asks for the epochs still moving and the blocks since its last reading."""
+    epoch windows, the books of settled epochs (refreshed when this node is paid in one),
+    events already read from the block the run opened in; so a node in a long run asks for the
+    epochs still moving and the blocks since its last reading."""
 
     contracts: Contracts
     ledger: EpochLedger
     records: NodeRecords
     node: str
     times: dict[int, EpochTimes] = field(default_factory=dict)
-    closed_books: dict[int, EpochBook] = field(default_factory=dict)
+    settled_books: dict[int, tuple[int, EpochBook]] = field(default_factory=dict)
     rewards: EventTail = field(init=False)
     slashes: EventTail = field(init=False)
+    _opened_at: int | None = None
 
     def __post_init__(self) -> None:
         run_id = self.ledger.run_id
@@ -80,6 +107,10 @@ class ChainReader:
 
     def read(self) -> ChainParts:
         run_id = self.ledger.run_id
+        if self._opened_at is None:
+            opened, _ = self.ledger.run_start_and_length()
+            self._opened_at = first_block_at(self.contracts.w3, opened)
+            self.rewards.next_block = self.slashes.next_block = self._opened_at
         work = self.records.work(run_id)
         claims = claim_records(self.records, run_id)
         latest = int(self.contracts.w3.eth.block_number)
@@ -88,10 +119,12 @@ class ChainReader:
         for epoch in epochs:
             if epoch not in self.times:
                 self.times[epoch] = self.ledger.epoch_times(epoch)
+        now = self.ledger.now()
+        paid_in = Counter(p.epoch for p in paid)
         view = ChainView(
-            now=self.ledger.now(),
+            now=now,
             times={e: self.times[e] for e in epochs},
-            books={e: self._book(e) for e in epochs},
+            books={e: self._book(e, now, paid_in[e]) for e in epochs},
             paid=paid,
         )
         earned = earnings_of(run_id, work, claims, view)
@@ -104,12 +137,15 @@ class ChainReader:
             claimable_wei=sum(int(e.claimable.wei) for e in earned),
         )
 
-    def _book(self, epoch: int) -> EpochBook:
-        if epoch in self.closed_books:
-            return self.closed_books[epoch]
+    def _book(self, epoch: int, now: int, paid_here: int) -> EpochBook:
+        # Once an epoch settles its budget and certified units are fixed; what moves is what
+        # was paid and whether it closed, read again when this node is paid in it.
+        kept = self.settled_books.get(epoch)
+        if kept is not None and kept[0] == paid_here:
+            return kept[1]
         book = self.ledger.book(epoch)
-        if book.closed:
-            self.closed_books[epoch] = book
+        if now >= self.times[epoch].settles_at:
+            self.settled_books[epoch] = (paid_here, book)
         return book
 
 

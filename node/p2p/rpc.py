@@ -149,14 +149,17 @@ class RequestResponse:
         handler: Handler,
         limits: RpcLimits,
         public: PublicRate | None = None,
+        outsiders: Handler | None = None,
     ) -> None:
         """Answer requests on ``protocol`` with ``handler(peer_id, request) -> reply``; with
-        ``public``, peers the run does not admit are answered too, within its rate."""
+        ``public``, peers the run does not admit are answered too, within its rate, by
+        ``outsiders`` when given (what a protocol serves anyone may be less than it serves the
+        run's nodes)."""
 
         async def on_stream(stream: INetStream) -> None:
             peer = str(stream.muxed_conn.peer_id)
             try:
-                await self._serve_stream(stream, peer, handler, limits, public)
+                await self._serve_stream(stream, peer, handler, limits, public, outsiders)
             except Exception:  # supervision boundary: nothing may escape a libp2p handler
                 log.exception("stream of %s from %s failed", protocol, peer)
                 self.scores.penalise(peer, Offence.HANDLER_FAILURE, trio.current_time())
@@ -175,6 +178,7 @@ class RequestResponse:
         handler: Handler,
         limits: RpcLimits,
         public: PublicRate | None = None,
+        outsiders: Handler | None = None,
     ) -> None:
         banned = self.scores.is_banned(peer, trio.current_time())
         admitted = not banned and await self.admit(peer)
@@ -192,7 +196,8 @@ class RequestResponse:
             return
         public.streams += 1
         try:
-            await self._serve_frames(stream, peer, public.limiting(handler), limits, public.idle_s)
+            limited = public.limiting(outsiders or handler)
+            await self._serve_frames(stream, peer, limited, limits, public.idle_s)
         finally:
             public.streams -= 1
 

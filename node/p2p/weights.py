@@ -11,9 +11,11 @@ would otherwise never finish while the swarm steps faster than it downloads); a 
 no longer kept is answered ``stale``, never mixed with another. The client checks the digest of
 what it assembled before anything uses it.
 
-Peers outside the run are served too, within one shared rate (``PUBLIC_RATE``): an exporter is a
-fresh identity, and the weights are no secret (relays serve their evidence, weights included, in
-public for audits). A request over the rate is declined as busy and asked again after a backoff.
+Peers outside the run are served the weights only, within one shared rate (``PUBLIC_RATE``),
+from snapshots at most ``PUBLIC_SNAPSHOT_S`` old that they cannot evict a member's download
+from: an exporter is a fresh identity, and the weights are no secret (relays serve their
+evidence, weights included, in public for audits). A request over the rate is declined as busy
+and asked again after a backoff.
 
 Wire format (protocol ``/gwtf/weights/3.0.0``; numbers big-endian):
   request  = kind u8 (1 state manifest, 2 chunk, 3 weights manifest) | stage u16
@@ -27,14 +29,14 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import trio
 from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError
-from node.p2p.rpc import PublicRate, RequestDeclined, RequestResponse, RpcLimits
+from node.p2p.rpc import Decline, PublicRate, RequestDeclined, RequestResponse, RpcLimits
 
 PROTOCOL_ID = "/gwtf/weights/3.0.0"
 CHUNK_BYTES = 1 << 20
@@ -42,6 +44,9 @@ CHUNK_BYTES = 1 << 20
 KEPT_STATES = 2
 #: Requests per second, and burst, answered to all peers outside the run together (1 MiB each).
 PUBLIC_RATE: Final = (10.0, 20.0)
+#: The oldest weights snapshot a peer outside the run is served, in seconds: outsiders make a
+#: node snapshot its part at most this often (a snapshot holds up the part's compute).
+PUBLIC_SNAPSHOT_S: Final = 5.0
 #: How often a request declined as busy is asked again (after 0.5, 1, 2, 4, 8, 8 ... s).
 MAX_BUSY_RETRIES: Final = 8
 
@@ -74,36 +79,24 @@ class StageSnapshot:
 SnapshotSource = Callable[[int, bool], Awaitable[StageSnapshot | None]]
 
 
-def serve_weights(
-    rpc: RequestResponse,
-    snapshot_of: SnapshotSource,
-    timeout_s: float,
-    public: PublicRate | None = None,
-) -> None:
-    """Answer manifest and chunk requests from ``snapshot_of``, to outsiders within ``public``."""
-    limits = RpcLimits(_REQUEST.size, CHUNK_BYTES + 1, timeout_s)
-    # By kind, then digest: the states the last manifests named, the newest last.
-    kept: dict[bool, dict[bytes, StageSnapshot]] = {False: {}, True: {}}
+@dataclass
+class _Shelf:
+    """The states named by the last ``KEPT_STATES`` manifests of each kind, by digest."""
 
-    async def handle(_peer: str, request: bytes) -> bytes:
-        if len(request) != _REQUEST.size:
-            raise ProtocolError(
-                f"weights request of {len(request)} bytes, expected {_REQUEST.size}"
-            )
-        kind, stage, digest, offset = _REQUEST.unpack(request)
-        if kind in (_STATE_KIND, _WEIGHTS_KIND):
-            snapshot = await snapshot_of(stage, kind == _WEIGHTS_KIND)
-            if snapshot is None:
-                return _MANIFEST.pack(_NO_SUCH_STAGE, 0, 0, _NO_DIGEST)
-            of_kind = kept[snapshot.weights_only]
-            of_kind.pop(snapshot.digest, None)
-            of_kind[snapshot.digest] = snapshot
-            while len(of_kind) > KEPT_STATES:
-                del of_kind[next(iter(of_kind))]
-            return _MANIFEST.pack(_OK, len(snapshot.blob), snapshot.step, snapshot.digest)
-        if kind != _CHUNK_KIND:
-            raise ProtocolError(f"unknown weights request kind {kind}")
-        snapshot = kept[False].get(digest) or kept[True].get(digest)
+    kept: dict[bool, dict[bytes, StageSnapshot]] = field(
+        default_factory=lambda: {False: {}, True: {}}
+    )
+
+    def keep(self, snapshot: StageSnapshot) -> bytes:
+        of_kind = self.kept[snapshot.weights_only]
+        of_kind.pop(snapshot.digest, None)
+        of_kind[snapshot.digest] = snapshot
+        while len(of_kind) > KEPT_STATES:
+            del of_kind[next(iter(of_kind))]
+        return _MANIFEST.pack(_OK, len(snapshot.blob), snapshot.step, snapshot.digest)
+
+    def chunk(self, stage: int, digest: bytes, offset: int) -> bytes:
+        snapshot = self.kept[False].get(digest) or self.kept[True].get(digest)
         if snapshot is None or snapshot.stage != stage:
             return bytes([_STALE])
         if offset > len(snapshot.blob):
@@ -112,7 +105,55 @@ def serve_weights(
             )
         return bytes([_OK]) + snapshot.blob[offset : offset + CHUNK_BYTES]
 
-    rpc.serve(PROTOCOL_ID, handle, limits, public or PublicRate(*PUBLIC_RATE))
+
+def serve_weights(
+    rpc: RequestResponse,
+    snapshot_of: SnapshotSource,
+    timeout_s: float,
+    public: PublicRate | None = None,
+) -> None:
+    """Answer manifest and chunk requests from ``snapshot_of``. The run's nodes get either kind
+    of state at every step; outsiders, within ``public``, the weights only, from a shelf of
+    their own (they cannot push a joiner's state out of the members' one) and snapshotted at
+    most every ``PUBLIC_SNAPSHOT_S`` (they cannot make a node take a snapshot at every step)."""
+    limits = RpcLimits(_REQUEST.size, CHUNK_BYTES + 1, timeout_s)
+    members, outsiders = _Shelf(), _Shelf()
+    public_taken: dict[int, tuple[float, StageSnapshot]] = {}  # stage -> (when, snapshot)
+
+    def unpack(request: bytes) -> tuple[int, int, bytes, int]:
+        if len(request) != _REQUEST.size:
+            raise ProtocolError(
+                f"weights request of {len(request)} bytes, expected {_REQUEST.size}"
+            )
+        kind, stage, digest, offset = _REQUEST.unpack(request)
+        if kind not in (_STATE_KIND, _CHUNK_KIND, _WEIGHTS_KIND):
+            raise ProtocolError(f"unknown weights request kind {kind}")
+        return kind, stage, digest, offset
+
+    async def for_members(_peer: str, request: bytes) -> bytes:
+        kind, stage, digest, offset = unpack(request)
+        if kind == _CHUNK_KIND:
+            return members.chunk(stage, digest, offset)
+        snapshot = await snapshot_of(stage, kind == _WEIGHTS_KIND)
+        if snapshot is None:
+            return _MANIFEST.pack(_NO_SUCH_STAGE, 0, 0, _NO_DIGEST)
+        return members.keep(snapshot)
+
+    async def for_outsiders(_peer: str, request: bytes) -> bytes:
+        kind, stage, digest, offset = unpack(request)
+        if kind == _CHUNK_KIND:
+            return outsiders.chunk(stage, digest, offset)
+        if kind == _STATE_KIND:
+            raise Decline("the whole state is served to the run's nodes; ask for weights only")
+        taken = public_taken.get(stage)
+        if taken is None or trio.current_time() - taken[0] >= PUBLIC_SNAPSHOT_S:
+            snapshot = await snapshot_of(stage, True)
+            if snapshot is None:
+                return _MANIFEST.pack(_NO_SUCH_STAGE, 0, 0, _NO_DIGEST)
+            taken = public_taken[stage] = (trio.current_time(), snapshot)
+        return outsiders.keep(taken[1])
+
+    rpc.serve(PROTOCOL_ID, for_members, limits, public or PublicRate(*PUBLIC_RATE), for_outsiders)
 
 
 @dataclass(frozen=True)
@@ -193,12 +234,13 @@ async def download_stage_state(
 
 
 async def _ask(rpc: RequestResponse, peer: ID, request: bytes, limits: RpcLimits) -> bytes:
-    """One request; declined as busy (the public rate), it is asked again after a backoff."""
+    """One request; declined as busy (the public rate), it is asked again after a backoff.
+    Declined otherwise, it is a ``WeightDownloadError``: another replica may be asked."""
     for busy in range(MAX_BUSY_RETRIES + 1):
         try:
             return await rpc.request(peer, PROTOCOL_ID, request, limits)
         except RequestDeclined as exc:
             if "busy" not in str(exc) or busy == MAX_BUSY_RETRIES:
-                raise
+                raise WeightDownloadError(str(exc)) from exc
             await trio.sleep(min(8.0, 0.5 * 2**busy))
     raise AssertionError("unreachable")

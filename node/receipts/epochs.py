@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
+from sqlalchemy.exc import SQLAlchemyError
 
 from contracts.bindings import ContractRevert
 from contracts.certificate_tree import (
@@ -53,6 +54,8 @@ FINAL_REVERTS = {
     "CertificateNotOpen",  # voided by a fraud proof
 }  # fmt: skip
 MAX_BACKOFF_S = 60.0
+#: How long a worker waits for the proofs of one claimed range before doing without them.
+PROOFS_DEADLINE_S = 120.0
 
 
 @dataclass
@@ -298,6 +301,9 @@ class WorkerEpochs:
     _retry: dict[tuple[int, str], Retry] = field(default_factory=dict)
     #: One claim at a time: the cycle's and an operator's ``claim_now`` never send one twice.
     _claiming: trio.Lock = field(default_factory=trio.Lock)
+    #: (epoch, data node) → (root, range): claims built whose leaves' proofs are to keep.
+    proofs_due: dict[tuple[int, str], tuple[bytes, WorkerRange]] = field(default_factory=dict)
+    _proofs_tried: set[tuple[int, str]] = field(default_factory=set)
 
     def worked_in(self, epoch: int, data_node: str) -> None:
         self.worked.add((epoch, data_node))
@@ -305,6 +311,7 @@ class WorkerEpochs:
     async def run(self) -> None:
         while True:
             await self.step()
+            await self.keep_proofs()
             await trio.sleep(1.0)
 
     async def _load_worked(self) -> set[tuple[int, str]]:
@@ -335,20 +342,18 @@ class WorkerEpochs:
 
     async def _try_claim(self, epoch: int, data_node: str) -> None:
         retry = self._retry.setdefault((epoch, data_node), Retry())
-        try:
-            async with self._claiming:
-                if (epoch, data_node) not in self.done:
-                    await self.claim(epoch, data_node)
-        except ContractRevert as exc:
-            if exc.name not in FINAL_REVERTS:
-                retry.failed(f"claim of epoch {epoch} from {data_node}", exc)
+        async with self._claiming:  # the refusal too: nothing is sent for the pair meanwhile
+            if (epoch, data_node) in self.done:
                 return
             try:
-                await self._refused(epoch, data_node, exc)
-            except (ChainError, OSError) as reread:
-                retry.failed(f"claim of epoch {epoch} from {data_node}", reread)
-        except (ChainError, OSError, PeerUnavailable, ProtocolError) as exc:
-            retry.failed(f"claim of epoch {epoch} from {data_node}", exc)
+                try:
+                    await self.claim(epoch, data_node)
+                except ContractRevert as exc:
+                    if exc.name not in FINAL_REVERTS:
+                        raise
+                    await self._refused(epoch, data_node, exc)
+            except (ChainError, OSError, PeerUnavailable, ProtocolError) as exc:
+                retry.failed(f"claim of epoch {epoch} from {data_node}", exc)
 
     async def _refused(self, epoch: int, data_node: str, exc: ContractRevert) -> None:
         # An earlier send that timed out may have been mined since (``AlreadyClaimed``): the
@@ -388,7 +393,10 @@ class WorkerEpochs:
             await self._final(epoch, data_node, 0, "not certified")
             return
         _check_range(span, cert.root, self.address)
-        await self._keep_proofs(epoch, data_node, cert.root, span)
+        # Its leaves are in a root on chain, whatever becomes of the claim: their proofs are kept
+        # once the claim is done with (``keep_proofs``).
+        if (epoch, data_node) not in self._proofs_tried:
+            self.proofs_due[(epoch, data_node)] = (cert.root, span)
         await trio.to_thread.run_sync(
             self.records.save_claim, run_id, epoch, data_node, self.address, span.units, "pending"
         )
@@ -400,21 +408,30 @@ class WorkerEpochs:
         )  # fmt: skip
         await self._final(epoch, data_node, paid.units, "confirmed", paid.amount_wei, paid.tx_hash)
 
-    async def _keep_proofs(
-        self, epoch: int, data_node: str, root: bytes, span: WorkerRange
-    ) -> None:
-        """Keep each of this node's hops' proofs in the certificate: for its operator, so a
-        data node that will not serve them costs the proofs, never the claim."""
-        try:
-            kept = await self.fetch_proofs(epoch, data_node, root, span)
-            await trio.to_thread.run_sync(
-                self.records.save_proofs, self.terms.run_id, epoch, data_node, kept
-            )
-        except (PeerUnavailable, ProtocolError, OSError) as exc:
-            log.warning(
-                "epoch %s: the proofs of this node's hops in %s's certificate were not kept: %s",
-                epoch, data_node, exc,
-            )  # fmt: skip
+    async def keep_proofs(self) -> None:
+        """Keep the proofs of this node's hops in the certificates it claimed from: for its
+        operator, after each claim and outside the claims' lock, each within a deadline. A
+        data node that will not serve them costs the proofs, never a claim."""
+        while self.proofs_due:
+            (epoch, data_node), (root, span) = self.proofs_due.popitem()
+            self._proofs_tried.add((epoch, data_node))  # once: a claim retried asks no more
+            try:
+                with trio.fail_after(PROOFS_DEADLINE_S):
+                    kept = await self.fetch_proofs(epoch, data_node, root, span)
+                await trio.to_thread.run_sync(
+                    self.records.save_proofs, self.terms.run_id, epoch, data_node, kept
+                )
+            except (
+                PeerUnavailable,
+                ProtocolError,
+                OSError,
+                SQLAlchemyError,
+                trio.TooSlowError,
+            ) as exc:
+                log.warning(
+                    "epoch %s: the proofs of this node's hops in %s's certificate were not "
+                    "kept: %s", epoch, data_node, exc or type(exc).__name__,
+                )  # fmt: skip
 
     async def fetch_proofs(
         self, epoch: int, data_node: str, root: bytes, span: WorkerRange

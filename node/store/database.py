@@ -10,7 +10,6 @@ build picks up an older database by itself.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,16 +58,17 @@ def shown_url(url: str) -> str:
     """``url`` with any password masked, for messages and logs."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        # Not parsable: mask whatever sits where a password would, between ":" and "@".
-        return re.sub(r":[^:@/]*@", ":***@", url)
+    except (ArgumentError, ValueError):
+        # Not parsable, so where a password ends is unknown: everything after the scheme goes.
+        scheme, sep, _ = url.partition("://")
+        return f"{scheme}://***" if sep else "***"
 
 
 def create_store_engine(url: str) -> Engine:
     """The engine for ``url``; SQLite files get WAL, synchronous=NORMAL and foreign keys."""
     try:
         engine = create_engine(url, future=True)
-    except (ArgumentError, ImportError) as exc:
+    except (ArgumentError, ImportError, ValueError) as exc:
         raise ConfigError(
             f"db.url={shown_url(url)!r} is not a database URL this node can open ({exc}); use "
             "sqlite:///path/node.sqlite or postgresql+psycopg://user@host/db"

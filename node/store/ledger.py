@@ -14,9 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from node.store.database import Database
 from node.store.models import EpochCertificate, HopProof, RewardClaim
+
+#: Proofs written per transaction.
+PROOFS_PER_WRITE = 500
 
 
 @dataclass(frozen=True)
@@ -98,16 +103,23 @@ class LedgerRecords:
     def save_proofs(
         self, run_id: int, epoch: int, data_node: str, proofs: Sequence[KeptProof]
     ) -> None:
-        """Keep where this node's hops sit in ``data_node``'s certificate (kept again: same)."""
-        with self.db.sessions.begin() as session:
-            for p in proofs:
-                session.merge(
-                    HopProof(
-                        hop_key=p.hop_key, run_id=run_id, epoch=epoch, data_node=data_node,
-                        leaf_index=p.leaf_index, units_before=p.units_before,
-                        signatures_hash=p.signatures_hash, root=p.root, proof=b"".join(p.proof),
-                    )
-                )  # fmt: skip
+        """Keep where this node's hops sit in ``data_node``'s certificate (a proof kept before
+        stays). Written in short transactions of ``PROOFS_PER_WRITE``: the write lock is never
+        held for long, so the receipts signed meanwhile are not held up."""
+        rows = [
+            {
+                "hop_key": p.hop_key, "run_id": run_id, "epoch": epoch, "data_node": data_node,
+                "leaf_index": p.leaf_index, "units_before": p.units_before,
+                "signatures_hash": p.signatures_hash, "root": p.root, "proof": b"".join(p.proof),
+            }
+            for p in proofs
+        ]  # fmt: skip
+        dialect = self.db.engine.dialect.name
+        insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
+        statement = insert(HopProof).on_conflict_do_nothing(index_elements=["hop_key"])
+        for start in range(0, len(rows), PROOFS_PER_WRITE):
+            with self.db.engine.begin() as connection:
+                connection.execute(statement, rows[start : start + PROOFS_PER_WRITE])
 
 
 def _short(error: str | None) -> str | None:

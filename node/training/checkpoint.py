@@ -165,7 +165,7 @@ def read_part_state(blob: bytes) -> PartState:
         raise CheckpointError(f"a state file with a malformed step {step[:20]!r}")
     try:
         config = config_from_dict(json.loads(metadata.get("config", "")))
-    except (ValueError, TypeError, AttributeError, ModelConfigError) as exc:
+    except (ValueError, TypeError, AttributeError, RecursionError, ModelConfigError) as exc:
         raise CheckpointError(f"a state file whose model config is malformed: {exc}") from exc
     state = PartState(part, config, int(step), metadata["digest"], tensors)
     if state.layers is not None and not 0 <= state.layers.start < state.layers.stop:
@@ -180,7 +180,7 @@ def _verified_contents(blob: bytes) -> tuple[dict[str, str], dict[str, torch.Ten
         header_bytes = int.from_bytes(blob[:8], "little")
         header = json.loads(blob[8 : 8 + header_bytes])
         tensors = load(blob)
-    except (ValueError, SafetensorError) as exc:
+    except (ValueError, RecursionError, SafetensorError) as exc:
         raise CheckpointError(f"not a state file: {exc}") from exc
     raw = header.get("__metadata__") if isinstance(header, dict) else None
     metadata = {str(k): str(v) for k, v in (raw or {}).items()}

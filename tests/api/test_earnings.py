@@ -69,12 +69,12 @@ def test_each_data_nodes_range_is_its_own_rounded_share() -> None:
     assert epoch.units_worked == 5 and epoch.units_certified == 2
 
 
-def test_a_claim_that_failed_for_another_reason_still_expects_its_units() -> None:
-    failed = ClaimRecord(0, DN, 3, "failed", 0, None, "RunClosed: the run is closed")
+def test_a_claim_refused_for_good_or_uncertified_expects_nothing_more() -> None:
+    over = ClaimRecord(0, DN, 3, "failed", 0, None, "ClaimPeriodOver: the claim period is over")
     uncertified = ClaimRecord(0, "0x" + "ef" * 20, 0, "uncertified", 0, None, None)
-    (epoch,) = earnings_of(1, {0: {DN: 3, uncertified.data_node: 4}}, [failed, uncertified],
+    (epoch,) = earnings_of(1, {0: {DN: 3, uncertified.data_node: 4}}, [over, uncertified],
                            view(800))  # fmt: skip
-    assert int(epoch.expected.wei) == reward_wei(10**18, 3, 7)  # type: ignore[union-attr]
+    assert epoch.expected is not None and epoch.expected.wei == "0"
     assert epoch.units_challenged == 0 and epoch.claimable.wei == "0"
 
 

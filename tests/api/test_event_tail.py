@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from node.local_api.watcher import REORG_BLOCKS, EventTail
+from node.chain.adapter import advance_time, connect
+from node.local_api.watcher import (
+    CHUNKS_PER_READING,
+    LOG_CHUNK_BLOCKS,
+    REORG_BLOCKS,
+    EventTail,
+    first_block_at,
+)
 
 
 @dataclass(frozen=True)
@@ -35,3 +42,31 @@ def test_a_log_of_a_replaced_block_goes_away() -> None:
     assert tail.read(100) == [Log(100, "old")]
     chain = {101: Log(101, "new")}  # block 100 reorganised away, its event in block 101
     assert tail.read(101) == [Log(101, "new")]
+
+
+def test_a_reader_far_behind_catches_up_in_bounded_chunks() -> None:
+    asked: list[tuple[int, int]] = []
+    tail = EventTail(lambda s, e: asked.append((s, e)) or [])
+    readings = []
+    for _ in range(3):
+        asked.clear()
+        tail.read(250_000)
+        readings.append((asked[0][0], asked[-1][1], len(asked)))
+    per_reading = LOG_CHUNK_BLOCKS * CHUNKS_PER_READING
+    assert readings == [
+        (0, per_reading - 1, CHUNKS_PER_READING),
+        (per_reading, 2 * per_reading - 1, CHUNKS_PER_READING),
+        (2 * per_reading, 250_000, 11),
+    ]
+    assert all(end - start < LOG_CHUNK_BLOCKS for start, end in asked)
+
+
+def test_the_run_opens_in_the_first_block_of_its_time() -> None:
+    w3 = connect(None)
+    times = [int(w3.eth.get_block("latest")["timestamp"])]
+    for _ in range(6):
+        times.append(advance_time(w3, 100))
+    blocks = [int(w3.eth.get_block(n)["timestamp"]) for n in range(w3.eth.block_number + 1)]
+    for t in (times[0], times[3], times[3] + 1, times[-1]):
+        found = first_block_at(w3, t)
+        assert blocks[found] >= t and (found == 0 or blocks[found - 1] < t)

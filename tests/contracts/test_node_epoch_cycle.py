@@ -21,7 +21,7 @@ from contracts.encoding import (
     receipt_digest,
     scheduled_units,
 )
-from gwtf.errors import GwtfError
+from gwtf.errors import GwtfError, ProtocolError
 from node.chain.actions import Contracts
 from node.chain.adapter import Sender
 from node.chain.epochs import EpochLedger
@@ -166,9 +166,13 @@ class LateLedger(EpochLedger):
         return super().paid(epoch, data_node, node)
 
 
-@pytest.mark.parametrize("late", [False, True], ids=["seen-before-sending", "refused-then-seen"])
+@pytest.mark.parametrize(
+    ("late", "proofs_served"),
+    [(False, True), (True, True), (True, False)],
+    ids=["seen-before-sending", "refused-then-seen", "proofs-not-served"],
+)
 def test_a_claim_mined_before_a_crash_is_recorded_and_never_paid_twice(
-    staffed: Staffed, tmp_path: Path, late: bool
+    staffed: Staffed, tmp_path: Path, late: bool, proofs_served: bool
 ) -> None:
     s, w = staffed, staffed.w
     entries, anchors = chained_hops(s, w.register("ghost", w.stranger))
@@ -202,13 +206,20 @@ def test_a_claim_mined_before_a_crash_is_recorded_and_never_paid_twice(
             return span
 
         async def fetch_proofs(epoch: int, data_node: str, root: bytes, span: Any) -> Any:
+            if not proofs_served:  # the data node will not: it costs the proofs, not the claim
+                raise ProtocolError("the data node served 0 of this node's leaves")
             leaves = range(span.first.hop.index, span.last.hop.index + 1)
             return checked_proofs([tree.leaf_proof(i) for i in leaves], span, root)
 
         tree = cycle.inbox.trees[0]
         worker.fetch_range = fetch_range  # type: ignore[method-assign]
         worker.fetch_proofs = fetch_proofs  # type: ignore[method-assign]
-    trio.run(worker._try_claim, 0, s.data.address)
+
+    async def claim_and_keep_proofs() -> None:
+        await worker._try_claim(0, s.data.address)
+        await worker.keep_proofs()
+
+    trio.run(claim_and_keep_proofs)
     record = worker.records.claim(s.run, 0, s.data.address, s.a.address)
     assert record is not None and (record.status, record.error) == ("confirmed", None)
     assert record.amount_wei == str(mined.amount_wei) and record.tx_hash == mined.tx_hash
@@ -216,7 +227,7 @@ def test_a_claim_mined_before_a_crash_is_recorded_and_never_paid_twice(
     assert len(w.ledger.events.RewardClaimed.get_logs(from_block=0)) == 1
     with db.sessions() as session:  # the proofs of its leaves kept when it built the claim
         kept = session.query(HopProof).count()
-    assert kept == (span.last.hop.index - span.first.hop.index + 1 if late else 0)
+    assert kept == (span.last.hop.index - span.first.hop.index + 1 if late and proofs_served else 0)
 
 
 def test_a_certificate_on_chain_that_is_not_this_nodes_is_an_error(

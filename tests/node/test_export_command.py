@@ -7,9 +7,9 @@ unreachable peers are each one line with their exit code."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import queue
+import tempfile
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack, contextmanager
@@ -43,6 +43,7 @@ from node.p2p.rpc import RequestResponse
 from node.p2p.weights import StageSnapshot, serve_weights
 from node.runtime.discovery.admission import RunAdmission
 from node.runtime.replicas.stage_state import serve_stage_state
+from node.training.checkpoint import save_part_state
 from node.training.config import named_config
 from node.training.data import MicrobatchSampler, load_default_corpus
 from node.training.local_pipeline import LocalPipeline
@@ -260,13 +261,23 @@ def test_a_missing_stage_is_refused(
     assert_one_line_error(err, "no node given offers stage 2; give a node of each stage")
 
 
+def weights_snapshot(worker: PartTrainer, stage: int) -> StageSnapshot:
+    """What an honest node serves an exporter of ``worker``'s part."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "state.safetensors"
+        save_part_state(worker, path, weights_only=True)  # type: ignore[arg-type]
+        return StageSnapshot(stage, worker.step_count, path.read_bytes(), weights_only=True)
+
+
 @dataclass(frozen=True)
 class Tampered(StageSnapshot):
-    """A state whose manifest names another digest than its bytes'."""
+    """A state whose manifest names an honest replica's digest but whose bytes are others."""
+
+    promised: bytes = b""
 
     @property
     def digest(self) -> bytes:
-        return hashlib.sha256(b"what the manifest promised").digest()
+        return self.promised
 
 
 def test_a_state_failing_its_digest_is_refused_and_another_replica_taken(
@@ -276,9 +287,12 @@ def test_a_state_failing_its_digest_is_refused_and_another_replica_taken(
     run = runs["gpt-tiny"]
     pipeline = trained_pipeline(run.model)
     honest_parts = honest(run, pipeline)
+    promised = weights_snapshot(pipeline.stages[1][0], 2)
 
     async def tampered(stage: int, weights_only: bool) -> StageSnapshot | None:
-        return Tampered(stage, 1, b"\x00" * 4096, weights_only) if stage == 2 else None
+        if stage != 2:
+            return None
+        return Tampered(stage, promised.step, b"\x00" * 4096, weights_only, promised.digest)
 
     cheat = Served(run.relay2, 2, source=tampered)
     replica = Served(run.replica2, 2, pipeline.stages[1][0])
@@ -292,6 +306,25 @@ def test_a_state_failing_its_digest_is_refused_and_another_replica_taken(
     assert code == 0, err
     assert result["parts"][2]["node"] == address_of(run.replica2)
     assert result["peers"][address_of(run.relay2)].startswith("stage 2 not taken: ")
+
+
+def test_replicas_that_disagree_on_a_parts_weights_stop_the_export(
+    capsys: pytest.CaptureFixture[str], devnet_file: Path, runs: dict[str, RunNodes],
+    chain: Contracts, tmp_path: Path,
+) -> None:  # fmt: skip
+    run = runs["gpt-tiny"]
+    pipeline = trained_pipeline(run.model)
+    forged = trained_pipeline(run.model).stages[1][0]
+    with torch.no_grad():  # other weights, at the same step: intact bytes, a valid file
+        next(forged.module.parameters()).add_(1e-3)
+    nodes = [*honest(run, pipeline)[:2], Served(run.relay2, 2, forged),
+             Served(run.replica2, 2, pipeline.stages[1][0])]  # fmt: skip
+    with serving(chain.port(), run.run_id, nodes) as at:
+        code, _, err = export(capsys, devnet_file, run, tmp_path / "model", *at)
+    assert code == 6
+    assert_one_line_error(err, "disagree on its weights")
+    assert address_of(run.relay2) in err and address_of(run.replica2) in err
+    assert not (tmp_path / "model" / "model.safetensors").exists()
 
 
 def test_a_non_empty_out_dir_another_model_and_unreachable_peers_are_refused(

@@ -239,6 +239,6 @@ def test_a_reader_changes_nothing_and_says_when_the_node_must_migrate_first(
     url = f"sqlite:///{tmp_path / 'node.sqlite'}"
     with pytest.raises(DatabaseError, match=r"at schema none, .* start the node once"):
         open_database(url, migrate=False)
-    assert not inspect(create_store_engine(url)).get_table_names()  # nothing was made
+    assert not inspect(create_store_engine(url)).get_table_names()  # no schema was made
     open_database(url).close()
     open_database(url, migrate=False).close()  # migrated by its node: readable

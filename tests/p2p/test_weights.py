@@ -1,5 +1,6 @@
 """A joiner downloads a replica's stage state in chunks over real libp2p and checks its digest;
-an exporter outside the run gets a stage's weights only, within the public rate."""
+an exporter outside the run gets a stage's weights only (never the optimizer's state), within
+the public rate, from snapshots it cannot make a node take at every step."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from node.p2p.weights import (
     KEPT_STATES,
     StageSnapshot,
     WeightDownloadError,
+    ask_manifest,
     download_stage_state,
     serve_weights,
 )
@@ -35,7 +37,11 @@ async def refuse(_peer: str) -> bool:
 
 
 def run_pair(
-    tmp_path: Path, scenario: Scenario, public: PublicRate | None = None, admit: bool = True
+    tmp_path: Path,
+    scenario: Scenario,
+    public: PublicRate | None = None,
+    admit: bool = True,
+    wrap: Callable[[Any], Any] = lambda source: source,
 ) -> None:
     """Serve stage 2 from ``held`` (the scenario may change it: the replica took a step), and
     its weights only from ``WEIGHTS_ONLY``; ``admit=False``: the joiner is outside the run."""
@@ -60,7 +66,7 @@ def run_pair(
                 if admit
                 else RequestResponse(replica_host, admit=refuse)
             )
-            serve_weights(replica, snapshot_of, timeout_s=5.0, public=public)
+            serve_weights(replica, wrap(snapshot_of), timeout_s=5.0, public=public)
             joiner = RequestResponse(joiner_host)
             await joiner_host.connect(peer_info(full_address(replica_host)))
             with trio.fail_after(30):
@@ -179,3 +185,34 @@ def test_a_peer_outside_the_run_is_served_within_the_public_rate(tmp_path: Path)
         assert replica.refused == {}
 
     run_pair(tmp_path, scenario, public=PublicRate(per_s=2.0, burst=2.0), admit=False)
+
+
+def test_a_peer_outside_the_run_gets_weights_only_and_cannot_make_snapshots_or_evict(
+    tmp_path: Path,
+) -> None:
+    """An outsider is refused the whole state (AdamW included); its weights manifests are
+    answered from one snapshot per ``PUBLIC_SNAPSHOT_S``, however often it asks or the node
+    steps."""
+    taken: list[bool] = []
+
+    async def scenario(
+        replica: RequestResponse, joiner: RequestResponse, held: dict[int, StageSnapshot]
+    ) -> None:
+        peer = replica.host.get_id()
+        with pytest.raises(WeightDownloadError, match="weights only"):
+            await download_stage_state(joiner, peer, 2, 64 << 20, 5.0)
+        first = await ask_manifest(joiner, peer, 2, 5.0, weights_only=True)
+        for _ in range(3):
+            again = await ask_manifest(joiner, peer, 2, 5.0, weights_only=True)
+            assert again == first
+        assert taken.count(True) == 1
+
+    def counting(source: Any) -> Any:
+        async def snapshot_of(stage: int, weights_only: bool) -> StageSnapshot | None:
+            taken.append(weights_only)
+            return await source(stage, weights_only)
+
+        return snapshot_of
+
+    run_pair(tmp_path, scenario, public=PublicRate(per_s=100.0, burst=100.0), admit=False,
+             wrap=counting)  # fmt: skip
