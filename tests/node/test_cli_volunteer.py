@@ -182,6 +182,9 @@ def test_every_command_takes_json_and_the_simple_ones_answer_in_it(
     assert isinstance(report, dict) and report["certified_hops"] > 0
 
 
+MONEY = ("--reward-per-epoch-eth", "1", "--min-stake-eth", "1", "--fund-eth", "1")
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
@@ -192,8 +195,7 @@ def test_every_command_takes_json_and_the_simple_ones_answer_in_it(
         (("earnings", "--node", "0x12", "--run", "1"), "not an address"),
         (("start", "--wallet", "w", "--run", "1", "--api-port", "70000"), "port number"),
         (("status", "--api-port", "x"), "not a port number"),
-        (("runs", "open", "--wallet", "w", "--stages", "70000", "--reward-per-epoch-eth", "1",
-          "--min-stake-eth", "1", "--fund-eth", "1"), "stages 1..65535"),
+        (("runs", "open", "--wallet", "w", "--stages", "70000", *MONEY), "stages 1..65535"),
         (("register", "--wallet", "w", "--stake-eth", "1e40"), "more than the contracts hold"),
         (("fund", "--to", "0x12"), "not an address"),
     ],
