@@ -1,14 +1,19 @@
 """Where a relay serves: joining goes to the bottleneck stage, leaving releases its flows.
 
-A new relay raises the swarm's throughput most at the stage whose load is highest relative to its
-capacity (flow / capacity): that stage caps the number of microbatches every iteration can carry
-(the GWTF paper's joining rule). Capacity is weighted by speed: a node computes its
-microbatches one after another, so a slot of a node twice as fast turns over twice as often, and
-a stage of slow GPUs is the bottleneck sooner than its slot count says. Loads come from what peers
-announce in their introductions (``Hello.flows``, ``Hello.capacity`` and ``Hello.compute_ms``);
-before any flow is routed, a stage's load is the data nodes' demand, so the stage with the least
-capacity is chosen. Leaving is ``FlowNode.leave``: it pushes its flows back upstream and cancels
-them downstream.
+A new relay raises the swarm's throughput most at the stage that caps the number of microbatches
+every iteration can carry (the GWTF paper's joining rule). Capacity is weighted by speed: a node
+computes its microbatches one after another, so a slot of a node twice as fast turns over twice
+as often, and a stage of slow GPUs is the bottleneck sooner than its slot count says.
+
+A joiner (``choose_bottleneck``) takes the stage with the least live capacity for the flows the
+run needs: each stage's live replicas as they describe themselves (capacity, compute time), their
+fastest slots counted up to the data nodes' demand (slots no flow can fill add nothing). It does
+not read flows carried now: a stage that lost a replica carries fewer flows, not more, so
+"flow / capacity" ranks it no higher than a full stage, and momentary loads move with every
+iteration's start and end. Initial placement (``place_relays``) adds relays one by one to the
+stage of highest demand / speed-weighted capacity (``choose_stage`` on ``stage_loads``, which can
+also rank stages by the flows they carry): nothing is routed yet and no stage has lost a replica.
+Leaving is ``FlowNode.leave``: it pushes its flows back upstream and cancels them downstream.
 """
 
 from __future__ import annotations
@@ -163,3 +168,75 @@ def place_relays(
         chosen[node_id] = decision.stage
         totals.add((decision.stage, 0, capacity, compute_ms))
     return chosen
+
+
+#: What a live replica says of itself to a joiner: (stage, capacity, compute ms per microbatch).
+LiveReplica = tuple[int, int, float]
+
+
+@dataclass(frozen=True, slots=True)
+class StageCapacity:
+    """A stage's live replicas against the flows the run needs (``demand``).
+
+    ``usable_slots_per_s`` is what the stage can turn over of the demand: its fastest slots,
+    speed-weighted, up to ``demand`` slots (all of them when the demand is unknown, 0).
+    """
+
+    stage: int
+    replicas: int
+    capacity: int
+    slots_per_s: float
+    usable_slots_per_s: float
+
+
+def stage_capacities(
+    stages: int, replicas: Iterable[LiveReplica], demand: int
+) -> list[StageCapacity]:
+    """Per-stage live capacity of ``replicas`` (each node once) for ``demand`` flows."""
+    members: dict[int, list[tuple[int, float]]] = {stage: [] for stage in range(1, stages + 1)}
+    for stage, capacity, compute_ms in replicas:
+        if stage in members and capacity > 0:
+            members[stage].append((capacity, compute_ms))
+    return [_stage_capacity(stage, members[stage], demand) for stage in range(1, stages + 1)]
+
+
+def _stage_capacity(stage: int, members: list[tuple[int, float]], demand: int) -> StageCapacity:
+    # Flows are routed to the cheapest next hop, so the demand fills the fastest slots first;
+    # sorted (then summed) in one order, so equal inputs give bit-equal floats.
+    fastest_first = sorted(members, key=lambda m: (max(m[1], _MIN_COMPUTE_MS), -m[0]))
+    left: float = demand if demand > 0 else math.inf
+    usable = 0.0
+    for capacity, compute_ms in fastest_first:
+        used = min(capacity, left)
+        if used <= 0:
+            break
+        usable += slots_per_s(int(used), compute_ms)
+        left -= used
+    return StageCapacity(
+        stage,
+        len(members),
+        sum(capacity for capacity, _ in members),
+        sum(slots_per_s(capacity, compute_ms) for capacity, compute_ms in fastest_first),
+        usable,
+    )
+
+
+def choose_bottleneck(stages: int, replicas: Iterable[LiveReplica], demand: int) -> JoinDecision:
+    """The stage a joiner takes: the least usable live capacity for ``demand`` flows. Ties go to
+    the least capacity in all (speed-weighted, then slots), then to fewer replicas (one crash
+    there takes more of the stage), then to the lower stage. An empty stage comes first."""
+    if stages < 1:
+        raise PlacementError("no stage to choose from: the run has no relay stages")
+    loads = stage_capacities(stages, replicas, demand)
+    best = min(
+        loads,
+        key=lambda s: (s.usable_slots_per_s, s.slots_per_s, s.capacity, s.replicas, s.stage),
+    )
+    pressure = demand / best.usable_slots_per_s if best.usable_slots_per_s > 0 else math.inf
+    replicas_word = "replica" if best.replicas == 1 else "replicas"
+    reason = (
+        f"stage {best.stage} is the bottleneck: {best.replicas} live {replicas_word} of capacity "
+        f"{best.capacity} for the {demand} flows the run needs "
+        f"({best.usable_slots_per_s:.3g} usable slots/s)"
+    )
+    return JoinDecision(best.stage, pressure, reason)

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import ClassVar
 
 from coordinator_free.messages import FIXED_SIZES, FlowLoanReturn, FlowWanted, encoded_size
-from coordinator_free.placement import choose_stage, place_relays, slots_per_s, stage_loads
+from coordinator_free.placement import choose_bottleneck, place_relays, slots_per_s
 from coordinator_free.protocol import DATA, FlowConfig, FlowNode, NodeSpec, Outbound
 from coordinator_free.protocol.state import Peer, SlotState
 from coordinator_free.repair import HopKey, PendingHop, plan_forward_resend, plan_hop_repair
@@ -122,7 +122,7 @@ class GwtfPolicy(PolicyDefaults):
         return place_relays(world.stages, placed, newcomers, demand)
 
     def place_joiner(self, world: WorldView, node_id: str, now: float) -> int:
-        # The joiner asks relays for their load; those that stopped ticking (crashed) do not
+        # The joiner asks relays what they hold; those that stopped ticking (crashed) do not
         # answer. A live node ticks at least once per reconciliation period.
         answers = []
         for other_id, node in self._nodes.items():
@@ -130,9 +130,9 @@ class GwtfPolicy(PolicyDefaults):
             responsive = now - self._last_tick_s.get(other_id, -1e9) <= quiet_s
             if other_id != node_id and not node.is_data and not node.left and responsive:
                 hello = node.hello()
-                answers.append((hello.stage, hello.flows, hello.capacity, hello.compute_ms))
+                answers.append((hello.stage, hello.capacity, hello.compute_ms))
         demand = sum(world.spec(d).capacity for d in world.data_nodes())
-        return choose_stage(stage_loads(world.stages, answers, demand)).stage
+        return choose_bottleneck(world.stages, answers, demand).stage
 
     def on_node_up(self, world: WorldView, node_id: str, now: float) -> Sequence[Action]:
         config = self._flow_config(world)

@@ -20,7 +20,7 @@ from contracts.certificate_tree import SignedReceipt
 from coordinator_free.protocol.config import DATA, FlowConfig, NodeSpec
 from coordinator_free.protocol.node import FlowNode
 from gwtf.errors import ConfigError, ProtocolError
-from node.p2p.host import running_host
+from node.p2p.host import ADDRESS_TTL_S, peer_info, running_host
 from node.p2p.link_emulation import LinkEmulator, Topology
 from node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper
 from node.p2p.scoring import Offence
@@ -44,6 +44,7 @@ from node.runtime.replicas.stage_state import join_stage, load_data_part, serve_
 from node.runtime.roles.data import DataRole, IterationResult
 from node.runtime.roles.data_peers import DataPeers, LeftOut
 from node.runtime.roles.relay import RelayRole
+from node.runtime.roles.relay_roster import report_alive
 from node.settings import AUTO_STAGE
 from node.store.database import open_database
 from node.store.evidence import EvidenceArchive
@@ -221,7 +222,11 @@ async def run_live_node(
 
         def on_heard(peer_id: str) -> None:
             # A peer the flow core gave up on (missed keep-alives under load) that answers again
-            # is introduced anew, so a slow moment never removes a live replica for good.
+            # is introduced anew, so a slow moment never removes a live replica for good; nor
+            # does a failed probe from the data node's roster (which a middle stage's relay
+            # has no other way to undo).
+            if isinstance(role, DataRole):
+                role.roster.heard(peer_id)
             peer = flow.node.peers.get(peer_id)
             if ready.is_set() and peer is not None and not peer.alive:
                 flow.dispatch(flow.node.introduce(peer_id))
@@ -283,12 +288,17 @@ async def run_live_node(
                 )
         # Only now does this node speak the training protocols: a joiner takes no flows, hops
         # or averaging rounds before it holds its stage's current state.
-        flow.serve()
-        plane.serve(nursery)
-        nursery.start_soon(report_compute, plane, flow)
         _serve_control(rpc, role, flow, book, config.flow.ack_deadline_s)
         if role.averager is not None:
             role.averager.serve()
+        if isinstance(role, RelayRole):
+            # Before any hop: a data node that found this relay gone (a restart) must ask it to
+            # end the iterations it takes hops in. It can be probed and average from here on.
+            data_nodes = _data_nodes(rpc, book, config.bootstrap)
+            await report_alive(rpc, data_nodes, config.flow.keepalive_timeout_s)
+        flow.serve()
+        plane.serve(nursery)
+        nursery.start_soon(report_compute, plane, flow)
         ready.set()
         # Peers that met this node before it served (a joiner) hear that it does now.
         nursery.start_soon(discovery.publish_hint, "stage")
@@ -486,6 +496,8 @@ def _serve_control(
 ) -> None:
     async def handle(peer: str, request: bytes) -> bytes:
         message = control.decode_request(request)
+        if isinstance(role, DataRole):
+            role.roster.heard(peer)  # a relay that asks something is alive
         if isinstance(message, control.Alive):
             return control.encode_reply(True)
         if isinstance(message, control.Loads):
@@ -512,13 +524,26 @@ def _serve_control(
     rpc.serve(control.PROTOCOL_ID, handle, limits)
 
 
+def _data_nodes(rpc: RequestResponse, book: AddressBook, bootstrap: tuple[str, ...]) -> set[str]:
+    """The run's data nodes this node knows of: discovery's, and its bootstrap peers (a data
+    node, in a swarm; a relay asked by mistake just answers), whose addresses it may not have
+    stored yet (discovery dials them in its own time)."""
+    known = {peer for peer, record in book.peers.items() if record.stage == 0}
+    for address in bootstrap:
+        info = peer_info(address)
+        rpc.host.get_peerstore().add_addrs(info.peer_id, info.addrs, ADDRESS_TTL_S)
+        known.add(str(info.peer_id))
+    return known
+
+
 def _loads(flow: FlowService, book: AddressBook) -> list[control.LoadEntry]:
     """This node and the live peers its flow protocol knows, with capacity and spare."""
     node = flow.node
     own = book.own
-    # A joiner counts capacity less spare as the flows a replica carries. Counted here: the
-    # flows it passes on. The slots a slow relay holds back (``offered_slots``) carry none, and
-    # flows it holds but cannot forward are not its load: the stage after it is short of room.
+    # A joiner places itself by capacity and compute time; capacity less spare tells whoever
+    # reads it the flows this node passes on. The slots a slow relay holds back
+    # (``offered_slots``) carry none, and flows it holds but cannot forward are not its load:
+    # the stage after it is short of room.
     carried = node.carried_count()
     entries = [
         control.LoadEntry(

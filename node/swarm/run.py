@@ -8,8 +8,9 @@ the topology's link emulation and, with the chain on, admission: a node serves o
 the chain binds to a staked node of the run. It kills nodes with SIGKILL and starts joiners
 (registered just before they enter) on the churn schedule; streams the nodes' logs with a name
 prefix; and when the data node has trained its iterations writes a JSON summary (iterations,
-microbatches, loss per iteration, throughput, crashes, joins, recovered hops, and the chain: RPC
-URL, run id, registered nodes, refused peers).
+microbatches, loss per iteration, throughput, crashes, joins, recovered hops, each live relay's
+step and digest and those out of step with their stage, and the chain: RPC URL, run id,
+registered nodes, refused peers).
 
 The swarm file's format and checks are ``node.swarm.plan``'s.
 """
@@ -52,6 +53,7 @@ from node.swarm.plan import (
     speed_of,
     write_node_settings,
 )
+from node.swarm.replicas import replicas_out_of_step
 from node.training.partition import model_for_run, plan_partition
 from node.training.settings import TrainingSettings
 
@@ -425,6 +427,15 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
     losses: dict[int, list[float]] = {}
     for result in all_results:
         losses.setdefault(result["iteration"], []).append(result["loss"])
+    run_step = status.get("step")  # the first data node's: it steps once per iteration
+    relays = {
+        name: {key: s.get(key) for key in ("stage", "step", "state_digest", "hops_recorded")}
+        for name, s in statuses.items()
+        if s is not None
+        and s.get("role") != "data"
+        and name not in plan.strangers
+        and not plan.procs[name].killed
+    }
     summary = {
         "iterations": len(results),
         "microbatches": microbatches,
@@ -449,14 +460,10 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
         "data_nodes_taken_back_in": sum(s.get("taken_back_in", 0) for s in stats),
         # Microbatches data nodes started on flows another data node lent them.
         "microbatches_on_loans": sum(s.get("microbatches_on_loans", 0) for s in stats),
-        "relays": {
-            name: {key: s.get(key) for key in ("stage", "step", "state_digest", "hops_recorded")}
-            for name, s in statuses.items()
-            if s is not None
-            and s.get("role") != "data"
-            and name not in plan.strangers
-            and not plan.procs[name].killed
-        },
+        "relays": relays,
+        # Live relays that did not end with their stage's step and weights (a healthy swarm has
+        # none, whatever crashed or came back).
+        "replicas_out_of_step": replicas_out_of_step(relays, run_step),
         "data_nodes": {
             proc.name: {key: status.get(key) for key in ("step", "state_digest")}
             for proc in data_nodes

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coordinator_free.messages import FlowRequest, Hello
-from coordinator_free.placement import choose_stage, slots_per_s, stage_loads
+from coordinator_free.placement import choose_bottleneck, choose_stage, slots_per_s, stage_loads
 from coordinator_free.protocol.config import Outbound
 from coordinator_free.protocol.loopback import LoopbackNetwork
 from tests.coordinator_free.flow_graphs import (
@@ -107,7 +107,7 @@ def loads_from_hellos(stages: int, hellos: Iterable[Hello], demand: int):  # typ
 
 @PROPERTY_SETTINGS
 @given(seed=st.integers(0, 10_000))
-def test_a_joiner_goes_to_the_bottleneck_stage_of_the_running_swarm(seed: int) -> None:
+def test_flow_per_capacity_ranks_the_stages_of_the_running_swarm(seed: int) -> None:
     swarm = random_swarm(seed)
     network = build_network(swarm, seed)
     network.run_until(120.0)
@@ -121,3 +121,26 @@ def test_a_joiner_goes_to_the_bottleneck_stage_of_the_running_swarm(seed: int) -
         weighted = sum(slots_per_s(n.spec.capacity, n.spec.compute_ms) for n in members)
         pressure[stage] = carried / weighted
     assert pressure[decision.stage] == max(pressure.values())
+
+
+@PROPERTY_SETTINGS
+@given(seed=st.integers(0, 10_000), crashed=st.integers(0, 100))
+def test_a_joiner_reads_what_the_live_relays_hold_not_what_they_carry(
+    seed: int, crashed: int
+) -> None:
+    """After routing and a crash, the relays' introductions say what each holds (physical
+    capacity, compute time), whatever flows and offered slots it has: a joiner placing itself
+    by them decides as it would from the live relays' specs."""
+    swarm = random_swarm(seed)
+    network = build_network(swarm, seed)
+    network.run_until(60.0)
+    relays = sorted((n for n in network.nodes.values() if not n.is_data), key=lambda n: n.node_id)
+    network.crash(relays.pop(crashed % len(relays)).node_id)
+    network.run_until(120.0)
+    demand = sum(n.spec.capacity for n in network.nodes.values() if n.is_data)
+    hellos = [n.hello() for n in relays]
+    heard = choose_bottleneck(
+        swarm.stages, [(h.stage, h.capacity, h.compute_ms) for h in hellos], demand
+    )
+    held = [(n.spec.stage, n.spec.capacity, n.spec.compute_ms) for n in relays]
+    assert heard == choose_bottleneck(swarm.stages, held, demand)

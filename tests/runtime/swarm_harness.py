@@ -106,11 +106,13 @@ async def run_swarm(
     stages: int = STAGES,
     data_nodes: int = 1,
     capacities: dict[str, int] | None = None,
+    relay_settings: dict[str, object] | None = None,
 ) -> list[IterationResult]:
     """Start a data node ("data"; with ``data_nodes`` > 1 also "data-1", ...: each trains its
     shard of every iteration), then relays (name -> stage); returns the first data node's
     results (every data node's are in ``swarm.results``). ``capacities`` overrides nodes'
-    capacities by name (data nodes: ``data_capacity``; relays: 2)."""
+    capacities by name (data nodes: ``data_capacity``; relays: 2); ``relay_settings`` sets
+    other ``LiveNodeConfig`` fields of every relay (e.g. ``emulated_hop_s``)."""
     capacities = capacities or {}
     torch.set_num_threads(1)
     swarm = swarm or Swarm()
@@ -174,6 +176,7 @@ async def run_swarm(
                 stages,
                 bootstrap=bootstrap,
                 capacity=capacities.get(name, 2),
+                **(relay_settings or {}),
             )
             nursery.start_soon(run_relay, config, swarm)
         nursery.start_soon(scenario)

@@ -2,8 +2,9 @@
 
 Both are small decisions inside the live roles, checked here on their own: the data node asks
 every relay it may reach to end an iteration, including those its flow protocol does not know
-(a middle stage's replicas, a relay not yet introduced); a relay whose replicas all died while
-it was catching up goes on from its own state instead of declining hops for ever.
+(a middle stage's replicas, a relay not yet introduced) and one that failed a probe and showed
+a sign of life since; a relay whose replicas all died while it was catching up goes on from its
+own state instead of declining hops for ever.
 """
 
 from __future__ import annotations
@@ -47,6 +48,23 @@ def test_the_data_node_ends_iterations_with_every_relay_it_may_reach() -> None:
     believed = roster.believed()
     assert believed == {"a1": 1, "a3": 1, "b1": 2, "c1": 3}
     assert roster.unreachable == {"b2"}, "a relay the flow protocol hears again is reachable"
+
+
+def test_a_relay_that_failed_a_probe_is_asked_again_once_it_shows_a_sign_of_life() -> None:
+    """A middle stage's relay is never a flow neighbour of the data node: only a sign of life
+    (a request it makes, discovery hearing from it) undoes its failed probe, and what was open
+    to it is then redialled (``returned``) rather than trusted."""
+    roster = RelayRoster(
+        plane=SimpleNamespace(stages=3),  # type: ignore[arg-type]
+        flow=SimpleNamespace(node=SimpleNamespace(peers={})),  # type: ignore[arg-type]
+        discovered=lambda: {"b1": 2, "b2": 2},
+        unreachable={"b2"},
+    )
+    assert roster.believed() == {"b1": 2}
+    roster.heard("b1")  # never failed a probe: nothing to undo
+    roster.heard("b2")
+    assert roster.believed() == {"b1": 2, "b2": 2}
+    assert roster.unreachable == set() and roster.returned == {"b2"}
 
 
 def relay_behind(resync: object, step: int, target: int) -> SimpleNamespace:

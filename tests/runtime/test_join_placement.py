@@ -1,13 +1,11 @@
 """A relay started without a stage takes the run's bottleneck, loads its state, and trains in it.
 
-Stage 1 has three replicas and stage 2 one, and the data node starts four microbatches at once,
-so stage 2 carries its whole capacity while stage 1 passes on a third of its: a relay with
-``stage = -1`` asks the data node for the run's loads, picks stage 2, downloads its weights,
-and takes hops; after the next step it is bit for bit the stage's other replica, and training
-still reproduces the whole-model reference. (Placement weighs capacity by each replica's speed,
-which in one process is noise: the relays here do not report measured compute times. A
-replica's load is the flows it passes on: counting also the two flows stage 1 holds but cannot
-forward, the margin was 1.5 to one; it is three to one.)
+Stage 1 has three replicas and stage 2 one, and the data node needs four flows, which stage 2
+can hold only half of: a relay with ``stage = -1`` asks the data node for the run's loads, picks
+stage 2, downloads its weights, and takes hops; after the next step it is bit for bit the stage's
+other replica, and training still reproduces the whole-model reference. (Placement weighs
+capacity by each replica's speed, which in one process is noise: the relays here do not report
+measured compute times.) A relay still reports as its load only the flows it passes on.
 """
 
 from __future__ import annotations
@@ -157,9 +155,9 @@ def test_loads_replies_are_bounded_and_checked() -> None:
 
 
 def test_what_a_peer_says_of_other_nodes_only_names_whom_to_ask(tmp_path: Path) -> None:
-    """Real hosts on 127.0.0.1: a data node, one replica each of stages 1 and 2 (stage 2 full),
-    and a rogue that says it knows four stage-1 replicas carrying twice their capacity, and
-    names the stage-2 replica at a dead address. The rogue's made-up replicas cannot be
+    """Real hosts on 127.0.0.1: a data node, one replica each of stages 1 and 2 (stage 2 the
+    smaller), and a rogue that says it knows four more stage-2 replicas of large capacity, and
+    names the real stage-2 replica at a dead address. The rogue's made-up replicas cannot be
     reached, the real one is found at the address another node names, so the joiner places
     itself by what the nodes it reached said of themselves, and takes stage 2."""
 
@@ -180,14 +178,14 @@ def test_what_a_peer_says_of_other_nodes_only_names_whom_to_ask(tmp_path: Path) 
             entry = {
                 "data": control.LoadEntry(ids["data"], addr["data"], 0, 4, 4, 10.0),
                 "a": control.LoadEntry(ids["a"], addr["a"], 1, 2, 1, 10.0),
-                "b": control.LoadEntry(ids["b"], addr["b"], 2, 2, 0, 10.0),
+                "b": control.LoadEntry(ids["b"], addr["b"], 2, 1, 0, 10.0),
             }
             fakes = []
             for _ in range(4):
                 key = new_identity()
                 fake = str(ID.from_pubkey(key.public_key))
                 address = f"/ip4/127.0.0.1/tcp/9/p2p/{fake}"  # nothing listens there
-                fakes.append(control.LoadEntry(fake, address, 1, 4, -4, 1.0))
+                fakes.append(control.LoadEntry(fake, address, 2, 8, 8, 1.0))
             # And one that names a real node at another node's address, and one that names
             # the only stage-2 replica where nothing listens (heard before the honest address,
             # which only "a" names, a round later): neither may hide it.
@@ -212,4 +210,6 @@ def test_what_a_peer_says_of_other_nodes_only_names_whom_to_ask(tmp_path: Path) 
             return placement.decision.reason
 
     reason = trio.run(main)
-    assert reason.startswith("stage 2 is the bottleneck: 2 flows on capacity 2"), reason
+    assert reason.startswith(
+        "stage 2 is the bottleneck: 1 live replica of capacity 1 for the 4 flows the run needs"
+    ), reason

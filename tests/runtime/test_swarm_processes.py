@@ -79,6 +79,7 @@ def test_swarm_on_chain_survives_sigkills_takes_in_a_joiner_and_refuses_a_strang
         steps = {r["step"] for r in relays.values() if r["stage"] == stage}
         assert steps == {16}
         assert len(digests) == 1, f"stage {stage} replicas differ"
+    assert summary["replicas_out_of_step"] == []
     losses = summary["loss_per_iteration"]
     assert losses[-1] < losses[0]
 
@@ -157,6 +158,7 @@ def test_every_hop_earns_the_audit_slashes_the_two_cheaters_and_pays_the_honest_
     summary = swarm_of(tmp_path, RECEIPTS_FILE, timeout_s=300)
     assert summary["iterations"] == 48 and summary["microbatches"] == 96
     assert [j["node"] for j in summary["joins"]] == ["relay-1-1"], "the relay came back"
+    assert summary["replicas_out_of_step"] == [], "it stepped with its stage again"
     chain = summary["chain"]
     epochs = chain["epochs"]
     assert [e["epoch"] for e in epochs][:2] == [0, 1], "training spanned two epochs"

@@ -4,15 +4,16 @@ Before it builds its stage worker, the relay asks its bootstrap peers which node
 know, at which stage, with what capacity and spare capacity (the control protocol's ``loads``),
 then asks the nodes they named, a few rounds deep: every node knows the live replicas of the
 stages next to its own, so a handful of answers covers the pipeline. The placement rule is the
-flow core's (``coordinator_free.placement``): the stage whose carried flows are highest against
-its capacity weighted by speed, where a new replica raises the swarm's throughput most (the
-GWTF paper's joining rule).
+flow core's (``coordinator_free.placement.choose_bottleneck``): the stage with the least live
+capacity, weighted by speed, for the flows the data nodes need, where a new replica raises the
+swarm's throughput most. Only nodes that answer count, so a dead replica adds nothing; flows
+carried at the moment are not read (a stage that lost a replica carries fewer of them).
 
-Peers are untrusted: what a node says of others only tells the relay whom to ask next. The loads
-it places by are what each node said of itself, so a lying peer can misstate one node's load (its
-own, bounded by the wire limits) but cannot invent replicas or stages. Nor can it hide a node by
-naming it at a wrong address: every address named for a node is tried (a few per node) until it
-answers.
+Peers are untrusted: what a node says of others only tells the relay whom to ask next. The
+capacities it places by are what each node said of itself, so a lying peer can misstate one
+node's (its own, bounded by the wire limits) but cannot invent replicas or stages. Nor can it
+hide a node by naming it at a wrong address: every address named for a node is tried (a few per
+node) until it answers.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 import trio
 
-from coordinator_free.placement import JoinDecision, choose_stage, stage_loads
+from coordinator_free.placement import JoinDecision, choose_bottleneck
 from gwtf.errors import ConfigError, ProtocolError
 from node.p2p.host import peer_info, point_at
 from node.p2p.rpc import RequestResponse
@@ -80,14 +81,11 @@ async def choose_join_stage(
             f"none of the {len(asked)} nodes asked told this relay the run's loads; check "
             "p2p.bootstrap_peers, or set node.stage"
         )
+    # The flows the run needs: a slot per unit of each data node's capacity.
     demand = sum(e.capacity for e in known.values() if e.stage == 0)
-    # A replica's carried flows are its capacity less its spare (flows it could still take).
-    loads = stage_loads(
-        stages,
-        [(e.stage, max(e.capacity - e.spare, 0), e.capacity, e.compute_ms) for e in relays],
-        demand,
+    decision = choose_bottleneck(
+        stages, [(e.stage, e.capacity, e.compute_ms) for e in relays], demand
     )
-    decision = choose_stage(loads)
     log.info("joining stage %s: %s (%s nodes asked)", decision.stage, decision.reason, len(asked))
     return Placement(decision, tuple(e for e in relays if e.stage == decision.stage))
 

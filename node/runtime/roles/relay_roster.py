@@ -2,21 +2,30 @@
 
 The flow protocol knows only a data node's neighbours (stage 1 and the last stage); discovery
 knows the rest, and may still list a relay that died. So a relay counts as alive when the flow
-protocol knows it alive, or discovery lists it and it has not failed a liveness probe. Ending an
-iteration probes them all: those that answer are each stage's replica set, announced to every one
-of them, so every replica of a stage averages over the same list and none waits for a dead one.
+protocol knows it alive, or discovery lists it and it has not failed a liveness probe since it
+was last heard from. Ending an iteration probes them all: those that answer are each stage's
+replica set, announced to every one of them, so every replica of a stage averages over the same
+list and none waits for a dead one.
+
+A failed probe must not be final: a middle stage's relay that comes back (restarted under its
+identity, or only slow for a moment) is never seen alive by the flow protocol, and a relay left
+out of every end takes hops whose gradients never reach the average and falls behind its
+replicas for good. So any sign of life clears it (``heard``): a control request it makes (a
+relay tells the data nodes it is up before it takes hops, ``report_alive``), or discovery
+hearing from it (its hint, its own card, a peer exchange).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import trio
+from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError
-from node.p2p.rpc import PeerUnavailable
+from node.p2p.rpc import PeerUnavailable, RequestResponse
 from node.runtime.dataplane import control
 from node.runtime.dataplane.exchange import DataPlane
 from node.runtime.flow.service import FlowService
@@ -33,8 +42,17 @@ class RelayRoster:
     probe_timeout_s: float | None = None
     #: Relay -> stage of every relay discovery knows (set by the node).
     discovered: Callable[[], dict[str, int]] = dict
-    #: Relays discovery lists that failed a liveness probe.
+    #: Relays discovery lists that failed a liveness probe and were not heard from since.
     unreachable: set[str] = field(default_factory=set)
+    #: Relays heard from after they failed a probe: what is open to them may belong to the
+    #: process that failed (a restart), so the next probe dials them anew.
+    returned: set[str] = field(default_factory=set)
+
+    def heard(self, peer_id: str) -> None:
+        """``peer_id`` showed a sign of life: the next iteration's end probes it again."""
+        if peer_id in self.unreachable:
+            self.unreachable.discard(peer_id)
+            self.returned.add(peer_id)
 
     def believed(self) -> dict[str, int]:
         """Relay -> stage, for every relay that may be alive: those the flow protocol knows alive
@@ -67,6 +85,11 @@ class RelayRoster:
         """Ask every live relay to average with its stage's live replicas and step (each within
         ``reply_timeout_s``); returns how many replicas of each stage stepped."""
         stage_of = self.believed()
+        for relay in sorted(self.returned & set(stage_of)):
+            # py-libp2p may still hold a connection to the old process, where requests go
+            # unanswered until their deadline.
+            await self.plane.rpc.drop_peer(ID.from_base58(relay))
+            self.returned.discard(relay)
         alive = await self.probe(sorted(stage_of))
         self.unreachable.update(set(stage_of) - set(alive))
         by_stage: dict[int, list[str]] = {}
@@ -112,3 +135,25 @@ class RelayRoster:
             for relay in relays:
                 nursery.start_soon(probe, relay)
         return sorted(answered)
+
+
+async def report_alive(rpc: RequestResponse, data_nodes: Iterable[str], timeout_s: float) -> int:
+    """Tell the run's data nodes that this relay is up, before it takes hops: one that found it
+    gone at an iteration's end then asks it to end iterations again, so the hops it computes
+    reach its stage's average. Best effort (a data node it cannot reach now hears of it through
+    discovery); returns how many answered."""
+    answered = 0
+
+    async def tell(peer: str) -> None:
+        nonlocal answered
+        try:
+            await control.ask(rpc, peer, control.Alive(), timeout_s)
+        except PeerUnavailable as exc:
+            log.info("data node %s did not hear that this relay is up: %s", peer, exc)
+            return
+        answered += 1
+
+    async with trio.open_nursery() as nursery:
+        for peer in sorted(set(data_nodes)):
+            nursery.start_soon(tell, peer)
+    return answered
