@@ -13,24 +13,20 @@ from __future__ import annotations
 
 import argparse
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import trio
 from rich.console import Console
 
 from gwtf.errors import ConfigError
-from node.chain.actions import Contracts, model_config_hash
 from node.cli.args import Command, positive, whole
 from node.cli.output import emit, table
 from node.composition import open_contracts
-from node.export.assembly import whole_tensors
-from node.export.gather import Gathered, gather_run
-from node.export.writer import check_out_dir, write_checkpoint
+from node.export.gather import Gathered
+from node.export.run import export_run
+from node.export.writer import check_out_dir
 from node.settings import Settings
-from node.training.config import ModelConfig, named_config
-from node.training.hf_export import to_hf
-from node.training.partition import PartitionPlan, plan_partition
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
@@ -51,7 +47,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
 
 def cmd_export(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     out = Path(args.out)
-    check_out_dir(out)
+    check_out_dir(out)  # before anything is asked of the chain or the nodes
     if not args.peer:
         raise ConfigError(
             "give the run's nodes to fetch from: --peer /ip4/HOST/tcp/PORT/p2p/PEER_ID, a data "
@@ -59,65 +55,17 @@ def cmd_export(args: argparse.Namespace, settings: Settings, console: Console) -
         )
     contracts, _ = open_contracts(settings)
     model = args.model or settings.training.model
-    plan = run_plan(contracts, args.run, model)
-    gather = functools.partial(
-        gather_run, contracts, args.run, plan, args.peer, float(args.timeout_s)
+
+    def gathering(gather: Callable[[], Gathered]) -> Gathered:
+        if args.json:
+            return gather()
+        with console.status(f"gathering run {args.run}'s parts from {len(args.peer)} nodes"):
+            return gather()
+
+    result = export_run(
+        contracts, args.run, model, args.peer, out, float(args.timeout_s), gathering
     )
-    if args.json:
-        gathered = trio.run(gather)
-    else:
-        with console.status(f"gathering run {args.run}'s parts"):
-            gathered = trio.run(gather)
-    checkpoint = to_hf(plan.config, whole_tensors(plan.config, [p for p, _ in gathered.parts]))
-    architecture = checkpoint.config["architectures"][0]
-    result = export_summary(args.run, model, architecture, plan, gathered)
-    written = write_checkpoint(checkpoint, out, result)
-    result = {**result, "out": str(out), "files": [path.name for path in written]}
     return emit(args, console, result, functools.partial(_render, result))
-
-
-def run_plan(contracts: Contracts, run_id: int, model: str) -> PartitionPlan:
-    """The run's partition of ``model``, once the chain says the run trains that model."""
-    run = contracts.port().run_info(run_id)
-    if run is None:
-        raise ConfigError(f"there is no run {run_id} on this chain; see `gwtf-node runs list`")
-    config = model_config(model)
-    on_chain = bytes(contracts.ledger.functions.getRun(run_id).call()[11])
-    if model_config_hash(model, run.stage_count) != on_chain:
-        raise ConfigError(
-            f"run {run_id} trains another model than {model!r} in {run.stage_count} stages; "
-            "give the run's with --model"
-        )
-    return plan_partition(config, run.stage_count)
-
-
-def model_config(model: str) -> ModelConfig:
-    family, _, size = model.partition("-")
-    return named_config(family, size)
-
-
-def export_summary(
-    run_id: int, model: str, architecture: str, plan: PartitionPlan, got: Gathered
-) -> dict[str, Any]:
-    """What ``gwtf-export.json`` and ``--json`` say of an export."""
-    parts = []
-    for stage, (part, node) in enumerate(got.parts):
-        layers = part.layers
-        parts.append({
-            "stage": stage,
-            "layers": None if layers is None else [layers.start, layers.stop - 1],
-            "node": node,
-            "digest": part.digest,
-        })  # fmt: skip
-    return {
-        "run": run_id,
-        "model": model,
-        "architecture": architecture,
-        "step": got.step,
-        "parameters": plan.data_param_count + sum(s.param_count for s in plan.stages),
-        "parts": parts,
-        "peers": got.peers,
-    }
 
 
 def _render(result: dict[str, Any], console: Console) -> None:
