@@ -292,6 +292,8 @@ class WorkerEpochs:
     data_node_peer: Callable[[str], str | None]
     timeout_s: float
     status: CycleStatus = field(default_factory=CycleStatus)
+    #: Claim each settled epoch unasked (``chain.auto_claim``).
+    auto_claim: bool = True
     done: set[tuple[int, str]] = field(default_factory=set)
     #: (epoch, data node) pairs this node has complete receipts of: kept up by ``worked_in`` as
     #: receipts complete, and merged with its database's once (a receipt completing while that
@@ -310,7 +312,8 @@ class WorkerEpochs:
 
     async def run(self) -> None:
         while True:
-            await self.step()
+            if self.auto_claim:  # else only when asked (``claim_now``)
+                await self.step()
             await self.keep_proofs()
             await trio.sleep(1.0)
 

@@ -416,7 +416,7 @@ async def _start_receipts(
 
     cycle = WorkerEpochs(
         setup.terms, receipts.address, setup.ledger, clock, store, records, rpc,
-        data_node_peer, timeout_s,
+        data_node_peer, timeout_s, auto_claim=setup.auto_claim,
     )  # fmt: skip
 
     def complete(origin: str, entry: SignedReceipt) -> None:
@@ -447,10 +447,10 @@ async def _run_receipts(parts: ReceiptParts) -> None:
             nursery.start_soon(parts.reporter.run)
         if parts.cycle.ledger.wallet is None:
             log.warning("no wallet (chain.wallet_file): receipts are kept, nothing is sent")
-        elif parts.auto_claim or isinstance(parts.cycle, DataNodeEpochs):
-            nursery.start_soon(parts.cycle.run)
         else:
-            log.info("chain.auto_claim is off: epochs are claimed when asked (gwtf-node claim)")
+            if not parts.auto_claim and isinstance(parts.cycle, WorkerEpochs):
+                log.info("chain.auto_claim is off: epochs are claimed when asked (gwtf-node claim)")
+            nursery.start_soon(parts.cycle.run)
 
 
 def _share_the_run(
