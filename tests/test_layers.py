@@ -58,7 +58,7 @@ NODE_LAYERS: list[set[str]] = [
     {"node.settings"},
     {"node.chain", "node.store", "node.runtime.flow"},
     {"node.receipts"},
-    {"node.devnet", "node.demo", "node.runtime.dataplane", "node.audit"},
+    {"node.devnet", "node.runtime.dataplane", "node.audit"},
     {"node.export"},
     {"node.runtime.discovery"},
     {"node.runtime.replicas"},
@@ -66,6 +66,7 @@ NODE_LAYERS: list[set[str]] = [
     {"node.runtime"},
     {"node.local_api"},
     {"node.composition", "node.swarm"},
+    {"node.demo"},
     {"node.process", "node.cli"},
 ]
 

@@ -35,7 +35,7 @@ Swarm file::
              identity and node.join = true: a relay loads its stage's state, a data node asks
              the run's data nodes to take it back in),
              crash_on = [{stage = 1, direction = "forward", iteration = 1}] (fault injection:
-             the first relay of that stage to get such a hop dies by SIGKILL mid-hop; with
+             the first honest relay of that stage to get such a hop dies by SIGKILL mid-hop; with
              when = "after_ack" it dies once it has computed and acknowledged the hop, before
              sending its output on: the loss no sender sees),
              crash_rate_per_hour = 0.0 (relays killed at random at this rate), seed = 0

@@ -27,6 +27,7 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -72,7 +73,9 @@ def start_node(
     command += ["--status-file", str(status_file)]
     if start_file is not None:
         command += ["--start-file", str(start_file)]
-    crash_on = crash_rule(plan, stage) if settings["node"]["role"] == "relay" else None
+    # Fault injection kills honest relays only: a cheater's fraud is what the audit must find.
+    injectable = settings["node"]["role"] == "relay" and name not in plan.swarm["cheaters"]
+    crash_on = crash_rule(plan, stage) if injectable else None
     if crash_on is not None:
         command += ["--crash-on", json.dumps(crash_on)]
     popen = subprocess.Popen(
@@ -115,9 +118,14 @@ def kill(plan: SwarmPlan, name: str, at_s: float) -> None:
 
 
 def run_swarm(
-    plan: SwarmPlan, log: IO[bytes] | None = None, timeout_s: float = 600.0
+    plan: SwarmPlan,
+    log: IO[bytes] | None = None,
+    timeout_s: float = 600.0,
+    before_stop: Callable[[SwarmPlan, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the swarm to the end of the data node's iterations; returns the summary."""
+    """Run the swarm to the end of the data node's iterations; returns the summary.
+    ``before_stop(plan, summary)`` runs while the nodes still serve (the demo exports the
+    model from them)."""
     stages, per_stage = plan.run["stages"], plan.swarm["relays_per_stage"]
     started = time.monotonic()
     # A previous run in this folder leaves go files and crash locks that would start joiners at
@@ -170,7 +178,7 @@ def run_swarm(
                 plan.run["iterations"],
                 lambda last: _certified(plan, data_nodes, last),
                 lambda: _claimed(plan),
-                lambda epoch: audit.epoch(epoch, _live_addresses(plan)),
+                lambda epoch: audit.epoch(epoch, live_addresses(plan)),
             )
         while not _trained(data_nodes):
             now = time.monotonic()
@@ -190,7 +198,12 @@ def run_swarm(
         _record_injected_crashes(plan)
         if epochs is not None:
             plan.last_epoch = epochs.settle()
-        return summarise(plan, [plan.procs[p.name] for p in data_nodes], time.monotonic() - started)
+        summary = summarise(
+            plan, [plan.procs[p.name] for p in data_nodes], time.monotonic() - started
+        )
+        if before_stop is not None:
+            before_stop(plan, summary)
+        return summary
     finally:
         for proc in plan.procs.values():
             if proc.popen.poll() is None:
@@ -204,7 +217,7 @@ def run_swarm(
             plan.chain.stop()
 
 
-def _live_addresses(plan: SwarmPlan) -> list[str]:
+def live_addresses(plan: SwarmPlan) -> list[str]:
     """The addresses of the swarm's live nodes (strangers aside), as the auditor dials them."""
     return [
         str(status["address"])
