@@ -178,8 +178,7 @@ def test_every_command_takes_json_and_the_simple_ones_answer_in_it(
     sent = cli_json(capsys, "--devnet-file", str(devnet_file), "fund", "--to", address,
                     "--eth", "1.5")  # fmt: skip
     assert isinstance(sent, dict) and sent["sent"] == {"wei": str(15 * ETH // 10), "eth": "1.5"}
-    report = cli_json(capsys, "demo")
-    assert isinstance(report, dict) and report["certified_hops"] > 0
+    # (The demo's --json report is tests/node/test_demo.py's.)
 
 
 MONEY = ("--reward-per-epoch-eth", "1", "--min-stake-eth", "1", "--fund-eth", "1")
