@@ -47,7 +47,7 @@ from node.runtime.roles.relay import RelayRole
 from node.runtime.roles.relay_roster import report_alive
 from node.settings import AUTO_STAGE
 from node.store.database import open_database
-from node.store.evidence import EvidenceArchive
+from node.store.evidence import EvidenceArchive, run_folder
 from node.store.hops import HopStore
 from node.store.ledger import LedgerRecords
 from node.training.codec import CodecLimits
@@ -392,9 +392,13 @@ async def _start_receipts(
         return ReceiptParts(receipts, certifying, clock, inbox=inbox)
     ReceiptServer(store, setup.terms, cheat=cheat).serve(rpc, timeout_s)
     if setup.evidence_dir:
-        # One folder per chain, ledger and run: another run's weights are never served as its.
+        # One folder per chain, ledger, run and start time: another run's weights (a devnet
+        # started afresh has the same chain id, ledger address and run id) are never served as
+        # this one's.
         domain = setup.terms.domain
-        folder = f"{domain.chain_id}-{domain.verifying_contract.lower()}-run{setup.terms.run_id}"
+        folder = run_folder(
+            domain.chain_id, domain.verifying_contract, setup.terms.run_id, clock.start
+        )
         root = Path(setup.evidence_dir) / folder
         archive = EvidenceArchive(root, setup.evidence_epochs, clock.epoch_now)
         role.evidence = archive

@@ -11,6 +11,11 @@ and epochs before those are deleted as time goes on: a made-up epoch can neither
 prune what an auditor still needs (the retention covers the challenge window). Every file is
 written to a temporary name and renamed, so a crash leaves no half file under a digest; reads
 return one chunk, so serving a large state never reads it whole.
+
+A node keeps each run's evidence in a folder of its own (``run_folder``), named by the chain,
+the ledger, the run and the run's start time on chain: a dev chain started afresh deploys the
+ledger at the same address and opens the same run id again, and a state kept in an earlier run
+must never be served as this run's (its hops would replay as wrong tensors).
 """
 
 from __future__ import annotations
@@ -29,6 +34,12 @@ log = logging.getLogger(__name__)
 _FRAME_SUFFIX = ".gwtt"
 _STATE_PREFIX = "state-"
 _STATE_SUFFIX = ".safetensors"
+
+
+def run_folder(chain_id: int, ledger: str, run_id: int, run_start: int) -> str:
+    """The name of the folder of one run's evidence: its chain, ledger, run id and start time
+    (the block time the run opened at, which no other deployment of the same addresses has)."""
+    return f"{chain_id}-{ledger.lower()}-run{run_id}-start{run_start}"
 
 
 class EvidenceArchive:
@@ -57,12 +68,29 @@ class EvidenceArchive:
             _write_atomically(path, lambda tmp: tmp.write_bytes(frame))
         return digest
 
-    def keep_state(self, epoch: int, iteration: int, save: Callable[[Path], object]) -> None:
-        """Keeps the stage's state at ``iteration`` (``save(path)`` writes it) unless kept."""
+    def keep_state(
+        self,
+        epoch: int,
+        iteration: int,
+        save: Callable[[Path], object],
+        is_current: Callable[[bytes], bool],
+    ) -> bool:
+        """Keeps the stage's state at ``iteration`` of ``epoch`` (``save(path)`` writes it)
+        unless a state of that iteration is kept already; returns whether the kept state is
+        the current one, so that a hop computed now replays from it. A state kept before (by
+        this node's previous process, after a restart) is the current one if ``is_current``
+        says so of its bytes; if not, it stays (the hops computed with it replay from it alone)
+        and False says that no hop of that iteration may be computed with the weights of now.
+        True when nothing is kept of the epoch (the clock says it is not being worked)."""
         folder = self._epoch_dir(epoch)
-        path = folder / f"{_STATE_PREFIX}{iteration}{_STATE_SUFFIX}" if folder else None
-        if path is not None and not path.exists():
-            _write_atomically(path, save)
+        if folder is None:
+            return True
+        path = folder / f"{_STATE_PREFIX}{iteration}{_STATE_SUFFIX}"
+        kept = _read(path)
+        if kept is not None:
+            return is_current(kept)
+        _write_atomically(path, save)
+        return True
 
     def frame(self, epoch: int, digest: bytes) -> bytes | None:
         """The kept frame of ``epoch`` with ``digest``, or None."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -130,13 +131,16 @@ def run_swarm(
     started = time.monotonic()
     # A previous run in this folder leaves go files and crash locks that would start joiners at
     # once and disarm fault injection.
-    # Its node databases hold receipts of a run on a chain that is gone.
+    # Its node databases hold receipts, and its relays' evidence the states, of a run on a
+    # chain that is gone.
     for stale in (
         *plan.out_dir.glob("*.go"),
         *plan.out_dir.glob("crash-*.lock"),
         *plan.out_dir.glob("*.sqlite*"),
     ):
         stale.unlink()
+    for evidence in plan.out_dir.glob("*.evidence"):
+        shutil.rmtree(evidence, ignore_errors=True)
     try:
         if plan.chain_plan.enabled:
             plan.chain = start_swarm_chain(

@@ -87,6 +87,17 @@ def state_digest(trainer: PartTrainer) -> str:
     return content_digest(_metadata(trainer), state_tensors(trainer))
 
 
+def holds_state_of(blob: bytes, trainer: PartTrainer, weights_only: bool = False) -> bool:
+    """Whether a state file's bytes are the trainer's state as it is now, bit for bit, part and
+    step included (its weights only: ``weights_only``, as ``save_part_state`` writes them);
+    False for bytes that are no intact state file."""
+    try:
+        kept = verified_digest(blob)
+    except CheckpointError:
+        return False
+    return kept == content_digest(_metadata(trainer), state_tensors(trainer, weights_only))
+
+
 def save_part_state(trainer: PartTrainer, path: Path, weights_only: bool = False) -> str:
     """Write the part's state atomically to ``path``; returns its digest. ``weights_only``
     leaves out the optimizer's state (two thirds of the file with AdamW): what re-executing a

@@ -145,6 +145,11 @@ class PartTrainer:
         self.microbatch_count = 0
         self._averaged = False
 
+    def weights_version(self) -> tuple[int, ...]:
+        """Moves whenever a weight changes (a step, a loaded state, any in-place write): the
+        version counter torch keeps of each parameter. Equal versions: the same weights."""
+        return tuple(param._version for _, param in self.named_params)
+
     def parameters_by_name(self) -> dict[str, torch.Tensor]:
         return {name: param.detach() for name, param in self.named_params}
 

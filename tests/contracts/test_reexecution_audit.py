@@ -30,7 +30,7 @@ from node.receipts.cheats import WRONG_TENSOR_SCALE
 from node.settings import load_settings
 from node.store.evidence import EvidenceArchive
 from node.training import codec
-from node.training.checkpoint import save_part_state
+from node.training.checkpoint import holds_state_of, save_part_state
 from node.training.codec import CodecLimits
 from node.training.config import named_config
 from node.training.partition import plan_partition
@@ -58,7 +58,12 @@ def computed_hops(s: Staffed, tmp_path: Path) -> tuple[list[SignedReceipt], dict
         for name, key in (("a", s.a), ("c", s.c))
     }
     for archive in archives.values():
-        archive.keep_state(0, 0, lambda path: save_part_state(worker, path, weights_only=True))
+        archive.keep_state(
+            0,
+            0,
+            lambda path: save_part_state(worker, path, weights_only=True),
+            lambda kept: holds_state_of(kept, worker, weights_only=True),
+        )
     entries = []
     generator = torch.Generator().manual_seed(3)
     for microbatch, relay in ((0, s.a), (1, s.a), (2, s.c)):

@@ -18,7 +18,7 @@ from node.audit.reexecute import CPU_FLOAT32, CUDA_BF16, HopEvidence, Replayer, 
 from node.receipts.cheats import WRONG_TENSOR_SCALE
 from node.store.evidence import EvidenceArchive
 from node.training import codec
-from node.training.checkpoint import save_part_state, verified_digest
+from node.training.checkpoint import holds_state_of, save_part_state, verified_digest
 from node.training.codec import CodecLimits
 from node.training.config import named_config
 from node.training.errors import CheckpointError
@@ -48,7 +48,12 @@ def hops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Replayer, EvidenceAr
     worker = StageWorker(plan, 1, SETTINGS, seed=5)
     worker.step_count = ITERATION
     archive = EvidenceArchive(tmp_path_factory.mktemp("evidence"), keep_epochs=2)
-    archive.keep_state(0, ITERATION, lambda path: save_part_state(worker, path, weights_only=True))
+    archive.keep_state(
+        0,
+        ITERATION,
+        lambda path: save_part_state(worker, path, weights_only=True),
+        lambda kept: holds_state_of(kept, worker, weights_only=True),
+    )
     generator = torch.Generator().manual_seed(1)
     activation = torch.randn(2, 16, plan.config.d_model, generator=generator)
     grad = torch.randn(2, 16, plan.config.d_model, generator=generator)

@@ -30,7 +30,7 @@ from node.runtime.flow.service import FlowService
 from node.runtime.replicas.averaging import GradientAverager
 from node.store.evidence import EvidenceArchive
 from node.training import codec
-from node.training.checkpoint import save_part_state
+from node.training.checkpoint import holds_state_of, save_part_state
 from node.training.codec import CodecLimits
 from node.training.stage_worker import StageWorker
 
@@ -81,6 +81,9 @@ class RelayRole:
     _ending: trio.Lock = field(default_factory=trio.Lock)
     _ended: tuple[int, bytes] = (-1, b"")  # the latest iteration ended, and its reply
     _closing: int = -1  # the latest iteration whose end began: its hops are computed no more
+    #: (epoch, iteration) -> the weights' version when their kept state was last checked, and
+    #: whether it is these weights (``_keep_state``).
+    _kept: dict[tuple[int, int], tuple[tuple[int, ...], bool]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
@@ -126,13 +129,45 @@ class RelayRole:
         return grad_frame
 
     def _keep_state(self, header: HopHeader) -> None:
-        # In the compute thread, which the step also runs in: the state is this iteration's.
-        if self.evidence is not None:
+        """Keep the state of the hop's iteration for auditors, and decline the hop unless that
+        kept state is the very weights it is about to be computed with: a hop that does not
+        replay from its worker's kept weights is a wrong tensor, and its worker is slashed.
+
+        In the compute thread, which every change of the weights runs in too (the step, a
+        resync's load), so nothing changes them between this check and the hop. The first hop
+        of an (epoch, iteration) keeps the state, or finds one this node kept before (a
+        previous process of it, restarted) and checks that it holds these weights; a later hop
+        checks that the weights have not changed since (``weights_version``, at no cost). Other
+        weights than the kept ones (a replica's state loaded at the same step, a previous
+        process's different ones) cannot be vouched for: the hop goes to another replica."""
+        if self.evidence is None:
+            return
+        key = (header.epoch, header.iteration)
+        version = self.worker.weights_version()
+        known = self._kept.get(key)
+        if known is None or known[0] != version:
             worker = self.worker
-            self.evidence.keep_state(
+            current = self.evidence.keep_state(
                 header.epoch,
                 header.iteration,
                 lambda path: save_part_state(worker, path, weights_only=True),
+                lambda kept: holds_state_of(kept, worker, weights_only=True),
+            )
+            if not current:
+                log.warning(
+                    "stage %s relay declines the hops of iteration %s: the state it kept of "
+                    "that iteration (epoch %s) is not the weights it holds now",
+                    self.stage,
+                    header.iteration,
+                    header.epoch,
+                )
+            # Only the iteration in progress is ever checked again.
+            self._kept = {k: v for k, v in self._kept.items() if k[1] == header.iteration}
+            known = self._kept[key] = (version, current)
+        if not known[1]:
+            raise Decline(
+                f"hop of iteration {header.iteration} at a stage {self.stage} relay whose "
+                "weights are not the state it kept of that iteration; send it to another replica"
             )
 
     def _keep_frames(self, header: HopHeader, frame: bytes, out_frame: bytes) -> None:
