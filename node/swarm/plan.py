@@ -35,7 +35,8 @@ Swarm file::
              identity and node.join = true: a relay loads its stage's state, a data node asks
              the run's data nodes to take it back in),
              crash_on = [{stage = 1, direction = "forward", iteration = 1}] (fault injection:
-             the first honest relay of that stage to get such a hop dies by SIGKILL mid-hop; with
+             the first relay of that stage to get such a hop dies by SIGKILL mid-hop (never a
+             cheater, nor a node a kill event names); with
              when = "after_ack" it dies once it has computed and acknowledged the hop, before
              sending its output on: the loss no sender sees),
              crash_rate_per_hour = 0.0 (relays killed at random at this rate), seed = 0

@@ -74,8 +74,13 @@ def start_node(
     command += ["--status-file", str(status_file)]
     if start_file is not None:
         command += ["--start-file", str(start_file)]
-    # Fault injection kills honest relays only: a cheater's fraud is what the audit must find.
-    injectable = settings["node"]["role"] == "relay" and name not in plan.swarm["cheaters"]
+    # Fault injection kills honest relays the schedule leaves alone: a cheater's fraud is what
+    # the audit must find, and a node the schedule kills (and may restart) must be alive then.
+    scheduled = {str(event["kill"]) for event in plan.churn["events"] if "kill" in event}
+    injectable = settings["node"]["role"] == "relay" and name not in {
+        *plan.swarm["cheaters"],
+        *scheduled,
+    }
     crash_on = crash_rule(plan, stage) if injectable else None
     if crash_on is not None:
         command += ["--crash-on", json.dumps(crash_on)]
@@ -368,6 +373,7 @@ def _apply(plan: SwarmPlan, event: dict[str, Any], at_s: float, log: IO[bytes] |
 
 def _restart(plan: SwarmPlan, name: str, at_s: float, log: IO[bytes] | None) -> None:
     """Start a killed node again from its settings file, with its identity, as a joiner."""
+    _record_injected_crashes(plan)  # before its dead process is forgotten
     proc = plan.procs.get(name)
     if proc is None or proc.popen.poll() is None:
         return  # never started, or still running (its kill came later than planned)
