@@ -7,15 +7,12 @@ certificate reported unchecked."""
 from __future__ import annotations
 
 import json
-import queue
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
 from contracts.certificate_tree import CertificateTree
 from node.chain.deployment import DevnetInfo, write_devnet_file
@@ -35,6 +32,7 @@ from node.store.hops import HopStore
 from tests.contracts.conftest import Certified, Staffed
 from tests.contracts.test_disputes import certified_with, one_hop
 from tests.contracts.world import STAGES, UNITS_PER_HOP, NodeKey
+from tests.served import served_in_a_thread
 
 
 @pytest.fixture
@@ -66,29 +64,21 @@ def serving_data_node(
     terms = ReceiptTerms(s.run, s.w.ledger_domain, STAGES, UNITS_PER_HOP)
     trees = {0: tree} if tree is not None else {}
     server = ReceiptServer(HopStore(open_database(f"sqlite:///{db}")), terms, trees.get, cheat)
-    address: queue.Queue[str] = queue.Queue()
-    stop = threading.Event()
 
     async def refuse(_peer: str) -> bool:
         return False
 
-    async def serve() -> None:
+    @asynccontextmanager
+    async def hosts() -> AsyncIterator[str]:
         async with running_host(identity_from_key(node.private_key)) as host:
             rpc = RequestResponse(host, admit=refuse)
             server.serve(rpc, timeout_s=5.0)
             if evidence is not None:
                 serve_evidence(rpc, evidence, s.run, timeout_s=5.0)
-            address.put(full_address(host))
-            while not stop.is_set():
-                await trio.sleep(0.05)
+            yield full_address(host)
 
-    thread = threading.Thread(target=trio.run, args=(serve,), daemon=True)
-    thread.start()
-    try:
-        yield address.get(timeout=30)
-    finally:
-        stop.set()
-        thread.join(timeout=10)
+    with served_in_a_thread(hosts) as address:
+        yield address
 
 
 def audit(

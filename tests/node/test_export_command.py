@@ -8,11 +8,9 @@ unreachable peers are each one line with their exit code."""
 from __future__ import annotations
 
 import json
-import queue
 import tempfile
-import threading
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import AsyncExitStack, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +50,7 @@ from node.training.settings import TrainingSettings
 from node.training.trainer import PartTrainer
 from tests.node.conftest import TEST_GAS_LIMIT
 from tests.node.test_cli import assert_one_line_error
+from tests.served import served_in_a_thread
 
 ETH = 10**18
 STAGES = 2
@@ -135,10 +134,9 @@ class Served:
 def serving(port: ChainPort, run_id: int, nodes: list[Served]) -> Iterator[list[str]]:
     """Each node's own libp2p host serving its state, admitting only the run's nodes as the
     chain has them; yields their addresses."""
-    addresses: queue.Queue[list[str]] = queue.Queue()
-    stop = threading.Event()
 
-    async def serve() -> None:
+    @asynccontextmanager
+    async def hosts() -> AsyncIterator[list[str]]:
         async with AsyncExitStack() as stack:
             found = []
             for node in nodes:
@@ -151,17 +149,10 @@ def serving(port: ChainPort, run_id: int, nodes: list[Served]) -> Iterator[list[
                     assert node.source is not None
                     serve_weights(rpc, node.source, 5.0)
                 found.append(full_address(host))
-            addresses.put(found)
-            while not stop.is_set():
-                await trio.sleep(0.05)
+            yield found
 
-    thread = threading.Thread(target=trio.run, args=(serve,), daemon=True)
-    thread.start()
-    try:
-        yield addresses.get(timeout=30)
-    finally:
-        stop.set()
-        thread.join(timeout=10)
+    with served_in_a_thread(hosts) as addresses:
+        yield addresses
 
 
 def honest(run: RunNodes, pipeline: LocalPipeline) -> list[Served]:
