@@ -514,6 +514,14 @@ def _serve_control(
             return await role.sender.resume_backward(message)
         if isinstance(message, control.Trace):
             return role.trace(message)
+        if isinstance(message, control.RedoBack):
+            return await role.sender.redo_backward(peer, message)
+        if isinstance(message, control.Holds | control.ExpectRedo):
+            if not isinstance(role, RelayRole):
+                raise ProtocolError("a data node holds no stage's gradient")
+            if isinstance(message, control.Holds):
+                return await role.holds(message)
+            return role.expect_redo(peer, message)
         if isinstance(
             message, control.Shard | control.BatchDone | control.IterationEnded | control.Rejoin
         ):

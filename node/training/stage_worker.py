@@ -2,8 +2,10 @@
 
 ``forward(m, x)`` keeps exactly what ``backward(m, grad)`` needs (the input leaf and the output
 graph) in a table keyed by microbatch id; ``backward`` accumulates the stage's gradient and
-returns the gradient for upstream; ``drop(m)`` forgets an abandoned microbatch. Every check on a
-peer's tensor happens before any state changes, so a bad tensor leaves the worker usable.
+returns the gradient for upstream; ``drop(m)`` forgets an abandoned microbatch; ``accumulated``
+names the microbatches whose gradient the accumulation holds until the next step or discard.
+Every check on a peer's tensor happens before any state changes, so a bad tensor leaves the
+worker usable.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ class StageWorker(PartTrainer):
         self.config = plan.config
         self.span = span
         self._saved: dict[int, SavedForward] = {}
+        #: Microbatches whose backward the accumulated gradient holds (since the last step).
+        self.accumulated: set[int] = set()
 
     @property
     def in_flight(self) -> tuple[int, ...]:
@@ -107,8 +111,13 @@ class StageWorker(PartTrainer):
         grad = self.device.to_device(output_grad).to(saved.outputs.dtype)
         torch.autograd.backward(saved.outputs, grad)
         self.microbatch_count += 1
+        self.accumulated.add(microbatch_id)
         assert saved.inputs.grad is not None  # inputs is a leaf that requires grad
         return self.device.to_host(saved.inputs.grad)
+
+    def discard_gradients(self) -> None:
+        super().discard_gradients()
+        self.accumulated.clear()
 
     def drop(self, microbatch_id: int) -> bool:
         """Forget an abandoned microbatch's saved state; returns whether any was held."""

@@ -14,6 +14,12 @@ mistyped field is a ``ProtocolError`` (charged to the sender by the rpc layer).
     {"type": "trace_back", ... the fields of trace}         -> the same, of the backward
     {"type": "resume_back", "iteration": int,
      "microbatch": int, "dead": peer id}                    -> {"ok": bool, "why": str}
+    {"type": "holds", "iteration": int, "first": int,
+     "count": int}                                          -> {"ok": true, "stage": int,
+                                                                "step": int, "held": [int]}
+    {"type": "expect_redo", "iteration": int,
+     "microbatch": int, "sender": peer id}                  -> {"ok": bool, "why": str}
+    {"type": "redo_back", ... the fields of resend}         -> {"ok": bool, "why": str}
     {"type": "loads"}                                       -> {"ok": true, "loads": [[peer id,
                                                                 address, stage, capacity,
                                                                 spare], ...]}
@@ -33,6 +39,12 @@ data nodes train the next iteration; take the sender (back) into the run.
 A trace's ``state`` is one of ``TRACE_STATES`` (``TRACE_BACK_STATES`` for ``trace_back``): what
 the asked node knows of the microbatch's forward (backward); ``next`` names whom it delivered it
 to when ``sent``.
+``holds`` and ``redo_back`` save the gradients a dead replica held (``gradient_redo.py``): which
+of the microbatches ``first .. first + count - 1`` (at most ``MAX_HOLDS``) the asked relay's
+accumulated gradient holds (``held``: offsets from ``first``); accept a redone gradient of a
+microbatch you hold the forward of from ``sender``; send the gradient you keep of a microbatch
+to ``to``, to be accumulated there and kept, not sent on. Only a microbatch's origin may ask the
+last two.
 """
 
 from __future__ import annotations
@@ -55,6 +67,8 @@ MAX_COMPUTE_MS = 1e7
 
 
 MAX_REPLICAS = 64
+#: Microbatches one ``holds`` request may ask about: its reply stays within ``MAX_BYTES``.
+MAX_HOLDS = 1024
 
 
 @dataclass(frozen=True)
@@ -127,6 +141,38 @@ class ResumeBack:
 
 
 @dataclass(frozen=True)
+class Holds:
+    """Which of the microbatches ``first .. first + count - 1`` of ``iteration`` does your
+    accumulated gradient hold? Asked of every relay before an iteration ends."""
+
+    iteration: int
+    first: int
+    count: int
+
+
+@dataclass(frozen=True)
+class ExpectRedo:
+    """Accept one redone gradient of this microbatch from ``sender`` (``RedoBack``): a dead
+    replica of your stage held it. You hold its forward (re-sent to you just before)."""
+
+    iteration: int
+    microbatch: int
+    sender: str
+
+
+@dataclass(frozen=True)
+class RedoBack:
+    """Send the gradient you keep of a microbatch to ``to``, flagged as a redo: ``to`` holds
+    the forward (re-sent to it just before) and accumulates the gradient a dead replica of its
+    stage held; it keeps the gradient for its input and sends nothing on."""
+
+    iteration: int
+    microbatch: int
+    to: str
+    attempt: int
+
+
+@dataclass(frozen=True)
 class Shard:
     """(Between data nodes.) Which shard of each iteration's microbatches do you start?"""
 
@@ -170,6 +216,9 @@ ControlRequest = (
     | Trace
     | TraceBack
     | ResumeBack
+    | Holds
+    | ExpectRedo
+    | RedoBack
     | Shard
     | BatchDone
     | IterationEnded
@@ -184,6 +233,9 @@ _TYPES: dict[str, type[Any]] = {
     "trace": Trace,
     "trace_back": TraceBack,
     "resume_back": ResumeBack,
+    "holds": Holds,
+    "expect_redo": ExpectRedo,
+    "redo_back": RedoBack,
     "shard": Shard,
     "batch_done": BatchDone,
     "iteration_ended": IterationEnded,
@@ -199,6 +251,9 @@ _FIELDS: dict[type[Any], dict[str, type]] = {
     Trace: {"iteration": int, "microbatch": int},
     TraceBack: {"iteration": int, "microbatch": int},
     ResumeBack: {"iteration": int, "microbatch": int, "dead": str},
+    Holds: {"iteration": int, "first": int, "count": int},
+    ExpectRedo: {"iteration": int, "microbatch": int, "sender": str},
+    RedoBack: _RESEND_FIELDS,
     Shard: {},
     BatchDone: {"iteration": int},
     IterationEnded: {"iteration": int, "relays_stepped": int, "members": list},
@@ -242,6 +297,8 @@ def decode_request(data: bytes) -> ControlRequest:
             ):
                 raise ProtocolError(f"control field {name} must be a short list of peer ids")
             raw[name] = tuple(value)
+    if cls is Holds and not 0 < raw["count"] <= MAX_HOLDS:
+        raise ProtocolError(f"a holds request asks about 1..{MAX_HOLDS} microbatches")
     request: ControlRequest = cls(**raw)
     return request
 

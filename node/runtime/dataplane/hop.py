@@ -49,6 +49,10 @@ FLAG_LENT = 4
 #: The hop has a receipt: its worker's input digest and signature follow the header
 #: (``ReceiptInput``).
 FLAG_RECEIPTED = 8
+#: The receiver accumulates a backward that a dead replica of its stage had accumulated, keeps
+#: the gradient for its input and sends nothing on (``gradient_redo.py``): no receipt, no step
+#: of the microbatch beyond it.
+FLAG_REDO = 16
 
 ATTEMPT_BLOCK = 256
 

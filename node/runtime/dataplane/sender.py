@@ -24,6 +24,7 @@ from node.runtime.dataplane import control
 from node.runtime.dataplane.exchange import DataPlane, HopRecord
 from node.runtime.dataplane.hop import (
     BACKWARD,
+    FLAG_REDO,
     FLAG_REPAIR,
     HopHeader,
     resend_attempt,
@@ -57,6 +58,12 @@ class HopStats:
     stages_not_stepped: int = 0  # a data node: (iteration, stage) pairs with no replica stepping
     taken_back_in: int = 0  # a data node: times it was left out while alive and asked back in
     microbatches_on_loans: int = 0  # a data node: started on a flow another data node lent it
+    # A data node: (microbatch, stage) gradients a dead replica held, redone on a live one;
+    # lost all the same (no live replica, or the redo failed); held by two replicas.
+    gradients_redone: int = 0
+    gradients_lost: int = 0
+    gradients_duplicated: int = 0
+    microbatches_redone: int = 0  # a data node: microbatches with a stage's gradient redone
     # A relay's ends of iteration (seconds, summed): all of it, and the averaging exchange in it.
     ending_s: float = 0.0
     averaging_s: float = 0.0
@@ -217,6 +224,23 @@ class HopSender:
         try:
             await self.send_backward(record)
         except (PeerUnavailable, ProtocolError) as exc:
+            return control.encode_reply(False, why=str(exc))
+        return control.encode_reply(True)
+
+    async def redo_backward(self, asker: str, request: control.RedoBack) -> bytes:
+        """Send the gradient kept of a microbatch to ``request.to`` as a redo, when its origin
+        (``asker``) asks: it stands in for a dead replica of the stage before this node's."""
+        record = self.passed.get((request.iteration, request.microbatch))
+        if record is None:
+            return control.encode_reply(False, why="no gradient of that microbatch kept here")
+        if record.header.origin != asker:
+            raise ProtocolError(f"peer {asker} asks for a redo of a microbatch not its own")
+        path = list(record.header.path)
+        path[record.header.stage] = request.to
+        redo = record.header.onward(path=tuple(path), attempt=request.attempt, flags=FLAG_REDO)
+        try:
+            await self.plane.send(request.to, redo, record.frame)
+        except PeerUnavailable as exc:
             return control.encode_reply(False, why=str(exc))
         return control.encode_reply(True)
 

@@ -7,9 +7,11 @@ the lost hop (``stall_repair.py``), and re-starts a microbatch only when it stal
 deadline with nothing to repair (a new attempt; the summary counts it). Sink: computes the loss
 of a microbatch that finished its forward and sends the gradient back along the recorded path
 (repairing the last hop if that relay died), keeping it until the iteration ends. When every
-microbatch of the iteration is done it probes the relays, asks every live one to average and
-step (``relay_roster.py``), steps its own part, warns about (and counts) any stage none of
-whose replicas stepped, and starts the next iteration.
+microbatch of its share is done it has the gradients a dead replica held redone on a live one
+(``gradient_redo.py``: the stages average every microbatch's gradient, as the whole model
+would), probes the relays, asks every live one to average and step
+(``relay_roster.py``), steps its own part, warns about (and counts) any stage none of whose
+replicas stepped, and starts the next iteration.
 
 Several data nodes can share a run (``shards``): each starts its own shard of every iteration's
 microbatches (ids ``(iteration * shards + shard) * batch + j``) and computes their loss (a
@@ -33,6 +35,7 @@ from node.p2p.rpc import Decline, PeerUnavailable
 from node.runtime.dataplane import control
 from node.runtime.dataplane.compute import T, in_worker_thread
 from node.runtime.dataplane.exchange import DataPlane
+from node.runtime.dataplane.gradient_redo import GradientRedo
 from node.runtime.dataplane.hop import (
     BACKWARD,
     FLAG_REPAIR,
@@ -80,6 +83,10 @@ class IterationResult:
     #: Stages none of whose replicas stepped this iteration: their part learned nothing.
     stages_not_stepped: tuple[int, ...] = ()
     epoch: int = 0  # the run's epoch the iteration's hops are receipted in
+    #: (microbatch, stage) gradients a dead replica held, redone on a live one / lost anyway.
+    gradients_redone: int = 0
+    gradients_lost: int = 0
+    microbatches_redone: int = 0
 
 
 @dataclass
@@ -94,6 +101,10 @@ class DataRole:
     stats: HopStats = field(default_factory=HopStats)
     limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(1))
     embedded: dict[tuple[int, int], tuple[HopHeader, bytes]] = field(default_factory=dict)
+    #: Of each microbatch done this iteration: its embedding output (a redo of stage 1 starts
+    #: from it) and the path of its final backward (who computed each stage's gradient).
+    embedded_done: dict[tuple[int, int], tuple[HopHeader, bytes]] = field(default_factory=dict)
+    paths: dict[tuple[int, int], tuple[str, ...]] = field(default_factory=dict)
     first_hops: dict[tuple[int, int], str] = field(default_factory=dict)  # who took the embedding
     attempts: dict[tuple[int, int], int] = field(default_factory=dict)  # next attempt number
     losses: dict[tuple[int, int], float] = field(default_factory=dict)
@@ -133,6 +144,16 @@ class DataRole:
             self._take_attempt,
             self.roster.probe_deadline_s,
             self.roster.replicas_of,
+        )
+        self.redo = GradientRedo(
+            self.plane,
+            self.roster.reachable,
+            self.roster.gone,
+            self.roster.probe_deadline_s,
+            self._take_attempt,
+            self.handle_resend,
+            lambda request: self.sender.redo_backward(self.node_id, request),
+            self.stats,
         )
 
     @property
@@ -174,7 +195,8 @@ class DataRole:
             if key not in self.embedded:
                 raise Decline(f"gradient for microbatch {header.microbatch_id}, not in flight")
             await self._run(self.worker.backward_embedding, header.microbatch_id, tensor)
-            del self.embedded[key]
+            self.embedded_done[key] = self.embedded.pop(key)
+            self.paths[key] = header.path
             event = self.done.get(key)
             if event is not None:
                 event.set()
@@ -183,7 +205,7 @@ class DataRole:
 
     async def handle_resend(self, request: control.Resend) -> bytes:
         key = (request.iteration, request.microbatch)
-        entry = self.embedded.get(key)
+        entry = self.embedded.get(key) or self.embedded_done.get(key)
         if entry is None:
             return control.encode_reply(False, why="microbatch not in flight here")
         header, frame = entry
@@ -274,7 +296,6 @@ class DataRole:
                         f"microbatch {microbatch_id} failed {failed} times; the swarm has no "
                         "working path through every stage — start more relays"
                     )
-            self.attempts.pop(key, None)
             self.first_hops.pop(key, None)
 
         # Every source slot of this data node (one per unit of its capacity), routed or not (a
@@ -291,9 +312,13 @@ class DataRole:
             self.pool.all_started()
         if left_out:
             for microbatch_id in pending:
-                self.losses.pop((iteration, microbatch_id), None)
+                for kept in (self.losses, self.embedded_done, self.paths, self.attempts):
+                    kept.pop((iteration, microbatch_id), None)
             raise left_out[0]
         ending = trio.current_time()
+        redo = await self.redo.save_lost(
+            iteration, first, {m: self.paths[(iteration, m)] for m in pending}
+        )
         data_nodes = await self.peers.agree_done(iteration) if self.peers else [self.node_id]
         try:
             async with trio.open_nursery() as nursery:
@@ -323,6 +348,9 @@ class DataRole:
         loss = sum(self.losses.pop(k) for k in keys) / len(keys)
         for key in keys:
             self.sender.passed.pop(key, None)
+            self.embedded_done.pop(key, None)
+            self.paths.pop(key, None)
+            self.attempts.pop(key, None)
         result = IterationResult(
             iteration,
             loss,
@@ -333,6 +361,9 @@ class DataRole:
             end_s,
             idle,
             self.epoch,
+            redo.redone,
+            redo.lost,
+            redo.microbatches_redone,
         )
         self.iterating = False
         self.results.append(result)

@@ -4,9 +4,11 @@ Forward: compute, keep the input and output until the backward comes, send the o
 hop that the flow table maps the incoming flow to (another next-stage replica if that one does not
 acknowledge). Backward: compute, send the gradient to the previous node of the recorded path,
 repairing that hop if the node is dead (``hop_sender.py``). Answers traces and re-send requests
-for what it keeps. A hop of a later iteration than its weights' is held while the relay loads
-its replicas' state; one it cannot compute with the right weights is declined. End of
-iteration: average with the stage's live replicas and step.
+for what it keeps (each forward's output and each gradient sent, until the iteration ends), and
+takes part in redoing the gradients a dead replica of its stage held (``gradient_redo.py``).
+A hop of a later iteration than its weights' is held while the relay loads its replicas' state;
+one it cannot compute with the right weights is declined. End of iteration: average with the
+stage's live replicas and step.
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from node.p2p.rpc import Decline, PeerUnavailable
 from node.runtime.dataplane import control
 from node.runtime.dataplane.compute import T, in_worker_thread
 from node.runtime.dataplane.exchange import DataPlane
-from node.runtime.dataplane.hop import FLAG_REPAIR, FLAG_RESUME, FORWARD, HopHeader, frame_digest
+from node.runtime.dataplane.hop import (
+    FLAG_REDO,
+    FLAG_REPAIR,
+    FLAG_RESUME,
+    FORWARD,
+    HopHeader,
+    frame_digest,
+)
 from node.runtime.dataplane.sender import HopSender, HopStats
 from node.runtime.flow.routing import SwarmWiring
 from node.runtime.flow.service import FlowService
@@ -39,7 +48,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Buffered:
-    """What a relay keeps of a microbatch until its backward is through."""
+    """What a relay keeps of a microbatch's forward until the iteration ends."""
 
     header: HopHeader  # the forward hop as received
     output_frame: bytes
@@ -84,6 +93,8 @@ class RelayRole:
     #: (epoch, iteration) -> the weights' version when their kept state was last checked, and
     #: whether it is these weights (``_keep_state``).
     _kept: dict[tuple[int, int], tuple[tuple[int, ...], bool]] = field(default_factory=dict)
+    #: (iteration, microbatch) -> the node its origin said a redone gradient comes from.
+    _redo_from: dict[tuple[int, int], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
@@ -104,13 +115,52 @@ class RelayRole:
             if sends_on:
                 self.nursery.start_soon(self._send_forward, header, out_frame, frame_digest(frame))
         else:
+            redo = bool(header.flags & FLAG_REDO)
+            if redo:
+                self._check_redo(header)
             grad_frame = await self._run(
                 self._in_step, header.iteration, self._backward, header, frame, tensor
             )
-            self.buffers.pop(key, None)
             onward = header.onward(stage=header.stage - 1, flags=0)
             record = self.sender.pass_back(onward, grad_frame, frame_digest(frame))
-            self.nursery.start_soon(self.sender.send_backward_or_log, record)
+            if not redo:  # a redone gradient is kept for the stage before's redo, if any
+                self.nursery.start_soon(self.sender.send_backward_or_log, record)
+
+    def _check_redo(self, header: HopHeader) -> None:
+        """A redone gradient is taken once, from the node the microbatch's origin named, and
+        never for a microbatch whose gradient this relay holds already (it would count twice)."""
+        key = (header.iteration, header.microbatch_id)
+        if self._redo_from.pop(key, None) != header.path[header.stage + 1]:
+            raise ProtocolError(f"redone gradient of microbatch {key[1]} nobody announced")
+        if header.microbatch_id in self.worker.accumulated:
+            raise Decline(f"the gradient of microbatch {key[1]} is held here already")
+
+    def expect_redo(self, asker: str, request: control.ExpectRedo) -> bytes:
+        """Accept a redone gradient from ``request.sender``, if the microbatch's origin asks
+        and this relay holds the microbatch's forward."""
+        key = (request.iteration, request.microbatch)
+        buffered = self.buffers.get(key)
+        if buffered is None:
+            return control.encode_reply(False, why="no forward of that microbatch held here")
+        if buffered.header.origin != asker:
+            raise ProtocolError(f"peer {asker} announces a redo of a microbatch not its own")
+        self._redo_from[key] = request.sender
+        return control.encode_reply(True)
+
+    async def holds(self, request: control.Holds) -> bytes:
+        """Which of the asked microbatches this relay's accumulated gradient holds (read in the
+        compute thread, which adds to it)."""
+
+        def held() -> list[int]:
+            if self.worker.step_count != request.iteration or self.resyncing:
+                return []
+            end = request.first + request.count
+            return sorted(m - request.first for m in self.worker.accumulated
+                          if request.first <= m < end)  # fmt: skip
+
+        offsets = await self._run(held)
+        step = self.worker.step_count
+        return control.encode_reply(True, stage=self.stage, step=step, held=offsets)
 
     def _forward(self, header: HopHeader, frame: bytes, tensor: torch.Tensor) -> bytes:
         self._keep_state(header)
@@ -283,6 +333,7 @@ class RelayRole:
         """The iteration is over: nothing kept for its repairs is needed any more."""
         self.buffers.clear()
         self.sender.passed.clear()
+        self._redo_from.clear()
 
     async def _resync(self) -> None:
         """Load the replicas' state until this relay has caught up with the latest round.

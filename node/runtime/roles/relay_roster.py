@@ -54,6 +54,12 @@ class RelayRoster:
             self.unreachable.discard(peer_id)
             self.returned.add(peer_id)
 
+    def gone(self, relay: str) -> None:
+        """``relay`` failed a liveness check: no iteration's end waits for it until it is heard
+        from again."""
+        self.unreachable.add(relay)
+        self.flow.dispatch(self.flow.node.peer_dead(relay, trio.current_time()))
+
     def believed(self) -> dict[str, int]:
         """Relay -> stage, for every relay that may be alive: those the flow protocol knows alive
         (only stage 1 and the last stage: its neighbours), and those discovery found that it
@@ -72,6 +78,16 @@ class RelayRoster:
                     stage_of.pop(peer.peer_id, None)
         return stage_of
 
+    async def reachable(self) -> dict[str, int]:
+        """``believed``, once what is open to a returned relay is dropped: py-libp2p may still
+        hold a connection to its old process, where requests go unanswered until their
+        deadline."""
+        stage_of = self.believed()
+        for relay in sorted(self.returned & set(stage_of)):
+            await self.plane.rpc.drop_peer(ID.from_base58(relay))
+            self.returned.discard(relay)
+        return stage_of
+
     def replicas_of(self, stage: int) -> list[str]:
         """The relays of ``stage`` that may be alive (1..S; the sink stage S+1 has none)."""
         return sorted(relay for relay, at in self.believed().items() if at == stage)
@@ -84,12 +100,7 @@ class RelayRoster:
     async def end_iteration(self, iteration: int, reply_timeout_s: float) -> dict[int, int]:
         """Ask every live relay to average with its stage's live replicas and step (each within
         ``reply_timeout_s``); returns how many replicas of each stage stepped."""
-        stage_of = self.believed()
-        for relay in sorted(self.returned & set(stage_of)):
-            # py-libp2p may still hold a connection to the old process, where requests go
-            # unanswered until their deadline.
-            await self.plane.rpc.drop_peer(ID.from_base58(relay))
-            self.returned.discard(relay)
+        stage_of = await self.reachable()
         alive = await self.probe(sorted(stage_of))
         self.unreachable.update(set(stage_of) - set(alive))
         by_stage: dict[int, list[str]] = {}
@@ -129,7 +140,7 @@ class RelayRoster:
                     continue
                 answered.append(relay)
                 return
-            self.flow.dispatch(self.flow.node.peer_dead(relay, trio.current_time()))
+            self.gone(relay)
 
         async with trio.open_nursery() as nursery:
             for relay in relays:

@@ -1,0 +1,303 @@
+"""Saving the gradients a dead replica held, before its stage averages.
+
+A relay accumulates the gradient of every microbatch whose backward it computes until its stage
+averages at the iteration's end. If it dies first (or comes back as a new process), those
+gradients are gone while their microbatches count as done: the stage's average would leave them
+out and training would drift from the whole model. So once every microbatch of its share is
+done, and before the relays end the iteration, a data node asks every relay which of its
+microbatches its accumulated gradient holds (``Holds``). A (microbatch, stage) that no live
+replica in step holds is lost; it is redone from what the neighbours keep until the iteration
+ends, on a live replica of that stage:
+
+* forward: the node before it (the data node for stage 1) re-sends its kept forward output to
+  the replica as a repair (``Resend``): it computes the forward and holds it;
+* backward: the replica is told to expect the redo from the node after it, which sends it the
+  gradient it keeps (``ExpectRedo``, ``RedoBack``; the data node for the last stage): the
+  replica accumulates it and keeps the gradient for its input, sending nothing on.
+
+Consecutive lost stages of one microbatch are redone as a run: the forward through each in turn,
+then the backward back up to the first, each replica handing on what it computed. Only the lost
+stages compute again, never a whole microbatch. A (microbatch, stage) held by two replicas (a
+backward computed twice around a peer that looked dead) is counted, not fixed.
+
+The plan is pure (``plan_redo``); ``GradientRedo`` asks the nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import trio
+
+from gwtf.errors import ProtocolError
+from node.runtime.dataplane import control
+from node.runtime.dataplane.exchange import DataPlane
+from node.runtime.dataplane.sender import HopStats
+
+log = logging.getLogger(__name__)
+
+#: Redo runs in flight at once: each holds a forward on its replicas until its backward.
+MAX_CONCURRENT_RUNS = 2
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A relay's answer to ``Holds``: its stage, its step, the microbatches its gradient holds."""
+
+    stage: int
+    step: int
+    held: frozenset[int]
+
+
+@dataclass(frozen=True)
+class RedoRun:
+    """Stages ``first..last`` of ``microbatch`` are lost: redo them on ``replicas`` (one per
+    stage, in order)."""
+
+    microbatch: int
+    first: int
+    last: int
+    replicas: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RedoPlan:
+    runs: tuple[RedoRun, ...]
+    #: (microbatch, stage) lost with no live replica in step to redo it on.
+    unsaved: tuple[tuple[int, int], ...] = ()
+    #: (microbatch, stage) whose gradient two or more live replicas hold.
+    duplicated: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass
+class RedoReport:
+    redone: int = 0  # (microbatch, stage) gradients computed again on a live replica
+    lost: int = 0  # (microbatch, stage) gradients no replica holds after the redo
+    duplicated: int = 0
+    microbatches_redone: int = 0  # microbatches with at least one stage redone
+
+
+def plan_redo(
+    microbatches: Sequence[int], stages: int, iteration: int, answers: Mapping[str, Answer]
+) -> RedoPlan:
+    """Which (microbatch, stage) gradients no live replica in step holds, grouped in runs of
+    consecutive stages, each stage given the live replica with the least work (what it holds
+    plus what it was given so far; ties by id)."""
+    in_step = {peer: a for peer, a in answers.items() if a.step == iteration}
+    load = {peer: len(a.held) for peer, a in in_step.items()}
+    replicas = {
+        stage: sorted(peer for peer, a in in_step.items() if a.stage == stage)
+        for stage in range(1, stages + 1)
+    }
+    runs: list[RedoRun] = []
+    unsaved: list[tuple[int, int]] = []
+    duplicated: list[tuple[int, int]] = []
+    for microbatch in sorted(microbatches):
+        lost = []
+        for stage in range(1, stages + 1):
+            holders = [p for p in replicas[stage] if microbatch in in_step[p].held]
+            if len(holders) > 1:
+                duplicated.append((microbatch, stage))
+            if not holders:
+                lost.append(stage)
+        for first, last in _consecutive(lost):
+            chosen = []
+            for stage in range(first, last + 1):
+                if not replicas[stage]:
+                    break
+                peer = min(replicas[stage], key=lambda p: (load[p], p))
+                load[peer] += 1
+                chosen.append(peer)
+            if len(chosen) == last - first + 1:
+                runs.append(RedoRun(microbatch, first, last, tuple(chosen)))
+            else:
+                unsaved.extend((microbatch, stage) for stage in range(first, last + 1))
+    return RedoPlan(tuple(runs), tuple(unsaved), tuple(duplicated))
+
+
+def _consecutive(stages: Sequence[int]) -> list[tuple[int, int]]:
+    """[1, 2, 4] -> [(1, 2), (4, 4)]."""
+    runs: list[tuple[int, int]] = []
+    for stage in stages:
+        if runs and runs[-1][1] == stage - 1:
+            runs[-1] = (runs[-1][0], stage)
+        else:
+            runs.append((stage, stage))
+    return runs
+
+
+def decode_holds(data: bytes, stages: int, count: int) -> tuple[int, int, list[int]]:
+    """A ``Holds`` reply's stage, step and held offsets; anything malformed is a
+    ``ProtocolError``."""
+    raw = control.decode_reply(data)
+    stage, step, held = raw.get("stage"), raw.get("step"), raw.get("held")
+    if not (type(stage) is int and 1 <= stage <= stages and type(step) is int and step >= 0):
+        raise ProtocolError("holds reply without a relay stage and a step")
+    if not (isinstance(held, list) and len(held) <= count):
+        raise ProtocolError(f"holds reply without a list of at most {count} offsets")
+    if not all(type(m) is int and 0 <= m < count for m in held):
+        raise ProtocolError(f"holds reply with an offset outside 0..{count - 1}")
+    return stage, step, held
+
+
+Key = tuple[int, int]  # (iteration, microbatch id)
+
+
+@dataclass
+class GradientRedo:
+    """A data node's side: ask, plan, redo. ``relays`` lists every relay that may be alive
+    (relay -> stage); ``gone`` is told of each that does not answer."""
+
+    plane: DataPlane
+    relays: Callable[[], Awaitable[dict[str, int]]]
+    gone: Callable[[str], None]
+    timeout_s: Callable[[], float]
+    take_attempt: Callable[[Key], int]
+    #: This node's own answers: a re-send of its embedding output, a redo of its loss gradient.
+    resend_here: Callable[[control.Resend], Awaitable[bytes]]
+    redo_here: Callable[[control.RedoBack], Awaitable[bytes]]
+    stats: HopStats
+
+    @property
+    def node_id(self) -> str:
+        return self.plane.node_id
+
+    async def save_lost(
+        self, iteration: int, first: int, paths: Mapping[int, tuple[str, ...]]
+    ) -> RedoReport:
+        """Redo every lost gradient of the microbatches of ``paths`` (id -> the final backward's
+        path: origin, stage 1..S relays, sink), all of ``first .. first + len - 1``."""
+        answers = await self._ask_holds(iteration, first, paths)
+        plan = plan_redo(list(paths), self.plane.stages, iteration, answers)
+        report = RedoReport(duplicated=len(plan.duplicated), lost=len(plan.unsaved))
+        for microbatch, stage in plan.unsaved:
+            log.warning(
+                "gradient of microbatch %s at stage %s is lost: no live replica of the stage",
+                microbatch,
+                stage,
+            )
+        for microbatch, stage in plan.duplicated:
+            log.warning(
+                "gradient of microbatch %s at stage %s is held twice: it counts twice in the "
+                "stage's average",
+                microbatch,
+                stage,
+            )
+        limiter = trio.CapacityLimiter(MAX_CONCURRENT_RUNS)
+
+        async def redo(run: RedoRun) -> None:
+            async with limiter:
+                done = await self._redo(iteration, run, paths[run.microbatch])
+            report.redone += done
+            report.lost += run.last - run.first + 1 - done
+            report.microbatches_redone += done > 0
+
+        async with trio.open_nursery() as nursery:
+            for run in plan.runs:
+                nursery.start_soon(redo, run)
+        self.stats.gradients_redone += report.redone
+        self.stats.gradients_lost += report.lost
+        self.stats.gradients_duplicated += report.duplicated
+        self.stats.microbatches_redone += report.microbatches_redone
+        if plan.runs:
+            log.warning(
+                "iteration %s: %s gradient(s) that died with a replica redone on live replicas "
+                "(%s of %s microbatches), %s lost",
+                iteration,
+                report.redone,
+                report.microbatches_redone,
+                len(paths),
+                report.lost,
+            )
+        return report
+
+    async def _ask_holds(
+        self, iteration: int, first: int, paths: Mapping[int, tuple[str, ...]]
+    ) -> dict[str, Answer]:
+        """Every relay that may be alive, and every relay of the paths, asked twice."""
+        count = len(paths)
+        asked = set(await self.relays())
+        for path in paths.values():
+            asked.update(path[1:-1])
+        asked.discard(self.node_id)
+        answers: dict[str, Answer] = {}
+
+        async def ask(relay: str) -> None:
+            held: set[int] = set()
+            stage = step = -1
+            for start in range(0, count, control.MAX_HOLDS):
+                size = min(control.MAX_HOLDS, count - start)
+                request = control.Holds(iteration, first + start, size)
+                reply = await self._ask_twice(relay, request)
+                if reply is None:
+                    self.gone(relay)
+                    return
+                try:
+                    stage, step, offsets = decode_holds(reply, self.plane.stages, size)
+                except ProtocolError as exc:
+                    log.warning("relay %s answered holds with nonsense: %s", relay, exc)
+                    return
+                held.update(first + start + offset for offset in offsets)
+            answers[relay] = Answer(stage, step, frozenset(held))
+
+        async with trio.open_nursery() as nursery:
+            for relay in sorted(asked):
+                nursery.start_soon(ask, relay)
+        return answers
+
+    async def _ask_twice(self, relay: str, request: control.Holds) -> bytes | None:
+        for attempt in range(2):
+            try:
+                return await control.ask(self.plane.rpc, relay, request, self.timeout_s())
+            except ProtocolError as exc:
+                log.info("relay %s missed holds %s: %s", relay, attempt + 1, exc)
+        return None
+
+    async def _redo(self, iteration: int, run: RedoRun, path: tuple[str, ...]) -> int:
+        """Redo one run; returns how many of its stages' gradients were redone."""
+        key = (iteration, run.microbatch)
+        by_stage = dict(zip(range(run.first, run.last + 1), run.replicas, strict=True))
+        for stage, replica in by_stage.items():
+            before = path[run.first - 1] if stage == run.first else by_stage[stage - 1]
+            resend = control.Resend(iteration, run.microbatch, replica, self.take_attempt(key))
+            if not await self._ask(before, resend, self.resend_here):
+                return 0
+        done = 0
+        for stage in range(run.last, run.first - 1, -1):
+            replica = by_stage[stage]
+            after = path[run.last + 1] if stage == run.last else by_stage[stage + 1]
+            expect = control.ExpectRedo(iteration, run.microbatch, after)
+            redo = control.RedoBack(iteration, run.microbatch, replica, self.take_attempt(key))
+            if not await self._ask(replica, expect, None) or not await self._ask(
+                after, redo, self.redo_here
+            ):
+                break
+            done += 1
+        return done
+
+    async def _ask(
+        self,
+        node: str,
+        request: control.Resend | control.ExpectRedo | control.RedoBack,
+        here: Callable[..., Awaitable[bytes]] | None,
+    ) -> bool:
+        """Ask ``node`` (this node: ``here``) for one step of a redo; True when it did it."""
+        try:
+            if node == self.node_id:
+                assert here is not None, "a data node never stands in for a relay"
+                reply = await here(request)
+            else:
+                # The asked node sends a hop and waits for its ack: allow for both.
+                timeout_s = 4 * self.plane.ack_deadline_s
+                reply = await control.ask(self.plane.rpc, node, request, timeout_s)
+            answer = control.decode_reply(reply)
+        except ProtocolError as exc:
+            log.warning("redoing microbatch %s: %s failed: %s", request.microbatch, node, exc)
+            return False
+        if not answer["ok"]:
+            log.warning(
+                "redoing microbatch %s: %s said %s", request.microbatch, node, answer.get("why")
+            )
+        return bool(answer["ok"])
