@@ -463,7 +463,7 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
         "iterations": len(results),
         "microbatches": microbatches,
         # The mean over the data nodes that finished the iteration (each over its own shard).
-        "loss_per_iteration": [round(sum(v) / len(v), 5) for _, v in sorted(losses.items())],
+        "loss_per_iteration": [round(sum(v) / len(v), 8) for _, v in sorted(losses.items())],
         "throughput_mb_per_s": round(microbatches / train_s, 4) if train_s else 0.0,
         "training_time_s": round(train_s, 3),
         "wall_time_s": round(wall_s, 3),
@@ -475,6 +475,20 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
             "forward_repairs": sum(s.get("forward_repairs", 0) for s in stats),
             "gradient_resumes": sum(s.get("gradient_resumes", 0) for s in stats),
             "restarted_microbatches": sum(r["restarts"] for r in all_results),
+        },
+        # What the run asked (every data node's microbatches of every iteration) and what
+        # became of it; a gradient is one microbatch's at one stage. Redone: it died with a
+        # replica before its stage averaged and was computed again on a live one; lost: it
+        # died and could not be; duplicated: two replicas held it (it counted twice).
+        "work": {
+            "microbatches_asked": plan.run["iterations"]
+            * plan.run["microbatches_per_iteration"]
+            * plan.swarm["data_nodes"],
+            "microbatches_completed": microbatches,
+            "microbatches_redone": sum(s.get("microbatches_redone", 0) for s in stats),
+            "gradients_redone": sum(s.get("gradients_redone", 0) for s in stats),
+            "gradients_lost": sum(s.get("gradients_lost", 0) for s in stats),
+            "gradients_duplicated": sum(s.get("gradients_duplicated", 0) for s in stats),
         },
         # (iteration, stage) pairs in which no replica of the stage stepped: the relays of that
         # stage trained nothing that iteration, which a healthy swarm never shows.

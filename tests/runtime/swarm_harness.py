@@ -16,12 +16,11 @@ from node.runtime.dataplane.exchange import HopRecord
 from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
 from node.runtime.roles.data import IterationResult
 from node.training.config import named_config
-from node.training.data import MicrobatchSampler, load_default_corpus
-from node.training.partition import plan_partition
+from node.training.reference import whole_model_losses
 from node.training.settings import TrainingSettings
-from node.training.trainer import WholeModelTrainer
 
-MODEL = named_config("gpt", "tiny")
+MODEL_NAME = "gpt-tiny"
+MODEL = named_config(*MODEL_NAME.split("-"))
 STAGES = 2
 BATCH_SIZE = 2
 SEQ_LEN = 32
@@ -208,12 +207,13 @@ async def run_relay(config: LiveNodeConfig, swarm: Swarm) -> None:
 
 def reference_losses(iterations: int, batch: int, stages: int = STAGES) -> list[float]:
     """Whole-model training on the same microbatch ids: what the swarm must reproduce."""
-    plan = plan_partition(MODEL, stages)
-    trainer = WholeModelTrainer(plan, TRAINING, SEED)
-    sampler = MicrobatchSampler(load_default_corpus(), BATCH_SIZE, SEQ_LEN)
-    losses = []
-    for iteration in range(iterations):
-        ids = [iteration * batch + j for j in range(batch)]
-        losses.append(sum(trainer.train_microbatch(*sampler(m)) for m in ids) / batch)
-        trainer.step()
-    return losses
+    training = replace(
+        TRAINING,
+        model=MODEL_NAME,
+        stages=stages,
+        batch_size=BATCH_SIZE,
+        seq_len=SEQ_LEN,
+        seed=SEED,
+        microbatches_per_iteration=batch,
+    )
+    return whole_model_losses(training, iterations)

@@ -24,7 +24,7 @@ from node.chain.actions import (
 )
 from node.chain.adapter import FakeChain, Sender, connect
 from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import identity_from_key, new_identity, peer_id_of
+from node.p2p.identity import identity_from_key, new_identity, node_address_of_peer, peer_id_of
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 from node.runtime.discovery.admission import RunAdmission
 from tests.node.conftest import TEST_GAS_LIMIT
@@ -188,3 +188,50 @@ def test_a_peer_whose_id_embeds_no_node_key_is_refused_without_a_chain_call() ->
 
     trio.run(main)
     assert port.calls == 0
+
+
+class MembersChain(FakeChain):
+    """A chain port that admits exactly ``members`` (node addresses) and counts its calls."""
+
+    def __init__(self, members: set[str]) -> None:
+        super().__init__()
+        self.members, self.calls = members, 0
+
+    def is_admitted(self, run_id: int, node_address: str) -> bool:
+        self.calls += 1
+        return node_address in self.members
+
+
+def test_a_flood_of_fresh_identities_costs_a_bounded_number_of_chain_calls() -> None:
+    """1,000 fresh peer ids within 10 s: the chain is asked about at most the lookup budget's
+    burst plus its rate over those seconds; a member admitted before the flood is served
+    throughout without a lookup, and a member arriving during it gets in once it passes."""
+    keys = [new_identity() for _ in range(1002)]
+    peers = [str(peer_id_of(key)) for key in keys]
+    old, late, flood = peers[0], peers[1], peers[2:]
+    members = {node_address_of_peer(peer_id_of(keys[i])) for i in (0, 1)}
+    port = MembersChain(members)
+    admission = RunAdmission(port, 1)
+    budget = admission.lookups
+
+    async def main() -> None:
+        assert await admission(old)
+        started = trio.current_time()
+        calls_before = port.calls
+        refused_unchecked = 0
+        for i, peer in enumerate(flood):
+            await trio.sleep(0.01)  # 100 fresh identities a second
+            before = port.calls
+            assert not await admission(peer)
+            refused_unchecked += port.calls == before
+            if i % 100 == 0:
+                assert await admission(old), "a member is never held up by the flood"
+        elapsed = trio.current_time() - started
+        flood_calls = port.calls - calls_before
+        assert flood_calls <= budget.burst + budget.per_s * elapsed + 1, flood_calls
+        assert refused_unchecked >= len(flood) - flood_calls
+        await trio.sleep(1.0)  # the flood is over: the budget refills
+        assert await admission(late)
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert port.calls < 100, f"{port.calls} chain calls for 1,000 fresh identities"

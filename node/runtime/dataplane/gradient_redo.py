@@ -148,11 +148,14 @@ Key = tuple[int, int]  # (iteration, microbatch id)
 @dataclass
 class GradientRedo:
     """A data node's side: ask, plan, redo. ``relays`` lists every relay that may be alive
-    (relay -> stage); ``gone`` is told of each that does not answer."""
+    (relay -> stage); ``gone`` is told of each that does not answer, ``learn`` of each that
+    does."""
 
     plane: DataPlane
     relays: Callable[[], Awaitable[dict[str, int]]]
     gone: Callable[[str], None]
+    #: Told of each relay that answered, and its stage: the iteration's end must ask it too.
+    learn: Callable[[str, int], None]
     timeout_s: Callable[[], float]
     take_attempt: Callable[[Key], int]
     #: This node's own answers: a re-send of its embedding output, a redo of its loss gradient.
@@ -241,6 +244,7 @@ class GradientRedo:
                     return
                 held.update(first + start + offset for offset in offsets)
             answers[relay] = Answer(stage, step, frozenset(held))
+            self.learn(relay, stage)
 
         async with trio.open_nursery() as nursery:
             for relay in sorted(asked):

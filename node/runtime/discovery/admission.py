@@ -13,11 +13,19 @@ that arrives while it runs (a burst of hop streams costs one chain call, not one
 admitted peer whose answer has aged is still served while a background lookup refreshes it, so
 a hop never waits for the chain once its sender has been admitted. A refused peer is looked up
 again before it is served, since it may have registered meanwhile.
+
+Fresh peer ids cost nothing to make, so the chain lookups of peers not admitted (new ones,
+refused ones whose answer aged) share one budget (``lookups``: a few per second, a short
+burst): over it, a peer is refused unchecked and not remembered, so it is looked up once the
+flood passes. A flood of fresh identities then costs the chain a bounded number of calls per
+second instead of one per identity; admitted peers are never held up by it. Refusals are
+remembered for at most ``MAX_REMEMBERED_REFUSALS`` peers (the oldest forgotten first).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import trio
@@ -26,8 +34,13 @@ from libp2p.peer.id import ID
 from gwtf.errors import ChainError, ProtocolError
 from node.chain.adapter import ChainPort
 from node.p2p.identity import node_address_of_peer
+from node.p2p.rpc import PublicRate
 
 log = logging.getLogger(__name__)
+
+MAX_REMEMBERED_REFUSALS = 10_000
+#: How often the count of peers refused unchecked (over the lookup budget) is logged, at most.
+UNCHECKED_LOG_S = 10.0
 
 
 @dataclass
@@ -36,7 +49,12 @@ class RunAdmission:
     run_id: int
     cache_s: float = 30.0
     #: peer -> (member, when the chain said so, in trio time)
-    _cache: dict[str, tuple[bool, float]] = field(default_factory=dict)
+    _cache: OrderedDict[str, tuple[bool, float]] = field(default_factory=OrderedDict)
+    #: The chain lookups of peers not admitted, all of them together.
+    lookups: PublicRate = field(default_factory=lambda: PublicRate(per_s=5.0, burst=20.0))
+    #: Peers refused unchecked since the count was last logged, and when it was.
+    unchecked: int = 0
+    _unchecked_logged_at: float = -UNCHECKED_LOG_S
     #: peer -> set when its lookup in flight ends
     _pending: dict[str, trio.Event] = field(default_factory=dict)
     _limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(2))
@@ -55,6 +73,9 @@ class RunAdmission:
                     trio.lowlevel.spawn_system_task(self._refresh, peer)
                 return True
         if peer not in self._pending:
+            if not self.lookups.take(trio.current_time()):
+                self._refused_unchecked()
+                return False
             self._pending[peer] = trio.Event()
             await self._look_up(peer)
         else:
@@ -62,6 +83,26 @@ class RunAdmission:
         answer = self._cache.get(peer)
         # No answer: the chain could not be asked. Fail closed, and ask again next time.
         return answer is not None and answer[0]
+
+    def _refused_unchecked(self) -> None:
+        self.unchecked += 1
+        now = trio.current_time()
+        if now - self._unchecked_logged_at >= UNCHECKED_LOG_S:
+            log.warning(
+                "refused %s peer(s) without asking the chain: over its budget of %g lookups/s "
+                "of peers not admitted (a flood of fresh identities?); they are looked up later",
+                self.unchecked,
+                self.lookups.per_s,
+            )
+            self.unchecked, self._unchecked_logged_at = 0, now
+
+    def _remember(self, peer: str, member: bool) -> None:
+        self._cache[peer] = (member, trio.current_time())
+        self._cache.move_to_end(peer)
+        if not member:
+            refused = [p for p, (m, _) in self._cache.items() if not m]
+            for old in refused[: max(0, len(refused) - MAX_REMEMBERED_REFUSALS)]:
+                del self._cache[old]
 
     async def _refresh(self, peer: str) -> None:
         # A system task: an exception escaping it would end the whole node, so none may.
@@ -82,7 +123,7 @@ class RunAdmission:
             )
         except ProtocolError as exc:
             log.warning("refused peer %s: %s", peer, exc)
-            self._cache[peer] = (False, trio.current_time())
+            self._remember(peer, False)
         except (ChainError, ValueError) as exc:
             # Not remembered: the chain may be back at the next request. A stale admission is
             # dropped too, so a peer is not served for ever on an answer that can't be renewed.
@@ -93,7 +134,7 @@ class RunAdmission:
                 log.warning(
                     "refused peer %s: not a staked node of run %s on chain", peer, self.run_id
                 )
-            self._cache[peer] = (member, trio.current_time())
+            self._remember(peer, member)
         finally:
             self._pending.pop(peer, None)
             done.set()

@@ -149,6 +149,7 @@ class DataRole:
             self.plane,
             self.roster.reachable,
             self.roster.gone,
+            self.roster.learn,
             self.roster.probe_deadline_s,
             self._take_attempt,
             self.handle_resend,

@@ -118,6 +118,9 @@ class RelayRole:
             redo = bool(header.flags & FLAG_REDO)
             if redo:
                 self._check_redo(header)
+            elif key in self.sender.passed:
+                self._pass_on_again(header)
+                return
             grad_frame = await self._run(
                 self._in_step, header.iteration, self._backward, header, frame, tensor
             )
@@ -125,6 +128,23 @@ class RelayRole:
             record = self.sender.pass_back(onward, grad_frame, frame_digest(frame))
             if not redo:  # a redone gradient is kept for the stage before's redo, if any
                 self.nursery.start_soon(self.sender.send_backward_or_log, record)
+
+    def _pass_on_again(self, header: HopHeader) -> None:
+        """A second backward of a microbatch whose gradient this relay computed and passed on
+        already: a repair of a hop that was delivered after all (its ack was lost), or a
+        restart. Computing it again would count its gradient twice here, and a repair around
+        this relay would count it twice at another replica; the gradient kept is the one it
+        would compute (the same weights and microbatch), so it goes on along the new path."""
+        kept = self.sender.passed[(header.iteration, header.microbatch_id)]
+        onward = header.onward(stage=header.stage - 1, flags=0)
+        record = self.sender.pass_back(onward, kept.frame, kept.input_digest)
+        record.recorded = True  # the same work, counted once
+        log.info(
+            "gradient of microbatch %s passed on here already; sending it on again, not "
+            "computing it twice",
+            header.microbatch_id,
+        )
+        self.nursery.start_soon(self.sender.send_backward_or_log, record)
 
     def _check_redo(self, header: HopHeader) -> None:
         """A redone gradient is taken once, from the node the microbatch's origin named, and

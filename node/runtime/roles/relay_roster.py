@@ -12,7 +12,9 @@ identity, or only slow for a moment) is never seen alive by the flow protocol, a
 out of every end takes hops whose gradients never reach the average and falls behind its
 replicas for good. So any sign of life clears it (``heard``): a control request it makes (a
 relay tells the data nodes it is up before it takes hops, ``report_alive``), or discovery
-hearing from it (its hint, its own card, a peer exchange).
+hearing from it (its hint, its own card, a peer exchange). A relay that answers a data node
+(``gradient_redo.py`` asks every relay of a microbatch's path) is known from then on, at the
+stage it names, before discovery may list it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,14 @@ class RelayRoster:
     #: Relays heard from after they failed a probe: what is open to them may belong to the
     #: process that failed (a restart), so the next probe dials them anew.
     returned: set[str] = field(default_factory=set)
+    #: Relay -> stage of relays that said so themselves (``learn``): a joiner of a middle stage
+    #: computes hops before discovery may list it, and its gradients must reach the average.
+    told: dict[str, int] = field(default_factory=dict)
+
+    def learn(self, relay: str, stage: int) -> None:
+        """``relay`` answered, serving ``stage``: every iteration's end asks it from now on."""
+        self.told[relay] = stage
+        self.heard(relay)
 
     def heard(self, peer_id: str) -> None:
         """``peer_id`` showed a sign of life: the next iteration's end probes it again."""
@@ -66,7 +76,7 @@ class RelayRoster:
         does not know (a middle stage's, or one not yet introduced), unless one failed a probe."""
         stage_of = {
             relay: stage
-            for relay, stage in self.discovered().items()
+            for relay, stage in (self.discovered() | self.told).items()
             if 1 <= stage <= self.plane.stages and relay not in self.unreachable
         }
         for peer in self.flow.node.peers.values():
