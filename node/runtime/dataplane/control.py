@@ -50,6 +50,8 @@ last two.
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -58,6 +60,8 @@ from libp2p.peer.id import ID
 from coordinator_free.messages import MAX_ITEMS
 from gwtf.errors import ProtocolError
 from node.p2p.rpc import RequestResponse, RpcLimits
+
+log = logging.getLogger(__name__)
 
 PROTOCOL_ID = "/gwtf/control/2.0.0"
 MAX_BYTES = 8192
@@ -268,6 +272,34 @@ async def ask(
     peer_id = ID.from_base58(peer) if isinstance(peer, str) else peer
     limits = RpcLimits(MAX_BYTES, MAX_BYTES, timeout_s)
     return await rpc.request(peer_id, PROTOCOL_ID, encode_request(request), limits)
+
+
+async def ask_to_send(
+    rpc: RequestResponse,
+    node_id: str,
+    node: str,
+    request: ControlRequest,
+    ack_deadline_s: float,
+    here: Callable[..., Awaitable[bytes]] | None,
+    doing: str,
+) -> bool:
+    """Ask ``node`` (this node, ``node_id``: ``here`` answers) to send a hop for a repair or a
+    redo (``doing``, for the log); True when it did. The asked node may ask another before it
+    sends and waits for its ack: allow for both."""
+    microbatch = getattr(request, "microbatch", None)
+    try:
+        if node == node_id:
+            assert here is not None, "this node cannot answer that itself"
+            reply = await here(request)
+        else:
+            reply = await ask(rpc, node, request, 4 * ack_deadline_s)
+        answer = decode_reply(reply)
+    except ProtocolError as exc:
+        log.warning("%s microbatch %s: %s failed: %s", doing, microbatch, node, exc)
+        return False
+    if not answer["ok"]:
+        log.info("%s microbatch %s: %s said %s", doing, microbatch, node, answer.get("why"))
+    return bool(answer["ok"])
 
 
 def encode_request(request: ControlRequest) -> bytes:

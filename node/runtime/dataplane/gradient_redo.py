@@ -288,20 +288,7 @@ class GradientRedo:
         here: Callable[..., Awaitable[bytes]] | None,
     ) -> bool:
         """Ask ``node`` (this node: ``here``) for one step of a redo; True when it did it."""
-        try:
-            if node == self.node_id:
-                assert here is not None, "a data node never stands in for a relay"
-                reply = await here(request)
-            else:
-                # The asked node sends a hop and waits for its ack: allow for both.
-                timeout_s = 4 * self.plane.ack_deadline_s
-                reply = await control.ask(self.plane.rpc, node, request, timeout_s)
-            answer = control.decode_reply(reply)
-        except ProtocolError as exc:
-            log.warning("redoing microbatch %s: %s failed: %s", request.microbatch, node, exc)
-            return False
-        if not answer["ok"]:
-            log.warning(
-                "redoing microbatch %s: %s said %s", request.microbatch, node, answer.get("why")
-            )
-        return bool(answer["ok"])
+        return await control.ask_to_send(
+            self.plane.rpc, self.node_id, node, request, self.plane.ack_deadline_s, here,
+            "redoing",
+        )  # fmt: skip

@@ -161,19 +161,7 @@ class StallRepair:
         here: Callable[..., Awaitable[bytes]],
     ) -> bool:
         """Ask ``holder`` (this node: ``here``) to send a hop again; True when it did."""
-        try:
-            if holder == self.node_id:
-                reply = await here(request)
-            else:
-                # The holder asks the node before the gap to re-send, then sends: allow both.
-                timeout_s = 4 * self.plane.ack_deadline_s
-                reply = await control.ask(self.plane.rpc, holder, request, timeout_s)
-            answer = control.decode_reply(reply)
-        except ProtocolError as exc:
-            log.warning("repairing microbatch %s: %s failed: %s", request.microbatch, holder, exc)
-            return False
-        if not answer["ok"]:
-            log.info(
-                "repairing microbatch %s: %s said %s", request.microbatch, holder, answer.get("why")
-            )
-        return bool(answer["ok"])
+        return await control.ask_to_send(
+            self.plane.rpc, self.node_id, holder, request, self.plane.ack_deadline_s, here,
+            "repairing",
+        )  # fmt: skip
