@@ -529,7 +529,7 @@ def _serve_control(
                 return role.peers.handle(peer, message)
             raise ProtocolError("only a data node sharing its run with others takes that")
         if isinstance(role, RelayRole):
-            return await role.end_iteration(message.iteration, message.replicas)
+            return await role.end_iteration(message)
         raise ProtocolError("a data node does not end iterations on request")
 
     limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 8 * timeout_s)

@@ -176,7 +176,7 @@ def test_a_share_from_outside_the_round_is_left_out(tmp_path: Path) -> None:
             with trio.fail_after(30):
                 async with trio.open_nursery() as nursery:
                     # Only the outsider's share is in before the gatherer opens its round.
-                    nursery.start_soon(averagers[outsider]._send_to, gatherer, 2, 7,
+                    nursery.start_soon(averagers[outsider]._send_to, gatherer, (2, 7, 0),
                                        share_of(outsider, 5))  # fmt: skip
                     await trio.sleep(0.5)
                     nursery.start_soon(one, gatherer, 1)

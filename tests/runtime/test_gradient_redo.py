@@ -10,7 +10,8 @@ that hid the loss before.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,10 @@ from node.runtime.dataplane.gradient_redo import (
     plan_redo,
 )
 from node.runtime.dataplane.hop import FLAG_REDO
+from node.runtime.replicas.averaging import RoundResult
 from node.runtime.roles.data import DataRole, IterationResult
 from node.runtime.roles.relay import RelayRole
+from node.training.trainer import GradientShare
 from tests.runtime.swarm_harness import Scenario, Swarm, reference_losses, run_swarm
 
 ITERATIONS = 3
@@ -76,6 +79,22 @@ def test_a_gradient_held_twice_is_reported() -> None:
     assert plan.runs == () and plan.duplicated == ((1, 1),)
 
 
+def test_only_the_stages_still_to_step_are_looked_at() -> None:
+    """After an end that missed a holder at stage 2, stage 1 has stepped: its relays answer at
+    the next step and hold nothing, which is no loss."""
+    answers = {"a1": answer(1, step=6), "b1": answer(2, 1), "b2": answer(2)}
+    assert plan_redo([1, 2], 2, 5, answers, only={2}).runs == (RedoRun(2, 2, 2, ("b2",)),)
+    assert plan_redo([1, 2], 2, 5, answers).unsaved == ((1, 1), (2, 1), (2, 2))
+
+
+def test_an_iteration_is_ended_in_a_bounded_number_of_attempts() -> None:
+    last = control.EndIteration(4, ("a",), ("a",), control.MAX_END_ATTEMPTS - 1)
+    assert last.final and not control.EndIteration(4, ("a",), ("a",), 0).final
+    assert control.decode_request(control.encode_request(last)) == last
+    with pytest.raises(ProtocolError, match="attempts"):
+        control.decode_request(control.encode_request(replace(last, attempt=last.attempt + 1)))
+
+
 def test_holds_requests_and_replies_are_checked() -> None:
     request = control.Holds(3, 40, 4)
     assert control.decode_request(control.encode_request(request)) == request
@@ -104,20 +123,20 @@ def check_refusals_at_the_end(relay: RelayRole, checked: list[int]) -> None:
     relay count a gradient twice), and that a redone gradient nobody announced is refused."""
     end_iteration = relay.end_iteration
 
-    async def end(iteration: int, replicas: tuple[str, ...]) -> bytes:
+    async def end(request: control.EndIteration) -> bytes:
         kept = [key for key in relay.buffers if key in relay.sender.passed]
         if kept and not checked:
             iteration_, microbatch = kept[0]
             with pytest.raises(ProtocolError, match="not its own"):
                 relay.expect_redo("intruder", control.ExpectRedo(iteration_, microbatch, "x"))
             with pytest.raises(ProtocolError, match="not its own"):
-                request = control.RedoBack(iteration_, microbatch, "x", 9)
-                await relay.sender.redo_backward("intruder", request)
+                redo = control.RedoBack(iteration_, microbatch, "x", 9)
+                await relay.sender.redo_backward("intruder", redo)
             unannounced = relay.sender.passed[kept[0]].header.onward(stage=1, flags=FLAG_REDO)
             with pytest.raises(ProtocolError, match="nobody announced"):
                 relay._check_redo(unannounced)
-            checked.append(iteration)
-        return await end_iteration(iteration, replicas)
+            checked.append(request.iteration)
+        return await end_iteration(request)
 
     relay.end_iteration = end  # type: ignore[method-assign]
 
@@ -212,3 +231,44 @@ def test_a_relay_dying_mid_iteration_after_its_backwards_loses_no_gradient(tmp_p
         reference_losses(ITERATIONS, BATCH), rel=EXACT
     )
     assert results[1].gradients_redone >= 1 and results[1].gradients_lost == 0
+
+
+def test_a_replica_dying_while_its_stage_averages_loses_no_gradient(tmp_path: Path) -> None:
+    """A stage-2 replica holding gradients dies as iteration 1's end asks it to average, before
+    its share reaches the round: the stage does not step, what it held is redone on the other
+    replica from what stage 1 (stepped already) and the data node keep, and the stage is ended
+    again."""
+    relays = {"a1": 1, "b1": 2, "b2": 2}
+    died: list[str] = []
+
+    def die_while_averaging(swarm: Swarm, name: str) -> None:
+        averager = swarm.nodes[name].role.averager  # type: ignore[union-attr]
+        average = averager.average
+
+        async def dying(
+            stage: int,
+            iteration: int,
+            own: GradientShare,
+            replicas: Sequence[str],
+            attempt: int = 0,
+        ) -> RoundResult:
+            if iteration == 1 and own.microbatch_count > 0 and not died:
+                died.append(name)
+                swarm.crash(name)
+                await trio.sleep_forever()
+            return await average(stage, iteration, own, replicas, attempt)
+
+        averager.average = dying  # type: ignore[method-assign]
+
+    async def kill(swarm: Swarm) -> None:
+        await data_role(swarm, relays)
+        die_while_averaging(swarm, "b1")
+        die_while_averaging(swarm, "b2")
+
+    results = run_with_kill(tmp_path, 2, relays, kill)
+    assert died
+    assert [r.loss for r in results] == pytest.approx(
+        reference_losses(ITERATIONS, BATCH), rel=EXACT
+    )
+    assert results[1].gradients_redone >= 1 and results[1].gradients_lost == 0
+    assert [r.relays_stepped for r in results] == [3, 2, 2]

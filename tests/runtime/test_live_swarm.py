@@ -85,8 +85,9 @@ def test_two_data_nodes_share_each_iteration_and_match_the_reference(tmp_path: P
         # Asked again to end the last iteration (a second data node taking over the ending),
         # a relay answers as the first time and does not step again.
         relay = swarm.nodes["a1"]
-        reply = await relay.role.end_iteration(ITERATIONS - 1, (relay.plane.node_id,))
-        assert control.decode_reply(reply) == {"ok": True, "step": ITERATIONS}
+        request = control.EndIteration(ITERATIONS - 1, (relay.plane.node_id,))
+        reply = await relay.role.end_iteration(request)
+        assert control.decode_reply(reply) == {"ok": True, "step": ITERATIONS, "missing": []}
 
     trio.run(main)
     first, second = swarm.results["data"], swarm.results["data-1"]

@@ -4,8 +4,9 @@ Small JSON objects, at most ``MAX_BYTES``, checked field by field: an unknown ty
 mistyped field is a ``ProtocolError`` (charged to the sender by the rpc layer).
 
     {"type": "alive"}                                       -> {"ok": true}
-    {"type": "end_iteration", "iteration": int,
-     "replicas": [peer id]}                                 -> {"ok": bool, "step": int}
+    {"type": "end_iteration", "iteration": int, "attempt": int,
+     "replicas": [peer id], "holders": [peer id]}           -> {"ok": bool, "step": int,
+                                                                "why": str, "missing": [id]}
     {"type": "resend", "iteration": int, "microbatch": int,
      "to": peer id, "attempt": int}                         -> {"ok": bool, "why": str}
     {"type": "resume", ... the fields of resend}            -> {"ok": bool, "why": str}
@@ -39,6 +40,11 @@ data nodes train the next iteration; take the sender (back) into the run.
 A trace's ``state`` is one of ``TRACE_STATES`` (``TRACE_BACK_STATES`` for ``trace_back``): what
 the asked node knows of the microbatch's forward (backward); ``next`` names whom it delivered it
 to when ``sent``.
+``end_iteration`` averages only if every one of ``holders`` (the replicas whose gradient holds a
+microbatch of the iteration) is in the round: a round that misses one (it died while averaging)
+answers ``why: "incomplete"`` with the ``missing`` holders and does not step, so the data node
+can redo what they held and ask again (``attempt`` 1, 2, ...). The last of ``MAX_END_ATTEMPTS``
+steps with what it has.
 ``holds`` and ``redo_back`` save the gradients a dead replica held (``gradient_redo.py``): which
 of the microbatches ``first .. first + count - 1`` (at most ``MAX_HOLDS``) the asked relay's
 accumulated gradient holds (``held``: offsets from ``first``); accept a redone gradient of a
@@ -63,7 +69,7 @@ from node.p2p.rpc import RequestResponse, RpcLimits
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_ID = "/gwtf/control/2.0.0"
+PROTOCOL_ID = "/gwtf/control/3.0.0"
 MAX_BYTES = 8192
 MAX_LOADS = 24
 #: A loads entry's compute time per microbatch is at most this (ms): about three hours.
@@ -73,6 +79,9 @@ MAX_COMPUTE_MS = 1e7
 MAX_REPLICAS = 64
 #: Microbatches one ``holds`` request may ask about: its reply stays within ``MAX_BYTES``.
 MAX_HOLDS = 1024
+#: Tries at ending an iteration whose averaging missed a replica holding gradients: the last
+#: steps anyway, with what it has.
+MAX_END_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -99,10 +108,17 @@ class LoadEntry:
 
 @dataclass(frozen=True)
 class EndIteration:
-    """Average with exactly ``replicas`` (the live replicas of your stage) and step."""
+    """Average with exactly ``replicas`` (the live replicas of your stage) and step, unless the
+    round misses one of ``holders`` and this is not the last ``attempt``."""
 
     iteration: int
     replicas: tuple[str, ...]
+    holders: tuple[str, ...] = ()
+    attempt: int = 0
+
+    @property
+    def final(self) -> bool:
+        return self.attempt + 1 >= MAX_END_ATTEMPTS
 
 
 @dataclass(frozen=True)
@@ -249,7 +265,7 @@ _RESEND_FIELDS = {"iteration": int, "microbatch": int, "to": str, "attempt": int
 _FIELDS: dict[type[Any], dict[str, type]] = {
     Alive: {},
     Loads: {},
-    EndIteration: {"iteration": int, "replicas": list},
+    EndIteration: {"iteration": int, "replicas": list, "holders": list, "attempt": int},
     Resend: _RESEND_FIELDS,
     Resume: _RESEND_FIELDS,
     Trace: {"iteration": int, "microbatch": int},
@@ -329,6 +345,8 @@ def decode_request(data: bytes) -> ControlRequest:
             ):
                 raise ProtocolError(f"control field {name} must be a short list of peer ids")
             raw[name] = tuple(value)
+    if cls is EndIteration and raw["attempt"] >= MAX_END_ATTEMPTS:
+        raise ProtocolError(f"an iteration is ended in at most {MAX_END_ATTEMPTS} attempts")
     if cls is Holds and not 0 < raw["count"] <= MAX_HOLDS:
         raise ProtocolError(f"a holds request asks about 1..{MAX_HOLDS} microbatches")
     request: ControlRequest = cls(**raw)

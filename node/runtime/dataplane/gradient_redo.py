@@ -26,15 +26,14 @@ The plan is pure (``plan_redo``); ``GradientRedo`` asks the nodes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import trio
 
 from gwtf.errors import ProtocolError
 from node.runtime.dataplane import control
 from node.runtime.dataplane.exchange import DataPlane
-from node.runtime.dataplane.sender import HopStats
 
 log = logging.getLogger(__name__)
 
@@ -73,18 +72,53 @@ class RedoPlan:
 
 @dataclass
 class RedoReport:
-    redone: int = 0  # (microbatch, stage) gradients computed again on a live replica
-    lost: int = 0  # (microbatch, stage) gradients no replica holds after the redo
-    duplicated: int = 0
-    microbatches_redone: int = 0  # microbatches with at least one stage redone
+    """What saving an iteration's lost gradients did, by (microbatch, stage) gradient; a later
+    redo of the same iteration (after an end that missed a holder) merges in (``add``)."""
+
+    redone_pairs: set[tuple[int, int]] = field(default_factory=set)  # computed again
+    unsaved_pairs: set[tuple[int, int]] = field(default_factory=set)  # no live replica to redo on
+    duplicated_pairs: set[tuple[int, int]] = field(default_factory=set)  # held by two or more
+    #: Gradients lost because a stage stepped without a holder (the end's last attempt).
+    left_out: int = 0
+    #: Relay -> (its stage, how many of the microbatches' gradients it holds after the redo):
+    #: the iteration's end must hear from each of them (``EndIteration.holders``).
+    holders: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def redone(self) -> int:
+        return len(self.redone_pairs)
+
+    @property
+    def lost(self) -> int:
+        return len(self.unsaved_pairs - self.redone_pairs) + self.left_out
+
+    @property
+    def duplicated(self) -> int:
+        return len(self.duplicated_pairs)
+
+    @property
+    def microbatches_redone(self) -> int:
+        return len({microbatch for microbatch, _ in self.redone_pairs})
+
+    def add(self, later: RedoReport) -> None:
+        self.redone_pairs |= later.redone_pairs
+        self.unsaved_pairs |= later.unsaved_pairs
+        self.duplicated_pairs |= later.duplicated_pairs
+        self.left_out += later.left_out
 
 
 def plan_redo(
-    microbatches: Sequence[int], stages: int, iteration: int, answers: Mapping[str, Answer]
+    microbatches: Sequence[int],
+    stages: int,
+    iteration: int,
+    answers: Mapping[str, Answer],
+    only: Collection[int] | None = None,
 ) -> RedoPlan:
     """Which (microbatch, stage) gradients no live replica in step holds, grouped in runs of
     consecutive stages, each stage given the live replica with the least work (what it holds
-    plus what it was given so far; ties by id)."""
+    plus what it was given so far; ties by id). ``only``: look at these stages alone (the
+    others have stepped)."""
+    looked_at = range(1, stages + 1) if only is None else sorted(only)
     in_step = {peer: a for peer, a in answers.items() if a.step == iteration}
     load = {peer: len(a.held) for peer, a in in_step.items()}
     replicas = {
@@ -96,7 +130,7 @@ def plan_redo(
     duplicated: list[tuple[int, int]] = []
     for microbatch in sorted(microbatches):
         lost = []
-        for stage in range(1, stages + 1):
+        for stage in looked_at:
             holders = [p for p in replicas[stage] if microbatch in in_step[p].held]
             if len(holders) > 1:
                 duplicated.append((microbatch, stage))
@@ -161,20 +195,28 @@ class GradientRedo:
     #: This node's own answers: a re-send of its embedding output, a redo of its loss gradient.
     resend_here: Callable[[control.Resend], Awaitable[bytes]]
     redo_here: Callable[[control.RedoBack], Awaitable[bytes]]
-    stats: HopStats
 
     @property
     def node_id(self) -> str:
         return self.plane.node_id
 
     async def save_lost(
-        self, iteration: int, first: int, paths: Mapping[int, tuple[str, ...]]
+        self,
+        iteration: int,
+        first: int,
+        paths: Mapping[int, tuple[str, ...]],
+        only: Collection[int] | None = None,
     ) -> RedoReport:
         """Redo every lost gradient of the microbatches of ``paths`` (id -> the final backward's
-        path: origin, stage 1..S relays, sink), all of ``first .. first + len - 1``."""
+        path: origin, stage 1..S relays, sink), all of ``first .. first + len - 1``; ``only``:
+        at these stages alone."""
         answers = await self._ask_holds(iteration, first, paths)
-        plan = plan_redo(list(paths), self.plane.stages, iteration, answers)
-        report = RedoReport(duplicated=len(plan.duplicated), lost=len(plan.unsaved))
+        plan = plan_redo(list(paths), self.plane.stages, iteration, answers, only)
+        report = RedoReport(unsaved_pairs=set(plan.unsaved), duplicated_pairs=set(plan.duplicated))
+        for relay, answer in answers.items():
+            held = len(answer.held & set(paths))
+            if answer.step == iteration and held and (only is None or answer.stage in only):
+                report.holders[relay] = (answer.stage, held)
         for microbatch, stage in plan.unsaved:
             log.warning(
                 "gradient of microbatch %s at stage %s is lost: no live replica of the stage",
@@ -192,22 +234,23 @@ class GradientRedo:
 
         async def redo(run: RedoRun) -> None:
             async with limiter:
-                done = await self._redo(iteration, run, paths[run.microbatch])
-            report.redone += done
-            report.lost += run.last - run.first + 1 - done
-            report.microbatches_redone += done > 0
+                redone = await self._redo(iteration, run, paths[run.microbatch])
+            for replica, stage in redone:
+                report.holders[replica] = (stage, report.holders.get(replica, (stage, 0))[1] + 1)
+                report.redone_pairs.add((run.microbatch, stage))
+            done = {stage for _, stage in redone}
+            report.unsaved_pairs.update(
+                (run.microbatch, stage) for stage in range(run.first, run.last + 1)
+                if stage not in done
+            )  # fmt: skip
 
         async with trio.open_nursery() as nursery:
             for run in plan.runs:
                 nursery.start_soon(redo, run)
-        self.stats.gradients_redone += report.redone
-        self.stats.gradients_lost += report.lost
-        self.stats.gradients_duplicated += report.duplicated
-        self.stats.microbatches_redone += report.microbatches_redone
         if plan.runs:
             log.warning(
                 "iteration %s: %s gradient(s) that died with a replica redone on live replicas "
-                "(%s of %s microbatches), %s lost",
+                "(%s of %s microbatches), %s not",
                 iteration,
                 report.redone,
                 report.microbatches_redone,
@@ -259,16 +302,18 @@ class GradientRedo:
                 log.info("relay %s missed holds %s: %s", relay, attempt + 1, exc)
         return None
 
-    async def _redo(self, iteration: int, run: RedoRun, path: tuple[str, ...]) -> int:
-        """Redo one run; returns how many of its stages' gradients were redone."""
+    async def _redo(
+        self, iteration: int, run: RedoRun, path: tuple[str, ...]
+    ) -> list[tuple[str, int]]:
+        """Redo one run; returns the (replica, stage) whose gradient was redone."""
         key = (iteration, run.microbatch)
         by_stage = dict(zip(range(run.first, run.last + 1), run.replicas, strict=True))
         for stage, replica in by_stage.items():
             before = path[run.first - 1] if stage == run.first else by_stage[stage - 1]
             resend = control.Resend(iteration, run.microbatch, replica, self.take_attempt(key))
             if not await self._ask(before, resend, self.resend_here):
-                return 0
-        done = 0
+                return []
+        done: list[tuple[str, int]] = []
         for stage in range(run.last, run.first - 1, -1):
             replica = by_stage[stage]
             after = path[run.last + 1] if stage == run.last else by_stage[stage + 1]
@@ -278,7 +323,7 @@ class GradientRedo:
                 after, redo, self.redo_here
             ):
                 break
-            done += 1
+            done.append((replica, stage))
         return done
 
     async def _ask(

@@ -11,6 +11,10 @@ Each replica then applies the same combined share (``PartTrainer.average_gradien
 the total count), so all of them step bit for bit alike, exactly as if each had summed every share
 itself in that order. A dead replica is simply missing from the sum. If the leader itself does not
 answer, followers drop it and the next smallest id gathers.
+
+An iteration's end may take several rounds (``attempt``): the data node asks again once it has
+redone the gradients a replica that died while averaging held (``EndIteration``). Each is its own
+round, so a late share of one never lands in the next.
 """
 
 from __future__ import annotations
@@ -37,11 +41,11 @@ from node.training.trainer import GradientShare
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_ID = "/gwtf/average/2.0.0"
-_ROUND = struct.Struct(">HQ")  # stage, iteration
+PROTOCOL_ID = "/gwtf/average/3.0.0"
+_ROUND = struct.Struct(">HQB")  # stage, iteration, attempt
 
 
-MAX_OPEN_ROUNDS = 4  # a peer cannot make a replica hold more rounds than this
+MAX_OPEN_ROUNDS = 8  # a peer cannot make a replica hold more rounds than this
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,12 @@ class _Round:
         if self.expected is not None and self.expected <= set(self.shares):
             self.close()
 
+    def settle(self, result: RoundResult) -> None:
+        """Close the round with the result another replica gathered."""
+        if not self.closed.is_set():
+            self.result = result
+            self.closed.set()
+
     def close(self) -> RoundResult:
         if not self.closed.is_set():
             # Closed by this replica after its own share is in, so never empty. Only the
@@ -115,7 +125,7 @@ class GradientAverager:
     replica_id: str
     codec_limits: CodecLimits
     round_timeout_s: float
-    _rounds: dict[tuple[int, int], _Round] = field(default_factory=dict)
+    _rounds: dict[tuple[int, int, int], _Round] = field(default_factory=dict)
 
     def serve(self) -> None:
         limits = RpcLimits(
@@ -126,35 +136,43 @@ class GradientAverager:
     async def _handle(self, peer: str, request: bytes) -> bytes:
         if len(request) < _ROUND.size:
             raise ProtocolError("averaging request shorter than its header")
-        stage, iteration = _ROUND.unpack_from(request)
+        key = _ROUND.unpack_from(request)
         shares = decode_shares(request[_ROUND.size :], self.codec_limits)
         if len(shares) != 1 or shares[0].replica_id != peer:
             raise ProtocolError(f"peer {peer} sent a share that is not its own")
-        round_ = self._rounds.get((stage, iteration))
+        round_ = self._rounds.get(key)
         if round_ is None:
             # A follower may finish its iteration before this replica does: keep its share.
             if len(self._rounds) >= MAX_OPEN_ROUNDS:
                 raise ProtocolError(f"peer {peer} opens too many averaging rounds")
-            round_ = self._rounds[(stage, iteration)] = _Round(self.replica_id)
+            round_ = self._rounds[key] = _Round(self.replica_id)
         round_.add(shares[0])
         await round_.closed.wait()
         assert round_.result is not None
         return encode_average(round_.result.contributors, round_.result.combined, self.codec_limits)
 
-    def open_round(self, stage: int, iteration: int, replicas: Sequence[str]) -> None:
+    def open_round(
+        self, stage: int, iteration: int, replicas: Sequence[str], attempt: int = 0
+    ) -> None:
         """Expect the shares of ``replicas`` in this round."""
-        round_ = self._rounds.setdefault((stage, iteration), _Round(self.replica_id))
+        round_ = self._rounds.setdefault((stage, iteration, attempt), _Round(self.replica_id))
         if round_.expected is None:
             round_.expected = frozenset(replicas)
             round_.close_if_complete()
 
     async def average(
-        self, stage: int, iteration: int, own: GradientShare, replicas: Sequence[str]
+        self,
+        stage: int,
+        iteration: int,
+        own: GradientShare,
+        replicas: Sequence[str],
+        attempt: int = 0,
     ) -> RoundResult:
         """Return the combined share every live replica of ``stage`` applies this iteration."""
         candidates = sorted(set(replicas) | {self.replica_id})
-        self.open_round(stage, iteration, candidates)
-        round_ = self._rounds[(stage, iteration)]
+        key = (stage, iteration, attempt)
+        self.open_round(stage, iteration, candidates, attempt)
+        round_ = self._rounds[key]
         try:
             for leader in candidates:
                 if leader == self.replica_id:
@@ -163,19 +181,24 @@ class GradientAverager:
                         await round_.closed.wait()
                     return round_.close()
                 try:
-                    return await self._send_to(leader, stage, iteration, own)
+                    result = await self._send_to(leader, key, own)
                 except PeerUnavailable as exc:
                     log.warning("averaging leader %s of stage %s failed: %s", leader, stage, exc)
+                    continue
+                # A follower the leader died before answering may turn to this replica next:
+                # it gets this same result, not a round of its own.
+                round_.settle(result)
+                return result
             raise AssertionError("unreachable: this replica is always a candidate")
         finally:
             # Keep the latest rounds for late followers; forget older ones and strays.
-            for key in [key for key in self._rounds if key[1] < iteration - 1]:
-                del self._rounds[key]
+            for old in [old for old in self._rounds if old[1] < iteration - 1]:
+                del self._rounds[old]
 
     async def _send_to(
-        self, leader: str, stage: int, iteration: int, own: GradientShare
+        self, leader: str, key: tuple[int, int, int], own: GradientShare
     ) -> RoundResult:
-        request = _ROUND.pack(stage, iteration) + encode_shares([own], self.codec_limits)
+        request = _ROUND.pack(*key) + encode_shares([own], self.codec_limits)
         limits = RpcLimits(len(request), self.codec_limits.max_bytes, 2 * self.round_timeout_s)
         reply = await self.rpc.request(ID.from_base58(leader), PROTOCOL_ID, request, limits)
         try:
@@ -183,5 +206,5 @@ class GradientAverager:
         except ProtocolError as exc:
             raise PeerUnavailable(f"leader {leader} sent an undecodable average: {exc}") from exc
         if self.replica_id not in contributors:
-            log.warning("leader %s closed stage %s's round without this replica", leader, stage)
+            log.warning("leader %s closed stage %s's round without this replica", leader, key[0])
         return RoundResult(contributors, combined)

@@ -35,7 +35,7 @@ from node.p2p.rpc import Decline, PeerUnavailable
 from node.runtime.dataplane import control
 from node.runtime.dataplane.compute import T, in_worker_thread
 from node.runtime.dataplane.exchange import DataPlane
-from node.runtime.dataplane.gradient_redo import GradientRedo
+from node.runtime.dataplane.gradient_redo import GradientRedo, RedoReport
 from node.runtime.dataplane.hop import (
     BACKWARD,
     FLAG_REPAIR,
@@ -69,6 +69,16 @@ LATE_FACTOR = 4.0
 MIN_LATE_S = 1.0
 #: Decision rounds a data node joining a training run waits for a flow of its own.
 JOINER_FLOW_ROUNDS = 5
+
+
+@dataclass(frozen=True)
+class Redone:
+    """What saving an iteration's lost gradients found: its first microbatch, the microbatches'
+    final backward paths, and the report (redone again if an end misses a holder)."""
+
+    first: int
+    paths: dict[int, tuple[str, ...]]
+    report: RedoReport
 
 
 @dataclass
@@ -154,7 +164,6 @@ class DataRole:
             self._take_attempt,
             self.handle_resend,
             lambda request: self.sender.redo_backward(self.node_id, request),
-            self.stats,
         )
 
     @property
@@ -317,21 +326,26 @@ class DataRole:
                     kept.pop((iteration, microbatch_id), None)
             raise left_out[0]
         ending = trio.current_time()
-        redo = await self.redo.save_lost(
-            iteration, first, {m: self.paths[(iteration, m)] for m in pending}
-        )
+        paths = {m: self.paths[(iteration, m)] for m in pending}
+        redo = await self.redo.save_lost(iteration, first, paths)
         data_nodes = await self.peers.agree_done(iteration) if self.peers else [self.node_id]
         try:
             async with trio.open_nursery() as nursery:
                 # The data node's own step needs nothing from the relays: take it meanwhile.
                 nursery.start_soon(self._step_own_part, iteration, data_nodes)
-                stepped_by_stage, relays_stepped = await self._relays_end(iteration, data_nodes)
+                stepped_by_stage, relays_stepped = await self._relays_end(
+                    iteration, data_nodes, Redone(first, paths, redo)
+                )
         except BaseExceptionGroup as group:
             left_out_now = group.subgroup(LeftOut)
             if left_out_now is not None:
                 raise left_out_now.exceptions[0] from None
             raise
         end_s = trio.current_time() - ending
+        self.stats.gradients_redone += redo.redone
+        self.stats.gradients_lost += redo.lost
+        self.stats.gradients_duplicated += redo.duplicated
+        self.stats.microbatches_redone += redo.microbatches_redone
         idle = tuple(
             s
             for s in range(1, self.plane.stages + 1)
@@ -385,7 +399,7 @@ class DataRole:
             self.worker.step_count += 1  # keep the step count in lockstep with the others
 
     async def _relays_end(
-        self, iteration: int, data_nodes: list[str]
+        self, iteration: int, data_nodes: list[str], redone: Redone
     ) -> tuple[dict[int, int] | None, int]:
         """Have the relays end ``iteration`` once: this data node asks them (returning how many
         replicas of each stage stepped) unless another data node is in charge (then None, with
@@ -394,10 +408,47 @@ class DataRole:
             stepped = await self.peers.ended_by_other(iteration, data_nodes)
             if stepped is not None:
                 return None, stepped
-        by_stage = await self.roster.end_iteration(iteration, 4 * self.stall_timeout_s)
+        by_stage = await self._end_all_stages(iteration, redone)
         if self.peers is not None:
             await self.peers.announce_ended(iteration, sum(by_stage.values()), data_nodes)
         return by_stage, sum(by_stage.values())
+
+    async def _end_all_stages(self, iteration: int, redone: Redone) -> dict[int, int]:
+        """End the iteration at every stage; a stage whose round missed a replica holding
+        gradients (it died while averaging) has them redone on live replicas and is ended
+        again, up to ``control.MAX_END_ATTEMPTS`` times. Returns how many replicas of each
+        stage stepped."""
+        stepped: dict[int, int] = {}
+        report, stages = redone.report, None
+        for attempt in range(control.MAX_END_ATTEMPTS):
+            holders = {relay: stage for relay, (stage, _) in report.holders.items()}
+            outcome = await self.roster.end_iteration(
+                iteration, 4 * self.stall_timeout_s, holders, attempt, stages
+            )
+            stepped.update(outcome.stepped)
+            for relay in sorted({r for relays in outcome.missing.values() for r in relays}):
+                self.roster.gone(relay)  # it held gradients and did not answer
+            if outcome.left_out:
+                lost = sum(report.holders[relay][1] for relay in outcome.left_out)
+                redone.report.left_out += lost
+                log.warning(
+                    "iteration %s: %s gradient(s) of replicas that died while averaging are "
+                    "lost: their stage stepped without them (last attempt)",
+                    iteration,
+                    lost,
+                )
+            if not outcome.unstepped:
+                break
+            stages = set(outcome.unstepped)
+            log.warning(
+                "iteration %s: stage(s) %s did not step: a replica holding gradients was "
+                "missing from the average; redoing what no live replica holds",
+                iteration,
+                ", ".join(map(str, sorted(stages))),
+            )
+            report = await self.redo.save_lost(iteration, redone.first, redone.paths, stages)
+            redone.report.add(report)
+        return stepped
 
     def _take_attempt(self, key: tuple[int, int]) -> int:
         """The next attempt number of a microbatch: restarts and repaired hops each take a new

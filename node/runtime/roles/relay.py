@@ -4,11 +4,12 @@ Forward: compute, keep the input and output until the backward comes, send the o
 hop that the flow table maps the incoming flow to (another next-stage replica if that one does not
 acknowledge). Backward: compute, send the gradient to the previous node of the recorded path,
 repairing that hop if the node is dead (``hop_sender.py``). Answers traces and re-send requests
-for what it keeps (each forward's output and each gradient sent, until the iteration ends), and
+for what it keeps (each forward's output and each gradient sent, until the next iteration's
+first hop: another stage may still redo from them after this one stepped), and
 takes part in redoing the gradients a dead replica of its stage held (``gradient_redo.py``).
 A hop of a later iteration than its weights' is held while the relay loads its replicas' state;
 one it cannot compute with the right weights is declined. End of iteration: average with the
-stage's live replicas and step.
+stage's live replicas and step, unless the round missed a replica holding gradients.
 """
 
 from __future__ import annotations
@@ -88,8 +89,11 @@ class RelayRole:
     #: What a ``wrong-tensor`` cheat makes of each forward output (None: honest).
     distort: Callable[[torch.Tensor], torch.Tensor] | None = None
     _ending: trio.Lock = field(default_factory=trio.Lock)
-    _ended: tuple[int, bytes] = (-1, b"")  # the latest iteration ended, and its reply
+    #: The latest end asked: iteration, attempt, reply, and whether the relay stepped.
+    _ended: tuple[int, int, bytes, bool] = (-1, -1, b"", False)
+    _kept_from: int = -1  # what is kept for repairs is of this iteration or later
     _closing: int = -1  # the latest iteration whose end began: its hops are computed no more
+    _reopened: int = -1  # ... except the redo hops of this one, whose round missed a holder
     #: (epoch, iteration) -> the weights' version when their kept state was last checked, and
     #: whether it is these weights (``_keep_state``).
     _kept: dict[tuple[int, int], tuple[tuple[int, ...], bool]] = field(default_factory=dict)
@@ -104,12 +108,11 @@ class RelayRole:
         if header.stage != self.stage:
             raise ProtocolError(f"hop for stage {header.stage} sent to a stage {self.stage} relay")
         await self._check_in_step(header.iteration)
+        self._forget_microbatches(before=header.iteration)
         tensor = codec.decode(bytearray(frame), self.limits).tensor
         key = (header.iteration, header.microbatch_id)
         if header.direction == FORWARD:
-            out_frame = await self._run(
-                self._in_step, header.iteration, self._forward, header, frame, tensor
-            )
+            out_frame = await self._run(self._in_step, header, self._forward, header, frame, tensor)
             sends_on = not header.flags & FLAG_REPAIR
             self.buffers[key] = Buffered(header, out_frame, sending=sends_on)
             if sends_on:
@@ -122,7 +125,7 @@ class RelayRole:
                 self._pass_on_again(header)
                 return
             grad_frame = await self._run(
-                self._in_step, header.iteration, self._backward, header, frame, tensor
+                self._in_step, header, self._backward, header, frame, tensor
             )
             onward = header.onward(stage=header.stage - 1, flags=0)
             record = self.sender.pass_back(onward, grad_frame, frame_digest(frame))
@@ -328,7 +331,7 @@ class RelayRole:
                 "send it to another replica"
             )
 
-    def _in_step(self, iteration: int, fn: Callable[..., T], *args: object) -> T:
+    def _in_step(self, header: HopHeader, fn: Callable[..., T], *args: object) -> T:
         """Compute a hop of ``iteration`` only while the weights are that iteration's and its
         end has not begun. Checked again here, in the compute thread the step also runs in: a
         hop that passed ``_check_in_step`` may wait for the thread behind the iteration's end,
@@ -336,7 +339,10 @@ class RelayRole:
         forward the next iteration's weights, and a gradient added between the averaging and
         the step would reach only this replica's weights. Such a straggler (from a data node
         the others left out) is declined like any late hop."""
-        if iteration != self.worker.step_count or iteration <= self._closing:
+        iteration = header.iteration
+        redo = header.flags & (FLAG_REPAIR if header.direction == FORWARD else FLAG_REDO)
+        reopened = iteration == self._reopened and bool(redo)
+        if iteration != self.worker.step_count or (iteration <= self._closing and not reopened):
             raise Decline(
                 f"hop of iteration {iteration} at a stage {self.stage} relay ending or past it "
                 f"(step {self.worker.step_count}); send it to another replica"
@@ -349,11 +355,15 @@ class RelayRole:
             self.resyncing, self.resynced = True, trio.Event()
             self.nursery.start_soon(self._resync)
 
-    def _forget_microbatches(self) -> None:
-        """The iteration is over: nothing kept for its repairs is needed any more."""
-        self.buffers.clear()
-        self.sender.passed.clear()
-        self._redo_from.clear()
+    def _forget_microbatches(self, before: int) -> None:
+        """What was kept for repairs and redos of the iterations before ``before``: no longer
+        needed."""
+        if self._kept_from >= before:
+            return
+        self._kept_from = before
+        for kept in (self.buffers, self.sender.passed, self._redo_from):
+            for key in [key for key in kept if key[0] < before]:
+                del kept[key]
 
     async def _resync(self) -> None:
         """Load the replicas' state until this relay has caught up with the latest round.
@@ -380,18 +390,26 @@ class RelayRole:
             self.resyncing = False
             self.resynced.set()
 
-    async def end_iteration(self, iteration: int, replicas: tuple[str, ...]) -> bytes:
-        """Average with ``replicas`` (this stage's live replicas), step, report the step.
+    async def end_iteration(self, request: control.EndIteration) -> bytes:
+        """Average with ``request.replicas`` (this stage's live replicas), step, report the step.
 
-        Once per iteration: a repeated request (a second data node ending the iteration, its
-        first one having died on the way) waits for the first and gets the same reply."""
+        Once per iteration once it stepped: a repeated request (a second data node ending the
+        iteration, its first one having died on the way) waits for the first and gets the same
+        reply. A round that missed a holder (``EndIteration``) steps nothing and may be asked
+        again, in the data node's next attempt."""
         async with self._ending:
-            if self._ended[0] != iteration:
-                self._ended = (iteration, await self._end_iteration(iteration, replicas))
-            return self._ended[1]
+            iteration, attempt, reply, settled = self._ended
+            # A repeat (a second data node taking over starts again at attempt 0) gets the
+            # latest answer: a round already closed is never opened again.
+            if iteration != request.iteration or not (settled or request.attempt <= attempt):
+                reply, settled = await self._end_iteration(request)
+                self._ended = (request.iteration, request.attempt, reply, settled)
+            return reply
 
-    async def _end_iteration(self, iteration: int, replicas: tuple[str, ...]) -> bytes:
-        self._closing = max(self._closing, iteration)
+    async def _end_iteration(self, request: control.EndIteration) -> tuple[bytes, bool]:
+        """The reply, and whether this relay is done with the iteration (it stepped)."""
+        iteration, replicas = request.iteration, request.replicas
+        self._closing, self._reopened = max(self._closing, iteration), -1
         if self.worker.step_count != iteration or self.plane.node_id not in replicas:
             # Left out of this round (joined mid-iteration, or missed a step): sit it out, then
             # load the replicas' state after their step so the next round includes this relay.
@@ -404,18 +422,40 @@ class RelayRole:
             )
             await self._run(self.worker.discard_gradients)
             await self._run(self.worker.drop_all)
-            self._forget_microbatches()
+            self._forget_microbatches(before=iteration + 1)
             if self.plane.node_id in replicas:
                 # Still hand in an empty share, so the round need not wait for this relay.
                 empty = await self._run(self.worker.gradient_share)
-                await self.averager.average(self.stage, iteration, empty, replicas)
+                await self.averager.average(self.stage, iteration, empty, replicas, request.attempt)
             self._start_resync(iteration + 1)
-            return control.encode_reply(False, why="out of step", step=self.worker.step_count)
+            reply = control.encode_reply(False, why="out of step", step=self.worker.step_count)
+            return reply, False
         started = trio.current_time()
         share = await self._run(self.worker.gradient_share)
         averaging = trio.current_time()
-        result = await self.averager.average(self.stage, iteration, share, replicas)
+        result = await self.averager.average(
+            self.stage, iteration, share, replicas, request.attempt
+        )
         self.stats.averaging_s += trio.current_time() - averaging
+        missing = sorted(set(request.holders) - set(result.contributors))
+        if missing:
+            log.warning(
+                "stage %s's average of iteration %s misses %s replica(s) holding gradients "
+                "(died while averaging): %s",
+                self.stage,
+                iteration,
+                len(missing),
+                "stepping with what it has (last attempt)" if request.final else "not stepping",
+            )
+        if missing and not request.final:
+            # The data node redoes what they held on live replicas and asks again: meanwhile
+            # this iteration's redo hops (and only those) are computed again.
+            self._reopened = iteration
+            self.stats.ending_s += trio.current_time() - started
+            reply = control.encode_reply(
+                False, why="incomplete", missing=missing, step=self.worker.step_count
+            )
+            return reply, False
         if result.combined.microbatch_count > 0:
             await self._run(self.worker.average_gradients, [result.combined])
             await self._run(self.worker.step)
@@ -423,6 +463,8 @@ class RelayRole:
             await self._run(self.worker.discard_gradients)
             self.worker.step_count += 1  # no stage traffic at all: keep the step count in lockstep
         await self._run(self.worker.drop_all)
-        self._forget_microbatches()
+        # What this iteration's hops left is kept until the next iteration's first hop: another
+        # stage whose round missed a holder redoes its gradients from it.
+        self._forget_microbatches(before=iteration)
         self.stats.ending_s += trio.current_time() - started
-        return control.encode_reply(True, step=self.worker.step_count)
+        return control.encode_reply(True, step=self.worker.step_count, missing=missing), True

@@ -5,7 +5,9 @@ knows the rest, and may still list a relay that died. So a relay counts as alive
 protocol knows it alive, or discovery lists it and it has not failed a liveness probe since it
 was last heard from. Ending an iteration probes them all: those that answer are each stage's
 replica set, announced to every one of them, so every replica of a stage averages over the same
-list and none waits for a dead one.
+list and none waits for a dead one. A replica that holds gradients and dies after the probe (or
+before it) leaves its stage's round incomplete: that stage does not step, and the data node redoes
+what it held and ends the stage again.
 
 A failed probe must not be final: a middle stage's relay that comes back (restarted under its
 identity, or only slow for a moment) is never seen alive by the flow protocol, and a relay left
@@ -20,7 +22,7 @@ stage it names, before discovery may list it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import trio
@@ -33,6 +35,19 @@ from node.runtime.dataplane.exchange import DataPlane
 from node.runtime.flow.service import FlowService
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EndOutcome:
+    """How an iteration's end went, by stage: how many replicas stepped, the stages that did
+    not step because their round missed a holder of gradients, and the holders that did not
+    answer (dead, or gone quiet: what they held is lost unless redone)."""
+
+    stepped: dict[int, int]
+    unstepped: frozenset[int]
+    missing: dict[int, list[str]]
+    #: Holders a stage that stepped anyway (the last attempt) left out: their gradients are lost.
+    left_out: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -107,33 +122,82 @@ class RelayRoster:
             return self.probe_timeout_s
         return max(self.flow.node.config.keepalive_timeout_s, 2 * self.plane.ack_deadline_s)
 
-    async def end_iteration(self, iteration: int, reply_timeout_s: float) -> dict[int, int]:
-        """Ask every live relay to average with its stage's live replicas and step (each within
-        ``reply_timeout_s``); returns how many replicas of each stage stepped."""
-        stage_of = await self.reachable()
+    async def end_iteration(
+        self,
+        iteration: int,
+        reply_timeout_s: float,
+        holders: Mapping[str, int] | None = None,
+        attempt: int = 0,
+        stages: Collection[int] | None = None,
+    ) -> EndOutcome:
+        """Ask every live relay (of ``stages``, or all) to average with its stage's live
+        replicas and step (each within ``reply_timeout_s``). ``holders`` (relay -> stage) hold
+        gradients of the iteration: a stage whose round misses one does not step, unless this
+        is the last attempt (``control.EndIteration``)."""
+        holders = holders or {}
+        final = control.EndIteration(iteration, (), attempt=attempt).final
+        stage_of = {
+            relay: stage
+            for relay, stage in (await self.reachable()).items()
+            if stages is None or stage in stages
+        }
         alive = await self.probe(sorted(stage_of))
         self.unreachable.update(set(stage_of) - set(alive))
         by_stage: dict[int, list[str]] = {}
         for relay in alive:
             by_stage.setdefault(stage_of[relay], []).append(relay)
+        missing: dict[int, set[str]] = {}
+        for holder, stage in holders.items():
+            if holder not in alive and (stages is None or stage in stages):
+                missing.setdefault(stage, set()).add(holder)  # died after it said what it holds
+        unstepped = set(missing)
         stepped: dict[int, int] = {}
+        left_out: set[str] = set()
+        asking = {relay: trio.CancelScope() for relay in alive}
+        grace_s = self.probe_deadline_s()
 
         async def ask(relay: str) -> None:
-            request = control.EndIteration(iteration, tuple(by_stage[stage_of[relay]]))
-            try:
-                reply = control.decode_reply(
-                    await control.ask(self.plane.rpc, relay, request, reply_timeout_s)
-                )
-            except (PeerUnavailable, ProtocolError) as exc:
-                log.warning("relay %s did not end iteration %s: %s", relay, iteration, exc)
+            stage = stage_of[relay]
+            held_here = tuple(sorted(h for h, s in holders.items() if s == stage and h in alive))
+            request = control.EndIteration(iteration, tuple(by_stage[stage]), held_here, attempt)
+            reply = None
+            with asking[relay]:
+                try:
+                    reply = control.decode_reply(
+                        await control.ask(self.plane.rpc, relay, request, reply_timeout_s)
+                    )
+                except (PeerUnavailable, ProtocolError) as exc:
+                    log.warning("relay %s did not end iteration %s: %s", relay, iteration, exc)
+            if reply is None:
+                if relay in holders:
+                    missing.setdefault(stage, set()).add(relay)
                 return
+            said = reply.get("missing")
+            named = [h for h in said if holders.get(h) == stage] if isinstance(said, list) else []
             if reply["ok"]:
-                stepped[stage_of[relay]] = stepped.get(stage_of[relay], 0) + 1
+                stepped[stage] = stepped.get(stage, 0) + 1
+                left_out.update(named)
+            elif reply.get("why") == "incomplete":
+                unstepped.add(stage)
+                for holder in named:
+                    if holder in asking:
+                        # Its round went on without it: it died while averaging, or is slow.
+                        # Its own answer decides, but it is not waited for as long.
+                        deadline = trio.current_time() + grace_s
+                        asking[holder].deadline = min(asking[holder].deadline, deadline)
 
         async with trio.open_nursery() as nursery:
             for relay in alive:
-                nursery.start_soon(ask, relay)
-        return stepped
+                if final or stage_of[relay] not in missing:
+                    nursery.start_soon(ask, relay)
+        # One replica that stepped means its round was complete: a reply saying otherwise is
+        # another replica's (wrong) word.
+        return EndOutcome(
+            stepped,
+            frozenset(unstepped - set(stepped)),
+            {stage: sorted(m) for stage, m in missing.items()},
+            frozenset(left_out),
+        )
 
     async def probe(self, relays: list[str]) -> list[str]:
         """The relays among ``relays`` that answer a liveness probe (asked twice before a relay
