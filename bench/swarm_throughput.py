@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from node.status_file import read_results
 from node.swarm.plan import plan_from_file
 from node.swarm.run import run_swarm
 from node.training.config import named_config
@@ -85,6 +86,7 @@ def swarm_run(name: str, body: str, out: Path) -> dict[str, Any]:
         watcher.stop.set()
         watcher.join()
     summary["statuses"] = _statuses(out / name)
+    summary["data_results"] = read_results(out / name / "data.status.json")
     cpu_s = sum(s.get("cpu_s", 0.0) for s in summary["statuses"].values()) - watcher.cpu_at_start
     summary["cpu_ms_per_mb"] = 1000.0 * cpu_s / max(summary["microbatches"], 1)
     return summary
@@ -131,7 +133,7 @@ def print_breakdown(summary: dict[str, Any], local_cpu_ms: float) -> None:
             f"{t['in_flight_max']:>8}{t['computed']:>8}{1000 * t['compute_s'] / computed:>11.1f}"
             f"{1000 * t['queue_wait_s'] / computed:>9.1f}"
         )
-    results = summary["statuses"].get("data", {}).get("results", [])
+    results = summary["data_results"]
     total_s = sum(r["duration_s"] for r in results) or 1.0
     ending = sum(r.get("end_s", 0.0) for r in results) / total_s
     per_iteration = max(len(results), 1)

@@ -7,9 +7,11 @@ the node serves only peers that the chain (``chain.rpc_url`` or the devnet file'
 ``chain.devnet_file``) binds to a staked node of ``chain.run_id``.
 
 Flags of the process supervisor (``gwtf-node swarm``), not settings of the node:
-``--status-file`` (the node writes its listen address once started, hop statistics and refused
-peers every 0.25 s, and the data node's iteration results when it finishes — always by atomic
-rename, so a reader, or a ``kill -9`` mid-write, never sees a torn file); ``--start-file`` (with
+``--status-file`` (the node writes its PID, its listen address once started, hop statistics and
+refused peers every 0.25 s — always by atomic rename, so a reader, or a ``kill -9`` mid-write,
+never sees a torn file; a data node adds its latest iteration's result, and appends every result
+as a JSON line to ``results_file_of(status file)``, so the status stays small however long the
+run); ``--start-file`` (with
 its host up and its worker built, wait until that path exists before making itself known: a
 joiner started ahead of time, waiting for its moment); and
 ``--crash-on JSON`` ({"direction": "forward"|"backward", "iteration": int, "lock": path}): fault
@@ -36,26 +38,23 @@ from gwtf.errors import GwtfError
 from node.composition import live_config_from_settings, local_api_from_settings
 from node.local_api import LocalApi, run_local_api
 from node.local_api.snapshot import SnapshotBox
+from node.logs import configure_logging
 from node.runtime.fault_injection import arm_crash
 from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
 from node.runtime.roles.data import DataRole
 from node.settings import load_settings
+from node.status_file import ResultsLog, results_file_of, write_status
 from node.training.checkpoint import state_digest
 from node.training.trainer import PartTrainer
 
 log = logging.getLogger(__name__)
 
 
-def write_status(path: Path, status: dict[str, Any]) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(status))
-    os.replace(temporary, path)
-
-
 def node_status(node: LiveNode) -> dict[str, Any]:
     role = node.role
     status: dict[str, Any] = {
         "name": node.config.name,
+        "pid": os.getpid(),
         "peer_id": node.plane.node_id,
         "address": node.address,
         "role": node.config.role,
@@ -70,7 +69,8 @@ def node_status(node: LiveNode) -> dict[str, Any]:
         "cpu_s": sum(os.times()[:2]),
     }
     if isinstance(role, DataRole):
-        status["results"] = [dataclasses.asdict(r) for r in role.results]
+        status["iterations_done"] = len(role.results)
+        status["last_result"] = dataclasses.asdict(role.results[-1]) if role.results else None
         status["training"] = role.training
         status["finished"] = role.finished
     if node.receipts is not None:
@@ -110,10 +110,17 @@ async def run_process(
     started: list[LiveNode] = []
     extra = {"api_url": api.url} if api is not None else {}
 
+    results = ResultsLog(results_file_of(status_file))
+
+    def write(**finished: bool) -> None:
+        if isinstance(started[0].role, DataRole):
+            results.append(started[0].role.results)  # before the status that counts them
+        write_status(status_file, {**node_status(started[0]), **extra, **finished})
+
     async def report() -> None:
         while True:
             if started:
-                write_status(status_file, {**node_status(started[0]), **extra})
+                write()
             await trio.sleep(0.25)
 
     async with trio.open_nursery() as nursery:
@@ -127,7 +134,7 @@ async def run_process(
                 nursery.start_soon(run_local_api, node, api, SnapshotBox())
 
         await run_live_node(config, on_started)
-        write_status(status_file, {**node_status(started[0]), **extra, "finished": True})
+        write(finished=True)
         nursery.cancel_scope.cancel()
 
 
@@ -151,13 +158,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     name = Path(args.config).name.removesuffix(".toml")
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for noisy in ("libp2p", "multiaddr", "async_service"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
+    configure_logging(name)
     torch.set_num_threads(1)
     try:
         settings = load_settings(config_file=args.config)

@@ -54,7 +54,7 @@ def test_api_does_not_import_the_node(path: Path) -> None:
 # package directly under node/ or node/runtime/, or a top-level module of node/ (node.runtime
 # itself holds the live node's assembly).
 NODE_LAYERS: list[set[str]] = [
-    {"node.training", "node.p2p", "node.failpoints"},
+    {"node.training", "node.p2p", "node.failpoints", "node.logs", "node.status_file"},
     {"node.settings"},
     {"node.chain", "node.store", "node.runtime.flow"},
     {"node.receipts"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -20,6 +20,10 @@ from node.composition import open_contracts
 from node.devnet.anvil import DEFAULT_ANVIL
 from node.devnet.server import BACKENDS
 from node.settings import Settings
+from node.swarm.labels import crash_label, join_label
+
+if TYPE_CHECKING:
+    from node.swarm.chain import SwarmChain
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
@@ -69,6 +73,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     swarm.add_argument("--swarm-file", required=True, help="swarm file (TOML), see node/swarm/")
     swarm.add_argument("--out", default=".gwtf/swarm", help="folder for logs, states, summary")
     swarm.add_argument("--timeout-s", type=float, default=600.0)
+    swarm.add_argument(
+        "--keep-chain",
+        action="store_true",
+        help="leave the swarm's devnet serving after the run (until Ctrl-C), for other commands",
+    )
     return {"devnet": cmd_devnet, "fund": cmd_fund, "demo": cmd_demo, "swarm": cmd_swarm}
 
 
@@ -114,20 +123,77 @@ def cmd_demo(args: argparse.Namespace, settings: Settings, console: Console) -> 
 
 def cmd_swarm(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     from node.swarm.plan import plan_from_file
+    from node.swarm.progress import LiveProgress
     from node.swarm.run import run_swarm
 
     plan = plan_from_file(Path(args.swarm_file), Path(args.out))
     log = (plan.out_dir / "swarm.log").open("wb")
-    if not args.json:
-        console.print(f"swarm: logs in {plan.out_dir / 'swarm.log'}")
     with log:
-        summary = run_swarm(plan, log, args.timeout_s)
+        if args.json:
+            summary = run_swarm(plan, log, args.timeout_s, keep_chain=args.keep_chain)
+        else:
+            console.print(f"swarm: the nodes' logs are in {plan.out_dir / 'swarm.log'}")
+            with LiveProgress(plan, console, f"GWTF swarm: {Path(args.swarm_file).name}"):
+                summary = run_swarm(plan, log, args.timeout_s, keep_chain=args.keep_chain)
     if args.json:
-        return emit(args, console, summary, lambda c: None)
-    console.print_json(data=summary)
-    if summary["chain"].get("earnings"):
-        print_earnings(console, summary["chain"])
+        emit(args, console, summary, lambda c: None)
+    else:
+        print_swarm(console, summary, plan.out_dir / "summary.json")
+        if summary["chain"].get("earnings"):
+            print_earnings(console, summary["chain"])
+    if args.keep_chain and plan.chain is not None:
+        # With --json, stdout holds the summary alone.
+        serve_until_interrupted(plan.chain, Console(stderr=True) if args.json else console)
     return 0
+
+
+def serve_until_interrupted(chain: SwarmChain, console: Console) -> None:
+    """Keep the swarm's chain up for other commands until Ctrl-C (it dies with this process)."""
+    console.print(
+        f"the chain stays up at {chain.rpc_url} (run {chain.run_id}); try "
+        f"`gwtf-node --devnet-file {chain.devnet_file} runs list`; Ctrl-C stops it",
+        highlight=False,
+    )
+    try:
+        if chain.devnet is not None:
+            chain.devnet.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        chain.stop()
+
+
+def print_swarm(console: Console, summary: dict[str, Any], summary_file: Path) -> None:
+    """The swarm's run in a few lines; the whole summary is in ``summary_file``."""
+    work, recovered = summary["work"], summary["recovered_hops"]
+    losses = summary["loss_per_iteration"]
+    table = Table(title="the swarm's run", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("iterations", str(summary["iterations"]))
+    if losses:
+        table.add_row("loss", f"{losses[0]:.4f} -> {losses[-1]:.4f}")
+    table.add_row(
+        "microbatches",
+        f"{work['microbatches_completed']} of {work['microbatches_asked']} asked completed, "
+        f"{recovered['restarted_microbatches']} restarted",
+    )
+    table.add_row(
+        "gradients",
+        f"{work['gradients_redone']} redone after a crash ({work['microbatches_redone']} "
+        f"microbatches), {work['gradients_lost']} lost, {work['gradients_duplicated']} "
+        "counted twice",
+    )
+    table.add_row("throughput", f"{summary['throughput_mb_per_s']} microbatches/s")
+    table.add_row("crashes", ", ".join(map(crash_label, summary["crashes"])) or "none")
+    table.add_row("joins", ", ".join(map(join_label, summary["joins"])) or "none")
+    out_of_step = summary["replicas_out_of_step"]
+    flagged = [
+        f"{r['node']} (step {r['step']}, expected {r['expected_step']})" for r in out_of_step
+    ]
+    table.add_row("replicas out of step", ", ".join(flagged) or "none")
+    console.print(table)
+    console.print(f"summary: {summary_file}", highlight=False)
 
 
 def print_earnings(console: Console, chain: dict[str, Any]) -> None:

@@ -35,6 +35,7 @@ from node.cli.args import Command, add_wallet_flags, port, whole
 from node.composition import live_config_from_settings, local_api_from_settings, open_contracts
 from node.local_api import LocalApi, run_local_api
 from node.local_api.snapshot import SnapshotBox
+from node.logs import configure_logging
 from node.p2p.identity import identity_from_key, peer_id_of
 from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
 from node.settings import Settings, load_settings
@@ -84,7 +85,7 @@ def cmd_start(args: argparse.Namespace, settings: Settings, console: Console) ->
         console.print(f"node {node} (peer id {peer_id}) starts in run {args.run} as a {role} node")
         if api is not None:
             console.print(f"dashboard and API: {api.url}  (OpenAPI docs at {api.url}/docs)")
-        _quiet_libraries()
+        configure_logging(node)
         trio.run(run_until_stopped, config, api, console)
     console.print("the node left its run; its database is closed")
     return 0
@@ -255,11 +256,3 @@ async def run_until_stopped(config: LiveNodeConfig, api: LocalApi | None, consol
         nursery.cancel_scope.cancel()
     if started and started[0].receipts is not None:
         started[0].receipts.cycle.records.db.close()
-
-
-def _quiet_libraries() -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    for noisy in ("libp2p", "multiaddr", "async_service"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)

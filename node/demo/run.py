@@ -25,12 +25,13 @@ from rich.table import Table
 from node.chain.adapter import format_eth
 from node.demo.plan import CHEATER, demo_swarm
 from node.demo.plots import write_plots
-from node.demo.progress import LiveProgress
 from node.demo.report import DemoReport, Planned, demo_report
 from node.export.run import export_run
 from node.export.writer import CONFIG_FILE, PROVENANCE_FILE, WEIGHTS_FILE
+from node.status_file import read_results
 from node.swarm.plan import SwarmPlan, plan_from_file
-from node.swarm.run import live_addresses, read_status, run_swarm
+from node.swarm.progress import LiveProgress
+from node.swarm.run import live_addresses, run_swarm
 
 WEI_PER_ETH = 10**18
 EXPORT_TIMEOUT_S = 30.0
@@ -67,7 +68,7 @@ def run_demo(options: DemoOptions, console: Console, live: bool = True) -> DemoR
     end = _AtTheEnd(results=[])
 
     def before_stop(plan: SwarmPlan, summary: dict[str, Any]) -> None:
-        end.results = (read_status(plan.procs["data"]) or {}).get("results", [])
+        end.results = read_results(plan.procs["data"].status_file)
         chain = plan.chain
         assert chain is not None, "the demo's swarm runs on a chain"
         run = chain.contracts.port().run_info(chain.run_id)
@@ -86,7 +87,9 @@ def run_demo(options: DemoOptions, console: Console, live: bool = True) -> DemoR
     )
     with (out / "swarm.log").open("wb") as log:
         if live:
-            with LiveProgress(plan, console):
+            with LiveProgress(
+                plan, console, "GWTF demo: a swarm on loopback", "exporting the model"
+            ):
                 summary = run_swarm(plan, log, options.timeout_s, before_stop)
         else:
             summary = run_swarm(plan, log, options.timeout_s, before_stop)

@@ -83,6 +83,7 @@ class RunDirectory:
         validator = NamespacedValidator({CARD_NAMESPACE: CardValidator()}, strict_validation=True)
         self.dht = KadDHT(host, DHTMode.SERVER, validator=validator, strict_validation=True)
         self.refused: dict[str, int] = {}
+        self._announced_all = True  # the last announcement reached every record's peers
         if admit is not None:
             self._serve_only(admit)
 
@@ -148,10 +149,17 @@ class RunDirectory:
                 nursery.start_soon(put_card)
                 for key in provider_keys:
                     nursery.start_soon(provide, key)
-        if len(done) < 1 + len(provider_keys):
-            log.info("announced %s of %s DHT records", len(done), 1 + len(provider_keys))
-            return False
-        return True
+        complete = len(done) == 1 + len(provider_keys)
+        if complete != self._announced_all:
+            # Said once when it starts and once when it ends: a node alone in its run, or
+            # with dead peers in its routing table, misses some every period.
+            if complete:
+                log.info("every DHT record is announced again")
+            else:
+                log.info("announced %s of %s DHT records; retrying each period (quiet until "
+                         "all are)", len(done), 1 + len(provider_keys))  # fmt: skip
+        self._announced_all = complete
+        return complete
 
     async def find_providers(self, key: bytes) -> list[PeerInfo]:
         """Providers of ``key``: the local store, then the routing table's peers closest to the

@@ -123,8 +123,6 @@ class SwarmPlan:
     joins: list[dict[str, Any]] = field(default_factory=list)
     chain: SwarmChain | None = None
     strangers: dict[str, str] = field(default_factory=dict)  # name -> peer id
-    #: The last status of each killed node that was started again (its first life's work).
-    retired: list[dict[str, Any]] = field(default_factory=list)
     last_epoch: int = -1  # the last epoch settled on chain (-1: no epoch cycle)
     #: The audit of the epochs, each proved before it settled (``node.swarm.audit``).
     audit: SwarmAudit | None = None

@@ -6,11 +6,13 @@ writes each node's settings file (``<out>/<name>.toml``, the ``node.settings`` f
 the data node, then the relays, each as ``python -m node.process`` on 127.0.0.1 with
 the topology's link emulation and, with the chain on, admission: a node serves only peers that
 the chain binds to a staked node of the run. It kills nodes with SIGKILL and starts joiners
-(registered just before they enter) on the churn schedule; streams the nodes' logs with a name
-prefix; and when the data node has trained its iterations writes a JSON summary (iterations,
-microbatches, loss per iteration, throughput, crashes, joins, recovered hops, each live relay's
-step and digest and those out of step with their stage, and the chain: RPC URL, run id,
-registered nodes, refused peers).
+(registered just before they enter) on the churn schedule, and tells those deaths from fault
+injection's and from kills by hand; streams the nodes' logs (each line names its node) into
+one file; and when the data node has trained its iterations writes a JSON summary (iterations,
+microbatches, loss per iteration, throughput, crashes, joins, recovered hops, the work asked,
+completed, redone and lost, each live relay's step and digest and those out of step with their
+stage, and the chain: RPC URL, run id, registered nodes, refused peers). ``progress.py`` draws
+it live.
 
 The swarm file's format and checks are ``node.swarm.plan``'s.
 """
@@ -36,6 +38,7 @@ from gwtf.errors import GwtfError
 from node.audit.reexecute import Replayer
 from node.audit.runner import Sampling
 from node.settings import AUTO_STAGE
+from node.status_file import read_results
 from node.swarm.audit import SwarmAudit
 from node.swarm.chain import (
     DEVNET_SCRYPT_N,
@@ -128,10 +131,13 @@ def run_swarm(
     log: IO[bytes] | None = None,
     timeout_s: float = 600.0,
     before_stop: Callable[[SwarmPlan, dict[str, Any]], None] | None = None,
+    keep_chain: bool = False,
 ) -> dict[str, Any]:
     """Run the swarm to the end of the data node's iterations; returns the summary.
     ``before_stop(plan, summary)`` runs while the nodes still serve (the demo exports the
-    model from them)."""
+    model from them). ``keep_chain``: a run that succeeds leaves its chain up
+    (``plan.chain.stop()`` stops it)."""
+    succeeded = False
     stages, per_stage = plan.run["stages"], plan.swarm["relays_per_stage"]
     started = time.monotonic()
     # A previous run in this folder leaves go files and crash locks that would start joiners at
@@ -142,6 +148,7 @@ def run_swarm(
         *plan.out_dir.glob("*.go"),
         *plan.out_dir.glob("crash-*.lock"),
         *plan.out_dir.glob("*.sqlite*"),
+        *plan.out_dir.glob("*.results.jsonl"),
     ):
         stale.unlink()
     for evidence in plan.out_dir.glob("*.evidence"):
@@ -189,12 +196,16 @@ def run_swarm(
                 lambda: _claimed(plan),
                 lambda epoch: audit.epoch(epoch, live_addresses(plan)),
             )
+        last_check = time.monotonic()
         while not _trained(data_nodes):
             now = time.monotonic()
             if now - started > timeout_s:
                 raise GwtfError(f"the swarm did not finish within {timeout_s:g} s")
             if epochs is not None:
-                epochs.trained(len((read_status(data) or {}).get("results", [])))
+                epochs.trained(int((read_status(data) or {}).get("iterations_done", 0)))
+            if now - last_check >= 1.0:
+                _record_injected_crashes(plan)  # and kills by hand, shown as they happen
+                last_check = now
             while events and now - training_from >= float(events[0]["t"]):
                 _apply(plan, events.pop(0), now - training_from, log)
             if now >= next_random:
@@ -212,6 +223,7 @@ def run_swarm(
         )
         if before_stop is not None:
             before_stop(plan, summary)
+        succeeded = True
         return summary
     finally:
         for proc in plan.procs.values():
@@ -222,7 +234,7 @@ def run_swarm(
                 proc.popen.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.popen.kill()
-        if plan.chain is not None:
+        if plan.chain is not None and not (keep_chain and succeeded):
             plan.chain.stop()
 
 
@@ -377,9 +389,6 @@ def _restart(plan: SwarmPlan, name: str, at_s: float, log: IO[bytes] | None) -> 
     proc = plan.procs.get(name)
     if proc is None or proc.popen.poll() is None:
         return  # never started, or still running (its kill came later than planned)
-    status = read_status(proc)
-    if status is not None:
-        plan.retired.append(status)
     settings = tomllib.loads((plan.out_dir / f"{name}.toml").read_text())
     settings["node"]["join"] = True
     start_node(plan, settings, log)
@@ -387,11 +396,19 @@ def _restart(plan: SwarmPlan, name: str, at_s: float, log: IO[bytes] | None) -> 
 
 
 def _record_injected_crashes(plan: SwarmPlan) -> None:
-    """Nodes that fault injection killed (they died by SIGKILL, not by the schedule)."""
-    for name, proc in plan.procs.items():
-        if not proc.killed and proc.popen.poll() == -signal.SIGKILL:
-            proc.killed = True
-            plan.crashes.append({"t": None, "node": name, "injected": True})
+    """Nodes that died by SIGKILL, not by the schedule: fault injection's (the node names
+    itself in the crash lock it took), or a person's (``kill -9`` by hand)."""
+    dead = [n for n, p in plan.procs.items() if not p.killed and p.popen.poll() == -signal.SIGKILL]
+    injected = set()
+    for lock in plan.out_dir.glob("crash-*.lock"):  # read after the deaths: each named itself
+        try:
+            injected.add(lock.read_text())
+        except OSError:
+            continue
+    for name in dead:
+        plan.procs[name].killed = True
+        how = "injected" if name in injected else "by_hand"
+        plan.crashes.append({"t": None, "node": name, how: True})
 
 
 def _api_view(status: dict[str, Any] | None, proc: Proc) -> dict[str, Any] | None:
@@ -438,13 +455,11 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
             raise GwtfError(
                 f"data node {proc.name} failed (exit {proc.popen.returncode}); see its log"
             )
-    results = status["results"]
+    results = read_results(data.status_file)
     statuses = {name: read_status(proc) for name, proc in plan.procs.items()}
     stats = [s["stats"] for s in statuses.values() if s is not None]
-    data_statuses = [statuses[proc.name] or {} for proc in data_nodes] + [
-        status for status in plan.retired if status.get("role") == "data"
-    ]
-    all_results = [r for status in data_statuses for r in status.get("results", [])]
+    # A restarted data node appends to its predecessor's results file.
+    all_results = [r for proc in data_nodes for r in read_results(proc.status_file)]
     microbatches = sum(r["microbatches"] for r in all_results)
     train_s = sum(r["duration_s"] for r in results)
     losses: dict[int, list[float]] = {}
