@@ -176,7 +176,7 @@ def print_swarm(console: Console, summary: dict[str, Any], summary_file: Path) -
     table.add_row(
         "microbatches",
         f"{work['microbatches_completed']} of {work['microbatches_asked']} asked completed, "
-        f"{recovered['restarted_microbatches']} restarted",
+        f"{work['microbatches_lost']} lost, {recovered['restarted_microbatches']} restarted",
     )
     table.add_row(
         "gradients",

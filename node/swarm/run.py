@@ -466,6 +466,8 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
     for result in all_results:
         losses.setdefault(result["iteration"], []).append(result["loss"])
     run_step = status.get("step")  # the first data node's: it steps once per iteration
+    asked = plan.run["iterations"] * plan.run["microbatches_per_iteration"]
+    asked *= plan.swarm["data_nodes"]
     relays = {
         name: {key: s.get(key) for key in ("stage", "step", "state_digest", "hops_recorded")}
         for name, s in statuses.items()
@@ -496,10 +498,9 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
         # replica before its stage averaged and was computed again on a live one; lost: it
         # died and could not be; duplicated: two replicas held it (it counted twice).
         "work": {
-            "microbatches_asked": plan.run["iterations"]
-            * plan.run["microbatches_per_iteration"]
-            * plan.swarm["data_nodes"],
+            "microbatches_asked": asked,
             "microbatches_completed": microbatches,
+            "microbatches_lost": max(0, asked - microbatches),
             "microbatches_redone": sum(s.get("microbatches_redone", 0) for s in stats),
             "gradients_redone": sum(s.get("gradients_redone", 0) for s in stats),
             "gradients_lost": sum(s.get("gradients_lost", 0) for s in stats),

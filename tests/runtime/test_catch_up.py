@@ -17,6 +17,7 @@ import trio
 from coordinator_free.protocol.state import Peer
 from gwtf.errors import ProtocolError
 from node.p2p.rpc import Decline
+from node.runtime.dataplane.hop import BACKWARD, FLAG_REDO, FLAG_REPAIR, FORWARD
 from node.runtime.roles.relay import RelayRole
 from node.runtime.roles.relay_roster import RelayRoster
 
@@ -103,23 +104,37 @@ def test_a_relay_that_loads_its_replicas_state_takes_their_step() -> None:
     assert relay.worker.step_count == 6 and relay.resynced.is_set()
 
 
+def hop(iteration: int, flags: int = 0, direction: int = FORWARD) -> SimpleNamespace:
+    return SimpleNamespace(iteration=iteration, flags=flags, direction=direction)
+
+
 def test_a_hop_is_computed_only_while_its_iteration_is_neither_ending_nor_past() -> None:
     """Checked in the compute thread the step runs in: a hop that waited there behind the
     iteration's end (a straggler from a data node left out) is declined, not computed on a
-    graph or weights the step changed."""
-    relay = SimpleNamespace(worker=SimpleNamespace(step_count=4), stage=1, _closing=3)
+    graph or weights the step changed. Between the attempts of an end whose round missed a
+    holder, only the redo's hops are computed."""
+    relay = SimpleNamespace(worker=SimpleNamespace(step_count=4), stage=1, _closing=3, _reopened=-1)
     computed: list[int] = []
 
     def compute(microbatch: int) -> int:
         computed.append(microbatch)
         return microbatch
 
-    assert RelayRole._in_step(relay, 4, compute, 7) == 7  # type: ignore[arg-type]
+    def in_step(header: SimpleNamespace, microbatch: int) -> int:
+        return RelayRole._in_step(relay, header, compute, microbatch)  # type: ignore[arg-type]
+
+    assert in_step(hop(4), 7) == 7
     relay._closing = 4  # the end of iteration 4 began
     with pytest.raises(Decline, match="ending or past it"):
-        RelayRole._in_step(relay, 4, compute, 8)  # type: ignore[arg-type]
+        in_step(hop(4), 8)
+    relay._reopened = 4  # its round missed a holder: the redo's hops, and only those
+    assert in_step(hop(4, FLAG_REPAIR), 11) == 11
+    assert in_step(hop(4, FLAG_REDO, BACKWARD), 12) == 12
+    for straggler in (hop(4), hop(4, 0, BACKWARD), hop(4, FLAG_REPAIR, BACKWARD)):
+        with pytest.raises(Decline):
+            in_step(straggler, 13)
     relay.worker.step_count = 5  # stepped
     with pytest.raises(Decline):
-        RelayRole._in_step(relay, 4, compute, 9)  # type: ignore[arg-type]
-    assert RelayRole._in_step(relay, 5, compute, 10) == 10  # type: ignore[arg-type]
-    assert computed == [7, 10]
+        in_step(hop(4, FLAG_REPAIR), 9)
+    assert in_step(hop(5), 10) == 10
+    assert computed == [7, 11, 12, 10]

@@ -81,7 +81,7 @@ def forward(role: RelayRole, microbatch: int) -> tuple[HopReceipt, bytes, bytes]
     )  # fmt: skip
     tensor = codec.decode(bytearray(frame), LIMITS).tensor
     try:
-        out_frame = role._in_step(ITERATION, role._forward, header, frame, tensor)
+        out_frame = role._in_step(header, role._forward, header, frame, tensor)
     except Decline:
         return None
     role.worker.drop(microbatch)
