@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -67,16 +68,23 @@ def test_ctrl_c_stops_the_demo_and_every_process_it_started(tmp_path: Path) -> N
             time.sleep(0.5)
         started = session_processes(demo.pid)
         assert len(started) > 5, "the chain and the nodes run in the demo's session"
-        os.killpg(demo.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
-        assert demo.wait(timeout=60) == 130
-        deadline = time.monotonic() + 15
-        while session_processes(demo.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert session_processes(demo.pid) == [], "a process outlived the demo"
+        assert interrupt(demo, timeout_s=60) == 130
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
         demo.wait()
+
+
+def interrupt(command: subprocess.Popen[Any], timeout_s: float) -> int:
+    """Ctrl-C to ``command``'s session, as a terminal sends it; its exit code, once no process
+    of its session is left."""
+    os.killpg(command.pid, signal.SIGINT)
+    code = command.wait(timeout=timeout_s)
+    deadline = time.monotonic() + 15
+    while session_processes(command.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert session_processes(command.pid) == [], "a process outlived the command"
+    return code
 
 
 def session_processes(session: int) -> list[int]:

@@ -14,7 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.node.test_demo import session_processes
+from tests.node.test_demo import interrupt
 
 SWARM_FILE = """
 [run]
@@ -72,12 +72,7 @@ def test_the_swarm_command_reports_in_a_few_lines_and_keeps_its_chain_until_ctrl
         )  # fmt: skip
         assert listed.returncode == 0, listed.stderr
         assert run_id in [run["run_id"] for run in json.loads(listed.stdout)]
-        os.killpg(swarm.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
-        assert swarm.wait(timeout=30) == 0
-        deadline = time.monotonic() + 15
-        while session_processes(swarm.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert session_processes(swarm.pid) == [], "a process outlived the swarm command"
+        assert interrupt(swarm, timeout_s=30) == 0
         assert not (out / "devnet.json").exists(), "the file of a chain that is gone"
     finally:
         if swarm.poll() is None:
