@@ -522,6 +522,10 @@ def _serve_control(
             if isinstance(message, control.Holds):
                 return await role.holds(message)
             return role.expect_redo(peer, message)
+        if isinstance(message, control.RedoLost):
+            if not isinstance(role, DataRole):
+                raise ProtocolError("only a data node redoes its share's lost gradients")
+            return await role.redo_lost(peer, message)
         if isinstance(
             message, control.Shard | control.BatchDone | control.IterationEnded | control.Rejoin
         ):

@@ -233,6 +233,27 @@ def test_a_relay_dying_mid_iteration_after_its_backwards_loses_no_gradient(tmp_p
     assert results[1].gradients_redone >= 1 and results[1].gradients_lost == 0
 
 
+def die_while_averaging(swarm: Swarm, name: str, died: list[str]) -> None:
+    """``name`` dies as it enters iteration 1's average holding gradients (the first to)."""
+    averager = swarm.nodes[name].role.averager  # type: ignore[union-attr]
+    average = averager.average
+
+    async def dying(
+        stage: int,
+        iteration: int,
+        own: GradientShare,
+        replicas: Sequence[str],
+        attempt: int = 0,
+    ) -> RoundResult:
+        if iteration == 1 and own.microbatch_count > 0 and not died:
+            died.append(name)
+            swarm.crash(name)
+            await trio.sleep_forever()
+        return await average(stage, iteration, own, replicas, attempt)
+
+    averager.average = dying  # type: ignore[method-assign]
+
+
 def test_a_replica_dying_while_its_stage_averages_loses_no_gradient(tmp_path: Path) -> None:
     """A stage-2 replica holding gradients dies as iteration 1's end asks it to average, before
     its share reaches the round: the stage does not step, what it held is redone on the other
@@ -241,29 +262,10 @@ def test_a_replica_dying_while_its_stage_averages_loses_no_gradient(tmp_path: Pa
     relays = {"a1": 1, "b1": 2, "b2": 2}
     died: list[str] = []
 
-    def die_while_averaging(swarm: Swarm, name: str) -> None:
-        averager = swarm.nodes[name].role.averager  # type: ignore[union-attr]
-        average = averager.average
-
-        async def dying(
-            stage: int,
-            iteration: int,
-            own: GradientShare,
-            replicas: Sequence[str],
-            attempt: int = 0,
-        ) -> RoundResult:
-            if iteration == 1 and own.microbatch_count > 0 and not died:
-                died.append(name)
-                swarm.crash(name)
-                await trio.sleep_forever()
-            return await average(stage, iteration, own, replicas, attempt)
-
-        averager.average = dying  # type: ignore[method-assign]
-
     async def kill(swarm: Swarm) -> None:
         await data_role(swarm, relays)
-        die_while_averaging(swarm, "b1")
-        die_while_averaging(swarm, "b2")
+        die_while_averaging(swarm, "b1", died)
+        die_while_averaging(swarm, "b2", died)
 
     results = run_with_kill(tmp_path, 2, relays, kill)
     assert died
@@ -272,3 +274,34 @@ def test_a_replica_dying_while_its_stage_averages_loses_no_gradient(tmp_path: Pa
     )
     assert results[1].gradients_redone >= 1 and results[1].gradients_lost == 0
     assert [r.relays_stepped for r in results] == [3, 2, 2]
+
+
+def test_with_two_data_nodes_each_redoes_its_share_of_a_replica_dying_while_averaging(
+    tmp_path: Path,
+) -> None:
+    """The replica held both data nodes' gradients; the one in charge of the end is told the
+    other's holders, and has it redo its share's lost gradients before the stage ends again."""
+    relays = {"a1": 1, "b1": 2, "b2": 2}
+    died: list[str] = []
+    swarm = Swarm()
+
+    async def kill(swarm: Swarm) -> None:
+        for name in ("data", "data-1"):
+            while name not in swarm.nodes:
+                await trio.sleep(0.01)
+            swarm.nodes[name].role.roster.probe_timeout_s = 2.0  # type: ignore[union-attr]
+        await data_role(swarm, relays)
+        die_while_averaging(swarm, "b1", died)
+        die_while_averaging(swarm, "b2", died)
+
+    async def main() -> None:
+        with trio.fail_after(150):
+            await run_swarm(tmp_path, ITERATIONS, BATCH, relays, kill, swarm, data_nodes=2)
+
+    trio.run(main)
+    assert died
+    first, second = swarm.results["data"], swarm.results["data-1"]
+    losses = [(a.loss + b.loss) / 2 for a, b in zip(first, second, strict=True)]
+    assert losses == pytest.approx(reference_losses(ITERATIONS, 2 * BATCH), rel=EXACT)
+    assert sum(r.gradients_redone for r in first + second) >= 2, "both shares redone"
+    assert all(r.gradients_lost == 0 and r.restarts == 0 for r in first + second)

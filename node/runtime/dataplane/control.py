@@ -26,16 +26,20 @@ mistyped field is a ``ProtocolError`` (charged to the sender by the rpc layer).
                                                                 spare], ...]}
     {"type": "shard"}                                       -> {"ok": true, "shard": int,
                                                                 "shards": int}
-    {"type": "batch_done", "iteration": int}                -> {"ok": true}
+    {"type": "batch_done", "iteration": int,
+     "holders": [peer id]}                                  -> {"ok": true}
+    {"type": "redo_lost", "iteration": int, "stages": int}  -> {"ok": bool, "holders": [peer id]}
     {"type": "iteration_ended", "iteration": int,
      "relays_stepped": int, "members": [peer id]}           -> {"ok": true}
     {"type": "rejoin"}                                      -> {"ok": true}
 
 ``loads`` lists the asking node's view of the run: itself and the live peers its flow protocol
 knows (at most ``MAX_LOADS``, taken stage by stage in turn), for a relay choosing its stage.
-``shard``, ``batch_done``, ``iteration_ended`` and ``rejoin`` pass between the data nodes of a run
-(``data_peers.py``): which shard of each iteration the asked one starts, of how many; every
-microbatch of the sender's share of the iteration is done; the relays have stepped, and which
+``shard``, ``batch_done``, ``redo_lost``, ``iteration_ended`` and ``rejoin`` pass between the data
+nodes of a run (``data_peers.py``): which shard of each iteration the asked one starts, of how
+many; every microbatch of the sender's share of the iteration is done, and which relays hold its
+gradients; redo the lost gradients of your share at these stages (``stages``: bit s set for
+stage s; a round missed a holder) and name your holders now; the relays have stepped, and which
 data nodes train the next iteration; take the sender (back) into the run.
 A trace's ``state`` is one of ``TRACE_STATES`` (``TRACE_BACK_STATES`` for ``trace_back``): what
 the asked node knows of the microbatch's forward (backward); ``next`` names whom it delivered it
@@ -199,9 +203,23 @@ class Shard:
 
 @dataclass(frozen=True)
 class BatchDone:
-    """(Between data nodes.) Every microbatch of my share of ``iteration`` is done."""
+    """(Between data nodes.) Every microbatch of my share of ``iteration`` is done; these
+    relays hold its gradients (the end must hear from each)."""
 
     iteration: int
+    holders: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RedoLost:
+    """(Between data nodes.) A round of these stages (bit s for stage s) missed a holder: redo
+    the gradients of your share no live replica holds, and name your holders now."""
+
+    iteration: int
+    stages: int
+
+    def stage_set(self, stages: int) -> frozenset[int]:
+        return frozenset(s for s in range(1, stages + 1) if self.stages >> s & 1)
 
 
 @dataclass(frozen=True)
@@ -241,6 +259,7 @@ ControlRequest = (
     | RedoBack
     | Shard
     | BatchDone
+    | RedoLost
     | IterationEnded
     | Rejoin
 )
@@ -258,6 +277,7 @@ _TYPES: dict[str, type[Any]] = {
     "redo_back": RedoBack,
     "shard": Shard,
     "batch_done": BatchDone,
+    "redo_lost": RedoLost,
     "iteration_ended": IterationEnded,
     "rejoin": Rejoin,
 }
@@ -275,7 +295,8 @@ _FIELDS: dict[type[Any], dict[str, type]] = {
     ExpectRedo: {"iteration": int, "microbatch": int, "sender": str},
     RedoBack: _RESEND_FIELDS,
     Shard: {},
-    BatchDone: {"iteration": int},
+    BatchDone: {"iteration": int, "holders": list},
+    RedoLost: {"iteration": int, "stages": int},
     IterationEnded: {"iteration": int, "relays_stepped": int, "members": list},
     Rejoin: {},
 }

@@ -73,9 +73,11 @@ JOINER_FLOW_ROUNDS = 5
 
 @dataclass(frozen=True)
 class Redone:
-    """What saving an iteration's lost gradients found: its first microbatch, the microbatches'
-    final backward paths, and the report (redone again if an end misses a holder)."""
+    """What saving an iteration's lost gradients found: the iteration, its first microbatch,
+    the microbatches' final backward paths, and the report (redone again if an end misses a
+    holder)."""
 
+    iteration: int
     first: int
     paths: dict[int, tuple[str, ...]]
     report: RedoReport
@@ -137,6 +139,8 @@ class DataRole:
     epoch: int = 0
     #: An iteration (of ``epoch``) is under way: its epoch's certificate waits for it.
     iterating: bool = False
+    #: The iteration being ended, and what saving its lost gradients found.
+    ending: Redone | None = None
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
@@ -328,19 +332,25 @@ class DataRole:
         ending = trio.current_time()
         paths = {m: self.paths[(iteration, m)] for m in pending}
         redo = await self.redo.save_lost(iteration, first, paths)
-        data_nodes = await self.peers.agree_done(iteration) if self.peers else [self.node_id]
+        # Until the iteration ends, the data node in charge may have it redo more (RedoLost).
+        self.ending = redone = Redone(iteration, first, paths, redo)
+        data_nodes = [self.node_id]
         try:
+            if self.peers is not None:
+                data_nodes = await self.peers.agree_done(iteration, tuple(sorted(redo.holders)))
             async with trio.open_nursery() as nursery:
                 # The data node's own step needs nothing from the relays: take it meanwhile.
                 nursery.start_soon(self._step_own_part, iteration, data_nodes)
                 stepped_by_stage, relays_stepped = await self._relays_end(
-                    iteration, data_nodes, Redone(first, paths, redo)
+                    iteration, data_nodes, redone
                 )
         except BaseExceptionGroup as group:
             left_out_now = group.subgroup(LeftOut)
             if left_out_now is not None:
                 raise left_out_now.exceptions[0] from None
             raise
+        finally:
+            self.ending = None
         end_s = trio.current_time() - ending
         self.stats.gradients_redone += redo.redone
         self.stats.gradients_lost += redo.lost
@@ -408,20 +418,24 @@ class DataRole:
             stepped = await self.peers.ended_by_other(iteration, data_nodes)
             if stepped is not None:
                 return None, stepped
-        by_stage = await self._end_all_stages(iteration, redone)
+        by_stage = await self._end_all_stages(iteration, redone, data_nodes)
         if self.peers is not None:
             await self.peers.announce_ended(iteration, sum(by_stage.values()), data_nodes)
         return by_stage, sum(by_stage.values())
 
-    async def _end_all_stages(self, iteration: int, redone: Redone) -> dict[int, int]:
+    async def _end_all_stages(
+        self, iteration: int, redone: Redone, data_nodes: list[str]
+    ) -> dict[int, int]:
         """End the iteration at every stage; a stage whose round missed a replica holding
-        gradients (it died while averaging) has them redone on live replicas and is ended
-        again, up to ``control.MAX_END_ATTEMPTS`` times. Returns how many replicas of each
-        stage stepped."""
+        gradients (it died while averaging) has them redone on live replicas, by every data
+        node for its share, and is ended again, up to ``control.MAX_END_ATTEMPTS`` times.
+        Returns how many replicas of each stage stepped."""
         stepped: dict[int, int] = {}
         report, stages = redone.report, None
+        others = self.peers.holders_of_others(iteration, data_nodes) if self.peers else set()
         for attempt in range(control.MAX_END_ATTEMPTS):
-            holders = {relay: stage for relay, (stage, _) in report.holders.items()}
+            holders = self._stages_of(others)
+            holders.update({relay: stage for relay, (stage, _) in report.holders.items()})
             outcome = await self.roster.end_iteration(
                 iteration, 4 * self.stall_timeout_s, holders, attempt, stages
             )
@@ -429,7 +443,9 @@ class DataRole:
             for relay in sorted({r for relays in outcome.missing.values() for r in relays}):
                 self.roster.gone(relay)  # it held gradients and did not answer
             if outcome.left_out:
-                lost = sum(report.holders[relay][1] for relay in outcome.left_out)
+                # How many of another data node's gradients its holder held is not told here:
+                # at least one.
+                lost = sum(report.holders.get(r, (0, 1))[1] for r in outcome.left_out)
                 redone.report.left_out += lost
                 log.warning(
                     "iteration %s: %s gradient(s) of replicas that died while averaging are "
@@ -448,7 +464,30 @@ class DataRole:
             )
             report = await self.redo.save_lost(iteration, redone.first, redone.paths, stages)
             redone.report.add(report)
+            if self.peers is not None:
+                others = await self.peers.redo_lost(
+                    iteration, frozenset(stages), data_nodes, 4 * self.stall_timeout_s
+                )
         return stepped
+
+    def _stages_of(self, relays: set[str]) -> dict[str, int]:
+        """Relay -> stage, for the relays this node knows the stage of (every relay answered
+        its ``Holds``)."""
+        known = self.roster.told | self.roster.believed()
+        return {relay: known[relay] for relay in relays if relay in known}
+
+    async def redo_lost(self, peer: str, request: control.RedoLost) -> bytes:
+        """The data node ending the iteration asks this one to redo its share's lost gradients
+        at the stages whose round missed a holder."""
+        if self.peers is None or peer not in self.peers.known():
+            raise ProtocolError(f"{peer} is not a data node of this run")
+        redone = self.ending
+        if redone is None or redone.iteration != request.iteration:
+            return control.encode_reply(False, why="not ending that iteration", holders=[])
+        stages = request.stage_set(self.plane.stages)
+        report = await self.redo.save_lost(redone.iteration, redone.first, redone.paths, stages)
+        redone.report.add(report)
+        return control.encode_reply(True, holders=sorted(report.holders))
 
     def _take_attempt(self, key: tuple[int, int]) -> int:
         """The next attempt number of a microbatch: restarts and repaired hops each take a new

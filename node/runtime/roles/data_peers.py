@@ -72,6 +72,8 @@ class DataPeers:
     gone: set[str] = field(default_factory=set)
     iteration: int = 0  # the iteration this data node is in
     done: dict[int, set[str]] = field(default_factory=dict)  # iteration -> whose share is done
+    #: iteration -> data node -> the relays holding its share's gradients (``BatchDone``).
+    holders: dict[int, dict[str, tuple[str, ...]]] = field(default_factory=dict)
     ended: dict[int, int] = field(default_factory=dict)  # iteration -> relays that stepped
     #: iteration -> the data nodes of the next one, as its end announced them.
     next_members: dict[int, tuple[str, ...]] = field(default_factory=dict)
@@ -202,6 +204,7 @@ class DataPeers:
             return control.encode_reply(True)  # a late word about an iteration that is over
         if isinstance(message, control.BatchDone):
             self.done.setdefault(message.iteration, set()).add(peer)
+            self.holders.setdefault(message.iteration, {})[peer] = message.holders
         else:
             self.ended[message.iteration] = message.relays_stepped
             self.next_members[message.iteration] = message.members
@@ -247,13 +250,13 @@ class DataPeers:
         self.iteration = self.start_at
         return self.start_at
 
-    async def agree_done(self, iteration: int) -> list[str]:
-        """Say that this data node's share of ``iteration`` is done; return the data nodes whose
-        share is done (sorted, this one included) once every other one has said so or is gone,
-        or the iteration was ended meanwhile."""
+    async def agree_done(self, iteration: int, holders: tuple[str, ...] = ()) -> list[str]:
+        """Say that this data node's share of ``iteration`` is done (and which relays hold its
+        gradients); return the data nodes whose share is done (sorted, this one included) once
+        every other one has said so or is gone, or the iteration was ended meanwhile."""
         async with trio.open_nursery() as nursery:
             for peer in self.others():
-                nursery.start_soon(self._tell, peer, control.BatchDone(iteration))
+                nursery.start_soon(self._tell, peer, control.BatchDone(iteration, holders))
         while iteration not in self.ended:
             waiting = [p for p in self.others() if p not in self.done.get(iteration, ())]
             if not waiting:
@@ -263,8 +266,9 @@ class DataPeers:
             if not await self._wait_for_change(self.patience_s):
                 await self._probe_all(waiting)
                 await self.check_in(iteration)
-        for old in [i for i in self.done if i < iteration]:
-            del self.done[old]
+        for kept in (self.done, self.holders):
+            for old in [i for i in kept if i < iteration]:
+                del kept[old]
         return sorted(({self.node_id} | self.done.get(iteration, set())) - self.gone)
 
     async def ended_by_other(self, iteration: int, live: list[str]) -> int | None:
@@ -284,6 +288,35 @@ class DataPeers:
                 continue
             await self._probe_all([leader])
             await self.check_in(iteration)
+
+    def holders_of_others(self, iteration: int, live: list[str]) -> set[str]:
+        """The relays the other live data nodes said hold their shares' gradients."""
+        told = self.holders.get(iteration, {})
+        return {relay for peer in live if peer != self.node_id for relay in told.get(peer, ())}
+
+    async def redo_lost(
+        self, iteration: int, stages: frozenset[int], live: list[str], timeout_s: float
+    ) -> set[str]:
+        """Have the other live data nodes redo their shares' lost gradients at ``stages``;
+        the relays that hold their gradients now (one that does not answer names none)."""
+        request = control.RedoLost(iteration, sum(1 << stage for stage in stages))
+        holders: set[str] = set()
+
+        async def ask(peer: str) -> None:
+            try:
+                reply = control.decode_reply(await control.ask(self.rpc, peer, request, timeout_s))
+            except (PeerUnavailable, ProtocolError) as exc:
+                log.warning("data node %s did not redo its lost gradients: %s", peer, exc)
+                return
+            named = reply.get("holders")
+            if isinstance(named, list):
+                holders.update(h for h in named if isinstance(h, str))
+
+        async with trio.open_nursery() as nursery:
+            for peer in live:
+                if peer != self.node_id and peer not in self.gone:
+                    nursery.start_soon(ask, peer)
+        return holders
 
     async def announce_ended(self, iteration: int, relays_stepped: int, live: list[str]) -> None:
         """Tell the data nodes of the next iteration (``live`` and any taken in now) that the
