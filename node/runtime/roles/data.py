@@ -479,7 +479,7 @@ class DataRole:
     async def redo_lost(self, peer: str, request: control.RedoLost) -> bytes:
         """The data node ending the iteration asks this one to redo its share's lost gradients
         at the stages whose round missed a holder."""
-        if self.peers is None or peer not in self.peers.known():
+        if self.peers is None or peer not in self.peers.members:
             raise ProtocolError(f"{peer} is not a data node of this run")
         redone = self.ending
         if redone is None or redone.iteration != request.iteration:
