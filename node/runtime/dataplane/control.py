@@ -122,7 +122,12 @@ class EndIteration:
 
     @property
     def final(self) -> bool:
-        return self.attempt + 1 >= MAX_END_ATTEMPTS
+        return is_last_attempt(self.attempt)
+
+
+def is_last_attempt(attempt: int) -> bool:
+    """The attempt at ending an iteration that steps whatever its round missed."""
+    return attempt + 1 >= MAX_END_ATTEMPTS
 
 
 @dataclass(frozen=True)

@@ -332,8 +332,9 @@ class RelayRole:
             )
 
     def _in_step(self, header: HopHeader, fn: Callable[..., T], *args: object) -> T:
-        """Compute a hop of ``iteration`` only while the weights are that iteration's and its
-        end has not begun. Checked again here, in the compute thread the step also runs in: a
+        """Compute a hop only while the weights are its iteration's and that iteration's end
+        has not begun (between the attempts of an end whose round missed a holder: only the
+        redo's hops). Checked again here, in the compute thread the step also runs in: a
         hop that passed ``_check_in_step`` may wait for the thread behind the iteration's end,
         and then a backward would meet a graph the step changed under it (a crash in torch), a
         forward the next iteration's weights, and a gradient added between the averaging and

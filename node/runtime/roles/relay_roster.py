@@ -135,7 +135,7 @@ class RelayRoster:
         gradients of the iteration: a stage whose round misses one does not step, unless this
         is the last attempt (``control.EndIteration``)."""
         holders = holders or {}
-        final = control.EndIteration(iteration, (), attempt=attempt).final
+        final = control.is_last_attempt(attempt)
         stage_of = {
             relay: stage
             for relay, stage in (await self.reachable()).items()
