@@ -1,25 +1,29 @@
-"""SWARM parallelism (Ryabinin, Dettmers, Diskin, Borzunov; ICML 2023) as a simulator policy.
+"""SWARM parallelism (Ryabinin, Dettmers, Diskin, Borzunov; ICML 2023) as released
+(``yandex-research/swarm``, ``swarm/pipeline``), as a simulator policy.
 
 What SWARM does, and how each part maps here:
 
-* **Stochastic wiring.** Each sender spreads the microbatches it forwards over the next stage's
-  peers in proportion to their throughput, by interleaved (smooth) weighted round-robin. The
-  weight of a peer is an exponential moving average, α = 0.1, of the throughput the sender
-  observes on it (1 / response time of a hop, queueing included), started from the throughput the
-  peer announces when it joins (1 / its compute time).
-* **Fault tolerance.** A call that misses its deadline (forward 30 s, backward 75 s) marks the peer
-  as failed on that sender (for 60 s, or until it rejoins: a live peer keeps announcing itself)
-  and is re-dispatched to another peer of the same stage. A failed
-  backward is recovered by re-running that stage's forward on a new peer, then its backward
-  (``Replace``). SWARM has no capacity negotiation: peers queue what they receive.
+* **The trainer calls every stage itself** (``src/moe/client/balanced_expert.py``): a forward
+  is a call from the trainer to one peer of the stage, whose output comes back to the trainer;
+  the backward is another call, with the stage's input and output gradient, to any peer of the
+  stage, chosen afresh. Servers keep no activations: each backward re-runs the stage's forward
+  (``src/moe/server/expert_backend.py``, ``backward``). Here: ``client_routed`` (the engine's
+  data plane for it is stated in ``sim/policy.py``).
+* **Wiring by a load balancer** per trainer and stage (``swarm_balancer.py``): a min-heap of
+  each peer's accumulated expected busy time, from a bias-corrected throughput EMA (α 0.1). A
+  backward call weighs 2.5 forwards (``backward_task_size_multiplier``).
+* **Fault tolerance.** A call that misses its deadline (forward 30 s, backward 2.5 × 30 s:
+  ``swarm/train_pipeline.py:21-22``) goes to another peer of the stage; the failed peer is
+  banned by that trainer until it announces itself again. The release bans on a failed call and
+  only retries on a deadline; a crash (the failure simulated here) shows as a deadline, and is
+  banned like the connection error it gives a live trainer.
 * **Adaptive rebalancing.** Every ``rebalance_period_s`` (300 s, our choice: the paper leaves the
   period as a parameter) one peer moves from the stage with the most throughput per unit of work to
   the one with the least, if that narrows the gap; it downloads the new stage's weights first.
-  Joining peers go to the stage with the least throughput.
-* The trainer (the data node that injected the microbatch) computes the loss, so the sink is the
-  origin.
+  Joining peers go to the stage with the least throughput (announced speeds, not measured ones).
+* The trainer (the data node that injected the microbatch) computes the loss.
 
-Knowledge: each sender's own observations; stage membership as announced (a DHT in SWARM).
+Knowledge: each trainer's own observations; stage membership as announced (a DHT in SWARM).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from coordinator_free.baselines.common import balanced_placement, unplaced_relays
+from coordinator_free.baselines.swarm_balancer import Balancer
 from coordinator_free.sim.policy import (
     Action,
     Forward,
@@ -41,37 +46,33 @@ from coordinator_free.sim.policy import (
     PolicyTiming,
     RepairDecision,
     Replace,
-    Restart,
     WorldView,
 )
-from coordinator_free.sim.suspicion import Suspicions
 
-THROUGHPUT_EMA_ALPHA = 0.1
 FORWARD_TIMEOUT_S = 30.0
-BACKWARD_TIMEOUT_S = 75.0
+BACKWARD_TIMEOUT_S = 2.5 * FORWARD_TIMEOUT_S
+#: A backward call's expected time in forward calls (``BalancedRemoteExpert``'s multiplier).
+BACKWARD_TASK_SIZE = 2.5
 REBALANCE_PERIOD_S = 300.0
 
 
 class SwarmPolicy(PolicyDefaults):
-    """SWARM's wiring, timeouts with re-dispatch, recompute-on-backward-failure and rebalancing."""
+    """SWARM as released: client-routed calls, its balancer, bans with re-dispatch, rebalancing."""
 
     name: ClassVar[str] = "swarm"
+    client_routed: ClassVar[bool] = True
 
     def __init__(
         self,
         forward_timeout_s: float = FORWARD_TIMEOUT_S,
         backward_timeout_s: float = BACKWARD_TIMEOUT_S,
         rebalance_period_s: float = REBALANCE_PERIOD_S,
-        ema_alpha: float = THROUGHPUT_EMA_ALPHA,
     ) -> None:
         self._timing = PolicyTiming(forward_timeout_s, backward_timeout_s)
         self._rebalance_period_s = rebalance_period_s
-        self._alpha = ema_alpha
-        #: sender -> peer -> EMA of observed throughput (microbatches per second)
-        self._throughput: dict[str, dict[str, float]] = {}
-        #: (sender, stage) -> peer -> smooth-WRR running credit
-        self._credit: dict[tuple[str, int], dict[str, float]] = {}
-        self._failed: dict[str, Suspicions] = {}
+        #: (trainer, stage) -> that trainer's balancer over the stage
+        self._balancers: dict[tuple[str, int], Balancer] = {}
+        self._rng = random.Random(0)
         self._last_rebalance_s = 0.0
 
     def timing(self) -> PolicyTiming:
@@ -80,53 +81,64 @@ class SwarmPolicy(PolicyDefaults):
     # ---- membership ----
 
     def place_initial(self, world: WorldView, rng: random.Random) -> dict[str, int]:
+        self._rng = random.Random(rng.random())
         return balanced_placement(world, unplaced_relays(world))
 
     def place_joiner(self, world: WorldView, node_id: str, now: float) -> int:
-        for failed in self._failed.values():
-            failed.clear(node_id)
-        totals = self._stage_throughput(world, now, exclude=node_id)
+        totals = self._stage_throughput(world, exclude=node_id)
         return min(totals, key=lambda s: (totals[s], s))
 
-    def on_node_up(self, world: WorldView, node_id: str, now: float) -> Sequence[Action]:
-        for failed in self._failed.values():
-            failed.clear(node_id)
-        return ()
-
-    # ---- wiring ----
+    # ---- calls ----
 
     def choose_next_hop(
         self, world: WorldView, node_id: str, mb: MicrobatchView, now: float
     ) -> HopDecision:
         if mb.stage == world.stages:
             return Forward(mb.origin)
-        peer = self._pick(world, node_id, mb.stage + 1, now)
+        peer = self.pick(world, node_id, mb.stage + 1, 1.0, now)
         return Forward(peer) if peer is not None else Hold()
+
+    def choose_backward_hop(
+        self, world: WorldView, node_id: str, mb: MicrobatchView, now: float
+    ) -> RepairDecision:
+        stage = mb.stage - 1
+        peer = self.pick(world, node_id, stage, BACKWARD_TASK_SIZE, now)
+        return Replace(stage, peer) if peer is not None else Hold()
 
     def on_hop_acked(self, world: WorldView, report: HopReport, now: float) -> Sequence[Action]:
         if world.spec(report.receiver).role != "relay":
             return ()
-        response_s = max(report.acked_at_s - report.sent_at_s, 1e-6)
-        table = self._throughput.setdefault(report.sender, {})
-        previous = table.get(report.receiver, self._announced(world, report.receiver))
-        table[report.receiver] = (1 - self._alpha) * previous + self._alpha / response_s
+        size = 1.0 if report.direction == "forward" else BACKWARD_TASK_SIZE
+        balancer = self._balancer(report.sender, report.stage)
+        balancer.observe(report.receiver, size, report.acked_at_s - report.sent_at_s)
         return ()
 
     def on_forward_timeout(
         self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
     ) -> HopDecision:
-        self._failed.setdefault(node_id, Suspicions()).mark(suspect, now)
+        self._balancer(node_id, mb.stage + 1).ban(suspect, now)
         return self.choose_next_hop(world, node_id, mb, now)
 
     def on_backward_timeout(
         self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
     ) -> RepairDecision:
-        self._failed.setdefault(node_id, Suspicions()).mark(suspect, now)
-        stage = mb.stage - 1
-        if stage < 1:
-            return Restart()
-        peer = self._pick(world, node_id, stage, now)
-        return Replace(stage, peer) if peer is not None else Restart()
+        self._balancer(node_id, mb.stage - 1).ban(suspect, now)
+        return self.choose_backward_hop(world, node_id, mb, now)
+
+    def pick(
+        self, world: WorldView, trainer: str, stage: int, task_size: float, now: float
+    ) -> str | None:
+        """The peer of ``stage`` the trainer's balancer gives this call to (None: no peer)."""
+        balancer = self._balancer(trainer, stage)
+        while True:
+            peer = balancer.pick(
+                task_size, lambda: world.nodes_in_stage(stage), world.announced_at, now
+            )
+            if peer is None or world.stage_of(peer) == stage:
+                return peer
+            # It moved to another stage since the view was refreshed: the call fails at once
+            # (the peer no longer serves this stage) and the balancer bans it, as released.
+            balancer.ban(peer, now)
 
     # ---- rebalancing ----
 
@@ -134,14 +146,16 @@ class SwarmPolicy(PolicyDefaults):
         if now - self._last_rebalance_s < self._rebalance_period_s:
             return ()
         self._last_rebalance_s = now
-        move = self._rebalancing_move(world, now)
+        move = self.rebalancing_move(world)
         return (move,) if move is not None else ()
 
-    def _rebalancing_move(self, world: WorldView, now: float) -> MoveStage | None:
-        totals = self._stage_throughput(world, now)
+    def rebalancing_move(self, world: WorldView) -> MoveStage | None:
+        """One peer from the stage of most announced throughput to the one of least, if that
+        narrows the gap."""
+        totals = self._stage_throughput(world)
         richest = max(totals, key=lambda s: (totals[s], -s))
         poorest = min(totals, key=lambda s: (totals[s], s))
-        peers = [p for p in world.nodes_in_stage(richest) if not self._failed_anywhere(p, now)]
+        peers = [p for p in world.nodes_in_stage(richest) if not self._banned_anywhere(world, p)]
         if richest == poorest or len(peers) < 2:
             return None
         gap = totals[richest] - totals[poorest]
@@ -153,42 +167,26 @@ class SwarmPolicy(PolicyDefaults):
 
     # ---- helpers ----
 
-    def _pick(self, world: WorldView, sender: str, stage: int, now: float) -> str | None:
-        """Smooth weighted round-robin over the stage's peers not failed for this sender."""
-        failed = self._failed.get(sender)
-        peers = [
-            p
-            for p in world.nodes_in_stage(stage)
-            if failed is None or not failed.is_suspected(p, now)
-        ]
-        if not peers:
-            return None
-        observed = self._throughput.get(sender, {})
-        weights = {p: observed.get(p, self._announced(world, p)) for p in peers}
-        credit = self._credit.setdefault((sender, stage), {})
-        total = sum(weights.values())
-        for peer, weight in weights.items():
-            credit[peer] = credit.get(peer, 0.0) + weight
-        chosen = max(peers, key=lambda p: (credit[p], p))
-        credit[chosen] -= total
-        return chosen
+    def _balancer(self, trainer: str, stage: int) -> Balancer:
+        balancer = self._balancers.get((trainer, stage))
+        if balancer is None:
+            balancer = self._balancers[(trainer, stage)] = Balancer(self._rng)
+        return balancer
 
     @staticmethod
     def _announced(world: WorldView, peer: str) -> float:
         return 1000.0 / world.compute_ms(peer)
 
-    def _failed_anywhere(self, peer: str, now: float) -> bool:
-        return any(failed.is_suspected(peer, now) for failed in self._failed.values())
+    def _banned_anywhere(self, world: WorldView, peer: str) -> bool:
+        return any(b.is_banned(peer, world.announced_at) for b in self._balancers.values())
 
-    def _stage_throughput(
-        self, world: WorldView, now: float, exclude: str | None = None
-    ) -> dict[int, float]:
+    def _stage_throughput(self, world: WorldView, exclude: str | None = None) -> dict[int, float]:
         totals = {}
         for stage in range(1, world.stages + 1):
             peers = [
                 p
                 for p in world.nodes_in_stage(stage)
-                if p != exclude and not self._failed_anywhere(p, now)
+                if p != exclude and not self._banned_anywhere(world, p)
             ]
             totals[stage] = sum(self._announced(world, p) for p in peers)
         return totals

@@ -22,6 +22,7 @@ from coordinator_free.sim.events import (
     ARRIVE_FWD,
     ARRIVE_REPAIR,
     BWD_DEADLINE,
+    CALL_BWD,
     COMPUTE_DONE,
     CRASH,
     FORWARD_SHARE,
@@ -34,6 +35,7 @@ from coordinator_free.sim.events import (
     REPAIR_START,
     RESTART,
     RETRY,
+    RETURN_FWD,
     STALL,
     TICK,
     ComputeRecord,
@@ -75,6 +77,8 @@ class Engine(IterationsMixin):
             ALLREDUCE_DONE: self._on_allreduce_done,
             PARK_TIMER: self._on_park_timer,
             QUEUED_DEADLINE: self._on_queued_deadline,
+            RETURN_FWD: self._on_return_forward,
+            CALL_BWD: self._on_call_backward,
         }
         self._deadline_moot = {
             FWD_DEADLINE: self._forward_deadline_moot,

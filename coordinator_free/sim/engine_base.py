@@ -52,6 +52,7 @@ class EngineBase(ABC):
         self.config = config or EngineConfig()
         self.world = World(scenario, policy.full_knowledge)
         self.timing = policy.timing()
+        self._client_routed = policy.client_routed
         self.metrics = RunMetrics(policy.name, scenario.name, scenario.seed, scenario.iterations)
         self._rng = random.Random(scenario.seed)
         self._churn_rngs: dict[str, random.Random] = {}
@@ -91,6 +92,10 @@ class EngineBase(ABC):
     @abstractmethod
     def _restart(self, mb: Microbatch) -> None:
         """Drop the attempt and re-inject ``mb`` at its origin (``recovery``)."""
+
+    @abstractmethod
+    def _call_backward(self, mb: Microbatch) -> None:
+        """Client-routed: the origin calls a relay for the next backward (``recovery``)."""
 
     @abstractmethod
     def _check_barrier(self) -> None:

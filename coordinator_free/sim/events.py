@@ -9,6 +9,8 @@ ARRIVE_FWD, ARRIVE_BWD, ARRIVE_REPAIR, COMPUTE_DONE, ACK = 0, 1, 2, 3, 4
 FWD_DEADLINE, BWD_DEADLINE, STALL, REPAIR_START, RESTART = 5, 6, 7, 8, 9
 INJECT, RETRY, MESSAGE, TICK, CRASH, JOIN, ALLREDUCE_DONE = 10, 11, 12, 13, 14, 15, 16
 PARK_TIMER = 17
+#: Client-routed data plane: a relay's output back at the origin; a backward call asked again.
+RETURN_FWD, CALL_BWD = 19, 20
 #: A deadline kept in its queue (``engine_base``), armed on the heap while it heads the queue.
 QUEUED_DEADLINE = 18
 

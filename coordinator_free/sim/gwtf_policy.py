@@ -92,12 +92,9 @@ class GwtfPolicy(PolicyDefaults):
 
     def timing(self) -> PolicyTiming:
         config = self._flow_config_defaults()
-        # The origin's watchdog: a microbatch with no hop for two ack deadlines lost both ends
-        # of a hop at once (sender and receiver crashed), which no hop deadline can see.
         return PolicyTiming(
             forward_timeout_s=config.ack_deadline_s,
             backward_timeout_s=config.ack_deadline_s,
-            stall_timeout_s=2 * config.ack_deadline_s,
             tick_period_s=config.decision_period_s,
             ticks_on_request=True,
         )

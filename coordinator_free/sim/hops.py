@@ -20,6 +20,7 @@ from coordinator_free.sim.events import (
     FWD_DEADLINE,
     PARK_TIMER,
     RETRY,
+    RETURN_FWD,
     TASK_BWD,
     TASK_FWD,
     TASK_REPAIR,
@@ -54,7 +55,10 @@ class HopsMixin(EngineBase):
         if isinstance(decision, Forward):
             self._check_next_hop(mb, decision.to)
             mb.parked_at = None
-            self._send_forward(node_id, decision.to, mb)
+            if self._client_routed and decision.to == node_id:
+                self._compute_loss_here(node_id, mb)
+            else:
+                self._send_forward(node_id, decision.to, mb)
             return True
         if isinstance(decision, Hold):
             if not parked_retry:
@@ -127,6 +131,17 @@ class HopsMixin(EngineBase):
                 self._schedule(self.now, RETRY, node_id)
 
     # ---- forward ----
+
+    def _compute_loss_here(self, origin: str, mb: Microbatch) -> None:
+        """Client-routed: the origin computes the loss itself, with nothing to transfer."""
+        if origin != mb.origin:
+            raise PolicyContractError(
+                f"{self.policy.name} is client-routed; microbatch {mb.mb_id} must end at its origin"
+            )
+        mb.set_next(origin)
+        mb.hop_seq += 1
+        mb.hop_sent_s = self.now
+        self._enqueue(origin, TASK_SINK, self.world.compute_ms(origin) / 1000.0, mb, origin)
 
     def _send_forward(self, sender: str, receiver: str, mb: Microbatch) -> None:
         node = self.world.nodes[receiver]
@@ -224,8 +239,11 @@ class HopsMixin(EngineBase):
         seconds = self.now - start
         if task == TASK_FWD:
             mb.record_forward(node_id, incarnation, seconds)
-            self._schedule_ack(node_id, peer, mb, "forward")
-            self._decide_at(node_id, mb)
+            if self._client_routed:
+                self._return_to_origin(node_id, mb)
+            else:
+                self._schedule_ack(node_id, peer, mb, "forward")
+                self._decide_at(node_id, mb)
         elif task == TASK_SINK:
             mb.record_sink(node_id, incarnation, seconds)
             self._schedule_ack(node_id, peer, mb, "forward")
@@ -239,6 +257,28 @@ class HopsMixin(EngineBase):
             self._free_slot(node_id, mb_id)
             self._retry_stage(mb.stage - 1)
             self._send_backward(node_id, mb)
+
+    def _return_to_origin(self, relay: str, mb: Microbatch) -> None:
+        """Client-routed: the relay keeps nothing and sends its output back to the origin."""
+        self._free_slot(relay, mb.mb_id)
+        self._retry_stage(mb.stage)
+        arrival = self._transfer(relay, mb.origin)
+        origin = self.world.nodes[mb.origin]
+        self._schedule(
+            arrival, RETURN_FWD, mb.origin, origin.incarnation, mb.mb_id, mb.version, relay
+        )
+
+    def _on_return_forward(
+        self, origin: str, incarnation: int, mb_id: int, version: int, relay: str
+    ) -> None:
+        """The output reached the origin: the call is answered (its ack); route the next stage."""
+        mb = self._arrived(origin, incarnation, mb_id, version)
+        if mb is None:
+            return
+        mb.acked_seq = max(mb.acked_seq, mb.hop_seq)
+        report = HopReport(mb_id, origin, relay, mb.stage, "forward", mb.hop_sent_s, self.now)
+        self._apply(self.policy.on_hop_acked(self.world, report, self.now))
+        self._decide_at(origin, mb)
 
     def _schedule_ack(self, node_id: str, peer: str, mb: Microbatch, direction: str) -> None:
         arrive = self.now + self.world.latency_ms(node_id, peer) / 1000.0
@@ -271,6 +311,9 @@ class HopsMixin(EngineBase):
 
     def _send_backward(self, sender: str, mb: Microbatch) -> None:
         """Send the gradient from ``sender`` (stage ``mb.stage``) to the previous hop."""
+        if self._client_routed and sender == mb.origin:
+            self._call_backward(mb)
+            return
         receiver = mb.previous_hop()
         mb.direction = "backward"
         mb.hop_seq += 1
@@ -293,6 +336,10 @@ class HopsMixin(EngineBase):
             mb.stage = DATA_STAGE
             self._schedule_ack(receiver, sender, mb, "backward")
             self._complete(mb)
+            return
+        if self._client_routed:  # the input gradient is back at the origin: call the stage below
+            self._schedule_ack(receiver, sender, mb, "backward")
+            self._call_backward(mb)
             return
         compute_s = self.world.compute_ms(receiver) / 1000.0
         self._enqueue(receiver, TASK_BWD, compute_s * (1.0 - FORWARD_SHARE), mb, sender)

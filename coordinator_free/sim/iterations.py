@@ -32,7 +32,8 @@ class IterationsMixin(MembershipMixin):
             for _ in range(node.spec.capacity):
                 mb_id = self.metrics.microbatches_injected
                 self.metrics.microbatches_injected += 1
-                mb = Microbatch(mb_id, data_node, iteration, self.scenario.model.stages, self.now)
+                stages = self.scenario.model.stages
+                mb = Microbatch(mb_id, data_node, iteration, stages, self.now, self._client_routed)
                 self._mbs[mb_id] = mb
                 self._iteration_mbs.append(mb)
                 self._schedule(self.now + self.timing.stall_timeout_s, STALL, mb_id, 0)
@@ -94,16 +95,23 @@ class IterationsMixin(MembershipMixin):
         return slowest
 
     def _count_useful(self) -> None:
+        """Split the finished iteration's final paths into useful work and work that died with
+        its node before the averaging; count the forwards its repairs recomputed."""
         nodes = self.world.nodes
-        useful = 0.0
+        useful = lost = recomputed = 0.0
         for mb in self._iteration_mbs:
             if not mb.done:
                 continue
+            recomputed += mb.recomputed_s
             for node_id, incarnation, seconds in mb.records():
                 node = nodes[node_id]
                 if node.alive and node.incarnation == incarnation:
                     useful += seconds
+                else:
+                    lost += seconds
         self.metrics.useful_gpu_s += useful
+        self.metrics.lost_with_replica_gpu_s += lost
+        self.metrics.recomputed_gpu_s += recomputed
 
 
 def butterfly_allreduce_s(

@@ -22,6 +22,7 @@ class MembershipMixin(RecoveryMixin):
     def _bring_up(self, node_id: str, download: bool) -> None:
         node = self.world.nodes[node_id]
         node.alive = True
+        node.up_since_s = self.now
         node.compute_free_at_s = self.now
         node.nic_free_at_s = self.now
         node.ready_at_s = self.now + (self._download_s(node_id) if download else 0.0)
@@ -68,12 +69,14 @@ class MembershipMixin(RecoveryMixin):
         if not node.alive or (incarnation is not None and incarnation != node.incarnation):
             return
         node.alive = False
+        node.down_at_s = self.now
         node.incarnation += 1
         self.metrics.crashes += 1
         self.liveness.append((self.now, node_id, False))
         for start, end in node.tasks:
             if start < self.now:
                 self._count_compute(node_id, node.incarnation - 1, start, min(end, self.now))
+                self.metrics.cut_by_crash_gpu_s += min(end, self.now) - start
         node.tasks.clear()
         node.held.clear()
         node.waiting.clear()
@@ -103,6 +106,8 @@ class MembershipMixin(RecoveryMixin):
     def _abandon_origin(self, data_node: str) -> None:
         for mb in self._iteration_mbs:
             if mb.origin == data_node and not mb.done and not mb.abandoned:
+                lost = mb.recomputed_s + sum(r[2] for r in mb.records())
+                self.metrics.lost_with_replica_gpu_s += lost
                 mb.abandoned = True
                 mb.version += 1
                 self.metrics.microbatches_abandoned += 1

@@ -3,8 +3,15 @@
 GPU time is counted per compute task actually executed (a task cut by a crash counts up to the
 crash). *Useful* GPU time is the compute of the hops on each completed microbatch's final path whose
 node was still alive, in the same incarnation, at that iteration's gradient averaging; everything
-else (work lost with a crashed node, forwards redone after a failure, duplicates after a spurious
-timeout, attempts dropped by a restart, gradients that died with their replica) is *wasted*.
+else is *wasted*, split by cause:
+
+* ``lost_with_replica``: final-path work of a node that died before its iteration's averaging
+  (its gradients died with it), and the attempts of an origin that died;
+* ``recomputed``: forwards done again by a repair (SWARM as released: every backward);
+* ``restarted``: what an attempt had computed when a restart dropped it;
+* ``cut_by_crash``: the part of a task a crash interrupted;
+* ``superseded``: the rest: hops a recovery replaced (a re-sent forward whose first receiver
+  computed it, a repaired hop's backward in flight) and late tasks of dropped attempts.
 """
 
 from __future__ import annotations
@@ -34,6 +41,10 @@ class RunMetrics:
     hops_lost: int = 0
     total_gpu_s: float = 0.0
     useful_gpu_s: float = 0.0
+    lost_with_replica_gpu_s: float = 0.0
+    recomputed_gpu_s: float = 0.0
+    restarted_gpu_s: float = 0.0
+    cut_by_crash_gpu_s: float = 0.0
     crashes: int = 0
     joins: int = 0
     stage_moves: int = 0
@@ -49,6 +60,26 @@ class RunMetrics:
     def wasted_gpu_s(self) -> float:
         # Clamped: useful and total are sums of the same floats in different orders.
         return max(0.0, self.total_gpu_s - self.useful_gpu_s)
+
+    @property
+    def superseded_gpu_s(self) -> float:
+        named = (
+            self.lost_with_replica_gpu_s
+            + self.recomputed_gpu_s
+            + self.restarted_gpu_s
+            + self.cut_by_crash_gpu_s
+        )
+        return max(0.0, self.wasted_gpu_s - named)
+
+    def waste_by_cause(self) -> dict[str, float]:
+        """Wasted GPU seconds per cause (the module docstring names them)."""
+        return {
+            "lost_with_replica": self.lost_with_replica_gpu_s,
+            "recomputed": self.recomputed_gpu_s,
+            "restarted": self.restarted_gpu_s,
+            "cut_by_crash": self.cut_by_crash_gpu_s,
+            "superseded": self.superseded_gpu_s,
+        }
 
     @property
     def throughput_mb_per_s(self) -> float:
@@ -72,6 +103,7 @@ class RunMetrics:
             "total_gpu_s": round(self.total_gpu_s, 6),
             "useful_gpu_s": round(self.useful_gpu_s, 6),
             "wasted_gpu_s": round(self.wasted_gpu_s, 6),
+            "wasted_by_cause_gpu_s": {k: round(v, 6) for k, v in self.waste_by_cause().items()},
             "restarts": self.restarts,
             "forward_timeouts": self.forward_timeouts,
             "backward_timeouts": self.backward_timeouts,

@@ -3,6 +3,8 @@
 ``stage`` is the stage of the node holding it (0 at the origin, S+1 at the sink); ``path[k-1]`` is
 the relay of stage k. Compute records keep, per stage, the (node, incarnation, seconds) of the hop
 that currently counts; a recovery overwrites them, so what they hold at the end is the final path.
+A forward a repair overwrote is kept as ``recomputed_s`` (the work done twice). In a client-routed
+data plane (``client_routed``) every hop starts and ends at the origin.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class Microbatch:
         "abandoned",
         "acked_seq",
         "attempt",
+        "client_routed",
         "direction",
         "done",
         "hop_sent_s",
@@ -34,14 +37,24 @@ class Microbatch:
         "parked_at",
         "path",
         "progress_s",
+        "recomputed_s",
         "sink",
         "stage",
         "stages",
         "version",
     )
 
-    def __init__(self, mb_id: int, origin: str, iteration: int, stages: int, now: float) -> None:
+    def __init__(
+        self,
+        mb_id: int,
+        origin: str,
+        iteration: int,
+        stages: int,
+        now: float,
+        client_routed: bool = False,
+    ) -> None:
         self.mb_id = mb_id
+        self.client_routed = client_routed
         self.origin = origin
         self.iteration = iteration
         self.stages = stages
@@ -64,6 +77,7 @@ class Microbatch:
         self._forward: dict[int, ComputeRecord] = {}
         self._backward: dict[int, ComputeRecord] = {}
         self._sink_record: ComputeRecord | None = None
+        self.recomputed_s = 0.0
 
     def view(self) -> MicrobatchView:
         return MicrobatchView(
@@ -86,7 +100,7 @@ class Microbatch:
 
     def previous_hop(self) -> str:
         """Where the backward goes from the current holder."""
-        if self.stage >= 2:
+        if self.stage >= 2 and not self.client_routed:
             hop = self.path[self.stage - 2]
             assert hop is not None, "a backward only retraces a recorded path"
             return hop
@@ -95,7 +109,7 @@ class Microbatch:
     def upstream_of_dead_hop(self) -> str:
         """The node buffering the input of the dead hop (the stage below the holder)."""
         dead_stage = self.stage - 1
-        if dead_stage >= 2:
+        if dead_stage >= 2 and not self.client_routed:
             hop = self.path[dead_stage - 2]
             assert hop is not None, "a repaired hop has a recorded upstream"
             return hop
@@ -125,6 +139,9 @@ class Microbatch:
     ) -> None:
         """A replacement recomputed forward + backward of the stage below the holder."""
         self.stage -= 1
+        superseded = self._forward.get(self.stage)
+        if superseded is not None:
+            self.recomputed_s += superseded[2]
         self._forward[self.stage] = (node_id, incarnation, seconds * forward_share)
         self._backward[self.stage] = (node_id, incarnation, seconds * (1.0 - forward_share))
 

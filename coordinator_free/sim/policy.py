@@ -36,6 +36,16 @@ Model the engine implements (what a policy may rely on):
   previous hop's buffer and the gradient from the next hop's buffer, recomputes the forward, then
   the backward (``Replace``). Only that hop is recomputed. ``Restart`` drops the attempt and
   re-injects the microbatch at its origin; everything computed for the attempt counts as wasted.
+* Client-routed policies (``client_routed = True``, SWARM as released) change the data plane:
+  the origin calls each stage itself. A forward hop is origin -> relay (the origin's uplink),
+  and the relay's output comes back to the origin (the relay's uplink; its arrival is the ack)
+  before the origin asks ``choose_next_hop`` for the next stage; the loss is computed at the
+  origin with no transfer. Relays keep nothing between forward and backward (their slot frees
+  when the forward is computed). Each backward is a call from the origin: ``choose_backward_hop``
+  names a relay of the stage, which receives the stage's input and its output gradient (two
+  transfers on the origin's uplink), recomputes the forward, computes the backward (its whole
+  ``compute_ms``) and sends the input gradient back. A missed backward deadline is answered
+  like any repair (``Replace`` calls another relay, fed from the origin's buffers).
 * Occupancy: a relay holds a microbatch from the admission of its forward until its backward
   through it is done (or the microbatch moved away); ``capacity`` is how many it holds at once.
   A forward that arrives at a full relay waits, outside its memory, and is admitted in arrival
@@ -217,9 +227,11 @@ class PolicyTiming:
     """Deadlines and periods a policy runs with (seconds of simulated time).
 
     ``forward_timeout_s`` / ``backward_timeout_s``: how long a sender waits for a hop's ack.
-    ``stall_timeout_s``: the origin's watchdog; a microbatch with no progress for that long is
-    handed to ``on_stall`` (covers what no hop deadline sees, e.g. a parked microbatch whose
-    holder died). ``tick_period_s``: period of ``on_tick`` for every live node, None for no ticks.
+    ``stall_timeout_s``: the origin's watchdog, one rule for every algorithm: twice its longest
+    hop deadline. A microbatch with no progress for that long is handed to ``on_stall`` (covers
+    what no hop deadline sees, e.g. a parked microbatch whose holder died); shorter would cut
+    hops a deadline still covers. ``tick_period_s``: period of ``on_tick`` for every live node,
+    None for no ticks.
     ``park_retry_s``: a parked microbatch is asked about again at least this often.
     ``ticks_on_request``: tick a node only when the policy asked for it with ``Wake`` (and at its
     first tick, and every period while it holds parked microbatches), on the same grid of
@@ -229,10 +241,13 @@ class PolicyTiming:
 
     forward_timeout_s: float
     backward_timeout_s: float
-    stall_timeout_s: float = 600.0
     tick_period_s: float | None = None
     park_retry_s: float = 30.0
     ticks_on_request: bool = False
+
+    @property
+    def stall_timeout_s(self) -> float:
+        return 2.0 * max(self.forward_timeout_s, self.backward_timeout_s)
 
 
 class WorldView(Protocol):
@@ -259,7 +274,13 @@ class WorldView(Protocol):
         ...
 
     def nodes_in_stage(self, stage: int) -> Sequence[str]:
-        """Known nodes currently assigned to ``stage`` (alive or not: liveness is not revealed)."""
+        """Known nodes assigned to ``stage`` whose announcement has not expired: the live ones,
+        and the dead for ``world.MEMBERSHIP_EXPIRY_S`` after they last announced (liveness is
+        not revealed; a DHT shows no more)."""
+        ...
+
+    def announced_at(self, node_id: str) -> float:
+        """When the node last announced itself (every ``world.ANNOUNCE_PERIOD_S`` while up)."""
         ...
 
     def data_nodes(self) -> Sequence[str]: ...
@@ -295,6 +316,11 @@ class RoutingPolicy(Protocol):
 
     name: ClassVar[str]
     full_knowledge: ClassVar[bool]
+    #: The data plane "client-routed" (SWARM's): the origin calls every stage itself, so each
+    #: forward hop goes origin -> relay -> origin and relays keep no activations; each backward
+    #: is a call from the origin, with the stage's input and output gradient, to the relay
+    #: ``choose_backward_hop`` names, which recomputes the forward before the backward.
+    client_routed: ClassVar[bool]
 
     def timing(self) -> PolicyTiming: ...
 
@@ -329,6 +355,13 @@ class RoutingPolicy(Protocol):
 
         At stage S the answer must be a data node (the sink); before that, a node of stage+1.
         """
+        ...
+
+    def choose_backward_hop(
+        self, world: WorldView, node_id: str, mb: MicrobatchView, now: float
+    ) -> RepairDecision:
+        """Client-routed policies only: the origin ``node_id`` has the gradient of stage
+        ``mb.stage - 1``'s output; ``Replace(stage, relay)`` calls that relay for the backward."""
         ...
 
     def on_forward_timeout(
@@ -374,6 +407,7 @@ class PolicyDefaults:
 
     name: ClassVar[str] = "base"
     full_knowledge: ClassVar[bool] = False
+    client_routed: ClassVar[bool] = False
 
     def on_node_up(self, world: WorldView, node_id: str, now: float) -> Sequence[Action]:
         return ()
@@ -389,6 +423,11 @@ class PolicyDefaults:
 
     def on_stall(self, world: WorldView, mb: MicrobatchView, now: float) -> RepairDecision:
         return Restart()
+
+    def choose_backward_hop(
+        self, world: WorldView, node_id: str, mb: MicrobatchView, now: float
+    ) -> RepairDecision:
+        raise PolicyContractError(f"{self.name} is not client-routed; backwards retrace the path")
 
     def on_hop_acked(self, world: WorldView, report: HopReport, now: float) -> Sequence[Action]:
         return ()

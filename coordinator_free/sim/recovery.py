@@ -10,6 +10,7 @@ from __future__ import annotations
 from coordinator_free.sim.events import (
     ARRIVE_REPAIR,
     BWD_DEADLINE,
+    CALL_BWD,
     INJECT,
     REPAIR_START,
     RESTART,
@@ -61,20 +62,49 @@ class RecoveryMixin(HopsMixin):
         elif isinstance(decision, Restart):
             self._restart(mb)
         elif isinstance(decision, Replace):
-            stage = mb.stage - 1
-            node = self.world.nodes.get(decision.to)
-            if decision.stage != stage or node is None or node.stage != stage or stage < 1:
-                raise PolicyContractError(
-                    f"{self.policy.name} repaired stage {decision.stage} with {decision.to}; "
-                    f"the dead hop is at stage {stage}"
-                )
+            self._check_repair(mb, decision)
             self.metrics.replacements += 1
             mb.version += 1
             self._free_slot(suspect, mb.mb_id)
+            if self._client_routed:
+                mb.hop_sent_s = self.now
             when = self.now + max(0.0, decision.delay_s)
             self._schedule(when, REPAIR_START, mb.mb_id, mb.version, decision.to, sender)
         else:
             raise PolicyContractError(f"{self.policy.name} answered {decision!r} to a repair")
+
+    # ---- client-routed backward calls ----
+
+    def _call_backward(self, mb: Microbatch) -> None:
+        """Client-routed: the origin calls the relay the policy names for the backward of the
+        stage below; the call is a repair fed from the origin's own buffers."""
+        decision = self.policy.choose_backward_hop(self.world, mb.origin, mb.view(), self.now)
+        self._apply(decision.actions)
+        if isinstance(decision, Replace):
+            self._check_repair(mb, decision)
+            mb.hop_sent_s = self.now
+            when = self.now + max(0.0, decision.delay_s)
+            self._schedule(when, REPAIR_START, mb.mb_id, mb.version, decision.to, mb.origin)
+        elif isinstance(decision, Restart):
+            self._restart(mb)
+        elif isinstance(decision, Hold):
+            self._schedule(self.now + self.timing.park_retry_s, CALL_BWD, mb.mb_id, mb.version)
+        else:
+            raise PolicyContractError(f"{self.policy.name} answered {decision!r} to a backward")
+
+    def _on_call_backward(self, mb_id: int, version: int) -> None:
+        mb = self._mbs.get(mb_id)
+        if mb is not None and mb.version == version and not mb.done and not mb.abandoned:
+            self._call_backward(mb)
+
+    def _check_repair(self, mb: Microbatch, decision: Replace) -> None:
+        stage = mb.stage - 1
+        node = self.world.nodes.get(decision.to)
+        if decision.stage != stage or node is None or node.stage != stage or stage < 1:
+            raise PolicyContractError(
+                f"{self.policy.name} repaired stage {decision.stage} with {decision.to}; "
+                f"the hop to compute is at stage {stage}"
+            )
 
     def _on_repair_start(self, mb_id: int, version: int, replacement: str, sender: str) -> None:
         mb = self._mbs.get(mb_id)
@@ -120,6 +150,7 @@ class RecoveryMixin(HopsMixin):
 
     def _restart(self, mb: Microbatch) -> None:
         self.metrics.restarts += 1
+        self.metrics.restarted_gpu_s += mb.recomputed_s + sum(r[2] for r in mb.records())
         self._release_holds(mb)
         mb.restart(self.now)
         self._schedule(self.now, INJECT, mb.mb_id, mb.version)

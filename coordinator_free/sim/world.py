@@ -16,6 +16,15 @@ from coordinator_free.sim.scenario import Scenario
 
 BITS_PER_BYTE = 8.0
 _BITS_PER_GBIT = 1e9
+#: One membership view for every algorithm, as a DHT gives it: a live node announces itself
+#: every ``ANNOUNCE_PERIOD_S`` and a record expires ``MEMBERSHIP_EXPIRY_S`` after the last
+#: announcement, so a dead node leaves ``nodes_in_stage`` that long after it last announced.
+#: The live node's discovery cards: announced every 60 s, stale after 180 s
+#: (``node/runtime/discovery/run_discovery.py``). SWARM's release announces every 30 s with a
+#: 300 s expiry (``swarm/pipeline/src/moe/server/dht_handler.py``); one rule for all is fairer
+#: than each algorithm's own.
+ANNOUNCE_PERIOD_S = 60.0
+MEMBERSHIP_EXPIRY_S = 180.0
 
 
 @dataclass(slots=True)
@@ -27,6 +36,9 @@ class NodeState:
     stage: int | None
     alive: bool = False
     known: bool = False
+    #: When the node last came up, and when it last went down (None while it never did).
+    up_since_s: float = 0.0
+    down_at_s: float | None = None
     incarnation: int = 0
     ready_at_s: float = 0.0
     compute_free_at_s: float = 0.0
@@ -96,7 +108,18 @@ class World:
     def nodes_in_stage(self, stage: int) -> Sequence[str]:
         if stage == DATA_STAGE:
             return self.data_nodes()
-        return tuple(self._stage_members.get(stage, ()))
+        now = self.now_s
+        return tuple(
+            n
+            for n in self._stage_members.get(stage, ())
+            if self.nodes[n].alive or now - self.announced_at(n) <= MEMBERSHIP_EXPIRY_S
+        )
+
+    def announced_at(self, node_id: str) -> float:
+        node = self._node(node_id)
+        end = self.now_s if node.alive or node.down_at_s is None else node.down_at_s
+        periods = (end - node.up_since_s) // ANNOUNCE_PERIOD_S
+        return node.up_since_s + periods * ANNOUNCE_PERIOD_S
 
     def data_nodes(self) -> Sequence[str]:
         return tuple(n for n in self._data_nodes if self.nodes[n].known)
@@ -174,7 +197,8 @@ class World:
             self._stage_members.setdefault(stage, []).append(node_id)
 
     def alive_in_stage(self, stage: int) -> list[str]:
-        return [n for n in self.nodes_in_stage(stage) if self.nodes[n].alive]
+        members = self.data_nodes() if stage == DATA_STAGE else self._stage_members.get(stage, ())
+        return [n for n in members if self.nodes[n].alive]
 
     def _node(self, node_id: str) -> NodeState:
         try:
