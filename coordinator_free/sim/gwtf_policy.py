@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import ClassVar
 
-from coordinator_free.messages import FIXED_SIZES, FlowLoanReturn, FlowWanted, encoded_size
 from coordinator_free.placement import choose_bottleneck, place_relays, slots_per_s
 from coordinator_free.protocol import DATA, FlowConfig, FlowNode, NodeSpec, Outbound
 from coordinator_free.protocol.state import Peer, SlotState
@@ -41,6 +40,7 @@ from coordinator_free.sim.policy import (
     Wake,
     WorldView,
 )
+from coordinator_free.wire import FIXED_SIZES, FlowLoanReturn, FlowWanted, encoded_size
 
 #: A probe of the path waits this long for the dead hop (the prototype's keep-alive timeout).
 PROBE_TIMEOUT_S = 5.0

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import random
 
-from coordinator_free.messages import (
+from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from coordinator_free.sim.engine import Engine
+from coordinator_free.sim.gwtf_policy import GwtfPolicy
+from coordinator_free.wire import (
     CostAdvert,
     FlowAccept,
     FlowLoan,
@@ -15,9 +18,6 @@ from coordinator_free.messages import (
     TakeOverDeny,
     TakeOverRequest,
 )
-from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
-from coordinator_free.sim.engine import Engine
-from coordinator_free.sim.gwtf_policy import GwtfPolicy
 from tests.coordinator_free.sim_helpers import small_scenario
 
 CONFIG = FlowConfig(stages=1, activation_bytes=1e6)
