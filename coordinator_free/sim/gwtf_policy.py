@@ -136,11 +136,11 @@ class GwtfPolicy(PolicyDefaults):
 
     def on_node_up(self, world: WorldView, node_id: str, now: float) -> Sequence[Action]:
         config = self._flow_config(world)
-        spec = world.spec(node_id)
+        profile = world.spec(node_id)
         stage = world.stage_of(node_id) or 0
         self._boots[node_id] = self._boots.get(node_id, -1) + 1
         node = FlowNode(
-            NodeSpec(node_id, spec.role, stage, spec.capacity, world.compute_ms(node_id)),
+            NodeSpec(node_id, profile.role, stage, profile.capacity, world.compute_ms(node_id)),
             config,
             random.Random(f"{self._rng.random()}:{node_id}"),
             boot_id=self._boots[node_id],
