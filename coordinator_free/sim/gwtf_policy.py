@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from types import MappingProxyType
 from typing import ClassVar
 
 from coordinator_free.placement import choose_bottleneck, place_relays, slots_per_s
@@ -79,6 +80,8 @@ class GwtfPolicy(PolicyDefaults):
         self._wake_asked_s: dict[str, float] = {}  # node -> the tick it asked the engine for
         #: Ticks that found the core's work moved later and were only re-requested.
         self.stale_ticks = 0
+        #: Microbatches a data node put on a flow a data peer lent it.
+        self.borrowed_flow_injections = 0
         # Ticking every period (a reference run) calls the core on every tick, idle or not.
         self._skips_stale_ticks = self.timing().ticks_on_request
         self._boots: dict[str, int] = {}
@@ -89,6 +92,11 @@ class GwtfPolicy(PolicyDefaults):
         self._busy: dict[tuple[str, int], int] = {}  # (slot's owner, source slot) -> mb
         self._waiting: dict[str, set[int]] = {}  # data node -> its mbs waiting for a flow
         self._topology_cost: dict[tuple[str, float, str, float], float] = {}
+
+    @property
+    def flow_nodes(self) -> Mapping[str, FlowNode]:
+        """Each node's protocol core by id, read-only: to inspect, not to drive."""
+        return MappingProxyType(self._nodes)
 
     def timing(self) -> PolicyTiming:
         config = self._flow_config_defaults()
@@ -381,6 +389,7 @@ class GwtfPolicy(PolicyDefaults):
                 return Hold()
             self._source_slot[mb.mb_id] = held
             self._busy[held] = mb.mb_id
+            self.borrowed_flow_injections += held[0] != node.node_id
         self._hop_slot[mb.mb_id] = held
         return Forward(routes.get(held) or loans[held])
 
