@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from coordinator_free.messages import BACKWARD, FORWARD, HopAck
+from coordinator_free.wire import BACKWARD, FORWARD, HopAck
 
 
 @dataclass(frozen=True, slots=True, order=True)

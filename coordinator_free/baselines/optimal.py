@@ -131,6 +131,13 @@ class OptimalPolicy(PolicyDefaults):
 
     # ---- the flow ----
 
+    def unit_routes(self, world: WorldView) -> dict[str, tuple[Route, ...]]:
+        """The unit routes of the min-cost max-flow over the live nodes, per origin data node,
+        cheapest first; computed again first if membership changed since the last time."""
+        if self._dirty:
+            self._recompute(world)
+        return {origin: tuple(routes) for origin, routes in self._routes.items()}
+
     def _assign(self, world: WorldView, mb: MicrobatchView) -> HopDecision:
         self._release(mb.mb_id)
         if self._dirty:

@@ -17,7 +17,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from coordinator_free.messages import TableEntry
+from coordinator_free.wire import TableEntry
 
 _SUM_WEIGHT = 0.25
 

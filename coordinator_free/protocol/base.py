@@ -11,15 +11,6 @@ from __future__ import annotations
 import random
 
 from coordinator_free.cost import smooth_delay, symmetric_edge_cost_ms
-from coordinator_free.messages import (
-    EdgeEntry,
-    FlowCancel,
-    FlowCost,
-    FlowRequest,
-    Hello,
-    PathReport,
-    PathUpdate,
-)
 from coordinator_free.placement import offered_slots
 from coordinator_free.protocol.config import (
     DATA,
@@ -31,6 +22,15 @@ from coordinator_free.protocol.config import (
 )
 from coordinator_free.protocol.like_speed import hop_penalties_ms
 from coordinator_free.protocol.state import INF, InKey, InSlot, OutSlot, Peer, SlotState
+from coordinator_free.wire import (
+    EdgeEntry,
+    FlowCancel,
+    FlowCost,
+    FlowRequest,
+    Hello,
+    PathReport,
+    PathUpdate,
+)
 
 _COST_EPSILON_MS = 1e-6
 

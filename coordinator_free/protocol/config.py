@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from coordinator_free.flow_errors import FlowConfigError
-from coordinator_free.messages import MAX_ITEMS, Message
+from coordinator_free.wire import MAX_ITEMS, Message
 
 DATA = "data"
 RELAY = "relay"

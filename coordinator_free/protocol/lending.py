@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from coordinator_free.messages import FlowLoan, FlowLoanReturn, FlowWanted
 from coordinator_free.protocol.base import NodeBase
 from coordinator_free.protocol.config import DATA, Outbound
 from coordinator_free.protocol.state import SlotState
+from coordinator_free.wire import FlowLoan, FlowLoanReturn, FlowWanted
 
 
 class LendingMixin(NodeBase):

@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from coordinator_free.messages import CostAdvert, FlowCancel, Goodbye, Hello, Ping, Pong, PushBack
 from coordinator_free.protocol.base import NodeBase
 from coordinator_free.protocol.config import Outbound
 from coordinator_free.protocol.state import INF, Peer, SlotState
+from coordinator_free.wire import CostAdvert, FlowCancel, Goodbye, Hello, Ping, Pong, PushBack
 
 #: A measured compute time is announced once it differs from the announced one by this fraction.
 COMPUTE_CHANGE = 0.25

@@ -10,9 +10,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 
-from coordinator_free.messages import Message, decode, encode
 from coordinator_free.protocol.config import Outbound
 from coordinator_free.protocol.node import FlowNode
+from coordinator_free.wire import Message, decode, encode
 
 LinkDelay = Callable[[str, str], float]
 

@@ -14,7 +14,19 @@ flow is taken, so no move ever exceeds a capacity, and no move creates or ends a
 
 from __future__ import annotations
 
-from coordinator_free.messages import (
+from coordinator_free.protocol.annealing import (
+    FlowView,
+    SwapMove,
+    TakeOverMove,
+    is_accepted,
+    swap_gain_ms,
+    take_over_gain_ms,
+)
+from coordinator_free.protocol.config import Outbound
+from coordinator_free.protocol.like_speed import swap_speed_gain_ms, take_over_speed_gain_ms
+from coordinator_free.protocol.sharing import SharingMixin
+from coordinator_free.protocol.state import INF, InSlot, OutSlot, Peer, SlotState
+from coordinator_free.wire import (
     EdgeEntry,
     FlowCancel,
     FlowCost,
@@ -33,18 +45,6 @@ from coordinator_free.messages import (
     TakeOverGrant,
     TakeOverRequest,
 )
-from coordinator_free.protocol.annealing import (
-    FlowView,
-    SwapMove,
-    TakeOverMove,
-    is_accepted,
-    swap_gain_ms,
-    take_over_gain_ms,
-)
-from coordinator_free.protocol.config import Outbound
-from coordinator_free.protocol.like_speed import swap_speed_gain_ms, take_over_speed_gain_ms
-from coordinator_free.protocol.sharing import SharingMixin
-from coordinator_free.protocol.state import INF, InSlot, OutSlot, Peer, SlotState
 
 Move = SwapMove | TakeOverMove
 # Ours: a reroute must save at least this much, so flows do not flap between near-equal hops.

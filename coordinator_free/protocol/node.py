@@ -20,7 +20,13 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from coordinator_free.messages import (
+from coordinator_free.protocol.config import FlowConfig, NodeSpec, Outbound
+from coordinator_free.protocol.lending import LendingMixin
+from coordinator_free.protocol.liveness import LivenessMixin
+from coordinator_free.protocol.moves import MovesMixin
+from coordinator_free.protocol.routing import RoutingMixin
+from coordinator_free.protocol.state import INF, TIME_SLACK_S, SlotState
+from coordinator_free.wire import (
     CostAdvert,
     FlowAccept,
     FlowCancel,
@@ -50,12 +56,6 @@ from coordinator_free.messages import (
     TakeOverGrant,
     TakeOverRequest,
 )
-from coordinator_free.protocol.config import FlowConfig, NodeSpec, Outbound
-from coordinator_free.protocol.lending import LendingMixin
-from coordinator_free.protocol.liveness import LivenessMixin
-from coordinator_free.protocol.moves import MovesMixin
-from coordinator_free.protocol.routing import RoutingMixin
-from coordinator_free.protocol.state import INF, TIME_SLACK_S, SlotState
 
 Handler = Callable[[Any, str, Any, float], list[Outbound]]
 

@@ -11,7 +11,10 @@ message is released (anti-entropy).
 
 from __future__ import annotations
 
-from coordinator_free.messages import (
+from coordinator_free.protocol.base import NodeBase
+from coordinator_free.protocol.config import DATA, Outbound
+from coordinator_free.protocol.state import INF, TIME_SLACK_S, InSlot, OutSlot, Peer, SlotState
+from coordinator_free.wire import (
     CostAdvert,
     FlowAccept,
     FlowCancel,
@@ -26,9 +29,6 @@ from coordinator_free.messages import (
     Redirect,
     SlotList,
 )
-from coordinator_free.protocol.base import NodeBase
-from coordinator_free.protocol.config import DATA, Outbound
-from coordinator_free.protocol.state import INF, TIME_SLACK_S, InSlot, OutSlot, Peer, SlotState
 
 _ADVERT_CHANGE = 0.05  # re-advertise when the cost moves by more than 5% (ours)
 

@@ -10,7 +10,10 @@ the paper's take-over move applied between data nodes, with fair shares as the c
 
 from __future__ import annotations
 
-from coordinator_free.messages import (
+from coordinator_free.protocol.base import NodeBase
+from coordinator_free.protocol.config import DATA, Outbound
+from coordinator_free.protocol.state import INF, Peer, SlotState
+from coordinator_free.wire import (
     FlowCancel,
     PathUpdate,
     Rebind,
@@ -18,9 +21,6 @@ from coordinator_free.messages import (
     TakeOverGrant,
     TakeOverRequest,
 )
-from coordinator_free.protocol.base import NodeBase
-from coordinator_free.protocol.config import DATA, Outbound
-from coordinator_free.protocol.state import INF, Peer, SlotState
 
 
 class SharingMixin(NodeBase):

@@ -12,7 +12,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from coordinator_free.messages import TableExchange
+from coordinator_free.wire import TableExchange
 
 InKey = tuple[str, int]  # (upstream node, upstream's slot number)
 INF = math.inf

@@ -124,6 +124,12 @@ class Engine(IterationsMixin):
         self.metrics.sim_time_s = self.now
         return self.metrics
 
+    def step(self) -> None:
+        """Run the next event on the heap alone, as ``run`` would (for driving a run by hand)."""
+        when, _, kind, args = heapq.heappop(self._heap)
+        self.now = self.world.now_s = when
+        self._handlers[kind](*args)
+
     def _on_queued_deadline(self, kind: int, args: tuple[object, ...]) -> None:
         """The deadline at the head of ``kind``'s queue is due (``_schedule_deadline``)."""
         self._deadlines[kind].popleft()

@@ -103,6 +103,15 @@ class EngineBase(ABC):
 
     # ---- events and actions ----
 
+    def scheduled_events(self) -> list[tuple[float, int]]:
+        """(time, kind) of each event waiting on the heap, in the order they will run."""
+        return [(when, kind) for when, _, kind, _ in sorted(self._heap)]
+
+    def queued_deadlines(self, kind: int) -> list[float]:
+        """When the hop deadlines of ``kind`` waiting in its queue come due (the first that may
+        still fire is also on the heap, as a ``QUEUED_DEADLINE``)."""
+        return [when for when, _, _ in self._deadlines.get(kind, ())]
+
     def _schedule(self, when: float, kind: int, *args: Any) -> None:
         assert when >= self.now, f"event {kind} scheduled in the past ({when} < {self.now})"
         self._seq += 1

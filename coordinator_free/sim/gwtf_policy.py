@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from types import MappingProxyType
 from typing import ClassVar
 
-from coordinator_free.messages import FIXED_SIZES, FlowLoanReturn, FlowWanted, encoded_size
 from coordinator_free.placement import choose_bottleneck, place_relays, slots_per_s
 from coordinator_free.protocol import DATA, FlowConfig, FlowNode, NodeSpec, Outbound
 from coordinator_free.protocol.state import Peer, SlotState
@@ -41,6 +41,7 @@ from coordinator_free.sim.policy import (
     Wake,
     WorldView,
 )
+from coordinator_free.wire import FIXED_SIZES, FlowLoanReturn, FlowWanted, encoded_size
 
 #: A probe of the path waits this long for the dead hop (the prototype's keep-alive timeout).
 PROBE_TIMEOUT_S = 5.0
@@ -79,6 +80,8 @@ class GwtfPolicy(PolicyDefaults):
         self._wake_asked_s: dict[str, float] = {}  # node -> the tick it asked the engine for
         #: Ticks that found the core's work moved later and were only re-requested.
         self.stale_ticks = 0
+        #: Microbatches a data node put on a flow a data peer lent it.
+        self.borrowed_flow_injections = 0
         # Ticking every period (a reference run) calls the core on every tick, idle or not.
         self._skips_stale_ticks = self.timing().ticks_on_request
         self._boots: dict[str, int] = {}
@@ -89,6 +92,11 @@ class GwtfPolicy(PolicyDefaults):
         self._busy: dict[tuple[str, int], int] = {}  # (slot's owner, source slot) -> mb
         self._waiting: dict[str, set[int]] = {}  # data node -> its mbs waiting for a flow
         self._topology_cost: dict[tuple[str, float, str, float], float] = {}
+
+    @property
+    def flow_nodes(self) -> Mapping[str, FlowNode]:
+        """Each node's protocol core by id, read-only: to inspect, not to drive."""
+        return MappingProxyType(self._nodes)
 
     def timing(self) -> PolicyTiming:
         config = self._flow_config_defaults()
@@ -133,11 +141,11 @@ class GwtfPolicy(PolicyDefaults):
 
     def on_node_up(self, world: WorldView, node_id: str, now: float) -> Sequence[Action]:
         config = self._flow_config(world)
-        spec = world.spec(node_id)
+        profile = world.spec(node_id)
         stage = world.stage_of(node_id) or 0
         self._boots[node_id] = self._boots.get(node_id, -1) + 1
         node = FlowNode(
-            NodeSpec(node_id, spec.role, stage, spec.capacity, world.compute_ms(node_id)),
+            NodeSpec(node_id, profile.role, stage, profile.capacity, world.compute_ms(node_id)),
             config,
             random.Random(f"{self._rng.random()}:{node_id}"),
             boot_id=self._boots[node_id],
@@ -378,6 +386,7 @@ class GwtfPolicy(PolicyDefaults):
                 return Hold()
             self._source_slot[mb.mb_id] = held
             self._busy[held] = mb.mb_id
+            self.borrowed_flow_injections += held[0] != node.node_id
         self._hop_slot[mb.mb_id] = held
         return Forward(routes.get(held) or loans[held])
 

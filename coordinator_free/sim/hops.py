@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from coordinator_free.protocol.config import DATA_STAGE
 from coordinator_free.sim.engine_base import EngineBase
 from coordinator_free.sim.events import (
     ACK,
@@ -28,7 +29,6 @@ from coordinator_free.sim.events import (
 )
 from coordinator_free.sim.microbatch import Microbatch
 from coordinator_free.sim.policy import (
-    DATA_STAGE,
     Forward,
     Hold,
     HopDecision,

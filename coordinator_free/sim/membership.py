@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import random
 
+from coordinator_free.protocol.config import DATA_STAGE
 from coordinator_free.sim.events import CRASH, JOIN, RETRY
-from coordinator_free.sim.policy import DATA_STAGE
 from coordinator_free.sim.recovery import RecoveryMixin
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from coordinator_free.sim.policy import DATA_STAGE, Direction, MicrobatchView
+from coordinator_free.protocol.config import DATA_STAGE
+from coordinator_free.sim.policy import Direction, MicrobatchView
 
 ComputeRecord = tuple[str, int, float]
 

@@ -67,7 +67,7 @@ Model the engine implements (what a policy may rely on):
   ``Replace``. If the node that must resend the input of a ``Replace`` is itself dead, the repair
   cannot start: after ``forward_timeout_s`` the engine restarts the microbatch.
 * A policy may read from ``WorldView`` only what its nodes could know: static facts (topology,
-  model, node specs and announced stages), its own nodes' occupancy, and messages it was sent.
+  model, node profiles and announced stages), its own nodes' occupancy, and messages it was sent.
   ``WorldView.is_alive`` raises unless the policy declares ``full_knowledge``.
 """
 
@@ -83,17 +83,17 @@ from gwtf.errors import GwtfError
 Role = Literal["data", "relay"]
 Direction = Literal["forward", "backward"]
 
-#: Stage number of data nodes (they hold the embedding before stage 1 and the head after stage S).
-DATA_STAGE = 0
-
 
 class PolicyContractError(GwtfError):
     """A routing policy answered something the engine cannot carry out (a bug in that policy)."""
 
 
 @dataclass(frozen=True)
-class NodeSpec:
-    """What a node announces about itself: static for the whole run."""
+class NodeProfile:
+    """What a node announces about itself, static for the whole run (its stage is not: see
+    ``WorldView.stage_of``). The flow core's ``NodeSpec`` is the identity one ``FlowNode`` runs
+    with; a policy builds it from this profile, the current stage and ``compute_ms``.
+    """
 
     node_id: str
     role: Role
@@ -268,7 +268,7 @@ class WorldView(Protocol):
         """Nodes that have been up at some time so far, in scenario order (never future joiners)."""
         ...
 
-    def spec(self, node_id: str) -> NodeSpec: ...
+    def spec(self, node_id: str) -> NodeProfile: ...
     def stage_of(self, node_id: str) -> int | None:
         """The stage the node serves (0 for data nodes), None while a relay has none yet."""
         ...

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from coordinator_free.cost import EdgeInputs, edge_cost_ms
-from coordinator_free.sim.policy import DATA_STAGE, NodeSpec, PolicyContractError
+from coordinator_free.protocol.config import DATA_STAGE
+from coordinator_free.sim.policy import NodeProfile, PolicyContractError
 from coordinator_free.sim.scenario import Scenario
 
 BITS_PER_BYTE = 8.0
@@ -31,7 +32,7 @@ MEMBERSHIP_EXPIRY_S = 180.0
 class NodeState:
     """One node's mutable state as the engine tracks it."""
 
-    spec: NodeSpec
+    spec: NodeProfile
     region_index: int
     stage: int | None
     alive: bool = False
@@ -67,7 +68,7 @@ class World:
         region_index = {r: i for i, r in enumerate(scenario.topology.regions)}
         self.nodes: dict[str, NodeState] = {}
         for entry in scenario.nodes:
-            spec = NodeSpec(entry.id, entry.role, entry.region, entry.speed, entry.capacity)
+            spec = NodeProfile(entry.id, entry.role, entry.region, entry.speed, entry.capacity)
             stage = DATA_STAGE if entry.role == "data" else entry.stage
             self.nodes[entry.id] = NodeState(spec, region_index[entry.region], stage)
         self._known_order: list[str] = []
@@ -99,7 +100,7 @@ class World:
     def known_nodes(self) -> Sequence[str]:
         return tuple(self._known_order)
 
-    def spec(self, node_id: str) -> NodeSpec:
+    def spec(self, node_id: str) -> NodeProfile:
         return self._node(node_id).spec
 
     def stage_of(self, node_id: str) -> int | None:

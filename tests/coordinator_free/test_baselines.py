@@ -84,7 +84,8 @@ def test_optimal_flow_equals_networkx_max_flow() -> None:
     scenario = small_scenario(relays_per_stage=3, stages=3, data_capacity=20, relay_capacity=2)
     world = _world(scenario, full_knowledge=True)
     policy = OptimalPolicy()
-    policy._recompute(world)
+    routes = policy.unit_routes(world)
+    assert policy.flow_value == sum(len(r) for r in routes.values())
     graph = build_flow_graph(world, world.is_alive)
     assert policy.flow_value == nx.maximum_flow_value(graph, "__source__", "__sink__")
     assert policy.flow_value == 6  # three relays of capacity 2 per stage
@@ -95,8 +96,7 @@ def test_optimal_routes_are_min_cost_and_respect_capacity() -> None:
     scenario = small_scenario(relays_per_stage=2, regions=2, data_capacity=2, relay_capacity=1)
     world = _world(scenario, full_knowledge=True)
     policy = OptimalPolicy()
-    policy._recompute(world)
-    routes = [r for rs in policy._routes.values() for r in rs]
+    routes = [r for rs in policy.unit_routes(world).values() for r in rs]
     assert len(routes) == 2
     per_relay = Counter(n for r in routes for n in r[1:-1])
     assert max(per_relay.values()) == 1

@@ -71,7 +71,7 @@ class _KeptWakeChecked(GwtfPolicy):
         self, world: WorldView, src: str, dst: str, payload: object, now: float
     ) -> Sequence[Action]:
         actions = super().on_message(world, src, dst, payload, now)
-        node = self._nodes.get(dst)
+        node = self.flow_nodes.get(dst)
         if node is not None and not node.left:
             kept_s = node.next_tick_s(now)
             fresh_s = node._compute_next_tick_s(now)  # reads state only (and fills cost caches)

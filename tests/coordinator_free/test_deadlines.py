@@ -79,10 +79,13 @@ def test_a_deadline_set_out_of_order_goes_on_the_heap() -> None:
     engine._schedule_deadline(40.0, FWD_DEADLINE, "d0", 0, 2, 0, 1, "r1_1")
     engine._schedule_deadline(35.0, FWD_DEADLINE, "d0", 0, 3, 0, 1, "r1_0")
     engine._schedule_deadline(75.0, BWD_DEADLINE, "d0", 0, 4, 0, 1, "r1_0")
-    kinds = sorted((when, kind) for when, _, kind, _ in engine._heap)
     # The queue heads of both kinds are armed; the one set out of order is a plain event.
-    assert kinds == [(30.0, QUEUED_DEADLINE), (35.0, FWD_DEADLINE), (75.0, QUEUED_DEADLINE)]
-    assert [when for when, _, _ in engine._deadlines[FWD_DEADLINE]] == [30.0, 40.0]
+    assert engine.scheduled_events() == [
+        (30.0, QUEUED_DEADLINE),
+        (35.0, FWD_DEADLINE),
+        (75.0, QUEUED_DEADLINE),
+    ]
+    assert engine.queued_deadlines(FWD_DEADLINE) == [30.0, 40.0]
 
 
 def test_moot_deadlines_at_the_head_are_dropped_unseen() -> None:
@@ -93,9 +96,9 @@ def test_moot_deadlines_at_the_head_are_dropped_unseen() -> None:
     engine._schedule_deadline(30.0, FWD_DEADLINE, "d0", 0, 1, 0, 1, "r1_0")
     engine._schedule_deadline(31.0, FWD_DEADLINE, "d0", 0, 2, 0, 1, "r1_0")
     engine._mbs[1].acked_seq = 1  # the first hop is acknowledged: its deadline is moot
-    engine.now = 30.0
-    _, _, kind, args = engine._heap.pop()
-    assert kind == QUEUED_DEADLINE
-    engine._on_queued_deadline(*args)  # fires nothing (moot), and arms the next live one
+    assert engine.scheduled_events() == [(30.0, QUEUED_DEADLINE)]
+    engine.step()  # fires nothing (moot), and arms the next live one
+    assert engine.now == 30.0
     assert engine.metrics.forward_timeouts == 0
-    assert [(when, kind) for when, _, kind, _ in engine._heap] == [(31.0, QUEUED_DEADLINE)]
+    assert engine.scheduled_events() == [(31.0, QUEUED_DEADLINE)]
+    assert engine.queued_deadlines(FWD_DEADLINE) == [31.0]

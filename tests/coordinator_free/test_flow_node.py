@@ -8,7 +8,10 @@ from typing import Any
 import pytest
 
 from coordinator_free.flow_errors import FlowConfigError
-from coordinator_free.messages import (
+from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from coordinator_free.protocol.annealing import FlowView, SwapMove, TakeOverMove
+from coordinator_free.protocol.state import SlotState
+from coordinator_free.wire import (
     CostAdvert,
     FlowAccept,
     FlowCancel,
@@ -22,9 +25,6 @@ from coordinator_free.messages import (
     TableExchange,
     TableRequest,
 )
-from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
-from coordinator_free.protocol.annealing import FlowView, SwapMove, TakeOverMove
-from coordinator_free.protocol.state import SlotState
 from tests.coordinator_free.flow_graphs import (
     build_network,
     check_consistent,

@@ -56,7 +56,7 @@ def test_a_crashed_relay_is_routed_around_and_no_flow_points_at_it() -> None:
     assert metrics.stopped_reason == "finished"
     assert metrics.crashes == 1
     assert metrics.microbatches_completed == metrics.microbatches_injected
-    for node_id, node in policy._nodes.items():
+    for node_id, node in policy.flow_nodes.items():
         if node_id == "r1_0" or not engine.world.nodes[node_id].alive:
             continue
         for out in node.out_slots.values():

@@ -12,7 +12,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coordinator_free.flow_errors import FlowConfigError
-from coordinator_free.messages import FlowRequest, Hello
 from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
 from coordinator_free.protocol.like_speed import (
     hop_penalties_ms,
@@ -21,6 +20,7 @@ from coordinator_free.protocol.like_speed import (
     take_over_speed_gain_ms,
 )
 from coordinator_free.protocol.loopback import LoopbackNetwork
+from coordinator_free.wire import FlowRequest, Hello
 from tests.coordinator_free.flow_graphs import (
     ACTIVATION_BYTES,
     Swarm,

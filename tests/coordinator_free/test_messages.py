@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator_free.flow_errors import WireFormatError
-from coordinator_free.messages import (
+from coordinator_free.wire import (
     FIXED_SIZES,
     MAX_ID_BYTES,
     MAX_ITEMS,

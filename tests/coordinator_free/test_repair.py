@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from coordinator_free.messages import BACKWARD, FORWARD, HopAck
 from coordinator_free.repair import (
     HopKey,
     HopTracker,
@@ -12,6 +11,7 @@ from coordinator_free.repair import (
     plan_hop_repair,
     plan_probe,
 )
+from coordinator_free.wire import BACKWARD, FORWARD, HopAck
 
 PATH = ("d0", "a1", "b2", "c3", "d1")  # origin, stages 1..3, sink
 

@@ -130,7 +130,7 @@ class _CheckedGwtf(_EveryPeriodGwtf):
         self.idle_ticks_checked = 0
 
     def on_tick(self, world: WorldView, node_id: str, now: float) -> Sequence[Action]:
-        node = self._nodes.get(node_id)
+        node = self.flow_nodes.get(node_id)
         if node is not None and node.next_tick_s(now) > now + 1e-6:
             assert copy.deepcopy(node).tick(now) == [], (node_id, now)
             self.idle_ticks_checked += 1

@@ -11,9 +11,9 @@ from typing import Any
 import trio
 import trio.testing
 
-from coordinator_free.messages import Hello
 from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
 from coordinator_free.protocol.config import Outbound
+from coordinator_free.wire import Hello
 from node.runtime.flow.service import FlowService
 from node.runtime.roles.flow_pool import RECALL_TICKS, Flow, FlowPool
 from tests.coordinator_free.test_lending import meet, route_all

@@ -9,8 +9,8 @@ from typing import Any
 import trio
 import trio.testing
 
-from coordinator_free.messages import Hello
 from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from coordinator_free.wire import Hello
 from node.runtime.dataplane.exchange import DataPlane
 from node.runtime.dataplane.hop import BACKWARD, FORWARD, HopHeader
 from node.runtime.dataplane.sender import HopSender, HopStats

@@ -20,8 +20,8 @@ import pytest
 import trio
 from libp2p.peer.id import ID
 
-from coordinator_free.messages import FlowRequest, Hello
 from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from coordinator_free.wire import FlowRequest, Hello
 from gwtf.errors import ProtocolError
 from node.p2p.host import full_address, running_host
 from node.p2p.identity import new_identity

@@ -10,7 +10,7 @@ import pytest
 import trio
 from libp2p.custom_types import TProtocol
 
-from coordinator_free.messages import PROTOCOL_ID as FLOW
+from coordinator_free.wire import PROTOCOL_ID as FLOW
 from node.p2p.framing import write_frame
 from node.p2p.host import peer_info, running_host
 from node.p2p.identity import new_identity

@@ -67,7 +67,7 @@ from typing import Any
 
 from libp2p.peer.id import ID
 
-from coordinator_free.messages import MAX_ITEMS
+from coordinator_free.wire import MAX_ITEMS
 from gwtf.errors import ProtocolError
 from node.p2p.rpc import RequestResponse, RpcLimits
 

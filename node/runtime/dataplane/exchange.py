@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import trio
 from libp2p.peer.id import ID
 
-from coordinator_free.messages import HopAck, decode, encode
+from coordinator_free.wire import HopAck, decode, encode
 from gwtf.errors import GwtfError, ProtocolError
 from node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
 from node.receipts.book import HopFacts, ReceiptBook, worker_stage

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import trio
 from libp2p.peer.id import ID
 
-from coordinator_free.messages import PROTOCOL_ID, Message, decode, encode
 from coordinator_free.protocol.config import Outbound
 from coordinator_free.protocol.node import FlowNode
+from coordinator_free.wire import PROTOCOL_ID, Message, decode, encode
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import trio
 
-from coordinator_free.messages import FlowLoan, FlowLoanReturn, FlowWanted, Message
+from coordinator_free.wire import FlowLoan, FlowLoanReturn, FlowWanted, Message
 from node.runtime.flow.service import FlowService
 
 #: Flow ticks a data node's microbatch waits for a flow before the node takes back the slots it

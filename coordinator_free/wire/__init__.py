@@ -13,11 +13,15 @@ u16 length + bytes (at most ``MAX_BLOB_BYTES``), and a tuple is u16 count + item
 Slots are hop-local: a node numbers its outgoing flow slots itself, and its downstream peer knows
 the flow as (that node, slot). Data-plane messages (acknowledgements, probes) live here too so the
 live node speaks one protocol: ``/gwtf/flow/3.0.0``.
+
+Import from this package only: ``messages`` holds the dataclasses and limits, ``codec`` the
+encoding.
 """
 
 from __future__ import annotations
 
-from coordinator_free.message_types import (
+from coordinator_free.wire.codec import FIXED_SIZES, decode, encode, encoded_size
+from coordinator_free.wire.messages import (
     BACKWARD,
     FORWARD,
     MAX_BLOB_BYTES,
@@ -61,7 +65,6 @@ from coordinator_free.message_types import (
     TakeOverGrant,
     TakeOverRequest,
 )
-from coordinator_free.wire import FIXED_SIZES, decode, encode, encoded_size
 
 __all__ = [
     "BACKWARD",

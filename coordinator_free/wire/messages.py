@@ -1,7 +1,7 @@
 """The wire messages of the flow protocol: one frozen dataclass per message, and the limits.
 
-``coordinator_free.messages`` is the module to import; it also holds the binary encoding
-(``coordinator_free.wire``). Each class carries its ``TYPE_ID`` on the wire.
+Import them from ``coordinator_free.wire``, which also exports the binary encoding (``codec``).
+Each class carries its ``TYPE_ID`` on the wire.
 """
 
 from __future__ import annotations

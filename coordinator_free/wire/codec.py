@@ -1,7 +1,7 @@
 """The versioned, size-bounded binary encoding of the flow protocol's messages.
 
 On the wire a message is ``version (u8) | type id (u8) | fields in declaration order`` (the
-layout is stated in ``coordinator_free.messages``). The field schema is derived once from the
+layout is stated in ``coordinator_free.wire``). The field schema is derived once from the
 message dataclasses' type hints. ``decode`` raises ``WireFormatError`` for any bytes that are not
 exactly one valid message, and nothing else.
 """
@@ -16,7 +16,7 @@ import typing
 from typing import Any
 
 from coordinator_free.flow_errors import WireFormatError
-from coordinator_free.message_types import (
+from coordinator_free.wire.messages import (
     MAX_BLOB_BYTES,
     MAX_ID_BYTES,
     MAX_ITEMS,
