@@ -4,7 +4,7 @@ A data node injects a microbatch only on a flow it holds, and an iteration ends 
 node's batch is done. When batches are larger than the flows a data node holds, the last
 microbatches of one data node wait for its own flows to come back while another data node that
 has injected its whole batch leaves flows idle. Lending closes that gap, as a centralised
-scheduler would by sharing every free path (the optimum in ``baselines/optimal.py`` does):
+scheduler would by sharing every free path (the optimum in ``baselines/central.py`` does):
 
 * a data node with microbatches waiting tells its data peers how many (``FlowWanted``), when the
   number grows and when it drops to zero;

@@ -5,7 +5,7 @@ from __future__ import annotations
 from coordinator_free.sim.policy import RoutingPolicy
 from gwtf.errors import ConfigError
 
-ALGORITHMS = ("gwtf", "swarm", "dtfm", "optimal", "round_robin")
+ALGORITHMS = ("gwtf", "swarm", "dtfm", "central", "round_robin")
 
 
 def make_policy(name: str) -> RoutingPolicy:
@@ -18,10 +18,10 @@ def make_policy(name: str) -> RoutingPolicy:
         from coordinator_free.baselines.dtfm import DtfmPolicy
 
         return DtfmPolicy()
-    if name == "optimal":
-        from coordinator_free.baselines.optimal import OptimalPolicy
+    if name == "central":
+        from coordinator_free.baselines.central import CentralPolicy
 
-        return OptimalPolicy()
+        return CentralPolicy()
     if name == "round_robin":
         from coordinator_free.sim.round_robin import RoundRobinPolicy
 

@@ -2,7 +2,7 @@
 
 ``lower_bound(scenario)`` reads only the scenario: it holds for every placement, routing, repair
 and churn outcome the engine (the model stated in ``policy.py``) allows, so a run that finishes
-never takes less than ``Bound.total_s``. It is what ``baselines/optimal.py``, a strong heuristic,
+never takes less than ``Bound.total_s``. It is what ``baselines/central.py``, a strong heuristic,
 cannot claim to be; the gap between a run and the bound is what any algorithm could still gain.
 
 **Counted microbatches.** Relays crash at random, data nodes only by the scenario's events

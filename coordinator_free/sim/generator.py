@@ -1,15 +1,18 @@
 """The paper-like grid of scenarios, built from the 10-region latency/bandwidth matrix.
 
 Axes (as in the GWTF paper's evaluation): homogeneous vs heterogeneous GPUs (speeds drawn from
-1.0 / 0.6 / 0.35), every node in one region vs spread over the 10 regions, and churn of 0, 10% or
-33% of relays crashing per hour (crashed relays come back after ``mean_downtime_s`` on average, so
-the swarm keeps its size while membership changes). Every relay starts with ``stage`` null, so
-each algorithm places relays its own way.
+1.0 / 0.6 / 0.35), every node in one region vs spread over the 10 regions, and churn of 0, 100 or
+300 % of relays crashing per hour (crashed relays come back after ``mean_downtime_s`` on average,
+so the swarm keeps its size while membership changes). Rates of 10-33 %/h gave runs of a few
+hundred seconds one or two crashes, too few to tell algorithms apart; ``iterations_for_crashes``
+makes churn runs long enough to see a number of crashes. Every relay starts with ``stage`` null,
+so each algorithm places relays its own way.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -18,7 +21,7 @@ from pathlib import Path
 from coordinator_free.sim.scenario import Scenario, parse_scenario
 
 HETEROGENEOUS_SPEEDS = (1.0, 0.6, 0.35)
-CHURN_LEVELS_PER_HOUR = (0.0, 0.10, 0.33)
+CHURN_LEVELS_PER_HOUR = (0.0, 1.0, 3.0)
 #: The region used by one-region scenarios.
 SINGLE_REGION = "frankfurt"
 
@@ -130,6 +133,21 @@ def write_grid(outdir: str | Path, seeds: int = 5, size: GridSize | None = None)
             path.write_text(json.dumps(scenario.to_json(), indent=1))
             paths.append(path)
     return paths
+
+
+def iterations_for_crashes(
+    cell: GridCell, size: GridSize, crashes: float, seconds_per_iteration: float
+) -> int:
+    """Iterations after which a run of ``cell`` expects at least ``crashes`` relay crashes, given
+    that no iteration takes less than ``seconds_per_iteration`` (a lower bound: a run is then at
+    least that long). A relay crashes at ``churn_per_hour`` while up and is up a share
+    1 / (1 + rate × mean downtime) of the time."""
+    rate_per_s = cell.churn_per_hour / 3600.0
+    if rate_per_s <= 0:
+        return size.iterations
+    up_share = 1.0 / (1.0 + rate_per_s * size.mean_downtime_s)
+    seconds = crashes / (size.relays * rate_per_s * up_share)
+    return max(size.iterations, math.ceil(seconds / seconds_per_iteration))
 
 
 def scaled(size: GridSize, relays: int, data_nodes: int, iterations: int) -> GridSize:

@@ -9,13 +9,13 @@ from collections import Counter
 import networkx as nx
 import pytest
 
+from coordinator_free.baselines.central import CentralPolicy, build_flow_graph, route_cost_ms
 from coordinator_free.baselines.dtfm import DtfmPolicy
 from coordinator_free.baselines.dtfm_schedule import (
     CostModel,
     random_schedule_cost,
     search_schedule,
 )
-from coordinator_free.baselines.optimal import OptimalPolicy, build_flow_graph, route_cost_ms
 from coordinator_free.baselines.swarm import SwarmPolicy
 from coordinator_free.sim.engine import Engine, EngineConfig, run_scenario
 from coordinator_free.sim.world import World
@@ -80,10 +80,10 @@ def test_dtfm_without_churn_wastes_nothing_and_finishes() -> None:
 # ---- the optimum ----
 
 
-def test_optimal_flow_equals_networkx_max_flow() -> None:
+def test_central_flow_equals_networkx_max_flow() -> None:
     scenario = small_scenario(relays_per_stage=3, stages=3, data_capacity=20, relay_capacity=2)
     world = _world(scenario, full_knowledge=True)
-    policy = OptimalPolicy()
+    policy = CentralPolicy()
     routes = policy.unit_routes(world)
     assert policy.flow_value == sum(len(r) for r in routes.values())
     graph = build_flow_graph(world, world.is_alive)
@@ -91,11 +91,11 @@ def test_optimal_flow_equals_networkx_max_flow() -> None:
     assert policy.flow_value == 6  # three relays of capacity 2 per stage
 
 
-def test_optimal_routes_are_min_cost_and_respect_capacity() -> None:
+def test_central_routes_are_min_cost_and_respect_capacity() -> None:
     # Two regions; the cheapest routes stay inside the data node's region.
     scenario = small_scenario(relays_per_stage=2, regions=2, data_capacity=2, relay_capacity=1)
     world = _world(scenario, full_knowledge=True)
-    policy = OptimalPolicy()
+    policy = CentralPolicy()
     routes = [r for rs in policy.unit_routes(world).values() for r in rs]
     assert len(routes) == 2
     per_relay = Counter(n for r in routes for n in r[1:-1])
@@ -106,10 +106,10 @@ def test_optimal_routes_are_min_cost_and_respect_capacity() -> None:
     assert total_ms == pytest.approx(flow_cost / 1000.0, rel=1e-6)
 
 
-def test_optimal_beats_or_matches_the_baselines_without_churn() -> None:
+def test_central_beats_or_matches_the_baselines_without_churn() -> None:
     scenario = small_scenario(
         relays_per_stage=3, regions=3, data_capacity=8, iterations=5, speeds=[1, 0.35, 0.6] * 2
     )
-    optimal = run_scenario(scenario, OptimalPolicy()).throughput_mb_per_s
+    central = run_scenario(scenario, CentralPolicy()).throughput_mb_per_s
     swarm = run_scenario(scenario, SwarmPolicy()).throughput_mb_per_s
-    assert optimal >= 0.95 * swarm
+    assert central >= 0.95 * swarm

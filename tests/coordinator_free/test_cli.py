@@ -29,7 +29,7 @@ def scenario_file(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("algorithm", ["swarm", "dtfm", "optimal"])
+@pytest.mark.parametrize("algorithm", ["swarm", "dtfm", "central"])
 def test_json_output_has_the_required_fields(
     scenario_file: Path, algorithm: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -75,7 +75,7 @@ def test_generate_writes_the_grid(tmp_path: Path, capsys: pytest.CaptureFixture[
     files = sorted(out.glob("*.json"))
     assert len(files) == 2 * 12
     names = {f.name for f in files}
-    assert "het-10reg-churn33-s1.json" in names
+    assert "het-10reg-churn300-s1.json" in names
     assert "hom-1reg-churn0-s0.json" in names
     assert main([str(files[0]), "--algorithm", "swarm", "--json"]) == 0
     capsys.readouterr()

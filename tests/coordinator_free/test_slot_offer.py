@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator_free.baselines.optimal import OptimalPolicy, build_flow_graph
+from coordinator_free.baselines.central import CentralPolicy, build_flow_graph
 from coordinator_free.flow_errors import FlowConfigError
 from coordinator_free.placement import offered_slots
 from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
@@ -174,10 +174,10 @@ def test_optimum_graph_gives_slow_relays_fewer_slots() -> None:
 
 def test_optimum_with_speed_aware_slots_runs_and_refuses_a_bad_scale() -> None:
     scenario = build_scenario(GridCell(True, False, 0.0), 1, GridSize(iterations=3))
-    metrics = run_scenario(scenario, OptimalPolicy(slot_speed_scale=2.0))
+    metrics = run_scenario(scenario, CentralPolicy(slot_speed_scale=2.0))
     assert metrics.iterations_completed == 3 and metrics.capacity_exceeded == 0
     with pytest.raises(ConfigError, match="slot_speed_scale"):
-        OptimalPolicy(slot_speed_scale=0.0)
+        CentralPolicy(slot_speed_scale=0.0)
 
 
 def test_optimum_never_forwards_to_a_relay_that_came_back_at_another_stage() -> None:
@@ -185,5 +185,5 @@ def test_optimum_never_forwards_to_a_relay_that_came_back_at_another_stage() -> 
     # microbatch's route (and a forward deadline) still named it for stage 2; that forward was
     # a contract violation until routes were checked against the current stage.
     scenario = build_scenario(GridCell(True, True, 1.0), 2, GridSize(iterations=30))
-    metrics = run_scenario(scenario, OptimalPolicy(slot_speed_scale=2.0))
+    metrics = run_scenario(scenario, CentralPolicy(slot_speed_scale=2.0))
     assert metrics.stopped_reason == "finished" and metrics.iterations_completed == 30

@@ -1,5 +1,5 @@
-"""The benchmark's optimum is the best run of its family per scenario, never below the every-slot
-optimum, and the family collapses to one run where every GPU is equally fast."""
+"""The comparison benchmark's rules: the central heuristic's slot rule is tuned on other seeds
+than those reported, ratios are paired per seed, GWTF variants set FlowConfig fields."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from coordinator_free.baselines.optimal import OptimalPolicy
+from coordinator_free.baselines.central import CentralPolicy
 from coordinator_free.sim.engine import run_scenario
 from coordinator_free.sim.generator import GridCell, GridSize, build_scenario
 from gwtf.errors import ConfigError
@@ -35,37 +35,38 @@ def run(algorithm: str, seed: int, throughput: float, finished: bool = True) -> 
     return SC.Run("c", algorithm, seed, finished, time_s, throughput, 0.0, 0, 0.0)
 
 
-def test_best_of_family_keeps_the_fastest_variant_per_seed_and_the_every_slot_run() -> None:
+def test_the_central_slot_rule_is_chosen_on_tuning_runs_by_median_throughput() -> None:
     runs = [
-        run("gwtf", 0, 2.0),
-        run("optimal@all", 0, 2.5),
-        run("optimal@1.5", 0, 2.8),
-        run("optimal@2", 0, 2.7),
-        run("optimal@all", 1, 2.4),
-        run("optimal@1", 1, 9.9, finished=False),  # a run that did not finish never wins
-        run("optimal@2", 1, 2.4),  # a tie goes to the earlier variant
+        run("central@all", 0, 2.5),
+        run("central@all", 1, 2.4),
+        run("central@all", 2, 2.6),
+        run("central@1.5", 0, 2.8),
+        run("central@1.5", 1, 2.7),
+        run("central@1.5", 2, 1.0),  # one bad seed does not move the median
+        run("central@2", 0, 9.9, finished=False),  # a run that did not finish scores 0
+        run("central@2", 1, 2.7),
+        run("central@2", 2, 2.7),  # a tie goes to the earlier variant
     ]
-    kept, winners = SC.best_of_family(runs)
-    best = {r.seed: r for r in kept if r.algorithm == "optimal"}
-    every = {r.seed: r for r in kept if r.algorithm == "optimal-allslots"}
-    assert best[0].throughput == 2.8 and best[1].throughput == 2.4
-    assert every[0].throughput == 2.5 and every[1].throughput == 2.4
-    assert winners == {"c": ["1.5", "all"]}
-    assert [r.algorithm for r in kept if r.seed == 0 and r.algorithm == "gwtf"] == ["gwtf"]
-    assert not any("@" in r.algorithm for r in kept)
+    assert SC.choose_central_scales(runs) == {"c": "1.5"}
 
 
-def test_family_is_run_only_where_speeds_differ() -> None:
+def test_the_chosen_rule_is_the_one_run_on_the_reporting_seeds() -> None:
     homogeneous, heterogeneous = GridCell(False, True, 0.0), GridCell(True, True, 0.0)
-    assert SC.expand(homogeneous, "optimal") == ["optimal@all"]
-    assert SC.expand(heterogeneous, "optimal") == [
-        SC.variant_name(scale) for scale in SC.OPTIMUM_SCALES
-    ]
-    assert SC.expand(heterogeneous, "optimal-allslots") == ["optimal@all"]
-    assert SC.expand(heterogeneous, "gwtf") == ["gwtf"]
-    policy = SC.policy_for("optimal@1.25")
-    assert isinstance(policy, OptimalPolicy) and policy.slot_speed_scale == 1.25
-    assert SC.policy_for("optimal@all").slot_speed_scale is None
+    chosen = {heterogeneous.label: "1.25"}
+    assert SC.expand(homogeneous, "central", chosen) == ["central@all"]
+    assert SC.expand(heterogeneous, "central", chosen) == ["central@1.25"]
+    assert SC.expand(heterogeneous, "central-allslots", chosen) == ["central@all"]
+    assert SC.expand(heterogeneous, "gwtf", chosen) == ["gwtf"]
+    policy = SC.policy_for("central@1.25")
+    assert isinstance(policy, CentralPolicy) and policy.slot_speed_scale == 1.25
+    assert SC.policy_for("central@all").slot_speed_scale is None
+
+
+def test_paired_ratios_compare_the_same_seed_and_quartiles_summarise_them() -> None:
+    runs = [run("gwtf", s, 2.0 + s) for s in range(4)] + [run("swarm", s, 1.0) for s in range(3)]
+    ratios = SC.paired(runs, "c", "gwtf", "swarm", "throughput")
+    assert ratios == [2.0, 3.0, 4.0]  # seed 3 has no SWARM run to pair with
+    assert SC.quartiles(ratios) == (2.5, 3.0, 3.5)
 
 
 def test_gwtf_variants_set_flow_config_fields_and_refuse_unknown_ones() -> None:
@@ -91,7 +92,7 @@ def test_gwtf_variants_set_flow_config_fields_and_refuse_unknown_ones() -> None:
 
 
 def test_like_speed_variant_runs_only_where_speeds_differ() -> None:
-    assert SC.expand(GridCell(False, True, 0.0), SC.LIKE) == []
-    assert SC.expand(GridCell(True, True, 0.0), SC.LIKE) == [SC.LIKE]
+    assert SC.expand(GridCell(False, True, 0.0), SC.LIKE, {}) == []
+    assert SC.expand(GridCell(True, True, 0.0), SC.LIKE, {}) == [SC.LIKE]
     policy = SC.policy_for(SC.LIKE)
     assert isinstance(policy, SC.TunedGwtfPolicy)

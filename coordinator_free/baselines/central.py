@@ -1,14 +1,15 @@
-"""The centralised optimum: min-cost max-flow over the layered graph, with full knowledge.
+"""The central heuristic: min-cost max-flow over the layered graph, with full knowledge.
 
-Problem solved (networkx ``max_flow_min_cost``): on the graph
+It is a strong centralised scheduler, not an optimum and no bound (``sim/bound.py`` is the bound):
+min-cost flow minimises the total path cost, not the slowest path; unit paths are dispatched
+greedily; placement is fixed by speed. Problem solved (networkx ``max_flow_min_cost``): on the graph
 ``source -> data nodes (capacity = batch) -> stage-1 relays -> ... -> stage-S relays -> data nodes
 as sinks (capacity = batch) -> sink``, each relay split into in/out with capacity = microbatches it
 holds at once, and each edge between consecutive layers costing the paper's d_ij, find a maximum
-flow and, among maximum flows, one of least *total* cost. The paper's objective is to make the
-*slowest* flow cheapest; min-cost flow minimises the sum instead, which is the usual tractable
-stand-in (it is what successive shortest augmenting paths, and GWTF's distributed analogue,
-converge to). The flow is decomposed into unit paths; each unit carries one microbatch at a time,
-so no relay ever holds more than its capacity.
+flow and, among maximum flows, one of least *total* cost (the usual tractable stand-in for the
+paper's min-max objective; it is what successive shortest augmenting paths, and GWTF's distributed
+analogue, converge to). The flow is decomposed into unit paths; each unit carries one microbatch at
+a time, so no relay ever holds more than its capacity.
 
 Full knowledge: the flow is recomputed at every membership change (crash or join), and the policy
 knows who is dead. It still acts on in-flight microbatches only when the engine asks (a hop's
@@ -51,10 +52,10 @@ _SOURCE, _SINK = "__source__", "__sink__"
 Route = tuple[str, ...]
 
 
-class OptimalPolicy(PolicyDefaults):
+class CentralPolicy(PolicyDefaults):
     """Routes every microbatch on a unit path of the current min-cost max-flow."""
 
-    name: ClassVar[str] = "optimal"
+    name: ClassVar[str] = "central"
     full_knowledge: ClassVar[bool] = True
 
     def __init__(self, hop_timeout_s: float = 10.0, slot_speed_scale: float | None = None) -> None:
