@@ -161,8 +161,9 @@ class ChainSettings:
 class FlowSettings:
     # Starting points from the GWTF authors' 2024 prototype.
     decision_period_s: float = 2.0
-    temperature_relay: float = 1.7
-    temperature_data: float = 2.0
+    #: Ours, not the prototype's: relative to the path cost, 0 is greedy (protocol/annealing.py).
+    temperature_relay: float = 0.001
+    temperature_data: float = 0.001
     cooling_factor: float = 0.95
     anneal_probability_needy: float = 0.3
     anneal_probability_idle: float = 0.1
@@ -340,8 +341,8 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "training.optimizer.lr": _positive,
     "training.optimizer.total_steps": _positive_int,
     "flow.decision_period_s": _positive,
-    "flow.temperature_relay": _positive,
-    "flow.temperature_data": _positive,
+    "flow.temperature_relay": _non_negative,
+    "flow.temperature_data": _non_negative,
     "flow.cooling_factor": _fraction_open,
     "flow.anneal_probability_needy": _probability,
     "flow.anneal_probability_idle": _probability,

@@ -25,8 +25,12 @@ class FlowConfig:
     stages: int
     activation_bytes: float
     decision_period_s: float = 2.0
-    relay_temperature: float = 1.7
-    data_temperature: float = 2.0
+    # Ours: relative, a worse move passes with probability exp((Δ / path cost) / T); 0 is
+    # greedy (``annealing.is_accepted``). The prototype's 1.7 relays / 2.0 data nodes divided
+    # Δ in ms, about 3e-4 in these units. 0.001 took near-ties and measured best on the grid's
+    # tuning seeds; 0 and 0.003-0.3 lower (coordinator_free/README.md, Moves).
+    relay_temperature: float = 0.001
+    data_temperature: float = 0.001
     cooling: float = 0.95
     anneal_probability_needing: float = 0.3
     anneal_probability_idle: float = 0.1
@@ -81,8 +85,6 @@ class FlowConfig:
         positive = {
             "activation_bytes": self.activation_bytes,
             "decision_period_s": self.decision_period_s,
-            "relay_temperature": self.relay_temperature,
-            "data_temperature": self.data_temperature,
             "keepalive_interval_s": self.keepalive_interval_s,
             "keepalive_timeout_s": self.keepalive_timeout_s,
             "default_bandwidth_gbps": self.default_bandwidth_gbps,
@@ -101,6 +103,10 @@ class FlowConfig:
                 f"flow.like_speed_weight must be >= 0 (0 switches it off), "
                 f"got {self.like_speed_weight!r}"
             )
+        for name in ("relay_temperature", "data_temperature"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise FlowConfigError(f"flow.{name} must be >= 0 (0 is greedy), got {value!r}")
         if not 0 < self.cooling <= 1:
             raise FlowConfigError(f"flow.cooling must be in (0, 1], got {self.cooling!r}")
         for name in ("anneal_probability_needing", "anneal_probability_idle"):

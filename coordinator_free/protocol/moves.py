@@ -2,7 +2,7 @@
 
 A node tries a move with probability 0.3 per period while it has flows without a next hop and 0.1
 otherwise (GWTF prototype): it pulls the table of a random same-stage peer, evaluates every swap
-and take-over with it, and starts the best one, or a random worse one accepted by annealing.
+and take-over with it, and starts the best one, or a random worse one if ``is_accepted`` takes it.
 
 Swap: node a and same-stage peer b exchange the next hops of one flow each (and so the rest of the
 two paths). a locks its slot and proposes; b moves its slot to a's old next hop and hands its old
@@ -213,7 +213,7 @@ class MovesMixin(SharingMixin):
             return []
         best = max(moves, key=lambda move: move.gain_ms)
         chosen = best if best.gain_ms > 0 else self.rng.choice(moves)
-        if not is_accepted(chosen.gain_ms, self.temperature, self.rng):
+        if not is_accepted(chosen.gain_ms, chosen.scale_ms, self.temperature, self.rng):
             return []
         self.temperature *= self.config.cooling
         self.moves_done += 1

@@ -519,7 +519,10 @@ class GwtfPolicy(PolicyDefaults):
             str(mb.mb_id),
             path,
             stage,
-            lambda _stage, dead: self._best_next(world, upstream, dead),
+            # An upstream that moved stage since it sent this microbatch knows no peer of it.
+            lambda wanted, dead: (
+                self._best_next(world, upstream, dead) if upstream.next_stage == wanted else None
+            ),
         )
         if repair is None:
             return Restart(tuple(actions))

@@ -21,7 +21,7 @@ def test_defaults_load_and_are_valid(tmp_path: Path) -> None:
     settings = load_settings(env={}, config_file=write_toml(tmp_path, ""))
     assert settings == Settings()
     assert settings.api.host == "127.0.0.1"
-    assert settings.flow.temperature_relay == 1.7
+    assert settings.flow.temperature_relay == 0.001
 
 
 def test_precedence_cli_over_env_over_toml_over_default(tmp_path: Path) -> None:
