@@ -27,6 +27,7 @@ import math
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields, replace
@@ -77,6 +78,7 @@ class Run:
     waste: tuple[float, ...] = (0.0,) * len(WASTE_CAUSES)
     bound_s: float = math.nan
     iterations: int = 0
+    bound_binding: str = ""
 
 
 class TunedGwtfPolicy(GwtfPolicy):
@@ -171,14 +173,25 @@ def iterations_of(cell: GridCell, fixed: int | None, min_crashes: float) -> int:
 def run_one(job: tuple[GridCell, str, int, int]) -> Run:
     cell, algorithm, seed, iterations = job
     scenario = build_scenario(cell, seed, GridSize(iterations=iterations))
-    bound_s = lower_bound(scenario).total_s
+    bound = lower_bound(scenario)
     started = time.perf_counter()
     config = EngineConfig(max_sim_time_s=200.0 * iterations, max_events=MAX_EVENTS)
     try:
         metrics = run_scenario(scenario, policy_for(algorithm), config)
     except GwtfError as err:
         print(f"  {cell.label} {algorithm} seed {seed}: {err}", file=sys.stderr)
-        return Run(cell.label, algorithm, seed, False, math.inf, 0.0, math.inf, 0, 0.0)
+        return Run(
+            cell.label,
+            algorithm,
+            seed,
+            False,
+            math.inf,
+            0.0,
+            math.inf,
+            0,
+            0.0,
+            bound_s=bound.total_s,
+        )
     finished = metrics.stopped_reason == "finished"
     causes = metrics.waste_by_cause()
     return Run(
@@ -192,8 +205,9 @@ def run_one(job: tuple[GridCell, str, int, int]) -> Run:
         metrics.crashes,
         time.perf_counter() - started,
         tuple(causes[c] for c in WASTE_CAUSES),
-        bound_s,
+        bound.total_s,
         iterations,
+        bound.binding,
     )
 
 
@@ -247,11 +261,22 @@ def summarise(runs: list[Run]) -> dict[tuple[str, str], dict[str, float]]:
     return table
 
 
+def bound_terms(runs: list[Run]) -> dict[str, str]:
+    """Per cell, the term of the lower bound that binds in most of its scenarios."""
+    return {
+        cell: Counter(r.bound_binding for r in runs if r.cell == cell).most_common(1)[0][0]
+        for cell in {r.cell for r in runs}
+    }
+
+
 # ---- printing ----
 
 
 def print_tables(
-    table: dict[tuple[str, str], dict[str, float]], cells: list[str], algorithms: list[str]
+    table: dict[tuple[str, str], dict[str, float]],
+    cells: list[str],
+    algorithms: list[str],
+    terms: dict[str, str],
 ) -> None:
     print(
         "\n| cell | it. | algorithm | time s | mb/s | wasted GPU s: lost / recomputed / restarted "
@@ -270,7 +295,7 @@ def print_tables(
                 f"{row['crashes']:.0f} ({row['min_crashes']:.0f}) | {row['finished']:.0%} |"
             )
         bound = next((r["bound_s"] for (c, _), r in table.items() if c == cell), math.nan)
-        print(f"| {cell} | | lower bound | {_fmt(bound)} | | | | |")
+        print(f"| {cell} | | lower bound ({terms.get(cell, '')}) | {_fmt(bound)} | | | | |")
 
 
 RATIOS = (
@@ -456,7 +481,7 @@ def main() -> int:
         ]
     table = summarise(runs)
     labels = [c.label for c in cells]
-    print_tables(table, labels, algorithms)
+    print_tables(table, labels, algorithms, bound_terms(runs))
     print_ratios(runs, labels)
     print_goals(runs, labels)
     print(f"\nplot: {plot(table, labels, algorithms)}")

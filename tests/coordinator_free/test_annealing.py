@@ -8,7 +8,7 @@ import random
 import pytest
 
 from coordinator_free.flow_errors import FlowConfigError
-from coordinator_free.messages import TableEntry
+from coordinator_free.wire import TableEntry
 from coordinator_free.protocol import FlowConfig
 from coordinator_free.protocol.annealing import FlowView, SwapMove, TakeOverMove, is_accepted
 
