@@ -8,9 +8,9 @@ import random
 import pytest
 
 from coordinator_free.flow_errors import FlowConfigError
-from coordinator_free.wire import TableEntry
 from coordinator_free.protocol import FlowConfig
 from coordinator_free.protocol.annealing import FlowView, SwapMove, TakeOverMove, is_accepted
+from coordinator_free.wire import TableEntry
 
 
 def entry(prefix_ms: float, edge_out_ms: float, suffix_ms: float) -> TableEntry:
