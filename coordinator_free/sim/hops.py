@@ -210,6 +210,8 @@ class HopsMixin(EngineBase):
             return
         self.metrics.forward_timeouts += 1
         mb.version += 1
+        for ahead in mb.rewind_before(suspect):
+            self._free_slot(ahead, mb_id)
         self._free_slot(suspect, mb_id)
         self._retry_stage(mb.stage)
         decision = self.policy.on_forward_timeout(self.world, sender, mb.view(), suspect, self.now)

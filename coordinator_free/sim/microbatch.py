@@ -116,6 +116,21 @@ class Microbatch:
             return hop
         return self.origin
 
+    def rewind_before(self, receiver: str) -> list[str]:
+        """The forward to ``receiver`` is to be sent again: go back to the stage before it and
+        return the relays beyond it that the microbatch reached meanwhile (a late ack lets the
+        receiver compute the forward, and send it on, before the sender's deadline)."""
+        if receiver == self.sink:
+            stage = self.stages + 1
+        elif receiver in self.path:
+            stage = self.path.index(receiver) + 1
+        else:
+            return []
+        beyond = [node for node in self.path[stage:] if node is not None]
+        self.stage = stage - 1
+        self.direction = "forward"
+        return beyond
+
     def replace_dead_hop(self, replacement: str) -> None:
         self.path[self.stage - 2] = replacement
 

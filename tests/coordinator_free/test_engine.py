@@ -22,8 +22,8 @@ from coordinator_free.sim.policy import (
     WorldView,
 )
 from coordinator_free.sim.round_robin import RoundRobinPolicy
-from coordinator_free.sim.scenario import Scenario
-from tests.coordinator_free.sim_helpers import small_scenario
+from coordinator_free.sim.scenario import Scenario, parse_scenario
+from tests.coordinator_free.sim_helpers import scenario_document, small_scenario
 
 
 def _traced(scenario: Scenario, policy: object, max_sim_time_s: float = 36_000.0) -> Engine:
@@ -96,6 +96,23 @@ def test_a_forward_to_a_dead_node_is_resent_after_its_deadline() -> None:
     assert metrics.hops_lost == 1
     assert metrics.microbatches_completed == 1
     assert 5.0 < metrics.sim_time_s < 6.1  # + 0.954 s of work, + 0.05 s all-reduce of stage 2
+
+
+def test_a_forward_acked_after_its_deadline_is_sent_again_from_the_sender() -> None:
+    # r1_0 computes the forward in 200 ms: with the 9 ms transfer and the 5 ms ack it answers
+    # after the 211 ms deadline, having already sent the microbatch on to stage 2. The re-send
+    # to r1_1 starts again at stage 1: no stage is skipped and no slot is left held.
+    document = scenario_document(
+        data_capacity=1, relay_capacity=1, iterations=1, speeds=[0.5, 2.0, 1.0, 1.0]
+    )
+    document["nodes"][0]["speed"] = 10.0  # the sink answers in time (30 ms)
+    engine = Engine(parse_scenario(document), RoundRobinPolicy(forward_timeout_s=0.211))
+    metrics = engine.run()
+    assert metrics.forward_timeouts == 1
+    assert metrics.microbatches_completed == 1
+    # The final path: r1_1 (50 + 100 ms), a stage-2 relay (300 ms), the sink (30 ms).
+    assert metrics.useful_gpu_s == pytest.approx(0.48)
+    assert all(not node.held and not node.waiting for node in engine.world.nodes.values())
 
 
 @pytest.mark.parametrize("policy_name", ["round_robin", "swarm"])
