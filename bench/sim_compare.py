@@ -79,6 +79,8 @@ class Run:
     bound_s: float = math.nan
     iterations: int = 0
     bound_binding: str = ""
+    #: crashes while computing a forward, a backward, nothing
+    crash_phases: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def wasted_but_recompute_s(self) -> float:
@@ -213,6 +215,7 @@ def run_one(job: tuple[GridCell, str, int, int]) -> Run:
         bound.total_s,
         iterations,
         bound.binding,
+        tuple(metrics.crashes_by_phase[p] for p in ("forward", "backward", "idle")),
     )
 
 
@@ -256,6 +259,10 @@ def summarise(runs: list[Run]) -> dict[tuple[str, str], dict[str, float]]:
             "wasted_s": median([r.wasted_gpu_s for r in group]),
             "crashes": median([float(r.crashes) for r in group]),
             "min_crashes": float(min(r.crashes for r in group)),
+            **{
+                f"crashes_{p}": float(sum(r.crash_phases[i] for r in group))
+                for i, p in enumerate(("forward", "backward", "idle"))
+            },
             "finished": sum(r.finished for r in group) / len(group),
             "bound_s": median([r.bound_s for r in group]),
             "iterations": float(group[0].iterations),
@@ -285,7 +292,7 @@ def print_tables(
 ) -> None:
     print(
         "\n| cell | it. | algorithm | time s | mb/s | wasted GPU s: lost / recomputed / restarted "
-        "/ cut / superseded | crashes (min) | done |"
+        "/ cut / superseded | crashes (min); all seeds in fwd / bwd / idle | done |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for cell in cells:
@@ -294,10 +301,14 @@ def print_tables(
             if row is None:
                 continue
             split = " / ".join(f"{row[c]:.1f}" for c in WASTE_CAUSES)
+            phases = " / ".join(
+                f"{row[f'crashes_{p}']:.0f}" for p in ("forward", "backward", "idle")
+            )
             print(
                 f"| {cell} | {row['iterations']:.0f} | {algorithm} | {_fmt(row['time_s'])} | "
                 f"{row['throughput']:.3f} | {_fmt(row['wasted_s'])}: {split} | "
-                f"{row['crashes']:.0f} ({row['min_crashes']:.0f}) | {row['finished']:.0%} |"
+                f"{row['crashes']:.0f} ({row['min_crashes']:.0f}); {phases} | "
+                f"{row['finished']:.0%} |"
             )
         bound = next((r["bound_s"] for (c, _), r in table.items() if c == cell), math.nan)
         print(f"| {cell} | | lower bound ({terms.get(cell, '')}) | {_fmt(bound)} | | | | |")

@@ -198,7 +198,7 @@ class EngineBase(ABC):
         start = max(self.now, node.compute_free_at_s, node.ready_at_s)
         end = start + seconds
         node.compute_free_at_s = end
-        node.tasks.append((start, end))
+        node.tasks.append((start, end, task))
         args = (node_id, node.incarnation, mb.mb_id, mb.version, task, peer, start)
         self._schedule(end, COMPUTE_DONE, *args)
 

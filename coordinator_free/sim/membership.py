@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 from coordinator_free.protocol.config import DATA_STAGE
-from coordinator_free.sim.events import CRASH, JOIN, RETRY
+from coordinator_free.sim.events import CRASH, JOIN, RETRY, TASK_FWD
 from coordinator_free.sim.recovery import RecoveryMixin
 
 
@@ -73,10 +73,13 @@ class MembershipMixin(RecoveryMixin):
         node.incarnation += 1
         self.metrics.crashes += 1
         self.liveness.append((self.now, node_id, False))
-        for start, end in node.tasks:
+        phase = "idle"
+        for start, end, task in node.tasks:
             if start < self.now:
                 self._count_compute(node_id, node.incarnation - 1, start, min(end, self.now))
                 self.metrics.cut_by_crash_gpu_s += min(end, self.now) - start
+                phase = "forward" if task == TASK_FWD else "backward"
+        self.metrics.crashes_by_phase[phase] += 1
         node.tasks.clear()
         node.held.clear()
         node.waiting.clear()

@@ -46,6 +46,11 @@ class RunMetrics:
     restarted_gpu_s: float = 0.0
     cut_by_crash_gpu_s: float = 0.0
     crashes: int = 0
+    #: What each crashed node was computing: a forward, a backward (a repair's recompute and a
+    #: sink count as backward: both end in one), or nothing.
+    crashes_by_phase: dict[str, int] = field(
+        default_factory=lambda: {"forward": 0, "backward": 0, "idle": 0}
+    )
     joins: int = 0
     stage_moves: int = 0
     capacity_exceeded: int = 0
@@ -111,6 +116,7 @@ class RunMetrics:
             "stalls": self.stalls,
             "hops_lost": self.hops_lost,
             "crashes": self.crashes,
+            "crashes_by_phase": dict(self.crashes_by_phase),
             "joins": self.joins,
             "stage_moves": self.stage_moves,
             "capacity_exceeded": self.capacity_exceeded,

@@ -44,8 +44,8 @@ class NodeState:
     ready_at_s: float = 0.0
     compute_free_at_s: float = 0.0
     nic_free_at_s: float = 0.0
-    #: (start_s, end_s) of compute tasks queued on this node, in FIFO order.
-    tasks: deque[tuple[float, float]] = field(default_factory=deque)
+    #: (start_s, end_s, task kind) of compute tasks queued on this node, in FIFO order.
+    tasks: deque[tuple[float, float, int]] = field(default_factory=deque)
     held: set[int] = field(default_factory=set)
     #: forwards that arrived while the node was full: (mb_id, version, sender), FIFO.
     waiting: deque[tuple[int, int, str]] = field(default_factory=deque)

@@ -160,3 +160,12 @@ def test_waste_is_split_by_cause_and_the_causes_add_up(algorithm: str) -> None:
     assert sum(causes.values()) == pytest.approx(metrics.wasted_gpu_s)
     assert metrics.useful_gpu_s + metrics.wasted_gpu_s == pytest.approx(metrics.total_gpu_s)
     assert metrics.to_json()["wasted_by_cause_gpu_s"].keys() == causes.keys()
+    assert sum(metrics.crashes_by_phase.values()) == metrics.crashes
+
+
+def test_crashes_land_in_forwards_and_in_backwards() -> None:
+    scenario = small_scenario(
+        relays_per_stage=3, data_capacity=12, iterations=40, crash_rate_per_hour=120.0
+    )
+    phases = run_scenario(scenario, make_policy("gwtf")).crashes_by_phase
+    assert phases["forward"] > 0 and phases["backward"] > 0
