@@ -4,30 +4,29 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from coordinator_free.placement import place_relays
 from coordinator_free.sim.policy import WorldView
 
 
 def balanced_placement(world: WorldView, relays: Sequence[str]) -> dict[str, int]:
-    """Assign relays to stages so that every stage gets about the same total speed.
+    """Assign relays to stages so that every stage gets about the same speed-weighted capacity.
 
-    Longest-processing-time greedy: fastest relay first, each to the stage with the least total
-    speed so far (ties: fewest relays, then lowest stage). Relays that already have a stage count
-    toward their stage's total.
+    The one placement greedy of the core (``placement.place_relays``: each relay in turn to the
+    stage of least speed-weighted capacity for the same demand), fastest relay first. Relays that
+    already have a stage count toward their stage.
     """
-    totals = {stage: 0.0 for stage in range(1, world.stages + 1)}
-    counts = dict.fromkeys(totals, 0)
-    for node_id in world.known_nodes():
-        stage = world.stage_of(node_id)
-        if world.spec(node_id).role == "relay" and stage is not None and node_id not in relays:
-            totals[stage] += world.spec(node_id).speed
-            counts[stage] += 1
-    placement: dict[str, int] = {}
-    for node_id in sorted(relays, key=lambda n: (-world.spec(n).speed, n)):
-        stage = min(totals, key=lambda s: (totals[s], counts[s], s))
-        placement[node_id] = stage
-        totals[stage] += world.spec(node_id).speed
-        counts[stage] += 1
-    return placement
+    placed = [
+        (stage, 0, world.spec(n).capacity, world.compute_ms(n))
+        for n in world.known_nodes()
+        if world.spec(n).role == "relay"
+        and (stage := world.stage_of(n)) is not None
+        and n not in relays
+    ]
+    newcomers = [
+        (n, world.spec(n).capacity, world.compute_ms(n))
+        for n in sorted(relays, key=lambda n: (-world.spec(n).speed, n))
+    ]
+    return place_relays(world.stages, placed, newcomers, demand=1)
 
 
 def weakest_stage(world: WorldView, members: Mapping[int, Iterable[str]]) -> int:
