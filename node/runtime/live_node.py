@@ -291,6 +291,13 @@ async def run_live_node(
         _serve_control(rpc, role, flow, book, config.flow.ack_deadline_s)
         if role.averager is not None:
             role.averager.serve()
+        # Its bootstrap peers learn where it listens before its flow core greets them: a joiner
+        # that asks them for the run's loads right after is told of this node (discovery's
+        # cards and hints reach them later).
+        with trio.move_on_after(config.flow.keepalive_timeout_s):
+            async with trio.open_nursery() as introductions:
+                for address in config.bootstrap:
+                    introductions.start_soon(book.exchange_with, address)
         if isinstance(role, RelayRole):
             # Before any hop: a data node that found this relay gone (a restart) must ask it to
             # end the iterations it takes hops in. It can be probed and average from here on.
