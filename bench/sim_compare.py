@@ -6,11 +6,12 @@ relays per hour) every algorithm runs the same scenarios and crashes. Seeds are 
 parameters were chosen); the *reporting* seeds (10-29) are the tables. Per cell it prints medians
 of training time, throughput and wasted GPU time split by cause, and per-seed paired ratios
 (median and interquartile range) against SWARM, DT-FM, the central heuristic and the lower bound
-of ``coordinator_free/sim/bound.py``, which no algorithm can beat. Churn runs are made long enough
-to expect ``--min-crashes`` crashes each (``iterations_of``).
+of ``coordinator_free/sim/bound.py``, which no algorithm can beat, and GWTF against its adapter
+reading the world ("gwtf-oracles", the ablation of what the live node asks or measures). Churn
+runs are made long enough to expect ``--min-crashes`` crashes each (``iterations_of``).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/sim_compare.py [--quick] [--seeds 20] [--jobs 2]
-        [--cells het-1reg-churn0,...] [--algorithms gwtf,swarm,dtfm,central,...]
+        [--cells het-1reg-churn0,...] [--algorithms gwtf,gwtf-oracles,swarm,dtfm,central,...]
 
 The central heuristic ("central") is networkx min-cost max-flow with full knowledge, with every
 relay slot or with slots in proportion to speed (``placement.offered_slots``) at each scale of
@@ -58,6 +59,8 @@ MAX_EVENTS = 6_000_000
 #: The central heuristic's slot rules: every slot (None), then speed-proportional slots.
 CENTRAL_SCALES: tuple[float | None, ...] = (None, 1.0, 1.25, 1.5, 2.0)
 CENTRAL, CENTRAL_ALL = "central", "central-allslots"
+#: GWTF's adapter reading the world where the live node asks or measures (the ablation).
+ORACLES = "gwtf-oracles"
 #: GWTF with pipelines of like GPUs (``protocol/like_speed.py``), off by default in the core.
 LIKE = "gwtf-like"
 LIKE_SETTINGS = "like_speed_weight=3+slot_speed_scale=2"
@@ -320,6 +323,7 @@ RATIOS = (
     ("GWTF / SWARM thr", "gwtf", "swarm", "throughput"),
     ("GWTF / central thr", "gwtf", CENTRAL, "throughput"),
     ("GWTF / bound time", "gwtf", "bound", "sim_time_s"),
+    ("GWTF / oracles time", "gwtf", ORACLES, "sim_time_s"),
     ("central / bound time", CENTRAL, "bound", "sim_time_s"),
     ("GWTF / SWARM wasted", "gwtf", "swarm", "wasted_gpu_s"),
     ("same, recompute aside", "gwtf", "swarm", "wasted_but_recompute_s"),
@@ -439,7 +443,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument(
         "--algorithms",
-        default=f"gwtf,swarm,dtfm,{CENTRAL}",
+        default=f"gwtf,{ORACLES},swarm,dtfm,{CENTRAL}",
         help=f"also: gwtf-allslots, {CENTRAL_ALL} (every relay slot), {LIKE} (GWTF with "
         f"{LIKE_SETTINGS}, heterogeneous cells only), gwtf@FIELD=VALUE+FIELD=VALUE",
     )

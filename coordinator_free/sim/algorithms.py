@@ -5,7 +5,7 @@ from __future__ import annotations
 from coordinator_free.sim.policy import RoutingPolicy
 from gwtf.errors import ConfigError
 
-ALGORITHMS = ("gwtf", "swarm", "dtfm", "central", "round_robin")
+ALGORITHMS = ("gwtf", "gwtf-oracles", "swarm", "dtfm", "central", "round_robin")
 
 
 def make_policy(name: str) -> RoutingPolicy:
@@ -28,10 +28,12 @@ def make_policy(name: str) -> RoutingPolicy:
         return RoundRobinPolicy()
     if name == "gwtf":
         return _gwtf_policy()
+    if name == "gwtf-oracles":
+        return _gwtf_policy(oracles=True)
     raise ConfigError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
 
 
-def _gwtf_policy() -> RoutingPolicy:
+def _gwtf_policy(oracles: bool = False) -> RoutingPolicy:
     from coordinator_free.sim.gwtf_policy import GwtfPolicy
 
-    return GwtfPolicy()
+    return GwtfPolicy(oracles=oracles)

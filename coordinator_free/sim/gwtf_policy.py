@@ -7,8 +7,14 @@ time), and each relay forwards it along the flow it arrived on (``FlowNode.route
 is being rebuilt, a relay sends the microbatch to its best next-stage peer instead of stalling.
 A missed forward ack declares the suspect dead to the sender's core and re-sends to another
 replica; a missed backward ack makes the data node probe the path and repair only the dead hop.
-The policy reads from the world only what a node could know: static facts, and measurements of
-the links it uses (as keep-alives would give).
+The policy learns only what the live node would: a joiner places itself by what the members it
+asks say of themselves (the dead do not answer), discovery ranks candidates by the latency a ping
+measures, a link's latency is measured on first contact and its bandwidth on the first activation
+sent over it, and a backward repair tells the upstream node only which hop failed. One shortcut
+is left: a microbatch is never sent to a peer that has moved stage (the live receiver refuses it
+and the sender re-routes; here the sender knows at once). ``GwtfPolicy(oracles=True)`` (algorithm
+``gwtf-oracles``) is the ablation that reads the world instead: every node's state at placement,
+the true edge cost at discovery and first contact, and the dead hop marked in the upstream core.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ _FLOWLESS_PATIENCE_PERIODS = 10
 _CANDIDATES_PER_QUOTA = 4
 #: Ours: decision periods between two lookups of a node that knows no live next-stage peer.
 _REDISCOVERY_PERIODS = 5
+#: Members a joiner asks for their load (the live node's ``join_placement.MAX_ASKED``).
+_JOIN_ASKED = 32
 #: Encoded sizes of the message types whose size never varies (most control messages).
 _FIXED_SIZES = FIXED_SIZES
 #: What a data node hears that may let it lend an idle flow.
@@ -69,7 +77,10 @@ class GwtfPolicy(PolicyDefaults):
         neighbours_per_stage: int = 8,
         seed_offset: int = 0,
         slot_speed_scale: float | None = None,
+        oracles: bool = False,
     ) -> None:
+        #: The ablation that reads the world where the live node would ask or measure.
+        self.oracles = oracles
         self._neighbours_per_stage = neighbours_per_stage
         self._slot_speed_scale = slot_speed_scale  # None: FlowConfig's default
         self._seed_offset = seed_offset
@@ -127,16 +138,32 @@ class GwtfPolicy(PolicyDefaults):
         return place_relays(world.stages, placed, newcomers, demand)
 
     def place_joiner(self, world: WorldView, node_id: str, now: float) -> int:
-        # The joiner asks relays what they hold; those that stopped ticking (crashed) do not
-        # answer. A live node ticks at least once per reconciliation period.
+        # The joiner asks members what they hold (a sample, as the live node asks at most
+        # ``_JOIN_ASKED``); those that stopped ticking (crashed) do not answer. A live node ticks
+        # at least once per reconciliation period. The oracle asks every node it ever met.
+        if self.oracles:
+            asked = [n for n in self._nodes if n != node_id]
+        else:
+            members = [
+                n for s in range(world.stages + 1) for n in world.nodes_in_stage(s) if n != node_id
+            ]
+            asked = self._rng.sample(members, min(len(members), _JOIN_ASKED))
         answers = []
-        for other_id, node in self._nodes.items():
+        demand = 0
+        for other_id in asked:
+            node = self._nodes.get(other_id)
+            if node is None or node.left:
+                continue
             quiet_s = (node.config.reconcile_periods + 1) * node.period_s
-            responsive = now - self._last_tick_s.get(other_id, -1e9) <= quiet_s
-            if other_id != node_id and not node.is_data and not node.left and responsive:
-                hello = node.hello()
+            if now - self._last_tick_s.get(other_id, -1e9) > quiet_s:
+                continue
+            hello = node.hello()
+            if node.is_data:
+                demand += hello.capacity
+            else:
                 answers.append((hello.stage, hello.capacity, hello.compute_ms))
-        demand = sum(world.spec(d).capacity for d in world.data_nodes())
+        if self.oracles or not demand:  # a joiner that met no data node knows the run's demand
+            demand = sum(world.spec(d).capacity for d in world.data_nodes())
         return choose_bottleneck(world.stages, answers, demand).stage
 
     def on_node_up(self, world: WorldView, node_id: str, now: float) -> Sequence[Action]:
@@ -184,7 +211,10 @@ class GwtfPolicy(PolicyDefaults):
         return found
 
     def _topology_cost_ms(self, world: WorldView, node: FlowNode, peer_id: str) -> float:
-        """d_ij from static facts, cached by (region, speed) of both ends."""
+        """How a node ranks a candidate it found: the latency a ping measures; the oracle takes
+        the true d_ij (compute and bandwidth included), cached by (region, speed) of both ends."""
+        if not self.oracles:
+            return world.latency_ms(node.node_id, peer_id)
         mine, theirs = world.spec(node.node_id), world.spec(peer_id)
         key = (mine.region, mine.speed, theirs.region, theirs.speed)
         cost = self._topology_cost.get(key)
@@ -203,11 +233,13 @@ class GwtfPolicy(PolicyDefaults):
         sends = node.handle(src, payload, now)  # type: ignore[arg-type]
         if node.is_data and type(payload) in _LENDING_NEWS:
             sends += self._lend_idle(node)
-        # The first message from a peer measures the link (as a keep-alive would); the core
-        # smooths later measurements.
+        # The first message from a peer measures the link's latency (as the live node times its
+        # requests); its bandwidth is timed on the first activation sent over it
+        # (``on_hop_acked``). The oracle knows both at first contact.
         peer = node.peers.get(src)
         if peer is not None and peer.latency_ms is None:
-            node.observe_link(src, world.latency_ms(src, dst), world.bandwidth_gbps(src, dst))
+            bandwidth = world.bandwidth_gbps(src, dst) if self.oracles else None
+            node.observe_link(src, world.latency_ms(src, dst), bandwidth)
         actions = self._sends(dst, sends)
         wake = self._wake_action(node, now)
         if wake is not None:
@@ -459,8 +491,15 @@ class GwtfPolicy(PolicyDefaults):
 
     def on_hop_acked(self, world: WorldView, report: HopReport, now: float) -> Sequence[Action]:
         node = self._nodes.get(report.sender)
-        if node is not None:  # an acknowledgement proves the receiver alive (no ping needed)
-            node.heard_from(report.receiver, now)
+        if node is None:
+            return ()
+        node.heard_from(report.receiver, now)  # an acknowledgement proves the receiver alive
+        peer = node.peers.get(report.receiver)
+        if peer is not None and peer.bandwidth_gbps is None:
+            # The sender timed the upload of the first activation it sent over this link.
+            latency = world.latency_ms(report.sender, report.receiver)
+            bandwidth = world.bandwidth_gbps(report.sender, report.receiver)
+            node.observe_link(report.receiver, latency, bandwidth)
         return ()
 
     def on_microbatch_done(
@@ -513,8 +552,9 @@ class GwtfPolicy(PolicyDefaults):
         upstream = self._nodes.get(upstream_id)
         if upstream is None:
             return Restart(tuple(actions))
-        actions += self._sends(upstream_id, upstream.peer_dead(suspect, now))
-        actions += self._wake(upstream, now)
+        if self.oracles:  # the upstream core is told the hop died (it learns it by keep-alive)
+            actions += self._sends(upstream_id, upstream.peer_dead(suspect, now))
+            actions += self._wake(upstream, now)
         repair = plan_hop_repair(
             str(mb.mb_id),
             path,

@@ -88,3 +88,53 @@ def test_heavy_churn_with_relays_returning_at_other_stages_finishes() -> None:
     assert metrics.stopped_reason == "finished"
     assert metrics.crashes >= 5 and metrics.joins >= 3
     assert metrics.iterations_completed == 30
+
+
+def test_a_link_s_bandwidth_is_known_only_once_an_activation_went_over_it() -> None:
+    """The oracle-free adapter measures latency on first contact and bandwidth on the first
+    activation sent; the ``gwtf-oracles`` ablation knows both at first contact."""
+
+    def links(oracles: bool) -> tuple[int, int]:
+        scenario = small_scenario(
+            relays_per_stage=3, stages=2, data_nodes=2, iterations=5, regions=3
+        )
+        policy = GwtfPolicy(oracles=oracles)
+        engine = Engine(scenario, policy)
+        assert engine.run().stopped_reason == "finished"
+        measured = unmeasured = 0
+        for node_id, node in policy.flow_nodes.items():
+            for peer_id, peer in node.peers.items():
+                if peer.latency_ms is None:
+                    continue
+                assert peer.latency_ms == engine.world.latency_ms(node_id, peer_id)
+                if peer.bandwidth_gbps is None:
+                    unmeasured += 1
+                else:
+                    assert peer.bandwidth_gbps == engine.world.bandwidth_gbps(node_id, peer_id)
+                    measured += 1
+        return measured, unmeasured
+
+    measured, unmeasured = links(oracles=False)
+    assert measured > 0 and unmeasured > 0, "only the links that carried an activation"
+    assert links(oracles=True)[1] == 0
+
+
+def test_a_joiner_asks_a_sample_of_the_members_and_only_the_live_answer() -> None:
+    document = scenario_document(relays_per_stage=2, stages=3, data_nodes=1, iterations=30)
+    for node in document["nodes"]:
+        if node["id"] == "r3_1":
+            node["capacity"] = 1  # stage 3 holds the least, were r2_0 alive
+    joiner = dict(document["nodes"][-1], id="joiner", stage=None)
+    document["nodes"].append(joiner)
+    # r2_0 stops ticking longer ago than a live node's quietest spell when the joiner asks.
+    document["churn"]["events"] = [
+        {"t": 5.0, "node": "r2_0", "event": "crash"},
+        {"t": 40.0, "node": "joiner", "event": "join"},
+    ]
+    for oracles in (False, True):
+        engine = Engine(parse_scenario(document), GwtfPolicy(oracles=oracles))
+        metrics = engine.run()
+        assert metrics.joins == 1 and metrics.stopped_reason == "finished"
+        # r2_0 is still a member (its announcement has not expired) but does not answer.
+        assert "r2_0" in engine.world.nodes_in_stage(2)
+        assert engine.world.stage_of("joiner") == 2, oracles
