@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 from coordinator_free.sim.scenario import Scenario, parse_scenario
+from coordinator_free.sim.world import World
 
 
 def scenario_document(
@@ -92,3 +93,12 @@ def edited(document: dict[str, Any], path: list[str | int], value: Any) -> dict[
 
 _DELETE = object()
 DELETE = _DELETE
+
+
+def live_world(scenario: Scenario, full_knowledge: bool = False) -> World:
+    """A world in which every node of ``scenario`` is known and up, for a policy to read."""
+    world = World(scenario, full_knowledge)
+    for entry in world.scenario.nodes:
+        world.mark_known(entry.id)
+        world.nodes[entry.id].alive = True
+    return world

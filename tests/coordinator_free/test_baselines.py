@@ -18,24 +18,14 @@ from coordinator_free.baselines.dtfm_schedule import (
 )
 from coordinator_free.baselines.swarm import SwarmPolicy
 from coordinator_free.sim.engine import Engine, EngineConfig, run_scenario
-from coordinator_free.sim.world import World
-from tests.coordinator_free.sim_helpers import small_scenario
-
-
-def _world(scenario: object, full_knowledge: bool = False) -> World:
-    world = World(scenario, full_knowledge)  # type: ignore[arg-type]
-    for entry in world.scenario.nodes:
-        world.mark_known(entry.id)
-        world.nodes[entry.id].alive = True
-    return world
-
+from tests.coordinator_free.sim_helpers import live_world, small_scenario
 
 # ---- DT-FM ----
 
 
 def test_dtfm_search_beats_random_layouts_on_its_cost_model() -> None:
     scenario = small_scenario(relays_per_stage=4, stages=3, regions=3, data_capacity=12)
-    world = _world(scenario)
+    world = live_world(scenario)
     relays = [n for n in world.known_nodes() if world.spec(n).role == "relay"]
     schedule = search_schedule(world, [relays], 12, random.Random(1))
     assert schedule is not None
@@ -82,7 +72,7 @@ def test_dtfm_without_churn_wastes_nothing_and_finishes() -> None:
 
 def test_central_flow_equals_networkx_max_flow() -> None:
     scenario = small_scenario(relays_per_stage=3, stages=3, data_capacity=20, relay_capacity=2)
-    world = _world(scenario, full_knowledge=True)
+    world = live_world(scenario, full_knowledge=True)
     policy = CentralPolicy()
     routes = policy.unit_routes(world)
     assert policy.flow_value == sum(len(r) for r in routes.values())
@@ -94,7 +84,7 @@ def test_central_flow_equals_networkx_max_flow() -> None:
 def test_central_routes_are_min_cost_and_respect_capacity() -> None:
     # Two regions; the cheapest routes stay inside the data node's region.
     scenario = small_scenario(relays_per_stage=2, regions=2, data_capacity=2, relay_capacity=1)
-    world = _world(scenario, full_knowledge=True)
+    world = live_world(scenario, full_knowledge=True)
     policy = CentralPolicy()
     routes = [r for rs in policy.unit_routes(world).values() for r in rs]
     assert len(routes) == 2

@@ -13,17 +13,8 @@ from coordinator_free.baselines.swarm_balancer import Balancer, PerformanceEma
 from coordinator_free.sim.algorithms import ALGORITHMS, make_policy
 from coordinator_free.sim.engine import Engine, EngineConfig, run_scenario
 from coordinator_free.sim.policy import HopReport, PolicyTiming
-from coordinator_free.sim.world import ANNOUNCE_PERIOD_S, MEMBERSHIP_EXPIRY_S, World
-from tests.coordinator_free.sim_helpers import small_scenario
-
-
-def _world(scenario: object) -> World:
-    world = World(scenario, False)  # type: ignore[arg-type]
-    for entry in world.scenario.nodes:
-        world.mark_known(entry.id)
-        world.nodes[entry.id].alive = True
-    return world
-
+from coordinator_free.sim.world import ANNOUNCE_PERIOD_S, MEMBERSHIP_EXPIRY_S
+from tests.coordinator_free.sim_helpers import live_world, small_scenario
 
 # ---- the client-routed data plane ----
 
@@ -96,7 +87,7 @@ def test_a_banned_peer_waits_for_its_next_announcement() -> None:
 
 def test_swarm_learns_from_acknowledged_calls() -> None:
     scenario = small_scenario(relays_per_stage=2)
-    world = _world(scenario)
+    world = live_world(scenario)
     policy = SwarmPolicy()
     for _ in range(30):  # r1_0 answers in 10 s (overloaded), r1_1 in 0.1 s
         policy.on_hop_acked(world, HopReport(0, "d0", "r1_0", 1, "forward", 0.0, 10.0), 0.0)
@@ -116,7 +107,7 @@ def test_swarm_faster_peer_does_more_work_in_a_run() -> None:
 
 def test_swarm_rebalancing_moves_a_peer_to_the_weakest_stage() -> None:
     scenario = small_scenario(relays_per_stage=3, speeds=[1.0, 1.0, 1.0, 0.3, 0.3, 0.3])
-    world = _world(scenario)
+    world = live_world(scenario)
     move = SwarmPolicy().rebalancing_move(world)
     assert move is not None
     assert move.stage == 2
@@ -127,7 +118,7 @@ def test_swarm_rebalancing_moves_a_peer_to_the_weakest_stage() -> None:
 
 
 def test_a_dead_node_leaves_the_membership_view_after_the_expiry() -> None:
-    world = _world(small_scenario(relays_per_stage=2))
+    world = live_world(small_scenario(relays_per_stage=2))
     crash_at = 100.0
     node = world.nodes["r1_0"]
     node.alive, node.down_at_s = False, crash_at
