@@ -1,6 +1,7 @@
 """``gwtf-sim``: run a scenario under one algorithm, or write the paper-like grid of scenarios.
 
-    gwtf-sim SCENARIO.json --algorithm gwtf|swarm|dtfm|central [--json] [--max-sim-time-s S]
+    gwtf-sim SCENARIO.json --algorithm gwtf|gwtf-oracles|swarm|dtfm|central|round_robin
+        [--json] [--max-sim-time-s S]
     gwtf-sim generate OUTDIR [--seeds N] [--iterations N]
 
 Exit codes: 0 success; a ``GwtfError``'s ``exit_code`` (2 for a bad scenario or flag, 7 for an

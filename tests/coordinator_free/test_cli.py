@@ -73,7 +73,7 @@ def test_generate_writes_the_grid(tmp_path: Path, capsys: pytest.CaptureFixture[
     out = tmp_path / "grid"
     assert main(["generate", str(out), "--seeds", "2", "--iterations", "3"]) == 0
     files = sorted(out.glob("*.json"))
-    assert len(files) == 2 * 12
+    assert len(files) == 2 * 16
     names = {f.name for f in files}
     assert "het-10reg-churn300-s1.json" in names
     assert "hom-1reg-churn0-s0.json" in names
