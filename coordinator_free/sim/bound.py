@@ -21,10 +21,11 @@ stages), for each stage a completed forward task (``c/3`` of work, ``c`` = ``sta
 at speed 1), a transfer into the sink, the sink's task (``c`` on a data node), a transfer
 into stage S, for each stage a completed backward (``2c/3``) or repair (``c``) task, and a
 transfer into the origin; the origin completes it on arrival, so no ack is on the path. (A
-forward whose ack is still in flight at its deadline is re-sent one stage further on from the
-sender; the receiver's computed task stays in the chain, and so do both transfers.)
-Each transfer takes at least the cheapest ``bytes/bandwidth + latency`` over the region pairs
-its kind (data → relay, relay → relay, relay → data) can use. Each node runs one task at a
+forward whose ack is still in flight at its deadline is sent again from the sender's stage; the
+chain counts only the final attempt's tasks and transfers.) Each transfer takes at least the
+cheapest ``bytes/bandwidth + latency`` over the region pairs its kind (data → relay, relay →
+relay, relay → data) can use; a relay → relay step counts the cheaper of that and relay → data
+→ relay, the way a client-routed policy (SWARM) takes it. Each node runs one task at a
 time and a crash drops its unfinished tasks, so completed tasks on a node never overlap.
 
 A run takes exactly Σ over iterations of ``e - s`` plus that iteration's averaging (the next
@@ -250,10 +251,14 @@ def _cheapest_hops(
 ) -> _Hops:
     data_regions = _regions(scenario, data)
     relay_regions = _regions(scenario, relays)
+    data_to_relay_s = _cheapest_hop_s(scenario, data_regions, relay_regions)
+    relay_to_data_s = _cheapest_hop_s(scenario, relay_regions, data_regions)
+    # A client-routed policy (SWARM) passes a stage's output through its data node.
+    direct_s = _cheapest_hop_s(scenario, relay_regions, relay_regions)
     return _Hops(
-        data_to_relay_s=_cheapest_hop_s(scenario, data_regions, relay_regions),
-        relay_to_relay_s=_cheapest_hop_s(scenario, relay_regions, relay_regions),
-        relay_to_data_s=_cheapest_hop_s(scenario, relay_regions, data_regions),
+        data_to_relay_s=data_to_relay_s,
+        relay_to_relay_s=min(direct_s, relay_to_data_s + data_to_relay_s),
+        relay_to_data_s=relay_to_data_s,
     )
 
 

@@ -7,14 +7,18 @@ time), and each relay forwards it along the flow it arrived on (``FlowNode.route
 is being rebuilt, a relay sends the microbatch to its best next-stage peer instead of stalling.
 A missed forward ack declares the suspect dead to the sender's core and re-sends to another
 replica; a missed backward ack makes the data node probe the path and repair only the dead hop.
-The policy learns only what the live node would: a joiner places itself by what the members it
-asks say of themselves (the dead do not answer), discovery ranks candidates by the latency a ping
-measures, a link's latency is measured on first contact and its bandwidth on the first activation
-sent over it, and a backward repair tells the upstream node only which hop failed. One shortcut
-is left: a microbatch is never sent to a peer that has moved stage (the live receiver refuses it
-and the sender re-routes; here the sender knows at once). ``GwtfPolicy(oracles=True)`` (algorithm
-``gwtf-oracles``) is the ablation that reads the world instead: every node's state at placement,
-the true edge cost at discovery and first contact, and the dead hop marked in the upstream core.
+The policy learns what the live node would: a joiner places itself by what a sample of members
+say of themselves (a member quiet for a reconciliation period, as a crashed one is, does not
+answer), discovery ranks candidates by the latency a ping measures (ties at random), a link's
+latency is measured on first contact and its bandwidth on the first activation sent over it, and
+a backward repair goes, as the live sender's does, to a random live replica of the dead hop's
+stage in the stalled node's own table. Two shortcuts are left: the relays present at the start
+are placed by one greedy over all of them (``place_relays``; the live relays of a new run each
+ask as joiners), and a microbatch is never sent to a peer that moved stage (the live receiver
+refuses it and the sender re-routes). ``GwtfPolicy(oracles=True)`` (algorithm ``gwtf-oracles``)
+is the ablation that reads the world instead: every node's state when a joiner places itself,
+the true edge cost at discovery and first contact, and a repair by the upstream's best next hop
+with the dead hop marked in its core.
 """
 
 from __future__ import annotations
@@ -86,6 +90,9 @@ class GwtfPolicy(PolicyDefaults):
         self._seed_offset = seed_offset
         self._config: FlowConfig | None = None
         self._rng = random.Random(seed_offset)
+        #: A joiner's sample of members to ask: its own stream, so that GWTF and the oracle
+        #: ablation draw every other choice alike.
+        self._join_rng = random.Random(seed_offset)
         self._nodes: dict[str, FlowNode] = {}
         self._last_tick_s: dict[str, float] = {}
         self._wake_asked_s: dict[str, float] = {}  # node -> the tick it asked the engine for
@@ -122,6 +129,7 @@ class GwtfPolicy(PolicyDefaults):
 
     def place_initial(self, world: WorldView, rng: random.Random) -> dict[str, int]:
         self._rng = random.Random(rng.random() + self._seed_offset)
+        self._join_rng = random.Random(self._rng.random())
         placed = []
         newcomers = []
         for node_id in world.known_nodes():
@@ -147,7 +155,7 @@ class GwtfPolicy(PolicyDefaults):
             members = [
                 n for s in range(world.stages + 1) for n in world.nodes_in_stage(s) if n != node_id
             ]
-            asked = self._rng.sample(members, min(len(members), _JOIN_ASKED))
+            asked = self._join_rng.sample(members, min(len(members), _JOIN_ASKED))
         answers = []
         demand = 0
         for other_id in asked:
@@ -203,7 +211,9 @@ class GwtfPolicy(PolicyDefaults):
             pool = _CANDIDATES_PER_QUOTA * quota
             if len(members) > pool:
                 members = self._rng.sample(members, pool)
-            by_cost = sorted(members, key=lambda m: (self._topology_cost_ms(world, node, m), m))
+            # Ties (a region of equal latencies) go at random, not to the lowest ids for all.
+            self._rng.shuffle(members)
+            by_cost = sorted(members, key=lambda m: self._topology_cost_ms(world, node, m))
             chosen = by_cost[: quota // 2]
             rest = by_cost[quota // 2 :]
             chosen += self._rng.sample(rest, min(len(rest), quota - len(chosen)))
@@ -500,6 +510,7 @@ class GwtfPolicy(PolicyDefaults):
             latency = world.latency_ms(report.sender, report.receiver)
             bandwidth = world.bandwidth_gbps(report.sender, report.receiver)
             node.observe_link(report.receiver, latency, bandwidth)
+            return self._wake(node, now)  # the link's cost changed: its core may have work
         return ()
 
     def on_microbatch_done(
@@ -555,15 +566,22 @@ class GwtfPolicy(PolicyDefaults):
         if self.oracles:  # the upstream core is told the hop died (it learns it by keep-alive)
             actions += self._sends(upstream_id, upstream.peer_dead(suspect, now))
             actions += self._wake(upstream, now)
-        repair = plan_hop_repair(
-            str(mb.mb_id),
-            path,
-            stage,
-            # An upstream that moved stage since it sent this microbatch knows no peer of it.
-            lambda wanted, dead: (
-                self._best_next(world, upstream, dead) if upstream.next_stage == wanted else None
-            ),
-        )
+
+        def replacement(wanted: int, dead: str) -> str | None:
+            if upstream.next_stage != wanted:  # it moved stage since it sent this microbatch
+                return None
+            if self.oracles:  # the upstream's best next hop, read from its core
+                return self._best_next(world, upstream, dead)
+            # As the live sender (``Sender.replacement``): a live replica of the dead hop's
+            # stage from the stalled node's own table, at random.
+            candidates = sorted(
+                p.peer_id
+                for p in node.alive_peers(wanted)
+                if p.peer_id != dead and world.stage_of(p.peer_id) == wanted
+            )
+            return node.rng.choice(candidates) if candidates else None
+
+        repair = plan_hop_repair(str(mb.mb_id), path, stage, replacement)
         if repair is None:
             return Restart(tuple(actions))
         # The stalled node tells the data node, which probes the path and waits for the dead
