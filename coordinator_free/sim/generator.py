@@ -138,10 +138,10 @@ def write_grid(outdir: str | Path, seeds: int = 5, size: GridSize | None = None)
 def iterations_for_crashes(
     cell: GridCell, size: GridSize, crashes: float, seconds_per_iteration: float
 ) -> int:
-    """Iterations after which a run of ``cell`` expects at least ``crashes`` relay crashes, given
-    that no iteration takes less than ``seconds_per_iteration`` (a lower bound: a run is then at
-    least that long). A relay crashes at ``churn_per_hour`` while up and is up a share
-    1 / (1 + rate × mean downtime) of the time."""
+    """Iterations after which a run of ``cell`` expects at least ``crashes`` relay crashes, if
+    no iteration takes less than ``seconds_per_iteration`` (a run that is faster sees fewer). A
+    relay crashes at ``churn_per_hour`` while up and is up a share 1 / (1 + rate × mean
+    downtime) of the time."""
     rate_per_s = cell.churn_per_hour / 3600.0
     if rate_per_s <= 0:
         return size.iterations

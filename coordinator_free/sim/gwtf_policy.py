@@ -170,7 +170,7 @@ class GwtfPolicy(PolicyDefaults):
                 demand += hello.capacity
             else:
                 answers.append((hello.stage, hello.capacity, hello.compute_ms))
-        if self.oracles or not demand:  # a joiner that met no data node knows the run's demand
+        if self.oracles:  # (a live joiner that hears no data node counts every slot: 0)
             demand = sum(world.spec(d).capacity for d in world.data_nodes())
         return choose_bottleneck(world.stages, answers, demand).stage
 
