@@ -1,22 +1,27 @@
 """What several command families share: the command signature, typed flags (amounts, counts,
-ports, addresses), a wallet's node."""
+ports, addresses), a wallet's node.
+
+The command modules import only the standard library and this project's light modules at the
+top: web3, torch, libp2p and rich load inside the command that needs them, so that
+``gwtf-node --help`` and the read-only commands answer at once (``bench/cli.py``)."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
-
-from eth_utils.address import is_address, to_checksum_address
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from gwtf.errors import ConfigError
-from node.chain.adapter import Sender
-from node.chain.wallet import load_or_create_node_key, node_key_path, open_wallet, resolve_password
-from node.settings import Settings
+
+if TYPE_CHECKING:  # loaded by the commands that use them, so that --help stays fast
+    from rich.console import Console
+
+    from node.chain.adapter import Sender
+    from node.settings import Settings
 
 #: A command: parsed flags, the loaded settings and the console in; the exit code out.
-Command = Callable[[argparse.Namespace, Settings, Console], int]
+Command = Callable[[argparse.Namespace, "Settings", "Console"], int]
 
 WEI_PER_ETH = 10**18
 #: The smallest of the contracts' amount fields (RunConfig.minStakeWei) holds less than this.
@@ -76,6 +81,8 @@ def port(text: str) -> int:
 
 def address(text: str) -> str:
     """An Ethereum address flag, checksummed."""
+    from eth_utils.address import is_address, to_checksum_address
+
     if not is_address(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not an address (0x and 40 hex digits)")
     return to_checksum_address(text)
@@ -101,6 +108,14 @@ def add_wallet_flags(parser: argparse.ArgumentParser) -> None:
 def open_node(args: argparse.Namespace, *, create: bool = False) -> tuple[Sender, bytes]:
     """The wallet as a sender, and its node's signing key (made when ``create``: registering).
     A node that was never made is a ``ConfigError``, so a mistyped --node-name makes nothing."""
+    from node.chain.adapter import Sender
+    from node.chain.wallet import (
+        load_or_create_node_key,
+        node_key_path,
+        open_wallet,
+        resolve_password,
+    )
+
     password = resolve_password(args.password_file)
     wallet = open_wallet(args.wallet, password)
     path = node_key_path(args.wallet, args.node_name)

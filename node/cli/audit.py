@@ -25,25 +25,22 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-from typing import Any
-
-import trio
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from gwtf.errors import ConfigError
-from node.audit.arbiter import arbitrate
-from node.audit.challenge import REFUSED, Challenges, challenge
-from node.audit.reexecute import TOLERANCES, Replayer, Tolerance
-from node.audit.replays import Replayed
-from node.audit.runner import AuditReport, Sampling, audit_epoch
-from node.chain.actions import Contracts
-from node.chain.adapter import Sender, format_eth
-from node.chain.wallet import open_wallet, resolve_password
+from node.audit.tolerance import TOLERANCES, Tolerance
 from node.cli.args import Command, whole
-from node.composition import open_contracts
 from node.settings import Settings
-from node.training.partition import model_for_run, plan_partition
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from node.audit.challenge import Challenges
+    from node.audit.reexecute import Replayer
+    from node.audit.replays import Replayed
+    from node.audit.runner import AuditReport
+    from node.chain.actions import Contracts
+
 
 #: The exit code of an audit that found something (fraud or withheld leaves).
 EXIT_FINDINGS = 10
@@ -103,6 +100,8 @@ def _peer_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_audit(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from node.composition import open_contracts
+
     contracts, _ = open_contracts(settings)
     report = _audit(args, contracts, console, settings)
     if args.json:
@@ -113,6 +112,11 @@ def cmd_audit(args: argparse.Namespace, settings: Settings, console: Console) ->
 
 
 def cmd_challenge(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from node.audit.challenge import REFUSED, challenge
+    from node.chain.adapter import Sender
+    from node.chain.wallet import open_wallet, resolve_password
+    from node.composition import open_contracts
+
     contracts, _ = open_contracts(settings)
     challenger = Sender.from_account(open_wallet(args.wallet, resolve_password(args.password_file)))
     report = _audit(args, contracts, console, settings)
@@ -130,6 +134,14 @@ def cmd_challenge(args: argparse.Namespace, settings: Settings, console: Console
 
 
 def cmd_arbitrate(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    import trio
+    from rich.table import Table
+
+    from node.audit.arbiter import arbitrate
+    from node.chain.adapter import Sender
+    from node.chain.wallet import open_wallet, resolve_password
+    from node.composition import open_contracts
+
     contracts, _ = open_contracts(settings)
     arbiter = Sender.from_account(open_wallet(args.wallet, resolve_password(args.password_file)))
     model = args.model or settings.training.model
@@ -159,6 +171,9 @@ def replayer_for(
     contracts: Contracts, run_id: int, model: str, settings: Settings, tolerance: Tolerance
 ) -> Replayer:
     """A CPU replayer of ``model`` split into run ``run_id``'s stages."""
+    from node.audit.reexecute import Replayer
+    from node.training.partition import model_for_run, plan_partition
+
     run = contracts.port().run_info(run_id)
     if run is None:
         raise ConfigError(f"no run {run_id} on this chain; check --run and the RPC URL")
@@ -169,6 +184,10 @@ def replayer_for(
 def _audit(
     args: argparse.Namespace, contracts: Contracts, console: Console, settings: Settings
 ) -> AuditReport:
+    import trio
+
+    from node.audit.runner import Sampling, audit_epoch
+
     sampling = None
     if args.sample < 0:
         raise ConfigError(f"--sample {args.sample}: give a number of hops, 0 or more")
@@ -235,6 +254,8 @@ def _replayed_json(done: Replayed) -> dict[str, Any]:
 
 
 def print_report(console: Console, report: AuditReport) -> None:
+    from rich.table import Table
+
     table = Table(title=f"run {report.run_id}, epoch {report.epoch}: certificates")
     table.add_column("data node")
     for column in ("hops", "units", "leaves checked", "re-executed", "exact", "findings"):
@@ -270,6 +291,8 @@ def print_report(console: Console, report: AuditReport) -> None:
 
 def _print_workers(console: Console, report: AuditReport) -> None:
     """Per node: hops in the certificates, re-executed, wrong, findings against it."""
+    from rich.table import Table
+
     hops: dict[str, list[int]] = {}
     for c in report.certificates:
         for done in c.replayed:
@@ -312,6 +335,10 @@ def challenges_json(done: Challenges) -> dict[str, Any]:
 
 
 def print_challenges(console: Console, done: Challenges) -> None:
+    from rich.table import Table
+
+    from node.chain.adapter import format_eth
+
     if not done.judgements:
         console.print("nothing to prove on chain")
         return

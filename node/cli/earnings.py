@@ -10,23 +10,17 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from gwtf.errors import ConfigError, GwtfError
-from node.chain.epochs import EpochLedger
-from node.chain.wallet import node_key_path, read_keystore_address
 from node.cli.args import Command, address, port, positive, whole
 from node.cli.output import emit, fields, table
-from node.composition import open_contracts
-from node.local_api.client import api_url, call_api
-from node.local_api.server import api_token
-from node.local_api.snapshot import SnapshotBox
-from node.local_api.views import NodeViews
-from node.local_api.watcher import ChainReader
 from node.settings import Settings
-from node.store.database import Database, open_database
-from node.store.views import NodeRecords
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from node.store.database import Database
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
@@ -55,6 +49,13 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_earnings(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from node.chain.epochs import EpochLedger
+    from node.composition import open_contracts
+    from node.local_api.snapshot import SnapshotBox
+    from node.local_api.views import NodeViews
+    from node.local_api.watcher import ChainReader
+    from node.store.views import NodeRecords
+
     run_id, node = _run_of(args, settings), _node_of(args, settings)
     db = _open(args.db_url or settings.db.url)
     try:
@@ -83,6 +84,10 @@ def cmd_earnings(args: argparse.Namespace, settings: Settings, console: Console)
 
 
 def cmd_receipts(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from node.local_api.snapshot import SnapshotBox
+    from node.local_api.views import NodeViews
+    from node.store.views import NodeRecords
+
     run_id, node = _run_of(args, settings), _node_of(args, settings)
     if not 1 <= args.limit <= 500 or args.offset < 0:
         raise ConfigError("--limit must be 1..500 and --offset 0 or more")
@@ -106,6 +111,9 @@ def cmd_receipts(args: argparse.Namespace, settings: Settings, console: Console)
 
 
 def cmd_claim(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from node.local_api.client import api_url, call_api
+    from node.local_api.server import api_token
+
     url = api_url(settings.api.host, args.api_port or settings.api.port)
     if not Path(settings.api.token_file).is_file():
         raise ConfigError(
@@ -144,6 +152,8 @@ def _run_of(args: argparse.Namespace, settings: Settings) -> int:
 
 def _node_of(args: argparse.Namespace, settings: Settings) -> str:
     """The node's address: given, or read (no password needed) from its key's keystore."""
+    from node.chain.wallet import node_key_path, read_keystore_address
+
     if args.node:
         return str(args.node)  # checksummed by its flag's type
     key = node_key_path(args.wallet, args.node_name) if args.wallet else settings.node.key_file
@@ -153,6 +163,8 @@ def _node_of(args: argparse.Namespace, settings: Settings) -> str:
 
 
 def _open(url: str) -> Database:
+    from node.store.database import open_database
+
     if url.startswith("sqlite:///"):
         path = Path(url.removeprefix("sqlite:///"))
         if not path.is_file():

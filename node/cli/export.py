@@ -15,18 +15,17 @@ import argparse
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from gwtf.errors import ConfigError
 from node.cli.args import Command, positive, whole
 from node.cli.output import emit, table
-from node.composition import open_contracts
-from node.export.gather import Gathered
-from node.export.run import export_run
-from node.export.writer import check_out_dir
 from node.settings import Settings
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from node.export.gather import Gathered
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
@@ -46,6 +45,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
 
 
 def cmd_export(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from node.composition import open_contracts
+    from node.export.run import export_run
+    from node.export.writer import check_out_dir
+
     out = Path(args.out)
     check_out_dir(out)  # before anything is asked of the chain or the nodes
     if not args.peer:

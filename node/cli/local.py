@@ -7,26 +7,22 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-
-from api.schemas import Amount
 from gwtf.errors import GwtfError
-from node.chain.actions import transfer_eth
-from node.chain.adapter import Sender, format_eth
 from node.cli.args import Command, address, eth_amount, port
 from node.cli.output import emit
-from node.composition import open_contracts
-from node.devnet.anvil import DEFAULT_ANVIL
-from node.devnet.server import BACKENDS
 from node.settings import Settings
-from node.swarm.labels import crash_label, join_label
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
 
 if TYPE_CHECKING:
     from node.swarm.chain import SwarmChain
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
+    from node.devnet.anvil import BACKENDS, DEFAULT_ANVIL
+
     devnet = sub.add_parser(
         "devnet",
         help="start a dev chain with the contracts deployed",
@@ -92,6 +88,11 @@ def cmd_devnet(args: argparse.Namespace, settings: Settings, console: Console) -
 
 
 def cmd_fund(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from api.schemas import Amount
+    from node.chain.actions import transfer_eth
+    from node.chain.adapter import Sender, format_eth
+    from node.composition import open_contracts
+
     contracts, info = open_contracts(settings)
     faucet = Sender.unlocked(info.accounts[0].address)
     transfer_eth(contracts.w3, faucet, args.to, args.eth)
@@ -104,6 +105,8 @@ def cmd_fund(args: argparse.Namespace, settings: Settings, console: Console) -> 
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from rich.console import Console
+
     from node.demo.run import DemoOptions, print_report, run_demo
 
     options = DemoOptions(
@@ -122,6 +125,8 @@ def cmd_demo(args: argparse.Namespace, settings: Settings, console: Console) -> 
 
 
 def cmd_swarm(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from rich.console import Console
+
     from node.swarm.plan import plan_from_file
     from node.swarm.progress import LiveProgress
     from node.swarm.run import run_swarm
@@ -165,6 +170,10 @@ def serve_until_interrupted(chain: SwarmChain, console: Console) -> None:
 
 def print_swarm(console: Console, summary: dict[str, Any], summary_file: Path) -> None:
     """The swarm's run in a few lines; the whole summary is in ``summary_file``."""
+    from rich.table import Table
+
+    from node.swarm.labels import crash_label, join_label
+
     work, recovered = summary["work"], summary["recovered_hops"]
     losses = summary["loss_per_iteration"]
     table = Table(title="the swarm's run", show_header=False)
@@ -198,6 +207,10 @@ def print_swarm(console: Console, summary: dict[str, Any], summary_file: Path) -
 
 def print_earnings(console: Console, chain: dict[str, Any]) -> None:
     """The swarm's epochs and each node's receipts and rewards, as tables."""
+    from rich.table import Table
+
+    from node.chain.adapter import format_eth
+
     epochs = Table(title="epochs on chain")
     for column in ("epoch", "hops certified", "units", "units claimed", "budget ETH", "paid ETH"):
         epochs.add_column(column, justify="right")

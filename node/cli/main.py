@@ -17,8 +17,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from rich.console import Console
-
 from gwtf.errors import GwtfError
 from node.cli import audit, earnings, export, local, nodes, runs, stake, start, wallet
 from node.cli.args import Command
@@ -60,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `gwtf-node` console script; returns the process exit code."""
     parser, commands = build_parser()
     args = parser.parse_args(argv)
+    from rich.console import Console  # after parsing: --help and usage errors never need it
+
     # Wide enough for the tables when piped (rich assumes 80 columns without a terminal).
     console = Console(width=None if sys.stdout.isatty() else 120)
     try:

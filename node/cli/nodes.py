@@ -9,17 +9,9 @@ of the run's model); each flag overrides one figure.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from eth_account import Account
-from rich.console import Console
-from web3 import Web3
-
-from api.schemas import Amount
 from gwtf.errors import ConfigError, GwtfError
-from node.chain.actions import Capacity, join_run, register_node
-from node.chain.adapter import NodeInfo, format_eth
-from node.chain.wallet import node_key_path, read_keystore_address
 from node.cli.args import (
     Command,
     add_wallet_flags,
@@ -33,11 +25,14 @@ from node.cli.args import (
     whole,
 )
 from node.cli.output import emit, fields
-from node.composition import open_contracts
-from node.local_api.client import api_url, call_api
-from node.local_api.watcher import run_fields
-from node.p2p.identity import identity_from_key, peer_id_of
 from node.settings import Settings
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from node.chain.actions import Capacity
+    from node.chain.adapter import NodeInfo
+
 
 NODE_STATUS = ("none", "active", "unbonding", "withdrawn", "slashed")  # NodeRegistry.NodeStatus
 
@@ -78,6 +73,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
 
 
 def cmd_register(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from eth_account import Account
+
+    from api.schemas import Amount
+    from node.chain.actions import register_node
+    from node.chain.adapter import format_eth
+    from node.composition import open_contracts
+    from node.p2p.identity import identity_from_key, peer_id_of
+
     contracts, _ = open_contracts(settings)
     wallet, node_key = open_node(args, create=True)
     node_address = Account.from_key(node_key).address
@@ -99,6 +102,8 @@ def cmd_register(args: argparse.Namespace, settings: Settings, console: Console)
 
 def capacity_of(args: argparse.Namespace, settings: Settings, console: Console) -> Capacity:
     """The capacity to register: measured (``--capacity auto``) unless every figure is given."""
+    from node.chain.actions import Capacity
+
     given = (args.gpu_model, args.memory_mib, args.throughput)
     if args.capacity == "flags" or None not in given:
         if args.capacity == "flags" and None in given:
@@ -131,6 +136,11 @@ def capacity_json(capacity: Capacity) -> dict[str, Any]:
 
 
 def cmd_join(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from eth_account import Account
+
+    from node.chain.actions import join_run
+    from node.composition import open_contracts
+
     contracts, _ = open_contracts(settings)
     wallet, node_key = open_node(args)
     node_address = Account.from_key(node_key).address
@@ -142,6 +152,9 @@ def cmd_join(args: argparse.Namespace, settings: Settings, console: Console) -> 
 
 
 def cmd_info(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from node.composition import open_contracts
+    from node.local_api.watcher import run_fields
+
     if args.node is None and args.run is None:
         raise ConfigError("say what to show: --node ADDRESS and/or --run ID")
     contracts, _ = open_contracts(settings)
@@ -164,6 +177,13 @@ def cmd_info(args: argparse.Namespace, settings: Settings, console: Console) -> 
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from web3 import Web3
+
+    from api.schemas import Amount
+    from node.chain.wallet import node_key_path, read_keystore_address
+    from node.composition import open_contracts
+    from node.local_api.client import api_url, call_api
+
     key = node_key_path(args.wallet, args.node_name)
     wallet_address = read_keystore_address(args.wallet)
     if not key.is_file():
@@ -209,6 +229,9 @@ def cmd_status(args: argparse.Namespace, settings: Settings, console: Console) -
 
 
 def node_json(contracts: Any, node: NodeInfo) -> dict[str, Any]:
+    from api.schemas import Amount
+    from node.chain.actions import Capacity
+
     record = contracts.registry.functions.getNode(node.node_address).call()
     unlock_at = int(record[4]) and int(
         contracts.registry.functions.unlockAt(node.node_address).call()
@@ -233,6 +256,8 @@ def _base58(peer_id: bytes) -> str:
 
 
 def _fields(title: str, values: dict[str, Any]) -> Any:
+    from api.schemas import Amount
+
     flat: dict[str, Any] = {}
     for key, value in values.items():
         if isinstance(value, Amount):

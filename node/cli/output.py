@@ -7,13 +7,13 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:  # rich and pydantic load only when a command prints, not for --help
+    from rich.console import Console
+    from rich.table import Table
 
-Render = Callable[[Console], None]
+Render = Callable[["Console"], None]
 
 
 def add_json_flags(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +38,8 @@ def emit(args: argparse.Namespace, console: Console, data: Any, render: Render) 
 
 def plain(data: Any) -> Any:
     """``data`` with pydantic models, bytes and tuples made JSON's own types."""
+    from pydantic import BaseModel
+
     if isinstance(data, BaseModel):
         return data.model_dump(mode="json")
     if isinstance(data, dict):
@@ -51,6 +53,8 @@ def plain(data: Any) -> Any:
 
 def table(title: str, columns: list[str], rows: list[list[Any]], right_from: int = 1) -> Table:
     """A table whose columns from ``right_from`` on are right-aligned (numbers)."""
+    from rich.table import Table
+
     out = Table(title=title)
     for i, column in enumerate(columns):
         out.add_column(column, justify="right" if i >= right_from else "left")

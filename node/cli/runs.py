@@ -8,31 +8,18 @@ what no epoch will pay once the last epoch's claims are over.
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from gwtf.errors import ConfigError
-from node.chain.actions import (
-    DATASET_HASH,
-    RunConfig,
-    add_data_node,
-    close_run,
-    fund_run,
-    model_config_hash,
-    open_run,
-    withdraw_refund,
-)
-from node.chain.adapter import RunInfo, Sender, format_eth
-from node.chain.wallet import open_wallet, resolve_password
 from node.cli.args import Command, address, eth_amount, positive, seconds, stage_count, whole
 from node.cli.output import emit, table
-from node.composition import open_contracts
-from node.local_api.watcher import run_fields
 from node.settings import Settings
-from node.training.config import ModelConfig
-from node.training.errors import ModelConfigError
-from node.training.partition import model_for_run
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from node.chain.adapter import RunInfo
+    from node.training.config import ModelConfig
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
@@ -75,6 +62,21 @@ def _sponsor_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_runs(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from node.chain.actions import (
+        DATASET_HASH,
+        RunConfig,
+        add_data_node,
+        close_run,
+        fund_run,
+        model_config_hash,
+        open_run,
+        withdraw_refund,
+    )
+    from node.chain.adapter import Sender, format_eth
+    from node.chain.wallet import open_wallet, resolve_password
+    from node.composition import open_contracts
+    from node.local_api.watcher import run_fields
+
     contracts, _ = open_contracts(settings)
     if args.runs_command == "list":
         count = int(contracts.ledger.functions.runCount().call())
@@ -121,6 +123,9 @@ def cmd_runs(args: argparse.Namespace, settings: Settings, console: Console) -> 
 
 
 def _model(args: argparse.Namespace) -> ModelConfig:
+    from node.training.errors import ModelConfigError
+    from node.training.partition import model_for_run
+
     try:
         return model_for_run(args.model, args.seq_len, args.stages)
     except ModelConfigError as exc:
@@ -128,6 +133,8 @@ def _model(args: argparse.Namespace) -> ModelConfig:
 
 
 def runs_table(runs: list[RunInfo]) -> Any:
+    from node.chain.adapter import format_eth
+
     columns = ["run", "sponsor", "stages", "epoch s", "reward/epoch ETH", "pool ETH",
                "min stake ETH", "open"]  # fmt: skip
     rows = [

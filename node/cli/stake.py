@@ -7,17 +7,14 @@ delay; ``withdraw`` pays the stake back to the wallet once that is over (the reg
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from eth_account import Account
-from rich.console import Console
-
-from api.schemas import Amount
-from node.chain.actions import add_stake, request_unstake, withdraw_stake
-from node.chain.adapter import format_eth
 from node.cli.args import Command, add_wallet_flags, eth_amount, open_node
 from node.cli.output import emit
-from node.composition import open_contracts
 from node.settings import Settings
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
@@ -34,6 +31,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
 
 
 def cmd_stake_add(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from eth_account import Account
+
+    from api.schemas import Amount
+    from node.chain.actions import add_stake
+    from node.chain.adapter import format_eth
+    from node.composition import open_contracts
+
     contracts, _ = open_contracts(settings)
     wallet, node_key = open_node(args)
     node = Account.from_key(node_key).address
@@ -47,6 +51,11 @@ def cmd_stake_add(args: argparse.Namespace, settings: Settings, console: Console
 
 
 def cmd_unstake(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from eth_account import Account
+
+    from node.chain.actions import request_unstake
+    from node.composition import open_contracts
+
     contracts, _ = open_contracts(settings)
     wallet, node_key = open_node(args)
     node = Account.from_key(node_key).address
@@ -60,6 +69,13 @@ def cmd_unstake(args: argparse.Namespace, settings: Settings, console: Console) 
 
 
 def cmd_withdraw(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from eth_account import Account
+
+    from api.schemas import Amount
+    from node.chain.actions import withdraw_stake
+    from node.chain.adapter import format_eth
+    from node.composition import open_contracts
+
     contracts, _ = open_contracts(settings)
     wallet, node_key = open_node(args)
     node = Account.from_key(node_key).address

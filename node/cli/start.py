@@ -21,24 +21,20 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-import trio
-from eth_account import Account
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from gwtf.errors import ChainError, ConfigError
-from node.chain.actions import Contracts, model_config_hash
-from node.chain.adapter import RunInfo
-from node.chain.wallet import node_key_path, open_wallet, resolve_password
 from node.cli.args import Command, add_wallet_flags, port, whole
-from node.composition import live_config_from_settings, local_api_from_settings, open_contracts
-from node.local_api import LocalApi, run_local_api
-from node.local_api.snapshot import SnapshotBox
-from node.logs import configure_logging
-from node.p2p.identity import identity_from_key, peer_id_of
-from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
 from node.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from node.chain.actions import Contracts
+    from node.chain.adapter import RunInfo
+    from node.local_api import LocalApi
+    from node.runtime.live_node import LiveNode, LiveNodeConfig
+
 
 log = logging.getLogger(__name__)
 #: How long a leaving node lets its goodbyes and hand-backs reach its peers.
@@ -59,6 +55,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
 
 
 def cmd_start(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    import trio
+    from eth_account import Account
+
+    from node.chain.wallet import node_key_path, open_wallet, resolve_password
+    from node.composition import live_config_from_settings, local_api_from_settings, open_contracts
+    from node.logs import configure_logging
+    from node.p2p.identity import identity_from_key, peer_id_of
+
     password = resolve_password(args.password_file)
     # A wrong password stops here, before anything starts.
     wallet = open_wallet(args.wallet, password).address
@@ -96,6 +100,8 @@ def check_the_chain(
 ) -> tuple[str, RunInfo]:
     """The node's role in ``run_id`` ("data" or "relay") and the run, or a ``ConfigError``
     saying why the node cannot take part."""
+    from node.chain.actions import model_config_hash
+
     if contracts.w3.eth.chain_id != chain_id:
         raise ChainError(
             f"the chain at the RPC URL has chain id {contracts.w3.eth.chain_id}, the devnet "
@@ -229,6 +235,12 @@ def check_listen_port(host: str, port: int) -> None:
 
 async def run_until_stopped(config: LiveNodeConfig, api: LocalApi | None, console: Console) -> None:
     """Run the node and its API until SIGINT or SIGTERM; then leave gracefully."""
+    import trio
+
+    from node.local_api import run_local_api
+    from node.local_api.snapshot import SnapshotBox
+    from node.runtime.live_node import run_live_node
+
     box = SnapshotBox()
     started: list[LiveNode] = []
     async with trio.open_nursery() as nursery:

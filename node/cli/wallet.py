@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-
-from node.chain.wallet import create_wallet, read_keystore_address, resolve_password
 from node.cli.args import Command
 from node.cli.output import emit
 from node.settings import Settings
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
@@ -23,6 +24,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
 
 
 def cmd_wallet(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from node.chain.wallet import create_wallet, read_keystore_address, resolve_password
+
     if args.wallet_command == "new":
         password = resolve_password(args.password_file, confirm=True)
         address = str(create_wallet(args.wallet, password).address)

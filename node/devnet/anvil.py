@@ -30,6 +30,8 @@ from gwtf.errors import ChainError
 REPO = Path(__file__).resolve().parents[2]
 #: Where `npm ci` links the platform's anvil package (see package.json).
 DEFAULT_ANVIL = REPO / "node_modules" / ".bin" / "anvil"
+#: The chains `gwtf-node devnet` can serve: anvil where installed (auto), or eth-tester.
+BACKENDS = ("auto", "anvil", "eth-tester")
 TETHER = Path(__file__).with_name("tether.py")
 #: anvil's own default, which wallets and tooling know as a local chain.
 CHAIN_ID = 31337

@@ -31,10 +31,8 @@ from contracts.bindings import deploy_suite
 from gwtf.errors import ChainError
 from node.chain.adapter import connect, format_eth
 from node.chain.deployment import DevAccount, DevnetInfo, write_devnet_file
-from node.devnet.anvil import DEFAULT_ANVIL, is_runnable, start_anvil
+from node.devnet.anvil import BACKENDS, DEFAULT_ANVIL, is_runnable, start_anvil
 from node.devnet.rpc import DevnetHttpServer, EthTesterRpc
-
-BACKENDS = ("auto", "anvil", "eth-tester")
 
 
 class LocalChain(Protocol):
