@@ -10,6 +10,7 @@ every command.
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 from libp2p.crypto.keys import KeyPair
@@ -139,6 +140,7 @@ def live_config_from_settings(settings: Settings, password: str | None = None) -
         stall_timeout_s=training.stall_timeout_s,
         join=node.join,
         flow_timeout_s=settings.flow.setup_timeout_s,
+        wait_for_peers_s=settings.flow.wait_for_peers_s or math.inf,
         discovery_period_s=p2p.discovery_period_s,
         compute_ms=node.compute_ms,
         emulated_speed=node.emulated_speed,

@@ -101,8 +101,9 @@ class NodeSettings:
     #: withhold-leaf for a data node; claim-twice, equivocate or wrong-tensor for a relay). Needs
     #: ``chain.receipts``. Leave "" (honest) on a real node: an auditor finds every cheat.
     cheat: str = ""
-    #: The node's data directory; ``gwtf-node start`` locks it, so two nodes never share one.
-    data_dir: str = ".gwtf"
+    #: The node's home: its database, API token, evidence and lock (``node.home``); "" is
+    #: ``.gwtf/nodes/<node name>``. ``gwtf-node start`` locks it, so two nodes never share one.
+    data_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,10 @@ class FlowSettings:
     routing: str = "gwtf"
     #: How long a node waits for its first flows, or a joiner for its stage's weights.
     setup_timeout_s: float = 60.0
+    #: How long a data node waits for a relay of stage 1, and a relay for a node of the run to
+    #: answer it, before giving up; 0 waits until stopped (saying what it waits for), so nodes
+    #: may start in any order.
+    wait_for_peers_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -319,7 +324,6 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "node.emulated_speed": _speed,
     "node.emulated_hop_ms": _non_negative,
     "node.key_file": _non_empty,
-    "node.data_dir": _non_empty,
     "p2p.region": _non_empty,
     "p2p.discovery_period_s": _positive,
     "chain.admission_cache_s": _non_negative,
@@ -354,6 +358,7 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "flow.delay_estimate_old_weight": _probability,
     "flow.routing": _one_of("gwtf", "swarm"),
     "flow.setup_timeout_s": _positive,
+    "flow.wait_for_peers_s": _non_negative,
     "db.url": _db_url,
     "api.host": _non_empty,
     "api.port": _port,

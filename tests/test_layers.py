@@ -56,7 +56,7 @@ def test_api_does_not_import_the_node(path: Path) -> None:
 NODE_LAYERS: list[set[str]] = [
     {"node.training", "node.p2p", "node.failpoints", "node.logs", "node.status_file"},
     {"node.settings"},
-    {"node.chain", "node.store", "node.runtime.flow"},
+    {"node.chain", "node.store", "node.runtime.flow", "node.home"},
     {"node.receipts"},
     {"node.devnet", "node.runtime.dataplane", "node.audit"},
     {"node.export"},

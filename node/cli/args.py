@@ -13,8 +13,11 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
 from gwtf.errors import ConfigError
+from node.home import DEFAULT_NODE_NAME, RunningNode, home_of, read_running
 
 if TYPE_CHECKING:  # loaded by the commands that use them, so that --help stays fast
+    from pathlib import Path
+
     from rich.console import Console
 
     from node.chain.adapter import Sender
@@ -102,7 +105,27 @@ def add_wallet_flags(parser: argparse.ArgumentParser) -> None:
     """``--wallet``, ``--password-file``, ``--node-name``: which wallet, and which of its nodes."""
     parser.add_argument("--wallet", required=True, help="wallet keystore path")
     parser.add_argument("--password-file", help="file holding the keystore password")
-    parser.add_argument("--node-name", default="main", help="which of the wallet's nodes")
+    _node_name_flag(parser)
+
+
+def add_home_flags(parser: argparse.ArgumentParser) -> None:
+    """``--node-name`` and ``--home``: which node on this machine a command speaks for."""
+    _node_name_flag(parser)
+    parser.add_argument("--home", help="the node's home (default .gwtf/nodes/NODE_NAME)")
+
+
+def _node_name_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--node-name", default=DEFAULT_NODE_NAME,
+        help="which of the wallet's nodes; its home is .gwtf/nodes/NAME "
+        f"(default {DEFAULT_NODE_NAME})",
+    )  # fmt: skip
+
+
+def node_home(args: argparse.Namespace, settings: Settings) -> tuple[Path, RunningNode | None]:
+    """The home of the node a command speaks for, and the node running there (None if none)."""
+    home = home_of(settings, getattr(args, "home", None), args.node_name)
+    return home, read_running(home)
 
 
 def open_node(args: argparse.Namespace, *, create: bool = False) -> tuple[Sender, bytes]:

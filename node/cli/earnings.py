@@ -1,25 +1,29 @@
 """``gwtf-node earnings|receipts|claim``: what a node did and earned, and getting paid.
 
-``earnings`` and ``receipts`` read the node's own database (``db.url``) beside the chain, so they
-work whether or not the node is running, and show what its local API shows. ``claim`` asks the
-running node to claim now (a running node claims every settled epoch by itself; this one forces
-a retry), through its API with the token in its data directory.
+Each speaks for one node, found by its home (``node.home``: ``--home``, or ``.gwtf/nodes/NAME``
+of ``--node-name``) and says which. ``earnings`` and ``receipts`` ask the node's API while it
+runs (an answer at once) and otherwise read its database in the home beside the chain, so they
+work whether or not the node is running. ``claim`` asks the running node to claim now (a running
+node claims every settled epoch by itself; this one forces a retry), through its API with the
+token in its home.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from gwtf.errors import ConfigError, GwtfError
-from node.cli.args import Command, address, port, positive, whole
+from gwtf.errors import ConfigError, GwtfError, NodeNotRunning
+from node.cli.args import Command, add_home_flags, address, node_home, port, positive, whole
 from node.cli.output import emit, fields, table
+from node.home import RunningNode, home_settings, speaking_for
 from node.settings import Settings
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from api.schemas import Earnings
     from node.store.database import Database
 
 
@@ -35,36 +39,35 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     which = claim.add_mutually_exclusive_group()
     which.add_argument("--epoch", type=whole, help="claim this epoch")
     which.add_argument("--all", action="store_true", help="claim every settled epoch (default)")
-    claim.add_argument("--api-port", type=port, help="the running node's API port (api.port)")
+    add_home_flags(claim)
+    claim.add_argument(
+        "--api-port", type=port, help="the running node's API port (default: its home's)"
+    )
     return {"earnings": cmd_earnings, "receipts": cmd_receipts, "claim": cmd_claim}
 
 
 def _node_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run", type=whole, help="run id (default chain.run_id)")
+    parser.add_argument(
+        "--run", type=whole, help="run id (default the running node's, or chain.run_id)"
+    )
     who = parser.add_mutually_exclusive_group()
     who.add_argument("--wallet", help="the wallet whose node to show (its key names it)")
     who.add_argument("--node", type=address, help="the node's address")
-    parser.add_argument("--node-name", default="main", help="which of the wallet's nodes")
-    parser.add_argument("--db-url", help="the node's database (default db.url)")
+    add_home_flags(parser)
+    parser.add_argument("--db-url", help="the node's database (default: the one in its home)")
 
 
 def cmd_earnings(args: argparse.Namespace, settings: Settings, console: Console) -> int:
-    from node.chain.epochs import EpochLedger
-    from node.composition import open_contracts
-    from node.local_api.snapshot import SnapshotBox
-    from node.local_api.views import NodeViews
-    from node.local_api.watcher import ChainReader
-    from node.store.views import NodeRecords
+    from api.schemas import Earnings
 
-    run_id, node = _run_of(args, settings), _node_of(args, settings)
-    db = _open(args.db_url or settings.db.url)
-    try:
-        contracts, _ = open_contracts(settings)
-        records = NodeRecords(db)
-        chain = ChainReader(contracts, EpochLedger(contracts, run_id, None), records, node).read()
-        earned = NodeViews(SnapshotBox(chain=chain), records, run_id, node).earnings()
-    finally:
-        db.close()
+    home, running = node_home(args, settings)
+    node = _node_of(args, settings, running)
+    run_id = _run_of(args, settings, running)
+    if _ask_running(args, running, node, run_id):
+        assert running is not None
+        earned = Earnings.model_validate(_call(running, "/v1/earnings"))
+    else:
+        earned = _earnings_from_database(args, settings, home, run_id, node)
     columns = ["epoch", "phase", "units", "certified", "challenged", "pending ETH",
                "claimable ETH", "claimed ETH", "chain says ETH"]  # fmt: skip
     rows = [
@@ -74,6 +77,7 @@ def cmd_earnings(args: argparse.Namespace, settings: Settings, console: Console)
     ]  # fmt: skip
 
     def render(c: Console) -> None:
+        c.print(speaking_for(node, home, running), highlight=False)
         c.print(table(f"earnings of node {node} in run {run_id}", columns, rows, right_from=2))
         c.print(
             f"claimed {earned.total_claimed.eth} ETH; claimable {earned.total_claimable.eth} "
@@ -83,21 +87,51 @@ def cmd_earnings(args: argparse.Namespace, settings: Settings, console: Console)
     return emit(args, console, earned, render)
 
 
-def cmd_receipts(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+def _earnings_from_database(
+    args: argparse.Namespace, settings: Settings, home: Path, run_id: int, node: str
+) -> Earnings:
+    from node.chain.epochs import EpochLedger
+    from node.composition import open_contracts
     from node.local_api.snapshot import SnapshotBox
     from node.local_api.views import NodeViews
+    from node.local_api.watcher import ChainReader
     from node.store.views import NodeRecords
 
-    run_id, node = _run_of(args, settings), _node_of(args, settings)
-    if not 1 <= args.limit <= 500 or args.offset < 0:
-        raise ConfigError("--limit must be 1..500 and --offset 0 or more")
-    db = _open(args.db_url or settings.db.url)
+    db = _open(_db_url(args, settings, home))
     try:
-        page = NodeViews(SnapshotBox(), NodeRecords(db), run_id, node).receipts(
-            args.offset, args.limit, args.epoch
-        )
+        contracts, _ = open_contracts(settings)
+        records = NodeRecords(db)
+        chain = ChainReader(contracts, EpochLedger(contracts, run_id, None), records, node).read()
+        return NodeViews(SnapshotBox(chain=chain), records, run_id, node).earnings()
     finally:
         db.close()
+
+
+def cmd_receipts(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    from api.schemas import ReceiptPage
+
+    home, running = node_home(args, settings)
+    node = _node_of(args, settings, running)
+    run_id = _run_of(args, settings, running)
+    if not 1 <= args.limit <= 500 or args.offset < 0:
+        raise ConfigError("--limit must be 1..500 and --offset 0 or more")
+    if _ask_running(args, running, node, run_id):
+        assert running is not None
+        query = f"/v1/receipts?offset={args.offset}&limit={args.limit}"
+        query += "" if args.epoch is None else f"&epoch={args.epoch}"
+        page = ReceiptPage.model_validate(_call(running, query))
+    else:
+        from node.local_api.snapshot import SnapshotBox
+        from node.local_api.views import NodeViews
+        from node.store.views import NodeRecords
+
+        db = _open(_db_url(args, settings, home))
+        try:
+            page = NodeViews(SnapshotBox(), NodeRecords(db), run_id, node).receipts(
+                args.offset, args.limit, args.epoch
+            )
+        finally:
+            db.close()
     columns = ["epoch", "iteration", "microbatch", "stage", "direction", "attempt", "as",
                "peer", "units", "countersigned"]  # fmt: skip
     rows = [
@@ -107,24 +141,40 @@ def cmd_receipts(args: argparse.Namespace, settings: Settings, console: Console)
         for r in page.items
     ]  # fmt: skip
     title = f"receipts {page.offset + 1}-{page.offset + len(page.items)} of {page.total}"
-    return emit(args, console, page, lambda c: c.print(table(title, columns, rows, 0)))
+
+    def render(c: Console) -> None:
+        c.print(speaking_for(node, home, running), highlight=False)
+        c.print(table(title, columns, rows, 0))
+
+    return emit(args, console, page, render)
 
 
 def cmd_claim(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     from node.local_api.client import api_url, call_api
     from node.local_api.server import api_token
 
-    url = api_url(settings.api.host, args.api_port or settings.api.port)
-    if not Path(settings.api.token_file).is_file():
-        raise ConfigError(
-            f"no API token at {settings.api.token_file}: run this where the node runs, with its "
-            "--config (api.token_file)"
+    home, running = node_home(args, settings)
+    if args.api_port is not None:
+        url = api_url(settings.api.host, args.api_port)
+    elif running is not None and running.api_url:
+        url = running.api_url
+    else:
+        raise NodeNotRunning(
+            f"no node runs in {home}: start it (`gwtf-node start`), and it claims every settled "
+            "epoch by itself; or say which node with --node-name or --home"
         )
-    token = api_token(settings.api.token_file)
+    token_file = Path(home_settings(settings, home).get("api.token_file", settings.api.token_file))
+    if not token_file.is_file():
+        raise ConfigError(
+            f"no API token at {token_file}: run this where the node runs, with its --home or "
+            "--node-name (or its api.token_file)"
+        )
+    token = api_token(token_file)
     result = call_api(url, "/v1/claim", {"epoch": args.epoch}, token=token, timeout_s=300)
     claims = result["claims"]
 
     def render(c: Console) -> None:
+        c.print(f"node in {home}, API {url}", highlight=False)
         if not result["asked"]:
             c.print("nothing to claim")
         for claim in claims:
@@ -143,23 +193,56 @@ def cmd_claim(args: argparse.Namespace, settings: Settings, console: Console) ->
     return emit(args, console, result, render)
 
 
-def _run_of(args: argparse.Namespace, settings: Settings) -> int:
+def _run_of(args: argparse.Namespace, settings: Settings, running: RunningNode | None) -> int:
     run_id = args.run if args.run is not None else settings.chain.run_id
+    if run_id < 1 and running is not None:
+        run_id = running.run_id
     if run_id < 1:
         raise ConfigError("say which run: --run ID (or chain.run_id in gwtf.toml)")
     return int(run_id)
 
 
-def _node_of(args: argparse.Namespace, settings: Settings) -> str:
-    """The node's address: given, or read (no password needed) from its key's keystore."""
+def _node_of(args: argparse.Namespace, settings: Settings, running: RunningNode | None) -> str:
+    """The node's address: given, read (no password needed) from its key's keystore, or the
+    one running in the home."""
     from node.chain.wallet import node_key_path, read_keystore_address
 
     if args.node:
         return str(args.node)  # checksummed by its flag's type
-    key = node_key_path(args.wallet, args.node_name) if args.wallet else settings.node.key_file
+    if args.wallet:
+        key = node_key_path(args.wallet, args.node_name)
+    elif running is not None:
+        return running.node
+    else:
+        key = Path(settings.node.key_file)
     if not Path(key).is_file():
         raise ConfigError(f"no node key at {key}: register the node first, or pass --node")
     return read_keystore_address(key)
+
+
+def _ask_running(
+    args: argparse.Namespace, running: RunningNode | None, node: str, run_id: int
+) -> bool:
+    """Whether the node running in the home answers for ``node`` in ``run_id``: its API then
+    shows what its database and the chain would."""
+    if running is None or not running.api_url or args.db_url:
+        return False
+    if running.node.lower() != node.lower():
+        raise ConfigError(
+            f"the node running in this home is {running.node}, not {node}: check --home, "
+            "--node-name or --node"
+        )
+    return running.run_id == run_id
+
+
+def _call(running: RunningNode, path: str) -> Any:
+    from node.local_api.client import call_api
+
+    return call_api(running.api_url, path, timeout_s=30)
+
+
+def _db_url(args: argparse.Namespace, settings: Settings, home: Path) -> str:
+    return str(args.db_url or home_settings(settings, home).get("db.url", settings.db.url))
 
 
 def _open(url: str) -> Database:

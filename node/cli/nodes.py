@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 from gwtf.errors import ConfigError, GwtfError
 from node.cli.args import (
     Command,
+    add_home_flags,
     add_wallet_flags,
     address,
     eth_amount,
     in_flight,
+    node_home,
     open_node,
     per_hour,
     port,
@@ -25,6 +27,7 @@ from node.cli.args import (
     whole,
 )
 from node.cli.output import emit, fields
+from node.home import speaking_for
 from node.settings import Settings
 
 if TYPE_CHECKING:
@@ -66,9 +69,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
 
     status = sub.add_parser("status", help="a wallet's node: chain, stake, runs and the live node")
     status.add_argument("--wallet", required=True, help="wallet keystore path")
-    status.add_argument("--node-name", default="main", help="which of the wallet's nodes")
+    add_home_flags(status)
     status.add_argument("--run", type=whole, help="run id (default chain.run_id)")
-    status.add_argument("--api-port", type=port, help="the running node's API port (api.port)")
+    status.add_argument(
+        "--api-port", type=port, help="the running node's API port (default: its home's)"
+    )
     return {"register": cmd_register, "join": cmd_join, "info": cmd_info, "status": cmd_status}
 
 
@@ -205,21 +210,35 @@ def cmd_status(args: argparse.Namespace, settings: Settings, console: Console) -
             "run_id": run_id,
             "member": bool(ledger.isAdmitted(run_id, node_address).call()),
         }
-    url = api_url(settings.api.host, args.api_port or settings.api.port)
-    try:
-        data["live"] = call_api(url, "/v1/status", timeout_s=5)
-    except GwtfError as exc:
-        data["live"] = None
-        data["live_error"] = str(exc)
+    home, running = node_home(args, settings)
+    if running is not None and running.node.lower() != node_address.lower():
+        raise ConfigError(
+            f"the node running in {home} is {running.node}, not {node_address}: check --home "
+            "or --node-name"
+        )
+    data["home"] = str(home)
+    if args.api_port is not None:
+        url = api_url(settings.api.host, args.api_port)
+    else:
+        url = running.api_url if running is not None else ""
+    data["live"] = None
+    if not url:
+        data["live_error"] = f"no node runs in {home}"
+    else:
+        try:
+            data["live"] = call_api(url, "/v1/status", timeout_s=5)
+        except GwtfError as exc:
+            data["live_error"] = str(exc)
 
     def render(c: Console) -> None:
+        c.print(speaking_for(node_address, home, running if data["live"] else None))
         c.print(_fields("wallet", {"address": wallet_address, "balance": data["balance"]}))
         c.print(_fields("node", data["node"]) if node else f"node {node_address} is not registered")
         if "run" in data:
             c.print(_fields("run", data["run"]))
         live = data["live"]
         if live is None:
-            c.print(f"not running here: {data['live_error']}")
+            c.print(f"not running: {data['live_error']}")
         else:
             shown = ("role", "stage", "health", "iteration", "epoch", "peers_alive", "flows_in",
                      "flows_out", "hops_computed", "throughput_hops_per_s")  # fmt: skip

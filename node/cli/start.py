@@ -18,13 +18,15 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gwtf.errors import ChainError, ConfigError
 from node.cli.args import Command, add_wallet_flags, port, whole
+from node.home import home_of, home_settings
 from node.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
+#: The exit code of a node stopped by Ctrl-C or SIGTERM (128 + SIGINT), as a shell reports it.
+EXIT_STOPPED = 130
 #: How long a leaving node lets its goodbyes and hand-backs reach its peers.
 LEAVE_GRACE_S = 2.0
 
@@ -50,7 +54,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     )
     start.add_argument("--listen-port", type=port, help="p2p port (p2p.listen_port; 0: any)")
     start.add_argument("--api-port", type=port, help="local API port (api.port; 0: any)")
-    start.add_argument("--data-dir", help="the node's data directory (node.data_dir)")
+    start.add_argument(
+        "--home", "--data-dir", dest="home",
+        help="the node's home: its database, token, evidence (default .gwtf/nodes/NODE_NAME)",
+    )  # fmt: skip
     return {"start": cmd_start}
 
 
@@ -59,7 +66,8 @@ def cmd_start(args: argparse.Namespace, settings: Settings, console: Console) ->
     from eth_account import Account
 
     from node.chain.wallet import node_key_path, open_wallet, resolve_password
-    from node.composition import live_config_from_settings, local_api_from_settings, open_contracts
+    from node.composition import live_config_from_settings, open_contracts
+    from node.home import RunningNode, clear_running, write_running
     from node.logs import configure_logging
     from node.p2p.identity import identity_from_key, peer_id_of
 
@@ -77,22 +85,40 @@ def cmd_start(args: argparse.Namespace, settings: Settings, console: Console) ->
     contracts, info = open_contracts(settings)
     role, run = check_the_chain(contracts, info.chain_id, args.run, node, wallet, settings)
     settings = start_settings(args, settings, role, key_file, run)
+    home = Path(settings.node.data_dir)
     # One process per node key: two would sign two versions of a hop, and be slashed for it.
     with (
         exclusive_lock(key_file.with_name(key_file.name + ".lock"), _KEY_IN_USE.format(node)),
-        exclusive_lock(Path(settings.node.data_dir) / "node.lock", _DIR_IN_USE),
+        exclusive_lock(home / "node.lock", _DIR_IN_USE),
     ):
         check_listen_port(settings.p2p.listen_host, settings.p2p.listen_port)
-        api = local_api_from_settings(settings)
+        api = local_api(settings, default_port=args.api_port is None)
         config = live_config_from_settings(settings, password)
         peer_id = peer_id_of(identity_from_key(node_key)).to_base58()
         console.print(f"node {node} (peer id {peer_id}) starts in run {args.run} as a {role} node")
+        console.print(f"home: {home}", highlight=False)
+        if role == "data":
+            iterations = settings.training.iterations
+            console.print(
+                f"trains {iterations} iterations" if iterations else "trains until Ctrl-C"
+            )
         if api is not None:
             console.print(f"dashboard and API: {api.url}  (OpenAPI docs at {api.url}/docs)")
         configure_logging(node)
-        trio.run(run_until_stopped, config, api, console)
+
+        def announce(address: str) -> None:
+            write_running(home, RunningNode(
+                node, peer_id, args.run, role, api.url if api is not None else "", address,
+                os.getpid(),
+            ))  # fmt: skip
+
+        try:
+            stopped = trio.run(run_until_stopped, config, api, console, announce)
+        finally:
+            clear_running(home, os.getpid())
     console.print("the node left its run; its database is closed")
-    return 0
+    # Stopped by Ctrl-C or SIGTERM: the shell's convention for a process ended by a signal.
+    return EXIT_STOPPED if stopped else 0
 
 
 def check_the_chain(
@@ -159,11 +185,12 @@ def start_settings(
             "a relay needs a peer to find the run through: pass --bootstrap "
             "/ip4/HOST/tcp/PORT/p2p/PEER_ID (a data node's address, printed when it starts)"
         )
+    home = home_of(settings, args.home, args.node_name)
     overrides: dict[str, Any] = {
         "node.role": role,
         "node.stage": 0 if role == "data" else settings.node.stage,
         "node.key_file": str(key_file),
-        "node.data_dir": args.data_dir,
+        "node.data_dir": str(home),
         "chain.run_id": args.run,
         "chain.admission": True,
         "chain.receipts": True,
@@ -171,21 +198,11 @@ def start_settings(
         "training.stages": run.stage_count,
         "p2p.listen_port": args.listen_port,
         "api.port": args.api_port,
+        # What the node keeps goes in its home, unless a setting puts it elsewhere.
+        **home_settings(settings, home),
     }
     if args.bootstrap:
         overrides["p2p.bootstrap_peers"] = ",".join(args.bootstrap)
-    if args.data_dir:
-        # What the node keeps goes in its data directory, unless a setting puts it elsewhere.
-        folder = Path(args.data_dir)
-        defaults = Settings()
-        for key, value, default in (
-            ("db.url", f"sqlite:///{folder / 'node.sqlite'}", defaults.db.url),
-            ("api.token_file", str(folder / "api-token"), defaults.api.token_file),
-            ("chain.evidence_dir", str(folder / "evidence"), defaults.chain.evidence_dir),
-        ):
-            section, name = key.split(".")
-            if getattr(getattr(settings, section), name) == default:
-                overrides[key] = value
     # The same layers as every command (flags > env > file > defaults), the run's facts on top.
     flags = {"chain.rpc_url": args.rpc_url, "chain.devnet_file": args.devnet_file}
     return load_settings({**flags, **overrides}, config_file=args.config)
@@ -196,8 +213,7 @@ _KEY_IN_USE = (
     "hop): stop the other one"
 )
 _DIR_IN_USE = (
-    "another node is using this data directory; stop it, or give this one its own with "
-    "--data-dir (and its own db.url)"
+    "another node is using this home; stop it, or give this one its own with --node-name or --home"
 )
 
 
@@ -220,6 +236,20 @@ def exclusive_lock(path: Path, in_use: str) -> Iterator[None]:
         os.close(fd)
 
 
+def local_api(settings: Settings, default_port: bool) -> LocalApi | None:
+    """The node's API socket, bound now. The default port is one node's: where another node
+    on this machine holds it, this one takes any free port (its home's node.json says which,
+    for the commands that talk to it)."""
+    from node.composition import local_api_from_settings
+
+    try:
+        return local_api_from_settings(settings)
+    except ConfigError:
+        if not (default_port and settings.api.port == Settings().api.port):
+            raise
+    return local_api_from_settings(replace(settings, api=replace(settings.api, port=0)))
+
+
 def check_listen_port(host: str, port: int) -> None:
     if port == 0:
         return
@@ -233,8 +263,14 @@ def check_listen_port(host: str, port: int) -> None:
             ) from exc
 
 
-async def run_until_stopped(config: LiveNodeConfig, api: LocalApi | None, console: Console) -> None:
-    """Run the node and its API until SIGINT or SIGTERM; then leave gracefully."""
+async def run_until_stopped(
+    config: LiveNodeConfig,
+    api: LocalApi | None,
+    console: Console,
+    announce: Callable[[str], None] = lambda address: None,
+) -> bool:
+    """Run the node and its API until SIGINT or SIGTERM, then leave gracefully; True when a
+    signal stopped it. ``announce`` is told the node's p2p address once it serves."""
     import trio
 
     from node.local_api import run_local_api
@@ -243,17 +279,21 @@ async def run_until_stopped(config: LiveNodeConfig, api: LocalApi | None, consol
 
     box = SnapshotBox()
     started: list[LiveNode] = []
+    signalled = False
     async with trio.open_nursery() as nursery:
 
         def on_started(node: LiveNode) -> None:
             started.append(node)
+            announce(node.address)  # before the line: who reads it finds the home's file
             console.print(f"serving on {node.address}")
             if api is not None:
                 nursery.start_soon(run_local_api, node, api, box)
 
         async def stop_on_signal() -> None:
+            nonlocal signalled
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for _ in signals:
+                    signalled = True
                     console.print("leaving: handing flows back to the peers")
                     box.stopping = True
                     if started:
@@ -268,3 +308,4 @@ async def run_until_stopped(config: LiveNodeConfig, api: LocalApi | None, consol
         nursery.cancel_scope.cancel()
     if started and started[0].receipts is not None:
         started[0].receipts.cycle.records.db.close()
+    return signalled

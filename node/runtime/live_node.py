@@ -1,13 +1,14 @@
 """One live node assembled from its parts: host, discovery, flow protocol, data plane, role.
 
 This is where a node's pieces meet (the process's composition root builds a ``LiveNodeConfig``
-and calls ``run_live_node``). A data node trains ``iterations`` iterations and returns its
-results; a relay serves until cancelled.
+and calls ``run_live_node``). A data node trains ``iterations`` iterations (0: until cancelled)
+and returns its results; a relay serves until cancelled.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -35,7 +36,7 @@ from node.runtime.dataplane import control
 from node.runtime.dataplane.compute_meter import report_compute
 from node.runtime.dataplane.exchange import DataPlane
 from node.runtime.discovery.address_book import AddressBook, PeerRecord, own_record
-from node.runtime.discovery.join_placement import choose_join_stage
+from node.runtime.discovery.join_placement import Reservations, wait_for_placement
 from node.runtime.discovery.run_discovery import DiscoverySettings, RunDiscovery
 from node.runtime.flow.routing import ROUTINGS, SwarmWiring
 from node.runtime.flow.service import FlowService
@@ -81,13 +82,16 @@ class LiveNodeConfig:
     bootstrap: tuple[str, ...] = ()
     listen: str = "/ip4/127.0.0.1/tcp/0"
     topology: Topology | None = None
-    iterations: int = 0  # data node: how many to train
+    iterations: int = 0  # data node: how many to train; 0 trains until cancelled
     batch: int = 4  # data node: microbatches per iteration
     stall_timeout_s: float = 30.0
     #: Relay: download the stage's state from a replica before serving. Data node: ask the
     #: run's data nodes to take it (back) in, then load the embedding and head from one.
     join: bool = False
     flow_timeout_s: float = 60.0
+    #: How long a data node waits for a stage-1 relay, and a relay for the run to answer it
+    #: (inf: until cancelled), retrying with backoff and saying what it waits for.
+    wait_for_peers_s: float = math.inf
     discovery_period_s: float = 1.0
     compute_ms: float = 100.0
     #: Below 1, each hop's compute is stretched to 1 / speed (``DataPlane.emulated_speed``).
@@ -160,9 +164,10 @@ async def run_live_node(
             # The stage is the run's bottleneck at the moment this relay enters: ask then.
             if config.entry_gate is not None:
                 await config.entry_gate()
-            placement = await choose_join_stage(
-                rpc, config.bootstrap, config.stages, config.flow.ack_deadline_s
-            )
+            placement = await wait_for_placement(
+                rpc, config.bootstrap, config.stages, config.flow.ack_deadline_s,
+                config.wait_for_peers_s,
+            )  # fmt: skip
             config = replace(config, stage=placement.decision.stage, entry_gate=None)
             # Its replicas just answered: ask them for the stage's state before the DHT does.
             first_sources = [
@@ -288,7 +293,7 @@ async def run_live_node(
                 )
         # Only now does this node speak the training protocols: a joiner takes no flows, hops
         # or averaging rounds before it holds its stage's current state.
-        _serve_control(rpc, role, flow, book, config.flow.ack_deadline_s)
+        _serve_control(rpc, role, flow, book, config.flow.ack_deadline_s, config.stages)
         if role.averager is not None:
             role.averager.serve()
         # Its bootstrap peers learn where it listens before its flow core greets them: a joiner
@@ -322,9 +327,11 @@ async def run_live_node(
                 # it loads the embedding and head as they are then.
                 first = await role.peers.rejoin(config.flow_timeout_s)
                 await load_data_part(rpc, role.worker, role.peers.others, first, part_deadlines)
-            await role.wait_for_flows(config.flow_timeout_s, joining=config.join)
+            await role.wait_for_flows(
+                config.wait_for_peers_s, config.flow_timeout_s, joining=config.join
+            )
             iteration = first
-            while iteration < config.iterations:
+            while not config.iterations or iteration < config.iterations:
                 try:
                     result = await role.run_iteration(iteration)
                 except LeftOut as exc:
@@ -504,7 +511,11 @@ def _serve_control(
     flow: FlowService,
     book: AddressBook,
     timeout_s: float,
+    stages: int,
 ) -> None:
+    # A data node tells relays that start together of each other (``Reservations``).
+    reservations = Reservations(stages) if isinstance(role, DataRole) else None
+
     async def handle(peer: str, request: bytes) -> bytes:
         message = control.decode_request(request)
         if isinstance(role, DataRole):
@@ -512,7 +523,10 @@ def _serve_control(
         if isinstance(message, control.Alive):
             return control.encode_reply(True)
         if isinstance(message, control.Loads):
-            return control.encode_loads(_loads(flow, book))
+            loads = _loads(flow, book)
+            if reservations is not None:
+                loads = reservations.answer(peer, loads, trio.current_time())
+            return control.encode_loads(loads)
         if isinstance(message, control.Resend):  # and Resume, a forward repair
             return await role.handle_resend(message)
         if isinstance(message, control.TraceBack):

@@ -64,7 +64,8 @@ class TrainingSettings:
     batch_size: int = 2
     seq_len: int = 32
     seed: int = 0
-    #: Data node: iterations to train, and microbatches injected per iteration.
+    #: Data node: iterations to train (0: until it is stopped), and microbatches injected per
+    #: iteration.
     iterations: int = 0
     microbatches_per_iteration: int = 4
     #: Data node: a microbatch with no progress for this long is started again.

@@ -220,3 +220,22 @@ def test_an_error_raised_inside_a_hosts_nursery_is_still_one_line(
     monkeypatch.setattr(node.cli.audit, "cmd_audit", fails)
     assert main(["audit", "--run", "1", "--epoch", "0"]) == 3
     assert capsys.readouterr().err == "gwtf-node: error: the RPC is gone\n"
+
+
+def test_help_loads_none_of_the_heavy_libraries() -> None:
+    """``--help`` answers without torch, web3, libp2p or rich (``bench/cli.py`` times it)."""
+    probe = (
+        "import sys\n"
+        "from node.cli.main import main\n"
+        "try:\n"
+        "    main(['--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = ('torch', 'web3', 'libp2p', 'rich', 'eth_account', 'trio', 'fastapi')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert "usage: gwtf-node" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "[]"

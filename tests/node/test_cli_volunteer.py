@@ -12,6 +12,7 @@ from web3 import Web3
 
 from node.chain.adapter import advance_time
 from node.chain.wallet import create_wallet
+from node.home import RunningNode, write_running
 from node.store.database import open_database
 from tests.api.conftest import fill
 from tests.node.conftest import FAST_SCRYPT_N
@@ -138,14 +139,20 @@ def test_receipts_and_earnings_read_the_node_database_beside_the_chain(
 def test_claim_without_a_running_node_says_so(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    token = tmp_path / "api-token"
-    code, _, err = run_cli(capsys, "claim", "--api-port", "1")
+    home = tmp_path / "home"
+    code, _, err = run_cli(capsys, "claim", "--home", str(home))
+    assert code == 8
+    assert_one_line_error(err, f"no node runs in {home}")
+    # A node killed without its goodbye leaves its file: a process that is gone is no node.
+    write_running(home, RunningNode("0x" + "11" * 20, "peer", 1, "relay", "http://x", "", 2**22))
+    code, _, err = run_cli(capsys, "claim", "--home", str(home))
+    assert code == 8
+    assert_one_line_error(err, f"no node runs in {home}")
+    code, _, err = run_cli(capsys, "claim", "--home", str(home), "--api-port", "1")
     assert code == 2
     assert_one_line_error(err, "no API token")
-    token.write_text("x" * 40)
-    config = tmp_path / "gwtf.toml"
-    config.write_text(f'[api]\ntoken_file = "{token}"\nport = 1\n')
-    code, _, err = run_cli(capsys, "--config", str(config), "claim", "--all")
+    (home / "api-token").write_text("x" * 40)
+    code, _, err = run_cli(capsys, "claim", "--home", str(home), "--api-port", "1", "--all")
     assert code == 8
     assert_one_line_error(err, "no node answers at http://127.0.0.1:1")
 

@@ -11,6 +11,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -102,13 +103,23 @@ def wait_until(check: Any, what: str, timeout_s: float = 90.0) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def test_register_start_earn_claim_leave_unstake_withdraw(
     capsys: pytest.CaptureFixture[str],
     devnet_file: Path,
     rpc_w3: Web3,
     rpc_contracts: Contracts,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The commands here run where the nodes run, as a volunteer's would: each node's home is
+    # .gwtf/nodes/NAME below it.
+    monkeypatch.chdir(tmp_path)
     chain = ("--devnet-file", str(devnet_file))
     sponsor, sponsor_address = new_wallet(tmp_path, "sponsor")
     volunteers = [new_wallet(tmp_path, f"volunteer-{i}") for i in range(2)]
@@ -126,45 +137,61 @@ def test_register_start_earn_claim_leave_unstake_withdraw(
     assert isinstance(data_node, dict)
     cli_json(capsys, *chain, "runs", "add-data-node", *sponsor, "--run", run,
              "--node", data_node["node"])  # fmt: skip
+    # Two volunteers' nodes on this one machine: each its own name, so its own home.
+    names = [f"relay-{i}" for i in range(2)]
     relay_nodes = []
-    for wallet, _ in volunteers:
-        relay_nodes.append(cli_json(capsys, *chain, "register", *wallet, "--stake-eth", "2",
-                                    *capacity)["node"])  # type: ignore[index]  # fmt: skip
-        code, _, err = run_cli(capsys, *chain, "start", *wallet, "--run", run,
-                               "--bootstrap", "/ip4/127.0.0.1/tcp/1/p2p/x")  # fmt: skip
+    for (wallet, _), name in zip(volunteers, names, strict=True):
+        relay_nodes.append(cli_json(capsys, *chain, "register", *wallet, "--node-name", name,
+                                    "--stake-eth", "2", *capacity)["node"])  # type: ignore[index]  # fmt: skip
+        code, _, err = run_cli(capsys, *chain, "start", *wallet, "--node-name", name, "--run",
+                               run, "--bootstrap", "/ip4/127.0.0.1/tcp/1/p2p/x")  # fmt: skip
         assert code == 2
         assert_one_line_error(err, f"is not in run {run}; join it")
-        cli_json(capsys, *chain, "join", *wallet, "--run", run)
+        cli_json(capsys, *chain, "join", *wallet, "--node-name", name, "--run", run)
 
-    common = [*chain, "start", "--run", run, "--api-port", "0", "--listen-port", "0"]
-    data_toml = settings_file(tmp_path, "data")
-    data = start(tmp_path, "data", ["--config", str(data_toml), *common, *sponsor,
-                                    "--node-name", "data", "--data-dir", "data"])  # fmt: skip
-    procs = [data]
+    # The relays start first, together, and wait for the data node they bootstrap from.
+    port = free_port()
+    address = f"/ip4/127.0.0.1/tcp/{port}/p2p/{data_node['peer_id']}"
+    common = [*chain, "start", "--run", run, "--listen-port", "0"]
+    relays, procs = [], []
     try:
-        address = data.wait_for("serving on ").split()[-1]
-        data_api = data.wait_for("dashboard and API: ").split()[3]
-        relays, urls = [], []
-        for i, (wallet, _) in enumerate(volunteers):
+        for i, ((wallet, _), name) in enumerate(zip(volunteers, names, strict=True)):
             # The second relay claims only when asked.
-            toml = settings_file(tmp_path, f"relay-{i}", auto_claim=i == 0)
-            relay = start(tmp_path, f"relay-{i}", ["--config", str(toml), *common, *wallet,
-                                                   "--bootstrap", address, "--data-dir",
-                                                   f"relay-{i}"])  # fmt: skip
+            toml = settings_file(tmp_path, name, auto_claim=i == 0)
+            argv = ["--config", str(toml), *common, *wallet, "--node-name", name,
+                    "--bootstrap", address]  # fmt: skip
+            relay = start(tmp_path, name, argv)
             relays.append(relay)
             procs.append(relay)
-            urls.append(relay.wait_for("dashboard and API: ").split()[3])
-            # Each relay takes the stage that needs it most when it starts, as the data node
-            # sees the run then: the next one starts once this one is seen serving its stage.
-            wait_until(lambda i=i: len(call_api(data_api, "/v1/peers")) > i
-                       and call_api(urls[-1], "/v1/status")["health"]["status"] == "ok",
-                       f"relay-{i} to serve", 60)  # fmt: skip
+        for relay in relays:
+            log = tmp_path / f"{relay.name}.log"
+            wait_until(lambda log=log: "waiting for the data node at" in log.read_text(),
+                       f"{relay.name} to wait")  # fmt: skip
+        data_toml = settings_file(tmp_path, "data")
+        data = start(tmp_path, "data", ["--config", str(data_toml), *chain, "start", "--run",
+                                        run, *sponsor, "--node-name", "data", "--listen-port",
+                                        str(port)])  # fmt: skip
+        procs.append(data)
+        assert data.wait_for("serving on ").split()[-1] == address
+        data_api = data.wait_for("dashboard and API: ").split()[3]
+        urls = [relay.wait_for("dashboard and API: ").split()[3] for relay in relays]
+        for relay in relays:
+            relay.wait_for("serving on ", 120)
+        # Only one node can have the default API port: the others took free ones, and each
+        # home says where its node's API is.
+        assert len({data_api, *urls}) == 3
+        for name, url in zip(names, urls, strict=True):
+            running = json.loads((tmp_path / ".gwtf" / "nodes" / name / "node.json").read_text())
+            assert running["api_url"] == url and running["role"] == "relay"
+        wait_until(lambda: all(call_api(url, "/v1/status")["health"]["status"] != "starting"
+                               for url in urls), "the relays to serve", 120)  # fmt: skip
+        # Started together, they spread over the stages.
         stages = sorted(call_api(url, "/v1/status")["stage"] for url in urls)
-        assert stages == [1, 2], "the second relay took the stage nobody served"
+        assert stages == [1, 2], "the relays started together took one stage"
         # The same node started twice is refused in one line (it would sign two versions).
         code, _, err = run_cli(capsys, "--config", str(tmp_path / "relay-0.toml"), *common,
-                               *volunteers[0][0], "--bootstrap", address,
-                               "--data-dir", str(tmp_path / "relay-0"))  # fmt: skip
+                               *volunteers[0][0], "--node-name", "relay-0", "--bootstrap",
+                               address)  # fmt: skip
         assert code == 2
         assert_one_line_error(err, "another process is running node")
 
@@ -174,12 +201,8 @@ def test_register_start_earn_claim_leave_unstake_withdraw(
         times = ledger.epoch_times(0)
         advance_time_to(rpc_w3, times.ends_at + 1)
         wait_until(lambda: ledger.certificate(0, data_node["node"]), "the certificate", 60)
-        token_file = tmp_path / "relay-1" / "api-token"
-        port = urls[1].rsplit(":", 1)[1]
-        config = tmp_path / "relay-1-claim.toml"
-        config.write_text(f'[api]\ntoken_file = "{token_file}"\n')
-        code, _, err = run_cli(capsys, "--config", str(config), "claim", "--api-port", port,
-                               "--epoch", "0")  # fmt: skip
+        # Claiming takes the node's name alone: its home says where its API and token are.
+        code, _, err = run_cli(capsys, "claim", "--node-name", "relay-1", "--epoch", "0")
         assert code == 1, err
         assert_one_line_error(err, "epoch 0 settles at chain time")
         advance_time_to(rpc_w3, times.settles_at + 1)
@@ -189,30 +212,36 @@ def test_register_start_earn_claim_leave_unstake_withdraw(
 
         wait_until(lambda: claimed(urls[0]) > 0, "relay-0 to claim by itself", 60)
         assert claimed(urls[1]) == 0, "relay-1 claims only when asked"
-        result = cli_json(capsys, "--config", str(config), "claim", "--api-port", port)
+        result = cli_json(capsys, "claim", "--node-name", "relay-1")
         assert isinstance(result, dict) and result["asked"] == [0]
         assert [c["status"] for c in result["claims"]] == ["confirmed"]
-        # Each relay's API, its database read by `earnings`, and the chain agree to the wei.
+        # Each relay's API, `earnings` (which asks the running node) and the chain agree.
+        paid = []
         for i, (wallet, _) in enumerate(volunteers):
-            paid = sum(p.amount_wei for p in ledger.rewards_to(relay_nodes[i]))
-            assert paid > 0 and claimed(urls[i]) == paid
-            db_url = f"sqlite:///{tmp_path / f'relay-{i}' / 'node.sqlite'}"
-            earned = cli_json(capsys, *chain, "earnings", "--run", run, "--wallet", wallet[1],
-                              "--db-url", db_url)  # fmt: skip
-            assert isinstance(earned, dict) and earned["total_claimed"]["wei"] == str(paid)
+            paid.append(sum(p.amount_wei for p in ledger.rewards_to(relay_nodes[i])))
+            assert paid[i] > 0 and claimed(urls[i]) == paid[i]
+            earned = cli_json(capsys, *chain, "earnings", "--wallet", wallet[1],
+                              "--node-name", names[i])  # fmt: skip
+            assert isinstance(earned, dict) and earned["total_claimed"]["wei"] == str(paid[i])
             (epoch,) = earned["epochs"]
-            # Both relays claimed all the certified units: the epoch closed with the last claim.
-            assert epoch["phase"] == "closed" and epoch["units_certified"] > 0
+            assert epoch["phase"] in ("settled", "closed") and epoch["units_certified"] > 0
             status = call_api(urls[i], "/v1/status")
             assert status["role"] == "relay" and status["stage"] in (1, 2)
             # Its proofs are kept once the claim is done with, outside the claims' lock.
             root = ledger.certificate(0, data_node["node"]).root
             wait_until(lambda i=i, root=root, epoch=epoch: proven_units(urls[i], root)
                        == epoch["units_certified"], f"relay-{i}'s proofs", 60)  # fmt: skip
+        # Another node's name never reads this one's: the wallet's node is not the home's.
+        code, _, err = run_cli(capsys, *chain, "earnings", "--wallet", volunteers[0][0][1],
+                               "--node-name", "relay-0", "--home",
+                               ".gwtf/nodes/relay-1")  # fmt: skip
+        assert code == 2
+        assert_one_line_error(err, "the node running in this home is")
         for proc in reversed(procs):
             proc.popen.send_signal(signal.SIGINT)
         for proc in procs:
-            assert proc.popen.wait(timeout=30) == 0, proc.name
+            # Stopped by Ctrl-C: it leaves cleanly and says so with the shell's code for it.
+            assert proc.popen.wait(timeout=30) == 130, proc.name
             assert "the node left its run" in " ".join(proc.seen + list(proc.lines.queue))
     finally:
         for proc in procs:
@@ -223,14 +252,23 @@ def test_register_start_earn_claim_leave_unstake_withdraw(
             if proc.popen.stdout is not None:
                 proc.popen.stdout.close()
 
+    # Stopped, each node's earnings come from its database in its home, beside the chain.
+    for i, (wallet, _) in enumerate(volunteers):
+        assert not (tmp_path / ".gwtf" / "nodes" / names[i] / "node.json").exists()
+        earned = cli_json(capsys, *chain, "earnings", "--wallet", wallet[1],
+                          "--node-name", names[i], "--run", run)  # fmt: skip
+        assert isinstance(earned, dict) and earned["total_claimed"]["wei"] == str(paid[i])
+        # Both relays claimed all the certified units: the epoch closed with the last claim.
+        assert [e["phase"] for e in earned["epochs"]] == ["closed"]
+
     wallet = volunteers[0][0]
-    cli_json(capsys, *chain, "unstake", *wallet)
-    code, _, err = run_cli(capsys, *chain, "start", *wallet, "--run", run,
-                           "--bootstrap", address)  # fmt: skip
+    cli_json(capsys, *chain, "unstake", *wallet, "--node-name", "relay-0")
+    code, _, err = run_cli(capsys, *chain, "start", *wallet, "--node-name", "relay-0", "--run",
+                           run, "--bootstrap", address)  # fmt: skip
     assert code == 2
     assert_one_line_error(err, "is not active")
     advance_time(rpc_w3, WEEK_S + 1)
-    withdrawn = cli_json(capsys, *chain, "withdraw", *wallet)
+    withdrawn = cli_json(capsys, *chain, "withdraw", *wallet, "--node-name", "relay-0")
     assert isinstance(withdrawn, dict) and withdrawn["withdrawn"]["eth"] == "2"
 
 
@@ -258,7 +296,7 @@ def proven_units(url: str, root: bytes) -> int:
 
 
 def test_a_lock_held_is_refused_with_what_to_do(tmp_path: Path) -> None:
-    refused = pytest.raises(ConfigError, match="another node is using this data directory")
+    refused = pytest.raises(ConfigError, match="another node is using this home")
     with exclusive_lock(tmp_path / "node.lock", _DIR_IN_USE), refused:  # noqa: SIM117
         with exclusive_lock(tmp_path / "node.lock", _DIR_IN_USE):
             pass

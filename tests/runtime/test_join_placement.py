@@ -29,7 +29,7 @@ from node.p2p.rpc import Handler, RequestResponse, RpcLimits
 from node.runtime import live_node
 from node.runtime.dataplane import control
 from node.runtime.discovery.address_book import PeerRecord
-from node.runtime.discovery.join_placement import choose_join_stage
+from node.runtime.discovery.join_placement import RESERVED_S, Reservations, choose_join_stage
 from node.runtime.live_node import _loads
 from node.runtime.roles.relay import RelayRole
 from node.settings import AUTO_STAGE
@@ -213,3 +213,31 @@ def test_what_a_peer_says_of_other_nodes_only_names_whom_to_ask(tmp_path: Path) 
     assert reason.startswith(
         "stage 2 is the bottleneck: 1 live replica of capacity 1 for the 4 flows the run needs"
     ), reason
+
+
+def load(peer: str, stage: int, capacity: int = 2) -> control.LoadEntry:
+    return control.LoadEntry(peer, f"/ip4/127.0.0.1/tcp/1/p2p/{peer}", stage, capacity, 1, 100.0)
+
+
+def test_relays_told_the_loads_together_are_told_of_each_other() -> None:
+    """A data node notes the stage each relay it told the loads to will take, until it serves:
+    two relays that start together take the two empty stages, not both the first."""
+    reservations = Reservations(stages=2)
+    run = [load("data", 0, capacity=4)]
+    first = reservations.answer("relay-a", run, now=0.0)
+    assert first == run  # nothing reserved yet; relay-a is given stage 1
+    second = reservations.answer("relay-b", run, now=0.5)
+    (joining,) = [e for e in second if e.address == control.JOINING_ADDRESS]
+    assert (joining.peer_id, joining.stage, joining.capacity) == ("relay-a", 1, 1)
+    # relay-b, counting relay-a as stage 1's, takes stage 2; a third asker hears of both.
+    third = reservations.answer("relay-c", run, now=1.0)
+    assert sorted(e.stage for e in third if e.address == control.JOINING_ADDRESS) == [1, 2]
+    # A relay that serves is counted as itself, and a reservation lapses after RESERVED_S.
+    serving = [*run, load("relay-a", 1)]
+    again = reservations.answer("relay-d", serving, now=2.0)
+    assert [e.peer_id for e in again if e.address == control.JOINING_ADDRESS] == [
+        "relay-b",
+        "relay-c",
+    ]
+    late = reservations.answer("relay-e", serving, now=3.0 + RESERVED_S)
+    assert not [e for e in late if e.address == control.JOINING_ADDRESS]

@@ -110,6 +110,11 @@ class LoadEntry:
     compute_ms: float
 
 
+#: The address a data node gives, in its loads answer, for a relay it told the loads to and
+#: that does not serve yet: a reservation of the stage it will take (not a place to dial).
+JOINING_ADDRESS = "joining"
+
+
 @dataclass(frozen=True)
 class EndIteration:
     """Average with exactly ``replicas`` (the live replicas of your stage) and step, unless the

@@ -69,6 +69,8 @@ LATE_FACTOR = 4.0
 MIN_LATE_S = 1.0
 #: Decision rounds a data node joining a training run waits for a flow of its own.
 JOINER_FLOW_ROUNDS = 5
+#: How often a data node waiting for its first relay says so.
+WAITING_SAID_EVERY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -242,26 +244,38 @@ class DataRole:
 
     # ---- driving iterations ----------------------------------------------------------------
 
-    async def wait_for_flows(self, timeout_s: float, joining: bool = False) -> None:
-        """Wait for a flow of this node's own, up to ``timeout_s``; then start anyway on a live
-        stage-1 relay. A data node joining a run that trains (``joining``) waits only a few
-        decision rounds: the other data nodes may hold all of stage 1's slots, so it starts on
-        the flows they lend it and on any stage-1 relay, and its own come as slots free."""
+    async def wait_for_flows(
+        self, patience_s: float, timeout_s: float, joining: bool = False
+    ) -> None:
+        """Wait for a flow of this node's own; then start, or after ``timeout_s`` with a live
+        stage-1 relay start anyway on it. With none, wait on for up to ``patience_s`` (inf:
+        until cancelled), saying so now and then: relays may start after their data node. A
+        data node joining a run that trains (``joining``) waits only a few decision rounds:
+        the other data nodes may hold all of stage 1's slots, so it starts on the flows they
+        lend it and on any stage-1 relay, and its own come as slots free."""
         if self.peers is not None:
             await self.peers.wait_for_all(timeout_s)
         node = self.flow.node
-        patience_s = min(timeout_s, JOINER_FLOW_ROUNDS * node.period_s) if joining else timeout_s
-        with trio.move_on_after(timeout_s):
-            waited = trio.current_time()
+        own_flows_s = min(timeout_s, JOINER_FLOW_ROUNDS * node.period_s) if joining else timeout_s
+        waited = said = trio.current_time()
+        with trio.move_on_after(max(patience_s, timeout_s)):
             while not node.source_routes():
-                if node.alive_peers(1) and trio.current_time() - waited >= patience_s:
+                now = trio.current_time()
+                if node.alive_peers(1) and now - waited >= own_flows_s:
                     break
+                if not node.alive_peers(1) and now - said >= WAITING_SAID_EVERY_S:
+                    said = now
+                    log.warning(
+                        "waiting for relays: no stage-1 relay has joined yet (%.0f s); start "
+                        "relays with --bootstrap and the address this node serves on",
+                        now - waited,
+                    )
                 await trio.sleep(0.05)
         if not node.source_routes():
             if not node.alive_peers(1):
                 raise TrainingError(
-                    f"no stage-1 relay found within {timeout_s:g} s; start relays, or check "
-                    "p2p.bootstrap_peers"
+                    f"no stage-1 relay found within {max(patience_s, timeout_s):g} s; start "
+                    "relays, or check p2p.bootstrap_peers"
                 )
             log.warning(
                 "no flow of its own yet (the stage-1 relays are full): starting on lent flows "

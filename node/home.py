@@ -1,0 +1,124 @@
+"""One home per node: the folder that holds everything one node keeps, and how a command finds
+the node that runs there.
+
+A node's home is ``--home DIR``, else ``node.data_dir``, else ``.gwtf/nodes/<node name>`` (the
+``--node-name`` of its wallet, ``main`` by default), so several nodes on one machine never share
+a file. It holds the node's database (``node.sqlite``), its API token (``api-token``), its hop
+evidence (``evidence/``), the lock that keeps a second process out (``node.lock``) and, while
+the node runs, ``node.json``: which node it is and where its API answers. ``status``,
+``earnings``, ``receipts`` and ``claim`` read that file, so each speaks to its own node's API
+and database, whatever port the API took. A setting that puts one of these files elsewhere
+(``db.url``, ``api.token_file``, ``chain.evidence_dir``) still wins.
+
+This module imports nothing heavy: the read-only commands use it before anything else loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from node.settings import Settings
+
+#: Where homes named after their node live, relative to the working directory (as the devnet
+#: file is).
+HOMES = Path(".gwtf") / "nodes"
+DEFAULT_NODE_NAME = "main"
+RUNNING_FILE = "node.json"
+#: A running file is a few hundred bytes; a larger one is not ours.
+MAX_RUNNING_BYTES = 64 * 1024
+
+
+def home_of(settings: Settings, home: str | None = None, node_name: str | None = None) -> Path:
+    """The home of the node named ``node_name``: ``home`` when given, else ``node.data_dir``
+    when set, else ``.gwtf/nodes/<node_name>``."""
+    if home:
+        return Path(home)
+    if settings.node.data_dir:
+        return Path(settings.node.data_dir)
+    return HOMES / (node_name or DEFAULT_NODE_NAME)
+
+
+def home_settings(settings: Settings, home: Path) -> dict[str, str]:
+    """Overrides that put the node's database, API token and evidence in ``home``, for each
+    that no setting has put elsewhere (the defaults name no home)."""
+    from node.settings import Settings
+
+    defaults = Settings()
+    wanted = (
+        ("db.url", f"sqlite:///{home / 'node.sqlite'}", settings.db.url, defaults.db.url),
+        ("api.token_file", str(home / "api-token"), settings.api.token_file,
+         defaults.api.token_file),
+        ("chain.evidence_dir", str(home / "evidence"), settings.chain.evidence_dir,
+         defaults.chain.evidence_dir),
+    )  # fmt: skip
+    return {key: value for key, value, now, default in wanted if now == default}
+
+
+@dataclass(frozen=True)
+class RunningNode:
+    """What a running node writes in its home: who it is and where to reach it."""
+
+    node: str  # its address on chain
+    peer_id: str
+    run_id: int
+    role: str
+    api_url: str  # "" when its API is off
+    p2p_address: str
+    pid: int
+
+
+def write_running(home: Path, running: RunningNode) -> None:
+    """Write ``home/node.json`` whole (a reader sees the old file or the new one)."""
+    home.mkdir(parents=True, exist_ok=True)
+    fd, draft = tempfile.mkstemp(prefix=f".{RUNNING_FILE}.", dir=home)
+    with os.fdopen(fd, "w") as out:
+        json.dump(asdict(running), out)
+    os.replace(draft, home / RUNNING_FILE)
+
+
+def read_running(home: Path) -> RunningNode | None:
+    """The node running in ``home``, or None: no file, a file that is not ours, or a process
+    that is gone (a node killed without its goodbye leaves its file behind)."""
+    path = home / RUNNING_FILE
+    try:
+        if path.stat().st_size > MAX_RUNNING_BYTES:
+            return None
+        data: Any = json.loads(path.read_text())
+        running = RunningNode(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+    return running if _is_alive(running.pid) else None
+
+
+def clear_running(home: Path, pid: int) -> None:
+    """Remove ``home/node.json`` if process ``pid`` wrote it (a newer node's file stays)."""
+    path = home / RUNNING_FILE
+    try:
+        if json.loads(path.read_text()).get("pid") == pid:
+            path.unlink()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def speaking_for(node: str, home: Path, running: RunningNode | None) -> str:
+    """The line a command prints first: which node it speaks for, and whether it runs."""
+    where = f"running, API {running.api_url}" if running and running.api_url else "not running"
+    return f"node {node} (home {home}, {where})"
+
+
+def _is_alive(pid: int) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
