@@ -11,6 +11,7 @@ token in its home.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +91,11 @@ def cmd_earnings(args: argparse.Namespace, settings: Settings, console: Console)
 def _earnings_from_database(
     args: argparse.Namespace, settings: Settings, home: Path, run_id: int, node: str
 ) -> Earnings:
+    return earnings_in(_db_url(args, settings, home), settings, run_id, node)
+
+
+def earnings_in(db_url: str, settings: Settings, run_id: int, node: str) -> Earnings:
+    """``node``'s earnings in ``run_id`` by its database at ``db_url`` and the chain."""
     from node.chain.epochs import EpochLedger
     from node.composition import open_contracts
     from node.local_api.snapshot import SnapshotBox
@@ -97,7 +103,7 @@ def _earnings_from_database(
     from node.local_api.watcher import ChainReader
     from node.store.views import NodeRecords
 
-    db = _open(_db_url(args, settings, home))
+    db = _open(db_url)
     try:
         contracts, _ = open_contracts(settings)
         records = NodeRecords(db)
@@ -191,6 +197,37 @@ def cmd_claim(args: argparse.Namespace, settings: Settings, console: Console) ->
             )
 
     return emit(args, console, result, render)
+
+
+def unclaimed_work(
+    earned: Earnings, settles_at: Callable[[int], int], claim_period_s: int
+) -> list[str]:
+    """A line per epoch in which the node worked and was not yet paid in full: what it can
+    claim, from when and until when (its owner must have the node claim it by then)."""
+    lines = []
+    for e in earned.epochs:
+        if e.phase == "closed" or not (e.units_worked or int(e.claimable.wei)):
+            continue
+        if int(e.claimed.wei) and not int(e.claimable.wei):
+            continue
+        opens = settles_at(e.epoch)
+        what = (
+            f"{e.claimable.eth} ETH claimable" if int(e.claimable.wei)
+            else f"{e.units_worked} units of work, {e.pending.eth} ETH expected"
+        )  # fmt: skip
+        lines.append(
+            f"epoch {e.epoch}: {what}; claimable from {when(opens)} until "
+            f"{when(opens + claim_period_s)}"
+        )
+    return lines
+
+
+def when(unix_s: int) -> str:
+    """A chain time for a person: UTC, to the minute."""
+    import datetime
+
+    moment = datetime.datetime.fromtimestamp(unix_s, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _run_of(args: argparse.Namespace, settings: Settings, running: RunningNode | None) -> int:

@@ -9,6 +9,7 @@ of the run's model); each flag overrides one figure.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gwtf.errors import ConfigError, GwtfError
@@ -27,7 +28,7 @@ from node.cli.args import (
     whole,
 )
 from node.cli.output import emit, fields
-from node.home import speaking_for
+from node.home import home_settings, speaking_for
 from node.settings import Settings
 
 if TYPE_CHECKING:
@@ -229,6 +230,19 @@ def cmd_status(args: argparse.Namespace, settings: Settings, console: Console) -
             data["live"] = call_api(url, "/v1/status", timeout_s=5)
         except GwtfError as exc:
             data["live_error"] = str(exc)
+    data["unclaimed"] = []
+    db_url = str(home_settings(settings, home).get("db.url", settings.db.url))
+    db_file = Path(db_url.removeprefix("sqlite:///"))
+    if data["live"] is None and run_id and db_url.startswith("sqlite:///") and db_file.is_file():
+        # Stopped with work unpaid: only a running node claims, so its owner must know.
+        from node.chain.epochs import EpochLedger
+        from node.cli.earnings import earnings_in, unclaimed_work
+
+        epochs = EpochLedger(contracts, run_id, None)
+        earned = earnings_in(db_url, settings, run_id, node_address)
+        period_s = int(contracts.ledger.functions.CLAIM_PERIOD_S().call())
+        settles = lambda e: epochs.epoch_times(e).settles_at  # noqa: E731
+        data["unclaimed"] = unclaimed_work(earned, settles, period_s)
 
     def render(c: Console) -> None:
         c.print(speaking_for(node_address, home, running if data["live"] else None))
@@ -239,6 +253,10 @@ def cmd_status(args: argparse.Namespace, settings: Settings, console: Console) -
         live = data["live"]
         if live is None:
             c.print(f"not running: {data['live_error']}")
+            for line in data["unclaimed"]:
+                c.print(f"unclaimed: {line}")
+            if data["unclaimed"]:
+                c.print(f"start the node to claim it: gwtf-node start --node-name {args.node_name}")
         else:
             shown = ("role", "stage", "health", "iteration", "epoch", "peers_alive", "flows_in",
                      "flows_out", "hops_computed", "throughput_hops_per_s")  # fmt: skip

@@ -86,6 +86,8 @@ def cmd_start(args: argparse.Namespace, settings: Settings, console: Console) ->
     role, run = check_the_chain(contracts, info.chain_id, args.run, node, wallet, settings)
     settings = start_settings(args, settings, role, key_file, run)
     home = Path(settings.node.data_dir)
+    if role == "relay":
+        report_unclaimed(settings, contracts, args, node, console)
     # One process per node key: two would sign two versions of a hop, and be slashed for it.
     with (
         exclusive_lock(key_file.with_name(key_file.name + ".lock"), _KEY_IN_USE.format(node)),
@@ -119,6 +121,34 @@ def cmd_start(args: argparse.Namespace, settings: Settings, console: Console) ->
     console.print("the node left its run; its database is closed")
     # Stopped by Ctrl-C or SIGTERM: the shell's convention for a process ended by a signal.
     return EXIT_STOPPED if stopped else 0
+
+
+def report_unclaimed(
+    settings: Settings, contracts: Contracts, args: argparse.Namespace, node: str, console: Console
+) -> None:
+    """What this node worked for in earlier runs of it and was not paid yet, with until when it
+    can be claimed: a node stopped mid-epoch keeps its receipts, and only a running node claims."""
+    from node.chain.epochs import EpochLedger
+    from node.cli.earnings import earnings_in, unclaimed_work
+
+    db_url = settings.db.url
+    if db_url.startswith("sqlite:///") and not Path(db_url.removeprefix("sqlite:///")).is_file():
+        return  # a first start: nothing done yet
+    ledger = EpochLedger(contracts, args.run, None)
+    earned = earnings_in(db_url, settings, args.run, node)
+    period_s = int(contracts.ledger.functions.CLAIM_PERIOD_S().call())
+    lines = unclaimed_work(earned, lambda e: ledger.epoch_times(e).settles_at, period_s)
+    if not lines:
+        return
+    console.print(f"unclaimed work of node {node} in run {args.run}:", highlight=False)
+    for line in lines:
+        console.print(f"  {line}", highlight=False)
+    console.print(
+        "  the node claims each epoch by itself once it settles, while it runs"
+        if settings.chain.auto_claim
+        else f"  claim it while the node runs: gwtf-node claim --node-name {args.node_name}",
+        highlight=False,
+    )
 
 
 def check_the_chain(
