@@ -39,6 +39,8 @@ from api.services import NodeServices, NotReady, Refused
 #: The dashboard's built assets (``make install`` builds them from ``api/dashboard``).
 DASHBOARD = Path(__file__).resolve().parent / "static"
 MAX_PAGE = 500
+#: Health states in which the node is up and takes part: ``/healthz`` answers them with 200.
+SERVING = frozenset({"ok", "idle"})
 NOT_READY: dict[int | str, dict[str, Any]] = {
     503: {"model": Problem, "description": "the node cannot answer yet"}
 }
@@ -88,13 +90,17 @@ def create_app(
     @app.get(
         "/healthz",
         response_model=Health,
-        responses={503: {"model": Health, "description": "starting, degraded or stopping"}},
+        responses={
+            200: {"description": "ok (it trains) or idle (up, but nothing trains through it)"},
+            503: {"model": Health, "description": "starting, degraded or stopping"},
+        },
         tags=["node"],
     )
     def healthz(response: Response) -> Health:
-        # A probe (a supervisor, a load balancer) reads the code: 200 only when all is well.
+        # A probe (a supervisor, a load balancer) reads the code. An idle node is up and
+        # reachable, waiting for work: restarting it would help nothing, so it answers 200.
         health = services.health()
-        if health.status != "ok":
+        if health.status not in SERVING:
             response.status_code = 503
         return health
 

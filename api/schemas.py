@@ -31,7 +31,12 @@ class Amount(Schema):
 
 
 class Health(Schema):
-    status: Literal["ok", "starting", "degraded", "stopping"]
+    """``ok``: it trains (hops pass through it). ``idle``: up and reachable, but no training
+    goes on through it, and ``detail`` says why (a data node before its first iteration or after
+    its last, a relay that computed no hop in the last minute). ``starting``, ``degraded``
+    and ``stopping``: it cannot take part now."""
+
+    status: Literal["ok", "idle", "starting", "degraded", "stopping"]
     detail: str = ""
 
 
