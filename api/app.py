@@ -19,6 +19,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 
+from api.docs import mount_docs
 from api.metrics import CONTENT_TYPE, exposition
 from api.schemas import (
     ClaimRequest,
@@ -36,7 +37,7 @@ from api.schemas import (
 )
 from api.services import NodeServices, NotReady, Refused
 
-#: The dashboard's built assets (``make install`` builds them from ``api/dashboard``).
+#: The dashboard's and the docs' built assets (``make install`` builds them: ``api/dashboard``).
 DASHBOARD = Path(__file__).resolve().parent / "static"
 MAX_PAGE = 500
 #: Health states in which the node is up and takes part: ``/healthz`` answers them with 200.
@@ -63,6 +64,9 @@ def create_app(
         title="GWTF node",
         version="1",
         description="A GWTF node's status, earnings, receipts, peers and flows (local only).",
+        # Served from the package's own assets (``api.docs``): FastAPI's pages load a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     if allowed_hosts != ("*",):
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
@@ -164,6 +168,7 @@ def create_app(
     def metrics() -> Response:
         return Response(exposition(services.metrics), media_type=CONTENT_TYPE)
 
+    mount_docs(app, dashboard_dir)
     _mount_dashboard(app, dashboard_dir)
     return app
 

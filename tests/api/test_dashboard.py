@@ -1,15 +1,19 @@
-"""The dashboard in a real headless Chromium (Debian's, driven by Selenium through its
-chromedriver): served by the node's API on a real socket, the page loads, its numbers are the
-API's, the charts render, and a screenshot is written. CI (``.ci/run``) installs Chromium; with
+"""The dashboard and the API docs in a real headless Chromium (Debian's, driven by Selenium
+through its chromedriver), served by the node's API on a real socket. The browser can resolve no
+host but 127.0.0.1, as on a machine offline, and every request it makes is recorded: the pages
+must load from the node alone. The dashboard's numbers are the API's, its charts render, and a
+screenshot is written; Swagger UI renders every route. CI (``.ci/run``) installs Chromium; with
 ``CI`` set, a missing browser fails instead of skipping."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from fastapi.testclient import TestClient
@@ -19,11 +23,14 @@ from node.local_api.server import bind_api_socket, serve_api
 from node.local_api.views import NodeViews
 from tests.api.conftest import TOKEN
 
+if TYPE_CHECKING:
+    from selenium.webdriver.chrome.webdriver import WebDriver
+
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 
 @pytest.fixture
-def browser() -> Iterator[object]:
+def browser() -> Iterator[WebDriver]:
     if not (CHROMIUM and CHROMEDRIVER and (DASHBOARD / "index.html").is_file()):
         why = "needs Debian's chromium and chromium-driver and the built dashboard (npm ci)"
         if os.environ.get("CI"):
@@ -35,8 +42,12 @@ def browser() -> Iterator[object]:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,1600",
-                 "--disable-dev-shm-usage"):  # fmt: skip
+                 "--disable-dev-shm-usage",
+                 # Offline: any other host's name fails to resolve, as with no network.
+                 "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"):  # fmt: skip
         options.add_argument(flag)
+    # The DevTools log of every request the pages make (``requested``).
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
         yield driver
@@ -45,7 +56,7 @@ def browser() -> Iterator[object]:
 
 
 def test_the_dashboard_shows_the_apis_numbers_and_draws_its_charts(
-    browser: object, views: NodeViews, tmp_path: Path
+    browser: WebDriver, views: NodeViews, tmp_path: Path
 ) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -55,28 +66,71 @@ def test_the_dashboard_shows_the_apis_numbers_and_draws_its_charts(
     try:
         api = TestClient(app)
         status, earnings = api.get("/v1/status").json(), api.get("/v1/earnings").json()
-        driver = browser  # type: ignore[assignment]
-        driver.get(server.url + "/")  # type: ignore[attr-defined]
+        driver = browser
+        driver.get(server.url + "/")
         wait = WebDriverWait(driver, 20)
 
         def shown(element_id: str) -> str:
-            return str(driver.find_element(By.ID, element_id).text)  # type: ignore[attr-defined]
+            return str(driver.find_element(By.ID, element_id).text)
 
         wait.until(lambda _: shown("claimed-eth") not in ("", "…"))
         assert shown("health") == status["health"]["status"] == "ok"
         assert shown("iteration") == str(status["iteration"])
         assert shown("role") == status["role"]
         assert shown("claimed-eth") == earnings["total_claimed"]["eth"] == "0.3"
-        epochs = driver.find_elements(By.CSS_SELECTOR, "#earnings tbody tr")  # type: ignore[attr-defined]
+        epochs = driver.find_elements(By.CSS_SELECTOR, "#earnings tbody tr")
         assert len(epochs) == len(earnings["epochs"])
-        wait.until(lambda _: len(driver.find_elements(By.CSS_SELECTOR, "#receipts tbody tr")) == 10)  # type: ignore[attr-defined]
+        wait.until(lambda _: len(driver.find_elements(By.CSS_SELECTOR, "#receipts tbody tr")) == 10)
         assert "downstream" in shown("pipeline") and "stage 2" in shown("pipeline")
         # uPlot draws into a canvas per chart, sized to its box.
         for chart in ("throughput-chart", "loss-chart"):
-            canvas = driver.find_element(By.CSS_SELECTOR, f"#{chart} canvas")  # type: ignore[attr-defined]
+            canvas = driver.find_element(By.CSS_SELECTOR, f"#{chart} canvas")
             assert canvas.size["width"] >= 300 and canvas.size["height"] > 0
+        fetched = [u for u in requested(driver) if not u.startswith("data:")]
+        assert fetched and [u for u in fetched if not u.startswith(server.url + "/")] == []
         time.sleep(0.2)
         shot = tmp_path / "dashboard.png"
-        assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000  # type: ignore[attr-defined]
+        assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    finally:
+        server.stop()
+
+
+def requested(driver: WebDriver) -> list[str]:
+    """The URLs the browser asked for since the last call (DevTools' network log)."""
+    entries = driver.get_log("performance")  # type: ignore[no-untyped-call]
+    messages = (json.loads(entry["message"])["message"] for entry in entries)
+    return [
+        m["params"]["request"]["url"]
+        for m in messages
+        if m["method"] == "Network.requestWillBeSent"
+    ]
+
+
+def test_the_api_docs_render_offline_from_the_nodes_own_assets(
+    browser: WebDriver, views: NodeViews
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    app = create_app(views, token=TOKEN)
+    server = serve_api(app, bind_api_socket("127.0.0.1", 0))
+    try:
+        driver = browser
+        driver.get(server.url + "/docs")
+        routes = len(TestClient(app).get("/openapi.json").json()["paths"])
+
+        def operations() -> int:
+            return len(driver.find_elements(By.CSS_SELECTOR, ".opblock"))
+
+        # Swagger UI draws one block per operation once it has read the schema.
+        WebDriverWait(driver, 20).until(lambda _: operations() >= routes)
+        title = driver.find_element(By.CSS_SELECTOR, ".info .title").text
+        assert title.startswith("GWTF node")
+        urls = requested(driver)
+        assert server.url + "/assets/swagger-ui/swagger-ui-bundle.js" in urls
+        assert server.url + "/openapi.json" in urls
+        # Inline images (data: URLs) are part of the assets; anything else is the node's.
+        fetched = [u for u in urls if not u.startswith("data:")]
+        assert [u for u in fetched if not u.startswith(server.url + "/")] == []
     finally:
         server.stop()
