@@ -61,7 +61,9 @@ class Status(Schema):
     hops_computed: int
     hops_recomputed: int
     throughput_hops_per_s: float = Field(description="hops computed per second, last minute")
-    loss: float | None = Field(description="a data node's last iteration loss")
+    loss: float | None = Field(
+        description="a data node's last iteration loss; null on a relay, which is not sent it"
+    )
     started_at: float = Field(description="unix time")
     updated_at: float = Field(description="unix time of this snapshot")
 
@@ -216,7 +218,7 @@ class Problem(Schema):
 class HistoryPoint(Schema):
     t: float = Field(description="unix time")
     throughput_hops_per_s: float
-    loss: float | None
+    loss: float | None = Field(description="a data node's last iteration loss; null on a relay")
 
 
 class History(Schema):

@@ -54,7 +54,9 @@ function chart(id, label, xs, ys) {
 }
 
 function renderStatus(status) {
+  // The name alone: "GWTF node <name>" read "GWTF node node" for a node named "node".
   text("name", status.name);
+  document.title = `${status.name} · GWTF`;
   const health = document.getElementById("health");
   health.textContent = status.health.status;
   health.className = `badge ${status.health.status}`;
@@ -64,7 +66,8 @@ function renderStatus(status) {
   text("iteration", status.iteration);
   text("epoch", status.epoch);
   text("throughput", status.throughput_hops_per_s.toFixed(2));
-  text("loss", status.loss === null ? null : status.loss.toFixed(4));
+  text("loss", status.role === "relay" ? "on data nodes"
+    : status.loss === null ? null : status.loss.toFixed(4));
   text("updated", `updated ${new Date(status.updated_at * 1000).toLocaleTimeString()}`);
 }
 
@@ -111,7 +114,11 @@ async function refresh() {
     renderPipeline(status, peers);
     const xs = history.points.map((p) => p.t);
     chart("throughput-chart", "hops / s", xs, history.points.map((p) => p.throughput_hops_per_s));
-    chart("loss-chart", "loss", xs, history.points.map((p) => p.loss));
+    // Relays never see the loss (the data node computes it): say so instead of an empty chart.
+    const relay = status.role === "relay";
+    document.getElementById("loss-note").hidden = !relay;
+    document.getElementById("loss-chart").hidden = relay;
+    if (!relay) chart("loss-chart", "loss", xs, history.points.map((p) => p.loss));
   } catch (error) {
     const health = document.getElementById("health");
     health.textContent = "unreachable";

@@ -12,6 +12,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import DASHBOARD, create_app
+from api.schemas import HistoryPoint
 from node.local_api.server import bind_api_socket, serve_api
 from node.local_api.views import NodeViews
 from tests.api.conftest import TOKEN
@@ -61,6 +63,8 @@ def test_the_dashboard_shows_the_apis_numbers_and_draws_its_charts(
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
+    # A relay named "node": the heading must not read "GWTF node node".
+    restate(views, name="node")
     app = create_app(views, token=TOKEN)
     server = serve_api(app, bind_api_socket("127.0.0.1", 0))
     try:
@@ -75,6 +79,8 @@ def test_the_dashboard_shows_the_apis_numbers_and_draws_its_charts(
 
         wait.until(lambda _: shown("claimed-eth") not in ("", "…"))
         assert shown("health") == status["health"]["status"] == "ok"
+        assert driver.find_element(By.TAG_NAME, "h1").text == "GWTF · node"
+        assert driver.title == "node · GWTF"
         assert shown("iteration") == str(status["iteration"])
         assert shown("role") == status["role"]
         assert shown("claimed-eth") == earnings["total_claimed"]["eth"] == "0.3"
@@ -82,10 +88,13 @@ def test_the_dashboard_shows_the_apis_numbers_and_draws_its_charts(
         assert len(epochs) == len(earnings["epochs"])
         wait.until(lambda _: len(driver.find_elements(By.CSS_SELECTOR, "#receipts tbody tr")) == 10)
         assert "downstream" in shown("pipeline") and "stage 2" in shown("pipeline")
-        # uPlot draws into a canvas per chart, sized to its box.
-        for chart in ("throughput-chart", "loss-chart"):
-            canvas = driver.find_element(By.CSS_SELECTOR, f"#{chart} canvas")
-            assert canvas.size["width"] >= 300 and canvas.size["height"] > 0
+        # uPlot draws into a canvas, sized to its box.
+        canvas = driver.find_element(By.CSS_SELECTOR, "#throughput-chart canvas")
+        assert canvas.size["width"] >= 300 and canvas.size["height"] > 0
+        # A relay is not sent the loss: the chart's place says where it is computed.
+        assert not driver.find_element(By.ID, "loss-chart").is_displayed()
+        assert "computed on the run's data nodes" in shown("loss-note")
+        assert shown("loss") == "on data nodes"
         fetched = [u for u in requested(driver) if not u.startswith("data:")]
         assert fetched and [u for u in fetched if not u.startswith(server.url + "/")] == []
         time.sleep(0.2)
@@ -93,6 +102,40 @@ def test_the_dashboard_shows_the_apis_numbers_and_draws_its_charts(
         assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
     finally:
         server.stop()
+
+
+def test_a_data_nodes_dashboard_charts_its_loss(browser: WebDriver, views: NodeViews) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    snapshot = views.box.get()
+    now = snapshot.status.updated_at
+    history = tuple(
+        HistoryPoint(t=now - 30 + i, throughput_hops_per_s=4.0, loss=5.0 - i / 10)
+        for i in range(30)
+    )
+    restate(views, name="data-0", role="data", stage=0, loss=2.125)
+    views.box.snapshot = replace(views.box.get(), history=history)
+    server = serve_api(create_app(views, token=TOKEN), bind_api_socket("127.0.0.1", 0))
+    try:
+        browser.get(server.url + "/")
+        wait = WebDriverWait(browser, 20)
+        wait.until(lambda _: browser.find_element(By.ID, "loss").text == "2.1250")
+        assert browser.find_element(By.TAG_NAME, "h1").text == "GWTF · data-0"
+        canvas = browser.find_element(By.CSS_SELECTOR, "#loss-chart canvas")
+        assert canvas.size["width"] >= 300 and canvas.size["height"] > 0
+        assert not browser.find_element(By.ID, "loss-note").is_displayed()
+        # The chart holds the history's losses (uPlot keeps the series it drew).
+        drawn = browser.execute_script("return charts['loss-chart'].data[1]")
+        assert drawn == [p.loss for p in history]
+    finally:
+        server.stop()
+
+
+def restate(views: NodeViews, **changes: object) -> None:
+    """The views' snapshot with its status changed."""
+    snapshot = views.box.get()
+    views.box.snapshot = replace(snapshot, status=snapshot.status.model_copy(update=changes))
 
 
 def requested(driver: WebDriver) -> list[str]:
