@@ -93,14 +93,25 @@ class FlowView(Schema):
 class EpochEarnings(Schema):
     """One epoch of one run, as this node's database and the chain see it. ``expected`` is the
     contract's share (budget × units ÷ certified units of the epoch), with the certified units
-    when known and the node's countersigned units before that."""
+    when known and the node's countersigned units before that. Work no certificate covers is
+    missed: it pays nothing, and ``missed`` says why."""
 
     run_id: int
     epoch: int
-    phase: Literal["working", "certifying", "disputable", "settled", "closed"]
+    phase: Literal["working", "certifying", "disputable", "settled", "closed", "missed"] = Field(
+        description="by chain time; missed: no certificate covers any of this node's work"
+    )
     units_worked: int = Field(description="units of this node's countersigned receipts")
     units_certified: int | None = Field(description="units of its ranges in the certificates")
     units_challenged: int = Field(description="units of claims refused: slashed or voided")
+    units_missed: int = Field(
+        default=0, description="units worked that no certificate covers: they pay nothing"
+    )
+    missed: str | None = Field(
+        default=None,
+        description="why work was missed: a data node submitted no certificate before "
+        "submissions closed, or its certificate left this node's hops out; null if none was",
+    )
     expected: Amount | None = Field(description="null before any certificate of the epoch")
     pending: Amount = Field(description="expected, not yet settled")
     claimable: Amount = Field(description="settled, not yet claimed")

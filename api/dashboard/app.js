@@ -19,11 +19,12 @@ function short(id) {
   return id && id.length > 14 ? `${id.slice(0, 8)}…${id.slice(-4)}` : id || "–";
 }
 
-function rows(tableId, items, cells) {
+function rows(tableId, items, cells, rowClass = () => "") {
   const body = document.querySelector(`#${tableId} tbody`);
   body.replaceChildren(
     ...items.map((item) => {
       const row = document.createElement("tr");
+      row.className = rowClass(item);
       for (const cell of cells(item)) {
         const td = document.createElement("td");
         td.textContent = cell === null || cell === undefined ? "–" : cell;
@@ -100,9 +101,10 @@ function renderEarnings(earnings) {
   text("claimable-eth", earnings.total_claimable.eth);
   text("pending-eth", earnings.total_pending.eth);
   rows("earnings", earnings.epochs, (e) => [
-    e.epoch, e.phase, e.units_worked, e.units_certified, e.units_challenged, e.pending.eth,
-    e.claimable.eth, e.claimed.eth, e.chain_claimed ? e.chain_claimed.eth : null,
-  ]);
+    e.epoch, e.phase, e.units_worked, e.units_certified, e.units_challenged, e.units_missed,
+    e.pending.eth, e.claimable.eth, e.claimed.eth, e.chain_claimed ? e.chain_claimed.eth : null,
+    e.missed === null ? "" : e.missed.replace(/0x[0-9a-fA-F]{40}/g, short),
+  ], (e) => (e.units_missed > 0 ? "missed" : ""));
 }
 
 async function refresh() {

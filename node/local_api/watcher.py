@@ -96,6 +96,8 @@ class ChainReader:
     node: str
     times: dict[int, EpochTimes] = field(default_factory=dict)
     settled_books: dict[int, tuple[int, EpochBook]] = field(default_factory=dict)
+    #: Who certified each epoch whose submissions closed: fixed from then on, read once.
+    certified: dict[int, frozenset[str]] = field(default_factory=dict)
     rewards: EventTail = field(init=False)
     slashes: EventTail = field(init=False)
     _opened_at: int | None = None
@@ -126,6 +128,9 @@ class ChainReader:
             times={e: self.times[e] for e in epochs},
             books={e: self._book(e, now, paid_in[e]) for e in epochs},
             paid=paid,
+            certified_by={
+                e: self._certified_by(e) for e in epochs if now >= self.times[e].submit_closes_at
+            },
         )
         earned = earnings_of(run_id, work, claims, view)
         runs = tuple(v for v in [run_view(self.contracts, run_id, self.node)] if v is not None)
@@ -136,6 +141,14 @@ class ChainReader:
             claimed_wei=sum(int(e.claimed.wei) for e in earned),
             claimable_wei=sum(int(e.claimable.wei) for e in earned),
         )
+
+    def _certified_by(self, epoch: int) -> frozenset[str]:
+        # Read after ``now``: every certificate submitted before the close is in a block up to
+        # the latest one, so the set read is final.
+        if epoch not in self.certified:
+            certificates = self.ledger.certificates(epoch)
+            self.certified[epoch] = frozenset(c.dataNode.lower() for c in certificates)
+        return self.certified[epoch]
 
     def _book(self, epoch: int, now: int, paid_here: int) -> EpochBook:
         # Once an epoch settles its budget and certified units are fixed; what moves is what

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -21,9 +22,11 @@ from fastapi.testclient import TestClient
 
 from api.app import DASHBOARD, create_app
 from api.schemas import HistoryPoint
+from node.chain.epochs import EpochBook
 from node.local_api.server import bind_api_socket, serve_api
 from node.local_api.views import NodeViews
-from tests.api.conftest import TOKEN
+from node.store.database import Database
+from tests.api.conftest import DATA_NODE, TOKEN, UNITS, add_work, times_of
 
 if TYPE_CHECKING:
     from selenium.webdriver.chrome.webdriver import WebDriver
@@ -58,13 +61,24 @@ def browser() -> Iterator[WebDriver]:
 
 
 def test_the_dashboard_shows_the_apis_numbers_and_draws_its_charts(
-    browser: WebDriver, views: NodeViews, tmp_path: Path
+    browser: WebDriver, views: NodeViews, db: Database, tmp_path: Path
 ) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     # A relay named "node": the heading must not read "GWTF node node".
     restate(views, name="node")
+    # Epoch 2 (settled) was worked, and no data node submitted a certificate of it.
+    add_work(db, 2)
+    chain = views.box.chain
+    assert chain is not None
+    view = replace(
+        chain.view,
+        times={**chain.view.times, 2: times_of(2)},
+        books={**chain.view.books, 2: EpochBook(0, 0, False, 0, 0, False)},
+        certified_by={2: frozenset()},
+    )
+    views.box.chain = replace(chain, view=view)
     app = create_app(views, token=TOKEN)
     server = serve_api(app, bind_api_socket("127.0.0.1", 0))
     try:
@@ -85,7 +99,15 @@ def test_the_dashboard_shows_the_apis_numbers_and_draws_its_charts(
         assert shown("role") == status["role"]
         assert shown("claimed-eth") == earnings["total_claimed"]["eth"] == "0.3"
         epochs = driver.find_elements(By.CSS_SELECTOR, "#earnings tbody tr")
-        assert len(epochs) == len(earnings["epochs"])
+        assert len(epochs) == len(earnings["epochs"]) == 3
+        (missed,) = driver.find_elements(By.CSS_SELECTOR, "#earnings tbody tr.missed")
+        cells = [td.text for td in missed.find_elements(By.TAG_NAME, "td")]
+        assert cells[:2] == ["2", "missed"] and cells[5] == str(3 * UNITS)
+        # The API's reason, its address shortened as the page shows addresses.
+        said = next(e["missed"] for e in earnings["epochs"] if e["epoch"] == 2)
+        address = re.search(r"0x[0-9a-fA-F]{40}", said)
+        assert address is not None and address[0].lower() == DATA_NODE
+        assert cells[-1] == said.replace(address[0], f"{address[0][:8]}…{address[0][-4:]}")
         wait.until(lambda _: len(driver.find_elements(By.CSS_SELECTOR, "#receipts tbody tr")) == 10)
         assert "downstream" in shown("pipeline") and "stage 2" in shown("pipeline")
         # uPlot draws into a canvas, sized to its box.

@@ -76,6 +76,36 @@ def test_a_claim_refused_for_good_or_uncertified_expects_nothing_more() -> None:
                            view(800))  # fmt: skip
     assert epoch.expected is not None and epoch.expected.wei == "0"
     assert epoch.units_challenged == 0 and epoch.claimable.wei == "0"
+    # The uncertified part was missed; the refused one was not (a certificate covered it).
+    assert epoch.phase == "settled" and epoch.units_missed == 4
+    assert (
+        epoch.missed == f"no certificate from data node {uncertified.data_node} before "
+        "submissions closed"
+    )
+
+
+def test_work_a_certificate_left_out_is_missed_and_expects_nothing() -> None:
+    left_out = ClaimRecord(0, DN, 0, "not certified", 0, None, None)
+    (epoch,) = earnings_of(1, {0: {DN: 3}}, [left_out], view(800))
+    assert epoch.phase == "missed" and epoch.units_missed == epoch.units_worked == 3
+    assert epoch.missed == f"data node {DN}'s certificate leaves out this node's hops"
+    assert epoch.expected is not None and epoch.expected.wei == epoch.claimable.wei == "0"
+
+
+def test_once_submissions_close_a_data_node_without_a_certificate_is_missed() -> None:
+    # Before the node's claims run: the chain's certificates of the closed epoch say it.
+    other = "0x" + "ef" * 20
+    closed = ChainView(300, {0: TIMES}, {0: BOOK}, (), certified_by={0: frozenset({DN})})
+    (epoch,) = earnings_of(1, {0: {DN: 3, other: 2}}, [], closed)
+    assert epoch.phase == "disputable" and epoch.units_missed == 2
+    assert epoch.missed is not None and other in epoch.missed
+    assert int(epoch.pending.wei) == reward_wei(10**18, 3, 7)  # the certified part only
+    nobody = ChainView(300, {0: TIMES}, {0: BOOK}, (), certified_by={0: frozenset()})
+    (epoch,) = earnings_of(1, {0: {DN: 3}}, [], nobody)
+    assert epoch.phase == "missed" and epoch.pending.wei == "0"
+    # While submissions are open nothing is known to be missed.
+    (epoch,) = earnings_of(1, {0: {DN: 3}}, [], view(220))
+    assert epoch.phase == "certifying" and epoch.missed is None and epoch.units_missed == 0
 
 
 def test_amounts_in_eth_are_exact_for_any_uint256() -> None:
