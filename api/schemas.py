@@ -40,6 +40,19 @@ class Health(Schema):
     detail: str = ""
 
 
+class DiskUse(Schema):
+    """The disk the node's data uses, measured every 30 s."""
+
+    database_bytes: int | None = Field(
+        description="the SQLite database file and its journal; null for a database server"
+    )
+    evidence_bytes: int | None = Field(
+        description="the hop evidence folder, every run's; null when the node keeps none"
+    )
+    total_bytes: int
+    measured_at: float = Field(description="unix time")
+
+
 class Status(Schema):
     """What the node is doing now."""
 
@@ -66,6 +79,18 @@ class Status(Schema):
     )
     started_at: float = Field(description="unix time")
     updated_at: float = Field(description="unix time of this snapshot")
+    next_claim_at: int | None = Field(
+        default=None,
+        description="chain time (unix s) from which the next reward can be claimed: when the "
+        "oldest epoch with a reward claimable or still to settle settles (by the run's "
+        "settings on chain: its end, an epoch for certificates, then the challenge window); "
+        "with none, when the epoch running now settles; past: claimable now; null before the "
+        "chain is first read",
+    )
+    next_claim_in_s: int | None = Field(
+        default=None, description="seconds from now until next_claim_at; 0: claimable now"
+    )
+    disk: DiskUse | None = Field(default=None, description="null until first measured")
 
 
 class PeerView(Schema):

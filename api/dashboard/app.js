@@ -54,6 +54,22 @@ function chart(id, label, xs, ys) {
   }
 }
 
+// "in 47 min": how far off a time is, in the largest unit that keeps it readable.
+function after(seconds) {
+  if (seconds <= 0) return "now";
+  if (seconds < 90) return `in ${Math.round(seconds)} s`;
+  const minutes = Math.round(seconds / 60);
+  if (minutes < 90) return `in ${minutes} min`;
+  return `in ${Math.floor(minutes / 60)} h ${minutes % 60} min`;
+}
+
+function bytes(n) {
+  const units = ["B", "kB", "MB", "GB", "TB"];
+  let i = 0;
+  while (n >= 1000 && i < units.length - 1) { n /= 1000; i += 1; }
+  return `${i === 0 ? n : n.toFixed(1)} ${units[i]}`;
+}
+
 function renderStatus(status) {
   // The name alone: "GWTF node <name>" read "GWTF node node" for a node named "node".
   text("name", status.name);
@@ -70,6 +86,18 @@ function renderStatus(status) {
   text("loss", status.role === "relay" ? "on data nodes"
     : status.loss === null ? null : status.loss.toFixed(4));
   text("updated", `updated ${new Date(status.updated_at * 1000).toLocaleTimeString()}`);
+  // Counted from the snapshot's time: the chain's clock, which a devnet may have moved on.
+  const claim = document.getElementById("next-claim");
+  const left = status.next_claim_in_s;
+  text("next-claim", left === null ? null
+    : after(left - (Date.now() / 1000 - status.updated_at)));
+  claim.title = left === null ? "" : `chain time ${status.next_claim_at}`;
+  const disk = status.disk;
+  text("disk", disk === null ? null : bytes(disk.total_bytes));
+  document.getElementById("disk").title = disk === null ? "" : [
+    `database ${disk.database_bytes === null ? "on a server" : bytes(disk.database_bytes)}`,
+    `evidence ${disk.evidence_bytes === null ? "none kept" : bytes(disk.evidence_bytes)}`,
+  ].join(", ");
 }
 
 function renderPipeline(status, peers) {

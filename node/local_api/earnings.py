@@ -18,6 +18,8 @@ from node.chain.epochs import EpochBook, EpochTimes, RewardPaid
 
 #: Claim states after which nothing more will be paid for that (epoch, data node).
 FINAL = frozenset({"confirmed", "failed", "uncertified", "not certified"})
+#: Phases of an epoch not settled yet.
+SETTLING = ("working", "certifying", "disputable")
 #: Why work was missed (``missed_certificates``), said of a data node.
 MISSED = {
     "no certificate": "no certificate from data node {} before submissions closed",
@@ -127,7 +129,7 @@ def _epoch(
         claimable = sum(open_shares) if phase == "settled" else 0
     if phase == "missed":
         expected_wei = 0  # known now: nothing will be paid for the epoch's work
-    settling = phase in ("working", "certifying", "disputable")
+    settling = phase in SETTLING
     return EpochEarnings(
         run_id=run_id,
         epoch=epoch,
@@ -198,3 +200,19 @@ def claim_view(claim: ClaimRecord) -> ClaimView:
         tx_hash=None if claim.tx_hash is None else "0x" + claim.tx_hash.hex(),
         error=claim.error,
     )
+
+
+def next_claim_at(
+    epochs: Sequence[EpochEarnings], times: Mapping[int, EpochTimes], running: EpochTimes | None
+) -> int | None:
+    """When this node can next claim a reward, by chain time: the oldest epoch it has a reward
+    claimable in, or work still to settle in, settles then (a time past: claimable now). With
+    neither, the epoch ``running`` now settles then: the soonest any work done now pays."""
+    due = [
+        times[e.epoch].settles_at
+        for e in epochs
+        if int(e.claimable.wei) > 0 or (e.phase in SETTLING and e.units_worked > e.units_missed)
+    ]
+    if due:
+        return min(due)
+    return running.settles_at if running is not None else None

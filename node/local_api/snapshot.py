@@ -13,7 +13,16 @@ from dataclasses import dataclass, field
 
 import trio
 
-from api.schemas import FlowView, Health, HistoryPoint, PeerView, RunView, Slashed, Status
+from api.schemas import (
+    DiskUse,
+    FlowView,
+    Health,
+    HistoryPoint,
+    PeerView,
+    RunView,
+    Slashed,
+    Status,
+)
 from api.services import NotReady
 from coordinator_free.protocol.config import DATA
 from coordinator_free.protocol.state import Peer
@@ -36,6 +45,8 @@ class ChainParts:
     slashes: tuple[Slashed, ...]
     claimed_wei: int
     claimable_wei: int
+    next_claim_at: int | None = None  # chain time (``node.local_api.earnings.next_claim_at``)
+    read_at: float = field(default_factory=time.time)  # unix time of the reading
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,7 @@ class SnapshotBox:
 
     snapshot: NodeSnapshot | None = None
     chain: ChainParts | None = None
+    disk: DiskUse | None = None  # measured apart, every ``node.local_api.disk.DISK_PERIOD_S``
     stopping: bool = False
 
     def get(self) -> NodeSnapshot:
@@ -116,6 +128,8 @@ def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapsho
         loss=loss,
         started_at=meter.started_at,
         updated_at=now,
+        **next_claim(box.chain, now),
+        disk=box.disk,
     )
     chain = box.chain
     counters: dict[str, float] = {
@@ -148,6 +162,18 @@ def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapsho
         counters["rewards_claimable_eth"] = chain.claimable_wei / 10**18
     history = tuple(meter.history)
     return NodeSnapshot(status, peers, flows, counters, history, chain)
+
+
+def next_claim(chain: ChainParts | None, now: float) -> dict[str, int | None]:
+    """``next_claim_at`` and how far off it is, on the chain's clock as last read moved on by
+    the wall time since (a devnet's chain time may be far from the wall's)."""
+    if chain is None or chain.next_claim_at is None:
+        return {"next_claim_at": None, "next_claim_in_s": None}
+    chain_now = chain.view.now + (now - chain.read_at)
+    return {
+        "next_claim_at": chain.next_claim_at,
+        "next_claim_in_s": max(0, round(chain.next_claim_at - chain_now)),
+    }
 
 
 def _health(node: LiveNode, box: SnapshotBox, peers: tuple[PeerView, ...], meter: Meter) -> Health:

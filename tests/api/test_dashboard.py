@@ -21,12 +21,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import DASHBOARD, create_app
-from api.schemas import HistoryPoint
+from api.schemas import DiskUse, HistoryPoint
 from node.chain.epochs import EpochBook
 from node.local_api.server import bind_api_socket, serve_api
 from node.local_api.views import NodeViews
 from node.store.database import Database
-from tests.api.conftest import DATA_NODE, TOKEN, UNITS, add_work, times_of
+from tests.api.conftest import DATA_NODE, NOW, TOKEN, UNITS, add_work, times_of
 
 if TYPE_CHECKING:
     from selenium.webdriver.chrome.webdriver import WebDriver
@@ -66,8 +66,12 @@ def test_the_dashboard_shows_the_apis_numbers_and_draws_its_charts(
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    # A relay named "node": the heading must not read "GWTF node node".
-    restate(views, name="node")
+    # A relay named "node": the heading must not read "GWTF node node". Its next reward can be
+    # claimed in 47 minutes; its data takes 1.2 MB.
+    disk = DiskUse(
+        database_bytes=234_567, evidence_bytes=1_000_000, total_bytes=1_234_567, measured_at=0
+    )
+    restate(views, name="node", next_claim_at=NOW + 2820, next_claim_in_s=2820, disk=disk)
     # Epoch 2 (settled) was worked, and no data node submitted a certificate of it.
     add_work(db, 2)
     chain = views.box.chain
@@ -97,6 +101,10 @@ def test_the_dashboard_shows_the_apis_numbers_and_draws_its_charts(
         assert driver.title == "node · GWTF"
         assert shown("iteration") == str(status["iteration"])
         assert shown("role") == status["role"]
+        assert shown("next-claim") == "in 47 min" and status["next_claim_in_s"] == 2820
+        assert shown("disk") == "1.2 MB" and status["disk"]["total_bytes"] == 1_234_567
+        title = driver.find_element(By.ID, "disk").get_attribute("title")
+        assert title == "database 234.6 kB, evidence 1.0 MB"
         assert shown("claimed-eth") == earnings["total_claimed"]["eth"] == "0.3"
         epochs = driver.find_elements(By.CSS_SELECTOR, "#earnings tbody tr")
         assert len(epochs) == len(earnings["epochs"]) == 3

@@ -4,9 +4,12 @@ and lost to a challenge."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from contracts.rewards import reward_wei
 from node.chain.epochs import EpochBook, EpochTimes, RewardPaid
-from node.local_api.earnings import ChainView, ClaimRecord, earnings_of, phase_of
+from node.local_api.earnings import ChainView, ClaimRecord, earnings_of, next_claim_at, phase_of
+from node.local_api.snapshot import ChainParts, next_claim
 
 TIMES = EpochTimes(100, 200, 250, 800)
 BOOK = EpochBook(10**18, 7, True, 0, 0, False)
@@ -117,3 +120,30 @@ def test_amounts_in_eth_are_exact_for_any_uint256() -> None:
     largest = Amount.of(2**256 - 1)
     whole, fraction = largest.eth.split(".")
     assert int(whole + fraction.ljust(18, "0")) == 2**256 - 1 == int(largest.wei)
+
+
+def test_the_next_claim_is_when_the_oldest_epoch_with_a_reward_to_come_settles() -> None:
+    later = EpochTimes(200, 300, 350, 900)
+    times = {0: TIMES, 1: later}
+    chain = ChainView(250, times, {0: BOOK, 1: BOOK}, ())
+    # Epoch 0 (disputable) still settles: claimable from its settle time, 800.
+    epochs = earnings_of(1, {0: {DN: 3}, 1: {DN: 2}}, [], chain)
+    assert next_claim_at(epochs, times, later) == TIMES.settles_at == 800
+    # Epoch 0 missed: nothing comes of it, so epoch 1's settle time.
+    missed = replace(chain, now=400, certified_by={0: frozenset()})
+    epochs = earnings_of(1, {0: {DN: 3}, 1: {DN: 2}}, [], missed)
+    assert next_claim_at(epochs, times, later) == later.settles_at
+    # Settled and not claimed yet: claimable now (a time past).
+    epochs = earnings_of(1, {0: {DN: 3}}, [], view(850))
+    assert next_claim_at(epochs, {0: TIMES}, later) == 800 < 850
+    # Claimed already, or no work at all: when the epoch running now settles.
+    assert next_claim_at([], {}, later) == 900
+    assert next_claim_at([], {}, None) is None
+
+
+def test_the_status_counts_down_to_the_next_claim_on_the_chains_clock() -> None:
+    # The chain (a devnet's, moved on) said 5,000 when read 4 s ago; its reward settles at 5,060.
+    chain = ChainParts(ChainView(5_000, {}, {}, ()), (), (), 0, 0, 5_060, read_at=1_000.0)
+    assert next_claim(chain, 1_004.0) == {"next_claim_at": 5_060, "next_claim_in_s": 56}
+    assert next_claim(chain, 1_100.0)["next_claim_in_s"] == 0
+    assert next_claim(None, 1_004.0) == {"next_claim_at": None, "next_claim_in_s": None}

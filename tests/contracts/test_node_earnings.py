@@ -1,6 +1,7 @@
 """A node's earnings as its local API reads them from the real contracts (``ChainReader``): work
 that no certificate covers once submissions closed shows as missed, with the data node that
-certified nothing of it; work a certificate covers does not."""
+certified nothing of it; work a certificate covers does not; the next claim is due when the
+oldest epoch with work settles."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ from contracts.encoding import hop_key, receipt_digest
 from node.chain.actions import Contracts
 from node.chain.epochs import EpochLedger
 from node.local_api.earnings import earnings_of
+from node.local_api.snapshot import ChainParts
 from node.local_api.watcher import ChainReader
 from node.store.database import Database, open_database
 from node.store.hops import HopStore, ToSign
 from node.store.views import NodeRecords
 from tests.contracts.conftest import Staffed
-from tests.contracts.world import TEST_GAS_LIMIT, World
+from tests.contracts.world import EPOCH_S, TEST_GAS_LIMIT, WINDOW_S, World
 
 
 @pytest.fixture
@@ -51,15 +53,33 @@ def keep_worked(db: Database, w: World, hops: list[SignedReceipt]) -> int:
     return sum(h.receipt.units for h in hops)
 
 
-def epoch_zero(s: Staffed, db: Database) -> EpochEarnings:
+def read(s: Staffed, db: Database) -> ChainParts:
     w = s.w
     contracts = Contracts(w.w3, w.registry, w.ledger, w.disputes, gas_limit=TEST_GAS_LIMIT)
-    records = NodeRecords(db)
-    reader = ChainReader(contracts, EpochLedger(contracts, s.run, None), records, s.a.address)
-    parts = reader.read()
-    (epoch,) = earnings_of(s.run, records.work(s.run), [], parts.view)
+    reader = ChainReader(
+        contracts, EpochLedger(contracts, s.run, None), NodeRecords(db), s.a.address
+    )
+    return reader.read()
+
+
+def epoch_zero(s: Staffed, db: Database) -> EpochEarnings:
+    (epoch,) = earnings_of(s.run, NodeRecords(db).work(s.run), [], read(s, db).view)
     assert epoch.epoch == 0
     return epoch
+
+
+def test_the_next_claim_is_when_the_epochs_with_work_settle(staffed: Staffed, db: Database) -> None:
+    s, w = staffed, staffed.w
+    _, ends_at, _, settles_at = w.epoch_times(s.run, 0)
+    # No work yet: work done now, in epoch 0, is claimable when it settles.
+    assert read(s, db).next_claim_at == settles_at
+    w.travel_to(ends_at + 10)  # epoch 1 runs, the node worked in neither
+    assert read(s, db).next_claim_at == w.epoch_times(s.run, 1)[3]
+    hops = w.pipeline_hops(s.run, 0, s.data, [s.a, s.b], range(1))
+    keep_worked(db, w, [h for h in hops if h.receipt.worker == s.a.address])
+    assert read(s, db).next_claim_at == settles_at  # its epoch-0 work settles first
+    # By the run's settings: the epoch's end, an epoch to submit certificates, the window.
+    assert settles_at == ends_at + EPOCH_S + WINDOW_S
 
 
 def test_work_no_certificate_covers_after_submissions_close_is_missed(
