@@ -19,6 +19,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 
+from api.docs import mount_docs
 from api.metrics import CONTENT_TYPE, exposition
 from api.schemas import (
     ClaimRequest,
@@ -36,9 +37,11 @@ from api.schemas import (
 )
 from api.services import NodeServices, NotReady, Refused
 
-#: The dashboard's built assets (``make install`` builds them from ``api/dashboard``).
+#: The dashboard's and the docs' built assets (``make install`` builds them: ``api/dashboard``).
 DASHBOARD = Path(__file__).resolve().parent / "static"
 MAX_PAGE = 500
+#: Health states in which the node is up and takes part: ``/healthz`` answers them with 200.
+SERVING = frozenset({"ok", "idle"})
 NOT_READY: dict[int | str, dict[str, Any]] = {
     503: {"model": Problem, "description": "the node cannot answer yet"}
 }
@@ -61,6 +64,9 @@ def create_app(
         title="GWTF node",
         version="1",
         description="A GWTF node's status, earnings, receipts, peers and flows (local only).",
+        # Served from the package's own assets (``api.docs``): FastAPI's pages load a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     if allowed_hosts != ("*",):
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
@@ -88,13 +94,17 @@ def create_app(
     @app.get(
         "/healthz",
         response_model=Health,
-        responses={503: {"model": Health, "description": "starting, degraded or stopping"}},
+        responses={
+            200: {"description": "ok (it trains) or idle (up, but nothing trains through it)"},
+            503: {"model": Health, "description": "starting, degraded or stopping"},
+        },
         tags=["node"],
     )
     def healthz(response: Response) -> Health:
-        # A probe (a supervisor, a load balancer) reads the code: 200 only when all is well.
+        # A probe (a supervisor, a load balancer) reads the code. An idle node is up and
+        # reachable, waiting for work: restarting it would help nothing, so it answers 200.
         health = services.health()
-        if health.status != "ok":
+        if health.status not in SERVING:
             response.status_code = 503
         return health
 
@@ -158,6 +168,7 @@ def create_app(
     def metrics() -> Response:
         return Response(exposition(services.metrics), media_type=CONTENT_TYPE)
 
+    mount_docs(app, dashboard_dir)
     _mount_dashboard(app, dashboard_dir)
     return app
 

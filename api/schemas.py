@@ -31,8 +31,26 @@ class Amount(Schema):
 
 
 class Health(Schema):
-    status: Literal["ok", "starting", "degraded", "stopping"]
+    """``ok``: it trains (hops pass through it). ``idle``: up and reachable, but no training
+    goes on through it, and ``detail`` says why (a data node before its first iteration or after
+    its last, a relay that computed no hop in the last minute). ``starting``, ``degraded``
+    and ``stopping``: it cannot take part now."""
+
+    status: Literal["ok", "idle", "starting", "degraded", "stopping"]
     detail: str = ""
+
+
+class DiskUse(Schema):
+    """The disk the node's data uses, measured every 30 s."""
+
+    database_bytes: int | None = Field(
+        description="the SQLite database file and its journal; null for a database server"
+    )
+    evidence_bytes: int | None = Field(
+        description="the hop evidence folder, every run's; null when the node keeps none"
+    )
+    total_bytes: int
+    measured_at: float = Field(description="unix time")
 
 
 class Status(Schema):
@@ -56,9 +74,23 @@ class Status(Schema):
     hops_computed: int
     hops_recomputed: int
     throughput_hops_per_s: float = Field(description="hops computed per second, last minute")
-    loss: float | None = Field(description="a data node's last iteration loss")
+    loss: float | None = Field(
+        description="a data node's last iteration loss; null on a relay, which is not sent it"
+    )
     started_at: float = Field(description="unix time")
     updated_at: float = Field(description="unix time of this snapshot")
+    next_claim_at: int | None = Field(
+        default=None,
+        description="chain time (unix s) from which the next reward can be claimed: when the "
+        "oldest epoch with a reward claimable or still to settle settles (by the run's "
+        "settings on chain: its end, an epoch for certificates, then the challenge window); "
+        "with none, when the epoch running now settles; past: claimable now; null before the "
+        "chain is first read",
+    )
+    next_claim_in_s: int | None = Field(
+        default=None, description="seconds from now until next_claim_at; 0: claimable now"
+    )
+    disk: DiskUse | None = Field(default=None, description="null until first measured")
 
 
 class PeerView(Schema):
@@ -86,14 +118,25 @@ class FlowView(Schema):
 class EpochEarnings(Schema):
     """One epoch of one run, as this node's database and the chain see it. ``expected`` is the
     contract's share (budget × units ÷ certified units of the epoch), with the certified units
-    when known and the node's countersigned units before that."""
+    when known and the node's countersigned units before that. Work no certificate covers is
+    missed: it pays nothing, and ``missed`` says why."""
 
     run_id: int
     epoch: int
-    phase: Literal["working", "certifying", "disputable", "settled", "closed"]
+    phase: Literal["working", "certifying", "disputable", "settled", "closed", "missed"] = Field(
+        description="by chain time; missed: no certificate covers any of this node's work"
+    )
     units_worked: int = Field(description="units of this node's countersigned receipts")
     units_certified: int | None = Field(description="units of its ranges in the certificates")
     units_challenged: int = Field(description="units of claims refused: slashed or voided")
+    units_missed: int = Field(
+        default=0, description="units worked that no certificate covers: they pay nothing"
+    )
+    missed: str | None = Field(
+        default=None,
+        description="why work was missed: a data node submitted no certificate before "
+        "submissions closed, or its certificate left this node's hops out; null if none was",
+    )
     expected: Amount | None = Field(description="null before any certificate of the epoch")
     pending: Amount = Field(description="expected, not yet settled")
     claimable: Amount = Field(description="settled, not yet claimed")
@@ -211,7 +254,7 @@ class Problem(Schema):
 class HistoryPoint(Schema):
     t: float = Field(description="unix time")
     throughput_hops_per_s: float
-    loss: float | None
+    loss: float | None = Field(description="a data node's last iteration loss; null on a relay")
 
 
 class History(Schema):

@@ -19,11 +19,12 @@ function short(id) {
   return id && id.length > 14 ? `${id.slice(0, 8)}…${id.slice(-4)}` : id || "–";
 }
 
-function rows(tableId, items, cells) {
+function rows(tableId, items, cells, rowClass = () => "") {
   const body = document.querySelector(`#${tableId} tbody`);
   body.replaceChildren(
     ...items.map((item) => {
       const row = document.createElement("tr");
+      row.className = rowClass(item);
       for (const cell of cells(item)) {
         const td = document.createElement("td");
         td.textContent = cell === null || cell === undefined ? "–" : cell;
@@ -53,8 +54,26 @@ function chart(id, label, xs, ys) {
   }
 }
 
+// "in 47 min": how far off a time is, in the largest unit that keeps it readable.
+function after(seconds) {
+  if (seconds <= 0) return "now";
+  if (seconds < 90) return `in ${Math.round(seconds)} s`;
+  const minutes = Math.round(seconds / 60);
+  if (minutes < 90) return `in ${minutes} min`;
+  return `in ${Math.floor(minutes / 60)} h ${minutes % 60} min`;
+}
+
+function bytes(n) {
+  const units = ["B", "kB", "MB", "GB", "TB"];
+  let i = 0;
+  while (n >= 1000 && i < units.length - 1) { n /= 1000; i += 1; }
+  return `${i === 0 ? n : n.toFixed(1)} ${units[i]}`;
+}
+
 function renderStatus(status) {
+  // The name alone: "GWTF node <name>" read "GWTF node node" for a node named "node".
   text("name", status.name);
+  document.title = `${status.name} · GWTF`;
   const health = document.getElementById("health");
   health.textContent = status.health.status;
   health.className = `badge ${status.health.status}`;
@@ -64,8 +83,21 @@ function renderStatus(status) {
   text("iteration", status.iteration);
   text("epoch", status.epoch);
   text("throughput", status.throughput_hops_per_s.toFixed(2));
-  text("loss", status.loss === null ? null : status.loss.toFixed(4));
+  text("loss", status.role === "relay" ? "on data nodes"
+    : status.loss === null ? null : status.loss.toFixed(4));
   text("updated", `updated ${new Date(status.updated_at * 1000).toLocaleTimeString()}`);
+  // Counted from the snapshot's time: the chain's clock, which a devnet may have moved on.
+  const claim = document.getElementById("next-claim");
+  const left = status.next_claim_in_s;
+  text("next-claim", left === null ? null
+    : after(left - (Date.now() / 1000 - status.updated_at)));
+  claim.title = left === null ? "" : `chain time ${status.next_claim_at}`;
+  const disk = status.disk;
+  text("disk", disk === null ? null : bytes(disk.total_bytes));
+  document.getElementById("disk").title = disk === null ? "" : [
+    `database ${disk.database_bytes === null ? "on a server" : bytes(disk.database_bytes)}`,
+    `evidence ${disk.evidence_bytes === null ? "none kept" : bytes(disk.evidence_bytes)}`,
+  ].join(", ");
 }
 
 function renderPipeline(status, peers) {
@@ -97,9 +129,10 @@ function renderEarnings(earnings) {
   text("claimable-eth", earnings.total_claimable.eth);
   text("pending-eth", earnings.total_pending.eth);
   rows("earnings", earnings.epochs, (e) => [
-    e.epoch, e.phase, e.units_worked, e.units_certified, e.units_challenged, e.pending.eth,
-    e.claimable.eth, e.claimed.eth, e.chain_claimed ? e.chain_claimed.eth : null,
-  ]);
+    e.epoch, e.phase, e.units_worked, e.units_certified, e.units_challenged, e.units_missed,
+    e.pending.eth, e.claimable.eth, e.claimed.eth, e.chain_claimed ? e.chain_claimed.eth : null,
+    e.missed === null ? "" : e.missed.replace(/0x[0-9a-fA-F]{40}/g, short),
+  ], (e) => (e.units_missed > 0 ? "missed" : ""));
 }
 
 async function refresh() {
@@ -111,7 +144,11 @@ async function refresh() {
     renderPipeline(status, peers);
     const xs = history.points.map((p) => p.t);
     chart("throughput-chart", "hops / s", xs, history.points.map((p) => p.throughput_hops_per_s));
-    chart("loss-chart", "loss", xs, history.points.map((p) => p.loss));
+    // Relays never see the loss (the data node computes it): say so instead of an empty chart.
+    const relay = status.role === "relay";
+    document.getElementById("loss-note").hidden = !relay;
+    document.getElementById("loss-chart").hidden = relay;
+    if (!relay) chart("loss-chart", "loss", xs, history.points.map((p) => p.loss));
   } catch (error) {
     const health = document.getElementById("health");
     health.textContent = "unreachable";

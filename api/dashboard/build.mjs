@@ -1,5 +1,7 @@
-// Builds the dashboard's static assets into api/static: the page, its script and style, and
-// uPlot from node_modules (pinned by package-lock.json). Run by `npm ci` (postinstall).
+// Builds the API's static assets into api/static: the dashboard's page, script and style,
+// uPlot for its charts, and Swagger UI for /docs, all from node_modules (pinned by
+// package-lock.json), so neither page fetches anything from a CDN. Run by `npm ci`
+// (postinstall).
 import { copyFileSync, mkdirSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -7,11 +9,19 @@ import { fileURLToPath } from "node:url";
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, "..", "..");
 const out = join(here, "..", "static");
-mkdirSync(out, { recursive: true });
-for (const name of ["index.html", "app.js", "style.css"]) {
-  copyFileSync(join(here, name), join(out, name));
+
+function copy(from, names, to = out) {
+  mkdirSync(to, { recursive: true });
+  for (const name of names) copyFileSync(join(from, name), join(to, name));
 }
-const uplot = join(root, "node_modules", "uplot", "dist");
-copyFileSync(join(uplot, "uPlot.iife.min.js"), join(out, "uPlot.iife.min.js"));
-copyFileSync(join(uplot, "uPlot.min.css"), join(out, "uPlot.min.css"));
-console.log(`dashboard built into ${out}`);
+
+copy(here, ["index.html", "app.js", "style.css"]);
+copy(join(root, "node_modules", "uplot", "dist"), ["uPlot.iife.min.js", "uPlot.min.css"]);
+// The bundle carries its dependencies; its licence notices travel with it.
+copy(
+  join(root, "node_modules", "swagger-ui-dist"),
+  ["swagger-ui-bundle.js", "swagger-ui-bundle.js.LICENSE.txt", "swagger-ui.css",
+    "favicon-32x32.png", "LICENSE", "NOTICE"],
+  join(out, "swagger-ui"),
+);
+console.log(`dashboard and docs assets built into ${out}`);

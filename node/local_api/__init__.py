@@ -15,6 +15,7 @@ import trio
 from api.app import create_app
 from api.services import Refused
 from node.local_api.client import socket_url
+from node.local_api.disk import DataPaths, sqlite_file, watch_disk
 from node.local_api.server import ApiServer, serve_api
 from node.local_api.snapshot import Meter, SnapshotBox, take_snapshot
 from node.local_api.views import ClaimNow, NodeViews
@@ -22,6 +23,7 @@ from node.local_api.watcher import ChainReader, watch_chain
 from node.receipts.book import address_of_peer
 from node.receipts.epochs import WorkerEpochs
 from node.runtime.live_node import LiveNode
+from node.runtime.roles.relay import RelayRole
 from node.store.views import NodeRecords
 
 
@@ -56,6 +58,7 @@ async def run_local_api(node: LiveNode, api: LocalApi, box: SnapshotBox) -> None
         app = create_app(views, token=api.token, allowed_hosts=hosts_of(api.sock))
         server = serve_api(app, api.sock)
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_disk, box, data_paths(node, records))
             if parts is not None and records is not None:
                 ledger = parts.cycle.ledger
                 reader = ChainReader(ledger.c, ledger, records, address)
@@ -68,6 +71,15 @@ async def run_local_api(node: LiveNode, api: LocalApi, box: SnapshotBox) -> None
         if server is not None:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(server.stop)
+
+
+def data_paths(node: LiveNode, records: NodeRecords | None) -> DataPaths:
+    """Where the node keeps its data: its database (when a SQLite file) and, for a relay, the
+    evidence folder holding every run's (the archive's root is this run's folder in it)."""
+    database = sqlite_file(records.db.engine) if records is not None else None
+    role = node.role
+    evidence = role.evidence if isinstance(role, RelayRole) else None
+    return DataPaths(database, evidence.root.parent if evidence is not None else None)
 
 
 def hosts_of(sock: socket.socket) -> tuple[str, ...]:

@@ -13,7 +13,16 @@ from dataclasses import dataclass, field
 
 import trio
 
-from api.schemas import FlowView, Health, HistoryPoint, PeerView, RunView, Slashed, Status
+from api.schemas import (
+    DiskUse,
+    FlowView,
+    Health,
+    HistoryPoint,
+    PeerView,
+    RunView,
+    Slashed,
+    Status,
+)
 from api.services import NotReady
 from coordinator_free.protocol.config import DATA
 from coordinator_free.protocol.state import Peer
@@ -36,6 +45,8 @@ class ChainParts:
     slashes: tuple[Slashed, ...]
     claimed_wei: int
     claimable_wei: int
+    next_claim_at: int | None = None  # chain time (``node.local_api.earnings.next_claim_at``)
+    read_at: float = field(default_factory=time.time)  # unix time of the reading
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,7 @@ class SnapshotBox:
 
     snapshot: NodeSnapshot | None = None
     chain: ChainParts | None = None
+    disk: DiskUse | None = None  # measured apart, every ``node.local_api.disk.DISK_PERIOD_S``
     stopping: bool = False
 
     def get(self) -> NodeSnapshot:
@@ -78,6 +90,10 @@ class Meter:
         first_t, first_n = self.samples[0]
         return (computed - first_n) / (now - first_t) if now > first_t else 0.0
 
+    def hops_in_window(self) -> int:
+        """Hops computed over the samples kept: the last ``RATE_WINDOW_S``."""
+        return self.samples[-1][1] - self.samples[0][1] if self.samples else 0
+
 
 def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapshot:
     now = time.time()
@@ -100,7 +116,7 @@ def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapsho
         stages=config.stages,
         run_id=config.run_id,
         region=config.region,
-        health=_health(node, box, peers),
+        health=_health(node, box, peers, meter),
         iteration=role.worker.step_count,
         epoch=epoch,
         peers_alive=sum(p.alive for p in peers),
@@ -112,6 +128,8 @@ def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapsho
         loss=loss,
         started_at=meter.started_at,
         updated_at=now,
+        **next_claim(box.chain, now),
+        disk=box.disk,
     )
     chain = box.chain
     counters: dict[str, float] = {
@@ -146,15 +164,48 @@ def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapsho
     return NodeSnapshot(status, peers, flows, counters, history, chain)
 
 
-def _health(node: LiveNode, box: SnapshotBox, peers: tuple[PeerView, ...]) -> Health:
+def next_claim(chain: ChainParts | None, now: float) -> dict[str, int | None]:
+    """``next_claim_at`` and how far off it is, on the chain's clock as last read moved on by
+    the wall time since (a devnet's chain time may be far from the wall's)."""
+    if chain is None or chain.next_claim_at is None:
+        return {"next_claim_at": None, "next_claim_in_s": None}
+    chain_now = chain.view.now + (now - chain.read_at)
+    return {
+        "next_claim_at": chain.next_claim_at,
+        "next_claim_in_s": max(0, round(chain.next_claim_at - chain_now)),
+    }
+
+
+def _health(node: LiveNode, box: SnapshotBox, peers: tuple[PeerView, ...], meter: Meter) -> Health:
     if box.stopping:
         return Health(status="stopping", detail="handing back its flows and closing")
     if not any(p.alive for p in peers):
         return Health(status="degraded", detail="no live peer: check bootstrap and reachability")
     role = node.role
-    if isinstance(role, DataRole) and not role.training and not role.finished:
-        return Health(status="starting", detail="waiting for flows through every stage")
-    return Health(status="ok")
+    if isinstance(role, DataRole):
+        why = data_node_idle(role.training, role.finished)
+    else:
+        why = relay_idle(meter.hops_in_window())
+    return Health(status="idle", detail=why) if why is not None else Health(status="ok")
+
+
+def data_node_idle(training: bool, finished: bool) -> str | None:
+    """Why a data node trains nothing now (None: an iteration is under way or next). It
+    knows: its iterations start once flows reach every stage and stop after the last."""
+    if finished:
+        return "its iterations are done; it serves its receipts and certificates"
+    if not training:
+        return "waiting for flows through every stage before its first iteration"
+    return None
+
+
+def relay_idle(recent_hops: int) -> str | None:
+    """Why a relay trains nothing now (None: it computes hops). A relay only sees hops
+    arrive, so it is idle after a minute without one: an iteration's hops reach every stage
+    well within that, and a shorter window would flicker between iterations."""
+    if recent_hops == 0:
+        return "no hop computed in the last minute: no data node trains through it"
+    return None
 
 
 def _peer(node: LiveNode, peer: Peer) -> PeerView:

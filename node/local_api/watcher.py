@@ -21,7 +21,7 @@ from contracts.fraud_proofs import Fraud
 from node.chain.actions import Contracts
 from node.chain.adapter import RunInfo
 from node.chain.epochs import EpochBook, EpochLedger, EpochTimes
-from node.local_api.earnings import ChainView, ClaimRecord, earnings_of
+from node.local_api.earnings import ChainView, ClaimRecord, earnings_of, next_claim_at
 from node.local_api.snapshot import ChainParts, SnapshotBox
 from node.store.views import NodeRecords
 
@@ -96,9 +96,12 @@ class ChainReader:
     node: str
     times: dict[int, EpochTimes] = field(default_factory=dict)
     settled_books: dict[int, tuple[int, EpochBook]] = field(default_factory=dict)
+    #: Who certified each epoch whose submissions closed: fixed from then on, read once.
+    certified: dict[int, frozenset[str]] = field(default_factory=dict)
     rewards: EventTail = field(init=False)
     slashes: EventTail = field(init=False)
     _opened_at: int | None = None
+    _start_and_length: tuple[int, int] = (0, 0)
 
     def __post_init__(self) -> None:
         run_id = self.ledger.run_id
@@ -108,8 +111,8 @@ class ChainReader:
     def read(self) -> ChainParts:
         run_id = self.ledger.run_id
         if self._opened_at is None:
-            opened, _ = self.ledger.run_start_and_length()
-            self._opened_at = first_block_at(self.contracts.w3, opened)
+            self._start_and_length = self.ledger.run_start_and_length()
+            self._opened_at = first_block_at(self.contracts.w3, self._start_and_length[0])
             self.rewards.next_block = self.slashes.next_block = self._opened_at
         work = self.records.work(run_id)
         claims = claim_records(self.records, run_id)
@@ -126,16 +129,30 @@ class ChainReader:
             times={e: self.times[e] for e in epochs},
             books={e: self._book(e, now, paid_in[e]) for e in epochs},
             paid=paid,
+            certified_by={
+                e: self._certified_by(e) for e in epochs if now >= self.times[e].submit_closes_at
+            },
         )
         earned = earnings_of(run_id, work, claims, view)
         runs = tuple(v for v in [run_view(self.contracts, run_id, self.node)] if v is not None)
+        start, length = self._start_and_length
+        running = self.ledger.epoch_times(max(0, (now - start) // length)) if length else None
         return ChainParts(
             view=view,
             runs=runs,
             slashes=tuple(self.slashes.read(latest)),
             claimed_wei=sum(int(e.claimed.wei) for e in earned),
             claimable_wei=sum(int(e.claimable.wei) for e in earned),
+            next_claim_at=next_claim_at(earned, view.times, running),
         )
+
+    def _certified_by(self, epoch: int) -> frozenset[str]:
+        # Read after ``now``: every certificate submitted before the close is in a block up to
+        # the latest one, so the set read is final.
+        if epoch not in self.certified:
+            certificates = self.ledger.certificates(epoch)
+            self.certified[epoch] = frozenset(c.dataNode.lower() for c in certificates)
+        return self.certified[epoch]
 
     def _book(self, epoch: int, now: int, paid_here: int) -> EpochBook:
         # Once an epoch settles its budget and certified units are fixed; what moves is what

@@ -60,27 +60,32 @@ def receipt(epoch: int, microbatch: int, worker: str, counterparty: str) -> HopR
 def fill(db: Database) -> None:
     """Epochs 0 and WORKING: 4 hops each as worker (3 countersigned), 2 countersigned for the peer.
     Epoch 0 is claimed (settled), its budget 1 ETH over 10 hops' units."""
-    store = HopStore(db)
     for epoch in (0, WORKING):
-        own = [receipt(epoch, m, NODE.address, PEER.address) for m in range(4)]
-        signed = store.sign_once(
-            [ToSign(hop_key(r), r, receipt_digest(r, DOMAIN), _signer(r, NODE.key)) for r in own]
-        )
-        assert all(isinstance(s, bytes) for s in signed)
-        counter = [sign_digest(receipt_digest(r, DOMAIN), PEER.key) for r in own[:3]]
-        store.add_countersignatures([(hop_key(r), c) for r, c in zip(own, counter, strict=False)])
-        theirs = [receipt(epoch, 100 + m, PEER.address, NODE.address) for m in range(2)]
-        store.countersign_once(
-            [
-                replace(
-                    ToSign(hop_key(r), r, receipt_digest(r, DOMAIN), _signer(r, NODE.key)),
-                    worker_signature=sign_digest(receipt_digest(r, DOMAIN), PEER.key),
-                )
-                for r in theirs
-            ]
-        )
+        add_work(db, epoch)
     LedgerRecords(db).save_claim(
         1, 0, DATA_NODE, NODE.address, 3 * UNITS, "confirmed", 3 * 10**17, b"\x0a" * 32
+    )
+
+
+def add_work(db: Database, epoch: int) -> None:
+    """4 hops of ``epoch`` as worker (3 countersigned), 2 countersigned for the peer."""
+    store = HopStore(db)
+    own = [receipt(epoch, m, NODE.address, PEER.address) for m in range(4)]
+    signed = store.sign_once(
+        [ToSign(hop_key(r), r, receipt_digest(r, DOMAIN), _signer(r, NODE.key)) for r in own]
+    )
+    assert all(isinstance(s, bytes) for s in signed)
+    counter = [sign_digest(receipt_digest(r, DOMAIN), PEER.key) for r in own[:3]]
+    store.add_countersignatures([(hop_key(r), c) for r, c in zip(own, counter, strict=False)])
+    theirs = [receipt(epoch, 100 + m, PEER.address, NODE.address) for m in range(2)]
+    store.countersign_once(
+        [
+            replace(
+                ToSign(hop_key(r), r, receipt_digest(r, DOMAIN), _signer(r, NODE.key)),
+                worker_signature=sign_digest(receipt_digest(r, DOMAIN), PEER.key),
+            )
+            for r in theirs
+        ]
     )
 
 

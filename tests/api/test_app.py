@@ -116,9 +116,8 @@ def test_metrics_are_prometheus_text(app: FastAPI) -> None:
     assert families["gwtf_peers_alive"].type == "gauge"
 
 
-def test_the_openapi_docs_are_served_and_cors_is_off(app: FastAPI) -> None:
+def test_the_openapi_schema_is_served_and_cors_is_off(app: FastAPI) -> None:
     client = TestClient(app)
-    assert client.get("/docs").status_code == 200
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/v1/status", "/v1/earnings", "/v1/receipts", "/v1/claim", "/metrics"} <= set(paths)
     answer = client.get("/v1/status", headers={"Origin": "http://evil.example"})

@@ -4,9 +4,12 @@ and lost to a challenge."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from contracts.rewards import reward_wei
 from node.chain.epochs import EpochBook, EpochTimes, RewardPaid
-from node.local_api.earnings import ChainView, ClaimRecord, earnings_of, phase_of
+from node.local_api.earnings import ChainView, ClaimRecord, earnings_of, next_claim_at, phase_of
+from node.local_api.snapshot import ChainParts, next_claim
 
 TIMES = EpochTimes(100, 200, 250, 800)
 BOOK = EpochBook(10**18, 7, True, 0, 0, False)
@@ -76,6 +79,36 @@ def test_a_claim_refused_for_good_or_uncertified_expects_nothing_more() -> None:
                            view(800))  # fmt: skip
     assert epoch.expected is not None and epoch.expected.wei == "0"
     assert epoch.units_challenged == 0 and epoch.claimable.wei == "0"
+    # The uncertified part was missed; the refused one was not (a certificate covered it).
+    assert epoch.phase == "settled" and epoch.units_missed == 4
+    assert (
+        epoch.missed == f"no certificate from data node {uncertified.data_node} before "
+        "submissions closed"
+    )
+
+
+def test_work_a_certificate_left_out_is_missed_and_expects_nothing() -> None:
+    left_out = ClaimRecord(0, DN, 0, "not certified", 0, None, None)
+    (epoch,) = earnings_of(1, {0: {DN: 3}}, [left_out], view(800))
+    assert epoch.phase == "missed" and epoch.units_missed == epoch.units_worked == 3
+    assert epoch.missed == f"data node {DN}'s certificate leaves out this node's hops"
+    assert epoch.expected is not None and epoch.expected.wei == epoch.claimable.wei == "0"
+
+
+def test_once_submissions_close_a_data_node_without_a_certificate_is_missed() -> None:
+    # Before the node's claims run: the chain's certificates of the closed epoch say it.
+    other = "0x" + "ef" * 20
+    closed = ChainView(300, {0: TIMES}, {0: BOOK}, (), certified_by={0: frozenset({DN})})
+    (epoch,) = earnings_of(1, {0: {DN: 3, other: 2}}, [], closed)
+    assert epoch.phase == "disputable" and epoch.units_missed == 2
+    assert epoch.missed is not None and other in epoch.missed
+    assert int(epoch.pending.wei) == reward_wei(10**18, 3, 7)  # the certified part only
+    nobody = ChainView(300, {0: TIMES}, {0: BOOK}, (), certified_by={0: frozenset()})
+    (epoch,) = earnings_of(1, {0: {DN: 3}}, [], nobody)
+    assert epoch.phase == "missed" and epoch.pending.wei == "0"
+    # While submissions are open nothing is known to be missed.
+    (epoch,) = earnings_of(1, {0: {DN: 3}}, [], view(220))
+    assert epoch.phase == "certifying" and epoch.missed is None and epoch.units_missed == 0
 
 
 def test_amounts_in_eth_are_exact_for_any_uint256() -> None:
@@ -87,3 +120,30 @@ def test_amounts_in_eth_are_exact_for_any_uint256() -> None:
     largest = Amount.of(2**256 - 1)
     whole, fraction = largest.eth.split(".")
     assert int(whole + fraction.ljust(18, "0")) == 2**256 - 1 == int(largest.wei)
+
+
+def test_the_next_claim_is_when_the_oldest_epoch_with_a_reward_to_come_settles() -> None:
+    later = EpochTimes(200, 300, 350, 900)
+    times = {0: TIMES, 1: later}
+    chain = ChainView(250, times, {0: BOOK, 1: BOOK}, ())
+    # Epoch 0 (disputable) still settles: claimable from its settle time, 800.
+    epochs = earnings_of(1, {0: {DN: 3}, 1: {DN: 2}}, [], chain)
+    assert next_claim_at(epochs, times, later) == TIMES.settles_at == 800
+    # Epoch 0 missed: nothing comes of it, so epoch 1's settle time.
+    missed = replace(chain, now=400, certified_by={0: frozenset()})
+    epochs = earnings_of(1, {0: {DN: 3}, 1: {DN: 2}}, [], missed)
+    assert next_claim_at(epochs, times, later) == later.settles_at
+    # Settled and not claimed yet: claimable now (a time past).
+    epochs = earnings_of(1, {0: {DN: 3}}, [], view(850))
+    assert next_claim_at(epochs, {0: TIMES}, later) == 800 < 850
+    # Claimed already, or no work at all: when the epoch running now settles.
+    assert next_claim_at([], {}, later) == 900
+    assert next_claim_at([], {}, None) is None
+
+
+def test_the_status_counts_down_to_the_next_claim_on_the_chains_clock() -> None:
+    # The chain (a devnet's, moved on) said 5,000 when read 4 s ago; its reward settles at 5,060.
+    chain = ChainParts(ChainView(5_000, {}, {}, ()), (), (), 0, 0, 5_060, read_at=1_000.0)
+    assert next_claim(chain, 1_004.0) == {"next_claim_at": 5_060, "next_claim_in_s": 56}
+    assert next_claim(chain, 1_100.0)["next_claim_in_s"] == 0
+    assert next_claim(None, 1_004.0) == {"next_claim_at": None, "next_claim_in_s": None}

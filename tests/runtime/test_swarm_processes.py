@@ -216,7 +216,8 @@ def test_every_hop_earns_the_audit_slashes_the_two_cheaters_and_pays_the_honest_
         assert all(c["status"] == "confirmed" for c in claims), claims
         # The node's own API, from its database, says what the chain paid it.
         api = earnings[name]["api"]
-        assert api["health"] == "ok" and api["claimed_wei"] == earnings[name]["reward_wei"], api
+        assert api["health"] in ("ok", "idle"), api  # idle: training is over
+        assert api["claimed_wei"] == earnings[name]["reward_wei"], api
         assert len({(c["epoch"], c["data_node"]) for c in claims}) == len(claims)
     for name in cheaters:
         assert earnings[name]["units"] == 0 and earnings[name]["stake_wei"] == "0", name

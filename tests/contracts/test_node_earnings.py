@@ -1,0 +1,116 @@
+"""A node's earnings as its local API reads them from the real contracts (``ChainReader``): work
+that no certificate covers once submissions closed shows as missed, with the data node that
+certified nothing of it; work a certificate covers does not; the next claim is due when the
+oldest epoch with work settles."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from api.schemas import EpochEarnings
+from contracts.certificate_tree import SignedReceipt
+from contracts.encoding import hop_key, receipt_digest
+from node.chain.actions import Contracts
+from node.chain.epochs import EpochLedger
+from node.local_api.earnings import earnings_of
+from node.local_api.snapshot import ChainParts
+from node.local_api.watcher import ChainReader
+from node.store.database import Database, open_database
+from node.store.hops import HopStore, ToSign
+from node.store.views import NodeRecords
+from tests.contracts.conftest import Staffed
+from tests.contracts.world import EPOCH_S, TEST_GAS_LIMIT, WINDOW_S, World
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    database = open_database(f"sqlite:///{tmp_path / 'relay.sqlite'}")
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+def keep_worked(db: Database, w: World, hops: list[SignedReceipt]) -> int:
+    """The hops as their worker's node keeps them: signed, then countersigned. Their units."""
+    store = HopStore(db)
+    domain = w.ledger_domain
+    signed = [
+        ToSign(
+            hop_key(h.receipt),
+            h.receipt,
+            receipt_digest(h.receipt, domain),
+            partial(bytes, h.worker_signature),  # signed already: the signer hands it back
+        )
+        for h in hops
+    ]
+    store.sign_once(signed)
+    store.add_countersignatures([(hop_key(h.receipt), h.counterparty_signature) for h in hops])
+    return sum(h.receipt.units for h in hops)
+
+
+def read(s: Staffed, db: Database) -> ChainParts:
+    w = s.w
+    contracts = Contracts(w.w3, w.registry, w.ledger, w.disputes, gas_limit=TEST_GAS_LIMIT)
+    reader = ChainReader(
+        contracts, EpochLedger(contracts, s.run, None), NodeRecords(db), s.a.address
+    )
+    return reader.read()
+
+
+def epoch_zero(s: Staffed, db: Database) -> EpochEarnings:
+    (epoch,) = earnings_of(s.run, NodeRecords(db).work(s.run), [], read(s, db).view)
+    assert epoch.epoch == 0
+    return epoch
+
+
+def test_the_next_claim_is_when_the_epochs_with_work_settle(staffed: Staffed, db: Database) -> None:
+    s, w = staffed, staffed.w
+    _, ends_at, _, settles_at = w.epoch_times(s.run, 0)
+    # No work yet: work done now, in epoch 0, is claimable when it settles.
+    assert read(s, db).next_claim_at == settles_at
+    w.travel_to(ends_at + 10)  # epoch 1 runs, the node worked in neither
+    assert read(s, db).next_claim_at == w.epoch_times(s.run, 1)[3]
+    hops = w.pipeline_hops(s.run, 0, s.data, [s.a, s.b], range(1))
+    keep_worked(db, w, [h for h in hops if h.receipt.worker == s.a.address])
+    assert read(s, db).next_claim_at == settles_at  # its epoch-0 work settles first
+    # By the run's settings: the epoch's end, an epoch to submit certificates, the window.
+    assert settles_at == ends_at + EPOCH_S + WINDOW_S
+
+
+def test_work_no_certificate_covers_after_submissions_close_is_missed(
+    staffed: Staffed, db: Database
+) -> None:
+    s, w = staffed, staffed.w
+    hops = w.pipeline_hops(s.run, 0, s.data, [s.a, s.b], range(2))
+    units = keep_worked(db, w, [h for h in hops if h.receipt.worker == s.a.address])
+    w.to_submission(s.run, 0)
+    waiting = epoch_zero(s, db)  # the data node may still submit
+    assert waiting.phase == "certifying" and waiting.missed is None
+    assert waiting.units_missed == 0
+
+    _, _, closes_at, _ = w.epoch_times(s.run, 0)
+    w.travel_to(closes_at + 1)
+    missed = epoch_zero(s, db)
+    assert missed.phase == "missed" and missed.units_worked == missed.units_missed == units > 0
+    assert missed.missed == (
+        f"no certificate from data node {s.data.address} before submissions closed"
+    )
+    assert missed.expected is not None and missed.expected.wei == "0"
+    assert missed.pending.wei == missed.claimable.wei == "0"
+
+
+def test_work_a_certificate_covers_is_not_missed(staffed: Staffed, db: Database) -> None:
+    s, w = staffed, staffed.w
+    hops = w.pipeline_hops(s.run, 0, s.data, [s.a, s.b], range(2))
+    keep_worked(db, w, [h for h in hops if h.receipt.worker == s.a.address])
+    w.certify(w.certificate_tree(hops), s.run, 0, s.data)
+    _, _, closes_at, _ = w.epoch_times(s.run, 0)
+    w.travel_to(closes_at + 1)
+    covered = epoch_zero(s, db)
+    assert covered.phase == "disputable" and covered.missed is None
+    assert covered.expected is not None and int(covered.pending.wei) > 0
