@@ -5,7 +5,8 @@ A node's home is ``--home DIR``, else ``node.data_dir``, else ``.gwtf/nodes/<nod
 ``--node-name`` of its wallet, ``main`` by default), so several nodes on one machine never share
 a file. It holds the node's database (``node.sqlite``), its API token (``api-token``), its hop
 evidence (``evidence/``), the lock that keeps a second process out (``node.lock``) and, while
-the node runs, ``node.json``: which node it is and where its API answers. ``status``,
+the node runs, ``node.json``: which node it is, its run and where its API answers (kept,
+marked stopped, when it stops). ``status``,
 ``earnings``, ``receipts`` and ``claim`` read that file, so each speaks to its own node's API
 and database, whatever port the API took. A setting that puts one of these files elsewhere
 (``db.url``, ``api.token_file``, ``chain.evidence_dir``) still wins.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,25 +86,33 @@ def write_running(home: Path, running: RunningNode) -> None:
 def read_running(home: Path) -> RunningNode | None:
     """The node running in ``home``, or None: no file, a file that is not ours, or a process
     that is gone (a node killed without its goodbye leaves its file behind)."""
+    running = _read(home)
+    return running if running is not None and _is_alive(running.pid) else None
+
+
+def clear_running(home: Path, pid: int) -> None:
+    """Mark ``home/node.json`` stopped if process ``pid`` wrote it (a newer node's file stays):
+    it keeps saying which node and run the home is of, for the commands run while it is down."""
+    last = _read(home)
+    if last is not None and last.pid == pid:
+        write_running(home, replace(last, pid=0, api_url=""))
+
+
+def last_run(home: Path) -> int | None:
+    """The run the node of ``home`` last ran in, running or not (None: it never started)."""
+    last = _read(home)
+    return last.run_id if last is not None else None
+
+
+def _read(home: Path) -> RunningNode | None:
     path = home / RUNNING_FILE
     try:
         if path.stat().st_size > MAX_RUNNING_BYTES:
             return None
         data: Any = json.loads(path.read_text())
-        running = RunningNode(**data)
+        return RunningNode(**data)
     except (OSError, ValueError, TypeError):
         return None
-    return running if _is_alive(running.pid) else None
-
-
-def clear_running(home: Path, pid: int) -> None:
-    """Remove ``home/node.json`` if process ``pid`` wrote it (a newer node's file stays)."""
-    path = home / RUNNING_FILE
-    try:
-        if json.loads(path.read_text()).get("pid") == pid:
-            path.unlink()
-    except (OSError, ValueError, AttributeError):
-        pass
 
 
 def speaking_for(node: str, home: Path, running: RunningNode | None) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gwtf.errors import ConfigError, GwtfError, NodeNotRunning
 from node.cli.args import Command, add_home_flags, address, node_home, port, positive, whole
 from node.cli.output import emit, fields, table
-from node.home import RunningNode, home_settings, speaking_for
+from node.home import RunningNode, home_settings, last_run, speaking_for
 from node.settings import Settings
 
 if TYPE_CHECKING:
@@ -63,23 +63,27 @@ def cmd_earnings(args: argparse.Namespace, settings: Settings, console: Console)
 
     home, running = node_home(args, settings)
     node = _node_of(args, settings, running)
-    run_id = _run_of(args, settings, running)
+    run_id = run_of(args, settings, home)
     if _ask_running(args, running, node, run_id):
         assert running is not None
         earned = Earnings.model_validate(_call(running, "/v1/earnings"))
     else:
         earned = _earnings_from_database(args, settings, home, run_id, node)
-    columns = ["epoch", "phase", "units", "certified", "challenged", "pending ETH",
+    columns = ["epoch", "phase", "units", "certified", "missed", "challenged", "pending ETH",
                "claimable ETH", "claimed ETH", "chain says ETH"]  # fmt: skip
     rows = [
-        [e.epoch, e.phase, e.units_worked, e.units_certified, e.units_challenged, e.pending.eth,
-         e.claimable.eth, e.claimed.eth, e.chain_claimed.eth if e.chain_claimed else None]
+        [e.epoch, e.phase, e.units_worked, e.units_certified, e.units_missed or None,
+         e.units_challenged, e.pending.eth, e.claimable.eth, e.claimed.eth,
+         e.chain_claimed.eth if e.chain_claimed else None]
         for e in earned.epochs
     ]  # fmt: skip
 
     def render(c: Console) -> None:
         c.print(speaking_for(node, home, running), highlight=False)
         c.print(table(f"earnings of node {node} in run {run_id}", columns, rows, right_from=2))
+        for e in earned.epochs:
+            if e.missed:
+                c.print(f"epoch {e.epoch}: {e.units_missed} units missed: {e.missed}")
         c.print(
             f"claimed {earned.total_claimed.eth} ETH; claimable {earned.total_claimable.eth} "
             f"ETH; pending {earned.total_pending.eth} ETH"
@@ -118,7 +122,7 @@ def cmd_receipts(args: argparse.Namespace, settings: Settings, console: Console)
 
     home, running = node_home(args, settings)
     node = _node_of(args, settings, running)
-    run_id = _run_of(args, settings, running)
+    run_id = run_of(args, settings, home)
     if not 1 <= args.limit <= 500 or args.offset < 0:
         raise ConfigError("--limit must be 1..500 and --offset 0 or more")
     if _ask_running(args, running, node, run_id):
@@ -230,10 +234,11 @@ def when(unix_s: int) -> str:
     return moment.strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _run_of(args: argparse.Namespace, settings: Settings, running: RunningNode | None) -> int:
+def run_of(args: argparse.Namespace, settings: Settings, home: Path) -> int:
+    """The run a command is about: ``--run``, else ``chain.run_id``, else the home node's."""
     run_id = args.run if args.run is not None else settings.chain.run_id
-    if run_id < 1 and running is not None:
-        run_id = running.run_id
+    if run_id < 1:
+        run_id = last_run(home) or 0
     if run_id < 1:
         raise ConfigError("say which run: --run ID (or chain.run_id in gwtf.toml)")
     return int(run_id)

@@ -27,8 +27,9 @@ from node.cli.args import (
     stage_count,
     whole,
 )
+from node.cli.earnings import when
 from node.cli.output import emit, fields
-from node.home import home_settings, speaking_for
+from node.home import home_settings, last_run, speaking_for
 from node.settings import Settings
 
 if TYPE_CHECKING:
@@ -197,7 +198,8 @@ def cmd_status(args: argparse.Namespace, settings: Settings, console: Console) -
     node_address = read_keystore_address(key)
     contracts, _ = open_contracts(settings)
     node = contracts.port().node_info(node_address)
-    run_id = args.run if args.run is not None else settings.chain.run_id
+    home, running = node_home(args, settings)
+    run_id = args.run if args.run is not None else settings.chain.run_id or last_run(home) or 0
     data: dict[str, Any] = {
         "wallet": wallet_address,
         "balance": Amount.of(
@@ -211,7 +213,6 @@ def cmd_status(args: argparse.Namespace, settings: Settings, console: Console) -
             "run_id": run_id,
             "member": bool(ledger.isAdmitted(run_id, node_address).call()),
         }
-    home, running = node_home(args, settings)
     if running is not None and running.node.lower() != node_address.lower():
         raise ConfigError(
             f"the node running in {home} is {running.node}, not {node_address}: check --home "
@@ -258,9 +259,19 @@ def cmd_status(args: argparse.Namespace, settings: Settings, console: Console) -
             if data["unclaimed"]:
                 c.print(f"start the node to claim it: gwtf-node start --node-name {args.node_name}")
         else:
-            shown = ("role", "stage", "health", "iteration", "epoch", "peers_alive", "flows_in",
+            shown = ("role", "stage", "iteration", "epoch", "peers_alive", "flows_in",
                      "flows_out", "hops_computed", "throughput_hops_per_s")  # fmt: skip
-            c.print(_fields(f"live node at {url}", {k: live[k] for k in shown}))
+            values = {k: live[k] for k in shown}
+            health = live["health"]
+            values["health"] = " ".join(filter(None, (health["status"], health["detail"])))
+            if live.get("next_claim_at") is not None:
+                values["next claim"] = f"{when(live['next_claim_at'])} " + (
+                    f"(in {live['next_claim_in_s'] // 60} min)" if live["next_claim_in_s"]
+                    else "(claimable now)"
+                )  # fmt: skip
+            if live.get("disk") is not None:
+                values["disk MB"] = round(live["disk"]["total_bytes"] / 1e6, 1)
+            c.print(_fields(f"live node at {url}", values))
 
     return emit(args, console, data, render)
 

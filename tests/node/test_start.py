@@ -254,7 +254,8 @@ def test_register_start_earn_claim_leave_unstake_withdraw(
 
     # Stopped, each node's earnings come from its database in its home, beside the chain.
     for i, (wallet, _) in enumerate(volunteers):
-        assert not (tmp_path / ".gwtf" / "nodes" / names[i] / "node.json").exists()
+        stopped = json.loads((tmp_path / ".gwtf" / "nodes" / names[i] / "node.json").read_text())
+        assert stopped["pid"] == 0 and stopped["run_id"] == int(run)
         earned = cli_json(capsys, *chain, "earnings", "--wallet", wallet[1],
                           "--node-name", names[i], "--run", run)  # fmt: skip
         assert isinstance(earned, dict) and earned["total_claimed"]["wei"] == str(paid[i])
