@@ -32,8 +32,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     opening.add_argument("--model", default="gpt-tiny", help="the run's model, e.g. gpt-tiny")
     opening.add_argument("--stages", type=stage_count, required=True, help="pipeline stages")
     opening.add_argument("--seq-len", type=positive, default=64, help="tokens per sequence")
-    opening.add_argument("--epoch-length-s", type=seconds, default=3600)
-    opening.add_argument("--challenge-window-s", type=seconds, default=3600)
+    opening.add_argument(
+        "--epoch-length-s", type=seconds, default=3600,
+        help="how long an epoch lasts, up to 30 days (default 3600); shorter epochs pay sooner "
+        "and cost more certificates",
+    )  # fmt: skip
+    opening.add_argument(
+        "--challenge-window-s", type=seconds, default=3600,
+        help="time to audit an epoch before it settles, at least 600 (default 3600): "
+        "an epoch's rewards are claimable 2 epochs plus this after it starts",
+    )  # fmt: skip
     opening.add_argument("--units-per-hop", type=positive, default=10)
     opening.add_argument("--reward-per-epoch-eth", type=eth_amount, required=True)
     opening.add_argument("--min-stake-eth", type=eth_amount, required=True)
@@ -99,7 +107,11 @@ def cmd_runs(args: argparse.Namespace, settings: Settings, console: Console) -> 
             min_stake_wei=args.min_stake_eth,
         )
         run_id = open_run(contracts, sponsor, config, args.fund_eth)
-        done = f"opened run {run_id} ({args.model}, {args.stages} stages)"
+        first = 2 * args.epoch_length_s + args.challenge_window_s
+        done = (
+            f"opened run {run_id} ({args.model}, {args.stages} stages); the first epoch's "
+            f"rewards are claimable {first // 60} min after it starts"
+        )
     elif args.runs_command == "fund":
         run_id = args.run
         fund_run(contracts, sponsor, run_id, args.eth)
