@@ -1,7 +1,7 @@
 """``create_app``: the node's local REST API, its metrics and its dashboard, over ``NodeServices``.
 
 Bound to 127.0.0.1 by whoever serves it (``node.local_api.server``). Every route reads; the one
-that acts (``POST /v1/claim``) needs the bearer token kept in the node's data directory. CORS is
+that acts (``POST /v1/claim``) needs the bearer token kept in the node's home. CORS is
 off unless origins are given. Routes are plain ``def``: Starlette runs them in worker threads, so
 a database read never blocks the server's loop.
 """
@@ -86,7 +86,7 @@ def create_app(
     @app.exception_handler(_Unauthorised)
     def unauthorised(_request: Request, _exc: _Unauthorised) -> JSONResponse:
         return JSONResponse(
-            {"detail": "a bearer token is needed: the one in the node's data directory"},
+            {"detail": "a bearer token is needed: the one in the node's home"},
             status_code=401,
             headers={"WWW-Authenticate": "Bearer"},
         )

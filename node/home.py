@@ -16,6 +16,7 @@ This module imports nothing heavy: the read-only commands use it before anything
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 HOMES = Path(".gwtf") / "nodes"
 DEFAULT_NODE_NAME = "main"
 RUNNING_FILE = "node.json"
+#: Held by the running node (``gwtf-node start``), so no second process takes its home.
+LOCK_FILE = "node.lock"
 #: A running file is a few hundred bytes; a larger one is not ours.
 MAX_RUNNING_BYTES = 64 * 1024
 
@@ -69,9 +72,12 @@ class RunningNode:
     peer_id: str
     run_id: int
     role: str
-    api_url: str  # "" when its API is off
+    api_url: str  # "" when its API is off, or before it serves
     p2p_address: str
     pid: int
+    #: "starting" (placing itself, waiting for its run's data node or loading its stage),
+    #: "running" (serving), "stopped" (the file of a node that left).
+    state: str = "running"
 
 
 def write_running(home: Path, running: RunningNode) -> None:
@@ -84,10 +90,26 @@ def write_running(home: Path, running: RunningNode) -> None:
 
 
 def read_running(home: Path) -> RunningNode | None:
-    """The node running in ``home``, or None: no file, a file that is not ours, or a process
-    that is gone (a node killed without its goodbye leaves its file behind)."""
+    """The node running in ``home``, or None: no file, a file that is not ours, or no process
+    holding the home's lock (a node killed without its goodbye leaves its file behind, and its
+    pid may be another process's by now: the lock dies with the node)."""
     running = _read(home)
-    return running if running is not None and _is_alive(running.pid) else None
+    return running if running is not None and running.pid > 0 and is_locked(home) else None
+
+
+def is_locked(home: Path) -> bool:
+    """Whether a node process holds ``home/node.lock`` (``gwtf-node start`` does while it runs)."""
+    try:
+        fd = os.open(home / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also lets go of the shared lock, if it was taken
+    return False
 
 
 def clear_running(home: Path, pid: int) -> None:
@@ -95,7 +117,7 @@ def clear_running(home: Path, pid: int) -> None:
     it keeps saying which node and run the home is of, for the commands run while it is down."""
     last = _read(home)
     if last is not None and last.pid == pid:
-        write_running(home, replace(last, pid=0, api_url=""))
+        write_running(home, replace(last, pid=0, api_url="", state="stopped"))
 
 
 def last_run(home: Path) -> int | None:
@@ -117,17 +139,10 @@ def _read(home: Path) -> RunningNode | None:
 
 def speaking_for(node: str, home: Path, running: RunningNode | None) -> str:
     """The line a command prints first: which node it speaks for, and whether it runs."""
-    where = f"running, API {running.api_url}" if running and running.api_url else "not running"
+    if running is None:
+        where = "not running"
+    elif running.state == "starting":
+        where = "starting: waiting for its run (see its output)"
+    else:
+        where = f"running, API {running.api_url}" if running.api_url else "running, no API"
     return f"node {node} (home {home}, {where})"
-
-
-def _is_alive(pid: int) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from api.schemas import Earnings
+    from node.chain.actions import Contracts
     from node.store.database import Database
 
 
@@ -98,7 +99,9 @@ def _earnings_from_database(
     return earnings_in(_db_url(args, settings, home), settings, run_id, node)
 
 
-def earnings_in(db_url: str, settings: Settings, run_id: int, node: str) -> Earnings:
+def earnings_in(
+    db_url: str, settings: Settings, run_id: int, node: str, contracts: Contracts | None = None
+) -> Earnings:
     """``node``'s earnings in ``run_id`` by its database at ``db_url`` and the chain."""
     from node.chain.epochs import EpochLedger
     from node.composition import open_contracts
@@ -109,7 +112,8 @@ def earnings_in(db_url: str, settings: Settings, run_id: int, node: str) -> Earn
 
     db = _open(db_url)
     try:
-        contracts, _ = open_contracts(settings)
+        if contracts is None:
+            contracts, _ = open_contracts(settings)
         records = NodeRecords(db)
         chain = ChainReader(contracts, EpochLedger(contracts, run_id, None), records, node).read()
         return NodeViews(SnapshotBox(chain=chain), records, run_id, node).earnings()
@@ -168,6 +172,11 @@ def cmd_claim(args: argparse.Namespace, settings: Settings, console: Console) ->
         url = api_url(settings.api.host, args.api_port)
     elif running is not None and running.api_url:
         url = running.api_url
+    elif running is not None:
+        raise NodeNotRunning(
+            f"the node in {home} is {running.state} and does not serve its API yet; claim once "
+            "it serves (it claims each settled epoch by itself then)"
+        )
     else:
         raise NodeNotRunning(
             f"no node runs in {home}: start it (`gwtf-node start`), and it claims every settled "
@@ -203,6 +212,20 @@ def cmd_claim(args: argparse.Namespace, settings: Settings, console: Console) ->
     return emit(args, console, result, render)
 
 
+def unclaimed_report(
+    settings: Settings, contracts: Contracts, run_id: int, node: str, db_url: str
+) -> list[str]:
+    """``unclaimed_work`` of ``node`` by its database at ``db_url`` (none: nothing done yet)."""
+    from node.chain.epochs import EpochLedger
+
+    if db_url.startswith("sqlite:///") and not Path(db_url.removeprefix("sqlite:///")).is_file():
+        return []
+    epochs = EpochLedger(contracts, run_id, None)
+    earned = earnings_in(db_url, settings, run_id, node, contracts)
+    period_s = int(contracts.ledger.functions.CLAIM_PERIOD_S().call())
+    return unclaimed_work(earned, lambda e: epochs.epoch_times(e).settles_at, period_s)
+
+
 def unclaimed_work(
     earned: Earnings, settles_at: Callable[[int], int], claim_period_s: int
 ) -> list[str]:
@@ -210,7 +233,7 @@ def unclaimed_work(
     claim, from when and until when (its owner must have the node claim it by then)."""
     lines = []
     for e in earned.epochs:
-        if e.phase == "closed" or not (e.units_worked or int(e.claimable.wei)):
+        if e.phase in ("closed", "missed") or not (e.units_worked or int(e.claimable.wei)):
             continue
         if int(e.claimed.wei) and not int(e.claimable.wei):
             continue

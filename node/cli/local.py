@@ -15,8 +15,6 @@ from node.settings import Settings
 if TYPE_CHECKING:
     from rich.console import Console
 
-
-if TYPE_CHECKING:
     from node.swarm.chain import SwarmChain
 
 

@@ -9,7 +9,6 @@ of the run's model); each flag overrides one figure.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gwtf.errors import ConfigError, GwtfError
@@ -225,25 +224,21 @@ def cmd_status(args: argparse.Namespace, settings: Settings, console: Console) -
         url = running.api_url if running is not None else ""
     data["live"] = None
     if not url:
-        data["live_error"] = f"no node runs in {home}"
+        data["live_error"] = (
+            f"the node in {home} is {running.state}" if running else f"no node runs in {home}"
+        )
     else:
         try:
             data["live"] = call_api(url, "/v1/status", timeout_s=5)
         except GwtfError as exc:
             data["live_error"] = str(exc)
-    data["unclaimed"] = []
     db_url = str(home_settings(settings, home).get("db.url", settings.db.url))
-    db_file = Path(db_url.removeprefix("sqlite:///"))
-    if data["live"] is None and run_id and db_url.startswith("sqlite:///") and db_file.is_file():
+    data["unclaimed"] = []
+    if data["live"] is None and run_id:
         # Stopped with work unpaid: only a running node claims, so its owner must know.
-        from node.chain.epochs import EpochLedger
-        from node.cli.earnings import earnings_in, unclaimed_work
+        from node.cli.earnings import unclaimed_report
 
-        epochs = EpochLedger(contracts, run_id, None)
-        earned = earnings_in(db_url, settings, run_id, node_address)
-        period_s = int(contracts.ledger.functions.CLAIM_PERIOD_S().call())
-        settles = lambda e: epochs.epoch_times(e).settles_at  # noqa: E731
-        data["unclaimed"] = unclaimed_work(earned, settles, period_s)
+        data["unclaimed"] = unclaimed_report(settings, contracts, run_id, node_address, db_url)
 
     def render(c: Console) -> None:
         c.print(speaking_for(node_address, home, running if data["live"] else None))
@@ -257,7 +252,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings, console: Console) -
             for line in data["unclaimed"]:
                 c.print(f"unclaimed: {line}")
             if data["unclaimed"]:
-                c.print(f"start the node to claim it: gwtf-node start --node-name {args.node_name}")
+                c.print("start the node again (`gwtf-node start`) to claim it")
         else:
             shown = ("role", "stage", "iteration", "epoch", "peers_alive", "flows_in",
                      "flows_out", "hops_computed", "throughput_hops_per_s")  # fmt: skip

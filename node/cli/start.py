@@ -24,9 +24,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gwtf.errors import ChainError, ConfigError
+from gwtf.errors import ChainError, ConfigError, GwtfError
 from node.cli.args import Command, add_wallet_flags, port, whole
-from node.home import home_of, home_settings
+from node.home import LOCK_FILE, home_of, home_settings
 from node.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
-#: The exit code of a node stopped by Ctrl-C or SIGTERM (128 + SIGINT), as a shell reports it.
+#: The exit code of a node stopped by Ctrl-C (128 + SIGINT), as a shell reports it.
 EXIT_STOPPED = 130
 #: How long a leaving node lets its goodbyes and hand-backs reach its peers.
 LEAVE_GRACE_S = 2.0
@@ -86,12 +86,11 @@ def cmd_start(args: argparse.Namespace, settings: Settings, console: Console) ->
     role, run = check_the_chain(contracts, info.chain_id, args.run, node, wallet, settings)
     settings = start_settings(args, settings, role, key_file, run)
     home = Path(settings.node.data_dir)
-    if role == "relay":
-        report_unclaimed(settings, contracts, args, node, console)
+    warn_of_files_outside_homes(home, console)
     # One process per node key: two would sign two versions of a hop, and be slashed for it.
     with (
         exclusive_lock(key_file.with_name(key_file.name + ".lock"), _KEY_IN_USE.format(node)),
-        exclusive_lock(home / "node.lock", _DIR_IN_USE),
+        exclusive_lock(home / LOCK_FILE, _DIR_IN_USE),
     ):
         check_listen_port(settings.p2p.listen_host, settings.p2p.listen_port)
         api = local_api(settings, default_port=args.api_port is None)
@@ -106,47 +105,72 @@ def cmd_start(args: argparse.Namespace, settings: Settings, console: Console) ->
             )
         if api is not None:
             console.print(f"dashboard and API: {api.url}  (OpenAPI docs at {api.url}/docs)")
+        if role == "relay":
+            report_unclaimed(settings, contracts, args.run, node, console, args.node_name)
         configure_logging(node)
 
+        starting = RunningNode(node, peer_id, args.run, role, "", "", os.getpid(), "starting")
+        write_running(home, starting)
+
         def announce(address: str) -> None:
-            write_running(home, RunningNode(
-                node, peer_id, args.run, role, api.url if api is not None else "", address,
-                os.getpid(),
-            ))  # fmt: skip
+            url = api.url if api is not None else ""
+            write_running(
+                home, replace(starting, api_url=url, p2p_address=address, state="running")
+            )
 
         try:
-            stopped = trio.run(run_until_stopped, config, api, console, announce)
+            stopped_by = trio.run(run_until_stopped, config, api, console, announce)
         finally:
             clear_running(home, os.getpid())
     console.print("the node left its run; its database is closed")
-    # Stopped by Ctrl-C or SIGTERM: the shell's convention for a process ended by a signal.
-    return EXIT_STOPPED if stopped else 0
+    # Ctrl-C: the shell's code for it. SIGTERM (a service manager stopping the node) is a
+    # clean stop asked for, not a failure.
+    return EXIT_STOPPED if stopped_by == signal.SIGINT else 0
+
+
+#: Where a node kept its files before each node had a home of its own.
+OLD_DATA_DIR = Path(".gwtf")
+
+
+def warn_of_files_outside_homes(home: Path, console: Console) -> None:
+    """A node's database left in ``.gwtf`` by a version without homes holds receipts that may
+    still be paid: say how to go on with it rather than start afresh beside it."""
+    old = OLD_DATA_DIR / "node.sqlite"
+    if old.is_file() and not (home / "node.sqlite").exists() and home != OLD_DATA_DIR:
+        console.print(
+            f"note: {old} holds a node's receipts from before homes; if they are this node's, "
+            f"stop and start it with --home {OLD_DATA_DIR} to go on with them",
+            highlight=False,
+        )
 
 
 def report_unclaimed(
-    settings: Settings, contracts: Contracts, args: argparse.Namespace, node: str, console: Console
+    settings: Settings,
+    contracts: Contracts,
+    run_id: int,
+    node: str,
+    console: Console,
+    node_name: str,
 ) -> None:
     """What this node worked for in earlier runs of it and was not paid yet, with until when it
-    can be claimed: a node stopped mid-epoch keeps its receipts, and only a running node claims."""
-    from node.chain.epochs import EpochLedger
-    from node.cli.earnings import earnings_in, unclaimed_work
+    can be claimed: a node stopped mid-epoch keeps its receipts, and only a running node claims.
+    Best effort: what cannot be read now is said, and the node starts all the same."""
+    from node.cli.earnings import unclaimed_report
 
-    db_url = settings.db.url
-    if db_url.startswith("sqlite:///") and not Path(db_url.removeprefix("sqlite:///")).is_file():
-        return  # a first start: nothing done yet
-    ledger = EpochLedger(contracts, args.run, None)
-    earned = earnings_in(db_url, settings, args.run, node)
-    period_s = int(contracts.ledger.functions.CLAIM_PERIOD_S().call())
-    lines = unclaimed_work(earned, lambda e: ledger.epoch_times(e).settles_at, period_s)
+    try:
+        lines = unclaimed_report(settings, contracts, run_id, node, settings.db.url)
+    except GwtfError as exc:
+        log.warning("could not check for unclaimed work: %s", exc)
+        return
     if not lines:
         return
-    console.print(f"unclaimed work of node {node} in run {args.run}:", highlight=False)
+    console.print(f"unclaimed work of node {node} in run {run_id}:", highlight=False)
     for line in lines:
         console.print(f"  {line}", highlight=False)
     console.print(
         "  the node claims each epoch by itself once it settles, while it runs"
         if settings.chain.auto_claim
-        else f"  claim it while the node runs: gwtf-node claim --node-name {args.node_name}",
+        else f"  claim it while the node runs: gwtf-node claim --node-name {node_name}",
         highlight=False,
     )
 
@@ -298,9 +322,9 @@ async def run_until_stopped(
     api: LocalApi | None,
     console: Console,
     announce: Callable[[str], None] = lambda address: None,
-) -> bool:
-    """Run the node and its API until SIGINT or SIGTERM, then leave gracefully; True when a
-    signal stopped it. ``announce`` is told the node's p2p address once it serves."""
+) -> int | None:
+    """Run the node and its API until SIGINT or SIGTERM, then leave gracefully; the signal that
+    stopped it, if one did. ``announce`` is told the node's p2p address once it serves."""
     import trio
 
     from node.local_api import run_local_api
@@ -309,7 +333,7 @@ async def run_until_stopped(
 
     box = SnapshotBox()
     started: list[LiveNode] = []
-    signalled = False
+    signalled: int | None = None
     async with trio.open_nursery() as nursery:
 
         def on_started(node: LiveNode) -> None:
@@ -322,8 +346,8 @@ async def run_until_stopped(
         async def stop_on_signal() -> None:
             nonlocal signalled
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for _ in signals:
-                    signalled = True
+                async for number in signals:
+                    signalled = number
                     console.print("leaving: handing flows back to the peers")
                     box.stopping = True
                     if started:

@@ -3,7 +3,7 @@
 py-libp2p runs only under trio, so the API does not share the node's loop: uvicorn runs in a
 daemon thread and the app reads only the database and the immutable snapshot. The socket is
 bound here first, on the caller's thread, so a port in use is a one-line error before the node
-starts, not a traceback in a thread. The bearer token lives in the data directory (0600).
+starts, not a traceback in a thread. The bearer token lives in the home (0600).
 """
 
 from __future__ import annotations

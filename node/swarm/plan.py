@@ -74,6 +74,8 @@ _DEFAULT_FLOW = {
     # Every process loads torch, libp2p and web3 at once on a few shared cores: on a busy
     # two-core machine the last relay can take a minute or more to come up.
     "setup_timeout_s": 240.0,
+    # A swarm's relays all start with it: a data node with none after this failed, and says so.
+    "wait_for_peers_s": 240.0,
 }
 _SECTIONS: dict[str, set[str]] = {
     "run": {

@@ -407,7 +407,8 @@ def decode_trace(data: bytes, states: tuple[str, ...] = TRACE_STATES) -> tuple[s
 def encode_loads(entries: list[LoadEntry]) -> bytes:
     """At most ``MAX_LOADS`` entries, taken stage by stage in turn so every stage is seen."""
     by_stage: dict[int, list[LoadEntry]] = {}
-    for entry in sorted(entries, key=lambda e: (e.stage, e.peer_id)):
+    # Serving nodes before relays still joining: a reservation never crowds a replica out.
+    for entry in sorted(entries, key=lambda e: (e.stage, e.address == JOINING_ADDRESS, e.peer_id)):
         by_stage.setdefault(entry.stage, []).append(entry)
     chosen: list[LoadEntry] = []
     while len(chosen) < MAX_LOADS and any(by_stage.values()):

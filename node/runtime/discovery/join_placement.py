@@ -12,7 +12,8 @@ carried at the moment are not read (a stage that lost a replica carries fewer of
 Relays that start together would each see the same loads and take the same stage. So a data
 node answering a relay that does not serve yet notes the stage the placement rule gives it, and
 tells the next askers of it for ``RESERVED_S`` or until that relay serves (``Reservations``;
-its entry's address is ``control.JOINING_ADDRESS``): they count it as a replica of capacity 1.
+its entry's address is ``control.JOINING_ADDRESS``): they count it as a replica of capacity 1,
+believing it only of their bootstrap peers, so no other node can invent replicas this way.
 
 Peers are untrusted: what a node says of others only tells the relay whom to ask next. The
 capacities it places by are what each node said of itself, so a lying peer can misstate one
@@ -76,14 +77,19 @@ class Reservations:
             stage = choose_bottleneck(
                 self.stages, [(e.stage, e.capacity, e.compute_ms) for e in relays], demand
             ).stage
-            compute_ms = relays[0].compute_ms if relays else DEFAULT_COMPUTE_MS
-            joining = control.LoadEntry(asker, control.JOINING_ADDRESS, stage, 1, 1, compute_ms)
-            self.held[asker] = (joining, now + RESERVED_S)
+            joining = control.LoadEntry(asker, control.JOINING_ADDRESS, stage, 1, 1, 1.0)
+            self.held[asker] = (_reserved(joining), now + RESERVED_S)
         return entries + others
 
 
-#: The compute time a reservation is counted with when no relay has said its own.
+#: The compute time a reservation is counted with: the joiner has said nothing of itself.
 DEFAULT_COMPUTE_MS = 100.0
+
+
+def _reserved(entry: control.LoadEntry) -> control.LoadEntry:
+    return control.LoadEntry(
+        entry.peer_id, control.JOINING_ADDRESS, entry.stage, 1, 1, DEFAULT_COMPUTE_MS
+    )
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,9 @@ async def choose_join_stage(
     named: dict[str, list[str]] = {}
     for address in bootstrap:
         named.setdefault(str(peer_info(address).peer_id), []).append(address)
+    # Only the bootstrap peers (the run's data nodes, as the sponsor publishes them) are
+    # believed about relays joining: another node could invent them.
+    vouching = frozenset(named)
     own = str(rpc.host.get_id())
     tried: set[str] = set()  # addresses asked
     asked: set[str] = set()  # nodes asked, at one address or more
@@ -157,7 +166,9 @@ async def choose_join_stage(
                 for peer_id, address in frontier:
                     asked.add(peer_id)
                     tried.add(address)
-                    nursery.start_soon(_ask, rpc, address, known, joining, named, timeout_s)
+                    nursery.start_soon(
+                        _ask, rpc, address, known, joining, named, vouching, timeout_s
+                    )
     relays = [e for e in known.values() if 1 <= e.stage <= stages]
     counted = relays + [
         e for p, e in joining.items() if p != own and p not in known and 1 <= e.stage <= stages
@@ -182,6 +193,7 @@ async def _ask(
     known: dict[str, control.LoadEntry],
     joining: dict[str, control.LoadEntry],
     named: dict[str, list[str]],
+    vouching: frozenset[str],
     timeout_s: float,
 ) -> None:
     try:
@@ -206,14 +218,14 @@ async def _ask(
         log.info("could not dial %s: %s", address, exc)
         return
     answering = str(info.peer_id)
-    # Only a data node keeps reservations: what another says of joiners is not counted.
-    is_data_node = any(e.peer_id == answering and e.stage == 0 for e in entries)
     for entry in entries:
         if entry.peer_id == answering:
             known[answering] = entry
         elif entry.address == control.JOINING_ADDRESS:
-            if is_data_node and len(joining) < MAX_RESERVED:
-                joining.setdefault(entry.peer_id, entry)
+            # A bootstrap data node's reservation counts as a replica of capacity 1 at the
+            # usual speed, whatever figures it came with.
+            if answering in vouching and len(joining) < MAX_RESERVED:
+                joining.setdefault(entry.peer_id, _reserved(entry))
         elif entry.address.endswith(f"/p2p/{entry.peer_id}"):  # else it names someone else
             addresses = named.setdefault(entry.peer_id, [])
             if entry.address not in addresses and len(addresses) < MAX_ADDRESSES_PER_NODE:

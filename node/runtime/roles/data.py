@@ -258,12 +258,17 @@ class DataRole:
         node = self.flow.node
         own_flows_s = min(timeout_s, JOINER_FLOW_ROUNDS * node.period_s) if joining else timeout_s
         waited = said = trio.current_time()
+        relay_seen: float | None = None  # when a stage-1 relay was first alive
         with trio.move_on_after(max(patience_s, timeout_s)):
             while not node.source_routes():
                 now = trio.current_time()
-                if node.alive_peers(1) and now - waited >= own_flows_s:
-                    break
-                if not node.alive_peers(1) and now - said >= WAITING_SAID_EVERY_S:
+                if node.alive_peers(1):
+                    # Flows take a few decision rounds to form once relays are there: the
+                    # patience for them starts when the first one is, not when this node did.
+                    relay_seen = now if relay_seen is None else relay_seen
+                    if now - relay_seen >= own_flows_s:
+                        break
+                elif now - said >= WAITING_SAID_EVERY_S:
                     said = now
                     log.warning(
                         "waiting for relays: no stage-1 relay has joined yet (%.0f s); start "
