@@ -7,7 +7,8 @@ backward input, which only data nodes saw and they keep none) and the relay's st
 at an iteration. Both come in chunks of at most ``CHUNK_BYTES``, read from disk ``READERS`` at
 a time in worker threads, never a file whole; the reader checks a frame against the digest it
 asked for and bounds every total. Access is that of the receipts: the run's peers freely,
-anyone else within one shared rate.
+anyone else within one shared rate. ``prune_settled_evidence`` deletes each epoch's evidence
+once the epoch settles on chain.
 
 Wire format (numbers big-endian):
   request = run u64 | epoch u64 | kind u8 (1 frame, 2 state) | key 32 bytes | offset u64
@@ -19,13 +20,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import struct
+from collections.abc import Callable
 from typing import Final
 
 import trio
 from libp2p.peer.id import ID
 
-from gwtf.errors import ProtocolError
+from gwtf.errors import ChainError, ProtocolError
+from node.chain.epochs import EpochLedger
 from node.p2p.rpc import Decline, PublicRate, RequestDeclined, RequestResponse, RpcLimits
 from node.receipts.serving import MAX_BUSY_RETRIES, PUBLIC_RATE
 from node.store.evidence import EvidenceArchive
@@ -40,6 +44,8 @@ MAX_EVIDENCE_BYTES: Final = 1 << 30
 _REQUEST = struct.Struct(">QQB32sQ")
 _REPLY = struct.Struct(">BQ")
 _FOUND, _NOT_KEPT = 0, 1
+
+log = logging.getLogger(__name__)
 
 
 class EvidenceMissing(ProtocolError):
@@ -76,6 +82,27 @@ def serve_evidence(
 
     readers = trio.CapacityLimiter(READERS)
     rpc.serve(EVIDENCE_PROTOCOL, answer, _limits(timeout_s), public or PublicRate(*PUBLIC_RATE))
+
+
+async def prune_settled_evidence(
+    archive: EvidenceArchive, ledger: EpochLedger, now: Callable[[], int], period_s: float
+) -> None:
+    """Every ``period_s``, from the node's start on, delete the evidence of each epoch that has
+    settled by chain time ``now()``: the epoch's ``settlesAt`` (``RunBook.epochTimes``, the end
+    of its challenge window) is when ``Disputes.sol`` stops taking disputes of its hops and
+    ruling on them, so its frames and states can no longer serve an auditor or an arbiter. The
+    chain's own times, not a count of epochs: a node stopped for days prunes everything
+    settled as soon as it starts again, and a run that has stopped training is still pruned."""
+    while True:
+        try:
+            await trio.to_thread.run_sync(_prune, archive, ledger, now())
+        except (ChainError, OSError) as exc:
+            log.warning("settled evidence not pruned (%s); trying again in %.0f s", exc, period_s)
+        await trio.sleep(period_s)
+
+
+def _prune(archive: EvidenceArchive, ledger: EpochLedger, now: int) -> list[int]:
+    return archive.prune_settled(lambda epoch: ledger.epoch_times(epoch).settles_at <= now)
 
 
 async def fetch_frame(
