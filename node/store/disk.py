@@ -1,8 +1,8 @@
 """The disk a node's data takes: its database file (SQLite: the file with its write-ahead log
 and shared memory) and its evidence folder (every run's), for ``status`` and the dashboard.
 
-Cheap enough to call every few seconds: file sizes only (one ``stat`` per file, about 20 ms
-for 10,000 evidence files), no database connection, and nothing heavier than the standard
+Cheap enough to call every few seconds: file sizes only (one ``stat`` per file, about 30 ms
+for 10,000 evidence files, warm), no database connection, and nothing heavier than the standard
 library imported, so a command line that shows it stays fast.
 """
 
