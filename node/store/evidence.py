@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import shutil
 import threading
 from collections.abc import Callable
@@ -38,12 +39,30 @@ log = logging.getLogger(__name__)
 _FRAME_SUFFIX = ".gwtt"
 _STATE_PREFIX = "state-"
 _STATE_SUFFIX = ".safetensors"
+_RUN_FOLDER = re.compile(r"(\d+)-(0x[0-9a-f]{40})-run(\d+)-start(\d+)")
 
 
 def run_folder(chain_id: int, ledger: str, run_id: int, run_start: int) -> str:
     """The name of the folder of one run's evidence: its chain, ledger, run id and start time
     (the block time the run opened at, which no other deployment of the same addresses has)."""
     return f"{chain_id}-{ledger.lower()}-run{run_id}-start{run_start}"
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    chain_id: int
+    ledger: str  # lower case
+    run_id: int
+    run_start: int
+
+
+def parse_run_folder(name: str) -> RunFolder | None:
+    """What ``run_folder`` put in ``name``, or None for a name it does not make."""
+    match = _RUN_FOLDER.fullmatch(name)
+    if match is None:
+        return None
+    chain_id, ledger, run_id, run_start = match.groups()
+    return RunFolder(int(chain_id), ledger, int(run_id), int(run_start))
 
 
 class EvidenceArchive:

@@ -10,7 +10,7 @@ import trio
 
 from node.chain.epochs import EpochLedger
 from node.receipts.evidence import prune_settled_evidence
-from node.store.evidence import EvidenceArchive
+from node.store.evidence import EvidenceArchive, run_folder
 from tests.contracts.conftest import Staffed
 from tests.contracts.test_node_epoch_cycle import suite_of
 
@@ -60,3 +60,37 @@ def test_a_chain_that_does_not_answer_prunes_nothing(staffed: Staffed, tmp_path:
     archive = keep_three_epochs(tmp_path / "evidence")
     prune_once(archive, Unreachable(suite_of(staffed.w), staffed.run, None), 2**40)
     assert archive.kept_epochs() == [0, 1, 2]
+
+
+def test_the_node_s_other_runs_on_this_chain_are_pruned_too(
+    staffed: Staffed, tmp_path: Path
+) -> None:
+    # A node that left a run before it settled: nothing else would ever delete its evidence.
+    w = staffed.w
+    suite = suite_of(w)
+    chain_id, address = w.w3.eth.chain_id, suite.ledger.address
+    later = w.open_run()
+    ledger, its = EpochLedger(suite, staffed.run, None), EpochLedger(suite, later, None)
+    start, later_start = ledger.run_start_and_length()[0], its.run_start_and_length()[0]
+    evidence = tmp_path / "evidence"
+    archive = keep_three_epochs(evidence / run_folder(chain_id, address, staffed.run, start))
+    other = keep_three_epochs(evidence / run_folder(chain_id, address, later, later_start))
+    untouchable = [
+        evidence / run_folder(chain_id, address, later, later_start + 1),  # another deployment
+        evidence / run_folder(chain_id, address, later + 5, later_start),  # no such run here
+        evidence / run_folder(chain_id + 1, address, later, later_start),  # another chain
+    ]
+    for folder in untouchable:
+        keep_three_epochs(folder)
+
+    now = w.epoch_times(later, 1)[3]
+    prune_once(archive, ledger, now)
+    assert other.kept_epochs() == [2]
+    assert all(EvidenceArchive(f, keep_epochs=4).kept_epochs() == [0, 1, 2] for f in untouchable)
+    open_here = [e for e in (0, 1, 2) if w.epoch_times(staffed.run, e)[3] > now]
+    assert archive.kept_epochs() == open_here and open_here != [0, 1, 2]
+
+    prune_once(archive, ledger, w.epoch_times(later, 2)[3])
+    assert not other.root.exists()  # pruned whole, its folder too
+    assert archive.root.exists()  # this run's folder stays for the hops still to come
+    assert all(EvidenceArchive(f, keep_epochs=4).kept_epochs() == [0, 1, 2] for f in untouchable)
