@@ -14,24 +14,22 @@ median of 6 single passes ranged 1.8-7.9 ms over five runs):
   process trains on one thread (``node.process``), so the CPU is measured on one thread too,
   as it will be used (``CPU_THREADS``), and by the thread's CPU time, which a process that
   takes the core for a while does not add to;
-* one pass of a small stage lasts about a millisecond, near the scheduler's grain, and a
-  timing that another process interrupts comes out slow (its caches are cold after the
-  switch): the passes are timed in short rounds of at least ``ROUND_S``, for ``MEASURE_S``,
-  and the figure is the fastest tenth of the rounds (``FASTEST``), not their median, because
-  other work on the machine only ever makes a round slower: the median measures that work as
-  much as the machine;
+* a pass that another process interrupts comes out slow, even in CPU time (the caches are
+  cold after the switch), and a round of many passes is interrupted every time on a busy
+  machine: each pass is timed on its own, for ``MEASURE_S``, and the figure is the fastest
+  tenth of them (``FASTEST``), not their median, because other work on the machine only ever
+  makes a pass slower: the median measures that work as much as the machine;
 * the first passes allocate, and CUDA launches asynchronously: a warm-up of ``WARMUP_S``, and
-  on CUDA each round ends with a ``synchronize`` and is timed by the wall clock, or it would
+  on CUDA each pass ends with a ``synchronize`` and is timed by the wall clock, or it would
   time the launches, not the work.
 
 A machine busy for the whole measurement still measures slower (another process's compute
-competing for the caches and memory makes every round slower): measure on a quiet machine.
+competing for the caches and memory makes every pass slower): measure on a quiet machine.
 """
 
 from __future__ import annotations
 
 import gc
-import math
 import os
 import statistics
 import time
@@ -49,11 +47,9 @@ from node.training.stage_worker import StageWorker
 
 #: Passes before timing, and at least this long: first-call allocations and caches.
 WARMUP_PASSES, WARMUP_S = 3, 0.2
-#: A timed round lasts at least this long (many passes of a small stage, one of a large one).
-ROUND_S = 0.005
-#: Rounds timed: at least ``MIN_ROUNDS``, then more while the time lasts, up to ``MAX_ROUNDS``.
-MIN_ROUNDS, MAX_ROUNDS, MEASURE_S = 10, 400, 2.0
-#: The figure is the round at this quantile: the fastest tenth.
+#: Passes timed: at least ``MIN_PASSES``, then more while the time lasts, up to ``MAX_PASSES``.
+MIN_PASSES, MAX_PASSES, MEASURE_S = 10, 2000, 2.0
+#: The figure is the pass at this quantile: the fastest tenth.
 FASTEST = 0.1
 #: The threads a CPU is measured on: a node process trains on one.
 CPU_THREADS = 1
@@ -82,7 +78,7 @@ def measure_capacity(
     model: str, stages: int, settings: TrainingSettings, quiet: bool = False
 ) -> MeasuredCapacity:
     """Time one relay stage of ``model`` split into ``stages`` on this machine: forward +
-    backward passes of one microbatch in timed rounds after a warm-up (about 2.5 s)."""
+    backward passes of one microbatch, each timed, after a warm-up (about 2.5 s)."""
     name, memory_mib = detect_device(settings)
     device = resolve_device(settings.device)
     with _measuring_threads(device):
@@ -114,32 +110,29 @@ def _pass_s(
     clock: Callable[[], float],
     tick: Callable[[], None],
 ) -> float:
-    """One pass's time (seconds) by ``clock``: the fastest tenth of timed rounds."""
+    """One pass's time (seconds) by ``clock``: the fastest tenth of the timed passes."""
     started = time.perf_counter()
     passes = 0
     while passes < WARMUP_PASSES or time.perf_counter() - started < WARMUP_S:
         one_pass()
         passes += 1
     sync()
-    # Passes per round from the warm-up's pace; the warm-up's own time is not a timing.
-    per_round = max(1, math.ceil(ROUND_S / ((time.perf_counter() - started) / passes)))
-    rounds: list[float] = []
+    timed: list[float] = []
     began = time.perf_counter()
     gc.collect()
-    gc.disable()  # a collection inside one round only would be timed as that round's compute
+    gc.disable()  # a collection inside one pass only would be timed as that pass's compute
     try:
-        while len(rounds) < MIN_ROUNDS or (
-            len(rounds) < MAX_ROUNDS and time.perf_counter() - began < MEASURE_S
+        while len(timed) < MIN_PASSES or (
+            len(timed) < MAX_PASSES and time.perf_counter() - began < MEASURE_S
         ):
-            round_start = clock()
-            for _ in range(per_round):
-                one_pass()
+            pass_start = clock()
+            one_pass()
             sync()
-            rounds.append((clock() - round_start) / per_round)
+            timed.append(clock() - pass_start)
             tick()
     finally:
         gc.enable()
-    return statistics.quantiles(rounds, n=round(1 / FASTEST), method="inclusive")[0]
+    return statistics.quantiles(timed, n=round(1 / FASTEST), method="inclusive")[0]
 
 
 @contextmanager

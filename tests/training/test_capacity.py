@@ -1,5 +1,5 @@
 """The capacity a node registers: measured on the thread count it trains with, and not moved by
-other work that interrupts some of the timed rounds."""
+other work that interrupts some of the timed passes."""
 
 from __future__ import annotations
 
@@ -11,25 +11,23 @@ from node.training.capacity import measure_capacity
 from node.training.settings import TrainingSettings
 
 
-def test_rounds_slowed_by_other_work_do_not_move_the_figure() -> None:
-    # A pass costs 1 ms of the clock; six rounds in ten are interrupted by 50 ms of other work
-    # (the clock a preempted or cache-cold round reads). The median round would be slow.
+def test_passes_slowed_by_other_work_do_not_move_the_figure() -> None:
+    # A pass costs 1 ms of the clock; six in ten are interrupted by 50 ms of other work (the
+    # clock a preempted or cache-cold pass reads). Their median would be slow.
     now = [0.0]
-    rounds = [0]
-    interrupted = [False]
+    passes = [0]
 
     def one_pass() -> None:
-        now[0] += 0.001
-        if interrupted[0]:
-            now[0] += 0.05
-            interrupted[0] = False
+        passes[0] += 1
+        now[0] += 0.001 + (0.05 if passes[0] % 10 < 6 else 0.0)
+
+    timed = [0]
 
     def tick() -> None:
-        rounds[0] += 1
-        interrupted[0] = rounds[0] % 10 < 6
+        timed[0] += 1
 
     seconds = capacity._pass_s(one_pass, lambda: None, lambda: now[0], tick)
-    assert rounds[0] >= capacity.MIN_ROUNDS
+    assert timed[0] >= capacity.MIN_PASSES
     assert seconds == pytest.approx(0.001)
 
 
