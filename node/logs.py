@@ -30,10 +30,13 @@ class LibraryDigest(logging.Filter):
     line; the first record after each period passes as a summary of the period."""
 
     def __init__(
-        self, period_s: float = DIGEST_PERIOD_S, clock: Callable[[], float] = time.monotonic
+        self,
+        period_s: float = DIGEST_PERIOD_S,
+        clock: Callable[[], float] = time.monotonic,
+        summarise: bool = True,
     ) -> None:
         super().__init__()
-        self.period_s, self.clock = period_s, clock
+        self.period_s, self.clock, self.summarise = period_s, clock, summarise
         self.counts: Counter[str] = Counter()
         self.since = clock()
 
@@ -49,7 +52,7 @@ class LibraryDigest(logging.Filter):
         lines = record.getMessage().strip().splitlines() or [""]
         self.counts[_PEER_OR_NUMBER.sub("#", lines[0])[:160]] += 1
         now = self.clock()
-        if now - self.since < self.period_s:
+        if now - self.since < self.period_s or not self.summarise:
             return False
         (common, times), total = self.counts.most_common(1)[0], sum(self.counts.values())
         record.name, record.levelno, record.levelname = "libp2p", logging.WARNING, "WARNING"
@@ -114,4 +117,5 @@ def configure_logging(
         # only against its own logger's: the libraries' loggers carry the level themselves.
         library.setLevel(number if number <= logging.DEBUG else max(number, logging.WARNING))
     if number > logging.DEBUG:
-        handler.addFilter(LibraryDigest())
+        # The summary is a WARNING line: above WARNING the libraries' records are only held.
+        handler.addFilter(LibraryDigest(summarise=number <= logging.WARNING))
