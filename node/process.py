@@ -158,10 +158,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     name = Path(args.config).name.removesuffix(".toml")
-    configure_logging(name)
     torch.set_num_threads(1)
     try:
         settings = load_settings(config_file=args.config)
+        configure_logging(name, settings.log.level, json=settings.log.json)
         config = live_config_from_settings(settings)
         if args.start_file:  # a joiner: host up and worker built, it waits for its moment
             config = dataclasses.replace(config, entry_gate=start_file_gate(Path(args.start_file)))

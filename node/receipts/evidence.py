@@ -7,7 +7,8 @@ backward input, which only data nodes saw and they keep none) and the relay's st
 at an iteration. Both come in chunks of at most ``CHUNK_BYTES``, read from disk ``READERS`` at
 a time in worker threads, never a file whole; the reader checks a frame against the digest it
 asked for and bounds every total. Access is that of the receipts: the run's peers freely,
-anyone else within one shared rate.
+anyone else within one shared rate. ``prune_settled_evidence`` deletes each epoch's evidence
+once the epoch settles on chain.
 
 Wire format (numbers big-endian):
   request = run u64 | epoch u64 | kind u8 (1 frame, 2 state) | key 32 bytes | offset u64
@@ -19,16 +20,22 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
+import math
+import shutil
 import struct
+from collections.abc import Callable
+from pathlib import Path
 from typing import Final
 
 import trio
 from libp2p.peer.id import ID
 
-from gwtf.errors import ProtocolError
+from gwtf.errors import ChainError, ProtocolError
+from node.chain.epochs import EpochLedger
 from node.p2p.rpc import Decline, PublicRate, RequestDeclined, RequestResponse, RpcLimits
 from node.receipts.serving import MAX_BUSY_RETRIES, PUBLIC_RATE
-from node.store.evidence import EvidenceArchive
+from node.store.evidence import EvidenceArchive, parse_run_folder
 
 EVIDENCE_PROTOCOL: Final = "/gwtf/evidence/1.0.0"
 FRAME, STATE = 1, 2
@@ -40,6 +47,10 @@ MAX_EVIDENCE_BYTES: Final = 1 << 30
 _REQUEST = struct.Struct(">QQB32sQ")
 _REPLY = struct.Struct(">BQ")
 _FOUND, _NOT_KEPT = 0, 1
+#: How often the evidence of the node's other runs is looked at (they get no new evidence).
+OTHER_RUNS_PERIOD_S: Final = 600.0
+
+log = logging.getLogger(__name__)
 
 
 class EvidenceMissing(ProtocolError):
@@ -76,6 +87,67 @@ def serve_evidence(
 
     readers = trio.CapacityLimiter(READERS)
     rpc.serve(EVIDENCE_PROTOCOL, answer, _limits(timeout_s), public or PublicRate(*PUBLIC_RATE))
+
+
+async def prune_settled_evidence(
+    archive: EvidenceArchive, ledger: EpochLedger, now: Callable[[], int], period_s: float
+) -> None:
+    """Every ``period_s``, from the node's start on, delete the evidence of each epoch that has
+    settled by chain time ``now()``: the epoch's ``settlesAt`` (``RunBook.epochTimes``, the end
+    of its challenge window) is when ``Disputes.sol`` stops taking disputes of its hops and
+    ruling on them, so its frames and states can no longer serve an auditor or an arbiter. The
+    chain's own times, not a count of epochs: a node stopped for days prunes everything
+    settled as soon as it starts again, and a run that has stopped training is still pruned.
+
+    Every ``OTHER_RUNS_PERIOD_S`` (and at the start) the same is done to the evidence of the
+    node's other runs on this chain and ledger, beside this run's folder: a node that left a run
+    before it settled has nothing else that would ever delete it. A folder whose run has
+    another start time on this chain is another deployment's (a devnet started afresh) and is
+    left alone: this chain cannot say when that one settles."""
+    last_other_runs = -math.inf
+    while True:
+        try:
+            await trio.to_thread.run_sync(_prune, archive, ledger, now())
+            if trio.current_time() - last_other_runs >= OTHER_RUNS_PERIOD_S:
+                await trio.to_thread.run_sync(_prune_other_runs, archive.root, ledger, now())
+                last_other_runs = trio.current_time()
+        except (ChainError, OSError) as exc:
+            log.warning("settled evidence not pruned (%s); trying again in %.0f s", exc, period_s)
+        await trio.sleep(period_s)
+
+
+def _prune(archive: EvidenceArchive, ledger: EpochLedger, now: int) -> list[int]:
+    return archive.prune_settled(lambda epoch: ledger.epoch_times(epoch).settles_at <= now)
+
+
+def _prune_other_runs(root: Path, ledger: EpochLedger, now: int) -> None:
+    here = parse_run_folder(root.name)
+    if here is None:
+        return
+    runs = None
+    for folder in sorted(root.parent.iterdir()):
+        other = parse_run_folder(folder.name)
+        if (
+            other is None
+            or folder == root
+            or (other.chain_id, other.ledger)
+            != (
+                here.chain_id,
+                here.ledger,
+            )
+        ):
+            continue
+        if runs is None:
+            runs = int(ledger.c.ledger.functions.runCount().call())
+        if not 1 <= other.run_id <= runs:
+            continue  # no such run on this chain: another deployment's
+        its = EpochLedger(ledger.c, other.run_id, None)
+        if its.run_start_and_length()[0] != other.run_start:
+            continue
+        archive = EvidenceArchive(folder, keep_epochs=1)
+        _prune(archive, its, now)
+        if not archive.kept_epochs():
+            shutil.rmtree(folder, ignore_errors=True)  # a run of the past, pruned whole
 
 
 async def fetch_frame(

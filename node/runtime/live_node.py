@@ -29,7 +29,7 @@ from node.receipts import ReceiptsConfig
 from node.receipts.book import ReceiptBook, address_of_peer
 from node.receipts.cheats import Cheat
 from node.receipts.epochs import DataNodeEpochs, EpochClock, WorkerEpochs
-from node.receipts.evidence import serve_evidence
+from node.receipts.evidence import prune_settled_evidence, serve_evidence
 from node.receipts.reports import ReceiptInbox, ReceiptReporter
 from node.receipts.serving import ReceiptServer
 from node.runtime.dataplane import control
@@ -120,6 +120,7 @@ class ReceiptParts:
     auto_claim: bool = True
     reporter: ReceiptReporter | None = None
     inbox: ReceiptInbox | None = None
+    evidence: EvidenceArchive | None = None  # a relay's kept hop evidence
 
 
 @dataclass
@@ -405,6 +406,7 @@ async def _start_receipts(
         )  # fmt: skip
         return ReceiptParts(receipts, certifying, clock, inbox=inbox)
     ReceiptServer(store, setup.terms, cheat=cheat).serve(rpc, timeout_s)
+    archive = None
     if setup.evidence_dir:
         # One folder per chain, ledger, run and start time: another run's weights (a devnet
         # started afresh has the same chain id, ledger address and run id) are never served as
@@ -452,7 +454,9 @@ async def _start_receipts(
     receipts.on_complete = complete
     receipts.on_received = received
     receipts.on_signed = lambda receipt: cycle.worked_in(receipt.epoch, receipt.dataNode)
-    return ReceiptParts(receipts, cycle, clock, setup.auto_claim, reporter=reporter)
+    return ReceiptParts(
+        receipts, cycle, clock, setup.auto_claim, reporter=reporter, evidence=archive
+    )
 
 
 async def _run_receipts(parts: ReceiptParts) -> None:
@@ -463,6 +467,11 @@ async def _run_receipts(parts: ReceiptParts) -> None:
             nursery.start_soon(parts.inbox.run)
         if parts.reporter is not None:
             nursery.start_soon(parts.reporter.run)
+        if parts.evidence is not None:
+            ledger, clock = parts.cycle.ledger, parts.clock
+            nursery.start_soon(
+                prune_settled_evidence, parts.evidence, ledger, lambda: clock.now, clock.period_s
+            )
         if parts.cycle.ledger.wallet is None:
             log.warning("no wallet (chain.wallet_file): receipts are kept, nothing is sent")
         else:

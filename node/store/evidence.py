@@ -7,8 +7,11 @@ every hop of the iteration ran with. A backward's re-execution also needs the fo
 which is the input frame of the forward hop of the same microbatch. The files of epoch e lie
 under ``<root>/<e>/``. The epoch is the hop's header's, which a peer stamps, so with a chain
 clock (``epoch_now``) only hops of the last ``keep_epochs`` epochs up to the next one are kept,
-and epochs before those are deleted as time goes on: a made-up epoch can neither be kept nor
-prune what an auditor still needs (the retention covers the challenge window). Every file is
+and epochs before those are deleted as new hops come: a made-up epoch can neither be kept nor
+prune what an auditor still needs (the retention covers the challenge window). Hops stop coming
+when a run ends or a node stops, so the node also drops each epoch once it settles on chain
+(``prune_settled``, driven by ``node.receipts.evidence.prune_settled_evidence``): from then no
+dispute of it can be opened or ruled, and nothing of it is worth keeping. Every file is
 written to a temporary name and renamed, so a crash leaves no half file under a digest; reads
 return one chunk, so serving a large state never reads it whole.
 
@@ -20,9 +23,11 @@ must never be served as this run's (its hops would replay as wrong tensors).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
+import re
 import shutil
 import threading
 from collections.abc import Callable
@@ -34,12 +39,30 @@ log = logging.getLogger(__name__)
 _FRAME_SUFFIX = ".gwtt"
 _STATE_PREFIX = "state-"
 _STATE_SUFFIX = ".safetensors"
+_RUN_FOLDER = re.compile(r"(\d+)-(0x[0-9a-f]{40})-run(\d+)-start(\d+)")
 
 
 def run_folder(chain_id: int, ledger: str, run_id: int, run_start: int) -> str:
     """The name of the folder of one run's evidence: its chain, ledger, run id and start time
     (the block time the run opened at, which no other deployment of the same addresses has)."""
     return f"{chain_id}-{ledger.lower()}-run{run_id}-start{run_start}"
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    chain_id: int
+    ledger: str  # lower case
+    run_id: int
+    run_start: int
+
+
+def parse_run_folder(name: str) -> RunFolder | None:
+    """What ``run_folder`` put in ``name``, or None for a name it does not make."""
+    match = _RUN_FOLDER.fullmatch(name)
+    if match is None:
+        return None
+    chain_id, ledger, run_id, run_start = match.groups()
+    return RunFolder(int(chain_id), ledger, int(run_id), int(run_start))
 
 
 class EvidenceArchive:
@@ -116,10 +139,26 @@ class EvidenceArchive:
 
     def bytes_of(self, epoch: int) -> int:
         """Disk use of ``epoch``'s evidence."""
-        folder = self.root / str(epoch)
-        if not folder.is_dir():
-            return 0
-        return sum(path.stat().st_size for path in folder.iterdir())
+        return folder_bytes(self.root / str(epoch))
+
+    def kept_epochs(self) -> list[int]:
+        """The epochs with a folder of evidence, oldest first."""
+        return sorted(int(f.name) for f in _listing(self.root) if f.name.isdigit() and f.is_dir())
+
+    def prune_settled(self, is_settled: Callable[[int], bool]) -> list[int]:
+        """Deletes the evidence of every kept epoch ``is_settled`` says is settled (no dispute
+        of it can be opened or ruled any more); returns those epochs. Stops at the first epoch
+        that is not: epochs settle in order."""
+        pruned = []
+        for epoch in self.kept_epochs():
+            if not is_settled(epoch):
+                break
+            with self._lock:
+                shutil.rmtree(self.root / str(epoch), ignore_errors=True)
+                self._made.discard(epoch)
+            pruned.append(epoch)
+            log.info("pruned the hop evidence of epoch %s: it is settled", epoch)
+        return pruned
 
     def _epoch_dir(self, epoch: int) -> Path | None:
         """The folder of ``epoch``'s evidence, pruning what is past keeping; None for an epoch
@@ -147,6 +186,24 @@ class EvidenceArchive:
                 shutil.rmtree(folder, ignore_errors=True)
                 self._made.discard(int(folder.name))
                 log.info("pruned the hop evidence of epoch %s", folder.name)
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the files under ``folder`` (0 if there is none); a file deleted while it is
+    counted counts 0."""
+    total = 0
+    for directory, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(os.path.join(directory, name)).st_size
+    return total
+
+
+def _listing(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except FileNotFoundError:
+        return []
 
 
 def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:

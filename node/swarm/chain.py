@@ -305,13 +305,19 @@ def sponsor_of(info: DevnetInfo) -> Sender:
     return Sender.unlocked(account.address)
 
 
+#: The log section's variables (``node.settings``' ``GWTF_<SECTION>_<FIELD>``).
+_ENV_LOG = (f"{ENV_PREFIX}LOG_LEVEL", f"{ENV_PREFIX}LOG_JSON")
+
+
 def child_env() -> dict[str, str]:
     """The environment of the swarm's processes: their command lines and settings files say
     everything, so ``GWTF_*`` variables of the caller's shell (which outrank a settings file)
-    are left out, except the RPC token a chain named by ``rpc_url`` may need."""
+    are left out, except the RPC token a chain named by ``rpc_url`` may need and the log
+    settings (``GWTF_LOG_LEVEL=debug gwtf-node swarm …`` shows every node's debug lines)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
-    if ENV_RPC_TOKEN in os.environ:
-        env[ENV_RPC_TOKEN] = os.environ[ENV_RPC_TOKEN]
+    for kept in (ENV_RPC_TOKEN, *_ENV_LOG):
+        if kept in os.environ:
+            env[kept] = os.environ[kept]
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 

@@ -177,6 +177,8 @@ def test_swarm_processes_do_not_inherit_the_callers_settings(
 ) -> None:
     monkeypatch.setenv("GWTF_CHAIN_RUN_ID", "9")
     monkeypatch.setenv("GWTF_RPC_TOKEN", "t0ken")
+    monkeypatch.setenv("GWTF_LOG_LEVEL", "DEBUG")
     env = child_env()
     assert "GWTF_CHAIN_RUN_ID" not in env, "it would outrank the node's settings file"
     assert env["GWTF_RPC_TOKEN"] == "t0ken" and env["OMP_NUM_THREADS"] == "1"
+    assert env["GWTF_LOG_LEVEL"] == "DEBUG", "the caller chooses how much the nodes log"

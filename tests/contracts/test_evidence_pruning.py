@@ -1,0 +1,96 @@
+"""A relay deletes an epoch's hop evidence once the epoch settles on chain, and not a second
+before: until ``settlesAt`` a dispute of its hops can be opened or ruled, which needs the
+frames and the weights. Real contracts on eth-tester, a real archive on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from node.chain.epochs import EpochLedger
+from node.receipts.evidence import prune_settled_evidence
+from node.store.evidence import EvidenceArchive, run_folder
+from tests.contracts.conftest import Staffed
+from tests.contracts.test_node_epoch_cycle import suite_of
+
+
+def keep_three_epochs(root: Path) -> EvidenceArchive:
+    archive = EvidenceArchive(root, keep_epochs=4)
+    for epoch in (0, 1, 2):
+        archive.keep_frame(epoch, f"a frame of epoch {epoch}".encode())
+        archive.keep_state(epoch, 10 * epoch, lambda path: path.write_bytes(b"w" * 1000), bool)
+    return archive
+
+
+def prune_once(archive: EvidenceArchive, ledger: EpochLedger, now: int) -> None:
+    async def one_pass() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(prune_settled_evidence, archive, ledger, lambda: now, 60.0)
+            await trio.sleep(0.3)  # the first pass runs at once; the next is a minute away
+            nursery.cancel_scope.cancel()
+
+    trio.run(one_pass)
+
+
+def test_an_epoch_s_evidence_goes_when_the_epoch_settles(staffed: Staffed, tmp_path: Path) -> None:
+    w, run = staffed.w, staffed.run
+    ledger = EpochLedger(suite_of(w), run, None)
+    archive = keep_three_epochs(tmp_path / "evidence")
+    settles = [w.epoch_times(run, epoch)[3] for epoch in (0, 1, 2)]
+
+    prune_once(archive, ledger, settles[0] - 1)  # epoch 0 can still be disputed and ruled on
+    assert archive.kept_epochs() == [0, 1, 2]
+    assert archive.state(0, 0) == b"w" * 1000
+
+    prune_once(archive, ledger, settles[0])
+    assert archive.kept_epochs() == [1, 2]
+    assert archive.state(0, 0) is None and archive.bytes_of(0) == 0
+    assert archive.bytes_of(1) > 1000
+
+    prune_once(archive, ledger, settles[2] + 3600)  # a node started again long after
+    assert archive.kept_epochs() == []
+
+
+def test_a_chain_that_does_not_answer_prunes_nothing(staffed: Staffed, tmp_path: Path) -> None:
+    class Unreachable(EpochLedger):
+        def epoch_times(self, epoch: int):  # type: ignore[no-untyped-def]
+            raise OSError("connection refused")
+
+    archive = keep_three_epochs(tmp_path / "evidence")
+    prune_once(archive, Unreachable(suite_of(staffed.w), staffed.run, None), 2**40)
+    assert archive.kept_epochs() == [0, 1, 2]
+
+
+def test_the_node_s_other_runs_on_this_chain_are_pruned_too(
+    staffed: Staffed, tmp_path: Path
+) -> None:
+    # A node that left a run before it settled: nothing else would ever delete its evidence.
+    w = staffed.w
+    suite = suite_of(w)
+    chain_id, address = w.w3.eth.chain_id, suite.ledger.address
+    later = w.open_run()
+    ledger, its = EpochLedger(suite, staffed.run, None), EpochLedger(suite, later, None)
+    start, later_start = ledger.run_start_and_length()[0], its.run_start_and_length()[0]
+    evidence = tmp_path / "evidence"
+    archive = keep_three_epochs(evidence / run_folder(chain_id, address, staffed.run, start))
+    other = keep_three_epochs(evidence / run_folder(chain_id, address, later, later_start))
+    untouchable = [
+        evidence / run_folder(chain_id, address, later, later_start + 1),  # another deployment
+        evidence / run_folder(chain_id, address, later + 5, later_start),  # no such run here
+        evidence / run_folder(chain_id + 1, address, later, later_start),  # another chain
+    ]
+    for folder in untouchable:
+        keep_three_epochs(folder)
+
+    now = w.epoch_times(later, 1)[3]
+    prune_once(archive, ledger, now)
+    assert other.kept_epochs() == [2]
+    assert all(EvidenceArchive(f, keep_epochs=4).kept_epochs() == [0, 1, 2] for f in untouchable)
+    open_here = [e for e in (0, 1, 2) if w.epoch_times(staffed.run, e)[3] > now]
+    assert archive.kept_epochs() == open_here and open_here != [0, 1, 2]
+
+    prune_once(archive, ledger, w.epoch_times(later, 2)[3])
+    assert not other.root.exists()  # pruned whole, its folder too
+    assert archive.root.exists()  # this run's folder stays for the hops still to come
+    assert all(EvidenceArchive(f, keep_epochs=4).kept_epochs() == [0, 1, 2] for f in untouchable)
