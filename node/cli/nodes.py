@@ -234,6 +234,13 @@ def cmd_status(args: argparse.Namespace, settings: Settings, console: Console) -
             data["live_error"] = str(exc)
     db_url = str(home_settings(settings, home).get("db.url", settings.db.url))
     data["unclaimed"] = []
+    if data["live"] is None:
+        from node.store.disk import disk_usage
+
+        evidence = home_settings(settings, home).get(
+            "chain.evidence_dir", settings.chain.evidence_dir
+        )
+        data["disk_bytes"] = disk_usage(db_url, evidence).total_bytes
     if data["live"] is None and run_id:
         # Stopped with work unpaid: only a running node claims, so its owner must know.
         from node.cli.earnings import unclaimed_report
@@ -248,7 +255,10 @@ def cmd_status(args: argparse.Namespace, settings: Settings, console: Console) -
             c.print(_fields("run", data["run"]))
         live = data["live"]
         if live is None:
-            c.print(f"not running: {data['live_error']}")
+            c.print(
+                f"not running: {data['live_error']}; its home holds "
+                f"{data['disk_bytes'] / 1e6:.1f} MB"
+            )
             for line in data["unclaimed"]:
                 c.print(f"unclaimed: {line}")
             if data["unclaimed"]:

@@ -107,7 +107,7 @@ def cmd_start(args: argparse.Namespace, settings: Settings, console: Console) ->
             console.print(f"dashboard and API: {api.url}  (OpenAPI docs at {api.url}/docs)")
         if role == "relay":
             report_unclaimed(settings, contracts, args.run, node, console, args.node_name)
-        configure_logging(node)
+        configure_logging(node, settings.log.level, json=settings.log.json)
 
         starting = RunningNode(node, peer_id, args.run, role, "", "", os.getpid(), "starting")
         write_running(home, starting)

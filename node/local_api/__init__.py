@@ -15,7 +15,7 @@ import trio
 from api.app import create_app
 from api.services import Refused
 from node.local_api.client import socket_url
-from node.local_api.disk import DataPaths, sqlite_file, watch_disk
+from node.local_api.disk import DataPaths, watch_disk
 from node.local_api.server import ApiServer, serve_api
 from node.local_api.snapshot import Meter, SnapshotBox, take_snapshot
 from node.local_api.views import ClaimNow, NodeViews
@@ -76,7 +76,7 @@ async def run_local_api(node: LiveNode, api: LocalApi, box: SnapshotBox) -> None
 def data_paths(node: LiveNode, records: NodeRecords | None) -> DataPaths:
     """Where the node keeps its data: its database (when a SQLite file) and, for a relay, the
     evidence folder holding every run's (the archive's root is this run's folder in it)."""
-    database = sqlite_file(records.db.engine) if records is not None else None
+    database = str(records.db.engine.url) if records is not None else ""
     role = node.role
     evidence = role.evidence if isinstance(role, RelayRole) else None
     return DataPaths(database, evidence.root.parent if evidence is not None else None)

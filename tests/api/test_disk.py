@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.schemas import DiskUse
-from node.local_api.disk import DataPaths, measure, sqlite_file, watch_disk
+from node.local_api.disk import DataPaths, measure, watch_disk
 from node.local_api.snapshot import SnapshotBox
 from node.local_api.views import NodeViews
 from node.store.database import Database, open_database
@@ -31,11 +31,9 @@ def evidence_folder(root: Path) -> int:
 def test_the_database_file_and_every_evidence_file_are_counted(
     db: Database, tmp_path: Path
 ) -> None:
-    database = sqlite_file(db.engine)
-    assert database == tmp_path / "node.sqlite"
     on_disk = sum(f.stat().st_size for f in tmp_path.iterdir() if f.name.startswith("node.sqlite"))
     evidence = evidence_folder(tmp_path / "evidence")
-    use = measure(DataPaths(database, tmp_path / "evidence"), 123.0)
+    use = measure(DataPaths(str(db.engine.url), tmp_path / "evidence"), 123.0)
     assert use.database_bytes == on_disk > 0
     assert use.evidence_bytes == evidence
     assert use.total_bytes == on_disk + evidence and use.measured_at == 123.0
@@ -44,10 +42,9 @@ def test_the_database_file_and_every_evidence_file_are_counted(
 def test_what_the_node_does_not_keep_is_null() -> None:
     server = open_database("sqlite://")  # in memory: nothing on disk, as with a server
     try:
-        assert sqlite_file(server.engine) is None
+        use = measure(DataPaths(str(server.engine.url), None), 0.0)
     finally:
         server.close()
-    use = measure(DataPaths(None, None), 0.0)
     assert (use.database_bytes, use.evidence_bytes, use.total_bytes) == (None, None, 0)
 
 
@@ -68,7 +65,7 @@ def test_the_disk_is_measured_every_30_s_and_shown_in_the_status(
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch_disk, box, DataPaths(None, root))
+            nursery.start_soon(watch_disk, box, DataPaths("", root))
             first = await measured_after(None)
             seen.append(first.evidence_bytes)
             (root / "run2" / "epoch0" / "d").write_bytes(b"y" * 500)
