@@ -57,6 +57,8 @@ def node_status(node: LiveNode) -> dict[str, Any]:
         "pid": os.getpid(),
         "peer_id": node.plane.node_id,
         "address": node.address,
+        # Every address it advertises, the one above first.
+        "addresses": list(node.book.own.addresses),
         "role": node.config.role,
         "stage": node.config.stage,
         "stats": dataclasses.asdict(role.stats),

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gwtf.errors import ConfigError
+from node.p2p.addresses import ALL_INTERFACES, check_announce, check_listen
 from node.training.settings import OptimizerSettings, TrainingSettings
 
 __all__ = ["OptimizerSettings", "Settings", "TrainingSettings", "load_settings"]
@@ -108,8 +109,12 @@ class NodeSettings:
 
 @dataclass(frozen=True)
 class P2PSettings:
-    listen_host: str = "127.0.0.1"
-    listen_port: int = 0
+    #: TCP multiaddrs to listen on; ``/ip4/0.0.0.0/tcp/P`` is every IPv4 interface, port 0 any
+    #: free port. ``/ip4/127.0.0.1/tcp/0`` keeps the node to this machine.
+    listen: tuple[str, ...] = (ALL_INTERFACES,)
+    #: Public addresses peers reach this node at (``/ip4/IP/tcp/PORT``, ``/dns4/NAME/tcp/PORT``:
+    #: a port forwarded on its router), advertised before the listen addresses.
+    announce: tuple[str, ...] = ()
     bootstrap_peers: tuple[str, ...] = ()
     connect_timeout_s: float = 10.0
     max_message_bytes: int = 64 * 1024 * 1024
@@ -308,8 +313,8 @@ def _positive_int(v: int) -> str | None:
 
 # Field checks by "section.field"; fields without an entry only need the right type.
 VALIDATORS: dict[str, Callable[[Any], str | None]] = {
-    "p2p.listen_host": _non_empty,
-    "p2p.listen_port": _port,
+    "p2p.listen": check_listen,
+    "p2p.announce": check_announce,
     "p2p.connect_timeout_s": _positive,
     "p2p.max_message_bytes": _positive,
     "chain.rpc_url": _rpc_url,

@@ -52,7 +52,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     start.add_argument(
         "--bootstrap", action="append", default=[], help="a peer's multiaddr (repeatable)"
     )
-    start.add_argument("--listen-port", type=port, help="p2p port (p2p.listen_port; 0: any)")
+    start.add_argument(
+        "--listen", action="append", default=[],
+        help="a TCP multiaddr to listen on (repeatable; p2p.listen, default /ip4/0.0.0.0/tcp/0: "
+        "every interface, any port)",
+    )  # fmt: skip
+    start.add_argument(
+        "--announce", action="append", default=[],
+        help="a public address peers reach this node at, e.g. /ip4/IP/tcp/PORT (repeatable; "
+        "p2p.announce)",
+    )  # fmt: skip
     start.add_argument("--api-port", type=port, help="local API port (api.port; 0: any)")
     start.add_argument(
         "--home", "--data-dir", dest="home",
@@ -92,7 +101,7 @@ def cmd_start(args: argparse.Namespace, settings: Settings, console: Console) ->
         exclusive_lock(key_file.with_name(key_file.name + ".lock"), _KEY_IN_USE.format(node)),
         exclusive_lock(home / LOCK_FILE, _DIR_IN_USE),
     ):
-        check_listen_port(settings.p2p.listen_host, settings.p2p.listen_port)
+        check_listen_ports(settings.p2p.listen)
         api = local_api(settings, default_port=args.api_port is None)
         config = live_config_from_settings(settings, password)
         peer_id = peer_id_of(identity_from_key(node_key)).to_base58()
@@ -250,13 +259,16 @@ def start_settings(
         "chain.receipts": True,
         "chain.wallet_file": str(args.wallet),
         "training.stages": run.stage_count,
-        "p2p.listen_port": args.listen_port,
         "api.port": args.api_port,
         # What the node keeps goes in its home, unless a setting puts it elsewhere.
         **home_settings(settings, home),
     }
     if args.bootstrap:
         overrides["p2p.bootstrap_peers"] = ",".join(args.bootstrap)
+    if args.listen:
+        overrides["p2p.listen"] = ",".join(args.listen)
+    if args.announce:
+        overrides["p2p.announce"] = ",".join(args.announce)
     # The same layers as every command (flags > env > file > defaults), the run's facts on top.
     flags = {"chain.rpc_url": args.rpc_url, "chain.devnet_file": args.devnet_file}
     return load_settings({**flags, **overrides}, config_file=args.config)
@@ -304,17 +316,25 @@ def local_api(settings: Settings, default_port: bool) -> LocalApi | None:
     return local_api_from_settings(replace(settings, api=replace(settings.api, port=0)))
 
 
-def check_listen_port(host: str, port: int) -> None:
-    if port == 0:
-        return
-    with socket.socket() as sock:
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise ConfigError(
-                f"p2p port {port} on {host} cannot be used ({exc.strerror}); stop what holds it "
-                "or pass --listen-port with a free port"
-            ) from exc
+def check_listen_ports(listen: tuple[str, ...]) -> None:
+    """Each fixed port of ``listen`` can be bound now (port 0 takes any free one)."""
+    from node.p2p.addresses import parse_listen
+
+    for text in listen:
+        addr = parse_listen(text)
+        family = addr.protocols()[0].name
+        host, port = addr.value_for_protocol(family), int(addr.value_for_protocol("tcp"))
+        ip6 = family == "ip6"
+        if port == 0:
+            continue
+        with socket.socket(socket.AF_INET6 if ip6 else socket.AF_INET) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                raise ConfigError(
+                    f"p2p port {port} on {host} cannot be used ({exc.strerror}); stop what holds "
+                    "it or pass --listen with a free port"
+                ) from exc
 
 
 async def run_until_stopped(
@@ -339,7 +359,7 @@ async def run_until_stopped(
         def on_started(node: LiveNode) -> None:
             started.append(node)
             announce(node.address)  # before the line: who reads it finds the home's file
-            console.print(f"serving on {node.address}")
+            console.print(f"serving on {' '.join(node.book.own.addresses)}", highlight=False)
             if api is not None:
                 nursery.start_soon(run_local_api, node, api, box)
 

@@ -1,10 +1,11 @@
 """What nodes publish to find each other: DHT keys, signed peer cards and pubsub hints.
 
 Pure encoding and validation, no I/O. A node's *card* says which run and stage it serves, from
-which region and at which address; it is signed with the node's libp2p key, so a card stored
-in the DHT under ``/gwtf/card/<peer id>`` can only come from that peer (Ed25519 peer ids embed
-the public key). *Hints* travel on a run's gossipsub topic; pubsub already signs each message
-with its sender's key, so a hint is accepted only when its address names the sender.
+which region and at which addresses (``addr``, the one to dial first, and ``addrs``, the others,
+absent when there are none); it is signed with the node's libp2p key, so a card stored in the
+DHT under ``/gwtf/card/<peer id>`` can only come from that peer (Ed25519 peer ids embed the
+public key). *Hints* travel on a run's gossipsub topic; pubsub already signs each message with
+its sender's key, so a hint is accepted only when its address names the sender.
 
 Everything read from the network is untrusted: sizes are bounded before parsing, every field is
 checked for type and range, and a bad record raises ``ProtocolError`` for the caller to drop.
@@ -22,15 +23,16 @@ from libp2p.crypto.keys import PrivateKey
 from libp2p.peer.id import ID
 
 from gwtf.errors import ConfigError, ProtocolError
+from node.p2p.addresses import MAX_ADDRESS_CHARS, MAX_ADDRESSES, check_peer_addresses
 from node.p2p.host import peer_info
 
 CARD_NAMESPACE = "gwtf"
 CARD_PREFIX = f"/{CARD_NAMESPACE}/card/"
-MAX_CARD_BYTES = 640
+#: A card with one address takes ~450 bytes; each more address at most ~200.
+MAX_CARD_BYTES = 640 + (MAX_ADDRESSES - 1) * 210
 MAX_HINT_BYTES = 512
 MAX_STAGE = 1024
 MAX_REGION_CHARS = 32
-MAX_ADDRESS_CHARS = 200
 MAX_SPARE = 1 << 16
 ROLES = ("data", "relay")
 HINT_KINDS = ("joined", "stage", "spare", "leaving")
@@ -71,6 +73,8 @@ class PeerCard:
     region: str
     address: str
     issued_ms: int
+    #: More addresses the peer advertises, tried after ``address``.
+    other_addresses: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_fields(self.run_id, self.stage, self.region, self.address)
@@ -78,22 +82,26 @@ class PeerCard:
             raise ProtocolError(f"role {self.role[:20]!r} is not one of {ROLES}")
         if peer_id_of_address(self.address) != self.peer_id:
             raise ProtocolError("card address names another peer than the card")
+        check_peer_addresses([self.address, *self.other_addresses], self.peer_id)
         if not 0 <= self.issued_ms < 1 << 53:
             raise ProtocolError(f"card time {self.issued_ms} is out of range")
 
 
 def sign_card(card: PeerCard, key: PrivateKey) -> bytes:
     """The DHT value of ``card``: length-prefixed JSON followed by the signature over it."""
+    fields: dict[str, object] = {
+        "peer": card.peer_id,
+        "run": card.run_id,
+        "stage": card.stage,
+        "role": card.role,
+        "region": card.region,
+        "addr": card.address,
+        "issued_ms": card.issued_ms,
+    }
+    if card.other_addresses:
+        fields["addrs"] = list(card.other_addresses)
     payload = json.dumps(
-        {
-            "peer": card.peer_id,
-            "run": card.run_id,
-            "stage": card.stage,
-            "role": card.role,
-            "region": card.region,
-            "addr": card.address,
-            "issued_ms": card.issued_ms,
-        },
+        fields,
         separators=(",", ":"),
         sort_keys=True,
     ).encode()
@@ -120,6 +128,7 @@ def open_card(key: str, value: bytes) -> PeerCard:
         region=_field(fields, "region", str),
         address=_field(fields, "addr", str),
         issued_ms=_field(fields, "issued_ms", int),
+        other_addresses=_other_addresses(fields),
     )
     if key != card_key(card.peer_id):
         raise ProtocolError(f"card of peer {card.peer_id} stored under another key")
@@ -221,6 +230,15 @@ def _check_fields(run_id: int, stage: int, region: str, address: str) -> None:
         raise ProtocolError(f"bad region {region[:20]!r}")
     if len(address) > MAX_ADDRESS_CHARS:
         raise ProtocolError(f"address of {len(address)} characters is over {MAX_ADDRESS_CHARS}")
+
+
+def _other_addresses(fields: dict[str, Any]) -> tuple[str, ...]:
+    others = fields.get("addrs", [])
+    if not isinstance(others, list) or not all(isinstance(a, str) for a in others):
+        raise ProtocolError("field 'addrs' is not a list of strings")
+    if len(others) >= MAX_ADDRESSES:
+        raise ProtocolError(f"card has {len(others) + 1} addresses, over {MAX_ADDRESSES}")
+    return tuple(others)
 
 
 def _checked_run(run_id: int) -> int:

@@ -17,6 +17,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
 from gwtf.errors import ConfigError
+from node.p2p.addresses import LOOPBACK, advertised, parse_announce, parse_listen
 
 log = logging.getLogger(__name__)
 
@@ -26,22 +27,33 @@ _CLOSE_S = 2.0
 ADDRESS_TTL_S = 3600
 
 
-def build_host(key_pair: KeyPair, dial_timeout_s: float = 10.0) -> IHost:
+def build_host(
+    key_pair: KeyPair, dial_timeout_s: float = 10.0, announce: Sequence[str] = ()
+) -> IHost:
+    """A host that advertises ``announce`` (public addresses, best first), then the addresses
+    it listens on (``addresses.advertised``)."""
+    announced = [parse_announce(addr) for addr in announce]
     # One connection per peer: py-libp2p otherwise dials three and waits ~250 ms on each connect.
     config = ConnectionConfig(max_connections_per_peer=1, dial_timeout=dial_timeout_s)
-    return new_host(key_pair=key_pair, connection_config=config, muxer_preference="YAMUX")
+    return new_host(
+        key_pair=key_pair,
+        connection_config=config,
+        muxer_preference="YAMUX",
+        addrs_factory=lambda listening: advertised(listening, announced),
+        # Identify's observed address of a node behind a NAT is its router's mapping of one
+        # outgoing connection, a port nobody can dial back: never advertise it unchecked.
+        disable_identify_address_discovery=True,
+    )
 
 
 @asynccontextmanager
 async def running_host(
-    key_pair: KeyPair, listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",)
+    key_pair: KeyPair, listen: Sequence[str] = (LOOPBACK,), announce: Sequence[str] = ()
 ) -> AsyncIterator[IHost]:
-    """A started host listening on ``listen`` (loopback with an ephemeral port by default)."""
-    host = build_host(key_pair)
-    try:
-        addrs = [multiaddr.Multiaddr(addr) for addr in listen]
-    except ValueError as exc:
-        raise ConfigError(f"bad listen address in {list(listen)}: {exc}") from exc
+    """A started host listening on ``listen`` (loopback with an ephemeral port by default) and
+    advertising ``announce`` first."""
+    addrs = [parse_listen(addr) for addr in listen]
+    host = build_host(key_pair, announce=announce)
     async with host.run(listen_addrs=addrs):
         try:
             yield host
@@ -90,7 +102,12 @@ def peer_info(address: str) -> PeerInfo:
         ) from exc
 
 
+def full_addresses(host: IHost) -> list[str]:
+    """Every address ``host`` advertises, best first, each with its peer id."""
+    addrs = [str(addr) for addr in host.get_addrs()]
+    return [addr if "/p2p/" in addr else f"{addr}/p2p/{host.get_id()}" for addr in addrs]
+
+
 def full_address(host: IHost) -> str:
-    """The first listen address of ``host`` with its peer id, as other nodes dial it."""
-    addr = str(host.get_addrs()[0])
-    return addr if "/p2p/" in addr else f"{addr}/p2p/{host.get_id()}"
+    """The address of ``host`` that peers dial first, with its peer id."""
+    return full_addresses(host)[0]

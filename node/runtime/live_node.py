@@ -21,6 +21,7 @@ from contracts.certificate_tree import SignedReceipt
 from coordinator_free.protocol.config import DATA, FlowConfig, NodeSpec
 from coordinator_free.protocol.node import FlowNode
 from gwtf.errors import ConfigError, ProtocolError
+from node.p2p.addresses import LOOPBACK
 from node.p2p.host import ADDRESS_TTL_S, peer_info, running_host
 from node.p2p.link_emulation import LinkEmulator, Topology
 from node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper
@@ -80,7 +81,9 @@ class LiveNodeConfig:
     run_id: int = 1
     seed: int = 0
     bootstrap: tuple[str, ...] = ()
-    listen: str = "/ip4/127.0.0.1/tcp/0"
+    #: TCP multiaddrs to listen on, and public ones to advertise first (``p2p.addresses``).
+    listen: tuple[str, ...] = (LOOPBACK,)
+    announce: tuple[str, ...] = ()
     topology: Topology | None = None
     iterations: int = 0  # data node: how many to train; 0 trains until cancelled
     batch: int = 4  # data node: microbatches per iteration
@@ -154,7 +157,10 @@ async def run_live_node(
 ) -> list[IterationResult]:
     """Run one node; returns the data node's iteration results (a relay runs until cancelled)."""
     key = config.identity
-    async with running_host(key, [config.listen]) as host, trio.open_nursery() as nursery:
+    async with (
+        running_host(key, config.listen, config.announce) as host,
+        trio.open_nursery() as nursery,
+    ):
         node_id = str(host.get_id())
         rpc = (
             RequestResponse(host)

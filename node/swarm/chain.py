@@ -21,6 +21,7 @@ every node of a swarm without a chain.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -72,6 +73,9 @@ class ChainPlan:
 
     enabled: bool = True
     rpc_url: str = ""
+    #: The IP address the swarm's own devnet serves on, which every node dials: loopback keeps
+    #: the chain to this machine; nodes on other hosts need an address they can route to.
+    host: str = "127.0.0.1"
     devnet_file: str = ""
     stake_eth: float = 2.0
     reward_pool_eth: float = 10.0
@@ -93,6 +97,11 @@ class ChainPlan:
             raise ConfigError(f"[chain] enabled={plan.enabled!r} must be true or false")
         if plan.rpc_url and not plan.rpc_url.startswith(("http://", "https://")):
             raise ConfigError(f"[chain] rpc_url={plan.rpc_url!r} must be an http(s):// URL")
+        if not _is_host_ip(plan.host):
+            raise ConfigError(
+                f"[chain] host={plan.host!r} must be an IP address of this machine that the "
+                "nodes can dial (not 0.0.0.0)"
+            )
         if plan.devnet_file and not plan.rpc_url:
             raise ConfigError("[chain] devnet_file needs rpc_url: name the chain it describes")
         for name in ("stake_eth", "reward_pool_eth", "fund_eth"):
@@ -229,9 +238,7 @@ def start_swarm_chain(
             info = read_devnet_file(plan.devnet_file)
             devnet_file.write_text(Path(plan.devnet_file).read_text())
         else:
-            running = start_devnet(
-                "127.0.0.1", 0, plan.rpc_url or None, devnet_file, backend=backend
-            )
+            running = start_devnet(plan.host, 0, plan.rpc_url or None, devnet_file, backend=backend)
             info = running.info
             if running.chain is not None:  # ours, not the chain at rpc_url
                 devnet = running
@@ -400,3 +407,10 @@ def chain_facts(
             for name, peer_id in strangers.items()
         },
     }
+
+
+def _is_host_ip(host: object) -> bool:
+    try:
+        return isinstance(host, str) and not ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False

@@ -23,6 +23,7 @@ Swarm file::
     [flow]   any field of the node settings' flow section (decision_period_s,
              hop_ack_deadline_s, keepalive_interval_s, ...; see node/settings.py)
     [chain]  enabled = true, rpc_url = "" (use a running chain instead of starting a devnet),
+             host = "127.0.0.1" (the IP its own devnet serves on, which the nodes dial),
              devnet_file = "" (its contracts, as `gwtf-node devnet` writes them; without it the
              suite is deployed on rpc_url), stake_eth = 2.0, fund_eth = 3.0 (per node),
              reward_pool_eth = 10.0, epoch_length_s = 3600, audit_sample = 32 (hops of each
@@ -54,6 +55,7 @@ from typing import Any
 import tomli_w
 
 from gwtf.errors import ConfigError
+from node.p2p.addresses import LOOPBACK
 from node.p2p.link_emulation import Topology
 from node.receipts.cheats import check_cheat
 from node.runtime.fault_injection import CRASH_MOMENTS
@@ -313,6 +315,8 @@ def node_settings(
             if plan.swarm["topology"]
             else "",
             "bootstrap_peers": [],
+            # A local swarm: every node on this machine only.
+            "listen": [LOOPBACK],
             "discovery_period_s": 1.0,
         },
         "chain": {

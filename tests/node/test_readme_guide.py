@@ -132,7 +132,8 @@ def test_a_stranger_follows_the_readme_registers_starts_is_paid(
         wait_until(lambda: "waiting for the data node at" in log.read_text(), "the wait", 60)
         data = start(tmp_path, "data", ["--config", str(settings_file(tmp_path, "data")),
                                         *chain, "start", *sponsor, "--node-name", "data",
-                                        "--run", run, "--listen-port", str(port)])  # fmt: skip
+                                        "--run", run,
+                                        "--listen", f"/ip4/127.0.0.1/tcp/{port}"])  # fmt: skip
         procs.append(data)
         volunteer.wait_for("serving on ", 120)
         status = " ".join(run_step(by_name["status"]).split())

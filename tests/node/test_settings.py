@@ -46,6 +46,17 @@ def test_env_strings_are_converted_to_field_types(tmp_path: Path) -> None:
     assert settings.p2p.bootstrap_peers == ("/ip4/1.2.3.4/tcp/1", "/ip4/5.6.7.8/tcp/2")
 
 
+def test_a_node_listens_everywhere_by_default_and_takes_several_addresses(tmp_path: Path) -> None:
+    assert Settings().p2p.listen == ("/ip4/0.0.0.0/tcp/0",)
+    env = {
+        "GWTF_P2P_LISTEN": "/ip4/0.0.0.0/tcp/4001,/ip6/::/tcp/4001",
+        "GWTF_P2P_ANNOUNCE": "/ip4/203.0.113.7/tcp/4001,/dns4/home.example/tcp/4001",
+    }
+    p2p = load_settings(env=env, config_file=write_toml(tmp_path, "")).p2p
+    assert p2p.listen == ("/ip4/0.0.0.0/tcp/4001", "/ip6/::/tcp/4001")
+    assert p2p.announce == ("/ip4/203.0.113.7/tcp/4001", "/dns4/home.example/tcp/4001")
+
+
 @pytest.mark.parametrize(
     ("env", "fragment"),
     [
@@ -56,6 +67,10 @@ def test_env_strings_are_converted_to_field_types(tmp_path: Path) -> None:
         ({"GWTF_TRAINING_DEVICE": "tpu"}, "must be one of auto, cpu, cuda"),
         ({"GWTF_DB_URL": "mysql://x"}, "must be a sqlite:///PATH or postgresql://"),
         ({"GWTF_API_ENABLED": "maybe"}, "is not a boolean"),
+        ({"GWTF_P2P_LISTEN": "/ip4/0.0.0.0/udp/1"}, "listen address '/ip4/0.0.0.0/udp/1' is not"),
+        ({"GWTF_P2P_LISTEN": ""}, "must name at least one address"),
+        ({"GWTF_P2P_ANNOUNCE": "/ip4/0.0.0.0/tcp/4001"}, "names no host; give the public IP"),
+        ({"GWTF_P2P_ANNOUNCE": "/dns4/home.example/tcp/0"}, "has port 0"),
     ],
 )
 def test_bad_values_name_the_value_and_the_fix(
@@ -70,9 +85,9 @@ def test_bad_values_name_the_value_and_the_fix(
 
 
 def test_toml_errors_name_the_file(tmp_path: Path) -> None:
-    bad_type = write_toml(tmp_path, "[p2p]\nlisten_port = 'x'\n")
+    bad_type = write_toml(tmp_path, "[p2p]\ndiscovery_period_s = 'x'\n")
     with pytest.raises(
-        ConfigError, match=r"p2p.listen_port='x' from .*gwtf.toml is not an integer"
+        ConfigError, match=r"p2p.discovery_period_s='x' from .*gwtf.toml is not a number"
     ):
         load_settings(env={}, config_file=bad_type)
     typo = write_toml(tmp_path, "[p2p]\nlisten_prot = 1\n")

@@ -152,7 +152,7 @@ def test_register_start_earn_claim_leave_unstake_withdraw(
     # The relays start first, together, and wait for the data node they bootstrap from.
     port = free_port()
     address = f"/ip4/127.0.0.1/tcp/{port}/p2p/{data_node['peer_id']}"
-    common = [*chain, "start", "--run", run, "--listen-port", "0"]
+    common = [*chain, "start", "--run", run, "--listen", "/ip4/127.0.0.1/tcp/0"]
     relays, procs = [], []
     try:
         for i, ((wallet, _), name) in enumerate(zip(volunteers, names, strict=True)):
@@ -169,8 +169,8 @@ def test_register_start_earn_claim_leave_unstake_withdraw(
                        f"{relay.name} to wait")  # fmt: skip
         data_toml = settings_file(tmp_path, "data")
         data = start(tmp_path, "data", ["--config", str(data_toml), *chain, "start", "--run",
-                                        run, *sponsor, "--node-name", "data", "--listen-port",
-                                        str(port)])  # fmt: skip
+                                        run, *sponsor, "--node-name", "data", "--listen",
+                                        f"/ip4/127.0.0.1/tcp/{port}"])  # fmt: skip
         procs.append(data)
         assert data.wait_for("serving on ").split()[-1] == address
         data_api = data.wait_for("dashboard and API: ").split()[3]

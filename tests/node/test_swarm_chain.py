@@ -129,6 +129,8 @@ def test_chain_facts_name_the_refused_peers(swarm_chain: SwarmChain) -> None:
         ({"devnet_file": "d.json"}, "[chain] devnet_file needs rpc_url"),
         ({"stake_eth": 0}, "[chain] stake_eth=0"),
         ({"stake_eth": 5.0, "fund_eth": 5.0}, "[chain] fund_eth=5.0 must exceed"),
+        ({"host": "0.0.0.0"}, "[chain] host='0.0.0.0' must be an IP address"),
+        ({"host": "chain.example"}, "[chain] host='chain.example' must be an IP address"),
     ],
 )
 def test_bad_chain_sections_are_refused(section: dict[str, object], fragment: str) -> None:
@@ -182,3 +184,12 @@ def test_swarm_processes_do_not_inherit_the_callers_settings(
     assert "GWTF_CHAIN_RUN_ID" not in env, "it would outrank the node's settings file"
     assert env["GWTF_RPC_TOKEN"] == "t0ken" and env["OMP_NUM_THREADS"] == "1"
     assert env["GWTF_LOG_LEVEL"] == "DEBUG", "the caller chooses how much the nodes log"
+
+
+def test_a_swarm_serves_its_devnet_on_the_host_its_plan_names(tmp_path: Path) -> None:
+    chain = start_swarm_chain(ChainPlan(host="127.0.0.2"), tmp_path, 2, "gpt-tiny", None)
+    try:
+        assert chain.rpc_url.startswith("http://127.0.0.2:"), chain.rpc_url
+        assert chain.contracts.port().run_info(chain.run_id) is not None
+    finally:
+        chain.stop()

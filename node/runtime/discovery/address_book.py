@@ -8,8 +8,9 @@ itself with its own address and region, so a joiner becomes known to the swarm t
 node it asked first. Nothing here is trusted: lines are parsed strictly, the book is bounded, and
 a peer's claimed region only affects link emulation (a test-bench feature).
 
-Protocol ``/gwtf/peers/2.0.0``: request = ``ADDRESS REGION``; reply = up to ``MAX_ENTRIES`` lines
-of ``ADDRESS REGION``, all UTF-8.
+Protocol ``/gwtf/peers/3.0.0``: request = ``ADDRESS REGION [ADDRESS ...]``; reply = up to
+``MAX_ENTRIES`` such lines, all UTF-8. A line holds every address the peer advertises, the one to
+dial first leading, at most ``MAX_ADDRESSES`` (``node.p2p.addresses``); each must name the peer.
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ import trio
 from libp2p.peer.id import ID
 
 from gwtf.errors import ConfigError, ProtocolError
-from node.p2p.host import ADDRESS_TTL_S, full_address, peer_info, point_at
+from node.p2p.addresses import MAX_ADDRESSES, check_peer_addresses
+from node.p2p.host import ADDRESS_TTL_S, full_addresses, peer_info, point_at
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_ID = "/gwtf/peers/2.0.0"
+PROTOCOL_ID = "/gwtf/peers/3.0.0"
 MAX_ENTRIES = 256
-MAX_LINE_BYTES = 256
+MAX_LINE_BYTES = 1024
 LIMITS = RpcLimits(MAX_LINE_BYTES, MAX_ENTRIES * (MAX_LINE_BYTES + 1), 5.0)
 
 
@@ -40,20 +42,34 @@ class PeerRecord:
     region: str
     #: The stage the peer serves (0 = data node), when a card or hint said so.
     stage: int | None = None
+    #: More addresses the peer advertises, tried after ``address``.
+    other_addresses: tuple[str, ...] = ()
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return (self.address, *self.other_addresses)
+
+
+def format_record(record: PeerRecord) -> str:
+    return " ".join([record.address, record.region, *record.other_addresses])
 
 
 def parse_record(line: str) -> PeerRecord:
     parts = line.split(" ")
-    if len(parts) != 2 or len(line.encode()) > MAX_LINE_BYTES:
-        raise ProtocolError("peer record must be 'ADDRESS REGION' within 256 bytes")
-    address, region = parts
+    if not 2 <= len(parts) <= MAX_ADDRESSES + 1 or len(line.encode()) > MAX_LINE_BYTES:
+        raise ProtocolError(
+            f"peer record must be 'ADDRESS REGION [ADDRESS ...]' with at most {MAX_ADDRESSES} "
+            f"addresses, within {MAX_LINE_BYTES} bytes"
+        )
+    address, region, *more = parts
     try:
         info = peer_info(address)
     except ConfigError as exc:
         raise ProtocolError(f"bad peer address in a peer record: {exc}") from exc
     if not region.isidentifier():
         raise ProtocolError(f"bad region {region[:20]!r} in a peer record")
-    return PeerRecord(str(info.peer_id), address, region)
+    check_peer_addresses(parts[:1] + more, str(info.peer_id))
+    return PeerRecord(str(info.peer_id), address, region, other_addresses=tuple(more))
 
 
 @dataclass
@@ -81,7 +97,7 @@ class AddressBook:
             raise ProtocolError(f"peer {peer} introduced itself with another peer id")
         self.learn(record, firsthand=True)
         self.on_heard(peer)
-        lines = [f"{r.address} {r.region}" for r in [self.own, *self.peers.values()]]
+        lines = [format_record(r) for r in [self.own, *self.peers.values()]]
         return "\n".join(lines[:MAX_ENTRIES]).encode()
 
     def learn(self, record: PeerRecord, firsthand: bool = False) -> None:
@@ -100,6 +116,11 @@ class AddressBook:
                 return
             if record.stage is None:
                 record = replace(record, stage=known.stage)
+            if not record.other_addresses and record.address in known.addresses:
+                # A hint or a load report names one address: the full list stays.
+                record = replace(
+                    record, address=known.address, other_addresses=known.other_addresses
+                )
             if record != known:
                 self.peers[record.peer_id] = record
                 self._remember_address(record, moved=firsthand and record.address != known.address)
@@ -119,9 +140,10 @@ class AddressBook:
         return [r for r in self.peers.values() if r.stage == stage]
 
     def _remember_address(self, record: PeerRecord, moved: bool) -> None:
-        peer, addrs = ID.from_base58(record.peer_id), peer_info(record.address).addrs
+        peer = ID.from_base58(record.peer_id)
+        addrs = [addr for address in record.addresses for addr in peer_info(address).addrs]
         if moved:
-            # Only the new address: py-libp2p dials the first one it stored for a peer.
+            # Only the new addresses: py-libp2p dials the first TCP one it stored for a peer.
             point_at(self.rpc.host, peer, addrs)
         else:
             self.rpc.host.get_peerstore().add_addrs(peer, addrs, ADDRESS_TTL_S)
@@ -129,7 +151,7 @@ class AddressBook:
     async def exchange_with(self, address: str) -> None:
         """Introduce this node to the peer at ``address`` and learn the peers it knows."""
         info = peer_info(address)
-        request = f"{self.own.address} {self.own.region}".encode()
+        request = format_record(self.own).encode()
         try:
             if not self.rpc.host.get_network().connections.get(info.peer_id):
                 await self.rpc.host.connect(info)
@@ -149,5 +171,6 @@ class AddressBook:
 
 
 def own_record(rpc: RequestResponse, region: str) -> PeerRecord:
-    address = full_address(rpc.host)
-    return PeerRecord(str(rpc.host.get_id()), address, region)
+    """This node's record: every address its host advertises, best first."""
+    first, *more = full_addresses(rpc.host)
+    return PeerRecord(str(rpc.host.get_id()), first, region, other_addresses=tuple(more))

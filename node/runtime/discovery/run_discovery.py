@@ -195,7 +195,9 @@ class RunDiscovery:
         if card is None or card.run_id != self.settings.run_id or self._is_stale(card):
             return
         self.cards[peer_id] = card
-        self.book.learn(PeerRecord(peer_id, card.address, card.region, card.stage))
+        self.book.learn(
+            PeerRecord(peer_id, card.address, card.region, card.stage, card.other_addresses)
+        )
         self.book.on_heard(peer_id)
 
     async def _join_bootstrap(self) -> None:
@@ -215,6 +217,7 @@ class RunDiscovery:
             region=self.book.own.region,
             address=self.book.own.address,
             issued_ms=self.wall_ms(),
+            other_addresses=self.book.own.other_addresses,
         )
         keys = [run_key(self.settings.run_id), stage_key(self.settings.run_id, self.settings.stage)]
         done = await self.directory.announce(sign_card(card, self.key), keys)
@@ -286,7 +289,11 @@ class RunDiscovery:
                 continue  # an honest card, just not a replica of the stage asked for
             if card.peer_id in self.book.peers or not await self._admits(card.peer_id):
                 continue
-            self.book.learn(PeerRecord(card.peer_id, card.address, card.region, card.stage))
+            self.book.learn(
+                PeerRecord(
+                    card.peer_id, card.address, card.region, card.stage, card.other_addresses
+                )
+            )
             self.counters.dht_peers += 1
             new += 1
         return new
