@@ -13,12 +13,17 @@ import {WorkLedger} from "./WorkLedger.sol";
 /// the fraud. A data node whose certificate tree breaks a rule loses its stake and the tree is
 /// voided; a node that signed two different receipts for one hop (as worker, or as
 /// counterparty) loses its stake. Nobody else is ever slashed. Proofs are accepted until the
-/// epoch settles, and only after the challenger committed to them one block earlier, so a proof
-/// seen in the mempool cannot be copied for the bounty. The challenger gets `bountyBps` of the
-/// slashed stake (a small share, so that reporting oneself never pays); the rest is burned.
+/// epoch settles, each revealed within `revealWindowBlocks` after the challenger committed to
+/// it in an earlier block. The bounty (`bountyBps` of the slashed stake, a small share so that
+/// reporting oneself never pays) goes to the proven challenger whose commitment came first,
+/// not to the first reveal: a proof copied or front-run from the mempool loses to the
+/// commitment it copies. The stake is taken at the first proof and all but the bounty burned;
+/// the bounty waits until no earlier commitment can still be revealed and no tensor dispute
+/// about the node is open, then `awardBounty` credits it once.
 /// A wrong tensor is the one fraud the chain cannot judge (no contract runs the model): a
 /// challenger opens a tensor dispute with a bond, the run's sponsor re-executes the hop and
-/// rules before the epoch settles, and a dispute it leaves unruled lapses in the worker's favour.
+/// rules before the epoch settles. Any number of disputes may run side by side on one
+/// receipt; a rejected dispute's bond goes to the worker, a lapsed one's is burned.
 contract Disputes is ReentrancyGuard {
     using HopReceipts for HopReceipt;
 
@@ -35,19 +40,44 @@ contract Disputes is ReentrancyGuard {
         Open,
         Upheld, // the arbiter found the tensor wrong: the worker is slashed
         Rejected, // the arbiter found the tensor right: the bond goes to the worker
-        Lapsed // nobody ruled before the epoch settled: the bond goes back
+        Lapsed // nobody ruled before the epoch settled: the bond is burned
     }
 
     /// @notice A tensor dispute: a challenger's claim that a certified hop's output is not what
     /// the worker's stage computes from its input with the stage's weights at that iteration.
+    /// `order` and `committedAt` are those of the challenger's commitment, by which an upheld
+    /// dispute ranks for the bounty.
     struct TensorDispute {
         address challenger;
         DisputeState state;
-        address worker;
         uint64 epoch;
+        address worker;
+        uint64 order;
         uint256 runId;
-        uint256 bondWei;
+        uint128 bondWei;
+        uint64 committedAt;
         bytes32 receiptDigest;
+    }
+
+    /// @notice A commitment to a proof: the block it was made in and its place among all
+    /// commitments (from 1), by which proofs rank for a bounty.
+    struct Commitment {
+        uint64 blockNumber;
+        uint64 order;
+    }
+
+    /// @notice The stake taken from a node and who is owed its bounty. The stake is taken at
+    /// the node's first conviction, the burned part at once; `challenger` is the proven
+    /// challenger with the earliest commitment so far. The bounty is final once no earlier
+    /// commitment can be revealed (after block `finalAfter`) and no tensor dispute about the
+    /// node is open (`openDisputes`, counted whether or not the node is convicted).
+    struct Conviction {
+        address challenger;
+        uint64 order;
+        uint32 openDisputes;
+        uint64 finalAfter; // 0: not convicted
+        bool awarded;
+        uint128 bountyWei;
     }
 
     uint256 public constant BPS = 10_000;
@@ -62,25 +92,40 @@ contract Disputes is ReentrancyGuard {
     /// arbiter finds the tensor right (its wallet is credited), so disputing honest work costs the
     /// disputer.
     uint256 public immutable tensorBondWei;
+    /// @notice Blocks after its commitment's block within which a proof must be revealed; a
+    /// bounty is final this many blocks after its winner's commitment. Short enough that a
+    /// cheater's accomplice cannot sit on one self-report waiting to front-run an auditor,
+    /// long enough for an auditor's reveal to be mined.
+    uint256 public immutable revealWindowBlocks;
     /// @notice A tensor dispute opens no later than this long before the epoch settles, so its
     /// arbiter has at least this long to re-execute the hop and rule.
     uint256 public constant MIN_RULING_S = 300;
 
     /// @notice The tensor disputes, numbered from 1.
     mapping(uint256 id => TensorDispute) public tensorDisputes;
-    /// @notice The dispute opened about a receipt (0: none); a receipt is disputed once.
-    mapping(bytes32 receiptDigest => uint256 id) public tensorDisputeOf;
+    /// @notice The dispute a challenger opened about a receipt (0: none). Each challenger
+    /// disputes a receipt once; others may dispute it side by side.
+    mapping(bytes32 receiptDigest => mapping(address challenger => uint256 id)) public tensorDisputeOf;
     /// @notice How many tensor disputes were opened.
     uint256 public tensorDisputeCount;
 
-    /// @notice Block in which each commitment was made (0: none).
-    mapping(bytes32 commitment => uint256 blockNumber) public commitments;
+    /// @notice Each commitment (block 0: none, or revealed).
+    mapping(bytes32 commitment => Commitment) public commitments;
+    /// @notice How many commitments were made.
+    uint64 public commitmentCount;
+    /// @notice Each node's conviction.
+    mapping(address node => Conviction) public convictions;
+    /// @notice Certificates voided by a proof (keccak256 of the CertRef): an earlier
+    /// commitment against one may still be revealed to rank for its data node's bounty.
+    mapping(bytes32 certHash => bool) public voidedByProof;
     /// @notice ETH owed to an account (bounties), withdrawn with withdrawCredit.
     mapping(address account => uint256) public creditWei;
     /// @notice Slashed ETH that no account will ever withdraw.
     uint256 public burnedWei;
 
-    event ProofCommitted(bytes32 indexed commitment, address indexed challenger);
+    event ProofCommitted(bytes32 indexed commitment, address indexed challenger, uint64 order);
+    /// @notice A proof held: `slashedWei` was taken by it (0 when the node was convicted
+    /// before), and `challenger` now leads for `bountyWei` (0 when an earlier commitment leads).
     event FraudProven(
         address indexed node,
         uint256 indexed runId,
@@ -88,8 +133,10 @@ contract Disputes is ReentrancyGuard {
         Fraud fraud,
         address challenger,
         uint256 slashedWei,
-        uint256 bountyWei
+        uint256 bountyWei,
+        uint64 order
     );
+    event BountyAwarded(address indexed node, address indexed challenger, uint256 bountyWei);
     event CreditWithdrawn(address indexed account, uint256 amountWei);
     event TensorDisputeOpened(
         uint256 indexed id,
@@ -103,13 +150,18 @@ contract Disputes is ReentrancyGuard {
         bytes workerSignature
     );
     event TensorDisputeRuled(uint256 indexed id, bool wrongTensor, bytes32 evidenceHash);
-    event TensorDisputeLapsed(uint256 indexed id);
+    event TensorDisputeLapsed(uint256 indexed id, uint256 burnedWei);
 
     error BountyOutOfRange(uint256 bountyBps, uint256 maxBountyBps);
     error UnexpectedPayment(address sender);
     error CommitmentExists(bytes32 commitment);
     error NoCommitment(bytes32 commitment);
     error CommitmentTooRecent(bytes32 commitment, uint256 committedAt);
+    error CommitmentExpired(bytes32 commitment, uint256 revealableUntil);
+    error RevealWindowOutOfRange(uint256 revealWindowBlocks);
+    error NotConvicted(address node);
+    error BountyAwardedAlready(address node);
+    error BountyNotFinal(address node, uint256 finalAfter, uint256 openDisputes);
     error ChallengePeriodOver(uint256 runId, uint64 epoch, uint256 settlesAt);
     error LeafNotInTree(address dataNode, uint64 index);
     error NotTheLeafsReceipt(uint64 index);
@@ -138,14 +190,25 @@ contract Disputes is ReentrancyGuard {
     /// @param registry_ The NodeRegistry (which names this contract its slasher).
     /// @param ledger_ The WorkLedger (which names this contract its disputes).
     /// @param bountyBps_ Challenger's share of a slashed stake, in basis points (1..MAX_BOUNTY_BPS).
-    /// @param tensorBondWei_ The bond of a tensor dispute (non-zero).
-    constructor(NodeRegistry registry_, WorkLedger ledger_, uint256 bountyBps_, uint256 tensorBondWei_) {
+    /// @param tensorBondWei_ The bond of a tensor dispute (non-zero, below 2^128).
+    /// @param revealWindowBlocks_ Blocks within which a commitment is revealed (1..2^32).
+    constructor(
+        NodeRegistry registry_,
+        WorkLedger ledger_,
+        uint256 bountyBps_,
+        uint256 tensorBondWei_,
+        uint256 revealWindowBlocks_
+    ) {
         if (bountyBps_ == 0 || bountyBps_ > MAX_BOUNTY_BPS) revert BountyOutOfRange(bountyBps_, MAX_BOUNTY_BPS);
-        if (tensorBondWei_ == 0) revert BondOutOfRange(tensorBondWei_);
+        if (tensorBondWei_ == 0 || tensorBondWei_ > type(uint128).max) revert BondOutOfRange(tensorBondWei_);
+        if (revealWindowBlocks_ == 0 || revealWindowBlocks_ > type(uint32).max) {
+            revert RevealWindowOutOfRange(revealWindowBlocks_);
+        }
         registry = registry_;
         ledger = ledger_;
         bountyBps = bountyBps_;
         tensorBondWei = tensorBondWei_;
+        revealWindowBlocks = revealWindowBlocks_;
     }
 
     /// @notice Accepts slashed stake from the registry only.
@@ -155,12 +218,17 @@ contract Disputes is ReentrancyGuard {
 
     /// @notice Commits to a proof before revealing it: keccak256(abi.encode(challenger, salt,
     /// proofHash)), with proofHash as the proof functions compute it. The proof may be revealed
-    /// from the next block on, by the challenger only.
+    /// by the challenger only, in the `revealWindowBlocks` blocks after this one; it ranks for
+    /// a bounty by this commitment's order. An expired commitment may be made again (anew).
     /// @param commitment The commitment.
     function commit(bytes32 commitment) external {
-        if (commitments[commitment] != 0) revert CommitmentExists(commitment);
-        commitments[commitment] = block.number;
-        emit ProofCommitted(commitment, msg.sender);
+        uint256 committedAt = commitments[commitment].blockNumber;
+        if (committedAt != 0 && block.number <= committedAt + revealWindowBlocks) {
+            revert CommitmentExists(commitment);
+        }
+        uint64 order = ++commitmentCount;
+        commitments[commitment] = Commitment(uint64(block.number), order);
+        emit ProofCommitted(commitment, msg.sender, order);
     }
 
     // ---------------------------------------------------------------- certificate fraud
@@ -191,14 +259,14 @@ contract Disputes is ReentrancyGuard {
         bytes32 proofHash = keccak256(
             abi.encode(Fraud.InvalidHop, cert, hop, proof, receipt, workerSignature, counterpartySignature)
         );
-        _useCommitment(proofHash, salt);
+        Commitment memory committed = _useCommitment(proofHash, salt);
         _checkLeaf(cert, hop, proof);
         if (
             hop.receiptDigest != receipt.digest(address(ledger))
                 || hop.signaturesHash != HopReceipts.signaturesHash(workerSignature, counterpartySignature)
         ) revert NotTheLeafsReceipt(hop.index);
         if (_isValidHop(cert, hop, receipt, workerSignature, counterpartySignature)) revert HopValid(hop.index);
-        _convictDataNode(cert, Fraud.InvalidHop);
+        _convictDataNode(cert, Fraud.InvalidHop, committed);
     }
 
     /// @notice One leaf that contradicts the certificate's count or units: a leaf beyond the
@@ -211,13 +279,13 @@ contract Disputes is ReentrancyGuard {
         external
         nonReentrant
     {
-        _useCommitment(keccak256(abi.encode(Fraud.BadTotals, cert, hop, proof)), salt);
+        Commitment memory committed = _useCommitment(keccak256(abi.encode(Fraud.BadTotals, cert, hop, proof)), salt);
         _checkLeaf(cert, hop, proof);
         uint64 index = hop.index;
         bool contradicts = index >= cert.count || (index == 0 && hop.unitsBefore != 0)
             || (index == cert.count - 1 && uint256(hop.unitsBefore) + hop.units != cert.units);
         if (!contradicts) revert TotalsBacked(index);
-        _convictDataNode(cert, Fraud.BadTotals);
+        _convictDataNode(cert, Fraud.BadTotals, committed);
     }
 
     /// @notice Two leaves of one tree that break its sequence: two different leaves with one
@@ -237,7 +305,8 @@ contract Disputes is ReentrancyGuard {
         bytes32[] calldata nextProof,
         bytes32 salt
     ) external nonReentrant {
-        _useCommitment(keccak256(abi.encode(Fraud.BadSequence, cert, hop, proof, next, nextProof)), salt);
+        Commitment memory committed =
+            _useCommitment(keccak256(abi.encode(Fraud.BadSequence, cert, hop, proof, next, nextProof)), salt);
         _checkLeaf(cert, hop, proof);
         _checkLeaf(cert, next, nextProof);
         bool broken;
@@ -250,7 +319,7 @@ contract Disputes is ReentrancyGuard {
             revert LeavesNotAdjacent(hop.index, next.index);
         }
         if (!broken) revert SequenceConsistent(hop.index, next.index);
-        _convictDataNode(cert, Fraud.BadSequence);
+        _convictDataNode(cert, Fraud.BadSequence, committed);
     }
 
     // ---------------------------------------------------------------- equivocation
@@ -270,7 +339,7 @@ contract Disputes is ReentrancyGuard {
         bytes calldata secondSignature,
         bytes32 salt
     ) external nonReentrant {
-        _useCommitment(
+        Commitment memory committed = _useCommitment(
             keccak256(abi.encode(Fraud.Equivocation, first, firstSignature, second, secondSignature)), salt
         );
         (,,, uint256 settlesAt) = ledger.epochTimes(first.runId, first.epoch);
@@ -287,9 +356,7 @@ contract Disputes is ReentrancyGuard {
         bool asWorker = signer == first.worker && signer != first.counterparty && signer != second.counterparty;
         bool asCounterparty = signer == first.counterparty && signer == second.counterparty && signer != first.worker;
         if (!asWorker && !asCounterparty) revert SignerNotParty(signer);
-        (,, NodeRegistry.NodeStatus status) = registry.bondOf(signer);
-        if (status == NodeRegistry.NodeStatus.Slashed) revert AlreadySlashed(signer);
-        _slash(signer, first.runId, first.epoch, Fraud.Equivocation, msg.sender);
+        _convict(signer, first.runId, first.epoch, Fraud.Equivocation, msg.sender, committed, true);
     }
 
     // ---------------------------------------------------------------- wrong tensors
@@ -297,8 +364,11 @@ contract Disputes is ReentrancyGuard {
     /// @notice Disputes the output of a certified hop: the challenger says the worker's stage,
     /// with its weights at the hop's iteration, does not compute the output digest the worker
     /// signed from the input digest it signed. Takes `tensorBondWei`; the run's sponsor rules.
-    /// Needs a commitment a block earlier, like every proof, so it cannot be copied from the
-    /// mempool, and opens no later than MIN_RULING_S before the epoch settles.
+    /// Needs a commitment from an earlier block, like every proof, by whose order an upheld
+    /// dispute ranks for the bounty, and opens no later than MIN_RULING_S before the epoch
+    /// settles. Other challengers' disputes about the same receipt, lost, lapsed or open, do
+    /// not stand in its way; a worker convicted already is disputed only by a commitment
+    /// earlier than the one leading for its bounty, before the bounty is awarded.
     /// @param cert The certificate that holds the hop.
     /// @param hop The leaf.
     /// @param proof Its Merkle proof.
@@ -315,7 +385,8 @@ contract Disputes is ReentrancyGuard {
         bytes32 salt
     ) external payable nonReentrant returns (uint256 id) {
         if (msg.value != tensorBondWei) revert WrongBond(msg.value, tensorBondWei);
-        _useCommitment(keccak256(abi.encode(Fraud.WrongTensor, cert, hop, proof, receipt, workerSignature)), salt);
+        Commitment memory committed =
+            _useCommitment(keccak256(abi.encode(Fraud.WrongTensor, cert, hop, proof, receipt, workerSignature)), salt);
         _checkLeaf(cert, hop, proof);
         (,,, uint256 settlesAt) = ledger.epochTimes(cert.runId, cert.epoch);
         if (block.timestamp + MIN_RULING_S > settlesAt) {
@@ -327,13 +398,25 @@ contract Disputes is ReentrancyGuard {
             revert ReceiptNotOfCertificate(hop.index);
         }
         if (_signer(digest, workerSignature) != receipt.worker) revert NotWorkersSignature(receipt.worker);
-        (,, NodeRegistry.NodeStatus status) = registry.bondOf(receipt.worker);
-        if (status == NodeRegistry.NodeStatus.Slashed) revert AlreadySlashed(receipt.worker);
-        if (tensorDisputeOf[digest] != 0) revert DisputeExists(tensorDisputeOf[digest]);
+        Conviction storage conviction = convictions[receipt.worker];
+        if (conviction.finalAfter != 0 && (conviction.awarded || committed.order > conviction.order)) {
+            revert AlreadySlashed(receipt.worker);
+        }
+        if (tensorDisputeOf[digest][msg.sender] != 0) revert DisputeExists(tensorDisputeOf[digest][msg.sender]);
         id = ++tensorDisputeCount;
-        tensorDisputeOf[digest] = id;
-        tensorDisputes[id] =
-            TensorDispute(msg.sender, DisputeState.Open, receipt.worker, cert.epoch, cert.runId, msg.value, digest);
+        tensorDisputeOf[digest][msg.sender] = id;
+        conviction.openDisputes += 1;
+        tensorDisputes[id] = TensorDispute(
+            msg.sender,
+            DisputeState.Open,
+            cert.epoch,
+            receipt.worker,
+            committed.order,
+            cert.runId,
+            uint128(msg.value),
+            committed.blockNumber,
+            digest
+        );
         // The whole receipt and signature in the event: the arbiter needs them, whatever
         // contract or wallet sent the transaction.
         emit TensorDisputeOpened(
@@ -342,8 +425,10 @@ contract Disputes is ReentrancyGuard {
     }
 
     /// @notice The arbiter's ruling on a tensor dispute, before the epoch settles. Wrong: the
-    /// worker is slashed (the challenger gets the bounty and its bond back). Right: the worker's
-    /// wallet gets the bond. Only the run's sponsor rules; `evidenceHash` names its re-execution record.
+    /// challenger gets its bond back and the worker is convicted, the challenger leading for
+    /// the bounty if its commitment is the earliest proven (the worker's stake is taken now
+    /// if no other proof took it). Right: the worker's wallet gets the bond. Only the run's
+    /// sponsor rules; `evidenceHash` names its re-execution record.
     /// @param id The dispute.
     /// @param wrongTensor Whether the re-executed output differs from the signed one.
     /// @param evidenceHash Hash of the arbiter's re-execution record, published off chain.
@@ -355,6 +440,7 @@ contract Disputes is ReentrancyGuard {
         (,,, uint256 settlesAt) = ledger.epochTimes(dispute.runId, dispute.epoch);
         if (block.timestamp >= settlesAt) revert RulingPeriodOver(id, settlesAt);
         emit TensorDisputeRuled(id, wrongTensor, evidenceHash);
+        convictions[dispute.worker].openDisputes -= 1;
         if (!wrongTensor) {
             dispute.state = DisputeState.Rejected;
             (address wallet,,) = registry.bondOf(dispute.worker);
@@ -364,15 +450,20 @@ contract Disputes is ReentrancyGuard {
         dispute.state = DisputeState.Upheld;
         address challenger = dispute.challenger;
         creditWei[challenger] += dispute.bondWei;
-        (,, NodeRegistry.NodeStatus status) = registry.bondOf(dispute.worker);
-        // A worker slashed since the dispute opened has nothing left to take.
-        if (status != NodeRegistry.NodeStatus.Slashed) {
-            _slash(dispute.worker, dispute.runId, dispute.epoch, Fraud.WrongTensor, challenger);
-        }
+        _convict(
+            dispute.worker,
+            dispute.runId,
+            dispute.epoch,
+            Fraud.WrongTensor,
+            challenger,
+            Commitment(dispute.committedAt, dispute.order),
+            false
+        );
     }
 
     /// @notice Closes a dispute nobody ruled on before the epoch settled: the worker keeps its
-    /// stake and the challenger gets its bond back (the silence is the arbiter's, not theirs).
+    /// stake and the bond is burned, so that disputes flooded to keep the arbiter from ruling
+    /// cost their senders (it goes neither to the sponsor nor to the run's funds).
     /// @param id The dispute.
     function lapseTensorDispute(uint256 id) external nonReentrant {
         TensorDispute storage dispute = tensorDisputes[id];
@@ -380,8 +471,28 @@ contract Disputes is ReentrancyGuard {
         (,,, uint256 settlesAt) = ledger.epochTimes(dispute.runId, dispute.epoch);
         if (block.timestamp < settlesAt) revert RulingPeriodOpen(id, settlesAt);
         dispute.state = DisputeState.Lapsed;
-        creditWei[dispute.challenger] += dispute.bondWei;
-        emit TensorDisputeLapsed(id);
+        convictions[dispute.worker].openDisputes -= 1;
+        burnedWei += dispute.bondWei;
+        emit TensorDisputeLapsed(id, dispute.bondWei);
+    }
+
+    /// @notice Credits a convicted node's bounty to the proven challenger whose commitment came
+    /// first, once that is final: no earlier commitment can be revealed any more (its window
+    /// closed after block `finalAfter`) and no tensor dispute about the node is open. Anyone
+    /// may call it; the bounty is credited once.
+    /// @param node The convicted node.
+    function awardBounty(address node) external nonReentrant {
+        Conviction storage conviction = convictions[node];
+        if (conviction.finalAfter == 0) revert NotConvicted(node);
+        if (conviction.awarded) revert BountyAwardedAlready(node);
+        if (block.number <= conviction.finalAfter || conviction.openDisputes != 0) {
+            revert BountyNotFinal(node, conviction.finalAfter, conviction.openDisputes);
+        }
+        conviction.awarded = true;
+        address challenger = conviction.challenger;
+        uint256 bountyWei = conviction.bountyWei;
+        creditWei[challenger] += bountyWei;
+        emit BountyAwarded(node, challenger, bountyWei);
     }
 
     /// @notice Sends the caller the bounties (and dispute bonds) credited to it.
@@ -405,20 +516,27 @@ contract Disputes is ReentrancyGuard {
 
     // ---------------------------------------------------------------- internals
 
-    function _useCommitment(bytes32 proofHash, bytes32 salt) private {
+    /// @dev The caller's commitment to the proof, from an earlier block and within the reveal
+    /// window; used up.
+    function _useCommitment(bytes32 proofHash, bytes32 salt) private returns (Commitment memory committed) {
         bytes32 commitment = commitmentOf(msg.sender, salt, proofHash);
-        uint256 committedAt = commitments[commitment];
+        committed = commitments[commitment];
+        uint256 committedAt = committed.blockNumber;
         if (committedAt == 0) revert NoCommitment(commitment);
         if (committedAt >= block.number) revert CommitmentTooRecent(commitment, committedAt);
+        if (block.number > committedAt + revealWindowBlocks) {
+            revert CommitmentExpired(commitment, committedAt + revealWindowBlocks);
+        }
         delete commitments[commitment];
     }
 
-    /// @dev The leaf is in the certificate's tree, the certificate is open and it is judged
-    /// before the epoch settles.
+    /// @dev The leaf is in the certificate's tree, the certificate is open (or voided by a
+    /// proof, against which an earlier commitment may still rank) and it is judged before the
+    /// epoch settles.
     function _checkLeaf(CertRef calldata cert, CertifiedHop calldata hop, bytes32[] calldata proof) private view {
         (,,, uint256 settlesAt) = ledger.epochTimes(cert.runId, cert.epoch);
         if (block.timestamp >= settlesAt) revert ChallengePeriodOver(cert.runId, cert.epoch, settlesAt);
-        ledger.checkCertificate(cert);
+        if (!voidedByProof[keccak256(abi.encode(cert))]) ledger.checkCertificate(cert);
         if (!MerkleProof.verifyCalldata(proof, cert.root, HopReceipts.leaf(hop))) {
             revert LeafNotInTree(cert.dataNode, hop.index);
         }
@@ -459,18 +577,51 @@ contract Disputes is ReentrancyGuard {
         return failure == ECDSA.RecoverError.NoError ? signer : address(0);
     }
 
-    /// @dev A data node slashed before still has its fraudulent tree voided (with no bounty).
-    function _convictDataNode(CertRef calldata cert, Fraud fraud) private {
-        ledger.voidCertificate(cert);
-        _slash(cert.dataNode, cert.runId, cert.epoch, fraud, msg.sender);
+    /// @dev Voids the tree unless a proof voided it before, and convicts its data node. A data
+    /// node convicted before still has a further fraudulent tree voided (its proof leads for
+    /// no bounty); a proof against a voided tree must take the lead, or it changes nothing.
+    function _convictDataNode(CertRef calldata cert, Fraud fraud, Commitment memory committed) private {
+        bytes32 certHash = keccak256(abi.encode(cert));
+        bool voided = voidedByProof[certHash];
+        if (!voided) {
+            voidedByProof[certHash] = true;
+            ledger.voidCertificate(cert);
+        }
+        _convict(cert.dataNode, cert.runId, cert.epoch, fraud, msg.sender, committed, voided);
     }
 
-    /// @dev Slashed ETH arrives from the registry (trusted) before the credit is written.
-    function _slash(address node, uint256 runId, uint64 epoch, Fraud fraud, address challenger) private {
+    /// @dev Convicts `node` on `challenger`'s proof. The first conviction takes the whole stake
+    /// (it arrives from the trusted registry), burns all but the bounty and holds the bounty
+    /// for the leader; a later proof with an earlier commitment takes the lead until the bounty
+    /// is awarded. A proof that cannot lead reverts when `mustLead`, else leads for nothing.
+    function _convict(
+        address node,
+        uint256 runId,
+        uint64 epoch,
+        Fraud fraud,
+        address challenger,
+        Commitment memory committed,
+        bool mustLead
+    ) private {
+        Conviction storage conviction = convictions[node];
+        uint64 order = committed.order;
+        bool first = conviction.finalAfter == 0;
+        if (!first && (conviction.awarded || order > conviction.order)) {
+            if (mustLead) revert AlreadySlashed(node);
+            emit FraudProven(node, runId, epoch, fraud, challenger, 0, 0, order);
+            return;
+        }
+        conviction.challenger = challenger;
+        conviction.order = order;
+        conviction.finalAfter = uint64(committed.blockNumber + revealWindowBlocks);
+        if (!first) {
+            emit FraudProven(node, runId, epoch, fraud, challenger, 0, conviction.bountyWei, order);
+            return;
+        }
         uint256 slashedWei = registry.slash(node);
         uint256 bountyWei = slashedWei * bountyBps / BPS;
-        creditWei[challenger] += bountyWei;
+        conviction.bountyWei = uint128(bountyWei);
         burnedWei += slashedWei - bountyWei;
-        emit FraudProven(node, runId, epoch, fraud, challenger, slashedWei, bountyWei);
+        emit FraudProven(node, runId, epoch, fraud, challenger, slashedWei, bountyWei, order);
     }
 }

@@ -53,6 +53,8 @@ HINTS: Mapping[str, str] = {
     "AlreadyClaimed": "this range was claimed already",
     "NoCommitment": "commit to the proof first and reveal it a block later",
     "CommitmentTooRecent": "reveal the proof in a later block than its commitment",
+    "CommitmentExpired": "commit to the proof again and reveal it within revealWindowBlocks",
+    "BountyNotFinal": "wait until the reveal window closes and the node's tensor disputes end",
     "WrongBond": "send exactly Disputes.tensorBondWei with a tensor dispute",
     "NotArbiter": "only the run's sponsor rules on its tensor disputes",
     "TooLateToDispute": "open a tensor dispute at least MIN_RULING_S before the epoch settles",
@@ -224,6 +226,8 @@ class SuiteParams:
     unbonding_delay_s: int = 7 * 24 * 3600
     bounty_bps: int = 500
     tensor_bond_wei: int = 10**17
+    #: Blocks within which a committed proof is revealed (about 4 minutes of 12 s blocks).
+    reveal_window_blocks: int = 20
 
 
 @dataclass(frozen=True)
@@ -274,7 +278,7 @@ def deploy_suite(w3: Web3, deployer: str, params: SuiteParams | None = None) -> 
     ledger = deploy_contract(w3, "WorkLedger", deployer, registry.address, deployer)
     disputes = deploy_contract(
         w3, "Disputes", deployer, registry.address, ledger.address, params.bounty_bps,
-        params.tensor_bond_wei,
+        params.tensor_bond_wei, params.reveal_window_blocks,
     )  # fmt: skip
     transact(w3, registry.functions.setSlasher(disputes.address), deployer)
     transact(w3, ledger.functions.setDisputes(disputes.address), deployer)

@@ -129,3 +129,44 @@ def _proof(
 ) -> FraudProof:
     proof_hash = keccak256(encode(["uint8", *types], [int(fraud), *args]))
     return FraudProof(fraud, accused, cert.runId, cert.epoch, args, proof_hash)
+
+
+@dataclass(frozen=True)
+class Conviction:
+    """Disputes.convictions(node): who leads for a convicted node's bounty and when it is
+    final. ``final_after`` is 0 for a node never convicted."""
+
+    challenger: str
+    order: int
+    open_disputes: int
+    final_after: int
+    awarded: bool
+    bounty_wei: int
+
+    @classmethod
+    def from_call(cls, values: tuple[object, ...]) -> Conviction:
+        challenger, order, open_disputes, final_after, awarded, bounty_wei = values
+        return cls(
+            str(challenger), int(order), int(open_disputes),  # type: ignore[call-overload]
+            int(final_after), bool(awarded), int(bounty_wei),  # type: ignore[call-overload]
+        )  # fmt: skip
+
+    @property
+    def convicted(self) -> bool:
+        return self.final_after != 0
+
+    def is_final(self, block_number: int) -> bool:
+        """Whether awardBounty succeeds in block ``block_number``."""
+        return (
+            self.convicted and not self.awarded and block_number > self.final_after
+            and self.open_disputes == 0
+        )  # fmt: skip
+
+    def can_lead(self, order: int) -> bool:
+        """Whether a proof committed with ``order`` would take the bounty's lead."""
+        return not self.convicted or (not self.awarded and order < self.order)
+
+
+def is_revealable(committed_at: int, block_number: int, window_blocks: int) -> bool:
+    """Disputes' reveal rule: after the commitment's block, within ``window_blocks`` of it."""
+    return committed_at != 0 and committed_at < block_number <= committed_at + window_blocks

@@ -3,10 +3,13 @@ a block later, and judged. A wrong tensor, which the chain cannot judge, opens a
 the same way (with the contract's bond) for the run's sponsor to rule on (``node.audit.arbiter``).
 What neither can judge is left to the report.
 
-Safe to run again: a finding already judged (its certificate voided, its equivocating signer
-slashed) is skipped, and a commitment already on chain is revealed, not made again; the salt is
-derived from the challenger's key and the proof, so a second run finds its first commitment.
-The bounties credited to the challenger are withdrawn at the end (pull payment).
+Safe to run again: a finding already judged (its certificate voided, its accused convicted on a
+commitment earlier than any this challenger holds) is skipped, and a commitment already on
+chain and still within its reveal window is revealed, not made again; the salt is derived from
+the challenger's key and the proof, so a second run finds its first commitment. A bounty is the
+earliest proven commitment's once the reveal window of its commitment closed and no tensor
+dispute about the accused is open: each final bounty this challenger leads for is awarded, and
+the credit withdrawn, at the end (pull payment); one not final yet is left for a later run.
 """
 
 from __future__ import annotations
@@ -20,11 +23,24 @@ from web3.logs import DISCARD
 
 from contracts.bindings import ContractRevert
 from contracts.encoding import CertRef, HopReceipt, ledger_domain, receipt_digest, sign_digest
-from contracts.fraud_proofs import NEEDS_ARBITER, Fraud, FraudProof, commitment_of
+from contracts.fraud_proofs import (
+    NEEDS_ARBITER,
+    Conviction,
+    Fraud,
+    FraudProof,
+    commitment_of,
+    is_revealable,
+)
 from contracts.keccak import keccak256
 from gwtf.errors import ChainError
 from node.audit.checks import Finding
-from node.chain.actions import Contracts, commit_proof, reveal_proof, withdraw_credit
+from node.chain.actions import (
+    Contracts,
+    award_bounty,
+    commit_proof,
+    reveal_proof,
+    withdraw_credit,
+)
 from node.chain.adapter import NODE_STATUS_SLASHED, Sender
 
 SLASHED: Final = "slashed"
@@ -74,6 +90,7 @@ def challenge(contracts: Contracts, challenger: Sender, findings: list[Finding])
         if proof.fraud in NEEDS_ARBITER and judgement.outcome != REFUSED:
             disputed.add(proof.accused.lower())
         done.judgements.append(judgement)
+    _award_final_bounties(contracts, challenger, findings)
     credit = int(contracts.disputes.functions.creditWei(challenger.address).call())
     if credit > 0:
         withdraw_credit(contracts, challenger)  # a failure here leaves the credit to withdraw
@@ -82,13 +99,15 @@ def challenge(contracts: Contracts, challenger: Sender, findings: list[Finding])
 
 
 def _judge(c: Contracts, challenger: Sender, finding: Finding, proof: FraudProof) -> Judgement:
-    judged = _judged_before(c, proof)
+    judged = _judged_before(c, proof, challenger.address)
     if judged:
         return Judgement(finding, JUDGED_BEFORE, judged)
     salt = salt_of(challenger, proof)
     commitment = commitment_of(challenger.address, salt, proof.proof_hash)
     try:
-        if int(c.disputes.functions.commitments(commitment).call()) == 0:
+        committed_at = int(c.disputes.functions.commitments(commitment).call()[0])
+        window = int(c.disputes.functions.revealWindowBlocks().call())
+        if not is_revealable(committed_at, c.w3.eth.block_number + 1, window):
             commit_proof(c, challenger, proof, salt)
         receipt = _reveal(c, challenger, proof, salt)
     except ContractRevert as exc:
@@ -130,22 +149,38 @@ def _wait_for_block(c: Contracts, number: int, timeout_s: float = NEXT_BLOCK_TIM
         time.sleep(1.0)
 
 
-def _judged_before(c: Contracts, proof: FraudProof) -> str:
-    """Why the chain has judged this fraud already, or ""."""
+def _judged_before(c: Contracts, proof: FraudProof, challenger: str) -> str:
+    """Why the chain has judged this fraud already, or "". A commitment made now comes after
+    the one leading for a convicted node's bounty, so proving it again would change nothing."""
     if proof.fraud in (Fraud.EQUIVOCATION, Fraud.WRONG_TENSOR):
+        conviction = Conviction.from_call(c.disputes.functions.convictions(proof.accused).call())
         status = c.registry.functions.bondOf(proof.accused).call()[2]
-        if status == NODE_STATUS_SLASHED:
+        if conviction.convicted or status == NODE_STATUS_SLASHED:
             return "its signer is slashed"
     if proof.fraud == Fraud.EQUIVOCATION:
         return ""
     if proof.fraud == Fraud.WRONG_TENSOR:
         receipt = HopReceipt(*proof.args[3])  # type: ignore[misc]
         digest = receipt_digest(receipt, ledger_domain(c.w3.eth.chain_id, c.ledger.address))
-        dispute = int(c.disputes.functions.tensorDisputeOf(digest).call())
-        return f"tensor dispute {dispute} is open or ruled" if dispute else ""
+        dispute = int(c.disputes.functions.tensorDisputeOf(digest, challenger).call())
+        return f"our tensor dispute {dispute} is open or ruled" if dispute else ""
     cert = CertRef(*proof.args[0])  # type: ignore[misc]
     stored = c.ledger.functions.certificateCommitment(cert.runId, cert.epoch, cert.dataNode).call()
     return "" if bytes(stored) == cert.commitment() else "its certificate is voided"
+
+
+def _award_final_bounties(c: Contracts, challenger: Sender, findings: list[Finding]) -> None:
+    """Award each final bounty this challenger leads for, among the findings' accused."""
+    accused = sorted({f.accused for f in findings if f.accused})
+    next_block = c.w3.eth.block_number + 1
+    for node in accused:
+        conviction = Conviction.from_call(c.disputes.functions.convictions(node).call())
+        mine = conviction.challenger.lower() == challenger.address.lower()
+        if mine and conviction.is_final(next_block):
+            try:
+                award_bounty(c, challenger, node)
+            except (ContractRevert, ChainError):  # another caller awarded it first
+                continue
 
 
 def salt_of(challenger: Sender, proof: FraudProof) -> bytes:

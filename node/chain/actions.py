@@ -247,6 +247,11 @@ def rule_tensor_dispute(
     return c.send(arbiter, fn)
 
 
+def award_bounty(c: Contracts, sender: Sender, node: str) -> Any:
+    """Credit a convicted node's bounty to the earliest proven commitment, once it is final."""
+    return c.send(sender, c.disputes.functions.awardBounty(node))
+
+
 def withdraw_credit(c: Contracts, account: Sender) -> Any:
     """Withdraw the bounties credited to ``account``."""
     return c.send(account, c.disputes.functions.withdrawCredit())

@@ -128,6 +128,7 @@ def prepare(w: World) -> Ctx:
     w.submit(liar_cert)
     # b equivocated and was slashed: the challenger has a bounty, the disputes contract ETH.
     w.prove(conflicting_receipts(w, run, epoch, data, b, a), w.challenger)
+    w.award(b.address)
     pending = {
         "proveInvalidHop": fraud_proofs.invalid_hop(liar_cert, liar_tree.leaf_proof(0), entry),
         "proveBadTotals": fraud_proofs.bad_totals(liar_cert, liar_tree.leaf_proof(0)),
@@ -404,8 +405,12 @@ def test_access_table(access: tuple[World, Ctx], rule: Rule) -> None:
 # Anyone may close an epoch, but only 90 days after it settled: a prepared chain cannot hold
 # that and a settled epoch still open for claims at once. test_rewards.py has a stranger do it.
 # Anyone may lapse a tensor dispute, but only once its epoch settled with it unruled: see
-# test_tensor_disputes.py.
-OUTSIDE_THE_TABLE = {("WorkLedger", "closeEpoch"), ("Disputes", "lapseTensorDispute")}
+# test_tensor_disputes.py. Anyone may award a bounty, once: see test_attacks.py.
+OUTSIDE_THE_TABLE = {
+    ("WorkLedger", "closeEpoch"),
+    ("Disputes", "lapseTensorDispute"),
+    ("Disputes", "awardBounty"),
+}
 
 
 def test_the_table_covers_every_state_changing_function() -> None:

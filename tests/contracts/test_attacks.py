@@ -110,6 +110,7 @@ def test_2_a_counterparty_that_countersigns_two_versions_pays_and_the_workers_do
     assert w.stake_of(b) == 0
     assert w.stake_of(certified.a) == 2 * ETH and w.status_of(certified.a) == 1
     # b's bounty to its own second wallet would be 5 % of its 4 ETH: it lost 3.8 ETH net.
+    w.award(b.address)
     assert w.call(w.disputes.functions.creditWei(w.challenger)) == int(4 * ETH * BOUNTY)
 
 
@@ -323,6 +324,7 @@ def test_9_a_proof_copied_from_the_mempool_pays_the_copier_nothing(certified: Ce
     copier_salt = w.commit(proof, w.attacker)  # a block later than the original commitment
     w.tx(w.reveal_fn(proof, salt), w.challenger)  # the original lands first
     reverts(w, w.reveal_fn(proof, copier_salt), w.attacker, "AlreadySlashed", a.address)
+    w.award(a.address)
     assert w.call(w.disputes.functions.creditWei(w.attacker)) == 0
     assert w.call(w.disputes.functions.creditWei(w.challenger)) == int(2 * ETH * BOUNTY)
 
@@ -341,6 +343,7 @@ def test_10_a_cheater_reporting_itself_from_a_second_wallet_loses_most_of_its_st
         w.signed(other, b, certified.a).worker_signature,
     )  # fmt: skip
     w.prove(proof, w.accomplice)  # b's operator's second wallet
+    w.award(b.address)
     back = w.call(w.disputes.functions.creditWei(w.accomplice))
     assert back == int(4 * ETH * BOUNTY)
     assert 4 * ETH - back == int(4 * ETH * (1 - BOUNTY))  # 3.8 ETH lost for good
@@ -354,7 +357,7 @@ def test_10_no_deployment_sets_a_bounty_that_could_pay(world: World) -> None:
     for bps in (0, 1_001, 10_000):
         try:
             deploy_contract(
-                w.w3, "Disputes", w.deployer, w.registry.address, w.ledger.address, bps, 1
+                w.w3, "Disputes", w.deployer, w.registry.address, w.ledger.address, bps, 1, 1
             )
             raise AssertionError(f"a bounty of {bps} bps must be refused")
         except ContractRevert as error:
@@ -384,3 +387,219 @@ def test_11_equal_work_is_paid_equally_whatever_the_order_of_claims_and_voids(
         (event,) = w.ledger.events.RewardClaimed().process_receipt(receipt, errors=DISCARD)
         paid[key.address] = event["args"]["amountWei"]
     assert paid[a.address] == paid[b.address] == REWARD_PER_EPOCH // 2
+
+
+# ------------------------------------------------------------ 12. front-running a reveal
+
+BOND = TEST_PARAMS.tensor_bond_wei
+EVIDENCE = b"\x11" * 32
+
+
+def equivocation_by(c: Certified, worker_label: str, variant: str) -> fraud_proofs.FraudProof:
+    """A proof that ``worker`` signed a second version of its first hop (one per variant)."""
+    w = c.w
+    key = c.a if worker_label == "a" else c.b
+    entry = next(e for e in c.tree.entries if e and e.receipt.worker == key.address)
+    other = replace(entry.receipt, outputDigest=keccak(text=variant))
+    peer = c.b if key == c.a else c.a
+    return fraud_proofs.equivocation(
+        key.address, entry.receipt, entry.worker_signature, other,
+        w.signed(other, key, peer).worker_signature,
+    )  # fmt: skip
+
+
+def credit_of(w: World, account: str) -> int:
+    return int(w.call(w.disputes.functions.creditWei(account)))
+
+
+def test_12_an_accomplice_front_running_an_auditors_reveal_takes_no_bounty(
+    certified: Certified,
+) -> None:
+    """At stake: the bounty on a's 2 ETH, 0.1 ETH. The auditor commits first; a's accomplice
+    commits a proof of the same cheat a block later and, seeing the auditor's reveal in the
+    mempool, gets its own reveal mined first. The earlier commitment wins: the auditor takes
+    the lead when its reveal lands, within its window, and is paid when the bounty is final."""
+    w, a = certified.w, certified.a
+    bounty = int(2 * ETH * BOUNTY)
+    audit = equivocation_by(certified, "a", "the auditor's")
+    front = equivocation_by(certified, "a", "the accomplice's")
+    audit_salt = w.commit(audit, w.challenger)
+    front_salt = w.commit(front, w.accomplice)
+    w.tx(w.reveal_fn(front, front_salt), w.accomplice)  # mined first: a's stake is taken
+    assert w.stake_of(a) == 0
+    # The bounty is not the first reveal's: nothing is final while an earlier commitment
+    # may still be revealed.
+    final_after = w.call(w.disputes.functions.convictions(a.address))[3]
+    reverts(
+        w, w.disputes.functions.awardBounty(a.address), w.accomplice, "BountyNotFinal",
+        a.address, final_after, 0,
+    )  # fmt: skip
+    receipt = w.tx(w.reveal_fn(audit, audit_salt), w.challenger)
+    (event,) = w.disputes.events.FraudProven().process_receipt(receipt, errors=DISCARD)
+    assert (event["args"]["challenger"], event["args"]["slashedWei"]) == (w.challenger, 0)
+    assert event["args"]["bountyWei"] == bounty
+    w.award(a.address)
+    assert credit_of(w, w.challenger) == bounty and credit_of(w, w.accomplice) == 0
+    # Paid once: the stake was taken once and all but the bounty burned.
+    assert w.call(w.disputes.functions.burnedWei()) == 2 * ETH - bounty
+    reverts(
+        w, w.disputes.functions.awardBounty(a.address), w.accomplice, "BountyAwardedAlready",
+        a.address,
+    )  # fmt: skip
+
+
+def test_12_a_self_report_kept_in_reserve_expires(certified: Certified) -> None:
+    """At stake: the bounty on a's 2 ETH, 0.1 ETH. The accomplice commits a self-report early
+    and keeps it to front-run whichever auditor comes; a commitment is revealed within
+    revealWindowBlocks or not at all, so by the time the auditor reveals it has expired."""
+    w, a = certified.w, certified.a
+    reserve = equivocation_by(certified, "a", "the accomplice's")
+    reserve_salt = w.commit(reserve, w.accomplice)
+    committed_at = w.call(w.disputes.functions.commitments(
+        fraud_proofs.commitment_of(w.accomplice, reserve_salt, reserve.proof_hash)
+    ))[0]  # fmt: skip
+    window = TEST_PARAMS.reveal_window_blocks
+    w.tester.mine_blocks(window)
+    audit = equivocation_by(certified, "a", "the auditor's")
+    audit_salt = w.commit(audit, w.challenger)
+    commitment = fraud_proofs.commitment_of(w.accomplice, reserve_salt, reserve.proof_hash)
+    reverts(
+        w, w.reveal_fn(reserve, reserve_salt), w.accomplice, "CommitmentExpired", commitment,
+        committed_at + window,
+    )  # fmt: skip
+    w.tx(w.reveal_fn(audit, audit_salt), w.challenger)
+    w.award(a.address)
+    assert credit_of(w, w.challenger) == int(2 * ETH * BOUNTY)
+    assert credit_of(w, w.accomplice) == 0
+
+
+def test_12_voiding_the_tree_first_does_not_shut_out_the_earlier_commitment(
+    staffed: Staffed,
+) -> None:
+    """At stake: the bounty on the data node's 2 ETH, 0.1 ETH. The data node's accomplice
+    front-runs the auditor with another proof against the same tree, which voids it; the
+    auditor's earlier-committed proof is still judged against the voided tree and wins."""
+    w, run = staffed.w, staffed.run
+    hop = w.receipt(run, 0, staffed.data, staffed.a, staffed.b, 0, stage=7)  # off the stages
+    tree = w.certificate_tree([w.signed(hop, staffed.a, staffed.b)])
+    cert = w.certify(tree, run, 0, staffed.data)
+    proof = fraud_proofs.invalid_hop(cert, tree.leaf_proof(0), tree.entries[0])  # type: ignore[arg-type]
+    audit_salt = w.commit(proof, w.challenger)
+    front, front_salt = proof, w.commit(proof, w.accomplice)  # the same proof, its own commitment
+    w.tx(w.reveal_fn(front, front_salt), w.accomplice)  # voids the tree first
+    w.tx(w.reveal_fn(proof, audit_salt), w.challenger)
+    w.award(staffed.data.address)
+    assert credit_of(w, w.challenger) == int(2 * ETH * BOUNTY)
+    assert credit_of(w, w.accomplice) == 0
+
+
+# ------------------------------------------------------------ 13. blocking a dispute
+
+
+def wrong_tensor_of(c: Certified, worker: str, microbatch: int = 0) -> fraud_proofs.FraudProof:
+    for index, entry in enumerate(c.tree.entries):
+        if entry is None:
+            continue
+        receipt = entry.receipt
+        if (
+            receipt.worker == worker
+            and receipt.direction == 0
+            and receipt.microbatchId == microbatch
+        ):
+            return fraud_proofs.wrong_tensor(c.cert, c.tree.leaf_proof(index), entry)
+    raise AssertionError(f"{worker} has no forward of microbatch {microbatch}")
+
+
+def open_dispute(w: World, proof: fraud_proofs.FraudProof, challenger: str) -> int:
+    receipt = w.prove(proof, challenger)
+    (event,) = w.disputes.events.TensorDisputeOpened().process_receipt(receipt, errors=DISCARD)
+    return int(event["args"]["id"])
+
+
+def rule(w: World, dispute_id: int, wrong: bool) -> None:
+    w.tx(w.disputes.functions.ruleTensorDispute(dispute_id, wrong, EVIDENCE), w.sponsor)
+
+
+def test_13_a_lost_dispute_does_not_block_the_true_one(certified: Certified) -> None:
+    """At stake: the bounty on a's 2 ETH, 0.1 ETH. a's accomplice disputes a's receipt first
+    and loses; the auditor's dispute about the same receipt opens beside it and is upheld."""
+    w, a = certified.w, certified.a
+    proof = wrong_tensor_of(certified, a.address)
+    first = open_dispute(w, proof, w.accomplice)
+    rule(w, first, False)  # lost: its bond goes to a's wallet
+    second = open_dispute(w, proof, w.challenger)
+    rule(w, second, True)
+    w.award(a.address)
+    assert credit_of(w, w.challenger) == BOND + int(2 * ETH * BOUNTY)
+    assert credit_of(w, w.accomplice) == 0 and credit_of(w, w.wallet(0)) == BOND
+
+
+def test_13_a_lapsed_dispute_does_not_block_the_true_one(certified: Certified) -> None:
+    """At stake: the bounty on a's 2 ETH, 0.1 ETH, and the auditor's 0.1 ETH bond. a's
+    accomplice disputes a's receipt first and nobody rules it; the auditor's dispute about the
+    same receipt runs beside it and is upheld; the accomplice's lapses and its bond burns."""
+    w, a = certified.w, certified.a
+    proof = wrong_tensor_of(certified, a.address)
+    first = open_dispute(w, proof, w.accomplice)
+    second = open_dispute(w, proof, w.challenger)
+    rule(w, second, True)
+    w.to_settled(certified.run, 0)
+    w.tx(w.disputes.functions.lapseTensorDispute(first), w.stranger)
+    # The lapsed dispute was committed first, but only a proven commitment ranks.
+    w.award(a.address)
+    assert credit_of(w, w.challenger) == BOND + int(2 * ETH * BOUNTY)
+    assert credit_of(w, w.accomplice) == credit_of(w, w.wallet(0)) == 0
+
+
+# ------------------------------------------------------------ 14. self-conviction
+
+
+def test_14_a_cheater_convicting_itself_while_a_dispute_is_pending_pays_the_disputer(
+    certified: Certified,
+) -> None:
+    """At stake: the bounty on a's 2 ETH, 0.1 ETH. The auditor's tensor dispute about a is
+    pending; a signs two versions of a hop and its accomplice proves that, so a's stake is taken
+    with the accomplice leading for the bounty. The bounty waits for the pending dispute, and
+    its being upheld puts the auditor, whose commitment came first, in the lead."""
+    w, a = certified.w, certified.a
+    dispute_id = open_dispute(w, wrong_tensor_of(certified, a.address), w.challenger)
+    w.prove(equivocation_by(certified, "a", "self"), w.accomplice)
+    assert w.stake_of(a) == 0
+    w.tester.mine_blocks(TEST_PARAMS.reveal_window_blocks + 1)
+    final_after = w.call(w.disputes.functions.convictions(a.address))[3]
+    reverts(
+        w, w.disputes.functions.awardBounty(a.address), w.accomplice, "BountyNotFinal",
+        a.address, final_after, 1,
+    )  # fmt: skip
+    rule(w, dispute_id, True)
+    w.award(a.address)
+    assert credit_of(w, w.challenger) == BOND + int(2 * ETH * BOUNTY)
+    assert credit_of(w, w.accomplice) == 0
+
+
+# ------------------------------------------------------------ 15. frivolous disputes
+
+
+def test_15_frivolous_disputes_forfeit_their_bonds_to_nobody_the_sponsor_can_reach(
+    certified: Certified,
+) -> None:
+    """At stake: 0.3 ETH of the attacker's bonds against honest b. One dispute is ruled right
+    (its bond to b's wallet); two are flooded past the arbiter and lapse (their bonds burned).
+    The attacker gets nothing back, and neither the sponsor nor the run's funds gain."""
+    w, b = certified.w, certified.b
+    ids = [
+        open_dispute(w, wrong_tensor_of(certified, b.address, microbatch), w.attacker)
+        for microbatch in range(3)
+    ]
+    run_before = w.call(w.ledger.functions.getRun(certified.run))
+    burned = w.call(w.disputes.functions.burnedWei())
+    rule(w, ids[0], False)
+    w.to_settled(certified.run, 0)
+    for dispute_id in ids[1:]:
+        w.tx(w.disputes.functions.lapseTensorDispute(dispute_id), w.stranger)
+    assert credit_of(w, w.attacker) == 0 and credit_of(w, w.sponsor) == 0
+    assert credit_of(w, w.wallet(1)) == BOND  # b's wallet
+    assert w.call(w.disputes.functions.burnedWei()) == burned + 2 * BOND
+    assert w.call(w.ledger.functions.getRun(certified.run)) == run_before
+    assert w.stake_of(b) == 4 * ETH
+    reverts(w, w.disputes.functions.awardBounty(b.address), w.stranger, "NotConvicted", b.address)

@@ -32,7 +32,7 @@ from node.receipts.cheats import (
     WITHHOLD_LEAF,
     Cheat,
 )
-from tests.contracts.conftest import Staffed
+from tests.contracts.conftest import TEST_PARAMS, Staffed
 from tests.contracts.test_audit_command import devnet_file, serving_data_node  # noqa: F401
 from tests.contracts.world import ETH, UNITS_PER_HOP, NodeKey
 
@@ -98,6 +98,7 @@ def test_a_cheating_data_node_is_found_slashed_and_its_certificate_voided(
     wallet = challenger_wallet(s, tmp_path)
     with serving_data_node(s, s.data, tree, tmp_path / "d.sqlite", cheat) as at:
         code, report = run_challenge(capsys, devnet_file, wallet, s.run, [at])
+        s.w.tester.mine_blocks(TEST_PARAMS.reveal_window_blocks)  # the bounty becomes final
         again, report_again = run_challenge(capsys, devnet_file, wallet, s.run, [at])
     assert code == 0, report
     first, *rest = report["challenges"]
@@ -105,14 +106,16 @@ def test_a_cheating_data_node_is_found_slashed_and_its_certificate_voided(
     assert first["accused"] == s.data.address and first["outcome"] == "slashed"
     assert int(first["slashed_wei"]) == 2 * ETH and int(first["bounty_wei"]) == 2 * ETH // 20
     assert all(r["outcome"] == "already judged" for r in rest), rest  # the same certificate
-    assert int(report["withdrawn_wei"]) == 2 * ETH // 20
+    # The bounty waits until no earlier commitment can be revealed.
+    assert int(report["withdrawn_wei"]) == 0
     assert s.w.status_of(s.data) == NODE_STATUS_SLASHED
     assert all(s.w.status_of(k) != NODE_STATUS_SLASHED for k in (s.a, s.b, s.c)), "nobody else"
-    # Run again: the findings are still there, judged (the certificate is voided); nothing is
-    # sent, nothing is withdrawn, and nothing is left to judge.
+    # Run again once the reveal window closed: the findings are still there, judged (the
+    # certificate is voided); nothing is sent, the final bounty is awarded and withdrawn.
     again_found = report_again["certificates"][0]["findings"]
     assert again_found and all(f["judged"] and not f["provable_on_chain"] for f in again_found)
-    assert report_again["challenges"] == [] and report_again["withdrawn_wei"] == "0"
+    assert report_again["challenges"] == []
+    assert int(report_again["withdrawn_wei"]) == 2 * ETH // 20
     assert again == 0
 
 
@@ -189,6 +192,9 @@ def test_a_challenge_cut_off_after_its_commitment_reveals_it_when_run_again(
     assert judged.outcome == SLASHED and judged.slashed_wei == 4 * ETH
     commits = w.disputes.events.ProofCommitted.get_logs(from_block=0)
     assert [c["args"]["challenger"] for c in commits] == [challenger.address], "one commitment"
-    assert done.withdrawn_wei == 4 * ETH // 20 and w.balance(challenger.address) > ETH
-    (again,) = challenge(contracts, challenger, [finding]).judgements
+    assert done.withdrawn_wei == 0  # final once no earlier commitment can be revealed
+    w.tester.mine_blocks(TEST_PARAMS.reveal_window_blocks)
+    done_again = challenge(contracts, challenger, [finding])
+    (again,) = done_again.judgements
     assert again.outcome == JUDGED_BEFORE and again.detail == "its signer is slashed"
+    assert done_again.withdrawn_wei == 4 * ETH // 20 and w.balance(challenger.address) > ETH

@@ -1,8 +1,8 @@
 """Fraud the chain judges alone: each rule of a certified hop, a certificate's totals and its
 sequence, and equivocation. A valid proof slashes the key that signed or committed the fraud
 (the challenger's bounty is 5 %, the rest burned) and voids a fraudulent certificate; a proof
-against honest data reverts with its own error; proofs need a commitment a block earlier and
-close when the epoch settles."""
+against honest data reverts with its own error; proofs need a commitment from an earlier block,
+revealed within the reveal window, and close when the epoch settles."""
 
 from __future__ import annotations
 
@@ -77,6 +77,7 @@ def test_a_certified_hop_off_the_schedule_slashes_the_data_node(
     assert_voided(w, cert)
     # The epoch lost its only certificate: its budget is back in the pool.
     assert w.call(w.ledger.functions.epochBook(staffed.run, 0))[:3] == (0, 0, False)
+    w.award(staffed.data.address)
     assert w.call(w.disputes.functions.creditWei(w.challenger)) == 2 * ETH * BOUNTY_BPS // 10_000
     assert w.call(w.disputes.functions.burnedWei()) == 2 * ETH * (10_000 - BOUNTY_BPS) // 10_000
 
@@ -372,6 +373,7 @@ def test_a_proof_needs_its_challengers_commitment_from_an_earlier_block(
     reverts(w, w.reveal_fn(proof, salt), w.stranger, "NoCommitment", theirs)
     receipt = w.tx(w.reveal_fn(proof, salt), w.challenger)
     assert receipt["blockNumber"] > block
+    w.award(proof.accused)
     assert w.call(w.disputes.functions.creditWei(w.challenger)) == 2 * ETH * BOUNTY_BPS // 10_000
 
 

@@ -146,14 +146,24 @@ def test_constructors_reject_bad_parameters(world: World) -> None:
     deploy_reverts(w, "WorkLedger", (w.registry.address, ZERO), "OwnableInvalidOwner", ZERO)
     for bps in (0, MAX_BOUNTY_BPS + 1):
         deploy_reverts(
-            w, "Disputes", (w.registry.address, w.ledger.address, bps, 1), "BountyOutOfRange", bps,
-            MAX_BOUNTY_BPS,
+            w, "Disputes", (w.registry.address, w.ledger.address, bps, 1, 1), "BountyOutOfRange",
+            bps, MAX_BOUNTY_BPS,
         )  # fmt: skip
-    deploy_reverts(
-        w, "Disputes", (w.registry.address, w.ledger.address, 500, 0), "BondOutOfRange", 0
-    )
-    # The largest bounty is accepted.
-    deploy_contract(w.w3, "Disputes", w.deployer, w.registry.address, w.ledger.address, 1_000, 1)
+    for bond in (0, 2**128):
+        deploy_reverts(
+            w, "Disputes", (w.registry.address, w.ledger.address, 500, bond, 1), "BondOutOfRange",
+            bond,
+        )  # fmt: skip
+    for blocks in (0, 2**32):
+        deploy_reverts(
+            w, "Disputes", (w.registry.address, w.ledger.address, 500, 1, blocks),
+            "RevealWindowOutOfRange", blocks,
+        )  # fmt: skip
+    # The largest bounty, bond and window are accepted.
+    deploy_contract(
+        w.w3, "Disputes", w.deployer, w.registry.address, w.ledger.address, 1_000, 2**128 - 1,
+        2**32 - 1,
+    )  # fmt: skip
 
 
 def test_the_slasher_and_the_disputes_contract_are_named_once_by_the_owner(world: World) -> None:
@@ -861,7 +871,7 @@ def test_a_reveal_in_the_commitment_block_is_too_recent(certified: Certified) ->
     revert = decode_revert(excinfo.value, all_errors_abi())
     assert (revert.name, revert.args) == ("CommitmentTooRecent", (commitment, block))
     # The commitment survives the failed reveal and serves a block later.
-    assert w.call(w.disputes.functions.commitments(commitment)) == block
+    assert w.call(w.disputes.functions.commitments(commitment))[0] == block
     reverts(w, w.reveal_fn(proof, salt), w.challenger, "TotalsBacked", 0)
 
 
@@ -902,15 +912,21 @@ def test_certificate_proof_reverts(certified: Certified) -> None:
     proof_reverts(w, proof, "CertificateMismatch", run, 0, c.data.address)
 
 
-def test_a_voided_certificate_cannot_be_proven_again(staffed: Staffed) -> None:
+def test_a_voided_certificate_is_proven_again_only_by_an_earlier_commitment(
+    staffed: Staffed,
+) -> None:
     s = staffed
     w, run = s.w, s.run
     hops = [crafted_hop(0, 7, s.a, 100), crafted_hop(1, 107, s.b, 100)]
     tree = w.dishonest_tree(hops)
     cert = w.certify(tree, run, 0, s.data)
     w.prove(fraud_proofs.bad_totals(cert, tree.leaf_proof(0)))
+    # Committed after the proof that voided it: it could change nothing.
     proof = fraud_proofs.bad_sequence(cert, tree.leaf_proof(0), tree.leaf_proof(1))
-    proof_reverts(w, proof, "CertificateNotOpen", run, 0, s.data.address)
+    proof_reverts(w, proof, "AlreadySlashed", s.data.address)
+    # A certificate nobody proved against is not open to proofs once gone either.
+    w.award(s.data.address)
+    proof_reverts(w, proof, "AlreadySlashed", s.data.address)
 
 
 def test_a_certificate_padded_beyond_its_tree_dilutes_only_and_locks_nothing(

@@ -317,6 +317,9 @@ class HonestyMachine(RuleBasedStateMachine):
         self.available = FUNDING
         self.credits: dict[str, int] = {}
         self.burned = 0
+        # Each convicted node's bounty: [leader, bountyWei, finalAfter block, awarded].
+        self.bounties: dict[str, list[Any]] = {}
+        self.commit_block = 0
         self.paid_in = FUNDING + STAKE * len(CAST)
         self.paid_out = 0
         self.proofs_revealed = True  # check the honest parties' records after the first step
@@ -457,12 +460,17 @@ class HonestyMachine(RuleBasedStateMachine):
         return self.hop_valid(ref, hop, entry)
 
     def judge_cert(self, attack: CertAttack, t: int) -> str | None:
-        """The revert a certificate proof gets at time ``t`` (None: it convicts)."""
+        """The revert a certificate proof gets at time ``t`` (None: it convicts). A tree voided
+        by a proof is still judged, but a proof committed after that one changes nothing."""
+        verdict = self.judge_leaf(attack, t)
+        if verdict is None and attack.cert.voided:
+            return "AlreadySlashed"
+        return verdict
+
+    def judge_leaf(self, attack: CertAttack, t: int) -> str | None:
         cert, hop = attack.cert, attack.leaf.hop
         if t >= self.times(cert.ref.epoch)[3]:
             return "ChallengePeriodOver"
-        if cert.voided:
-            return "CertificateNotOpen"
         if not verify_proof(attack.leaf.proof, cert.ref.root, hop.leaf()):
             return "LeafNotInTree"
         if attack.kind == "invalid_hop":
@@ -514,7 +522,7 @@ class HonestyMachine(RuleBasedStateMachine):
         )
         if not (as_worker or as_counterparty):
             return "SignerNotParty"
-        if self.party(signer).status == SLASHED:
+        if self.party(signer).status == SLASHED or signer in self.bounties:
             return "AlreadySlashed"
         return None
 
@@ -571,6 +579,10 @@ class HonestyMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ effects
     def slash(self, party: Party, challenger: str, t: int) -> tuple[int, int]:
+        """The stake taken and the bounty the challenger now leads for. Every commitment here
+        is revealed a block after it is made, so a convicted node's leader keeps the lead."""
+        if party.address in self.bounties:
+            return 0, 0
         amount = party.stake
         party.stake = 0
         if party.slashed_at == 0:
@@ -578,9 +590,29 @@ class HonestyMachine(RuleBasedStateMachine):
         if party.status != WITHDRAWN:
             party.status = SLASHED
         bounty = amount * TEST_PARAMS.bounty_bps // BPS
-        self.credits[challenger] = self.credits.get(challenger, 0) + bounty
+        final_after = self.commit_block + TEST_PARAMS.reveal_window_blocks
+        self.bounties[party.address] = [challenger, bounty, final_after, False]
         self.burned += amount - bounty
         return amount, bounty
+
+    def award(self, party: Party) -> None:
+        """awardBounty: the leader's credit once no earlier commitment can be revealed."""
+        bounty = self.bounties.get(party.address)
+        block = self.w.w3.eth.block_number + 1
+        if bounty is None:
+            verdict: str | None = "NotConvicted"
+        elif bounty[3]:
+            verdict = "BountyAwardedAlready"
+        elif block <= bounty[2]:
+            verdict = "BountyNotFinal"
+        else:
+            verdict = None
+        fn = self.w.disputes.functions.awardBounty(party.address)
+        if self.send(fn, self.w.stranger, verdict) is None or bounty is None:
+            return
+        leader, amount = bounty[0], bounty[1]
+        self.credits[leader] = self.credits.get(leader, 0) + amount
+        bounty[3] = True
 
     def reveal(
         self, proof: FraudProof, judge: Callable[[int], str | None], challenger: str
@@ -589,6 +621,7 @@ class HonestyMachine(RuleBasedStateMachine):
         the reveal's time; returns the receipt of a conviction (None for a revert)."""
         self.proofs_revealed = True
         salt = self.w.commit(proof, challenger)
+        self.commit_block = self.w.w3.eth.block_number - 1  # w.commit mines one block after
         t = self.now() + 1
         verdict = judge(t)
         receipt = self.send(self.w.reveal_fn(proof, salt), challenger, verdict)
@@ -1322,6 +1355,7 @@ class HonestyMachine(RuleBasedStateMachine):
                 "new data node",
                 "fund",
                 "credit",
+                "award",
                 "close epoch",
             ]
         ),
@@ -1399,6 +1433,12 @@ class HonestyMachine(RuleBasedStateMachine):
             self.send(w.ledger.functions.fundRun(self.run), w.sponsor, None, amount)
             self.available += amount
             self.paid_in += amount
+        elif action == "award":
+            if data.draw(st.booleans()):
+                w.tester.mine_blocks(TEST_PARAMS.reveal_window_blocks)
+            self.award(
+                data.draw(st.sampled_from(sorted(self.parties.values(), key=lambda p: p.label)))
+            )
         else:
             account = data.draw(st.sampled_from([w.challenger, w.stranger, w.attacker]))
             owed = self.credits.get(account, 0)
@@ -1489,7 +1529,8 @@ class HonestyMachine(RuleBasedStateMachine):
         assert ledger_balance == self.available + reserved
         assert w.call(w.ledger.functions.getRun(self.run))[5] == self.available
         disputes_balance = w.balance(w.disputes.address)
-        assert disputes_balance == sum(self.credits.values()) + self.burned
+        pending = sum(b[1] for b in self.bounties.values() if not b[3])
+        assert disputes_balance == sum(self.credits.values()) + self.burned + pending
         assert registry_balance + ledger_balance + disputes_balance == self.paid_in - self.paid_out
 
     @invariant()

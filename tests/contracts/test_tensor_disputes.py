@@ -1,8 +1,10 @@
 """Wrong tensors, the fraud the chain cannot judge alone: a challenger opens a dispute about a
 certified hop with a bond, the run's sponsor rules before the epoch settles, and a dispute left
-unruled lapses in the worker's favour. Upheld: the worker is slashed (bounty and bond to the
-challenger), the certificate stands and everyone else is paid. Rejected: the worker's wallet
-gets the bond. Every way to open or rule out of turn reverts with its own error."""
+unruled lapses: the worker keeps its stake and the bond is burned. Upheld: the worker is
+slashed (bond back to the challenger, the bounty once it is final), the certificate stands and
+everyone else is paid. Rejected: the worker's wallet gets the bond. Several challengers may
+dispute one receipt side by side. Every way to open or rule out of turn reverts with its own
+error."""
 
 from __future__ import annotations
 
@@ -64,7 +66,10 @@ def test_an_upheld_dispute_slashes_the_worker_and_only_the_worker(certified: Cer
     assert event["args"]["node"] == c.a.address and event["args"]["fraud"] == Fraud.WRONG_TENSOR
     assert event["args"]["challenger"] == w.challenger and event["args"]["bountyWei"] == bounty
     assert w.status_of(c.a) == SLASHED and state_of(w, dispute_id) == UPHELD
-    # The challenger gets its bond back with the bounty; the sponsor who ruled gets nothing.
+    # The challenger gets its bond back at once, the bounty once no earlier commitment can
+    # be revealed; the sponsor who ruled gets nothing.
+    assert credit(w, w.challenger) == BOND
+    w.award(c.a.address)
     assert credit(w, w.challenger) == BOND + bounty and credit(w, w.sponsor) == 0
     # The certificate stands: b is paid, a is not.
     w.to_settled(c.run, 0)
@@ -97,7 +102,7 @@ def test_a_rejected_dispute_pays_its_bond_to_the_workers_wallet(certified: Certi
     w.claim(c.cert, c.tree, c.a, w.wallet(0))
 
 
-def test_an_unruled_dispute_lapses_in_the_workers_favour(certified: Certified) -> None:
+def test_an_unruled_dispute_lapses_and_its_bond_is_burned(certified: Certified) -> None:
     c, w = certified, certified.w
     dispute_id = opened(c, dispute_of(c, c.a))
     settles_at = w.epoch_times(c.run, 0)[3]
@@ -108,9 +113,14 @@ def test_an_unruled_dispute_lapses_in_the_workers_favour(certified: Certified) -
         w, w.disputes.functions.ruleTensorDispute(dispute_id, True, EVIDENCE), w.sponsor,
         "RulingPeriodOver", dispute_id, settles_at,
     )  # fmt: skip
-    w.tx(lapse, w.stranger)  # anyone may close it
+    burned = w.call(w.disputes.functions.burnedWei())
+    receipt = w.tx(lapse, w.stranger)  # anyone may close it
+    (event,) = w.disputes.events.TensorDisputeLapsed().process_receipt(receipt, errors=DISCARD)
+    assert event["args"]["burnedWei"] == BOND
     assert state_of(w, dispute_id) == LAPSED and w.status_of(c.a) != SLASHED
-    assert credit(w, w.challenger) == BOND
+    # The bond goes to nobody: not back to the challenger, not to the sponsor or the run.
+    assert w.call(w.disputes.functions.burnedWei()) == burned + BOND
+    assert credit(w, w.challenger) == credit(w, w.sponsor) == credit(w, w.wallet(0)) == 0
     w.claim(c.cert, c.tree, c.a, w.wallet(0))
 
 
@@ -153,9 +163,10 @@ def test_opening_a_dispute_out_of_turn_reverts(certified: Certified) -> None:
     foreign = SignedReceipt(other, entry.worker_signature, entry.counterparty_signature)
     bad = fraud_proofs.wrong_tensor(c.cert, c.tree.leaf_proof(index), foreign)
     proof_reverts(w, bad, "NotTheLeafsReceipt", index)
-    # One dispute per receipt.
+    # One dispute per receipt and challenger; another challenger's runs beside it.
     dispute_id = opened(c, proof)
     proof_reverts(w, proof, "DisputeExists", dispute_id)
+    assert opened(c, proof, challenger=w.stranger) == dispute_id + 1
     # No later than MIN_RULING_S before the epoch settles, so the arbiter has time to rule.
     settles_at = w.epoch_times(c.run, 0)[3]
     w.travel_to(settles_at - 300 + 1)
@@ -169,12 +180,15 @@ def test_a_slashed_worker_cannot_be_disputed_and_a_second_upheld_ruling_takes_no
     first = opened(c, dispute_of(c, c.b))
     second = opened(c, dispute_of(c, c.b, lambda r: r.microbatchId == 1))
     rule(w, first, True)
+    # A commitment made after the one that leads can no longer earn anything: refused.
     proof_reverts(
         w, dispute_of(c, c.b, lambda r: r.microbatchId == 2), "AlreadySlashed", c.b.address
     )
-    receipt = rule(w, second, True)
-    assert w.disputes.events.FraudProven().process_receipt(receipt, errors=DISCARD) == ()
+    receipt = rule(w, second, True)  # committed later than the first: it takes nothing
+    (event,) = w.disputes.events.FraudProven().process_receipt(receipt, errors=DISCARD)
+    assert (event["args"]["slashedWei"], event["args"]["bountyWei"]) == (0, 0)
     bounty = 4 * ETH * BOUNTY_BPS // 10_000
+    w.award(c.b.address)
     assert credit(w, w.challenger) == 2 * BOND + bounty
     assert w.call(w.disputes.functions.burnedWei()) == 4 * ETH - bounty
 
@@ -184,6 +198,7 @@ def test_a_worker_disputing_itself_loses_its_stake(certified: Certified) -> None
     c, w = certified, certified.w
     dispute_id = opened(c, dispute_of(c, c.a), challenger=w.wallet(0))
     rule(w, dispute_id, True)
+    w.award(c.a.address)
     assert credit(w, w.wallet(0)) == BOND + 2 * ETH * BOUNTY_BPS // 10_000
     assert w.stake_of(c.a) == 0
 

@@ -360,6 +360,14 @@ class World:
             return 0
         return int(self.call(self.disputes.functions.tensorBondWei()))
 
+    def award(self, node: str) -> TxReceipt:
+        """Mines until no commitment earlier than the one leading for ``node``'s bounty can be
+        revealed, then awards the bounty."""
+        final_after = int(self.call(self.disputes.functions.convictions(node))[3])
+        if self.w3.eth.block_number < final_after:
+            self.tester.mine_blocks(final_after - self.w3.eth.block_number)
+        return self.tx(self.disputes.functions.awardBounty(node), self.stranger)
+
     def prove(self, proof: FraudProof, challenger: str | None = None) -> TxReceipt:
         """Commits, then reveals ``proof`` a block later."""
         challenger = challenger or self.challenger

@@ -280,7 +280,7 @@ def test_contracts_not_wired_to_each_other_are_refused() -> None:
     registry = deploy_contract(w3, "NodeRegistry", deployer, ETH, 10_000, deployer)
     ledger = deploy_contract(w3, "WorkLedger", deployer, registry.address, deployer)
     disputes = deploy_contract(
-        w3, "Disputes", deployer, registry.address, ledger.address, 500, 10**17
+        w3, "Disputes", deployer, registry.address, ledger.address, 500, 10**17, 20
     )
     addresses = {
         "NodeRegistry": registry.address, "WorkLedger": ledger.address,
