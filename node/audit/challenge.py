@@ -90,12 +90,18 @@ def challenge(contracts: Contracts, challenger: Sender, findings: list[Finding])
         if proof.fraud in NEEDS_ARBITER and judgement.outcome != REFUSED:
             disputed.add(proof.accused.lower())
         done.judgements.append(judgement)
+    done.withdrawn_wei = collect_bounties(contracts, challenger, findings)
+    return done
+
+
+def collect_bounties(contracts: Contracts, challenger: Sender, findings: list[Finding]) -> int:
+    """Award each final bounty ``challenger`` leads for among ``findings``' accused, and
+    withdraw its credit (bounties, and bonds of disputes ruled for it); returns the wei."""
     _award_final_bounties(contracts, challenger, findings)
     credit = int(contracts.disputes.functions.creditWei(challenger.address).call())
     if credit > 0:
         withdraw_credit(contracts, challenger)  # a failure here leaves the credit to withdraw
-        done.withdrawn_wei = credit
-    return done
+    return credit
 
 
 def _judge(c: Contracts, challenger: Sender, finding: Finding, proof: FraudProof) -> Judgement:

@@ -426,6 +426,17 @@ def advance_time(w3: Web3, seconds: int) -> int:
     return int(w3.eth.get_block("latest")["timestamp"])
 
 
+def mine_blocks(w3: Web3, count: int) -> None:
+    """Mine ``count`` blocks on a development chain, its clock moving as it does for any block
+    (in process on eth-tester, over JSON-RPC on `gwtf-node devnet`'s chains)."""
+    tester = getattr(w3.provider, "ethereum_tester", None)
+    if tester is not None:
+        tester.mine_blocks(count)
+        return
+    for _ in range(count):
+        w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
+
+
 def advance_time_to(w3: Web3, timestamp: int) -> int:
     """Move the clock so that the next block is at or after ``timestamp``."""
     latest = int(w3.eth.get_block("latest")["timestamp"])

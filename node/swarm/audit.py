@@ -19,11 +19,11 @@ import trio
 from eth_account import Account
 
 from node.audit.arbiter import WRONG, WRONG_BEFORE, Ruling, arbitrate
-from node.audit.challenge import SLASHED, Challenges, challenge
+from node.audit.challenge import DISPUTED, SLASHED, Challenges, challenge, collect_bounties
 from node.audit.checks import Finding
 from node.audit.runner import AuditReport, Sampling, audit_epoch
 from node.chain.actions import transfer_eth
-from node.chain.adapter import Sender
+from node.chain.adapter import Sender, mine_blocks
 from node.swarm.chain import SwarmChain
 
 AUDITOR_FUND_WEI = 10**18
@@ -58,10 +58,17 @@ class SwarmAudit:
             )
         )
         self.reports.append(report)
-        self.proven.append(challenge(c.contracts, self.auditor, report.findings))
+        done = challenge(c.contracts, self.auditor, report.findings)
+        self.proven.append(done)
         if self.sampling is not None:
             replayer = self.sampling.replayer
             self.rulings += trio.run(arbitrate, c.contracts, c.sponsor, c.run_id, peers, replayer)
+        if any(j.outcome in (SLASHED, DISPUTED) for j in done.judgements):
+            # A bounty is the earliest commitment's once no earlier one can still be revealed:
+            # on the swarm's dev chain, blocks come only with transactions, so they are mined.
+            window = int(c.contracts.disputes.functions.revealWindowBlocks().call())
+            mine_blocks(c.contracts.w3, window + 1)
+            done.withdrawn_wei += collect_bounties(c.contracts, self.auditor, report.findings)
 
     def slashed(self) -> set[str]:
         """The addresses of the nodes slashed on this audit's proofs (lower case)."""
