@@ -28,6 +28,7 @@ from api.schemas import (
     FlowView,
     Health,
     History,
+    NodeView,
     PeerView,
     Problem,
     ReceiptPage,
@@ -135,6 +136,10 @@ def create_app(
         epoch: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
     ) -> ReceiptPage:
         return services.receipts(offset, limit, epoch)
+
+    @app.get("/v1/node", response_model=NodeView, responses=NOT_READY, tags=["node"])
+    def node() -> NodeView:
+        return services.node()
 
     @app.get("/v1/runs", response_model=list[RunView], responses=NOT_READY, tags=["earnings"])
     def runs() -> list[RunView]:

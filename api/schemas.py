@@ -209,6 +209,26 @@ class ReceiptPage(Schema):
     limit: int
 
 
+class CapacityView(Schema):
+    gpu_model: str
+    memory_mib: int
+    microbatches_per_hour: int
+    max_in_flight: int
+
+
+class NodeView(Schema):
+    """What the chain says of this node (``NodeRegistry``) and of the wallet that staked it."""
+
+    node: str
+    wallet: str = Field(description="the operator's wallet: it holds the stake and the rewards")
+    peer_id: str
+    status: str = Field(description="none, active, unbonding, withdrawn or slashed")
+    stake: Amount
+    unlock_at: int | None = Field(description="unix time the stake unlocks, while unbonding")
+    capacity: CapacityView
+    wallet_balance: Amount
+
+
 class RunView(Schema):
     run_id: int
     sponsor: str

@@ -16,6 +16,7 @@ from api.schemas import (
     FlowView,
     Health,
     History,
+    NodeView,
     PeerView,
     ReceiptPage,
     RunView,
@@ -46,6 +47,8 @@ class NodeServices(Protocol):
     def earnings(self) -> Earnings: ...
 
     def receipts(self, offset: int, limit: int, epoch: int | None) -> ReceiptPage: ...
+
+    def node(self) -> NodeView: ...
 
     def runs(self) -> list[RunView]: ...
 

@@ -14,13 +14,12 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
-
-from eth_account import Account
-from eth_account.signers.local import LocalAccount
-from eth_utils.address import to_checksum_address
+from typing import TYPE_CHECKING, Any
 
 from gwtf.errors import WalletError
+
+if TYPE_CHECKING:  # eth_account loads when a key is made or opened, not to read an address
+    from eth_account.signers.local import LocalAccount
 
 ENV_WALLET_PASSWORD = "GWTF_WALLET_PASSWORD"
 # A keystore is ~500 bytes; refusing big files bounds what we parse from disk.
@@ -88,6 +87,8 @@ def _write_keystore(path: Path, keystore: dict[str, Any]) -> None:
 
 
 def _encrypt(account: LocalAccount, password: str, scrypt_n: int | None) -> dict[str, Any]:
+    from eth_account import Account
+
     return Account.encrypt(account.key, password, kdf="scrypt", iterations=scrypt_n)
 
 
@@ -96,6 +97,8 @@ def create_wallet(path: str | Path, password: str, *, scrypt_n: int | None = Non
 
     ``scrypt_n`` lowers the key-derivation cost; only tests should pass it.
     """
+    from eth_account import Account
+
     if len(password) < MIN_NEW_PASSWORD_CHARS:
         raise WalletError(f"choose a password of at least {MIN_NEW_PASSWORD_CHARS} characters")
     account: LocalAccount = Account.create()
@@ -107,6 +110,8 @@ def import_key(
     path: str | Path, private_key: bytes | str, password: str, *, scrypt_n: int | None = None
 ) -> LocalAccount:
     """Write an existing private key (e.g. a devnet account) to an encrypted keystore."""
+    from eth_account import Account
+
     try:
         account: LocalAccount = Account.from_key(private_key)
     except (ValueError, TypeError) as exc:
@@ -117,11 +122,20 @@ def import_key(
 
 def read_keystore_address(path: str | Path) -> str:
     """The checksummed address stored in a keystore, without asking for the password."""
+    from eth_utils.address import to_checksum_address
+
+    return str(to_checksum_address(keystore_address(path)))
+
+
+def keystore_address(path: str | Path) -> str:
+    """The address stored in a keystore as 0x and 40 lowercase hex digits (no checksum, so
+    nothing of eth_utils loads: what a command compares with what a node says of itself)."""
     keystore = _load_keystore_json(Path(path))
     address = keystore.get("address")
-    if not isinstance(address, str) or len(address.removeprefix("0x")) != 40:
+    digits = address.removeprefix("0x").lower() if isinstance(address, str) else ""
+    if len(digits) != 40 or any(c not in "0123456789abcdef" for c in digits):
         raise WalletError(f"{path} has no valid address field; is it an Ethereum keystore?")
-    return str(to_checksum_address("0x" + address.removeprefix("0x")))
+    return "0x" + digits
 
 
 def _load_keystore_json(path: Path) -> dict[str, Any]:
@@ -142,6 +156,8 @@ def _load_keystore_json(path: Path) -> dict[str, Any]:
 
 def open_wallet(path: str | Path, password: str) -> LocalAccount:
     """Decrypt the keystore at ``path``; a wrong password is a one-line ``WalletError``."""
+    from eth_account import Account
+
     keystore = _load_keystore_json(Path(path))
     try:
         key = Account.decrypt(keystore, password)
@@ -174,6 +190,8 @@ def load_or_create_node_key(
     rewards, so a node key that leaks never exposes the funds (though its stake can be slashed
     by whoever signs two receipts for one hop with it).
     """
+    from eth_account import Account
+
     path = Path(path)
     if path.exists():
         return open_wallet(path, password)

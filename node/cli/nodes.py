@@ -9,6 +9,7 @@ of the run's model); each flag overrides one figure.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gwtf.errors import ConfigError, GwtfError
@@ -28,17 +29,13 @@ from node.cli.args import (
 )
 from node.cli.earnings import when
 from node.cli.output import emit, fields
-from node.home import home_settings, last_run, speaking_for
+from node.home import RunningNode, home_settings, last_run, speaking_for
 from node.settings import Settings
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from node.chain.actions import Capacity
-    from node.chain.adapter import NodeInfo
-
-
-NODE_STATUS = ("none", "active", "unbonding", "withdrawn", "slashed")  # NodeRegistry.NodeStatus
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
@@ -159,7 +156,7 @@ def cmd_join(args: argparse.Namespace, settings: Settings, console: Console) -> 
 
 def cmd_info(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     from node.composition import open_contracts
-    from node.local_api.watcher import run_fields
+    from node.local_api.watcher import node_view, run_fields
 
     if args.node is None and args.run is None:
         raise ConfigError("say what to show: --node ADDRESS and/or --run ID")
@@ -167,8 +164,8 @@ def cmd_info(args: argparse.Namespace, settings: Settings, console: Console) -> 
     port = contracts.port()
     data: dict[str, Any] = {}
     if args.node is not None:
-        node = port.node_info(args.node)
-        data["node"] = node_json(contracts, node) if node is not None else None
+        view = node_view(contracts, args.node)
+        data["node"] = view.model_dump(mode="json") if view is not None else None
     if args.run is not None:
         run = port.run_info(args.run)
         data["run"] = run_fields(run) if run is not None else None
@@ -183,74 +180,35 @@ def cmd_info(args: argparse.Namespace, settings: Settings, console: Console) -> 
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings, console: Console) -> int:
-    from web3 import Web3
-
-    from api.schemas import Amount
-    from node.chain.wallet import node_key_path, read_keystore_address
-    from node.composition import open_contracts
-    from node.local_api.client import api_url, call_api
+    from node.chain.wallet import keystore_address, node_key_path
 
     key = node_key_path(args.wallet, args.node_name)
-    wallet_address = read_keystore_address(args.wallet)
     if not key.is_file():
         raise ConfigError(f"wallet {args.wallet} has no node {args.node_name!r} yet: register it")
-    node_address = read_keystore_address(key)
-    contracts, _ = open_contracts(settings)
-    node = contracts.port().node_info(node_address)
+    node_address = keystore_address(key)
     home, running = node_home(args, settings)
-    run_id = args.run if args.run is not None else settings.chain.run_id or last_run(home) or 0
-    data: dict[str, Any] = {
-        "wallet": wallet_address,
-        "balance": Amount.of(
-            contracts.w3.eth.get_balance(Web3.to_checksum_address(wallet_address))
-        ),
-        "node": node_json(contracts, node) if node is not None else None,
-    }
-    if run_id:
-        ledger = contracts.ledger.functions
-        data["run"] = {
-            "run_id": run_id,
-            "member": bool(ledger.isAdmitted(run_id, node_address).call()),
-        }
-    if running is not None and running.node.lower() != node_address.lower():
+    if running is not None and running.node.lower() != node_address:
         raise ConfigError(
             f"the node running in {home} is {running.node}, not {node_address}: check --home "
             "or --node-name"
         )
+    # A running node answers for itself (it reads the chain every few seconds): no chain
+    # client to load, so status answers at once. Stopped, the chain and the home are read.
+    data = _status_of_running(args, running)
+    if data is None:
+        data = _status_from_chain(args, settings, home, running, key)
     data["home"] = str(home)
-    if args.api_port is not None:
-        url = api_url(settings.api.host, args.api_port)
-    else:
-        url = running.api_url if running is not None else ""
-    data["live"] = None
-    if not url:
-        data["live_error"] = (
-            f"the node in {home} is {running.state}" if running else f"no node runs in {home}"
-        )
-    else:
-        try:
-            data["live"] = call_api(url, "/v1/status", timeout_s=5)
-        except GwtfError as exc:
-            data["live_error"] = str(exc)
-    db_url = str(home_settings(settings, home).get("db.url", settings.db.url))
-    data["unclaimed"] = []
-    if data["live"] is None:
-        from node.store.disk import disk_usage
-
-        evidence = home_settings(settings, home).get(
-            "chain.evidence_dir", settings.chain.evidence_dir
-        )
-        data["disk_bytes"] = disk_usage(db_url, evidence).total_bytes
-    if data["live"] is None and run_id:
-        # Stopped with work unpaid: only a running node claims, so its owner must know.
-        from node.cli.earnings import unclaimed_report
-
-        data["unclaimed"] = unclaimed_report(settings, contracts, run_id, node_address, db_url)
+    node_shown = data["node"]["node"] if data["node"] else node_address
 
     def render(c: Console) -> None:
-        c.print(speaking_for(node_address, home, running if data["live"] else None))
-        c.print(_fields("wallet", {"address": wallet_address, "balance": data["balance"]}))
-        c.print(_fields("node", data["node"]) if node else f"node {node_address} is not registered")
+        c.print(speaking_for(node_shown, home, running if data["live"] else None))
+        c.print(_fields("wallet", {"address": data["wallet"], "balance": data["balance"]}))
+        if data["node"]:
+            c.print(
+                _fields("node", {k: v for k, v in data["node"].items() if k != "wallet_balance"})
+            )
+        else:
+            c.print(f"node {node_shown} is not registered")
         if "run" in data:
             c.print(_fields("run", data["run"]))
         live = data["live"]
@@ -264,48 +222,111 @@ def cmd_status(args: argparse.Namespace, settings: Settings, console: Console) -
             if data["unclaimed"]:
                 c.print("start the node again (`gwtf-node start`) to claim it")
         else:
-            shown = ("role", "stage", "iteration", "epoch", "peers_alive", "flows_in",
-                     "flows_out", "hops_computed", "throughput_hops_per_s")  # fmt: skip
-            values = {k: live[k] for k in shown}
-            health = live["health"]
-            values["health"] = " ".join(filter(None, (health["status"], health["detail"])))
-            if live.get("next_claim_at") is not None:
-                values["next claim"] = f"{when(live['next_claim_at'])} " + (
-                    f"(in {live['next_claim_in_s'] // 60} min)" if live["next_claim_in_s"]
-                    else "(claimable now)"
-                )  # fmt: skip
-            if live.get("disk") is not None:
-                values["disk MB"] = round(live["disk"]["total_bytes"] / 1e6, 1)
-            c.print(_fields(f"live node at {url}", values))
+            c.print(_fields(f"live node at {data['api_url']}", _live_fields(live)))
 
     return emit(args, console, data, render)
 
 
-def node_json(contracts: Any, node: NodeInfo) -> dict[str, Any]:
+def _status_of_running(
+    args: argparse.Namespace, running: RunningNode | None
+) -> dict[str, Any] | None:
+    """What the node running in the home says of itself and of the chain; None if it does
+    not answer (or another run or API port was asked for): then the chain is read."""
+    from node.local_api.client import call_api
+
+    if running is None or not running.api_url or args.api_port is not None:
+        return None
+    if args.run is not None and args.run != running.run_id:
+        return None
+    try:
+        live = call_api(running.api_url, "/v1/status", timeout_s=5)
+        node = call_api(running.api_url, "/v1/node", timeout_s=5)
+        runs = call_api(running.api_url, "/v1/runs", timeout_s=5)
+    except GwtfError:  # not answering, or not read the chain yet
+        return None
+    data: dict[str, Any] = {
+        "wallet": node["wallet"], "balance": node["wallet_balance"], "node": node,
+        "live": live, "api_url": running.api_url, "unclaimed": [],
+    }  # fmt: skip
+    data["run"] = {"run_id": running.run_id, "member": any(r["member"] for r in runs)}
+    return data
+
+
+def _status_from_chain(
+    args: argparse.Namespace,
+    settings: Settings,
+    home: Path,
+    running: RunningNode | None,
+    key: Path,
+) -> dict[str, Any]:
+    from web3 import Web3
+
     from api.schemas import Amount
-    from node.chain.actions import Capacity
+    from node.chain.wallet import read_keystore_address
+    from node.composition import open_contracts
+    from node.local_api.client import api_url, call_api
+    from node.local_api.watcher import node_view
 
-    record = contracts.registry.functions.getNode(node.node_address).call()
-    unlock_at = int(record[4]) and int(
-        contracts.registry.functions.unlockAt(node.node_address).call()
-    )
-    return {
-        "node": node.node_address,
-        "wallet": node.operator,
-        "peer_id": _base58(node.peer_id),
-        "status": NODE_STATUS[record[2]] if record[2] < len(NODE_STATUS) else str(record[2]),
-        "stake": Amount.of(node.stake_wei),
-        "unlock_at": unlock_at or None,
-        "capacity": capacity_json(
-            Capacity(node.gpu_model, node.memory_mib, node.throughput, node.max_in_flight)
-        ),
+    wallet_address = read_keystore_address(args.wallet)
+    node_address = read_keystore_address(key)
+    contracts, _ = open_contracts(settings)
+    view = node_view(contracts, node_address)
+    balance = contracts.w3.eth.get_balance(Web3.to_checksum_address(wallet_address))
+    data: dict[str, Any] = {
+        "wallet": wallet_address,
+        "balance": Amount.of(balance),
+        "node": view.model_dump(mode="json") if view is not None else None,
     }
+    run_id = args.run if args.run is not None else settings.chain.run_id or last_run(home) or 0
+    if run_id:
+        ledger = contracts.ledger.functions
+        data["run"] = {
+            "run_id": run_id,
+            "member": bool(ledger.isAdmitted(run_id, node_address).call()),
+        }
+    if args.api_port is not None:
+        url = api_url(settings.api.host, args.api_port)
+    else:
+        url = running.api_url if running is not None else ""
+    data["live"], data["api_url"], data["unclaimed"] = None, url, []
+    if not url:
+        data["live_error"] = (
+            f"the node in {home} is {running.state}" if running else f"no node runs in {home}"
+        )
+    else:
+        try:
+            data["live"] = call_api(url, "/v1/status", timeout_s=5)
+        except GwtfError as exc:
+            data["live_error"] = str(exc)
+    if data["live"] is None:
+        from node.cli.earnings import unclaimed_report
+        from node.store.disk import disk_usage
+
+        homed = home_settings(settings, home)
+        db_url = str(homed.get("db.url", settings.db.url))
+        evidence = homed.get("chain.evidence_dir", settings.chain.evidence_dir)
+        data["disk_bytes"] = disk_usage(db_url, evidence).total_bytes
+        if run_id:
+            # Stopped with work unpaid: only a running node claims, so its owner must know.
+            data["unclaimed"] = unclaimed_report(settings, contracts, run_id, node_address, db_url)
+    return data
 
 
-def _base58(peer_id: bytes) -> str:
-    from libp2p.peer.id import ID
-
-    return ID(peer_id).to_base58() if peer_id else ""
+def _live_fields(live: dict[str, Any]) -> dict[str, Any]:
+    """What ``status`` shows of a running node's ``/v1/status``."""
+    shown = ("role", "stage", "iteration", "epoch", "peers_alive", "flows_in", "flows_out",
+             "hops_computed", "throughput_hops_per_s")  # fmt: skip
+    values = {k: live[k] for k in shown}
+    health = live["health"]
+    values["health"] = " ".join(filter(None, (health["status"], health["detail"])))
+    if live.get("next_claim_at") is not None:
+        values["next claim"] = f"{when(live['next_claim_at'])} " + (
+            f"(in {live['next_claim_in_s'] // 60} min)" if live["next_claim_in_s"]
+            else "(claimable now)"
+        )  # fmt: skip
+    if live.get("disk") is not None:
+        values["disk MB"] = round(live["disk"]["total_bytes"] / 1e6, 1)
+    return values
 
 
 def _fields(title: str, values: dict[str, Any]) -> Any:

@@ -18,6 +18,7 @@ from api.schemas import (
     FlowView,
     Health,
     HistoryPoint,
+    NodeView,
     PeerView,
     RunView,
     Slashed,
@@ -46,6 +47,7 @@ class ChainParts:
     claimed_wei: int
     claimable_wei: int
     next_claim_at: int | None = None  # chain time (``node.local_api.earnings.next_claim_at``)
+    node: NodeView | None = None  # None: not registered
     read_at: float = field(default_factory=time.time)  # unix time of the reading
 
 

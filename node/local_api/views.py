@@ -20,6 +20,7 @@ from api.schemas import (
     Health,
     History,
     InclusionProof,
+    NodeView,
     PeerView,
     ReceiptPage,
     ReceiptView,
@@ -68,6 +69,12 @@ class NodeViews:
     def metrics(self) -> dict[str, float]:
         snapshot = self.box.snapshot
         return dict(snapshot.counters) if snapshot is not None else {}
+
+    def node(self) -> NodeView:
+        node = self._chain().node
+        if node is None:
+            raise NotReady("this node is not registered on chain")
+        return node
 
     def runs(self) -> list[RunView]:
         return list(self._chain().runs)

@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from api.schemas import Amount, RunView, Slashed
+from api.schemas import Amount, CapacityView, NodeView, RunView, Slashed
 from contracts.fraud_proofs import Fraud
 from node.chain.actions import Contracts
 from node.chain.adapter import RunInfo
@@ -144,6 +144,7 @@ class ChainReader:
             claimed_wei=sum(int(e.claimed.wei) for e in earned),
             claimable_wei=sum(int(e.claimable.wei) for e in earned),
             next_claim_at=next_claim_at(earned, view.times, running),
+            node=node_view(self.contracts, self.node),
         )
 
     def _certified_by(self, epoch: int) -> frozenset[str]:
@@ -164,6 +165,42 @@ class ChainReader:
         if now >= self.times[epoch].settles_at:
             self.settled_books[epoch] = (paid_here, book)
         return book
+
+
+#: ``NodeRegistry.NodeStatus``, by its number.
+NODE_STATUS = ("none", "active", "unbonding", "withdrawn", "slashed")
+
+
+def node_view(contracts: Contracts, node: str) -> NodeView | None:
+    """What the registry says of ``node`` and its wallet's balance; None if not registered."""
+    from libp2p.peer.id import ID
+    from web3 import Web3
+
+    info = contracts.port().node_info(node)
+    if info is None:
+        return None
+    record = contracts.registry.functions.getNode(info.node_address).call()
+    status = int(record[2])
+    unlock_at = int(record[4]) and int(
+        contracts.registry.functions.unlockAt(info.node_address).call()
+    )
+    return NodeView(
+        node=info.node_address,
+        wallet=info.operator,
+        peer_id=ID(info.peer_id).to_base58() if info.peer_id else "",
+        status=NODE_STATUS[status] if status < len(NODE_STATUS) else str(status),
+        stake=Amount.of(info.stake_wei),
+        unlock_at=unlock_at or None,
+        capacity=CapacityView(
+            gpu_model=info.gpu_model,
+            memory_mib=info.memory_mib,
+            microbatches_per_hour=info.throughput,
+            max_in_flight=info.max_in_flight,
+        ),
+        wallet_balance=Amount.of(
+            contracts.w3.eth.get_balance(Web3.to_checksum_address(info.operator))
+        ),
+    )
 
 
 def run_view(contracts: Contracts, run_id: int, node: str) -> RunView | None:

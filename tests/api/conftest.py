@@ -14,7 +14,16 @@ from eth_utils.crypto import keccak
 from fastapi import FastAPI
 
 from api.app import create_app
-from api.schemas import Amount, Health, HistoryPoint, PeerView, RunView, Status
+from api.schemas import (
+    Amount,
+    CapacityView,
+    Health,
+    HistoryPoint,
+    NodeView,
+    PeerView,
+    RunView,
+    Status,
+)
 from contracts.encoding import (
     HopReceipt,
     hop_key,
@@ -106,7 +115,13 @@ def chain_parts() -> ChainParts:
         pool=Amount.of(5 * 10**18), min_stake=Amount.of(10**18), open=True, member=True,
         data_node=False,
     )  # fmt: skip
-    return ChainParts(view, (run,), (), 3 * 10**17, 0)
+    node = NodeView(
+        node=NODE.address, wallet=PEER.address, peer_id="16Uiu2x", status="active",
+        stake=Amount.of(2 * 10**18), unlock_at=None, wallet_balance=Amount.of(10**18),
+        capacity=CapacityView(gpu_model="cpu", memory_mib=4096, microbatches_per_hour=600,
+                              max_in_flight=2),
+    )  # fmt: skip
+    return ChainParts(view, (run,), (), 3 * 10**17, 0, node=node)
 
 
 def snapshot(chain: ChainParts) -> NodeSnapshot:

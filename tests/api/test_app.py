@@ -5,6 +5,7 @@ Prometheus' text format."""
 from __future__ import annotations
 
 import socket
+from dataclasses import replace
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -136,3 +137,16 @@ def test_a_host_name_other_than_loopbacks_is_refused(views: NodeViews, tmp_path)
     assert client.get("/v1/status", headers={"host": "localhost:8787"}).status_code == 200
     refused = client.get("/v1/status", headers={"host": "rebound.example:8787"})
     assert refused.status_code == 400
+
+
+def test_the_node_as_the_chain_says_it_is_served_once_read(views: NodeViews) -> None:
+    client = TestClient(create_app(views, token=TOKEN))
+    answer = client.get("/v1/node").json()
+    assert answer["node"] == NODE.address and answer["status"] == "active"
+    assert answer["stake"] == {"wei": "2000000000000000000", "eth": "2"}
+    assert answer["capacity"]["microbatches_per_hour"] == 600
+    # Not registered: 503, saying so.
+    assert views.box.chain is not None
+    views.box.chain = replace(views.box.chain, node=None)
+    unregistered = client.get("/v1/node")
+    assert unregistered.status_code == 503 and "not registered" in unregistered.json()["detail"]

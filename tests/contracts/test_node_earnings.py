@@ -114,3 +114,13 @@ def test_work_a_certificate_covers_is_not_missed(staffed: Staffed, db: Database)
     covered = epoch_zero(s, db)
     assert covered.phase == "disputable" and covered.missed is None
     assert covered.expected is not None and int(covered.pending.wei) > 0
+
+
+def test_the_node_view_is_what_the_registry_says_of_it(staffed: Staffed, db: Database) -> None:
+    """What ``gwtf-node status`` shows of a running node without a chain client of its own."""
+    s, w = staffed, staffed.w
+    node = read(s, db).node
+    assert node is not None
+    assert node.node == s.a.address and node.wallet == w.wallet(0)
+    assert (node.status, int(node.stake.wei), node.unlock_at) == ("active", 2 * 10**18, None)
+    assert int(node.wallet_balance.wei) == w.w3.eth.get_balance(w.wallet(0))
