@@ -12,9 +12,13 @@
 What ``status`` and ``earnings`` read is set up first, as a volunteer would have it: a devnet
 (``gwtf-node devnet``'s chain and contracts, anvil or the embedded chain; or ``--devnet-file``
 of a running one), a wallet funded and its node registered and staked through ``gwtf-node``
-(capacity given by flags, so the set-up does not measure it), and an empty migrated node
-database for ``earnings``. No node runs, so ``status`` reads the chain and finds no node's API
-(``--api-port`` of a closed port), as it does before ``start``.
+(capacity given by flags, so the set-up does not measure it). Both ways a volunteer meets them
+are timed:
+* stopped: no node runs in the home, so ``status`` and ``earnings`` read the chain (and an
+  empty migrated node database), as before ``start`` or after it;
+* running: a sponsor's one-stage run with its data node, and the volunteer's node started with
+  ``gwtf-node start`` (the data node trains one iteration, then both idle), so ``status`` and
+  ``earnings`` ask the running node's API.
 
 Usage: python bench/cli.py [--repeats 7] [--capacity-runs 5] [--model gpt-tiny]
                            [--devnet-file PATH] [--skip-capacity]
@@ -23,14 +27,18 @@ Usage: python bench/cli.py [--repeats 7] [--capacity-runs 5] [--model gpt-tiny]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 PASSWORD = "bench-password"
@@ -53,10 +61,10 @@ def gwtf_node() -> str:
     return found
 
 
-def run(argv: list[str], check: bool = True) -> tuple[float, str]:
-    """Runs ``argv`` to the end; its wall time (s) and stdout."""
+def run(argv: list[str], check: bool = True, cwd: Path | None = None) -> tuple[float, str]:
+    """Runs ``argv`` to the end (in ``cwd``); its wall time (s) and stdout."""
     started = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True)
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
     elapsed = time.perf_counter() - started
     if check and done.returncode != 0:
         sys.exit(f"bench/cli.py: {' '.join(argv)} exited {done.returncode}: {done.stderr[-500:]}")
@@ -72,12 +80,30 @@ def closed_port() -> int:
 
 def set_up(tmp: Path, devnet_file: Path, cli: str) -> dict[str, list[str]]:
     """A funded wallet with a registered node on the devnet and an empty node database; the
-    commands to time."""
-    from node.chain.wallet import create_wallet
+    commands to time while no node runs."""
     from node.store.database import open_database
 
     chain = ["--devnet-file", str(devnet_file)]
-    wallet = tmp / "volunteer.json"
+    keys, node = registered(tmp, "volunteer", chain, cli)
+    url = f"sqlite:///{tmp / 'node.sqlite'}"
+    open_database(url).engine.dispose()
+    return {
+        "--help": [cli, "--help"],
+        "status (stopped)": [cli, *chain, "status", "--wallet", keys[1], "--home",
+                             str(tmp / "no-node"), "--json"],
+        "earnings (stopped)": [cli, *chain, "earnings", "--node", node["node"], "--run", "1",
+                               "--db-url", url, "--json"],
+    }  # fmt: skip
+
+
+def registered(
+    tmp: Path, name: str, chain: list[str], cli: str
+) -> tuple[list[str], dict[str, str]]:
+    """A new wallet, funded, with its node ``main`` registered and staked: its flags, and what
+    ``register`` said (the node's address and peer id)."""
+    from node.chain.wallet import create_wallet
+
+    wallet = tmp / f"{name}.json"
     address = create_wallet(wallet, PASSWORD).address
     (tmp / "password").write_text(PASSWORD)
     keys = ["--wallet", str(wallet), "--password-file", str(tmp / "password")]
@@ -85,29 +111,74 @@ def set_up(tmp: Path, devnet_file: Path, cli: str) -> dict[str, list[str]]:
     _, out = run([cli, *chain, "register", *keys, "--stake-eth", "2", "--capacity", "flags",
                   "--gpu-model", "bench", "--memory-mib", "1024", "--throughput", "1000",
                   "--json"])  # fmt: skip
-    node = json.loads(out)["node"]
-    url = f"sqlite:///{tmp / 'node.sqlite'}"
-    open_database(url).engine.dispose()
-    return {
-        "gwtf-node --help": [cli, "--help"],
-        "gwtf-node status": [cli, *chain, "status", "--wallet", str(wallet),
-                             "--api-port", str(closed_port()), "--json"],
-        "gwtf-node earnings": [cli, *chain, "earnings", "--node", node, "--run", "1",
-                               "--db-url", url, "--json"],
-    }  # fmt: skip
+    return keys, json.loads(out)
 
 
-def time_commands(commands: dict[str, list[str]], repeats: int) -> None:
+@contextlib.contextmanager
+def running_node(tmp: Path, devnet_file: Path, cli: str) -> Iterator[dict[str, list[str]]]:
+    """A sponsor's one-stage run, its data node and a volunteer's node, each started with
+    ``gwtf-node start`` in ``tmp`` (their homes below it); the commands to time against the
+    volunteer's running node."""
+    chain = ["--devnet-file", str(devnet_file)]
+    sponsor, data_node = registered(tmp, "sponsor", chain, cli)
+    _, out = run([cli, *chain, "runs", "open", *sponsor, "--stages", "1",
+                  "--reward-per-epoch-eth", "1", "--min-stake-eth", "1", "--fund-eth", "1",
+                  "--json"])  # fmt: skip
+    run_id = str(json.loads(out)["run_id"])
+    run([cli, *chain, "runs", "add-data-node", *sponsor, "--run", run_id,
+         "--node", data_node["node"]])  # fmt: skip
+    volunteer, _ = registered(tmp, "volunteer-running", chain, cli)
+    run([cli, *chain, "join", *volunteer, "--run", run_id])
+    port = closed_port()
+    address = f"/ip4/127.0.0.1/tcp/{port}/p2p/{data_node['peer_id']}"
+    env = {**os.environ, "GWTF_TRAINING_ITERATIONS": "1", "GWTF_TRAINING_DEVICE": "cpu"}
+    start = [cli, *chain, "start", "--run", run_id]
+    data_argv = [*start, *sponsor, "--home", str(tmp / "data-home"),
+                 "--listen", f"/ip4/127.0.0.1/tcp/{port}"]  # fmt: skip
+    volunteer_argv = [*start, *volunteer, "--bootstrap", address,
+                      "--listen", "/ip4/127.0.0.1/tcp/0"]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            argv, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        for argv in (data_argv, volunteer_argv)
+    ]
+    try:
+        home = tmp / ".gwtf" / "nodes" / "main"
+        deadline = time.monotonic() + 300
+        while (
+            not (home / "node.json").is_file()
+            or '"running"' not in (home / "node.json").read_text()
+        ):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                sys.exit("bench/cli.py: the volunteer's node did not start serving")
+            time.sleep(0.5)
+        time.sleep(10)  # the node reads the chain, and the data node trains its iteration
+        yield {
+            "status (running)": [cli, *chain, "status", "--wallet", volunteer[1], "--json"],
+            "earnings (running)": [cli, *chain, "earnings", "--wallet", volunteer[1], "--json"],
+        }
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGINT)
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def time_commands(commands: dict[str, list[str]], repeats: int, cwd: Path) -> None:
     baseline = "python -c pass"
     argvs = {baseline: [sys.executable, "-c", "pass"], **commands}
     for argv in argvs.values():  # once each first: the disk cache warm for all alike
-        run(argv)
+        run(argv, cwd=cwd)
     times: dict[str, list[float]] = {name: [] for name in argvs}
     for _ in range(repeats):
         for name, argv in argvs.items():
-            times[name].append(run(argv)[0])
+            times[name].append(run(argv, cwd=cwd)[0])
     base = statistics.median(times[baseline])
-    print(f"\n{'command':<22}{'median s':>10}{'min s':>9}{'max s':>9}{'vs python -c pass':>19}"
+    print(f"\n{'gwtf-node':<22}{'median s':>10}{'min s':>9}{'max s':>9}{'vs python -c pass':>19}"
           f"{'goal':>8}")  # fmt: skip
     for name, samples in times.items():
         ratio = statistics.median(samples) / base
@@ -153,7 +224,9 @@ def main() -> None:
             devnet_file = Path(tmp) / "devnet.json"
             devnet = start_devnet("127.0.0.1", 0, None, devnet_file)
         try:
-            time_commands(set_up(Path(tmp), devnet_file, cli), args.repeats)
+            stopped = set_up(Path(tmp), devnet_file, cli)
+            with running_node(Path(tmp), devnet_file, cli) as running:
+                time_commands({**stopped, **running}, args.repeats, cwd=Path(tmp))
         finally:
             if devnet is not None:
                 devnet.stop()

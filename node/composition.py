@@ -18,13 +18,12 @@ from libp2p.crypto.keys import KeyPair
 from contracts.encoding import ledger_domain
 from coordinator_free.protocol.config import DATA, FlowConfig
 from gwtf.errors import ConfigError
-from node.chain.actions import Contracts
-from node.chain.adapter import RunInfo, Sender, connect
-from node.chain.deployment import DevnetInfo, read_devnet_file
+from node.chain.actions import open_contracts
+from node.chain.adapter import RunInfo, Sender
 from node.chain.epochs import EpochLedger
 from node.chain.wallet import load_or_create_node_key, open_wallet, resolve_password
-from node.local_api import LocalApi
 from node.local_api.server import api_token, bind_api_socket
+from node.local_api.service import LocalApi
 from node.p2p.identity import identity_from_key
 from node.p2p.link_emulation import Topology
 from node.receipts import ReceiptsConfig
@@ -40,17 +39,6 @@ from node.training.partition import model_for_run
 log = logging.getLogger(__name__)
 #: Hosts that keep the local API to this machine.
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
-
-
-def open_contracts(settings: Settings) -> tuple[Contracts, DevnetInfo]:
-    """Connect to the configured chain and the contracts named in the devnet file."""
-    info = read_devnet_file(settings.chain.devnet_file)
-    w3 = connect(
-        settings.chain.rpc_url or info.rpc_url,
-        timeout_s=settings.chain.rpc_timeout_s,
-        rpc_token=settings.chain.rpc_token,
-    )
-    return Contracts.from_devnet(w3, info), info
 
 
 def node_identity(settings: Settings, password: str | None = None) -> KeyPair:

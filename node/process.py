@@ -36,7 +36,7 @@ import trio
 
 from gwtf.errors import GwtfError
 from node.composition import live_config_from_settings, local_api_from_settings
-from node.local_api import LocalApi, run_local_api
+from node.local_api.service import LocalApi, run_local_api
 from node.local_api.snapshot import SnapshotBox
 from node.logs import configure_logging
 from node.runtime.fault_injection import arm_crash

@@ -19,8 +19,9 @@ from contracts.certificate_tree import CertificateTree
 from contracts.encoding import CertRef, node_public_key, registry_domain, sign_binding
 from contracts.fraud_proofs import NEEDS_ARBITER, FraudProof, commitment_of
 from gwtf.errors import ChainError
-from node.chain.adapter import Sender, Web3Chain, send_transaction, transact_as
-from node.chain.deployment import DevnetInfo
+from node.chain.adapter import Sender, Web3Chain, connect, send_transaction, transact_as
+from node.chain.deployment import DevnetInfo, read_devnet_file
+from node.settings import Settings
 
 REGISTRY = "NodeRegistry"
 LEDGER = "WorkLedger"
@@ -261,3 +262,14 @@ def transfer_eth(w3: Web3, sender: Sender, to: str, amount_wei: int) -> Any:
     """Plain ETH transfer (``gwtf-node fund`` on a devnet)."""
     tx = {"to": Web3.to_checksum_address(to), "value": amount_wei, "gas": 21_000}
     return send_transaction(w3, sender, tx)
+
+
+def open_contracts(settings: Settings) -> tuple[Contracts, DevnetInfo]:
+    """Connect to the configured chain and the contracts named in the devnet file."""
+    info = read_devnet_file(settings.chain.devnet_file)
+    w3 = connect(
+        settings.chain.rpc_url or info.rpc_url,
+        timeout_s=settings.chain.rpc_timeout_s,
+        rpc_token=settings.chain.rpc_token,
+    )
+    return Contracts.from_devnet(w3, info), info

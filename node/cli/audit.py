@@ -100,7 +100,7 @@ def _peer_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_audit(args: argparse.Namespace, settings: Settings, console: Console) -> int:
-    from node.composition import open_contracts
+    from node.chain.actions import open_contracts
 
     contracts, _ = open_contracts(settings)
     report = _audit(args, contracts, console, settings)
@@ -113,9 +113,9 @@ def cmd_audit(args: argparse.Namespace, settings: Settings, console: Console) ->
 
 def cmd_challenge(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     from node.audit.challenge import REFUSED, challenge
+    from node.chain.actions import open_contracts
     from node.chain.adapter import Sender
     from node.chain.wallet import open_wallet, resolve_password
-    from node.composition import open_contracts
 
     contracts, _ = open_contracts(settings)
     challenger = Sender.from_account(open_wallet(args.wallet, resolve_password(args.password_file)))
@@ -138,9 +138,9 @@ def cmd_arbitrate(args: argparse.Namespace, settings: Settings, console: Console
     from rich.table import Table
 
     from node.audit.arbiter import arbitrate
+    from node.chain.actions import open_contracts
     from node.chain.adapter import Sender
     from node.chain.wallet import open_wallet, resolve_password
-    from node.composition import open_contracts
 
     contracts, _ = open_contracts(settings)
     arbiter = Sender.from_account(open_wallet(args.wallet, resolve_password(args.password_file)))

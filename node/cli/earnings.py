@@ -103,8 +103,8 @@ def earnings_in(
     db_url: str, settings: Settings, run_id: int, node: str, contracts: Contracts | None = None
 ) -> Earnings:
     """``node``'s earnings in ``run_id`` by its database at ``db_url`` and the chain."""
+    from node.chain.actions import open_contracts
     from node.chain.epochs import EpochLedger
-    from node.composition import open_contracts
     from node.local_api.snapshot import SnapshotBox
     from node.local_api.views import NodeViews
     from node.local_api.watcher import ChainReader
@@ -196,6 +196,12 @@ def cmd_claim(args: argparse.Namespace, settings: Settings, console: Console) ->
         c.print(f"node in {home}, API {url}", highlight=False)
         if not result["asked"]:
             c.print("nothing to claim")
+        elif not claims:
+            epochs = ", ".join(map(str, result["asked"]))
+            c.print(
+                f"epochs {epochs}: not claimed yet (the chain or the data node did not answer "
+                "in time); the node tries again by itself: see `gwtf-node earnings`"
+            )
         for claim in claims:
             c.print(
                 fields(

@@ -45,7 +45,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
 
 
 def cmd_export(args: argparse.Namespace, settings: Settings, console: Console) -> int:
-    from node.composition import open_contracts
+    from node.chain.actions import open_contracts
     from node.export.run import export_run
     from node.export.writer import check_out_dir
 

@@ -87,9 +87,8 @@ def cmd_devnet(args: argparse.Namespace, settings: Settings, console: Console) -
 
 def cmd_fund(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     from api.schemas import Amount
-    from node.chain.actions import transfer_eth
+    from node.chain.actions import open_contracts, transfer_eth
     from node.chain.adapter import Sender, format_eth
-    from node.composition import open_contracts
 
     contracts, info = open_contracts(settings)
     faucet = Sender.unlocked(info.accounts[0].address)

@@ -79,9 +79,8 @@ def cmd_register(args: argparse.Namespace, settings: Settings, console: Console)
     from eth_account import Account
 
     from api.schemas import Amount
-    from node.chain.actions import register_node
+    from node.chain.actions import open_contracts, register_node
     from node.chain.adapter import format_eth
-    from node.composition import open_contracts
     from node.p2p.identity import identity_from_key, peer_id_of
 
     contracts, _ = open_contracts(settings)
@@ -141,8 +140,7 @@ def capacity_json(capacity: Capacity) -> dict[str, Any]:
 def cmd_join(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     from eth_account import Account
 
-    from node.chain.actions import join_run
-    from node.composition import open_contracts
+    from node.chain.actions import join_run, open_contracts
 
     contracts, _ = open_contracts(settings)
     wallet, node_key = open_node(args)
@@ -155,7 +153,7 @@ def cmd_join(args: argparse.Namespace, settings: Settings, console: Console) -> 
 
 
 def cmd_info(args: argparse.Namespace, settings: Settings, console: Console) -> int:
-    from node.composition import open_contracts
+    from node.chain.actions import open_contracts
     from node.local_api.watcher import node_view, run_fields
 
     if args.node is None and args.run is None:
@@ -262,8 +260,8 @@ def _status_from_chain(
     from web3 import Web3
 
     from api.schemas import Amount
+    from node.chain.actions import open_contracts
     from node.chain.wallet import read_keystore_address
-    from node.composition import open_contracts
     from node.local_api.client import api_url, call_api
     from node.local_api.watcher import node_view
 

@@ -77,12 +77,12 @@ def cmd_runs(args: argparse.Namespace, settings: Settings, console: Console) -> 
         close_run,
         fund_run,
         model_config_hash,
+        open_contracts,
         open_run,
         withdraw_refund,
     )
     from node.chain.adapter import Sender, format_eth
     from node.chain.wallet import open_wallet, resolve_password
-    from node.composition import open_contracts
     from node.local_api.watcher import run_fields
 
     contracts, _ = open_contracts(settings)

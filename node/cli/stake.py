@@ -34,9 +34,8 @@ def cmd_stake_add(args: argparse.Namespace, settings: Settings, console: Console
     from eth_account import Account
 
     from api.schemas import Amount
-    from node.chain.actions import add_stake
+    from node.chain.actions import add_stake, open_contracts
     from node.chain.adapter import format_eth
-    from node.composition import open_contracts
 
     contracts, _ = open_contracts(settings)
     wallet, node_key = open_node(args)
@@ -53,8 +52,7 @@ def cmd_stake_add(args: argparse.Namespace, settings: Settings, console: Console
 def cmd_unstake(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     from eth_account import Account
 
-    from node.chain.actions import request_unstake
-    from node.composition import open_contracts
+    from node.chain.actions import open_contracts, request_unstake
 
     contracts, _ = open_contracts(settings)
     wallet, node_key = open_node(args)
@@ -72,9 +70,8 @@ def cmd_withdraw(args: argparse.Namespace, settings: Settings, console: Console)
     from eth_account import Account
 
     from api.schemas import Amount
-    from node.chain.actions import withdraw_stake
+    from node.chain.actions import open_contracts, withdraw_stake
     from node.chain.adapter import format_eth
-    from node.composition import open_contracts
 
     contracts, _ = open_contracts(settings)
     wallet, node_key = open_node(args)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from node.chain.actions import Contracts
     from node.chain.adapter import RunInfo
-    from node.local_api import LocalApi
+    from node.local_api.service import LocalApi
     from node.runtime.live_node import LiveNode, LiveNodeConfig
 
 
@@ -74,8 +74,9 @@ def cmd_start(args: argparse.Namespace, settings: Settings, console: Console) ->
     import trio
     from eth_account import Account
 
+    from node.chain.actions import open_contracts
     from node.chain.wallet import node_key_path, open_wallet, resolve_password
-    from node.composition import live_config_from_settings, open_contracts
+    from node.composition import live_config_from_settings
     from node.home import RunningNode, clear_running, write_running
     from node.logs import configure_logging
     from node.p2p.identity import identity_from_key, peer_id_of
@@ -347,7 +348,7 @@ async def run_until_stopped(
     stopped it, if one did. ``announce`` is told the node's p2p address once it serves."""
     import trio
 
-    from node.local_api import run_local_api
+    from node.local_api.service import run_local_api
     from node.local_api.snapshot import SnapshotBox
     from node.runtime.live_node import run_live_node
 

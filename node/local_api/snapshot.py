@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -28,9 +29,10 @@ from api.services import NotReady
 from coordinator_free.protocol.config import DATA
 from coordinator_free.protocol.state import Peer
 from node.local_api.earnings import ChainView
-from node.receipts.book import address_of_peer
-from node.runtime.live_node import LiveNode
-from node.runtime.roles.data import DataRole
+
+if TYPE_CHECKING:  # what a snapshot reads; the box and its parts are plain data, read by the
+    # command line too, which loads none of the node's runtime
+    from node.runtime.live_node import LiveNode
 
 #: A throughput sample every snapshot; the rate is over the last minute of them.
 RATE_WINDOW_S = 60.0
@@ -98,6 +100,9 @@ class Meter:
 
 
 def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapshot:
+    from node.receipts.book import address_of_peer
+    from node.runtime.roles.data import DataRole
+
     now = time.time()
     config, flow, plane, role = node.config, node.flow.node, node.plane, node.role
     timings = plane.timings
@@ -179,6 +184,8 @@ def next_claim(chain: ChainParts | None, now: float) -> dict[str, int | None]:
 
 
 def _health(node: LiveNode, box: SnapshotBox, peers: tuple[PeerView, ...], meter: Meter) -> Health:
+    from node.runtime.roles.data import DataRole
+
     if box.stopping:
         return Health(status="stopping", detail="handing back its flows and closing")
     if not any(p.alive for p in peers):
@@ -211,6 +218,8 @@ def relay_idle(recent_hops: int) -> str | None:
 
 
 def _peer(node: LiveNode, peer: Peer) -> PeerView:
+    from node.receipts.book import address_of_peer
+
     own, stages = node.config.stage, node.config.stages
     stage = peer.stage
     place = "other"

@@ -22,10 +22,10 @@ from contracts import fraud_proofs
 from contracts.certificate_tree import SignedReceipt
 from node.audit.arbiter import RIGHT, WRONG, arbitrate
 from node.audit.reexecute import Replayer
+from node.chain.actions import open_contracts
 from node.chain.adapter import Sender
 from node.cli.audit import EXIT_FINDINGS
 from node.cli.main import main
-from node.composition import open_contracts
 from node.receipts.cheats import WRONG_TENSOR_SCALE
 from node.settings import load_settings
 from node.store.evidence import EvidenceArchive
