@@ -23,8 +23,16 @@ from node.chain.adapter import advance_time_to
 from node.chain.epochs import EpochLedger
 from tests.node.conftest import RunningDevnet
 from tests.node.test_cli import run_cli
-from tests.node.test_cli_volunteer import PASSWORD, cli_json, new_wallet
-from tests.node.test_start import NodeProcess, free_port, settings_file, start, wait_until
+from tests.node.test_cli_volunteer import PASSWORD
+from tests.node.test_start import (
+    NodeProcess,
+    free_port,
+    settings_file,
+    sponsored_run,
+    start,
+    stop_all,
+    wait_until,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The installed command, as the README's reader runs it.
@@ -59,19 +67,7 @@ def test_a_stranger_follows_the_readme_registers_starts_is_paid(
 ) -> None:
     chain = ("--devnet-file", str(devnet_file))
     # The sponsor's side, which the guide takes as given: a funded run and its data node.
-    sponsor, sponsor_address = new_wallet(tmp_path, "sponsor")
-    run_cli(capsys, *chain, "fund", "--to", sponsor_address, "--eth", "10")
-    opened = cli_json(capsys, *chain, "runs", "open", *sponsor, "--stages", "1",
-                      "--reward-per-epoch-eth", "1", "--min-stake-eth", "1", "--fund-eth", "5",
-                      "--epoch-length-s", "3600", "--challenge-window-s", "600")  # fmt: skip
-    assert isinstance(opened, dict)
-    run = str(opened["run_id"])
-    data_node = cli_json(capsys, *chain, "register", *sponsor, "--node-name", "data",
-                         "--stake-eth", "1", "--capacity", "flags", "--gpu-model", "cpu",
-                         "--memory-mib", "4096", "--throughput", "600")  # fmt: skip
-    assert isinstance(data_node, dict)
-    cli_json(capsys, *chain, "runs", "add-data-node", *sponsor, "--run", run,
-             "--node", data_node["node"])  # fmt: skip
+    sponsor, run, data_node = sponsored_run(capsys, chain, tmp_path, stages=1)
     port = free_port()
     bootstrap = f"/ip4/127.0.0.1/tcp/{port}/p2p/{data_node['peer_id']}"
 
@@ -122,7 +118,7 @@ def test_a_stranger_follows_the_readme_registers_starts_is_paid(
     procs: list[NodeProcess] = []
 
     def start_volunteer() -> NodeProcess:
-        proc = start_command(tmp_path, "volunteer", by_name["start"], env)
+        proc = start(tmp_path, "volunteer", by_name["start"][1:], command=[GWTF_NODE], env=env)
         procs.append(proc)
         return proc
 
@@ -167,33 +163,7 @@ def test_a_stranger_follows_the_readme_registers_starts_is_paid(
         volunteer.popen.send_signal(signal.SIGINT)
         assert volunteer.popen.wait(timeout=30) == 130
     finally:
-        for proc in procs:
-            if proc.popen.poll() is None:
-                proc.popen.kill()
-            proc.popen.wait()
-            proc.log.close()
-            if proc.popen.stdout is not None:
-                proc.popen.stdout.close()
-
-
-def start_command(tmp_path: Path, name: str, argv: list[str], env: dict[str, str]) -> NodeProcess:
-    """``argv`` (a ``gwtf-node start``) as a process of the installed command, read line by line."""
-    import threading
-
-    log = (tmp_path / f"{name}.log").open("w")
-    popen = subprocess.Popen(
-        [GWTF_NODE, *argv[1:]], stdout=subprocess.PIPE, stderr=log, text=True, cwd=tmp_path,
-        env=env, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    proc = NodeProcess(name, popen, log)
-
-    def pump() -> None:
-        assert popen.stdout is not None
-        for line in popen.stdout:
-            proc.lines.put(line)
-
-    threading.Thread(target=pump, daemon=True).start()
-    return proc
+        stop_all(procs)
 
 
 def node_of(tmp_path: Path, register: list[str]) -> str:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,15 +61,23 @@ class NodeProcess:
         raise AssertionError(f"{self.name} never printed {prefix!r}: {self.seen[-20:]}")
 
 
-def start(tmp_path: Path, name: str, argv: list[str]) -> NodeProcess:
+def start(
+    tmp_path: Path,
+    name: str,
+    argv: list[str],
+    command: Sequence[str] = (sys.executable, "-m", "node.cli.main"),
+    env: Mapping[str, str] | None = None,
+) -> NodeProcess:
+    """``command argv`` (``gwtf-node``'s) in ``tmp_path``, its output read line by line."""
     log = (tmp_path / f"{name}.log").open("w")
     popen = subprocess.Popen(
-        [sys.executable, "-m", "node.cli.main", *argv],
+        [*command, *argv],
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,
         cwd=tmp_path,
-        env={**os.environ, "COLUMNS": "200"},
+        env={**os.environ, "COLUMNS": "200"} if env is None else dict(env),
+        stdin=subprocess.DEVNULL,
     )
     proc = NodeProcess(name, popen, log)
 
@@ -93,6 +102,17 @@ def settings_file(tmp_path: Path, name: str, **chain: Any) -> Path:
     return path
 
 
+def stop_all(procs: list[NodeProcess]) -> None:
+    """Kill what is still running of ``procs`` and close their pipes and logs."""
+    for proc in procs:
+        if proc.popen.poll() is None:
+            proc.popen.kill()
+        proc.popen.wait()
+        proc.log.close()
+        if proc.popen.stdout is not None:
+            proc.popen.stdout.close()
+
+
 def wait_until(check: Any, what: str, timeout_s: float = 90.0) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -101,6 +121,31 @@ def wait_until(check: Any, what: str, timeout_s: float = 90.0) -> Any:
             return value
         time.sleep(0.25)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+#: A registration's capacity given by flags: nothing measured.
+CAPACITY = ("--capacity", "flags", "--gpu-model", "cpu", "--memory-mib", "4096",
+            "--throughput", "600")  # fmt: skip
+
+
+def sponsored_run(
+    capsys: pytest.CaptureFixture[str], chain: Sequence[str], tmp_path: Path, stages: int
+) -> tuple[tuple[str, ...], str, dict[str, Any]]:
+    """A sponsor's funded run of ``stages`` with its data node registered (node name "data")
+    and named: the sponsor's wallet flags, the run id, what ``register`` said of the node."""
+    sponsor, address = new_wallet(tmp_path, "sponsor")
+    run_cli(capsys, *chain, "fund", "--to", address, "--eth", "10")
+    opened = cli_json(capsys, *chain, "runs", "open", *sponsor, "--stages", str(stages),
+                      "--reward-per-epoch-eth", "1", "--min-stake-eth", "1", "--fund-eth", "5",
+                      "--epoch-length-s", "3600", "--challenge-window-s", "600")  # fmt: skip
+    assert isinstance(opened, dict)
+    run = str(opened["run_id"])
+    data_node = cli_json(capsys, *chain, "register", *sponsor, "--node-name", "data",
+                         "--stake-eth", "1", *CAPACITY)  # fmt: skip
+    assert isinstance(data_node, dict)
+    cli_json(capsys, *chain, "runs", "add-data-node", *sponsor, "--run", run,
+             "--node", data_node["node"])  # fmt: skip
+    return sponsor, run, data_node
 
 
 def free_port() -> int:
@@ -121,28 +166,16 @@ def test_register_start_earn_claim_leave_unstake_withdraw(
     # .gwtf/nodes/NAME below it.
     monkeypatch.chdir(tmp_path)
     chain = ("--devnet-file", str(devnet_file))
-    sponsor, sponsor_address = new_wallet(tmp_path, "sponsor")
+    sponsor, run, data_node = sponsored_run(capsys, chain, tmp_path, stages=2)
     volunteers = [new_wallet(tmp_path, f"volunteer-{i}") for i in range(2)]
-    for _, address in [(sponsor, sponsor_address), *volunteers]:
+    for _, address in volunteers:
         run_cli(capsys, *chain, "fund", "--to", address, "--eth", "10")
-    capacity = ("--capacity", "flags", "--gpu-model", "cpu", "--memory-mib", "4096",
-                "--throughput", "600")  # fmt: skip
-    opened = cli_json(capsys, *chain, "runs", "open", *sponsor, "--stages", "2",
-                      "--reward-per-epoch-eth", "1", "--min-stake-eth", "1", "--fund-eth", "5",
-                      "--epoch-length-s", "3600", "--challenge-window-s", "600")  # fmt: skip
-    assert isinstance(opened, dict)
-    run = str(opened["run_id"])
-    data_node = cli_json(capsys, *chain, "register", *sponsor, "--node-name", "data",
-                         "--stake-eth", "1", *capacity)  # fmt: skip
-    assert isinstance(data_node, dict)
-    cli_json(capsys, *chain, "runs", "add-data-node", *sponsor, "--run", run,
-             "--node", data_node["node"])  # fmt: skip
     # Two volunteers' nodes on this one machine: each its own name, so its own home.
     names = [f"relay-{i}" for i in range(2)]
     relay_nodes = []
     for (wallet, _), name in zip(volunteers, names, strict=True):
         relay_nodes.append(cli_json(capsys, *chain, "register", *wallet, "--node-name", name,
-                                    "--stake-eth", "2", *capacity)["node"])  # type: ignore[index]  # fmt: skip
+                                    "--stake-eth", "2", *CAPACITY)["node"])  # type: ignore[index]  # fmt: skip
         code, _, err = run_cli(capsys, *chain, "start", *wallet, "--node-name", name, "--run",
                                run, "--bootstrap", "/ip4/127.0.0.1/tcp/1/p2p/x")  # fmt: skip
         assert code == 2
@@ -244,13 +277,7 @@ def test_register_start_earn_claim_leave_unstake_withdraw(
             assert proc.popen.wait(timeout=30) == 130, proc.name
             assert "the node left its run" in " ".join(proc.seen + list(proc.lines.queue))
     finally:
-        for proc in procs:
-            if proc.popen.poll() is None:
-                proc.popen.kill()
-            proc.popen.wait()
-            proc.log.close()
-            if proc.popen.stdout is not None:
-                proc.popen.stdout.close()
+        stop_all(procs)
 
     # Stopped, each node's earnings come from its database in its home, beside the chain.
     for i, (wallet, _) in enumerate(volunteers):
