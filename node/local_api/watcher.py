@@ -83,6 +83,10 @@ def first_block_at(w3: Any, timestamp: int) -> int:
     return low
 
 
+#: Chain seconds after which a settled epoch's book that is not closed is read again.
+OPEN_BOOK_READ_S = 60
+
+
 @dataclass
 class ChainReader:
     """Reads what the chain says of ``node``'s run. It remembers what can no longer change:
@@ -95,7 +99,8 @@ class ChainReader:
     records: NodeRecords
     node: str
     times: dict[int, EpochTimes] = field(default_factory=dict)
-    settled_books: dict[int, tuple[int, EpochBook]] = field(default_factory=dict)
+    #: Settled epochs' books: (this node's payments then, the book, chain time read).
+    settled_books: dict[int, tuple[int, EpochBook, int]] = field(default_factory=dict)
     #: Who certified each epoch whose submissions closed: fixed from then on, read once.
     certified: dict[int, frozenset[str]] = field(default_factory=dict)
     rewards: EventTail = field(init=False)
@@ -157,13 +162,16 @@ class ChainReader:
 
     def _book(self, epoch: int, now: int, paid_here: int) -> EpochBook:
         # Once an epoch settles its budget and certified units are fixed; what moves is what
-        # was paid and whether it closed, read again when this node is paid in it.
+        # was paid and whether it closed: read again when this node is paid in it, and, while
+        # it is open, every OPEN_BOOK_READ_S (other workers' claims close it).
         kept = self.settled_books.get(epoch)
         if kept is not None and kept[0] == paid_here:
-            return kept[1]
+            _, book, read_at = kept
+            if book.closed or now - read_at < OPEN_BOOK_READ_S:
+                return book
         book = self.ledger.book(epoch)
         if now >= self.times[epoch].settles_at:
-            self.settled_books[epoch] = (paid_here, book)
+            self.settled_books[epoch] = (paid_here, book, now)
         return book
 
 

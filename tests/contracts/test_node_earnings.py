@@ -18,7 +18,7 @@ from node.chain.actions import Contracts
 from node.chain.epochs import EpochLedger
 from node.local_api.earnings import earnings_of
 from node.local_api.snapshot import ChainParts
-from node.local_api.watcher import ChainReader
+from node.local_api.watcher import OPEN_BOOK_READ_S, ChainReader
 from node.store.database import Database, open_database
 from node.store.hops import HopStore, ToSign
 from node.store.views import NodeRecords
@@ -124,3 +124,24 @@ def test_the_node_view_is_what_the_registry_says_of_it(staffed: Staffed, db: Dat
     assert node.node == s.a.address and node.wallet == w.wallet(0)
     assert (node.status, int(node.stake.wei), node.unlock_at) == ("active", 2 * 10**18, None)
     assert int(node.wallet_balance.wei) == w.w3.eth.get_balance(w.wallet(0))
+
+
+def test_an_epoch_closed_by_another_workers_claim_is_seen_closed_within_a_minute(
+    staffed: Staffed, db: Database
+) -> None:
+    s, w = staffed, staffed.w
+    hops = w.pipeline_hops(s.run, 0, s.data, [s.a, s.b], range(2))
+    keep_worked(db, w, [h for h in hops if h.receipt.worker == s.a.address])
+    tree = w.certificate_tree(hops)
+    cert = w.certify(tree, s.run, 0, s.data)
+    w.to_settled(s.run, 0)
+    contracts = Contracts(w.w3, w.registry, w.ledger, w.disputes, gas_limit=TEST_GAS_LIMIT)
+    reader = ChainReader(
+        contracts, EpochLedger(contracts, s.run, None), NodeRecords(db), s.a.address
+    )
+    w.claim(cert, tree, s.a, w.wallet(0))
+    assert not reader.read().view.books[0].closed  # b has not claimed yet
+    w.claim(cert, tree, s.b, w.wallet(1))  # the last claim closes the epoch
+    assert not reader.read().view.books[0].closed  # kept a while: this node was not paid again
+    w.travel_to(w.now() + OPEN_BOOK_READ_S + 1)
+    assert reader.read().view.books[0].closed
