@@ -69,7 +69,7 @@ def cmd_earnings(args: argparse.Namespace, settings: Settings, console: Console)
         assert running is not None
         earned = Earnings.model_validate(_call(running, "/v1/earnings"))
     else:
-        earned = _earnings_from_database(args, settings, home, run_id, node)
+        earned = earnings_in(_db_url(args, settings, home), settings, run_id, node)
     columns = ["epoch", "phase", "units", "certified", "missed", "challenged", "pending ETH",
                "claimable ETH", "claimed ETH", "chain says ETH"]  # fmt: skip
     rows = [
@@ -91,12 +91,6 @@ def cmd_earnings(args: argparse.Namespace, settings: Settings, console: Console)
         )
 
     return emit(args, console, earned, render)
-
-
-def _earnings_from_database(
-    args: argparse.Namespace, settings: Settings, home: Path, run_id: int, node: str
-) -> Earnings:
-    return earnings_in(_db_url(args, settings, home), settings, run_id, node)
 
 
 def earnings_in(
