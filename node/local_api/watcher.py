@@ -244,7 +244,8 @@ def slashes_of(
     contracts: Contracts, run_id: int, from_block: int = 0, to_block: int | str = "latest"
 ) -> list[Slashed]:
     """The nodes slashed for fraud in ``run_id`` in those blocks, from the ``FraudProven``
-    events."""
+    events that took a stake: a node is slashed once, and a later proof against it (which
+    only competes for the bounty) takes nothing and is not a second slash."""
     logs = contracts.disputes.events.FraudProven.get_logs(
         argument_filters={"runId": run_id}, from_block=from_block, to_block=to_block
     )
@@ -260,6 +261,7 @@ def slashes_of(
         )
         for log in logs
         for a in (log["args"],)
+        if int(a["slashedWei"]) > 0
     ]
 
 

@@ -13,6 +13,7 @@ from web3.logs import DISCARD
 from contracts import fraud_proofs
 from contracts.bindings import ContractRevert
 from contracts.encoding import CertifiedHop, CertRef, peer_id_of_public_key, sign_binding
+from node.local_api.watcher import slashes_of
 from tests.contracts.conftest import TEST_PARAMS, Certified, Staffed
 from tests.contracts.world import (
     EPOCH_S,
@@ -491,6 +492,9 @@ def test_12_voiding_the_tree_first_does_not_shut_out_the_earlier_commitment(
     w.award(staffed.data.address)
     assert credit_of(w, w.challenger) == int(2 * ETH * BOUNTY)
     assert credit_of(w, w.accomplice) == 0
+    # Two proofs, one slash: the node's chain view lists the data node once.
+    slashed = slashes_of(w, run)  # type: ignore[arg-type]
+    assert [(s.node, int(s.slashed.wei)) for s in slashed] == [(staffed.data.address, 2 * ETH)]
 
 
 # ------------------------------------------------------------ 13. blocking a dispute
