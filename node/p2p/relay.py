@@ -8,7 +8,7 @@ address, registers no relay transport, and a reservation adds no address to the 
   circuits that a relay opens to it); a node with ``serve=True`` also answers *hop* (it relays),
   behind a guard that admits only peers ``admit`` accepts and caps the hop streams open at once,
   in all and per peer (py-libp2p reads no such limits: its ``HopConfig`` is never used).
-* ``Reservations`` keeps a slot at each of a few relays (reconnecting and reserving again when
+* ``RelaySlots`` keeps a slot at each of a few relays (reconnecting and reserving again when
   the connection drops, refreshing before the slot expires) and says which
   ``/p2p-circuit`` addresses they give this node, for the host to advertise.
 * ``CircuitDialer`` connects to a peer through a relay named in one of the peer's circuit
@@ -236,7 +236,7 @@ async def reserve(host: IHost, relay: PeerInfo, timeout_s: float) -> float:
 
 
 @dataclass
-class Reservations:
+class RelaySlots:
     """Slots at ``relays`` (full addresses of reachable nodes), kept while the node runs.
 
     Each relay is checked every ``check_s``: a lost connection is dialled and the slot taken
@@ -253,6 +253,9 @@ class Reservations:
     held: dict[ID, tuple[multiaddr.Multiaddr, float]] = field(default_factory=dict)
     taken: int = 0  # slots taken or refreshed
     failures: int = 0
+    #: Set once every relay has been asked for a slot (whatever each answered).
+    asked: trio.Event = field(default_factory=trio.Event)
+    _first_answers: int = 0
 
     def addresses(self) -> list[multiaddr.Multiaddr]:
         """The circuit addresses this node is reached at (without its own ``/p2p`` part)."""
@@ -270,12 +273,18 @@ class Reservations:
         if relay_id is None:
             raise ProtocolError(f"relay address {address} names no peer: add /p2p/PEER_ID")
         relay = PeerInfo(ID.from_base58(relay_id), [address.decapsulate_code(P_P2P)])
+        first = True
         while True:
             held = self.held.get(relay.peer_id)
             connected = bool(self.host.get_network().connections.get(relay.peer_id))
             due = held is None or not connected or held[1] - time.time() < self._refresh_margin_s()
             if due:
                 await self._take(relay, address)
+            if first:
+                first = False
+                self._first_answers += 1
+                if self._first_answers == len(self.relays):
+                    self.asked.set()
             await trio.sleep(self.check_s)
 
     def _refresh_margin_s(self) -> float:

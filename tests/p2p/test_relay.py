@@ -19,7 +19,7 @@ from node.p2p.relay import (
     CircuitRelay,
     RelayLimits,
     RelayRefused,
-    Reservations,
+    RelaySlots,
     circuit_relay,
     connect_through,
     is_circuit,
@@ -41,7 +41,7 @@ class Node:
     host: IHost
     relay: CircuitRelay
     rpc: RequestResponse
-    reservations: Reservations | None = None
+    reservations: RelaySlots | None = None
 
 
 @asynccontextmanager
@@ -53,7 +53,7 @@ async def node(
     banned: frozenset[str] = frozenset(),
 ) -> AsyncIterator[Node]:
     """A host that answers circuits (and relays, with ``serve``), holding slots at ``relays``."""
-    held: list[Reservations] = []
+    held: list[RelaySlots] = []
 
     async def admit(peer: str) -> bool:
         return peer not in banned
@@ -67,7 +67,7 @@ async def node(
     async with trio.open_nursery() as nursery:
         reservations = None
         if relays:
-            reservations = Reservations(host, relays, check_s=0.2)
+            reservations = RelaySlots(host, relays, check_s=0.2)
             held.append(reservations)
             nursery.start_soon(reservations.run)
             with trio.fail_after(5):
