@@ -49,8 +49,9 @@ async def home(relay_address: str, others: list[str] | None = None) -> None:
     held: list[RelaySlots] = []
     key = new_identity()
     async with (
-        running_host(key, EVERY_INTERFACE, circuits=lambda: held[0].addresses() if held else [])
-        as host,
+        running_host(
+            key, EVERY_INTERFACE, circuits=lambda: held[0].addresses() if held else []
+        ) as host,
         circuit_relay(host),
         trio.open_nursery() as nursery,
     ):
