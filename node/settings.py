@@ -123,6 +123,14 @@ class P2PSettings:
     #: A JSON topology (regions, latency, bandwidth) to emulate links with; "" for none.
     topology_file: str = ""
     discovery_period_s: float = 1.0
+    #: Whether peers can dial this node directly. A node that cannot (behind a home router,
+    #: ``false``) holds slots at relays and advertises the circuits through them first.
+    reachable: bool = True
+    #: Relay circuits for nodes behind NAT: "auto" relays on a data node only, "on" on any
+    #: (reachable) node, "off" never.
+    relay_service: str = "auto"
+    #: Full addresses of relays to hold slots at when unreachable; empty: the bootstrap peers.
+    relays: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -331,6 +339,7 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "node.key_file": _non_empty,
     "p2p.region": _non_empty,
     "p2p.discovery_period_s": _positive,
+    "p2p.relay_service": _one_of("auto", "on", "off"),
     "chain.admission_cache_s": _non_negative,
     "chain.clock_period_s": _positive,
     "chain.report_period_s": _positive,

@@ -231,6 +231,19 @@ class NodeBase:
             self._table_edges = None
         self.state_changed()
 
+    def observe_relayed(self, peer_id: str, relayed: bool) -> None:
+        """Whether the link to ``peer_id`` runs through a relay (its bandwidth counts
+        ``relayed_bandwidth_share`` of a direct one's)."""
+        peer = self.peers.get(peer_id)
+        if peer is None or peer.relayed == relayed:
+            return
+        peer.relayed = relayed
+        peer.edge_cost_ms = None
+        if peer.stage == self._next_stage:
+            self._sink_cost_ms = None
+            self._table_edges = None
+        self.state_changed()
+
     def state_changed(self) -> None:
         """Work may now be due sooner (the node forgets its cached ``next_tick_s``)."""
 
@@ -243,6 +256,8 @@ class NodeBase:
             return peer.edge_cost_ms
         latency = self.config.default_latency_ms if peer.latency_ms is None else peer.latency_ms
         bandwidth = peer.bandwidth_gbps or self.config.default_bandwidth_gbps
+        if peer.relayed:
+            bandwidth *= self.config.relayed_bandwidth_share
         peer.edge_cost_ms = symmetric_edge_cost_ms(
             self.spec.compute_ms, peer.compute_ms, latency, bandwidth, self.config.activation_bytes
         )

@@ -52,6 +52,11 @@ class FlowConfig:
     # Ours: what a node assumes of a link before its first measurement.
     default_latency_ms: float = 50.0
     default_bandwidth_gbps: float = 1.0
+    # Ours, after Petals (which scores relayed servers' throughput x0.2): the share of a link's
+    # bandwidth left when it runs through a circuit relay (two links, and a relay that pumps
+    # every byte of both in Python, ~6 MB/s each way). Its latency needs no term: it is
+    # measured over the relay. Routing then prefers direct edges where it has them.
+    relayed_bandwidth_share: float = 0.2
     # Ours: how often an unchanged advert is repeated (adverts go on change and to new peers;
     # the repeat only covers a lost message: every 15 min, it was 5 and made half of a large
     # swarm's steady-state adverts), and how often slot lists are exchanged. A slot list is
@@ -107,6 +112,9 @@ class FlowConfig:
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise FlowConfigError(f"flow.{name} must be >= 0 (0 is greedy), got {value!r}")
+        share = self.relayed_bandwidth_share
+        if not 0 < share <= 1:
+            raise FlowConfigError(f"flow.relayed_bandwidth_share must be in (0, 1], got {share!r}")
         if not 0 < self.cooling <= 1:
             raise FlowConfigError(f"flow.cooling must be in (0, 1], got {self.cooling!r}")
         for name in ("anneal_probability_needing", "anneal_probability_idle"):

@@ -42,6 +42,7 @@ class Peer:
     cost_to_sink_ms: float = INF
     latency_ms: float | None = None
     bandwidth_gbps: float | None = None
+    relayed: bool = False  # the link runs through a circuit relay
     alive: bool = True
     table: TableExchange | None = None
     table_at_s: float = -INF

@@ -8,8 +8,14 @@ with a wildcard replaced by the interfaces' addresses; a peer dials the first on
 so the order is the node's preference. Loopback addresses are advertised only by a node that
 listens on nothing else: from another machine they name the dialer itself.
 
+A node that cannot be dialled directly holds slots at relays (``node.p2p.relay``) and advertises
+their ``/p2p-circuit`` addresses first, at most ``MAX_CIRCUIT_ADDRESSES`` of them: peers then
+dial it through a relay straight away, and a peer on its own network may still use the direct
+ones after them.
+
 A peer's addresses are untrusted: at most ``MAX_ADDRESSES``, each bounded in length, a TCP
-address of an IP or DNS host, and each naming that peer's id.
+address of an IP or DNS host, or a circuit through one (``HOST/tcp/PORT/p2p/RELAY/p2p-circuit``),
+and each naming that peer's id last.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from gwtf.errors import ConfigError, ProtocolError
 
 #: Addresses one peer may advertise; more are cut (ours) or refused (a peer's).
 MAX_ADDRESSES = 4
+#: Of those, circuit addresses (one per relay holding a slot for the node).
+MAX_CIRCUIT_ADDRESSES = 2
 #: The longest full address (with its ``/p2p/<id>``) taken from a peer.
 MAX_ADDRESS_CHARS = 200
 #: Every interface: the default of ``gwtf-node start``.
@@ -33,6 +41,8 @@ LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
 _IP_HOSTS = ("ip4", "ip6")
 _DNS_HOSTS = ("dns", "dns4", "dns6")
+_TCP_P2P = ["tcp", "p2p"]
+_CIRCUIT = ["p2p-circuit", "p2p"]
 
 
 def parse_listen(text: str) -> multiaddr.Multiaddr:
@@ -82,6 +92,15 @@ def advertised(
     return unique[:MAX_ADDRESSES]
 
 
+def with_circuits(
+    direct: Sequence[multiaddr.Multiaddr], circuits: Sequence[multiaddr.Multiaddr]
+) -> list[multiaddr.Multiaddr]:
+    """A node's advertised addresses once it holds relay slots: the first
+    ``MAX_CIRCUIT_ADDRESSES`` circuits, then ``direct`` ones, at most ``MAX_ADDRESSES``."""
+    relayed = list(circuits[:MAX_CIRCUIT_ADDRESSES])
+    return (relayed + list(direct))[:MAX_ADDRESSES]
+
+
 def check_peer_addresses(addresses: Sequence[str], peer_id: str) -> None:
     """Refuse a peer's list of full addresses unless each is a bounded TCP address of it."""
     if not 1 <= len(addresses) <= MAX_ADDRESSES:
@@ -91,14 +110,20 @@ def check_peer_addresses(addresses: Sequence[str], peer_id: str) -> None:
             raise ProtocolError(f"address of {len(address)} characters, over {MAX_ADDRESS_CHARS}")
         try:
             addr = multiaddr.Multiaddr(address)
-            owner = addr.value_for_protocol("p2p")
+            owner = addr.get_peer_id()
             names = _protocols(addr)
         except Exception as exc:  # multiaddr raises several unrelated types for bad text
             raise ProtocolError(f"bad peer address {address[:80]!r}: {exc}") from exc
         if owner != peer_id:
             raise ProtocolError(f"address {address[:80]!r} names another peer")
-        if len(names) != 3 or names[0] not in _IP_HOSTS + _DNS_HOSTS or names[1] != "tcp":
-            raise ProtocolError(f"address {address[:80]!r} is not HOST/tcp/PORT/p2p/ID")
+        direct = names[:3] if names[3:] in ([], _CIRCUIT) else []
+        if len(direct) != 3 or direct[0] not in _IP_HOSTS + _DNS_HOSTS or direct[1:] != _TCP_P2P:
+            raise ProtocolError(
+                f"address {address[:80]!r} is neither HOST/tcp/PORT/p2p/ID nor "
+                "HOST/tcp/PORT/p2p/RELAY/p2p-circuit/p2p/ID"
+            )
+        if names[3:] and addr.value_for_protocol("p2p") == peer_id:
+            raise ProtocolError(f"address {address[:80]!r} relays the peer through itself")
 
 
 def _two_parts(text: str, hosts: tuple[str, ...], what: str, example: str) -> multiaddr.Multiaddr:

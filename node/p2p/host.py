@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import multiaddr
@@ -17,7 +17,13 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
 from gwtf.errors import ConfigError
-from node.p2p.addresses import LOOPBACK, advertised, parse_announce, parse_listen
+from node.p2p.addresses import (
+    LOOPBACK,
+    advertised,
+    parse_announce,
+    parse_listen,
+    with_circuits,
+)
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +34,18 @@ ADDRESS_TTL_S = 3600
 
 
 def build_host(
-    key_pair: KeyPair, dial_timeout_s: float = 10.0, announce: Sequence[str] = ()
+    key_pair: KeyPair,
+    dial_timeout_s: float = 10.0,
+    announce: Sequence[str] = (),
+    circuits: Callable[[], Sequence[multiaddr.Multiaddr]] = tuple,
 ) -> IHost:
-    """A host that advertises ``announce`` (public addresses, best first), then the addresses
-    it listens on (``addresses.advertised``)."""
+    """A host that advertises the relay circuits ``circuits()`` names at the moment (a node
+    behind NAT), ``announce`` (public addresses, best first), then the addresses it listens on
+    (``addresses.advertised``)."""
     announced = [parse_announce(addr) for addr in announce]
     # One connection per peer: py-libp2p otherwise dials three and waits ~250 ms on each connect.
     config = ConnectionConfig(max_connections_per_peer=1, dial_timeout=dial_timeout_s)
-    return new_host(
+    host = new_host(
         key_pair=key_pair,
         connection_config=config,
         muxer_preference="YAMUX",
@@ -44,16 +54,37 @@ def build_host(
         # outgoing connection, a port nobody can dial back: never advertise it unchecked.
         disable_identify_address_discovery=True,
     )
+    _advertise_circuits(host, circuits)
+    return host
+
+
+def _advertise_circuits(host: IHost, circuits: Callable[[], Sequence[multiaddr.Multiaddr]]) -> None:
+    """Put ``circuits()`` (``/…/p2p/RELAY/p2p-circuit``) ahead of ``host``'s own addresses.
+
+    Not through ``addrs_factory``: py-libp2p's ``get_addrs`` cuts every address it returns at
+    its first ``/p2p/`` part to append the host's own, which turns a circuit address into the
+    relay's plain address with the wrong peer id. Every user of ``get_addrs`` (identify, the
+    DHT, ``full_addresses``) sees the circuits this way."""
+    direct = host.get_addrs
+    own = multiaddr.Multiaddr(f"/p2p/{host.get_id()}")
+
+    def get_addrs() -> list[multiaddr.Multiaddr]:
+        return with_circuits(direct(), [addr.encapsulate(own) for addr in circuits()])
+
+    setattr(host, "get_addrs", get_addrs)  # noqa: B010 - this one instance, not the class
 
 
 @asynccontextmanager
 async def running_host(
-    key_pair: KeyPair, listen: Sequence[str] = (LOOPBACK,), announce: Sequence[str] = ()
+    key_pair: KeyPair,
+    listen: Sequence[str] = (LOOPBACK,),
+    announce: Sequence[str] = (),
+    circuits: Callable[[], Sequence[multiaddr.Multiaddr]] = tuple,
 ) -> AsyncIterator[IHost]:
     """A started host listening on ``listen`` (loopback with an ephemeral port by default) and
-    advertising ``announce`` first."""
+    advertising ``circuits()`` and ``announce`` first."""
     addrs = [parse_listen(addr) for addr in listen]
-    host = build_host(key_pair, announce=announce)
+    host = build_host(key_pair, announce=announce, circuits=circuits)
     async with host.run(listen_addrs=addrs):
         try:
             yield host
@@ -104,8 +135,9 @@ def peer_info(address: str) -> PeerInfo:
 
 def full_addresses(host: IHost) -> list[str]:
     """Every address ``host`` advertises, best first, each with its peer id."""
+    own = f"/p2p/{host.get_id()}"
     addrs = [str(addr) for addr in host.get_addrs()]
-    return [addr if "/p2p/" in addr else f"{addr}/p2p/{host.get_id()}" for addr in addrs]
+    return [addr if addr.endswith(own) else f"{addr}{own}" for addr in addrs]
 
 
 def full_address(host: IHost) -> str:

@@ -32,6 +32,7 @@ import logging
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
 from libp2p.abc import IHost, INetStream
@@ -50,6 +51,16 @@ Handler = Callable[[str, bytes], Awaitable[bytes]]
 Admission = Callable[[str], Awaitable[bool]]
 #: Seconds a request of ``n`` bytes to ``peer`` waits before it is written (link emulation).
 Shaper = Callable[[str, int], float]
+
+
+class Circuits(Protocol):
+    """Connections through relays to peers that cannot be dialled directly
+    (``node.p2p.relay.CircuitDialer``)."""
+
+    async def before_stream(self, peer: ID) -> None: ...
+
+    async def after_failure(self, peer: ID) -> bool: ...
+
 
 _REQUEST = struct.Struct(">I")
 _REPLY = struct.Struct(">IB")
@@ -136,6 +147,8 @@ class RequestResponse:
     scores: PeerScores = field(default_factory=PeerScores)
     admit: Admission = _admit_everyone
     shaper: Shaper | None = None
+    #: Dials through a relay a peer that advertises only circuits or whose direct dial failed.
+    circuits: Circuits | None = None
     refused: dict[str, int] = field(default_factory=dict)
     streams_opened: int = 0
     _channels: dict[tuple[str, str], _Channel] = field(default_factory=dict)
@@ -337,12 +350,23 @@ class RequestResponse:
         async with lock:
             channel = self._channels.get(key)
             if channel is None or channel.broken:
-                stream = await self.host.new_stream(peer, [TProtocol(protocol)])
+                stream = await self._open_stream(peer, protocol)
                 self.streams_opened += 1
                 channel = _Channel(stream, key[0], protocol, self._charge)
                 self._channels[key] = channel
                 trio.lowlevel.spawn_system_task(channel.read_replies, name=f"replies {key}")
             return channel
+
+    async def _open_stream(self, peer: ID, protocol: str) -> INetStream:
+        if self.circuits is None:
+            return await self.host.new_stream(peer, [TProtocol(protocol)])
+        await self.circuits.before_stream(peer)
+        try:
+            return await self.host.new_stream(peer, [TProtocol(protocol)])
+        except (BaseLibp2pError, OSError):
+            if not await self.circuits.after_failure(peer):
+                raise
+        return await self.host.new_stream(peer, [TProtocol(protocol)])
 
 
 @dataclass

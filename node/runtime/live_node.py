@@ -24,6 +24,7 @@ from gwtf.errors import ConfigError, ProtocolError
 from node.p2p.addresses import LOOPBACK
 from node.p2p.host import ADDRESS_TTL_S, peer_info, running_host
 from node.p2p.link_emulation import LinkEmulator, Topology
+from node.p2p.relay import CircuitDialer, RelayLimits, RelaySlots, circuit_relay
 from node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper
 from node.p2p.scoring import Offence
 from node.receipts import ReceiptsConfig
@@ -84,6 +85,14 @@ class LiveNodeConfig:
     #: TCP multiaddrs to listen on, and public ones to advertise first (``p2p.addresses``).
     listen: tuple[str, ...] = (LOOPBACK,)
     announce: tuple[str, ...] = ()
+    #: Whether peers can dial this node directly; one that cannot holds slots at ``relays``
+    #: (full addresses; none: the bootstrap peers) and advertises circuits through them first
+    #: (``node.p2p.relay``).
+    reachable: bool = True
+    relays: tuple[str, ...] = ()
+    #: Relay circuits for unreachable peers (only a reachable node is worth it).
+    relay_service: bool = False
+    relay_limits: RelayLimits = field(default_factory=RelayLimits)
     topology: Topology | None = None
     iterations: int = 0  # data node: how many to train; 0 trains until cancelled
     batch: int = 4  # data node: microbatches per iteration
@@ -157,8 +166,17 @@ async def run_live_node(
 ) -> list[IterationResult]:
     """Run one node; returns the data node's iteration results (a relay runs until cancelled)."""
     key = config.identity
+    slots: list[RelaySlots] = []
     async with (
-        running_host(key, config.listen, config.announce) as host,
+        running_host(
+            key, config.listen, config.announce, lambda: slots[0].addresses() if slots else []
+        ) as host,
+        circuit_relay(
+            host,
+            serve=config.relay_service and config.reachable,
+            limits=config.relay_limits,
+            admit=config.admit or _admit_everyone,
+        ),
         trio.open_nursery() as nursery,
     ):
         node_id = str(host.get_id())
@@ -167,6 +185,7 @@ async def run_live_node(
             if config.admit is None
             else RequestResponse(host, admit=config.admit)
         )
+        rpc.circuits = CircuitDialer(host)
         if config.role != DATA and config.stage == AUTO_STAGE:
             # The stage is the run's bottleneck at the moment this relay enters: ask then.
             if config.entry_gate is not None:
@@ -244,7 +263,16 @@ async def run_live_node(
                 flow.dispatch(flow.node.introduce(peer_id))
 
         ready = trio.Event()
+        books: list[AddressBook] = []  # the one made below, once it is
+
+        def republish() -> None:
+            for known in books:
+                known.own = own_record(rpc, config.region)
+
+        if not config.reachable:
+            await _hold_relay_slots(rpc, config, nursery, republish, slots)
         book = AddressBook(rpc, own_record(rpc, config.region), on_new_peer, on_heard)
+        books.append(book)
         if isinstance(role, DataRole):
             role.roster.discovered = lambda: {
                 peer: record.stage for peer, record in book.peers.items() if record.stage
@@ -363,6 +391,38 @@ async def run_live_node(
             return role.results
         await trio.sleep_forever()
     raise AssertionError("unreachable")
+
+
+async def _admit_everyone(_peer: str) -> bool:
+    return True
+
+
+async def _hold_relay_slots(
+    rpc: RequestResponse,
+    config: LiveNodeConfig,
+    nursery: trio.Nursery,
+    republish: Callable[[], None],
+    slots: list[RelaySlots],
+) -> None:
+    """Slots at the relays for a node nobody can dial (added to ``slots``, whose circuits its
+    host advertises), each relay asked once before this returns: the node's first record
+    (cards, exchanges, hints) already names the circuits first, and it is rewritten whenever
+    they change. A node with no address at all (it listens nowhere) waits for its first slot."""
+    known = config.relays or config.bootstrap
+    relays = [address for address in known if not address.endswith(str(rpc.host.get_id()))]
+    if not relays:
+        raise ConfigError(
+            "p2p.reachable is false but no relay is known: set p2p.relays or p2p.bootstrap_peers "
+            "to reachable nodes"
+        )
+
+    held = RelaySlots(rpc.host, relays, on_change=republish)
+    slots.append(held)
+    nursery.start_soon(held.run)
+    await held.asked.wait()
+    while not rpc.host.get_addrs():
+        log.warning("no relay holds a slot for this node yet, and it has no other address")
+        await trio.sleep(held.check_s)
 
 
 async def _start_receipts(

@@ -81,6 +81,27 @@ def test_a_request_with_spare_capacity_is_accepted_and_forwarded_to_the_cheapest
     assert node.route("d0", 7) == ("y", request.message.slot)
 
 
+def test_a_relayed_edge_costs_more_and_routing_prefers_the_direct_one() -> None:
+    node = relay("a", 1)
+    meet(node, ("d0", "data", 0), ("x", "relay", 2), ("y", "relay", 2))
+    for peer in ("x", "y"):
+        node.observe_link(peer, 10.0)
+        node.handle(peer, CostAdvert(50.0, 1), 0.0)
+    direct = node.edge_cost_ms("x")
+    node.observe_relayed("x", True)
+    # 1 MB of activations each way at 1 Gbps: 8 ms on a direct edge, 5x that through a relay.
+    assert node.edge_cost_ms("x") == pytest.approx(direct + 4 * 8.0)
+    (request,) = sent(node.handle("d0", FlowRequest(7, "d0/0", ("d0",), 30.0), 0.0), FlowRequest)
+    assert request.to == "y"  # x would have won the tie by id
+    node.observe_relayed("x", False)
+    assert node.edge_cost_ms("x") == pytest.approx(direct)
+
+
+def test_the_relayed_bandwidth_share_is_a_fraction() -> None:
+    with pytest.raises(FlowConfigError, match="relayed_bandwidth_share"):
+        FlowConfig(stages=2, activation_bytes=1e6, relayed_bandwidth_share=0.0)
+
+
 def test_equally_cheap_next_hops_go_to_the_peer_already_carrying_this_nodes_flows() -> None:
     node = relay("a", 1, capacity=3)
     meet(node, ("d0", "data", 0), ("x", "relay", 2), ("y", "relay", 2))

@@ -11,10 +11,12 @@ from libp2p.peer.id import ID
 from gwtf.errors import ConfigError, ProtocolError
 from node.p2p.addresses import (
     MAX_ADDRESSES,
+    MAX_CIRCUIT_ADDRESSES,
     advertised,
     check_peer_addresses,
     parse_announce,
     parse_listen,
+    with_circuits,
 )
 from node.p2p.discovery_records import PeerCard, card_key, open_card, sign_card
 from node.p2p.host import full_addresses, running_host
@@ -93,7 +95,7 @@ def test_a_peers_list_is_bounded_and_must_name_the_peer() -> None:
     other = str(ID.from_pubkey(create_new_key_pair(b"\x02" * 32).public_key))
     with pytest.raises(ProtocolError, match="names another peer"):
         check_peer_addresses([good[0], f"/ip4/198.18.0.9/tcp/1/p2p/{other}"], PEER)
-    with pytest.raises(ProtocolError, match="is not HOST/tcp/PORT"):
+    with pytest.raises(ProtocolError, match="is neither HOST/tcp/PORT"):
         check_peer_addresses([f"/ip4/198.18.0.9/udp/1/p2p/{PEER}"], PEER)
     with pytest.raises(ProtocolError, match="characters"):
         check_peer_addresses([f"/dns4/{'a' * 200}/tcp/1/p2p/{PEER}"], PEER)
@@ -139,3 +141,26 @@ def test_a_host_on_every_interface_advertises_its_announced_address_first() -> N
         assert record.addresses == tuple(addresses)
 
     trio.run(main)
+
+
+def test_a_peer_may_advertise_circuits_through_other_peers_only() -> None:
+    relay = str(ID.from_pubkey(create_new_key_pair(b"\x03" * 32).public_key))
+    circuit = f"/ip4/198.18.0.1/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{PEER}"
+    check_peer_addresses([circuit, f"/ip4/198.19.0.2/tcp/4001/p2p/{PEER}"], PEER)
+    with pytest.raises(ProtocolError, match="names another peer"):
+        check_peer_addresses([f"/ip4/198.18.0.1/tcp/4001/p2p/{PEER}/p2p-circuit/p2p/{relay}"], PEER)
+    with pytest.raises(ProtocolError, match="relays the peer through itself"):
+        check_peer_addresses([f"/ip4/198.18.0.1/tcp/4001/p2p/{PEER}/p2p-circuit/p2p/{PEER}"], PEER)
+    with pytest.raises(ProtocolError, match="is neither"):
+        check_peer_addresses([f"/ip4/198.18.0.1/tcp/4001/p2p-circuit/p2p/{PEER}"], PEER)
+
+
+def test_circuits_lead_a_nodes_addresses_within_the_limits() -> None:
+    relay = str(ID.from_pubkey(create_new_key_pair(b"\x03" * 32).public_key))
+    relayed = [f"/ip4/198.18.0.{i}/tcp/1/p2p/{relay}/p2p-circuit" for i in range(3)]
+    circuits = [multiaddr.Multiaddr(text) for text in relayed]
+    direct = [multiaddr.Multiaddr(f"/ip4/198.19.0.{i}/tcp/1") for i in range(4)]
+    room = MAX_ADDRESSES - MAX_CIRCUIT_ADDRESSES
+    chosen = with_circuits(direct, circuits)
+    assert chosen == circuits[:MAX_CIRCUIT_ADDRESSES] + direct[:room]
+    assert with_circuits(direct, []) == direct

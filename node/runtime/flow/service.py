@@ -3,7 +3,8 @@
 Incoming ``/gwtf/flow/3.0.0`` requests are decoded (bad bytes are charged to the sender) and handed
 to the core with ``now``; everything the core answers is queued per destination and sent in order
 by one task per peer, so messages to one peer keep their order as on the simulator's links. The
-round trip of each send is folded into the core's delay estimate of that link. The core's tick runs
+round trip of each send is folded into the core's delay estimate of that link, and whether the
+link runs through a circuit relay into its bandwidth estimate. The core's tick runs
 every ``tick_s``. Sends may fail: the protocol tolerates loss and detects dead peers by keep-alive.
 """
 
@@ -20,6 +21,7 @@ from libp2p.peer.id import ID
 from coordinator_free.protocol.config import Outbound
 from coordinator_free.protocol.node import FlowNode
 from coordinator_free.wire import PROTOCOL_ID, Message, decode, encode
+from node.p2p.relay import is_relayed
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ class FlowService:
                 log.debug("flow message to %s lost: %s", peer, exc)
                 continue
             rtt_ms = (trio.current_time() - started) * 1000.0
+            self.node.observe_relayed(peer, is_relayed(self.rpc.host, peer_id))
             if math.isfinite(rtt_ms):
                 self.node.observe_link(peer, rtt_ms / 2.0)
 

@@ -1,0 +1,106 @@
+"""Libp2p hosts for the test bed's relay test: a public relay, and homes that only it links.
+
+    python -m tests.internet.relay_peer relay
+    python -m tests.internet.relay_peer home RELAY_ADDRESS
+    python -m tests.internet.relay_peer dial RELAY_ADDRESS HOME_ADDRESS...
+
+The relay listens on every interface, answers echo requests and prints ``address A`` for each
+address it advertises.
+A home holds a slot at the relay, prints ``address A`` for each address it advertises (the
+circuit first) and answers echo requests until killed. A dialing home (itself holding a slot,
+as a home does) is told the other home's addresses, sends it echo requests, and prints
+``reply R relayed=True|False rtt_ms=M direct_rtt_ms=D``: ``M`` the median round trip to the home
+through the relay, ``D`` the median round trip to the relay itself.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+import trio
+from libp2p.peer.id import ID
+
+from node.p2p.host import full_addresses, peer_info, point_at, running_host
+from node.p2p.identity import new_identity
+from node.p2p.relay import CircuitDialer, RelaySlots, circuit_relay, is_relayed
+from node.p2p.rpc import RequestResponse, RpcLimits
+
+ECHO = "/gwtf/test-echo/1.0.0"
+LIMITS = RpcLimits(max_request_bytes=1 << 16, max_response_bytes=1 << 16, timeout_s=10.0)
+EVERY_INTERFACE = ("/ip4/0.0.0.0/tcp/4001",)
+DEADLINE_S = 30.0
+ROUNDS = 20
+
+
+async def echo(_peer: str, request: bytes) -> bytes:
+    return request
+
+
+async def relay() -> None:
+    async with running_host(new_identity(), EVERY_INTERFACE) as host, circuit_relay(host, True):
+        RequestResponse(host).serve(ECHO, echo, LIMITS)
+        for address in full_addresses(host):
+            print("address", address, flush=True)
+        await trio.sleep_forever()
+
+
+async def home(relay_address: str, others: list[str] | None = None) -> None:
+    held: list[RelaySlots] = []
+    key = new_identity()
+    async with (
+        running_host(
+            key, EVERY_INTERFACE, circuits=lambda: held[0].addresses() if held else []
+        ) as host,
+        circuit_relay(host),
+        trio.open_nursery() as nursery,
+    ):
+        slots = RelaySlots(host, [relay_address], check_s=0.5)
+        held.append(slots)
+        nursery.start_soon(slots.run)
+        with trio.fail_after(DEADLINE_S):
+            await slots.asked.wait()
+        rpc = RequestResponse(host, circuits=CircuitDialer(host))
+        rpc.serve(ECHO, echo, LIMITS)
+        for address in full_addresses(host):
+            print("address", address, flush=True)
+        if others is None:
+            await trio.sleep_forever()
+        await dial(rpc, relay_address, others)
+        nursery.cancel_scope.cancel()
+
+
+async def dial(rpc: RequestResponse, relay_address: str, addresses: list[str]) -> None:
+    peer = peer_info(addresses[0]).peer_id
+    point_at(rpc.host, peer, [a for address in addresses for a in peer_info(address).addrs])
+    with trio.fail_after(DEADLINE_S):
+        reply = await rpc.request(peer, ECHO, b"hello", LIMITS)
+        relayed = await _median_rtt_ms(rpc, peer)
+        direct = await _median_rtt_ms(rpc, peer_info(relay_address).peer_id)
+    print(
+        "reply", reply.decode(), f"relayed={is_relayed(rpc.host, peer)}",
+        f"rtt_ms={relayed:.2f}", f"direct_rtt_ms={direct:.2f}", flush=True,
+    )  # fmt: skip
+
+
+async def _median_rtt_ms(rpc: RequestResponse, peer: ID) -> float:
+    times = []
+    for _ in range(ROUNDS):
+        started = trio.current_time()
+        await rpc.request(peer, ECHO, b"x" * 64, LIMITS)
+        times.append((trio.current_time() - started) * 1000.0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    role, *rest = sys.argv[1:]
+    if role == "relay":
+        trio.run(relay)
+    elif role == "home":
+        trio.run(home, rest[0])
+    else:
+        trio.run(home, rest[0], rest[1:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""A live swarm whose relays nobody can dial trains through its data node's circuit relay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+from libp2p.peer.id import ID
+
+from node.p2p.relay import is_circuit, is_relayed
+from tests.runtime.swarm_harness import Swarm, reference_losses, run_swarm
+
+ITERATIONS = 2
+BATCH = 4
+
+
+def test_neighbouring_stages_that_cannot_dial_each_other_train_through_the_data_node(
+    tmp_path: Path,
+) -> None:
+    swarm = Swarm()
+    seen: dict[str, bool] = {}
+
+    async def during(swarm: Swarm) -> None:
+        # While the data node trains: once it stops, its relay (and the circuits) go with it.
+        while not {"a1", "b1"} <= swarm.nodes.keys():
+            await trio.sleep(0.05)
+        a1, b1 = swarm.nodes["a1"], swarm.nodes["b1"]
+        b1_id = ID.from_base58(b1.book.own.peer_id)
+        while not a1.rpc.host.get_network().connections.get(b1_id):
+            await trio.sleep(0.05)
+        seen["advertised"] = is_circuit(a1.book.own.address) and is_circuit(b1.book.own.address)
+        seen["relayed"] = is_relayed(a1.rpc.host, b1_id)
+        await swarm.training_done.wait()
+
+    async def main() -> list:  # type: ignore[type-arg]
+        with trio.fail_after(60):
+            return await run_swarm(
+                tmp_path,
+                ITERATIONS,
+                BATCH,
+                {"a1": 1, "b1": 2},
+                during=during,
+                swarm=swarm,
+                relay_settings={"reachable": False, "listen": ()},  # nobody can dial them
+                data_settings={"relay_service": True},
+            )
+
+    results = trio.run(main)
+    assert [r.loss for r in results] == pytest.approx(reference_losses(ITERATIONS, BATCH), rel=1e-4)
+    assert seen == {"advertised": True, "relayed": True}
