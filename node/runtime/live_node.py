@@ -54,8 +54,8 @@ from node.store.hops import HopStore
 from node.store.ledger import LedgerRecords
 from node.training.codec import CodecLimits
 from node.training.config import ModelConfig
-from node.training.data import MicrobatchSampler, load_default_corpus
 from node.training.data_node import DataNodeWorker
+from node.training.dataset import run_sampler
 from node.training.partition import plan_partition
 from node.training.settings import TrainingSettings
 from node.training.stage_worker import StageWorker
@@ -145,7 +145,8 @@ Started = Callable[[LiveNode], Awaitable[None] | None]
 def _worker(config: LiveNodeConfig, node_id: str) -> DataNodeWorker | StageWorker:
     plan = plan_partition(config.model, config.stages)
     if config.role == DATA:
-        sampler = MicrobatchSampler(load_default_corpus(), config.batch_size, config.seq_len)
+        data = config.training.data
+        sampler = run_sampler(data, config.batch_size, config.seq_len, config.seed)
         return DataNodeWorker(plan, config.training, config.seed, sampler, replica_id=node_id)
     if not 1 <= config.stage <= config.stages:
         raise ConfigError(f"relay stage {config.stage} is outside 1..{config.stages}")

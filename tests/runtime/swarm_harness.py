@@ -106,12 +106,14 @@ async def run_swarm(
     data_nodes: int = 1,
     capacities: dict[str, int] | None = None,
     relay_settings: dict[str, object] | None = None,
+    data_settings: dict[str, object] | None = None,
 ) -> list[IterationResult]:
     """Start a data node ("data"; with ``data_nodes`` > 1 also "data-1", ...: each trains its
     shard of every iteration), then relays (name -> stage); returns the first data node's
     results (every data node's are in ``swarm.results``). ``capacities`` overrides nodes'
     capacities by name (data nodes: ``data_capacity``; relays: 2); ``relay_settings`` sets
-    other ``LiveNodeConfig`` fields of every relay (e.g. ``emulated_hop_s``)."""
+    other ``LiveNodeConfig`` fields of every relay (e.g. ``emulated_hop_s``), and
+    ``data_settings`` those of every data node."""
     capacities = capacities or {}
     torch.set_num_threads(1)
     swarm = swarm or Swarm()
@@ -134,6 +136,7 @@ async def run_swarm(
                 bootstrap=bootstrap,
                 data_nodes=data_nodes,
                 data_shard=shard,
+                **(data_settings or {}),
             )
             with trio.CancelScope() as scope:  # a crashed data node counts as done
                 swarm.scopes[name] = scope
