@@ -35,25 +35,29 @@ def write_checkpoint(
     checkpoint: HfCheckpoint,
     out: Path,
     provenance: dict[str, Any],
-    tokenizer: RunTokenizer,
-    tokenizer_config: dict[str, Any],
-    card: str,
+    tokenizer: RunTokenizer | None = None,
+    tokenizer_config: dict[str, Any] | None = None,
+    card: str | None = None,
 ) -> list[Path]:
-    """Write the checkpoint into ``out`` (created); each file appears whole or not at all."""
+    """Write the checkpoint into ``out`` (created), with the tokenizer and the model card when
+    given; each file appears whole or not at all."""
     check_out_dir(out)
     out.mkdir(parents=True, exist_ok=True)
+    written = [_atomic(out / PROVENANCE_FILE, lambda p: p.write_text(_json(provenance)))]
+    if card is not None:
+        written.append(_atomic(out / CARD_FILE, lambda p: p.write_text(card, "utf-8")))
+    if tokenizer is not None:
+        text, config = tokenizer.json_text, tokenizer_config or {}
+        written.append(_atomic(out / TOKENIZER_FILE, lambda p: p.write_text(text, "utf-8")))
+        written.append(_atomic(out / TOKENIZER_CONFIG_FILE, lambda p: p.write_text(_json(config))))
     # The weights last: a directory with model.safetensors in it is a complete export.
-    written = [
-        _atomic(out / PROVENANCE_FILE, lambda p: p.write_text(_json(provenance))),
-        _atomic(out / CARD_FILE, lambda p: p.write_text(card, encoding="utf-8")),
-        _atomic(out / TOKENIZER_FILE, lambda p: p.write_text(tokenizer.json_text, "utf-8")),
-        _atomic(out / TOKENIZER_CONFIG_FILE, lambda p: p.write_text(_json(tokenizer_config))),
-        _atomic(out / CONFIG_FILE, lambda p: p.write_text(_json(checkpoint.config))),
+    written.append(_atomic(out / CONFIG_FILE, lambda p: p.write_text(_json(checkpoint.config))))
+    written.append(
         _atomic(
             out / WEIGHTS_FILE,
             lambda p: save_file(checkpoint.state_dict, str(p), metadata={"format": "pt"}),
-        ),
-    ]
+        )
+    )
     return written
 
 
