@@ -27,11 +27,10 @@ from node.export.writer import check_out_dir, write_checkpoint
 from node.training.config import ModelConfig, named_config
 from node.training.dataset import validation_batches
 from node.training.hf_export import to_hf
-from node.training.model import WholeModel
 from node.training.partition import PartitionPlan, plan_partition
 from node.training.shards import Manifest, load_manifest
 from node.training.tokenizer import RunTokenizer, byte_tokenizer, tokenizer_config
-from node.training.validation import validation_loss
+from node.training.validation import whole_model_validation_loss
 
 #: Validation windows the exported model is evaluated on (at its full context).
 VALIDATION_WINDOWS = 64
@@ -110,13 +109,8 @@ def _validation_loss(
     if dataset is None or not dataset.val:
         return None
     batches = validation_batches(dataset, 8, config.block_size, windows)
-    if not batches:
-        return None
-    model = WholeModel(config, 0).to(next(iter(tensors.values())).dtype)
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    assert not unexpected and set(missing) <= {"data.head.weight"}, "whole_tensors checked them"
-    model.eval()
-    return round(validation_loss(model, batches) or 0.0, 6)
+    loss = whole_model_validation_loss(config, tensors, batches)
+    return None if loss is None else round(loss, 6)
 
 
 def model_card(result: dict[str, Any], context: int) -> str:

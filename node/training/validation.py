@@ -5,11 +5,13 @@ because the windows never change."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from node.training.config import ModelConfig
 from node.training.dataset import validation_batches
+from node.training.model import WholeModel
 from node.training.settings import TrainingSettings
 from node.training.shards import load_manifest
 
@@ -45,3 +47,19 @@ def due(training: TrainingSettings, iteration: int) -> bool:
     """Whether the validation loss is evaluated after iteration ``iteration`` (0-based)."""
     every = training.validation_every
     return every > 0 and (iteration + 1) % every == 0
+
+
+def whole_model_validation_loss(
+    config: ModelConfig, tensors: Mapping[str, torch.Tensor], batches: Sequence[Batch]
+) -> float | None:
+    """The validation loss of the whole model ``tensors`` (``WholeModel`` names, as
+    ``node.export.assembly.whole_tensors`` gives them; a tied head may be left out)."""
+    if not batches:
+        return None
+    model = WholeModel(config, 0).to(next(iter(tensors.values())).dtype)
+    missing, unexpected = model.load_state_dict(dict(tensors), strict=False)
+    tied = {"data.head.weight"} if config.tie_embeddings else set()
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"not the whole model's tensors: {missing} missing, {unexpected} extra")
+    model.eval()
+    return validation_loss(model, batches)

@@ -1,5 +1,6 @@
 """A live swarm trains on a prepared data set, with its tokenizer's vocabulary, exactly like the
-whole model trained alone on the same (data set hash, microbatch id) windows."""
+whole model trained alone on the same (data set hash, microbatch id) windows, and its data node
+measures the swarm's validation loss as the whole model's."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import trio
 
 from node.training.partition import model_for_run
 from node.training.prepare import PrepareOptions, prepare
-from node.training.reference import whole_model_losses
+from node.training.reference import whole_model_run
 from tests.runtime.swarm_harness import (
     BATCH_SIZE,
     MODEL_NAME,
@@ -38,7 +39,9 @@ def test_a_swarm_trains_on_a_prepared_data_set_like_the_whole_model(tmp_path: Pa
     manifest = prepare(
         PrepareOptions((corpus,), tmp_path / "set", train_vocab=290, val_fraction=0.05)
     ).manifest
-    training = replace(TRAINING, data=str(tmp_path / "set"))
+    training = replace(
+        TRAINING, data=str(tmp_path / "set"), validation_every=2, validation_windows=6
+    )
     model = model_for_run(MODEL_NAME, SEQ_LEN, STAGES, manifest.vocab_size)
     assert model.vocab_size == 290
 
@@ -54,7 +57,7 @@ def test_a_swarm_trains_on_a_prepared_data_set_like_the_whole_model(tmp_path: Pa
             )
 
     results = trio.run(main)
-    reference = whole_model_losses(
+    reference = whole_model_run(
         replace(
             training,
             model=MODEL_NAME,
@@ -66,5 +69,11 @@ def test_a_swarm_trains_on_a_prepared_data_set_like_the_whole_model(tmp_path: Pa
         ),
         ITERATIONS,
     )
-    assert [r.loss for r in results] == pytest.approx(reference, rel=1e-4)
-    assert reference[0] == pytest.approx(5.67, abs=0.3)  # ln(290): the new vocabulary's
+    assert [r.loss for r in results] == pytest.approx(reference.losses, rel=1e-4)
+    assert reference.losses[0] == pytest.approx(5.67, abs=0.3)  # ln(290): the new vocabulary's
+    # The data node's validation loss of the swarm's model (after iteration 1's step, from the
+    # relays' weights) is the whole model's on the same fixed windows.
+    validated = [(r.iteration, r.validation_loss) for r in results if r.validation_loss]
+    assert [i for i, _ in validated] == [i for i, _ in reference.validation] == [1]
+    assert validated[0][1] == pytest.approx(reference.validation[0][1], rel=1e-4)
+    assert results[0].validation_loss is None
