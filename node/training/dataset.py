@@ -104,10 +104,14 @@ Sampler = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
 def run_sampler(
     data: str, batch_size: int, seq_len: int, seed: int, expected_digest: str | None = None
 ) -> Sampler:
-    """The run's microbatches: its prepared data set's (``data``: a manifest or its folder) or,
-    with ``data`` empty, the shipped corpus's."""
+    """The run's microbatches: its prepared data set's (``data``: a manifest or its folder,
+    every shard checked against its hash) or, with ``data`` empty, the shipped corpus's."""
     from node.training.data import MicrobatchSampler, load_default_corpus
 
     if not data:
         return MicrobatchSampler(load_default_corpus(), batch_size, seq_len)
-    return ShardSampler(load_manifest(Path(data)), batch_size, seq_len, seed, expected_digest)
+    manifest = load_manifest(Path(data))
+    # Every shard is hashed once here: a damaged copy is refused (naming the shard) before it
+    # trains anything, rather than giving windows no other node would give.
+    manifest.verify()
+    return ShardSampler(manifest, batch_size, seq_len, seed, expected_digest)

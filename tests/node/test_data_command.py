@@ -62,3 +62,27 @@ def test_a_bad_corpus_is_one_line_naming_the_file(
     assert code == 2
     assert err.count("\n") == 1
     assert f"{source / 'docs.jsonl'}:1: no text field 'body'" in err
+
+
+def test_a_run_opened_with_a_data_set_commits_to_its_manifest_hash(
+    capsys: pytest.CaptureFixture[str], devnet_file: Path, tmp_path: Path
+) -> None:
+    from node.chain.actions import open_contracts
+    from node.settings import load_settings
+    from tests.node.test_cli_volunteer import cli_json, new_wallet
+
+    source = corpus(tmp_path / "corpus")
+    prepared = cli_json(capsys, "data", "prepare", str(source), "--out", str(tmp_path / "set"),
+                        "--val-fraction", "0.1")  # fmt: skip
+    assert isinstance(prepared, dict)
+    chain = ("--devnet-file", str(devnet_file))
+    wallet, address = new_wallet(tmp_path, "sponsor")
+    cli_json(capsys, *chain, "fund", "--to", address, "--eth", "5")
+    opened = cli_json(capsys, *chain, "runs", "open", *wallet, "--stages", "2",
+                      "--data", str(tmp_path / "set"), "--reward-per-epoch-eth", "1",
+                      "--min-stake-eth", "1", "--fund-eth", "1")  # fmt: skip
+    assert isinstance(opened, dict)
+    settings = load_settings({"chain.devnet_file": str(devnet_file)}, env={})
+    contracts, _ = open_contracts(settings)
+    run = contracts.ledger.functions.getRun(opened["run_id"]).call()
+    assert "0x" + run[-1].hex() == prepared["dataset_hash"]

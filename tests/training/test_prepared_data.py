@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gwtf.errors import ConfigError
-from node.training.dataset import ShardSampler, validation_batches
+from node.training.dataset import ShardSampler, run_sampler, validation_batches
 from node.training.prepare import PrepareOptions, prepare
 from node.training.reference import whole_model_run
 from node.training.settings import TrainingSettings
@@ -201,6 +201,8 @@ def test_an_interrupted_prepare_resumes_and_a_damaged_shard_is_written_again(
     shard.write_bytes(b"\x00\x00" + shard.read_bytes()[2:])
     with pytest.raises(ConfigError, match=f"shard {shard} does not match its hash"):
         load_manifest(out).verify()
+    with pytest.raises(ConfigError, match=f"shard {shard} does not match its hash"):
+        run_sampler(str(out), 2, 16, 0)
     again = prepare(options(inputs, out))
     assert (again.files_reused, again.files_read) == (2, 1)
     assert again.manifest.digest == whole.digest
