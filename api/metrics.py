@@ -33,6 +33,9 @@ METRICS = (
     MetricSpec("sends_in_flight", "gauge", "Sends waiting for their acknowledgement"),
     MetricSpec("throughput_hops_per_second", "gauge", "Hops computed per second, last minute"),
     MetricSpec("loss", "gauge", "A data node's loss of its last iteration"),
+    MetricSpec(
+        "validation_loss", "gauge", "A data node's last validation loss of the swarm's model"
+    ),
     MetricSpec("iteration", "gauge", "The training iteration"),
     MetricSpec("epoch", "gauge", "The run's epoch by chain time"),
     MetricSpec("peers_alive", "gauge", "Peers the flow protocol hears from"),

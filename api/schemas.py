@@ -77,6 +77,15 @@ class Status(Schema):
     loss: float | None = Field(
         description="a data node's last iteration loss; null on a relay, which is not sent it"
     )
+    validation_loss: float | None = Field(
+        default=None,
+        description="a data node's last validation loss of the swarm's model, on its data "
+        "set's fixed validation windows (every training.validation_every iterations); null "
+        "before the first, without a data set, and on a relay",
+    )
+    validation_iteration: int | None = Field(
+        default=None, description="the iteration after whose step validation_loss was measured"
+    )
     started_at: float = Field(description="unix time")
     updated_at: float = Field(description="unix time of this snapshot")
     next_claim_at: int | None = Field(

@@ -35,6 +35,7 @@ from node.settings import AUTO_STAGE, Settings
 from node.training.config import ModelConfig
 from node.training.errors import ModelConfigError
 from node.training.partition import model_for_run
+from node.training.shards import data_vocab
 
 log = logging.getLogger(__name__)
 #: Hosts that keep the local API to this machine.
@@ -53,9 +54,12 @@ def node_identity(settings: Settings, password: str | None = None) -> KeyPair:
 
 
 def model_of(settings: Settings) -> ModelConfig:
+    """The run's model; its vocabulary is the data set's tokenizer's (``training.data``)."""
     try:
         training = settings.training
-        return model_for_run(training.model, training.seq_len, training.stages)
+        return model_for_run(
+            training.model, training.seq_len, training.stages, data_vocab(training.data)
+        )
     except ModelConfigError as exc:
         raise ConfigError(f"training.model={settings.training.model!r}: {exc}") from exc
 

@@ -5,8 +5,10 @@ gathers the weights of the data part and of every stage at the last optimizer st
 have taken from the nodes given with ``--peer`` (``node.export.gather``: only from the run's own
 nodes, each download digest-checked), checks that they make one model (``node.export.assembly``)
 and writes ``config.json`` and ``model.safetensors`` in the GPT-2 (``GPT2LMHeadModel``) or Llama
-(``LlamaForCausalLM``) layout (``node.training.hf_export``), with ``gwtf-export.json`` naming the
-run, the step and where each part came from. Nothing is written unless all of it checks out.
+(``LlamaForCausalLM``) layout (``node.training.hf_export``), the run's tokenizer
+(``tokenizer.json``, ``tokenizer_config.json``), a model card (``README.md``: the run, the data
+set hash, the steps, the validation loss) and ``gwtf-export.json`` naming the run, the step and
+where each part came from. Nothing is written unless all of it checks out.
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
         "a data node and a relay of each stage)",
     )  # fmt: skip
     export.add_argument("--model", help="the run's model, e.g. gpt-tiny (default training.model)")
+    export.add_argument(
+        "--data", help="the run's data set, its manifest.json or folder: its tokenizer is "
+        "written beside the weights and its validation windows give the model card's loss "
+        "(default training.data; none: the shipped corpus and the byte tokenizer)",
+    )  # fmt: skip
     export.add_argument("--timeout-s", type=positive, default=20, help="per request to a node")
     return {"export": cmd_export}
 
@@ -65,8 +72,9 @@ def cmd_export(args: argparse.Namespace, settings: Settings, console: Console) -
         with console.status(f"gathering run {args.run}'s parts from {len(args.peer)} nodes"):
             return gather()
 
+    data = settings.training.data if args.data is None else args.data
     result = export_run(
-        contracts, args.run, model, args.peer, out, float(args.timeout_s), gathering
+        contracts, args.run, model, args.peer, out, float(args.timeout_s), gathering, data
     )
     return emit(args, console, result, functools.partial(_render, result))
 

@@ -179,6 +179,13 @@ def print_swarm(console: Console, summary: dict[str, Any], summary_file: Path) -
     table.add_row("iterations", str(summary["iterations"]))
     if losses:
         table.add_row("loss", f"{losses[0]:.4f} -> {losses[-1]:.4f}")
+    validation = summary.get("validation_loss") or []
+    if validation:
+        first, last = validation[0], validation[-1]
+        table.add_row(
+            "validation loss",
+            f"{first[1]:.4f} (iteration {first[0]}) -> {last[1]:.4f} (iteration {last[0]})",
+        )
     table.add_row(
         "microbatches",
         f"{work['microbatches_completed']} of {work['microbatches_asked']} asked completed, "

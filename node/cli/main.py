@@ -18,14 +18,14 @@ import sys
 from collections.abc import Sequence
 
 from gwtf.errors import GwtfError
-from node.cli import audit, earnings, export, local, nodes, runs, stake, start, wallet
+from node.cli import audit, data, earnings, export, local, nodes, runs, stake, start, wallet
 from node.cli.args import Command
 from node.cli.output import add_json_flags
 from node.settings import Settings, load_settings
 
 EXIT_INTERRUPTED = 130
 #: The command families, in the order ``--help`` lists them.
-FAMILIES = (local, wallet, nodes, start, stake, earnings, runs, audit, export)
+FAMILIES = (local, wallet, nodes, start, stake, earnings, runs, data, audit, export)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:

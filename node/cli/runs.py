@@ -33,6 +33,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     opening.add_argument("--stages", type=stage_count, required=True, help="pipeline stages")
     opening.add_argument("--seq-len", type=positive, default=64, help="tokens per sequence")
     opening.add_argument(
+        "--data", help="the run's data set (`data prepare`'s manifest.json or folder); its hash "
+        "is the run's data set hash (default: the shipped Tiny Shakespeare text)",
+    )  # fmt: skip
+    opening.add_argument(
         "--epoch-length-s", type=seconds, default=3600,
         help="how long an epoch lasts, up to 30 days (default 3600); shorter epochs pay sooner "
         "and cost more certificates",
@@ -62,6 +66,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     data_node.add_argument("--run", type=whole, required=True, help="run id")
     data_node.add_argument("--node", type=address, required=True, help="the data node's address")
     return {"runs": cmd_runs}
+
+
+def _dataset_hash(data: str) -> bytes:
+    from node.training.shards import load_manifest
+
+    return bytes.fromhex(load_manifest(data).digest)
 
 
 def _sponsor_flags(parser: argparse.ArgumentParser) -> None:
@@ -98,7 +108,7 @@ def cmd_runs(args: argparse.Namespace, settings: Settings, console: Console) -> 
         _model(args)  # a model this node can train, split into that many stages
         config = RunConfig(
             model_config_hash=model_config_hash(args.model, args.stages),
-            dataset_hash=DATASET_HASH,
+            dataset_hash=_dataset_hash(args.data) if args.data else DATASET_HASH,
             stage_count=args.stages,
             epoch_length_s=args.epoch_length_s,
             units_per_hop=args.units_per_hop,

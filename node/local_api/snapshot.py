@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,7 @@ from node.local_api.earnings import ChainView
 if TYPE_CHECKING:  # what a snapshot reads; the box and its parts are plain data, read by the
     # command line too, which loads none of the node's runtime
     from node.runtime.live_node import LiveNode
+    from node.runtime.roles.data import IterationResult
 
 #: A throughput sample every snapshot; the rate is over the last minute of them.
 RATE_WINDOW_S = 60.0
@@ -108,6 +110,7 @@ def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapsho
     timings = plane.timings
     throughput = meter.rate(now, timings.computed)
     loss = role.results[-1].loss if isinstance(role, DataRole) and role.results else None
+    validated = _last_validation(role.results) if isinstance(role, DataRole) else None
     meter.history.append(HistoryPoint(t=now, throughput_hops_per_s=throughput, loss=loss))
     peers = tuple(_peer(node, p) for p in flow.peers.values())
     flows = _flows(node)
@@ -133,6 +136,8 @@ def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapsho
         hops_recomputed=plane.hops.recomputed,
         throughput_hops_per_s=round(throughput, 3),
         loss=loss,
+        validation_loss=validated.validation_loss if validated else None,
+        validation_iteration=validated.iteration if validated else None,
         started_at=meter.started_at,
         updated_at=now,
         **next_claim(box.chain, now),
@@ -155,6 +160,8 @@ def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapsho
     }
     if loss is not None:
         counters["loss"] = loss
+    if status.validation_loss is not None:
+        counters["validation_loss"] = status.validation_loss
     if epoch is not None:
         counters["epoch"] = epoch
     if receipts is not None:
@@ -169,6 +176,11 @@ def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapsho
         counters["rewards_claimable_eth"] = chain.claimable_wei / 10**18
     history = tuple(meter.history)
     return NodeSnapshot(status, peers, flows, counters, history, chain)
+
+
+def _last_validation(results: Sequence[IterationResult]) -> IterationResult | None:
+    """The latest iteration with a validation loss (results are in iteration order)."""
+    return next((r for r in reversed(results) if r.validation_loss is not None), None)
 
 
 def next_claim(chain: ChainParts | None, now: float) -> dict[str, int | None]:

@@ -48,6 +48,7 @@ from node.runtime.roles.data import DataRole, IterationResult
 from node.runtime.roles.data_peers import DataPeers, LeftOut
 from node.runtime.roles.relay import RelayRole
 from node.runtime.roles.relay_roster import report_alive
+from node.runtime.roles.validation import swarm_validation_loss
 from node.settings import AUTO_STAGE
 from node.store.database import open_database
 from node.store.evidence import EvidenceArchive, run_folder
@@ -55,11 +56,12 @@ from node.store.hops import HopStore
 from node.store.ledger import LedgerRecords
 from node.training.codec import CodecLimits
 from node.training.config import ModelConfig
-from node.training.data import MicrobatchSampler, load_default_corpus
 from node.training.data_node import DataNodeWorker
+from node.training.dataset import run_sampler
 from node.training.partition import plan_partition
 from node.training.settings import TrainingSettings
 from node.training.stage_worker import StageWorker
+from node.training.validation import Batch, due, run_validation_batches
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +156,8 @@ Started = Callable[[LiveNode], Awaitable[None] | None]
 def _worker(config: LiveNodeConfig, node_id: str) -> DataNodeWorker | StageWorker:
     plan = plan_partition(config.model, config.stages)
     if config.role == DATA:
-        sampler = MicrobatchSampler(load_default_corpus(), config.batch_size, config.seq_len)
+        data = config.training.data
+        sampler = run_sampler(data, config.batch_size, config.seq_len, config.seed)
         return DataNodeWorker(plan, config.training, config.seed, sampler, replica_id=node_id)
     if not 1 <= config.stage <= config.stages:
         raise ConfigError(f"relay stage {config.stage} is outside 1..{config.stages}")
@@ -365,6 +368,7 @@ async def run_live_node(
             await role.wait_for_flows(
                 config.wait_for_peers_s, config.flow_timeout_s, joining=config.join
             )
+            held_out = await trio.to_thread.run_sync(run_validation_batches, config.training)
             iteration = first
             while not config.iterations or iteration < config.iterations:
                 try:
@@ -381,6 +385,8 @@ async def run_live_node(
                 log.info(
                     "iteration %s: loss %.4f in %.2f s", iteration, result.loss, result.duration_s
                 )
+                if held_out and due(config.training, iteration):
+                    role.results[-1] = await _validated(role, rpc, result, held_out, config)
                 iteration += 1
             role.finished = True
             if receipts is not None:
@@ -423,6 +429,23 @@ async def _hold_relay_slots(
     while not rpc.host.get_addrs():
         log.warning("no relay holds a slot for this node yet, and it has no other address")
         await trio.sleep(held.check_s)
+
+
+async def _validated(
+    role: DataRole,
+    rpc: RequestResponse,
+    result: IterationResult,
+    held_out: list[Batch],
+    config: LiveNodeConfig,
+) -> IterationResult:
+    """``result`` with the swarm's validation loss after its step."""
+    plan = plan_partition(config.model, config.stages)
+    relays = role.roster.discovered() | role.roster.told
+    timeout = config.flow.ack_deadline_s
+    loss = await swarm_validation_loss(rpc, role.worker, plan, relays, held_out, timeout)
+    if loss is not None:
+        log.info("iteration %s: validation loss %.4f", result.iteration, loss)
+    return replace(result, validation_loss=loss)
 
 
 async def _start_receipts(

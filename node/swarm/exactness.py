@@ -11,15 +11,18 @@ from pathlib import Path
 from typing import Any
 
 from node.settings import load_settings
-from node.training.reference import whole_model_losses, worst_relative_difference
+from node.training.reference import whole_model_run, worst_relative_difference
 
 
 def against_whole_model(out_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
-    """The whole model's loss per iteration and the worst relative difference from the run's."""
+    """The whole model's loss per iteration and the worst relative difference from the run's;
+    with ``training.validation_every``, the whole model's validation loss every that many
+    iterations too, as [iteration, loss] pairs."""
     training = load_settings(env={}, config_file=out_dir / "data.toml").training
     losses = summary["loss_per_iteration"]
-    reference = whole_model_losses(training, len(losses))
+    reference = whole_model_run(training, len(losses))
     return {
-        "whole_model_loss_per_iteration": [round(loss, 8) for loss in reference],
-        "worst_relative_difference": worst_relative_difference(losses, reference),
+        "whole_model_loss_per_iteration": [round(loss, 8) for loss in reference.losses],
+        "whole_model_validation_loss": [[i, round(v, 8)] for i, v in reference.validation],
+        "worst_relative_difference": worst_relative_difference(losses, reference.losses),
     }

@@ -481,6 +481,12 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
         "microbatches": microbatches,
         # The mean over the data nodes that finished the iteration (each over its own shard).
         "loss_per_iteration": [round(sum(v) / len(v), 8) for _, v in sorted(losses.items())],
+        # The first data node's validation loss of the swarm's model, [iteration, loss] pairs.
+        "validation_loss": [
+            [r["iteration"], round(r["validation_loss"], 8)]
+            for r in results
+            if r.get("validation_loss") is not None
+        ],
         "throughput_mb_per_s": round(microbatches / train_s, 4) if train_s else 0.0,
         "training_time_s": round(train_s, 3),
         "wall_time_s": round(wall_s, 3),

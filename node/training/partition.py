@@ -6,6 +6,7 @@ building any weights, so every node of a run derives the same plan.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -103,11 +104,16 @@ def plan_partition(
     return PartitionPlan(config, data_part_param_count(config), tuple(stages))
 
 
-def model_for_run(model: str, seq_len: int, stages: int) -> ModelConfig:
+def model_for_run(
+    model: str, seq_len: int, stages: int, vocab_size: int | None = None
+) -> ModelConfig:
     """The config a run's settings name ("family-size"), checked against the run's ``seq_len``
-    and ``stages``: either mistake would otherwise surface only once a node builds its part."""
+    and ``stages``: either mistake would otherwise surface only once a node builds its part.
+    ``vocab_size``: the run's tokenizer's (None: the byte tokenizer's, every size's default)."""
     family, _, size = model.partition("-")
     config = named_config(family, size)
+    if vocab_size is not None:
+        config = dataclasses.replace(config, vocab_size=vocab_size)
     if seq_len > config.block_size:
         raise ModelConfigError(
             f"seq_len={seq_len} is longer than {model}'s context of {config.block_size} tokens; "

@@ -7,10 +7,14 @@ steps exactly like one model accumulating those microbatches in turn (summation 
 
 from __future__ import annotations
 
-from node.training.data import MicrobatchSampler, load_default_corpus
+from dataclasses import dataclass, field
+
+from node.training.dataset import run_sampler
 from node.training.partition import model_for_run, plan_partition
 from node.training.settings import TrainingSettings
+from node.training.shards import data_vocab
 from node.training.trainer import WholeModelTrainer
+from node.training.validation import due, run_validation_batches, validation_loss
 
 
 def iteration_microbatches(training: TrainingSettings, iteration: int) -> list[int]:
@@ -20,17 +24,43 @@ def iteration_microbatches(training: TrainingSettings, iteration: int) -> list[i
     return list(range(first, first + shards * batch))
 
 
-def whole_model_losses(training: TrainingSettings, iterations: int) -> list[float]:
-    """The mean loss of each of the first ``iterations`` iterations, before its step."""
-    config = model_for_run(training.model, training.seq_len, training.stages)
+@dataclass
+class ReferenceRun:
+    #: The mean loss of each iteration, before its step.
+    losses: list[float] = field(default_factory=list)
+    #: (iteration, validation loss after its step), every ``training.validation_every``.
+    validation: list[tuple[int, float]] = field(default_factory=list)
+
+
+def whole_model_run(training: TrainingSettings, iterations: int) -> ReferenceRun:
+    """The whole model trained alone for ``iterations`` iterations of the run's microbatches."""
+    config = model_for_run(
+        training.model, training.seq_len, training.stages, data_vocab(training.data)
+    )
     trainer = WholeModelTrainer(plan_partition(config, training.stages), training, training.seed)
-    sampler = MicrobatchSampler(load_default_corpus(), training.batch_size, training.seq_len)
-    losses = []
+    sampler = run_sampler(training.data, training.batch_size, training.seq_len, training.seed)
+    held_out = run_validation_batches(training) if training.validation_every else []
+    device = trainer.device
+
+    def loss_of(inputs, targets):  # type: ignore[no-untyped-def]
+        with device.autocast():
+            return trainer.model(device.to_device(inputs), device.to_device(targets))
+
+    run = ReferenceRun()
     for iteration in range(iterations):
         ids = iteration_microbatches(training, iteration)
-        losses.append(sum(trainer.train_microbatch(*sampler(m)) for m in ids) / len(ids))
+        run.losses.append(sum(trainer.train_microbatch(*sampler(m)) for m in ids) / len(ids))
         trainer.step()
-    return losses
+        if due(training, iteration):
+            loss = validation_loss(loss_of, held_out)
+            if loss is not None:
+                run.validation.append((iteration, loss))
+    return run
+
+
+def whole_model_losses(training: TrainingSettings, iterations: int) -> list[float]:
+    """The mean loss of each of the first ``iterations`` iterations, before its step."""
+    return whole_model_run(training, iterations).losses
 
 
 def worst_relative_difference(losses: list[float], reference: list[float]) -> float:

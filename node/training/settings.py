@@ -74,6 +74,14 @@ class TrainingSettings:
     #: own), and this data node's shard among them, 0 .. data_nodes - 1.
     data_nodes: int = 1
     data_shard: int = 0
+    #: A prepared data set (``gwtf-node data prepare``): its manifest.json or the folder holding
+    #: it; the model's vocabulary is its tokenizer's. "" trains on the shipped Tiny Shakespeare
+    #: text with the byte tokenizer.
+    data: str = ""
+    #: Data node: evaluate the data set's validation windows every this many iterations (0:
+    #: never), ``validation_windows`` of them.
+    validation_every: int = 0
+    validation_windows: int = 64
     device: DeviceChoice = "auto"
     #: Master weights' dtype; float64 is for equivalence tests on CPU.
     param_dtype: ParamDtypeName = "float32"
@@ -103,6 +111,15 @@ class TrainingSettings:
             raise ModelConfigError(
                 f"training.data_shard={self.data_shard} must be within 0..data_nodes-1 "
                 f"(data_nodes={self.data_nodes}): give each data node its own shard"
+            )
+        if self.validation_every < 0 or self.validation_windows < 1:
+            raise ModelConfigError(
+                "training.validation_every must be >= 0 and training.validation_windows >= 1"
+            )
+        if self.validation_every and not self.data:
+            raise ModelConfigError(
+                "training.validation_every needs a prepared data set with a validation split: "
+                "set training.data"
             )
         if self.device not in ("auto", "cuda", "cpu"):
             raise ModelConfigError(

@@ -212,7 +212,10 @@ def test_the_export_loads_in_transformers_with_the_stage_chains_logits(
     assert peers[address_of(run.stranger)].startswith("not a node of run")
     assert sum(why.startswith("unreachable") for why in peers.values()) == 1
     out = tmp_path / "model"
-    assert sorted(result["files"]) == ["config.json", "gwtf-export.json", "model.safetensors"]
+    assert sorted(result["files"]) == [
+        "README.md", "config.json", "gwtf-export.json", "model.safetensors", "tokenizer.json",
+        "tokenizer_config.json",
+    ]  # fmt: skip
     provenance = json.loads((out / "gwtf-export.json").read_text())
     assert provenance == {k: v for k, v in result.items() if k not in ("out", "files")}
 

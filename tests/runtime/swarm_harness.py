@@ -112,8 +112,8 @@ async def run_swarm(
     shard of every iteration), then relays (name -> stage); returns the first data node's
     results (every data node's are in ``swarm.results``). ``capacities`` overrides nodes'
     capacities by name (data nodes: ``data_capacity``; relays: 2); ``relay_settings`` sets
-    other ``LiveNodeConfig`` fields of every relay (e.g. ``emulated_hop_s``), ``data_settings``
-    of every data node."""
+    other ``LiveNodeConfig`` fields of every relay (e.g. ``emulated_hop_s``), and
+    ``data_settings`` those of every data node."""
     capacities = capacities or {}
     torch.set_num_threads(1)
     swarm = swarm or Swarm()

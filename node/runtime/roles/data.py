@@ -101,6 +101,9 @@ class IterationResult:
     gradients_redone: int = 0
     gradients_lost: int = 0
     microbatches_redone: int = 0
+    #: The swarm's model's loss on the data set's validation windows after this iteration's
+    #: step (every ``training.validation_every`` iterations; ``roles/validation.py``).
+    validation_loss: float | None = None
 
 
 @dataclass
