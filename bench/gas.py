@@ -65,6 +65,8 @@ from node.chain.adapter import Sender, advance_time, advance_time_to, connect
 OUT_DIR = Path(__file__).resolve().parent / "out"
 ETH = 10**18
 UNITS_PER_HOP = 10
+#: The run's price of a forward hop: 100,000 hops of an epoch fit its 10 ETH cap at twice this.
+HOP_PRICE_WEI = 10**13
 STAGES = 2
 # Fixed limit above every operation here; a revert is still caught by a simulation first.
 GAS_LIMIT = 2_000_000
@@ -105,7 +107,7 @@ def setup(console: Console) -> Bench:
     suite = deploy_suite(w3, dev[0].address, SuiteParams())
     contracts = Contracts.at(w3, suite.addresses, gas_limit=GAS_LIMIT)
     config = RunConfig(keccak(b"model"), keccak(b"data"), STAGES, 3_600, UNITS_PER_HOP,
-                       10 * ETH, 3_600, ETH)  # fmt: skip
+                       10 * ETH, 3_600, ETH, HOP_PRICE_WEI)  # fmt: skip
     sponsor = dev[1]
     bench = Bench(contracts, 0, sponsor)
     started = time.perf_counter()
