@@ -49,6 +49,7 @@ from node.chain.actions import (
     RunConfig,
     add_data_node,
     add_stake,
+    award_bounty,
     claim_reward,
     commit_proof,
     fund_run,
@@ -60,7 +61,7 @@ from node.chain.actions import (
     submit_certificates,
     withdraw_credit,
 )
-from node.chain.adapter import Sender, advance_time, advance_time_to, connect
+from node.chain.adapter import Sender, advance_time, advance_time_to, connect, mine_blocks
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
 ETH = 10**18
@@ -271,6 +272,10 @@ def _prove_frauds(
         bench.record("commit (fraud proof)", commit_proof(c, auditor, proof, salt))
         advance_time(c.w3, 1)
         bench.record(name, reveal_proof(c, auditor, proof, salt))
+    # A bounty is final once no earlier commitment can be revealed any more.
+    mine_blocks(c.w3, int(c.disputes.functions.revealWindowBlocks().call()) + 1)
+    for node in (data_node.address, cheat.address):
+        bench.record("awardBounty", award_bounty(c, auditor, node))
     bench.record("withdrawCredit", withdraw_credit(c, auditor))
 
 
