@@ -245,7 +245,8 @@ class RunView(Schema):
     epoch_length_s: int
     challenge_window_s: int
     units_per_hop: int
-    reward_per_epoch: Amount
+    reward_per_epoch: Amount = Field(description="the most one epoch's certificates may reserve")
+    hop_price: Amount = Field(description="what a certified forward hop earns; a backward, twice")
     pool: Amount
     min_stake: Amount
     open: bool

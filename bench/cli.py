@@ -122,7 +122,8 @@ def running_node(tmp: Path, devnet_file: Path, cli: str) -> Iterator[dict[str, l
     chain = ["--devnet-file", str(devnet_file)]
     sponsor, data_node = registered(tmp, "sponsor", chain, cli)
     _, out = run([cli, *chain, "runs", "open", *sponsor, "--stages", "1",
-                  "--reward-per-epoch-eth", "1", "--min-stake-eth", "1", "--fund-eth", "1",
+                  "--reward-per-epoch-eth", "1", "--hop-price-eth", "0.0001",
+                  "--min-stake-eth", "1", "--fund-eth", "1",
                   "--json"])  # fmt: skip
     run_id = str(json.loads(out)["run_id"])
     run([cli, *chain, "runs", "add-data-node", *sponsor, "--run", run_id,

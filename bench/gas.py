@@ -49,6 +49,7 @@ from node.chain.actions import (
     RunConfig,
     add_data_node,
     add_stake,
+    award_bounty,
     claim_reward,
     commit_proof,
     fund_run,
@@ -60,11 +61,13 @@ from node.chain.actions import (
     submit_certificates,
     withdraw_credit,
 )
-from node.chain.adapter import Sender, advance_time, advance_time_to, connect
+from node.chain.adapter import Sender, advance_time, advance_time_to, connect, mine_blocks
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
 ETH = 10**18
 UNITS_PER_HOP = 10
+#: The run's price of a forward hop: 100,000 hops of an epoch fit its 10 ETH cap at twice this.
+HOP_PRICE_WEI = 10**13
 STAGES = 2
 # Fixed limit above every operation here; a revert is still caught by a simulation first.
 GAS_LIMIT = 2_000_000
@@ -105,7 +108,7 @@ def setup(console: Console) -> Bench:
     suite = deploy_suite(w3, dev[0].address, SuiteParams())
     contracts = Contracts.at(w3, suite.addresses, gas_limit=GAS_LIMIT)
     config = RunConfig(keccak(b"model"), keccak(b"data"), STAGES, 3_600, UNITS_PER_HOP,
-                       10 * ETH, 3_600, ETH)  # fmt: skip
+                       10 * ETH, 3_600, ETH, HOP_PRICE_WEI)  # fmt: skip
     sponsor = dev[1]
     bench = Bench(contracts, 0, sponsor)
     started = time.perf_counter()
@@ -269,6 +272,10 @@ def _prove_frauds(
         bench.record("commit (fraud proof)", commit_proof(c, auditor, proof, salt))
         advance_time(c.w3, 1)
         bench.record(name, reveal_proof(c, auditor, proof, salt))
+    # A bounty is final once no earlier commitment can be revealed any more.
+    mine_blocks(c.w3, int(c.disputes.functions.revealWindowBlocks().call()) + 1)
+    for node in (data_node.address, cheat.address):
+        bench.record("awardBounty", award_bounty(c, auditor, node))
     bench.record("withdrawCredit", withdraw_credit(c, auditor))
 
 

@@ -590,10 +590,13 @@ contract Disputes is ReentrancyGuard {
         _convict(cert.dataNode, cert.runId, cert.epoch, fraud, msg.sender, committed, voided);
     }
 
-    /// @dev Convicts `node` on `challenger`'s proof. The first conviction takes the whole stake
-    /// (it arrives from the trusted registry), burns all but the bounty and holds the bounty
-    /// for the leader; a later proof with an earlier commitment takes the lead until the bounty
-    /// is awarded. A proof that cannot lead reverts when `mustLead`, else leads for nothing.
+    /// @dev Convicts `node` on `challenger`'s proof of a fault in (run, epoch). The ledger
+    /// records every (run, epoch) a node is proven at fault in, where its pay is burned; its
+    /// other work stands. The first conviction takes the whole stake (it arrives from the
+    /// trusted registry), burns all but the bounty and holds the bounty for the leader; a later
+    /// proof with an earlier commitment takes the lead until the bounty is awarded. A proof that
+    /// can neither lead nor convict the node in a further epoch reverts when `mustLead`, else
+    /// leads for nothing.
     function _convict(
         address node,
         uint256 runId,
@@ -603,11 +606,12 @@ contract Disputes is ReentrancyGuard {
         Commitment memory committed,
         bool mustLead
     ) private {
+        bool newEpoch = ledger.recordConviction(runId, epoch, node);
         Conviction storage conviction = convictions[node];
         uint64 order = committed.order;
         bool first = conviction.finalAfter == 0;
         if (!first && (conviction.awarded || order > conviction.order)) {
-            if (mustLead) revert AlreadySlashed(node);
+            if (mustLead && !newEpoch) revert AlreadySlashed(node);
             emit FraudProven(node, runId, epoch, fraud, challenger, 0, 0, order);
             return;
         }

@@ -21,10 +21,13 @@ abstract contract RunBook is ReentrancyGuard {
         uint128 rewardPerEpochWei;
         uint32 challengeWindowS;
         uint96 minStakeWei;
+        uint128 hopPriceWei;
     }
 
-    /// @dev Packed so that accepting a certificate reads three slots: slot 0 (sponsor, timing,
-    /// state), slot 1 (funds) and slot 2 (schedule).
+    /// @dev Packed so that accepting a certificate reads four slots: slot 0 (sponsor, timing,
+    /// state), slot 1 (funds), slot 2 (schedule) and slot 5 (price). `hopPriceWei` is what a
+    /// certified hop of `unitsPerHop` units earns (a backward, twice the units, earns twice);
+    /// `rewardPerEpochWei` caps what one epoch's certificates may reserve.
     struct Run {
         address sponsor;
         uint40 startTime;
@@ -39,6 +42,7 @@ abstract contract RunBook is ReentrancyGuard {
         uint32 challengeWindowS;
         bytes32 modelConfigHash;
         bytes32 datasetHash;
+        uint128 hopPriceWei;
     }
 
     struct Membership {
@@ -85,6 +89,7 @@ abstract contract RunBook is ReentrancyGuard {
     error UnitsPerHopOutOfRange(uint256 unitsPerHop, uint256 maxUnitsPerHop);
     error MinStakeTooLarge(uint256 minStakeWei, uint256 maxStakeWei);
     error ZeroRewardPerEpoch();
+    error ZeroHopPrice();
     error MinStakeBelowRegistry(uint256 minStakeWei, uint256 registryMinStakeWei);
     error WindowsExceedUnbonding(uint256 requiredS, uint256 unbondingDelayS);
     error NotNodeWallet(address node, address caller);
@@ -127,6 +132,7 @@ abstract contract RunBook is ReentrancyGuard {
         run.minStakeWei = config.minStakeWei;
         run.lastEpoch = OPEN_ENDED;
         run.challengeWindowS = config.challengeWindowS;
+        run.hopPriceWei = config.hopPriceWei;
         run.modelConfigHash = config.modelConfigHash;
         run.datasetHash = config.datasetHash;
         emit RunOpened(runId, msg.sender, config, msg.value);
@@ -161,6 +167,7 @@ abstract contract RunBook is ReentrancyGuard {
 
     /// @notice Closes a run: the epoch in progress is its last; unreserved funds become
     /// refundable once that epoch's certificates are all in (its submission period is over).
+    /// What certificates reserved stays theirs until their epoch closes.
     /// @param runId The run.
     function closeRun(uint256 runId) external onlySponsor(runId) {
         Run storage run = _runs[runId];
@@ -171,8 +178,8 @@ abstract contract RunBook is ReentrancyGuard {
         emit RunClosed(runId, lastEpoch, refundableAt(runId));
     }
 
-    /// @notice Sends the closed run's unreserved funds to the sponsor. Can be called again when
-    /// a voided epoch's budget or rounding dust flows back into the pool later.
+    /// @notice Sends the closed run's unreserved funds to the sponsor (what certificates
+    /// reserved is paid to workers or burned, never refunded).
     /// @param runId The run.
     function withdrawRefund(uint256 runId) external nonReentrant onlySponsor(runId) {
         Run storage run = _runs[runId];
@@ -356,6 +363,7 @@ abstract contract RunBook is ReentrancyGuard {
         // A node's stake is a uint88: a higher minimum would let nobody take part.
         if (config.minStakeWei > type(uint88).max) revert MinStakeTooLarge(config.minStakeWei, type(uint88).max);
         if (config.rewardPerEpochWei == 0) revert ZeroRewardPerEpoch();
+        if (config.hopPriceWei == 0) revert ZeroHopPrice();
         uint256 registryMin = registry.minStakeWei();
         if (config.minStakeWei < registryMin) revert MinStakeBelowRegistry(config.minStakeWei, registryMin);
         // Everything a node can be slashed for in epoch e is judged before settlesAt(e) =

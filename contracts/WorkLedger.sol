@@ -13,21 +13,26 @@ import {RunBook} from "./RunBook.sol";
 /// @notice The work a run pays for, and the paying. Per run and epoch each of the run's data
 /// nodes commits the Merkle root of its certificate tree: every hop of the microbatches it
 /// completed (and the acknowledged hops of attempts lost to crashes), one leaf each, sorted by
-/// worker. Only certified hops earn: after the epoch settles, each worker claims its range of
-/// every data node's tree and is paid the epoch's budget times its units over all certified
-/// units, by pull. The disputes contract voids a certificate proven fraudulent before then.
+/// worker. A certificate is accepted only if the run's escrow covers every one of its hops at
+/// the run's price, and that pay is reserved for it. Only certified hops earn: after the epoch
+/// settles, each worker claims its range of every data node's tree and is paid the run's price
+/// for each hop of it, by pull, whatever else was certified. The disputes contract voids a
+/// certificate proven fraudulent before then and names the (run, epoch) in which a node was
+/// convicted (it is not paid there). A reservation is paid to workers or burned, never
+/// returned: neither a conviction, nor a withheld tree, nor an unclaimed range pays the
+/// sponsor back what it owed for certified work.
 /// @dev A certificate is stored as one slot, keccak256(abi.encode(root, count, units)); callers
 /// pass the CertRef (from the CertificatesSubmitted event) and the ledger checks it.
 contract WorkLedger is RunBook, EIP712, Ownable2Step {
     using HopReceipts for HopReceipt;
 
-    /// @dev Slot 0 is written by submissions, slot 1 by claims. The per-unit rate is budget /
-    /// totalUnits as they stand once the epoch settles, so equal units are paid equally in
-    /// whatever order claims and voids come.
+    /// @dev Slot 0 is written by submissions, slot 1 by claims. Each certificate reserves its
+    /// units at the run's price, so budgetWei / totalUnits is always that price per unit and a
+    /// claim's pay depends on nothing but its own units.
     struct EpochBook {
-        uint128 budgetWei; // the epoch's reward, fixed by its first certificate
+        uint128 budgetWei; // what the epoch's certificates not voided reserved
         uint96 totalUnits; // units of certificates not voided
-        bool budgetFixed;
+        bool certified; // the epoch has a certificate not voided
         uint96 paidUnits;
         uint128 paidWei;
         bool closed; // all paid, or the claim period over: what was left went back to the pool
@@ -40,6 +45,9 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
 
     /// @notice The only contract that may void a certificate; set once by the owner.
     address public disputes;
+    /// @notice Reservations of voided certificates and what closed epochs left unclaimed (the
+    /// pay of convicted nodes included): ETH nobody will ever withdraw.
+    uint256 public burnedWei;
 
     mapping(uint256 runId => mapping(uint64 epoch => mapping(address dataNode => bytes32))) internal _certificates;
     mapping(uint256 runId => mapping(uint64 epoch => EpochBook)) internal _books;
@@ -48,13 +56,17 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
     /// one tree whose ranges overlap cannot use up what the epoch's other certificates back.
     mapping(uint256 runId => mapping(uint64 epoch => mapping(address dataNode => uint256))) internal
         _certificatePaidUnits;
+    /// @dev keccak256(abi.encode(runId, epoch, node)) of each (run, epoch) in which the disputes
+    /// contract convicted a node: it is not paid there, its other work stands.
+    mapping(bytes32 convictionKey => bool) internal _convicted;
 
     event DisputesSet(address indexed disputes);
     event CertificatesSubmitted(
         uint256 indexed runId, uint64 indexed epoch, address indexed dataNode, bytes32 root, uint64 count, uint64 units
     );
-    event EpochBudgetFixed(uint256 indexed runId, uint64 indexed epoch, uint256 budgetWei);
+    event PayReserved(uint256 indexed runId, uint64 indexed epoch, address indexed dataNode, uint256 reservedWei);
     event CertificateVoided(uint256 indexed runId, uint64 indexed epoch, address indexed dataNode, uint64 units);
+    event ConvictionRecorded(uint256 indexed runId, uint64 indexed epoch, address indexed node);
     event RewardClaimed(
         uint256 indexed runId,
         uint64 indexed epoch,
@@ -64,7 +76,7 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         uint64 units,
         uint256 amountWei
     );
-    event EpochClosed(uint256 indexed runId, uint64 indexed epoch, uint256 returnedWei);
+    event EpochClosed(uint256 indexed runId, uint64 indexed epoch, uint256 burnedWei);
 
     error DisputesAlreadySet(address disputes);
     error NotDisputes(address caller);
@@ -75,6 +87,7 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
     error NodeNotBonded(address node);
     error EmptyCertificate();
     error UnitsOutOfRange(uint256 units, uint256 minUnits, uint256 maxUnits);
+    error BudgetShort(uint256 runId, uint64 epoch, uint256 neededWei, uint256 coverableWei);
     error CertificateAlreadySubmitted(uint256 runId, uint64 epoch, address dataNode);
     error CertificateNotOpen(uint256 runId, uint64 epoch, address dataNode);
     error CertificateMismatch(uint256 runId, uint64 epoch, address dataNode);
@@ -83,7 +96,7 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
     error RangeOutOfTotals(uint256 fromUnits, uint256 toUnits, uint64 units);
     error AlreadyClaimed(uint256 runId, uint64 epoch, address dataNode, address node);
     error ClaimsExceedCertificate(uint256 claimedUnits, uint64 certificateUnits);
-    error ClaimantSlashed(address node);
+    error ClaimantConvicted(uint256 runId, uint64 epoch, address node);
     error EmptyRange(address node);
     error NotSettled(uint256 runId, uint64 epoch, uint256 settlesAt);
     error ClaimPeriodOver(uint256 runId, uint64 epoch, uint256 closedAt);
@@ -110,8 +123,10 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
     // ---------------------------------------------------------------- certificates
 
     /// @notice Commits a data node's certificate tree for a finished epoch. The data node's
-    /// wallet (the sponsor's) only, once per epoch, during the epoch after it. The first
-    /// certificate of an epoch fixes its budget (rewardPerEpoch, capped by the run's funds).
+    /// wallet (the sponsor's) only, once per epoch, during the epoch after it, for a data node
+    /// that was bonded during the epoch (one convicted since still certifies the work done with
+    /// it). Reserves `units` at the run's price out of the run's funds: refused unless the funds,
+    /// and what the epoch may still reserve under rewardPerEpoch, cover every hop.
     /// @param runId The run.
     /// @param epoch The finished epoch.
     /// @param dataNode The data node whose certificates the tree holds.
@@ -137,44 +152,72 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         uint256 minUnits = uint256(count) * run.unitsPerHop;
         if (units < minUnits || units > 2 * minUnits) revert UnitsOutOfRange(units, minUnits, 2 * minUnits);
         if (!wasDataNodeBefore(runId, dataNode, opensAt)) revert NotDataNode(runId, dataNode);
-        (address wallet, uint256 stakeWei,) = registry.bondOf(dataNode);
+        (address wallet,,) = registry.bondOf(dataNode);
         if (wallet != msg.sender) revert NotNodeWallet(dataNode, msg.sender);
+        // Bonded during the epoch is enough: a data node convicted since (its stake gone) still
+        // certifies the epoch's work, so a conviction costs honest relays no other epoch. A
+        // fraud in such a certificate is still voided (its reservation burned); the sponsor
+        // could as well not submit it, so this gives its data node no new power.
         if (!registry.bondedDuring(dataNode, startsAt, opensAt)) revert NodeNotBonded(dataNode);
-        if (stakeWei < run.minStakeWei) revert StakeBelowRunMinimum(dataNode, stakeWei, run.minStakeWei);
         mapping(address => bytes32) storage epochCertificates = _certificates[runId][epoch];
         if (epochCertificates[dataNode] != bytes32(0)) revert CertificateAlreadySubmitted(runId, epoch, dataNode);
 
         epochCertificates[dataNode] = keccak256(abi.encode(root, count, units));
         EpochBook storage book = _books[runId][epoch];
+        uint256 reserved = priceOf(run, units);
+        uint256 epochRoom = uint256(run.rewardPerEpochWei) - book.budgetWei;
+        uint256 coverable = epochRoom < run.availableWei ? epochRoom : run.availableWei;
+        if (reserved > coverable) revert BudgetShort(runId, epoch, reserved, coverable);
+        run.availableWei -= uint128(reserved);
+        book.budgetWei += uint128(reserved); // at most rewardPerEpochWei
         // Checked: a uint96 sum holds 2^32 maximal uint64 certificates before it would revert.
         book.totalUnits += uint96(units);
-        if (!book.budgetFixed) _fixBudget(run, book, runId, epoch);
+        book.certified = true;
+        emit PayReserved(runId, epoch, dataNode, reserved);
         emit CertificatesSubmitted(runId, epoch, dataNode, root, count, units);
     }
 
-    /// @notice Voids a certificate the disputes contract has proven fraudulent: its units leave
-    /// the epoch's total, and an epoch left with none returns its budget to the pool.
+    /// @notice Voids a certificate the disputes contract has proven fraudulent (always before
+    /// its epoch settles, so nothing of it was paid): its units leave the epoch's total and its
+    /// reservation is burned. Returned to the run, it would let a sponsor who has its own data
+    /// node convicted win back pay it owed honest relays for more than the stake it loses.
     /// @param cert The certificate, as submitted.
     function voidCertificate(CertRef calldata cert) external {
         if (msg.sender != disputes) revert NotDisputes(msg.sender);
         checkCertificate(cert);
         _certificates[cert.runId][cert.epoch][cert.dataNode] = VOIDED;
         EpochBook storage book = _books[cert.runId][cert.epoch];
+        uint256 reserved = priceOf(_runs[cert.runId], cert.units);
         book.totalUnits -= uint96(cert.units);
-        if (book.totalUnits == 0) {
-            _creditRun(_runs[cert.runId], book.budgetWei);
-            book.budgetWei = 0;
-            book.budgetFixed = false; // a later certificate of the epoch fixes it anew
-        }
+        book.budgetWei -= uint128(reserved);
+        if (book.totalUnits == 0) book.certified = false;
+        burnedWei += reserved;
         emit CertificateVoided(cert.runId, cert.epoch, cert.dataNode, cert.units);
+    }
+
+    /// @notice Records that the disputes contract convicted `node` of a fault in (run, epoch):
+    /// its ranges of that epoch's certificates are paid to no one (burned when the epoch
+    /// closes). Its work in other epochs and runs stands unless a proof about that epoch
+    /// convicts it too.
+    /// @param runId The run.
+    /// @param epoch The epoch.
+    /// @param node The convicted node.
+    /// @return recorded False when the conviction was recorded before.
+    function recordConviction(uint256 runId, uint64 epoch, address node) external returns (bool recorded) {
+        if (msg.sender != disputes) revert NotDisputes(msg.sender);
+        bytes32 key = keccak256(abi.encode(runId, epoch, node));
+        if (_convicted[key]) return false;
+        _convicted[key] = true;
+        emit ConvictionRecorded(runId, epoch, node);
+        return true;
     }
 
     // ---------------------------------------------------------------- rewards
 
     /// @notice Pays a worker for its range of a data node's certificate tree, after the epoch
-    /// settles: the epoch's budget times the range's units over all certified units of the
-    /// epoch. Once per (epoch, data node, worker), by the node's wallet. A node that was slashed
-    /// is not paid: its share returns to the run's pool when the claim period ends.
+    /// settles: the run's price for each hop of it (units × hopPrice / unitsPerHop). Once per
+    /// (epoch, data node, worker), by the node's wallet. A node convicted of a fault in this
+    /// (run, epoch) is not paid here (its pay is burned when the epoch closes).
     /// @param cert The data node's certificate.
     /// @param first The worker's first leaf.
     /// @param firstProof Its Merkle proof.
@@ -187,6 +230,25 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         CertifiedHop calldata last,
         bytes32[] calldata lastProof
     ) external nonReentrant {
+        (address node, uint256 units, uint256 amount) = _takeRange(cert, first, firstProof, last, lastProof);
+        if (_convicted[keccak256(abi.encode(cert.runId, cert.epoch, node))]) {
+            revert ClaimantConvicted(cert.runId, cert.epoch, node);
+        }
+        (address wallet,,) = registry.bondOf(node);
+        if (wallet != msg.sender) revert NotNodeWallet(node, msg.sender);
+        emit RewardClaimed(cert.runId, cert.epoch, node, cert.dataNode, msg.sender, uint64(units), amount);
+        if (amount != 0) _send(msg.sender, amount);
+    }
+
+    /// @dev Checks a worker's range of a certificate after the epoch settled, marks it taken and
+    /// books its pay (the caller sends it).
+    function _takeRange(
+        CertRef calldata cert,
+        CertifiedHop calldata first,
+        bytes32[] calldata firstProof,
+        CertifiedHop calldata last,
+        bytes32[] calldata lastProof
+    ) private returns (address node, uint256 units, uint256 amount) {
         (,,, uint256 settlesAt) = epochTimes(cert.runId, cert.epoch);
         if (block.timestamp < settlesAt) revert NotSettled(cert.runId, cert.epoch, settlesAt);
         EpochBook storage book = _books[cert.runId][cert.epoch];
@@ -194,17 +256,14 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         checkCertificate(cert);
         _checkLeaf(cert, first, firstProof);
         _checkLeaf(cert, last, lastProof);
-        address node = first.worker;
+        node = first.worker;
         if (last.worker != node || first.index > last.index) revert NotWorkersRange(node, first.index, last.index);
         uint256 toUnits = uint256(last.unitsBefore) + last.units;
         if (first.unitsBefore > last.unitsBefore || toUnits > cert.units) {
             revert RangeOutOfTotals(first.unitsBefore, toUnits, cert.units);
         }
-        uint256 units = toUnits - first.unitsBefore;
+        units = toUnits - first.unitsBefore;
         if (units == 0) revert EmptyRange(node);
-        (address wallet,, NodeRegistry.NodeStatus status) = registry.bondOf(node);
-        if (status == NodeRegistry.NodeStatus.Slashed) revert ClaimantSlashed(node);
-        if (wallet != msg.sender) revert NotNodeWallet(node, msg.sender);
         bytes32 claimKey = keccak256(abi.encode(cert.runId, cert.epoch, cert.dataNode, node));
         if (_claimed[claimKey]) revert AlreadyClaimed(cert.runId, cert.epoch, cert.dataNode, node);
         // Only a tree whose ranges overlap (a fraud nobody proved in time) gets past its units.
@@ -213,21 +272,23 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
 
         _claimed[claimKey] = true;
         _certificatePaidUnits[cert.runId][cert.epoch][cert.dataNode] = certificatePaid;
-        // The certificates' paid units never exceed their units, so neither do the epoch's.
+        // The certificates' paid units never exceed their units, so neither do the epoch's,
+        // and a certificate never pays more than it reserved (each pay rounds down).
         uint256 paidUnits = uint256(book.paidUnits) + units;
-        uint256 amount = uint256(book.budgetWei) * units / book.totalUnits;
+        Run storage run = _runs[cert.runId];
+        amount = priceOf(run, units);
         book.paidUnits = uint96(paidUnits);
         book.paidWei += uint128(amount);
         if (paidUnits == book.totalUnits) {
-            // Everything is claimed: the rounding dust returns to the pool.
-            _closeEpoch(_runs[cert.runId], book, cert.runId, cert.epoch);
+            // Everything is claimed: what is left (only a dishonest tree's rounding) is burned.
+            _closeEpoch(book, cert.runId, cert.epoch);
         }
-        emit RewardClaimed(cert.runId, cert.epoch, node, cert.dataNode, msg.sender, uint64(units), amount);
-        if (amount != 0) _send(msg.sender, amount);
     }
 
-    /// @notice Once an epoch's claim period is over, returns what was not claimed to the run's
-    /// pool (ranges nobody claimed, units nobody can). Anyone may call; once per epoch.
+    /// @notice Once an epoch's claim period is over, burns what was reserved and not claimed
+    /// (ranges nobody claimed, a convicted node's, units nobody can). Returned to the run's
+    /// pool, it would pay the sponsor for withholding a tree or for a conviction. Anyone may
+    /// call; once per epoch.
     /// @param runId The run.
     /// @param epoch The epoch.
     function closeEpoch(uint256 runId, uint64 epoch) external {
@@ -236,7 +297,7 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         if (block.timestamp < closesAt) revert ClaimPeriodOpen(runId, epoch, closesAt);
         EpochBook storage book = _books[runId][epoch];
         if (book.closed) revert ClaimPeriodOver(runId, epoch, closesAt);
-        _closeEpoch(_runs[runId], book, runId, epoch);
+        _closeEpoch(book, runId, epoch);
     }
 
     // ---------------------------------------------------------------- views
@@ -293,6 +354,23 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         return _books[runId][epoch];
     }
 
+    /// @notice What `units` of certified work earn in the run: units × hopPrice / unitsPerHop.
+    /// @param runId The run.
+    /// @param units The units.
+    /// @return The wei.
+    function payOf(uint256 runId, uint256 units) external view returns (uint256) {
+        return priceOf(_existingRun(runId), units);
+    }
+
+    /// @notice Whether `node` was convicted of a fault in (run, epoch), where its pay is burned.
+    /// @param runId The run.
+    /// @param epoch The epoch.
+    /// @param node The node.
+    /// @return True when convicted there.
+    function isConvictedIn(uint256 runId, uint64 epoch, address node) external view returns (bool) {
+        return _convicted[keccak256(abi.encode(runId, epoch, node))];
+    }
+
     /// @notice Whether a worker has claimed its range of a data node's tree for an epoch.
     /// @param runId The run.
     /// @param epoch The epoch.
@@ -305,19 +383,17 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
 
     // ---------------------------------------------------------------- internals
 
-    function _closeEpoch(Run storage run, EpochBook storage book, uint256 runId, uint64 epoch) private {
-        uint256 returned = uint256(book.budgetWei) - book.paidWei;
+    function _closeEpoch(EpochBook storage book, uint256 runId, uint64 epoch) private {
+        uint256 burned = uint256(book.budgetWei) - book.paidWei;
         book.closed = true;
-        _creditRun(run, returned);
-        emit EpochClosed(runId, epoch, returned);
+        burnedWei += burned;
+        emit EpochClosed(runId, epoch, burned);
     }
 
-    function _fixBudget(Run storage run, EpochBook storage book, uint256 runId, uint64 epoch) private {
-        uint128 budget = run.rewardPerEpochWei < run.availableWei ? run.rewardPerEpochWei : run.availableWei;
-        run.availableWei -= budget;
-        book.budgetWei = budget;
-        book.budgetFixed = true;
-        emit EpochBudgetFixed(runId, epoch, budget);
+    /// @dev The pay of `units` at the run's price, rounded down (exact for whole hops): the
+    /// claims of a certificate's ranges never add up to more than it reserved.
+    function priceOf(Run storage run, uint256 units) internal view returns (uint256) {
+        return units * run.hopPriceWei / run.unitsPerHop;
     }
 
     function _checkLeaf(CertRef calldata cert, CertifiedHop calldata hop, bytes32[] calldata proof) private pure {

@@ -108,6 +108,8 @@ class RunConfig:
     reward_per_epoch_wei: int
     challenge_window_s: int
     min_stake_wei: int
+    #: What a certified hop of ``units_per_hop`` units earns (a backward, twice the units, twice).
+    hop_price_wei: int
 
     def as_tuple(self) -> tuple[object, ...]:
         # Field order of RunBook.RunConfig.
@@ -120,6 +122,7 @@ class RunConfig:
             self.reward_per_epoch_wei,
             self.challenge_window_s,
             self.min_stake_wei,
+            self.hop_price_wei,
         )
 
 

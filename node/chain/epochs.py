@@ -28,11 +28,12 @@ class EpochTimes:
 
 @dataclass(frozen=True)
 class EpochBook:
-    """``WorkLedger.epochBook``: the epoch's budget, certified units and what was paid."""
+    """``WorkLedger.epochBook``: what the epoch's certificates reserved at the run's price,
+    their units and what was paid."""
 
     budget_wei: int
     total_units: int
-    budget_fixed: bool
+    certified: bool
     paid_units: int
     paid_wei: int
     closed: bool

@@ -47,7 +47,15 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
         "an epoch's rewards are claimable 2 epochs plus this after it starts",
     )  # fmt: skip
     opening.add_argument("--units-per-hop", type=positive, default=10)
-    opening.add_argument("--reward-per-epoch-eth", type=eth_amount, required=True)
+    opening.add_argument(
+        "--reward-per-epoch-eth", type=eth_amount, required=True,
+        help="the most one epoch's certificates may reserve",
+    )  # fmt: skip
+    opening.add_argument(
+        "--hop-price-eth", type=eth_amount, required=True,
+        help="what each certified forward hop earns (a backward hop twice as much); a "
+        "certificate is accepted only if the run's funds cover every hop at this price",
+    )  # fmt: skip
     opening.add_argument("--min-stake-eth", type=eth_amount, required=True)
     opening.add_argument("--fund-eth", type=eth_amount, required=True, help="first funding")
     sponsor_actions = {
@@ -115,6 +123,7 @@ def cmd_runs(args: argparse.Namespace, settings: Settings, console: Console) -> 
             reward_per_epoch_wei=args.reward_per_epoch_eth,
             challenge_window_s=args.challenge_window_s,
             min_stake_wei=args.min_stake_eth,
+            hop_price_wei=args.hop_price_eth,
         )
         run_id = open_run(contracts, sponsor, config, args.fund_eth)
         first = 2 * args.epoch_length_s + args.challenge_window_s

@@ -128,8 +128,9 @@ def _checks(
     epochs = summary["chain"].get("epochs", [])
     asked = planned.iterations * planned.microbatches_per_iteration
     budgets = sum(int(e["budget_wei"]) for e in epochs)
-    # What a closed epoch returned went back to the pool: it is in what is left.
-    spent = budgets - sum(int(e["returned_wei"]) for e in epochs)
+    # Reserved for certified work: paid, claimable or burned (voided certificates' included);
+    # nothing reserved returns to the pool.
+    spent = budgets + sum(int(e["voided_wei"]) for e in epochs)
     paid = int(figures["paid_wei"])
     rewards = sum(int(n["reward_wei"]) for n in nodes)
     slashed = sorted(s["node"] for s in slashes)

@@ -25,8 +25,9 @@ MISSED = {
     "no certificate": "no certificate from data node {} before submissions closed",
     "left out": "data node {}'s certificate leaves out this node's hops",
 }
-#: Reverts that mean the work was challenged: the claimant slashed, the certificate voided.
-CHALLENGED = ("ClaimantSlashed", "CertificateNotOpen")
+#: Reverts that mean the work was challenged: the claimant convicted in the epoch, the
+#: certificate voided.
+CHALLENGED = ("ClaimantConvicted", "CertificateNotOpen")
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ def _epoch(
     challenged = sum(c.units for c in claims if _challenged(c))
     claimed_wei = sum(c.amount_wei for c in claims if c.status == "confirmed")
     expected_wei = claimable = None
-    if book is not None and book.budget_fixed and book.total_units > 0:
+    if book is not None and book.certified and book.total_units > 0:
         # The contract pays each (epoch, data node) range on its own, rounded down, so the
         # expectation is the sum of those shares: a data node's certified units once a claim
         # has read them, the node's own countersigned units before.
@@ -144,7 +145,7 @@ def _epoch(
         claimable=Amount.of(claimable or 0),
         claimed=Amount.of(claimed_wei),
         chain_claimed=Amount.of(paid.get(epoch, 0)),
-        chain_budget=Amount.of(book.budget_wei) if book is not None and book.budget_fixed else None,
+        chain_budget=Amount.of(book.budget_wei) if book is not None and book.certified else None,
         chain_total_units=book.total_units if book is not None else None,
         claims=[claim_view(c) for c in sorted(claims, key=lambda c: c.data_node)],
     )

@@ -234,6 +234,7 @@ def run_fields(run: RunInfo) -> dict[str, Any]:
         "challenge_window_s": run.challenge_window_s,
         "units_per_hop": run.units_per_hop,
         "reward_per_epoch": Amount.of(run.reward_per_epoch_wei),
+        "hop_price": Amount.of(run.hop_price_wei),
         "pool": Amount.of(run.balance_wei),
         "min_stake": Amount.of(run.min_stake_wei),
         "open": not run.closed,

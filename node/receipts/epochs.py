@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 #: Reverts after which a transaction is never retried: they cannot turn out otherwise.
 FINAL_REVERTS = {
-    "SubmissionClosed", "CertificateAlreadySubmitted", "ClaimantSlashed", "ClaimPeriodOver",
+    "SubmissionClosed", "CertificateAlreadySubmitted", "ClaimantConvicted", "ClaimPeriodOver",
     "AlreadyClaimed", "EmptyCertificate", "NotDataNode", "NotNodeWallet", "EmptyRange",
     "CertificateNotOpen",  # voided by a fraud proof
 }  # fmt: skip

@@ -80,6 +80,8 @@ class ChainPlan:
     stake_eth: float = 2.0
     reward_pool_eth: float = 10.0
     fund_eth: float = 3.0
+    #: What each certified forward hop earns (the run's price; a backward earns twice).
+    hop_price_eth: float = 0.0001
     epoch_length_s: int = 3600
     #: Epochs the training spans: the devnet's clock is moved on one epoch at each of the
     #: iterations' equal parts, then past the last epoch's end and its dispute window, so that
@@ -104,7 +106,7 @@ class ChainPlan:
             )
         if plan.devnet_file and not plan.rpc_url:
             raise ConfigError("[chain] devnet_file needs rpc_url: name the chain it describes")
-        for name in ("stake_eth", "reward_pool_eth", "fund_eth"):
+        for name in ("stake_eth", "reward_pool_eth", "fund_eth", "hop_price_eth"):
             if not isinstance(getattr(plan, name), int | float) or getattr(plan, name) <= 0:
                 raise ConfigError(f"[chain] {name}={getattr(plan, name)!r} must be above 0")
         if not isinstance(plan.epochs, int) or plan.epochs < 1:
@@ -296,6 +298,7 @@ def _run_config(plan: ChainPlan, stages: int, model: str) -> RunConfig:
         # Every epoch's fraud proofs are still open when the swarm audits, after the last.
         challenge_window_s=plan.epochs * plan.epoch_length_s,
         min_stake_wei=_wei(plan.stake_eth),
+        hop_price_wei=_wei(plan.hop_price_eth),
     )
 
 

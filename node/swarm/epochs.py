@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from contracts.rewards import reward_wei
+from contracts.rewards import pay_wei
 from node.chain.adapter import advance_time, advance_time_to, format_eth
 from node.chain.epochs import EpochLedger
 from node.swarm.chain import SwarmChain
@@ -94,10 +94,13 @@ def _wait(done: Callable[[], bool], timeout_s: float) -> None:
 
 
 def rewards(chain: SwarmChain, last_epoch: int, names: dict[str, str]) -> dict[str, Any]:
-    """Per epoch: the budget, the certificates, what was claimed and whether it adds up to the
-    wei; per node (``names``: node address to name): units and wei claimed, and its stake."""
+    """Per epoch: what its certificates reserved, the certificates, what was claimed and
+    whether it adds up to the wei; per node (``names``: node address to name): units and wei
+    claimed, and its stake."""
     ledger = chain.contracts.ledger
     run_id = chain.run_id
+    run = ledger.functions.getRun(run_id).call()
+    units_per_hop, hop_price_wei = int(run[7]), int(run[13])  # Run struct fields
     epochs = []
     per_node: dict[str, dict[str, Any]] = {}
     for epoch in range(last_epoch + 1):
@@ -109,16 +112,23 @@ def rewards(chain: SwarmChain, last_epoch: int, names: dict[str, str]) -> dict[s
         certs = ledger.events.CertificatesSubmitted.get_logs(
             argument_filters={"runId": run_id, "epoch": epoch}, from_block=0
         )
-        returned = ledger.events.EpochClosed.get_logs(
+        closed_logs = ledger.events.EpochClosed.get_logs(
+            argument_filters={"runId": run_id, "epoch": epoch}, from_block=0
+        )
+        voids = ledger.events.CertificateVoided.get_logs(
             argument_filters={"runId": run_id, "epoch": epoch}, from_block=0
         )
         claimed_wei = sum(int(c["args"]["amountWei"]) for c in claims)
-        returned_wei = sum(int(r["args"]["returnedWei"]) for r in returned)
+        burned_wei = sum(int(r["args"]["burnedWei"]) for r in closed_logs)
+        voided_wei = sum(
+            pay_wei(int(v["args"]["units"]), hop_price_wei, units_per_hop) for v in voids
+        )
+        # Every claim is its units at the run's price.
         fair = all(
             int(c["args"]["amountWei"])
-            == reward_wei(budget_wei, int(c["args"]["units"]), total_units)
+            == pay_wei(int(c["args"]["units"]), hop_price_wei, units_per_hop)
             for c in claims
-        )  # (no claim without certified units: total_units is then above 0)
+        )
         epochs.append(
             {
                 "epoch": epoch,
@@ -133,14 +143,17 @@ def rewards(chain: SwarmChain, last_epoch: int, names: dict[str, str]) -> dict[s
                 "certified_units": total_units,
                 "claimed_units": paid_units,
                 "claimed_wei": str(claimed_wei),
-                "unclaimed_wei": str(budget_wei - claimed_wei - returned_wei),
-                "returned_wei": str(returned_wei),
+                "unclaimed_wei": str(budget_wei - claimed_wei - burned_wei),
+                # Reserved and never paid: what the epoch left unclaimed when it closed.
+                "burned_wei": str(burned_wei),
+                # What voided certificates had reserved (burned, out of the budget above).
+                "voided_wei": str(voided_wei),
                 "closed": closed,
-                # Every claim is its units' share of the budget, the claims are what the
-                # ledger paid, and paid + returned + still claimable is the budget, to the wei.
+                # Every claim is its units at the run's price, the claims are what the ledger
+                # paid, and paid + burned + still claimable is the budget, to the wei.
                 "adds_up": fair
                 and claimed_wei == paid_wei
-                and (not closed or claimed_wei + returned_wei == budget_wei),
+                and (not closed or claimed_wei + burned_wei == budget_wei),
             }
         )
         for claim in claims:

@@ -112,6 +112,7 @@ def chain_parts() -> ChainParts:
     run = RunView(
         run_id=1, sponsor=PEER.address, stage_count=2, epoch_length_s=EPOCH_S,
         challenge_window_s=600, units_per_hop=10, reward_per_epoch=Amount.of(10**18),
+        hop_price=Amount.of(10**14),
         pool=Amount.of(5 * 10**18), min_stake=Amount.of(10**18), open=True, member=True,
         data_node=False,
     )  # fmt: skip

@@ -47,7 +47,7 @@ def test_a_settled_epoch_is_claimable_until_claimed() -> None:
 
 
 def test_a_claim_refused_for_a_slash_counts_as_challenged_and_pays_nothing() -> None:
-    refused = ClaimRecord(0, DN, 3, "failed", 0, None, "ClaimantSlashed: the node was slashed")
+    refused = ClaimRecord(0, DN, 3, "failed", 0, None, "ClaimantConvicted: the node was convicted")
     (epoch,) = earnings_of(1, {0: {DN: 3}}, [refused], view(800))
     assert epoch.units_challenged == 3
     assert (epoch.claimed.wei, epoch.claimable.wei) == ("0", "0")

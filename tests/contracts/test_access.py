@@ -342,10 +342,15 @@ RULES: list[Rule] = [
         "WorkLedger", "claimReward", only("wallet_a"), claim(lambda c: c.a),
         not_node_wallet(lambda c: c.a), case="worker",
     ),
-    # Nobody is paid a slashed worker's share: it returns to the pool with the claim period.
+    # b was convicted in a later epoch: its work of epoch 0, which no proof touched, stands.
     Rule(
-        "WorkLedger", "claimReward", frozenset(), claim(lambda c: c.b),
-        lambda c, _caller: ("ClaimantSlashed", (c.b.address,)), case="slashed worker",
+        "WorkLedger", "claimReward", only("wallet_b"), claim(lambda c: c.b),
+        not_node_wallet(lambda c: c.b), case="worker convicted in another epoch",
+    ),
+    Rule(
+        "WorkLedger", "recordConviction", only("disputes"),
+        lambda w, c, _: w.ledger.functions.recordConviction(c.run, 0, c.a.address),
+        lambda c, caller: ("NotDisputes", (caller,)),
     ),
     # ---- Disputes
     Rule(

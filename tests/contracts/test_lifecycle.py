@@ -4,7 +4,10 @@ epoch's hops, settle, claim, unstake, withdraw, close and refund; every wei acco
 from __future__ import annotations
 
 from tests.contracts.conftest import Certified
-from tests.contracts.world import ETH, REWARD_PER_EPOCH, UNITS_PER_HOP, reverts
+from tests.contracts.world import ETH, HOP_PRICE, UNITS_PER_HOP, reverts
+
+# What the tree's 2,400 units reserve at the run's price: 8 forwards and 8 backwards.
+RESERVED = (8 + 2 * 8) * HOP_PRICE
 
 
 def test_an_epoch_is_certified_settled_and_paid_to_the_wei(certified: Certified) -> None:
@@ -16,7 +19,7 @@ def test_an_epoch_is_certified_settled_and_paid_to_the_wei(certified: Certified)
         cert.commitment()
     )
     book = w.call(w.ledger.functions.epochBook(run, 0))
-    assert book[0] == REWARD_PER_EPOCH and book[1] == tree.units and book[2] is True
+    assert book[0] == RESERVED and book[1] == tree.units and book[2] is True
     w.to_settled(run, 0)
     paid = {}
     for key, wallet in ((certified.a, w.wallet(0)), (certified.b, w.wallet(1))):
@@ -24,11 +27,12 @@ def test_an_epoch_is_certified_settled_and_paid_to_the_wei(certified: Certified)
         receipt = w.claim(cert, tree, key, wallet)
         gas = receipt["gasUsed"] * receipt["effectiveGasPrice"]
         paid[key.address] = w.balance(wallet) - before + gas
-    # Equal work, equal pay; together exactly the budget, nothing left reserved.
-    assert paid[certified.a.address] == paid[certified.b.address] == REWARD_PER_EPOCH // 2
+    # Each hop earns the run's price: 4 forwards and 4 backwards each; together exactly what
+    # the certificate reserved, nothing left.
+    assert paid[certified.a.address] == paid[certified.b.address] == 12 * HOP_PRICE
     book = w.call(w.ledger.functions.epochBook(run, 0))
-    assert book[3] == tree.units and book[4] == REWARD_PER_EPOCH
-    assert w.call(w.ledger.functions.getRun(run))[5] == 10 * ETH - REWARD_PER_EPOCH
+    assert book[3] == tree.units and book[4] == RESERVED
+    assert w.call(w.ledger.functions.getRun(run))[5] == 10 * ETH - RESERVED
 
 
 def test_a_worker_without_hops_in_the_tree_has_nothing_to_claim(certified: Certified) -> None:
@@ -56,7 +60,7 @@ def test_stake_unlocks_after_the_delay_and_a_closed_run_refunds_the_rest(
     before = w.balance(w.sponsor)
     receipt = w.tx(w.ledger.functions.withdrawRefund(run), w.sponsor)
     gas = receipt["gasUsed"] * receipt["effectiveGasPrice"]
-    assert w.balance(w.sponsor) - before + gas == 10 * ETH - REWARD_PER_EPOCH
+    assert w.balance(w.sponsor) - before + gas == 10 * ETH - RESERVED
 
 
 def test_the_contracts_hold_exactly_the_stakes_funds_and_reserved_budgets(
@@ -65,5 +69,5 @@ def test_the_contracts_hold_exactly_the_stakes_funds_and_reserved_budgets(
     w = certified.w
     staked = w.call(w.registry.functions.totalStakedWei())
     assert w.balance(w.registry.address) == staked == (2 + 2 + 4 + 2) * ETH
-    assert w.balance(w.ledger.address) == 10 * ETH  # 7 ETH available + 3 ETH reserved
+    assert w.balance(w.ledger.address) == 10 * ETH  # available + reserved
     assert w.balance(w.disputes.address) == 0

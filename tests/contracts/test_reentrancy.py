@@ -17,7 +17,7 @@ from eth_tester.exceptions import TransactionFailed
 from contracts import fraud_proofs
 from contracts.bindings import ContractRevert, all_errors_abi, decode_revert, deploy_contract
 from contracts.encoding import sign_binding
-from tests.contracts.world import ETH, World, default_capacity
+from tests.contracts.world import ETH, HOP_PRICE, World, default_capacity
 
 UNBONDING, WITHDRAWN = 2, 3
 BOUNTY_BPS = 500
@@ -145,7 +145,8 @@ def owed_reward(w: World) -> Setup:
 
     again = ("AlreadyClaimed", (run, 0, data.address, key.address))
     args = (cert.as_tuple(), first, first_proof, last, last_proof)
-    return Setup(attacker, w.ledger, "claimReward", args, 3 * ETH // 2, records, again)
+    # 2 forwards and 2 backwards at the run's price.
+    return Setup(attacker, w.ledger, "claimReward", args, 6 * HOP_PRICE, records, again)
 
 
 def owed_refund(w: World) -> Setup:

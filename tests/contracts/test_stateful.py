@@ -20,10 +20,12 @@ must be convicted while its epoch is open. A Python model predicts each transact
 
 * no honest node is slashed and no certificate of ``D`` is voided;
 * the registry holds exactly ``totalStakedWei``, the sum of the model's stakes;
-* the ledger holds the run's pool plus each epoch's unpaid budget; Disputes holds the unpaid
-  bounties plus what was burned; the three together hold what came in less what went out (gas
+* the ledger holds the run's pool, each open epoch's unpaid reservations and what it burned
+  (voided certificates, closed epochs' unclaimed pay); Disputes holds the unpaid bounties plus
+  what was burned; the three together hold what came in less what went out (gas
   is paid by the accounts, so contract balances, not account balances, are compared);
-* no epoch ever pays out more than its budget.
+* no epoch ever pays out more than its certificates reserved at the run's price per hop, and a
+  node convicted in an epoch is paid nothing of it, but everything else it earned.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ from contracts.encoding import (
 )
 from contracts.fraud_proofs import FraudProof
 from contracts.merkle import verify_proof
+from contracts.rewards import pay_wei
 from gwtf.errors import ProtocolError
 from tests.contracts.conftest import TEST_PARAMS
 from tests.contracts.world import (
@@ -83,7 +86,8 @@ from tests.contracts.world import (
     World,
 )
 
-REWARD = REWARD_PER_EPOCH + 1  # odd: shares round down and leave dust
+REWARD = REWARD_PER_EPOCH + 1  # the epoch's cap on what its certificates reserve
+PRICE = 10**16 + 1  # the run's hop price: odd, so crafted units round down
 FUNDING = 2 * REWARD + REWARD // 3  # two full epochs, a capped one, then nothing unless topped up
 STAKE = 2 * ETH
 MIN_STAKE = ETH  # the run's minimum
@@ -176,6 +180,11 @@ class Party:
         )
 
 
+def pay(units: int) -> int:
+    """What ``units`` earn, and what a certificate of them reserves, at the run's price."""
+    return pay_wei(units, PRICE, UNITS_PER_HOP)
+
+
 @dataclass
 class Book:
     budget: int = 0
@@ -187,6 +196,7 @@ class Book:
 
     @property
     def reserved(self) -> int:
+        """What the ledger still holds for the epoch (at close the rest is burned)."""
         return 0 if self.closed else self.budget - self.paid_wei
 
 
@@ -317,6 +327,9 @@ class HonestyMachine(RuleBasedStateMachine):
         self.available = FUNDING
         self.credits: dict[str, int] = {}
         self.burned = 0
+        self.ledger_burned = 0  # WorkLedger.burnedWei
+        # (node, epoch) of each conviction the ledger recorded: no pay there.
+        self.convictions: set[tuple[str, int]] = set()
         # Each convicted node's bounty: [leader, bountyWei, finalAfter block, awarded].
         self.bounties: dict[str, list[Any]] = {}
         self.commit_block = 0
@@ -522,7 +535,9 @@ class HonestyMachine(RuleBasedStateMachine):
         )
         if not (as_worker or as_counterparty):
             return "SignerNotParty"
-        if self.party(signer).status == SLASHED or signer in self.bounties:
+        # A convicted signer's later proof leads for nothing; it is refused unless it convicts
+        # the signer in an epoch it was not convicted in yet.
+        if signer in self.bounties and (signer, first.epoch) in self.convictions:
             return "AlreadySlashed"
         return None
 
@@ -547,14 +562,14 @@ class HonestyMachine(RuleBasedStateMachine):
         if units == 0:
             return "EmptyRange", 0
         worker = self.party(node)
-        if worker.status == SLASHED:
-            return "ClaimantSlashed", units
-        if worker.wallet != sender:
-            return "NotNodeWallet", units
         if (ref.epoch, ref.dataNode, node) in self.claimed:
             return "AlreadyClaimed", units
         if cert.paid_units + units > ref.units:
             return "ClaimsExceedCertificate", units
+        if (node, ref.epoch) in self.convictions:
+            return "ClaimantConvicted", units
+        if worker.wallet != sender:
+            return "NotNodeWallet", units
         return None, units
 
     def judge_submission(
@@ -570,11 +585,11 @@ class HonestyMachine(RuleBasedStateMachine):
         if data.data_since == 0 or data.data_since >= opens:
             return "NotDataNode"
         if not data.bonded_during(start, opens):
-            return "NodeNotBonded"
-        if data.stake < MIN_STAKE:
-            return "StakeBelowRunMinimum"
+            return "NodeNotBonded"  # a data node slashed since still certifies the epoch
         if (data.address, epoch) in self.submitted:
             return "CertificateAlreadySubmitted"
+        if pay(units) > min(REWARD - self.book(epoch).budget, self.available):
+            return "BudgetShort"
         return None
 
     # ------------------------------------------------------------ effects
@@ -646,9 +661,11 @@ class HonestyMachine(RuleBasedStateMachine):
         cert.voided = True
         book = self.book(cert.ref.epoch)
         book.total -= cert.ref.units
+        book.budget -= pay(cert.ref.units)  # burned, never back in the pool
+        self.ledger_burned += pay(cert.ref.units)
         if book.total == 0:
-            self.available += book.budget
-            book.budget, book.fixed = 0, False
+            book.fixed = False
+        self.convictions.add((cert.ref.dataNode, cert.ref.epoch))
         self.convicted(receipt, self.party(cert.ref.dataNode), challenger, t)
         return True
 
@@ -659,6 +676,7 @@ class HonestyMachine(RuleBasedStateMachine):
             return False
         accused = self.party(attack.first.signer)
         assert not accused.honest, f"an equivocation proof convicted the honest {accused.label}"
+        self.convictions.add((accused.address, attack.first.receipt.epoch))
         self.convicted(receipt, accused, challenger, t)
         return True
 
@@ -671,10 +689,9 @@ class HonestyMachine(RuleBasedStateMachine):
         self.submitted.add((data.address, epoch))
         book = self.book(epoch)
         book.total += cert.ref.units
-        if not book.fixed:
-            book.budget = min(REWARD, self.available)
-            self.available -= book.budget
-            book.fixed = True
+        book.budget += pay(cert.ref.units)
+        self.available -= pay(cert.ref.units)
+        book.fixed = True
         self.certs.append(cert)
         return True
 
@@ -1329,14 +1346,14 @@ class HonestyMachine(RuleBasedStateMachine):
             return
         ref = cert.ref
         book = self.book(ref.epoch)
-        amount = book.budget * units // book.total
+        amount = pay(units)
         self.claimed.add((ref.epoch, ref.dataNode, worker_address))
         cert.paid_units += units
         book.paid_units += units
         book.paid_wei += amount
-        if book.paid_units == book.total:  # everything is claimed: the dust goes back
+        if book.paid_units == book.total:  # everything is claimed: the rest is burned
             book.closed = True
-            self.available += book.budget - book.paid_wei
+            self.ledger_burned += book.budget - book.paid_wei
         gas = receipt["gasUsed"] * receipt["effectiveGasPrice"]
         self.paid_out += amount
         (event,) = w.ledger.events.RewardClaimed().process_receipt(receipt, errors=DISCARD)
@@ -1426,7 +1443,7 @@ class HonestyMachine(RuleBasedStateMachine):
                 self.send(w.ledger.functions.closeEpoch(self.run, epoch), w.stranger, verdict)
                 is not None
             ):
-                self.available += book.budget - book.paid_wei
+                self.ledger_burned += book.budget - book.paid_wei
                 book.closed = True
         elif action == "fund":
             amount = data.draw(st.integers(1, REWARD))
@@ -1526,7 +1543,8 @@ class HonestyMachine(RuleBasedStateMachine):
         assert w.call(w.registry.functions.totalStakedWei()) == staked
         reserved = sum(book.reserved for book in self.books.values())
         ledger_balance = w.balance(w.ledger.address)
-        assert ledger_balance == self.available + reserved
+        assert ledger_balance == self.available + reserved + self.ledger_burned
+        assert w.call(w.ledger.functions.burnedWei()) == self.ledger_burned
         assert w.call(w.ledger.functions.getRun(self.run))[5] == self.available
         disputes_balance = w.balance(w.disputes.address)
         pending = sum(b[1] for b in self.bounties.values() if not b[3])
@@ -1561,7 +1579,7 @@ def build_cast(w: World) -> tuple[int, int, list[tuple[int, int, int]]]:
     for label, spec, *_ in CAST:
         keys[label] = w.register(f"stateful {label}", wallet_of(w, spec), STAKE)
         registered[label] = w.now()
-    run = w.open_run(FUNDING, rewardPerEpochWei=REWARD)
+    run = w.open_run(FUNDING, rewardPerEpochWei=REWARD, hopPriceWei=PRICE)
     start = int(w.call(w.ledger.functions.getRun(run))[1])
     joined, since = {}, {}
     for label, spec, _, data, joins in CAST:

@@ -74,7 +74,9 @@ def test_an_upheld_dispute_slashes_the_worker_and_only_the_worker(certified: Cer
     # The certificate stands: b is paid, a is not.
     w.to_settled(c.run, 0)
     w.claim(c.cert, c.tree, c.b, w.wallet(1))
-    reverts(w, w.claim_fn(c.cert, c.tree, c.a), w.wallet(0), "ClaimantSlashed", c.a.address)
+    reverts(
+        w, w.claim_fn(c.cert, c.tree, c.a), w.wallet(0), "ClaimantConvicted", c.run, 0, c.a.address
+    )
     before = w.balance(w.challenger)
     w.tx(w.disputes.functions.withdrawCredit(), w.challenger)
     assert w.balance(w.challenger) > before + BOND + bounty - ETH // 100  # less gas

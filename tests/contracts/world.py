@@ -44,6 +44,8 @@ EPOCH_S = 1_000
 WINDOW_S = 2_000
 UNITS_PER_HOP = 100
 REWARD_PER_EPOCH = 3 * ETH
+#: What a certified forward hop (UNITS_PER_HOP units) earns; a backward earns twice.
+HOP_PRICE = 10**16
 STAGES = 2
 
 
@@ -189,6 +191,7 @@ class World:
             "rewardPerEpochWei": REWARD_PER_EPOCH,
             "challengeWindowS": WINDOW_S,
             "minStakeWei": ETH,
+            "hopPriceWei": HOP_PRICE,
         }
         config.update(overrides)
         return tuple(config.values())

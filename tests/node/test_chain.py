@@ -39,7 +39,7 @@ from tests.node.conftest import TEST_GAS_LIMIT
 
 ETH = 10**18
 CAPACITY = Capacity("RTX 4090", 24_576, 1_200, 4)
-RUN = RunConfig(b"\x01" * 32, b"\x02" * 32, 3, 600, 10, ETH, 600, 2 * ETH)
+RUN = RunConfig(b"\x01" * 32, b"\x02" * 32, 3, 600, 10, ETH, 600, 2 * ETH, 10**14)
 
 
 class World(Protocol):
@@ -68,7 +68,8 @@ class FakeWorld:
         self.port.add_run(
             RunInfo(self.runs, self.sponsor, RUN.stage_count, RUN.epoch_length_s,
                     RUN.units_per_hop, RUN.reward_per_epoch_wei, RUN.challenge_window_s,
-                    RUN.min_stake_wei, funding_wei, False, RUN.model_config_hash)
+                    RUN.min_stake_wei, funding_wei, False, RUN.model_config_hash,
+                    RUN.hop_price_wei)
         )  # fmt: skip
         return self.runs
 
@@ -149,8 +150,9 @@ def test_run_info_reports_the_opened_run(world: World) -> None:
     run_id = world.open_run(5 * ETH)
     run = world.port.run_info(run_id)
     assert run == RunInfo(
-        run_id, world.sponsor, 3, 600, 10, ETH, 600, 2 * ETH, 5 * ETH, False, RUN.model_config_hash
-    )
+        run_id, world.sponsor, 3, 600, 10, ETH, 600, 2 * ETH, 5 * ETH, False, RUN.model_config_hash,
+        10**14,
+    )  # fmt: skip
     assert world.port.run_info(run_id + 1) is None
 
 

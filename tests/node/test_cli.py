@@ -114,7 +114,7 @@ def test_join_and_info_read_back_the_chain(
     assert run_cli(capsys, *chain, "register", *flags, "--stake-eth", "2")[0] == 0
     sponsor = Sender.unlocked(rpc_contracts.w3.eth.accounts[7])
     run_id = open_run(rpc_contracts, sponsor, RunConfig(b"\x01" * 32, b"\x02" * 32, 2, 600, 10,
-                                                        ETH, 600, ETH), ETH)  # fmt: skip
+                                                        ETH, 600, ETH, 10**14), ETH)  # fmt: skip
     code, out, err = run_cli(capsys, *chain, "join", *flags, "--run", str(run_id))
     assert code == 0, err
     node = out.split()[1]

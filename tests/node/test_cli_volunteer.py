@@ -83,7 +83,8 @@ def test_a_sponsor_opens_funds_closes_and_refunds_a_run(
     wallet, address = new_wallet(tmp_path, "sponsor")
     run_cli(capsys, *chain, "fund", "--to", address, "--eth", "20")
     opened = cli_json(capsys, *chain, "runs", "open", *wallet, "--stages", "2",
-                      "--reward-per-epoch-eth", "1", "--min-stake-eth", "1", "--fund-eth", "5",
+                      "--reward-per-epoch-eth", "1", "--hop-price-eth", "0.0001",
+                      "--min-stake-eth", "1", "--fund-eth", "5",
                       "--epoch-length-s", "600", "--challenge-window-s", "600")  # fmt: skip
     assert isinstance(opened, dict) and opened["sponsor"] == address and opened["open"]
     run_id = opened["run_id"]
@@ -107,6 +108,7 @@ def test_a_sponsor_opens_funds_closes_and_refunds_a_run(
     assert isinstance(refunded, dict) and refunded["pool"]["wei"] == "0"
     code, _, err = run_cli(capsys, *chain, "runs", "open", *wallet, "--stages", "2",
                            "--model", "gpt-huge", "--reward-per-epoch-eth", "1",
+                           "--hop-price-eth", "0.0001",
                            "--min-stake-eth", "1", "--fund-eth", "1")  # fmt: skip
     assert code == 2
     assert_one_line_error(err, "--model gpt-huge")
@@ -188,7 +190,8 @@ def test_every_command_takes_json_and_the_simple_ones_answer_in_it(
     # (The demo's --json report is tests/node/test_demo.py's.)
 
 
-MONEY = ("--reward-per-epoch-eth", "1", "--min-stake-eth", "1", "--fund-eth", "1")
+MONEY = ("--reward-per-epoch-eth", "1", "--hop-price-eth", "0.0001", "--min-stake-eth", "1",
+         "--fund-eth", "1")  # fmt: skip
 
 
 @pytest.mark.parametrize(

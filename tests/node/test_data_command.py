@@ -80,7 +80,8 @@ def test_a_run_opened_with_a_data_set_commits_to_its_manifest_hash(
     cli_json(capsys, *chain, "fund", "--to", address, "--eth", "5")
     opened = cli_json(capsys, *chain, "runs", "open", *wallet, "--stages", "2",
                       "--data", str(tmp_path / "set"), "--reward-per-epoch-eth", "1",
-                      "--min-stake-eth", "1", "--fund-eth", "1")  # fmt: skip
+                      "--hop-price-eth", "0.0001", "--min-stake-eth", "1",
+                      "--fund-eth", "1")  # fmt: skip
     assert isinstance(opened, dict)
     settings = load_settings({"chain.devnet_file": str(devnet_file)}, env={})
     contracts, _ = open_contracts(settings)

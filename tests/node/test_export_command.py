@@ -76,7 +76,7 @@ def open_run_with_nodes(
     contracts: Contracts, sponsor: Sender, wallet: Sender, model: str
 ) -> RunNodes:
     config = RunConfig(
-        model_config_hash(model, STAGES), DATASET_HASH, STAGES, 600, 10, ETH, 600, 2 * ETH
+        model_config_hash(model, STAGES), DATASET_HASH, STAGES, 600, 10, ETH, 600, 2 * ETH, 10**14
     )
     run_id = open_run(contracts, sponsor, config, 5 * ETH)
     keys = [bytes(Account.create().key) for _ in range(5)]

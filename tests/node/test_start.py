@@ -136,7 +136,8 @@ def sponsored_run(
     sponsor, address = new_wallet(tmp_path, "sponsor")
     run_cli(capsys, *chain, "fund", "--to", address, "--eth", "10")
     opened = cli_json(capsys, *chain, "runs", "open", *sponsor, "--stages", str(stages),
-                      "--reward-per-epoch-eth", "1", "--min-stake-eth", "1", "--fund-eth", "5",
+                      "--reward-per-epoch-eth", "1", "--hop-price-eth", "0.0001",
+                      "--min-stake-eth", "1", "--fund-eth", "5",
                       "--epoch-length-s", "3600", "--challenge-window-s", "600")  # fmt: skip
     assert isinstance(opened, dict)
     run = str(opened["run_id"])

@@ -223,13 +223,13 @@ def test_every_hop_earns_the_audit_slashes_the_two_cheaters_and_pays_the_honest_
         assert earnings[name]["units"] == 0 and earnings[name]["stake_wei"] == "0", name
     honest_units = sum(certified.get(addresses[n], 0) for n in ("relay-1-1", "relay-2-0"))
     assert sum(e["units"] for e in earnings.values()) == honest_units
-    # Each epoch: what was claimed is what the ledger paid, each claim its units' share of the
-    # budget; claimed + returned + still claimable (the cheaters' share, back when the claim
+    # Each epoch: what was claimed is what the ledger paid, each claim its units at the run's
+    # price; claimed + burned + still claimable (the cheaters' share, burned when the claim
     # period ends) is the budget to the wei.
     paid = sum(int(e["reward_wei"]) for e in earnings.values())
     assert paid == sum(int(e["claimed_wei"]) for e in epochs)
     for epoch in epochs:
-        parts = ("claimed_wei", "returned_wei", "unclaimed_wei")
+        parts = ("claimed_wei", "burned_wei", "unclaimed_wei")
         assert sum(int(epoch[k]) for k in parts) == int(epoch["budget_wei"]), epoch
         cheaters_at = [addresses[n] for n in cheaters]
         cheated = sum(
