@@ -9,6 +9,12 @@ import {CertifiedHop, CertRef, HopReceipt, HopReceipts} from "./HopReceipts.sol"
 import {NodeRegistry} from "./NodeRegistry.sol";
 import {RunBook} from "./RunBook.sol";
 
+/// @notice The disputes contract's answer to whether a worker's claims of an epoch wait for a
+/// ruling.
+interface IClaimFreeze {
+    function claimsFrozen(uint256 runId, uint64 epoch, address node) external view returns (bool);
+}
+
 /// @title WorkLedger
 /// @notice The work a run pays for, and the paying. Per run and epoch each of the run's data
 /// nodes commits the Merkle root of its certificate tree: every hop of the microbatches it
@@ -84,6 +90,7 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
     error AlreadyClaimed(uint256 runId, uint64 epoch, address dataNode, address node);
     error ClaimsExceedCertificate(uint256 claimedUnits, uint64 certificateUnits);
     error ClaimantSlashed(address node);
+    error ClaimFrozen(address node);
     error EmptyRange(address node);
     error NotSettled(uint256 runId, uint64 epoch, uint256 settlesAt);
     error ClaimPeriodOver(uint256 runId, uint64 epoch, uint256 closedAt);
@@ -204,6 +211,8 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         if (units == 0) revert EmptyRange(node);
         (address wallet,, NodeRegistry.NodeStatus status) = registry.bondOf(node);
         if (status == NodeRegistry.NodeStatus.Slashed) revert ClaimantSlashed(node);
+        // A claim of the epoch whose hop a tensor dispute accuses waits for the court's ruling.
+        if (IClaimFreeze(disputes).claimsFrozen(cert.runId, cert.epoch, node)) revert ClaimFrozen(node);
         if (wallet != msg.sender) revert NotNodeWallet(node, msg.sender);
         bytes32 claimKey = keccak256(abi.encode(cert.runId, cert.epoch, cert.dataNode, node));
         if (_claimed[claimKey]) revert AlreadyClaimed(cert.runId, cert.epoch, cert.dataNode, node);

@@ -24,7 +24,7 @@ from web3.logs import DISCARD
 from contracts.bindings import ContractRevert
 from contracts.encoding import CertRef, HopReceipt, ledger_domain, receipt_digest, sign_digest
 from contracts.fraud_proofs import (
-    NEEDS_ARBITER,
+    NEEDS_JURY,
     Conviction,
     Fraud,
     FraudProof,
@@ -82,12 +82,12 @@ def challenge(contracts: Contracts, challenger: Sender, findings: list[Finding])
         proof = finding.proof
         if proof is None:
             continue
-        if proof.fraud in NEEDS_ARBITER and proof.accused.lower() in disputed:
+        if proof.fraud in NEEDS_JURY and proof.accused.lower() in disputed:
             # One dispute per worker: a ruling of wrong slashes its whole stake at once.
             done.judgements.append(Judgement(finding, JUDGED_BEFORE, "a dispute about it is open"))
             continue
         judgement = _judge(contracts, challenger, finding, proof)
-        if proof.fraud in NEEDS_ARBITER and judgement.outcome != REFUSED:
+        if proof.fraud in NEEDS_JURY and judgement.outcome != REFUSED:
             disputed.add(proof.accused.lower())
         done.judgements.append(judgement)
     done.withdrawn_wei = collect_bounties(contracts, challenger, findings)
@@ -121,7 +121,7 @@ def _judge(c: Contracts, challenger: Sender, finding: Finding, proof: FraudProof
     except ChainError as exc:  # mined and failed, no receipt in time: the next proofs go on
         return Judgement(finding, REFUSED, " ".join(str(exc).split())[:300])
     tx_hash = receipt["transactionHash"].hex()
-    if proof.fraud in NEEDS_ARBITER:
+    if proof.fraud in NEEDS_JURY:
         (opened,) = c.disputes.events.TensorDisputeOpened().process_receipt(receipt, errors=DISCARD)
         detail = f"tensor dispute {opened['args']['id']} opened: the run's sponsor rules"
         return Judgement(finding, DISPUTED, detail, tx_hash=tx_hash)

@@ -17,7 +17,7 @@ from web3.logs import DISCARD
 from contracts.bindings import attach
 from contracts.certificate_tree import CertificateTree
 from contracts.encoding import CertRef, node_public_key, registry_domain, sign_binding
-from contracts.fraud_proofs import NEEDS_ARBITER, FraudProof, commitment_of
+from contracts.fraud_proofs import NEEDS_JURY, FraudProof, commitment_of
 from gwtf.errors import ChainError
 from node.chain.adapter import Sender, Web3Chain, connect, send_transaction, transact_as
 from node.chain.deployment import DevnetInfo, read_devnet_file
@@ -235,7 +235,7 @@ def reveal_proof(
 
 def bond_of(c: Contracts, proof: FraudProof) -> int:
     """What revealing ``proof`` costs beyond gas: a tensor dispute's bond, else nothing."""
-    if proof.fraud not in NEEDS_ARBITER:
+    if proof.fraud not in NEEDS_JURY:
         return 0
     return int(c.disputes.functions.tensorBondWei().call())
 

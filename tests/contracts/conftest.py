@@ -16,7 +16,11 @@ from contracts.encoding import CertRef
 from tests.contracts.world import ETH, NodeKey, World
 
 # 2 epochs + the challenge window (4,000 s) fit in the unbonding delay, as openRun requires.
-TEST_PARAMS = SuiteParams(min_stake_wei=ETH, unbonding_delay_s=10_000, bounty_bps=500)
+# The court's windows are a few blocks, so that a test mines through a whole case.
+TEST_PARAMS = SuiteParams(
+    min_stake_wei=ETH, unbonding_delay_s=10_000, bounty_bps=500, court_fee_wei=10**15,
+    court_phase_blocks=20, court_draw_delay_blocks=2, court_min_pool=7,
+)  # fmt: skip
 
 
 @pytest.fixture(scope="session")
