@@ -13,6 +13,7 @@ from web3 import EthereumTesterProvider, Web3
 from contracts.bindings import SuiteParams, deploy_suite
 from contracts.certificate_tree import CertificateTree
 from contracts.encoding import CertRef
+from tests.contracts.jury import Juror, seat_jurors
 from tests.contracts.world import ETH, NodeKey, World
 
 # 2 epochs + the challenge window (4,000 s) fit in the unbonding delay, as openRun requires.
@@ -89,3 +90,19 @@ def certified(staffed: Staffed) -> Certified:
 
     tree, cert = w.scenario("certified", build)
     return Certified(w, staffed.run, staffed.data, staffed.a, staffed.b, staffed.c, tree, cert)
+
+
+@dataclass(frozen=True)
+class Juried(Certified):
+    """Certified, with eight juror nodes (1 ETH stake, 0.1 ETH court deposit, each from a
+    wallet of its own)."""
+
+    jurors: list[Juror]
+
+
+@pytest.fixture
+def juried(certified: Certified) -> Juried:
+    w = certified.w
+    jurors = w.scenario("juried", lambda: seat_jurors(w))
+    c = certified
+    return Juried(w, c.run, c.data, c.a, c.b, c.c, c.tree, c.cert, jurors)
