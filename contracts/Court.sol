@@ -16,8 +16,9 @@ interface IArbitrable {
 /// contract (Disputes, named once) opens a case and pays the first jury's fees; the case's
 /// randomness mixes a future block's beacon with a salt the challenger committed at opening
 /// and a salt the accused may give in the clear before the challenger reveals (so neither party
-/// alone can steer the draw, and a challenger that does not reveal loses). 3 jurors are drawn
-/// in proportion to deposit, the parties, their wallets and the run's sponsor excluded; they
+/// alone can steer the draw, and a challenger that does not reveal loses). A wallet has one
+/// juror node. 3 seats are drawn in proportion to free deposit, exactly, with the jurors of
+/// the parties, of their wallets and of the run's sponsor taken out of the draw; they
 /// re-execute the hop off chain from the evidence the worker's side serves and vote by
 /// commit-reveal: 1 the tensor is right, 2 it is wrong. Anyone may fund an appeal to 7, 15 and
 /// 31 jurors (final). Each seat earns the same fee whichever side wins, paid only when its
@@ -79,11 +80,15 @@ contract Court is Ownable, ReentrancyGuard {
         uint8 choice; // 0: not revealed
     }
 
+    /// @dev `weightWei` is what the draw tree holds for the juror: its free deposit while its
+    /// node is active (not evicted) and that covers a penalty, else 0.
     struct Juror {
         address wallet;
         uint96 depositWei;
         uint96 lockedWei;
         uint32 slot; // 1-based place in the draw tree; 0 before the first deposit
+        bool evicted; // its node left the registry's active set
+        uint96 weightWei;
     }
 
     uint256 public constant REFUSED = 0; // no jury could be drawn
@@ -94,8 +99,6 @@ contract Court is Ownable, ReentrancyGuard {
     /// @notice Round r has 2^(r+2) - 1 seats: 3, 7, 15, 31 (final).
     uint256 public constant FINAL_ROUND = 3;
     uint256 public constant MAX_JURORS = 4096;
-    /// @notice Tries per seat to hit an eligible juror before the draw gives up (and waits).
-    uint256 public constant DRAW_TRIES = 32;
     /// @notice Blocks after its seed block a `prevrandao` draw may land in; later, it re-arms.
     uint256 public constant PREVRANDAO_WINDOW = 4;
     /// @notice A round not drawn this many phases after its first seed block ends without a jury.
@@ -115,9 +118,10 @@ contract Court is Ownable, ReentrancyGuard {
     /// @notice The only contract that opens cases; named once by the owner.
     address public arbitrable;
     uint256 public caseCount;
-    /// @notice Jurors with at least a penalty's deposit.
+    /// @notice Jurors the draw can hit (weight above 0).
     uint256 public poolSize;
-    uint256 public totalDepositWei;
+    /// @notice Sum of the jurors' weights: the draw tree's total.
+    uint256 public totalWeightWei;
     /// @notice Penalties and unpaid fees that nobody will ever withdraw.
     uint256 public burnedWei;
 
@@ -125,6 +129,8 @@ contract Court is Ownable, ReentrancyGuard {
     mapping(uint256 caseId => Round[]) internal _rounds;
     mapping(uint256 caseId => mapping(uint256 round => mapping(address node => Vote))) public votes;
     mapping(address node => Juror) public jurors;
+    /// @notice Each wallet's one juror node.
+    mapping(address wallet => address node) public jurorOf;
     mapping(uint256 slot => address node) public jurorAt;
     uint256 public slotCount;
     /// @dev Fenwick tree over slots of each juror's deposit: draws in proportion to deposit.
@@ -155,6 +161,9 @@ contract Court is Ownable, ReentrancyGuard {
     error NotNodeWallet(address node, address caller);
     error NodeNotActive(address node);
     error JuryFull(uint256 maxJurors);
+    error OneJurorPerWallet(address wallet, address juror);
+    error JurorInactive(address node);
+    error JurorActive(address node);
     error ZeroAmount();
     error DepositLocked(address node, uint256 freeWei);
     error WrongPhase(uint256 caseId, Phase phase);
@@ -163,6 +172,7 @@ contract Court is Ownable, ReentrancyGuard {
     error WrongSalt(uint256 caseId);
     error PoolTooSmall(uint256 poolSize, uint256 minPool);
     error JuryNotDrawable(uint256 caseId, uint256 seat);
+    event JurorEvicted(address indexed node);
     error NotJuror(uint256 caseId, address node);
     error AlreadyCommitted(uint256 caseId, address node);
     error BadVote(uint256 caseId, address node);
@@ -214,30 +224,43 @@ contract Court is Ownable, ReentrancyGuard {
 
     // ---------------------------------------------------------------- jurors
 
-    /// @notice Adds `msg.value` to an active node's juror deposit, by the node's wallet. A node
-    /// is drawn in proportion to its deposit while it is active in the registry and has at
-    /// least a penalty (`penaltyWei`) of it free.
+    /// @notice Adds `msg.value` to an active node's juror deposit, by the node's wallet (one
+    /// juror node per wallet). A juror is drawn in proportion to its free deposit while its node
+    /// is active in the registry and at least a penalty (`penaltyWei`) of it is free; a
+    /// deposit also returns an evicted juror to the draw.
     /// @param node The juror node.
     function deposit(address node) external payable nonReentrant {
         (address wallet,, NodeRegistry.NodeStatus status) = registry.bondOf(node);
         if (wallet != msg.sender) revert NotNodeWallet(node, msg.sender);
         if (status != NodeRegistry.NodeStatus.Active) revert NodeNotActive(node);
         if (msg.value == 0) revert ZeroAmount();
+        address current = jurorOf[wallet];
+        if (current != address(0) && current != node) revert OneJurorPerWallet(wallet, current);
         Juror storage juror = jurors[node];
         if (juror.slot == 0) {
             if (slotCount == MAX_JURORS) revert JuryFull(MAX_JURORS);
             juror.slot = uint32(++slotCount);
             juror.wallet = wallet;
             jurorAt[juror.slot] = node;
+            jurorOf[wallet] = node;
         }
-        uint256 before = juror.depositWei;
-        uint256 after_ = before + msg.value;
+        uint256 after_ = uint256(juror.depositWei) + msg.value;
         if (after_ > type(uint96).max) revert ParameterOutOfRange("deposit", after_);
         juror.depositWei = uint96(after_);
-        totalDepositWei += msg.value;
-        _treeAdd(juror.slot, msg.value);
-        _countPool(before, after_);
+        juror.evicted = false;
+        _reweigh(juror);
         emit JurorDeposited(node, wallet, msg.value, after_);
+    }
+
+    /// @notice Takes a juror whose node left the registry's active set out of the draw (its
+    /// deposit stays its own). Anyone may call; a draw that hits such a juror asks for it.
+    /// @param node The juror node.
+    function evict(address node) external {
+        Juror storage juror = jurors[node];
+        if (juror.slot == 0 || juror.evicted || registry.isActive(node)) revert JurorActive(node);
+        juror.evicted = true;
+        _reweigh(juror);
+        emit JurorEvicted(node);
     }
 
     /// @notice Sends the free part (not locked by seats of open cases) of a juror's deposit,
@@ -250,12 +273,10 @@ contract Court is Ownable, ReentrancyGuard {
         if (amountWei == 0) revert ZeroAmount();
         uint256 free = uint256(juror.depositWei) - juror.lockedWei;
         if (amountWei > free) revert DepositLocked(node, free);
-        uint256 before = juror.depositWei;
-        juror.depositWei = uint96(before - amountWei);
-        totalDepositWei -= amountWei;
-        _treeSub(juror.slot, amountWei);
-        _countPool(before, before - amountWei);
-        emit JurorWithdrew(node, amountWei, before - amountWei);
+        uint256 left = uint256(juror.depositWei) - amountWei;
+        juror.depositWei = uint96(left);
+        _reweigh(juror);
+        emit JurorWithdrew(node, amountWei, left);
         _send(msg.sender, amountWei);
     }
 
@@ -343,14 +364,23 @@ contract Court is Ownable, ReentrancyGuard {
             emit DrawRearmed(caseId, r, round.seedBlock);
             return;
         }
-        if (poolSize < minPool) revert PoolTooSmall(poolSize, minPool);
+        (address[5] memory excluded, uint256 count) = _excluded(c.parties);
+        if (poolSize - count < minPool) revert PoolTooSmall(poolSize - count, minPool);
         bytes32 beacon = source == Source.Blockhash ? blockhash(seedBlock) : bytes32(block.prevrandao);
         bytes32 seed = keccak256(abi.encode(beacon, c.challengerSalt, c.accusedSalt, caseId, r));
         uint256 penalty = penaltyWei();
         for (uint256 seat = 0; seat < round.size; ++seat) {
-            address node = _drawSeat(c.parties, seed, seat, penalty);
-            if (node == address(0)) revert JuryNotDrawable(caseId, seat);
-            jurors[node].lockedWei += uint96(penalty);
+            uint256 eligible = totalWeightWei;
+            for (uint256 i = 0; i < count; ++i) {
+                eligible -= jurors[excluded[i]].weightWei;
+            }
+            if (eligible == 0) revert JuryNotDrawable(caseId, seat);
+            uint256 point = uint256(keccak256(abi.encode(seed, seat))) % eligible;
+            address node = jurorAt[_findEligible(point, excluded, count)];
+            if (!registry.isActive(node)) revert JurorInactive(node);
+            Juror storage juror = jurors[node];
+            juror.lockedWei += uint96(penalty);
+            _reweigh(juror);
             votes[caseId][r][node].seats += 1;
             round.seats.push(node);
         }
@@ -533,25 +563,43 @@ contract Court is Ownable, ReentrancyGuard {
         round.feesWei = 0;
     }
 
-    /// @dev A juror drawn in proportion to deposit that may sit: active in the registry, not a
-    /// party, not a party's or the sponsor's wallet, with a penalty's deposit free. 0: none hit.
-    function _drawSeat(Parties storage parties, bytes32 seed, uint256 seat, uint256 penalty)
-        private
-        view
-        returns (address)
-    {
-        uint256 total = totalDepositWei;
-        for (uint256 attempt = 0; attempt < DRAW_TRIES; ++attempt) {
-            uint256 point = uint256(keccak256(abi.encode(seed, seat, attempt))) % total;
-            address node = jurorAt[_treeFind(point)];
-            Juror storage juror = jurors[node];
-            address wallet = juror.wallet;
-            bool party = node == parties.accused || node == parties.challenger || wallet == parties.accusedWallet
-                || wallet == parties.challenger || wallet == parties.sponsor;
-            if (party || uint256(juror.depositWei) - juror.lockedWei < penalty || !registry.isActive(node)) continue;
-            return node;
+    /// @dev The jurors out of a case's draw (weight above 0 only): the accused node, the
+    /// challenger, and the juror nodes of the accused's wallet, the challenger's and the sponsor's.
+    function _excluded(Parties storage parties) private view returns (address[5] memory found, uint256 count) {
+        address[5] memory candidates = [
+            parties.accused,
+            parties.challenger,
+            jurorOf[parties.accusedWallet],
+            jurorOf[parties.challenger],
+            jurorOf[parties.sponsor]
+        ];
+        for (uint256 i = 0; i < 5; ++i) {
+            address node = candidates[i];
+            if (node == address(0) || jurors[node].weightWei == 0) continue;
+            bool seen = false;
+            for (uint256 j = 0; j < count; ++j) {
+                seen = seen || found[j] == node;
+            }
+            if (!seen) found[count++] = node;
         }
-        return address(0);
+    }
+
+    /// @dev The slot at `point` of the eligible weights laid end to end, the excluded jurors'
+    /// weights taken out: the smallest slot t with prefix(t) - excluded weight up to t > point.
+    /// Each pass moves the point past the excluded weight before the slot found, so it settles
+    /// within count + 1 passes, never on an excluded slot.
+    function _findEligible(uint256 point, address[5] memory excluded, uint256 count) private view returns (uint256 slot) {
+        uint256 shifted = point;
+        for (uint256 pass = 0; pass <= count; ++pass) {
+            slot = _treeFind(shifted);
+            uint256 before = point;
+            for (uint256 i = 0; i < count; ++i) {
+                Juror storage juror = jurors[excluded[i]];
+                if (juror.slot <= slot) before += juror.weightWei;
+            }
+            if (before == shifted) return slot;
+            shifted = before;
+        }
     }
 
     /// @dev Pays or fines every seat of round `r` against the final ruling.
@@ -566,32 +614,35 @@ contract Court is Ownable, ReentrancyGuard {
             if (coherent) {
                 creditWei[juror.wallet] += feeWei;
             } else {
-                uint256 before = juror.depositWei;
-                juror.depositWei = uint96(before - penalty);
-                totalDepositWei -= penalty;
-                _treeSub(juror.slot, penalty);
-                _countPool(before, before - penalty);
+                juror.depositWei -= uint96(penalty);
                 burnedWei += penalty + feeWei;
             }
+            _reweigh(juror);
             emit JurorSettled(caseId, r, node, coherent, coherent ? feeWei : penalty);
         }
     }
 
-    function _countPool(uint256 before, uint256 after_) private {
-        uint256 penalty = penaltyWei();
-        if (before < penalty && after_ >= penalty) poolSize += 1;
-        else if (before >= penalty && after_ < penalty) poolSize -= 1;
-    }
-
-    function _treeAdd(uint256 slot, uint256 amount) private {
-        for (uint256 i = slot; i <= MAX_JURORS; i += i & (~i + 1)) {
-            _tree[i] += amount;
-        }
-    }
-
-    function _treeSub(uint256 slot, uint256 amount) private {
-        for (uint256 i = slot; i <= MAX_JURORS; i += i & (~i + 1)) {
-            _tree[i] -= amount;
+    /// @dev Brings the juror's weight in the draw tree, the total and the pool count in line
+    /// with its deposit, locks and eviction.
+    function _reweigh(Juror storage juror) private {
+        uint256 free = uint256(juror.depositWei) - juror.lockedWei;
+        uint256 weight = juror.evicted || free < penaltyWei() ? 0 : free;
+        uint256 old = juror.weightWei;
+        if (weight == old) return;
+        juror.weightWei = uint96(weight);
+        if (old == 0) poolSize += 1;
+        else if (weight == 0) poolSize -= 1;
+        uint256 slot = juror.slot;
+        if (weight > old) {
+            totalWeightWei += weight - old;
+            for (uint256 i = slot; i <= MAX_JURORS; i += i & (~i + 1)) {
+                _tree[i] += weight - old;
+            }
+        } else {
+            totalWeightWei -= old - weight;
+            for (uint256 i = slot; i <= MAX_JURORS; i += i & (~i + 1)) {
+                _tree[i] -= old - weight;
+            }
         }
     }
 
