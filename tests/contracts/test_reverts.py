@@ -166,16 +166,16 @@ def test_constructors_reject_bad_parameters(world: World) -> None:
     )  # fmt: skip
     # Court(registry, owner, source, fee, phaseBlocks, drawDelayBlocks, minPool)
     court = (w.registry.address, w.deployer)
-    for name, bad, args in (
-        ("feeWei", 0, (0, 0, 10, 2, 7)),
-        ("feeWei", 2**96 // 20, (0, 2**96 // 20, 10, 2, 7)),
-        ("phaseBlocks", 0, (0, 1, 0, 2, 7)),
-        ("phaseBlocks", 2**32, (0, 1, 2**32, 2, 7)),
-        ("drawDelayBlocks", 0, (1, 1, 10, 0, 7)),
-        ("minPool", 2, (1, 1, 10, 2, 2)),
-        ("minPool", 4097, (1, 1, 10, 2, 4097)),
+    for error, bad, args in (
+        ("FeeOutOfRange", 0, (0, 0, 10, 2, 7)),
+        ("FeeOutOfRange", 2**96 // 20 + 1, (0, 2**96 // 20 + 1, 10, 2, 7)),
+        ("BlocksOutOfRange", 0, (0, 1, 0, 2, 7)),
+        ("BlocksOutOfRange", 2**32, (0, 1, 2**32, 2, 7)),
+        ("BlocksOutOfRange", 0, (1, 1, 10, 0, 7)),
+        ("PoolOutOfRange", 2, (1, 1, 10, 2, 2)),
+        ("PoolOutOfRange", 4097, (1, 1, 10, 2, 4097)),
     ):
-        deploy_reverts(w, "Court", court + args, "ParameterOutOfRange", name, bad)
+        deploy_reverts(w, "Court", court + args, error, bad)
     deploy_reverts(w, "Court", (w.registry.address, ZERO, 0, 1, 1, 1, 3), "OwnableInvalidOwner", ZERO)
 
 
@@ -1066,6 +1066,8 @@ UNREACHABLE = {
     # Reachable, but only after 4,096 juror nodes (many minutes on eth-tester); the bound keeps
     # a seat's search of the draw tree at 13 reads.
     "JuryFull": "needs MAX_JURORS (4,096) juror nodes to register",
+    # A uint96 deposit holds 79 billion ETH: more than there is.
+    "DepositOverflow": "a juror deposit above 2^96 wei needs more ETH than exists",
 }
 
 
