@@ -130,6 +130,15 @@ def wrong_tensor(cert: CertRef, leaf: LeafProof, entry: SignedReceipt) -> FraudP
     return _proof(Fraud.WRONG_TENSOR, entry.receipt.worker, cert, args, types)
 
 
+def disputed_receipt_digest(proof: FraudProof) -> bytes:
+    """The receipt digest a tensor dispute names (its leaf's)."""
+    if proof.fraud != Fraud.WRONG_TENSOR:
+        raise ValueError(f"a {proof.fraud.name} proof disputes no tensor")
+    hop = proof.args[1]
+    assert isinstance(hop, tuple)
+    return bytes(hop[5])  # CertifiedHop.receiptDigest
+
+
 def _proof(
     fraud: Fraud, accused: str, cert: CertRef, args: tuple[object, ...], types: list[str]
 ) -> FraudProof:

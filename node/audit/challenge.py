@@ -1,6 +1,6 @@
 """Each finding the chain judges alone, turned into its fraud proof on chain: committed, revealed
 a block later, and judged. A wrong tensor, which the chain cannot judge, opens a tensor dispute
-the same way (with the contract's bond) for the run's sponsor to rule on (``node.audit.arbiter``).
+the same way (with the bond and the first jury's fees) for a drawn jury to rule on (``node.audit.jury``).
 What neither can judge is left to the report.
 
 Safe to run again: a finding already judged (its certificate voided, its accused convicted on a
@@ -44,7 +44,7 @@ from node.chain.actions import (
 from node.chain.adapter import NODE_STATUS_SLASHED, Sender
 
 SLASHED: Final = "slashed"
-DISPUTED: Final = "disputed"  # a tensor dispute is open: the arbiter rules
+DISPUTED: Final = "disputed"  # a tensor dispute is open: a drawn jury rules
 JUDGED_BEFORE: Final = "already judged"
 REFUSED: Final = "refused"
 #: Gas a reveal is sent with: the proofs take 100-200 thousand (``contracts/README.md``).
@@ -123,7 +123,7 @@ def _judge(c: Contracts, challenger: Sender, finding: Finding, proof: FraudProof
     tx_hash = receipt["transactionHash"].hex()
     if proof.fraud in NEEDS_JURY:
         (opened,) = c.disputes.events.TensorDisputeOpened().process_receipt(receipt, errors=DISCARD)
-        detail = f"tensor dispute {opened['args']['id']} opened: the run's sponsor rules"
+        detail = f"tensor dispute {opened['args']['id']} opened: a drawn jury rules (`gwtf-node jury serve`)"
         return Judgement(finding, DISPUTED, detail, tx_hash=tx_hash)
     (event,) = c.disputes.events.FraudProven().process_receipt(receipt, errors=DISCARD)
     args = event["args"]

@@ -1,4 +1,4 @@
-"""A relay's kept hop evidence, served to auditors and arbiters: ``/gwtf/evidence/1.0.0``.
+"""A relay's kept hop evidence, served to auditors and jurors: ``/gwtf/evidence/1.0.0``.
 
 Two things can be asked of an epoch: a frame by its SHA-256 (a hop's input or output, as its
 receipt names it; the relay neighbours of a hop keep the same frames, so a worker that
@@ -95,7 +95,7 @@ async def prune_settled_evidence(
     """Every ``period_s``, from the node's start on, delete the evidence of each epoch that has
     settled by chain time ``now()``: the epoch's ``settlesAt`` (``RunBook.epochTimes``, the end
     of its challenge window) is when ``Disputes.sol`` stops taking disputes of its hops and
-    ruling on them, so its frames and states can no longer serve an auditor or an arbiter. The
+    ruling on them, so its frames and states can no longer serve an auditor or a juror. The
     chain's own times, not a count of epochs: a node stopped for days prunes everything
     settled as soon as it starts again, and a run that has stopped training is still pruned.
 
