@@ -1,7 +1,7 @@
 """Each finding the chain judges alone, turned into its fraud proof on chain: committed, revealed
 a block later, and judged. A wrong tensor, which the chain cannot judge, opens a tensor dispute
-the same way (with the bond and the first jury's fees) for a drawn jury to rule on (``node.audit.jury``).
-What neither can judge is left to the report.
+the same way (with the bond and the first jury's fees) for a drawn jury to rule on
+(``node.audit.jury``). What neither can judge is left to the report.
 
 Safe to run again: a finding already judged (its certificate voided, its accused convicted on a
 commitment earlier than any this challenger holds) is skipped, and a commitment already on
@@ -123,7 +123,8 @@ def _judge(c: Contracts, challenger: Sender, finding: Finding, proof: FraudProof
     tx_hash = receipt["transactionHash"].hex()
     if proof.fraud in NEEDS_JURY:
         (opened,) = c.disputes.events.TensorDisputeOpened().process_receipt(receipt, errors=DISCARD)
-        detail = f"tensor dispute {opened['args']['id']} opened: a drawn jury rules (`gwtf-node jury serve`)"
+        dispute_id = opened["args"]["id"]
+        detail = f"tensor dispute {dispute_id} opened: a drawn jury rules (`gwtf-node jury serve`)"
         return Judgement(finding, DISPUTED, detail, tx_hash=tx_hash)
     (event,) = c.disputes.events.FraudProven().process_receipt(receipt, errors=DISCARD)
     args = event["args"]

@@ -103,12 +103,11 @@ def open_cases(contracts: Contracts) -> list[Case]:
         if int(phase) == RULED:
             continue
         args = opened[dispute_id]
+        receipt = HopReceipt(**dict(args["receipt"]))  # web3 decodes a struct as a dict
+        digest, signature = bytes(args["receiptDigest"]), bytes(args["workerSignature"])
+        challenger, accused_wallet = str(parties[2]), str(parties[1])
         found.append(
-            Case(
-                case_id, dispute_id, HopReceipt(**dict(args["receipt"])),
-                bytes(args["receiptDigest"]), bytes(args["workerSignature"]), str(parties[2]),
-                str(parties[1]),
-            )  # fmt: skip
+            Case(case_id, dispute_id, receipt, digest, signature, challenger, accused_wallet)
         )
     return found
 
@@ -132,6 +131,28 @@ async def serve_once(
                 contracts, wallet, node, case, peers, replayer_of, timeout_s
             )
     return steps
+
+
+def next_due_block(contracts: Contracts, case_id: int) -> int | None:
+    """The next block from which some step of the case can be taken that cannot be now
+    (a window opening or a deadline passing); None for a ruled case."""
+    court = contracts.court
+    _, _, opened_at, phase, *_ = court.functions.getCase(case_id).call()
+    window = int(court.functions.phaseBlocks().call())
+    rounds = court.functions.getRounds(case_id).call()
+    last = rounds[-1]
+    seed_block, draw_by, drawn_at = int(last[0]), int(last[1]), int(last[2])
+    windows = 2 if len(rounds) - 1 == FINAL_ROUND else 3
+    candidates = {
+        SALTS: [opened_at + window + 1, opened_at + 2 * window + 1],
+        DRAWING: [seed_block + 1, draw_by + 1],
+        VOTING: [drawn_at + window + 1, drawn_at + 2 * window + 1, drawn_at + windows * window + 1],
+    }.get(int(phase))
+    if candidates is None:
+        return None
+    at = _next_block(contracts)
+    later = [block for block in candidates if block > at]
+    return min(later) if later else at
 
 
 def _juror_of(contracts: Contracts, wallet: Sender) -> str:
@@ -161,7 +182,15 @@ def _party_steps(contracts: Contracts, wallet: Sender, case: Case) -> list[Step]
     accused = {str(parties[0]).lower(), str(parties[1]).lower()}
     if me in accused and not answered and at <= opened_at + window:
         salt = vote_salt_of(wallet, case.case_id, -1, case.receipt.worker)
-        return [_send(contracts, wallet, case.case_id, ANSWERED, court.functions.answer(case.case_id, salt))]
+        return [
+            _send(
+                contracts,
+                wallet,
+                case.case_id,
+                ANSWERED,
+                court.functions.answer(case.case_id, salt),
+            )
+        ]
     may_reveal = answered or at > opened_at + window
     if me == str(parties[2]).lower() and may_reveal and at <= opened_at + 2 * window:
         salt = draw_salt_of(wallet, case.receipt_digest)
@@ -193,14 +222,22 @@ def _anyone_steps(contracts: Contracts, wallet: Sender, case: Case) -> list[Step
 
 
 def _draw(contracts: Contracts, wallet: Sender, case_id: int) -> list[Step]:
-    steps = []
+    steps: list[Step] = []
     for _ in range(8):  # each retry follows one eviction
         try:
             receipt = contracts.send(wallet, contracts.court.functions.draw(case_id))
         except ContractRevert as exc:
             if exc.name != "JurorInactive":
                 return [*steps, Step(case_id, FAILED, f"draw: {exc}")]
-            steps.append(_send(contracts, wallet, case_id, EVICTED, contracts.court.functions.evict(exc.args[0])))
+            steps.append(
+                _send(
+                    contracts,
+                    wallet,
+                    case_id,
+                    EVICTED,
+                    contracts.court.functions.evict(exc.args[0]),
+                )
+            )
             continue
         drawn = contracts.court.events.JuryDrawn().process_receipt(receipt)
         action = DRAWN if drawn else REARMED
@@ -242,9 +279,14 @@ async def _juror_steps(
     in_reveal = drawn_at + window < at <= drawn_at + 2 * window
     if int.from_bytes(commitment, "big") != 0 and choice == 0 and in_reveal:
         for vote in (RIGHT, WRONG):
-            if court.functions.voteCommitment(case.case_id, r, node, vote, salt).call() == commitment:
+            if (
+                court.functions.voteCommitment(case.case_id, r, node, vote, salt).call()
+                == commitment
+            ):
                 fn = court.functions.revealVote(case.case_id, node, vote, salt)
-                step = await trio.to_thread.run_sync(_send, contracts, wallet, case.case_id, REVEALED, fn)
+                step = await trio.to_thread.run_sync(
+                    _send, contracts, wallet, case.case_id, REVEALED, fn
+                )
                 return [Step(step.case_id, step.action, _name(vote), step.tx_hash)]
         return [Step(case.case_id, FAILED, "the commitment on chain is not one this key made")]
     return []

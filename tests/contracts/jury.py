@@ -129,7 +129,9 @@ def draw(w: World, case_id: int) -> list[str]:
     raise AssertionError(f"case {case_id} was re-armed twice")
 
 
-def vote(w: World, case_id: int, jurors: list[Juror], choose: Callable[[Juror], int | None]) -> None:
+def vote(
+    w: World, case_id: int, jurors: list[Juror], choose: Callable[[Juror], int | None]
+) -> None:
     """Each drawn juror of the current round commits ``choose(juror)`` (None: absent), then
     reveals it in the reveal window."""
     (*_, last) = rounds(w, case_id)

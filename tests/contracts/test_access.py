@@ -1,7 +1,8 @@
 """Who may call what: one table over every state-changing external function of NodeRegistry,
-WorkLedger, Disputes and Court (the receive hook included). Each function is simulated (eth_call) from
-every role on one prepared chain where the allowed call would succeed: the allowed roles
-succeed, every other role is refused with the function's access error naming that caller."""
+WorkLedger, Disputes and Court (the receive hook included). Each function is simulated
+(eth_call) from every role on one prepared chain where the allowed call would succeed: the
+allowed roles succeed, every other role is refused with the function's access error naming
+that caller."""
 
 from __future__ import annotations
 

@@ -358,8 +358,15 @@ def test_10_no_deployment_sets_a_bounty_that_could_pay(world: World) -> None:
     for bps in (0, 1_001, 10_000):
         try:
             deploy_contract(
-                w.w3, "Disputes", w.deployer, w.registry.address, w.ledger.address, w.court.address,
-                bps, 1, 1,
+                w.w3,
+                "Disputes",
+                w.deployer,
+                w.registry.address,
+                w.ledger.address,
+                w.court.address,
+                bps,
+                1,
+                1,
             )
             raise AssertionError(f"a bounty of {bps} bps must be refused")
         except ContractRevert as error:
@@ -600,7 +607,7 @@ def test_16_the_sponsor_can_neither_rule_nor_sit_on_the_jury(juried: Juried) -> 
     key = w.register("sponsor juror", w.sponsor, ETH)
     w.tx(w.court.functions.deposit(key.address), w.sponsor, 8 * ETH)
     proof = wrong_tensor_of(juried, b.address)
-    dispute_id, case_id = jury.open_case(w, proof, w.accomplice)
+    _, case_id = jury.open_case(w, proof, w.accomplice)
     reverts(w, w.disputes.functions.rule(case_id, jury.WRONG), w.sponsor, "NotCourt", w.sponsor)
     jury.reveal_salt(w, case_id, proof, w.accomplice)
     seats = jury.draw(w, case_id)
@@ -626,13 +633,9 @@ def test_17_a_bribed_minority_of_jurors_is_outvoted_and_fined(juried: Juried) ->
         seats = jury.draw(w, case_id)
         if len(set(seats)) > 1:
             break
-    bribed = min(
-        (j for j in juried.jurors if j.node in seats), key=lambda j: seats.count(j.node)
-    )
+    bribed = min((j for j in juried.jurors if j.node in seats), key=lambda j: seats.count(j.node))
     before = jury.deposit_of(w, bribed.node)
-    jury.vote(
-        w, case_id, juried.jurors, lambda j: jury.WRONG if j == bribed else jury.RIGHT
-    )
+    jury.vote(w, case_id, juried.jurors, lambda j: jury.WRONG if j == bribed else jury.RIGHT)
     receipt = jury.execute(w, case_id)
     assert w.stake_of(b) == 4 * ETH
     settled = jury.settled(w, receipt)

@@ -50,7 +50,9 @@ def test_only_an_active_nodes_wallet_deposits_and_a_locked_deposit_stays(juried:
     reverts(w, court.deposit(juror.node), juror.wallet, "ZeroAmount")
     w.tx(w.registry.functions.requestUnstake(c.c.address), w.wallet(2))
     reverts(w, court.deposit(c.c.address), w.wallet(2), "NodeNotActive", c.c.address)
-    reverts(w, court.withdrawDeposit(juror.node, 1), w.stranger, "NotNodeWallet", juror.node, w.stranger)
+    reverts(
+        w, court.withdrawDeposit(juror.node, 1), w.stranger, "NotNodeWallet", juror.node, w.stranger
+    )
     reverts(w, court.withdrawDeposit(juror.node, 0), juror.wallet, "ZeroAmount")
     # Seats lock a penalty each until the case is ruled.
     proof = dispute_of(c, c.a)
@@ -221,8 +223,22 @@ def test_coherent_seats_are_paid_and_absent_or_incoherent_ones_fined(juried: Jur
     drawn_at = int(jury.rounds(w, case_id)[0][2])
     phase = jury.phase_blocks(w)
     outsider = next(j for j in c.jurors if j.node not in seats)
-    reverts(w, court.commitVote(case_id, outsider.node, b"\x01" * 32), outsider.wallet, "NotJuror", case_id, outsider.node)
-    reverts(w, court.commitVote(case_id, coherent.node, b"\x01" * 32), w.stranger, "NotNodeWallet", coherent.node, w.stranger)
+    reverts(
+        w,
+        court.commitVote(case_id, outsider.node, b"\x01" * 32),
+        outsider.wallet,
+        "NotJuror",
+        case_id,
+        outsider.node,
+    )
+    reverts(
+        w,
+        court.commitVote(case_id, coherent.node, b"\x01" * 32),
+        w.stranger,
+        "NotNodeWallet",
+        coherent.node,
+        w.stranger,
+    )
     reverts(
         w, court.revealVote(case_id, coherent.node, WRONG, b"\x00" * 32), coherent.wallet,
         "OutsideWindow", case_id, drawn_at + phase + 1, drawn_at + 2 * phase,
@@ -234,7 +250,14 @@ def test_coherent_seats_are_paid_and_absent_or_incoherent_ones_fined(juried: Jur
     salt = b"\x05" * 32
     sealed = w.call(court.voteCommitment(case_id, 0, coherent.node, WRONG, salt))
     w.tx(court.commitVote(case_id, coherent.node, sealed), coherent.wallet)
-    reverts(w, court.commitVote(case_id, coherent.node, sealed), coherent.wallet, "AlreadyCommitted", case_id, coherent.node)
+    reverts(
+        w,
+        court.commitVote(case_id, coherent.node, sealed),
+        coherent.wallet,
+        "AlreadyCommitted",
+        case_id,
+        coherent.node,
+    )
     other = w.call(court.voteCommitment(case_id, 0, incoherent.node, RIGHT, salt))
     w.tx(court.commitVote(case_id, incoherent.node, other), incoherent.wallet)
     mine_to(w, drawn_at + phase + 1)
@@ -242,13 +265,29 @@ def test_coherent_seats_are_paid_and_absent_or_incoherent_ones_fined(juried: Jur
         w, court.commitVote(case_id, absent.node, sealed), absent.wallet, "OutsideWindow",
         case_id, drawn_at + 1, drawn_at + phase,
     )  # fmt: skip
-    reverts(w, court.revealVote(case_id, coherent.node, RIGHT, salt), coherent.wallet, "BadVote", case_id, coherent.node)
+    reverts(
+        w,
+        court.revealVote(case_id, coherent.node, RIGHT, salt),
+        coherent.wallet,
+        "BadVote",
+        case_id,
+        coherent.node,
+    )
     w.tx(court.revealVote(case_id, coherent.node, WRONG, salt), coherent.wallet)
-    reverts(w, court.revealVote(case_id, coherent.node, WRONG, salt), coherent.wallet, "BadVote", case_id, coherent.node)
+    reverts(
+        w,
+        court.revealVote(case_id, coherent.node, WRONG, salt),
+        coherent.wallet,
+        "BadVote",
+        case_id,
+        coherent.node,
+    )
     w.tx(court.revealVote(case_id, incoherent.node, RIGHT, salt), incoherent.wallet)
     # One each way: a tie is RIGHT (the accuser carries the burden). The challenger appeals
     # and the larger jury, all voting, finds the tensor WRONG.
-    reverts(w, court.executeRuling(case_id), w.stranger, "NotYet", case_id, drawn_at + 3 * phase + 1)
+    reverts(
+        w, court.executeRuling(case_id), w.stranger, "NotYet", case_id, drawn_at + 3 * phase + 1
+    )
     jury.appeal(w, case_id, w.challenger)
     seats_1 = jury.draw(w, case_id)
     assert len(seats_1) == 7
@@ -279,7 +318,7 @@ def test_coherent_seats_are_paid_and_absent_or_incoherent_ones_fined(juried: Jur
 
 def test_a_silent_jury_rules_right_and_every_seat_is_fined(juried: Juried) -> None:
     c, w = juried, juried.w
-    dispute_id, case_id, receipt = jury.whole_case(w, dispute_of(c, c.a), c.jurors, lambda _: None)
+    dispute_id, _, receipt = jury.whole_case(w, dispute_of(c, c.a), c.jurors, lambda _: None)
     assert state_of(w, dispute_id) == REJECTED
     assert all(not coherent for coherent, _ in jury.settled(w, receipt).values())
     assert sum(jury.credit(w, j.wallet) for j in c.jurors) == 0
@@ -374,7 +413,6 @@ def test_a_pool_drained_by_the_seats_it_fills_cannot_draw_the_appeal(world: Worl
     for juror in jurors:
         w.tx(w.court.functions.deposit(juror.node), juror.wallet, 2 * jury.penalty(w))
     assert len(jury.draw(w, case_id)) == 7
-
 
 
 def test_a_blockhash_court_draws_from_the_seed_blocks_hash_and_rearms_after_256(

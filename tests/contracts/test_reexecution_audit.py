@@ -42,7 +42,7 @@ from tests.contracts import jury
 from tests.contracts.conftest import Staffed
 from tests.contracts.test_audit_command import devnet_file, serving_data_node  # noqa: F401
 from tests.contracts.test_cheats_caught import challenger_wallet, run_challenge
-from tests.contracts.world import ETH, NodeKey
+from tests.contracts.world import NodeKey
 
 SETTINGS = TrainingSettings(device="cpu")
 LIMITS = CodecLimits()

@@ -176,7 +176,9 @@ def test_constructors_reject_bad_parameters(world: World) -> None:
         ("PoolOutOfRange", 4097, (1, 1, 10, 2, 4097)),
     ):
         deploy_reverts(w, "Court", court + args, error, bad)
-    deploy_reverts(w, "Court", (w.registry.address, ZERO, 0, 1, 1, 1, 3), "OwnableInvalidOwner", ZERO)
+    deploy_reverts(
+        w, "Court", (w.registry.address, ZERO, 0, 1, 1, 1, 3), "OwnableInvalidOwner", ZERO
+    )
 
 
 def test_the_slasher_and_the_disputes_contract_are_named_once_by_the_owner(world: World) -> None:
@@ -185,8 +187,12 @@ def test_the_slasher_and_the_disputes_contract_are_named_once_by_the_owner(world
     reverts(w, registry.setSlasher(w.stranger), w.deployer, "SlasherAlreadySet", w.disputes.address)
     reverts(w, ledger.setDisputes(w.stranger), w.deployer, "DisputesAlreadySet", w.disputes.address)
     court = w.court.functions
-    reverts(w, court.setArbitrable(w.stranger), w.deployer, "ArbitrableAlreadySet", w.disputes.address)
-    reverts(w, court.setArbitrable(w.stranger), w.stranger, "OwnableUnauthorizedAccount", w.stranger)
+    reverts(
+        w, court.setArbitrable(w.stranger), w.deployer, "ArbitrableAlreadySet", w.disputes.address
+    )
+    reverts(
+        w, court.setArbitrable(w.stranger), w.stranger, "OwnableUnauthorizedAccount", w.stranger
+    )
     fresh_registry = deploy_contract(w.w3, "NodeRegistry", w.deployer, ETH, 100, w.deployer)
     fresh_ledger = deploy_contract(w.w3, "WorkLedger", w.deployer, w.registry.address, w.deployer)
     reverts(w, fresh_registry.functions.setSlasher(ZERO), w.deployer, "ZeroAddress")
