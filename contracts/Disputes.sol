@@ -114,6 +114,9 @@ contract Disputes is ReentrancyGuard {
     /// @dev Open tensor disputes per keccak256(abi.encode(runId, epoch, worker)): the worker's
     /// claims of that epoch wait for their rulings.
     mapping(bytes32 claimKey => uint256 count) internal frozenClaims;
+    /// @notice Open tensor disputes per run and epoch: relays keep the epoch's evidence for
+    /// the jurors until they are ruled, after the epoch settles if need be.
+    mapping(uint256 runId => mapping(uint64 epoch => uint256 count)) public openTensorDisputes;
 
     /// @notice Each commitment (block 0: none, or revealed).
     mapping(bytes32 commitment => Commitment) public commitments;
@@ -416,6 +419,7 @@ contract Disputes is ReentrancyGuard {
         tensorDisputeOf[digest][msg.sender] = id;
         conviction.openDisputes += 1;
         frozenClaims[_claimKey(cert.runId, cert.epoch, worker)] += 1;
+        openTensorDisputes[cert.runId][cert.epoch] += 1;
         tensorDisputes[id] = TensorDispute(
             msg.sender,
             DisputeState.Open,
@@ -458,6 +462,7 @@ contract Disputes is ReentrancyGuard {
         emit TensorDisputeRuled(id, ruling);
         convictions[worker].openDisputes -= 1;
         frozenClaims[_claimKey(dispute.runId, dispute.epoch, worker)] -= 1;
+        openTensorDisputes[dispute.runId][dispute.epoch] -= 1;
         registry.thawStake(worker);
         if (ruling != 2) {
             address paid = dispute.challenger;
