@@ -10,7 +10,9 @@ from dataclasses import replace
 
 from web3.logs import DISCARD
 
+from contracts import fraud_proofs
 from contracts.bindings import COURT_BLOCKHASH, ContractRevert, SuiteParams, deploy_suite
+from contracts.fraud_proofs import FraudProof
 from tests.contracts import jury
 from tests.contracts.conftest import TEST_PARAMS, Certified, Juried
 from tests.contracts.jury import (
@@ -85,14 +87,13 @@ def test_the_draw_follows_deposits_and_never_seats_a_party(juried: Juried) -> No
     heavy = c.jurors[0]
     w.tx(w.court.functions.deposit(heavy.node), heavy.wallet, 4 * jury.JUROR_DEPOSIT)
     drawn: Counter[str] = Counter()
-    for microbatch in range(4):
-        proof = dispute_of(c, c.a, lambda r, m=microbatch: r.microbatchId == m)
+    for proof in every_dispute_of_a(c):
         _, case_id = jury.open_case(w, proof)
         jury.reveal_salt(w, case_id, proof)
         drawn.update(jury.draw(w, case_id))
     assert set(drawn) <= {j.node for j in c.jurors}
-    assert sum(drawn.values()) == 12
-    # 5 of 12 deposit shares: expected 5 seats of 12; the others share 7.
+    assert sum(drawn.values()) == 24
+    # 5 of 12 deposit shares: 10 of the 24 seats expected; fewer than 2 has odds of 4e-5.
     assert drawn[heavy.node] >= 2
     # A second juror node of one wallet would let a wallet dodge exclusion: refused.
     key = w.register("a's second juror", w.wallet(0), ETH)
@@ -100,6 +101,15 @@ def test_the_draw_follows_deposits_and_never_seats_a_party(juried: Juried) -> No
         w, w.court.functions.deposit(key.address), w.wallet(0), "OneJurorPerWallet",
         w.wallet(0), w.call(w.court.functions.jurorOf(w.wallet(0))), value=ETH,
     )  # fmt: skip
+
+
+def every_dispute_of_a(c: Certified) -> list[FraudProof]:
+    """A tensor dispute of each of a's eight hops in the certificate (forwards and backwards)."""
+    return [
+        fraud_proofs.wrong_tensor(c.cert, c.tree.leaf_proof(index), entry)
+        for index, entry in enumerate(c.tree.entries)
+        if entry.receipt.worker == c.a.address
+    ]
 
 
 def test_a_pool_below_the_minimum_waits_then_draws_once_it_fills(certified: Certified) -> None:
@@ -210,8 +220,7 @@ def test_coherent_seats_are_paid_and_absent_or_incoherent_ones_fined(juried: Jur
     until three jurors sit): the coherent juror earns a fee, the two others forfeit 20 fees
     each, and every unpaid fee and penalty is burned."""
     c, w = juried, juried.w
-    for microbatch in range(4):
-        proof = dispute_of(c, c.a, lambda r, m=microbatch: r.microbatchId == m)
+    for proof in every_dispute_of_a(c):  # 2 in 3 draws seat three jurors
         _, case_id = jury.open_case(w, proof)
         jury.reveal_salt(w, case_id, proof)
         seats = jury.draw(w, case_id)
