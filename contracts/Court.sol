@@ -225,7 +225,7 @@ contract Court is Ownable2Step, ReentrancyGuard {
     // ---------------------------------------------------------------- jurors
 
     /// @notice Adds `msg.value` to an active node's juror deposit, by the node's wallet (one
-    /// juror node per wallet). A juror is drawn in proportion to its free deposit while its node
+    /// juror node per wallet; another of its nodes takes over once the first withdrew all). A juror is drawn in proportion to its free deposit while its node
     /// is active in the registry and at least a penalty (`penaltyWei`) of it is free; a
     /// deposit also returns an evicted juror to the draw.
     /// @param node The juror node.
@@ -235,14 +235,17 @@ contract Court is Ownable2Step, ReentrancyGuard {
         if (status != NodeRegistry.NodeStatus.Active) revert NodeNotActive(node);
         if (msg.value == 0) revert ZeroAmount();
         address current = jurorOf[wallet];
-        if (current != address(0) && current != node) revert OneJurorPerWallet(wallet, current);
+        // A wallet moves its juror to another of its nodes only once the first holds nothing.
+        if (current != node && current != address(0) && jurors[current].depositWei != 0) {
+            revert OneJurorPerWallet(wallet, current);
+        }
+        jurorOf[wallet] = node;
         Juror storage juror = jurors[node];
         if (juror.slot == 0) {
             if (slotCount == MAX_JURORS) revert JuryFull(MAX_JURORS);
             juror.slot = uint32(++slotCount);
             juror.wallet = wallet;
             jurorAt[juror.slot] = node;
-            jurorOf[wallet] = node;
         }
         uint256 after_ = uint256(juror.depositWei) + msg.value;
         if (after_ > type(uint96).max) revert DepositOverflow(after_);
