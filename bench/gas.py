@@ -6,7 +6,9 @@ it certifies, and each of the two workers of those hops claims its range of the 
 baseline, measured in the same run, is a certificate of a single hop with its one claim (what
 putting every hop on chain would cost); the goal is below 1 gas per receipt at N = 100,000 for
 the certificate. Also timed: certifying the hops into leaves and building the tree in Python
-(``contracts.certificate_tree``).
+(``contracts.certificate_tree``). One tensor dispute runs end to end through the court (open,
+answer, draw salt, draw, three jurors' commits and reveals, ruling) with its gas summed, and its
+length in blocks at the deployed windows.
 
     .venv/bin/python bench/gas.py [--sizes 1,10,1000,100000] [--max-signed 1000] [--sign-all]
                                   [--no-plot]
@@ -31,6 +33,7 @@ from eth_account.signers.local import LocalAccount
 from eth_utils.crypto import keccak
 from rich.console import Console
 from rich.table import Table
+from web3.logs import DISCARD
 
 from contracts import fraud_proofs
 from contracts.bindings import SuiteParams, deploy_suite
@@ -42,6 +45,7 @@ from contracts.encoding import (
     scheduled_units,
     sign_receipt,
 )
+from contracts.fraud_proofs import Fraud
 from contracts.merkle import build_tree
 from node.chain.actions import (
     Capacity,
@@ -52,6 +56,8 @@ from node.chain.actions import (
     award_bounty,
     claim_reward,
     commit_proof,
+    deposit_juror,
+    draw_salt_of,
     fund_run,
     join_run,
     open_run,
@@ -71,6 +77,9 @@ HOP_PRICE_WEI = 10**13
 STAGES = 2
 # Fixed limit above every operation here; a revert is still caught by a simulation first.
 GAS_LIMIT = 2_000_000
+#: The court's windows here (gas does not depend on them); the deployed ones are SuiteParams'.
+BENCH_PARAMS = SuiteParams(court_phase_blocks=20, court_draw_delay_blocks=2)
+JURORS = 7
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,10 @@ class Bench:
     sponsor: Sender
     gas: dict[str, list[int]] = field(default_factory=dict)
     wallet_of: dict[str, Sender] = field(default_factory=dict)
+    #: The tensor dispute's gas, summed over its transactions, and its length in blocks.
+    dispute_gas: int = 0
+    dispute_blocks: int = 0
+    dispute_s: float = 0.0
 
     def record(self, name: str, receipt: Any) -> Any:
         self.gas.setdefault(name, []).append(int(receipt["gasUsed"]))
@@ -105,7 +118,7 @@ class Bench:
 def setup(console: Console) -> Bench:
     w3 = connect(None)
     dev = [Sender.unlocked(a) for a in w3.eth.accounts]
-    suite = deploy_suite(w3, dev[0].address, SuiteParams())
+    suite = deploy_suite(w3, dev[0].address, BENCH_PARAMS)
     contracts = Contracts.at(w3, suite.addresses, gas_limit=GAS_LIMIT)
     config = RunConfig(keccak(b"model"), keccak(b"data"), STAGES, 3_600, UNITS_PER_HOP,
                        10 * ETH, 3_600, ETH, HOP_PRICE_WEI)  # fmt: skip
@@ -228,6 +241,8 @@ def measure(sizes: list[int], max_signed: int, console: Console) -> tuple[Bench,
         receipt = bench.record("submitCertificates", submit_certificates(c, bench.sponsor, cert))
         submit_gas[size] = int(receipt["gasUsed"])
     _prove_frauds(bench, fraud, a, b, cheat)
+    _, small_tree, small_cert, _ = trees[0]
+    bench.dispute_blocks = _tensor_dispute(bench, small_tree, small_cert, a, b)
     advance_time_to(c.w3, int(settles_at))
     results = []
     for size, tree, cert, t in trees:
@@ -272,11 +287,83 @@ def _prove_frauds(
         bench.record("commit (fraud proof)", commit_proof(c, auditor, proof, salt))
         advance_time(c.w3, 1)
         bench.record(name, reveal_proof(c, auditor, proof, salt))
-    # A bounty is final once no earlier commitment can be revealed any more.
+    # A bounty is final once no earlier commitment can be revealed: mine past the window.
     mine_blocks(c.w3, int(c.disputes.functions.revealWindowBlocks().call()) + 1)
     for node in (data_node.address, cheat.address):
         bench.record("awardBounty", award_bounty(c, auditor, node))
     bench.record("withdrawCredit", withdraw_credit(c, auditor))
+
+
+def _tensor_dispute(
+    bench: Bench, tree: CertificateTree, cert: Any, worker: LocalAccount, counterparty: LocalAccount
+) -> int:
+    """One tensor dispute about ``worker``'s first hop, through the court to its ruling by
+    seven jurors (three seats, all voting RIGHT, so that the worker still claims its range
+    below); returns its length in blocks."""
+    c, auditor = bench.contracts, bench.sponsor
+    w3 = c.w3
+    dev = Sender.unlocked(w3.eth.accounts[3])
+    penalty = int(c.court.functions.penaltyWei().call())
+    jurors = []
+    for _ in range(JURORS):
+        wallet, key = Sender.from_account(Account.create()), Account.create()
+        w3.eth.send_transaction({"from": dev.address, "to": wallet.address, "value": 3 * ETH})
+        register_node(c, wallet, key.key, Capacity("cpu", 1_024, 1, 1), ETH)
+        bench.record("Court.deposit", deposit_juror(c, wallet, key.address, 5 * penalty))
+        jurors.append((wallet, key.address))
+    # The certificate's first receipt is the worker's, countersigned (``make_receipts``).
+    receipt = make_receipts(1, cert.dataNode, worker, counterparty, bench.run_id)[0]
+    domain = bench.domain
+    entry = SignedReceipt(
+        receipt,
+        sign_receipt(receipt, domain, worker.key),
+        sign_receipt(receipt, domain, counterparty.key),
+    )
+    leaf = certify_hop(receipt, domain, entry.worker_signature, entry.counterparty_signature)
+    index = next(
+        i for i in range(cert.count) if tree.leaf_proof(i).hop.receiptDigest == leaf.receiptDigest
+    )
+    proof = fraud_proofs.wrong_tensor(cert, tree.leaf_proof(index), entry)
+    assert proof.fraud == Fraud.WRONG_TENSOR
+    started, first_block, gas = time.perf_counter(), int(w3.eth.block_number), []
+    salt = os.urandom(32)
+    gas.append(bench.record("commit (fraud proof)", commit_proof(c, auditor, proof, salt)))
+    mine_blocks(w3, 1)
+    opened = bench.record("openTensorDispute", reveal_proof(c, auditor, proof, salt))
+    referred_events = c.disputes.events.TensorDisputeReferred()
+    (referred,) = referred_events.process_receipt(opened, errors=DISCARD)
+    case_id = int(referred["args"]["caseId"])
+    court, phase = c.court.functions, int(c.court.functions.phaseBlocks().call())
+    worker_wallet = bench.wallet_of[worker.address]
+    gas += [
+        opened,
+        bench.record("Court.answer", c.send(worker_wallet, court.answer(case_id, salt))),
+    ]
+    digest = fraud_proofs.disputed_receipt_digest(proof)
+    revealed = c.send(auditor, court.revealSalt(case_id, draw_salt_of(auditor, digest)))
+    gas.append(bench.record("Court.revealSalt", revealed))
+    mine_blocks(w3, int(court.getRounds(case_id).call()[0][0]) - int(w3.eth.block_number))
+    gas.append(bench.record("Court.draw (3 seats)", c.send(auditor, court.draw(case_id))))
+    seats = {str(node) for node in court.getRounds(case_id).call()[0][8]}
+    sitting = [(wallet, node) for wallet, node in jurors if node in seats]
+    vote_salt = os.urandom(32)
+    for wallet, node in sitting:
+        sealed = court.voteCommitment(case_id, 0, node, 1, vote_salt).call()
+        gas.append(
+            bench.record(
+                "Court.commitVote", c.send(wallet, court.commitVote(case_id, node, sealed))
+            )
+        )
+    drawn_at = int(court.getRounds(case_id).call()[0][2])
+    mine_blocks(w3, drawn_at + phase - int(w3.eth.block_number))
+    for wallet, node in sitting:
+        fn = court.revealVote(case_id, node, 1, vote_salt)
+        gas.append(bench.record("Court.revealVote", c.send(wallet, fn)))
+    mine_blocks(w3, drawn_at + 3 * phase - int(w3.eth.block_number))
+    gas.append(bench.record("Court.executeRuling", c.send(auditor, court.executeRuling(case_id))))
+    bench.dispute_gas = sum(int(receipt["gasUsed"]) for receipt in gas)
+    bench.dispute_s = time.perf_counter() - started
+    return int(w3.eth.block_number) - first_block
 
 
 def print_tables(bench: Bench, results: list[TreeResult], console: Console) -> None:
@@ -310,6 +397,15 @@ def print_tables(bench: Bench, results: list[TreeResult], console: Console) -> N
         f"({big.submit_gas / big.receipts:.3f} for the certificate, "
         f"{(big.submit_gas + big.claim_gas) / big.receipts:.3f} with the claims). A microbatch "
         f"of a {STAGES}-stage pipeline makes {2 * STAGES} receipts."
+    )
+    deployed = SuiteParams()
+    # The same case at the deployed windows: the salts, the draw delay and three windows.
+    blocks = 2 * deployed.court_phase_blocks + deployed.court_draw_delay_blocks
+    blocks += 3 * deployed.court_phase_blocks
+    console.print(
+        f"one tensor dispute end to end (3 jurors, no appeal): {bench.dispute_gas:,} gas over "
+        f"{bench.dispute_blocks} blocks here ({bench.dispute_s:.1f} s on eth-tester); at the "
+        f"deployed windows about {blocks} blocks, {blocks * 12 / 3600:.1f} h of 12 s blocks"
     )
     console.print(
         f"leaves and tree of {big.receipts:,} hops: {big.leaves_s + big.tree_s:.2f} s; "

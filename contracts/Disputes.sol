@@ -4,6 +4,7 @@ pragma solidity ^0.8.28;
 import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
 import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
 import {MerkleProof} from "@openzeppelin/contracts/utils/cryptography/MerkleProof.sol";
+import {Court} from "./Court.sol";
 import {CertifiedHop, CertRef, HopReceipt, HopReceipts} from "./HopReceipts.sol";
 import {NodeRegistry} from "./NodeRegistry.sol";
 import {WorkLedger} from "./WorkLedger.sol";
@@ -21,9 +22,10 @@ import {WorkLedger} from "./WorkLedger.sol";
 /// the bounty waits until no earlier commitment can still be revealed and no tensor dispute
 /// about the node is open, then `awardBounty` credits it once.
 /// A wrong tensor is the one fraud the chain cannot judge (no contract runs the model): a
-/// challenger opens a tensor dispute with a bond, the run's sponsor re-executes the hop and
-/// rules before the epoch settles. Any number of disputes may run side by side on one
-/// receipt; a rejected dispute's bond goes to the worker, a lapsed one's is burned.
+/// challenger opens a tensor dispute with a bond and the first jury's fees, and the Court's
+/// drawn jury of re-executors rules, after the epoch settles if need be: meanwhile only the
+/// worker's claims of that epoch and its stake's withdrawal are frozen. Any number of disputes
+/// may run side by side on one receipt; a rejected dispute's bond goes to the worker.
 contract Disputes is ReentrancyGuard {
     using HopReceipts for HopReceipt;
 
@@ -38,9 +40,9 @@ contract Disputes is ReentrancyGuard {
     enum DisputeState {
         None,
         Open,
-        Upheld, // the arbiter found the tensor wrong: the worker is slashed
-        Rejected, // the arbiter found the tensor right: the bond goes to the worker
-        Lapsed // nobody ruled before the epoch settled: the bond is burned
+        Upheld, // the jury found the tensor wrong: the worker is slashed
+        Rejected, // the jury found the tensor right: the bond goes to the worker
+        NoJury // no jury could be drawn: the bond returns to the challenger
     }
 
     /// @notice A tensor dispute: a challenger's claim that a certified hop's output is not what
@@ -86,10 +88,12 @@ contract Disputes is ReentrancyGuard {
 
     NodeRegistry public immutable registry;
     WorkLedger public immutable ledger;
+    /// @notice The court whose juries rule on tensor disputes.
+    Court public immutable court;
     /// @notice Share of a slashed stake that goes to the challenger, in basis points.
     uint256 public immutable bountyBps;
     /// @notice What a challenger deposits to open a tensor dispute; the worker keeps it when the
-    /// arbiter finds the tensor right (its wallet is credited), so disputing honest work costs the
+    /// jury finds the tensor right (its wallet is credited), so disputing honest work costs the
     /// disputer.
     uint256 public immutable tensorBondWei;
     /// @notice Blocks after its commitment's block within which a proof must be revealed; a
@@ -97,9 +101,6 @@ contract Disputes is ReentrancyGuard {
     /// cheater's accomplice cannot sit on one self-report waiting to front-run an auditor,
     /// long enough for an auditor's reveal to be mined.
     uint256 public immutable revealWindowBlocks;
-    /// @notice A tensor dispute opens no later than this long before the epoch settles, so its
-    /// arbiter has at least this long to re-execute the hop and rule.
-    uint256 public constant MIN_RULING_S = 300;
 
     /// @notice The tensor disputes, numbered from 1.
     mapping(uint256 id => TensorDispute) public tensorDisputes;
@@ -108,6 +109,14 @@ contract Disputes is ReentrancyGuard {
     mapping(bytes32 receiptDigest => mapping(address challenger => uint256 id)) public tensorDisputeOf;
     /// @notice How many tensor disputes were opened.
     uint256 public tensorDisputeCount;
+    /// @notice The tensor dispute of each court case.
+    mapping(uint256 caseId => uint256 id) public disputeOfCase;
+    /// @dev Open tensor disputes per keccak256(abi.encode(runId, epoch, worker)): the worker's
+    /// claims of that epoch wait for their rulings.
+    mapping(bytes32 claimKey => uint256 count) internal frozenClaims;
+    /// @notice Open tensor disputes per run and epoch: relays keep the epoch's evidence for
+    /// the jurors until they are ruled, after the epoch settles if need be.
+    mapping(uint256 runId => mapping(uint64 epoch => uint256 count)) public openTensorDisputes;
 
     /// @notice Each commitment (block 0: none, or revealed).
     mapping(bytes32 commitment => Commitment) public commitments;
@@ -149,8 +158,8 @@ contract Disputes is ReentrancyGuard {
         HopReceipt receipt,
         bytes workerSignature
     );
-    event TensorDisputeRuled(uint256 indexed id, bool wrongTensor, bytes32 evidenceHash);
-    event TensorDisputeLapsed(uint256 indexed id, uint256 burnedWei);
+    event TensorDisputeReferred(uint256 indexed id, uint256 indexed caseId);
+    event TensorDisputeRuled(uint256 indexed id, uint256 ruling);
 
     error BountyOutOfRange(uint256 bountyBps, uint256 maxBountyBps);
     error UnexpectedPayment(address sender);
@@ -179,22 +188,20 @@ contract Disputes is ReentrancyGuard {
     error WrongBond(uint256 sentWei, uint256 bondWei);
     error ReceiptNotOfCertificate(uint64 index);
     error NotWorkersSignature(address worker);
-    error TooLateToDispute(uint256 runId, uint64 epoch, uint256 lastOpenAt);
     error DisputeExists(uint256 id);
-    error DisputeNotOpen(uint256 id);
-    error NotArbiter(address caller, address arbiter);
-    error RulingPeriodOver(uint256 id, uint256 settlesAt);
-    error RulingPeriodOpen(uint256 id, uint256 settlesAt);
+    error NotCourt(address caller);
     error BondOutOfRange(uint256 bondWei);
 
     /// @param registry_ The NodeRegistry (which names this contract its slasher).
     /// @param ledger_ The WorkLedger (which names this contract its disputes).
+    /// @param court_ The Court (which names this contract its arbitrable).
     /// @param bountyBps_ Challenger's share of a slashed stake, in basis points (1..MAX_BOUNTY_BPS).
     /// @param tensorBondWei_ The bond of a tensor dispute (non-zero, below 2^128).
     /// @param revealWindowBlocks_ Blocks within which a commitment is revealed (1..2^32).
     constructor(
         NodeRegistry registry_,
         WorkLedger ledger_,
+        Court court_,
         uint256 bountyBps_,
         uint256 tensorBondWei_,
         uint256 revealWindowBlocks_
@@ -206,6 +213,7 @@ contract Disputes is ReentrancyGuard {
         }
         registry = registry_;
         ledger = ledger_;
+        court = court_;
         bountyBps = bountyBps_;
         tensorBondWei = tensorBondWei_;
         revealWindowBlocks = revealWindowBlocks_;
@@ -363,18 +371,23 @@ contract Disputes is ReentrancyGuard {
 
     /// @notice Disputes the output of a certified hop: the challenger says the worker's stage,
     /// with its weights at the hop's iteration, does not compute the output digest the worker
-    /// signed from the input digest it signed. Takes `tensorBondWei`; the run's sponsor rules.
-    /// Needs a commitment from an earlier block, like every proof, by whose order an upheld
-    /// dispute ranks for the bounty, and opens no later than MIN_RULING_S before the epoch
-    /// settles. Other challengers' disputes about the same receipt, lost, lapsed or open, do
-    /// not stand in its way; a worker convicted already is disputed only by a commitment
-    /// earlier than the one leading for its bounty, before the bounty is awarded.
+    /// signed from the input digest it signed. Takes `tensorBondWei` plus the court's first
+    /// jury fees (`court.arbitrationCost()`), and opens a case in the court, whose drawn jury
+    /// rules. Needs a commitment from an earlier block, like every proof, by whose order an
+    /// upheld dispute ranks for the bounty, and opens before the epoch settles; the ruling may
+    /// come later. Until it does, the worker's claims of the epoch in the run and its stake's
+    /// withdrawal are frozen, and nothing else. Other challengers' disputes about the same
+    /// receipt, lost or open, do not stand in its way; a worker convicted already is disputed
+    /// only by a commitment earlier than the one leading for its bounty, before the bounty is
+    /// awarded.
     /// @param cert The certificate that holds the hop.
     /// @param hop The leaf.
     /// @param proof Its Merkle proof.
     /// @param receipt The leaf's receipt.
     /// @param workerSignature The worker's signature of it.
     /// @param salt The challenger's salt of the commitment.
+    /// @param drawSaltHash keccak256(abi.encode(drawSalt)): the challenger's secret share of the
+    /// jury's randomness, revealed to the court once the worker has answered.
     /// @return id The dispute's number.
     function openTensorDispute(
         CertRef calldata cert,
@@ -382,76 +395,96 @@ contract Disputes is ReentrancyGuard {
         bytes32[] calldata proof,
         HopReceipt calldata receipt,
         bytes calldata workerSignature,
-        bytes32 salt
+        bytes32 salt,
+        bytes32 drawSaltHash
     ) external payable nonReentrant returns (uint256 id) {
-        if (msg.value != tensorBondWei) revert WrongBond(msg.value, tensorBondWei);
+        uint256 fees = court.arbitrationCost();
+        if (msg.value != tensorBondWei + fees) revert WrongBond(msg.value, tensorBondWei + fees);
         Commitment memory committed =
             _useCommitment(keccak256(abi.encode(Fraud.WrongTensor, cert, hop, proof, receipt, workerSignature)), salt);
         _checkLeaf(cert, hop, proof);
-        (,,, uint256 settlesAt) = ledger.epochTimes(cert.runId, cert.epoch);
-        if (block.timestamp + MIN_RULING_S > settlesAt) {
-            revert TooLateToDispute(cert.runId, cert.epoch, settlesAt - MIN_RULING_S);
-        }
         bytes32 digest = receipt.digest(address(ledger));
         if (hop.receiptDigest != digest) revert NotTheLeafsReceipt(hop.index);
         if (receipt.runId != cert.runId || receipt.epoch != cert.epoch || receipt.dataNode != cert.dataNode) {
             revert ReceiptNotOfCertificate(hop.index);
         }
-        if (_signer(digest, workerSignature) != receipt.worker) revert NotWorkersSignature(receipt.worker);
-        Conviction storage conviction = convictions[receipt.worker];
-        if (conviction.finalAfter != 0 && (conviction.awarded || committed.order > conviction.order)) {
-            revert AlreadySlashed(receipt.worker);
+        address worker = receipt.worker;
+        if (_signer(digest, workerSignature) != worker) revert NotWorkersSignature(worker);
+        Conviction storage conviction = convictions[worker];
+        // A worker slashed already is still disputed about an epoch it was not convicted in
+        // (its pay there stands otherwise), or by a commitment that may lead for the bounty.
+        if (
+            conviction.finalAfter != 0 && (conviction.awarded || committed.order > conviction.order)
+                && ledger.isConvictedIn(cert.runId, cert.epoch, worker)
+        ) {
+            revert AlreadySlashed(worker);
         }
         if (tensorDisputeOf[digest][msg.sender] != 0) revert DisputeExists(tensorDisputeOf[digest][msg.sender]);
         id = ++tensorDisputeCount;
         tensorDisputeOf[digest][msg.sender] = id;
         conviction.openDisputes += 1;
+        frozenClaims[_claimKey(cert.runId, cert.epoch, worker)] += 1;
+        openTensorDisputes[cert.runId][cert.epoch] += 1;
         tensorDisputes[id] = TensorDispute(
             msg.sender,
             DisputeState.Open,
             cert.epoch,
-            receipt.worker,
+            worker,
             committed.order,
             cert.runId,
-            uint128(msg.value),
+            uint128(tensorBondWei),
             committed.blockNumber,
             digest
         );
-        // The whole receipt and signature in the event: the arbiter needs them, whatever
+        (address wallet,,) = registry.bondOf(worker);
+        address sponsor = ledger.getRun(cert.runId).sponsor;
+        registry.freezeStake(worker);
+        uint256 caseId =
+            court.createDispute{value: fees}(Court.Parties(worker, wallet, msg.sender, sponsor, drawSaltHash));
+        disputeOfCase[caseId] = id;
+        // The whole receipt and signature in the event: the jurors need them, whatever
         // contract or wallet sent the transaction.
         emit TensorDisputeOpened(
-            id, cert.runId, cert.epoch, receipt.worker, msg.sender, digest, msg.value, receipt, workerSignature
+            id, cert.runId, cert.epoch, worker, msg.sender, digest, tensorBondWei, receipt, workerSignature
         );
+        emit TensorDisputeReferred(id, caseId);
     }
 
-    /// @notice The arbiter's ruling on a tensor dispute, before the epoch settles. Wrong: the
+    /// @notice The court's final ruling on a dispute's case (ERC-792's `rule`). WRONG: the
     /// challenger gets its bond back and the worker is convicted, the challenger leading for
-    /// the bounty if its commitment is the earliest proven (the worker's stake is taken now
-    /// if no other proof took it). Right: the worker's wallet gets the bond. Only the run's
-    /// sponsor rules; `evidenceHash` names its re-execution record.
-    /// @param id The dispute.
-    /// @param wrongTensor Whether the re-executed output differs from the signed one.
-    /// @param evidenceHash Hash of the arbiter's re-execution record, published off chain.
-    function ruleTensorDispute(uint256 id, bool wrongTensor, bytes32 evidenceHash) external nonReentrant {
+    /// the bounty if its commitment is the earliest proven (the worker's stake is taken now if
+    /// no other proof took it). RIGHT: the worker's wallet gets the bond. REFUSED (no jury
+    /// could be drawn): the bond returns to the challenger. Either way the worker's claims and
+    /// stake thaw. Only the court calls it.
+    /// @param caseId The court's case.
+    /// @param ruling Court.REFUSED, Court.RIGHT or Court.WRONG.
+    function rule(uint256 caseId, uint256 ruling) external nonReentrant {
+        if (msg.sender != address(court)) revert NotCourt(msg.sender);
+        // The court rules each of its cases once, and only cases this contract opened.
+        uint256 id = disputeOfCase[caseId];
         TensorDispute storage dispute = tensorDisputes[id];
-        if (dispute.state != DisputeState.Open) revert DisputeNotOpen(id);
-        address arbiter = ledger.getRun(dispute.runId).sponsor;
-        if (msg.sender != arbiter) revert NotArbiter(msg.sender, arbiter);
-        (,,, uint256 settlesAt) = ledger.epochTimes(dispute.runId, dispute.epoch);
-        if (block.timestamp >= settlesAt) revert RulingPeriodOver(id, settlesAt);
-        emit TensorDisputeRuled(id, wrongTensor, evidenceHash);
-        convictions[dispute.worker].openDisputes -= 1;
-        if (!wrongTensor) {
-            dispute.state = DisputeState.Rejected;
-            (address wallet,,) = registry.bondOf(dispute.worker);
-            creditWei[wallet] += dispute.bondWei;
+        address worker = dispute.worker;
+        emit TensorDisputeRuled(id, ruling);
+        convictions[worker].openDisputes -= 1;
+        frozenClaims[_claimKey(dispute.runId, dispute.epoch, worker)] -= 1;
+        openTensorDisputes[dispute.runId][dispute.epoch] -= 1;
+        registry.thawStake(worker);
+        if (ruling != 2) {
+            address paid = dispute.challenger;
+            if (ruling == 1) {
+                dispute.state = DisputeState.Rejected;
+                (paid,,) = registry.bondOf(worker);
+            } else {
+                dispute.state = DisputeState.NoJury;
+            }
+            creditWei[paid] += dispute.bondWei;
             return;
         }
         dispute.state = DisputeState.Upheld;
         address challenger = dispute.challenger;
         creditWei[challenger] += dispute.bondWei;
         _convict(
-            dispute.worker,
+            worker,
             dispute.runId,
             dispute.epoch,
             Fraud.WrongTensor,
@@ -461,19 +494,14 @@ contract Disputes is ReentrancyGuard {
         );
     }
 
-    /// @notice Closes a dispute nobody ruled on before the epoch settled: the worker keeps its
-    /// stake and the bond is burned, so that disputes flooded to keep the arbiter from ruling
-    /// cost their senders (it goes neither to the sponsor nor to the run's funds).
-    /// @param id The dispute.
-    function lapseTensorDispute(uint256 id) external nonReentrant {
-        TensorDispute storage dispute = tensorDisputes[id];
-        if (dispute.state != DisputeState.Open) revert DisputeNotOpen(id);
-        (,,, uint256 settlesAt) = ledger.epochTimes(dispute.runId, dispute.epoch);
-        if (block.timestamp < settlesAt) revert RulingPeriodOpen(id, settlesAt);
-        dispute.state = DisputeState.Lapsed;
-        convictions[dispute.worker].openDisputes -= 1;
-        burnedWei += dispute.bondWei;
-        emit TensorDisputeLapsed(id, dispute.bondWei);
+    /// @notice Whether `node`'s claims of `epoch` in `runId` wait for a court ruling (the
+    /// ledger refuses them until then).
+    /// @param runId The run.
+    /// @param epoch The epoch.
+    /// @param node The worker.
+    /// @return True while a tensor dispute about its hop of that epoch is open.
+    function claimsFrozen(uint256 runId, uint64 epoch, address node) external view returns (bool) {
+        return frozenClaims[_claimKey(runId, epoch, node)] != 0;
     }
 
     /// @notice Credits a convicted node's bounty to the proven challenger whose commitment came
@@ -515,6 +543,10 @@ contract Disputes is ReentrancyGuard {
     }
 
     // ---------------------------------------------------------------- internals
+
+    function _claimKey(uint256 runId, uint64 epoch, address node) private pure returns (bytes32) {
+        return keccak256(abi.encode(runId, epoch, node));
+    }
 
     /// @dev The caller's commitment to the proof, from an earlier block and within the reveal
     /// window; used up.

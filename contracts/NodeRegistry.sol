@@ -61,6 +61,8 @@ contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
 
     mapping(address node => Node) private _nodes;
     mapping(address wallet => address[]) private _walletNodes;
+    /// @notice Open tensor disputes about each node: its stake is not withdrawn until they end.
+    mapping(address node => uint256) public frozenCount;
 
     event SlasherSet(address indexed slasher);
     event NodeRegistered(
@@ -90,6 +92,7 @@ contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
     error BadBindingSignature(address node, address signer);
     error TransferFailed(address to, uint256 amountWei);
     error PageTooLarge(uint256 limit, uint256 maxLimit);
+    error StakeFrozen(address node, uint256 openDisputes);
 
     modifier onlyNodeWallet(address node) {
         address wallet = _nodes[node].wallet;
@@ -193,6 +196,7 @@ contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
         if (record.status != NodeStatus.Unbonding) revert NodeNotUnbonding(node, record.status);
         uint256 unlocksAt = uint256(record.unbondingAt) + unbondingDelayS;
         if (block.timestamp < unlocksAt) revert StakeStillLocked(node, unlocksAt, block.timestamp);
+        if (frozenCount[node] != 0) revert StakeFrozen(node, frozenCount[node]);
         uint256 amount = record.stakeWei;
         record.stakeWei = 0;
         record.status = NodeStatus.Withdrawn;
@@ -217,6 +221,22 @@ contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
         totalStakedWei -= amountWei;
         emit NodeSlashed(node, amountWei);
         _send(msg.sender, amountWei);
+    }
+
+    /// @notice Keeps the node's stake from being withdrawn until a matching thawStake: a tensor
+    /// dispute about it awaits the court, whose ruling may come after the unbonding delay.
+    /// Only the slasher may call.
+    /// @param node The accused node.
+    function freezeStake(address node) external {
+        if (msg.sender != slasher) revert NotSlasher(msg.sender);
+        frozenCount[node] += 1;
+    }
+
+    /// @notice Ends one freezeStake. Only the slasher may call.
+    /// @param node The node.
+    function thawStake(address node) external {
+        if (msg.sender != slasher) revert NotSlasher(msg.sender);
+        frozenCount[node] -= 1;
     }
 
     /// @notice The EIP-712 digest the node key signs to bind itself to `wallet`.

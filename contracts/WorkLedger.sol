@@ -9,6 +9,12 @@ import {CertifiedHop, CertRef, HopReceipt, HopReceipts} from "./HopReceipts.sol"
 import {NodeRegistry} from "./NodeRegistry.sol";
 import {RunBook} from "./RunBook.sol";
 
+/// @notice The disputes contract's answer to whether a worker's claims of an epoch wait for a
+/// ruling.
+interface IClaimFreeze {
+    function claimsFrozen(uint256 runId, uint64 epoch, address node) external view returns (bool);
+}
+
 /// @title WorkLedger
 /// @notice The work a run pays for, and the paying. Per run and epoch each of the run's data
 /// nodes commits the Merkle root of its certificate tree: every hop of the microbatches it
@@ -97,6 +103,7 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
     error AlreadyClaimed(uint256 runId, uint64 epoch, address dataNode, address node);
     error ClaimsExceedCertificate(uint256 claimedUnits, uint64 certificateUnits);
     error ClaimantConvicted(uint256 runId, uint64 epoch, address node);
+    error ClaimFrozen(address node);
     error EmptyRange(address node);
     error NotSettled(uint256 runId, uint64 epoch, uint256 settlesAt);
     error ClaimPeriodOver(uint256 runId, uint64 epoch, uint256 closedAt);
@@ -234,6 +241,8 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         if (_convicted[keccak256(abi.encode(cert.runId, cert.epoch, node))]) {
             revert ClaimantConvicted(cert.runId, cert.epoch, node);
         }
+        // A claim of the epoch whose hop a tensor dispute accuses waits for the court's ruling.
+        if (IClaimFreeze(disputes).claimsFrozen(cert.runId, cert.epoch, node)) revert ClaimFrozen(node);
         (address wallet,,) = registry.bondOf(node);
         if (wallet != msg.sender) revert NotNodeWallet(node, msg.sender);
         emit RewardClaimed(cert.runId, cert.epoch, node, cert.dataNode, msg.sender, uint64(units), amount);

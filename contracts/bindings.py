@@ -55,9 +55,12 @@ HINTS: Mapping[str, str] = {
     "CommitmentTooRecent": "reveal the proof in a later block than its commitment",
     "CommitmentExpired": "commit to the proof again and reveal it within revealWindowBlocks",
     "BountyNotFinal": "wait until the reveal window closes and the node's tensor disputes end",
-    "WrongBond": "send exactly Disputes.tensorBondWei with a tensor dispute",
-    "NotArbiter": "only the run's sponsor rules on its tensor disputes",
-    "TooLateToDispute": "open a tensor dispute at least MIN_RULING_S before the epoch settles",
+    "WrongBond": "send Disputes.tensorBondWei plus Court.arbitrationCost with a tensor dispute",
+    "NotCourt": "only the court rules on tensor disputes; see `gwtf-node audit jury`",
+    "ClaimFrozen": "a tensor dispute about this node's hop awaits the court; claim after it",
+    "StakeFrozen": "a tensor dispute about this node awaits the court; withdraw after it",
+    "PoolTooSmall": "too few jurors hold a deposit; the case waits (`gwtf-node audit jury join`)",
+    "OutsideWindow": "this court step is open only between the blocks given",
     "NodeAlreadyRegistered": "this node key is registered already; see `gwtf-node status`",
     "UnknownNode": "register the node first with `gwtf-node register`",
     "NodeNotActive": "the node is unbonding or slashed; see `gwtf-node status`",
@@ -228,6 +231,21 @@ class SuiteParams:
     tensor_bond_wei: int = 10**17
     #: Blocks within which a committed proof is revealed (about 4 minutes of 12 s blocks).
     reveal_window_blocks: int = 20
+    #: The Court: a coherent juror seat's fee (a seat's penalty is 20 fees).
+    court_fee_wei: int = 2 * 10**15
+    #: Each of the court's windows (answer, salt, commit, reveal, appeal): an hour of 12 s blocks.
+    court_phase_blocks: int = 300
+    #: Blocks from the last party input to a draw's seed block (beyond RANDAO's lookahead).
+    court_draw_delay_blocks: int = 132
+    #: Fewest distinct jurors a jury is drawn from.
+    court_min_pool: int = 7
+    #: The draw's beacon: COURT_PREVRANDAO or COURT_BLOCKHASH.
+    court_source: int = 1
+
+
+#: Court.Source: the draw's beacon.
+COURT_BLOCKHASH = 0
+COURT_PREVRANDAO = 1
 
 
 @dataclass(frozen=True)
@@ -238,6 +256,7 @@ class Suite:
     registry: Contract
     ledger: Contract
     disputes: Contract
+    court: Contract
 
     @property
     def addresses(self) -> dict[str, str]:
@@ -245,6 +264,7 @@ class Suite:
             "NodeRegistry": self.registry.address,
             "WorkLedger": self.ledger.address,
             "Disputes": self.disputes.address,
+            "Court": self.court.address,
         }
 
 
@@ -268,21 +288,31 @@ def attach(w3: Web3, name: str, address: str) -> Contract:
     return w3.eth.contract(address=Web3.to_checksum_address(address), abi=abi)
 
 
+def deploy_court(w3: Web3, deployer: str, registry: str, params: SuiteParams) -> Contract:
+    """Deploys a Court over ``registry`` with ``params``' court settings (its arbitrable unset)."""
+    return deploy_contract(
+        w3, "Court", deployer, registry, deployer, params.court_source, params.court_fee_wei,
+        params.court_phase_blocks, params.court_draw_delay_blocks, params.court_min_pool,
+    )  # fmt: skip
+
+
 def deploy_suite(w3: Web3, deployer: str, params: SuiteParams | None = None) -> Suite:
-    """Deploys NodeRegistry, WorkLedger and Disputes, and names Disputes the registry's slasher
-    and the ledger's disputes."""
+    """Deploys NodeRegistry, WorkLedger, Court and Disputes, and names Disputes the registry's
+    slasher, the ledger's disputes and the court's arbitrable."""
     params = params or SuiteParams()
     registry = deploy_contract(
         w3, "NodeRegistry", deployer, params.min_stake_wei, params.unbonding_delay_s, deployer
     )
     ledger = deploy_contract(w3, "WorkLedger", deployer, registry.address, deployer)
+    court = deploy_court(w3, deployer, registry.address, params)
     disputes = deploy_contract(
-        w3, "Disputes", deployer, registry.address, ledger.address, params.bounty_bps,
-        params.tensor_bond_wei, params.reveal_window_blocks,
+        w3, "Disputes", deployer, registry.address, ledger.address, court.address,
+        params.bounty_bps, params.tensor_bond_wei, params.reveal_window_blocks,
     )  # fmt: skip
     transact(w3, registry.functions.setSlasher(disputes.address), deployer)
     transact(w3, ledger.functions.setDisputes(disputes.address), deployer)
-    return Suite(w3, registry, ledger, disputes)
+    transact(w3, court.functions.setArbitrable(disputes.address), deployer)
+    return Suite(w3, registry, ledger, disputes, court)
 
 
 def find_certificate(ledger: Contract, run_id: int, epoch: int, data_node: str) -> CertRef | None:

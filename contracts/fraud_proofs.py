@@ -46,8 +46,8 @@ FUNCTIONS = {
 }
 
 #: The one kind the chain does not judge alone: revealing it opens a tensor dispute, with the
-#: contract's bond, that the run's sponsor rules on.
-NEEDS_ARBITER = frozenset({Fraud.WRONG_TENSOR})
+#: contract's bond and the court's first jury fees, that a drawn jury rules on.
+NEEDS_JURY = frozenset({Fraud.WRONG_TENSOR})
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,12 @@ class FraudProof:
     @property
     def function(self) -> str:
         return FUNCTIONS[self.fraud]
+
+
+def draw_salt_hash(draw_salt: bytes) -> bytes:
+    """What a tensor dispute commits of the challenger's share of the jury's randomness
+    (Court.revealSalt checks keccak256(abi.encode(salt)))."""
+    return keccak256(encode(["bytes32"], [draw_salt]))
 
 
 def commitment_of(challenger: str, salt: bytes, proof_hash: bytes) -> bytes:
@@ -122,6 +128,15 @@ def wrong_tensor(cert: CertRef, leaf: LeafProof, entry: SignedReceipt) -> FraudP
     args = (cert.as_tuple(), hop, proof, entry.receipt.as_tuple(), entry.worker_signature)
     types = [CERT_REF_ABI, CERTIFIED_HOP_ABI, "bytes32[]", HOP_RECEIPT_ABI, "bytes"]
     return _proof(Fraud.WRONG_TENSOR, entry.receipt.worker, cert, args, types)
+
+
+def disputed_receipt_digest(proof: FraudProof) -> bytes:
+    """The receipt digest a tensor dispute names (its leaf's)."""
+    if proof.fraud != Fraud.WRONG_TENSOR:
+        raise ValueError(f"a {proof.fraud.name} proof disputes no tensor")
+    hop = proof.args[1]
+    assert isinstance(hop, tuple)
+    return bytes(hop[5])  # CertifiedHop.receiptDigest
 
 
 def _proof(

@@ -1,7 +1,7 @@
 """Each finding the chain judges alone, turned into its fraud proof on chain: committed, revealed
 a block later, and judged. A wrong tensor, which the chain cannot judge, opens a tensor dispute
-the same way (with the contract's bond) for the run's sponsor to rule on (``node.audit.arbiter``).
-What neither can judge is left to the report.
+the same way (with the bond and the first jury's fees) for a drawn jury to rule on
+(``node.audit.jury``). What neither can judge is left to the report.
 
 Safe to run again: a finding already judged (its certificate voided, its accused convicted on a
 commitment earlier than any this challenger holds) is skipped, and a commitment already on
@@ -24,7 +24,7 @@ from web3.logs import DISCARD
 from contracts.bindings import ContractRevert
 from contracts.encoding import CertRef, HopReceipt, ledger_domain, receipt_digest, sign_digest
 from contracts.fraud_proofs import (
-    NEEDS_ARBITER,
+    NEEDS_JURY,
     Conviction,
     Fraud,
     FraudProof,
@@ -44,7 +44,7 @@ from node.chain.actions import (
 from node.chain.adapter import NODE_STATUS_SLASHED, Sender
 
 SLASHED: Final = "slashed"
-DISPUTED: Final = "disputed"  # a tensor dispute is open: the arbiter rules
+DISPUTED: Final = "disputed"  # a tensor dispute is open: a drawn jury rules
 JUDGED_BEFORE: Final = "already judged"
 REFUSED: Final = "refused"
 #: Gas a reveal is sent with: the proofs take 100-200 thousand (``contracts/README.md``).
@@ -82,12 +82,12 @@ def challenge(contracts: Contracts, challenger: Sender, findings: list[Finding])
         proof = finding.proof
         if proof is None:
             continue
-        if proof.fraud in NEEDS_ARBITER and proof.accused.lower() in disputed:
+        if proof.fraud in NEEDS_JURY and proof.accused.lower() in disputed:
             # One dispute per worker: a ruling of wrong slashes its whole stake at once.
             done.judgements.append(Judgement(finding, JUDGED_BEFORE, "a dispute about it is open"))
             continue
         judgement = _judge(contracts, challenger, finding, proof)
-        if proof.fraud in NEEDS_ARBITER and judgement.outcome != REFUSED:
+        if proof.fraud in NEEDS_JURY and judgement.outcome != REFUSED:
             disputed.add(proof.accused.lower())
         done.judgements.append(judgement)
     done.withdrawn_wei = collect_bounties(contracts, challenger, findings)
@@ -121,9 +121,10 @@ def _judge(c: Contracts, challenger: Sender, finding: Finding, proof: FraudProof
     except ChainError as exc:  # mined and failed, no receipt in time: the next proofs go on
         return Judgement(finding, REFUSED, " ".join(str(exc).split())[:300])
     tx_hash = receipt["transactionHash"].hex()
-    if proof.fraud in NEEDS_ARBITER:
+    if proof.fraud in NEEDS_JURY:
         (opened,) = c.disputes.events.TensorDisputeOpened().process_receipt(receipt, errors=DISCARD)
-        detail = f"tensor dispute {opened['args']['id']} opened: the run's sponsor rules"
+        dispute_id = opened["args"]["id"]
+        detail = f"tensor dispute {dispute_id} opened: a drawn jury rules (`gwtf-node jury serve`)"
         return Judgement(finding, DISPUTED, detail, tx_hash=tx_hash)
     (event,) = c.disputes.events.FraudProven().process_receipt(receipt, errors=DISCARD)
     args = event["args"]

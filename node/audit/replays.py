@@ -80,7 +80,7 @@ class Replayed:
     """One sampled hop: its replay, or why there is none; whose weights it ran with."""
 
     entry: SignedReceipt
-    leaf: LeafProof | None  # None: a hop judged alone (the arbiter's), not from a tree
+    leaf: LeafProof | None  # None: a hop judged alone (a juror's), not from a tree
     replay: Replay | None
     why_not: str = ""
     weights_from: str = ""  # whose kept weights it ran with (node addresses, "+"-joined)

@@ -16,8 +16,21 @@ from web3.logs import DISCARD
 
 from contracts.bindings import attach
 from contracts.certificate_tree import CertificateTree
-from contracts.encoding import CertRef, node_public_key, registry_domain, sign_binding
-from contracts.fraud_proofs import NEEDS_ARBITER, FraudProof, commitment_of
+from contracts.encoding import (
+    CertRef,
+    node_public_key,
+    registry_domain,
+    sign_binding,
+    sign_digest,
+)
+from contracts.fraud_proofs import (
+    NEEDS_JURY,
+    FraudProof,
+    commitment_of,
+    disputed_receipt_digest,
+    draw_salt_hash,
+)
+from contracts.keccak import keccak256
 from gwtf.errors import ChainError
 from node.chain.adapter import Sender, Web3Chain, connect, send_transaction, transact_as
 from node.chain.deployment import DevnetInfo, read_devnet_file
@@ -26,7 +39,8 @@ from node.settings import Settings
 REGISTRY = "NodeRegistry"
 LEDGER = "WorkLedger"
 DISPUTES = "Disputes"
-SUITE = (REGISTRY, LEDGER, DISPUTES)
+COURT = "Court"
+SUITE = (REGISTRY, LEDGER, DISPUTES, COURT)
 
 
 @dataclass(frozen=True)
@@ -37,6 +51,7 @@ class Contracts:
     registry: Any
     ledger: Any
     disputes: Any
+    court: Any
     #: Fixed gas limit for every transaction (after a revert check), or None to estimate.
     gas_limit: int | None = None
 
@@ -54,15 +69,21 @@ class Contracts:
                     f"no {name} contract at {contract.address} on this chain; "
                     "restart `gwtf-node devnet` (a devnet forgets everything when it stops)"
                 )
-        suite = cls(w3, contracts[REGISTRY], contracts[LEDGER], contracts[DISPUTES], gas_limit)
+        suite = cls(
+            w3, contracts[REGISTRY], contracts[LEDGER], contracts[DISPUTES], contracts[COURT],
+            gas_limit,
+        )  # fmt: skip
         suite.check_wiring()
         return suite
 
     def check_wiring(self) -> None:
         """Refuse contracts that are not wired to each other as ``deploy_suite`` wires them: a
         registry whose slasher is someone else's could slash anyone."""
-        registry, ledger, disputes = self.registry, self.ledger, self.disputes
+        registry, ledger, disputes, court = self.registry, self.ledger, self.disputes, self.court
         links = {
+            "Court.arbitrable": (court.functions.arbitrable(), disputes.address),
+            "Court.registry": (court.functions.registry(), registry.address),
+            "Disputes.court": (disputes.functions.court(), court.address),
             "NodeRegistry.slasher": (registry.functions.slasher(), disputes.address),
             "WorkLedger.disputes": (ledger.functions.disputes(), disputes.address),
             "WorkLedger.registry": (ledger.functions.registry(), registry.address),
@@ -227,9 +248,14 @@ def commit_proof(c: Contracts, challenger: Sender, proof: FraudProof, salt: byte
 def reveal_proof(
     c: Contracts, challenger: Sender, proof: FraudProof, salt: bytes, gas_limit: int | None = None
 ) -> Any:
-    """The second half: the proof itself, which slashes the accused if it holds. With
-    ``gas_limit`` it is checked against the pending block and sent with that limit."""
-    fn = getattr(c.disputes.functions, proof.function)(*proof.args, salt)
+    """The second half: the proof itself, which slashes the accused if it holds (a tensor
+    dispute commits the challenger's draw salt, ``draw_salt_of``). With ``gas_limit`` it is
+    checked against the pending block and sent with that limit."""
+    args: tuple[Any, ...] = (*proof.args, salt)
+    if proof.fraud in NEEDS_JURY:
+        digest = disputed_receipt_digest(proof)
+        args += (draw_salt_hash(draw_salt_of(challenger, digest)),)
+    fn = getattr(c.disputes.functions, proof.function)(*args)
     bond_wei = bond_of(c, proof)
     if gas_limit is None:
         return c.send(challenger, fn, bond_wei)
@@ -237,18 +263,43 @@ def reveal_proof(
 
 
 def bond_of(c: Contracts, proof: FraudProof) -> int:
-    """What revealing ``proof`` costs beyond gas: a tensor dispute's bond, else nothing."""
-    if proof.fraud not in NEEDS_ARBITER:
+    """What revealing ``proof`` costs beyond gas: a tensor dispute's bond and the court's first
+    jury fees, else nothing."""
+    if proof.fraud not in NEEDS_JURY:
         return 0
-    return int(c.disputes.functions.tensorBondWei().call())
+    bond = int(c.disputes.functions.tensorBondWei().call())
+    return bond + int(c.court.functions.arbitrationCost().call())
 
 
-def rule_tensor_dispute(
-    c: Contracts, arbiter: Sender, dispute_id: int, wrong_tensor: bool, evidence_hash: bytes
-) -> Any:
-    """The run's sponsor's ruling on a tensor dispute (before its epoch settles)."""
-    fn = c.disputes.functions.ruleTensorDispute(dispute_id, wrong_tensor, evidence_hash)
-    return c.send(arbiter, fn)
+def secret_of(sender: Sender, purpose: bytes) -> bytes:
+    """A secret only ``sender``'s key can make, the same each time: a deterministic (RFC 6979)
+    signature of a message no contract asks to be signed. An account the chain unlocks (a dev
+    chain's) has no key here: its "secret" is derived from its address, which anyone can."""
+    message = keccak256(b"gwtf secret " + purpose)
+    if sender.account is None:
+        return keccak256(bytes.fromhex(sender.address[2:]) + message)
+    return keccak256(sign_digest(message, bytes(sender.account.key)))
+
+
+def draw_salt_of(challenger: Sender, receipt_digest: bytes) -> bytes:
+    """The challenger's share of the jury randomness of its dispute about a receipt (one per
+    receipt and challenger): committed when it opens the dispute, revealed to the court once
+    the accused has answered."""
+    return secret_of(challenger, b"draw salt " + receipt_digest)
+
+
+def vote_salt_of(juror: Sender, case_id: int, round_: int, node: str) -> bytes:
+    """A juror's vote salt for one case and round: committed sealed, revealed later."""
+    return secret_of(juror, f"vote salt {case_id} {round_} {node.lower()}".encode())
+
+
+def deposit_juror(c: Contracts, wallet: Sender, node: str, amount_wei: int) -> Any:
+    """Lock ``amount_wei`` more as ``node``'s juror deposit (one juror node per wallet)."""
+    return c.send(wallet, c.court.functions.deposit(node), amount_wei)
+
+
+def withdraw_juror_deposit(c: Contracts, wallet: Sender, node: str, amount_wei: int) -> Any:
+    return c.send(wallet, c.court.functions.withdrawDeposit(node, amount_wei))
 
 
 def award_bounty(c: Contracts, sender: Sender, node: str) -> Any:

@@ -8,7 +8,7 @@ provable. Exits 0 when nothing is found and ``EXIT_FINDINGS`` otherwise.
 
 With ``--sample K`` it also re-executes K hops of each certificate, drawn from the first block
 after the epoch's submission deadline, from the evidence the relays keep, on CPU with the run's
-model (``--model``, default ``training.model``); a wrong tensor is a finding for the arbiter.
+model (``--model``, default ``training.model``); a wrong tensor is a finding for a jury.
 
 ``challenge`` runs the same audit, then sends each provable finding's fraud proof from the
 given wallet (``node.audit.challenge``: commit, reveal, judged), opens a tensor dispute (with
@@ -16,8 +16,11 @@ the contract's bond) for a wrong tensor, and withdraws the bounties. Exits 0 whe
 is judged or disputed (now or before) and ``EXIT_FINDINGS`` while any is left that the chain did
 not or cannot judge (withheld leaves, an unchecked certificate, a refused or failed proof).
 
-``arbitrate`` is the run sponsor's: it re-executes the hop of every open tensor dispute of the
-run and rules on chain (``node.audit.arbiter``); a dispute it cannot replay stays unruled.
+``jury join`` locks a juror deposit in the Court for one of the wallet's nodes; ``jury serve``
+then takes every step the wallet's roles call for in each open case (``node.audit.jury``): as
+a drawn juror it re-executes the disputed hop and votes by commit-reveal, as the accused it
+answers, as the challenger it reveals its draw salt, and for anyone it draws juries and
+executes rulings that are due. It loops until stopped (``--once``: one pass).
 """
 
 from __future__ import annotations
@@ -55,16 +58,20 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     _audit_flags(prove)
     prove.add_argument("--wallet", required=True, help="the challenger's wallet keystore")
     prove.add_argument("--password-file", help="file holding the keystore password")
-    judge = sub.add_parser(
-        "arbitrate", help="as a run's sponsor, re-execute each disputed hop and rule on it"
+    jury = sub.add_parser(
+        "jury", help="sit on the court's juries: re-execute disputed hops and vote on them"
     )
-    judge.add_argument("--run", type=whole, required=True, help="run id")
-    _peer_flags(judge)
-    judge.add_argument("--model", help="the run's model, e.g. gpt-tiny (default training.model)")
-    _tolerance_flag(judge)
-    judge.add_argument("--wallet", required=True, help="the sponsor's wallet keystore")
-    judge.add_argument("--password-file", help="file holding the keystore password")
-    return {"audit": cmd_audit, "challenge": cmd_challenge, "arbitrate": cmd_arbitrate}
+    jury.add_argument("action", choices=("join", "serve"), help="join: lock a deposit; serve")
+    jury.add_argument("--wallet", required=True, help="the wallet keystore of the juror node")
+    jury.add_argument("--password-file", help="file holding the keystore password")
+    jury.add_argument("--node", help="join: the wallet's node that sits (one per wallet)")
+    jury.add_argument("--deposit-eth", type=float, default=0.0, help="join: ETH to lock")
+    _peer_flags(jury)
+    jury.add_argument("--model", help="the runs' model, e.g. gpt-tiny (default training.model)")
+    _tolerance_flag(jury)
+    jury.add_argument("--once", action="store_true", help="serve: one pass, then exit")
+    jury.add_argument("--poll-s", type=float, default=12.0, help="serve: seconds between passes")
+    return {"audit": cmd_audit, "challenge": cmd_challenge, "jury": cmd_jury}
 
 
 def _audit_flags(parser: argparse.ArgumentParser) -> None:
@@ -133,38 +140,44 @@ def cmd_challenge(args: argparse.Namespace, settings: Settings, console: Console
     return EXIT_FINDINGS if left else 0
 
 
-def cmd_arbitrate(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+def cmd_jury(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     import trio
-    from rich.table import Table
+    from web3 import Web3
 
-    from node.audit.arbiter import arbitrate
-    from node.chain.actions import open_contracts
+    from node.audit.jury import serve_once
+    from node.chain.actions import deposit_juror, open_contracts
     from node.chain.adapter import Sender
     from node.chain.wallet import open_wallet, resolve_password
 
     contracts, _ = open_contracts(settings)
-    arbiter = Sender.from_account(open_wallet(args.wallet, resolve_password(args.password_file)))
+    wallet = Sender.from_account(open_wallet(args.wallet, resolve_password(args.password_file)))
+    if args.action == "join":
+        if not args.node or args.deposit_eth <= 0:
+            raise ConfigError("jury join needs --node ADDRESS and --deposit-eth above 0")
+        node = Web3.to_checksum_address(args.node)
+        amount = Web3.to_wei(args.deposit_eth, "ether")
+        deposit_juror(contracts, wallet, node, amount)
+        console.print(f"{node} sits on juries with {args.deposit_eth} ETH more locked")
+        return 0
     model = args.model or settings.training.model
-    replayer = replayer_for(contracts, args.run, model, settings, TOLERANCES[args.tolerance])
-    call = functools.partial(
-        arbitrate, contracts, arbiter, args.run, args.peer, replayer, args.timeout_s
-    )
-    if args.json:
-        rulings = trio.run(call)
-        print(json.dumps({"run": args.run, "rulings": [r.as_json() for r in rulings]}, indent=2))
-        return 0
-    with console.status("re-executing the disputed hops"):
-        rulings = trio.run(call)
-    if not rulings:
-        console.print(f"run {args.run} has no open tensor dispute")
-        return 0
-    table = Table(title=f"run {args.run}: tensor disputes")
-    for column in ("dispute", "worker", "ruling", "replay"):
-        table.add_column(column)
-    for r in rulings:
-        table.add_row(str(r.dispute_id), r.worker, r.outcome, r.detail)
-    console.print(table)
-    return 0
+    tolerance = TOLERANCES[args.tolerance]
+    replayers: dict[int, Replayer] = {}
+
+    def replayer_of(run_id: int) -> Replayer:
+        if run_id not in replayers:
+            replayers[run_id] = replayer_for(contracts, run_id, model, settings, tolerance)
+        return replayers[run_id]
+
+    while True:
+        steps = trio.run(serve_once, contracts, wallet, args.peer, replayer_of, args.timeout_s)
+        for step in steps:
+            if args.json:
+                print(json.dumps(step.as_json()))
+            else:
+                console.print(f"case {step.case_id}: {step.action} {step.detail}".rstrip())
+        if args.once:
+            return 0
+        trio.run(trio.sleep, args.poll_s)
 
 
 def replayer_for(

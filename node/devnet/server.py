@@ -27,12 +27,16 @@ from rich.table import Table
 from web3 import Web3
 
 from contracts.artifacts import load_artifacts
-from contracts.bindings import deploy_suite
+from contracts.bindings import SuiteParams, deploy_suite
 from gwtf.errors import ChainError
 from node.chain.adapter import connect, format_eth
 from node.chain.deployment import DevAccount, DevnetInfo, write_devnet_file
 from node.devnet.anvil import BACKENDS, DEFAULT_ANVIL, is_runnable, start_anvil
 from node.devnet.rpc import DevnetHttpServer, EthTesterRpc
+
+#: A devnet mines a block per transaction, not per 12 s: the court's windows are 20 blocks and
+#: a draw's seed block 2 after the last party input, so that a local run reaches its rulings.
+DEVNET_PARAMS = SuiteParams(court_phase_blocks=20, court_draw_delay_blocks=2)
 
 
 class LocalChain(Protocol):
@@ -170,7 +174,7 @@ def start_devnet(
                 f"the chain at {url} has no unlocked dev accounts to deploy from; use anvil or "
                 "the embedded devnet"
             )
-        suite = deploy_suite(w3, accounts[0].address)
+        suite = deploy_suite(w3, accounts[0].address, DEVNET_PARAMS)
         info = DevnetInfo(url, int(w3.eth.chain_id), suite.addresses, accounts)
         write_devnet_file(out_file, info)
     except BaseException:

@@ -1,4 +1,4 @@
-"""A relay's kept hop evidence, served to auditors and arbiters: ``/gwtf/evidence/1.0.0``.
+"""A relay's kept hop evidence, served to auditors and jurors: ``/gwtf/evidence/1.0.0``.
 
 Two things can be asked of an epoch: a frame by its SHA-256 (a hop's input or output, as its
 receipt names it; the relay neighbours of a hop keep the same frames, so a worker that
@@ -93,9 +93,11 @@ async def prune_settled_evidence(
     archive: EvidenceArchive, ledger: EpochLedger, now: Callable[[], int], period_s: float
 ) -> None:
     """Every ``period_s``, from the node's start on, delete the evidence of each epoch that has
-    settled by chain time ``now()``: the epoch's ``settlesAt`` (``RunBook.epochTimes``, the end
-    of its challenge window) is when ``Disputes.sol`` stops taking disputes of its hops and
-    ruling on them, so its frames and states can no longer serve an auditor or an arbiter. The
+    settled by chain time ``now()`` and whose tensor disputes are all ruled: the epoch's
+    ``settlesAt`` (``RunBook.epochTimes``, the end of its challenge window) is when
+    ``Disputes.sol`` stops taking disputes of its hops, and a dispute opened before then is
+    ruled by the court's jurors when they have re-executed the hop from this evidence
+    (``Disputes.openTensorDisputes``), possibly later; missing evidence loses a dispute. The
     chain's own times, not a count of epochs: a node stopped for days prunes everything
     settled as soon as it starts again, and a run that has stopped training is still pruned.
 
@@ -117,7 +119,13 @@ async def prune_settled_evidence(
 
 
 def _prune(archive: EvidenceArchive, ledger: EpochLedger, now: int) -> list[int]:
-    return archive.prune_settled(lambda epoch: ledger.epoch_times(epoch).settles_at <= now)
+    disputes = ledger.c.disputes.functions
+
+    def done(epoch: int) -> bool:
+        settled = ledger.epoch_times(epoch).settles_at <= now
+        return settled and int(disputes.openTensorDisputes(ledger.run_id, epoch).call()) == 0
+
+    return archive.prune_settled(done)
 
 
 def _prune_other_runs(root: Path, ledger: EpochLedger, now: int) -> None:

@@ -13,10 +13,15 @@ from web3 import EthereumTesterProvider, Web3
 from contracts.bindings import SuiteParams, deploy_suite
 from contracts.certificate_tree import CertificateTree
 from contracts.encoding import CertRef
+from tests.contracts.jury import Juror, seat_jurors
 from tests.contracts.world import ETH, NodeKey, World
 
 # 2 epochs + the challenge window (4,000 s) fit in the unbonding delay, as openRun requires.
-TEST_PARAMS = SuiteParams(min_stake_wei=ETH, unbonding_delay_s=10_000, bounty_bps=500)
+# The court's windows are a few blocks, so that a test mines through a whole case.
+TEST_PARAMS = SuiteParams(
+    min_stake_wei=ETH, unbonding_delay_s=10_000, bounty_bps=500, court_fee_wei=10**15,
+    court_phase_blocks=20, court_draw_delay_blocks=2, court_min_pool=7,
+)  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -85,3 +90,19 @@ def certified(staffed: Staffed) -> Certified:
 
     tree, cert = w.scenario("certified", build)
     return Certified(w, staffed.run, staffed.data, staffed.a, staffed.b, staffed.c, tree, cert)
+
+
+@dataclass(frozen=True)
+class Juried(Certified):
+    """Certified, with eight juror nodes (1 ETH stake, 0.1 ETH court deposit, each from a
+    wallet of its own)."""
+
+    jurors: list[Juror]
+
+
+@pytest.fixture
+def juried(certified: Certified) -> Juried:
+    w = certified.w
+    jurors = w.scenario("juried", lambda: seat_jurors(w))
+    c = certified
+    return Juried(w, c.run, c.data, c.a, c.b, c.c, c.tree, c.cert, jurors)

@@ -1,7 +1,8 @@
 """Who may call what: one table over every state-changing external function of NodeRegistry,
-WorkLedger and Disputes (the receive hook included). Each function is simulated (eth_call) from
-every role on one prepared chain where the allowed call would succeed: the allowed roles
-succeed, every other role is refused with the function's access error naming that caller."""
+WorkLedger, Disputes and Court (the receive hook included). Each function is simulated
+(eth_call) from every role on one prepared chain where the allowed call would succeed: the
+allowed roles succeed, every other role is refused with the function's access error naming
+that caller."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from eth_utils.crypto import keccak
 
 from contracts import fraud_proofs
 from contracts.artifacts import load_artifacts
-from contracts.bindings import ContractRevert, call, deploy_contract
+from contracts.bindings import ContractRevert, call, deploy_contract, deploy_court
 from contracts.certificate_tree import CertificateTree
 from contracts.encoding import (
     CertifiedHop,
@@ -36,6 +37,7 @@ ROLES = (
     "registry",
     "ledger",
     "disputes",
+    "court",
 )
 ANYONE = frozenset(ROLES)
 
@@ -53,6 +55,7 @@ def address_of(w: World, role: str) -> str:
             "registry": w.registry.address,
             "ledger": w.ledger.address,
             "disputes": w.disputes.address,
+            "court": w.court.address,
         }[role]
     )
 
@@ -75,7 +78,8 @@ class Ctx:
     proofs: dict[str, tuple[FraudProof, bytes]]  # valid proofs the challenger committed to
     fresh_registry: Any  # deployed by the owner, no slasher yet
     fresh_ledger: Any  # deployed by the owner, no disputes yet
-    sponsor: str  # the runs' sponsor, arbiter of tensor dispute 1 (open)
+    fresh_court: Any  # deployed by the owner, no arbitrable yet
+    sponsor: str  # the runs' sponsor; a's hop is in tensor dispute 1, court case 1 (open)
 
 
 def conflicting_receipts(
@@ -141,15 +145,19 @@ def prepare(w: World) -> Ctx:
         ),
     }
     proofs = {name: (proof, w.commit(proof, w.challenger)) for name, proof in pending.items()}
-    # A tensor dispute about a's other hop awaits the sponsor's ruling.
+    # A tensor dispute about a's other hop awaits the court (case 1, in its answer window).
     w.prove(fraud_proofs.wrong_tensor(liar_cert, liar_tree.leaf_proof(3), disputed[1]))
+    # wallet_a's a2 holds a juror deposit (enough that the court, as a caller, can pay too).
+    w.tx(w.court.functions.deposit(a2.address), w.wallet(0), 2 * ETH)
     w.tx(registry.transferOwnership(w.accomplice), w.deployer)
     w.tx(ledger.transferOwnership(w.accomplice), w.deployer)
+    w.tx(w.court.functions.transferOwnership(w.accomplice), w.deployer)
     fresh_registry = deploy_contract(w.w3, "NodeRegistry", w.deployer, ETH, 100, w.deployer)
     fresh_ledger = deploy_contract(w.w3, "WorkLedger", w.deployer, w.registry.address, w.deployer)
+    fresh_court = deploy_court(w.w3, w.deployer, w.registry.address, w.params)
     return Ctx(
         run, closed_run, epoch, data, data2, a, a2, u, b, tree, cert, proofs, fresh_registry,
-        fresh_ledger, w.sponsor,
+        fresh_ledger, fresh_court, w.sponsor,
     )  # fmt: skip
 
 
@@ -288,6 +296,16 @@ RULES: list[Rule] = [
         lambda w, c, _: w.registry.functions.slash(c.a.address),
         lambda c, caller: ("NotSlasher", (caller,)),
     ),
+    Rule(
+        "NodeRegistry", "freezeStake", only("disputes"),
+        lambda w, c, _: w.registry.functions.freezeStake(c.b.address),
+        lambda c, caller: ("NotSlasher", (caller,)),
+    ),
+    Rule(
+        "NodeRegistry", "thawStake", only("disputes"),
+        lambda w, c, _: w.registry.functions.thawStake(c.a.address),
+        lambda c, caller: ("NotSlasher", (caller,)),
+    ),
     # ---- WorkLedger (and its RunBook)
     Rule(
         "WorkLedger", "setDisputes", only("owner"),
@@ -364,12 +382,11 @@ RULES: list[Rule] = [
     ),
     Rule(
         "Disputes", "openTensorDispute", only("challenger"), prove("openTensorDispute"),
-        no_commitment("openTensorDispute"), value=10**17,
+        no_commitment("openTensorDispute"), value=10**17 + 3 * 10**15,
     ),
     Rule(
-        "Disputes", "ruleTensorDispute", only("sponsor"),
-        lambda w, c, _: w.disputes.functions.ruleTensorDispute(1, True, b"\x00" * 32),
-        lambda c, caller: ("NotArbiter", (caller, c.sponsor)),
+        "Disputes", "rule", only("court"), lambda w, c, _: w.disputes.functions.rule(1, 1),
+        lambda c, caller: ("NotCourt", (caller,)),
     ),
     Rule(
         "Disputes", "withdrawCredit", only("challenger"),
@@ -380,6 +397,34 @@ RULES: list[Rule] = [
         "Disputes", "receive", only("registry"),
         lambda w, c, _: PlainTransfer(w, w.disputes.address),
         lambda c, caller: ("UnexpectedPayment", (caller,)), value=1,
+    ),
+    # ---- Court
+    Rule(
+        "Court", "setArbitrable", only("owner"),
+        lambda w, c, _: c.fresh_court.functions.setArbitrable(w.disputes.address), unauthorized,
+    ),
+    *ownable("Court", lambda w: w.court),
+    Rule(
+        "Court", "deposit", only("wallet_a"),
+        lambda w, c, _: w.court.functions.deposit(c.a2.address), not_node_wallet(lambda c: c.a2),
+        value=1,
+    ),
+    Rule(
+        "Court", "withdrawDeposit", only("wallet_a"),
+        lambda w, c, _: w.court.functions.withdrawDeposit(c.a2.address, 1),
+        not_node_wallet(lambda c: c.a2),
+    ),
+    Rule(
+        "Court", "createDispute", only("disputes"),
+        lambda w, c, _: w.court.functions.createDispute(
+            (c.b.address, w.wallet(1), w.challenger, w.sponsor, b"\x00" * 32)
+        ),
+        lambda c, caller: ("NotArbitrable", (caller,)), value=3 * 10**15,
+    ),
+    Rule(
+        "Court", "answer", only("wallet_a"),
+        lambda w, c, _: w.court.functions.answer(1, b"\x01" * 32),
+        lambda c, caller: ("NotParty", (1, caller)),
     ),
 ]  # fmt: skip
 
@@ -409,12 +454,21 @@ def test_access_table(access: tuple[World, Ctx], rule: Rule) -> None:
 
 # Anyone may close an epoch, but only 90 days after it settled: a prepared chain cannot hold
 # that and a settled epoch still open for claims at once. test_rewards.py has a stranger do it.
-# Anyone may lapse a tensor dispute, but only once its epoch settled with it unruled: see
-# test_tensor_disputes.py. Anyone may award a bounty, once: see test_attacks.py.
+# Anyone may award a bounty, once: see test_attacks.py. A court case's later steps belong to
+# whoever its phase names (the challenger's salt, the drawn jurors' votes, anyone's draw,
+# appeal and ruling, an evicted juror's ousting, fees to whom they are owed), each in a window
+# one prepared chain cannot hold at once: test_court.py covers each caller and window.
 OUTSIDE_THE_TABLE = {
     ("WorkLedger", "closeEpoch"),
-    ("Disputes", "lapseTensorDispute"),
     ("Disputes", "awardBounty"),
+    ("Court", "revealSalt"),
+    ("Court", "draw"),
+    ("Court", "commitVote"),
+    ("Court", "revealVote"),
+    ("Court", "appeal"),
+    ("Court", "executeRuling"),
+    ("Court", "evict"),
+    ("Court", "withdrawCredit"),
 }
 
 
@@ -422,7 +476,7 @@ def test_the_table_covers_every_state_changing_function() -> None:
     artifacts = load_artifacts()
     listed = {(rule.contract, rule.function) for rule in RULES} | OUTSIDE_THE_TABLE
     functions = set()
-    for contract in ("NodeRegistry", "WorkLedger", "Disputes"):
+    for contract in ("NodeRegistry", "WorkLedger", "Disputes", "Court"):
         for entry in artifacts.get(contract).abi:
             if entry["type"] == "receive" or (
                 entry["type"] == "function"

@@ -45,7 +45,7 @@ from tests.contracts.conftest import TEST_PARAMS, Certified
 from tests.contracts.world import ETH, World
 
 ROOT = Path(__file__).resolve().parents[2]
-DEPLOYED = ("NodeRegistry", "WorkLedger", "Disputes")
+DEPLOYED = ("NodeRegistry", "WorkLedger", "Disputes", "Court")
 EIP170_MAX_CODE_BYTES = 24_576
 
 
@@ -113,14 +113,20 @@ def test_missing_or_broken_artifacts_say_how_to_fix(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- deployment
 
 
-def test_deploy_suite_deploys_three_contracts_wired_together(world: World) -> None:
+def test_deploy_suite_deploys_four_contracts_wired_together(world: World) -> None:
     w, suite = world, world.suite
     assert suite.addresses == {
         "NodeRegistry": suite.registry.address,
         "WorkLedger": suite.ledger.address,
         "Disputes": suite.disputes.address,
+        "Court": suite.court.address,
     }
-    assert len(set(suite.addresses.values())) == 3
+    assert len(set(suite.addresses.values())) == 4
+    # The court takes cases from the disputes contract only, which knows it.
+    assert w.call(suite.court.functions.arbitrable()) == suite.disputes.address
+    assert w.call(suite.disputes.functions.court()) == suite.court.address
+    assert w.call(suite.court.functions.registry()) == suite.registry.address
+    assert w.call(suite.court.functions.owner()) == w.deployer
     registry, ledger, disputes = (
         c.functions for c in (suite.registry, suite.ledger, suite.disputes)
     )
@@ -314,6 +320,11 @@ def test_every_hint_names_an_error_of_the_suite() -> None:
             "Disputes",
             lambda w: w.disputes.functions.withdrawCredit(),
             lambda w: ("NothingToWithdraw", (w.stranger,)),
+        ),
+        (
+            "Court",
+            lambda w: w.court.functions.executeRuling(7),
+            lambda w: ("WrongPhase", (7, 0)),
         ),
     ],
     ids=DEPLOYED,

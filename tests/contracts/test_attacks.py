@@ -14,7 +14,8 @@ from contracts import fraud_proofs
 from contracts.bindings import ContractRevert
 from contracts.encoding import CertifiedHop, CertRef, peer_id_of_public_key, sign_binding
 from node.local_api.watcher import slashes_of
-from tests.contracts.conftest import TEST_PARAMS, Certified, Staffed
+from tests.contracts import jury
+from tests.contracts.conftest import TEST_PARAMS, Certified, Juried, Staffed
 from tests.contracts.world import (
     EPOCH_S,
     ETH,
@@ -360,7 +361,15 @@ def test_10_no_deployment_sets_a_bounty_that_could_pay(world: World) -> None:
     for bps in (0, 1_001, 10_000):
         try:
             deploy_contract(
-                w.w3, "Disputes", w.deployer, w.registry.address, w.ledger.address, bps, 1, 1
+                w.w3,
+                "Disputes",
+                w.deployer,
+                w.registry.address,
+                w.ledger.address,
+                w.court.address,
+                bps,
+                1,
+                1,
             )
             raise AssertionError(f"a bounty of {bps} bps must be refused")
         except ContractRevert as error:
@@ -395,7 +404,6 @@ def test_11_equal_work_is_paid_equally_whatever_the_order_of_claims_and_voids(
 # ------------------------------------------------------------ 12. front-running a reveal
 
 BOND = TEST_PARAMS.tensor_bond_wei
-EVIDENCE = b"\x11" * 32
 
 
 def equivocation_by(c: Certified, worker_label: str, variant: str) -> fraud_proofs.FraudProof:
@@ -516,60 +524,39 @@ def wrong_tensor_of(c: Certified, worker: str, microbatch: int = 0) -> fraud_pro
     raise AssertionError(f"{worker} has no forward of microbatch {microbatch}")
 
 
-def open_dispute(w: World, proof: fraud_proofs.FraudProof, challenger: str) -> int:
-    receipt = w.prove(proof, challenger)
-    (event,) = w.disputes.events.TensorDisputeOpened().process_receipt(receipt, errors=DISCARD)
-    return int(event["args"]["id"])
-
-
-def rule(w: World, dispute_id: int, wrong: bool) -> None:
-    w.tx(w.disputes.functions.ruleTensorDispute(dispute_id, wrong, EVIDENCE), w.sponsor)
-
-
-def test_13_a_lost_dispute_does_not_block_the_true_one(certified: Certified) -> None:
+def test_13_an_abandoned_dispute_does_not_block_the_true_one(juried: Juried) -> None:
     """At stake: the bounty on a's 2 ETH, 0.1 ETH. a's accomplice disputes a's receipt first
-    and loses; the auditor's dispute about the same receipt opens beside it and is upheld."""
-    w, a = certified.w, certified.a
-    proof = wrong_tensor_of(certified, a.address)
-    first = open_dispute(w, proof, w.accomplice)
-    rule(w, first, False)  # lost: its bond goes to a's wallet
-    second = open_dispute(w, proof, w.challenger)
-    rule(w, second, True)
+    and abandons it (never reveals its draw salt, so it loses: its bond goes to a's wallet);
+    the auditor's dispute about the same receipt runs beside it and is upheld by the jury."""
+    w, a = juried.w, juried.a
+    proof = wrong_tensor_of(juried, a.address)
+    _, first = jury.open_case(w, proof, w.accomplice)
+    _, second = jury.open_case(w, proof, w.challenger)
+    jury.reveal_salt(w, second, proof)
+    jury.draw(w, second)
+    jury.vote(w, second, juried.jurors, jury.honest(jury.WRONG))
+    jury.execute(w, second)
+    jury.execute(w, first)  # its salt never came: RIGHT
+    # The abandoned dispute was committed first, but only a proven commitment ranks.
     w.award(a.address)
     assert credit_of(w, w.challenger) == BOND + int(2 * ETH * BOUNTY)
     assert credit_of(w, w.accomplice) == 0 and credit_of(w, w.wallet(0)) == BOND
-
-
-def test_13_a_lapsed_dispute_does_not_block_the_true_one(certified: Certified) -> None:
-    """At stake: the bounty on a's 2 ETH, 0.1 ETH, and the auditor's 0.1 ETH bond. a's
-    accomplice disputes a's receipt first and nobody rules it; the auditor's dispute about the
-    same receipt runs beside it and is upheld; the accomplice's lapses and its bond burns."""
-    w, a = certified.w, certified.a
-    proof = wrong_tensor_of(certified, a.address)
-    first = open_dispute(w, proof, w.accomplice)
-    second = open_dispute(w, proof, w.challenger)
-    rule(w, second, True)
-    w.to_settled(certified.run, 0)
-    w.tx(w.disputes.functions.lapseTensorDispute(first), w.stranger)
-    # The lapsed dispute was committed first, but only a proven commitment ranks.
-    w.award(a.address)
-    assert credit_of(w, w.challenger) == BOND + int(2 * ETH * BOUNTY)
-    assert credit_of(w, w.accomplice) == credit_of(w, w.wallet(0)) == 0
 
 
 # ------------------------------------------------------------ 14. self-conviction
 
 
 def test_14_a_cheater_convicting_itself_while_a_dispute_is_pending_pays_the_disputer(
-    certified: Certified,
+    juried: Juried,
 ) -> None:
     """At stake: the bounty on a's 2 ETH, 0.1 ETH. The auditor's tensor dispute about a is
     pending; a signs two versions of a hop and its accomplice proves that, so a's stake is taken
     with the accomplice leading for the bounty. The bounty waits for the pending dispute, and
     its being upheld puts the auditor, whose commitment came first, in the lead."""
-    w, a = certified.w, certified.a
-    dispute_id = open_dispute(w, wrong_tensor_of(certified, a.address), w.challenger)
-    w.prove(equivocation_by(certified, "a", "self"), w.accomplice)
+    w, a = juried.w, juried.a
+    proof = wrong_tensor_of(juried, a.address)
+    _, case_id = jury.open_case(w, proof, w.challenger)
+    w.prove(equivocation_by(juried, "a", "self"), w.accomplice)
     assert w.stake_of(a) == 0
     w.tester.mine_blocks(TEST_PARAMS.reveal_window_blocks + 1)
     final_after = w.call(w.disputes.functions.convictions(a.address))[3]
@@ -577,7 +564,10 @@ def test_14_a_cheater_convicting_itself_while_a_dispute_is_pending_pays_the_disp
         w, w.disputes.functions.awardBounty(a.address), w.accomplice, "BountyNotFinal",
         a.address, final_after, 1,
     )  # fmt: skip
-    rule(w, dispute_id, True)
+    jury.reveal_salt(w, case_id, proof)
+    jury.draw(w, case_id)
+    jury.vote(w, case_id, juried.jurors, jury.honest(jury.WRONG))
+    jury.execute(w, case_id)
     w.award(a.address)
     assert credit_of(w, w.challenger) == BOND + int(2 * ETH * BOUNTY)
     assert credit_of(w, w.accomplice) == 0
@@ -587,25 +577,75 @@ def test_14_a_cheater_convicting_itself_while_a_dispute_is_pending_pays_the_disp
 
 
 def test_15_frivolous_disputes_forfeit_their_bonds_to_nobody_the_sponsor_can_reach(
-    certified: Certified,
+    juried: Juried,
 ) -> None:
-    """At stake: 0.3 ETH of the attacker's bonds against honest b. One dispute is ruled right
-    (its bond to b's wallet); two are flooded past the arbiter and lapse (their bonds burned).
-    The attacker gets nothing back, and neither the sponsor nor the run's funds gain."""
-    w, b = certified.w, certified.b
-    ids = [
-        open_dispute(w, wrong_tensor_of(certified, b.address, microbatch), w.attacker)
-        for microbatch in range(3)
-    ]
-    run_before = w.call(w.ledger.functions.getRun(certified.run))
-    burned = w.call(w.disputes.functions.burnedWei())
-    rule(w, ids[0], False)
-    w.to_settled(certified.run, 0)
-    for dispute_id in ids[1:]:
-        w.tx(w.disputes.functions.lapseTensorDispute(dispute_id), w.stranger)
+    """At stake: 0.309 ETH of the attacker's bonds and jury fees against honest b. One
+    dispute is ruled right by the jury, two are abandoned (no draw salt): each bond goes to b's
+    wallet, the fees of the jury that sat to its jurors. The attacker gets back only the
+    fees of the two juries never drawn, and neither the sponsor nor the run's funds gain."""
+    w, b = juried.w, juried.b
+    proofs = [wrong_tensor_of(juried, b.address, microbatch) for microbatch in range(3)]
+    cases = [jury.open_case(w, proof, w.attacker)[1] for proof in proofs]
+    run_before = w.call(w.ledger.functions.getRun(juried.run))
+    jury.reveal_salt(w, cases[0], proofs[0], w.attacker)
+    jury.draw(w, cases[0])
+    jury.vote(w, cases[0], juried.jurors, jury.honest(jury.RIGHT))
+    for case_id in cases:
+        jury.execute(w, case_id)
     assert credit_of(w, w.attacker) == 0 and credit_of(w, w.sponsor) == 0
-    assert credit_of(w, w.wallet(1)) == BOND  # b's wallet
-    assert w.call(w.disputes.functions.burnedWei()) == burned + 2 * BOND
-    assert w.call(w.ledger.functions.getRun(certified.run)) == run_before
+    assert credit_of(w, w.wallet(1)) == 3 * BOND  # b's wallet
+    assert jury.credit(w, w.attacker) == 2 * 3 * jury.fee(w)
+    assert jury.credit(w, w.sponsor) == 0
+    assert w.call(w.ledger.functions.getRun(juried.run)) == run_before
     assert w.stake_of(b) == 4 * ETH
     reverts(w, w.disputes.functions.awardBounty(b.address), w.stranger, "NotConvicted", b.address)
+
+
+# ------------------------------------------------------------ 21. the sponsor as judge
+
+
+def test_21_the_sponsor_can_neither_rule_nor_sit_on_the_jury(juried: Juried) -> None:
+    """At stake: honest b's 4 ETH. The sponsor opens a dispute against b through an
+    accomplice, calls the ruling itself (refused), and holds juror nodes with ten times the
+    deposit of all other jurors together; none of them is ever drawn, the honest jury rules
+    RIGHT, and the sponsor's accomplice loses its bond to b's wallet."""
+    w, b = juried.w, juried.b
+    key = w.register("sponsor juror", w.sponsor, ETH)
+    w.tx(w.court.functions.deposit(key.address), w.sponsor, 8 * ETH)
+    proof = wrong_tensor_of(juried, b.address)
+    _, case_id = jury.open_case(w, proof, w.accomplice)
+    reverts(w, w.disputes.functions.rule(case_id, jury.WRONG), w.sponsor, "NotCourt", w.sponsor)
+    jury.reveal_salt(w, case_id, proof, w.accomplice)
+    seats = jury.draw(w, case_id)
+    assert set(seats) <= {j.node for j in juried.jurors}
+    jury.vote(w, case_id, juried.jurors, jury.honest(jury.RIGHT))
+    jury.execute(w, case_id)
+    assert w.stake_of(b) == 4 * ETH and credit_of(w, w.wallet(1)) == BOND
+    assert credit_of(w, w.sponsor) == jury.credit(w, w.sponsor) == 0
+
+
+# ------------------------------------------------------------ 22. bribed jurors
+
+
+def test_22_a_bribed_minority_of_jurors_is_outvoted_and_fined(juried: Juried) -> None:
+    """At stake: honest b's 4 ETH. Every juror holding seats but one votes honestly; the
+    bribed one votes WRONG. b keeps its stake, and the bribed juror forfeits 20 fees (0.02 ETH
+    at the test fee) per seat, burned, while the honest ones earn a fee per seat."""
+    w, b = juried.w, juried.b
+    for microbatch in range(4):  # until no juror holds all three seats (1 in 64 draws does)
+        proof = wrong_tensor_of(juried, b.address, microbatch)
+        _, case_id = jury.open_case(w, proof, w.attacker)
+        jury.reveal_salt(w, case_id, proof, w.attacker)
+        seats = jury.draw(w, case_id)
+        if len(set(seats)) > 1:
+            break
+    bribed = min((j for j in juried.jurors if j.node in seats), key=lambda j: seats.count(j.node))
+    before = jury.deposit_of(w, bribed.node)
+    jury.vote(w, case_id, juried.jurors, lambda j: jury.WRONG if j == bribed else jury.RIGHT)
+    receipt = jury.execute(w, case_id)
+    assert w.stake_of(b) == 4 * ETH
+    settled = jury.settled(w, receipt)
+    assert settled[(0, bribed.node)] == (False, jury.penalty(w))
+    assert jury.deposit_of(w, bribed.node) == before - jury.penalty(w)
+    for node in set(seats) - {bribed.node}:
+        assert settled[(0, node)] == (True, seats.count(node) * jury.fee(w))

@@ -183,7 +183,7 @@ def test_a_challenge_cut_off_after_its_commitment_reveals_it_when_run_again(
     cheat.received(entry)
     (finding,) = equivocations([entry, *cheat.extras[(0, 1)]], w.ledger_domain)
     assert finding.proof is not None and finding.accused == s.b.address
-    contracts = Contracts(w.w3, w.registry, w.ledger, w.disputes)
+    contracts = Contracts(w.w3, w.registry, w.ledger, w.disputes, w.court)
     challenger = Sender.from_account(Account.create())
     w.w3.eth.send_transaction({"from": w.challenger, "to": challenger.address, "value": ETH})
     commit_proof(contracts, challenger, finding.proof, salt_of(challenger, finding.proof))

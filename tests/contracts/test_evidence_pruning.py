@@ -1,6 +1,7 @@
-"""A relay deletes an epoch's hop evidence once the epoch settles on chain, and not a second
-before: until ``settlesAt`` a dispute of its hops can be opened or ruled, which needs the
-frames and the weights. Real contracts on eth-tester, a real archive on disk."""
+"""A relay deletes an epoch's hop evidence once the epoch settles on chain and its tensor
+disputes are ruled, and not a second before: until ``settlesAt`` a dispute of its hops can be
+opened, and until the court rules its jurors re-execute from the frames and the weights
+(missing evidence loses). Real contracts on eth-tester, a real archive on disk."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import trio
 from node.chain.epochs import EpochLedger
 from node.receipts.evidence import prune_settled_evidence
 from node.store.evidence import EvidenceArchive, run_folder
-from tests.contracts.conftest import Staffed
+from tests.contracts import jury
+from tests.contracts.conftest import Juried, Staffed
 from tests.contracts.test_node_epoch_cycle import suite_of
+from tests.contracts.test_tensor_disputes import dispute_of
 
 
 def keep_three_epochs(root: Path) -> EvidenceArchive:
@@ -50,6 +53,26 @@ def test_an_epoch_s_evidence_goes_when_the_epoch_settles(staffed: Staffed, tmp_p
 
     prune_once(archive, ledger, settles[2] + 3600)  # a node started again long after
     assert archive.kept_epochs() == []
+
+
+def test_an_epoch_under_dispute_keeps_its_evidence_until_the_ruling(
+    juried: Juried, tmp_path: Path
+) -> None:
+    """A dispute of a hop of epoch 0 outlasts the epoch: its evidence stays for the jurors
+    until the court rules, then goes."""
+    c, w = juried, juried.w
+    ledger = EpochLedger(suite_of(w), c.run, None)
+    archive = keep_three_epochs(tmp_path / "evidence")
+    proof = dispute_of(c, c.a)
+    _, case_id = jury.open_case(w, proof)
+    settles = w.epoch_times(c.run, 0)[3]
+    prune_once(archive, ledger, settles + 3600)
+    assert 0 in archive.kept_epochs() and archive.state(0, 0) == b"w" * 1000
+    # The challenger never reveals its draw salt: once its window is over, ruled RIGHT.
+    jury.mine_to(w, int(jury.case(w, case_id)[2]) + 2 * jury.phase_blocks(w) + 1)
+    jury.execute(w, case_id)
+    prune_once(archive, ledger, settles + 3600)
+    assert 0 not in archive.kept_epochs()
 
 
 def test_a_chain_that_does_not_answer_prunes_nothing(staffed: Staffed, tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ def keep_worked(db: Database, w: World, hops: list[SignedReceipt]) -> int:
 
 def read(s: Staffed, db: Database) -> ChainParts:
     w = s.w
-    contracts = Contracts(w.w3, w.registry, w.ledger, w.disputes, gas_limit=TEST_GAS_LIMIT)
+    contracts = Contracts(w.w3, w.registry, w.ledger, w.disputes, w.court, gas_limit=TEST_GAS_LIMIT)
     reader = ChainReader(
         contracts, EpochLedger(contracts, s.run, None), NodeRecords(db), s.a.address
     )
@@ -135,7 +135,7 @@ def test_an_epoch_closed_by_another_workers_claim_is_seen_closed_within_a_minute
     tree = w.certificate_tree(hops)
     cert = w.certify(tree, s.run, 0, s.data)
     w.to_settled(s.run, 0)
-    contracts = Contracts(w.w3, w.registry, w.ledger, w.disputes, gas_limit=TEST_GAS_LIMIT)
+    contracts = Contracts(w.w3, w.registry, w.ledger, w.disputes, w.court, gas_limit=TEST_GAS_LIMIT)
     reader = ChainReader(
         contracts, EpochLedger(contracts, s.run, None), NodeRecords(db), s.a.address
     )

@@ -53,7 +53,7 @@ class CountingLedger(EpochLedger):
 
 
 def suite_of(w: World) -> Contracts:
-    return Contracts(w.w3, w.registry, w.ledger, w.disputes, gas_limit=TEST_GAS_LIMIT)
+    return Contracts(w.w3, w.registry, w.ledger, w.disputes, w.court, gas_limit=TEST_GAS_LIMIT)
 
 
 def chained_hops(s: Staffed, ghost: NodeKey) -> tuple[list[SignedReceipt], list[dict[str, Any]]]:

@@ -3,9 +3,11 @@ serve the evidence of real stage computations (frames and the stage's state), th
 certificate. ``gwtf-node audit --sample`` re-executes the hops the block hash after the
 submission deadline picks (before it exists it says so and samples nothing), finds the relay
 whose output is 0.1 % off and no one else; ``gwtf-node challenge`` opens one tensor dispute with
-the bond; the sponsor's arbiter re-executes and rules: the cheater is slashed, and a dispute
-about an honest hop is ruled right, its bond paid to the honest worker's wallet. Only the run's
-sponsor may rule."""
+the bond and the first jury's fees; ``gwtf-node jury serve`` reveals its draw salt; seven juror
+wallets' passes (``node.audit.jury``) draw the juries, re-execute each disputed hop from the
+relays' evidence, commit, reveal and execute the rulings: the cheater is slashed, and a dispute
+about an honest hop is ruled right, its bond paid to the honest worker's wallet. The sponsor
+rules on nothing."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import trio
 
 from contracts import fraud_proofs
 from contracts.certificate_tree import SignedReceipt
-from node.audit.arbiter import RIGHT, WRONG, arbitrate
+from node.audit import jury as court_jury
 from node.audit.reexecute import Replayer
 from node.chain.actions import open_contracts
 from node.chain.adapter import Sender
@@ -36,10 +38,11 @@ from node.training.config import named_config
 from node.training.partition import plan_partition
 from node.training.settings import TrainingSettings
 from node.training.stage_worker import StageWorker
+from tests.contracts import jury
 from tests.contracts.conftest import Staffed
 from tests.contracts.test_audit_command import devnet_file, serving_data_node  # noqa: F401
 from tests.contracts.test_cheats_caught import challenger_wallet, run_challenge
-from tests.contracts.world import ETH, NodeKey
+from tests.contracts.world import NodeKey
 
 SETTINGS = TrainingSettings(device="cpu")
 LIMITS = CodecLimits()
@@ -147,22 +150,43 @@ def test_a_wrong_tensor_is_re_executed_disputed_and_ruled_and_an_honest_one_is_n
             load_settings({"chain.devnet_file": str(devnet_file)}, env={})
         )
         replayer = Replayer(made["plan"], SETTINGS)
-        # Only the sponsor rules: the challenger's wallet is refused.
-        argv = ["--devnet-file", str(devnet_file), "arbitrate", "--run", str(s.run)]
+        jurors = [Sender.unlocked(j.wallet) for j in jury.seat_jurors(w, 7)]
+        jury.reveal_salt(w, 2, honest)  # the world's challenger keeps its draw salt itself
+        # The auditor's serve pass reveals its draw salt (derived from its key).
+        argv = ["--devnet-file", str(devnet_file), "jury", "serve", "--once", "--json"]
         argv += ["--wallet", str(wallet[0]), "--password-file", str(wallet[1])]
-        argv += [flag for peer in peers for flag in ("--peer", peer)]
-        assert main(argv) == 2
-        assert "ruled by its sponsor" in capsys.readouterr().err
-        sponsor = Sender.unlocked(w.sponsor)
-        rulings = trio.run(arbitrate, contracts, sponsor, s.run, peers, replayer, 10.0)
-    outcomes = {r.dispute_id: r for r in rulings}
-    assert outcomes[1].outcome == WRONG and outcomes[1].slashed_wei == 2 * ETH
-    assert outcomes[2].outcome == RIGHT and outcomes[2].record["exact"] is True
+        assert main(argv) == 0
+        steps = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert {"case": 1, "action": court_jury.SALT_REVEALED} in [
+            {"case": step["case"], "action": step["action"]} for step in steps
+        ]
+
+        def passes() -> list[court_jury.Step]:
+            done = []
+            for juror in jurors:
+                done += trio.run(
+                    court_jury.serve_once, contracts, juror, peers, lambda run: replayer, 10.0
+                )
+            return done
+
+        # Seed blocks, then each phase's window: draw, commit, reveal, rule.
+        jury.mine_to(w, max(int(jury.rounds(w, i)[0][0]) for i in (1, 2)) + 1)
+        assert {st.action for st in passes()} >= {court_jury.DRAWN, court_jury.COMMITTED}
+        phase = jury.phase_blocks(w)
+        jury.mine_to(w, max(int(jury.rounds(w, i)[0][2]) for i in (1, 2)) + phase + 1)
+        revealed = [st for st in passes() if st.action == court_jury.REVEALED]
+        assert {st.detail for st in revealed if st.case_id == 1} == {"wrong tensor"}
+        assert {st.detail for st in revealed if st.case_id == 2} == {"right tensor"}
+        jury.mine_to(w, max(int(jury.rounds(w, i)[0][2]) for i in (1, 2)) + 3 * phase + 1)
+        ruled = [st for st in passes() if st.action == court_jury.RULED_STEP]
+    assert sorted(st.case_id for st in ruled) == [1, 2]
     assert w.status_of(s.a) == 4 and w.status_of(s.c) != 4
-    # The bond of the honest hop's dispute is the honest worker's wallet's.
+    # The bond of the honest hop's dispute is the honest worker's wallet's; the sponsor has
+    # nothing from either ruling.
     assert w.call(w.disputes.functions.creditWei(w.wallet(2))) == BOND
+    assert w.call(w.disputes.functions.creditWei(w.sponsor)) == 0
     # Nothing left to rule.
-    assert trio.run(arbitrate, contracts, sponsor, s.run, peers, replayer, 10.0) == []
+    assert court_jury.open_cases(contracts) == []
 
 
 def _index(tree: Any, worker: NodeKey) -> int:

@@ -59,7 +59,7 @@ SECP256K1_ORDER = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD036
 MAX_EPOCH_LENGTH_S = 30 * 86_400
 MAX_BOUNTY_BPS = 1_000
 MAX_UNITS_PER_HOP = (2**64 - 1) // 2
-DEPLOYED = ("NodeRegistry", "WorkLedger", "Disputes")
+DEPLOYED = ("NodeRegistry", "WorkLedger", "Disputes", "Court")
 UNBONDING_S = TEST_PARAMS.unbonding_delay_s
 
 
@@ -146,24 +146,39 @@ def test_constructors_reject_bad_parameters(world: World) -> None:
     deploy_reverts(w, "WorkLedger", (w.registry.address, ZERO), "OwnableInvalidOwner", ZERO)
     for bps in (0, MAX_BOUNTY_BPS + 1):
         deploy_reverts(
-            w, "Disputes", (w.registry.address, w.ledger.address, bps, 1, 1), "BountyOutOfRange",
-            bps, MAX_BOUNTY_BPS,
+            w, "Disputes", (w.registry.address, w.ledger.address, w.court.address, bps, 1, 1),
+            "BountyOutOfRange", bps, MAX_BOUNTY_BPS,
         )  # fmt: skip
     for bond in (0, 2**128):
         deploy_reverts(
-            w, "Disputes", (w.registry.address, w.ledger.address, 500, bond, 1), "BondOutOfRange",
-            bond,
+            w, "Disputes", (w.registry.address, w.ledger.address, w.court.address, 500, bond, 1),
+            "BondOutOfRange", bond,
         )  # fmt: skip
     for blocks in (0, 2**32):
         deploy_reverts(
-            w, "Disputes", (w.registry.address, w.ledger.address, 500, 1, blocks),
+            w, "Disputes", (w.registry.address, w.ledger.address, w.court.address, 500, 1, blocks),
             "RevealWindowOutOfRange", blocks,
         )  # fmt: skip
     # The largest bounty, bond and window are accepted.
     deploy_contract(
-        w.w3, "Disputes", w.deployer, w.registry.address, w.ledger.address, 1_000, 2**128 - 1,
-        2**32 - 1,
+        w.w3, "Disputes", w.deployer, w.registry.address, w.ledger.address, w.court.address,
+        1_000, 2**128 - 1, 2**32 - 1,
     )  # fmt: skip
+    # Court(registry, owner, source, fee, phaseBlocks, drawDelayBlocks, minPool)
+    court = (w.registry.address, w.deployer)
+    for error, bad, args in (
+        ("FeeOutOfRange", 0, (0, 0, 10, 2, 7)),
+        ("FeeOutOfRange", 2**96 // 20 + 1, (0, 2**96 // 20 + 1, 10, 2, 7)),
+        ("BlocksOutOfRange", 0, (0, 1, 0, 2, 7)),
+        ("BlocksOutOfRange", 2**32, (0, 1, 2**32, 2, 7)),
+        ("BlocksOutOfRange", 0, (1, 1, 10, 0, 7)),
+        ("PoolOutOfRange", 2, (1, 1, 10, 2, 2)),
+        ("PoolOutOfRange", 4097, (1, 1, 10, 2, 4097)),
+    ):
+        deploy_reverts(w, "Court", court + args, error, bad)
+    deploy_reverts(
+        w, "Court", (w.registry.address, ZERO, 0, 1, 1, 1, 3), "OwnableInvalidOwner", ZERO
+    )
 
 
 def test_the_slasher_and_the_disputes_contract_are_named_once_by_the_owner(world: World) -> None:
@@ -171,6 +186,13 @@ def test_the_slasher_and_the_disputes_contract_are_named_once_by_the_owner(world
     registry, ledger = w.registry.functions, w.ledger.functions
     reverts(w, registry.setSlasher(w.stranger), w.deployer, "SlasherAlreadySet", w.disputes.address)
     reverts(w, ledger.setDisputes(w.stranger), w.deployer, "DisputesAlreadySet", w.disputes.address)
+    court = w.court.functions
+    reverts(
+        w, court.setArbitrable(w.stranger), w.deployer, "ArbitrableAlreadySet", w.disputes.address
+    )
+    reverts(
+        w, court.setArbitrable(w.stranger), w.stranger, "OwnableUnauthorizedAccount", w.stranger
+    )
     fresh_registry = deploy_contract(w.w3, "NodeRegistry", w.deployer, ETH, 100, w.deployer)
     fresh_ledger = deploy_contract(w.w3, "WorkLedger", w.deployer, w.registry.address, w.deployer)
     reverts(w, fresh_registry.functions.setSlasher(ZERO), w.deployer, "ZeroAddress")
@@ -1051,6 +1073,11 @@ UNREACHABLE = {
     # OpenZeppelin's ShortStrings, used only by the EIP712 constructor with constant names:
     "InvalidShortString": "thrown only for a corrupt ShortString; EIP712 builds them from consts",
     "StringTooLong": "EIP712 short-encodes only names under 32 bytes, the rest go to storage",
+    # Reachable, but only after 4,096 juror nodes (many minutes on eth-tester); the bound keeps
+    # a seat's search of the draw tree at 13 reads.
+    "JuryFull": "needs MAX_JURORS (4,096) juror nodes to register",
+    # A uint96 deposit holds 79 billion ETH: more than there is.
+    "DepositOverflow": "a juror deposit above 2^96 wei needs more ETH than exists",
 }
 
 

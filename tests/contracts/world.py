@@ -79,6 +79,8 @@ class World:
     params: SuiteParams
     keys: dict[str, NodeKey] = field(default_factory=dict)
     scenarios: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    #: Each tensor dispute's draw salt, by (challenger, proof hash): revealed to the court.
+    draw_salts: dict[tuple[str, bytes], bytes] = field(default_factory=dict)
 
     def scenario(self, name: str, build: Callable[[], Any]) -> Any:
         """Runs ``build`` once per session and snapshots the chain after it; later tests jump
@@ -146,6 +148,10 @@ class World:
     @property
     def disputes(self) -> Any:
         return self.suite.disputes
+
+    @property
+    def court(self) -> Any:
+        return self.suite.court
 
     @property
     def ledger_domain(self) -> Eip712Domain:
@@ -354,14 +360,23 @@ class World:
         self.mine()
         return salt
 
-    def reveal_fn(self, proof: FraudProof, salt: bytes) -> Any:
-        return getattr(self.disputes.functions, proof.function)(*proof.args, salt)
+    def reveal_fn(self, proof: FraudProof, salt: bytes, challenger: str | None = None) -> Any:
+        """The proof's reveal; a tensor dispute's carries the hash of a fresh draw salt that
+        ``draw_salts`` keeps for ``challenger`` (the world's challenger by default)."""
+        fn = getattr(self.disputes.functions, proof.function)
+        if proof.fraud not in fraud_proofs.NEEDS_JURY:
+            return fn(*proof.args, salt)
+        draw_salt = os.urandom(32)
+        self.draw_salts[(challenger or self.challenger, proof.proof_hash)] = draw_salt
+        return fn(*proof.args, salt, fraud_proofs.draw_salt_hash(draw_salt))
 
     def bond_of(self, proof: FraudProof) -> int:
-        """What revealing ``proof`` costs: a tensor dispute's bond, nothing for the others."""
-        if proof.fraud not in fraud_proofs.NEEDS_ARBITER:
+        """What revealing ``proof`` costs: a tensor dispute's bond and first jury's fees,
+        nothing for the others."""
+        if proof.fraud not in fraud_proofs.NEEDS_JURY:
             return 0
-        return int(self.call(self.disputes.functions.tensorBondWei()))
+        bond = int(self.call(self.disputes.functions.tensorBondWei()))
+        return bond + int(self.call(self.court.functions.arbitrationCost()))
 
     def award(self, node: str) -> TxReceipt:
         """Mines until no commitment earlier than the one leading for ``node``'s bounty can be
@@ -375,7 +390,7 @@ class World:
         """Commits, then reveals ``proof`` a block later."""
         challenger = challenger or self.challenger
         salt = self.commit(proof, challenger)
-        return self.tx(self.reveal_fn(proof, salt), challenger, self.bond_of(proof))
+        return self.tx(self.reveal_fn(proof, salt, challenger), challenger, self.bond_of(proof))
 
 
 def expect_revert(excinfo: Any, name: str, *args: Any) -> None:

@@ -248,9 +248,8 @@ def test_revert_over_json_rpc_decodes_to_the_custom_error(
 
 
 def test_revert_at_estimation_is_decoded_too(rpc_contracts: Contracts) -> None:
-    estimating = Contracts(
-        rpc_contracts.w3, rpc_contracts.registry, rpc_contracts.ledger, rpc_contracts.disputes
-    )
+    c = rpc_contracts
+    estimating = Contracts(c.w3, c.registry, c.ledger, c.disputes, c.court)
     wallet = Sender.unlocked(rpc_contracts.w3.eth.accounts[4])
     with pytest.raises(ContractRevert) as info:
         join_run(estimating, wallet, 12345, Account.create().address)
@@ -272,21 +271,26 @@ def test_local_key_wallet_signs_over_rpc(rpc_contracts: Contracts, devnet: objec
 
 
 def test_contracts_not_wired_to_each_other_are_refused() -> None:
-    """A registry whose slasher is not the suite's Disputes could let anyone slash: the node
-    refuses to work with it."""
-    from contracts.bindings import deploy_contract
+    """A registry whose slasher is not the suite's Disputes could let anyone slash, a court
+    that takes cases from someone else could rule for them: the node refuses to work with
+    either."""
+    from contracts.bindings import SuiteParams, deploy_contract, deploy_court
     from gwtf.errors import ChainError
 
     w3 = connect(None)
     deployer = w3.eth.accounts[0]
     registry = deploy_contract(w3, "NodeRegistry", deployer, ETH, 10_000, deployer)
     ledger = deploy_contract(w3, "WorkLedger", deployer, registry.address, deployer)
+    court = deploy_court(w3, deployer, registry.address, SuiteParams())
     disputes = deploy_contract(
-        w3, "Disputes", deployer, registry.address, ledger.address, 500, 10**17, 20
-    )
+        w3, "Disputes", deployer, registry.address, ledger.address, court.address, 500, 10**17,
+        20,
+    )  # fmt: skip
     addresses = {
         "NodeRegistry": registry.address, "WorkLedger": ledger.address,
-        "Disputes": disputes.address,
+        "Disputes": disputes.address, "Court": court.address,
     }  # fmt: skip
-    with pytest.raises(ChainError, match=r"NodeRegistry\.slasher, WorkLedger\.disputes"):
+    with pytest.raises(
+        ChainError, match=r"Court\.arbitrable, NodeRegistry\.slasher, WorkLedger\.disputes"
+    ):
         Contracts.at(w3, addresses)

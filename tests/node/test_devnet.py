@@ -64,7 +64,7 @@ def test_second_client_sees_the_deployed_contracts(either: RunningDevnet) -> Non
     info = either.info
     rpc_w3 = connect(info.rpc_url)
     assert info.rpc_url.startswith("http://127.0.0.1:")
-    assert set(info.contracts) == {"NodeRegistry", "WorkLedger", "Disputes"}
+    assert set(info.contracts) == {"NodeRegistry", "WorkLedger", "Disputes", "Court"}
     assert rpc_w3.eth.chain_id == info.chain_id
     for name, address in info.contracts.items():
         assert len(rpc_w3.eth.get_code(Web3.to_checksum_address(address))) > 100
@@ -73,6 +73,8 @@ def test_second_client_sees_the_deployed_contracts(either: RunningDevnet) -> Non
     ledger = attach(rpc_w3, "WorkLedger", info.contracts["WorkLedger"])
     assert registry.functions.slasher().call() == info.contracts["Disputes"]
     assert ledger.functions.disputes().call() == info.contracts["Disputes"]
+    court = attach(rpc_w3, "Court", info.contracts["Court"])
+    assert court.functions.arbitrable().call() == info.contracts["Disputes"]
     assert registry.functions.minStakeWei().call() > 0
 
 

@@ -259,7 +259,7 @@ audit_sample = 64
 """
 
 
-def test_a_wrong_tensor_is_found_by_re_execution_and_the_sponsors_ruling_slashes_its_worker(
+def test_a_wrong_tensor_is_found_by_re_execution_and_a_drawn_jury_slashes_its_worker(
     tmp_path: Path,
 ) -> None:
     summary = swarm_of(tmp_path, WRONG_TENSOR_FILE, timeout_s=300)
@@ -272,7 +272,7 @@ def test_a_wrong_tensor_is_found_by_re_execution_and_the_sponsors_ruling_slashes
     assert audit["replayed_exact"] + len(wrong) == audit["replayed"]
     assert wrong and {f["accused"] for f in audit["findings"]} == {"relay-1-0"}
     assert all("relative error 1.00e-03" in f["detail"] for f in wrong)
-    # One dispute, opened with a bond; the sponsor re-executed it and ruled: slashed.
+    # One dispute, opened with a bond; a drawn jury re-executed it and ruled: slashed.
     disputed = [c for c in audit["challenges"] if c["outcome"] == "disputed"]
     assert len(disputed) == 1 and disputed[0]["accused"] == "relay-1-0"
     (ruling,) = audit["rulings"]
