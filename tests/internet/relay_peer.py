@@ -23,7 +23,8 @@ from libp2p.peer.id import ID
 
 from node.p2p.host import full_addresses, peer_info, point_at, running_host
 from node.p2p.identity import new_identity
-from node.p2p.relay import CircuitDialer, RelaySlots, circuit_relay, is_relayed
+from node.p2p.relay import CircuitDialer, RelaySlots, is_relayed
+from node.p2p.relay_service import circuit_relay
 from node.p2p.rpc import RequestResponse, RpcLimits
 
 ECHO = "/gwtf/test-echo/1.0.0"
@@ -52,7 +53,7 @@ async def home(relay_address: str, others: list[str] | None = None) -> None:
         running_host(
             key, EVERY_INTERFACE, circuits=lambda: held[0].addresses() if held else []
         ) as host,
-        circuit_relay(host),
+        circuit_relay(host, circuits_from=lambda relay: held[0].holds_slot_at(relay)),
         trio.open_nursery() as nursery,
     ):
         slots = RelaySlots(host, [relay_address], check_s=0.5)
@@ -60,7 +61,12 @@ async def home(relay_address: str, others: list[str] | None = None) -> None:
         nursery.start_soon(slots.run)
         with trio.fail_after(DEADLINE_S):
             await slots.asked.wait()
-        rpc = RequestResponse(host, circuits=CircuitDialer(host))
+        # The other home's addresses as its record gives them; the relay is the one it trusts.
+        record = tuple(others or ())
+        other = peer_info(record[0]).peer_id if record else None
+        dialer = CircuitDialer(host, lambda peer: record if peer == other else (),
+                               slots.relay_addresses)  # fmt: skip
+        rpc = RequestResponse(host, circuits=dialer)
         rpc.serve(ECHO, echo, LIMITS)
         for address in full_addresses(host):
             print("address", address, flush=True)
