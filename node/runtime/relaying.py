@@ -43,7 +43,10 @@ class Relaying:
 
     def __post_init__(self) -> None:
         for address in self.relays:
-            info = peer_info(address)  # a bad address is a one-line ConfigError
+            try:
+                info = peer_info(address)
+            except ConfigError:  # a bootstrap address without its id: discovery says so
+                continue
             self._configured.setdefault(info.peer_id, []).extend(info.addrs)
 
     def circuits(self) -> list[multiaddr.Multiaddr]:
