@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gwtf.errors import ConfigError
-from node.p2p.addresses import ALL_INTERFACES, check_announce, check_listen
+from node.p2p.addresses import ALL_INTERFACES, check_announce, check_listen, check_relays
 from node.training.settings import OptimizerSettings, TrainingSettings
 
 __all__ = ["OptimizerSettings", "Settings", "TrainingSettings", "load_settings"]
@@ -323,6 +323,7 @@ def _positive_int(v: int) -> str | None:
 VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "p2p.listen": check_listen,
     "p2p.announce": check_announce,
+    "p2p.relays": check_relays,
     "p2p.connect_timeout_s": _positive,
     "p2p.max_message_bytes": _positive,
     "chain.rpc_url": _rpc_url,

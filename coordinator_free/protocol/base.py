@@ -225,11 +225,7 @@ class NodeBase:
         peer.latency_ms = smooth_delay(peer.latency_ms, latency_ms)
         if bandwidth_gbps is not None and bandwidth_gbps > 0:
             peer.bandwidth_gbps = smooth_delay(peer.bandwidth_gbps, bandwidth_gbps)
-        peer.edge_cost_ms = None
-        if peer.stage == self._next_stage:  # the only edges the cheapest way on and a table use
-            self._sink_cost_ms = None
-            self._table_edges = None
-        self.state_changed()
+        self._edge_changed(peer)
 
     def observe_relayed(self, peer_id: str, relayed: bool) -> None:
         """Whether the link to ``peer_id`` runs through a relay (its bandwidth counts
@@ -238,8 +234,12 @@ class NodeBase:
         if peer is None or peer.relayed == relayed:
             return
         peer.relayed = relayed
+        self._edge_changed(peer)
+
+    def _edge_changed(self, peer: Peer) -> None:
+        """Forget what the cost of the edge to ``peer`` went into."""
         peer.edge_cost_ms = None
-        if peer.stage == self._next_stage:
+        if peer.stage == self._next_stage:  # the only edges the cheapest way on and a table use
             self._sink_cost_ms = None
             self._table_edges = None
         self.state_changed()

@@ -101,6 +101,27 @@ def with_circuits(
     return (relayed + list(direct))[:MAX_ADDRESSES]
 
 
+def parse_relay(text: str) -> multiaddr.Multiaddr:
+    """A relay's full address: an IP or DNS host, a TCP port and the relay's ``/p2p/`` id."""
+    example = "/ip4/203.0.113.7/tcp/4001/p2p/16Uiu2HAm..."
+    try:
+        addr = multiaddr.Multiaddr(text)
+        names = _protocols(addr)
+        owner = addr.get_peer_id()
+    except Exception as exc:  # multiaddr raises several unrelated types for bad text
+        raise ConfigError(f"bad relay address {text!r} ({exc}); write it like {example}") from exc
+    if len(names) != 3 or names[0] not in _IP_HOSTS + _DNS_HOSTS or names[1:] != _TCP_P2P:
+        raise ConfigError(f"relay address {text!r} is not HOST/tcp/PORT/p2p/ID, like {example}")
+    if owner is None:
+        raise ConfigError(f"relay address {text!r} names no peer id; write it like {example}")
+    return addr
+
+
+def check_relays(values: Sequence[str]) -> str | None:
+    """Why ``p2p.relays`` is unusable, or None."""
+    return _check_list(values, parse_relay, allow_empty=True)
+
+
 def check_peer_addresses(addresses: Sequence[str], peer_id: str) -> None:
     """Refuse a peer's list of full addresses unless each is a bounded TCP address of it."""
     if not 1 <= len(addresses) <= MAX_ADDRESSES:

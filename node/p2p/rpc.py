@@ -100,7 +100,7 @@ class RpcLimits:
     timeout_s: float = 20.0
 
 
-async def _admit_everyone(_peer: str) -> bool:
+async def admit_everyone(_peer: str) -> bool:
     return True
 
 
@@ -145,7 +145,7 @@ class RequestResponse:
 
     host: IHost
     scores: PeerScores = field(default_factory=PeerScores)
-    admit: Admission = _admit_everyone
+    admit: Admission = admit_everyone
     shaper: Shaper | None = None
     #: Dials through a relay a peer that advertises only circuits or whose direct dial failed.
     circuits: Circuits | None = None

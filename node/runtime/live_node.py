@@ -24,8 +24,9 @@ from gwtf.errors import ConfigError, ProtocolError
 from node.p2p.addresses import LOOPBACK
 from node.p2p.host import ADDRESS_TTL_S, peer_info, running_host
 from node.p2p.link_emulation import LinkEmulator, Topology
-from node.p2p.relay import CircuitDialer, RelayLimits, RelaySlots, circuit_relay
-from node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper
+from node.p2p.relay import CircuitDialer
+from node.p2p.relay_service import RelayLimits, circuit_relay
+from node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper, admit_everyone
 from node.p2p.scoring import Offence
 from node.receipts import ReceiptsConfig
 from node.receipts.book import ReceiptBook, address_of_peer
@@ -42,6 +43,7 @@ from node.runtime.discovery.join_placement import Reservations, wait_for_placeme
 from node.runtime.discovery.run_discovery import DiscoverySettings, RunDiscovery
 from node.runtime.flow.routing import ROUTINGS, SwarmWiring
 from node.runtime.flow.service import FlowService
+from node.runtime.relaying import Relaying
 from node.runtime.replicas.averaging import GradientAverager
 from node.runtime.replicas.stage_state import join_stage, load_data_part, serve_stage_state
 from node.runtime.roles.data import DataRole, IterationResult
@@ -92,7 +94,8 @@ class LiveNodeConfig:
     #: (``node.p2p.relay``).
     reachable: bool = True
     relays: tuple[str, ...] = ()
-    #: Relay circuits for unreachable peers (only a reachable node is worth it).
+    #: Relay circuits for unreachable peers (only a reachable node is worth it), for the peers
+    #: ``admit`` admits (all of them when it is None).
     relay_service: bool = False
     relay_limits: RelayLimits = field(default_factory=RelayLimits)
     topology: Topology | None = None
@@ -169,16 +172,15 @@ async def run_live_node(
 ) -> list[IterationResult]:
     """Run one node; returns the data node's iteration results (a relay runs until cancelled)."""
     key = config.identity
-    slots: list[RelaySlots] = []
+    relaying = Relaying(config.relays or config.bootstrap)
     async with (
-        running_host(
-            key, config.listen, config.announce, lambda: slots[0].addresses() if slots else []
-        ) as host,
+        running_host(key, config.listen, config.announce, relaying.circuits) as host,
         circuit_relay(
             host,
             serve=config.relay_service and config.reachable,
             limits=config.relay_limits,
-            admit=config.admit or _admit_everyone,
+            admit=config.admit or admit_everyone,
+            circuits_from=None if config.reachable else relaying.holds_slot_at,
         ),
         trio.open_nursery() as nursery,
     ):
@@ -188,7 +190,7 @@ async def run_live_node(
             if config.admit is None
             else RequestResponse(host, admit=config.admit)
         )
-        rpc.circuits = CircuitDialer(host)
+        rpc.circuits = CircuitDialer(host, relaying.addresses_of, relaying.relay_addresses)
         if config.role != DATA and config.stage == AUTO_STAGE:
             # The stage is the run's bottleneck at the moment this relay enters: ask then.
             if config.entry_gate is not None:
@@ -273,8 +275,9 @@ async def run_live_node(
                 known.own = own_record(rpc, config.region)
 
         if not config.reachable:
-            await _hold_relay_slots(rpc, config, nursery, republish, slots)
+            await relaying.hold_slots(rpc, nursery, republish)
         book = AddressBook(rpc, own_record(rpc, config.region), on_new_peer, on_heard)
+        relaying.book = book
         books.append(book)
         if isinstance(role, DataRole):
             role.roster.discovered = lambda: {
@@ -397,38 +400,6 @@ async def run_live_node(
             return role.results
         await trio.sleep_forever()
     raise AssertionError("unreachable")
-
-
-async def _admit_everyone(_peer: str) -> bool:
-    return True
-
-
-async def _hold_relay_slots(
-    rpc: RequestResponse,
-    config: LiveNodeConfig,
-    nursery: trio.Nursery,
-    republish: Callable[[], None],
-    slots: list[RelaySlots],
-) -> None:
-    """Slots at the relays for a node nobody can dial (added to ``slots``, whose circuits its
-    host advertises), each relay asked once before this returns: the node's first record
-    (cards, exchanges, hints) already names the circuits first, and it is rewritten whenever
-    they change. A node with no address at all (it listens nowhere) waits for its first slot."""
-    known = config.relays or config.bootstrap
-    relays = [address for address in known if not address.endswith(str(rpc.host.get_id()))]
-    if not relays:
-        raise ConfigError(
-            "p2p.reachable is false but no relay is known: set p2p.relays or p2p.bootstrap_peers "
-            "to reachable nodes"
-        )
-
-    held = RelaySlots(rpc.host, relays, on_change=republish)
-    slots.append(held)
-    nursery.start_soon(held.run)
-    await held.asked.wait()
-    while not rpc.host.get_addrs():
-        log.warning("no relay holds a slot for this node yet, and it has no other address")
-        await trio.sleep(held.check_s)
 
 
 async def _validated(

@@ -36,3 +36,22 @@ def test_two_homes_behind_nat_exchange_requests_through_a_public_relay(bed: Bed)
     dialer = Lines(bed.popen("cone-drop", [*PEER, "dial", relay_address, *advertised]))
     reply = dialer.wait_for("reply ", 60.0).split()
     assert reply[1:3] == ["hello", "relayed=True"], reply
+
+
+def test_a_dropped_circuit_is_dialled_again_through_the_relay_not_at_the_homes_router(
+    bed: Bed,
+) -> None:
+    relay = Lines(bed.popen("tokyo", [*PEER, "relay"]))
+    relay_address = addresses(relay)[0]
+    home = bed.hosts["symmetric-drop"]
+    # An address of the home's router that forwards nothing: a dial there waits out its deadline.
+    unforwarded = f"/ip4/{home.public_ip}/tcp/4001"
+    target = Lines(bed.popen(home.name, [*PEER, "home", relay_address, unforwarded]))
+    advertised = addresses(target)
+    assert advertised[0].startswith(f"{relay_address}/p2p-circuit/p2p/"), advertised
+    assert advertised[1].startswith(f"{unforwarded}/p2p/"), advertised
+    before = bed.refused_dials(home)
+    dialer = Lines(bed.popen("oregon", [*PEER, "redial", relay_address, *advertised]))
+    reply = dialer.wait_for("redial ", 60.0).split()
+    assert reply[1:] == ["again", "relayed=True", "circuits=2"], reply
+    assert bed.refused_dials(home) == before  # the router saw no dial of its own

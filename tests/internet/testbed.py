@@ -118,6 +118,17 @@ class Bed:
             raise ValueError(f"{home} is a public host: it has no router")
         _run(["ip", "netns", "exec", router.namespace, "conntrack", "-F"])
 
+    def refused_dials(self, home: Host | str) -> int:
+        """Packets the home's router dropped or reset at its own address: dials from outside
+        (each SYN of a dial that waits out its deadline counts)."""
+        router = self._host(home).router
+        if router is None:
+            raise ValueError(f"{home} is a public host: it has no router")
+        listed = _run(["ip", "netns", "exec", router.namespace,
+                       "iptables", "-L", "INPUT", "-v", "-n", "-x"])  # fmt: skip
+        rows = [line.split() for line in listed.splitlines()[2:]]
+        return sum(int(row[0]) for row in rows if len(row) > 2 and row[2] in ("DROP", "REJECT"))
+
     def close(self) -> None:
         for process in self.processes:
             if process.poll() is None:
@@ -275,7 +286,8 @@ def _forwarding(namespace: str) -> None:
     _run(["ip", "netns", "exec", namespace, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
 
 
-def _run(argv: list[str]) -> None:
+def _run(argv: list[str]) -> str:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
+    return done.stdout

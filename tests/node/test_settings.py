@@ -71,6 +71,8 @@ def test_a_node_listens_everywhere_by_default_and_takes_several_addresses(tmp_pa
         ({"GWTF_P2P_LISTEN": ""}, "must name at least one address"),
         ({"GWTF_P2P_ANNOUNCE": "/ip4/0.0.0.0/tcp/4001"}, "names no host; give the public IP"),
         ({"GWTF_P2P_ANNOUNCE": "/dns4/home.example/tcp/0"}, "has port 0"),
+        ({"GWTF_P2P_RELAYS": "/ip4/203.0.113.7/tcp/4001"}, "is not HOST/tcp/PORT/p2p/ID"),
+        ({"GWTF_P2P_RELAYS": "relay.example:4001"}, "bad relay address 'relay.example:4001'"),
     ],
 )
 def test_bad_values_name_the_value_and_the_fix(
