@@ -49,6 +49,7 @@ from node.audit.replays import (
 from node.chain.actions import Contracts
 from node.chain.adapter import NODE_STATUS_SLASHED
 from node.chain.epochs import EpochLedger
+from node.p2p.dialing import Dialer
 from node.p2p.host import peer_info, running_host
 from node.p2p.identity import new_identity, node_address_of_peer
 from node.p2p.rpc import RequestResponse
@@ -215,6 +216,7 @@ async def connect_peers(
     """Dial each of ``peers`` (multiaddrs): (node address in lower case -> peer id of those
     reached, node address -> "ok" or why not)."""
     infos = [peer_info(address) for address in peers]
+    dialer = Dialer(host)
     reachable: dict[str, str] = {}
     statuses: dict[str, str] = {}
     for info in infos:
@@ -224,7 +226,7 @@ async def connect_peers(
             raise ConfigError(f"peer {info.peer_id} is no GWTF node: {exc}") from exc
         try:
             with trio.fail_after(timeout_s):
-                await host.connect(info)
+                await dialer.connect(info.peer_id, info.addrs)
         except Exception as exc:  # libp2p's dial errors have no common type
             statuses[node] = f"unreachable: {exc}"[:200]
             continue

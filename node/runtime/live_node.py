@@ -23,6 +23,7 @@ from coordinator_free.protocol.node import FlowNode
 from gwtf.errors import ConfigError, ProtocolError
 from node.p2p.addresses import LOOPBACK
 from node.p2p.host import ADDRESS_TTL_S, peer_info, running_host
+from node.p2p.keepalive import NeighbourKeeper
 from node.p2p.link_emulation import LinkEmulator, Topology
 from node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper
 from node.p2p.scoring import Offence
@@ -260,6 +261,15 @@ async def run_live_node(
             receipts = await _start_receipts(config, config.receipts, rpc, plane, role, book)
             nursery.start_soon(_run_receipts, receipts)
         book.serve()
+        # The stages next to this node's are the ones it exchanges hops with: a node behind a
+        # NAT cannot be dialled by them, so it keeps those connections up itself.
+        keeper = NeighbourKeeper(
+            rpc,
+            lambda: neighbours(book, config.stage, config.stages),
+            dead_after_s=2 * config.flow.keepalive_timeout_s,
+        )
+        keeper.serve()
+        nursery.start_soon(keeper.run)
         flow.start(nursery)
         # Every part is served: to joiners and data nodes taken back in, and to exporters.
         serve_stage_state(rpc, role.worker, config.stage, config.flow.ack_deadline_s, role.limiter)
@@ -574,6 +584,14 @@ def _serve_control(
 
     limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 8 * timeout_s)
     rpc.serve(control.PROTOCOL_ID, handle, limits)
+
+
+def neighbours(book: AddressBook, stage: int, stages: int) -> list[str]:
+    """The known peers of the stages before and after ``stage`` in the pipeline (the data
+    nodes, stage 0, come before stage 1 and after the last stage)."""
+    ring = stages + 1
+    adjacent = {(stage - 1) % ring, (stage + 1) % ring}
+    return [peer for peer, record in book.peers.items() if record.stage in adjacent]
 
 
 def _data_nodes(rpc: RequestResponse, book: AddressBook, bootstrap: tuple[str, ...]) -> set[str]:

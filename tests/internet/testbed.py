@@ -118,6 +118,26 @@ class Bed:
             raise ValueError(f"{home} is a public host: it has no router")
         _run(["ip", "netns", "exec", router.namespace, "conntrack", "-F"])
 
+    def cut_link(self, home: Host | str, reset: bool = False) -> None:
+        """The home's router passes nothing any more, either way: silently (its uplink is
+        down), or with ``reset`` answering each TCP packet with a reset (it tears down the
+        home's connections and refuses its dials)."""
+        refuse = ["-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"] if reset else [
+            "-j", "DROP"]  # fmt: skip
+        _run(["ip", "netns", "exec", self._router(home).namespace,
+              "iptables", "-I", "FORWARD", "1", *refuse])  # fmt: skip
+
+    def restore_link(self, home: Host | str) -> None:
+        """Undo ``cut_link``."""
+        _run(["ip", "netns", "exec", self._router(home).namespace,
+              "iptables", "-D", "FORWARD", "1"])  # fmt: skip
+
+    def _router(self, home: Host | str) -> Router:
+        router = self._host(home).router
+        if router is None:
+            raise ValueError(f"{home} is a public host: it has no router")
+        return router
+
     def close(self) -> None:
         for process in self.processes:
             if process.poll() is None:

@@ -24,6 +24,7 @@ from libp2p.peer.id import ID
 
 from gwtf.errors import ConfigError, ProtocolError
 from node.p2p.addresses import MAX_ADDRESSES, check_peer_addresses
+from node.p2p.dialing import DialFailed
 from node.p2p.host import ADDRESS_TTL_S, full_addresses, peer_info, point_at
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 
@@ -153,10 +154,9 @@ class AddressBook:
         info = peer_info(address)
         request = format_record(self.own).encode()
         try:
-            if not self.rpc.host.get_network().connections.get(info.peer_id):
-                await self.rpc.host.connect(info)
+            await self.rpc.dialer.connect(info.peer_id, info.addrs)
             reply = await self.rpc.request(info.peer_id, PROTOCOL_ID, request, LIMITS)
-        except (PeerUnavailable, OSError, trio.TooSlowError) as exc:
+        except (PeerUnavailable, DialFailed, OSError, trio.TooSlowError) as exc:
             log.info("peer exchange with %s failed: %s", address, exc)
             return
         except Exception as exc:  # libp2p's dial errors have no common base worth naming

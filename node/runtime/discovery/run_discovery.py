@@ -125,7 +125,9 @@ class RunDiscovery:
 
     def _services(self) -> tuple[RunDirectory, HintChannel | None]:
         host = self.book.rpc.host
-        directory = RunDirectory(host, self.settings.dht, admit=self._admits)
+        directory = RunDirectory(
+            host, self.settings.dht, admit=self._admits, dialer=self.book.rpc.dialer
+        )
         if not self.settings.use_hints:
             return directory, None
         return directory, HintChannel(host, hint_topic(self.settings.run_id), self.settings.gossip)

@@ -1,0 +1,101 @@
+"""Real libp2p hosts for the test bed's dialing and reachability tests.
+
+    python -m tests.internet.reach_peer public
+    python -m tests.internet.reach_peer home PUBLIC_ADDRESS
+    python -m tests.internet.reach_peer dial PER_ADDRESS_S ADDRESS [ADDRESS ...]
+
+``public`` listens on every interface (port 4001), prints ``address A`` for what it advertises
+and serves until killed. ``home`` keeps ``PUBLIC_ADDRESS`` as its neighbour (the node's
+``NeighbourKeeper``, as a node runs it), asks it something every 0.1 s and prints ``up T`` /
+``down T`` (wall-clock seconds) when the answers start or stop, and ``reconnected T`` when the
+keeper dialled it again. ``dial`` dials one peer at its addresses in order (all naming the same
+peer), each within PER_ADDRESS_S, and prints ``reached ADDRESS after S`` or ``failed after S``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import multiaddr
+import trio
+
+from node.p2p.dialing import Dialer, DialFailed
+from node.p2p.host import full_addresses, peer_info, running_host
+from node.p2p.identity import new_identity
+from node.p2p.keepalive import NeighbourKeeper
+from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
+
+ECHO = "/gwtf/test-echo/1.0.0"
+LIMITS = RpcLimits(max_request_bytes=64, max_response_bytes=64, timeout_s=1.0)
+EVERY_INTERFACE = ("/ip4/0.0.0.0/tcp/4001",)
+#: What a live node gives its keeper (twice the flow protocol's keep-alive timeout).
+DEAD_AFTER_S = 10.0
+
+
+async def echo(_peer: str, request: bytes) -> bytes:
+    return request
+
+
+async def public() -> None:
+    async with running_host(new_identity(), EVERY_INTERFACE) as host:
+        rpc = RequestResponse(host)
+        rpc.serve(ECHO, echo, LIMITS)
+        NeighbourKeeper(rpc, lambda: ()).serve()
+        for address in full_addresses(host):
+            print("address", address, flush=True)
+        await trio.sleep_forever()
+
+
+async def home(address: str) -> None:
+    async with running_host(new_identity(), EVERY_INTERFACE) as host:
+        rpc = RequestResponse(host)
+        info = peer_info(address)
+        host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+        keeper = NeighbourKeeper(rpc, lambda: [str(info.peer_id)], dead_after_s=DEAD_AFTER_S)
+        keeper.serve()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keeper.run)
+            up, reconnects = False, 0
+            while True:
+                try:
+                    await rpc.request(info.peer_id, ECHO, b"?", LIMITS)
+                    answered = True
+                except PeerUnavailable:
+                    answered = False
+                if answered != up:
+                    up = answered
+                    print("up" if up else "down", time.time(), flush=True)
+                if keeper.reconnects != reconnects:
+                    reconnects = keeper.reconnects
+                    print("reconnected", time.time(), flush=True)
+                await trio.sleep(0.1)
+
+
+async def dial(per_address_s: float, addresses: list[str]) -> None:
+    infos = [peer_info(address) for address in addresses]
+    addrs: list[multiaddr.Multiaddr] = [addr for info in infos for addr in info.addrs]
+    async with running_host(new_identity(), EVERY_INTERFACE) as host:
+        dialer = Dialer(host, per_address_s=per_address_s)
+        started = trio.current_time()
+        try:
+            await dialer.connect(infos[0].peer_id, addrs)
+        except DialFailed:
+            print("failed after", trio.current_time() - started, flush=True)
+            return
+        conn = host.get_network().get_connections(infos[0].peer_id)[0]
+        remote = conn.get_transport_addresses()
+        print("reached", remote[0] if remote else "?", "after", trio.current_time() - started)
+
+
+def main() -> None:
+    if sys.argv[1] == "public":
+        trio.run(public)
+    elif sys.argv[1] == "home":
+        trio.run(home, sys.argv[2])
+    else:
+        trio.run(dial, float(sys.argv[2]), sys.argv[3:])
+
+
+if __name__ == "__main__":
+    main()
