@@ -3,6 +3,8 @@
     python -m tests.internet.reach_peer public
     python -m tests.internet.reach_peer home PUBLIC_ADDRESS
     python -m tests.internet.reach_peer dial PER_ADDRESS_S ADDRESS [ADDRESS ...]
+    python -m tests.internet.reach_peer witness PORT
+    python -m tests.internet.reach_peer check PORT ANNOUNCE|- WITNESS [WITNESS ...]
 
 ``public`` listens on every interface (port 4001), prints ``address A`` for what it advertises
 and serves until killed. ``home`` keeps ``PUBLIC_ADDRESS`` as its neighbour (the node's
@@ -10,6 +12,10 @@ and serves until killed. ``home`` keeps ``PUBLIC_ADDRESS`` as its neighbour (the
 ``down T`` (wall-clock seconds) when the answers start or stop, and ``reconnected T`` when the
 keeper dialled it again. ``dial`` dials one peer at its addresses in order (all naming the same
 peer), each within PER_ADDRESS_S, and prints ``reached ADDRESS after S`` or ``failed after S``.
+``witness`` serves peer exchange and dial-backs on PORT and prints ``address A``. ``check``
+listens on PORT (advertising ANNOUNCE first unless it is ``-``), introduces itself to each
+WITNESS by peer exchange (so the witness holds its claimed addresses), asks them to dial it back
+and prints ``verdict True|False|None DESCRIPTION``.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from node.p2p.dialing import Dialer, DialFailed
 from node.p2p.host import full_addresses, peer_info, running_host
 from node.p2p.identity import new_identity
 from node.p2p.keepalive import NeighbourKeeper
+from node.p2p.reachability import DialbackService, ReachabilityCheck
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
+from node.runtime.discovery.address_book import AddressBook, own_record
 
 ECHO = "/gwtf/test-echo/1.0.0"
 LIMITS = RpcLimits(max_request_bytes=64, max_response_bytes=64, timeout_s=1.0)
@@ -88,11 +96,47 @@ async def dial(per_address_s: float, addresses: list[str]) -> None:
         print("reached", remote[0] if remote else "?", "after", trio.current_time() - started)
 
 
+def _book(rpc: RequestResponse) -> AddressBook:
+    book = AddressBook(rpc, own_record(rpc, "oregon"), lambda _record: None)
+    book.serve()
+    return book
+
+
+async def witness(port: int) -> None:
+    async with running_host(new_identity(), (f"/ip4/0.0.0.0/tcp/{port}",)) as host:
+        rpc = RequestResponse(host)
+        book = _book(rpc)
+        claimed = lambda peer: book.peers[peer].addresses if peer in book.peers else ()  # noqa: E731
+        DialbackService(rpc, claimed, per_address_s=1.0).serve()
+        for address in full_addresses(host):
+            print("address", address, flush=True)
+        await trio.sleep_forever()
+
+
+async def check(port: int, announce: str, witnesses: list[str]) -> None:
+    listen = (f"/ip4/0.0.0.0/tcp/{port}",)
+    announced = () if announce == "-" else (announce,)
+    async with running_host(new_identity(), listen, announced) as host:
+        rpc = RequestResponse(host)
+        book = _book(rpc)
+        checking = ReachabilityCheck(rpc)
+        checking.serve()
+        for address in witnesses:
+            await book.exchange_with(address)
+        ids = [peer_info(address).peer_id for address in witnesses]
+        result = await checking.check(ids, full_addresses(host), int(time.time() * 1000))
+        print("verdict", result.reachable, result.describe(), flush=True)
+
+
 def main() -> None:
     if sys.argv[1] == "public":
         trio.run(public)
     elif sys.argv[1] == "home":
         trio.run(home, sys.argv[2])
+    elif sys.argv[1] == "witness":
+        trio.run(witness, int(sys.argv[2]))
+    elif sys.argv[1] == "check":
+        trio.run(check, int(sys.argv[2]), sys.argv[3], sys.argv[4:])
     else:
         trio.run(dial, float(sys.argv[2]), sys.argv[3:])
 

@@ -118,6 +118,18 @@ class Bed:
             raise ValueError(f"{home} is a public host: it has no router")
         _run(["ip", "netns", "exec", router.namespace, "conntrack", "-F"])
 
+    def forward_port(self, home: Host | str, port: int) -> None:
+        """Open ``port`` on the home's router to the home (a port forward set by its owner)."""
+        host = self._host(home)
+        router = self._router(home)
+        target = f"{host.ip}:{port}"
+        _run(["ip", "netns", "exec", router.namespace, "iptables", "-t", "nat", "-A",
+              "PREROUTING", "-i", "wan", "-p", "tcp", "--dport", str(port), "-j", "DNAT",
+              "--to-destination", target])  # fmt: skip
+        _run(["ip", "netns", "exec", router.namespace, "iptables", "-A", "FORWARD", "-i", "wan",
+              "-o", "lan", "-p", "tcp", "-d", host.ip, "--dport", str(port),
+              "-j", "ACCEPT"])  # fmt: skip
+
     def cut_link(self, home: Host | str, reset: bool = False) -> None:
         """The home's router passes nothing any more, either way: silently (its uplink is
         down), or with ``reset`` answering each TCP packet with a reset (it tears down the

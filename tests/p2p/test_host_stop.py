@@ -12,6 +12,7 @@ import trio
 from libp2p.abc import IHost
 from libp2p.crypto.keys import KeyPair
 from libp2p.network.exceptions import SwarmException
+from libp2p.network.swarm import Swarm
 
 from node.p2p.host import full_address, peer_info, running_host
 from node.p2p.identity import new_identity
@@ -164,6 +165,7 @@ def test_a_peer_whose_dial_failed_is_dialled_again_at_once(tmp_path: Path) -> No
             with pytest.raises(PeerUnavailable, match="answered at no address"):
                 await rpc.request(info.peer_id, ECHO, b"one", LIMITS)
             network = host.get_network()
+            assert isinstance(network, Swarm)
             with pytest.raises(SwarmException):  # py-libp2p's own dial (its DHT, pubsub)
                 await network.dial_peer(info.peer_id)
             assert network._negative_peer_cache.is_blocked(str(info.peer_id))
