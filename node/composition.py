@@ -123,6 +123,7 @@ def live_config_from_settings(settings: Settings, password: str | None = None) -
         bootstrap=p2p.bootstrap_peers,
         listen=p2p.listen,
         announce=p2p.announce,
+        upnp=p2p.upnp,
         topology=topology,
         iterations=training.iterations,
         batch=training.microbatches_per_iteration,

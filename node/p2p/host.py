@@ -28,18 +28,23 @@ ADDRESS_TTL_S = 3600
 
 
 def build_host(
-    key_pair: KeyPair, dial_timeout_s: float = 10.0, announce: Sequence[str] = ()
+    key_pair: KeyPair,
+    dial_timeout_s: float = 10.0,
+    announce: Sequence[str] = (),
+    verified: list[multiaddr.Multiaddr] | None = None,
 ) -> IHost:
-    """A host that advertises ``announce`` (public addresses, best first), then the addresses
-    it listens on (``addresses.advertised``)."""
-    announced = [parse_announce(addr) for addr in announce]
+    """A host that advertises ``announce`` (public addresses, best first), then ``verified``
+    (a list its owner adds to while the host runs: a router's port mapping that peers reached),
+    then the addresses it listens on (``addresses.advertised``)."""
+    configured = [parse_announce(addr) for addr in announce]
+    later = verified if verified is not None else []
     # One connection per peer: py-libp2p otherwise dials three and waits ~250 ms on each connect.
     config = ConnectionConfig(max_connections_per_peer=1, dial_timeout=dial_timeout_s)
     return new_host(
         key_pair=key_pair,
         connection_config=config,
         muxer_preference="YAMUX",
-        addrs_factory=lambda listening: advertised(listening, announced),
+        addrs_factory=lambda listening: advertised(listening, [*configured, *later]),
         # Identify's observed address of a node behind a NAT is its router's mapping of one
         # outgoing connection, a port nobody can dial back: never advertise it unchecked.
         disable_identify_address_discovery=True,
@@ -48,12 +53,15 @@ def build_host(
 
 @asynccontextmanager
 async def running_host(
-    key_pair: KeyPair, listen: Sequence[str] = (LOOPBACK,), announce: Sequence[str] = ()
+    key_pair: KeyPair,
+    listen: Sequence[str] = (LOOPBACK,),
+    announce: Sequence[str] = (),
+    verified: list[multiaddr.Multiaddr] | None = None,
 ) -> AsyncIterator[IHost]:
     """A started host listening on ``listen`` (loopback with an ephemeral port by default) and
-    advertising ``announce`` first."""
+    advertising ``announce`` first, then ``verified`` (``build_host``)."""
     addrs = [parse_listen(addr) for addr in listen]
-    host = build_host(key_pair, announce=announce)
+    host = build_host(key_pair, announce=announce, verified=verified)
     async with host.run(listen_addrs=addrs):
         try:
             yield host

@@ -326,8 +326,9 @@ def _observed_ip(host: IHost, peer: str) -> str | None:
 @dataclass
 class ReachabilityMonitor:
     """Checks this node's reachability at start (once it has a peer to ask), whenever the
-    addresses it advertises change, and every ``period_s``; ``on_verdict`` hears each result.
-    An unknown verdict (nobody could check) is retried every ``poll_s``."""
+    addresses it advertises change, and every ``period_s``; ``on_verdict`` hears each result
+    that says something. An unknown verdict (nobody could check) is retried every ``poll_s``
+    and never replaces a known one."""
 
     check: ReachabilityCheck
     addresses: Callable[[], list[str]]
@@ -339,19 +340,20 @@ class ReachabilityMonitor:
     current: Reachability | None = None
 
     async def run(self) -> None:
-        checked_addresses: list[str] | None = None
+        checked_addresses: set[str] | None = None
         checked_at = -math.inf
         while True:
             addresses, witnesses = self.addresses(), self.witnesses()
             known = self.current is not None and self.current.reachable is not None
             due = (
                 not known
-                or addresses != checked_addresses
+                or set(addresses) != checked_addresses
                 or trio.current_time() - checked_at >= self.period_s
             )
             if due and witnesses and addresses:
                 result = await self.check.check(witnesses, addresses, self.wall_ms())
-                checked_addresses, checked_at = addresses, trio.current_time()
-                self.current = result
-                self.on_verdict(result)
+                checked_addresses, checked_at = set(addresses), trio.current_time()
+                if result.reachable is not None or not known:
+                    self.current = result
+                    self.on_verdict(result)
             await trio.sleep(self.poll_s)

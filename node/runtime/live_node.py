@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import multiaddr
 import trio
 from libp2p.crypto.keys import KeyPair
 
@@ -25,6 +26,7 @@ from node.p2p.addresses import LOOPBACK
 from node.p2p.host import ADDRESS_TTL_S, peer_info, running_host
 from node.p2p.keepalive import NeighbourKeeper
 from node.p2p.link_emulation import LinkEmulator, Topology
+from node.p2p.reachability import Reachability
 from node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper
 from node.p2p.scoring import Offence
 from node.receipts import ReceiptsConfig
@@ -39,6 +41,7 @@ from node.runtime.dataplane.compute_meter import report_compute
 from node.runtime.dataplane.exchange import DataPlane
 from node.runtime.discovery.address_book import AddressBook, PeerRecord, own_record
 from node.runtime.discovery.join_placement import Reservations, wait_for_placement
+from node.runtime.discovery.own_reachability import serve_dialbacks, watch_reachability
 from node.runtime.discovery.run_discovery import DiscoverySettings, RunDiscovery
 from node.runtime.flow.routing import ROUTINGS, SwarmWiring
 from node.runtime.flow.service import FlowService
@@ -112,6 +115,10 @@ class LiveNodeConfig:
     data_shard: int = 0
     #: Receipts on every hop and the epoch cycle on chain; None trains without.
     receipts: ReceiptsConfig | None = None
+    #: Ask the home router (UPnP IGD) to forward the listen port; announced once peers reach it.
+    upnp: bool = False
+    #: Told each reachability verdict (``node.p2p.reachability``; none on loopback only).
+    on_reachability: Callable[[Reachability], None] | None = None
 
 
 @dataclass
@@ -139,6 +146,12 @@ class LiveNode:
     discovery: RunDiscovery | None = None
     receipts: ReceiptParts | None = None
 
+    @property
+    def reachability(self) -> Reachability | None:
+        """The last verdict of the node's dial-back check (None before the first, and on a
+        node that listens on loopback only)."""
+        return self.discovery.reachability if self.discovery is not None else None
+
 
 Started = Callable[[LiveNode], Awaitable[None] | None]
 
@@ -158,8 +171,9 @@ async def run_live_node(
 ) -> list[IterationResult]:
     """Run one node; returns the data node's iteration results (a relay runs until cancelled)."""
     key = config.identity
+    verified: list[multiaddr.Multiaddr] = []  # a router's port mapping, once peers reached it
     async with (
-        running_host(key, config.listen, config.announce) as host,
+        running_host(key, config.listen, config.announce, verified) as host,
         trio.open_nursery() as nursery,
     ):
         node_id = str(host.get_id())
@@ -287,6 +301,16 @@ async def run_live_node(
             spare_of=lambda: flow.node.spare,
         )
         nursery.start_soon(discovery.run)
+        serve_dialbacks(rpc, book)
+
+        def on_verdict(result: Reachability) -> None:
+            log.info("reachability: %s", result.describe())
+            if config.on_reachability is not None:
+                config.on_reachability(result)
+
+        nursery.start_soon(
+            watch_reachability, rpc, book, discovery, verified, config.upnp, on_verdict
+        )
         if isinstance(role, RelayRole):
             deadlines = (
                 config.flow_timeout_s,

@@ -4,6 +4,7 @@ other (the NAT cases are in tests/internet/test_reachability_bed.py)."""
 from __future__ import annotations
 
 import pytest
+import trio
 from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError
@@ -15,7 +16,9 @@ from node.p2p.reachability import (
     DialbackRate,
     DialbackService,
     Outcome,
+    Reachability,
     ReachabilityCheck,
+    ReachabilityMonitor,
     Vote,
     decode_request,
     encode_request,
@@ -129,3 +132,38 @@ def test_a_witness_dials_no_address_the_requester_did_not_claim() -> None:
 
 def _peer() -> ID:
     return ID.from_pubkey(new_identity().public_key)
+
+
+def test_the_monitor_checks_at_start_and_again_when_the_addresses_change() -> None:
+    """A recheck nobody could answer (the witness allows one per peer a minute) keeps the known
+    verdict."""
+
+    async def main() -> None:
+        async with running_host(new_identity()) as witness, running_host(new_identity()) as me:
+            DialbackService(RequestResponse(witness), per_address_s=1.0).serve()
+            rpc = RequestResponse(me)
+            check = ReachabilityCheck(rpc)
+            check.serve()
+            await rpc.dialer.connect(witness.get_id(), witness.get_addrs())
+            advertised = full_addresses(me)
+            heard: list[Reachability] = []
+            monitor = ReachabilityMonitor(
+                check,
+                lambda: list(advertised),
+                lambda: [witness.get_id()],
+                heard.append,
+                wall_ms=lambda: 42,
+                poll_s=0.05,
+            )
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(monitor.run)
+                while not heard:
+                    await trio.sleep(0.05)
+                assert heard[0].reachable is True and heard[0].checked_ms == 42
+                dead = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{me.get_id()}"
+                advertised.append(dead)
+                await trio.sleep(0.5)
+                nursery.cancel_scope.cancel()
+            assert len(heard) == 1 and monitor.current is heard[0]
+
+    run_bounded(main)

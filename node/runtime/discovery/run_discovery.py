@@ -38,6 +38,7 @@ from node.p2p.discovery_records import (
 )
 from node.p2p.hints import GossipSettings, HintChannel
 from node.p2p.host import peer_info
+from node.p2p.reachability import Reachability
 from node.p2p.scoring import Offence
 from node.runtime.discovery.address_book import AddressBook, PeerRecord
 
@@ -96,6 +97,9 @@ class RunDiscovery:
         self.key = key
         self.settings = settings
         self.spare_of = spare_of
+        #: The node's last reachability verdict, which its card carries (None: none yet;
+        #: an unknown verdict is carried as unchecked).
+        self.reachability: Reachability | None = None
         self.directory, self.hints = self._services()
         self.cards: dict[str, PeerCard] = {}
         #: Providers whose card was bad, missing or for another run, and when: not asked again
@@ -211,6 +215,7 @@ class RunDiscovery:
 
     async def announce(self) -> bool:
         """Publish this node's card and provider records, then hint that it joined."""
+        reach = self.reachability
         card = PeerCard(
             peer_id=self.book.own.peer_id,
             run_id=self.settings.run_id,
@@ -220,6 +225,8 @@ class RunDiscovery:
             address=self.book.own.address,
             issued_ms=self.wall_ms(),
             other_addresses=self.book.own.other_addresses,
+            reachable=reach.reachable if reach is not None else None,
+            reach_checked_ms=reach.checked_ms if reach is not None else 0,
         )
         keys = [run_key(self.settings.run_id), stage_key(self.settings.run_id, self.settings.stage)]
         done = await self.directory.announce(sign_card(card, self.key), keys)
