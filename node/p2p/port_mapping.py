@@ -21,8 +21,9 @@ import trio
 
 log = logging.getLogger(__name__)
 
-#: How long routers are given to answer the discovery broadcast.
-DISCOVER_MS = 2000
+#: How long routers are given to answer each discovery broadcast (miniupnpc sends several: on
+#: a network without UPnP, discovery takes about four times this).
+DISCOVER_MS = 500
 DESCRIPTION = "gwtf node"
 _T = TypeVar("_T")
 

@@ -327,8 +327,8 @@ def _observed_ip(host: IHost, peer: str) -> str | None:
 class ReachabilityMonitor:
     """Checks this node's reachability at start (once it has a peer to ask), whenever the
     addresses it advertises change, and every ``period_s``; ``on_verdict`` hears each result
-    that says something. An unknown verdict (nobody could check) is retried every ``poll_s``
-    and never replaces a known one."""
+    that says something. A check nobody could answer (witnesses busy or gone) never replaces a
+    known verdict, and is tried again every ``poll_s``."""
 
     check: ReachabilityCheck
     addresses: Callable[[], list[str]]
@@ -352,7 +352,8 @@ class ReachabilityMonitor:
             )
             if due and witnesses and addresses:
                 result = await self.check.check(witnesses, addresses, self.wall_ms())
-                checked_addresses, checked_at = set(addresses), trio.current_time()
+                if result.reachable is not None:
+                    checked_addresses, checked_at = set(addresses), trio.current_time()
                 if result.reachable is not None or not known:
                     self.current = result
                     self.on_verdict(result)

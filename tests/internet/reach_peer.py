@@ -5,6 +5,7 @@
     python -m tests.internet.reach_peer dial PER_ADDRESS_S ADDRESS [ADDRESS ...]
     python -m tests.internet.reach_peer witness PORT
     python -m tests.internet.reach_peer check PORT ANNOUNCE|- WITNESS [WITNESS ...]
+    python -m tests.internet.reach_peer node PORT WITNESS [WITNESS ...]
 
 ``public`` listens on every interface (port 4001), prints ``address A`` for what it advertises
 and serves until killed. ``home`` keeps ``PUBLIC_ADDRESS`` as its neighbour (the node's
@@ -15,11 +16,14 @@ peer), each within PER_ADDRESS_S, and prints ``reached ADDRESS after S`` or ``fa
 ``witness`` serves peer exchange and dial-backs on PORT and prints ``address A``. ``check``
 listens on PORT (advertising ANNOUNCE first unless it is ``-``), introduces itself to each
 WITNESS by peer exchange (so the witness holds its claimed addresses), asks them to dial it back
-and prints ``verdict True|False|None DESCRIPTION``.
+and prints ``verdict True|False|None DESCRIPTION``. ``node`` runs a live node's reachability
+watch (``own_reachability``, UPnP on) after introducing itself to the WITNESSes and prints the
+UPnP attempt's log line (``log …``), then ``verdict …`` and ``card REACH`` (what its card says).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 
@@ -30,9 +34,11 @@ from node.p2p.dialing import Dialer, DialFailed
 from node.p2p.host import full_addresses, peer_info, running_host
 from node.p2p.identity import new_identity
 from node.p2p.keepalive import NeighbourKeeper
-from node.p2p.reachability import DialbackService, ReachabilityCheck
+from node.p2p.reachability import DialbackService, Reachability, ReachabilityCheck
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 from node.runtime.discovery.address_book import AddressBook, own_record
+from node.runtime.discovery.own_reachability import serve_dialbacks, watch_reachability
+from node.runtime.discovery.run_discovery import DiscoverySettings, RunDiscovery
 
 ECHO = "/gwtf/test-echo/1.0.0"
 LIMITS = RpcLimits(max_request_bytes=64, max_response_bytes=64, timeout_s=1.0)
@@ -128,6 +134,36 @@ async def check(port: int, announce: str, witnesses: list[str]) -> None:
         print("verdict", result.reachable, result.describe(), flush=True)
 
 
+async def node(port: int, witnesses: list[str]) -> None:
+    upnp_log = logging.getLogger("node.p2p.port_mapping")
+    upnp_log.setLevel(logging.INFO)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("log %(message)s"))
+    upnp_log.addHandler(handler)
+    identity, verified = new_identity(), []
+    async with running_host(identity, (f"/ip4/0.0.0.0/tcp/{port}",), verified=verified) as host:
+        rpc = RequestResponse(host)
+        book = _book(rpc)
+        serve_dialbacks(rpc, book)
+        # Discovery is not run here: without its pubsub service running, the hint channel's
+        # notifee would hold up every new connection.
+        settings = DiscoverySettings(1, 1, "relay", tuple(witnesses), use_hints=False)
+        discovery = RunDiscovery(book, identity.private_key, settings)
+        for address in witnesses:
+            await book.exchange_with(address)
+        heard = trio.Event()
+
+        def on_verdict(result: Reachability) -> None:
+            print("verdict", result.reachable, result.describe(), flush=True)
+            print("card", discovery.own_card().reachable, flush=True)
+            heard.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_reachability, rpc, book, discovery, verified, True, on_verdict)
+            await heard.wait()
+            nursery.cancel_scope.cancel()
+
+
 def main() -> None:
     if sys.argv[1] == "public":
         trio.run(public)
@@ -135,6 +171,8 @@ def main() -> None:
         trio.run(home, sys.argv[2])
     elif sys.argv[1] == "witness":
         trio.run(witness, int(sys.argv[2]))
+    elif sys.argv[1] == "node":
+        trio.run(node, int(sys.argv[2]), sys.argv[3:])
     elif sys.argv[1] == "check":
         trio.run(check, int(sys.argv[2]), sys.argv[3], sys.argv[4:])
     else:

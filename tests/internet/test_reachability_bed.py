@@ -60,3 +60,19 @@ def test_a_home_with_its_port_forwarded_is_reachable_at_its_routers_address(
     wan = bed.hosts["cone-rst"].public_ip
     line = check(bed, "cone-rst", witnesses, announce=f"/ip4/{wan}/tcp/4002")
     assert line.startswith(f"verdict True reachable at /ip4/{wan}/tcp/4002/p2p/"), line
+
+
+@pytest.mark.parametrize(("host", "reachable"), [("tokyo", True), ("symmetric-drop", False)])
+def test_a_node_tries_upnp_quietly_checks_itself_and_signs_the_verdict_into_its_card(
+    bed: Bed, witnesses: list[str], host: str, reachable: bool
+) -> None:
+    """No router of the bed speaks UPnP: the attempt costs one line in the log."""
+    done = bed.run(host, [*PEER, "node", "4003", *witnesses], timeout_s=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0] == (
+        "log UPnP: no port mapping (no UPnP device answered on this network); "
+        "peers reach this node only as it is"
+    ), lines
+    assert lines[1].startswith(f"verdict {reachable} "), lines
+    assert lines[2] == f"card {reachable}", lines

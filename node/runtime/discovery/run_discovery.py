@@ -213,10 +213,10 @@ class RunDiscovery:
             if not connections.get(peer.peer_id) or self.directory.routing_table_size() == 0:
                 await self.directory.add_bootstrap(peer)
 
-    async def announce(self) -> bool:
-        """Publish this node's card and provider records, then hint that it joined."""
+    def own_card(self) -> PeerCard:
+        """This node's card as of now: its addresses and its last reachability verdict."""
         reach = self.reachability
-        card = PeerCard(
+        return PeerCard(
             peer_id=self.book.own.peer_id,
             run_id=self.settings.run_id,
             stage=self.settings.stage,
@@ -228,6 +228,10 @@ class RunDiscovery:
             reachable=reach.reachable if reach is not None else None,
             reach_checked_ms=reach.checked_ms if reach is not None else 0,
         )
+
+    async def announce(self) -> bool:
+        """Publish this node's card and provider records, then hint that it joined."""
+        card = self.own_card()
         keys = [run_key(self.settings.run_id), stage_key(self.settings.run_id, self.settings.stage)]
         done = await self.directory.announce(sign_card(card, self.key), keys)
         await self.publish_hint("stage" if self.announced.is_set() else "joined")
