@@ -26,7 +26,7 @@ from contracts.encoding import HopReceipt, ledger_domain, receipt_digest
 from contracts.keccak import keccak256
 from gwtf.errors import ChainError, ConfigError
 from node.audit.reexecute import Replayer
-from node.audit.replays import EvidenceSource, Replayed, relays_of, replay_sample
+from node.audit.replays import Replayed, evidence_source, replay_sample
 from node.audit.runner import ask_chain, connect_peers
 from node.chain.actions import Contracts, rule_tensor_dispute
 from node.chain.adapter import Sender
@@ -112,7 +112,7 @@ async def arbitrate(
         rpc = RequestResponse(host)
         reachable, _ = await connect_peers(host, peers, timeout_s)
         data_nodes = {receipt.dataNode.lower() for _, receipt, _ in disputes}
-        source = EvidenceSource(rpc, relays_of(reachable, data_nodes), run_id, timeout_s)
+        source = evidence_source(rpc, peers, reachable, data_nodes, run_id, timeout_s)
         certificates: dict[tuple[int, str], list[SignedReceipt]] = {}
         for dispute_id, receipt, signature in disputes:
             key = (receipt.epoch, receipt.dataNode.lower())

@@ -38,10 +38,9 @@ from node.audit.checks import (
 from node.audit.reexecute import Replayer
 from node.audit.replays import (
     WRONG_TENSOR,
-    EvidenceSource,
     Replayed,
     draw_sample,
-    relays_of,
+    evidence_source,
     replay_findings,
     replay_sample,
     sample_seed,
@@ -147,7 +146,7 @@ async def audit_epoch(
         # One source for every certificate: what it learns of silent peers and the states it
         # fetched serve them all.
         data_nodes = {c.dataNode.lower() for c in certs}
-        source = EvidenceSource(rpc, relays_of(reachable, data_nodes), run_id, timeout_s)
+        source = evidence_source(rpc, peers, reachable, data_nodes, run_id, timeout_s)
         seen: list[SignedReceipt] = []
         for cert in certs:
             progress(f"certificate of {cert.dataNode}")

@@ -33,7 +33,11 @@ from node.receipts import ReceiptsConfig
 from node.receipts.book import ReceiptBook, address_of_peer
 from node.receipts.cheats import Cheat
 from node.receipts.epochs import DataNodeEpochs, EpochClock, WorkerEpochs
-from node.receipts.evidence import prune_settled_evidence, serve_evidence
+from node.receipts.evidence import (
+    prune_settled_evidence,
+    serve_evidence,
+    serve_evidence_forwarding,
+)
 from node.receipts.reports import ReceiptInbox, ReceiptReporter
 from node.receipts.serving import ReceiptServer
 from node.runtime.dataplane import control
@@ -426,6 +430,8 @@ async def _start_receipts(
     clock = EpochClock(setup.ledger, setup.clock_period_s)
     await clock.start_reading()
     timeout_s = 2 * config.flow.ack_deadline_s
+    # Auditors reach a relay behind a NAT through the nodes it keeps connections to.
+    serve_evidence_forwarding(rpc, timeout_s)
 
     def data_node_peers() -> dict[str, str]:
         return {address_of_peer(p): p for p, record in book.peers.items() if record.stage == 0}

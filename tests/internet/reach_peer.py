@@ -6,6 +6,9 @@
     python -m tests.internet.reach_peer witness PORT
     python -m tests.internet.reach_peer check PORT ANNOUNCE|- WITNESS [WITNESS ...]
     python -m tests.internet.reach_peer node PORT WITNESS [WITNESS ...]
+    python -m tests.internet.reach_peer forwarder
+    python -m tests.internet.reach_peer evidence-home FORWARDER_ADDRESS FOLDER
+    python -m tests.internet.reach_peer audit DIGEST HOME_ADDRESS FORWARDER_ADDRESS
 
 ``public`` listens on every interface (port 4001), prints ``address A`` for what it advertises
 and serves until killed. ``home`` keeps ``PUBLIC_ADDRESS`` as its neighbour (the node's
@@ -19,6 +22,11 @@ WITNESS by peer exchange (so the witness holds its claimed addresses), asks them
 and prints ``verdict True|False|None DESCRIPTION``. ``node`` runs a live node's reachability
 watch (``own_reachability``, UPnP on) after introducing itself to the WITNESSes and prints the
 UPnP attempt's log line (``log …``), then ``verdict …`` and ``card REACH`` (what its card says).
+``forwarder`` forwards evidence requests (``/gwtf/evidence-via/1.0.0``) as every node with
+receipts does, and prints ``address A``. ``evidence-home`` keeps a frame of ``FRAME_BYTES`` in
+an evidence archive under FOLDER, serves it, keeps the forwarder as its neighbour, and prints
+``digest HEX`` and ``address A``. ``audit`` fetches the frame as an auditor's evidence source
+does, from the peers it reaches or through them, and prints ``fetched N bytes`` or ``missing``.
 """
 
 from __future__ import annotations
@@ -26,19 +34,24 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from pathlib import Path
 
 import multiaddr
 import trio
 
+from node.audit.replays import evidence_source
+from node.audit.runner import connect_peers
 from node.p2p.dialing import Dialer, DialFailed
 from node.p2p.host import full_addresses, peer_info, running_host
-from node.p2p.identity import new_identity
+from node.p2p.identity import new_identity, node_address_of_peer
 from node.p2p.keepalive import NeighbourKeeper
 from node.p2p.reachability import DialbackService, Reachability, ReachabilityCheck
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
+from node.receipts.evidence import serve_evidence, serve_evidence_forwarding
 from node.runtime.discovery.address_book import AddressBook, own_record
 from node.runtime.discovery.own_reachability import serve_dialbacks, watch_reachability
 from node.runtime.discovery.run_discovery import DiscoverySettings, RunDiscovery
+from node.store.evidence import EvidenceArchive
 
 ECHO = "/gwtf/test-echo/1.0.0"
 LIMITS = RpcLimits(max_request_bytes=64, max_response_bytes=64, timeout_s=1.0)
@@ -164,6 +177,50 @@ async def node(port: int, witnesses: list[str]) -> None:
             nursery.cancel_scope.cancel()
 
 
+FRAME_BYTES = 3 << 19  # a chunk and a half
+
+
+async def forwarder() -> None:
+    async with running_host(new_identity(), EVERY_INTERFACE) as host:
+        rpc = RequestResponse(host)
+        serve_evidence_forwarding(rpc, 5.0)
+        NeighbourKeeper(rpc, lambda: ()).serve()
+        for address in full_addresses(host):
+            print("address", address, flush=True)
+        await trio.sleep_forever()
+
+
+async def evidence_home(forwarder_address: str, folder: str) -> None:
+    async with running_host(new_identity(), EVERY_INTERFACE) as host:
+        rpc = RequestResponse(host)
+        archive = EvidenceArchive(Path(folder), keep_epochs=2, epoch_now=lambda: 0)
+        digest = archive.keep_frame(0, bytes(range(256)) * (FRAME_BYTES // 256))
+        serve_evidence(rpc, archive, 1, 5.0)
+        info = peer_info(forwarder_address)
+        host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+        keeper = NeighbourKeeper(rpc, lambda: [str(info.peer_id)], dead_after_s=DEAD_AFTER_S)
+        keeper.serve()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keeper.run)
+            while not rpc.dialer.connected(info.peer_id):
+                await trio.sleep(0.05)
+            print("digest", digest.hex(), flush=True)
+            print("address", full_addresses(host)[0], flush=True)
+
+
+async def audit(digest: str, home_address: str, forwarder_address: str) -> None:
+    async with running_host(new_identity(), EVERY_INTERFACE) as host:
+        rpc = RequestResponse(host)
+        peers = [home_address, forwarder_address]
+        reachable, _ = await connect_peers(host, peers, 2.0)
+        home = node_address_of_peer(peer_info(home_address).peer_id).lower()
+        data_node = node_address_of_peer(peer_info(forwarder_address).peer_id).lower()
+        source = evidence_source(rpc, peers, reachable, {data_node}, 1, 5.0)
+        frame = await source.frame(0, bytes.fromhex(digest), [home])
+        print("reached", " ".join(sorted(reachable)) == data_node, flush=True)
+        print("missing" if frame is None else f"fetched {len(frame)} bytes", flush=True)
+
+
 def main() -> None:
     if sys.argv[1] == "public":
         trio.run(public)
@@ -171,6 +228,12 @@ def main() -> None:
         trio.run(home, sys.argv[2])
     elif sys.argv[1] == "witness":
         trio.run(witness, int(sys.argv[2]))
+    elif sys.argv[1] == "forwarder":
+        trio.run(forwarder)
+    elif sys.argv[1] == "evidence-home":
+        trio.run(evidence_home, sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "audit":
+        trio.run(audit, sys.argv[2], sys.argv[3], sys.argv[4])
     elif sys.argv[1] == "node":
         trio.run(node, int(sys.argv[2]), sys.argv[3:])
     elif sys.argv[1] == "check":
