@@ -19,7 +19,7 @@ import trio
 from libp2p.peer.id import ID
 
 from node.p2p.dialing import DialFailed
-from node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestResponse, RpcLimits
+from node.p2p.rpc import PeerTimeout, PeerUnavailable, RequestResponse, RpcLimits
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +101,7 @@ class NeighbourKeeper:
             limits = RpcLimits(0, 0, self.dead_after_s / 2)
             await self.rpc.request(peer, ALIVE_PROTOCOL, b"", limits)
             state.last_alive = trio.current_time()
-        except RequestDeclined:
-            state.last_alive = trio.current_time()  # it answered
-        except PeerUnavailable as exc:
+        except PeerTimeout as exc:
             silent_s = trio.current_time() - state.last_alive
             if silent_s >= self.dead_after_s:
                 log.info("neighbour %s silent for %.1f s (%s): dialing again", peer, silent_s, exc)
@@ -111,6 +109,11 @@ class NeighbourKeeper:
                 # next dial opens a fresh one (through the router's new mapping).
                 await self.rpc.drop_peer(peer)
                 state.gone_since = trio.current_time()
+        except PeerUnavailable:
+            # A refusal (an older peer without the protocol, one that declines) is an answer;
+            # a broken connection is redialled at the next tick.
+            if self.rpc.dialer.connected(peer):
+                state.last_alive = trio.current_time()
         finally:
             state.busy = False
 

@@ -284,7 +284,8 @@ async def run_live_node(
         keeper = NeighbourKeeper(
             rpc,
             lambda: neighbours(book, config.stage, config.stages),
-            dead_after_s=2 * config.flow.keepalive_timeout_s,
+            # Never below 10 s: a loaded machine must not cut a connection that is only slow.
+            dead_after_s=max(10.0, 2 * config.flow.keepalive_timeout_s),
         )
         keeper.serve()
         nursery.start_soon(keeper.run)

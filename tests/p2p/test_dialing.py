@@ -15,8 +15,8 @@ from libp2p.peer.id import ID
 from node.p2p.dialing import Dialer, DialFailed, dialable
 from node.p2p.host import full_address, peer_info, running_host
 from node.p2p.identity import new_identity
-from node.p2p.keepalive import Backoff, NeighbourKeeper
-from node.p2p.rpc import RequestResponse
+from node.p2p.keepalive import ALIVE_PROTOCOL, Backoff, NeighbourKeeper
+from node.p2p.rpc import RequestResponse, RpcLimits
 from tests.p2p.test_host_stop import ECHO, LIMITS, echo, run_bounded
 
 
@@ -106,3 +106,33 @@ def test_a_neighbour_back_after_a_restart_is_reconnected_at_once() -> None:
 
 def _id(identity: KeyPair) -> ID:
     return ID.from_pubkey(identity.public_key)
+
+
+def test_a_neighbour_silent_past_the_deadline_is_cut_and_dialled_anew() -> None:
+    """A connection that carries nothing any more (a cut link TCP has not noticed) is closed
+    and a fresh one dialled; a refusal is an answer, not silence."""
+
+    async def main() -> None:
+        async with running_host(new_identity()) as server, running_host(new_identity()) as me:
+
+            async def silent(_peer: str, _request: bytes) -> bytes:
+                await trio.sleep_forever()
+                return b""
+
+            rpc = RequestResponse(me)
+            peer = server.get_id()
+            me.get_peerstore().add_addrs(peer, server.get_addrs(), 60)
+            keeper = NeighbourKeeper(rpc, lambda: [str(peer)], period_s=0.1, dead_after_s=1.0)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(keeper.run)
+                # The neighbour does not speak the keep-alive protocol: it refuses, it is alive.
+                await trio.sleep(1.5)
+                assert keeper.reconnects == 0 and rpc.dialer.dials == 1
+                RequestResponse(server).serve(ALIVE_PROTOCOL, silent, RpcLimits(0, 0, 5.0))
+                with trio.fail_after(5):
+                    while keeper.reconnects == 0:
+                        await trio.sleep(0.05)
+                assert rpc.dialer.dials == 2
+                nursery.cancel_scope.cancel()
+
+    run_bounded(main)
