@@ -90,9 +90,9 @@ async def close_sockets(host: IHost) -> None:
 def point_at(host: IHost, peer_id: ID, addrs: Sequence[multiaddr.Multiaddr]) -> None:
     """Make ``addrs`` the only addresses ``host`` dials ``peer_id`` at, from now on.
 
-    py-libp2p dials one TCP address per peer, the first it stored, and refuses for a while to
-    dial a peer whose dial failed: a peer that moved (a restart on a new port) or an address a
-    rogue named would otherwise hide it."""
+    A peer that moved (a restart on a new port) would otherwise be dialled at its old address
+    first, each time at the cost of a dial's deadline (``node.p2p.dialing``), and py-libp2p
+    refuses for a while to dial a peer whose dial failed."""
     host.get_peerstore().clear_addrs(peer_id)
     network = host.get_network()
     if isinstance(network, Swarm):

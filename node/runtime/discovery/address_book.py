@@ -144,7 +144,7 @@ class AddressBook:
         peer = ID.from_base58(record.peer_id)
         addrs = [addr for address in record.addresses for addr in peer_info(address).addrs]
         if moved:
-            # Only the new addresses: py-libp2p dials the first TCP one it stored for a peer.
+            # Only the new addresses: the old ones belong to the peer's previous process.
             point_at(self.rpc.host, peer, addrs)
         else:
             self.rpc.host.get_peerstore().add_addrs(peer, addrs, ADDRESS_TTL_S)
