@@ -13,9 +13,10 @@
 ``public`` listens on every interface (port 4001), prints ``address A`` for what it advertises
 and serves until killed. ``home`` keeps ``PUBLIC_ADDRESS`` as its neighbour (the node's
 ``NeighbourKeeper``, as a node runs it), asks it something every 0.1 s and prints ``up T`` /
-``down T`` (wall-clock seconds) when the answers start or stop, and ``reconnected T`` when the
-keeper dialled it again. ``dial`` dials one peer at its addresses in order (all naming the same
-peer), each within PER_ADDRESS_S, and prints ``reached ADDRESS after S`` or ``failed after S``.
+``down T`` (wall-clock seconds) when the answers start or stop, and ``reconnected T`` when it
+was dialled again (by the keeper, or by a request's own dial). ``dial`` dials one peer at its
+addresses in order (all naming the same peer), each within PER_ADDRESS_S, and prints
+``reached ADDRESS after S`` or ``failed after S``.
 ``witness`` serves peer exchange and dial-backs on PORT and prints ``address A``. ``check``
 listens on PORT (advertising ANNOUNCE first unless it is ``-``), introduces itself to each
 WITNESS by peer exchange (so the witness holds its claimed addresses), asks them to dial it back
@@ -93,8 +94,9 @@ async def home(address: str) -> None:
                 if answered != up:
                     up = answered
                     print("up" if up else "down", time.time(), flush=True)
-                if keeper.reconnects != reconnects:
-                    reconnects = keeper.reconnects
+                # A new connection, by the keeper or by a request's own dial.
+                if rpc.dialer.dials > 1 + reconnects:
+                    reconnects = rpc.dialer.dials - 1
                     print("reconnected", time.time(), flush=True)
                 await trio.sleep(0.1)
 
