@@ -100,6 +100,18 @@ class Status(Schema):
         default=None, description="seconds from now until next_claim_at; 0: claimable now"
     )
     disk: DiskUse | None = Field(default=None, description="null until first measured")
+    reachable: bool | None = Field(
+        default=None,
+        description="whether peers could dial this node back at its last check: false runs "
+        "it outbound-only (it dials its neighbours); null before the first check, and on a "
+        "node that listens on loopback only",
+    )
+    reachability: str = Field(
+        default="", description="the last check in words, e.g. 'reachable at /ip4/…'"
+    )
+    reachability_checked_at: float | None = Field(
+        default=None, description="unix time of the last check; null before the first"
+    )
 
 
 class PeerView(Schema):

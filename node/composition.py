@@ -131,6 +131,7 @@ def live_config_from_settings(settings: Settings, password: str | None = None) -
         relay_service=p2p.relay_service == "on"
         or (p2p.relay_service == "auto" and node.role == DATA),
         relays=p2p.relays,
+        upnp=p2p.upnp,
         topology=topology,
         iterations=training.iterations,
         batch=training.microbatches_per_iteration,

@@ -115,6 +115,9 @@ class P2PSettings:
     #: Public addresses peers reach this node at (``/ip4/IP/tcp/PORT``, ``/dns4/NAME/tcp/PORT``:
     #: a port forwarded on its router), advertised before the listen addresses.
     announce: tuple[str, ...] = ()
+    #: Ask the home router (UPnP IGD) to forward a port to the node; advertised once peers
+    #: reach the node through it.
+    upnp: bool = True
     bootstrap_peers: tuple[str, ...] = ()
     connect_timeout_s: float = 10.0
     max_message_bytes: int = 64 * 1024 * 1024

@@ -32,7 +32,7 @@ from contracts.certificate_tree import SignedReceipt
 from contracts.encoding import HopReceipt
 from gwtf.errors import ChainError
 from node.audit.reexecute import Replayer
-from node.audit.replays import EvidenceSource, Replayed, relays_of, replay_sample
+from node.audit.replays import Replayed, evidence_source, replay_sample
 from node.audit.runner import connect_peers
 from node.chain.actions import Contracts, draw_salt_of, vote_salt_of
 from node.chain.adapter import Sender
@@ -310,8 +310,8 @@ async def _verdict(
         reachable, _ = await connect_peers(host, peers, timeout_s)
         if not reachable:
             return None, "reached no peer of the run: not voting blind"
-        source = EvidenceSource(
-            rpc, relays_of(reachable, {receipt.dataNode.lower()}), receipt.runId, timeout_s
+        source = evidence_source(
+            rpc, peers, reachable, {receipt.dataNode.lower()}, receipt.runId, timeout_s
         )
         certified = await _certified(rpc, reachable, receipt, timeout_s)
         entry = _entry_of(certified, receipt, case.worker_signature)

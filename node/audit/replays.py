@@ -35,6 +35,8 @@ from contracts.keccak import keccak256
 from gwtf.errors import ProtocolError
 from node.audit.checks import Finding
 from node.audit.reexecute import HopEvidence, Replay, Replayer
+from node.p2p.host import peer_info
+from node.p2p.identity import node_address_of_peer
 from node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestResponse
 from node.receipts.evidence import EvidenceMissing, fetch_frame, fetch_state
 from node.training.checkpoint import verified_digest
@@ -88,20 +90,33 @@ class Replayed:
 
 
 class EvidenceSource:
-    """Fetches evidence over p2p from the peers an audit reached (node address -> peer id)."""
+    """Fetches evidence over p2p from the peers an audit reached (node address -> peer id),
+    and from those it could not reach (``unreached``: a relay behind a NAT) through
+    ``forwarders``, the peers it reached that forward evidence (``/gwtf/evidence-via/1.0.0``
+    over the connections they hold)."""
 
     def __init__(
-        self, rpc: RequestResponse, peers: dict[str, str], run_id: int, timeout_s: float
+        self,
+        rpc: RequestResponse,
+        peers: dict[str, str],
+        run_id: int,
+        timeout_s: float,
+        unreached: dict[str, str] | None = None,
+        forwarders: Sequence[str] = (),
     ) -> None:
         self.rpc, self.peers, self.run_id, self.timeout_s = rpc, peers, run_id, timeout_s
+        self.unreached = unreached or {}
+        self.forwarders = tuple(forwarders)
         self._states: dict[tuple[int, int, tuple[str, ...]], tuple[bytes, str] | None] = {}
         self._silent: set[str] = set()  # peers that do not serve evidence at all
 
     async def frame(self, epoch: int, digest: bytes, first: Sequence[str]) -> bytes | None:
         """The frame with ``digest``: from ``first`` in order, then from the other peers."""
         found = await self._first(
-            _in_order(first, self.peers),
-            lambda peer: fetch_frame(self.rpc, peer, self.run_id, epoch, digest, self.timeout_s),
+            _in_order(first, {**self.unreached, **self.peers}),
+            lambda peer, via: fetch_frame(
+                self.rpc, peer, self.run_id, epoch, digest, self.timeout_s, via
+            ),
         )
         return found[0] if found is not None else None
 
@@ -113,32 +128,39 @@ class EvidenceSource:
         if key not in self._states:
             self._states[key] = await self._first(
                 nodes,
-                lambda peer: fetch_state(
-                    self.rpc, peer, self.run_id, epoch, iteration, self.timeout_s
+                lambda peer, via: fetch_state(
+                    self.rpc, peer, self.run_id, epoch, iteration, self.timeout_s, via
                 ),
             )
         return self._states[key]
 
     async def _first(
-        self, nodes: Sequence[str], fetch: Callable[[str], Awaitable[bytes]]
+        self, nodes: Sequence[str], fetch: Callable[[str, str | None], Awaitable[bytes]]
     ) -> tuple[bytes, str] | None:
         """What the first of ``nodes`` that keeps it serves, with that node; a node that fails
         otherwise than by not keeping it is asked nothing more."""
         for node in nodes:
-            if node not in self.peers or node in self._silent:
+            if node in self._silent:
                 continue
-            try:
-                # A whole fetch has a deadline, not only each chunk: a peer that trickles a
-                # large file cannot hold the audit (or a ruling) past its window.
-                with trio.fail_after(FETCH_DEADLINES * self.timeout_s):
-                    return await fetch(self.peers[node]), node
-            except EvidenceMissing:
+            if node in self.peers:
+                routes: list[tuple[str, str | None]] = [(self.peers[node], None)]
+            elif node in self.unreached:
+                routes = [(self.unreached[node], via) for via in self.forwarders]
+            else:
                 continue
-            except trio.TooSlowError:
-                log.debug("evidence from %s came too slowly", node)
-                self._silent.add(node)
-            except _FETCH_ERRORS as exc:
-                log.debug("no evidence from %s: %s", node, exc)
+            for peer, via in routes:
+                try:
+                    # A whole fetch has a deadline, not only each chunk: a peer that trickles a
+                    # large file cannot hold the audit (or a ruling) past its window.
+                    with trio.fail_after(FETCH_DEADLINES * self.timeout_s):
+                        return await fetch(peer, via), node
+                except EvidenceMissing:
+                    break
+                except trio.TooSlowError:
+                    log.debug("evidence from %s came too slowly (via %s)", node, via)
+                except _FETCH_ERRORS as exc:
+                    log.debug("no evidence from %s (via %s): %s", node, via, exc)
+            else:
                 self._silent.add(node)
         return None
 
@@ -269,6 +291,33 @@ def replay_findings(cert: CertRef, replayed: Sequence[Replayed]) -> list[Finding
         proof = fraud_proofs.wrong_tensor(cert, done.leaf, done.entry)
         findings.append(Finding(WRONG_TENSOR, r.worker, detail, proof))
     return findings
+
+
+def evidence_source(
+    rpc: RequestResponse,
+    peers: Sequence[str],
+    reachable: dict[str, str],
+    data_nodes: set[str],
+    run_id: int,
+    timeout_s: float,
+) -> EvidenceSource:
+    """The evidence of the relays among ``peers`` (multiaddrs): directly from those reached,
+    through the reached nodes (data nodes first) from those not (behind a NAT)."""
+    unreached: dict[str, str] = {}
+    for address in peers:
+        info = peer_info(address)
+        node = node_address_of_peer(info.peer_id).lower()
+        if node not in reachable and node not in data_nodes:
+            unreached[node] = str(info.peer_id)
+    forwarders = sorted(reachable, key=lambda node: node not in data_nodes)
+    return EvidenceSource(
+        rpc,
+        relays_of(reachable, data_nodes),
+        run_id,
+        timeout_s,
+        unreached,
+        [reachable[node] for node in forwarders],
+    )
 
 
 def relays_of(peers: dict[str, str], data_nodes: set[str]) -> dict[str, str]:

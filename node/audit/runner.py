@@ -38,10 +38,9 @@ from node.audit.checks import (
 from node.audit.reexecute import Replayer
 from node.audit.replays import (
     WRONG_TENSOR,
-    EvidenceSource,
     Replayed,
     draw_sample,
-    relays_of,
+    evidence_source,
     replay_findings,
     replay_sample,
     sample_seed,
@@ -49,6 +48,7 @@ from node.audit.replays import (
 from node.chain.actions import Contracts
 from node.chain.adapter import NODE_STATUS_SLASHED
 from node.chain.epochs import EpochLedger
+from node.p2p.dialing import Dialer
 from node.p2p.host import peer_info, running_host
 from node.p2p.identity import new_identity, node_address_of_peer
 from node.p2p.rpc import RequestResponse
@@ -146,7 +146,7 @@ async def audit_epoch(
         # One source for every certificate: what it learns of silent peers and the states it
         # fetched serve them all.
         data_nodes = {c.dataNode.lower() for c in certs}
-        source = EvidenceSource(rpc, relays_of(reachable, data_nodes), run_id, timeout_s)
+        source = evidence_source(rpc, peers, reachable, data_nodes, run_id, timeout_s)
         seen: list[SignedReceipt] = []
         for cert in certs:
             progress(f"certificate of {cert.dataNode}")
@@ -215,6 +215,7 @@ async def connect_peers(
     """Dial each of ``peers`` (multiaddrs): (node address in lower case -> peer id of those
     reached, node address -> "ok" or why not)."""
     infos = [peer_info(address) for address in peers]
+    dialer = Dialer(host)
     reachable: dict[str, str] = {}
     statuses: dict[str, str] = {}
     for info in infos:
@@ -224,7 +225,7 @@ async def connect_peers(
             raise ConfigError(f"peer {info.peer_id} is no GWTF node: {exc}") from exc
         try:
             with trio.fail_after(timeout_s):
-                await host.connect(info)
+                await dialer.connect(info.peer_id, info.addrs)
         except Exception as exc:  # libp2p's dial errors have no common type
             statuses[node] = f"unreachable: {exc}"[:200]
             continue

@@ -6,7 +6,9 @@ the run missing, closed or of another model, the node not registered, not active
 run's minimum stake or not in the run, the data directory in use by another node, the p2p or
 API port taken. The node is a relay, or a data node when the run's sponsor named it one. Then
 its libp2p host, its role, its database, the epoch cycle and the local API run; the dashboard's
-address is printed. Ctrl-C (or SIGTERM) leaves gracefully: the node hands its flows back up-
+address is printed, and once peers have dialled it back, whether they can reach it ("reachable at
+…" or "behind NAT: running outbound-only"; a router's UPnP port mapping is checked the same way,
+`--no-upnp` skips it). Ctrl-C (or SIGTERM) leaves gracefully: the node hands its flows back up-
 and downstream (their microbatches are re-routed by the peers), stops, and closes its database.
 """
 
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from node.chain.actions import Contracts
     from node.chain.adapter import RunInfo
     from node.local_api.service import LocalApi
+    from node.p2p.reachability import Reachability
     from node.runtime.live_node import LiveNode, LiveNodeConfig
 
 
@@ -61,6 +64,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
         "--announce", action="append", default=[],
         help="a public address peers reach this node at, e.g. /ip4/IP/tcp/PORT (repeatable; "
         "p2p.announce)",
+    )  # fmt: skip
+    start.add_argument(
+        "--no-upnp", action="store_true",
+        help="do not ask the home router to forward a port (p2p.upnp = false)",
     )  # fmt: skip
     start.add_argument("--api-port", type=port, help="local API port (api.port; 0: any)")
     start.add_argument(
@@ -270,6 +277,8 @@ def start_settings(
         overrides["p2p.listen"] = ",".join(args.listen)
     if args.announce:
         overrides["p2p.announce"] = ",".join(args.announce)
+    if args.no_upnp:
+        overrides["p2p.upnp"] = "false"
     # The same layers as every command (flags > env > file > defaults), the run's facts on top.
     flags = {"chain.rpc_url": args.rpc_url, "chain.devnet_file": args.devnet_file}
     return load_settings({**flags, **overrides}, config_file=args.config)
@@ -378,8 +387,16 @@ async def run_until_stopped(
                     nursery.cancel_scope.cancel()
                     return
 
+        said: list[bool | None] = []
+
+        def on_reachability(result: Reachability) -> None:
+            # The first verdict, then each change: "reachable at …" or "behind NAT: …".
+            if not said or said[-1] != result.reachable:
+                said.append(result.reachable)
+                console.print(result.describe(), highlight=False)
+
         nursery.start_soon(stop_on_signal)
-        await run_live_node(config, on_started)
+        await run_live_node(replace(config, on_reachability=on_reachability), on_started)
         nursery.cancel_scope.cancel()
     if started and started[0].receipts is not None:
         started[0].receipts.cycle.records.db.close()

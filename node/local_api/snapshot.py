@@ -116,6 +116,7 @@ def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapsho
     flows = _flows(node)
     receipts = node.receipts
     epoch = receipts.clock.epoch_now() if receipts is not None else None
+    reach = node.reachability
     status = Status(
         name=config.name,
         node_address=address_of_peer(plane.node_id),
@@ -142,6 +143,9 @@ def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapsho
         updated_at=now,
         **next_claim(box.chain, now),
         disk=box.disk,
+        reachable=reach.reachable if reach is not None else None,
+        reachability=reach.describe() if reach is not None else "",
+        reachability_checked_at=reach.checked_ms / 1000 if reach is not None else None,
     )
     chain = box.chain
     counters: dict[str, float] = {

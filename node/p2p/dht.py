@@ -39,6 +39,7 @@ from libp2p.records.validator import NamespacedValidator, Validator
 from libp2p.tools.anyio_service import background_trio_service
 
 from gwtf.errors import ProtocolError
+from node.p2p.dialing import Dialer
 from node.p2p.discovery_records import (
     CARD_NAMESPACE,
     PeerCard,
@@ -76,9 +77,14 @@ class RunDirectory:
     """One node's DHT: join through bootstrap peers, announce itself, look peers up."""
 
     def __init__(
-        self, host: IHost, settings: DhtSettings | None = None, admit: Admission | None = None
+        self,
+        host: IHost,
+        settings: DhtSettings | None = None,
+        admit: Admission | None = None,
+        dialer: Dialer | None = None,
     ) -> None:
         self.host = host
+        self.dialer = dialer or Dialer(host)
         self.settings = settings or DhtSettings()
         validator = NamespacedValidator({CARD_NAMESPACE: CardValidator()}, strict_validation=True)
         self.dht = KadDHT(host, DHTMode.SERVER, validator=validator, strict_validation=True)
@@ -115,8 +121,7 @@ class RunDirectory:
         """Dial a bootstrap peer and put it in the routing table; False if it cannot be reached."""
         with trio.move_on_after(self.settings.dial_timeout_s):
             try:
-                if not self.host.get_network().connections.get(peer.peer_id):
-                    await self.host.connect(peer)
+                await self.dialer.connect(peer.peer_id, peer.addrs)
                 return await self.dht.add_peer(peer.peer_id)
             except Exception as exc:  # libp2p's dial errors share no useful base class
                 log.info("bootstrap peer %s unreachable: %s", peer.peer_id, exc)

@@ -2,7 +2,9 @@
 
 Pure encoding and validation, no I/O. A node's *card* says which run and stage it serves, from
 which region and at which addresses (``addr``, the one to dial first, and ``addrs``, the others,
-absent when there are none); it is signed with the node's libp2p key, so a card stored in the
+absent when there are none), and whether peers could dial it back when it last checked
+(``reach``, true or false, and ``reach_ms``, when; both absent before its first check:
+``node.p2p.reachability``); it is signed with the node's libp2p key, so a card stored in the
 DHT under ``/gwtf/card/<peer id>`` can only come from that peer (Ed25519 peer ids embed the
 public key). *Hints* travel on a run's gossipsub topic; pubsub already signs each message with
 its sender's key, so a hint is accepted only when its address names the sender.
@@ -28,8 +30,8 @@ from node.p2p.host import peer_info
 
 CARD_NAMESPACE = "gwtf"
 CARD_PREFIX = f"/{CARD_NAMESPACE}/card/"
-#: A card with one address takes ~450 bytes; each more address at most ~200.
-MAX_CARD_BYTES = 640 + (MAX_ADDRESSES - 1) * 210
+#: A card with one address takes ~450 bytes; each more address at most ~200; reachability ~40.
+MAX_CARD_BYTES = 690 + (MAX_ADDRESSES - 1) * 210
 MAX_HINT_BYTES = 512
 MAX_STAGE = 1024
 MAX_REGION_CHARS = 32
@@ -75,9 +77,14 @@ class PeerCard:
     issued_ms: int
     #: More addresses the peer advertises, tried after ``address``.
     other_addresses: tuple[str, ...] = ()
+    #: Whether peers could dial it back at its last check (None: not checked yet), and when.
+    reachable: bool | None = None
+    reach_checked_ms: int = 0
 
     def __post_init__(self) -> None:
         _check_fields(self.run_id, self.stage, self.region, self.address)
+        if not 0 <= self.reach_checked_ms < 1 << 53:
+            raise ProtocolError(f"reachability time {self.reach_checked_ms} is out of range")
         if self.role not in ROLES:
             raise ProtocolError(f"role {self.role[:20]!r} is not one of {ROLES}")
         if peer_id_of_address(self.address) != self.peer_id:
@@ -100,6 +107,9 @@ def sign_card(card: PeerCard, key: PrivateKey) -> bytes:
     }
     if card.other_addresses:
         fields["addrs"] = list(card.other_addresses)
+    if card.reachable is not None:
+        fields["reach"] = card.reachable
+        fields["reach_ms"] = card.reach_checked_ms
     payload = json.dumps(
         fields,
         separators=(",", ":"),
@@ -129,6 +139,7 @@ def open_card(key: str, value: bytes) -> PeerCard:
         address=_field(fields, "addr", str),
         issued_ms=_field(fields, "issued_ms", int),
         other_addresses=_other_addresses(fields),
+        **_reachability(fields),
     )
     if key != card_key(card.peer_id):
         raise ProtocolError(f"card of peer {card.peer_id} stored under another key")
@@ -259,6 +270,16 @@ def _json_object(data: bytes, what: str) -> dict[str, Any]:
     if not isinstance(fields, dict):
         raise ProtocolError(f"{what} is not a JSON object")
     return fields
+
+
+def _reachability(fields: dict[str, Any]) -> dict[str, Any]:
+    """A card's optional ``reach`` (bool) and ``reach_ms``, both or neither."""
+    if "reach" not in fields and "reach_ms" not in fields:
+        return {}
+    reach = fields.get("reach")
+    if not isinstance(reach, bool):
+        raise ProtocolError("field 'reach' is not a boolean")
+    return {"reachable": reach, "reach_checked_ms": _field(fields, "reach_ms", int)}
 
 
 def _field(fields: dict[str, Any], name: str, kind: type[_T]) -> _T:

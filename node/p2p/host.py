@@ -38,18 +38,21 @@ def build_host(
     dial_timeout_s: float = 10.0,
     announce: Sequence[str] = (),
     circuits: Callable[[], Sequence[multiaddr.Multiaddr]] = tuple,
+    verified: list[multiaddr.Multiaddr] | None = None,
 ) -> IHost:
     """A host that advertises the relay circuits ``circuits()`` names at the moment (a node
-    behind NAT), ``announce`` (public addresses, best first), then the addresses it listens on
-    (``addresses.advertised``)."""
-    announced = [parse_announce(addr) for addr in announce]
+    behind NAT), ``announce`` (public addresses, best first), then ``verified`` (a list its
+    owner adds to while the host runs: a router's port mapping that peers reached), then the
+    addresses it listens on (``addresses.advertised``)."""
+    configured = [parse_announce(addr) for addr in announce]
+    later = verified if verified is not None else []
     # One connection per peer: py-libp2p otherwise dials three and waits ~250 ms on each connect.
     config = ConnectionConfig(max_connections_per_peer=1, dial_timeout=dial_timeout_s)
     host = new_host(
         key_pair=key_pair,
         connection_config=config,
         muxer_preference="YAMUX",
-        addrs_factory=lambda listening: advertised(listening, announced),
+        addrs_factory=lambda listening: advertised(listening, [*configured, *later]),
         # Identify's observed address of a node behind a NAT is its router's mapping of one
         # outgoing connection, a port nobody can dial back: never advertise it unchecked.
         disable_identify_address_discovery=True,
@@ -80,11 +83,12 @@ async def running_host(
     listen: Sequence[str] = (LOOPBACK,),
     announce: Sequence[str] = (),
     circuits: Callable[[], Sequence[multiaddr.Multiaddr]] = tuple,
+    verified: list[multiaddr.Multiaddr] | None = None,
 ) -> AsyncIterator[IHost]:
     """A started host listening on ``listen`` (loopback with an ephemeral port by default) and
-    advertising ``circuits()`` and ``announce`` first."""
+    advertising ``circuits()`` and ``announce`` first, then ``verified`` (``build_host``)."""
     addrs = [parse_listen(addr) for addr in listen]
-    host = build_host(key_pair, announce=announce, circuits=circuits)
+    host = build_host(key_pair, announce=announce, circuits=circuits, verified=verified)
     async with host.run(listen_addrs=addrs):
         try:
             yield host
@@ -113,9 +117,9 @@ async def close_sockets(host: IHost) -> None:
 def point_at(host: IHost, peer_id: ID, addrs: Sequence[multiaddr.Multiaddr]) -> None:
     """Make ``addrs`` the only addresses ``host`` dials ``peer_id`` at, from now on.
 
-    py-libp2p dials one TCP address per peer, the first it stored, and refuses for a while to
-    dial a peer whose dial failed: a peer that moved (a restart on a new port) or an address a
-    rogue named would otherwise hide it."""
+    A peer that moved (a restart on a new port) would otherwise be dialled at its old address
+    first, each time at the cost of a dial's deadline (``node.p2p.dialing``), and py-libp2p
+    refuses for a while to dial a peer whose dial failed."""
     host.get_peerstore().clear_addrs(peer_id)
     network = host.get_network()
     if isinstance(network, Swarm):

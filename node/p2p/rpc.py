@@ -38,10 +38,10 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
-from libp2p.network.swarm import Swarm
 from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError
+from node.p2p.dialing import Dialer, DialFailed
 from node.p2p.framing import FrameError, FrameReader, encode_frame
 from node.p2p.scoring import Offence, PeerScores
 
@@ -145,6 +145,8 @@ class RequestResponse:
 
     host: IHost
     scores: PeerScores = field(default_factory=PeerScores)
+    #: Every dial of a request goes through it (each address in turn, with a deadline).
+    dialer: Dialer = field(default=None)  # type: ignore[assignment]
     admit: Admission = admit_everyone
     shaper: Shaper | None = None
     #: Dials through a relay a peer that advertises only circuits or whose direct dial failed.
@@ -153,6 +155,10 @@ class RequestResponse:
     streams_opened: int = 0
     _channels: dict[tuple[str, str], _Channel] = field(default_factory=dict)
     _opening: dict[tuple[str, str], trio.Lock] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.dialer is None:
+            self.dialer = Dialer(self.host)
 
     # ---- serving ------------------------------------------------------------------------------
 
@@ -323,7 +329,7 @@ class RequestResponse:
             raise PeerTimeout(
                 f"peer {peer} did not answer {protocol} within {limits.timeout_s:g} s"
             ) from exc
-        except (BaseLibp2pError, OSError) as exc:
+        except (BaseLibp2pError, OSError, DialFailed) as exc:
             raise PeerUnavailable(f"peer {peer} is unreachable on {protocol}: {exc}") from exc
 
     async def drop_peer(self, peer: ID) -> None:
@@ -338,10 +344,8 @@ class RequestResponse:
                 channel.fail("the peer restarted")
                 del self._channels[key]
                 await _reset_quietly(channel.stream)
-        network = self.host.get_network()
-        await network.close_peer(peer)
-        if isinstance(network, Swarm):
-            network.unblock_peer(peer)
+        await self.host.get_network().close_peer(peer)
+        self.dialer.forgive(peer)
 
     async def _channel(self, peer: ID, protocol: str) -> _Channel:
         """The open stream to ``peer`` for ``protocol``, opened now if there is none."""
@@ -358,13 +362,14 @@ class RequestResponse:
             return channel
 
     async def _open_stream(self, peer: ID, protocol: str) -> INetStream:
-        if self.circuits is None:
-            return await self.host.new_stream(peer, [TProtocol(protocol)])
-        await self.circuits.before_stream(peer)
+        if self.circuits is not None:
+            await self.circuits.before_stream(peer)
         try:
+            # py-libp2p would dial one address, with no connect deadline.
+            await self.dialer.connect(peer)
             return await self.host.new_stream(peer, [TProtocol(protocol)])
-        except (BaseLibp2pError, OSError):
-            if not await self.circuits.after_failure(peer):
+        except (DialFailed, BaseLibp2pError, OSError):
+            if self.circuits is None or not await self.circuits.after_failure(peer):
                 raise
         return await self.host.new_stream(peer, [TProtocol(protocol)])
 

@@ -10,10 +10,19 @@ asked for and bounds every total. Access is that of the receipts: the run's peer
 anyone else within one shared rate. ``prune_settled_evidence`` deletes each epoch's evidence
 once the epoch settles on chain.
 
+A relay behind a NAT cannot be dialled by an auditor. Every node with receipts therefore also
+forwards evidence requests on ``/gwtf/evidence-via/1.0.0`` to a peer it is connected to right
+now (a home relay keeps its connections to its data node up: ``node.p2p.keepalive``), and the
+auditor asks the nodes it reached (the data nodes) for the relays it could not reach. A node
+forwards only over a connection it already has (it never dials for someone else), one chunk per
+request, and peers outside the run within the same shared rate as its own evidence.
+
 Wire format (numbers big-endian):
   request = run u64 | epoch u64 | kind u8 (1 frame, 2 state) | key 32 bytes | offset u64
             (key: the frame's digest, or the iteration as a u64 in the last 8 bytes)
   reply   = status u8 (0 found, 1 not kept) | total u64 | up to CHUNK_BYTES bytes from offset
+  forwarded request = length u8 | the target's peer id (UTF-8) | request; its reply is the
+            target's
 """
 
 from __future__ import annotations
@@ -33,11 +42,21 @@ from libp2p.peer.id import ID
 
 from gwtf.errors import ChainError, ProtocolError
 from node.chain.epochs import EpochLedger
-from node.p2p.rpc import Decline, PublicRate, RequestDeclined, RequestResponse, RpcLimits
+from node.p2p.rpc import (
+    Decline,
+    PeerUnavailable,
+    PublicRate,
+    RequestDeclined,
+    RequestResponse,
+    RpcLimits,
+)
 from node.receipts.serving import MAX_BUSY_RETRIES, PUBLIC_RATE
 from node.store.evidence import EvidenceArchive, parse_run_folder
 
 EVIDENCE_PROTOCOL: Final = "/gwtf/evidence/1.0.0"
+EVIDENCE_VIA_PROTOCOL: Final = "/gwtf/evidence-via/1.0.0"
+#: The longest peer id a forwarded request may name (a secp256k1 id has 53 characters).
+MAX_PEER_ID_CHARS: Final = 64
 FRAME, STATE = 1, 2
 CHUNK_BYTES: Final = 1 << 20
 #: Chunks read from disk at once, whoever asks: the node's threads are not the readers'.
@@ -87,6 +106,36 @@ def serve_evidence(
 
     readers = trio.CapacityLimiter(READERS)
     rpc.serve(EVIDENCE_PROTOCOL, answer, _limits(timeout_s), public or PublicRate(*PUBLIC_RATE))
+
+
+def serve_evidence_forwarding(rpc: RequestResponse, timeout_s: float) -> None:
+    """Forward ``/gwtf/evidence-via/1.0.0`` requests to connected peers (see the module)."""
+
+    async def forward(_peer: str, request: bytes) -> bytes:
+        target, inner = _split_forwarded(request)
+        if not rpc.dialer.connected(target):
+            raise Decline(f"not connected to {target}: evidence is forwarded over open connections")
+        try:
+            return await rpc.request(target, EVIDENCE_PROTOCOL, inner, _limits(timeout_s))
+        except RequestDeclined as exc:
+            raise Decline(f"{target} declined: {exc}") from exc  # "busy" stays in the text
+        except PeerUnavailable as exc:
+            raise Decline(f"{target} did not answer: {exc}") from exc
+
+    limits = RpcLimits(1 + MAX_PEER_ID_CHARS + _REQUEST.size, _REPLY.size + CHUNK_BYTES,
+                       2 * timeout_s)  # fmt: skip
+    rpc.serve(EVIDENCE_VIA_PROTOCOL, forward, limits, PublicRate(*PUBLIC_RATE))
+
+
+def _split_forwarded(request: bytes) -> tuple[ID, bytes]:
+    length = request[0] if request else 0
+    target, inner = request[1 : 1 + length], request[1 + length :]
+    if not 0 < length <= MAX_PEER_ID_CHARS or len(inner) != _REQUEST.size:
+        raise ProtocolError("a forwarded evidence request is (length u8, peer id, request)")
+    try:
+        return ID.from_base58(target.decode()), inner
+    except Exception as exc:  # base58 and multihash raise assorted types for a bad id
+        raise ProtocolError(f"a forwarded evidence request names a bad peer id: {exc}") from exc
 
 
 async def prune_settled_evidence(
@@ -159,24 +208,37 @@ def _prune_other_runs(root: Path, ledger: EpochLedger, now: int) -> None:
 
 
 async def fetch_frame(
-    rpc: RequestResponse, peer: str, run_id: int, epoch: int, digest: bytes, timeout_s: float
+    rpc: RequestResponse,
+    peer: str,
+    run_id: int,
+    epoch: int,
+    digest: bytes,
+    timeout_s: float,
+    via: str | None = None,
 ) -> bytes:
-    """The frame of ``epoch`` whose SHA-256 is ``digest``, from ``peer``; raises
-    ``EvidenceMissing`` when the peer does not keep it and ``ProtocolError`` when it sends
-    other bytes."""
-    frame = await _fetch(rpc, peer, run_id, epoch, FRAME, digest, timeout_s)
+    """The frame of ``epoch`` whose SHA-256 is ``digest``, from ``peer`` (through the peer
+    ``via`` when given: ``/gwtf/evidence-via/1.0.0``); raises ``EvidenceMissing`` when the peer
+    does not keep it and ``ProtocolError`` when it sends other bytes."""
+    frame = await _fetch(rpc, peer, run_id, epoch, FRAME, digest, timeout_s, via)
     if hashlib.sha256(frame).digest() != digest:
         raise ProtocolError(f"peer {peer} sent a frame that is not {digest.hex()[:16]}…")
     return frame
 
 
 async def fetch_state(
-    rpc: RequestResponse, peer: str, run_id: int, epoch: int, iteration: int, timeout_s: float
+    rpc: RequestResponse,
+    peer: str,
+    run_id: int,
+    epoch: int,
+    iteration: int,
+    timeout_s: float,
+    via: str | None = None,
 ) -> bytes:
     """``peer``'s stage state file at ``iteration`` of ``epoch`` (``EvidenceMissing`` when it
-    keeps none); what it is worth is the caller's to check (against other replicas')."""
+    keeps none), through ``via`` when given; what it is worth is the caller's to check
+    (against other replicas')."""
     key = iteration.to_bytes(32, "big")
-    return await _fetch(rpc, peer, run_id, epoch, STATE, key, timeout_s)
+    return await _fetch(rpc, peer, run_id, epoch, STATE, key, timeout_s, via)
 
 
 async def _fetch(
@@ -187,15 +249,19 @@ async def _fetch(
     kind: int,
     key: bytes,
     timeout_s: float,
+    via: str | None = None,
 ) -> bytes:
+    if via is None:
+        to, protocol, prefix, limits = peer, EVIDENCE_PROTOCOL, b"", _limits(timeout_s)
+    else:
+        to, protocol, prefix = via, EVIDENCE_VIA_PROTOCOL, bytes([len(peer)]) + peer.encode()
+        limits = RpcLimits(len(prefix) + _REQUEST.size, _REPLY.size + CHUNK_BYTES, 2 * timeout_s)
     chunks: list[bytes] = []
     offset, total, busy = 0, None, 0
     while total is None or offset < total:
-        request = _REQUEST.pack(run_id, epoch, kind, key, offset)
+        request = prefix + _REQUEST.pack(run_id, epoch, kind, key, offset)
         try:
-            reply = await rpc.request(
-                ID.from_base58(peer), EVIDENCE_PROTOCOL, request, _limits(timeout_s)
-            )
+            reply = await rpc.request(ID.from_base58(to), protocol, request, limits)
         except RequestDeclined as exc:
             # Outsiders share one rate: a request declined as busy is asked again after a wait.
             if "busy" not in str(exc) or busy >= MAX_BUSY_RETRIES:

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import multiaddr
 import trio
 from libp2p.crypto.keys import KeyPair
 
@@ -23,7 +24,9 @@ from coordinator_free.protocol.node import FlowNode
 from gwtf.errors import ConfigError, ProtocolError
 from node.p2p.addresses import LOOPBACK
 from node.p2p.host import ADDRESS_TTL_S, peer_info, running_host
+from node.p2p.keepalive import NeighbourKeeper
 from node.p2p.link_emulation import LinkEmulator, Topology
+from node.p2p.reachability import Reachability
 from node.p2p.relay import CircuitDialer
 from node.p2p.relay_service import RelayLimits, circuit_relay
 from node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper, admit_everyone
@@ -32,7 +35,11 @@ from node.receipts import ReceiptsConfig
 from node.receipts.book import ReceiptBook, address_of_peer
 from node.receipts.cheats import Cheat
 from node.receipts.epochs import DataNodeEpochs, EpochClock, WorkerEpochs
-from node.receipts.evidence import prune_settled_evidence, serve_evidence
+from node.receipts.evidence import (
+    prune_settled_evidence,
+    serve_evidence,
+    serve_evidence_forwarding,
+)
 from node.receipts.reports import ReceiptInbox, ReceiptReporter
 from node.receipts.serving import ReceiptServer
 from node.runtime.dataplane import control
@@ -40,6 +47,7 @@ from node.runtime.dataplane.compute_meter import report_compute
 from node.runtime.dataplane.exchange import DataPlane
 from node.runtime.discovery.address_book import AddressBook, PeerRecord, own_record
 from node.runtime.discovery.join_placement import Reservations, wait_for_placement
+from node.runtime.discovery.own_reachability import serve_dialbacks, watch_reachability
 from node.runtime.discovery.run_discovery import DiscoverySettings, RunDiscovery
 from node.runtime.flow.routing import ROUTINGS, SwarmWiring
 from node.runtime.flow.service import FlowService
@@ -125,6 +133,10 @@ class LiveNodeConfig:
     data_shard: int = 0
     #: Receipts on every hop and the epoch cycle on chain; None trains without.
     receipts: ReceiptsConfig | None = None
+    #: Ask the home router (UPnP IGD) to forward the listen port; announced once peers reach it.
+    upnp: bool = False
+    #: Told each reachability verdict (``node.p2p.reachability``; none on loopback only).
+    on_reachability: Callable[[Reachability], None] | None = None
 
 
 @dataclass
@@ -152,6 +164,12 @@ class LiveNode:
     discovery: RunDiscovery | None = None
     receipts: ReceiptParts | None = None
 
+    @property
+    def reachability(self) -> Reachability | None:
+        """The last verdict of the node's dial-back check (None before the first, and on a
+        node that listens on loopback only)."""
+        return self.discovery.reachability if self.discovery is not None else None
+
 
 Started = Callable[[LiveNode], Awaitable[None] | None]
 
@@ -173,8 +191,11 @@ async def run_live_node(
     """Run one node; returns the data node's iteration results (a relay runs until cancelled)."""
     key = config.identity
     relaying = Relaying(config.relays or config.bootstrap)
+    verified: list[multiaddr.Multiaddr] = []  # a router's port mapping, once peers reached it
     async with (
-        running_host(key, config.listen, config.announce, relaying.circuits) as host,
+        running_host(
+            key, config.listen, config.announce, relaying.circuits, verified=verified
+        ) as host,
         circuit_relay(
             host,
             serve=config.relay_service and config.reachable,
@@ -294,6 +315,16 @@ async def run_live_node(
             receipts = await _start_receipts(config, config.receipts, rpc, plane, role, book)
             nursery.start_soon(_run_receipts, receipts)
         book.serve()
+        # The stages next to this node's are the ones it exchanges hops with: a node behind a
+        # NAT cannot be dialled by them, so it keeps those connections up itself.
+        keeper = NeighbourKeeper(
+            rpc,
+            lambda: neighbours(book, config.stage, config.stages),
+            # Never below 10 s: a loaded machine must not cut a connection that is only slow.
+            dead_after_s=max(10.0, 2 * config.flow.keepalive_timeout_s),
+        )
+        keeper.serve()
+        nursery.start_soon(keeper.run)
         flow.start(nursery)
         # Every part is served: to joiners and data nodes taken back in, and to exporters.
         serve_stage_state(rpc, role.worker, config.stage, config.flow.ack_deadline_s, role.limiter)
@@ -311,6 +342,16 @@ async def run_live_node(
             spare_of=lambda: flow.node.spare,
         )
         nursery.start_soon(discovery.run)
+        serve_dialbacks(rpc, book)
+
+        def on_verdict(result: Reachability) -> None:
+            log.info("reachability: %s", result.describe())
+            if config.on_reachability is not None:
+                config.on_reachability(result)
+
+        nursery.start_soon(
+            watch_reachability, rpc, book, discovery, verified, config.upnp, on_verdict
+        )
         if isinstance(role, RelayRole):
             deadlines = (
                 config.flow_timeout_s,
@@ -446,6 +487,8 @@ async def _start_receipts(
     clock = EpochClock(setup.ledger, setup.clock_period_s)
     await clock.start_reading()
     timeout_s = 2 * config.flow.ack_deadline_s
+    # Auditors reach a relay behind a NAT through the nodes it keeps connections to.
+    serve_evidence_forwarding(rpc, timeout_s)
 
     def data_node_peers() -> dict[str, str]:
         return {address_of_peer(p): p for p, record in book.peers.items() if record.stage == 0}
@@ -628,6 +671,14 @@ def _serve_control(
 
     limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 8 * timeout_s)
     rpc.serve(control.PROTOCOL_ID, handle, limits)
+
+
+def neighbours(book: AddressBook, stage: int, stages: int) -> list[str]:
+    """The known peers of the stages before and after ``stage`` in the pipeline (the data
+    nodes, stage 0, come before stage 1 and after the last stage)."""
+    ring = stages + 1
+    adjacent = {(stage - 1) % ring, (stage + 1) % ring}
+    return [peer for peer, record in book.peers.items() if record.stage in adjacent]
 
 
 def _data_nodes(rpc: RequestResponse, book: AddressBook, bootstrap: tuple[str, ...]) -> set[str]:

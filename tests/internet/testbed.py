@@ -121,13 +121,42 @@ class Bed:
     def refused_dials(self, home: Host | str) -> int:
         """Packets the home's router dropped or reset at its own address: dials from outside
         (each SYN of a dial that waits out its deadline counts)."""
-        router = self._host(home).router
-        if router is None:
-            raise ValueError(f"{home} is a public host: it has no router")
-        listed = _run(["ip", "netns", "exec", router.namespace,
+        listed = _run(["ip", "netns", "exec", self._router(home).namespace,
                        "iptables", "-L", "INPUT", "-v", "-n", "-x"])  # fmt: skip
         rows = [line.split() for line in listed.splitlines()[2:]]
         return sum(int(row[0]) for row in rows if len(row) > 2 and row[2] in ("DROP", "REJECT"))
+
+    def forward_port(self, home: Host | str, port: int) -> None:
+        """Open ``port`` on the home's router to the home (a port forward set by its owner)."""
+        host = self._host(home)
+        router = self._router(home)
+        target = f"{host.ip}:{port}"
+        _run(["ip", "netns", "exec", router.namespace, "iptables", "-t", "nat", "-A",
+              "PREROUTING", "-i", "wan", "-p", "tcp", "--dport", str(port), "-j", "DNAT",
+              "--to-destination", target])  # fmt: skip
+        _run(["ip", "netns", "exec", router.namespace, "iptables", "-A", "FORWARD", "-i", "wan",
+              "-o", "lan", "-p", "tcp", "-d", host.ip, "--dport", str(port),
+              "-j", "ACCEPT"])  # fmt: skip
+
+    def cut_link(self, home: Host | str, reset: bool = False) -> None:
+        """The home's router passes nothing any more, either way: silently (its uplink is
+        down), or with ``reset`` answering each TCP packet with a reset (it tears down the
+        home's connections and refuses its dials)."""
+        refuse = ["-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"] if reset else [
+            "-j", "DROP"]  # fmt: skip
+        _run(["ip", "netns", "exec", self._router(home).namespace,
+              "iptables", "-I", "FORWARD", "1", *refuse])  # fmt: skip
+
+    def restore_link(self, home: Host | str) -> None:
+        """Undo ``cut_link``."""
+        _run(["ip", "netns", "exec", self._router(home).namespace,
+              "iptables", "-D", "FORWARD", "1"])  # fmt: skip
+
+    def _router(self, home: Host | str) -> Router:
+        router = self._host(home).router
+        if router is None:
+            raise ValueError(f"{home} is a public host: it has no router")
+        return router
 
     def close(self) -> None:
         for process in self.processes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import replace
 
 import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
@@ -41,6 +42,29 @@ def test_a_signed_card_opens_to_itself() -> None:
     keys = _keys(1)
     card = _card(keys)
     assert open_card(card_key(card.peer_id), sign_card(card, keys.private_key)) == card
+
+
+def test_a_card_carries_the_nodes_last_reachability_verdict() -> None:
+    keys = _keys(1)
+    for reachable in (True, False):
+        card = replace(_card(keys), reachable=reachable, reach_checked_ms=1_700_000_000_000)
+        value = sign_card(card, keys.private_key)
+        assert open_card(card_key(card.peer_id), value) == card
+        assert len(value) <= MAX_CARD_BYTES
+    assert b"reach" not in sign_card(_card(keys), keys.private_key)  # not checked yet
+
+
+@pytest.mark.parametrize(
+    "fields", [{"reach": 1, "reach_ms": 5}, {"reach": True}, {"reach_ms": 5}, {"reach": "yes"}]
+)
+def test_a_malformed_reachability_verdict_is_refused(fields: dict[str, object]) -> None:
+    keys = _keys(1)
+    good = sign_card(_card(keys), keys.private_key)
+    payload = {**json.loads(good[2 : 2 + struct.unpack(">H", good[:2])[0]]), **fields}
+    raw = json.dumps(payload).encode()
+    value = struct.pack(">H", len(raw)) + raw + keys.private_key.sign(b"gwtf/card/1\x00" + raw)
+    with pytest.raises(ProtocolError, match="reach"):
+        open_card(card_key(_card(keys).peer_id), value)
 
 
 def test_keys_separate_runs_and_stages() -> None:

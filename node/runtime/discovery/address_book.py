@@ -24,6 +24,7 @@ from libp2p.peer.id import ID
 
 from gwtf.errors import ConfigError, ProtocolError
 from node.p2p.addresses import MAX_ADDRESSES, check_peer_addresses
+from node.p2p.dialing import DialFailed
 from node.p2p.host import ADDRESS_TTL_S, full_addresses, peer_info, point_at
 from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 
@@ -143,7 +144,7 @@ class AddressBook:
         peer = ID.from_base58(record.peer_id)
         addrs = [addr for address in record.addresses for addr in peer_info(address).addrs]
         if moved:
-            # Only the new addresses: py-libp2p dials the first TCP one it stored for a peer.
+            # Only the new addresses: the old ones belong to the peer's previous process.
             point_at(self.rpc.host, peer, addrs)
         else:
             self.rpc.host.get_peerstore().add_addrs(peer, addrs, ADDRESS_TTL_S)
@@ -153,10 +154,9 @@ class AddressBook:
         info = peer_info(address)
         request = format_record(self.own).encode()
         try:
-            if not self.rpc.host.get_network().connections.get(info.peer_id):
-                await self.rpc.host.connect(info)
+            await self.rpc.dialer.connect(info.peer_id, info.addrs)
             reply = await self.rpc.request(info.peer_id, PROTOCOL_ID, request, LIMITS)
-        except (PeerUnavailable, OSError, trio.TooSlowError) as exc:
+        except (PeerUnavailable, DialFailed, OSError, trio.TooSlowError) as exc:
             log.info("peer exchange with %s failed: %s", address, exc)
             return
         except Exception as exc:  # libp2p's dial errors have no common base worth naming

@@ -32,7 +32,7 @@ import trio
 
 from coordinator_free.placement import JoinDecision, choose_bottleneck
 from gwtf.errors import ConfigError, ProtocolError
-from node.p2p.host import peer_info, point_at
+from node.p2p.host import peer_info
 from node.p2p.rpc import RequestResponse
 from node.runtime.dataplane import control
 
@@ -202,13 +202,10 @@ async def _ask(
         log.info("a peer named a bad address: %s", exc)
         return
     try:
-        network = rpc.host.get_network()
-        if not network.connections.get(info.peer_id):
-            # Dial this address alone: a wrong one a rogue named earlier would hide the node.
-            point_at(rpc.host, info.peer_id, info.addrs)
-            # A peer may name addresses where nothing answers: each dial gets the deadline.
-            with trio.fail_after(timeout_s):
-                await rpc.host.connect(info)
+        # Dial this address alone: a wrong one a rogue named earlier would hide the node.
+        # A peer may name addresses where nothing answers: the dial gets the deadline.
+        with trio.fail_after(timeout_s):
+            await rpc.dialer.connect(info.peer_id, info.addrs)
         reply = await control.ask(rpc, info.peer_id, control.Loads(), timeout_s)
         entries = control.decode_loads(reply)
     except ProtocolError as exc:

@@ -38,6 +38,7 @@ from node.p2p.discovery_records import (
 )
 from node.p2p.hints import GossipSettings, HintChannel
 from node.p2p.host import peer_info
+from node.p2p.reachability import Reachability
 from node.p2p.scoring import Offence
 from node.runtime.discovery.address_book import AddressBook, PeerRecord
 
@@ -96,6 +97,9 @@ class RunDiscovery:
         self.key = key
         self.settings = settings
         self.spare_of = spare_of
+        #: The node's last reachability verdict, which its card carries (None: none yet;
+        #: an unknown verdict is carried as unchecked).
+        self.reachability: Reachability | None = None
         self.directory, self.hints = self._services()
         self.cards: dict[str, PeerCard] = {}
         #: Providers whose card was bad, missing or for another run, and when: not asked again
@@ -125,7 +129,9 @@ class RunDiscovery:
 
     def _services(self) -> tuple[RunDirectory, HintChannel | None]:
         host = self.book.rpc.host
-        directory = RunDirectory(host, self.settings.dht, admit=self._admits)
+        directory = RunDirectory(
+            host, self.settings.dht, admit=self._admits, dialer=self.book.rpc.dialer
+        )
         if not self.settings.use_hints:
             return directory, None
         return directory, HintChannel(host, hint_topic(self.settings.run_id), self.settings.gossip)
@@ -207,9 +213,10 @@ class RunDiscovery:
             if not connections.get(peer.peer_id) or self.directory.routing_table_size() == 0:
                 await self.directory.add_bootstrap(peer)
 
-    async def announce(self) -> bool:
-        """Publish this node's card and provider records, then hint that it joined."""
-        card = PeerCard(
+    def own_card(self) -> PeerCard:
+        """This node's card as of now: its addresses and its last reachability verdict."""
+        reach = self.reachability
+        return PeerCard(
             peer_id=self.book.own.peer_id,
             run_id=self.settings.run_id,
             stage=self.settings.stage,
@@ -218,7 +225,13 @@ class RunDiscovery:
             address=self.book.own.address,
             issued_ms=self.wall_ms(),
             other_addresses=self.book.own.other_addresses,
+            reachable=reach.reachable if reach is not None else None,
+            reach_checked_ms=reach.checked_ms if reach is not None else 0,
         )
+
+    async def announce(self) -> bool:
+        """Publish this node's card and provider records, then hint that it joined."""
+        card = self.own_card()
         keys = [run_key(self.settings.run_id), stage_key(self.settings.run_id, self.settings.stage)]
         done = await self.directory.announce(sign_card(card, self.key), keys)
         await self.publish_hint("stage" if self.announced.is_set() else "joined")
