@@ -265,6 +265,8 @@ class RunInfo:
     closed: bool
     #: What the run trains (``node.chain.actions.model_config_hash``).
     model_config_hash: bytes
+    #: What it trains on (``node.chain.actions.dataset_hash_of``).
+    dataset_hash: bytes
 
 
 class ChainPort(Protocol):
@@ -343,7 +345,7 @@ class Web3Chain:
         run = self._call(self.ledger.functions.getRun(run_id))
         # Run struct: sponsor, startTime, epochLengthS, stageCount, closed, availableWei,
         # rewardPerEpochWei, unitsPerHop, minStakeWei, lastEpoch, challengeWindowS,
-        # modelConfigHash, ...
+        # modelConfigHash, datasetHash.
         if run[0] == ZERO_ADDRESS:
             return None
         return RunInfo(
@@ -358,6 +360,7 @@ class Web3Chain:
             balance_wei=run[5],
             closed=run[4],
             model_config_hash=bytes(run[11]),
+            dataset_hash=bytes(run[12]),
         )
 
     def node_info(self, node_address: str) -> NodeInfo | None:

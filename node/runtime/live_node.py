@@ -122,6 +122,8 @@ class LiveNodeConfig:
     data_shard: int = 0
     #: Receipts on every hop and the epoch cycle on chain; None trains without.
     receipts: ReceiptsConfig | None = None
+    #: Data node: the run's data set hash on chain; a ``training.data`` of another is refused.
+    dataset_hash: str | None = None
 
 
 @dataclass
@@ -157,7 +159,9 @@ def _worker(config: LiveNodeConfig, node_id: str) -> DataNodeWorker | StageWorke
     plan = plan_partition(config.model, config.stages)
     if config.role == DATA:
         data = config.training.data
-        sampler = run_sampler(data, config.batch_size, config.seq_len, config.seed)
+        sampler = run_sampler(
+            data, config.batch_size, config.seq_len, config.seed, config.dataset_hash
+        )
         return DataNodeWorker(plan, config.training, config.seed, sampler, replica_id=node_id)
     if not 1 <= config.stage <= config.stages:
         raise ConfigError(f"relay stage {config.stage} is outside 1..{config.stages}")

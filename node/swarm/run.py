@@ -37,6 +37,7 @@ from typing import IO, Any
 from gwtf.errors import GwtfError
 from node.audit.reexecute import Replayer
 from node.audit.runner import Sampling
+from node.chain.actions import dataset_hash_of
 from node.settings import AUTO_STAGE
 from node.status_file import read_results
 from node.swarm.audit import SwarmAudit
@@ -55,6 +56,7 @@ from node.swarm.plan import (
     crash_rule,
     entrant_stage,
     node_settings,
+    run_model_of,
     speed_of,
     write_node_settings,
 )
@@ -156,7 +158,11 @@ def run_swarm(
     try:
         if plan.chain_plan.enabled:
             plan.chain = start_swarm_chain(
-                plan.chain_plan, plan.out_dir, stages, str(plan.run["model"]), log
+                plan.chain_plan,
+                plan.out_dir,
+                run_model_of(plan),
+                dataset_hash_of(plan.run["data"]),
+                log,
             )
         data_nodes = _start_data_nodes(plan, log)
         data = data_nodes[0]
