@@ -88,8 +88,7 @@ def export_model(
         "architecture": checkpoint.config["architectures"][0],
         "dataset_hash": "0x" + dataset.digest if dataset else None,
         "tokenizer_sha256": tokenizer.sha256,
-        "validation_loss": _validation_loss(config, tensors, dataset, validation_windows),
-        "validation_windows": validation_windows if dataset and dataset.val else 0,
+        **_validation(config, tensors, dataset, validation_windows),
     }
     written = write_checkpoint(
         checkpoint,
@@ -102,17 +101,23 @@ def export_model(
     return {**result, "out": str(out), "files": [path.name for path in written]}
 
 
-def _validation_loss(
+def _validation(
     config: ModelConfig,
     tensors: dict[str, torch.Tensor],
     dataset: Manifest | None,
     windows: int,
-) -> float | None:
+) -> dict[str, Any]:
+    """The exported model's validation loss and the windows it was measured on (as many as
+    the split holds, up to ``windows``), and why there is none."""
     if dataset is None or not dataset.val:
-        return None
+        return {"validation_loss": None, "validation_windows": 0, "validation_note": "no split"}
     batches = validation_batches(dataset, 8, config.block_size, windows)
     loss = whole_model_validation_loss(config, tensors, batches)
-    return None if loss is None else round(loss, 6)
+    return {
+        "validation_loss": None if loss is None else round(loss, 6),
+        "validation_windows": sum(len(inputs) for inputs, _ in batches),
+        "validation_note": "" if batches else "split shorter than the context",
+    }
 
 
 def model_card(result: dict[str, Any], context: int) -> str:
@@ -123,6 +128,8 @@ def model_card(result: dict[str, Any], context: int) -> str:
         f"validation windows of {context} tokens)"
         if loss is not None
         else "not measured (the data set has no validation split)"
+        if result["validation_note"] == "no split"
+        else f"not measured (the validation split holds no window of {context + 1} tokens)"
     )
     data = result["dataset_hash"] or "the shipped Tiny Shakespeare text (byte tokenizer)"
     return (

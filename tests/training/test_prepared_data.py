@@ -22,7 +22,7 @@ from node.training.reference import whole_model_run
 from node.training.settings import TrainingSettings
 from node.training.shards import load_manifest
 from node.training.tokenizer import byte_tokenizer, load_tokenizer, train_tokenizer
-from node.training.window_map import epoch_key, permute
+from node.training.window_map import epoch_key, permute, window_of_row
 
 WORDS = [
     "the",
@@ -222,6 +222,19 @@ def test_a_manifest_edited_by_hand_is_refused(tmp_path: Path) -> None:
 def test_the_window_map_is_a_permutation(count: int) -> None:
     key = epoch_key("ab" * 32, 7, 0)
     assert sorted(permute(i, count, key) for i in range(count)) == list(range(count))
+
+
+def test_the_window_map_gives_the_same_windows_in_every_version() -> None:
+    """Fixed outputs: nodes of different versions must read the same windows for an id, so a
+    change here is a change of protocol, never a refactoring."""
+    digest = "ab" * 32
+    assert epoch_key(digest, 7, 0).hex() == (
+        "409a3d3a098b7748b53794ba90a3870416e46bd1fb914679596645beb609862b"
+    )
+    rows = [window_of_row(r, 1000, digest, 7) for r in (0, 1, 2, 999, 1000, 12345)]
+    assert rows == [(0, 73), (0, 646), (0, 143), (0, 948), (1, 982), (12, 973)]
+    key = epoch_key(digest, 0, 0)
+    assert [permute(i, 10, key) for i in range(10)] == [8, 2, 1, 7, 9, 5, 6, 0, 4, 3]
 
 
 def test_microbatches_come_from_the_data_set_hash_and_id_alone(tmp_path: Path) -> None:
