@@ -446,10 +446,16 @@ async def _validated(
     plan = plan_partition(config.model, config.stages)
     relays = role.roster.discovered() | role.roster.told
     timeout = config.flow.ack_deadline_s
-    loss = await swarm_validation_loss(rpc, role.worker, plan, relays, held_out, timeout)
-    if loss is not None:
-        log.info("iteration %s: validation loss %.4f", result.iteration, loss)
-    return replace(result, validation_loss=loss)
+    found = await swarm_validation_loss(rpc, role.worker, plan, relays, held_out, timeout)
+    if found is None:
+        return result
+    log.info(
+        "iteration %s: validation loss %.4f%s",
+        result.iteration,
+        found.loss,
+        "" if found.verified else " (unverified: a stage's weights came from one relay)",
+    )
+    return replace(result, validation_loss=found.loss, validation_verified=found.verified)
 
 
 async def _start_receipts(

@@ -493,6 +493,13 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
             for r in results
             if r.get("validation_loss") is not None
         ],
+        # Of those, the iterations whose loss rests on one relay's weights of some stage
+        # (any one relay could have forged it): two relays of each stage agree on the rest.
+        "validation_unverified": [
+            r["iteration"]
+            for r in results
+            if r.get("validation_loss") is not None and not r.get("validation_verified")
+        ],
         "throughput_mb_per_s": round(microbatches / train_s, 4) if train_s else 0.0,
         "training_time_s": round(train_s, 3),
         "wall_time_s": round(wall_s, 3),

@@ -36,7 +36,9 @@ class TokenStream:
 
     def __init__(self, manifest: Manifest, shards: tuple[Shard, ...]) -> None:
         self.manifest, self.shards = manifest, shards
-        self.starts = [0, *np.cumsum([s.tokens for s in shards]).tolist()]
+        self.starts: list[int] = [0]
+        for shard in shards:
+            self.starts.append(self.starts[-1] + shard.tokens)
         self.tokens = self.starts[-1]
 
     def windows(self, seq_len: int) -> int:

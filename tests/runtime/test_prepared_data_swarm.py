@@ -1,6 +1,7 @@
 """A live swarm trains on a prepared data set, with its tokenizer's vocabulary, exactly like the
 whole model trained alone on the same (data set hash, microbatch id) windows, and its data node
-measures the swarm's validation loss as the whole model's. The relays hold no data set: they
+measures the swarm's validation loss as the whole model's (verified where two relays of each
+stage serve the same weights, unverified where one does). The relays hold no data set: they
 build the run's model from its vocabulary (``training.vocab_size``), and the model exports from
 their parts."""
 
@@ -36,7 +37,14 @@ ITERATIONS = 3
 BATCH = 4
 
 
-def test_a_swarm_trains_on_a_prepared_data_set_like_the_whole_model(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("relays", "verified"),
+    [({"a1": 1, "a2": 1, "b1": 2, "b2": 2}, True), ({"a1": 1, "b1": 2}, False)],
+    ids=["two-relays-a-stage", "one-relay-a-stage"],
+)
+def test_a_swarm_trains_on_a_prepared_data_set_like_the_whole_model(
+    tmp_path: Path, relays: dict[str, int], verified: bool
+) -> None:
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text(
         "".join(
@@ -71,7 +79,7 @@ def test_a_swarm_trains_on_a_prepared_data_set_like_the_whole_model(tmp_path: Pa
                 tmp_path,
                 ITERATIONS,
                 BATCH,
-                {"a1": 1, "b1": 2},
+                relays,
                 swarm=swarm,
                 relay_settings={"model": model_of(relay)},
                 data_settings={"model": model, "training": training},
@@ -97,6 +105,9 @@ def test_a_swarm_trains_on_a_prepared_data_set_like_the_whole_model(tmp_path: Pa
     validated = [(r.iteration, r.validation_loss) for r in results if r.validation_loss]
     assert [i for i, _ in validated] == [i for i, _ in reference.validation] == [1]
     assert validated[0][1] == pytest.approx(reference.validation[0][1], rel=1e-4)
+    # Two relays of each stage served the same weights: the figure is verified; with one,
+    # it rests on that relay's word and says so.
+    assert results[1].validation_verified is verified
     assert results[0].validation_loss is None
     # The run's model out of its parts, the relays' among them, with the data set's tokenizer.
     parts = []

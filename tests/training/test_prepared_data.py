@@ -365,6 +365,6 @@ def test_the_vocabulary_is_the_highest_id_plus_one(tmp_path: Path) -> None:
             tmp_path / "set",
             tokenizer=tmp_path / "tokenizer.json",
             val_fraction=0,
-        )  # fmt: skip
+        )
     ).manifest
     assert (manifest.vocab_size, manifest.dtype, manifest.eod_id) == (70_001, "uint32", 70_000)
