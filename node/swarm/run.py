@@ -356,7 +356,9 @@ def _sampling(plan: SwarmPlan) -> Sampling | None:
     if hops == 0:
         return None
     run = plan.run
-    config = model_for_run(str(run["model"]), int(run["seq_len"]), int(run["stages"]))
+    config = model_for_run(
+        str(run["model"]), int(run["seq_len"]), int(run["stages"]), int(run["vocab_size"])
+    )
     settings = TrainingSettings(device="cpu", seq_len=int(run["seq_len"]))
     # Every node of the local swarm trains on CPU in float32: the CPU tolerance is the one.
     return Sampling(hops, Replayer(plan_partition(config, int(run["stages"])), settings))
