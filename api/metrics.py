@@ -36,6 +36,11 @@ METRICS = (
     MetricSpec(
         "validation_loss", "gauge", "A data node's last validation loss of the swarm's model"
     ),
+    MetricSpec(
+        "validation_verified",
+        "gauge",
+        "1 when two relays of every stage agreed on the weights of the last validation loss",
+    ),
     MetricSpec("iteration", "gauge", "The training iteration"),
     MetricSpec("epoch", "gauge", "The run's epoch by chain time"),
     MetricSpec("peers_alive", "gauge", "Peers the flow protocol hears from"),

@@ -86,6 +86,12 @@ class Status(Schema):
     validation_iteration: int | None = Field(
         default=None, description="the iteration after whose step validation_loss was measured"
     )
+    validation_verified: bool | None = Field(
+        default=None,
+        description="true when two relays of every stage served the same weights for "
+        "validation_loss; false when a stage's came from one relay, whose word it rests on "
+        "(unverified)",
+    )
     started_at: float = Field(description="unix time")
     updated_at: float = Field(description="unix time of this snapshot")
     next_claim_at: int | None = Field(

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.chain.actions import Contracts
+from node.chain.actions import DATASET_HASH, Contracts, RunModel
 from node.chain.adapter import connect
 from node.chain.deployment import read_devnet_file
 from node.chain.wallet import create_wallet
@@ -49,11 +49,16 @@ from node.swarm.chain import (
     sponsor_of,
     start_swarm_chain,
 )
+from node.training.settings import TrainingSettings
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "gpt-tiny"
 DEVNET_START_TIMEOUT_S = 60.0
 CAPACITY = 2
+
+
+def run_model(stages: int) -> RunModel:
+    return RunModel.of(TrainingSettings(model=MODEL, stages=stages))
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,7 @@ def devnet_process_chain(out: Path, stages: int) -> tuple[SwarmChain, Callable[[
         time.sleep(0.1)
     info = read_devnet_file(devnet_file)
     contracts = Contracts.at(connect(info.rpc_url), info.contracts, gas_limit=SWARM_GAS_LIMIT)
-    chain = open_swarm_run(contracts, sponsor_of(info), ChainPlan(), out, stages, MODEL)
+    chain = open_swarm_run(contracts, sponsor_of(info), ChainPlan(), out, run_model(stages))
 
     def stop() -> None:
         process.send_signal(2)  # as Ctrl-C: the devnet removes its file
@@ -93,7 +98,9 @@ def devnet_process_chain(out: Path, stages: int) -> tuple[SwarmChain, Callable[[
 
 def in_process_chain(backend: str) -> Callable[[Path, int], tuple[SwarmChain, Callable[[], None]]]:
     def start(out: Path, stages: int) -> tuple[SwarmChain, Callable[[], None]]:
-        chain = start_swarm_chain(ChainPlan(), out, stages, MODEL, None, backend=backend)
+        chain = start_swarm_chain(
+            ChainPlan(), out, run_model(stages), DATASET_HASH, None, backend=backend
+        )
         return chain, chain.stop
 
     return start

@@ -18,7 +18,7 @@ from libp2p.crypto.keys import KeyPair
 from contracts.encoding import ledger_domain
 from coordinator_free.protocol.config import DATA, FlowConfig
 from gwtf.errors import ConfigError
-from node.chain.actions import open_contracts
+from node.chain.actions import check_run_dataset, open_contracts
 from node.chain.adapter import RunInfo, Sender
 from node.chain.epochs import EpochLedger
 from node.chain.wallet import load_or_create_node_key, open_wallet, resolve_password
@@ -35,7 +35,7 @@ from node.settings import AUTO_STAGE, Settings
 from node.training.config import ModelConfig
 from node.training.errors import ModelConfigError
 from node.training.partition import model_for_run
-from node.training.shards import data_vocab
+from node.training.shards import run_vocab
 
 log = logging.getLogger(__name__)
 #: Hosts that keep the local API to this machine.
@@ -54,11 +54,15 @@ def node_identity(settings: Settings, password: str | None = None) -> KeyPair:
 
 
 def model_of(settings: Settings) -> ModelConfig:
-    """The run's model; its vocabulary is the data set's tokenizer's (``training.data``)."""
+    """The run's model; its vocabulary is the data set's tokenizer's (``training.data``), else
+    ``training.vocab_size``'s."""
     try:
         training = settings.training
         return model_for_run(
-            training.model, training.seq_len, training.stages, data_vocab(training.data)
+            training.model,
+            training.seq_len,
+            training.stages,
+            run_vocab(training.data, training.vocab_size),
         )
     except ModelConfigError as exc:
         raise ConfigError(f"training.model={settings.training.model!r}: {exc}") from exc
@@ -148,7 +152,22 @@ def live_config_from_settings(settings: Settings, password: str | None = None) -
         data_nodes=training.data_nodes,
         data_shard=training.data_shard,
         receipts=receipts_from_settings(settings, password),
+        dataset_hash=run_dataset_hash(settings),
     )
+
+
+def run_dataset_hash(settings: Settings) -> str | None:
+    """A data node's run's data set hash on chain (hex), once ``training.data`` is checked to
+    be that data set; None for a relay, or a node off chain."""
+    chain = settings.chain
+    if settings.node.role != DATA or chain.run_id < 1 or not (chain.admission or chain.receipts):
+        return None
+    contracts, _ = open_contracts(settings)
+    run = contracts.port().run_info(chain.run_id)
+    if run is None:
+        raise ConfigError(f"chain.run_id={chain.run_id}: no such run on this chain")
+    check_run_dataset(chain.run_id, run.dataset_hash, settings.training.data)
+    return run.dataset_hash.hex()
 
 
 def admission_from_settings(settings: Settings) -> RunAdmission | None:

@@ -9,7 +9,7 @@ the caller reads gas used and events from the chain rather than assuming them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from web3 import Web3
 from web3.logs import DISCARD
@@ -31,10 +31,13 @@ from contracts.fraud_proofs import (
     draw_salt_hash,
 )
 from contracts.keccak import keccak256
-from gwtf.errors import ChainError
+from gwtf.errors import ChainError, ConfigError
 from node.chain.adapter import Sender, Web3Chain, connect, send_transaction, transact_as
 from node.chain.deployment import DevnetInfo, read_devnet_file
 from node.settings import Settings
+
+if TYPE_CHECKING:
+    from node.training.settings import TrainingSettings
 
 REGISTRY = "NodeRegistry"
 LEDGER = "WorkLedger"
@@ -151,9 +154,77 @@ class RunConfig:
 DATASET_HASH = Web3.keccak(text="node.training.data default corpus")
 
 
-def model_config_hash(model: str, stages: int) -> bytes:
-    """A run's model commitment: its model (as ``training.model`` names it) and stage count."""
-    return bytes(Web3.keccak(text=f"{model}, {stages} stages"))
+@dataclass(frozen=True)
+class RunModel:
+    """What every node of a run must build and feed alike, committed on chain as the run's
+    model config hash: the model (as ``training.model`` names it) in its stages, its vocabulary
+    (the tokenizer's), and the sequence length, batch size and seed, which decide the initial
+    weights and which tokens each microbatch id reads (``node.training.window_map``). The data
+    set itself is the run's other commitment, its data set hash."""
+
+    model: str
+    stages: int
+    vocab_size: int
+    seq_len: int
+    batch_size: int
+    seed: int
+
+    @classmethod
+    def of(cls, training: TrainingSettings, stages: int | None = None) -> RunModel:
+        """The run model ``training`` names (its vocabulary: ``training.data``'s tokenizer's,
+        else ``training.vocab_size``, else the byte tokenizer's)."""
+        from node.training.shards import run_vocab
+
+        return cls(
+            training.model,
+            training.stages if stages is None else stages,
+            run_vocab(training.data, training.vocab_size),
+            training.seq_len,
+            training.batch_size,
+            training.seed,
+        )
+
+    def describe(self) -> str:
+        return (
+            f"{self.model}, {self.stages} stages, vocabulary {self.vocab_size}, "
+            f"seq_len {self.seq_len}, batch_size {self.batch_size}, seed {self.seed}"
+        )
+
+    @property
+    def config_hash(self) -> bytes:
+        return bytes(Web3.keccak(text=self.describe()))
+
+
+def model_config_hash(run: RunModel) -> bytes:
+    """A run's model commitment (``RunModel``)."""
+    return run.config_hash
+
+
+def dataset_hash_of(data: str) -> bytes:
+    """The data set hash of ``data`` (``training.data``: a prepared data set's manifest or
+    folder, the SHA-256 of its manifest), or ``DATASET_HASH`` for the shipped corpus."""
+    if not data:
+        return bytes(DATASET_HASH)
+    from node.training.shards import load_manifest
+
+    return bytes.fromhex(load_manifest(data).digest)
+
+
+def check_run_dataset(run_id: int, run_dataset_hash: bytes, data: str) -> None:
+    """Refuse a data set other than the one run ``run_id`` committed to on chain."""
+    local = dataset_hash_of(data)
+    if local == run_dataset_hash:
+        return
+    if run_dataset_hash == bytes(DATASET_HASH):
+        raise ConfigError(
+            f"run {run_id} trains on the shipped corpus, not on training.data={data!r} "
+            f"(0x{local.hex()}); clear training.data"
+        )
+    named = f"training.data={data!r} (0x{local.hex()})" if data else "the shipped corpus"
+    raise ConfigError(
+        f"run {run_id} trains on data set 0x{run_dataset_hash.hex()}, not on {named}; set "
+        "training.data to the run's prepared data set"
+    )
 
 
 def register_node(

@@ -267,6 +267,8 @@ class RunInfo:
     model_config_hash: bytes
     #: What a certified hop of ``units_per_hop`` units earns (a backward, twice the units, twice).
     hop_price_wei: int
+    #: What it trains on (``node.chain.actions.dataset_hash_of``).
+    dataset_hash: bytes
 
 
 class ChainPort(Protocol):
@@ -361,6 +363,7 @@ class Web3Chain:
             closed=run[4],
             model_config_hash=bytes(run[11]),
             hop_price_wei=run[13],
+            dataset_hash=bytes(run[12]),
         )
 
     def node_info(self, node_address: str) -> NodeInfo | None:

@@ -186,11 +186,14 @@ def replayer_for(
     """A CPU replayer of ``model`` split into run ``run_id``'s stages."""
     from node.audit.reexecute import Replayer
     from node.training.partition import model_for_run, plan_partition
+    from node.training.shards import run_vocab
 
     run = contracts.port().run_info(run_id)
     if run is None:
         raise ConfigError(f"no run {run_id} on this chain; check --run and the RPC URL")
-    config = model_for_run(model, settings.training.seq_len, run.stage_count)
+    training = settings.training
+    vocab = run_vocab(training.data, training.vocab_size)
+    config = model_for_run(model, training.seq_len, run.stage_count, vocab)
     return Replayer(plan_partition(config, run.stage_count), settings.training, tolerance)
 
 

@@ -14,6 +14,7 @@ where each part came from. Nothing is written unless all of it checks out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -73,8 +74,9 @@ def cmd_export(args: argparse.Namespace, settings: Settings, console: Console) -
             return gather()
 
     data = settings.training.data if args.data is None else args.data
+    training = dataclasses.replace(settings.training, model=model, data=data)
     result = export_run(
-        contracts, args.run, model, args.peer, out, float(args.timeout_s), gathering, data
+        contracts, args.run, training, args.peer, out, float(args.timeout_s), gathering
     )
     return emit(args, console, result, functools.partial(_render, result))
 

@@ -182,9 +182,16 @@ def print_swarm(console: Console, summary: dict[str, Any], summary_file: Path) -
     validation = summary.get("validation_loss") or []
     if validation:
         first, last = validation[0], validation[-1]
+        unverified = summary.get("validation_unverified") or []
         table.add_row(
             "validation loss",
-            f"{first[1]:.4f} (iteration {first[0]}) -> {last[1]:.4f} (iteration {last[0]})",
+            f"{first[1]:.4f} (iteration {first[0]}) -> {last[1]:.4f} (iteration {last[0]})"
+            + (
+                f"; unverified at {len(unverified)} of {len(validation)} (a stage's weights "
+                "from one relay)"
+                if unverified
+                else ""
+            ),
         )
     table.add_row(
         "microbatches",

@@ -18,8 +18,8 @@ from node.settings import Settings
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from node.chain.actions import RunModel
     from node.chain.adapter import RunInfo
-    from node.training.config import ModelConfig
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
@@ -31,7 +31,15 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     _sponsor_flags(opening)
     opening.add_argument("--model", default="gpt-tiny", help="the run's model, e.g. gpt-tiny")
     opening.add_argument("--stages", type=stage_count, required=True, help="pipeline stages")
-    opening.add_argument("--seq-len", type=positive, default=64, help="tokens per sequence")
+    opening.add_argument(
+        "--seq-len", type=positive, help="tokens per sequence (default: training.seq_len)"
+    )
+    opening.add_argument(
+        "--batch-size",
+        type=positive,
+        help="sequences per microbatch (default: training.batch_size)",
+    )
+    opening.add_argument("--seed", type=whole, help="the run's seed (default: training.seed)")
     opening.add_argument(
         "--data", help="the run's data set (`data prepare`'s manifest.json or folder); its hash "
         "is the run's data set hash (default: the shipped Tiny Shakespeare text)",
@@ -76,12 +84,6 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     return {"runs": cmd_runs}
 
 
-def _dataset_hash(data: str) -> bytes:
-    from node.training.shards import load_manifest
-
-    return bytes.fromhex(load_manifest(data).digest)
-
-
 def _sponsor_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wallet", required=True, help="the sponsor's wallet keystore")
     parser.add_argument("--password-file", help="file holding the keystore password")
@@ -89,10 +91,10 @@ def _sponsor_flags(parser: argparse.ArgumentParser) -> None:
 
 def cmd_runs(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     from node.chain.actions import (
-        DATASET_HASH,
         RunConfig,
         add_data_node,
         close_run,
+        dataset_hash_of,
         fund_run,
         model_config_hash,
         open_contracts,
@@ -113,10 +115,10 @@ def cmd_runs(args: argparse.Namespace, settings: Settings, console: Console) -> 
         return emit(args, console, data, lambda c: c.print(runs_table(runs)))
     sponsor = Sender.from_account(open_wallet(args.wallet, resolve_password(args.password_file)))
     if args.runs_command == "open":
-        _model(args)  # a model this node can train, split into that many stages
+        run_model = _run_model(args, settings)
         config = RunConfig(
-            model_config_hash=model_config_hash(args.model, args.stages),
-            dataset_hash=_dataset_hash(args.data) if args.data else DATASET_HASH,
+            model_config_hash=model_config_hash(run_model),
+            dataset_hash=dataset_hash_of(args.data or ""),
             stage_count=args.stages,
             epoch_length_s=args.epoch_length_s,
             units_per_hop=args.units_per_hop,
@@ -128,7 +130,7 @@ def cmd_runs(args: argparse.Namespace, settings: Settings, console: Console) -> 
         run_id = open_run(contracts, sponsor, config, args.fund_eth)
         first = 2 * args.epoch_length_s + args.challenge_window_s
         done = (
-            f"opened run {run_id} ({args.model}, {args.stages} stages); the first epoch's "
+            f"opened run {run_id} ({run_model.describe()}); the first epoch's "
             f"rewards are claimable {first // 60} min after it starts"
         )
     elif args.runs_command == "fund":
@@ -153,14 +155,32 @@ def cmd_runs(args: argparse.Namespace, settings: Settings, console: Console) -> 
     return emit(args, console, run_fields(run), lambda c: c.print(done))
 
 
-def _model(args: argparse.Namespace) -> ModelConfig:
+def _run_model(args: argparse.Namespace, settings: Settings) -> RunModel:
+    """What the run commits to: ``--model`` in ``--stages``, the vocabulary of ``--data``'s
+    tokenizer (the byte tokenizer without it), and the sequence length, batch size and seed
+    (``training``'s unless given); refused unless this node can train it."""
+    import dataclasses
+
+    from node.chain.actions import RunModel
     from node.training.errors import ModelConfigError
     from node.training.partition import model_for_run
 
+    training = dataclasses.replace(
+        settings.training,
+        model=args.model,
+        stages=args.stages,
+        data=args.data or "",
+        vocab_size=0,
+        seq_len=args.seq_len or settings.training.seq_len,
+        batch_size=args.batch_size or settings.training.batch_size,
+        seed=settings.training.seed if args.seed is None else args.seed,
+    )
+    run = RunModel.of(training)
     try:
-        return model_for_run(args.model, args.seq_len, args.stages)
+        model_for_run(run.model, run.seq_len, run.stages, run.vocab_size)
     except ModelConfigError as exc:
         raise ConfigError(f"--model {args.model}: {exc}") from exc
+    return run
 
 
 def runs_table(runs: list[RunInfo]) -> Any:

@@ -197,7 +197,7 @@ def check_the_chain(
 ) -> tuple[str, RunInfo]:
     """The node's role in ``run_id`` ("data" or "relay") and the run, or a ``ConfigError``
     saying why the node cannot take part."""
-    from node.chain.actions import model_config_hash
+    from node.chain.actions import RunModel, check_run_dataset
 
     if contracts.w3.eth.chain_id != chain_id:
         raise ChainError(
@@ -210,11 +210,11 @@ def check_the_chain(
         raise ConfigError(f"there is no run {run_id} on this chain; see `gwtf-node runs list`")
     if run.closed:
         raise ConfigError(f"run {run_id} is closed; choose an open one from `gwtf-node runs list`")
-    model = settings.training.model
-    if model_config_hash(model, run.stage_count) != run.model_config_hash:
+    ours = RunModel.of(settings.training, run.stage_count)
+    if ours.config_hash != run.model_config_hash:
         raise ConfigError(
-            f"run {run_id} trains another model than training.model={model!r} in "
-            f"{run.stage_count} stages; set training.model to the run's"
+            f"run {run_id} trains another model than this node's ({ours.describe()}); set "
+            "training.model, vocab_size (or data), seq_len, batch_size and seed to the run's"
         )
     registered = port.node_info(node)
     if registered is None:
@@ -235,6 +235,7 @@ def check_the_chain(
         )
     now = int(contracts.w3.eth.get_block("latest")["timestamp"])
     if contracts.ledger.functions.wasDataNodeBefore(run_id, node, now + 1).call():
+        check_run_dataset(run_id, run.dataset_hash, settings.training.data)
         return "data", run
     if not contracts.ledger.functions.isAdmitted(run_id, node).call():
         raise ConfigError(

@@ -28,6 +28,7 @@ from node.demo.plots import write_plots
 from node.demo.report import DemoReport, Planned, demo_report
 from node.export.run import export_run
 from node.export.writer import CONFIG_FILE, PROVENANCE_FILE, WEIGHTS_FILE
+from node.settings import load_settings
 from node.status_file import read_results
 from node.swarm.plan import SwarmPlan, plan_from_file
 from node.swarm.progress import LiveProgress
@@ -74,9 +75,11 @@ def run_demo(options: DemoOptions, console: Console, live: bool = True) -> DemoR
         run = chain.contracts.port().run_info(chain.run_id)
         end.pool_left_wei = run.balance_wei if run is not None else 0
         try:
+            # What the swarm's first data node trained is the run's model and data set.
+            training = load_settings(env={}, config_file=plan.out_dir / "data.toml").training
             end.export = export_run(
-                chain.contracts, chain.run_id, str(plan.run["model"]), live_addresses(plan),
-                model_dir, EXPORT_TIMEOUT_S,
+                chain.contracts, chain.run_id, training, live_addresses(plan), model_dir,
+                EXPORT_TIMEOUT_S,
             )  # fmt: skip
         except Exception as exc:  # reported as a failed check, with its reason
             end.export_error = f"{type(exc).__name__}: {exc}"

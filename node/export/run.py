@@ -10,7 +10,6 @@ validation windows of the model's full context.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,14 +19,16 @@ import torch
 import trio
 
 from gwtf.errors import ConfigError
-from node.chain.actions import Contracts, model_config_hash
+from node.chain.actions import Contracts, RunModel, check_run_dataset
 from node.export.assembly import whole_tensors
 from node.export.gather import Gathered, gather_run
 from node.export.writer import check_out_dir, write_checkpoint
-from node.training.config import ModelConfig, named_config
+from node.training.config import ModelConfig
 from node.training.dataset import validation_batches
+from node.training.errors import ModelConfigError
 from node.training.hf_export import to_hf
-from node.training.partition import PartitionPlan, plan_partition
+from node.training.partition import PartitionPlan, model_for_run, plan_partition
+from node.training.settings import TrainingSettings
 from node.training.shards import Manifest, load_manifest
 from node.training.tokenizer import RunTokenizer, byte_tokenizer, tokenizer_config
 from node.training.validation import whole_model_validation_loss
@@ -39,20 +40,21 @@ VALIDATION_WINDOWS = 64
 def export_run(
     contracts: Contracts,
     run_id: int,
-    model: str,
+    training: TrainingSettings,
     peers: Sequence[str],
     out: Path,
     timeout_s: float,
     gathering: Callable[[Callable[[], Gathered]], Gathered] = lambda gather: gather(),
-    data: str = "",
 ) -> dict[str, Any]:
-    """Export run ``run_id`` (training ``model`` on the data set ``data``, "" for the shipped
-    corpus) from the nodes at ``peers`` into ``out``, a new or empty folder; returns what
-    ``gwtf-export.json`` says, with the files written. ``gathering`` runs the network part (a
-    command shows a spinner around it)."""
+    """Export run ``run_id`` (training ``training.model`` on the data set ``training.data``,
+    "" for the shipped corpus, both checked against the run's commitments on chain) from the
+    nodes at ``peers`` into ``out``, a new or empty folder; returns what ``gwtf-export.json``
+    says, with the files written. ``gathering`` runs the network part (a command shows a
+    spinner around it)."""
     check_out_dir(out)
-    dataset = load_manifest(data) if data else None
-    plan = run_plan(contracts, run_id, model, dataset.vocab_size if dataset else None)
+    model = training.model
+    plan = run_plan(contracts, run_id, training)
+    dataset = load_manifest(training.data) if training.data else None
     gather = functools.partial(gather_run, contracts, run_id, plan, peers, timeout_s)
     gathered = gathering(lambda: trio.run(gather))
     tensors = whole_tensors(plan.config, [p for p, _ in gathered.parts])
@@ -86,8 +88,7 @@ def export_model(
         "architecture": checkpoint.config["architectures"][0],
         "dataset_hash": "0x" + dataset.digest if dataset else None,
         "tokenizer_sha256": tokenizer.sha256,
-        "validation_loss": _validation_loss(config, tensors, dataset, validation_windows),
-        "validation_windows": validation_windows if dataset and dataset.val else 0,
+        **_validation(config, tensors, dataset, validation_windows),
     }
     written = write_checkpoint(
         checkpoint,
@@ -100,17 +101,23 @@ def export_model(
     return {**result, "out": str(out), "files": [path.name for path in written]}
 
 
-def _validation_loss(
+def _validation(
     config: ModelConfig,
     tensors: dict[str, torch.Tensor],
     dataset: Manifest | None,
     windows: int,
-) -> float | None:
+) -> dict[str, Any]:
+    """The exported model's validation loss and the windows it was measured on (as many as
+    the split holds, up to ``windows``), and why there is none."""
     if dataset is None or not dataset.val:
-        return None
+        return {"validation_loss": None, "validation_windows": 0, "validation_note": "no split"}
     batches = validation_batches(dataset, 8, config.block_size, windows)
     loss = whole_model_validation_loss(config, tensors, batches)
-    return None if loss is None else round(loss, 6)
+    return {
+        "validation_loss": None if loss is None else round(loss, 6),
+        "validation_windows": sum(len(inputs) for inputs, _ in batches),
+        "validation_note": "" if batches else "split shorter than the context",
+    }
 
 
 def model_card(result: dict[str, Any], context: int) -> str:
@@ -121,6 +128,8 @@ def model_card(result: dict[str, Any], context: int) -> str:
         f"validation windows of {context} tokens)"
         if loss is not None
         else "not measured (the data set has no validation split)"
+        if result["validation_note"] == "no split"
+        else f"not measured (the validation split holds no window of {context + 1} tokens)"
     )
     data = result["dataset_hash"] or "the shipped Tiny Shakespeare text (byte tokenizer)"
     return (
@@ -140,27 +149,24 @@ def model_card(result: dict[str, Any], context: int) -> str:
     )
 
 
-def run_plan(
-    contracts: Contracts, run_id: int, model: str, vocab_size: int | None = None
-) -> PartitionPlan:
-    """The run's partition of ``model``, once the chain says the run trains that model."""
+def run_plan(contracts: Contracts, run_id: int, training: TrainingSettings) -> PartitionPlan:
+    """The run's partition of its model, once the chain says the run trains the model and the
+    data set ``training`` names."""
     run = contracts.port().run_info(run_id)
     if run is None:
         raise ConfigError(f"there is no run {run_id} on this chain; see `gwtf-node runs list`")
-    config = model_config(model)
-    if vocab_size is not None:
-        config = dataclasses.replace(config, vocab_size=vocab_size)
-    if model_config_hash(model, run.stage_count) != run.model_config_hash:
+    ours = RunModel.of(training, run.stage_count)
+    if ours.config_hash != run.model_config_hash:
         raise ConfigError(
-            f"run {run_id} trains another model than {model!r} in {run.stage_count} stages; "
-            "give the run's with --model"
+            f"run {run_id} trains another model than {ours.describe()}; give the run's with "
+            "--model and training.seq_len, batch_size and seed"
         )
+    check_run_dataset(run_id, run.dataset_hash, training.data)
+    try:
+        config = model_for_run(ours.model, ours.seq_len, ours.stages, ours.vocab_size)
+    except ModelConfigError as exc:
+        raise ConfigError(f"--model {ours.model}: {exc}") from None
     return plan_partition(config, run.stage_count)
-
-
-def model_config(model: str) -> ModelConfig:
-    family, _, size = model.partition("-")
-    return named_config(family, size)
 
 
 def export_summary(run_id: int, model: str, plan: PartitionPlan, got: Gathered) -> dict[str, Any]:

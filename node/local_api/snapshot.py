@@ -139,6 +139,7 @@ def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapsho
         loss=loss,
         validation_loss=validated.validation_loss if validated else None,
         validation_iteration=validated.iteration if validated else None,
+        validation_verified=validated.validation_verified if validated else None,
         started_at=meter.started_at,
         updated_at=now,
         **next_claim(box.chain, now),
@@ -166,6 +167,7 @@ def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapsho
         counters["loss"] = loss
     if status.validation_loss is not None:
         counters["validation_loss"] = status.validation_loss
+        counters["validation_verified"] = float(bool(status.validation_verified))
     if epoch is not None:
         counters["epoch"] = epoch
     if receipts is not None:

@@ -137,6 +137,8 @@ class LiveNodeConfig:
     upnp: bool = False
     #: Told each reachability verdict (``node.p2p.reachability``; none on loopback only).
     on_reachability: Callable[[Reachability], None] | None = None
+    #: Data node: the run's data set hash on chain; a ``training.data`` of another is refused.
+    dataset_hash: str | None = None
 
 
 @dataclass
@@ -178,7 +180,9 @@ def _worker(config: LiveNodeConfig, node_id: str) -> DataNodeWorker | StageWorke
     plan = plan_partition(config.model, config.stages)
     if config.role == DATA:
         data = config.training.data
-        sampler = run_sampler(data, config.batch_size, config.seq_len, config.seed)
+        sampler = run_sampler(
+            data, config.batch_size, config.seq_len, config.seed, config.dataset_hash
+        )
         return DataNodeWorker(plan, config.training, config.seed, sampler, replica_id=node_id)
     if not 1 <= config.stage <= config.stages:
         raise ConfigError(f"relay stage {config.stage} is outside 1..{config.stages}")
@@ -454,10 +458,16 @@ async def _validated(
     plan = plan_partition(config.model, config.stages)
     relays = role.roster.discovered() | role.roster.told
     timeout = config.flow.ack_deadline_s
-    loss = await swarm_validation_loss(rpc, role.worker, plan, relays, held_out, timeout)
-    if loss is not None:
-        log.info("iteration %s: validation loss %.4f", result.iteration, loss)
-    return replace(result, validation_loss=loss)
+    found = await swarm_validation_loss(rpc, role.worker, plan, relays, held_out, timeout)
+    if found is None:
+        return result
+    log.info(
+        "iteration %s: validation loss %.4f%s",
+        result.iteration,
+        found.loss,
+        "" if found.verified else " (unverified: a stage's weights came from one relay)",
+    )
+    return replace(result, validation_loss=found.loss, validation_verified=found.verified)
 
 
 async def _start_receipts(

@@ -38,6 +38,7 @@ from node.chain.actions import (
     Capacity,
     Contracts,
     RunConfig,
+    RunModel,
     add_data_node,
     join_run,
     model_config_hash,
@@ -225,8 +226,8 @@ def _wei(eth: float) -> int:
 def start_swarm_chain(
     plan: ChainPlan,
     out_dir: Path,
-    stages: int,
-    model: str,
+    run: RunModel,
+    dataset_hash: bytes,
     log: IO[bytes] | None,
     *,
     backend: str = "auto",
@@ -250,7 +251,7 @@ def start_swarm_chain(
         contracts = Contracts.at(connect(rpc_url), info.contracts, gas_limit=SWARM_GAS_LIMIT)
         scrypt_n = None if plan.rpc_url else DEVNET_SCRYPT_N
         chain = open_swarm_run(
-            contracts, sponsor_of(info), plan, out_dir, stages, model, scrypt_n=scrypt_n
+            contracts, sponsor_of(info), plan, out_dir, run, dataset_hash, scrypt_n=scrypt_n
         )
     except BaseException:
         if devnet is not None:
@@ -265,14 +266,15 @@ def open_swarm_run(
     sponsor: Sender,
     plan: ChainPlan,
     out_dir: Path,
-    stages: int,
-    model: str,
+    run: RunModel,
+    dataset_hash: bytes = bytes(DATASET_HASH),
     *,
     scrypt_n: int | None = DEVNET_SCRYPT_N,
 ) -> SwarmChain:
-    """Open the swarm's run with its reward pool on deployed contracts (any chain)."""
+    """Open the swarm's run (``run`` on the data set ``dataset_hash``) with its reward pool
+    on deployed contracts (any chain)."""
     run_id = open_run(
-        contracts, sponsor, _run_config(plan, stages, model), _wei(plan.reward_pool_eth)
+        contracts, sponsor, _run_config(plan, run, dataset_hash), _wei(plan.reward_pool_eth)
     )
     return SwarmChain(
         contracts,
@@ -287,11 +289,11 @@ def open_swarm_run(
     )
 
 
-def _run_config(plan: ChainPlan, stages: int, model: str) -> RunConfig:
+def _run_config(plan: ChainPlan, run: RunModel, dataset_hash: bytes) -> RunConfig:
     return RunConfig(
-        model_config_hash=model_config_hash(model, stages),
-        dataset_hash=DATASET_HASH,
-        stage_count=stages,
+        model_config_hash=model_config_hash(run),
+        dataset_hash=dataset_hash,
+        stage_count=run.stages,
         epoch_length_s=plan.epoch_length_s,
         units_per_hop=10,
         reward_per_epoch_wei=_wei(plan.reward_pool_eth) // 10,

@@ -5,7 +5,10 @@ format) as the swarm writes them.
 Swarm file::
 
     [run]    model = "gpt-tiny", stages = 2, batch_size = 2, seq_len = 32,
-             microbatches_per_iteration = 4, iterations = 5, seed = 0,
+             microbatches_per_iteration = 4, iterations = 5, seed = 0, data = "" (a data set
+             of `gwtf-node data prepare`, its folder or manifest: the data nodes train on it, the
+             relays take its vocabulary without it, and the run commits to its hash; "": the
+             shipped corpus),
              routing = "gwtf" (or "swarm": SWARM's throughput-weighted wiring, for comparison)
     [swarm]  relays_per_stage = 2, capacity = 2 (a relay's microbatches in flight; the data
              nodes' together are relays_per_stage times that), regions = ["oregon"],
@@ -55,6 +58,7 @@ from typing import Any
 import tomli_w
 
 from gwtf.errors import ConfigError
+from node.chain.actions import RunModel
 from node.p2p.addresses import LOOPBACK
 from node.p2p.link_emulation import Topology
 from node.receipts.cheats import check_cheat
@@ -64,6 +68,7 @@ from node.swarm.audit import SwarmAudit
 from node.swarm.chain import ChainPlan, SwarmChain, node_key_file, password_file
 from node.training.errors import ModelConfigError
 from node.training.partition import model_for_run
+from node.training.shards import run_vocab
 
 _DEFAULT_FLOW = {
     "decision_period_s": 0.5,
@@ -89,6 +94,7 @@ _SECTIONS: dict[str, set[str]] = {
         "microbatches_per_iteration",
         "iterations",
         "seed",
+        "data",
     },
     "swarm": {
         "relays_per_stage",
@@ -157,6 +163,7 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
         "iterations": 5,
         "seed": 0,
         "routing": "gwtf",
+        "data": "",
         **raw.get("run", {}),
     }
     swarm = {
@@ -216,8 +223,14 @@ def _check_run(run: dict[str, Any]) -> None:
     model, seq_len, stages = run["model"], run["seq_len"], run["stages"]
     if not isinstance(model, str) or not all(_whole(v, 1) for v in (seq_len, stages)):
         raise ConfigError('[run] model is a name like "gpt-tiny", seq_len and stages whole numbers')
+    if not isinstance(run["data"], str):
+        raise ConfigError('[run] data names a prepared data set\'s folder, like "data/"')
+    if run["data"]:
+        run["data"] = str(Path(run["data"]).resolve())
+    # The relays hold no data set: they are given its vocabulary (training.vocab_size).
+    run["vocab_size"] = run_vocab(run["data"])
     try:
-        model_for_run(model, seq_len, stages)
+        model_for_run(model, seq_len, stages, run["vocab_size"])
     except ModelConfigError as exc:
         raise ConfigError(f"[run] {exc}") from exc
 
@@ -262,6 +275,15 @@ def _check_cheaters(swarm: dict[str, Any], stages: int) -> None:
                 f"{', '.join(data + relays)}"
             )
         check_cheat(str(mode), "data" if name in data else "relay")
+
+
+def run_model_of(plan: SwarmPlan) -> RunModel:
+    """What the swarm's run commits to on chain."""
+    run = plan.run
+    return RunModel(
+        run["model"], run["stages"], run["vocab_size"], run["seq_len"], run["batch_size"],
+        run["seed"],
+    )  # fmt: skip
 
 
 def speed_of(plan: SwarmPlan, index: int) -> float:
@@ -347,6 +369,7 @@ def node_settings(
             "batch_size": run["batch_size"],
             "seq_len": run["seq_len"],
             "seed": run["seed"],
+            **({"data": run["data"]} if role == "data" else {"vocab_size": run["vocab_size"]}),
             "iterations": run["iterations"],
             "microbatches_per_iteration": run["microbatches_per_iteration"],
             "stall_timeout_s": 60.0,

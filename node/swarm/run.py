@@ -37,6 +37,7 @@ from typing import IO, Any
 from gwtf.errors import GwtfError
 from node.audit.reexecute import Replayer
 from node.audit.runner import Sampling
+from node.chain.actions import dataset_hash_of
 from node.settings import AUTO_STAGE
 from node.status_file import read_results
 from node.swarm.audit import SwarmAudit
@@ -55,6 +56,7 @@ from node.swarm.plan import (
     crash_rule,
     entrant_stage,
     node_settings,
+    run_model_of,
     speed_of,
     write_node_settings,
 )
@@ -156,7 +158,11 @@ def run_swarm(
     try:
         if plan.chain_plan.enabled:
             plan.chain = start_swarm_chain(
-                plan.chain_plan, plan.out_dir, stages, str(plan.run["model"]), log
+                plan.chain_plan,
+                plan.out_dir,
+                run_model_of(plan),
+                dataset_hash_of(plan.run["data"]),
+                log,
             )
         data_nodes = _start_data_nodes(plan, log)
         data = data_nodes[0]
@@ -350,7 +356,9 @@ def _sampling(plan: SwarmPlan) -> Sampling | None:
     if hops == 0:
         return None
     run = plan.run
-    config = model_for_run(str(run["model"]), int(run["seq_len"]), int(run["stages"]))
+    config = model_for_run(
+        str(run["model"]), int(run["seq_len"]), int(run["stages"]), int(run["vocab_size"])
+    )
     settings = TrainingSettings(device="cpu", seq_len=int(run["seq_len"]))
     # Every node of the local swarm trains on CPU in float32: the CPU tolerance is the one.
     return Sampling(hops, Replayer(plan_partition(config, int(run["stages"])), settings))
@@ -486,6 +494,13 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
             [r["iteration"], round(r["validation_loss"], 8)]
             for r in results
             if r.get("validation_loss") is not None
+        ],
+        # Of those, the iterations whose loss rests on one relay's weights of some stage
+        # (any one relay could have forged it): two relays of each stage agree on the rest.
+        "validation_unverified": [
+            r["iteration"]
+            for r in results
+            if r.get("validation_loss") is not None and not r.get("validation_verified")
         ],
         "throughput_mb_per_s": round(microbatches / train_s, 4) if train_s else 0.0,
         "training_time_s": round(train_s, 3),

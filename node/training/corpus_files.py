@@ -41,12 +41,22 @@ class CorpusFile:
         return self.path.stat().st_size
 
 
-def corpus_files(inputs: Sequence[Path]) -> list[CorpusFile]:
-    """The files ``inputs`` name (a folder: its files of a known kind, in name order)."""
+def corpus_files(inputs: Sequence[Path], exclude: Path | None = None) -> list[CorpusFile]:
+    """The files ``inputs`` name (a folder: its files of a known kind, in name order), less
+    those inside ``exclude`` (the data set's own folder: its shards are no input)."""
     found: list[CorpusFile] = []
+    skipped = exclude.resolve() if exclude is not None else None
     for path in inputs:
+        if skipped is not None and path.resolve().is_relative_to(skipped):
+            raise ConfigError(f"corpus input {path} lies inside --out {exclude}; name another")
         if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and _kind(p) is not None)
+            files = sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file()
+                and _kind(p) is not None
+                and not (skipped is not None and p.resolve().is_relative_to(skipped))
+            )
             if not files:
                 raise ConfigError(
                     f"corpus folder {path} holds no text, JSON Lines, Parquet or token files"

@@ -2,17 +2,22 @@
 
 ``ShardSampler`` is the ``MicrobatchSampler`` of a run that names a data set
 (``training.data``): microbatch id -> (inputs, targets), each int64 (batch_size, seq_len). A
-window is ``seq_len + 1`` tokens at a multiple of ``seq_len`` inside one shard; row ``j`` of
-microbatch ``m`` reads the window ``node.training.window_map`` gives row ``m * batch_size + j``,
-each read with its own ``pread``. Any node holding the shards regenerates any microbatch.
+split's shards, in manifest order, are one stream of tokens (documents end with the
+end-of-document id, so a window may run from one file's into the next's, as it runs from one
+document into the next); a window is ``seq_len + 1`` tokens at a multiple of ``seq_len`` of that
+stream, so at most ``seq_len`` tokens of a split go unread however many files it came from. Row
+``j`` of microbatch ``m`` reads the window ``node.training.window_map`` gives row
+``m * batch_size + j``, with one ``pread`` per shard it spans. Any node holding the shards
+regenerates any microbatch.
 
 ``validation_batches`` is the fixed, unshuffled list of validation windows a data node evaluates
-(the first ones of the validation shards, in manifest order).
+(the first ones of the validation stream).
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,10 +28,40 @@ from gwtf.errors import ConfigError
 from node.training.shards import Manifest, Shard, load_manifest
 from node.training.window_map import window_of_row
 
+log = logging.getLogger(__name__)
 
-def shard_windows(shards: tuple[Shard, ...], seq_len: int) -> list[int]:
-    """Windows of ``seq_len + 1`` tokens, at multiples of ``seq_len``, in each shard."""
-    return [max(0, (s.tokens - 1) // seq_len) for s in shards]
+
+class TokenStream:
+    """A split's shards (``manifest.train`` or ``manifest.val``) as one stream of tokens."""
+
+    def __init__(self, manifest: Manifest, shards: tuple[Shard, ...]) -> None:
+        self.manifest, self.shards = manifest, shards
+        self.starts: list[int] = [0]
+        for shard in shards:
+            self.starts.append(self.starts[-1] + shard.tokens)
+        self.tokens = self.starts[-1]
+
+    def windows(self, seq_len: int) -> int:
+        """Windows of ``seq_len + 1`` tokens at multiples of ``seq_len``."""
+        return max(0, (self.tokens - 1) // seq_len)
+
+    def unused(self, seq_len: int) -> int:
+        """Tokens no window reads (fewer than ``seq_len + 1``)."""
+        windows = self.windows(seq_len)
+        return self.tokens - (windows * seq_len + 1 if windows else 0)
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """Tokens ``start .. start + count`` of the stream (int64)."""
+        if start < 0 or start + count > self.tokens:
+            raise ConfigError(f"tokens {start}..{start + count} lie outside the data set's split")
+        index = bisect.bisect_right(self.starts, start) - 1
+        pieces = []
+        while count > 0:
+            shard, offset = self.shards[index], start - self.starts[index]
+            take = min(count, shard.tokens - offset)
+            pieces.append(self.manifest.read(shard, offset, take))
+            start, count, index = start + take, count - take, index + 1
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
 class ShardSampler:
@@ -50,8 +85,8 @@ class ShardSampler:
             )
         for shard in manifest.train:
             manifest.check_size(shard)
-        counts = shard_windows(manifest.train, seq_len)
-        self.windows = sum(counts)
+        self.stream = TokenStream(manifest, manifest.train)
+        self.windows = self.stream.windows(seq_len)
         if self.windows < 1:
             raise ConfigError(
                 f"data set {manifest.root} holds no training window of {seq_len + 1} tokens; "
@@ -59,14 +94,11 @@ class ShardSampler:
             )
         self.manifest, self.digest, self.seed = manifest, digest, seed
         self.batch_size, self.seq_len = batch_size, seq_len
-        self._ends = list(np.cumsum(counts))  # window index -> shard by bisection
 
-    def window(self, row: int) -> tuple[Shard, int]:
-        """The shard and token offset of the run's row ``row``."""
+    def window(self, row: int) -> int:
+        """The token offset (in the training stream) of the run's row ``row``."""
         _, index = window_of_row(row, self.windows, self.digest, self.seed)
-        position = bisect.bisect_right(self._ends, index)
-        before = int(self._ends[position - 1]) if position else 0
-        return self.manifest.train[position], (index - before) * self.seq_len
+        return index * self.seq_len
 
     def __call__(self, microbatch_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         if microbatch_id < 0:
@@ -74,8 +106,7 @@ class ShardSampler:
         first = microbatch_id * self.batch_size
         rows = []
         for row in range(first, first + self.batch_size):
-            shard, start = self.window(row)
-            rows.append(self.manifest.read(shard, start, self.seq_len + 1))
+            rows.append(self.stream.read(self.window(row), self.seq_len + 1))
         windows = torch.from_numpy(np.stack(rows))  # (B, T + 1)
         return windows[:, :-1], windows[:, 1:]
 
@@ -85,14 +116,11 @@ def validation_batches(
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The first ``windows`` validation windows (fewer if the split holds fewer), in order,
     as microbatches of up to ``batch_size`` rows."""
-    places: list[tuple[Shard, int]] = []
-    for shard, count in zip(manifest.val, shard_windows(manifest.val, seq_len), strict=True):
-        places += [(shard, k * seq_len) for k in range(min(count, windows - len(places)))]
-        if len(places) >= windows:
-            break
+    stream = TokenStream(manifest, manifest.val)
+    starts = [k * seq_len for k in range(min(windows, stream.windows(seq_len)))]
     batches = []
-    for start in range(0, len(places), batch_size):
-        rows = [manifest.read(s, o, seq_len + 1) for s, o in places[start : start + batch_size]]
+    for first in range(0, len(starts), batch_size):
+        rows = [stream.read(start, seq_len + 1) for start in starts[first : first + batch_size]]
         tokens = torch.from_numpy(np.stack(rows))
         batches.append((tokens[:, :-1], tokens[:, 1:]))
     return batches
@@ -114,4 +142,13 @@ def run_sampler(
     # Every shard is hashed once here: a damaged copy is refused (naming the shard) before it
     # trains anything, rather than giving windows no other node would give.
     manifest.verify()
-    return ShardSampler(manifest, batch_size, seq_len, seed, expected_digest)
+    sampler = ShardSampler(manifest, batch_size, seq_len, seed, expected_digest)
+    log.info(
+        "data set %s: %s training windows of %s tokens; %s of its %s training tokens unread",
+        manifest.digest[:16],
+        sampler.windows,
+        seq_len + 1,
+        sampler.stream.unused(seq_len),
+        sampler.stream.tokens,
+    )
+    return sampler

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -41,6 +43,7 @@ from node.training.shards import (
 )
 from node.training.tokenizer import RunTokenizer, byte_tokenizer, load_tokenizer, train_tokenizer
 
+log = logging.getLogger(__name__)
 TOKENIZER_FILE = "tokenizer.json"
 STATE_DIR = ".prepare"
 DEFAULT_SHARD_TOKENS = 100_000_000
@@ -88,14 +91,19 @@ class Prepared:
 Progress = Callable[[int], None]
 
 
+def input_files(options: PrepareOptions) -> list[CorpusFile]:
+    """The corpus files, less any inside ``--out`` (an earlier run's shards are no input)."""
+    return corpus_files(options.inputs, exclude=options.out)
+
+
 def input_bytes(options: PrepareOptions) -> int:
-    return sum(f.size for f in corpus_files(options.inputs))
+    return sum(f.size for f in input_files(options))
 
 
 def prepare(options: PrepareOptions, progress: Progress = lambda n: None) -> Prepared:
     """Tokenize and shard ``options.inputs`` into ``options.out``; returns the manifest."""
     options.validate()
-    files = corpus_files(options.inputs)
+    files = input_files(options)
     _check_token_widths(files, options.token_dtype)
     options.out.mkdir(parents=True, exist_ok=True)
     (options.out / STATE_DIR).mkdir(exist_ok=True)
@@ -166,13 +174,29 @@ def _tokenizer(options: PrepareOptions, files: list[CorpusFile]) -> RunTokenizer
         )
     ).hexdigest()
     state = options.out / STATE_DIR / "tokenizer.json"
-    if state.is_file():
-        record = json.loads(state.read_text(encoding="utf-8"))
-        if record.get("key") == key:
-            return RunTokenizer(record["json"], int(record["eod_id"]), "trained")
+    cached = _cached_tokenizer(state, key)
+    if cached is not None:
+        return cached
     tokenizer = train_tokenizer(_all_texts(texts, options), options.train_vocab)
     record = {"key": key, "json": tokenizer.json_text, "eod_id": tokenizer.eod_id}
     _atomic_write(state, canonical_json(record))
+    return tokenizer
+
+
+def _cached_tokenizer(state: Path, key: str) -> RunTokenizer | None:
+    """The tokenizer an earlier run trained on the same files; None when there is none, it
+    was trained on others, or its record is damaged (it is trained again, never trusted)."""
+    if not state.is_file():
+        return None
+    try:
+        record = json.loads(state.read_text(encoding="utf-8"))
+        if record["key"] != key:
+            return None
+        tokenizer = RunTokenizer(str(record["json"]), int(record["eod_id"]), "trained")
+        tokenizer.check()
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
+        log.warning("%s is damaged (%s); training the tokenizer again", state, exc)
+        return None
     return tokenizer
 
 
@@ -213,9 +237,15 @@ def _prepare_file(
     else:
         eod = np.array([tokenizer.eod_id], dtype=np.int64)
         threshold = int(options.val_fraction * 2**64)
+        vocab = tokenizer.vocab_size
         reported = 0
         for batch in documents(file, options.field, options.doc_split, options.batch_docs):
             for text, ids in zip(batch, tokenizer.encode_batch(batch), strict=True):
+                if len(ids) and not 0 <= int(ids.min()) <= int(ids.max()) < vocab:
+                    raise ConfigError(
+                        f"the tokenizer gave {file.path} an id outside its vocabulary of "
+                        f"{vocab}; give a consistent tokenizer.json"
+                    )
                 target = val if _hash64(text) < threshold else train
                 target.add(np.concatenate((ids, eod)))
             step = min(sum(len(t) for t in batch), file.size - reported)  # characters ~ bytes
@@ -255,32 +285,48 @@ def _copy_tokens(
 
 
 class _ShardWriter:
-    """Whole documents into shards of at least ``shard_tokens`` tokens (the last one smaller)."""
+    """Whole documents into shards of at least ``shard_tokens`` tokens (the last one smaller).
+    Each document is cast to the shard's width as it comes and written straight to the
+    shard's temporary file, hashed on the way: a shard is never held in memory."""
 
     def __init__(self, out: Path, prefix: str, dtype: str, shard_tokens: int) -> None:
         self.out, self.prefix, self.shard_tokens = out, prefix, shard_tokens
         self.dtype = np.dtype(dtype).newbyteorder("<")
-        self.pending: list[np.ndarray] = []
-        self.pending_tokens = 0
         self.shards: list[Shard] = []
+        self._file: BinaryIO | None = None
+        self._hash = hashlib.sha256()
+        self._tokens = 0
+
+    @property
+    def _name(self) -> str:
+        return f"{self.prefix}-{len(self.shards):04d}.bin"
 
     def add(self, ids: np.ndarray) -> None:
-        self.pending.append(ids)
-        self.pending_tokens += len(ids)
-        if self.pending_tokens >= self.shard_tokens:
-            self._flush()
+        """Append ``ids`` (checked by the caller to lie inside the vocabulary)."""
+        if self._file is None:
+            self._file = (self.out / (self._name + ".partial")).open("wb")
+            self._hash = hashlib.sha256()
+        data = np.ascontiguousarray(ids, dtype=self.dtype).tobytes()
+        self._file.write(data)
+        self._hash.update(data)
+        self._tokens += len(ids)
+        if self._tokens >= self.shard_tokens:
+            self._finish()
 
     def close(self) -> list[Shard]:
-        if self.pending_tokens:
-            self._flush()
+        if self._file is not None:
+            self._finish()
         return self.shards
 
-    def _flush(self) -> None:
-        name = f"{self.prefix}-{len(self.shards):04d}.bin"
-        data = np.concatenate(self.pending).astype(self.dtype).tobytes()
-        _atomic_write(self.out / name, data)
-        self.shards.append(Shard(name, self.pending_tokens, hashlib.sha256(data).hexdigest()))
-        self.pending, self.pending_tokens = [], 0
+    def _finish(self) -> None:
+        assert self._file is not None
+        name = self._name
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self.out / (name + ".partial"), self.out / name)
+        self.shards.append(Shard(name, self._tokens, self._hash.hexdigest()))
+        self._file, self._tokens = None, 0
 
 
 def _reusable(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from node.training.dataset import run_sampler
 from node.training.partition import model_for_run, plan_partition
 from node.training.settings import TrainingSettings
-from node.training.shards import data_vocab
+from node.training.shards import run_vocab
 from node.training.trainer import WholeModelTrainer
 from node.training.validation import due, run_validation_batches, validation_loss
 
@@ -35,7 +35,10 @@ class ReferenceRun:
 def whole_model_run(training: TrainingSettings, iterations: int) -> ReferenceRun:
     """The whole model trained alone for ``iterations`` iterations of the run's microbatches."""
     config = model_for_run(
-        training.model, training.seq_len, training.stages, data_vocab(training.data)
+        training.model,
+        training.seq_len,
+        training.stages,
+        run_vocab(training.data, training.vocab_size),
     )
     trainer = WholeModelTrainer(plan_partition(config, training.stages), training, training.seed)
     sampler = run_sampler(training.data, training.batch_size, training.seq_len, training.seed)

@@ -78,6 +78,10 @@ class TrainingSettings:
     #: it; the model's vocabulary is its tokenizer's. "" trains on the shipped Tiny Shakespeare
     #: text with the byte tokenizer.
     data: str = ""
+    #: The run's vocabulary where ``training.data`` is not set (a relay holds no data set, yet
+    #: its model must be the run's): the data set's tokenizer's, as ``data prepare`` prints it.
+    #: 0: the data set's, or the byte tokenizer's (256) without one.
+    vocab_size: int = 0
     #: Data node: evaluate the data set's validation windows every this many iterations (0:
     #: never), ``validation_windows`` of them.
     validation_every: int = 0
@@ -112,6 +116,8 @@ class TrainingSettings:
                 f"training.data_shard={self.data_shard} must be within 0..data_nodes-1 "
                 f"(data_nodes={self.data_nodes}): give each data node its own shard"
             )
+        if self.vocab_size < 0:
+            raise ModelConfigError(f"training.vocab_size={self.vocab_size} must be >= 0")
         if self.validation_every < 0 or self.validation_windows < 1:
             raise ModelConfigError(
                 "training.validation_every must be >= 0 and training.validation_windows >= 1"

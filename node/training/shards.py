@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from gwtf.errors import ConfigError
+from node.training.config import BYTE_VOCAB_SIZE
 
 MANIFEST_FILE = "manifest.json"
 FORMAT = "gwtf-data-1"
@@ -222,7 +223,16 @@ def _plain_name(name: object) -> str:
     return name
 
 
-def data_vocab(data: str) -> int | None:
-    """The vocabulary of the data set ``data`` names (its manifest or folder); None for ""
-    (the shipped corpus and its byte tokenizer)."""
-    return load_manifest(data).vocab_size if data else None
+def run_vocab(data: str, vocab_size: int = 0) -> int:
+    """The run's vocabulary: the data set's tokenizer's (``data``: its manifest or folder), else
+    ``vocab_size`` (``training.vocab_size``, a node without the data set), else the byte
+    tokenizer's."""
+    if not data:
+        return vocab_size or BYTE_VOCAB_SIZE
+    vocab = load_manifest(data).vocab_size
+    if vocab_size and vocab_size != vocab:
+        raise ConfigError(
+            f"training.vocab_size={vocab_size} but data set {data} has a vocabulary of {vocab}; "
+            "drop training.vocab_size"
+        )
+    return vocab

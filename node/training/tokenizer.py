@@ -46,7 +46,20 @@ class RunTokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return int(self._tokenizer().get_vocab_size(with_added_tokens=True))
+        """The model's vocabulary: the highest id plus one (a tokenizer's ids may skip some,
+        and the embedding must hold every id it gives)."""
+        cached = self.__dict__.get("_vocab")
+        if cached is None:
+            ids = self._tokenizer().get_vocab(with_added_tokens=True).values()
+            cached = max(ids, default=-1) + 1
+            object.__setattr__(self, "_vocab", cached)
+        return int(cached)
+
+    def check(self) -> None:
+        """Load the file (a ``ValueError`` if it is not a tokenizer) and check its
+        end-of-document id."""
+        if not 0 <= self.eod_id < self.vocab_size:
+            raise ValueError(f"end-of-document id {self.eod_id} outside the vocabulary")
 
     @property
     def eod_token(self) -> str:
@@ -70,7 +83,10 @@ class RunTokenizer:
         if cached is None:
             from tokenizers import Tokenizer
 
-            cached = Tokenizer.from_str(self.json_text)  # loaded once per object
+            try:
+                cached = Tokenizer.from_str(self.json_text)  # loaded once per object
+            except Exception as exc:  # the library raises a bare Exception on a bad file
+                raise ValueError(" ".join(str(exc).split())) from None
             object.__setattr__(self, "_loaded", cached)
         return cached
 

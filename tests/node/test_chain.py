@@ -69,7 +69,7 @@ class FakeWorld:
             RunInfo(self.runs, self.sponsor, RUN.stage_count, RUN.epoch_length_s,
                     RUN.units_per_hop, RUN.reward_per_epoch_wei, RUN.challenge_window_s,
                     RUN.min_stake_wei, funding_wei, False, RUN.model_config_hash,
-                    RUN.hop_price_wei)
+                    RUN.hop_price_wei, RUN.dataset_hash)
         )  # fmt: skip
         return self.runs
 
@@ -150,8 +150,8 @@ def test_run_info_reports_the_opened_run(world: World) -> None:
     run_id = world.open_run(5 * ETH)
     run = world.port.run_info(run_id)
     assert run == RunInfo(
-        run_id, world.sponsor, 3, 600, 10, ETH, 600, 2 * ETH, 5 * ETH, False, RUN.model_config_hash,
-        10**14,
+        run_id, world.sponsor, 3, 600, 10, ETH, 600, 2 * ETH, 5 * ETH, False,
+        RUN.model_config_hash, 10**14, RUN.dataset_hash,
     )  # fmt: skip
     assert world.port.run_info(run_id + 1) is None
 

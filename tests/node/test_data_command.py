@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gwtf.errors import ConfigError
 from node.cli.main import main
 
 
@@ -73,8 +74,8 @@ def test_a_run_opened_with_a_data_set_commits_to_its_manifest_hash(
 
     source = corpus(tmp_path / "corpus")
     prepared = cli_json(capsys, "data", "prepare", str(source), "--out", str(tmp_path / "set"),
-                        "--val-fraction", "0.1")  # fmt: skip
-    assert isinstance(prepared, dict)
+                        "--val-fraction", "0.1", "--train-tokenizer", "300")  # fmt: skip
+    assert isinstance(prepared, dict) and prepared["vocab_size"] != 256
     chain = ("--devnet-file", str(devnet_file))
     wallet, address = new_wallet(tmp_path, "sponsor")
     cli_json(capsys, *chain, "fund", "--to", address, "--eth", "5")
@@ -86,4 +87,29 @@ def test_a_run_opened_with_a_data_set_commits_to_its_manifest_hash(
     settings = load_settings({"chain.devnet_file": str(devnet_file)}, env={})
     contracts, _ = open_contracts(settings)
     run = contracts.ledger.functions.getRun(opened["run_id"]).call()
-    assert "0x" + run[12].hex() == prepared["dataset_hash"]  # Run.datasetHash
+    assert "0x" + run[12].hex() == prepared["dataset_hash"]
+    # The run commits to the data set and to the model it sizes (its vocabulary): the chain
+    # says both, and a data node, ``start`` and ``export`` refuse another data set.
+    from node.chain.actions import RunModel, check_run_dataset
+    from node.composition import run_dataset_hash
+    from node.training.settings import TrainingSettings
+
+    info = contracts.port().run_info(opened["run_id"])
+    assert info is not None and "0x" + info.dataset_hash.hex() == prepared["dataset_hash"]
+    relay = TrainingSettings(stages=2, vocab_size=prepared["vocab_size"])  # no data set
+    assert RunModel.of(relay).config_hash == info.model_config_hash
+    assert RunModel.of(TrainingSettings(stages=2)).config_hash != info.model_config_hash
+    with pytest.raises(ConfigError, match=f"trains on data set {prepared['dataset_hash']}"):
+        check_run_dataset(opened["run_id"], info.dataset_hash, "")
+    check_run_dataset(opened["run_id"], info.dataset_hash, str(tmp_path / "set"))
+    node = {
+        "chain.devnet_file": str(devnet_file),
+        "chain.run_id": opened["run_id"],
+        "chain.admission": True,
+        "node.role": "data",
+        "node.stage": 0,
+    }
+    data_node = load_settings({**node, "training.data": str(tmp_path / "set")}, env={})
+    assert run_dataset_hash(data_node) == info.dataset_hash.hex()
+    with pytest.raises(ConfigError, match=r"not on the shipped corpus; set training\.data"):
+        run_dataset_hash(load_settings(node, env={}))

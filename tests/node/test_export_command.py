@@ -26,6 +26,7 @@ from node.chain.actions import (
     Capacity,
     Contracts,
     RunConfig,
+    RunModel,
     add_data_node,
     join_run,
     model_config_hash,
@@ -46,6 +47,7 @@ from node.training.config import named_config
 from node.training.data import MicrobatchSampler, load_default_corpus
 from node.training.local_pipeline import LocalPipeline
 from node.training.partition import plan_partition
+from node.training.prepare import PrepareOptions, prepare
 from node.training.settings import TrainingSettings
 from node.training.trainer import PartTrainer
 from tests.node.conftest import TEST_GAS_LIMIT
@@ -76,7 +78,15 @@ def open_run_with_nodes(
     contracts: Contracts, sponsor: Sender, wallet: Sender, model: str
 ) -> RunNodes:
     config = RunConfig(
-        model_config_hash(model, STAGES), DATASET_HASH, STAGES, 600, 10, ETH, 600, 2 * ETH, 10**14
+        model_config_hash(RunModel.of(TrainingSettings(model=model, stages=STAGES))),
+        DATASET_HASH,
+        STAGES,
+        600,
+        10,
+        ETH,
+        600,
+        2 * ETH,
+        10**14,
     )
     run_id = open_run(contracts, sponsor, config, 5 * ETH)
     keys = [bytes(Account.create().key) for _ in range(5)]
@@ -165,10 +175,11 @@ def honest(run: RunNodes, pipeline: LocalPipeline) -> list[Served]:
 
 def export(
     capsys: pytest.CaptureFixture[str], devnet_file: Path, run: RunNodes, out: Path,
-    *peers: str, json_out: bool = True, model: str | None = None,
+    *peers: str, json_out: bool = True, model: str | None = None, data: str = "",
 ) -> tuple[int, Any, str]:  # fmt: skip
     argv = ["--devnet-file", str(devnet_file), "export", "--run", str(run.run_id)]
     argv += ["--out", str(out), "--model", model or run.model, "--timeout-s", "5"]
+    argv += ["--data", data]
     argv += [flag for peer in peers for flag in ("--peer", peer)]
     code = main([*argv, "--json"] if json_out else argv)
     printed, err = capsys.readouterr()
@@ -336,7 +347,15 @@ def test_a_non_empty_out_dir_another_model_and_unreachable_peers_are_refused(
     code, _, err = export(capsys, devnet_file, run, tmp_path / "m", unreachable_address(),
                           model="llama-tiny")  # fmt: skip
     assert code == 2
-    assert_one_line_error(err, "trains another model than 'llama-tiny'")
+    assert_one_line_error(err, "trains another model than llama-tiny, 2 stages")
+    # A data set of the same vocabulary (bytes) is still not the run's.
+    (tmp_path / "corpus.txt").write_text("Some words.\n\nOther words.\n")
+    data = prepare(PrepareOptions((tmp_path / "corpus.txt",), tmp_path / "set", val_fraction=0))
+    code, _, err = export(capsys, devnet_file, run, tmp_path / "m", unreachable_address(),
+                          data=str(tmp_path / "set"))  # fmt: skip
+    assert code == 2
+    assert_one_line_error(err, "trains on the shipped corpus, not on training.data")
+    assert data.manifest.digest in err
     code, _, err = export(capsys, devnet_file, run, tmp_path / "m", unreachable_address())
     assert code == 5
     assert_one_line_error(err, "none of the 1 peers given answered")

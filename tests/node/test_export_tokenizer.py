@@ -5,6 +5,7 @@ and for the byte tokenizer of the shipped corpus."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +109,19 @@ def test_the_shipped_corpus_exports_the_byte_tokenizer(tmp_path: Path) -> None:
     )
     assert generated.shape == (1, 8)
     assert "not measured" in (out / "README.md").read_text()
+
+
+def test_the_model_card_counts_the_windows_it_evaluated(dataset: Manifest, tmp_path: Path) -> None:
+    config, tensors = trained("gpt", dataset)
+    result = export_model(config, tensors, tmp_path / "a", summary(config), dataset, 10**6)
+    held = (dataset.val_tokens - 1) // config.block_size
+    assert 0 < result["validation_windows"] == held < 10**6
+    assert f"first {held} validation windows" in (tmp_path / "a" / "README.md").read_text()
+    # A validation split shorter than the context is said to be so, not to be missing (a
+    # Llama's weights do not depend on its context).
+    config, tensors = trained("llama", dataset)
+    short = replace(config, block_size=dataset.val_tokens)
+    result = export_model(short, tensors, tmp_path / "b", summary(config), dataset)
+    assert result["validation_loss"] is None and result["validation_windows"] == 0
+    card = (tmp_path / "b" / "README.md").read_text()
+    assert f"holds no window of {dataset.val_tokens + 1} tokens" in card

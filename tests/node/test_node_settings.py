@@ -184,6 +184,31 @@ def test_the_example_swarm_files_load_and_their_node_files_validate(
         assert settings.flow.routing == plan.run["routing"]
 
 
+def test_a_swarm_file_data_set_trains_its_data_nodes_and_sizes_its_relays(tmp_path: Path) -> None:
+    """The data nodes get the data set; the relays, without it, its vocabulary; the run
+    commits to its manifest's hash and to that vocabulary."""
+    from node.chain.actions import RunModel, dataset_hash_of
+    from node.swarm.plan import node_settings, plan_from_file, run_model_of, write_node_settings
+    from node.training.prepare import PrepareOptions, prepare
+
+    (tmp_path / "c.txt").write_text("".join(f"document {i} of the corpus.\n\n" for i in range(99)))
+    manifest = prepare(
+        PrepareOptions((tmp_path / "c.txt",), tmp_path / "set", train_vocab=280)
+    ).manifest
+    (tmp_path / "swarm.toml").write_text(f'[run]\ndata = "{tmp_path / "set"}"\n')
+    plan = plan_from_file(tmp_path / "swarm.toml", tmp_path / "out")
+    loaded = {}
+    for role, stage in (("data", 0), ("relay", 1)):
+        written = write_node_settings(plan, node_settings(plan, f"{role}-x", role, stage, 0))
+        loaded[role] = load_settings(env={}, config_file=written).training
+    assert loaded["data"].data == str(tmp_path / "set")
+    assert not loaded["relay"].data and loaded["relay"].vocab_size == manifest.vocab_size
+    run = run_model_of(plan)
+    assert run == RunModel.of(loaded["data"]) == RunModel.of(loaded["relay"])
+    assert run.vocab_size == manifest.vocab_size
+    assert dataset_hash_of(plan.run["data"]).hex() == manifest.digest
+
+
 @pytest.mark.parametrize(
     ("body", "fragment"),
     [

@@ -12,7 +12,7 @@ import trio
 from libp2p.peer.id import ID
 
 from gwtf.errors import ConfigError
-from node.chain.actions import Contracts
+from node.chain.actions import DATASET_HASH, Contracts, RunModel
 from node.chain.adapter import Sender, connect
 from node.chain.wallet import open_wallet, read_keystore_address
 from node.composition import admission_from_settings
@@ -26,9 +26,14 @@ from node.swarm.chain import (
     open_swarm_run,
     start_swarm_chain,
 )
+from node.training.settings import TrainingSettings
 from tests.node.conftest import TEST_GAS_LIMIT
 
 ETH = 10**18
+
+
+def run_model(stages: int) -> RunModel:
+    return RunModel.of(TrainingSettings(model="gpt-tiny", stages=stages))
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +43,7 @@ def swarm_chain(devnet: RunningDevnet, tmp_path_factory: pytest.TempPathFactory)
     sponsor = Sender.unlocked(devnet.info.accounts[0].address)
     out = tmp_path_factory.mktemp("swarm")
     plan = ChainPlan(stake_eth=1.5, reward_pool_eth=4.0)
-    chain = open_swarm_run(rpc_contracts, sponsor, plan, out, 2, "gpt-tiny")
+    chain = open_swarm_run(rpc_contracts, sponsor, plan, out, run_model(2))
     chain.rpc_url = devnet.info.rpc_url
     chain.register("data", capacity=2, data_node=True)
     chain.register("relay-1-0", capacity=2)
@@ -143,7 +148,7 @@ def test_a_swarm_can_use_a_running_chain_and_its_contracts(
     devnet: RunningDevnet, devnet_file: Path, tmp_path: Path
 ) -> None:
     plan = ChainPlan(rpc_url=devnet.info.rpc_url, devnet_file=str(devnet_file))
-    chain = start_swarm_chain(plan, tmp_path, 3, "gpt-tiny", log=None)
+    chain = start_swarm_chain(plan, tmp_path, run_model(3), DATASET_HASH, log=None)
     assert chain.devnet is None, "no devnet of its own"
     assert chain.contracts.registry.address == devnet.info.contracts["NodeRegistry"]
     run = chain.contracts.port().run_info(chain.run_id)
@@ -155,7 +160,9 @@ def test_a_swarm_can_use_a_running_chain_and_its_contracts(
 def test_a_swarm_deploys_the_contracts_on_a_running_chain_without_a_devnet_file(
     devnet: RunningDevnet, tmp_path: Path
 ) -> None:
-    chain = start_swarm_chain(ChainPlan(rpc_url=devnet.info.rpc_url), tmp_path, 2, "gpt-tiny", None)
+    chain = start_swarm_chain(
+        ChainPlan(rpc_url=devnet.info.rpc_url), tmp_path, run_model(2), DATASET_HASH, None
+    )
     assert chain.contracts.registry.address != devnet.info.contracts["NodeRegistry"]
     assert chain.contracts.port().run_info(chain.run_id) is not None
 
@@ -187,7 +194,9 @@ def test_swarm_processes_do_not_inherit_the_callers_settings(
 
 
 def test_a_swarm_serves_its_devnet_on_the_host_its_plan_names(tmp_path: Path) -> None:
-    chain = start_swarm_chain(ChainPlan(host="127.0.0.2"), tmp_path, 2, "gpt-tiny", None)
+    chain = start_swarm_chain(
+        ChainPlan(host="127.0.0.2"), tmp_path, run_model(2), DATASET_HASH, None
+    )
     try:
         assert chain.rpc_url.startswith("http://127.0.0.2:"), chain.rpc_url
         assert chain.contracts.port().run_info(chain.run_id) is not None

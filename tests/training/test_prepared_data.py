@@ -22,7 +22,7 @@ from node.training.reference import whole_model_run
 from node.training.settings import TrainingSettings
 from node.training.shards import load_manifest
 from node.training.tokenizer import byte_tokenizer, load_tokenizer, train_tokenizer
-from node.training.window_map import epoch_key, permute
+from node.training.window_map import epoch_key, permute, window_of_row
 
 WORDS = [
     "the",
@@ -224,6 +224,19 @@ def test_the_window_map_is_a_permutation(count: int) -> None:
     assert sorted(permute(i, count, key) for i in range(count)) == list(range(count))
 
 
+def test_the_window_map_gives_the_same_windows_in_every_version() -> None:
+    """Fixed outputs: nodes of different versions must read the same windows for an id, so a
+    change here is a change of protocol, never a refactoring."""
+    digest = "ab" * 32
+    assert epoch_key(digest, 7, 0).hex() == (
+        "409a3d3a098b7748b53794ba90a3870416e46bd1fb914679596645beb609862b"
+    )
+    rows = [window_of_row(r, 1000, digest, 7) for r in (0, 1, 2, 999, 1000, 12345)]
+    assert rows == [(0, 73), (0, 646), (0, 143), (0, 948), (1, 982), (12, 973)]
+    key = epoch_key(digest, 0, 0)
+    assert [permute(i, 10, key) for i in range(10)] == [8, 2, 1, 7, 9, 5, 6, 0, 4, 3]
+
+
 def test_microbatches_come_from_the_data_set_hash_and_id_alone(tmp_path: Path) -> None:
     inputs = write_corpus(tmp_path / "corpus")
     manifest = prepare(options(inputs, tmp_path / "set")).manifest
@@ -244,8 +257,8 @@ def test_microbatches_come_from_the_data_set_hash_and_id_alone(tmp_path: Path) -
     assert set(second_epoch) == set(first_epoch) and second_epoch != first_epoch
     other_seed = ShardSampler(manifest, 1, 16, seed=6)
     assert [other_seed.window(r) for r in range(one.windows)] != first_epoch
-    shard, start = one.window(0)
-    assert torch.equal(one(0)[0][0], torch.from_numpy(manifest.read(shard, start, 16)))
+    start = one.window(0)
+    assert torch.equal(one(0)[0][0], torch.from_numpy(one.stream.read(start, 16)))
     with pytest.raises(ConfigError, match="not the run's data set hash"):
         ShardSampler(manifest, 1, 16, expected_digest="00" * 32)
 
@@ -273,3 +286,85 @@ def test_validation_windows_are_fixed_and_the_reference_reports_their_loss(
     assert len(run.losses) == 4
     assert [i for i, _ in run.validation] == [1, 3]
     assert all(2.0 < loss < 7.0 for _, loss in run.validation)  # about ln(300) = 5.7 at first
+
+
+def test_many_small_files_lose_no_windows(tmp_path: Path) -> None:
+    """Two hundred files of ~1,250 tokens each: the split is one stream, so at seq_len 1024 at
+    most one window's tokens go unread, in training and in validation alike."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(200):
+        (corpus / f"{i:03d}.txt").write_text(" ".join(paragraphs(60, seed=i))[:1250])
+    out = tmp_path / "set"
+    manifest = prepare(
+        PrepareOptions((corpus,), out, doc_split="file", val_fraction=0.1, shard_tokens=10**6)
+    ).manifest
+    assert len(manifest.train) + len(manifest.val) == 200  # a shard per file
+    sampler = ShardSampler(manifest, 2, 1024)
+    assert sampler.windows == (manifest.train_tokens - 1) // 1024
+    assert sampler.stream.unused(1024) <= 1024
+    assert sampler.windows * 1024 > 0.99 * manifest.train_tokens - 1024
+    # Every window reads across files where it must: its tokens are the stream's.
+    stream = np.concatenate([manifest.read(s, 0, s.tokens) for s in manifest.train])
+    inputs, targets = sampler(5)
+    for row in range(2):
+        start = sampler.window(5 * 2 + row)
+        assert torch.equal(inputs[row], torch.from_numpy(stream[start : start + 1024]))
+        assert torch.equal(targets[row], torch.from_numpy(stream[start + 1 : start + 1025]))
+    batches = validation_batches(manifest, 4, 1024, 10**6)
+    assert sum(len(x) for x, _ in batches) == (manifest.val_tokens - 1) // 1024 > 10
+
+
+def test_an_out_folder_inside_the_corpus_is_no_input(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    inputs = write_corpus(corpus)
+    first = prepare(options([corpus], corpus / "set"))
+    assert first.files_read == len(inputs)
+    # Resumed, the shards written beside the corpus (.bin files) are not read as tokens.
+    again = prepare(options([corpus], corpus / "set"))
+    assert (again.files_reused, again.files_read) == (len(inputs), 0)
+    assert again.manifest.digest == first.manifest.digest
+    with pytest.raises(ConfigError, match="lies inside --out"):
+        prepare(options([corpus / "set"], corpus))
+
+
+def test_a_damaged_tokenizer_record_is_trained_again(tmp_path: Path) -> None:
+    inputs = write_corpus(tmp_path / "corpus")
+    manifest = prepare(options(inputs, tmp_path / "set", train_vocab=300)).manifest
+    record = tmp_path / "set" / ".prepare" / "tokenizer.json"
+    for damage in ('{"key": 1}', "{", json.dumps({**json.loads(record.read_text()), "json": "x"})):
+        record.write_text(damage)
+        again = prepare(options(inputs, tmp_path / "set", train_vocab=300)).manifest
+        assert again.digest == manifest.digest
+
+
+def test_the_vocabulary_is_the_highest_id_plus_one(tmp_path: Path) -> None:
+    """A tokenizer whose ids skip some: the model's vocabulary must hold its highest id."""
+    vocab = {"a": 0, "b": 1, "<|endoftext|>": 70_000}
+    text = json.dumps(
+        {
+            "version": "1.0",
+            "truncation": None,
+            "padding": None,
+            "added_tokens": [],
+            "normalizer": None,
+            "pre_tokenizer": None,
+            "post_processor": None,
+            "decoder": None,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "a"},
+        }
+    )
+    (tmp_path / "tokenizer.json").write_text(text)
+    tokenizer = load_tokenizer(tmp_path / "tokenizer.json")
+    assert tokenizer.vocab_size == 70_001
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "t.txt").write_text("a b a\n\nb b\n")
+    manifest = prepare(
+        PrepareOptions(
+            (tmp_path / "c",),
+            tmp_path / "set",
+            tokenizer=tmp_path / "tokenizer.json",
+            val_fraction=0,
+        )
+    ).manifest
+    assert (manifest.vocab_size, manifest.dtype, manifest.eod_id) == (70_001, "uint32", 70_000)

@@ -104,6 +104,9 @@ class IterationResult:
     #: The swarm's model's loss on the data set's validation windows after this iteration's
     #: step (every ``training.validation_every`` iterations; ``roles/validation.py``).
     validation_loss: float | None = None
+    #: Two relays of every stage served the weights it was measured on; False: one relay's
+    #: word (``roles/validation.py``).
+    validation_verified: bool = False
 
 
 @dataclass
