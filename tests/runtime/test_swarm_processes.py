@@ -3,9 +3,10 @@ registered relay joins, and a process whose libp2p id is not on chain is refused
 every hop leaves a receipt and the epochs are certified and claimed on chain, a relay killed and
 restarted included; two data nodes share a run and one comes back after a SIGKILL. All of them
 are `slow` (a devnet and four to seven OS processes each): the default run covers the same end to
-end on a small case with `gwtf-node demo --quick` (tests/node/test_demo.py: a crash, a join, the
-audit slashing a cheater, every node paid), `gwtf-node swarm` (tests/node/test_swarm_command.py)
-and re-execution with its tensor dispute over real hosts (tests/contracts/test_reexecution_audit.py)."""
+end on a small case with `gwtf-node demo --quick` (tests/node/test_demo.py: a crash, a join,
+the audit slashing a cheater, every node paid), `gwtf-node swarm`
+(tests/node/test_swarm_command.py) and re-execution with its tensor dispute over real hosts
+(tests/contracts/test_reexecution_audit.py)."""
 
 from __future__ import annotations
 
