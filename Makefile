@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install demo test test-all lint typecheck contracts bench-gas bench-sim bench-engine bench-devnet clean
+.PHONY: install demo test test-slow test-all lint typecheck contracts bench-gas bench-sim bench-engine bench-devnet clean
 
 install: $(STAMP)
 
@@ -21,6 +21,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# Only the `slow` tests: the long live swarms of OS processes and the deep stateful run.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m "slow or not slow"

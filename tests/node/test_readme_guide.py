@@ -3,7 +3,9 @@ the order written, as processes of the installed ``gwtf-node``, against a sponso
 devnet. Only what the guide leaves to its reader is filled in: the network's URL and file, the
 run's id, the data node's address, the password (as ``GWTF_WALLET_PASSWORD``), test ETH for the
 new wallet, and chain time moved on. The volunteer's node starts before the data node, is
-stopped with work unclaimed, says so in ``status`` and again when restarted, and is paid."""
+stopped with work unclaimed, says so in ``status`` and again when restarted, and is paid. That
+run is `slow`; the default run checks that the guide's commands are still the ones it runs, and
+tests/node/test_start.py runs the same story through ``gwtf-node start`` processes."""
 
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ def test_the_guide_is_what_this_test_runs() -> None:
     assert steps == ["wallet", "register", "runs", "join", "start", "status", "earnings", "claim"]
 
 
+@pytest.mark.slow  # ~2 minutes on two cores: each step a process at the wallet's full scrypt cost
 def test_a_stranger_follows_the_readme_registers_starts_is_paid(
     capsys: pytest.CaptureFixture[str],
     devnet: RunningDevnet,

@@ -32,8 +32,9 @@ from node.chain.adapter import advance_time, advance_time_to
 from node.chain.epochs import EpochLedger
 from node.cli.start import _DIR_IN_USE, exclusive_lock
 from node.local_api.client import call_api
+from tests.node.conftest import FAST_SCRYPT_N
 from tests.node.test_cli import assert_one_line_error, run_cli
-from tests.node.test_cli_volunteer import cli_json, new_wallet
+from tests.node.test_cli_volunteer import PASSWORD, cli_json, new_wallet
 
 ITERATIONS = 6
 WEEK_S = 7 * 24 * 3600
@@ -128,12 +129,23 @@ CAPACITY = ("--capacity", "flags", "--gpu-model", "cpu", "--memory-mib", "4096",
             "--throughput", "600")  # fmt: skip
 
 
+def fast_node_key(wallet: Sequence[str], node_name: str) -> None:
+    """Make the node key ``register`` would make for ``wallet``'s ``node_name``, at the tests'
+    low scrypt cost: every command and node process opens it, ~1 s each at the default cost.
+    (tests/node/test_cli_volunteer.py has ``register`` make one itself.)"""
+    from node.chain.wallet import load_or_create_node_key, node_key_path
+
+    path = node_key_path(wallet[wallet.index("--wallet") + 1], node_name)
+    load_or_create_node_key(path, PASSWORD, scrypt_n=FAST_SCRYPT_N)
+
+
 def sponsored_run(
     capsys: pytest.CaptureFixture[str], chain: Sequence[str], tmp_path: Path, stages: int
 ) -> tuple[tuple[str, ...], str, dict[str, Any]]:
     """A sponsor's funded run of ``stages`` with its data node registered (node name "data")
     and named: the sponsor's wallet flags, the run id, what ``register`` said of the node."""
     sponsor, address = new_wallet(tmp_path, "sponsor")
+    fast_node_key(sponsor, "data")
     run_cli(capsys, *chain, "fund", "--to", address, "--eth", "10")
     opened = cli_json(capsys, *chain, "runs", "open", *sponsor, "--stages", str(stages),
                       "--reward-per-epoch-eth", "1", "--hop-price-eth", "0.0001",
@@ -175,6 +187,7 @@ def test_register_start_earn_claim_leave_unstake_withdraw(
     names = [f"relay-{i}" for i in range(2)]
     relay_nodes = []
     for (wallet, _), name in zip(volunteers, names, strict=True):
+        fast_node_key(wallet, name)
         relay_nodes.append(cli_json(capsys, *chain, "register", *wallet, "--node-name", name,
                                     "--stake-eth", "2", *CAPACITY)["node"])  # type: ignore[index]  # fmt: skip
         code, _, err = run_cli(capsys, *chain, "start", *wallet, "--node-name", name, "--run",

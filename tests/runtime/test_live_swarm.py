@@ -147,7 +147,12 @@ def run_two_data_nodes(tmp_path: Path, iterations: int, scenario: Scenario, swar
     trio.run(main)
 
 
-@pytest.mark.parametrize("identity", ["new", "same"])
+@pytest.mark.parametrize(
+    "identity",
+    # A new node waits out the dead one's probes (~40 s); "same" takes over the same way and
+    # also drops what was open to the old process, in the default run.
+    [pytest.param("new", marks=pytest.mark.slow), "same"],
+)
 def test_a_data_node_that_dies_is_left_out_and_a_new_one_takes_over_its_shard(
     tmp_path: Path, identity: str
 ) -> None:

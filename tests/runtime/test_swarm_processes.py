@@ -1,8 +1,12 @@
 """A swarm of real OS processes on loopback, with its chain: relays die by SIGKILL mid-hop, a
 registered relay joins, and a process whose libp2p id is not on chain is refused by everyone;
 every hop leaves a receipt and the epochs are certified and claimed on chain, a relay killed and
-restarted included; two data nodes share a run and one comes back after a SIGKILL (the receipts
-run, ~80 s, is the only one of these in the default run)."""
+restarted included; two data nodes share a run and one comes back after a SIGKILL. All of them
+are `slow` (a devnet and four to seven OS processes each): the default run covers the same end to
+end on a small case with `gwtf-node demo --quick` (tests/node/test_demo.py: a crash, a join,
+the audit slashing a cheater, every node paid), `gwtf-node swarm`
+(tests/node/test_swarm_command.py) and re-execution with its tensor dispute over real hosts
+(tests/contracts/test_reexecution_audit.py)."""
 
 from __future__ import annotations
 
@@ -155,6 +159,7 @@ def certified_units(
     return units
 
 
+@pytest.mark.slow  # a devnet and seven OS processes over 48 iterations: ~1-2 minutes on two cores
 def test_every_hop_earns_the_audit_slashes_the_two_cheaters_and_pays_the_honest_to_the_wei(
     tmp_path: Path,
 ) -> None:
@@ -259,6 +264,7 @@ audit_sample = 64
 """
 
 
+@pytest.mark.slow  # a devnet, OS processes and a jury, every hop re-executed: ~1-2 minutes
 def test_a_wrong_tensor_is_found_by_re_execution_and_a_drawn_jury_slashes_its_worker(
     tmp_path: Path,
 ) -> None:
