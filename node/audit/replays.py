@@ -234,7 +234,7 @@ async def _replay_one(
         if got is None
     ]  # fmt: skip
     if r.direction == BACKWARD and not forwards.get(_forward_key(r)):
-        return Replayed(entry, leaf, None, "nobody served the receipt of its forward")
+        return Replayed(entry, leaf, None, "no receipt of its forward is among those served")
     if input_frame is None or output_frame is None or weights is None or not forward_inputs:
         return Replayed(entry, leaf, None, f"nobody served its {', '.join(missing)}")
     state, weights_from, differ = weights

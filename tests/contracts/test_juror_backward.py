@@ -135,7 +135,7 @@ def test_a_forward_receipt_the_worker_does_not_serve_is_its_missing_evidence(
 ) -> None:
     made = worked_backward(staffed, tmp_path, wrong=False)
     vote, why = verdict(staffed, tmp_path, made, ["backward"])
-    assert vote == jury.WRONG and "receipt of its forward" in why
+    assert vote == jury.WRONG and "no receipt of its forward" in why
 
 
 @pytest.mark.parametrize("forger", ["counterparty", "worker"])
@@ -150,4 +150,4 @@ def test_a_forward_receipt_without_both_signatures_is_not_the_forward(
     signers = {"worker": (s.c, s.data), "counterparty": (s.a, s.c)}[forger]
     made["forward"] = s.w.signed(forward.receipt, *signers)
     vote, why = verdict(s, tmp_path, made, ["forward", "backward"])
-    assert vote == jury.WRONG and "receipt of its forward" in why
+    assert vote == jury.WRONG and "no receipt of its forward" in why
