@@ -243,6 +243,8 @@ def local_api_from_settings(settings: Settings) -> LocalApi | None:
 
 
 def evidence_epochs_of(run: RunInfo) -> int:
-    """Epochs of hop evidence a relay keeps for ``run``: the epoch it works in, the one being
-    certified, and every epoch whose challenge window is still open."""
+    """Epochs whose new hops a relay keeps evidence of for ``run``: the epoch it works in, the
+    one being certified, and every epoch whose challenge window is still open. Kept evidence
+    goes only once its epoch is settled with no dispute open
+    (``node.receipts.evidence.prune_settled_evidence``), never by this count."""
     return 2 + -(-run.challenge_window_s // max(1, run.epoch_length_s))

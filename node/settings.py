@@ -164,8 +164,9 @@ class ChainSettings:
     #: Where a relay keeps each hop's input and output frames and its stage's state at each
     #: iteration, for auditors to re-execute (``node.store.evidence``); "" keeps nothing.
     evidence_dir: str = ".gwtf/evidence"
-    #: Epochs of evidence kept; 0 keeps what the run's challenge window needs (the epoch being
-    #: worked, the one being certified and those still open to disputes).
+    #: Epochs whose hops' evidence is kept; 0 takes what the run's challenge window needs (the
+    #: epoch being worked, the one being certified and those still open to disputes). Kept
+    #: evidence goes once its epoch is settled on chain with no dispute of it open.
     evidence_epochs: int = 0
     #: A relay claims each settled epoch by itself; off, it claims only when asked
     #: (``gwtf-node claim``, or ``POST /v1/claim`` on its API).

@@ -583,8 +583,8 @@ async def _run_receipts(parts: ReceiptParts) -> None:
         if parts.evidence is not None:
             ledger, clock = parts.cycle.ledger, parts.clock
             nursery.start_soon(
-                prune_settled_evidence, parts.evidence, ledger, lambda: clock.now, clock.period_s
-            )
+                prune_settled_evidence, parts.evidence, ledger, lambda: clock.read, clock.period_s
+            )  # the latest block's time, not one run on by the local clock
         if parts.cycle.ledger.wallet is None:
             log.warning("no wallet (chain.wallet_file): receipts are kept, nothing is sent")
         else:

@@ -129,15 +129,20 @@ def test_evidence_that_is_not_the_receipts_is_refused(hops: tuple) -> None:
         )
 
 
-def test_the_archive_keeps_a_frame_under_its_digest_and_prunes_old_epochs(tmp_path: Path) -> None:
+def test_the_archive_keeps_a_frame_under_its_digest_until_its_epoch_is_done(
+    tmp_path: Path,
+) -> None:
     archive = EvidenceArchive(tmp_path, keep_epochs=2)
     digest = archive.keep_frame(0, b"frame of epoch 0")
     assert archive.frame(0, digest) == b"frame of epoch 0"
     assert archive.frame(1, digest) is None and archive.bytes_of(0) == 16
-    archive.keep_frame(1, b"frame of epoch 1")
-    assert archive.frame(0, digest) is not None  # two epochs kept
-    archive.keep_frame(2, b"frame of epoch 2")
+    for epoch in (1, 2, 3):
+        archive.keep_frame(epoch, f"frame of epoch {epoch}".encode())
+    assert archive.frame(0, digest) is not None  # later epochs' hops delete nothing
+    # Epoch 1 is under dispute: it stays while epoch 0 goes.
+    assert archive.prune_settled(lambda epoch: epoch in (0, 2)) == [0, 2]
     assert archive.frame(0, digest) is None and archive.bytes_of(0) == 0
+    assert archive.kept_epochs() == [1, 3]
     assert not list(tmp_path.rglob("*.tmp"))
 
 
@@ -158,7 +163,7 @@ def test_two_saves_of_one_state_differ_in_bytes_but_not_in_verified_digest(tmp_p
         verified_digest(b"\xff" * 16)
 
 
-def test_with_a_clock_a_made_up_epoch_is_neither_kept_nor_prunes_anything(tmp_path: Path) -> None:
+def test_with_a_clock_a_made_up_epoch_is_never_kept(tmp_path: Path) -> None:
     now = [5]
     archive = EvidenceArchive(tmp_path, keep_epochs=2, epoch_now=lambda: now[0])
     kept = archive.keep_frame(5, b"frame of epoch 5")
@@ -168,9 +173,11 @@ def test_with_a_clock_a_made_up_epoch_is_neither_kept_nor_prunes_anything(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["5"]
     chunk = archive.frame_chunk(5, kept, 6, 5)
     assert chunk is not None and (chunk.total, chunk.data) == (16, b"of ep")
-    now[0] = 7  # epoch 5 is past its window: the next hop prunes it
+    now[0] = 7  # epoch 5 is past its window: no new hop of it is kept, the kept ones stay
     archive.keep_frame(7, b"frame of epoch 7")
-    assert archive.frame(5, kept) is None
+    archive.keep_frame(5, b"a late hop of epoch 5")
+    assert archive.frame(5, kept) is not None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["5", "7"] and archive.bytes_of(5) == 16
 
 
 def test_under_the_bf16_tolerance_a_1e3_error_is_honest_rounding(hops: tuple) -> None:
