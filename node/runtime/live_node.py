@@ -314,10 +314,16 @@ async def run_live_node(
 
         ready = trio.Event()
         books: list[AddressBook] = []  # the one made below, once it is
+        discoveries: list[RunDiscovery] = []  # likewise
 
         def republish() -> None:
+            # Its relay slots changed: peers must learn its circuits now, not at the card's
+            # next announcement a minute later (they would dial an address nobody can reach).
             for known in books:
                 known.own = own_record(rpc, config.region)
+            for found in discoveries:
+                if found.announced.is_set():
+                    nursery.start_soon(found.announce)
 
         relaying.loopback_only = loopback_only(rpc)
         await relaying.start(rpc, nursery, republish)
@@ -368,6 +374,7 @@ async def run_live_node(
         )
         discovery.relays_for_others = relaying.advertises_relay
         relaying.cards = discovery.cards.get
+        discoveries.append(discovery)
         nursery.start_soon(discovery.run)
         serve_dialbacks(rpc, book)
 
