@@ -131,7 +131,7 @@ def live_config_from_settings(settings: Settings, password: str | None = None) -
         bootstrap=p2p.bootstrap_peers,
         listen=p2p.listen,
         announce=p2p.announce,
-        reachable=p2p.reachable,
+        reachable=None if p2p.reachable == "auto" else bool(p2p.reachable),
         relay_service=p2p.relay_service == "on"
         or (p2p.relay_service == "auto" and node.role == DATA),
         relays=p2p.relays,

@@ -328,7 +328,8 @@ class ReachabilityMonitor:
     """Checks this node's reachability at start (once it has a peer to ask), whenever the
     addresses it advertises change, and every ``period_s``; ``on_verdict`` hears each result
     that says something. A check nobody could answer (witnesses busy or gone) never replaces a
-    known verdict, and is tried again every ``poll_s``."""
+    known verdict, and is tried again every ``poll_s`` (every ``first_poll_s`` while the node is
+    connected to no peer to ask)."""
 
     check: ReachabilityCheck
     addresses: Callable[[], list[str]]
@@ -337,6 +338,8 @@ class ReachabilityMonitor:
     wall_ms: Callable[[], int]
     period_s: float = 600.0
     poll_s: float = 10.0
+    #: How soon it looks again for a peer to ask while it has none.
+    first_poll_s: float = 1.0
     current: Reachability | None = None
 
     async def run(self) -> None:
@@ -357,4 +360,5 @@ class ReachabilityMonitor:
                 if result.reachable is not None or not known:
                     self.current = result
                     self.on_verdict(result)
-            await trio.sleep(self.poll_s)
+            # Waiting for a first peer to ask costs nothing: look again soon.
+            await trio.sleep(self.poll_s if witnesses else min(self.poll_s, self.first_poll_s))
