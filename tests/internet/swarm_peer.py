@@ -96,7 +96,7 @@ async def report_circuits(node: LiveNode) -> None:
 
 def main() -> None:
     torch.set_num_threads(1)
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(relativeCreated)6d %(name)s: %(message)s")
     for name in ("node.runtime", "node.p2p.reachability", "node.p2p.relay"):
         logging.getLogger(name).setLevel(logging.INFO)
     if sys.argv[1] == "data":
