@@ -45,6 +45,7 @@ def printed(lines: Lines, timeout_s: float, enough: Callable[[list[str]], bool])
     return seen
 
 
+@pytest.mark.slow  # five OS processes loading torch: 80-125 s on two shared cores
 def test_a_swarm_with_every_relay_at_home_trains_to_the_reference_losses_across_a_link_cut(
     bed: Bed,
 ) -> None:
