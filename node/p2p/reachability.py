@@ -193,7 +193,9 @@ class DialbackService:
         allowed = set(self.claimed(peer))
         strangers = [a for a in addresses if a not in allowed and _ip_of(a) != observed]
         if strangers:
-            raise ProtocolError(f"asked to dial {strangers[0][:80]!r}, not an address it claimed")
+            # Declined, not charged: this node's copy of the requester's record may lag (a
+            # hint names one address; a node behind NAT puts its circuits first).
+            raise Decline(f"asked to dial {strangers[0][:80]!r}, not an address it claimed")
         refused = self.rate.take(peer, trio.current_time())
         if refused is not None:
             raise Decline(refused)

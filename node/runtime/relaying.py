@@ -166,7 +166,9 @@ class Relaying:
                     "p2p.reachable is false but no relay is known: set p2p.relays or "
                     "p2p.bootstrap_peers to reachable nodes"
                 )
-            log.warning("peers may not reach this node and no relay is known: set p2p.relays")
+            # Said once the check has found it unreachable (``describe``), not before: a data
+            # node, which has no bootstrap peers, is usually public.
+            log.info("no relay known to hold a slot at until peers are known to reach this node")
             return None
         slots = RelaySlots(self._rpc.host, relays, on_change=self._on_change)
         scope = trio.CancelScope()

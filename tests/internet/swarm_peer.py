@@ -10,23 +10,28 @@ for nodes behind NAT (as a data node does by default), prints ``address A``, the
 for each of the first ITERATIONS it trains and ``done``; it trains and relays on until killed.
 ``relay`` joins stage STAGE through the data node (dialling it until it answers) and prints
 ``address A``, each reachability verdict as ``reach True|False|None LINE`` (``LINE`` what
-``gwtf-node start`` prints), and ``relayed S`` once a connection to a relay of stage S runs
-through a relay; it serves until killed.
+``gwtf-node start`` prints), ``relayed S`` once a connection to a relay of stage S runs
+through a relay, and ``down T`` / ``up T`` (wall clock) when the data node stops or starts
+answering again; it serves until killed.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 
 import torch
 import trio
 from libp2p.peer.id import ID
 
+from node.p2p.host import peer_info
 from node.p2p.identity import identity_from_key
+from node.p2p.keepalive import ALIVE_PROTOCOL
 from node.p2p.reachability import Reachability
 from node.p2p.relay import is_relayed
+from node.p2p.rpc import PeerUnavailable, RpcLimits
 from node.runtime.live_node import LiveNode, run_live_node
 from node.runtime.roles.data import DataRole
 from tests.runtime.swarm_harness import node_config
@@ -78,6 +83,7 @@ async def relay(stage: int, data_address: str) -> None:
         def started(node: LiveNode) -> None:
             say("address", node.address)
             nursery.start_soon(report_circuits, node)
+            nursery.start_soon(report_link, node, peer_info(data_address).peer_id)
 
         await run_live_node(config, started)
 
@@ -94,9 +100,27 @@ async def report_circuits(node: LiveNode) -> None:
         await trio.sleep(0.2)
 
 
+async def report_link(node: LiveNode, data_node: ID) -> None:
+    """Ask the data node every 0.2 s whether it is there; say ``down T`` at the first
+    unanswered question and ``up T`` at the first answer after that (wall clock)."""
+    down = False
+    while True:
+        try:
+            await node.rpc.request(data_node, ALIVE_PROTOCOL, b"", RpcLimits(0, 0, 1.0))
+        except PeerUnavailable:
+            if not down:
+                down = True
+                say("down", time.time())
+        else:
+            if down:
+                down = False
+                say("up", time.time())
+        await trio.sleep(0.2)
+
+
 def main() -> None:
     torch.set_num_threads(1)
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(relativeCreated)6d %(name)s: %(message)s")
     for name in ("node.runtime", "node.p2p.reachability", "node.p2p.relay"):
         logging.getLogger(name).setLevel(logging.INFO)
     if sys.argv[1] == "data":
