@@ -26,13 +26,11 @@ After every step:
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -41,7 +39,6 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from hypothesis.stateful import run_state_machine_as_test as run_machine_as_test
 
 from contracts import fraud_proofs
 from contracts.bindings import ContractRevert
@@ -61,6 +58,7 @@ from tests.contracts.jury import (
     seat_jurors,
     vote,
 )
+from tests.contracts.test_stateful import run_on_own_thread
 from tests.contracts.world import ETH, NodeKey, World
 
 CLAIM_PERIOD_S = 90 * 24 * 3600  # WorkLedger.CLAIM_PERIOD_S
@@ -367,31 +365,7 @@ class CollusionMachine(RuleBasedStateMachine):
 
 
 def run_collusion(world: World, examples: int, steps: int) -> None:
-    """On a thread of its own, as test_stateful's machine (py-evm recursion on a deep stack)."""
-    failure: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            run_machine_as_test(
-                lambda: CollusionMachine(world),
-                settings=settings(
-                    max_examples=examples,
-                    stateful_step_count=steps,
-                    deadline=None,
-                    suppress_health_check=[
-                        HealthCheck.function_scoped_fixture,
-                        HealthCheck.too_slow,
-                    ],
-                ),
-            )
-        except BaseException as error:  # re-raised on the test's thread
-            failure.append(error)
-
-    thread = threading.Thread(target=target, name="collusion machine")
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
+    run_on_own_thread(lambda: CollusionMachine(world), examples, steps)
 
 
 class Script:
