@@ -22,17 +22,13 @@ from node.audit import jury
 from node.audit.reexecute import Replayer
 from node.receipts.cheats import WRONG_TENSOR_SCALE
 from node.store.database import open_database
-from node.store.evidence import EvidenceArchive
 from node.store.hops import HopStore, ToSign
 from node.training import codec
-from node.training.checkpoint import holds_state_of, save_part_state
 from node.training.codec import CodecLimits
-from node.training.config import named_config
-from node.training.partition import plan_partition
 from node.training.settings import TrainingSettings
-from node.training.stage_worker import StageWorker
 from tests.contracts.conftest import Staffed
 from tests.contracts.test_audit_command import serving_data_node
+from tests.training.test_reexecute import stage_with_kept_state
 
 SETTINGS = TrainingSettings(device="cpu")
 LIMITS = CodecLimits()
@@ -44,16 +40,7 @@ def worked_backward(s: Staffed, tmp_path: Path, *, wrong: bool) -> dict[str, Any
     the data node), its output off by the wrong-tensor cheat's scale if ``wrong``; a keeps
     the frames and the stage's state."""
     w = s.w
-    plan = plan_partition(named_config("gpt", "tiny"), 2)
-    worker = StageWorker(plan, 1, SETTINGS, seed=5)
-    worker.step_count = ITERATION
-    archive = EvidenceArchive(tmp_path / "evidence-a", keep_epochs=2)
-    archive.keep_state(
-        0,
-        ITERATION,
-        lambda path: save_part_state(worker, path, weights_only=True),
-        lambda kept: holds_state_of(kept, worker, weights_only=True),
-    )
+    plan, worker, archive = stage_with_kept_state(tmp_path / "evidence-a")
     generator = torch.Generator().manual_seed(1)
     activation = torch.randn(2, 16, plan.config.d_model, generator=generator)
     grad = torch.randn(2, 16, plan.config.d_model, generator=generator)

@@ -22,7 +22,7 @@ from node.training.checkpoint import holds_state_of, save_part_state, verified_d
 from node.training.codec import CodecLimits
 from node.training.config import named_config
 from node.training.errors import CheckpointError
-from node.training.partition import plan_partition
+from node.training.partition import PartitionPlan, plan_partition
 from node.training.settings import TrainingSettings
 from node.training.stage_worker import StageWorker
 
@@ -41,19 +41,25 @@ def receipt(direction: int, input_frame: bytes, output_frame: bytes) -> HopRecei
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def hops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Replayer, EvidenceArchive, dict]:
-    """A stage-2 relay's forward and backward of one microbatch at iteration 3, kept."""
+def stage_with_kept_state(evidence_dir: Path) -> tuple[PartitionPlan, StageWorker, EvidenceArchive]:
+    """A stage-2 relay of gpt-tiny at iteration ITERATION whose archive keeps its weights."""
     plan = plan_partition(named_config("gpt", "tiny"), 2)
     worker = StageWorker(plan, 1, SETTINGS, seed=5)
     worker.step_count = ITERATION
-    archive = EvidenceArchive(tmp_path_factory.mktemp("evidence"), keep_epochs=2)
+    archive = EvidenceArchive(evidence_dir, keep_epochs=2)
     archive.keep_state(
         0,
         ITERATION,
         lambda path: save_part_state(worker, path, weights_only=True),
         lambda kept: holds_state_of(kept, worker, weights_only=True),
     )
+    return plan, worker, archive
+
+
+@pytest.fixture(scope="module")
+def hops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Replayer, EvidenceArchive, dict]:
+    """A stage-2 relay's forward and backward of one microbatch at iteration 3, kept."""
+    plan, worker, archive = stage_with_kept_state(tmp_path_factory.mktemp("evidence"))
     generator = torch.Generator().manual_seed(1)
     activation = torch.randn(2, 16, plan.config.d_model, generator=generator)
     grad = torch.randn(2, 16, plan.config.d_model, generator=generator)
