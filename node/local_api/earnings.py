@@ -99,6 +99,10 @@ def _epoch(
 ) -> EpochEarnings:
     book = chain.books.get(epoch)
     phase = phase_of(chain.times[epoch], book, chain.now)
+    if phase in SETTLING and any(c.status == "confirmed" for c in claims):
+        # The contract pays only settled epochs: a claim confirmed since the chain was last
+        # read says more of the epoch than that read's clock does.
+        phase = "settled"
     # Addresses compared whatever their case (receipts hold them checksummed).
     names = {d.lower(): d for d in [*worked, *(c.data_node for c in claims)]}
     worked = {data_node.lower(): units for data_node, units in worked.items()}

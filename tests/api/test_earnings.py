@@ -46,6 +46,16 @@ def test_a_settled_epoch_is_claimable_until_claimed() -> None:
     assert claimed.chain_claimed == claimed.claimed and claimed.claimable.wei == "0"
 
 
+def test_a_confirmed_claim_shows_its_epoch_settled_whatever_an_older_chain_read_says() -> None:
+    # The chain was read while the epoch was still certifying; the claim confirmed since.
+    amount = reward_wei(10**18, 3, 7)
+    claim = ClaimRecord(0, DN, 3, "confirmed", amount, b"\x01" * 32, None)
+    (epoch,) = earnings_of(1, {0: {DN: 3}}, [claim], view(220))
+    assert epoch.phase == "settled" and int(epoch.claimed.wei) == amount
+    (unclaimed,) = earnings_of(1, {0: {DN: 3}}, [], view(220))
+    assert unclaimed.phase == "certifying"
+
+
 def test_a_claim_refused_for_a_slash_counts_as_challenged_and_pays_nothing() -> None:
     refused = ClaimRecord(0, DN, 3, "failed", 0, None, "ClaimantConvicted: the node was convicted")
     (epoch,) = earnings_of(1, {0: {DN: 3}}, [refused], view(800))

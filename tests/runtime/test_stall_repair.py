@@ -57,6 +57,8 @@ class Killer:
     def __init__(self, swarm: Swarm, crashes: Crashes) -> None:
         self.swarm, self.crashes = swarm, crashes
         self.crashed: dict[int, str] = {}
+        #: Forwards each relay acknowledged and has not finished sending on.
+        self.forwards_held: Counter[str] = Counter()
 
     async def gate(self, name: str, iteration: int, direction: int) -> None:
         """Return to let the send go on; never returns for the relay that dies."""
@@ -75,10 +77,16 @@ class Killer:
         send_forward = role._send_forward
 
         async def send(received: HopHeader, frame: bytes, digest: bytes) -> None:
+            self.forwards_held[name] += 1
             await self.gate(name, received.iteration, FORWARD)
             await send_forward(received, frame, digest)
+            self.forwards_held[name] -= 1
 
         return send
+
+    def forwards_lost(self) -> int:
+        """Forwards the dead relays had acknowledged and never sent on."""
+        return sum(self.forwards_held[name] for name in self.crashed.values())
 
     def send_backward(self, name: str, role: RelayRole) -> Callable[..., Coroutine[Any, Any, None]]:
         send_backward = role.sender.send_backward_or_log
@@ -141,10 +149,12 @@ def test_a_relay_dying_between_its_ack_and_its_forward_costs_one_hop(tmp_path: P
 
 
 def test_a_relay_dying_between_its_ack_and_its_gradient_costs_one_hop(tmp_path: Path) -> None:
-    swarm, _ = run_with_crashes(tmp_path, BACKWARD_CRASHES)
+    swarm, killer = run_with_crashes(tmp_path, BACKWARD_CRASHES)
     data = swarm.nodes["data"].role
     assert data.stats.gradient_resumes >= 2
-    assert data.stats.forward_repairs == 0
+    # Microbatches overlap in the pipeline, so on a slow machine a relay dying on a gradient may
+    # also hold a forward of a later microbatch it acknowledged: only those are repaired forward.
+    assert data.stats.forward_repairs <= killer.forwards_lost()
     # The stage-2 relay lost in iteration 1 is sent around by the data node (the sink), the
     # stage-1 relay lost in iteration 2 by a stage-2 relay.
     relays = [node.role for name, node in swarm.nodes.items() if name != "data"]
