@@ -129,3 +129,22 @@ def test_the_scan_sees_imports() -> None:
     assert "node.composition" in imported_node_modules(ROOT / "node" / "process.py")
     assert room_of("node.runtime.roles.relay") == "node.runtime.roles"
     assert room_of("node.runtime.live_node") == "node.runtime"
+
+
+def test_the_packages_installed_are_the_projects_own(tmp_path: Path) -> None:
+    """setuptools' own discovery with pyproject.toml's patterns (namespace packages included, its
+    default for ``[tool.setuptools.packages.find]``) finds the project's packages and nothing npm
+    puts beside them: ``node_modules`` matches ``node*``."""
+    import tomllib
+
+    from setuptools import find_namespace_packages as find_packages
+
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    include = found["packages"]["find"]["include"]
+    (tmp_path / "node_modules" / "pkg").mkdir(parents=True)
+    (tmp_path / "node" / "sub").mkdir(parents=True)
+    for init in ("node/__init__.py", "node/sub/__init__.py"):
+        (tmp_path / init).write_text("")
+    assert sorted(find_packages(tmp_path, include=include)) == ["node", "node.sub"]
+    tops = {name.split(".")[0] for name in find_packages(ROOT, include=include)}
+    assert tops == {"gwtf", "node", "contracts", "coordinator_free", "api", "migrations"}
