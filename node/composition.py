@@ -71,8 +71,10 @@ def model_of(settings: Settings) -> ModelConfig:
 def flow_config(settings: Settings, model: ModelConfig) -> FlowConfig:
     """The flow protocol's parameters from the ``flow`` section (names of the settings file)."""
     flow, training = settings.flow, settings.training
-    # Bytes of one activation crossing an edge: (batch, seq, d_model) float32.
-    activation_bytes = 4.0 * training.batch_size * training.seq_len * model.d_model
+    # Bytes of one activation crossing an edge: (batch, seq, d_model) in the wire dtype.
+    wire = training.param_dtype if training.wire_dtype == "param" else training.wire_dtype
+    wire_bytes = {"float64": 8, "float32": 4}.get(wire, 2)
+    activation_bytes = float(wire_bytes * training.batch_size * training.seq_len * model.d_model)
     return FlowConfig(
         stages=training.stages,
         activation_bytes=activation_bytes,

@@ -355,6 +355,7 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "training.model": _model_name,
     "training.device": _one_of("auto", "cpu", "cuda"),
     "training.param_dtype": _one_of("float32", "float64"),
+    "training.wire_dtype": _one_of("param", "bfloat16", "float16"),
     "training.stages": _positive_int,
     "training.batch_size": _positive_int,
     "training.seq_len": _positive_int,

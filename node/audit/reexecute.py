@@ -34,6 +34,9 @@ from node.training.partition import PartitionPlan
 from node.training.settings import TrainingSettings
 from node.training.stage_worker import StageWorker
 
+#: Half-precision wire dtypes (``training.wire_dtype``) a hop's output may travel in.
+WIRE_HALVES = (torch.bfloat16, torch.float16)
+
 __all__ = [
     "CPU_FLOAT32",
     "CUDA_BF16",
@@ -86,7 +89,9 @@ class Replayer:
         limits: CodecLimits | None = None,
     ) -> None:
         self.plan = plan
-        self.settings = replace(settings, device="cpu")  # an auditor needs no GPU
+        # An auditor needs no GPU, and replays at full precision: each hop's output is rounded
+        # to the dtype the worker sent it in (the run's wire dtype) before it is compared.
+        self.settings = replace(settings, device="cpu", wire_dtype="param")
         self.tolerance = tolerance
         self.limits = limits or CodecLimits()
         # Keyed by the state file itself: a dict compares the very object by identity, and
@@ -107,7 +112,8 @@ class Replayer:
                 f"the state is at step {worker.step_count}, the hop of iteration {r.iteration}"
             )
         grad_in = self._tensor(evidence.input_frame, r.microbatchId)
-        claimed = self._tensor(evidence.output_frame, r.microbatchId)
+        sent = self._decoded(evidence.output_frame, r.microbatchId)
+        claimed = sent.to(torch.float32)
         started = time.perf_counter()
         try:
             if r.direction == FORWARD:
@@ -122,9 +128,11 @@ class Replayer:
             worker.drop(r.microbatchId)
             worker.discard_gradients()
         compute_s = time.perf_counter() - started
+        if sent.dtype in WIRE_HALVES:  # the receiver accepted it: the run's wire dtype
+            replayed = replayed.to(sent.dtype)
         frame = codec.encode(r.microbatchId, replayed, self.limits)
         exact = hashlib.sha256(frame).digest() == r.outputDigest
-        error, cosine = compare(claimed, replayed)
+        error, cosine = compare(claimed, replayed.to(torch.float32))
         within = error <= self.tolerance.max_relative_error and cosine >= self.tolerance.min_cosine
         return Replay(exact, error, cosine, not (exact or within), compute_s, digest)
 
@@ -145,12 +153,15 @@ class Replayer:
         return self._loaded[key]
 
     def _tensor(self, frame: bytes, microbatch_id: int) -> torch.Tensor:
+        return self._decoded(frame, microbatch_id).to(torch.float32)
+
+    def _decoded(self, frame: bytes, microbatch_id: int) -> torch.Tensor:
         decoded = codec.decode(bytearray(frame), self.limits)
         if decoded.microbatch_id != microbatch_id:
             raise ProtocolError(
                 f"a frame of microbatch {decoded.microbatch_id}, the hop's is {microbatch_id}"
             )
-        return decoded.tensor.to(torch.float32)
+        return decoded.tensor
 
 
 def compare(claimed: torch.Tensor, replayed: torch.Tensor) -> tuple[float, float]:

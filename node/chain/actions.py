@@ -168,6 +168,9 @@ class RunModel:
     seq_len: int
     batch_size: int
     seed: int
+    #: What activations and gradients travel as (``training.wire_dtype``): a half-precision wire
+    #: changes every hop's bytes, so it is part of what the run trains.
+    wire_dtype: str = "param"
 
     @classmethod
     def of(cls, training: TrainingSettings, stages: int | None = None) -> RunModel:
@@ -182,12 +185,14 @@ class RunModel:
             training.seq_len,
             training.batch_size,
             training.seed,
+            training.wire_dtype,
         )
 
     def describe(self) -> str:
+        wire = "" if self.wire_dtype == "param" else f", wire {self.wire_dtype}"
         return (
             f"{self.model}, {self.stages} stages, vocabulary {self.vocab_size}, "
-            f"seq_len {self.seq_len}, batch_size {self.batch_size}, seed {self.seed}"
+            f"seq_len {self.seq_len}, batch_size {self.batch_size}, seed {self.seed}{wire}"
         )
 
     @property

@@ -41,6 +41,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
     )
     opening.add_argument("--seed", type=whole, help="the run's seed (default: training.seed)")
     opening.add_argument(
+        "--wire-dtype", choices=("param", "bfloat16", "float16"),
+        help="what activations and gradients travel as: param (exact) or a half dtype, half the "
+        "bytes (default: training.wire_dtype)",
+    )  # fmt: skip
+    opening.add_argument(
         "--data", help="the run's data set (`data prepare`'s manifest.json or folder); its hash "
         "is the run's data set hash (default: the shipped Tiny Shakespeare text)",
     )  # fmt: skip
@@ -174,6 +179,7 @@ def _run_model(args: argparse.Namespace, settings: Settings) -> RunModel:
         seq_len=args.seq_len or settings.training.seq_len,
         batch_size=args.batch_size or settings.training.batch_size,
         seed=settings.training.seed if args.seed is None else args.seed,
+        wire_dtype=args.wire_dtype or settings.training.wire_dtype,
     )
     run = RunModel.of(training)
     try:

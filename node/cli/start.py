@@ -214,7 +214,8 @@ def check_the_chain(
     if ours.config_hash != run.model_config_hash:
         raise ConfigError(
             f"run {run_id} trains another model than this node's ({ours.describe()}); set "
-            "training.model, vocab_size (or data), seq_len, batch_size and seed to the run's"
+            "training.model, vocab_size (or data), seq_len, batch_size, seed and wire_dtype to the "
+            "run's"
         )
     registered = port.node_info(node)
     if registered is None:

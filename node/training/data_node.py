@@ -56,27 +56,27 @@ class DataNodeWorker(PartTrainer):
         with self.device.autocast():
             activation = self.part.embed(self.device.to_device(inputs))  # (B, T, C)
         self._embedded[microbatch_id] = activation
-        return self.device.to_host(activation.to(self.device.param_dtype))
+        return self.device.to_wire(activation)
 
     def loss_and_backward(
         self, microbatch_id: int, final_activation: torch.Tensor
     ) -> tuple[float, torch.Tensor]:
         """End the forward of a microbatch: mean token loss, and the gradient with respect to
         the last stage's output to send back to it."""
-        check_activation(final_activation, self.config, self.device.param_dtype, "final activation")
+        check_activation(final_activation, self.config, self.device.wire_dtype, "final activation")
         _, targets = self.batches(microbatch_id)
         if tuple(targets.shape) != tuple(final_activation.shape[:2]):
             raise ActivationError(
                 f"final activation for microbatch {microbatch_id} has shape "
                 f"{tuple(final_activation.shape)}, but its targets are {tuple(targets.shape)}"
             )
-        x = self.device.to_device(final_activation).detach().requires_grad_(True)
+        x = self.device.from_wire(final_activation).detach().requires_grad_(True)
         with self.device.autocast():
             loss = self.part.loss(x, self.device.to_device(targets))
         torch.autograd.backward(loss)
         self.microbatch_count += 1
         assert x.grad is not None  # x is a leaf that requires grad
-        return float(loss.detach()), self.device.to_host(x.grad)
+        return float(loss.detach()), self.device.to_wire(x.grad)
 
     def backward_embedding(self, microbatch_id: int, input_grad: torch.Tensor) -> None:
         """Close a microbatch: backpropagate the first stage's input gradient into the
@@ -87,14 +87,14 @@ class DataNodeWorker(PartTrainer):
                 f"data node holds no embedding for microbatch {microbatch_id}; "
                 "send the gradient to the data node that started it"
             )
-        check_activation(input_grad, self.config, self.device.param_dtype, "embedding gradient")
+        check_activation(input_grad, self.config, self.device.wire_dtype, "embedding gradient")
         if input_grad.shape != activation.shape:
             raise ActivationError(
                 f"embedding gradient for microbatch {microbatch_id} has shape "
                 f"{tuple(input_grad.shape)}, expected {tuple(activation.shape)}"
             )
         del self._embedded[microbatch_id]
-        torch.autograd.backward(activation, self.device.to_device(input_grad).to(activation.dtype))
+        torch.autograd.backward(activation, self.device.from_wire(input_grad).to(activation.dtype))
 
     def drop(self, microbatch_id: int) -> bool:
         return self._embedded.pop(microbatch_id, None) is not None

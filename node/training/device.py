@@ -38,6 +38,8 @@ class DeviceContext:
         settings.validate()
         self.device = resolve_device(settings.device)
         self.param_dtype = settings.torch_param_dtype
+        #: What this part's activations and gradients travel as (``training.wire_dtype``).
+        self.wire_dtype = settings.torch_wire_dtype
         self.is_cuda = self.device.type == "cuda"
         self.uses_autocast = self.is_cuda and settings.bf16_autocast
 
@@ -64,6 +66,14 @@ class DeviceContext:
         # The caller reads the buffer next (encode, send): wait for the copy to land.
         torch.cuda.current_stream(self.device).synchronize()
         return pinned
+
+    def from_wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A received activation or gradient on this device, in the master dtype."""
+        return self.to_device(tensor).to(self.param_dtype)
+
+    def to_wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        """An activation or gradient to send: on the host, in the run's wire dtype."""
+        return self.to_host(tensor.to(self.wire_dtype))
 
     def synchronize(self) -> None:
         if self.is_cuda:

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 
 DeviceChoice = Literal["auto", "cuda", "cpu"]
 ParamDtypeName = Literal["float32", "float64"]
+WireDtypeName = Literal["param", "bfloat16", "float16"]
 
 PARAM_DTYPES = ("float32", "float64")
+WIRE_DTYPES = ("param", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,10 @@ class TrainingSettings:
     param_dtype: ParamDtypeName = "float32"
     #: On CUDA, run forward under bf16 autocast (master weights stay in param_dtype).
     bf16_autocast: bool = True
+    #: What activations and gradients travel between nodes as: "param" (param_dtype, exact) or
+    #: "bfloat16" / "float16" (half the bytes; each part still computes in param_dtype). Part of
+    #: the run: every node of a run sends the same.
+    wire_dtype: WireDtypeName = "param"
     #: Microbatches a part may hold forward state for at once (its advertised capacity).
     max_in_flight: int = 64
     codec_max_bytes: int = 256 * 1024 * 1024
@@ -135,6 +141,10 @@ class TrainingSettings:
             raise ModelConfigError(
                 f"training.param_dtype={self.param_dtype!r} is not one of {sorted(PARAM_DTYPES)}"
             )
+        if self.wire_dtype not in WIRE_DTYPES:
+            raise ModelConfigError(
+                f"training.wire_dtype={self.wire_dtype!r} is not one of {list(WIRE_DTYPES)}"
+            )
         if self.max_in_flight < 1:
             raise ModelConfigError(f"training.max_in_flight={self.max_in_flight} must be >= 1")
         if self.codec_max_bytes < 1 or not 1 <= self.codec_max_ndim <= 16:
@@ -148,4 +158,12 @@ class TrainingSettings:
         import torch
 
         dtype: torch.dtype = getattr(torch, self.param_dtype)
+        return dtype
+
+    @property
+    def torch_wire_dtype(self) -> torch.dtype:
+        import torch
+
+        name = self.param_dtype if self.wire_dtype == "param" else self.wire_dtype
+        dtype: torch.dtype = getattr(torch, name)
         return dtype

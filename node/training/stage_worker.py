@@ -75,18 +75,18 @@ class StageWorker(PartTrainer):
     def forward(self, microbatch_id: int, activation: torch.Tensor) -> torch.Tensor:
         """Run the stage on ``activation`` (B, T, C); returns the output activation on the host.
         A repeated forward for the same id (a re-sent hop) replaces the earlier state."""
-        check_activation(activation, self.config, self.device.param_dtype, "input activation")
+        check_activation(activation, self.config, self.device.wire_dtype, "input activation")
         self.drop(microbatch_id)
         if len(self._saved) >= self.settings.max_in_flight:
             raise CapacityError(
                 f"stage {self.span.index} already holds {len(self._saved)} microbatches "
                 f"(max_in_flight); send microbatch {microbatch_id} to another replica"
             )
-        inputs = self.device.to_device(activation).detach().requires_grad_(True)
+        inputs = self.device.from_wire(activation).detach().requires_grad_(True)
         with self.device.autocast():
             outputs = self.module(inputs)  # (B, T, C)
         self._saved[microbatch_id] = SavedForward(inputs, outputs)
-        return self.device.to_host(outputs.to(self.device.param_dtype))
+        return self.device.to_wire(outputs)
 
     def backward(self, microbatch_id: int, output_grad: torch.Tensor) -> torch.Tensor:
         """Backpropagate ``output_grad`` (the gradient of the loss with respect to this stage's
@@ -102,18 +102,18 @@ class StageWorker(PartTrainer):
                 f"gradient for microbatch {microbatch_id} has shape {tuple(output_grad.shape)}, "
                 f"expected {tuple(saved.outputs.shape)}"
             )
-        if output_grad.dtype != self.device.param_dtype:
+        if output_grad.dtype != self.device.wire_dtype:
             raise ActivationError(
                 f"gradient for microbatch {microbatch_id} has dtype {output_grad.dtype}, "
-                f"expected {self.device.param_dtype}"
+                f"expected {self.device.wire_dtype}"
             )
         del self._saved[microbatch_id]
-        grad = self.device.to_device(output_grad).to(saved.outputs.dtype)
+        grad = self.device.from_wire(output_grad).to(saved.outputs.dtype)
         torch.autograd.backward(saved.outputs, grad)
         self.microbatch_count += 1
         self.accumulated.add(microbatch_id)
         assert saved.inputs.grad is not None  # inputs is a leaf that requires grad
-        return self.device.to_host(saved.inputs.grad)
+        return self.device.to_wire(saved.inputs.grad)
 
     def discard_gradients(self) -> None:
         super().discard_gradients()
