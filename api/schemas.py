@@ -305,6 +305,11 @@ class HistoryPoint(Schema):
     t: float = Field(description="unix time")
     throughput_hops_per_s: float
     loss: float | None = Field(description="a data node's last iteration loss; null on a relay")
+    validation_loss: float | None = Field(
+        default=None,
+        description="a data node's last validation loss by then (see Status.validation_loss); "
+        "null on a relay and before the first",
+    )
 
 
 class History(Schema):

@@ -35,15 +35,19 @@ function rows(tableId, items, cells, rowClass = () => "") {
   );
 }
 
-function chart(id, label, xs, ys) {
+const COLOURS = ["#2563eb", "#d97706"];
+
+// One line per label; `columns` holds one array of values per label, over the times `xs`.
+function chart(id, labels, xs, columns) {
   const target = document.getElementById(id);
-  const data = [xs, ys];
+  const data = [xs, ...columns];
   if (!charts[id]) {
+    const lines = labels.map((label, i) => ({ label, stroke: COLOURS[i], width: 2, spanGaps: true }));
     charts[id] = new uPlot(
       {
         width: Math.max(300, target.clientWidth || 480),
         height: 200,
-        series: [{}, { label, stroke: "#2563eb", width: 2, spanGaps: true }],
+        series: [{}, ...lines],
         axes: [{}, {}],
       },
       data,
@@ -85,6 +89,15 @@ function renderStatus(status) {
   text("throughput", status.throughput_hops_per_s.toFixed(2));
   text("loss", status.role === "relay" ? "on data nodes"
     : status.loss === null ? null : status.loss.toFixed(4));
+  // Verified when two relays of each stage agreed on the held-out loss; else one relay's word.
+  const validation = document.getElementById("validation-loss");
+  text("validation-loss", status.role === "relay" ? "on data nodes"
+    : status.validation_loss === null ? null
+      : `${status.validation_loss.toFixed(4)}${status.validation_verified ? "" : " *"}`);
+  validation.title = status.validation_loss === null ? ""
+    : `after iteration ${status.validation_iteration}; `
+      + (status.validation_verified ? "two relays of each stage agreed"
+        : "* a stage's came from one relay, whose word it rests on");
   text("updated", `updated ${new Date(status.updated_at * 1000).toLocaleTimeString()}`);
   // Counted from the snapshot's time: the chain's clock, which a devnet may have moved on.
   const claim = document.getElementById("next-claim");
@@ -143,12 +156,16 @@ async function refresh() {
     renderStatus(status);
     renderPipeline(status, peers);
     const xs = history.points.map((p) => p.t);
-    chart("throughput-chart", "hops / s", xs, history.points.map((p) => p.throughput_hops_per_s));
+    chart("throughput-chart", ["hops / s"], xs, [history.points.map((p) => p.throughput_hops_per_s)]);
     // Relays never see the loss (the data node computes it): say so instead of an empty chart.
     const relay = status.role === "relay";
     document.getElementById("loss-note").hidden = !relay;
     document.getElementById("loss-chart").hidden = relay;
-    if (!relay) chart("loss-chart", "loss", xs, history.points.map((p) => p.loss));
+    if (!relay) {
+      chart("loss-chart", ["loss", "validation loss"], xs, [
+        history.points.map((p) => p.loss), history.points.map((p) => p.validation_loss),
+      ]);
+    }
   } catch (error) {
     const health = document.getElementById("health");
     health.textContent = "unreachable";

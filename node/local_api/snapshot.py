@@ -111,7 +111,14 @@ def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapsho
     throughput = meter.rate(now, timings.computed)
     loss = role.results[-1].loss if isinstance(role, DataRole) and role.results else None
     validated = _last_validation(role.results) if isinstance(role, DataRole) else None
-    meter.history.append(HistoryPoint(t=now, throughput_hops_per_s=throughput, loss=loss))
+    meter.history.append(
+        HistoryPoint(
+            t=now,
+            throughput_hops_per_s=throughput,
+            loss=loss,
+            validation_loss=validated.validation_loss if validated else None,
+        )
+    )
     peers = tuple(_peer(node, p) for p in flow.peers.values())
     flows = _flows(node)
     receipts = node.receipts

@@ -106,10 +106,13 @@ def test_the_dashboard_shows_the_apis_numbers_and_draws_its_charts(
         title = driver.find_element(By.ID, "disk").get_attribute("title")
         assert title == "database 234.6 kB, evidence 1.0 MB"
         assert shown("claimed-eth") == earnings["total_claimed"]["eth"] == "0.3"
-        epochs = driver.find_elements(By.CSS_SELECTOR, "#earnings tbody tr")
+        # Read in one go: the page redraws the table every two seconds.
+        epochs = driver.execute_script(
+            "return [...document.querySelectorAll('#earnings tbody tr')]"
+            ".map((r) => [r.className, [...r.cells].map((c) => c.textContent)])"
+        )
         assert len(epochs) == len(earnings["epochs"]) == 3
-        (missed,) = driver.find_elements(By.CSS_SELECTOR, "#earnings tbody tr.missed")
-        cells = [td.text for td in missed.find_elements(By.TAG_NAME, "td")]
+        ((_, cells),) = [row for row in epochs if row[0] == "missed"]
         assert cells[:2] == ["2", "missed"] and cells[5] == str(3 * UNITS)
         # The API's reason, its address shortened as the page shows addresses.
         said = next(e["missed"] for e in earnings["epochs"] if e["epoch"] == 2)
@@ -124,7 +127,7 @@ def test_the_dashboard_shows_the_apis_numbers_and_draws_its_charts(
         # A relay is not sent the loss: the chart's place says where it is computed.
         assert not driver.find_element(By.ID, "loss-chart").is_displayed()
         assert "computed on the run's data nodes" in shown("loss-note")
-        assert shown("loss") == "on data nodes"
+        assert shown("loss") == "on data nodes" == shown("validation-loss")
         fetched = [u for u in requested(driver) if not u.startswith("data:")]
         assert fetched and [u for u in fetched if not u.startswith(server.url + "/")] == []
         time.sleep(0.2)
@@ -140,11 +143,18 @@ def test_a_data_nodes_dashboard_charts_its_loss(browser: WebDriver, views: NodeV
 
     snapshot = views.box.get()
     now = snapshot.status.updated_at
+    # Validated every 10 iterations: the held-out loss holds between measurements.
     history = tuple(
-        HistoryPoint(t=now - 30 + i, throughput_hops_per_s=4.0, loss=5.0 - i / 10)
+        HistoryPoint(
+            t=now - 30 + i,
+            throughput_hops_per_s=4.0,
+            loss=5.0 - i / 10,
+            validation_loss=None if i < 10 else 5.5 - (i // 10) / 2,
+        )
         for i in range(30)
     )
-    restate(views, name="data-0", role="data", stage=0, loss=2.125)
+    restate(views, name="data-0", role="data", stage=0, loss=2.125, validation_loss=4.5,
+            validation_iteration=20, validation_verified=False)  # fmt: skip
     views.box.snapshot = replace(views.box.get(), history=history)
     server = serve_api(create_app(views, token=TOKEN), bind_api_socket("127.0.0.1", 0))
     try:
@@ -156,8 +166,11 @@ def test_a_data_nodes_dashboard_charts_its_loss(browser: WebDriver, views: NodeV
         assert canvas.size["width"] >= 300 and canvas.size["height"] > 0
         assert not browser.find_element(By.ID, "loss-note").is_displayed()
         # The chart holds the history's losses (uPlot keeps the series it drew).
-        drawn = browser.execute_script("return charts['loss-chart'].data[1]")
-        assert drawn == [p.loss for p in history]
+        drawn = browser.execute_script("return charts['loss-chart'].data.slice(1)")
+        assert drawn == [[p.loss for p in history], [p.validation_loss for p in history]]
+        validation = browser.find_element(By.ID, "validation-loss")
+        assert validation.text == "4.5000 *"
+        assert "one relay" in (validation.get_attribute("title") or "")
     finally:
         server.stop()
 
