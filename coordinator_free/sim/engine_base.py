@@ -63,6 +63,9 @@ class EngineBase(ABC):
         self.now = 0.0
         self._mbs: dict[int, Microbatch] = {}
         self._iteration_mbs: list[Microbatch] = []
+        #: Client-routed: per microbatch, the backward call computed and on its way back to the
+        #: origin (relay, its incarnation, seconds), recorded when the answer arrives.
+        self._answers: dict[int, tuple[str, int, float]] = {}
         self._remaining = 0
         self._parked: dict[str, deque[tuple[int, int]]] = {}
         self._park_timers: set[str] = set()

@@ -13,8 +13,9 @@ from coordinator_free.baselines.swarm_balancer import Balancer, PerformanceEma
 from coordinator_free.sim.algorithms import ALGORITHMS, make_policy
 from coordinator_free.sim.engine import Engine, EngineConfig, run_scenario
 from coordinator_free.sim.policy import HopReport, PolicyTiming
+from coordinator_free.sim.scenario import parse_scenario
 from coordinator_free.sim.world import ANNOUNCE_PERIOD_S, MEMBERSHIP_EXPIRY_S
-from tests.coordinator_free.sim_helpers import live_world, small_scenario
+from tests.coordinator_free.sim_helpers import live_world, scenario_document, small_scenario
 
 # ---- the client-routed data plane ----
 
@@ -160,3 +161,32 @@ def test_crashes_land_in_forwards_and_in_backwards() -> None:
     )
     phases = run_scenario(scenario, make_policy("gwtf")).crashes_by_phase
     assert phases["forward"] > 0 and phases["backward"] > 0
+
+
+# ---- the trainer's deadline covers the whole call ----
+
+
+def test_a_slow_answer_to_a_backward_call_times_out_at_the_trainer() -> None:
+    # The relay's link back to the trainer is slow: 1 MB at 0.3 Mbit/s takes ~27 s, more than the
+    # 20 s backward deadline but less than the 60 s forward one. In SWARM the deadline belongs to
+    # the trainer's call (request, compute and answer); the relay has no deadline of its own, so
+    # the call times out at the trainer (which has no other peer: it waits), and nothing asks for
+    # a stage-0 repair.
+    document = scenario_document(
+        relays_per_stage=1, stages=1, regions=2, data_nodes=2, data_capacity=1
+    )
+    for node in document["nodes"]:
+        node["region"] = "b" if node["role"] == "relay" else "a"
+    document["topology"]["bandwidth_gbps"][1][0] = 0.0003
+    timeouts: list[str] = []
+
+    class Recording(SwarmPolicy):
+        def on_backward_timeout(self, world, node_id, mb, suspect, now):  # type: ignore[no-untyped-def]
+            timeouts.append(node_id)
+            return super().on_backward_timeout(world, node_id, mb, suspect, now)
+
+    policy = Recording(forward_timeout_s=60.0, backward_timeout_s=20.0)
+    metrics = run_scenario(parse_scenario(document), policy, EngineConfig(max_sim_time_s=400.0))
+    assert metrics.stopped_reason == "finished"
+    assert metrics.backward_timeouts > 0
+    assert timeouts and set(timeouts) <= {"d0", "d1"}
