@@ -53,6 +53,12 @@ class EngineBase(ABC):
         self.world = World(scenario, policy.full_knowledge)
         self.timing = policy.timing()
         self._client_routed = policy.client_routed
+        self._barrier = policy.iteration_barrier
+        self._wire_bytes = scenario.model.activation_bytes * policy.activation_wire_ratio
+        #: Without the barrier: microbatches injected in the whole run, the global batch, and
+        #: how many are left to inject.
+        self._batch_size = 0
+        self._left_to_inject = 0
         self.metrics = RunMetrics(policy.name, scenario.name, scenario.seed, scenario.iterations)
         self._rng = random.Random(scenario.seed)
         self._churn_rngs: dict[str, random.Random] = {}
@@ -103,6 +109,10 @@ class EngineBase(ABC):
     @abstractmethod
     def _check_barrier(self) -> None:
         """End the iteration if every microbatch is done (``iterations``)."""
+
+    @abstractmethod
+    def _stream_done(self, mb: Microbatch) -> None:
+        """Without the barrier: inject the origin's next microbatch, end a full batch."""
 
     # ---- events and actions ----
 
@@ -191,9 +201,7 @@ class EngineBase(ABC):
         """Queue activations on the sender's uplink; return their arrival time."""
         node = self.world.nodes[sender]
         start = max(self.now, node.nic_free_at_s)
-        node.nic_free_at_s = start + self.world.transfer_s(
-            sender, receiver, self.scenario.model.activation_bytes
-        )
+        node.nic_free_at_s = start + self.world.transfer_s(sender, receiver, self._wire_bytes)
         return node.nic_free_at_s + self.world.latency_ms(sender, receiver) / 1000.0
 
     def _enqueue(self, node_id: str, task: int, seconds: float, mb: Microbatch, peer: str) -> None:

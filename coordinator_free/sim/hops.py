@@ -382,4 +382,7 @@ class HopsMixin(EngineBase):
         self.metrics.microbatches_completed += 1
         self._remaining -= 1
         self._apply(self.policy.on_microbatch_done(self.world, mb.view(), self.now))
-        self._check_barrier()
+        if self._barrier:
+            self._check_barrier()
+        else:
+            self._stream_done(mb)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from typing import Any
 
 import pytest
 
-from coordinator_free.baselines.swarm import BACKWARD_TIMEOUT_S, SwarmPolicy
+from coordinator_free.baselines.swarm import BACKWARD_TIMEOUT_S, BLOCKWISE_8BIT_RATIO, SwarmPolicy
 from coordinator_free.baselines.swarm_balancer import Balancer, PerformanceEma
 from coordinator_free.sim.algorithms import ALGORITHMS, make_policy
 from coordinator_free.sim.engine import Engine, EngineConfig, run_scenario
@@ -190,3 +191,54 @@ def test_a_slow_answer_to_a_backward_call_times_out_at_the_trainer() -> None:
     assert metrics.stopped_reason == "finished"
     assert metrics.backward_timeouts > 0
     assert timeouts and set(timeouts) <= {"d0", "d1"}
+
+
+# ---- no global barrier; 8-bit activations ----
+
+
+class _Watched(SwarmPolicy):
+    """SWARM recording when each microbatch first leaves its trainer and when batches end."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.first_sent: dict[int, float] = {}
+        self.batch_ends: list[float] = []
+
+    def choose_next_hop(self, world, node_id, mb, now):  # type: ignore[no-untyped-def]
+        if mb.stage == 0:
+            self.first_sent.setdefault(mb.mb_id, now)
+        return super().choose_next_hop(world, node_id, mb, now)
+
+    def on_iteration_end(self, world, iteration, now):  # type: ignore[no-untyped-def]
+        self.batch_ends.append(now)
+        return super().on_iteration_end(world, iteration, now)
+
+
+def test_swarm_trainers_send_the_next_sample_without_waiting_for_the_batch() -> None:
+    scenario = small_scenario(
+        relays_per_stage=2, data_nodes=2, data_capacity=3, iterations=4, speeds=[1, 0.35] * 2
+    )
+    policy = _Watched()
+    engine = Engine(scenario, policy, EngineConfig(record_trace=True))
+    metrics = engine.run()
+    batch = 2 * 3
+    assert metrics.stopped_reason == "finished"
+    assert metrics.microbatches_injected == metrics.microbatches_completed == 4 * batch
+    # Samples of the second batch left before the first batch was averaged...
+    assert any(
+        t < metrics.iteration_end_times_s[0] for m, t in policy.first_sent.items() if m >= batch
+    )
+    # ...and no relay computed while its stage averaged (the all-reduce blocks the servers).
+    averaging = list(zip(policy.batch_ends, metrics.iteration_end_times_s, strict=True))
+    relays = [r for r in engine.trace if r.node_id.startswith("r")]
+    assert all(not (a < r.start_s < b - 1e-9) for r in relays for a, b in averaging)
+    barrier = run_scenario(scenario, SwarmPolicy(barrier=True))
+    assert metrics.sim_time_s < barrier.sim_time_s
+
+
+def test_swarm_8bit_activations_halve_every_transfer() -> None:
+    # The one-microbatch run of the first test: 10 transfers of 4 ms (4 forward, 3 per backward).
+    scenario = small_scenario(relays_per_stage=1, data_capacity=1, relay_capacity=1, iterations=1)
+    plain = run_scenario(scenario, SwarmPolicy()).sim_time_s
+    packed = run_scenario(scenario, SwarmPolicy(compress_8bit=True)).sim_time_s
+    assert plain - packed == pytest.approx(10 * 0.004 * (1 - BLOCKWISE_8BIT_RATIO))
