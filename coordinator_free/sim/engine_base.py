@@ -32,6 +32,7 @@ from coordinator_free.sim.policy import (
     Action,
     MoveStage,
     PolicyContractError,
+    RestartIteration,
     Retry,
     RoutingPolicy,
     Send,
@@ -178,6 +179,10 @@ class EngineBase(ABC):
                 if self.world.nodes[action.node_id].spec.role != "relay":
                     raise PolicyContractError(f"MoveStage of data node {action.node_id}")
                 self._pending_moves[action.node_id] = action.stage
+            elif isinstance(action, RestartIteration):
+                for mb in self._iteration_mbs:
+                    if not mb.done and not mb.abandoned and mb.mb_id != action.besides:
+                        self._restart(mb)
             else:
                 raise PolicyContractError(f"{self.policy.name} returned unknown action {action!r}")
 

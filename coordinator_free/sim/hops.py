@@ -328,9 +328,9 @@ class HopsMixin(EngineBase):
             # The relay answers the origin's call: the origin's deadline covers the whole call
             # (request, compute, answer), so the relay arms none of its own.
             arrival = self._transfer(sender, mb.origin)
-            incarnation = self.world.nodes[mb.origin].incarnation
-            args = (mb.origin, incarnation, mb.mb_id, mb.version, sender)
-            self._schedule(arrival, ARRIVE_BWD, *args)
+            origin = self.world.nodes[mb.origin]
+            answer = (mb.origin, origin.incarnation, mb.mb_id, mb.version, sender)
+            self._schedule(arrival, ARRIVE_BWD, *answer)
             return
         receiver = mb.previous_hop()
         mb.direction = "backward"

@@ -186,7 +186,15 @@ class Wake:
     postpone: bool = False
 
 
-Action = Send | MoveStage | Retry | Wake
+@dataclass(frozen=True)
+class RestartIteration:
+    """Every unfinished microbatch of the iteration restarts at its origin (a job relaunched
+    from the iteration's start), except ``besides``: the one the decision itself restarts."""
+
+    besides: int | None = None
+
+
+Action = Send | MoveStage | Retry | Wake | RestartIteration
 
 
 # ---- decisions about one microbatch ----

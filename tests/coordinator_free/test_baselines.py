@@ -61,6 +61,26 @@ def test_dtfm_crash_stalls_only_its_pipeline() -> None:
     assert not any(r.node_id == "r1_0" for r in during)
 
 
+def test_dtfm_as_released_relaunches_the_iteration_on_a_failure_not_through_a_watchdog() -> None:
+    # NCCL pipelines hang on a dead rank: the job restarts the iteration on the survivors, so
+    # the healthy pipeline's unfinished microbatches restart too (the extension restarts only
+    # the broken pipeline's). No microbatch waits for the watchdog.
+    events = [{"t": 1.0, "node": "r1_0", "event": "crash"}]
+    scenario = small_scenario(
+        relays_per_stage=2, data_capacity=16, relay_capacity=2, iterations=2, events=events
+    )
+    released = DtfmPolicy(hop_timeout_s=10.0)
+    relaunched = run_scenario(scenario, released)
+    rematched = run_scenario(scenario, DtfmPolicy(hop_timeout_s=10.0, on_failure="rematch"))
+    for metrics in (relaunched, rematched):
+        assert metrics.stopped_reason == "finished"
+        assert metrics.stalls == 0
+    assert released.relaunches >= 1
+    assert relaunched.restarts > rematched.restarts
+    with pytest.raises(ConfigError, match="on_failure"):
+        DtfmPolicy(on_failure="retry")
+
+
 def test_dtfm_without_churn_wastes_nothing_and_finishes() -> None:
     scenario = small_scenario(relays_per_stage=3, regions=2, data_capacity=6, iterations=4)
     metrics = run_scenario(scenario, DtfmPolicy())
