@@ -22,6 +22,7 @@ many trainers (``GridSize.trainers_per_data_node``), for every algorithm. ``--sw
 and DT-FM on the 10-region heterogeneous cell at churn 0, 10, 33, 100 and 300 %/h, a fixed number
 of iterations, median and quartiles over the seeds. Ablations of the baselines' modelling choices
 (``baselines/README.md``): "swarm-barrier" (the global barrier the release does not have),
+"gwtf-nobarrier" (GWTF injecting continuously, as SWARM does),
 "swarm-rebalance" (the paper's rebalancing, not in the release), "dtfm-rematch" (DT-FM re-matching
 only the broken pipeline instead of relaunching the iteration).
 
@@ -169,6 +170,10 @@ def policy_for(algorithm: str, setup: Setup | None = None) -> RoutingPolicy:
     }
     if algorithm in baselines:
         return baselines[algorithm]()
+    if algorithm == "gwtf-nobarrier":  # GWTF under SWARM's continuous injection (an ablation)
+        policy = GwtfPolicy()
+        policy.iteration_barrier = False
+        return policy
     if algorithm.startswith(CENTRAL + "@"):
         scale = algorithm.partition("@")[2]
         return CentralPolicy(slot_speed_scale=None if scale == "all" else float(scale))
