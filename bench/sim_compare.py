@@ -20,7 +20,8 @@ runs are made long enough to expect ``--min-crashes`` crashes each (``iterations
 hop timeout; by default each as shipped (30 s). ``--trainers``: each data node split into that
 many trainers (``GridSize.trainers_per_data_node``), for every algorithm. ``--sweep``: GWTF, SWARM
 and DT-FM on the 10-region heterogeneous cell at churn 0, 10, 33, 100 and 300 %/h, a fixed number
-of iterations, median and quartiles over the seeds. Ablations of the baselines' modelling choices
+of iterations, median and quartiles over the seeds, plotted per baseline against churn
+(``bench/out/sim_sweep-*.png``; below 1 GWTF wins). Ablations of the baselines' modelling choices
 (``baselines/README.md``): "swarm-barrier" (the global barrier the release does not have),
 "gwtf-nobarrier" (GWTF injecting continuously, as SWARM does),
 "swarm-rebalance" (the paper's rebalancing, not in the release), "dtfm-rematch" (DT-FM re-matching
@@ -537,6 +538,38 @@ def sweep(setup: Setup, seeds: int, iterations: int, processes: int, algorithms:
             f"| {cell.churn_per_hour * 100:g} | {crashes:.0f} | {' | '.join(times)} | "
             f"{' | '.join(parts)} | {unfinished} |"
         )
+    print(f"\nplot: {plot_sweep(runs, cells, baselines, setup)}")
+
+
+def plot_sweep(runs: list[Run], cells: list[GridCell], baselines: list[str], setup: Setup) -> Path:
+    """GWTF's time over each baseline's against churn, median and quartiles: below 1 GWTF wins."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = list(range(len(cells)))
+    for other in baselines:
+        stats = [quartiles(paired(runs, c.label, "gwtf", other, "sim_time_s")) for c in cells]
+        mid = [q[1] for q in stats]
+        low = [q[1] - q[0] for q in stats]
+        high = [q[2] - q[1] for q in stats]
+        ax.errorbar(xs, mid, yerr=[low, high], marker="o", capsize=3, label=f"GWTF / {other}")
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([f"{c.churn_per_hour * 100:g}" for c in cells])
+    ax.set_xlabel("churn, % of relays per hour")
+    ax.set_ylabel("time ratio (below 1: GWTF faster)")
+    ax.set_title(
+        f"timeouts {setup.timeout_s or 'as shipped'}, {setup.trainers} trainer(s) per data node"
+    )
+    ax.legend()
+    fig.tight_layout()
+    path = OUT / f"sim_sweep-t{setup.trainers}-timeout{setup.timeout_s or 'shipped'}.png"
+    fig.savefig(path, dpi=110)
+    return path
 
 
 def main() -> int:
