@@ -112,6 +112,10 @@ class EngineBase(ABC):
         """End the iteration if every microbatch is done (``iterations``)."""
 
     @abstractmethod
+    def _new_microbatch(self, data_node: str) -> Microbatch:
+        """Inject a fresh microbatch at ``data_node`` (``iterations``)."""
+
+    @abstractmethod
     def _stream_done(self, mb: Microbatch) -> None:
         """Without the barrier: inject the origin's next microbatch, end a full batch."""
 

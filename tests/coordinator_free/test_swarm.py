@@ -242,3 +242,12 @@ def test_swarm_8bit_activations_halve_every_transfer() -> None:
     plain = run_scenario(scenario, SwarmPolicy()).sim_time_s
     packed = run_scenario(scenario, SwarmPolicy(compress_8bit=True)).sim_time_s
     assert plain - packed == pytest.approx(10 * 0.004 * (1 - BLOCKWISE_8BIT_RATIO))
+
+
+def test_without_the_barrier_a_crashed_trainers_samples_are_taken_over() -> None:
+    events = [{"t": 0.5, "node": "d1", "event": "crash"}]
+    scenario = small_scenario(relays_per_stage=2, data_nodes=2, data_capacity=3, events=events)
+    metrics = run_scenario(scenario, SwarmPolicy(), EngineConfig(max_sim_time_s=600.0))
+    assert metrics.stopped_reason == "finished"
+    assert metrics.microbatches_abandoned > 0
+    assert metrics.microbatches_completed == 3 * 2 * 3  # every global batch still full
