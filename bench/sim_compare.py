@@ -12,6 +12,20 @@ runs are made long enough to expect ``--min-crashes`` crashes each (``iterations
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/sim_compare.py [--quick] [--seeds 20] [--jobs 2]
         [--cells het-1reg-churn0,...] [--algorithms gwtf,gwtf-oracles,swarm,dtfm,central,...]
+        [--timeout 20|30|60|600] [--trainers 1|8] [--swarm-8bit]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/sim_compare.py --sweep [--seeds 5]
+        [--iterations 100] [--timeout S] [--trainers 8] [--swarm-8bit]
+
+``--timeout``: SWARM's forward timeout (its backward one 2.5 times it, as released) and DT-FM's
+hop timeout; by default each as shipped (30 s). ``--trainers``: each data node split into that
+many trainers (``GridSize.trainers_per_data_node``), for every algorithm. ``--sweep``: GWTF, SWARM
+and DT-FM on the 10-region heterogeneous cell at churn 0, 10, 33, 100 and 300 %/h, a fixed number
+of iterations, median and quartiles over the seeds, plotted per baseline against churn
+(``bench/out/sim_sweep-*.png``; below 1 GWTF wins). Ablations of the baselines' modelling choices
+(``baselines/README.md``): "swarm-barrier" (the global barrier the release does not have),
+"gwtf-nobarrier" (GWTF injecting continuously, as SWARM does),
+"swarm-rebalance" (the paper's rebalancing, not in the release), "dtfm-rematch" (DT-FM re-matching
+only the broken pipeline instead of relaunching the iteration).
 
 The central heuristic ("central") is networkx min-cost max-flow with full knowledge, with every
 relay slot or with slots in proportion to speed (``placement.offered_slots``) at each scale of
@@ -29,12 +43,14 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from coordinator_free.baselines.central import CentralPolicy
+from coordinator_free.baselines.dtfm import DtfmPolicy
+from coordinator_free.baselines.swarm import REBALANCE_PERIOD_S, SwarmPolicy
 from coordinator_free.protocol.config import FlowConfig
 from coordinator_free.sim.algorithms import make_policy
 from coordinator_free.sim.bound import lower_bound
@@ -65,6 +81,30 @@ ORACLES = "gwtf-oracles"
 LIKE = "gwtf-like"
 LIKE_SETTINGS = "like_speed_weight=3+slot_speed_scale=2"
 WASTE_CAUSES = ("lost_with_replica", "recomputed", "restarted", "cut_by_crash", "superseded")
+#: The sweep's churn levels (relays crashing per hour) on the 10-region heterogeneous cell.
+SWEEP_CHURN = (0.0, 0.1, 0.33, 1.0, 3.0)
+DEFAULT_ALGORITHMS = f"gwtf,{ORACLES},swarm,dtfm,{CENTRAL}"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every run of one invocation shares: the baselines' timeouts (None: as shipped), the
+    trainers per data node, SWARM's 8-bit activations."""
+
+    timeout_s: float | None = None
+    trainers: int = 1
+    swarm_8bit: bool = False
+
+    def size(self, iterations: int) -> GridSize:
+        return GridSize(iterations=iterations, trainers_per_data_node=self.trainers)
+
+    def swarm(self, **kwargs: object) -> SwarmPolicy:
+        timeout = {} if self.timeout_s is None else {"forward_timeout_s": self.timeout_s}
+        return SwarmPolicy(**timeout, compress_8bit=self.swarm_8bit, **kwargs)  # type: ignore[arg-type]
+
+    def dtfm(self, on_failure: str = "relaunch") -> DtfmPolicy:
+        timeout = {} if self.timeout_s is None else {"hop_timeout_s": self.timeout_s}
+        return DtfmPolicy(**timeout, on_failure=on_failure)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -117,9 +157,24 @@ def parse_overrides(spec: str) -> dict[str, float]:
     return overrides
 
 
-def policy_for(algorithm: str) -> RoutingPolicy:
+def policy_for(algorithm: str, setup: Setup | None = None) -> RoutingPolicy:
     """A policy by name; ``central@S`` is the central heuristic at slot scale S (``all``: every
-    slot); ``gwtf@field=value+...`` is GWTF with those ``FlowConfig`` fields."""
+    slot); ``gwtf@field=value+...`` is GWTF with those ``FlowConfig`` fields; the baselines and
+    their ablations take the setup's timeouts and options."""
+    setup = setup or Setup()
+    baselines: dict[str, Callable[[], RoutingPolicy]] = {
+        "swarm": lambda: setup.swarm(),
+        "swarm-barrier": lambda: setup.swarm(barrier=True),
+        "swarm-rebalance": lambda: setup.swarm(rebalance_period_s=REBALANCE_PERIOD_S),
+        "dtfm": lambda: setup.dtfm(),
+        "dtfm-rematch": lambda: setup.dtfm("rematch"),
+    }
+    if algorithm in baselines:
+        return baselines[algorithm]()
+    if algorithm == "gwtf-nobarrier":  # GWTF under SWARM's continuous injection (an ablation)
+        policy = GwtfPolicy()
+        policy.iteration_barrier = False
+        return policy
     if algorithm.startswith(CENTRAL + "@"):
         scale = algorithm.partition("@")[2]
         return CentralPolicy(slot_speed_scale=None if scale == "all" else float(scale))
@@ -182,14 +237,17 @@ def iterations_of(cell: GridCell, fixed: int | None, min_crashes: float) -> int:
     return iterations_for_crashes(cell, size, min_crashes, per_iteration)
 
 
-def run_one(job: tuple[GridCell, str, int, int]) -> Run:
-    cell, algorithm, seed, iterations = job
-    scenario = build_scenario(cell, seed, GridSize(iterations=iterations))
+Job = tuple[GridCell, str, int, int, Setup]
+
+
+def run_one(job: Job) -> Run:
+    cell, algorithm, seed, iterations, setup = job
+    scenario = build_scenario(cell, seed, setup.size(iterations))
     bound = lower_bound(scenario)
     started = time.perf_counter()
     config = EngineConfig(max_sim_time_s=200.0 * iterations, max_events=MAX_EVENTS)
     try:
-        metrics = run_scenario(scenario, policy_for(algorithm), config)
+        metrics = run_scenario(scenario, policy_for(algorithm, setup), config)
     except GwtfError as err:
         print(f"  {cell.label} {algorithm} seed {seed}: {err}", file=sys.stderr)
         return Run(
@@ -348,7 +406,7 @@ def print_ratios(runs: list[Run], cells: list[str]) -> None:
         print(f"| {cell} | " + " | ".join(parts) + " |")
 
 
-def print_goals(runs: list[Run], cells: list[str], tuning_runs: list[Run]) -> None:
+def print_goals(runs: list[Run], cells: list[str], tuning_runs: list[Run], setup: Setup) -> None:
     def ratio(cell: str, a: str, b: str, key: str) -> float:
         return quartiles(paired(runs, cell, a, b, key))[1]
 
@@ -367,7 +425,10 @@ def print_goals(runs: list[Run], cells: list[str], tuning_runs: list[Run]) -> No
         _goal(f"{cell}: GWTF / central thr", ratio(cell, "gwtf", CENTRAL, "throughput"), 0.97, True)
     for cell in churn:
         _goal(f"{cell}: GWTF / SWARM wasted", ratio(cell, "gwtf", "swarm", "wasted_gpu_s"), 0.2)
-    checked = runs + tuning_runs
+    # The bound is per iteration behind a barrier, with activations as the model holds them:
+    # SWARM as released (no barrier, maybe 8-bit) is not held to it.
+    checked = [r for r in runs + tuning_runs if not r.algorithm.startswith("swarm")]
+    checked += [r for r in runs if r.algorithm == "swarm-barrier" and not setup.swarm_8bit]
     beaten = [r for r in checked if r.finished and r.sim_time_s < r.bound_s]
     print(f"\nruns finishing below the lower bound: {len(beaten)} of {len(checked)} (must be 0)")
 
@@ -433,10 +494,82 @@ def plot(
     return path
 
 
-def run_all(jobs: list[tuple[GridCell, str, int, int]], processes: int) -> list[Run]:
+def run_all(jobs: list[Job], processes: int) -> list[Run]:
     jobs = list(dict.fromkeys(jobs))
     with ProcessPoolExecutor(max_workers=processes) as pool:
         return list(pool.map(run_one, jobs, chunksize=1))
+
+
+SWEEP_ALGORITHMS = "gwtf,swarm,dtfm"
+
+
+def sweep(setup: Setup, seeds: int, iterations: int, processes: int, algorithms: str) -> None:
+    """GWTF against the baselines at each churn level of ``SWEEP_CHURN`` (10-region, heterogeneous
+    GPUs, ``iterations`` each): median time and per-seed paired ratios, median [quartiles]."""
+    names = (
+        algorithms.split(",") if algorithms != DEFAULT_ALGORITHMS else SWEEP_ALGORITHMS.split(",")
+    )
+    cells = [GridCell(True, True, churn) for churn in SWEEP_CHURN]
+    reporting = range(FIRST_REPORTING_SEED, FIRST_REPORTING_SEED + seeds)
+    jobs = [(c, a, s, iterations, setup) for c in cells for a in names for s in reporting]
+    print(
+        f"sweep: {len(jobs)} runs, {iterations} iterations, seeds {reporting.start}-"
+        f"{reporting.stop - 1}; timeouts {setup.timeout_s or 'as shipped'}, "
+        f"{setup.trainers} trainer(s) per data node, SWARM 8-bit {setup.swarm_8bit}"
+    )
+    started = time.perf_counter()
+    runs = run_all(jobs, processes)
+    print(f"wall time {time.perf_counter() - started:.1f} s")
+    baselines = [a for a in names if a != "gwtf"]
+    header = " | ".join(f"{a} s" for a in names)
+    ratios = " | ".join(f"GWTF / {a} time" for a in baselines)
+    print(f"\n| churn %/h | crashes | {header} | {ratios} | not finished |")
+    print("|---|---|" + "---|" * (len(names) + len(baselines)) + "---|")
+    for cell in cells:
+        mine = [r for r in runs if r.cell == cell.label]
+        crashes = median([float(r.crashes) for r in mine if r.algorithm == "gwtf"])
+        times = [_fmt(median([r.sim_time_s for r in mine if r.algorithm == a]), 0) for a in names]
+        parts = []
+        for other in baselines:
+            q1, q2, q3 = quartiles(paired(runs, cell.label, "gwtf", other, "sim_time_s"))
+            parts.append(f"{_fmt(q2, 2)} [{_fmt(q1, 2)}, {_fmt(q3, 2)}]")
+        unfinished = sum(not r.finished for r in mine)
+        print(
+            f"| {cell.churn_per_hour * 100:g} | {crashes:.0f} | {' | '.join(times)} | "
+            f"{' | '.join(parts)} | {unfinished} |"
+        )
+    print(f"\nplot: {plot_sweep(runs, cells, baselines, setup)}")
+
+
+def plot_sweep(runs: list[Run], cells: list[GridCell], baselines: list[str], setup: Setup) -> Path:
+    """GWTF's time over each baseline's against churn, median and quartiles: below 1 GWTF wins."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = list(range(len(cells)))
+    for other in baselines:
+        stats = [quartiles(paired(runs, c.label, "gwtf", other, "sim_time_s")) for c in cells]
+        mid = [q[1] for q in stats]
+        low = [q[1] - q[0] for q in stats]
+        high = [q[2] - q[1] for q in stats]
+        ax.errorbar(xs, mid, yerr=[low, high], marker="o", capsize=3, label=f"GWTF / {other}")
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([f"{c.churn_per_hour * 100:g}" for c in cells])
+    ax.set_xlabel("churn, % of relays per hour")
+    ax.set_ylabel("time ratio (below 1: GWTF faster)")
+    ax.set_title(
+        f"timeouts {setup.timeout_s or 'as shipped'}, {setup.trainers} trainer(s) per data node"
+    )
+    ax.legend()
+    fig.tight_layout()
+    path = OUT / f"sim_sweep-t{setup.trainers}-timeout{setup.timeout_s or 'shipped'}.png"
+    fig.savefig(path, dpi=110)
+    return path
 
 
 def main() -> int:
@@ -448,12 +581,24 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument(
         "--algorithms",
-        default=f"gwtf,{ORACLES},swarm,dtfm,{CENTRAL}",
+        default=DEFAULT_ALGORITHMS,
         help=f"also: gwtf-allslots, {CENTRAL_ALL} (every relay slot), {LIKE} (GWTF with "
         f"{LIKE_SETTINGS}, heterogeneous cells only), gwtf@FIELD=VALUE+FIELD=VALUE",
     )
     parser.add_argument("--cells", default=None, help="only these cells (comma-separated labels)")
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="SWARM's forward and DT-FM's hop timeout, s"
+    )
+    parser.add_argument("--trainers", type=int, default=1, help="trainers per data node (1, 8)")
+    parser.add_argument("--swarm-8bit", action="store_true", help="SWARM's 8-bit activations")
+    parser.add_argument(
+        "--sweep", action="store_true", help="GWTF / SWARM / DT-FM over churn 0-300 %%/h"
+    )
     args = parser.parse_args()
+    setup = Setup(args.timeout, args.trainers, args.swarm_8bit)
+    if args.sweep:
+        sweep(setup, args.seeds or 5, args.iterations or 100, args.jobs, args.algorithms)
+        return 0
     seeds = args.seeds or (5 if args.quick else 20)
     reporting = range(FIRST_REPORTING_SEED, FIRST_REPORTING_SEED + seeds)
     cells = paper_grid()
@@ -474,7 +619,7 @@ def main() -> int:
     if CENTRAL in algorithms:
         tuned = [c for c in cells if c.heterogeneous]
         tuning = [
-            (c, variant_name(s), seed, length[c.label])
+            (c, variant_name(s), seed, length[c.label], setup)
             for c in tuned
             for s in CENTRAL_SCALES
             for seed in TUNING_SEEDS
@@ -484,7 +629,7 @@ def main() -> int:
         scales = choose_central_scales(tuning_runs)
         print("  chosen: " + ", ".join(f"{c} {s}" for c, s in scales.items()))
     jobs = [
-        (c, variant, s, length[c.label])
+        (c, variant, s, length[c.label], setup)
         for c in cells
         for a in algorithms
         for variant in expand(c, a, scales)
@@ -512,7 +657,7 @@ def main() -> int:
     labels = [c.label for c in cells]
     print_tables(table, labels, algorithms, bound_terms(runs))
     print_ratios(runs, labels)
-    print_goals(runs, labels, tuning_runs)
+    print_goals(runs, labels, tuning_runs, setup)
     print(f"\nplot: {plot(table, labels, algorithms)}")
     return 0
 

@@ -1,15 +1,25 @@
-"""DT-FM (Yuan et al., NeurIPS 2022) as a simulator policy: a static schedule, no churn reaction.
+"""DT-FM (Yuan et al., NeurIPS 2022; ``DS3Lab/DT-FM``) as a simulator policy: a static schedule.
+Every modelling choice, with its source and its measured effect, is tabled in
+``baselines/README.md``.
 
 * At start, the genetic search of ``dtfm_schedule`` groups relays into stages and matches them into
   D pipelines (relays beyond S x D are spares). Pipeline i serves data node i mod (#data nodes);
   each data node's batch is split evenly over its pipelines (a static quota per pipeline), and a
   pipeline holds at most as many microbatches as its smallest relay's capacity.
-* DT-FM has no fault tolerance of its own. A hop that misses its deadline (30 s both ways, our
-  choice for equal realism with SWARM and GWTF) marks the relay dead (for 60 s, or until it
-  rejoins: a live device would answer the scheduler's heartbeat) and the pipeline broken; its
-  microbatches restart from the data node and wait. Once everything else of the iteration is done
-  (the rest is stalled), the scheduler re-matches pipelines among the surviving relays of each
-  stage (same search, ``match`` mode) and the stalled work runs there.
+* DT-FM has no fault tolerance: the release's pipelines are NCCL send/recv between fixed ranks
+  (``pipeline_parallel/dist_gpipe_pipeline_async.py``) and its data parallelism an NCCL
+  all-reduce (``data_parallel/dist_dp_allreduce.py``); a dead rank hangs both, and there is no
+  per-microbatch retry or watchdog. A hop that misses its deadline (30 s both ways, our choice: NCCL
+  waits forever) marks the relay dead (for 60 s, or until it rejoins).
+* ``on_failure="relaunch"`` (default, the release): the job is relaunched on the surviving
+  devices, with the schedule re-matched within each stage, from the start of the iteration (we
+  grant it a checkpoint at each iteration boundary, which the release does not write): every
+  unfinished microbatch of the iteration restarts. A microbatch that makes no progress for the
+  watchdog's time is a hang, handled the same way.
+* ``on_failure="rematch"`` (a fault-tolerant extension, not in the release): only the broken
+  pipeline's microbatches restart and wait; once everything else of the iteration is done, the
+  scheduler re-matches pipelines among the surviving relays of each stage and the stalled work
+  runs there.
 * At the end of an iteration in which membership changed (a detected crash, a join), the full
   search runs again; relays it moves change stage at the boundary (weights downloaded then).
 """
@@ -32,12 +42,15 @@ from coordinator_free.sim.policy import (
     PolicyTiming,
     RepairDecision,
     Restart,
+    RestartIteration,
     Retry,
     WorldView,
 )
 from coordinator_free.sim.suspicion import Suspicions
+from gwtf.errors import ConfigError
 
 HOP_TIMEOUT_S = 30.0
+ON_FAILURE = ("relaunch", "rematch")
 
 
 class DtfmPolicy(PolicyDefaults):
@@ -45,8 +58,17 @@ class DtfmPolicy(PolicyDefaults):
 
     name: ClassVar[str] = "dtfm"
 
-    def __init__(self, hop_timeout_s: float = HOP_TIMEOUT_S, generations: int = 30) -> None:
+    def __init__(
+        self,
+        hop_timeout_s: float = HOP_TIMEOUT_S,
+        generations: int = 30,
+        on_failure: str = "relaunch",
+    ) -> None:
+        if on_failure not in ON_FAILURE:
+            raise ConfigError(f"DT-FM on_failure {on_failure!r}: choose one of {ON_FAILURE}")
         self._timing = PolicyTiming(hop_timeout_s, hop_timeout_s)
+        self._relaunch = on_failure == "relaunch"
+        self.relaunches = 0
         self._generations = generations
         self._rng = random.Random(0)
         self._schedule: Schedule | None = None
@@ -162,6 +184,8 @@ class DtfmPolicy(PolicyDefaults):
         return [Retry(d) for d in world.data_nodes()]
 
     def on_stall(self, world: WorldView, mb: MicrobatchView, now: float) -> RepairDecision:
+        if self._relaunch:  # the job hangs: relaunched like after a detected failure
+            return self._relaunch_job(world, mb)
         self._refund(mb.mb_id, broken=False)
         return Restart()
 
@@ -202,8 +226,22 @@ class DtfmPolicy(PolicyDefaults):
         if world.spec(suspect).role == "relay":
             self._dead.mark(suspect, self._clock_s)
             self._membership_changed = True
+        if self._relaunch:
+            return self._relaunch_job(world, mb)
         self._refund(mb.mb_id, broken=True)
         return Restart()
+
+    def _relaunch_job(self, world: WorldView, mb: MicrobatchView) -> Restart:
+        """The whole job restarts from the iteration's start on the surviving relays: every
+        unfinished microbatch of the iteration is sent again over a re-matched schedule."""
+        self.relaunches += 1
+        self._mb_pipeline.clear()
+        self._in_flight = {p: 0 for p in self._in_flight}
+        if not self._rematch(world) and self._schedule is not None:
+            # Some stage has no live relay: the relaunch waits for a join (Retry on join).
+            self._broken = set(range(len(self._schedule.pipelines)))
+            self._reset_quotas(world, self._expected - self._done)
+        return Restart(actions=(RestartIteration(besides=mb.mb_id),))
 
     def _refund(self, mb_id: int, broken: bool) -> None:
         """A restarted microbatch goes back to its pipeline's quota (the pipeline must redo it)."""

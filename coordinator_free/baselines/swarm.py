@@ -1,26 +1,29 @@
 """SWARM parallelism (Ryabinin, Dettmers, Diskin, Borzunov; ICML 2023) as released
-(``yandex-research/swarm``, ``swarm/pipeline``), as a simulator policy.
-
-What SWARM does, and how each part maps here:
+(``yandex-research/swarm``, ``swarm/pipeline``), as a simulator policy. Every modelling choice,
+with its source and its measured effect, is tabled in ``baselines/README.md``.
 
 * **The trainer calls every stage itself** (``src/moe/client/balanced_expert.py``): a forward
   is a call from the trainer to one peer of the stage, whose output comes back to the trainer;
   the backward is another call, with the stage's input and output gradient, to any peer of the
   stage, chosen afresh. Servers keep no activations: each backward re-runs the stage's forward
-  (``src/moe/server/expert_backend.py``, ``backward``). Here: ``client_routed`` (the engine's
-  data plane for it is stated in ``sim/policy.py``).
-* **Wiring by a load balancer** per trainer and stage (``swarm_balancer.py``): a min-heap of
-  each peer's accumulated expected busy time, from a bias-corrected throughput EMA (α 0.1). A
-  backward call weighs 2.5 forwards (``backward_task_size_multiplier``).
-* **Fault tolerance.** A call that misses its deadline (forward 30 s, backward 2.5 × 30 s:
-  ``swarm/train_pipeline.py:21-22``) goes to another peer of the stage; the failed peer is
-  banned by that trainer until it announces itself again. The release bans on a failed call and
-  only retries on a deadline; a crash (the failure simulated here) shows as a deadline, and is
-  banned like the connection error it gives a live trainer.
-* **Adaptive rebalancing.** Every ``rebalance_period_s`` (300 s, our choice: the paper leaves the
-  period as a parameter) one peer moves from the stage with the most throughput per unit of work to
-  the one with the least, if that narrows the gap; it downloads the new stage's weights first.
-  Joining peers go to the stage with the least throughput (announced speeds, not measured ones).
+  (``src/moe/server/expert_backend.py``, ``backward``). Here: ``client_routed``.
+* **No global barrier.** A trainer (``train_pipeline.py``, batch size 1) sends its next sample
+  as soon as the last one is done; each stage's servers average when the swarm has processed
+  the target batch (``CollaborativeOptimizer``, ``--averaging_target_batch_size``), inside the
+  backward call (``expert_backend.py:178-188``). Here: ``iteration_barrier = False``.
+* **Stochastic wiring by a load balancer** per trainer and stage (``swarm_balancer.py``).
+* **Timeouts as shipped**: forward 30 s, backward 2.5 × 30 s (``swarm/train_pipeline.py:21-22``);
+  other values are options. A call that misses its deadline goes to another peer of the stage,
+  and the failed peer is banned by that trainer until it announces itself again. The release
+  bans on a failed call and only retries on a deadline; a crash (the failure simulated here)
+  shows as a deadline, and is banned like the connection error it gives a live trainer.
+* **8-bit activations**, an option: the release's servers run with ``--compression
+  BLOCKWISE_8BIT`` (``swarm/setup_and_launch_server.sh:27``): half the bytes of bf16.
+* **Rebalancing**, an option off by default: the paper describes it (Sec. 3.2) but the release
+  has no code for it (servers serve the stage of ``--expert_pattern`` for life). When on, every
+  ``rebalance_period_s`` one peer moves from the stage with the most throughput per unit of work
+  to the one with the least, if that narrows the gap; it downloads the new stage's weights
+  first. Joining peers always go to the stage with the least announced throughput.
 * The trainer (the data node that injected the microbatch) computes the loss.
 
 Knowledge: each trainer's own observations; stage membership as announced (a DHT in SWARM).
@@ -53,7 +56,11 @@ FORWARD_TIMEOUT_S = 30.0
 BACKWARD_TIMEOUT_S = 2.5 * FORWARD_TIMEOUT_S
 #: A backward call's expected time in forward calls (``BalancedRemoteExpert``'s multiplier).
 BACKWARD_TASK_SIZE = 2.5
+#: The rebalancing period when rebalancing is turned on (the paper leaves it as a parameter).
 REBALANCE_PERIOD_S = 300.0
+#: Blockwise 8-bit quantisation of bf16: one byte per value, plus a 4-byte scale per block of
+#: 4,096 values (bitsandbytes' blockwise quantisation).
+BLOCKWISE_8BIT_RATIO = 0.5 * (1.0 + 4.0 / 4096.0)
 
 
 class SwarmPolicy(PolicyDefaults):
@@ -65,11 +72,19 @@ class SwarmPolicy(PolicyDefaults):
     def __init__(
         self,
         forward_timeout_s: float = FORWARD_TIMEOUT_S,
-        backward_timeout_s: float = BACKWARD_TIMEOUT_S,
-        rebalance_period_s: float = REBALANCE_PERIOD_S,
+        backward_timeout_s: float | None = None,
+        rebalance_period_s: float | None = None,
+        compress_8bit: bool = False,
+        barrier: bool = False,
     ) -> None:
-        self._timing = PolicyTiming(forward_timeout_s, backward_timeout_s)
+        """``backward_timeout_s`` defaults to 2.5 x the forward one, as released;
+        ``rebalance_period_s`` None: no rebalancing (as released); ``barrier``: impose the
+        engine's global iteration barrier, which the release does not have (an ablation)."""
+        backward = 2.5 * forward_timeout_s if backward_timeout_s is None else backward_timeout_s
+        self._timing = PolicyTiming(forward_timeout_s, backward)
         self._rebalance_period_s = rebalance_period_s
+        self.activation_wire_ratio = BLOCKWISE_8BIT_RATIO if compress_8bit else 1.0
+        self.iteration_barrier = barrier
         #: (trainer, stage) -> that trainer's balancer over the stage
         self._balancers: dict[tuple[str, int], Balancer] = {}
         self._rng = random.Random(0)
@@ -143,7 +158,8 @@ class SwarmPolicy(PolicyDefaults):
     # ---- rebalancing ----
 
     def on_iteration_end(self, world: WorldView, iteration: int, now: float) -> Sequence[Action]:
-        if now - self._last_rebalance_s < self._rebalance_period_s:
+        period = self._rebalance_period_s
+        if period is None or now - self._last_rebalance_s < period:
             return ()
         self._last_rebalance_s = now
         move = self.rebalancing_move(world)

@@ -32,6 +32,7 @@ from coordinator_free.sim.policy import (
     Action,
     MoveStage,
     PolicyContractError,
+    RestartIteration,
     Retry,
     RoutingPolicy,
     Send,
@@ -53,6 +54,12 @@ class EngineBase(ABC):
         self.world = World(scenario, policy.full_knowledge)
         self.timing = policy.timing()
         self._client_routed = policy.client_routed
+        self._barrier = policy.iteration_barrier
+        self._wire_bytes = scenario.model.activation_bytes * policy.activation_wire_ratio
+        #: Without the barrier: microbatches injected in the whole run, the global batch, and
+        #: how many are left to inject.
+        self._batch_size = 0
+        self._left_to_inject = 0
         self.metrics = RunMetrics(policy.name, scenario.name, scenario.seed, scenario.iterations)
         self._rng = random.Random(scenario.seed)
         self._churn_rngs: dict[str, random.Random] = {}
@@ -63,6 +70,9 @@ class EngineBase(ABC):
         self.now = 0.0
         self._mbs: dict[int, Microbatch] = {}
         self._iteration_mbs: list[Microbatch] = []
+        #: Client-routed: per microbatch, the backward call computed and on its way back to the
+        #: origin (relay, its incarnation, seconds), recorded when the answer arrives.
+        self._answers: dict[int, tuple[str, int, float]] = {}
         self._remaining = 0
         self._parked: dict[str, deque[tuple[int, int]]] = {}
         self._park_timers: set[str] = set()
@@ -100,6 +110,14 @@ class EngineBase(ABC):
     @abstractmethod
     def _check_barrier(self) -> None:
         """End the iteration if every microbatch is done (``iterations``)."""
+
+    @abstractmethod
+    def _new_microbatch(self, data_node: str) -> Microbatch:
+        """Inject a fresh microbatch at ``data_node`` (``iterations``)."""
+
+    @abstractmethod
+    def _stream_done(self, mb: Microbatch) -> None:
+        """Without the barrier: inject the origin's next microbatch, end a full batch."""
 
     # ---- events and actions ----
 
@@ -165,6 +183,10 @@ class EngineBase(ABC):
                 if self.world.nodes[action.node_id].spec.role != "relay":
                     raise PolicyContractError(f"MoveStage of data node {action.node_id}")
                 self._pending_moves[action.node_id] = action.stage
+            elif isinstance(action, RestartIteration):
+                for mb in self._iteration_mbs:
+                    if not mb.done and not mb.abandoned and mb.mb_id != action.besides:
+                        self._restart(mb)
             else:
                 raise PolicyContractError(f"{self.policy.name} returned unknown action {action!r}")
 
@@ -188,9 +210,7 @@ class EngineBase(ABC):
         """Queue activations on the sender's uplink; return their arrival time."""
         node = self.world.nodes[sender]
         start = max(self.now, node.nic_free_at_s)
-        node.nic_free_at_s = start + self.world.transfer_s(
-            sender, receiver, self.scenario.model.activation_bytes
-        )
+        node.nic_free_at_s = start + self.world.transfer_s(sender, receiver, self._wire_bytes)
         return node.nic_free_at_s + self.world.latency_ms(sender, receiver) / 1000.0
 
     def _enqueue(self, node_id: str, task: int, seconds: float, mb: Microbatch, peer: str) -> None:

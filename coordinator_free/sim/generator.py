@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 
 from coordinator_free.sim.scenario import Scenario, parse_scenario
+from gwtf.errors import ConfigError
 
 HETEROGENEOUS_SPEEDS = (1.0, 0.6, 0.35)
 CHURN_LEVELS_PER_HOUR = (0.0, 0.33, 1.0, 3.0)
@@ -47,6 +48,10 @@ class GridSize:
     stage_compute_ms: float = 600.0
     stage_param_bytes: int = 50_000_000
     mean_downtime_s: float = 300.0
+    #: Each data node's batch split over this many trainers of its region, each with its own
+    #: machine and uplink (SWARM's experiments run many small trainers, each with one sample in
+    #: flight); ``data_capacity`` must divide by it.
+    trainers_per_data_node: int = 1
 
 
 @dataclass(frozen=True)
@@ -92,15 +97,27 @@ def build_scenario(cell: GridCell, seed: int, size: GridSize | None = None) -> S
         key: [[regions_data[key][i][j] for j in index] for i in index]  # type: ignore[index]
         for key in ("latency_ms", "bandwidth_gbps")
     }
+    split = size.trainers_per_data_node
+    if split < 1 or size.data_capacity % split:
+        raise ConfigError(
+            f"trainers_per_data_node {split} must be >= 1 and divide data_capacity "
+            f"{size.data_capacity}; choose a divisor such as 1 or 8"
+        )
     nodes = []
     for d in range(size.data_nodes):
         region = rng.choice(regions)
-        nodes.append(_node(f"data{d}", "data", region, size.data_speed, size.data_capacity))
+        if split == 1:
+            nodes.append(_node(f"data{d}", "data", region, size.data_speed, size.data_capacity))
+            continue
+        capacity = size.data_capacity // split
+        nodes += [
+            _node(f"data{d}t{t}", "data", region, size.data_speed, capacity) for t in range(split)
+        ]
     for r in range(size.relays):
         speed = rng.choice(HETEROGENEOUS_SPEEDS) if cell.heterogeneous else 1.0
         nodes.append(_node(f"relay{r}", "relay", rng.choice(regions), speed, size.relay_capacity))
     document = {
-        "name": f"{cell.label}-s{seed}",
+        "name": f"{cell.label}-s{seed}" + (f"-t{split}" if split > 1 else ""),
         "seed": seed,
         "topology": {"regions": regions, **matrix},
         "model": {

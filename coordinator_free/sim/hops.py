@@ -251,6 +251,14 @@ class HopsMixin(EngineBase):
             self._schedule_ack(node_id, peer, mb, "forward")
             self._send_backward(node_id, mb)
         else:
+            if self._client_routed:
+                # The call is answered (and the stage done) when the input gradient reaches the
+                # origin; an answer that never arrives is wasted work.
+                self._answers[mb_id] = (node_id, incarnation, seconds)
+                self._free_slot(node_id, mb_id)
+                self._retry_stage(DATA_STAGE)  # the origins call every stage
+                self._send_backward(node_id, mb)
+                return
             if task == TASK_REPAIR:
                 mb.record_repair(node_id, incarnation, seconds, FORWARD_SHARE)
             else:
@@ -313,8 +321,16 @@ class HopsMixin(EngineBase):
 
     def _send_backward(self, sender: str, mb: Microbatch) -> None:
         """Send the gradient from ``sender`` (stage ``mb.stage``) to the previous hop."""
-        if self._client_routed and sender == mb.origin:
-            self._call_backward(mb)
+        if self._client_routed:
+            if sender == mb.origin:
+                self._call_backward(mb)
+                return
+            # The relay answers the origin's call: the origin's deadline covers the whole call
+            # (request, compute, answer), so the relay arms none of its own.
+            arrival = self._transfer(sender, mb.origin)
+            origin = self.world.nodes[mb.origin]
+            answer = (mb.origin, origin.incarnation, mb.mb_id, mb.version, sender)
+            self._schedule(arrival, ARRIVE_BWD, *answer)
             return
         receiver = mb.previous_hop()
         mb.direction = "backward"
@@ -334,21 +350,39 @@ class HopsMixin(EngineBase):
         mb = self._arrived(receiver, incarnation, mb_id, version)
         if mb is None:
             return
+        if self._client_routed:
+            self._answer_backward_call(mb, sender)
+            return
         if receiver == mb.origin and mb.stage == 1:
             mb.stage = DATA_STAGE
             self._schedule_ack(receiver, sender, mb, "backward")
             self._complete(mb)
             return
-        if self._client_routed:  # the input gradient is back at the origin: call the stage below
-            self._schedule_ack(receiver, sender, mb, "backward")
-            self._call_backward(mb)
-            return
         compute_s = self.world.compute_ms(receiver) / 1000.0
         self._enqueue(receiver, TASK_BWD, compute_s * (1.0 - FORWARD_SHARE), mb, sender)
+
+    def _answer_backward_call(self, mb: Microbatch, relay: str) -> None:
+        """Client-routed: the input gradient is back at the origin, which answers its own call
+        (the ack) and calls the stage below, or is done after stage 1."""
+        node_id, incarnation, seconds = self._answers.pop(mb.mb_id)
+        mb.record_repair(node_id, incarnation, seconds, FORWARD_SHARE)
+        mb.acked_seq = max(mb.acked_seq, mb.hop_seq)
+        report = HopReport(
+            mb.mb_id, mb.origin, relay, mb.stage, "backward", mb.hop_sent_s, self.now
+        )
+        self._apply(self.policy.on_hop_acked(self.world, report, self.now))
+        if mb.stage == 1:
+            mb.stage = DATA_STAGE
+            self._complete(mb)
+        else:
+            self._call_backward(mb)
 
     def _complete(self, mb: Microbatch) -> None:
         mb.done = True
         self.metrics.microbatches_completed += 1
         self._remaining -= 1
         self._apply(self.policy.on_microbatch_done(self.world, mb.view(), self.now))
-        self._check_barrier()
+        if self._barrier:
+            self._check_barrier()
+        else:
+            self._stream_done(mb)

@@ -2,7 +2,8 @@
 
 An iteration ends when every microbatch injected in it finished its backward; then each stage's
 live replicas average gradients by butterfly all-reduce (stages in parallel), pending stage moves
-happen, and the next iteration starts.
+happen, and the next iteration starts. Without the barrier (SWARM as released), origins inject
+continuously and an iteration is a global batch of finished microbatches (``_stream_done``).
 """
 
 from __future__ import annotations
@@ -25,29 +26,61 @@ class IterationsMixin(MembershipMixin):
         self.world.current_iteration = iteration
         self._apply(self.policy.on_iteration_start(self.world, iteration, self.now))
         self._iteration_mbs = []
+        injected = []
         for data_node in self.world.data_nodes():
             node = self.world.nodes[data_node]
             if not node.alive:
                 continue
-            for _ in range(node.spec.capacity):
-                mb_id = self.metrics.microbatches_injected
-                self.metrics.microbatches_injected += 1
-                stages = self.scenario.model.stages
-                mb = Microbatch(mb_id, data_node, iteration, stages, self.now, self._client_routed)
-                self._mbs[mb_id] = mb
-                self._iteration_mbs.append(mb)
-                self._schedule(self.now + self.timing.stall_timeout_s, STALL, mb_id, 0)
-        self._remaining = len(self._iteration_mbs)
-        if not self._iteration_mbs:
+            injected += [self._new_microbatch(data_node) for _ in range(node.spec.capacity)]
+        if not injected:
             self._finish("no_data_nodes")
             return
+        if self._barrier:
+            self._iteration_mbs = injected
+            self._remaining = len(injected)
+        else:  # once, at the start: origins inject the rest as their microbatches finish
+            self._batch_size = len(injected)
+            self._left_to_inject = self._batch_size * self.scenario.iterations - len(injected)
         self._running = True
-        for mb in self._iteration_mbs:
+        for mb in injected:
             self._decide_at(mb.origin, mb)
         self._check_barrier()
 
+    def _new_microbatch(self, data_node: str) -> Microbatch:
+        mb_id = self.metrics.microbatches_injected
+        self.metrics.microbatches_injected += 1
+        stages = self.scenario.model.stages
+        iteration = self.world.current_iteration
+        mb = Microbatch(mb_id, data_node, iteration, stages, self.now, self._client_routed)
+        self._mbs[mb_id] = mb
+        self._schedule(self.now + self.timing.stall_timeout_s, STALL, mb_id, 0)
+        return mb
+
+    # ---- without the barrier ----
+
+    def _stream_done(self, mb: Microbatch) -> None:
+        """A microbatch finished: its origin injects the next one; a full global batch ends an
+        iteration, and the relays average in place (their compute waits for the all-reduce)."""
+        self._iteration_mbs.append(mb)
+        if self._left_to_inject > 0 and self.world.nodes[mb.origin].alive:
+            self._left_to_inject -= 1
+            self._decide_at(mb.origin, self._new_microbatch(mb.origin))
+        if len(self._iteration_mbs) < self._batch_size:
+            return
+        iteration = self.world.current_iteration
+        self._apply(self.policy.on_iteration_end(self.world, iteration, self.now))
+        self._count_useful()
+        self._iteration_mbs = []
+        self.world.current_iteration = iteration + 1
+        seconds = self._allreduce_s()
+        for node_id in self.world.known_nodes():
+            node = self.world.nodes[node_id]
+            if node.alive and node.spec.role == "relay":
+                node.compute_free_at_s = max(node.compute_free_at_s, self.now) + seconds
+        self._schedule(self.now + seconds, ALLREDUCE_DONE)
+
     def _check_barrier(self) -> None:
-        if self._remaining > 0 or self._finished or not self._running:
+        if not self._barrier or self._remaining > 0 or self._finished or not self._running:
             return
         self._running = False
         iteration = self.world.current_iteration
@@ -70,8 +103,11 @@ class IterationsMixin(MembershipMixin):
             del self._mbs[mb_id]
         if self.metrics.iterations_completed >= self.scenario.iterations:
             self._finish("finished")
-        else:
+        elif self._barrier:
             self._start_iteration()
+        else:
+            iteration = self.world.current_iteration
+            self._apply(self.policy.on_iteration_start(self.world, iteration, self.now))
 
     def _finish(self, reason: str) -> None:
         self._finished = True

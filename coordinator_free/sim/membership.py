@@ -107,7 +107,9 @@ class MembershipMixin(RecoveryMixin):
         return rng
 
     def _abandon_origin(self, data_node: str) -> None:
-        for mb in self._iteration_mbs:
+        in_flight = self._iteration_mbs if self._barrier else list(self._mbs.values())
+        abandoned = 0
+        for mb in in_flight:
             if mb.origin == data_node and not mb.done and not mb.abandoned:
                 lost = mb.recomputed_s + sum(r[2] for r in mb.records())
                 self.metrics.lost_with_replica_gpu_s += lost
@@ -116,7 +118,15 @@ class MembershipMixin(RecoveryMixin):
                 self.metrics.microbatches_abandoned += 1
                 self._release_holds(mb)
                 self._remaining -= 1
-        self._check_barrier()
+                abandoned += 1
+        if self._barrier:
+            self._check_barrier()
+            return
+        # Without the barrier the global batch still needs them: the live origins take them over.
+        live = [d for d in self.world.data_nodes() if self.world.nodes[d].alive]
+        for index in range(abandoned if live else 0):
+            origin = live[index % len(live)]
+            self._decide_at(origin, self._new_microbatch(origin))
 
     def _download_s(self, node_id: str) -> float:
         """Fetch the stage's weights from the fastest live replica (or a data node)."""

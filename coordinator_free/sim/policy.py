@@ -58,6 +58,13 @@ Model the engine implements (what a policy may rely on):
   replicas are dropped, not waited for. Then the
   ``MoveStage`` actions requested so far take effect (the node downloads the new stage's weights
   from its nearest live replica) and the next iteration starts.
+  Without the barrier (``iteration_barrier = False``), an origin injects a new microbatch each
+  time one of its own finishes, until the run's total is injected; an iteration ends when a global
+  batch (the data nodes' capacities summed) of microbatches has finished, and the relays then
+  average in place: each live relay's compute is blocked for the all-reduce while origins keep
+  sending (their calls queue). ``MoveStage`` actions take effect when the all-reduce is done.
+* Wire size: every activation or gradient transfer carries ``activation_bytes`` times the
+  policy's ``activation_wire_ratio`` (compression); weight downloads and all-reduces do not.
 * Holding: ``Hold`` parks the microbatch at the node. The engine asks ``choose_next_hop`` again
   for parked microbatches when a node of the next stage frees a slot, when any node joins, on
   every ``on_tick`` of the holder, every ``park_retry_s``, and when the policy returns
@@ -179,7 +186,15 @@ class Wake:
     postpone: bool = False
 
 
-Action = Send | MoveStage | Retry | Wake
+@dataclass(frozen=True)
+class RestartIteration:
+    """Every unfinished microbatch of the iteration restarts at its origin (a job relaunched
+    from the iteration's start), except ``besides``: the one the decision itself restarts."""
+
+    besides: int | None = None
+
+
+Action = Send | MoveStage | Retry | Wake | RestartIteration
 
 
 # ---- decisions about one microbatch ----
@@ -321,6 +336,13 @@ class RoutingPolicy(Protocol):
     #: is a call from the origin, with the stage's input and output gradient, to the relay
     #: ``choose_backward_hop`` names, which recomputes the forward before the backward.
     client_routed: ClassVar[bool]
+    #: Whether every origin waits for the whole iteration before injecting again (the engine's
+    #: global barrier). False (SWARM as released): each origin injects its next microbatch as
+    #: soon as one of its own is done, and an iteration is a global batch of backwards.
+    iteration_barrier: bool
+    #: Bytes on the wire per byte of activation or gradient (1.0: sent as the model holds them;
+    #: 0.5: 8-bit compression of bf16 activations).
+    activation_wire_ratio: float
 
     def timing(self) -> PolicyTiming: ...
 
@@ -408,6 +430,8 @@ class PolicyDefaults:
     name: ClassVar[str] = "base"
     full_knowledge: ClassVar[bool] = False
     client_routed: ClassVar[bool] = False
+    iteration_barrier: bool = True
+    activation_wire_ratio: float = 1.0
 
     def on_node_up(self, world: WorldView, node_id: str, now: float) -> Sequence[Action]:
         return ()

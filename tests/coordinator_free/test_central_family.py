@@ -1,5 +1,6 @@
 """The comparison benchmark's rules: the central heuristic's slot rule is tuned on other seeds
-than those reported, ratios are paired per seed, GWTF variants set FlowConfig fields."""
+than those reported, ratios are paired per seed, GWTF variants set FlowConfig fields, the
+baselines take their timeouts and options."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from types import ModuleType
 import pytest
 
 from coordinator_free.baselines.central import CentralPolicy
+from coordinator_free.baselines.swarm import BLOCKWISE_8BIT_RATIO
 from coordinator_free.sim.engine import run_scenario
 from coordinator_free.sim.generator import GridCell, GridSize, build_scenario
+from coordinator_free.sim.policy import PolicyTiming
 from gwtf.errors import ConfigError
 
 
@@ -96,3 +99,15 @@ def test_like_speed_variant_runs_only_where_speeds_differ() -> None:
     assert SC.expand(GridCell(True, True, 0.0), SC.LIKE, {}) == [SC.LIKE]
     policy = SC.policy_for(SC.LIKE)
     assert isinstance(policy, SC.TunedGwtfPolicy)
+
+
+def test_the_comparison_builds_each_baseline_with_its_options() -> None:
+    setup = SC.Setup(timeout_s=20.0, trainers=8, swarm_8bit=True)
+    swarm = SC.policy_for("swarm", setup)
+    assert swarm.timing() == PolicyTiming(20.0, 50.0)  # backward 2.5 x forward, as released
+    assert swarm.activation_wire_ratio == BLOCKWISE_8BIT_RATIO
+    assert not swarm.iteration_barrier and SC.policy_for("swarm-barrier").iteration_barrier
+    assert SC.policy_for("dtfm", setup).timing() == PolicyTiming(20.0, 20.0)
+    assert not SC.policy_for("gwtf-nobarrier").iteration_barrier
+    assert SC.policy_for("swarm").timing() == PolicyTiming(30.0, 75.0)  # as shipped
+    assert setup.size(5) == GridSize(iterations=5, trainers_per_data_node=8)

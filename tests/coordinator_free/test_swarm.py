@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from typing import Any
 
 import pytest
 
-from coordinator_free.baselines.swarm import BACKWARD_TIMEOUT_S, SwarmPolicy
+from coordinator_free.baselines.swarm import BACKWARD_TIMEOUT_S, BLOCKWISE_8BIT_RATIO, SwarmPolicy
 from coordinator_free.baselines.swarm_balancer import Balancer, PerformanceEma
 from coordinator_free.sim.algorithms import ALGORITHMS, make_policy
 from coordinator_free.sim.engine import Engine, EngineConfig, run_scenario
 from coordinator_free.sim.policy import HopReport, PolicyTiming
+from coordinator_free.sim.scenario import parse_scenario
 from coordinator_free.sim.world import ANNOUNCE_PERIOD_S, MEMBERSHIP_EXPIRY_S
-from tests.coordinator_free.sim_helpers import live_world, small_scenario
+from tests.coordinator_free.sim_helpers import live_world, scenario_document, small_scenario
 
 # ---- the client-routed data plane ----
 
@@ -160,3 +162,92 @@ def test_crashes_land_in_forwards_and_in_backwards() -> None:
     )
     phases = run_scenario(scenario, make_policy("gwtf")).crashes_by_phase
     assert phases["forward"] > 0 and phases["backward"] > 0
+
+
+# ---- the trainer's deadline covers the whole call ----
+
+
+def test_a_slow_answer_to_a_backward_call_times_out_at_the_trainer() -> None:
+    # The relay's link back to the trainer is slow: 1 MB at 0.3 Mbit/s takes ~27 s, more than the
+    # 20 s backward deadline but less than the 60 s forward one. In SWARM the deadline belongs to
+    # the trainer's call (request, compute and answer); the relay has no deadline of its own, so
+    # the call times out at the trainer (which has no other peer: it waits), and nothing asks for
+    # a stage-0 repair.
+    document = scenario_document(
+        relays_per_stage=1, stages=1, regions=2, data_nodes=2, data_capacity=1
+    )
+    for node in document["nodes"]:
+        node["region"] = "b" if node["role"] == "relay" else "a"
+    document["topology"]["bandwidth_gbps"][1][0] = 0.0003
+    timeouts: list[str] = []
+
+    class Recording(SwarmPolicy):
+        def on_backward_timeout(self, world, node_id, mb, suspect, now):  # type: ignore[no-untyped-def]
+            timeouts.append(node_id)
+            return super().on_backward_timeout(world, node_id, mb, suspect, now)
+
+    policy = Recording(forward_timeout_s=60.0, backward_timeout_s=20.0)
+    metrics = run_scenario(parse_scenario(document), policy, EngineConfig(max_sim_time_s=400.0))
+    assert metrics.stopped_reason == "finished"
+    assert metrics.backward_timeouts > 0
+    assert timeouts and set(timeouts) <= {"d0", "d1"}
+
+
+# ---- no global barrier; 8-bit activations ----
+
+
+class _Watched(SwarmPolicy):
+    """SWARM recording when each microbatch first leaves its trainer and when batches end."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.first_sent: dict[int, float] = {}
+        self.batch_ends: list[float] = []
+
+    def choose_next_hop(self, world, node_id, mb, now):  # type: ignore[no-untyped-def]
+        if mb.stage == 0:
+            self.first_sent.setdefault(mb.mb_id, now)
+        return super().choose_next_hop(world, node_id, mb, now)
+
+    def on_iteration_end(self, world, iteration, now):  # type: ignore[no-untyped-def]
+        self.batch_ends.append(now)
+        return super().on_iteration_end(world, iteration, now)
+
+
+def test_swarm_trainers_send_the_next_sample_without_waiting_for_the_batch() -> None:
+    scenario = small_scenario(
+        relays_per_stage=2, data_nodes=2, data_capacity=3, iterations=4, speeds=[1, 0.35] * 2
+    )
+    policy = _Watched()
+    engine = Engine(scenario, policy, EngineConfig(record_trace=True))
+    metrics = engine.run()
+    batch = 2 * 3
+    assert metrics.stopped_reason == "finished"
+    assert metrics.microbatches_injected == metrics.microbatches_completed == 4 * batch
+    # Samples of the second batch left before the first batch was averaged...
+    assert any(
+        t < metrics.iteration_end_times_s[0] for m, t in policy.first_sent.items() if m >= batch
+    )
+    # ...and no relay computed while its stage averaged (the all-reduce blocks the servers).
+    averaging = list(zip(policy.batch_ends, metrics.iteration_end_times_s, strict=True))
+    relays = [r for r in engine.trace if r.node_id.startswith("r")]
+    assert all(not (a < r.start_s < b - 1e-9) for r in relays for a, b in averaging)
+    barrier = run_scenario(scenario, SwarmPolicy(barrier=True))
+    assert metrics.sim_time_s < barrier.sim_time_s
+
+
+def test_swarm_8bit_activations_halve_every_transfer() -> None:
+    # The one-microbatch run of the first test: 10 transfers of 4 ms (4 forward, 3 per backward).
+    scenario = small_scenario(relays_per_stage=1, data_capacity=1, relay_capacity=1, iterations=1)
+    plain = run_scenario(scenario, SwarmPolicy()).sim_time_s
+    packed = run_scenario(scenario, SwarmPolicy(compress_8bit=True)).sim_time_s
+    assert plain - packed == pytest.approx(10 * 0.004 * (1 - BLOCKWISE_8BIT_RATIO))
+
+
+def test_without_the_barrier_a_crashed_trainers_samples_are_taken_over() -> None:
+    events = [{"t": 0.5, "node": "d1", "event": "crash"}]
+    scenario = small_scenario(relays_per_stage=2, data_nodes=2, data_capacity=3, events=events)
+    metrics = run_scenario(scenario, SwarmPolicy(), EngineConfig(max_sim_time_s=600.0))
+    assert metrics.stopped_reason == "finished"
+    assert metrics.microbatches_abandoned > 0
+    assert metrics.microbatches_completed == 3 * 2 * 3  # every global batch still full
