@@ -95,18 +95,21 @@ def test_the_draw_follows_deposits_and_never_seats_a_party(juried: Juried) -> No
     assert sum(drawn.values()) == 24
     # 5 of 12 deposit shares: 10 of the 24 seats expected; fewer than 2 has odds of 4e-5.
     assert drawn[heavy.node] >= 2
-    # A second juror node of one wallet would let a wallet dodge exclusion: refused.
+    # A second juror node of one wallet would let a wallet dodge exclusion: refused, even
+    # once the first holds nothing (a party that moved its juror between the arming of a
+    # draw and the draw would change which weight is taken out).
     key = w.register("a's second juror", w.wallet(0), ETH)
     first = w.call(w.court.functions.jurorOf(w.wallet(0)))
     reverts(
         w, w.court.functions.deposit(key.address), w.wallet(0), "OneJurorPerWallet",
         w.wallet(0), first, value=ETH,
     )  # fmt: skip
-    # Once the first juror node holds nothing (here: nothing locked, all withdrawn), the
-    # wallet's other node takes its place.
     w.tx(w.court.functions.withdrawDeposit(first, 5 * ETH), w.wallet(0))
-    w.tx(w.court.functions.deposit(key.address), w.wallet(0), ETH)
-    assert w.call(w.court.functions.jurorOf(w.wallet(0))) == key.address
+    reverts(
+        w, w.court.functions.deposit(key.address), w.wallet(0), "OneJurorPerWallet",
+        w.wallet(0), first, value=ETH,
+    )  # fmt: skip
+    assert w.call(w.court.functions.jurorOf(w.wallet(0))) == first
 
 
 def every_dispute_of_a(c: Certified) -> list[FraudProof]:
@@ -494,29 +497,72 @@ def test_a_partys_juror_does_not_count_for_the_pool(certified: Certified) -> Non
     reverts(w, w.court.functions.draw(case_id), w.stranger, "PoolTooSmall", 6, 7)
 
 
-def test_a_juror_that_left_the_registry_is_evicted_before_the_draw(juried: Juried) -> None:
-    """A juror whose node unstaked cannot sit: a draw that hits it asks for its eviction,
-    anyone evicts it (its deposit stays its own), and the draw goes on without it."""
+def test_a_juror_that_left_the_registry_never_sits_and_is_evicted_from_later_draws(
+    juried: Juried,
+) -> None:
+    """A juror whose node unstaked cannot sit: a draw that hits it moves on to the seat's next
+    point, so the draw goes on without asking anything of it. Anyone evicts it (its deposit
+    stays its own), which takes it out of the pool of draws armed later."""
     c, w = juried, juried.w
     court = w.court.functions
     reverts(w, court.evict(c.jurors[0].node), w.stranger, "JurorActive", c.jurors[0].node)
-    for juror in c.jurors[:6]:  # most of the pool: a draw is bound to hit one
+    for juror in c.jurors[:5]:  # most of the pool: a draw is bound to hit one
         w.tx(w.registry.functions.requestUnstake(juror.node), juror.wallet)
-    w.tx(court.deposit(c.jurors[6].node), c.jurors[6].wallet, jury.JUROR_DEPOSIT)
+    proof = dispute_of(c, c.a)
+    _, case_id = jury.open_case(w, proof)
+    jury.reveal_salt(w, case_id, proof)
+    seats = jury.draw(w, case_id)
+    assert set(seats) <= {j.node for j in c.jurors[5:]}
+    for juror in c.jurors[:5]:
+        w.tx(court.evict(juror.node), w.stranger)
+    assert int(w.call(court.poolSize())) == 3
+    reverts(w, court.evict(c.jurors[0].node), w.stranger, "JurorActive", c.jurors[0].node)
+    assert jury.deposit_of(w, c.jurors[0].node) == jury.JUROR_DEPOSIT
+    second = dispute_of(c, c.b)
+    _, later = jury.open_case(w, second)
+    jury.reveal_salt(w, later, second)
+    mine_to(w, int(jury.rounds(w, later)[0][0]) + 1)
+    reverts(w, court.draw(later), w.stranger, "PoolTooSmall", 3, 7)
+
+
+def test_no_deposit_change_after_the_seed_is_armed_moves_a_seat(juried: Juried) -> None:
+    """The draw grinding attack fails. A juror (1 of 9 equal deposits) whose other wallet
+    disputes honest a (2 ETH of stake at risk) tries, on a local fork, top-ups of 1..24 wei of
+    its deposit in the block of the draw, looking for one that hands it two of the three
+    seats. Another juror's withdrawal, an eviction-like exit and a fresh juror are tried too.
+    The draw reads the weights as they stood when its seed block was armed, so every variant
+    seats exactly the jury of the untouched draw: nothing to grind."""
+    c, w = juried, juried.w
+    wallet = jury.juror_wallet(w, "attacker")
+    key = w.register("attacker juror", wallet, ETH)
+    w.tx(w.court.functions.deposit(key.address), wallet, jury.JUROR_DEPOSIT)
     proof = dispute_of(c, c.a)
     _, case_id = jury.open_case(w, proof)
     jury.reveal_salt(w, case_id, proof)
     mine_to(w, int(jury.rounds(w, case_id)[0][0]) + 1)
-    try:
-        w.tx(court.draw(case_id), w.stranger)
-        raise AssertionError("a draw from a pool of mostly unstaked jurors must ask to evict")
-    except ContractRevert as error:
-        assert error.name == "JurorInactive" and error.args[0] in {j.node for j in c.jurors[:6]}
-    for juror in c.jurors[:6]:
-        w.tx(court.evict(juror.node), w.stranger)
-    assert int(w.call(court.poolSize())) == 2
-    reverts(w, court.evict(c.jurors[0].node), w.stranger, "JurorActive", c.jurors[0].node)
-    assert jury.deposit_of(w, c.jurors[0].node) == jury.JUROR_DEPOSIT
-    w.tx(court.draw(case_id), w.stranger)  # past the prevrandao window meanwhile: re-armed
-    mine_to(w, int(jury.rounds(w, case_id)[0][0]) + 1)
-    reverts(w, court.draw(case_id), w.stranger, "PoolTooSmall", 2, 7)
+    newcomer = jury.juror_wallet(w, "newcomer")
+    newcomer_key = w.register("newcomer juror", newcomer, ETH)
+
+    def seats_after(change: object) -> list[str]:
+        snap = w.tester.take_snapshot()
+        try:
+            if isinstance(change, int):  # the attacker's top-up, in wei
+                w.tx(w.court.functions.deposit(key.address), wallet, change)
+            elif change == "withdraw":
+                honest_juror = c.jurors[0]
+                fn = w.court.functions.withdrawDeposit(honest_juror.node, jury.JUROR_DEPOSIT)
+                w.tx(fn, honest_juror.wallet)
+            elif change == "newcomer":
+                fn = w.court.functions.deposit(newcomer_key.address)
+                w.tx(fn, newcomer, 10 * jury.JUROR_DEPOSIT)
+            return jury.draw(w, case_id)
+        finally:
+            w.tester.revert_to_snapshot(snap)
+
+    fair = seats_after(None)
+    variants = [*range(1, 25), "withdraw", "newcomer"]
+    moved = [change for change in variants if seats_after(change) != fair]
+    assert moved == [], f"these changes after the seed was armed moved seats: {moved}"
+    # The fair draw stands as drawn for real, whatever the attacker then tops up.
+    w.tx(w.court.functions.deposit(key.address), wallet, 1)
+    assert jury.draw(w, case_id) == fair
