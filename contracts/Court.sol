@@ -179,7 +179,6 @@ contract Court is Ownable2Step, ReentrancyGuard {
     error NodeNotActive(address node);
     error JuryFull(uint256 maxJurors);
     error OneJurorPerWallet(address wallet, address juror);
-    error JurorInactive(address node);
     error JurorActive(address node);
     error ZeroAmount();
     error DepositLocked(address node, uint256 freeWei);
@@ -383,11 +382,11 @@ contract Court is Ownable2Step, ReentrancyGuard {
             emit DrawRearmed(caseId, r, round.seedBlock);
             return;
         }
-        uint48 at = uint48(seedBlock - drawDelayBlocks);
-        (address[5] memory excluded, uint256 count, uint256 excludedWei) = _excluded(c.parties, at);
-        uint256 pool = _poolAt.upperLookupRecent(at) - count;
+        uint48 armedAt = uint48(seedBlock - drawDelayBlocks);
+        (address[5] memory excluded, uint256 count, uint256 excludedWei) = _excluded(c.parties, armedAt);
+        uint256 pool = _poolAt.upperLookupRecent(armedAt) - count;
         if (pool < minPool) revert PoolTooSmall(pool, minPool);
-        uint256 eligible = _totalAt.upperLookupRecent(at) - excludedWei;
+        uint256 eligible = _totalAt.upperLookupRecent(armedAt) - excludedWei;
         bytes32 beacon = source == Source.Blockhash ? blockhash(seedBlock) : bytes32(block.prevrandao);
         bytes32 seed = keccak256(abi.encode(beacon, c.challengerSalt, c.accusedSalt, caseId, r));
         uint256 penalty = penaltyWei();
@@ -396,7 +395,7 @@ contract Court is Ownable2Step, ReentrancyGuard {
             for (uint256 try_ = 0; node == address(0); ++try_) {
                 if (try_ == SEAT_TRIES) revert JuryNotDrawable(caseId, seat);
                 uint256 point = uint256(keccak256(abi.encode(seed, seat, try_))) % eligible;
-                node = jurorAt[_findEligible(point, excluded, count, at)];
+                node = jurorAt[_findEligible(point, excluded, count, armedAt)];
                 Juror storage hit = jurors[node];
                 if (uint256(hit.depositWei) - hit.lockedWei < penalty || !registry.isActive(node)) {
                     node = address(0);
@@ -585,10 +584,10 @@ contract Court is Ownable2Step, ReentrancyGuard {
         round.feesWei = 0;
     }
 
-    /// @dev The jurors out of a case's draw (weight above 0 at block `at` only): the accused
+    /// @dev The jurors out of a case's draw (weight above 0 at block `armedAt` only): the accused
     /// node, the challenger, and the juror nodes of the accused's wallet, the challenger's and
-    /// the sponsor's; with their weight at `at`.
-    function _excluded(Parties storage parties, uint48 at)
+    /// the sponsor's; with their weight at `armedAt`.
+    function _excluded(Parties storage parties, uint48 armedAt)
         private
         view
         returns (address[5] memory found, uint256 count, uint256 weightWei)
@@ -602,7 +601,7 @@ contract Court is Ownable2Step, ReentrancyGuard {
         ];
         for (uint256 i = 0; i < 5; ++i) {
             address node = candidates[i];
-            uint256 weight = node == address(0) ? 0 : _weightAt[node].upperLookupRecent(at);
+            uint256 weight = node == address(0) ? 0 : _weightAt[node].upperLookupRecent(armedAt);
             if (weight == 0) continue;
             bool seen = false;
             for (uint256 j = 0; j < count; ++j) {
@@ -619,18 +618,18 @@ contract Court is Ownable2Step, ReentrancyGuard {
     /// weights taken out: the smallest slot t with prefix(t) - excluded weight up to t > point.
     /// Each pass moves the point past the excluded weight before the slot found, so it settles
     /// within count + 1 passes, never on an excluded slot.
-    function _findEligible(uint256 point, address[5] memory excluded, uint256 count, uint48 at)
+    function _findEligible(uint256 point, address[5] memory excluded, uint256 count, uint48 armedAt)
         private
         view
         returns (uint256 slot)
     {
         uint256 shifted = point;
         for (uint256 pass = 0; pass <= count; ++pass) {
-            slot = _treeFind(shifted, at);
+            slot = _treeFind(shifted, armedAt);
             uint256 before = point;
             for (uint256 i = 0; i < count; ++i) {
                 address node = excluded[i];
-                if (jurors[node].slot <= slot) before += _weightAt[node].upperLookupRecent(at);
+                if (jurors[node].slot <= slot) before += _weightAt[node].upperLookupRecent(armedAt);
             }
             if (before == shifted) return slot;
             shifted = before;
@@ -678,14 +677,14 @@ contract Court is Ownable2Step, ReentrancyGuard {
         }
     }
 
-    /// @dev The slot whose weight covers `point` of the weights at block `at` laid end to end
+    /// @dev The slot whose weight covers `point` of the weights at block `armedAt` laid end to end
     /// (point < total).
-    function _treeFind(uint256 point, uint48 at) private view returns (uint256) {
+    function _treeFind(uint256 point, uint48 armedAt) private view returns (uint256) {
         uint256 position = 0;
         for (uint256 step = MAX_JURORS; step != 0; step >>= 1) {
             uint256 next = position + step;
             if (next <= MAX_JURORS) {
-                uint256 value = _tree[next].upperLookupRecent(at);
+                uint256 value = _tree[next].upperLookupRecent(armedAt);
                 if (value <= point) {
                     position = next;
                     point -= value;

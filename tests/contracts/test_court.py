@@ -28,7 +28,7 @@ from tests.contracts.jury import (
     mine_to,
 )
 from tests.contracts.test_tensor_disputes import BOND, dispute_of, state_of
-from tests.contracts.world import ETH, World, reverts
+from tests.contracts.world import ETH, World, proof_reverts, reverts
 
 REJECTED, UPHELD, NO_JURY = 3, 2, 4
 
@@ -163,8 +163,50 @@ def test_a_case_no_jury_could_sit_is_refused_and_everything_returns(certified: C
     assert w.status_of(c.a) == 1 and not w.call(
         w.disputes.functions.claimsFrozen(c.run, 0, c.a.address)
     )
-    assert int(w.call(w.registry.functions.frozenCount(c.a.address))) == 0
     reverts(w, w.court.functions.executeRuling(case_id), w.stranger, "WrongPhase", case_id, RULED)
+    # a's stake stays frozen while the challenger may reopen the dispute, then thaws.
+    frozen = w.registry.functions.frozenCount(c.a.address)
+    assert int(w.call(frozen)) == 1
+    reopen_until = int(w.call(w.disputes.functions.reopenUntil(dispute_id)))
+    assert reopen_until >= w.epoch_times(c.run, 0)[3]  # past the epoch's settlement
+    release = w.disputes.functions.releaseAfterGrace(dispute_id)
+    reverts(w, release, w.stranger, "NotReopenable", dispute_id)
+    w.travel_to(reopen_until + 1)
+    w.tx(release, w.stranger)
+    assert int(w.call(frozen)) == 0
+    reverts(w, release, w.stranger, "NotReopenable", dispute_id)
+    proof_reverts(w, proof, "DisputeExists", dispute_id)
+
+
+def test_a_refused_dispute_is_reopened_by_its_challenger_after_the_epoch_settled(
+    certified: Certified,
+) -> None:
+    """The attack fails: a cheater whose dispute lapsed for want of a jury would keep its
+    stake, since the ruling comes after the epoch settled and the challenger's dispute on the
+    receipt exists. At stake: the run's 1 ETH minimum of a's 2 ETH. The challenger reopens it
+    within its grace, after settlement; once jurors have joined, the reopened dispute is drawn,
+    upheld, and ranks by its first commitment."""
+    c, w = certified, certified.w
+    proof = dispute_of(c, c.a)
+    dispute_id, case_id = jury.open_case(w, proof)
+    jury.reveal_salt(w, case_id, proof)
+    mine_to(w, int(jury.rounds(w, case_id)[0][1]) + 1)
+    w.tx(w.court.functions.executeRuling(case_id), w.stranger)
+    assert state_of(w, dispute_id) == NO_JURY
+    w.travel_to(w.epoch_times(c.run, 0)[3])  # the epoch has settled
+    jurors = jury.seat_jurors(w)
+    reopened, second = jury.open_case(w, proof)
+    assert reopened != dispute_id and bool(w.call(w.disputes.functions.isReopening(reopened)))
+    assert int(w.call(w.disputes.functions.reopenUntil(dispute_id))) == 0
+    assert int(w.call(w.registry.functions.frozenCount(c.a.address))) == 1  # one freeze, kept
+    jury.reveal_salt(w, second, proof)
+    jury.draw(w, second)
+    jury.vote(w, second, jurors, honest(WRONG))
+    jury.execute(w, second)
+    assert state_of(w, reopened) == UPHELD and w.stake_of(c.a) == ETH
+    assert int(w.call(w.registry.functions.frozenCount(c.a.address))) == 0
+    first_order = int(w.call(w.disputes.functions.tensorDisputes(dispute_id))[4])
+    assert int(w.call(w.disputes.functions.tensorDisputes(reopened))[4]) == first_order
 
 
 # ---------------------------------------------------------------- the parties' salts
@@ -325,7 +367,7 @@ def test_coherent_seats_are_paid_and_absent_or_incoherent_ones_fined(juried: Jur
         assert jury.deposit_of(w, juror.node) == deposits[juror.node] - penalty
     paid = fee * (1 + len(seats_1))
     assert sum(jury.credit(w, j.wallet) for j in c.jurors) == paid
-    assert w.status_of(c.a) == 4  # convicted by the appeal
+    assert w.stake_of(c.a) == ETH  # convicted by the appeal: the run's 1 ETH minimum taken
     before = w.balance(coherent.wallet)
     receipt = w.tx(court.withdrawCredit(), coherent.wallet)
     gas = receipt["gasUsed"] * receipt["effectiveGasPrice"]
@@ -363,7 +405,7 @@ def test_an_appeal_runs_to_the_final_31_seats(certified: Certified) -> None:
     receipt = w.tx(w.court.functions.executeRuling(case_id), w.stranger)
     settled = jury.settled(w, receipt)
     assert {r for (r, _), (coherent, _) in settled.items() if coherent} == {1, 3}
-    assert w.status_of(c.a) == 4
+    assert w.stake_of(c.a) == ETH
 
 
 def test_an_appeal_that_finds_no_jury_leaves_the_ruling_before_it(juried: Juried) -> None:
@@ -455,7 +497,7 @@ def test_a_blockhash_court_draws_from_the_seed_blocks_hash_and_rearms_after_256(
     jury.draw(w, case_id)
     jury.vote(w, case_id, jurors, honest(WRONG))
     jury.execute(w, case_id)
-    assert w.status_of(a) == 4
+    assert w.stake_of(a) == ETH
 
 
 def test_only_the_disputes_contract_opens_cases(world: World) -> None:

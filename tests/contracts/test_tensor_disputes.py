@@ -66,10 +66,11 @@ def test_an_upheld_dispute_slashes_the_worker_and_only_the_worker(juried: Juried
     vote(w, case_id, c.jurors, honest(WRONG))
     receipt = execute(w, case_id)
     (event,) = w.disputes.events.FraudProven().process_receipt(receipt, errors=DISCARD)
-    bounty = 2 * ETH * BOUNTY_BPS // 10_000
+    bounty = ETH * BOUNTY_BPS // 10_000  # on the run's minimum stake, what a wrong tensor takes
     assert event["args"]["node"] == c.a.address and event["args"]["fraud"] == Fraud.WRONG_TENSOR
     assert event["args"]["challenger"] == w.challenger and event["args"]["bountyWei"] == bounty
-    assert w.status_of(c.a) == SLASHED and state_of(w, dispute_id) == UPHELD
+    assert event["args"]["slashedWei"] == ETH and w.stake_of(c.a) == ETH  # the rest stays a's
+    assert w.status_of(c.a) != SLASHED and state_of(w, dispute_id) == UPHELD
     # The challenger gets its bond back at once, the bounty once no earlier commitment can
     # be revealed; the sponsor gets nothing.
     assert credit(w, w.challenger) == BOND
@@ -165,19 +166,21 @@ def test_a_slashed_worker_cannot_be_disputed_and_a_second_upheld_ruling_takes_no
     receipt = execute(w, second)
     (event,) = w.disputes.events.FraudProven().process_receipt(receipt, errors=DISCARD)
     assert (event["args"]["slashedWei"], event["args"]["bountyWei"]) == (0, 0)
-    bounty = 4 * ETH * BOUNTY_BPS // 10_000
+    bounty = ETH * BOUNTY_BPS // 10_000
     w.award(c.b.address)
     assert credit(w, w.challenger) == 2 * BOND + bounty
-    assert w.call(w.disputes.functions.burnedWei()) == 4 * ETH - bounty
+    assert w.call(w.disputes.functions.burnedWei()) == ETH - bounty
+    assert w.stake_of(c.b) == 3 * ETH  # one (run, epoch) proven: one bounded slash
 
 
 def test_a_worker_disputing_itself_loses_its_stake(juried: Juried) -> None:
-    """Self-reporting never pays: the bounty is 5 % of what the worker loses."""
+    """Self-reporting never pays: the bounty is 5 % of what the worker loses (the run's
+    1 ETH minimum stake; the rest of its 2 ETH stays)."""
     c, w = juried, juried.w
     whole_case(w, dispute_of(c, c.a), c.jurors, honest(WRONG), challenger=w.wallet(0))
     w.award(c.a.address)
-    assert credit(w, w.wallet(0)) == BOND + 2 * ETH * BOUNTY_BPS // 10_000
-    assert w.stake_of(c.a) == 0
+    assert credit(w, w.wallet(0)) == BOND + ETH * BOUNTY_BPS // 10_000
+    assert w.stake_of(c.a) == ETH
 
 
 def test_a_receipt_of_another_epoch_is_the_data_nodes_fraud_not_a_tensor_dispute(
