@@ -113,7 +113,9 @@ class Status(Schema):
         "node that listens on loopback only",
     )
     reachability: str = Field(
-        default="", description="the last check in words, e.g. 'reachable at /ip4/…'"
+        default="",
+        description="the last check in words and what the node does about it, e.g. "
+        "'reachable at /ip4/…' or 'behind NAT: running outbound-only through relay /ip4/…'",
     )
     reachability_checked_at: float | None = Field(
         default=None, description="unix time of the last check; null before the first"

@@ -131,7 +131,7 @@ def live_config_from_settings(settings: Settings, password: str | None = None) -
         bootstrap=p2p.bootstrap_peers,
         listen=p2p.listen,
         announce=p2p.announce,
-        reachable=p2p.reachable,
+        reachable=None if p2p.reachable == "auto" else bool(p2p.reachable),
         relay_service=p2p.relay_service == "on"
         or (p2p.relay_service == "auto" and node.role == DATA),
         relays=p2p.relays,
@@ -243,6 +243,8 @@ def local_api_from_settings(settings: Settings) -> LocalApi | None:
 
 
 def evidence_epochs_of(run: RunInfo) -> int:
-    """Epochs of hop evidence a relay keeps for ``run``: the epoch it works in, the one being
-    certified, and every epoch whose challenge window is still open."""
+    """Epochs whose new hops a relay keeps evidence of for ``run``: the epoch it works in, the
+    one being certified, and every epoch whose challenge window is still open. Kept evidence
+    goes only once its epoch is settled with no dispute open
+    (``node.receipts.evidence.prune_settled_evidence``), never by this count."""
     return 2 + -(-run.challenge_window_s // max(1, run.epoch_length_s))

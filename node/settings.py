@@ -33,6 +33,8 @@ __all__ = ["OptimizerSettings", "Settings", "TrainingSettings", "load_settings"]
 
 DEFAULT_CONFIG_FILE = "gwtf.toml"
 ENV_PREFIX = "GWTF_"
+#: A setting that is either decided by the node itself ("auto") or forced.
+AutoBool = typing.Literal["auto"] | bool
 ENV_CONFIG_FILE = "GWTF_CONFIG"
 ENV_RPC_TOKEN = "GWTF_RPC_TOKEN"
 # A settings file is a few KiB; anything far larger is a mistake, not a configuration.
@@ -126,9 +128,11 @@ class P2PSettings:
     #: A JSON topology (regions, latency, bandwidth) to emulate links with; "" for none.
     topology_file: str = ""
     discovery_period_s: float = 1.0
-    #: Whether peers can dial this node directly. A node that cannot (behind a home router,
-    #: ``false``) holds slots at relays and advertises the circuits through them first.
-    reachable: bool = True
+    #: Whether peers can dial this node directly: "auto" lets its dial-back check decide (a
+    #: node on loopback only counts as reachable); ``true``/``false`` force it. A node that is
+    #: not reachable (or not yet known to be) holds slots at relays and advertises the
+    #: circuits through them first.
+    reachable: AutoBool = "auto"
     #: Relay circuits for nodes behind NAT: "auto" relays on a data node only, "on" on any
     #: (reachable) node, "off" never.
     relay_service: str = "auto"
@@ -164,8 +168,9 @@ class ChainSettings:
     #: Where a relay keeps each hop's input and output frames and its stage's state at each
     #: iteration, for auditors to re-execute (``node.store.evidence``); "" keeps nothing.
     evidence_dir: str = ".gwtf/evidence"
-    #: Epochs of evidence kept; 0 keeps what the run's challenge window needs (the epoch being
-    #: worked, the one being certified and those still open to disputes).
+    #: Epochs whose hops' evidence is kept; 0 takes what the run's challenge window needs (the
+    #: epoch being worked, the one being certified and those still open to disputes). Kept
+    #: evidence goes once its epoch is settled on chain with no dispute of it open.
     evidence_epochs: int = 0
     #: A relay claims each settled epoch by itself; off, it claims only when asked
     #: (``gwtf-node claim``, or ``POST /v1/claim`` on its API).
@@ -403,6 +408,15 @@ def _coerce(key: str, kind: Any, raw: object, source: str) -> object:
         if isinstance(raw, str):
             return raw
         raise bad("a string")
+    if kind == AutoBool:
+        if raw == "auto":
+            return "auto"
+        if isinstance(raw, bool | str):
+            try:
+                return _coerce(key, bool, raw, source)
+            except ConfigError:
+                pass
+        raise bad('"auto", true or false')
     if kind is bool:
         if isinstance(raw, bool):
             return raw

@@ -3,10 +3,12 @@ a block later, and judged. A wrong tensor, which the chain cannot judge, opens a
 the same way (with the bond and the first jury's fees) for a drawn jury to rule on
 (``node.audit.jury``). What neither can judge is left to the report.
 
-Safe to run again: a finding already judged (its certificate voided, its accused convicted on a
-commitment earlier than any this challenger holds) is skipped, and a commitment already on
-chain and still within its reveal window is revealed, not made again; the salt is derived from
-the challenger's key and the proof, so a second run finds its first commitment. A bounty is the
+Safe to run again: a finding already judged (its certificate voided, its accused convicted in
+the finding's run and epoch on a commitment earlier than any this challenger holds) is
+skipped, while one that convicts a slashed node in a further epoch, where its pay is then
+burned, is proven; a commitment already on chain and still within its reveal window is
+revealed, not made again; the salt is derived from the challenger's key and the proof, so a
+second run finds its first commitment. A bounty is the
 earliest proven commitment's once the reveal window of its commitment closed and no tensor
 dispute about the accused is open: each final bounty this challenger leads for is awarded, and
 the credit withdrawn, at the end (pull payment); one not final yet is left for a later run.
@@ -41,7 +43,7 @@ from node.chain.actions import (
     reveal_proof,
     withdraw_credit,
 )
-from node.chain.adapter import NODE_STATUS_SLASHED, Sender
+from node.chain.adapter import Sender
 
 SLASHED: Final = "slashed"
 DISPUTED: Final = "disputed"  # a tensor dispute is open: a drawn jury rules
@@ -105,7 +107,7 @@ def collect_bounties(contracts: Contracts, challenger: Sender, findings: list[Fi
 
 
 def _judge(c: Contracts, challenger: Sender, finding: Finding, proof: FraudProof) -> Judgement:
-    judged = _judged_before(c, proof, challenger.address)
+    judged = _judged_before(c, proof, challenger)
     if judged:
         return Judgement(finding, JUDGED_BEFORE, judged)
     salt = salt_of(challenger, proof)
@@ -156,24 +158,42 @@ def _wait_for_block(c: Contracts, number: int, timeout_s: float = NEXT_BLOCK_TIM
         time.sleep(1.0)
 
 
-def _judged_before(c: Contracts, proof: FraudProof, challenger: str) -> str:
-    """Why the chain has judged this fraud already, or "". A commitment made now comes after
-    the one leading for a convicted node's bounty, so proving it again would change nothing."""
+def _judged_before(c: Contracts, proof: FraudProof, challenger: Sender) -> str:
+    """Why the chain has judged this fraud already, or "". A signer convicted already is
+    proven again where the proof would convict it in a further (run, epoch), whose pay is
+    burned, or lead for its bounty: the chain takes both (``Disputes._convict``,
+    ``openTensorDispute``). Only a signer convicted in this very (run, epoch), on a commitment
+    earlier than any this challenger can still reveal (or whose bounty is awarded), is
+    skipped."""
     if proof.fraud in (Fraud.EQUIVOCATION, Fraud.WRONG_TENSOR):
-        conviction = Conviction.from_call(c.disputes.functions.convictions(proof.accused).call())
-        status = c.registry.functions.bondOf(proof.accused).call()[2]
-        if conviction.convicted or status == NODE_STATUS_SLASHED:
-            return "its signer is slashed"
+        here = c.ledger.functions.isConvictedIn(proof.run_id, proof.epoch, proof.accused).call()
+        if here:
+            conviction = Conviction.from_call(
+                c.disputes.functions.convictions(proof.accused).call()
+            )
+            order = _held_order(c, challenger, proof)
+            if order is None or not conviction.can_lead(order):
+                return f"its signer is convicted in epoch {proof.epoch} already"
     if proof.fraud == Fraud.EQUIVOCATION:
         return ""
     if proof.fraud == Fraud.WRONG_TENSOR:
         receipt = HopReceipt(*proof.args[3])  # type: ignore[misc]
         digest = receipt_digest(receipt, ledger_domain(c.w3.eth.chain_id, c.ledger.address))
-        dispute = int(c.disputes.functions.tensorDisputeOf(digest, challenger).call())
+        dispute = int(c.disputes.functions.tensorDisputeOf(digest, challenger.address).call())
         return f"our tensor dispute {dispute} is open or ruled" if dispute else ""
     cert = CertRef(*proof.args[0])  # type: ignore[misc]
     stored = c.ledger.functions.certificateCommitment(cert.runId, cert.epoch, cert.dataNode).call()
     return "" if bytes(stored) == cert.commitment() else "its certificate is voided"
+
+
+def _held_order(c: Contracts, challenger: Sender, proof: FraudProof) -> int | None:
+    """The order of ``challenger``'s commitment to ``proof`` that it can still reveal, or None
+    (a commitment made now would come after every conviction's)."""
+    commitment = commitment_of(challenger.address, salt_of(challenger, proof), proof.proof_hash)
+    committed_at, order = c.disputes.functions.commitments(commitment).call()
+    window = int(c.disputes.functions.revealWindowBlocks().call())
+    revealable = is_revealable(int(committed_at), c.w3.eth.block_number + 1, window)
+    return int(order) if revealable else None
 
 
 def _award_final_bounties(c: Contracts, challenger: Sender, findings: list[Finding]) -> None:

@@ -10,9 +10,18 @@ window (``contracts/Court.sol``):
 * juror (seats of the wallet's juror node in the current round): fetch the disputed hop's
   evidence from the run's nodes like an auditor (``node.audit.replays``), re-execute it
   (``node.audit.reexecute``) and commit a sealed vote: WRONG when the replay is outside the
-  run's tolerance or nobody served the evidence (missing evidence loses), RIGHT when it is
-  within; then reveal it. A juror that reached no peer at all does not vote (it is fined as
-  absent rather than convicting anyone blind);
+  run's tolerance or the accused's evidence is missing, RIGHT when it is within; then reveal
+  it. A juror that reached no peer at all does not vote (it is fined as absent rather than
+  convicting anyone blind);
+* what counts as the accused's evidence: everything a re-execution needs is something the
+  accused worker keeps and serves itself (the hop's input and output frames, its stage
+  weights at the iteration, and for a backward the receipt of its forward, which it signed,
+  and that forward's input frame). Others are asked too (neighbours keep the same frames, the
+  data node certifies the forward's receipt, the counterparty countersigned it), but nothing
+  depends on them: a forward's receipt counts only when the accused signed it and its
+  counterparty countersigned it (``replays.is_forward_of``), whoever serves it, so a data node
+  that serves no certificate, or a made-up one, decides nothing. A piece nobody serves is
+  one the accused failed to serve, and missing evidence loses;
 * anyone: draw a round whose seed block has passed (evicting a juror that left the registry
   if the draw names one), and execute a ruling whose last window is over.
 
@@ -29,10 +38,22 @@ import trio
 
 from contracts.bindings import ContractRevert
 from contracts.certificate_tree import SignedReceipt
-from contracts.encoding import HopReceipt
+from contracts.encoding import (
+    BACKWARD,
+    Eip712Domain,
+    HopReceipt,
+    ledger_domain,
+    receipt_digest,
+)
 from gwtf.errors import ChainError
 from node.audit.reexecute import Replayer
-from node.audit.replays import Replayed, evidence_source, replay_sample
+from node.audit.replays import (
+    Replayed,
+    evidence_source,
+    forwards_of,
+    replay_sample,
+    without_unsigned_forwards,
+)
 from node.audit.runner import connect_peers
 from node.chain.actions import Contracts, draw_salt_of, vote_salt_of
 from node.chain.adapter import Sender
@@ -269,7 +290,8 @@ async def _juror_steps(
     salt = vote_salt_of(wallet, case.case_id, r, node)
     if int.from_bytes(commitment, "big") == 0 and drawn_at < at <= drawn_at + window:
         replayer = replayer_of(case.receipt.runId)
-        vote, why = await _verdict(case, peers, replayer, timeout_s)
+        domain = ledger_domain(contracts.w3.eth.chain_id, contracts.ledger.address)
+        vote, why = await _verdict(case, peers, replayer, timeout_s, domain)
         if vote is None:
             return [Step(case.case_id, ABSTAINED, why)]
         sealed = court.functions.voteCommitment(case.case_id, r, node, vote, salt).call()
@@ -301,10 +323,15 @@ async def _verdict(
     peers: Sequence[str],
     replayer: Replayer,
     timeout_s: float,
+    domain: Eip712Domain,
 ) -> tuple[int | None, str]:
     """Re-execute the disputed hop: (WRONG or RIGHT, what the replay found), or (None, why)
-    when this juror reached no peer at all."""
+    when this juror reached no peer at all. A backward's forward is the one its worker signed
+    and its counterparty countersigned, from the data node's certificate or from the worker
+    and its counterparty themselves."""
     receipt = case.receipt
+    if receipt_digest(receipt, domain) != case.receipt_digest:
+        return None, "the disputed receipt is not under this ledger's signing domain"
     async with running_host(new_identity()) as host:
         rpc = RequestResponse(host)
         reachable, _ = await connect_peers(host, peers, timeout_s)
@@ -315,7 +342,11 @@ async def _verdict(
         )
         certified = await _certified(rpc, reachable, receipt, timeout_s)
         entry = _entry_of(certified, receipt, case.worker_signature)
-        (replayed,) = await replay_sample(source, replayer, certified, [(entry, None)])
+        known = certified
+        if receipt.direction == BACKWARD:
+            known = without_unsigned_forwards(certified, receipt, domain)
+            known += await forwards_of(source, receipt, domain)
+        (replayed,) = await replay_sample(source, replayer, known, [(entry, None)])
     return _vote_of(replayed)
 
 

@@ -12,9 +12,9 @@ worker by serving made-up ones; a worker that keeps none is replayed with weight
 replicas of its stage serve identically, or not at all (``_weights``).
 
 A replay outside the tolerance is a ``wrong tensor`` finding against the worker, with the
-tensor dispute that asks the run's sponsor to judge it. Weights of the worker's that differ
-from another replica's are a ``weights differ`` finding, without proof (which of the two is
-off is for a person to see). Evidence nobody serves is ``unreplayed``, accusing nobody.
+tensor dispute the court's drawn jurors judge (``node.audit.jury``). Weights of the worker's
+that differ from another replica's are a ``weights differ`` finding, without proof (which of
+the two is off is for a person to see). Evidence nobody serves is ``unreplayed``, accusing nobody.
 """
 
 from __future__ import annotations
@@ -30,7 +30,15 @@ from web3 import Web3
 
 from contracts import fraud_proofs
 from contracts.certificate_tree import LeafProof, SignedReceipt
-from contracts.encoding import BACKWARD, FORWARD, CertRef, HopReceipt
+from contracts.encoding import (
+    BACKWARD,
+    FORWARD,
+    CertRef,
+    Eip712Domain,
+    HopReceipt,
+    receipt_digest,
+    recover_digest_signer,
+)
 from contracts.keccak import keccak256
 from gwtf.errors import ProtocolError
 from node.audit.checks import Finding
@@ -39,6 +47,7 @@ from node.p2p.host import peer_info
 from node.p2p.identity import node_address_of_peer
 from node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestResponse
 from node.receipts.evidence import EvidenceMissing, fetch_frame, fetch_state
+from node.receipts.serving import RECEIVED, SIGNED, fetch_receipts
 from node.training.checkpoint import verified_digest
 from node.training.errors import CheckpointError
 
@@ -134,6 +143,15 @@ class EvidenceSource:
             )
         return self._states[key]
 
+    async def receipts(self, node: str, epoch: int, which: int) -> list[SignedReceipt]:
+        """``node``'s receipts of one kind (``SIGNED``, ``RECEIVED``) of ``epoch``, as far as
+        it serves them; none from a node not reached directly (receipts are not forwarded)."""
+        peer = self.peers.get(node)
+        if peer is None:
+            return []
+        fetched = await fetch_receipts(self.rpc, peer, self.run_id, epoch, which, self.timeout_s)
+        return fetched.entries
+
     async def _first(
         self, nodes: Sequence[str], fetch: Callable[[str, str | None], Awaitable[bytes]]
     ) -> tuple[bytes, str] | None:
@@ -216,7 +234,7 @@ async def _replay_one(
         if got is None
     ]  # fmt: skip
     if r.direction == BACKWARD and not forwards.get(_forward_key(r)):
-        return Replayed(entry, leaf, None, "its forward's receipt is not among the leaves served")
+        return Replayed(entry, leaf, None, "no receipt of its forward is among those served")
     if input_frame is None or output_frame is None or weights is None or not forward_inputs:
         return Replayed(entry, leaf, None, f"nobody served its {', '.join(missing)}")
     state, weights_from, differ = weights
@@ -332,6 +350,58 @@ def _replicas_by_stage(entries: Sequence[SignedReceipt]) -> dict[int, list[str]]
         by_worker = counts.setdefault(e.receipt.stage, {})
         by_worker[e.receipt.worker.lower()] = by_worker.get(e.receipt.worker.lower(), 0) + 1
     return {stage: sorted(c, key=lambda w: -c[w]) for stage, c in counts.items()}
+
+
+async def forwards_of(
+    source: EvidenceSource, backward: HopReceipt, domain: Eip712Domain
+) -> list[SignedReceipt]:
+    """The receipts of ``backward``'s forward that its worker (``SIGNED``) and its counterparty
+    (``RECEIVED``) serve, each signed by the backward's worker and countersigned
+    (``is_forward_of``): what a juror re-executes a backward with when the data node serves
+    no certificate."""
+    worker, counterparty = backward.worker.lower(), backward.counterparty.lower()
+    served = await source.receipts(worker, backward.epoch, SIGNED)
+    served += await source.receipts(counterparty, backward.epoch, RECEIVED)
+    return [e for e in served if is_forward_of(e, backward, domain)]
+
+
+def is_forward_of(entry: SignedReceipt, backward: HopReceipt, domain: Eip712Domain) -> bool:
+    """Whether ``entry`` is a forward of ``backward``'s microbatch, stage and iteration by the
+    same worker in the same run and epoch, signed by that worker and countersigned by its own
+    counterparty: nobody else (not the data node, not a neighbour) can make up the forward
+    input a backward is re-executed with."""
+    f = entry.receipt
+    if f.direction != FORWARD or (f.runId, f.epoch) != (backward.runId, backward.epoch):
+        return False
+    if _forward_key(f) != _forward_key(backward) or f.counterparty.lower() == f.worker.lower():
+        return False
+    digest = receipt_digest(f, domain)
+    return (
+        _signer(digest, entry.worker_signature) == f.worker.lower()
+        and _signer(digest, entry.counterparty_signature) == f.counterparty.lower()
+    )
+
+
+def without_unsigned_forwards(
+    entries: Sequence[SignedReceipt], backward: HopReceipt, domain: Eip712Domain
+) -> list[SignedReceipt]:
+    """``entries`` but those that pass for ``backward``'s forward without being one
+    (``is_forward_of``): a data node cannot make a backward replay from another input."""
+    key = _forward_key(backward)
+    return [
+        e
+        for e in entries
+        if e.receipt.direction != FORWARD
+        or _forward_key(e.receipt) != key
+        or is_forward_of(e, backward, domain)
+    ]
+
+
+def _signer(digest: bytes, signature: bytes) -> str:
+    try:
+        return recover_digest_signer(digest, signature).lower()
+    except ProtocolError:
+        return ""
 
 
 def _forward_key(r: HopReceipt) -> tuple[object, ...]:

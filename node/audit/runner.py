@@ -7,11 +7,12 @@ epoch it fetches the data node's leaves with their proofs and checks them, membe
 the chain; it fetches every peer's signed and countersigned receipts too and looks for
 equivocations across all it saw. A data node it cannot reach, or that will not serve, has its
 certificate reported unchecked (which accuses nobody); what it read before a reading broke off
-is checked all the same. A finding the chain has judged already (a voided certificate, a slashed
-signer) is marked judged, and one on a settled epoch not provable: neither carries its proof,
-which the chain would refuse. With a ``Sampling``, a sample of each certificate's hops drawn from
-a block hash after the submission deadline is re-executed from the evidence the nodes keep
-(``node.audit.replays``); before that block exists nothing is sampled, and the report says when.
+is checked all the same. A finding the chain has judged already (a voided certificate, a signer
+convicted in that epoch) is marked judged, and one on a settled epoch not provable: neither
+carries its proof, which the chain would refuse. With a ``Sampling``, a sample of each
+certificate's hops drawn from a block hash after the submission deadline is re-executed from
+the evidence the nodes keep (``node.audit.replays``); before that block exists nothing is
+sampled, and the report says when.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from node.audit.replays import (
     sample_seed,
 )
 from node.chain.actions import Contracts
-from node.chain.adapter import NODE_STATUS_SLASHED
 from node.chain.epochs import EpochLedger
 from node.p2p.dialing import Dialer
 from node.p2p.host import peer_info, running_host
@@ -59,7 +59,7 @@ T = TypeVar("T")
 OPEN = "open"
 VOIDED = "the certificate is voided"
 SETTLED = "the epoch settled"
-SLASHED = "the signer is slashed"
+SLASHED = "the signer is convicted in this epoch"
 
 
 @dataclass(frozen=True)
@@ -188,8 +188,9 @@ async def audit_epoch(
                 found += replay_findings(cert, checked.replayed)
             state = await ask_chain(_certificate_state, contracts, cert)
             slashed_workers = await ask_chain(
-                _slashed, contracts, {f.accused for f in found if f.kind == WRONG_TENSOR}
-            )
+                _convicted_in, contracts, run_id, epoch,
+                {f.accused for f in found if f.kind == WRONG_TENSOR},
+            )  # fmt: skip
             checked.findings += [
                 _as_of(SLASHED if f.accused in slashed_workers else state, f) for f in found
             ]
@@ -202,7 +203,7 @@ async def audit_epoch(
                 seen += fetched.entries
     report.receipts_seen = len(seen)
     found = await trio.to_thread.run_sync(equivocations, seen, rules.domain)
-    slashed = await ask_chain(_slashed, contracts, {f.accused for f in found})
+    slashed = await ask_chain(_convicted_in, contracts, run_id, epoch, {f.accused for f in found})
     report.equivocations = [
         _as_of(SLASHED if f.accused in slashed else OPEN, f) for f in found
     ]  # fmt: skip
@@ -257,9 +258,11 @@ def _certificate_state(contracts: Contracts, cert: CertRef) -> str:
     return OPEN if now < settles_at else SETTLED
 
 
-def _slashed(contracts: Contracts, nodes: set[str]) -> set[str]:
-    registry = contracts.registry.functions
-    return {n for n in nodes if registry.bondOf(n).call()[2] == NODE_STATUS_SLASHED}
+def _convicted_in(contracts: Contracts, run_id: int, epoch: int, nodes: set[str]) -> set[str]:
+    """The ``nodes`` convicted in (run, epoch) already: a further proof of theirs there changes
+    nothing, while one of another epoch still burns their pay there."""
+    ledger = contracts.ledger.functions
+    return {n for n in nodes if ledger.isConvictedIn(run_id, epoch, n).call()}
 
 
 def _as_of(state: str, finding: Finding) -> Finding:

@@ -324,6 +324,8 @@ def _live_fields(live: dict[str, Any]) -> dict[str, Any]:
         )  # fmt: skip
     if live.get("disk") is not None:
         values["disk MB"] = round(live["disk"]["total_bytes"] / 1e6, 1)
+    if live.get("reachability"):
+        values["reachability"] = live["reachability"]
     return values
 
 

@@ -390,11 +390,12 @@ async def run_until_stopped(
 
         said: list[bool | None] = []
 
-        def on_reachability(result: Reachability) -> None:
-            # The first verdict, then each change: "reachable at …" or "behind NAT: …".
+        def on_reachability(result: Reachability, line: str) -> None:
+            # The first verdict, then each change: "reachable at …" or "behind NAT: running
+            # outbound-only through relay …".
             if not said or said[-1] != result.reachable:
                 said.append(result.reachable)
-                console.print(result.describe(), highlight=False)
+                console.print(line, highlight=False)
 
         nursery.start_soon(stop_on_signal)
         await run_live_node(replace(config, on_reachability=on_reachability), on_started)

@@ -133,7 +133,8 @@ def _checks(
     spent = budgets + sum(int(e["voided_wei"]) for e in epochs)
     paid = int(figures["paid_wei"])
     rewards = sum(int(n["reward_wei"]) for n in nodes)
-    slashed = sorted(s["node"] for s in slashes)
+    # A node is slashed once; a proof of its fault in another epoch takes no second stake.
+    slashed = sorted({s["node"] for s in slashes if int(s["slashed_wei"]) > 0})
     expected_slashed = [planned.cheater] if planned.cheater else []
     losses = summary["loss_per_iteration"]
     api_wrong = [

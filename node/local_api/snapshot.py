@@ -145,7 +145,7 @@ def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapsho
         **next_claim(box.chain, now),
         disk=box.disk,
         reachable=reach.reachable if reach is not None else None,
-        reachability=reach.describe() if reach is not None else "",
+        reachability=node.describe_reachability(),
         reachability_checked_at=reach.checked_ms / 1000 if reach is not None else None,
     )
     chain = box.chain

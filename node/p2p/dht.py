@@ -47,6 +47,7 @@ from node.p2p.discovery_records import (
     newest_card_index,
     open_card,
 )
+from node.p2p.host import ADDRESS_TTL_S
 from node.p2p.rpc import Admission
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,9 @@ class RunDirectory:
         """Dial a bootstrap peer and put it in the routing table; False if it cannot be reached."""
         with trio.move_on_after(self.settings.dial_timeout_s):
             try:
+                # The routing table takes a peer's addresses from the peerstore: a dial alone
+                # leaves them out, and the table would stay empty.
+                self.host.get_peerstore().add_addrs(peer.peer_id, peer.addrs, ADDRESS_TTL_S)
                 await self.dialer.connect(peer.peer_id, peer.addrs)
                 return await self.dht.add_peer(peer.peer_id)
             except Exception as exc:  # libp2p's dial errors share no useful base class

@@ -4,7 +4,8 @@ Pure encoding and validation, no I/O. A node's *card* says which run and stage i
 which region and at which addresses (``addr``, the one to dial first, and ``addrs``, the others,
 absent when there are none), and whether peers could dial it back when it last checked
 (``reach``, true or false, and ``reach_ms``, when; both absent before its first check:
-``node.p2p.reachability``); it is signed with the node's libp2p key, so a card stored in the
+``node.p2p.reachability``), and ``relay: true`` when it relays circuits for the run's nodes
+behind NAT (absent otherwise); it is signed with the node's libp2p key, so a card stored in the
 DHT under ``/gwtf/card/<peer id>`` can only come from that peer (Ed25519 peer ids embed the
 public key). *Hints* travel on a run's gossipsub topic; pubsub already signs each message with
 its sender's key, so a hint is accepted only when its address names the sender.
@@ -30,7 +31,8 @@ from node.p2p.host import peer_info
 
 CARD_NAMESPACE = "gwtf"
 CARD_PREFIX = f"/{CARD_NAMESPACE}/card/"
-#: A card with one address takes ~450 bytes; each more address at most ~200; reachability ~40.
+#: A card with one address takes ~450 bytes; each more address at most ~200; reachability ~40,
+#: the relay flag 13.
 MAX_CARD_BYTES = 690 + (MAX_ADDRESSES - 1) * 210
 MAX_HINT_BYTES = 512
 MAX_STAGE = 1024
@@ -80,6 +82,8 @@ class PeerCard:
     #: Whether peers could dial it back at its last check (None: not checked yet), and when.
     reachable: bool | None = None
     reach_checked_ms: int = 0
+    #: It relays circuits for the run's nodes behind NAT (``p2p.relay_service``, reachable).
+    relays: bool = False
 
     def __post_init__(self) -> None:
         _check_fields(self.run_id, self.stage, self.region, self.address)
@@ -110,6 +114,8 @@ def sign_card(card: PeerCard, key: PrivateKey) -> bytes:
     if card.reachable is not None:
         fields["reach"] = card.reachable
         fields["reach_ms"] = card.reach_checked_ms
+    if card.relays:
+        fields["relay"] = True
     payload = json.dumps(
         fields,
         separators=(",", ":"),
@@ -140,6 +146,7 @@ def open_card(key: str, value: bytes) -> PeerCard:
         issued_ms=_field(fields, "issued_ms", int),
         other_addresses=_other_addresses(fields),
         **_reachability(fields),
+        relays=_relay_flag(fields),
     )
     if key != card_key(card.peer_id):
         raise ProtocolError(f"card of peer {card.peer_id} stored under another key")
@@ -280,6 +287,15 @@ def _reachability(fields: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(reach, bool):
         raise ProtocolError("field 'reach' is not a boolean")
     return {"reachable": reach, "reach_checked_ms": _field(fields, "reach_ms", int)}
+
+
+def _relay_flag(fields: dict[str, Any]) -> bool:
+    """A card's optional ``relay`` flag: true or absent."""
+    if "relay" not in fields:
+        return False
+    if fields["relay"] is not True:
+        raise ProtocolError("field 'relay' is not true")
+    return True
 
 
 def _field(fields: dict[str, Any], name: str, kind: type[_T]) -> _T:

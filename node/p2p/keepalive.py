@@ -5,8 +5,10 @@ framed stream the node keeps to it, closes a connection that has not answered fo
 ``dead_after_s`` (a cut link that TCP would take minutes to give up on), and dials a missing
 neighbour again (``Dialer.connect``, which lifts py-libp2p's 60 s waits) with ``Backoff``: at
 once, then up to ``max_s`` apart, and ``max_long_s`` apart once it has been gone for
-``long_gone_s``. A node nobody can dial (behind a NAT) relies on this: its neighbours cannot
-reach it, so it must reach them.
+``long_gone_s``, through a relay where the neighbour's record asks for one or the direct dial
+fails (``RequestResponse.connect``). A node nobody can dial (behind a NAT) relies on this: its
+neighbours cannot reach it, so it must reach them; they leave the dialing to it
+(``waits_for``) instead of dialing an address that cannot answer.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ class NeighbourKeeper:
     period_s: float = 1.0
     dead_after_s: float = 5.0
     backoff: Backoff = field(default_factory=Backoff)
+    #: Neighbours this node does not dial but waits to be dialled by (a reachable node, of a
+    #: neighbour whose card says peers cannot dial it); their connections are still probed.
+    waits_for: Callable[[str], bool] = lambda _peer: False
     #: Dials that brought back a neighbour this node had been connected to.
     reconnects: int = 0
     _state: dict[str, _Neighbour] = field(default_factory=dict)
@@ -92,7 +97,7 @@ class NeighbourKeeper:
                 state.met = True
                 state.busy = True
                 nursery.start_soon(self._probe, peer_id, state)
-            elif now >= state.next_dial:
+            elif now >= state.next_dial and not self.waits_for(peer):
                 state.busy = True
                 nursery.start_soon(self._redial, peer_id, state)
 
@@ -121,7 +126,7 @@ class NeighbourKeeper:
         if state.gone_since is None:
             state.gone_since = trio.current_time()
         try:
-            await self.rpc.dialer.connect(peer)
+            await self.rpc.connect(peer)
         except DialFailed as exc:
             state.failures += 1
             gone_s = trio.current_time() - state.gone_since

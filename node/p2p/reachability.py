@@ -193,7 +193,9 @@ class DialbackService:
         allowed = set(self.claimed(peer))
         strangers = [a for a in addresses if a not in allowed and _ip_of(a) != observed]
         if strangers:
-            raise ProtocolError(f"asked to dial {strangers[0][:80]!r}, not an address it claimed")
+            # Declined, not charged: this node's copy of the requester's record may lag (a
+            # hint names one address; a node behind NAT puts its circuits first).
+            raise Decline(f"asked to dial {strangers[0][:80]!r}, not an address it claimed")
         refused = self.rate.take(peer, trio.current_time())
         if refused is not None:
             raise Decline(refused)
@@ -328,7 +330,8 @@ class ReachabilityMonitor:
     """Checks this node's reachability at start (once it has a peer to ask), whenever the
     addresses it advertises change, and every ``period_s``; ``on_verdict`` hears each result
     that says something. A check nobody could answer (witnesses busy or gone) never replaces a
-    known verdict, and is tried again every ``poll_s``."""
+    known verdict, and is tried again every ``poll_s`` (every ``first_poll_s`` while the node is
+    connected to no peer to ask)."""
 
     check: ReachabilityCheck
     addresses: Callable[[], list[str]]
@@ -337,6 +340,8 @@ class ReachabilityMonitor:
     wall_ms: Callable[[], int]
     period_s: float = 600.0
     poll_s: float = 10.0
+    #: How soon it looks again for a peer to ask while it has none.
+    first_poll_s: float = 1.0
     current: Reachability | None = None
 
     async def run(self) -> None:
@@ -357,4 +362,5 @@ class ReachabilityMonitor:
                 if result.reachable is not None or not known:
                     self.current = result
                     self.on_verdict(result)
-            await trio.sleep(self.poll_s)
+            # Waiting for a first peer to ask costs nothing: look again soon.
+            await trio.sleep(self.poll_s if witnesses else min(self.poll_s, self.first_poll_s))

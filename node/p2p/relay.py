@@ -24,7 +24,7 @@ is ended under a shield, so a deadline that expired does not leave it open at th
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -153,7 +153,7 @@ class RelaySlots:
     def holds_slot_at(self, relay: ID) -> bool:
         return relay in self.held
 
-    def relay_addresses(self, relay: ID) -> list[multiaddr.Multiaddr]:
+    async def relay_addresses(self, relay: ID) -> list[multiaddr.Multiaddr]:
         """Where to dial ``relay`` if it is one of this node's relays (else nothing)."""
         return [a for info in self._infos.values() if info.peer_id == relay for a in info.addrs]
 
@@ -226,8 +226,8 @@ async def connect_through(host: IHost, relay: PeerInfo, peer: ID, timeout_s: flo
 #: A peer's addresses from its own record, best first (full addresses); empty when unknown.
 PeerAddresses = Callable[[ID], Sequence[str]]
 #: Where to dial a relay this node trusts (from the relay's own record or this node's
-#: settings); empty for any other.
-TrustedRelays = Callable[[ID], Sequence[multiaddr.Multiaddr]]
+#: settings); empty for any other. Awaited: trust may need the chain's word (admission).
+TrustedRelays = Callable[[ID], Awaitable[Sequence[multiaddr.Multiaddr]]]
 
 
 @dataclass
@@ -243,7 +243,7 @@ class CircuitDialer:
     #: Circuits not tried: their relay is not one this node trusts.
     untrusted: int = 0
 
-    def circuits(self, peer: ID) -> list[PeerInfo]:
+    async def circuits(self, peer: ID) -> list[PeerInfo]:
         """The trusted relays of the peer's first circuit addresses, with where to dial them."""
         found = [address for address in self.addresses(peer) if is_circuit(address)]
         relays = []
@@ -253,7 +253,7 @@ class CircuitDialer:
             except Exception as exc:  # a record's addresses were checked; this is defensive
                 log.debug("bad circuit address %r of %s: %s", address[:80], peer, exc)
                 continue
-            at = list(self.relays(relay))
+            at = list(await self.relays(relay))
             if at:
                 relays.append(PeerInfo(relay, at))
             else:
@@ -281,7 +281,7 @@ class CircuitDialer:
 
     async def connect(self, peer: ID) -> bool:
         """Try each of the peer's trusted relays in turn; True once one connects."""
-        for relay in self.circuits(peer):
+        for relay in await self.circuits(peer):
             try:
                 await connect_through(self.host, relay, peer, self.timeout_s)
             except Exception as exc:  # libp2p's errors share no base (TooSlowError too)

@@ -106,6 +106,9 @@ class HopGuard:
     protocol: CircuitV2Protocol
     limits: RelayLimits
     admit: Admission
+    #: Whether the node relays at the moment: one that peers cannot dial (its own check said
+    #: so) stops taking reservations and circuits until it is reachable again.
+    serving: Callable[[], bool] = lambda: True
     open_by_peer: dict[str, int] = field(default_factory=dict)
     refused: int = 0
 
@@ -143,6 +146,8 @@ class HopGuard:
                 del self.open_by_peer[peer]
 
     async def _refusal(self, stream: INetStream, peer: str) -> tuple[StatusCode, str] | None:
+        if not self.serving():
+            return StatusCode.PERMISSION_DENIED, "not relaying: peers cannot dial this node"
         if self.open_streams > self.limits.hop_streams:
             return StatusCode.RESOURCE_LIMIT_EXCEEDED, f"{self.limits.hop_streams} streams open"
         if self.open_by_peer[peer] > self.limits.hop_streams_per_peer:
@@ -346,12 +351,14 @@ async def circuit_relay(
     admit: Admission = admit_everyone,
     circuits_from: Callable[[ID], bool] | None = None,
     max_inbound_circuits: int = MAX_INBOUND_CIRCUITS,
+    serving: Callable[[], bool] = lambda: True,
 ) -> AsyncIterator[CircuitRelay]:
-    """Relay for admitted peers within ``limits`` (``serve``), and take circuits that relays
-    for which ``circuits_from`` says yes open to ``host`` (None: take none, a reachable node)."""
+    """Relay for admitted peers within ``limits`` (``serve``) while ``serving()`` says so, and
+    take circuits that relays for which ``circuits_from`` says yes open to ``host`` (None: take
+    none, a reachable node)."""
     limits = limits or RelayLimits()
     protocol = CircuitV2Protocol(host, limits=limits.library_limits(), allow_hop=False)
-    hop = HopGuard(protocol, limits, admit) if serve else None
+    hop = HopGuard(protocol, limits, admit, serving) if serve else None
     stop = StopGuard(host, circuits_from, max_inbound_circuits) if circuits_from else None
     if hop is not None:
         host.set_stream_handler(HOP, hop.handle)

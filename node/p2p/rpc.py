@@ -361,6 +361,18 @@ class RequestResponse:
                 trio.lowlevel.spawn_system_task(channel.read_replies, name=f"replies {key}")
             return channel
 
+    async def connect(self, peer: ID) -> None:
+        """Be connected to ``peer``: through a relay first when its record asks for one,
+        directly, or through a relay when the direct dial fails; ``DialFailed`` if nothing
+        answered."""
+        if self.circuits is not None:
+            await self.circuits.before_stream(peer)
+        try:
+            await self.dialer.connect(peer)
+        except DialFailed:
+            if self.circuits is None or not await self.circuits.after_failure(peer):
+                raise
+
     async def _open_stream(self, peer: ID, protocol: str) -> INetStream:
         if self.circuits is not None:
             await self.circuits.before_stream(peer)

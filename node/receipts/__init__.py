@@ -27,7 +27,7 @@ class ReceiptsConfig:
     #: A cheat this node plays on purpose (``node.receipts.cheats``); "" is honest.
     cheat: str = ""
     #: A relay's hop evidence for auditors (``node.store.evidence``): where, "" for nowhere,
-    #: and how many epochs of it are kept.
+    #: and of how many recent epochs' hops it is kept (it goes once settled and undisputed).
     evidence_dir: str = ""
     evidence_epochs: int = 2
     #: A worker claims each settled epoch by itself; off, only when asked (``claim_now``).

@@ -66,6 +66,9 @@ MAX_EVIDENCE_BYTES: Final = 1 << 30
 _REQUEST = struct.Struct(">QQB32sQ")
 _REPLY = struct.Struct(">BQ")
 _FOUND, _NOT_KEPT = 0, 1
+#: How long past an epoch's ``settlesAt`` the latest block must be before its evidence goes:
+#: longer than a reorg that could bring in a dispute opened just before ``settlesAt``.
+SETTLED_MARGIN_S: Final = 900
 #: How often the evidence of the node's other runs is looked at (they get no new evidence).
 OTHER_RUNS_PERIOD_S: Final = 600.0
 
@@ -142,13 +145,17 @@ async def prune_settled_evidence(
     archive: EvidenceArchive, ledger: EpochLedger, now: Callable[[], int], period_s: float
 ) -> None:
     """Every ``period_s``, from the node's start on, delete the evidence of each epoch that has
-    settled by chain time ``now()`` and whose tensor disputes are all ruled: the epoch's
-    ``settlesAt`` (``RunBook.epochTimes``, the end of its challenge window) is when
-    ``Disputes.sol`` stops taking disputes of its hops, and a dispute opened before then is
-    ruled by the court's jurors when they have re-executed the hop from this evidence
-    (``Disputes.openTensorDisputes``), possibly later; missing evidence loses a dispute. The
-    chain's own times, not a count of epochs: a node stopped for days prunes everything
-    settled as soon as it starts again, and a run that has stopped training is still pruned.
+    settled and whose tensor disputes are all ruled. ``now()`` is the timestamp of the latest
+    block the node has seen (never a time run on by the local clock: an epoch counts as settled
+    only once a block says so), and an epoch is settled when that is ``SETTLED_MARGIN_S`` past
+    its ``settlesAt`` (``RunBook.epochTimes``, the end of its challenge window), the time
+    ``Disputes.sol`` stops taking disputes of its hops; the margin outlasts a reorg of the blocks
+    around ``settlesAt``, which could bring in a dispute opened just before it. A dispute opened
+    before then is ruled by the court's jurors when they have re-executed the hop from this
+    evidence (``Disputes.openTensorDisputes``), possibly much later; missing evidence loses a
+    dispute. This is the only way an epoch's evidence is deleted, and it goes by the chain's
+    own times, not a count of epochs: a node stopped for days prunes everything settled as soon
+    as it starts again, and a run that has stopped training is still pruned.
 
     Every ``OTHER_RUNS_PERIOD_S`` (and at the start) the same is done to the evidence of the
     node's other runs on this chain and ledger, beside this run's folder: a node that left a run
@@ -171,7 +178,7 @@ def _prune(archive: EvidenceArchive, ledger: EpochLedger, now: int) -> list[int]
     disputes = ledger.c.disputes.functions
 
     def done(epoch: int) -> bool:
-        settled = ledger.epoch_times(epoch).settles_at <= now
+        settled = ledger.epoch_times(epoch).settles_at + SETTLED_MARGIN_S <= now
         return settled and int(disputes.openTensorDisputes(ledger.run_id, epoch).call()) == 0
 
     return archive.prune_settled(done)

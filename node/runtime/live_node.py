@@ -47,7 +47,11 @@ from node.runtime.dataplane.compute_meter import report_compute
 from node.runtime.dataplane.exchange import DataPlane
 from node.runtime.discovery.address_book import AddressBook, PeerRecord, own_record
 from node.runtime.discovery.join_placement import Reservations, wait_for_placement
-from node.runtime.discovery.own_reachability import serve_dialbacks, watch_reachability
+from node.runtime.discovery.own_reachability import (
+    loopback_only,
+    serve_dialbacks,
+    watch_reachability,
+)
 from node.runtime.discovery.run_discovery import DiscoverySettings, RunDiscovery
 from node.runtime.flow.routing import ROUTINGS, SwarmWiring
 from node.runtime.flow.service import FlowService
@@ -97,13 +101,14 @@ class LiveNodeConfig:
     #: TCP multiaddrs to listen on, and public ones to advertise first (``p2p.addresses``).
     listen: tuple[str, ...] = (LOOPBACK,)
     announce: tuple[str, ...] = ()
-    #: Whether peers can dial this node directly; one that cannot holds slots at ``relays``
+    #: Whether peers can dial this node directly (None: its own dial-back check decides, and a
+    #: node on loopback only counts as reachable); one that cannot holds slots at ``relays``
     #: (full addresses; none: the bootstrap peers) and advertises circuits through them first
-    #: (``node.p2p.relay``).
-    reachable: bool = True
+    #: (``node.runtime.relaying``).
+    reachable: bool | None = True
     relays: tuple[str, ...] = ()
-    #: Relay circuits for unreachable peers (only a reachable node is worth it), for the peers
-    #: ``admit`` admits (all of them when it is None).
+    #: Relay circuits for unreachable peers (only while this node is not known to be
+    #: unreachable itself), for the peers ``admit`` admits (all of them when it is None).
     relay_service: bool = False
     relay_limits: RelayLimits = field(default_factory=RelayLimits)
     topology: Topology | None = None
@@ -135,8 +140,9 @@ class LiveNodeConfig:
     receipts: ReceiptsConfig | None = None
     #: Ask the home router (UPnP IGD) to forward the listen port; announced once peers reach it.
     upnp: bool = False
-    #: Told each reachability verdict (``node.p2p.reachability``; none on loopback only).
-    on_reachability: Callable[[Reachability], None] | None = None
+    #: Told each reachability verdict (``node.p2p.reachability``; none on loopback only) and
+    #: the line that says what the node does about it.
+    on_reachability: Callable[[Reachability, str], None] | None = None
     #: Data node: the run's data set hash on chain; a ``training.data`` of another is refused.
     dataset_hash: str | None = None
 
@@ -165,12 +171,20 @@ class LiveNode:
     address: str
     discovery: RunDiscovery | None = None
     receipts: ReceiptParts | None = None
+    relaying: Relaying | None = None
 
     @property
     def reachability(self) -> Reachability | None:
         """The last verdict of the node's dial-back check (None before the first, and on a
         node that listens on loopback only)."""
         return self.discovery.reachability if self.discovery is not None else None
+
+    def describe_reachability(self) -> str:
+        """The last verdict in words, with what the node does about it ("" before the first)."""
+        reach = self.reachability
+        if reach is None:
+            return ""
+        return self.relaying.describe(reach) if self.relaying is not None else reach.describe()
 
 
 Started = Callable[[LiveNode], Awaitable[None] | None]
@@ -194,7 +208,12 @@ async def run_live_node(
 ) -> list[IterationResult]:
     """Run one node; returns the data node's iteration results (a relay runs until cancelled)."""
     key = config.identity
-    relaying = Relaying(config.relays or config.bootstrap)
+    relaying = Relaying(
+        config.relays or config.bootstrap,
+        forced=config.reachable,
+        relay_service=config.relay_service,
+        admit=config.admit,
+    )
     verified: list[multiaddr.Multiaddr] = []  # a router's port mapping, once peers reached it
     async with (
         running_host(
@@ -202,10 +221,11 @@ async def run_live_node(
         ) as host,
         circuit_relay(
             host,
-            serve=config.relay_service and config.reachable,
+            serve=config.relay_service and config.reachable is not False,
             limits=config.relay_limits,
             admit=config.admit or admit_everyone,
-            circuits_from=None if config.reachable else relaying.holds_slot_at,
+            circuits_from=None if config.reachable is True else relaying.holds_slot_at,
+            serving=relaying.serving,
         ),
         trio.open_nursery() as nursery,
     ):
@@ -294,13 +314,19 @@ async def run_live_node(
 
         ready = trio.Event()
         books: list[AddressBook] = []  # the one made below, once it is
+        discoveries: list[RunDiscovery] = []  # likewise
 
         def republish() -> None:
+            # Its relay slots changed: peers must learn its circuits now, not at the card's
+            # next announcement a minute later (they would dial an address nobody can reach).
             for known in books:
                 known.own = own_record(rpc, config.region)
+            for found in discoveries:
+                if found.announced.is_set():
+                    nursery.start_soon(found.announce)
 
-        if not config.reachable:
-            await relaying.hold_slots(rpc, nursery, republish)
+        relaying.loopback_only = loopback_only(rpc)
+        await relaying.start(rpc, nursery, republish)
         book = AddressBook(rpc, own_record(rpc, config.region), on_new_peer, on_heard)
         relaying.book = book
         books.append(book)
@@ -326,6 +352,7 @@ async def run_live_node(
             lambda: neighbours(book, config.stage, config.stages),
             # Never below 10 s: a loaded machine must not cut a connection that is only slow.
             dead_after_s=max(10.0, 2 * config.flow.keepalive_timeout_s),
+            waits_for=relaying.waits_for,
         )
         keeper.serve()
         nursery.start_soon(keeper.run)
@@ -345,13 +372,18 @@ async def run_live_node(
             ),
             spare_of=lambda: flow.node.spare,
         )
+        discovery.relays_for_others = relaying.advertises_relay
+        relaying.cards = discovery.cards.get
+        discoveries.append(discovery)
         nursery.start_soon(discovery.run)
         serve_dialbacks(rpc, book)
 
         def on_verdict(result: Reachability) -> None:
-            log.info("reachability: %s", result.describe())
+            relaying.heard(result)
+            line = relaying.describe(result)
+            log.info("reachability: %s", line)
             if config.on_reachability is not None:
-                config.on_reachability(result)
+                config.on_reachability(result, line)
 
         nursery.start_soon(
             watch_reachability, rpc, book, discovery, verified, config.upnp, on_verdict
@@ -402,7 +434,9 @@ async def run_live_node(
         nursery.start_soon(discovery.publish_hint, "stage")
         for peer_id in introduce_later:
             flow.dispatch(flow.node.introduce(peer_id))
-        live = LiveNode(config, rpc, book, flow, plane, role, book.own.address, discovery, receipts)
+        live = LiveNode(
+            config, rpc, book, flow, plane, role, book.own.address, discovery, receipts, relaying
+        )
         if on_started is not None:
             on_started(live)
         if isinstance(role, DataRole):
@@ -583,8 +617,8 @@ async def _run_receipts(parts: ReceiptParts) -> None:
         if parts.evidence is not None:
             ledger, clock = parts.cycle.ledger, parts.clock
             nursery.start_soon(
-                prune_settled_evidence, parts.evidence, ledger, lambda: clock.now, clock.period_s
-            )
+                prune_settled_evidence, parts.evidence, ledger, lambda: clock.read, clock.period_s
+            )  # the latest block's time, not one run on by the local clock
         if parts.cycle.ledger.wallet is None:
             log.warning("no wallet (chain.wallet_file): receipts are kept, nothing is sent")
         else:

@@ -1,4 +1,4 @@
-"""Hop evidence: what an auditor needs to re-execute a relay's hops, kept for the challenge window.
+"""Hop evidence: what an auditor needs to re-execute a relay's hops, kept until no dispute needs it.
 
 For every hop a relay computes it keeps the input and the output frame, each under its SHA-256
 (the digests its receipts name, so anyone can check a frame against a receipt and nobody can
@@ -6,12 +6,12 @@ slip in another), and once per iteration its stage's state at that iteration: th
 every hop of the iteration ran with. A backward's re-execution also needs the forward's input,
 which is the input frame of the forward hop of the same microbatch. The files of epoch e lie
 under ``<root>/<e>/``. The epoch is the hop's header's, which a peer stamps, so with a chain
-clock (``epoch_now``) only hops of the last ``keep_epochs`` epochs up to the next one are kept,
-and epochs before those are deleted as new hops come: a made-up epoch can neither be kept nor
-prune what an auditor still needs (the retention covers the challenge window). Hops stop coming
-when a run ends or a node stops, so the node also drops each epoch once it settles on chain
-(``prune_settled``, driven by ``node.receipts.evidence.prune_settled_evidence``): from then no
-dispute of it can be opened or ruled, and nothing of it is worth keeping. Every file is
+clock (``epoch_now``) only hops of the last ``keep_epochs`` epochs up to the next one are kept:
+a made-up epoch is never kept. Nothing is deleted because newer epochs' hops come: an epoch's
+evidence goes only through ``prune_settled`` (driven by
+``node.receipts.evidence.prune_settled_evidence``), once the chain says the epoch is settled and
+none of its tensor disputes is still open, since jurors re-execute a disputed hop from this
+evidence, possibly long after the epoch, and missing evidence loses the dispute. Every file is
 written to a temporary name and renamed, so a crash leaves no half file under a digest; reads
 return one chunk, so serving a large state never reads it whole.
 
@@ -77,7 +77,6 @@ class EvidenceArchive:
         self.keep_epochs = keep_epochs
         self.epoch_now = epoch_now
         self._lock = threading.Lock()
-        self._newest = -1
         self._made: set[int] = set()  # epochs whose folder exists
         root.mkdir(parents=True, exist_ok=True)
 
@@ -145,47 +144,36 @@ class EvidenceArchive:
         """The epochs with a folder of evidence, oldest first."""
         return sorted(int(f.name) for f in _listing(self.root) if f.name.isdigit() and f.is_dir())
 
-    def prune_settled(self, is_settled: Callable[[int], bool]) -> list[int]:
-        """Deletes the evidence of every kept epoch ``is_settled`` says is settled (no dispute
-        of it can be opened or ruled any more); returns those epochs. Stops at the first epoch
-        that is not: epochs settle in order."""
+    def prune_settled(self, is_done: Callable[[int], bool]) -> list[int]:
+        """Deletes the evidence of every kept epoch that ``is_done`` says is done with (settled,
+        so no dispute of it can be opened, and no dispute of it open, so none is still to be
+        ruled); returns those epochs. An epoch under dispute keeps its evidence while later,
+        undisputed ones go."""
         pruned = []
         for epoch in self.kept_epochs():
-            if not is_settled(epoch):
-                break
+            if not is_done(epoch):
+                continue
             with self._lock:
                 shutil.rmtree(self.root / str(epoch), ignore_errors=True)
                 self._made.discard(epoch)
             pruned.append(epoch)
-            log.info("pruned the hop evidence of epoch %s: it is settled", epoch)
+            log.info("pruned the hop evidence of epoch %s: it is settled and undisputed", epoch)
         return pruned
 
     def _epoch_dir(self, epoch: int) -> Path | None:
-        """The folder of ``epoch``'s evidence, pruning what is past keeping; None for an epoch
-        the clock says is not being worked or disputed."""
-        newest = epoch
+        """The folder of ``epoch``'s evidence; None for an epoch the clock says is not being
+        worked. Older epochs stay: only ``prune_settled`` deletes."""
         if self.epoch_now is not None:
             now = self.epoch_now()
             if not now - self.keep_epochs < epoch <= now + 1:
                 log.debug("no evidence kept of a hop of epoch %s (now %s)", epoch, now)
                 return None
-            newest = min(epoch, now)
         folder = self.root / str(epoch)
         with self._lock:
-            if newest > self._newest:
-                self._newest = newest
-                self._prune_before(newest - self.keep_epochs + 1)
             if epoch not in self._made:
                 folder.mkdir(exist_ok=True)
                 self._made.add(epoch)
         return folder
-
-    def _prune_before(self, first_kept: int) -> None:
-        for folder in self.root.iterdir():
-            if folder.is_dir() and folder.name.isdigit() and int(folder.name) < first_kept:
-                shutil.rmtree(folder, ignore_errors=True)
-                self._made.discard(int(folder.name))
-                log.info("pruned the hop evidence of epoch %s", folder.name)
 
 
 def folder_bytes(folder: Path) -> int:

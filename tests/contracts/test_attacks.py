@@ -652,10 +652,10 @@ def test_22_a_bribed_minority_of_jurors_is_outvoted_and_fined(juried: Juried) ->
         assert settled[(0, node)] == (True, seats.count(node) * jury.fee(w))
 
 
-# ------------------------------------------------------------ 23. a whole stake for one hop
+# ------------------------------------------------------------ 24. a whole stake for one hop
 
 
-def test_23_one_wrong_tensor_takes_only_the_runs_minimum_stake(juried: Juried) -> None:
+def test_24_one_wrong_tensor_takes_only_the_runs_minimum_stake(juried: Juried) -> None:
     """At stake: b's 4 ETH. An attacker who bought or got a WRONG ruling on one of b's hops
     (here the whole jury votes WRONG) would take b's whole stake for one disputed hop. A wrong
     tensor takes at most the run's minimum stake (1 ETH: the exposure every member of the run

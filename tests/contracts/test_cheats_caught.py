@@ -196,5 +196,32 @@ def test_a_challenge_cut_off_after_its_commitment_reveals_it_when_run_again(
     w.tester.mine_blocks(TEST_PARAMS.reveal_window_blocks)
     done_again = challenge(contracts, challenger, [finding])
     (again,) = done_again.judgements
-    assert again.outcome == JUDGED_BEFORE and again.detail == "its signer is slashed"
+    assert again.outcome == JUDGED_BEFORE
+    assert again.detail == "its signer is convicted in epoch 0 already"
     assert done_again.withdrawn_wei == 4 * ETH // 20 and w.balance(challenger.address) > ETH
+
+
+def test_a_slashed_signer_is_still_proven_at_fault_in_another_epoch(staffed: Staffed) -> None:
+    """b equivocates in epochs 0 and 1. Convicted in epoch 0 (its 4 ETH stake taken), b is
+    still proven at fault in epoch 1, where the chain then burns its pay; only the finding of
+    epoch 0 is skipped as judged."""
+    s, w = staffed, staffed.w
+    cheat = cheat_of(s, EQUIVOCATE, s.b)
+    findings = []
+    for epoch in (0, 1):
+        entry = w.pipeline_hops(s.run, epoch, s.data, [s.a, s.b], [0])[0]  # a's, b countersigns
+        cheat.received(entry)
+        (finding,) = equivocations([entry, *cheat.extras[(epoch, 1)]], w.ledger_domain)
+        assert finding.proof is not None and finding.proof.epoch == epoch
+        findings.append(finding)
+    contracts = Contracts(w.w3, w.registry, w.ledger, w.disputes, w.court)
+    challenger = Sender.from_account(Account.create())
+    w.w3.eth.send_transaction({"from": w.challenger, "to": challenger.address, "value": ETH})
+    (first,) = challenge(contracts, challenger, findings[:1]).judgements
+    assert first.outcome == SLASHED and first.slashed_wei == 4 * ETH
+    assert not w.call(w.ledger.functions.isConvictedIn(s.run, 1, s.b.address))
+    w.tester.mine_blocks(TEST_PARAMS.reveal_window_blocks)  # no earlier commitment can lead
+    again, further = challenge(contracts, challenger, findings).judgements
+    assert again.outcome == JUDGED_BEFORE, again
+    assert further.outcome == SLASHED and further.slashed_wei == 0, further
+    assert w.call(w.ledger.functions.isConvictedIn(s.run, 1, s.b.address))

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import trio
 
+from node.chain.adapter import Web3Chain
 from node.chain.epochs import EpochLedger
-from node.receipts.evidence import prune_settled_evidence
+from node.composition import evidence_epochs_of
+from node.receipts.evidence import SETTLED_MARGIN_S, prune_settled_evidence
 from node.store.evidence import EvidenceArchive, run_folder
 from tests.contracts import jury
 from tests.contracts.conftest import Juried, Staffed
@@ -45,8 +47,11 @@ def test_an_epoch_s_evidence_goes_when_the_epoch_settles(staffed: Staffed, tmp_p
     prune_once(archive, ledger, settles[0] - 1)  # epoch 0 can still be disputed and ruled on
     assert archive.kept_epochs() == [0, 1, 2]
     assert archive.state(0, 0) == b"w" * 1000
+    # Settled, but a reorg of the last blocks could still bring in a dispute opened before.
+    prune_once(archive, ledger, settles[0] + SETTLED_MARGIN_S - 1)
+    assert archive.kept_epochs() == [0, 1, 2]
 
-    prune_once(archive, ledger, settles[0])
+    prune_once(archive, ledger, settles[0] + SETTLED_MARGIN_S)
     assert archive.kept_epochs() == [1, 2]
     assert archive.state(0, 0) is None and archive.bytes_of(0) == 0
     assert archive.bytes_of(1) > 1000
@@ -106,14 +111,39 @@ def test_the_node_s_other_runs_on_this_chain_are_pruned_too(
     for folder in untouchable:
         keep_three_epochs(folder)
 
-    now = w.epoch_times(later, 1)[3]
+    now = w.epoch_times(later, 1)[3] + SETTLED_MARGIN_S
     prune_once(archive, ledger, now)
     assert other.kept_epochs() == [2]
     assert all(EvidenceArchive(f, keep_epochs=4).kept_epochs() == [0, 1, 2] for f in untouchable)
-    open_here = [e for e in (0, 1, 2) if w.epoch_times(staffed.run, e)[3] > now]
+    open_here = [e for e in (0, 1, 2) if w.epoch_times(staffed.run, e)[3] + SETTLED_MARGIN_S > now]
     assert archive.kept_epochs() == open_here and open_here != [0, 1, 2]
 
-    prune_once(archive, ledger, w.epoch_times(later, 2)[3])
+    prune_once(archive, ledger, w.epoch_times(later, 2)[3] + SETTLED_MARGIN_S)
     assert not other.root.exists()  # pruned whole, its folder too
     assert archive.root.exists()  # this run's folder stays for the hops still to come
     assert all(EvidenceArchive(f, keep_epochs=4).kept_epochs() == [0, 1, 2] for f in untouchable)
+
+
+def test_a_disputed_epoch_keeps_its_evidence_however_many_epochs_follow(
+    juried: Juried, tmp_path: Path
+) -> None:
+    """A relay working on in the run takes hops of ever later epochs: none of them deletes the
+    evidence of an epoch whose dispute the jurors have not ruled yet (a juror that finds
+    nothing votes WRONG, and the honest relay would lose its stake)."""
+    c, w = juried, juried.w
+    ledger = EpochLedger(suite_of(w), c.run, None)
+    run = Web3Chain(w.registry, w.ledger).run_info(c.run)
+    assert run is not None
+    keep = evidence_epochs_of(run)  # what the node takes by default: the challenge window
+    now = {"epoch": 0}
+    archive = EvidenceArchive(tmp_path / "evidence", keep, lambda: now["epoch"])
+    digest = archive.keep_frame(0, b"epoch 0 output frame")
+    jury.open_case(w, dispute_of(c, c.a))
+    assert ledger.c.disputes.functions.openTensorDisputes(c.run, 0).call() == 1
+    for epoch in range(1, 3 * keep):
+        now["epoch"] = epoch
+        archive.keep_frame(epoch, f"a hop of epoch {epoch}".encode())
+        if epoch == keep:  # the count the relay takes hops of is past epoch 0
+            prune_once(archive, ledger, w.epoch_times(c.run, 0)[3] + SETTLED_MARGIN_S)
+    assert archive.frame(0, digest) == b"epoch 0 output frame"
+    assert archive.frame_chunk(0, digest, 0, 5) is not None

@@ -1600,8 +1600,14 @@ def build_cast(w: World) -> tuple[int, int, list[tuple[int, int, int]]]:
 
 
 def run_machine(world: World, examples: int, steps: int) -> None:
-    """Runs the machine on a thread of its own. Under pytest the main thread's Python stack is
-    deep, and py-evm's recursion then keeps crossing one of CPython 3.11's frame-stack chunk
+    run_on_own_thread(lambda: HonestyMachine(world), examples, steps)
+
+
+def run_on_own_thread(
+    machine: Callable[[], RuleBasedStateMachine], examples: int, steps: int
+) -> None:
+    """Runs a state machine on a thread of its own. Under pytest the main thread's Python stack
+    is deep, and py-evm's recursion then keeps crossing one of CPython 3.11's frame-stack chunk
     boundaries, mapping and unmapping a chunk each time (about 1.5 million mmap/munmap pairs in
     a default run): a fresh thread's stack halves the run time."""
     failure: list[BaseException] = []
@@ -1609,7 +1615,7 @@ def run_machine(world: World, examples: int, steps: int) -> None:
     def target() -> None:
         try:
             run_state_machine_as_test(
-                lambda: HonestyMachine(world),
+                machine,
                 settings=settings(
                     max_examples=examples,
                     stateful_step_count=steps,
@@ -1623,7 +1629,7 @@ def run_machine(world: World, examples: int, steps: int) -> None:
         except BaseException as error:  # re-raised on the test's thread
             failure.append(error)
 
-    thread = threading.Thread(target=target, name="honesty machine")
+    thread = threading.Thread(target=target, name="state machine")
     thread.start()
     thread.join()
     if failure:

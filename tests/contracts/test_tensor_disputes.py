@@ -4,7 +4,8 @@ the worker is slashed (bond back to the challenger, the bounty once it is final)
 certificate stands and everyone else is paid. RIGHT: the worker's wallet gets the bond. No jury:
 the bond returns. Until the ruling only the accused's claims of that epoch and its stake's
 withdrawal are frozen. Several challengers may dispute one receipt side by side. Every way to
-open out of turn reverts with its own error; nobody but the court rules."""
+open out of turn reverts with its own error; nobody but the court rules. A worker convicted
+in one epoch is still disputed about another, where it is convicted for no second stake."""
 
 from __future__ import annotations
 
@@ -220,3 +221,49 @@ def test_the_accused_claims_and_stake_are_frozen_until_the_ruling_and_no_one_els
     w.claim(c.cert, c.tree, c.a, w.wallet(0))
     w.tx(w.registry.functions.withdrawStake(c.a.address), w.wallet(0))
     assert w.stake_of(c.a) == 0 and w.status_of(c.a) != SLASHED
+
+
+def test_a_slashed_worker_is_still_disputed_about_an_epoch_it_was_not_convicted_in(
+    juried: Juried,
+) -> None:
+    """a is certified in epochs 0 and 1, convicted about epoch 0 (stake taken, bounty
+    awarded). Its epoch-1 pay would stand unchallengeable if a slashed worker could not be
+    disputed: a dispute about epoch 1 opens, and the WRONG ruling records the conviction there
+    (ClaimantConvicted) with no second stake and no second bounty. About epoch 0, where it is
+    convicted already, a dispute is refused."""
+    c, w = juried, juried.w
+    hops = w.pipeline_hops(c.run, 1, c.data, [c.a, c.b], range(2))
+    tree_1 = w.certificate_tree(hops)
+    cert_1 = w.certify(tree_1, c.run, 1, c.data)  # before epoch 0 settles
+    assert w.now() < w.epoch_times(c.run, 0)[3]
+    whole_case(w, dispute_of(c, c.a), c.jurors, honest(WRONG))
+    w.award(c.a.address)
+    bounty = 2 * ETH * BOUNTY_BPS // 10_000
+    burned = int(w.call(w.disputes.functions.burnedWei()))
+    assert w.stake_of(c.a) == 0 and credit(w, w.challenger) == BOND + bounty
+    assert burned == 2 * ETH - bounty
+    assert not w.call(w.ledger.functions.isConvictedIn(c.run, 1, c.a.address))
+    # About epoch 0, where a is convicted already: refused.
+    proof_reverts(
+        w, dispute_of(c, c.a, lambda r: r.microbatchId == 1), "AlreadySlashed", c.a.address
+    )
+    # About epoch 1: opened, and upheld for nothing but the conviction there.
+    epoch_1 = Certified(w, c.run, c.data, c.a, c.b, c.c, tree_1, cert_1)
+    dispute_id, _, receipt = whole_case(w, dispute_of(epoch_1, c.a), c.jurors, honest(WRONG))
+    assert state_of(w, dispute_id) == UPHELD
+    (event,) = w.disputes.events.FraudProven().process_receipt(receipt, errors=DISCARD)
+    assert (event["args"]["node"], event["args"]["epoch"]) == (c.a.address, 1)
+    assert (event["args"]["slashedWei"], event["args"]["bountyWei"]) == (0, 0)
+    assert w.call(w.ledger.functions.isConvictedIn(c.run, 1, c.a.address))
+    assert int(w.call(w.disputes.functions.burnedWei())) == burned
+    assert credit(w, w.challenger) == 2 * BOND + bounty  # both bonds back, one bounty
+    reverts(w, w.disputes.functions.awardBounty(c.a.address), w.stranger, "BountyAwardedAlready",
+            c.a.address)  # fmt: skip
+    # a is paid in neither epoch; b in both.
+    w.to_settled(c.run, 1)
+    for cert, tree, epoch in ((c.cert, c.tree, 0), (cert_1, tree_1, 1)):
+        w.claim(cert, tree, c.b, w.wallet(1))
+        reverts(
+            w, w.claim_fn(cert, tree, c.a), w.wallet(0), "ClaimantConvicted", c.run, epoch,
+            c.a.address,
+        )  # fmt: skip

@@ -23,6 +23,7 @@ from __future__ import annotations
 import statistics
 import sys
 
+import multiaddr
 import trio
 from libp2p.peer.id import ID
 
@@ -113,8 +114,12 @@ async def redial(relay_address: str, addresses: list[str]) -> None:
     peer = peer_info(addresses[0]).peer_id
     async with running_host(new_identity(), EVERY_INTERFACE) as host:
         trusted = {relay_info.peer_id: relay_info.addrs}
+
+        async def relay_addresses(relay: ID) -> list[multiaddr.Multiaddr]:
+            return trusted.get(relay, [])
+
         dialer = CircuitDialer(host, lambda p: addresses if p == peer else (),
-                               lambda relay: trusted.get(relay, []))  # fmt: skip
+                               relay_addresses)  # fmt: skip
         rpc = RequestResponse(host, circuits=dialer)
         point_at(host, peer, [a for address in addresses for a in peer_info(address).addrs])
         with trio.fail_after(DEADLINE_S):

@@ -39,7 +39,9 @@ def test_the_quick_demo_trains_pays_audits_and_exports_and_its_figures_agree(
     paid = sum(int(e["claimed_wei"]) for e in chain["epochs"])
     assert paid > 0 and sum(int(n["reward_wei"]) for n in report["nodes"]) == paid
     assert chain["earnings"][CHEATER]["stake_wei"] == "0"
-    assert [s["node"] for s in report["slashes"]] == [CHEATER]
+    # The cheater's stake is taken once; a proof of its fault in another epoch takes nothing more.
+    assert {s["node"] for s in report["slashes"] if int(s["slashed_wei"]) > 0} == {CHEATER}
+    assert {s["node"] for s in report["slashes"]} == {CHEATER}
     losses = figures["loss_per_iteration"]
     assert len(losses) == 16 and losses[-1] < losses[0]
     for plot in ("loss.png", "throughput.png", "earnings.png"):

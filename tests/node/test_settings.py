@@ -57,9 +57,19 @@ def test_a_node_listens_everywhere_by_default_and_takes_several_addresses(tmp_pa
     assert p2p.announce == ("/ip4/203.0.113.7/tcp/4001", "/dns4/home.example/tcp/4001")
 
 
+def test_reachable_is_auto_by_default_and_can_be_forced(tmp_path: Path) -> None:
+    assert Settings().p2p.reachable == "auto"
+    for given, read in (("auto", "auto"), ("false", False), ("yes", True)):
+        env = {"GWTF_P2P_REACHABLE": given}
+        assert load_settings(env=env, config_file=write_toml(tmp_path, "")).p2p.reachable == read
+    toml = write_toml(tmp_path, "[p2p]\nreachable = false\n")
+    assert load_settings(env={}, config_file=toml).p2p.reachable is False
+
+
 @pytest.mark.parametrize(
     ("env", "fragment"),
     [
+        ({"GWTF_P2P_REACHABLE": "maybe"}, 'is not "auto", true or false'),
         ({"GWTF_API_PORT": "70000"}, "api.port=70000 from the environment must be a TCP port"),
         ({"GWTF_API_PORT": "eighty"}, "api.port='eighty' from the environment is not an integer"),
         ({"GWTF_FLOW_COOLING_FACTOR": "1.5"}, "flow.cooling_factor=1.5"),

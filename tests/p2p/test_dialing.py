@@ -136,3 +136,32 @@ def test_a_neighbour_silent_past_the_deadline_is_cut_and_dialled_anew() -> None:
                 nursery.cancel_scope.cancel()
 
     run_bounded(main)
+
+
+def test_a_neighbour_the_keeper_waits_for_is_probed_but_never_dialled() -> None:
+    """A reachable node leaves the dialing to a neighbour nobody can dial: it keeps probing
+    the connection that neighbour opened, and dials nothing once it is gone."""
+
+    async def main() -> None:
+        async with running_host(new_identity()) as home, running_host(new_identity()) as me:
+            rpc = RequestResponse(me)
+            peer = home.get_id()
+            me.get_peerstore().add_addrs(peer, home.get_addrs(), 60)
+            keeper = NeighbourKeeper(
+                rpc, lambda: [str(peer)], period_s=0.1, waits_for=lambda p: p == str(peer)
+            )
+            keeper.serve()
+            NeighbourKeeper(RequestResponse(home), lambda: ()).serve()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(keeper.run)
+                await trio.sleep(0.5)
+                assert rpc.dialer.dials == 0 and not rpc.dialer.connected(peer)
+                await home.connect(peer_info(full_address(me)))  # the neighbour dials in
+                await trio.sleep(0.5)
+                assert rpc.dialer.connected(peer)
+                await rpc.drop_peer(peer)
+                await trio.sleep(0.5)
+                assert rpc.dialer.dials == 0 and not rpc.dialer.connected(peer)
+                nursery.cancel_scope.cancel()
+
+    run_bounded(main)

@@ -67,6 +67,26 @@ def test_a_malformed_reachability_verdict_is_refused(fields: dict[str, object]) 
         open_card(card_key(_card(keys).peer_id), value)
 
 
+def test_a_card_says_whether_its_node_relays_for_others() -> None:
+    keys = _keys(1)
+    card = replace(_card(keys), reachable=True, reach_checked_ms=5, relays=True)
+    value = sign_card(card, keys.private_key)
+    assert open_card(card_key(card.peer_id), value) == card
+    assert len(value) <= MAX_CARD_BYTES
+    assert b'"relay":' not in sign_card(_card(keys), keys.private_key)  # absent when it does not
+
+
+@pytest.mark.parametrize("flag", [False, 1, "yes", None])
+def test_a_relay_flag_other_than_true_is_refused(flag: object) -> None:
+    keys = _keys(1)
+    good = sign_card(_card(keys), keys.private_key)
+    payload = {**json.loads(good[2 : 2 + struct.unpack(">H", good[:2])[0]]), "relay": flag}
+    raw = json.dumps(payload).encode()
+    value = struct.pack(">H", len(raw)) + raw + keys.private_key.sign(b"gwtf/card/1\x00" + raw)
+    with pytest.raises(ProtocolError, match="relay"):
+        open_card(card_key(_card(keys).peer_id), value)
+
+
 def test_keys_separate_runs_and_stages() -> None:
     assert len({run_key(1), run_key(2), stage_key(1, 1), stage_key(1, 2), stage_key(2, 1)}) == 5
     assert run_key(7) == run_key(7) and run_key(7)[:2] == b"\x12\x20"

@@ -93,8 +93,8 @@ async def node(
     records: dict[ID, list[str]] = {}
     trusted = {n.host.get_id(): [peer_info(full_address(n.host)).addrs[0]] for n in trusts}
 
-    def relay_addresses(relay: ID) -> list[multiaddr.Multiaddr]:
-        return trusted.get(relay) or (held[0].relay_addresses(relay) if held else [])
+    async def relay_addresses(relay: ID) -> list[multiaddr.Multiaddr]:
+        return trusted.get(relay) or (await held[0].relay_addresses(relay) if held else [])
 
     dialer = CircuitDialer(host, lambda peer: records.get(peer, []), relay_addresses, 5.0)
     rpc = RequestResponse(host, circuits=dialer)

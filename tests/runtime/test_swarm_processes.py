@@ -196,14 +196,23 @@ def test_every_hop_earns_the_audit_slashes_the_two_cheaters_and_pays_the_honest_
     for f in audit["findings"]:
         if not f["accused"]:
             assert f["kind"] == "unreplayed" and not f["provable_on_chain"], f
-            assert "forward's receipt is not among the leaves served" in f["detail"], f
+            assert "no receipt of its forward is among those served" in f["detail"], f
         assert cheaters[f["accused"]] in f["detail"], f
     assert audit["epochs"] == [0, 1]
     # A sample of hops re-executed, each bit for bit (nobody returned a wrong tensor).
     assert audit["replayed"] > 0 and audit["replayed_exact"] == audit["replayed"]
-    slashed = [c for c in audit["challenges"] if c["outcome"] == "slashed"]
+    slashed = [
+        c for c in audit["challenges"] if c["outcome"] == "slashed" and int(c["slashed_wei"]) > 0
+    ]
     assert sorted(c["accused"] for c in slashed) == sorted(cheaters)
-    assert all(c["outcome"] == "already judged" for c in audit["challenges"] if c not in slashed)
+    # A cheater slashed for one epoch is proven at fault in the other too (its pay there is
+    # burned), for no further stake; a finding of an epoch it is convicted in is judged already.
+    assert all(
+        c["outcome"] == "already judged"
+        or (c["outcome"] == "slashed" and int(c["slashed_wei"]) == int(c["bounty_wei"]) == 0)
+        for c in audit["challenges"]
+        if c not in slashed
+    )
     stake = 2 * 10**18
     assert all(int(c["slashed_wei"]) == stake for c in slashed)
     bounty = sum(int(c["bounty_wei"]) for c in slashed)

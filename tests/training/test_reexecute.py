@@ -22,7 +22,7 @@ from node.training.checkpoint import holds_state_of, save_part_state, verified_d
 from node.training.codec import CodecLimits
 from node.training.config import named_config
 from node.training.errors import CheckpointError
-from node.training.partition import plan_partition
+from node.training.partition import PartitionPlan, plan_partition
 from node.training.settings import TrainingSettings
 from node.training.stage_worker import StageWorker
 
@@ -41,19 +41,25 @@ def receipt(direction: int, input_frame: bytes, output_frame: bytes) -> HopRecei
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def hops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Replayer, EvidenceArchive, dict]:
-    """A stage-2 relay's forward and backward of one microbatch at iteration 3, kept."""
+def stage_with_kept_state(evidence_dir: Path) -> tuple[PartitionPlan, StageWorker, EvidenceArchive]:
+    """A stage-2 relay of gpt-tiny at iteration ITERATION whose archive keeps its weights."""
     plan = plan_partition(named_config("gpt", "tiny"), 2)
     worker = StageWorker(plan, 1, SETTINGS, seed=5)
     worker.step_count = ITERATION
-    archive = EvidenceArchive(tmp_path_factory.mktemp("evidence"), keep_epochs=2)
+    archive = EvidenceArchive(evidence_dir, keep_epochs=2)
     archive.keep_state(
         0,
         ITERATION,
         lambda path: save_part_state(worker, path, weights_only=True),
         lambda kept: holds_state_of(kept, worker, weights_only=True),
     )
+    return plan, worker, archive
+
+
+@pytest.fixture(scope="module")
+def hops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Replayer, EvidenceArchive, dict]:
+    """A stage-2 relay's forward and backward of one microbatch at iteration 3, kept."""
+    plan, worker, archive = stage_with_kept_state(tmp_path_factory.mktemp("evidence"))
     generator = torch.Generator().manual_seed(1)
     activation = torch.randn(2, 16, plan.config.d_model, generator=generator)
     grad = torch.randn(2, 16, plan.config.d_model, generator=generator)
@@ -129,15 +135,20 @@ def test_evidence_that_is_not_the_receipts_is_refused(hops: tuple) -> None:
         )
 
 
-def test_the_archive_keeps_a_frame_under_its_digest_and_prunes_old_epochs(tmp_path: Path) -> None:
+def test_the_archive_keeps_a_frame_under_its_digest_until_its_epoch_is_done(
+    tmp_path: Path,
+) -> None:
     archive = EvidenceArchive(tmp_path, keep_epochs=2)
     digest = archive.keep_frame(0, b"frame of epoch 0")
     assert archive.frame(0, digest) == b"frame of epoch 0"
     assert archive.frame(1, digest) is None and archive.bytes_of(0) == 16
-    archive.keep_frame(1, b"frame of epoch 1")
-    assert archive.frame(0, digest) is not None  # two epochs kept
-    archive.keep_frame(2, b"frame of epoch 2")
+    for epoch in (1, 2, 3):
+        archive.keep_frame(epoch, f"frame of epoch {epoch}".encode())
+    assert archive.frame(0, digest) is not None  # later epochs' hops delete nothing
+    # Epoch 1 is under dispute: it stays while epoch 0 goes.
+    assert archive.prune_settled(lambda epoch: epoch in (0, 2)) == [0, 2]
     assert archive.frame(0, digest) is None and archive.bytes_of(0) == 0
+    assert archive.kept_epochs() == [1, 3]
     assert not list(tmp_path.rglob("*.tmp"))
 
 
@@ -158,7 +169,7 @@ def test_two_saves_of_one_state_differ_in_bytes_but_not_in_verified_digest(tmp_p
         verified_digest(b"\xff" * 16)
 
 
-def test_with_a_clock_a_made_up_epoch_is_neither_kept_nor_prunes_anything(tmp_path: Path) -> None:
+def test_with_a_clock_a_made_up_epoch_is_never_kept(tmp_path: Path) -> None:
     now = [5]
     archive = EvidenceArchive(tmp_path, keep_epochs=2, epoch_now=lambda: now[0])
     kept = archive.keep_frame(5, b"frame of epoch 5")
@@ -168,9 +179,11 @@ def test_with_a_clock_a_made_up_epoch_is_neither_kept_nor_prunes_anything(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["5"]
     chunk = archive.frame_chunk(5, kept, 6, 5)
     assert chunk is not None and (chunk.total, chunk.data) == (16, b"of ep")
-    now[0] = 7  # epoch 5 is past its window: the next hop prunes it
+    now[0] = 7  # epoch 5 is past its window: no new hop of it is kept, the kept ones stay
     archive.keep_frame(7, b"frame of epoch 7")
-    assert archive.frame(5, kept) is None
+    archive.keep_frame(5, b"a late hop of epoch 5")
+    assert archive.frame(5, kept) is not None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["5", "7"] and archive.bytes_of(5) == 16
 
 
 def test_under_the_bf16_tolerance_a_1e3_error_is_honest_rounding(hops: tuple) -> None:

@@ -27,6 +27,7 @@ from node.p2p.reachability import (
     ReachabilityCheck,
     ReachabilityMonitor,
 )
+from node.p2p.relay import is_circuit
 from node.p2p.rpc import RequestResponse
 from node.runtime.discovery.address_book import AddressBook, own_record
 from node.runtime.discovery.run_discovery import RunDiscovery
@@ -56,6 +57,12 @@ def public_port(rpc: RequestResponse) -> int | None:
     return None
 
 
+def loopback_only(rpc: RequestResponse) -> bool:
+    """Whether the node listens, but on loopback only (the local swarm, the demo, tests)."""
+    listeners = rpc.host.get_network().listeners.values()
+    return public_port(rpc) is None and any(listener.get_addrs() for listener in listeners)
+
+
 async def watch_reachability(
     rpc: RequestResponse,
     book: AddressBook,
@@ -75,7 +82,8 @@ async def watch_reachability(
     mapped = f"{mapping.address}/p2p/{own_id}" if mapping is not None else None
 
     def addresses() -> list[str]:
-        advertised = full_addresses(rpc.host)
+        # Its direct addresses only: a witness reaching it through its relay proves nothing.
+        advertised = [a for a in full_addresses(rpc.host) if not is_circuit(a)]
         if mapped is None or mapped in advertised:
             return advertised
         return [mapped, *advertised][: len(advertised) + 1]

@@ -100,6 +100,8 @@ class RunDiscovery:
         #: The node's last reachability verdict, which its card carries (None: none yet;
         #: an unknown verdict is carried as unchecked).
         self.reachability: Reachability | None = None
+        #: Whether the node relays for the run's nodes behind NAT (its card says so).
+        self.relays_for_others: Callable[[], bool] = lambda: False
         self.directory, self.hints = self._services()
         self.cards: dict[str, PeerCard] = {}
         #: Providers whose card was bad, missing or for another run, and when: not asked again
@@ -227,6 +229,7 @@ class RunDiscovery:
             other_addresses=self.book.own.other_addresses,
             reachable=reach.reachable if reach is not None else None,
             reach_checked_ms=reach.checked_ms if reach is not None else 0,
+            relays=self.relays_for_others(),
         )
 
     async def announce(self) -> bool:
