@@ -569,11 +569,12 @@ def test_a_juror_that_left_the_registry_never_sits_and_is_evicted_from_later_dra
 
 def test_no_deposit_change_after_the_seed_is_armed_moves_a_seat(juried: Juried) -> None:
     """The draw grinding attack fails. A juror (1 of 9 equal deposits) whose other wallet
-    disputes honest a (2 ETH of stake at risk) tries, on a local fork, top-ups of 1..24 wei of
-    its deposit in the block of the draw, looking for one that hands it two of the three
-    seats. Another juror's withdrawal, an eviction-like exit and a fresh juror are tried too.
-    The draw reads the weights as they stood when its seed block was armed, so every variant
-    seats exactly the jury of the untouched draw: nothing to grind."""
+    disputes honest a (the run's 1 ETH minimum stake at risk) tries, on a local fork, top-ups
+    of 1..24 wei of its deposit in the block of the draw, looking for one that hands it two of
+    the three seats, and a fresh juror's deposit. The draw reads the weights as they stood when
+    its seed block was armed, so every such variant seats exactly the jury of the untouched
+    draw: nothing to grind. A seated juror that withdraws its whole deposit can no longer sit:
+    its own seats move to their next points, and every other seat stays as drawn."""
     c, w = juried, juried.w
     wallet = jury.juror_wallet(w, "attacker")
     key = w.register("attacker juror", wallet, ETH)
@@ -590,21 +591,28 @@ def test_no_deposit_change_after_the_seed_is_armed_moves_a_seat(juried: Juried) 
         try:
             if isinstance(change, int):  # the attacker's top-up, in wei
                 w.tx(w.court.functions.deposit(key.address), wallet, change)
-            elif change == "withdraw":
-                honest_juror = c.jurors[0]
-                fn = w.court.functions.withdrawDeposit(honest_juror.node, jury.JUROR_DEPOSIT)
-                w.tx(fn, honest_juror.wallet)
             elif change == "newcomer":
                 fn = w.court.functions.deposit(newcomer_key.address)
                 w.tx(fn, newcomer, 10 * jury.JUROR_DEPOSIT)
+            elif change is not None:  # a seated juror withdraws all it deposited
+                leaver = next(j for j in c.jurors if j.node == change)
+                fn = w.court.functions.withdrawDeposit(leaver.node, jury.JUROR_DEPOSIT)
+                w.tx(fn, leaver.wallet)
             return jury.draw(w, case_id)
         finally:
             w.tester.revert_to_snapshot(snap)
 
     fair = seats_after(None)
-    variants = [*range(1, 25), "withdraw", "newcomer"]
+    variants = [*range(1, 25), "newcomer"]
     moved = [change for change in variants if seats_after(change) != fair]
     assert moved == [], f"these changes after the seed was armed moved seats: {moved}"
+    # A seated honest juror leaves: only its own seats are drawn again, never onto it.
+    leaver = next(j.node for j in c.jurors if j.node in fair)
+    redrawn = seats_after(leaver)
+    assert leaver not in redrawn
+    for seat, node in enumerate(fair):
+        if node != leaver:
+            assert redrawn[seat] == node, f"seat {seat} moved from {node} to {redrawn[seat]}"
     # The fair draw stands as drawn for real, whatever the attacker then tops up.
     w.tx(w.court.functions.deposit(key.address), wallet, 1)
     assert jury.draw(w, case_id) == fair
