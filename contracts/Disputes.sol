@@ -115,6 +115,10 @@ contract Disputes is ReentrancyGuard {
     /// whichever is later. The worker's stake stays frozen meanwhile; 0 once reopened or
     /// released.
     mapping(uint256 id => uint256) public reopenUntil;
+    /// @notice Until when (a timestamp) a dispute of the run's epoch ruled without a jury may
+    /// still be reopened (the latest `reopenUntil` among them): relays keep the epoch's
+    /// evidence for the jurors until then, as while a dispute is open.
+    mapping(uint256 runId => mapping(uint64 epoch => uint256)) public reopenableUntil;
     /// @notice Whether a dispute reopens an earlier one (it cannot be reopened in turn).
     mapping(uint256 id => bool) public isReopening;
     /// @notice The tensor dispute of each court case.
@@ -122,6 +126,10 @@ contract Disputes is ReentrancyGuard {
     /// @dev Open tensor disputes per keccak256(abi.encode(runId, epoch, worker)): the worker's
     /// claims of that epoch wait for their rulings.
     mapping(bytes32 claimKey => uint256 count) internal frozenClaims;
+    /// @dev Per claim key, until when a dispute about the worker's hop of that epoch ruled
+    /// without a jury may be reopened: its claims wait until then too, so that a reopened
+    /// conviction still refuses its pay of the epoch.
+    mapping(bytes32 claimKey => uint256) internal claimsHeldUntil;
     /// @notice Open tensor disputes per run and epoch: relays keep the epoch's evidence for
     /// the jurors until they are ruled, after the epoch settles if need be.
     mapping(uint256 runId => mapping(uint64 epoch => uint256 count)) public openTensorDisputes;
@@ -473,9 +481,9 @@ contract Disputes is ReentrancyGuard {
     /// the bounty if its commitment is the earliest proven (the worker's stake is taken now if
     /// no other proof took it). RIGHT: the worker's wallet gets the bond. REFUSED (no jury
     /// could be drawn): the bond returns to the challenger, who may reopen the dispute until
-    /// `reopenUntil` (once; the worker's stake stays frozen until then, see
-    /// releaseAfterGrace). The worker's claims thaw, and its stake does on any other ruling.
-    /// Only the court calls it.
+    /// `reopenUntil` (once; until then the worker's stake stays frozen, see
+    /// releaseAfterGrace, its claims of the epoch wait and relays keep the epoch's evidence).
+    /// On any other ruling the worker's claims and stake thaw. Only the court calls it.
     /// @param caseId The court's case.
     /// @param ruling Court.REFUSED, Court.RIGHT or Court.WRONG.
     function rule(uint256 caseId, uint256 ruling) external nonReentrant {
@@ -496,11 +504,7 @@ contract Disputes is ReentrancyGuard {
                 (paid,,) = registry.bondOf(worker);
             } else {
                 dispute.state = DisputeState.NoJury;
-                if (!isReopening[id]) {
-                    (,,, uint256 settlesAt) = ledger.epochTimes(dispute.runId, dispute.epoch);
-                    uint256 from = block.timestamp > settlesAt ? block.timestamp : settlesAt;
-                    reopenUntil[id] = from + ledger.getRun(dispute.runId).challengeWindowS;
-                }
+                if (!isReopening[id]) _holdForReopening(id, dispute);
             }
             creditWei[paid] += dispute.bondWei;
             return;
@@ -519,6 +523,20 @@ contract Disputes is ReentrancyGuard {
         );
     }
 
+    /// @dev Opens the grace of a first dispute ruled without a jury: until `reopenUntil`, its
+    /// challenger may reopen it, the worker's stake stays frozen (the freeze is not thawed),
+    /// its claims of the epoch wait and the epoch's evidence is kept.
+    function _holdForReopening(uint256 id, TensorDispute storage dispute) private {
+        (,,, uint256 settlesAt) = ledger.epochTimes(dispute.runId, dispute.epoch);
+        uint256 from = block.timestamp > settlesAt ? block.timestamp : settlesAt;
+        uint256 until = from + ledger.getRun(dispute.runId).challengeWindowS;
+        reopenUntil[id] = until;
+        bytes32 key = _claimKey(dispute.runId, dispute.epoch, dispute.worker);
+        if (claimsHeldUntil[key] < until) claimsHeldUntil[key] = until;
+        mapping(uint64 epoch => uint256) storage epochs = reopenableUntil[dispute.runId];
+        if (epochs[dispute.epoch] < until) epochs[dispute.epoch] = until;
+    }
+
     /// @notice Ends the grace of a dispute ruled without a jury and not reopened: the worker's
     /// stake thaws. Anyone may call, once the grace is over.
     /// @param id The dispute.
@@ -534,9 +552,11 @@ contract Disputes is ReentrancyGuard {
     /// @param runId The run.
     /// @param epoch The epoch.
     /// @param node The worker.
-    /// @return True while a tensor dispute about its hop of that epoch is open.
+    /// @return True while a tensor dispute about its hop of that epoch is open, or one ruled
+    /// without a jury may still be reopened.
     function claimsFrozen(uint256 runId, uint64 epoch, address node) external view returns (bool) {
-        return frozenClaims[_claimKey(runId, epoch, node)] != 0;
+        bytes32 key = _claimKey(runId, epoch, node);
+        return frozenClaims[key] != 0 || block.timestamp <= claimsHeldUntil[key];
     }
 
     /// @notice Credits a convicted node's bounty to the proven challenger whose commitment came

@@ -143,7 +143,9 @@ def test_a_pool_below_the_minimum_waits_then_draws_once_it_fills(certified: Cert
 def test_a_case_no_jury_could_sit_is_refused_and_everything_returns(certified: Certified) -> None:
     """At stake: the challenger's 0.1 ETH bond and 0.003 ETH of fees. With no pool the case
     cannot be drawn; once its patience is over anyone ends it REFUSED: the bond and the fees
-    go back to the challenger, a's claims and stake thaw, and nobody is convicted."""
+    go back to the challenger and nobody is convicted. While the challenger may reopen it,
+    a's stake stays frozen, its claims of the epoch wait and relays keep the epoch's evidence
+    (reopenableUntil); then a claims its pay and anyone thaws its stake."""
     c, w = certified, certified.w
     proof = dispute_of(c, c.a)
     dispute_id, case_id = jury.open_case(w, proof)
@@ -160,18 +162,22 @@ def test_a_case_no_jury_could_sit_is_refused_and_everything_returns(certified: C
     (ruled,) = w.disputes.events.TensorDisputeRuled().process_receipt(receipt, errors=DISCARD)
     assert ruled["args"]["ruling"] == REFUSED and state_of(w, dispute_id) == NO_JURY
     assert credit(w, w.challenger) == BOND and jury.credit(w, w.challenger) == fees(w)
-    assert w.status_of(c.a) == 1 and not w.call(
-        w.disputes.functions.claimsFrozen(c.run, 0, c.a.address)
-    )
+    claims_frozen = w.disputes.functions.claimsFrozen(c.run, 0, c.a.address)
+    assert w.status_of(c.a) == 1 and w.call(claims_frozen)
     reverts(w, w.court.functions.executeRuling(case_id), w.stranger, "WrongPhase", case_id, RULED)
-    # a's stake stays frozen while the challenger may reopen the dispute, then thaws.
+    # a's stake and claims wait while the challenger may reopen the dispute, then thaw.
     frozen = w.registry.functions.frozenCount(c.a.address)
     assert int(w.call(frozen)) == 1
     reopen_until = int(w.call(w.disputes.functions.reopenUntil(dispute_id)))
     assert reopen_until >= w.epoch_times(c.run, 0)[3]  # past the epoch's settlement
+    assert int(w.call(w.disputes.functions.reopenableUntil(c.run, 0))) == reopen_until
     release = w.disputes.functions.releaseAfterGrace(dispute_id)
     reverts(w, release, w.stranger, "NotReopenable", dispute_id)
+    w.travel_to(reopen_until)  # settled, still reopenable
+    reverts(w, w.claim_fn(c.cert, c.tree, c.a), w.wallet(0), "ClaimFrozen", c.a.address)
     w.travel_to(reopen_until + 1)
+    w.claim(c.cert, c.tree, c.a, w.wallet(0))  # the hold ends by itself
+    assert not w.call(claims_frozen)
     w.tx(release, w.stranger)
     assert int(w.call(frozen)) == 0
     reverts(w, release, w.stranger, "NotReopenable", dispute_id)
@@ -182,10 +188,11 @@ def test_a_refused_dispute_is_reopened_by_its_challenger_after_the_epoch_settled
     certified: Certified,
 ) -> None:
     """The attack fails: a cheater whose dispute lapsed for want of a jury would keep its
-    stake, since the ruling comes after the epoch settled and the challenger's dispute on the
-    receipt exists. At stake: the run's 1 ETH minimum of a's 2 ETH. The challenger reopens it
-    within its grace, after settlement; once jurors have joined, the reopened dispute is drawn,
-    upheld, and ranks by its first commitment."""
+    stake and its pay, since the ruling comes after the epoch settled and the challenger's
+    dispute on the receipt exists. At stake: the run's 1 ETH minimum of a's 2 ETH and a's pay
+    of the epoch. a cannot claim in the grace; the challenger reopens the dispute within it,
+    after settlement; once jurors have joined, the reopened dispute is drawn, upheld, ranks by
+    its first commitment, and a's pay of the epoch is refused."""
     c, w = certified, certified.w
     proof = dispute_of(c, c.a)
     dispute_id, case_id = jury.open_case(w, proof)
@@ -194,6 +201,7 @@ def test_a_refused_dispute_is_reopened_by_its_challenger_after_the_epoch_settled
     w.tx(w.court.functions.executeRuling(case_id), w.stranger)
     assert state_of(w, dispute_id) == NO_JURY
     w.travel_to(w.epoch_times(c.run, 0)[3])  # the epoch has settled
+    reverts(w, w.claim_fn(c.cert, c.tree, c.a), w.wallet(0), "ClaimFrozen", c.a.address)
     jurors = jury.seat_jurors(w)
     reopened, second = jury.open_case(w, proof)
     assert reopened != dispute_id and bool(w.call(w.disputes.functions.isReopening(reopened)))
@@ -207,6 +215,9 @@ def test_a_refused_dispute_is_reopened_by_its_challenger_after_the_epoch_settled
     assert int(w.call(w.registry.functions.frozenCount(c.a.address))) == 0
     first_order = int(w.call(w.disputes.functions.tensorDisputes(dispute_id))[4])
     assert int(w.call(w.disputes.functions.tensorDisputes(reopened))[4]) == first_order
+    w.travel_to(int(w.call(w.disputes.functions.reopenableUntil(c.run, 0))) + 1)
+    reverts(w, w.claim_fn(c.cert, c.tree, c.a), w.wallet(0), "ClaimantConvicted", c.run, 0,
+            c.a.address)  # fmt: skip
 
 
 # ---------------------------------------------------------------- the parties' salts
