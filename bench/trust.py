@@ -7,7 +7,11 @@ jury sizes), takes the pay at stake from the attack tests' figures (two microbat
 from ``bench/gas.py`` at a gas price of ``--gwei``. The expected value is the attacker's gain less
 what it loses, against not attacking; the goal is below zero for every class. A jury attack is
 valued for an attacker holding a share ``p`` of the eligible juror deposit, which must win the
-31-seat final round that the honest side can always appeal to.
+31-seat final round that the honest side can always appeal to. Wrong tensors in place of honest
+work are valued for a relay holding a share of a certificate's hops, found when the audit's
+sample of ``AUDIT_SAMPLE`` hops per certificate (drawn after the work) hits one of them, and
+convicted for the run's minimum stake and its pay of the epoch; its gain is the compute it
+saves, counted at the whole of its pay (the most it can save).
 
     .venv/bin/python bench/trust.py [--gwei 1] [--shares 0.2,0.33]
 """
@@ -29,12 +33,17 @@ ETH = 10**18
 #: Pay at stake per honest relay and epoch in the attack tests (two microbatches).
 RELAY_EPOCH_PAY = 6 * 10**16
 #: gasUsed from bench/gas.py (contracts/README.md's table).
-GAS_COMMIT = 52_112
-GAS_REVEAL = 174_202  # proveEquivocation, the cheapest reveal
-GAS_REGISTER = 193_616
-GAS_SUBMIT = 99_185  # submitCertificates, first of an epoch
+GAS_COMMIT = 52_200
+GAS_REVEAL = 174_314  # proveEquivocation, the cheapest reveal
+GAS_REGISTER = 194_273
+GAS_SUBMIT = 99_207  # submitCertificates, first of an epoch
 GAS_REFUSED = 30_000  # the order of a reverted call: what a refused attack still pays
 FINAL_SEATS = 31
+#: Hops an auditor re-executes per certificate (the swarm's ``[chain] audit_sample``).
+AUDIT_SAMPLE = 32
+#: A cheating relay's share of a certificate's hops: the attack tests' (all of one stage's
+#: hops sampled), 1 %, and 0.1 % (a certificate of about a thousand relays' hops).
+WRONG_TENSOR_SHARES = (1.0, 0.01, 0.001)
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,17 @@ def deployed_parameters() -> Parameters:
         sizes=sizes,
         reveal_window_blocks=int(disputes.revealWindowBlocks().call()),
     )
+
+
+def sampled_probability(share: float, sample: int = AUDIT_SAMPLE) -> float:
+    """P(a sample of ``sample`` hops hits one of a relay's, holding ``share`` of them)."""
+    return 1 - (1 - share) ** sample
+
+
+def wrong_tensor_break_even(p: Parameters, pay: int = RELAY_EPOCH_PAY) -> float:
+    """The share of a certificate's hops below which wrong tensors pay in expectation: where
+    the chance of being sampled times (minimum stake + pay) equals the pay saved."""
+    return 1 - (1 - pay / (p.min_stake + pay)) ** (1 / AUDIT_SAMPLE)
 
 
 def majority_probability(share: float, seats: int = FINAL_SEATS) -> float:
@@ -109,7 +129,7 @@ def rows(p: Parameters, gwei: float, shares: list[float]) -> list[Row]:
         Row(
             "convict oneself to divert a pending dispute's bounty (14)",
             bounty,
-            "its whole stake",
+            "its stake (the run's minimum for a wrong tensor)",
             -p.min_stake,
         ),
         Row(
@@ -167,6 +187,16 @@ def rows(p: Parameters, gwei: float, shares: list[float]) -> list[Row]:
             float(RELAY_EPOCH_PAY),
         ),
     ]
+    for held in WRONG_TENSOR_SHARES:
+        # Against honest work: the compute saved (at most the pay) when not sampled, less the
+        # run's minimum stake and the epoch's pay (refused) when a sampled hop convicts it.
+        caught = sampled_probability(held)
+        out.append(
+            Row(f"wrong tensors for an epoch, {held:.1%} of a certificate's hops (24)",
+                p.min_stake + RELAY_EPOCH_PAY,
+                f"the run's minimum and the epoch's pay if sampled (P = {caught:.1e})",
+                RELAY_EPOCH_PAY - caught * (p.min_stake + RELAY_EPOCH_PAY))
+        )  # fmt: skip
     for share in shares:
         win = majority_probability(share)
         seats = sum(p.sizes) * share  # the attacker's expected seats over the four rounds
@@ -211,6 +241,10 @@ def main() -> None:
     assert worst is not None
     verdict = "met" if worst.expected_wei < 0 else f"not met ({worst.attack})"
     print(f"goal: every class's expected value < 0: {verdict}")
+    print(
+        f"wrong tensors pay in expectation below {wrong_tensor_break_even(parameters):.2%} of a "
+        f"certificate's hops at {AUDIT_SAMPLE} sampled hops per certificate"
+    )
 
 
 if __name__ == "__main__":
