@@ -8,10 +8,11 @@ from ``bench/gas.py`` at a gas price of ``--gwei``. The expected value is the at
 what it loses, against not attacking; the goal is below zero for every class. A jury attack is
 valued for an attacker holding a share ``p`` of the eligible juror deposit, which must win the
 31-seat final round that the honest side can always appeal to. Wrong tensors in place of honest
-work are valued for a relay holding a share of a certificate's hops, found when the audit's
-sample of ``AUDIT_SAMPLE`` hops per certificate (drawn after the work) hits one of them, and
-convicted for the run's minimum stake and its pay of the epoch; its gain is the compute it
-saves, counted at the whole of its pay (the most it can save).
+work are valued for a relay that corrupts a share f of its hops: the audit re-executes each
+worker's first-ranked hop (drawn after the work), so it is caught with P ≥ f and convicted for
+the run's minimum stake and its pay of the epoch; its gain is the compute it skips, at most f
+of its pay. Printed below the table: the share of a certificate's hops under which wrong
+tensors would pay if the audit drew only ``AUDIT_SAMPLE`` hops per certificate.
 
     .venv/bin/python bench/trust.py [--gwei 1] [--shares 0.2,0.33]
 """
@@ -41,9 +42,8 @@ GAS_REFUSED = 30_000  # the order of a reverted call: what a refused attack stil
 FINAL_SEATS = 31
 #: Hops an auditor re-executes per certificate (the swarm's ``[chain] audit_sample``).
 AUDIT_SAMPLE = 32
-#: A cheating relay's share of a certificate's hops: the attack tests' (all of one stage's
-#: hops sampled), 1 %, and 0.1 % (a certificate of about a thousand relays' hops).
-WRONG_TENSOR_SHARES = (1.0, 0.01, 0.001)
+#: Shares of its own hops a cheating relay corrupts.
+WRONG_TENSOR_SHARES = (1.0, 0.1, 0.01)
 
 
 @dataclass(frozen=True)
@@ -74,14 +74,10 @@ def deployed_parameters() -> Parameters:
     )
 
 
-def sampled_probability(share: float, sample: int = AUDIT_SAMPLE) -> float:
-    """P(a sample of ``sample`` hops hits one of a relay's, holding ``share`` of them)."""
-    return 1 - (1 - share) ** sample
-
-
 def wrong_tensor_break_even(p: Parameters, pay: int = RELAY_EPOCH_PAY) -> float:
-    """The share of a certificate's hops below which wrong tensors pay in expectation: where
-    the chance of being sampled times (minimum stake + pay) equals the pay saved."""
+    """The share of a certificate's hops below which a relay corrupting all of its hops would
+    gain in expectation from a sample of AUDIT_SAMPLE hops per certificate alone: where the
+    chance of being sampled times (minimum stake + pay) equals the pay saved."""
     return 1 - (1 - pay / (p.min_stake + pay)) ** (1 / AUDIT_SAMPLE)
 
 
@@ -187,15 +183,14 @@ def rows(p: Parameters, gwei: float, shares: list[float]) -> list[Row]:
             float(RELAY_EPOCH_PAY),
         ),
     ]
-    for held in WRONG_TENSOR_SHARES:
-        # Against honest work: the compute saved (at most the pay) when not sampled, less the
-        # run's minimum stake and the epoch's pay (refused) when a sampled hop convicts it.
-        caught = sampled_probability(held)
+    for share in WRONG_TENSOR_SHARES:
+        # Against honest work: the compute skipped (at most that share of the pay), less the
+        # run's minimum stake and the epoch's pay (refused) when its sampled hop is wrong.
         out.append(
-            Row(f"wrong tensors for an epoch, {held:.1%} of a certificate's hops (24)",
+            Row(f"wrong tensors in {share:.0%} of a relay's hops of an epoch (24)",
                 p.min_stake + RELAY_EPOCH_PAY,
-                f"the run's minimum and the epoch's pay if sampled (P = {caught:.1e})",
-                RELAY_EPOCH_PAY - caught * (p.min_stake + RELAY_EPOCH_PAY))
+                f"the run's minimum and the epoch's pay, caught with P >= {share:.2f}",
+                share * RELAY_EPOCH_PAY - share * (p.min_stake + RELAY_EPOCH_PAY))
         )  # fmt: skip
     for share in shares:
         win = majority_probability(share)
@@ -242,8 +237,8 @@ def main() -> None:
     verdict = "met" if worst.expected_wei < 0 else f"not met ({worst.attack})"
     print(f"goal: every class's expected value < 0: {verdict}")
     print(
-        f"wrong tensors pay in expectation below {wrong_tensor_break_even(parameters):.2%} of a "
-        f"certificate's hops at {AUDIT_SAMPLE} sampled hops per certificate"
+        f"without each worker's hop in the sample, {AUDIT_SAMPLE} hops per certificate would let "
+        f"wrong tensors pay below {wrong_tensor_break_even(parameters):.2%} of its hops"
     )
 
 
