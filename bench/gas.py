@@ -309,8 +309,12 @@ def _tensor_dispute(
         wallet, key = Sender.from_account(Account.create()), Account.create()
         w3.eth.send_transaction({"from": dev.address, "to": wallet.address, "value": 3 * ETH})
         register_node(c, wallet, key.key, Capacity("cpu", 1_024, 1, 1), ETH)
-        bench.record("Court.deposit", deposit_juror(c, wallet, key.address, 5 * penalty))
+        deposited = deposit_juror(c, wallet, key.address, 5 * penalty)
+        bench.record("Court.deposit (first of a juror)", deposited)
         jurors.append((wallet, key.address))
+    # A top-up in a later block: each cell of the juror's path in the draw tree, its weight,
+    # the total and the pool get a new checkpoint.
+    bench.record("Court.deposit (top-up)", deposit_juror(c, *jurors[0], penalty))
     # The certificate's first receipt is the worker's, countersigned (``make_receipts``).
     receipt = make_receipts(1, cert.dataNode, worker, counterparty, bench.run_id)[0]
     domain = bench.domain

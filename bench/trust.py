@@ -7,7 +7,12 @@ jury sizes), takes the pay at stake from the attack tests' figures (two microbat
 from ``bench/gas.py`` at a gas price of ``--gwei``. The expected value is the attacker's gain less
 what it loses, against not attacking; the goal is below zero for every class. A jury attack is
 valued for an attacker holding a share ``p`` of the eligible juror deposit, which must win the
-31-seat final round that the honest side can always appeal to.
+31-seat final round that the honest side can always appeal to. Wrong tensors in place of honest
+work are valued for a relay that corrupts a share f of its hops: the audit re-executes each
+worker's first-ranked hop (drawn after the work), so it is caught with P ≥ f and convicted for
+the run's minimum stake and its pay of the epoch; its gain is the compute it skips, at most f
+of its pay. Printed below the table: the share of a certificate's hops under which wrong
+tensors would pay if the audit drew only ``AUDIT_SAMPLE`` hops per certificate.
 
     .venv/bin/python bench/trust.py [--gwei 1] [--shares 0.2,0.33]
 """
@@ -29,12 +34,16 @@ ETH = 10**18
 #: Pay at stake per honest relay and epoch in the attack tests (two microbatches).
 RELAY_EPOCH_PAY = 6 * 10**16
 #: gasUsed from bench/gas.py (contracts/README.md's table).
-GAS_COMMIT = 52_112
-GAS_REVEAL = 174_202  # proveEquivocation, the cheapest reveal
-GAS_REGISTER = 193_616
-GAS_SUBMIT = 99_185  # submitCertificates, first of an epoch
+GAS_COMMIT = 52_200
+GAS_REVEAL = 174_314  # proveEquivocation, the cheapest reveal
+GAS_REGISTER = 194_273
+GAS_SUBMIT = 99_207  # submitCertificates, first of an epoch
 GAS_REFUSED = 30_000  # the order of a reverted call: what a refused attack still pays
 FINAL_SEATS = 31
+#: Hops an auditor re-executes per certificate (the swarm's ``[chain] audit_sample``).
+AUDIT_SAMPLE = 32
+#: Shares of its own hops a cheating relay corrupts.
+WRONG_TENSOR_SHARES = (1.0, 0.1, 0.01)
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,13 @@ def deployed_parameters() -> Parameters:
         sizes=sizes,
         reveal_window_blocks=int(disputes.revealWindowBlocks().call()),
     )
+
+
+def wrong_tensor_break_even(p: Parameters, pay: int = RELAY_EPOCH_PAY) -> float:
+    """The share of a certificate's hops below which a relay corrupting all of its hops would
+    gain in expectation from a sample of AUDIT_SAMPLE hops per certificate alone: where the
+    chance of being sampled times (minimum stake + pay) equals the pay saved."""
+    return 1 - (1 - pay / (p.min_stake + pay)) ** (1 / AUDIT_SAMPLE)
 
 
 def majority_probability(share: float, seats: int = FINAL_SEATS) -> float:
@@ -109,7 +125,7 @@ def rows(p: Parameters, gwei: float, shares: list[float]) -> list[Row]:
         Row(
             "convict oneself to divert a pending dispute's bounty (14)",
             bounty,
-            "its whole stake",
+            "its stake (the run's minimum for a wrong tensor)",
             -p.min_stake,
         ),
         Row(
@@ -167,6 +183,15 @@ def rows(p: Parameters, gwei: float, shares: list[float]) -> list[Row]:
             float(RELAY_EPOCH_PAY),
         ),
     ]
+    for share in WRONG_TENSOR_SHARES:
+        # Against honest work: the compute skipped (at most that share of the pay), less the
+        # run's minimum stake and the epoch's pay (refused) when its sampled hop is wrong.
+        out.append(
+            Row(f"wrong tensors in {share:.0%} of a relay's hops of an epoch (24)",
+                p.min_stake + RELAY_EPOCH_PAY,
+                f"the run's minimum and the epoch's pay, caught with P >= {share:.2f}",
+                share * RELAY_EPOCH_PAY - share * (p.min_stake + RELAY_EPOCH_PAY))
+        )  # fmt: skip
     for share in shares:
         win = majority_probability(share)
         seats = sum(p.sizes) * share  # the attacker's expected seats over the four rounds
@@ -211,6 +236,10 @@ def main() -> None:
     assert worst is not None
     verdict = "met" if worst.expected_wei < 0 else f"not met ({worst.attack})"
     print(f"goal: every class's expected value < 0: {verdict}")
+    print(
+        f"without each worker's hop in the sample, {AUDIT_SAMPLE} hops per certificate would let "
+        f"wrong tensors pay below {wrong_tensor_break_even(parameters):.2%} of its hops"
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ pragma solidity ^0.8.28;
 import {Ownable} from "@openzeppelin/contracts/access/Ownable.sol";
 import {Ownable2Step} from "@openzeppelin/contracts/access/Ownable2Step.sol";
 import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
+import {Checkpoints} from "@openzeppelin/contracts/utils/structs/Checkpoints.sol";
 import {NodeRegistry} from "./NodeRegistry.sol";
 
 /// @notice What the court calls back with its final ruling (ERC-792's arbitrable side).
@@ -18,7 +19,8 @@ interface IArbitrable {
 /// randomness mixes a future block's beacon with a salt the challenger committed at opening
 /// and a salt the accused may give in the clear before the challenger reveals (so neither party
 /// alone can steer the draw, and a challenger that does not reveal loses). A wallet has one
-/// juror node. 3 seats are drawn in proportion to free deposit, exactly, with the jurors of
+/// juror node. 3 seats are drawn in proportion to deposit as it stood when the draw's seed
+/// block was armed (before its beacon could be known), exactly, with the jurors of
 /// the parties, of their wallets and of the run's sponsor taken out of the draw; they
 /// re-execute the hop off chain from the evidence the worker's side serves and vote by
 /// commit-reveal: 1 the tensor is right, 2 it is wrong. Anyone may fund an appeal to 7, 15 and
@@ -27,6 +29,8 @@ interface IArbitrable {
 /// is burned with its unpaid fee. Every step has a deadline in blocks and an outcome for
 /// silence, so every case ends and nobody here profits from a ruling's direction.
 contract Court is Ownable2Step, ReentrancyGuard {
+    using Checkpoints for Checkpoints.Trace208;
+
     /// @notice Where a draw's beacon comes from: the hash of the seed block (readable for 256
     /// blocks), or the `prevrandao` of the block the draw lands in, within a few blocks of the
     /// seed block.
@@ -81,8 +85,9 @@ contract Court is Ownable2Step, ReentrancyGuard {
         uint8 choice; // 0: not revealed
     }
 
-    /// @dev `weightWei` is what the draw tree holds for the juror: its free deposit while its
-    /// node is active (not evicted) and that covers a penalty, else 0.
+    /// @dev `weightWei` is what the draw tree holds for the juror: its deposit while it is not
+    /// evicted and covers a penalty, else 0. Locks never change it: a seat checks the free
+    /// deposit when it is drawn.
     struct Juror {
         address wallet;
         uint96 depositWei;
@@ -104,6 +109,9 @@ contract Court is Ownable2Step, ReentrancyGuard {
     uint256 public constant PREVRANDAO_WINDOW = 4;
     /// @notice A round not drawn this many phases after its first seed block ends without a jury.
     uint256 public constant DRAW_PATIENCE_PHASES = 4;
+    /// @notice Points tried for one seat before the draw gives up (JuryNotDrawable): a point
+    /// that hits a juror unable to sit now (inactive node, no free penalty) moves on.
+    uint256 public constant SEAT_TRIES = 16;
 
     NodeRegistry public immutable registry;
     Source public immutable source;
@@ -134,8 +142,12 @@ contract Court is Ownable2Step, ReentrancyGuard {
     mapping(address wallet => address node) public jurorOf;
     mapping(uint256 slot => address node) public jurorAt;
     uint256 public slotCount;
-    /// @dev Fenwick tree over slots of each juror's deposit: draws in proportion to deposit.
-    mapping(uint256 index => uint256) internal _tree;
+    /// @dev Fenwick tree over slots of each juror's weight, each node checkpointed by block: a
+    /// draw reads the tree as it stood when its seed block was armed.
+    mapping(uint256 index => Checkpoints.Trace208) internal _tree;
+    mapping(address node => Checkpoints.Trace208) internal _weightAt;
+    Checkpoints.Trace208 internal _totalAt;
+    Checkpoints.Trace208 internal _poolAt;
     /// @notice Fees and refunds owed, withdrawn with withdrawCredit.
     mapping(address account => uint256) public creditWei;
 
@@ -167,7 +179,6 @@ contract Court is Ownable2Step, ReentrancyGuard {
     error NodeNotActive(address node);
     error JuryFull(uint256 maxJurors);
     error OneJurorPerWallet(address wallet, address juror);
-    error JurorInactive(address node);
     error JurorActive(address node);
     error ZeroAmount();
     error DepositLocked(address node, uint256 freeWei);
@@ -225,9 +236,10 @@ contract Court is Ownable2Step, ReentrancyGuard {
     // ---------------------------------------------------------------- jurors
 
     /// @notice Adds `msg.value` to an active node's juror deposit, by the node's wallet (one
-    /// juror node per wallet; another of its nodes takes over once the first withdrew all). A juror is drawn in proportion to its free deposit while its node
-    /// is active in the registry and at least a penalty (`penaltyWei`) of it is free; a
-    /// deposit also returns an evicted juror to the draw.
+    /// juror node per wallet, for good). A juror is drawn in proportion to its deposit as it
+    /// stood when the draw's seed block was armed; a drawn seat sits only while the node is
+    /// active in the registry and a penalty (`penaltyWei`) of its deposit is free. A deposit
+    /// also returns an evicted juror to later draws.
     /// @param node The juror node.
     function deposit(address node) external payable nonReentrant {
         (address wallet,, NodeRegistry.NodeStatus status) = registry.bondOf(node);
@@ -235,10 +247,9 @@ contract Court is Ownable2Step, ReentrancyGuard {
         if (status != NodeRegistry.NodeStatus.Active) revert NodeNotActive(node);
         if (msg.value == 0) revert ZeroAmount();
         address current = jurorOf[wallet];
-        // A wallet moves its juror to another of its nodes only once the first holds nothing.
-        if (current != node && current != address(0) && jurors[current].depositWei != 0) {
-            revert OneJurorPerWallet(wallet, current);
-        }
+        // A wallet keeps its one juror node for good, so that the parties' juror nodes taken
+        // out of a draw are the same whenever it is drawn.
+        if (current != node && current != address(0)) revert OneJurorPerWallet(wallet, current);
         jurorOf[wallet] = node;
         Juror storage juror = jurors[node];
         if (juror.slot == 0) {
@@ -251,18 +262,18 @@ contract Court is Ownable2Step, ReentrancyGuard {
         if (after_ > type(uint96).max) revert DepositOverflow(after_);
         juror.depositWei = uint96(after_);
         juror.evicted = false;
-        _reweigh(juror);
+        _reweigh(juror, node);
         emit JurorDeposited(node, wallet, msg.value, after_);
     }
 
-    /// @notice Takes a juror whose node left the registry's active set out of the draw (its
-    /// deposit stays its own). Anyone may call; a draw that hits such a juror asks for it.
+    /// @notice Takes a juror whose node left the registry's active set out of later draws (its
+    /// deposit stays its own). Anyone may call; meanwhile a draw that hits it moves on.
     /// @param node The juror node.
     function evict(address node) external {
         Juror storage juror = jurors[node];
         if (juror.slot == 0 || juror.evicted || registry.isActive(node)) revert JurorActive(node);
         juror.evicted = true;
-        _reweigh(juror);
+        _reweigh(juror, node);
         emit JurorEvicted(node);
     }
 
@@ -278,7 +289,7 @@ contract Court is Ownable2Step, ReentrancyGuard {
         if (amountWei > free) revert DepositLocked(node, free);
         uint256 left = uint256(juror.depositWei) - amountWei;
         juror.depositWei = uint96(left);
-        _reweigh(juror);
+        _reweigh(juror, node);
         emit JurorWithdrew(node, amountWei, left);
         _send(msg.sender, amountWei);
     }
@@ -348,10 +359,14 @@ contract Court is Ownable2Step, ReentrancyGuard {
     }
 
     /// @notice Draws the current round's jury once its seed block is past. Anyone may call.
-    /// A beacon no longer readable (blockhash after 256 blocks, prevrandao after
-    /// PREVRANDAO_WINDOW) re-arms a seed block `drawDelayBlocks` ahead instead. Reverts while
-    /// the pool is below `minPool` or no eligible juror is hit: the case waits, until the round
-    /// ends without a jury (executeRuling).
+    /// The draw reads the juror weights, total and pool as they stood at the end of the block
+    /// that armed the seed block (`seedBlock - drawDelayBlocks`), before its beacon could be
+    /// known: no deposit, withdrawal, eviction or other draw after that moves a seat. A point
+    /// that hits a juror unable to sit now (node inactive, no penalty of its deposit free)
+    /// moves on to the seat's next point. A beacon no longer readable (blockhash after 256
+    /// blocks, prevrandao after PREVRANDAO_WINDOW) re-arms a seed block `drawDelayBlocks`
+    /// ahead instead. Reverts while the pool is below `minPool` or a seat finds no juror in
+    /// SEAT_TRIES points: the case waits, until the round ends without a jury (executeRuling).
     /// @param caseId The case.
     function draw(uint256 caseId) external nonReentrant {
         Case storage c = _inPhase(caseId, Phase.Drawing);
@@ -367,23 +382,26 @@ contract Court is Ownable2Step, ReentrancyGuard {
             emit DrawRearmed(caseId, r, round.seedBlock);
             return;
         }
-        (address[5] memory excluded, uint256 count) = _excluded(c.parties);
-        if (poolSize - count < minPool) revert PoolTooSmall(poolSize - count, minPool);
+        uint48 armedAt = uint48(seedBlock - drawDelayBlocks);
+        (address[5] memory excluded, uint256 count, uint256 excludedWei) = _excluded(c.parties, armedAt);
+        uint256 pool = _poolAt.upperLookupRecent(armedAt) - count;
+        if (pool < minPool) revert PoolTooSmall(pool, minPool);
+        uint256 eligible = _totalAt.upperLookupRecent(armedAt) - excludedWei;
         bytes32 beacon = source == Source.Blockhash ? blockhash(seedBlock) : bytes32(block.prevrandao);
         bytes32 seed = keccak256(abi.encode(beacon, c.challengerSalt, c.accusedSalt, caseId, r));
         uint256 penalty = penaltyWei();
         for (uint256 seat = 0; seat < round.size; ++seat) {
-            uint256 eligible = totalWeightWei;
-            for (uint256 i = 0; i < count; ++i) {
-                eligible -= jurors[excluded[i]].weightWei;
+            address node = address(0);
+            for (uint256 try_ = 0; node == address(0); ++try_) {
+                if (try_ == SEAT_TRIES) revert JuryNotDrawable(caseId, seat);
+                uint256 point = uint256(keccak256(abi.encode(seed, seat, try_))) % eligible;
+                node = jurorAt[_findEligible(point, excluded, count, armedAt)];
+                Juror storage hit = jurors[node];
+                if (uint256(hit.depositWei) - hit.lockedWei < penalty || !registry.isActive(node)) {
+                    node = address(0);
+                }
             }
-            if (eligible == 0) revert JuryNotDrawable(caseId, seat);
-            uint256 point = uint256(keccak256(abi.encode(seed, seat))) % eligible;
-            address node = jurorAt[_findEligible(point, excluded, count)];
-            if (!registry.isActive(node)) revert JurorInactive(node);
-            Juror storage juror = jurors[node];
-            juror.lockedWei += uint96(penalty);
-            _reweigh(juror);
+            jurors[node].lockedWei += uint96(penalty);
             votes[caseId][r][node].seats += 1;
             round.seats.push(node);
         }
@@ -566,9 +584,14 @@ contract Court is Ownable2Step, ReentrancyGuard {
         round.feesWei = 0;
     }
 
-    /// @dev The jurors out of a case's draw (weight above 0 only): the accused node, the
-    /// challenger, and the juror nodes of the accused's wallet, the challenger's and the sponsor's.
-    function _excluded(Parties storage parties) private view returns (address[5] memory found, uint256 count) {
+    /// @dev The jurors out of a case's draw (weight above 0 at block `armedAt` only): the accused
+    /// node, the challenger, and the juror nodes of the accused's wallet, the challenger's and
+    /// the sponsor's; with their weight at `armedAt`.
+    function _excluded(Parties storage parties, uint48 armedAt)
+        private
+        view
+        returns (address[5] memory found, uint256 count, uint256 weightWei)
+    {
         address[5] memory candidates = [
             parties.accused,
             parties.challenger,
@@ -578,12 +601,16 @@ contract Court is Ownable2Step, ReentrancyGuard {
         ];
         for (uint256 i = 0; i < 5; ++i) {
             address node = candidates[i];
-            if (node == address(0) || jurors[node].weightWei == 0) continue;
+            uint256 weight = node == address(0) ? 0 : _weightAt[node].upperLookupRecent(armedAt);
+            if (weight == 0) continue;
             bool seen = false;
             for (uint256 j = 0; j < count; ++j) {
                 seen = seen || found[j] == node;
             }
-            if (!seen) found[count++] = node;
+            if (!seen) {
+                found[count++] = node;
+                weightWei += weight;
+            }
         }
     }
 
@@ -591,14 +618,18 @@ contract Court is Ownable2Step, ReentrancyGuard {
     /// weights taken out: the smallest slot t with prefix(t) - excluded weight up to t > point.
     /// Each pass moves the point past the excluded weight before the slot found, so it settles
     /// within count + 1 passes, never on an excluded slot.
-    function _findEligible(uint256 point, address[5] memory excluded, uint256 count) private view returns (uint256 slot) {
+    function _findEligible(uint256 point, address[5] memory excluded, uint256 count, uint48 armedAt)
+        private
+        view
+        returns (uint256 slot)
+    {
         uint256 shifted = point;
         for (uint256 pass = 0; pass <= count; ++pass) {
-            slot = _treeFind(shifted);
+            slot = _treeFind(shifted, armedAt);
             uint256 before = point;
             for (uint256 i = 0; i < count; ++i) {
-                Juror storage juror = jurors[excluded[i]];
-                if (juror.slot <= slot) before += juror.weightWei;
+                address node = excluded[i];
+                if (jurors[node].slot <= slot) before += _weightAt[node].upperLookupRecent(armedAt);
             }
             if (before == shifted) return slot;
             shifted = before;
@@ -620,43 +651,44 @@ contract Court is Ownable2Step, ReentrancyGuard {
                 juror.depositWei -= uint96(penalty);
                 burnedWei += penalty + feeWei;
             }
-            _reweigh(juror);
+            _reweigh(juror, node);
             emit JurorSettled(caseId, r, node, coherent, coherent ? feeWei : penalty);
         }
     }
 
     /// @dev Brings the juror's weight in the draw tree, the total and the pool count in line
-    /// with its deposit, locks and eviction.
-    function _reweigh(Juror storage juror) private {
-        uint256 free = uint256(juror.depositWei) - juror.lockedWei;
-        uint256 weight = juror.evicted || free < penaltyWei() ? 0 : free;
+    /// with its deposit and eviction, checkpointed at this block.
+    function _reweigh(Juror storage juror, address node) private {
+        uint256 deposited = juror.depositWei;
+        uint256 weight = juror.evicted || deposited < penaltyWei() ? 0 : deposited;
         uint256 old = juror.weightWei;
         if (weight == old) return;
         juror.weightWei = uint96(weight);
+        uint48 now_ = uint48(block.number);
+        _weightAt[node].push(now_, uint208(weight));
         if (old == 0) poolSize += 1;
         else if (weight == 0) poolSize -= 1;
-        uint256 slot = juror.slot;
-        if (weight > old) {
-            totalWeightWei += weight - old;
-            for (uint256 i = slot; i <= MAX_JURORS; i += i & (~i + 1)) {
-                _tree[i] += weight - old;
-            }
-        } else {
-            totalWeightWei -= old - weight;
-            for (uint256 i = slot; i <= MAX_JURORS; i += i & (~i + 1)) {
-                _tree[i] -= old - weight;
-            }
+        _poolAt.push(now_, uint208(poolSize));
+        totalWeightWei = totalWeightWei + weight - old;
+        _totalAt.push(now_, uint208(totalWeightWei));
+        for (uint256 i = juror.slot; i <= MAX_JURORS; i += i & (~i + 1)) {
+            Checkpoints.Trace208 storage cell = _tree[i];
+            _tree[i].push(now_, uint208(cell.latest() + weight - old));
         }
     }
 
-    /// @dev The slot whose deposit covers `point` of the deposits laid end to end (point < total).
-    function _treeFind(uint256 point) private view returns (uint256) {
+    /// @dev The slot whose weight covers `point` of the weights at block `armedAt` laid end to end
+    /// (point < total).
+    function _treeFind(uint256 point, uint48 armedAt) private view returns (uint256) {
         uint256 position = 0;
         for (uint256 step = MAX_JURORS; step != 0; step >>= 1) {
             uint256 next = position + step;
-            if (next <= MAX_JURORS && _tree[next] <= point) {
-                position = next;
-                point -= _tree[next];
+            if (next <= MAX_JURORS) {
+                uint256 value = _tree[next].upperLookupRecent(armedAt);
+                if (value <= point) {
+                    position = next;
+                    point -= value;
+                }
             }
         }
         return position + 1;

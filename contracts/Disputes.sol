@@ -18,7 +18,8 @@ import {WorkLedger} from "./WorkLedger.sol";
 /// it in an earlier block. The bounty (`bountyBps` of the slashed stake, a small share so that
 /// reporting oneself never pays) goes to the proven challenger whose commitment came first,
 /// not to the first reveal: a proof copied or front-run from the mempool loses to the
-/// commitment it copies. The stake is taken at the first proof and all but the bounty burned;
+/// commitment it copies. Each (run, epoch) proven takes the stake left, a wrong tensor at most
+/// the run's `minStakeWei`; the first take pays the bounty and the rest of every take is burned;
 /// the bounty waits until no earlier commitment can still be revealed and no tensor dispute
 /// about the node is open, then `awardBounty` credits it once.
 /// A wrong tensor is the one fraud the chain cannot judge (no contract runs the model): a
@@ -109,11 +110,26 @@ contract Disputes is ReentrancyGuard {
     mapping(bytes32 receiptDigest => mapping(address challenger => uint256 id)) public tensorDisputeOf;
     /// @notice How many tensor disputes were opened.
     uint256 public tensorDisputeCount;
+    /// @notice Until when (a timestamp) the challenger of a dispute ruled without a jury may
+    /// reopen it: the run's challenge window after the ruling or after the epoch settles,
+    /// whichever is later. The worker's stake stays frozen meanwhile; 0 once reopened or
+    /// released.
+    mapping(uint256 id => uint256) public reopenUntil;
+    /// @notice Until when (a timestamp) a dispute of the run's epoch ruled without a jury may
+    /// still be reopened (the latest `reopenUntil` among them): relays keep the epoch's
+    /// evidence for the jurors until then, as while a dispute is open.
+    mapping(uint256 runId => mapping(uint64 epoch => uint256)) public reopenableUntil;
+    /// @notice Whether a dispute reopens an earlier one (it cannot be reopened in turn).
+    mapping(uint256 id => bool) public isReopening;
     /// @notice The tensor dispute of each court case.
     mapping(uint256 caseId => uint256 id) public disputeOfCase;
     /// @dev Open tensor disputes per keccak256(abi.encode(runId, epoch, worker)): the worker's
     /// claims of that epoch wait for their rulings.
     mapping(bytes32 claimKey => uint256 count) internal frozenClaims;
+    /// @dev Per claim key, until when a dispute about the worker's hop of that epoch ruled
+    /// without a jury may be reopened: its claims wait until then too, so that a reopened
+    /// conviction still refuses its pay of the epoch.
+    mapping(bytes32 claimKey => uint256) internal claimsHeldUntil;
     /// @notice Open tensor disputes per run and epoch: relays keep the epoch's evidence for
     /// the jurors until they are ruled, after the epoch settles if need be.
     mapping(uint256 runId => mapping(uint64 epoch => uint256 count)) public openTensorDisputes;
@@ -190,6 +206,7 @@ contract Disputes is ReentrancyGuard {
     error NotWorkersSignature(address worker);
     error DisputeExists(uint256 id);
     error NotCourt(address caller);
+    error NotReopenable(uint256 id);
     error BondOutOfRange(uint256 bondWei);
 
     /// @param registry_ The NodeRegistry (which names this contract its slasher).
@@ -402,8 +419,17 @@ contract Disputes is ReentrancyGuard {
         if (msg.value != tensorBondWei + fees) revert WrongBond(msg.value, tensorBondWei + fees);
         Commitment memory committed =
             _useCommitment(keccak256(abi.encode(Fraud.WrongTensor, cert, hop, proof, receipt, workerSignature)), salt);
-        _checkLeaf(cert, hop, proof);
         bytes32 digest = receipt.digest(address(ledger));
+        uint256 prior = tensorDisputeOf[digest][msg.sender];
+        // A dispute no jury could sit on is reopened by its challenger within its grace, even
+        // after the epoch settled, ranking by its first commitment.
+        bool reopening = prior != 0 && block.timestamp <= reopenUntil[prior];
+        if (prior != 0 && !reopening) revert DisputeExists(prior);
+        if (reopening) {
+            reopenUntil[prior] = 0;
+            committed = Commitment(tensorDisputes[prior].committedAt, tensorDisputes[prior].order);
+        }
+        _checkLeafAt(cert, hop, proof, reopening);
         if (hop.receiptDigest != digest) revert NotTheLeafsReceipt(hop.index);
         if (receipt.runId != cert.runId || receipt.epoch != cert.epoch || receipt.dataNode != cert.dataNode) {
             revert ReceiptNotOfCertificate(hop.index);
@@ -419,9 +445,9 @@ contract Disputes is ReentrancyGuard {
         ) {
             revert AlreadySlashed(worker);
         }
-        if (tensorDisputeOf[digest][msg.sender] != 0) revert DisputeExists(tensorDisputeOf[digest][msg.sender]);
         id = ++tensorDisputeCount;
         tensorDisputeOf[digest][msg.sender] = id;
+        isReopening[id] = reopening;
         conviction.openDisputes += 1;
         frozenClaims[_claimKey(cert.runId, cert.epoch, worker)] += 1;
         openTensorDisputes[cert.runId][cert.epoch] += 1;
@@ -438,7 +464,7 @@ contract Disputes is ReentrancyGuard {
         );
         (address wallet,,) = registry.bondOf(worker);
         address sponsor = ledger.getRun(cert.runId).sponsor;
-        registry.freezeStake(worker);
+        if (!reopening) registry.freezeStake(worker); // a reopening keeps its prior's freeze
         uint256 caseId =
             court.createDispute{value: fees}(Court.Parties(worker, wallet, msg.sender, sponsor, drawSaltHash));
         disputeOfCase[caseId] = id;
@@ -454,8 +480,10 @@ contract Disputes is ReentrancyGuard {
     /// challenger gets its bond back and the worker is convicted, the challenger leading for
     /// the bounty if its commitment is the earliest proven (the worker's stake is taken now if
     /// no other proof took it). RIGHT: the worker's wallet gets the bond. REFUSED (no jury
-    /// could be drawn): the bond returns to the challenger. Either way the worker's claims and
-    /// stake thaw. Only the court calls it.
+    /// could be drawn): the bond returns to the challenger, who may reopen the dispute until
+    /// `reopenUntil` (once; until then the worker's stake stays frozen, see
+    /// releaseAfterGrace, its claims of the epoch wait and relays keep the epoch's evidence).
+    /// On any other ruling the worker's claims and stake thaw. Only the court calls it.
     /// @param caseId The court's case.
     /// @param ruling Court.REFUSED, Court.RIGHT or Court.WRONG.
     function rule(uint256 caseId, uint256 ruling) external nonReentrant {
@@ -468,7 +496,7 @@ contract Disputes is ReentrancyGuard {
         convictions[worker].openDisputes -= 1;
         frozenClaims[_claimKey(dispute.runId, dispute.epoch, worker)] -= 1;
         openTensorDisputes[dispute.runId][dispute.epoch] -= 1;
-        registry.thawStake(worker);
+        if (ruling != 0 || isReopening[id]) registry.thawStake(worker);
         if (ruling != 2) {
             address paid = dispute.challenger;
             if (ruling == 1) {
@@ -476,6 +504,7 @@ contract Disputes is ReentrancyGuard {
                 (paid,,) = registry.bondOf(worker);
             } else {
                 dispute.state = DisputeState.NoJury;
+                if (!isReopening[id]) _holdForReopening(id, dispute);
             }
             creditWei[paid] += dispute.bondWei;
             return;
@@ -494,14 +523,40 @@ contract Disputes is ReentrancyGuard {
         );
     }
 
+    /// @dev Opens the grace of a first dispute ruled without a jury: until `reopenUntil`, its
+    /// challenger may reopen it, the worker's stake stays frozen (the freeze is not thawed),
+    /// its claims of the epoch wait and the epoch's evidence is kept.
+    function _holdForReopening(uint256 id, TensorDispute storage dispute) private {
+        (,,, uint256 settlesAt) = ledger.epochTimes(dispute.runId, dispute.epoch);
+        uint256 from = block.timestamp > settlesAt ? block.timestamp : settlesAt;
+        uint256 until = from + ledger.getRun(dispute.runId).challengeWindowS;
+        reopenUntil[id] = until;
+        bytes32 key = _claimKey(dispute.runId, dispute.epoch, dispute.worker);
+        if (claimsHeldUntil[key] < until) claimsHeldUntil[key] = until;
+        mapping(uint64 epoch => uint256) storage epochs = reopenableUntil[dispute.runId];
+        if (epochs[dispute.epoch] < until) epochs[dispute.epoch] = until;
+    }
+
+    /// @notice Ends the grace of a dispute ruled without a jury and not reopened: the worker's
+    /// stake thaws. Anyone may call, once the grace is over.
+    /// @param id The dispute.
+    function releaseAfterGrace(uint256 id) external {
+        uint256 until = reopenUntil[id];
+        if (until == 0 || block.timestamp <= until) revert NotReopenable(id);
+        reopenUntil[id] = 0;
+        registry.thawStake(tensorDisputes[id].worker);
+    }
+
     /// @notice Whether `node`'s claims of `epoch` in `runId` wait for a court ruling (the
     /// ledger refuses them until then).
     /// @param runId The run.
     /// @param epoch The epoch.
     /// @param node The worker.
-    /// @return True while a tensor dispute about its hop of that epoch is open.
+    /// @return True while a tensor dispute about its hop of that epoch is open, or one ruled
+    /// without a jury may still be reopened.
     function claimsFrozen(uint256 runId, uint64 epoch, address node) external view returns (bool) {
-        return frozenClaims[_claimKey(runId, epoch, node)] != 0;
+        bytes32 key = _claimKey(runId, epoch, node);
+        return frozenClaims[key] != 0 || block.timestamp <= claimsHeldUntil[key];
     }
 
     /// @notice Credits a convicted node's bounty to the proven challenger whose commitment came
@@ -566,8 +621,16 @@ contract Disputes is ReentrancyGuard {
     /// proof, against which an earlier commitment may still rank) and it is judged before the
     /// epoch settles.
     function _checkLeaf(CertRef calldata cert, CertifiedHop calldata hop, bytes32[] calldata proof) private view {
+        _checkLeafAt(cert, hop, proof, false);
+    }
+
+    /// @dev `anyTime`: past the epoch's challenge period too (a reopened dispute).
+    function _checkLeafAt(CertRef calldata cert, CertifiedHop calldata hop, bytes32[] calldata proof, bool anyTime)
+        private
+        view
+    {
         (,,, uint256 settlesAt) = ledger.epochTimes(cert.runId, cert.epoch);
-        if (block.timestamp >= settlesAt) revert ChallengePeriodOver(cert.runId, cert.epoch, settlesAt);
+        if (!anyTime && block.timestamp >= settlesAt) revert ChallengePeriodOver(cert.runId, cert.epoch, settlesAt);
         if (!voidedByProof[keccak256(abi.encode(cert))]) ledger.checkCertificate(cert);
         if (!MerkleProof.verifyCalldata(proof, cert.root, HopReceipts.leaf(hop))) {
             revert LeafNotInTree(cert.dataNode, hop.index);
@@ -624,11 +687,12 @@ contract Disputes is ReentrancyGuard {
 
     /// @dev Convicts `node` on `challenger`'s proof of a fault in (run, epoch). The ledger
     /// records every (run, epoch) a node is proven at fault in, where its pay is burned; its
-    /// other work stands. The first conviction takes the whole stake (it arrives from the
-    /// trusted registry), burns all but the bounty and holds the bounty for the leader; a later
-    /// proof with an earlier commitment takes the lead until the bounty is awarded. A proof that
-    /// can neither lead nor convict the node in a further epoch reverts when `mustLead`, else
-    /// leads for nothing.
+    /// other work stands. Each (run, epoch) newly proven takes its part of the stake (it
+    /// arrives from the trusted registry): a wrong tensor at most the run's `minStakeWei`,
+    /// certificate fraud and equivocation all that is left. The first conviction's take sets
+    /// the bounty, held for the leader; a later proof with an earlier commitment takes the lead
+    /// until the bounty is awarded; every other take is burned. A proof that can neither lead
+    /// nor convict the node in a further epoch reverts when `mustLead`, else leads for nothing.
     function _convict(
         address node,
         uint256 runId,
@@ -642,22 +706,28 @@ contract Disputes is ReentrancyGuard {
         Conviction storage conviction = convictions[node];
         uint64 order = committed.order;
         bool first = conviction.finalAfter == 0;
+        uint256 slashedWei = 0;
+        if (newEpoch || first) {
+            uint256 cap = fraud == Fraud.WrongTensor ? ledger.getRun(runId).minStakeWei : type(uint256).max;
+            slashedWei = registry.slashUpTo(node, cap);
+        }
         if (!first && (conviction.awarded || order > conviction.order)) {
             if (mustLead && !newEpoch) revert AlreadySlashed(node);
-            emit FraudProven(node, runId, epoch, fraud, challenger, 0, 0, order);
+            burnedWei += slashedWei;
+            emit FraudProven(node, runId, epoch, fraud, challenger, slashedWei, 0, order);
             return;
         }
         conviction.challenger = challenger;
         conviction.order = order;
         conviction.finalAfter = uint64(committed.blockNumber + revealWindowBlocks);
-        if (!first) {
-            emit FraudProven(node, runId, epoch, fraud, challenger, 0, conviction.bountyWei, order);
-            return;
+        uint256 bountyWei = conviction.bountyWei;
+        if (first) {
+            bountyWei = slashedWei * bountyBps / BPS;
+            conviction.bountyWei = uint128(bountyWei);
+            burnedWei += slashedWei - bountyWei;
+        } else {
+            burnedWei += slashedWei;
         }
-        uint256 slashedWei = registry.slash(node);
-        uint256 bountyWei = slashedWei * bountyBps / BPS;
-        conviction.bountyWei = uint128(bountyWei);
-        burnedWei += slashedWei - bountyWei;
         emit FraudProven(node, runId, epoch, fraud, challenger, slashedWei, bountyWei, order);
     }
 }

@@ -205,19 +205,35 @@ contract NodeRegistry is Ownable2Step, ReentrancyGuard, EIP712 {
         _send(msg.sender, amount);
     }
 
-    /// @notice Confiscates the node's whole stake and sends it to the slasher, which pays the
-    /// challenger's bounty and burns the rest. Only the slasher may call; a node with nothing
-    /// left at stake yields 0.
+    /// @notice Confiscates at most `maxWei` of the node's stake and sends it to the slasher,
+    /// which pays the challenger's bounty and burns the rest. A node left with nothing at stake
+    /// is Slashed (no longer bonded from now on); one left with some keeps its status and the
+    /// rest of its stake. Only the slasher may call; a node with nothing at stake yields 0.
+    /// @param node The convicted node.
+    /// @param maxWei The most to take.
+    /// @return amountWei The stake taken.
+    function slashUpTo(address node, uint256 maxWei) external nonReentrant returns (uint256 amountWei) {
+        return _slash(node, maxWei);
+    }
+
+    /// @notice Confiscates the node's whole stake (slashUpTo with no bound).
     /// @param node The convicted node.
     /// @return amountWei The stake taken.
     function slash(address node) external nonReentrant returns (uint256 amountWei) {
+        return _slash(node, type(uint256).max);
+    }
+
+    function _slash(address node, uint256 maxWei) private returns (uint256 amountWei) {
         if (msg.sender != slasher) revert NotSlasher(msg.sender);
         Node storage record = _nodes[node];
         if (record.status == NodeStatus.None) revert UnknownNode(node);
-        amountWei = record.stakeWei;
-        record.stakeWei = 0;
-        if (record.slashedAt == 0) record.slashedAt = uint40(block.timestamp);
-        if (record.status != NodeStatus.Withdrawn) record.status = NodeStatus.Slashed;
+        uint256 staked = record.stakeWei;
+        amountWei = staked < maxWei ? staked : maxWei;
+        record.stakeWei = uint88(staked - amountWei);
+        if (staked == amountWei) {
+            if (record.slashedAt == 0) record.slashedAt = uint40(block.timestamp);
+            if (record.status != NodeStatus.Withdrawn) record.status = NodeStatus.Slashed;
+        }
         totalStakedWei -= amountWei;
         emit NodeSlashed(node, amountWei);
         _send(msg.sender, amountWei);

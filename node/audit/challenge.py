@@ -79,18 +79,20 @@ class Challenges:
 def challenge(contracts: Contracts, challenger: Sender, findings: list[Finding]) -> Challenges:
     """Prove every finding that carries a fraud proof, in order; withdraw the bounties."""
     done = Challenges()
-    disputed: set[str] = set()
+    disputed: set[tuple[str, int, int]] = set()
     for finding in findings:
         proof = finding.proof
         if proof is None:
             continue
-        if proof.fraud in NEEDS_JURY and proof.accused.lower() in disputed:
-            # One dispute per worker: a ruling of wrong slashes its whole stake at once.
+        key = (proof.accused.lower(), proof.run_id, proof.epoch)
+        if proof.fraud in NEEDS_JURY and key in disputed:
+            # One dispute per worker and (run, epoch): a ruling of wrong convicts it there, for
+            # one slice of its stake (the run's minimum) however many of its hops are wrong.
             done.judgements.append(Judgement(finding, JUDGED_BEFORE, "a dispute about it is open"))
             continue
         judgement = _judge(contracts, challenger, finding, proof)
         if proof.fraud in NEEDS_JURY and judgement.outcome != REFUSED:
-            disputed.add(proof.accused.lower())
+            disputed.add(key)
         done.judgements.append(judgement)
     done.withdrawn_wei = collect_bounties(contracts, challenger, findings)
     return done

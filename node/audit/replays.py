@@ -1,9 +1,13 @@
 """Re-execution in an audit: which hops, whose evidence, and what a wrong tensor is found as.
 
-**The sample** of a certificate is its ``k`` leaves with the smallest keccak256(seed ‖ receipt
-digest), the seed being the hash of the first block at or after the epoch's submission deadline:
-no node knows it while it can still change what it certifies or signs, and every auditor draws
-the same sample (``sample_seed``, ``draw_sample``).
+**The sample** of a certificate ranks its leaves by keccak256(seed ‖ receipt digest), the seed
+being the hash of the first block at or after the epoch's submission deadline: no node knows it
+while it can still change what it certifies or signs, and every auditor draws the same sample
+(``sample_seed``, ``draw_sample``). It takes each worker's first-ranked hop, then the next
+ranked up to ``k`` in all: every worker is re-executed each epoch, so a relay that corrupts a
+share of its hops is caught with at least that chance however many relays share the
+certificate, and a conviction (the run's minimum stake and the epoch's pay) outweighs what the
+skipped work saves (``contracts/README.md``, what deters a wrong tensor).
 
 **The evidence** of a hop (``node.receipts.evidence``) is fetched by digest from whoever keeps
 it: the worker, else its neighbours, who keep the same frames as their output or input. The
@@ -80,10 +84,19 @@ def sample_seed(w3: Web3, submit_closes_at: int) -> bytes | None:
 def draw_sample(
     seed: bytes, served: Sequence[tuple[SignedReceipt, LeafProof]], k: int
 ) -> list[tuple[SignedReceipt, LeafProof]]:
-    """The ``k`` leaves of ``served`` that ``seed`` picks (distinct receipts, stable order)."""
+    """The leaves of ``served`` that ``seed`` picks: each worker's first-ranked one, then the
+    next ranked up to ``k`` in all (distinct receipts, in rank order)."""
     by_digest = {leaf.hop.receiptDigest: (entry, leaf) for entry, leaf in served}
     ranked = sorted(by_digest, key=lambda digest: keccak256(seed + digest))
-    return [by_digest[digest] for digest in ranked[:k]]
+    firsts: dict[str, bytes] = {}
+    for digest in ranked:
+        firsts.setdefault(by_digest[digest][0].receipt.worker.lower(), digest)
+    chosen = set(firsts.values())
+    for digest in ranked:
+        if len(chosen) >= k:
+            break
+        chosen.add(digest)
+    return [by_digest[digest] for digest in ranked if digest in chosen]
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,8 @@ def _audit_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epoch", type=whole, required=True, help="epoch of the run")
     parser.add_argument(
         "--sample", type=whole, default=0, metavar="K",
-        help="re-execute K hops of each certificate from the relays' evidence (default 0)",
+        help="re-execute K hops of each certificate, and one of each worker at least, from the "
+        "relays' evidence (default 0: none)",
     )  # fmt: skip
     parser.add_argument("--model", help="the run's model, e.g. gpt-tiny (default training.model)")
     _tolerance_flag(parser)

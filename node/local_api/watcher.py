@@ -244,9 +244,10 @@ def run_fields(run: RunInfo) -> dict[str, Any]:
 def slashes_of(
     contracts: Contracts, run_id: int, from_block: int = 0, to_block: int | str = "latest"
 ) -> list[Slashed]:
-    """The nodes slashed for fraud in ``run_id`` in those blocks, from the ``FraudProven``
-    events that took a stake: a node is slashed once, and a later proof against it (which
-    only competes for the bounty) takes nothing and is not a second slash."""
+    """The stakes taken for fraud in ``run_id`` in those blocks, from the ``FraudProven``
+    events that took some: one per (run, epoch) a node is newly proven at fault in (a wrong
+    tensor takes at most the run's minimum stake, other fraud all that is left), while a proof
+    that takes nothing (it only competes for the bounty, or the stake is gone) is no slash."""
     logs = contracts.disputes.events.FraudProven.get_logs(
         argument_filters={"runId": run_id}, from_block=from_block, to_block=to_block
     )

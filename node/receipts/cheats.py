@@ -24,7 +24,7 @@ A relay's change what it signs:
 
 The chain convicts the first three and the next two alone (invalid hop, bad totals,
 equivocation); a withheld leaf is the auditor's to report, since no contract can see what a
-node does not serve; a wrong tensor is found by re-execution and judged by the run's sponsor
+node does not serve; a wrong tensor is found by re-execution and judged by a drawn jury
 (a tensor dispute).
 """
 

@@ -153,7 +153,9 @@ async def prune_settled_evidence(
     around ``settlesAt``, which could bring in a dispute opened just before it. A dispute opened
     before then is ruled by the court's jurors when they have re-executed the hop from this
     evidence (``Disputes.openTensorDisputes``), possibly much later; missing evidence loses a
-    dispute. This is the only way an epoch's evidence is deleted, and it goes by the chain's
+    dispute. A dispute ruled without a jury may be reopened by its challenger until
+    ``Disputes.reopenableUntil(run, epoch)``, so the evidence stays until that has passed too.
+    This is the only way an epoch's evidence is deleted, and it goes by the chain's
     own times, not a count of epochs: a node stopped for days prunes everything settled as soon
     as it starts again, and a run that has stopped training is still pruned.
 
@@ -179,7 +181,9 @@ def _prune(archive: EvidenceArchive, ledger: EpochLedger, now: int) -> list[int]
 
     def done(epoch: int) -> bool:
         settled = ledger.epoch_times(epoch).settles_at + SETTLED_MARGIN_S <= now
-        return settled and int(disputes.openTensorDisputes(ledger.run_id, epoch).call()) == 0
+        if not settled or int(disputes.openTensorDisputes(ledger.run_id, epoch).call()) != 0:
+            return False
+        return int(disputes.reopenableUntil(ledger.run_id, epoch).call()) < now
 
     return archive.prune_settled(done)
 

@@ -297,6 +297,11 @@ RULES: list[Rule] = [
         lambda c, caller: ("NotSlasher", (caller,)),
     ),
     Rule(
+        "NodeRegistry", "slashUpTo", only("disputes"),
+        lambda w, c, _: w.registry.functions.slashUpTo(c.a.address, 1),
+        lambda c, caller: ("NotSlasher", (caller,)),
+    ),
+    Rule(
         "NodeRegistry", "freezeStake", only("disputes"),
         lambda w, c, _: w.registry.functions.freezeStake(c.b.address),
         lambda c, caller: ("NotSlasher", (caller,)),
@@ -454,13 +459,15 @@ def test_access_table(access: tuple[World, Ctx], rule: Rule) -> None:
 
 # Anyone may close an epoch, but only 90 days after it settled: a prepared chain cannot hold
 # that and a settled epoch still open for claims at once. test_rewards.py has a stranger do it.
-# Anyone may award a bounty, once: see test_attacks.py. A court case's later steps belong to
+# Anyone may award a bounty, once: see test_attacks.py; anyone may end a refused dispute's
+# grace once it is over: see test_tensor_disputes.py. A court case's later steps belong to
 # whoever its phase names (the challenger's salt, the drawn jurors' votes, anyone's draw,
 # appeal and ruling, an evicted juror's ousting, fees to whom they are owed), each in a window
 # one prepared chain cannot hold at once: test_court.py covers each caller and window.
 OUTSIDE_THE_TABLE = {
     ("WorkLedger", "closeEpoch"),
     ("Disputes", "awardBounty"),
+    ("Disputes", "releaseAfterGrace"),
     ("Court", "revealSalt"),
     ("Court", "draw"),
     ("Court", "commitVote"),

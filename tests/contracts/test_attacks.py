@@ -525,9 +525,10 @@ def wrong_tensor_of(c: Certified, worker: str, microbatch: int = 0) -> fraud_pro
 
 
 def test_13_an_abandoned_dispute_does_not_block_the_true_one(juried: Juried) -> None:
-    """At stake: the bounty on a's 2 ETH, 0.1 ETH. a's accomplice disputes a's receipt first
-    and abandons it (never reveals its draw salt, so it loses: its bond goes to a's wallet);
-    the auditor's dispute about the same receipt runs beside it and is upheld by the jury."""
+    """At stake: the bounty on the run's 1 ETH minimum stake that a wrong tensor costs a,
+    0.05 ETH. a's accomplice disputes a's receipt first and abandons it (never reveals its
+    draw salt, so it loses: its bond goes to a's wallet); the auditor's dispute about the same
+    receipt runs beside it and is upheld by the jury."""
     w, a = juried.w, juried.a
     proof = wrong_tensor_of(juried, a.address)
     _, first = jury.open_case(w, proof, w.accomplice)
@@ -539,7 +540,7 @@ def test_13_an_abandoned_dispute_does_not_block_the_true_one(juried: Juried) -> 
     jury.execute(w, first)  # its salt never came: RIGHT
     # The abandoned dispute was committed first, but only a proven commitment ranks.
     w.award(a.address)
-    assert credit_of(w, w.challenger) == BOND + int(2 * ETH * BOUNTY)
+    assert credit_of(w, w.challenger) == BOND + int(ETH * BOUNTY)
     assert credit_of(w, w.accomplice) == 0 and credit_of(w, w.wallet(0)) == BOND
 
 
@@ -649,3 +650,33 @@ def test_22_a_bribed_minority_of_jurors_is_outvoted_and_fined(juried: Juried) ->
     assert jury.deposit_of(w, bribed.node) == before - jury.penalty(w)
     for node in set(seats) - {bribed.node}:
         assert settled[(0, node)] == (True, seats.count(node) * jury.fee(w))
+
+
+# ------------------------------------------------------------ 24. a whole stake for one hop
+
+
+def test_24_one_wrong_tensor_takes_only_the_runs_minimum_stake(juried: Juried) -> None:
+    """At stake: b's 4 ETH. An attacker who bought or got a WRONG ruling on one of b's hops
+    (here the whole jury votes WRONG) would take b's whole stake for one disputed hop. A wrong
+    tensor takes at most the run's minimum stake (1 ETH: the exposure every member of the run
+    posts, and what the conviction's epoch puts at risk); the other 3 ETH stay b's, b stays
+    active, and another hop of the same (run, epoch) cannot be disputed again. Certificate fraud
+    by a data node still takes its whole stake (test_5, test_18)."""
+    w, b = juried.w, juried.b
+    assert w.stake_of(b) == 4 * ETH
+    proof = wrong_tensor_of(juried, b.address)
+    _, _, receipt = jury.whole_case(w, proof, juried.jurors, jury.honest(jury.WRONG), w.attacker)
+    (event,) = w.disputes.events.FraudProven().process_receipt(receipt, errors=DISCARD)
+    assert event["args"]["slashedWei"] == ETH
+    assert w.stake_of(b) == 3 * ETH and w.status_of(b) == 1  # still active
+    # Another hop of the same (run, epoch) cannot take a second bite.
+    second = wrong_tensor_of(juried, b.address, 1)
+    proof_reverts(w, second, "AlreadySlashed", b.address)
+    w.award(b.address)
+    assert credit_of(w, w.attacker) == BOND + int(ETH * BOUNTY)  # its bond back and the bounty
+    # The rest is b's to withdraw after the unbonding delay.
+    w.tx(w.registry.functions.requestUnstake(b.address), w.wallet(1))
+    w.travel_to(int(w.call(w.registry.functions.unlockAt(b.address))))
+    before = w.balance(w.wallet(1))
+    w.tx(w.registry.functions.withdrawStake(b.address), w.wallet(1))
+    assert w.balance(w.wallet(1)) > before + 3 * ETH - ETH // 100  # less gas

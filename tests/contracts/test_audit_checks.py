@@ -24,6 +24,7 @@ from node.audit.checks import (
     audit_certificate,
     equivocations,
 )
+from node.audit.replays import draw_sample
 from node.chain.adapter import Sender
 from node.chain.epochs import EpochLedger
 from tests.contracts.conftest import Certified, Staffed
@@ -159,3 +160,29 @@ def test_a_whole_tree_served_is_checked_by_its_root_and_proven_with_its_own_proo
     findings = audit_certificate(cert, tampered + garbage[1:], rules_of(w), took_part(staffed))
     assert kinds(findings) == [UNPROVEN, UNPROVEN, WITHHELD]
     assert_slashed(w, w.prove(finding.proof), staffed.data, Fraud.INVALID_HOP, 2 * ETH)
+
+
+def test_the_re_execution_sample_takes_every_worker_of_a_certificate(staffed: Staffed) -> None:
+    """A sample of k hops per certificate alone would reach a relay holding a small share of a
+    large certificate's hops too rarely to deter wrong tensors (contracts/README.md): each
+    worker's first-ranked hop is taken whatever k, then the next ranked up to k."""
+    s, w = staffed, staffed.w
+    tree = w.certificate_tree(w.pipeline_hops(s.run, 0, s.data, [s.a, s.b], range(8)))
+    served = [
+        (entry, tree.leaf_proof(i))
+        for i, entry in enumerate(tree.entries)
+        if entry is not None and entry.receipt.worker in (s.a.address, s.b.address)
+    ]
+    relays = {s.a.address, s.b.address}
+    for seed in (keccak(b"block one"), keccak(b"block two"), keccak(b"block three")):
+        ranked = sorted(served, key=lambda p: keccak(seed + p[1].hop.receiptDigest))
+        for k in (0, 1, 2):
+            sample = draw_sample(seed, served, k)
+            assert sorted(e.receipt.worker for e, _ in sample) == sorted(relays)
+            for entry, _ in sample:  # each worker's first-ranked hop
+                first = next(e for e, _ in ranked if e.receipt.worker == entry.receipt.worker)
+                assert entry == first
+        sample = draw_sample(seed, served, 5)
+        assert len(sample) == 5 and {e.receipt.worker for e, _ in sample} == relays
+        assert [p for p in ranked if p in sample] == sample  # in rank order
+        assert len(draw_sample(seed, served, 10 * len(served))) == len(served)

@@ -28,7 +28,7 @@ from tests.contracts.jury import (
     mine_to,
 )
 from tests.contracts.test_tensor_disputes import BOND, dispute_of, state_of
-from tests.contracts.world import ETH, World, reverts
+from tests.contracts.world import ETH, World, proof_reverts, reverts
 
 REJECTED, UPHELD, NO_JURY = 3, 2, 4
 
@@ -95,18 +95,21 @@ def test_the_draw_follows_deposits_and_never_seats_a_party(juried: Juried) -> No
     assert sum(drawn.values()) == 24
     # 5 of 12 deposit shares: 10 of the 24 seats expected; fewer than 2 has odds of 4e-5.
     assert drawn[heavy.node] >= 2
-    # A second juror node of one wallet would let a wallet dodge exclusion: refused.
+    # A second juror node of one wallet would let a wallet dodge exclusion: refused, even
+    # once the first holds nothing (a party that moved its juror between the arming of a
+    # draw and the draw would change which weight is taken out).
     key = w.register("a's second juror", w.wallet(0), ETH)
     first = w.call(w.court.functions.jurorOf(w.wallet(0)))
     reverts(
         w, w.court.functions.deposit(key.address), w.wallet(0), "OneJurorPerWallet",
         w.wallet(0), first, value=ETH,
     )  # fmt: skip
-    # Once the first juror node holds nothing (here: nothing locked, all withdrawn), the
-    # wallet's other node takes its place.
     w.tx(w.court.functions.withdrawDeposit(first, 5 * ETH), w.wallet(0))
-    w.tx(w.court.functions.deposit(key.address), w.wallet(0), ETH)
-    assert w.call(w.court.functions.jurorOf(w.wallet(0))) == key.address
+    reverts(
+        w, w.court.functions.deposit(key.address), w.wallet(0), "OneJurorPerWallet",
+        w.wallet(0), first, value=ETH,
+    )  # fmt: skip
+    assert w.call(w.court.functions.jurorOf(w.wallet(0))) == first
 
 
 def every_dispute_of_a(c: Certified) -> list[FraudProof]:
@@ -140,7 +143,9 @@ def test_a_pool_below_the_minimum_waits_then_draws_once_it_fills(certified: Cert
 def test_a_case_no_jury_could_sit_is_refused_and_everything_returns(certified: Certified) -> None:
     """At stake: the challenger's 0.1 ETH bond and 0.003 ETH of fees. With no pool the case
     cannot be drawn; once its patience is over anyone ends it REFUSED: the bond and the fees
-    go back to the challenger, a's claims and stake thaw, and nobody is convicted."""
+    go back to the challenger and nobody is convicted. While the challenger may reopen it,
+    a's stake stays frozen, its claims of the epoch wait and relays keep the epoch's evidence
+    (reopenableUntil); then a claims its pay and anyone thaws its stake."""
     c, w = certified, certified.w
     proof = dispute_of(c, c.a)
     dispute_id, case_id = jury.open_case(w, proof)
@@ -157,11 +162,62 @@ def test_a_case_no_jury_could_sit_is_refused_and_everything_returns(certified: C
     (ruled,) = w.disputes.events.TensorDisputeRuled().process_receipt(receipt, errors=DISCARD)
     assert ruled["args"]["ruling"] == REFUSED and state_of(w, dispute_id) == NO_JURY
     assert credit(w, w.challenger) == BOND and jury.credit(w, w.challenger) == fees(w)
-    assert w.status_of(c.a) == 1 and not w.call(
-        w.disputes.functions.claimsFrozen(c.run, 0, c.a.address)
-    )
-    assert int(w.call(w.registry.functions.frozenCount(c.a.address))) == 0
+    claims_frozen = w.disputes.functions.claimsFrozen(c.run, 0, c.a.address)
+    assert w.status_of(c.a) == 1 and w.call(claims_frozen)
     reverts(w, w.court.functions.executeRuling(case_id), w.stranger, "WrongPhase", case_id, RULED)
+    # a's stake and claims wait while the challenger may reopen the dispute, then thaw.
+    frozen = w.registry.functions.frozenCount(c.a.address)
+    assert int(w.call(frozen)) == 1
+    reopen_until = int(w.call(w.disputes.functions.reopenUntil(dispute_id)))
+    assert reopen_until >= w.epoch_times(c.run, 0)[3]  # past the epoch's settlement
+    assert int(w.call(w.disputes.functions.reopenableUntil(c.run, 0))) == reopen_until
+    release = w.disputes.functions.releaseAfterGrace(dispute_id)
+    reverts(w, release, w.stranger, "NotReopenable", dispute_id)
+    w.travel_to(reopen_until)  # settled, still reopenable
+    reverts(w, w.claim_fn(c.cert, c.tree, c.a), w.wallet(0), "ClaimFrozen", c.a.address)
+    w.travel_to(reopen_until + 1)
+    w.claim(c.cert, c.tree, c.a, w.wallet(0))  # the hold ends by itself
+    assert not w.call(claims_frozen)
+    w.tx(release, w.stranger)
+    assert int(w.call(frozen)) == 0
+    reverts(w, release, w.stranger, "NotReopenable", dispute_id)
+    proof_reverts(w, proof, "DisputeExists", dispute_id)
+
+
+def test_a_refused_dispute_is_reopened_by_its_challenger_after_the_epoch_settled(
+    certified: Certified,
+) -> None:
+    """The attack fails: a cheater whose dispute lapsed for want of a jury would keep its
+    stake and its pay, since the ruling comes after the epoch settled and the challenger's
+    dispute on the receipt exists. At stake: the run's 1 ETH minimum of a's 2 ETH and a's pay
+    of the epoch. a cannot claim in the grace; the challenger reopens the dispute within it,
+    after settlement; once jurors have joined, the reopened dispute is drawn, upheld, ranks by
+    its first commitment, and a's pay of the epoch is refused."""
+    c, w = certified, certified.w
+    proof = dispute_of(c, c.a)
+    dispute_id, case_id = jury.open_case(w, proof)
+    jury.reveal_salt(w, case_id, proof)
+    mine_to(w, int(jury.rounds(w, case_id)[0][1]) + 1)
+    w.tx(w.court.functions.executeRuling(case_id), w.stranger)
+    assert state_of(w, dispute_id) == NO_JURY
+    w.travel_to(w.epoch_times(c.run, 0)[3])  # the epoch has settled
+    reverts(w, w.claim_fn(c.cert, c.tree, c.a), w.wallet(0), "ClaimFrozen", c.a.address)
+    jurors = jury.seat_jurors(w)
+    reopened, second = jury.open_case(w, proof)
+    assert reopened != dispute_id and bool(w.call(w.disputes.functions.isReopening(reopened)))
+    assert int(w.call(w.disputes.functions.reopenUntil(dispute_id))) == 0
+    assert int(w.call(w.registry.functions.frozenCount(c.a.address))) == 1  # one freeze, kept
+    jury.reveal_salt(w, second, proof)
+    jury.draw(w, second)
+    jury.vote(w, second, jurors, honest(WRONG))
+    jury.execute(w, second)
+    assert state_of(w, reopened) == UPHELD and w.stake_of(c.a) == ETH
+    assert int(w.call(w.registry.functions.frozenCount(c.a.address))) == 0
+    first_order = int(w.call(w.disputes.functions.tensorDisputes(dispute_id))[4])
+    assert int(w.call(w.disputes.functions.tensorDisputes(reopened))[4]) == first_order
+    w.travel_to(int(w.call(w.disputes.functions.reopenableUntil(c.run, 0))) + 1)
+    reverts(w, w.claim_fn(c.cert, c.tree, c.a), w.wallet(0), "ClaimantConvicted", c.run, 0,
+            c.a.address)  # fmt: skip
 
 
 # ---------------------------------------------------------------- the parties' salts
@@ -322,7 +378,7 @@ def test_coherent_seats_are_paid_and_absent_or_incoherent_ones_fined(juried: Jur
         assert jury.deposit_of(w, juror.node) == deposits[juror.node] - penalty
     paid = fee * (1 + len(seats_1))
     assert sum(jury.credit(w, j.wallet) for j in c.jurors) == paid
-    assert w.status_of(c.a) == 4  # convicted by the appeal
+    assert w.stake_of(c.a) == ETH  # convicted by the appeal: the run's 1 ETH minimum taken
     before = w.balance(coherent.wallet)
     receipt = w.tx(court.withdrawCredit(), coherent.wallet)
     gas = receipt["gasUsed"] * receipt["effectiveGasPrice"]
@@ -360,7 +416,7 @@ def test_an_appeal_runs_to_the_final_31_seats(certified: Certified) -> None:
     receipt = w.tx(w.court.functions.executeRuling(case_id), w.stranger)
     settled = jury.settled(w, receipt)
     assert {r for (r, _), (coherent, _) in settled.items() if coherent} == {1, 3}
-    assert w.status_of(c.a) == 4
+    assert w.stake_of(c.a) == ETH
 
 
 def test_an_appeal_that_finds_no_jury_leaves_the_ruling_before_it(juried: Juried) -> None:
@@ -452,7 +508,7 @@ def test_a_blockhash_court_draws_from_the_seed_blocks_hash_and_rearms_after_256(
     jury.draw(w, case_id)
     jury.vote(w, case_id, jurors, honest(WRONG))
     jury.execute(w, case_id)
-    assert w.status_of(a) == 4
+    assert w.stake_of(a) == ETH
 
 
 def test_only_the_disputes_contract_opens_cases(world: World) -> None:
@@ -494,29 +550,80 @@ def test_a_partys_juror_does_not_count_for_the_pool(certified: Certified) -> Non
     reverts(w, w.court.functions.draw(case_id), w.stranger, "PoolTooSmall", 6, 7)
 
 
-def test_a_juror_that_left_the_registry_is_evicted_before_the_draw(juried: Juried) -> None:
-    """A juror whose node unstaked cannot sit: a draw that hits it asks for its eviction,
-    anyone evicts it (its deposit stays its own), and the draw goes on without it."""
+def test_a_juror_that_left_the_registry_never_sits_and_is_evicted_from_later_draws(
+    juried: Juried,
+) -> None:
+    """A juror whose node unstaked cannot sit: a draw that hits it moves on to the seat's next
+    point, so the draw goes on without asking anything of it. Anyone evicts it (its deposit
+    stays its own), which takes it out of the pool of draws armed later."""
     c, w = juried, juried.w
     court = w.court.functions
     reverts(w, court.evict(c.jurors[0].node), w.stranger, "JurorActive", c.jurors[0].node)
-    for juror in c.jurors[:6]:  # most of the pool: a draw is bound to hit one
+    for juror in c.jurors[:5]:  # most of the pool: a draw is bound to hit one
         w.tx(w.registry.functions.requestUnstake(juror.node), juror.wallet)
-    w.tx(court.deposit(c.jurors[6].node), c.jurors[6].wallet, jury.JUROR_DEPOSIT)
+    proof = dispute_of(c, c.a)
+    _, case_id = jury.open_case(w, proof)
+    jury.reveal_salt(w, case_id, proof)
+    seats = jury.draw(w, case_id)
+    assert set(seats) <= {j.node for j in c.jurors[5:]}
+    for juror in c.jurors[:5]:
+        w.tx(court.evict(juror.node), w.stranger)
+    assert int(w.call(court.poolSize())) == 3
+    reverts(w, court.evict(c.jurors[0].node), w.stranger, "JurorActive", c.jurors[0].node)
+    assert jury.deposit_of(w, c.jurors[0].node) == jury.JUROR_DEPOSIT
+    second = dispute_of(c, c.b)
+    _, later = jury.open_case(w, second)
+    jury.reveal_salt(w, later, second)
+    mine_to(w, int(jury.rounds(w, later)[0][0]) + 1)
+    reverts(w, court.draw(later), w.stranger, "PoolTooSmall", 3, 7)
+
+
+def test_no_deposit_change_after_the_seed_is_armed_moves_a_seat(juried: Juried) -> None:
+    """The draw grinding attack fails. A juror (1 of 9 equal deposits) whose other wallet
+    disputes honest a (the run's 1 ETH minimum stake at risk) tries, on a local fork, top-ups
+    of 1..24 wei of its deposit in the block of the draw, looking for one that hands it two of
+    the three seats, and a fresh juror's deposit. The draw reads the weights as they stood when
+    its seed block was armed, so every such variant seats exactly the jury of the untouched
+    draw: nothing to grind. A seated juror that withdraws its whole deposit can no longer sit:
+    its own seats move to their next points, and every other seat stays as drawn."""
+    c, w = juried, juried.w
+    wallet = jury.juror_wallet(w, "attacker")
+    key = w.register("attacker juror", wallet, ETH)
+    w.tx(w.court.functions.deposit(key.address), wallet, jury.JUROR_DEPOSIT)
     proof = dispute_of(c, c.a)
     _, case_id = jury.open_case(w, proof)
     jury.reveal_salt(w, case_id, proof)
     mine_to(w, int(jury.rounds(w, case_id)[0][0]) + 1)
-    try:
-        w.tx(court.draw(case_id), w.stranger)
-        raise AssertionError("a draw from a pool of mostly unstaked jurors must ask to evict")
-    except ContractRevert as error:
-        assert error.name == "JurorInactive" and error.args[0] in {j.node for j in c.jurors[:6]}
-    for juror in c.jurors[:6]:
-        w.tx(court.evict(juror.node), w.stranger)
-    assert int(w.call(court.poolSize())) == 2
-    reverts(w, court.evict(c.jurors[0].node), w.stranger, "JurorActive", c.jurors[0].node)
-    assert jury.deposit_of(w, c.jurors[0].node) == jury.JUROR_DEPOSIT
-    w.tx(court.draw(case_id), w.stranger)  # past the prevrandao window meanwhile: re-armed
-    mine_to(w, int(jury.rounds(w, case_id)[0][0]) + 1)
-    reverts(w, court.draw(case_id), w.stranger, "PoolTooSmall", 2, 7)
+    newcomer = jury.juror_wallet(w, "newcomer")
+    newcomer_key = w.register("newcomer juror", newcomer, ETH)
+
+    def seats_after(change: object) -> list[str]:
+        snap = w.tester.take_snapshot()
+        try:
+            if isinstance(change, int):  # the attacker's top-up, in wei
+                w.tx(w.court.functions.deposit(key.address), wallet, change)
+            elif change == "newcomer":
+                fn = w.court.functions.deposit(newcomer_key.address)
+                w.tx(fn, newcomer, 10 * jury.JUROR_DEPOSIT)
+            elif change is not None:  # a seated juror withdraws all it deposited
+                leaver = next(j for j in c.jurors if j.node == change)
+                fn = w.court.functions.withdrawDeposit(leaver.node, jury.JUROR_DEPOSIT)
+                w.tx(fn, leaver.wallet)
+            return jury.draw(w, case_id)
+        finally:
+            w.tester.revert_to_snapshot(snap)
+
+    fair = seats_after(None)
+    variants = [*range(1, 25), "newcomer"]
+    moved = [change for change in variants if seats_after(change) != fair]
+    assert moved == [], f"these changes after the seed was armed moved seats: {moved}"
+    # A seated honest juror leaves: only its own seats are drawn again, never onto it.
+    leaver = next(j.node for j in c.jurors if j.node in fair)
+    redrawn = seats_after(leaver)
+    assert leaver not in redrawn
+    for seat, node in enumerate(fair):
+        if node != leaver:
+            assert redrawn[seat] == node, f"seat {seat} moved from {node} to {redrawn[seat]}"
+    # The fair draw stands as drawn for real, whatever the attacker then tops up.
+    w.tx(w.court.functions.deposit(key.address), wallet, 1)
+    assert jury.draw(w, case_id) == fair

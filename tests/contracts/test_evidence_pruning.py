@@ -15,7 +15,7 @@ from node.composition import evidence_epochs_of
 from node.receipts.evidence import SETTLED_MARGIN_S, prune_settled_evidence
 from node.store.evidence import EvidenceArchive, run_folder
 from tests.contracts import jury
-from tests.contracts.conftest import Juried, Staffed
+from tests.contracts.conftest import Certified, Juried, Staffed
 from tests.contracts.test_node_epoch_cycle import suite_of
 from tests.contracts.test_tensor_disputes import dispute_of
 
@@ -77,6 +77,30 @@ def test_an_epoch_under_dispute_keeps_its_evidence_until_the_ruling(
     jury.mine_to(w, int(jury.case(w, case_id)[2]) + 2 * jury.phase_blocks(w) + 1)
     jury.execute(w, case_id)
     prune_once(archive, ledger, settles + 3600)
+    assert 0 not in archive.kept_epochs()
+
+
+def test_a_dispute_ruled_without_a_jury_keeps_its_evidence_while_it_may_be_reopened(
+    certified: Certified, tmp_path: Path
+) -> None:
+    """A dispute no jury sat on (REFUSED) may be reopened by its challenger until
+    reopenUntil, and a reopened dispute is judged from the same evidence: the epoch's evidence
+    stays through that grace, then goes."""
+    c, w = certified, certified.w
+    ledger = EpochLedger(suite_of(w), c.run, None)
+    archive = keep_three_epochs(tmp_path / "evidence")
+    proof = dispute_of(c, c.a)
+    _, case_id = jury.open_case(w, proof)
+    jury.reveal_salt(w, case_id, proof)
+    jury.mine_to(w, int(jury.rounds(w, case_id)[0][1]) + 1)  # no pool: never drawn
+    w.tx(w.court.functions.executeRuling(case_id), w.stranger)
+    assert ledger.c.disputes.functions.openTensorDisputes(c.run, 0).call() == 0
+    until = int(ledger.c.disputes.functions.reopenableUntil(c.run, 0).call())
+    settles = w.epoch_times(c.run, 0)[3]
+    assert until > settles + SETTLED_MARGIN_S
+    prune_once(archive, ledger, until)
+    assert 0 in archive.kept_epochs() and archive.state(0, 0) == b"w" * 1000
+    prune_once(archive, ledger, until + 1)
     assert 0 not in archive.kept_epochs()
 
 

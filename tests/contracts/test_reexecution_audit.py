@@ -42,7 +42,7 @@ from tests.contracts import jury
 from tests.contracts.conftest import Staffed
 from tests.contracts.test_audit_command import devnet_file, serving_data_node  # noqa: F401
 from tests.contracts.test_cheats_caught import challenger_wallet, run_challenge
-from tests.contracts.world import NodeKey
+from tests.contracts.world import ETH, NodeKey
 
 SETTINGS = TrainingSettings(device="cpu")
 LIMITS = CodecLimits()
@@ -180,7 +180,8 @@ def test_a_wrong_tensor_is_re_executed_disputed_and_ruled_and_an_honest_one_is_n
         jury.mine_to(w, max(int(jury.rounds(w, i)[0][2]) for i in (1, 2)) + 3 * phase + 1)
         ruled = [st for st in passes() if st.action == court_jury.RULED_STEP]
     assert sorted(st.case_id for st in ruled) == [1, 2]
-    assert w.status_of(s.a) == 4 and w.status_of(s.c) != 4
+    # A wrong tensor takes the run's minimum stake (1 ETH) of a's 2 ETH; honest c keeps its 2.
+    assert w.stake_of(s.a) == ETH and w.stake_of(s.c) == 2 * ETH
     # The bond of the honest hop's dispute is the honest worker's wallet's; the sponsor has
     # nothing from either ruling.
     assert w.call(w.disputes.functions.creditWei(w.wallet(2))) == BOND

@@ -1078,6 +1078,9 @@ UNREACHABLE = {
     "JuryFull": "needs MAX_JURORS (4,096) juror nodes to register",
     # A uint96 deposit holds 79 billion ETH: more than there is.
     "DepositOverflow": "a juror deposit above 2^96 wei needs more ETH than exists",
+    # OpenZeppelin's Checkpoints: the court pushes every checkpoint at block.number, which
+    # never decreases.
+    "CheckpointUnorderedInsertion": "the court's checkpoint keys are block numbers, in order",
 }
 
 

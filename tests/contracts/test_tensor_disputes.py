@@ -67,10 +67,11 @@ def test_an_upheld_dispute_slashes_the_worker_and_only_the_worker(juried: Juried
     vote(w, case_id, c.jurors, honest(WRONG))
     receipt = execute(w, case_id)
     (event,) = w.disputes.events.FraudProven().process_receipt(receipt, errors=DISCARD)
-    bounty = 2 * ETH * BOUNTY_BPS // 10_000
+    bounty = ETH * BOUNTY_BPS // 10_000  # on the run's minimum stake, what a wrong tensor takes
     assert event["args"]["node"] == c.a.address and event["args"]["fraud"] == Fraud.WRONG_TENSOR
     assert event["args"]["challenger"] == w.challenger and event["args"]["bountyWei"] == bounty
-    assert w.status_of(c.a) == SLASHED and state_of(w, dispute_id) == UPHELD
+    assert event["args"]["slashedWei"] == ETH and w.stake_of(c.a) == ETH  # the rest stays a's
+    assert w.status_of(c.a) != SLASHED and state_of(w, dispute_id) == UPHELD
     # The challenger gets its bond back at once, the bounty once no earlier commitment can
     # be revealed; the sponsor gets nothing.
     assert credit(w, w.challenger) == BOND
@@ -166,19 +167,21 @@ def test_a_slashed_worker_cannot_be_disputed_and_a_second_upheld_ruling_takes_no
     receipt = execute(w, second)
     (event,) = w.disputes.events.FraudProven().process_receipt(receipt, errors=DISCARD)
     assert (event["args"]["slashedWei"], event["args"]["bountyWei"]) == (0, 0)
-    bounty = 4 * ETH * BOUNTY_BPS // 10_000
+    bounty = ETH * BOUNTY_BPS // 10_000
     w.award(c.b.address)
     assert credit(w, w.challenger) == 2 * BOND + bounty
-    assert w.call(w.disputes.functions.burnedWei()) == 4 * ETH - bounty
+    assert w.call(w.disputes.functions.burnedWei()) == ETH - bounty
+    assert w.stake_of(c.b) == 3 * ETH  # one (run, epoch) proven: one bounded slash
 
 
 def test_a_worker_disputing_itself_loses_its_stake(juried: Juried) -> None:
-    """Self-reporting never pays: the bounty is 5 % of what the worker loses."""
+    """Self-reporting never pays: the bounty is 5 % of what the worker loses (the run's
+    1 ETH minimum stake; the rest of its 2 ETH stays)."""
     c, w = juried, juried.w
     whole_case(w, dispute_of(c, c.a), c.jurors, honest(WRONG), challenger=w.wallet(0))
     w.award(c.a.address)
-    assert credit(w, w.wallet(0)) == BOND + 2 * ETH * BOUNTY_BPS // 10_000
-    assert w.stake_of(c.a) == 0
+    assert credit(w, w.wallet(0)) == BOND + ETH * BOUNTY_BPS // 10_000
+    assert w.stake_of(c.a) == ETH
 
 
 def test_a_receipt_of_another_epoch_is_the_data_nodes_fraud_not_a_tensor_dispute(
@@ -223,11 +226,12 @@ def test_the_accused_claims_and_stake_are_frozen_until_the_ruling_and_no_one_els
 def test_a_slashed_worker_is_still_disputed_about_an_epoch_it_was_not_convicted_in(
     juried: Juried,
 ) -> None:
-    """a is certified in epochs 0 and 1, convicted about epoch 0 (stake taken, bounty
-    awarded). Its epoch-1 pay would stand unchallengeable if a slashed worker could not be
-    disputed: a dispute about epoch 1 opens, and the WRONG ruling records the conviction there
-    (ClaimantConvicted) with no second stake and no second bounty. About epoch 0, where it is
-    convicted already, a dispute is refused."""
+    """a (2 ETH of stake) is certified in epochs 0 and 1, convicted of a wrong tensor about
+    epoch 0 (the run's 1 ETH minimum taken, the bounty on it awarded). Its epoch-1 pay would
+    stand unchallengeable if a slashed worker could not be disputed: a dispute about epoch 1
+    opens, and the WRONG ruling records the conviction there (ClaimantConvicted) and takes
+    the epoch's own slice, the 1 ETH left, all of it burned (no second bounty). About epoch 0,
+    where it is convicted already, a dispute is refused."""
     c, w = juried, juried.w
     hops = w.pipeline_hops(c.run, 1, c.data, [c.a, c.b], range(2))
     tree_1 = w.certificate_tree(hops)
@@ -235,24 +239,25 @@ def test_a_slashed_worker_is_still_disputed_about_an_epoch_it_was_not_convicted_
     assert w.now() < w.epoch_times(c.run, 0)[3]
     whole_case(w, dispute_of(c, c.a), c.jurors, honest(WRONG))
     w.award(c.a.address)
-    bounty = 2 * ETH * BOUNTY_BPS // 10_000
+    bounty = ETH * BOUNTY_BPS // 10_000
     burned = int(w.call(w.disputes.functions.burnedWei()))
-    assert w.stake_of(c.a) == 0 and credit(w, w.challenger) == BOND + bounty
-    assert burned == 2 * ETH - bounty
+    assert w.stake_of(c.a) == ETH and credit(w, w.challenger) == BOND + bounty
+    assert burned == ETH - bounty and w.status_of(c.a) != SLASHED
     assert not w.call(w.ledger.functions.isConvictedIn(c.run, 1, c.a.address))
     # About epoch 0, where a is convicted already: refused.
     proof_reverts(
         w, dispute_of(c, c.a, lambda r: r.microbatchId == 1), "AlreadySlashed", c.a.address
     )
-    # About epoch 1: opened, and upheld for nothing but the conviction there.
+    # About epoch 1: opened, and upheld for the conviction there and its own slice.
     epoch_1 = Certified(w, c.run, c.data, c.a, c.b, c.c, tree_1, cert_1)
     dispute_id, _, receipt = whole_case(w, dispute_of(epoch_1, c.a), c.jurors, honest(WRONG))
     assert state_of(w, dispute_id) == UPHELD
     (event,) = w.disputes.events.FraudProven().process_receipt(receipt, errors=DISCARD)
     assert (event["args"]["node"], event["args"]["epoch"]) == (c.a.address, 1)
-    assert (event["args"]["slashedWei"], event["args"]["bountyWei"]) == (0, 0)
+    assert (event["args"]["slashedWei"], event["args"]["bountyWei"]) == (ETH, 0)
     assert w.call(w.ledger.functions.isConvictedIn(c.run, 1, c.a.address))
-    assert int(w.call(w.disputes.functions.burnedWei())) == burned
+    assert int(w.call(w.disputes.functions.burnedWei())) == burned + ETH
+    assert w.stake_of(c.a) == 0 and w.status_of(c.a) == SLASHED
     assert credit(w, w.challenger) == 2 * BOND + bounty  # both bonds back, one bounty
     reverts(w, w.disputes.functions.awardBounty(c.a.address), w.stranger, "BountyAwardedAlready",
             c.a.address)  # fmt: skip
