@@ -23,8 +23,7 @@ torch's real allocation on CPU.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -83,14 +82,14 @@ def part_memory(plan: PartitionPlan, part: int, settings: TrainingSettings) -> P
     device = DeviceContext(settings)
     config = plan.config
     batch, seq = settings.batch_size, settings.seq_len
-    with FakeTensorMode(), torch.device(device.device), _default_dtype(device.param_dtype):
+    with FakeTensorMode(), torch.device(device.device):
         module: nn.Module
         if part == 0:
             module = DataPart(config, 0)
         else:
             span = plan.stages[part - 1]
             module = Stage(config, span.first_layer, span.end_layer, 0)
-        _cast_buffers(module, device.param_dtype)
+        _cast_floating(module, device.param_dtype)
         kept = {_storage_key(t) for t in (*module.parameters(), *module.buffers())}
         param_bytes = _distinct_bytes(list(module.parameters()))
         weights = _distinct_bytes([*module.parameters(), *module.buffers()])
@@ -117,24 +116,21 @@ def part_memory(plan: PartitionPlan, part: int, settings: TrainingSettings) -> P
     )
 
 
-@contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """Build in the master dtype: ``Module.to`` cannot convert fake parameters in place."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
-def _cast_buffers(module: nn.Module, dtype: torch.dtype) -> None:
-    """Floating buffers in the master dtype, as ``PartTrainer``'s ``module.to(dtype)`` casts
-    them (which fake tensors cannot go through)."""
+def _cast_floating(module: nn.Module, dtype: torch.dtype) -> None:
+    """Floating parameters and buffers in the master dtype, as ``PartTrainer``'s
+    ``module.to(dtype)`` casts them (which fake tensors cannot go through); a tied weight
+    stays one tensor."""
+    cast: dict[int, torch.Tensor] = {}
     for owner in module.modules():
-        for name, buffer in owner._buffers.items():
-            if buffer is not None and buffer.is_floating_point():
-                owner._buffers[name] = buffer.to(dtype)
+        for table in (owner._parameters, owner._buffers):
+            for name, tensor in table.items():
+                if tensor is None or not tensor.is_floating_point() or tensor.dtype == dtype:
+                    continue
+                if id(tensor) not in cast:
+                    converted = tensor.detach().to(dtype)
+                    is_param = isinstance(tensor, nn.Parameter)
+                    cast[id(tensor)] = nn.Parameter(converted) if is_param else converted
+                table[name] = cast[id(tensor)]  # type: ignore[assignment]
 
 
 def _storage_key(tensor: torch.Tensor) -> int:

@@ -5,7 +5,7 @@ GPT-2 124M layout (12 blocks of 768, 12 heads, GPT-2's vocabulary of 50,257: 124
 and the Llama-style 125m (12 blocks of 768, grouped-query attention, SwiGLU, a 32,000
 vocabulary) for a few iterations on short microbatches, and their losses match whole-model
 training on the same microbatch ids within the tolerance of the small swarms' tests. Slow: each
-takes about a minute of a loaded two-core machine (``pytest -m slow``).
+takes one to two minutes of a loaded two-core machine (``pytest -m slow``).
 """
 
 from __future__ import annotations

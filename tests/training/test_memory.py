@@ -83,6 +83,17 @@ def test_weights_gradients_and_adamw_state_are_the_tensors_held_after_a_step(mod
     assert estimate.optimizer == storage_bytes(moments)
 
 
+@pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny"])
+def test_the_data_parts_weights_count_a_tied_head_once_in_the_master_dtype(model: str) -> None:
+    settings = TrainingSettings(model=model, device="cpu", param_dtype="float64")
+    plan = plan_for(settings)
+    tokens = torch.zeros(2, 32, dtype=torch.long)
+    worker = DataNodeWorker(plan, settings, 0, lambda m: (tokens, tokens))
+    estimate = part_memory(plan, 0, settings)
+    assert estimate.weights == storage_bytes(list(worker.module.parameters()))
+    assert estimate.gradients * 3 == estimate.optimizer + estimate.weights
+
+
 @pytest.mark.parametrize("model", ["gpt-small", "llama-small"])
 @pytest.mark.parametrize("param_dtype", ["float32", "float64"])
 def test_the_activations_are_what_autograd_keeps_for_the_microbatches_in_flight(
