@@ -53,6 +53,27 @@ class DiskUse(Schema):
     measured_at: float = Field(description="unix time")
 
 
+class StageMemory(Schema):
+    """What the node's part of the model takes in memory where it trains, computed from its
+    modules at start-up (``node.training.memory``), and what the machine offered it."""
+
+    weights_bytes: int = Field(description="parameters and buffers")
+    gradients_bytes: int
+    optimizer_bytes: int = Field(description="AdamW's two moments")
+    activations_bytes: int = Field(
+        description="saved for backward, for in_flight microbatches of the run's batch_size x "
+        "seq_len (and a data node's loss pass)"
+    )
+    activations_per_microbatch_bytes: int
+    in_flight: int = Field(description="microbatches it may hold at once: training.max_in_flight")
+    total_bytes: int
+    budget_bytes: int = Field(
+        description="what it may take: free device memory, available RAM or "
+        "training.memory_limit_mib, the lowest"
+    )
+    budget_source: str
+
+
 class Status(Schema):
     """What the node is doing now."""
 
@@ -119,6 +140,9 @@ class Status(Schema):
     )
     reachability_checked_at: float | None = Field(
         default=None, description="unix time of the last check; null before the first"
+    )
+    memory: StageMemory | None = Field(
+        default=None, description="its part's memory at the run's batch; null until measured"
     )
 
 

@@ -21,9 +21,13 @@
 3. Receipts: the loopback swarm on its chain at 16 x 64-token microbatches with receipts on
    (every hop signed, countersigned, committed to each node's database and reported to the data
    node) and off, alternating, ``--runs`` times each; the medians are compared (goal >= 0.98).
+4. ``--models``: the same on/off comparison per model size (e.g. gpt-tiny against GPT-2 124M),
+   one relay per stage on short microbatches: seconds per iteration, throughput on / off and the
+   share of the swarm's CPU per microbatch that receipts take.
 
 Usage: python bench/swarm_throughput.py [--iterations 8] [--runs 3] [--sizes 16x64]
        [--speeds 1.0,0.6,0.35] [--hop-ms 100] [--quick | --routing-only | --receipts-only]
+       [--models gpt-tiny,gpt-125m:50257]
 """
 
 from __future__ import annotations
@@ -43,10 +47,10 @@ import torch
 from node.status_file import read_results
 from node.swarm.plan import plan_from_file
 from node.swarm.run import run_swarm
-from node.training.config import named_config
+from node.training.config import named_config, total_param_count
 from node.training.data import MicrobatchSampler, load_default_corpus
 from node.training.local_pipeline import LocalPipeline, round_robin
-from node.training.partition import plan_partition
+from node.training.partition import model_for_run, plan_partition
 from node.training.settings import TrainingSettings
 
 REGIONS_FILE = Path(__file__).resolve().parents[1] / "coordinator_free/sim/data/regions-10.json"
@@ -87,7 +91,8 @@ def swarm_run(name: str, body: str, out: Path) -> dict[str, Any]:
         watcher.join()
     summary["statuses"] = _statuses(out / name)
     summary["data_results"] = read_results(out / name / "data.status.json")
-    cpu_s = sum(s.get("cpu_s", 0.0) for s in summary["statuses"].values()) - watcher.cpu_at_start
+    cpu_end = watcher.cpu_at_end or sum(s.get("cpu_s", 0.0) for s in summary["statuses"].values())
+    cpu_s = cpu_end - watcher.cpu_at_start
     summary["cpu_ms_per_mb"] = 1000.0 * cpu_s / max(summary["microbatches"], 1)
     return summary
 
@@ -103,17 +108,23 @@ def _statuses(folder: Path) -> dict[str, dict[str, Any]]:
 
 
 class _CpuWatcher(threading.Thread):
-    """Notes the swarm's CPU seconds when the data node starts training."""
+    """Notes the swarm's CPU seconds when the data node starts training and when it has
+    finished (what a run with receipts does after, certifying and claiming, is left out)."""
 
     def __init__(self, folder: Path) -> None:
         super().__init__(daemon=True)
-        self.folder, self.stop, self.cpu_at_start = folder, threading.Event(), 0.0
+        self.folder, self.stop = folder, threading.Event()
+        self.cpu_at_start, self.cpu_at_end = 0.0, 0.0
 
     def run(self) -> None:
         while not self.stop.wait(0.05):
             statuses = _statuses(self.folder)
-            if statuses.get("data", {}).get("training"):
-                self.cpu_at_start = sum(s.get("cpu_s", 0.0) for s in statuses.values())
+            data = statuses.get("data", {})
+            cpu = sum(s.get("cpu_s", 0.0) for s in statuses.values())
+            if data.get("training") and not self.cpu_at_start:
+                self.cpu_at_start = cpu
+            if data.get("finished"):
+                self.cpu_at_end = cpu
                 return
 
 
@@ -168,6 +179,10 @@ def swarm_file(
     speeds: tuple[float, ...] = (1.0,),
     hop_ms: float = 0.0,
     receipts: bool = True,
+    model: str = "gpt-tiny",
+    vocab_size: int = 0,
+    microbatches: int = MICROBATCHES,
+    audit_sample: int = 32,
 ) -> str:
     events = ", ".join(f'{{t = {t}, kill = "{node}"}}' for t, node in kills)
     region_lines = (
@@ -177,12 +192,13 @@ def swarm_file(
         else ""
     )
     return (
-        f"[run]\niterations = {iterations}\nmicrobatches_per_iteration = {MICROBATCHES}\n"
-        f"batch_size = {batch_size}\nseq_len = {seq_len}\n"
+        f"[run]\niterations = {iterations}\nmicrobatches_per_iteration = {microbatches}\n"
+        f'batch_size = {batch_size}\nseq_len = {seq_len}\nmodel = "{model}"\n'
+        f"vocab_size = {vocab_size}\n"
         f'routing = "{routing}"\n[swarm]\nrelays_per_stage = {relays_per_stage}\n'
         f"capacity = {capacity}\nspeeds = [{', '.join(map(str, speeds))}]\nhop_ms = {hop_ms}\n"
         f"{region_lines}"
-        f"[chain]\nreceipts = {str(receipts).lower()}\n"
+        f"[chain]\nreceipts = {str(receipts).lower()}\naudit_sample = {audit_sample}\n"
         f"[churn]\nevents = [{events}]\n"
     )
 
@@ -194,6 +210,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="loopback comparison only")
     parser.add_argument("--routing-only", action="store_true", help="ten-region comparison only")
     parser.add_argument("--receipts-only", action="store_true", help="receipts on/off only")
+    parser.add_argument(
+        "--models",
+        default="",
+        help="receipts on/off per model instead, e.g. gpt-tiny,gpt-125m (model[:vocabulary])",
+    )
     parser.add_argument(
         "--speeds", default="1.0,0.6,0.35", help="emulated GPU speeds of each stage's relays"
     )
@@ -212,6 +233,9 @@ def main() -> None:
             return
         if args.receipts_only:
             compare_receipts(args.iterations, args.runs, out)
+            return
+        if args.models:
+            compare_models(args.iterations, args.runs, out, args.models.split(","))
             return
         print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         local, local_cpu_ms = single_process_mb_per_s(args.iterations)
@@ -258,6 +282,64 @@ def compare_receipts(iterations: int, runs: int, out: Path) -> None:
         print(f"{label:<44}{each:>24}{statistics.median(rates[flag]):>8.2f}")
     verdict = "PASS" if on / off >= 0.98 else "FAIL"
     print(f"receipts on / off: {on / off:.3f} (goal >= 0.98 -> {verdict}); signed per run: {hops}")
+
+
+#: What ``--models`` runs: a relay per stage, 4 microbatches of 2 x 32 tokens an iteration,
+#: small enough for a 125M model on two shared cores; no audit after the run (it re-executes
+#: hops from the relays' evidence, minutes at 125M, and is no part of training).
+MODEL_RUN = {
+    "batch_size": 2,
+    "seq_len": 32,
+    "microbatches": 4,
+    "relays_per_stage": 1,
+    "audit_sample": 0,
+}
+
+
+def compare_models(iterations: int, runs: int, out: Path, models: list[str]) -> None:
+    """Each model's loopback swarm with receipts on and off, alternating, ``runs`` times each:
+    seconds per iteration, the throughput with receipts against without, and the share of the
+    swarm's CPU per microbatch while training that receipts add. ``gpt-125m:50257`` gives the
+    vocabulary."""
+    rows = []
+    for spec in models:
+        model, _, vocab = spec.partition(":")
+        vocab_size = int(vocab or 0)
+        config = model_for_run(model, MODEL_RUN["seq_len"], 2, vocab_size or None)
+        seconds: dict[bool, list[float]] = {True: [], False: []}
+        cpu: dict[bool, list[float]] = {True: [], False: []}
+        for run in range(runs):
+            for on in (True, False):
+                body = swarm_file(
+                    iterations, "gwtf", False, [], receipts=on, model=model,
+                    vocab_size=vocab_size, **MODEL_RUN,
+                )  # fmt: skip
+                name = f"{model}-{'on' if on else 'off'}-{run}"
+                summary = swarm_run(name, body, out)
+                seconds[on].append(seconds_per_iteration(summary["data_results"]))
+                cpu[on].append(summary["cpu_ms_per_mb"])
+        on_s, off_s = statistics.median(seconds[True]), statistics.median(seconds[False])
+        on_cpu, off_cpu = statistics.median(cpu[True]), statistics.median(cpu[False])
+        rows.append((spec, total_param_count(config), off_s, on_s, on_cpu, off_cpu))
+    print(
+        f"\nloopback swarm, 1 relay per stage, {MODEL_RUN['microbatches']} microbatches of "
+        f"{MODEL_RUN['batch_size']} x {MODEL_RUN['seq_len']} tokens an iteration, "
+        f"{iterations} iterations, median of {runs}\n"
+        f"{'model':<18}{'params':>8}{'s/it off':>10}{'s/it on':>10}{'on / off':>10}"
+        f"{'CPU ms/mb off':>15}{'on':>8}{'receipt CPU share':>19}"
+    )
+    for spec, params, off_s, on_s, on_cpu, off_cpu in rows:
+        print(
+            f"{spec:<18}{params / 1e6:>7.1f}M{off_s:>10.2f}{on_s:>10.2f}{off_s / on_s:>10.3f}"
+            f"{off_cpu:>15.0f}{on_cpu:>8.0f}{(on_cpu - off_cpu) / on_cpu:>19.3f}"
+        )
+
+
+def seconds_per_iteration(results: list[dict[str, Any]]) -> float:
+    """Mean duration of the iterations after the first (which waits for the flows)."""
+    durations = [r["duration_s"] for r in results]
+    timed = durations[1:] or durations
+    return sum(timed) / max(len(timed), 1)
 
 
 def compare_size(iterations: int, size: str, out: Path) -> None:

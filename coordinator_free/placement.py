@@ -19,7 +19,7 @@ Leaving is ``FlowNode.leave``: it pushes its flows back upstream and cancels the
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from coordinator_free.flow_errors import PlacementError
@@ -221,13 +221,23 @@ def _stage_capacity(stage: int, members: list[tuple[int, float]], demand: int) -
     )
 
 
-def choose_bottleneck(stages: int, replicas: Iterable[LiveReplica], demand: int) -> JoinDecision:
+def choose_bottleneck(
+    stages: int,
+    replicas: Iterable[LiveReplica],
+    demand: int,
+    allowed: Collection[int] | None = None,
+) -> JoinDecision:
     """The stage a joiner takes: the least usable live capacity for ``demand`` flows. Ties go to
     the least capacity in all (speed-weighted, then slots), then to fewer replicas (one crash
-    there takes more of the stage), then to the lower stage. An empty stage comes first."""
+    there takes more of the stage), then to the lower stage. An empty stage comes first.
+    ``allowed``: the stages the joiner can hold (e.g. those that fit its memory); None: all."""
     if stages < 1:
         raise PlacementError("no stage to choose from: the run has no relay stages")
     loads = stage_capacities(stages, replicas, demand)
+    if allowed is not None:
+        loads = [load for load in loads if load.stage in allowed]
+        if not loads:
+            raise PlacementError("none of the run's stages is one this joiner can hold")
     best = min(
         loads,
         key=lambda s: (s.usable_slots_per_s, s.slots_per_s, s.capacity, s.replicas, s.stage),

@@ -173,9 +173,23 @@ def main(argv: list[str] | None = None) -> int:
     except (GwtfError, OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         print(f"gwtf-node: error: {exc}", file=sys.stderr)
         return exc.exit_code if isinstance(exc, GwtfError) else 2
+    except BaseExceptionGroup as group:
+        # A GwtfError raised inside the host's nursery (a part that does not fit its memory)
+        # arrives wrapped in a group: said in one line like any other.
+        found, rest = group.split(GwtfError)
+        if found is None or rest is not None:
+            raise
+        first = _first_leaf(found)
+        print(f"gwtf-node: error: {first}", file=sys.stderr)
+        return first.exit_code if isinstance(first, GwtfError) else 2
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 if __name__ == "__main__":

@@ -365,6 +365,7 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "training.data_nodes": _positive_int,
     "training.data_shard": _non_negative,
     "training.max_in_flight": _positive_int,
+    "training.memory_limit_mib": _non_negative,
     "training.codec_max_bytes": _positive_int,
     "training.optimizer.lr": _positive,
     "training.optimizer.total_steps": _positive_int,

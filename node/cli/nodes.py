@@ -326,7 +326,27 @@ def _live_fields(live: dict[str, Any]) -> dict[str, Any]:
         values["disk MB"] = round(live["disk"]["total_bytes"] / 1e6, 1)
     if live.get("reachability"):
         values["reachability"] = live["reachability"]
+    if live.get("memory") is not None:
+        values["memory"] = memory_line(live["memory"])
     return values
+
+
+def memory_line(memory: dict[str, Any]) -> str:
+    """The part's memory in one line: its total, what makes it up, and the budget it fits."""
+    mib = 2**20
+    parts = ", ".join(
+        f"{name} {memory[key] / mib:,.1f}"
+        for name, key in (
+            ("weights", "weights_bytes"),
+            ("gradients", "gradients_bytes"),
+            ("AdamW", "optimizer_bytes"),
+            ("activations", "activations_bytes"),
+        )
+    )
+    return (
+        f"{memory['total_bytes'] / mib:,.1f} MiB ({parts}; {memory['in_flight']} microbatches "
+        f"in flight) of {memory['budget_bytes'] / mib:,.0f} MiB ({memory['budget_source']})"
+    )
 
 
 def _fields(title: str, values: dict[str, Any]) -> Any:

@@ -24,6 +24,7 @@ from api.schemas import (
     PeerView,
     RunView,
     Slashed,
+    StageMemory,
     Status,
 )
 from api.services import NotReady
@@ -154,6 +155,7 @@ def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapsho
         reachable=reach.reachable if reach is not None else None,
         reachability=node.describe_reachability(),
         reachability_checked_at=reach.checked_ms / 1000 if reach is not None else None,
+        memory=_memory(node),
     )
     chain = box.chain
     counters: dict[str, float] = {
@@ -189,6 +191,24 @@ def take_snapshot(node: LiveNode, box: SnapshotBox, meter: Meter) -> NodeSnapsho
         counters["rewards_claimable_eth"] = chain.claimable_wei / 10**18
     history = tuple(meter.history)
     return NodeSnapshot(status, peers, flows, counters, history, chain)
+
+
+def _memory(node: LiveNode) -> StageMemory | None:
+    fit = node.memory
+    if fit is None:
+        return None
+    part = fit.memory
+    return StageMemory(
+        weights_bytes=part.weights,
+        gradients_bytes=part.gradients,
+        optimizer_bytes=part.optimizer,
+        activations_bytes=part.activations,
+        activations_per_microbatch_bytes=part.activations_per_microbatch,
+        in_flight=part.in_flight,
+        total_bytes=part.total,
+        budget_bytes=fit.budget,
+        budget_source=fit.source,
+    )
 
 
 def _last_validation(results: Sequence[IterationResult]) -> IterationResult | None:

@@ -72,6 +72,7 @@ from node.training.codec import CodecLimits
 from node.training.config import ModelConfig
 from node.training.data_node import DataNodeWorker
 from node.training.dataset import run_sampler
+from node.training.memory import MemoryFit, StageMemoryError, memory_fit
 from node.training.partition import plan_partition
 from node.training.settings import TrainingSettings
 from node.training.stage_worker import StageWorker
@@ -172,6 +173,8 @@ class LiveNode:
     discovery: RunDiscovery | None = None
     receipts: ReceiptParts | None = None
     relaying: Relaying | None = None
+    #: Its part's memory against what the machine offers it (``node.training.memory``).
+    memory: MemoryFit | None = None
 
     @property
     def reachability(self) -> Reachability | None:
@@ -190,17 +193,46 @@ class LiveNode:
 Started = Callable[[LiveNode], Awaitable[None] | None]
 
 
-def _worker(config: LiveNodeConfig, node_id: str) -> DataNodeWorker | StageWorker:
+def _worker(config: LiveNodeConfig, node_id: str) -> tuple[DataNodeWorker | StageWorker, MemoryFit]:
+    """The node's part, built once its memory is known to fit (``StageMemoryError`` if not)."""
     plan = plan_partition(config.model, config.stages)
+    if config.role != DATA and not 1 <= config.stage <= config.stages:
+        raise ConfigError(f"relay stage {config.stage} is outside 1..{config.stages}")
+    fit = memory_fit(plan, 0 if config.role == DATA else config.stage, config.training)
+    fit.check()
+    log.info("memory: %s; %s", fit.memory.describe(), fit.source)
     if config.role == DATA:
         data = config.training.data
         sampler = run_sampler(
             data, config.batch_size, config.seq_len, config.seed, config.dataset_hash
         )
-        return DataNodeWorker(plan, config.training, config.seed, sampler, replica_id=node_id)
-    if not 1 <= config.stage <= config.stages:
-        raise ConfigError(f"relay stage {config.stage} is outside 1..{config.stages}")
-    return StageWorker(plan, config.stage - 1, config.training, config.seed, replica_id=node_id)
+        worker = DataNodeWorker(plan, config.training, config.seed, sampler, replica_id=node_id)
+        return worker, fit
+    stage = StageWorker(plan, config.stage - 1, config.training, config.seed, replica_id=node_id)
+    return stage, fit
+
+
+def stages_that_fit(config: LiveNodeConfig) -> tuple[int, ...]:
+    """The relay stages of the run this node's memory holds; none is a ``StageMemoryError``
+    that says what the smallest one needs."""
+    plan = plan_partition(config.model, config.stages)
+    by_layers: dict[int, MemoryFit] = {}  # blocks are alike: a stage's memory is its count's
+    fits = {}
+    for span in plan.stages:
+        if span.n_layers not in by_layers:
+            by_layers[span.n_layers] = memory_fit(plan, span.index + 1, config.training)
+        fits[span.index + 1] = by_layers[span.n_layers]
+    fitting = tuple(stage for stage, fit in fits.items() if fit.fits)
+    if not fitting:
+        smallest = min(fits.values(), key=lambda fit: fit.memory.total)
+        raise StageMemoryError(f"no stage of this run fits this node: {smallest.refusal()}")
+    if len(fitting) < len(fits):
+        left_out = [stage for stage in fits if stage not in fitting]
+        log.warning(
+            "stages %s do not fit this node's memory (%s): joining one of %s",
+            left_out, fits[left_out[0]].refusal(), list(fitting),
+        )  # fmt: skip
+    return fitting
 
 
 async def run_live_node(
@@ -240,9 +272,10 @@ async def run_live_node(
             # The stage is the run's bottleneck at the moment this relay enters: ask then.
             if config.entry_gate is not None:
                 await config.entry_gate()
+            fitting = await trio.to_thread.run_sync(stages_that_fit, config)
             placement = await wait_for_placement(
                 rpc, config.bootstrap, config.stages, config.flow.ack_deadline_s,
-                config.wait_for_peers_s,
+                config.wait_for_peers_s, allowed=fitting,
             )  # fmt: skip
             config = replace(config, stage=placement.decision.stage, entry_gate=None)
             # Its replicas just answered: ask them for the stage's state before the DHT does.
@@ -268,7 +301,7 @@ async def run_live_node(
             emulated_speed=config.emulated_speed,
             emulated_hop_s=config.emulated_hop_s,
         )
-        worker = await trio.to_thread.run_sync(_worker, config, node_id)
+        worker, memory = await trio.to_thread.run_sync(_worker, config, node_id)
         if config.entry_gate is not None:
             await config.entry_gate()
         role: DataRole | RelayRole
@@ -435,8 +468,9 @@ async def run_live_node(
         for peer_id in introduce_later:
             flow.dispatch(flow.node.introduce(peer_id))
         live = LiveNode(
-            config, rpc, book, flow, plane, role, book.own.address, discovery, receipts, relaying
-        )
+            config, rpc, book, flow, plane, role, book.own.address, discovery, receipts, relaying,
+            memory,
+        )  # fmt: skip
         if on_started is not None:
             on_started(live)
         if isinstance(role, DataRole):

@@ -8,7 +8,9 @@ Swarm file::
              microbatches_per_iteration = 4, iterations = 5, seed = 0, data = "" (a data set
              of `gwtf-node data prepare`, its folder or manifest: the data nodes train on it, the
              relays take its vocabulary without it, and the run commits to its hash; "": the
-             shipped corpus),
+             shipped corpus), vocab_size = 0 (without a data set, the run's vocabulary, e.g.
+             50257 for GPT-2's: the shipped corpus's bytes all lie in it; 0: the byte
+             tokenizer's 256),
              routing = "gwtf" (or "swarm": SWARM's throughput-weighted wiring, for comparison)
     [swarm]  relays_per_stage = 2, capacity = 2 (a relay's microbatches in flight; the data
              nodes' together are relays_per_stage times that), regions = ["oregon"],
@@ -95,6 +97,7 @@ _SECTIONS: dict[str, set[str]] = {
         "iterations",
         "seed",
         "data",
+        "vocab_size",
     },
     "swarm": {
         "relays_per_stage",
@@ -164,6 +167,7 @@ def plan_from_file(path: Path, out_dir: Path) -> SwarmPlan:
         "seed": 0,
         "routing": "gwtf",
         "data": "",
+        "vocab_size": 0,
         **raw.get("run", {}),
     }
     swarm = {
@@ -227,8 +231,10 @@ def _check_run(run: dict[str, Any]) -> None:
         raise ConfigError('[run] data names a prepared data set\'s folder, like "data/"')
     if run["data"]:
         run["data"] = str(Path(run["data"]).resolve())
+    if not _whole(run["vocab_size"], 0):
+        raise ConfigError("[run] vocab_size is a whole number (0: the data set's or the bytes')")
     # The relays hold no data set: they are given its vocabulary (training.vocab_size).
-    run["vocab_size"] = run_vocab(run["data"])
+    run["vocab_size"] = run_vocab(run["data"], run["vocab_size"])
     try:
         model_for_run(model, seq_len, stages, run["vocab_size"])
     except ModelConfigError as exc:
@@ -369,7 +375,11 @@ def node_settings(
             "batch_size": run["batch_size"],
             "seq_len": run["seq_len"],
             "seed": run["seed"],
-            **({"data": run["data"]} if role == "data" else {"vocab_size": run["vocab_size"]}),
+            **(
+                {"data": run["data"]}
+                if role == "data" and run["data"]
+                else {"vocab_size": run["vocab_size"]}
+            ),
             "iterations": run["iterations"],
             "microbatches_per_iteration": run["microbatches_per_iteration"],
             "stall_timeout_s": 60.0,

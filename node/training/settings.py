@@ -99,6 +99,10 @@ class TrainingSettings:
     wire_dtype: WireDtypeName = "param"
     #: Microbatches a part may hold forward state for at once (its advertised capacity).
     max_in_flight: int = 64
+    #: The most memory this node's part may take, in MiB (0: all the device's free memory on
+    #: CUDA, the available RAM on CPU); a part that does not fit is refused at start-up
+    #: (``node.training.memory``).
+    memory_limit_mib: int = 0
     codec_max_bytes: int = 256 * 1024 * 1024
     codec_max_ndim: int = 8
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
@@ -147,6 +151,11 @@ class TrainingSettings:
             )
         if self.max_in_flight < 1:
             raise ModelConfigError(f"training.max_in_flight={self.max_in_flight} must be >= 1")
+        if self.memory_limit_mib < 0:
+            raise ModelConfigError(
+                f"training.memory_limit_mib={self.memory_limit_mib} must be >= 0 (0: no limit "
+                "but the device's)"
+            )
         if self.codec_max_bytes < 1 or not 1 <= self.codec_max_ndim <= 16:
             raise ModelConfigError(
                 "training.codec_max_bytes must be >= 1 and codec_max_ndim within 1..16"

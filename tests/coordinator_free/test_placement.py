@@ -111,6 +111,17 @@ def test_a_stage_that_lost_its_fast_relay_is_chosen_over_a_larger_one() -> None:
     assert choose_bottleneck(3, replicas, demand=6).stage == 3
 
 
+def test_a_joiner_chooses_among_the_stages_it_can_hold() -> None:
+    """Stage 1 is the bottleneck, but a joiner whose memory holds only stages 2 and 3 takes the
+    weaker of those; one that holds none is told so."""
+    replicas = [(2, 2, 100.0), (3, 2, 100.0), (3, 2, 100.0)]
+    assert choose_bottleneck(3, replicas, demand=4).stage == 1
+    decision = choose_bottleneck(3, replicas, demand=4, allowed=(2, 3))
+    assert decision.stage == 2 and decision.reason.startswith("stage 2 is the bottleneck")
+    with pytest.raises(PlacementError, match="none of the run's stages"):
+        choose_bottleneck(3, replicas, demand=4, allowed=())
+
+
 def test_capacity_counts_speed_and_only_the_slots_the_demand_can_fill() -> None:
     # More slots on GPUs three times slower: stage 1 turns the run's flows over slowest.
     assert choose_bottleneck(2, [(1, 6, 1800.0), (2, 4, 600.0)], demand=4).stage == 1

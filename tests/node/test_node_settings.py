@@ -209,6 +209,21 @@ def test_a_swarm_file_data_set_trains_its_data_nodes_and_sizes_its_relays(tmp_pa
     assert dataset_hash_of(plan.run["data"]).hex() == manifest.digest
 
 
+def test_a_swarm_file_vocabulary_sizes_every_node_without_a_data_set(tmp_path: Path) -> None:
+    """``[run] vocab_size`` (GPT-2's 50,257 here): data node and relays build that model on the
+    shipped corpus, and the run commits to it."""
+    from node.chain.actions import RunModel
+    from node.swarm.plan import node_settings, plan_from_file, run_model_of, write_node_settings
+
+    (tmp_path / "swarm.toml").write_text('[run]\nmodel = "gpt-125m"\nvocab_size = 50257\n')
+    plan = plan_from_file(tmp_path / "swarm.toml", tmp_path / "out")
+    for role, stage in (("data", 0), ("relay", 1)):
+        written = write_node_settings(plan, node_settings(plan, f"{role}-x", role, stage, 0))
+        training = load_settings(env={}, config_file=written).training
+        assert not training.data and training.vocab_size == 50257
+        assert RunModel.of(training) == run_model_of(plan)
+
+
 @pytest.mark.parametrize(
     ("body", "fragment"),
     [
@@ -230,6 +245,7 @@ def test_a_swarm_file_data_set_trains_its_data_nodes_and_sizes_its_relays(tmp_pa
         ("[run]\nseq_len = 128\n", "[run] seq_len=128 is longer than gpt-tiny's context of 64"),
         ("[run]\nmodel = 'gpt-huge'\n", "[run] unknown gpt size 'huge'"),
         ("[run]\nseq_len = '32'\n", "seq_len and stages whole numbers"),
+        ("[run]\nvocab_size = -1\n", "[run] vocab_size is a whole number"),
         ("[churn]\nevents = [{kill = 'data'}]\n", "needs a time t in seconds"),
         ("[churn]\nevents = [{t = 1.0, restart = 'data'}]\n", "only after a kill event"),
         ("[churn]\nevents = [{t = 1.0, leave = 'data'}]\n", "'stranger', 'restart'"),

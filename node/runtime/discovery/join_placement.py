@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import trio
@@ -114,6 +115,7 @@ async def wait_for_placement(
     stages: int,
     timeout_s: float,
     patience_s: float = math.inf,
+    allowed: Collection[int] | None = None,
 ) -> Placement:
     """``choose_join_stage``, tried again with backoff while no node of the run answers (its
     data node not started yet, or restarting), for up to ``patience_s`` (inf: until cancelled),
@@ -121,7 +123,7 @@ async def wait_for_placement(
     delay_s, since = FIRST_RETRY_S, trio.current_time()
     while True:
         try:
-            return await choose_join_stage(rpc, bootstrap, stages, timeout_s)
+            return await choose_join_stage(rpc, bootstrap, stages, timeout_s, allowed)
         except NoAnswer:
             if trio.current_time() - since + delay_s > patience_s:
                 raise
@@ -134,10 +136,15 @@ async def wait_for_placement(
 
 
 async def choose_join_stage(
-    rpc: RequestResponse, bootstrap: tuple[str, ...], stages: int, timeout_s: float
+    rpc: RequestResponse,
+    bootstrap: tuple[str, ...],
+    stages: int,
+    timeout_s: float,
+    allowed: Collection[int] | None = None,
 ) -> Placement:
     """The bottleneck stage of the run, as the nodes reachable from ``bootstrap`` see it
-    (``timeout_s``: each request's deadline)."""
+    (``timeout_s``: each request's deadline), among the ``allowed`` stages (those that fit
+    this node's memory; None: every stage)."""
     if not bootstrap:
         raise ConfigError("node.stage = -1 needs p2p.bootstrap_peers to learn the run's loads")
     known: dict[str, control.LoadEntry] = {}  # what nodes said of themselves
@@ -181,7 +188,7 @@ async def choose_join_stage(
     # The flows the run needs: a slot per unit of each data node's capacity.
     demand = sum(e.capacity for e in known.values() if e.stage == 0)
     decision = choose_bottleneck(
-        stages, [(e.stage, e.capacity, e.compute_ms) for e in counted], demand
+        stages, [(e.stage, e.capacity, e.compute_ms) for e in counted], demand, allowed
     )
     log.info("joining stage %s: %s (%s nodes asked)", decision.stage, decision.reason, len(asked))
     return Placement(decision, tuple(e for e in relays if e.stage == decision.stage))
