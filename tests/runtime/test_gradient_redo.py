@@ -146,9 +146,9 @@ def check_refusals_at_the_end(relay: RelayRole, checked: list[int]) -> None:
 
 
 def run_with_kill(
-    tmp_path: Path, stages: int, relays: dict[str, int], kill: Scenario
+    tmp_path: Path, stages: int, relays: dict[str, int], kill: Scenario, swarm: Swarm | None = None
 ) -> list[IterationResult]:
-    swarm = Swarm()
+    swarm = swarm or Swarm()
 
     async def main() -> list[IterationResult]:
         with trio.fail_after(120):

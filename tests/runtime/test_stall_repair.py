@@ -99,10 +99,14 @@ class Killer:
 
 
 def run_with_crashes(
-    tmp_path: Path, crashes: Crashes, relays: dict[str, int] = RELAYS, stages: int = 2
+    tmp_path: Path,
+    crashes: Crashes,
+    relays: dict[str, int] = RELAYS,
+    stages: int = 2,
+    swarm: Swarm | None = None,
 ) -> tuple:  # type: ignore[type-arg]
     """Train with relays that die holding a hop they acknowledged; check nothing else is lost."""
-    swarm = Swarm()
+    swarm = swarm or Swarm()
     killer = Killer(swarm, crashes)
 
     async def arm(swarm: Swarm) -> None:
@@ -206,13 +210,13 @@ def test_trace_requests_and_replies_are_checked() -> None:
 
 def test_a_relays_buffered_forward_reports_its_trace_state() -> None:
     header = HopHeader(1, 0, 3, 0, FORWARD, 1, 0, 0, "origin", ("origin",))
-    assert Buffered(header, b"out", sending=True).trace_state() == ("sending", "")
-    assert Buffered(header, b"out").trace_state() == ("stuck", "")
-    assert Buffered(header, b"out", sent_to="next").trace_state() == ("sent", "next")
+    assert Buffered(header, b"out", b"in", sending=True).trace_state() == ("sending", "")
+    assert Buffered(header, b"out", b"in").trace_state() == ("stuck", "")
+    assert Buffered(header, b"out", b"in", sent_to="next").trace_state() == ("sent", "next")
     repair = header.onward(flags=FLAG_REPAIR)
-    assert Buffered(repair, b"out").trace_state() == ("held", "")
+    assert Buffered(repair, b"out", b"in").trace_state() == ("held", "")
     resumed = header.onward(flags=FLAG_RESUME)
-    assert Buffered(resumed, b"out", sent_to="next").trace_state() == ("sent", "next")
+    assert Buffered(resumed, b"out", b"in", sent_to="next").trace_state() == ("sent", "next")
     for state, next_hop in (("sending", ""), ("stuck", ""), ("sent", "next"), ("held", "")):
         assert control.decode_trace(control.encode_trace(state, next_hop)) == (state, next_hop)
 
