@@ -6,6 +6,7 @@ and ``unpaid()`` lists the hops live relays computed that no certified receipt p
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,16 @@ class ReceiptTap:
         paid = {_computation(p) for p in self.certified()}
         gone = {address_of_peer(peer) for peer in dead}
         return {c for c in self.computed if c[0] not in gone} - paid
+
+    def assert_every_hop_paid_once(self, dead: set[str]) -> Counter[tuple[int, int]]:
+        """Every hop a relay not in ``dead`` computed is certified, each computation once;
+        returns the certified hops of attempts past the first (the swarm's repairs and
+        redos) by (stage, direction)."""
+        assert self.computed and self.unpaid(dead) == set()
+        certified = self.certified()
+        assert len({_computation(p) for p in certified}) == len(certified), "each paid once"
+        receipts = [p.entry.receipt for p in certified]
+        return Counter((r.stage, r.direction) for r in receipts if r.attempt > 0)
 
 
 def _computation(p: PreparedHop) -> Computation:
