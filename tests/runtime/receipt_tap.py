@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from contracts.certificate_tree import PreparedHop, SignedReceipt
-from contracts.encoding import ledger_domain
+from contracts.encoding import hop_key, ledger_domain
 from node.receipts.book import ReceiptBook, ReceiptTerms, address_of_peer
 from node.receipts.certify import Anchor, certifiable, check_report
 from node.runtime.dataplane.hop import HopHeader, frame_digest
@@ -34,6 +34,8 @@ class ReceiptTap:
     stages: int
     identity_of: Callable[[str], Any]  # a node's name -> its libp2p KeyPair
     entries: list[SignedReceipt] = field(default_factory=list)
+    #: Hop keys of the receipts their workers hold whole (countersigned).
+    complete_at_worker: set[bytes] = field(default_factory=set)
     anchors: list[Anchor] = field(default_factory=list)
     computed: list[Computation] = field(default_factory=list)
     books: dict[str, ReceiptBook] = field(default_factory=dict)
@@ -48,7 +50,7 @@ class ReceiptTap:
         db = open_database(f"sqlite:///{self.tmp_path / f'receipts-{name}'}.sqlite")
         key = self.identity_of(name).private_key.to_bytes()
         book = ReceiptBook(self.terms, key, HopStore(db))
-        book.on_complete = lambda origin, entry: self.entries.append(entry)
+        book.on_complete = self._completed
         book.on_received = lambda origin, entry: self.entries.append(entry)
         self.books[name] = book
         node.plane.receipts = book
@@ -58,6 +60,10 @@ class ReceiptTap:
         else:
             self.data_peer = node.plane.node_id
             node.plane.origin_send = self._anchor
+
+    def _completed(self, origin: str, entry: SignedReceipt) -> None:
+        self.entries.append(entry)
+        self.complete_at_worker.add(hop_key(entry.receipt))
 
     def _anchor(self, header: HopHeader, digest: bytes) -> None:
         anchor = Anchor(header.iteration, header.microbatch_id, header.direction, digest)
@@ -102,6 +108,11 @@ class ReceiptTap:
         assert self.computed and self.unpaid(dead) == set()
         certified = self.certified()
         assert len({_computation(p) for p in certified}) == len(certified), "each paid once"
+        # Its worker holds each one whole, the kept outputs' too (their countersignature is
+        # handed back): it can serve it to an auditor or a jury.
+        gone = {address_of_peer(peer) for peer in dead}
+        held = [p.hop_key for p in certified if p.entry.receipt.worker not in gone]
+        assert set(held) <= self.complete_at_worker
         receipts = [p.entry.receipt for p in certified]
         return Counter((r.stage, r.direction) for r in receipts if r.attempt > 0)
 

@@ -10,8 +10,10 @@ digests of the hops it starts (the anchors its certificate's chains of hops begi
 A hop whose output its receiver keeps (``FLAG_REPAIR``: a forward recomputed for a gradient to
 come; ``FLAG_REDO``: a redone gradient) has no next node to countersign it: its receiver, the
 worker, signs its receipt in the ack (the digest of the output kept and its signature), and
-the sender, the node the input came from, countersigns and reports it. Its input is the output
-of a hop the sender computed (or a data node's own send), so it chains like any other.
+the sender, the node the input came from, countersigns and reports it, and hands the worker
+the countersignature (``control.Countersigned``), so that the worker holds its receipt whole
+too (an auditor or juror asks the worker for it). Its input is the output of a hop the sender
+computed (or a data node's own send), so it chains like any other.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from dataclasses import dataclass, field
 import trio
 from libp2p.peer.id import ID
 
+from contracts.encoding import HopReceipt, hop_key
 from coordinator_free.wire import HopAck, decode, encode
 from gwtf.errors import GwtfError, ProtocolError
 from node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
 from node.receipts.book import HopFacts, ReceiptBook, worker_stage
+from node.runtime.dataplane import control
 from node.runtime.dataplane.hop import (
     BACKWARD,
     FLAG_REDO,
@@ -43,6 +47,8 @@ log = logging.getLogger(__name__)
 
 PROTOCOL_ID = "/gwtf/hop/6.0.0"
 _QUEUE_DEPTH = 64
+#: Receipts of kept outputs signed and waiting for their countersignature (oldest dropped).
+_MAX_KEPT_PENDING = 4096
 
 #: A role's compute of a received hop: the output frame it keeps (a repair's or a redo's: its
 #: receipt is signed in the ack), or None (sent on, or a data node's).
@@ -154,6 +160,9 @@ class DataPlane:
     #: Hops received and not yet computed, by (iteration, microbatch, direction): a trace of a
     #: stalled microbatch must tell a slow node from one that never got the hop.
     _receiving: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    #: Hop key -> (origin, receipt, signature) of the kept outputs' receipts this node signed
+    #: in an ack, until their sender hands back the countersignature.
+    _kept_pending: dict[bytes, tuple[str, HopReceipt, bytes]] = field(default_factory=dict)
 
     def serve(self, nursery: trio.Nursery) -> None:
         send, receive = trio.open_memory_channel[_Job](_QUEUE_DEPTH)
@@ -218,7 +227,29 @@ class DataPlane:
         except ProtocolError as exc:  # an origin that is no node, a field out of range
             self.receipts.refuse(peer, f"hop receipt cannot be built: {exc}")
             return b""
-        return await self.receipts.sign(receipt) or b""
+        signature = await self.receipts.sign(receipt)
+        if signature is None:
+            return b""
+        self._kept_pending[hop_key(receipt)] = (header.origin, receipt, signature)
+        while len(self._kept_pending) > _MAX_KEPT_PENDING:
+            del self._kept_pending[next(iter(self._kept_pending))]
+        return signature
+
+    def countersigned(self, peer: str, message: control.Countersigned) -> bytes:
+        """The sender of a hop whose output this node kept hands back its countersignature:
+        the receipt this node signed in its ack is complete here too."""
+        try:
+            key, counter = bytes.fromhex(message.hop_key), bytes.fromhex(message.signature)
+        except ValueError as exc:
+            raise ProtocolError("a countersignature that is not hex") from exc
+        pending = self._kept_pending.get(key)
+        if pending is None or self.receipts is None:
+            return control.encode_reply(False, why="no receipt of that hop waits here")
+        origin, receipt, signature = pending
+        if not self.receipts.acknowledged(peer, origin, receipt, signature, counter):
+            return control.encode_reply(False, why="not that receipt's countersignature")
+        del self._kept_pending[key]
+        return control.encode_reply(True)
 
     async def _countersign(
         self, peer: str, header: HopHeader, receipted: ReceiptInput, digest: bytes
@@ -344,7 +375,14 @@ class DataPlane:
         except ProtocolError as exc:
             self.receipts.refuse(to, f"a kept output's receipt cannot be built: {exc}")
             return
-        await self.receipts.countersign(to, header.origin, receipt, ack.kept_signature)
+        counter = await self.receipts.countersign(to, header.origin, receipt, ack.kept_signature)
+        if not counter:
+            return
+        message = control.Countersigned(hop_key(receipt).hex(), counter.hex())
+        try:
+            await control.ask(self.rpc, to, message, self.ack_deadline_s)
+        except PeerUnavailable as exc:  # it is reported all the same, by this node
+            log.info("countersignature of hop %s not handed back: %s", hop_key(receipt).hex(), exc)
 
 
 def _facts(
