@@ -38,6 +38,10 @@ from node.training.resume_points import (
 
 log = logging.getLogger(__name__)
 
+#: How long a resumed data node waits for discovery to list a relay of every stage before it
+#: asks the relays it knows to drop the iteration it trains again.
+DISCOVERY_WAIT_S = 10.0
+
 
 @dataclass
 class DataResume:
@@ -92,9 +96,15 @@ class DataResume:
         return ahead
 
     async def _forget(self, rpc: RequestResponse, iteration: int, timeout_s: float) -> list[int]:
-        roster = self.role.roster
-        relays = sorted(roster.discovered() | roster.told)
+        roster, stages = self.role.roster, self.role.plane.stages
+        # Discovery lists a middle stage's relays a little after the flows form: wait a while
+        # for a relay of every stage.
+        with trio.move_on_after(DISCOVERY_WAIT_S):
+            while set(roster.believed().values()) < set(range(1, stages + 1)):
+                await trio.sleep(0.1)
+        relays = sorted(roster.believed())
         steps: list[int] = []
+        dropped: list[str] = []
 
         async def ask(relay: str) -> None:
             try:
@@ -106,10 +116,18 @@ class DataResume:
             step = answer.get("step")
             if isinstance(step, int) and not isinstance(step, bool):
                 steps.append(step)
+            if answer["ok"]:
+                dropped.append(relay)
 
         async with trio.open_nursery() as asking:
             for relay in relays:
                 asking.start_soon(ask, relay)
+        log.info(
+            "iteration %s trained again: %s of %s relay(s) dropped what they held of it",
+            iteration,
+            len(dropped),
+            len(relays),
+        )
         return steps
 
     async def begin(self, iteration: int) -> None:

@@ -83,7 +83,7 @@ def write_point(folder: Path, taken: Snapshot, keep: int = KEEP) -> Path:
     _fsync(folder)  # the rename itself survives a power cut
     for old in points(folder)[keep:]:
         old.unlink(missing_ok=True)
-    for partial in folder.glob("*.partial"):
+    for partial in folder.glob("data-*.safetensors.partial"):
         if partial != temporary:
             partial.unlink(missing_ok=True)
     return path
