@@ -193,14 +193,14 @@ class RelayRole:
         is at that step and no end is under way."""
         iteration = request.iteration
         async with self._ending:
+            held = {k[1]: b.header.origin for k, b in self.buffers.items() if k[0] == iteration}
+            mine = {microbatch for microbatch, origin in held.items() if origin == asker}
 
             def drop() -> bool:
+                # In the compute thread, which alone adds to the gradient.
                 if self.worker.step_count != iteration or self.resyncing:
                     return False
-                held = [k for k in self.buffers if k[0] == iteration]
-                origins = {self.buffers[k].header.origin for k in held}
-                mine = {k[1] for k in held if self.buffers[k].header.origin == asker}
-                if origins - {asker} or not self.worker.accumulated <= mine:
+                if len(mine) < len(held) or not self.worker.accumulated <= mine:
                     return False
                 self.worker.discard_gradients()
                 self.worker.drop_all()
