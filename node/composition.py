@@ -155,7 +155,16 @@ def live_config_from_settings(settings: Settings, password: str | None = None) -
         data_shard=training.data_shard,
         receipts=receipts_from_settings(settings, password),
         dataset_hash=run_dataset_hash(settings),
+        resume_dir=resume_dir(settings),
     )
+
+
+def resume_dir(settings: Settings) -> Path | None:
+    """Where a data node keeps its resume points: ``checkpoints/run-<id>`` in its home (None
+    without one: ``gwtf-node start`` always gives it one)."""
+    if settings.node.role != DATA or not settings.node.data_dir:
+        return None
+    return Path(settings.node.data_dir) / "checkpoints" / f"run-{settings.chain.run_id}"
 
 
 def run_dataset_hash(settings: Settings) -> str | None:

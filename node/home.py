@@ -4,7 +4,8 @@ the node that runs there.
 A node's home is ``--home DIR``, else ``node.data_dir``, else ``.gwtf/nodes/<node name>`` (the
 ``--node-name`` of its wallet, ``main`` by default), so several nodes on one machine never share
 a file. It holds the node's database (``node.sqlite``), its API token (``api-token``), its hop
-evidence (``evidence/``), the lock that keeps a second process out (``node.lock``) and, while
+evidence (``evidence/``), a lone data node's resume points (``checkpoints/run-<id>/``,
+``node.runtime.resume``), the lock that keeps a second process out (``node.lock``) and, while
 the node runs, ``node.json``: which node it is, its run and where its API answers (kept,
 marked stopped, when it stops). ``status``,
 ``earnings``, ``receipts`` and ``claim`` read that file, so each speaks to its own node's API

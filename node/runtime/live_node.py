@@ -58,6 +58,7 @@ from node.runtime.flow.service import FlowService
 from node.runtime.relaying import Relaying
 from node.runtime.replicas.averaging import GradientAverager
 from node.runtime.replicas.stage_state import join_stage, load_data_part, serve_stage_state
+from node.runtime.resume import DataResume
 from node.runtime.roles.data import DataRole, IterationResult
 from node.runtime.roles.data_peers import DataPeers, LeftOut
 from node.runtime.roles.relay import RelayRole
@@ -146,6 +147,17 @@ class LiveNodeConfig:
     on_reachability: Callable[[Reachability, str], None] | None = None
     #: Data node: the run's data set hash on chain; a ``training.data`` of another is refused.
     dataset_hash: str | None = None
+    #: A lone data node's resume points (``node.runtime.resume``), one folder per run in its
+    #: home; None keeps none.
+    resume_dir: Path | None = None
+
+    def resume_label(self) -> str:
+        """What a resume point must be of: the run, its seed and data, the microbatches."""
+        data = self.dataset_hash or self.training.data or "tinyshakespeare"
+        return (
+            f"run {self.run_id} seed {self.seed} data {data} microbatches "
+            f"{self.batch}x{self.batch_size}x{self.seq_len}"
+        )
 
 
 @dataclass
@@ -308,6 +320,8 @@ async def run_live_node(
         if config.routing not in ROUTINGS:
             raise ConfigError(f"routing {config.routing!r} is not one of {', '.join(ROUTINGS)}")
         wiring = SwarmWiring(random.Random(config.seed)) if config.routing == "swarm" else None
+        resume: DataResume | None = None
+        resumed_at = 0  # the iteration a resume point puts it at
         if isinstance(worker, DataNodeWorker):
             role = DataRole(
                 worker,
@@ -321,6 +335,11 @@ async def run_live_node(
                 shard=config.data_shard,
                 shards=config.data_nodes,
             )
+            every = config.training.checkpoint_every
+            if config.resume_dir is not None and config.data_nodes == 1 and every:
+                # Before it is known to anyone: a damaged resume point stops it here.
+                resume = DataResume(config.resume_dir, config.resume_label(), every, role, nursery)
+                resumed_at = await resume.load()
         else:
             averager = GradientAverager(rpc, node_id, limits, config.flow.ack_deadline_s)
             role = RelayRole(
@@ -484,10 +503,14 @@ async def run_live_node(
             await role.wait_for_flows(
                 config.wait_for_peers_s, config.flow_timeout_s, joining=config.join
             )
+            if resume is not None and resumed_at:
+                first = await resume.settle_relays(rpc, resumed_at, config.flow.ack_deadline_s)
             held_out = await trio.to_thread.run_sync(run_validation_batches, config.training)
             iteration = first
             while not config.iterations or iteration < config.iterations:
                 try:
+                    if resume is not None:
+                        await resume.begin(iteration)
                     result = await role.run_iteration(iteration)
                 except LeftOut as exc:
                     assert role.peers is not None  # only data nodes sharing a run are left out
@@ -503,7 +526,11 @@ async def run_live_node(
                 )
                 if held_out and due(config.training, iteration):
                     role.results[-1] = await _validated(role, rpc, result, held_out, config)
+                if resume is not None:
+                    await resume.after(iteration)
                 iteration += 1
+            if resume is not None:
+                await resume.flush()
             role.finished = True
             if receipts is not None:
                 # Its receipts' epochs are still to certify, and workers will ask for their
@@ -729,11 +756,13 @@ def _serve_control(
             return await role.sender.redo_backward(peer, message)
         if isinstance(message, control.Countersigned):
             return role.plane.countersigned(peer, message)
-        if isinstance(message, control.Holds | control.ExpectRedo):
+        if isinstance(message, control.Holds | control.ExpectRedo | control.Forget):
             if not isinstance(role, RelayRole):
                 raise ProtocolError("a data node holds no stage's gradient")
             if isinstance(message, control.Holds):
                 return await role.holds(message)
+            if isinstance(message, control.Forget):
+                return await role.forget(peer, message)
             return role.expect_redo(peer, message)
         if isinstance(message, control.RedoLost):
             if not isinstance(role, DataRole):

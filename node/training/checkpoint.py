@@ -82,6 +82,11 @@ def _metadata(trainer: PartTrainer) -> dict[str, str]:
     }
 
 
+def part_metadata(trainer: PartTrainer) -> dict[str, str]:
+    """The header fields a state file of the trainer's part at its step carries (no digest)."""
+    return _metadata(trainer)
+
+
 def state_digest(trainer: PartTrainer) -> str:
     """Digest of the part's current state: equal digests mean bit-identical replicas."""
     return content_digest(_metadata(trainer), state_tensors(trainer))
@@ -114,17 +119,32 @@ def save_part_state(trainer: PartTrainer, path: Path, weights_only: bool = False
 def load_part_state(trainer: PartTrainer, path: Path) -> str:
     """Replace the trainer's weights, optimizer state and step with the file's; returns its
     digest. Nothing changes unless the file is intact and holds this very part."""
-    metadata, tensors = _read_checked(path)
+    metadata, tensors = read_checked(path)
+    return apply_part_state(
+        trainer, metadata, tensors, f"checkpoint {path}", "fetch the state of the same part"
+    )
+
+
+def apply_part_state(
+    trainer: PartTrainer,
+    metadata: dict[str, str],
+    tensors: dict[str, torch.Tensor],
+    source: str,
+    remedy: str,
+) -> str:
+    """Load a verified state file's contents (``read_checked``) into the trainer; returns its
+    digest. A file of another part or model is refused (``source`` names it in the error, and
+    ``remedy`` says what to do) before anything changes."""
     expected = _metadata(trainer)
     for field in ("part", "config"):
         if metadata.get(field) != expected[field]:
             raise CheckpointError(
-                f"checkpoint {path} holds {field}={metadata.get(field)!r}, "
-                f"but this replica serves {expected[field]!r}; fetch the state of the same part"
+                f"{source} holds {field}={metadata.get(field)!r}, "
+                f"but this replica serves {expected[field]!r}; {remedy}"
             )
     params = dict(trainer.named_params)
     if {f"param/{name}" for name in params} - set(tensors):
-        raise CheckpointError(f"checkpoint {path} lacks some parameters of this part")
+        raise CheckpointError(f"{source} lacks some parameters of this part; {remedy}")
     optimizer_state = _optimizer_state(trainer, tensors)
     with torch.no_grad():
         for name, param in params.items():
@@ -201,21 +221,29 @@ def _verified_contents(blob: bytes) -> tuple[dict[str, str], dict[str, torch.Ten
     return {**metadata, "digest": claimed}, tensors
 
 
-def _read_checked(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+_REFETCH = "fetch it again from another replica"
+
+
+def read_checked(
+    path: Path, remedy: str = _REFETCH
+) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """A state file's header fields (with its digest) and tensors, once its content is the
+    digest its header names; a one-line ``CheckpointError`` naming the file and ending in
+    ``remedy`` (what to do) otherwise."""
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = dict(handle.metadata() or {})
             tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
     except (OSError, SafetensorError) as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc}; {remedy}") from exc
     if metadata.get("format") != FORMAT or "digest" not in metadata or "step" not in metadata:
-        raise CheckpointError(f"{path} is not a {FORMAT} checkpoint")
+        raise CheckpointError(f"{path} is not a {FORMAT} checkpoint; {remedy}")
     claimed = metadata.pop("digest")
     actual = content_digest(metadata, tensors)
     if actual != claimed:
         raise CheckpointError(
             f"checkpoint {path} digest mismatch (content {actual[:12]}, header {claimed[:12]}); "
-            "it is corrupt or tampered with: fetch it again from another replica"
+            f"it is corrupt or tampered with: {remedy}"
         )
     if not metadata["step"].isdigit():
         raise CheckpointError(f"checkpoint {path} has a malformed step {metadata['step']!r}")

@@ -88,6 +88,9 @@ class TrainingSettings:
     #: never), ``validation_windows`` of them.
     validation_every: int = 0
     validation_windows: int = 64
+    #: A lone data node with a home writes a resume point there after every this many
+    #: iterations (``node.runtime.resume``; 0: never), and resumes from the newest on start.
+    checkpoint_every: int = 1
     device: DeviceChoice = "auto"
     #: Master weights' dtype; float64 is for equivalence tests on CPU.
     param_dtype: ParamDtypeName = "float32"
@@ -131,6 +134,10 @@ class TrainingSettings:
         if self.validation_every < 0 or self.validation_windows < 1:
             raise ModelConfigError(
                 "training.validation_every must be >= 0 and training.validation_windows >= 1"
+            )
+        if self.checkpoint_every < 0:
+            raise ModelConfigError(
+                f"training.checkpoint_every={self.checkpoint_every} must be >= 0 (0: never)"
             )
         if self.validation_every and not self.data:
             raise ModelConfigError(

@@ -83,6 +83,21 @@ def test_a_node_file_maps_onto_the_live_node(tmp_path: Path) -> None:
     assert config.admit is None, "admission is off unless chain.admission is set"
 
 
+def test_a_data_node_with_a_home_keeps_its_resume_points_there_per_run(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    data_node = with_change("node", "role", "data", stage=0, data_dir=str(home))
+    settings = load_settings(env={}, config_file=write(tmp_path, data_node))
+    config = live_config_from_settings(settings)
+    assert config.resume_dir == home / "checkpoints" / "run-7"
+    assert config.training.checkpoint_every == 1
+    # A relay keeps none; nor does a data node without a home.
+    relay = load_settings(env={}, config_file=write(tmp_path, with_change("node", "data_dir", "x")))
+    homeless = with_change("node", "role", "data", stage=0)
+    assert live_config_from_settings(relay).resume_dir is None
+    no_home = load_settings(env={}, config_file=write(tmp_path, homeless))
+    assert live_config_from_settings(no_home).resume_dir is None
+
+
 def test_a_node_without_its_keys_password_refuses_to_start_in_one_line(tmp_path: Path) -> None:
     data = with_change("node", "password_file", str(tmp_path / "missing"))
     settings = load_settings(env={}, config_file=write(tmp_path, data))
@@ -119,6 +134,7 @@ def with_change(section: str, key: str, value: object, **more: object) -> dict[s
         (with_change("training", "optimizer", {"lrr": 1.0}), "training.optimizer.lrr"),
         (with_change("training", "data_shard", 1), "training.data_shard=1 must be within"),
         (with_change("training", "data_nodes", 0), "training.data_nodes=0 from"),
+        (with_change("training", "checkpoint_every", -1), "training.checkpoint_every=-1"),
     ],
 )
 def test_bad_values_are_refused_with_one_line_naming_the_key(

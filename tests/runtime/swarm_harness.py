@@ -193,15 +193,16 @@ async def run_swarm(
 
 
 async def run_data_node(config: LiveNodeConfig, swarm: Swarm) -> list[IterationResult]:
-    """A data node started during a scenario (e.g. one restarting); its results, or none if it
-    was crashed."""
+    """A data node started during a scenario (e.g. one restarting); its results (also in
+    ``swarm.results`` under its name), or none if it was crashed."""
     with trio.CancelScope() as scope:
         swarm.scopes[config.name] = scope
 
         def on_started(node: LiveNode) -> None:
             swarm.started(config.name, node)
 
-        return await run_live_node(config, on_started)
+        swarm.results[config.name] = await run_live_node(config, on_started)
+        return swarm.results[config.name]
     return []
 
 

@@ -220,6 +220,15 @@ class RedoBack:
 
 
 @dataclass(frozen=True)
+class Forget:
+    """The origin of ``iteration``'s microbatches restarted from its resume point and trains
+    the iteration again from its start: drop the gradients and kept forwards you hold of it
+    (all of them its own), so none counts twice. Answered with your step."""
+
+    iteration: int
+
+
+@dataclass(frozen=True)
 class Shard:
     """(Between data nodes.) Which shard of each iteration's microbatches do you start?"""
 
@@ -280,6 +289,7 @@ ControlRequest = (
     | Holds
     | ExpectRedo
     | RedoBack
+    | Forget
     | Shard
     | BatchDone
     | RedoLost
@@ -299,6 +309,7 @@ _TYPES: dict[str, type[Any]] = {
     "holds": Holds,
     "expect_redo": ExpectRedo,
     "redo_back": RedoBack,
+    "forget": Forget,
     "shard": Shard,
     "batch_done": BatchDone,
     "redo_lost": RedoLost,
@@ -319,6 +330,7 @@ _FIELDS: dict[type[Any], dict[str, type]] = {
     Holds: {"iteration": int, "first": int, "count": int},
     ExpectRedo: {"iteration": int, "microbatch": int, "sender": str},
     RedoBack: _RESEND_FIELDS,
+    Forget: {"iteration": int},
     Shard: {},
     BatchDone: {"iteration": int, "holders": list},
     RedoLost: {"iteration": int, "stages": int},

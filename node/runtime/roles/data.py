@@ -149,6 +149,9 @@ class DataRole:
     iterating: bool = False
     #: The iteration being ended, and what saving its lost gradients found.
     ending: Redone | None = None
+    #: (iteration, tries) -> the attempt block of a microbatch's try: its tries, unless
+    #: earlier processes of this node may have used those (``resume_points.AttemptJournal``).
+    attempt_block: Callable[[int, int], int] = lambda iteration, tries: tries
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
@@ -519,7 +522,7 @@ class DataRole:
         block of them (``hop.origin_attempt``), so no two tries of a hop carry the same one."""
         tries = self.attempts.get(key, 0)
         self.attempts[key] = tries + 1
-        return origin_attempt(tries)
+        return origin_attempt(self.attempt_block(key[0], tries))
 
     async def _first_hop(self, flow: Flow) -> str | None:
         """The flow's routed first hop, else any live stage-1 replica; waits while none is

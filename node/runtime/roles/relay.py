@@ -194,6 +194,37 @@ class RelayRole:
         step = self.worker.step_count
         return control.encode_reply(True, stage=self.stage, step=step, held=offsets)
 
+    async def forget(self, asker: str, request: control.Forget) -> bytes:
+        """A data node resumed from its resume point trains ``request.iteration`` again: drop
+        the gradients and kept forwards of it, and reopen it if its end had begun (a round
+        that stepped nothing). Only when everything held of it is the asker's (the gradient
+        is one sum: another origin's share could not be taken out), and only while this relay
+        is at that step and no end is under way."""
+        iteration = request.iteration
+        async with self._ending:
+            held = {k[1]: b.header.origin for k, b in self.buffers.items() if k[0] == iteration}
+            mine = {microbatch for microbatch, origin in held.items() if origin == asker}
+
+            def drop() -> bool:
+                # In the compute thread, which alone adds to the gradient.
+                if self.worker.step_count != iteration or self.resyncing:
+                    return False
+                if len(mine) < len(held) or not self.worker.accumulated <= mine:
+                    return False
+                self.worker.discard_gradients()
+                self.worker.drop_all()
+                return True
+
+            dropped = await self._run(drop)
+            if dropped:
+                for kept in (self.buffers, self.sender.passed, self._redo_from):
+                    for key in [key for key in kept if key[0] == iteration]:
+                        del kept[key]
+                self._closing, self._reopened = min(self._closing, iteration - 1), -1
+                if self._ended[0] == iteration:
+                    self._ended = (-1, -1, b"", False)
+        return control.encode_reply(dropped, step=self.worker.step_count)
+
     def _forward(self, header: HopHeader, frame: bytes, tensor: torch.Tensor) -> bytes:
         self._keep_state(header)
         output = self.worker.forward(header.microbatch_id, tensor)
