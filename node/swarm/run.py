@@ -248,9 +248,11 @@ def run_swarm(
 
 
 def live_addresses(plan: SwarmPlan) -> list[str]:
-    """The addresses of the swarm's live nodes (strangers aside), as the auditor dials them."""
+    """The addresses of the swarm's live nodes (strangers aside), as the auditor dials them:
+    each node's first address now (a node that started behind a circuit and was then found
+    reachable advertises its direct address first)."""
     return [
-        str(status["address"])
+        str((status.get("addresses") or [status["address"]])[0])
         for name, proc in plan.procs.items()
         if name not in plan.strangers
         and proc.popen.poll() is None
