@@ -4,8 +4,9 @@ peers through them (``relay_service`` is the side that relays and takes circuits
 py-libp2p 0.8.1's swarm never uses a relay by itself: it drops every ``/p2p-circuit`` address,
 registers no relay transport, and a reservation adds no address to the host's. So:
 
-* ``RelaySlots`` keeps a slot at each of a few relays (reconnecting and reserving again when
-  the connection drops, refreshing on a period of this node's own clock) and says which
+* ``RelaySlots`` keeps a slot at each of a few relays, more of which may be added while it runs
+  (reconnecting and reserving again when the connection drops, refreshing on a period of this
+  node's own clock) and says which
   ``/p2p-circuit`` addresses they give this node, for the host to advertise.
 * ``CircuitDialer`` connects to a peer through a relay named in one of the peer's circuit
   addresses: first, when the peer's own record names a circuit first (it is not reachable
@@ -140,6 +141,7 @@ class RelaySlots:
     #: Set once every relay has been asked for a slot (whatever each answered).
     asked: trio.Event = field(default_factory=trio.Event)
     _first_answers: int = 0
+    _nursery: trio.Nursery | None = None
 
     def __post_init__(self) -> None:
         # Parsed now: a bad address is a one-line ConfigError here, not a crash in a task.
@@ -153,14 +155,30 @@ class RelaySlots:
     def holds_slot_at(self, relay: ID) -> bool:
         return relay in self.held
 
+    def keeps(self, relay: ID) -> bool:
+        """Whether ``relay`` is one of the relays this node keeps a slot at (or tries to)."""
+        return any(kept.peer_id == relay for kept in self._infos.values())
+
     async def relay_addresses(self, relay: ID) -> list[multiaddr.Multiaddr]:
         """Where to dial ``relay`` if it is one of this node's relays (else nothing)."""
         return [a for info in self._infos.values() if info.peer_id == relay for a in info.addrs]
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             for address, info in self._infos.items():
                 nursery.start_soon(self._keep, multiaddr.Multiaddr(address), info)
+            await trio.sleep_forever()  # relays may be added while it runs
+
+    def add(self, address: str, most: int) -> bool:
+        """Keep a slot at one more relay (a full address), unless this node already keeps one
+        there, keeps ``most`` already, or is not running; whether it was added."""
+        info = peer_info(address)
+        if self.keeps(info.peer_id) or len(self._infos) >= most or self._nursery is None:
+            return False
+        self._infos[address] = info
+        self._nursery.start_soon(self._keep, multiaddr.Multiaddr(address), info)
+        return True
 
     async def _keep(self, address: multiaddr.Multiaddr, relay: PeerInfo) -> None:
         first = True
@@ -173,7 +191,7 @@ class RelaySlots:
             if first:
                 first = False
                 self._first_answers += 1
-                if self._first_answers == len(self._infos):
+                if self._first_answers >= len(self._infos):
                     self.asked.set()
             await trio.sleep(self.check_s)
 

@@ -426,6 +426,7 @@ async def run_live_node(
         )
         discovery.relays_for_others = relaying.advertises_relay
         relaying.cards = discovery.cards.get
+        relaying.all_cards = lambda: list(discovery.cards.values())
         discoveries.append(discovery)
         nursery.start_soon(discovery.run)
         serve_dialbacks(rpc, book)

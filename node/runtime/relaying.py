@@ -5,8 +5,10 @@ book and its own reachability verdict.
   ``auto`` follows the node's dial-back check (``own_reachability``), and a node that listens on
   loopback only (the local swarm, the demo), which checks nothing, counts as reachable.
 * A node that is not reachable, or not yet known to be, holds slots at its relays
-  (``p2p.relays``, by default its bootstrap peers), whose circuits its host advertises first
-  and which alone may open circuits to it. A verdict of reachable drops the slots; a later
+  (``p2p.relays``, by default its bootstrap peers) and, up to ``MAX_CIRCUIT_ADDRESSES`` relays
+  in all, at volunteers whose signed card says they relay and that the run admits, found as
+  discovery reads their cards; its host advertises their circuits first, and they alone may
+  open circuits to it. A verdict of reachable drops the slots; a later
   verdict of not reachable takes them again.
 * A node with ``p2p.relay_service`` relays while it is not known to be unreachable, and says so
   in its signed card (``relay``) once it is known to be reachable.
@@ -23,7 +25,7 @@ book and its own reachability verdict.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import multiaddr
@@ -31,6 +33,7 @@ import trio
 from libp2p.peer.id import ID
 
 from gwtf.errors import ConfigError
+from node.p2p.addresses import MAX_CIRCUIT_ADDRESSES
 from node.p2p.discovery_records import PeerCard
 from node.p2p.host import peer_info
 from node.p2p.reachability import Reachability
@@ -56,6 +59,11 @@ class Relaying:
     book: AddressBook | None = None
     #: Peers' signed cards as discovery last read them.
     cards: Callable[[str], PeerCard | None] = lambda _peer: None
+    #: Every signed card discovery holds: admitted volunteers whose card says they relay are
+    #: taken as relays too, after the node's own.
+    all_cards: Callable[[], Iterable[PeerCard]] = lambda: ()
+    #: Relays a node behind NAT holds slots at, at most: its own first, then volunteers.
+    most_relays: int = MAX_CIRCUIT_ADDRESSES
     slots: RelaySlots | None = None
     #: The dial-back check's last verdict (None: none yet, or nobody could check).
     verdict: bool | None = None
@@ -175,11 +183,32 @@ class Relaying:
 
         async def keep() -> None:
             with scope:
-                await slots.run()
+                async with trio.open_nursery() as both:
+                    both.start_soon(slots.run)
+                    both.start_soon(self._take_volunteers, slots)
 
         self.slots, self._slots_scope = slots, scope
         self._nursery.start_soon(keep)
         return slots
+
+    async def _take_volunteers(self, slots: RelaySlots) -> None:
+        """Take slots at volunteer relays as discovery finds them (up to ``most_relays`` in
+        all), so that losing its own relay does not cut a node behind NAT off: a volunteer
+        counts once its signed card says it relays and is reachable, and the run admits it."""
+        assert self._rpc is not None
+        own = str(self._rpc.host.get_id())
+        while True:
+            for card in list(self.all_cards()):
+                if card.peer_id == own or not card.relays or card.reachable is not True:
+                    continue
+                direct = [a for a in (card.address, *card.other_addresses) if not is_circuit(a)]
+                if not direct or slots.keeps(ID.from_base58(card.peer_id)):
+                    continue
+                if self.admit is not None and not await self.admit(card.peer_id):
+                    continue
+                if slots.add(direct[0], self.most_relays):
+                    log.info("taking a slot at volunteer relay %s too", card.peer_id)
+            await trio.sleep(slots.check_s)
 
     # ---- dialing -------------------------------------------------------------------------------
 

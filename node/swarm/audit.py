@@ -15,6 +15,7 @@ chain's blocks up to each window. An honest swarm has no finding; a cheating nod
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from typing import Any
 
 import trio
@@ -192,6 +193,16 @@ class SwarmAudit:
                 for c in r.certificates
                 for done in c.replayed
                 if done.replay is not None and done.replay.exact
+            ),
+            # Of those, the exact ones by the node that computed the hop.
+            "replayed_exact_by_worker": dict(
+                Counter(
+                    named(done.entry.receipt.worker)
+                    for r in reports
+                    for c in r.certificates
+                    for done in c.replayed
+                    if done.replay is not None and done.replay.exact
+                )
             ),
             "sample_notes": sorted({r.sample_note for r in reports if r.sample_note}),
             "rulings": [{**r, "worker": named(r["worker"])} for r in self.rulings],

@@ -123,6 +123,17 @@ class Proc:
     killed: bool = False
 
 
+@dataclass(frozen=True)
+class NodeHost:
+    """Where a node of the swarm runs when not on this machine's loopback: a command prefix
+    that puts its process there (e.g. ``ip netns exec NAMESPACE``), the addresses it listens
+    on, and its region (link emulation) in place of ``[swarm] regions``'."""
+
+    prefix: tuple[str, ...]
+    listen: tuple[str, ...]
+    region: str | None = None
+
+
 @dataclass
 class SwarmPlan:
     run: dict[str, Any]
@@ -139,6 +150,9 @@ class SwarmPlan:
     last_epoch: int = -1  # the last epoch settled on chain (-1: no epoch cycle)
     #: The audit of the epochs, each proved before it settled (``node.swarm.audit``).
     audit: SwarmAudit | None = None
+    #: Nodes placed elsewhere than this machine's loopback, by name (the internet test bed
+    #: puts them in network namespaces); the others run here on 127.0.0.1.
+    hosts: dict[str, NodeHost] = field(default_factory=dict)
 
 
 def load_swarm_file(path: Path) -> dict[str, dict[str, Any]]:
@@ -319,6 +333,7 @@ def node_settings(
 ) -> dict[str, Any]:
     """One node's settings (the sections of ``node.settings``), as written to its toml file."""
     regions, run, chain = plan.swarm["regions"], plan.run, plan.chain
+    host = plan.hosts.get(name)
     # The data nodes start as many microbatches at once as a stage of relays can hold.
     capacity = plan.swarm["capacity"]
     if role == "data":
@@ -338,13 +353,15 @@ def node_settings(
             **node,
         },
         "p2p": {
-            "region": regions[index % len(regions)],
+            "region": host.region
+            if host is not None and host.region
+            else regions[index % len(regions)],
             "topology_file": str(Path(plan.swarm["topology"]).resolve())
             if plan.swarm["topology"]
             else "",
             "bootstrap_peers": [],
-            # A local swarm: every node on this machine only.
-            "listen": [LOOPBACK],
+            # A local swarm: every node on this machine only, unless placed elsewhere.
+            "listen": list(host.listen) if host is not None else [LOOPBACK],
             "discovery_period_s": 1.0,
         },
         "chain": {

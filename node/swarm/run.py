@@ -3,7 +3,8 @@
 Reads a swarm file (TOML); starts a chain, opens the run and registers every node on it
 (``node.swarm.chain``; on by default, ``[chain] enabled = false`` for a quick chain-less run);
 writes each node's settings file (``<out>/<name>.toml``, the ``node.settings`` format) and starts
-the data node, then the relays, each as ``python -m node.process`` on 127.0.0.1 with
+the data node, then the relays, each as ``python -m node.process`` on 127.0.0.1 (or on the
+host ``SwarmPlan.hosts`` places it on: a network namespace of the internet test bed) with
 the topology's link emulation and, with the chain on, admission: a node serves only peers that
 the chain binds to a staked node of the run. It kills nodes with SIGKILL and starts joiners
 (registered just before they enter) on the churn schedule, and tells those deaths from fault
@@ -75,7 +76,9 @@ def start_node(
     config = write_node_settings(plan, settings)
     status_file = plan.out_dir / f"{name}.status.json"
     status_file.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "node.process", "--config", str(config)]
+    host = plan.hosts.get(name)
+    command = [*(host.prefix if host else ()), sys.executable, "-m", "node.process"]
+    command += ["--config", str(config)]
     command += ["--status-file", str(status_file)]
     if start_file is not None:
         command += ["--start-file", str(start_file)]
@@ -245,9 +248,11 @@ def run_swarm(
 
 
 def live_addresses(plan: SwarmPlan) -> list[str]:
-    """The addresses of the swarm's live nodes (strangers aside), as the auditor dials them."""
+    """The addresses of the swarm's live nodes (strangers aside), as the auditor dials them:
+    each node's first address now (a node that started behind a circuit and was then found
+    reachable advertises its direct address first)."""
     return [
-        str(status["address"])
+        str((status.get("addresses") or [status["address"]])[0])
         for name, proc in plan.procs.items()
         if name not in plan.strangers
         and proc.popen.poll() is None
@@ -555,7 +560,10 @@ def summarise(plan: SwarmPlan, data_nodes: list[Proc], wall_s: float) -> dict[st
                 for key in ("signed", "countersigned", "completed", "refused", "reported")
             }
             entry["claims"] = list((receipts.get("cycle") or {}).get("claims", {}).values())
-            entry["api"] = _api_view(statuses.get(name), plan.procs[name])
+            host = plan.hosts.get(name)
+            # A node placed on another host serves its API on that host's loopback only.
+            elsewhere = host is not None and bool(host.prefix)
+            entry["api"] = None if elsewhere else _api_view(statuses.get(name), plan.procs[name])
         summary["chain"]["epochs"] = earned["epochs"]
         summary["chain"]["earnings"] = earned["nodes"]
         if plan.audit is not None:

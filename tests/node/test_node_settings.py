@@ -240,6 +240,31 @@ def test_a_swarm_file_vocabulary_sizes_every_node_without_a_data_set(tmp_path: P
         assert RunModel.of(training) == run_model_of(plan)
 
 
+def test_a_node_placed_on_another_host_listens_there_with_its_region_and_command_prefix(
+    tmp_path: Path,
+) -> None:
+    """A swarm node with a ``NodeHost`` (the internet test bed's namespaces) gets that host's
+    listen addresses and region in its settings, and its process starts under the prefix; the
+    others stay on loopback."""
+    from node.p2p.addresses import LOOPBACK
+    from node.swarm.plan import NodeHost, node_settings, plan_from_file
+    from node.swarm.run import start_node
+
+    (tmp_path / "swarm.toml").write_text("[chain]\nenabled = false\n")
+    plan = plan_from_file(tmp_path / "swarm.toml", tmp_path / "out")
+    # The prefix runs in place of the node: it prints the command it was given.
+    echo = (sys.executable, "-c", "import sys; print(' '.join(sys.argv[1:]))")
+    plan.hosts["relay-1-0"] = NodeHost(echo, ("/ip4/0.0.0.0/tcp/4001",), "tokyo")
+    placed = node_settings(plan, "relay-1-0", "relay", 1, 0)
+    assert placed["p2p"]["listen"] == ["/ip4/0.0.0.0/tcp/4001"]
+    assert placed["p2p"]["region"] == "tokyo"
+    local = node_settings(plan, "relay-1-1", "relay", 1, 1)
+    assert local["p2p"]["listen"] == [LOOPBACK] and local["p2p"]["region"] == "oregon"
+    with (tmp_path / "log").open("wb") as log:
+        start_node(plan, placed, log).popen.wait(timeout=30)
+    assert (tmp_path / "log").read_text().split()[:3] == [sys.executable, "-m", "node.process"]
+
+
 @pytest.mark.parametrize(
     ("body", "fragment"),
     [

@@ -150,3 +150,49 @@ def test_a_reachable_node_waits_to_be_dialled_by_a_neighbour_whose_card_says_it_
     behind_nat = Relaying((), forced=False)
     behind_nat.cards = cards.get
     assert not behind_nat.waits_for(home)  # both behind NAT: it dials, through the circuit
+
+
+def test_a_node_behind_nat_also_takes_slots_at_admitted_volunteer_relays_up_to_its_limit() -> None:
+    """Its own relay first; then, as their cards arrive, volunteers whose card says they relay
+    and that the run admits, until it holds ``most_relays``; a stranger's card is passed over."""
+
+    def card_of(host: object, relays: bool = True) -> PeerCard:
+        address = full_address(host)  # type: ignore[arg-type]
+        peer = str(peer_info(address).peer_id)
+        return PeerCard(peer, 1, 2, "relay", "tokyo", address, 1, (), True, 1, relays=relays)
+
+    async def main() -> None:
+        async with (
+            running_host(new_identity()) as own,
+            running_host(new_identity()) as stranger,
+            running_host(new_identity()) as plain,
+            running_host(new_identity()) as first,
+            running_host(new_identity()) as second,
+            circuit_relay(own, serve=True),
+            circuit_relay(stranger, serve=True),
+            circuit_relay(plain, serve=True),
+            circuit_relay(first, serve=True),
+            circuit_relay(second, serve=True),
+        ):
+
+            async def admit(peer: str) -> bool:
+                return peer != str(stranger.get_id())
+
+            relaying = Relaying((full_address(own),), forced=False, admit=admit, most_relays=2)
+            # Read in this order: the second volunteer would be a third relay.
+            cards = [card_of(stranger), card_of(plain, False), card_of(first), card_of(second)]
+            relaying.all_cards = lambda: cards
+            async with (
+                running_host(new_identity(), circuits=relaying.circuits) as host,
+                trio.open_nursery() as nursery,
+            ):
+                await relaying.start(RequestResponse(host), nursery, lambda: None)
+                await wait_until(lambda: relaying.holds_slot_at(first.get_id()))
+                assert relaying.holds_slot_at(own.get_id()) and relaying.slots is not None
+                for passed_over in (stranger, plain, second):
+                    assert not relaying.slots.keeps(passed_over.get_id())
+                through = {str(a).split("/p2p/")[1].split("/")[0] for a in relaying.circuits()}
+                assert through == {str(own.get_id()), str(first.get_id())}
+                nursery.cancel_scope.cancel()
+
+    run_bounded(main)
