@@ -26,7 +26,7 @@ import torch
 
 from contracts.encoding import FORWARD, HopReceipt
 from gwtf.errors import ProtocolError
-from node.audit.tolerance import CPU_FLOAT32, CUDA_BF16, TOLERANCES, Tolerance
+from node.audit.tolerance import CPU_FLOAT32, CUDA_BF16, HALF_WIRE, TOLERANCES, Tolerance
 from node.training import codec
 from node.training.checkpoint import load_part_state
 from node.training.codec import CodecLimits
@@ -133,7 +133,8 @@ class Replayer:
         frame = codec.encode(r.microbatchId, replayed, self.limits)
         exact = hashlib.sha256(frame).digest() == r.outputDigest
         error, cosine = compare(claimed, replayed.to(torch.float32))
-        within = error <= self.tolerance.max_relative_error and cosine >= self.tolerance.min_cosine
+        tolerance = wire_tolerance(self.tolerance, sent.dtype)
+        within = error <= tolerance.max_relative_error and cosine >= tolerance.min_cosine
         return Replay(exact, error, cosine, not (exact or within), compute_s, digest)
 
     def _worker(self, stage: int, state: bytes) -> tuple[StageWorker, str]:
@@ -162,6 +163,18 @@ class Replayer:
                 f"a frame of microbatch {decoded.microbatch_id}, the hop's is {microbatch_id}"
             )
         return decoded.tensor
+
+
+def wire_tolerance(tolerance: Tolerance, sent: torch.dtype) -> Tolerance:
+    """``tolerance``, or for an output sent in a half dtype no tighter than that dtype's
+    rounding allows an honest hop (``HALF_WIRE``)."""
+    if sent not in WIRE_HALVES:
+        return tolerance
+    floor = HALF_WIRE[str(sent).removeprefix("torch.")]
+    return Tolerance(
+        max(tolerance.max_relative_error, floor.max_relative_error),
+        min(tolerance.min_cosine, floor.min_cosine),
+    )
 
 
 def compare(claimed: torch.Tensor, replayed: torch.Tensor) -> tuple[float, float]:

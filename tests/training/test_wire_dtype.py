@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from contracts.encoding import BACKWARD, FORWARD
-from node.audit.reexecute import HopEvidence, Replayer
+from node.audit.reexecute import CPU_FLOAT32, HopEvidence, Replayer
 from node.chain.actions import RunModel
 from node.receipts.cheats import WRONG_TENSOR_SCALE
 from node.training import codec
@@ -114,3 +114,31 @@ def test_an_auditor_replays_a_bf16_hop_bit_for_bit_whatever_its_own_setting(
     wrong = replay(FORWARD, "activation", "wrong")
     assert wrong.wrong and not wrong.exact
     assert hashlib.sha256(frames["output"]).digest() != hashlib.sha256(frames["wrong"]).digest()
+
+
+def test_an_honest_half_wire_hop_from_another_sum_order_is_within_the_cpu_tolerance(
+    tmp_path: Path,
+) -> None:
+    """Another machine's float32 differs in the last bits; rounded to bf16 a few elements land a
+    step apart. The CPU tolerance alone (1e-5) would call that wrong; the half wire's floor does
+    not, and still sees a 1 % error."""
+    plan, worker, archive = stage_with_kept_state(tmp_path)
+    generator = torch.Generator().manual_seed(4)
+    activation = torch.randn(2, 16, plan.config.d_model, generator=generator).bfloat16()
+    exact = worker.forward(MICROBATCH, activation.float())  # float32 wire: the unrounded output
+    worker.drop(MICROBATCH)
+    noise = 1 + 1e-5 * torch.randn(exact.shape, generator=generator)  # 100x float32 sum order
+    elsewhere = (exact * noise).bfloat16()
+    assert not torch.equal(elsewhere, exact.bfloat16())  # some elements did cross a boundary
+    state = archive.state(0, ITERATION)
+    assert state is not None
+    replayer = Replayer(plan, TrainingSettings(device="cpu"))  # CPU_FLOAT32
+    frames = {"activation": codec.encode(MICROBATCH, activation, LIMITS)}
+    for name, output in (("honest", elsewhere), ("wrong", elsewhere.float() * 1.01)):
+        frames[name] = codec.encode(MICROBATCH, output.bfloat16(), LIMITS)
+    for name, wrong in (("honest", False), ("wrong", True)):
+        r = receipt(FORWARD, frames["activation"], frames[name])
+        replay = replayer.replay(HopEvidence(r, frames["activation"], frames[name], state))
+        assert not replay.exact and replay.wrong == wrong, (name, replay)
+        if name == "honest":  # beyond the CPU tolerance: only the floor keeps it honest
+            assert replay.relative_error > CPU_FLOAT32.max_relative_error
