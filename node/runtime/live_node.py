@@ -761,6 +761,10 @@ def _serve_control(
             if isinstance(message, control.Holds):
                 return await role.holds(message)
             if isinstance(message, control.Forget):
+                # Only a data node restarts an iteration (its signed card says stage 0).
+                record = book.peers.get(peer)
+                if record is None or record.stage != 0:
+                    raise ProtocolError("only a data node of the run asks to forget an iteration")
                 return await role.forget(peer, message)
             return role.expect_redo(peer, message)
         if isinstance(message, control.RedoLost):

@@ -85,3 +85,10 @@ def test_a_relay_at_another_step_keeps_what_it_holds_and_says_its_step() -> None
     role = relay_holding({20: "data"})
     assert forget(role, "data", ITERATION - 1) == {"ok": False, "step": ITERATION}
     assert has_gradient(role) and role.worker.accumulated == {20}
+
+
+def test_a_relay_holding_nothing_of_an_iteration_it_is_not_ending_has_nothing_to_forget() -> None:
+    role = relay_holding({})
+    role._closing, ended = ITERATION - 1, role._ended
+    assert forget(role, "stranger") == {"ok": False, "why": "nothing held", "step": ITERATION}
+    assert role._closing == ITERATION - 1 and role._ended == ended

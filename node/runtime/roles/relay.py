@@ -195,6 +195,9 @@ class RelayRole:
         async with self._ending:
             held = {k[1]: b.header.origin for k, b in self.buffers.items() if k[0] == iteration}
             mine = {microbatch for microbatch, origin in held.items() if origin == asker}
+            if not held and self._closing < iteration:
+                # Nothing of it held and no end begun: nothing to drop, nothing to reopen.
+                return control.encode_reply(False, why="nothing held", step=self.worker.step_count)
 
             def drop() -> bool:
                 # In the compute thread, which alone adds to the gradient.
