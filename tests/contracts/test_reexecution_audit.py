@@ -96,6 +96,7 @@ def audit_json(
     return code, json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow  # ~35 s: a swarm trains, then an audit re-executes and a jury rules
 def test_a_wrong_tensor_is_re_executed_disputed_and_ruled_and_an_honest_one_is_not(
     staffed: Staffed,
     devnet_file: Path,  # noqa: F811

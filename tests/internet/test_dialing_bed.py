@@ -12,6 +12,9 @@ import pytest
 from tests.internet.test_testbed import Lines
 from tests.internet.testbed import Bed
 
+#: Namespaces, routers and libp2p hosts take seconds a test: CI runs these after the default run.
+pytestmark = pytest.mark.slow
+
 PEER = [sys.executable, "-m", "tests.internet.reach_peer"]
 CUT_S = 3.0
 

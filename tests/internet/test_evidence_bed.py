@@ -6,8 +6,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.internet.test_testbed import Lines
 from tests.internet.testbed import Bed
+
+#: Namespaces, routers and libp2p hosts take seconds a test: CI runs these after the default run.
+pytestmark = pytest.mark.slow
 
 PEER = [sys.executable, "-m", "tests.internet.reach_peer"]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import pytest
 import trio
 
 from node.runtime.roles.data import DataRole, IterationResult
@@ -36,6 +37,7 @@ class Seen:
     hops_after: int = 0  # hops the restarted relay computed in later iterations
 
 
+@pytest.mark.slow  # ~25 s of a three-stage swarm with a restart
 def test_a_middle_stage_relay_restarted_after_a_failed_probe_steps_with_its_replica(
     tmp_path: Path,
 ) -> None:
