@@ -371,7 +371,9 @@ async def run_until_stopped(
         def on_started(node: LiveNode) -> None:
             started.append(node)
             announce(node.address)  # before the line: who reads it finds the home's file
-            console.print(f"serving on {' '.join(node.book.own.addresses)}", highlight=False)
+            # One line whatever its length: addresses are copied from it (and read by scripts).
+            addresses = " ".join(node.book.own.addresses)
+            console.print(f"serving on {addresses}", highlight=False, soft_wrap=True)
             if api is not None:
                 nursery.start_soon(run_local_api, node, api, box)
 
@@ -396,7 +398,7 @@ async def run_until_stopped(
             # outbound-only through relay …".
             if not said or said[-1] != result.reachable:
                 said.append(result.reachable)
-                console.print(line, highlight=False)
+                console.print(line, highlight=False, soft_wrap=True)
 
         nursery.start_soon(stop_on_signal)
         await run_live_node(replace(config, on_reachability=on_reachability), on_started)
