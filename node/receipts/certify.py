@@ -9,11 +9,19 @@ agree. A data node certifies a hop only when it is also chained to the data node
   a forward at stage k > 1 from the output of a chained forward at stage k - 1; a backward at
   the last stage from a gradient this data node sent, a backward at stage k from the output of
   a chained backward at stage k + 1. Acknowledged hops of attempts lost to a crash are chained
-  like any others, so their workers are paid for them;
+  like any others, so their workers are paid for them, and so are the hops the swarm repairs
+  or redoes: a re-sent hop is receipted again by its sender, and a hop whose receiver keeps
+  its output (a stand-in's forward, a redone gradient) is signed by that receiver and
+  countersigned by its sender (``node.runtime.dataplane.exchange``). Each is chained through
+  the frame its sender really sent; a "repair" from a frame nobody chained is chained to
+  nothing;
 * **once per computation**: one receipt per (worker, microbatch, stage, direction, input) —
   a gradient re-sent around a dead receiver is the same work under a new attempt — and at most
   ``MAX_PER_HOP`` per (microbatch, stage, direction), lowest attempts first, which bounds what
-  two colluding relays gain by forking a microbatch's chain to each other.
+  two colluding relays gain by forking a microbatch's chain to each other. A relay cannot be
+  paid twice by faking a repair of its own hop (the same worker and input: one computation),
+  and colluders who fork a chain with "repairs" are paid only for computations they did on
+  chained inputs, at most ``MAX_PER_HOP`` per hop, each replayable by the audit.
 
 Whether worker and counterparty were bonded members of the run during the epoch is the chain's
 to say; the epoch cycle asks it before building the tree (``node.receipts.epochs``). Pure.

@@ -755,6 +755,8 @@ def _serve_control(
             return role.trace(message)
         if isinstance(message, control.RedoBack):
             return await role.sender.redo_backward(peer, message)
+        if isinstance(message, control.Countersigned):
+            return role.plane.countersigned(peer, message)
         if isinstance(message, control.Holds | control.ExpectRedo | control.Forget):
             if not isinstance(role, RelayRole):
                 raise ProtocolError("a data node holds no stage's gradient")

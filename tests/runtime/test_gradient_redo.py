@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from contracts.encoding import BACKWARD
+from contracts.encoding import BACKWARD, FORWARD
 from gwtf.errors import ProtocolError
 from node.runtime.dataplane import control
 from node.runtime.dataplane.gradient_redo import (
@@ -32,7 +32,8 @@ from node.runtime.replicas.averaging import RoundResult
 from node.runtime.roles.data import DataRole, IterationResult
 from node.runtime.roles.relay import RelayRole
 from node.training.trainer import GradientShare
-from tests.runtime.swarm_harness import Scenario, Swarm, reference_losses, run_swarm
+from tests.runtime.receipt_tap import ReceiptTap
+from tests.runtime.swarm_harness import Scenario, Swarm, identity_for, reference_losses, run_swarm
 
 ITERATIONS = 3
 BATCH = 4
@@ -146,9 +147,9 @@ def check_refusals_at_the_end(relay: RelayRole, checked: list[int]) -> None:
 
 
 def run_with_kill(
-    tmp_path: Path, stages: int, relays: dict[str, int], kill: Scenario
+    tmp_path: Path, stages: int, relays: dict[str, int], kill: Scenario, swarm: Swarm | None = None
 ) -> list[IterationResult]:
-    swarm = Swarm()
+    swarm = swarm or Swarm()
 
     async def main() -> list[IterationResult]:
         with trio.fail_after(120):
@@ -226,12 +227,18 @@ def test_a_relay_dying_mid_iteration_after_its_backwards_loses_no_gradient(tmp_p
                     break
             await trio.sleep(0.002)
 
-    results = run_with_kill(tmp_path, 2, relays, kill)
+    tap = ReceiptTap(tmp_path, 2, lambda name: identity_for(tmp_path, name))
+    swarm = Swarm(tap)
+    results = run_with_kill(tmp_path, 2, relays, kill, swarm)
     assert died and checked
     assert [r.loss for r in results] == pytest.approx(
         reference_losses(ITERATIONS, BATCH), rel=EXACT
     )
     assert results[1].gradients_redone >= 1 and results[1].gradients_lost == 0
+    # Every hop the live relays trained is paid once, the redone forward and gradient too
+    # (the replica keeps both outputs: it signs their receipts, their senders countersign).
+    redone = tap.assert_every_hop_paid_once({swarm.nodes[died[0]].plane.node_id})
+    assert redone[(2, FORWARD)] >= 1 and redone[(2, BACKWARD)] >= 1, redone
 
 
 def die_while_averaging(swarm: Swarm, name: str, died: list[str]) -> None:

@@ -50,8 +50,9 @@ FLAG_LENT = 4
 #: (``ReceiptInput``).
 FLAG_RECEIPTED = 8
 #: The receiver accumulates a backward that a dead replica of its stage had accumulated, keeps
-#: the gradient for its input and sends nothing on (``gradient_redo.py``): no receipt, no step
-#: of the microbatch beyond it.
+#: the gradient for its input and sends nothing on (``gradient_redo.py``): no step of the
+#: microbatch beyond it. Like a repair's, its receipt is signed by the receiver in its ack,
+#: which keeps the output (``exchange.py``).
 FLAG_REDO = 16
 
 ATTEMPT_BLOCK = 256

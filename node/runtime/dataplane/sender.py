@@ -239,15 +239,22 @@ class HopSender:
         path[record.header.stage] = request.to
         redo = record.header.onward(path=tuple(path), attempt=request.attempt, flags=FLAG_REDO)
         try:
-            await self.plane.send(request.to, redo, record.frame)
+            # Receipted again (the same computation: paid once) in case its first send's
+            # receipt was never countersigned; the replica signs its own in the ack.
+            await self.plane.send(request.to, redo, record.frame, record.input_digest)
         except PeerUnavailable as exc:
             return control.encode_reply(False, why=str(exc))
         return control.encode_reply(True)
 
-    async def serve_resend(self, to: str, repair: HopHeader, frame: bytes) -> bytes:
-        """Answer a ``Resend``: send the buffered forward, flagged as a repair, to ``to``."""
+    async def serve_resend(
+        self, to: str, repair: HopHeader, frame: bytes, input_digest: bytes
+    ) -> bytes:
+        """Answer a ``Resend``: send the buffered forward, flagged as a repair, to ``to``.
+        It is receipted again under the repair's attempt (the same computation, from the same
+        input: certified once), so a forward whose first send was never acknowledged is paid
+        and the chain goes on through it; a data node's (``input_digest`` b"") is its own."""
         try:
-            await self.plane.send(to, repair, frame)
+            await self.plane.send(to, repair, frame, input_digest)
         except PeerUnavailable as exc:
             return control.encode_reply(False, why=str(exc))
         self.stats.repairs_served += 1

@@ -238,7 +238,7 @@ class DataRole:
         repair = header.onward(
             attempt=request.attempt, flags=FLAG_RESUME if resume else FLAG_REPAIR
         )
-        reply = await self.sender.serve_resend(request.to, repair, frame)
+        reply = await self.sender.serve_resend(request.to, repair, frame, b"")
         if resume and control.decode_reply(reply)["ok"]:
             self.first_hops[key] = request.to
         return reply

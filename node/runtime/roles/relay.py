@@ -53,6 +53,7 @@ class Buffered:
 
     header: HopHeader  # the forward hop as received
     output_frame: bytes
+    input_digest: bytes  # of the frame it was computed from (its receipt's, when re-sent)
     sending: bool = False  # the output is on its way to the next hop
     sent_to: str = ""  # the next hop that acknowledged the output
 
@@ -104,7 +105,9 @@ class RelayRole:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
         self.plane.compute = self.compute
 
-    async def compute(self, header: HopHeader, frame: bytes) -> None:
+    async def compute(self, header: HopHeader, frame: bytes) -> bytes | None:
+        """Compute a hop; the output when this relay keeps it rather than sending it on (a
+        repair's forward, a redone gradient): its receipt is signed in the ack."""
         if header.stage != self.stage:
             raise ProtocolError(f"hop for stage {header.stage} sent to a stage {self.stage} relay")
         await self._check_in_step(header.iteration)
@@ -112,25 +115,31 @@ class RelayRole:
         tensor = codec.decode(bytearray(frame), self.limits).tensor
         key = (header.iteration, header.microbatch_id)
         if header.direction == FORWARD:
-            out_frame = await self._run(self._in_step, header, self._forward, header, frame, tensor)
+            out_frame: bytes = await self._run(
+                self._in_step, header, self._forward, header, frame, tensor
+            )
             sends_on = not header.flags & FLAG_REPAIR
-            self.buffers[key] = Buffered(header, out_frame, sending=sends_on)
-            if sends_on:
-                self.nursery.start_soon(self._send_forward, header, out_frame, frame_digest(frame))
+            self.buffers[key] = Buffered(header, out_frame, frame_digest(frame), sending=sends_on)
+            if not sends_on:
+                return out_frame
+            self.nursery.start_soon(self._send_forward, header, out_frame, frame_digest(frame))
+            return None
         else:
             redo = bool(header.flags & FLAG_REDO)
             if redo:
                 self._check_redo(header)
             elif key in self.sender.passed:
                 self._pass_on_again(header)
-                return
-            grad_frame = await self._run(
+                return None
+            grad_frame: bytes = await self._run(
                 self._in_step, header, self._backward, header, frame, tensor
             )
             onward = header.onward(stage=header.stage - 1, flags=0)
             record = self.sender.pass_back(onward, grad_frame, frame_digest(frame))
-            if not redo:  # a redone gradient is kept for the stage before's redo, if any
-                self.nursery.start_soon(self.sender.send_backward_or_log, record)
+            if redo:  # a redone gradient is kept for the stage before's redo, if any
+                return grad_frame
+            self.nursery.start_soon(self.sender.send_backward_or_log, record)
+            return None
 
     def _pass_on_again(self, header: HopHeader) -> None:
         """A second backward of a microbatch whose gradient this relay computed and passed on
@@ -332,7 +341,9 @@ class RelayRole:
             flags=FLAG_RESUME if resume else FLAG_REPAIR,
             path=(*buffered.header.path, self.plane.node_id),
         )
-        reply = await self.sender.serve_resend(request.to, header, buffered.output_frame)
+        reply = await self.sender.serve_resend(
+            request.to, header, buffered.output_frame, buffered.input_digest
+        )
         if resume and control.decode_reply(reply)["ok"]:
             buffered.sending, buffered.sent_to = False, request.to
         return reply
