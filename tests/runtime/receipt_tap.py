@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from contracts.certificate_tree import PreparedHop, SignedReceipt
-from contracts.encoding import hop_key, ledger_domain
+from contracts.encoding import BACKWARD, FORWARD, hop_key, ledger_domain
 from node.receipts.book import ReceiptBook, ReceiptTerms, address_of_peer
 from node.receipts.certify import Anchor, certifiable, check_report
 from node.runtime.dataplane.hop import HopHeader, frame_digest
@@ -115,6 +115,21 @@ class ReceiptTap:
         assert set(held) <= self.complete_at_worker
         receipts = [p.entry.receipt for p in certified]
         return Counter((r.stage, r.direction) for r in receipts if r.attempt > 0)
+
+    def backwards_without_their_forward(self) -> list[tuple[str, int, int, int]]:
+        """Certified backwards (worker, iteration, microbatch, stage) whose worker holds no
+        whole receipt of its forward of that hop: a juror replays a backward only with it."""
+        whole = {
+            (r.worker, r.iteration, r.microbatchId, r.stage)
+            for r in (e.receipt for e in self.entries)
+            if r.direction == FORWARD and hop_key(r) in self.complete_at_worker
+        }
+        backwards = {
+            (r.worker, r.iteration, r.microbatchId, r.stage)
+            for r in (p.entry.receipt for p in self.certified())
+            if r.direction == BACKWARD
+        }
+        return sorted(backwards - whole)
 
 
 def _computation(p: PreparedHop) -> Computation:

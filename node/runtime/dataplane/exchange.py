@@ -50,9 +50,19 @@ _QUEUE_DEPTH = 64
 #: Receipts of kept outputs signed and waiting for their countersignature (oldest dropped).
 _MAX_KEPT_PENDING = 4096
 
-#: A role's compute of a received hop: the output frame it keeps (a repair's or a redo's: its
-#: receipt is signed in the ack), or None (sent on, or a data node's).
-Compute = Callable[[HopHeader, bytes], Awaitable[bytes | None]]
+
+@dataclass(frozen=True)
+class Kept:
+    """The output of a hop its receiver keeps (a repair's forward, a redone gradient), and
+    whether the receiver signs its receipt in the ack."""
+
+    frame: bytes
+    receipted: bool = True
+
+
+#: A role's compute of a received hop: the output it keeps (``Kept``), or None (sent on, or a
+#: data node's).
+Compute = Callable[[HopHeader, bytes], Awaitable[Kept | None]]
 #: Called by a data node with each hop it starts (a first forward, a loss gradient) and the
 #: digest of the frame sent.
 OriginSend = Callable[[HopHeader, bytes], None]
@@ -132,7 +142,7 @@ class _Job:
     frame: bytes
     done: trio.Event = field(default_factory=trio.Event)
     error: GwtfError | None = None
-    kept: bytes | None = None  # the output the role kept (``Compute``)
+    kept: Kept | None = None  # the output the role kept (``Compute``)
     queued_at: float = field(default_factory=trio.current_time)
 
 
@@ -163,6 +173,10 @@ class DataPlane:
     #: Hop key -> (origin, receipt, signature) of the kept outputs' receipts this node signed
     #: in an ack, until their sender hands back the countersignature.
     _kept_pending: dict[bytes, tuple[str, HopReceipt, bytes]] = field(default_factory=dict)
+    #: The kept forwards whose receipt came back countersigned (``kept_forward_whole``), each
+    #: set once its countersignature is handed back (oldest forgotten: its backward then goes
+    #: unreceipted, which is safe).
+    _kept_whole: dict[tuple[str, int, int, int, int], trio.Event] = field(default_factory=dict)
 
     def serve(self, nursery: trio.Nursery) -> None:
         send, receive = trio.open_memory_channel[_Job](_QUEUE_DEPTH)
@@ -197,8 +211,8 @@ class DataPlane:
         countersignature, kept_digest, kept_signature = b"", b"", b""
         if receipted is not None and self.receipts is not None:
             countersignature = await self._countersign(peer, header, receipted, digest)
-        if job.kept is not None and self.receipts is not None:
-            kept_digest = frame_digest(job.kept)
+        if job.kept is not None and job.kept.receipted and self.receipts is not None:
+            kept_digest = frame_digest(job.kept.frame)
             kept_signature = await self._sign_kept(peer, header, digest, kept_digest)
         ack = HopAck(
             str(header.microbatch_id),
@@ -233,7 +247,28 @@ class DataPlane:
         self._kept_pending[hop_key(receipt)] = (header.origin, receipt, signature)
         while len(self._kept_pending) > _MAX_KEPT_PENDING:
             del self._kept_pending[next(iter(self._kept_pending))]
+        if header.direction == FORWARD:
+            self._kept_whole[_kept_forward_key(header)] = trio.Event()
+            while len(self._kept_whole) > _MAX_KEPT_PENDING:
+                del self._kept_whole[next(iter(self._kept_whole))]
         return signature
+
+    async def kept_forward_whole(self, forward: HopHeader, patience_s: float) -> bool:
+        """Whether the receipt this node signed of the kept forward ``forward`` (as received)
+        came back countersigned, waiting up to ``patience_s`` for it (its sender hands it back
+        right after the ack, in the background).
+
+        A juror replays a backward together with its forward's receipt, signed by both; a
+        forward whose sender withholds the countersignature leaves this node without it, and
+        missing evidence loses. So the backward of a kept forward is receipted only once that
+        forward's receipt is whole here; otherwise it is computed unreceipted (unpaid, and
+        nothing to slash). Declining it instead would stall the very repair it is part of."""
+        event = self._kept_whole.get(_kept_forward_key(forward))
+        if event is None:
+            return False  # never signed here, or forgotten: not provably whole
+        with trio.move_on_after(patience_s):
+            await event.wait()
+        return event.is_set()
 
     def countersigned(self, peer: str, message: control.Countersigned) -> bytes:
         """The sender of a hop whose output this node kept hands back its countersignature:
@@ -249,6 +284,12 @@ class DataPlane:
         if not self.receipts.acknowledged(peer, origin, receipt, signature, counter):
             return control.encode_reply(False, why="not that receipt's countersignature")
         del self._kept_pending[key]
+        if receipt.direction == FORWARD:
+            whole = self._kept_whole.get(
+                (origin, receipt.iteration, receipt.microbatchId, receipt.stage, receipt.attempt)
+            )
+            if whole is not None:
+                whole.set()
         return control.encode_reply(True)
 
     async def _countersign(
@@ -404,6 +445,10 @@ def _kept_facts(
         header.epoch, header.origin, header.iteration, header.microbatch_id, header.stage,
         header.direction, header.attempt, worker, sender, input_digest, kept_digest,
     )  # fmt: skip
+
+
+def _kept_forward_key(header: HopHeader) -> tuple[str, int, int, int, int]:
+    return (header.origin, header.iteration, header.microbatch_id, header.stage, header.attempt)
 
 
 def direction_name(direction: int) -> str:

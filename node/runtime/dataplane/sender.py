@@ -41,7 +41,7 @@ class PassedBack:
 
     header: HopHeader  # the outgoing backward (its path names the node it goes to)
     frame: bytes
-    input_digest: bytes
+    input_digest: bytes | None  # None: sent unreceipted (``RelayRole._backward_receipted``)
     sending: bool = False
     sent_to: str = ""  # the node that acknowledged it
     around: set[str] = field(default_factory=set)  # dead nodes it was re-sent around
@@ -127,7 +127,7 @@ class HopSender:
         candidates = [peer for peer in candidates if peer not in exclude]
         return self.flow.node.rng.choice(candidates) if candidates else None
 
-    def pass_back(self, header: HopHeader, frame: bytes, input_digest: bytes) -> PassedBack:
+    def pass_back(self, header: HopHeader, frame: bytes, input_digest: bytes | None) -> PassedBack:
         """Keep a gradient this node computed (``header`` is the outgoing backward) until the
         iteration ends: if the node it goes to dies holding it, this node sends it again."""
         record = PassedBack(header, frame, input_digest)
@@ -159,7 +159,7 @@ class HopSender:
                     continue
                 self._acknowledged(to)
                 if not record.recorded:  # a gradient sent again is the same work, counted once
-                    self._record(header, to, record.input_digest, output_digest)
+                    self._record(header, to, record.input_digest or b"", output_digest)
                     record.recorded = True
                 record.header, record.sent_to = header, to
                 return

@@ -25,7 +25,7 @@ from gwtf.errors import ProtocolError
 from node.p2p.rpc import Decline, PeerUnavailable
 from node.runtime.dataplane import control
 from node.runtime.dataplane.compute import T, in_worker_thread
-from node.runtime.dataplane.exchange import DataPlane
+from node.runtime.dataplane.exchange import DataPlane, Kept
 from node.runtime.dataplane.hop import (
     FLAG_REDO,
     FLAG_REPAIR,
@@ -105,7 +105,7 @@ class RelayRole:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
         self.plane.compute = self.compute
 
-    async def compute(self, header: HopHeader, frame: bytes) -> bytes | None:
+    async def compute(self, header: HopHeader, frame: bytes) -> Kept | None:
         """Compute a hop; the output when this relay keeps it rather than sending it on (a
         repair's forward, a redone gradient): its receipt is signed in the ack."""
         if header.stage != self.stage:
@@ -121,7 +121,7 @@ class RelayRole:
             sends_on = not header.flags & FLAG_REPAIR
             self.buffers[key] = Buffered(header, out_frame, frame_digest(frame), sending=sends_on)
             if not sends_on:
-                return out_frame
+                return Kept(out_frame)
             self.nursery.start_soon(self._send_forward, header, out_frame, frame_digest(frame))
             return None
         else:
@@ -134,12 +134,24 @@ class RelayRole:
             grad_frame: bytes = await self._run(
                 self._in_step, header, self._backward, header, frame, tensor
             )
+            receipted = await self._backward_receipted(key)
             onward = header.onward(stage=header.stage - 1, flags=0)
-            record = self.sender.pass_back(onward, grad_frame, frame_digest(frame))
+            record = self.sender.pass_back(
+                onward, grad_frame, frame_digest(frame) if receipted else None
+            )
             if redo:  # a redone gradient is kept for the stage before's redo, if any
-                return grad_frame
+                return Kept(grad_frame, receipted)
             self.nursery.start_soon(self.sender.send_backward_or_log, record)
             return None
+
+    async def _backward_receipted(self, key: tuple[int, int]) -> bool:
+        """Whether this relay signs the receipt of a microbatch's backward: not when its
+        forward was a repair kept here whose receipt its sender has not countersigned
+        (``DataPlane.kept_forward_whole``: an auditor could not replay the backward)."""
+        buffered = self.buffers.get(key)
+        if buffered is None or not buffered.header.flags & FLAG_REPAIR:
+            return True
+        return await self.plane.kept_forward_whole(buffered.header, self.plane.ack_deadline_s / 4)
 
     def _pass_on_again(self, header: HopHeader) -> None:
         """A second backward of a microbatch whose gradient this relay computed and passed on
