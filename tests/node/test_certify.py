@@ -149,6 +149,24 @@ def test_a_chain_forked_to_accomplices_is_bounded_per_hop() -> None:
     assert [p.entry.receipt.attempt for p in chosen] == list(range(MAX_PER_HOP)), "lowest first"
 
 
+def test_kept_receipts_never_push_the_paths_own_hop_out_at_the_cap() -> None:
+    # b carried the microbatch on (its first receiver died: a re-sent to it, attempt 1); off-
+    # path relays each got a "repair" re-sent to them at attempt 0 and kept what they computed.
+    # At the cap the path's own hop comes first, whatever its attempt.
+    m = pipeline(0)
+    own = hop("b", "data", 2, FORWARD, "act1 0", "act2 0", attempt=1)
+    sybils = [hop(w, "a", 2, FORWARD, "act1 0", f"act2 {w}") for w in ("p", "q", "r", "x", "y")]
+    chosen = certifiable([m[0], own, *sybils, *m[2:]], anchors(0), stages=2)
+    at_stage_2 = [p.entry.receipt for p in chosen if p.entry.receipt.stage == 2]
+    forwards = [r.worker for r in at_stage_2 if r.direction == FORWARD]
+    assert len(forwards) == MAX_PER_HOP and forwards[0] == ADDRESS["b"]
+    # The redone gradient at the last stage (its counterparty the data node) ranks after b's.
+    redo = [hop(w, "data", 2, BACKWARD, "loss grad 0", f"g {w}") for w in ("p", "q", "r", "x")]
+    chosen = certifiable([*m[:2], *redo, m[2], m[3]], anchors(0), stages=2)
+    backwards = [p.entry.receipt.worker for p in chosen if p.entry.receipt.stage == 2]
+    assert ADDRESS["b"] in backwards
+
+
 def test_a_report_must_be_the_reporters_own_receipt_for_this_data_node_and_run() -> None:
     prepared = pipeline(0)[0]
     good = prepared.entry

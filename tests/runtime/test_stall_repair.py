@@ -37,7 +37,7 @@ from node.runtime.dataplane.hop import (
     origin_attempt,
     resend_attempt,
 )
-from node.runtime.dataplane.sender import PassedBack
+from node.runtime.dataplane.sender import PassedBack, resend_refusal
 from node.runtime.roles.relay import Buffered, RelayRole
 from tests.runtime.receipt_tap import ReceiptTap
 from tests.runtime.swarm_harness import Swarm, identity_for, reference_losses, run_swarm
@@ -254,3 +254,31 @@ def test_attempt_numbers_of_the_data_node_and_of_re_senders_never_meet() -> None
         resend_attempt(511)
     with pytest.raises(ProtocolError, match="no attempt numbers left"):
         origin_attempt(256)
+
+
+def test_only_the_origin_or_the_node_after_the_dead_hop_gets_a_re_send() -> None:
+    """A stage-1 relay holding a forward (attempt 256: the origin's second block) re-sends it
+    to a stage-2 replica when the origin asks in a new block of its own, or the stage-3 node
+    after the dead stage-2 hop asks inside the forward's block; an off-path node gets none."""
+    stages = {"d": 0, "a": 1, "b": 2, "x": 2, "c": 3, "y": 3, "s": 1}
+    forward = HopHeader(1, 4, 7, 256, FORWARD, 1, 0, 0, "d", ("d",))
+
+    def refusal(asker: str, to: str, attempt: int, holder: int = 1) -> str | None:
+        request = control.Resend(4, 7, to, attempt)
+        return resend_refusal(asker, request, forward, holder, 3, stages.get)
+
+    assert refusal("d", "x", 512) is None  # the origin's own repair
+    assert refusal("c", "x", 257) is None  # the node after the dead hop, next in the block
+    assert refusal("d", "x", 258) is None  # the origin as the sink, in the block
+    assert refusal("y", "x", 0)  # attempt 0 before the forward's block: refused
+    assert refusal("y", "x", 256)  # the forward's own attempt
+    assert refusal("y", "x", 512)  # a block only the origin hands out
+    assert refusal("d", "x", 256)  # the forward's own attempt, even from the origin
+    assert refusal("s", "s", 257)  # a stage-1 node asking for itself
+    assert refusal("x", "x", 257)  # a stage-2 node (not after the dead hop) asking for itself
+    assert refusal("c", "y", 257)  # to a node of the wrong stage
+    assert refusal("c", "unknown", 257)  # to a node of no known stage
+    assert refusal("d", "unknown", 512) is None  # the origin's roster may know more
+    # The last relay's re-send goes to the sink, the origin itself, at its asking only.
+    assert refusal("d", "d", 512, holder=3) is None
+    assert refusal("y", "y", 257, holder=3)

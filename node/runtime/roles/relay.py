@@ -34,7 +34,7 @@ from node.runtime.dataplane.hop import (
     HopHeader,
     frame_digest,
 )
-from node.runtime.dataplane.sender import HopSender, HopStats
+from node.runtime.dataplane.sender import HopSender, HopStats, resend_refusal
 from node.runtime.flow.routing import SwarmWiring
 from node.runtime.flow.service import FlowService
 from node.runtime.replicas.averaging import GradientAverager
@@ -340,12 +340,19 @@ class RelayRole:
         if buffered is not None:
             buffered.sending, buffered.sent_to = False, delivered_to
 
-    async def handle_resend(self, request: control.Resend) -> bytes:
+    async def handle_resend(self, request: control.Resend, asker: str) -> bytes:
         """Re-send the buffered forward output: for a backward repair (``Resend``: the receiver
-        only recomputes) or a forward repair (``Resume``: the receiver also sends it on)."""
+        only recomputes) or a forward repair (``Resume``: the receiver also sends it on), when
+        the microbatch's origin or the node after the dead hop asks (``resend_refusal``)."""
         buffered = self.buffers.get((request.iteration, request.microbatch))
         if buffered is None:
             return control.encode_reply(False, why="no buffered forward for that microbatch")
+        refusal = resend_refusal(
+            asker, request, buffered.header, self.stage, self.plane.stages, self.sender.stage_of
+        )
+        if refusal is not None:
+            log.warning("re-send of microbatch %s refused: %s", request.microbatch, refusal)
+            return control.encode_reply(False, why=refusal)
         resume = isinstance(request, control.Resume)
         header = buffered.header.onward(
             stage=self.stage + 1,
