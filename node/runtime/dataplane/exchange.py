@@ -32,6 +32,7 @@ from node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
 from node.receipts.book import HopFacts, ReceiptBook, worker_stage
 from node.runtime.dataplane import control
 from node.runtime.dataplane.hop import (
+    ATTEMPT_BLOCK,
     BACKWARD,
     FLAG_REDO,
     FLAG_REPAIR,
@@ -177,6 +178,8 @@ class DataPlane:
     #: set once its countersignature is handed back (oldest forgotten: its backward then goes
     #: unreceipted, which is safe).
     _kept_whole: dict[tuple[str, int, int, int, int], trio.Event] = field(default_factory=dict)
+    #: (origin, iteration, microbatch, direction) of the kept outputs' receipts signed here.
+    _kept_signed: dict[tuple[str, int, int, int], None] = field(default_factory=dict)
 
     def serve(self, nursery: trio.Nursery) -> None:
         send, receive = trio.open_memory_channel[_Job](_QUEUE_DEPTH)
@@ -234,6 +237,14 @@ class DataPlane:
         assert self.receipts is not None
         if not 1 <= header.stage <= self.stages:
             return b""
+        if header.direction == FORWARD and not header.flags & FLAG_REPAIR:
+            return b""
+        once = (header.origin, header.iteration, header.microbatch_id, header.direction)
+        if once in self._kept_signed:
+            # One kept receipt per microbatch and direction: a made-up repair sent here uses
+            # up at most one hop key of this node's, and its real hop under that key moves to
+            # the next attempt (``send``).
+            return b""
         try:
             receipt = self.receipts.receipt(
                 _kept_facts(header, self.node_id, peer, input_digest, kept_digest)
@@ -244,6 +255,9 @@ class DataPlane:
         signature = await self.receipts.sign(receipt)
         if signature is None:
             return b""
+        self._kept_signed[once] = None
+        while len(self._kept_signed) > _MAX_KEPT_PENDING:
+            del self._kept_signed[next(iter(self._kept_signed))]
         self._kept_pending[hop_key(receipt)] = (header.origin, receipt, signature)
         while len(self._kept_pending) > _MAX_KEPT_PENDING:
             del self._kept_pending[next(iter(self._kept_pending))]
@@ -362,8 +376,15 @@ class DataPlane:
         book, receipt, receipted = self.receipts, None, None
         if book is not None and input_digest is not None:
             if book.is_receipted(header.direction, header.stage):
-                receipt = book.receipt(_facts(header, self.node_id, to, input_digest, digest))
-                signature = await book.sign(receipt)
+                while True:
+                    receipt = book.receipt(_facts(header, self.node_id, to, input_digest, digest))
+                    conflicts: list[bool] = []
+                    signature = await book.sign(receipt, conflicts)
+                    if not conflicts or header.attempt % ATTEMPT_BLOCK == ATTEMPT_BLOCK - 1:
+                        break
+                    # Its hop key holds another receipt (a made-up repair sent here under it
+                    # took it first): the hop goes under the next attempt, still paid.
+                    header = header.onward(attempt=header.attempt + 1)
                 if signature is None:
                     receipt = None
                 else:
