@@ -168,6 +168,7 @@ class DataPlane:
     hops: HopCounts = field(default_factory=HopCounts)
     timings: HopTimings = field(default_factory=HopTimings)
     _queue: tuple[trio.MemorySendChannel[_Job], trio.MemoryReceiveChannel[_Job]] | None = None
+    _nursery: trio.Nursery | None = None  # ``serve``'s: background hand-backs
     #: Hops received and not yet computed, by (iteration, microbatch, direction): a trace of a
     #: stalled microbatch must tell a slow node from one that never got the hop.
     _receiving: dict[tuple[int, int, int], int] = field(default_factory=dict)
@@ -184,6 +185,7 @@ class DataPlane:
     def serve(self, nursery: trio.Nursery) -> None:
         send, receive = trio.open_memory_channel[_Job](_QUEUE_DEPTH)
         self._queue = (send, receive)
+        self._nursery = nursery
         limits = RpcLimits(self.max_frame_bytes, 1024, self.ack_deadline_s)
         self.rpc.serve(PROTOCOL_ID, self._handle, limits)
         nursery.start_soon(self._compute_loop, receive)
@@ -441,10 +443,16 @@ class DataPlane:
         if not counter:
             return
         message = control.Countersigned(hop_key(receipt).hex(), counter.hex())
+        if self._nursery is None:
+            await self._hand_back(to, message)
+        else:  # a slow worker must not hold up the send (a re-send's requester has a deadline)
+            self._nursery.start_soon(self._hand_back, to, message)
+
+    async def _hand_back(self, to: str, message: control.Countersigned) -> None:
         try:
             await control.ask(self.rpc, to, message, self.ack_deadline_s)
         except PeerUnavailable as exc:  # it is reported all the same, by this node
-            log.info("countersignature of hop %s not handed back: %s", hop_key(receipt).hex(), exc)
+            log.info("countersignature of hop %s not handed back: %s", message.hop_key, exc)
 
 
 def _facts(

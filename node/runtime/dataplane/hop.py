@@ -34,6 +34,8 @@ import hashlib
 import struct
 from dataclasses import dataclass, replace
 
+from libp2p.peer.id import ID
+
 from gwtf.errors import ProtocolError
 
 FORWARD = 0
@@ -160,6 +162,10 @@ def decode_hop_request(data: bytes) -> tuple[HopHeader, ReceiptInput | None, byt
             raise HopFormatError("hop header has a peer id that is not UTF-8") from exc
 
     origin = read_id()
+    try:
+        ID.from_base58(origin)  # every receipt of the hop names its origin's address
+    except Exception as exc:  # the decoder's own errors: base58, multihash, lengths
+        raise HopFormatError("hop header's origin is not a peer id") from exc
     if pos >= len(data):
         raise HopFormatError("hop header ends before its path")
     count = data[pos]
