@@ -249,15 +249,20 @@ def run_swarm(
 
 def live_addresses(plan: SwarmPlan) -> list[str]:
     """The addresses of the swarm's live nodes (strangers aside), as the auditor dials them:
-    each node's first address now (a node that started behind a circuit and was then found
-    reachable advertises its direct address first)."""
+    each node's first direct address now, else its first. The auditor dials no circuit, and a
+    node whose reachability is not yet known (or stays unknown) still offers its circuit
+    first."""
     return [
-        str((status.get("addresses") or [status["address"]])[0])
+        _direct_first([str(a) for a in status.get("addresses") or [status["address"]]])
         for name, proc in plan.procs.items()
         if name not in plan.strangers
         and proc.popen.poll() is None
         and (status := read_status(proc)) is not None
     ]
+
+
+def _direct_first(addresses: list[str]) -> str:
+    return next((a for a in addresses if "/p2p-circuit" not in a), addresses[0])
 
 
 def _trained(data_nodes: list[Proc]) -> bool:

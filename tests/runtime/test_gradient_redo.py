@@ -218,16 +218,7 @@ def test_a_relay_dying_mid_iteration_after_its_backwards_loses_no_gradient(tmp_p
         await data_role(swarm, relays)
         check_refusals_at_the_end(swarm.nodes["b1"].role, checked)  # type: ignore[arg-type]
         check_refusals_at_the_end(swarm.nodes["b2"].role, checked)  # type: ignore[arg-type]
-        while not died:
-            for name in ("b1", "b2"):
-                role = swarm.nodes[name].role
-                assert isinstance(role, RelayRole)
-                delivered = [r for (i, _), r in role.sender.passed.items() if i == 1 and r.sent_to]
-                if delivered:
-                    died.append(name)
-                    swarm.crash(name)
-                    break
-            await trio.sleep(0.002)
+        await crash_a_stage_2_relay_once_it_delivered(swarm, died)
 
     tap = ReceiptTap(tmp_path, 2, lambda name: identity_for(tmp_path, name))
     swarm = Swarm(tap)
@@ -243,6 +234,21 @@ def test_a_relay_dying_mid_iteration_after_its_backwards_loses_no_gradient(tmp_p
     assert redone[(2, FORWARD)] >= 1 and redone[(2, BACKWARD)] >= 1, redone
 
 
+async def crash_a_stage_2_relay_once_it_delivered(swarm: Swarm, died: list[str]) -> None:
+    """Crash the first of b1, b2 to have delivered a forward output of iteration 1 (its
+    replica then redoes what died with it); its name goes into ``died``."""
+    while not died:
+        for name in ("b1", "b2"):
+            role = swarm.nodes[name].role
+            assert isinstance(role, RelayRole)
+            delivered = [r for (i, _), r in role.sender.passed.items() if i == 1 and r.sent_to]
+            if delivered:
+                died.append(name)
+                swarm.crash(name)
+                return
+        await trio.sleep(0.002)
+
+
 def test_a_stand_in_whose_forward_is_never_countersigned_signs_no_receipt_of_its_backward(
     tmp_path: Path,
 ) -> None:
@@ -256,16 +262,7 @@ def test_a_stand_in_whose_forward_is_never_countersigned_signs_no_receipt_of_its
         await data_role(swarm, relays)
         for node in swarm.nodes.values():
             withhold_forward_countersignatures(node.plane)
-        while not died:
-            for name in ("b1", "b2"):
-                role = swarm.nodes[name].role
-                assert isinstance(role, RelayRole)
-                delivered = [r for (i, _), r in role.sender.passed.items() if i == 1 and r.sent_to]
-                if delivered:
-                    died.append(name)
-                    swarm.crash(name)
-                    break
-            await trio.sleep(0.002)
+        await crash_a_stage_2_relay_once_it_delivered(swarm, died)
 
     tap = ReceiptTap(tmp_path, 2, lambda name: identity_for(tmp_path, name))
     results = run_with_kill(tmp_path, 2, relays, kill, Swarm(tap))
