@@ -273,7 +273,7 @@ audit_sample = 64
 """
 
 
-@pytest.mark.slow  # a devnet, OS processes and a jury, every hop re-executed: ~1-2 minutes
+@pytest.mark.slow  # a devnet, OS processes and two juries, every hop re-executed: ~1-2 minutes
 def test_a_wrong_tensor_is_found_by_re_execution_and_a_drawn_jury_slashes_its_worker(
     tmp_path: Path,
 ) -> None:
@@ -287,15 +287,20 @@ def test_a_wrong_tensor_is_found_by_re_execution_and_a_drawn_jury_slashes_its_wo
     assert audit["replayed_exact"] + len(wrong) == audit["replayed"]
     assert wrong and {f["accused"] for f in audit["findings"]} == {"relay-1-0"}
     assert all("relative error 1.00e-03" in f["detail"] for f in wrong)
-    # One dispute, opened with a bond; a drawn jury re-executed it and ruled: slashed.
+    # One dispute per epoch the cheater worked in, each opened with a bond; a drawn jury
+    # re-executed each. The first slashes its stake; the second convicts it in the other epoch
+    # too (its pay there is burned) for no further stake.
     disputed = [c for c in audit["challenges"] if c["outcome"] == "disputed"]
-    assert len(disputed) == 1 and disputed[0]["accused"] == "relay-1-0"
-    (ruling,) = audit["rulings"]
-    assert ruling["outcome"] == "wrong tensor: worker slashed"
+    epochs = len(summary["chain"]["epochs"])
+    assert len(disputed) == epochs and {c["accused"] for c in disputed} == {"relay-1-0"}
+    first, *later = audit["rulings"]
+    assert first["outcome"] == "wrong tensor: worker slashed" and len(later) == epochs - 1
+    assert all(r["outcome"] == "wrong tensor: worker slashed before" for r in later)
+    assert all(int(r["slashed_wei"]) == int(r["bounty_wei"]) == 0 for r in later)
     stake = 2 * 10**18
-    assert int(ruling["slashed_wei"]) == stake and int(ruling["bounty_wei"]) == stake // 20
-    # The auditor withdrew its bounty and its bond back; the rest of the stake is burned.
-    assert int(audit["bounty_withdrawn_wei"]) == stake // 20 + 10**17
+    assert int(first["slashed_wei"]) == stake and int(first["bounty_wei"]) == stake // 20
+    # The auditor withdrew its bounty and every bond back; the rest of the stake is burned.
+    assert int(audit["bounty_withdrawn_wei"]) == stake // 20 + epochs * 10**17
     assert int(audit["burned_wei"]) == stake - stake // 20
     # The honest relays are paid their certified units; the cheater nothing, its stake gone.
     chain = summary["chain"]
