@@ -209,6 +209,19 @@ class ClaimView(Schema):
     error: str | None
 
 
+class StakeHold(Schema):
+    """A tensor dispute that keeps this node's stake from being withdrawn: open until the court
+    rules (``until`` null), or ruled without a jury and reopenable by its challenger until
+    ``until``; after that anyone releases it (``Disputes.releaseAfterGrace``), the node too."""
+
+    dispute_id: int
+    run_id: int
+    epoch: int
+    until: int | None = Field(description="unix time its grace ends; null while it is open")
+    releasable: bool = Field(description="its grace is over: a release thaws the stake")
+    detail: str = Field(description="the hold in words, for a person")
+
+
 class Earnings(Schema):
     run_id: int
     node_address: str
@@ -217,6 +230,9 @@ class Earnings(Schema):
     total_claimed: Amount
     total_claimable: Amount
     total_pending: Amount
+    stake_holds: list[StakeHold] = Field(
+        default_factory=list, description="the tensor disputes that keep its stake frozen"
+    )
 
 
 class InclusionProof(Schema):
@@ -280,6 +296,9 @@ class NodeView(Schema):
     unlock_at: int | None = Field(description="unix time the stake unlocks, while unbonding")
     capacity: CapacityView
     wallet_balance: Amount
+    stake_holds: list[StakeHold] = Field(
+        default_factory=list, description="the tensor disputes that keep its stake frozen"
+    )
 
 
 class RunView(Schema):

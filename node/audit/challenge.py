@@ -12,6 +12,11 @@ second run finds its first commitment. A bounty is the
 earliest proven commitment's once the reveal window of its commitment closed and no tensor
 dispute about the accused is open: each final bounty this challenger leads for is awarded, and
 the credit withdrawn, at the end (pull payment); one not final yet is left for a later run.
+
+A tensor dispute of this challenger's that no jury could be drawn for (ruled REFUSED) is
+reopened, once, while its grace (``Disputes.reopenUntil``) lasts, with a draw salt of its own
+(``draw_salt_of``); and the stake of each accused held by a dispute whose grace is over is
+thawed (``node.chain.holds``), since nobody is paid to.
 """
 
 from __future__ import annotations
@@ -44,9 +49,11 @@ from node.chain.actions import (
     withdraw_credit,
 )
 from node.chain.adapter import Sender
+from node.chain.holds import NO_JURY, chain_now, release_expired, stake_holds
 
 SLASHED: Final = "slashed"
 DISPUTED: Final = "disputed"  # a tensor dispute is open: a drawn jury rules
+REOPENED: Final = "reopened"  # a dispute no jury sat on, opened again for a new draw
 JUDGED_BEFORE: Final = "already judged"
 REFUSED: Final = "refused"
 #: Gas a reveal is sent with: the proofs take 100-200 thousand (``contracts/README.md``).
@@ -59,7 +66,7 @@ class Judgement:
     """What became of one provable finding."""
 
     finding: Finding
-    outcome: str  # SLASHED, DISPUTED, JUDGED_BEFORE or REFUSED
+    outcome: str  # SLASHED, DISPUTED, REOPENED, JUDGED_BEFORE or REFUSED
     detail: str = ""
     slashed_wei: int = 0
     bounty_wei: int = 0
@@ -70,6 +77,8 @@ class Judgement:
 class Challenges:
     judgements: list[Judgement] = field(default_factory=list)
     withdrawn_wei: int = 0
+    #: Disputes whose grace was over, their stake thawed by this run.
+    released: list[int] = field(default_factory=list)
 
     @property
     def bounty_wei(self) -> int:
@@ -95,7 +104,20 @@ def challenge(contracts: Contracts, challenger: Sender, findings: list[Finding])
             disputed.add(key)
         done.judgements.append(judgement)
     done.withdrawn_wei = collect_bounties(contracts, challenger, findings)
+    done.released = release_graces(contracts, challenger, findings)
     return done
+
+
+def release_graces(contracts: Contracts, sender: Sender, findings: list[Finding]) -> list[int]:
+    """Thaw each wrong-tensor accused's stake held by a dispute whose grace is over."""
+    accused = sorted({f.accused for f in findings if f.proof and f.proof.fraud in NEEDS_JURY})
+    released: list[int] = []
+    for node in accused:
+        try:
+            released += release_expired(contracts, sender, stake_holds(contracts, node))
+        except ChainError:  # a release not mined is left for a later run, or the worker
+            continue
+    return released
 
 
 def collect_bounties(contracts: Contracts, challenger: Sender, findings: list[Finding]) -> int:
@@ -128,7 +150,11 @@ def _judge(c: Contracts, challenger: Sender, finding: Finding, proof: FraudProof
     if proof.fraud in NEEDS_JURY:
         (opened,) = c.disputes.events.TensorDisputeOpened().process_receipt(receipt, errors=DISCARD)
         dispute_id = opened["args"]["id"]
-        detail = f"tensor dispute {dispute_id} opened: a drawn jury rules (`gwtf-node jury serve`)"
+        serve = "a drawn jury rules (`gwtf-node jury serve`)"
+        if c.disputes.functions.isReopening(dispute_id).call():
+            detail = f"tensor dispute {dispute_id} reopens one no jury sat on: {serve}"
+            return Judgement(finding, REOPENED, detail, tx_hash=tx_hash)
+        detail = f"tensor dispute {dispute_id} opened: {serve}"
         return Judgement(finding, DISPUTED, detail, tx_hash=tx_hash)
     (event,) = c.disputes.events.FraudProven().process_receipt(receipt, errors=DISCARD)
     args = event["args"]
@@ -182,10 +208,21 @@ def _judged_before(c: Contracts, proof: FraudProof, challenger: Sender) -> str:
         receipt = HopReceipt(*proof.args[3])  # type: ignore[misc]
         digest = receipt_digest(receipt, ledger_domain(c.w3.eth.chain_id, c.ledger.address))
         dispute = int(c.disputes.functions.tensorDisputeOf(digest, challenger.address).call())
-        return f"our tensor dispute {dispute} is open or ruled" if dispute else ""
+        if dispute == 0 or _reopenable(c, dispute):
+            return ""  # opened, or reopened for a jury that may sit this time
+        return f"our tensor dispute {dispute} is open or ruled"
     cert = CertRef(*proof.args[0])  # type: ignore[misc]
     stored = c.ledger.functions.certificateCommitment(cert.runId, cert.epoch, cert.dataNode).call()
     return "" if bytes(stored) == cert.commitment() else "its certificate is voided"
+
+
+def _reopenable(c: Contracts, dispute_id: int) -> bool:
+    """Whether our dispute was ruled without a jury and may still be reopened: its grace
+    (``reopenUntil``, 0 once reopened) not over at the latest block's time. A reopening is
+    never reopened again (the contract sets no grace for it)."""
+    state = int(c.disputes.functions.tensorDisputes(dispute_id).call()[1])
+    until = int(c.disputes.functions.reopenUntil(dispute_id).call())
+    return state == NO_JURY and chain_now(c) < until
 
 
 def _held_order(c: Contracts, challenger: Sender, proof: FraudProof) -> int | None:

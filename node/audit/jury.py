@@ -90,6 +90,8 @@ class Case:
     worker_signature: bytes
     challenger: str
     accused_wallet: str
+    #: The dispute this one reopens (0: a first dispute), whose draw salt it must not reuse.
+    reopens: int = 0
 
 
 @dataclass(frozen=True)
@@ -127,10 +129,31 @@ def open_cases(contracts: Contracts) -> list[Case]:
         receipt = HopReceipt(**dict(args["receipt"]))  # web3 decodes a struct as a dict
         digest, signature = bytes(args["receiptDigest"]), bytes(args["workerSignature"])
         challenger, accused_wallet = str(parties[2]), str(parties[1])
+        reopens = _reopened_by(disputes, opened, dispute_id, digest, challenger)
         found.append(
-            Case(case_id, dispute_id, receipt, digest, signature, challenger, accused_wallet)
-        )
+            Case(
+                case_id, dispute_id, receipt, digest, signature, challenger, accused_wallet,
+                reopens,
+            )
+        )  # fmt: skip
     return found
+
+
+def _reopened_by(
+    disputes: Any, opened: dict[int, Any], dispute_id: int, digest: bytes, challenger: str
+) -> int:
+    """The dispute ``dispute_id`` reopens: the challenger's latest earlier one on the receipt
+    (it has one dispute per receipt, reopened once), or 0 for a first dispute."""
+    if not disputes.functions.isReopening(dispute_id).call():
+        return 0
+    earlier = [
+        i
+        for i, args in opened.items()
+        if i < dispute_id
+        and bytes(args["receiptDigest"]) == digest
+        and str(args["challenger"]).lower() == challenger.lower()
+    ]
+    return max(earlier, default=0)
 
 
 async def serve_once(
@@ -214,7 +237,7 @@ def _party_steps(contracts: Contracts, wallet: Sender, case: Case) -> list[Step]
         ]
     may_reveal = answered or at > opened_at + window
     if me == str(parties[2]).lower() and may_reveal and at <= opened_at + 2 * window:
-        salt = draw_salt_of(wallet, case.receipt_digest)
+        salt = draw_salt_of(wallet, case.receipt_digest, reopens=case.reopens)
         fn = court.functions.revealSalt(case.case_id, salt)
         return [_send(contracts, wallet, case.case_id, SALT_REVEALED, fn)]
     return []

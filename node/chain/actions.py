@@ -330,7 +330,10 @@ def reveal_proof(
     args: tuple[Any, ...] = (*proof.args, salt)
     if proof.fraud in NEEDS_JURY:
         digest = disputed_receipt_digest(proof)
-        args += (draw_salt_hash(draw_salt_of(challenger, digest)),)
+        # A dispute of ours on the receipt already: this reveal can only reopen it (the
+        # contract refuses it otherwise), and the reopening's jury gets a salt of its own.
+        prior = int(c.disputes.functions.tensorDisputeOf(digest, challenger.address).call())
+        args += (draw_salt_hash(draw_salt_of(challenger, digest, reopens=prior)),)
     fn = getattr(c.disputes.functions, proof.function)(*args)
     bond_wei = bond_of(c, proof)
     if gas_limit is None:
@@ -357,11 +360,14 @@ def secret_of(sender: Sender, purpose: bytes) -> bytes:
     return keccak256(sign_digest(message, bytes(sender.account.key)))
 
 
-def draw_salt_of(challenger: Sender, receipt_digest: bytes) -> bytes:
-    """The challenger's share of the jury randomness of its dispute about a receipt (one per
-    receipt and challenger): committed when it opens the dispute, revealed to the court once
-    the accused has answered."""
-    return secret_of(challenger, b"draw salt " + receipt_digest)
+def draw_salt_of(challenger: Sender, receipt_digest: bytes, reopens: int = 0) -> bytes:
+    """The challenger's share of the jury randomness of its dispute about a receipt: committed
+    when it opens the dispute, revealed to the court once the accused has answered. A
+    reopening (of dispute ``reopens``) takes another salt: the first case revealed its own on
+    chain, and an accused that knew the challenger's salt before answering could pick its
+    answer, and so its jury, where the beacon adds nothing (a constant ``prevrandao``)."""
+    suffix = b"" if reopens == 0 else f" reopening {reopens}".encode()
+    return secret_of(challenger, b"draw salt " + receipt_digest + suffix)
 
 
 def vote_salt_of(juror: Sender, case_id: int, round_: int, node: str) -> bytes:
@@ -381,6 +387,11 @@ def withdraw_juror_deposit(c: Contracts, wallet: Sender, node: str, amount_wei: 
 def award_bounty(c: Contracts, sender: Sender, node: str) -> Any:
     """Credit a convicted node's bounty to the earliest proven commitment, once it is final."""
     return c.send(sender, c.disputes.functions.awardBounty(node))
+
+
+def release_after_grace(c: Contracts, sender: Sender, dispute_id: int) -> Any:
+    """Thaw the stake a dispute ruled without a jury held, once its grace is over (anyone)."""
+    return c.send(sender, c.disputes.functions.releaseAfterGrace(dispute_id))
 
 
 def withdraw_credit(c: Contracts, account: Sender) -> Any:

@@ -348,6 +348,7 @@ def challenges_json(done: Challenges) -> dict[str, Any]:
         ],
         "bounty_wei": str(done.bounty_wei),
         "withdrawn_wei": str(done.withdrawn_wei),
+        "released_disputes": done.released,
     }
 
 
@@ -370,3 +371,6 @@ def print_challenges(console: Console, done: Challenges) -> None:
         )  # fmt: skip
     console.print(table)
     console.print(f"bounties withdrawn: {format_eth(done.withdrawn_wei)} ETH")
+    if done.released:
+        ids = ", ".join(map(str, done.released))
+        console.print(f"stakes thawed: the grace of disputes {ids} was over")

@@ -89,6 +89,8 @@ def cmd_earnings(args: argparse.Namespace, settings: Settings, console: Console)
             f"claimed {earned.total_claimed.eth} ETH; claimable {earned.total_claimable.eth} "
             f"ETH; pending {earned.total_pending.eth} ETH"
         )
+        for hold in earned.stake_holds:
+            c.print(hold.detail, highlight=False)
 
     return emit(args, console, earned, render)
 

@@ -202,9 +202,10 @@ def cmd_status(args: argparse.Namespace, settings: Settings, console: Console) -
         c.print(speaking_for(node_shown, home, running if data["live"] else None))
         c.print(_fields("wallet", {"address": data["wallet"], "balance": data["balance"]}))
         if data["node"]:
-            c.print(
-                _fields("node", {k: v for k, v in data["node"].items() if k != "wallet_balance"})
-            )
+            hidden = ("wallet_balance", "stake_holds")
+            c.print(_fields("node", {k: v for k, v in data["node"].items() if k not in hidden}))
+            for hold in data["node"].get("stake_holds", []):
+                c.print(hold["detail"], highlight=False)
         else:
             c.print(f"node {node_shown} is not registered")
         if "run" in data:

@@ -95,6 +95,7 @@ class NodeViews:
             total_claimed=Amount.of(sum(int(e.claimed.wei) for e in epochs)),
             total_claimable=Amount.of(sum(int(e.claimable.wei) for e in epochs)),
             total_pending=Amount.of(sum(int(e.pending.wei) for e in epochs)),
+            stake_holds=chain.node.stake_holds if chain.node is not None else [],
         )
 
     def receipts(self, offset: int, limit: int, epoch: int | None) -> ReceiptPage:

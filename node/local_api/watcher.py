@@ -16,11 +16,13 @@ from typing import Any
 
 import trio
 
-from api.schemas import Amount, CapacityView, NodeView, RunView, Slashed
+from api.schemas import Amount, CapacityView, NodeView, RunView, Slashed, StakeHold
 from contracts.fraud_proofs import Fraud
 from node.chain.actions import Contracts
 from node.chain.adapter import RunInfo
 from node.chain.epochs import EpochBook, EpochLedger, EpochTimes
+from node.chain.holds import DisputeWatch, holds_of, stake_holds
+from node.chain.holds import StakeHold as DisputeHold
 from node.local_api.earnings import ChainView, ClaimRecord, earnings_of, next_claim_at
 from node.local_api.snapshot import ChainParts, SnapshotBox
 from node.store.views import NodeRecords
@@ -105,6 +107,8 @@ class ChainReader:
     certified: dict[int, frozenset[str]] = field(default_factory=dict)
     rewards: EventTail = field(init=False)
     slashes: EventTail = field(init=False)
+    #: The tensor disputes against this node, in any run (each holds its stake).
+    disputes: DisputeWatch = field(init=False)
     _opened_at: int | None = None
     _start_and_length: tuple[int, int] = (0, 0)
 
@@ -112,6 +116,7 @@ class ChainReader:
         run_id = self.ledger.run_id
         self.rewards = EventTail(lambda a, b: self.ledger.rewards_to(self.node, a, b))
         self.slashes = EventTail(lambda a, b: slashes_of(self.contracts, run_id, a, b))
+        self.disputes = DisputeWatch(self.contracts, self.node)
 
     def read(self) -> ChainParts:
         run_id = self.ledger.run_id
@@ -149,7 +154,9 @@ class ChainReader:
             claimed_wei=sum(int(e.claimed.wei) for e in earned),
             claimable_wei=sum(int(e.claimable.wei) for e in earned),
             next_claim_at=next_claim_at(earned, view.times, running),
-            node=node_view(self.contracts, self.node),
+            node=node_view(
+                self.contracts, self.node, holds_of(self.contracts, self.disputes.ids()), now
+            ),
         )
 
     def _certified_by(self, epoch: int) -> frozenset[str]:
@@ -179,14 +186,25 @@ class ChainReader:
 NODE_STATUS = ("none", "active", "unbonding", "withdrawn", "slashed")
 
 
-def node_view(contracts: Contracts, node: str) -> NodeView | None:
-    """What the registry says of ``node`` and its wallet's balance; None if not registered."""
+def node_view(
+    contracts: Contracts,
+    node: str,
+    holds: Sequence[DisputeHold] | None = None,
+    now: int | None = None,
+) -> NodeView | None:
+    """What the registry says of ``node`` and its wallet's balance, and the disputes that hold
+    its stake (``holds``, read here when None) at chain time
+    ``now``; None if not registered."""
     from libp2p.peer.id import ID
     from web3 import Web3
 
     info = contracts.port().node_info(node)
     if info is None:
         return None
+    if holds is None:
+        holds = stake_holds(contracts, info.node_address)
+    if now is None:
+        now = int(contracts.w3.eth.get_block("latest")["timestamp"])
     record = contracts.registry.functions.getNode(info.node_address).call()
     status = int(record[2])
     unlock_at = int(record[4]) and int(
@@ -208,6 +226,19 @@ def node_view(contracts: Contracts, node: str) -> NodeView | None:
         wallet_balance=Amount.of(
             contracts.w3.eth.get_balance(Web3.to_checksum_address(info.operator))
         ),
+        stake_holds=[stake_hold_view(hold, now) for hold in holds],
+    )
+
+
+def stake_hold_view(hold: DisputeHold, now: int) -> StakeHold:
+    """A dispute's hold on the stake as the API shows it at chain time ``now``."""
+    return StakeHold(
+        dispute_id=hold.dispute_id,
+        run_id=hold.run_id,
+        epoch=hold.epoch,
+        until=hold.until,
+        releasable=hold.releasable(now),
+        detail=hold.describe(now),
     )
 
 

@@ -35,6 +35,7 @@ from contracts.certificate_tree import (
 from contracts.merkle import verify_proof
 from gwtf.errors import ChainError, GwtfError, ProtocolError
 from node.chain.epochs import EpochLedger, EpochTimes
+from node.chain.holds import DisputeWatch, holds_of, release_expired
 from node.failpoints import failpoint
 from node.p2p.rpc import PeerUnavailable, RequestResponse
 from node.receipts.book import ReceiptTerms
@@ -306,6 +307,10 @@ class WorkerEpochs:
     #: (epoch, data node) → (root, range): claims built whose leaves' proofs are to keep.
     proofs_due: dict[tuple[int, str], tuple[bytes, WorkerRange]] = field(default_factory=dict)
     _proofs_tried: set[tuple[int, str]] = field(default_factory=set)
+    #: Chain seconds between two looks at the tensor disputes that hold this node's stake.
+    release_every_s: int = 60
+    _disputes: DisputeWatch | None = None
+    _released_at: int | None = None
 
     def worked_in(self, epoch: int, data_node: str) -> None:
         self.worked.add((epoch, data_node))
@@ -315,6 +320,10 @@ class WorkerEpochs:
             if self.auto_claim:  # else only when asked (``claim_now``)
                 await self.step()
             await self.keep_proofs()
+            last = self._released_at
+            if last is None or self.clock.now >= last + self.release_every_s:
+                self._released_at = self.clock.now
+                await self.release_graces()
             await trio.sleep(1.0)
 
     async def _load_worked(self) -> set[tuple[int, str]]:
@@ -342,6 +351,29 @@ class WorkerEpochs:
             self._retry[pair] = Retry()
             await self._try_claim(*pair)
         return sorted({e for e, _ in todo})
+
+    async def release_graces(self) -> list[int]:
+        """Thaw this node's stake where a dispute against it was ruled without a jury and its
+        grace is over (nobody else is paid to); returns the disputes released."""
+        wallet = self.ledger.wallet
+        if wallet is None:
+            return []
+        contracts = self.ledger.c
+        if self._disputes is None:
+            self._disputes = DisputeWatch(contracts, self.address)
+        disputes = self._disputes
+
+        def release() -> list[int]:
+            return release_expired(contracts, wallet, holds_of(contracts, disputes.ids()))
+
+        try:
+            released = await trio.to_thread.run_sync(release)
+        except (ChainError, OSError) as exc:
+            log.warning("the stake's expired dispute holds were not released (%s)", exc)
+            return []
+        for dispute_id in released:
+            log.info("dispute %s's grace is over: this node's stake it held is thawed", dispute_id)
+        return released
 
     async def _try_claim(self, epoch: int, data_node: str) -> None:
         retry = self._retry.setdefault((epoch, data_node), Retry())

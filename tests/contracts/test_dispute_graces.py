@@ -1,0 +1,153 @@
+"""Disputes no jury could rule, as the nodes act on them on the real contracts: the challenger's
+audit reopens its own once within the grace, drawn with a salt the first case did not reveal;
+the accused worker's node, and an auditor, thaw the stake once the grace is over; its status
+and earnings say what holds the stake until when. No juror has joined, so every case ends
+REFUSED."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from contracts.fraud_proofs import FraudProof
+from node.audit import jury as court_jury
+from node.audit.challenge import DISPUTED, JUDGED_BEFORE, REOPENED, Challenges, challenge
+from node.audit.checks import Finding
+from node.chain.actions import Contracts
+from node.chain.adapter import Sender
+from node.chain.epochs import EpochLedger
+from node.chain.holds import holds_of, release_expired, stake_holds
+from node.local_api.watcher import node_view
+from node.receipts.epochs import WorkerEpochs
+from tests.contracts import jury
+from tests.contracts.conftest import Certified
+from tests.contracts.test_tensor_disputes import NO_JURY, dispute_of, state_of
+from tests.contracts.world import TEST_GAS_LIMIT, World
+
+
+def suite_of(w: World) -> Contracts:
+    return Contracts(w.w3, w.registry, w.ledger, w.disputes, w.court, gas_limit=TEST_GAS_LIMIT)
+
+
+def audit(c: Certified, proof: FraudProof) -> Challenges:
+    """The challenger's ``gwtf-node audit --challenge`` on its one finding."""
+    finding = Finding("wrong tensor", c.a.address, "re-executed outside the tolerance", proof)
+    return challenge(suite_of(c.w), Sender.unlocked(c.w.challenger), [finding])
+
+
+def serve(w: World, wallet: str) -> list[court_jury.Step]:
+    """One ``gwtf-node jury serve`` pass of ``wallet`` (no juror node: no votes)."""
+    return trio.run(court_jury.serve_once, suite_of(w), Sender.unlocked(wallet), [], None)
+
+
+def refuse(w: World, case_id: int) -> bytes:
+    """Drives a case with no juror pool to REFUSED, its challenger's node revealing its draw
+    salt; returns that salt, as the court took it."""
+    window = jury.phase_blocks(w)
+    jury.mine_to(w, int(jury.case(w, case_id)[2]) + window + 1)  # the accused stays silent
+    assert court_jury.SALT_REVEALED in [s.action for s in serve(w, w.challenger)]
+    (revealed,) = w.court.events.SaltRevealed.get_logs(
+        argument_filters={"caseId": case_id}, from_block=0
+    )
+    jury.mine_to(w, int(jury.rounds(w, case_id)[0][1]) + 1)  # no draw within its patience
+    assert court_jury.RULED_STEP in [s.action for s in serve(w, w.stranger)]
+    assert jury.phase(w, case_id) == jury.RULED
+    return bytes(revealed["args"]["salt"])
+
+
+def frozen(w: World, c: Certified) -> int:
+    return int(w.call(w.registry.functions.frozenCount(c.a.address)))
+
+
+def test_the_challenger_reopens_its_refused_dispute_once_with_a_salt_of_its_own(
+    certified: Certified,
+) -> None:
+    """At stake: the run's 1 ETH minimum of a's stake, and a fair second draw. The first case
+    revealed the challenger's draw salt on chain: had the reopening reused it, the accused
+    could answer knowing it and pick its jury wherever the beacon adds nothing. The audit run
+    in the grace reopens the dispute (not "already judged"), the court takes the new salt,
+    and a second REFUSED ends it: a reopening is not reopened."""
+    c, w = certified, certified.w
+    proof = dispute_of(c, c.a)
+    (first,) = audit(c, proof).judgements
+    assert first.outcome == DISPUTED and "tensor dispute 1 " in first.detail
+    first_salt = refuse(w, 1)
+    assert state_of(w, 1) == NO_JURY
+    w.travel_to(w.epoch_times(c.run, 0)[3])  # the epoch has settled; the grace lasts
+    (again,) = audit(c, proof).judgements
+    assert again.outcome == REOPENED and "tensor dispute 2 " in again.detail
+    assert w.call(w.disputes.functions.isReopening(2))
+    (case,) = court_jury.open_cases(suite_of(w))
+    assert (case.dispute_id, case.reopens) == (2, 1)
+    second_salt = refuse(w, case.case_id)  # revealSalt takes it: it matches the commitment
+    assert second_salt != first_salt
+    # One freeze, kept by the reopening and thawed by its ruling; nothing left to release.
+    assert frozen(w, c) == 0 and stake_holds(suite_of(w), c.a.address) == []
+    (last,) = audit(c, proof).judgements
+    assert last.outcome == JUDGED_BEFORE and "dispute 2" in last.detail
+
+
+def test_a_reopened_dispute_holds_the_stake_past_the_first_grace_and_none_releases_it(
+    certified: Certified,
+) -> None:
+    """A cheater's accomplice would release the stake under the reopened dispute once the
+    first grace has passed: the first dispute's grace was ended by the reopening, so the
+    node sees only the open reopened dispute and a release reverts."""
+    c, w = certified, certified.w
+    proof = dispute_of(c, c.a)
+    audit(c, proof)
+    refuse(w, 1)
+    until = int(w.call(w.disputes.functions.reopenUntil(1)))
+    assert audit(c, proof).judgements[0].outcome == REOPENED
+    w.travel_to(until + 1)
+    contracts = suite_of(w)
+    (hold,) = stake_holds(contracts, c.a.address)
+    assert (hold.dispute_id, hold.until) == (2, None)
+    assert release_expired(contracts, Sender.unlocked(w.stranger), [hold]) == []
+    assert frozen(w, c) == 1
+
+
+def test_the_workers_node_thaws_its_stake_once_the_grace_is_over_and_says_until_when(
+    certified: Certified,
+) -> None:
+    """At stake: a's whole 2 ETH, frozen for good unless someone calls releaseAfterGrace.
+    While the challenger may reopen, a's status shows the hold and its end, and its node
+    releases nothing; once the grace is over its claim loop releases it, once."""
+    c, w = certified, certified.w
+    audit(c, dispute_of(c, c.a))
+    refuse(w, 1)
+    contracts = suite_of(w)
+    until = int(w.call(w.disputes.functions.reopenUntil(1)))
+    unused: Any = None
+    ledger = EpochLedger(contracts, c.run, Sender.unlocked(w.wallet(0)))
+    worker = WorkerEpochs(
+        unused, c.a.address, ledger, unused, unused, unused, unused, unused, 1.0
+    )  # fmt: skip
+    view = node_view(contracts, c.a.address)
+    assert view is not None
+    (shown,) = view.stake_holds
+    assert (shown.dispute_id, shown.until, shown.releasable) == (1, until, False)
+    assert shown.detail.startswith("stake frozen by dispute 1 (run 1, epoch 0) until ")
+    assert trio.run(worker.release_graces) == [] and frozen(w, c) == 1
+    w.travel_to(until + 1)
+    w.mine()
+    view = node_view(contracts, c.a.address)
+    assert view is not None and view.stake_holds[0].releasable
+    assert trio.run(worker.release_graces) == [1] and frozen(w, c) == 0
+    assert trio.run(worker.release_graces) == []
+    view = node_view(contracts, c.a.address)
+    assert view is not None and view.stake_holds == []
+
+
+def test_the_auditor_thaws_an_accused_stake_whose_grace_is_over(certified: Certified) -> None:
+    """The accused's node may be gone for good: the auditor's next run on the epoch releases
+    the hold it sees, and reports its own dispute as judged."""
+    c, w = certified, certified.w
+    proof = dispute_of(c, c.a)
+    audit(c, proof)
+    refuse(w, 1)
+    w.travel_to(int(w.call(w.disputes.functions.reopenUntil(1))) + 1)
+    done = audit(c, proof)
+    assert done.judgements[0].outcome == JUDGED_BEFORE and done.released == [1]
+    assert frozen(w, c) == 0 and holds_of(suite_of(w), [1]) == []
