@@ -74,6 +74,14 @@ class DisputeWatch:
 
     def __post_init__(self) -> None:
         self._ids: set[int] = set()
+        self._over: set[int] = set()  # ruled for good, or released: they hold nothing again
+
+    def holds(self) -> list[StakeHold]:
+        """What holds the worker's stake now (``holds_of`` the disputes not over)."""
+        ids = [i for i in self.ids() if i not in self._over]
+        holds = holds_of(self.contracts, ids)
+        self._over |= set(ids) - {hold.dispute_id for hold in holds}
+        return holds
 
     def ids(self, whole: bool = False) -> list[int]:
         """The disputes seen so far (``whole``: read up to the latest block, however far)."""

@@ -21,7 +21,7 @@ from contracts.fraud_proofs import Fraud
 from node.chain.actions import Contracts
 from node.chain.adapter import RunInfo
 from node.chain.epochs import EpochBook, EpochLedger, EpochTimes
-from node.chain.holds import DisputeWatch, holds_of, stake_holds
+from node.chain.holds import DisputeWatch, stake_holds
 from node.chain.holds import StakeHold as DisputeHold
 from node.local_api.earnings import ChainView, ClaimRecord, earnings_of, next_claim_at
 from node.local_api.snapshot import ChainParts, SnapshotBox
@@ -154,9 +154,7 @@ class ChainReader:
             claimed_wei=sum(int(e.claimed.wei) for e in earned),
             claimable_wei=sum(int(e.claimable.wei) for e in earned),
             next_claim_at=next_claim_at(earned, view.times, running),
-            node=node_view(
-                self.contracts, self.node, holds_of(self.contracts, self.disputes.ids()), now
-            ),
+            node=node_view(self.contracts, self.node, self.disputes.holds(), now),
         )
 
     def _certified_by(self, epoch: int) -> frozenset[str]:

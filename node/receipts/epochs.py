@@ -35,7 +35,7 @@ from contracts.certificate_tree import (
 from contracts.merkle import verify_proof
 from gwtf.errors import ChainError, GwtfError, ProtocolError
 from node.chain.epochs import EpochLedger, EpochTimes
-from node.chain.holds import DisputeWatch, holds_of, release_expired
+from node.chain.holds import DisputeWatch, release_expired
 from node.failpoints import failpoint
 from node.p2p.rpc import PeerUnavailable, RequestResponse
 from node.receipts.book import ReceiptTerms
@@ -364,7 +364,7 @@ class WorkerEpochs:
         disputes = self._disputes
 
         def release() -> list[int]:
-            return release_expired(contracts, wallet, holds_of(contracts, disputes.ids()))
+            return release_expired(contracts, wallet, disputes.holds())
 
         try:
             released = await trio.to_thread.run_sync(release)

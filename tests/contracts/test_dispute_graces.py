@@ -6,10 +6,12 @@ REFUSED."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import trio
 
+from api.schemas import Earnings
 from contracts.fraud_proofs import FraudProof
 from node.audit import jury as court_jury
 from node.audit.challenge import DISPUTED, JUDGED_BEFORE, REOPENED, Challenges, challenge
@@ -18,8 +20,12 @@ from node.chain.actions import Contracts
 from node.chain.adapter import Sender
 from node.chain.epochs import EpochLedger
 from node.chain.holds import holds_of, release_expired, stake_holds
-from node.local_api.watcher import node_view
+from node.local_api.snapshot import SnapshotBox
+from node.local_api.views import NodeViews
+from node.local_api.watcher import ChainReader, node_view
 from node.receipts.epochs import WorkerEpochs
+from node.store.database import open_database
+from node.store.views import NodeRecords
 from tests.contracts import jury
 from tests.contracts.conftest import Certified
 from tests.contracts.test_tensor_disputes import NO_JURY, dispute_of, state_of
@@ -108,17 +114,32 @@ def test_a_reopened_dispute_holds_the_stake_past_the_first_grace_and_none_releas
     assert frozen(w, c) == 1
 
 
+def earnings(c: Certified, tmp_path: Path) -> Earnings:
+    """a's earnings as its API and ``gwtf-node earnings`` show them (its database, the chain)."""
+    contracts = suite_of(c.w)
+    db = open_database(f"sqlite:///{tmp_path / 'a.sqlite'}")
+    try:
+        records = NodeRecords(db)
+        reader = ChainReader(contracts, EpochLedger(contracts, c.run, None), records, c.a.address)
+        return NodeViews(SnapshotBox(chain=reader.read()), records, c.run, c.a.address).earnings()
+    finally:
+        db.close()
+
+
 def test_the_workers_node_thaws_its_stake_once_the_grace_is_over_and_says_until_when(
-    certified: Certified,
+    certified: Certified, tmp_path: Path
 ) -> None:
     """At stake: a's whole 2 ETH, frozen for good unless someone calls releaseAfterGrace.
-    While the challenger may reopen, a's status shows the hold and its end, and its node
-    releases nothing; once the grace is over its claim loop releases it, once."""
+    While the challenger may reopen, a's status and earnings show the hold and its end, and
+    its node releases nothing; once the grace is over its claim loop releases it, once."""
     c, w = certified, certified.w
     audit(c, dispute_of(c, c.a))
+    (held,) = earnings(c, tmp_path).stake_holds
+    assert (held.dispute_id, held.until) == (1, None) and "until the court rules" in held.detail
     refuse(w, 1)
     contracts = suite_of(w)
     until = int(w.call(w.disputes.functions.reopenUntil(1)))
+    assert [h.until for h in earnings(c, tmp_path).stake_holds] == [until]
     unused: Any = None
     ledger = EpochLedger(contracts, c.run, Sender.unlocked(w.wallet(0)))
     worker = WorkerEpochs(
@@ -138,6 +159,7 @@ def test_the_workers_node_thaws_its_stake_once_the_grace_is_over_and_says_until_
     assert trio.run(worker.release_graces) == []
     view = node_view(contracts, c.a.address)
     assert view is not None and view.stake_holds == []
+    assert earnings(c, tmp_path).stake_holds == []
 
 
 def test_the_auditor_thaws_an_accused_stake_whose_grace_is_over(certified: Certified) -> None:
