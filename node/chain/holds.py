@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from contracts.bindings import ContractRevert
+from gwtf.errors import ChainError
 from node.chain.actions import Contracts, release_after_grace
 from node.chain.adapter import Sender
 
@@ -143,6 +144,20 @@ def release_expired(contracts: Contracts, sender: Sender, holds: Iterable[StakeH
                 raise
             continue
         released.append(hold.dispute_id)
+    return released
+
+
+def thaw_before_withdrawal(contracts: Contracts, wallet: Sender, node: str) -> list[int]:
+    """Release each hold on ``node``'s stake whose grace is over (the disputes released), and
+    refuse with what still holds it and until when: its withdrawal would revert
+    ``StakeFrozen``."""
+    holds = stake_holds(contracts, node)
+    released = release_expired(contracts, wallet, holds)
+    held = [hold for hold in holds if hold.dispute_id not in released]
+    if held:
+        now = chain_now(contracts)
+        what = "; ".join(hold.describe(now) for hold in held)
+        raise ChainError(f"{what}: withdraw after that")
     return released
 
 

@@ -70,22 +70,16 @@ def cmd_withdraw(args: argparse.Namespace, settings: Settings, console: Console)
     from eth_account import Account
 
     from api.schemas import Amount
-    from gwtf.errors import ChainError
     from node.chain.actions import open_contracts, withdraw_stake
     from node.chain.adapter import format_eth
-    from node.chain.holds import chain_now, release_expired, stake_holds
+    from node.chain.holds import thaw_before_withdrawal
 
     contracts, _ = open_contracts(settings)
     wallet, node_key = open_node(args)
     node = Account.from_key(node_key).address
     # A dispute no jury sat on holds the stake until its grace ends, and then until someone
     # releases it: the node does so itself, and says what still holds it.
-    holds = stake_holds(contracts, node)
-    released = release_expired(contracts, wallet, holds)
-    held = [hold for hold in holds if hold.dispute_id not in released]
-    if held:
-        now = chain_now(contracts)
-        raise ChainError("; ".join(hold.describe(now) for hold in held) + ": withdraw after that")
+    thaw_before_withdrawal(contracts, wallet, node)
     receipt = withdraw_stake(contracts, wallet, node)
     (event,) = contracts.registry.events.StakeWithdrawn().process_receipt(receipt)
     amount = int(event["args"]["amountWei"])

@@ -9,17 +9,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from api.schemas import Earnings
 from contracts.fraud_proofs import FraudProof
+from gwtf.errors import ChainError
 from node.audit import jury as court_jury
 from node.audit.challenge import DISPUTED, JUDGED_BEFORE, REOPENED, Challenges, challenge
 from node.audit.checks import Finding
-from node.chain.actions import Contracts
+from node.chain.actions import Contracts, request_unstake, withdraw_stake
 from node.chain.adapter import Sender
 from node.chain.epochs import EpochLedger
-from node.chain.holds import holds_of, release_expired, stake_holds
+from node.chain.holds import holds_of, release_expired, stake_holds, thaw_before_withdrawal
 from node.local_api.snapshot import SnapshotBox
 from node.local_api.views import NodeViews
 from node.local_api.watcher import ChainReader, node_view
@@ -29,7 +31,7 @@ from node.store.views import NodeRecords
 from tests.contracts import jury
 from tests.contracts.conftest import Certified
 from tests.contracts.test_tensor_disputes import NO_JURY, dispute_of, state_of
-from tests.contracts.world import TEST_GAS_LIMIT, World
+from tests.contracts.world import ETH, TEST_GAS_LIMIT, World
 
 
 def suite_of(w: World) -> Contracts:
@@ -173,3 +175,26 @@ def test_the_auditor_thaws_an_accused_stake_whose_grace_is_over(certified: Certi
     done = audit(c, proof)
     assert done.judgements[0].outcome == JUDGED_BEFORE and done.released == [1]
     assert frozen(w, c) == 0 and holds_of(suite_of(w), [1]) == []
+
+
+def test_withdraw_thaws_a_hold_whose_grace_is_over_and_names_one_that_lasts(
+    certified: Certified,
+) -> None:
+    """a leaves while a dispute no jury sat on holds its stake: ``gwtf-node withdraw`` says
+    which dispute holds it until when (instead of StakeFrozen), then, once the grace and the
+    unbonding are over, releases the hold itself and withdraws the whole 2 ETH."""
+    c, w = certified, certified.w
+    audit(c, dispute_of(c, c.a))
+    refuse(w, 1)
+    contracts, wallet = suite_of(w), Sender.unlocked(w.wallet(0))
+    request_unstake(contracts, wallet, c.a.address)
+    until = int(w.call(w.disputes.functions.reopenUntil(1)))
+    unlock_at = int(w.call(w.registry.functions.unlockAt(c.a.address)))
+    with pytest.raises(ChainError, match=r"stake frozen by dispute 1 \(run 1, epoch 0\) until"):
+        thaw_before_withdrawal(contracts, wallet, c.a.address)
+    w.travel_to(max(until, unlock_at) + 1)
+    w.mine()
+    assert thaw_before_withdrawal(contracts, wallet, c.a.address) == [1]
+    receipt = withdraw_stake(contracts, wallet, c.a.address)
+    (event,) = w.registry.events.StakeWithdrawn().process_receipt(receipt)
+    assert int(event["args"]["amountWei"]) == 2 * ETH
