@@ -16,7 +16,10 @@ the credit withdrawn, at the end (pull payment); one not final yet is left for a
 A tensor dispute of this challenger's that no jury could be drawn for (ruled REFUSED) is
 reopened, once, while its grace (``Disputes.reopenUntil``) lasts, with a draw salt of its own
 (``draw_salt_of``); and the stake of each accused held by a dispute whose grace is over is
-thawed (``node.chain.holds``), since nobody is paid to.
+thawed (``node.chain.holds``), since nobody is paid to. A reopening frees no cheater early
+(the stake stays frozen under it until its own ruling, which ranks by the first commitment),
+and it holds an honest worker at most one case longer: only the first dispute's challenger may
+reopen, once, within the grace, paying a new bond that a RIGHT ruling gives the worker.
 """
 
 from __future__ import annotations

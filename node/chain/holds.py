@@ -58,7 +58,7 @@ class StakeHold:
         if self.releasable(now):
             return (
                 f"stake frozen by dispute {self.dispute_id} {where}: its grace ended "
-                f"{_utc(self.until)}; anyone may release it (the node does)"
+                f"{_utc(self.until)}; the running node releases it, as does `gwtf-node withdraw`"
             )
         return f"stake frozen by dispute {self.dispute_id} {where} until {_utc(self.until)}"
 
