@@ -29,16 +29,20 @@ relay, relay → data) can use; a relay → relay step counts the cheaper of tha
 time and a crash drops its unfinished tasks, so completed tasks on a node never overlap.
 
 A run takes exactly Σ over iterations of ``e - s`` plus that iteration's averaging (the next
-starts when the averaging ends), and every counted microbatch repeats in each, so the bound is
-``iterations × (work_s + allreduce_s)``. Per iteration, ``e - s`` is at least each of:
+starts when the averaging ends), and every counted microbatch repeats in each. ``IterationBound``
+gives the terms of one iteration with every relay up, ``iterations × total_s`` of them a bound
+without relay churn; ``bound_run.py`` runs the iterations one after another over the relays'
+lives (``bound_lives.py``: when each is up, replayed from the churn schedule), so a relay that
+is down is not credited, and that run is the bound. Per iteration, ``e - s`` is at least each of:
 
 * ``critical_path_s``: the chain itself, every task at the fastest speed of its role.
 * ``compute_s``: tasks of stages j..S lie between the earliest start of a stage-j forward and
   the latest end of a stage-j backward, ``h_j`` (the chain's fixed parts outside that span)
   inside the iteration, and carry ``(S-j+1)·B·c`` of work, so ``e - s ≥ h_j +
-  (S-j+1)·B·c / Σ speed`` over every relay that may ever be up. When no relay can come back
-  to life, a relay keeps its stage for a whole iteration (``MoveStage`` acts between them),
-  so the relays of stage j alone, of summed speed σ_j, do its ``B·c``: ``e - s ≥ h_j + B·c/σ_j``
+  (S-j+1)·B·c / Σ speed`` over the relays (up for the whole iteration here; ``bound_run.py``
+  integrates the speed of those up). A relay keeps its stage for a whole life within an
+  iteration (``MoveStage`` acts between them; one brought up again is placed anew), so the
+  relays of stage j alone, of summed speed σ_j, do its ``B·c``: ``e - s ≥ h_j + B·c/σ_j``
   with ``Σ σ_j ≤ Σ speed``; the least ``λ`` meeting this for some split (a continuous
   relaxation of every placement) is a bound too.
 * ``sink_s``: the ``B`` sink tasks lie on data nodes after the chain's forward part and before
@@ -54,16 +58,17 @@ butterfly all-reduce among live replicas, at least the data nodes' (``data_allre
 exactly ``butterfly_allreduce_s`` of every data node when all are counted and none can join;
 otherwise, as the butterfly is not monotone in its members, its floor over any live superset of
 the m counted ones: ``2·(largest latency between two counted + (m-1)/m · P / best bandwidth)``.
-``relay_allreduce_s``: without relay churn and events, every such relay is up and placed (the
-engine refuses an unplaced one), so some stage has ``n ≥ ⌈R/S⌉`` live replicas and its butterfly
-takes at least ``2·((n-1)/n · P / best relay bandwidth + least relay latency)``; with relay
-churn one replica per stage may be all that is left, and the term is 0.
+``relay_allreduce_s``: every live relay is placed (the engine refuses an unplaced one and
+places a joiner on arrival), so with ``n`` relays up at the barrier some stage has ``⌈n/S⌉``
+live replicas and its butterfly takes at least ``2·((k-1)/k · P / best relay bandwidth + least
+relay latency)`` for k of them; ``IterationBound`` counts the relays no churn touches,
+``bound_run.py`` the fewest up at any time from the iteration's earliest barrier on.
 
-Dropped as unsound: a per-stage compute bound under relay rejoins (a relay may come back at
-another stage mid-iteration); relay memory (slot-time) bounds, because a repair is admitted over
-capacity, and a crash or a late-acked re-send frees a slot whose microbatch still comes back
-(as a fluid bound it would not bind on the grid anyway); uplink bounds over nodes that may
-come back. The total is multiplied by
+Dropped as unsound: relay memory (slot-time) bounds, because a repair is admitted over capacity
+(a client-routed policy such as SWARM repairs every backward), and a crash or a late-acked
+re-send frees a slot whose microbatch still comes back; uplink bounds over nodes that may come
+back; any cost of a crash beyond the lost capacity (what a crashed relay held, detection), which
+a policy with full knowledge and an idle victim need not pay. The total is multiplied by
 ``1 - 1e-9`` so float rounding never lifts it above a run that meets it exactly.
 """
 
