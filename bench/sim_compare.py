@@ -6,8 +6,9 @@ relays per hour) every algorithm runs the same scenarios and crashes. Seeds are 
 parameters were chosen); the *reporting* seeds (10-29) are the tables. Per cell it prints medians
 of training time, throughput and wasted GPU time split by cause, and per-seed paired ratios
 (median and interquartile range) against SWARM, DT-FM, the central heuristic and the lower bound
-of ``coordinator_free/sim/bound.py``, which no algorithm can beat, and GWTF against its adapter
-reading the world ("gwtf-oracles", the ablation of what the live node asks or measures). Churn
+of ``coordinator_free/sim/bound.py``, which no algorithm can beat, the fastest run per seed that
+the bound is about ("best") over the bound, and GWTF against its adapter reading the world
+("gwtf-oracles", the ablation of what the live node asks or measures). Churn
 runs are made long enough to expect ``--min-crashes`` crashes each (``iterations_of``).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/sim_compare.py [--quick] [--seeds 20] [--jobs 2]
