@@ -283,6 +283,19 @@ def test_a_relay_down_for_the_run_is_not_credited() -> None:
     assert metrics.sim_time_s >= bound.total_s, _explain(bound, metrics.sim_time_s)
 
 
+def test_a_relay_that_crashes_mid_iteration_is_credited_until_its_crash() -> None:
+    crash = [{"t": 1.0, "node": "r1_1", "event": "crash"}]
+    scenario = _fast_data(scenario_document(stages=1, data_nodes=2, data_capacity=8, events=crash))
+    bound = lower_bound(scenario)
+    # First iteration: 4.8 s of work in [hop, e - hop], r1_1 doing its share until 1.0 s;
+    # then the data nodes average (the lone relay has nobody to average with); then r1_0 alone.
+    first = 4.8 - (1.0 - HOP_S) + 2 * HOP_S
+    assert bound.total_s == pytest.approx(first + 0.05 + 2 * (4.8 + 2 * HOP_S + 0.05))
+    metrics = run_scenario(scenario, RoundRobinPolicy(), EngineConfig(max_events=400_000))
+    assert metrics.stopped_reason == "finished"
+    assert metrics.sim_time_s >= bound.total_s, _explain(bound, metrics.sim_time_s)
+
+
 def test_a_relay_whose_churn_cannot_be_replayed_counts_as_always_up() -> None:
     scenario = small_scenario(relays_per_stage=2, crash_rate_per_hour=100.0)
     crash = ChurnEvent(t=1.0, node="r1_0", event="crash")
