@@ -29,16 +29,20 @@ relay, relay → data) can use; a relay → relay step counts the cheaper of tha
 time and a crash drops its unfinished tasks, so completed tasks on a node never overlap.
 
 A run takes exactly Σ over iterations of ``e - s`` plus that iteration's averaging (the next
-starts when the averaging ends), and every counted microbatch repeats in each, so the bound is
-``iterations × (work_s + allreduce_s)``. Per iteration, ``e - s`` is at least each of:
+starts when the averaging ends), and every counted microbatch repeats in each. ``IterationBound``
+gives the terms of one iteration with every relay up, ``iterations × total_s`` of them a bound
+without relay churn; ``bound_run.py`` runs the iterations one after another over the relays'
+lives (``bound_lives.py``: when each is up, replayed from the churn schedule), so a relay that
+is down is not credited, and that run is the bound. Per iteration, ``e - s`` is at least each of:
 
 * ``critical_path_s``: the chain itself, every task at the fastest speed of its role.
 * ``compute_s``: tasks of stages j..S lie between the earliest start of a stage-j forward and
   the latest end of a stage-j backward, ``h_j`` (the chain's fixed parts outside that span)
   inside the iteration, and carry ``(S-j+1)·B·c`` of work, so ``e - s ≥ h_j +
-  (S-j+1)·B·c / Σ speed`` over every relay that may ever be up. When no relay can come back
-  to life, a relay keeps its stage for a whole iteration (``MoveStage`` acts between them),
-  so the relays of stage j alone, of summed speed σ_j, do its ``B·c``: ``e - s ≥ h_j + B·c/σ_j``
+  (S-j+1)·B·c / Σ speed`` over the relays (up for the whole iteration here; ``bound_run.py``
+  integrates the speed of those up). A relay keeps its stage for a whole life within an
+  iteration (``MoveStage`` acts between them; one brought up again is placed anew), so the
+  relays of stage j alone, of summed speed σ_j, do its ``B·c``: ``e - s ≥ h_j + B·c/σ_j``
   with ``Σ σ_j ≤ Σ speed``; the least ``λ`` meeting this for some split (a continuous
   relaxation of every placement) is a bound too.
 * ``sink_s``: the ``B`` sink tasks lie on data nodes after the chain's forward part and before
@@ -54,16 +58,17 @@ butterfly all-reduce among live replicas, at least the data nodes' (``data_allre
 exactly ``butterfly_allreduce_s`` of every data node when all are counted and none can join;
 otherwise, as the butterfly is not monotone in its members, its floor over any live superset of
 the m counted ones: ``2·(largest latency between two counted + (m-1)/m · P / best bandwidth)``.
-``relay_allreduce_s``: without relay churn and events, every such relay is up and placed (the
-engine refuses an unplaced one), so some stage has ``n ≥ ⌈R/S⌉`` live replicas and its butterfly
-takes at least ``2·((n-1)/n · P / best relay bandwidth + least relay latency)``; with relay
-churn one replica per stage may be all that is left, and the term is 0.
+``relay_allreduce_s``: every live relay is placed (the engine refuses an unplaced one and
+places a joiner on arrival), so with ``n`` relays up at the barrier some stage has ``⌈n/S⌉``
+live replicas and its butterfly takes at least ``2·((k-1)/k · P / best relay bandwidth + least
+relay latency)`` for k of them; ``IterationBound`` counts the relays no churn touches,
+``bound_run.py`` the fewest up at any time from the iteration's earliest barrier on.
 
-Dropped as unsound: a per-stage compute bound under relay rejoins (a relay may come back at
-another stage mid-iteration); relay memory (slot-time) bounds, because a repair is admitted over
-capacity, and a crash or a late-acked re-send frees a slot whose microbatch still comes back
-(as a fluid bound it would not bind on the grid anyway); uplink bounds over nodes that may
-come back. The total is multiplied by
+Dropped as unsound: relay memory (slot-time) bounds, because a repair is admitted over capacity
+(a client-routed policy such as SWARM repairs every backward), and a crash or a late-acked
+re-send frees a slot whose microbatch still comes back; uplink bounds over nodes that may come
+back; any cost of a crash beyond the lost capacity (what a crashed relay held, detection), which
+a policy with full knowledge and an idle victim need not pay. The total is multiplied by
 ``1 - 1e-9`` so float rounding never lifts it above a run that meets it exactly.
 """
 
@@ -74,6 +79,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from coordinator_free.sim.bound_lives import relay_lives
+from coordinator_free.sim.bound_run import Chain, run_s
 from coordinator_free.sim.events import FORWARD_SHARE
 from coordinator_free.sim.iterations import butterfly_allreduce_s
 from coordinator_free.sim.scenario import NodeEntry, Scenario
@@ -84,6 +91,10 @@ _BITS_PER_GBIT = 1e9
 _ROUNDING_SLACK = 1e-9
 #: Bisection steps for the per-stage relaxation: 2^-100 of the bracket, far below a nanosecond.
 _BISECTION_STEPS = 100
+#: Past this many times the churn-free run, a horizon stops doubling (no relay may be left).
+_HORIZON_GROWTH_LIMIT = 64.0
+#: A run over the lives this much above the churn-free one is said to be lifted by them.
+_LIVES_MARGIN = 1e-3
 
 
 @dataclass(frozen=True)
@@ -129,8 +140,10 @@ class Bound:
     """A scenario's training time is at least ``total_s``.
 
     ``per_iteration`` holds with the data nodes ``counted`` (up for the whole of any run shorter
-    than ``horizon_s``); ``horizon_s`` is None when they never crash, else the first crash among
-    them, and ``total_s = min(horizon_s, iterations × per_iteration.total_s)`` less rounding.
+    than ``horizon_s``) and every relay up; ``run_s`` is the run over the relays' lives
+    (``bound_run.py``), at least ``iterations × per_iteration.total_s`` when no relay is ever
+    down. ``horizon_s`` is None when the counted data nodes never crash, else the first crash
+    among them, and ``total_s = min(horizon_s, run_s)`` less rounding.
     """
 
     total_s: float
@@ -138,15 +151,17 @@ class Bound:
     per_iteration: IterationBound
     counted: tuple[str, ...]
     horizon_s: float | None
+    run_s: float
 
     @property
     def binding(self) -> str:
         """``horizon_s`` if a counted data node's crash caps the bound, else the binding work
-        term of an iteration."""
-        work = self.iterations * self.per_iteration.total_s
-        if self.horizon_s is not None and self.horizon_s < work:
+        term of an iteration, ``+lives`` when relays being down lifts the run above it."""
+        if self.horizon_s is not None and self.horizon_s < self.run_s:
             return "horizon_s"
-        return self.per_iteration.binding
+        static = self.iterations * self.per_iteration.total_s
+        lifted = self.run_s > static * (1.0 + _LIVES_MARGIN)
+        return self.per_iteration.binding + ("+lives" if lifted else "")
 
 
 def lower_bound(scenario: Scenario) -> Bound:
@@ -156,13 +171,52 @@ def lower_bound(scenario: Scenario) -> Bound:
     for horizon in sorted(set(crash_at.values()) | {math.inf}):
         counted = tuple(n for n, c in crash_at.items() if c >= horizon)
         per_iteration = _iteration_bound(scenario, counted)
-        work = scenario.iterations * per_iteration.total_s
+        work = _run_s(scenario, per_iteration, counted)
         total = min(horizon, work) * (1.0 - _ROUNDING_SLACK)
         if best is None or total > best.total_s:
             capped = None if horizon == math.inf else horizon
-            best = Bound(total, scenario.iterations, per_iteration, counted, capped)
+            best = Bound(total, scenario.iterations, per_iteration, counted, capped, work)
     assert best is not None, "a scenario has a data node"
     return best
+
+
+def _run_s(scenario: Scenario, per_iteration: IterationBound, counted: Sequence[str]) -> float:
+    """The whole run over the relays' lives (``bound_run.py``); lives are replayed up to a
+    horizon ``H`` that doubles until the run ends before it (``min(H, run)`` bounds any run)."""
+    relays = [e for e in scenario.nodes if e.role == "relay"]
+    if per_iteration.microbatches == 0 or not relays:
+        return scenario.iterations * per_iteration.total_s
+    stages = scenario.model.stages
+    stage_s = scenario.model.stage_compute_ms / 1000.0
+    relay_stage_s = stage_s / max(e.speed for e in relays)
+    data = [e for e in scenario.nodes if e.role == "data"]
+    hops = _cheapest_hops(scenario, data, relays)
+    forward_s = FORWARD_SHARE * relay_stage_s
+    backward_s = (1.0 - FORWARD_SHARE) * relay_stage_s
+    before = tuple(
+        hops.data_to_relay_s + (j - 1) * (hops.relay_to_relay_s + forward_s)
+        for j in range(1, stages + 1)
+    )
+    after = tuple(
+        hops.relay_to_data_s + (j - 1) * (hops.relay_to_relay_s + backward_s)
+        for j in range(1, stages + 1)
+    )
+    chain = Chain(
+        before_s=before,
+        after_s=after,
+        work_s=per_iteration.microbatches * stage_s,
+        least_s=max(per_iteration.sink_s, per_iteration.uplink_s, per_iteration.critical_path_s),
+        data_allreduce_s=per_iteration.data_allreduce_s,
+        relay_allreduce_s=lambda alive: _pigeonhole_allreduce_s(scenario, alive),
+    )
+    static = scenario.iterations * per_iteration.total_s
+    horizon = 4.0 * static + 3600.0
+    while True:
+        lives = relay_lives(scenario, horizon)
+        total = run_s(chain, lives, scenario.iterations, horizon)
+        if total < horizon or horizon > _HORIZON_GROWTH_LIMIT * (static + 1.0):
+            return total
+        horizon *= 2.0
 
 
 # ---- which nodes count ----
@@ -368,9 +422,14 @@ def _data_allreduce_s(
 
 
 def _relay_allreduce_s(scenario: Scenario, always_up: Sequence[NodeEntry]) -> float:
-    """Some stage holds ⌈R/S⌉ of the always-up relays; a butterfly among n replicas takes at
-    least 2·((n-1)/n · P / best bandwidth + least latency) between relays' regions."""
-    replicas = math.ceil(len(always_up) / scenario.model.stages)
+    """The pigeonhole term for relays up at every barrier (see ``_pigeonhole_allreduce_s``)."""
+    return _pigeonhole_allreduce_s(scenario, len(always_up))
+
+
+def _pigeonhole_allreduce_s(scenario: Scenario, alive: int) -> float:
+    """With ``alive`` placed relays some stage holds ⌈alive/S⌉ replicas; a butterfly among n
+    takes at least 2·((n-1)/n · P / best bandwidth + least latency) between relays' regions."""
+    replicas = math.ceil(alive / scenario.model.stages)
     if replicas < 2:
         return 0.0
     topology = scenario.topology

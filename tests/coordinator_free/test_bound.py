@@ -4,6 +4,7 @@ round-robin)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -14,10 +15,11 @@ from hypothesis import strategies as st
 from coordinator_free.baselines.swarm import SwarmPolicy
 from coordinator_free.sim.algorithms import ALGORITHMS, make_policy
 from coordinator_free.sim.bound import Bound, lower_bound
-from coordinator_free.sim.engine import EngineConfig, run_scenario
+from coordinator_free.sim.bound_lives import Life, relay_lives
+from coordinator_free.sim.engine import Engine, EngineConfig, run_scenario
 from coordinator_free.sim.generator import GridCell, GridSize, build_scenario
 from coordinator_free.sim.round_robin import RoundRobinPolicy
-from coordinator_free.sim.scenario import Scenario, parse_scenario
+from coordinator_free.sim.scenario import ChurnEvent, Scenario, parse_scenario
 from tests.coordinator_free.sim_helpers import scenario_document, small_scenario
 
 # The helper's scenarios: 300 ms per stage, 1 MB activations over 2 Gbit/s (4 ms) + 5 ms within a
@@ -133,10 +135,19 @@ def _small_grid(cell: GridCell) -> Scenario:
     return build_scenario(cell, 0, size)
 
 
+def _fast_data(document: dict[str, Any]) -> Scenario:
+    """Data nodes 10x faster: relays' compute, not the sinks, sets the pace."""
+    for node in document["nodes"]:
+        if node["role"] == "data":
+            node["speed"] = 10.0
+    return parse_scenario(document)
+
+
 def _fixed_scenarios() -> dict[str, Scenario]:
     relay_crash = [{"t": 1.0, "node": "r1_0", "event": "crash"}]
     data_crash = [{"t": 2.0, "node": "d1", "event": "crash"}]
     relay_join = [{"t": 1.5, "node": "r2_1", "event": "join"}]
+    gone = [{"t": 0.001, "node": "r1_1", "event": "crash"}]
     return {
         "hom-1reg": small_scenario(relays_per_stage=2, data_capacity=6),
         "het-2reg": small_scenario(data_nodes=2, regions=2, speeds=[1.0, 0.5, 0.7, 0.3]),
@@ -146,7 +157,15 @@ def _fixed_scenarios() -> dict[str, Scenario]:
         "grid-hom-10reg-churn": _small_grid(GridCell(False, True, 9.0)),
         "grid-het-10reg-churn": _small_grid(GridCell(True, True, 9.0)),
         "grid-het-1reg": _small_grid(GridCell(True, False, 0.0)),
+        # Relays down for much of the run: the bound counts only the lives (tested lifted below).
+        "relay-gone": _fast_data(
+            scenario_document(stages=1, data_nodes=2, data_capacity=8, events=gone)
+        ),
+        "heavy-churn": _fast_data(scenario_document(data_capacity=8, crash_rate_per_hour=300.0)),
     }
+
+
+LIFTED = ("relay-gone", "heavy-churn")
 
 
 FIXED = _fixed_scenarios()
@@ -167,11 +186,18 @@ def test_no_algorithm_finishes_faster_than_the_bound(name: str, algorithm: str) 
         assert metrics.sim_time_s >= bound.total_s, _explain(bound, metrics.sim_time_s)
 
 
+@pytest.mark.parametrize("name", LIFTED)
+def test_the_lives_lift_the_bound_in_the_churn_scenarios(name: str) -> None:
+    bound = lower_bound(FIXED[name])
+    assert bound.run_s > 1.05 * bound.iterations * bound.per_iteration.total_s
+    assert bound.binding.endswith("+lives")
+
+
 def _explain(bound: Bound, seconds: float) -> str:
     return f"run took {seconds:.6f} s, bound {bound.total_s:.6f} s: {bound.per_iteration}"
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     stages=st.integers(1, 3),
     relays_per_stage=st.integers(1, 3),
@@ -180,7 +206,8 @@ def _explain(bound: Bound, seconds: float) -> str:
     relay_capacity=st.integers(1, 3),
     regions=st.integers(1, 3),
     speeds=st.lists(st.sampled_from([1.0, 0.6, 0.35, 2.0]), min_size=9, max_size=9),
-    crash_rate_per_hour=st.sampled_from([0.0, 0.0, 30.0, 300.0]),
+    crash_rate_per_hour=st.sampled_from([0.0, 0.0, 30.0, 300.0, 900.0]),
+    data_speed=st.sampled_from([1.0, 10.0]),
     events=st.lists(
         st.tuples(st.floats(0.0, 20.0), st.integers(0, 20), st.sampled_from(["crash", "join"])),
         max_size=3,
@@ -195,6 +222,7 @@ def test_round_robin_never_beats_the_bound_on_random_scenarios(
     regions: int,
     speeds: list[float],
     crash_rate_per_hour: float,
+    data_speed: float,
     events: list[tuple[float, int, str]],
 ) -> None:
     document = scenario_document(
@@ -207,6 +235,9 @@ def test_round_robin_never_beats_the_bound_on_random_scenarios(
         speeds=speeds,
         crash_rate_per_hour=crash_rate_per_hour,
     )
+    for node in document["nodes"]:
+        if node["role"] == "data":  # fast data nodes leave the relays' lives to bind
+            node["speed"] = data_speed
     ids = [node["id"] for node in document["nodes"]]
     document["churn"]["events"] = [
         {"t": t, "node": ids[index % len(ids)], "event": kind} for t, index, kind in events
@@ -216,3 +247,58 @@ def test_round_robin_never_beats_the_bound_on_random_scenarios(
     metrics = run_scenario(scenario, RoundRobinPolicy(), EngineConfig(max_events=200_000))
     if metrics.stopped_reason == "finished":
         assert metrics.sim_time_s >= bound.total_s, _explain(bound, metrics.sim_time_s)
+
+
+# ---- the relays' lives ----
+
+
+def test_lives_replay_the_engines_crashes_and_rejoins_exactly() -> None:
+    # Each relay crashes after 4 s up and is back after 30 s, on average.
+    scenario = small_scenario(relays_per_stage=2, iterations=30, crash_rate_per_hour=900.0)
+    engine = Engine(scenario, RoundRobinPolicy(), EngineConfig(max_sim_time_s=300.0))
+    metrics = engine.run()
+    assert metrics.crashes >= 4 and metrics.joins >= 2  # the run sees churn: not vacuous
+    end = metrics.sim_time_s
+    replayed = sorted(
+        (t, life.relay, up)
+        for life in relay_lives(scenario, end)
+        for t, up in ((life.start_s, True), (life.end_s, False))
+        if t <= end
+    )
+    logged = sorted((t, node, up) for t, node, up in engine.liveness if node.startswith("r"))
+    assert replayed == logged
+
+
+def test_a_relay_down_for_the_run_is_not_credited() -> None:
+    calm = lower_bound(_fast_data(scenario_document(stages=1, data_nodes=2, data_capacity=8)))
+    scenario = FIXED["relay-gone"]
+    bound = lower_bound(scenario)
+    # 16 microbatches x 300 ms on one relay instead of two, between a hop in and a hop out; the
+    # lone replica has nothing to average with, the two data nodes 2 x (40 Mbit / 2 Gbit/s + 5 ms).
+    assert calm.total_s == pytest.approx(3 * (2 * HOP_S + 2.4 + 0.05))
+    assert bound.total_s == pytest.approx(3 * (2 * HOP_S + 4.8 + 0.05))
+    assert bound.binding == "compute_s+lives"
+    metrics = run_scenario(scenario, RoundRobinPolicy(), EngineConfig(max_events=400_000))
+    assert metrics.stopped_reason == "finished"
+    assert metrics.sim_time_s >= bound.total_s, _explain(bound, metrics.sim_time_s)
+
+
+def test_a_relay_that_crashes_mid_iteration_is_credited_until_its_crash() -> None:
+    crash = [{"t": 1.0, "node": "r1_1", "event": "crash"}]
+    scenario = _fast_data(scenario_document(stages=1, data_nodes=2, data_capacity=8, events=crash))
+    bound = lower_bound(scenario)
+    # First iteration: 4.8 s of work in [hop, e - hop], r1_1 doing its share until 1.0 s;
+    # then the data nodes average (the lone relay has nobody to average with); then r1_0 alone.
+    first = 4.8 - (1.0 - HOP_S) + 2 * HOP_S
+    assert bound.total_s == pytest.approx(first + 0.05 + 2 * (4.8 + 2 * HOP_S + 0.05))
+    metrics = run_scenario(scenario, RoundRobinPolicy(), EngineConfig(max_events=400_000))
+    assert metrics.stopped_reason == "finished"
+    assert metrics.sim_time_s >= bound.total_s, _explain(bound, metrics.sim_time_s)
+
+
+def test_a_relay_whose_churn_cannot_be_replayed_counts_as_always_up() -> None:
+    scenario = small_scenario(relays_per_stage=2, crash_rate_per_hour=100.0)
+    crash = ChurnEvent(t=1.0, node="r1_0", event="crash")
+    touched = replace(scenario, churn=replace(scenario.churn, events=(crash,)))
+    lives = [life for life in relay_lives(touched, 1e6) if life.relay == "r1_0"]
+    assert lives == [Life("r1_0", 1.0, 0.0, math.inf, exact=False)]
