@@ -134,8 +134,11 @@ class DtfmPolicy(PolicyDefaults):
         schedule = self._schedule
         if schedule is None or self._broken or self._uses_dead(schedule):
             self._rematch(world)
-        elif any(world.stage_of(r) != s for r, s in schedule.stage_of().items()):
-            self._rematch(world)  # a move did not happen (its relay had died unnoticed)
+        elif (stale := self._stale_pipelines(world, schedule)) and not self._rematch(world):
+            # A move did not happen (its relay had died unnoticed) and no new match is possible
+            # (some stage has no usable relay): the pipelines through a relay of the wrong stage
+            # wait, broken, until a join lets the stalled work be re-matched.
+            self._broken |= stale
         self._reset_quotas(world, self._expected)
         return ()
 
@@ -302,6 +305,14 @@ class DtfmPolicy(PolicyDefaults):
 
     def _is_dead(self, relay: str) -> bool:
         return self._dead.is_suspected(relay, self._clock_s)
+
+    def _stale_pipelines(self, world: WorldView, schedule: Schedule) -> set[int]:
+        """The pipelines with a relay that is not at the stage the schedule gives it."""
+        return {
+            p
+            for p, relays in enumerate(schedule.pipelines)
+            if any(world.stage_of(r) != k + 1 for k, r in enumerate(relays))
+        }
 
     def _uses_dead(self, schedule: Schedule) -> bool:
         return any(self._is_dead(r) for p in schedule.pipelines for r in p)

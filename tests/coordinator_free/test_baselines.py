@@ -81,6 +81,18 @@ def test_dtfm_as_released_relaunches_the_iteration_on_a_failure_not_through_a_wa
         DtfmPolicy(on_failure="retry")
 
 
+def test_dtfm_never_routes_through_a_relay_whose_move_did_not_happen() -> None:
+    # relay1, moved to stage 2 at an iteration's end, died unnoticed before the move took
+    # effect, and stage 2 had no other usable relay, so no new match was possible: the
+    # pipeline through it waits for a join instead of routing stage 1 to a stage-1 relay.
+    size = GridSize(
+        stages=3, relays=6, data_nodes=2, data_capacity=4, iterations=6, mean_downtime_s=20.0
+    )
+    scenario = build_scenario(GridCell(True, False, 30.0), 113, size)
+    metrics = run_scenario(scenario, DtfmPolicy())
+    assert metrics.stopped_reason == "finished" and metrics.iterations_completed == 6
+
+
 def test_dtfm_without_churn_wastes_nothing_and_finishes() -> None:
     scenario = small_scenario(relays_per_stage=3, regions=2, data_capacity=6, iterations=4)
     metrics = run_scenario(scenario, DtfmPolicy())
