@@ -746,7 +746,7 @@ def _serve_control(
                 loads = reservations.answer(peer, loads, trio.current_time())
             return control.encode_loads(loads)
         if isinstance(message, control.Resend):  # and Resume, a forward repair
-            return await role.handle_resend(message)
+            return await role.handle_resend(message, peer)
         if isinstance(message, control.TraceBack):
             return role.sender.trace_back(message)
         if isinstance(message, control.ResumeBack):
@@ -755,6 +755,8 @@ def _serve_control(
             return role.trace(message)
         if isinstance(message, control.RedoBack):
             return await role.sender.redo_backward(peer, message)
+        if isinstance(message, control.Countersigned):
+            return role.plane.countersigned(peer, message)
         if isinstance(message, control.Holds | control.ExpectRedo | control.Forget):
             if not isinstance(role, RelayRole):
                 raise ProtocolError("a data node holds no stage's gradient")
