@@ -382,6 +382,8 @@ async def run_live_node(
         book = AddressBook(rpc, own_record(rpc, config.region), on_new_peer, on_heard)
         relaying.book = book
         books.append(book)
+        # Who may ask for a re-send is judged by stage, also for nodes beyond the neighbours.
+        role.sender.carded_stage = book.stage_of
         if isinstance(role, DataRole):
             role.roster.discovered = lambda: {
                 peer: record.stage for peer, record in book.peers.items() if record.stage
@@ -764,8 +766,7 @@ def _serve_control(
                 return await role.holds(message)
             if isinstance(message, control.Forget):
                 # Only a data node restarts an iteration (its signed card says stage 0).
-                record = book.peers.get(peer)
-                if record is None or record.stage != 0:
+                if book.stage_of(peer) != 0:
                     raise ProtocolError("only a data node of the run asks to forget an iteration")
                 return await role.forget(peer, message)
             return role.expect_redo(peer, message)

@@ -10,11 +10,16 @@ from typing import Any
 import trio
 import trio.testing
 from eth_utils.crypto import keccak
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.id import ID
 
 from contracts.encoding import ledger_domain
 from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
 from coordinator_free.wire import Hello, HopAck, encode
+from node.p2p.discovery_records import PeerCard, card_key, open_card, sign_card
+from node.p2p.host import build_host
 from node.p2p.identity import identity_from_key, peer_id_of
+from node.p2p.rpc import RequestResponse
 from node.receipts.book import ReceiptBook, ReceiptTerms
 from node.runtime.dataplane import control
 from node.runtime.dataplane.exchange import DataPlane
@@ -27,7 +32,8 @@ from node.runtime.dataplane.hop import (
     decode_hop_request,
     frame_digest,
 )
-from node.runtime.dataplane.sender import HopSender, HopStats
+from node.runtime.dataplane.sender import HopSender, HopStats, resend_refusal
+from node.runtime.discovery.address_book import AddressBook, PeerRecord, parse_record
 from node.runtime.flow.service import FlowService
 from node.store.database import open_database
 from node.store.hops import HopStore
@@ -178,3 +184,46 @@ def test_a_slow_worker_does_not_hold_up_the_send_of_a_repair_it_keeps(tmp_path: 
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+# ---- who may ask for a re-send: stages two away are known by their signed cards ----------------
+
+
+def test_a_node_two_stages_on_known_only_by_its_signed_card_may_ask_for_a_re_send() -> None:
+    """Relay ``a`` of stage 1 (of 3) holds a forward; its flow neighbours are stages 0 and 2.
+    The stage-3 node ``c`` after a dead stage-2 hop asks it for a re-send: ``a`` knows ``c``
+    only through the signed card discovery verified, and serves it. A peer learned only by
+    exchange (no card, so no stage) and one whose card names stage 2 are refused."""
+    keys = {name: create_new_key_pair() for name in ("a", "d", "b", "c", "x", "s")}
+    ids = {name: str(ID.from_pubkey(pair.public_key)) for name, pair in keys.items()}
+    address = {name: f"/ip4/127.0.0.1/tcp/4001/p2p/{peer}" for name, peer in ids.items()}
+    flow = FlowNode(
+        NodeSpec(ids["a"], "relay", 1, 2, 20.0),
+        FlowConfig(stages=3, activation_bytes=1e6),
+        random.Random(0),
+    )
+    for name, role, stage in (("d", "data", 0), ("b", "relay", 2)):
+        flow.handle(ids[name], Hello(role, stage, 3, 2, 2, 0, 20.0, 0, True), 0.0)
+    rpc = RequestResponse(build_host(keys["a"]))
+    book = AddressBook(rpc, PeerRecord(ids["a"], address["a"], "oregon"), lambda _record: None)
+    for name, stage in (("c", 3), ("s", 2)):
+        card = PeerCard(ids[name], 1, stage, "relay", "oregon", address[name], 1)
+        opened = open_card(card_key(ids[name]), sign_card(card, keys[name].private_key))
+        book.learn(PeerRecord(opened.peer_id, opened.address, opened.region, opened.stage))
+    book.learn(parse_record(f"{address['x']} oregon"))  # hearsay of a peer exchange
+    unused: Any = None
+    plane = DataPlane(unused, ids["a"], 1, 3, 1.0, 1 << 20)
+    sender = HopSender(plane, FlowService(unused, flow, tick_s=1.0), HopStats(), None)
+    forward = HopHeader(1, 4, 7, 0, FORWARD, 1, 0, 0, ids["d"], (ids["d"],))
+
+    def refusal(asker: str) -> str | None:
+        request = control.Resend(4, 7, ids["b"], 1)
+        return resend_refusal(ids[asker], request, forward, 1, 3, sender.stage_of)
+
+    assert refusal("c")  # without the book, only flow neighbours have a stage
+    sender.carded_stage = book.stage_of
+    assert sender.stage_of(ids["b"]) == 2 and sender.stage_of(ids["c"]) == 3
+    assert refusal("c") is None
+    assert refusal("x") == f"{ids['x']} is neither the origin nor a node of stage 3"
+    assert refusal("s")  # its card says stage 2: not the node after the dead hop
+    assert refusal("d") is None  # the origin's own repair (it hands the attempt out)

@@ -82,6 +82,10 @@ class HopSender:
         self.stats = stats
         self.wiring = wiring  # None: hops follow the flow table (GWTF); else SWARM's wiring
         self.passed: dict[tuple[int, int], PassedBack] = {}  # by (iteration, microbatch)
+        # The stage of a peer's signed card that discovery verified and holds, None without
+        # one (``AddressBook.stage_of``, set once the node's book exists): the stages two
+        # away from this node's are no flow neighbours, yet their nodes ask for re-sends.
+        self.carded_stage: Callable[[str], int | None] = lambda _peer: None
 
     def next_hop(self, stage: int, route: str | None) -> str | None:
         """Where a forward into ``stage`` goes: the flow's next hop, or SWARM's weighted draw."""
@@ -272,9 +276,11 @@ class HopSender:
             raise PeerUnavailable(f"{before} could not re-send microbatch {header.microbatch_id}")
 
     def stage_of(self, peer: str) -> int | None:
-        """The stage this node believes ``peer`` serves (0: a data node), None if unknown."""
+        """The stage this node believes ``peer`` serves (0: a data node), None if unknown: the
+        flow core's, for a neighbour, else the one its signed card names. Never a stage the
+        peer states in a request: a node off the path could then name itself the asker."""
         known = self.flow.node.peers.get(peer)
-        return None if known is None else known.stage
+        return self.carded_stage(peer) if known is None else known.stage
 
     def _acknowledged(self, peer: str) -> None:
         """An acknowledged hop proves ``peer`` alive: the core's keep-alives need not ping it."""
