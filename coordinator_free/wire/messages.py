@@ -300,7 +300,10 @@ class FlowLoanReturn:
 @dataclass(frozen=True, slots=True)
 class HopAck:
     """Data plane: a hop's output arrived; digest of the tensor, and which attempt it was. A
-    live receiver of a signed hop countersigns its receipt here (empty otherwise)."""
+    live receiver of a signed hop countersigns its receipt here (empty otherwise). A receiver
+    that computed the hop and keeps its output (a repair, a redo: nothing goes on to a next
+    node) names that output's digest and signs its own receipt of it, for the sender to
+    countersign (empty otherwise)."""
 
     TYPE_ID: ClassVar[int] = 23
     microbatch_id: str
@@ -309,6 +312,8 @@ class HopAck:
     attempt: int
     digest: bytes
     countersignature: bytes = b""
+    kept_digest: bytes = b""
+    kept_signature: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

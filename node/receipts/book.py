@@ -156,10 +156,11 @@ class ReceiptBook:
         )
 
     # ------------------------------------------------------------ as worker
-    async def sign(self, receipt: HopReceipt) -> bytes | None:
+    async def sign(self, receipt: HopReceipt, conflicts: list[bool] | None = None) -> bytes | None:
         """This node's signature of a hop it computed, once committed; None when its hop key
-        holds another receipt already (this node's own numbering gone wrong: the hop is sent
-        unreceipted and goes unpaid rather than the node slashable)."""
+        holds another receipt already (``conflicts`` learns it: the sender re-sends the hop
+        under a fresh attempt; else it goes unreceipted and unpaid rather than the node
+        slashable)."""
         digest = receipt_digest(receipt, self.terms.domain)
         try:
             signature = await self._signing.submit(self._to_sign(receipt, digest))
@@ -167,7 +168,9 @@ class ReceiptBook:
             log.error("receipt of hop %s not signed: %s", hop_key(receipt).hex(), exc)
             return None
         if isinstance(signature, ConflictingReceipt):
-            log.error("receipt of hop %s not signed: %s", hop_key(receipt).hex(), signature)
+            log.warning("receipt of hop %s not signed: %s", hop_key(receipt).hex(), signature)
+            if conflicts is not None:
+                conflicts.append(True)
             return None
         self.counts.signed += 1
         self.on_signed(receipt)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from node.runtime.dataplane.exchange import Kept
 from node.runtime.dataplane.hop import BACKWARD, FORWARD, HopHeader
 
 if TYPE_CHECKING:
@@ -56,10 +57,10 @@ def arm_crash(node: LiveNode, crash_on: dict[str, Any]) -> None:
         compute = node.plane.compute
         assert compute is not None, "the role sets compute before the node is started"
 
-        async def crashing(header: HopHeader, frame: bytes) -> None:
+        async def crashing(header: HopHeader, frame: bytes) -> Kept | None:
             if wins(header):
                 die(f"mid-{crash_on['direction']}")
-            await compute(header, frame)
+            return await compute(header, frame)
 
         node.plane.compute = crashing
         return

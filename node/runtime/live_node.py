@@ -382,6 +382,8 @@ async def run_live_node(
         book = AddressBook(rpc, own_record(rpc, config.region), on_new_peer, on_heard)
         relaying.book = book
         books.append(book)
+        # Who may ask for a re-send is judged by stage, also for nodes beyond the neighbours.
+        role.sender.carded_stage = book.stage_of
         if isinstance(role, DataRole):
             role.roster.discovered = lambda: {
                 peer: record.stage for peer, record in book.peers.items() if record.stage
@@ -746,7 +748,7 @@ def _serve_control(
                 loads = reservations.answer(peer, loads, trio.current_time())
             return control.encode_loads(loads)
         if isinstance(message, control.Resend):  # and Resume, a forward repair
-            return await role.handle_resend(message)
+            return await role.handle_resend(message, peer)
         if isinstance(message, control.TraceBack):
             return role.sender.trace_back(message)
         if isinstance(message, control.ResumeBack):
@@ -755,6 +757,8 @@ def _serve_control(
             return role.trace(message)
         if isinstance(message, control.RedoBack):
             return await role.sender.redo_backward(peer, message)
+        if isinstance(message, control.Countersigned):
+            return role.plane.countersigned(peer, message)
         if isinstance(message, control.Holds | control.ExpectRedo | control.Forget):
             if not isinstance(role, RelayRole):
                 raise ProtocolError("a data node holds no stage's gradient")
@@ -762,8 +766,7 @@ def _serve_control(
                 return await role.holds(message)
             if isinstance(message, control.Forget):
                 # Only a data node restarts an iteration (its signed card says stage 0).
-                record = book.peers.get(peer)
-                if record is None or record.stage != 0:
+                if book.stage_of(peer) != 0:
                     raise ProtocolError("only a data node of the run asks to forget an iteration")
                 return await role.forget(peer, message)
             return role.expect_redo(peer, message)

@@ -113,6 +113,29 @@ def test_the_acknowledged_hop_of_an_attempt_lost_to_a_crash_is_certified() -> No
     assert len(chosen) == 4
 
 
+def test_a_stand_ins_kept_forward_and_its_gradient_are_certified_and_a_fake_repair_is_not() -> None:
+    # b acknowledged the gradient and died; a re-sent its forward output to the stand-in x
+    # (attempt 1, receipted by a again) and x kept what it computed: x signed that receipt in
+    # its ack and a countersigned it (x's counterparty is the node its input came from). Then
+    # the gradient went to x, which sent its own on to a.
+    m = pipeline(0)
+    resent = hop("a", "x", 1, FORWARD, "embed 0", "act1 0", attempt=1)
+    kept = hop("x", "a", 2, FORWARD, "act1 0", "act2 0", attempt=1)
+    stand_in = hop("x", "a", 2, BACKWARD, "loss grad 0", "grad2 0", attempt=1)
+    again = hop("a", "data", 1, BACKWARD, "grad2 0", "grad1 0", attempt=1)
+    chosen = certifiable([*m[:3], resent, kept, stand_in, again], anchors(0), stages=2)
+    assert (ADDRESS["x"], 2, FORWARD, 1) in keys_of(chosen), "the stand-in's forward is paid"
+    assert (ADDRESS["x"], 2, BACKWARD, 1) in keys_of(chosen), "and its gradient"
+    # a's forward and a's backward (from one gradient) are one computation each: paid once.
+    assert (ADDRESS["a"], 1, FORWARD, 1) not in keys_of(chosen)
+    assert len(chosen) == 6
+    # b "repairing" its own forward again is the same computation: nothing more. A "repair"
+    # from a frame no chained hop output is chained to nothing.
+    twice = hop("b", "a", 2, FORWARD, "act1 0", "act2 0", attempt=2)
+    fake = hop("y", "a", 2, FORWARD, "act1 forged", "act2 0", attempt=3)
+    assert keys_of(certifiable([*m, twice, fake], anchors(0), stages=2)) == keys_of(m)
+
+
 def test_a_chain_forked_to_accomplices_is_bounded_per_hop() -> None:
     # x received a's output and "sent" its own to many receivers: only one per (worker,
     # input) counts, and at most MAX_PER_HOP receipts per (microbatch, stage, direction).
@@ -124,6 +147,24 @@ def test_a_chain_forked_to_accomplices_is_bounded_per_hop() -> None:
     chosen = certifiable(forks, anchors(0), stages=2)
     assert len(chosen) == MAX_PER_HOP < len(set(workers))
     assert [p.entry.receipt.attempt for p in chosen] == list(range(MAX_PER_HOP)), "lowest first"
+
+
+def test_kept_receipts_never_push_the_paths_own_hop_out_at_the_cap() -> None:
+    # b carried the microbatch on (its first receiver died: a re-sent to it, attempt 1); off-
+    # path relays each got a "repair" re-sent to them at attempt 0 and kept what they computed.
+    # At the cap the path's own hop comes first, whatever its attempt.
+    m = pipeline(0)
+    own = hop("b", "data", 2, FORWARD, "act1 0", "act2 0", attempt=1)
+    sybils = [hop(w, "a", 2, FORWARD, "act1 0", f"act2 {w}") for w in ("p", "q", "r", "x", "y")]
+    chosen = certifiable([m[0], own, *sybils, *m[2:]], anchors(0), stages=2)
+    at_stage_2 = [p.entry.receipt for p in chosen if p.entry.receipt.stage == 2]
+    forwards = [r.worker for r in at_stage_2 if r.direction == FORWARD]
+    assert len(forwards) == MAX_PER_HOP and forwards[0] == ADDRESS["b"]
+    # The redone gradient at the last stage (its counterparty the data node) ranks after b's.
+    redo = [hop(w, "data", 2, BACKWARD, "loss grad 0", f"g {w}") for w in ("p", "q", "r", "x")]
+    chosen = certifiable([*m[:2], *redo, m[2], m[3]], anchors(0), stages=2)
+    backwards = [p.entry.receipt.worker for p in chosen if p.entry.receipt.stage == 2]
+    assert ADDRESS["b"] in backwards
 
 
 def test_a_report_must_be_the_reporters_own_receipt_for_this_data_node_and_run() -> None:

@@ -18,6 +18,7 @@ from node.runtime.roles.data import IterationResult
 from node.training.config import named_config
 from node.training.reference import whole_model_losses
 from node.training.settings import TrainingSettings
+from tests.runtime.receipt_tap import ReceiptTap
 
 MODEL_NAME = "gpt-tiny"
 MODEL = named_config(*MODEL_NAME.split("-"))
@@ -74,7 +75,9 @@ Scenario = Callable[["Swarm"], Awaitable[None]]
 class Swarm:
     """The nodes started so far, and a way to crash one (its host closes mid-whatever)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tap: ReceiptTap | None = None) -> None:
+        self.tap = tap  # gives every node a receipt book, and collects the receipts
+        self.nursery: trio.Nursery | None = None  # the swarm's (a tap's books run in it)
         self.nodes: dict[str, LiveNode] = {}
         self.scopes: dict[str, trio.CancelScope] = {}
         self.crashed: list[str] = []
@@ -84,6 +87,9 @@ class Swarm:
 
     def started(self, name: str, node: LiveNode) -> None:
         self.nodes[name] = node
+        if self.tap is not None:
+            assert self.nursery is not None, "nodes start inside run_swarm"
+            self.tap.attach(name, node, self.nursery)
         node.plane.hops.observer = self.hops.setdefault(name, []).append
 
     def hop_records(self) -> list[HopRecord]:
@@ -120,6 +126,7 @@ async def run_swarm(
     started = swarm.nodes
     scenario_done = trio.Event()
     async with trio.open_nursery() as nursery:
+        swarm.nursery = nursery
         trained = 0
 
         async def data_main(name: str, shard: int, bootstrap: tuple[str, ...]) -> None:

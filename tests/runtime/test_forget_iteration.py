@@ -44,7 +44,7 @@ def relay_holding(origins: dict[int, str]) -> RelayRole:
             run_id=1, iteration=ITERATION, microbatch_id=microbatch, attempt=0,
             direction=FORWARD, stage=1, slot=0, flags=0, origin=origin, path=(origin,),
         )  # fmt: skip
-        role.buffers[(ITERATION, microbatch)] = Buffered(header, b"")
+        role.buffers[(ITERATION, microbatch)] = Buffered(header, b"", b"")
     role._closing = ITERATION  # its end had begun (a round that stepped nothing)
     return role
 

@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from contracts.encoding import BACKWARD
+from contracts.encoding import BACKWARD, FORWARD
+from coordinator_free.wire import HopAck
 from gwtf.errors import ProtocolError
 from node.runtime.dataplane import control
+from node.runtime.dataplane.exchange import DataPlane
 from node.runtime.dataplane.gradient_redo import (
     Answer,
     RedoReport,
@@ -27,12 +29,13 @@ from node.runtime.dataplane.gradient_redo import (
     decode_holds,
     plan_redo,
 )
-from node.runtime.dataplane.hop import FLAG_REDO
+from node.runtime.dataplane.hop import FLAG_REDO, HopHeader
 from node.runtime.replicas.averaging import RoundResult
 from node.runtime.roles.data import DataRole, IterationResult
 from node.runtime.roles.relay import RelayRole
 from node.training.trainer import GradientShare
-from tests.runtime.swarm_harness import Scenario, Swarm, reference_losses, run_swarm
+from tests.runtime.receipt_tap import ReceiptTap
+from tests.runtime.swarm_harness import Scenario, Swarm, identity_for, reference_losses, run_swarm
 
 ITERATIONS = 3
 BATCH = 4
@@ -146,9 +149,9 @@ def check_refusals_at_the_end(relay: RelayRole, checked: list[int]) -> None:
 
 
 def run_with_kill(
-    tmp_path: Path, stages: int, relays: dict[str, int], kill: Scenario
+    tmp_path: Path, stages: int, relays: dict[str, int], kill: Scenario, swarm: Swarm | None = None
 ) -> list[IterationResult]:
-    swarm = Swarm()
+    swarm = swarm or Swarm()
 
     async def main() -> list[IterationResult]:
         with trio.fail_after(120):
@@ -215,23 +218,67 @@ def test_a_relay_dying_mid_iteration_after_its_backwards_loses_no_gradient(tmp_p
         await data_role(swarm, relays)
         check_refusals_at_the_end(swarm.nodes["b1"].role, checked)  # type: ignore[arg-type]
         check_refusals_at_the_end(swarm.nodes["b2"].role, checked)  # type: ignore[arg-type]
-        while not died:
-            for name in ("b1", "b2"):
-                role = swarm.nodes[name].role
-                assert isinstance(role, RelayRole)
-                delivered = [r for (i, _), r in role.sender.passed.items() if i == 1 and r.sent_to]
-                if delivered:
-                    died.append(name)
-                    swarm.crash(name)
-                    break
-            await trio.sleep(0.002)
+        await crash_a_stage_2_relay_once_it_delivered(swarm, died)
 
-    results = run_with_kill(tmp_path, 2, relays, kill)
+    tap = ReceiptTap(tmp_path, 2, lambda name: identity_for(tmp_path, name))
+    swarm = Swarm(tap)
+    results = run_with_kill(tmp_path, 2, relays, kill, swarm)
     assert died and checked
     assert [r.loss for r in results] == pytest.approx(
         reference_losses(ITERATIONS, BATCH), rel=EXACT
     )
     assert results[1].gradients_redone >= 1 and results[1].gradients_lost == 0
+    # Every hop the live relays trained is paid once, the redone forward and gradient too
+    # (the replica keeps both outputs: it signs their receipts, their senders countersign).
+    redone = tap.assert_every_hop_paid_once({swarm.nodes[died[0]].plane.node_id})
+    assert redone[(2, FORWARD)] >= 1 and redone[(2, BACKWARD)] >= 1, redone
+
+
+async def crash_a_stage_2_relay_once_it_delivered(swarm: Swarm, died: list[str]) -> None:
+    """Crash the first of b1, b2 to have delivered a forward output of iteration 1 (its
+    replica then redoes what died with it); its name goes into ``died``."""
+    while not died:
+        for name in ("b1", "b2"):
+            role = swarm.nodes[name].role
+            assert isinstance(role, RelayRole)
+            delivered = [r for (i, _), r in role.sender.passed.items() if i == 1 and r.sent_to]
+            if delivered:
+                died.append(name)
+                swarm.crash(name)
+                return
+        await trio.sleep(0.002)
+
+
+def test_a_stand_in_whose_forward_is_never_countersigned_signs_no_receipt_of_its_backward(
+    tmp_path: Path,
+) -> None:
+    """Every sender withholds its countersignature of the forwards the stand-ins keep: a
+    stand-in then holds no whole receipt of its forward, so a juror could not replay its
+    backward, and it signs none (its backward goes unpaid, and nothing of it can be slashed)."""
+    relays = {"a1": 1, "a2": 1, "b1": 2, "b2": 2}
+    died: list[str] = []
+
+    async def kill(swarm: Swarm) -> None:
+        await data_role(swarm, relays)
+        for node in swarm.nodes.values():
+            withhold_forward_countersignatures(node.plane)
+        await crash_a_stage_2_relay_once_it_delivered(swarm, died)
+
+    tap = ReceiptTap(tmp_path, 2, lambda name: identity_for(tmp_path, name))
+    results = run_with_kill(tmp_path, 2, relays, kill, Swarm(tap))
+    assert died and results[1].gradients_redone >= 1
+    assert tap.backwards_without_their_forward() == []
+
+
+def withhold_forward_countersignatures(plane: DataPlane) -> None:
+    """``plane`` neither countersigns nor hands back the receipts of kept forwards."""
+    countersign_kept = plane._countersign_kept
+
+    async def withheld(to: str, header: HopHeader, sent: bytes, ack: HopAck) -> None:
+        if header.direction != FORWARD:
+            await countersign_kept(to, header, sent, ack)
+
+    plane._countersign_kept = withheld  # type: ignore[method-assign]
 
 
 def die_while_averaging(swarm: Swarm, name: str, died: list[str]) -> None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+from eth_utils.crypto import keccak
 from hypothesis import given
 from hypothesis import strategies as st
 
+from node.p2p.identity import identity_from_key, peer_id_of
 from node.runtime.dataplane.hop import (
     BACKWARD,
     FLAG_LENT,
@@ -23,7 +25,8 @@ from node.runtime.dataplane.hop import (
     encode_hop,
 )
 
-FIRST_HOP = HopHeader(7, 3, 41, 256, FORWARD, 1, 2, 0, "data-b", ("data-b",))
+DATA_B = str(peer_id_of(identity_from_key(keccak(text="hop codec test data-b"))))
+FIRST_HOP = HopHeader(7, 3, 41, 256, FORWARD, 1, 2, 0, DATA_B, (DATA_B,))
 FLAGS_AT = 41  # the flags byte, after the fixed fields before it
 RECEIPTED = ReceiptInput(bytes(range(32)), bytes(range(65)))
 
@@ -35,7 +38,7 @@ RECEIPTED = ReceiptInput(bytes(range(32)), bytes(range(65)))
         FIRST_HOP.onward(lender="data-a"),  # on a flow data-a lent to data-b
         FIRST_HOP.onward(flags=FLAG_REPAIR, lender="data-a"),
         FIRST_HOP.onward(epoch=2**40),
-        HopHeader(7, 3, 41, 257, BACKWARD, 0, 0, 0, "data-b", ("data-b", "r1", "r2", "data-b")),
+        HopHeader(7, 3, 41, 257, BACKWARD, 0, 0, 0, DATA_B, (DATA_B, "r1", "r2", DATA_B)),
     ],
 )
 def test_a_header_and_its_frame_round_trip(header: HopHeader) -> None:
@@ -76,6 +79,11 @@ def test_a_receipted_flag_without_its_digest_and_signature_is_malformed() -> Non
     cut = encode_hop(FIRST_HOP, b"", RECEIPTED)[:-1]  # one byte short of its signature
     with pytest.raises(HopFormatError):
         decode_hop_request(cut)
+
+
+def test_an_origin_that_is_no_peer_id_is_a_format_error() -> None:
+    with pytest.raises(HopFormatError, match="origin is not a peer id"):
+        decode_hop(encode_hop(FIRST_HOP.onward(origin="data-0OIl"), b""))
 
 
 @given(st.binary(max_size=300))

@@ -4,17 +4,39 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import trio
 import trio.testing
+from eth_utils.crypto import keccak
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.id import ID
 
+from contracts.encoding import ledger_domain
 from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
-from coordinator_free.wire import Hello
+from coordinator_free.wire import Hello, HopAck, encode
+from node.p2p.discovery_records import PeerCard, card_key, open_card, sign_card
+from node.p2p.host import build_host
+from node.p2p.identity import identity_from_key, peer_id_of
+from node.p2p.rpc import RequestResponse
+from node.receipts.book import ReceiptBook, ReceiptTerms
+from node.runtime.dataplane import control
 from node.runtime.dataplane.exchange import DataPlane
-from node.runtime.dataplane.hop import BACKWARD, FORWARD, HopHeader
-from node.runtime.dataplane.sender import HopSender, HopStats
+from node.runtime.dataplane.hop import (
+    BACKWARD,
+    FLAG_REPAIR,
+    FORWARD,
+    HopHeader,
+    ReceiptInput,
+    decode_hop_request,
+    frame_digest,
+)
+from node.runtime.dataplane.sender import HopSender, HopStats, resend_refusal
+from node.runtime.discovery.address_book import AddressBook, PeerRecord, parse_record
 from node.runtime.flow.service import FlowService
+from node.store.database import open_database
+from node.store.hops import HopStore
 
 ACK_S = 0.25  # how long the receiver takes to acknowledge a hop
 
@@ -51,3 +73,157 @@ def test_an_acknowledged_forward_or_backward_counts_as_hearing_from_its_receiver
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert heard == {"b": 10.0 + ACK_S, "d": 20.0 + 2 * ACK_S}
+
+
+# ---- hop keys a made-up repair could use up ----------------------------------------------------
+
+DOMAIN = ledger_domain(31337, "0x" + "ef" * 20)
+TERMS = ReceiptTerms(run_id=1, domain=DOMAIN, stages=2, units_per_hop=10)
+KEYS = {name: keccak(text=f"hop sender test {name}") for name in ("data", "a", "s", "r")}
+PEER = {name: str(peer_id_of(identity_from_key(key))) for name, key in KEYS.items()}
+
+
+class EchoRpc:
+    """Acknowledges every hop request with the digest of its frame, noting what it carried."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[HopHeader, ReceiptInput | None]] = []
+
+    async def request(self, peer: Any, protocol: str, payload: bytes, limits: Any) -> bytes:
+        header, receipted, frame = decode_hop_request(payload)
+        self.sent.append((header, receipted))
+        ack = HopAck(
+            str(header.microbatch_id), header.stage, header.direction, header.attempt,
+            frame_digest(frame), b"", b"", b"",
+        )  # fmt: skip
+        return encode(ack)
+
+
+def test_a_made_up_repair_uses_up_at_most_one_hop_key_and_the_real_hop_takes_the_next(
+    tmp_path: Path,
+) -> None:
+    """Another run member sends relay ``a`` made-up repairs of microbatch 7 under attempts
+    0 and 1: ``a`` signs a kept receipt for one of them only, and its real forward of
+    microbatch 7 (attempt 0, whose hop key the made-up one took) goes out under attempt 1,
+    receipted, instead of unreceipted."""
+    db = open_database(f"sqlite:///{tmp_path / 'a'}.sqlite")
+    book = ReceiptBook(TERMS, KEYS["a"], HopStore(db))
+    rpc = EchoRpc()
+    plane = DataPlane(rpc, PEER["a"], 1, 2, 1.0, 1 << 20, receipts=book)  # type: ignore[arg-type]
+    made_up = HopHeader(1, 0, 7, 0, FORWARD, 1, 0, FLAG_REPAIR, PEER["data"], (PEER["data"],))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(book.run)
+            first = await plane._sign_kept(PEER["s"], made_up, keccak(b"in"), keccak(b"k0"))
+            again = made_up.onward(attempt=1)
+            second = await plane._sign_kept(PEER["s"], again, keccak(b"in"), keccak(b"k1"))
+            assert first and not second
+            real = made_up.onward(stage=2, flags=0, path=(PEER["data"], PEER["a"]))
+            await plane.send(PEER["s"], real, b"activation", keccak(b"real input"))
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    [(header, receipted)] = rpc.sent
+    assert header.attempt == 1 and receipted is not None
+
+
+class SlowWorkerRpc:
+    """Relay ``r`` keeping what it is sent: its ack signs the kept output's receipt, and it
+    takes ``SLOW_S`` to answer the countersignature handed back to it."""
+
+    SLOW_S = 1.5
+
+    def __init__(self, worker: DataPlane) -> None:
+        self.worker = worker
+        self.handed_back: list[bytes] = []
+
+    async def request(self, peer: Any, protocol: str, payload: bytes, limits: Any) -> bytes:
+        if protocol == control.PROTOCOL_ID:
+            message = control.decode_request(payload)
+            assert isinstance(message, control.Countersigned)
+            await trio.sleep(self.SLOW_S)
+            self.handed_back.append(self.worker.countersigned(PEER["s"], message))
+            return self.handed_back[-1]
+        header, _, frame = decode_hop_request(payload)
+        kept = keccak(b"kept output")
+        signature = await self.worker._sign_kept(PEER["s"], header, frame_digest(frame), kept)
+        ack = HopAck(
+            str(header.microbatch_id), header.stage, header.direction, header.attempt,
+            frame_digest(frame), b"", kept, signature,
+        )  # fmt: skip
+        return encode(ack)
+
+
+def test_a_slow_worker_does_not_hold_up_the_send_of_a_repair_it_keeps(tmp_path: Path) -> None:
+    """``s`` re-sends a forward to ``r`` as a repair: its send returns with the ack, and the
+    countersignature of ``r``'s kept receipt reaches ``r`` after, making it whole there."""
+    books = {
+        name: ReceiptBook(
+            TERMS, KEYS[name], HopStore(open_database(f"sqlite:///{tmp_path}/{name}"))
+        )
+        for name in ("s", "r")
+    }
+    worker = DataPlane(None, PEER["r"], 1, 2, 5.0, 1 << 20, receipts=books["r"])  # type: ignore[arg-type]
+    rpc = SlowWorkerRpc(worker)
+    sender = DataPlane(rpc, PEER["s"], 1, 2, 5.0, 1 << 20, receipts=books["s"])  # type: ignore[arg-type]
+    path = (PEER["data"], PEER["s"])
+    repair = HopHeader(1, 0, 7, 1, FORWARD, 2, 0, FLAG_REPAIR, PEER["data"], path)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for book in books.values():
+                nursery.start_soon(book.run)
+            sender._nursery = nursery
+            with trio.fail_after(SlowWorkerRpc.SLOW_S / 2):
+                await sender.send(PEER["r"], repair, b"activation")
+            assert not rpc.handed_back
+            with trio.fail_after(SlowWorkerRpc.SLOW_S * 4):
+                assert await worker.kept_forward_whole(repair, SlowWorkerRpc.SLOW_S * 2)
+            assert control.decode_reply(rpc.handed_back[0])["ok"]
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+# ---- who may ask for a re-send: stages two away are known by their signed cards ----------------
+
+
+def test_a_node_two_stages_on_known_only_by_its_signed_card_may_ask_for_a_re_send() -> None:
+    """Relay ``a`` of stage 1 (of 3) holds a forward; its flow neighbours are stages 0 and 2.
+    The stage-3 node ``c`` after a dead stage-2 hop asks it for a re-send: ``a`` knows ``c``
+    only through the signed card discovery verified, and serves it. A peer learned only by
+    exchange (no card, so no stage) and one whose card names stage 2 are refused."""
+    keys = {name: create_new_key_pair() for name in ("a", "d", "b", "c", "x", "s")}
+    ids = {name: str(ID.from_pubkey(pair.public_key)) for name, pair in keys.items()}
+    address = {name: f"/ip4/127.0.0.1/tcp/4001/p2p/{peer}" for name, peer in ids.items()}
+    flow = FlowNode(
+        NodeSpec(ids["a"], "relay", 1, 2, 20.0),
+        FlowConfig(stages=3, activation_bytes=1e6),
+        random.Random(0),
+    )
+    for name, role, stage in (("d", "data", 0), ("b", "relay", 2)):
+        flow.handle(ids[name], Hello(role, stage, 3, 2, 2, 0, 20.0, 0, True), 0.0)
+    rpc = RequestResponse(build_host(keys["a"]))
+    book = AddressBook(rpc, PeerRecord(ids["a"], address["a"], "oregon"), lambda _record: None)
+    for name, stage in (("c", 3), ("s", 2)):
+        card = PeerCard(ids[name], 1, stage, "relay", "oregon", address[name], 1)
+        opened = open_card(card_key(ids[name]), sign_card(card, keys[name].private_key))
+        book.learn(PeerRecord(opened.peer_id, opened.address, opened.region, opened.stage))
+    book.learn(parse_record(f"{address['x']} oregon"))  # hearsay of a peer exchange
+    unused: Any = None
+    plane = DataPlane(unused, ids["a"], 1, 3, 1.0, 1 << 20)
+    sender = HopSender(plane, FlowService(unused, flow, tick_s=1.0), HopStats(), None)
+    forward = HopHeader(1, 4, 7, 0, FORWARD, 1, 0, 0, ids["d"], (ids["d"],))
+
+    def refusal(asker: str) -> str | None:
+        request = control.Resend(4, 7, ids["b"], 1)
+        return resend_refusal(ids[asker], request, forward, 1, 3, sender.stage_of)
+
+    assert refusal("c")  # without the book, only flow neighbours have a stage
+    sender.carded_stage = book.stage_of
+    assert sender.stage_of(ids["b"]) == 2 and sender.stage_of(ids["c"]) == 3
+    assert refusal("c") is None
+    assert refusal("x") == f"{ids['x']} is neither the origin nor a node of stage 3"
+    assert refusal("s")  # its card says stage 2: not the node after the dead hop
+    assert refusal("d") is None  # the origin's own repair (it hands the attempt out)

@@ -10,7 +10,9 @@ lost gradient is sent again around the dead relay by the node that delivered it 
 as the sink, or the stage-2 relay), after the node before the dead hop re-sends its forward
 output to the other replica. No microbatch restarts, every iteration ends well inside the
 minute-long stall deadline, and every hop of those iterations is recorded exactly once (the dead
-relay's lost hop was never recorded: nobody acknowledged its output).
+relay's lost hop was never recorded: nobody acknowledged its output). Every node keeps
+receipts (``receipt_tap.py``): every hop a surviving relay computed, the stand-ins' included, is
+certified by the data node, once.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ from node.runtime.dataplane.hop import (
     origin_attempt,
     resend_attempt,
 )
-from node.runtime.dataplane.sender import PassedBack
+from node.runtime.dataplane.sender import PassedBack, resend_refusal
 from node.runtime.roles.relay import Buffered, RelayRole
-from tests.runtime.swarm_harness import Swarm, reference_losses, run_swarm
+from tests.runtime.receipt_tap import ReceiptTap
+from tests.runtime.swarm_harness import Swarm, identity_for, reference_losses, run_swarm
 
 ITERATIONS = 3
 BATCH = 4
@@ -59,6 +62,8 @@ class Killer:
         self.crashed: dict[int, str] = {}
         #: Forwards each relay acknowledged and has not finished sending on.
         self.forwards_held: Counter[str] = Counter()
+        #: Certified hops of repaired attempts, by (stage, direction).
+        self.repaired: Counter[tuple[int, int]] = Counter()
 
     async def gate(self, name: str, iteration: int, direction: int) -> None:
         """Return to let the send go on; never returns for the relay that dies."""
@@ -99,10 +104,16 @@ class Killer:
 
 
 def run_with_crashes(
-    tmp_path: Path, crashes: Crashes, relays: dict[str, int] = RELAYS, stages: int = 2
+    tmp_path: Path,
+    crashes: Crashes,
+    relays: dict[str, int] = RELAYS,
+    stages: int = 2,
+    swarm: Swarm | None = None,
 ) -> tuple:  # type: ignore[type-arg]
-    """Train with relays that die holding a hop they acknowledged; check nothing else is lost."""
-    swarm = Swarm()
+    """Train with relays that die holding a hop they acknowledged; check nothing else is lost,
+    and every hop the live relays computed is paid once."""
+    tap = ReceiptTap(tmp_path, stages, lambda name: identity_for(tmp_path, name))
+    swarm = swarm or Swarm(tap)
     killer = Killer(swarm, crashes)
 
     async def arm(swarm: Swarm) -> None:
@@ -137,6 +148,9 @@ def run_with_crashes(
         # The hop the dead relay lost was computed again by another replica only.
         dead, lost = swarm.nodes[name].plane.node_id, crashes[iteration][0]
         assert not [r for r in records if r.worker == dead and r.direction == lost]
+    killer.repaired = tap.assert_every_hop_paid_once(
+        {swarm.nodes[name].plane.node_id for name in swarm.crashed}
+    )
     return swarm, killer
 
 
@@ -160,6 +174,9 @@ def test_a_relay_dying_between_its_ack_and_its_gradient_costs_one_hop(tmp_path: 
     relays = [node.role for name, node in swarm.nodes.items() if name != "data"]
     assert data.stats.backward_repairs >= 1
     assert sum(r.stats.backward_repairs for r in relays) >= 1
+    # Each stand-in's recomputed forward (whose output it keeps) and its gradient are paid.
+    assert killer.repaired[(1, FORWARD)] >= 1 and killer.repaired[(2, FORWARD)] >= 1
+    assert killer.repaired[(1, BACKWARD)] >= 1 and killer.repaired[(2, BACKWARD)] >= 1
 
 
 @pytest.mark.slow  # ~35 s; failed once in ~10 runs before stand-ins were retried (see README)
@@ -192,6 +209,13 @@ def test_trace_requests_and_replies_are_checked() -> None:
     assert control.decode_request(control.encode_request(resume_back)) == resume_back
     with pytest.raises(ProtocolError):
         control.decode_request(b'{"type": "resume_back", "iteration": 3, "microbatch": 7}')
+    # A kept output's countersignature goes back to its worker: a 65-byte signature in hex.
+    handed = control.Countersigned("ab" * 32, "cd" * 65)
+    assert control.decode_request(control.encode_request(handed)) == handed
+    with pytest.raises(ProtocolError, match="bad length"):
+        control.decode_request(control.encode_request(control.Countersigned("ab" * 65, "cd")))
+    with pytest.raises(ProtocolError, match="bad length"):
+        control.decode_request(control.encode_request(control.Countersigned("ab", "c" * 131)))
     with pytest.raises(ProtocolError):  # a forward's state is no backward's
         control.decode_trace(control.encode_trace("held"), control.TRACE_BACK_STATES)
     for bad in (
@@ -206,13 +230,13 @@ def test_trace_requests_and_replies_are_checked() -> None:
 
 def test_a_relays_buffered_forward_reports_its_trace_state() -> None:
     header = HopHeader(1, 0, 3, 0, FORWARD, 1, 0, 0, "origin", ("origin",))
-    assert Buffered(header, b"out", sending=True).trace_state() == ("sending", "")
-    assert Buffered(header, b"out").trace_state() == ("stuck", "")
-    assert Buffered(header, b"out", sent_to="next").trace_state() == ("sent", "next")
+    assert Buffered(header, b"out", b"in", sending=True).trace_state() == ("sending", "")
+    assert Buffered(header, b"out", b"in").trace_state() == ("stuck", "")
+    assert Buffered(header, b"out", b"in", sent_to="next").trace_state() == ("sent", "next")
     repair = header.onward(flags=FLAG_REPAIR)
-    assert Buffered(repair, b"out").trace_state() == ("held", "")
+    assert Buffered(repair, b"out", b"in").trace_state() == ("held", "")
     resumed = header.onward(flags=FLAG_RESUME)
-    assert Buffered(resumed, b"out", sent_to="next").trace_state() == ("sent", "next")
+    assert Buffered(resumed, b"out", b"in", sent_to="next").trace_state() == ("sent", "next")
     for state, next_hop in (("sending", ""), ("stuck", ""), ("sent", "next"), ("held", "")):
         assert control.decode_trace(control.encode_trace(state, next_hop)) == (state, next_hop)
 
@@ -230,3 +254,31 @@ def test_attempt_numbers_of_the_data_node_and_of_re_senders_never_meet() -> None
         resend_attempt(511)
     with pytest.raises(ProtocolError, match="no attempt numbers left"):
         origin_attempt(256)
+
+
+def test_only_the_origin_or_the_node_after_the_dead_hop_gets_a_re_send() -> None:
+    """A stage-1 relay holding a forward (attempt 256: the origin's second block) re-sends it
+    to a stage-2 replica when the origin asks in a new block of its own, or the stage-3 node
+    after the dead stage-2 hop asks inside the forward's block; an off-path node gets none."""
+    stages = {"d": 0, "a": 1, "b": 2, "x": 2, "c": 3, "y": 3, "s": 1}
+    forward = HopHeader(1, 4, 7, 256, FORWARD, 1, 0, 0, "d", ("d",))
+
+    def refusal(asker: str, to: str, attempt: int, holder: int = 1) -> str | None:
+        request = control.Resend(4, 7, to, attempt)
+        return resend_refusal(asker, request, forward, holder, 3, stages.get)
+
+    assert refusal("d", "x", 512) is None  # the origin's own repair
+    assert refusal("c", "x", 257) is None  # the node after the dead hop, next in the block
+    assert refusal("d", "x", 258) is None  # the origin as the sink, in the block
+    assert refusal("y", "x", 0)  # attempt 0 before the forward's block: refused
+    assert refusal("y", "x", 256)  # the forward's own attempt
+    assert refusal("y", "x", 512)  # a block only the origin hands out
+    assert refusal("d", "x", 256)  # the forward's own attempt, even from the origin
+    assert refusal("s", "s", 257)  # a stage-1 node asking for itself
+    assert refusal("x", "x", 257)  # a stage-2 node (not after the dead hop) asking for itself
+    assert refusal("c", "y", 257)  # to a node of the wrong stage
+    assert refusal("c", "unknown", 257)  # to a node of no known stage
+    assert refusal("d", "unknown", 512) is None  # the origin's roster may know more
+    # The last relay's re-send goes to the sink, the origin itself, at its asking only.
+    assert refusal("d", "d", 512, holder=3) is None
+    assert refusal("y", "y", 257, holder=3)

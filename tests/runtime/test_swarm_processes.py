@@ -189,15 +189,11 @@ def test_every_hop_earns_the_audit_slashes_the_two_cheaters_and_pays_the_honest_
     # (In the second epoch audited, a cheater slashed for the first is judged already.)
     for f in accusations:
         assert f["kind"] == "equivocation" and (f["provable_on_chain"] or f["judged"]), f
-    # A sampled hop the audit could not re-execute accuses nobody. When the kill lands between
-    # a stage-1 relay's ack of a gradient and its sending it on, the gradient goes around it to
-    # a stand-in whose forward (the data node's re-send) is not among the certified leaves: its
-    # backward cannot be replayed.
+    # Every finding accuses a cheater: every sampled hop could be re-executed, the hops the
+    # kill made the swarm repair or redo included (a stand-in's recomputed forward is receipted
+    # and certified like any other, so its backward replays).
     for f in audit["findings"]:
-        if not f["accused"]:
-            assert f["kind"] == "unreplayed" and not f["provable_on_chain"], f
-            assert "no receipt of its forward is among those served" in f["detail"], f
-        assert cheaters[f["accused"]] in f["detail"], f
+        assert f["accused"] and cheaters[f["accused"]] in f["detail"], f
     assert audit["epochs"] == [0, 1]
     # A sample of hops re-executed, each bit for bit (nobody returned a wrong tensor).
     assert audit["replayed"] > 0 and audit["replayed_exact"] == audit["replayed"]
@@ -257,7 +253,7 @@ def test_every_hop_earns_the_audit_slashes_the_two_cheaters_and_pays_the_honest_
 
 WRONG_TENSOR_FILE = """
 [run]
-iterations = 8
+iterations = 16
 microbatches_per_iteration = 2
 seed = 3
 [swarm]
@@ -267,9 +263,9 @@ capacity = 1
 cheaters = {"relay-1-0" = "wrong-tensor"}
 [chain]
 epochs = 2
-# The certificates hold 16 microbatches x 2 stages x 2 directions = 64 hops in all: the audit
+# The certificates hold 32 microbatches x 2 stages x 2 directions = 128 hops in all: the audit
 # re-executes every one, so it cannot miss the cheater's.
-audit_sample = 64
+audit_sample = 128
 """
 
 
@@ -287,11 +283,14 @@ def test_a_wrong_tensor_is_found_by_re_execution_and_a_drawn_jury_slashes_its_wo
     assert audit["replayed_exact"] + len(wrong) == audit["replayed"]
     assert wrong and {f["accused"] for f in audit["findings"]} == {"relay-1-0"}
     assert all("relative error 1.00e-03" in f["detail"] for f in wrong)
-    # One dispute per epoch the cheater worked in, each opened with a bond; a drawn jury
-    # re-executed each. The first slashes its stake; the second convicts it in the other epoch
-    # too (its pay there is burned) for no further stake.
+    # One dispute per epoch the cheater worked in (each epoch with certified hops: it carries a
+    # microbatch of every iteration), each opened with a bond; a drawn jury re-executed each.
+    # The first slashes its stake; the second convicts it in the other epoch too (its pay there
+    # is burned) for no further stake. An iteration is in the epoch the data node's clock read
+    # as it began: on a fast machine every iteration after the harness moved the chain clock on
+    # may begin before the data node reads it, and the last epoch has no hops.
     disputed = [c for c in audit["challenges"] if c["outcome"] == "disputed"]
-    epochs = len(summary["chain"]["epochs"])
+    epochs = len([e for e in summary["chain"]["epochs"] if e["certificates"]])
     assert len(disputed) == epochs and {c["accused"] for c in disputed} == {"relay-1-0"}
     first, *later = audit["rulings"]
     assert first["outcome"] == "wrong tensor: worker slashed" and len(later) == epochs - 1

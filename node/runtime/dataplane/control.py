@@ -32,6 +32,8 @@ mistyped field is a ``ProtocolError`` (charged to the sender by the rpc layer).
     {"type": "iteration_ended", "iteration": int,
      "relays_stepped": int, "members": [peer id]}           -> {"ok": true}
     {"type": "rejoin"}                                      -> {"ok": true}
+    {"type": "countersigned", "hop_key": hex,
+     "signature": hex}                                      -> {"ok": bool, "why": str}
 
 ``loads`` lists the asking node's view of the run: itself and the live peers its flow protocol
 knows (at most ``MAX_LOADS``, taken stage by stage in turn), for a relay choosing its stage.
@@ -41,6 +43,8 @@ many; every microbatch of the sender's share of the iteration is done, and which
 gradients; redo the lost gradients of your share at these stages (``stages``: bit s set for
 stage s; a round missed a holder) and name your holders now; the relays have stepped, and which
 data nodes train the next iteration; take the sender (back) into the run.
+``countersigned`` hands a worker the countersignature of the receipt it signed in its ack of a
+hop whose output it keeps (``exchange.py``): its copy of the receipt is then complete too.
 A trace's ``state`` is one of ``TRACE_STATES`` (``TRACE_BACK_STATES`` for ``trace_back``): what
 the asked node knows of the microbatch's forward (backward); ``next`` names whom it delivered it
 to when ``sent``.
@@ -86,6 +90,15 @@ MAX_HOLDS = 1024
 #: Tries at ending an iteration whose averaging missed a replica holding gradients: the last
 #: steps anyway, with what it has.
 MAX_END_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Countersigned:
+    """The countersignature (hex) of the receipt of hop ``hop_key`` (hex) the asked node
+    signed in its ack of a hop whose output it keeps."""
+
+    hop_key: str
+    signature: str
 
 
 @dataclass(frozen=True)
@@ -282,6 +295,7 @@ ControlRequest = (
     | RedoLost
     | IterationEnded
     | Rejoin
+    | Countersigned
 )
 _TYPES: dict[str, type[Any]] = {
     "alive": Alive,
@@ -301,6 +315,7 @@ _TYPES: dict[str, type[Any]] = {
     "redo_lost": RedoLost,
     "iteration_ended": IterationEnded,
     "rejoin": Rejoin,
+    "countersigned": Countersigned,
 }
 _RESEND_FIELDS = {"iteration": int, "microbatch": int, "to": str, "attempt": int}
 _FIELDS: dict[type[Any], dict[str, type]] = {
@@ -321,7 +336,10 @@ _FIELDS: dict[type[Any], dict[str, type]] = {
     RedoLost: {"iteration": int, "stages": int},
     IterationEnded: {"iteration": int, "relays_stepped": int, "members": list},
     Rejoin: {},
+    Countersigned: {"hop_key": str, "signature": str},
 }
+#: String fields longer than a peer id: hex of a 65-byte signature.
+_LONG_FIELDS = {(Countersigned, "signature"): 130}
 
 
 async def ask(
@@ -380,7 +398,7 @@ def decode_request(data: bytes) -> ControlRequest:
             raise ProtocolError(f"control field {name} must be {kind.__name__}")
         if isinstance(value, int) and not 0 <= value < 2**63:
             raise ProtocolError(f"control field {name} out of range")
-        if isinstance(value, str) and not 0 < len(value) <= 96:
+        if isinstance(value, str) and not 0 < len(value) <= _LONG_FIELDS.get((cls, name), 96):
             raise ProtocolError(f"control field {name} has a bad length")
         if isinstance(value, list):
             if len(value) > MAX_REPLICAS or not all(

@@ -6,6 +6,14 @@ gets no ack before its deadline knows the hop was lost and re-sends it elsewhere
 on (``node.receipts``), a relay signs the receipt of each hop it computed and sends it with
 the input's digest, the receiver checks it and countersigns in the ack; a data node notes the
 digests of the hops it starts (the anchors its certificate's chains of hops begin at).
+
+A hop whose output its receiver keeps (``FLAG_REPAIR``: a forward recomputed for a gradient to
+come; ``FLAG_REDO``: a redone gradient) has no next node to countersign it: its receiver, the
+worker, signs its receipt in the ack (the digest of the output kept and its signature), and
+the sender, the node the input came from, countersigns and reports it, and hands the worker
+the countersignature (``control.Countersigned``), so that the worker holds its receipt whole
+too (an auditor or juror asks the worker for it). Its input is the output of a hop the sender
+computed (or a data node's own send), so it chains like any other.
 """
 
 from __future__ import annotations
@@ -17,12 +25,17 @@ from dataclasses import dataclass, field
 import trio
 from libp2p.peer.id import ID
 
+from contracts.encoding import HopReceipt, hop_key
 from coordinator_free.wire import HopAck, decode, encode
 from gwtf.errors import GwtfError, ProtocolError
 from node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
 from node.receipts.book import HopFacts, ReceiptBook, worker_stage
+from node.runtime.dataplane import control
 from node.runtime.dataplane.hop import (
+    ATTEMPT_BLOCK,
     BACKWARD,
+    FLAG_REDO,
+    FLAG_REPAIR,
     FORWARD,
     HopHeader,
     ReceiptInput,
@@ -33,10 +46,24 @@ from node.runtime.dataplane.hop import (
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_ID = "/gwtf/hop/5.0.0"
+PROTOCOL_ID = "/gwtf/hop/6.0.0"
 _QUEUE_DEPTH = 64
+#: Receipts of kept outputs signed and waiting for their countersignature (oldest dropped).
+_MAX_KEPT_PENDING = 4096
 
-Compute = Callable[[HopHeader, bytes], Awaitable[None]]
+
+@dataclass(frozen=True)
+class Kept:
+    """The output of a hop its receiver keeps (a repair's forward, a redone gradient), and
+    whether the receiver signs its receipt in the ack."""
+
+    frame: bytes
+    receipted: bool = True
+
+
+#: A role's compute of a received hop: the output it keeps (``Kept``), or None (sent on, or a
+#: data node's).
+Compute = Callable[[HopHeader, bytes], Awaitable[Kept | None]]
 #: Called by a data node with each hop it starts (a first forward, a loss gradient) and the
 #: digest of the frame sent.
 OriginSend = Callable[[HopHeader, bytes], None]
@@ -116,6 +143,7 @@ class _Job:
     frame: bytes
     done: trio.Event = field(default_factory=trio.Event)
     error: GwtfError | None = None
+    kept: Kept | None = None  # the output the role kept (``Compute``)
     queued_at: float = field(default_factory=trio.current_time)
 
 
@@ -140,13 +168,24 @@ class DataPlane:
     hops: HopCounts = field(default_factory=HopCounts)
     timings: HopTimings = field(default_factory=HopTimings)
     _queue: tuple[trio.MemorySendChannel[_Job], trio.MemoryReceiveChannel[_Job]] | None = None
+    _nursery: trio.Nursery | None = None  # ``serve``'s: background hand-backs
     #: Hops received and not yet computed, by (iteration, microbatch, direction): a trace of a
     #: stalled microbatch must tell a slow node from one that never got the hop.
     _receiving: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    #: Hop key -> (origin, receipt, signature) of the kept outputs' receipts this node signed
+    #: in an ack, until their sender hands back the countersignature.
+    _kept_pending: dict[bytes, tuple[str, HopReceipt, bytes]] = field(default_factory=dict)
+    #: The kept forwards whose receipt came back countersigned (``kept_forward_whole``), each
+    #: set once its countersignature is handed back (oldest forgotten: its backward then goes
+    #: unreceipted, which is safe).
+    _kept_whole: dict[tuple[str, int, int, int, int], trio.Event] = field(default_factory=dict)
+    #: (origin, iteration, microbatch, direction) of the kept outputs' receipts signed here.
+    _kept_signed: dict[tuple[str, int, int, int], None] = field(default_factory=dict)
 
     def serve(self, nursery: trio.Nursery) -> None:
         send, receive = trio.open_memory_channel[_Job](_QUEUE_DEPTH)
         self._queue = (send, receive)
+        self._nursery = nursery
         limits = RpcLimits(self.max_frame_bytes, 1024, self.ack_deadline_s)
         self.rpc.serve(PROTOCOL_ID, self._handle, limits)
         nursery.start_soon(self._compute_loop, receive)
@@ -174,9 +213,12 @@ class DataPlane:
         if job.error is not None:
             raise HopRejected(str(job.error)) from job.error
         digest = frame_digest(frame)
-        countersignature = b""
+        countersignature, kept_digest, kept_signature = b"", b"", b""
         if receipted is not None and self.receipts is not None:
             countersignature = await self._countersign(peer, header, receipted, digest)
+        if job.kept is not None and job.kept.receipted and self.receipts is not None:
+            kept_digest = frame_digest(job.kept.frame)
+            kept_signature = await self._sign_kept(peer, header, digest, kept_digest)
         ack = HopAck(
             str(header.microbatch_id),
             header.stage,
@@ -184,8 +226,87 @@ class DataPlane:
             header.attempt,
             digest,
             countersignature,
+            kept_digest if kept_signature else b"",
+            kept_signature,
         )
         return encode(ack)
+
+    async def _sign_kept(
+        self, peer: str, header: HopHeader, input_digest: bytes, kept_digest: bytes
+    ) -> bytes:
+        """This node's signature of the receipt of a hop it computed and keeps the output of
+        (the sender ``peer`` countersigns it), or b"" (not a relay's hop, or not signed)."""
+        assert self.receipts is not None
+        if not 1 <= header.stage <= self.stages:
+            return b""
+        if header.direction == FORWARD and not header.flags & FLAG_REPAIR:
+            return b""
+        once = (header.origin, header.iteration, header.microbatch_id, header.direction)
+        if once in self._kept_signed:
+            # One kept receipt per microbatch and direction: a made-up repair sent here uses
+            # up at most one hop key of this node's, and its real hop under that key moves to
+            # the next attempt (``send``).
+            return b""
+        try:
+            receipt = self.receipts.receipt(
+                _kept_facts(header, self.node_id, peer, input_digest, kept_digest)
+            )
+        except ProtocolError as exc:  # an origin that is no node, a field out of range
+            self.receipts.refuse(peer, f"hop receipt cannot be built: {exc}")
+            return b""
+        signature = await self.receipts.sign(receipt)
+        if signature is None:
+            return b""
+        self._kept_signed[once] = None
+        while len(self._kept_signed) > _MAX_KEPT_PENDING:
+            del self._kept_signed[next(iter(self._kept_signed))]
+        self._kept_pending[hop_key(receipt)] = (header.origin, receipt, signature)
+        while len(self._kept_pending) > _MAX_KEPT_PENDING:
+            del self._kept_pending[next(iter(self._kept_pending))]
+        if header.direction == FORWARD:
+            self._kept_whole[_kept_forward_key(header)] = trio.Event()
+            while len(self._kept_whole) > _MAX_KEPT_PENDING:
+                del self._kept_whole[next(iter(self._kept_whole))]
+        return signature
+
+    async def kept_forward_whole(self, forward: HopHeader, patience_s: float) -> bool:
+        """Whether the receipt this node signed of the kept forward ``forward`` (as received)
+        came back countersigned, waiting up to ``patience_s`` for it (its sender hands it back
+        right after the ack, in the background).
+
+        A juror replays a backward together with its forward's receipt, signed by both; a
+        forward whose sender withholds the countersignature leaves this node without it, and
+        missing evidence loses. So the backward of a kept forward is receipted only once that
+        forward's receipt is whole here; otherwise it is computed unreceipted (unpaid, and
+        nothing to slash). Declining it instead would stall the very repair it is part of."""
+        event = self._kept_whole.get(_kept_forward_key(forward))
+        if event is None:
+            return False  # never signed here, or forgotten: not provably whole
+        with trio.move_on_after(patience_s):
+            await event.wait()
+        return event.is_set()
+
+    def countersigned(self, peer: str, message: control.Countersigned) -> bytes:
+        """The sender of a hop whose output this node kept hands back its countersignature:
+        the receipt this node signed in its ack is complete here too."""
+        try:
+            key, counter = bytes.fromhex(message.hop_key), bytes.fromhex(message.signature)
+        except ValueError as exc:
+            raise ProtocolError("a countersignature that is not hex") from exc
+        pending = self._kept_pending.get(key)
+        if pending is None or self.receipts is None:
+            return control.encode_reply(False, why="no receipt of that hop waits here")
+        origin, receipt, signature = pending
+        if not self.receipts.acknowledged(peer, origin, receipt, signature, counter):
+            return control.encode_reply(False, why="not that receipt's countersignature")
+        del self._kept_pending[key]
+        if receipt.direction == FORWARD:
+            whole = self._kept_whole.get(
+                (origin, receipt.iteration, receipt.microbatchId, receipt.stage, receipt.attempt)
+            )
+            if whole is not None:
+                whole.set()
+        return control.encode_reply(True)
 
     async def _countersign(
         self, peer: str, header: HopHeader, receipted: ReceiptInput, digest: bytes
@@ -226,7 +347,7 @@ class DataPlane:
             started = trio.current_time()
             self.timings.queue_wait_s += started - job.queued_at
             try:
-                await self.compute(job.header, job.frame)
+                job.kept = await self.compute(job.header, job.frame)
             except GwtfError as exc:
                 log.warning(
                     "hop %s of microbatch %s rejected: %s",
@@ -257,8 +378,15 @@ class DataPlane:
         book, receipt, receipted = self.receipts, None, None
         if book is not None and input_digest is not None:
             if book.is_receipted(header.direction, header.stage):
-                receipt = book.receipt(_facts(header, self.node_id, to, input_digest, digest))
-                signature = await book.sign(receipt)
+                while True:
+                    receipt = book.receipt(_facts(header, self.node_id, to, input_digest, digest))
+                    conflicts: list[bool] = []
+                    signature = await book.sign(receipt, conflicts)
+                    if not conflicts or header.attempt % ATTEMPT_BLOCK == ATTEMPT_BLOCK - 1:
+                        break
+                    # Its hop key holds another receipt (a made-up repair sent here under it
+                    # took it first): the hop goes under the next attempt, still paid.
+                    header = header.onward(attempt=header.attempt + 1)
                 if signature is None:
                     receipt = None
                 else:
@@ -289,7 +417,42 @@ class DataPlane:
             book.acknowledged(
                 to, header.origin, receipt, receipted.worker_signature, ack.countersignature
             )
+        if book is not None and ack.kept_signature:
+            await self._countersign_kept(to, header, digest, ack)
         return ack.digest
+
+    async def _countersign_kept(self, to: str, header: HopHeader, sent: bytes, ack: HopAck) -> None:
+        """Countersign (and so report) the receipt ``to`` signed in its ack of a hop it keeps
+        the output of. Only a hop sent to be kept has one; a worker's signature that does not
+        check, or any other, is refused (``ReceiptBook.countersign``) and the hop stays
+        acknowledged."""
+        assert self.receipts is not None
+        if not header.flags & (FLAG_REPAIR | FLAG_REDO) or not 1 <= header.stage <= self.stages:
+            self.receipts.refuse(to, "a kept output's receipt signed for a hop sent on")
+            return
+        if len(ack.kept_digest) != 32:
+            self.receipts.refuse(to, "a kept output's receipt without a 32-byte digest")
+            return
+        facts = _kept_facts(header, to, self.node_id, sent, ack.kept_digest)
+        try:
+            receipt = self.receipts.receipt(facts)
+        except ProtocolError as exc:
+            self.receipts.refuse(to, f"a kept output's receipt cannot be built: {exc}")
+            return
+        counter = await self.receipts.countersign(to, header.origin, receipt, ack.kept_signature)
+        if not counter:
+            return
+        message = control.Countersigned(hop_key(receipt).hex(), counter.hex())
+        if self._nursery is None:
+            await self._hand_back(to, message)
+        else:  # a slow worker must not hold up the send (a re-send's requester has a deadline)
+            self._nursery.start_soon(self._hand_back, to, message)
+
+    async def _hand_back(self, to: str, message: control.Countersigned) -> None:
+        try:
+            await control.ask(self.rpc, to, message, self.ack_deadline_s)
+        except PeerUnavailable as exc:  # it is reported all the same, by this node
+            log.info("countersignature of hop %s not handed back: %s", message.hop_key, exc)
 
 
 def _facts(
@@ -300,6 +463,21 @@ def _facts(
         worker_stage(header.direction, header.stage), header.direction, header.attempt,
         worker, receiver, input_digest, output_digest,
     )  # fmt: skip
+
+
+def _kept_facts(
+    header: HopHeader, worker: str, sender: str, input_digest: bytes, kept_digest: bytes
+) -> HopFacts:
+    """The hop ``worker`` computed from what ``sender`` sent it and kept the output of: its
+    stage is the one the header names (the receiver's own), its counterparty the sender."""
+    return HopFacts(
+        header.epoch, header.origin, header.iteration, header.microbatch_id, header.stage,
+        header.direction, header.attempt, worker, sender, input_digest, kept_digest,
+    )  # fmt: skip
+
+
+def _kept_forward_key(header: HopHeader) -> tuple[str, int, int, int, int]:
+    return (header.origin, header.iteration, header.microbatch_id, header.stage, header.attempt)
 
 
 def direction_name(direction: int) -> str:

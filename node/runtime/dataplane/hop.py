@@ -34,6 +34,8 @@ import hashlib
 import struct
 from dataclasses import dataclass, replace
 
+from libp2p.peer.id import ID
+
 from gwtf.errors import ProtocolError
 
 FORWARD = 0
@@ -50,8 +52,9 @@ FLAG_LENT = 4
 #: (``ReceiptInput``).
 FLAG_RECEIPTED = 8
 #: The receiver accumulates a backward that a dead replica of its stage had accumulated, keeps
-#: the gradient for its input and sends nothing on (``gradient_redo.py``): no receipt, no step
-#: of the microbatch beyond it.
+#: the gradient for its input and sends nothing on (``gradient_redo.py``): no step of the
+#: microbatch beyond it. Like a repair's, its receipt is signed by the receiver in its ack,
+#: which keeps the output (``exchange.py``).
 FLAG_REDO = 16
 
 ATTEMPT_BLOCK = 256
@@ -159,6 +162,10 @@ def decode_hop_request(data: bytes) -> tuple[HopHeader, ReceiptInput | None, byt
             raise HopFormatError("hop header has a peer id that is not UTF-8") from exc
 
     origin = read_id()
+    try:
+        ID.from_base58(origin)  # every receipt of the hop names its origin's address
+    except Exception as exc:  # the decoder's own errors: base58, multihash, lengths
+        raise HopFormatError("hop header's origin is not a peer id") from exc
     if pos >= len(data):
         raise HopFormatError("hop header ends before its path")
     count = data[pos]

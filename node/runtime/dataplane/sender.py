@@ -13,6 +13,7 @@ output (its receipt, with receipts on, is signed and countersigned in ``DataPlan
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -23,6 +24,7 @@ from node.receipts.book import worker_stage
 from node.runtime.dataplane import control
 from node.runtime.dataplane.exchange import DataPlane, HopRecord
 from node.runtime.dataplane.hop import (
+    ATTEMPT_BLOCK,
     BACKWARD,
     FLAG_REDO,
     FLAG_REPAIR,
@@ -41,7 +43,7 @@ class PassedBack:
 
     header: HopHeader  # the outgoing backward (its path names the node it goes to)
     frame: bytes
-    input_digest: bytes
+    input_digest: bytes | None  # None: sent unreceipted (``RelayRole._backward_receipted``)
     sending: bool = False
     sent_to: str = ""  # the node that acknowledged it
     around: set[str] = field(default_factory=set)  # dead nodes it was re-sent around
@@ -80,6 +82,10 @@ class HopSender:
         self.stats = stats
         self.wiring = wiring  # None: hops follow the flow table (GWTF); else SWARM's wiring
         self.passed: dict[tuple[int, int], PassedBack] = {}  # by (iteration, microbatch)
+        # The stage of a peer's signed card that discovery verified and holds, None without
+        # one (``AddressBook.stage_of``, set once the node's book exists): the stages two
+        # away from this node's are no flow neighbours, yet their nodes ask for re-sends.
+        self.carded_stage: Callable[[str], int | None] = lambda _peer: None
 
     def next_hop(self, stage: int, route: str | None) -> str | None:
         """Where a forward into ``stage`` goes: the flow's next hop, or SWARM's weighted draw."""
@@ -127,7 +133,7 @@ class HopSender:
         candidates = [peer for peer in candidates if peer not in exclude]
         return self.flow.node.rng.choice(candidates) if candidates else None
 
-    def pass_back(self, header: HopHeader, frame: bytes, input_digest: bytes) -> PassedBack:
+    def pass_back(self, header: HopHeader, frame: bytes, input_digest: bytes | None) -> PassedBack:
         """Keep a gradient this node computed (``header`` is the outgoing backward) until the
         iteration ends: if the node it goes to dies holding it, this node sends it again."""
         record = PassedBack(header, frame, input_digest)
@@ -159,7 +165,7 @@ class HopSender:
                     continue
                 self._acknowledged(to)
                 if not record.recorded:  # a gradient sent again is the same work, counted once
-                    self._record(header, to, record.input_digest, output_digest)
+                    self._record(header, to, record.input_digest or b"", output_digest)
                     record.recorded = True
                 record.header, record.sent_to = header, to
                 return
@@ -239,15 +245,22 @@ class HopSender:
         path[record.header.stage] = request.to
         redo = record.header.onward(path=tuple(path), attempt=request.attempt, flags=FLAG_REDO)
         try:
-            await self.plane.send(request.to, redo, record.frame)
+            # Receipted again (the same computation: paid once) in case its first send's
+            # receipt was never countersigned; the replica signs its own in the ack.
+            await self.plane.send(request.to, redo, record.frame, record.input_digest)
         except PeerUnavailable as exc:
             return control.encode_reply(False, why=str(exc))
         return control.encode_reply(True)
 
-    async def serve_resend(self, to: str, repair: HopHeader, frame: bytes) -> bytes:
-        """Answer a ``Resend``: send the buffered forward, flagged as a repair, to ``to``."""
+    async def serve_resend(
+        self, to: str, repair: HopHeader, frame: bytes, input_digest: bytes
+    ) -> bytes:
+        """Answer a ``Resend``: send the buffered forward, flagged as a repair, to ``to``.
+        It is receipted again under the repair's attempt (the same computation, from the same
+        input: certified once), so a forward whose first send was never acknowledged is paid
+        and the chain goes on through it; a data node's (``input_digest`` b"") is its own."""
         try:
-            await self.plane.send(to, repair, frame)
+            await self.plane.send(to, repair, frame, input_digest)
         except PeerUnavailable as exc:
             return control.encode_reply(False, why=str(exc))
         self.stats.repairs_served += 1
@@ -261,6 +274,13 @@ class HopSender:
         reply = control.decode_reply(await control.ask(self.plane.rpc, before, request, timeout_s))
         if not reply["ok"]:
             raise PeerUnavailable(f"{before} could not re-send microbatch {header.microbatch_id}")
+
+    def stage_of(self, peer: str) -> int | None:
+        """The stage this node believes ``peer`` serves (0: a data node), None if unknown: the
+        flow core's, for a neighbour, else the one its signed card names. Never a stage the
+        peer states in a request: a node off the path could then name itself the asker."""
+        known = self.flow.node.peers.get(peer)
+        return self.carded_stage(peer) if known is None else known.stage
 
     def _acknowledged(self, peer: str) -> None:
         """An acknowledged hop proves ``peer`` alive: the core's keep-alives need not ping it."""
@@ -286,6 +306,48 @@ class HopSender:
                 bool(header.flags & FLAG_REPAIR),
             )
         )
+
+
+def resend_refusal(
+    asker: str,
+    request: control.Resend,
+    forward: HopHeader,
+    holder_stage: int,
+    stages: int,
+    stage_of: Callable[[str], int | None],
+) -> str | None:
+    """Why a node of ``holder_stage`` (0: the microbatch's origin) that holds the output of
+    ``forward`` (the forward it received, or the origin's first hop) will not re-send it as
+    ``asker`` asks, or None when it will.
+
+    A re-send is receipted and chains through this node's output, so a node off the path must
+    not be able to ask for one to itself (it would be paid for every microbatch, and push the
+    path's own relay out of a hop's certificate). Only two nodes ask: the microbatch's origin,
+    for a repair of its own (a new block of attempts it hands out, ``origin_attempt``), and
+    the node after the dead hop on the recorded path (``HopSender._around``: a replica of the
+    stage after the dead one, or the origin as the sink), with the next attempt inside the
+    block the forward carried. Either way the output goes to a replica of the stage after this
+    node (or to the origin as the sink). A stage the origin names that this node has not heard
+    of is taken on the origin's word (its roster knows more relays than this node's view)."""
+    origin, wanted = forward.origin, holder_stage + 1
+    block = forward.attempt // ATTEMPT_BLOCK
+    in_block = request.attempt // ATTEMPT_BLOCK == block and request.attempt > forward.attempt
+    if asker == origin:
+        if request.attempt % ATTEMPT_BLOCK == 0 and request.attempt // ATTEMPT_BLOCK == block:
+            return f"attempt {request.attempt} is the forward's own, not a repair's"
+        if request.attempt % ATTEMPT_BLOCK and not in_block:
+            return f"attempt {request.attempt} is outside the forward's block of attempts"
+    else:
+        if wanted + 1 > stages or stage_of(asker) != wanted + 1:  # past stage S: the origin
+            return f"{asker} is neither the origin nor a node of stage {wanted + 1}"
+        if not in_block:
+            return f"attempt {request.attempt} is outside the forward's block of attempts"
+    if wanted > stages:
+        return None if request.to == origin else "only the origin computes the loss"
+    stage = stage_of(request.to)
+    if stage != wanted and not (asker == origin and stage is None):
+        return f"{request.to} is not a replica of stage {wanted}"
+    return None
 
 
 def _next_attempt(attempt: int) -> int:

@@ -137,6 +137,12 @@ class AddressBook:
         self.peers.pop(peer_id, None)
         self.spare.pop(peer_id, None)
 
+    def stage_of(self, peer_id: str) -> int | None:
+        """The stage ``peer_id``'s signed card or hint names (0: a data node), None if this
+        book holds none (a peer learned only by exchange, whose records carry no stage)."""
+        record = self.peers.get(peer_id)
+        return None if record is None else record.stage
+
     def replicas_of(self, stage: int) -> list[PeerRecord]:
         return [r for r in self.peers.values() if r.stage == stage]
 

@@ -45,7 +45,7 @@ from node.runtime.dataplane.hop import (
     frame_digest,
     origin_attempt,
 )
-from node.runtime.dataplane.sender import HopSender, HopStats
+from node.runtime.dataplane.sender import HopSender, HopStats, resend_refusal
 from node.runtime.dataplane.stall_repair import Outcome, StallRepair
 from node.runtime.flow.routing import SwarmWiring
 from node.runtime.flow.service import FlowService
@@ -228,17 +228,25 @@ class DataRole:
         else:
             raise ProtocolError(f"a data node does not compute {header.direction}/{header.stage}")
 
-    async def handle_resend(self, request: control.Resend) -> bytes:
+    async def handle_resend(self, request: control.Resend, asker: str = "") -> bytes:
+        """Re-send a microbatch's first hop, asked by this node's own repairs (no ``asker``)
+        or by the stage-2 node after a dead stage-1 hop (``resend_refusal``)."""
         key = (request.iteration, request.microbatch)
         entry = self.embedded.get(key) or self.embedded_done.get(key)
         if entry is None:
             return control.encode_reply(False, why="microbatch not in flight here")
         header, frame = entry
+        refusal = resend_refusal(
+            asker or self.node_id, request, header, 0, self.plane.stages, self.sender.stage_of
+        )
+        if refusal is not None:
+            log.warning("re-send of microbatch %s refused: %s", request.microbatch, refusal)
+            return control.encode_reply(False, why=refusal)
         resume = isinstance(request, control.Resume)
         repair = header.onward(
             attempt=request.attempt, flags=FLAG_RESUME if resume else FLAG_REPAIR
         )
-        reply = await self.sender.serve_resend(request.to, repair, frame)
+        reply = await self.sender.serve_resend(request.to, repair, frame, b"")
         if resume and control.decode_reply(reply)["ok"]:
             self.first_hops[key] = request.to
         return reply

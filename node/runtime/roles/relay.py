@@ -25,7 +25,7 @@ from gwtf.errors import ProtocolError
 from node.p2p.rpc import Decline, PeerUnavailable
 from node.runtime.dataplane import control
 from node.runtime.dataplane.compute import T, in_worker_thread
-from node.runtime.dataplane.exchange import DataPlane
+from node.runtime.dataplane.exchange import DataPlane, Kept
 from node.runtime.dataplane.hop import (
     FLAG_REDO,
     FLAG_REPAIR,
@@ -34,7 +34,7 @@ from node.runtime.dataplane.hop import (
     HopHeader,
     frame_digest,
 )
-from node.runtime.dataplane.sender import HopSender, HopStats
+from node.runtime.dataplane.sender import HopSender, HopStats, resend_refusal
 from node.runtime.flow.routing import SwarmWiring
 from node.runtime.flow.service import FlowService
 from node.runtime.replicas.averaging import GradientAverager
@@ -53,6 +53,7 @@ class Buffered:
 
     header: HopHeader  # the forward hop as received
     output_frame: bytes
+    input_digest: bytes  # of the frame it was computed from (its receipt's, when re-sent)
     sending: bool = False  # the output is on its way to the next hop
     sent_to: str = ""  # the next hop that acknowledged the output
 
@@ -104,7 +105,9 @@ class RelayRole:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
         self.plane.compute = self.compute
 
-    async def compute(self, header: HopHeader, frame: bytes) -> None:
+    async def compute(self, header: HopHeader, frame: bytes) -> Kept | None:
+        """Compute a hop; the output when this relay keeps it rather than sending it on (a
+        repair's forward, a redone gradient): its receipt is signed in the ack."""
         if header.stage != self.stage:
             raise ProtocolError(f"hop for stage {header.stage} sent to a stage {self.stage} relay")
         await self._check_in_step(header.iteration)
@@ -112,25 +115,43 @@ class RelayRole:
         tensor = codec.decode(bytearray(frame), self.limits).tensor
         key = (header.iteration, header.microbatch_id)
         if header.direction == FORWARD:
-            out_frame = await self._run(self._in_step, header, self._forward, header, frame, tensor)
+            out_frame: bytes = await self._run(
+                self._in_step, header, self._forward, header, frame, tensor
+            )
             sends_on = not header.flags & FLAG_REPAIR
-            self.buffers[key] = Buffered(header, out_frame, sending=sends_on)
-            if sends_on:
-                self.nursery.start_soon(self._send_forward, header, out_frame, frame_digest(frame))
+            self.buffers[key] = Buffered(header, out_frame, frame_digest(frame), sending=sends_on)
+            if not sends_on:
+                return Kept(out_frame)
+            self.nursery.start_soon(self._send_forward, header, out_frame, frame_digest(frame))
+            return None
         else:
             redo = bool(header.flags & FLAG_REDO)
             if redo:
                 self._check_redo(header)
             elif key in self.sender.passed:
                 self._pass_on_again(header)
-                return
-            grad_frame = await self._run(
+                return None
+            grad_frame: bytes = await self._run(
                 self._in_step, header, self._backward, header, frame, tensor
             )
+            receipted = await self._backward_receipted(key)
             onward = header.onward(stage=header.stage - 1, flags=0)
-            record = self.sender.pass_back(onward, grad_frame, frame_digest(frame))
-            if not redo:  # a redone gradient is kept for the stage before's redo, if any
-                self.nursery.start_soon(self.sender.send_backward_or_log, record)
+            record = self.sender.pass_back(
+                onward, grad_frame, frame_digest(frame) if receipted else None
+            )
+            if redo:  # a redone gradient is kept for the stage before's redo, if any
+                return Kept(grad_frame, receipted)
+            self.nursery.start_soon(self.sender.send_backward_or_log, record)
+            return None
+
+    async def _backward_receipted(self, key: tuple[int, int]) -> bool:
+        """Whether this relay signs the receipt of a microbatch's backward: not when its
+        forward was a repair kept here whose receipt its sender has not countersigned
+        (``DataPlane.kept_forward_whole``: an auditor could not replay the backward)."""
+        buffered = self.buffers.get(key)
+        if buffered is None or not buffered.header.flags & FLAG_REPAIR:
+            return True
+        return await self.plane.kept_forward_whole(buffered.header, self.plane.ack_deadline_s / 4)
 
     def _pass_on_again(self, header: HopHeader) -> None:
         """A second backward of a microbatch whose gradient this relay computed and passed on
@@ -319,12 +340,19 @@ class RelayRole:
         if buffered is not None:
             buffered.sending, buffered.sent_to = False, delivered_to
 
-    async def handle_resend(self, request: control.Resend) -> bytes:
+    async def handle_resend(self, request: control.Resend, asker: str) -> bytes:
         """Re-send the buffered forward output: for a backward repair (``Resend``: the receiver
-        only recomputes) or a forward repair (``Resume``: the receiver also sends it on)."""
+        only recomputes) or a forward repair (``Resume``: the receiver also sends it on), when
+        the microbatch's origin or the node after the dead hop asks (``resend_refusal``)."""
         buffered = self.buffers.get((request.iteration, request.microbatch))
         if buffered is None:
             return control.encode_reply(False, why="no buffered forward for that microbatch")
+        refusal = resend_refusal(
+            asker, request, buffered.header, self.stage, self.plane.stages, self.sender.stage_of
+        )
+        if refusal is not None:
+            log.warning("re-send of microbatch %s refused: %s", request.microbatch, refusal)
+            return control.encode_reply(False, why=refusal)
         resume = isinstance(request, control.Resume)
         header = buffered.header.onward(
             stage=self.stage + 1,
@@ -332,7 +360,9 @@ class RelayRole:
             flags=FLAG_RESUME if resume else FLAG_REPAIR,
             path=(*buffered.header.path, self.plane.node_id),
         )
-        reply = await self.sender.serve_resend(request.to, header, buffered.output_frame)
+        reply = await self.sender.serve_resend(
+            request.to, header, buffered.output_frame, buffered.input_digest
+        )
         if resume and control.decode_reply(reply)["ok"]:
             buffered.sending, buffered.sent_to = False, request.to
         return reply
