@@ -33,14 +33,18 @@ from node.swarm.plan import plan_from_file
 from node.swarm.run import run_swarm
 
 SAMPLER = Path(__file__).resolve().parent / "cpu_sampler"
+OUT = Path(__file__).resolve().parent / "out"
 
 #: (part, pattern of a frame ``file:function``), in order: a stack is the first part's whose
 #: pattern matches one of its frames.
 PARTS: list[tuple[str, str]] = [
-    ("evidence: the iteration's weights kept", r"relay\.py:_keep_state$|evidence\.py:keep_state$"),
+    (
+        "evidence: the iteration's weights kept",
+        r"^thread:evidence-writer|relay\.py:_keep_state$|evidence\.py:keep_state$",
+    ),
     ("evidence: hop frames kept", r"relay\.py:_keep_frames$|evidence\.py:keep_frame$"),
     ("signing and recovery", r"/(eth_keys|coincurve|eth_account)/"),
-    ("SQLite (node store, writer threads)", r"/node/store/|sqlite3"),
+    ("SQLite (node store, writer threads)", r"/node/store/(?!evidence)|sqlite3"),
     ("receipts: book, reports, certificates", r"/node/receipts/"),
     ("frame digests (SHA-256 of each hop)", r":frame_digest$"),
     ("chain (web3, RPC)", r"/(web3|eth_abi|requests|urllib3|node/chain)/"),
@@ -52,8 +56,9 @@ OTHER = "event loop and the rest"
 
 
 def part_of(stack: str) -> str:
-    """The part of a ``node|thread|frames`` stack."""
-    frames = stack.split("|", 2)[-1].split(";")
+    """The part of a ``node|thread|frames`` stack (the thread is a frame ``thread:<name>``)."""
+    _, thread, frames = stack.split("|", 2)
+    frames = [f"thread:{thread}", *frames.split(";")]
     for part, pattern in PATTERNS:
         if any(pattern.search(frame) for frame in frames):
             return part
@@ -144,7 +149,10 @@ def print_top(ms: dict[str, float], count: int, top: int) -> None:
         node, thread, frames = stack.split("|", 2)
         own = [f for f in frames.split(";") if "site-packages" not in f and "/lib/python" not in f]
         inner = " < ".join(re.sub(r".*/", "", f) for f in own[:3])
-        places[f"{node} [{re.sub(r'[0-9]+', '', thread)}] {inner}"] += value / count
+        part = part_of(stack).split(":")[0].split(" (")[0]
+        places[f"{part:<14.14} {node} [{re.sub(r'[0-9]+', '', thread)[:24]}] {inner}"] += (
+            value / count
+        )
     for place, value in sorted(places.items(), key=lambda kv: -kv[1])[:top]:
         print(f"{value:>9.1f}  {place}")
 
@@ -155,27 +163,40 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--top", type=int, default=0, help="also print the N costliest stacks")
+    parser.add_argument(
+        "--again", action="store_true", help="sort the samples of the last run (bench/out) again"
+    )
     args = parser.parse_args()
     model, _, vocab = args.model.partition(":")
+    saved = OUT / f"receipt_cost-{model}.json"
+    if args.again:
+        runs = json.loads(saved.read_text())
+    else:
+        print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        runs = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for run in range(args.runs):
+                for on in (True, False):
+                    body = swarm_file(
+                        args.iterations, "gwtf", False, [], receipts=on, model=model,
+                        vocab_size=int(vocab or 0), **MODEL_RUN,
+                    )  # fmt: skip
+                    name = f"{'on' if on else 'off'}-{run}"
+                    ms, summary = profiled_run(name, body, Path(tmp))
+                    per_it = seconds_per_iteration(summary["data_results"])
+                    runs.append([on, run, ms, summary["microbatches"], per_it])
+        print(f"load average after: {os.getloadavg()[0]:.1f}")
+        OUT.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(runs))
     per_mb: dict[bool, list[dict[str, float]]] = {True: [], False: []}
     seconds: dict[bool, list[float]] = {True: [], False: []}
-    print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        for run in range(args.runs):
-            for on in (True, False):
-                body = swarm_file(
-                    args.iterations, "gwtf", False, [], receipts=on, model=model,
-                    vocab_size=int(vocab or 0), **MODEL_RUN,
-                )  # fmt: skip
-                ms, summary = profiled_run(f"{'on' if on else 'off'}-{run}", body, out)
-                count = max(summary["microbatches"], 1)
-                per_mb[on].append({part: v / count for part, v in by_part(ms).items()})
-                if args.top:
-                    print(f"\nreceipts {'on' if on else 'off'}, run {run}: CPU ms per microbatch")
-                    print_top(ms, count, args.top)
-                seconds[on].append(seconds_per_iteration(summary["data_results"]))
-    print(f"load average after: {os.getloadavg()[0]:.1f}")
+    for on, run, ms, microbatches, per_it in runs:
+        count = max(microbatches, 1)
+        per_mb[on].append({part: v / count for part, v in by_part(ms).items()})
+        seconds[on].append(per_it)
+        if args.top:
+            print(f"\nreceipts {'on' if on else 'off'}, run {run}: CPU ms per microbatch")
+            print_top(ms, count, args.top)
     parts = [part for part, _ in PARTS] + [OTHER]
     on = {p: statistics.median(r.get(p, 0.0) for r in per_mb[True]) for p in parts}
     off = {p: statistics.median(r.get(p, 0.0) for r in per_mb[False]) for p in parts}
@@ -183,8 +204,8 @@ def main() -> None:
     print(
         f"\n{args.model}, loopback swarm, 1 relay per stage, {MODEL_RUN['microbatches']} "
         f"microbatches of {MODEL_RUN['batch_size']} x {MODEL_RUN['seq_len']} tokens an "
-        f"iteration, {args.iterations} iterations, median of {args.runs}; CPU ms per microbatch "
-        f"while training, all nodes\n"
+        f"iteration, {args.iterations} iterations, median of {len(seconds[True])}; CPU ms per "
+        f"microbatch while training, all nodes\n"
         f"{'part':<42}{'off':>9}{'on':>9}{'on - off':>10}{'/ compute':>11}"
     )
     for part in parts:
