@@ -48,6 +48,7 @@ PARTS: list[tuple[str, str]] = [
     ("receipts: book, reports, certificates", r"/node/receipts/"),
     ("frame digests (SHA-256 of each hop)", r":frame_digest$"),
     ("chain (web3, RPC)", r"/(web3|eth_abi|requests|urllib3|node/chain)/"),
+    ("status file: the part state's digest each step", r"process\.py:_digest_at_step$"),
     ("compute: forward and backward", r"/node/training/(?!codec)"),
     ("wire codec", r"/node/training/codec\.py"),
     ("network (libp2p, noise, yamux)", r"/(libp2p|multiaddr|nacl|cryptography)/"),
@@ -164,13 +165,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--top", type=int, default=0, help="also print the N costliest stacks")
     parser.add_argument(
-        "--again", action="store_true", help="sort the samples of the last run (bench/out) again"
+        "--again",
+        nargs="?",
+        const="",
+        help="sort the samples of the last run (bench/out, or this file) again",
     )
     args = parser.parse_args()
     model, _, vocab = args.model.partition(":")
     saved = OUT / f"receipt_cost-{model}.json"
-    if args.again:
-        runs = json.loads(saved.read_text())
+    if args.again is not None:
+        runs = json.loads(Path(args.again or saved).read_text())
     else:
         print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         runs = []
