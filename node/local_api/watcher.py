@@ -85,6 +85,9 @@ def first_block_at(w3: Any, timestamp: int) -> int:
     return low
 
 
+#: What a reading takes from one block: rewards paid, slashes, the run, the node.
+_AtBlock = tuple[list[Any], tuple[Slashed, ...], tuple[RunView, ...], NodeView | None]
+
 #: Chain seconds after which a settled epoch's book that is not closed is read again.
 OPEN_BOOK_READ_S = 60
 
@@ -94,7 +97,8 @@ class ChainReader:
     """Reads what the chain says of ``node``'s run. It remembers what can no longer change:
     epoch windows, the books of settled epochs (refreshed when this node is paid in one),
     events already read from the block the run opened in; so a node in a long run asks for the
-    epochs still moving and the blocks since its last reading."""
+    epochs still moving and the blocks since its last reading; with no new block since, it
+    asks for nothing but the epochs its records name for the first time."""
 
     contracts: Contracts
     ledger: EpochLedger
@@ -111,6 +115,10 @@ class ChainReader:
     disputes: DisputeWatch = field(init=False)
     _opened_at: int | None = None
     _start_and_length: tuple[int, int] = (0, 0)
+    #: The latest block read (number, hash), what was read at it, and the books read at it.
+    _block: tuple[Any, Any] = (None, None)
+    _at_block: _AtBlock = ([], (), (), None)
+    _books: dict[int, EpochBook] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         run_id = self.ledger.run_id
@@ -126,35 +134,52 @@ class ChainReader:
             self.rewards.next_block = self.slashes.next_block = self._opened_at
         work = self.records.work(run_id)
         claims = claim_records(self.records, run_id)
-        latest = int(self.contracts.w3.eth.block_number)
-        paid = self.rewards.read(latest)
+        block = self.contracts.w3.eth.get_block("latest")
+        if (block["number"], block["hash"]) != self._block:
+            # Every read below is of the latest block: with no new block, it is the last one's.
+            self._at_block = self._read_block(int(block["number"]), int(block["timestamp"]))
+            self._block, self._books = (block["number"], block["hash"]), {}
+        paid, slashes, runs, node = self._at_block
         epochs = sorted(set(work) | {c.epoch for c in claims} | {p.epoch for p in paid})
         for epoch in epochs:
             if epoch not in self.times:
                 self.times[epoch] = self.ledger.epoch_times(epoch)
-        now = self.ledger.now()
+        now = int(block["timestamp"])  # chain time (``EpochLedger.now``)
         paid_in = Counter(p.epoch for p in paid)
+        for epoch in epochs:
+            if epoch not in self._books:
+                self._books[epoch] = self._book(epoch, now, paid_in[epoch])
         view = ChainView(
             now=now,
             times={e: self.times[e] for e in epochs},
-            books={e: self._book(e, now, paid_in[e]) for e in epochs},
+            books={e: self._books[e] for e in epochs},
             paid=paid,
             certified_by={
                 e: self._certified_by(e) for e in epochs if now >= self.times[e].submit_closes_at
             },
         )
         earned = earnings_of(run_id, work, claims, view)
-        runs = tuple(v for v in [run_view(self.contracts, run_id, self.node)] if v is not None)
         start, length = self._start_and_length
         running = self.ledger.epoch_times(max(0, (now - start) // length)) if length else None
         return ChainParts(
             view=view,
             runs=runs,
-            slashes=tuple(self.slashes.read(latest)),
+            slashes=slashes,
             claimed_wei=sum(int(e.claimed.wei) for e in earned),
             claimable_wei=sum(int(e.claimable.wei) for e in earned),
             next_claim_at=next_claim_at(earned, view.times, running),
-            node=node_view(self.contracts, self.node, self.disputes.holds(), now),
+            node=node,
+        )
+
+    def _read_block(self, latest: int, now: int) -> _AtBlock:
+        """What the chain says at block ``latest`` (of time ``now``) whatever this node's
+        records hold."""
+        run = run_view(self.contracts, self.ledger.run_id, self.node)
+        return (
+            self.rewards.read(latest),
+            tuple(self.slashes.read(latest)),
+            tuple(v for v in [run] if v is not None),
+            node_view(self.contracts, self.node, self.disputes.holds(), now),
         )
 
     def _certified_by(self, epoch: int) -> frozenset[str]:

@@ -15,6 +15,13 @@ evidence, possibly long after the epoch, and missing evidence loses the dispute.
 written to a temporary name and renamed, so a crash leaves no half file under a digest; reads
 return one chunk, so serving a large state never reads it whole.
 
+A state is hashed and written in the archive's writer thread, from a copy its caller takes, so
+that computing goes on meanwhile; it is flushed to the disk (file and folder) before it counts
+as kept. ``state_write`` gives the write of an iteration's state while it is under way: nothing
+computed with that state may be vouched for (its receipt signed) before the write is done,
+since a relay that crashed before it would hold no evidence for the hop. Reads of a state wait
+for its write.
+
 A node keeps each run's evidence in a folder of its own (``run_folder``), named by the chain,
 the ledger, the run and the run's start time on chain: a dev chain started afresh deploys the
 ledger at the same address and opens the same run id again, and a state kept in an earlier run
@@ -31,6 +38,7 @@ import re
 import shutil
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +86,8 @@ class EvidenceArchive:
         self.epoch_now = epoch_now
         self._lock = threading.Lock()
         self._made: set[int] = set()  # epochs whose folder exists
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="evidence-writer")
+        self._writes: dict[Path, Future[None]] = {}  # state writes, the latest of each path
         root.mkdir(parents=True, exist_ok=True)
 
     def keep_frame(self, epoch: int, frame: bytes | bytearray | memoryview) -> bytes:
@@ -94,25 +104,42 @@ class EvidenceArchive:
         self,
         epoch: int,
         iteration: int,
-        save: Callable[[Path], object],
+        snapshot: Callable[[], Callable[[Path], object]],
         is_current: Callable[[bytes], bool],
     ) -> bool:
-        """Keeps the stage's state at ``iteration`` of ``epoch`` (``save(path)`` writes it)
-        unless a state of that iteration is kept already; returns whether the kept state is
-        the current one, so that a hop computed now replays from it. A state kept before (by
-        this node's previous process, after a restart) is the current one if ``is_current``
-        says so of its bytes; if not, it stays (the hops computed with it replay from it alone)
-        and False says that no hop of that iteration may be computed with the weights of now.
-        True when nothing is kept of the epoch (the clock says it is not being worked)."""
+        """Keeps the stage's state at ``iteration`` of ``epoch`` unless a state of that
+        iteration is kept already: ``snapshot()``, called here, copies the state and returns
+        what writes the copy to a path, which runs in the writer thread (``state_write``).
+        Returns whether the kept state is the current one, so that a hop computed now replays
+        from it. A state kept before (by this node's previous process, after a restart) is the
+        current one if ``is_current`` says so of its bytes; if not, it stays (the hops computed
+        with it replay from it alone) and False says that no hop of that iteration may be
+        computed with the weights of now. True when nothing is kept of the epoch (the clock
+        says it is not being worked)."""
         folder = self._epoch_dir(epoch)
         if folder is None:
             return True
         path = folder / f"{_STATE_PREFIX}{iteration}{_STATE_SUFFIX}"
-        kept = _read(path)
+        kept = self._read_state(path)
         if kept is not None:
             return is_current(kept)
-        _write_atomically(path, save)
+        with self._lock:
+            earlier = list(self._writes.values())
+        wait(earlier)  # one copy in memory at a time
+        save = snapshot()
+        with self._lock:
+            # A failed write stays until its state is kept again: what was computed with it
+            # must never be vouched for.
+            self._writes = {p: w for p, w in self._writes.items() if w.exception() is not None}
+            self._writes[path] = self._writer.submit(_write_atomically, path, save, durable=True)
         return True
+
+    def state_write(self, epoch: int, iteration: int) -> Future[None] | None:
+        """The write of the state of ``iteration`` of ``epoch`` while it is under way, or once
+        it failed (``exception()``) until the state is kept again; None once it is done, at
+        the latest when the next state is kept."""
+        with self._lock:
+            return self._writes.get(self._state_path(epoch, iteration))
 
     def frame(self, epoch: int, digest: bytes) -> bytes | None:
         """The kept frame of ``epoch`` with ``digest``, or None."""
@@ -120,7 +147,18 @@ class EvidenceArchive:
 
     def state(self, epoch: int, iteration: int) -> bytes | None:
         """The kept state file of the stage at ``iteration`` of ``epoch``, or None."""
-        return _read(self._state_path(epoch, iteration))
+        return self._read_state(self._state_path(epoch, iteration))
+
+    def _read_state(self, path: Path) -> bytes | None:
+        self._finish_write(path)
+        return _read(path)
+
+    def _finish_write(self, path: Path) -> None:
+        """Wait for a write of ``path`` under way."""
+        with self._lock:
+            write = self._writes.get(path)
+        if write is not None:
+            wait([write])
 
     def frame_chunk(self, epoch: int, digest: bytes, offset: int, size: int) -> Chunk | None:
         """``size`` bytes from ``offset`` of a kept frame, with its length, or None."""
@@ -128,7 +166,9 @@ class EvidenceArchive:
 
     def state_chunk(self, epoch: int, iteration: int, offset: int, size: int) -> Chunk | None:
         """``size`` bytes from ``offset`` of a kept state file, with its length, or None."""
-        return _read_chunk(self._state_path(epoch, iteration), offset, size)
+        path = self._state_path(epoch, iteration)
+        self._finish_write(path)
+        return _read_chunk(path, offset, size)
 
     def _frame_path(self, epoch: int, digest: bytes) -> Path:
         return self.root / str(epoch) / (digest.hex() + _FRAME_SUFFIX)
@@ -153,8 +193,12 @@ class EvidenceArchive:
         for epoch in self.kept_epochs():
             if not is_done(epoch):
                 continue
+            folder = self.root / str(epoch)
             with self._lock:
-                shutil.rmtree(self.root / str(epoch), ignore_errors=True)
+                writes = [w for path, w in self._writes.items() if path.parent == folder]
+            wait(writes)  # a write under way would put the state back
+            with self._lock:
+                shutil.rmtree(folder, ignore_errors=True)
                 self._made.discard(epoch)
             pruned.append(epoch)
             log.info("pruned the hop evidence of epoch %s: it is settled and undisputed", epoch)
@@ -194,10 +238,29 @@ def _listing(folder: Path) -> list[Path]:
         return []
 
 
-def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
+def _write_atomically(path: Path, write: Callable[[Path], object], durable: bool = False) -> None:
+    """``write`` to a temporary name, then rename; ``durable``: flushed to the disk before the
+    rename and the rename after, so that not even a power cut leaves a half file under
+    ``path`` or takes back a file once it is there."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        if durable:
+            _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        _fsync(path.parent)
+
+
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 @dataclass(frozen=True)

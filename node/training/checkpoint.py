@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -107,13 +108,26 @@ def save_part_state(trainer: PartTrainer, path: Path, weights_only: bool = False
     """Write the part's state atomically to ``path``; returns its digest. ``weights_only``
     leaves out the optimizer's state (two thirds of the file with AdamW): what re-executing a
     hop needs, which loads as a state whose optimizer starts afresh."""
-    tensors = state_tensors(trainer, weights_only)
-    metadata = _metadata(trainer)
-    digest = content_digest(metadata, tensors)
     temporary = path.with_name(path.name + ".partial")
-    save_file(tensors, str(temporary), metadata={**metadata, "digest": digest})
+    digest = snapshot_part_state(trainer, weights_only)(temporary)
     os.replace(temporary, path)
     return digest
+
+
+def snapshot_part_state(trainer: PartTrainer, weights_only: bool = False) -> Callable[[Path], str]:
+    """The part's state as it is now, copied to the host; returns ``write(path)``, which writes
+    that copy as a state file (not atomically) and returns its digest. The copy is the only
+    cost here: hashing and writing, the bulk of a save, can run later in another thread while
+    the weights change."""
+    tensors = state_tensors(trainer, weights_only)
+    metadata = _metadata(trainer)
+
+    def write(path: Path) -> str:
+        digest = content_digest(metadata, tensors)
+        save_file(tensors, str(path), metadata={**metadata, "digest": digest})
+        return digest
+
+    return write
 
 
 def load_part_state(trainer: PartTrainer, path: Path) -> str:

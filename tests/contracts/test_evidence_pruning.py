@@ -24,7 +24,9 @@ def keep_three_epochs(root: Path) -> EvidenceArchive:
     archive = EvidenceArchive(root, keep_epochs=4)
     for epoch in (0, 1, 2):
         archive.keep_frame(epoch, f"a frame of epoch {epoch}".encode())
-        archive.keep_state(epoch, 10 * epoch, lambda path: path.write_bytes(b"w" * 1000), bool)
+        archive.keep_state(
+            epoch, 10 * epoch, lambda: lambda path: path.write_bytes(b"w" * 1000), bool
+        )
     return archive
 
 

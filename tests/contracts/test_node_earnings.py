@@ -145,3 +145,43 @@ def test_an_epoch_closed_by_another_workers_claim_is_seen_closed_within_a_minute
     assert not reader.read().view.books[0].closed  # kept a while: this node was not paid again
     w.travel_to(w.now() + OPEN_BOOK_READ_S + 1)
     assert reader.read().view.books[0].closed
+
+
+def test_a_reading_with_no_new_block_asks_only_for_the_block_and_new_epochs(
+    staffed: Staffed, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chain says nothing new without a new block: a node polling every second asks for the
+    latest block, and reads again only what its records name for the first time (an epoch it
+    worked in since); what a new block brings is read at the next reading."""
+    s, w = staffed, staffed.w
+    hops = w.pipeline_hops(s.run, 0, s.data, [s.a, s.b], range(2))
+    mine = [h for h in hops if h.receipt.worker == s.a.address]
+    contracts = Contracts(w.w3, w.registry, w.ledger, w.disputes, w.court, gas_limit=TEST_GAS_LIMIT)
+    reader = ChainReader(
+        contracts, EpochLedger(contracts, s.run, None), NodeRecords(db), s.a.address
+    )
+    first = reader.read()
+    asked: list[str] = []
+    request = w.w3.manager.request_blocking
+
+    def counted(method: str, params: object, *args: object, **kwargs: object) -> object:
+        asked.append(method)
+        return request(method, params, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(w.w3.manager, "request_blocking", counted)
+    again = reader.read()
+    assert asked == ["eth_getBlockByNumber"]
+    assert (again.view, again.runs, again.node, again.slashes) == (
+        first.view, first.runs, first.node, first.slashes,
+    )  # fmt: skip
+    keep_worked(db, w, mine)
+    asked.clear()
+    worked = reader.read()
+    # The block, then epoch 0's window and book (web3 asks for the chain id and accounts too).
+    assert asked[0] == "eth_getBlockByNumber" and asked.count("eth_call") <= 2
+    assert "eth_getLogs" not in asked
+    assert list(worked.view.books) == [0]
+    tree = w.certificate_tree(hops)
+    w.certify(tree, s.run, 0, s.data)  # a new block
+    w.to_settled(s.run, 0)
+    assert reader.read().view.now > worked.view.now

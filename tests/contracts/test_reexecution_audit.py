@@ -32,7 +32,7 @@ from node.receipts.cheats import WRONG_TENSOR_SCALE
 from node.settings import load_settings
 from node.store.evidence import EvidenceArchive
 from node.training import codec
-from node.training.checkpoint import holds_state_of, save_part_state
+from node.training.checkpoint import holds_state_of, snapshot_part_state
 from node.training.codec import CodecLimits
 from node.training.config import named_config
 from node.training.partition import plan_partition
@@ -64,7 +64,7 @@ def computed_hops(s: Staffed, tmp_path: Path) -> tuple[list[SignedReceipt], dict
         archive.keep_state(
             0,
             0,
-            lambda path: save_part_state(worker, path, weights_only=True),
+            lambda: snapshot_part_state(worker, weights_only=True),
             lambda kept: holds_state_of(kept, worker, weights_only=True),
         )
     entries = []

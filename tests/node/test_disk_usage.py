@@ -24,7 +24,8 @@ def test_the_database_and_every_run_s_evidence_are_counted(tmp_path: Path) -> No
     for run in (1, 2):
         archive = EvidenceArchive(evidence / run_folder(31337, "0xAb", run, 1000), keep_epochs=2)
         archive.keep_frame(0, os.urandom(5000))
-        archive.keep_state(0, 0, lambda path: path.write_bytes(b"w" * 40_000), bool)
+        archive.keep_state(0, 0, lambda: lambda path: path.write_bytes(b"w" * 40_000), bool)
+        assert archive.state(0, 0) is not None  # written (in the archive's writer thread)
     try:
         usage = disk_usage(url, evidence)
         sqlite_files = [p for p in tmp_path.iterdir() if p.name.startswith("node.sqlite")]

@@ -34,7 +34,7 @@ from node.runtime.dataplane.hop import HopHeader
 from node.runtime.roles.relay import RelayRole
 from node.store.evidence import EvidenceArchive, run_folder
 from node.training import codec
-from node.training.checkpoint import load_part_state, save_part_state
+from node.training.checkpoint import load_part_state, save_part_state, snapshot_part_state
 from node.training.codec import CodecLimits
 from node.training.config import named_config
 from node.training.partition import plan_partition
@@ -108,7 +108,7 @@ def keep_state_of(archive: EvidenceArchive, worker: StageWorker) -> bytes:
     archive.keep_state(
         EPOCH,
         ITERATION,
-        lambda path: save_part_state(worker, path, weights_only=True),
+        lambda: snapshot_part_state(worker, weights_only=True),
         lambda kept: True,
     )
     kept = archive.state(EPOCH, ITERATION)

@@ -18,7 +18,12 @@ from node.audit.reexecute import CPU_FLOAT32, CUDA_BF16, HopEvidence, Replayer, 
 from node.receipts.cheats import WRONG_TENSOR_SCALE
 from node.store.evidence import EvidenceArchive
 from node.training import codec
-from node.training.checkpoint import holds_state_of, save_part_state, verified_digest
+from node.training.checkpoint import (
+    holds_state_of,
+    save_part_state,
+    snapshot_part_state,
+    verified_digest,
+)
 from node.training.codec import CodecLimits
 from node.training.config import named_config
 from node.training.errors import CheckpointError
@@ -50,7 +55,7 @@ def stage_with_kept_state(evidence_dir: Path) -> tuple[PartitionPlan, StageWorke
     archive.keep_state(
         0,
         ITERATION,
-        lambda path: save_part_state(worker, path, weights_only=True),
+        lambda: snapshot_part_state(worker, weights_only=True),
         lambda kept: holds_state_of(kept, worker, weights_only=True),
     )
     return plan, worker, archive

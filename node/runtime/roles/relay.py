@@ -34,13 +34,13 @@ from node.runtime.dataplane.hop import (
     HopHeader,
     frame_digest,
 )
-from node.runtime.dataplane.sender import HopSender, HopStats, resend_refusal
+from node.runtime.dataplane.sender import HopSender, HopStats, PassedBack, resend_refusal
 from node.runtime.flow.routing import SwarmWiring
 from node.runtime.flow.service import FlowService
 from node.runtime.replicas.averaging import GradientAverager
 from node.store.evidence import EvidenceArchive
 from node.training import codec
-from node.training.checkpoint import holds_state_of, save_part_state
+from node.training.checkpoint import holds_state_of, snapshot_part_state
 from node.training.codec import CodecLimits
 from node.training.stage_worker import StageWorker
 
@@ -120,8 +120,8 @@ class RelayRole:
             )
             sends_on = not header.flags & FLAG_REPAIR
             self.buffers[key] = Buffered(header, out_frame, frame_digest(frame), sending=sends_on)
-            if not sends_on:
-                return Kept(out_frame)
+            if not sends_on:  # signed in the ack: only once its weights are kept (or never)
+                return Kept(out_frame, await self._state_kept(header))
             self.nursery.start_soon(self._send_forward, header, out_frame, frame_digest(frame))
             return None
         else:
@@ -135,13 +135,15 @@ class RelayRole:
                 self._in_step, header, self._backward, header, frame, tensor
             )
             receipted = await self._backward_receipted(key)
+            if redo:  # signed in the ack: only once the weights it was computed with are kept
+                receipted = receipted and await self._state_kept(header)
             onward = header.onward(stage=header.stage - 1, flags=0)
             record = self.sender.pass_back(
                 onward, grad_frame, frame_digest(frame) if receipted else None
             )
             if redo:  # a redone gradient is kept for the stage before's redo, if any
                 return Kept(grad_frame, receipted)
-            self.nursery.start_soon(self.sender.send_backward_or_log, record)
+            self.nursery.start_soon(self._send_backward, header, record)
             return None
 
     async def _backward_receipted(self, key: tuple[int, int]) -> bool:
@@ -168,7 +170,11 @@ class RelayRole:
             "computing it twice",
             header.microbatch_id,
         )
-        self.nursery.start_soon(self.sender.send_backward_or_log, record)
+        self.nursery.start_soon(self._send_backward, header, record)
+
+    async def _send_backward(self, received: HopHeader, record: PassedBack) -> None:
+        if await self._state_kept(received):
+            await self.sender.send_backward_or_log(record)
 
     def _check_redo(self, header: HopHeader) -> None:
         """A redone gradient is taken once, from the node the microbatch's origin named, and
@@ -278,7 +284,7 @@ class RelayRole:
             current = self.evidence.keep_state(
                 header.epoch,
                 header.iteration,
-                lambda path: save_part_state(worker, path, weights_only=True),
+                lambda: snapshot_part_state(worker, weights_only=True),
                 lambda kept: holds_state_of(kept, worker, weights_only=True),
             )
             if not current:
@@ -297,6 +303,31 @@ class RelayRole:
                 f"hop of iteration {header.iteration} at a stage {self.stage} relay whose "
                 "weights are not the state it kept of that iteration; send it to another replica"
             )
+
+    async def _state_kept(self, header: HopHeader) -> bool:
+        """Wait until the state the hop was computed with is on disk (``_keep_state`` has it
+        written in the archive's writer thread): only then may the hop's receipt be signed, as
+        a relay that crashed before would have vouched for a hop it holds no evidence of.
+        False (and the hop goes no further from here) if that write failed."""
+        write = self.evidence.state_write(header.epoch, header.iteration) if self.evidence else None
+        if write is None:
+            return True
+        if not write.done():
+            done, token = trio.Event(), trio.lowlevel.current_trio_token()
+            write.add_done_callback(lambda _: token.run_sync_soon(done.set))
+            await done.wait()
+        if write.exception() is None:
+            return True
+        log.error(
+            "stage %s relay holds back microbatch %s: the state of iteration %s was not kept "
+            "(%s); check the evidence folder's disk",
+            self.stage,
+            header.microbatch_id,
+            header.iteration,
+            write.exception(),
+        )
+        self._kept.pop((header.epoch, header.iteration), None)  # the next hop keeps it again
+        return False
 
     def _keep_frames(self, header: HopHeader, frame: bytes, out_frame: bytes) -> None:
         if self.evidence is not None:
@@ -318,6 +349,10 @@ class RelayRole:
             to = self.sender.next_hop(self.stage + 1, route[0] if route else None)
         slot = route[1] if route and to == route[0] else 0
         buffered = self.buffers.get((received.iteration, received.microbatch_id))
+        if not await self._state_kept(received):
+            if buffered is not None:
+                buffered.sending = False
+            return
         if to is None:
             if buffered is not None:
                 buffered.sending = False
@@ -353,6 +388,8 @@ class RelayRole:
         if refusal is not None:
             log.warning("re-send of microbatch %s refused: %s", request.microbatch, refusal)
             return control.encode_reply(False, why=refusal)
+        if not await self._state_kept(buffered.header):  # its receipt would vouch for it
+            return control.encode_reply(False, why="the weights of that hop are not kept")
         resume = isinstance(request, control.Resume)
         header = buffered.header.onward(
             stage=self.stage + 1,
