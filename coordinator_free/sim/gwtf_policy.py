@@ -69,6 +69,9 @@ _FIXED_SIZES = FIXED_SIZES
 _LENDING_NEWS = (FlowWanted, FlowLoanReturn)
 #: A tick this close before the time the core names is not stale (grid rounding).
 _STALE_TICK_SLACK_S = 1e-6
+#: Watchdog periods an attempt may wait on a hop that a recovery sent and its deadline still
+#: covers, before it starts over (the live data node's ``MAX_STALL_DEADLINES``, less the first).
+_STALL_HOLDS = 3
 
 
 class GwtfPolicy(PolicyDefaults):
@@ -109,6 +112,8 @@ class GwtfPolicy(PolicyDefaults):
         self._source_slot: dict[int, tuple[str, int]] = {}  # mb -> (origin, source slot)
         self._busy: dict[tuple[str, int], int] = {}  # (slot's owner, source slot) -> mb
         self._waiting: dict[str, set[int]] = {}  # data node -> its mbs waiting for a flow
+        #: mb -> (when a re-sent forward or a repaired hop left, watchdog periods waited on it)
+        self._recovery: dict[int, tuple[float, int]] = {}
         self._topology_cost: dict[tuple[str, float, str, float], float] = {}
 
     @property
@@ -251,7 +256,7 @@ class GwtfPolicy(PolicyDefaults):
             bandwidth = world.bandwidth_gbps(src, dst) if self.oracles else None
             node.observe_link(src, world.latency_ms(src, dst), bandwidth)
         actions = self._sends(dst, sends)
-        wake = self._wake_action(node, now)
+        wake = self._wake_action(world, node, now)
         if wake is not None:
             actions.append(wake)
         return actions
@@ -262,42 +267,42 @@ class GwtfPolicy(PolicyDefaults):
             return ()
         self._last_tick_s[node_id] = now
         self._wake_asked_s.pop(node_id, None)  # this tick was the one asked for
-        if self._skips_stale_ticks and self._is_stale(node, now):
+        if self._skips_stale_ticks and self._is_stale(world, node, now):
             # Work moved later since this tick was asked for (a flow was accepted, a table
             # answered): the core would do nothing now, so only ask again for the new time.
             self.stale_ticks += 1
-            return self._wake(node, now)
+            return self._wake(world, node, now)
         sends = node.tick(now)
-        if self._may_rediscover(node, now) and self._stuck(node):
+        if self._may_rediscover(node, now) and self._stuck(world, node):
             sends += self._rediscover(world, node, now)
         actions = self._sends(node_id, sends)
-        wake = self._wake_action(node, now)
+        wake = self._wake_action(world, node, now)
         if wake is not None:
             actions.append(wake)
         return actions
 
-    def _is_stale(self, node: FlowNode, now: float) -> bool:
+    def _is_stale(self, world: WorldView, node: FlowNode, now: float) -> bool:
         """Whether the core has nothing to do now. The time it keeps may be early (it keeps it
         across news that can only delay work), so one that says "now" is asked afresh: that
         costs less than a round that finds nothing to do."""
-        if not node.alive_peers(node.next_stage):
+        if not self._next_hops(world, node):
             return False  # it must look up peers (``_rediscover``)
         if node.next_tick_s(now) > now + _STALE_TICK_SLACK_S:
             return True
         node.state_changed()
         return node.next_tick_s(now) > now + _STALE_TICK_SLACK_S
 
-    def _wake(self, node: FlowNode, now: float) -> list[Action]:
-        wake = self._wake_action(node, now)
+    def _wake(self, world: WorldView, node: FlowNode, now: float) -> list[Action]:
+        wake = self._wake_action(world, node, now)
         return [] if wake is None else [wake]
 
-    def _wake_action(self, node: FlowNode, now: float) -> Wake | None:
+    def _wake_action(self, world: WorldView, node: FlowNode, now: float) -> Wake | None:
         """Ask the engine to tick ``node`` when its core next has work (a later time postpones);
         None when that is the time already asked for."""
         node_id = node.spec.node_id
         asked_s = self._wake_asked_s.get(node_id)
         wake_s = node.next_tick_s(now)
-        if not node.alive_peers(node.next_stage):  # it must look up peers (``_rediscover``)
+        if not self._next_hops(world, node):  # it must look up peers (``_rediscover``)
             wake_s = now
         if asked_s == wake_s:
             return None
@@ -309,12 +314,11 @@ class GwtfPolicy(PolicyDefaults):
         last_s = self._rediscovered_s.get(node.node_id, -math.inf)
         return now - last_s >= _REDISCOVERY_PERIODS * node.period_s
 
-    @staticmethod
-    def _stuck(node: FlowNode) -> bool:
-        """Whether ``node`` needs more next-stage peers: it knows no live one, or it has a flow
-        to send on and every one it knows is full (slow relays offer fewer slots, so the few
-        a node met first may all be taken)."""
-        peers = node.alive_peers(node.next_stage)
+    def _stuck(self, world: WorldView, node: FlowNode) -> bool:
+        """Whether ``node`` needs more next-stage peers: it knows no live one (those that came
+        back at another stage do not count), or it has a flow to send on and every one it knows
+        is full (slow relays offer fewer slots, so the few a node met first may all be taken)."""
+        peers = self._next_hops(world, node)
         if not peers:
             return True
         if any(peer.spare > 0 for peer in peers):
@@ -479,15 +483,18 @@ class GwtfPolicy(PolicyDefaults):
             sends += node.return_loan(lender, slot)
         return sends
 
+    @staticmethod
+    def _next_hops(world: WorldView, node: FlowNode) -> list[Peer]:
+        """The next-stage peers ``node`` believes alive that still announce that stage (data
+        nodes only after the last stage). The core keeps a peer that came back at another stage
+        until it introduces itself anew; the live receiver would refuse a microbatch."""
+        stage = node.next_stage
+        peers = [p for p in node.alive_peers(stage) if world.stage_of(p.peer_id) == stage]
+        return [p for p in peers if p.role == DATA] if stage == 0 else peers
+
     def _best_next(self, world: WorldView, node: FlowNode, exclude: str | None) -> str | None:
         """The next-stage peer this node believes alive with the lowest cost to a sink."""
-        candidates = [
-            p
-            for p in node.alive_peers(node.next_stage)
-            if p.peer_id != exclude and world.stage_of(p.peer_id) == node.next_stage
-        ]
-        if node.next_stage == 0:
-            candidates = [p for p in candidates if p.role == DATA]
+        candidates = [p for p in self._next_hops(world, node) if p.peer_id != exclude]
         if not candidates:
             return None
 
@@ -510,7 +517,7 @@ class GwtfPolicy(PolicyDefaults):
             latency = world.latency_ms(report.sender, report.receiver)
             bandwidth = world.bandwidth_gbps(report.sender, report.receiver)
             node.observe_link(report.receiver, latency, bandwidth)
-            return self._wake(node, now)  # the link's cost changed: its core may have work
+            return self._wake(world, node, now)  # the link's cost changed: its core may have work
         return ()
 
     def on_microbatch_done(
@@ -535,7 +542,7 @@ class GwtfPolicy(PolicyDefaults):
         self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
     ) -> HopDecision:
         node = self._nodes[node_id]
-        actions = self._sends(node_id, node.peer_dead(suspect, now)) + self._wake(node, now)
+        actions = self._sends(node_id, node.peer_dead(suspect, now)) + self._wake(world, node, now)
         if mb.stage != node.spec.stage:
             # The microbatch already moved past the suspect (its ack was lost with it): the
             # engine would route from the microbatch's stage, not ours, so start it over.
@@ -546,10 +553,12 @@ class GwtfPolicy(PolicyDefaults):
         plan = plan_forward_resend(missed, lambda dead: self._best_next(world, node, dead))
         decision = self.choose_next_hop(world, node_id, mb, now)
         if isinstance(decision, Forward) and decision.to != suspect:
+            self._recovered(mb.mb_id, now)
             return Forward(decision.to, tuple(actions))
         if plan is None:
             return Hold(tuple(actions))
         self._hop_slot[mb.mb_id] = (node_id, -1)
+        self._recovered(mb.mb_id, now)
         return Forward(plan.to, tuple(actions))
 
     def on_backward_timeout(
@@ -559,13 +568,13 @@ class GwtfPolicy(PolicyDefaults):
         path = (mb.origin, *(hop or "" for hop in mb.path), mb.sink or "")
         upstream_id = path[stage - 1]
         node = self._nodes[node_id]
-        actions = self._sends(node_id, node.peer_dead(suspect, now)) + self._wake(node, now)
+        actions = self._sends(node_id, node.peer_dead(suspect, now)) + self._wake(world, node, now)
         upstream = self._nodes.get(upstream_id)
         if upstream is None:
             return Restart(tuple(actions))
         if self.oracles:  # the upstream core is told the hop died (it learns it by keep-alive)
             actions += self._sends(upstream_id, upstream.peer_dead(suspect, now))
-            actions += self._wake(upstream, now)
+            actions += self._wake(world, upstream, now)
 
         def replacement(wanted: int, dead: str) -> str | None:
             if upstream.next_stage != wanted:  # it moved stage since it sent this microbatch
@@ -591,13 +600,28 @@ class GwtfPolicy(PolicyDefaults):
             + PROBE_TIMEOUT_S
             + world.latency_ms(mb.origin, upstream_id) / 1000.0
         )
+        self._recovered(mb.mb_id, now + delay_s)
         return Replace(stage, repair.replacement, delay_s, tuple(actions))
 
+    def _recovered(self, mb_id: int, sent_s: float) -> None:
+        """A recovery sends a hop of ``mb_id`` at ``sent_s`` (a re-sent forward, a repair)."""
+        self._recovery[mb_id] = (sent_s, self._recovery.get(mb_id, (0.0, 0))[1])
+
     def on_stall(self, world: WorldView, mb: MicrobatchView, now: float) -> RepairDecision:
+        """Wait one more watchdog period while a hop that a recovery sent is still within its
+        deadline, as the live data node waits while its repairs go on: two dead hops in a row
+        (a re-send to a replica that died unseen too), or a backward repair after its probe,
+        outlast the watchdog, and a restart would drop work that is about to succeed. At most
+        ``_STALL_HOLDS`` times an attempt; else start it over."""
+        sent_s, holds = self._recovery.get(mb.mb_id, (-math.inf, 0))
+        if now - sent_s < self.timing().forward_timeout_s and holds < _STALL_HOLDS:
+            self._recovery[mb.mb_id] = (sent_s, holds + 1)
+            return Hold()
         self._forget(mb.mb_id)
         return Restart()
 
     def _forget(self, mb_id: int) -> None:
+        self._recovery.pop(mb_id, None)
         self._waiting_since.pop(mb_id, None)
         for waiting in self._waiting.values():
             waiting.discard(mb_id)

@@ -54,7 +54,7 @@ class HopsMixin(EngineBase):
         self._apply(decision.actions)
         if isinstance(decision, Forward):
             self._check_next_hop(mb, decision.to)
-            mb.parked_at = None
+            mb.unpark(self.now)
             if self._client_routed and decision.to == node_id:
                 self._compute_loss_here(node_id, mb)
             else:

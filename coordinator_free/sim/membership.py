@@ -86,7 +86,7 @@ class MembershipMixin(RecoveryMixin):
         for mb_id, _ in self._parked.pop(node_id, ()):
             lost = self._mbs.get(mb_id)
             if lost is not None and lost.parked_at == node_id:
-                lost.parked_at = None  # lost with the node: the origin's watchdog will see it
+                lost.unpark(self.now)  # lost with the node: the origin's watchdog will see it
         if node.spec.role == "data":
             self._abandon_origin(node_id)
         if self.policy.full_knowledge:

@@ -168,6 +168,14 @@ class Microbatch:
         if self._sink_record is not None:
             yield self._sink_record
 
+    def unpark(self, now: float) -> None:
+        """It leaves the node it was parked at (sent on, or lost with that node). Time parked at
+        a live node is progress for the watchdog (``_on_stall_check``), so it counts from now:
+        otherwise a hop sent after a long wait would be cut before its own deadline."""
+        if self.parked_at is not None:
+            self.parked_at = None
+            self.progress_s = now
+
     def restart(self, now: float) -> None:
         self.version += 1
         self.attempt += 1

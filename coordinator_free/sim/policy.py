@@ -243,10 +243,10 @@ class PolicyTiming:
 
     ``forward_timeout_s`` / ``backward_timeout_s``: how long a sender waits for a hop's ack.
     ``stall_timeout_s``: the origin's watchdog, one rule for every algorithm: twice its longest
-    hop deadline. A microbatch with no progress for that long is handed to ``on_stall`` (covers
-    what no hop deadline sees, e.g. a parked microbatch whose holder died); shorter would cut
-    hops a deadline still covers. ``tick_period_s``: period of ``on_tick`` for every live node,
-    None for no ticks.
+    hop deadline. A microbatch with no progress (a hop computed; time parked at a live node
+    counts too) for that long is handed to ``on_stall`` (covers what no hop deadline sees, e.g.
+    a parked microbatch whose holder died); shorter would cut hops a deadline still covers.
+    ``tick_period_s``: period of ``on_tick`` for every live node, None for no ticks.
     ``park_retry_s``: a parked microbatch is asked about again at least this often.
     ``ticks_on_request``: tick a node only when the policy asked for it with ``Wake`` (and at its
     first tick, and every period while it holds parked microbatches), on the same grid of

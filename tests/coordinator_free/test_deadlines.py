@@ -13,7 +13,7 @@ from coordinator_free.sim.engine import Engine, EngineConfig
 from coordinator_free.sim.events import BWD_DEADLINE, FWD_DEADLINE, QUEUED_DEADLINE
 from coordinator_free.sim.generator import GridCell, GridSize, build_scenario
 from coordinator_free.sim.microbatch import Microbatch
-from coordinator_free.sim.policy import RoutingPolicy
+from coordinator_free.sim.policy import Forward, Hold, RoutingPolicy
 from coordinator_free.sim.round_robin import RoundRobinPolicy
 from coordinator_free.sim.scenario import Scenario
 from tests.coordinator_free.sim_helpers import small_scenario
@@ -102,3 +102,42 @@ def test_moot_deadlines_at_the_head_are_dropped_unseen() -> None:
     assert engine.metrics.forward_timeouts == 0
     assert engine.scheduled_events() == [(31.0, QUEUED_DEADLINE)]
     assert engine.queued_deadlines(FWD_DEADLINE) == [31.0]
+
+
+class _WaitsThenSendsToTheDead(RoundRobinPolicy):
+    """Holds the microbatch at its origin for 30 s, then sends it to r1_0, which crashed at 1 s;
+    after that hop's timeout, to r1_1. Records the timeouts and the watchdog's stalls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, float]] = []
+
+    def choose_next_hop(self, world: Any, node_id: str, mb: Any, now: float) -> Any:
+        if mb.stage != 0:
+            return super().choose_next_hop(world, node_id, mb, now)
+        if now < 30.0:
+            return Hold()
+        return Forward("r1_1" if self.seen else "r1_0")
+
+    def on_forward_timeout(
+        self, world: Any, node_id: str, mb: Any, suspect: str, now: float
+    ) -> Any:
+        self.seen.append(("timeout", now))
+        return super().on_forward_timeout(world, node_id, mb, suspect, now)
+
+    def on_stall(self, world: Any, mb: Any, now: float) -> Any:
+        self.seen.append(("stall", now))
+        return super().on_stall(world, mb, now)
+
+
+def test_time_parked_at_a_live_node_does_not_cut_the_hop_sent_after_it() -> None:
+    # Parked 30 s, then sent to a dead relay at 30 s: the hop's deadline (50 s) comes before the
+    # watchdog, which counts from the send (70 s), not from the parking (40 s).
+    scenario = small_scenario(
+        data_capacity=1, iterations=1, events=[{"t": 1.0, "node": "r1_0", "event": "crash"}]
+    )
+    policy = _WaitsThenSendsToTheDead()
+    metrics = Engine(scenario, policy).run()
+    assert metrics.stopped_reason == "finished"
+    assert policy.seen == [("timeout", pytest.approx(50.0, abs=0.5))]
+    assert metrics.stalls == 0 and metrics.restarts == 0

@@ -6,6 +6,7 @@ from coordinator_free.protocol.state import SlotState
 from coordinator_free.sim.engine import Engine, run_scenario
 from coordinator_free.sim.generator import GridCell, GridSize, build_scenario
 from coordinator_free.sim.gwtf_policy import GwtfPolicy
+from coordinator_free.sim.policy import Hold, MicrobatchView, Restart
 from coordinator_free.sim.round_robin import RoundRobinPolicy
 from coordinator_free.sim.scenario import parse_scenario
 from tests.coordinator_free.sim_helpers import scenario_document, small_scenario
@@ -138,3 +139,29 @@ def test_a_joiner_asks_a_sample_of_the_members_and_only_the_live_answer() -> Non
         # r2_0 is still a member (its announcement has not expired) but does not answer.
         assert "r2_0" in engine.world.nodes_in_stage(2)
         assert engine.world.stage_of("joiner") == 2, oracles
+
+
+def test_trainers_under_heavy_churn_route_around_dead_and_moved_relays_without_stalling() -> None:
+    # 32 trainers of batch 1 at 300 %/h (the sweep's cell). A trainer with no flow waits 10
+    # periods and then sends off-flow; such a hop to a relay that died unseen was cut by the
+    # watchdog, counted from the wait, before its own deadline could tell the trainer, which then
+    # picked the same dead relay again and again (25 stalls here). A trainer whose only known
+    # stage-1 relay came back at stage 4 held its microbatch for ~700 s, never looking up
+    # another (1,050 s here).
+    size = GridSize(iterations=8, trainers_per_data_node=8)
+    scenario = build_scenario(GridCell(True, True, 3.0), 12, size)
+    metrics = run_scenario(scenario, GwtfPolicy())
+    assert metrics.stopped_reason == "finished"
+    assert metrics.stalls <= 5
+    assert metrics.sim_time_s < 450.0
+
+
+def test_the_watchdog_waits_on_a_hop_a_recovery_sent_within_its_deadline_three_times() -> None:
+    policy = GwtfPolicy()
+    world = Engine(small_scenario(), policy).world
+    mb = MicrobatchView(1, "d0", 0, 0, 1, "forward", ("r1_0", None), None)
+    assert isinstance(policy.on_stall(world, mb, 40.0), Restart), "no recovery: start over"
+    policy._recovered(1, 100.0)  # a re-sent forward, or a repair after its probe
+    assert isinstance(policy.on_stall(world, mb, 125.0), Restart), "its deadline has passed"
+    policy._recovered(1, 200.0)
+    assert [type(policy.on_stall(world, mb, 210.0)) for _ in range(4)] == [Hold] * 3 + [Restart]
