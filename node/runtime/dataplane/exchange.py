@@ -178,7 +178,9 @@ class DataPlane:
     #: The kept forwards whose receipt came back countersigned (``kept_forward_whole``), each
     #: set once its countersignature is handed back (oldest forgotten: its backward then goes
     #: unreceipted, which is safe).
-    _kept_whole: dict[tuple[str, int, int, int, int], trio.Event] = field(default_factory=dict)
+    _kept_whole: dict[tuple[str, int, int, int, int, bytes], trio.Event] = field(
+        default_factory=dict
+    )
     #: (origin, iteration, microbatch, direction) of the kept outputs' receipts signed here.
     _kept_signed: dict[tuple[str, int, int, int], None] = field(default_factory=dict)
 
@@ -264,22 +266,26 @@ class DataPlane:
         while len(self._kept_pending) > _MAX_KEPT_PENDING:
             del self._kept_pending[next(iter(self._kept_pending))]
         if header.direction == FORWARD:
-            self._kept_whole[_kept_forward_key(header)] = trio.Event()
+            self._kept_whole[_kept_forward_key(header, input_digest)] = trio.Event()
             while len(self._kept_whole) > _MAX_KEPT_PENDING:
                 del self._kept_whole[next(iter(self._kept_whole))]
         return signature
 
-    async def kept_forward_whole(self, forward: HopHeader, patience_s: float) -> bool:
-        """Whether the receipt this node signed of the kept forward ``forward`` (as received)
-        came back countersigned, waiting up to ``patience_s`` for it (its sender hands it back
-        right after the ack, in the background).
+    async def kept_forward_whole(
+        self, forward: HopHeader, input_digest: bytes, patience_s: float
+    ) -> bool:
+        """Whether the receipt this node signed of the kept forward ``forward`` (as received,
+        of the input ``input_digest``) came back countersigned, waiting up to ``patience_s``
+        for it (its sender hands it back right after the ack, in the background). The input
+        is part of the question: a receipt of another input under the same attempt would not
+        replay the backward computed from this one.
 
         A juror replays a backward together with its forward's receipt, signed by both; a
         forward whose sender withholds the countersignature leaves this node without it, and
         missing evidence loses. So the backward of a kept forward is receipted only once that
         forward's receipt is whole here; otherwise it is computed unreceipted (unpaid, and
         nothing to slash). Declining it instead would stall the very repair it is part of."""
-        event = self._kept_whole.get(_kept_forward_key(forward))
+        event = self._kept_whole.get(_kept_forward_key(forward, input_digest))
         if event is None:
             return False  # never signed here, or forgotten: not provably whole
         with trio.move_on_after(patience_s):
@@ -302,7 +308,14 @@ class DataPlane:
         del self._kept_pending[key]
         if receipt.direction == FORWARD:
             whole = self._kept_whole.get(
-                (origin, receipt.iteration, receipt.microbatchId, receipt.stage, receipt.attempt)
+                (
+                    origin,
+                    receipt.iteration,
+                    receipt.microbatchId,
+                    receipt.stage,
+                    receipt.attempt,
+                    receipt.inputDigest,
+                )
             )
             if whole is not None:
                 whole.set()
@@ -476,8 +489,17 @@ def _kept_facts(
     )  # fmt: skip
 
 
-def _kept_forward_key(header: HopHeader) -> tuple[str, int, int, int, int]:
-    return (header.origin, header.iteration, header.microbatch_id, header.stage, header.attempt)
+def _kept_forward_key(
+    header: HopHeader, input_digest: bytes
+) -> tuple[str, int, int, int, int, bytes]:
+    return (
+        header.origin,
+        header.iteration,
+        header.microbatch_id,
+        header.stage,
+        header.attempt,
+        input_digest,
+    )
 
 
 def direction_name(direction: int) -> str:

@@ -115,6 +115,7 @@ class RelayRole:
         tensor = codec.decode(bytearray(frame), self.limits).tensor
         key = (header.iteration, header.microbatch_id)
         if header.direction == FORWARD:
+            self._check_repair(header, key, frame)
             out_frame: bytes = await self._run(
                 self._in_step, header, self._forward, header, frame, tensor
             )
@@ -146,6 +147,20 @@ class RelayRole:
             self.nursery.start_soon(self._send_backward, header, record)
             return None
 
+    def _check_repair(self, header: HopHeader, key: tuple[int, int], frame: bytes) -> None:
+        """A repair's forward goes to a relay that lacks the microbatch, or re-sends the input
+        it holds. One of another input for a microbatch held here is declined: computing it
+        would replace the saved activations the microbatch's real gradient is computed
+        through, so that gradient would belong to no forward (a poisoned stage, and a backward
+        receipt that replays from no forward of this relay's)."""
+        held = self.buffers.get(key)
+        repair = bool(header.flags & FLAG_REPAIR)
+        if repair and held is not None and held.input_digest != frame_digest(frame):
+            raise Decline(
+                f"microbatch {header.microbatch_id}'s forward is held here from another "
+                "input; a repair goes to a relay that lacks it"
+            )
+
     async def _backward_receipted(self, key: tuple[int, int]) -> bool:
         """Whether this relay signs the receipt of a microbatch's backward: not when its
         forward was a repair kept here whose receipt its sender has not countersigned
@@ -153,7 +168,9 @@ class RelayRole:
         buffered = self.buffers.get(key)
         if buffered is None or not buffered.header.flags & FLAG_REPAIR:
             return True
-        return await self.plane.kept_forward_whole(buffered.header, self.plane.ack_deadline_s / 4)
+        return await self.plane.kept_forward_whole(
+            buffered.header, buffered.input_digest, self.plane.ack_deadline_s / 4
+        )
 
     def _pass_on_again(self, header: HopHeader) -> None:
         """A second backward of a microbatch whose gradient this relay computed and passed on

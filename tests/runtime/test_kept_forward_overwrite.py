@@ -1,0 +1,239 @@
+"""A made-up repair-flagged forward for a microbatch a relay holds must not replace the saved
+forward its real gradient is computed through.
+
+Relay ``r`` (stage 1 of 2) holds microbatch 7's forward (as a stand-in, from a repair whose
+kept receipt it signed and got countersigned, or on the path). Run member ``s`` sends it a
+made-up repair of microbatch 7 with another input X2. Computed, it would replace r's saved
+activations: the real gradient would then be backpropagated through X2, poisoning the stage,
+and r's backward receipt would replay from no forward receipt of r's (a stand-in convicted of a
+wrong tensor it computed honestly). ``r`` declines it, and the gradient goes through X1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import trio
+from eth_utils.crypto import keccak
+
+from contracts.encoding import FORWARD as RECEIPT_FORWARD
+from contracts.encoding import ledger_domain
+from coordinator_free.wire import HopAck, encode
+from node.p2p.identity import identity_from_key, peer_id_of
+from node.p2p.rpc import Decline
+from node.receipts.book import ReceiptBook, ReceiptTerms
+from node.runtime.dataplane import control
+from node.runtime.dataplane.exchange import PROTOCOL_ID, DataPlane
+from node.runtime.dataplane.hop import (
+    BACKWARD,
+    FLAG_REPAIR,
+    FORWARD,
+    HopHeader,
+    ReceiptInput,
+    decode_hop_request,
+    frame_digest,
+)
+from node.runtime.roles.relay import RelayRole
+from node.store.database import open_database
+from node.store.hops import HopStore
+from node.training import codec
+from node.training.codec import CodecLimits
+from node.training.config import named_config
+from node.training.partition import plan_partition
+from node.training.settings import TrainingSettings
+from node.training.stage_worker import StageWorker
+
+DOMAIN = ledger_domain(31337, "0x" + "ef" * 20)
+TERMS = ReceiptTerms(run_id=1, domain=DOMAIN, stages=2, units_per_hop=10)
+KEYS = {name: keccak(text=f"kept overwrite {name}") for name in ("d", "r", "s", "t")}
+PEER = {name: str(peer_id_of(identity_from_key(key))) for name, key in KEYS.items()}
+SETTINGS = TrainingSettings(device="cpu")
+LIMITS = CodecLimits()
+PLAN = plan_partition(named_config("gpt", "tiny"), 2)
+
+
+class Loop:
+    """``me``'s requests, answered by relay ``r``'s plane in process."""
+
+    def __init__(self, me: str, target: DataPlane) -> None:
+        self.me, self.target = me, target
+
+    async def request(self, peer: Any, protocol: str, payload: bytes, limits: Any) -> bytes:
+        if protocol == PROTOCOL_ID:
+            return await self.target._handle(self.me, payload)
+        message = control.decode_request(payload)
+        assert isinstance(message, control.Countersigned)
+        return self.target.countersigned(self.me, message)
+
+
+class Capture:
+    """``r``'s own sends (its gradient to the data node): acknowledged, and noted."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[HopHeader, ReceiptInput | None, bytes]] = []
+
+    def serve(self, *_: Any) -> None:
+        pass
+
+    async def request(self, peer: Any, protocol: str, payload: bytes, limits: Any) -> bytes:
+        header, receipted, frame = decode_hop_request(payload)
+        self.sent.append((header, receipted, frame))
+        ack = HopAck(
+            str(header.microbatch_id), header.stage, header.direction, header.attempt,
+            frame_digest(frame), b"", b"", b"",
+        )  # fmt: skip
+        return encode(ack)
+
+
+def tensor(seed: int) -> torch.Tensor:
+    return torch.randn(2, 16, PLAN.config.d_model, generator=torch.Generator().manual_seed(seed))
+
+
+def test_a_second_repair_under_a_kept_forwards_attempt_does_not_make_the_backward_unreplayable(
+    tmp_path: Path,
+) -> None:
+    books = {
+        name: ReceiptBook(
+            TERMS, KEYS[name], HopStore(open_database(f"sqlite:///{tmp_path}/{name}"))
+        )
+        for name in ("d", "r", "s", "t")
+    }
+    capture = Capture()
+    plane_r = DataPlane(capture, PEER["r"], 1, 2, 5.0, 1 << 24, receipts=books["r"])  # type: ignore[arg-type]
+    planes = {
+        name: DataPlane(
+            Loop(PEER[name], plane_r), PEER[name], 1, 2, 5.0, 1 << 24, receipts=books[name]
+        )  # type: ignore[arg-type]
+        for name in ("d", "s", "t")
+    }
+    x1, x2, grad = tensor(1), tensor(2), tensor(3)
+    f1, f2, g = (codec.encode(7, t, LIMITS) for t in (x1, x2, grad))
+    attempt = 256  # the data node's first repair block
+    repair = HopHeader(1, 0, 7, attempt, FORWARD, 1, 0, FLAG_REPAIR, PEER["d"], (PEER["d"],))
+    made_up = repair.onward(path=(PEER["s"],))
+    backward = HopHeader(
+        1, 0, 7, attempt, BACKWARD, 1, 0, 0, PEER["d"], (PEER["d"], PEER["r"], PEER["t"], PEER["d"])
+    )
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for book in books.values():
+                nursery.start_soon(book.run)
+            for plane in planes.values():
+                plane._nursery = nursery
+            heard = SimpleNamespace(heard_from=lambda *_: None)
+            role = RelayRole(
+                worker=StageWorker(PLAN, 0, SETTINGS, seed=1),
+                stage=1,
+                plane=plane_r,
+                flow=SimpleNamespace(node=heard),  # type: ignore[arg-type]
+                averager=None,  # type: ignore[arg-type]
+                limits=LIMITS,
+                nursery=nursery,
+            )
+            plane_r.serve(nursery)
+            await planes["d"].send(PEER["r"], repair, f1)  # the real repair, countersigned
+            assert await plane_r.kept_forward_whole(repair, frame_digest(f1), 1.0)
+            with pytest.raises(Decline, match="held here from another input"):
+                await planes["s"].send(PEER["r"], made_up, f2)  # made up, same attempt
+            await planes["t"].send(PEER["r"], backward, g)
+            with trio.fail_after(10):
+                while not capture.sent:
+                    await trio.sleep(0.01)
+            await trio.sleep(0.2)
+            nursery.cancel_scope.cancel()
+        assert role is not None
+
+    trio.run(main)
+    [(_, receipted, sent_grad)] = capture.sent
+    assert receipted is not None  # its forward's receipt is whole: the backward is paid
+
+    # The forwards r can show a juror: the kept ones it signed, countersigned.
+    signed = books["r"].store.signed_hops(1, 0)
+    forward_inputs = {
+        e.receipt.inputDigest for e in signed if e.receipt.direction == RECEIPT_FORWARD
+    }
+    assert forward_inputs == {frame_digest(f1)}
+
+    def replay(x: torch.Tensor) -> bytes:
+        worker = StageWorker(PLAN, 0, SETTINGS, seed=1)
+        worker.forward(7, x)
+        return frame_digest(codec.encode(7, worker.backward(7, grad), LIMITS))
+
+    # The gradient r signed replays from the one forward it signed.
+    assert frame_digest(sent_grad) == replay(x1) != replay(x2)
+
+
+def test_a_made_up_repair_after_the_paths_forward_does_not_replace_what_the_backward_uses(
+    tmp_path: Path,
+) -> None:
+    """``r`` computed microbatch 7's forward on the path (X1) and sent it on. Run member
+    ``s`` then sends it a made-up repair (X2, an attempt of its choosing): declined. The real
+    gradient from stage 2 is backpropagated through X1, receipted."""
+    books = {
+        name: ReceiptBook(
+            TERMS, KEYS[name], HopStore(open_database(f"sqlite:///{tmp_path}/{name}"))
+        )
+        for name in ("d", "r", "s", "t")
+    }
+    capture = Capture()
+    plane_r = DataPlane(capture, PEER["r"], 1, 2, 5.0, 1 << 24, receipts=books["r"])  # type: ignore[arg-type]
+    planes = {
+        name: DataPlane(
+            Loop(PEER[name], plane_r), PEER[name], 1, 2, 5.0, 1 << 24, receipts=books[name]
+        )  # type: ignore[arg-type]
+        for name in ("d", "s", "t")
+    }
+    x1, x2, grad = tensor(1), tensor(2), tensor(3)
+    f1, f2, g = (codec.encode(7, t, LIMITS) for t in (x1, x2, grad))
+    path_forward = HopHeader(1, 0, 7, 0, FORWARD, 1, 0, 0, PEER["d"], (PEER["d"],))
+    made_up = HopHeader(1, 0, 7, 9, FORWARD, 1, 0, FLAG_REPAIR, PEER["d"], (PEER["s"],))
+    backward = HopHeader(
+        1, 0, 7, 0, BACKWARD, 1, 0, 0, PEER["d"], (PEER["d"], PEER["r"], PEER["t"], PEER["d"])
+    )
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for book in books.values():
+                nursery.start_soon(book.run)
+            for plane in planes.values():
+                plane._nursery = nursery
+            heard = SimpleNamespace(heard_from=lambda *_: None)
+            role = RelayRole(
+                worker=StageWorker(PLAN, 0, SETTINGS, seed=1),
+                stage=1,
+                plane=plane_r,
+                flow=SimpleNamespace(node=heard),  # type: ignore[arg-type]
+                averager=None,  # type: ignore[arg-type]
+                limits=LIMITS,
+                nursery=nursery,
+            )
+
+            async def sent_on(*_: Any) -> None:  # its send to stage 2 is not looked at here
+                pass
+
+            role._send_forward = sent_on  # type: ignore[method-assign]
+            plane_r.serve(nursery)
+            await planes["d"].send(PEER["r"], path_forward, f1)
+            with pytest.raises(Decline, match="held here from another input"):
+                await planes["s"].send(PEER["r"], made_up, f2)
+            await planes["t"].send(PEER["r"], backward, g)
+            with trio.fail_after(10):
+                while not capture.sent:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    [(_, receipted, sent_grad)] = capture.sent
+
+    def replay(x: torch.Tensor) -> bytes:
+        worker = StageWorker(PLAN, 0, SETTINGS, seed=1)
+        worker.forward(7, x)
+        return frame_digest(codec.encode(7, worker.backward(7, grad), LIMITS))
+
+    assert receipted is not None
+    assert frame_digest(sent_grad) == replay(x1), "r backpropagated the made-up forward"
