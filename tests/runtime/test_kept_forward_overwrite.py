@@ -93,9 +93,11 @@ def tensor(seed: int) -> torch.Tensor:
     return torch.randn(2, 16, PLAN.config.d_model, generator=torch.Generator().manual_seed(seed))
 
 
-def test_a_second_repair_under_a_kept_forwards_attempt_does_not_make_the_backward_unreplayable(
+def swarm_of(
     tmp_path: Path,
-) -> None:
+) -> tuple[dict[str, ReceiptBook], Capture, DataPlane, dict[str, DataPlane]]:
+    """Receipt books of d, r, s and t; r's plane (its own sends captured); the planes of the
+    others, whose requests r answers in process."""
     books = {
         name: ReceiptBook(
             TERMS, KEYS[name], HopStore(open_database(f"sqlite:///{tmp_path}/{name}"))
@@ -106,10 +108,41 @@ def test_a_second_repair_under_a_kept_forwards_attempt_does_not_make_the_backwar
     plane_r = DataPlane(capture, PEER["r"], 1, 2, 5.0, 1 << 24, receipts=books["r"])  # type: ignore[arg-type]
     planes = {
         name: DataPlane(
-            Loop(PEER[name], plane_r), PEER[name], 1, 2, 5.0, 1 << 24, receipts=books[name]
-        )  # type: ignore[arg-type]
+            Loop(PEER[name], plane_r),  # type: ignore[arg-type]
+            PEER[name], 1, 2, 5.0, 1 << 24, receipts=books[name],
+        )  # fmt: skip
         for name in ("d", "s", "t")
     }
+    return books, capture, plane_r, planes
+
+
+def relay_r(
+    nursery: trio.Nursery,
+    books: dict[str, ReceiptBook],
+    plane_r: DataPlane,
+    planes: dict[str, DataPlane],
+) -> RelayRole:
+    """Relay r of stage 1 on ``plane_r``, the books running, the others' planes in ``nursery``."""
+    for book in books.values():
+        nursery.start_soon(book.run)
+    for plane in planes.values():
+        plane._nursery = nursery
+    heard = SimpleNamespace(heard_from=lambda *_: None)
+    return RelayRole(
+        worker=StageWorker(PLAN, 0, SETTINGS, seed=1),
+        stage=1,
+        plane=plane_r,
+        flow=SimpleNamespace(node=heard),  # type: ignore[arg-type]
+        averager=None,  # type: ignore[arg-type]
+        limits=LIMITS,
+        nursery=nursery,
+    )
+
+
+def test_a_second_repair_under_a_kept_forwards_attempt_does_not_make_the_backward_unreplayable(
+    tmp_path: Path,
+) -> None:
+    books, capture, plane_r, planes = swarm_of(tmp_path)
     x1, x2, grad = tensor(1), tensor(2), tensor(3)
     f1, f2, g = (codec.encode(7, t, LIMITS) for t in (x1, x2, grad))
     attempt = 256  # the data node's first repair block
@@ -121,20 +154,7 @@ def test_a_second_repair_under_a_kept_forwards_attempt_does_not_make_the_backwar
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            for book in books.values():
-                nursery.start_soon(book.run)
-            for plane in planes.values():
-                plane._nursery = nursery
-            heard = SimpleNamespace(heard_from=lambda *_: None)
-            role = RelayRole(
-                worker=StageWorker(PLAN, 0, SETTINGS, seed=1),
-                stage=1,
-                plane=plane_r,
-                flow=SimpleNamespace(node=heard),  # type: ignore[arg-type]
-                averager=None,  # type: ignore[arg-type]
-                limits=LIMITS,
-                nursery=nursery,
-            )
+            role = relay_r(nursery, books, plane_r, planes)
             plane_r.serve(nursery)
             await planes["d"].send(PEER["r"], repair, f1)  # the real repair, countersigned
             assert await plane_r.kept_forward_whole(repair, frame_digest(f1), 1.0)
@@ -174,20 +194,7 @@ def test_a_made_up_repair_after_the_paths_forward_does_not_replace_what_the_back
     """``r`` computed microbatch 7's forward on the path (X1) and sent it on. Run member
     ``s`` then sends it a made-up repair (X2, an attempt of its choosing): declined. The real
     gradient from stage 2 is backpropagated through X1, receipted."""
-    books = {
-        name: ReceiptBook(
-            TERMS, KEYS[name], HopStore(open_database(f"sqlite:///{tmp_path}/{name}"))
-        )
-        for name in ("d", "r", "s", "t")
-    }
-    capture = Capture()
-    plane_r = DataPlane(capture, PEER["r"], 1, 2, 5.0, 1 << 24, receipts=books["r"])  # type: ignore[arg-type]
-    planes = {
-        name: DataPlane(
-            Loop(PEER[name], plane_r), PEER[name], 1, 2, 5.0, 1 << 24, receipts=books[name]
-        )  # type: ignore[arg-type]
-        for name in ("d", "s", "t")
-    }
+    books, capture, plane_r, planes = swarm_of(tmp_path)
     x1, x2, grad = tensor(1), tensor(2), tensor(3)
     f1, f2, g = (codec.encode(7, t, LIMITS) for t in (x1, x2, grad))
     path_forward = HopHeader(1, 0, 7, 0, FORWARD, 1, 0, 0, PEER["d"], (PEER["d"],))
@@ -198,25 +205,12 @@ def test_a_made_up_repair_after_the_paths_forward_does_not_replace_what_the_back
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            for book in books.values():
-                nursery.start_soon(book.run)
-            for plane in planes.values():
-                plane._nursery = nursery
-            heard = SimpleNamespace(heard_from=lambda *_: None)
-            role = RelayRole(
-                worker=StageWorker(PLAN, 0, SETTINGS, seed=1),
-                stage=1,
-                plane=plane_r,
-                flow=SimpleNamespace(node=heard),  # type: ignore[arg-type]
-                averager=None,  # type: ignore[arg-type]
-                limits=LIMITS,
-                nursery=nursery,
-            )
+            role = relay_r(nursery, books, plane_r, planes)
 
             async def sent_on(*_: Any) -> None:  # its send to stage 2 is not looked at here
                 pass
 
-            role._send_forward = sent_on  # type: ignore[method-assign]
+            role._send_forward = sent_on  # type: ignore[method-assign,assignment]
             plane_r.serve(nursery)
             await planes["d"].send(PEER["r"], path_forward, f1)
             with pytest.raises(Decline, match="held here from another input"):
