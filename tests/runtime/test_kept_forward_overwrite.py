@@ -109,8 +109,13 @@ def swarm_of(
     planes = {
         name: DataPlane(
             Loop(PEER[name], plane_r),  # type: ignore[arg-type]
-            PEER[name], 1, 2, 5.0, 1 << 24, receipts=books[name],
-        )  # fmt: skip
+            PEER[name],
+            1,
+            2,
+            5.0,
+            1 << 24,
+            receipts=books[name],
+        )
         for name in ("d", "s", "t")
     }
     return books, capture, plane_r, planes
