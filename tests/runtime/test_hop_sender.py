@@ -180,8 +180,8 @@ def test_a_slow_worker_does_not_hold_up_the_send_of_a_repair_it_keeps(tmp_path: 
             assert not rpc.handed_back
             with trio.fail_after(SlowWorkerRpc.SLOW_S * 4):
                 digest = frame_digest(b"activation")
-                assert await worker.kept_forward_whole(repair, digest, SlowWorkerRpc.SLOW_S * 2)
-                assert not await worker.kept_forward_whole(repair, bytes(32), 0.0)
+                assert await worker.forward_whole(repair, 2, digest, SlowWorkerRpc.SLOW_S * 2)
+                assert not await worker.forward_whole(repair, 2, bytes(32), 0.0)
             assert control.decode_reply(rpc.handed_back[0])["ok"]
             nursery.cancel_scope.cancel()
 

@@ -71,16 +71,21 @@ class Loop:
 
 
 class Capture:
-    """``r``'s own sends (its gradient to the data node): acknowledged, and noted."""
+    """``r``'s own sends: its forwards answered by ``stage_2`` when set (its real ack,
+    countersigned), its gradients (and forwards without it) acknowledged with no
+    countersignature, and noted."""
 
     def __init__(self) -> None:
         self.sent: list[tuple[HopHeader, ReceiptInput | None, bytes]] = []
+        self.stage_2: DataPlane | None = None
 
     def serve(self, *_: Any) -> None:
         pass
 
     async def request(self, peer: Any, protocol: str, payload: bytes, limits: Any) -> bytes:
         header, receipted, frame = decode_hop_request(payload)
+        if header.direction == FORWARD and self.stage_2 is not None:
+            return await self.stage_2._handle(PEER["r"], payload)
         self.sent.append((header, receipted, frame))
         ack = HopAck(
             str(header.microbatch_id), header.stage, header.direction, header.attempt,
@@ -91,6 +96,19 @@ class Capture:
 
 def tensor(seed: int) -> torch.Tensor:
     return torch.randn(2, 16, PLAN.config.d_model, generator=torch.Generator().manual_seed(seed))
+
+
+def stage_2_of(nursery: trio.Nursery, book: ReceiptBook) -> DataPlane:
+    """Relay t's plane as stage 2: it countersigns r's forwards in its acks, computes
+    nothing."""
+    plane = DataPlane(Capture(), PEER["t"], 1, 2, 5.0, 1 << 24, receipts=book)  # type: ignore[arg-type]
+
+    async def computes_nothing(header: HopHeader, frame: bytes) -> None:
+        return None
+
+    plane.compute = computes_nothing
+    plane.serve(nursery)
+    return plane
 
 
 def swarm_of(
@@ -132,7 +150,7 @@ def relay_r(
         nursery.start_soon(book.run)
     for plane in planes.values():
         plane._nursery = nursery
-    heard = SimpleNamespace(heard_from=lambda *_: None)
+    heard = SimpleNamespace(heard_from=lambda *_: None, route=lambda *_: None)
     return RelayRole(
         worker=StageWorker(PLAN, 0, SETTINGS, seed=1),
         stage=1,
@@ -162,7 +180,7 @@ def test_a_second_repair_under_a_kept_forwards_attempt_does_not_make_the_backwar
             role = relay_r(nursery, books, plane_r, planes)
             plane_r.serve(nursery)
             await planes["d"].send(PEER["r"], repair, f1)  # the real repair, countersigned
-            assert await plane_r.kept_forward_whole(repair, frame_digest(f1), 1.0)
+            assert await plane_r.forward_whole(repair, 1, frame_digest(f1), 1.0)
             with pytest.raises(Decline, match="held here from another input"):
                 await planes["s"].send(PEER["r"], made_up, f2)  # made up, same attempt
             await planes["t"].send(PEER["r"], backward, g)
@@ -211,11 +229,8 @@ def test_a_made_up_repair_after_the_paths_forward_does_not_replace_what_the_back
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             role = relay_r(nursery, books, plane_r, planes)
-
-            async def sent_on(*_: Any) -> None:  # its send to stage 2 is not looked at here
-                pass
-
-            role._send_forward = sent_on  # type: ignore[method-assign,assignment]
+            role.sender.next_hop = lambda *_: PEER["t"]  # type: ignore[method-assign]
+            capture.stage_2 = stage_2_of(nursery, books["t"])
             plane_r.serve(nursery)
             await planes["d"].send(PEER["r"], path_forward, f1)
             with pytest.raises(Decline, match="held here from another input"):
@@ -236,3 +251,39 @@ def test_a_made_up_repair_after_the_paths_forward_does_not_replace_what_the_back
 
     assert receipted is not None
     assert frame_digest(sent_grad) == replay(x1), "r backpropagated the made-up forward"
+
+
+def test_a_backward_through_a_forward_whose_receiver_withheld_its_countersignature_is_unpaid(
+    tmp_path: Path,
+) -> None:
+    """``r`` sends microbatch 7's forward on to a stage-2 node that acknowledges it without a
+    countersignature. A juror would replay ``r``'s backward with a whole receipt of that
+    forward, which ``r`` does not hold: so ``r`` computes the gradient and passes it on, but
+    signs no receipt of it (unpaid, never slashable)."""
+    books, capture, plane_r, planes = swarm_of(tmp_path)
+    x1, grad = tensor(1), tensor(3)
+    f1, g = (codec.encode(7, t, LIMITS) for t in (x1, grad))
+    path_forward = HopHeader(1, 0, 7, 0, FORWARD, 1, 0, 0, PEER["d"], (PEER["d"],))
+    backward = HopHeader(
+        1, 0, 7, 0, BACKWARD, 1, 0, 0, PEER["d"], (PEER["d"], PEER["r"], PEER["t"], PEER["d"])
+    )
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            role = relay_r(nursery, books, plane_r, planes)
+            role.sender.next_hop = lambda *_: PEER["t"]  # type: ignore[method-assign]
+            plane_r.serve(nursery)
+            await planes["d"].send(PEER["r"], path_forward, f1)
+            with trio.fail_after(10):
+                while not capture.sent:  # its forward, acknowledged with no countersignature
+                    await trio.sleep(0.01)
+            await planes["t"].send(PEER["r"], backward, g)
+            with trio.fail_after(10):
+                while len(capture.sent) < 2:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    (forward, forward_receipt, _), (gradient, gradient_receipt, _) = capture.sent
+    assert forward.direction == FORWARD and forward_receipt is not None
+    assert gradient.direction == BACKWARD and gradient_receipt is None

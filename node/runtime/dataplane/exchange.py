@@ -50,6 +50,25 @@ PROTOCOL_ID = "/gwtf/hop/6.0.0"
 _QUEUE_DEPTH = 64
 #: Receipts of kept outputs signed and waiting for their countersignature (oldest dropped).
 _MAX_KEPT_PENDING = 4096
+#: Forwards whose receipt is known whole here (oldest forgotten): a relay's backwards of an
+#: iteration come within it, and it holds at most its in-flight microbatches' forwards.
+_MAX_FORWARDS_WHOLE = 16384
+#: (origin, iteration, microbatch, stage, input digest) of a forward this node computed.
+ForwardKey = tuple[str, int, int, int, bytes]
+
+
+@dataclass
+class _Whole:
+    """Whether a forward receipt this node signed is whole here, once that is decided: at its
+    receiver's ack (a forward sent on), or when its sender hands back the countersignature (a
+    kept forward)."""
+
+    decided: trio.Event = field(default_factory=trio.Event)
+    whole: bool = False
+
+    def decide(self, whole: bool) -> None:
+        self.whole = self.whole or whole
+        self.decided.set()
 
 
 @dataclass(frozen=True)
@@ -175,12 +194,11 @@ class DataPlane:
     #: Hop key -> (origin, receipt, signature) of the kept outputs' receipts this node signed
     #: in an ack, until their sender hands back the countersignature.
     _kept_pending: dict[bytes, tuple[str, HopReceipt, bytes]] = field(default_factory=dict)
-    #: The kept forwards whose receipt came back countersigned (``kept_forward_whole``), each
-    #: set once its countersignature is handed back (oldest forgotten: its backward then goes
-    #: unreceipted, which is safe).
-    _kept_whole: dict[tuple[str, int, int, int, int, bytes], trio.Event] = field(
-        default_factory=dict
-    )
+    #: (origin, iteration, microbatch, stage, input digest) of the forwards this node computed
+    #: whose receipt is whole here (``forward_whole``): set when the receiver's ack brings a
+    #: valid countersignature, or, for a kept forward, when its sender hands it back (oldest
+    #: forgotten: a backward through it then goes unreceipted, which is safe).
+    _forward_whole: dict[ForwardKey, _Whole] = field(default_factory=dict)
     #: (origin, iteration, microbatch, direction) of the kept outputs' receipts signed here.
     _kept_signed: dict[tuple[str, int, int, int], None] = field(default_factory=dict)
 
@@ -266,31 +284,40 @@ class DataPlane:
         while len(self._kept_pending) > _MAX_KEPT_PENDING:
             del self._kept_pending[next(iter(self._kept_pending))]
         if header.direction == FORWARD:
-            self._kept_whole[_kept_forward_key(header, input_digest)] = trio.Event()
-            while len(self._kept_whole) > _MAX_KEPT_PENDING:
-                del self._kept_whole[next(iter(self._kept_whole))]
+            self._signed_forward(_forward_key(receipt, header.origin))
         return signature
 
-    async def kept_forward_whole(
-        self, forward: HopHeader, input_digest: bytes, patience_s: float
+    async def forward_whole(
+        self, forward: HopHeader, stage: int, input_digest: bytes, patience_s: float
     ) -> bool:
-        """Whether the receipt this node signed of the kept forward ``forward`` (as received,
-        of the input ``input_digest``) came back countersigned, waiting up to ``patience_s``
-        for it (its sender hands it back right after the ack, in the background). The input
-        is part of the question: a receipt of another input under the same attempt would not
-        replay the backward computed from this one.
+        """Whether a receipt this node signed of a forward of ``forward``'s microbatch at
+        ``stage`` from the input ``input_digest`` is whole here, countersigned by its receiver,
+        waiting up to ``patience_s`` for it (a kept forward's sender hands the countersignature
+        back right after the ack, in the background).
 
-        A juror replays a backward together with its forward's receipt, signed by both; a
-        forward whose sender withholds the countersignature leaves this node without it, and
-        missing evidence loses. So the backward of a kept forward is receipted only once that
-        forward's receipt is whole here; otherwise it is computed unreceipted (unpaid, and
-        nothing to slash). Declining it instead would stall the very repair it is part of."""
-        event = self._kept_whole.get(_kept_forward_key(forward, input_digest))
-        if event is None:
+        A juror replays a backward with a whole receipt of its worker's forward of the same
+        microbatch, from the input the backward went through; a receiver that withholds the
+        countersignature (or a forward made up to replace the held one) leaves this node
+        without it, and missing evidence loses. So a backward is receipted only through a
+        forward whose receipt of that very input is whole; otherwise it is computed
+        unreceipted (unpaid, and nothing to slash). Declining it instead would stall the
+        microbatch."""
+        key = (forward.origin, forward.iteration, forward.microbatch_id, stage, input_digest)
+        whole = self._forward_whole.get(key)
+        if whole is None:
             return False  # never signed here, or forgotten: not provably whole
         with trio.move_on_after(patience_s):
-            await event.wait()
-        return event.is_set()
+            await whole.decided.wait()
+        return whole.whole
+
+    def _signed_forward(self, key: ForwardKey) -> _Whole:
+        """Whether a forward's receipt is whole here, to be decided: from its signing on."""
+        whole = self._forward_whole.get(key)
+        if whole is None:
+            whole = self._forward_whole[key] = _Whole()
+            while len(self._forward_whole) > _MAX_FORWARDS_WHOLE:
+                del self._forward_whole[next(iter(self._forward_whole))]
+        return whole
 
     def countersigned(self, peer: str, message: control.Countersigned) -> bytes:
         """The sender of a hop whose output this node kept hands back its countersignature:
@@ -307,18 +334,7 @@ class DataPlane:
             return control.encode_reply(False, why="not that receipt's countersignature")
         del self._kept_pending[key]
         if receipt.direction == FORWARD:
-            whole = self._kept_whole.get(
-                (
-                    origin,
-                    receipt.iteration,
-                    receipt.microbatchId,
-                    receipt.stage,
-                    receipt.attempt,
-                    receipt.inputDigest,
-                )
-            )
-            if whole is not None:
-                whole.set()
+            self._signed_forward(_forward_key(receipt, origin)).decide(True)
         return control.encode_reply(True)
 
     async def _countersign(
@@ -404,6 +420,8 @@ class DataPlane:
                     receipt = None
                 else:
                     receipted = ReceiptInput(input_digest, signature)
+                    if receipt.direction == FORWARD:  # whole or not once acknowledged
+                        self._signed_forward(_forward_key(receipt, header.origin))
             elif self.origin_send is not None and header.origin == self.node_id:
                 self.origin_send(header, digest)
         payload = encode_hop(header, frame, receipted)
@@ -427,9 +445,11 @@ class DataPlane:
         if ack.digest != digest:
             raise PeerUnavailable(f"peer {to} acknowledged a tensor other than the one sent")
         if book is not None and receipt is not None and receipted is not None:
-            book.acknowledged(
+            whole = book.acknowledged(
                 to, header.origin, receipt, receipted.worker_signature, ack.countersignature
             )
+            if receipt.direction == FORWARD:
+                self._signed_forward(_forward_key(receipt, header.origin)).decide(whole)
         if book is not None and ack.kept_signature:
             await self._countersign_kept(to, header, digest, ack)
         return ack.digest
@@ -489,17 +509,9 @@ def _kept_facts(
     )  # fmt: skip
 
 
-def _kept_forward_key(
-    header: HopHeader, input_digest: bytes
-) -> tuple[str, int, int, int, int, bytes]:
-    return (
-        header.origin,
-        header.iteration,
-        header.microbatch_id,
-        header.stage,
-        header.attempt,
-        input_digest,
-    )
+def _forward_key(receipt: HopReceipt, origin: str) -> ForwardKey:
+    """What ``forward_whole`` asks of a forward receipt: its microbatch, stage and input."""
+    return (origin, receipt.iteration, receipt.microbatchId, receipt.stage, receipt.inputDigest)
 
 
 def direction_name(direction: int) -> str:

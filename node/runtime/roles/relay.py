@@ -162,14 +162,15 @@ class RelayRole:
             )
 
     async def _backward_receipted(self, key: tuple[int, int]) -> bool:
-        """Whether this relay signs the receipt of a microbatch's backward: not when its
-        forward was a repair kept here whose receipt its sender has not countersigned
-        (``DataPlane.kept_forward_whole``: an auditor could not replay the backward)."""
+        """Whether this relay signs the receipt of a microbatch's backward: only when the
+        forward it goes through (the one held, whose activations are saved) has a receipt of
+        that very input that is whole here (``DataPlane.forward_whole``): a juror replays the
+        backward with it, so without it an honest relay could be judged wrong."""
         buffered = self.buffers.get(key)
-        if buffered is None or not buffered.header.flags & FLAG_REPAIR:
-            return True
-        return await self.plane.kept_forward_whole(
-            buffered.header, buffered.input_digest, self.plane.ack_deadline_s / 4
+        if buffered is None or self.plane.receipts is None:
+            return buffered is not None
+        return await self.plane.forward_whole(
+            buffered.header, self.stage, buffered.input_digest, self.plane.ack_deadline_s / 4
         )
 
     def _pass_on_again(self, header: HopHeader) -> None:
