@@ -131,8 +131,11 @@ class World:
 
     def travel_to(self, timestamp: int) -> None:
         """Moves the clock so that the next transaction's block has ``timestamp`` (eth_call on
-        "latest" sees one second less)."""
-        self.tester.time_travel(timestamp)
+        "latest" sees one second less), or the pending block's time where the wall clock has
+        taken it past ``timestamp`` already (a chain's clock never goes back)."""
+        pending = int(self.tester.get_block_by_number("pending")["timestamp"])
+        if timestamp > pending:
+            self.tester.time_travel(timestamp)
 
     def mine(self) -> None:
         self.tester.mine_blocks(1)

@@ -392,7 +392,9 @@ def test_swarm_without_a_chain_trains_with_admission_off(tmp_path: Path) -> None
 
 TWO_DATA_NODES_FILE = """
 [run]
-iterations = 24
+# Enough iterations that the lone data node is still training when the other comes back
+# (iterations of this tiny run take ~0.1 s on a fast machine).
+iterations = 40
 microbatches_per_iteration = 2
 [swarm]
 relays_per_stage = 1
@@ -413,17 +415,17 @@ def test_two_data_node_processes_share_the_run_and_one_comes_back_after_a_sigkil
     each certifies its own shard's hops (the restarted one from its database) and the relays
     claim from both."""
     summary = swarm_of(tmp_path, TWO_DATA_NODES_FILE, timeout_s=300)
-    assert summary["iterations"] == 24
+    assert summary["iterations"] == 40
     assert [c["node"] for c in summary["crashes"]] == ["data-1"]
     assert summary["joins"][0]["node"] == "data-1" and summary["joins"][0]["restart"]
     data_nodes = summary["data_nodes"]
     assert sorted(data_nodes) == ["data", "data-1"]
-    assert data_nodes["data"] == data_nodes["data-1"] and data_nodes["data"]["step"] == 24
+    assert data_nodes["data"] == data_nodes["data-1"] and data_nodes["data"]["step"] == 40
     assert sorted(summary["relays"]) == ["relay-1-0", "relay-2-0"]
-    assert all(relay["step"] == 24 for relay in summary["relays"].values())
+    assert all(relay["step"] == 40 for relay in summary["relays"].values())
     # Every microbatch the data nodes finished counts, the first life's included: all of
     # "data"'s, and some of "data-1"'s (not the ones lost with it or those before it was back).
-    assert 24 * 2 < summary["microbatches"] < 24 * 2 * 2
+    assert 40 * 2 < summary["microbatches"] < 40 * 2 * 2
     settings = tomllib.loads((tmp_path / "out" / "data-1.toml").read_text())
     assert settings["training"]["data_shard"] == 1 and settings["node"]["join"] is True
     epochs = summary["chain"]["epochs"]
