@@ -20,6 +20,7 @@ The swarm file's format and checks are ``node.swarm.plan``'s.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -405,6 +406,9 @@ def _restart(plan: SwarmPlan, name: str, at_s: float, log: IO[bytes] | None) -> 
     """Start a killed node again from its settings file, with its identity, as a joiner."""
     _record_injected_crashes(plan)  # before its dead process is forgotten
     proc = plan.procs.get(name)
+    if proc is not None and proc.killed:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.popen.wait(timeout=10)  # a SIGKILLed process in a disk write dies late
     if proc is None or proc.popen.poll() is None:
         return  # never started, or still running (its kill came later than planned)
     settings = tomllib.loads((plan.out_dir / f"{name}.toml").read_text())
