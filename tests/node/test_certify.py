@@ -186,3 +186,73 @@ def test_a_report_must_be_the_reporters_own_receipt_for_this_data_node_and_run()
     forged = SignedReceipt(good.receipt, good.worker_signature, good.worker_signature)
     with pytest.raises(ProtocolError, match="countersignature"):
         check_report(forged, TERMS, ADDRESS["data"], ADDRESS["a"])
+
+
+def test_colluders_chain_at_attempt_0_never_pushes_out_the_carrier_the_data_node_received() -> None:
+    # a's first send went to x, which acknowledged it and "died"; a re-sent to b (attempt 1),
+    # which carried the microbatch to the data node. x and its accomplices p, q, r compute
+    # stage 2 honestly from a's chained output and countersign each other's attempt-0
+    # receipts: hops sent on, at the lowest attempt. The data node countersigned b's forward
+    # itself, so b's hop ranks first, and so does a's, which b countersigned.
+    m = pipeline(0)
+    lost = hop("a", "x", 1, FORWARD, "embed 0", "act1 0")
+    again = hop("a", "b", 1, FORWARD, "embed 0", "act1 0", attempt=1)
+    carried = hop("b", "data", 2, FORWARD, "act1 0", "act2 0", attempt=1)
+    ring = ("x", "p", "q", "r")
+    forks = [
+        hop(w, ring[(i + 1) % 4], 2, FORWARD, "act1 0", "act2 0") for i, w in enumerate(ring)
+    ]
+    chosen = certifiable([lost, again, carried, *forks, *m[2:]], anchors(0), stages=2)
+    forwards = [p.entry.receipt for p in chosen if p.entry.receipt.direction == FORWARD]
+    at_stage_2 = [r.worker for r in forwards if r.stage == 2]
+    assert len(at_stage_2) == MAX_PER_HOP and at_stage_2[0] == ADDRESS["b"]
+    # a's one computation is certified under the receipt on the data node's path.
+    assert [(r.worker, r.attempt) for r in forwards if r.stage == 1] == [(ADDRESS["a"], 1)]
+
+
+def test_the_path_the_data_node_saw_ranks_first_at_every_stage_and_both_directions() -> None:
+    # Three relay stages, each carrier's hop after a repair (attempt 2 on); accomplices fork
+    # every hop from its chained input at attempt 0, countersigning each other.
+    names = {1: "a", 2: "b", 3: "y"}
+    ring = ("p", "q", "r", "x")
+    forward = {1: "embed 0", 2: "f1", 3: "f2", 4: "f3"}  # the input of stage k, and its output
+    backward = {3: "loss grad 0", 2: "g3", 1: "g2", 0: "g1"}
+    entries = []
+    for k in (1, 2, 3):
+        receiver = names.get(k + 1, "data")
+        entries.append(hop(names[k], receiver, k, FORWARD, forward[k], forward[k + 1], attempt=2))
+        back_to = names.get(k - 1, "data")
+        entries.append(hop(names[k], back_to, k, BACKWARD, backward[k], backward[k - 1], attempt=3))
+        for i, w in enumerate(ring):
+            other = ring[(i + 1) % 4]
+            entries.append(hop(w, other, k, FORWARD, forward[k], forward[k + 1]))
+            entries.append(hop(w, other, k, BACKWARD, backward[k], backward[k - 1]))
+    chosen = certifiable(entries, anchors(0), stages=3)
+    for k in (1, 2, 3):
+        for direction in (FORWARD, BACKWARD):
+            at = [
+                p.entry.receipt.worker
+                for p in chosen
+                if (p.entry.receipt.stage, p.entry.receipt.direction) == (k, direction)
+            ]
+            assert len(at) == MAX_PER_HOP and at[0] == ADDRESS[names[k]], (k, direction)
+
+
+def test_a_backward_stand_ins_kept_forward_ranks_before_accomplices_forks() -> None:
+    # b carried the forward and died holding the gradient; a re-sent its output to the stand-in
+    # x (a repair, attempt 2), which kept its forward and then carried the backward the data
+    # node received through a. Accomplices fork stage 2's forward at attempt 0: b's forward (on
+    # the path the data node received) and x's kept one (which x's backward went through)
+    # both rank before them.
+    m = pipeline(0)
+    kept = hop("x", "a", 2, FORWARD, "act1 0", "act2 0", attempt=2)
+    stand_in = hop("x", "a", 2, BACKWARD, "loss grad 0", "grad2 0", attempt=2)
+    forks = [hop(w, "y", 2, FORWARD, "act1 0", "act2 0") for w in ("p", "q", "r")]
+    chosen = certifiable([*m[:2], kept, stand_in, *forks, m[3]], anchors(0), stages=2)
+    at_stage_2 = [
+        (p.entry.receipt.worker, p.entry.receipt.direction)
+        for p in chosen
+        if p.entry.receipt.stage == 2
+    ]
+    assert at_stage_2[:2] == [(ADDRESS["b"], FORWARD), (ADDRESS["x"], FORWARD)]
+    assert (ADDRESS["x"], BACKWARD) in at_stage_2
