@@ -17,12 +17,19 @@ agree. A data node certifies a hop only when it is also chained to the data node
   nothing;
 * **once per computation**: one receipt per (worker, microbatch, stage, direction, input) —
   a gradient re-sent around a dead receiver is the same work under a new attempt — and at most
-  ``MAX_PER_HOP`` per (microbatch, stage, direction), the path's own hops first and then the
-  kept ones (a stand-in's, a redo's), lowest attempts first, which bounds what
-  two colluding relays gain by forking a microbatch's chain to each other. A relay cannot be
-  paid twice by faking a repair of its own hop (the same worker and input: one computation),
-  and colluders who fork a chain with "repairs" are paid only for computations they did on
-  chained inputs, at most ``MAX_PER_HOP`` per hop, each replayable by the audit.
+  ``MAX_PER_HOP`` per (microbatch, stage, direction), which bounds what colluding relays gain
+  by forking a microbatch's chain to each other. A relay cannot be paid twice by faking a
+  repair of its own hop (the same worker and input: one computation), and colluders who fork
+  a chain are paid only for computations they did on chained inputs, at most ``MAX_PER_HOP``
+  per hop, each replayable by the audit;
+* **the data node's own path first** at that cap (``_ranks``): the hops it saw the microbatch
+  through, walked back from the forward it received at the last stage and the backward it
+  received at the first, each hop countersigned as received by the worker of the next, so
+  accomplices' forks at attempt 0 never push out the relay that carried the microbatch, even
+  after a repair (attempt > 0); then the other hops the data node countersigned and the
+  forwards its path's backwards went through (a stand-in's kept forward, a redone one); then
+  the rest. Within each, lowest attempts first. A computation is certified under its best
+  ranked receipt, so the path's chain goes on from the output it really carried.
 
 Whether worker and counterparty were bonded members of the run during the epoch is the chain's
 to say; the epoch cycle asks it before building the tree (``node.receipts.epochs``). Pure.
@@ -81,8 +88,9 @@ def check_fields(entry: SignedReceipt, terms: ReceiptTerms, data_node: str) -> N
 def certifiable(
     prepared: Iterable[PreparedHop], anchors: Iterable[Anchor], stages: int
 ) -> list[PreparedHop]:
-    """The receipts chained to ``anchors`` (see the module), once per computation; each hop
-    key once (a report received twice is one receipt)."""
+    """The receipts chained to ``anchors`` (see the module), once per computation, ranked at
+    the ``MAX_PER_HOP`` cap by ``_ranks``; each hop key once (a report received twice is one
+    receipt)."""
     unique = {p.hop_key: p for p in prepared}
     # By microbatch, then by (stage, direction): each hop is looked at once per link.
     hops: dict[tuple[int, int], dict[tuple[int, int], list[PreparedHop]]] = defaultdict(
@@ -96,46 +104,86 @@ def certifiable(
         starts[(anchor.iteration, anchor.microbatch_id, anchor.direction)].add(anchor.digest)
     kept: list[PreparedHop] = []
     for (iteration, microbatch), links in sorted(hops.items()):
+        rank = _ranks(links, stages)
         for direction, order in ((FORWARD, range(1, stages + 1)), (BACKWARD, range(stages, 0, -1))):
             reached = starts.get((iteration, microbatch, direction), set())
-            senders: dict[bytes, set[str]] = defaultdict(set)  # digest -> the workers it is of
-            first = True
             for stage in order:
                 candidates = [
                     p
                     for p in links.get((stage, direction), ())
                     if p.entry.receipt.inputDigest in reached
                 ]
-                kept_ones = {
-                    p.hop_key for p in candidates if _kept(p, senders, first and stages > 1)
-                }
-                taken = _once_per_computation(candidates, kept_ones)
+                taken = _once_per_computation(candidates, rank)
                 kept.extend(taken)
                 reached = {p.entry.receipt.outputDigest for p in taken}
-                senders = defaultdict(set)
-                for p in taken:
-                    senders[p.entry.receipt.outputDigest].add(p.entry.receipt.worker)
-                first = False
     return kept
 
 
-def _kept(p: PreparedHop, senders: dict[bytes, set[str]], first: bool) -> bool:
-    """Whether ``p`` is a hop whose worker kept the output (a stand-in's forward, a redone
-    gradient): its counterparty is the node its input came from (the sender of it, or the data
-    node for the first link), where a hop sent on names the next node. A path's own hops are
-    certified before these at the ``MAX_PER_HOP`` cap, so that repairs (however many ask for
-    one) never push the relay that carried the microbatch on out of its hop's certificate."""
-    r = p.entry.receipt
-    if first:
-        return r.counterparty == r.dataNode
-    return r.counterparty in senders.get(r.inputDigest, set())
+#: Ranks at the ``MAX_PER_HOP`` cap, best first (see ``_ranks``).
+ON_PATH: Final = 0
+VOUCHED: Final = 1
+OTHER: Final = 2
+
+
+def _ranks(links: dict[tuple[int, int], list[PreparedHop]], stages: int) -> dict[bytes, int]:
+    """The rank of each of a microbatch's hops (by hop key; ``OTHER`` where absent).
+
+    ``ON_PATH``: the hops the data node itself saw the microbatch through. It countersigned as
+    receiver the last stage's forward it computed the loss from and the first stage's backward
+    (a data node computes one of each per microbatch: ``node.runtime.roles.data``); walking
+    back from each, a hop whose output is the input of an ``ON_PATH`` hop and whose
+    counterparty is that hop's worker, who countersigned it as received, is ``ON_PATH`` too.
+    Nobody forges the data node's countersignature, so accomplices who fork a hop from its
+    chained input, however low their attempts, rank after the relay that really carried it on;
+    only that hop's receiver, whose countersignature the carrier's receipt needs anyway,
+    could vouch for made-up rivals of it.
+
+    ``VOUCHED``: the other hops the data node countersigned (a kept forward it sent a stage-1
+    stand-in, a gradient it had redone at the last stage), and the forwards of the worker of
+    an ``ON_PATH`` or ``VOUCHED`` backward at its stage (the backward went through one of them:
+    a stand-in's kept forward, a redone one). With one relay stage, a stage-1 forward the data
+    node countersigned as its sender (kept) cannot be told from one it received, and ranks
+    ``ON_PATH``."""
+    rank: dict[bytes, int] = {}
+    for entries in links.values():
+        for p in entries:
+            if p.entry.receipt.counterparty == p.entry.receipt.dataNode:
+                rank[p.hop_key] = VOUCHED
+    for direction, received_at, upstream in ((FORWARD, stages, -1), (BACKWARD, 1, 1)):
+        stage = received_at
+        seen = [
+            p
+            for p in links.get((stage, direction), ())
+            if p.entry.receipt.counterparty == p.entry.receipt.dataNode
+        ]
+        while seen:  # each step one stage upstream, until past the first or last
+            for p in seen:
+                rank[p.hop_key] = ON_PATH
+            received = {(p.entry.receipt.inputDigest, p.entry.receipt.worker) for p in seen}
+            stage += upstream
+            seen = [
+                p
+                for p in links.get((stage, direction), ())
+                if (p.entry.receipt.outputDigest, p.entry.receipt.counterparty) in received
+            ]
+    for (stage, direction), entries in links.items():
+        if direction != BACKWARD:
+            continue
+        workers = {p.entry.receipt.worker for p in entries if p.hop_key in rank}
+        for p in links.get((stage, FORWARD), ()):
+            if p.entry.receipt.worker in workers:
+                rank[p.hop_key] = min(rank.get(p.hop_key, OTHER), VOUCHED)
+    return rank
 
 
 def _once_per_computation(
-    candidates: Iterable[PreparedHop], kept_ones: set[bytes]
+    candidates: Iterable[PreparedHop], rank: dict[bytes, int]
 ) -> list[PreparedHop]:
-    def preference(p: PreparedHop) -> tuple[bool, int, bytes]:
-        return (p.hop_key in kept_ones, p.entry.receipt.attempt, p.hop_key)
+    """One receipt per (worker, input), its best ranked (the one on the path keeps the chain
+    going on from its output), then the best ``MAX_PER_HOP``: by rank, then attempt."""
+
+    def preference(p: PreparedHop) -> tuple[int, int, bytes]:
+        return (rank.get(p.hop_key, OTHER), p.entry.receipt.attempt, p.hop_key)
 
     best: dict[tuple[str, bytes], PreparedHop] = {}
     for p in sorted(candidates, key=preference):

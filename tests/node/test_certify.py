@@ -107,10 +107,15 @@ def test_the_acknowledged_hop_of_an_attempt_lost_to_a_crash_is_certified() -> No
     again = hop("a", "b", 1, FORWARD, "embed 0", "act1 0", attempt=1)
     entries = [lost, again, *pipeline(0)[1:]]
     chosen = certifiable(entries, anchors(0), stages=2)
-    # One computation of a from one input: paid once, under its lowest attempt.
+    # One computation of a from one input: paid once, under the receipt on the path the data
+    # node received (b countersigned it), whose output b's hop goes on from.
+    assert (ADDRESS["a"], 1, FORWARD, 1) in keys_of(chosen)
+    assert (ADDRESS["a"], 1, FORWARD, 0) not in keys_of(chosen)
+    assert len(chosen) == 4
+    # Off the path, it is paid under its lowest attempt.
+    chosen = certifiable([lost, again, *pipeline(0)[2:]], anchors(0), stages=2)
     assert (ADDRESS["a"], 1, FORWARD, 0) in keys_of(chosen)
     assert (ADDRESS["a"], 1, FORWARD, 1) not in keys_of(chosen)
-    assert len(chosen) == 4
 
 
 def test_a_stand_ins_kept_forward_and_its_gradient_are_certified_and_a_fake_repair_is_not() -> None:
@@ -199,9 +204,7 @@ def test_colluders_chain_at_attempt_0_never_pushes_out_the_carrier_the_data_node
     again = hop("a", "b", 1, FORWARD, "embed 0", "act1 0", attempt=1)
     carried = hop("b", "data", 2, FORWARD, "act1 0", "act2 0", attempt=1)
     ring = ("x", "p", "q", "r")
-    forks = [
-        hop(w, ring[(i + 1) % 4], 2, FORWARD, "act1 0", "act2 0") for i, w in enumerate(ring)
-    ]
+    forks = [hop(w, ring[(i + 1) % 4], 2, FORWARD, "act1 0", "act2 0") for i, w in enumerate(ring)]
     chosen = certifiable([lost, again, carried, *forks, *m[2:]], anchors(0), stages=2)
     forwards = [p.entry.receipt for p in chosen if p.entry.receipt.direction == FORWARD]
     at_stage_2 = [r.worker for r in forwards if r.stage == 2]
