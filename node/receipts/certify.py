@@ -134,9 +134,11 @@ def _ranks(links: dict[tuple[int, int], list[PreparedHop]], stages: int) -> dict
     back from each, a hop whose output is the input of an ``ON_PATH`` hop and whose
     counterparty is that hop's worker, who countersigned it as received, is ``ON_PATH`` too.
     Nobody forges the data node's countersignature, so accomplices who fork a hop from its
-    chained input, however low their attempts, rank after the relay that really carried it on;
-    only that hop's receiver, whose countersignature the carrier's receipt needs anyway,
-    could vouch for made-up rivals of it.
+    chained input, however low their attempts, rank after the relay that really carried it on.
+    Rivals rank with the carrier only where its receiver countersigned them too: a colluding
+    receiver (which could withhold the carrier's countersignature anyway), or accomplices who
+    hold the carrier's input and deliver bit-identical copies of its output to an honest
+    receiver, which computes each again and countersigns it.
 
     ``VOUCHED``: the other hops the data node countersigned (a kept forward it sent a stage-1
     stand-in, a gradient it had redone at the last stage), and the forwards of the worker of

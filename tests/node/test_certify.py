@@ -259,3 +259,11 @@ def test_a_backward_stand_ins_kept_forward_ranks_before_accomplices_forks() -> N
     ]
     assert at_stage_2[:2] == [(ADDRESS["b"], FORWARD), (ADDRESS["x"], FORWARD)]
     assert (ADDRESS["x"], BACKWARD) in at_stage_2
+
+
+def test_with_one_relay_stage_the_hop_the_data_node_received_ranks_first() -> None:
+    carried = hop("a", "data", 1, FORWARD, "embed 0", "out 0", attempt=1)
+    ring = ("p", "q", "r", "x")
+    forks = [hop(w, ring[(i + 1) % 4], 1, FORWARD, "embed 0", "out 0") for i, w in enumerate(ring)]
+    chosen = certifiable([*forks, carried], anchors(0), stages=1)
+    assert len(chosen) == MAX_PER_HOP and chosen[0].entry.receipt.worker == ADDRESS["a"]
