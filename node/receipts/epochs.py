@@ -230,7 +230,8 @@ class DataNodeEpochs:
             Anchor(a.iteration, a.microbatch_id, a.direction, a.digest)
             for a in self.store.anchors(run_id, epoch)
         ]
-        # Reported by relays, and countersigned by this node itself (held to the same rules).
+        # Reported by relays, and countersigned by this node itself (held to the same rules;
+        # they also mark the path it saw each microbatch through, ranked first at the cap).
         own = [
             PreparedHop.of(e, self.terms.domain)
             for e in self.store.received_hops(run_id, epoch)
