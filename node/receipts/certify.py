@@ -130,7 +130,7 @@ def _ranks(links: dict[tuple[int, int], list[PreparedHop]], stages: int) -> dict
 
     ``ON_PATH``: the hops the data node itself saw the microbatch through. It countersigned as
     receiver the last stage's forward it computed the loss from and the first stage's backward
-    (a data node computes one of each per microbatch: ``node.runtime.roles.data``); walking
+    (a data node computes one of each per start of a microbatch: ``roles.data``); walking
     back from each, a hop whose output is the input of an ``ON_PATH`` hop and whose
     counterparty is that hop's worker, who countersigned it as received, is ``ON_PATH`` too.
     Nobody forges the data node's countersignature, so accomplices who fork a hop from its
