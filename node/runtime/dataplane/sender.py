@@ -61,10 +61,13 @@ class HopStats:
     taken_back_in: int = 0  # a data node: times it was left out while alive and asked back in
     microbatches_on_loans: int = 0  # a data node: started on a flow another data node lent it
     # A data node: (microbatch, stage) gradients a dead replica held, redone on a live one;
-    # lost all the same (no live replica, or the redo failed); held by two replicas.
+    # lost all the same (no live replica, or the redo failed); held by two replicas (counted
+    # twice in the average: no holder could drop its sum); relays' sums dropped for one held
+    # twice (their other microbatches redone).
     gradients_redone: int = 0
     gradients_lost: int = 0
     gradients_duplicated: int = 0
+    gradient_sums_dropped: int = 0
     microbatches_redone: int = 0  # a data node: microbatches with a stage's gradient redone
     # A relay's ends of iteration (seconds, summed): all of it, and the averaging exchange in it.
     ending_s: float = 0.0
