@@ -22,7 +22,7 @@ import torch
 import trio
 
 from gwtf.errors import ProtocolError
-from node.p2p.rpc import Decline, PeerUnavailable
+from node.p2p.rpc import Decline, NotHere, PeerUnavailable
 from node.runtime.dataplane import control
 from node.runtime.dataplane.compute import T, in_worker_thread
 from node.runtime.dataplane.exchange import DataPlane, Kept
@@ -109,8 +109,8 @@ class RelayRole:
     async def compute(self, header: HopHeader, frame: bytes) -> Kept | None:
         """Compute a hop; the output when this relay keeps it rather than sending it on (a
         repair's forward, a redone gradient): its receipt is signed in the ack."""
-        if header.stage != self.stage:
-            raise ProtocolError(f"hop for stage {header.stage} sent to a stage {self.stage} relay")
+        if header.stage != self.stage:  # a sender that has not heard of a move yet
+            raise NotHere(f"hop for stage {header.stage} sent to a stage {self.stage} relay")
         await self._check_in_step(header.iteration)
         self._forget_microbatches(before=header.iteration)
         tensor = codec.decode(bytearray(frame), self.limits).tensor
