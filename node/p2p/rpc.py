@@ -83,8 +83,21 @@ class Decline(ProtocolError):
     """Raised by a handler to refuse a well-formed request without charging its sender."""
 
 
-#: A refusal's reason starts with this when the handler declined (``RequestDeclined``).
+class NotHere(Decline):
+    """Raised by a handler to refuse a request for a part this peer no longer plays (a hop for
+    a stage it moved from): its sender acted on stale knowledge, is not at fault, and should
+    forget this peer in that part (``RequestMisdirected``)."""
+
+
+class RequestMisdirected(RequestDeclined):
+    """The peer declined a request for a part it does not play (``NotHere``): it is alive, but
+    not where the sender thought."""
+
+
+#: A refusal's reason starts with this when the handler declined (``RequestDeclined``), and
+#: goes on with the second when the peer does not play the part asked of it.
 _DECLINED = "declined: "
+_NOT_HERE = "not here: "
 
 
 class PeerTimeout(PeerUnavailable):
@@ -291,7 +304,8 @@ class RequestResponse:
                 log.warning("a request from %s was not answered in time", peer)
                 status, reply = _REFUSED, b"not answered in time"
             except Decline as exc:
-                status, reply = _REFUSED, f"{_DECLINED}{exc}".encode()[:_MAX_REASON_BYTES]
+                reason = f"{_DECLINED}{_NOT_HERE if isinstance(exc, NotHere) else ''}{exc}"
+                status, reply = _REFUSED, reason.encode()[:_MAX_REASON_BYTES]
             except ProtocolError as exc:
                 self._charge(peer, Offence.MALFORMED_MESSAGE, exc)
                 status, reply = _REFUSED, str(exc).encode()[:_MAX_REASON_BYTES]
@@ -528,7 +542,10 @@ class _Channel:
             return
         if status == _REFUSED:
             reason = reply[:_MAX_REASON_BYTES].decode(errors="replace")
-            refusal = RequestDeclined if reason.startswith(_DECLINED) else PeerUnavailable
+            refusal: type[PeerUnavailable] = PeerUnavailable
+            if reason.startswith(_DECLINED):
+                misdirected = reason.startswith(_DECLINED + _NOT_HERE)
+                refusal = RequestMisdirected if misdirected else RequestDeclined
             waiter.finish(error=refusal(f"peer {self.peer} refused the request: {reason}"))
         elif len(reply) > waiter.max_response_bytes:
             self._charge(self.peer, Offence.OVERSIZED_FRAME, f"reply of {len(reply)} bytes")

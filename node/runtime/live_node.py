@@ -759,15 +759,19 @@ def _serve_control(
             return await role.sender.redo_backward(peer, message)
         if isinstance(message, control.Countersigned):
             return role.plane.countersigned(peer, message)
-        if isinstance(message, control.Holds | control.ExpectRedo | control.Forget):
+        if isinstance(
+            message, control.Holds | control.ExpectRedo | control.Forget | control.Discard
+        ):
             if not isinstance(role, RelayRole):
                 raise ProtocolError("a data node holds no stage's gradient")
             if isinstance(message, control.Holds):
                 return await role.holds(message)
-            if isinstance(message, control.Forget):
-                # Only a data node restarts an iteration (its signed card says stage 0).
+            if isinstance(message, control.Forget | control.Discard):
+                # Only an origin of microbatches asks (its signed card says stage 0).
                 if book.stage_of(peer) != 0:
-                    raise ProtocolError("only a data node of the run asks to forget an iteration")
+                    raise ProtocolError("only a data node of the run asks to drop a gradient")
+                if isinstance(message, control.Discard):
+                    return await role.discard(peer, message)
                 return await role.forget(peer, message)
             return role.expect_redo(peer, message)
         if isinstance(message, control.RedoLost):

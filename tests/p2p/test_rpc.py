@@ -25,9 +25,11 @@ from node.p2p.identity import (
 )
 from node.p2p.rpc import (
     Decline,
+    NotHere,
     PeerTimeout,
     PeerUnavailable,
     RequestDeclined,
+    RequestMisdirected,
     RequestResponse,
     RpcLimits,
 )
@@ -44,6 +46,8 @@ async def reverse(_peer: str, request: bytes) -> bytes:
         raise ProtocolError("undecodable request")
     if request == b"again":
         raise Decline("already done")
+    if request == b"moved":
+        raise NotHere("not a stage 2 relay")
     return request[::-1]
 
 
@@ -93,11 +97,13 @@ def test_a_declined_request_is_told_apart_and_not_charged(tmp_path: Path) -> Non
     async def scenario(server: RequestResponse, client: RequestResponse) -> None:
         with pytest.raises(RequestDeclined, match="already done"):
             await client.request(server.host.get_id(), ECHO, b"again", LIMITS)
+        with pytest.raises(RequestMisdirected, match="not a stage 2 relay"):
+            await client.request(server.host.get_id(), ECHO, b"moved", LIMITS)
         with pytest.raises(PeerUnavailable) as refused:
             await client.request(server.host.get_id(), ECHO, b"bad", LIMITS)
         assert not isinstance(refused.value, RequestDeclined)
         offences = server.scores.offences[str(client.host.get_id())]
-        assert offences == [Offence.MALFORMED_MESSAGE]  # the decline cost the client nothing
+        assert offences == [Offence.MALFORMED_MESSAGE]  # the declines cost the client nothing
 
     run_pair(tmp_path, scenario)
 

@@ -229,6 +229,16 @@ class Forget:
 
 
 @dataclass(frozen=True)
+class Discard:
+    """Your accumulated gradient of ``iteration`` holds a microbatch that another replica of
+    your stage holds too (a backward computed twice around a peer that looked dead), so it
+    would count twice in the stage's average: drop the whole sum, which is one tensor (all of
+    it the asker's microbatches); the asker redoes the rest. Answered with your step."""
+
+    iteration: int
+
+
+@dataclass(frozen=True)
 class Shard:
     """(Between data nodes.) Which shard of each iteration's microbatches do you start?"""
 
@@ -290,6 +300,7 @@ ControlRequest = (
     | ExpectRedo
     | RedoBack
     | Forget
+    | Discard
     | Shard
     | BatchDone
     | RedoLost
@@ -310,6 +321,7 @@ _TYPES: dict[str, type[Any]] = {
     "expect_redo": ExpectRedo,
     "redo_back": RedoBack,
     "forget": Forget,
+    "discard": Discard,
     "shard": Shard,
     "batch_done": BatchDone,
     "redo_lost": RedoLost,
@@ -331,6 +343,7 @@ _FIELDS: dict[type[Any], dict[str, type]] = {
     ExpectRedo: {"iteration": int, "microbatch": int, "sender": str},
     RedoBack: _RESEND_FIELDS,
     Forget: {"iteration": int},
+    Discard: {"iteration": int},
     Shard: {},
     BatchDone: {"iteration": int, "holders": list},
     RedoLost: {"iteration": int, "stages": int},

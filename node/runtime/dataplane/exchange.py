@@ -228,8 +228,8 @@ class DataPlane:
             self._receiving[key] -= 1
             if not self._receiving[key]:
                 del self._receiving[key]
-        if isinstance(job.error, Decline):
-            raise Decline(str(job.error)) from job.error
+        if isinstance(job.error, Decline):  # of its kind: a ``NotHere`` tells the sender more
+            raise type(job.error)(str(job.error)) from job.error
         if job.error is not None:
             raise HopRejected(str(job.error)) from job.error
         digest = frame_digest(frame)

@@ -17,8 +17,14 @@ ends, on a live replica of that stage:
 
 Consecutive lost stages of one microbatch are redone as a run: the forward through each in turn,
 then the backward back up to the first, each replica handing on what it computed. Only the lost
-stages compute again, never a whole microbatch. A (microbatch, stage) held by two replicas (a
-backward computed twice around a peer that looked dead) is counted, not fixed.
+stages compute again, never a whole microbatch.
+
+A (microbatch, stage) held by two replicas (a backward computed twice around a peer that looked
+dead: its ack came late) would count twice in the stage's average. A relay's gradient is one
+sum, so no single microbatch can be taken out of it: one holder drops its whole sum
+(``Discard``; the one with the fewest microbatches no other replica holds, ``holder_to_drop``)
+and those are redone like a dead replica's. A holder that also holds another origin's
+microbatches cannot drop its sum for one origin; such a duplicate is counted, not fixed.
 
 The plan is pure (``plan_redo``); ``GradientRedo`` asks the nodes.
 """
@@ -80,6 +86,8 @@ class RedoReport:
     duplicated_pairs: set[tuple[int, int]] = field(default_factory=set)  # held by two or more
     #: Gradients lost because a stage stepped without a holder (the end's last attempt).
     left_out: int = 0
+    #: Relays that dropped their gradient's sum, as it held a microbatch another held too.
+    sums_dropped: int = 0
     #: Relay -> (its stage, how many of the microbatches' gradients it holds after the redo):
     #: the iteration's end must hear from each of them (``EndIteration.holders``).
     holders: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -105,6 +113,7 @@ class RedoReport:
         self.unsaved_pairs |= later.unsaved_pairs
         self.duplicated_pairs |= later.duplicated_pairs
         self.left_out += later.left_out
+        self.sums_dropped += later.sums_dropped
 
 
 def plan_redo(
@@ -149,6 +158,32 @@ def plan_redo(
             else:
                 unsaved.extend((microbatch, stage) for stage in range(first, last + 1))
     return RedoPlan(tuple(runs), tuple(unsaved), tuple(duplicated))
+
+
+def holder_to_drop(
+    microbatches: Collection[int],
+    iteration: int,
+    answers: Mapping[str, Answer],
+    only: Collection[int] | None = None,
+    refused: Collection[str] = (),
+) -> str | None:
+    """Of the relays in step whose gradient holds a microbatch another replica of its stage
+    holds too, the one whose sum is cheapest to drop: the fewest microbatches that only it
+    holds (each is redone), then the fewest held, then by id. None when nothing is held
+    twice (at the stages of ``only``), or every such holder ``refused``."""
+    wanted = set(microbatches)
+    in_step = {peer: a for peer, a in answers.items() if a.step == iteration}
+    best: tuple[int, int, str] | None = None
+    for peer, a in in_step.items():
+        if peer in refused or (only is not None and a.stage not in only):
+            continue
+        held = a.held & wanted
+        others = [o.held for q, o in in_step.items() if q != peer and o.stage == a.stage]
+        shared = {m for m in held if any(m in o for o in others)}
+        if shared:
+            cost = (len(held - shared), len(held), peer)
+            best = cost if best is None or cost < best else best
+    return None if best is None else best[2]
 
 
 def _consecutive(stages: Sequence[int]) -> list[tuple[int, int]]:
@@ -211,8 +246,11 @@ class GradientRedo:
         path: origin, stage 1..S relays, sink), all of ``first .. first + len - 1``; ``only``:
         at these stages alone."""
         answers = await self._ask_holds(iteration, first, paths)
-        plan = plan_redo(list(paths), self.plane.stages, iteration, answers, only)
+        deduplicated = await self._drop_duplicates(iteration, list(paths), answers, only)
+        plan = plan_redo(list(paths), self.plane.stages, iteration, deduplicated, only)
         report = RedoReport(unsaved_pairs=set(plan.unsaved), duplicated_pairs=set(plan.duplicated))
+        report.sums_dropped = sum(deduplicated[r] != answers[r] for r in answers)
+        answers = deduplicated
         for relay, answer in answers.items():
             held = len(answer.held & set(paths))
             if answer.step == iteration and held and (only is None or answer.stage in only):
@@ -258,6 +296,31 @@ class GradientRedo:
                 report.lost,
             )
         return report
+
+    async def _drop_duplicates(
+        self,
+        iteration: int,
+        microbatches: list[int],
+        answers: dict[str, Answer],
+        only: Collection[int] | None,
+    ) -> dict[str, Answer]:
+        """Have holders of a gradient held twice drop their sums (``holder_to_drop``) until
+        none is held twice or every holder left refuses; the answers as they stand after."""
+        refused: set[str] = set()
+        while relay := holder_to_drop(microbatches, iteration, answers, only, refused):
+            try:
+                request = control.Discard(iteration)
+                reply = await control.ask(self.plane.rpc, relay, request, self.timeout_s())
+                dropped = bool(control.decode_reply(reply)["ok"])
+            except ProtocolError as exc:
+                log.info("relay %s did not drop its gradient: %s", relay, exc)
+                dropped = False
+            if dropped:
+                answer = answers[relay]
+                answers = {**answers, relay: Answer(answer.stage, answer.step, frozenset())}
+            else:
+                refused.add(relay)
+        return answers
 
     async def _ask_holds(
         self, iteration: int, first: int, paths: Mapping[int, tuple[str, ...]]

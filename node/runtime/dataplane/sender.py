@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import trio
 
 from gwtf.errors import ProtocolError
-from node.p2p.rpc import PeerUnavailable, RequestDeclined
+from node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestMisdirected
 from node.receipts.book import worker_stage
 from node.runtime.dataplane import control
 from node.runtime.dataplane.exchange import DataPlane, HopRecord
@@ -61,10 +61,13 @@ class HopStats:
     taken_back_in: int = 0  # a data node: times it was left out while alive and asked back in
     microbatches_on_loans: int = 0  # a data node: started on a flow another data node lent it
     # A data node: (microbatch, stage) gradients a dead replica held, redone on a live one;
-    # lost all the same (no live replica, or the redo failed); held by two replicas.
+    # lost all the same (no live replica, or the redo failed); held by two replicas (counted
+    # twice in the average: no holder could drop its sum); relays' sums dropped for one held
+    # twice (their other microbatches redone).
     gradients_redone: int = 0
     gradients_lost: int = 0
     gradients_duplicated: int = 0
+    gradient_sums_dropped: int = 0
     microbatches_redone: int = 0  # a data node: microbatches with a stage's gradient redone
     # A relay's ends of iteration (seconds, summed): all of it, and the averaging exchange in it.
     ending_s: float = 0.0
@@ -114,8 +117,7 @@ class HopSender:
                     "forward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
                 )
                 tried.add(to)
-                if not isinstance(exc, RequestDeclined):  # a decline comes from a live peer
-                    self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
+                self._failed(to, exc)
                 if header.stage > self.plane.stages:
                     raise  # only the origin computes its microbatch's loss
                 replacement = self.replacement(header.stage, tried)
@@ -123,6 +125,12 @@ class HopSender:
                     raise
                 self.stats.forward_resends += 1
                 to, header = replacement, header.onward(attempt=_next_attempt(header.attempt))
+
+    def _failed(self, to: str, exc: PeerUnavailable) -> None:
+        """A peer that failed a hop is dead to the flow core, unless it declined it alive; one
+        that is not at the hop's stage (it moved) is dropped there too, until heard of again."""
+        if isinstance(exc, RequestMisdirected) or not isinstance(exc, RequestDeclined):
+            self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
 
     def replacement(self, stage: int, exclude: set[str]) -> str | None:
         """A live node of ``stage`` (the sink stage is S+1, data nodes) not in ``exclude``,
@@ -159,8 +167,7 @@ class HopSender:
                         "backward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
                     )
                     tried.add(to)
-                    if not isinstance(exc, RequestDeclined):  # a decline comes from a live peer
-                        self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
+                    self._failed(to, exc)
                     header = await self._around(header, tried)
                     continue
                 self._acknowledged(to)

@@ -391,6 +391,7 @@ class DataRole:
         self.stats.gradients_redone += redo.redone
         self.stats.gradients_lost += redo.lost
         self.stats.gradients_duplicated += redo.duplicated
+        self.stats.gradient_sums_dropped += redo.sums_dropped
         self.stats.microbatches_redone += redo.microbatches_redone
         idle = tuple(
             s

@@ -22,7 +22,7 @@ import torch
 import trio
 
 from gwtf.errors import ProtocolError
-from node.p2p.rpc import Decline, PeerUnavailable
+from node.p2p.rpc import Decline, NotHere, PeerUnavailable
 from node.runtime.dataplane import control
 from node.runtime.dataplane.compute import T, in_worker_thread
 from node.runtime.dataplane.exchange import DataPlane, Kept
@@ -100,6 +100,7 @@ class RelayRole:
     _kept: dict[tuple[int, int], tuple[tuple[int, ...], bool]] = field(default_factory=dict)
     #: (iteration, microbatch) -> the node its origin said a redone gradient comes from.
     _redo_from: dict[tuple[int, int], str] = field(default_factory=dict)
+    _discarded: int = -1  # the latest iteration whose gradient was dropped (``discard``)
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
@@ -108,8 +109,8 @@ class RelayRole:
     async def compute(self, header: HopHeader, frame: bytes) -> Kept | None:
         """Compute a hop; the output when this relay keeps it rather than sending it on (a
         repair's forward, a redone gradient): its receipt is signed in the ack."""
-        if header.stage != self.stage:
-            raise ProtocolError(f"hop for stage {header.stage} sent to a stage {self.stage} relay")
+        if header.stage != self.stage:  # a sender that has not heard of a move yet
+            raise NotHere(f"hop for stage {header.stage} sent to a stage {self.stage} relay")
         await self._check_in_step(header.iteration)
         self._forget_microbatches(before=header.iteration)
         tensor = codec.decode(bytearray(frame), self.limits).tensor
@@ -262,6 +263,39 @@ class RelayRole:
                 self._closing, self._reopened = min(self._closing, iteration - 1), -1
                 if self._ended[0] == iteration:
                     self._ended = (-1, -1, b"", False)
+        return control.encode_reply(dropped, step=self.worker.step_count)
+
+    async def discard(self, asker: str, request: control.Discard) -> bytes:
+        """Drop the gradient accumulated of ``request.iteration``: another replica of this
+        stage holds one of its microbatches too, and the asker redoes the rest. Only when
+        every microbatch it holds is the asker's (the gradient is one sum: another origin's
+        share could not be taken out), while this relay is at that step and no end is under
+        way, and once per iteration, so an origin cannot keep a relay redoing its work."""
+        iteration = request.iteration
+        async with self._ending:
+            if self._discarded >= iteration or self._closing >= iteration:
+                return control.encode_reply(False, why="too late", step=self.worker.step_count)
+
+            def drop() -> bool:
+                # In the compute thread, which alone adds to the gradient.
+                if self.worker.step_count != iteration or self.resyncing:
+                    return False
+                held = self.worker.accumulated
+                kept = [self.buffers.get((iteration, m)) for m in held]
+                if not held or any(b is None or b.header.origin != asker for b in kept):
+                    return False
+                self.worker.discard_gradients()
+                return True
+
+            dropped = await self._run(drop)
+            if dropped:
+                self._discarded = iteration
+                log.warning(
+                    "stage %s relay dropped its gradient of iteration %s: a microbatch of it "
+                    "was computed twice; its origin redoes the rest",
+                    self.stage,
+                    iteration,
+                )
         return control.encode_reply(dropped, step=self.worker.step_count)
 
     def _forward(self, header: HopHeader, frame: bytes, tensor: torch.Tensor) -> bytes:
