@@ -176,7 +176,8 @@ class ReceiptInbox:
         def check_and_keep() -> tuple[int, list[str]]:
             # Two signature recoveries and the leaf's hashes per receipt: in a worker thread,
             # so the data node's loop (the pipeline's hub) never waits on a report. A receipt
-            # kept already (its worker and its receiver both report it) is not checked again.
+            # kept already (its worker and its receiver both report it) is not checked again,
+            # nor one this node countersigned itself (its worker reports it to its receiver).
             hashed = [PreparedHop.of(entry, self.terms.domain) for entry in entries]
             kept = self.store.reported_hashes([p.hop_key for p in hashed])
             good, bad, again = [], [], 0

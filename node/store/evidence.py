@@ -85,7 +85,7 @@ class EvidenceArchive:
         self.keep_epochs = keep_epochs
         self.epoch_now = epoch_now
         self._lock = threading.Lock()
-        self._made: set[int] = set()  # epochs whose folder exists
+        self._made: dict[int, str] = {}  # epochs whose folder exists: the folder
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="evidence-writer")
         self._writes: dict[Path, Future[None]] = {}  # state writes, the latest of each path
         root.mkdir(parents=True, exist_ok=True)
@@ -94,10 +94,13 @@ class EvidenceArchive:
         """Keeps ``frame`` of a hop of ``epoch`` (unless the epoch is out of range); returns
         its digest."""
         digest = hashlib.sha256(frame).digest()
-        folder = self._epoch_dir(epoch)
-        path = folder / (digest.hex() + _FRAME_SUFFIX) if folder else None
-        if path is not None and not path.exists():
-            _write_atomically(path, lambda tmp: tmp.write_bytes(frame))
+        folder = self._epoch_folder(epoch)
+        if folder is not None:
+            # Plain strings and os calls: a relay keeps two frames a hop in its compute thread,
+            # and pathlib's objects would cost as much as the write.
+            path = os.path.join(folder, digest.hex() + _FRAME_SUFFIX)
+            if not os.path.exists(path):
+                _write_frame(path, frame)
         return digest
 
     def keep_state(
@@ -199,7 +202,7 @@ class EvidenceArchive:
             wait(writes)  # a write under way would put the state back
             with self._lock:
                 shutil.rmtree(folder, ignore_errors=True)
-                self._made.discard(epoch)
+                self._made.pop(epoch, None)
             pruned.append(epoch)
             log.info("pruned the hop evidence of epoch %s: it is settled and undisputed", epoch)
         return pruned
@@ -207,16 +210,21 @@ class EvidenceArchive:
     def _epoch_dir(self, epoch: int) -> Path | None:
         """The folder of ``epoch``'s evidence; None for an epoch the clock says is not being
         worked. Older epochs stay: only ``prune_settled`` deletes."""
+        folder = self._epoch_folder(epoch)
+        return None if folder is None else Path(folder)
+
+    def _epoch_folder(self, epoch: int) -> str | None:
+        """``_epoch_dir`` as a string."""
         if self.epoch_now is not None:
             now = self.epoch_now()
             if not now - self.keep_epochs < epoch <= now + 1:
                 log.debug("no evidence kept of a hop of epoch %s (now %s)", epoch, now)
                 return None
-        folder = self.root / str(epoch)
         with self._lock:
-            if epoch not in self._made:
-                folder.mkdir(exist_ok=True)
-                self._made.add(epoch)
+            folder = self._made.get(epoch)
+            if folder is None:
+                folder = self._made[epoch] = str(self.root / str(epoch))
+                os.makedirs(folder, exist_ok=True)
         return folder
 
 
@@ -253,6 +261,20 @@ def _write_atomically(path: Path, write: Callable[[Path], object], durable: bool
         raise
     if durable:
         _fsync(path.parent)
+
+
+def _write_frame(path: str, frame: bytes | bytearray | memoryview) -> None:
+    """``_write_atomically`` of a frame (not ``durable``), in os calls on strings."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as file:
+            file.write(frame)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def _fsync(path: Path) -> None:

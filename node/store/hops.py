@@ -21,7 +21,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.engine import Connection
 
 from contracts.certificate_tree import PreparedHop, SignedReceipt
-from contracts.encoding import HopReceipt
+from contracts.encoding import HopReceipt, signatures_hash
 from gwtf.errors import GwtfError
 from node.failpoints import failpoint
 from node.store.database import Database
@@ -189,9 +189,29 @@ class HopStore:
             self._insert_new(connection, ReportedHop, _unique_by_key(rows))
 
     def reported_hashes(self, keys: Sequence[bytes]) -> dict[bytes, tuple[bytes, bytes]]:
-        """(receipt digest, signatures hash) of the reported receipts under ``keys``."""
+        """(receipt digest, signatures hash) of the receipts under ``keys`` this data node
+        holds whole and checked: reported to it, or countersigned by it (``received_hops``: it
+        checked the worker's signature then, and the worker reports the receipt too)."""
+        keys = list(keys)
         with self.db.engine.begin() as connection:
-            return self._held(connection, ReportedHop, list(keys))
+            held = self._held(connection, ReportedHop, keys)
+            rest = [key for key in keys if key not in held]
+            cursor = connection.connection.cursor()
+            try:
+                for start in range(0, len(rest), CHUNK):
+                    chunk = rest[start : start + CHUNK]
+                    marks = ", ".join([self._mark] * len(chunk))
+                    cursor.execute(
+                        "SELECT hop_key, receipt_digest, worker_signature, counterparty_signature "
+                        f"FROM {ReceivedHop.__tablename__} WHERE hop_key IN ({marks})",
+                        chunk,
+                    )
+                    for key, digest, worker, counter in cursor.fetchall():
+                        signed = signatures_hash(bytes(worker), bytes(counter))
+                        held[bytes(key)] = (bytes(digest), signed)
+            finally:
+                cursor.close()
+        return held
 
     def reported_hops(self, run_id: int, epoch: int) -> list[PreparedHop]:
         """Every receipt reported to this data node for an epoch, as prepared when it came."""

@@ -22,8 +22,10 @@ from contracts.certificate_tree import SignedReceipt, build_certificate_tree, ch
 from contracts.encoding import FORWARD, HopReceipt, ledger_domain, recover_signer, sign_receipt
 from gwtf.errors import ProtocolError
 from node.p2p.identity import identity_from_key, peer_id_of
+from node.receipts import reports
 from node.receipts.book import HopFacts, ReceiptBook, ReceiptTerms, address_of_peer
-from node.receipts.reports import MAX_DATA_NODES, ReceiptReporter
+from node.receipts.certify import check_report
+from node.receipts.reports import MAX_DATA_NODES, ReceiptInbox, ReceiptReporter
 from node.receipts.wire import decode_range, decode_receipts, encode_range, encode_receipts
 from node.store.database import open_database
 from node.store.hops import HopStore
@@ -248,3 +250,38 @@ def test_a_relays_outbox_keeps_few_data_nodes_a_peer_names_but_every_known_one(
     assert len(reporter.outbox) == MAX_DATA_NODES
     reporter.add(PEER["data"], SignedReceipt(receipt, b"", b""))
     assert known in reporter.outbox, "a data node discovery knows always has its outbox"
+
+
+def test_a_data_node_takes_a_receipt_it_countersigned_itself_without_checking_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receipt of a hop into the data node is whole in its own database once it acked
+    the hop; when the hop's worker reports it too, the data node takes it as held, without
+    recovering its two signatures again. Other bytes under its hop key are checked."""
+    penalties: list[tuple[str, str]] = []
+    worker, data = book(tmp_path, "a", penalties), book(tmp_path, "data", penalties)
+    inbox = ReceiptInbox(None, TERMS, data.address, data.store, 1.0)  # type: ignore[arg-type]
+    checked: list[SignedReceipt] = []
+
+    def counting(entry: SignedReceipt, *args: Any) -> Any:
+        checked.append(entry)
+        return check_report(entry, *args)
+
+    monkeypatch.setattr(reports, "check_report", counting)
+    into_data = replace(facts(), stage=2, counterparty=PEER["data"])
+    entries: list[SignedReceipt] = []
+
+    async def body() -> None:
+        receipt = worker.receipt(into_data)
+        signature = await worker.sign(receipt)
+        assert signature is not None
+        counter = await data.countersign(PEER["a"], PEER["data"], receipt, signature)
+        entries.append(SignedReceipt(receipt, signature, counter))
+        assert await inbox._report(PEER["a"], encode_receipts(entries)) == b"\x00\x01\x00\x00"
+        forged = replace(entries[0], counterparty_signature=signature)
+        assert await inbox._report(PEER["a"], encode_receipts([forged])) == b"\x00\x00\x00\x01"
+
+    run_with([worker, data], body)
+    assert checked == [replace(entries[0], counterparty_signature=entries[0].worker_signature)]
+    assert data.store.reported_hops(1, 0) == [], "its own copy is the one certified"
+    assert (inbox.accepted, inbox.refused) == (1, 1) and penalties == []
