@@ -49,7 +49,7 @@ PARTS: list[tuple[str, str]] = [
     ("receipts: book, reports, certificates", r"/node/receipts/"),
     ("frame digests (SHA-256 of each hop)", r":frame_digest$"),
     ("chain (web3, RPC)", r"/(web3|eth_abi|requests|urllib3|node/chain)/"),
-    ("status file: the part state's digest each step", r"process\.py:_digest_at_step$"),
+    ("status file: the part state's digest each step", r"checkpoint\.py:state_digest$"),
     ("compute: forward and backward", r"/node/training/(?!codec)"),
     ("wire codec", r"/node/training/codec\.py"),
     ("network (libp2p, noise, yamux)", r"/(libp2p|multiaddr|nacl|cryptography)/"),

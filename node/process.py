@@ -7,7 +7,8 @@ the node serves only peers that the chain (``chain.rpc_url`` or the devnet file'
 ``chain.devnet_file``) binds to a staked node of ``chain.run_id``.
 
 Flags of the process supervisor (``gwtf-node swarm``), not settings of the node:
-``--status-file`` (the node writes its PID, its listen address once started, hop statistics and
+``--status-file`` (the node writes its PID, its listen address once started, hop statistics, its
+part's step and state digest (taken once a step in its compute thread, null until then) and
 refused peers every 0.25 s — always by atomic rename, so a reader, or a ``kill -9`` mid-write,
 never sees a torn file; a data node adds its latest iteration's result, and appends every result
 as a JSON line to ``results_file_of(status file)``, so the status stays small however long the
@@ -39,18 +40,20 @@ from node.composition import live_config_from_settings, local_api_from_settings
 from node.local_api.service import LocalApi, run_local_api
 from node.local_api.snapshot import SnapshotBox
 from node.logs import configure_logging
+from node.runtime.dataplane.compute import in_worker_thread
 from node.runtime.fault_injection import arm_crash
 from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
 from node.runtime.roles.data import DataRole
 from node.settings import load_settings
 from node.status_file import ResultsLog, results_file_of, write_status
-from node.training.checkpoint import state_digest
-from node.training.trainer import PartTrainer
+from node.training.checkpoint import DigestAtStep
 
 log = logging.getLogger(__name__)
 
 
-def node_status(node: LiveNode) -> dict[str, Any]:
+def node_status(node: LiveNode, digest: DigestAtStep) -> dict[str, Any]:
+    """The node's status; its ``state_digest`` is ``digest``'s of the state at ``step`` (None
+    while that one is being computed): reading it touches no tensor."""
     role = node.role
     status: dict[str, Any] = {
         "name": node.config.name,
@@ -88,19 +91,31 @@ def node_status(node: LiveNode) -> dict[str, Any]:
             "cycle": dataclasses.asdict(parts.cycle.status),
         }
     status["step"] = role.worker.step_count
-    status["state_digest"] = _digest_at_step(role.worker)
+    status["state_digest"] = digest.current()
     return status
 
 
-_digests: dict[int, str] = {}
+class StatusDigest:
+    """Keeps the status's state digest current: whenever the part's state moved (a step, a
+    loaded state), digests it once in the node's compute thread, after the work queued there
+    (never while a step changes the weights, never on the event loop)."""
 
+    def __init__(self, node: LiveNode) -> None:
+        self.node = node
+        self.digest = DigestAtStep(node.role.worker)
+        self._refreshing = False
 
-def _digest_at_step(worker: PartTrainer) -> str:
-    """The stage state's content digest, computed once per step (replicas compare it)."""
-    if worker.step_count not in _digests:
-        _digests.clear()
-        _digests[worker.step_count] = state_digest(worker)
-    return _digests[worker.step_count]
+    def start_refresh(self, nursery: trio.Nursery) -> None:
+        """Digest the present state in the background, unless that is done or under way."""
+        if not self._refreshing and self.digest.current() is None:
+            self._refreshing = True
+            nursery.start_soon(self.refresh)
+
+    async def refresh(self) -> None:
+        try:
+            await in_worker_thread(self.node.role.limiter, self.digest.refresh)
+        finally:
+            self._refreshing = False
 
 
 async def run_process(
@@ -109,19 +124,21 @@ async def run_process(
     crash_on: dict[str, Any] | None = None,
     api: LocalApi | None = None,
 ) -> None:
-    started: list[LiveNode] = []
+    started: list[tuple[LiveNode, StatusDigest]] = []
     extra = {"api_url": api.url} if api is not None else {}
 
     results = ResultsLog(results_file_of(status_file))
 
     def write(**finished: bool) -> None:
-        if isinstance(started[0].role, DataRole):
-            results.append(started[0].role.results)  # before the status that counts them
-        write_status(status_file, {**node_status(started[0]), **extra, **finished})
+        node, digests = started[0]
+        if isinstance(node.role, DataRole):
+            results.append(node.role.results)  # before the status that counts them
+        write_status(status_file, {**node_status(node, digests.digest), **extra, **finished})
 
     async def report() -> None:
         while True:
             if started:
+                started[0][1].start_refresh(nursery)
                 write()
             await trio.sleep(0.25)
 
@@ -129,13 +146,14 @@ async def run_process(
         nursery.start_soon(report)
 
         def on_started(node: LiveNode) -> None:
-            started.append(node)
+            started.append((node, StatusDigest(node)))
             if crash_on is not None:
                 arm_crash(node, crash_on)
             if api is not None:
                 nursery.start_soon(run_local_api, node, api, SnapshotBox())
 
         await run_live_node(config, on_started)
+        await started[0][1].refresh()  # the final status carries the final state's digest
         write(finished=True)
         nursery.cancel_scope.cancel()
 

@@ -137,15 +137,36 @@ function renderPipeline(status, peers) {
   );
 }
 
+// "2026-12-06 17:05 UTC": a chain time as the node's commands write it.
+function utc(unixS) {
+  return `${new Date(unixS * 1000).toISOString().slice(0, 16).replace("T", " ")} UTC`;
+}
+
 function renderEarnings(earnings) {
   text("claimed-eth", earnings.total_claimed.eth);
   text("claimable-eth", earnings.total_claimable.eth);
   text("pending-eth", earnings.total_pending.eth);
+  // A tensor dispute about an epoch's work freezes the stake, and the epoch's claim until the
+  // court rules or, ruled without a jury, until its grace ends (then only the stake waits for
+  // a release).
+  const holds = earnings.stake_holds;
+  const frozen = new Map(holds
+    .filter((h) => h.run_id === earnings.run_id && !h.releasable)
+    .map((h) => [h.epoch, h.until === null ? "the court rules" : utc(h.until)]));
   rows("earnings", earnings.epochs, (e) => [
     e.epoch, e.phase, e.units_worked, e.units_certified, e.units_challenged, e.units_missed,
-    e.pending.eth, e.claimable.eth, e.claimed.eth, e.chain_claimed ? e.chain_claimed.eth : null,
+    e.pending.eth,
+    frozen.has(e.epoch) ? `${e.claimable.eth} frozen until ${frozen.get(e.epoch)}` : e.claimable.eth,
+    e.claimed.eth, e.chain_claimed ? e.chain_claimed.eth : null,
     e.missed === null ? "" : e.missed.replace(/0x[0-9a-fA-F]{40}/g, short),
-  ], (e) => (e.units_missed > 0 ? "missed" : ""));
+  ], (e) => [e.units_missed > 0 ? "missed" : "", frozen.has(e.epoch) ? "frozen" : ""].join(" ").trim());
+  document.getElementById("holds").hidden = holds.length === 0;
+  const list = document.querySelector("#holds ul");
+  list.replaceChildren(...holds.map((hold) => {
+    const item = document.createElement("li");
+    item.textContent = hold.detail;
+    return item;
+  }));
 }
 
 async function refresh() {

@@ -12,6 +12,7 @@ Library errors are translated here, at the boundary: an unreachable RPC becomes
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -21,7 +22,9 @@ from eth_typing import ChecksumAddress
 from eth_utils.exceptions import ValidationError as EvmValidationError
 from web3 import Web3
 from web3.exceptions import ContractLogicError, TimeExhausted, Web3RPCError
+from web3.middleware import Web3Middleware
 from web3.providers.rpc.utils import ExceptionRetryConfiguration
+from web3.types import RPCEndpoint, RPCResponse
 
 from contracts.bindings import all_errors_abi, decode_revert
 from contracts.bindings import call as call_contract
@@ -105,6 +108,7 @@ def connect(
         ),
     )
     w3 = Web3(provider)
+    w3.middleware_onion.add(ChainIdOnce, "chain_id_once")
     try:
         w3.eth.chain_id  # noqa: B018 (the first request proves the endpoint answers)
     except (requests.RequestException, OSError) as exc:
@@ -116,12 +120,37 @@ def connect(
     return w3
 
 
+class ChainIdOnce(Web3Middleware):
+    """Answers ``eth_chainId`` from the connection's first answer. web3 checks every call and
+    transaction against the node's chain id, asking for it twice each time: two round trips
+    per read, for a number an endpoint never changes."""
+
+    _answer: RPCResponse | None = None
+
+    def wrap_make_request(self, make_request: Callable[..., RPCResponse]) -> Any:
+        def middleware(method: RPCEndpoint, params: Any) -> RPCResponse:
+            if method != "eth_chainId":
+                return make_request(method, params)
+            if self._answer is None:
+                response = make_request(method, params)
+                if "result" not in response:
+                    return response  # an error is not kept
+                self._answer = response
+            return self._answer
+
+        return middleware
+
+
 def embedded_chain() -> Web3:
     """A fresh in-process eth-tester (py-evm) chain with ten funded test accounts."""
     try:
         from web3.providers.eth_tester import EthereumTesterProvider
 
-        return Web3(EthereumTesterProvider())
+        w3 = Web3(EthereumTesterProvider())
+        # What eth-tester fills in for a call or transaction without a sender, asking for the
+        # accounts each time: named once.
+        w3.eth.default_account = w3.eth.accounts[0]
+        return w3
     except ImportError as exc:
         raise ChainError(
             "the embedded chain needs eth-tester; install it with `pip install -e '.[dev]'`"

@@ -67,25 +67,36 @@ class StakeHold:
 class DisputeWatch:
     """The tensor disputes opened against ``worker``, read incrementally from the
     ``TensorDisputeOpened`` events (the worker is not an indexed topic: each reading asks for
-    the blocks since the last, and ``REORG_BLOCKS`` before)."""
+    the blocks since the last, and ``REORG_BLOCKS`` before), from the block of the first
+    dispute (``first_dispute_block``) on. While the registry holds no freeze of the worker's
+    stake, nothing holds it and no event is read."""
 
     contracts: Contracts
     worker: str
-    next_block: int = 0
+    next_block: int | None = None  # None: from the first dispute's block, once there is one
 
     def __post_init__(self) -> None:
         self._ids: set[int] = set()
         self._over: set[int] = set()  # ruled for good, or released: they hold nothing again
 
-    def holds(self) -> list[StakeHold]:
-        """What holds the worker's stake now (``holds_of`` the disputes not over)."""
-        ids = [i for i in self.ids() if i not in self._over]
+    def holds(self, whole: bool = False) -> list[StakeHold]:
+        """What holds the worker's stake now (``holds_of`` the disputes not over; ``whole``:
+        with every event read, however far behind)."""
+        # Each hold keeps exactly one freeze of the stake (an open dispute, or one ruled
+        # without a jury in its grace; a reopening keeps its prior's): no freeze, no hold.
+        if int(self.contracts.registry.functions.frozenCount(self.worker).call()) == 0:
+            return []
+        ids = [i for i in self.ids(whole) if i not in self._over]
         holds = holds_of(self.contracts, ids)
         self._over |= set(ids) - {hold.dispute_id for hold in holds}
         return holds
 
     def ids(self, whole: bool = False) -> list[int]:
         """The disputes seen so far (``whole``: read up to the latest block, however far)."""
+        if self.next_block is None:
+            self.next_block = first_dispute_block(self.contracts)
+            if self.next_block is None:
+                return []
         while True:
             latest = int(self.contracts.w3.eth.block_number)
             caught_up = self.next_block > latest - LOG_CHUNK_BLOCKS
@@ -101,6 +112,18 @@ class DisputeWatch:
             self.next_block = max(self.next_block, end + 1)
             if not whole or end >= latest:
                 return sorted(self._ids)
+
+
+def first_dispute_block(contracts: Contracts) -> int | None:
+    """The block of the first tensor dispute, where reading dispute events begins; None while
+    there is none. Every dispute opens a court case (numbered from 1) in its own transaction,
+    and the court only takes cases from the wired ``Disputes``: no dispute event is older than
+    case 1."""
+    court = contracts.court.functions
+    if int(court.caseCount().call()) == 0:
+        return None
+    # Case: parties, arbitrable, openedAt (its block), ...
+    return int(court.getCase(1).call()[2])
 
 
 def holds_of(contracts: Contracts, dispute_ids: Iterable[int]) -> list[StakeHold]:
@@ -122,7 +145,7 @@ def holds_of(contracts: Contracts, dispute_ids: Iterable[int]) -> list[StakeHold
 
 def stake_holds(contracts: Contracts, worker: str) -> list[StakeHold]:
     """What holds ``worker``'s stake now, read from the whole chain."""
-    return holds_of(contracts, DisputeWatch(contracts, worker).ids(whole=True))
+    return DisputeWatch(contracts, worker).holds(whole=True)
 
 
 def chain_now(contracts: Contracts) -> int:

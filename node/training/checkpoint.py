@@ -47,20 +47,25 @@ def _config_json(trainer: PartTrainer) -> str:
     return json.dumps(dataclasses.asdict(module.config), sort_keys=True)
 
 
-def state_tensors(trainer: PartTrainer, weights_only: bool = False) -> dict[str, torch.Tensor]:
+def state_tensors(
+    trainer: PartTrainer, weights_only: bool = False, copy: bool = True
+) -> dict[str, torch.Tensor]:
     """Every tensor of the part's state (only its weights: ``weights_only``), on the host,
-    under stable names."""
-    tensors = {
-        f"param/{name}": param.detach().to("cpu").contiguous().clone()
-        for name, param in trainer.named_params
-    }
+    under stable names; copies unless ``copy`` is False (then host tensors are the part's own,
+    which change with its next step)."""
+
+    def host(tensor: torch.Tensor) -> torch.Tensor:
+        on_host = tensor.detach().to("cpu").contiguous()
+        return on_host.clone() if copy else on_host
+
+    tensors = {f"param/{name}": host(param) for name, param in trainer.named_params}
     if weights_only:
         return tensors
     by_param = {id(param): name for name, param in trainer.named_params}
     for param, state in trainer.optimizer.state.items():
         name = by_param[id(param)]
         for key, value in state.items():
-            tensors[f"optim/{name}/{key}"] = value.detach().to("cpu").contiguous().clone()
+            tensors[f"optim/{name}/{key}"] = host(value)
     return tensors
 
 
@@ -89,8 +94,42 @@ def part_metadata(trainer: PartTrainer) -> dict[str, str]:
 
 
 def state_digest(trainer: PartTrainer) -> str:
-    """Digest of the part's current state: equal digests mean bit-identical replicas."""
-    return content_digest(_metadata(trainer), state_tensors(trainer))
+    """Digest of the part's current state: equal digests mean bit-identical replicas. It hashes
+    the tensors where they lie (host tensors are not copied): call it where nothing steps the
+    part meanwhile (its compute thread)."""
+    return content_digest(_metadata(trainer), state_tensors(trainer, copy=False))
+
+
+class DigestAtStep:
+    """A part's state digest for readers that must not touch its tensors (a status written from
+    the event loop): ``refresh`` computes it in the compute thread, serialised with the steps;
+    ``current`` reads it. A digest is kept with the step and the weights' version it was taken
+    at, so ``current`` is always the digest of the state at the part's present step, or None
+    while that one is not computed yet."""
+
+    def __init__(self, trainer: PartTrainer) -> None:
+        self.trainer = trainer
+        self.computed = 0  # how many digests it took
+        self._kept: tuple[tuple[int, tuple[int, ...]], str] | None = None
+
+    def _key(self) -> tuple[int, tuple[int, ...]]:
+        return self.trainer.step_count, self.trainer.weights_version()
+
+    def refresh(self) -> str | None:
+        """Digest the present state unless that is done already (in the compute thread)."""
+        key = self._key()
+        if self._kept is None or self._kept[0] != key:
+            digest = state_digest(self.trainer)
+            self.computed += 1
+            if self._key() != key:  # the step count moved meanwhile (on the event loop)
+                return None
+            self._kept = (key, digest)
+        return self._kept[1]
+
+    def current(self) -> str | None:
+        """The digest of the state as it is now, if ``refresh`` took it; never computes."""
+        kept = self._kept
+        return kept[1] if kept is not None and kept[0] == self._key() else None
 
 
 def holds_state_of(blob: bytes, trainer: PartTrainer, weights_only: bool = False) -> bool:

@@ -7,6 +7,7 @@ screenshot is written; Swagger UI renders every route. CI (``.ci/run``) installs
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -21,12 +22,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import DASHBOARD, create_app
-from api.schemas import DiskUse, HistoryPoint
+from api.schemas import DiskUse, HistoryPoint, StakeHold
 from node.chain.epochs import EpochBook
 from node.local_api.server import bind_api_socket, serve_api
 from node.local_api.views import NodeViews
 from node.store.database import Database
-from tests.api.conftest import DATA_NODE, NOW, TOKEN, UNITS, add_work, times_of
+from tests.api.conftest import DATA_NODE, NOW, TOKEN, UNITS, WORKING, add_work, times_of
 
 if TYPE_CHECKING:
     from selenium.webdriver.chrome.webdriver import WebDriver
@@ -218,5 +219,67 @@ def test_the_api_docs_render_offline_from_the_nodes_own_assets(
         # Inline images (data: URLs) are part of the assets; anything else is the node's.
         fetched = [u for u in urls if not u.startswith("data:")]
         assert [u for u in fetched if not u.startswith(server.url + "/")] == []
+    finally:
+        server.stop()
+
+
+def test_the_dashboard_shows_what_holds_the_stake_and_which_claims_wait(
+    browser: WebDriver, views: NodeViews
+) -> None:
+    """A tensor dispute freezes the stake and its epoch's claim: the dashboard lists the holds
+    as the API words them, and the disputed epoch of this run reads frozen until the court
+    rules or the grace ends, instead of claimable; a hold of another run, or one whose grace
+    is over (only the stake waits for its release), leaves the epoch claimable."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def hold(number: int, run: int, epoch: int, until: int | None, over: bool = False) -> StakeHold:
+        return StakeHold(
+            dispute_id=number, run_id=run, epoch=epoch, until=until, releasable=over,
+            detail=f"stake frozen by dispute {number} (run {run}, epoch {epoch})",
+        )  # fmt: skip
+
+    def hold_on(*holds: StakeHold) -> None:
+        chain = views.box.chain
+        assert chain is not None and chain.node is not None
+        node = chain.node.model_copy(update={"stake_holds": list(holds)})
+        views.box.chain = replace(chain, node=node)
+
+    until = NOW + 3600
+    hold_on(hold(3, 1, 0, until), hold(4, 2, WORKING, None))
+    server = serve_api(create_app(views, token=TOKEN), bind_api_socket("127.0.0.1", 0))
+    try:
+        earnings = TestClient(create_app(views, token=TOKEN)).get("/v1/earnings").json()
+        claimable = {e["epoch"]: e["claimable"]["eth"] for e in earnings["epochs"]}
+        browser.get(server.url + "/")
+        wait = WebDriverWait(browser, 20)
+
+        def claimable_cells() -> dict[int, tuple[str, str]]:
+            rows = browser.execute_script(
+                "return [...document.querySelectorAll('#earnings tbody tr')]"
+                ".map((r) => [r.className, [...r.cells].map((c) => c.textContent)])"
+            )
+            return {int(cells[0]): (kind, cells[7]) for kind, cells in rows}
+
+        def listed() -> list[str]:
+            return [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#holds li")]
+
+        wait.until(lambda _: len(listed()) == 2)
+        assert browser.find_element(By.ID, "holds").is_displayed()
+        assert listed() == [h["detail"] for h in earnings["stake_holds"]]
+        when = datetime.datetime.fromtimestamp(until, tz=datetime.UTC)
+        assert claimable_cells() == {
+            0: ("frozen", f"{claimable[0]} frozen until {when:%Y-%m-%d %H:%M} UTC"),
+            WORKING: ("", claimable[WORKING]),  # held in another run
+        }
+        hold_on(hold(5, 1, WORKING, None), hold(3, 1, 0, until, over=True))
+        wait.until(lambda _: claimable_cells()[WORKING][0] == "frozen")
+        assert claimable_cells() == {
+            0: ("", claimable[0]),  # its grace is over: the claim no longer waits
+            WORKING: ("frozen", f"{claimable[WORKING]} frozen until the court rules"),
+        }
+        hold_on()
+        wait.until(lambda _: not browser.find_element(By.ID, "holds").is_displayed())
+        assert claimable_cells()[WORKING] == ("", claimable[WORKING])
     finally:
         server.stop()

@@ -21,7 +21,15 @@ from node.audit.checks import Finding
 from node.chain.actions import Contracts, request_unstake, withdraw_stake
 from node.chain.adapter import Sender
 from node.chain.epochs import EpochLedger
-from node.chain.holds import holds_of, release_expired, stake_holds, thaw_before_withdrawal
+from node.chain.holds import (
+    REORG_BLOCKS,
+    DisputeWatch,
+    first_dispute_block,
+    holds_of,
+    release_expired,
+    stake_holds,
+    thaw_before_withdrawal,
+)
 from node.local_api.snapshot import SnapshotBox
 from node.local_api.views import NodeViews
 from node.local_api.watcher import ChainReader, node_view
@@ -198,3 +206,38 @@ def test_withdraw_thaws_a_hold_whose_grace_is_over_and_names_one_that_lasts(
     receipt = withdraw_stake(contracts, wallet, c.a.address)
     (event,) = w.registry.events.StakeWithdrawn().process_receipt(receipt)
     assert int(event["args"]["amountWei"]) == 2 * ETH
+
+
+def test_dispute_events_are_read_from_the_first_dispute_and_holds_only_under_a_freeze(
+    certified: Certified, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chain long before its first dispute is not read: the holds and the jury's cases are
+    read from the first case's block, and a node whose stake no dispute froze reads no event
+    at all (the registry counts its freezes)."""
+    c, w = certified, certified.w
+    contracts = suite_of(w)
+    asked: list[tuple[str, Any]] = []
+    request = w.w3.manager.request_blocking
+
+    def counted(method: str, params: Any, *args: object, **kwargs: object) -> object:
+        asked.append((method, params))
+        return request(method, params, *args, **kwargs)  # type: ignore[arg-type]
+
+    def from_blocks() -> list[int]:
+        return [int(p[0]["fromBlock"], 16) for m, p in asked if m == "eth_getLogs"]
+
+    monkeypatch.setattr(w.w3.manager, "request_blocking", counted)
+    watch = DisputeWatch(contracts, c.a.address)
+    assert watch.holds() == [] and court_jury.open_cases(contracts) == [] and from_blocks() == []
+    jury.mine_to(w, w.w3.eth.block_number + 3 * REORG_BLOCKS)  # a long chain before the dispute
+    audit(c, dispute_of(c, c.a))
+    first = first_dispute_block(contracts)
+    assert first is not None and first > 3 * REORG_BLOCKS
+    asked.clear()
+    (hold,) = watch.holds()
+    assert hold.dispute_id == 1 and stake_holds(contracts, c.a.address) == [hold]
+    (case,) = court_jury.open_cases(contracts)
+    assert case.dispute_id == 1
+    assert from_blocks() and min(from_blocks()) >= first - REORG_BLOCKS
+    asked.clear()
+    assert DisputeWatch(contracts, c.b.address).holds() == [] and from_blocks() == []

@@ -177,7 +177,8 @@ def test_a_reading_with_no_new_block_asks_only_for_the_block_and_new_epochs(
     keep_worked(db, w, mine)
     asked.clear()
     worked = reader.read()
-    # The block, then epoch 0's window and book (web3 asks for the chain id and accounts too).
+    # The block, then epoch 0's window and book (this eth-tester provider, unlike a node's
+    # connection, also asks for the chain id and accounts each call).
     assert asked[0] == "eth_getBlockByNumber" and asked.count("eth_call") <= 2
     assert "eth_getLogs" not in asked
     assert list(worked.view.books) == [0]
