@@ -70,6 +70,7 @@ def chain_args(
     }  # fmt: skip
 
 
+@pytest.mark.slow  # ~20 s: one node process SIGKILLed at each crash point
 def test_a_node_killed_after_submitting_or_claiming_never_sends_it_twice(
     staffed: Staffed, rpc_url: str, tmp_path: Path
 ) -> None:

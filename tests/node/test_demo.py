@@ -22,6 +22,7 @@ from node.demo.plan import CHEATER
 from tests.node.test_cli import run_cli
 
 
+@pytest.mark.slow  # ~80 s of OS processes, a chain and an audit: the whole story end to end
 def test_the_quick_demo_trains_pays_audits_and_exports_and_its_figures_agree(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -56,7 +57,7 @@ def test_the_quick_demo_trains_pays_audits_and_exports_and_its_figures_agree(
     assert loss < losses[0], "the exported model is the trained one, not its initial weights"
 
 
-@pytest.mark.slow  # ~1 min; the swarm command's Ctrl-C test covers the same in the default run
+@pytest.mark.slow  # ~1 min
 def test_ctrl_c_stops_the_demo_and_every_process_it_started(tmp_path: Path) -> None:
     demo = subprocess.Popen(
         [sys.executable, "-m", "node.cli", "demo", "--quick", "--out", str(tmp_path)],

@@ -167,6 +167,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.slow  # ~35 s: a volunteer's whole life on a dev chain, node processes included
 def test_register_start_earn_claim_leave_unstake_withdraw(
     capsys: pytest.CaptureFixture[str],
     devnet_file: Path,

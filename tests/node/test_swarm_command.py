@@ -14,6 +14,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.node.test_demo import interrupt
 
 SWARM_FILE = """
@@ -35,6 +37,7 @@ def chain_id(rpc_url: str) -> int:
         return int(json.loads(answer.read())["result"], 16)
 
 
+@pytest.mark.slow  # ~25 s: a swarm of OS processes and its chain
 def test_the_swarm_command_reports_in_a_few_lines_and_keeps_its_chain_until_ctrl_c(
     tmp_path: Path,
 ) -> None:
