@@ -57,7 +57,7 @@ from node.audit.replays import (
 from node.audit.runner import connect_peers
 from node.chain.actions import Contracts, draw_salt_of, vote_salt_of
 from node.chain.adapter import Sender
-from node.chain.holds import first_dispute_block
+from node.chain.holds import first_dispute_block, logs_since
 from node.p2p.host import running_host
 from node.p2p.identity import new_identity
 from node.p2p.rpc import RequestResponse
@@ -119,12 +119,13 @@ def open_cases(contracts: Contracts) -> list[Case]:
     first = first_dispute_block(contracts)
     if first is None:
         return []
+    latest = int(contracts.w3.eth.block_number)
     opened = {
         int(log["args"]["id"]): log["args"]
-        for log in disputes.events.TensorDisputeOpened.get_logs(from_block=first)
+        for log in logs_since(disputes.events.TensorDisputeOpened, first, latest)
     }
     found = []
-    for log in disputes.events.TensorDisputeReferred.get_logs(from_block=first):
+    for log in logs_since(disputes.events.TensorDisputeReferred, first, latest):
         case_id, dispute_id = int(log["args"]["caseId"]), int(log["args"]["id"])
         parties, _, _, phase, *_ = court.functions.getCase(case_id).call()
         if int(phase) == RULED:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from contracts.bindings import ContractRevert
 from gwtf.errors import ChainError
@@ -124,6 +124,16 @@ def first_dispute_block(contracts: Contracts) -> int | None:
         return None
     # Case: parties, arbitrable, openedAt (its block), ...
     return int(court.getCase(1).call()[2])
+
+
+def logs_since(event: Any, first: int, latest: int) -> list[Any]:
+    """Every log of ``event`` (a contract's event, e.g. ``disputes.events.X``) in blocks
+    ``first .. latest``, asked for ``LOG_CHUNK_BLOCKS`` at a time (providers cap the range)."""
+    logs: list[Any] = []
+    for chunk in range(first, latest + 1, LOG_CHUNK_BLOCKS):
+        to_block = min(latest, chunk + LOG_CHUNK_BLOCKS - 1)
+        logs.extend(event.get_logs(from_block=chunk, to_block=to_block))
+    return logs
 
 
 def holds_of(contracts: Contracts, dispute_ids: Iterable[int]) -> list[StakeHold]:

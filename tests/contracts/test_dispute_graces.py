@@ -18,6 +18,7 @@ from gwtf.errors import ChainError
 from node.audit import jury as court_jury
 from node.audit.challenge import DISPUTED, JUDGED_BEFORE, REOPENED, Challenges, challenge
 from node.audit.checks import Finding
+from node.chain import holds
 from node.chain.actions import Contracts, request_unstake, withdraw_stake
 from node.chain.adapter import Sender
 from node.chain.epochs import EpochLedger
@@ -241,3 +242,27 @@ def test_dispute_events_are_read_from_the_first_dispute_and_holds_only_under_a_f
     assert from_blocks() and min(from_blocks()) >= first - REORG_BLOCKS
     asked.clear()
     assert DisputeWatch(contracts, c.b.address).holds() == [] and from_blocks() == []
+
+
+def test_the_jurys_cases_are_read_in_chunks_of_blocks(
+    certified: Certified, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Providers cap the block range of one ``eth_getLogs``: the open cases are read a few
+    blocks at a time, and found all the same."""
+    c, w = certified, certified.w
+    contracts = suite_of(w)
+    audit(c, dispute_of(c, c.a))
+    jury.mine_to(w, w.w3.eth.block_number + 10)
+    ranges: list[tuple[int, int]] = []
+    request = w.w3.manager.request_blocking
+
+    def counted(method: str, params: Any, *args: object, **kwargs: object) -> object:
+        if method == "eth_getLogs":
+            ranges.append((int(params[0]["fromBlock"], 16), int(params[0]["toBlock"], 16)))
+        return request(method, params, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(w.w3.manager, "request_blocking", counted)
+    monkeypatch.setattr(holds, "LOG_CHUNK_BLOCKS", 4)
+    (case,) = court_jury.open_cases(contracts)
+    assert case.dispute_id == 1
+    assert len(ranges) > 2 and all(to - start < 4 for start, to in ranges)
