@@ -2,7 +2,8 @@
 
 Forward: compute, keep the input and output until the backward comes, send the output to the next
 hop that the flow table maps the incoming flow to (another next-stage replica if that one does not
-acknowledge). Backward: compute, send the gradient to the previous node of the recorded path,
+acknowledge). A forward of a microbatch held from another input replaces it only after a restart
+its origin confirms (``held_forward.py``). Backward: compute, send the gradient to the previous node of the recorded path,
 repairing that hop if the node is dead (``hop_sender.py``). Answers traces and re-send requests
 for what it keeps (each forward's output and each gradient sent, until the next iteration's
 first hop: another stage may still redo from them after this one stepped), and
