@@ -77,8 +77,11 @@ async def check_second_forward(
     if header.origin == held.origin:
         started = await ask_try(held.origin, header.iteration, microbatch)
         if started is not None and held.attempt < started <= header.attempt:
-            log.info("microbatch %s restarted (attempt %s): its old forward is replaced",
-                     microbatch, started)  # fmt: skip
+            log.info(
+                "microbatch %s restarted at attempt %s: its old forward is replaced",
+                microbatch,
+                started,
+            )
             return
     raise Decline(
         f"microbatch {microbatch}'s forward is held here from another input, and its origin "
