@@ -3,14 +3,14 @@
 Forward: compute, keep the input and output until the backward comes, send the output to the next
 hop that the flow table maps the incoming flow to (another next-stage replica if that one does not
 acknowledge). A forward of a microbatch held from another input replaces it only after a restart
-its origin confirms (``held_forward.py``). Backward: compute, send the gradient to the previous node of the recorded path,
-repairing that hop if the node is dead (``hop_sender.py``). Answers traces and re-send requests
-for what it keeps (each forward's output and each gradient sent, until the next iteration's
-first hop: another stage may still redo from them after this one stepped), and
-takes part in redoing the gradients a dead replica of its stage held (``gradient_redo.py``).
-A hop of a later iteration than its weights' is held while the relay loads its replicas' state;
-one it cannot compute with the right weights is declined. End of iteration: average with the
-stage's live replicas and step, unless the round missed a replica holding gradients.
+its origin confirms (``held_forward.py``). Backward: compute, send the gradient to the previous
+node of the recorded path, repairing that hop if the node is dead (``hop_sender.py``). Answers
+traces and re-send requests for what it keeps (each forward's output and each gradient sent, until
+the next iteration's first hop: another stage may still redo from them after this one stepped), and
+takes part in redoing the gradients a dead replica of its stage held (``gradient_redo.py``). A hop
+of a later iteration than its weights' is held while the relay loads its replicas' state; one it
+cannot compute with the right weights is declined. End of iteration: average with the stage's live
+replicas and step, unless the round missed a replica holding gradients.
 """
 
 from __future__ import annotations
