@@ -774,6 +774,10 @@ def _serve_control(
                     return await role.discard(peer, message)
                 return await role.forget(peer, message)
             return role.expect_redo(peer, message)
+        if isinstance(message, control.CurrentTry):
+            if not isinstance(role, DataRole):
+                raise ProtocolError("only a microbatch's origin, a data node, knows its tries")
+            return role.current_try(message)
         if isinstance(message, control.RedoLost):
             if not isinstance(role, DataRole):
                 raise ProtocolError("only a data node redoes its share's lost gradients")

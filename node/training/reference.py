@@ -30,6 +30,8 @@ class ReferenceRun:
     losses: list[float] = field(default_factory=list)
     #: (iteration, validation loss after its step), every ``training.validation_every``.
     validation: list[tuple[int, float]] = field(default_factory=list)
+    #: The trained model, after the last iteration's step.
+    trainer: WholeModelTrainer | None = None
 
 
 def whole_model_run(training: TrainingSettings, iterations: int) -> ReferenceRun:
@@ -58,6 +60,7 @@ def whole_model_run(training: TrainingSettings, iterations: int) -> ReferenceRun
             loss = validation_loss(loss_of, held_out)
             if loss is not None:
                 run.validation.append((iteration, loss))
+    run.trainer = trainer
     return run
 
 

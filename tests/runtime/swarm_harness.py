@@ -16,7 +16,7 @@ from node.runtime.dataplane.exchange import HopRecord
 from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
 from node.runtime.roles.data import IterationResult
 from node.training.config import named_config
-from node.training.reference import whole_model_losses
+from node.training.reference import ReferenceRun, whole_model_run
 from node.training.settings import TrainingSettings
 from tests.runtime.receipt_tap import ReceiptTap
 
@@ -218,6 +218,11 @@ async def run_relay(config: LiveNodeConfig, swarm: Swarm) -> None:
 
 def reference_losses(iterations: int, batch: int, stages: int = STAGES) -> list[float]:
     """Whole-model training on the same microbatch ids: what the swarm must reproduce."""
+    return reference_run(iterations, batch, stages).losses
+
+
+def reference_run(iterations: int, batch: int, stages: int = STAGES) -> ReferenceRun:
+    """``reference_losses``'s run, its trained model included."""
     training = replace(
         TRAINING,
         model=MODEL_NAME,
@@ -227,4 +232,4 @@ def reference_losses(iterations: int, batch: int, stages: int = STAGES) -> list[
         seed=SEED,
         microbatches_per_iteration=batch,
     )
-    return whole_model_losses(training, iterations)
+    return whole_model_run(training, iterations)

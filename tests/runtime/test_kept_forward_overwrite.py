@@ -233,6 +233,9 @@ def test_a_made_up_repair_after_the_paths_forward_does_not_replace_what_the_back
             capture.stage_2 = stage_2_of(nursery, books["t"])
             plane_r.serve(nursery)
             await planes["d"].send(PEER["r"], path_forward, f1)
+            with trio.fail_after(10):  # r's forward reached t, its receipt whole
+                while not role.buffers[(0, 7)].sent_to:
+                    await trio.sleep(0.01)
             with pytest.raises(Decline, match="held here from another input"):
                 await planes["s"].send(PEER["r"], made_up, f2)
             await planes["t"].send(PEER["r"], backward, g)

@@ -34,6 +34,9 @@ mistyped field is a ``ProtocolError`` (charged to the sender by the rpc layer).
     {"type": "rejoin"}                                      -> {"ok": true}
     {"type": "countersigned", "hop_key": hex,
      "signature": hex}                                      -> {"ok": bool, "why": str}
+    {"type": "current_try", "iteration": int,
+     "microbatch": int}                                     -> {"ok": bool, "attempt": int,
+                                                                "why": str}
 
 ``loads`` lists the asking node's view of the run: itself and the live peers its flow protocol
 knows (at most ``MAX_LOADS``, taken stage by stage in turn), for a relay choosing its stage.
@@ -45,6 +48,9 @@ stage s; a round missed a holder) and name your holders now; the relays have ste
 data nodes train the next iteration; take the sender (back) into the run.
 ``countersigned`` hands a worker the countersignature of the receipt it signed in its ack of a
 hop whose output it keeps (``exchange.py``): its copy of the receipt is then complete too.
+``current_try`` asks a microbatch's origin for the first attempt of the microbatch's try in
+progress (or done): a relay holding the microbatch's forward from another input lets a second
+forward replace it only when that one is of a later try (``roles/held_forward.py``).
 A trace's ``state`` is one of ``TRACE_STATES`` (``TRACE_BACK_STATES`` for ``trace_back``): what
 the asked node knows of the microbatch's forward (backward); ``next`` names whom it delivered it
 to when ``sent``.
@@ -99,6 +105,14 @@ class Countersigned:
 
     hop_key: str
     signature: str
+
+
+@dataclass(frozen=True)
+class CurrentTry:
+    """(To a microbatch's origin.) The first attempt of this microbatch's latest try?"""
+
+    iteration: int
+    microbatch: int
 
 
 @dataclass(frozen=True)
@@ -307,6 +321,7 @@ ControlRequest = (
     | IterationEnded
     | Rejoin
     | Countersigned
+    | CurrentTry
 )
 _TYPES: dict[str, type[Any]] = {
     "alive": Alive,
@@ -328,6 +343,7 @@ _TYPES: dict[str, type[Any]] = {
     "iteration_ended": IterationEnded,
     "rejoin": Rejoin,
     "countersigned": Countersigned,
+    "current_try": CurrentTry,
 }
 _RESEND_FIELDS = {"iteration": int, "microbatch": int, "to": str, "attempt": int}
 _FIELDS: dict[type[Any], dict[str, type]] = {
@@ -350,6 +366,7 @@ _FIELDS: dict[type[Any], dict[str, type]] = {
     IterationEnded: {"iteration": int, "relays_stepped": int, "members": list},
     Rejoin: {},
     Countersigned: {"hop_key": str, "signature": str},
+    CurrentTry: {"iteration": int, "microbatch": int},
 }
 #: String fields longer than a peer id: hex of a 65-byte signature.
 _LONG_FIELDS = {(Countersigned, "signature"): 130}

@@ -251,6 +251,16 @@ class DataRole:
             self.first_hops[key] = request.to
         return reply
 
+    def current_try(self, request: control.CurrentTry) -> bytes:
+        """The first attempt of a microbatch's latest try (in progress or done): a relay that
+        holds a forward of it from another input lets a forward of this try replace one of an
+        earlier try only (``held_forward.py``)."""
+        key = (request.iteration, request.microbatch)
+        entry = self.embedded.get(key) or self.embedded_done.get(key)
+        if entry is None:
+            return control.encode_reply(False, why="microbatch not in flight here")
+        return control.encode_reply(True, attempt=entry[0].attempt)
+
     def trace(self, request: control.Trace) -> bytes:
         """What this node, as a sink, knows of a microbatch's forward."""
         if self.plane.receiving(request.iteration, request.microbatch, FORWARD):

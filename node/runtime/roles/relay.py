@@ -2,14 +2,15 @@
 
 Forward: compute, keep the input and output until the backward comes, send the output to the next
 hop that the flow table maps the incoming flow to (another next-stage replica if that one does not
-acknowledge). Backward: compute, send the gradient to the previous node of the recorded path,
-repairing that hop if the node is dead (``hop_sender.py``). Answers traces and re-send requests
-for what it keeps (each forward's output and each gradient sent, until the next iteration's
-first hop: another stage may still redo from them after this one stepped), and
-takes part in redoing the gradients a dead replica of its stage held (``gradient_redo.py``).
-A hop of a later iteration than its weights' is held while the relay loads its replicas' state;
-one it cannot compute with the right weights is declined. End of iteration: average with the
-stage's live replicas and step, unless the round missed a replica holding gradients.
+acknowledge). A forward of a microbatch held from another input replaces it only after a restart
+its origin confirms (``held_forward.py``). Backward: compute, send the gradient to the previous
+node of the recorded path, repairing that hop if the node is dead (``hop_sender.py``). Answers
+traces and re-send requests for what it keeps (each forward's output and each gradient sent, until
+the next iteration's first hop: another stage may still redo from them after this one stepped), and
+takes part in redoing the gradients a dead replica of its stage held (``gradient_redo.py``). A hop
+of a later iteration than its weights' is held while the relay loads its replicas' state; one it
+cannot compute with the right weights is declined. End of iteration: average with the stage's live
+replicas and step, unless the round missed a replica holding gradients.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from node.runtime.dataplane.sender import HopSender, HopStats, PassedBack, resen
 from node.runtime.flow.routing import SwarmWiring
 from node.runtime.flow.service import FlowService
 from node.runtime.replicas.averaging import GradientAverager
+from node.runtime.roles.held_forward import ask_current_try, check_second_forward
 from node.store.evidence import EvidenceArchive
 from node.training import codec
 from node.training.checkpoint import holds_state_of, snapshot_part_state
@@ -116,7 +118,7 @@ class RelayRole:
         tensor = codec.decode(bytearray(frame), self.limits).tensor
         key = (header.iteration, header.microbatch_id)
         if header.direction == FORWARD:
-            self._check_repair(header, key, frame)
+            await self._check_held(header, key, frame)
             out_frame: bytes = await self._run(
                 self._in_step, header, self._forward, header, frame, tensor
             )
@@ -148,19 +150,21 @@ class RelayRole:
             self.nursery.start_soon(self._send_backward, header, record)
             return None
 
-    def _check_repair(self, header: HopHeader, key: tuple[int, int], frame: bytes) -> None:
-        """A repair's forward goes to a relay that lacks the microbatch, or re-sends the input
-        it holds. One of another input for a microbatch held here is declined: computing it
-        would replace the saved activations the microbatch's real gradient is computed
-        through, so that gradient would belong to no forward (a poisoned stage, and a backward
-        receipt that replays from no forward of this relay's)."""
+    async def _check_held(self, header: HopHeader, key: tuple[int, int], frame: bytes) -> None:
+        """A forward of a microbatch held here from another input replaces it only when the
+        microbatch's origin started it again since (``held_forward.py``): its real gradient
+        goes through the held activations."""
         held = self.buffers.get(key)
-        repair = bool(header.flags & FLAG_REPAIR)
-        if repair and held is not None and held.input_digest != frame_digest(frame):
-            raise Decline(
-                f"microbatch {header.microbatch_id}'s forward is held here from another "
-                "input; a repair goes to a relay that lacks it"
-            )
+        if held is None:
+            return
+
+        async def ask_try(origin: str, iteration: int, microbatch: int) -> int | None:
+            timeout_s = self.plane.ack_deadline_s / 4
+            return await ask_current_try(self.plane.rpc, origin, iteration, microbatch, timeout_s)
+
+        await check_second_forward(
+            held.header, held.input_digest, header, frame_digest(frame), ask_try
+        )
 
     async def _backward_receipted(self, key: tuple[int, int]) -> bool:
         """Whether this relay signs the receipt of a microbatch's backward: only when the

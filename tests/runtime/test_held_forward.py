@@ -1,0 +1,99 @@
+"""When a second forward of a microbatch a relay holds may replace the held one
+(``held_forward.check_second_forward``), and the origin's ``current_try`` answer on the wire."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from gwtf.errors import ProtocolError
+from node.p2p.identity import new_identity, peer_id_of
+from node.p2p.rpc import Decline
+from node.runtime.dataplane import control
+from node.runtime.dataplane.hop import (
+    ATTEMPT_BLOCK,
+    FLAG_REPAIR,
+    FLAG_RESUME,
+    FORWARD,
+    HopHeader,
+)
+from node.runtime.roles.held_forward import check_second_forward
+
+ORIGIN, OTHER, UP, MEMBER = (str(peer_id_of(new_identity())) for _ in range(4))
+HELD = HopHeader(1, 0, 7, 0, FORWARD, 2, 0, 0, ORIGIN, (ORIGIN, UP))
+HELD_INPUT, OTHER_INPUT = b"\x01" * 32, b"\x02" * 32
+
+
+def outcome(header: HopHeader, digest: bytes, started: int | None) -> tuple[str, int]:
+    """'replaced' or the decline's words, and how often the origin was asked."""
+    asked: list[tuple[str, int, int]] = []
+
+    async def ask_try(origin: str, iteration: int, microbatch: int) -> int | None:
+        asked.append((origin, iteration, microbatch))
+        return started
+
+    async def main() -> str:
+        try:
+            await check_second_forward(HELD, HELD_INPUT, header, digest, ask_try)
+        except Decline as exc:
+            return str(exc)
+        return "replaced"
+
+    result = trio.run(main)
+    assert all(a == (ORIGIN, 0, 7) for a in asked)
+    return result, len(asked)
+
+
+def test_a_second_forward_from_the_held_input_is_computed_without_asking() -> None:
+    for flags in (0, FLAG_REPAIR, FLAG_RESUME):
+        same = HELD.onward(attempt=1, flags=flags, path=(ORIGIN, MEMBER))
+        assert outcome(same, HELD_INPUT, None) == ("replaced", 0)
+
+
+def test_a_restart_the_origin_names_replaces_a_forward_of_an_earlier_try() -> None:
+    restart = HELD.onward(attempt=ATTEMPT_BLOCK + 1)  # re-sent once within the new try
+    assert outcome(restart, OTHER_INPUT, ATTEMPT_BLOCK) == ("replaced", 1)
+    resumed = HELD.onward(attempt=3 * ATTEMPT_BLOCK, flags=FLAG_RESUME)  # a repair of that try
+    assert outcome(resumed, OTHER_INPUT, ATTEMPT_BLOCK) == ("replaced", 1)
+
+
+@pytest.mark.parametrize(
+    ("attempt", "started", "why"),
+    [
+        (ATTEMPT_BLOCK, 0, "the held forward is of the try in progress"),
+        (1, 0, "a copy re-sent within the held forward's try"),
+        (ATTEMPT_BLOCK, 2 * ATTEMPT_BLOCK, "claims a try before the latest"),
+        (ATTEMPT_BLOCK, None, "the origin does not say (unreachable, not in flight)"),
+    ],
+)
+def test_another_input_is_declined_unless_the_origin_restarted_since(
+    attempt: int, started: int | None, why: str
+) -> None:
+    made_up = HELD.onward(attempt=attempt, path=(ORIGIN, MEMBER))
+    words, asked = outcome(made_up, OTHER_INPUT, started)
+    assert "its origin has not started it again since" in words, why
+    assert asked == 1
+
+
+def test_a_repair_or_another_origins_forward_from_another_input_is_declined_unasked() -> None:
+    repair = HELD.onward(attempt=ATTEMPT_BLOCK, flags=FLAG_REPAIR)
+    assert outcome(repair, OTHER_INPUT, ATTEMPT_BLOCK) == (
+        "microbatch 7's forward is held here from another input; a repair goes to a relay "
+        "that lacks it",
+        0,
+    )
+    foreign = HELD.onward(attempt=ATTEMPT_BLOCK, origin=OTHER, path=(OTHER, MEMBER))
+    words, asked = outcome(foreign, OTHER_INPUT, ATTEMPT_BLOCK)
+    assert "not started it again" in words and asked == 0
+
+
+def test_current_try_requests_are_checked() -> None:
+    request = control.CurrentTry(3, 12)
+    assert control.decode_request(control.encode_request(request)) == request
+    for bad in (
+        b'{"type": "current_try", "iteration": 3}',
+        b'{"type": "current_try", "iteration": 3, "microbatch": -1}',
+        b'{"type": "current_try", "iteration": 3, "microbatch": "12"}',
+    ):
+        with pytest.raises(ProtocolError):
+            control.decode_request(bad)

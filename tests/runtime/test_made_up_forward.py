@@ -1,0 +1,100 @@
+"""A made-up forward of a microbatch a relay holds does not replace the held one.
+
+A live swarm on loopback: data node, stage-1 relays ``a`` and ``m``, stage-2 relay ``b``. Once
+``b`` has sent microbatch X's forward on to the loss, and before X's gradient comes back, run
+member ``m`` sends ``b`` a forward of X from an input of its own, claiming to be X's stage-1
+node and a restart (the origin's next block of attempts). Computed, it would replace ``b``'s
+saved activations, and X's real gradient would go through the made-up input: ``b``'s weights
+(and through its gradient ``a``'s or ``m``'s) poisoned. ``b`` asks X's origin, which started no
+later try, and declines it: the swarm trains exactly like the whole model, and ``b``'s stage is
+the whole model's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import trio
+
+from node.p2p.rpc import RequestDeclined
+from node.runtime.dataplane.hop import ATTEMPT_BLOCK, FORWARD, HopHeader
+from node.runtime.dataplane.sender import PassedBack
+from node.runtime.roles.data import DataRole
+from node.runtime.roles.held_forward import ask_current_try
+from node.runtime.roles.relay import RelayRole
+from node.training import codec
+from tests.runtime.swarm_harness import (
+    BATCH_SIZE,
+    MODEL,
+    SEQ_LEN,
+    Swarm,
+    reference_run,
+    run_swarm,
+)
+
+ITERATIONS = 2
+BATCH = 4
+RELAYS = {"a": 1, "m": 1, "b": 2}
+
+
+def test_a_made_up_forward_of_a_held_microbatch_leaves_the_stage_as_an_honest_run_would(
+    tmp_path: Path,
+) -> None:
+    swarm = Swarm()
+    outcome: list[str] = []
+
+    async def arm(swarm: Swarm) -> None:
+        while not {"data", *RELAYS} <= set(swarm.nodes):
+            await trio.sleep(0.01)
+        data, attacker = swarm.nodes["data"].role, swarm.nodes["m"]
+        assert isinstance(data, DataRole)
+        send_backward = data.sender.send_backward_or_log
+
+        async def attack_first(record: PassedBack) -> None:
+            """The sink's first gradient waits until ``m`` has sent its made-up forward."""
+            real = record.header
+            if not outcome and real.iteration == 0:
+                outcome.append("sending")
+                relay_b = real.path[2]  # computed X's forward: holds it now
+                made_up = HopHeader(
+                    real.run_id, 0, real.microbatch_id, real.attempt + ATTEMPT_BLOCK, FORWARD,
+                    2, 0, 0, real.origin, (real.origin, attacker.plane.node_id), "", real.epoch,
+                )  # fmt: skip
+                seeded = torch.Generator().manual_seed(7)
+                noise = torch.randn(BATCH_SIZE, SEQ_LEN, MODEL.d_model, generator=seeded)
+                assert isinstance(attacker.role, RelayRole)
+                frame = codec.encode(real.microbatch_id, noise, attacker.role.limits)
+                try:
+                    await attacker.plane.send(relay_b, made_up, frame)
+                    outcome[0] = "computed"
+                except RequestDeclined:
+                    outcome[0] = "declined"
+                # What b asked: X's origin names its only try, started at attempt 0.
+                asked = await ask_current_try(attacker.rpc, real.origin, 0, real.microbatch_id, 2.0)
+                outcome.append(f"try {asked}")
+            await send_backward(record)
+
+        data.sender.send_backward_or_log = attack_first  # type: ignore[method-assign]
+
+    async def main() -> list:  # type: ignore[type-arg]
+        with trio.fail_after(120):
+            return await run_swarm(tmp_path, ITERATIONS, BATCH, RELAYS, arm, swarm)
+
+    results = trio.run(main)
+    assert outcome == ["declined", "try 0"]
+    reference = reference_run(ITERATIONS, BATCH)
+    assert [r.loss for r in results] == pytest.approx(reference.losses, rel=1e-4)
+    assert all(r.restarts == 0 for r in results)
+
+    # b's stage (layers 2 and 3 of the whole model) is what an honest run trains: they differ
+    # by about 2e-8 (the order of summation), a gradient through the made-up input by 1e-4.
+    relay_b = swarm.nodes["b"].role
+    assert isinstance(relay_b, RelayRole) and reference.trainer is not None
+    first_layer = relay_b.worker.span.first_layer
+    whole = dict(reference.trainer.model.named_parameters())
+    for name, weight in relay_b.worker.module.named_parameters():
+        _, layer, rest = name.split(".", 2)
+        honest = whole[f"body.blocks.{first_layer + int(layer)}.{rest}"]
+        torch.testing.assert_close(weight.detach(), honest.detach(), rtol=0, atol=1e-6)
