@@ -171,6 +171,7 @@ async def data_role(swarm: Swarm, relays: dict[str, int]) -> DataRole:
     return role
 
 
+@pytest.mark.slow  # ~11 s of live swarm
 def test_relays_of_two_stages_dying_before_the_end_lose_no_gradient(tmp_path: Path) -> None:
     """A stage-1 and a stage-2 relay of one microbatch's path die once every microbatch of
     iteration 1 is done, holding their gradients: each lost (microbatch, stage) is redone, the
@@ -206,6 +207,7 @@ def test_relays_of_two_stages_dying_before_the_end_lose_no_gradient(tmp_path: Pa
     assert results[1].microbatches_redone == lost - len(shared)
 
 
+@pytest.mark.slow  # ~11 s of live swarm
 def test_a_relay_dying_mid_iteration_after_its_backwards_loses_no_gradient(tmp_path: Path) -> None:
     """The relay dies as soon as a gradient it computed in iteration 1 is delivered: the rest of
     the iteration routes around it, and what it held is redone at the end."""
@@ -249,6 +251,7 @@ async def crash_a_stage_2_relay_once_it_delivered(swarm: Swarm, died: list[str])
         await trio.sleep(0.002)
 
 
+@pytest.mark.slow  # ~12 s of live swarm
 def test_a_stand_in_whose_forward_is_never_countersigned_signs_no_receipt_of_its_backward(
     tmp_path: Path,
 ) -> None:
@@ -302,6 +305,7 @@ def die_while_averaging(swarm: Swarm, name: str, died: list[str]) -> None:
     averager.average = dying  # type: ignore[method-assign]
 
 
+@pytest.mark.slow  # ~10 s of live swarm
 def test_a_replica_dying_while_its_stage_averages_loses_no_gradient(tmp_path: Path) -> None:
     """A stage-2 replica holding gradients dies as iteration 1's end asks it to average, before
     its share reaches the round: the stage does not step, what it held is redone on the other
@@ -324,6 +328,7 @@ def test_a_replica_dying_while_its_stage_averages_loses_no_gradient(tmp_path: Pa
     assert [r.relays_stepped for r in results] == [3, 2, 2]
 
 
+@pytest.mark.slow  # ~12 s of live swarm
 def test_with_two_data_nodes_each_redoes_its_share_of_a_replica_dying_while_averaging(
     tmp_path: Path,
 ) -> None:

@@ -47,6 +47,7 @@ async def no_compute_reports(*_args: object) -> None:
     compute time so that flows and capacity decide (speed weighing is tested in the core)."""
 
 
+@pytest.mark.slow  # ~10 s of live swarm
 def test_a_relay_without_a_stage_joins_the_bottleneck_and_matches_its_replica(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

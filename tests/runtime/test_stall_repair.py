@@ -154,6 +154,7 @@ def run_with_crashes(
     return swarm, killer
 
 
+@pytest.mark.slow  # ~12 s of live swarm
 def test_a_relay_dying_between_its_ack_and_its_forward_costs_one_hop(tmp_path: Path) -> None:
     swarm, _ = run_with_crashes(tmp_path, FORWARD_CRASHES)
     data = swarm.nodes["data"].role
@@ -162,6 +163,7 @@ def test_a_relay_dying_between_its_ack_and_its_forward_costs_one_hop(tmp_path: P
     assert sum(r.stats.repairs_served for r in relays) >= 1  # a stage-1 relay's
 
 
+@pytest.mark.slow  # ~15 s of live swarm
 def test_a_relay_dying_between_its_ack_and_its_gradient_costs_one_hop(tmp_path: Path) -> None:
     swarm, killer = run_with_crashes(tmp_path, BACKWARD_CRASHES)
     data = swarm.nodes["data"].role
