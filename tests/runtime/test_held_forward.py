@@ -97,3 +97,24 @@ def test_current_try_requests_are_checked() -> None:
     ):
         with pytest.raises(ProtocolError):
             control.decode_request(bad)
+
+
+def test_a_made_up_forward_with_the_last_attempt_number_does_not_lock_out_every_restart() -> None:
+    """A run member's made-up forward that reached the relay first, under the highest attempt
+    the header can carry: when the origin restarts the microbatch, the restart must replace
+    it, or a stage with one replica declines every try of the microbatch for the iteration."""
+    top = (1 << 16) - 1  # an attempt no origin hands out
+    made_up = HELD.onward(attempt=top, path=(ORIGIN, MEMBER))
+    restart = HELD.onward(attempt=ATTEMPT_BLOCK)
+
+    async def main() -> str:
+        async def ask_try(origin: str, iteration: int, microbatch: int) -> int | None:
+            return ATTEMPT_BLOCK  # the origin restarted: its second try, 256..511
+
+        try:
+            await check_second_forward(made_up, OTHER_INPUT, restart, HELD_INPUT, ask_try)
+        except Decline as exc:
+            return str(exc)
+        return "replaced"
+
+    assert trio.run(main) == "replaced"
