@@ -164,7 +164,7 @@ class RelayRole:
             return
         digest = frame_digest(frame)
 
-        async def ask_try(origin: str, iteration: int, microbatch: int) -> int | None:
+        async def ask_try(origin: str, iteration: int, microbatch: int) -> tuple[int, int] | None:
             timeout_s = self.plane.ack_deadline_s / 4
             return await ask_current_try(self.plane.rpc, origin, iteration, microbatch, timeout_s)
 
