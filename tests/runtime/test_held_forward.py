@@ -28,9 +28,9 @@ def outcome(header: HopHeader, digest: bytes, started: int | None) -> tuple[str,
     """'replaced' or the decline's words, and how often the origin was asked."""
     asked: list[tuple[str, int, int]] = []
 
-    async def ask_try(origin: str, iteration: int, microbatch: int) -> int | None:
+    async def ask_try(origin: str, iteration: int, microbatch: int) -> tuple[int, int] | None:
         asked.append((origin, iteration, microbatch))
-        return started
+        return None if started is None else (started, 4 * ATTEMPT_BLOCK)
 
     async def main() -> str:
         try:
@@ -63,6 +63,7 @@ def test_a_restart_the_origin_names_replaces_a_forward_of_an_earlier_try() -> No
         (ATTEMPT_BLOCK, 0, "the held forward is of the try in progress"),
         (1, 0, "a copy re-sent within the held forward's try"),
         (ATTEMPT_BLOCK, 2 * ATTEMPT_BLOCK, "claims a try before the latest"),
+        (4 * ATTEMPT_BLOCK, ATTEMPT_BLOCK, "claims a number its origin has not handed out"),
         (ATTEMPT_BLOCK, None, "the origin does not say (unreachable, not in flight)"),
     ],
 )
@@ -97,3 +98,24 @@ def test_current_try_requests_are_checked() -> None:
     ):
         with pytest.raises(ProtocolError):
             control.decode_request(bad)
+
+
+def test_a_made_up_forward_with_the_last_attempt_number_does_not_lock_out_every_restart() -> None:
+    """A run member's made-up forward that reached the relay first, under the highest attempt
+    the header can carry: when the origin restarts the microbatch, the restart must replace
+    it, or a stage with one replica declines every try of the microbatch for the iteration."""
+    top = (1 << 16) - 1  # an attempt no origin hands out
+    made_up = HELD.onward(attempt=top, path=(ORIGIN, MEMBER))
+    restart = HELD.onward(attempt=ATTEMPT_BLOCK)
+
+    async def main() -> str:
+        async def ask_try(origin: str, iteration: int, microbatch: int) -> tuple[int, int]:
+            return ATTEMPT_BLOCK, 2 * ATTEMPT_BLOCK  # the origin restarted: its second try
+
+        try:
+            await check_second_forward(made_up, OTHER_INPUT, restart, HELD_INPUT, ask_try)
+        except Decline as exc:
+            return str(exc)
+        return "replaced"
+
+    assert trio.run(main) == "replaced"

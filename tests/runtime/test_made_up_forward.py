@@ -73,7 +73,7 @@ def test_a_made_up_forward_of_a_held_microbatch_leaves_the_stage_as_an_honest_ru
                     outcome[0] = "declined"
                 # What b asked: X's origin names its only try, started at attempt 0.
                 asked = await ask_current_try(attacker.rpc, real.origin, 0, real.microbatch_id, 2.0)
-                outcome.append(f"try {asked}")
+                outcome.append(f"try {asked and asked[0]}")
             await send_backward(record)
 
         data.sender.send_backward_or_log = attack_first  # type: ignore[method-assign]

@@ -36,7 +36,7 @@ mistyped field is a ``ProtocolError`` (charged to the sender by the rpc layer).
      "signature": hex}                                      -> {"ok": bool, "why": str}
     {"type": "current_try", "iteration": int,
      "microbatch": int}                                     -> {"ok": bool, "attempt": int,
-                                                                "why": str}
+                                                                "issued": int, "why": str}
 
 ``loads`` lists the asking node's view of the run: itself and the live peers its flow protocol
 knows (at most ``MAX_LOADS``, taken stage by stage in turn), for a relay choosing its stage.
@@ -49,8 +49,10 @@ data nodes train the next iteration; take the sender (back) into the run.
 ``countersigned`` hands a worker the countersignature of the receipt it signed in its ack of a
 hop whose output it keeps (``exchange.py``): its copy of the receipt is then complete too.
 ``current_try`` asks a microbatch's origin for the first attempt of the microbatch's try in
-progress (or done): a relay holding the microbatch's forward from another input lets a second
-forward replace it only when that one is of a later try (``roles/held_forward.py``).
+progress (or done) and the first attempt it has not handed out (``issued``): a relay holding the
+microbatch's forward from another input lets a second forward replace it only when that one is
+of the latest try and the held one of an earlier try or under a number nobody handed out
+(``roles/held_forward.py``).
 A trace's ``state`` is one of ``TRACE_STATES`` (``TRACE_BACK_STATES`` for ``trace_back``): what
 the asked node knows of the microbatch's forward (backward); ``next`` names whom it delivered it
 to when ``sent``.

@@ -83,6 +83,10 @@ class Kept:
 #: A role's compute of a received hop: the output it keeps (``Kept``), or None (sent on, or a
 #: data node's).
 Compute = Callable[[HopHeader, bytes], Awaitable[Kept | None]]
+#: A role's check of a received hop before it joins the compute queue, in the request's own
+#: task: what waits on another peer (a relay asking a microbatch's origin) must not hold up the
+#: hops behind it. Raises to refuse the hop.
+Admit = Callable[[HopHeader, bytes], Awaitable[None]]
 #: Called by a data node with each hop it starts (a first forward, a loss gradient) and the
 #: digest of the frame sent.
 OriginSend = Callable[[HopHeader, bytes], None]
@@ -175,6 +179,7 @@ class DataPlane:
     ack_deadline_s: float
     max_frame_bytes: int
     compute: Compute | None = None
+    admit: Admit | None = None
     #: Below 1, each hop's compute is followed by a wait that stretches it to 1 / speed: the
     #: compute queue is held meanwhile, as a slower GPU would hold it (link emulation's sibling).
     emulated_speed: float = 1.0
@@ -219,7 +224,14 @@ class DataPlane:
         key = (header.iteration, header.microbatch_id, header.direction)
         self._receiving[key] = self._receiving.get(key, 0) + 1
         try:
-            await self._queue[0].send(job)
+            if self.admit is not None:
+                try:
+                    await self.admit(header, frame)
+                except GwtfError as exc:
+                    job.error = exc
+                    job.done.set()
+            if not job.done.is_set():
+                await self._queue[0].send(job)
             depth = self._queue[0].statistics().current_buffer_used
             self.timings.queue_depth = depth
             self.timings.queue_depth_max = max(self.timings.queue_depth_max, depth)

@@ -37,6 +37,7 @@ from node.runtime.dataplane.compute import T, in_worker_thread
 from node.runtime.dataplane.exchange import DataPlane
 from node.runtime.dataplane.gradient_redo import GradientRedo, RedoReport
 from node.runtime.dataplane.hop import (
+    ATTEMPT_BLOCK,
     BACKWARD,
     FLAG_REPAIR,
     FLAG_RESUME,
@@ -252,14 +253,17 @@ class DataRole:
         return reply
 
     def current_try(self, request: control.CurrentTry) -> bytes:
-        """The first attempt of a microbatch's latest try (in progress or done): a relay that
-        holds a forward of it from another input lets a forward of this try replace one of an
-        earlier try only (``held_forward.py``)."""
+        """The first attempt of a microbatch's latest try (in progress or done), and the first
+        this node has not handed out (no hop of the microbatch carries one as high): a relay
+        that holds a forward of it from another input lets a forward of this try replace one of
+        an earlier try, or one under a number nobody handed out, only (``held_forward.py``)."""
         key = (request.iteration, request.microbatch)
         entry = self.embedded.get(key) or self.embedded_done.get(key)
         if entry is None:
             return control.encode_reply(False, why="microbatch not in flight here")
-        return control.encode_reply(True, attempt=entry[0].attempt)
+        block = self.attempt_block(request.iteration, self.attempts.get(key, 0))
+        issued = min(block * ATTEMPT_BLOCK, 1 << 16)
+        return control.encode_reply(True, attempt=entry[0].attempt, issued=issued)
 
     def trace(self, request: control.Trace) -> bytes:
         """What this node, as a sink, knows of a microbatch's forward."""

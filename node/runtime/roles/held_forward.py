@@ -23,8 +23,11 @@ Honest second forwards exist, and must still work:
 The rule (``check_second_forward``): a second forward from the input held is computed as
 before (the same weights and input: the same activations, nothing changes). One from another
 input replaces the held one only when the microbatch's origin says (``control.CurrentTry``)
-that its latest try started after the held forward's attempt and no later than the new one's:
-the held forward belongs to a try the origin gave up. Any other is declined: the held forward
+that its latest try started no later than the new one's attempt, which is below the first
+attempt it has not handed out (``issued``), and that the held forward's attempt is below that
+try's start or not below ``issued``: the held forward belongs to a try the origin gave up, or
+carries a number nobody handed out (made up first under the top attempt, it would otherwise
+outrank every restart). Any other is declined: the held forward
 belongs to the try in progress, which a copy from another input adds nothing to (the held one
 went on already) and a made-up one must not touch. A repair (``FLAG_REPAIR``) from another input
 is declined without asking: a repair goes to a relay that lacks the microbatch, and its sender
@@ -56,9 +59,9 @@ from node.runtime.dataplane.hop import FLAG_REPAIR, HopHeader
 
 log = logging.getLogger(__name__)
 
-#: (origin, iteration, microbatch) -> the first attempt of the microbatch's latest try, as its
-#: origin says, or None when it says nothing usable.
-AskTry = Callable[[str, int, int], Awaitable[int | None]]
+#: (origin, iteration, microbatch) -> the first attempt of the microbatch's latest try and the
+#: first attempt not handed out, as its origin says, or None when it says nothing usable.
+AskTry = Callable[[str, int, int], Awaitable[tuple[int, int] | None]]
 
 
 async def check_second_forward(
@@ -75,8 +78,10 @@ async def check_second_forward(
             "to a relay that lacks it"
         )
     if header.origin == held.origin:
-        started = await ask_try(held.origin, header.iteration, microbatch)
-        if started is not None and held.attempt < started <= header.attempt:
+        answer = await ask_try(held.origin, header.iteration, microbatch)
+        started, issued = answer if answer is not None else (0, 0)
+        earlier = held.attempt < started or held.attempt >= issued
+        if started <= header.attempt < issued and earlier:
             log.info(
                 "microbatch %s restarted at attempt %s: its old forward is replaced",
                 microbatch,
@@ -91,16 +96,19 @@ async def check_second_forward(
 
 async def ask_current_try(
     rpc: RequestResponse, origin: str, iteration: int, microbatch: int, timeout_s: float
-) -> int | None:
-    """The first attempt of the microbatch's latest try, asked of its origin; None when the
-    origin does not say (unreachable, not in flight there, a malformed reply)."""
+) -> tuple[int, int] | None:
+    """The first attempt of the microbatch's latest try and the first not handed out, asked of
+    its origin; None when the origin does not say (unreachable, not in flight there, a
+    malformed reply)."""
     request = control.CurrentTry(iteration, microbatch)
     try:
         reply = control.decode_reply(await control.ask(rpc, origin, request, timeout_s))
     except ProtocolError as exc:
         log.info("origin %s did not say microbatch %s's try: %s", origin, microbatch, exc)
         return None
-    attempt = reply.get("attempt")
-    if not reply["ok"] or type(attempt) is not int or attempt < 0:
+    attempt, issued = reply.get("attempt"), reply.get("issued")
+    if not reply["ok"] or type(attempt) is not int or type(issued) is not int:
         return None
-    return attempt
+    if not 0 <= attempt < issued:
+        return None
+    return attempt, issued

@@ -103,10 +103,14 @@ class RelayRole:
     #: (iteration, microbatch) -> the node its origin said a redone gradient comes from.
     _redo_from: dict[tuple[int, int], str] = field(default_factory=dict)
     _discarded: int = -1  # the latest iteration whose gradient was dropped (``discard``)
+    #: (iteration, microbatch, input digest) of a forward its origin let replace the held one
+    #: -> the held input it may replace (``_admit``; taken by ``_check_held``).
+    _admitted: dict[tuple[int, int, bytes], bytes] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
         self.plane.compute = self.compute
+        self.plane.admit = self._admit
 
     async def compute(self, header: HopHeader, frame: bytes) -> Kept | None:
         """Compute a hop; the output when this relay keeps it rather than sending it on (a
@@ -118,7 +122,7 @@ class RelayRole:
         tensor = codec.decode(bytearray(frame), self.limits).tensor
         key = (header.iteration, header.microbatch_id)
         if header.direction == FORWARD:
-            await self._check_held(header, key, frame)
+            self._check_held(header, key, frame)
             out_frame: bytes = await self._run(
                 self._in_step, header, self._forward, header, frame, tensor
             )
@@ -150,20 +154,36 @@ class RelayRole:
             self.nursery.start_soon(self._send_backward, header, record)
             return None
 
-    async def _check_held(self, header: HopHeader, key: tuple[int, int], frame: bytes) -> None:
-        """A forward of a microbatch held here from another input replaces it only when the
-        microbatch's origin started it again since (``held_forward.py``): its real gradient
-        goes through the held activations."""
+    async def _admit(self, header: HopHeader, frame: bytes) -> None:
+        """Before a forward joins the compute queue: one of a microbatch held here from another
+        input asks its origin (``held_forward.py``) in the request's own task, so the answer
+        holds up no other hop; a forward it may replace the held one with is noted."""
+        key = (header.iteration, header.microbatch_id)
         held = self.buffers.get(key)
-        if held is None:
+        if header.direction != FORWARD or header.stage != self.stage or held is None:
             return
+        digest = frame_digest(frame)
 
-        async def ask_try(origin: str, iteration: int, microbatch: int) -> int | None:
+        async def ask_try(origin: str, iteration: int, microbatch: int) -> tuple[int, int] | None:
             timeout_s = self.plane.ack_deadline_s / 4
             return await ask_current_try(self.plane.rpc, origin, iteration, microbatch, timeout_s)
 
-        await check_second_forward(
-            held.header, held.input_digest, header, frame_digest(frame), ask_try
+        await check_second_forward(held.header, held.input_digest, header, digest, ask_try)
+        if digest != held.input_digest:
+            self._admitted[(*key, digest)] = held.input_digest
+
+    def _check_held(self, header: HopHeader, key: tuple[int, int], frame: bytes) -> None:
+        """A forward of a microbatch held here from another input replaces it only when
+        ``_admit`` let it replace that very input: its real gradient goes through the held
+        activations. One that met another held forward by its turn is declined."""
+        held = self.buffers.get(key)
+        digest = frame_digest(frame)
+        admitted = self._admitted.pop((*key, digest), None)
+        if held is None or held.input_digest == digest or admitted == held.input_digest:
+            return
+        raise Decline(
+            f"microbatch {header.microbatch_id}'s forward is held here from another input, and "
+            "its origin has not started it again since; send it to another replica"
         )
 
     async def _backward_receipted(self, key: tuple[int, int]) -> bool:
@@ -522,6 +542,8 @@ class RelayRole:
         for kept in (self.buffers, self.sender.passed, self._redo_from):
             for key in [key for key in kept if key[0] < before]:
                 del kept[key]
+        for admitted in [key for key in self._admitted if key[0] < before]:
+            del self._admitted[admitted]
 
     async def _resync(self) -> None:
         """Load the replicas' state until this relay has caught up with the latest round.
