@@ -371,6 +371,10 @@ class DataPlane:
         """Whether such a hop is here, waiting for or in compute."""
         return (iteration, microbatch_id, direction) in self._receiving
 
+    def backwards_here(self, iteration: int) -> bool:
+        """Whether a backward of ``iteration`` is here, waiting for or in compute."""
+        return any(k[0] == iteration and k[2] == BACKWARD for k in self._receiving)
+
     def _check_sender(self, peer: str, header: HopHeader) -> None:
         if header.run_id != self.run_id:
             raise HopRejected(f"hop for run {header.run_id}, this node trains run {self.run_id}")

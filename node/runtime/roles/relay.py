@@ -242,7 +242,13 @@ class RelayRole:
 
     async def holds(self, request: control.Holds) -> bytes:
         """Which of the asked microbatches this relay's accumulated gradient holds (read in the
-        compute thread, which adds to it)."""
+        compute thread, which adds to it), once the backwards of that iteration that are here
+        are computed (waiting at most an ack deadline, well within the asker's): a slow
+        replica whose backward was repaired onto another still adds it to its sum, and
+        answered without it the duplicate would go unseen."""
+        with trio.move_on_after(self.plane.ack_deadline_s):
+            while self.plane.backwards_here(request.iteration):
+                await trio.sleep(0.01)
 
         def held() -> list[int]:
             if self.worker.step_count != request.iteration or self.resyncing:
@@ -309,11 +315,13 @@ class RelayRole:
                 if not held or any(b is None or b.header.origin != asker for b in kept):
                     return False
                 self.worker.discard_gradients()
+                # Set here, where backwards are computed: none of this iteration is added
+                # after the drop but the redos the origin announces (``_backward``).
+                self._discarded = iteration
                 return True
 
             dropped = await self._run(drop)
             if dropped:
-                self._discarded = iteration
                 log.warning(
                     "stage %s relay dropped its gradient of iteration %s: a microbatch of it "
                     "was computed twice; its origin redoes the rest",
@@ -332,6 +340,11 @@ class RelayRole:
         return out_frame
 
     def _backward(self, header: HopHeader, frame: bytes, tensor: torch.Tensor) -> bytes:
+        if self._discarded == header.iteration and not header.flags & FLAG_REDO:
+            raise Decline(
+                f"stage {self.stage} relay dropped its gradient of iteration "
+                f"{header.iteration}; the microbatch's origin redoes what it held"
+            )
         self._keep_state(header)
         grad = self.worker.backward(header.microbatch_id, tensor)
         grad_frame = codec.encode(header.microbatch_id, grad, self.limits)
