@@ -9,11 +9,11 @@ STAMP  := $(VENV)/.installed-stamp
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml package.json package-lock.json $(wildcard api/dashboard/*)
+$(STAMP): pyproject.toml package.json package-lock.json $(wildcard gwtf/api/dashboard/*)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	npm ci --no-audit --no-fund --silent  # its postinstall builds the dashboard into api/static
+	npm ci --no-audit --no-fund --silent  # its postinstall builds the dashboard into gwtf/api/static
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -34,11 +34,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 typecheck: $(STAMP)
-	$(BIN)/mypy gwtf coordinator_free contracts node
+	$(BIN)/mypy gwtf
 
-# Recompile the Solidity sources into contracts/artifacts.json (solc-js, evmVersion prague).
+# Recompile the Solidity sources into gwtf/contracts/artifacts.json (solc-js, evmVersion prague).
 contracts: $(STAMP)
-	node contracts/compile.js
+	node gwtf/contracts/compile.js
 
 bench-gas: $(STAMP)
 	$(BIN)/python bench/gas.py

@@ -1,6 +1,6 @@
 """What an audit costs: checking an epoch's receipts on one core, and fetching them from a node.
 
-1. Checks (``node.audit.checks``) of one data node's certificate of ``--receipts`` hops (real
+1. Checks (``gwtf.node.audit.checks``) of one data node's certificate of ``--receipts`` hops (real
    secp256k1 signatures, two stages, two workers): the tree rebuilt from its leaves against the
    root (served whole, in order), the totals and sequence, each hop by the disputes contract's
    validity rule (both signatures recovered; membership asked once per node), then
@@ -27,8 +27,8 @@ import trio
 from eth_utils.crypto import keccak
 from libp2p.peer.id import ID
 
-from contracts.certificate_tree import CertificateTree, SignedReceipt, build_certificate_tree
-from contracts.encoding import (
+from gwtf.contracts.certificate_tree import CertificateTree, SignedReceipt, build_certificate_tree
+from gwtf.contracts.encoding import (
     BACKWARD,
     FORWARD,
     HopReceipt,
@@ -39,15 +39,15 @@ from contracts.encoding import (
     recover_digest_signer,
     sign_digest,
 )
-from node.audit.checks import RunRules, audit_certificate, equivocations
-from node.p2p.host import peer_info, running_host
-from node.p2p.identity import identity_from_key
-from node.p2p.rpc import RequestResponse
-from node.receipts.book import ReceiptTerms
-from node.receipts.serving import CERTIFIED, ReceiptServer, certified_page, fetch_receipts
-from node.receipts.wire import MAX_PAGE, decode_page, encode_page
-from node.store.database import open_database
-from node.store.hops import HopStore
+from gwtf.node.audit.checks import RunRules, audit_certificate, equivocations
+from gwtf.node.p2p.host import peer_info, running_host
+from gwtf.node.p2p.identity import identity_from_key
+from gwtf.node.p2p.rpc import RequestResponse
+from gwtf.node.receipts.book import ReceiptTerms
+from gwtf.node.receipts.serving import CERTIFIED, ReceiptServer, certified_page, fetch_receipts
+from gwtf.node.receipts.wire import MAX_PAGE, decode_page, encode_page
+from gwtf.node.store.database import open_database
+from gwtf.node.store.hops import HopStore
 
 DOMAIN = ledger_domain(31337, "0x" + "ab" * 20)
 UNITS = 10

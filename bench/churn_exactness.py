@@ -19,9 +19,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from node.swarm.exactness import against_whole_model
-from node.swarm.plan import plan_from_file
-from node.swarm.run import run_swarm
+from gwtf.node.swarm.exactness import against_whole_model
+from gwtf.node.swarm.plan import plan_from_file
+from gwtf.node.swarm.run import run_swarm
 
 SWARM = """
 [run]

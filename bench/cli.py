@@ -5,7 +5,7 @@
   measured in the same run (the baseline: what starting Python costs). Goal: at most 5x the
   baseline. Median of ``--repeats`` runs each, the commands interleaved so a change in the
   machine's load falls on all of them alike.
-* The capacity ``gwtf-node register`` measures (``node.training.capacity``), each in a fresh
+* The capacity ``gwtf-node register`` measures (``gwtf.node.training.capacity``), each in a fresh
   process as ``register`` runs it, ``--capacity-runs`` times: its spread, (max - min) / median
   of the seconds per microbatch. Goal: at most 20 %.
 
@@ -45,8 +45,8 @@ PASSWORD = "bench-password"
 #: The capacity measurement as ``gwtf-node register`` runs it, in a process of its own.
 CAPACITY = (
     "import json, sys\n"
-    "from node.training.capacity import measure_capacity\n"
-    "from node.training.settings import TrainingSettings\n"
+    "from gwtf.node.training.capacity import measure_capacity\n"
+    "from gwtf.node.training.settings import TrainingSettings\n"
     "c = measure_capacity(sys.argv[1], 2, TrainingSettings(device='auto'), quiet=True)\n"
     "print(json.dumps({'s': c.seconds_per_microbatch, 'device': c.gpu_model}))\n"
 )
@@ -81,7 +81,7 @@ def closed_port() -> int:
 def set_up(tmp: Path, devnet_file: Path, cli: str) -> dict[str, list[str]]:
     """A funded wallet with a registered node on the devnet and an empty node database; the
     commands to time while no node runs."""
-    from node.store.database import open_database
+    from gwtf.node.store.database import open_database
 
     chain = ["--devnet-file", str(devnet_file)]
     keys, node = registered(tmp, "volunteer", chain, cli)
@@ -101,7 +101,7 @@ def registered(
 ) -> tuple[list[str], dict[str, str]]:
     """A new wallet, funded, with its node ``main`` registered and staked: its flags, and what
     ``register`` said (the node's address and peer id)."""
-    from node.chain.wallet import create_wallet
+    from gwtf.node.chain.wallet import create_wallet
 
     wallet = tmp / f"{name}.json"
     address = create_wallet(wallet, PASSWORD).address
@@ -220,7 +220,7 @@ def main() -> None:
         devnet = None
         devnet_file = args.devnet_file
         if devnet_file is None:
-            from node.devnet.server import start_devnet
+            from gwtf.node.devnet.server import start_devnet
 
             devnet_file = Path(tmp) / "devnet.json"
             devnet = start_devnet("127.0.0.1", 0, None, devnet_file)

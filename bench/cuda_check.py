@@ -7,7 +7,7 @@ Checks, each PASS/FAIL (exit status 1 if any fails):
   * drop() returns the device memory a microbatch's saved state held;
   * a checkpoint saved on CUDA loads back bit for bit;
   * a hop computed on CUDA (bf16 autocast) and re-executed on CPU float32, as an auditor does,
-    is within ``node.audit.reexecute.CUDA_BF16`` (the printed errors calibrate it);
+    is within ``gwtf.node.audit.reexecute.CUDA_BF16`` (the printed errors calibrate it);
 and times one microbatch of a 125M model whole vs split (informational).
 
     python bench/cuda_check.py              # on a machine with a GPU, < 2 minutes on an H200
@@ -26,16 +26,16 @@ from pathlib import Path
 
 import torch
 
-from node.audit.reexecute import CPU_FLOAT32, CUDA_BF16, compare
-from node.training.checkpoint import load_part_state, save_part_state, state_digest
-from node.training.codec import CodecLimits, decode, encode
-from node.training.config import named_config
-from node.training.data import MicrobatchSampler, load_default_corpus
-from node.training.local_pipeline import LocalPipeline, round_robin
-from node.training.partition import plan_partition
-from node.training.settings import OptimizerSettings, TrainingSettings
-from node.training.stage_worker import StageWorker
-from node.training.trainer import WholeModelTrainer
+from gwtf.node.audit.reexecute import CPU_FLOAT32, CUDA_BF16, compare
+from gwtf.node.training.checkpoint import load_part_state, save_part_state, state_digest
+from gwtf.node.training.codec import CodecLimits, decode, encode
+from gwtf.node.training.config import named_config
+from gwtf.node.training.data import MicrobatchSampler, load_default_corpus
+from gwtf.node.training.local_pipeline import LocalPipeline, round_robin
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.settings import OptimizerSettings, TrainingSettings
+from gwtf.node.training.stage_worker import StageWorker
+from gwtf.node.training.trainer import WholeModelTrainer
 
 RESULTS: list[tuple[str, bool, str]] = []
 

@@ -22,16 +22,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from node.training.corpus_files import corpus_files, documents
-from node.training.data import DEFAULT_CORPUS
-from node.training.prepare import PrepareOptions, prepare
-from node.training.tokenizer import train_tokenizer
+from gwtf.node.training.corpus_files import corpus_files, documents
+from gwtf.node.training.data import DEFAULT_CORPUS
+from gwtf.node.training.prepare import PrepareOptions, prepare
+from gwtf.node.training.tokenizer import train_tokenizer
 
 BATCH = 1024
 
 
 def write_corpus(folder: Path, megabytes: float) -> dict[str, Path]:
-    shipped = Path(__file__).resolve().parents[1] / "node/training/data" / DEFAULT_CORPUS
+    shipped = Path(__file__).resolve().parents[1] / "gwtf/node/training/data" / DEFAULT_CORPUS
     text = shipped.read_text(encoding="utf-8")
     paragraphs = [p for p in text.split("\n\n") if p.strip()]
     target = int(megabytes * 1e6)

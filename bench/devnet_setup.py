@@ -3,7 +3,7 @@
 What ``gwtf-node swarm`` does before any node trains, timed end to end: start its devnet and
 deploy the contracts, open the run with its pool, then for every node create its key, and for a
 relay create and fund its wallet, register it with its stake and join it to the run (a data
-node is registered by the sponsor and named a data node of the run) — ``node.swarm.chain``'s
+node is registered by the sponsor and named a data node of the run) — ``gwtf.node.swarm.chain``'s
 own code on each chain:
 
 * baseline, ``eth-tester process``: ``gwtf-node devnet --backend eth-tester`` started as its
@@ -32,12 +32,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.chain.actions import DATASET_HASH, Contracts, RunModel
-from node.chain.adapter import connect
-from node.chain.deployment import read_devnet_file
-from node.chain.wallet import create_wallet
-from node.devnet.anvil import DEFAULT_ANVIL, is_runnable
-from node.swarm.chain import (
+from gwtf.node.chain.actions import DATASET_HASH, Contracts, RunModel
+from gwtf.node.chain.adapter import connect
+from gwtf.node.chain.deployment import read_devnet_file
+from gwtf.node.chain.wallet import create_wallet
+from gwtf.node.devnet.anvil import DEFAULT_ANVIL, is_runnable
+from gwtf.node.swarm.chain import (
     DEVNET_SCRYPT_N,
     SWARM_GAS_LIMIT,
     ChainPlan,
@@ -49,7 +49,7 @@ from node.swarm.chain import (
     sponsor_of,
     start_swarm_chain,
 )
-from node.training.settings import TrainingSettings
+from gwtf.node.training.settings import TrainingSettings
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "gpt-tiny"
@@ -74,7 +74,7 @@ class Timing:
 def devnet_process_chain(out: Path, stages: int) -> tuple[SwarmChain, Callable[[], None]]:
     """The baseline: the devnet as its own process, found through the file it writes."""
     devnet_file = out / "devnet.json"
-    command = [sys.executable, "-m", "node.cli", "--devnet-file", str(devnet_file), "devnet",
+    command = [sys.executable, "-m", "gwtf.node.cli", "--devnet-file", str(devnet_file), "devnet",
                "--port", "0", "--backend", "eth-tester"]  # fmt: skip
     process = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env(), cwd=REPO

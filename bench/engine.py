@@ -1,4 +1,5 @@
-"""Benchmark of the stage engine (node/training), every ratio against a baseline in the same run:
+"""Benchmark of the stage engine (gwtf/node/training), every ratio against a baseline in the same
+run:
 
 1. split overhead: one microbatch's forward + backward through the data-node part and S stages
    (direct calls, then also through the wire codec) vs the whole model on the same microbatch;
@@ -23,14 +24,14 @@ from pathlib import Path
 
 import torch
 
-from node.training.codec import CodecLimits, decode, encode, encode_frames
-from node.training.config import named_config
-from node.training.data import MicrobatchSampler, load_default_corpus
-from node.training.local_pipeline import LocalPipeline
-from node.training.partition import plan_partition
-from node.training.settings import TrainingSettings
-from node.training.stage_worker import StageWorker
-from node.training.trainer import PartTrainer, WholeModelTrainer
+from gwtf.node.training.codec import CodecLimits, decode, encode, encode_frames
+from gwtf.node.training.config import named_config
+from gwtf.node.training.data import MicrobatchSampler, load_default_corpus
+from gwtf.node.training.local_pipeline import LocalPipeline
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.settings import TrainingSettings
+from gwtf.node.training.stage_worker import StageWorker
+from gwtf.node.training.trainer import PartTrainer, WholeModelTrainer
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
 MIB = 1024 * 1024

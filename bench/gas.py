@@ -6,7 +6,7 @@ it certifies, and each of the two workers of those hops claims its range of the 
 baseline, measured in the same run, is a certificate of a single hop with its one claim (what
 putting every hop on chain would cost); the goal is below 1 gas per receipt at N = 100,000 for
 the certificate. Also timed: certifying the hops into leaves and building the tree in Python
-(``contracts.certificate_tree``). One tensor dispute runs end to end through the court (open,
+(``gwtf.contracts.certificate_tree``). One tensor dispute runs end to end through the court (open,
 answer, draw salt, draw, three jurors' commits and reveals, ruling) with its gas summed, and its
 length in blocks at the deployed windows.
 
@@ -35,19 +35,19 @@ from rich.console import Console
 from rich.table import Table
 from web3.logs import DISCARD
 
-from contracts import fraud_proofs
-from contracts.bindings import SuiteParams, deploy_suite
-from contracts.certificate_tree import CertificateTree, SignedReceipt, tree_of_hops
-from contracts.encoding import (
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.bindings import SuiteParams, deploy_suite
+from gwtf.contracts.certificate_tree import CertificateTree, SignedReceipt, tree_of_hops
+from gwtf.contracts.encoding import (
     HopReceipt,
     certify_hop,
     ledger_domain,
     scheduled_units,
     sign_receipt,
 )
-from contracts.fraud_proofs import Fraud
-from contracts.merkle import build_tree
-from node.chain.actions import (
+from gwtf.contracts.fraud_proofs import Fraud
+from gwtf.contracts.merkle import build_tree
+from gwtf.node.chain.actions import (
     Capacity,
     Contracts,
     RunConfig,
@@ -67,7 +67,7 @@ from node.chain.actions import (
     submit_certificates,
     withdraw_credit,
 )
-from node.chain.adapter import Sender, advance_time, advance_time_to, connect, mine_blocks
+from gwtf.node.chain.adapter import Sender, advance_time, advance_time_to, connect, mine_blocks
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
 ETH = 10**18

@@ -1,8 +1,8 @@
 """The swarm across an emulated internet: relays at home behind NAT routers, against the same
 swarm with every relay public, in one run.
 
-Each row is ``gwtf-node swarm``'s runner (``node.swarm.run``, no chain) on a fresh internet test
-bed (``tests/internet/testbed.py``: network namespaces, iptables NAT routers, 198.18.0.0/15
+Each row is ``gwtf-node swarm``'s runner (``gwtf.node.swarm.run``, no chain) on a fresh internet
+test bed (``tests/internet/testbed.py``: network namespaces, iptables NAT routers, 198.18.0.0/15
 addresses): 1 data node + 2 stages x 2 relays, gpt-tiny, each node in its own namespace,
 listening on every interface with ``p2p.reachable = auto``, so a home relay finds out by itself
 that nobody can dial it and runs outbound-only through the data node's relay. Rows: relays at
@@ -18,9 +18,9 @@ the all-public row; microbatches the data node restarted and gradients a stage c
 (either makes the losses drift from the all-public row's).
 
 Delay: this machine's kernel has no ``sch_netem``, so the kernel adds none; the nodes emulate the
-regions' latency and bandwidth themselves (``p2p.topology_file``, ``node/p2p/link_emulation.py``,
-``coordinator_free/sim/data/regions-10.json``): the data node in frankfurt, stage 1's relays in
-oregon, stage 2's in tokyo. ``--no-delay`` turns that off.
+regions' latency and bandwidth themselves (``p2p.topology_file``,
+``gwtf/node/p2p/link_emulation.py``, ``gwtf/coordinator_free/sim/data/regions-10.json``): the data
+node in frankfurt, stage 1's relays in oregon, stage 2's in tokyo. ``--no-delay`` turns that off.
 
 Needs root (namespaces, iptables), iproute2, iptables and conntrack.
 
@@ -43,12 +43,14 @@ from pathlib import Path
 from typing import Any
 
 from gwtf.errors import GwtfError
-from node.status_file import read_results
-from node.swarm.plan import NodeHost, SwarmPlan, plan_from_file
-from node.swarm.run import read_status, run_swarm
+from gwtf.node.status_file import read_results
+from gwtf.node.swarm.plan import NodeHost, SwarmPlan, plan_from_file
+from gwtf.node.swarm.run import read_status, run_swarm
 from tests.internet.testbed import Bed, HomeSpec, build_bed, missing_requirements
 
-REGIONS_FILE = Path(__file__).resolve().parents[1] / "coordinator_free/sim/data/regions-10.json"
+REGIONS_FILE = (
+    Path(__file__).resolve().parents[1] / "gwtf/coordinator_free/sim/data/regions-10.json"
+)
 DATA_REGION = "frankfurt"
 STAGE_REGIONS = {1: "oregon", 2: "tokyo"}
 RELAYS = [f"relay-{stage}-{replica}" for stage in (1, 2) for replica in (0, 1)]

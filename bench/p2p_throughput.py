@@ -4,7 +4,7 @@
    Noise + yamux between two hosts on 127.0.0.1, as framed messages of CHUNK_MB each through the
    node's own framing, and prints MB/s of each and their ratio.
 2. Request/response rates between the same two hosts, for a small request and for a 64 KiB one
-   (a tiny model's activation): a new stream per request (what ``node.p2p.rpc`` did before it
+   (a tiny model's activation): a new stream per request (what ``gwtf.node.p2p.rpc`` did before it
    kept streams open: the baseline) against ``RequestResponse`` on one stream per peer, one
    request at a time and eight at once; with the CPU seconds each request costs both ends.
 
@@ -22,10 +22,10 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-from node.p2p.framing import read_frame, write_frame
-from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import new_identity
-from node.p2p.rpc import RequestResponse, RpcLimits
+from gwtf.node.p2p.framing import read_frame, write_frame
+from gwtf.node.p2p.host import full_address, peer_info, running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
 
 PROTOCOL = TProtocol("/gwtf/bench-sink/1.0.0")
 ECHO = "/gwtf/bench-echo/1.0.0"

@@ -28,9 +28,9 @@ from typing import Any
 
 from swarm_throughput import MODEL_RUN, _statuses, seconds_per_iteration, swarm_file
 
-from node.status_file import read_results
-from node.swarm.plan import plan_from_file
-from node.swarm.run import run_swarm
+from gwtf.node.status_file import read_results
+from gwtf.node.swarm.plan import plan_from_file
+from gwtf.node.swarm.run import run_swarm
 
 SAMPLER = Path(__file__).resolve().parent / "cpu_sampler"
 OUT = Path(__file__).resolve().parent / "out"
@@ -48,7 +48,7 @@ PARTS: list[tuple[str, str]] = [
     ("SQLite (node store, writer threads)", r"/node/store/(?!evidence)|sqlite3"),
     ("receipts: book, reports, certificates", r"/node/receipts/"),
     ("frame digests (SHA-256 of each hop)", r":frame_digest$"),
-    ("chain (web3, RPC)", r"/(web3|eth_abi|requests|urllib3|node/chain)/"),
+    ("chain (web3, RPC)", r"/(web3|eth_abi|requests|urllib3|gwtf/node/chain)/"),
     ("status file: the part state's digest each step", r"checkpoint\.py:state_digest$"),
     ("compute: forward and backward", r"/node/training/(?!codec)"),
     ("wire codec", r"/node/training/codec\.py"),

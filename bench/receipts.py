@@ -30,18 +30,25 @@ import torch
 import trio
 from eth_utils.crypto import keccak
 
-from contracts.certificate_tree import PreparedHop, SignedReceipt, tree_of_prepared
-from contracts.encoding import BACKWARD, FORWARD, HopReceipt, hop_key, ledger_domain, receipt_digest
-from contracts.encoding import sign_digest as sign
-from node.p2p.identity import identity_from_key, peer_id_of
-from node.receipts.book import HopFacts, ReceiptBook, ReceiptTerms, address_of_peer
-from node.receipts.certify import Anchor, certifiable
-from node.store.database import open_database
-from node.store.hops import HopStore, ToSign
-from node.training.config import named_config
-from node.training.partition import plan_partition
-from node.training.settings import TrainingSettings
-from node.training.stage_worker import StageWorker
+from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt, tree_of_prepared
+from gwtf.contracts.encoding import (
+    BACKWARD,
+    FORWARD,
+    HopReceipt,
+    hop_key,
+    ledger_domain,
+    receipt_digest,
+)
+from gwtf.contracts.encoding import sign_digest as sign
+from gwtf.node.p2p.identity import identity_from_key, peer_id_of
+from gwtf.node.receipts.book import HopFacts, ReceiptBook, ReceiptTerms, address_of_peer
+from gwtf.node.receipts.certify import Anchor, certifiable
+from gwtf.node.store.database import open_database
+from gwtf.node.store.hops import HopStore, ToSign
+from gwtf.node.training.config import named_config
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.settings import TrainingSettings
+from gwtf.node.training.stage_worker import StageWorker
 
 DOMAIN = ledger_domain(31337, "0x" + "ab" * 20)
 TERMS = ReceiptTerms(1, DOMAIN, 2, 10)

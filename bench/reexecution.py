@@ -5,7 +5,7 @@ For each model (a stage of a two-stage split, batch 2, sequence 32, CPU float32,
 
 * the hop's own compute: a live relay's forward (or forward kept for backward, then backward)
   of one microbatch, its output encoded to a frame (the baseline);
-* re-executing it with ``node.audit.reexecute.Replayer`` from the kept frames and state file,
+* re-executing it with ``gwtf.node.audit.reexecute.Replayer`` from the kept frames and state file,
   warm (the stage state of that iteration already loaded) and cold (the state file loaded into
   a fresh stage worker first, as for the first hop of each iteration);
 * the error between a replay on one thread and on all of the machine's threads (what the CPU
@@ -28,15 +28,15 @@ from pathlib import Path
 
 import torch
 
-from contracts.encoding import BACKWARD, FORWARD, HopReceipt
-from node.audit.reexecute import CPU_FLOAT32, HopEvidence, Replayer, compare
-from node.training import codec
-from node.training.checkpoint import save_part_state
-from node.training.codec import CodecLimits
-from node.training.config import named_config
-from node.training.partition import plan_partition
-from node.training.settings import TrainingSettings
-from node.training.stage_worker import StageWorker
+from gwtf.contracts.encoding import BACKWARD, FORWARD, HopReceipt
+from gwtf.node.audit.reexecute import CPU_FLOAT32, HopEvidence, Replayer, compare
+from gwtf.node.training import codec
+from gwtf.node.training.checkpoint import save_part_state
+from gwtf.node.training.codec import CodecLimits
+from gwtf.node.training.config import named_config
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.settings import TrainingSettings
+from gwtf.node.training.stage_worker import StageWorker
 
 SETTINGS = TrainingSettings(device="cpu")
 LIMITS = CodecLimits()

@@ -1,4 +1,4 @@
-"""What a data node's resume point costs (``node/training/resume_points.py``).
+"""What a data node's resume point costs (``gwtf/node/training/resume_points.py``).
 
 For the data part (embedding and head) of each size: the state's size on disk, the copy taken
 in the compute thread (``snapshot``: the only part on the training path), and the durable
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from node.training.config import named_config
-from node.training.data_node import DataNodeWorker
-from node.training.partition import plan_partition
-from node.training.resume_points import snapshot, write_point
-from node.training.settings import TrainingSettings
+from gwtf.node.training.config import named_config
+from gwtf.node.training.data_node import DataNodeWorker
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.resume_points import snapshot, write_point
+from gwtf.node.training.settings import TrainingSettings
 
 #: GPT-2's tokenizer: the vocabulary a real run's embedding and head have.
 VOCAB = 50257

@@ -6,8 +6,8 @@ relays per hour) every algorithm runs the same scenarios and crashes. Seeds are 
 parameters were chosen); the *reporting* seeds (10-29) are the tables. Per cell it prints medians
 of training time, throughput and wasted GPU time split by cause, and per-seed paired ratios
 (median and interquartile range) against SWARM, DT-FM, the central heuristic and the lower bound
-of ``coordinator_free/sim/bound.py``, which no algorithm can beat, the fastest run per seed that
-the bound is about ("best") over the bound, and GWTF against its adapter reading the world
+of ``gwtf/coordinator_free/sim/bound.py``, which no algorithm can beat, the fastest run per seed
+that the bound is about ("best") over the bound, and GWTF against its adapter reading the world
 ("gwtf-oracles", the ablation of what the live node asks or measures). Churn
 runs are made long enough to expect ``--min-crashes`` crashes each (``iterations_of``).
 
@@ -49,22 +49,22 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from coordinator_free.baselines.central import CentralPolicy
-from coordinator_free.baselines.dtfm import DtfmPolicy
-from coordinator_free.baselines.swarm import REBALANCE_PERIOD_S, SwarmPolicy
-from coordinator_free.protocol.config import FlowConfig
-from coordinator_free.sim.algorithms import make_policy
-from coordinator_free.sim.bound import lower_bound
-from coordinator_free.sim.engine import EngineConfig, run_scenario
-from coordinator_free.sim.generator import (
+from gwtf.coordinator_free.baselines.central import CentralPolicy
+from gwtf.coordinator_free.baselines.dtfm import DtfmPolicy
+from gwtf.coordinator_free.baselines.swarm import REBALANCE_PERIOD_S, SwarmPolicy
+from gwtf.coordinator_free.protocol.config import FlowConfig
+from gwtf.coordinator_free.sim.algorithms import make_policy
+from gwtf.coordinator_free.sim.bound import lower_bound
+from gwtf.coordinator_free.sim.engine import EngineConfig, run_scenario
+from gwtf.coordinator_free.sim.generator import (
     GridCell,
     GridSize,
     build_scenario,
     iterations_for_crashes,
     paper_grid,
 )
-from coordinator_free.sim.gwtf_policy import GwtfPolicy
-from coordinator_free.sim.policy import RoutingPolicy
+from gwtf.coordinator_free.sim.gwtf_policy import GwtfPolicy
+from gwtf.coordinator_free.sim.policy import RoutingPolicy
 from gwtf.errors import ConfigError, GwtfError
 
 OUT = Path(__file__).resolve().parent / "out"

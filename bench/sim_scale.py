@@ -18,9 +18,9 @@ import argparse
 import time
 from pathlib import Path
 
-from coordinator_free.sim.algorithms import make_policy
-from coordinator_free.sim.engine import EngineConfig, run_scenario
-from coordinator_free.sim.generator import GridCell, GridSize, build_scenario
+from gwtf.coordinator_free.sim.algorithms import make_policy
+from gwtf.coordinator_free.sim.engine import EngineConfig, run_scenario
+from gwtf.coordinator_free.sim.generator import GridCell, GridSize, build_scenario
 
 OUT = Path(__file__).resolve().parent / "out"
 NODES_PER_DATA_NODE = 50

@@ -44,16 +44,18 @@ from typing import Any
 
 import torch
 
-from node.status_file import read_results
-from node.swarm.plan import plan_from_file
-from node.swarm.run import run_swarm
-from node.training.config import named_config, total_param_count
-from node.training.data import MicrobatchSampler, load_default_corpus
-from node.training.local_pipeline import LocalPipeline, round_robin
-from node.training.partition import model_for_run, plan_partition
-from node.training.settings import TrainingSettings
+from gwtf.node.status_file import read_results
+from gwtf.node.swarm.plan import plan_from_file
+from gwtf.node.swarm.run import run_swarm
+from gwtf.node.training.config import named_config, total_param_count
+from gwtf.node.training.data import MicrobatchSampler, load_default_corpus
+from gwtf.node.training.local_pipeline import LocalPipeline, round_robin
+from gwtf.node.training.partition import model_for_run, plan_partition
+from gwtf.node.training.settings import TrainingSettings
 
-REGIONS_FILE = Path(__file__).resolve().parents[1] / "coordinator_free/sim/data/regions-10.json"
+REGIONS_FILE = (
+    Path(__file__).resolve().parents[1] / "gwtf/coordinator_free/sim/data/regions-10.json"
+)
 BATCH_SIZE, SEQ_LEN, MICROBATCHES = 2, 32, 8
 
 

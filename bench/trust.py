@@ -28,12 +28,12 @@ from rich.console import Console
 from rich.table import Table
 from web3 import EthereumTesterProvider, Web3
 
-from contracts.bindings import SuiteParams, deploy_suite
+from gwtf.contracts.bindings import SuiteParams, deploy_suite
 
 ETH = 10**18
 #: Pay at stake per honest relay and epoch in the attack tests (two microbatches).
 RELAY_EPOCH_PAY = 6 * 10**16
-#: gasUsed from bench/gas.py (contracts/README.md's table).
+#: gasUsed from bench/gas.py (gwtf/contracts/README.md's table).
 GAS_COMMIT = 52_200
 GAS_REVEAL = 174_314  # proveEquivocation, the cheapest reveal
 GAS_REGISTER = 194_273

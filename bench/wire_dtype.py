@@ -17,13 +17,13 @@ import time
 
 import torch
 
-from node.training import codec
-from node.training.codec import CodecLimits
-from node.training.config import named_config
-from node.training.data import MicrobatchSampler, load_default_corpus
-from node.training.local_pipeline import LocalPipeline, round_robin
-from node.training.partition import plan_partition
-from node.training.settings import OptimizerSettings, TrainingSettings
+from gwtf.node.training import codec
+from gwtf.node.training.codec import CodecLimits
+from gwtf.node.training.config import named_config
+from gwtf.node.training.data import MicrobatchSampler, load_default_corpus
+from gwtf.node.training.local_pipeline import LocalPipeline, round_robin
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.settings import OptimizerSettings, TrainingSettings
 
 WIRES = ("param", "bfloat16", "float16")
 MICROBATCHES = 4

@@ -13,8 +13,8 @@ from eth_account import Account
 from eth_utils.crypto import keccak
 from fastapi import FastAPI
 
-from api.app import create_app
-from api.schemas import (
+from gwtf.api.app import create_app
+from gwtf.api.schemas import (
     Amount,
     CapacityView,
     Health,
@@ -24,7 +24,7 @@ from api.schemas import (
     RunView,
     Status,
 )
-from contracts.encoding import (
+from gwtf.contracts.encoding import (
     HopReceipt,
     hop_key,
     ledger_domain,
@@ -32,14 +32,14 @@ from contracts.encoding import (
     scheduled_units,
     sign_digest,
 )
-from node.chain.epochs import EpochBook, EpochTimes, RewardPaid
-from node.local_api.earnings import ChainView
-from node.local_api.snapshot import ChainParts, NodeSnapshot, SnapshotBox
-from node.local_api.views import NodeViews
-from node.store.database import Database, open_database
-from node.store.hops import HopStore, ToSign
-from node.store.ledger import LedgerRecords
-from node.store.views import NodeRecords
+from gwtf.node.chain.epochs import EpochBook, EpochTimes, RewardPaid
+from gwtf.node.local_api.earnings import ChainView
+from gwtf.node.local_api.snapshot import ChainParts, NodeSnapshot, SnapshotBox
+from gwtf.node.local_api.views import NodeViews
+from gwtf.node.store.database import Database, open_database
+from gwtf.node.store.hops import HopStore, ToSign
+from gwtf.node.store.ledger import LedgerRecords
+from gwtf.node.store.views import NodeRecords
 
 TOKEN = "t" * 32
 DOMAIN = ledger_domain(1, "0x" + "ab" * 20)

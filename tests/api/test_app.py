@@ -11,11 +11,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.app import MAX_PAGE, create_app
-from api.services import Refused
-from node.local_api.service import hosts_of
-from node.local_api.snapshot import SnapshotBox
-from node.local_api.views import NodeViews
+from gwtf.api.app import MAX_PAGE, create_app
+from gwtf.api.services import Refused
+from gwtf.node.local_api.service import hosts_of
+from gwtf.node.local_api.snapshot import SnapshotBox
+from gwtf.node.local_api.views import NodeViews
 from tests.api.conftest import NODE, TOKEN, UNITS, WORKING
 
 

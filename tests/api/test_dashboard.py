@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import DASHBOARD, create_app
-from api.schemas import DiskUse, HistoryPoint, StakeHold
-from node.chain.epochs import EpochBook
-from node.local_api.server import bind_api_socket, serve_api
-from node.local_api.views import NodeViews
-from node.store.database import Database
+from gwtf.api.app import DASHBOARD, create_app
+from gwtf.api.schemas import DiskUse, HistoryPoint, StakeHold
+from gwtf.node.chain.epochs import EpochBook
+from gwtf.node.local_api.server import bind_api_socket, serve_api
+from gwtf.node.local_api.views import NodeViews
+from gwtf.node.store.database import Database
 from tests.api.conftest import DATA_NODE, NOW, TOKEN, UNITS, WORKING, add_work, times_of
 
 if TYPE_CHECKING:

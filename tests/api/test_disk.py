@@ -10,12 +10,12 @@ import trio
 import trio.testing
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.schemas import DiskUse
-from node.local_api.disk import DataPaths, measure, watch_disk
-from node.local_api.snapshot import SnapshotBox
-from node.local_api.views import NodeViews
-from node.store.database import Database, open_database
+from gwtf.api.app import create_app
+from gwtf.api.schemas import DiskUse
+from gwtf.node.local_api.disk import DataPaths, measure, watch_disk
+from gwtf.node.local_api.snapshot import SnapshotBox
+from gwtf.node.local_api.views import NodeViews
+from gwtf.node.store.database import Database, open_database
 from tests.api.conftest import TOKEN
 
 

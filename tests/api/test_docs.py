@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import DASHBOARD, create_app
-from node.local_api.views import NodeViews
+from gwtf.api.app import DASHBOARD, create_app
+from gwtf.node.local_api.views import NodeViews
 from tests.api.conftest import TOKEN
 
 

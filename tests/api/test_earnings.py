@@ -6,10 +6,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from contracts.rewards import reward_wei
-from node.chain.epochs import EpochBook, EpochTimes, RewardPaid
-from node.local_api.earnings import ChainView, ClaimRecord, earnings_of, next_claim_at, phase_of
-from node.local_api.snapshot import ChainParts, next_claim
+from gwtf.contracts.rewards import reward_wei
+from gwtf.node.chain.epochs import EpochBook, EpochTimes, RewardPaid
+from gwtf.node.local_api.earnings import (
+    ChainView,
+    ClaimRecord,
+    earnings_of,
+    next_claim_at,
+    phase_of,
+)
+from gwtf.node.local_api.snapshot import ChainParts, next_claim
 
 TIMES = EpochTimes(100, 200, 250, 800)
 BOOK = EpochBook(10**18, 7, True, 0, 0, False)
@@ -122,7 +128,7 @@ def test_once_submissions_close_a_data_node_without_a_certificate_is_missed() ->
 
 
 def test_amounts_in_eth_are_exact_for_any_uint256() -> None:
-    from api.schemas import Amount
+    from gwtf.api.schemas import Amount
 
     assert (Amount.of(0).eth, Amount.of(1).eth, Amount.of(15 * 10**17).eth) == (
         "0", "0.000000000000000001", "1.5",

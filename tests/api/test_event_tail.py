@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from node.chain.adapter import advance_time, connect
-from node.local_api.watcher import (
+from gwtf.node.chain.adapter import advance_time, connect
+from gwtf.node.local_api.watcher import (
     CHUNKS_PER_READING,
     LOG_CHUNK_BLOCKS,
     REORG_BLOCKS,

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.schemas import Health
-from node.local_api.snapshot import Meter, data_node_idle, relay_idle
-from node.local_api.views import NodeViews
+from gwtf.api.app import create_app
+from gwtf.api.schemas import Health
+from gwtf.node.local_api.snapshot import Meter, data_node_idle, relay_idle
+from gwtf.node.local_api.views import NodeViews
 from tests.api.conftest import TOKEN
 
 

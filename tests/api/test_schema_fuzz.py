@@ -12,11 +12,11 @@ from pathlib import Path
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from api.app import create_app
-from node.local_api.snapshot import SnapshotBox
-from node.local_api.views import NodeViews
-from node.store.database import open_database
-from node.store.views import NodeRecords
+from gwtf.api.app import create_app
+from gwtf.node.local_api.snapshot import SnapshotBox
+from gwtf.node.local_api.views import NodeViews
+from gwtf.node.store.database import open_database
+from gwtf.node.store.views import NodeRecords
 from tests.api.conftest import NODE, TOKEN, chain_parts, fill, snapshot
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gwtf.errors import ConfigError
-from node.local_api.server import api_token
+from gwtf.node.local_api.server import api_token
 
 
 def test_the_token_is_made_once_private_and_read_back(tmp_path: Path) -> None:

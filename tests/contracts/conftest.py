@@ -10,9 +10,9 @@ import pytest
 from eth_tester import EthereumTester
 from web3 import EthereumTesterProvider, Web3
 
-from contracts.bindings import SuiteParams, deploy_suite
-from contracts.certificate_tree import CertificateTree
-from contracts.encoding import CertRef
+from gwtf.contracts.bindings import SuiteParams, deploy_suite
+from gwtf.contracts.certificate_tree import CertificateTree
+from gwtf.contracts.encoding import CertRef
 from tests.contracts.jury import Juror, seat_jurors
 from tests.contracts.world import ETH, NodeKey, World
 

@@ -1,6 +1,6 @@
 """A node's epoch cycle and receipt store in a process of its own, for the crash-point tests
 (``test_crash_points.py``): it runs one step against the test's chain over JSON-RPC and its
-own database, and dies by SIGKILL where ``GWTF_FAILPOINT`` says (``node.failpoints``).
+own database, and dies by SIGKILL where ``GWTF_FAILPOINT`` says (``gwtf.node.failpoints``).
 
 Usage: python -m tests.contracts.crash_child '<json>' where the JSON names the ``step``
 (``settle``, ``claim`` or ``countersign``) and what it needs (see each function).
@@ -15,8 +15,8 @@ from typing import Any
 
 import trio
 
-from contracts.certificate_tree import CertificateTree, WorkerRange, build_certificate_tree
-from contracts.encoding import (
+from gwtf.contracts.certificate_tree import CertificateTree, WorkerRange, build_certificate_tree
+from gwtf.contracts.encoding import (
     Eip712Domain,
     HopReceipt,
     hop_key,
@@ -24,16 +24,16 @@ from contracts.encoding import (
     receipt_digest,
     sign_digest,
 )
-from node.chain.actions import Contracts
-from node.chain.adapter import Sender, connect
-from node.chain.epochs import EpochLedger
-from node.receipts.book import ReceiptTerms
-from node.receipts.epochs import DataNodeEpochs, EpochClock, WorkerEpochs
-from node.receipts.proofs import checked_proofs
-from node.receipts.reports import ReceiptInbox
-from node.store.database import open_database
-from node.store.hops import HopStore, ToSign
-from node.store.ledger import KeptProof, LedgerRecords
+from gwtf.node.chain.actions import Contracts
+from gwtf.node.chain.adapter import Sender, connect
+from gwtf.node.chain.epochs import EpochLedger
+from gwtf.node.receipts.book import ReceiptTerms
+from gwtf.node.receipts.epochs import DataNodeEpochs, EpochClock, WorkerEpochs
+from gwtf.node.receipts.proofs import checked_proofs
+from gwtf.node.receipts.reports import ReceiptInbox
+from gwtf.node.store.database import open_database
+from gwtf.node.store.hops import HopStore, ToSign
+from gwtf.node.store.ledger import KeptProof, LedgerRecords
 from tests.contracts.world import STAGES, TEST_GAS_LIMIT, UNITS_PER_HOP
 
 #: The receipts' domain where no chain is asked (the ``countersign`` step).

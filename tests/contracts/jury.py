@@ -13,8 +13,8 @@ from eth_utils.crypto import keccak
 from web3.logs import DISCARD
 from web3.types import TxReceipt
 
-from contracts import fraud_proofs
-from contracts.fraud_proofs import FraudProof
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.fraud_proofs import FraudProof
 from tests.contracts.world import ETH, NodeKey, World
 
 RIGHT, WRONG, REFUSED = 1, 2, 0

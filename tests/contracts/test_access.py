@@ -13,17 +13,17 @@ from typing import Any
 import pytest
 from eth_utils.crypto import keccak
 
-from contracts import fraud_proofs
-from contracts.artifacts import load_artifacts
-from contracts.bindings import ContractRevert, call, deploy_contract, deploy_court
-from contracts.certificate_tree import CertificateTree
-from contracts.encoding import (
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.artifacts import load_artifacts
+from gwtf.contracts.bindings import ContractRevert, call, deploy_contract, deploy_court
+from gwtf.contracts.certificate_tree import CertificateTree
+from gwtf.contracts.encoding import (
     CertifiedHop,
     CertRef,
     certify_hop,
     sign_binding,
 )
-from contracts.fraud_proofs import FraudProof
+from gwtf.contracts.fraud_proofs import FraudProof
 from tests.contracts.world import EPOCH_S, ETH, STAGES, NodeKey, World, default_capacity
 
 ROLES = (

@@ -17,16 +17,16 @@ from eth_tester.exceptions import TransactionFailed
 from eth_utils.address import to_checksum_address
 from web3.exceptions import ContractCustomError, ContractLogicError
 
-from contracts import artifacts as artifacts_module
-from contracts import fraud_proofs
-from contracts.artifacts import (
+from gwtf.contracts import artifacts as artifacts_module
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.artifacts import (
     ARTIFACTS_PATH,
     REBUILD_HINT,
     load_artifacts,
     read_artifacts,
     sources_sha256,
 )
-from contracts.bindings import (
+from gwtf.contracts.bindings import (
     HINTS,
     ContractRevert,
     SuiteParams,

@@ -1,7 +1,7 @@
 """The attacks a rational attacker with several wallets, a colluding peer and the mempool in
 view would try on the ledger, one test each, written as "the attack fails": it costs the
 attacker, it gains nothing, and no honest node loses anything. The numbering follows the table
-of attack classes in contracts/README.md."""
+of attack classes in gwtf/contracts/README.md."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from dataclasses import replace
 from eth_utils.crypto import keccak
 from web3.logs import DISCARD
 
-from contracts import fraud_proofs
-from contracts.bindings import ContractRevert
-from contracts.encoding import CertifiedHop, CertRef, peer_id_of_public_key, sign_binding
-from node.local_api.watcher import slashes_of
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.bindings import ContractRevert
+from gwtf.contracts.encoding import CertifiedHop, CertRef, peer_id_of_public_key, sign_binding
+from gwtf.node.local_api.watcher import slashes_of
 from tests.contracts import jury
 from tests.contracts.conftest import TEST_PARAMS, Certified, Juried, Staffed
 from tests.contracts.world import (
@@ -355,7 +355,7 @@ def test_10_a_cheater_reporting_itself_from_a_second_wallet_loses_most_of_its_st
 
 
 def test_10_no_deployment_sets_a_bounty_that_could_pay(world: World) -> None:
-    from contracts.bindings import deploy_contract
+    from gwtf.contracts.bindings import deploy_contract
 
     w = world
     for bps in (0, 1_001, 10_000):

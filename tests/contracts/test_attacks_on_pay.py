@@ -3,7 +3,7 @@ stake. A run declares a price per certified hop; a certificate reserves every on
 at that price when it is accepted (or is refused), each certified hop earns exactly the price,
 a reservation is paid to workers or burned but never returned to the sponsor, and a conviction
 touches only the (run, epoch) it proves. The numbering follows the table of attack classes in
-contracts/README.md."""
+gwtf/contracts/README.md."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from typing import Any
 from eth_utils.crypto import keccak
 from web3.logs import DISCARD
 
-from contracts import fraud_proofs
-from contracts.certificate_tree import CertificateTree
-from contracts.encoding import CertifiedHop, CertRef
-from contracts.rewards import pay_wei
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.certificate_tree import CertificateTree
+from gwtf.contracts.encoding import CertifiedHop, CertRef
+from gwtf.contracts.rewards import pay_wei
 from tests.contracts.conftest import Staffed
 from tests.contracts.world import (
     ETH,

@@ -1,4 +1,4 @@
-"""The auditor's checks (``node/audit/checks.py``) against the real contracts: an honest
+"""The auditor's checks (``gwtf/node/audit/checks.py``) against the real contracts: an honest
 certificate yields no finding; each kind of fraud is found, and its proof convicts on chain;
 what the chain cannot judge is reported without a proof."""
 
@@ -8,10 +8,10 @@ from dataclasses import replace
 
 from eth_utils.crypto import keccak
 
-from contracts.certificate_tree import LeafProof, SignedReceipt
-from contracts.encoding import CertRef, sign_receipt
-from contracts.fraud_proofs import Fraud
-from node.audit.checks import (
+from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt
+from gwtf.contracts.encoding import CertRef, sign_receipt
+from gwtf.contracts.fraud_proofs import Fraud
+from gwtf.node.audit.checks import (
     BAD_SEQUENCE,
     BAD_TOTALS,
     EQUIVOCATION,
@@ -24,9 +24,9 @@ from node.audit.checks import (
     audit_certificate,
     equivocations,
 )
-from node.audit.replays import draw_sample
-from node.chain.adapter import Sender
-from node.chain.epochs import EpochLedger
+from gwtf.node.audit.replays import draw_sample
+from gwtf.node.chain.adapter import Sender
+from gwtf.node.chain.epochs import EpochLedger
 from tests.contracts.conftest import Certified, Staffed
 from tests.contracts.test_disputes import assert_slashed, certified_with, hand_made, one_hop
 from tests.contracts.test_node_epoch_cycle import suite_of
@@ -164,7 +164,7 @@ def test_a_whole_tree_served_is_checked_by_its_root_and_proven_with_its_own_proo
 
 def test_the_re_execution_sample_takes_every_worker_of_a_certificate(staffed: Staffed) -> None:
     """A sample of k hops per certificate alone would reach a relay holding a small share of a
-    large certificate's hops too rarely to deter wrong tensors (contracts/README.md): each
+    large certificate's hops too rarely to deter wrong tensors (gwtf/contracts/README.md): each
     worker's first-ranked hop is taken whatever k, then the next ranked up to k."""
     s, w = staffed, staffed.w
     tree = w.certificate_tree(w.pipeline_hops(s.run, 0, s.data, [s.a, s.b], range(8)))

@@ -14,21 +14,21 @@ from typing import Any
 
 import pytest
 
-from contracts.certificate_tree import CertificateTree
-from node.chain.deployment import DevnetInfo, write_devnet_file
-from node.cli.audit import EXIT_FINDINGS
-from node.cli.main import main
-from node.devnet.rpc import DevnetHttpServer, EthTesterRpc
-from node.p2p.host import full_address, running_host
-from node.p2p.identity import identity_from_key
-from node.p2p.rpc import RequestResponse
-from node.receipts.book import ReceiptTerms
-from node.receipts.cheats import Cheat
-from node.receipts.evidence import serve_evidence
-from node.receipts.serving import ReceiptServer
-from node.store.database import open_database
-from node.store.evidence import EvidenceArchive
-from node.store.hops import HopStore
+from gwtf.contracts.certificate_tree import CertificateTree
+from gwtf.node.chain.deployment import DevnetInfo, write_devnet_file
+from gwtf.node.cli.audit import EXIT_FINDINGS
+from gwtf.node.cli.main import main
+from gwtf.node.devnet.rpc import DevnetHttpServer, EthTesterRpc
+from gwtf.node.p2p.host import full_address, running_host
+from gwtf.node.p2p.identity import identity_from_key
+from gwtf.node.p2p.rpc import RequestResponse
+from gwtf.node.receipts.book import ReceiptTerms
+from gwtf.node.receipts.cheats import Cheat
+from gwtf.node.receipts.evidence import serve_evidence
+from gwtf.node.receipts.serving import ReceiptServer
+from gwtf.node.store.database import open_database
+from gwtf.node.store.evidence import EvidenceArchive
+from gwtf.node.store.hops import HopStore
 from tests.contracts.conftest import Certified, Staffed
 from tests.contracts.test_disputes import certified_with, one_hop
 from tests.contracts.world import STAGES, UNITS_PER_HOP, NodeKey

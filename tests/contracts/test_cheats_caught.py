@@ -1,4 +1,4 @@
-"""Every cheat of ``node.receipts.cheats`` against the real auditor and the real contracts: the
+"""Every cheat of ``gwtf.node.receipts.cheats`` against the real auditor and the real contracts: the
 cheating node serves what its cheat makes (its real libp2p host, in public), ``gwtf-node
 challenge`` audits the epoch over p2p, proves each fraud the chain judges alone, and the cheater
 alone is slashed, with the bounty withdrawn to the challenger's wallet; run again it sends
@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 from eth_account import Account
 
-from contracts.certificate_tree import PreparedHop, SignedReceipt, tree_of_prepared
-from node.audit.challenge import JUDGED_BEFORE, SLASHED, challenge, salt_of
-from node.audit.checks import equivocations
-from node.chain.actions import Contracts, commit_proof
-from node.chain.adapter import NODE_STATUS_SLASHED, Sender
-from node.chain.wallet import create_wallet
-from node.cli.audit import EXIT_FINDINGS
-from node.cli.main import main
-from node.receipts.cheats import (
+from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt, tree_of_prepared
+from gwtf.node.audit.challenge import JUDGED_BEFORE, SLASHED, challenge, salt_of
+from gwtf.node.audit.checks import equivocations
+from gwtf.node.chain.actions import Contracts, commit_proof
+from gwtf.node.chain.adapter import NODE_STATUS_SLASHED, Sender
+from gwtf.node.chain.wallet import create_wallet
+from gwtf.node.cli.audit import EXIT_FINDINGS
+from gwtf.node.cli.main import main
+from gwtf.node.receipts.cheats import (
     CLAIM_TWICE,
     EQUIVOCATE,
     FORGE_COUNTERSIGNATURE,

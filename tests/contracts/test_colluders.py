@@ -40,10 +40,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from contracts import fraud_proofs
-from contracts.bindings import ContractRevert
-from contracts.certificate_tree import CertificateTree, SignedReceipt
-from contracts.encoding import CertRef
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.bindings import ContractRevert
+from gwtf.contracts.certificate_tree import CertificateTree, SignedReceipt
+from gwtf.contracts.encoding import CertRef
 from tests.contracts.jury import (
     RIGHT,
     Juror,

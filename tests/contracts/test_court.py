@@ -10,9 +10,9 @@ from dataclasses import replace
 
 from web3.logs import DISCARD
 
-from contracts import fraud_proofs
-from contracts.bindings import COURT_BLOCKHASH, ContractRevert, SuiteParams, deploy_suite
-from contracts.fraud_proofs import FraudProof
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.bindings import COURT_BLOCKHASH, ContractRevert, SuiteParams, deploy_suite
+from gwtf.contracts.fraud_proofs import FraudProof
 from tests.contracts import jury
 from tests.contracts.conftest import TEST_PARAMS, Certified, Juried
 from tests.contracts.jury import (

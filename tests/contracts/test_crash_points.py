@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from contracts.certificate_tree import PreparedHop
-from node.devnet.rpc import DevnetHttpServer, EthTesterRpc
-from node.failpoints import ENV
-from node.receipts.book import ReceiptTerms
-from node.store.database import open_database
-from node.store.hops import HopStore
-from node.store.ledger import LedgerRecords
-from node.store.models import Countersignature
+from gwtf.contracts.certificate_tree import PreparedHop
+from gwtf.node.devnet.rpc import DevnetHttpServer, EthTesterRpc
+from gwtf.node.failpoints import ENV
+from gwtf.node.receipts.book import ReceiptTerms
+from gwtf.node.store.database import open_database
+from gwtf.node.store.hops import HopStore
+from gwtf.node.store.ledger import LedgerRecords
+from gwtf.node.store.models import Countersignature
 from tests.contracts.conftest import Staffed
 from tests.contracts.crash_child import STORE_DOMAIN, received_batch
 from tests.contracts.test_node_epoch_cycle import chained_hops

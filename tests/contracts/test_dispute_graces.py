@@ -12,17 +12,17 @@ from typing import Any
 import pytest
 import trio
 
-from api.schemas import Earnings
-from contracts.fraud_proofs import FraudProof
+from gwtf.api.schemas import Earnings
+from gwtf.contracts.fraud_proofs import FraudProof
 from gwtf.errors import ChainError
-from node.audit import jury as court_jury
-from node.audit.challenge import DISPUTED, JUDGED_BEFORE, REOPENED, Challenges, challenge
-from node.audit.checks import Finding
-from node.chain import holds
-from node.chain.actions import Contracts, request_unstake, withdraw_stake
-from node.chain.adapter import Sender
-from node.chain.epochs import EpochLedger
-from node.chain.holds import (
+from gwtf.node.audit import jury as court_jury
+from gwtf.node.audit.challenge import DISPUTED, JUDGED_BEFORE, REOPENED, Challenges, challenge
+from gwtf.node.audit.checks import Finding
+from gwtf.node.chain import holds
+from gwtf.node.chain.actions import Contracts, request_unstake, withdraw_stake
+from gwtf.node.chain.adapter import Sender
+from gwtf.node.chain.epochs import EpochLedger
+from gwtf.node.chain.holds import (
     REORG_BLOCKS,
     DisputeWatch,
     first_dispute_block,
@@ -31,12 +31,12 @@ from node.chain.holds import (
     stake_holds,
     thaw_before_withdrawal,
 )
-from node.local_api.snapshot import SnapshotBox
-from node.local_api.views import NodeViews
-from node.local_api.watcher import ChainReader, node_view
-from node.receipts.epochs import WorkerEpochs
-from node.store.database import open_database
-from node.store.views import NodeRecords
+from gwtf.node.local_api.snapshot import SnapshotBox
+from gwtf.node.local_api.views import NodeViews
+from gwtf.node.local_api.watcher import ChainReader, node_view
+from gwtf.node.receipts.epochs import WorkerEpochs
+from gwtf.node.store.database import open_database
+from gwtf.node.store.views import NodeRecords
 from tests.contracts import jury
 from tests.contracts.conftest import Certified
 from tests.contracts.test_tensor_disputes import NO_JURY, dispute_of, state_of

@@ -13,10 +13,10 @@ import pytest
 from eth_utils.crypto import keccak
 from web3.logs import DISCARD
 
-from contracts import fraud_proofs
-from contracts.certificate_tree import SignedReceipt
-from contracts.encoding import CertifiedHop, CertRef, certify_hop, sign_receipt
-from contracts.fraud_proofs import Fraud
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.certificate_tree import SignedReceipt
+from gwtf.contracts.encoding import CertifiedHop, CertRef, certify_hop, sign_receipt
+from gwtf.contracts.fraud_proofs import Fraud
 from tests.contracts.conftest import Certified, Staffed
 from tests.contracts.world import ETH, UNITS_PER_HOP, NodeKey, World, proof_reverts, reverts
 

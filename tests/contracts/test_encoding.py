@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from libp2p.crypto.secp256k1 import Secp256k1PublicKey
 from libp2p.peer.id import ID
 
-from contracts import fraud_proofs
-from contracts.encoding import (
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.encoding import (
     HOP_RECEIPT_ABI_TYPES,
     HOP_RECEIPT_TYPE,
     CertifiedHop,
@@ -36,7 +36,7 @@ from contracts.encoding import (
     sign_receipt,
     signatures_hash,
 )
-from contracts.merkle import build_tree
+from gwtf.contracts.merkle import build_tree
 from gwtf.errors import ProtocolError
 from tests.contracts.world import World
 

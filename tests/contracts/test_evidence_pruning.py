@@ -9,11 +9,11 @@ from pathlib import Path
 
 import trio
 
-from node.chain.adapter import Web3Chain
-from node.chain.epochs import EpochLedger
-from node.composition import evidence_epochs_of
-from node.receipts.evidence import SETTLED_MARGIN_S, prune_settled_evidence
-from node.store.evidence import EvidenceArchive, run_folder
+from gwtf.node.chain.adapter import Web3Chain
+from gwtf.node.chain.epochs import EpochLedger
+from gwtf.node.composition import evidence_epochs_of
+from gwtf.node.receipts.evidence import SETTLED_MARGIN_S, prune_settled_evidence
+from gwtf.node.store.evidence import EvidenceArchive, run_folder
 from tests.contracts import jury
 from tests.contracts.conftest import Certified, Juried, Staffed
 from tests.contracts.test_node_epoch_cycle import suite_of

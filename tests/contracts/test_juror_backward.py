@@ -16,16 +16,16 @@ import pytest
 import torch
 import trio
 
-from contracts.certificate_tree import SignedReceipt
-from contracts.encoding import BACKWARD, FORWARD, HopReceipt, hop_key, receipt_digest
-from node.audit import jury
-from node.audit.reexecute import Replayer
-from node.receipts.cheats import WRONG_TENSOR_SCALE
-from node.store.database import open_database
-from node.store.hops import HopStore, ToSign
-from node.training import codec
-from node.training.codec import CodecLimits
-from node.training.settings import TrainingSettings
+from gwtf.contracts.certificate_tree import SignedReceipt
+from gwtf.contracts.encoding import BACKWARD, FORWARD, HopReceipt, hop_key, receipt_digest
+from gwtf.node.audit import jury
+from gwtf.node.audit.reexecute import Replayer
+from gwtf.node.receipts.cheats import WRONG_TENSOR_SCALE
+from gwtf.node.store.database import open_database
+from gwtf.node.store.hops import HopStore, ToSign
+from gwtf.node.training import codec
+from gwtf.node.training.codec import CodecLimits
+from gwtf.node.training.settings import TrainingSettings
 from tests.contracts.conftest import Staffed
 from tests.contracts.test_audit_command import serving_data_node
 from tests.training.test_reexecute import stage_with_kept_state

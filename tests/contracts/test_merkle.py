@@ -15,9 +15,9 @@ from eth_utils.crypto import keccak
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contracts.bindings import deploy_contract
-from contracts.encoding import CERTIFIED_HOP_ABI_TYPES, CertifiedHop
-from contracts.merkle import build_tree, hash_pair, process_proof, verify_proof
+from gwtf.contracts.bindings import deploy_contract
+from gwtf.contracts.encoding import CERTIFIED_HOP_ABI_TYPES, CertifiedHop
+from gwtf.contracts.merkle import build_tree, hash_pair, process_proof, verify_proof
 from gwtf.errors import ProtocolError
 from tests.contracts.world import World
 

@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from api.schemas import EpochEarnings
-from contracts.certificate_tree import SignedReceipt
-from contracts.encoding import hop_key, receipt_digest
-from node.chain.actions import Contracts
-from node.chain.epochs import EpochLedger
-from node.local_api.earnings import earnings_of
-from node.local_api.snapshot import ChainParts
-from node.local_api.watcher import OPEN_BOOK_READ_S, ChainReader
-from node.store.database import Database, open_database
-from node.store.hops import HopStore, ToSign
-from node.store.views import NodeRecords
+from gwtf.api.schemas import EpochEarnings
+from gwtf.contracts.certificate_tree import SignedReceipt
+from gwtf.contracts.encoding import hop_key, receipt_digest
+from gwtf.node.chain.actions import Contracts
+from gwtf.node.chain.epochs import EpochLedger
+from gwtf.node.local_api.earnings import earnings_of
+from gwtf.node.local_api.snapshot import ChainParts
+from gwtf.node.local_api.watcher import OPEN_BOOK_READ_S, ChainReader
+from gwtf.node.store.database import Database, open_database
+from gwtf.node.store.hops import HopStore, ToSign
+from gwtf.node.store.views import NodeRecords
 from tests.contracts.conftest import Staffed
 from tests.contracts.world import EPOCH_S, TEST_GAS_LIMIT, WINDOW_S, World
 

@@ -1,4 +1,4 @@
-"""The node's epoch cycle (``node/receipts/epochs.py``) against the real contracts: a data node
+"""The node's epoch cycle (``gwtf/node/receipts/epochs.py``) against the real contracts: a data node
 certifies exactly the chained hops of bonded members and submits once, crashes included; a
 worker's claim mined before a crash is recorded, never sent twice."""
 
@@ -11,8 +11,8 @@ import pytest
 import trio
 from eth_utils.crypto import keccak
 
-from contracts.certificate_tree import PreparedHop, SignedReceipt
-from contracts.encoding import (
+from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt
+from gwtf.contracts.encoding import (
     BACKWARD,
     FORWARD,
     Eip712Domain,
@@ -22,16 +22,16 @@ from contracts.encoding import (
     scheduled_units,
 )
 from gwtf.errors import GwtfError, ProtocolError
-from node.chain.actions import Contracts
-from node.chain.adapter import Sender
-from node.chain.epochs import EpochLedger
-from node.receipts.book import ReceiptTerms
-from node.receipts.epochs import DataNodeEpochs, EpochClock, WorkerEpochs
-from node.receipts.proofs import checked_proofs
-from node.store.database import open_database
-from node.store.hops import HopStore, ToSign
-from node.store.ledger import LedgerRecords
-from node.store.models import HopProof
+from gwtf.node.chain.actions import Contracts
+from gwtf.node.chain.adapter import Sender
+from gwtf.node.chain.epochs import EpochLedger
+from gwtf.node.receipts.book import ReceiptTerms
+from gwtf.node.receipts.epochs import DataNodeEpochs, EpochClock, WorkerEpochs
+from gwtf.node.receipts.proofs import checked_proofs
+from gwtf.node.store.database import open_database
+from gwtf.node.store.hops import HopStore, ToSign
+from gwtf.node.store.ledger import LedgerRecords
+from gwtf.node.store.models import HopProof
 from tests.contracts.conftest import Staffed
 from tests.contracts.crash_child import data_node_cycle
 from tests.contracts.world import STAGES, TEST_GAS_LIMIT, UNITS_PER_HOP, NodeKey, World

@@ -1,7 +1,7 @@
 """The four payments to an account (withdrawStake, claimReward, withdrawRefund and
 Disputes.withdrawCredit) against a contract wallet that attacks them
-(``contracts/test/ReentrantWallet.sol``): re-entering from the payment's receive hook is refused
-and nothing is paid twice; a wallet that rejects ETH makes the payment revert with
+(``gwtf/contracts/test/ReentrantWallet.sol``): re-entering from the payment's receive hook is
+refused and nothing is paid twice; a wallet that rejects ETH makes the payment revert with
 TransferFailed, loses nothing and is paid in full once it accepts again."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from eth_tester.exceptions import TransactionFailed
 
-from contracts import fraud_proofs
-from contracts.bindings import ContractRevert, all_errors_abi, decode_revert, deploy_contract
-from contracts.encoding import sign_binding
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.bindings import ContractRevert, all_errors_abi, decode_revert, deploy_contract
+from gwtf.contracts.encoding import sign_binding
 from tests.contracts.world import ETH, HOP_PRICE, World, default_capacity
 
 UNBONDING, WITHDRAWN = 2, 3

@@ -4,7 +4,7 @@ certificate. ``gwtf-node audit --sample`` re-executes the hops the block hash af
 submission deadline picks (before it exists it says so and samples nothing), finds the relay
 whose output is 0.1 % off and no one else; ``gwtf-node challenge`` opens one tensor dispute with
 the bond and the first jury's fees; ``gwtf-node jury serve`` reveals its draw salt; seven juror
-wallets' passes (``node.audit.jury``) draw the juries, re-execute each disputed hop from the
+wallets' passes (``gwtf.node.audit.jury``) draw the juries, re-execute each disputed hop from the
 relays' evidence, commit, reveal and execute the rulings: the cheater is slashed, and a dispute
 about an honest hop is ruled right, its bond paid to the honest worker's wallet. The sponsor
 rules on nothing."""
@@ -20,24 +20,24 @@ import pytest
 import torch
 import trio
 
-from contracts import fraud_proofs
-from contracts.certificate_tree import SignedReceipt
-from node.audit import jury as court_jury
-from node.audit.reexecute import Replayer
-from node.chain.actions import open_contracts
-from node.chain.adapter import Sender
-from node.cli.audit import EXIT_FINDINGS
-from node.cli.main import main
-from node.receipts.cheats import WRONG_TENSOR_SCALE
-from node.settings import load_settings
-from node.store.evidence import EvidenceArchive
-from node.training import codec
-from node.training.checkpoint import holds_state_of, snapshot_part_state
-from node.training.codec import CodecLimits
-from node.training.config import named_config
-from node.training.partition import plan_partition
-from node.training.settings import TrainingSettings
-from node.training.stage_worker import StageWorker
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.certificate_tree import SignedReceipt
+from gwtf.node.audit import jury as court_jury
+from gwtf.node.audit.reexecute import Replayer
+from gwtf.node.chain.actions import open_contracts
+from gwtf.node.chain.adapter import Sender
+from gwtf.node.cli.audit import EXIT_FINDINGS
+from gwtf.node.cli.main import main
+from gwtf.node.receipts.cheats import WRONG_TENSOR_SCALE
+from gwtf.node.settings import load_settings
+from gwtf.node.store.evidence import EvidenceArchive
+from gwtf.node.training import codec
+from gwtf.node.training.checkpoint import holds_state_of, snapshot_part_state
+from gwtf.node.training.codec import CodecLimits
+from gwtf.node.training.config import named_config
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.settings import TrainingSettings
+from gwtf.node.training.stage_worker import StageWorker
 from tests.contracts import jury
 from tests.contracts.conftest import Staffed
 from tests.contracts.test_audit_command import devnet_file, serving_data_node  # noqa: F401

@@ -19,9 +19,9 @@ from eth_utils.crypto import keccak
 from web3 import EthereumTesterProvider, Web3
 from web3.exceptions import ContractLogicError
 
-from contracts import fraud_proofs
-from contracts.artifacts import load_artifacts
-from contracts.bindings import (
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.artifacts import load_artifacts
+from gwtf.contracts.bindings import (
     ContractRevert,
     all_errors_abi,
     call,
@@ -29,8 +29,8 @@ from contracts.bindings import (
     deploy_contract,
     deploy_suite,
 )
-from contracts.certificate_tree import LeafProof
-from contracts.encoding import (
+from gwtf.contracts.certificate_tree import LeafProof
+from gwtf.contracts.encoding import (
     CertifiedHop,
     HopReceipt,
     binding_digest,

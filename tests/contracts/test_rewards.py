@@ -23,11 +23,11 @@ import pytest
 from eth_utils.crypto import keccak
 from web3.logs import DISCARD
 
-from contracts import fraud_proofs
-from contracts.bindings import ContractRevert
-from contracts.certificate_tree import CertificateTree, SignedReceipt
-from contracts.encoding import CertifiedHop, CertRef, sign_receipt
-from contracts.rewards import pay_wei
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.bindings import ContractRevert
+from gwtf.contracts.certificate_tree import CertificateTree, SignedReceipt
+from gwtf.contracts.encoding import CertifiedHop, CertRef, sign_receipt
+from gwtf.contracts.rewards import pay_wei
 from tests.contracts.world import ETH, UNITS_PER_HOP, NodeKey, World, reverts
 
 PRICE = 10**15 + 7  # hopPriceWei of the runs here: odd, so a wrong division would show

@@ -50,16 +50,16 @@ from hypothesis.stateful import (
 )
 from web3.logs import DISCARD
 
-from contracts import fraud_proofs
-from contracts.bindings import ContractRevert
-from contracts.certificate_tree import (
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.bindings import ContractRevert
+from gwtf.contracts.certificate_tree import (
     CertificateTree,
     LeafProof,
     SignedReceipt,
     build_certificate_tree,
     tree_of_hops,
 )
-from contracts.encoding import (
+from gwtf.contracts.encoding import (
     CertifiedHop,
     CertRef,
     HopReceipt,
@@ -70,9 +70,9 @@ from contracts.encoding import (
     sign_receipt,
     signatures_hash,
 )
-from contracts.fraud_proofs import FraudProof
-from contracts.merkle import verify_proof
-from contracts.rewards import pay_wei
+from gwtf.contracts.fraud_proofs import FraudProof
+from gwtf.contracts.merkle import verify_proof
+from gwtf.contracts.rewards import pay_wei
 from gwtf.errors import ProtocolError
 from tests.contracts.conftest import TEST_PARAMS
 from tests.contracts.world import (

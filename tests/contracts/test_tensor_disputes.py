@@ -14,9 +14,9 @@ from typing import Any
 
 from web3.logs import DISCARD
 
-from contracts import fraud_proofs
-from contracts.certificate_tree import SignedReceipt
-from contracts.fraud_proofs import Fraud, FraudProof
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.certificate_tree import SignedReceipt
+from gwtf.contracts.fraud_proofs import Fraud, FraudProof
 from tests.contracts.conftest import Certified, Juried, Staffed
 from tests.contracts.jury import (
     RIGHT,

@@ -14,15 +14,15 @@ from eth_utils.crypto import keccak
 from web3 import Web3
 from web3.types import TxReceipt
 
-from contracts import fraud_proofs
-from contracts.bindings import ContractRevert, Suite, SuiteParams, call, transact
-from contracts.certificate_tree import (
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.bindings import ContractRevert, Suite, SuiteParams, call, transact
+from gwtf.contracts.certificate_tree import (
     CertificateTree,
     SignedReceipt,
     build_certificate_tree,
     tree_of_hops,
 )
-from contracts.encoding import (
+from gwtf.contracts.encoding import (
     CertifiedHop,
     CertRef,
     Eip712Domain,
@@ -36,7 +36,7 @@ from contracts.encoding import (
     sign_binding,
     sign_receipt,
 )
-from contracts.fraud_proofs import FraudProof
+from gwtf.contracts.fraud_proofs import FraudProof
 
 ETH = 10**18
 TEST_GAS_LIMIT = 3_000_000

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from coordinator_free.cost import symmetric_edge_cost_ms
-from coordinator_free.placement import offered_slots
-from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
-from coordinator_free.protocol.loopback import LoopbackNetwork
-from coordinator_free.protocol.state import SlotState
+from gwtf.coordinator_free.cost import symmetric_edge_cost_ms
+from gwtf.coordinator_free.placement import offered_slots
+from gwtf.coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from gwtf.coordinator_free.protocol.loopback import LoopbackNetwork
+from gwtf.coordinator_free.protocol.state import SlotState
 
 ACTIVATION_BYTES = 2e6
 

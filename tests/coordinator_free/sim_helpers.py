@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from coordinator_free.sim.scenario import Scenario, parse_scenario
-from coordinator_free.sim.world import World
+from gwtf.coordinator_free.sim.scenario import Scenario, parse_scenario
+from gwtf.coordinator_free.sim.world import World
 
 
 def scenario_document(

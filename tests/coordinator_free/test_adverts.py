@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
-from coordinator_free.wire import CostAdvert, Hello
+from gwtf.coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from gwtf.coordinator_free.wire import CostAdvert, Hello
 
 CONFIG = FlowConfig(stages=2, activation_bytes=1e6)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator_free.sim.iterations import butterfly_allreduce_s
+from gwtf.coordinator_free.sim.iterations import butterfly_allreduce_s
 
 MB = 1_000_000
 # Two regions: 10 ms inside each, 100 ms between; 8 Gbit/s inside, 1 Gbit/s between.

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from coordinator_free.flow_errors import FlowConfigError
-from coordinator_free.protocol import FlowConfig
-from coordinator_free.protocol.annealing import FlowView, SwapMove, TakeOverMove, is_accepted
-from coordinator_free.wire import TableEntry
+from gwtf.coordinator_free.flow_errors import FlowConfigError
+from gwtf.coordinator_free.protocol import FlowConfig
+from gwtf.coordinator_free.protocol.annealing import FlowView, SwapMove, TakeOverMove, is_accepted
+from gwtf.coordinator_free.wire import TableEntry
 
 
 def entry(prefix_ms: float, edge_out_ms: float, suffix_ms: float) -> TableEntry:

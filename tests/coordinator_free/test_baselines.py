@@ -9,16 +9,16 @@ from collections import Counter
 import networkx as nx
 import pytest
 
-from coordinator_free.baselines.central import CentralPolicy, build_flow_graph, route_cost_ms
-from coordinator_free.baselines.dtfm import DtfmPolicy
-from coordinator_free.baselines.dtfm_schedule import (
+from gwtf.coordinator_free.baselines.central import CentralPolicy, build_flow_graph, route_cost_ms
+from gwtf.coordinator_free.baselines.dtfm import DtfmPolicy
+from gwtf.coordinator_free.baselines.dtfm_schedule import (
     CostModel,
     random_schedule_cost,
     search_schedule,
 )
-from coordinator_free.baselines.swarm import SwarmPolicy
-from coordinator_free.sim.engine import Engine, EngineConfig, run_scenario
-from coordinator_free.sim.generator import GridCell, GridSize, build_scenario
+from gwtf.coordinator_free.baselines.swarm import SwarmPolicy
+from gwtf.coordinator_free.sim.engine import Engine, EngineConfig, run_scenario
+from gwtf.coordinator_free.sim.generator import GridCell, GridSize, build_scenario
 from gwtf.errors import ConfigError
 from tests.coordinator_free.sim_helpers import live_world, small_scenario
 

@@ -12,14 +12,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator_free.baselines.swarm import SwarmPolicy
-from coordinator_free.sim.algorithms import ALGORITHMS, make_policy
-from coordinator_free.sim.bound import Bound, lower_bound
-from coordinator_free.sim.bound_lives import Life, relay_lives
-from coordinator_free.sim.engine import Engine, EngineConfig, run_scenario
-from coordinator_free.sim.generator import GridCell, GridSize, build_scenario
-from coordinator_free.sim.round_robin import RoundRobinPolicy
-from coordinator_free.sim.scenario import ChurnEvent, Scenario, parse_scenario
+from gwtf.coordinator_free.baselines.swarm import SwarmPolicy
+from gwtf.coordinator_free.sim.algorithms import ALGORITHMS, make_policy
+from gwtf.coordinator_free.sim.bound import Bound, lower_bound
+from gwtf.coordinator_free.sim.bound_lives import Life, relay_lives
+from gwtf.coordinator_free.sim.engine import Engine, EngineConfig, run_scenario
+from gwtf.coordinator_free.sim.generator import GridCell, GridSize, build_scenario
+from gwtf.coordinator_free.sim.round_robin import RoundRobinPolicy
+from gwtf.coordinator_free.sim.scenario import ChurnEvent, Scenario, parse_scenario
 from tests.coordinator_free.sim_helpers import scenario_document, small_scenario
 
 # The helper's scenarios: 300 ms per stage, 1 MB activations over 2 Gbit/s (4 ms) + 5 ms within a

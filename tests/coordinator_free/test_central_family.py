@@ -12,11 +12,11 @@ from types import ModuleType
 
 import pytest
 
-from coordinator_free.baselines.central import CentralPolicy
-from coordinator_free.baselines.swarm import BLOCKWISE_8BIT_RATIO
-from coordinator_free.sim.engine import run_scenario
-from coordinator_free.sim.generator import GridCell, GridSize, build_scenario
-from coordinator_free.sim.policy import PolicyTiming
+from gwtf.coordinator_free.baselines.central import CentralPolicy
+from gwtf.coordinator_free.baselines.swarm import BLOCKWISE_8BIT_RATIO
+from gwtf.coordinator_free.sim.engine import run_scenario
+from gwtf.coordinator_free.sim.generator import GridCell, GridSize, build_scenario
+from gwtf.coordinator_free.sim.policy import PolicyTiming
 from gwtf.errors import ConfigError
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator_free.sim.cli import main
+from gwtf.coordinator_free.sim.cli import main
 from tests.coordinator_free.sim_helpers import scenario_document
 
 REQUIRED = {

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from coordinator_free.sim.engine import Engine
-from coordinator_free.sim.gwtf_policy import GwtfPolicy
-from coordinator_free.sim.policy import Action, PolicyContractError, Send, WorldView
-from coordinator_free.sim.round_robin import RoundRobinPolicy
+from gwtf.coordinator_free.sim.engine import Engine
+from gwtf.coordinator_free.sim.gwtf_policy import GwtfPolicy
+from gwtf.coordinator_free.sim.policy import Action, PolicyContractError, Send, WorldView
+from gwtf.coordinator_free.sim.round_robin import RoundRobinPolicy
 from tests.coordinator_free.sim_helpers import small_scenario
 
 

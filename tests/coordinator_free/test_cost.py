@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from coordinator_free.cost import (
+from gwtf.coordinator_free.cost import (
     EdgeInputs,
     edge_cost_ms,
     path_cost_ms,
@@ -14,7 +14,7 @@ from coordinator_free.cost import (
     symmetric_edge_cost_ms,
     transfer_time_ms,
 )
-from coordinator_free.flow_errors import CostModelError
+from gwtf.coordinator_free.flow_errors import CostModelError
 from gwtf.errors import ConfigError
 
 

@@ -7,15 +7,15 @@ from typing import Any
 
 import pytest
 
-from coordinator_free.baselines.swarm import SwarmPolicy
-from coordinator_free.sim.algorithms import make_policy
-from coordinator_free.sim.engine import Engine, EngineConfig
-from coordinator_free.sim.events import BWD_DEADLINE, FWD_DEADLINE, QUEUED_DEADLINE
-from coordinator_free.sim.generator import GridCell, GridSize, build_scenario
-from coordinator_free.sim.microbatch import Microbatch
-from coordinator_free.sim.policy import Forward, Hold, RoutingPolicy
-from coordinator_free.sim.round_robin import RoundRobinPolicy
-from coordinator_free.sim.scenario import Scenario
+from gwtf.coordinator_free.baselines.swarm import SwarmPolicy
+from gwtf.coordinator_free.sim.algorithms import make_policy
+from gwtf.coordinator_free.sim.engine import Engine, EngineConfig
+from gwtf.coordinator_free.sim.events import BWD_DEADLINE, FWD_DEADLINE, QUEUED_DEADLINE
+from gwtf.coordinator_free.sim.generator import GridCell, GridSize, build_scenario
+from gwtf.coordinator_free.sim.microbatch import Microbatch
+from gwtf.coordinator_free.sim.policy import Forward, Hold, RoutingPolicy
+from gwtf.coordinator_free.sim.round_robin import RoundRobinPolicy
+from gwtf.coordinator_free.sim.scenario import Scenario
 from tests.coordinator_free.sim_helpers import small_scenario
 
 

@@ -10,19 +10,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator_free.baselines.swarm import SwarmPolicy
-from coordinator_free.sim.algorithms import make_policy
-from coordinator_free.sim.engine import ComputeRecord, Engine, EngineConfig, run_scenario
-from coordinator_free.sim.generator import GridCell, GridSize, build_scenario
-from coordinator_free.sim.policy import (
+from gwtf.coordinator_free.baselines.swarm import SwarmPolicy
+from gwtf.coordinator_free.sim.algorithms import make_policy
+from gwtf.coordinator_free.sim.engine import ComputeRecord, Engine, EngineConfig, run_scenario
+from gwtf.coordinator_free.sim.generator import GridCell, GridSize, build_scenario
+from gwtf.coordinator_free.sim.policy import (
     Forward,
     HopDecision,
     MicrobatchView,
     PolicyContractError,
     WorldView,
 )
-from coordinator_free.sim.round_robin import RoundRobinPolicy
-from coordinator_free.sim.scenario import Scenario, parse_scenario
+from gwtf.coordinator_free.sim.round_robin import RoundRobinPolicy
+from gwtf.coordinator_free.sim.scenario import Scenario, parse_scenario
 from tests.coordinator_free.sim_helpers import scenario_document, small_scenario
 
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from coordinator_free.flow_errors import FlowConfigError
-from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
-from coordinator_free.protocol.annealing import FlowView, SwapMove, TakeOverMove
-from coordinator_free.protocol.state import SlotState
-from coordinator_free.wire import (
+from gwtf.coordinator_free.flow_errors import FlowConfigError
+from gwtf.coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from gwtf.coordinator_free.protocol.annealing import FlowView, SwapMove, TakeOverMove
+from gwtf.coordinator_free.protocol.state import SlotState
+from gwtf.coordinator_free.wire import (
     CostAdvert,
     FlowAccept,
     FlowCancel,

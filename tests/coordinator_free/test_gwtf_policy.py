@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from coordinator_free.protocol.state import SlotState
-from coordinator_free.sim.engine import Engine, run_scenario
-from coordinator_free.sim.generator import GridCell, GridSize, build_scenario
-from coordinator_free.sim.gwtf_policy import GwtfPolicy
-from coordinator_free.sim.policy import Hold, MicrobatchView, Restart
-from coordinator_free.sim.round_robin import RoundRobinPolicy
-from coordinator_free.sim.scenario import parse_scenario
+from gwtf.coordinator_free.protocol.state import SlotState
+from gwtf.coordinator_free.sim.engine import Engine, run_scenario
+from gwtf.coordinator_free.sim.generator import GridCell, GridSize, build_scenario
+from gwtf.coordinator_free.sim.gwtf_policy import GwtfPolicy
+from gwtf.coordinator_free.sim.policy import Hold, MicrobatchView, Restart
+from gwtf.coordinator_free.sim.round_robin import RoundRobinPolicy
+from gwtf.coordinator_free.sim.scenario import parse_scenario
 from tests.coordinator_free.sim_helpers import scenario_document, small_scenario
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import random
 
-from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
-from coordinator_free.sim.engine import Engine
-from coordinator_free.sim.gwtf_policy import GwtfPolicy
-from coordinator_free.wire import (
+from gwtf.coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from gwtf.coordinator_free.sim.engine import Engine
+from gwtf.coordinator_free.sim.gwtf_policy import GwtfPolicy
+from gwtf.coordinator_free.wire import (
     CostAdvert,
     FlowAccept,
     FlowLoan,

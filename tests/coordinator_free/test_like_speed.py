@@ -11,16 +11,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator_free.flow_errors import FlowConfigError
-from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
-from coordinator_free.protocol.like_speed import (
+from gwtf.coordinator_free.flow_errors import FlowConfigError
+from gwtf.coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from gwtf.coordinator_free.protocol.like_speed import (
     hop_penalties_ms,
     speed_gap_ms,
     swap_speed_gain_ms,
     take_over_speed_gain_ms,
 )
-from coordinator_free.protocol.loopback import LoopbackNetwork
-from coordinator_free.wire import FlowRequest, Hello
+from gwtf.coordinator_free.protocol.loopback import LoopbackNetwork
+from gwtf.coordinator_free.wire import FlowRequest, Hello
 from tests.coordinator_free.flow_graphs import (
     ACTIVATION_BYTES,
     Swarm,

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator_free.flow_errors import WireFormatError
-from coordinator_free.wire import (
+from gwtf.coordinator_free.flow_errors import WireFormatError
+from gwtf.coordinator_free.wire import (
     FIXED_SIZES,
     MAX_ID_BYTES,
     MAX_ITEMS,

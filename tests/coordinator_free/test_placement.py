@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator_free.flow_errors import PlacementError
-from coordinator_free.placement import (
+from gwtf.coordinator_free.flow_errors import PlacementError
+from gwtf.coordinator_free.placement import (
     StageLoad,
     choose_bottleneck,
     choose_stage,

@@ -14,10 +14,15 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator_free.placement import choose_bottleneck, choose_stage, slots_per_s, stage_loads
-from coordinator_free.protocol.config import Outbound
-from coordinator_free.protocol.loopback import LoopbackNetwork
-from coordinator_free.wire import FlowRequest, Hello
+from gwtf.coordinator_free.placement import (
+    choose_bottleneck,
+    choose_stage,
+    slots_per_s,
+    stage_loads,
+)
+from gwtf.coordinator_free.protocol.config import Outbound
+from gwtf.coordinator_free.protocol.loopback import LoopbackNetwork
+from gwtf.coordinator_free.wire import FlowRequest, Hello
 from tests.coordinator_free.flow_graphs import (
     build_network,
     check_consistent,

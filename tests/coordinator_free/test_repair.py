@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator_free.repair import (
+from gwtf.coordinator_free.repair import (
     HopKey,
     HopTracker,
     averaging_group,
@@ -11,7 +11,7 @@ from coordinator_free.repair import (
     plan_hop_repair,
     plan_probe,
 )
-from coordinator_free.wire import BACKWARD, FORWARD, HopAck
+from gwtf.coordinator_free.wire import BACKWARD, FORWARD, HopAck
 
 PATH = ("d0", "a1", "b2", "c3", "d1")  # origin, stages 1..3, sink
 

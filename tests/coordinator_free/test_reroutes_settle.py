@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import pytest
 
-from coordinator_free.protocol import routing
-from coordinator_free.protocol.config import Outbound
-from coordinator_free.protocol.moves import MovesMixin
-from coordinator_free.sim.algorithms import make_policy
-from coordinator_free.sim.engine import EngineConfig, run_scenario
-from coordinator_free.sim.generator import GridCell, GridSize, build_scenario
+from gwtf.coordinator_free.protocol import routing
+from gwtf.coordinator_free.protocol.config import Outbound
+from gwtf.coordinator_free.protocol.moves import MovesMixin
+from gwtf.coordinator_free.sim.algorithms import make_policy
+from gwtf.coordinator_free.sim.engine import EngineConfig, run_scenario
+from gwtf.coordinator_free.sim.generator import GridCell, GridSize, build_scenario
 
 
 def test_reroutes_settle_in_a_500_node_swarm_with_a_coarse_advert_threshold(

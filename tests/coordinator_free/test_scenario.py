@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator_free.sim.scenario import ScenarioError, load_scenario, parse_scenario
+from gwtf.coordinator_free.sim.scenario import ScenarioError, load_scenario, parse_scenario
 from gwtf.errors import ConfigError
 from tests.coordinator_free.sim_helpers import DELETE, edited, scenario_document
 

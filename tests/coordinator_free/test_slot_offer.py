@@ -10,15 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator_free.baselines.central import CentralPolicy, build_flow_graph
-from coordinator_free.flow_errors import FlowConfigError
-from coordinator_free.placement import offered_slots
-from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
-from coordinator_free.protocol.liveness import REFERENCE_WATCH_INTERVALS
-from coordinator_free.sim.engine import run_scenario
-from coordinator_free.sim.generator import GridCell, GridSize, build_scenario
-from coordinator_free.sim.world import World
-from coordinator_free.wire import FlowAccept, FlowReject, FlowRequest, Hello, Ping
+from gwtf.coordinator_free.baselines.central import CentralPolicy, build_flow_graph
+from gwtf.coordinator_free.flow_errors import FlowConfigError
+from gwtf.coordinator_free.placement import offered_slots
+from gwtf.coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from gwtf.coordinator_free.protocol.liveness import REFERENCE_WATCH_INTERVALS
+from gwtf.coordinator_free.sim.engine import run_scenario
+from gwtf.coordinator_free.sim.generator import GridCell, GridSize, build_scenario
+from gwtf.coordinator_free.sim.world import World
+from gwtf.coordinator_free.wire import FlowAccept, FlowReject, FlowRequest, Hello, Ping
 from gwtf.errors import ConfigError
 from tests.coordinator_free.flow_graphs import build_network, random_swarm, settle, trace_flows
 

@@ -9,13 +9,17 @@ from typing import Any
 
 import pytest
 
-from coordinator_free.baselines.swarm import BACKWARD_TIMEOUT_S, BLOCKWISE_8BIT_RATIO, SwarmPolicy
-from coordinator_free.baselines.swarm_balancer import Balancer, PerformanceEma
-from coordinator_free.sim.algorithms import ALGORITHMS, make_policy
-from coordinator_free.sim.engine import Engine, EngineConfig, run_scenario
-from coordinator_free.sim.policy import HopReport, PolicyTiming
-from coordinator_free.sim.scenario import parse_scenario
-from coordinator_free.sim.world import ANNOUNCE_PERIOD_S, MEMBERSHIP_EXPIRY_S
+from gwtf.coordinator_free.baselines.swarm import (
+    BACKWARD_TIMEOUT_S,
+    BLOCKWISE_8BIT_RATIO,
+    SwarmPolicy,
+)
+from gwtf.coordinator_free.baselines.swarm_balancer import Balancer, PerformanceEma
+from gwtf.coordinator_free.sim.algorithms import ALGORITHMS, make_policy
+from gwtf.coordinator_free.sim.engine import Engine, EngineConfig, run_scenario
+from gwtf.coordinator_free.sim.policy import HopReport, PolicyTiming
+from gwtf.coordinator_free.sim.scenario import parse_scenario
+from gwtf.coordinator_free.sim.world import ANNOUNCE_PERIOD_S, MEMBERSHIP_EXPIRY_S
 from tests.coordinator_free.sim_helpers import live_world, scenario_document, small_scenario
 
 # ---- the client-routed data plane ----

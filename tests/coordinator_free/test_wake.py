@@ -14,11 +14,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
-from coordinator_free.sim.engine import Engine
-from coordinator_free.sim.gwtf_policy import GwtfPolicy
-from coordinator_free.sim.policy import Action, PolicyTiming, Wake, WorldView
-from coordinator_free.sim.round_robin import RoundRobinPolicy
+from gwtf.coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from gwtf.coordinator_free.sim.engine import Engine
+from gwtf.coordinator_free.sim.gwtf_policy import GwtfPolicy
+from gwtf.coordinator_free.sim.policy import Action, PolicyTiming, Wake, WorldView
+from gwtf.coordinator_free.sim.round_robin import RoundRobinPolicy
 from tests.coordinator_free.sim_helpers import small_scenario
 
 

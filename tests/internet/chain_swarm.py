@@ -1,5 +1,5 @@
-"""``gwtf-node swarm``'s runner (``node.swarm.run``) with its chain, across the test bed: run in a
-public host's namespace (the sponsor's), it serves the devnet there, runs the data node there
+"""``gwtf-node swarm``'s runner (``gwtf.node.swarm.run``) with its chain, across the test bed: run
+in a public host's namespace (the sponsor's), it serves the devnet there, runs the data node there
 and every relay in its own namespace, and audits, certifies and pays as on loopback.
 
     python -m tests.internet.chain_swarm SWARM_FILE OUT PLACEMENT_JSON
@@ -16,8 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-from node.swarm.plan import NodeHost, SwarmPlan, plan_from_file
-from node.swarm.run import run_swarm
+from gwtf.node.swarm.plan import NodeHost, SwarmPlan, plan_from_file
+from gwtf.node.swarm.run import run_swarm
 
 EVERY_INTERFACE = ("/ip4/0.0.0.0/tcp/4001",)
 

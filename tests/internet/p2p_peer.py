@@ -16,9 +16,9 @@ import sys
 import trio
 from libp2p.peer.id import ID
 
-from node.p2p.host import full_addresses, peer_info, running_host
-from node.p2p.identity import new_identity
-from node.p2p.rpc import RequestResponse, RpcLimits
+from gwtf.node.p2p.host import full_addresses, peer_info, running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
 
 HELLO = "/gwtf/test-hello/1.0.0"
 ASK = "/gwtf/test-ask/1.0.0"

@@ -40,19 +40,19 @@ from pathlib import Path
 import multiaddr
 import trio
 
-from node.audit.replays import evidence_source
-from node.audit.runner import connect_peers
-from node.p2p.dialing import Dialer, DialFailed
-from node.p2p.host import full_addresses, peer_info, running_host
-from node.p2p.identity import new_identity, node_address_of_peer
-from node.p2p.keepalive import NeighbourKeeper
-from node.p2p.reachability import DialbackService, Reachability, ReachabilityCheck
-from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
-from node.receipts.evidence import serve_evidence, serve_evidence_forwarding
-from node.runtime.discovery.address_book import AddressBook, own_record
-from node.runtime.discovery.own_reachability import serve_dialbacks, watch_reachability
-from node.runtime.discovery.run_discovery import DiscoverySettings, RunDiscovery
-from node.store.evidence import EvidenceArchive
+from gwtf.node.audit.replays import evidence_source
+from gwtf.node.audit.runner import connect_peers
+from gwtf.node.p2p.dialing import Dialer, DialFailed
+from gwtf.node.p2p.host import full_addresses, peer_info, running_host
+from gwtf.node.p2p.identity import new_identity, node_address_of_peer
+from gwtf.node.p2p.keepalive import NeighbourKeeper
+from gwtf.node.p2p.reachability import DialbackService, Reachability, ReachabilityCheck
+from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
+from gwtf.node.receipts.evidence import serve_evidence, serve_evidence_forwarding
+from gwtf.node.runtime.discovery.address_book import AddressBook, own_record
+from gwtf.node.runtime.discovery.own_reachability import serve_dialbacks, watch_reachability
+from gwtf.node.runtime.discovery.run_discovery import DiscoverySettings, RunDiscovery
+from gwtf.node.store.evidence import EvidenceArchive
 
 ECHO = "/gwtf/test-echo/1.0.0"
 LIMITS = RpcLimits(max_request_bytes=64, max_response_bytes=64, timeout_s=1.0)
@@ -150,7 +150,7 @@ async def check(port: int, announce: str, witnesses: list[str]) -> None:
 
 
 async def node(port: int, witnesses: list[str]) -> None:
-    upnp_log = logging.getLogger("node.p2p.port_mapping")
+    upnp_log = logging.getLogger("gwtf.node.p2p.port_mapping")
     upnp_log.setLevel(logging.INFO)
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("log %(message)s"))

@@ -27,12 +27,12 @@ import multiaddr
 import trio
 from libp2p.peer.id import ID
 
-from node.p2p.addresses import LOOPBACK
-from node.p2p.host import full_addresses, peer_info, point_at, running_host
-from node.p2p.identity import new_identity
-from node.p2p.relay import CircuitDialer, RelaySlots, is_relayed
-from node.p2p.relay_service import circuit_relay
-from node.p2p.rpc import RequestResponse, RpcLimits
+from gwtf.node.p2p.addresses import LOOPBACK
+from gwtf.node.p2p.host import full_addresses, peer_info, point_at, running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.relay import CircuitDialer, RelaySlots, is_relayed
+from gwtf.node.p2p.relay_service import circuit_relay
+from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
 
 ECHO = "/gwtf/test-echo/1.0.0"
 LIMITS = RpcLimits(max_request_bytes=1 << 16, max_response_bytes=1 << 16, timeout_s=10.0)

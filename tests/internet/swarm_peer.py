@@ -26,14 +26,14 @@ import torch
 import trio
 from libp2p.peer.id import ID
 
-from node.p2p.host import peer_info
-from node.p2p.identity import identity_from_key
-from node.p2p.keepalive import ALIVE_PROTOCOL
-from node.p2p.reachability import Reachability
-from node.p2p.relay import is_relayed
-from node.p2p.rpc import PeerUnavailable, RpcLimits
-from node.runtime.live_node import LiveNode, run_live_node
-from node.runtime.roles.data import DataRole
+from gwtf.node.p2p.host import peer_info
+from gwtf.node.p2p.identity import identity_from_key
+from gwtf.node.p2p.keepalive import ALIVE_PROTOCOL
+from gwtf.node.p2p.reachability import Reachability
+from gwtf.node.p2p.relay import is_relayed
+from gwtf.node.p2p.rpc import PeerUnavailable, RpcLimits
+from gwtf.node.runtime.live_node import LiveNode, run_live_node
+from gwtf.node.runtime.roles.data import DataRole
 from tests.runtime.swarm_harness import node_config
 
 EVERY_INTERFACE = ("/ip4/0.0.0.0/tcp/4001",)
@@ -121,7 +121,7 @@ async def report_link(node: LiveNode, data_node: ID) -> None:
 def main() -> None:
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING, format="%(relativeCreated)6d %(name)s: %(message)s")
-    for name in ("node.runtime", "node.p2p.reachability", "node.p2p.relay"):
+    for name in ("gwtf.node.runtime", "gwtf.node.p2p.reachability", "gwtf.node.p2p.relay"):
         logging.getLogger(name).setLevel(logging.INFO)
     if sys.argv[1] == "data":
         trio.run(data, int(sys.argv[2]), int(sys.argv[3]), bytes.fromhex(sys.argv[4]))

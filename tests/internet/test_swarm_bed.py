@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import pytest
 
-from node.p2p.identity import identity_from_key, peer_id_of
+from gwtf.node.p2p.identity import identity_from_key, peer_id_of
 from tests.internet.test_testbed import Lines
 from tests.internet.testbed import Bed
 from tests.runtime.swarm_harness import reference_losses

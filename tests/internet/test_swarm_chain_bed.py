@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from node.swarm.exactness import against_whole_model
+from gwtf.node.swarm.exactness import against_whole_model
 from tests.internet.testbed import Bed
 from tests.runtime.test_swarm_processes import certified_units
 

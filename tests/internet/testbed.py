@@ -22,9 +22,9 @@ veths and iptables rules go with them) however the test ends. ``atexit`` does th
 process that leaves without unwinding, and each new bed first removes beds of processes that
 no longer exist.
 
-Hosts carry a region name of ``coordinator_free/sim/data/regions-10.json``; the kernel adds no
+Hosts carry a region name of ``gwtf/coordinator_free/sim/data/regions-10.json``; the kernel adds no
 delay (this machine's kernel has no ``sch_netem``): nodes emulate the regions' latency
-themselves (``p2p.topology_file``, ``node/p2p/link_emulation.py``).
+themselves (``p2p.topology_file``, ``gwtf/node/p2p/link_emulation.py``).
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from web3 import Web3
 
-from node.chain.actions import Contracts
-from node.chain.adapter import connect
-from node.devnet.server import RunningDevnet, start_devnet
+from gwtf.node.chain.actions import Contracts
+from gwtf.node.chain.adapter import connect
+from gwtf.node.devnet.server import RunningDevnet, start_devnet
 
 # Low scrypt cost keeps keystore tests in milliseconds; the file format is unchanged.
 FAST_SCRYPT_N = 2**4
@@ -32,7 +32,7 @@ def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDevnet]:
 
 @pytest.fixture(scope="session")
 def devnet_file(devnet: RunningDevnet, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from node.chain.deployment import write_devnet_file
+    from gwtf.node.chain.deployment import write_devnet_file
 
     return write_devnet_file(tmp_path_factory.mktemp("devnet-copy") / "devnet.json", devnet.info)
 

@@ -1,5 +1,5 @@
-"""Which receipts an honest data node certifies (``node/receipts/certify.py``): the hops chained
-to its own sends, once per computation, and reports that check out."""
+"""Which receipts an honest data node certifies (``gwtf/node/receipts/certify.py``): the hops
+chained to its own sends, once per computation, and reports that check out."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 from eth_account import Account
 from eth_utils.crypto import keccak
 
-from contracts.certificate_tree import PreparedHop, SignedReceipt
-from contracts.encoding import (
+from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt
+from gwtf.contracts.encoding import (
     BACKWARD,
     FORWARD,
     HopReceipt,
@@ -17,8 +17,8 @@ from contracts.encoding import (
     sign_receipt,
 )
 from gwtf.errors import ProtocolError
-from node.receipts.book import ReceiptTerms
-from node.receipts.certify import MAX_PER_HOP, Anchor, certifiable, check_report
+from gwtf.node.receipts.book import ReceiptTerms
+from gwtf.node.receipts.certify import MAX_PER_HOP, Anchor, certifiable, check_report
 
 DOMAIN = ledger_domain(1, "0x" + "cd" * 20)
 TERMS = ReceiptTerms(run_id=3, domain=DOMAIN, stages=2, units_per_hop=10)

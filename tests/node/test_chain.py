@@ -13,9 +13,9 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
-from contracts.bindings import ContractRevert, SuiteParams, call, deploy_suite
-from contracts.encoding import node_public_key, peer_id_of_public_key
-from node.chain.actions import (
+from gwtf.contracts.bindings import ContractRevert, SuiteParams, call, deploy_suite
+from gwtf.contracts.encoding import node_public_key, peer_id_of_public_key
+from gwtf.node.chain.actions import (
     Capacity,
     Contracts,
     RunConfig,
@@ -25,7 +25,7 @@ from node.chain.actions import (
     register_node,
     request_unstake,
 )
-from node.chain.adapter import (
+from gwtf.node.chain.adapter import (
     ChainPort,
     ChainUnavailable,
     FakeChain,
@@ -259,7 +259,7 @@ def test_revert_at_estimation_is_decoded_too(rpc_contracts: Contracts) -> None:
 def test_local_key_wallet_signs_over_rpc(rpc_contracts: Contracts, devnet: object) -> None:
     faucet = Sender.unlocked(rpc_contracts.w3.eth.accounts[6])
     volunteer = Sender.from_account(Account.create())
-    from node.chain.actions import transfer_eth
+    from gwtf.node.chain.actions import transfer_eth
 
     transfer_eth(rpc_contracts.w3, faucet, volunteer.address, 3 * ETH)
     key = Account.create()
@@ -274,7 +274,7 @@ def test_contracts_not_wired_to_each_other_are_refused() -> None:
     """A registry whose slasher is not the suite's Disputes could let anyone slash, a court
     that takes cases from someone else could rule for them: the node refuses to work with
     either."""
-    from contracts.bindings import SuiteParams, deploy_contract, deploy_court
+    from gwtf.contracts.bindings import SuiteParams, deploy_contract, deploy_court
     from gwtf.errors import ChainError
 
     w3 = connect(None)

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from contracts.bindings import deploy_suite
-from node.chain.actions import Contracts
-from node.chain.adapter import connect
-from node.devnet.rpc import DevnetHttpServer, EthTesterRpc
-from node.devnet.server import DEVNET_PARAMS
+from gwtf.contracts.bindings import deploy_suite
+from gwtf.node.chain.actions import Contracts
+from gwtf.node.chain.adapter import connect
+from gwtf.node.devnet.rpc import DevnetHttpServer, EthTesterRpc
+from gwtf.node.devnet.server import DEVNET_PARAMS
 
 
 class CountingRpc(EthTesterRpc):

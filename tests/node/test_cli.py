@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from eth_account import Account
 
-from node.chain.actions import Contracts, RunConfig, open_run
-from node.chain.adapter import Sender
-from node.chain.wallet import create_wallet
-from node.cli.main import main
-from node.devnet.server import RunningDevnet
+from gwtf.node.chain.actions import Contracts, RunConfig, open_run
+from gwtf.node.chain.adapter import Sender
+from gwtf.node.chain.wallet import create_wallet
+from gwtf.node.cli.main import main
+from gwtf.node.devnet.server import RunningDevnet
 from tests.node.conftest import FAST_SCRYPT_N
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,7 +151,7 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 def test_unreachable_rpc_as_a_subprocess(devnet_file: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     done = subprocess.run(
-        [sys.executable, "-m", "node.cli", "--rpc-url", url, "--devnet-file", str(devnet_file),
+        [sys.executable, "-m", "gwtf.node.cli", "--rpc-url", url, "--devnet-file", str(devnet_file),
          "info", "--run", "1"],
         capture_output=True, text=True, timeout=120, env=subprocess_env(), cwd=REPO,
     )  # fmt: skip
@@ -163,17 +163,20 @@ def test_unreachable_rpc_as_a_subprocess(devnet_file: Path) -> None:
 
 
 def test_missing_artifacts_as_a_subprocess(tmp_path: Path) -> None:
-    # A copy of the contracts package without artifacts.json shadows the real one.
-    shadow = tmp_path / "shadow" / "contracts"
-    shutil.copytree(REPO / "contracts", shadow, ignore=shutil.ignore_patterns("artifacts.json"))
+    # A copy of the gwtf package without gwtf/contracts/artifacts.json shadows the real one.
+    shadow = tmp_path / "shadow" / "gwtf"
+    shutil.copytree(
+        REPO / "gwtf", shadow,
+        ignore=shutil.ignore_patterns("artifacts.json", "__pycache__", "static"),
+    )  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-m", "node.cli", "--devnet-file", str(tmp_path / "d.json"), "devnet",
+        [sys.executable, "-m", "gwtf.node.cli", "--devnet-file", str(tmp_path / "d.json"), "devnet",
          "--port", "0"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
         env=subprocess_env(PYTHONPATH=os.pathsep.join([str(shadow.parent), str(REPO)])),
     )  # fmt: skip
     assert done.returncode == 3, done.stderr
-    assert_one_line_error(done.stderr, "contracts/artifacts.json is missing or stale")
+    assert_one_line_error(done.stderr, "gwtf/contracts/artifacts.json is missing or stale")
     assert not (tmp_path / "d.json").exists()
 
 
@@ -211,13 +214,13 @@ def test_an_error_raised_inside_a_hosts_nursery_is_still_one_line(
 ) -> None:
     """A command's GwtfError that a libp2p host's nursery wraps in an exception group exits
     with its own code and one line, like any other."""
-    import node.cli.audit
+    import gwtf.node.cli.audit
     from gwtf.errors import ChainError
 
     def fails(*_args: object) -> int:
         raise ExceptionGroup("nursery", [ExceptionGroup("host", [ChainError("the RPC is gone")])])
 
-    monkeypatch.setattr(node.cli.audit, "cmd_audit", fails)
+    monkeypatch.setattr(gwtf.node.cli.audit, "cmd_audit", fails)
     assert main(["audit", "--run", "1", "--epoch", "0"]) == 3
     assert capsys.readouterr().err == "gwtf-node: error: the RPC is gone\n"
 
@@ -226,7 +229,7 @@ def test_help_loads_none_of_the_heavy_libraries() -> None:
     """``--help`` answers without torch, web3, libp2p or rich (``bench/cli.py`` times it)."""
     probe = (
         "import sys\n"
-        "from node.cli.main import main\n"
+        "from gwtf.node.cli.main import main\n"
         "try:\n"
         "    main(['--help'])\n"
         "except SystemExit:\n"

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from web3 import Web3
 
-from node.chain.adapter import advance_time
-from node.chain.wallet import create_wallet
-from node.home import RunningNode, write_running
-from node.store.database import open_database
+from gwtf.node.chain.adapter import advance_time
+from gwtf.node.chain.wallet import create_wallet
+from gwtf.node.home import RunningNode, write_running
+from gwtf.node.store.database import open_database
 from tests.api.conftest import fill
 from tests.node.conftest import FAST_SCRYPT_N
 from tests.node.test_cli import PASSWORD, assert_one_line_error, run_cli
@@ -162,7 +162,7 @@ def test_claim_without_a_running_node_says_so(
 def test_every_command_takes_json_and_the_simple_ones_answer_in_it(
     capsys: pytest.CaptureFixture[str], devnet_file: Path, tmp_path: Path
 ) -> None:
-    from node.cli.main import build_parser
+    from gwtf.node.cli.main import build_parser
 
     parser, _ = build_parser()
     leaves = []

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gwtf.errors import ConfigError
-from node.cli.main import main
+from gwtf.node.cli.main import main
 
 
 def corpus(folder: Path) -> Path:
@@ -68,8 +68,8 @@ def test_a_bad_corpus_is_one_line_naming_the_file(
 def test_a_run_opened_with_a_data_set_commits_to_its_manifest_hash(
     capsys: pytest.CaptureFixture[str], devnet_file: Path, tmp_path: Path
 ) -> None:
-    from node.chain.actions import open_contracts
-    from node.settings import load_settings
+    from gwtf.node.chain.actions import open_contracts
+    from gwtf.node.settings import load_settings
     from tests.node.test_cli_volunteer import cli_json, new_wallet
 
     source = corpus(tmp_path / "corpus")
@@ -90,9 +90,9 @@ def test_a_run_opened_with_a_data_set_commits_to_its_manifest_hash(
     assert "0x" + run[12].hex() == prepared["dataset_hash"]
     # The run commits to the data set and to the model it sizes (its vocabulary): the chain
     # says both, and a data node, ``start`` and ``export`` refuse another data set.
-    from node.chain.actions import RunModel, check_run_dataset
-    from node.composition import run_dataset_hash
-    from node.training.settings import TrainingSettings
+    from gwtf.node.chain.actions import RunModel, check_run_dataset
+    from gwtf.node.composition import run_dataset_hash
+    from gwtf.node.training.settings import TrainingSettings
 
     info = contracts.port().run_info(opened["run_id"])
     assert info is not None and "0x" + info.dataset_hash.hex() == prepared["dataset_hash"]

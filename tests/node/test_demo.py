@@ -18,7 +18,7 @@ import pytest
 import torch
 import transformers
 
-from node.demo.plan import CHEATER
+from gwtf.node.demo.plan import CHEATER
 from tests.node.test_cli import run_cli
 
 
@@ -60,7 +60,7 @@ def test_the_quick_demo_trains_pays_audits_and_exports_and_its_figures_agree(
 @pytest.mark.slow  # ~1 min
 def test_ctrl_c_stops_the_demo_and_every_process_it_started(tmp_path: Path) -> None:
     demo = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "demo", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "gwtf.node.cli", "demo", "--quick", "--out", str(tmp_path)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     try:

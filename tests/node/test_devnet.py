@@ -16,11 +16,11 @@ import pytest
 from eth_account import Account
 from web3 import Web3
 
-from contracts.bindings import attach
-from node.chain.adapter import advance_time, connect
-from node.chain.deployment import read_devnet_file, write_devnet_file
-from node.devnet.rpc import EthTesterRpc, to_json_rpc
-from node.devnet.server import RunningDevnet, start_devnet
+from gwtf.contracts.bindings import attach
+from gwtf.node.chain.adapter import advance_time, connect
+from gwtf.node.chain.deployment import read_devnet_file, write_devnet_file
+from gwtf.node.devnet.rpc import EthTesterRpc, to_json_rpc
+from gwtf.node.devnet.server import RunningDevnet, start_devnet
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -162,7 +162,7 @@ def test_dispatcher_serves_without_http() -> None:
 SENDER = """
 import sys
 from eth_account import Account
-from node.chain.adapter import Sender, connect, send_transaction
+from gwtf.node.chain.adapter import Sender, connect, send_transaction
 w3, sender = connect(sys.argv[1]), Sender.from_account(Account.from_key(sys.argv[2]))
 for _ in range(int(sys.argv[3])):
     send_transaction(w3, sender, {"to": Account.create().address, "value": 1, "gas": 21_000})

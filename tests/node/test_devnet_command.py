@@ -22,11 +22,17 @@ import pytest
 from eth_account import Account
 from web3 import Web3
 
-from contracts.bindings import ContractRevert
+from gwtf.contracts.bindings import ContractRevert
 from gwtf.errors import ChainError
-from node.chain.actions import Capacity, Contracts, register_node, request_unstake, withdraw_stake
-from node.chain.adapter import Sender, advance_time, connect
-from node.devnet.anvil import CHAIN_ID, DEFAULT_ANVIL, is_runnable, start_anvil
+from gwtf.node.chain.actions import (
+    Capacity,
+    Contracts,
+    register_node,
+    request_unstake,
+    withdraw_stake,
+)
+from gwtf.node.chain.adapter import Sender, advance_time, connect
+from gwtf.node.devnet.anvil import CHAIN_ID, DEFAULT_ANVIL, is_runnable, start_anvil
 from tests.node.test_cli import REPO, assert_one_line_error, subprocess_env
 
 START_TIMEOUT_S = 60.0
@@ -36,7 +42,7 @@ UNBONDING_DELAY_S = 7 * 24 * 3600  # SuiteParams' default, which the devnet depl
 
 
 def devnet_argv(devnet_file: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "node.cli", "--devnet-file", str(devnet_file), "devnet",
+    return [sys.executable, "-m", "gwtf.node.cli", "--devnet-file", str(devnet_file), "devnet",
             "--port", "0", *extra]  # fmt: skip
 
 

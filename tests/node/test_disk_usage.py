@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from node.store.database import open_database
-from node.store.disk import disk_usage, sqlite_path
-from node.store.evidence import EvidenceArchive, run_folder
+from gwtf.node.store.database import open_database
+from gwtf.node.store.disk import disk_usage, sqlite_path
+from gwtf.node.store.evidence import EvidenceArchive, run_folder
 
 
 def files_bytes(*paths: Path) -> int:

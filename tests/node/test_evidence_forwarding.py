@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from node.p2p.host import running_host
-from node.p2p.identity import new_identity
-from node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestResponse, RpcLimits
-from node.receipts.evidence import (
+from gwtf.node.p2p.host import running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestResponse, RpcLimits
+from gwtf.node.receipts.evidence import (
     EVIDENCE_VIA_PROTOCOL,
     fetch_frame,
     serve_evidence,
     serve_evidence_forwarding,
 )
-from node.store.evidence import EvidenceArchive
+from gwtf.node.store.evidence import EvidenceArchive
 from tests.p2p.test_host_stop import run_bounded
 
 

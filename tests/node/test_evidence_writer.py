@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from contracts.encoding import FORWARD
-from node.audit.reexecute import HopEvidence, Replayer
-from node.runtime.dataplane.hop import HopHeader
-from node.store.evidence import EvidenceArchive
-from node.training import checkpoint
+from gwtf.contracts.encoding import FORWARD
+from gwtf.node.audit.reexecute import HopEvidence, Replayer
+from gwtf.node.runtime.dataplane.hop import HopHeader
+from gwtf.node.store.evidence import EvidenceArchive
+from gwtf.node.training import checkpoint
 from tests.runtime.test_kept_state import (
     EPOCH,
     ITERATION,
@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _DIES_MID_WRITE = """
 import sys, time
 from pathlib import Path
-from node.store.evidence import EvidenceArchive
+from gwtf.node.store.evidence import EvidenceArchive
 
 archive = EvidenceArchive(Path(sys.argv[1]), keep_epochs=2)
 archive.keep_state(0, 1, lambda: lambda path: path.write_bytes(b"first state"), bool)

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.export.assembly import whole_tensors
-from node.training.checkpoint import PartState, read_part_state, save_part_state
-from node.training.config import named_config
-from node.training.data import MicrobatchSampler, load_default_corpus
-from node.training.data_node import DataNodeWorker
-from node.training.errors import CheckpointError, ExportError
-from node.training.model import WholeModel
-from node.training.partition import plan_partition
-from node.training.settings import TrainingSettings
-from node.training.stage_worker import StageWorker
-from node.training.trainer import PartTrainer
+from gwtf.node.export.assembly import whole_tensors
+from gwtf.node.training.checkpoint import PartState, read_part_state, save_part_state
+from gwtf.node.training.config import named_config
+from gwtf.node.training.data import MicrobatchSampler, load_default_corpus
+from gwtf.node.training.data_node import DataNodeWorker
+from gwtf.node.training.errors import CheckpointError, ExportError
+from gwtf.node.training.model import WholeModel
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.settings import TrainingSettings
+from gwtf.node.training.stage_worker import StageWorker
+from gwtf.node.training.trainer import PartTrainer
 
 CONFIG = named_config("gpt", "tiny")
 PLAN = plan_partition(CONFIG, 2)

@@ -21,7 +21,7 @@ import transformers
 import trio
 from eth_account import Account
 
-from node.chain.actions import (
+from gwtf.node.chain.actions import (
     DATASET_HASH,
     Capacity,
     Contracts,
@@ -33,23 +33,23 @@ from node.chain.actions import (
     open_run,
     register_node,
 )
-from node.chain.adapter import ChainPort, Sender, connect
-from node.cli.main import main
-from node.devnet.server import RunningDevnet
-from node.p2p.host import full_address, running_host
-from node.p2p.identity import identity_from_key, peer_id_of
-from node.p2p.rpc import RequestResponse
-from node.p2p.weights import StageSnapshot, serve_weights
-from node.runtime.discovery.admission import RunAdmission
-from node.runtime.replicas.stage_state import serve_stage_state
-from node.training.checkpoint import save_part_state
-from node.training.config import named_config
-from node.training.data import MicrobatchSampler, load_default_corpus
-from node.training.local_pipeline import LocalPipeline
-from node.training.partition import plan_partition
-from node.training.prepare import PrepareOptions, prepare
-from node.training.settings import TrainingSettings
-from node.training.trainer import PartTrainer
+from gwtf.node.chain.adapter import ChainPort, Sender, connect
+from gwtf.node.cli.main import main
+from gwtf.node.devnet.server import RunningDevnet
+from gwtf.node.p2p.host import full_address, running_host
+from gwtf.node.p2p.identity import identity_from_key, peer_id_of
+from gwtf.node.p2p.rpc import RequestResponse
+from gwtf.node.p2p.weights import StageSnapshot, serve_weights
+from gwtf.node.runtime.discovery.admission import RunAdmission
+from gwtf.node.runtime.replicas.stage_state import serve_stage_state
+from gwtf.node.training.checkpoint import save_part_state
+from gwtf.node.training.config import named_config
+from gwtf.node.training.data import MicrobatchSampler, load_default_corpus
+from gwtf.node.training.local_pipeline import LocalPipeline
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.prepare import PrepareOptions, prepare
+from gwtf.node.training.settings import TrainingSettings
+from gwtf.node.training.trainer import PartTrainer
 from tests.node.conftest import TEST_GAS_LIMIT
 from tests.node.test_cli import assert_one_line_error
 from tests.served import served_in_a_thread

@@ -13,13 +13,13 @@ import pytest
 import torch
 import transformers
 
-from node.export.run import export_model
-from node.training.dataset import run_sampler
-from node.training.partition import model_for_run, plan_partition
-from node.training.prepare import PrepareOptions, prepare
-from node.training.settings import TrainingSettings
-from node.training.shards import Manifest
-from node.training.trainer import WholeModelTrainer
+from gwtf.node.export.run import export_model
+from gwtf.node.training.dataset import run_sampler
+from gwtf.node.training.partition import model_for_run, plan_partition
+from gwtf.node.training.prepare import PrepareOptions, prepare
+from gwtf.node.training.settings import TrainingSettings
+from gwtf.node.training.shards import Manifest
+from gwtf.node.training.trainer import WholeModelTrainer
 
 
 def trained(family: str, manifest: Manifest | None) -> tuple[Any, dict[str, torch.Tensor]]:

@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 from eth_utils.crypto import keccak
 
-from contracts.certificate_tree import LeafProof, tree_of_hops
-from contracts.encoding import CertifiedHop
-from contracts.merkle import verify_proof
+from gwtf.contracts.certificate_tree import LeafProof, tree_of_hops
+from gwtf.contracts.encoding import CertifiedHop
+from gwtf.contracts.merkle import verify_proof
 from gwtf.errors import ProtocolError
-from node.receipts.proofs import checked_proofs
+from gwtf.node.receipts.proofs import checked_proofs
 
 A, B = "0x" + "aa" * 20, "0x" + "bb" * 20
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.logs import LibraryDigest, configure_logging
-from node.process import main
+from gwtf.node.logs import LibraryDigest, configure_logging
+from gwtf.node.process import main
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +29,7 @@ def restore_logging() -> Iterator[None]:
 
 
 def emit_one_of_each() -> None:
-    for name in ("node.runtime.roles.relay", "libp2p.host.basic_host"):
+    for name in ("gwtf.node.runtime.roles.relay", "libp2p.host.basic_host"):
         logger = logging.getLogger(name)
         logger.debug("debug from %s", name)
         logger.info("info from %s", name)
@@ -41,7 +41,10 @@ def test_the_level_given_is_the_level_logged(capsys: pytest.CaptureFixture[str])
     configure_logging("relay-1-0", "ERROR")
     emit_one_of_each()
     (line,) = capsys.readouterr().err.splitlines()
-    assert " relay-1-0 ERROR node.runtime.roles.relay: error from node.runtime.roles.relay" in line
+    assert (
+        " relay-1-0 ERROR gwtf.node.runtime.roles.relay: error from gwtf.node.runtime.roles.relay"
+        in line
+    )
     # The library's warnings are not even made, and its errors are held: its digest would be a
     # WARNING line, which this level does not show, however long the node runs.
     assert not logging.getLogger("libp2p.host").isEnabledFor(logging.WARNING)
@@ -64,9 +67,9 @@ def test_debug_shows_the_libraries_and_info_summarises_them(
     # The node's own info and above; the library's warning and error (below CRITICAL) are
     # counted for the digest, which speaks once a period has passed.
     assert [line.split(": ", 1)[1] for line in lines] == [
-        "info from node.runtime.roles.relay",
-        "warning from node.runtime.roles.relay",
-        "error from node.runtime.roles.relay",
+        "info from gwtf.node.runtime.roles.relay",
+        "warning from gwtf.node.runtime.roles.relay",
+        "error from gwtf.node.runtime.roles.relay",
     ]
 
 
@@ -75,12 +78,12 @@ def test_json_lines_carry_the_fields(capsys: pytest.CaptureFixture[str]) -> None
     try:
         raise OSError("disk full")
     except OSError:
-        logging.getLogger("node.store").exception("evidence not kept")
-    logging.getLogger("node.store").info("not shown")
+        logging.getLogger("gwtf.node.store").exception("evidence not kept")
+    logging.getLogger("gwtf.node.store").info("not shown")
     (line,) = capsys.readouterr().err.splitlines()
     record = json.loads(line)
     assert record["node"] == "relay-2-0" and record["level"] == "ERROR"
-    assert record["logger"] == "node.store" and record["message"] == "evidence not kept"
+    assert record["logger"] == "gwtf.node.store" and record["message"] == "evidence not kept"
     assert "OSError: disk full" in record["exception"]
     assert record["time"].endswith("Z")
 

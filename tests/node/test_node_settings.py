@@ -11,12 +11,12 @@ import pytest
 import tomli_w
 
 from gwtf.errors import ConfigError, WalletError
-from node import settings as node_settings
-from node.chain.wallet import load_or_create_node_key
-from node.composition import live_config_from_settings
-from node.p2p.identity import node_address_of_peer, peer_id_of
-from node.settings import AUTO_STAGE, load_settings
-from node.training import settings as training_settings
+from gwtf.node import settings as node_settings
+from gwtf.node.chain.wallet import load_or_create_node_key
+from gwtf.node.composition import live_config_from_settings
+from gwtf.node.p2p.identity import node_address_of_peer, peer_id_of
+from gwtf.node.settings import AUTO_STAGE, load_settings
+from gwtf.node.training import settings as training_settings
 
 NODE_FILE: dict[str, dict[str, Any]] = {
     "node": {"name": "relay-2-1", "role": "relay", "stage": 2, "capacity": 3},
@@ -155,7 +155,10 @@ def test_bad_values_are_refused_with_one_line_naming_the_key(
         (with_change("p2p", "topology_file", "nowhere.json"), "p2p.topology_file="),
         (
             with_change(
-                "p2p", "topology_file", "coordinator_free/sim/data/regions-10.json", region="mars"
+                "p2p",
+                "topology_file",
+                "gwtf/coordinator_free/sim/data/regions-10.json",
+                region="mars",
             ),
             "p2p.region='mars' is not a region of",
         ),
@@ -180,16 +183,16 @@ def test_a_relay_at_stage_minus_one_is_placed_when_it_starts(tmp_path: Path) -> 
 
 
 def test_reading_settings_does_not_import_torch() -> None:
-    code = "import sys, node.settings; print('torch' in sys.modules)"
+    code = "import sys, gwtf.node.settings; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("example", sorted(Path("node/swarm/examples").glob("*.toml")))
+@pytest.mark.parametrize("example", sorted(Path("gwtf/node/swarm/examples").glob("*.toml")))
 def test_the_example_swarm_files_load_and_their_node_files_validate(
     example: Path, tmp_path: Path
 ) -> None:
-    from node.swarm.plan import node_settings, plan_from_file, write_node_settings
+    from gwtf.node.swarm.plan import node_settings, plan_from_file, write_node_settings
 
     plan = plan_from_file(example, tmp_path)
     # Each node's settings file, as the swarm writes it (chain facts aside), loads back.
@@ -203,9 +206,14 @@ def test_the_example_swarm_files_load_and_their_node_files_validate(
 def test_a_swarm_file_data_set_trains_its_data_nodes_and_sizes_its_relays(tmp_path: Path) -> None:
     """The data nodes get the data set; the relays, without it, its vocabulary; the run
     commits to its manifest's hash and to that vocabulary."""
-    from node.chain.actions import RunModel, dataset_hash_of
-    from node.swarm.plan import node_settings, plan_from_file, run_model_of, write_node_settings
-    from node.training.prepare import PrepareOptions, prepare
+    from gwtf.node.chain.actions import RunModel, dataset_hash_of
+    from gwtf.node.swarm.plan import (
+        node_settings,
+        plan_from_file,
+        run_model_of,
+        write_node_settings,
+    )
+    from gwtf.node.training.prepare import PrepareOptions, prepare
 
     (tmp_path / "c.txt").write_text("".join(f"document {i} of the corpus.\n\n" for i in range(99)))
     manifest = prepare(
@@ -228,8 +236,13 @@ def test_a_swarm_file_data_set_trains_its_data_nodes_and_sizes_its_relays(tmp_pa
 def test_a_swarm_file_vocabulary_sizes_every_node_without_a_data_set(tmp_path: Path) -> None:
     """``[run] vocab_size`` (GPT-2's 50,257 here): data node and relays build that model on the
     shipped corpus, and the run commits to it."""
-    from node.chain.actions import RunModel
-    from node.swarm.plan import node_settings, plan_from_file, run_model_of, write_node_settings
+    from gwtf.node.chain.actions import RunModel
+    from gwtf.node.swarm.plan import (
+        node_settings,
+        plan_from_file,
+        run_model_of,
+        write_node_settings,
+    )
 
     (tmp_path / "swarm.toml").write_text('[run]\nmodel = "gpt-125m"\nvocab_size = 50257\n')
     plan = plan_from_file(tmp_path / "swarm.toml", tmp_path / "out")
@@ -246,9 +259,9 @@ def test_a_node_placed_on_another_host_listens_there_with_its_region_and_command
     """A swarm node with a ``NodeHost`` (the internet test bed's namespaces) gets that host's
     listen addresses and region in its settings, and its process starts under the prefix; the
     others stay on loopback."""
-    from node.p2p.addresses import LOOPBACK
-    from node.swarm.plan import NodeHost, node_settings, plan_from_file
-    from node.swarm.run import start_node
+    from gwtf.node.p2p.addresses import LOOPBACK
+    from gwtf.node.swarm.plan import NodeHost, node_settings, plan_from_file
+    from gwtf.node.swarm.run import start_node
 
     (tmp_path / "swarm.toml").write_text("[chain]\nenabled = false\n")
     plan = plan_from_file(tmp_path / "swarm.toml", tmp_path / "out")
@@ -262,7 +275,7 @@ def test_a_node_placed_on_another_host_listens_there_with_its_region_and_command
     assert local["p2p"]["listen"] == [LOOPBACK] and local["p2p"]["region"] == "oregon"
     with (tmp_path / "log").open("wb") as log:
         start_node(plan, placed, log).popen.wait(timeout=30)
-    assert (tmp_path / "log").read_text().split()[:3] == [sys.executable, "-m", "node.process"]
+    assert (tmp_path / "log").read_text().split()[:3] == [sys.executable, "-m", "gwtf.node.process"]
 
 
 @pytest.mark.parametrize(
@@ -278,7 +291,8 @@ def test_a_node_placed_on_another_host_listens_there_with_its_region_and_command
         ("[swarm]\nrelays_per_stage = 0\n", "[swarm] relays_per_stage = 0"),
         ("[swarm]\nregions = []\n", "[swarm] regions = []"),
         (
-            "[swarm]\nregions = ['mars']\ntopology = 'coordinator_free/sim/data/regions-10.json'\n",
+            "[swarm]\nregions = ['mars']\n"
+            "topology = 'gwtf/coordinator_free/sim/data/regions-10.json'\n",
             "[swarm] regions ['mars'] are not in",
         ),
         ("[run]\nstages = 10\n", "[run] cannot split 4 layers into 10 non-empty stages"),
@@ -302,7 +316,7 @@ def test_a_node_placed_on_another_host_listens_there_with_its_region_and_command
 def test_bad_swarm_files_are_refused_naming_the_key(
     body: str, fragment: str, tmp_path: Path
 ) -> None:
-    from node.swarm.plan import node_settings, plan_from_file, write_node_settings
+    from gwtf.node.swarm.plan import node_settings, plan_from_file, write_node_settings
 
     swarm_file = tmp_path / "swarm.toml"
     swarm_file.write_text(body)

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from web3 import Web3
 
-from node.chain.actions import Contracts
-from node.chain.adapter import advance_time_to
-from node.chain.epochs import EpochLedger
+from gwtf.node.chain.actions import Contracts
+from gwtf.node.chain.adapter import advance_time_to
+from gwtf.node.chain.epochs import EpochLedger
 from tests.node.conftest import RunningDevnet
 from tests.node.test_cli import run_cli
 from tests.node.test_cli_volunteer import PASSWORD
@@ -139,7 +139,7 @@ def test_a_stranger_follows_the_readme_registers_starts_is_paid(
         assert "(home .gwtf/nodes/main, running, API http://127.0.0.1:" in status, status
         assert "health" in status
         data_api = data.wait_for("dashboard and API: ").split()[3]
-        from node.local_api.client import call_api
+        from gwtf.node.local_api.client import call_api
 
         wait_until(lambda: call_api(data_api, "/v1/status")["iteration"] >= 6,
                    "the data node to train", 240)  # fmt: skip
@@ -171,7 +171,7 @@ def test_a_stranger_follows_the_readme_registers_starts_is_paid(
 
 def node_of(tmp_path: Path, register: list[str]) -> str:
     """The address of the node the guide's ``register`` made (its key beside the wallet)."""
-    from node.chain.wallet import node_key_path, read_keystore_address
+    from gwtf.node.chain.wallet import node_key_path, read_keystore_address
 
     wallet = tmp_path / register[register.index("--wallet") + 1]
     return read_keystore_address(node_key_path(wallet, "main"))

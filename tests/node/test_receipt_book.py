@@ -1,4 +1,4 @@
-"""Receipts on the hot path (``node/receipts/book.py``): what the worker signs and the receiver
+"""Receipts on the hot path (``gwtf/node/receipts/book.py``): what the worker signs and the receiver
 countersigns is the contract mirror's receipt, each committed before it is handed out, and the
 receiver holds it whole before its ack; a bad signature either way is refused, scored and
 logged once; no node signs two versions of a hop; the wire format of reports and ranges
@@ -18,17 +18,17 @@ from eth_utils.crypto import keccak
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.certificate_tree import SignedReceipt, build_certificate_tree, check_signatures
-from contracts.encoding import FORWARD, HopReceipt, ledger_domain, recover_signer, sign_receipt
+from gwtf.contracts.certificate_tree import SignedReceipt, build_certificate_tree, check_signatures
+from gwtf.contracts.encoding import FORWARD, HopReceipt, ledger_domain, recover_signer, sign_receipt
 from gwtf.errors import ProtocolError
-from node.p2p.identity import identity_from_key, peer_id_of
-from node.receipts import reports
-from node.receipts.book import HopFacts, ReceiptBook, ReceiptTerms, address_of_peer
-from node.receipts.certify import check_report
-from node.receipts.reports import MAX_DATA_NODES, ReceiptInbox, ReceiptReporter
-from node.receipts.wire import decode_range, decode_receipts, encode_range, encode_receipts
-from node.store.database import open_database
-from node.store.hops import HopStore
+from gwtf.node.p2p.identity import identity_from_key, peer_id_of
+from gwtf.node.receipts import reports
+from gwtf.node.receipts.book import HopFacts, ReceiptBook, ReceiptTerms, address_of_peer
+from gwtf.node.receipts.certify import check_report
+from gwtf.node.receipts.reports import MAX_DATA_NODES, ReceiptInbox, ReceiptReporter
+from gwtf.node.receipts.wire import decode_range, decode_receipts, encode_range, encode_receipts
+from gwtf.node.store.database import open_database
+from gwtf.node.store.hops import HopStore
 
 DOMAIN = ledger_domain(31337, "0x" + "ef" * 20)
 TERMS = ReceiptTerms(run_id=1, domain=DOMAIN, stages=2, units_per_hop=10)
@@ -127,7 +127,7 @@ def test_a_bad_countersignature_is_refused_scored_and_logged_once(
 ) -> None:
     penalties: list[tuple[str, str]] = []
     worker, receiver = book(tmp_path, "a", penalties), book(tmp_path, "b", penalties)
-    caplog.set_level(logging.WARNING, logger="node.receipts.book")
+    caplog.set_level(logging.WARNING, logger="gwtf.node.receipts.book")
 
     async def body() -> None:
         receipt = worker.receipt(facts())
@@ -159,7 +159,7 @@ def test_a_receipt_its_worker_did_not_sign_is_refused_and_nothing_is_kept(
 ) -> None:
     penalties: list[tuple[str, str]] = []
     receiver = book(tmp_path, "b", penalties)
-    caplog.set_level(logging.WARNING, logger="node.receipts.book")
+    caplog.set_level(logging.WARNING, logger="gwtf.node.receipts.book")
     results = []
 
     async def body() -> None:

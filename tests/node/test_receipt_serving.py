@@ -15,8 +15,8 @@ from eth_utils.crypto import keccak
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.certificate_tree import SignedReceipt, build_certificate_tree, check_signatures
-from contracts.encoding import (
+from gwtf.contracts.certificate_tree import SignedReceipt, build_certificate_tree, check_signatures
+from gwtf.contracts.encoding import (
     FORWARD,
     HopReceipt,
     hop_key,
@@ -26,13 +26,13 @@ from contracts.encoding import (
     receipt_digest,
     sign_digest,
 )
-from contracts.merkle import verify_proof
+from gwtf.contracts.merkle import verify_proof
 from gwtf.errors import ProtocolError
-from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import identity_from_key, peer_id_of
-from node.p2p.rpc import PublicRate, RequestResponse
-from node.receipts.book import ReceiptTerms
-from node.receipts.serving import (
+from gwtf.node.p2p.host import full_address, peer_info, running_host
+from gwtf.node.p2p.identity import identity_from_key, peer_id_of
+from gwtf.node.p2p.rpc import PublicRate, RequestResponse
+from gwtf.node.receipts.book import ReceiptTerms
+from gwtf.node.receipts.serving import (
     CERTIFIED,
     RECEIVED,
     SIGNED,
@@ -41,9 +41,9 @@ from node.receipts.serving import (
     certified_page,
     fetch_receipts,
 )
-from node.receipts.wire import MAX_PAGE, ReceiptPage, decode_page, encode_page
-from node.store.database import open_database
-from node.store.hops import HopStore, ToSign
+from gwtf.node.receipts.wire import MAX_PAGE, ReceiptPage, decode_page, encode_page
+from gwtf.node.store.database import open_database
+from gwtf.node.store.hops import HopStore, ToSign
 
 DOMAIN = ledger_domain(31337, "0x" + "ef" * 20)
 TERMS = ReceiptTerms(run_id=1, domain=DOMAIN, stages=2, units_per_hop=10)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gwtf.errors import ConfigError
-from node.settings import Secret, Settings, load_settings
+from gwtf.node.settings import Secret, Settings, load_settings
 
 
 def write_toml(tmp_path: Path, text: str) -> Path:

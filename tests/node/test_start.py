@@ -24,14 +24,14 @@ from typing import Any
 import pytest
 from web3 import Web3
 
-from contracts.encoding import CertifiedHop, signatures_hash
-from contracts.merkle import verify_proof
+from gwtf.contracts.encoding import CertifiedHop, signatures_hash
+from gwtf.contracts.merkle import verify_proof
 from gwtf.errors import ConfigError
-from node.chain.actions import Contracts
-from node.chain.adapter import advance_time, advance_time_to
-from node.chain.epochs import EpochLedger
-from node.cli.start import _DIR_IN_USE, exclusive_lock
-from node.local_api.client import call_api
+from gwtf.node.chain.actions import Contracts
+from gwtf.node.chain.adapter import advance_time, advance_time_to
+from gwtf.node.chain.epochs import EpochLedger
+from gwtf.node.cli.start import _DIR_IN_USE, exclusive_lock
+from gwtf.node.local_api.client import call_api
 from tests.node.conftest import FAST_SCRYPT_N
 from tests.node.test_cli import assert_one_line_error, run_cli
 from tests.node.test_cli_volunteer import PASSWORD, cli_json, new_wallet
@@ -66,7 +66,7 @@ def start(
     tmp_path: Path,
     name: str,
     argv: list[str],
-    command: Sequence[str] = (sys.executable, "-m", "node.cli.main"),
+    command: Sequence[str] = (sys.executable, "-m", "gwtf.node.cli.main"),
     env: Mapping[str, str] | None = None,
 ) -> NodeProcess:
     """``command argv`` (``gwtf-node``'s) in ``tmp_path``, its output read line by line."""
@@ -133,7 +133,7 @@ def fast_node_key(wallet: Sequence[str], node_name: str) -> None:
     """Make the node key ``register`` would make for ``wallet``'s ``node_name``, at the tests'
     low scrypt cost: every command and node process opens it, ~1 s each at the default cost.
     (tests/node/test_cli_volunteer.py has ``register`` make one itself.)"""
-    from node.chain.wallet import load_or_create_node_key, node_key_path
+    from gwtf.node.chain.wallet import load_or_create_node_key, node_key_path
 
     path = node_key_path(wallet[wallet.index("--wallet") + 1], node_name)
     load_or_create_node_key(path, PASSWORD, scrypt_n=FAST_SCRYPT_N)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from node.cli.nodes import _live_fields
+from gwtf.node.cli.nodes import _live_fields
 
 LIVE: dict[str, Any] = {
     "role": "relay",

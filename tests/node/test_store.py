@@ -21,8 +21,8 @@ from eth_account import Account
 from eth_utils.crypto import keccak
 from sqlalchemy import inspect, text
 
-from contracts.certificate_tree import SignedReceipt
-from contracts.encoding import (
+from gwtf.contracts.certificate_tree import SignedReceipt
+from gwtf.contracts.encoding import (
     HopReceipt,
     hop_key,
     ledger_domain,
@@ -30,14 +30,14 @@ from contracts.encoding import (
     scheduled_units,
     sign_digest,
 )
-from node.store.database import (
+from gwtf.node.store.database import (
     Database,
     DatabaseError,
     alembic_config,
     create_store_engine,
     open_database,
 )
-from node.store.hops import ConflictingReceipt, HopStore, ToSign
+from gwtf.node.store.hops import ConflictingReceipt, HopStore, ToSign
 
 POSTGRES_URL = os.environ.get("GWTF_TEST_POSTGRES_URL", "")
 DOMAIN = ledger_domain(1, "0x" + "ab" * 20)
@@ -169,8 +169,8 @@ def test_a_batch_of_twenty_thousand_receipts_is_one_transaction(store: HopStore)
 SIGN_AND_DIE = """
 import os, signal, sys
 from tests.node.test_store import to_sign, receipt
-from node.store.database import open_database
-from node.store.hops import HopStore
+from gwtf.node.store.database import open_database
+from gwtf.node.store.hops import HopStore
 store = HopStore(open_database(sys.argv[1]))
 (signature,) = store.sign_once([to_sign(receipt(42))])
 sys.stdout.write(signature.hex()); sys.stdout.flush()
@@ -202,7 +202,7 @@ def test_writes_that_arrive_during_a_commit_share_the_next_one() -> None:
 
     import trio
 
-    from node.store.writer import BatchWriter
+    from gwtf.node.store.writer import BatchWriter
 
     batches: list[int] = []
 

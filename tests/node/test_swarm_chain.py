@@ -12,13 +12,13 @@ import trio
 from libp2p.peer.id import ID
 
 from gwtf.errors import ConfigError
-from node.chain.actions import DATASET_HASH, Contracts, RunModel
-from node.chain.adapter import Sender, connect
-from node.chain.wallet import open_wallet, read_keystore_address
-from node.composition import admission_from_settings
-from node.devnet.server import RunningDevnet
-from node.settings import load_settings
-from node.swarm.chain import (
+from gwtf.node.chain.actions import DATASET_HASH, Contracts, RunModel
+from gwtf.node.chain.adapter import Sender, connect
+from gwtf.node.chain.wallet import open_wallet, read_keystore_address
+from gwtf.node.composition import admission_from_settings
+from gwtf.node.devnet.server import RunningDevnet
+from gwtf.node.settings import load_settings
+from gwtf.node.swarm.chain import (
     ChainPlan,
     SwarmChain,
     chain_facts,
@@ -26,7 +26,7 @@ from node.swarm.chain import (
     open_swarm_run,
     start_swarm_chain,
 )
-from node.training.settings import TrainingSettings
+from gwtf.node.training.settings import TrainingSettings
 from tests.node.conftest import TEST_GAS_LIMIT
 
 ETH = 10**18
@@ -170,7 +170,7 @@ def test_a_swarm_deploys_the_contracts_on_a_running_chain_without_a_devnet_file(
 def test_the_swarm_command_refuses_a_bad_swarm_file_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from node.cli.main import main
+    from gwtf.node.cli.main import main
 
     swarm_file = tmp_path / "swarm.toml"
     swarm_file.write_text("[chain]\nstake_eth = 3.0\nfund_eth = 1.0\n")

@@ -43,7 +43,7 @@ def test_the_swarm_command_reports_in_a_few_lines_and_keeps_its_chain_until_ctrl
 ) -> None:
     swarm_file, out = tmp_path / "swarm.toml", tmp_path / "out"
     swarm_file.write_text(SWARM_FILE)
-    command = [sys.executable, "-m", "node.cli", "swarm", "--swarm-file", str(swarm_file)]
+    command = [sys.executable, "-m", "gwtf.node.cli", "swarm", "--swarm-file", str(swarm_file)]
     swarm = subprocess.Popen(
         [*command, "--out", str(out), "--keep-chain"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -69,7 +69,7 @@ def test_the_swarm_command_reports_in_a_few_lines_and_keeps_its_chain_until_ctrl
         rpc_url, run_id = match.group(1), int(match.group(2))
         assert chain_id(rpc_url) == 31337
         listed = subprocess.run(
-            [sys.executable, "-m", "node.cli", "--devnet-file", str(out / "devnet.json"),
+            [sys.executable, "-m", "gwtf.node.cli", "--devnet-file", str(out / "devnet.json"),
              "runs", "list", "--json"],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip

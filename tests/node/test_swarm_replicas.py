@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from node.swarm.replicas import replicas_out_of_step
+from gwtf.node.swarm.replicas import replicas_out_of_step
 
 
 def relay(stage: int, step: int, digest: str) -> dict[str, object]:

@@ -11,10 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from node.logs import LibraryDigest
-from node.status_file import ResultsLog, read_results
-from node.swarm.plan import Proc, plan_from_file
-from node.swarm.run import _record_injected_crashes
+from gwtf.node.logs import LibraryDigest
+from gwtf.node.status_file import ResultsLog, read_results
+from gwtf.node.swarm.plan import Proc, plan_from_file
+from gwtf.node.swarm.run import _record_injected_crashes
 
 
 def sleeper(tmp_path: Path, name: str) -> Proc:
@@ -53,7 +53,7 @@ class Role:
 
 
 def test_results_survive_a_line_torn_by_a_kill_and_a_restart_appends(tmp_path: Path) -> None:
-    from node.runtime.roles.data import IterationResult
+    from gwtf.node.runtime.roles.data import IterationResult
 
     status_file = tmp_path / "data.status.json"
     role = Role()
@@ -78,7 +78,7 @@ def record(name: str, message: str, level: int = logging.WARNING) -> logging.Log
 def test_the_networking_library_s_noise_is_one_line_per_period() -> None:
     now = [0.0]
     digest = LibraryDigest(period_s=30.0, clock=lambda: now[0])
-    assert digest.filter(record("node.runtime.relay", "a node's own warning"))
+    assert digest.filter(record("gwtf.node.runtime.relay", "a node's own warning"))
     peer = "16Uiu2HAmLrQ9X7xyth2fMVcV7tFRcty24Mz5WtLvysQ8gVpszbp3"
     for port in range(5):
         block = f"Failed to open stream to {peer} on 127.0.0.1:{4000 + port}\n  Protocols: [...]"

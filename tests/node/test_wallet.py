@@ -11,7 +11,7 @@ from eth_account import Account
 from eth_account.messages import encode_defunct
 
 from gwtf.errors import WalletError
-from node.chain.wallet import (
+from gwtf.node.chain.wallet import (
     create_wallet,
     import_key,
     load_or_create_node_key,

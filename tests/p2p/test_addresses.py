@@ -9,7 +9,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
 from gwtf.errors import ConfigError, ProtocolError
-from node.p2p.addresses import (
+from gwtf.node.p2p.addresses import (
     MAX_ADDRESSES,
     MAX_CIRCUIT_ADDRESSES,
     advertised,
@@ -18,11 +18,11 @@ from node.p2p.addresses import (
     parse_listen,
     with_circuits,
 )
-from node.p2p.discovery_records import PeerCard, card_key, open_card, sign_card
-from node.p2p.host import full_addresses, running_host
-from node.p2p.identity import new_identity
-from node.p2p.rpc import RequestResponse
-from node.runtime.discovery.address_book import format_record, own_record, parse_record
+from gwtf.node.p2p.discovery_records import PeerCard, card_key, open_card, sign_card
+from gwtf.node.p2p.host import full_addresses, running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.rpc import RequestResponse
+from gwtf.node.runtime.discovery.address_book import format_record, own_record, parse_record
 
 PEER = str(ID.from_pubkey(create_new_key_pair(b"\x01" * 32).public_key))
 

@@ -12,11 +12,11 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.network.exceptions import SwarmException
 from libp2p.peer.id import ID
 
-from node.p2p.dialing import Dialer, DialFailed, dialable
-from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import new_identity
-from node.p2p.keepalive import ALIVE_PROTOCOL, Backoff, NeighbourKeeper
-from node.p2p.rpc import RequestResponse, RpcLimits
+from gwtf.node.p2p.dialing import Dialer, DialFailed, dialable
+from gwtf.node.p2p.host import full_address, peer_info, running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.keepalive import ALIVE_PROTOCOL, Backoff, NeighbourKeeper
+from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
 from tests.p2p.test_host_stop import ECHO, LIMITS, echo, run_bounded
 
 

@@ -14,7 +14,7 @@ from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.peer.id import ID
 from libp2p.tools.anyio_service import background_trio_service
 
-from node.p2p.discovery_records import (
+from gwtf.node.p2p.discovery_records import (
     PeerCard,
     card_key,
     encode_hint,
@@ -22,12 +22,12 @@ from node.p2p.discovery_records import (
     run_key,
     sign_card,
 )
-from node.p2p.hints import HintChannel
-from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.rpc import Admission, RequestResponse
-from node.p2p.scoring import Offence
-from node.runtime.discovery.address_book import AddressBook, own_record
-from node.runtime.discovery.run_discovery import DiscoverySettings, RunDiscovery
+from gwtf.node.p2p.hints import HintChannel
+from gwtf.node.p2p.host import full_address, peer_info, running_host
+from gwtf.node.p2p.rpc import Admission, RequestResponse
+from gwtf.node.p2p.scoring import Offence
+from gwtf.node.runtime.discovery.address_book import AddressBook, own_record
+from gwtf.node.runtime.discovery.run_discovery import DiscoverySettings, RunDiscovery
 
 
 @asynccontextmanager

@@ -12,8 +12,8 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 
 from gwtf.errors import ConfigError, ProtocolError
-from node.p2p.dht import CardValidator
-from node.p2p.discovery_records import (
+from gwtf.node.p2p.dht import CardValidator
+from gwtf.node.p2p.discovery_records import (
     MAX_CARD_BYTES,
     Hint,
     PeerCard,

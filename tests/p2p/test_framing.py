@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from node.p2p.framing import FrameError, FrameReader, encode_frame
+from gwtf.node.p2p.framing import FrameError, FrameReader, encode_frame
 
 
 class ScriptedStream:

@@ -14,10 +14,10 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.network.exceptions import SwarmException
 from libp2p.network.swarm import Swarm
 
-from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import new_identity
-from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
-from node.runtime.discovery.address_book import AddressBook, PeerRecord, own_record
+from gwtf.node.p2p.host import full_address, peer_info, running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
+from gwtf.node.runtime.discovery.address_book import AddressBook, PeerRecord, own_record
 
 ECHO = "/gwtf/test-echo/1.0.0"
 LIMITS = RpcLimits(max_request_bytes=64, max_response_bytes=64, timeout_s=5.0)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gwtf.errors import ConfigError
-from node.p2p.link_emulation import LinkEmulator, Topology
+from gwtf.node.p2p.link_emulation import LinkEmulator, Topology
 
 TWO_REGIONS = Topology(
     regions=("oregon", "tokyo"),
@@ -41,7 +41,7 @@ def test_forgetting_a_peer_clears_its_queues() -> None:
 
 
 def test_the_shipped_ten_region_matrix_loads() -> None:
-    shipped = Path(__file__).resolve().parents[2] / "coordinator_free/sim/data/regions-10.json"
+    shipped = Path(__file__).resolve().parents[2] / "gwtf/coordinator_free/sim/data/regions-10.json"
     topology = Topology.from_json_file(shipped)
     assert len(topology.regions) == 10
     assert topology.latency_s("oregon", "oregon") < topology.latency_s("oregon", "sydney")

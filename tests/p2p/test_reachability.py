@@ -8,9 +8,9 @@ import trio
 from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError
-from node.p2p.host import full_address, full_addresses, running_host
-from node.p2p.identity import new_identity
-from node.p2p.reachability import (
+from gwtf.node.p2p.host import full_address, full_addresses, running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.reachability import (
     LIMITS,
     PROTOCOL_ID,
     DialbackRate,
@@ -24,7 +24,7 @@ from node.p2p.reachability import (
     encode_request,
     verdict,
 )
-from node.p2p.rpc import PeerUnavailable, RequestResponse
+from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse
 from tests.p2p.test_dialing import free_port
 from tests.p2p.test_host_stop import run_bounded
 

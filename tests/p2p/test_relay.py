@@ -20,9 +20,9 @@ from libp2p.relay.circuit_v2.protocol import STOP_PROTOCOL_ID as STOP
 from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
 from libp2p.relay.circuit_v2.utils import write_delimited_msg
 
-from node.p2p.host import full_address, full_addresses, peer_info, point_at, running_host
-from node.p2p.identity import new_identity
-from node.p2p.relay import (
+from gwtf.node.p2p.host import full_address, full_addresses, peer_info, point_at, running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.relay import (
     CircuitDialer,
     RelayRefused,
     RelaySlots,
@@ -32,8 +32,8 @@ from node.p2p.relay import (
     read_relay_message,
     reserve,
 )
-from node.p2p.relay_service import CircuitRelay, RelayLimits, circuit_relay
-from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
+from gwtf.node.p2p.relay_service import CircuitRelay, RelayLimits, circuit_relay
+from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 
 ECHO = "/gwtf/test-echo/1.0.0"
 LIMITS = RpcLimits(max_request_bytes=1 << 20, max_response_bytes=1 << 20, timeout_s=5.0)

@@ -13,17 +13,17 @@ from libp2p.crypto import ed25519
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-from contracts.encoding import peer_id_of_public_key
+from gwtf.contracts.encoding import peer_id_of_public_key
 from gwtf.errors import ProtocolError
-from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import (
+from gwtf.node.p2p.host import full_address, peer_info, running_host
+from gwtf.node.p2p.identity import (
     identity_from_key,
     new_identity,
     node_address_of_peer,
     peer_id_of,
     public_key_of,
 )
-from node.p2p.rpc import (
+from gwtf.node.p2p.rpc import (
     Decline,
     NotHere,
     PeerTimeout,
@@ -33,7 +33,7 @@ from node.p2p.rpc import (
     RequestResponse,
     RpcLimits,
 )
-from node.p2p.scoring import Offence
+from gwtf.node.p2p.scoring import Offence
 
 ECHO = "/gwtf/test-echo/1.0.0"
 LIMITS = RpcLimits(max_request_bytes=4096, max_response_bytes=4096, timeout_s=3.0)

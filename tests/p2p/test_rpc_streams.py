@@ -13,11 +13,11 @@ from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 
 from gwtf.errors import ProtocolError
-from node.p2p.framing import FrameReader, encode_frame, read_frame, write_frame
-from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import new_identity
-from node.p2p.rpc import PeerTimeout, PeerUnavailable, PublicRate, RequestResponse, RpcLimits
-from node.p2p.scoring import Offence
+from gwtf.node.p2p.framing import FrameReader, encode_frame, read_frame, write_frame
+from gwtf.node.p2p.host import full_address, peer_info, running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.rpc import PeerTimeout, PeerUnavailable, PublicRate, RequestResponse, RpcLimits
+from gwtf.node.p2p.scoring import Offence
 
 ECHO = "/gwtf/test-echo/1.0.0"
 LIMITS = RpcLimits(max_request_bytes=1 << 20, max_response_bytes=1 << 20, timeout_s=30.0)

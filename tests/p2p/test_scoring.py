@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from node.p2p.scoring import Offence, PeerScores, ScoringConfig
+from gwtf.node.p2p.scoring import Offence, PeerScores, ScoringConfig
 
 
 def test_offences_lower_the_score_and_time_restores_it() -> None:

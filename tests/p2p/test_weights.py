@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import trio
 
-from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import new_identity
-from node.p2p.rpc import PublicRate, RequestResponse
-from node.p2p.weights import (
+from gwtf.node.p2p.host import full_address, peer_info, running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.rpc import PublicRate, RequestResponse
+from gwtf.node.p2p.weights import (
     CHUNK_BYTES,
     KEPT_STATES,
     StageSnapshot,

@@ -1,7 +1,7 @@
 """Receipts on an in-process swarm without a chain: each node gets a real ``ReceiptBook`` (its
 own key, its own SQLite database) on its data plane, every complete receipt either end hands on
 is collected with the data node's anchors, and every hop a relay computes is noted. What an
-honest data node would certify of them is then ``certified()`` (``node.receipts.certify``),
+honest data node would certify of them is then ``certified()`` (``gwtf.node.receipts.certify``),
 and ``unpaid()`` lists the hops live relays computed that no certified receipt pays."""
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from typing import Any
 
 import trio
 
-from contracts.certificate_tree import PreparedHop, SignedReceipt
-from contracts.encoding import BACKWARD, FORWARD, hop_key, ledger_domain
-from node.receipts.book import ReceiptBook, ReceiptTerms, address_of_peer
-from node.receipts.certify import Anchor, certifiable, check_report
-from node.runtime.dataplane.hop import HopHeader, frame_digest
-from node.runtime.live_node import LiveNode
-from node.runtime.roles.relay import RelayRole
-from node.store.database import open_database
-from node.store.hops import HopStore
+from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt
+from gwtf.contracts.encoding import BACKWARD, FORWARD, hop_key, ledger_domain
+from gwtf.node.receipts.book import ReceiptBook, ReceiptTerms, address_of_peer
+from gwtf.node.receipts.certify import Anchor, certifiable, check_report
+from gwtf.node.runtime.dataplane.hop import HopHeader, frame_digest
+from gwtf.node.runtime.live_node import LiveNode
+from gwtf.node.runtime.roles.relay import RelayRole
+from gwtf.node.store.database import open_database
+from gwtf.node.store.hops import HopStore
 
 #: (worker address, iteration, microbatch, stage, direction, input digest): one computation.
 Computation = tuple[str, int, int, int, int, bytes]

@@ -10,14 +10,14 @@ import torch
 import trio
 from libp2p.crypto.keys import KeyPair
 
-from coordinator_free.protocol.config import FlowConfig
-from node.p2p.identity import new_identity
-from node.runtime.dataplane.exchange import HopRecord
-from node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
-from node.runtime.roles.data import IterationResult
-from node.training.config import named_config
-from node.training.reference import ReferenceRun, whole_model_run
-from node.training.settings import TrainingSettings
+from gwtf.coordinator_free.protocol.config import FlowConfig
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.runtime.dataplane.exchange import HopRecord
+from gwtf.node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
+from gwtf.node.runtime.roles.data import IterationResult
+from gwtf.node.training.config import named_config
+from gwtf.node.training.reference import ReferenceRun, whole_model_run
+from gwtf.node.training.settings import TrainingSettings
 from tests.runtime.receipt_tap import ReceiptTap
 
 MODEL_NAME = "gpt-tiny"

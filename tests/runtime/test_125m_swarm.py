@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.training.config import total_param_count
-from node.training.partition import model_for_run
-from node.training.reference import whole_model_losses
+from gwtf.node.training.config import total_param_count
+from gwtf.node.training.partition import model_for_run
+from gwtf.node.training.reference import whole_model_losses
 from tests.runtime.swarm_harness import FLOW, SEED, TRAINING, Swarm, run_swarm
 
 ITERATIONS = 3

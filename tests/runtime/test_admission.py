@@ -11,9 +11,9 @@ import trio
 from eth_account import Account
 from trio.testing import MockClock
 
-from contracts.bindings import SuiteParams, deploy_suite
+from gwtf.contracts.bindings import SuiteParams, deploy_suite
 from gwtf.errors import ChainError
-from node.chain.actions import (
+from gwtf.node.chain.actions import (
     Capacity,
     Contracts,
     RunConfig,
@@ -22,11 +22,11 @@ from node.chain.actions import (
     register_node,
     request_unstake,
 )
-from node.chain.adapter import FakeChain, Sender, connect
-from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import identity_from_key, new_identity, node_address_of_peer, peer_id_of
-from node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
-from node.runtime.discovery.admission import RunAdmission
+from gwtf.node.chain.adapter import FakeChain, Sender, connect
+from gwtf.node.p2p.host import full_address, peer_info, running_host
+from gwtf.node.p2p.identity import identity_from_key, new_identity, node_address_of_peer, peer_id_of
+from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
+from gwtf.node.runtime.discovery.admission import RunAdmission
 from tests.node.conftest import TEST_GAS_LIMIT
 
 ETH = 10**18

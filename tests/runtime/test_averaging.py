@@ -11,21 +11,21 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import new_identity
-from node.p2p.rpc import RequestResponse
-from node.runtime.replicas.averaging import GradientAverager, RoundResult, combine_shares
-from node.runtime.replicas.share_codec import (
+from gwtf.node.p2p.host import full_address, peer_info, running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.rpc import RequestResponse
+from gwtf.node.runtime.replicas.averaging import GradientAverager, RoundResult, combine_shares
+from gwtf.node.runtime.replicas.share_codec import (
     decode_average,
     decode_shares,
     encode_average,
     encode_shares,
 )
-from node.training.codec import CodecLimits
-from node.training.errors import TensorCodecError
-from node.training.partition import plan_partition
-from node.training.stage_worker import StageWorker
-from node.training.trainer import GradientShare
+from gwtf.node.training.codec import CodecLimits
+from gwtf.node.training.errors import TensorCodecError
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.stage_worker import StageWorker
+from gwtf.node.training.trainer import GradientShare
 from tests.runtime.swarm_harness import MODEL, SEED, STAGES, TRAINING
 
 LIMITS = CodecLimits(max_bytes=1 << 20, max_ndim=4)

@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import pytest
 import trio
 
-from coordinator_free.protocol.state import Peer
+from gwtf.coordinator_free.protocol.state import Peer
 from gwtf.errors import ProtocolError
-from node.p2p.rpc import Decline
-from node.runtime.dataplane.hop import BACKWARD, FLAG_REDO, FLAG_REPAIR, FORWARD
-from node.runtime.roles.relay import RelayRole
-from node.runtime.roles.relay_roster import RelayRoster
+from gwtf.node.p2p.rpc import Decline
+from gwtf.node.runtime.dataplane.hop import BACKWARD, FLAG_REDO, FLAG_REPAIR, FORWARD
+from gwtf.node.runtime.roles.relay import RelayRole
+from gwtf.node.runtime.roles.relay_roster import RelayRoster
 
 
 def peer(peer_id: str, stage: int, alive: bool = True) -> Peer:

@@ -1,6 +1,6 @@
 """A node measures its compute time per microbatch from the hops it computes (stretched by an
 emulated slower GPU), and the flow
-protocol adopts it (``node/runtime/dataplane/compute_meter.py``)."""
+protocol adopts it (``gwtf/node/runtime/dataplane/compute_meter.py``)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import trio
 import trio.testing
 
-from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
-from node.runtime.dataplane.compute_meter import MIN_HOPS, report_compute
-from node.runtime.dataplane.exchange import DataPlane, _Job
-from node.runtime.flow.service import FlowService
+from gwtf.coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from gwtf.node.runtime.dataplane.compute_meter import MIN_HOPS, report_compute
+from gwtf.node.runtime.dataplane.exchange import DataPlane, _Job
+from gwtf.node.runtime.flow.service import FlowService
 
 
 def test_the_measured_time_per_microbatch_replaces_the_configured_one() -> None:

@@ -11,11 +11,11 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError, TrainingError
-from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import new_identity
-from node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
-from node.runtime.dataplane import control
-from node.runtime.roles.data_peers import DataPeers, LeftOut
+from gwtf.node.p2p.host import full_address, peer_info, running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
+from gwtf.node.runtime.dataplane import control
+from gwtf.node.runtime.roles.data_peers import DataPeers, LeftOut
 
 LIMITS = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 5.0)
 

@@ -1,5 +1,5 @@
-"""A data node's pool of flows (``node/runtime/roles/flow_pool.py``): idle flows lent to a data peer
-whose microbatches wait, used there, and given back. Two real flow cores, whose messages go
+"""A data node's pool of flows (``gwtf/node/runtime/roles/flow_pool.py``): idle flows lent to a data
+peer whose microbatches wait, used there, and given back. Two real flow cores, whose messages go
 straight to each other (the live swarm test runs the same over libp2p)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Any
 import trio
 import trio.testing
 
-from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
-from coordinator_free.protocol.config import Outbound
-from coordinator_free.wire import Hello
-from node.runtime.flow.service import FlowService
-from node.runtime.roles.flow_pool import RECALL_TICKS, Flow, FlowPool
+from gwtf.coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from gwtf.coordinator_free.protocol.config import Outbound
+from gwtf.coordinator_free.wire import Hello
+from gwtf.node.runtime.flow.service import FlowService
+from gwtf.node.runtime.roles.flow_pool import RECALL_TICKS, Flow, FlowPool
 from tests.coordinator_free.test_lending import meet, route_all
 
 CONFIG = FlowConfig(stages=1, activation_bytes=1e6)

@@ -9,14 +9,14 @@ from types import SimpleNamespace
 import torch
 import trio
 
-from node.runtime.dataplane import control
-from node.runtime.dataplane.hop import FORWARD, HopHeader
-from node.runtime.roles.relay import Buffered, RelayRole
-from node.training.codec import CodecLimits
-from node.training.config import named_config
-from node.training.partition import plan_partition
-from node.training.settings import TrainingSettings
-from node.training.stage_worker import StageWorker
+from gwtf.node.runtime.dataplane import control
+from gwtf.node.runtime.dataplane.hop import FORWARD, HopHeader
+from gwtf.node.runtime.roles.relay import Buffered, RelayRole
+from gwtf.node.training.codec import CodecLimits
+from gwtf.node.training.config import named_config
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.settings import TrainingSettings
+from gwtf.node.training.stage_worker import StageWorker
 
 PLAN = plan_partition(named_config("gpt", "tiny"), 2)
 ITERATION = 5

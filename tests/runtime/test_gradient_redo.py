@@ -17,23 +17,23 @@ from pathlib import Path
 import pytest
 import trio
 
-from contracts.encoding import BACKWARD, FORWARD
-from coordinator_free.wire import HopAck
+from gwtf.contracts.encoding import BACKWARD, FORWARD
+from gwtf.coordinator_free.wire import HopAck
 from gwtf.errors import ProtocolError
-from node.runtime.dataplane import control
-from node.runtime.dataplane.exchange import DataPlane
-from node.runtime.dataplane.gradient_redo import (
+from gwtf.node.runtime.dataplane import control
+from gwtf.node.runtime.dataplane.exchange import DataPlane
+from gwtf.node.runtime.dataplane.gradient_redo import (
     Answer,
     RedoReport,
     RedoRun,
     decode_holds,
     plan_redo,
 )
-from node.runtime.dataplane.hop import FLAG_REDO, HopHeader
-from node.runtime.replicas.averaging import RoundResult
-from node.runtime.roles.data import DataRole, IterationResult
-from node.runtime.roles.relay import RelayRole
-from node.training.trainer import GradientShare
+from gwtf.node.runtime.dataplane.hop import FLAG_REDO, HopHeader
+from gwtf.node.runtime.replicas.averaging import RoundResult
+from gwtf.node.runtime.roles.data import DataRole, IterationResult
+from gwtf.node.runtime.roles.relay import RelayRole
+from gwtf.node.training.trainer import GradientShare
 from tests.runtime.receipt_tap import ReceiptTap
 from tests.runtime.swarm_harness import Scenario, Swarm, identity_for, reference_losses, run_swarm
 

@@ -7,17 +7,17 @@ import pytest
 import trio
 
 from gwtf.errors import ProtocolError
-from node.p2p.identity import new_identity, peer_id_of
-from node.p2p.rpc import Decline
-from node.runtime.dataplane import control
-from node.runtime.dataplane.hop import (
+from gwtf.node.p2p.identity import new_identity, peer_id_of
+from gwtf.node.p2p.rpc import Decline
+from gwtf.node.runtime.dataplane import control
+from gwtf.node.runtime.dataplane.hop import (
     ATTEMPT_BLOCK,
     FLAG_REPAIR,
     FLAG_RESUME,
     FORWARD,
     HopHeader,
 )
-from node.runtime.roles.held_forward import check_second_forward
+from gwtf.node.runtime.roles.held_forward import check_second_forward
 
 ORIGIN, OTHER, UP, MEMBER = (str(peer_id_of(new_identity())) for _ in range(4))
 HELD = HopHeader(1, 0, 7, 0, FORWARD, 2, 0, 0, ORIGIN, (ORIGIN, UP))

@@ -15,11 +15,11 @@ from typing import Any
 
 import trio
 
-from node.p2p.rpc import Decline, PeerTimeout
-from node.runtime.dataplane import control
-from node.runtime.dataplane.exchange import PROTOCOL_ID
-from node.runtime.dataplane.hop import ATTEMPT_BLOCK, FORWARD, HopHeader
-from node.training import codec
+from gwtf.node.p2p.rpc import Decline, PeerTimeout
+from gwtf.node.runtime.dataplane import control
+from gwtf.node.runtime.dataplane.exchange import PROTOCOL_ID
+from gwtf.node.runtime.dataplane.hop import ATTEMPT_BLOCK, FORWARD, HopHeader
+from gwtf.node.training import codec
 from tests.runtime.test_kept_forward_overwrite import (
     LIMITS,
     PEER,

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import trio
 
-from node.runtime.dataplane import control
-from node.runtime.dataplane.gradient_redo import decode_holds
-from node.runtime.dataplane.hop import BACKWARD, FORWARD, HopHeader
-from node.training import codec
+from gwtf.node.runtime.dataplane import control
+from gwtf.node.runtime.dataplane.gradient_redo import decode_holds
+from gwtf.node.runtime.dataplane.hop import BACKWARD, FORWARD, HopHeader
+from gwtf.node.training import codec
 from tests.runtime.test_kept_forward_overwrite import (
     LIMITS,
     PEER,

@@ -1,5 +1,5 @@
-"""The hop header's codec (``node/runtime/dataplane/hop.py``): round trips, and bad bytes raise only
-``HopFormatError``."""
+"""The hop header's codec (``gwtf/node/runtime/dataplane/hop.py``): round trips, and bad bytes raise
+only ``HopFormatError``."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from eth_utils.crypto import keccak
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node.p2p.identity import identity_from_key, peer_id_of
-from node.runtime.dataplane.hop import (
+from gwtf.node.p2p.identity import identity_from_key, peer_id_of
+from gwtf.node.runtime.dataplane.hop import (
     BACKWARD,
     FLAG_LENT,
     FLAG_RECEIPTED,

@@ -1,5 +1,6 @@
 """An acknowledged hop tells the flow core its receiver is alive
-(``node/runtime/dataplane/sender.py``), so keep-alives need not ping a peer that data flows to."""
+(``gwtf/node/runtime/dataplane/sender.py``), so keep-alives need not ping a peer that data flows
+to."""
 
 from __future__ import annotations
 
@@ -13,17 +14,17 @@ from eth_utils.crypto import keccak
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
-from contracts.encoding import ledger_domain
-from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
-from coordinator_free.wire import Hello, HopAck, encode
-from node.p2p.discovery_records import PeerCard, card_key, open_card, sign_card
-from node.p2p.host import build_host
-from node.p2p.identity import identity_from_key, peer_id_of
-from node.p2p.rpc import RequestResponse
-from node.receipts.book import ReceiptBook, ReceiptTerms
-from node.runtime.dataplane import control
-from node.runtime.dataplane.exchange import DataPlane
-from node.runtime.dataplane.hop import (
+from gwtf.contracts.encoding import ledger_domain
+from gwtf.coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from gwtf.coordinator_free.wire import Hello, HopAck, encode
+from gwtf.node.p2p.discovery_records import PeerCard, card_key, open_card, sign_card
+from gwtf.node.p2p.host import build_host
+from gwtf.node.p2p.identity import identity_from_key, peer_id_of
+from gwtf.node.p2p.rpc import RequestResponse
+from gwtf.node.receipts.book import ReceiptBook, ReceiptTerms
+from gwtf.node.runtime.dataplane import control
+from gwtf.node.runtime.dataplane.exchange import DataPlane
+from gwtf.node.runtime.dataplane.hop import (
     BACKWARD,
     FLAG_REPAIR,
     FORWARD,
@@ -32,11 +33,11 @@ from node.runtime.dataplane.hop import (
     decode_hop_request,
     frame_digest,
 )
-from node.runtime.dataplane.sender import HopSender, HopStats, resend_refusal
-from node.runtime.discovery.address_book import AddressBook, PeerRecord, parse_record
-from node.runtime.flow.service import FlowService
-from node.store.database import open_database
-from node.store.hops import HopStore
+from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, resend_refusal
+from gwtf.node.runtime.discovery.address_book import AddressBook, PeerRecord, parse_record
+from gwtf.node.runtime.flow.service import FlowService
+from gwtf.node.store.database import open_database
+from gwtf.node.store.hops import HopStore
 
 ACK_S = 0.25  # how long the receiver takes to acknowledge a hop
 

@@ -30,7 +30,7 @@ def test_a_stage_with_no_replica_stepping_is_counted_and_warned(
                 tmp_path, 1, 2, {"a1": 1, "b1": 2}, unreachable_probe, swarm=swarm
             )
 
-    with caplog.at_level(logging.WARNING, logger="node.runtime.roles.data"):
+    with caplog.at_level(logging.WARNING, logger="gwtf.node.runtime.roles.data"):
         results = trio.run(main)
     assert [r.relays_stepped for r in results] == [0]
     assert results[0].stages_not_stepped == (1, 2)

@@ -20,20 +20,20 @@ import pytest
 import trio
 from libp2p.peer.id import ID
 
-from coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
-from coordinator_free.wire import FlowRequest, Hello
+from gwtf.coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
+from gwtf.coordinator_free.wire import FlowRequest, Hello
 from gwtf.errors import ProtocolError
-from node.p2p.host import full_address, running_host
-from node.p2p.identity import new_identity
-from node.p2p.rpc import Handler, RequestResponse, RpcLimits
-from node.runtime import live_node
-from node.runtime.dataplane import control
-from node.runtime.discovery.address_book import PeerRecord
-from node.runtime.discovery.join_placement import RESERVED_S, Reservations, choose_join_stage
-from node.runtime.live_node import _loads
-from node.runtime.roles.relay import RelayRole
-from node.settings import AUTO_STAGE
-from node.training.checkpoint import state_digest
+from gwtf.node.p2p.host import full_address, running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.rpc import Handler, RequestResponse, RpcLimits
+from gwtf.node.runtime import live_node
+from gwtf.node.runtime.dataplane import control
+from gwtf.node.runtime.discovery.address_book import PeerRecord
+from gwtf.node.runtime.discovery.join_placement import RESERVED_S, Reservations, choose_join_stage
+from gwtf.node.runtime.live_node import _loads
+from gwtf.node.runtime.roles.relay import RelayRole
+from gwtf.node.settings import AUTO_STAGE
+from gwtf.node.training.checkpoint import state_digest
 from tests.runtime.swarm_harness import Swarm, node_config, reference_losses, run_relay, run_swarm
 
 ITERATIONS = 24

@@ -20,15 +20,15 @@ import torch
 import trio
 from eth_utils.crypto import keccak
 
-from contracts.encoding import FORWARD as RECEIPT_FORWARD
-from contracts.encoding import ledger_domain
-from coordinator_free.wire import HopAck, encode
-from node.p2p.identity import identity_from_key, peer_id_of
-from node.p2p.rpc import Decline
-from node.receipts.book import ReceiptBook, ReceiptTerms
-from node.runtime.dataplane import control
-from node.runtime.dataplane.exchange import PROTOCOL_ID, DataPlane
-from node.runtime.dataplane.hop import (
+from gwtf.contracts.encoding import FORWARD as RECEIPT_FORWARD
+from gwtf.contracts.encoding import ledger_domain
+from gwtf.coordinator_free.wire import HopAck, encode
+from gwtf.node.p2p.identity import identity_from_key, peer_id_of
+from gwtf.node.p2p.rpc import Decline
+from gwtf.node.receipts.book import ReceiptBook, ReceiptTerms
+from gwtf.node.runtime.dataplane import control
+from gwtf.node.runtime.dataplane.exchange import PROTOCOL_ID, DataPlane
+from gwtf.node.runtime.dataplane.hop import (
     BACKWARD,
     FLAG_REPAIR,
     FORWARD,
@@ -37,15 +37,15 @@ from node.runtime.dataplane.hop import (
     decode_hop_request,
     frame_digest,
 )
-from node.runtime.roles.relay import RelayRole
-from node.store.database import open_database
-from node.store.hops import HopStore
-from node.training import codec
-from node.training.codec import CodecLimits
-from node.training.config import named_config
-from node.training.partition import plan_partition
-from node.training.settings import TrainingSettings
-from node.training.stage_worker import StageWorker
+from gwtf.node.runtime.roles.relay import RelayRole
+from gwtf.node.store.database import open_database
+from gwtf.node.store.hops import HopStore
+from gwtf.node.training import codec
+from gwtf.node.training.codec import CodecLimits
+from gwtf.node.training.config import named_config
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.settings import TrainingSettings
+from gwtf.node.training.stage_worker import StageWorker
 
 DOMAIN = ledger_domain(31337, "0x" + "ef" * 20)
 TERMS = ReceiptTerms(run_id=1, domain=DOMAIN, stages=2, units_per_hop=10)

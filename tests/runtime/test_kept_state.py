@@ -27,19 +27,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from contracts.encoding import FORWARD, HopReceipt
-from node.audit.reexecute import HopEvidence, Replayer
-from node.p2p.rpc import Decline
-from node.runtime.dataplane.hop import HopHeader
-from node.runtime.roles.relay import RelayRole
-from node.store.evidence import EvidenceArchive, run_folder
-from node.training import codec
-from node.training.checkpoint import load_part_state, save_part_state, snapshot_part_state
-from node.training.codec import CodecLimits
-from node.training.config import named_config
-from node.training.partition import plan_partition
-from node.training.settings import TrainingSettings
-from node.training.stage_worker import StageWorker
+from gwtf.contracts.encoding import FORWARD, HopReceipt
+from gwtf.node.audit.reexecute import HopEvidence, Replayer
+from gwtf.node.p2p.rpc import Decline
+from gwtf.node.runtime.dataplane.hop import HopHeader
+from gwtf.node.runtime.roles.relay import RelayRole
+from gwtf.node.store.evidence import EvidenceArchive, run_folder
+from gwtf.node.training import codec
+from gwtf.node.training.checkpoint import load_part_state, save_part_state, snapshot_part_state
+from gwtf.node.training.codec import CodecLimits
+from gwtf.node.training.config import named_config
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.settings import TrainingSettings
+from gwtf.node.training.stage_worker import StageWorker
 
 SETTINGS = TrainingSettings(device="cpu")
 LIMITS = CodecLimits()

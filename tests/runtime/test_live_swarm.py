@@ -10,17 +10,17 @@ import pytest
 import trio
 from libp2p.custom_types import TProtocol
 
-from coordinator_free.wire import PROTOCOL_ID as FLOW
-from node.p2p.framing import write_frame
-from node.p2p.host import peer_info, running_host
-from node.p2p.identity import new_identity
-from node.p2p.rpc import RequestResponse, RpcLimits
-from node.p2p.scoring import Offence
-from node.p2p.weights import PROTOCOL_ID as WEIGHTS
-from node.runtime.dataplane import control
-from node.runtime.dataplane.exchange import PROTOCOL_ID as HOP
-from node.runtime.roles.data import IterationResult
-from node.training.checkpoint import state_digest
+from gwtf.coordinator_free.wire import PROTOCOL_ID as FLOW
+from gwtf.node.p2p.framing import write_frame
+from gwtf.node.p2p.host import peer_info, running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
+from gwtf.node.p2p.scoring import Offence
+from gwtf.node.p2p.weights import PROTOCOL_ID as WEIGHTS
+from gwtf.node.runtime.dataplane import control
+from gwtf.node.runtime.dataplane.exchange import PROTOCOL_ID as HOP
+from gwtf.node.runtime.roles.data import IterationResult
+from gwtf.node.training.checkpoint import state_digest
 from tests.runtime.swarm_harness import (
     Scenario,
     Swarm,

@@ -18,13 +18,13 @@ import pytest
 import torch
 import trio
 
-from node.p2p.rpc import RequestDeclined
-from node.runtime.dataplane.hop import ATTEMPT_BLOCK, FORWARD, HopHeader
-from node.runtime.dataplane.sender import PassedBack
-from node.runtime.roles.data import DataRole
-from node.runtime.roles.held_forward import ask_current_try
-from node.runtime.roles.relay import RelayRole
-from node.training import codec
+from gwtf.node.p2p.rpc import RequestDeclined
+from gwtf.node.runtime.dataplane.hop import ATTEMPT_BLOCK, FORWARD, HopHeader
+from gwtf.node.runtime.dataplane.sender import PassedBack
+from gwtf.node.runtime.roles.data import DataRole
+from gwtf.node.runtime.roles.held_forward import ask_current_try
+from gwtf.node.runtime.roles.relay import RelayRole
+from gwtf.node.training import codec
 from tests.runtime.swarm_harness import (
     BATCH_SIZE,
     MODEL,

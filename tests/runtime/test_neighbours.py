@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from node.runtime.discovery.address_book import AddressBook, PeerRecord
-from node.runtime.live_node import neighbours
+from gwtf.node.runtime.discovery.address_book import AddressBook, PeerRecord
+from gwtf.node.runtime.live_node import neighbours
 
 
 class Book:

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.composition import model_of
-from node.export.assembly import whole_tensors
-from node.export.run import export_model
-from node.settings import load_settings
-from node.training.checkpoint import read_part_state, save_part_state
-from node.training.partition import model_for_run
-from node.training.prepare import PrepareOptions, prepare
-from node.training.reference import whole_model_run
+from gwtf.node.composition import model_of
+from gwtf.node.export.assembly import whole_tensors
+from gwtf.node.export.run import export_model
+from gwtf.node.settings import load_settings
+from gwtf.node.training.checkpoint import read_part_state, save_part_state
+from gwtf.node.training.partition import model_for_run
+from gwtf.node.training.prepare import PrepareOptions, prepare
+from gwtf.node.training.reference import whole_model_run
 from tests.runtime.swarm_harness import (
     BATCH_SIZE,
     MODEL_NAME,

@@ -8,7 +8,7 @@ import pytest
 import trio
 from libp2p.peer.id import ID
 
-from node.p2p.relay import is_circuit, is_relayed
+from gwtf.node.p2p.relay import is_circuit, is_relayed
 from tests.runtime.swarm_harness import Swarm, reference_losses, run_swarm
 
 ITERATIONS = 2

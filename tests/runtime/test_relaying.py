@@ -11,14 +11,14 @@ import pytest
 import trio
 from libp2p.peer.id import ID
 
-from node.p2p.discovery_records import PeerCard
-from node.p2p.host import full_address, peer_info, running_host
-from node.p2p.identity import new_identity
-from node.p2p.reachability import Reachability
-from node.p2p.relay import RelayRefused, is_circuit, reserve
-from node.p2p.relay_service import circuit_relay
-from node.p2p.rpc import RequestResponse
-from node.runtime.relaying import Relaying
+from gwtf.node.p2p.discovery_records import PeerCard
+from gwtf.node.p2p.host import full_address, peer_info, running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.reachability import Reachability
+from gwtf.node.p2p.relay import RelayRefused, is_circuit, reserve
+from gwtf.node.p2p.relay_service import circuit_relay
+from gwtf.node.p2p.rpc import RequestResponse
+from gwtf.node.runtime.relaying import Relaying
 
 REACHABLE = Reachability(True, 3, 0, 3, 1, "/ip4/198.18.1.2/tcp/4001")
 BEHIND_NAT = Reachability(False, 0, 3, 3, 2)

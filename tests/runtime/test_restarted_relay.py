@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.runtime.roles.data import DataRole, IterationResult
-from node.training.checkpoint import state_digest
+from gwtf.node.runtime.roles.data import DataRole, IterationResult
+from gwtf.node.training.checkpoint import state_digest
 from tests.runtime.swarm_harness import Swarm, run_relay, run_swarm
 
 ITERATIONS = 12

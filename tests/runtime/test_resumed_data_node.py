@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.runtime.dataplane.hop import ATTEMPT_BLOCK, BACKWARD
-from node.runtime.roles.data import DataRole, IterationResult
-from node.training.resume_points import ATTEMPT_RESERVE, point_name, points
+from gwtf.node.runtime.dataplane.hop import ATTEMPT_BLOCK, BACKWARD
+from gwtf.node.runtime.roles.data import DataRole, IterationResult
+from gwtf.node.training.resume_points import ATTEMPT_RESERVE, point_name, points
 from tests.runtime.swarm_harness import (
     Swarm,
     node_config,

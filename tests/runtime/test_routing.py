@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from node.runtime.flow.routing import SwarmWiring
+from gwtf.node.runtime.flow.routing import SwarmWiring
 
 
 def test_faster_peers_get_proportionally_more_hops() -> None:

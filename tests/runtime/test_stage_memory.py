@@ -11,20 +11,20 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.chain.wallet import load_or_create_node_key
-from node.cli.nodes import _live_fields
-from node.local_api.snapshot import Meter, SnapshotBox, take_snapshot
-from node.p2p.host import full_address, running_host
-from node.p2p.identity import new_identity
-from node.p2p.rpc import RequestResponse, RpcLimits
-from node.process import main
-from node.runtime.dataplane import control
-from node.runtime.discovery.join_placement import choose_join_stage
-from node.runtime.live_node import run_live_node, stages_that_fit
-from node.training.config import named_config
-from node.training.memory import StageMemoryError, part_memory
-from node.training.partition import plan_partition
-from node.training.settings import TrainingSettings
+from gwtf.node.chain.wallet import load_or_create_node_key
+from gwtf.node.cli.nodes import _live_fields
+from gwtf.node.local_api.snapshot import Meter, SnapshotBox, take_snapshot
+from gwtf.node.p2p.host import full_address, running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
+from gwtf.node.process import main
+from gwtf.node.runtime.dataplane import control
+from gwtf.node.runtime.discovery.join_placement import choose_join_stage
+from gwtf.node.runtime.live_node import run_live_node, stages_that_fit
+from gwtf.node.training.config import named_config
+from gwtf.node.training.memory import StageMemoryError, part_memory
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.settings import TrainingSettings
 from tests.runtime.swarm_harness import TRAINING, node_config
 
 PASSWORD = "correct horse"

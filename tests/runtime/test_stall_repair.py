@@ -26,8 +26,8 @@ import pytest
 import trio
 
 from gwtf.errors import ProtocolError
-from node.runtime.dataplane import control
-from node.runtime.dataplane.hop import (
+from gwtf.node.runtime.dataplane import control
+from gwtf.node.runtime.dataplane.hop import (
     ATTEMPT_BLOCK,
     BACKWARD,
     FLAG_REPAIR,
@@ -37,8 +37,8 @@ from node.runtime.dataplane.hop import (
     origin_attempt,
     resend_attempt,
 )
-from node.runtime.dataplane.sender import PassedBack, resend_refusal
-from node.runtime.roles.relay import Buffered, RelayRole
+from gwtf.node.runtime.dataplane.sender import PassedBack, resend_refusal
+from gwtf.node.runtime.roles.relay import Buffered, RelayRole
 from tests.runtime.receipt_tap import ReceiptTap
 from tests.runtime.swarm_harness import Swarm, identity_for, reference_losses, run_swarm
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 import trio
 
-from node.process import run_process
-from node.training import checkpoint
-from node.training.checkpoint import DigestAtStep, state_digest
-from node.training.partition import plan_partition
-from node.training.stage_worker import StageWorker
+from gwtf.node.process import run_process
+from gwtf.node.training import checkpoint
+from gwtf.node.training.checkpoint import DigestAtStep, state_digest
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.stage_worker import StageWorker
 from tests.runtime.swarm_harness import MODEL, SEED, TRAINING, Swarm, node_config, run_relay
 
 ITERATIONS = 3
@@ -56,7 +56,7 @@ def test_the_status_digest_is_the_final_state_and_computed_off_the_event_loop(
             digests.append(self)
 
     monkeypatch.setattr(checkpoint, "state_digest", counted)
-    monkeypatch.setattr("node.process.DigestAtStep", Recorded)
+    monkeypatch.setattr("gwtf.node.process.DigestAtStep", Recorded)
     status_file = tmp_path / "data.status.json"
 
     async def main() -> None:

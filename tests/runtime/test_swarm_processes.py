@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from node.store.database import open_database
-from node.store.hops import HopStore
-from node.swarm.exactness import against_whole_model
-from node.swarm.plan import plan_from_file
-from node.swarm.run import run_swarm
+from gwtf.node.store.database import open_database
+from gwtf.node.store.hops import HopStore
+from gwtf.node.swarm.exactness import against_whole_model
+from gwtf.node.swarm.plan import plan_from_file
+from gwtf.node.swarm.run import run_swarm
 
 
 def swarm_of(tmp_path: Path, swarm_file: str, timeout_s: float) -> dict[str, Any]:

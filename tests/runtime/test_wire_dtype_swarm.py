@@ -11,9 +11,9 @@ import pytest
 import torch
 import trio
 
-from node.training.data import MicrobatchSampler, load_default_corpus
-from node.training.local_pipeline import LocalPipeline, round_robin
-from node.training.partition import plan_partition
+from gwtf.node.training.data import MicrobatchSampler, load_default_corpus
+from gwtf.node.training.local_pipeline import LocalPipeline, round_robin
+from gwtf.node.training.partition import plan_partition
 from tests.runtime import swarm_harness as harness
 from tests.runtime.swarm_harness import Swarm, reference_losses, run_swarm
 

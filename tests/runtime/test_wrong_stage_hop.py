@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.p2p.rpc import NotHere
-from node.runtime.dataplane.hop import FORWARD, HopHeader
-from node.training import codec
+from gwtf.node.p2p.rpc import NotHere
+from gwtf.node.runtime.dataplane.hop import FORWARD, HopHeader
+from gwtf.node.training import codec
 from tests.runtime.test_kept_forward_overwrite import LIMITS, PEER, relay_r, swarm_of, tensor
 
 

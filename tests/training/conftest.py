@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from node.training.data import MicrobatchSampler, load_default_corpus
-from node.training.settings import OptimizerSettings, TrainingSettings
+from gwtf.node.training.data import MicrobatchSampler, load_default_corpus
+from gwtf.node.training.settings import OptimizerSettings, TrainingSettings
 
 
 @pytest.fixture(autouse=True)

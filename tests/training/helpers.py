@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import torch
 
-from node.training.data_node import DataNodeWorker
-from node.training.stage_worker import StageWorker
-from node.training.trainer import WholeModelTrainer
+from gwtf.node.training.data_node import DataNodeWorker
+from gwtf.node.training.stage_worker import StageWorker
+from gwtf.node.training.trainer import WholeModelTrainer
 
 
 def whole_name(part: StageWorker | DataNodeWorker, name: str) -> str:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from node.training import capacity
-from node.training.capacity import measure_capacity
-from node.training.settings import TrainingSettings
+from gwtf.node.training import capacity
+from gwtf.node.training.capacity import measure_capacity
+from gwtf.node.training.settings import TrainingSettings
 
 
 def test_passes_slowed_by_other_work_do_not_move_the_figure() -> None:

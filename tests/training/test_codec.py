@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.training.codec import (
+from gwtf.node.training.codec import (
     DTYPE_CODES,
     FIXED_HEADER_BYTES,
     CodecLimits,
@@ -19,7 +19,7 @@ from node.training.codec import (
     encode,
     encode_frames,
 )
-from node.training.errors import TensorCodecError
+from gwtf.node.training.errors import TensorCodecError
 
 LIMITS = CodecLimits(max_bytes=1 << 20, max_ndim=4)
 

@@ -10,21 +10,21 @@ import pytest
 import torch
 
 from gwtf.errors import ConfigError
-from node.training.checkpoint import load_part_state, save_part_state, state_digest
-from node.training.config import named_config
-from node.training.data import (
+from gwtf.node.training.checkpoint import load_part_state, save_part_state, state_digest
+from gwtf.node.training.config import named_config
+from gwtf.node.training.data import (
     ByteTokenizer,
     Corpus,
     MicrobatchSampler,
     load_default_corpus,
     sample_offsets,
 )
-from node.training.device import DeviceContext, resolve_device
-from node.training.errors import CheckpointError, ModelConfigError
-from node.training.optim import lr_at
-from node.training.partition import plan_partition
-from node.training.settings import OptimizerSettings, TrainingSettings
-from node.training.stage_worker import StageWorker
+from gwtf.node.training.device import DeviceContext, resolve_device
+from gwtf.node.training.errors import CheckpointError, ModelConfigError
+from gwtf.node.training.optim import lr_at
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.settings import OptimizerSettings, TrainingSettings
+from gwtf.node.training.stage_worker import StageWorker
 
 PLAN = plan_partition(named_config("gpt", "tiny"), 2)
 

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.training.checkpoint import load_part_state, save_part_state, state_digest
-from node.training.config import named_config
-from node.training.data import MicrobatchSampler
-from node.training.data_node import DataNodeWorker
-from node.training.local_pipeline import LocalPipeline, round_robin
-from node.training.partition import plan_partition
-from node.training.settings import TrainingSettings
-from node.training.stage_worker import StageWorker
-from node.training.trainer import WholeModelTrainer
+from gwtf.node.training.checkpoint import load_part_state, save_part_state, state_digest
+from gwtf.node.training.config import named_config
+from gwtf.node.training.data import MicrobatchSampler
+from gwtf.node.training.data_node import DataNodeWorker
+from gwtf.node.training.local_pipeline import LocalPipeline, round_robin
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.settings import TrainingSettings
+from gwtf.node.training.stage_worker import StageWorker
+from gwtf.node.training.trainer import WholeModelTrainer
 from tests.training.helpers import max_param_difference
 
 SEED = 1234

@@ -12,11 +12,11 @@ import pytest
 import torch
 import transformers
 
-from node.export.writer import write_checkpoint
-from node.training.config import GPTConfig, LlamaConfig, ModelConfig, named_config
-from node.training.errors import ExportError
-from node.training.hf_export import to_hf
-from node.training.model import WholeModel
+from gwtf.node.export.writer import write_checkpoint
+from gwtf.node.training.config import GPTConfig, LlamaConfig, ModelConfig, named_config
+from gwtf.node.training.errors import ExportError
+from gwtf.node.training.hf_export import to_hf
+from gwtf.node.training.model import WholeModel
 
 CONFIGS = {
     "gpt-tiny": named_config("gpt", "tiny"),

@@ -14,19 +14,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.settings import load_settings
-from node.training.data_node import DataNodeWorker
-from node.training.errors import ModelConfigError
-from node.training.memory import (
+from gwtf.node.settings import load_settings
+from gwtf.node.training.data_node import DataNodeWorker
+from gwtf.node.training.errors import ModelConfigError
+from gwtf.node.training.memory import (
     MIB,
     StageMemoryError,
     memory_budget,
     memory_fit,
     part_memory,
 )
-from node.training.partition import PartitionPlan, model_for_run, plan_partition
-from node.training.settings import TrainingSettings
-from node.training.stage_worker import StageWorker
+from gwtf.node.training.partition import PartitionPlan, model_for_run, plan_partition
+from gwtf.node.training.settings import TrainingSettings
+from gwtf.node.training.stage_worker import StageWorker
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -141,10 +141,10 @@ def test_the_data_part_keeps_each_embedding_and_counts_its_loss_pass_once() -> N
 
 RSS_SCRIPT = """
 import gc, json, sys, torch
-from node.training.memory import part_memory
-from node.training.partition import model_for_run, plan_partition
-from node.training.settings import TrainingSettings
-from node.training.stage_worker import StageWorker
+from gwtf.node.training.memory import part_memory
+from gwtf.node.training.partition import model_for_run, plan_partition
+from gwtf.node.training.settings import TrainingSettings
+from gwtf.node.training.stage_worker import StageWorker
 torch.set_num_threads(1)
 model, held = sys.argv[1], int(sys.argv[2])
 settings = TrainingSettings(model=model, device="cpu", batch_size=4, seq_len=64,

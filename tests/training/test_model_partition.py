@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.training.config import (
+from gwtf.node.training.config import (
     GPTConfig,
     LlamaConfig,
     block_param_count,
@@ -19,9 +19,9 @@ from node.training.config import (
     named_config,
     total_param_count,
 )
-from node.training.errors import ModelConfigError
-from node.training.model import Block, DataPart, Rotary, Stage, WholeModel
-from node.training.partition import balance_contiguous, plan_partition
+from gwtf.node.training.errors import ModelConfigError
+from gwtf.node.training.model import Block, DataPart, Rotary, Stage, WholeModel
+from gwtf.node.training.partition import balance_contiguous, plan_partition
 
 
 @pytest.mark.parametrize(

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from gwtf.errors import ConfigError
-from node.training.dataset import ShardSampler, run_sampler, validation_batches
-from node.training.prepare import PrepareOptions, prepare
-from node.training.reference import whole_model_run
-from node.training.settings import TrainingSettings
-from node.training.shards import load_manifest
-from node.training.tokenizer import byte_tokenizer, load_tokenizer, train_tokenizer
-from node.training.window_map import epoch_key, permute, window_of_row
+from gwtf.node.training.dataset import ShardSampler, run_sampler, validation_batches
+from gwtf.node.training.prepare import PrepareOptions, prepare
+from gwtf.node.training.reference import whole_model_run
+from gwtf.node.training.settings import TrainingSettings
+from gwtf.node.training.shards import load_manifest
+from gwtf.node.training.tokenizer import byte_tokenizer, load_tokenizer, train_tokenizer
+from gwtf.node.training.window_map import epoch_key, permute, window_of_row
 
 WORDS = [
     "the",

@@ -12,24 +12,24 @@ from pathlib import Path
 import pytest
 import torch
 
-from contracts.encoding import BACKWARD, FORWARD, HopReceipt
+from gwtf.contracts.encoding import BACKWARD, FORWARD, HopReceipt
 from gwtf.errors import ProtocolError
-from node.audit.reexecute import CPU_FLOAT32, CUDA_BF16, HopEvidence, Replayer, compare
-from node.receipts.cheats import WRONG_TENSOR_SCALE
-from node.store.evidence import EvidenceArchive
-from node.training import codec
-from node.training.checkpoint import (
+from gwtf.node.audit.reexecute import CPU_FLOAT32, CUDA_BF16, HopEvidence, Replayer, compare
+from gwtf.node.receipts.cheats import WRONG_TENSOR_SCALE
+from gwtf.node.store.evidence import EvidenceArchive
+from gwtf.node.training import codec
+from gwtf.node.training.checkpoint import (
     holds_state_of,
     save_part_state,
     snapshot_part_state,
     verified_digest,
 )
-from node.training.codec import CodecLimits
-from node.training.config import named_config
-from node.training.errors import CheckpointError
-from node.training.partition import PartitionPlan, plan_partition
-from node.training.settings import TrainingSettings
-from node.training.stage_worker import StageWorker
+from gwtf.node.training.codec import CodecLimits
+from gwtf.node.training.config import named_config
+from gwtf.node.training.errors import CheckpointError
+from gwtf.node.training.partition import PartitionPlan, plan_partition
+from gwtf.node.training.settings import TrainingSettings
+from gwtf.node.training.stage_worker import StageWorker
 
 SETTINGS = TrainingSettings(device="cpu")
 LIMITS = CodecLimits()

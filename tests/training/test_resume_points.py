@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.runtime.dataplane.hop import origin_attempt
-from node.training.checkpoint import state_digest
-from node.training.config import named_config
-from node.training.data import MicrobatchSampler, load_default_corpus
-from node.training.data_node import DataNodeWorker
-from node.training.errors import CheckpointError
-from node.training.partition import plan_partition
-from node.training.resume_points import (
+from gwtf.node.runtime.dataplane.hop import origin_attempt
+from gwtf.node.training.checkpoint import state_digest
+from gwtf.node.training.config import named_config
+from gwtf.node.training.data import MicrobatchSampler, load_default_corpus
+from gwtf.node.training.data_node import DataNodeWorker
+from gwtf.node.training.errors import CheckpointError
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.resume_points import (
     ATTEMPT_RESERVE,
     AttemptJournal,
     kept_from,
@@ -27,7 +27,7 @@ from node.training.resume_points import (
     snapshot,
     write_point,
 )
-from node.training.settings import TrainingSettings
+from gwtf.node.training.settings import TrainingSettings
 from tests.training.helpers import params_equal
 
 PLAN = plan_partition(named_config("gpt", "tiny"), 2)

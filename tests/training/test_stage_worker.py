@@ -10,20 +10,20 @@ import pytest
 import torch
 
 from gwtf.errors import TrainingError
-from node.training.config import named_config
-from node.training.data import MicrobatchSampler
-from node.training.data_node import DataNodeWorker
-from node.training.errors import (
+from gwtf.node.training.config import named_config
+from gwtf.node.training.data import MicrobatchSampler
+from gwtf.node.training.data_node import DataNodeWorker
+from gwtf.node.training.errors import (
     ActivationError,
     CapacityError,
     GradientShareError,
     UnknownMicrobatchError,
 )
-from node.training.model import Stage
-from node.training.partition import plan_partition
-from node.training.settings import TrainingSettings
-from node.training.stage_worker import StageWorker
-from node.training.trainer import GradientShare, average_gradients
+from gwtf.node.training.model import Stage
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.settings import TrainingSettings
+from gwtf.node.training.stage_worker import StageWorker
+from gwtf.node.training.trainer import GradientShare, average_gradients
 from tests.training.helpers import grad_of, params_equal
 
 PLAN = plan_partition(named_config("llama", "tiny"), 2)

@@ -11,18 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from contracts.encoding import BACKWARD, FORWARD
-from node.audit.reexecute import CPU_FLOAT32, HopEvidence, Replayer
-from node.chain.actions import RunModel
-from node.receipts.cheats import WRONG_TENSOR_SCALE
-from node.training import codec
-from node.training.codec import CodecLimits
-from node.training.config import named_config
-from node.training.data import MicrobatchSampler
-from node.training.errors import ActivationError, ModelConfigError
-from node.training.local_pipeline import LocalPipeline, round_robin
-from node.training.partition import plan_partition
-from node.training.settings import TrainingSettings
+from gwtf.contracts.encoding import BACKWARD, FORWARD
+from gwtf.node.audit.reexecute import CPU_FLOAT32, HopEvidence, Replayer
+from gwtf.node.chain.actions import RunModel
+from gwtf.node.receipts.cheats import WRONG_TENSOR_SCALE
+from gwtf.node.training import codec
+from gwtf.node.training.codec import CodecLimits
+from gwtf.node.training.config import named_config
+from gwtf.node.training.data import MicrobatchSampler
+from gwtf.node.training.errors import ActivationError, ModelConfigError
+from gwtf.node.training.local_pipeline import LocalPipeline, round_robin
+from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.settings import TrainingSettings
 from tests.training.test_reexecute import ITERATION, MICROBATCH, receipt, stage_with_kept_state
 
 LIMITS = CodecLimits()

@@ -1,0 +1,186 @@
+"""A data node's certificate tree for one epoch: the hops it certifies, as one Merkle root.
+
+Owns the rules an honest tree follows, which the disputes contract checks: leaf ``i`` is the
+``CertifiedHop`` of one signed and countersigned receipt, with ``index = i`` and ``unitsBefore``
+the sum of the units of leaves ``0..i-1``; the leaves are sorted by (worker, hop key), strictly,
+so each hop is certified once and each worker's hops form one range, which the worker claims
+with the proofs of its first and last leaf. The tree is OpenZeppelin's StandardMerkleTree over
+the leaves in index order. Pure: no chain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gwtf.contracts.encoding import (
+    CertifiedHop,
+    CertRef,
+    Eip712Domain,
+    HopReceipt,
+    hop_key,
+    receipt_digest,
+    recover_digest_signer,
+    signatures_hash,
+)
+from gwtf.contracts.merkle import MerkleTree, build_tree
+from gwtf.errors import ProtocolError
+
+
+@dataclass(frozen=True)
+class SignedReceipt:
+    """A receipt with its worker's signature and its counterparty's countersignature."""
+
+    receipt: HopReceipt
+    worker_signature: bytes
+    counterparty_signature: bytes
+
+
+@dataclass(frozen=True)
+class LeafProof:
+    """A leaf of a certificate tree with its Merkle proof."""
+
+    hop: CertifiedHop
+    proof: tuple[bytes, ...]
+
+    def as_args(self) -> tuple[tuple[object, ...], list[bytes]]:
+        """The leaf and proof as contract arguments."""
+        return self.hop.as_tuple(), list(self.proof)
+
+
+@dataclass(frozen=True)
+class WorkerRange:
+    """A worker's leaves in one tree: what it claims, with the proofs of both ends."""
+
+    worker: str
+    first: LeafProof
+    last: LeafProof
+
+    @property
+    def units(self) -> int:
+        return self.last.hop.unitsBefore + self.last.hop.units - self.first.hop.unitsBefore
+
+
+@dataclass(frozen=True)
+class CertificateTree:
+    """A certificate tree: its leaves, the receipts behind them (when known) and the tree."""
+
+    hops: tuple[CertifiedHop, ...]
+    entries: tuple[SignedReceipt | None, ...]
+    tree: MerkleTree
+
+    @property
+    def root(self) -> bytes:
+        return self.tree.root
+
+    @property
+    def count(self) -> int:
+        return len(self.hops)
+
+    @property
+    def units(self) -> int:
+        return self.hops[-1].unitsBefore + self.hops[-1].units
+
+    def cert_ref(self, run_id: int, epoch: int, data_node: str) -> CertRef:
+        """The certificate this tree backs."""
+        return CertRef(run_id, epoch, data_node, self.root, self.count, self.units)
+
+    def leaf_proof(self, index: int) -> LeafProof:
+        """Leaf ``index`` with its proof, for a claim or a fraud proof."""
+        return LeafProof(self.hops[index], tuple(self.tree.proof(index)))
+
+    def worker_range(self, worker: str) -> WorkerRange | None:
+        """The range of ``worker``'s leaves (None when the tree holds none of its hops)."""
+        indices = [i for i, hop in enumerate(self.hops) if hop.worker.lower() == worker.lower()]
+        if not indices:
+            return None
+        return WorkerRange(
+            self.hops[indices[0]].worker,
+            self.leaf_proof(indices[0]),
+            self.leaf_proof(indices[-1]),
+        )
+
+    def workers(self) -> list[str]:
+        """The workers whose hops the tree certifies, in tree order."""
+        seen: dict[str, None] = {}
+        for hop in self.hops:
+            seen.setdefault(hop.worker, None)
+        return list(seen)
+
+
+def check_signatures(entry: SignedReceipt, domain: Eip712Domain) -> bytes:
+    """The receipt's digest, or a ``ProtocolError`` unless the receipt is signed by its worker
+    and countersigned by its counterparty, two different keys: the part of the certification
+    rules that needs no chain (membership and bonds are the data node's to check against it)."""
+    receipt = entry.receipt
+    if receipt.worker == receipt.counterparty:
+        raise ProtocolError(f"a receipt of {receipt.worker} is countersigned by its own worker")
+    digest = receipt_digest(receipt, domain)
+    if recover_digest_signer(digest, entry.worker_signature) != receipt.worker:
+        raise ProtocolError(f"the worker signature is not {receipt.worker}'s")
+    if recover_digest_signer(digest, entry.counterparty_signature) != receipt.counterparty:
+        raise ProtocolError(f"the countersignature is not {receipt.counterparty}'s")
+    return digest
+
+
+@dataclass(frozen=True)
+class PreparedHop:
+    """A signed receipt with the hashes its leaf needs, computed once (a data node prepares
+    each receipt as it is reported, so an epoch's end only sorts and builds the tree)."""
+
+    entry: SignedReceipt
+    hop_key: bytes
+    receipt_digest: bytes
+    signatures_hash: bytes
+
+    @classmethod
+    def of(
+        cls, entry: SignedReceipt, domain: Eip712Domain, digest: bytes | None = None
+    ) -> PreparedHop:
+        return cls(
+            entry,
+            hop_key(entry.receipt),
+            digest if digest is not None else receipt_digest(entry.receipt, domain),
+            signatures_hash(entry.worker_signature, entry.counterparty_signature),
+        )
+
+
+def build_certificate_tree(
+    entries: Sequence[SignedReceipt], domain: Eip712Domain
+) -> CertificateTree:
+    """The honest tree of ``entries``: sorted by (worker, hop key), prefix sums from 0. The same
+    hop twice is an error: a data node certifies each hop once."""
+    return tree_of_prepared([PreparedHop.of(e, domain) for e in entries])
+
+
+def tree_of_prepared(prepared: Sequence[PreparedHop]) -> CertificateTree:
+    """``build_certificate_tree`` of receipts whose hashes are already computed."""
+    if not prepared:
+        raise ProtocolError("a certificate tree needs at least one hop")
+    ordered = sorted(prepared, key=lambda p: (int(p.entry.receipt.worker, 16), p.hop_key))
+    hops: list[CertifiedHop] = []
+    running = 0
+    for index, p in enumerate(ordered):
+        receipt = p.entry.receipt
+        if index and hops[-1].hopKey == p.hop_key and hops[-1].worker == receipt.worker:
+            raise ProtocolError(f"hop {p.hop_key.hex()} of {receipt.worker} is certified twice")
+        hops.append(
+            CertifiedHop(
+                index, running, receipt.worker, receipt.units, p.hop_key, p.receipt_digest,
+                p.signatures_hash,
+            )
+        )  # fmt: skip
+        running += receipt.units
+    return CertificateTree(
+        tuple(hops), tuple(p.entry for p in ordered), build_tree([h.leaf() for h in hops])
+    )
+
+
+def tree_of_hops(hops: Sequence[CertifiedHop]) -> CertificateTree:
+    """The tree of ``hops`` exactly as given (an auditor rebuilding a published tree, or a test
+    building a dishonest one); no rule is checked."""
+    if not hops:
+        raise ProtocolError("a certificate tree needs at least one hop")
+    return CertificateTree(
+        tuple(hops), tuple(None for _ in hops), build_tree([h.leaf() for h in hops])
+    )

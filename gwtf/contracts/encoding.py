@@ -1,0 +1,478 @@
+"""The Python mirror of the on-chain encoding: hop receipts, certificate leaves, node bindings.
+
+Owns the byte-exact rules that `HopReceipts.sol`, `WorkLedger.sol`, `Disputes.sol` and
+`NodeRegistry.sol` apply: the ``HopReceipt`` struct (same field names as Solidity), the EIP-712
+domains ("GWTF Ledger" v1 for receipts, "GWTF Registry" v1 for node bindings), receipt digests,
+hop keys and signatures, the ``CertifiedHop`` leaf of a data node's certificate tree (an
+OpenZeppelin StandardMerkleTree leaf), and a node's identity: one secp256k1 key whose address is
+the node on chain and whose compressed public key is its libp2p peer id.
+Pure: no chain, no clock. Golden vectors in ``tests/contracts/test_encoding.py`` pin every rule.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from dataclasses import dataclass, fields
+from typing import Final
+
+import coincurve
+from eth_abi.abi import encode
+from eth_utils.address import to_checksum_address
+
+from gwtf.contracts.keccak import keccak256
+from gwtf.errors import ProtocolError
+
+FORWARD: Final = 0
+BACKWARD: Final = 1
+
+LEDGER_DOMAIN_NAME: Final = "GWTF Ledger"
+REGISTRY_DOMAIN_NAME: Final = "GWTF Registry"
+DOMAIN_VERSION: Final = "1"
+
+EIP712_DOMAIN_TYPE: Final = (
+    "EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)"
+)
+HOP_RECEIPT_TYPE: Final = (
+    "HopReceipt(uint256 runId,uint64 epoch,address dataNode,uint64 iteration,uint64 microbatchId,"
+    "uint16 stage,uint8 direction,uint16 attempt,address worker,address counterparty,"
+    "bytes32 inputDigest,bytes32 outputDigest,uint64 units)"
+)
+HOP_RECEIPT_TYPE_HASH: Final = keccak256(HOP_RECEIPT_TYPE.encode())
+NODE_BINDING_TYPE: Final = "NodeBinding(address wallet,address node)"
+
+# Solidity types of HopReceipt's fields, in struct order; the EIP-712 type string lists the same.
+HOP_RECEIPT_ABI_TYPES: Final = (
+    "uint256",
+    "uint64",
+    "address",
+    "uint64",
+    "uint64",
+    "uint16",
+    "uint8",
+    "uint16",
+    "address",
+    "address",
+    "bytes32",
+    "bytes32",
+    "uint64",
+)
+# The certificate tree's leaf values, as OpenZeppelin's StandardMerkleTree is given them.
+CERTIFIED_HOP_ABI_TYPES: Final = (
+    "uint64",
+    "uint64",
+    "address",
+    "uint64",
+    "bytes32",
+    "bytes32",
+    "bytes32",
+)
+SIGNATURE_BYTES: Final = 65
+PUBLIC_KEY_BYTES: Final = 64
+# A libp2p peer id of a secp256k1 key: identity multihash of the protobuf PublicKey
+# {Type: Secp256k1, Data: the 33-byte compressed key}.
+PEER_ID_PREFIX: Final = bytes.fromhex("002508021221")
+# secp256k1 order / 2: OpenZeppelin's ECDSA rejects signatures with a larger s (malleability).
+SECP256K1_HALF_ORDER: Final = 0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0
+MAX_UINT = {bits: (1 << bits) - 1 for bits in (8, 16, 64, 256)}
+
+
+@dataclass(frozen=True)
+class Eip712Domain:
+    """An EIP-712 domain: binds a signature to one chain and one contract."""
+
+    name: str
+    version: str
+    chain_id: int
+    verifying_contract: str
+
+    def separator(self) -> bytes:
+        """The domain separator, as OpenZeppelin's EIP712 computes it."""
+        return _domain_separator(self)
+
+
+@functools.cache
+def _domain_separator(domain: Eip712Domain) -> bytes:
+    # Cached: a data node hashes every receipt of an epoch under one domain.
+    return keccak256(
+        encode(
+            ["bytes32", "bytes32", "bytes32", "uint256", "address"],
+            [
+                keccak256(EIP712_DOMAIN_TYPE.encode()),
+                keccak256(domain.name.encode()),
+                keccak256(domain.version.encode()),
+                domain.chain_id,
+                to_checksum_address(domain.verifying_contract),
+            ],
+        )
+    )
+
+
+def ledger_domain(chain_id: int, ledger_address: str) -> Eip712Domain:
+    """The domain of hop receipts: the WorkLedger at ``ledger_address`` on ``chain_id``."""
+    return Eip712Domain(LEDGER_DOMAIN_NAME, DOMAIN_VERSION, chain_id, ledger_address)
+
+
+def registry_domain(chain_id: int, registry_address: str) -> Eip712Domain:
+    """The domain of node bindings: the NodeRegistry at ``registry_address`` on ``chain_id``."""
+    return Eip712Domain(REGISTRY_DOMAIN_NAME, DOMAIN_VERSION, chain_id, registry_address)
+
+
+@dataclass(frozen=True)
+class HopReceipt:
+    """One relay stage's forward (direction 0) or backward (1) of one microbatch; mirrors
+    Solidity. ``dataNode`` is the data node whose microbatch it is and which certifies it."""
+
+    # Field names are Solidity's (camelCase), so the mirror can be diffed against the contract.
+    runId: int
+    epoch: int
+    dataNode: str
+    iteration: int
+    microbatchId: int
+    stage: int
+    direction: int
+    attempt: int
+    worker: str
+    counterparty: str
+    inputDigest: bytes
+    outputDigest: bytes
+    units: int
+
+    def __post_init__(self) -> None:
+        for name, kind, bits in _HOP_RECEIPT_FIELDS:
+            value = getattr(self, name)
+            if kind == "uint":
+                check_uint(name, value, bits)
+            elif kind == "address":
+                # Canonical (checksummed) form, as web3 and recover_signer return addresses.
+                object.__setattr__(self, name, checked_address(name, value))
+            else:
+                check_bytes32(name, value)
+        if self.direction not in (FORWARD, BACKWARD):
+            raise ProtocolError(
+                f"receipt direction {self.direction} is neither 0 (forward) nor 1 (backward)"
+            )
+
+    def as_tuple(self) -> tuple[object, ...]:
+        """The struct as an ABI tuple, in field order (what web3 passes to the contract)."""
+        return tuple(getattr(self, field.name) for field in fields(self))
+
+
+# (field name, "uint" | "address" | "bytes32", bits) in struct order: what each field must be.
+_HOP_RECEIPT_FIELDS: Final = tuple(
+    (f.name, abi[:4] if abi.startswith("uint") else abi, int(abi[4:]) if abi[:4] == "uint" else 0)
+    for f, abi in zip(fields(HopReceipt), HOP_RECEIPT_ABI_TYPES, strict=True)
+)
+
+
+def check_uint(name: str, value: object, bits: int) -> None:
+    """A ``ProtocolError`` unless ``value`` is an int that fits a uint of ``bits``."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_UINT[bits]:
+        raise ProtocolError(f"field {name}={value!r} is not a uint{bits}; fix the sender")
+
+
+def checked_address(name: str, value: object) -> str:
+    """``value`` as a checksummed address, or a ``ProtocolError``."""
+    if not isinstance(value, str):
+        raise ProtocolError(f"field {name}={value!r} is not a 0x-prefixed 20-byte address")
+    canonical = _canonical_address(value)
+    if canonical is None:
+        raise ProtocolError(f"field {name}={value!r} is not a 0x-prefixed 20-byte hex address")
+    return canonical
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical_address(value: str) -> str | None:
+    # Cached: an epoch's receipts name a few nodes many times, and each checksum is a keccak.
+    if len(value) != 42 or not value.startswith("0x"):
+        return None
+    try:
+        bytes.fromhex(value[2:])
+    except ValueError:
+        return None
+    return to_checksum_address(value)
+
+
+def _checksummed(address: str) -> str:
+    canonical = _canonical_address(address)
+    assert canonical is not None, "only called with addresses built here"
+    return canonical
+
+
+def check_bytes32(name: str, value: object) -> None:
+    """A ``ProtocolError`` unless ``value`` is exactly 32 bytes."""
+    if not isinstance(value, bytes) or len(value) != 32:
+        raise ProtocolError(f"field {name} must be exactly 32 bytes")
+
+
+def scheduled_units(direction: int, units_per_hop: int) -> int:
+    """Units a hop earns under a run's schedule: a backward costs twice a forward."""
+    return units_per_hop if direction == FORWARD else 2 * units_per_hop
+
+
+def _word(value: int) -> bytes:
+    return value.to_bytes(32, "big")
+
+
+def _address_word(address: str) -> bytes:
+    return bytes(12) + _address_bytes(address)
+
+
+@functools.lru_cache(maxsize=4096)
+def _address_bytes(address: str) -> bytes:
+    return bytes.fromhex(address[2:])
+
+
+# The ABI words after the run id, packed at once: a uint64 is 24 zero bytes and 8, an address
+# 12 and 20 (what abi.encode writes for them).
+_HOP_KEY_TAIL: Final = struct.Struct(">24xQ12x20s24xQ24xQ24xQ24xQ12x20s")
+_STRUCT_TAIL: Final = struct.Struct(">24xQ12x20s24xQ24xQ24xQ24xQ24xQ12x20s12x20s32s32s24xQ")
+_LEAF_WORDS: Final = struct.Struct(">24xQ24xQ12x20s24xQ32s32s32s")
+
+
+def hop_key(receipt: HopReceipt) -> bytes:
+    """What makes a hop unique: one worker's try at one stage and direction of one microbatch
+    of one data node. Two receipts with one key and different contents conflict."""
+    r = receipt
+    tail = _HOP_KEY_TAIL.pack(
+        r.epoch, _address_bytes(r.dataNode), r.microbatchId, r.stage, r.direction, r.attempt,
+        _address_bytes(r.worker),
+    )  # fmt: skip
+    return keccak256(_word(r.runId) + tail)
+
+
+def receipt_struct_hash(receipt: HopReceipt) -> bytes:
+    """EIP-712 hashStruct(receipt).
+
+    Every field of ``HopReceipt`` is a static ABI type, so ``abi.encode`` of the struct is the
+    concatenation of one 32-byte word per field; packing the words directly is byte-identical to
+    eth-abi's encoding (the golden vectors pin it) and several times faster, which matters to a
+    data node hashing 100,000 receipts of an epoch. The fields were range-checked when the
+    receipt was built.
+    """
+    r = receipt
+    tail = _STRUCT_TAIL.pack(
+        r.epoch, _address_bytes(r.dataNode), r.iteration, r.microbatchId, r.stage, r.direction,
+        r.attempt, _address_bytes(r.worker), _address_bytes(r.counterparty), r.inputDigest,
+        r.outputDigest, r.units,
+    )  # fmt: skip
+    return keccak256(HOP_RECEIPT_TYPE_HASH + _word(r.runId) + tail)
+
+
+def typed_data_digest(domain: Eip712Domain, struct_hash: bytes) -> bytes:
+    """keccak256("\\x19\\x01" ‖ domainSeparator ‖ structHash)."""
+    return keccak256(b"\x19\x01" + domain.separator() + struct_hash)
+
+
+def receipt_digest(receipt: HopReceipt, domain: Eip712Domain) -> bytes:
+    """The digest worker and counterparty sign (binds chain id and ledger via the domain)."""
+    return typed_data_digest(domain, receipt_struct_hash(receipt))
+
+
+def sign_digest(digest: bytes, private_key: bytes) -> bytes:
+    """A 65-byte r‖s‖v signature (v 27/28, low s) of a 32-byte digest.
+
+    libsecp256k1 (through coincurve) signs deterministically (RFC 6979) and always with a low s,
+    so the bytes are those eth-account makes, about eight times faster: a relay signs and
+    countersigns a receipt for every hop."""
+    if len(digest) != 32:
+        raise ProtocolError("a digest to sign must be 32 bytes")
+    signature = _signing_key(private_key).sign_recoverable(digest, hasher=None)
+    return signature[:64] + bytes([27 + signature[64]])
+
+
+@functools.lru_cache(maxsize=16)
+def _signing_key(private_key: bytes) -> coincurve.PrivateKey:
+    # Cached: building the key derives its public key, which costs more than a signature, and a
+    # node signs with its one key all day.
+    return coincurve.PrivateKey(private_key)
+
+
+def sign_receipt(receipt: HopReceipt, domain: Eip712Domain, private_key: bytes) -> bytes:
+    """The EIP-712 signature of ``receipt`` under ``domain`` by ``private_key``."""
+    return sign_digest(receipt_digest(receipt, domain), private_key)
+
+
+def recover_digest_signer(digest: bytes, signature: bytes) -> str:
+    """The checksummed address that signed ``digest``; rejects what OpenZeppelin's ECDSA rejects
+    (wrong length, v not 27/28, s in the upper half), so a signature accepted here verifies on
+    chain."""
+    if len(signature) != SIGNATURE_BYTES:
+        raise ProtocolError(f"signature is {len(signature)} bytes, expected {SIGNATURE_BYTES}")
+    r = int.from_bytes(signature[:32], "big")
+    s = int.from_bytes(signature[32:64], "big")
+    v = signature[64]
+    if v not in (27, 28) or s > SECP256K1_HALF_ORDER or r == 0 or s == 0:
+        raise ProtocolError("signature is malformed or malleable (v must be 27/28, s low)")
+    if len(digest) != 32:
+        raise ProtocolError("a signed digest must be 32 bytes")
+    try:
+        public_key = coincurve.PublicKey.from_signature_and_message(
+            signature[:64] + bytes([v - 27]), digest, hasher=None
+        )
+    except ValueError as exc:  # coincurve: no key recovers from these r, s
+        raise ProtocolError("signature does not recover to any public key") from exc
+    return node_address_of(public_key.format(compressed=False)[1:])
+
+
+def recover_signer(receipt: HopReceipt, domain: Eip712Domain, signature: bytes) -> str:
+    """The address whose key signed ``receipt`` under ``domain``."""
+    return recover_digest_signer(receipt_digest(receipt, domain), signature)
+
+
+def signatures_hash(worker_signature: bytes, counterparty_signature: bytes) -> bytes:
+    """What a certificate leaf commits of a hop's two signatures:
+    keccak256(abi.encode(workerSignature, counterpartySignature)), packed directly."""
+
+    if len(worker_signature) == len(counterparty_signature) == SIGNATURE_BYTES:
+        # The usual case, with its constant offsets and padding written once.
+        return keccak256(
+            _TWO_SIGNATURES_HEAD + worker_signature + _SIGNATURE_PAD + _SIGNATURE_LENGTH
+            + counterparty_signature + _SIGNATURE_PAD
+        )  # fmt: skip
+
+    def tail(value: bytes) -> bytes:  # a dynamic ``bytes``: its length, then padded data
+        return _word(len(value)) + value + bytes(-len(value) % 32)
+
+    first = tail(worker_signature)
+    head = _word(64) + _word(64 + len(first))  # the offsets of the two tails
+    return keccak256(head + first + tail(counterparty_signature))
+
+
+# abi.encode(bytes, bytes) of two 65-byte signatures: offsets 64 and 192, then each tail as
+# its length (65) and its data padded to 96 bytes.
+_SIGNATURE_LENGTH: Final = _word(SIGNATURE_BYTES)
+_SIGNATURE_PAD: Final = bytes(-SIGNATURE_BYTES % 32)
+_TWO_SIGNATURES_HEAD: Final = _word(64) + _word(64 + 32 + 96) + _SIGNATURE_LENGTH
+
+
+# ---------------------------------------------------------------- node identity
+
+
+def node_public_key(private_key: bytes) -> bytes:
+    """The uncompressed secp256k1 public key x ‖ y (64 bytes) of a node key."""
+    return bytes(coincurve.PrivateKey(private_key).public_key.format(compressed=False)[1:])
+
+
+def node_address_of(public_key: bytes) -> str:
+    """The node's address: the last 20 bytes of keccak256 of its public key x ‖ y."""
+    if len(public_key) != PUBLIC_KEY_BYTES:
+        raise ProtocolError(f"a public key is {PUBLIC_KEY_BYTES} bytes, got {len(public_key)}")
+    return _checksummed("0x" + keccak256(public_key)[12:].hex())
+
+
+def compressed_public_key(public_key: bytes) -> bytes:
+    """The 33-byte compressed form (0x02 or 0x03 by the parity of y, then x)."""
+    if len(public_key) != PUBLIC_KEY_BYTES:
+        raise ProtocolError(f"a public key is {PUBLIC_KEY_BYTES} bytes, got {len(public_key)}")
+    return bytes([2 + public_key[63] % 2]) + public_key[:32]
+
+
+def peer_id_of_public_key(public_key: bytes) -> bytes:
+    """The libp2p peer id (39 bytes) of a secp256k1 public key, as NodeRegistry derives it."""
+    return PEER_ID_PREFIX + compressed_public_key(public_key)
+
+
+def binding_digest(wallet: str, node: str, domain: Eip712Domain) -> bytes:
+    """The digest a node key signs to bind itself to ``wallet``."""
+    struct_hash = keccak256(
+        encode(
+            ["bytes32", "address", "address"],
+            [keccak256(NODE_BINDING_TYPE.encode()), wallet, node],
+        )
+    )
+    return typed_data_digest(domain, struct_hash)
+
+
+def sign_binding(wallet: str, node_private_key: bytes, domain: Eip712Domain) -> bytes:
+    """The node key's signature binding it to ``wallet`` (for registerNode)."""
+    node = node_address_of(node_public_key(node_private_key))
+    return sign_digest(binding_digest(wallet, node, domain), node_private_key)
+
+
+# ---------------------------------------------------------------- certificates
+
+
+@dataclass(frozen=True)
+class CertifiedHop:
+    """One leaf of a data node's certificate tree; mirrors Solidity's ``CertifiedHop``."""
+
+    index: int
+    unitsBefore: int
+    worker: str
+    units: int
+    hopKey: bytes
+    receiptDigest: bytes
+    signaturesHash: bytes
+
+    def __post_init__(self) -> None:
+        check_uint("index", self.index, 64)
+        check_uint("unitsBefore", self.unitsBefore, 64)
+        check_uint("units", self.units, 64)
+        object.__setattr__(self, "worker", checked_address("worker", self.worker))
+        for name in ("hopKey", "receiptDigest", "signaturesHash"):
+            check_bytes32(name, getattr(self, name))
+
+    def as_tuple(self) -> tuple[object, ...]:
+        """The struct as an ABI tuple (also the StandardMerkleTree leaf's values)."""
+        return tuple(getattr(self, field.name) for field in fields(self))
+
+    def leaf(self) -> bytes:
+        """The leaf hash: StandardMerkleTree's keccak256(keccak256(abi.encode(values)))."""
+        r = self
+        words = _LEAF_WORDS.pack(
+            r.index, r.unitsBefore, _address_bytes(r.worker), r.units, r.hopKey,
+            r.receiptDigest, r.signaturesHash,
+        )  # fmt: skip
+        return keccak256(keccak256(words))
+
+    def sort_key(self) -> tuple[int, bytes]:
+        """The order of an honest tree: by worker, then by hop key, strictly increasing."""
+        return (int(self.worker, 16), self.hopKey)
+
+
+def certify_hop(
+    receipt: HopReceipt,
+    domain: Eip712Domain,
+    worker_signature: bytes,
+    counterparty_signature: bytes,
+    index: int = 0,
+    units_before: int = 0,
+) -> CertifiedHop:
+    """The leaf a data node commits for ``receipt`` at ``index`` after ``units_before`` units."""
+    return CertifiedHop(
+        index=index,
+        unitsBefore=units_before,
+        worker=receipt.worker,
+        units=receipt.units,
+        hopKey=hop_key(receipt),
+        receiptDigest=receipt_digest(receipt, domain),
+        signaturesHash=signatures_hash(worker_signature, counterparty_signature),
+    )
+
+
+def certificate_commitment(root: bytes, count: int, units: int) -> bytes:
+    """What the ledger stores for a certificate: keccak256(abi.encode(root, count, units))."""
+    check_bytes32("root", root)
+    return keccak256(encode(["bytes32", "uint64", "uint64"], [root, count, units]))
+
+
+@dataclass(frozen=True)
+class CertRef:
+    """A data node's certificate for one epoch, as submitted (the ledger stores its
+    commitment); mirrors Solidity's ``CertRef``."""
+
+    runId: int
+    epoch: int
+    dataNode: str
+    root: bytes
+    count: int
+    units: int
+
+    def as_tuple(self) -> tuple[object, ...]:
+        """The struct as an ABI tuple."""
+        return (self.runId, self.epoch, self.dataNode, self.root, self.count, self.units)
+
+    def commitment(self) -> bytes:
+        """What the ledger stores for this certificate."""
+        return certificate_commitment(self.root, self.count, self.units)

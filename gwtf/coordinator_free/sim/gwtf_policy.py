@@ -1,0 +1,648 @@
+"""GWTF as a simulator routing policy: the pure flow core, run once per simulated node.
+
+Each live node owns a ``FlowNode``; the engine's ticks, control messages and deadlines drive it,
+exactly as the live node's libp2p service will. The data plane is the thin part here: a
+microbatch injected at a data node takes one of its carried flows (one microbatch per flow at a
+time), and each relay forwards it along the flow it arrived on (``FlowNode.route``). When a flow
+is being rebuilt, a relay sends the microbatch to its best next-stage peer instead of stalling.
+A missed forward ack declares the suspect dead to the sender's core and re-sends to another
+replica; a missed backward ack makes the data node probe the path and repair only the dead hop.
+The policy learns what the live node would: a joiner places itself by what a sample of members
+say of themselves (a member quiet for a reconciliation period, as a crashed one is, does not
+answer), discovery ranks candidates by the latency a ping measures (ties at random), a link's
+latency is measured on first contact and its bandwidth on the first activation sent over it, and
+a backward repair goes, as the live sender's does, to a random live replica of the dead hop's
+stage in the stalled node's own table. Two shortcuts are left: the relays present at the start
+are placed by one greedy over all of them (``place_relays``; the live relays of a new run each
+ask as joiners), and a microbatch is never sent to a peer that moved stage (the live receiver
+refuses it and the sender re-routes). ``GwtfPolicy(oracles=True)`` (algorithm ``gwtf-oracles``)
+is the ablation that reads the world instead: every node's state when a joiner places itself,
+the true edge cost at discovery and first contact, and a repair by the upstream's best next hop
+with the dead hop marked in its core.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from types import MappingProxyType
+from typing import ClassVar
+
+from gwtf.coordinator_free.placement import choose_bottleneck, place_relays, slots_per_s
+from gwtf.coordinator_free.protocol import DATA, FlowConfig, FlowNode, NodeSpec, Outbound
+from gwtf.coordinator_free.protocol.state import Peer, SlotState
+from gwtf.coordinator_free.repair import HopKey, PendingHop, plan_forward_resend, plan_hop_repair
+from gwtf.coordinator_free.sim.policy import (
+    Action,
+    Forward,
+    Hold,
+    HopDecision,
+    HopReport,
+    MicrobatchView,
+    PolicyDefaults,
+    PolicyTiming,
+    RepairDecision,
+    Replace,
+    Restart,
+    Retry,
+    Send,
+    Wake,
+    WorldView,
+)
+from gwtf.coordinator_free.wire import FIXED_SIZES, FlowLoanReturn, FlowWanted, encoded_size
+
+#: A probe of the path waits this long for the dead hop (the prototype's keep-alive timeout).
+PROBE_TIMEOUT_S = 5.0
+#: Ours: decision periods a microbatch waits at a data node with no flow before going off-flow.
+_FLOWLESS_PATIENCE_PERIODS = 10
+#: Ours: a lookup returns this many candidates per neighbour wanted, of which the cheapest are kept.
+_CANDIDATES_PER_QUOTA = 4
+#: Ours: decision periods between two lookups of a node that knows no live next-stage peer.
+_REDISCOVERY_PERIODS = 5
+#: Members a joiner asks for their load (the live node's ``join_placement.MAX_ASKED``).
+_JOIN_ASKED = 32
+#: Encoded sizes of the message types whose size never varies (most control messages).
+_FIXED_SIZES = FIXED_SIZES
+#: What a data node hears that may let it lend an idle flow.
+_LENDING_NEWS = (FlowWanted, FlowLoanReturn)
+#: A tick this close before the time the core names is not stale (grid rounding).
+_STALE_TICK_SLACK_S = 1e-6
+#: Watchdog periods an attempt may wait on a hop that a recovery sent and its deadline still
+#: covers, before it starts over (the live data node's ``MAX_STALL_DEADLINES``, less the first).
+_STALL_HOLDS = 3
+
+
+class GwtfPolicy(PolicyDefaults):
+    """The coordinator-free flow protocol of GWTF (arXiv 2509.21221) in the simulator."""
+
+    name: ClassVar[str] = "gwtf"
+
+    def __init__(
+        self,
+        neighbours_per_stage: int = 8,
+        seed_offset: int = 0,
+        slot_speed_scale: float | None = None,
+        oracles: bool = False,
+    ) -> None:
+        #: The ablation that reads the world where the live node would ask or measure.
+        self.oracles = oracles
+        self._neighbours_per_stage = neighbours_per_stage
+        self._slot_speed_scale = slot_speed_scale  # None: FlowConfig's default
+        self._seed_offset = seed_offset
+        self._config: FlowConfig | None = None
+        self._rng = random.Random(seed_offset)
+        #: A joiner's sample of members to ask: its own stream, so that GWTF and the oracle
+        #: ablation draw every other choice alike.
+        self._join_rng = random.Random(seed_offset)
+        self._nodes: dict[str, FlowNode] = {}
+        self._last_tick_s: dict[str, float] = {}
+        self._wake_asked_s: dict[str, float] = {}  # node -> the tick it asked the engine for
+        #: Ticks that found the core's work moved later and were only re-requested.
+        self.stale_ticks = 0
+        #: Microbatches a data node put on a flow a data peer lent it.
+        self.borrowed_flow_injections = 0
+        # Ticking every period (a reference run) calls the core on every tick, idle or not.
+        self._skips_stale_ticks = self.timing().ticks_on_request
+        self._boots: dict[str, int] = {}
+        self._rediscovered_s: dict[str, float] = {}
+        self._waiting_since: dict[int, float] = {}  # mb -> when it first waited for a flow
+        self._hop_slot: dict[int, tuple[str, int]] = {}  # mb -> (sender, sender's slot)
+        self._source_slot: dict[int, tuple[str, int]] = {}  # mb -> (origin, source slot)
+        self._busy: dict[tuple[str, int], int] = {}  # (slot's owner, source slot) -> mb
+        self._waiting: dict[str, set[int]] = {}  # data node -> its mbs waiting for a flow
+        #: mb -> (when a re-sent forward or a repaired hop left, watchdog periods waited on it)
+        self._recovery: dict[int, tuple[float, int]] = {}
+        self._topology_cost: dict[tuple[str, float, str, float], float] = {}
+
+    @property
+    def flow_nodes(self) -> Mapping[str, FlowNode]:
+        """Each node's protocol core by id, read-only: to inspect, not to drive."""
+        return MappingProxyType(self._nodes)
+
+    def timing(self) -> PolicyTiming:
+        config = self._flow_config_defaults()
+        return PolicyTiming(
+            forward_timeout_s=config.ack_deadline_s,
+            backward_timeout_s=config.ack_deadline_s,
+            tick_period_s=config.decision_period_s,
+            ticks_on_request=True,
+        )
+
+    # ---- membership ----
+
+    def place_initial(self, world: WorldView, rng: random.Random) -> dict[str, int]:
+        self._rng = random.Random(rng.random() + self._seed_offset)
+        self._join_rng = random.Random(self._rng.random())
+        placed = []
+        newcomers = []
+        for node_id in world.known_nodes():
+            spec, stage = world.spec(node_id), world.stage_of(node_id)
+            if spec.role != "relay":
+                continue
+            compute_ms = world.compute_ms(node_id)
+            if stage is None:
+                newcomers.append((node_id, spec.capacity, compute_ms))
+            else:
+                placed.append((stage, 0, spec.capacity, compute_ms))
+        newcomers.sort(key=lambda item: (-slots_per_s(item[1], item[2]), item[0]))
+        demand = sum(world.spec(d).capacity for d in world.data_nodes())
+        return place_relays(world.stages, placed, newcomers, demand)
+
+    def place_joiner(self, world: WorldView, node_id: str, now: float) -> int:
+        # The joiner asks members what they hold (a sample, as the live node asks at most
+        # ``_JOIN_ASKED``); those that stopped ticking (crashed) do not answer. A live node ticks
+        # at least once per reconciliation period. The oracle asks every node it ever met.
+        if self.oracles:
+            asked = [n for n in self._nodes if n != node_id]
+        else:
+            members = [
+                n for s in range(world.stages + 1) for n in world.nodes_in_stage(s) if n != node_id
+            ]
+            asked = self._join_rng.sample(members, min(len(members), _JOIN_ASKED))
+        answers = []
+        demand = 0
+        for other_id in asked:
+            node = self._nodes.get(other_id)
+            if node is None or node.left:
+                continue
+            quiet_s = (node.config.reconcile_periods + 1) * node.period_s
+            if now - self._last_tick_s.get(other_id, -1e9) > quiet_s:
+                continue
+            hello = node.hello()
+            if node.is_data:
+                demand += hello.capacity
+            else:
+                answers.append((hello.stage, hello.capacity, hello.compute_ms))
+        if self.oracles:  # (a live joiner that hears no data node counts every slot: 0)
+            demand = sum(world.spec(d).capacity for d in world.data_nodes())
+        return choose_bottleneck(world.stages, answers, demand).stage
+
+    def on_node_up(self, world: WorldView, node_id: str, now: float) -> Sequence[Action]:
+        config = self._flow_config(world)
+        profile = world.spec(node_id)
+        stage = world.stage_of(node_id) or 0
+        self._boots[node_id] = self._boots.get(node_id, -1) + 1
+        node = FlowNode(
+            NodeSpec(node_id, profile.role, stage, profile.capacity, world.compute_ms(node_id)),
+            config,
+            random.Random(f"{self._rng.random()}:{node_id}"),
+            boot_id=self._boots[node_id],
+        )
+        self._nodes[node_id] = node
+        self._last_tick_s[node_id] = now
+        self._wake_asked_s.pop(node_id, None)  # the engine ticks a new node first by itself
+        sends: list[Outbound] = []
+        for peer_id in self._discover(world, node):
+            sends += node.introduce(peer_id)
+        return self._sends(node_id, sends)
+
+    def _discover(self, world: WorldView, node: FlowNode) -> list[str]:
+        """Neighbours a node finds (a DHT lookup would): per stage, the cheapest half of its
+        quota by the topology, and a random rest so the graph stays connected.
+
+        In a large stage the cheapest are picked from a random sample of candidates (what a
+        lookup returns and the node then measures), not from the whole stage: if every node
+        picked the globally cheapest peers, those few would fill their bounded tables at once
+        and turn the later introductions away, leaving some nodes with no next hop at all.
+        """
+        found: list[str] = []
+        quota = self._neighbours_per_stage
+        stages = {node.previous_stage, node.spec.stage, node.next_stage}
+        for stage in sorted(stages):
+            members = [m for m in world.nodes_in_stage(stage) if m != node.node_id]
+            members = [m for m in members if m in self._nodes and not self._nodes[m].left]
+            pool = _CANDIDATES_PER_QUOTA * quota
+            if len(members) > pool:
+                members = self._rng.sample(members, pool)
+            # Ties (a region of equal latencies) go at random, not to the lowest ids for all.
+            self._rng.shuffle(members)
+            by_cost = sorted(members, key=lambda m: self._topology_cost_ms(world, node, m))
+            chosen = by_cost[: quota // 2]
+            rest = by_cost[quota // 2 :]
+            chosen += self._rng.sample(rest, min(len(rest), quota - len(chosen)))
+            found += chosen
+        return found
+
+    def _topology_cost_ms(self, world: WorldView, node: FlowNode, peer_id: str) -> float:
+        """How a node ranks a candidate it found: the latency a ping measures; the oracle takes
+        the true d_ij (compute and bandwidth included), cached by (region, speed) of both ends."""
+        if not self.oracles:
+            return world.latency_ms(node.node_id, peer_id)
+        mine, theirs = world.spec(node.node_id), world.spec(peer_id)
+        key = (mine.region, mine.speed, theirs.region, theirs.speed)
+        cost = self._topology_cost.get(key)
+        if cost is None:
+            cost = self._topology_cost[key] = world.edge_cost_ms(node.node_id, peer_id)
+        return cost
+
+    # ---- control plane ----
+
+    def on_message(
+        self, world: WorldView, src: str, dst: str, payload: object, now: float
+    ) -> Sequence[Action]:
+        node = self._nodes.get(dst)
+        if node is None:
+            return ()
+        sends = node.handle(src, payload, now)  # type: ignore[arg-type]
+        if node.is_data and type(payload) in _LENDING_NEWS:
+            sends += self._lend_idle(node)
+        # The first message from a peer measures the link's latency (as the live node times its
+        # requests); its bandwidth is timed on the first activation sent over it
+        # (``on_hop_acked``). The oracle knows both at first contact.
+        peer = node.peers.get(src)
+        if peer is not None and peer.latency_ms is None:
+            bandwidth = world.bandwidth_gbps(src, dst) if self.oracles else None
+            node.observe_link(src, world.latency_ms(src, dst), bandwidth)
+        actions = self._sends(dst, sends)
+        wake = self._wake_action(world, node, now)
+        if wake is not None:
+            actions.append(wake)
+        return actions
+
+    def on_tick(self, world: WorldView, node_id: str, now: float) -> Sequence[Action]:
+        node = self._nodes.get(node_id)
+        if node is None:
+            return ()
+        self._last_tick_s[node_id] = now
+        self._wake_asked_s.pop(node_id, None)  # this tick was the one asked for
+        if self._skips_stale_ticks and self._is_stale(world, node, now):
+            # Work moved later since this tick was asked for (a flow was accepted, a table
+            # answered): the core would do nothing now, so only ask again for the new time.
+            self.stale_ticks += 1
+            return self._wake(world, node, now)
+        sends = node.tick(now)
+        if self._may_rediscover(node, now) and self._stuck(world, node):
+            sends += self._rediscover(world, node, now)
+        actions = self._sends(node_id, sends)
+        wake = self._wake_action(world, node, now)
+        if wake is not None:
+            actions.append(wake)
+        return actions
+
+    def _is_stale(self, world: WorldView, node: FlowNode, now: float) -> bool:
+        """Whether the core has nothing to do now. The time it keeps may be early (it keeps it
+        across news that can only delay work), so one that says "now" is asked afresh: that
+        costs less than a round that finds nothing to do."""
+        if not self._next_hops(world, node):
+            return False  # it must look up peers (``_rediscover``)
+        if node.next_tick_s(now) > now + _STALE_TICK_SLACK_S:
+            return True
+        node.state_changed()
+        return node.next_tick_s(now) > now + _STALE_TICK_SLACK_S
+
+    def _wake(self, world: WorldView, node: FlowNode, now: float) -> list[Action]:
+        wake = self._wake_action(world, node, now)
+        return [] if wake is None else [wake]
+
+    def _wake_action(self, world: WorldView, node: FlowNode, now: float) -> Wake | None:
+        """Ask the engine to tick ``node`` when its core next has work (a later time postpones);
+        None when that is the time already asked for."""
+        node_id = node.spec.node_id
+        asked_s = self._wake_asked_s.get(node_id)
+        wake_s = node.next_tick_s(now)
+        if not self._next_hops(world, node):  # it must look up peers (``_rediscover``)
+            wake_s = now
+        if asked_s == wake_s:
+            return None
+        self._wake_asked_s[node_id] = wake_s
+        # A later time postpones the tick asked for: the work it was for moved later.
+        return Wake(node_id, wake_s, postpone=asked_s is not None and wake_s > asked_s)
+
+    def _may_rediscover(self, node: FlowNode, now: float) -> bool:
+        last_s = self._rediscovered_s.get(node.node_id, -math.inf)
+        return now - last_s >= _REDISCOVERY_PERIODS * node.period_s
+
+    def _stuck(self, world: WorldView, node: FlowNode) -> bool:
+        """Whether ``node`` needs more next-stage peers: it knows no live one (those that came
+        back at another stage do not count), or it has a flow to send on and every one it knows
+        is full (slow relays offer fewer slots, so the few a node met first may all be taken)."""
+        peers = self._next_hops(world, node)
+        if not peers:
+            return True
+        if any(peer.spare > 0 for peer in peers):
+            return False
+        return any(out.state is SlotState.UNMATCHED for out in node.out_slots.values())
+
+    def _rediscover(self, world: WorldView, node: FlowNode, now: float) -> list[Outbound]:
+        """A node that is stuck (``_stuck``) looks up more next-stage peers (another DHT lookup
+        would), at most once per ``_REDISCOVERY_PERIODS``: without them it carries no flow."""
+        self._rediscovered_s[node.node_id] = now
+        members = [
+            m
+            for m in world.nodes_in_stage(node.next_stage)
+            if m in self._nodes and not self._nodes[m].left and m not in node.peers
+        ]
+        if node.next_stage == 0:
+            members = [m for m in members if self._nodes[m].is_data]
+        chosen = self._rng.sample(members, min(len(members), self._neighbours_per_stage))
+        sends: list[Outbound] = []
+        for peer_id in chosen:
+            sends += node.introduce(peer_id)
+        return sends
+
+    def _sends(self, sender: str, sends: list[Outbound]) -> list[Action]:
+        """One ``Send`` of the core's messages, sized as encoded (none when there are none)."""
+        if not sends:
+            return []
+        messages: list[tuple[str, object, int]] = []
+        last: object = None
+        size = 0
+        for outbound in sends:
+            message = outbound.message
+            if message is not last:  # an advert goes to many peers as one object
+                last = message
+                size = _FIXED_SIZES.get(type(message)) or encoded_size(message)
+            messages.append((outbound.to, message, size))
+        return [Send(sender, messages)]
+
+    # ---- data plane ----
+
+    def choose_next_hop(
+        self, world: WorldView, node_id: str, mb: MicrobatchView, now: float
+    ) -> HopDecision:
+        node = self._nodes[node_id]
+        if node.is_data:
+            return self._inject(world, node, mb, now)
+        header = self._hop_slot.get(mb.mb_id)
+        route = None if header is None else node.route(*header)
+        if route is not None and world.stage_of(route[0]) == node.next_stage:
+            self._hop_slot[mb.mb_id] = (node_id, route[1])
+            return Forward(route[0])
+        fallback = self._best_next(world, node, exclude=None)
+        if fallback is None:  # it knows no next-stage peer at all: holding would never end
+            self._forget(mb.mb_id)
+            return Restart()
+        self._hop_slot[mb.mb_id] = (node_id, -1)  # off any flow until the next hop
+        return Forward(fallback)
+
+    def _inject(
+        self, world: WorldView, node: FlowNode, mb: MicrobatchView, now: float
+    ) -> HopDecision:
+        decision = self._inject_on_flow(world, node, mb, now)
+        waiting = self._waiting.setdefault(node.node_id, set())
+        if isinstance(decision, Hold):
+            waiting.add(mb.mb_id)
+        else:
+            waiting.discard(mb.mb_id)
+        sends = node.announce_waiting(len(waiting))
+        if not waiting:
+            sends += self._return_idle_loans(node)
+        if not sends:
+            return decision
+        actions = tuple(self._sends(node.node_id, sends))
+        if isinstance(decision, Forward):
+            return Forward(decision.to, decision.actions + actions)
+        return Hold(actions)
+
+    def _inject_on_flow(
+        self, world: WorldView, node: FlowNode, mb: MicrobatchView, now: float
+    ) -> HopDecision:
+        held = self._source_slot.get(mb.mb_id)
+        source = node.source_routes()
+        # A hop that came back at another stage is not usable until its introduction lands.
+        routes = {
+            (node.node_id, slot): first_hop
+            for slot, (_, first_hop) in source.items()
+            if world.stage_of(first_hop) == node.next_stage and not node.is_lent(slot)
+        }
+        loans = {
+            key: first_hop
+            for key, first_hop in node.borrowed.items()
+            if world.stage_of(first_hop) == node.next_stage
+        }
+        if not routes and not loans:
+            # No flow (start-up, or the data node lost all of them): wait a few decision periods
+            # for the flows to be built, then send along the best known hop so the batch cannot
+            # stall behind a data node that gets none.
+            first_s = self._waiting_since.setdefault(mb.mb_id, now)
+            patience_s = _FLOWLESS_PATIENCE_PERIODS * node.period_s
+            fallback = self._best_next(world, node, exclude=None)
+            if fallback is None or now - first_s < patience_s:
+                return Hold()
+            self._hop_slot[mb.mb_id] = (node.node_id, -1)
+            return Forward(fallback)
+        if held is not None and held not in routes and held not in loans:
+            self._release(mb.mb_id)
+            held = None
+        if held is None:
+            held = self._free_flow(node, source, routes, loans)
+            if held is None:
+                return Hold()
+            self._source_slot[mb.mb_id] = held
+            self._busy[held] = mb.mb_id
+            self.borrowed_flow_injections += held[0] != node.node_id
+        self._hop_slot[mb.mb_id] = held
+        return Forward(routes.get(held) or loans[held])
+
+    def _free_flow(
+        self,
+        node: FlowNode,
+        source: dict[int, tuple[str, str]],
+        routes: dict[tuple[str, int], str],
+        loans: dict[tuple[str, int], str],
+    ) -> tuple[str, int] | None:
+        """The flow a data node's next microbatch takes: its own free flows first, cheapest
+        path first (as its sink last reported it), then a free flow a peer lent it, nearest
+        first hop first; ties by slot. None when every flow is busy."""
+        busy = self._busy
+        reports = node.flow_reports  # a carried flow's report is the one ``flow_paths`` gives
+        best: tuple[float, tuple[str, int]] | None = None
+        for key in routes:
+            if key in busy:
+                continue
+            report = reports.get(source[key[1]][0])
+            rank = (math.inf if report is None else report[1], key)
+            if best is None or rank < best:
+                best = rank
+        if best is None:
+            for key, first_hop in loans.items():
+                if key in busy:
+                    continue
+                rank = (node.edge_cost_ms(first_hop), key)
+                if best is None or rank < best:
+                    best = rank
+        return None if best is None else best[1]
+
+    def _release(self, mb_id: int) -> None:
+        held = self._source_slot.pop(mb_id, None)
+        if held is not None and self._busy.get(held) == mb_id:
+            del self._busy[held]
+
+    def _lend_idle(self, node: FlowNode) -> list[Outbound]:
+        """A data node with nothing waiting lends its idle flows to data peers that wait."""
+        if self._waiting.get(node.node_id) or not node.waiting_peers:
+            return []
+        idle = [s for s in sorted(node.source_routes()) if (node.node_id, s) not in self._busy]
+        return node.lend_idle(idle)
+
+    def _return_idle_loans(self, node: FlowNode) -> list[Outbound]:
+        sends: list[Outbound] = []
+        for lender, slot in [k for k in node.borrowed if k not in self._busy]:
+            sends += node.return_loan(lender, slot)
+        return sends
+
+    @staticmethod
+    def _next_hops(world: WorldView, node: FlowNode) -> list[Peer]:
+        """The next-stage peers ``node`` believes alive that still announce that stage (data
+        nodes only after the last stage). The core keeps a peer that came back at another stage
+        until it introduces itself anew; the live receiver would refuse a microbatch."""
+        stage = node.next_stage
+        peers = [p for p in node.alive_peers(stage) if world.stage_of(p.peer_id) == stage]
+        return [p for p in peers if p.role == DATA] if stage == 0 else peers
+
+    def _best_next(self, world: WorldView, node: FlowNode, exclude: str | None) -> str | None:
+        """The next-stage peer this node believes alive with the lowest cost to a sink."""
+        candidates = [p for p in self._next_hops(world, node) if p.peer_id != exclude]
+        if not candidates:
+            return None
+
+        # Peers that can reach a sink first (a peer advertising an infinite cost knows no way
+        # on), then peers believed to have room, so detours spread instead of piling on one.
+        def rank(peer: Peer) -> tuple[bool, bool, float, str]:
+            cost = node.cost_through_ms(peer)
+            return (cost == math.inf, peer.spare <= 0, cost, peer.peer_id)
+
+        return min(candidates, key=rank).peer_id
+
+    def on_hop_acked(self, world: WorldView, report: HopReport, now: float) -> Sequence[Action]:
+        node = self._nodes.get(report.sender)
+        if node is None:
+            return ()
+        node.heard_from(report.receiver, now)  # an acknowledgement proves the receiver alive
+        peer = node.peers.get(report.receiver)
+        if peer is not None and peer.bandwidth_gbps is None:
+            # The sender timed the upload of the first activation it sent over this link.
+            latency = world.latency_ms(report.sender, report.receiver)
+            bandwidth = world.bandwidth_gbps(report.sender, report.receiver)
+            node.observe_link(report.receiver, latency, bandwidth)
+            return self._wake(world, node, now)  # the link's cost changed: its core may have work
+        return ()
+
+    def on_microbatch_done(
+        self, world: WorldView, mb: MicrobatchView, now: float
+    ) -> Sequence[Action]:
+        held = self._source_slot.get(mb.mb_id)
+        self._forget(mb.mb_id)
+        origin = self._nodes.get(mb.origin)
+        if origin is None:
+            return (Retry(mb.origin),)
+        # A freed flow goes to the origin's next waiting microbatch (the retry); with none
+        # waiting, a borrowed one goes back and an own one may be lent.
+        if held is not None and held[0] != mb.origin:
+            sends = [] if self._waiting.get(mb.origin) else origin.return_loan(*held)
+        else:
+            sends = self._lend_idle(origin)
+        return (Retry(mb.origin), *self._sends(mb.origin, sends))
+
+    # ---- failures ----
+
+    def on_forward_timeout(
+        self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
+    ) -> HopDecision:
+        node = self._nodes[node_id]
+        actions = self._sends(node_id, node.peer_dead(suspect, now)) + self._wake(world, node, now)
+        if mb.stage != node.spec.stage:
+            # The microbatch already moved past the suspect (its ack was lost with it): the
+            # engine would route from the microbatch's stage, not ours, so start it over.
+            self._forget(mb.mb_id)
+            return Restart(tuple(actions))
+        key = HopKey(str(mb.mb_id), mb.stage + 1, 0)
+        missed = PendingHop(key, suspect, mb.attempt, now, now)
+        plan = plan_forward_resend(missed, lambda dead: self._best_next(world, node, dead))
+        decision = self.choose_next_hop(world, node_id, mb, now)
+        if isinstance(decision, Forward) and decision.to != suspect:
+            self._recovered(mb.mb_id, now)
+            return Forward(decision.to, tuple(actions))
+        if plan is None:
+            return Hold(tuple(actions))
+        self._hop_slot[mb.mb_id] = (node_id, -1)
+        self._recovered(mb.mb_id, now)
+        return Forward(plan.to, tuple(actions))
+
+    def on_backward_timeout(
+        self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
+    ) -> RepairDecision:
+        stage = mb.stage - 1
+        path = (mb.origin, *(hop or "" for hop in mb.path), mb.sink or "")
+        upstream_id = path[stage - 1]
+        node = self._nodes[node_id]
+        actions = self._sends(node_id, node.peer_dead(suspect, now)) + self._wake(world, node, now)
+        upstream = self._nodes.get(upstream_id)
+        if upstream is None:
+            return Restart(tuple(actions))
+        if self.oracles:  # the upstream core is told the hop died (it learns it by keep-alive)
+            actions += self._sends(upstream_id, upstream.peer_dead(suspect, now))
+            actions += self._wake(world, upstream, now)
+
+        def replacement(wanted: int, dead: str) -> str | None:
+            if upstream.next_stage != wanted:  # it moved stage since it sent this microbatch
+                return None
+            if self.oracles:  # the upstream's best next hop, read from its core
+                return self._best_next(world, upstream, dead)
+            # As the live sender (``Sender.replacement``): a live replica of the dead hop's
+            # stage from the stalled node's own table, at random.
+            candidates = sorted(
+                p.peer_id
+                for p in node.alive_peers(wanted)
+                if p.peer_id != dead and world.stage_of(p.peer_id) == wanted
+            )
+            return node.rng.choice(candidates) if candidates else None
+
+        repair = plan_hop_repair(str(mb.mb_id), path, stage, replacement)
+        if repair is None:
+            return Restart(tuple(actions))
+        # The stalled node tells the data node, which probes the path and waits for the dead
+        # hop's probe to time out, then tells the hop before it where to re-send.
+        delay_s = (
+            world.latency_ms(node_id, mb.origin) / 1000.0
+            + PROBE_TIMEOUT_S
+            + world.latency_ms(mb.origin, upstream_id) / 1000.0
+        )
+        self._recovered(mb.mb_id, now + delay_s)
+        return Replace(stage, repair.replacement, delay_s, tuple(actions))
+
+    def _recovered(self, mb_id: int, sent_s: float) -> None:
+        """A recovery sends a hop of ``mb_id`` at ``sent_s`` (a re-sent forward, a repair)."""
+        self._recovery[mb_id] = (sent_s, self._recovery.get(mb_id, (0.0, 0))[1])
+
+    def on_stall(self, world: WorldView, mb: MicrobatchView, now: float) -> RepairDecision:
+        """Wait one more watchdog period while a hop that a recovery sent is still within its
+        deadline, as the live data node waits while its repairs go on: two dead hops in a row
+        (a re-send to a replica that died unseen too), or a backward repair after its probe,
+        outlast the watchdog, and a restart would drop work that is about to succeed. At most
+        ``_STALL_HOLDS`` times an attempt; else start it over."""
+        sent_s, holds = self._recovery.get(mb.mb_id, (-math.inf, 0))
+        if now - sent_s < self.timing().forward_timeout_s and holds < _STALL_HOLDS:
+            self._recovery[mb.mb_id] = (sent_s, holds + 1)
+            return Hold()
+        self._forget(mb.mb_id)
+        return Restart()
+
+    def _forget(self, mb_id: int) -> None:
+        self._recovery.pop(mb_id, None)
+        self._waiting_since.pop(mb_id, None)
+        for waiting in self._waiting.values():
+            waiting.discard(mb_id)
+        self._hop_slot.pop(mb_id, None)
+        self._release(mb_id)
+
+    # ---- config ----
+
+    def _flow_config_defaults(self) -> FlowConfig:
+        return FlowConfig(stages=1, activation_bytes=1.0)
+
+    def _flow_config(self, world: WorldView) -> FlowConfig:
+        if self._config is None:
+            self._config = FlowConfig(
+                stages=world.stages,
+                activation_bytes=float(world.activation_bytes),
+                max_peers_per_stage=max(self._neighbours_per_stage * 2, 4),
+            )
+            if self._slot_speed_scale is not None:
+                self._config = replace(self._config, slot_speed_scale=self._slot_speed_scale)
+        return self._config
+
+
+__all__ = ["GwtfPolicy"]

@@ -1,0 +1,308 @@
+"""What an auditor checks of an epoch's certificates and receipts, and the fraud proof of each
+finding the chain judges alone. Pure: the chain's answers come in as values and callables.
+
+The rules are ``Disputes.sol``'s, one for one, so a finding with a proof is one the chain
+convicts on, and an honest tree yields none:
+
+* **invalid hop** (``proveInvalidHop``): a leaf whose receipt is off the run's schedule (run,
+  epoch, data node, relay stage, direction, units), does not match its leaf (worker, units, hop
+  key), is countersigned by its own worker, lacks either party's signature, or names a worker
+  that was no bonded member of the run during the epoch, or a counterparty that was neither a
+  bonded member nor one of its data nodes;
+* **bad totals** (``proveBadTotals``): a leaf beyond the count, leaf 0 with units before it, the
+  last leaf not ending at the certificate's units;
+* **bad sequence** (``proveBadSequence``): two different leaves with one index, or adjacent
+  leaves whose prefix sums do not chain or that are not strictly increasing in (worker, hop key);
+* **equivocation** (``proveEquivocation``): two different receipts of one hop key signed by one
+  key, the worker of both (and counterparty of neither) or the counterparty of both (and not the
+  worker), across everything the auditor has seen.
+
+What the chain cannot judge is reported without a proof: leaves a data node served fewer of
+than its count (``withheld``), a served leaf not in the tree or a served receipt that is not its
+leaf's (``unproven``), and, accusing nobody, a certificate the auditor could not read whole
+(``unchecked``: unreachable, throttled, or a page that broke off).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt
+from gwtf.contracts.encoding import (
+    BACKWARD,
+    CertifiedHop,
+    CertRef,
+    Eip712Domain,
+    hop_key,
+    receipt_digest,
+    recover_digest_signer,
+    scheduled_units,
+    signatures_hash,
+)
+from gwtf.contracts.fraud_proofs import FraudProof
+from gwtf.contracts.merkle import MerkleTree, build_tree, verify_proof
+from gwtf.errors import ProtocolError
+
+INVALID_HOP: Final = "invalid hop"
+BAD_TOTALS: Final = "bad totals"
+BAD_SEQUENCE: Final = "bad sequence"
+EQUIVOCATION: Final = "equivocation"
+WITHHELD: Final = "withheld"
+UNPROVEN: Final = "unproven"
+UNCHECKED: Final = "unchecked"
+#: Versions of one hop kept per signer while looking for a second: enough for any honest mix of
+#: a receipt seen from several nodes, and a bound on what a peer's made-up versions cost.
+MAX_VERSIONS: Final = 4
+
+#: Whether a node took part in the run during the epoch: (node, or as a data node) -> bool,
+#: the chain's ``wasMemberDuring`` (or ``wasDataNodeBefore``) and ``bondedDuring``.
+TookPart = Callable[[str, bool], bool]
+
+
+@dataclass(frozen=True)
+class RunRules:
+    """What the chain knows of a run that a hop's validity depends on."""
+
+    stages: int
+    units_per_hop: int
+    domain: Eip712Domain
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing wrong: its kind, the node it accuses, what was seen, and the fraud proof the
+    chain judges it by (None: no contract judges it alone, or no longer); ``judged`` when the
+    chain has convicted on it already (the certificate voided, the signer slashed)."""
+
+    kind: str
+    accused: str
+    detail: str
+    proof: FraudProof | None = None
+    judged: bool = False
+
+    def as_json(self) -> dict[str, object]:
+        """The finding as the audit's JSON reports it."""
+        return {
+            "kind": self.kind,
+            "accused": self.accused,
+            "detail": self.detail,
+            "provable_on_chain": self.proof is not None,
+            "judged": self.judged,
+            "fraud_proof": self.proof.function if self.proof is not None else None,
+        }
+
+
+def audit_certificate(
+    cert: CertRef,
+    served: Sequence[tuple[SignedReceipt, LeafProof]],
+    rules: RunRules,
+    took_part: TookPart,
+    *,
+    complete: bool = True,
+) -> list[Finding]:
+    """Every finding in what a data node served of ``cert`` (each receipt with its leaf);
+    ``complete`` False: the auditor read only part of it, so what is missing is not counted."""
+    findings: list[Finding] = []
+    proven: dict[int, list[LeafProof]] = defaultdict(list)
+    took = _cached(took_part)
+    rebuilt = _whole_tree(cert, served)
+    for entry, served_leaf in served:
+        hop = served_leaf.hop
+        if rebuilt is not None:
+            # Every leaf is in the tree, at its index: the proofs are the rebuilt tree's.
+            leaf = LeafProof(hop, tuple(rebuilt.proof(hop.index)))
+        elif verify_proof(served_leaf.proof, cert.root, hop.leaf()):
+            leaf = served_leaf
+        else:
+            findings.append(
+                Finding(UNPROVEN, cert.dataNode, f"leaf {hop.index} is not in the tree")
+            )
+            continue
+        proven[hop.index].append(leaf)
+        if _contradicts_totals(cert, hop):
+            findings.append(
+                Finding(
+                    BAD_TOTALS,
+                    cert.dataNode,
+                    f"leaf {hop.index} contradicts count or units",
+                    fraud_proofs.bad_totals(cert, leaf),
+                )
+            )
+        if not _is_the_leafs(entry, hop, rules.domain):
+            detail = f"the receipt served for leaf {hop.index} is not the leaf's"
+            findings.append(Finding(UNPROVEN, cert.dataNode, detail))
+            continue
+        why = invalid_because(cert, hop, entry, rules, took)
+        if why is not None:
+            findings.append(
+                Finding(
+                    INVALID_HOP,
+                    cert.dataNode,
+                    f"leaf {hop.index}: {why}",
+                    fraud_proofs.invalid_hop(cert, leaf, entry),
+                )
+            )
+    findings.extend(_sequence_findings(cert, proven))
+    missing = cert.count - len([i for i in proven if i < cert.count])
+    if complete and missing > 0:
+        detail = f"{missing} of {cert.count} leaves not served"
+        findings.append(Finding(WITHHELD, cert.dataNode, detail))
+    return findings
+
+
+def _whole_tree(
+    cert: CertRef, served: Sequence[tuple[SignedReceipt, LeafProof]]
+) -> MerkleTree | None:
+    """The certificate's tree rebuilt from what was served, when that is every leaf once, in
+    index order, and its root is the certificate's: n hashes instead of one proof (log n
+    hashes) per leaf. None otherwise, and each leaf's own proof is checked."""
+    if len(served) != cert.count or any(leaf.hop.index != i for i, (_, leaf) in enumerate(served)):
+        return None
+    try:
+        tree = build_tree([leaf.hop.leaf() for _, leaf in served])
+    except ProtocolError:
+        return None
+    return tree if tree.root == cert.root else None
+
+
+def invalid_because(
+    cert: CertRef, hop: CertifiedHop, entry: SignedReceipt, rules: RunRules, took_part: TookPart
+) -> str | None:
+    """Why ``Disputes._isValidHop`` would find the leaf's hop invalid, or None when valid."""
+    r = entry.receipt
+    if (r.runId, r.epoch, r.dataNode.lower()) != (cert.runId, cert.epoch, cert.dataNode.lower()):
+        return "a receipt of another run, epoch or data node"
+    if not 1 <= r.stage <= rules.stages or r.direction > BACKWARD:
+        return f"stage {r.stage} direction {r.direction} is off the run"
+    if r.units != scheduled_units(r.direction, rules.units_per_hop):
+        return f"{r.units} units, off the run's schedule"
+    if hop.worker.lower() != r.worker.lower() or hop.units != r.units or hop.hopKey != hop_key(r):
+        return "the leaf does not match its receipt"
+    if r.worker.lower() == r.counterparty.lower():
+        return "countersigned by its own worker"
+    if _signer(hop.receiptDigest, entry.worker_signature) != r.worker.lower():
+        return "the worker signature is not the worker's"
+    if _signer(hop.receiptDigest, entry.counterparty_signature) != r.counterparty.lower():
+        return "the countersignature is not the counterparty's"
+    if not took_part(r.worker, False):
+        return f"worker {r.worker} was no bonded member during the epoch"
+    if not took_part(r.counterparty, True):
+        return f"counterparty {r.counterparty} was neither a bonded member nor a data node"
+    return None
+
+
+def equivocations(entries: Iterable[SignedReceipt], domain: Eip712Domain) -> list[Finding]:
+    """Each key that signed two different receipts of one hop in one role, once. Linear: each
+    signature is recovered once, and each (hop key, signer) keeps its first few versions."""
+    versions: dict[tuple[bytes, str], list[tuple[bytes, SignedReceipt, bytes]]] = defaultdict(list)
+    findings: list[Finding] = []
+    convicted: set[str] = set()
+    for entry in entries:
+        digest = receipt_digest(entry.receipt, domain)
+        key = hop_key(entry.receipt)
+        for signature in (entry.worker_signature, entry.counterparty_signature):
+            signer = _signer(digest, signature)
+            if not signer or signer in convicted:
+                continue
+            held = versions[(key, signer)]
+            for other_digest, other, other_signature in held:
+                if other_digest == digest:
+                    break
+                finding = _equivocation(signer, other, other_signature, entry, signature)
+                if finding is not None:
+                    convicted.add(signer)
+                    findings.append(finding)
+                    break
+            else:
+                if len(held) < MAX_VERSIONS:
+                    held.append((digest, entry, signature))
+    return findings
+
+
+def _equivocation(
+    signer: str,
+    first: SignedReceipt,
+    first_signature: bytes,
+    second: SignedReceipt,
+    second_signature: bytes,
+) -> Finding | None:
+    """The finding if ``signer``'s role in both receipts is one the contract convicts."""
+    a, b = first.receipt, second.receipt
+    as_worker = signer == a.worker.lower() and signer not in (
+        a.counterparty.lower(), b.counterparty.lower()
+    )  # fmt: skip
+    as_counterparty = (
+        signer == a.counterparty.lower() == b.counterparty.lower() and signer != a.worker.lower()
+    )
+    if not (as_worker or as_counterparty):
+        return None
+    accused = a.worker if as_worker else a.counterparty
+    proof = fraud_proofs.equivocation(accused, a, first_signature, b, second_signature)
+    role = "worker" if as_worker else "counterparty"
+    detail = f"signed two receipts of one hop of microbatch {a.microbatchId} as {role}"
+    return Finding(EQUIVOCATION, accused, detail, proof)
+
+
+def _contradicts_totals(cert: CertRef, hop: CertifiedHop) -> bool:
+    return (
+        hop.index >= cert.count
+        or (hop.index == 0 and hop.unitsBefore != 0)
+        or (hop.index == cert.count - 1 and hop.unitsBefore + hop.units != cert.units)
+    )
+
+
+def _sequence_findings(cert: CertRef, proven: dict[int, list[LeafProof]]) -> list[Finding]:
+    findings = []
+    for index, leaves in sorted(proven.items()):
+        distinct = {leaf.hop.leaf(): leaf for leaf in leaves}
+        if len(distinct) > 1:
+            first, second = list(distinct.values())[:2]
+            proof = fraud_proofs.bad_sequence(cert, first, second)
+            findings.append(Finding(BAD_SEQUENCE, cert.dataNode, f"two leaves {index}", proof))
+        following = proven.get(index + 1)
+        if following and _breaks(leaves[0].hop, following[0].hop):
+            proof = fraud_proofs.bad_sequence(cert, leaves[0], following[0])
+            detail = f"leaves {index} and {index + 1} do not chain"
+            findings.append(Finding(BAD_SEQUENCE, cert.dataNode, detail, proof))
+    return findings
+
+
+def _breaks(hop: CertifiedHop, following: CertifiedHop) -> bool:
+    ordered = (int(hop.worker, 16), hop.hopKey) < (int(following.worker, 16), following.hopKey)
+    return hop.unitsBefore + hop.units != following.unitsBefore or not ordered
+
+
+def _is_the_leafs(entry: SignedReceipt, hop: CertifiedHop, domain: Eip712Domain) -> bool:
+    return hop.receiptDigest == receipt_digest(
+        entry.receipt, domain
+    ) and hop.signaturesHash == signatures_hash(
+        entry.worker_signature, entry.counterparty_signature
+    )
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _signer(digest: bytes, signature: bytes) -> str:
+    """The signer's address in lower case, or "" where OpenZeppelin's ``tryRecover`` fails.
+    Cached: an audit recovers each signature of a certificate's leaves again when it looks for
+    equivocations, and recovery is most of an audit's time (``bench/audit.py``)."""
+    try:
+        return recover_digest_signer(digest, signature).lower()
+    except ProtocolError:
+        return ""
+
+
+def _cached(took_part: TookPart) -> TookPart:
+    answers: dict[tuple[str, bool], bool] = {}
+
+    def cached(node: str, or_data_node: bool) -> bool:
+        key = (node.lower(), or_data_node)
+        if key not in answers:
+            answers[key] = took_part(node, or_data_node)
+        return answers[key]
+
+    return cached

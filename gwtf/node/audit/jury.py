@@ -1,0 +1,404 @@
+"""A volunteer's side of the court (``gwtf-node jury serve``): one pass over every open case.
+
+Each pass does what the wallet's roles and the case's phase call for, every step in its
+window (``gwtf/contracts/Court.sol``):
+
+* accused (a case against a node of this wallet): answer with a fresh salt, so the challenger
+  cannot pick its jury by its own salt;
+* challenger (a dispute this wallet opened): reveal the draw salt it committed
+  (``gwtf.node.chain.actions.draw_salt_of``) once the accused answered or could no longer;
+* juror (seats of the wallet's juror node in the current round): fetch the disputed hop's
+  evidence from the run's nodes like an auditor (``gwtf.node.audit.replays``), re-execute it
+  (``gwtf.node.audit.reexecute``) and commit a sealed vote: WRONG when the replay is outside the
+  run's tolerance or the accused's evidence is missing, RIGHT when it is within; then reveal
+  it. A juror that reached no peer at all does not vote (it is fined as absent rather than
+  convicting anyone blind);
+* what counts as the accused's evidence: everything a re-execution needs is something the
+  accused worker keeps and serves itself (the hop's input and output frames, its stage
+  weights at the iteration, and for a backward the receipt of its forward, which it signed,
+  and that forward's input frame). Others are asked too (neighbours keep the same frames, the
+  data node certifies the forward's receipt, the counterparty countersigned it), but nothing
+  depends on them: a forward's receipt counts only when the accused signed it and its
+  counterparty countersigned it (``replays.is_forward_of``), whoever serves it, so a data node
+  that serves no certificate, or a made-up one, decides nothing. A piece nobody serves is
+  one the accused failed to serve, and missing evidence loses;
+* anyone: draw a round whose seed block has passed (evicting a juror that left the registry
+  if the draw names one), and execute a ruling whose last window is over.
+
+Vote salts come from the wallet's key, so a restarted juror reveals what it committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import trio
+
+from gwtf.contracts.bindings import ContractRevert
+from gwtf.contracts.certificate_tree import SignedReceipt
+from gwtf.contracts.encoding import (
+    BACKWARD,
+    Eip712Domain,
+    HopReceipt,
+    ledger_domain,
+    receipt_digest,
+)
+from gwtf.errors import ChainError
+from gwtf.node.audit.reexecute import Replayer
+from gwtf.node.audit.replays import (
+    Replayed,
+    evidence_source,
+    forwards_of,
+    replay_sample,
+    without_unsigned_forwards,
+)
+from gwtf.node.audit.runner import connect_peers
+from gwtf.node.chain.actions import Contracts, draw_salt_of, vote_salt_of
+from gwtf.node.chain.adapter import Sender
+from gwtf.node.chain.holds import first_dispute_block, logs_since
+from gwtf.node.p2p.host import running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.rpc import RequestResponse
+from gwtf.node.receipts.serving import CERTIFIED, fetch_receipts
+
+# Court.Phase and the votes.
+SALTS, DRAWING, VOTING, RULED = 1, 2, 3, 4
+RIGHT, WRONG = 1, 2
+FINAL_ROUND: Final = 3
+
+ANSWERED: Final = "answered"
+SALT_REVEALED: Final = "draw salt revealed"
+DRAWN: Final = "jury drawn"
+REARMED: Final = "draw re-armed"
+EVICTED: Final = "juror evicted"
+COMMITTED: Final = "vote committed"
+REVEALED: Final = "vote revealed"
+ABSTAINED: Final = "no vote"
+RULED_STEP: Final = "ruling executed"
+FAILED: Final = "failed"
+
+
+@dataclass(frozen=True)
+class Case:
+    """A court case of a tensor dispute, with the disputed receipt the jurors re-execute."""
+
+    case_id: int
+    dispute_id: int
+    receipt: HopReceipt
+    receipt_digest: bytes
+    worker_signature: bytes
+    challenger: str
+    accused_wallet: str
+    #: The dispute this one reopens (0: a first dispute), whose draw salt it must not reuse.
+    reopens: int = 0
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing a pass did for a case."""
+
+    case_id: int
+    action: str
+    detail: str = ""
+    tx_hash: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "case": self.case_id,
+            "action": self.action,
+            "detail": self.detail,
+            "tx_hash": self.tx_hash,
+        }
+
+
+def open_cases(contracts: Contracts) -> list[Case]:
+    """Every case not yet ruled, with its dispute's receipt (from the events that opened it)."""
+    disputes, court = contracts.disputes, contracts.court
+    first = first_dispute_block(contracts)
+    if first is None:
+        return []
+    latest = int(contracts.w3.eth.block_number)
+    opened = {
+        int(log["args"]["id"]): log["args"]
+        for log in logs_since(disputes.events.TensorDisputeOpened, first, latest)
+    }
+    found = []
+    for log in logs_since(disputes.events.TensorDisputeReferred, first, latest):
+        case_id, dispute_id = int(log["args"]["caseId"]), int(log["args"]["id"])
+        parties, _, _, phase, *_ = court.functions.getCase(case_id).call()
+        if int(phase) == RULED:
+            continue
+        args = opened[dispute_id]
+        receipt = HopReceipt(**dict(args["receipt"]))  # web3 decodes a struct as a dict
+        digest, signature = bytes(args["receiptDigest"]), bytes(args["workerSignature"])
+        challenger, accused_wallet = str(parties[2]), str(parties[1])
+        reopens = _reopened_by(disputes, opened, dispute_id, digest, challenger)
+        found.append(
+            Case(
+                case_id, dispute_id, receipt, digest, signature, challenger, accused_wallet,
+                reopens,
+            )
+        )  # fmt: skip
+    return found
+
+
+def _reopened_by(
+    disputes: Any, opened: dict[int, Any], dispute_id: int, digest: bytes, challenger: str
+) -> int:
+    """The dispute ``dispute_id`` reopens: the challenger's latest earlier one on the receipt
+    (it has one dispute per receipt, reopened once), or 0 for a first dispute."""
+    if not disputes.functions.isReopening(dispute_id).call():
+        return 0
+    earlier = [
+        i
+        for i, args in opened.items()
+        if i < dispute_id
+        and bytes(args["receiptDigest"]) == digest
+        and str(args["challenger"]).lower() == challenger.lower()
+    ]
+    return max(earlier, default=0)
+
+
+async def serve_once(
+    contracts: Contracts,
+    wallet: Sender,
+    peers: Sequence[str],
+    replayer_of: Callable[[int], Replayer] | None,
+    timeout_s: float = 20.0,
+) -> list[Step]:
+    """One pass over the open cases for ``wallet`` (its juror node is ``Court.jurorOf``),
+    re-executing with ``replayer_of(run id)``; without it, every step but the votes."""
+    steps: list[Step] = []
+    node = str(await trio.to_thread.run_sync(_juror_of, contracts, wallet))
+    for case in await trio.to_thread.run_sync(open_cases, contracts):
+        steps += await trio.to_thread.run_sync(_party_steps, contracts, wallet, case)
+        steps += await trio.to_thread.run_sync(_anyone_steps, contracts, wallet, case)
+        if replayer_of is not None and int(node, 16) != 0:
+            steps += await _juror_steps(
+                contracts, wallet, node, case, peers, replayer_of, timeout_s
+            )
+    return steps
+
+
+def next_due_block(contracts: Contracts, case_id: int) -> int | None:
+    """The next block from which some step of the case can be taken that cannot be now
+    (a window opening or a deadline passing); None for a ruled case."""
+    court = contracts.court
+    _, _, opened_at, phase, *_ = court.functions.getCase(case_id).call()
+    window = int(court.functions.phaseBlocks().call())
+    rounds = court.functions.getRounds(case_id).call()
+    last = rounds[-1]
+    seed_block, draw_by, drawn_at = int(last[0]), int(last[1]), int(last[2])
+    windows = 2 if len(rounds) - 1 == FINAL_ROUND else 3
+    candidates = {
+        SALTS: [opened_at + window + 1, opened_at + 2 * window + 1],
+        DRAWING: [seed_block + 1, draw_by + 1],
+        VOTING: [drawn_at + window + 1, drawn_at + 2 * window + 1, drawn_at + windows * window + 1],
+    }.get(int(phase))
+    if candidates is None:
+        return None
+    at = _next_block(contracts)
+    later = [block for block in candidates if block > at]
+    return min(later) if later else at
+
+
+def _juror_of(contracts: Contracts, wallet: Sender) -> str:
+    return str(contracts.court.functions.jurorOf(wallet.address).call())
+
+
+def _next_block(contracts: Contracts) -> int:
+    return int(contracts.w3.eth.block_number) + 1
+
+
+def _send(contracts: Contracts, wallet: Sender, case_id: int, action: str, fn: Any) -> Step:
+    try:
+        receipt = contracts.send(wallet, fn)
+    except ChainError as exc:  # another caller was first, or a window closed meanwhile
+        return Step(case_id, FAILED, f"{action}: {' '.join(str(exc).split())[:300]}")
+    return Step(case_id, action, tx_hash=receipt["transactionHash"].hex())
+
+
+def _party_steps(contracts: Contracts, wallet: Sender, case: Case) -> list[Step]:
+    court = contracts.court
+    parties, _, opened_at, phase, answered, *_ = court.functions.getCase(case.case_id).call()
+    if phase != SALTS:
+        return []
+    window = int(court.functions.phaseBlocks().call())
+    at = _next_block(contracts)
+    me = wallet.address.lower()
+    accused = {str(parties[0]).lower(), str(parties[1]).lower()}
+    if me in accused and not answered and at <= opened_at + window:
+        salt = vote_salt_of(wallet, case.case_id, -1, case.receipt.worker)
+        return [
+            _send(
+                contracts,
+                wallet,
+                case.case_id,
+                ANSWERED,
+                court.functions.answer(case.case_id, salt),
+            )
+        ]
+    may_reveal = answered or at > opened_at + window
+    if me == str(parties[2]).lower() and may_reveal and at <= opened_at + 2 * window:
+        salt = draw_salt_of(wallet, case.receipt_digest, reopens=case.reopens)
+        fn = court.functions.revealSalt(case.case_id, salt)
+        return [_send(contracts, wallet, case.case_id, SALT_REVEALED, fn)]
+    return []
+
+
+def _anyone_steps(contracts: Contracts, wallet: Sender, case: Case) -> list[Step]:
+    court = contracts.court
+    _, _, opened_at, phase, *_ = court.functions.getCase(case.case_id).call()
+    rounds = court.functions.getRounds(case.case_id).call()
+    window = int(court.functions.phaseBlocks().call())
+    at = _next_block(contracts)
+    last = rounds[-1]
+    seed_block, draw_by, drawn_at = int(last[0]), int(last[1]), int(last[2])
+    if phase == DRAWING and seed_block < at <= draw_by:
+        return _draw(contracts, wallet, case.case_id)
+    windows = 2 if len(rounds) - 1 == FINAL_ROUND else 3
+    due = (
+        (phase == SALTS and at > opened_at + 2 * window)
+        or (phase == DRAWING and at > draw_by)
+        or (phase == VOTING and at > drawn_at + windows * window)
+    )
+    if due:
+        fn = court.functions.executeRuling(case.case_id)
+        return [_send(contracts, wallet, case.case_id, RULED_STEP, fn)]
+    return []
+
+
+def _draw(contracts: Contracts, wallet: Sender, case_id: int) -> list[Step]:
+    steps: list[Step] = []
+    for _ in range(8):  # each retry follows one eviction
+        try:
+            receipt = contracts.send(wallet, contracts.court.functions.draw(case_id))
+        except ContractRevert as exc:
+            if exc.name != "JurorInactive":
+                return [*steps, Step(case_id, FAILED, f"draw: {exc}")]
+            steps.append(
+                _send(
+                    contracts,
+                    wallet,
+                    case_id,
+                    EVICTED,
+                    contracts.court.functions.evict(exc.args[0]),
+                )
+            )
+            continue
+        drawn = contracts.court.events.JuryDrawn().process_receipt(receipt)
+        action = DRAWN if drawn else REARMED
+        return [*steps, Step(case_id, action, tx_hash=receipt["transactionHash"].hex())]
+    return steps
+
+
+async def _juror_steps(
+    contracts: Contracts,
+    wallet: Sender,
+    node: str,
+    case: Case,
+    peers: Sequence[str],
+    replayer_of: Callable[[int], Replayer],
+    timeout_s: float,
+) -> list[Step]:
+    court = contracts.court
+    case_view = await trio.to_thread.run_sync(court.functions.getCase(case.case_id).call)
+    if int(case_view[3]) != VOTING:
+        return []
+    rounds = await trio.to_thread.run_sync(court.functions.getRounds(case.case_id).call)
+    r = len(rounds) - 1
+    drawn_at = int(rounds[r][2])
+    window = int(court.functions.phaseBlocks().call())
+    commitment, seats, choice = court.functions.votes(case.case_id, r, node).call()
+    if seats == 0:
+        return []
+    at = _next_block(contracts)
+    salt = vote_salt_of(wallet, case.case_id, r, node)
+    if int.from_bytes(commitment, "big") == 0 and drawn_at < at <= drawn_at + window:
+        replayer = replayer_of(case.receipt.runId)
+        domain = ledger_domain(contracts.w3.eth.chain_id, contracts.ledger.address)
+        vote, why = await _verdict(case, peers, replayer, timeout_s, domain)
+        if vote is None:
+            return [Step(case.case_id, ABSTAINED, why)]
+        sealed = court.functions.voteCommitment(case.case_id, r, node, vote, salt).call()
+        fn = court.functions.commitVote(case.case_id, node, sealed)
+        step = await trio.to_thread.run_sync(_send, contracts, wallet, case.case_id, COMMITTED, fn)
+        return [Step(step.case_id, step.action, f"{_name(vote)}: {why}", step.tx_hash)]
+    in_reveal = drawn_at + window < at <= drawn_at + 2 * window
+    if int.from_bytes(commitment, "big") != 0 and choice == 0 and in_reveal:
+        for vote in (RIGHT, WRONG):
+            if (
+                court.functions.voteCommitment(case.case_id, r, node, vote, salt).call()
+                == commitment
+            ):
+                fn = court.functions.revealVote(case.case_id, node, vote, salt)
+                step = await trio.to_thread.run_sync(
+                    _send, contracts, wallet, case.case_id, REVEALED, fn
+                )
+                return [Step(step.case_id, step.action, _name(vote), step.tx_hash)]
+        return [Step(case.case_id, FAILED, "the commitment on chain is not one this key made")]
+    return []
+
+
+def _name(vote: int) -> str:
+    return "wrong tensor" if vote == WRONG else "right tensor"
+
+
+async def _verdict(
+    case: Case,
+    peers: Sequence[str],
+    replayer: Replayer,
+    timeout_s: float,
+    domain: Eip712Domain,
+) -> tuple[int | None, str]:
+    """Re-execute the disputed hop: (WRONG or RIGHT, what the replay found), or (None, why)
+    when this juror reached no peer at all. A backward's forward is the one its worker signed
+    and its counterparty countersigned, from the data node's certificate or from the worker
+    and its counterparty themselves."""
+    receipt = case.receipt
+    if receipt_digest(receipt, domain) != case.receipt_digest:
+        return None, "the disputed receipt is not under this ledger's signing domain"
+    async with running_host(new_identity()) as host:
+        rpc = RequestResponse(host)
+        reachable, _ = await connect_peers(host, peers, timeout_s)
+        if not reachable:
+            return None, "reached no peer of the run: not voting blind"
+        source = evidence_source(
+            rpc, peers, reachable, {receipt.dataNode.lower()}, receipt.runId, timeout_s
+        )
+        certified = await _certified(rpc, reachable, receipt, timeout_s)
+        entry = _entry_of(certified, receipt, case.worker_signature)
+        known = certified
+        if receipt.direction == BACKWARD:
+            known = without_unsigned_forwards(certified, receipt, domain)
+            known += await forwards_of(source, receipt, domain)
+        (replayed,) = await replay_sample(source, replayer, known, [(entry, None)])
+    return _vote_of(replayed)
+
+
+def _vote_of(replayed: Replayed) -> tuple[int, str]:
+    replay = replayed.replay
+    if replay is None:
+        return WRONG, f"missing evidence loses: {replayed.why_not}"
+    return (WRONG if replay.wrong else RIGHT), replay.describe()
+
+
+async def _certified(
+    rpc: RequestResponse, reachable: dict[str, str], receipt: HopReceipt, timeout_s: float
+) -> list[SignedReceipt]:
+    peer = reachable.get(receipt.dataNode.lower())
+    if peer is None:
+        return []
+    fetched = await fetch_receipts(rpc, peer, receipt.runId, receipt.epoch, CERTIFIED, timeout_s)
+    return fetched.entries
+
+
+def _entry_of(
+    certified: list[SignedReceipt], receipt: HopReceipt, signature: bytes
+) -> SignedReceipt:
+    for entry in certified:
+        if entry.receipt == receipt:
+            return entry
+    return SignedReceipt(receipt, signature, b"")

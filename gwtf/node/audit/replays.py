@@ -1,0 +1,426 @@
+"""Re-execution in an audit: which hops, whose evidence, and what a wrong tensor is found as.
+
+**The sample** of a certificate ranks its leaves by keccak256(seed ‖ receipt digest), the seed
+being the hash of the first block at or after the epoch's submission deadline: no node knows it
+while it can still change what it certifies or signs, and every auditor draws the same sample
+(``sample_seed``, ``draw_sample``). It takes each worker's first-ranked hop, then the next
+ranked up to ``k`` in all: every worker is re-executed each epoch, so a relay that corrupts a
+share of its hops is caught with at least that chance however many relays share the
+certificate, and a conviction (the run's minimum stake and the epoch's pay) outweighs what the
+skipped work saves (``gwtf/contracts/README.md``, what deters a wrong tensor).
+
+**The evidence** of a hop (``gwtf.node.receipts.evidence``) is fetched by digest from whoever keeps
+it: the worker, else its neighbours, who keep the same frames as their output or input. The
+weights are the worker's own kept weights of that iteration, so no replica can frame an honest
+worker by serving made-up ones; a worker that keeps none is replayed with weights two other
+replicas of its stage serve identically, or not at all (``_weights``).
+
+A replay outside the tolerance is a ``wrong tensor`` finding against the worker, with the
+tensor dispute the court's drawn jurors judge (``gwtf.node.audit.jury``). Weights of the worker's
+that differ from another replica's are a ``weights differ`` finding, without proof (which of
+the two is off is for a person to see). Evidence nobody serves is ``unreplayed``, accusing nobody.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+from web3 import Web3
+
+from gwtf.contracts import fraud_proofs
+from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt
+from gwtf.contracts.encoding import (
+    BACKWARD,
+    FORWARD,
+    CertRef,
+    Eip712Domain,
+    HopReceipt,
+    receipt_digest,
+    recover_digest_signer,
+)
+from gwtf.contracts.keccak import keccak256
+from gwtf.errors import ProtocolError
+from gwtf.node.audit.checks import Finding
+from gwtf.node.audit.reexecute import HopEvidence, Replay, Replayer
+from gwtf.node.p2p.host import peer_info
+from gwtf.node.p2p.identity import node_address_of_peer
+from gwtf.node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestResponse
+from gwtf.node.receipts.evidence import EvidenceMissing, fetch_frame, fetch_state
+from gwtf.node.receipts.serving import RECEIVED, SIGNED, fetch_receipts
+from gwtf.node.training.checkpoint import verified_digest
+from gwtf.node.training.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+WRONG_TENSOR: Final = "wrong tensor"
+UNREPLAYED: Final = "unreplayed"
+WEIGHTS_DIFFER: Final = "weights differ"
+#: Request deadlines one frame or state file may take to fetch whole.
+FETCH_DEADLINES: Final = 4
+_FETCH_ERRORS = (EvidenceMissing, ProtocolError, PeerUnavailable, RequestDeclined)
+
+
+def sample_seed(w3: Web3, submit_closes_at: int) -> bytes | None:
+    """The hash of the first block with a timestamp at or after ``submit_closes_at``, or None
+    while the chain has none yet. Binary search: a handful of block reads."""
+    latest = w3.eth.get_block("latest")
+    if int(latest["timestamp"]) < submit_closes_at:
+        return None
+    low, high = 0, int(latest["number"])
+    while low < high:
+        middle = (low + high) // 2
+        if int(w3.eth.get_block(middle)["timestamp"]) >= submit_closes_at:
+            high = middle
+        else:
+            low = middle + 1
+    return bytes(w3.eth.get_block(low)["hash"])
+
+
+def draw_sample(
+    seed: bytes, served: Sequence[tuple[SignedReceipt, LeafProof]], k: int
+) -> list[tuple[SignedReceipt, LeafProof]]:
+    """The leaves of ``served`` that ``seed`` picks: each worker's first-ranked one, then the
+    next ranked up to ``k`` in all (distinct receipts, in rank order)."""
+    by_digest = {leaf.hop.receiptDigest: (entry, leaf) for entry, leaf in served}
+    ranked = sorted(by_digest, key=lambda digest: keccak256(seed + digest))
+    firsts: dict[str, bytes] = {}
+    for digest in ranked:
+        firsts.setdefault(by_digest[digest][0].receipt.worker.lower(), digest)
+    chosen = set(firsts.values())
+    for digest in ranked:
+        if len(chosen) >= k:
+            break
+        chosen.add(digest)
+    return [by_digest[digest] for digest in ranked if digest in chosen]
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """One sampled hop: its replay, or why there is none; whose weights it ran with."""
+
+    entry: SignedReceipt
+    leaf: LeafProof | None  # None: a hop judged alone (a juror's), not from a tree
+    replay: Replay | None
+    why_not: str = ""
+    weights_from: str = ""  # whose kept weights it ran with (node addresses, "+"-joined)
+    weights_differ: str = ""  # another replica whose weights differ from the worker's own
+
+
+class EvidenceSource:
+    """Fetches evidence over p2p from the peers an audit reached (node address -> peer id),
+    and from those it could not reach (``unreached``: a relay behind a NAT) through
+    ``forwarders``, the peers it reached that forward evidence (``/gwtf/evidence-via/1.0.0``
+    over the connections they hold)."""
+
+    def __init__(
+        self,
+        rpc: RequestResponse,
+        peers: dict[str, str],
+        run_id: int,
+        timeout_s: float,
+        unreached: dict[str, str] | None = None,
+        forwarders: Sequence[str] = (),
+    ) -> None:
+        self.rpc, self.peers, self.run_id, self.timeout_s = rpc, peers, run_id, timeout_s
+        self.unreached = unreached or {}
+        self.forwarders = tuple(forwarders)
+        self._states: dict[tuple[int, int, tuple[str, ...]], tuple[bytes, str] | None] = {}
+        self._silent: set[str] = set()  # peers that do not serve evidence at all
+
+    async def frame(self, epoch: int, digest: bytes, first: Sequence[str]) -> bytes | None:
+        """The frame with ``digest``: from ``first`` in order, then from the other peers."""
+        found = await self._first(
+            _in_order(first, {**self.unreached, **self.peers}),
+            lambda peer, via: fetch_frame(
+                self.rpc, peer, self.run_id, epoch, digest, self.timeout_s, via
+            ),
+        )
+        return found[0] if found is not None else None
+
+    async def state(
+        self, epoch: int, iteration: int, nodes: Sequence[str]
+    ) -> tuple[bytes, str] | None:
+        """The first of ``nodes`` to serve its stage state at ``iteration``: (file, node)."""
+        key = (epoch, iteration, tuple(nodes))
+        if key not in self._states:
+            self._states[key] = await self._first(
+                nodes,
+                lambda peer, via: fetch_state(
+                    self.rpc, peer, self.run_id, epoch, iteration, self.timeout_s, via
+                ),
+            )
+        return self._states[key]
+
+    async def receipts(self, node: str, epoch: int, which: int) -> list[SignedReceipt]:
+        """``node``'s receipts of one kind (``SIGNED``, ``RECEIVED``) of ``epoch``, as far as
+        it serves them; none from a node not reached directly (receipts are not forwarded)."""
+        peer = self.peers.get(node)
+        if peer is None:
+            return []
+        fetched = await fetch_receipts(self.rpc, peer, self.run_id, epoch, which, self.timeout_s)
+        return fetched.entries
+
+    async def _first(
+        self, nodes: Sequence[str], fetch: Callable[[str, str | None], Awaitable[bytes]]
+    ) -> tuple[bytes, str] | None:
+        """What the first of ``nodes`` that keeps it serves, with that node; a node that fails
+        otherwise than by not keeping it is asked nothing more."""
+        for node in nodes:
+            if node in self._silent:
+                continue
+            if node in self.peers:
+                routes: list[tuple[str, str | None]] = [(self.peers[node], None)]
+            elif node in self.unreached:
+                routes = [(self.unreached[node], via) for via in self.forwarders]
+            else:
+                continue
+            for peer, via in routes:
+                try:
+                    # A whole fetch has a deadline, not only each chunk: a peer that trickles a
+                    # large file cannot hold the audit (or a ruling) past its window.
+                    with trio.fail_after(FETCH_DEADLINES * self.timeout_s):
+                        return await fetch(peer, via), node
+                except EvidenceMissing:
+                    break
+                except trio.TooSlowError:
+                    log.debug("evidence from %s came too slowly (via %s)", node, via)
+                except _FETCH_ERRORS as exc:
+                    log.debug("no evidence from %s (via %s): %s", node, via, exc)
+            else:
+                self._silent.add(node)
+        return None
+
+
+async def replay_sample(
+    source: EvidenceSource,
+    replayer: Replayer,
+    cert_entries: Sequence[SignedReceipt],
+    sample: Sequence[tuple[SignedReceipt, LeafProof | None]],
+    progress: Callable[[str], None] = lambda step: None,
+) -> list[Replayed]:
+    """Fetch each sampled hop's evidence and re-execute it (in a worker thread)."""
+    replicas = _replicas_by_stage(cert_entries)
+    forwards: dict[tuple[object, ...], list[bytes]] = {}
+    for e in cert_entries:
+        if e.receipt.direction == FORWARD:
+            digests = forwards.setdefault(_forward_key(e.receipt), [])
+            if e.receipt.inputDigest not in digests:
+                digests.append(e.receipt.inputDigest)
+    done = []
+    for entry, leaf in sample:
+        r = entry.receipt
+        progress(f"re-executing microbatch {r.microbatchId} stage {r.stage} of {r.worker}")
+        done.append(await _replay_one(source, replayer, entry, leaf, replicas, forwards))
+    return done
+
+
+async def _replay_one(
+    source: EvidenceSource,
+    replayer: Replayer,
+    entry: SignedReceipt,
+    leaf: LeafProof | None,
+    replicas: dict[int, list[str]],
+    forwards: dict[tuple[object, ...], list[bytes]],
+) -> Replayed:
+    r = entry.receipt
+    worker, counterparty = r.worker.lower(), r.counterparty.lower()
+    input_frame = await source.frame(r.epoch, r.inputDigest, [worker, counterparty])
+    output_frame = await source.frame(r.epoch, r.outputDigest, [counterparty, worker])
+    forward_inputs: list[bytes | None] = [None]
+    if r.direction == BACKWARD:
+        candidates = forwards.get(_forward_key(r), [])
+        fetched = [await source.frame(r.epoch, digest, [worker]) for digest in candidates]
+        forward_inputs = [frame for frame in fetched if frame is not None]
+    others = [n for n in replicas.get(r.stage, []) if n != worker]
+    weights = await _weights(source, r, worker, others)
+    missing = [
+        what
+        for what, got in (
+            ("input", input_frame), ("output", output_frame), ("weights", weights),
+            ("forward input", forward_inputs or None),
+        )
+        if got is None
+    ]  # fmt: skip
+    if r.direction == BACKWARD and not forwards.get(_forward_key(r)):
+        return Replayed(entry, leaf, None, "no receipt of its forward is among those served")
+    if input_frame is None or output_frame is None or weights is None or not forward_inputs:
+        return Replayed(entry, leaf, None, f"nobody served its {', '.join(missing)}")
+    state, weights_from, differ = weights
+    replay = None
+    # A backward the worker computed after more than one forward of the microbatch is right if
+    # it follows from any of them: an honest worker is never judged on the wrong one.
+    for forward_input in forward_inputs:
+        evidence = HopEvidence(r, input_frame, output_frame, state, forward_input)
+        try:
+            replay = await trio.to_thread.run_sync(replayer.replay, evidence)
+        except ProtocolError as exc:
+            return Replayed(entry, leaf, None, f"its evidence does not replay: {exc}"[:300])
+        if not replay.wrong:
+            break
+    return Replayed(entry, leaf, replay, weights_from=weights_from, weights_differ=differ)
+
+
+async def _weights(
+    source: EvidenceSource, r: HopReceipt, worker: str, others: Sequence[str]
+) -> tuple[bytes, str, str] | None:
+    """The weights to replay ``r`` with, whose they are, and which replica's differ ("").
+
+    The worker's own kept weights first: a hop that is wrong even with them is wrong whatever
+    anyone else serves, so no replica can frame an honest worker with made-up weights. Without
+    them, weights two other replicas serve identically. With them, one other replica's are
+    compared: weights that differ from the stage's are reported (a relay computing with stale
+    weights replays right with its own), for a person to look at, never proven.
+    """
+    own = await source.state(r.epoch, r.iteration, [worker])
+    if own is not None:
+        other = await source.state(r.epoch, r.iteration, others)
+        theirs = _sha(other[0]) if other is not None else b""
+        differ = other[1] if other is not None and theirs and theirs != _sha(own[0]) else ""
+        return own[0], worker, differ
+    agreed: dict[bytes, list[tuple[bytes, str]]] = {}
+    for node in others:
+        served = await source.state(r.epoch, r.iteration, [node])
+        digest = _sha(served[0]) if served is not None else b""
+        if served is not None and digest:
+            agreed.setdefault(digest, []).append(served)
+            if len(agreed[digest]) >= 2:
+                return served[0], "+".join(n for _, n in agreed[digest]), ""
+    return None
+
+
+@functools.lru_cache(maxsize=16)  # the same state file serves every hop of its iteration
+def _sha(blob: bytes) -> bytes:
+    """Which weights a state file holds (its checked content digest; b"" if it is none)."""
+    try:
+        return verified_digest(blob).encode()
+    except CheckpointError:
+        return b""
+
+
+def replay_findings(cert: CertRef, replayed: Sequence[Replayed]) -> list[Finding]:
+    """A wrong tensor (with its dispute) for each replay outside the tolerance; unreplayed for
+    each hop nobody served the evidence of; weights that differ from another replica's."""
+    findings = []
+    for done in replayed:
+        r = done.entry.receipt
+        way = "forward" if r.direction == FORWARD else "backward"
+        hop = f"{way} of microbatch {r.microbatchId} stage {r.stage} at iteration {r.iteration}"
+        if done.replay is None:
+            findings.append(Finding(UNREPLAYED, "", f"{hop}: {done.why_not}"))
+            continue
+        if done.weights_differ:
+            detail = f"{hop}: its weights differ from replica {done.weights_differ}'s"
+            findings.append(Finding(WEIGHTS_DIFFER, r.worker, detail))
+        if not done.replay.wrong or done.leaf is None:
+            continue
+        detail = f"{hop}: {done.replay.describe()} (weights of {done.weights_from})"
+        proof = fraud_proofs.wrong_tensor(cert, done.leaf, done.entry)
+        findings.append(Finding(WRONG_TENSOR, r.worker, detail, proof))
+    return findings
+
+
+def evidence_source(
+    rpc: RequestResponse,
+    peers: Sequence[str],
+    reachable: dict[str, str],
+    data_nodes: set[str],
+    run_id: int,
+    timeout_s: float,
+) -> EvidenceSource:
+    """The evidence of the relays among ``peers`` (multiaddrs): directly from those reached,
+    through the reached nodes (data nodes first) from those not (behind a NAT)."""
+    unreached: dict[str, str] = {}
+    for address in peers:
+        info = peer_info(address)
+        node = node_address_of_peer(info.peer_id).lower()
+        if node not in reachable and node not in data_nodes:
+            unreached[node] = str(info.peer_id)
+    forwarders = sorted(reachable, key=lambda node: node not in data_nodes)
+    return EvidenceSource(
+        rpc,
+        relays_of(reachable, data_nodes),
+        run_id,
+        timeout_s,
+        unreached,
+        [reachable[node] for node in forwarders],
+    )
+
+
+def relays_of(peers: dict[str, str], data_nodes: set[str]) -> dict[str, str]:
+    """``peers`` but the data nodes, which keep no evidence."""
+    return {node: peer for node, peer in peers.items() if node not in data_nodes}
+
+
+def _replicas_by_stage(entries: Sequence[SignedReceipt]) -> dict[int, list[str]]:
+    """Each stage's workers in the certificate, most hops first."""
+    counts: dict[int, dict[str, int]] = {}
+    for e in entries:
+        by_worker = counts.setdefault(e.receipt.stage, {})
+        by_worker[e.receipt.worker.lower()] = by_worker.get(e.receipt.worker.lower(), 0) + 1
+    return {stage: sorted(c, key=lambda w: -c[w]) for stage, c in counts.items()}
+
+
+async def forwards_of(
+    source: EvidenceSource, backward: HopReceipt, domain: Eip712Domain
+) -> list[SignedReceipt]:
+    """The receipts of ``backward``'s forward that its worker (``SIGNED``) and its counterparty
+    (``RECEIVED``) serve, each signed by the backward's worker and countersigned
+    (``is_forward_of``): what a juror re-executes a backward with when the data node serves
+    no certificate."""
+    worker, counterparty = backward.worker.lower(), backward.counterparty.lower()
+    served = await source.receipts(worker, backward.epoch, SIGNED)
+    served += await source.receipts(counterparty, backward.epoch, RECEIVED)
+    return [e for e in served if is_forward_of(e, backward, domain)]
+
+
+def is_forward_of(entry: SignedReceipt, backward: HopReceipt, domain: Eip712Domain) -> bool:
+    """Whether ``entry`` is a forward of ``backward``'s microbatch, stage and iteration by the
+    same worker in the same run and epoch, signed by that worker and countersigned by its own
+    counterparty: nobody else (not the data node, not a neighbour) can make up the forward
+    input a backward is re-executed with."""
+    f = entry.receipt
+    if f.direction != FORWARD or (f.runId, f.epoch) != (backward.runId, backward.epoch):
+        return False
+    if _forward_key(f) != _forward_key(backward) or f.counterparty.lower() == f.worker.lower():
+        return False
+    digest = receipt_digest(f, domain)
+    return (
+        _signer(digest, entry.worker_signature) == f.worker.lower()
+        and _signer(digest, entry.counterparty_signature) == f.counterparty.lower()
+    )
+
+
+def without_unsigned_forwards(
+    entries: Sequence[SignedReceipt], backward: HopReceipt, domain: Eip712Domain
+) -> list[SignedReceipt]:
+    """``entries`` but those that pass for ``backward``'s forward without being one
+    (``is_forward_of``): a data node cannot make a backward replay from another input."""
+    key = _forward_key(backward)
+    return [
+        e
+        for e in entries
+        if e.receipt.direction != FORWARD
+        or _forward_key(e.receipt) != key
+        or is_forward_of(e, backward, domain)
+    ]
+
+
+def _signer(digest: bytes, signature: bytes) -> str:
+    try:
+        return recover_digest_signer(digest, signature).lower()
+    except ProtocolError:
+        return ""
+
+
+def _forward_key(r: HopReceipt) -> tuple[object, ...]:
+    return (r.dataNode.lower(), r.iteration, r.microbatchId, r.stage, r.worker.lower())
+
+
+def _in_order(first: Sequence[str], peers: dict[str, str]) -> list[str]:
+    rest = [node for node in peers if node not in first]
+    return [node for node in first if node in peers] + rest

@@ -1,0 +1,274 @@
+"""An audit of one epoch of a run, as anyone can run it: the certificates from the chain, the
+receipts and proofs from the nodes over ``/gwtf/receipts/1.0.0``, the checks of ``checks``.
+
+The auditor is a libp2p host of its own (a fresh identity: nodes serve receipts to peers outside
+the run, rate-limited) that dials the peers it is given. For each certificate submitted for the
+epoch it fetches the data node's leaves with their proofs and checks them, membership asked of
+the chain; it fetches every peer's signed and countersigned receipts too and looks for
+equivocations across all it saw. A data node it cannot reach, or that will not serve, has its
+certificate reported unchecked (which accuses nobody); what it read before a reading broke off
+is checked all the same. A finding the chain has judged already (a voided certificate, a signer
+convicted in that epoch) is marked judged, and one on a settled epoch not provable: neither
+carries its proof, which the chain would refuse. With a ``Sampling``, a sample of each
+certificate's hops drawn from a block hash after the submission deadline is re-executed from
+the evidence the nodes keep (``gwtf.node.audit.replays``); before that block exists nothing is
+sampled, and the report says when.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import requests
+import trio
+from web3.exceptions import Web3Exception
+
+from gwtf.contracts.certificate_tree import SignedReceipt
+from gwtf.contracts.encoding import CertRef, ledger_domain
+from gwtf.errors import ChainError, ConfigError, ProtocolError
+from gwtf.node.audit.checks import (
+    UNCHECKED,
+    Finding,
+    RunRules,
+    audit_certificate,
+    equivocations,
+)
+from gwtf.node.audit.reexecute import Replayer
+from gwtf.node.audit.replays import (
+    WRONG_TENSOR,
+    Replayed,
+    draw_sample,
+    evidence_source,
+    replay_findings,
+    replay_sample,
+    sample_seed,
+)
+from gwtf.node.chain.actions import Contracts
+from gwtf.node.chain.epochs import EpochLedger
+from gwtf.node.p2p.dialing import Dialer
+from gwtf.node.p2p.host import peer_info, running_host
+from gwtf.node.p2p.identity import new_identity, node_address_of_peer
+from gwtf.node.p2p.rpc import RequestResponse
+from gwtf.node.receipts.serving import CERTIFIED, RECEIVED, SIGNED, fetch_receipts
+
+T = TypeVar("T")
+
+OPEN = "open"
+VOIDED = "the certificate is voided"
+SETTLED = "the epoch settled"
+SLASHED = "the signer is convicted in this epoch"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Re-execute ``hops`` sampled hops of each certificate with ``replayer``."""
+
+    hops: int
+    replayer: Replayer
+
+
+@dataclass
+class CertificateReport:
+    """One data node's certificate and what its audit found."""
+
+    cert: CertRef
+    leaves_served: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    replayed: list[Replayed] = field(default_factory=list)
+
+
+@dataclass
+class AuditReport:
+    run_id: int
+    epoch: int
+    certificates: list[CertificateReport] = field(default_factory=list)
+    receipts_seen: int = 0
+    #: Peers dialled: node address -> "ok" or why not.
+    peers: dict[str, str] = field(default_factory=dict)
+    equivocations: list[Finding] = field(default_factory=list)
+    #: Why no hop was re-executed, when sampling was asked ("": it was, or it was not asked).
+    sample_note: str = ""
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [f for c in self.certificates for f in c.findings] + self.equivocations
+
+    @property
+    def fraud(self) -> list[Finding]:
+        """The findings the chain convicts on (each with its proof)."""
+        return [f for f in self.findings if f.proof is not None]
+
+
+def run_rules(contracts: Contracts, run_id: int) -> RunRules:
+    run = contracts.port().run_info(run_id)
+    if run is None:
+        raise ConfigError(f"no run {run_id} on this chain; check --run and the RPC URL")
+    domain = ledger_domain(contracts.w3.eth.chain_id, contracts.ledger.address)
+    return RunRules(run.stage_count, run.units_per_hop, domain)
+
+
+async def audit_epoch(
+    contracts: Contracts,
+    run_id: int,
+    epoch: int,
+    peers: Sequence[str],
+    timeout_s: float = 20.0,
+    progress: Callable[[str], None] = lambda step: None,
+    sampling: Sampling | None = None,
+) -> AuditReport:
+    """Audit ``epoch`` of ``run_id`` with the receipts of the nodes at ``peers`` (multiaddrs
+    that end in /p2p/<peer id>); with ``sampling``, re-execute a sample of its hops."""
+    for address in peers:
+        peer_info(address)  # a bad address fails before anything is asked
+    rules = await ask_chain(run_rules, contracts, run_id)
+    ledger = EpochLedger(contracts, run_id, None)
+    certs = await ask_chain(ledger.certificates, epoch)
+    report = AuditReport(run_id, epoch)
+    seed = None
+    if sampling is not None and sampling.hops > 0:
+        closes_at = (await ask_chain(ledger.epoch_times, epoch)).submit_closes_at
+        seed = await ask_chain(sample_seed, contracts.w3, closes_at)
+        if seed is None:
+            report.sample_note = (
+                f"no hop re-executed: the sample is drawn from the first block at or after "
+                f"the submission deadline ({closes_at}, unix time); audit again after it"
+            )
+
+    def took_part(node: str, or_data_node: bool) -> bool:
+        return ledger.took_part(node, epoch, or_data_node=or_data_node)
+
+    async with running_host(new_identity()) as host:
+        rpc = RequestResponse(host)
+        reachable, report.peers = await connect_peers(host, peers, timeout_s)
+        # One source for every certificate: what it learns of silent peers and the states it
+        # fetched serve them all.
+        data_nodes = {c.dataNode.lower() for c in certs}
+        source = evidence_source(rpc, peers, reachable, data_nodes, run_id, timeout_s)
+        seen: list[SignedReceipt] = []
+        for cert in certs:
+            progress(f"certificate of {cert.dataNode}")
+            checked = CertificateReport(cert)
+            report.certificates.append(checked)
+            peer = reachable.get(cert.dataNode.lower())
+            if peer is None:
+                detail = "its data node was not among the peers given, or did not answer"
+                checked.findings.append(Finding(UNCHECKED, cert.dataNode, detail))
+                continue
+            fetched = await fetch_receipts(
+                rpc, peer, run_id, epoch, CERTIFIED, timeout_s, limit=cert.count
+            )
+            served = [
+                (entry, leaf)
+                for page in fetched.pages
+                for entry, leaf in zip(page.entries, page.leaves, strict=True)
+            ]
+            checked.leaves_served = len({leaf.hop.index for _, leaf in served})
+            seen += [entry for entry, _ in served]
+            if fetched.stopped is not None:
+                detail = f"read {len(served)} of {cert.count} leaves: {fetched.stopped}"
+                checked.findings.append(Finding(UNCHECKED, cert.dataNode, detail[:300]))
+            found = await ask_chain(
+                functools.partial(
+                    audit_certificate, cert, served, rules, took_part,
+                    complete=fetched.stopped is None,
+                )
+            )  # fmt: skip
+            if seed is not None and sampling is not None:
+                # A hop a data node signed as its worker is no relay's work: an invalid hop
+                # already, with nothing to re-execute.
+                relay_hops = [p for p in served if p[0].receipt.worker.lower() not in data_nodes]
+                sample = draw_sample(seed, relay_hops, sampling.hops)
+                entries = [entry for entry, _ in served]
+                checked.replayed = await replay_sample(
+                    source, sampling.replayer, entries, sample, progress
+                )
+                found += replay_findings(cert, checked.replayed)
+            state = await ask_chain(_certificate_state, contracts, cert)
+            slashed_workers = await ask_chain(
+                _convicted_in, contracts, run_id, epoch,
+                {f.accused for f in found if f.kind == WRONG_TENSOR},
+            )  # fmt: skip
+            checked.findings += [
+                _as_of(SLASHED if f.accused in slashed_workers else state, f) for f in found
+            ]
+        for node, peer in reachable.items():
+            progress(f"receipts of {node}")
+            for which in (SIGNED, RECEIVED):
+                fetched = await fetch_receipts(rpc, peer, run_id, epoch, which, timeout_s)
+                if fetched.stopped is not None:
+                    report.peers[node] = f"served receipts only in part: {fetched.stopped}"[:200]
+                seen += fetched.entries
+    report.receipts_seen = len(seen)
+    found = await trio.to_thread.run_sync(equivocations, seen, rules.domain)
+    slashed = await ask_chain(_convicted_in, contracts, run_id, epoch, {f.accused for f in found})
+    report.equivocations = [
+        _as_of(SLASHED if f.accused in slashed else OPEN, f) for f in found
+    ]  # fmt: skip
+    return report
+
+
+async def connect_peers(
+    host: Any, peers: Sequence[str], timeout_s: float
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Dial each of ``peers`` (multiaddrs): (node address in lower case -> peer id of those
+    reached, node address -> "ok" or why not)."""
+    infos = [peer_info(address) for address in peers]
+    dialer = Dialer(host)
+    reachable: dict[str, str] = {}
+    statuses: dict[str, str] = {}
+    for info in infos:
+        try:
+            node = node_address_of_peer(info.peer_id)
+        except ProtocolError as exc:
+            raise ConfigError(f"peer {info.peer_id} is no GWTF node: {exc}") from exc
+        try:
+            with trio.fail_after(timeout_s):
+                await dialer.connect(info.peer_id, info.addrs)
+        except Exception as exc:  # libp2p's dial errors have no common type
+            statuses[node] = f"unreachable: {exc}"[:200]
+            continue
+        statuses[node] = "ok"
+        reachable[node.lower()] = str(info.peer_id)
+    return reachable, statuses
+
+
+async def ask_chain(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a worker thread: it asks the chain (blocking web3 calls), whose
+    failures become one ``ChainError`` a person can act on."""
+    try:
+        return await trio.to_thread.run_sync(fn, *args)
+    except (requests.RequestException, OSError, Web3Exception) as exc:
+        raise ChainError(
+            f"the chain did not answer the audit ({exc}); check --rpc-url, and that the "
+            "provider serves eth_getLogs from block 0"
+        ) from exc
+
+
+def _certificate_state(contracts: Contracts, cert: CertRef) -> str:
+    """Whether a proof against ``cert`` can still convict (OPEN), or why not."""
+    ledger = contracts.ledger.functions
+    stored = ledger.certificateCommitment(cert.runId, cert.epoch, cert.dataNode).call()
+    if bytes(stored) != cert.commitment():
+        return VOIDED
+    settles_at = ledger.epochTimes(cert.runId, cert.epoch).call()[3]
+    now = contracts.w3.eth.get_block("latest")["timestamp"]
+    return OPEN if now < settles_at else SETTLED
+
+
+def _convicted_in(contracts: Contracts, run_id: int, epoch: int, nodes: set[str]) -> set[str]:
+    """The ``nodes`` convicted in (run, epoch) already: a further proof of theirs there changes
+    nothing, while one of another epoch still burns their pay there."""
+    ledger = contracts.ledger.functions
+    return {n for n in nodes if ledger.isConvictedIn(run_id, epoch, n).call()}
+
+
+def _as_of(state: str, finding: Finding) -> Finding:
+    """``finding`` as the chain stands (``state``): judged already, or no longer provable."""
+    if finding.proof is None or state == OPEN:
+        return finding
+    judged = state in (VOIDED, SLASHED)
+    why = "judged: " if judged else "no longer provable: "
+    return Finding(finding.kind, finding.accused, f"{finding.detail} ({why}{state})", None, judged)

@@ -1,0 +1,167 @@
+"""``NodeViews``: the node's answers to its local API (``gwtf.api.services.NodeServices``).
+
+Reads come from the ``SnapshotBox`` (status, peers, flows, the chain's last reading) and the node
+database (``NodeRecords``); nothing here touches the trio loop except ``claim``, which hands the
+request to the loop through its token and waits for the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import trio
+
+from gwtf.api.schemas import (
+    Amount,
+    ClaimResult,
+    Earnings,
+    FlowView,
+    Health,
+    History,
+    InclusionProof,
+    NodeView,
+    PeerView,
+    ReceiptPage,
+    ReceiptView,
+    RunView,
+    Slashed,
+    Status,
+)
+from gwtf.api.services import NotReady, Refused
+from gwtf.contracts.encoding import FORWARD
+from gwtf.node.local_api.earnings import claim_view, earnings_of
+from gwtf.node.local_api.snapshot import ChainParts, SnapshotBox
+from gwtf.node.local_api.watcher import claim_records
+from gwtf.node.store.views import NodeRecords, ReceiptRow
+
+#: Claims now, on the node's loop: the epochs asked (None: every settled one) → those tried.
+ClaimNow = Callable[[int | None], Awaitable[list[int]]]
+
+
+@dataclass
+class NodeViews:
+    box: SnapshotBox
+    records: NodeRecords | None  # None: the node keeps no receipts
+    run_id: int
+    node_address: str
+    claim_now: ClaimNow | None = None
+    trio_token: trio.lowlevel.TrioToken | None = None
+
+    def health(self) -> Health:
+        snapshot = self.box.snapshot
+        if snapshot is None:
+            return Health(status="starting", detail="the node's host and worker are not up yet")
+        return snapshot.status.health
+
+    def status(self) -> Status:
+        return self.box.get().status
+
+    def peers(self) -> list[PeerView]:
+        return list(self.box.get().peers)
+
+    def flows(self) -> list[FlowView]:
+        return list(self.box.get().flows)
+
+    def history(self) -> History:
+        return History(points=list(self.box.get().history))
+
+    def metrics(self) -> dict[str, float]:
+        snapshot = self.box.snapshot
+        return dict(snapshot.counters) if snapshot is not None else {}
+
+    def node(self) -> NodeView:
+        node = self._chain().node
+        if node is None:
+            raise NotReady("this node is not registered on chain")
+        return node
+
+    def runs(self) -> list[RunView]:
+        return list(self._chain().runs)
+
+    def slashes(self) -> list[Slashed]:
+        return list(self._chain().slashes)
+
+    def earnings(self) -> Earnings:
+        records = self._records()
+        chain = self._chain()
+        claims = claim_records(records, self.run_id)
+        epochs = earnings_of(self.run_id, records.work(self.run_id), claims, chain.view)
+        return Earnings(
+            run_id=self.run_id,
+            node_address=self.node_address,
+            chain_time=chain.view.now,
+            epochs=epochs,
+            total_claimed=Amount.of(sum(int(e.claimed.wei) for e in epochs)),
+            total_claimable=Amount.of(sum(int(e.claimable.wei) for e in epochs)),
+            total_pending=Amount.of(sum(int(e.pending.wei) for e in epochs)),
+            stake_holds=chain.node.stake_holds if chain.node is not None else [],
+        )
+
+    def receipts(self, offset: int, limit: int, epoch: int | None) -> ReceiptPage:
+        total, rows = self._records().receipts(self.run_id, offset, limit, epoch)
+        return ReceiptPage(
+            items=[receipt_view(r) for r in rows], total=total, offset=offset, limit=limit
+        )
+
+    def claim(self, epoch: int | None) -> ClaimResult:
+        if self.claim_now is None or self.trio_token is None:
+            raise Refused("this node sends no claims: start it with a wallet (chain.wallet_file)")
+        asked = trio.from_thread.run(self.claim_now, epoch, trio_token=self.trio_token)
+        records = self._records()
+        claims = [c for c in claim_records(records, self.run_id) if c.epoch in asked]
+        return ClaimResult(asked=asked, claims=[claim_view(c) for c in claims])
+
+    def _records(self) -> NodeRecords:
+        if self.records is None:
+            raise NotReady("this node keeps no receipts (chain.receipts is off)")
+        return self.records
+
+    def _chain(self) -> ChainParts:
+        chain = self.box.chain
+        if chain is None:
+            raise NotReady("the chain has not been read yet; it is read every few seconds")
+        return chain
+
+
+def receipt_view(row: ReceiptRow) -> ReceiptView:
+    return ReceiptView(
+        hop_key=_hex(row.hop_key),
+        run_id=row.run_id,
+        epoch=row.epoch,
+        data_node=row.data_node,
+        iteration=row.iteration,
+        microbatch_id=row.microbatch_id,
+        stage=row.stage,
+        direction="forward" if row.direction == FORWARD else "backward",
+        attempt=row.attempt,
+        worker=row.worker,
+        counterparty=row.counterparty,
+        input_digest=_hex(row.input_digest),
+        output_digest=_hex(row.output_digest),
+        units=row.units,
+        receipt_digest=_hex(row.receipt_digest),
+        worker_signature=_hex(row.worker_signature),
+        counterparty_signature=(
+            None if row.counterparty_signature is None else _hex(row.counterparty_signature)
+        ),
+        as_worker=bool(row.as_worker),
+        proof=inclusion_proof(row),
+    )
+
+
+def inclusion_proof(row: ReceiptRow) -> InclusionProof | None:
+    if row.root is None or row.proof is None or row.signatures_hash is None:
+        return None
+    proof = bytes(row.proof)
+    return InclusionProof(
+        root=_hex(row.root),
+        leaf_index=int(row.leaf_index or 0),
+        units_before=int(row.units_before or 0),
+        signatures_hash=_hex(row.signatures_hash),
+        siblings=[_hex(proof[i : i + 32]) for i in range(0, len(proof), 32)],
+    )
+
+
+def _hex(value: bytes) -> str:
+    return "0x" + bytes(value).hex()

@@ -1,0 +1,394 @@
+"""Circuit relay v2, the serving side: relaying for others (*hop*), and taking circuits (*stop*).
+
+A thin adapter over py-libp2p 0.8.1's relay: of its ``CircuitV2Protocol`` only the reservation
+book (``RelayResourceManager``) and the RESERVE answer are used; the service itself is never
+run, because its handlers are unsafe on a network of untrusted peers:
+
+* its *stop* handler takes a circuit from any connected peer, under any identity, with no cap:
+  one stranger could open any number of connections to a node over a single TCP connection.
+  Here a node takes circuits only from the relays it holds a slot at (``StopGuard``), at most
+  ``max_circuits`` at once; a reachable node answers no *stop* at all.
+* its *hop* handler reserves the peer a RESERVE names, not the stream's peer: one admitted peer
+  could fill every slot with made-up ids. It reads messages in a loop, so a peer could keep hop
+  streams idle. ``HopGuard`` reads the one message a hop stream carries itself (bounded in size
+  and time) and refuses a RESERVE for anyone but the stream's own peer.
+* it files each circuit under its destination (``_active_relays``), and a circuit's end closes
+  whatever is filed there: ending one circuit to a node cut every other circuit to it. Here each
+  circuit moves its own bytes and closes its own two streams (``_Circuit``).
+* it reads no ``HopConfig``; the counts of ``RelayLimits`` below are enforced here.
+
+Who may use a relay is ``admit``'s decision: ``RunAdmission`` over the chain where
+``chain.admission`` is on (``gwtf-node start`` always turns it on), everyone elsewhere (the local
+swarm without a chain, tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import multiaddr
+import trio
+from libp2p.abc import IHost, IMuxedConn, INetStream
+from libp2p.connection_types import ConnectionType
+from libp2p.network.connection.raw_connection import RawConnection
+from libp2p.network.connection.swarm_connection import SwarmConn
+from libp2p.peer.id import ID
+from libp2p.relay.circuit_v2 import resources
+from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage, Limit, StopMessage
+from libp2p.relay.circuit_v2.pb.circuit_pb2 import PeerId as CircuitPeer
+from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP
+from libp2p.relay.circuit_v2.protocol import STOP_PROTOCOL_ID as STOP
+from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
+from libp2p.relay.circuit_v2.protocol_buffer import StatusCode, to_proto_status
+from libp2p.relay.circuit_v2.utils import write_delimited_msg
+
+from gwtf.node.p2p.relay import end_stream, is_circuit, read_relay_message
+from gwtf.node.p2p.rpc import Admission, admit_everyone
+
+log = logging.getLogger(__name__)
+
+#: How long a peer may take to send a hop or stop message, and a circuit to be set up.
+HANDSHAKE_S = 10.0
+_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class RelayLimits:
+    """What a relay grants, sized for activation traffic between a run's stages.
+
+    A circuit carries every stream between two nodes (one connection per peer), so it lives
+    as long as they train side by side: 30 min and 4 GiB over both directions (at the ~6 MB/s
+    a Python relay moves each way, about 6 min of full-speed transfer) before the relay cuts
+    it and the next request dials a fresh one. Slots expire after 10 min unless refreshed, so
+    the slots of nodes that left come free soon. Abuse by untrusted peers is bounded by
+    ``admit``, by the counts below, and by the per-circuit caps; no rate limit exists
+    (py-libp2p meters no bandwidth).
+    """
+
+    #: Nodes holding a slot at once (py-libp2p's default: 4; hivemind: 128).
+    reservations: int = 128
+    reservation_ttl_s: int = 600
+    circuit_duration_s: int = 30 * 60
+    #: Bytes per circuit, both directions together; never 0 (py-libp2p resets at once).
+    circuit_bytes: int = 4 << 30
+    #: Circuits open at once to one node holding a slot (its neighbours in the run).
+    circuits_per_destination: int = 16
+    #: Hop streams (a reservation, or a circuit for its whole life) open at once.
+    hop_streams: int = 64
+    hop_streams_per_peer: int = 8
+
+    def __post_init__(self) -> None:
+        for name, value in dataclasses.asdict(self).items():
+            if value <= 0:
+                raise ValueError(f"relay limit {name} must be positive")
+
+    def library_limits(self) -> resources.RelayLimits:
+        return resources.RelayLimits(
+            duration=self.circuit_duration_s,
+            data=self.circuit_bytes,
+            max_circuit_conns=self.circuits_per_destination,
+            max_reservations=self.reservations,
+            reservation_ttl=self.reservation_ttl_s,
+        )
+
+    def circuit_limit(self) -> Limit:
+        return Limit(duration=self.circuit_duration_s, data=self.circuit_bytes)
+
+
+@dataclass
+class HopGuard:
+    """The hop handler: who may use this relay, how many hop streams are open, one request each."""
+
+    protocol: CircuitV2Protocol
+    limits: RelayLimits
+    admit: Admission
+    #: Whether the node relays at the moment: one that peers cannot dial (its own check said
+    #: so) stops taking reservations and circuits until it is reachable again.
+    serving: Callable[[], bool] = lambda: True
+    open_by_peer: dict[str, int] = field(default_factory=dict)
+    refused: int = 0
+
+    @property
+    def open_streams(self) -> int:
+        return sum(self.open_by_peer.values())
+
+    async def handle(self, stream: INetStream) -> None:
+        source = stream.muxed_conn.peer_id
+        peer = str(source)
+        # Counted before anything is awaited: a burst of streams cannot pass the caps together.
+        self.open_by_peer[peer] = self.open_by_peer.get(peer, 0) + 1
+        try:
+            why = await self._refusal(stream, peer)
+            if why is not None:
+                await self._refuse(stream, peer, *why)
+                return
+            request = await read_relay_message(stream, HopMessage, HANDSHAKE_S)
+            if request is None:
+                await self._refuse(stream, peer, StatusCode.MALFORMED_MESSAGE, "no request")
+            elif request.type == HopMessage.RESERVE:
+                await self._reserve(stream, source, request)
+            elif request.type == HopMessage.CONNECT and request.HasField("peer"):
+                await _Circuit(self.protocol, self.limits, stream, source).run(request.peer.id)
+            else:
+                await self._refuse(stream, peer, StatusCode.MALFORMED_MESSAGE, "bad request")
+        except Exception:  # supervision boundary: nothing may escape a libp2p handler
+            log.exception("relay hop stream of %s failed", peer)
+            await end_stream(stream, reset=True)
+        finally:
+            left = self.open_by_peer[peer] - 1
+            if left:
+                self.open_by_peer[peer] = left
+            else:
+                del self.open_by_peer[peer]
+
+    async def _refusal(self, stream: INetStream, peer: str) -> tuple[StatusCode, str] | None:
+        if not self.serving():
+            return StatusCode.PERMISSION_DENIED, "not relaying: peers cannot dial this node"
+        if self.open_streams > self.limits.hop_streams:
+            return StatusCode.RESOURCE_LIMIT_EXCEEDED, f"{self.limits.hop_streams} streams open"
+        if self.open_by_peer[peer] > self.limits.hop_streams_per_peer:
+            limit = self.limits.hop_streams_per_peer
+            return StatusCode.RESOURCE_LIMIT_EXCEEDED, f"{limit} streams of this peer open"
+        if _over_circuit(self.protocol.host, stream):
+            return StatusCode.PERMISSION_DENIED, "asked over a relayed connection"
+        if not await self.admit(peer):
+            return StatusCode.PERMISSION_DENIED, "not admitted to the run"
+        return None
+
+    async def _reserve(self, stream: INetStream, source: ID, request: HopMessage) -> None:
+        named = request.peer.id if request.HasField("peer") else b""
+        if named and named != source.to_bytes():
+            # py-libp2p would reserve the named peer: a slot for someone else, or nobody.
+            await self._refuse(stream, str(source), StatusCode.PERMISSION_DENIED, "not its own")
+            return
+        request = HopMessage(type=HopMessage.RESERVE, peer=CircuitPeer(id=source.to_bytes()))
+        await self.protocol._handle_reserve(stream, request)  # the reservation book and answer
+        await end_stream(stream, reset=False)
+
+    async def _refuse(self, stream: INetStream, peer: str, status: StatusCode, why: str) -> None:
+        self.refused += 1
+        log.info("relay refused a hop stream of %s: %s", peer, why)
+        answer = HopMessage(type=HopMessage.STATUS, status=to_proto_status(status))
+        await _answer_and_close(stream, answer)
+
+
+@dataclass
+class _Circuit:
+    """One circuit from ``source`` through this relay: its two streams, and the bytes between."""
+
+    protocol: CircuitV2Protocol
+    limits: RelayLimits
+    source_stream: INetStream
+    source: ID
+    target_stream: INetStream | None = None
+
+    async def run(self, target_bytes: bytes) -> None:
+        target = ID(target_bytes)
+        book = self.protocol.resource_manager
+        reservation = None if target == self.source else book.get_reservation(target)
+        if reservation is None:
+            await self._answer(StatusCode.NO_RESERVATION)
+            return
+        if not reservation.can_accept_connection():
+            await self._answer(StatusCode.RESOURCE_LIMIT_EXCEEDED)
+            return
+        reservation.active_connections += 1
+        try:
+            if await self._open_to(target):
+                await self._answer(StatusCode.OK, keep_open=True)
+                await self._pump()
+            else:
+                await self._answer(StatusCode.CONNECTION_FAILED)
+        finally:
+            book.release_connection(target)
+            await end_stream(self.source_stream, reset=True)
+            if self.target_stream is not None:
+                await end_stream(self.target_stream, reset=True)
+
+    async def _open_to(self, target: ID) -> bool:
+        """Ask ``target`` over *stop* to take the circuit; whether it did."""
+        try:
+            with trio.fail_after(HANDSHAKE_S):
+                stream = await self.protocol.host.new_stream(target, [STOP])
+                self.target_stream = stream
+                offer = StopMessage(type=StopMessage.CONNECT,
+                                    peer=CircuitPeer(id=self.source.to_bytes()),
+                                    limit=self.limits.circuit_limit())  # fmt: skip
+                await write_delimited_msg(stream, offer)
+            answer = await read_relay_message(stream, StopMessage, HANDSHAKE_S)
+        except Exception as exc:  # libp2p's dial and stream errors share no base
+            log.info("relay could not reach %s: %s", target, exc)
+            return False
+        return answer is not None and int(answer.status) == StatusCode.OK
+
+    async def _answer(self, status: StatusCode, keep_open: bool = False) -> None:
+        answer = HopMessage(type=HopMessage.STATUS, status=to_proto_status(status))
+        if status == StatusCode.OK:
+            answer.limit.CopyFrom(self.limits.circuit_limit())
+        if keep_open:
+            with trio.fail_after(HANDSHAKE_S):
+                await write_delimited_msg(self.source_stream, answer)
+        else:
+            await _answer_and_close(self.source_stream, answer)
+
+    async def _pump(self) -> None:
+        """Move bytes both ways until either side ends, the time is up or the bytes are spent."""
+        assert self.target_stream is not None
+        budget = [self.limits.circuit_bytes]  # both directions draw on one budget
+        with trio.move_on_after(self.limits.circuit_duration_s):
+            async with trio.open_nursery() as nursery:
+                done = nursery.cancel_scope
+                nursery.start_soon(_copy, self.source_stream, self.target_stream, budget, done)
+                nursery.start_soon(_copy, self.target_stream, self.source_stream, budget, done)
+
+
+async def _copy(
+    src: INetStream, dst: INetStream, budget: list[int], done: trio.CancelScope
+) -> None:
+    try:
+        while True:
+            data = await src.read(_CHUNK)
+            if not data:
+                break
+            budget[0] -= len(data)
+            if budget[0] < 0:
+                log.info("a circuit spent its bytes: the relay ends it")
+                break
+            await dst.write(data)
+    except Exception as exc:  # a side reset or closed: the circuit is over either way
+        log.debug("a relayed stream ended: %s", exc)
+    finally:
+        done.cancel()
+
+
+@dataclass
+class StopGuard:
+    """The stop handler: circuits are taken only from ``relays`` this node holds a slot at,
+    at most ``max_circuits`` open at once (each is a connection, which costs a handshake and
+    buffers)."""
+
+    host: IHost
+    relays: Callable[[ID], bool]
+    max_circuits: int
+    refused: int = 0
+    _open: list[IMuxedConn] = field(default_factory=list)
+    _starting: int = 0
+
+    @property
+    def open_circuits(self) -> int:
+        network = self.host.get_network()
+        live = [c.muxed_conn for conns in network.connections.values() for c in conns]
+        self._open = [m for m in self._open if any(m is c for c in live)]
+        return len(self._open) + self._starting
+
+    async def handle(self, stream: INetStream) -> None:
+        relay = stream.muxed_conn.peer_id
+        try:
+            if not self.relays(relay):
+                await self._refuse(stream, relay, StatusCode.PERMISSION_DENIED, "holds no slot")
+            elif self.open_circuits >= self.max_circuits:
+                why = f"{self.max_circuits} circuits open"
+                await self._refuse(stream, relay, StatusCode.RESOURCE_LIMIT_EXCEEDED, why)
+            else:
+                self._starting += 1
+                try:
+                    await self._take(stream, relay)
+                finally:
+                    self._starting -= 1
+        except Exception:  # supervision boundary: nothing may escape a libp2p handler
+            log.exception("circuit from relay %s failed", relay)
+            await end_stream(stream, reset=True)
+
+    async def _take(self, stream: INetStream, relay: ID) -> None:
+        offer = await read_relay_message(stream, StopMessage, HANDSHAKE_S)
+        if offer is None or offer.type != StopMessage.CONNECT or not offer.HasField("peer"):
+            await self._refuse(stream, relay, StatusCode.MALFORMED_MESSAGE, "bad offer")
+            return
+        with trio.fail_after(HANDSHAKE_S):
+            ok = StopMessage(type=StopMessage.STATUS, status=to_proto_status(StatusCode.OK))
+            await write_delimited_msg(stream, ok)
+            where = multiaddr.Multiaddr(f"/p2p/{relay}/p2p-circuit")
+            raw = RawConnection(stream, initiator=False, connection_type=ConnectionType.RELAYED,
+                                addresses=[where])  # fmt: skip
+            muxed = await self.host.upgrade_inbound_connection(raw, where)
+        self._open.append(muxed)
+        # The swarm cannot tell a relayed inbound connection's address by itself: name it, so
+        # ``is_relayed`` and the flow core see the circuit (its peer is the authenticated one).
+        named = where.encapsulate(f"/p2p/{muxed.peer_id}")
+        for conn in self.host.get_network().connections.get(muxed.peer_id) or []:
+            if conn.muxed_conn is muxed and isinstance(conn, SwarmConn):
+                conn.set_transport_info([named], ConnectionType.RELAYED)
+
+    async def _refuse(self, stream: INetStream, relay: ID, status: StatusCode, why: str) -> None:
+        self.refused += 1
+        log.info("refused a circuit from %s: %s", relay, why)
+        answer = StopMessage(type=StopMessage.STATUS, status=to_proto_status(status))
+        await _answer_and_close(stream, answer)
+
+
+@dataclass
+class CircuitRelay:
+    """The relay protocol on a host: ``hop`` when it relays, ``stop`` when it takes circuits."""
+
+    protocol: CircuitV2Protocol
+    hop: HopGuard | None
+    stop: StopGuard | None
+
+
+#: Circuits a node behind NAT takes at once: its neighbours in the run, with room to spare.
+MAX_INBOUND_CIRCUITS = 32
+
+
+@asynccontextmanager
+async def circuit_relay(
+    host: IHost,
+    serve: bool = False,
+    limits: RelayLimits | None = None,
+    admit: Admission = admit_everyone,
+    circuits_from: Callable[[ID], bool] | None = None,
+    max_inbound_circuits: int = MAX_INBOUND_CIRCUITS,
+    serving: Callable[[], bool] = lambda: True,
+) -> AsyncIterator[CircuitRelay]:
+    """Relay for admitted peers within ``limits`` (``serve``) while ``serving()`` says so, and
+    take circuits that relays for which ``circuits_from`` says yes open to ``host`` (None: take
+    none, a reachable node)."""
+    limits = limits or RelayLimits()
+    protocol = CircuitV2Protocol(host, limits=limits.library_limits(), allow_hop=False)
+    hop = HopGuard(protocol, limits, admit, serving) if serve else None
+    stop = StopGuard(host, circuits_from, max_inbound_circuits) if circuits_from else None
+    if hop is not None:
+        host.set_stream_handler(HOP, hop.handle)
+    if stop is not None:
+        host.set_stream_handler(STOP, stop.handle)
+    try:
+        yield CircuitRelay(protocol, hop, stop)
+    finally:
+        if hop is not None:
+            host.remove_stream_handler(HOP)
+        if stop is not None:
+            host.remove_stream_handler(STOP)
+
+
+def _over_circuit(host: IHost, stream: INetStream) -> bool:
+    """Whether ``stream`` came over a relayed connection (the spec forbids hop requests there)."""
+    conns = host.get_network().connections.get(stream.muxed_conn.peer_id) or []
+    return any(
+        c.muxed_conn is stream.muxed_conn
+        and any(is_circuit(a) for a in c.get_transport_addresses())
+        for c in conns
+    )
+
+
+async def _answer_and_close(stream: INetStream, answer: HopMessage | StopMessage) -> None:
+    try:
+        with trio.move_on_after(2.0):
+            await write_delimited_msg(stream, answer)
+            await end_stream(stream, reset=False)
+            return
+    except Exception as exc:  # the dialer may already be gone; an answer is best effort
+        log.debug("a relay answer was not delivered: %s", exc)
+    await end_stream(stream, reset=True)

@@ -1,0 +1,34 @@
+"""Receipts of live work: signed and countersigned on every hop, reported to the data node,
+certified per epoch on chain, and claimed (``book``, ``reports``, ``certify``, ``epochs``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gwtf.node.chain.epochs import EpochLedger
+from gwtf.node.receipts.book import ReceiptTerms
+
+
+@dataclass(frozen=True)
+class ReceiptsConfig:
+    """What a live node needs to keep receipts and take part in the epoch cycle."""
+
+    terms: ReceiptTerms
+    db_url: str
+    #: The run's ledger; its wallet submits a data node's certificates (the sponsor's) or a
+    #: worker's claims. Without a wallet the node keeps receipts but sends no transaction.
+    ledger: EpochLedger
+    #: How often a relay sends the complete receipts it holds to their data nodes (a report is one
+    #: request each; fewer is cheaper), and how long a data node waits after an epoch's last
+    #: iteration for the last reports (more than one period; ``chain.*`` settings).
+    report_period_s: float = 5.0
+    grace_s: float = 11.0
+    clock_period_s: float = 2.0
+    #: A cheat this node plays on purpose (``gwtf.node.receipts.cheats``); "" is honest.
+    cheat: str = ""
+    #: A relay's hop evidence for auditors (``gwtf.node.store.evidence``): where, "" for nowhere,
+    #: and of how many recent epochs' hops it is kept (it goes once settled and undisputed).
+    evidence_dir: str = ""
+    evidence_epochs: int = 2
+    #: A worker claims each settled epoch by itself; off, only when asked (``claim_now``).
+    auto_claim: bool = True

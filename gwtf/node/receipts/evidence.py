@@ -1,0 +1,301 @@
+"""A relay's kept hop evidence, served to auditors and jurors: ``/gwtf/evidence/1.0.0``.
+
+Two things can be asked of an epoch: a frame by its SHA-256 (a hop's input or output, as its
+receipt names it; the relay neighbours of a hop keep the same frames, so a worker that
+withholds its own is no obstacle, except for a first stage's forward input and a last stage's
+backward input, which only data nodes saw and they keep none) and the relay's stage weights
+at an iteration. Both come in chunks of at most ``CHUNK_BYTES``, read from disk ``READERS`` at
+a time in worker threads, never a file whole; the reader checks a frame against the digest it
+asked for and bounds every total. Access is that of the receipts: the run's peers freely,
+anyone else within one shared rate. ``prune_settled_evidence`` deletes each epoch's evidence
+once the epoch settles on chain.
+
+A relay behind a NAT cannot be dialled by an auditor. Every node with receipts therefore also
+forwards evidence requests on ``/gwtf/evidence-via/1.0.0`` to a peer it is connected to right
+now (a home relay keeps its connections to its data node up: ``gwtf.node.p2p.keepalive``), and the
+auditor asks the nodes it reached (the data nodes) for the relays it could not reach. A node
+forwards only over a connection it already has (it never dials for someone else), one chunk per
+request, and peers outside the run within the same shared rate as its own evidence.
+
+Wire format (numbers big-endian):
+  request = run u64 | epoch u64 | kind u8 (1 frame, 2 state) | key 32 bytes | offset u64
+            (key: the frame's digest, or the iteration as a u64 in the last 8 bytes)
+  reply   = status u8 (0 found, 1 not kept) | total u64 | up to CHUNK_BYTES bytes from offset
+  forwarded request = length u8 | the target's peer id (UTF-8) | request; its reply is the
+            target's
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import math
+import shutil
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+import trio
+from libp2p.peer.id import ID
+
+from gwtf.errors import ChainError, ProtocolError
+from gwtf.node.chain.epochs import EpochLedger
+from gwtf.node.p2p.rpc import (
+    Decline,
+    PeerUnavailable,
+    PublicRate,
+    RequestDeclined,
+    RequestResponse,
+    RpcLimits,
+)
+from gwtf.node.receipts.serving import MAX_BUSY_RETRIES, PUBLIC_RATE
+from gwtf.node.store.evidence import EvidenceArchive, parse_run_folder
+
+EVIDENCE_PROTOCOL: Final = "/gwtf/evidence/1.0.0"
+EVIDENCE_VIA_PROTOCOL: Final = "/gwtf/evidence-via/1.0.0"
+#: The longest peer id a forwarded request may name (a secp256k1 id has 53 characters).
+MAX_PEER_ID_CHARS: Final = 64
+FRAME, STATE = 1, 2
+CHUNK_BYTES: Final = 1 << 20
+#: Chunks read from disk at once, whoever asks: the node's threads are not the readers'.
+READERS: Final = 2
+#: The largest frame or state a reader takes (a frame is bounded by the codec's 256 MiB).
+MAX_EVIDENCE_BYTES: Final = 1 << 30
+_REQUEST = struct.Struct(">QQB32sQ")
+_REPLY = struct.Struct(">BQ")
+_FOUND, _NOT_KEPT = 0, 1
+#: How long past an epoch's ``settlesAt`` the latest block must be before its evidence goes:
+#: longer than a reorg that could bring in a dispute opened just before ``settlesAt``.
+SETTLED_MARGIN_S: Final = 900
+#: How often the evidence of the node's other runs is looked at (they get no new evidence).
+OTHER_RUNS_PERIOD_S: Final = 600.0
+
+log = logging.getLogger(__name__)
+
+
+class EvidenceMissing(ProtocolError):
+    """The peer does not keep what was asked (or never had it)."""
+
+
+def serve_evidence(
+    rpc: RequestResponse,
+    archive: EvidenceArchive,
+    run_id: int,
+    timeout_s: float,
+    public: PublicRate | None = None,
+) -> None:
+    """Answer ``/gwtf/evidence/1.0.0`` from ``archive``."""
+
+    async def answer(_peer: str, request: bytes) -> bytes:
+        if len(request) != _REQUEST.size:
+            raise ProtocolError("an evidence request is (run u64, epoch u64, kind u8, key 32 "
+                                "bytes, offset u64)")  # fmt: skip
+        run, epoch, kind, key, offset = _REQUEST.unpack(request)
+        if run != run_id:
+            raise Decline(f"this node works on run {run_id}, not {run}")
+        if kind == FRAME:
+            read = functools.partial(archive.frame_chunk, epoch, key, offset, CHUNK_BYTES)
+        elif kind == STATE:
+            iteration = int.from_bytes(key, "big")
+            read = functools.partial(archive.state_chunk, epoch, iteration, offset, CHUNK_BYTES)
+        else:
+            raise ProtocolError(f"evidence kind {kind} is neither 1 (frame) nor 2 (state)")
+        chunk = await trio.to_thread.run_sync(read, limiter=readers)
+        if chunk is None:
+            return _REPLY.pack(_NOT_KEPT, 0)
+        return _REPLY.pack(_FOUND, chunk.total) + chunk.data
+
+    readers = trio.CapacityLimiter(READERS)
+    rpc.serve(EVIDENCE_PROTOCOL, answer, _limits(timeout_s), public or PublicRate(*PUBLIC_RATE))
+
+
+def serve_evidence_forwarding(rpc: RequestResponse, timeout_s: float) -> None:
+    """Forward ``/gwtf/evidence-via/1.0.0`` requests to connected peers (see the module)."""
+
+    async def forward(_peer: str, request: bytes) -> bytes:
+        target, inner = _split_forwarded(request)
+        if not rpc.dialer.connected(target):
+            raise Decline(f"not connected to {target}: evidence is forwarded over open connections")
+        try:
+            return await rpc.request(target, EVIDENCE_PROTOCOL, inner, _limits(timeout_s))
+        except RequestDeclined as exc:
+            raise Decline(f"{target} declined: {exc}") from exc  # "busy" stays in the text
+        except PeerUnavailable as exc:
+            raise Decline(f"{target} did not answer: {exc}") from exc
+
+    limits = RpcLimits(1 + MAX_PEER_ID_CHARS + _REQUEST.size, _REPLY.size + CHUNK_BYTES,
+                       2 * timeout_s)  # fmt: skip
+    rpc.serve(EVIDENCE_VIA_PROTOCOL, forward, limits, PublicRate(*PUBLIC_RATE))
+
+
+def _split_forwarded(request: bytes) -> tuple[ID, bytes]:
+    length = request[0] if request else 0
+    target, inner = request[1 : 1 + length], request[1 + length :]
+    if not 0 < length <= MAX_PEER_ID_CHARS or len(inner) != _REQUEST.size:
+        raise ProtocolError("a forwarded evidence request is (length u8, peer id, request)")
+    try:
+        return ID.from_base58(target.decode()), inner
+    except Exception as exc:  # base58 and multihash raise assorted types for a bad id
+        raise ProtocolError(f"a forwarded evidence request names a bad peer id: {exc}") from exc
+
+
+async def prune_settled_evidence(
+    archive: EvidenceArchive, ledger: EpochLedger, now: Callable[[], int], period_s: float
+) -> None:
+    """Every ``period_s``, from the node's start on, delete the evidence of each epoch that has
+    settled and whose tensor disputes are all ruled. ``now()`` is the timestamp of the latest
+    block the node has seen (never a time run on by the local clock: an epoch counts as settled
+    only once a block says so), and an epoch is settled when that is ``SETTLED_MARGIN_S`` past
+    its ``settlesAt`` (``RunBook.epochTimes``, the end of its challenge window), the time
+    ``Disputes.sol`` stops taking disputes of its hops; the margin outlasts a reorg of the blocks
+    around ``settlesAt``, which could bring in a dispute opened just before it. A dispute opened
+    before then is ruled by the court's jurors when they have re-executed the hop from this
+    evidence (``Disputes.openTensorDisputes``), possibly much later; missing evidence loses a
+    dispute. A dispute ruled without a jury may be reopened by its challenger until
+    ``Disputes.reopenableUntil(run, epoch)``, so the evidence stays until that has passed too.
+    This is the only way an epoch's evidence is deleted, and it goes by the chain's
+    own times, not a count of epochs: a node stopped for days prunes everything settled as soon
+    as it starts again, and a run that has stopped training is still pruned.
+
+    Every ``OTHER_RUNS_PERIOD_S`` (and at the start) the same is done to the evidence of the
+    node's other runs on this chain and ledger, beside this run's folder: a node that left a run
+    before it settled has nothing else that would ever delete it. A folder whose run has
+    another start time on this chain is another deployment's (a devnet started afresh) and is
+    left alone: this chain cannot say when that one settles."""
+    last_other_runs = -math.inf
+    while True:
+        try:
+            await trio.to_thread.run_sync(_prune, archive, ledger, now())
+            if trio.current_time() - last_other_runs >= OTHER_RUNS_PERIOD_S:
+                await trio.to_thread.run_sync(_prune_other_runs, archive.root, ledger, now())
+                last_other_runs = trio.current_time()
+        except (ChainError, OSError) as exc:
+            log.warning("settled evidence not pruned (%s); trying again in %.0f s", exc, period_s)
+        await trio.sleep(period_s)
+
+
+def _prune(archive: EvidenceArchive, ledger: EpochLedger, now: int) -> list[int]:
+    disputes = ledger.c.disputes.functions
+
+    def done(epoch: int) -> bool:
+        settled = ledger.epoch_times(epoch).settles_at + SETTLED_MARGIN_S <= now
+        if not settled or int(disputes.openTensorDisputes(ledger.run_id, epoch).call()) != 0:
+            return False
+        return int(disputes.reopenableUntil(ledger.run_id, epoch).call()) < now
+
+    return archive.prune_settled(done)
+
+
+def _prune_other_runs(root: Path, ledger: EpochLedger, now: int) -> None:
+    here = parse_run_folder(root.name)
+    if here is None:
+        return
+    runs = None
+    for folder in sorted(root.parent.iterdir()):
+        other = parse_run_folder(folder.name)
+        if (
+            other is None
+            or folder == root
+            or (other.chain_id, other.ledger)
+            != (
+                here.chain_id,
+                here.ledger,
+            )
+        ):
+            continue
+        if runs is None:
+            runs = int(ledger.c.ledger.functions.runCount().call())
+        if not 1 <= other.run_id <= runs:
+            continue  # no such run on this chain: another deployment's
+        its = EpochLedger(ledger.c, other.run_id, None)
+        if its.run_start_and_length()[0] != other.run_start:
+            continue
+        archive = EvidenceArchive(folder, keep_epochs=1)
+        _prune(archive, its, now)
+        if not archive.kept_epochs():
+            shutil.rmtree(folder, ignore_errors=True)  # a run of the past, pruned whole
+
+
+async def fetch_frame(
+    rpc: RequestResponse,
+    peer: str,
+    run_id: int,
+    epoch: int,
+    digest: bytes,
+    timeout_s: float,
+    via: str | None = None,
+) -> bytes:
+    """The frame of ``epoch`` whose SHA-256 is ``digest``, from ``peer`` (through the peer
+    ``via`` when given: ``/gwtf/evidence-via/1.0.0``); raises ``EvidenceMissing`` when the peer
+    does not keep it and ``ProtocolError`` when it sends other bytes."""
+    frame = await _fetch(rpc, peer, run_id, epoch, FRAME, digest, timeout_s, via)
+    if hashlib.sha256(frame).digest() != digest:
+        raise ProtocolError(f"peer {peer} sent a frame that is not {digest.hex()[:16]}…")
+    return frame
+
+
+async def fetch_state(
+    rpc: RequestResponse,
+    peer: str,
+    run_id: int,
+    epoch: int,
+    iteration: int,
+    timeout_s: float,
+    via: str | None = None,
+) -> bytes:
+    """``peer``'s stage state file at ``iteration`` of ``epoch`` (``EvidenceMissing`` when it
+    keeps none), through ``via`` when given; what it is worth is the caller's to check
+    (against other replicas')."""
+    key = iteration.to_bytes(32, "big")
+    return await _fetch(rpc, peer, run_id, epoch, STATE, key, timeout_s, via)
+
+
+async def _fetch(
+    rpc: RequestResponse,
+    peer: str,
+    run_id: int,
+    epoch: int,
+    kind: int,
+    key: bytes,
+    timeout_s: float,
+    via: str | None = None,
+) -> bytes:
+    if via is None:
+        to, protocol, prefix, limits = peer, EVIDENCE_PROTOCOL, b"", _limits(timeout_s)
+    else:
+        to, protocol, prefix = via, EVIDENCE_VIA_PROTOCOL, bytes([len(peer)]) + peer.encode()
+        limits = RpcLimits(len(prefix) + _REQUEST.size, _REPLY.size + CHUNK_BYTES, 2 * timeout_s)
+    chunks: list[bytes] = []
+    offset, total, busy = 0, None, 0
+    while total is None or offset < total:
+        request = prefix + _REQUEST.pack(run_id, epoch, kind, key, offset)
+        try:
+            reply = await rpc.request(ID.from_base58(to), protocol, request, limits)
+        except RequestDeclined as exc:
+            # Outsiders share one rate: a request declined as busy is asked again after a wait.
+            if "busy" not in str(exc) or busy >= MAX_BUSY_RETRIES:
+                raise
+            await trio.sleep(min(8.0, 0.5 * 2**busy))
+            busy += 1
+            continue
+        busy = 0
+        if len(reply) < _REPLY.size:
+            raise ProtocolError(f"an evidence reply of {len(reply)} bytes")
+        status, size = _REPLY.unpack_from(reply)
+        if status == _NOT_KEPT:
+            raise EvidenceMissing(f"peer {peer} keeps no such evidence of epoch {epoch}")
+        if status != _FOUND or size > MAX_EVIDENCE_BYTES or (total is not None and size != total):
+            raise ProtocolError(f"an evidence reply with status {status} and total {size}")
+        total = size
+        chunk = reply[_REPLY.size :]
+        if len(chunk) != min(CHUNK_BYTES, total - offset):
+            raise ProtocolError(f"an evidence chunk of {len(chunk)} bytes at offset {offset}")
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _limits(timeout_s: float) -> RpcLimits:
+    return RpcLimits(_REQUEST.size, _REPLY.size + CHUNK_BYTES, timeout_s)

@@ -1,0 +1,166 @@
+"""Every node's receipts, served to whoever checks them: ``/gwtf/receipts/1.0.0``.
+
+A request names a run, an epoch, which receipts (``SIGNED``: the complete receipts of the hops
+this node computed; ``RECEIVED``: those it countersigned; ``CERTIFIED``: a data node's
+certificate, each leaf with its Merkle proof against the root it submitted), an offset and a
+page size; the answer is one page (``ReceiptPage``, at most ``MAX_PAGE`` receipts) and the
+total, in a stable order (hop key; a certificate's leaf order). Anyone may audit: peers the
+run admits are answered freely, any other peer within one shared rate (``PUBLIC_RATE``), each
+within the layer's deadline; the database is read in a worker thread, so a reader never holds
+up the node's hops.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+from libp2p.peer.id import ID
+
+from gwtf.contracts.certificate_tree import CertificateTree, SignedReceipt
+from gwtf.errors import ProtocolError
+from gwtf.node.p2p.rpc import (
+    Decline,
+    PeerUnavailable,
+    PublicRate,
+    RequestDeclined,
+    RequestResponse,
+    RpcLimits,
+)
+from gwtf.node.receipts.book import ReceiptTerms
+from gwtf.node.receipts.cheats import Cheat
+from gwtf.node.receipts.wire import MAX_PAGE, ReceiptPage, decode_page, encode_page
+from gwtf.node.store.hops import HopStore
+from gwtf.node.store.models import ReceivedHop, SignedHop
+
+RECEIPTS_PROTOCOL: Final = "/gwtf/receipts/1.0.0"
+SIGNED, RECEIVED, CERTIFIED = 0, 1, 2
+_REQUEST = struct.Struct(">QQBIH")  # run, epoch, which, offset, page size
+#: Requests per second, and burst, answered to all peers outside the run together.
+PUBLIC_RATE: Final = (10.0, 20.0)
+#: The most receipts ``fetch_receipts`` reads of one kind from one peer, unless told fewer (a
+#: certificate's count): a peer claiming more is cut short.
+MAX_FETCH: Final = 200_000
+#: How often a page declined as busy is asked again (after 0.5, 1, 2, 4, 8, 8 ... s).
+MAX_BUSY_RETRIES: Final = 8
+
+
+@dataclass
+class ReceiptServer:
+    """Answers ``/gwtf/receipts/1.0.0`` from a node's database and, for a data node, from the
+    certificate trees it submitted (``trees(epoch)``)."""
+
+    store: HopStore
+    terms: ReceiptTerms
+    trees: Callable[[int], CertificateTree | None] = lambda epoch: None
+    #: A node that cheats on purpose serves what its cheat makes of its pages (``cheats``).
+    cheat: Cheat | None = None
+
+    def serve(
+        self, rpc: RequestResponse, timeout_s: float, public: PublicRate | None = None
+    ) -> None:
+        rate = public or PublicRate(*PUBLIC_RATE)
+        rpc.serve(RECEIPTS_PROTOCOL, self._answer, _limits(timeout_s), rate)
+
+    async def _answer(self, peer: str, request: bytes) -> bytes:
+        if len(request) != _REQUEST.size:
+            raise ProtocolError("a receipts request is (run u64, epoch u64, which u8, offset "
+                                "u32, size u16)")  # fmt: skip
+        run_id, epoch, which, offset, size = _REQUEST.unpack(request)
+        if run_id != self.terms.run_id:
+            raise Decline(f"this node works on run {self.terms.run_id}, not {run_id}")
+        size = min(size, MAX_PAGE)
+        if which == CERTIFIED:
+            tree = self.trees(epoch)
+            if tree is None:
+                raise Decline(f"no certificate of epoch {epoch} here (yet)")
+            page = certified_page(tree, offset, size)
+            return encode_page(self.cheat.certified_page(page) if self.cheat else page)
+        if which not in (SIGNED, RECEIVED):
+            raise ProtocolError(f"receipts of kind {which}: ask for 0, 1 or 2")
+        table = SignedHop if which == SIGNED else ReceivedHop
+        total, entries = await trio.to_thread.run_sync(
+            self.store.page, table, run_id, epoch, offset, size
+        )
+        page = ReceiptPage(total, min(offset, total), tuple(entries))
+        return encode_page(self.cheat.served(epoch, which, page) if self.cheat else page)
+
+
+def certified_page(tree: CertificateTree, offset: int, size: int) -> ReceiptPage:
+    """Leaves ``offset`` … ``offset + size`` of ``tree`` with their receipts and proofs."""
+    indices = range(min(offset, tree.count), min(offset + size, tree.count))
+    entries = [tree.entries[i] for i in indices]
+    if any(entry is None for entry in entries):
+        raise Decline("this certificate's receipts are not all held here")
+    return ReceiptPage(
+        tree.count,
+        indices.start,
+        tuple(e for e in entries if e is not None),
+        tuple(tree.leaf_proof(i) for i in indices),
+    )
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """The pages read of one kind of a peer's receipts, in order, and why the reading stopped
+    short (None: it did not)."""
+
+    pages: tuple[ReceiptPage, ...]
+    stopped: str | None = None
+
+    @property
+    def entries(self) -> list[SignedReceipt]:
+        return [entry for page in self.pages for entry in page.entries]
+
+
+async def fetch_receipts(
+    rpc: RequestResponse,
+    peer: str,
+    run_id: int,
+    epoch: int,
+    which: int,
+    timeout_s: float,
+    limit: int = MAX_FETCH,
+    start: int = 0,
+) -> Fetched:
+    """The pages of one kind of ``peer``'s receipts of ``epoch``, in order, from the
+    ``start``-th, up to ``limit`` receipts. A page declined as busy (the public rate) is asked
+    again after a backoff; any other failure ends the reading, and what was read before it is
+    kept."""
+    pages: list[ReceiptPage] = []
+    offset, busy = start, 0
+    end = start + limit
+    while offset < end:
+        request = _REQUEST.pack(run_id, epoch, which, offset, min(MAX_PAGE, end - offset))
+        try:
+            reply = await rpc.request(
+                ID.from_base58(peer), RECEIPTS_PROTOCOL, request, _limits(timeout_s)
+            )
+            page = decode_page(reply)
+            if page.offset != offset:
+                raise ProtocolError(
+                    f"asked for receipts from {offset}, got a page from {page.offset}"
+                )
+            if which == CERTIFIED and len(page.leaves) != len(page.entries):
+                raise ProtocolError("a page of a certificate without each receipt's leaf")
+        except RequestDeclined as exc:
+            if "busy" in str(exc) and busy < MAX_BUSY_RETRIES:
+                await trio.sleep(min(8.0, 0.5 * 2**busy))
+                busy += 1
+                continue
+            return Fetched(tuple(pages), str(exc))
+        except (PeerUnavailable, ProtocolError) as exc:
+            return Fetched(tuple(pages), str(exc))
+        busy = 0
+        pages.append(page)
+        offset += len(page.entries)
+        if not page.entries or offset >= page.total:
+            return Fetched(tuple(pages))
+    return Fetched(tuple(pages), f"stopped at {limit} receipts")
+
+
+def _limits(timeout_s: float) -> RpcLimits:
+    return RpcLimits(_REQUEST.size, 1 << 20, timeout_s)

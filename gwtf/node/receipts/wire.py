@@ -1,0 +1,165 @@
+"""The bytes of receipts and certificate ranges between nodes.
+
+A signed receipt is 343 fixed bytes (the receipt's fields in struct order, then the worker's
+and the counterparty's 65-byte signatures); a report is a u16 count and that many receipts. A
+worker's range of a certificate is its first and last leaf (the seven ``CertifiedHop`` values,
+180 bytes) each with its Merkle proof (u8 length, 32-byte hashes). A page of a node's receipts
+(``/gwtf/receipts/1.0.0``) is its total, offset and count, then that many receipts, each
+followed by its leaf and proof in a page of a certificate. Every decoder checks sizes and field
+ranges and raises ``ProtocolError``: a peer's bytes are never trusted.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt, WorkerRange
+from gwtf.contracts.encoding import SIGNATURE_BYTES, CertifiedHop, HopReceipt
+from gwtf.errors import ProtocolError
+
+_RECEIPT = struct.Struct(">32sQ20sQQHBH20s20s32s32sQ65s65s")
+RECEIPT_BYTES: Final = _RECEIPT.size
+#: Receipts per report: a report of 512 is ~176 kB, within one request's bound.
+MAX_REPORT: Final = 512
+_COUNT = struct.Struct(">H")
+_LEAF = struct.Struct(">QQ20sQ32s32s32s")
+MAX_PROOF: Final = 64  # a tree of 2**64 leaves needs no more
+
+
+#: Receipts per page: a page of certified receipts with proofs of a 2**20-leaf tree is ~290 kB.
+MAX_PAGE: Final = 256
+_PAGE_HEAD = struct.Struct(">IIH?")  # total, offset, count, with leaves
+
+
+@dataclass(frozen=True)
+class ReceiptPage:
+    """A page of one kind of a node's receipts of an epoch, in its order: ``entries`` from
+    ``offset`` of ``total``, and with a certificate's page each entry's leaf and proof."""
+
+    total: int
+    offset: int
+    entries: tuple[SignedReceipt, ...]
+    leaves: tuple[LeafProof, ...] = ()
+
+
+def _address(raw: bytes) -> str:
+    return "0x" + raw.hex()
+
+
+def encode_receipts(entries: list[SignedReceipt]) -> bytes:
+    if len(entries) > MAX_REPORT:
+        raise ProtocolError(f"a report holds at most {MAX_REPORT} receipts, got {len(entries)}")
+    return _COUNT.pack(len(entries)) + b"".join(_encode_receipt(e) for e in entries)
+
+
+def _encode_receipt(e: SignedReceipt) -> bytes:
+    r = e.receipt
+    if len(e.worker_signature) != SIGNATURE_BYTES:
+        raise ProtocolError("a receipt's worker signature must be 65 bytes")
+    if len(e.counterparty_signature) != SIGNATURE_BYTES:
+        raise ProtocolError("a receipt's countersignature must be 65 bytes")
+    return _RECEIPT.pack(
+        r.runId.to_bytes(32, "big"), r.epoch, bytes.fromhex(r.dataNode[2:]), r.iteration,
+        r.microbatchId, r.stage, r.direction, r.attempt, bytes.fromhex(r.worker[2:]),
+        bytes.fromhex(r.counterparty[2:]), r.inputDigest, r.outputDigest, r.units,
+        e.worker_signature, e.counterparty_signature,
+    )  # fmt: skip
+
+
+def decode_receipts(data: bytes) -> list[SignedReceipt]:
+    if len(data) < _COUNT.size:
+        raise ProtocolError("a receipt report shorter than its count")
+    (count,) = _COUNT.unpack_from(data)
+    if count > MAX_REPORT or len(data) != _COUNT.size + count * RECEIPT_BYTES:
+        raise ProtocolError(f"a receipt report of {len(data)} bytes does not hold {count}")
+    return [_decode_receipt(data, _COUNT.size + i * RECEIPT_BYTES) for i in range(count)]
+
+
+def _decode_receipt(data: bytes, pos: int) -> SignedReceipt:
+    fields = _RECEIPT.unpack_from(data, pos)
+    run, epoch, data_node, iteration, mb, stage, direction, attempt = fields[:8]
+    worker, counterparty, input_digest, output_digest, units, signature, counter = fields[8:]
+    receipt = HopReceipt(
+        int.from_bytes(run, "big"), epoch, _address(data_node), iteration, mb, stage,
+        direction, attempt, _address(worker), _address(counterparty), input_digest,
+        output_digest, units,
+    )  # fmt: skip  # HopReceipt checks every field's range
+    return SignedReceipt(receipt, signature, counter)
+
+
+def encode_page(page: ReceiptPage) -> bytes:
+    count = len(page.entries)
+    if count > MAX_PAGE or (page.leaves and len(page.leaves) != count):
+        raise ProtocolError(f"a page holds at most {MAX_PAGE} receipts, all with leaves or none")
+    out = [_PAGE_HEAD.pack(page.total, page.offset, count, bool(page.leaves))]
+    for i, entry in enumerate(page.entries):
+        out.append(_encode_receipt(entry))
+        if page.leaves:
+            out.append(_encode_leaf(page.leaves[i]))
+    return b"".join(out)
+
+
+def decode_page(data: bytes) -> ReceiptPage:
+    if len(data) < _PAGE_HEAD.size:
+        raise ProtocolError("a receipt page shorter than its head")
+    total, offset, count, with_leaves = _PAGE_HEAD.unpack_from(data)
+    if count > MAX_PAGE or offset + count > total:
+        raise ProtocolError(f"a receipt page of {count} from {offset} of {total} is malformed")
+    pos, entries, leaves = _PAGE_HEAD.size, [], []
+    for _ in range(count):
+        if len(data) < pos + RECEIPT_BYTES:
+            raise ProtocolError("a receipt page ends inside a receipt")
+        entries.append(_decode_receipt(data, pos))
+        pos += RECEIPT_BYTES
+        if with_leaves:
+            leaf, pos = _decode_leaf(data, pos)
+            leaves.append(leaf)
+    if pos != len(data):
+        raise ProtocolError("a receipt page has trailing bytes")
+    return ReceiptPage(total, offset, tuple(entries), tuple(leaves))
+
+
+def _encode_leaf(proof: LeafProof) -> bytes:
+    hop = proof.hop
+    if len(proof.proof) > MAX_PROOF:
+        raise ProtocolError(f"a Merkle proof of {len(proof.proof)} hashes is over {MAX_PROOF}")
+    leaf = _LEAF.pack(
+        hop.index, hop.unitsBefore, bytes.fromhex(hop.worker[2:]), hop.units, hop.hopKey,
+        hop.receiptDigest, hop.signaturesHash,
+    )  # fmt: skip
+    return leaf + bytes([len(proof.proof)]) + b"".join(proof.proof)
+
+
+def _decode_leaf(data: bytes, pos: int) -> tuple[LeafProof, int]:
+    if len(data) < pos + _LEAF.size + 1:
+        raise ProtocolError("a certificate range ends inside a leaf")
+    index, before, worker, units, key, digest, signatures = _LEAF.unpack_from(data, pos)
+    pos += _LEAF.size
+    length = data[pos]
+    pos += 1
+    if length > MAX_PROOF or len(data) < pos + 32 * length:
+        raise ProtocolError("a certificate range has a malformed Merkle proof")
+    proof = tuple(data[pos + 32 * i : pos + 32 * (i + 1)] for i in range(length))
+    hop = CertifiedHop(index, before, _address(worker), units, key, digest, signatures)
+    return LeafProof(hop, proof), pos + 32 * length
+
+
+def encode_range(found: WorkerRange | None) -> bytes:
+    """A worker's range (or b"\\x00": the tree holds none of its hops)."""
+    if found is None:
+        return b"\x00"
+    return b"\x01" + _encode_leaf(found.first) + _encode_leaf(found.last)
+
+
+def decode_range(data: bytes) -> WorkerRange | None:
+    if data == b"\x00":
+        return None
+    if not data or data[0] != 1:
+        raise ProtocolError("a certificate range answer is malformed")
+    first, pos = _decode_leaf(data, 1)
+    last, pos = _decode_leaf(data, pos)
+    if pos != len(data):
+        raise ProtocolError("a certificate range answer has trailing bytes")
+    return WorkerRange(first.hop.worker, first, last)

@@ -1,0 +1,365 @@
+"""Sending hops on: forwards re-sent to another replica on a missed ack, gradients kept and
+repaired around a dead node.
+
+``HopSender`` is shared by relays and the data node. A forward whose receiver does not
+acknowledge it goes to another replica of the next stage. A gradient is kept (``PassedBack``)
+until the iteration ends: if its receiver is dead, the node before that one re-sends its buffered
+forward output to another replica as a repair, which recomputes that forward and then takes the
+gradient; the same happens later on request (``resume_backward``) when the receiver acknowledged
+the gradient and died holding it. Every hop is counted once its receiver acknowledged the
+output (its receipt, with receipts on, is signed and countersigned in ``DataPlane.send``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from gwtf.errors import ProtocolError
+from gwtf.node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestMisdirected
+from gwtf.node.receipts.book import worker_stage
+from gwtf.node.runtime.dataplane import control
+from gwtf.node.runtime.dataplane.exchange import DataPlane, HopRecord
+from gwtf.node.runtime.dataplane.hop import (
+    ATTEMPT_BLOCK,
+    BACKWARD,
+    FLAG_REDO,
+    FLAG_REPAIR,
+    HopHeader,
+    resend_attempt,
+)
+from gwtf.node.runtime.flow.routing import SwarmWiring
+from gwtf.node.runtime.flow.service import FlowService
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PassedBack:
+    """A gradient a node computed and sent on, kept until the iteration ends."""
+
+    header: HopHeader  # the outgoing backward (its path names the node it goes to)
+    frame: bytes
+    input_digest: bytes | None  # None: sent unreceipted (``RelayRole._backward_receipted``)
+    sending: bool = False
+    sent_to: str = ""  # the node that acknowledged it
+    around: set[str] = field(default_factory=set)  # dead nodes it was re-sent around
+    recorded: bool = False  # counted (once, however often it is sent)
+
+
+@dataclass
+class HopStats:
+    forward_resends: int = 0
+    backward_repairs: int = 0
+    forward_repairs: int = 0  # a data node: stalled forwards resumed at the lost hop
+    gradient_resumes: int = 0  # a data node: lost gradients sent again around the dead hop
+    repairs_served: int = 0
+    stages_not_stepped: int = 0  # a data node: (iteration, stage) pairs with no replica stepping
+    taken_back_in: int = 0  # a data node: times it was left out while alive and asked back in
+    microbatches_on_loans: int = 0  # a data node: started on a flow another data node lent it
+    # A data node: (microbatch, stage) gradients a dead replica held, redone on a live one;
+    # lost all the same (no live replica, or the redo failed); held by two replicas (counted
+    # twice in the average: no holder could drop its sum); relays' sums dropped for one held
+    # twice (their other microbatches redone).
+    gradients_redone: int = 0
+    gradients_lost: int = 0
+    gradients_duplicated: int = 0
+    gradient_sums_dropped: int = 0
+    microbatches_redone: int = 0  # a data node: microbatches with a stage's gradient redone
+    # A relay's ends of iteration (seconds, summed): all of it, and the averaging exchange in it.
+    ending_s: float = 0.0
+    averaging_s: float = 0.0
+
+
+class HopSender:
+    """Forward sends with re-send on a missed ack, and backward sends with hop repair."""
+
+    def __init__(
+        self, plane: DataPlane, flow: FlowService, stats: HopStats, wiring: SwarmWiring | None
+    ) -> None:
+        self.plane = plane
+        self.flow = flow
+        self.stats = stats
+        self.wiring = wiring  # None: hops follow the flow table (GWTF); else SWARM's wiring
+        self.passed: dict[tuple[int, int], PassedBack] = {}  # by (iteration, microbatch)
+        # The stage of a peer's signed card that discovery verified and holds, None without
+        # one (``AddressBook.stage_of``, set once the node's book exists): the stages two
+        # away from this node's are no flow neighbours, yet their nodes ask for re-sends.
+        self.carded_stage: Callable[[str], int | None] = lambda _peer: None
+
+    def next_hop(self, stage: int, route: str | None) -> str | None:
+        """Where a forward into ``stage`` goes: the flow's next hop, or SWARM's weighted draw."""
+        if self.wiring is not None:
+            wanted = 0 if stage > self.plane.stages else stage
+            return self.wiring.choose([p.peer_id for p in self.flow.node.alive_peers(wanted)])
+        return route if route is not None else self.replacement(stage, set())
+
+    async def send_forward(
+        self, header: HopHeader, frame: bytes, to: str, input_digest: bytes
+    ) -> str:
+        """Send a forward; on a missed ack re-send to another replica of the next stage.
+        Returns the node that acknowledged it."""
+        tried: set[str] = set()
+        while True:
+            try:
+                sent_at = trio.current_time()
+                output_digest = await self.plane.send(to, header, frame, input_digest)
+                if self.wiring is not None:
+                    self.wiring.observe(to, trio.current_time() - sent_at)
+                self._acknowledged(to)
+                self._record(header, to, input_digest, output_digest)
+                return to
+            except PeerUnavailable as exc:
+                log.warning(
+                    "forward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
+                )
+                tried.add(to)
+                self._failed(to, exc)
+                if header.stage > self.plane.stages:
+                    raise  # only the origin computes its microbatch's loss
+                replacement = self.replacement(header.stage, tried)
+                if replacement is None:
+                    raise
+                self.stats.forward_resends += 1
+                to, header = replacement, header.onward(attempt=_next_attempt(header.attempt))
+
+    def _failed(self, to: str, exc: PeerUnavailable) -> None:
+        """A peer that failed a hop is dead to the flow core, unless it declined it alive; one
+        that is not at the hop's stage (it moved) is dropped there too, until heard of again."""
+        if isinstance(exc, RequestMisdirected) or not isinstance(exc, RequestDeclined):
+            self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
+
+    def replacement(self, stage: int, exclude: set[str]) -> str | None:
+        """A live node of ``stage`` (the sink stage is S+1, data nodes) not in ``exclude``,
+        drawn at random (from the flow core's seeded generator) so that hops outside any flow
+        spread over the replicas instead of piling onto the first."""
+        wanted = 0 if stage > self.plane.stages else stage
+        candidates = [p.peer_id for p in self.flow.node.alive_peers(wanted)]
+        candidates = [peer for peer in candidates if peer not in exclude]
+        return self.flow.node.rng.choice(candidates) if candidates else None
+
+    def pass_back(self, header: HopHeader, frame: bytes, input_digest: bytes | None) -> PassedBack:
+        """Keep a gradient this node computed (``header`` is the outgoing backward) until the
+        iteration ends: if the node it goes to dies holding it, this node sends it again."""
+        record = PassedBack(header, frame, input_digest)
+        self.passed[(header.iteration, header.microbatch_id)] = record
+        return record
+
+    async def send_backward(self, record: PassedBack) -> None:
+        """Send a kept gradient to ``path[stage]``; if that node is dead, repair the hop around
+        it and send there. ``record`` ends up naming the node that acknowledged it."""
+        header, tried = record.header, set(record.around)
+        record.sending = True
+        try:
+            while True:
+                to = header.path[header.stage]
+                try:
+                    output_digest = await self.plane.send(
+                        to, header, record.frame, record.input_digest
+                    )
+                except PeerUnavailable as exc:
+                    if header.stage == 0:
+                        raise  # the origin holds the iteration; nobody can stand in for it
+                    log.warning(
+                        "backward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
+                    )
+                    tried.add(to)
+                    self._failed(to, exc)
+                    header = await self._around(header, tried)
+                    continue
+                self._acknowledged(to)
+                if not record.recorded:  # a gradient sent again is the same work, counted once
+                    self._record(header, to, record.input_digest or b"", output_digest)
+                    record.recorded = True
+                record.header, record.sent_to = header, to
+                return
+        finally:
+            record.sending = False
+
+    async def _around(self, header: HopHeader, dead: set[str]) -> HopHeader:
+        """Repair a backward hop whose node is dead: the node before it re-sends its forward
+        output to another replica of the dead node's stage; returns the backward to send there."""
+        tried = set(dead)
+        while True:
+            replacement = self.replacement(header.stage, tried)
+            if replacement is None:
+                raise PeerUnavailable(f"no live replica of stage {header.stage} left")
+            attempt = _next_attempt(header.attempt)
+            try:
+                await self.request_resend(header, replacement, attempt)
+            except PeerUnavailable as exc:
+                # This node's view of the stage may be stale (a replica that died unseen):
+                # try the next one; the attempt number is spent either way.
+                log.warning("%s could not stand in for a dead hop: %s", replacement, exc)
+                tried.add(replacement)
+                header = header.onward(attempt=attempt)
+                continue
+            self.stats.backward_repairs += 1
+            path = list(header.path)
+            path[header.stage] = replacement
+            return header.onward(path=tuple(path), attempt=attempt)
+
+    async def send_backward_or_log(self, record: PassedBack) -> None:
+        """``backward`` as a background task: a gradient that cannot be delivered is logged (the
+        origin's trace of the stalled microbatch finds it here, stuck)."""
+        try:
+            await self.send_backward(record)
+        except (PeerUnavailable, ProtocolError) as exc:
+            log.warning("gradient of microbatch %s stalls: %s", record.header.microbatch_id, exc)
+
+    def trace_back(self, request: control.TraceBack) -> bytes:
+        """What this node knows of a microbatch's backward."""
+        if self.plane.receiving(request.iteration, request.microbatch, BACKWARD):
+            return control.encode_trace("queued")
+        record = self.passed.get((request.iteration, request.microbatch))
+        if record is None:
+            return control.encode_trace("absent")
+        if record.sent_to:
+            return control.encode_trace("sent", record.sent_to)
+        return control.encode_trace("sending" if record.sending else "stuck")
+
+    async def resume_backward(self, request: control.ResumeBack) -> bytes:
+        """Send a gradient again around ``request.dead``, which acknowledged it and died."""
+        record = self.passed.get((request.iteration, request.microbatch))
+        if record is None or record.sending or record.sent_to != request.dead:
+            return control.encode_reply(False, why="no gradient delivered to that node here")
+        record.around.add(request.dead)
+        record.sent_to = ""
+        self.flow.dispatch(self.flow.node.peer_dead(request.dead, trio.current_time()))
+        try:
+            record.header = await self._around(record.header, record.around)
+        except (PeerUnavailable, ProtocolError) as exc:
+            record.sent_to = request.dead  # unchanged: the next trace may ask again
+            return control.encode_reply(False, why=str(exc))
+        try:
+            await self.send_backward(record)
+        except (PeerUnavailable, ProtocolError) as exc:
+            return control.encode_reply(False, why=str(exc))
+        return control.encode_reply(True)
+
+    async def redo_backward(self, asker: str, request: control.RedoBack) -> bytes:
+        """Send the gradient kept of a microbatch to ``request.to`` as a redo, when its origin
+        (``asker``) asks: it stands in for a dead replica of the stage before this node's."""
+        record = self.passed.get((request.iteration, request.microbatch))
+        if record is None:
+            return control.encode_reply(False, why="no gradient of that microbatch kept here")
+        if record.header.origin != asker:
+            raise ProtocolError(f"peer {asker} asks for a redo of a microbatch not its own")
+        path = list(record.header.path)
+        path[record.header.stage] = request.to
+        redo = record.header.onward(path=tuple(path), attempt=request.attempt, flags=FLAG_REDO)
+        try:
+            # Receipted again (the same computation: paid once) in case its first send's
+            # receipt was never countersigned; the replica signs its own in the ack.
+            await self.plane.send(request.to, redo, record.frame, record.input_digest)
+        except PeerUnavailable as exc:
+            return control.encode_reply(False, why=str(exc))
+        return control.encode_reply(True)
+
+    async def serve_resend(
+        self, to: str, repair: HopHeader, frame: bytes, input_digest: bytes
+    ) -> bytes:
+        """Answer a ``Resend``: send the buffered forward, flagged as a repair, to ``to``.
+        It is receipted again under the repair's attempt (the same computation, from the same
+        input: certified once), so a forward whose first send was never acknowledged is paid
+        and the chain goes on through it; a data node's (``input_digest`` b"") is its own."""
+        try:
+            await self.plane.send(to, repair, frame, input_digest)
+        except PeerUnavailable as exc:
+            return control.encode_reply(False, why=str(exc))
+        self.stats.repairs_served += 1
+        return control.encode_reply(True)
+
+    async def request_resend(self, header: HopHeader, replacement: str, attempt: int) -> None:
+        """Ask the node before the dead hop to re-send its forward output to ``replacement``."""
+        before = header.path[header.stage - 1]
+        request = control.Resend(header.iteration, header.microbatch_id, replacement, attempt)
+        timeout_s = 2 * self.plane.ack_deadline_s
+        reply = control.decode_reply(await control.ask(self.plane.rpc, before, request, timeout_s))
+        if not reply["ok"]:
+            raise PeerUnavailable(f"{before} could not re-send microbatch {header.microbatch_id}")
+
+    def stage_of(self, peer: str) -> int | None:
+        """The stage this node believes ``peer`` serves (0: a data node), None if unknown: the
+        flow core's, for a neighbour, else the one its signed card names. Never a stage the
+        peer states in a request: a node off the path could then name itself the asker."""
+        known = self.flow.node.peers.get(peer)
+        return self.carded_stage(peer) if known is None else known.stage
+
+    def _acknowledged(self, peer: str) -> None:
+        """An acknowledged hop proves ``peer`` alive: the core's keep-alives need not ping it."""
+        self.flow.node.heard_from(peer, trio.current_time())
+
+    def _record(
+        self, header: HopHeader, to: str, input_digest: bytes, output_digest: bytes
+    ) -> None:
+        """Count the hop this node computed, once ``to`` acknowledged its output (``header`` is
+        the outgoing one, so this node's stage is one before a forward's, one after a backward's).
+        """
+        self.plane.hops.record(
+            HopRecord(
+                header.iteration,
+                header.microbatch_id,
+                worker_stage(header.direction, header.stage),
+                header.direction,
+                header.attempt,
+                self.plane.node_id,
+                to,
+                input_digest,
+                output_digest,
+                bool(header.flags & FLAG_REPAIR),
+            )
+        )
+
+
+def resend_refusal(
+    asker: str,
+    request: control.Resend,
+    forward: HopHeader,
+    holder_stage: int,
+    stages: int,
+    stage_of: Callable[[str], int | None],
+) -> str | None:
+    """Why a node of ``holder_stage`` (0: the microbatch's origin) that holds the output of
+    ``forward`` (the forward it received, or the origin's first hop) will not re-send it as
+    ``asker`` asks, or None when it will.
+
+    A re-send is receipted and chains through this node's output, so a node off the path must
+    not be able to ask for one to itself (it would be paid for every microbatch, and push the
+    path's own relay out of a hop's certificate). Only two nodes ask: the microbatch's origin,
+    for a repair of its own (a new block of attempts it hands out, ``origin_attempt``), and
+    the node after the dead hop on the recorded path (``HopSender._around``: a replica of the
+    stage after the dead one, or the origin as the sink), with the next attempt inside the
+    block the forward carried. Either way the output goes to a replica of the stage after this
+    node (or to the origin as the sink). A stage the origin names that this node has not heard
+    of is taken on the origin's word (its roster knows more relays than this node's view)."""
+    origin, wanted = forward.origin, holder_stage + 1
+    block = forward.attempt // ATTEMPT_BLOCK
+    in_block = request.attempt // ATTEMPT_BLOCK == block and request.attempt > forward.attempt
+    if asker == origin:
+        if request.attempt % ATTEMPT_BLOCK == 0 and request.attempt // ATTEMPT_BLOCK == block:
+            return f"attempt {request.attempt} is the forward's own, not a repair's"
+        if request.attempt % ATTEMPT_BLOCK and not in_block:
+            return f"attempt {request.attempt} is outside the forward's block of attempts"
+    else:
+        if wanted + 1 > stages or stage_of(asker) != wanted + 1:  # past stage S: the origin
+            return f"{asker} is neither the origin nor a node of stage {wanted + 1}"
+        if not in_block:
+            return f"attempt {request.attempt} is outside the forward's block of attempts"
+    if wanted > stages:
+        return None if request.to == origin else "only the origin computes the loss"
+    stage = stage_of(request.to)
+    if stage != wanted and not (asker == origin and stage is None):
+        return f"{request.to} is not a replica of stage {wanted}"
+    return None
+
+
+def _next_attempt(attempt: int) -> int:
+    """``resend_attempt``, as a failure of the send (callers give the hop up, logged)."""
+    try:
+        return resend_attempt(attempt)
+    except ProtocolError as exc:
+        raise PeerUnavailable(str(exc)) from exc

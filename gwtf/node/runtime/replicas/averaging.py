@@ -1,0 +1,210 @@
+"""Gradient averaging among a stage's live replicas at the end of an iteration.
+
+Replicas must apply the *same* average, or they drift apart. Exchanging shares all-to-all cannot
+guarantee that when a replica dies halfway (some saw its share, some did not), so one replica
+gathers: the leader is the replica with the smallest id among those still believed alive. Every
+follower sends its share to the leader; the leader closes the round when all expected shares are
+in or its deadline passes, combines them once — gradient sums added in replica-id order, their
+microbatch counts added — and answers every follower with that one combined share and the ids it
+came from (one share back instead of every share: the reply no longer grows with the replicas).
+Each replica then applies the same combined share (``PartTrainer.average_gradients`` divides it by
+the total count), so all of them step bit for bit alike, exactly as if each had summed every share
+itself in that order. A dead replica is simply missing from the sum. If the leader itself does not
+answer, followers drop it and the next smallest id gathers.
+
+An iteration's end may take several rounds (``attempt``): the data node asks again once it has
+redone the gradients a replica that died while averaging held (``EndIteration``). Each is its own
+round, so a late share of one never lands in the next.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import trio
+from libp2p.peer.id import ID
+
+from gwtf.errors import ProtocolError
+from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
+from gwtf.node.runtime.replicas.share_codec import (
+    decode_average,
+    decode_shares,
+    encode_average,
+    encode_shares,
+)
+from gwtf.node.training.codec import CodecLimits
+from gwtf.node.training.trainer import GradientShare
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_ID = "/gwtf/average/3.0.0"
+_ROUND = struct.Struct(">HQB")  # stage, iteration, attempt
+
+
+MAX_OPEN_ROUNDS = 8  # a peer cannot make a replica hold more rounds than this
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """What every replica of a round applies: the shares' combination and whose shares it holds."""
+
+    contributors: tuple[str, ...]
+    combined: GradientShare
+
+
+def combine_shares(gatherer: str, shares: Sequence[GradientShare]) -> RoundResult:
+    """Add the shares' gradient sums in replica-id order (in the gatherer's own share's dtypes,
+    else the first's) and their microbatch counts. Shares whose tensors do not match that
+    share's names and shapes are left out (a replica of another stage, or a broken one)."""
+    ordered = sorted(shares, key=lambda share: share.replica_id)
+    own = [share for share in ordered if share.replica_id == gatherer]
+    reference = (own or ordered)[0].gradients
+    shapes = {name: tensor.shape for name, tensor in reference.items()}
+    fitting = []
+    for share in ordered:
+        if {name: t.shape for name, t in share.gradients.items()} == shapes:
+            fitting.append(share)
+        else:
+            log.warning("share of %s does not fit this stage; left out", share.replica_id)
+    summed = {name: torch.zeros_like(tensor) for name, tensor in reference.items()}
+    for share in fitting:
+        for name, total in summed.items():
+            total += share.gradients[name].to(total.dtype)
+    count = sum(share.microbatch_count for share in fitting)
+    return RoundResult(
+        tuple(share.replica_id for share in fitting), GradientShare(gatherer, count, summed)
+    )
+
+
+@dataclass
+class _Round:
+    gatherer: str
+    expected: frozenset[str] | None = None  # None until this replica itself opens the round
+    shares: dict[str, GradientShare] = field(default_factory=dict)
+    closed: trio.Event = field(default_factory=trio.Event)
+    result: RoundResult | None = None
+
+    def add(self, share: GradientShare) -> None:
+        if not self.closed.is_set():
+            self.shares[share.replica_id] = share
+            self.close_if_complete()
+
+    def close_if_complete(self) -> None:
+        if self.expected is not None and self.expected <= set(self.shares):
+            self.close()
+
+    def settle(self, result: RoundResult) -> None:
+        """Close the round with the result another replica gathered."""
+        if not self.closed.is_set():
+            self.result = result
+            self.closed.set()
+
+    def close(self) -> RoundResult:
+        if not self.closed.is_set():
+            # Closed by this replica after its own share is in, so never empty. Only the
+            # replicas the round expects count: any other admitted peer can send a share.
+            expected = self.expected
+            shares = [
+                s for s in self.shares.values() if expected is None or s.replica_id in expected
+            ]
+            self.result = combine_shares(self.gatherer, shares)
+            self.closed.set()
+        assert self.result is not None
+        return self.result
+
+
+@dataclass
+class GradientAverager:
+    """One replica's side of the averaging rounds of its stage."""
+
+    rpc: RequestResponse
+    replica_id: str
+    codec_limits: CodecLimits
+    round_timeout_s: float
+    _rounds: dict[tuple[int, int, int], _Round] = field(default_factory=dict)
+
+    def serve(self) -> None:
+        limits = RpcLimits(
+            self.codec_limits.max_bytes, self.codec_limits.max_bytes, 2 * self.round_timeout_s
+        )
+        self.rpc.serve(PROTOCOL_ID, self._handle, limits)
+
+    async def _handle(self, peer: str, request: bytes) -> bytes:
+        if len(request) < _ROUND.size:
+            raise ProtocolError("averaging request shorter than its header")
+        key = _ROUND.unpack_from(request)
+        shares = decode_shares(request[_ROUND.size :], self.codec_limits)
+        if len(shares) != 1 or shares[0].replica_id != peer:
+            raise ProtocolError(f"peer {peer} sent a share that is not its own")
+        round_ = self._rounds.get(key)
+        if round_ is None:
+            # A follower may finish its iteration before this replica does: keep its share.
+            if len(self._rounds) >= MAX_OPEN_ROUNDS:
+                raise ProtocolError(f"peer {peer} opens too many averaging rounds")
+            round_ = self._rounds[key] = _Round(self.replica_id)
+        round_.add(shares[0])
+        await round_.closed.wait()
+        assert round_.result is not None
+        return encode_average(round_.result.contributors, round_.result.combined, self.codec_limits)
+
+    def open_round(
+        self, stage: int, iteration: int, replicas: Sequence[str], attempt: int = 0
+    ) -> None:
+        """Expect the shares of ``replicas`` in this round."""
+        round_ = self._rounds.setdefault((stage, iteration, attempt), _Round(self.replica_id))
+        if round_.expected is None:
+            round_.expected = frozenset(replicas)
+            round_.close_if_complete()
+
+    async def average(
+        self,
+        stage: int,
+        iteration: int,
+        own: GradientShare,
+        replicas: Sequence[str],
+        attempt: int = 0,
+    ) -> RoundResult:
+        """Return the combined share every live replica of ``stage`` applies this iteration."""
+        candidates = sorted(set(replicas) | {self.replica_id})
+        key = (stage, iteration, attempt)
+        self.open_round(stage, iteration, candidates, attempt)
+        round_ = self._rounds[key]
+        try:
+            for leader in candidates:
+                if leader == self.replica_id:
+                    round_.add(own)
+                    with trio.move_on_after(self.round_timeout_s):
+                        await round_.closed.wait()
+                    return round_.close()
+                try:
+                    result = await self._send_to(leader, key, own)
+                except PeerUnavailable as exc:
+                    log.warning("averaging leader %s of stage %s failed: %s", leader, stage, exc)
+                    continue
+                # A follower the leader died before answering may turn to this replica next:
+                # it gets this same result, not a round of its own.
+                round_.settle(result)
+                return result
+            raise AssertionError("unreachable: this replica is always a candidate")
+        finally:
+            # Keep the latest rounds for late followers; forget older ones and strays.
+            for old in [old for old in self._rounds if old[1] < iteration - 1]:
+                del self._rounds[old]
+
+    async def _send_to(
+        self, leader: str, key: tuple[int, int, int], own: GradientShare
+    ) -> RoundResult:
+        request = _ROUND.pack(*key) + encode_shares([own], self.codec_limits)
+        limits = RpcLimits(len(request), self.codec_limits.max_bytes, 2 * self.round_timeout_s)
+        reply = await self.rpc.request(ID.from_base58(leader), PROTOCOL_ID, request, limits)
+        try:
+            contributors, combined = decode_average(reply, self.codec_limits)
+        except ProtocolError as exc:
+            raise PeerUnavailable(f"leader {leader} sent an undecodable average: {exc}") from exc
+        if self.replica_id not in contributors:
+            log.warning("leader %s closed stage %s's round without this replica", leader, key[0])
+        return RoundResult(contributors, combined)

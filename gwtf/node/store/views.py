@@ -1,0 +1,111 @@
+"""Read-only queries of the node database for its operator: work done per epoch, receipts page
+by page, claims. The local API and ``gwtf-node earnings|receipts`` read through here."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Select, func, literal, select, union_all
+
+from gwtf.node.store.database import Database
+from gwtf.node.store.models import HopProof, ReceivedHop, RewardClaim, SignedHop
+
+#: epoch → data node → units of this node's countersigned receipts for that data node's
+#: microbatches; a data node it signed receipts for that none countersigned is there with 0.
+Work = dict[int, dict[str, int]]
+
+
+@dataclass(frozen=True)
+class ReceiptRow:
+    hop_key: bytes
+    receipt_digest: bytes
+    run_id: int
+    epoch: int
+    data_node: str
+    iteration: int
+    microbatch_id: int
+    stage: int
+    direction: int
+    attempt: int
+    worker: str
+    counterparty: str
+    input_digest: bytes
+    output_digest: bytes
+    units: int
+    worker_signature: bytes
+    counterparty_signature: bytes | None
+    at: float
+    as_worker: bool
+    # Where the hop sits in the certificate it was paid from (``HopProof``); None before.
+    leaf_index: int | None = None
+    units_before: int | None = None
+    signatures_hash: bytes | None = None
+    root: bytes | None = None
+    proof: bytes | None = None
+
+
+FIELDS = (
+    "hop_key", "receipt_digest", "run_id", "epoch", "data_node", "iteration", "microbatch_id",
+    "stage", "direction", "attempt", "worker", "counterparty", "input_digest", "output_digest",
+    "units", "worker_signature", "counterparty_signature",
+)  # fmt: skip
+
+
+class NodeRecords:
+    """What the node's database says of its own work, for the node's operator."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def work(self, run_id: int) -> Work:
+        work: Work = defaultdict(dict)
+        complete = func.sum(SignedHop.units).filter(SignedHop.counterparty_signature.is_not(None))
+        query = (
+            select(SignedHop.epoch, SignedHop.data_node, complete)
+            .where(SignedHop.run_id == run_id)
+            .group_by(SignedHop.epoch, SignedHop.data_node)
+        )
+        with self.db.sessions() as session:
+            for epoch, data_node, total in session.execute(query):
+                work[epoch][data_node] = int(total or 0)
+        return dict(work)
+
+    def claims(self, run_id: int) -> list[RewardClaim]:
+        with self.db.sessions() as session:
+            query = select(RewardClaim).where(RewardClaim.run_id == run_id)
+            return list(session.scalars(query.order_by(RewardClaim.epoch, RewardClaim.data_node)))
+
+    def receipts(
+        self, run_id: int, offset: int, limit: int, epoch: int | None = None
+    ) -> tuple[int, list[ReceiptRow]]:
+        """(how many, a page of) the receipts this node signed as worker or countersigned as
+        receiver, newest first."""
+
+        def part(
+            table: type[SignedHop] | type[ReceivedHop], at: str, as_worker: bool
+        ) -> Select[Any]:
+            where = [table.run_id == run_id]
+            if epoch is not None:
+                where.append(table.epoch == epoch)
+            columns = [getattr(table, name) for name in FIELDS]
+            return select(
+                *columns, getattr(table, at).label("at"), literal(as_worker).label("as_worker")
+            ).where(*where)
+
+        both = union_all(
+            part(SignedHop, "signed_at", True), part(ReceivedHop, "received_at", False)
+        ).subquery()
+        proofs = [HopProof.leaf_index, HopProof.units_before, HopProof.signatures_hash,
+                  HopProof.root, HopProof.proof]  # fmt: skip
+        page = (
+            select(both, *proofs)
+            .outerjoin(HopProof, HopProof.hop_key == both.c.hop_key)
+            .order_by(both.c.at.desc(), both.c.hop_key)
+            .offset(offset)
+            .limit(limit)
+        )
+        with self.db.sessions() as session:
+            total = session.scalar(select(func.count()).select_from(both)) or 0
+            return int(total), [ReceiptRow(**row._mapping) for row in session.execute(page)]
