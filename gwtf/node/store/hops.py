@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.engine import Connection
@@ -196,21 +197,11 @@ class HopStore:
         with self.db.engine.begin() as connection:
             held = self._held(connection, ReportedHop, keys)
             rest = [key for key in keys if key not in held]
-            cursor = connection.connection.cursor()
-            try:
-                for start in range(0, len(rest), CHUNK):
-                    chunk = rest[start : start + CHUNK]
-                    marks = ", ".join([self._mark] * len(chunk))
-                    cursor.execute(
-                        "SELECT hop_key, receipt_digest, worker_signature, counterparty_signature "
-                        f"FROM {ReceivedHop.__tablename__} WHERE hop_key IN ({marks})",
-                        chunk,
-                    )
-                    for key, digest, worker, counter in cursor.fetchall():
-                        signed = signatures_hash(bytes(worker), bytes(counter))
-                        held[bytes(key)] = (bytes(digest), signed)
-            finally:
-                cursor.close()
+            columns = "hop_key, receipt_digest, worker_signature, counterparty_signature"
+            for key, digest, worker, counter in self._rows_of(
+                connection, ReceivedHop, columns, rest
+            ):
+                held[bytes(key)] = (bytes(digest), signatures_hash(bytes(worker), bytes(counter)))
         return held
 
     def reported_hops(self, run_id: int, epoch: int) -> list[PreparedHop]:
@@ -359,21 +350,30 @@ class HopStore:
             SignedHop: "worker_signature", Countersignature: "signature",
             ReportedHop: "signatures_hash",
         }[table]  # fmt: skip
+        columns = f"hop_key, receipt_digest, {signature}"
+        for key, digest, signed in self._rows_of(connection, table, columns, keys):
+            held[bytes(key)] = (bytes(digest), bytes(signed))
+        return held
+
+    def _rows_of(
+        self, connection: Connection, table: type[Base], columns: str, keys: Sequence[bytes]
+    ) -> list[tuple[Any, ...]]:
+        """``columns`` of ``table``'s rows under ``keys``, asked ``CHUNK`` keys at a time on
+        the raw connection, as this store's other batch reads and writes are."""
+        rows: list[tuple[Any, ...]] = []
         cursor = connection.connection.cursor()
         try:
             for start in range(0, len(keys), CHUNK):
                 chunk = keys[start : start + CHUNK]
                 marks = ", ".join([self._mark] * len(chunk))
                 cursor.execute(
-                    f"SELECT hop_key, receipt_digest, {signature} FROM {table.__tablename__} "
-                    f"WHERE hop_key IN ({marks})",
+                    f"SELECT {columns} FROM {table.__tablename__} WHERE hop_key IN ({marks})",
                     chunk,
                 )
-                for key, digest, signed in cursor.fetchall():
-                    held[bytes(key)] = (bytes(digest), bytes(signed))
+                rows.extend(cursor.fetchall())
         finally:
             cursor.close()
-        return held
+        return rows
 
     def _insert_new(
         self, connection: Connection, table: type[Base], rows: Sequence[dict[str, object]]
