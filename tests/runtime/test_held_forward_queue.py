@@ -24,8 +24,7 @@ from tests.runtime.test_kept_forward_overwrite import (
     LIMITS,
     PEER,
     Capture,
-    relay_r,
-    stage_2_of,
+    relay_r_onto_t,
     swarm_of,
     tensor,
 )
@@ -72,10 +71,7 @@ def test_a_slow_origin_answer_does_not_hold_up_the_relays_other_hops(tmp_path: P
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            role = relay_r(nursery, books, plane_r, planes)
-            role.sender.next_hop = lambda *_: PEER["t"]  # type: ignore[method-assign]
-            origin.stage_2 = stage_2_of(nursery, books["t"])
-            plane_r.serve(nursery)
+            relay_r_onto_t(nursery, books, plane_r, planes, origin)
             await planes["d"].send(PEER["r"], forward_7, f7)
             nursery.start_soon(attack)
             with trio.fail_after(10):

@@ -21,8 +21,7 @@ from gwtf.node.training import codec
 from tests.runtime.test_kept_forward_overwrite import (
     LIMITS,
     PEER,
-    relay_r,
-    stage_2_of,
+    relay_r_onto_t,
     swarm_of,
     tensor,
 )
@@ -39,10 +38,7 @@ def test_a_backward_waiting_in_the_relays_queue_is_answered_as_held(tmp_path: Pa
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            role = relay_r(nursery, books, plane_r, planes)
-            role.sender.next_hop = lambda *_: PEER["t"]  # type: ignore[method-assign]
-            capture.stage_2 = stage_2_of(nursery, books["t"])
-            plane_r.serve(nursery)
+            role = relay_r_onto_t(nursery, books, plane_r, planes, capture)
             await planes["d"].send(PEER["r"], forward_7, f7)
             plane_r.emulated_hop_s = 2.0  # r is slow from here on
             nursery.start_soon(planes["d"].send, PEER["r"], forward_8, f8)

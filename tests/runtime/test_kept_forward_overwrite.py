@@ -162,6 +162,22 @@ def relay_r(
     )
 
 
+def relay_r_onto_t(
+    nursery: trio.Nursery,
+    books: dict[str, ReceiptBook],
+    plane_r: DataPlane,
+    planes: dict[str, DataPlane],
+    capture: Capture,
+) -> RelayRole:
+    """``relay_r`` serving, its forwards sent on to ``t``, whose plane answers them as stage 2
+    (countersigned)."""
+    role = relay_r(nursery, books, plane_r, planes)
+    role.sender.next_hop = lambda *_: PEER["t"]  # type: ignore[method-assign]
+    capture.stage_2 = stage_2_of(nursery, books["t"])
+    plane_r.serve(nursery)
+    return role
+
+
 def test_a_second_repair_under_a_kept_forwards_attempt_does_not_make_the_backward_unreplayable(
     tmp_path: Path,
 ) -> None:
@@ -228,10 +244,7 @@ def test_a_made_up_repair_after_the_paths_forward_does_not_replace_what_the_back
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            role = relay_r(nursery, books, plane_r, planes)
-            role.sender.next_hop = lambda *_: PEER["t"]  # type: ignore[method-assign]
-            capture.stage_2 = stage_2_of(nursery, books["t"])
-            plane_r.serve(nursery)
+            role = relay_r_onto_t(nursery, books, plane_r, planes, capture)
             await planes["d"].send(PEER["r"], path_forward, f1)
             with trio.fail_after(10):  # r's forward reached t, its receipt whole
                 while not role.buffers[(0, 7)].sent_to:
