@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 from typing import ClassVar
 
+from gwtf.coordinator_free.decisions import hop_view, next_hop, replicas, stand_in
 from gwtf.coordinator_free.placement import choose_bottleneck, place_relays, slots_per_s
 from gwtf.coordinator_free.protocol import DATA, FlowConfig, FlowNode, NodeSpec, Outbound
 from gwtf.coordinator_free.protocol.state import Peer, SlotState
@@ -367,15 +368,16 @@ class GwtfPolicy(PolicyDefaults):
             return self._inject(world, node, mb, now)
         header = self._hop_slot.get(mb.mb_id)
         route = None if header is None else node.route(*header)
-        if route is not None and world.stage_of(route[0]) == node.next_stage:
-            self._hop_slot[mb.mb_id] = (node_id, route[1])
-            return Forward(route[0])
-        fallback = self._best_next(world, node, exclude=None)
-        if fallback is None:  # it knows no next-stage peer at all: holding would never end
+        at_next_stage = self._at_next_stage(world, node)
+        if route is not None and not at_next_stage(route[0]):
+            route = None  # its hop moved stage: the live receiver would refuse the microbatch
+        onward = next_hop(hop_view(node, route, at_next_stage))
+        if onward is None:  # it knows no next-stage peer at all: holding would never end
             self._forget(mb.mb_id)
             return Restart()
-        self._hop_slot[mb.mb_id] = (node_id, -1)  # off any flow until the next hop
-        return Forward(fallback)
+        # Off a flow (-1) until the next hop: it routes the microbatch by its own view.
+        self._hop_slot[mb.mb_id] = (node_id, -1 if onward.slot is None else onward.slot)
+        return Forward(onward.to)
 
     def _inject(
         self, world: WorldView, node: FlowNode, mb: MicrobatchView, now: float
@@ -484,27 +486,26 @@ class GwtfPolicy(PolicyDefaults):
         return sends
 
     @staticmethod
+    def _at_next_stage(world: WorldView, node: FlowNode) -> Callable[[str], bool]:
+        """Whether a peer still announces ``node``'s next stage. The core keeps a peer that came
+        back at another stage until it introduces itself anew; the live receiver would refuse a
+        microbatch, and the sender drop the peer from its view of that stage."""
+        stage = node.next_stage
+        return lambda peer_id: world.stage_of(peer_id) == stage
+
+    @staticmethod
     def _next_hops(world: WorldView, node: FlowNode) -> list[Peer]:
         """The next-stage peers ``node`` believes alive that still announce that stage (data
-        nodes only after the last stage). The core keeps a peer that came back at another stage
-        until it introduces itself anew; the live receiver would refuse a microbatch."""
+        nodes only after the last stage)."""
         stage = node.next_stage
         peers = [p for p in node.alive_peers(stage) if world.stage_of(p.peer_id) == stage]
         return [p for p in peers if p.role == DATA] if stage == 0 else peers
 
     def _best_next(self, world: WorldView, node: FlowNode, exclude: str | None) -> str | None:
-        """The next-stage peer this node believes alive with the lowest cost to a sink."""
-        candidates = [p for p in self._next_hops(world, node) if p.peer_id != exclude]
-        if not candidates:
-            return None
-
-        # Peers that can reach a sink first (a peer advertising an infinite cost knows no way
-        # on), then peers believed to have room, so detours spread instead of piling on one.
-        def rank(peer: Peer) -> tuple[bool, bool, float, str]:
-            cost = node.cost_through_ms(peer)
-            return (cost == math.inf, peer.spare <= 0, cost, peer.peer_id)
-
-        return min(candidates, key=rank).peer_id
+        """The next-stage peer ``node`` sends a forward to off any flow (``decisions.next_hop``)."""
+        view = hop_view(node, None, self._at_next_stage(world, node))
+        onward = next_hop(view, () if exclude is None else (exclude,))
+        return None if onward is None else onward.to
 
     def on_hop_acked(self, world: WorldView, report: HopReport, now: float) -> Sequence[Action]:
         node = self._nodes.get(report.sender)
@@ -581,14 +582,13 @@ class GwtfPolicy(PolicyDefaults):
                 return None
             if self.oracles:  # the upstream's best next hop, read from its core
                 return self._best_next(world, upstream, dead)
-            # As the live sender (``Sender.replacement``): a live replica of the dead hop's
-            # stage from the stalled node's own table, at random.
-            candidates = sorted(
-                p.peer_id
-                for p in node.alive_peers(wanted)
-                if p.peer_id != dead and world.stage_of(p.peer_id) == wanted
-            )
-            return node.rng.choice(candidates) if candidates else None
+
+            # As the live sender (``HopSender._around``): a live replica of the dead hop's stage
+            # from the stalled node's own table, at random.
+            def at_stage(peer_id: str) -> bool:
+                return world.stage_of(peer_id) == wanted
+
+            return stand_in(replicas(node, wanted, at_stage), (dead,), node.rng)
 
         repair = plan_hop_repair(str(mb.mb_id), path, stage, replacement)
         if repair is None:

@@ -552,16 +552,20 @@ class DataRole:
         known."""
         with trio.move_on_after(self.stall_timeout_s):
             while True:
-                if flow.lender:
-                    routed_to = self.pool.first_hop(flow)
-                else:
-                    routed = self.flow.node.source_routes().get(flow.slot)
-                    routed_to = routed[1] if routed else None
-                first_hop = self.sender.next_hop(1, routed_to)
+                first_hop = self.sender.next_hop(1, self._flow_route(flow))
                 if first_hop is not None:
                     return first_hop
                 await trio.sleep(self.flow.tick_s)
         return None
+
+    def _flow_route(self, flow: Flow) -> tuple[str, int] | None:
+        """The flow's first hop and slot as the core (or the lender's loan) holds them now."""
+        if flow.lender:
+            first_hop = self.pool.first_hop(flow)
+        else:
+            routed = self.flow.node.source_routes().get(flow.slot)
+            first_hop = routed[1] if routed else None
+        return None if first_hop is None else (first_hop, flow.slot)
 
     async def _run_microbatch(
         self, iteration: int, microbatch_id: int, flow: Flow, attempt: int
@@ -591,7 +595,9 @@ class DataRole:
         self.embedded[key] = (header, frame)
         event = self.done[key] = trio.Event()
         try:
-            self.first_hops[key] = await self.sender.send_forward(header, frame, first_hop, b"")
+            self.first_hops[key] = await self.sender.send_forward(
+                header, frame, first_hop, b"", lambda: self._flow_route(flow)
+            )
         except PeerUnavailable as exc:
             log.warning("microbatch %s could not start: %s", microbatch_id, exc)
             self.embedded.pop(key, None)

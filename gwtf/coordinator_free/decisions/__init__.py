@@ -1,0 +1,63 @@
+"""One decision core for the flow's data plane: what a node does with a microbatch's hop.
+
+The flow protocol itself (which flows exist, their next hops, moves, lending's bookkeeping) is one
+core already, ``protocol.FlowNode``, driven alike by the live node and the simulator. What a node
+does with each microbatch on those flows is decided twice: by the live data plane
+(``gwtf/node/runtime/dataplane/``, ``roles/``) and by the simulator's GWTF policy
+(``sim/gwtf_policy.py``). This package is where those decisions move, one at a time, as pure
+functions of a node's view and an event: no I/O, no clock, no randomness of their own (``now``
+and a ``random.Random`` come in as arguments). Both sides then only build the view and carry the
+decision out.
+
+Decision map: each per-hop decision, where the live node (L) and the simulator (S) make it, and
+how they differ.
+
+* Next hop of a forward at a relay. L: ``roles/relay.py`` ``_send_forward`` ->
+  ``HopSender.next_hop``; S: ``GwtfPolicy.choose_next_hop``. One rule, ``hops.next_hop``: the
+  flow's route, else the ranked best next-stage peer. S keeps only peers that still announce
+  that stage (L's receiver refuses a hop for a stage it left and the sender drops it from its
+  view). After the last stage L sends to the microbatch's origin (its embedding ends the
+  gradient), S along the flow to any data node (every one holds the data set).
+* Forward re-sent after a missed ack. L: ``HopSender.send_forward``; S:
+  ``GwtfPolicy.on_forward_timeout`` (``repair.plan_forward_resend``). One rule: the peer is
+  declared dead (L: not when it declined the hop alive, it is left out instead), then
+  ``hops.next_hop`` again on the flow's route as it stands.
+* Stand-in for a dead hop of a backward. L: ``HopSender._around``; S: ``on_backward_timeout``.
+  One rule, ``hops.stand_in``: a live replica of the stage from the stalled node's own view, at
+  random. S's ``gwtf-oracles`` ablation takes the upstream's ``next_hop`` instead.
+* A data node's flow for its next microbatch. L: ``roles/flow_pool.py`` ``_pop_free`` (own free
+  flows in the order they freed, then loans); S: ``GwtfPolicy._free_flow`` (own free flows by
+  the sink's reported path cost, then loans by first-hop cost). They differ in that order.
+* A data node's first hop. L: ``roles/data.py`` ``_first_hop``, the flow's routed first hop,
+  else ``hops.next_hop``'s fallback, waiting while no stage-1 peer is known; S:
+  ``_inject_on_flow``, the flow's first hop, and with no flow at all, after 10 periods,
+  ``hops.next_hop``'s fallback. When each goes off a flow differs.
+* A late microbatch. L: ``dataplane/stall_repair.py`` traces the path (``Trace``,
+  ``TraceBack``), resumes at the first gap on a replica of its roster (``hops.stand_in``) and
+  restarts at the stall deadline; S: the engine's watchdog and ``on_stall`` wait up to 3 periods
+  while a recovery's hop is within its deadline, else restart; the engine knows where the hop
+  is and nothing is traced.
+* Gradients a dead replica held. L: ``dataplane/gradient_redo.py`` (``plan_redo`` and
+  ``holder_to_drop`` are pure already); S has none: they count as waste lost with the replica.
+* A joiner's stage. L: ``discovery/join_placement.py``; S: ``GwtfPolicy.place_joiner``; both
+  ``placement.choose_bottleneck``. Whom they ask differs (L: its bootstrap peers and whom they
+  name; S: a sample of 32 members); S places the relays present at the start by one greedy
+  (``place_relays``).
+* Lending idle flows. L: ``flow_pool.py``; S: ``_lend_idle``, ``_return_idle_loans``; both over
+  ``FlowNode.lend_idle``, ``return_loan``. L also recalls its loans after 20 ticks of waiting.
+
+Microbatch ids are ``int`` on both sides (a live hop header's u64, the simulator's counter);
+``repair.HopKey`` holds them as ``str``. Nothing here takes one yet.
+"""
+
+from gwtf.coordinator_free.decisions.hops import (
+    HopView,
+    NextPeer,
+    Onward,
+    hop_view,
+    next_hop,
+    replicas,
+    stand_in,
+)
+
+__all__ = ["HopView", "NextPeer", "Onward", "hop_view", "next_hop", "replicas", "stand_in"]
