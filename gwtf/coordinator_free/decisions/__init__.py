@@ -19,12 +19,23 @@ how they differ.
   view). After the last stage L sends to the microbatch's origin (its embedding ends the
   gradient), S along the flow to any data node (every one holds the data set).
 * Forward re-sent after a missed ack. L: ``HopSender.send_forward``; S:
-  ``GwtfPolicy.on_forward_timeout`` (``repair.plan_forward_resend``). One rule: the peer is
-  declared dead (L: not when it declined the hop alive, it is left out instead), then
-  ``hops.next_hop`` again on the flow's route as it stands.
-* Stand-in for a dead hop of a backward. L: ``HopSender._around``; S: ``on_backward_timeout``.
-  One rule, ``hops.stand_in``: a live replica of the stage from the stalled node's own view, at
-  random. S's ``gwtf-oracles`` ablation takes the upstream's ``next_hop`` instead.
+  ``GwtfPolicy.on_forward_timeout``. One rule: the peer is declared dead (L: not when it
+  declined the hop alive, it is left out instead), then ``hops.next_hop`` again on the flow's
+  route as it stands. S's data node whose flows are all busy re-sends off any flow.
+* A dead hop of a backward. L: ``HopSender._around`` (and ``resume_backward``, which the data
+  node's trace asks for); S: ``on_backward_timeout``. One rule, ``repair.plan_hop_repair`` with
+  ``hops.stand_in`` (a live replica of the stage from the stalled node's own view, at random;
+  S's ``gwtf-oracles`` takes the upstream's ``next_hop`` instead): the node before the dead hop
+  re-sends its output to the stand-in, which then takes the gradient. Who asks differs: L's
+  stalled node asks the node before the dead hop itself, at once; S models a probe by the data
+  node (its latency to both and a 5 s probe timeout) before the re-send. L tries the next
+  stand-in when one refuses; S's engine has none refuse.
+* Waiting on a stalled microbatch or starting it over. L: ``roles/data.py``
+  ``_wait_or_repair`` at each stall deadline; S: ``GwtfPolicy.on_stall`` at each watchdog
+  period. One rule, ``repair.keep_waiting``: wait while there is progress, at most
+  ``MAX_STALL_DEADLINES`` deadlines. What counts as progress differs with what each side
+  knows: L, that its trace found the microbatch alive somewhere or repaired a hop; S, that a
+  re-sent or repaired hop is still within its ack deadline.
 * A data node's flow for its next microbatch. L: ``roles/flow_pool.py`` ``_pop_free`` (own free
   flows in the order they freed, then loans); S: ``GwtfPolicy._free_flow`` (own free flows by
   the sink's reported path cost, then loans by first-hop cost). They differ in that order.
@@ -32,11 +43,10 @@ how they differ.
   else ``hops.next_hop``'s fallback, waiting while no stage-1 peer is known; S:
   ``_inject_on_flow``, the flow's first hop, and with no flow at all, after 10 periods,
   ``hops.next_hop``'s fallback. When each goes off a flow differs.
-* A late microbatch. L: ``dataplane/stall_repair.py`` traces the path (``Trace``,
-  ``TraceBack``), resumes at the first gap on a replica of its roster (``hops.stand_in``) and
-  restarts at the stall deadline; S: the engine's watchdog and ``on_stall`` wait up to 3 periods
-  while a recovery's hop is within its deadline, else restart; the engine knows where the hop
-  is and nothing is traced.
+* Finding where a late microbatch is. L: ``dataplane/stall_repair.py`` traces the path
+  (``Trace``, ``TraceBack``) and resumes at the first gap on a replica of its roster
+  (``hops.stand_in``); S has no trace: its engine knows where every hop is, and a hop that an
+  acknowledging relay dropped is not modelled.
 * Gradients a dead replica held. L: ``dataplane/gradient_redo.py`` (``plan_redo`` and
   ``holder_to_drop`` are pure already); S has none: they count as waste lost with the replica.
 * A joiner's stage. L: ``discovery/join_placement.py``; S: ``GwtfPolicy.place_joiner``; both
@@ -46,8 +56,9 @@ how they differ.
 * Lending idle flows. L: ``flow_pool.py``; S: ``_lend_idle``, ``_return_idle_loans``; both over
   ``FlowNode.lend_idle``, ``return_loan``. L also recalls its loans after 20 ticks of waiting.
 
-Microbatch ids are ``int`` on both sides (a live hop header's u64, the simulator's counter);
-``repair.HopKey`` holds them as ``str``. Nothing here takes one yet.
+Microbatch ids are ``int`` on both sides (a live hop header's u64, the simulator's counter; the
+wire's ``HopAck`` spells one as ``str``); no decision here takes one: each side keys its own
+records by them.
 """
 
 from gwtf.coordinator_free.decisions.hops import (
@@ -59,5 +70,23 @@ from gwtf.coordinator_free.decisions.hops import (
     replicas,
     stand_in,
 )
+from gwtf.coordinator_free.decisions.repair import (
+    MAX_STALL_DEADLINES,
+    HopRepair,
+    keep_waiting,
+    plan_hop_repair,
+)
 
-__all__ = ["HopView", "NextPeer", "Onward", "hop_view", "next_hop", "replicas", "stand_in"]
+__all__ = [
+    "MAX_STALL_DEADLINES",
+    "HopRepair",
+    "HopView",
+    "NextPeer",
+    "Onward",
+    "hop_view",
+    "keep_waiting",
+    "next_hop",
+    "plan_hop_repair",
+    "replicas",
+    "stand_in",
+]

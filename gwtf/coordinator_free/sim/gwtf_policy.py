@@ -30,11 +30,17 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import ClassVar
 
-from gwtf.coordinator_free.decisions import hop_view, next_hop, replicas, stand_in
+from gwtf.coordinator_free.decisions import (
+    hop_view,
+    keep_waiting,
+    next_hop,
+    plan_hop_repair,
+    replicas,
+    stand_in,
+)
 from gwtf.coordinator_free.placement import choose_bottleneck, place_relays, slots_per_s
 from gwtf.coordinator_free.protocol import DATA, FlowConfig, FlowNode, NodeSpec, Outbound
 from gwtf.coordinator_free.protocol.state import Peer, SlotState
-from gwtf.coordinator_free.repair import HopKey, PendingHop, plan_forward_resend, plan_hop_repair
 from gwtf.coordinator_free.sim.policy import (
     Action,
     Forward,
@@ -70,9 +76,6 @@ _FIXED_SIZES = FIXED_SIZES
 _LENDING_NEWS = (FlowWanted, FlowLoanReturn)
 #: A tick this close before the time the core names is not stale (grid rounding).
 _STALE_TICK_SLACK_S = 1e-6
-#: Watchdog periods an attempt may wait on a hop that a recovery sent and its deadline still
-#: covers, before it starts over (the live data node's ``MAX_STALL_DEADLINES``, less the first).
-_STALL_HOLDS = 3
 
 
 class GwtfPolicy(PolicyDefaults):
@@ -549,18 +552,17 @@ class GwtfPolicy(PolicyDefaults):
             # engine would route from the microbatch's stage, not ours, so start it over.
             self._forget(mb.mb_id)
             return Restart(tuple(actions))
-        key = HopKey(str(mb.mb_id), mb.stage + 1, 0)
-        missed = PendingHop(key, suspect, mb.attempt, now, now)
-        plan = plan_forward_resend(missed, lambda dead: self._best_next(world, node, dead))
         decision = self.choose_next_hop(world, node_id, mb, now)
         if isinstance(decision, Forward) and decision.to != suspect:
             self._recovered(mb.mb_id, now)
             return Forward(decision.to, tuple(actions))
-        if plan is None:
+        # A data node whose flows are all busy: the re-send goes off any flow.
+        to = self._best_next(world, node, suspect)
+        if to is None:
             return Hold(tuple(actions))
         self._hop_slot[mb.mb_id] = (node_id, -1)
         self._recovered(mb.mb_id, now)
-        return Forward(plan.to, tuple(actions))
+        return Forward(to, tuple(actions))
 
     def on_backward_timeout(
         self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
@@ -590,11 +592,12 @@ class GwtfPolicy(PolicyDefaults):
 
             return stand_in(replicas(node, wanted, at_stage), (dead,), node.rng)
 
-        repair = plan_hop_repair(str(mb.mb_id), path, stage, replacement)
+        repair = plan_hop_repair(path, stage, replacement)
         if repair is None:
             return Restart(tuple(actions))
         # The stalled node tells the data node, which probes the path and waits for the dead
-        # hop's probe to time out, then tells the hop before it where to re-send.
+        # hop's probe to time out, then tells the hop before it where to re-send (live, the
+        # stalled node asks the hop before it itself, ``HopSender._around``).
         delay_s = (
             world.latency_ms(node_id, mb.origin) / 1000.0
             + PROBE_TIMEOUT_S
@@ -608,13 +611,12 @@ class GwtfPolicy(PolicyDefaults):
         self._recovery[mb_id] = (sent_s, self._recovery.get(mb_id, (0.0, 0))[1])
 
     def on_stall(self, world: WorldView, mb: MicrobatchView, now: float) -> RepairDecision:
-        """Wait one more watchdog period while a hop that a recovery sent is still within its
-        deadline, as the live data node waits while its repairs go on: two dead hops in a row
-        (a re-send to a replica that died unseen too), or a backward repair after its probe,
-        outlast the watchdog, and a restart would drop work that is about to succeed. At most
-        ``_STALL_HOLDS`` times an attempt; else start it over."""
+        """Wait one more watchdog period (the live data node's stall deadline) while a hop that
+        a recovery sent is still within its ack deadline (``decisions.keep_waiting``); else
+        start it over."""
         sent_s, holds = self._recovery.get(mb.mb_id, (-math.inf, 0))
-        if now - sent_s < self.timing().forward_timeout_s and holds < _STALL_HOLDS:
+        progress = now - sent_s < self.timing().forward_timeout_s
+        if keep_waiting(holds + 1, progress):  # this watchdog period is deadline holds + 1
             self._recovery[mb.mb_id] = (sent_s, holds + 1)
             return Hold()
         self._forget(mb.mb_id)

@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 
 import trio
 
-from gwtf.coordinator_free.decisions import Onward, hop_view, next_hop, replicas, stand_in
+from gwtf.coordinator_free.decisions import (
+    Onward,
+    hop_view,
+    next_hop,
+    plan_hop_repair,
+    replicas,
+    stand_in,
+)
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestMisdirected
 from gwtf.node.receipts.book import worker_stage
@@ -205,22 +212,24 @@ class HopSender:
         output to another replica of the dead node's stage; returns the backward to send there."""
         tried = set(dead)
         while True:
-            replacement = self.stand_in(header.stage, tried)
-            if replacement is None:
+            repair = plan_hop_repair(
+                header.path, header.stage, lambda stage, _dead: self.stand_in(stage, tried)
+            )
+            if repair is None:
                 raise PeerUnavailable(f"no live replica of stage {header.stage} left")
             attempt = _next_attempt(header.attempt)
             try:
-                await self.request_resend(header, replacement, attempt)
+                await self.request_resend(header, repair.replacement, attempt)
             except PeerUnavailable as exc:
                 # This node's view of the stage may be stale (a replica that died unseen):
                 # try the next one; the attempt number is spent either way.
-                log.warning("%s could not stand in for a dead hop: %s", replacement, exc)
-                tried.add(replacement)
+                log.warning("%s could not stand in for a dead hop: %s", repair.replacement, exc)
+                tried.add(repair.replacement)
                 header = header.onward(attempt=attempt)
                 continue
             self.stats.backward_repairs += 1
             path = list(header.path)
-            path[header.stage] = replacement
+            path[header.stage] = repair.replacement
             return header.onward(path=tuple(path), attempt=attempt)
 
     async def send_backward_or_log(self, record: PassedBack) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from gwtf.coordinator_free.decisions import keep_waiting
 from gwtf.errors import ProtocolError, TrainingError
 from gwtf.node.p2p.rpc import Decline, PeerUnavailable
 from gwtf.node.runtime.dataplane import control
@@ -62,8 +63,6 @@ log = logging.getLogger(__name__)
 
 #: Attempts of one microbatch before the data node gives up on the swarm (a stage is empty).
 MAX_ATTEMPTS = 5
-#: Stall deadlines one attempt may spend repairing (or waiting on) before it restarts.
-MAX_STALL_DEADLINES = 4
 #: A microbatch is late, and traced, after this many times the recent median microbatch time
 #: (acknowledged first hop to returned gradient), and never sooner than ``MIN_LATE_S``.
 LATE_FACTOR = 4.0
@@ -636,7 +635,7 @@ class DataRole:
             if trio.current_time() < deadline:
                 continue
             deadlines += 1
-            if outcome is None or deadlines >= MAX_STALL_DEADLINES:
+            if not keep_waiting(deadlines, outcome is not None):
                 return False
             deadline = trio.current_time() + self.stall_timeout_s
 
