@@ -47,8 +47,9 @@ how they differ.
   (``Trace``, ``TraceBack``) and resumes at the first gap on a replica of its roster
   (``hops.stand_in``); S has no trace: its engine knows where every hop is, and a hop that an
   acknowledging relay dropped is not modelled.
-* Gradients a dead replica held. L: ``dataplane/gradient_redo.py`` (``plan_redo`` and
-  ``holder_to_drop`` are pure already); S has none: they count as waste lost with the replica.
+* Gradients a dead replica held. L: ``dataplane/gradient_redo.py`` asks the relays and redoes
+  what ``gradient_redo.plan_redo`` and ``holder_to_drop`` name; S redoes none: they count as
+  waste lost with the replica.
 * A joiner's stage. L: ``discovery/join_placement.py``; S: ``GwtfPolicy.place_joiner``; both
   ``placement.choose_bottleneck``. Whom they ask differs (L: its bootstrap peers and whom they
   name; S: a sample of 32 members); S places the relays present at the start by one greedy
