@@ -1,7 +1,10 @@
 """The live data plane and the simulator's GWTF policy decide a forward's next hop, its re-send
-after a missed ack and a dead hop's stand-in alike: at every such decision of a simulated run
-with crashes, the live node's ``HopSender`` over the same flow core (same view, same event, the
-same state of its random generator) gives the decision the simulator's adapter gives.
+after a missed ack, a dead hop's stand-in and a data node's flow for its next microbatch alike:
+at every such decision of a simulated run with crashes, the live node's ``HopSender`` or
+``FlowPool`` over the same flow core (same view, same event, the same state of its random
+generator) gives the decision the simulator's adapter gives. The flows the live pool chooses
+among are the simulator's free ones (in reverse order: the pool's order must not matter); which
+flows count as free is each side's own bookkeeping.
 
 Relays do not rejoin here: a relay that came back at another stage is a peer the simulator's
 view leaves out (the live receiver refuses the hop and the sender drops it from its view), a
@@ -15,7 +18,7 @@ import random
 from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -34,6 +37,7 @@ from gwtf.coordinator_free.sim.policy import (
 from gwtf.node.runtime.dataplane.exchange import DataPlane
 from gwtf.node.runtime.dataplane.sender import HopSender, HopStats
 from gwtf.node.runtime.flow.service import FlowService
+from gwtf.node.runtime.roles.flow_pool import Flow, FlowPool
 
 
 def live_sender(node: FlowNode, stages: int) -> HopSender:
@@ -45,7 +49,7 @@ def live_sender(node: FlowNode, stages: int) -> HopSender:
 
 @dataclass(frozen=True)
 class Decision:
-    event: str  # "forward" (on or off a flow), "resend", "stand-in"
+    event: str  # "forward" (on or off a flow), "resend", "stand-in", "flow" (on_flow: a loan)
     node: str
     on_flow: bool
     live: str | None
@@ -100,6 +104,25 @@ class ReplayingPolicy(GwtfPolicy):
         finally:
             self._repairing = None
 
+    def _free_flow(
+        self,
+        node: FlowNode,
+        source: dict[int, tuple[str, str]],
+        routes: dict[tuple[str, int], str],
+        loans: dict[tuple[str, int], str],
+    ) -> tuple[str, int] | None:
+        free = [key for key in [*routes, *loans] if key not in self._busy]
+        pool = FlowPool(FlowService(cast(Any, None), node, tick_s=2.0))
+        pool._free = [Flow(slot, "" if owner == node.node_id else owner) for owner, slot in free]
+        pool._free.reverse()
+        picked = pool._pop_free()
+        live = None if picked is None else f"{picked.lender or node.node_id}/{picked.slot}"
+        chosen = super()._free_flow(node, source, routes, loans)
+        sim = None if chosen is None else f"{chosen[0]}/{chosen[1]}"
+        lent = chosen is not None and chosen[0] != node.node_id
+        self.trace.append(Decision("flow", node.node_id, lent, live, sim))
+        return chosen
+
     def stand_in(
         self, candidates: Sequence[str], exclude: Collection[str], rng: random.Random
     ) -> str | None:
@@ -135,3 +158,4 @@ def test_live_and_simulated_adapters_decide_every_hop_of_a_churned_run_alike(
     assert kinds[("forward", False)] > 0
     assert kinds[("resend", False)] + kinds[("resend", True)] > 0
     assert kinds[("stand-in", False)] > 0
+    assert kinds[("flow", False)] > 10 and kinds[("flow", True)] > 0

@@ -36,9 +36,11 @@ how they differ.
   ``MAX_STALL_DEADLINES`` deadlines. What counts as progress differs with what each side
   knows: L, that its trace found the microbatch alive somewhere or repaired a hop; S, that a
   re-sent or repaired hop is still within its ack deadline.
-* A data node's flow for its next microbatch. L: ``roles/flow_pool.py`` ``_pop_free`` (own free
-  flows in the order they freed, then loans); S: ``GwtfPolicy._free_flow`` (own free flows by
-  the sink's reported path cost, then loans by first-hop cost). They differ in that order.
+* A data node's flow for its next microbatch. L: ``roles/flow_pool.py`` ``FlowPool``; S:
+  ``GwtfPolicy._free_flow``. One rule, ``flows.choose_flow``: own free flows, cheapest reported
+  path first, then lent ones, nearest first hop first. Which flows count as free differs: S
+  offers only carried flows whose first hop still announces stage 1; L every own slot not in
+  use or lent (one not carried yet goes off-flow at its first hop).
 * A data node's first hop. L: ``roles/data.py`` ``_first_hop``, the flow's routed first hop,
   else ``hops.next_hop``'s fallback, waiting while no stage-1 peer is known; S:
   ``_inject_on_flow``, the flow's first hop, and with no flow at all, after 10 periods,
@@ -62,6 +64,13 @@ wire's ``HopAck`` spells one as ``str``); no decision here takes one: each side 
 records by them.
 """
 
+from gwtf.coordinator_free.decisions.flows import (
+    FlowKey,
+    FreeFlow,
+    choose_flow,
+    lent_flow,
+    own_flow,
+)
 from gwtf.coordinator_free.decisions.hops import (
     HopView,
     NextPeer,
@@ -80,13 +89,18 @@ from gwtf.coordinator_free.decisions.repair import (
 
 __all__ = [
     "MAX_STALL_DEADLINES",
+    "FlowKey",
+    "FreeFlow",
     "HopRepair",
     "HopView",
     "NextPeer",
     "Onward",
+    "choose_flow",
     "hop_view",
     "keep_waiting",
+    "lent_flow",
     "next_hop",
+    "own_flow",
     "plan_hop_repair",
     "replicas",
     "stand_in",

@@ -31,9 +31,12 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from gwtf.coordinator_free.decisions import (
+    choose_flow,
     hop_view,
     keep_waiting,
+    lent_flow,
     next_hop,
+    own_flow,
     plan_hop_repair,
     replicas,
     stand_in,
@@ -448,27 +451,12 @@ class GwtfPolicy(PolicyDefaults):
         routes: dict[tuple[str, int], str],
         loans: dict[tuple[str, int], str],
     ) -> tuple[str, int] | None:
-        """The flow a data node's next microbatch takes: its own free flows first, cheapest
-        path first (as its sink last reported it), then a free flow a peer lent it, nearest
-        first hop first; ties by slot. None when every flow is busy."""
+        """The flow a data node's next microbatch takes (``decisions.choose_flow``); None when
+        every flow is busy."""
         busy = self._busy
-        reports = node.flow_reports  # a carried flow's report is the one ``flow_paths`` gives
-        best: tuple[float, tuple[str, int]] | None = None
-        for key in routes:
-            if key in busy:
-                continue
-            report = reports.get(source[key[1]][0])
-            rank = (math.inf if report is None else report[1], key)
-            if best is None or rank < best:
-                best = rank
-        if best is None:
-            for key, first_hop in loans.items():
-                if key in busy:
-                    continue
-                rank = (node.edge_cost_ms(first_hop), key)
-                if best is None or rank < best:
-                    best = rank
-        return None if best is None else best[1]
+        free = [own_flow(node, k[1], source[k[1]][0]) for k in routes if k not in busy]
+        free += [lent_flow(node, *key, hop) for key, hop in loans.items() if key not in busy]
+        return choose_flow(free)
 
     def _release(self, mb_id: int) -> None:
         held = self._source_slot.pop(mb_id, None)
