@@ -4,10 +4,10 @@ The flow protocol itself (which flows exist, their next hops, moves, lending's b
 core already, ``protocol.FlowNode``, driven alike by the live node and the simulator. What a node
 does with each microbatch on those flows is decided twice: by the live data plane
 (``gwtf/node/runtime/dataplane/``, ``roles/``) and by the simulator's GWTF policy
-(``sim/gwtf_policy.py``). This package is where those decisions move, one at a time, as pure
-functions of a node's view and an event: no I/O, no clock, no randomness of their own (``now``
-and a ``random.Random`` come in as arguments). Both sides then only build the view and carry the
-decision out.
+(``sim/gwtf_policy.py``). This package holds those decisions as pure functions of a node's
+view and an event: no I/O, no clock, no randomness of their own (``now`` and a
+``random.Random`` come in as arguments). Both sides build the view and carry the decision out;
+where a decision is still each side's own, the map says so.
 
 Decision map: each per-hop decision, where the live node (L) and the simulator (S) make it, and
 how they differ.
@@ -21,7 +21,9 @@ how they differ.
 * Forward re-sent after a missed ack. L: ``HopSender.send_forward``; S:
   ``GwtfPolicy.on_forward_timeout``. One rule: the peer is declared dead (L: not when it
   declined the hop alive, it is left out instead), then ``hops.next_hop`` again on the flow's
-  route as it stands. S's data node whose flows are all busy re-sends off any flow.
+  route as it stands (a relay's). A data node differs: S's moves the microbatch to another
+  free flow (``flows.choose_flow``) and re-sends off any flow only when all are busy; L's keeps
+  the microbatch's flow and re-sends off it (``hops.next_hop`` with the flow's route gone).
 * A dead hop of a backward. L: ``HopSender._around`` (and ``resume_backward``, which the data
   node's trace asks for); S: ``on_backward_timeout``. One rule, ``repair.plan_hop_repair`` with
   ``hops.stand_in`` (a live replica of the stage from the stalled node's own view, at random;
@@ -57,7 +59,10 @@ how they differ.
   name; S: a sample of 32 members); S places the relays present at the start by one greedy
   (``place_relays``).
 * Lending idle flows. L: ``flow_pool.py``; S: ``_lend_idle``, ``_return_idle_loans``; both over
-  ``FlowNode.lend_idle``, ``return_loan``. L also recalls its loans after 20 ticks of waiting.
+  ``FlowNode.lend_idle`` (whom, and in slot order) and ``return_loan``. When a data node counts
+  as having nothing waiting differs: L once every microbatch of its iteration has started, S
+  while none of its microbatches is held for want of a flow. L also takes its loans back after
+  its own microbatch waited 20 flow ticks (``recall_loans``); S never does.
 
 Microbatch ids are ``int`` on both sides (a live hop header's u64, the simulator's counter; the
 wire's ``HopAck`` spells one as ``str``); no decision here takes one: each side keys its own

@@ -467,7 +467,7 @@ class GwtfPolicy(PolicyDefaults):
         """A data node with nothing waiting lends its idle flows to data peers that wait."""
         if self._waiting.get(node.node_id) or not node.waiting_peers:
             return []
-        idle = [s for s in sorted(node.source_routes()) if (node.node_id, s) not in self._busy]
+        idle = [s for s in node.source_routes() if (node.node_id, s) not in self._busy]
         return node.lend_idle(idle)
 
     def _return_idle_loans(self, node: FlowNode) -> list[Outbound]:
