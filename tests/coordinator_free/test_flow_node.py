@@ -182,10 +182,11 @@ def test_a_dead_next_hop_is_replaced_and_not_chosen_while_dead() -> None:
     (again,) = sent(node.peer_dead("x", 1.0), FlowRequest)
     assert again.to == "y"
     assert all(p.peer_id != "x" for p in node.alive_peers(2))
-    assert node.alternative_next_hop(again.message.slot, exclude="y", now=2.0) is None
+    out = node.out_slots[again.message.slot]
+    assert node.choose_next_hop(out, 2.0, exclude="y") is None
     # A crashed node sends nothing: a peer that speaks again was only slow, and may be used.
     node.handle("x", CostAdvert(0.0, 9), 3.0)
-    assert node.alternative_next_hop(again.message.slot, exclude="y", now=3.0) == "x"
+    assert node.choose_next_hop(out, 3.0, exclude="y") == "x"
 
 
 def test_a_slot_list_is_the_keepalive_to_the_upstream_peer() -> None:

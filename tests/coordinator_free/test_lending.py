@@ -95,6 +95,18 @@ def test_the_neediest_peer_borrows_first_and_a_lent_slot_is_not_lent_twice() -> 
     assert lender.lend_idle(slots) == []
 
 
+def test_idle_slots_are_lent_in_slot_order_whatever_order_the_caller_keeps() -> None:
+    """The live pool keeps its free slots in the order they freed, the simulator in slot order:
+    the core lends in slot order for both."""
+    lender, borrower = data_node("d0", capacity=3), data_node("d1")
+    meet(lender, borrower)
+    route_all(lender, "r1")
+    deliver(borrower.announce_waiting(1), lender, "d1")
+    slots = sorted(lender.source_routes())
+    (loan,) = lender.lend_idle(slots[::-1])
+    assert loan.message.slot == slots[0]
+
+
 def test_a_loan_that_cannot_be_used_goes_back_at_once() -> None:
     borrower = data_node("d1")
     lender = data_node("d0")

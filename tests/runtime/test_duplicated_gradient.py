@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from gwtf.coordinator_free.decisions.gradient_redo import Answer, holder_to_drop
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import Kept
-from gwtf.node.runtime.dataplane.gradient_redo import Answer, holder_to_drop
 from gwtf.node.runtime.dataplane.hop import BACKWARD, HopHeader
 from gwtf.node.runtime.roles.data import DataRole
 from tests.runtime.swarm_harness import Swarm, reference_losses, run_swarm

@@ -13,7 +13,7 @@ import trio.testing
 
 from gwtf.coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
 from gwtf.coordinator_free.protocol.config import Outbound
-from gwtf.coordinator_free.wire import Hello
+from gwtf.coordinator_free.wire import Hello, PathReport
 from gwtf.node.runtime.flow.service import FlowService
 from gwtf.node.runtime.roles.flow_pool import RECALL_TICKS, Flow, FlowPool
 from tests.coordinator_free.test_lending import meet, route_all
@@ -209,3 +209,23 @@ def test_a_lender_whose_microbatches_wait_too_long_takes_its_lent_slots_back() -
         assert taken == Flow(loan.slot) and not b.node.lent_slots
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_microbatch_takes_the_own_flow_whose_reported_path_is_cheapest() -> None:
+    """``decisions.choose_flow``, as in the simulator: not the first free slot but the flow its
+    sink last reported cheapest (one not reported yet after those that are)."""
+    _, b = two_pools()
+    routes = b.node.source_routes()
+    (low, high) = sorted(routes)
+    for slot, cost in ((low, 900.0), (high, 400.0)):
+        flow_id = routes[slot][0]
+        b.node.handle("d9", PathReport(flow_id, ("b", "r1", "d9"), cost), 0.0)
+    taken: list[Flow] = []
+
+    async def main() -> None:
+        b.open()
+        taken.append(await b.take(waiting=2))
+        taken.append(await b.take(waiting=1))
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert taken == [Flow(high), Flow(low)]

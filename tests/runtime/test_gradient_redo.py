@@ -18,17 +18,12 @@ import pytest
 import trio
 
 from gwtf.contracts.encoding import BACKWARD, FORWARD
+from gwtf.coordinator_free.decisions.gradient_redo import Answer, RedoRun, plan_redo
 from gwtf.coordinator_free.wire import HopAck
 from gwtf.errors import ProtocolError
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane
-from gwtf.node.runtime.dataplane.gradient_redo import (
-    Answer,
-    RedoReport,
-    RedoRun,
-    decode_holds,
-    plan_redo,
-)
+from gwtf.node.runtime.dataplane.gradient_redo import RedoReport, decode_holds
 from gwtf.node.runtime.dataplane.hop import FLAG_REDO, HopHeader
 from gwtf.node.runtime.replicas.averaging import RoundResult
 from gwtf.node.runtime.roles.data import DataRole, IterationResult

@@ -4,6 +4,7 @@ to."""
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,11 @@ from libp2p.peer.id import ID
 
 from gwtf.contracts.encoding import ledger_domain
 from gwtf.coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
-from gwtf.coordinator_free.wire import Hello, HopAck, encode
+from gwtf.coordinator_free.wire import CostAdvert, Hello, HopAck, encode
 from gwtf.node.p2p.discovery_records import PeerCard, card_key, open_card, sign_card
 from gwtf.node.p2p.host import build_host
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
-from gwtf.node.p2p.rpc import RequestResponse
+from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse
 from gwtf.node.receipts.book import ReceiptBook, ReceiptTerms
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane
@@ -74,6 +75,47 @@ def test_an_acknowledged_forward_or_backward_counts_as_hearing_from_its_receiver
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert heard == {"b": 10.0 + ACK_S, "d": 20.0 + 2 * ACK_S}
+
+
+# ---- where a forward off any flow goes --------------------------------------------------------
+
+
+class DeadPlane(DataPlane):
+    """A data plane whose sends to the peers in ``dead`` fail; the others are acknowledged."""
+
+    dead: frozenset[str] = frozenset()
+    sent_to: list[tuple[str, int]]
+
+    async def send(
+        self, to: str, header: HopHeader, frame: bytes, input_digest: bytes | None = None
+    ) -> bytes:
+        self.sent_to.append((to, header.attempt))
+        if to in self.dead:
+            raise PeerUnavailable(f"{to} is gone")
+        return b""
+
+
+def test_a_forward_off_any_flow_goes_to_the_peer_with_room_and_the_cheapest_way_on() -> None:
+    """As in the simulator (``decisions.next_hop``), not to a random replica: a relay whose
+    microbatch is on no carried flow sends it to the next-stage peer that knows a way to a sink
+    and has room, cheapest first; a missed ack declares that one dead and the re-send goes to
+    the next best."""
+    config = FlowConfig(stages=2, activation_bytes=1e6)
+    node = FlowNode(NodeSpec("a", "relay", 1, 2, 20.0), config, random.Random(0))
+    adverts = {"b": (40.0, 2), "c": (10.0, 0), "e": (25.0, 1), "f": (math.inf, 2)}
+    for peer, (cost, spare) in adverts.items():
+        node.handle(peer, Hello("relay", 2, 2, 2, spare, 0, 20.0, 0, True), 0.0)
+        node.handle(peer, CostAdvert(cost, spare), 0.0)
+    unused: Any = None
+    plane = DeadPlane(unused, "a", 1, 2, 1.0, 1 << 20)
+    plane.dead, plane.sent_to = frozenset({"e"}), []
+    sender = HopSender(plane, FlowService(unused, node, tick_s=1.0), HopStats(), None)
+    assert sender.next_hop(2, None) == "e"  # c is full, f knows no way on, b costs more
+    assert sender.next_hop(2, ("c", 5)) == "c"  # a carried flow is followed
+    forward = HopHeader(1, 0, 7, 0, FORWARD, 2, 0, 0, "d", ("d", "a"))
+    delivered = trio.run(sender.send_forward, forward, b"out", "e", b"in")
+    assert delivered == "b" and plane.sent_to == [("e", 0), ("b", 1)]
+    assert not node.peers["e"].alive
 
 
 # ---- hop keys a made-up repair could use up ----------------------------------------------------

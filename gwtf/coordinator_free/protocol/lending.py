@@ -47,9 +47,10 @@ class LendingMixin(NodeBase):
         return sends
 
     def lend_idle(self, idle_slots: Iterable[int]) -> list[Outbound]:
-        """Lend these idle source slots (the caller has nothing waiting) to waiting peers."""
+        """Lend these idle source slots (the caller has nothing waiting) to waiting peers, in
+        slot order (whatever order the caller keeps them in)."""
         sends: list[Outbound] = []
-        for slot in idle_slots:
+        for slot in sorted(idle_slots):
             out = self.out_slots.get(slot)
             borrower = self._neediest_borrower()
             if borrower is None:

@@ -279,11 +279,6 @@ class FlowNode(RoutingMixin, MovesMixin, LendingMixin, LivenessMixin):
         carried = {flow_id for flow_id, _ in self.source_routes().values()}
         return {f: report for f, report in self.flow_reports.items() if f in carried}
 
-    def alternative_next_hop(self, slot: int, exclude: str, now: float) -> str | None:
-        """For a re-send after a missed ack: another next-stage replica for ``slot``."""
-        out = self.out_slots.get(slot)
-        return None if out is None else self.choose_next_hop(out, now, exclude=exclude)
-
     def carried_count(self) -> int:
         return sum(1 for out in self.out_slots.values() if out.is_carried)
 

@@ -25,15 +25,25 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 from typing import ClassVar
 
+from gwtf.coordinator_free.decisions import (
+    choose_flow,
+    hop_view,
+    keep_waiting,
+    lent_flow,
+    next_hop,
+    own_flow,
+    plan_hop_repair,
+    replicas,
+    stand_in,
+)
 from gwtf.coordinator_free.placement import choose_bottleneck, place_relays, slots_per_s
 from gwtf.coordinator_free.protocol import DATA, FlowConfig, FlowNode, NodeSpec, Outbound
 from gwtf.coordinator_free.protocol.state import Peer, SlotState
-from gwtf.coordinator_free.repair import HopKey, PendingHop, plan_forward_resend, plan_hop_repair
 from gwtf.coordinator_free.sim.policy import (
     Action,
     Forward,
@@ -69,9 +79,6 @@ _FIXED_SIZES = FIXED_SIZES
 _LENDING_NEWS = (FlowWanted, FlowLoanReturn)
 #: A tick this close before the time the core names is not stale (grid rounding).
 _STALE_TICK_SLACK_S = 1e-6
-#: Watchdog periods an attempt may wait on a hop that a recovery sent and its deadline still
-#: covers, before it starts over (the live data node's ``MAX_STALL_DEADLINES``, less the first).
-_STALL_HOLDS = 3
 
 
 class GwtfPolicy(PolicyDefaults):
@@ -367,15 +374,16 @@ class GwtfPolicy(PolicyDefaults):
             return self._inject(world, node, mb, now)
         header = self._hop_slot.get(mb.mb_id)
         route = None if header is None else node.route(*header)
-        if route is not None and world.stage_of(route[0]) == node.next_stage:
-            self._hop_slot[mb.mb_id] = (node_id, route[1])
-            return Forward(route[0])
-        fallback = self._best_next(world, node, exclude=None)
-        if fallback is None:  # it knows no next-stage peer at all: holding would never end
+        at_next_stage = self._at_next_stage(world, node)
+        if route is not None and not at_next_stage(route[0]):
+            route = None  # its hop moved stage: the live receiver would refuse the microbatch
+        onward = next_hop(hop_view(node, route, at_next_stage))
+        if onward is None:  # it knows no next-stage peer at all: holding would never end
             self._forget(mb.mb_id)
             return Restart()
-        self._hop_slot[mb.mb_id] = (node_id, -1)  # off any flow until the next hop
-        return Forward(fallback)
+        # Off a flow (-1) until the next hop: it routes the microbatch by its own view.
+        self._hop_slot[mb.mb_id] = (node_id, -1 if onward.slot is None else onward.slot)
+        return Forward(onward.to)
 
     def _inject(
         self, world: WorldView, node: FlowNode, mb: MicrobatchView, now: float
@@ -443,27 +451,12 @@ class GwtfPolicy(PolicyDefaults):
         routes: dict[tuple[str, int], str],
         loans: dict[tuple[str, int], str],
     ) -> tuple[str, int] | None:
-        """The flow a data node's next microbatch takes: its own free flows first, cheapest
-        path first (as its sink last reported it), then a free flow a peer lent it, nearest
-        first hop first; ties by slot. None when every flow is busy."""
+        """The flow a data node's next microbatch takes (``decisions.choose_flow``); None when
+        every flow is busy."""
         busy = self._busy
-        reports = node.flow_reports  # a carried flow's report is the one ``flow_paths`` gives
-        best: tuple[float, tuple[str, int]] | None = None
-        for key in routes:
-            if key in busy:
-                continue
-            report = reports.get(source[key[1]][0])
-            rank = (math.inf if report is None else report[1], key)
-            if best is None or rank < best:
-                best = rank
-        if best is None:
-            for key, first_hop in loans.items():
-                if key in busy:
-                    continue
-                rank = (node.edge_cost_ms(first_hop), key)
-                if best is None or rank < best:
-                    best = rank
-        return None if best is None else best[1]
+        free = [own_flow(node, k[1], source[k[1]][0]) for k in routes if k not in busy]
+        free += [lent_flow(node, *key, hop) for key, hop in loans.items() if key not in busy]
+        return choose_flow(free)
 
     def _release(self, mb_id: int) -> None:
         held = self._source_slot.pop(mb_id, None)
@@ -474,7 +467,7 @@ class GwtfPolicy(PolicyDefaults):
         """A data node with nothing waiting lends its idle flows to data peers that wait."""
         if self._waiting.get(node.node_id) or not node.waiting_peers:
             return []
-        idle = [s for s in sorted(node.source_routes()) if (node.node_id, s) not in self._busy]
+        idle = [s for s in node.source_routes() if (node.node_id, s) not in self._busy]
         return node.lend_idle(idle)
 
     def _return_idle_loans(self, node: FlowNode) -> list[Outbound]:
@@ -484,27 +477,26 @@ class GwtfPolicy(PolicyDefaults):
         return sends
 
     @staticmethod
+    def _at_next_stage(world: WorldView, node: FlowNode) -> Callable[[str], bool]:
+        """Whether a peer still announces ``node``'s next stage. The core keeps a peer that came
+        back at another stage until it introduces itself anew; the live receiver would refuse a
+        microbatch, and the sender drop the peer from its view of that stage."""
+        stage = node.next_stage
+        return lambda peer_id: world.stage_of(peer_id) == stage
+
+    @staticmethod
     def _next_hops(world: WorldView, node: FlowNode) -> list[Peer]:
         """The next-stage peers ``node`` believes alive that still announce that stage (data
-        nodes only after the last stage). The core keeps a peer that came back at another stage
-        until it introduces itself anew; the live receiver would refuse a microbatch."""
+        nodes only after the last stage)."""
         stage = node.next_stage
         peers = [p for p in node.alive_peers(stage) if world.stage_of(p.peer_id) == stage]
         return [p for p in peers if p.role == DATA] if stage == 0 else peers
 
     def _best_next(self, world: WorldView, node: FlowNode, exclude: str | None) -> str | None:
-        """The next-stage peer this node believes alive with the lowest cost to a sink."""
-        candidates = [p for p in self._next_hops(world, node) if p.peer_id != exclude]
-        if not candidates:
-            return None
-
-        # Peers that can reach a sink first (a peer advertising an infinite cost knows no way
-        # on), then peers believed to have room, so detours spread instead of piling on one.
-        def rank(peer: Peer) -> tuple[bool, bool, float, str]:
-            cost = node.cost_through_ms(peer)
-            return (cost == math.inf, peer.spare <= 0, cost, peer.peer_id)
-
-        return min(candidates, key=rank).peer_id
+        """The next-stage peer ``node`` sends a forward to off any flow (``decisions.next_hop``)."""
+        view = hop_view(node, None, self._at_next_stage(world, node))
+        onward = next_hop(view, () if exclude is None else (exclude,))
+        return None if onward is None else onward.to
 
     def on_hop_acked(self, world: WorldView, report: HopReport, now: float) -> Sequence[Action]:
         node = self._nodes.get(report.sender)
@@ -548,18 +540,17 @@ class GwtfPolicy(PolicyDefaults):
             # engine would route from the microbatch's stage, not ours, so start it over.
             self._forget(mb.mb_id)
             return Restart(tuple(actions))
-        key = HopKey(str(mb.mb_id), mb.stage + 1, 0)
-        missed = PendingHop(key, suspect, mb.attempt, now, now)
-        plan = plan_forward_resend(missed, lambda dead: self._best_next(world, node, dead))
         decision = self.choose_next_hop(world, node_id, mb, now)
         if isinstance(decision, Forward) and decision.to != suspect:
             self._recovered(mb.mb_id, now)
             return Forward(decision.to, tuple(actions))
-        if plan is None:
+        # A data node whose flows are all busy: the re-send goes off any flow.
+        to = self._best_next(world, node, suspect)
+        if to is None:
             return Hold(tuple(actions))
         self._hop_slot[mb.mb_id] = (node_id, -1)
         self._recovered(mb.mb_id, now)
-        return Forward(plan.to, tuple(actions))
+        return Forward(to, tuple(actions))
 
     def on_backward_timeout(
         self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
@@ -581,20 +572,20 @@ class GwtfPolicy(PolicyDefaults):
                 return None
             if self.oracles:  # the upstream's best next hop, read from its core
                 return self._best_next(world, upstream, dead)
-            # As the live sender (``Sender.replacement``): a live replica of the dead hop's
-            # stage from the stalled node's own table, at random.
-            candidates = sorted(
-                p.peer_id
-                for p in node.alive_peers(wanted)
-                if p.peer_id != dead and world.stage_of(p.peer_id) == wanted
-            )
-            return node.rng.choice(candidates) if candidates else None
 
-        repair = plan_hop_repair(str(mb.mb_id), path, stage, replacement)
+            # As the live sender (``HopSender._around``): a live replica of the dead hop's stage
+            # from the stalled node's own table, at random.
+            def at_stage(peer_id: str) -> bool:
+                return world.stage_of(peer_id) == wanted
+
+            return stand_in(replicas(node, wanted, at_stage), (dead,), node.rng)
+
+        repair = plan_hop_repair(path, stage, replacement)
         if repair is None:
             return Restart(tuple(actions))
         # The stalled node tells the data node, which probes the path and waits for the dead
-        # hop's probe to time out, then tells the hop before it where to re-send.
+        # hop's probe to time out, then tells the hop before it where to re-send (live, the
+        # stalled node asks the hop before it itself, ``HopSender._around``).
         delay_s = (
             world.latency_ms(node_id, mb.origin) / 1000.0
             + PROBE_TIMEOUT_S
@@ -608,13 +599,12 @@ class GwtfPolicy(PolicyDefaults):
         self._recovery[mb_id] = (sent_s, self._recovery.get(mb_id, (0.0, 0))[1])
 
     def on_stall(self, world: WorldView, mb: MicrobatchView, now: float) -> RepairDecision:
-        """Wait one more watchdog period while a hop that a recovery sent is still within its
-        deadline, as the live data node waits while its repairs go on: two dead hops in a row
-        (a re-send to a replica that died unseen too), or a backward repair after its probe,
-        outlast the watchdog, and a restart would drop work that is about to succeed. At most
-        ``_STALL_HOLDS`` times an attempt; else start it over."""
+        """Wait one more watchdog period (the live data node's stall deadline) while a hop that
+        a recovery sent is still within its ack deadline (``decisions.keep_waiting``); else
+        start it over."""
         sent_s, holds = self._recovery.get(mb.mb_id, (-math.inf, 0))
-        if now - sent_s < self.timing().forward_timeout_s and holds < _STALL_HOLDS:
+        progress = now - sent_s < self.timing().forward_timeout_s
+        if keep_waiting(holds + 1, progress):  # this watchdog period is deadline holds + 1
             self._recovery[mb.mb_id] = (sent_s, holds + 1)
             return Hold()
         self._forget(mb.mb_id)

@@ -26,17 +26,24 @@ sum, so no single microbatch can be taken out of it: one holder drops its whole 
 and those are redone like a dead replica's. A holder that also holds another origin's
 microbatches cannot drop its sum for one origin; such a duplicate is counted, not fixed.
 
-The plan is pure (``plan_redo``); ``GradientRedo`` asks the nodes.
+The plan is pure (``gwtf.coordinator_free.decisions.gradient_redo``); ``GradientRedo`` asks
+the nodes.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 import trio
 
+from gwtf.coordinator_free.decisions.gradient_redo import (
+    Answer,
+    RedoRun,
+    holder_to_drop,
+    plan_redo,
+)
 from gwtf.errors import ProtocolError
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane
@@ -45,35 +52,6 @@ log = logging.getLogger(__name__)
 
 #: Redo runs in flight at once: each holds a forward on its replicas until its backward.
 MAX_CONCURRENT_RUNS = 2
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A relay's answer to ``Holds``: its stage, its step, the microbatches its gradient holds."""
-
-    stage: int
-    step: int
-    held: frozenset[int]
-
-
-@dataclass(frozen=True)
-class RedoRun:
-    """Stages ``first..last`` of ``microbatch`` are lost: redo them on ``replicas`` (one per
-    stage, in order)."""
-
-    microbatch: int
-    first: int
-    last: int
-    replicas: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class RedoPlan:
-    runs: tuple[RedoRun, ...]
-    #: (microbatch, stage) lost with no live replica in step to redo it on.
-    unsaved: tuple[tuple[int, int], ...] = ()
-    #: (microbatch, stage) whose gradient two or more live replicas hold.
-    duplicated: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass
@@ -114,87 +92,6 @@ class RedoReport:
         self.duplicated_pairs |= later.duplicated_pairs
         self.left_out += later.left_out
         self.sums_dropped += later.sums_dropped
-
-
-def plan_redo(
-    microbatches: Sequence[int],
-    stages: int,
-    iteration: int,
-    answers: Mapping[str, Answer],
-    only: Collection[int] | None = None,
-) -> RedoPlan:
-    """Which (microbatch, stage) gradients no live replica in step holds, grouped in runs of
-    consecutive stages, each stage given the live replica with the least work (what it holds
-    plus what it was given so far; ties by id). ``only``: look at these stages alone (the
-    others have stepped)."""
-    looked_at = range(1, stages + 1) if only is None else sorted(only)
-    in_step = {peer: a for peer, a in answers.items() if a.step == iteration}
-    load = {peer: len(a.held) for peer, a in in_step.items()}
-    replicas = {
-        stage: sorted(peer for peer, a in in_step.items() if a.stage == stage)
-        for stage in range(1, stages + 1)
-    }
-    runs: list[RedoRun] = []
-    unsaved: list[tuple[int, int]] = []
-    duplicated: list[tuple[int, int]] = []
-    for microbatch in sorted(microbatches):
-        lost = []
-        for stage in looked_at:
-            holders = [p for p in replicas[stage] if microbatch in in_step[p].held]
-            if len(holders) > 1:
-                duplicated.append((microbatch, stage))
-            if not holders:
-                lost.append(stage)
-        for first, last in _consecutive(lost):
-            chosen = []
-            for stage in range(first, last + 1):
-                if not replicas[stage]:
-                    break
-                peer = min(replicas[stage], key=lambda p: (load[p], p))
-                load[peer] += 1
-                chosen.append(peer)
-            if len(chosen) == last - first + 1:
-                runs.append(RedoRun(microbatch, first, last, tuple(chosen)))
-            else:
-                unsaved.extend((microbatch, stage) for stage in range(first, last + 1))
-    return RedoPlan(tuple(runs), tuple(unsaved), tuple(duplicated))
-
-
-def holder_to_drop(
-    microbatches: Collection[int],
-    iteration: int,
-    answers: Mapping[str, Answer],
-    only: Collection[int] | None = None,
-    refused: Collection[str] = (),
-) -> str | None:
-    """Of the relays in step whose gradient holds a microbatch another replica of its stage
-    holds too, the one whose sum is cheapest to drop: the fewest microbatches that only it
-    holds (each is redone), then the fewest held, then by id. None when nothing is held
-    twice (at the stages of ``only``), or every such holder ``refused``."""
-    wanted = set(microbatches)
-    in_step = {peer: a for peer, a in answers.items() if a.step == iteration}
-    best: tuple[int, int, str] | None = None
-    for peer, a in in_step.items():
-        if peer in refused or (only is not None and a.stage not in only):
-            continue
-        held = a.held & wanted
-        others = [o.held for q, o in in_step.items() if q != peer and o.stage == a.stage]
-        shared = {m for m in held if any(m in o for o in others)}
-        if shared:
-            cost = (len(held - shared), len(held), peer)
-            best = cost if best is None or cost < best else best
-    return None if best is None else best[2]
-
-
-def _consecutive(stages: Sequence[int]) -> list[tuple[int, int]]:
-    """[1, 2, 4] -> [(1, 2), (4, 4)]."""
-    runs: list[tuple[int, int]] = []
-    for stage in stages:
-        if runs and runs[-1][1] == stage - 1:
-            runs[-1] = (runs[-1][0], stage)
-        else:
-            runs.append((stage, stage))
-    return runs
 
 
 def decode_holds(data: bytes, stages: int, count: int) -> tuple[int, int, list[int]]:

@@ -18,6 +18,14 @@ from dataclasses import dataclass, field
 
 import trio
 
+from gwtf.coordinator_free.decisions import (
+    Onward,
+    hop_view,
+    next_hop,
+    plan_hop_repair,
+    replicas,
+    stand_in,
+)
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestMisdirected
 from gwtf.node.receipts.book import worker_stage
@@ -90,17 +98,26 @@ class HopSender:
         # away from this node's are no flow neighbours, yet their nodes ask for re-sends.
         self.carded_stage: Callable[[str], int | None] = lambda _peer: None
 
-    def next_hop(self, stage: int, route: str | None) -> str | None:
-        """Where a forward into ``stage`` goes: the flow's next hop, or SWARM's weighted draw."""
+    def next_hop(self, stage: int, route: tuple[str, int] | None) -> str | None:
+        """Where a forward into ``stage`` goes: the flow's next hop (``route``: it and this
+        node's slot) else the ranked best next-stage peer (``decisions.next_hop``, as in the
+        simulator), or SWARM's weighted draw."""
         if self.wiring is not None:
             wanted = 0 if stage > self.plane.stages else stage
             return self.wiring.choose([p.peer_id for p in self.flow.node.alive_peers(wanted)])
-        return route if route is not None else self.replacement(stage, set())
+        onward = next_hop(hop_view(self.flow.node, route))
+        return None if onward is None else onward.to
 
     async def send_forward(
-        self, header: HopHeader, frame: bytes, to: str, input_digest: bytes
+        self,
+        header: HopHeader,
+        frame: bytes,
+        to: str,
+        input_digest: bytes,
+        route: Callable[[], tuple[str, int] | None] = lambda: None,
     ) -> str:
-        """Send a forward; on a missed ack re-send to another replica of the next stage.
+        """Send a forward; on a missed ack re-send it where ``decisions.next_hop`` says now
+        (``route``: the flow's route as the core holds it now), the peers tried left out.
         Returns the node that acknowledged it."""
         tried: set[str] = set()
         while True:
@@ -120,11 +137,24 @@ class HopSender:
                 self._failed(to, exc)
                 if header.stage > self.plane.stages:
                     raise  # only the origin computes its microbatch's loss
-                replacement = self.replacement(header.stage, tried)
-                if replacement is None:
+                onward = self.resend_to(header.stage, route(), tried)
+                if onward is None:
                     raise
                 self.stats.forward_resends += 1
-                to, header = replacement, header.onward(attempt=_next_attempt(header.attempt))
+                to = onward.to
+                header = header.onward(
+                    attempt=_next_attempt(header.attempt),
+                    slot=header.slot if onward.slot is None else onward.slot,
+                )
+
+    def resend_to(
+        self, stage: int, route: tuple[str, int] | None, tried: set[str]
+    ) -> Onward | None:
+        """Where a forward into ``stage`` goes again after ``tried`` missed it."""
+        if self.wiring is not None:  # SWARM's re-send: any other live replica
+            chosen = self.stand_in(stage, tried)
+            return None if chosen is None else Onward(chosen, None)
+        return next_hop(hop_view(self.flow.node, route), tried)
 
     def _failed(self, to: str, exc: PeerUnavailable) -> None:
         """A peer that failed a hop is dead to the flow core, unless it declined it alive; one
@@ -132,14 +162,12 @@ class HopSender:
         if isinstance(exc, RequestMisdirected) or not isinstance(exc, RequestDeclined):
             self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
 
-    def replacement(self, stage: int, exclude: set[str]) -> str | None:
-        """A live node of ``stage`` (the sink stage is S+1, data nodes) not in ``exclude``,
-        drawn at random (from the flow core's seeded generator) so that hops outside any flow
-        spread over the replicas instead of piling onto the first."""
+    def stand_in(self, stage: int, exclude: set[str]) -> str | None:
+        """A live node of ``stage`` (the sink stage is S+1, data nodes) not in ``exclude`` to
+        recompute a dead hop (``decisions.stand_in``: at random, from the flow core's seeded
+        generator, so repairs spread over the replicas instead of piling onto the first)."""
         wanted = 0 if stage > self.plane.stages else stage
-        candidates = [p.peer_id for p in self.flow.node.alive_peers(wanted)]
-        candidates = [peer for peer in candidates if peer not in exclude]
-        return self.flow.node.rng.choice(candidates) if candidates else None
+        return stand_in(replicas(self.flow.node, wanted), exclude, self.flow.node.rng)
 
     def pass_back(self, header: HopHeader, frame: bytes, input_digest: bytes | None) -> PassedBack:
         """Keep a gradient this node computed (``header`` is the outgoing backward) until the
@@ -184,22 +212,24 @@ class HopSender:
         output to another replica of the dead node's stage; returns the backward to send there."""
         tried = set(dead)
         while True:
-            replacement = self.replacement(header.stage, tried)
-            if replacement is None:
+            repair = plan_hop_repair(
+                header.path, header.stage, lambda stage, _dead: self.stand_in(stage, tried)
+            )
+            if repair is None:
                 raise PeerUnavailable(f"no live replica of stage {header.stage} left")
             attempt = _next_attempt(header.attempt)
             try:
-                await self.request_resend(header, replacement, attempt)
+                await self.request_resend(header, repair.replacement, attempt)
             except PeerUnavailable as exc:
                 # This node's view of the stage may be stale (a replica that died unseen):
                 # try the next one; the attempt number is spent either way.
-                log.warning("%s could not stand in for a dead hop: %s", replacement, exc)
-                tried.add(replacement)
+                log.warning("%s could not stand in for a dead hop: %s", repair.replacement, exc)
+                tried.add(repair.replacement)
                 header = header.onward(attempt=attempt)
                 continue
             self.stats.backward_repairs += 1
             path = list(header.path)
-            path[header.stage] = replacement
+            path[header.stage] = repair.replacement
             return header.onward(path=tuple(path), attempt=attempt)
 
     async def send_backward_or_log(self, record: PassedBack) -> None:

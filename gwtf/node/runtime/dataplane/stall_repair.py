@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import trio
 
+from gwtf.coordinator_free.decisions import stand_in
 from gwtf.errors import ProtocolError
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane
@@ -99,8 +100,7 @@ class StallRepair:
         self, holder: str, stage: int, exclude: set[str], key: Key, why: str
     ) -> Outcome | None:
         """Ask ``holder`` to re-send its buffered output to a live replica of ``stage``."""
-        candidates = [r for r in self.replicas_of(stage) if r not in exclude]
-        to = self.flow.node.rng.choice(candidates) if candidates else None
+        to = stand_in(self.replicas_of(stage), exclude, self.flow.node.rng)
         if to is None and stage == self.plane.stages + 1 and self.node_id not in exclude:
             to = self.node_id  # the sink: this data node computes the loss itself
         if to is None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from gwtf.coordinator_free.decisions import keep_waiting
 from gwtf.errors import ProtocolError, TrainingError
 from gwtf.node.p2p.rpc import Decline, PeerUnavailable
 from gwtf.node.runtime.dataplane import control
@@ -62,8 +63,6 @@ log = logging.getLogger(__name__)
 
 #: Attempts of one microbatch before the data node gives up on the swarm (a stage is empty).
 MAX_ATTEMPTS = 5
-#: Stall deadlines one attempt may spend repairing (or waiting on) before it restarts.
-MAX_STALL_DEADLINES = 4
 #: A microbatch is late, and traced, after this many times the recent median microbatch time
 #: (acknowledged first hop to returned gradient), and never sooner than ``MIN_LATE_S``.
 LATE_FACTOR = 4.0
@@ -552,16 +551,20 @@ class DataRole:
         known."""
         with trio.move_on_after(self.stall_timeout_s):
             while True:
-                if flow.lender:
-                    routed_to = self.pool.first_hop(flow)
-                else:
-                    routed = self.flow.node.source_routes().get(flow.slot)
-                    routed_to = routed[1] if routed else None
-                first_hop = self.sender.next_hop(1, routed_to)
+                first_hop = self.sender.next_hop(1, self._flow_route(flow))
                 if first_hop is not None:
                     return first_hop
                 await trio.sleep(self.flow.tick_s)
         return None
+
+    def _flow_route(self, flow: Flow) -> tuple[str, int] | None:
+        """The flow's first hop and slot as the core (or the lender's loan) holds them now."""
+        if flow.lender:
+            first_hop = self.pool.first_hop(flow)
+        else:
+            routed = self.flow.node.source_routes().get(flow.slot)
+            first_hop = routed[1] if routed else None
+        return None if first_hop is None else (first_hop, flow.slot)
 
     async def _run_microbatch(
         self, iteration: int, microbatch_id: int, flow: Flow, attempt: int
@@ -591,7 +594,9 @@ class DataRole:
         self.embedded[key] = (header, frame)
         event = self.done[key] = trio.Event()
         try:
-            self.first_hops[key] = await self.sender.send_forward(header, frame, first_hop, b"")
+            self.first_hops[key] = await self.sender.send_forward(
+                header, frame, first_hop, b"", lambda: self._flow_route(flow)
+            )
         except PeerUnavailable as exc:
             log.warning("microbatch %s could not start: %s", microbatch_id, exc)
             self.embedded.pop(key, None)
@@ -630,7 +635,7 @@ class DataRole:
             if trio.current_time() < deadline:
                 continue
             deadlines += 1
-            if outcome is None or deadlines >= MAX_STALL_DEADLINES:
+            if not keep_waiting(deadlines, outcome is not None):
                 return False
             deadline = trio.current_time() + self.stall_timeout_s
 

@@ -5,6 +5,8 @@ An iteration ends when every data node's batch is done. A data node whose flows 
 would hold everyone up while another, done with its batch, leaves its flows idle; so (as in the
 simulator, ``gwtf/coordinator_free/protocol/lending.py``):
 
+* a data node starts each microbatch on the free flow ``decisions.choose_flow`` gives (its own,
+  cheapest reported path first, then loans), as the simulator does;
 * a data node whose next microbatch finds no free flow tells its data peers how many wait
   (``announce_waiting``, again each flow tick for a peer met or restarted since); once all its
   microbatches of the iteration are started, that none do;
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 
 import trio
 
+from gwtf.coordinator_free.decisions import FlowKey, FreeFlow, choose_flow, lent_flow, own_flow
 from gwtf.coordinator_free.wire import FlowLoan, FlowLoanReturn, FlowWanted, Message
 from gwtf.node.runtime.flow.service import FlowService
 
@@ -132,13 +135,27 @@ class FlowPool:
     # ---- helpers ------------------------------------------------------------------------------
 
     def _pop_free(self) -> Flow | None:
-        """An own flow first, then a loan that is still held (a dead lender's loans end)."""
-        self._free = [f for f in self._free if not f.lender or self.first_hop(f) is not None]
-        own = [f for f in self._free if not f.lender]
-        candidates = own or self._free
-        if not candidates:
+        """The free flow ``decisions.choose_flow`` gives: an own flow first, cheapest reported
+        path first, then a loan that is still held (a dead lender's loans end), nearest first
+        hop first."""
+        source = self.node.source_routes()
+        by_key: dict[FlowKey, Flow] = {}
+        free: list[FreeFlow] = []
+        for flow in list(self._free):
+            if flow.lender:
+                first_hop = self.first_hop(flow)
+                if first_hop is None:  # the loan ended
+                    self._free.remove(flow)
+                    continue
+                seen = lent_flow(self.node, flow.lender, flow.slot, first_hop)
+            else:
+                seen = own_flow(self.node, flow.slot, source.get(flow.slot, (None,))[0])
+            by_key[seen.key] = flow
+            free.append(seen)
+        chosen = choose_flow(free)
+        if chosen is None:
             return None
-        pick = candidates[0]
+        pick = by_key[chosen]
         self._free.remove(pick)
         return pick
 

@@ -429,13 +429,17 @@ class RelayRole:
     async def _send_forward(self, received: HopHeader, frame: bytes, input_digest: bytes) -> None:
         # A first hop on a lent flow comes from the borrower on the lender's slot.
         upstream = received.lender or received.path[-1]
-        route = self.flow.node.route(upstream, received.slot)
+
+        def flow_route() -> tuple[str, int] | None:
+            return self.flow.node.route(upstream, received.slot)
+
+        route = flow_route()
         if self.stage == self.plane.stages:
             # The sink is the microbatch's origin: it holds the embedding the gradient ends in.
             to: str | None = received.origin
         else:
-            # Not (yet) a flow of ours: any live next-stage replica will do.
-            to = self.sender.next_hop(self.stage + 1, route[0] if route else None)
+            # Not (yet) a flow of ours: the ranked best next-stage peer.
+            to = self.sender.next_hop(self.stage + 1, route)
         slot = route[1] if route and to == route[0] else 0
         buffered = self.buffers.get((received.iteration, received.microbatch_id))
         if not await self._state_kept(received):
@@ -457,7 +461,9 @@ class RelayRole:
             lender="",
         )
         try:
-            delivered_to = await self.sender.send_forward(header, frame, to, input_digest)
+            delivered_to = await self.sender.send_forward(
+                header, frame, to, input_digest, flow_route
+            )
         except PeerUnavailable as exc:
             log.warning("microbatch %s stalls here: %s", received.microbatch_id, exc)
             delivered_to = ""
