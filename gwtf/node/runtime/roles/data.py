@@ -48,6 +48,7 @@ from gwtf.node.runtime.dataplane.hop import (
 )
 from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, resend_refusal
 from gwtf.node.runtime.dataplane.stall_repair import Outcome, StallRepair
+from gwtf.node.runtime.dataplane.try_token import sign_try
 from gwtf.node.runtime.flow.routing import SwarmWiring
 from gwtf.node.runtime.flow.service import FlowService
 from gwtf.node.runtime.replicas.averaging import GradientAverager
@@ -588,6 +589,7 @@ class DataRole:
             flow.lender if flow.lender and self.pool.first_hop(flow) == first_hop else "",
             self.epoch,
         )
+        header = sign_try(header, self.plane.node_key)  # every forward of this try carries it
         self.embedded[key] = (header, frame)
         event = self.done[key] = trio.Event()
         try:
