@@ -32,6 +32,7 @@ from gwtf.node.runtime.dataplane.hop import ATTEMPT_BLOCK, FORWARD, HopHeader
 from gwtf.node.runtime.dataplane.sender import PassedBack
 from gwtf.node.runtime.dataplane.try_token import sign_try
 from gwtf.node.runtime.roles.data import DataRole
+from gwtf.node.runtime.roles.flow_pool import Flow
 from gwtf.node.runtime.roles.held_forward import ask_current_try
 from gwtf.node.runtime.roles.relay import RelayRole
 from gwtf.node.training import codec
@@ -112,7 +113,9 @@ def test_a_made_up_forward_arriving_before_the_real_one_is_refused_and_charged(
         assert isinstance(data, DataRole)
         send_forward = data.sender.send_forward
 
-        async def attack_first(header: HopHeader, frame: bytes, to: str, digest: bytes) -> str:
+        async def attack_first(
+            header: HopHeader, frame: bytes, to: str, input_digest: bytes
+        ) -> str:
             """X's first hop waits until the stage-1 relay off its path has sent its made-up
             forwards of X to ``b`` and to the origin."""
             if not attackers and header.iteration == 0:
@@ -136,7 +139,7 @@ def test_a_made_up_forward_arriving_before_the_real_one_is_refused_and_charged(
                         outcome.append(f"declined: {exc}")
                     except PeerUnavailable as exc:
                         outcome.append("refused" if "try token" in str(exc) else str(exc))
-            return await send_forward(header, frame, to, digest)
+            return await send_forward(header, frame, to, input_digest)
 
         data.sender.send_forward = attack_first  # type: ignore[method-assign]
 
@@ -152,12 +155,78 @@ def test_a_made_up_forward_arriving_before_the_real_one_is_refused_and_charged(
     trains_like_the_whole_model(swarm, results)
 
 
-def trains_like_the_whole_model(swarm: Swarm, results: list) -> None:  # type: ignore[type-arg]
-    """The losses are the whole model's, no microbatch restarted, and ``b``'s weights are the
-    whole model's."""
+def test_a_forward_made_up_with_a_given_up_tries_token_never_reaches_the_loss(
+    tmp_path: Path,
+) -> None:
+    """X's first try is given up before it is sent; the stage-1 relay X's new try is not sent
+    to holds the old try's token (as a node on that try's path would). As the new try starts,
+    it makes up forwards of X with that token: ``b`` computes one (the token is the origin's),
+    but its output, like the one sent to the origin directly, is of a try not in flight, which
+    the origin declines; the real forward then replaces the made-up one at ``b``."""
+    swarm = Swarm()
+    outcome: list[str] = []
+    given_up: list[int] = []
+
+    async def arm(swarm: Swarm) -> None:
+        while not {"data", *RELAYS} <= set(swarm.nodes):
+            await trio.sleep(0.01)
+        data = swarm.nodes["data"].role
+        assert isinstance(data, DataRole)
+        run_microbatch, send_forward = data._run_microbatch, data.sender.send_forward
+
+        async def give_up_first_try(
+            iteration: int, microbatch_id: int, flow: Flow, attempt: int
+        ) -> bool:
+            if not given_up and iteration == 0:
+                given_up.append(microbatch_id)
+                return False  # as if it stalled: started again under the next block
+            return await run_microbatch(iteration, microbatch_id, flow, attempt)
+
+        async def attack_first(
+            header: HopHeader, frame: bytes, to: str, input_digest: bytes
+        ) -> str:
+            if not outcome and given_up and header.microbatch_id == given_up[0]:
+                assert header.try_start == header.attempt == ATTEMPT_BLOCK
+                name = "m" if to == swarm.nodes["a"].plane.node_id else "a"
+                attacker, relay_b = swarm.nodes[name], swarm.nodes["b"].plane.node_id
+                me, origin = attacker.plane.node_id, header.origin
+                old_try = sign_try(header.onward(attempt=0), data.plane.node_key)
+                seeded = torch.Generator().manual_seed(7)
+                noise = torch.randn(BATCH_SIZE, SEQ_LEN, MODEL.d_model, generator=seeded)
+                assert isinstance(attacker.role, RelayRole)
+                made_up_frame = codec.encode(header.microbatch_id, noise, attacker.role.limits)
+                to_b = old_try.onward(attempt=5, stage=2, path=(origin, me))
+                to_sink = old_try.onward(attempt=300, stage=3, path=(origin, relay_b, me))
+                for target, made_up in ((relay_b, to_b), (origin, to_sink)):
+                    try:
+                        await attacker.plane.send(target, made_up, made_up_frame)
+                        outcome.append("computed")
+                    except RequestDeclined as exc:
+                        outcome.append("declined" if "in flight started at" in str(exc) else "?")
+            return await send_forward(header, frame, to, input_digest)
+
+        data._run_microbatch = give_up_first_try  # type: ignore[method-assign]
+        data.sender.send_forward = attack_first  # type: ignore[method-assign]
+
+    async def main() -> list:  # type: ignore[type-arg]
+        with trio.fail_after(120):
+            return await run_swarm(tmp_path, ITERATIONS, BATCH, RELAYS, arm, swarm)
+
+    results = trio.run(main)
+    assert outcome == ["computed", "declined"]
+    trains_like_the_whole_model(swarm, results, restarts=[1, 0])
+
+
+def trains_like_the_whole_model(
+    swarm: Swarm,
+    results: list,  # type: ignore[type-arg]
+    restarts: list[int] | None = None,
+) -> None:
+    """The losses are the whole model's, no microbatch restarted (but ``restarts``), and
+    ``b``'s weights are the whole model's."""
     reference = reference_run(ITERATIONS, BATCH)
     assert [r.loss for r in results] == pytest.approx(reference.losses, rel=1e-4)
-    assert all(r.restarts == 0 for r in results)
+    assert [r.restarts for r in results] == (restarts or [0] * ITERATIONS)
 
     # b's stage (layers 2 and 3 of the whole model) is what an honest run trains: they differ
     # by about 2e-8 (the order of summation), a gradient through the made-up input by 1e-4.

@@ -21,8 +21,12 @@ protocol error, nothing computed.
 A node off the microbatch's path never sees its token and cannot make a forward of it up. A
 colluder the routing put on the path can leak it; a forward made up with it is then the
 accomplice's work, chained to no send of the data node, so never certified. A token names a
-try's start, not the latest try: one seen on an old try's path stays good after a restart; a
-held forward is guarded by the origin's word as before (``roles/held_forward.py``).
+try's start, not the latest try, and a relay cannot tell the latest without asking: one seen on
+the path of a try given up stays good at relays after a restart. The origin knows its tries, so
+it takes for the loss only a forward of the try in flight (``roles/data.py``; a late copy of an
+old try is declined, not charged); a made-up forward computed at a relay with an old token never
+reaches the loss, and the new try's forward replaces it there (``roles/held_forward.py``), or,
+when its attempt was made up above the new try's start, it costs the microbatch a restart.
 
 The signature is EIP-712 under its own domain (``TRY_TOKEN_DOMAIN``, bound to no chain and no
 contract) and its own type, so it can never pass for a hop receipt or any other message this

@@ -201,6 +201,14 @@ class DataRole:
                 # of one that is done (or restarted): its loss would add a gradient to another
                 # iteration's.
                 raise Decline(f"microbatch {header.microbatch_id} is not in flight here")
+            started = self.embedded[key][0].try_start
+            if header.try_start != started:
+                # A late copy of a try given up (or one made up with its token, seen on its
+                # path): only the try in flight reaches the loss.
+                raise Decline(
+                    f"microbatch {header.microbatch_id}'s forward of the try started at "
+                    f"{header.try_start}; its try in flight started at {started}"
+                )
             if key in self.losses:
                 # A copy re-sent past a slow (not dead) relay: one loss per microbatch, or its
                 # gradient would count twice. A restart clears the entry first.
