@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import pytest
 import trio
+from eth_abi.abi import encode
 from eth_utils.crypto import keccak
 from libp2p.crypto.ed25519 import create_new_key_pair
 
-from gwtf.contracts.encoding import ledger_domain, recover_digest_signer, sign_digest
+from gwtf.contracts.encoding import (
+    ledger_domain,
+    recover_digest_signer,
+    sign_digest,
+    typed_data_digest,
+)
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.identity import identity_from_key, node_address_of_peer, peer_id_of
 from gwtf.node.runtime.dataplane import try_token
@@ -17,6 +23,7 @@ from gwtf.node.runtime.dataplane.exchange import DataPlane
 from gwtf.node.runtime.dataplane.hop import ATTEMPT_BLOCK, BACKWARD, FORWARD, HopHeader
 from gwtf.node.runtime.dataplane.try_token import (
     TRY_TOKEN_DOMAIN,
+    TRY_TOKEN_TYPE,
     TryTokenError,
     TryTokens,
     sign_try,
@@ -87,6 +94,19 @@ def test_malformed_signatures_and_origins_are_refused_as_token_errors() -> None:
         assert "try token" in refused(ON_PATH.onward(try_signature=signature))
     ed25519 = str(peer_id_of(create_new_key_pair()))  # a peer id, but no node's
     assert "not a node's peer id" in refused(ON_PATH.onward(origin=ed25519))
+
+
+@pytest.mark.parametrize("facts", [(1, 3, 7, 256), (2**64 - 1, 2**64 - 1, 0, 2**16 - 1)])
+def test_the_digest_is_eip712s_of_the_try_token_struct(facts: tuple[int, int, int, int]) -> None:
+    struct_hash = keccak(
+        encode(
+            ["bytes32", "uint64", "uint64", "uint64", "uint16"],
+            [keccak(text=TRY_TOKEN_TYPE), *facts],
+        )
+    )
+    assert try_token_digest(*facts) == typed_data_digest(TRY_TOKEN_DOMAIN, struct_hash)
+    with pytest.raises(TryTokenError, match="u64"):
+        try_token_digest(*facts[:3], 2**16)
 
 
 def test_the_token_cannot_pass_for_a_receipt_or_another_domains_signature() -> None:

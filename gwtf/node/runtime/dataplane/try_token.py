@@ -36,11 +36,11 @@ start, signature) on each receiver: the valid ones are kept in a small bounded t
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Final
 
-from eth_abi.abi import encode
 from libp2p.peer.id import ID
 
 from gwtf.contracts.encoding import (
@@ -69,13 +69,12 @@ class TryTokenError(ProtocolError):
 
 def try_token_digest(run_id: int, iteration: int, microbatch: int, try_start: int) -> bytes:
     """The EIP-712 digest an origin signs for one try of one microbatch."""
-    struct_hash = keccak256(
-        encode(
-            ["bytes32", "uint64", "uint64", "uint64", "uint16"],
-            [_TRY_TOKEN_TYPE_HASH, run_id, iteration, microbatch, try_start],
-        )
-    )
-    return typed_data_digest(TRY_TOKEN_DOMAIN, struct_hash)
+    if not (run_id | iteration | microbatch) >> 64 == try_start >> 16 == 0 or try_start < 0:
+        raise TryTokenError("a try token's run, iteration and microbatch are u64, its start u16")
+    # abi.encode of static uints: each a 32-byte big-endian word (as eth_abi's ``encode``,
+    # which costs as much as the recovery itself)
+    words = b"".join(v.to_bytes(32, "big") for v in (run_id, iteration, microbatch, try_start))
+    return typed_data_digest(TRY_TOKEN_DOMAIN, keccak256(_TRY_TOKEN_TYPE_HASH + words))
 
 
 def sign_try(header: HopHeader, node_key: bytes) -> HopHeader:
@@ -89,8 +88,9 @@ def sign_try(header: HopHeader, node_key: bytes) -> HopHeader:
     return header.onward(try_start=header.attempt, try_signature=sign_digest(digest, node_key))
 
 
+@functools.lru_cache(maxsize=256)
 def origin_address(origin: str) -> str:
-    """The node address of a hop's origin peer id."""
+    """The node address of a hop's origin peer id (cached: a run has few data nodes)."""
     try:
         return node_address_of_peer(ID.from_base58(origin))
     except Exception as exc:  # base58, multihash and key decoding errors, or no secp256k1 key
