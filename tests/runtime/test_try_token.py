@@ -155,5 +155,5 @@ def test_a_node_does_not_send_a_forward_below_its_tokens_try_start() -> None:
 
 
 def test_a_data_plane_without_a_node_key_cannot_sign_a_try() -> None:
-    with pytest.raises(ProtocolError, match="has none"):
+    with pytest.raises(ProtocolError, match="give its DataPlane one"):
         sign_try(FIRST, b"")

@@ -82,7 +82,7 @@ def sign_try(header: HopHeader, node_key: bytes) -> HopHeader:
     the try's start."""
     if len(node_key) != 32:
         raise ProtocolError(
-            "a data node signs its tries with its node key; its data plane has none"
+            "a data node signs its tries with its node key; give its DataPlane one (node_key)"
         )
     digest = try_token_digest(header.run_id, header.iteration, header.microbatch_id, header.attempt)
     return header.onward(try_start=header.attempt, try_signature=sign_digest(digest, node_key))
@@ -113,7 +113,10 @@ class TryTokens:
             return
         microbatch = header.microbatch_id
         if not header.try_signature:
-            raise TryTokenError(f"forward of microbatch {microbatch} without its try token")
+            raise TryTokenError(
+                f"forward of microbatch {microbatch} without its try token; a node sends on the "
+                "token of the forward it computed from"
+            )
         if header.try_start > header.attempt:
             raise TryTokenError(
                 f"forward of microbatch {microbatch} at attempt {header.attempt} carries the "
