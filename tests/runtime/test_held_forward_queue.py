@@ -1,11 +1,11 @@
 """Asking a microbatch's origin about a second forward must not stop the relay's other hops.
 
 Relay ``r`` (stage 1 of 2) holds microbatch 7's forward. Run member ``s`` sends it a forward of
-7 from another input claiming a restart, so ``r`` asks 7's origin ``d``, which is slow to answer
-(far away, or busy). Meanwhile ``d`` sends ``r`` microbatch 8's forward: it must be computed and
-acknowledged without waiting for the answer about 7, or each made-up forward (declined, never
-charged) halts the relay for the origin's round trip, up to a quarter of the ack deadline, and
-its honest senders' acks run late.
+7 from another input (with 7's try token, leaked by a colluder on its path) claiming a restart,
+so ``r`` asks 7's origin ``d``, which is slow to answer (far away, or busy). Meanwhile ``d``
+sends ``r`` microbatch 8's forward: it must be computed and acknowledged without waiting for
+the answer about 7, or each made-up forward (declined, never charged) halts the relay for the
+origin's round trip, up to a quarter of the ack deadline, and its honest senders' acks run late.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tests.runtime.test_kept_forward_overwrite import (
     relay_r_onto_t,
     swarm_of,
     tensor,
+    tried,
 )
 
 
@@ -57,9 +58,10 @@ def test_a_slow_origin_answer_does_not_hold_up_the_relays_other_hops(tmp_path: P
     f7, made_up_input, f8 = (
         codec.encode(m, tensor(s), LIMITS) for m, s in ((7, 1), (7, 2), (8, 3))
     )
-    forward_7 = HopHeader(1, 0, 7, 0, FORWARD, 1, 0, 0, PEER["d"], (PEER["d"],))
+    forward_7 = tried(HopHeader(1, 0, 7, 0, FORWARD, 1, 0, 0, PEER["d"], (PEER["d"],)))
+    # With 7's try token, leaked by a node on its path:
     made_up = forward_7.onward(attempt=ATTEMPT_BLOCK, path=(PEER["s"],))
-    forward_8 = HopHeader(1, 0, 8, 0, FORWARD, 1, 0, 0, PEER["d"], (PEER["d"],))
+    forward_8 = tried(HopHeader(1, 0, 8, 0, FORWARD, 1, 0, 0, PEER["d"], (PEER["d"],)))
     order: list[str] = []
 
     async def attack() -> None:

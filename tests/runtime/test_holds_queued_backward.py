@@ -24,14 +24,15 @@ from tests.runtime.test_kept_forward_overwrite import (
     relay_r_onto_t,
     swarm_of,
     tensor,
+    tried,
 )
 
 
 def test_a_backward_waiting_in_the_relays_queue_is_answered_as_held(tmp_path: Path) -> None:
     books, capture, plane_r, planes = swarm_of(tmp_path)
     f7, f8, g7 = (codec.encode(m, tensor(s), LIMITS) for m, s in ((7, 1), (8, 2), (7, 3)))
-    forward_7 = HopHeader(1, 0, 7, 0, FORWARD, 1, 0, 0, PEER["d"], (PEER["d"],))
-    forward_8 = HopHeader(1, 0, 8, 0, FORWARD, 1, 0, 0, PEER["d"], (PEER["d"],))
+    forward_7 = tried(HopHeader(1, 0, 7, 0, FORWARD, 1, 0, 0, PEER["d"], (PEER["d"],)))
+    forward_8 = tried(HopHeader(1, 0, 8, 0, FORWARD, 1, 0, 0, PEER["d"], (PEER["d"],)))
     path = (PEER["d"], PEER["r"], PEER["t"], PEER["d"])
     backward_7 = HopHeader(1, 0, 7, 0, BACKWARD, 1, 0, 0, PEER["d"], path)
     held: list[list[int]] = []

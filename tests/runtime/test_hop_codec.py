@@ -16,6 +16,7 @@ from gwtf.node.runtime.dataplane.hop import (
     FLAG_LENT,
     FLAG_RECEIPTED,
     FLAG_REPAIR,
+    FLAG_TRIED,
     FORWARD,
     HopFormatError,
     HopHeader,
@@ -29,6 +30,7 @@ DATA_B = str(peer_id_of(identity_from_key(keccak(text="hop codec test data-b")))
 FIRST_HOP = HopHeader(7, 3, 41, 256, FORWARD, 1, 2, 0, DATA_B, (DATA_B,))
 FLAGS_AT = 41  # the flags byte, after the fixed fields before it
 RECEIPTED = ReceiptInput(bytes(range(32)), bytes(range(65)))
+TRIED = FIRST_HOP.onward(try_start=256, try_signature=bytes(range(1, 66)))
 
 
 @pytest.mark.parametrize(
@@ -38,6 +40,8 @@ RECEIPTED = ReceiptInput(bytes(range(32)), bytes(range(65)))
         FIRST_HOP.onward(lender="data-a"),  # on a flow data-a lent to data-b
         FIRST_HOP.onward(flags=FLAG_REPAIR, lender="data-a"),
         FIRST_HOP.onward(epoch=2**40),
+        TRIED,
+        TRIED.onward(lender="data-a", attempt=300),
         HopHeader(7, 3, 41, 257, BACKWARD, 0, 0, 0, DATA_B, (DATA_B, "r1", "r2", DATA_B)),
     ],
 )
@@ -81,6 +85,24 @@ def test_a_receipted_flag_without_its_digest_and_signature_is_malformed() -> Non
         decode_hop_request(cut)
 
 
+def test_a_try_token_travels_after_the_lender_before_the_receipt() -> None:
+    header = TRIED.onward(lender="data-a")
+    data = encode_hop(header, b"frame", RECEIPTED)
+    assert decode_hop_request(data) == (header, RECEIPTED, b"frame")
+    assert len(data) == len(encode_hop(header.onward(try_signature=b""), b"frame", RECEIPTED)) + 67
+
+
+def test_a_tried_flag_without_its_token_or_a_bad_token_is_malformed() -> None:
+    data = bytearray(encode_hop(FIRST_HOP, b""))
+    data[FLAGS_AT] |= FLAG_TRIED
+    with pytest.raises(HopFormatError, match="inside its try token"):
+        decode_hop(bytes(data))
+    assert decode_hop(encode_hop(FIRST_HOP.onward(flags=FLAG_TRIED), b""))[0] == FIRST_HOP
+    for bad in (TRIED.onward(try_signature=b"short"), TRIED.onward(try_start=1 << 16)):
+        with pytest.raises(HopFormatError, match="try token"):
+            encode_hop(bad, b"")
+
+
 def test_an_origin_that_is_no_peer_id_is_a_format_error() -> None:
     with pytest.raises(HopFormatError, match="origin is not a peer id"):
         decode_hop(encode_hop(FIRST_HOP.onward(origin="data-0OIl"), b""))
@@ -92,9 +114,9 @@ def test_random_bytes_raise_only_a_format_error(data: bytes) -> None:
         decode_hop(data)
 
 
-@given(st.integers(min_value=0, max_value=80))
+@given(st.integers(min_value=0, max_value=160))
 def test_truncated_headers_raise_only_a_format_error(cut: int) -> None:
-    data = encode_hop(FIRST_HOP.onward(lender="data-a"), b"")
+    data = encode_hop(TRIED.onward(lender="data-a"), b"")
     if cut >= len(data):
         return
     with pytest.raises(HopFormatError):

@@ -2,11 +2,12 @@
 forward its real gradient is computed through.
 
 Relay ``r`` (stage 1 of 2) holds microbatch 7's forward (as a stand-in, from a repair whose
-kept receipt it signed and got countersigned, or on the path). Run member ``s`` sends it a
-made-up repair of microbatch 7 with another input X2. Computed, it would replace r's saved
-activations: the real gradient would then be backpropagated through X2, poisoning the stage,
-and r's backward receipt would replay from no forward receipt of r's (a stand-in convicted of a
-wrong tensor it computed honestly). ``r`` declines it, and the gradient goes through X1.
+kept receipt it signed and got countersigned, or on the path). Run member ``s``, with the try's
+token a colluder on the path leaked (``try_token.py``), sends it a made-up repair of
+microbatch 7 with another input X2. Computed, it would replace r's saved activations: the real
+gradient would then be backpropagated through X2, poisoning the stage, and r's backward receipt
+would replay from no forward receipt of r's (a stand-in convicted of a wrong tensor it computed
+honestly). ``r`` declines it, and the gradient goes through X1.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from gwtf.node.runtime.dataplane.hop import (
     decode_hop_request,
     frame_digest,
 )
+from gwtf.node.runtime.dataplane.try_token import sign_try
 from gwtf.node.runtime.roles.relay import RelayRole
 from gwtf.node.store.database import open_database
 from gwtf.node.store.hops import HopStore
@@ -92,6 +94,11 @@ class Capture:
             frame_digest(frame), b"", b"", b"",
         )  # fmt: skip
         return encode(ack)
+
+
+def tried(header: HopHeader) -> HopHeader:
+    """``header``, the first forward of a try of data node ``d``'s, with its try token."""
+    return sign_try(header, KEYS["d"])
 
 
 def tensor(seed: int) -> torch.Tensor:
@@ -185,8 +192,8 @@ def test_a_second_repair_under_a_kept_forwards_attempt_does_not_make_the_backwar
     x1, x2, grad = tensor(1), tensor(2), tensor(3)
     f1, f2, g = (codec.encode(7, t, LIMITS) for t in (x1, x2, grad))
     attempt = 256  # the data node's first repair block
-    repair = HopHeader(1, 0, 7, attempt, FORWARD, 1, 0, FLAG_REPAIR, PEER["d"], (PEER["d"],))
-    made_up = repair.onward(path=(PEER["s"],))
+    repair = tried(HopHeader(1, 0, 7, attempt, FORWARD, 1, 0, FLAG_REPAIR, PEER["d"], (PEER["d"],)))
+    made_up = repair.onward(path=(PEER["s"],))  # its try token leaked by a node on the path
     backward = HopHeader(
         1, 0, 7, attempt, BACKWARD, 1, 0, 0, PEER["d"], (PEER["d"], PEER["r"], PEER["t"], PEER["d"])
     )
@@ -236,8 +243,9 @@ def test_a_made_up_repair_after_the_paths_forward_does_not_replace_what_the_back
     books, capture, plane_r, planes = swarm_of(tmp_path)
     x1, x2, grad = tensor(1), tensor(2), tensor(3)
     f1, f2, g = (codec.encode(7, t, LIMITS) for t in (x1, x2, grad))
-    path_forward = HopHeader(1, 0, 7, 0, FORWARD, 1, 0, 0, PEER["d"], (PEER["d"],))
-    made_up = HopHeader(1, 0, 7, 9, FORWARD, 1, 0, FLAG_REPAIR, PEER["d"], (PEER["s"],))
+    path_forward = tried(HopHeader(1, 0, 7, 0, FORWARD, 1, 0, 0, PEER["d"], (PEER["d"],)))
+    # Its try token leaked by a node on the path:
+    made_up = path_forward.onward(attempt=9, flags=FLAG_REPAIR, path=(PEER["s"],))
     backward = HopHeader(
         1, 0, 7, 0, BACKWARD, 1, 0, 0, PEER["d"], (PEER["d"], PEER["r"], PEER["t"], PEER["d"])
     )
@@ -279,7 +287,7 @@ def test_a_backward_through_a_forward_whose_receiver_withheld_its_countersignatu
     books, capture, plane_r, planes = swarm_of(tmp_path)
     x1, grad = tensor(1), tensor(3)
     f1, g = (codec.encode(7, t, LIMITS) for t in (x1, grad))
-    path_forward = HopHeader(1, 0, 7, 0, FORWARD, 1, 0, 0, PEER["d"], (PEER["d"],))
+    path_forward = tried(HopHeader(1, 0, 7, 0, FORWARD, 1, 0, 0, PEER["d"], (PEER["d"],)))
     backward = HopHeader(
         1, 0, 7, 0, BACKWARD, 1, 0, 0, PEER["d"], (PEER["d"], PEER["r"], PEER["t"], PEER["d"])
     )

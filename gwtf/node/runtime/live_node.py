@@ -312,6 +312,7 @@ async def run_live_node(
             limits.max_bytes + 4096,
             emulated_speed=config.emulated_speed,
             emulated_hop_s=config.emulated_hop_s,
+            node_key=key.private_key.to_bytes(),
         )
         worker, memory = await trio.to_thread.run_sync(_worker, config, node_id)
         if config.entry_gate is not None:

@@ -43,10 +43,11 @@ from gwtf.node.runtime.dataplane.hop import (
     encode_hop,
     frame_digest,
 )
+from gwtf.node.runtime.dataplane.try_token import TryTokenError, TryTokens
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_ID = "/gwtf/hop/6.0.0"
+PROTOCOL_ID = "/gwtf/hop/7.0.0"
 _QUEUE_DEPTH = 64
 #: Receipts of kept outputs signed and waiting for their countersignature (oldest dropped).
 _MAX_KEPT_PENDING = 4096
@@ -189,6 +190,10 @@ class DataPlane:
     #: This node's receipts; None runs without (no chain, or receipts turned off).
     receipts: ReceiptBook | None = None
     origin_send: OriginSend | None = None
+    #: This node's key: a data node signs its tries' tokens with it (``try_token.py``).
+    node_key: bytes = field(default=b"", repr=False)
+    #: The try tokens of the forwards received: a forward without a valid one is refused.
+    try_tokens: TryTokens = field(default_factory=TryTokens)
     hops: HopCounts = field(default_factory=HopCounts)
     timings: HopTimings = field(default_factory=HopTimings)
     _queue: tuple[trio.MemorySendChannel[_Job], trio.MemoryReceiveChannel[_Job]] | None = None
@@ -219,6 +224,7 @@ class DataPlane:
         self.timings.bytes_received += len(request)
         header, receipted, frame = decode_hop_request(request)
         self._check_sender(peer, header)
+        self.try_tokens.check(header)  # a made-up forward is the sender's fault: charged
         assert self._queue is not None, "serve() starts the queue before any request arrives"
         job = _Job(peer, header, frame)
         key = (header.iteration, header.microbatch_id, header.direction)
@@ -419,6 +425,12 @@ class DataPlane:
 
         Raises ``PeerUnavailable`` (or ``PeerTimeout``) when the hop was not acknowledged in time.
         """
+        if header.direction == FORWARD and not header.try_start <= header.attempt:
+            # Its receiver would refuse it and charge this node (``try_token.py``).
+            raise TryTokenError(
+                f"forward of microbatch {header.microbatch_id} at attempt {header.attempt} is "
+                f"below its try's start {header.try_start}; not sent"
+            )
         digest = frame_digest(frame)
         book, receipt, receipted = self.receipts, None, None
         if book is not None and input_digest is not None:

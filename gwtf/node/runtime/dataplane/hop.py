@@ -5,6 +5,7 @@ A hop request is a header followed by one tensor frame (``gwtf.node.training.cod
     run_id u64 | epoch u64 | iteration u64 | microbatch_id u64 | attempt u16 | direction u8 |
     stage u16 | slot u32 | flags u8 | origin (u8 len + utf-8) | path count u8 |
     path ids (u8 len + utf-8)* | lender (u8 len + utf-8, only with FLAG_LENT) |
+    try start u16 | try signature (65 bytes), only with FLAG_TRIED |
     input digest (32 bytes) | worker signature (65 bytes), only with FLAG_RECEIPTED
 
 ``stage`` is the stage the *receiver* computes: forward 1..S at relays and S+1 at the sink data
@@ -20,6 +21,10 @@ repair of a microbatch a new block of ``ATTEMPT_BLOCK`` numbers (its n-th is ``n
 node re-sending a hop on its own takes the next number inside the block it received
 (``resend_attempt``). A relay's re-send then never takes a number the data node hands out later
 (a receipt's hop key must not be claimed by two workers).
+
+Every forward carries its try's token (``try_token.py``): the origin's signature of the run,
+iteration, microbatch and the first attempt of the try (``try_start``), which each node copies
+onto the forwards it sends on; a receiver takes no forward without a valid one.
 
 ``epoch`` is the run's epoch the origin started the microbatch's iteration in; every receipt of
 the microbatch's hops names it. A relay that computed the hop it sends names the digest of the
@@ -56,11 +61,15 @@ FLAG_RECEIPTED = 8
 #: microbatch beyond it. Like a repair's, its receipt is signed by the receiver in its ack,
 #: which keeps the output (``exchange.py``).
 FLAG_REDO = 16
+#: The header carries its try's token (``try_start``, ``try_signature``) after the lender.
+FLAG_TRIED = 32
 
 ATTEMPT_BLOCK = 256
 
 _FIXED = struct.Struct(">QQQQHBHIB")
 _MAX_ID_BYTES = 96
+_TRY_START = struct.Struct(">H")
+TRY_SIGNATURE_BYTES = 65
 MAX_PATH = 64
 
 
@@ -82,6 +91,10 @@ class HopHeader:
     path: tuple[str, ...]
     lender: str = ""  # a first hop on a lent flow: whose slot ``slot`` is
     epoch: int = 0  # the run's epoch of the microbatch's iteration, set by its origin
+    #: The try's token (``try_token.py``): its first attempt and its origin's signature of it;
+    #: b"" for none.
+    try_start: int = 0
+    try_signature: bytes = b""
 
     @property
     def is_repair(self) -> bool:
@@ -112,6 +125,7 @@ def encode_hop(header: HopHeader, frame: bytes, receipted: ReceiptInput | None =
         raise HopFormatError("hop header with a bad direction or an over-long path")
     flags = header.flags | FLAG_LENT if header.lender else header.flags & ~FLAG_LENT
     flags = flags | FLAG_RECEIPTED if receipted is not None else flags & ~FLAG_RECEIPTED
+    flags = flags | FLAG_TRIED if header.try_signature else flags & ~FLAG_TRIED
     fixed = _FIXED.pack(
         header.run_id,
         header.epoch,
@@ -127,6 +141,10 @@ def encode_hop(header: HopHeader, frame: bytes, receipted: ReceiptInput | None =
     ids += b"".join(_pack_id(peer) for peer in header.path)
     if header.lender:
         ids += _pack_id(header.lender)
+    if header.try_signature:
+        if len(header.try_signature) != TRY_SIGNATURE_BYTES or not 0 <= header.try_start < 1 << 16:
+            raise HopFormatError("a hop's try token is a u16 start and a 65-byte signature")
+        ids += _TRY_START.pack(header.try_start) + header.try_signature
     if receipted is not None:
         if len(receipted.input_digest) != 32 or len(receipted.worker_signature) != 65:
             raise HopFormatError("a hop's receipt is a 32-byte digest and a 65-byte signature")
@@ -174,16 +192,25 @@ def decode_hop_request(data: bytes) -> tuple[HopHeader, ReceiptInput | None, byt
         raise HopFormatError(f"hop path of {count} nodes, limit {MAX_PATH}")
     path = tuple(read_id() for _ in range(count))
     lender = read_id() if flags & FLAG_LENT else ""
+    try_start, try_signature = 0, b""
+    if flags & FLAG_TRIED:
+        if len(data) < pos + _TRY_START.size + TRY_SIGNATURE_BYTES:
+            raise HopFormatError("hop request ends inside its try token")
+        (try_start,) = _TRY_START.unpack_from(data, pos)
+        pos += _TRY_START.size
+        try_signature = data[pos : pos + TRY_SIGNATURE_BYTES]
+        pos += TRY_SIGNATURE_BYTES
     receipted = None
     if flags & FLAG_RECEIPTED:
         if len(data) < pos + 97:
             raise HopFormatError("hop request ends inside its receipt")
         receipted = ReceiptInput(data[pos : pos + 32], data[pos + 32 : pos + 97])
         pos += 97
-    flags &= ~(FLAG_LENT | FLAG_RECEIPTED)  # said by ``lender`` and ``receipted``
+    flags &= ~(FLAG_LENT | FLAG_RECEIPTED | FLAG_TRIED)  # said by the fields they announce
     header = HopHeader(
-        run_id, iteration, mb, attempt, direction, stage, slot, flags, origin, path, lender, epoch
-    )
+        run_id, iteration, mb, attempt, direction, stage, slot, flags, origin, path, lender, epoch,
+        try_start, try_signature,
+    )  # fmt: skip
     return header, receipted, data[pos:]
 
 

@@ -49,6 +49,7 @@ from gwtf.node.runtime.dataplane.hop import (
 )
 from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, resend_refusal
 from gwtf.node.runtime.dataplane.stall_repair import Outcome, StallRepair
+from gwtf.node.runtime.dataplane.try_token import sign_try
 from gwtf.node.runtime.flow.routing import SwarmWiring
 from gwtf.node.runtime.flow.service import FlowService
 from gwtf.node.runtime.replicas.averaging import GradientAverager
@@ -199,6 +200,14 @@ class DataRole:
                 # of one that is done (or restarted): its loss would add a gradient to another
                 # iteration's.
                 raise Decline(f"microbatch {header.microbatch_id} is not in flight here")
+            started = self.embedded[key][0].try_start
+            if header.try_start != started:
+                # A late copy of a try given up (or one made up with its token, seen on its
+                # path): only the try in flight reaches the loss.
+                raise Decline(
+                    f"microbatch {header.microbatch_id}'s forward of the try started at "
+                    f"{header.try_start}; its try in flight started at {started}"
+                )
             if key in self.losses:
                 # A copy re-sent past a slow (not dead) relay: one loss per microbatch, or its
                 # gradient would count twice. A restart clears the entry first.
@@ -591,6 +600,7 @@ class DataRole:
             flow.lender if flow.lender and self.pool.first_hop(flow) == first_hop else "",
             self.epoch,
         )
+        header = sign_try(header, self.plane.node_key)  # every forward of this try carries it
         self.embedded[key] = (header, frame)
         event = self.done[key] = trio.Event()
         try:

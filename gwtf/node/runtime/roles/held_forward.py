@@ -3,11 +3,12 @@ microbatch's origin has started the microbatch again since.
 
 A relay keeps one forward per microbatch: its saved activations are what the microbatch's
 gradient goes through. A forward's sender is checked only against the last entry of the path
-it claims, so any run member can send a relay a forward of a microbatch it holds, made up from
-an input of its choosing. Computed, it would replace the held activations, and the real
-gradient, coming back along the real path, would go through the made-up input: the stage's
-weights poisoned, unnoticed (the relay's backward is receipted through its own whole forward
-receipt of that input, which a juror accepts).
+it claims and the try token it carries (``dataplane/try_token.py``), so a node that has the
+token (on the microbatch's path, or told by a colluder there) can send a relay a forward of a
+microbatch it holds, made up from an input of its choosing. Computed, it would replace the
+held activations, and the real gradient, coming back along the real path, would go through the
+made-up input: the stage's weights poisoned, unnoticed (the relay's backward is receipted
+through its own whole forward receipt of that input, which a juror accepts).
 
 Honest second forwards exist, and must still work:
 
@@ -44,7 +45,8 @@ Declined, never charged: the relay cannot tell which of the two forwards is the 
 may hold the made-up one, if that came first), and the verdict rests on the origin's word,
 which must not get honest relays scored down. A made-up forward that reaches a relay before the
 real one (or, after a restart, before the restarted one) is outside this rule: it replaces
-nothing held.
+nothing held. The try token keeps it from any node off the microbatch's path; one made up with a
+leaked token is its maker's work, chained to none of the origin's sends, never certified.
 """
 
 from __future__ import annotations

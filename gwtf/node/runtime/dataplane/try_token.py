@@ -1,0 +1,151 @@
+"""The origin's try token: a forward of a microbatch is taken only as part of a try its origin
+started.
+
+A forward's sender is checked only against the last entry of the path it claims, and microbatch
+ids are predictable, so without more any run member could send a relay (or the origin, which
+computes the loss) a forward of a microbatch made up from an input of its choosing. Arriving
+before the real one, it would be computed and the real one declined as a second forward of the
+microbatch (``roles/held_forward.py``): the training poisoned, unnoticed.
+
+So at the start of each try of a microbatch (its first send, and each restart: the first
+attempt of a new block, ``hop.origin_attempt``) the origin signs, with its node key, the run,
+the iteration, the microbatch and the try's first attempt. Every forward of the try carries the
+token (``HopHeader.try_start`` and ``try_signature``): a relay copies the one it received onto
+the forward it sends on, onto its re-sends and onto the repairs it serves, as the origin does
+onto its own. A receiver takes a forward only when the token was signed by the header's origin
+over that header's run, iteration and microbatch, with a try start no later than the header's
+attempt (re-sends and repairs of a try take attempts above its start). Anything else is the
+sender's fault (an honest sender passes on only a token it checked) and is refused as a
+protocol error, nothing computed.
+
+A node off the microbatch's path never sees its token and cannot make a forward of it up. A
+colluder the routing put on the path can leak it; a forward made up with it is then the
+accomplice's work, chained to no send of the data node, so never certified. A token names a
+try's start, not the latest try, and a relay cannot tell the latest without asking: one seen on
+the path of a try given up stays good at relays after a restart. The origin knows its tries, so
+it takes for the loss only a forward of the try in flight (``roles/data.py``; a late copy of an
+old try is declined, not charged); a made-up forward computed at a relay with an old token never
+reaches the loss, and the new try's forward replaces it there (``roles/held_forward.py``), or,
+when its attempt was made up within the new try's, it costs the microbatch a restart (each
+time: a node once on a microbatch's path can so hold it back).
+
+The signature is EIP-712 under its own domain (``TRY_TOKEN_DOMAIN``, bound to no chain and no
+contract) and its own type, so it can never pass for a hop receipt or any other message this
+key signs. Checking costs one ECDSA recovery, once per (origin, iteration, microbatch, try
+start, signature) on each receiver: the valid ones are kept in a small bounded table.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Final
+
+from libp2p.peer.id import ID
+
+from gwtf.contracts.encoding import (
+    Eip712Domain,
+    recover_digest_signer,
+    sign_digest,
+    typed_data_digest,
+)
+from gwtf.contracts.keccak import keccak256
+from gwtf.errors import ProtocolError
+from gwtf.node.p2p.identity import node_address_of_peer
+from gwtf.node.runtime.dataplane.hop import FORWARD, HopHeader
+
+TRY_TOKEN_DOMAIN: Final = Eip712Domain(
+    "GWTF try token", "1", 0, "0x0000000000000000000000000000000000000000"
+)
+TRY_TOKEN_TYPE: Final = "TryToken(uint64 run,uint64 iteration,uint64 microbatch,uint16 tryStart)"
+_TRY_TOKEN_TYPE_HASH: Final = keccak256(TRY_TOKEN_TYPE.encode())
+#: Valid tokens kept: a receiver holds at most its in-flight microbatches' tries.
+MAX_CHECKED_TOKENS: Final = 4096
+
+
+class TryTokenError(ProtocolError):
+    """A forward whose try token is missing or not its origin's for that hop."""
+
+
+def try_token_digest(run_id: int, iteration: int, microbatch: int, try_start: int) -> bytes:
+    """The EIP-712 digest an origin signs for one try of one microbatch."""
+    if not (run_id | iteration | microbatch) >> 64 == try_start >> 16 == 0 or try_start < 0:
+        raise TryTokenError("a try token's run, iteration and microbatch are u64, its start u16")
+    # abi.encode of static uints: each a 32-byte big-endian word (as eth_abi's ``encode``,
+    # which costs as much as the recovery itself)
+    words = b"".join(v.to_bytes(32, "big") for v in (run_id, iteration, microbatch, try_start))
+    return typed_data_digest(TRY_TOKEN_DOMAIN, keccak256(_TRY_TOKEN_TYPE_HASH + words))
+
+
+def sign_try(header: HopHeader, node_key: bytes) -> HopHeader:
+    """``header``, a try's first forward at its origin, with the try's token: its attempt is
+    the try's start."""
+    if len(node_key) != 32:
+        raise ProtocolError(
+            "a data node signs its tries with its node key; give its DataPlane one (node_key)"
+        )
+    digest = try_token_digest(header.run_id, header.iteration, header.microbatch_id, header.attempt)
+    return header.onward(try_start=header.attempt, try_signature=sign_digest(digest, node_key))
+
+
+@functools.lru_cache(maxsize=256)
+def origin_address(origin: str) -> str:
+    """The node address of a hop's origin peer id (cached: a run has few data nodes)."""
+    try:
+        return node_address_of_peer(ID.from_base58(origin))
+    except Exception as exc:  # base58, multihash and key decoding errors, or no secp256k1 key
+        raise TryTokenError(f"hop origin {origin[:20]!r} is not a node's peer id") from exc
+
+
+@dataclass
+class TryTokens:
+    """A receiver's check of forwards' try tokens, with the valid ones it has seen."""
+
+    max_checked: int = MAX_CHECKED_TOKENS
+    _valid: OrderedDict[tuple[str, int, int, int, int, bytes], None] = field(
+        default_factory=OrderedDict
+    )
+
+    def check(self, header: HopHeader) -> None:
+        """Raise ``TryTokenError`` unless ``header`` (a forward) carries a token its origin
+        signed for its run, iteration and microbatch, starting no later than its attempt."""
+        if header.direction != FORWARD:
+            return
+        microbatch = header.microbatch_id
+        if not header.try_signature:
+            raise TryTokenError(
+                f"forward of microbatch {microbatch} without its try token; a node sends on the "
+                "token of the forward it computed from"
+            )
+        if header.try_start > header.attempt:
+            raise TryTokenError(
+                f"forward of microbatch {microbatch} at attempt {header.attempt} carries the "
+                f"token of a try starting at {header.try_start}"
+            )
+        key = (
+            header.origin,
+            header.run_id,
+            header.iteration,
+            microbatch,
+            header.try_start,
+            header.try_signature,
+        )
+        if key in self._valid:
+            self._valid.move_to_end(key)
+            return
+        digest = try_token_digest(header.run_id, header.iteration, microbatch, header.try_start)
+        try:
+            signer = recover_digest_signer(digest, header.try_signature)
+        except ProtocolError as exc:
+            raise TryTokenError(f"forward of microbatch {microbatch}: try token {exc}") from exc
+        if signer != origin_address(header.origin):
+            raise TryTokenError(
+                f"forward of microbatch {microbatch} carries a try token its origin did not sign"
+            )
+        self._valid[key] = None
+        while len(self._valid) > self.max_checked:
+            self._valid.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._valid)
