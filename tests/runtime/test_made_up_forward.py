@@ -21,6 +21,7 @@ model's.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -114,7 +115,7 @@ def test_a_made_up_forward_arriving_before_the_real_one_is_refused_and_charged(
         send_forward = data.sender.send_forward
 
         async def attack_first(
-            header: HopHeader, frame: bytes, to: str, input_digest: bytes
+            header: HopHeader, frame: bytes, to: str, input_digest: bytes, *route: Any
         ) -> str:
             """X's first hop waits until the stage-1 relay off its path has sent its made-up
             forwards of X to ``b`` and to the origin."""
@@ -139,7 +140,7 @@ def test_a_made_up_forward_arriving_before_the_real_one_is_refused_and_charged(
                         outcome.append(f"declined: {exc}")
                     except PeerUnavailable as exc:
                         outcome.append("refused" if "try token" in str(exc) else str(exc))
-            return await send_forward(header, frame, to, input_digest)
+            return await send_forward(header, frame, to, input_digest, *route)
 
         data.sender.send_forward = attack_first  # type: ignore[method-assign]
 
@@ -183,7 +184,7 @@ def test_a_forward_made_up_with_a_given_up_tries_token_never_reaches_the_loss(
             return await run_microbatch(iteration, microbatch_id, flow, attempt)
 
         async def attack_first(
-            header: HopHeader, frame: bytes, to: str, input_digest: bytes
+            header: HopHeader, frame: bytes, to: str, input_digest: bytes, *route: Any
         ) -> str:
             if not outcome and given_up and header.microbatch_id == given_up[0]:
                 assert header.try_start == header.attempt == ATTEMPT_BLOCK
@@ -203,7 +204,7 @@ def test_a_forward_made_up_with_a_given_up_tries_token_never_reaches_the_loss(
                         outcome.append("computed")
                     except RequestDeclined as exc:
                         outcome.append("declined" if "in flight started at" in str(exc) else "?")
-            return await send_forward(header, frame, to, input_digest)
+            return await send_forward(header, frame, to, input_digest, *route)
 
         data._run_microbatch = give_up_first_try  # type: ignore[method-assign]
         data.sender.send_forward = attack_first  # type: ignore[method-assign]
