@@ -13,6 +13,7 @@ import trio
 
 from gwtf.contracts.encoding import hop_key
 from gwtf.node.audit.checks import equivocations
+from gwtf.node.audit.replays import EvidenceSource
 from gwtf.node.audit.runner import read_receipts
 from gwtf.node.p2p.host import running_host
 from gwtf.node.p2p.identity import identity_from_key, new_identity
@@ -20,6 +21,7 @@ from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 from gwtf.node.receipts.cheats import EQUIVOCATE, Cheat
 from gwtf.node.receipts.serving import (
     RECEIPTS_VIA_PROTOCOL,
+    RECEIVED,
     ReceiptServer,
     serve_receipts_forwarding,
 )
@@ -77,6 +79,12 @@ def test_a_node_nobody_dials_is_read_through_a_forwarder_and_its_equivocation_fo
                 assert set(read) == {*mine, *received, *cheat.extras[(0, 1)]}
                 (found,) = equivocations(read, DOMAIN)
                 assert found.accused.lower() == ADDRESS["a"].lower() and found.proof is not None
+                # A juror's evidence source reads it the same way (a backward's forward receipts).
+                a = ADDRESS["a"].lower()
+                forwarders = [str(stranger.get_id()), str(data_node.get_id())]
+                source = EvidenceSource(rpc, {}, 1, 5.0, {a: home_id}, forwarders)
+                countersigned = await source.receipts(a, 0, RECEIVED)
+                assert set(countersigned) == {*received, *cheat.extras[(0, 1)]}
                 limits = RpcLimits(256, 64, 5.0)
                 for bad in (b"", b"\x05abc", bytes([len(home_id)]) + home_id.encode() + b"x"):
                     with pytest.raises(PeerUnavailable, match="forwarded receipts request"):
