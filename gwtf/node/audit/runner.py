@@ -13,6 +13,24 @@ carries its proof, which the chain would refuse. With a ``Sampling``, a sample o
 certificate's hops drawn from a block hash after the submission deadline is re-executed from
 the evidence the nodes keep (``gwtf.node.audit.replays``); before that block exists nothing is
 sampled, and the report says when.
+
+A peer the auditor cannot dial (a relay at home, behind a NAT) is read through the nodes it did
+reach, data nodes first: each forwards the request over the connection the relay keeps to it
+(``/gwtf/receipts-via/1.0.0``, ``gwtf.node.p2p.forwarding``), so a home relay's receipts, and
+any equivocation in them, are read as a public relay's are; ``AuditReport.forwarded`` says
+through whom. Why forwarding, and not the two other ways:
+
+* not a circuit through a relay the home relay holds a slot at: a relay takes circuits only
+  from peers the run admits (``relay_service``), and an auditor is anyone, with a fresh
+  identity; opening circuits to anyone would hand strangers the relays' bandwidth. A forwarder
+  passes on one bounded request at a time, over a connection kept up anyway, within the public
+  rate.
+* not the data node serving copies of the receipts it was pushed: those are what the relay
+  chose to report, while an equivocation sits in what it signed or countersigned for others and
+  keeps in its own store, which forwarding reads.
+
+Receipts are signed, so a forwarder can withhold them (the peer is then reported unread, which
+accuses nobody) but never forge one: an honest home relay is no more exposed than a public one.
 """
 
 from __future__ import annotations
