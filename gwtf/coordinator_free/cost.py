@@ -83,6 +83,17 @@ def symmetric_edge_cost_ms(
     )
 
 
+def relayed_latency_ms(latency_ms: float, relay_leg_ms: float) -> float:
+    """The one-way latency routing charges an edge that runs through a circuit relay: the
+    edge's own estimate plus the relay's extra leg (``relay_leg_ms``: this node's estimate of
+    its link to the relay). Where the edge was measured over the circuit the leg is counted
+    twice, which only strengthens the preference for direct edges; on an emulated bed, whose
+    latency follows the two ends' regions and not the path, the leg is the whole detour."""
+    _require_non_negative("latency_ms", latency_ms)
+    _require_non_negative("relay_leg_ms", relay_leg_ms)
+    return latency_ms + relay_leg_ms
+
+
 def smooth_delay(previous: float | None, measured: float) -> float:
     """The per-neighbour estimate ``0.6·old + 0.4·measured``; a first measurement is taken as is."""
     _require_non_negative("measured", measured)

@@ -10,6 +10,7 @@ from gwtf.coordinator_free.cost import (
     EdgeInputs,
     edge_cost_ms,
     path_cost_ms,
+    relayed_latency_ms,
     smooth_delay,
     symmetric_edge_cost_ms,
     transfer_time_ms,
@@ -53,6 +54,12 @@ def test_smoothing_takes_the_first_measurement_then_weighs_old_point_six() -> No
     first = smooth_delay(None, 100.0)
     assert first == 100.0
     assert smooth_delay(first, 50.0) == pytest.approx(0.6 * 100.0 + 0.4 * 50.0)
+
+
+def test_a_relayed_edge_adds_the_relays_leg_to_its_latency() -> None:
+    assert relayed_latency_ms(40.0, 25.0) == 65.0
+    with pytest.raises(CostModelError, match="relay_leg_ms"):
+        relayed_latency_ms(40.0, -1.0)
 
 
 def test_path_cost_is_the_sum_of_edges() -> None:

@@ -89,8 +89,12 @@ def test_a_relayed_edge_costs_more_and_routing_prefers_the_direct_one() -> None:
         node.handle(peer, CostAdvert(50.0, 1), 0.0)
     direct = node.edge_cost_ms("x")
     node.observe_relayed("x", True)
-    # 1 MB of activations each way at 1 Gbps: 8 ms on a direct edge, 5x that through a relay.
-    assert node.edge_cost_ms("x") == pytest.approx(direct + 4 * 8.0)
+    # 1 MB of activations each way at 1 Gbps: 8 ms on a direct edge, 5x that through a relay;
+    # and the leg to the relay, unmeasured: the default latency.
+    unmeasured = node.config.default_latency_ms
+    assert node.edge_cost_ms("x") == pytest.approx(direct + 4 * 8.0 + unmeasured)
+    node.observe_relayed("x", True, relay_leg_ms=20.0)  # as measured to the relay
+    assert node.edge_cost_ms("x") == pytest.approx(direct + 4 * 8.0 + 20.0)
     (request,) = sent(node.handle("d0", FlowRequest(7, "d0/0", ("d0",), 30.0), 0.0), FlowRequest)
     assert request.to == "y"  # x would have won the tie by id
     node.observe_relayed("x", False)

@@ -1,11 +1,13 @@
 """``gwtf-node swarm``'s runner with its chain across the test bed: the sponsor's host serves the
 devnet and runs the data node, one relay of each stage is at home (a cone NAT that drops
 unsolicited dials, a symmetric NAT that resets them: the two neighbouring stages' home relays
-cannot dial each other at all), the other two are public. Every relay, those at home included,
-is paid on chain for exactly its certified hops, and the audit re-executes every certified hop,
-the home relays' fetched through the node they keep connected (``/gwtf/evidence-via``): no
-finding, no hop left unreplayed. The auditor reads the receipts of every relay it can dial; a
-home relay's own receipts are not forwarded, so it does not read those."""
+cannot dial each other at all), the other two are public. The symmetric-NAT home relay
+equivocates: it countersigns a second version of a hop it received, which only its own receipts
+hold. The auditor reads every relay's receipts, the home relays' through the data node they
+keep connected (``/gwtf/receipts-via``), finds that equivocation and has the relay slashed;
+every honest relay, the other at home included, is paid on chain for exactly its certified hops,
+and the audit re-executes every certified hop, the home relays' fetched through the data node
+too (``/gwtf/evidence-via``): no other finding, no hop left unreplayed."""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ RELAYS = {
     "relay-2-1": "tokyo",
 }
 AT_HOME = ("relay-1-0", "relay-2-0")
+#: The home relay that equivocates (``gwtf.node.receipts.cheats``), as a counterparty.
+CHEATER = "relay-2-0"
 OUTBOUND_ONLY = "reachability: behind NAT: running outbound-only through relay"
 
 
@@ -42,6 +46,7 @@ seed = 3
 [swarm]
 relays_per_stage = 2
 capacity = 1
+cheaters = {{"{CHEATER}" = "equivocate"}}
 [chain]
 host = "{chain_host}"
 audit_sample = {HOPS}
@@ -49,7 +54,7 @@ audit_sample = {HOPS}
 
 
 @pytest.mark.slow  # a devnet and five OS processes loading torch: ~2-4 minutes on two cores
-def test_every_relay_at_home_or_public_is_paid_for_its_certified_hops_and_audited(
+def test_relays_at_home_are_audited_as_public_ones_a_home_equivocator_slashed_the_rest_paid(
     bed: Bed, tmp_path: Path
 ) -> None:
     sponsor = bed.hosts["frankfurt"]
@@ -80,17 +85,26 @@ def test_every_relay_at_home_or_public_is_paid_for_its_certified_hops_and_audite
     addresses = {node["node"]: node["node_address"] for node in chain["registered_nodes"]}
     certified = certified_units(out, chain["run_id"], 1)
     earnings = chain["earnings"]
-    for name in RELAYS:
+    honest = [name for name in RELAYS if name != CHEATER]
+    for name in honest:
         assert earnings[name]["units"] == certified.get(addresses[name], 0) > 0, name
         claims = earnings[name]["claims"]
         assert claims and all(c["status"] == "confirmed" for c in claims), (name, claims)
+    assert earnings[CHEATER]["units"] == 0 and earnings[CHEATER]["stake_wei"] == "0"
     paid = sum(int(earnings[name]["reward_wei"]) for name in RELAYS)
     assert paid == int(epoch["claimed_wei"]) > 0
     audit = chain["audit"]
-    assert audit["findings"] == [], audit["findings"]
+    # Every relay's receipts were read: the public ones' directly, the home ones' through the
+    # data node, since nobody can dial them.
+    assert audit["peers_unread"] == {}, audit["peers_unread"]
+    assert audit["peers_forwarded"] == dict.fromkeys(AT_HOME, "data"), audit
+    # The one finding: the home relay's second countersignature, seen only in its own receipts.
+    (found,) = audit["findings"]
+    assert found["kind"] == "equivocation" and found["accused"] == CHEATER, found
+    assert "as counterparty" in found["detail"] and found["provable_on_chain"], found
+    (slashed,) = [c for c in audit["challenges"] if c["outcome"] == "slashed"]
+    assert slashed["accused"] == CHEATER and int(slashed["slashed_wei"]) > 0, slashed
     assert audit["sample_notes"] == []
     assert audit["replayed"] == audit["replayed_exact"] == HOPS, audit
     for name in AT_HOME:
         assert audit["replayed_exact_by_worker"].get(name, 0) > 0, audit
-    # The public relays' receipts were read directly (the home relays' are not forwarded).
-    assert not set(audit["peers_unread"]) - set(AT_HOME), audit["peers_unread"]

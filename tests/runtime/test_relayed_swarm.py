@@ -8,7 +8,7 @@ import pytest
 import trio
 from libp2p.peer.id import ID
 
-from gwtf.node.p2p.relay import is_circuit, is_relayed
+from gwtf.node.p2p.relay import is_circuit, is_relayed, relay_through
 from tests.runtime.swarm_harness import Swarm, reference_losses, run_swarm
 
 ITERATIONS = 2
@@ -31,6 +31,17 @@ def test_neighbouring_stages_that_cannot_dial_each_other_train_through_the_data_
             await trio.sleep(0.05)
         seen["advertised"] = is_circuit(a1.book.own.address) and is_circuit(b1.book.own.address)
         seen["relayed"] = is_relayed(a1.rpc.host, b1_id)
+        data_id = swarm.nodes["data"].book.own.peer_id
+        seen["through the data node"] = str(relay_through(a1.rpc.host, b1_id)) == data_id
+        # The flow core charges the edge the leg to the data node, as a1 measured it (the
+        # measured value, once a1 has an estimate of its link to the data node).
+        core, b1_key = a1.flow.node, b1.book.own.peer_id
+        while not swarm.training_done.is_set():
+            edge = core.peers.get(b1_key)
+            if edge is not None and edge.relay_leg_ms is not None:
+                seen["leg charged"] = edge.relayed
+                break
+            await trio.sleep(0.05)
         await swarm.training_done.wait()
 
     async def main() -> list:  # type: ignore[type-arg]
@@ -48,4 +59,6 @@ def test_neighbouring_stages_that_cannot_dial_each_other_train_through_the_data_
 
     results = trio.run(main)
     assert [r.loss for r in results] == pytest.approx(reference_losses(ITERATIONS, BATCH), rel=1e-4)
-    assert seen == {"advertised": True, "relayed": True}
+    assert seen == dict.fromkeys(
+        ("advertised", "relayed", "through the data node", "leg charged"), True
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from gwtf.coordinator_free.cost import smooth_delay, symmetric_edge_cost_ms
+from gwtf.coordinator_free.cost import relayed_latency_ms, smooth_delay, symmetric_edge_cost_ms
 from gwtf.coordinator_free.placement import offered_slots
 from gwtf.coordinator_free.protocol.config import (
     DATA,
@@ -227,13 +227,18 @@ class NodeBase:
             peer.bandwidth_gbps = smooth_delay(peer.bandwidth_gbps, bandwidth_gbps)
         self._edge_changed(peer)
 
-    def observe_relayed(self, peer_id: str, relayed: bool) -> None:
-        """Whether the link to ``peer_id`` runs through a relay (its bandwidth counts
-        ``relayed_bandwidth_share`` of a direct one's)."""
+    def observe_relayed(
+        self, peer_id: str, relayed: bool, relay_leg_ms: float | None = None
+    ) -> None:
+        """Whether the link to ``peer_id`` runs through a relay, and this node's latency
+        estimate to that relay when it has one: the edge's bandwidth counts
+        ``relayed_bandwidth_share`` of a direct one's, and its latency gains the relay's leg
+        (``cost.relayed_latency_ms``; ``default_latency_ms`` when unmeasured)."""
         peer = self.peers.get(peer_id)
-        if peer is None or peer.relayed == relayed:
+        leg = relay_leg_ms if relayed else None
+        if peer is None or (peer.relayed, peer.relay_leg_ms) == (relayed, leg):
             return
-        peer.relayed = relayed
+        peer.relayed, peer.relay_leg_ms = relayed, leg
         self._edge_changed(peer)
 
     def _edge_changed(self, peer: Peer) -> None:
@@ -258,6 +263,10 @@ class NodeBase:
         bandwidth = peer.bandwidth_gbps or self.config.default_bandwidth_gbps
         if peer.relayed:
             bandwidth *= self.config.relayed_bandwidth_share
+            leg = peer.relay_leg_ms
+            latency = relayed_latency_ms(
+                latency, self.config.default_latency_ms if leg is None else leg
+            )
         peer.edge_cost_ms = symmetric_edge_cost_ms(
             self.spec.compute_ms, peer.compute_ms, latency, bandwidth, self.config.activation_bytes
         )

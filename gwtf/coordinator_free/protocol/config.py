@@ -54,8 +54,8 @@ class FlowConfig:
     default_bandwidth_gbps: float = 1.0
     # Ours, after Petals (which scores relayed servers' throughput x0.2): the share of a link's
     # bandwidth left when it runs through a circuit relay (two links, and a relay that pumps
-    # every byte of both in Python, ~6 MB/s each way). Its latency needs no term: it is
-    # measured over the relay. Routing then prefers direct edges where it has them.
+    # every byte of both in Python, ~6 MB/s each way); its latency gains the relay's leg
+    # (``cost.relayed_latency_ms``). Routing then prefers direct edges where it has them.
     relayed_bandwidth_share: float = 0.2
     # Ours: how often an unchanged advert is repeated (adverts go on change and to new peers;
     # the repeat only covers a lost message: every 15 min, it was 5 and made half of a large

@@ -43,6 +43,7 @@ class Peer:
     latency_ms: float | None = None
     bandwidth_gbps: float | None = None
     relayed: bool = False  # the link runs through a circuit relay
+    relay_leg_ms: float | None = None  # this node's latency estimate to that relay, if known
     alive: bool = True
     table: TableExchange | None = None
     table_at_s: float = -INF

@@ -51,7 +51,7 @@ from gwtf.node.p2p.host import peer_info
 from gwtf.node.p2p.identity import node_address_of_peer
 from gwtf.node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestResponse
 from gwtf.node.receipts.evidence import EvidenceMissing, fetch_frame, fetch_state
-from gwtf.node.receipts.serving import RECEIVED, SIGNED, fetch_receipts
+from gwtf.node.receipts.serving import RECEIVED, SIGNED, Fetched, fetch_receipts
 from gwtf.node.training.checkpoint import verified_digest
 from gwtf.node.training.errors import CheckpointError
 
@@ -158,11 +158,17 @@ class EvidenceSource:
 
     async def receipts(self, node: str, epoch: int, which: int) -> list[SignedReceipt]:
         """``node``'s receipts of one kind (``SIGNED``, ``RECEIVED``) of ``epoch``, as far as
-        it serves them; none from a node not reached directly (receipts are not forwarded)."""
-        peer = self.peers.get(node)
-        if peer is None:
+        it serves them: directly, or through the forwarders from a node not reached."""
+        routes: list[str | None]
+        if node in self.peers:
+            peer, routes = self.peers[node], [None]
+        elif node in self.unreached:
+            peer, routes = self.unreached[node], [*self.forwarders]
+        else:
             return []
-        fetched = await fetch_receipts(self.rpc, peer, self.run_id, epoch, which, self.timeout_s)
+        fetched, _ = await fetch_receipts_over(
+            self.rpc, peer, routes, self.run_id, epoch, which, self.timeout_s
+        )
         return fetched.entries
 
     async def _first(
@@ -324,6 +330,43 @@ def replay_findings(cert: CertRef, replayed: Sequence[Replayed]) -> list[Finding
     return findings
 
 
+async def fetch_receipts_over(
+    rpc: RequestResponse,
+    peer: str,
+    routes: Sequence[str | None],
+    run_id: int,
+    epoch: int,
+    which: int,
+    timeout_s: float,
+) -> tuple[Fetched, str | None]:
+    """One kind of ``peer``'s receipts of ``epoch`` over the first of ``routes`` that serves
+    any (None: directly; else the peer id of a node that forwards them), and that route; when
+    none does, why the last one did not. A forwarder not connected to ``peer`` declines at once."""
+    fetched, via = Fetched((), "no node to read them through"), None
+    for via in routes:
+        fetched = await fetch_receipts(rpc, peer, run_id, epoch, which, timeout_s, via=via)
+        if fetched.pages or fetched.stopped is None:
+            break
+    return fetched, via
+
+
+def unreached_of(peers: Sequence[str], reachable: dict[str, str]) -> dict[str, str]:
+    """The nodes among ``peers`` (multiaddrs) not in ``reachable``: node address -> peer id."""
+    unreached: dict[str, str] = {}
+    for address in peers:
+        info = peer_info(address)
+        node = node_address_of_peer(info.peer_id).lower()
+        if node not in reachable:
+            unreached[node] = str(info.peer_id)
+    return unreached
+
+
+def forwarders_of(reachable: dict[str, str], data_nodes: set[str]) -> list[str]:
+    """The peer ids of the nodes reached, data nodes first: those an audit asks to forward its
+    requests to the nodes it could not reach (a relay at home keeps its data nodes connected)."""
+    return [reachable[node] for node in sorted(reachable, key=lambda n: n not in data_nodes)]
+
+
 def evidence_source(
     rpc: RequestResponse,
     peers: Sequence[str],
@@ -334,20 +377,13 @@ def evidence_source(
 ) -> EvidenceSource:
     """The evidence of the relays among ``peers`` (multiaddrs): directly from those reached,
     through the reached nodes (data nodes first) from those not (behind a NAT)."""
-    unreached: dict[str, str] = {}
-    for address in peers:
-        info = peer_info(address)
-        node = node_address_of_peer(info.peer_id).lower()
-        if node not in reachable and node not in data_nodes:
-            unreached[node] = str(info.peer_id)
-    forwarders = sorted(reachable, key=lambda node: node not in data_nodes)
     return EvidenceSource(
         rpc,
         relays_of(reachable, data_nodes),
         run_id,
         timeout_s,
-        unreached,
-        [reachable[node] for node in forwarders],
+        relays_of(unreached_of(peers, reachable), data_nodes),
+        forwarders_of(reachable, data_nodes),
     )
 
 

@@ -13,6 +13,24 @@ carries its proof, which the chain would refuse. With a ``Sampling``, a sample o
 certificate's hops drawn from a block hash after the submission deadline is re-executed from
 the evidence the nodes keep (``gwtf.node.audit.replays``); before that block exists nothing is
 sampled, and the report says when.
+
+A peer the auditor cannot dial (a relay at home, behind a NAT) is read through the nodes it did
+reach, data nodes first: each forwards the request over the connection the relay keeps to it
+(``/gwtf/receipts-via/1.0.0``, ``gwtf.node.p2p.forwarding``), so a home relay's receipts, and
+any equivocation in them, are read as a public relay's are; ``AuditReport.forwarded`` says
+through whom. Why forwarding, and not the two other ways:
+
+* not a circuit through a relay the home relay holds a slot at: a relay takes circuits only
+  from peers the run admits (``relay_service``), and an auditor is anyone, with a fresh
+  identity; opening circuits to anyone would hand strangers the relays' bandwidth. A forwarder
+  passes on one bounded request at a time, over a connection kept up anyway, within the public
+  rate.
+* not the data node serving copies of the receipts it was pushed: those are what the relay
+  chose to report, while an equivocation sits in what it signed or countersigned for others and
+  keeps in its own store, which forwarding reads.
+
+Receipts are signed, so a forwarder can withhold them (the peer is then reported unread, which
+accuses nobody) but never forge one: an honest home relay is no more exposed than a public one.
 """
 
 from __future__ import annotations
@@ -42,9 +60,12 @@ from gwtf.node.audit.replays import (
     Replayed,
     draw_sample,
     evidence_source,
+    fetch_receipts_over,
+    forwarders_of,
     replay_findings,
     replay_sample,
     sample_seed,
+    unreached_of,
 )
 from gwtf.node.chain.actions import Contracts
 from gwtf.node.chain.epochs import EpochLedger
@@ -86,8 +107,10 @@ class AuditReport:
     epoch: int
     certificates: list[CertificateReport] = field(default_factory=list)
     receipts_seen: int = 0
-    #: Peers dialled: node address -> "ok" or why not.
+    #: Peers whose receipts were read: node address -> "ok" (directly or forwarded) or why not.
     peers: dict[str, str] = field(default_factory=dict)
+    #: Peers not dialled but read through another node: node address -> that node's address.
+    forwarded: dict[str, str] = field(default_factory=dict)
     equivocations: list[Finding] = field(default_factory=list)
     #: Why no hop was re-executed, when sampling was asked ("": it was, or it was not asked).
     sample_note: str = ""
@@ -194,13 +217,29 @@ async def audit_epoch(
             checked.findings += [
                 _as_of(SLASHED if f.accused in slashed_workers else state, f) for f in found
             ]
-        for node, peer in reachable.items():
+        # Every peer's own receipts: those dialled directly, the others through the nodes
+        # reached (a forwarder not connected to one declines at once).
+        forwarders = forwarders_of(reachable, data_nodes)
+        node_of = {peer: node for node, peer in reachable.items()}
+        key_of = {node.lower(): node for node in report.peers}
+        direct: list[str | None] = [None]
+        routes = {node: (peer, direct) for node, peer in reachable.items()}
+        unreached = unreached_of(peers, reachable)
+        routes |= {node: (peer, list(forwarders)) for node, peer in unreached.items()}
+        for node, (peer, vias) in routes.items():
             progress(f"receipts of {node}")
-            for which in (SIGNED, RECEIVED):
-                fetched = await fetch_receipts(rpc, peer, run_id, epoch, which, timeout_s)
-                if fetched.stopped is not None:
-                    report.peers[node] = f"served receipts only in part: {fetched.stopped}"[:200]
-                seen += fetched.entries
+            entries, via, why = await read_receipts(rpc, peer, vias, run_id, epoch, timeout_s)
+            seen += entries
+            key = key_of[node]
+            if node in reachable:
+                if why is not None:
+                    report.peers[key] = f"served receipts only in part: {why}"[:200]
+            elif via is not None:
+                report.forwarded[key] = node_of[via]
+                part = "" if why is None else f" (forwarded, in part: {why})"
+                report.peers[key] = f"ok{part}"[:200]
+            else:
+                report.peers[key] = f"{report.peers[key]}; not forwarded: {why}"[:300]
     report.receipts_seen = len(seen)
     found = await trio.to_thread.run_sync(equivocations, seen, rules.domain)
     slashed = await ask_chain(_convicted_in, contracts, run_id, epoch, {f.accused for f in found})
@@ -208,6 +247,28 @@ async def audit_epoch(
         _as_of(SLASHED if f.accused in slashed else OPEN, f) for f in found
     ]  # fmt: skip
     return report
+
+
+async def read_receipts(
+    rpc: RequestResponse,
+    peer: str,
+    routes: Sequence[str | None],
+    run_id: int,
+    epoch: int,
+    timeout_s: float,
+) -> tuple[list[SignedReceipt], str | None, str | None]:
+    """``peer``'s signed and countersigned receipts of ``epoch``, each kind over the first of
+    ``routes`` that serves it (``fetch_receipts_over``): (the receipts, the forwarder that
+    served them, None when read directly or not at all, why a reading stopped short or None)."""
+    entries: list[SignedReceipt] = []
+    served_by, why = None, None
+    for which in (SIGNED, RECEIVED):
+        fetched, via = await fetch_receipts_over(rpc, peer, routes, run_id, epoch, which, timeout_s)
+        entries += fetched.entries
+        if fetched.pages:
+            served_by = served_by or via
+        why = why or fetched.stopped
+    return entries, served_by, why
 
 
 async def connect_peers(

@@ -232,6 +232,7 @@ def report_json(report: AuditReport) -> dict[str, Any]:
         "run": report.run_id,
         "epoch": report.epoch,
         "peers": report.peers,
+        "forwarded": report.forwarded,
         "receipts_seen": report.receipts_seen,
         "certificates": [
             {
@@ -299,6 +300,8 @@ def print_report(console: Console, report: AuditReport) -> None:
     unreachable = {node: why for node, why in report.peers.items() if why != "ok"}
     for node, why in unreachable.items():
         console.print(f"peer {node}: {why}")
+    for node, via in report.forwarded.items():
+        console.print(f"peer {node}: not dialable, read through {via}")
     console.print(
         f"{len(report.certificates)} certificates, {report.receipts_seen} receipts seen: "
         + (f"{len(report.findings)} findings, {len(report.fraud)} provable on chain"

@@ -322,6 +322,19 @@ def is_relayed(host: IHost, peer: ID) -> bool:
     )
 
 
+def relay_through(host: IHost, peer: ID) -> ID | None:
+    """The relay a relayed connection to ``peer`` runs through (the first circuit address
+    that names one), or None."""
+    for connection in host.get_network().connections.get(peer) or []:
+        for address in connection.get_transport_addresses():
+            if not is_circuit(address):
+                continue
+            relay = address.decapsulate_code(P_P2P_CIRCUIT).get_peer_id()
+            if relay is not None:
+                return ID.from_base58(relay)
+    return None
+
+
 # ---- streams ------------------------------------------------------------------------------------
 
 

@@ -13,16 +13,16 @@ once the epoch settles on chain.
 A relay behind a NAT cannot be dialled by an auditor. Every node with receipts therefore also
 forwards evidence requests on ``/gwtf/evidence-via/1.0.0`` to a peer it is connected to right
 now (a home relay keeps its connections to its data node up: ``gwtf.node.p2p.keepalive``), and the
-auditor asks the nodes it reached (the data nodes) for the relays it could not reach. A node
-forwards only over a connection it already has (it never dials for someone else), one chunk per
-request, and peers outside the run within the same shared rate as its own evidence.
+auditor asks the nodes it reached (the data nodes) for the relays it could not reach
+(``gwtf.node.p2p.forwarding``: only over a connection it already has, one chunk per request,
+peers outside the run within the same shared rate as its own evidence).
 
 Wire format (numbers big-endian):
   request = run u64 | epoch u64 | kind u8 (1 frame, 2 state) | key 32 bytes | offset u64
             (key: the frame's digest, or the iteration as a u64 in the last 8 bytes)
   reply   = status u8 (0 found, 1 not kept) | total u64 | up to CHUNK_BYTES bytes from offset
-  forwarded request = length u8 | the target's peer id (UTF-8) | request; its reply is the
-            target's
+  forwarded request = length u8 | the target's peer id (UTF-8) | request (``forwarding``);
+            its reply is the target's
 """
 
 from __future__ import annotations
@@ -42,21 +42,13 @@ from libp2p.peer.id import ID
 
 from gwtf.errors import ChainError, ProtocolError
 from gwtf.node.chain.epochs import EpochLedger
-from gwtf.node.p2p.rpc import (
-    Decline,
-    PeerUnavailable,
-    PublicRate,
-    RequestDeclined,
-    RequestResponse,
-    RpcLimits,
-)
+from gwtf.node.p2p.forwarding import forwarded, forwarded_limits, serve_forwarding
+from gwtf.node.p2p.rpc import Decline, PublicRate, RequestDeclined, RequestResponse, RpcLimits
 from gwtf.node.receipts.serving import MAX_BUSY_RETRIES, PUBLIC_RATE
 from gwtf.node.store.evidence import EvidenceArchive, parse_run_folder
 
 EVIDENCE_PROTOCOL: Final = "/gwtf/evidence/1.0.0"
 EVIDENCE_VIA_PROTOCOL: Final = "/gwtf/evidence-via/1.0.0"
-#: The longest peer id a forwarded request may name (a secp256k1 id has 53 characters).
-MAX_PEER_ID_CHARS: Final = 64
 FRAME, STATE = 1, 2
 CHUNK_BYTES: Final = 1 << 20
 #: Chunks read from disk at once, whoever asks: the node's threads are not the readers'.
@@ -113,32 +105,10 @@ def serve_evidence(
 
 def serve_evidence_forwarding(rpc: RequestResponse, timeout_s: float) -> None:
     """Forward ``/gwtf/evidence-via/1.0.0`` requests to connected peers (see the module)."""
-
-    async def forward(_peer: str, request: bytes) -> bytes:
-        target, inner = _split_forwarded(request)
-        if not rpc.dialer.connected(target):
-            raise Decline(f"not connected to {target}: evidence is forwarded over open connections")
-        try:
-            return await rpc.request(target, EVIDENCE_PROTOCOL, inner, _limits(timeout_s))
-        except RequestDeclined as exc:
-            raise Decline(f"{target} declined: {exc}") from exc  # "busy" stays in the text
-        except PeerUnavailable as exc:
-            raise Decline(f"{target} did not answer: {exc}") from exc
-
-    limits = RpcLimits(1 + MAX_PEER_ID_CHARS + _REQUEST.size, _REPLY.size + CHUNK_BYTES,
-                       2 * timeout_s)  # fmt: skip
-    rpc.serve(EVIDENCE_VIA_PROTOCOL, forward, limits, PublicRate(*PUBLIC_RATE))
-
-
-def _split_forwarded(request: bytes) -> tuple[ID, bytes]:
-    length = request[0] if request else 0
-    target, inner = request[1 : 1 + length], request[1 + length :]
-    if not 0 < length <= MAX_PEER_ID_CHARS or len(inner) != _REQUEST.size:
-        raise ProtocolError("a forwarded evidence request is (length u8, peer id, request)")
-    try:
-        return ID.from_base58(target.decode()), inner
-    except Exception as exc:  # base58 and multihash raise assorted types for a bad id
-        raise ProtocolError(f"a forwarded evidence request names a bad peer id: {exc}") from exc
+    public = PublicRate(*PUBLIC_RATE)
+    serve_forwarding(
+        rpc, EVIDENCE_VIA_PROTOCOL, EVIDENCE_PROTOCOL, _limits(timeout_s), "evidence", public
+    )
 
 
 async def prune_settled_evidence(
@@ -263,14 +233,14 @@ async def _fetch(
     via: str | None = None,
 ) -> bytes:
     if via is None:
-        to, protocol, prefix, limits = peer, EVIDENCE_PROTOCOL, b"", _limits(timeout_s)
+        to, protocol, limits = peer, EVIDENCE_PROTOCOL, _limits(timeout_s)
     else:
-        to, protocol, prefix = via, EVIDENCE_VIA_PROTOCOL, bytes([len(peer)]) + peer.encode()
-        limits = RpcLimits(len(prefix) + _REQUEST.size, _REPLY.size + CHUNK_BYTES, 2 * timeout_s)
+        to, protocol, limits = via, EVIDENCE_VIA_PROTOCOL, _forwarded_limits(timeout_s)
     chunks: list[bytes] = []
     offset, total, busy = 0, None, 0
     while total is None or offset < total:
-        request = prefix + _REQUEST.pack(run_id, epoch, kind, key, offset)
+        request = _REQUEST.pack(run_id, epoch, kind, key, offset)
+        request = request if via is None else forwarded(peer, request)
         try:
             reply = await rpc.request(ID.from_base58(to), protocol, request, limits)
         except RequestDeclined as exc:
@@ -299,3 +269,8 @@ async def _fetch(
 
 def _limits(timeout_s: float) -> RpcLimits:
     return RpcLimits(_REQUEST.size, _REPLY.size + CHUNK_BYTES, timeout_s)
+
+
+def _forwarded_limits(timeout_s: float) -> RpcLimits:
+    inner = _limits(timeout_s)
+    return forwarded_limits(inner.max_request_bytes, inner.max_response_bytes, timeout_s)

@@ -7,7 +7,10 @@ page size; the answer is one page (``ReceiptPage``, at most ``MAX_PAGE`` receipt
 total, in a stable order (hop key; a certificate's leaf order). Anyone may audit: peers the
 run admits are answered freely, any other peer within one shared rate (``PUBLIC_RATE``), each
 within the layer's deadline; the database is read in a worker thread, so a reader never holds
-up the node's hops.
+up the node's hops. A node behind a NAT, which a reader cannot dial, is read through a node it
+keeps a connection to: every node forwards ``/gwtf/receipts-via/1.0.0`` to its connected peers
+(``gwtf.node.p2p.forwarding``; the receipts are signed, so a forwarder can withhold them but
+never forge one).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from libp2p.peer.id import ID
 
 from gwtf.contracts.certificate_tree import CertificateTree, SignedReceipt
 from gwtf.errors import ProtocolError
+from gwtf.node.p2p.forwarding import forwarded, forwarded_limits, serve_forwarding
 from gwtf.node.p2p.rpc import (
     Decline,
     PeerUnavailable,
@@ -37,6 +41,7 @@ from gwtf.node.store.hops import HopStore
 from gwtf.node.store.models import ReceivedHop, SignedHop
 
 RECEIPTS_PROTOCOL: Final = "/gwtf/receipts/1.0.0"
+RECEIPTS_VIA_PROTOCOL: Final = "/gwtf/receipts-via/1.0.0"
 SIGNED, RECEIVED, CERTIFIED = 0, 1, 2
 _REQUEST = struct.Struct(">QQBIH")  # run, epoch, which, offset, page size
 #: Requests per second, and burst, answered to all peers outside the run together.
@@ -125,20 +130,28 @@ async def fetch_receipts(
     timeout_s: float,
     limit: int = MAX_FETCH,
     start: int = 0,
+    via: str | None = None,
 ) -> Fetched:
     """The pages of one kind of ``peer``'s receipts of ``epoch``, in order, from the
-    ``start``-th, up to ``limit`` receipts. A page declined as busy (the public rate) is asked
+    ``start``-th, up to ``limit`` receipts; through the peer ``via`` when given
+    (``/gwtf/receipts-via/1.0.0``). A page declined as busy (the public rate) is asked
     again after a backoff; any other failure ends the reading, and what was read before it is
     kept."""
     pages: list[ReceiptPage] = []
     offset, busy = start, 0
     end = start + limit
+    if via is None:
+        to, protocol, limits = peer, RECEIPTS_PROTOCOL, _limits(timeout_s)
+    else:
+        inner = _limits(timeout_s)
+        to, protocol = via, RECEIPTS_VIA_PROTOCOL
+        limits = forwarded_limits(inner.max_request_bytes, inner.max_response_bytes, timeout_s)
     while offset < end:
         request = _REQUEST.pack(run_id, epoch, which, offset, min(MAX_PAGE, end - offset))
+        if via is not None:
+            request = forwarded(peer, request)
         try:
-            reply = await rpc.request(
-                ID.from_base58(peer), RECEIPTS_PROTOCOL, request, _limits(timeout_s)
-            )
+            reply = await rpc.request(ID.from_base58(to), protocol, request, limits)
             page = decode_page(reply)
             if page.offset != offset:
                 raise ProtocolError(
@@ -160,6 +173,13 @@ async def fetch_receipts(
         if not page.entries or offset >= page.total:
             return Fetched(tuple(pages))
     return Fetched(tuple(pages), f"stopped at {limit} receipts")
+
+
+def serve_receipts_forwarding(rpc: RequestResponse, timeout_s: float) -> None:
+    """Forward ``/gwtf/receipts-via/1.0.0`` requests to connected peers (see the module)."""
+    public = PublicRate(*PUBLIC_RATE)
+    limits = _limits(timeout_s)
+    serve_forwarding(rpc, RECEIPTS_VIA_PROTOCOL, RECEIPTS_PROTOCOL, limits, "receipts", public)
 
 
 def _limits(timeout_s: float) -> RpcLimits:

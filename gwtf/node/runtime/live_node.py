@@ -41,7 +41,7 @@ from gwtf.node.receipts.evidence import (
     serve_evidence_forwarding,
 )
 from gwtf.node.receipts.reports import ReceiptInbox, ReceiptReporter
-from gwtf.node.receipts.serving import ReceiptServer
+from gwtf.node.receipts.serving import ReceiptServer, serve_receipts_forwarding
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.compute_meter import report_compute
 from gwtf.node.runtime.dataplane.exchange import DataPlane
@@ -598,6 +598,7 @@ async def _start_receipts(
     timeout_s = 2 * config.flow.ack_deadline_s
     # Auditors reach a relay behind a NAT through the nodes it keeps connections to.
     serve_evidence_forwarding(rpc, timeout_s)
+    serve_receipts_forwarding(rpc, timeout_s)
 
     def data_node_peers() -> dict[str, str]:
         return {address_of_peer(p): p for p, record in book.peers.items() if record.stage == 0}

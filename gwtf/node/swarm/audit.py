@@ -176,6 +176,10 @@ class SwarmAudit:
             "peers_unread": {
                 named(node): why for r in reports for node, why in r.peers.items() if why != "ok"
             },
+            # Peers nobody could dial (at home), read through the node named.
+            "peers_forwarded": {
+                named(node): named(via) for r in reports for node, via in r.forwarded.items()
+            },
             "findings": [finding(f) for r in reports for f in r.findings],
             "challenges": [
                 {

@@ -4,8 +4,9 @@ Incoming ``/gwtf/flow/3.0.0`` requests are decoded (bad bytes are charged to the
 to the core with ``now``; everything the core answers is queued per destination and sent in order
 by one task per peer, so messages to one peer keep their order as on the simulator's links. The
 round trip of each send is folded into the core's delay estimate of that link, and whether the
-link runs through a circuit relay into its bandwidth estimate. The core's tick runs
-every ``tick_s``. Sends may fail: the protocol tolerates loss and detects dead peers by keep-alive.
+link runs through a circuit relay, with the latency of the leg to that relay, into its cost.
+The core's tick runs every ``tick_s``. Sends may fail: the protocol tolerates loss and detects
+dead peers by keep-alive.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from libp2p.peer.id import ID
 from gwtf.coordinator_free.protocol.config import Outbound
 from gwtf.coordinator_free.protocol.node import FlowNode
 from gwtf.coordinator_free.wire import PROTOCOL_ID, Message, decode, encode
-from gwtf.node.p2p.relay import is_relayed
+from gwtf.node.p2p.relay import is_relayed, relay_through
 from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 
 log = logging.getLogger(__name__)
@@ -80,9 +81,17 @@ class FlowService:
                 log.debug("flow message to %s lost: %s", peer, exc)
                 continue
             rtt_ms = (trio.current_time() - started) * 1000.0
-            self.node.observe_relayed(peer, is_relayed(self.rpc.host, peer_id))
+            self._observe_path(peer, peer_id)
             if math.isfinite(rtt_ms):
                 self.node.observe_link(peer, rtt_ms / 2.0)
+
+    def _observe_path(self, peer: str, peer_id: ID) -> None:
+        """Tell the core whether the link to ``peer`` runs through a relay, with its own
+        latency estimate to that relay (the extra leg the edge's cost gains), if it has one."""
+        relayed = is_relayed(self.rpc.host, peer_id)
+        relay = relay_through(self.rpc.host, peer_id) if relayed else None
+        known = None if relay is None else self.node.peers.get(str(relay))
+        self.node.observe_relayed(peer, relayed, None if known is None else known.latency_ms)
 
     def start(self, nursery: trio.Nursery) -> None:
         """Run the senders and the ticker in ``nursery`` (the node's one nursery)."""

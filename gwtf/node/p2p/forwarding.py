@@ -1,0 +1,88 @@
+"""One request passed on to a peer over a connection this node already holds: how a reader
+outside the run (an auditor, a juror) reaches a node behind a NAT, which nobody can dial.
+
+A node at home keeps its connections to its data nodes and neighbours up
+(``gwtf.node.p2p.keepalive``); each of those serves a *via* protocol beside a protocol of its
+own (``/gwtf/evidence-via/1.0.0`` for ``/gwtf/evidence/1.0.0``, ``/gwtf/receipts-via/1.0.0``
+for ``/gwtf/receipts/1.0.0``), and answers a request naming a peer with that peer's own answer.
+A forwarder never dials for someone else (it declines when it holds no connection), passes on
+one request of the inner protocol's fixed size per request, bounds the reply as the inner
+protocol does, and answers peers outside the run within the same shared rate as its own
+answers. What it passes back is the target's signed data, which the reader checks as if it had
+read it directly: a forwarder can withhold, never forge.
+
+Wire format: forwarded request = length u8 | the target's peer id (UTF-8) | the inner request;
+its reply is the target's.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from libp2p.peer.id import ID
+
+from gwtf.errors import ProtocolError
+from gwtf.node.p2p.rpc import (
+    Decline,
+    PeerUnavailable,
+    PublicRate,
+    RequestDeclined,
+    RequestResponse,
+    RpcLimits,
+)
+
+#: The longest peer id a forwarded request may name (a secp256k1 id has 53 characters).
+MAX_PEER_ID_CHARS: Final = 64
+
+
+def forwarded(target: str, request: bytes) -> bytes:
+    """``request`` addressed to ``target`` (a peer id) through a forwarder."""
+    name = target.encode()
+    if not 0 < len(name) <= MAX_PEER_ID_CHARS:
+        raise ProtocolError(f"peer id {target[:80]!r} cannot be forwarded to")
+    return bytes([len(name)]) + name + request
+
+
+def forwarded_limits(request_bytes: int, reply_bytes: int, timeout_s: float) -> RpcLimits:
+    """The bounds of a forwarded exchange: the inner one's, with room for the target's id and
+    for the forwarder's own wait on the target."""
+    return RpcLimits(1 + MAX_PEER_ID_CHARS + request_bytes, reply_bytes, 2 * timeout_s)
+
+
+def split_forwarded(request: bytes, request_bytes: int, what: str) -> tuple[ID, bytes]:
+    """(target, inner request) of a forwarded ``what`` request whose inner part is
+    ``request_bytes`` long; ``ProtocolError`` for anything else."""
+    length = request[0] if request else 0
+    target, inner = request[1 : 1 + length], request[1 + length :]
+    if not 0 < length <= MAX_PEER_ID_CHARS or len(inner) != request_bytes:
+        raise ProtocolError(f"a forwarded {what} request is (length u8, peer id, request)")
+    try:
+        return ID.from_base58(target.decode()), inner
+    except Exception as exc:  # base58 and multihash raise assorted types for a bad id
+        raise ProtocolError(f"a forwarded {what} request names a bad peer id: {exc}") from exc
+
+
+def serve_forwarding(
+    rpc: RequestResponse,
+    via_protocol: str,
+    protocol: str,
+    limits: RpcLimits,
+    what: str,
+    public: PublicRate | None = None,
+) -> None:
+    """Answer ``via_protocol`` by passing each request on to the peer it names over
+    ``protocol`` (bounded by ``limits``, the inner protocol's own), over open connections only."""
+
+    async def forward(_peer: str, request: bytes) -> bytes:
+        target, inner = split_forwarded(request, limits.max_request_bytes, what)
+        if not rpc.dialer.connected(target):
+            raise Decline(f"not connected to {target}: {what} is forwarded over open connections")
+        try:
+            return await rpc.request(target, protocol, inner, limits)
+        except RequestDeclined as exc:
+            raise Decline(f"{target} declined: {exc}") from exc  # "busy" stays in the text
+        except PeerUnavailable as exc:
+            raise Decline(f"{target} did not answer: {exc}") from exc
+
+    outer = forwarded_limits(limits.max_request_bytes, limits.max_response_bytes, limits.timeout_s)
+    rpc.serve(via_protocol, forward, outer, public or PublicRate())
