@@ -34,7 +34,7 @@ from gwtf.node.runtime.dataplane.hop import (
     decode_hop_request,
     frame_digest,
 )
-from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, resend_refusal
+from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, PassedBack, resend_refusal
 from gwtf.node.runtime.discovery.address_book import AddressBook, PeerRecord, parse_record
 from gwtf.node.runtime.flow.service import FlowService
 from gwtf.node.store.database import open_database
@@ -160,6 +160,43 @@ def test_a_re_send_leaves_out_a_peer_that_declined_alive_though_it_stays_ranked_
     else:
         raise AssertionError("delivered with every peer declining or dead")
     assert plane.sent_to == [("e", 0), ("b", 1)]
+
+
+class RefusedStandIns(HopSender):
+    """A hop sender whose asks for a re-send to a stand-in in ``refusing`` fail (that replica
+    died unseen, or the node before the dead hop could not reach it)."""
+
+    refusing: frozenset[str] = frozenset()
+    asked: list[str]
+
+    async def request_resend(self, header: HopHeader, replacement: str, attempt: int) -> None:
+        self.asked.append(replacement)
+        if len(self.asked) > 8:
+            raise AssertionError(f"asked over and over: {self.asked}")
+        if replacement in self.refusing:
+            raise PeerUnavailable(f"{replacement} could not take the re-send")
+
+
+def test_a_backward_around_a_dead_hop_asks_each_stand_in_once_until_one_takes_it() -> None:
+    """``decisions.stand_in`` from the sender's view, the stand-ins that failed left out: the
+    refusing replicas stay alive in the flow core, yet none is asked twice, and the gradient
+    goes to the one that took the re-send."""
+    config = FlowConfig(stages=2, activation_bytes=1e6)
+    node = FlowNode(NodeSpec("d", "data", 0, 2, 20.0), config, random.Random(0))
+    refusing = {f"x{i}" for i in range(5)}
+    for peer in (*sorted(refusing), "z", "dead"):
+        node.handle(peer, Hello("relay", 2, 2, 2, 2, 0, 20.0, 0, True), 0.0)
+    unused: Any = None
+    plane = DeadPlane(unused, "d", 1, 2, 1.0, 1 << 20)
+    plane.dead, plane.sent_to = frozenset({"dead"}), []
+    sender = RefusedStandIns(plane, FlowService(unused, node, tick_s=1.0), HopStats(), None)
+    sender.refusing, sender.asked = frozenset(refusing), []
+    backward = HopHeader(1, 0, 7, 0, BACKWARD, 2, 0, 0, "d", ("d", "a", "dead", "d"))
+    record = PassedBack(backward, b"grad", b"in")
+    trio.run(sender.send_backward, record)
+    assert sender.asked[-1] == "z" and len(set(sender.asked)) == len(sender.asked)
+    assert record.sent_to == "z" and record.header.path == ("d", "a", "z", "d")
+    assert all(node.peers[peer].alive for peer in refusing)
 
 
 # ---- hop keys a made-up repair could use up ----------------------------------------------------
