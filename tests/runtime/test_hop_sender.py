@@ -21,7 +21,7 @@ from gwtf.coordinator_free.wire import CostAdvert, Hello, HopAck, encode
 from gwtf.node.p2p.discovery_records import PeerCard, card_key, open_card, sign_card
 from gwtf.node.p2p.host import build_host
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
-from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse
+from gwtf.node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestResponse
 from gwtf.node.receipts.book import ReceiptBook, ReceiptTerms
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane
@@ -34,7 +34,7 @@ from gwtf.node.runtime.dataplane.hop import (
     decode_hop_request,
     frame_digest,
 )
-from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, resend_refusal
+from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, PassedBack, resend_refusal
 from gwtf.node.runtime.discovery.address_book import AddressBook, PeerRecord, parse_record
 from gwtf.node.runtime.flow.service import FlowService
 from gwtf.node.store.database import open_database
@@ -116,6 +116,87 @@ def test_a_forward_off_any_flow_goes_to_the_peer_with_room_and_the_cheapest_way_
     delivered = trio.run(sender.send_forward, forward, b"out", "e", b"in")
     assert delivered == "b" and plane.sent_to == [("e", 0), ("b", 1)]
     assert not node.peers["e"].alive
+
+
+class DecliningPlane(DeadPlane):
+    """``DeadPlane`` whose peers in ``declining`` are alive and decline every hop."""
+
+    declining: frozenset[str] = frozenset()
+
+    async def send(
+        self, to: str, header: HopHeader, frame: bytes, input_digest: bytes | None = None
+    ) -> bytes:
+        if len(self.sent_to) > 8:
+            raise AssertionError(f"sent over and over: {self.sent_to}")
+        if to in self.declining:
+            self.sent_to.append((to, header.attempt))
+            raise RequestDeclined(f"{to} declines the hop")
+        return await super().send(to, header, frame, input_digest)
+
+
+def test_a_re_send_leaves_out_a_peer_that_declined_alive_though_it_stays_ranked_best() -> None:
+    """A peer that declines a forward (``RequestDeclined``) stays alive in the flow core and
+    stays the ranked best next hop; only the peers already tried keep the re-send off it, and
+    once every peer is tried the send gives up instead of asking them again."""
+    config = FlowConfig(stages=2, activation_bytes=1e6)
+    node = FlowNode(NodeSpec("a", "relay", 1, 2, 20.0), config, random.Random(0))
+    for peer, cost in (("b", 40.0), ("e", 25.0)):
+        node.handle(peer, Hello("relay", 2, 2, 2, 2, 0, 20.0, 0, True), 0.0)
+        node.handle(peer, CostAdvert(cost, 2), 0.0)
+    unused: Any = None
+    plane = DecliningPlane(unused, "a", 1, 2, 1.0, 1 << 20)
+    plane.declining, plane.sent_to = frozenset({"e"}), []
+    sender = HopSender(plane, FlowService(unused, node, tick_s=1.0), HopStats(), None)
+    forward = HopHeader(1, 0, 7, 0, FORWARD, 2, 0, 0, "d", ("d", "a"))
+    delivered = trio.run(sender.send_forward, forward, b"out", "e", b"in", lambda: ("e", 3))
+    assert delivered == "b" and plane.sent_to == [("e", 0), ("b", 1)]
+    assert node.peers["e"].alive and sender.next_hop(2, None) == "e"
+
+    plane.dead, plane.sent_to = frozenset({"b"}), []
+    try:
+        trio.run(sender.send_forward, forward, b"out", "e", b"in", lambda: ("e", 3))
+    except PeerUnavailable:
+        pass
+    else:
+        raise AssertionError("delivered with every peer declining or dead")
+    assert plane.sent_to == [("e", 0), ("b", 1)]
+
+
+class RefusedStandIns(HopSender):
+    """A hop sender whose asks for a re-send to a stand-in in ``refusing`` fail (that replica
+    died unseen, or the node before the dead hop could not reach it)."""
+
+    refusing: frozenset[str] = frozenset()
+    asked: list[str]
+
+    async def request_resend(self, header: HopHeader, replacement: str, attempt: int) -> None:
+        self.asked.append(replacement)
+        if len(self.asked) > 8:
+            raise AssertionError(f"asked over and over: {self.asked}")
+        if replacement in self.refusing:
+            raise PeerUnavailable(f"{replacement} could not take the re-send")
+
+
+def test_a_backward_around_a_dead_hop_asks_each_stand_in_once_until_one_takes_it() -> None:
+    """``decisions.stand_in`` from the sender's view, the stand-ins that failed left out: the
+    refusing replicas stay alive in the flow core, yet none is asked twice, and the gradient
+    goes to the one that took the re-send."""
+    config = FlowConfig(stages=2, activation_bytes=1e6)
+    node = FlowNode(NodeSpec("d", "data", 0, 2, 20.0), config, random.Random(0))
+    refusing = {f"x{i}" for i in range(5)}
+    for peer in (*sorted(refusing), "z", "dead"):
+        node.handle(peer, Hello("relay", 2, 2, 2, 2, 0, 20.0, 0, True), 0.0)
+    unused: Any = None
+    plane = DeadPlane(unused, "d", 1, 2, 1.0, 1 << 20)
+    plane.dead, plane.sent_to = frozenset({"dead"}), []
+    sender = RefusedStandIns(plane, FlowService(unused, node, tick_s=1.0), HopStats(), None)
+    sender.refusing, sender.asked = frozenset(refusing), []
+    backward = HopHeader(1, 0, 7, 0, BACKWARD, 2, 0, 0, "d", ("d", "a", "dead", "d"))
+    record = PassedBack(backward, b"grad", b"in")
+    trio.run(sender.send_backward, record)
+    assert sender.asked[-1] == "z" and len(set(sender.asked)) == len(sender.asked)
+    assert record.sent_to == "z" and record.header.path == ("d", "a", "z", "d")
+    assert all(node.peers[peer].alive for peer in refusing)
 
 
 # ---- hop keys a made-up repair could use up ----------------------------------------------------

@@ -4,8 +4,9 @@ stand-in for a dead hop.
 ``next_hop`` is the one rule for a forward leaving a node, first send and re-send alike: the
 flow's next hop (``FlowNode.route``) when the flow is carried and that hop is not ruled out;
 else the best next-stage peer the node believes alive: one that knows a way on to a sink first
-(a peer advertising an infinite cost knows none), then one believed to have room (so detours
-spread rather than pile onto one peer), then the least edge + advertised cost, then id. A
+(a peer advertising an infinite cost knows none), then one that advertised room for a flow, then
+the least edge + advertised cost, then id. Detours do not use up that room: a node sends every
+detour to the same peer until the peers' adverts or its link estimates change. A
 missed ack rules its peer out (the caller declares it dead, so it leaves the view, or passes it
 in ``exclude`` when it declined the hop alive). None: no next-stage peer is known; the caller
 holds, restarts or has the hop repaired.
