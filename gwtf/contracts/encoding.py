@@ -299,20 +299,32 @@ def recover_digest_signer(digest: bytes, signature: bytes) -> str:
     chain."""
     if len(signature) != SIGNATURE_BYTES:
         raise ProtocolError(f"signature is {len(signature)} bytes, expected {SIGNATURE_BYTES}")
-    r = int.from_bytes(signature[:32], "big")
-    s = int.from_bytes(signature[32:64], "big")
     v = signature[64]
-    if v not in (27, 28) or s > SECP256K1_HALF_ORDER or r == 0 or s == 0:
+    s = signature[32:64]
+    # Big-endian words of equal length compare as the numbers they hold.
+    if v not in (27, 28) or s > _HALF_ORDER_WORD or s == _ZERO_WORD or signature[:32] == _ZERO_WORD:
         raise ProtocolError("signature is malformed or malleable (v must be 27/28, s low)")
     if len(digest) != 32:
         raise ProtocolError("a signed digest must be 32 bytes")
     try:
         public_key = coincurve.PublicKey.from_signature_and_message(
-            signature[:64] + bytes([v - 27]), digest, hasher=None
+            signature[:64] + _RECOVERY_ID[v], digest, hasher=None
         )
     except ValueError as exc:  # coincurve: no key recovers from these r, s
         raise ProtocolError("signature does not recover to any public key") from exc
-    return node_address_of(public_key.format(compressed=False)[1:])
+    return _address_of_key(public_key.format(compressed=False))
+
+
+_HALF_ORDER_WORD: Final = SECP256K1_HALF_ORDER.to_bytes(32, "big")
+_ZERO_WORD: Final = bytes(32)
+_RECOVERY_ID: Final = {27: b"\x00", 28: b"\x01"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _address_of_key(uncompressed: bytes) -> str:
+    # Cached: an epoch's signatures come from a few keys, and the address is a keccak and a
+    # checksum (another keccak) of the key.
+    return node_address_of(uncompressed[1:])
 
 
 def recover_signer(receipt: HopReceipt, domain: Eip712Domain, signature: bytes) -> str:
