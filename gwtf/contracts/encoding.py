@@ -157,6 +157,36 @@ class HopReceipt:
         """The struct as an ABI tuple, in field order (what web3 passes to the contract)."""
         return tuple(getattr(self, field.name) for field in fields(self))
 
+    # The two hashes of a receipt are computed once per receipt object and kept on it (the
+    # receipt cannot change): a node hashes one receipt for each signature it makes or checks,
+    # its leaf and its key, and an auditor for its leaf's check, both recoveries and the
+    # equivocation search.
+
+    @functools.cached_property
+    def hop_key(self) -> bytes:
+        """``hop_key(self)``."""
+        tail = _HOP_KEY_TAIL.pack(
+            self.epoch, _address_bytes(self.dataNode), self.microbatchId, self.stage,
+            self.direction, self.attempt, _address_bytes(self.worker),
+        )  # fmt: skip
+        return keccak256(_word(self.runId) + tail)
+
+    @functools.cached_property
+    def struct_hash(self) -> bytes:
+        """EIP-712 hashStruct of the receipt.
+
+        Every field is a static ABI type, so ``abi.encode`` of the struct is the concatenation
+        of one 32-byte word per field; packing the words directly is byte-identical to
+        eth-abi's encoding (the golden vectors pin it) and several times faster, which matters
+        to a data node hashing 100,000 receipts of an epoch. The fields were range-checked
+        when the receipt was built."""
+        tail = _STRUCT_TAIL.pack(
+            self.epoch, _address_bytes(self.dataNode), self.iteration, self.microbatchId,
+            self.stage, self.direction, self.attempt, _address_bytes(self.worker),
+            _address_bytes(self.counterparty), self.inputDigest, self.outputDigest, self.units,
+        )  # fmt: skip
+        return keccak256(HOP_RECEIPT_TYPE_HASH + _word(self.runId) + tail)
+
 
 # (field name, "uint" | "address" | "bytes32", bits) in struct order: what each field must be.
 _HOP_RECEIPT_FIELDS: Final = tuple(
@@ -233,30 +263,12 @@ _LEAF_WORDS: Final = struct.Struct(">24xQ24xQ12x20s24xQ32s32s32s")
 def hop_key(receipt: HopReceipt) -> bytes:
     """What makes a hop unique: one worker's try at one stage and direction of one microbatch
     of one data node. Two receipts with one key and different contents conflict."""
-    r = receipt
-    tail = _HOP_KEY_TAIL.pack(
-        r.epoch, _address_bytes(r.dataNode), r.microbatchId, r.stage, r.direction, r.attempt,
-        _address_bytes(r.worker),
-    )  # fmt: skip
-    return keccak256(_word(r.runId) + tail)
+    return receipt.hop_key
 
 
 def receipt_struct_hash(receipt: HopReceipt) -> bytes:
-    """EIP-712 hashStruct(receipt).
-
-    Every field of ``HopReceipt`` is a static ABI type, so ``abi.encode`` of the struct is the
-    concatenation of one 32-byte word per field; packing the words directly is byte-identical to
-    eth-abi's encoding (the golden vectors pin it) and several times faster, which matters to a
-    data node hashing 100,000 receipts of an epoch. The fields were range-checked when the
-    receipt was built.
-    """
-    r = receipt
-    tail = _STRUCT_TAIL.pack(
-        r.epoch, _address_bytes(r.dataNode), r.iteration, r.microbatchId, r.stage, r.direction,
-        r.attempt, _address_bytes(r.worker), _address_bytes(r.counterparty), r.inputDigest,
-        r.outputDigest, r.units,
-    )  # fmt: skip
-    return keccak256(HOP_RECEIPT_TYPE_HASH + _word(r.runId) + tail)
+    """EIP-712 hashStruct(receipt)."""
+    return receipt.struct_hash
 
 
 def typed_data_digest(domain: Eip712Domain, struct_hash: bytes) -> bytes:
