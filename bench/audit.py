@@ -1,13 +1,13 @@
 """What an audit costs: checking an epoch's receipts on one core, and fetching them from a node.
 
 1. Checks (``gwtf.node.audit.checks``) of one data node's certificate of ``--receipts`` hops (real
-   secp256k1 signatures, two stages, two workers): the tree rebuilt from its leaves against the
-   root (served whole, in order), the totals and sequence, each hop by the disputes contract's
-   validity rule (both signatures recovered; membership asked once per node), then
-   equivocations across all of them (both signatures, recovered once: the auditor caches each
-   signer). Receipts per second on one
-   core (goal >= 5,000), against the bare cost of recovering two signatures per receipt in the
-   same run.
+   secp256k1 signatures, two stages, two workers), decoded from its pages as an auditor
+   receives them: the tree rebuilt from its leaves against the root (served whole, in order),
+   the totals and sequence, each hop by the disputes contract's validity rule (both signatures
+   recovered; membership asked once per node), then equivocations across all of them (both
+   signatures, recovered once: the auditor caches each signer). Receipts per second of CPU
+   time (one thread; run it under ``taskset -c 0`` for one core; goal >= 5,000), against the
+   bare cost of recovering two signatures per receipt in the same run.
 2. Fetching that certificate's leaves with their proofs over ``/gwtf/receipts/1.0.0`` from a real
    libp2p host on loopback: as a peer of the run (no rate limit) and as an outsider (the shared
    public rate, 10 pages a second with a burst of 20), against decoding the same pages in
@@ -15,7 +15,7 @@
 
 Re-executing sampled hops has its own benchmark, ``bench/reexecution.py``.
 
-Usage: python bench/audit.py [--receipts 100000] [--fetch 100000] [--public 20000]
+Usage: python bench/audit.py [--receipts 100000] [--fetch 100000] [--public 20000] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -27,7 +27,12 @@ import trio
 from eth_utils.crypto import keccak
 from libp2p.peer.id import ID
 
-from gwtf.contracts.certificate_tree import CertificateTree, SignedReceipt, build_certificate_tree
+from gwtf.contracts.certificate_tree import (
+    CertificateTree,
+    LeafProof,
+    SignedReceipt,
+    build_certificate_tree,
+)
 from gwtf.contracts.encoding import (
     BACKWARD,
     FORWARD,
@@ -39,7 +44,7 @@ from gwtf.contracts.encoding import (
     recover_digest_signer,
     sign_digest,
 )
-from gwtf.node.audit.checks import RunRules, audit_certificate, equivocations
+from gwtf.node.audit.checks import RunRules, _signer, audit_certificate, equivocations
 from gwtf.node.p2p.host import peer_info, running_host
 from gwtf.node.p2p.identity import identity_from_key
 from gwtf.node.p2p.rpc import RequestResponse
@@ -84,26 +89,43 @@ def epoch_of(count: int) -> list[SignedReceipt]:
     return entries
 
 
-def check_rates(tree: CertificateTree) -> tuple[float, float, float]:
-    """Receipts per second: bare signature recovery, the certificate's checks, equivocations."""
-    entries = [e for e in tree.entries if e is not None]
-    started = time.perf_counter()
-    for e in entries:
-        digest = receipt_digest(e.receipt, DOMAIN)
-        recover_digest_signer(digest, e.worker_signature)
-        recover_digest_signer(digest, e.counterparty_signature)
-    bare = len(entries) / (time.perf_counter() - started)
-    served = [(e, tree.leaf_proof(i)) for i, e in enumerate(entries)]
+def as_fetched(tree: CertificateTree) -> list[tuple[SignedReceipt, LeafProof]]:
+    """The certificate's receipts with their leaves as an auditor holds them: decoded from its
+    pages, new objects whose hashes are not computed yet."""
+    return [
+        (entry, leaf)
+        for offset in range(0, tree.count, MAX_PAGE)
+        for page in [decode_page(encode_page(certified_page(tree, offset, MAX_PAGE)))]
+        for entry, leaf in zip(page.entries, page.leaves, strict=True)
+    ]
+
+
+def check_rates(tree: CertificateTree, repeats: int) -> tuple[float, float, float]:
+    """Receipts per second of CPU time, the fastest of ``repeats`` alternating rounds (other
+    work on a shared core only slows a round down): bare signature recovery, the certificate's
+    checks, equivocations (across the receipts just checked, as an audit does)."""
     cert = tree.cert_ref(1, 0, ADDRESSES["data"])
     rules = RunRules(2, UNITS, DOMAIN)
-    started = time.perf_counter()
-    findings = audit_certificate(cert, served, rules, lambda node, or_data_node: True)
-    checked = len(entries) / (time.perf_counter() - started)
-    assert findings == [], findings[:3]
-    started = time.perf_counter()
-    assert equivocations(entries, DOMAIN) == []
-    unique = len(entries) / (time.perf_counter() - started)
-    return bare, checked, unique
+    best = [0.0, 0.0, 0.0]
+    for _ in range(repeats):
+        _signer.cache_clear()  # each round recovers every signature afresh, as one audit does
+        entries = [e for e, _ in as_fetched(tree)]
+        started = time.process_time()
+        for e in entries:
+            digest = receipt_digest(e.receipt, DOMAIN)
+            recover_digest_signer(digest, e.worker_signature)
+            recover_digest_signer(digest, e.counterparty_signature)
+        bare = len(entries) / (time.process_time() - started)
+        served = as_fetched(tree)
+        started = time.process_time()
+        findings = audit_certificate(cert, served, rules, lambda node, or_data_node: True)
+        checked = len(served) / (time.process_time() - started)
+        assert findings == [], findings[:3]
+        started = time.process_time()
+        assert equivocations([e for e, _ in served], DOMAIN) == []
+        unique = len(served) / (time.process_time() - started)
+        best = [max(b, rate) for b, rate in zip(best, (bare, checked, unique), strict=True)]
+    return best[0], best[1], best[2]
 
 
 def decode_rate(tree: CertificateTree) -> float:
@@ -143,12 +165,13 @@ def main() -> None:
     parser.add_argument("--receipts", type=int, default=100_000)
     parser.add_argument("--fetch", type=int, default=100_000, help="leaves fetched as a peer")
     parser.add_argument("--public", type=int, default=20_000, help="leaves fetched in public")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of the checks, fastest kept")
     args = parser.parse_args()
     started = time.perf_counter()
     tree = build_certificate_tree(epoch_of(args.receipts), DOMAIN)
     made_s = time.perf_counter() - started
     print(f"{args.receipts:,} signed receipts and their tree in {made_s:.0f} s")
-    bare, checked, unique = check_rates(tree)
+    bare, checked, unique = check_rates(tree, args.repeats)
     both = 1 / (1 / checked + 1 / unique)
     in_process = decode_rate(tree)
     as_peer = trio.run(fetch_rate, tree, min(args.fetch, tree.count), True)
