@@ -16,12 +16,17 @@
 Re-executing sampled hops has its own benchmark, ``bench/reexecution.py``.
 
 Usage: python bench/audit.py [--receipts 100000] [--fetch 100000] [--public 20000] [--repeats 3]
+       [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
+import re
 import time
+from collections import defaultdict
 
 import trio
 from eth_utils.crypto import keccak
@@ -128,6 +133,63 @@ def check_rates(tree: CertificateTree, repeats: int) -> tuple[float, float, floa
     return best[0], best[1], best[2]
 
 
+#: (part, pattern of a profiled function ``file:name``), in order: a function is the first
+#: part's whose pattern it matches; keccak256 is counted in its callers' parts.
+PROFILE_PARTS: list[tuple[str, str]] = [
+    ("recovery: secp256k1_ecdsa_recover (two)", r"secp256k1_ecdsa_recover"),
+    (
+        "recovery: coincurve's wrapper, OpenZeppelin's checks, key -> address",
+        r"/coincurve/|_libsecp256k1|_cffi|recover_digest_signer|node_address_of|_address_of_key"
+        r"|_checksummed|_canonical_address|checks\.py:_signer$",
+    ),
+    (
+        "EIP-712: receipt digest, hop key, signatures hash",
+        r"struct_hash|hop_key|receipt_digest|typed_data_digest|signatures_hash|separator"
+        r"|_word$|_address_bytes|_is_the_leafs|'pack'|functools\.py:__get__|RLock",
+    ),
+    ("Merkle: leaf hashes, tree rebuilt, proofs", r":leaf$|merkle\.py|_whole_tree|with_proof"),
+    (
+        "validation: schedule, totals, sequence, membership",
+        r"invalid_because|_contradicts_totals|_sequence_findings|_breaks|scheduled_units"
+        r"|checks\.py:cached$|'lower'|<lambda>",
+    ),
+    ("equivocation grouping", r"equivocation"),
+]
+
+
+def profile_parts(tree: CertificateTree) -> None:
+    """Where the checks' and equivocations' time goes, by part (cProfile: it inflates every
+    Python call, so the parts other than recovery weigh more here than they do unprofiled)."""
+    _signer.cache_clear()
+    served = as_fetched(tree)
+    cert = tree.cert_ref(1, 0, ADDRESSES["data"])
+    profile = cProfile.Profile()
+    profile.enable()
+    audit_certificate(cert, served, RunRules(2, UNITS, DOMAIN), lambda node, or_data: True)
+    equivocations([e for e, _ in served], DOMAIN)
+    profile.disable()
+    rest = "object building, loops, the rest"
+    patterns = [(part, re.compile(pattern)) for part, pattern in PROFILE_PARTS]
+
+    def part_of(function: tuple[str, int, str]) -> str:
+        name = f"{function[0]}:{function[2]}"
+        return next((part for part, pattern in patterns if pattern.search(name)), rest)
+
+    spent: dict[str, float] = defaultdict(float)
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    for function, (_, _, own, _, callers) in stats.items():
+        if function[2] == "keccak256":  # its time, with the C digest under it, to its callers
+            for caller, (_, _, _, from_caller) in callers.items():
+                spent[part_of(caller)] += from_caller
+        elif "_pysha3" not in function[2]:
+            spent[part_of(function)] += own
+    print(f"\n{'where the time goes (cProfile), us per receipt':<72}{'us':>8}{'share':>8}")
+    total_s = sum(spent.values())
+    for part in [p for p, _ in PROFILE_PARTS] + [rest]:
+        print(f"{part:<72}{spent[part] / len(served) * 1e6:>8.1f}{spent[part] / total_s:>8.1%}")
+    print(f"{'all':<72}{total_s / len(served) * 1e6:>8.1f}")
+
+
 def decode_rate(tree: CertificateTree) -> float:
     """Receipts per second of paging the certificate in process (encode and decode)."""
     started = time.perf_counter()
@@ -166,11 +228,15 @@ def main() -> None:
     parser.add_argument("--fetch", type=int, default=100_000, help="leaves fetched as a peer")
     parser.add_argument("--public", type=int, default=20_000, help="leaves fetched in public")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the checks, fastest kept")
+    parser.add_argument("--profile", action="store_true", help="only where the checks' time goes")
     args = parser.parse_args()
     started = time.perf_counter()
     tree = build_certificate_tree(epoch_of(args.receipts), DOMAIN)
     made_s = time.perf_counter() - started
     print(f"{args.receipts:,} signed receipts and their tree in {made_s:.0f} s")
+    if args.profile:
+        profile_parts(tree)
+        return
     bare, checked, unique = check_rates(tree, args.repeats)
     both = 1 / (1 / checked + 1 / unique)
     in_process = decode_rate(tree)
