@@ -142,15 +142,17 @@ class RelayRole:
             elif key in self.sender.passed:
                 self._pass_on_again(header)
                 return None
-            # Named only by the kept frame and the receipt of the gradient sent on.
-            hashed = self.evidence is not None or self.plane.receipts is not None
-            input_digest = frame_digest(frame) if hashed else None
+            # The input's digest, hashed at most once: for the kept frame, and for the record
+            # and receipt of the gradient sent on.
+            input_digest = frame_digest(frame) if self.evidence is not None else None
             grad_frame: bytes = await self._run(
                 self._in_step, header, self._backward, header, frame, tensor, input_digest
             )
             receipted = await self._backward_receipted(key)
             if redo:  # signed in the ack: only once the weights it was computed with are kept
                 receipted = receipted and await self._state_kept(header)
+            if receipted and input_digest is None:
+                input_digest = frame_digest(frame)
             onward = header.onward(stage=header.stage - 1, flags=0)
             record = self.sender.pass_back(onward, grad_frame, input_digest if receipted else None)
             if redo:  # a redone gradient is kept for the stage before's redo, if any
