@@ -157,6 +157,36 @@ class HopReceipt:
         """The struct as an ABI tuple, in field order (what web3 passes to the contract)."""
         return tuple(getattr(self, field.name) for field in fields(self))
 
+    # The two hashes of a receipt are computed once per receipt object and kept on it (the
+    # receipt cannot change): a node hashes one receipt for each signature it makes or checks,
+    # its leaf and its key, and an auditor for its leaf's check, both recoveries and the
+    # equivocation search.
+
+    @functools.cached_property
+    def hop_key(self) -> bytes:
+        """``hop_key(self)``."""
+        tail = _HOP_KEY_TAIL.pack(
+            self.epoch, _address_bytes(self.dataNode), self.microbatchId, self.stage,
+            self.direction, self.attempt, _address_bytes(self.worker),
+        )  # fmt: skip
+        return keccak256(_word(self.runId) + tail)
+
+    @functools.cached_property
+    def struct_hash(self) -> bytes:
+        """EIP-712 hashStruct of the receipt.
+
+        Every field is a static ABI type, so ``abi.encode`` of the struct is the concatenation
+        of one 32-byte word per field; packing the words directly is byte-identical to
+        eth-abi's encoding (the golden vectors pin it) and several times faster, which matters
+        to a data node hashing 100,000 receipts of an epoch. The fields were range-checked
+        when the receipt was built."""
+        tail = _STRUCT_TAIL.pack(
+            self.epoch, _address_bytes(self.dataNode), self.iteration, self.microbatchId,
+            self.stage, self.direction, self.attempt, _address_bytes(self.worker),
+            _address_bytes(self.counterparty), self.inputDigest, self.outputDigest, self.units,
+        )  # fmt: skip
+        return keccak256(HOP_RECEIPT_TYPE_HASH + _word(self.runId) + tail)
+
 
 # (field name, "uint" | "address" | "bytes32", bits) in struct order: what each field must be.
 _HOP_RECEIPT_FIELDS: Final = tuple(
@@ -233,30 +263,12 @@ _LEAF_WORDS: Final = struct.Struct(">24xQ24xQ12x20s24xQ32s32s32s")
 def hop_key(receipt: HopReceipt) -> bytes:
     """What makes a hop unique: one worker's try at one stage and direction of one microbatch
     of one data node. Two receipts with one key and different contents conflict."""
-    r = receipt
-    tail = _HOP_KEY_TAIL.pack(
-        r.epoch, _address_bytes(r.dataNode), r.microbatchId, r.stage, r.direction, r.attempt,
-        _address_bytes(r.worker),
-    )  # fmt: skip
-    return keccak256(_word(r.runId) + tail)
+    return receipt.hop_key
 
 
 def receipt_struct_hash(receipt: HopReceipt) -> bytes:
-    """EIP-712 hashStruct(receipt).
-
-    Every field of ``HopReceipt`` is a static ABI type, so ``abi.encode`` of the struct is the
-    concatenation of one 32-byte word per field; packing the words directly is byte-identical to
-    eth-abi's encoding (the golden vectors pin it) and several times faster, which matters to a
-    data node hashing 100,000 receipts of an epoch. The fields were range-checked when the
-    receipt was built.
-    """
-    r = receipt
-    tail = _STRUCT_TAIL.pack(
-        r.epoch, _address_bytes(r.dataNode), r.iteration, r.microbatchId, r.stage, r.direction,
-        r.attempt, _address_bytes(r.worker), _address_bytes(r.counterparty), r.inputDigest,
-        r.outputDigest, r.units,
-    )  # fmt: skip
-    return keccak256(HOP_RECEIPT_TYPE_HASH + _word(r.runId) + tail)
+    """EIP-712 hashStruct(receipt)."""
+    return receipt.struct_hash
 
 
 def typed_data_digest(domain: Eip712Domain, struct_hash: bytes) -> bytes:
@@ -299,20 +311,32 @@ def recover_digest_signer(digest: bytes, signature: bytes) -> str:
     chain."""
     if len(signature) != SIGNATURE_BYTES:
         raise ProtocolError(f"signature is {len(signature)} bytes, expected {SIGNATURE_BYTES}")
-    r = int.from_bytes(signature[:32], "big")
-    s = int.from_bytes(signature[32:64], "big")
     v = signature[64]
-    if v not in (27, 28) or s > SECP256K1_HALF_ORDER or r == 0 or s == 0:
+    s = signature[32:64]
+    # Big-endian words of equal length compare as the numbers they hold.
+    if v not in (27, 28) or s > _HALF_ORDER_WORD or s == _ZERO_WORD or signature[:32] == _ZERO_WORD:
         raise ProtocolError("signature is malformed or malleable (v must be 27/28, s low)")
     if len(digest) != 32:
         raise ProtocolError("a signed digest must be 32 bytes")
     try:
         public_key = coincurve.PublicKey.from_signature_and_message(
-            signature[:64] + bytes([v - 27]), digest, hasher=None
+            signature[:64] + _RECOVERY_ID[v], digest, hasher=None
         )
     except ValueError as exc:  # coincurve: no key recovers from these r, s
         raise ProtocolError("signature does not recover to any public key") from exc
-    return node_address_of(public_key.format(compressed=False)[1:])
+    return _address_of_key(public_key.format(compressed=False))
+
+
+_HALF_ORDER_WORD: Final = SECP256K1_HALF_ORDER.to_bytes(32, "big")
+_ZERO_WORD: Final = bytes(32)
+_RECOVERY_ID: Final = {27: b"\x00", 28: b"\x01"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _address_of_key(uncompressed: bytes) -> str:
+    # Cached: an epoch's signatures come from a few keys, and the address is a keccak and a
+    # checksum (another keccak) of the key.
+    return node_address_of(uncompressed[1:])
 
 
 def recover_signer(receipt: HopReceipt, domain: Eip712Domain, signature: bytes) -> str:

@@ -179,6 +179,45 @@ def test_recover_signer_rejects_malleable_and_malformed_signatures() -> None:
         recover_signer(GOLDEN_RECEIPT, GOLDEN_DOMAIN, signature[:64])
 
 
+HALF_ORDER = 0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0
+
+
+@pytest.mark.parametrize(
+    ("r", "s", "v"),
+    [
+        (None, HALF_ORDER + 1, None),  # the lowest s OpenZeppelin refuses
+        (None, (1 << 256) - 1, None),
+        (None, 0, None),
+        (0, None, None),
+        (None, None, 0),
+        (None, None, 1),
+        (None, None, 26),
+        (None, None, 29),
+    ],
+)
+def test_recover_signer_refuses_what_openzeppelin_refuses(
+    r: int | None, s: int | None, v: int | None
+) -> None:
+    signature = sign_receipt(GOLDEN_RECEIPT, GOLDEN_DOMAIN, GOLDEN_KEY)
+    words = [signature[:32], signature[32:64], signature[64:]]
+    for at, value, size in ((0, r, 32), (1, s, 32), (2, v, 1)):
+        if value is not None:
+            words[at] = value.to_bytes(size, "big")
+    with pytest.raises(ProtocolError, match="malleable"):
+        recover_signer(GOLDEN_RECEIPT, GOLDEN_DOMAIN, b"".join(words))
+
+
+def test_recover_signer_takes_s_at_half_the_order() -> None:
+    """s = n/2 is the highest s OpenZeppelin takes: whatever it recovers to, it is not refused as
+    malleable."""
+    signature = sign_receipt(GOLDEN_RECEIPT, GOLDEN_DOMAIN, GOLDEN_KEY)
+    edge = signature[:32] + HALF_ORDER.to_bytes(32, "big") + signature[64:]
+    try:
+        assert recover_signer(GOLDEN_RECEIPT, GOLDEN_DOMAIN, edge) != GOLDEN_RECEIPT.counterparty
+    except ProtocolError as exc:
+        assert "malleable" not in str(exc)
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [

@@ -83,3 +83,35 @@ def test_the_embedded_chain_reads_without_asking_for_its_accounts(
     monkeypatch.setattr(w3.manager, "request_blocking", counted)
     suite.registry.functions.slasher().call()
     assert "eth_accounts" not in asked and asked.count("eth_call") == 1
+
+
+def _proxied_by(monkeypatch: pytest.MonkeyPatch, proxy: str) -> None:
+    """The environment names ``proxy`` for every plain HTTP request, and no exception."""
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, proxy)
+
+
+def test_a_chain_on_this_machine_is_asked_past_the_environments_proxy(
+    served: tuple[CountingRpc, Contracts], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain HTTP to a loopback RPC reads nothing of the environment (``requests`` would look
+    up its proxies, ``~/.netrc`` and CA bundle on every request): a proxy could not reach
+    this machine's chain anyway."""
+    _, contracts = served
+    _proxied_by(monkeypatch, "http://127.0.0.1:9")  # the discard port: nothing answers
+    url = contracts.w3.provider.endpoint_uri  # type: ignore[attr-defined]
+    assert connect(url).eth.block_number == contracts.w3.eth.block_number
+
+
+def test_a_remote_rpc_is_asked_through_the_environments_proxy(
+    served: tuple[CountingRpc, Contracts], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A volunteer behind a corporate proxy reaches a remote RPC through it: here the devnet's
+    own server stands in as that proxy, for a name that resolves nowhere."""
+    rpc, contracts = served
+    _proxied_by(monkeypatch, contracts.w3.provider.endpoint_uri)  # type: ignore[attr-defined]
+    rpc.asked.clear()
+    assert connect("http://rpc.gwtf.invalid:8545").eth.chain_id == contracts.w3.eth.chain_id
+    assert rpc.asked["eth_chainId"] == 1

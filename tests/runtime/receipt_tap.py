@@ -73,8 +73,8 @@ class ReceiptTap:
         worker = address_of_peer(role.plane.node_id)
 
         def noting(compute: Callable[..., bytes]) -> Callable[..., bytes]:
-            def computed(header: HopHeader, frame: bytes, tensor: Any) -> bytes:
-                out = compute(header, frame, tensor)
+            def computed(header: HopHeader, frame: bytes, *rest: Any) -> bytes:
+                out = compute(header, frame, *rest)
                 self.computed.append(
                     (worker, header.iteration, header.microbatch_id, header.stage,
                      header.direction, frame_digest(frame))

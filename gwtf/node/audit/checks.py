@@ -111,14 +111,17 @@ def audit_certificate(
     proven: dict[int, list[LeafProof]] = defaultdict(list)
     took = _cached(took_part)
     rebuilt = _whole_tree(cert, served)
-    for entry, served_leaf in served:
-        hop = served_leaf.hop
-        if rebuilt is not None:
-            # Every leaf is in the tree, at its index: the proofs are the rebuilt tree's.
-            leaf = LeafProof(hop, tuple(rebuilt.proof(hop.index)))
-        elif verify_proof(served_leaf.proof, cert.root, hop.leaf()):
-            leaf = served_leaf
-        else:
+
+    def with_proof(leaf: LeafProof) -> LeafProof:
+        """The leaf with a proof the chain accepts. A tree served whole was rebuilt, so its
+        leaves are known to be in it and a proof is built only for a finding that needs one."""
+        if rebuilt is None:
+            return leaf
+        return LeafProof(leaf.hop, tuple(rebuilt.proof(leaf.hop.index)))
+
+    for entry, leaf in served:
+        hop = leaf.hop
+        if rebuilt is None and not verify_proof(leaf.proof, cert.root, hop.leaf()):
             findings.append(
                 Finding(UNPROVEN, cert.dataNode, f"leaf {hop.index} is not in the tree")
             )
@@ -130,7 +133,7 @@ def audit_certificate(
                     BAD_TOTALS,
                     cert.dataNode,
                     f"leaf {hop.index} contradicts count or units",
-                    fraud_proofs.bad_totals(cert, leaf),
+                    fraud_proofs.bad_totals(cert, with_proof(leaf)),
                 )
             )
         if not _is_the_leafs(entry, hop, rules.domain):
@@ -144,10 +147,10 @@ def audit_certificate(
                     INVALID_HOP,
                     cert.dataNode,
                     f"leaf {hop.index}: {why}",
-                    fraud_proofs.invalid_hop(cert, leaf, entry),
+                    fraud_proofs.invalid_hop(cert, with_proof(leaf), entry),
                 )
             )
-    findings.extend(_sequence_findings(cert, proven))
+    findings.extend(_sequence_findings(cert, proven, with_proof))
     missing = cert.count - len([i for i in proven if i < cert.count])
     if complete and missing > 0:
         detail = f"{missing} of {cert.count} leaves not served"
@@ -256,17 +259,21 @@ def _contradicts_totals(cert: CertRef, hop: CertifiedHop) -> bool:
     )
 
 
-def _sequence_findings(cert: CertRef, proven: dict[int, list[LeafProof]]) -> list[Finding]:
+def _sequence_findings(
+    cert: CertRef,
+    proven: dict[int, list[LeafProof]],
+    with_proof: Callable[[LeafProof], LeafProof],
+) -> list[Finding]:
     findings = []
     for index, leaves in sorted(proven.items()):
-        distinct = {leaf.hop.leaf(): leaf for leaf in leaves}
+        distinct = {leaf.hop.leaf(): leaf for leaf in leaves} if len(leaves) > 1 else {}
         if len(distinct) > 1:
             first, second = list(distinct.values())[:2]
-            proof = fraud_proofs.bad_sequence(cert, first, second)
+            proof = fraud_proofs.bad_sequence(cert, with_proof(first), with_proof(second))
             findings.append(Finding(BAD_SEQUENCE, cert.dataNode, f"two leaves {index}", proof))
         following = proven.get(index + 1)
         if following and _breaks(leaves[0].hop, following[0].hop):
-            proof = fraud_proofs.bad_sequence(cert, leaves[0], following[0])
+            proof = fraud_proofs.bad_sequence(cert, with_proof(leaves[0]), with_proof(following[0]))
             detail = f"leaves {index} and {index + 1} do not chain"
             findings.append(Finding(BAD_SEQUENCE, cert.dataNode, detail, proof))
     return findings

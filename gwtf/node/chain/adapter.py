@@ -12,9 +12,11 @@ Library errors are translated here, at the boundary: an unreachable RPC becomes
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import requests
 from eth_account.signers.local import LocalAccount
@@ -101,6 +103,7 @@ def connect(
     provider = Web3.HTTPProvider(
         rpc_url,
         request_kwargs={"timeout": timeout_s, "headers": headers},
+        session=_loopback_session(rpc_url),
         exception_retry_configuration=ExceptionRetryConfiguration(
             errors=(requests.ConnectionError, requests.Timeout),
             retries=CONNECT_RETRIES,
@@ -118,6 +121,32 @@ def connect(
             f"{rpc_url} answered but is not an Ethereum JSON-RPC node ({exc})"
         ) from exc
     return w3
+
+
+def _loopback_session(rpc_url: str) -> requests.Session | None:
+    """For plain HTTP to this machine, a session that reads nothing of the environment; None
+    (web3's own sessions) for any other URL.
+
+    ``requests`` looks up the environment's proxies, ``~/.netrc`` and CA bundle for every
+    request (``trust_env``): about 1 ms each, many a second on a busy node. None of them has a
+    use for a chain on this machine (a proxy could not reach it, and plain HTTP has no
+    certificate to check), while a remote RPC keeps them: a volunteer behind a corporate proxy
+    reaches it through the proxy their environment names."""
+    url = urlsplit(rpc_url)
+    if url.scheme != "http" or not _is_loopback(url.hostname or ""):
+        return None
+    session = requests.Session()
+    session.trust_env = False
+    return session
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve anywhere
+        return False
 
 
 class ChainIdOnce(Web3Middleware):

@@ -90,10 +90,13 @@ class EvidenceArchive:
         self._writes: dict[Path, Future[None]] = {}  # state writes, the latest of each path
         root.mkdir(parents=True, exist_ok=True)
 
-    def keep_frame(self, epoch: int, frame: bytes | bytearray | memoryview) -> bytes:
+    def keep_frame(
+        self, epoch: int, frame: bytes | bytearray | memoryview, digest: bytes | None = None
+    ) -> bytes:
         """Keeps ``frame`` of a hop of ``epoch`` (unless the epoch is out of range); returns
-        its digest."""
-        digest = hashlib.sha256(frame).digest()
+        its digest, its SHA-256 (``digest`` when the caller hashed it already)."""
+        if digest is None:
+            digest = hashlib.sha256(frame).digest()
         folder = self._epoch_folder(epoch)
         if folder is not None:
             # Plain strings and os calls: a relay keeps two frames a hop in its compute thread,

@@ -122,15 +122,18 @@ class RelayRole:
         tensor = codec.decode(bytearray(frame), self.limits).tensor
         key = (header.iteration, header.microbatch_id)
         if header.direction == FORWARD:
-            self._check_held(header, key, frame)
+            # The input's digest, hashed once for all that name it: the held forward, the
+            # kept frame, the receipt of the hop sent on.
+            digest = frame_digest(frame)
+            self._check_held(header, key, digest)
             out_frame: bytes = await self._run(
-                self._in_step, header, self._forward, header, frame, tensor
+                self._in_step, header, self._forward, header, frame, tensor, digest
             )
             sends_on = not header.flags & FLAG_REPAIR
-            self.buffers[key] = Buffered(header, out_frame, frame_digest(frame), sending=sends_on)
+            self.buffers[key] = Buffered(header, out_frame, digest, sending=sends_on)
             if not sends_on:  # signed in the ack: only once its weights are kept (or never)
                 return Kept(out_frame, await self._state_kept(header))
-            self.nursery.start_soon(self._send_forward, header, out_frame, frame_digest(frame))
+            self.nursery.start_soon(self._send_forward, header, out_frame, digest)
             return None
         else:
             redo = bool(header.flags & FLAG_REDO)
@@ -139,16 +142,19 @@ class RelayRole:
             elif key in self.sender.passed:
                 self._pass_on_again(header)
                 return None
+            # The input's digest, hashed at most once: for the kept frame, and for the record
+            # and receipt of the gradient sent on.
+            input_digest = frame_digest(frame) if self.evidence is not None else None
             grad_frame: bytes = await self._run(
-                self._in_step, header, self._backward, header, frame, tensor
+                self._in_step, header, self._backward, header, frame, tensor, input_digest
             )
             receipted = await self._backward_receipted(key)
             if redo:  # signed in the ack: only once the weights it was computed with are kept
                 receipted = receipted and await self._state_kept(header)
+            if receipted and input_digest is None:
+                input_digest = frame_digest(frame)
             onward = header.onward(stage=header.stage - 1, flags=0)
-            record = self.sender.pass_back(
-                onward, grad_frame, frame_digest(frame) if receipted else None
-            )
+            record = self.sender.pass_back(onward, grad_frame, input_digest if receipted else None)
             if redo:  # a redone gradient is kept for the stage before's redo, if any
                 return Kept(grad_frame, receipted)
             self.nursery.start_soon(self._send_backward, header, record)
@@ -172,12 +178,11 @@ class RelayRole:
         if digest != held.input_digest:
             self._admitted[(*key, digest)] = held.input_digest
 
-    def _check_held(self, header: HopHeader, key: tuple[int, int], frame: bytes) -> None:
-        """A forward of a microbatch held here from another input replaces it only when
-        ``_admit`` let it replace that very input: its real gradient goes through the held
-        activations. One that met another held forward by its turn is declined."""
+    def _check_held(self, header: HopHeader, key: tuple[int, int], digest: bytes) -> None:
+        """A forward of a microbatch held here from another input (``digest``) replaces it
+        only when ``_admit`` let it replace that very input: its real gradient goes through the
+        held activations. One that met another held forward by its turn is declined."""
         held = self.buffers.get(key)
-        digest = frame_digest(frame)
         admitted = self._admitted.pop((*key, digest), None)
         if held is None or held.input_digest == digest or admitted == held.input_digest:
             return
@@ -330,16 +335,20 @@ class RelayRole:
                 )
         return control.encode_reply(dropped, step=self.worker.step_count)
 
-    def _forward(self, header: HopHeader, frame: bytes, tensor: torch.Tensor) -> bytes:
+    def _forward(
+        self, header: HopHeader, frame: bytes, tensor: torch.Tensor, digest: bytes | None = None
+    ) -> bytes:
         self._keep_state(header)
         output = self.worker.forward(header.microbatch_id, tensor)
         if self.distort is not None:
             output = self.distort(output)
         out_frame = codec.encode(header.microbatch_id, output, self.limits)
-        self._keep_frames(header, frame, out_frame)
+        self._keep_frames(header, frame, digest, out_frame)
         return out_frame
 
-    def _backward(self, header: HopHeader, frame: bytes, tensor: torch.Tensor) -> bytes:
+    def _backward(
+        self, header: HopHeader, frame: bytes, tensor: torch.Tensor, digest: bytes | None = None
+    ) -> bytes:
         if self._discarded == header.iteration and not header.flags & FLAG_REDO:
             raise Decline(
                 f"stage {self.stage} relay dropped its gradient of iteration "
@@ -348,7 +357,7 @@ class RelayRole:
         self._keep_state(header)
         grad = self.worker.backward(header.microbatch_id, tensor)
         grad_frame = codec.encode(header.microbatch_id, grad, self.limits)
-        self._keep_frames(header, frame, grad_frame)
+        self._keep_frames(header, frame, digest, grad_frame)
         return grad_frame
 
     def _keep_state(self, header: HopHeader) -> None:
@@ -418,9 +427,11 @@ class RelayRole:
         self._kept.pop((header.epoch, header.iteration), None)  # the next hop keeps it again
         return False
 
-    def _keep_frames(self, header: HopHeader, frame: bytes, out_frame: bytes) -> None:
+    def _keep_frames(
+        self, header: HopHeader, frame: bytes, digest: bytes | None, out_frame: bytes
+    ) -> None:
         if self.evidence is not None:
-            self.evidence.keep_frame(header.epoch, frame)
+            self.evidence.keep_frame(header.epoch, frame, digest)
             self.evidence.keep_frame(header.epoch, out_frame)
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
