@@ -10,6 +10,11 @@ Relays do not rejoin here: a relay that came back at another stage is a peer the
 view leaves out (the live receiver refuses the hop and the sender drops it from its view), a
 difference of what each side knows, not of the rule. The last stage is left out: live, its
 forward goes to the microbatch's origin, in the simulator along the flow to any data node.
+
+Each relay's live sender lives through the run and counts its detours in flight as it does
+live (``HopSender.detour`` around each send, ended by the ack, the missed ack or the
+microbatch given up), fed the simulator's sends: a side that did not count them would rank
+peers differently, and the trace shows decisions that the counts changed.
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Collection, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import pytest
 
+from gwtf.coordinator_free.decisions import hop_view, next_hop
 from gwtf.coordinator_free.protocol import FlowNode
 from gwtf.coordinator_free.sim import gwtf_policy
 from gwtf.coordinator_free.sim.engine import run_scenario
@@ -30,6 +37,7 @@ from gwtf.coordinator_free.sim.gwtf_policy import GwtfPolicy
 from gwtf.coordinator_free.sim.policy import (
     Forward,
     HopDecision,
+    HopReport,
     MicrobatchView,
     RepairDecision,
     WorldView,
@@ -64,6 +72,30 @@ class ReplayingPolicy(GwtfPolicy):
         self.trace: list[Decision] = []
         self._suspect: str | None = None
         self._repairing: tuple[FlowNode, int, int] | None = None  # node, stages, dead stage
+        self._live: dict[str, HopSender] = {}  # each relay's live sender, kept through the run
+        self._sending: dict[tuple[str, int], tuple[str, ExitStack]] = {}  # (node, mb) -> to
+        self.counted = 0  # decisions the live detour counts changed
+
+    def live(self, node: FlowNode, stages: int) -> HopSender:
+        sender = self._live.get(node.node_id)
+        if sender is None or sender.flow.node is not node:
+            sender = self._live[node.node_id] = live_sender(node, stages)
+        return sender
+
+    def _live_send(
+        self, node: FlowNode, stages: int, mb_id: int, to: str, route: tuple[str, int] | None
+    ) -> None:
+        """The live sender sends ``mb_id``'s forward to ``to`` (it ends an earlier one)."""
+        self._live_ended(node.node_id, mb_id)
+        stack = ExitStack()
+        stack.enter_context(self.live(node, stages).detour(node.next_stage, to, route))
+        self._sending[(node.node_id, mb_id)] = (to, stack)
+
+    def _live_ended(self, node_id: str, mb_id: int, to: str | None = None) -> None:
+        sending = self._sending.get((node_id, mb_id))
+        if sending is not None and (to is None or sending[0] == to):
+            del self._sending[(node_id, mb_id)]
+            sending[1].close()
 
     def choose_next_hop(
         self, world: WorldView, node_id: str, mb: MicrobatchView, now: float
@@ -73,7 +105,8 @@ class ReplayingPolicy(GwtfPolicy):
             return super().choose_next_hop(world, node_id, mb, now)
         header = self._hop_slot.get(mb.mb_id)
         route = None if header is None else node.route(*header)
-        sender = live_sender(node, world.stages)
+        sender = self.live(node, world.stages)
+        exclude = () if self._suspect is None else (self._suspect,)
         if self._suspect is None:
             live = sender.next_hop(node.next_stage, route)
             event = "forward"
@@ -81,19 +114,40 @@ class ReplayingPolicy(GwtfPolicy):
             onward = sender.resend_to(node.next_stage, route, {self._suspect})
             live = None if onward is None else onward.to
             event = "resend"
+        uncounted = next_hop(hop_view(node, route), exclude)
+        self.counted += live != (None if uncounted is None else uncounted.to)
         decision = super().choose_next_hop(world, node_id, mb, now)
         sim = decision.to if isinstance(decision, Forward) else None
         self.trace.append(Decision(event, node_id, route is not None, live, sim))
+        if isinstance(decision, Forward):
+            self._live_send(node, world.stages, mb.mb_id, decision.to, route)
         return decision
+
+    def on_hop_acked(self, world: WorldView, report: HopReport, now: float) -> Sequence[Any]:
+        if report.direction == "forward":
+            self._live_ended(report.sender, report.mb_id, report.receiver)
+        return super().on_hop_acked(world, report, now)
 
     def on_forward_timeout(
         self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
     ) -> HopDecision:
+        self._live_ended(node_id, mb.mb_id, suspect)  # the live send failed
         self._suspect = suspect
         try:
-            return super().on_forward_timeout(world, node_id, mb, suspect, now)
+            decision = super().on_forward_timeout(world, node_id, mb, suspect, now)
         finally:
             self._suspect = None
+        node, sending = self._nodes[node_id], self._sending.get((node_id, mb.mb_id))
+        to = decision.to if isinstance(decision, Forward) and not node.is_data else None
+        if to is not None and (sending is None or sending[0] != to):  # past choose_next_hop
+            self._live_send(node, world.stages, mb.mb_id, to, None)
+        return decision
+
+    def _forget(self, mb_id: int) -> None:
+        for node_id, sent_mb in list(self._sending):
+            if sent_mb == mb_id:
+                self._live_ended(node_id, mb_id)
+        super()._forget(mb_id)
 
     def on_backward_timeout(
         self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
@@ -130,7 +184,7 @@ class ReplayingPolicy(GwtfPolicy):
         assert self._repairing is not None
         node, stages, stage = self._repairing
         state = rng.getstate()
-        live = live_sender(node, stages).stand_in(stage, set(exclude))
+        live = self.live(node, stages).stand_in(stage, set(exclude))
         rng.setstate(state)
         sim = _core_stand_in(candidates, exclude, rng)
         self.trace.append(Decision("stand-in", node.node_id, False, live, sim))
@@ -159,3 +213,5 @@ def test_live_and_simulated_adapters_decide_every_hop_of_a_churned_run_alike(
     assert kinds[("resend", False)] + kinds[("resend", True)] > 0
     assert kinds[("stand-in", False)] > 0
     assert kinds[("flow", False)] > 10 and kinds[("flow", True)] > 0
+    # Detours in flight changed where some forwards went: both sides counted them alike.
+    assert policy.counted > 0

@@ -14,7 +14,9 @@ how they differ.
 
 * Next hop of a forward at a relay. L: ``roles/relay.py`` ``_send_forward`` ->
   ``HopSender.next_hop``; S: ``GwtfPolicy.choose_next_hop``. One rule, ``hops.next_hop``: the
-  flow's route, else the ranked best next-stage peer. S keeps only peers that still announce
+  flow's route, else the ranked best next-stage peer, which counts the node's own detours in
+  flight to each (``hops.Detours``; both sides count a detour from its send, first or re-send,
+  until its ack, its failure or the microbatch given up). S keeps only peers that still announce
   that stage (L's receiver refuses a hop for a stage it left and the sender drops it from its
   view). After the last stage L sends to the microbatch's origin (its embedding ends the
   gradient), S along the flow to any data node (every one holds the data set).
@@ -77,6 +79,7 @@ from gwtf.coordinator_free.decisions.flows import (
     own_flow,
 )
 from gwtf.coordinator_free.decisions.hops import (
+    Detours,
     HopView,
     NextPeer,
     Onward,
@@ -94,6 +97,7 @@ from gwtf.coordinator_free.decisions.repair import (
 
 __all__ = [
     "MAX_STALL_DEADLINES",
+    "Detours",
     "FlowKey",
     "FreeFlow",
     "HopRepair",

@@ -3,13 +3,28 @@ stand-in for a dead hop.
 
 ``next_hop`` is the one rule for a forward leaving a node, first send and re-send alike: the
 flow's next hop (``FlowNode.route``) when the flow is carried and that hop is not ruled out;
-else the best next-stage peer the node believes alive: one that knows a way on to a sink first
-(a peer advertising an infinite cost knows none), then one that advertised room for a flow, then
-the least edge + advertised cost, then id. Detours do not use up that room: a node sends every
-detour to the same peer until the peers' adverts or its link estimates change. A
-missed ack rules its peer out (the caller declares it dead, so it leaves the view, or passes it
-in ``exclude`` when it declined the hop alive). None: no next-stage peer is known; the caller
-holds, restarts or has the hop repaired.
+else the best next-stage peer the node believes alive (``rank``): one that knows a way on to a
+sink first (a peer advertising an infinite cost knows none), then one with room left, then the
+one with the fewest of this node's detours in flight to it, then the least edge + advertised
+cost, then the node's own order of tied peers, then id.
+
+A detour takes up the room it goes into: a peer's room left is the room it last advertised
+less this node's detours in flight to it (``Detours``), so detours spread over the peers
+instead of all going to the one that ranks best until adverts change. Among peers with no room
+left, the least outstanding goes first (the least-outstanding-requests rule): a peer that is
+slow or queues keeps its detours in flight longer (acks come after its compute), so it gets
+fewer new ones, and after a death the upstreams' re-sends spread over the live replicas instead
+of piling onto one. Equal costs (the start-up defaults) are ordered by a hash of the sending
+node's id and the peer's (``HopView.sender``): each node orders tied peers its own way, so the
+upstreams do not all start on the lowest id.
+
+A missed ack rules its peer out (the caller declares it dead, so it leaves the view, or passes
+it in ``exclude`` when it declined the hop alive). None: no next-stage peer is known; the
+caller holds, restarts or has the hop repaired.
+
+``Detours`` is each node's count of the detours (forwards sent off a flow, first sends and
+re-sends) it has in flight, per peer: a detour counts from its send until it is acknowledged,
+fails or is given up. Both the live sender and the simulator keep it this way.
 
 ``stand_in`` picks the replica that recomputes a dead hop of a backward: a live replica of the
 dead hop's stage from the stalled node's own view, at random (the caller's seeded generator), so
@@ -18,10 +33,13 @@ repairs spread over the replicas instead of all landing on the lowest id.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from gwtf.coordinator_free.protocol.config import DATA
 from gwtf.coordinator_free.protocol.node import FlowNode
@@ -34,6 +52,42 @@ class NextPeer:
     peer_id: str
     cost_ms: float  # edge cost to it + its advertised cost to a sink; inf: it knows no way on
     spare: int  # the room it last advertised
+    in_flight: int = 0  # this node's detours in flight to it (``Detours``)
+
+
+class Detours:
+    """A node's detours in flight, by peer: each under a key of the caller's (a microbatch, or
+    one send of it), so that ending one twice, or one that was never counted, changes nothing."""
+
+    __slots__ = ("_count", "_to")
+
+    def __init__(self) -> None:
+        self._to: dict[Hashable, str] = {}  # key -> the peer it went to
+        self._count: Counter[str] = Counter()
+
+    def sent(self, key: Hashable, peer: str) -> None:
+        """A detour under ``key`` went to ``peer`` (a previous one under ``key`` ends)."""
+        self.ended(key)
+        self._to[key] = peer
+        self._count[peer] += 1
+
+    def ended(self, key: Hashable, peer: str | None = None) -> None:
+        """The detour under ``key`` was acknowledged, failed or was given up; with ``peer``,
+        only if it went to ``peer`` (a late ack of an earlier send ends no later one)."""
+        to = self._to.get(key)
+        if to is None or (peer is not None and peer != to):
+            return
+        del self._to[key]
+        self._count[to] -= 1
+        if not self._count[to]:
+            del self._count[to]
+
+    def in_flight(self, peer: str) -> int:
+        """The detours in flight to ``peer``."""
+        return self._count.get(peer, 0)
+
+    def __len__(self) -> int:
+        return len(self._to)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +98,7 @@ class HopView:
 
     route: tuple[str, int] | None
     peers: Iterable[NextPeer]
+    sender: str = ""  # the node's own id: its order of peers of equal cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,14 +113,29 @@ def next_hop(view: HopView, exclude: Collection[str] = ()) -> Onward | None:
     """The forward's next hop (module docstring); None when no next-stage peer is known."""
     if view.route is not None and view.route[0] not in exclude:
         return Onward(view.route[0], view.route[1])
-    best: tuple[bool, bool, float, str] | None = None
+    best: tuple[bool, bool, int, float, int, str] | None = None
     for peer in view.peers:
         if peer.peer_id in exclude:
             continue
-        rank = (peer.cost_ms == math.inf, peer.spare <= 0, peer.cost_ms, peer.peer_id)
-        if best is None or rank < best:
-            best = rank
-    return None if best is None else Onward(best[3], None)
+        ranked = rank(peer, view.sender)
+        if best is None or ranked < best:
+            best = ranked
+    return None if best is None else Onward(best[-1], None)
+
+
+def rank(peer: NextPeer, sender: str = "") -> tuple[bool, bool, int, float, int, str]:
+    """``peer``'s rank as ``sender``'s detour's next hop, lowest first (module docstring)."""
+    no_room = peer.spare - peer.in_flight <= 0
+    way_on = peer.cost_ms == math.inf
+    tie = _tie_order(sender, peer.peer_id)
+    return (way_on, no_room, peer.in_flight, peer.cost_ms, tie, peer.peer_id)
+
+
+@lru_cache(maxsize=1 << 16)
+def _tie_order(sender: str, peer_id: str) -> int:
+    """Where ``sender`` puts ``peer_id`` among peers of equal cost: a stable hash of both."""
+    digest = hashlib.blake2b(f"{sender}|{peer_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
 
 
 def stand_in(candidates: Sequence[str], exclude: Collection[str], rng: random.Random) -> str | None:
@@ -80,18 +150,24 @@ def _everyone(_peer_id: str) -> bool:
 
 
 def hop_view(
-    node: FlowNode, route: tuple[str, int] | None, keep: Callable[[str], bool] = _everyone
+    node: FlowNode,
+    route: tuple[str, int] | None,
+    keep: Callable[[str], bool] = _everyone,
+    detours: Detours | None = None,
 ) -> HopView:
     """``node``'s view for a forward on the flow whose route is ``route``: its live next-stage
-    peers that ``keep`` accepts (data nodes only after the last stage), costs read lazily."""
+    peers that ``keep`` accepts (data nodes only after the last stage), with its ``detours`` in
+    flight to each, costs read lazily."""
     stage = node.next_stage
+    counted = Detours() if detours is None else detours
 
     def peers() -> Iterable[NextPeer]:
         for peer in node.alive_peers(stage):
             if (stage != 0 or peer.role == DATA) and keep(peer.peer_id):
-                yield NextPeer(peer.peer_id, node.cost_through_ms(peer), peer.spare)
+                cost = node.cost_through_ms(peer)
+                yield NextPeer(peer.peer_id, cost, peer.spare, counted.in_flight(peer.peer_id))
 
-    return HopView(route, peers())
+    return HopView(route, peers(), node.node_id)
 
 
 def replicas(node: FlowNode, stage: int, keep: Callable[[str], bool] = _everyone) -> list[str]:

@@ -31,6 +31,7 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from gwtf.coordinator_free.decisions import (
+    Detours,
     choose_flow,
     hop_view,
     keep_waiting,
@@ -122,6 +123,11 @@ class GwtfPolicy(PolicyDefaults):
         #: mb -> (when a re-sent forward or a repaired hop left, watchdog periods waited on it)
         self._recovery: dict[int, tuple[float, int]] = {}
         self._topology_cost: dict[tuple[str, float, str, float], float] = {}
+        #: Each node's forwards in flight off a flow, by microbatch (``decisions.Detours``), and
+        #: the nodes holding one of each microbatch: as the live sender, a detour counts from
+        #: its send until its ack, its forward deadline or the microbatch is given up.
+        self._detours: dict[str, Detours] = {}
+        self._detouring: dict[int, set[str]] = {}
 
     @property
     def flow_nodes(self) -> Mapping[str, FlowNode]:
@@ -198,6 +204,7 @@ class GwtfPolicy(PolicyDefaults):
             boot_id=self._boots[node_id],
         )
         self._nodes[node_id] = node
+        self._detours[node_id] = Detours()  # a node that came back has none in flight
         self._last_tick_s[node_id] = now
         self._wake_asked_s.pop(node_id, None)  # the engine ticks a new node first by itself
         sends: list[Outbound] = []
@@ -377,10 +384,12 @@ class GwtfPolicy(PolicyDefaults):
         at_next_stage = self._at_next_stage(world, node)
         if route is not None and not at_next_stage(route[0]):
             route = None  # its hop moved stage: the live receiver would refuse the microbatch
-        onward = next_hop(hop_view(node, route, at_next_stage))
+        onward = next_hop(hop_view(node, route, at_next_stage, self._detours[node_id]))
         if onward is None:  # it knows no next-stage peer at all: holding would never end
             self._forget(mb.mb_id)
             return Restart()
+        if onward.slot is None:
+            self._detour(node_id, mb.mb_id, onward.to)
         # Off a flow (-1) until the next hop: it routes the microbatch by its own view.
         self._hop_slot[mb.mb_id] = (node_id, -1 if onward.slot is None else onward.slot)
         return Forward(onward.to)
@@ -430,6 +439,7 @@ class GwtfPolicy(PolicyDefaults):
             if fallback is None or now - first_s < patience_s:
                 return Hold()
             self._hop_slot[mb.mb_id] = (node.node_id, -1)
+            self._detour(node.node_id, mb.mb_id, fallback)
             return Forward(fallback)
         if held is not None and held not in routes and held not in loans:
             self._release(mb.mb_id)
@@ -494,15 +504,22 @@ class GwtfPolicy(PolicyDefaults):
 
     def _best_next(self, world: WorldView, node: FlowNode, exclude: str | None) -> str | None:
         """The next-stage peer ``node`` sends a forward to off any flow (``decisions.next_hop``)."""
-        view = hop_view(node, None, self._at_next_stage(world, node))
+        view = hop_view(node, None, self._at_next_stage(world, node), self._detours[node.node_id])
         onward = next_hop(view, () if exclude is None else (exclude,))
         return None if onward is None else onward.to
+
+    def _detour(self, node_id: str, mb_id: int, to: str) -> None:
+        """``node_id`` sends ``mb_id``'s forward off a flow to ``to``: in flight until acked."""
+        self._detours[node_id].sent(mb_id, to)
+        self._detouring.setdefault(mb_id, set()).add(node_id)
 
     def on_hop_acked(self, world: WorldView, report: HopReport, now: float) -> Sequence[Action]:
         node = self._nodes.get(report.sender)
         if node is None:
             return ()
         node.heard_from(report.receiver, now)  # an acknowledgement proves the receiver alive
+        if report.direction == "forward":
+            self._detours[report.sender].ended(report.mb_id, report.receiver)
         peer = node.peers.get(report.receiver)
         if peer is not None and peer.bandwidth_gbps is None:
             # The sender timed the upload of the first activation it sent over this link.
@@ -534,6 +551,7 @@ class GwtfPolicy(PolicyDefaults):
         self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
     ) -> HopDecision:
         node = self._nodes[node_id]
+        self._detours[node_id].ended(mb.mb_id, suspect)  # as the live send that failed
         actions = self._sends(node_id, node.peer_dead(suspect, now)) + self._wake(world, node, now)
         if mb.stage != node.spec.stage:
             # The microbatch already moved past the suspect (its ack was lost with it): the
@@ -549,6 +567,7 @@ class GwtfPolicy(PolicyDefaults):
         if to is None:
             return Hold(tuple(actions))
         self._hop_slot[mb.mb_id] = (node_id, -1)
+        self._detour(node_id, mb.mb_id, to)
         self._recovered(mb.mb_id, now)
         return Forward(to, tuple(actions))
 
@@ -617,6 +636,8 @@ class GwtfPolicy(PolicyDefaults):
             waiting.discard(mb_id)
         self._hop_slot.pop(mb_id, None)
         self._release(mb_id)
+        for node_id in self._detouring.pop(mb_id, ()):
+            self._detours[node_id].ended(mb_id)
 
     # ---- config ----
 

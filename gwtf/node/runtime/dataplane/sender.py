@@ -13,12 +13,14 @@ output (its receipt, with receipts on, is signed and countersigned in ``DataPlan
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import trio
 
 from gwtf.coordinator_free.decisions import (
+    Detours,
     Onward,
     hop_view,
     next_hop,
@@ -93,6 +95,7 @@ class HopSender:
         self.stats = stats
         self.wiring = wiring  # None: hops follow the flow table (GWTF); else SWARM's wiring
         self.passed: dict[tuple[int, int], PassedBack] = {}  # by (iteration, microbatch)
+        self.detours = Detours()  # forwards in flight off a flow, by peer: ``next_hop`` ranks
         # The stage of a peer's signed card that discovery verified and holds, None without
         # one (``AddressBook.stage_of``, set once the node's book exists): the stages two
         # away from this node's are no flow neighbours, yet their nodes ask for re-sends.
@@ -105,7 +108,7 @@ class HopSender:
         if self.wiring is not None:
             wanted = 0 if stage > self.plane.stages else stage
             return self.wiring.choose([p.peer_id for p in self.flow.node.alive_peers(wanted)])
-        onward = next_hop(hop_view(self.flow.node, route))
+        onward = next_hop(hop_view(self.flow.node, route, detours=self.detours))
         return None if onward is None else onward.to
 
     async def send_forward(
@@ -123,7 +126,8 @@ class HopSender:
         while True:
             try:
                 sent_at = trio.current_time()
-                output_digest = await self.plane.send(to, header, frame, input_digest)
+                with self.detour(header.stage, to, route()):
+                    output_digest = await self.plane.send(to, header, frame, input_digest)
                 if self.wiring is not None:
                     self.wiring.observe(to, trio.current_time() - sent_at)
                 self._acknowledged(to)
@@ -154,7 +158,23 @@ class HopSender:
         if self.wiring is not None:  # SWARM's re-send: any other live replica
             chosen = self.stand_in(stage, tried)
             return None if chosen is None else Onward(chosen, None)
-        return next_hop(hop_view(self.flow.node, route), tried)
+        return next_hop(hop_view(self.flow.node, route, detours=self.detours), tried)
+
+    @contextmanager
+    def detour(self, stage: int, to: str, route: tuple[str, int] | None) -> Iterator[None]:
+        """Count a forward into ``stage`` as a detour in flight to ``to`` while it is being
+        sent, if it leaves the flow (``route``: the flow's route as it stands); it ends with the
+        send (acknowledged, failed or given up). The sink's origin and SWARM's draws are none."""
+        off_flow = route is None or route[0] != to
+        if self.wiring is not None or stage > self.plane.stages or not off_flow:
+            yield
+            return
+        key = object()  # this one send
+        self.detours.sent(key, to)
+        try:
+            yield
+        finally:
+            self.detours.ended(key)
 
     def _failed(self, to: str, exc: PeerUnavailable) -> None:
         """A peer that failed a hop is dead to the flow core, unless it declined it alive; one

@@ -584,6 +584,9 @@ class DataRole:
         if first_hop is None:
             return False
         activation = await self._run(self.worker.embed, microbatch_id)
+        # Decided again once embedded, right before the send: the detours this node sent while
+        # it embedded count (``HopSender.detours``), so concurrent microbatches off a flow spread.
+        first_hop = self.sender.next_hop(1, self._flow_route(flow)) or first_hop
         frame = codec.encode(microbatch_id, activation, self.limits)
         header = HopHeader(
             self.plane.run_id,
