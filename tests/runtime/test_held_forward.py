@@ -119,3 +119,26 @@ def test_a_made_up_forward_with_the_last_attempt_number_does_not_lock_out_every_
         return "replaced"
 
     assert trio.run(main) == "replaced"
+
+
+def test_a_forward_made_up_with_a_given_up_tries_token_never_holds_back_the_new_try() -> None:
+    """A node on the path of a try given up (started at 0) keeps its token, and makes up a
+    forward with it under an attempt of the new try's block (the attempt is the sender's to
+    pick; the token's start is the origin's signature). It must not replace the forward held,
+    and once held (it reached the relay first), the new try's own forward must replace it:
+    otherwise each such forward costs the microbatch a restart."""
+    new_try = HELD.onward(attempt=ATTEMPT_BLOCK, try_start=ATTEMPT_BLOCK)
+    made_up = HELD.onward(attempt=ATTEMPT_BLOCK + 44, try_start=0, path=(ORIGIN, MEMBER))
+
+    async def judge(held: HopHeader, header: HopHeader) -> str:
+        async def ask_try(origin: str, iteration: int, microbatch: int) -> tuple[int, int]:
+            return ATTEMPT_BLOCK, 2 * ATTEMPT_BLOCK  # the origin's second try, in flight
+
+        try:
+            await check_second_forward(held, HELD_INPUT, header, OTHER_INPUT, ask_try)
+        except Decline as exc:
+            return str(exc)
+        return "replaced"
+
+    assert "not started it again since" in trio.run(judge, HELD, made_up)
+    assert trio.run(judge, made_up, new_try) == "replaced"
