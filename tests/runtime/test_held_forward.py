@@ -51,26 +51,29 @@ def test_a_second_forward_from_the_held_input_is_computed_without_asking() -> No
 
 
 def test_a_restart_the_origin_names_replaces_a_forward_of_an_earlier_try() -> None:
-    restart = HELD.onward(attempt=ATTEMPT_BLOCK + 1)  # re-sent once within the new try
+    # re-sent once within the new try
+    restart = HELD.onward(attempt=ATTEMPT_BLOCK + 1, try_start=ATTEMPT_BLOCK)
     assert outcome(restart, OTHER_INPUT, ATTEMPT_BLOCK) == ("replaced", 1)
-    resumed = HELD.onward(attempt=3 * ATTEMPT_BLOCK, flags=FLAG_RESUME)  # a repair of that try
+    resumed = restart.onward(attempt=3 * ATTEMPT_BLOCK, flags=FLAG_RESUME)  # a repair of that try
     assert outcome(resumed, OTHER_INPUT, ATTEMPT_BLOCK) == ("replaced", 1)
 
 
 @pytest.mark.parametrize(
-    ("attempt", "started", "why"),
+    ("attempt", "try_start", "started", "why"),
     [
-        (ATTEMPT_BLOCK, 0, "the held forward is of the try in progress"),
-        (1, 0, "a copy re-sent within the held forward's try"),
-        (ATTEMPT_BLOCK, 2 * ATTEMPT_BLOCK, "claims a try before the latest"),
-        (4 * ATTEMPT_BLOCK, ATTEMPT_BLOCK, "claims a number its origin has not handed out"),
-        (ATTEMPT_BLOCK, None, "the origin does not say (unreachable, not in flight)"),
+        (ATTEMPT_BLOCK, 0, 0, "the held forward is of the try in progress"),
+        (ATTEMPT_BLOCK, ATTEMPT_BLOCK, 0, "a try its origin has not started"),
+        (1, 0, 0, "a copy re-sent within the held forward's try"),
+        (2 * ATTEMPT_BLOCK, 0, ATTEMPT_BLOCK, "a given-up try's token, a new try's attempt"),
+        (ATTEMPT_BLOCK, ATTEMPT_BLOCK, 2 * ATTEMPT_BLOCK, "claims a try before the latest"),
+        (4 * ATTEMPT_BLOCK, ATTEMPT_BLOCK, ATTEMPT_BLOCK, "a number not handed out"),
+        (ATTEMPT_BLOCK, ATTEMPT_BLOCK, None, "the origin does not say (unreachable, ...)"),
     ],
 )
 def test_another_input_is_declined_unless_the_origin_restarted_since(
-    attempt: int, started: int | None, why: str
+    attempt: int, try_start: int, started: int | None, why: str
 ) -> None:
-    made_up = HELD.onward(attempt=attempt, path=(ORIGIN, MEMBER))
+    made_up = HELD.onward(attempt=attempt, try_start=try_start, path=(ORIGIN, MEMBER))
     words, asked = outcome(made_up, OTHER_INPUT, started)
     assert "its origin has not started it again since" in words, why
     assert asked == 1
@@ -106,7 +109,7 @@ def test_a_made_up_forward_with_the_last_attempt_number_does_not_lock_out_every_
     it, or a stage with one replica declines every try of the microbatch for the iteration."""
     top = (1 << 16) - 1  # an attempt no origin hands out
     made_up = HELD.onward(attempt=top, path=(ORIGIN, MEMBER))
-    restart = HELD.onward(attempt=ATTEMPT_BLOCK)
+    restart = HELD.onward(attempt=ATTEMPT_BLOCK, try_start=ATTEMPT_BLOCK)
 
     async def main() -> str:
         async def ask_try(origin: str, iteration: int, microbatch: int) -> tuple[int, int]:
@@ -119,3 +122,26 @@ def test_a_made_up_forward_with_the_last_attempt_number_does_not_lock_out_every_
         return "replaced"
 
     assert trio.run(main) == "replaced"
+
+
+def test_a_forward_made_up_with_a_given_up_tries_token_never_holds_back_the_new_try() -> None:
+    """A node on the path of a try given up (started at 0) keeps its token, and makes up a
+    forward with it under an attempt of the new try's block (the attempt is the sender's to
+    pick; the token's start is the origin's signature). It must not replace the forward held,
+    and once held (it reached the relay first), the new try's own forward must replace it:
+    otherwise each such forward costs the microbatch a restart."""
+    new_try = HELD.onward(attempt=ATTEMPT_BLOCK, try_start=ATTEMPT_BLOCK)
+    made_up = HELD.onward(attempt=ATTEMPT_BLOCK + 44, try_start=0, path=(ORIGIN, MEMBER))
+
+    async def judge(held: HopHeader, header: HopHeader) -> str:
+        async def ask_try(origin: str, iteration: int, microbatch: int) -> tuple[int, int]:
+            return ATTEMPT_BLOCK, 2 * ATTEMPT_BLOCK  # the origin's second try, in flight
+
+        try:
+            await check_second_forward(held, HELD_INPUT, header, OTHER_INPUT, ask_try)
+        except Decline as exc:
+            return str(exc)
+        return "replaced"
+
+    assert "not started it again since" in trio.run(judge, HELD, made_up)
+    assert trio.run(judge, made_up, new_try) == "replaced"

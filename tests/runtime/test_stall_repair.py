@@ -284,3 +284,15 @@ def test_only_the_origin_or_the_node_after_the_dead_hop_gets_a_re_send() -> None
     # The last relay's re-send goes to the sink, the origin itself, at its asking only.
     assert refusal("d", "d", 512, holder=3) is None
     assert refusal("y", "y", 257, holder=3)
+
+
+def test_a_re_send_is_refused_under_an_attempt_below_the_held_forwards_try() -> None:
+    """A relay holds a forward of the try started at 512 (a restart). Asked by the origin for
+    a re-send under a block before that try, it must refuse with a reason: its forward would
+    carry its try's token below the try's start, which the data plane will not send (and its
+    error would go back to the asker as a protocol error, charged)."""
+    stages = {"d": 0, "a": 1, "x": 2}
+    forward = HopHeader(1, 4, 7, 512, FORWARD, 1, 0, 0, "d", ("d",), try_start=512)
+    request = control.Resend(4, 7, "x", 256)
+    assert resend_refusal("d", request, forward, 1, 3, stages.get)
+    assert resend_refusal("d", control.Resend(4, 7, "x", 768), forward, 1, 3, stages.get) is None

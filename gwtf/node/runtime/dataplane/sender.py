@@ -387,6 +387,10 @@ def resend_refusal(
     node (or to the origin as the sink). A stage the origin names that this node has not heard
     of is taken on the origin's word (its roster knows more relays than this node's view)."""
     origin, wanted = forward.origin, holder_stage + 1
+    if request.attempt < forward.try_start:
+        # The re-send carries the forward's try token, which names a later start: no receiver
+        # takes it, and this node's data plane does not send it.
+        return f"attempt {request.attempt} is below its forward's try ({forward.try_start})"
     block = forward.attempt // ATTEMPT_BLOCK
     in_block = request.attempt // ATTEMPT_BLOCK == block and request.attempt > forward.attempt
     if asker == origin:

@@ -25,9 +25,9 @@ try's start, not the latest try, and a relay cannot tell the latest without aski
 the path of a try given up stays good at relays after a restart. The origin knows its tries, so
 it takes for the loss only a forward of the try in flight (``roles/data.py``; a late copy of an
 old try is declined, not charged); a made-up forward computed at a relay with an old token never
-reaches the loss, and the new try's forward replaces it there (``roles/held_forward.py``), or,
-when its attempt was made up within the new try's, it costs the microbatch a restart (each
-time: a node once on a microbatch's path can so hold it back).
+reaches the loss, and the new try's forward replaces it there, whatever attempt it names: a
+relay compares the token's start, not the attempt, with the origin's latest try
+(``roles/held_forward.py``).
 
 The signature is EIP-712 under its own domain (``TRY_TOKEN_DOMAIN``, bound to no chain and no
 contract) and its own type, so it can never pass for a hop receipt or any other message this

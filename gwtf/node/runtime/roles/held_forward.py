@@ -24,11 +24,14 @@ Honest second forwards exist, and must still work:
 The rule (``check_second_forward``): a second forward from the input held is computed as
 before (the same weights and input: the same activations, nothing changes). One from another
 input replaces the held one only when the microbatch's origin says (``control.CurrentTry``)
-that its latest try started no later than the new one's attempt, which is below the first
-attempt it has not handed out (``issued``), and that the held forward's attempt is below that
-try's start or not below ``issued``: the held forward belongs to a try the origin gave up, or
-carries a number nobody handed out (made up first under the top attempt, it would otherwise
-outrank every restart). Any other is declined: the held forward
+that its latest try started where the new one's try token says its try started (the origin
+signed that start; the attempt, below the first attempt it has not handed out, ``issued``, is
+the sender's to pick), and that the held forward's try started before or its attempt is not
+below ``issued``: the held forward belongs to a try the origin gave up, or carries a number
+nobody handed out (made up first under the top attempt, it would otherwise outrank every
+restart). So a forward made up with a given-up try's token, whatever attempt it names, never
+replaces a held one, and the new try's own forward replaces it where it got first. Any other
+is declined: the held forward
 belongs to the try in progress, which a copy from another input adds nothing to (the held one
 went on already) and a made-up one must not touch. A repair (``FLAG_REPAIR``) from another input
 is declined without asking: a repair goes to a relay that lacks the microbatch, and its sender
@@ -82,8 +85,11 @@ async def check_second_forward(
     if header.origin == held.origin:
         answer = await ask_try(held.origin, header.iteration, microbatch)
         started, issued = answer if answer is not None else (0, 0)
-        earlier = held.attempt < started or held.attempt >= issued
-        if started <= header.attempt < issued and earlier:
+        # The try token's start is the origin's signature (checked on receipt); the attempt is
+        # the sender's to pick, so it tells no try from another.
+        latest = header.try_start == started <= header.attempt < issued
+        earlier = held.try_start < started or held.attempt >= issued
+        if latest and earlier:
             log.info(
                 "microbatch %s restarted at attempt %s: its old forward is replaced",
                 microbatch,

@@ -1,0 +1,82 @@
+"""A run member off a microbatch's path cannot make its forward up by naming itself its origin.
+
+A live swarm on loopback: data node, stage-1 relays ``a`` and ``m``, stage-2 relay ``b``. As the
+data node starts microbatch X, the stage-1 relay X is not sent to sends ``b`` a forward of X
+made up from an input of its own, before the real one, naming itself X's origin and carrying a
+try token it signed itself: the token is then its origin's, but the origin is no data node of
+the run. Computed, ``b`` would hold the made-up forward, decline X's real one (held from another
+input, of another origin) and each of its restarts, and a gradient the attacker sends back as
+the made-up microbatch's sink would go into ``b``'s weights. ``b`` refuses it and charges it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import trio
+
+from gwtf.node.p2p.rpc import PeerUnavailable, RequestDeclined
+from gwtf.node.p2p.scoring import Offence
+from gwtf.node.runtime.dataplane.hop import HopHeader
+from gwtf.node.runtime.dataplane.try_token import sign_try
+from gwtf.node.runtime.roles.data import DataRole
+from gwtf.node.runtime.roles.relay import RelayRole
+from gwtf.node.training import codec
+from tests.runtime.swarm_harness import BATCH_SIZE, MODEL, SEQ_LEN, Swarm, run_swarm
+from tests.runtime.test_made_up_forward import (
+    BATCH,
+    ITERATIONS,
+    RELAYS,
+    trains_like_the_whole_model,
+)
+
+
+def test_a_forward_naming_its_sender_as_origin_is_refused_and_charged(tmp_path: Path) -> None:
+    swarm = Swarm()
+    outcome: list[str] = []
+    attackers: list[str] = []
+
+    async def arm(swarm: Swarm) -> None:
+        while not {"data", *RELAYS} <= set(swarm.nodes):
+            await trio.sleep(0.01)
+        data = swarm.nodes["data"].role
+        assert isinstance(data, DataRole)
+        send_forward = data.sender.send_forward
+
+        async def attack_first(
+            header: HopHeader, frame: bytes, to: str, input_digest: bytes, *route: Any
+        ) -> str:
+            if not attackers and header.iteration == 0:
+                name = "m" if to == swarm.nodes["a"].plane.node_id else "a"
+                attackers.append(name)
+                attacker, relay_b = swarm.nodes[name], swarm.nodes["b"].plane.node_id
+                me = attacker.plane.node_id
+                seeded = torch.Generator().manual_seed(7)
+                noise = torch.randn(BATCH_SIZE, SEQ_LEN, MODEL.d_model, generator=seeded)
+                assert isinstance(attacker.role, RelayRole)
+                made_up_frame = codec.encode(header.microbatch_id, noise, attacker.role.limits)
+                # X's id, its own origin and a token of its own: valid, and for X's slot at b.
+                own = header.onward(origin=me, stage=2, path=(me, me))
+                made_up = sign_try(own, attacker.plane.node_key)
+                try:
+                    await attacker.plane.send(relay_b, made_up, made_up_frame)
+                    outcome.append("computed")
+                except RequestDeclined as exc:
+                    outcome.append(f"declined: {exc}")
+                except PeerUnavailable as exc:
+                    outcome.append("refused" if "origin" in str(exc) else str(exc))
+            return await send_forward(header, frame, to, input_digest, *route)
+
+        data.sender.send_forward = attack_first  # type: ignore[method-assign]
+
+    async def main() -> list:  # type: ignore[type-arg]
+        with trio.fail_after(120):
+            return await run_swarm(tmp_path, ITERATIONS, BATCH, RELAYS, arm, swarm)
+
+    results = trio.run(main)
+    assert outcome == ["refused"]
+    attacker = swarm.nodes[attackers[0]].plane.node_id
+    assert Offence.MALFORMED_MESSAGE in swarm.nodes["b"].rpc.scores.offences[attacker]
+    trains_like_the_whole_model(swarm, results)
