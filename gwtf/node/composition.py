@@ -115,6 +115,7 @@ def live_config_from_settings(settings: Settings, password: str | None = None) -
             f"{list(topology.regions)}"
         )
     model = model_of(settings)
+    admit = admission_from_settings(settings)
     return LiveNodeConfig(
         name=node.name,
         role=node.role,
@@ -149,7 +150,8 @@ def live_config_from_settings(settings: Settings, password: str | None = None) -
         compute_ms=node.compute_ms,
         emulated_speed=node.emulated_speed,
         emulated_hop_s=node.emulated_hop_ms / 1000.0,
-        admit=admission_from_settings(settings),
+        admit=admit,
+        origins=None if admit is None else admit.is_data_node,
         routing=settings.flow.routing,
         data_nodes=training.data_nodes,
         data_shard=training.data_shard,

@@ -192,6 +192,20 @@ def test_admission_needs_a_run_member_or_data_node_active_and_staked(world: Worl
     assert world.port.node_info(staked).active is False  # type: ignore[union-attr]
 
 
+def test_a_data_node_is_one_the_sponsor_named_whatever_its_stake(world: World) -> None:
+    run_id = world.open_run(ETH)
+    member = world.register(Account.create(), 2 * ETH)
+    world.join(run_id, member)
+    data = world.register(Account.create(), 2 * ETH, by_sponsor=True)
+    assert not world.port.is_data_node(run_id, data)
+    world.add_data_node(run_id, data)
+    assert world.port.is_data_node(run_id, data)
+    assert world.port.is_data_node(run_id, data.lower())
+    assert not world.port.is_data_node(run_id, member)  # a member is no data node
+    assert not world.port.is_data_node(run_id + 1, data)  # of its own run only
+    assert not world.port.is_data_node(run_id, "not an address")
+
+
 # ------------------------------------------------------------------ boundary errors
 
 

@@ -11,37 +11,24 @@ import trio
 from eth_account import Account
 from trio.testing import MockClock
 
-from gwtf.contracts.bindings import SuiteParams, deploy_suite
 from gwtf.errors import ChainError
 from gwtf.node.chain.actions import (
     Capacity,
     Contracts,
-    RunConfig,
+    add_data_node,
     join_run,
-    open_run,
     register_node,
     request_unstake,
 )
-from gwtf.node.chain.adapter import FakeChain, Sender, connect
+from gwtf.node.chain.adapter import FakeChain, Sender
 from gwtf.node.p2p.host import full_address, peer_info, running_host
 from gwtf.node.p2p.identity import identity_from_key, new_identity, node_address_of_peer, peer_id_of
 from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 from gwtf.node.runtime.discovery.admission import RunAdmission
-from tests.node.conftest import TEST_GAS_LIMIT
+from tests.runtime.conftest import ETH
 
-ETH = 10**18
 ECHO = "/gwtf/test-echo/1.0.0"
 LIMITS = RpcLimits(1024, 1024, 5.0)
-
-
-@pytest.fixture(scope="module")
-def chain() -> tuple[Contracts, int]:
-    w3 = connect(None)
-    suite = deploy_suite(w3, w3.eth.accounts[0], SuiteParams(min_stake_wei=ETH))
-    contracts = Contracts.at(w3, suite.addresses, gas_limit=TEST_GAS_LIMIT)
-    run = RunConfig(b"\x01" * 32, b"\x02" * 32, 2, 600, 10, ETH, 600, 2 * ETH, 10**14)
-    run_id = open_run(contracts, Sender.unlocked(w3.eth.accounts[1]), run, 5 * ETH)
-    return contracts, run_id
 
 
 def register_and_join(contracts: Contracts, run_id: int, node_key: bytes, stake_wei: int) -> None:
@@ -235,3 +222,60 @@ def test_a_flood_of_fresh_identities_costs_a_bounded_number_of_chain_calls() -> 
 
     trio.run(main, clock=MockClock(autojump_threshold=0))
     assert port.calls < 100, f"{port.calls} chain calls for 1,000 fresh identities"
+
+
+def test_a_data_node_is_known_for_good_and_a_member_is_none(chain: tuple[Contracts, int]) -> None:
+    contracts, run_id = chain
+    data, member = Account.create(), Account.create()
+    sponsor = Sender.unlocked(contracts.w3.eth.accounts[1])
+    register_node(contracts, sponsor, bytes(data.key), Capacity("cpu", 1, 1, 1), 2 * ETH)
+    add_data_node(contracts, sponsor, run_id, data.address)
+    register_and_join(contracts, run_id, bytes(member.key), 2 * ETH)
+    port = CountingChain()  # never asked: the real chain below answers
+    admission = RunAdmission(contracts.port(), run_id)
+    data_peer = str(peer_id_of(identity_from_key(bytes(data.key))))
+    member_peer = str(peer_id_of(identity_from_key(bytes(member.key))))
+
+    async def main() -> None:
+        assert await admission.is_data_node(data_peer) is True
+        assert await admission.is_data_node(member_peer) is False
+        assert await admission.is_data_node("not a peer id") is False
+        admission.chain = port  # a named data node is not asked again
+        assert await admission.is_data_node(data_peer) is True
+        assert port.calls == 0
+
+    trio.run(main)
+
+
+class DataNodesChain(FakeChain):
+    """A chain port whose endpoint is down until ``up`` is set, and counts its data-node calls."""
+
+    up = False
+    calls = 0
+
+    def is_data_node(self, run_id: int, node_address: str) -> bool:
+        self.calls += 1
+        if not self.up:
+            raise ChainError("http://127.0.0.1:1 is unreachable")
+        time.sleep(0.2)
+        return True
+
+
+def test_an_origin_is_unknown_while_the_chain_is_down_and_one_lookup_serves_a_burst() -> None:
+    peer = str(peer_id_of(new_identity()))
+    port = DataNodesChain()
+    admission = RunAdmission(port, 1)
+    answers: list[bool | None] = []
+
+    async def ask() -> None:
+        answers.append(await admission.is_data_node(peer))
+
+    async def main() -> None:
+        assert await admission.is_data_node(peer) is None, "unknown, not false, while down"
+        port.up = True
+        async with trio.open_nursery() as nursery:
+            for _ in range(10):
+                nursery.start_soon(ask)
+
+    trio.run(main)
+    assert answers == [True] * 10 and port.calls == 2

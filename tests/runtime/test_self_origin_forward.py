@@ -6,7 +6,9 @@ made up from an input of its own, before the real one, naming itself X's origin 
 try token it signed itself: the token is then its origin's, but the origin is no data node of
 the run. Computed, ``b`` would hold the made-up forward, decline X's real one (held from another
 input, of another origin) and each of its restarts, and a gradient the attacker sends back as
-the made-up microbatch's sink would go into ``b``'s weights. ``b`` refuses it and charges it.
+the made-up microbatch's sink would go into ``b``'s weights. The relays ask a real chain
+(eth-tester) whether a forward's origin is a data node of the run: ``b`` refuses the made-up
+forward and charges its sender.
 """
 
 from __future__ import annotations
@@ -16,15 +18,28 @@ from typing import Any
 
 import torch
 import trio
+from eth_account import Account
 
+from gwtf.node.chain.actions import Capacity, add_data_node, register_node
+from gwtf.node.chain.adapter import Sender
+from gwtf.node.p2p.identity import identity_from_key
 from gwtf.node.p2p.rpc import PeerUnavailable, RequestDeclined
 from gwtf.node.p2p.scoring import Offence
 from gwtf.node.runtime.dataplane.hop import HopHeader
 from gwtf.node.runtime.dataplane.try_token import sign_try
+from gwtf.node.runtime.discovery.admission import RunAdmission
 from gwtf.node.runtime.roles.data import DataRole
 from gwtf.node.runtime.roles.relay import RelayRole
 from gwtf.node.training import codec
-from tests.runtime.swarm_harness import BATCH_SIZE, MODEL, SEQ_LEN, Swarm, run_swarm
+from tests.runtime.conftest import ETH
+from tests.runtime.swarm_harness import (
+    _IDENTITIES,
+    BATCH_SIZE,
+    MODEL,
+    SEQ_LEN,
+    Swarm,
+    run_swarm,
+)
 from tests.runtime.test_made_up_forward import (
     BATCH,
     ITERATIONS,
@@ -33,7 +48,16 @@ from tests.runtime.test_made_up_forward import (
 )
 
 
-def test_a_forward_naming_its_sender_as_origin_is_refused_and_charged(tmp_path: Path) -> None:
+def test_a_forward_naming_its_sender_as_origin_is_refused_and_charged(
+    tmp_path: Path, chain: tuple[Any, int]
+) -> None:
+    contracts, run_id = chain
+    data_key = Account.create()
+    sponsor = Sender.unlocked(contracts.w3.eth.accounts[1])
+    register_node(contracts, sponsor, bytes(data_key.key), Capacity("cpu", 1, 1, 1), 2 * ETH)
+    add_data_node(contracts, sponsor, run_id, data_key.address)
+    _IDENTITIES[(tmp_path, "data")] = identity_from_key(bytes(data_key.key))
+    origins = RunAdmission(contracts.port(), run_id).is_data_node
     swarm = Swarm()
     outcome: list[str] = []
     attackers: list[str] = []
@@ -73,7 +97,11 @@ def test_a_forward_naming_its_sender_as_origin_is_refused_and_charged(tmp_path: 
 
     async def main() -> list:  # type: ignore[type-arg]
         with trio.fail_after(120):
-            return await run_swarm(tmp_path, ITERATIONS, BATCH, RELAYS, arm, swarm)
+            return await run_swarm(
+                tmp_path, ITERATIONS, BATCH, RELAYS, arm, swarm,
+                relay_settings={"origins": origins, "run_id": run_id},
+                data_settings={"run_id": run_id},
+            )  # fmt: skip
 
     results = trio.run(main)
     assert outcome == ["refused"]

@@ -341,6 +341,11 @@ class ChainPort(Protocol):
         with at least the run's minimum stake."""
         ...
 
+    def is_data_node(self, run_id: int, node_address: str) -> bool:
+        """True iff the sponsor named ``node_address`` a data node of run ``run_id`` (for good:
+        the ledger never takes it back), whatever its stake now."""
+        ...
+
 
 class FakeChain:
     """In-memory ``ChainPort`` for unit tests; shares a conformance suite with ``Web3Chain``."""
@@ -386,6 +391,9 @@ class FakeChain:
         key = (run_id, node_address.lower())
         takes_part = key in self._members or key in self._data_nodes
         return takes_part and node.stake_wei >= run.min_stake_wei
+
+    def is_data_node(self, run_id: int, node_address: str) -> bool:
+        return (run_id, node_address.lower()) in self._data_nodes
 
 
 # Order of NodeRegistry.NodeStatus.
@@ -450,6 +458,14 @@ class Web3Chain:
             return False
         address = Web3.to_checksum_address(node_address)
         return bool(self._call(self.ledger.functions.isAdmitted(run_id, address)))
+
+    def is_data_node(self, run_id: int, node_address: str) -> bool:
+        if not Web3.is_address(node_address):
+            return False
+        address = Web3.to_checksum_address(node_address)
+        # Named at some time before the end of time: named at all.
+        named = self.ledger.functions.wasDataNodeBefore(run_id, address, 2**256 - 1)
+        return bool(self._call(named))
 
     def _peer_id_of(self, address: str) -> bytes:
         # The registry keeps no peer id (it follows from the node's key); its event has it.

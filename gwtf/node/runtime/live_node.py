@@ -44,7 +44,7 @@ from gwtf.node.receipts.reports import ReceiptInbox, ReceiptReporter
 from gwtf.node.receipts.serving import ReceiptServer, serve_receipts_forwarding
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.compute_meter import report_compute
-from gwtf.node.runtime.dataplane.exchange import DataPlane
+from gwtf.node.runtime.dataplane.exchange import DataPlane, OriginCheck
 from gwtf.node.runtime.discovery.address_book import AddressBook, PeerRecord, own_record
 from gwtf.node.runtime.discovery.join_placement import Reservations, wait_for_placement
 from gwtf.node.runtime.discovery.own_reachability import (
@@ -131,6 +131,9 @@ class LiveNodeConfig:
     emulated_hop_s: float = 0.0  # a hop's compute lasts at least this (``DataPlane``)
     #: Who may talk to this node (e.g. ``RunAdmission`` over the chain); None admits every peer.
     admit: Admission | None = None
+    #: Whether a forward's origin is a data node of the run (``RunAdmission.is_data_node``);
+    #: None (no chain) takes any origin (``DataPlane.origins``).
+    origins: OriginCheck | None = None
     #: Awaited once the host is up and the worker built, before the node makes itself known:
     #: a joiner started ahead of time waits here for its moment, its slow start-up done.
     entry_gate: Callable[[], Awaitable[None]] | None = None
@@ -313,6 +316,7 @@ async def run_live_node(
             emulated_speed=config.emulated_speed,
             emulated_hop_s=config.emulated_hop_s,
             node_key=key.private_key.to_bytes(),
+            origins=config.origins,
         )
         worker, memory = await trio.to_thread.run_sync(_worker, config, node_id)
         if config.entry_gate is not None:

@@ -88,6 +88,9 @@ Compute = Callable[[HopHeader, bytes], Awaitable[Kept | None]]
 #: task: what waits on another peer (a relay asking a microbatch's origin) must not hold up the
 #: hops behind it. Raises to refuse the hop.
 Admit = Callable[[HopHeader, bytes], Awaitable[None]]
+#: Whether a peer is a data node of the run (``RunAdmission.is_data_node``): True, False, or
+#: None when that cannot be known now.
+OriginCheck = Callable[[str], Awaitable[bool | None]]
 #: Called by a data node with each hop it starts (a first forward, a loss gradient) and the
 #: digest of the frame sent.
 OriginSend = Callable[[HopHeader, bytes], None]
@@ -194,6 +197,9 @@ class DataPlane:
     node_key: bytes = field(default=b"", repr=False)
     #: The try tokens of the forwards received: a forward without a valid one is refused.
     try_tokens: TryTokens = field(default_factory=TryTokens)
+    #: A forward's origin must be a data node of the run: its try token is the origin's own, so
+    #: a run member naming itself the origin would make one up. None (no chain) takes any.
+    origins: OriginCheck | None = None
     hops: HopCounts = field(default_factory=HopCounts)
     timings: HopTimings = field(default_factory=HopTimings)
     _queue: tuple[trio.MemorySendChannel[_Job], trio.MemoryReceiveChannel[_Job]] | None = None
@@ -225,6 +231,8 @@ class DataPlane:
         header, receipted, frame = decode_hop_request(request)
         self._check_sender(peer, header)
         self.try_tokens.check(header)  # a made-up forward is the sender's fault: charged
+        if self.origins is not None and header.direction == FORWARD:
+            await self._check_origin(header)
         assert self._queue is not None, "serve() starts the queue before any request arrives"
         job = _Job(peer, header, frame)
         key = (header.iteration, header.microbatch_id, header.direction)
@@ -380,6 +388,23 @@ class DataPlane:
     def backwards_here(self, iteration: int) -> bool:
         """Whether a backward of ``iteration`` is here, waiting for or in compute."""
         return any(k[0] == iteration and k[2] == BACKWARD for k in self._receiving)
+
+    async def _check_origin(self, header: HopHeader) -> None:
+        """Refuse a forward whose origin the chain did not name a data node of the run: no
+        honest node sends one (each passes on the origin it received, checked here), so it is
+        its sender's fault. Declined, nobody charged, while the chain cannot be asked."""
+        assert self.origins is not None
+        named = await self.origins(header.origin)
+        if named is None:
+            raise Decline(
+                f"cannot check now whether {header.origin} is a data node of run {self.run_id}; "
+                "send the forward again later"
+            )
+        if not named:
+            raise HopRejected(
+                f"forward of microbatch {header.microbatch_id} names origin {header.origin}, "
+                f"which is no data node of run {self.run_id}: pass on the origin you received"
+            )
 
     def _check_sender(self, peer: str, header: HopHeader) -> None:
         if header.run_id != self.run_id:

@@ -18,7 +18,9 @@ attempt (re-sends and repairs of a try take attempts above its start). Anything 
 sender's fault (an honest sender passes on only a token it checked) and is refused as a
 protocol error, nothing computed.
 
-A node off the microbatch's path never sees its token and cannot make a forward of it up. A
+The origin must be a data node the chain names in the run (``DataPlane.origins``), or any run
+member could name itself the origin and sign a token of its own. Then a node off the
+microbatch's path never sees its token and cannot make a forward of it up. A
 colluder the routing put on the path can leak it; a forward made up with it is then the
 accomplice's work, chained to no send of the data node, so never certified. A token names a
 try's start, not the latest try, and a relay cannot tell the latest without asking: one seen on

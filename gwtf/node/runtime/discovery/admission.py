@@ -58,6 +58,10 @@ class RunAdmission:
     #: peer -> set when its lookup in flight ends
     _pending: dict[str, trio.Event] = field(default_factory=dict)
     _limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(2))
+    #: Peers the chain named data nodes of the run: for good (the ledger never takes it back).
+    _data_nodes: set[str] = field(default_factory=set)
+    #: peer -> set when its data-node lookup in flight ends
+    _data_pending: dict[str, trio.Event] = field(default_factory=dict)
 
     async def __call__(self, peer: str) -> bool:
         cached = self._cache.get(peer)
@@ -83,6 +87,39 @@ class RunAdmission:
         answer = self._cache.get(peer)
         # No answer: the chain could not be asked. Fail closed, and ask again next time.
         return answer is not None and answer[0]
+
+    async def is_data_node(self, peer: str) -> bool | None:
+        """Whether ``peer`` is a data node of the run, as a forward's origin must be: True once
+        the chain said so (never asked again), False when it says not (or ``peer`` is no node's
+        id), None when it cannot be asked now (no answer, or over the lookup budget of peers not
+        admitted): the caller then declines without blaming anyone. Lookups of one peer in
+        flight together are one chain call."""
+        if peer in self._data_nodes:
+            return True
+        pending = self._data_pending.get(peer)
+        if pending is not None:
+            await pending.wait()
+            return True if peer in self._data_nodes else None
+        if not self.lookups.take(trio.current_time()):
+            self._refused_unchecked()
+            return None
+        done = self._data_pending[peer] = trio.Event()
+        try:
+            node = node_address_of_peer(ID.from_base58(peer))
+            named = await trio.to_thread.run_sync(
+                self.chain.is_data_node, self.run_id, node, limiter=self._limiter
+            )
+        except (ProtocolError, ValueError):
+            return False
+        except ChainError as exc:
+            log.warning("cannot ask the chain whether %s is a data node (%s)", peer, exc)
+            return None
+        finally:
+            self._data_pending.pop(peer, None)
+            done.set()
+        if named:
+            self._data_nodes.add(peer)
+        return named
 
     def _refused_unchecked(self) -> None:
         self.unchecked += 1
