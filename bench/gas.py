@@ -234,11 +234,14 @@ def measure(sizes: list[int], max_signed: int, console: Console) -> tuple[Bench,
     # every measured tree pays the same, steady-state price.
     warmup, _ = build_certificate(bench, 4, first.address, a, b, 4)
     bench.record("submitCertificates (first of epoch)", submit_certificates(
-        c, bench.sponsor, warmup.cert_ref(bench.run_id, 0, first.address)
+        c, bench.sponsor, warmup.cert_ref(bench.run_id, 0, first.address), warmup.spans_or_raise()
     ))  # fmt: skip
     submit_gas: dict[int, int] = {}
-    for size, _, cert, _ in trees:
-        receipt = bench.record("submitCertificates", submit_certificates(c, bench.sponsor, cert))
+    for size, tree, cert, _ in trees:
+        receipt = bench.record(
+            "submitCertificates",
+            submit_certificates(c, bench.sponsor, cert, tree.spans_or_raise()),
+        )
         submit_gas[size] = int(receipt["gasUsed"])
     _prove_frauds(bench, fraud, a, b, cheat)
     _, small_tree, small_cert, _ = trees[0]
@@ -273,7 +276,7 @@ def _prove_frauds(
     leaf = certify_hop(bad, domain, entry.worker_signature, entry.counterparty_signature)
     tree = tree_of_hops([leaf, replace(leaf, index=1, unitsBefore=UNITS_PER_HOP)])
     cert = tree.cert_ref(bench.run_id, 0, data_node.address)
-    submit_certificates(c, bench.sponsor, cert)
+    submit_certificates(c, bench.sponsor, cert, tree.spans_or_raise())
     entries = {"proveInvalidHop": fraud_proofs.invalid_hop(cert, tree.leaf_proof(0), entry)}
     honest = HopReceipt(bench.run_id, 0, data_node.address, 0, 5, 1, 0, 0, cheat.address,
                         b.address, keccak(b"x"), keccak(b"y"), UNITS_PER_HOP)  # fmt: skip

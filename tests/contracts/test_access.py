@@ -352,7 +352,8 @@ RULES: list[Rule] = [
     Rule(
         "WorkLedger", "submitCertificates", only("sponsor"),
         lambda w, c, _: w.ledger.functions.submitCertificates(
-            c.run, c.epoch - 1, c.data.address, keccak(text="root"), 1, 100
+            c.run, c.epoch - 1, c.data.address, keccak(text="root"), 1, 100,
+            [(c.data.address, 0, 100)],
         ),
         not_node_wallet(lambda c: c.data),
     ),

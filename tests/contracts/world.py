@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from eth_account import Account
@@ -20,6 +20,7 @@ from gwtf.contracts.certificate_tree import (
     CertificateTree,
     SignedReceipt,
     build_certificate_tree,
+    spans_of,
     tree_of_hops,
 )
 from gwtf.contracts.encoding import (
@@ -27,6 +28,7 @@ from gwtf.contracts.encoding import (
     CertRef,
     Eip712Domain,
     HopReceipt,
+    WorkerSpan,
     ledger_domain,
     node_address_of,
     node_public_key,
@@ -71,6 +73,20 @@ def default_capacity() -> tuple[str, int, int, int]:
     return ("RTX 4090", 24_576, 3_600, 4)
 
 
+def spans_covering(hops: Sequence[CertifiedHop], count: int, units: int) -> list[WorkerSpan]:
+    """Spans the ledger takes for ``hops`` submitted as ``count`` leaves and ``units``: the
+    tree's own (``spans_of`` of the first ``count`` leaves) with the last stretched or shrunk to
+    the certificate's end, or, when those do not partition it, one span of the first leaf's
+    worker over everything (what a dishonest data node can always submit)."""
+    spans = list(spans_of(hops[:count]) or ())
+    if spans:
+        spans[-1] = replace(spans[-1], lastIndex=count - 1, unitsEnd=units)
+        before = spans[-2] if len(spans) > 1 else None
+        if before is None or (before.lastIndex < count - 1 and before.unitsEnd < units):
+            return spans
+    return [WorkerSpan(hops[0].worker, max(count - 1, 0), units)]
+
+
 @dataclass
 class World:
     tester: EthereumTester
@@ -81,6 +97,8 @@ class World:
     scenarios: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     #: Each tensor dispute's draw salt, by (challenger, proof hash): revealed to the court.
     draw_salts: dict[tuple[str, bytes], bytes] = field(default_factory=dict)
+    #: Every tree built here, by root: ``submit`` sends the spans of the tree a root is of.
+    trees: dict[bytes, CertificateTree] = field(default_factory=dict)
 
     def scenario(self, name: str, build: Callable[[], Any]) -> Any:
         """Runs ``build`` once per session and snapshots the chain after it; later tests jump
@@ -301,24 +319,46 @@ class World:
         return hops
 
     def certificate_tree(self, entries: Sequence[SignedReceipt]) -> CertificateTree:
-        return build_certificate_tree(entries, self.ledger_domain)
+        tree = build_certificate_tree(entries, self.ledger_domain)
+        self.trees[tree.root] = tree
+        return tree
 
-    def dishonest_tree(self, hops: Sequence[CertifiedHop]) -> CertificateTree:
-        return tree_of_hops(hops)
+    def dishonest_tree(
+        self, hops: Sequence[CertifiedHop], spans: Sequence[WorkerSpan] | None = None
+    ) -> CertificateTree:
+        tree = tree_of_hops(hops, spans)
+        self.trees[tree.root] = tree
+        return tree
+
+    def spans_for(self, root: bytes, count: int, units: int) -> list[tuple[object, ...]]:
+        """The spans submitted with ``root`` as ``count`` leaves and ``units``: those of the
+        tree of that root when they end there, else ``spans_covering`` its leaves, or one span
+        of the sponsor's for a root no tree here has."""
+        tree = self.trees.get(root)
+        if tree is None:
+            return [(self.sponsor, max(count - 1, 0), units)]
+        spans = tree.spans
+        if not spans or (spans[-1].lastIndex, spans[-1].unitsEnd) != (count - 1, units):
+            spans = tuple(spans_covering(tree.hops, count, units))
+        return [span.as_tuple() for span in spans]
+
+    def submit_fn(
+        self, cert: CertRef, count: int | None = None, units: int | None = None,
+        spans: Sequence[WorkerSpan] | None = None,
+    ) -> Any:  # fmt: skip
+        count = cert.count if count is None else count
+        units = cert.units if units is None else units
+        return self.ledger.functions.submitCertificates(
+            cert.runId, cert.epoch, cert.dataNode, cert.root, count, units,
+            self.spans_for(cert.root, count, units) if spans is None
+            else [span.as_tuple() for span in spans],
+        )  # fmt: skip
 
     def submit(
         self, cert: CertRef, wallet: str | None = None, *, count: int | None = None,
-        units: int | None = None,
+        units: int | None = None, spans: Sequence[WorkerSpan] | None = None,
     ) -> TxReceipt:  # fmt: skip
-        fn = self.ledger.functions.submitCertificates(
-            cert.runId,
-            cert.epoch,
-            cert.dataNode,
-            cert.root,
-            cert.count if count is None else count,
-            cert.units if units is None else units,
-        )
-        return self.tx(fn, wallet or self.sponsor)
+        return self.tx(self.submit_fn(cert, count, units, spans), wallet or self.sponsor)
 
     def certify(
         self, tree: CertificateTree, run_id: int, epoch: int, data_node: NodeKey
@@ -332,11 +372,7 @@ class World:
     def claim_fn(self, cert: CertRef, tree: CertificateTree, worker: NodeKey) -> Any:
         span = tree.worker_range(worker.address)
         assert span is not None, f"{worker.address} has no hops in the tree"
-        first, first_proof = span.first.as_args()
-        last, last_proof = span.last.as_args()
-        return self.ledger.functions.claimReward(
-            cert.as_tuple(), first, first_proof, last, last_proof
-        )
+        return self.ledger.functions.claimReward(*span.claim_args(cert))
 
     def claim(
         self, cert: CertRef, tree: CertificateTree, worker: NodeKey, wallet: str

@@ -208,10 +208,10 @@ class DataNodeEpochs:
         self.records.save_certificate(
             run_id, epoch, self.address, tree.root, tree.count, tree.units, "pending"
         )
-        cert = tree.cert_ref(run_id, epoch, self.address)
+        cert, spans = tree.cert_ref(run_id, epoch, self.address), tree.spans_or_raise()
         if self.cheat is not None:
-            cert = self.cheat.certificate(cert)
-        tx_hash = self.ledger.submit(cert)
+            cert, spans = self.cheat.certificate(cert, spans)
+        tx_hash = self.ledger.submit(cert, spans)
         failpoint("epochs.after_submit")
         self.records.save_certificate(
             run_id, epoch, self.address, tree.root, tree.count, tree.units, "confirmed", tx_hash
@@ -428,7 +428,8 @@ class WorkerEpochs:
         if span is None:
             await self._final(epoch, data_node, 0, "not certified")
             return
-        _check_range(span, cert.root, self.address)
+        ranges_root = await trio.to_thread.run_sync(ledger.ranges_root, epoch, data_node)
+        _check_range(span, cert.root, ranges_root, self.address)
         # Its leaves are in a root on chain, whatever becomes of the claim: their proofs are kept
         # once the claim is done with (``keep_proofs``).
         if (epoch, data_node) not in self._proofs_tried:
@@ -508,8 +509,11 @@ class WorkerEpochs:
         }  # fmt: skip
 
 
-def _check_range(span: WorkerRange, root: bytes, worker: str) -> None:
-    """A ``ProtocolError`` unless both leaves are this worker's and in the tree of ``root``."""
+def _check_range(span: WorkerRange, root: bytes, ranges_root: bytes, worker: str) -> None:
+    """A ``ProtocolError`` unless both leaves are this worker's and in the tree of ``root``, and
+    the range they bound is the worker's span in the range tree of ``ranges_root``."""
     for end in (span.first, span.last):
         if end.hop.worker != worker or not verify_proof(end.proof, root, end.hop.leaf()):
             raise ProtocolError("the data node's range does not check against its root")
+    if not verify_proof(span.range_proof, ranges_root, span.range_leaf()):
+        raise ProtocolError("the data node's range is not the span it committed on chain")
