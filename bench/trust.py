@@ -177,10 +177,10 @@ def rows(p: Parameters, gwei: float, shares: list[float]) -> list[Row]:
             -GAS_REGISTER * gas,
         ),
         Row(
-            "late overlapping tree takes honest ranges' pay (23, open)",
+            "late overlapping tree takes honest ranges' pay (23)",
             RELAY_EPOCH_PAY,
             "the certificate's reservation (its own escrow)",
-            float(RELAY_EPOCH_PAY),
+            -GAS_REFUSED * gas,
         ),
     ]
     for share in WRONG_TENSOR_SHARES:

@@ -52,6 +52,7 @@ struct CertRef {
     bytes32 root;
     uint64 count;
     uint64 units;
+    bytes32 rangesRoot; // the root of the range tree over its spans, computed on submission
 }
 
 /// @title HopReceipts

@@ -30,9 +30,9 @@ interface IClaimFreeze {
 /// convicted (it is not paid there). A reservation is paid to workers or burned, never
 /// returned: neither a conviction, nor a withheld tree, nor an unclaimed range pays the
 /// sponsor back what it owed for certified work.
-/// @dev A certificate is stored as one slot, keccak256(abi.encode(root, count, units)); callers
-/// pass the CertRef (from the CertificatesSubmitted event) and the ledger checks it. Its range
-/// tree's root is a second slot.
+/// @dev A certificate is stored as one slot, keccak256(abi.encode(root, count, units,
+/// rangesRoot)); callers pass the CertRef (from the CertificatesSubmitted event) and the ledger
+/// checks it.
 contract WorkLedger is RunBook, EIP712, Ownable2Step {
     using HopReceipts for HopReceipt;
 
@@ -62,9 +62,6 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
     mapping(uint256 runId => mapping(uint64 epoch => mapping(address dataNode => bytes32))) internal _certificates;
     mapping(uint256 runId => mapping(uint64 epoch => EpochBook)) internal _books;
     mapping(bytes32 claimKey => bool) internal _claimed;
-    /// @dev The root of each certificate's range tree: one leaf per worker (`HopReceipts.rangeLeaf`)
-    /// over the spans checked to partition the certificate when it was submitted.
-    mapping(uint256 runId => mapping(uint64 epoch => mapping(address dataNode => bytes32))) internal _rangesRoots;
     /// @dev keccak256(abi.encode(runId, epoch, node)) of each (run, epoch) in which the disputes
     /// contract convicted a node: it is not paid there, its other work stands.
     mapping(bytes32 convictionKey => bool) internal _convicted;
@@ -180,9 +177,10 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         mapping(address => bytes32) storage epochCertificates = _certificates[runId][epoch];
         if (epochCertificates[dataNode] != bytes32(0)) revert CertificateAlreadySubmitted(runId, epoch, dataNode);
 
+        // The range tree's root is committed with the root: one leaf per worker over spans
+        // checked here to partition the certificate.
         bytes32 rangesRoot = _rangesRootOf(spans, count, units);
-        epochCertificates[dataNode] = keccak256(abi.encode(root, count, units));
-        _rangesRoots[runId][epoch][dataNode] = rangesRoot;
+        epochCertificates[dataNode] = keccak256(abi.encode(root, count, units, rangesRoot));
         EpochBook storage book = _books[runId][epoch];
         uint256 reserved = priceOf(run, units);
         uint256 epochRoom = uint256(run.rewardPerEpochWei) - book.budgetWei;
@@ -292,7 +290,7 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         bytes32 range = HopReceipts.rangeLeaf(node, first.index, last.index, first.unitsBefore, unitsEnd);
         if (
             last.worker != node
-                || !MerkleProof.verifyCalldata(rangeProof, _rangesRoots[cert.runId][cert.epoch][cert.dataNode], range)
+                || !MerkleProof.verifyCalldata(rangeProof, cert.rangesRoot, range)
         ) revert NotWorkersRange(node, first.index, last.index);
         units = unitsEnd - first.unitsBefore;
         bytes32 claimKey = keccak256(abi.encode(cert.runId, cert.epoch, cert.dataNode, node));
@@ -359,28 +357,19 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         if (stored == bytes32(0) || stored == VOIDED) {
             revert CertificateNotOpen(cert.runId, cert.epoch, cert.dataNode);
         }
-        if (stored != keccak256(abi.encode(cert.root, cert.count, cert.units))) {
+        if (stored != keccak256(abi.encode(cert.root, cert.count, cert.units, cert.rangesRoot))) {
             revert CertificateMismatch(cert.runId, cert.epoch, cert.dataNode);
         }
     }
 
     /// @notice The stored commitment of a certificate: 0 none, 1 voided, else
-    /// keccak256(abi.encode(root, count, units)).
+    /// keccak256(abi.encode(root, count, units, rangesRoot)).
     /// @param runId The run.
     /// @param epoch The epoch.
     /// @param dataNode The data node.
     /// @return The commitment.
     function certificateCommitment(uint256 runId, uint64 epoch, address dataNode) external view returns (bytes32) {
         return _certificates[runId][epoch][dataNode];
-    }
-
-    /// @notice The root of a certificate's range tree (0 when none was submitted).
-    /// @param runId The run.
-    /// @param epoch The epoch.
-    /// @param dataNode The data node.
-    /// @return The root.
-    function rangesRootOf(uint256 runId, uint64 epoch, address dataNode) external view returns (bytes32) {
-        return _rangesRoots[runId][epoch][dataNode];
     }
 
     /// @notice The epoch's budget, certified units and what is paid of them.

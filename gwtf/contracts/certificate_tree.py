@@ -107,8 +107,12 @@ class CertificateTree:
         return self.hops[-1].unitsBefore + self.hops[-1].units
 
     def cert_ref(self, run_id: int, epoch: int, data_node: str) -> CertRef:
-        """The certificate this tree backs."""
-        return CertRef(run_id, epoch, data_node, self.root, self.count, self.units)
+        """The certificate this tree and its spans back."""
+        if self.ranges is None:
+            raise ProtocolError("this tree has no spans: its leaves are not one range per worker")
+        return CertRef(
+            run_id, epoch, data_node, self.root, self.count, self.units, self.ranges.root
+        )
 
     def leaf_proof(self, index: int) -> LeafProof:
         """Leaf ``index`` with its proof, for a claim or a fraud proof."""

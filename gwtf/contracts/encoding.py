@@ -483,10 +483,14 @@ def range_leaf(
     return keccak256(keccak256(words))
 
 
-def certificate_commitment(root: bytes, count: int, units: int) -> bytes:
-    """What the ledger stores for a certificate: keccak256(abi.encode(root, count, units))."""
+def certificate_commitment(root: bytes, count: int, units: int, ranges_root: bytes) -> bytes:
+    """What the ledger stores for a certificate:
+    keccak256(abi.encode(root, count, units, rangesRoot))."""
     check_bytes32("root", root)
-    return keccak256(encode(["bytes32", "uint64", "uint64"], [root, count, units]))
+    check_bytes32("rangesRoot", ranges_root)
+    return keccak256(
+        encode(["bytes32", "uint64", "uint64", "bytes32"], [root, count, units, ranges_root])
+    )
 
 
 @dataclass(frozen=True)
@@ -500,11 +504,15 @@ class CertRef:
     root: bytes
     count: int
     units: int
+    rangesRoot: bytes  # the root of the range tree over the spans submitted with it
 
     def as_tuple(self) -> tuple[object, ...]:
         """The struct as an ABI tuple."""
-        return (self.runId, self.epoch, self.dataNode, self.root, self.count, self.units)
+        return (
+            self.runId, self.epoch, self.dataNode, self.root, self.count, self.units,
+            self.rangesRoot,
+        )  # fmt: skip
 
     def commitment(self) -> bytes:
         """What the ledger stores for this certificate."""
-        return certificate_commitment(self.root, self.count, self.units)
+        return certificate_commitment(self.root, self.count, self.units, self.rangesRoot)

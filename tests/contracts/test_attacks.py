@@ -14,7 +14,6 @@ from gwtf.contracts import fraud_proofs
 from gwtf.contracts.bindings import ContractRevert
 from gwtf.contracts.encoding import (
     CertifiedHop,
-    CertRef,
     WorkerSpan,
     peer_id_of_public_key,
     sign_binding,
@@ -223,7 +222,7 @@ def test_6_a_claim_is_bounded_by_its_range_and_an_epoch_by_its_budget(staffed: S
         hops, [WorkerSpan(low.address, 1, 200), WorkerSpan(high.address, 2, 300)]
     )
     w.to_submission(run, 0)
-    cert = CertRef(run, 0, data.address, tree.root, 3, 300)
+    cert = w.cert_of(tree, run, 0, data.address, count=3, units=300)
     w.submit(cert)
     w.to_settled(run, 0)
     wallet_of = {a.address: w.wallet(0), b.address: w.wallet(1)}

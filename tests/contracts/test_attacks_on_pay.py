@@ -97,9 +97,7 @@ def test_16_padding_and_the_sponsors_own_relays_change_no_honest_hops_pay(
         keccak(text="sigs"),
     )  # fmt: skip
     pad = w.dishonest_tree([leaf])
-    padded = replace(
-        pad.cert_ref(run, 0, padder.address), count=count, units=count * 2 * UNITS_PER_HOP
-    )
+    padded = w.cert_of(pad, run, 0, padder.address, count=count, units=count * 2 * UNITS_PER_HOP)
     w.submit(padded)
     assert reserved(w, run, 0) == REWARD_PER_EPOCH - room % (2 * HOP_PRICE)
     w.to_settled(run, 0)
@@ -171,7 +169,7 @@ def test_18_convicting_a_data_node_voids_only_the_certificate_proven_wrong(
     third = w.certificate_tree(w.pipeline_hops(run, 2, data, [a, b], range(2)))
     third_cert = w.certify(third, run, 2, data)  # epoch 2 began before the conviction
     w.to_submission(run, 3)
-    fn = w.submit_fn(third.cert_ref(run, 3, data.address), count=1, units=100)
+    fn = w.submit_fn(w.cert_of(third, run, 3, data.address, count=1, units=100))
     reverts(w, fn, w.sponsor, "NodeNotBonded", data.address)  # slashed before epoch 3 began
     w.to_settled(run, 2)
     for cert, tree in ((first_cert, first), (third_cert, third)):
@@ -271,8 +269,9 @@ def test_23_a_late_overlapping_tree_cannot_use_up_the_honest_ranges(staffed: Sta
     assert reserved(w, run, 0) == 2 * TWO_MICROBATCHES + HOP_PRICE
     # The spans are on chain from the submission: each relay can check its own before the
     # epoch settles, whatever the tree behind the root says.
-    ranges_root = w.call(w.ledger.functions.rangesRootOf(run, 0, data.address))
-    assert tree.ranges is not None and ranges_root == tree.ranges.root
+    stored = w.call(w.ledger.functions.certificateCommitment(run, 0, data.address))
+    assert tree.ranges is not None and cert.rangesRoot == tree.ranges.root
+    assert stored == cert.commitment()
     w.to_settled(run, 0)  # the tree is published only now: no proof can land
     grab = tree.worker_range(x.address)
     assert grab is not None and grab.units == total  # x's leaf covers every unit

@@ -515,7 +515,7 @@ UNKNOWN_RUN_CALLS: list[tuple[str, str, Callable[[Any, str], Any]]] = [
         "claimReward",
         "wallet",
         lambda f, node: f.claimReward(
-            (99, 0, node, b"\1" * 32, 1, 100), EMPTY_HOP, [], EMPTY_HOP, [], []
+            (99, 0, node, b"\1" * 32, 1, 100, b"\1" * 32), EMPTY_HOP, [], EMPTY_HOP, [], []
         ),
     ),
     ("currentEpoch", "view", lambda f, node: f.currentEpoch(99)),
@@ -782,6 +782,7 @@ def test_claim_reverts(certified: Certified) -> None:
         replace(cert, root=keccak(text="other root")),
         replace(cert, count=cert.count + 1),
         replace(cert, units=cert.units - 1),
+        replace(cert, rangesRoot=keccak(text="other spans")),
     ):
         reverts(w, claim(wrong), w.wallet(0), "CertificateMismatch", run, 0, c.data.address)
     # A leaf with another leaf's proof, or with inflated units, is not in the tree.
@@ -835,9 +836,10 @@ def test_a_span_of_no_units_is_refused_at_submission(staffed: Staffed) -> None:
     w, run = s.w, s.run
     low, high = sorted((s.a, s.b), key=lambda k: int(k.address, 16))
     tree = w.dishonest_tree([crafted_hop(0, 0, low, 0), crafted_hop(1, 0, high, 200)])
-    assert tree.spans is not None and tree.spans[0].unitsEnd == 0
+    spans = [WorkerSpan(low.address, 0, 0), WorkerSpan(high.address, 1, 200)]
     w.to_submission(run, 0)
-    reverts(w, w.submit_fn(tree.cert_ref(run, 0, s.data.address)), w.sponsor, "BadSpans", 0)
+    cert = w.cert_of(tree, run, 0, s.data.address, spans=spans)
+    reverts(w, w.submit_fn(cert), w.sponsor, "BadSpans", 0)
 
 
 def test_claims_of_an_unproven_dishonest_tree_are_held_to_its_spans(staffed: Staffed) -> None:
@@ -857,7 +859,7 @@ def test_claims_of_an_unproven_dishonest_tree_are_held_to_its_spans(staffed: Sta
     spans = [WorkerSpan(a.address, 0, 100), WorkerSpan(b.address, 2, 300)]
     spans.append(WorkerSpan(c.address, 3, 400))
     tree = w.dishonest_tree(hops, spans)
-    cert = replace(tree.cert_ref(run, 0, s.data.address), units=400)
+    cert = w.cert_of(tree, run, 0, s.data.address, units=400, spans=spans)
     w.to_submission(run, 0)
     w.submit(cert)
     w.to_settled(run, 0)
@@ -999,13 +1001,13 @@ def test_a_certificate_padded_beyond_its_tree_changes_no_pay_and_locks_nothing(
     w, run = s.w, s.run
     tree = w.certificate_tree(w.pipeline_hops(run, 0, s.data, [s.a, s.b], range(2)))
     assert (tree.count, tree.units) == (8, 1_200)
-    padded = replace(tree.cert_ref(run, 0, s.data.address), count=16, units=2_400)
     w.to_submission(run, 0)
     # The workers' spans are their ranges; the padding is a span of a worker above them.
     assert tree.spans is not None
     spans = [*tree.spans, WorkerSpan(PADDING_WORKER, 15, 2_400)]
     claimed_from = w.dishonest_tree(tree.hops, spans)
-    w.submit(padded, spans=spans)
+    padded = w.cert_of(tree, run, 0, s.data.address, count=16, units=2_400, spans=spans)
+    w.submit(padded)
     proofs = [fraud_proofs.bad_totals(padded, tree.leaf_proof(i)) for i in range(8)]
     proofs += [
         fraud_proofs.bad_sequence(padded, tree.leaf_proof(i), tree.leaf_proof(i + 1))

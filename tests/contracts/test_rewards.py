@@ -136,9 +136,7 @@ def lying_totals(crew: Crew, tree: CertificateTree, epoch: int = 0) -> CertRef:
     (a certificate ``proveBadTotals`` voids)."""
     w = crew.w
     w.to_submission(crew.run, epoch)
-    cert = replace(
-        tree.cert_ref(crew.run, epoch, crew.data2.address), units=tree.units + UNITS_PER_HOP
-    )
+    cert = w.cert_of(tree, crew.run, epoch, crew.data2.address, units=tree.units + UNITS_PER_HOP)
     w.submit(cert)
     return cert
 
@@ -519,7 +517,7 @@ def test_units_a_tree_does_not_hold_change_no_pay_and_cost_their_sponsor(
         tree = w.dishonest_tree(leaves)
     else:
         tree = real
-    cert = replace(tree.cert_ref(run, 0, crew.data2.address), count=40, units=4_000)
+    cert = w.cert_of(tree, run, 0, crew.data2.address, count=40, units=4_000)
     w.submit(cert)
     assert book(w, run, 0)[:2] == (pay(600 + 4_000), 600 + 4_000)
     entries = list(real.entries)

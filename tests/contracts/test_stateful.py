@@ -472,7 +472,7 @@ class HonestyMachine(RuleBasedStateMachine):
 
     def entry_certifiable(self, data: Party, epoch: int, entry: SignedReceipt) -> bool:
         """What the honest data node checks before certifying a hop (the same rules)."""
-        ref = CertRef(self.run, epoch, data.address, b"\0" * 32, 1, 1)
+        ref = CertRef(self.run, epoch, data.address, b"\0" * 32, 1, 1, b"\0" * 32)
         r = entry.receipt
         hop = CertifiedHop(
             0,
@@ -1127,7 +1127,8 @@ class HonestyMachine(RuleBasedStateMachine):
         # The spans E submits partition what it certifies (or the ledger refuses them), however
         # its leaves lie.
         tree = tree_of_hops(hops, spans_covering(hops, count, units))
-        ref = CertRef(self.run, epoch, e.address, tree.root, count, units)
+        assert tree.ranges is not None
+        ref = CertRef(self.run, epoch, e.address, tree.root, count, units, tree.ranges.root)
         self.submit(e, epoch, Cert(ref, tree, behind, honest=False, kind=kind))
 
     # ------------------------------------------------------------ fraud proofs

@@ -20,6 +20,7 @@ from gwtf.contracts.certificate_tree import (
     CertificateTree,
     SignedReceipt,
     build_certificate_tree,
+    ranges_tree,
     spans_of,
     tree_of_hops,
 )
@@ -97,8 +98,9 @@ class World:
     scenarios: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     #: Each tensor dispute's draw salt, by (challenger, proof hash): revealed to the court.
     draw_salts: dict[tuple[str, bytes], bytes] = field(default_factory=dict)
-    #: Every tree built here, by root: ``submit`` sends the spans of the tree a root is of.
-    trees: dict[bytes, CertificateTree] = field(default_factory=dict)
+    #: The spans of every tree and certificate built here, by their range tree's root:
+    #: ``submit`` sends the spans a certificate's ranges root was made from.
+    spans: dict[bytes, tuple[WorkerSpan, ...]] = field(default_factory=dict)
 
     def scenario(self, name: str, build: Callable[[], Any]) -> Any:
         """Runs ``build`` once per session and snapshots the chain after it; later tests jump
@@ -320,52 +322,66 @@ class World:
 
     def certificate_tree(self, entries: Sequence[SignedReceipt]) -> CertificateTree:
         tree = build_certificate_tree(entries, self.ledger_domain)
-        self.trees[tree.root] = tree
+        self._remember_spans(tree.spans_or_raise())
         return tree
 
     def dishonest_tree(
         self, hops: Sequence[CertifiedHop], spans: Sequence[WorkerSpan] | None = None
     ) -> CertificateTree:
+        """The tree of ``hops`` as given, with ``spans`` (else its own when its leaves are one
+        range per worker, else the one span ``spans_covering`` gives)."""
         tree = tree_of_hops(hops, spans)
-        self.trees[tree.root] = tree
+        if tree.spans is None:
+            tree = tree_of_hops(hops, spans_covering(hops, len(hops), tree.units))
+        self._remember_spans(tree.spans_or_raise())
         return tree
 
-    def spans_for(self, root: bytes, count: int, units: int) -> list[tuple[object, ...]]:
-        """The spans submitted with ``root`` as ``count`` leaves and ``units``: those of the
-        tree of that root when they end there, else ``spans_covering`` its leaves, or one span
-        of the sponsor's for a root no tree here has."""
-        tree = self.trees.get(root)
-        if tree is None:
-            return [(self.sponsor, max(count - 1, 0), units)]
-        spans = tree.spans
-        if not spans or (spans[-1].lastIndex, spans[-1].unitsEnd) != (count - 1, units):
-            spans = tuple(spans_covering(tree.hops, count, units))
-        return [span.as_tuple() for span in spans]
-
-    def submit_fn(
-        self, cert: CertRef, count: int | None = None, units: int | None = None,
+    def cert_of(
+        self, tree: CertificateTree, run_id: int, epoch: int, data_node: str, *,
+        count: int | None = None, units: int | None = None,
         spans: Sequence[WorkerSpan] | None = None,
-    ) -> Any:  # fmt: skip
-        count = cert.count if count is None else count
-        units = cert.units if units is None else units
+    ) -> CertRef:  # fmt: skip
+        """The certificate a data node submits for ``tree`` as ``count`` leaves and ``units``
+        (the tree's own unless given), with ``spans``, else the tree's when they end there, else
+        ``spans_covering`` its leaves."""
+        count = tree.count if count is None else count
+        units = tree.units if units is None else units
+        own = tree.spans
+        if spans is None and own and (own[-1].lastIndex, own[-1].unitsEnd) == (count - 1, units):
+            spans = own
+        if spans is None:
+            spans = spans_covering(tree.hops, count, units)
+        ranges_root = self._remember_spans(tuple(spans))
+        return CertRef(run_id, epoch, data_node, tree.root, count, units, ranges_root)
+
+    def _remember_spans(self, spans: Sequence[WorkerSpan]) -> bytes:
+        root = ranges_tree(spans).root
+        self.spans[root] = tuple(spans)
+        return root
+
+    def submit_fn(self, cert: CertRef, spans: Sequence[WorkerSpan] | None = None) -> Any:
+        """``submitCertificates`` of ``cert`` with ``spans`` or else the spans its ranges root
+        was made from here."""
+        if spans is None:
+            assert cert.rangesRoot in self.spans, "no spans here make this ranges root"
+            spans = self.spans[cert.rangesRoot]
         return self.ledger.functions.submitCertificates(
-            cert.runId, cert.epoch, cert.dataNode, cert.root, count, units,
-            self.spans_for(cert.root, count, units) if spans is None
-            else [span.as_tuple() for span in spans],
+            cert.runId, cert.epoch, cert.dataNode, cert.root, cert.count, cert.units,
+            [span.as_tuple() for span in spans],
         )  # fmt: skip
 
     def submit(
-        self, cert: CertRef, wallet: str | None = None, *, count: int | None = None,
-        units: int | None = None, spans: Sequence[WorkerSpan] | None = None,
+        self, cert: CertRef, wallet: str | None = None, *,
+        spans: Sequence[WorkerSpan] | None = None,
     ) -> TxReceipt:  # fmt: skip
-        return self.tx(self.submit_fn(cert, count, units, spans), wallet or self.sponsor)
+        return self.tx(self.submit_fn(cert, spans), wallet or self.sponsor)
 
     def certify(
         self, tree: CertificateTree, run_id: int, epoch: int, data_node: NodeKey
     ) -> CertRef:
         """Submits ``tree`` as the data node's certificate (moving to the submission period)."""
         self.to_submission(run_id, epoch)
-        cert = tree.cert_ref(run_id, epoch, data_node.address)
+        cert = self.cert_of(tree, run_id, epoch, data_node.address)
         self.submit(cert)
         return cert
 

@@ -106,10 +106,7 @@ class EpochLedger:
         )
         if not logs:
             return None
-        args = logs[-1]["args"]
-        return CertRef(
-            self.run_id, epoch, args["dataNode"], bytes(args["root"]), args["count"], args["units"]
-        )
+        return self._cert_of(epoch, logs[-1]["args"])
 
     def certificates(self, epoch: int) -> list[CertRef]:
         """Every data node's certificate of ``epoch``, from the events (the last of each)."""
@@ -117,10 +114,14 @@ class EpochLedger:
             argument_filters={"runId": self.run_id, "epoch": epoch}, from_block=0
         )
         latest = {log["args"]["dataNode"]: log["args"] for log in logs}
-        return [
-            CertRef(self.run_id, epoch, node, bytes(a["root"]), a["count"], a["units"])
-            for node, a in latest.items()
-        ]
+        return [self._cert_of(epoch, a) for a in latest.values()]
+
+    def _cert_of(self, epoch: int, args: Any) -> CertRef:
+        """The certificate a CertificatesSubmitted event's arguments name."""
+        return CertRef(
+            self.run_id, epoch, args["dataNode"], bytes(args["root"]), args["count"],
+            args["units"], bytes(args["rangesRoot"]),
+        )  # fmt: skip
 
     def book(self, epoch: int) -> EpochBook:
         return EpochBook(*self.c.ledger.functions.epochBook(self.run_id, epoch).call())
@@ -146,10 +147,6 @@ class EpochLedger:
     def submit(self, cert: CertRef, spans: Sequence[WorkerSpan]) -> bytes:
         assert self.wallet is not None, "a read-only ledger sends nothing"
         return bytes(submit_certificates(self.c, self.wallet, cert, spans)["transactionHash"])
-
-    def ranges_root(self, epoch: int, data_node: str) -> bytes:
-        """The root of the range tree ``data_node`` committed with its certificate of ``epoch``."""
-        return bytes(self.c.ledger.functions.rangesRootOf(self.run_id, epoch, data_node).call())
 
     def paid(self, epoch: int, data_node: str, node: str) -> Paid | None:
         """The claim of ``node``'s range of ``data_node``'s certificate, if one was mined."""

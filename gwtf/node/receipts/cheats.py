@@ -38,7 +38,7 @@ from typing import Final
 
 import torch
 
-from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt
+from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt, ranges_tree
 from gwtf.contracts.encoding import (
     FORWARD,
     CertRef,
@@ -155,8 +155,9 @@ class Cheat:
         if self.mode != INFLATE_UNITS:
             return cert, spans
         ceiling = 2 * cert.count * self.units_per_hop  # the most the ledger takes
-        inflated = replace(cert, units=min(ceiling, cert.units + self.units_per_hop))
-        return inflated, (*spans[:-1], replace(spans[-1], unitsEnd=inflated.units))
+        units = min(ceiling, cert.units + self.units_per_hop)
+        inflated = (*spans[:-1], replace(spans[-1], unitsEnd=units))
+        return replace(cert, units=units, rangesRoot=ranges_tree(inflated).root), inflated
 
     def certified_page(self, page: ReceiptPage) -> ReceiptPage:
         """A page of the certificate as the data node serves it to auditors."""

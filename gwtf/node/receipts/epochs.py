@@ -428,8 +428,7 @@ class WorkerEpochs:
         if span is None:
             await self._final(epoch, data_node, 0, "not certified")
             return
-        ranges_root = await trio.to_thread.run_sync(ledger.ranges_root, epoch, data_node)
-        _check_range(span, cert.root, ranges_root, self.address)
+        _check_range(span, cert.root, cert.rangesRoot, self.address)
         # Its leaves are in a root on chain, whatever becomes of the claim: their proofs are kept
         # once the claim is done with (``keep_proofs``).
         if (epoch, data_node) not in self._proofs_tried:
