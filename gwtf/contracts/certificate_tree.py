@@ -126,7 +126,8 @@ class CertificateTree:
 
     def worker_range(self, worker: str) -> WorkerRange | None:
         """The range of ``worker``'s leaves (None when the tree holds none of its hops): its
-        span's ends when it has a span, else its first and last leaf, with no range proof."""
+        span's ends with the span's proof when it has a span within the leaves, else its first
+        and last leaf (with the span's proof, or none)."""
         indices = [i for i, hop in enumerate(self.hops) if hop.worker.lower() == worker.lower()]
         if not indices:
             return None
@@ -135,8 +136,10 @@ class CertificateTree:
         spans = self.spans or ()
         for k, span in enumerate(spans):
             if span.worker.lower() == worker.lower() and self.ranges is not None:
-                first = spans[k - 1].lastIndex + 1 if k else 0
-                last, range_proof = span.lastIndex, tuple(self.ranges.proof(k))
+                range_proof = tuple(self.ranges.proof(k))
+                if span.lastIndex < len(self.hops):
+                    first = spans[k - 1].lastIndex + 1 if k else 0
+                    last = span.lastIndex
         return WorkerRange(
             self.hops[indices[0]].worker,
             self.leaf_proof(first),

@@ -691,8 +691,8 @@ class HonestyMachine(RuleBasedStateMachine):
     def submit(self, data: Party, epoch: int, cert: Cert) -> bool:
         t = self.now() + 1
         verdict = self.judge_submission(data, epoch, cert.ref.count, cert.ref.units, t)
-        spans = [span.as_tuple() for span in cert.spans()]
-        fn = self.w.ledger.functions.submitCertificates(*cert.ref.as_tuple(), spans)
+        self.w.spans[cert.ref.rangesRoot] = cert.spans()
+        fn = self.w.submit_fn(cert.ref)
         if self.send(fn, self.w.sponsor, verdict) is None:
             return False
         self.submitted.add((data.address, epoch))
