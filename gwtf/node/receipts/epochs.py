@@ -51,7 +51,8 @@ log = logging.getLogger(__name__)
 #: Reverts after which a transaction is never retried: they cannot turn out otherwise.
 FINAL_REVERTS = {
     "SubmissionClosed", "CertificateAlreadySubmitted", "ClaimantConvicted", "ClaimPeriodOver",
-    "AlreadyClaimed", "EmptyCertificate", "NotDataNode", "NotNodeWallet", "EmptyRange",
+    "AlreadyClaimed", "EmptyCertificate", "NotDataNode", "NotNodeWallet", "BadSpans",
+    "NotWorkersRange",  # the range is not the span committed with the root
     "CertificateNotOpen",  # voided by a fraud proof
 }  # fmt: skip
 MAX_BACKOFF_S = 60.0
