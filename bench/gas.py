@@ -8,7 +8,9 @@ putting every hop on chain would cost); the goal is below 1 gas per receipt at N
 the certificate. Also timed: certifying the hops into leaves and building the tree in Python
 (``gwtf.contracts.certificate_tree``). One tensor dispute runs end to end through the court (open,
 answer, draw salt, draw, three jurors' commits and reveals, ruling) with its gas summed, and its
-length in blocks at the deployed windows.
+length in blocks at the deployed windows. A certificate also commits one span per worker, which
+the ledger checks and hashes into a range tree on submission: certificates of W workers (one hop
+each) give submitCertificates' gas per worker and a claim's against a range tree of W leaves.
 
     .venv/bin/python bench/gas.py [--sizes 1,10,1000,100000] [--max-signed 1000] [--sign-all]
                                   [--no-plot]
@@ -39,6 +41,7 @@ from gwtf.contracts import fraud_proofs
 from gwtf.contracts.bindings import SuiteParams, deploy_suite
 from gwtf.contracts.certificate_tree import CertificateTree, SignedReceipt, tree_of_hops
 from gwtf.contracts.encoding import (
+    CertifiedHop,
     HopReceipt,
     certify_hop,
     ledger_domain,
@@ -76,7 +79,7 @@ UNITS_PER_HOP = 10
 HOP_PRICE_WEI = 10**13
 STAGES = 2
 # Fixed limit above every operation here; a revert is still caught by a simulation first.
-GAS_LIMIT = 2_000_000
+GAS_LIMIT = 5_000_000
 #: The court's windows here (gas does not depend on them); the deployed ones are SuiteParams'.
 BENCH_PARAMS = SuiteParams(court_phase_blocks=20, court_draw_delay_blocks=2)
 JURORS = 7
@@ -208,7 +211,9 @@ def build_certificate(
     return tree, timings
 
 
-def measure(sizes: list[int], max_signed: int, console: Console) -> tuple[Bench, list[TreeResult]]:
+def measure(
+    sizes: list[int], max_signed: int, workers: list[int], console: Console
+) -> tuple[Bench, list[TreeResult], list[SpanResult]]:
     bench = setup(console)
     c = bench.contracts
     a, b, cheat = Account.create(), Account.create(), Account.create()
@@ -221,7 +226,8 @@ def measure(sizes: list[int], max_signed: int, console: Console) -> tuple[Bench,
     bench.record("addStake", add_stake(c, bench.wallet_of[a.address], a.address, ETH))
     first, fraud = Account.create(), Account.create()
     data_nodes = [Account.create() for _ in sizes]
-    for key in (first, fraud, *data_nodes):
+    span_nodes = [Account.create() for _ in workers]
+    for key in (first, fraud, *data_nodes, *span_nodes):
         register_data_node(bench, key)
     trees = []
     for size, data_node in zip(sizes, data_nodes, strict=True):
@@ -234,12 +240,21 @@ def measure(sizes: list[int], max_signed: int, console: Console) -> tuple[Bench,
     # every measured tree pays the same, steady-state price.
     warmup, _ = build_certificate(bench, 4, first.address, a, b, 4)
     bench.record("submitCertificates (first of epoch)", submit_certificates(
-        c, bench.sponsor, warmup.cert_ref(bench.run_id, 0, first.address)
+        c, bench.sponsor, warmup.cert_ref(bench.run_id, 0, first.address), warmup.spans_or_raise()
     ))  # fmt: skip
     submit_gas: dict[int, int] = {}
-    for size, _, cert, _ in trees:
-        receipt = bench.record("submitCertificates", submit_certificates(c, bench.sponsor, cert))
+    for size, tree, cert, _ in trees:
+        receipt = bench.record(
+            "submitCertificates",
+            submit_certificates(c, bench.sponsor, cert, tree.spans_or_raise()),
+        )
         submit_gas[size] = int(receipt["gasUsed"])
+    spread = []
+    for count, data_node in zip(workers, span_nodes, strict=True):
+        tree = _tree_of_workers(count, a)
+        cert = tree.cert_ref(bench.run_id, 0, data_node.address)
+        submitted = submit_certificates(c, bench.sponsor, cert, tree.spans_or_raise())
+        spread.append((count, tree, cert, int(submitted["gasUsed"])))
     _prove_frauds(bench, fraud, a, b, cheat)
     _, small_tree, small_cert, _ = trees[0]
     bench.dispute_blocks = _tensor_dispute(bench, small_tree, small_cert, a, b)
@@ -257,8 +272,26 @@ def measure(sizes: list[int], max_signed: int, console: Console) -> tuple[Bench,
             size, submit_gas[size], claim_gas, float(t["sign_s"]), int(t["signed"]),
             float(t["leaves_s"]), float(t["tree_s"]),
         ))  # fmt: skip
+    spans = []
+    for count, tree, cert, gas in spread:
+        claimed = claim_reward(c, bench.wallet_of[a.address], cert, tree, a.address)
+        spans.append(SpanResult(count, gas, int(claimed["gasUsed"])))
     bench.record("requestUnstake", request_unstake(c, bench.wallet_of[a.address], a.address))
-    return bench, results
+    return bench, results, spans
+
+
+def _tree_of_workers(count: int, a: LocalAccount) -> CertificateTree:
+    """A certificate of ``count`` workers with one forward hop each: ``a`` (which claims) and
+    made-up others (which never claim). Only the spans' gas is measured: the leaves are not
+    signed receipts."""
+    workers = sorted({a.address, *(Account.create().address for _ in range(count - 1))},
+                     key=lambda w: int(w, 16))  # fmt: skip
+    hops = [
+        CertifiedHop(i, i * UNITS_PER_HOP, worker, UNITS_PER_HOP, keccak(f"key {i}".encode()),
+                     keccak(f"digest {i}".encode()), keccak(f"signatures {i}".encode()))
+        for i, worker in enumerate(workers)
+    ]  # fmt: skip
+    return tree_of_hops(hops)
 
 
 def _prove_frauds(
@@ -273,7 +306,7 @@ def _prove_frauds(
     leaf = certify_hop(bad, domain, entry.worker_signature, entry.counterparty_signature)
     tree = tree_of_hops([leaf, replace(leaf, index=1, unitsBefore=UNITS_PER_HOP)])
     cert = tree.cert_ref(bench.run_id, 0, data_node.address)
-    submit_certificates(c, bench.sponsor, cert)
+    submit_certificates(c, bench.sponsor, cert, tree.spans_or_raise())
     entries = {"proveInvalidHop": fraud_proofs.invalid_hop(cert, tree.leaf_proof(0), entry)}
     honest = HopReceipt(bench.run_id, 0, data_node.address, 0, 5, 1, 0, 0, cheat.address,
                         b.address, keccak(b"x"), keccak(b"y"), UNITS_PER_HOP)  # fmt: skip
@@ -370,6 +403,30 @@ def _tensor_dispute(
     return int(w3.eth.block_number) - first_block
 
 
+@dataclass(frozen=True)
+class SpanResult:
+    workers: int
+    submit_gas: int
+    claim_gas: int  # one worker's claim
+
+
+def print_span_table(spans: list[SpanResult], console: Console) -> None:
+    if not spans:
+        return
+    base = spans[0]
+    table = Table(title="A certificate of W workers (one hop each): the spans' cost")
+    for heading in ("W workers", "submit gas", "submit gas/worker", f"vs W = {base.workers}",
+                    "one claim's gas", f"claim vs W = {base.workers}"):  # fmt: skip
+        table.add_column(heading, justify="right")
+    for r in spans:
+        table.add_row(
+            f"{r.workers:,}", f"{r.submit_gas:,}", f"{r.submit_gas / r.workers:,.0f}",
+            f"{r.submit_gas / base.submit_gas:.2f}", f"{r.claim_gas:,}",
+            f"{r.claim_gas / base.claim_gas:.3f}",
+        )  # fmt: skip
+    console.print(table)
+
+
 def print_tables(bench: Bench, results: list[TreeResult], console: Console) -> None:
     ops = Table(title="Gas per operation (gasUsed of real transactions)")
     for heading in ("operation", "calls", "min", "max"):
@@ -445,11 +502,16 @@ def main() -> None:
     parser.add_argument("--max-signed", type=int, default=1_000)
     parser.add_argument("--sign-all", action="store_true")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--workers", default="1,10,100,1000", help="workers per certificate")
     args = parser.parse_args()
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     console = Console(width=160)
-    bench, results = measure(sizes, max(sizes) if args.sign_all else args.max_signed, console)
+    workers = sorted({int(s) for s in args.workers.split(",") if s.strip()})
+    bench, results, spans = measure(
+        sizes, max(sizes) if args.sign_all else args.max_signed, workers, console
+    )
     print_tables(bench, results, console)
+    print_span_table(spans, console)
     if not args.no_plot:
         console.print(f"plot: {plot(results)}")
 

@@ -37,7 +37,7 @@ RELAY_EPOCH_PAY = 6 * 10**16
 GAS_COMMIT = 52_200
 GAS_REVEAL = 174_314  # proveEquivocation, the cheapest reveal
 GAS_REGISTER = 194_273
-GAS_SUBMIT = 99_207  # submitCertificates, first of an epoch
+GAS_SUBMIT = 107_029  # submitCertificates, first of an epoch
 GAS_REFUSED = 30_000  # the order of a reverted call: what a refused attack still pays
 FINAL_SEATS = 31
 #: Hops an auditor re-executes per certificate (the swarm's ``[chain] audit_sample``).
@@ -177,10 +177,10 @@ def rows(p: Parameters, gwei: float, shares: list[float]) -> list[Row]:
             -GAS_REGISTER * gas,
         ),
         Row(
-            "late overlapping tree takes honest ranges' pay (23, open)",
+            "late overlapping tree takes honest ranges' pay (23)",
             RELAY_EPOCH_PAY,
             "the certificate's reservation (its own escrow)",
-            float(RELAY_EPOCH_PAY),
+            -GAS_REFUSED * gas,
         ),
     ]
     for share in WRONG_TENSOR_SHARES:

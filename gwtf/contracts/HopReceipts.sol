@@ -34,6 +34,16 @@ struct CertifiedHop {
     bytes32 signaturesHash; // keccak256(abi.encode(workerSignature, counterpartySignature))
 }
 
+/// @notice One worker's range of a certificate tree as its data node commits it with the root.
+/// The spans of a certificate partition it in worker order: span k covers the leaves after span
+/// k-1's `lastIndex` up to its own, and the units after span k-1's `unitsEnd` up to its own, so
+/// no two workers' ranges can share a leaf or a unit.
+struct WorkerSpan {
+    address worker;
+    uint64 lastIndex;
+    uint64 unitsEnd;
+}
+
 /// @notice A data node's certificate commitment for one epoch, as submitted.
 struct CertRef {
     uint256 runId;
@@ -42,6 +52,7 @@ struct CertRef {
     bytes32 root;
     uint64 count;
     uint64 units;
+    bytes32 rangesRoot; // the root of the range tree over its spans, computed on submission
 }
 
 /// @title HopReceipts
@@ -96,6 +107,16 @@ library HopReceipts {
     /// so a leaf preimage is never 64 bytes and cannot pass for an inner node.
     function leaf(CertifiedHop calldata hop) internal pure returns (bytes32) {
         return keccak256(bytes.concat(keccak256(abi.encode(hop))));
+    }
+
+    /// @dev A leaf of a certificate's range tree: one worker's range (its first and last leaf
+    /// index, the units before it and where its units end), double hashed like a hop leaf.
+    function rangeLeaf(address worker, uint64 firstIndex, uint64 lastIndex, uint64 unitsBefore, uint256 unitsEnd)
+        internal
+        pure
+        returns (bytes32)
+    {
+        return keccak256(bytes.concat(keccak256(abi.encode(worker, firstIndex, lastIndex, unitsBefore, unitsEnd))));
     }
 
     /// @dev What a certificate leaf commits of the two signatures.

@@ -4,8 +4,9 @@ pragma solidity ^0.8.28;
 import {Ownable} from "@openzeppelin/contracts/access/Ownable.sol";
 import {Ownable2Step} from "@openzeppelin/contracts/access/Ownable2Step.sol";
 import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
+import {Hashes} from "@openzeppelin/contracts/utils/cryptography/Hashes.sol";
 import {MerkleProof} from "@openzeppelin/contracts/utils/cryptography/MerkleProof.sol";
-import {CertifiedHop, CertRef, HopReceipt, HopReceipts} from "./HopReceipts.sol";
+import {CertifiedHop, CertRef, HopReceipt, HopReceipts, WorkerSpan} from "./HopReceipts.sol";
 import {NodeRegistry} from "./NodeRegistry.sol";
 import {RunBook} from "./RunBook.sol";
 
@@ -22,13 +23,16 @@ interface IClaimFreeze {
 /// worker. A certificate is accepted only if the run's escrow covers every one of its hops at
 /// the run's price, and that pay is reserved for it. Only certified hops earn: after the epoch
 /// settles, each worker claims its range of every data node's tree and is paid the run's price
-/// for each hop of it, by pull, whatever else was certified. The disputes contract voids a
+/// for each hop of it, by pull, whatever else was certified. The ranges are committed with the
+/// root as a partition of the tree's leaves and units by worker, checked on submission, so no
+/// claim can count a unit another worker's claim counts. The disputes contract voids a
 /// certificate proven fraudulent before then and names the (run, epoch) in which a node was
 /// convicted (it is not paid there). A reservation is paid to workers or burned, never
 /// returned: neither a conviction, nor a withheld tree, nor an unclaimed range pays the
 /// sponsor back what it owed for certified work.
-/// @dev A certificate is stored as one slot, keccak256(abi.encode(root, count, units)); callers
-/// pass the CertRef (from the CertificatesSubmitted event) and the ledger checks it.
+/// @dev A certificate is stored as one slot, keccak256(abi.encode(root, count, units,
+/// rangesRoot)); callers pass the CertRef (from the CertificatesSubmitted event) and the ledger
+/// checks it.
 contract WorkLedger is RunBook, EIP712, Ownable2Step {
     using HopReceipts for HopReceipt;
 
@@ -58,17 +62,19 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
     mapping(uint256 runId => mapping(uint64 epoch => mapping(address dataNode => bytes32))) internal _certificates;
     mapping(uint256 runId => mapping(uint64 epoch => EpochBook)) internal _books;
     mapping(bytes32 claimKey => bool) internal _claimed;
-    /// @dev Units paid out of each certificate: claims never take more than its own units, so
-    /// one tree whose ranges overlap cannot use up what the epoch's other certificates back.
-    mapping(uint256 runId => mapping(uint64 epoch => mapping(address dataNode => uint256))) internal
-        _certificatePaidUnits;
     /// @dev keccak256(abi.encode(runId, epoch, node)) of each (run, epoch) in which the disputes
     /// contract convicted a node: it is not paid there, its other work stands.
     mapping(bytes32 convictionKey => bool) internal _convicted;
 
     event DisputesSet(address indexed disputes);
     event CertificatesSubmitted(
-        uint256 indexed runId, uint64 indexed epoch, address indexed dataNode, bytes32 root, uint64 count, uint64 units
+        uint256 indexed runId,
+        uint64 indexed epoch,
+        address indexed dataNode,
+        bytes32 root,
+        uint64 count,
+        uint64 units,
+        bytes32 rangesRoot
     );
     event PayReserved(uint256 indexed runId, uint64 indexed epoch, address indexed dataNode, uint256 reservedWei);
     event CertificateVoided(uint256 indexed runId, uint64 indexed epoch, address indexed dataNode, uint64 units);
@@ -99,12 +105,10 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
     error CertificateMismatch(uint256 runId, uint64 epoch, address dataNode);
     error LeafNotInTree(address dataNode, uint64 index);
     error NotWorkersRange(address node, uint64 first, uint64 last);
-    error RangeOutOfTotals(uint256 fromUnits, uint256 toUnits, uint64 units);
+    error BadSpans(uint256 position);
     error AlreadyClaimed(uint256 runId, uint64 epoch, address dataNode, address node);
-    error ClaimsExceedCertificate(uint256 claimedUnits, uint64 certificateUnits);
     error ClaimantConvicted(uint256 runId, uint64 epoch, address node);
     error ClaimFrozen(address node);
-    error EmptyRange(address node);
     error NotSettled(uint256 runId, uint64 epoch, uint256 settlesAt);
     error ClaimPeriodOver(uint256 runId, uint64 epoch, uint256 closedAt);
     error ClaimPeriodOpen(uint256 runId, uint64 epoch, uint256 closesAt);
@@ -133,20 +137,24 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
     /// wallet (the sponsor's) only, once per epoch, during the epoch after it, for a data node
     /// that was bonded during the epoch (one convicted since still certifies the work done with
     /// it). Reserves `units` at the run's price out of the run's funds: refused unless the funds,
-    /// and what the epoch may still reserve under rewardPerEpoch, cover every hop.
+    /// and what the epoch may still reserve under rewardPerEpoch, cover every hop. `spans` are
+    /// the workers' ranges of the tree, which claims are held to: strictly increasing workers,
+    /// each span ending after the one before, the last at leaf count-1 and at `units`.
     /// @param runId The run.
     /// @param epoch The finished epoch.
     /// @param dataNode The data node whose certificates the tree holds.
     /// @param root The Merkle root of the certified hops.
     /// @param count Number of leaves (indices 0..count-1).
     /// @param units Sum of the hops' units.
+    /// @param spans Each worker's range, in worker order.
     function submitCertificates(
         uint256 runId,
         uint64 epoch,
         address dataNode,
         bytes32 root,
         uint64 count,
-        uint64 units
+        uint64 units,
+        WorkerSpan[] calldata spans
     ) external {
         Run storage run = _existingRun(runId);
         if (epoch > run.lastEpoch) revert EpochAfterClose(runId, epoch, run.lastEpoch);
@@ -169,7 +177,10 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         mapping(address => bytes32) storage epochCertificates = _certificates[runId][epoch];
         if (epochCertificates[dataNode] != bytes32(0)) revert CertificateAlreadySubmitted(runId, epoch, dataNode);
 
-        epochCertificates[dataNode] = keccak256(abi.encode(root, count, units));
+        // The range tree's root is committed with the root: one leaf per worker over spans
+        // checked here to partition the certificate.
+        bytes32 rangesRoot = _rangesRootOf(spans, count, units);
+        epochCertificates[dataNode] = keccak256(abi.encode(root, count, units, rangesRoot));
         EpochBook storage book = _books[runId][epoch];
         uint256 reserved = priceOf(run, units);
         uint256 epochRoom = uint256(run.rewardPerEpochWei) - book.budgetWei;
@@ -181,7 +192,7 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         book.totalUnits += uint96(units);
         book.certified = true;
         emit PayReserved(runId, epoch, dataNode, reserved);
-        emit CertificatesSubmitted(runId, epoch, dataNode, root, count, units);
+        emit CertificatesSubmitted(runId, epoch, dataNode, root, count, units, rangesRoot);
     }
 
     /// @notice Voids a certificate the disputes contract has proven fraudulent (always before
@@ -222,22 +233,27 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
     // ---------------------------------------------------------------- rewards
 
     /// @notice Pays a worker for its range of a data node's certificate tree, after the epoch
-    /// settles: the run's price for each hop of it (units × hopPrice / unitsPerHop). Once per
-    /// (epoch, data node, worker), by the node's wallet. A node convicted of a fault in this
+    /// settles: the run's price for each hop of it (units × hopPrice / unitsPerHop). The range
+    /// is the one committed with the root: its first and last leaf are proven in the tree, and
+    /// the span they bound in the range tree. Once per (epoch, data node, worker), by the
+    /// node's wallet. A node convicted of a fault in this
     /// (run, epoch) is not paid here (its pay is burned when the epoch closes).
     /// @param cert The data node's certificate.
     /// @param first The worker's first leaf.
     /// @param firstProof Its Merkle proof.
     /// @param last The worker's last leaf (may be the first).
     /// @param lastProof Its Merkle proof.
+    /// @param rangeProof The Merkle proof of the worker's span in the certificate's range tree.
     function claimReward(
         CertRef calldata cert,
         CertifiedHop calldata first,
         bytes32[] calldata firstProof,
         CertifiedHop calldata last,
-        bytes32[] calldata lastProof
+        bytes32[] calldata lastProof,
+        bytes32[] calldata rangeProof
     ) external nonReentrant {
-        (address node, uint256 units, uint256 amount) = _takeRange(cert, first, firstProof, last, lastProof);
+        (address node, uint256 units, uint256 amount) =
+            _takeRange(cert, first, firstProof, last, lastProof, rangeProof);
         if (_convicted[keccak256(abi.encode(cert.runId, cert.epoch, node))]) {
             revert ClaimantConvicted(cert.runId, cert.epoch, node);
         }
@@ -256,7 +272,8 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         CertifiedHop calldata first,
         bytes32[] calldata firstProof,
         CertifiedHop calldata last,
-        bytes32[] calldata lastProof
+        bytes32[] calldata lastProof,
+        bytes32[] calldata rangeProof
     ) private returns (address node, uint256 units, uint256 amount) {
         (,,, uint256 settlesAt) = epochTimes(cert.runId, cert.epoch);
         if (block.timestamp < settlesAt) revert NotSettled(cert.runId, cert.epoch, settlesAt);
@@ -266,23 +283,23 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         _checkLeaf(cert, first, firstProof);
         _checkLeaf(cert, last, lastProof);
         node = first.worker;
-        if (last.worker != node || first.index > last.index) revert NotWorkersRange(node, first.index, last.index);
-        uint256 toUnits = uint256(last.unitsBefore) + last.units;
-        if (first.unitsBefore > last.unitsBefore || toUnits > cert.units) {
-            revert RangeOutOfTotals(first.unitsBefore, toUnits, cert.units);
-        }
-        units = toUnits - first.unitsBefore;
-        if (units == 0) revert EmptyRange(node);
+        uint256 unitsEnd = uint256(last.unitsBefore) + last.units;
+        // The range must be the worker's span as committed with the root: spans partition the
+        // certificate, so whatever the tree's leaves say, no two claims count one unit, and a
+        // span's units are more than the units before it.
+        bytes32 range = HopReceipts.rangeLeaf(node, first.index, last.index, first.unitsBefore, unitsEnd);
+        if (
+            last.worker != node
+                || !MerkleProof.verifyCalldata(rangeProof, cert.rangesRoot, range)
+        ) revert NotWorkersRange(node, first.index, last.index);
+        units = unitsEnd - first.unitsBefore;
         bytes32 claimKey = keccak256(abi.encode(cert.runId, cert.epoch, cert.dataNode, node));
         if (_claimed[claimKey]) revert AlreadyClaimed(cert.runId, cert.epoch, cert.dataNode, node);
-        // Only a tree whose ranges overlap (a fraud nobody proved in time) gets past its units.
-        uint256 certificatePaid = _certificatePaidUnits[cert.runId][cert.epoch][cert.dataNode] + units;
-        if (certificatePaid > cert.units) revert ClaimsExceedCertificate(certificatePaid, cert.units);
 
         _claimed[claimKey] = true;
-        _certificatePaidUnits[cert.runId][cert.epoch][cert.dataNode] = certificatePaid;
-        // The certificates' paid units never exceed their units, so neither do the epoch's,
-        // and a certificate never pays more than it reserved (each pay rounds down).
+        // A worker has one span per certificate and the spans partition its units, so the
+        // claims of a certificate never exceed its units, nor the epoch's its units, and a
+        // certificate never pays more than it reserved (each pay rounds down).
         uint256 paidUnits = uint256(book.paidUnits) + units;
         Run storage run = _runs[cert.runId];
         amount = priceOf(run, units);
@@ -340,13 +357,13 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         if (stored == bytes32(0) || stored == VOIDED) {
             revert CertificateNotOpen(cert.runId, cert.epoch, cert.dataNode);
         }
-        if (stored != keccak256(abi.encode(cert.root, cert.count, cert.units))) {
+        if (stored != keccak256(abi.encode(cert.root, cert.count, cert.units, cert.rangesRoot))) {
             revert CertificateMismatch(cert.runId, cert.epoch, cert.dataNode);
         }
     }
 
     /// @notice The stored commitment of a certificate: 0 none, 1 voided, else
-    /// keccak256(abi.encode(root, count, units)).
+    /// keccak256(abi.encode(root, count, units, rangesRoot)).
     /// @param runId The run.
     /// @param epoch The epoch.
     /// @param dataNode The data node.
@@ -403,6 +420,37 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
     /// claims of a certificate's ranges never add up to more than it reserved.
     function priceOf(Run storage run, uint256 units) internal view returns (uint256) {
         return units * run.hopPriceWei / run.unitsPerHop;
+    }
+
+    /// @dev The root of the range tree over `spans` (OpenZeppelin's StandardMerkleTree layout,
+    /// leaves in span order), or `BadSpans(k)` unless the spans partition the certificate's
+    /// `count` leaves and `units` units by strictly increasing worker, none of them empty.
+    function _rangesRootOf(WorkerSpan[] calldata spans, uint64 count, uint64 units) private pure returns (bytes32) {
+        uint256 n = spans.length;
+        if (n == 0) revert BadSpans(0);
+        uint256 size = 2 * n - 1;
+        bytes32[] memory nodes = new bytes32[](size);
+        address previous;
+        uint64 firstIndex;
+        uint64 unitsBefore;
+        for (uint256 k; k < n; ++k) {
+            WorkerSpan calldata span = spans[k];
+            if (
+                span.worker <= previous || span.lastIndex < firstIndex || span.lastIndex >= count
+                    || span.unitsEnd <= unitsBefore
+            ) revert BadSpans(k);
+            nodes[size - 1 - k] =
+                HopReceipts.rangeLeaf(span.worker, firstIndex, span.lastIndex, unitsBefore, span.unitsEnd);
+            previous = span.worker;
+            firstIndex = span.lastIndex + 1;
+            unitsBefore = span.unitsEnd;
+        }
+        if (firstIndex != count || unitsBefore != units) revert BadSpans(n);
+        for (uint256 p = n - 1; p > 0;) {
+            --p;
+            nodes[p] = Hashes.commutativeKeccak256(nodes[2 * p + 1], nodes[2 * p + 2]);
+        }
+        return nodes[0];
     }
 
     function _checkLeaf(CertRef calldata cert, CertifiedHop calldata hop, bytes32[] calldata proof) private pure {

@@ -324,5 +324,6 @@ def find_certificate(ledger: Contract, run_id: int, epoch: int, data_node: str) 
         return None
     args = logs[-1]["args"]
     return CertRef(
-        run_id, epoch, args["dataNode"], bytes(args["root"]), args["count"], args["units"]
-    )
+        run_id, epoch, args["dataNode"], bytes(args["root"]), args["count"], args["units"],
+        bytes(args["rangesRoot"]),
+    )  # fmt: skip

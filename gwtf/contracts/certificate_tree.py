@@ -5,20 +5,26 @@ Owns the rules an honest tree follows, which the disputes contract checks: leaf 
 the sum of the units of leaves ``0..i-1``; the leaves are sorted by (worker, hop key), strictly,
 so each hop is certified once and each worker's hops form one range, which the worker claims
 with the proofs of its first and last leaf. The tree is OpenZeppelin's StandardMerkleTree over
-the leaves in index order. Pure: no chain.
+the leaves in index order. The data node commits the ranges with the root as the tree's spans
+(one ``WorkerSpan`` per worker, in worker order, partitioning the leaves and units), and a
+claim also proves its range in the range tree over them (``range_leaf``, the same layout), so
+the ledger never pays one unit to two workers. Pure: no chain.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from gwtf.contracts.encoding import (
     CertifiedHop,
     CertRef,
     Eip712Domain,
     HopReceipt,
+    WorkerSpan,
     hop_key,
+    range_leaf,
     receipt_digest,
     recover_digest_signer,
     signatures_hash,
@@ -50,24 +56,43 @@ class LeafProof:
 
 @dataclass(frozen=True)
 class WorkerRange:
-    """A worker's leaves in one tree: what it claims, with the proofs of both ends."""
+    """A worker's leaves in one tree: what it claims, with the proofs of both ends and of its
+    span in the range tree."""
 
     worker: str
     first: LeafProof
     last: LeafProof
+    range_proof: tuple[bytes, ...]
 
     @property
     def units(self) -> int:
         return self.last.hop.unitsBefore + self.last.hop.units - self.first.hop.unitsBefore
 
+    def range_leaf(self) -> bytes:
+        """The range tree's leaf that the first and last leaf bound."""
+        first, last = self.first.hop, self.last.hop
+        return range_leaf(
+            self.worker, first.index, last.index, first.unitsBefore, last.unitsBefore + last.units
+        )
+
+    def claim_args(self, cert: CertRef) -> tuple[object, ...]:
+        """``claimReward``'s arguments for this range of ``cert``."""
+        first, first_proof = self.first.as_args()
+        last, last_proof = self.last.as_args()
+        return (cert.as_tuple(), first, first_proof, last, last_proof, list(self.range_proof))
+
 
 @dataclass(frozen=True)
 class CertificateTree:
-    """A certificate tree: its leaves, the receipts behind them (when known) and the tree."""
+    """A certificate tree: its leaves, the receipts behind them (when known), the tree, and the
+    spans the data node commits with it (None for a published tree whose leaves are not one
+    range per worker in worker order) with their range tree."""
 
     hops: tuple[CertifiedHop, ...]
     entries: tuple[SignedReceipt | None, ...]
     tree: MerkleTree
+    spans: tuple[WorkerSpan, ...] | None = None
+    ranges: MerkleTree | None = None
 
     @property
     def root(self) -> bytes:
@@ -82,22 +107,44 @@ class CertificateTree:
         return self.hops[-1].unitsBefore + self.hops[-1].units
 
     def cert_ref(self, run_id: int, epoch: int, data_node: str) -> CertRef:
-        """The certificate this tree backs."""
-        return CertRef(run_id, epoch, data_node, self.root, self.count, self.units)
+        """The certificate this tree and its spans back."""
+        if self.ranges is None:
+            raise ProtocolError("this tree has no spans: its leaves are not one range per worker")
+        return CertRef(
+            run_id, epoch, data_node, self.root, self.count, self.units, self.ranges.root
+        )
 
     def leaf_proof(self, index: int) -> LeafProof:
         """Leaf ``index`` with its proof, for a claim or a fraud proof."""
         return LeafProof(self.hops[index], tuple(self.tree.proof(index)))
 
+    def spans_or_raise(self) -> tuple[WorkerSpan, ...]:
+        """The spans the data node submits with the root."""
+        if self.spans is None:
+            raise ProtocolError("this tree has no spans: its leaves are not one range per worker")
+        return self.spans
+
     def worker_range(self, worker: str) -> WorkerRange | None:
-        """The range of ``worker``'s leaves (None when the tree holds none of its hops)."""
+        """The range of ``worker``'s leaves (None when the tree holds none of its hops): its
+        span's ends with the span's proof when it has a span within the leaves, else its first
+        and last leaf (with the span's proof, or none)."""
         indices = [i for i, hop in enumerate(self.hops) if hop.worker.lower() == worker.lower()]
         if not indices:
             return None
+        first, last = indices[0], indices[-1]
+        range_proof: tuple[bytes, ...] = ()
+        spans = self.spans or ()
+        for k, span in enumerate(spans):
+            if span.worker.lower() == worker.lower() and self.ranges is not None:
+                range_proof = tuple(self.ranges.proof(k))
+                if span.lastIndex < len(self.hops):
+                    first = spans[k - 1].lastIndex + 1 if k else 0
+                    last = span.lastIndex
         return WorkerRange(
             self.hops[indices[0]].worker,
-            self.leaf_proof(indices[0]),
-            self.leaf_proof(indices[-1]),
+            self.leaf_proof(first),
+            self.leaf_proof(last),
+            range_proof,
         )
 
     def workers(self) -> list[str]:
@@ -106,6 +153,36 @@ class CertificateTree:
         for hop in self.hops:
             seen.setdefault(hop.worker, None)
         return list(seen)
+
+
+def spans_of(hops: Sequence[CertifiedHop]) -> tuple[WorkerSpan, ...] | None:
+    """The spans of ``hops`` in tree order: one per run of one worker's leaves, ending at the
+    running sum of their units; None unless every worker has one run of some units and the
+    workers strictly increase (a tree laid out as ``build_certificate_tree`` lays it out)."""
+    spans: list[WorkerSpan] = []
+    running = 0
+    for position, hop in enumerate(hops):
+        running += hop.units
+        if spans and spans[-1].worker == hop.worker:
+            spans[-1] = WorkerSpan(hop.worker, position, running)
+            continue
+        if spans and int(hop.worker, 16) <= int(spans[-1].worker, 16):
+            return None
+        spans.append(WorkerSpan(hop.worker, position, running))
+    ends = [0, *(span.unitsEnd for span in spans)]
+    return tuple(spans) if spans and all(a < b for a, b in pairwise(ends)) else None
+
+
+def ranges_tree(spans: Sequence[WorkerSpan]) -> MerkleTree:
+    """The range tree over ``spans`` (what ``submitCertificates`` computes on chain)."""
+    leaves = []
+    first_index = units_before = 0
+    for span in spans:
+        leaves.append(
+            range_leaf(span.worker, first_index, span.lastIndex, units_before, span.unitsEnd)
+        )
+        first_index, units_before = span.lastIndex + 1, span.unitsEnd
+    return build_tree(leaves)
 
 
 def check_signatures(entry: SignedReceipt, domain: Eip712Domain) -> bytes:
@@ -171,16 +248,31 @@ def tree_of_prepared(prepared: Sequence[PreparedHop]) -> CertificateTree:
             )
         )  # fmt: skip
         running += receipt.units
-    return CertificateTree(
-        tuple(hops), tuple(p.entry for p in ordered), build_tree([h.leaf() for h in hops])
+    return _tree(hops, tuple(p.entry for p in ordered), spans_of(hops))
+
+
+def tree_of_hops(
+    hops: Sequence[CertifiedHop], spans: Sequence[WorkerSpan] | None = None
+) -> CertificateTree:
+    """The tree of ``hops`` exactly as given (an auditor rebuilding a published tree, or a test
+    building a dishonest one), with ``spans`` or else those its layout gives (``spans_of``);
+    no rule is checked."""
+    if not hops:
+        raise ProtocolError("a certificate tree needs at least one hop")
+    return _tree(
+        hops, tuple(None for _ in hops), tuple(spans) if spans is not None else spans_of(hops)
     )
 
 
-def tree_of_hops(hops: Sequence[CertifiedHop]) -> CertificateTree:
-    """The tree of ``hops`` exactly as given (an auditor rebuilding a published tree, or a test
-    building a dishonest one); no rule is checked."""
-    if not hops:
-        raise ProtocolError("a certificate tree needs at least one hop")
+def _tree(
+    hops: Sequence[CertifiedHop],
+    entries: tuple[SignedReceipt | None, ...],
+    spans: tuple[WorkerSpan, ...] | None,
+) -> CertificateTree:
     return CertificateTree(
-        tuple(hops), tuple(None for _ in hops), build_tree([h.leaf() for h in hops])
+        tuple(hops),
+        entries,
+        build_tree([h.leaf() for h in hops]),
+        spans,
+        ranges_tree(spans) if spans else None,
     )

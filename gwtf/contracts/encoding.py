@@ -258,6 +258,7 @@ def _address_bytes(address: str) -> bytes:
 _HOP_KEY_TAIL: Final = struct.Struct(">24xQ12x20s24xQ24xQ24xQ24xQ12x20s")
 _STRUCT_TAIL: Final = struct.Struct(">24xQ12x20s24xQ24xQ24xQ24xQ24xQ12x20s12x20s32s32s24xQ")
 _LEAF_WORDS: Final = struct.Struct(">24xQ24xQ12x20s24xQ32s32s32s")
+_RANGE_WORDS: Final = struct.Struct(">12x20s24xQ24xQ24xQ32s")
 
 
 def hop_key(receipt: HopReceipt) -> bytes:
@@ -475,10 +476,45 @@ def certify_hop(
     )
 
 
-def certificate_commitment(root: bytes, count: int, units: int) -> bytes:
-    """What the ledger stores for a certificate: keccak256(abi.encode(root, count, units))."""
+@dataclass(frozen=True)
+class WorkerSpan:
+    """One worker's range of a certificate tree as its data node commits it with the root;
+    mirrors Solidity's ``WorkerSpan``. A certificate's spans partition its leaves and units by
+    strictly increasing worker: span k starts where span k-1 ends."""
+
+    worker: str
+    lastIndex: int
+    unitsEnd: int
+
+    def __post_init__(self) -> None:
+        check_uint("lastIndex", self.lastIndex, 64)
+        check_uint("unitsEnd", self.unitsEnd, 64)
+        object.__setattr__(self, "worker", checked_address("worker", self.worker))
+
+    def as_tuple(self) -> tuple[object, ...]:
+        """The struct as an ABI tuple."""
+        return (self.worker, self.lastIndex, self.unitsEnd)
+
+
+def range_leaf(
+    worker: str, first_index: int, last_index: int, units_before: int, units_end: int
+) -> bytes:
+    """A leaf of a certificate's range tree (Solidity's ``HopReceipts.rangeLeaf``): the double
+    keccak256 of abi.encode(worker, firstIndex, lastIndex, unitsBefore, unitsEnd)."""
+    words = _RANGE_WORDS.pack(
+        _address_bytes(worker), first_index, last_index, units_before, units_end.to_bytes(32)
+    )
+    return keccak256(keccak256(words))
+
+
+def certificate_commitment(root: bytes, count: int, units: int, ranges_root: bytes) -> bytes:
+    """What the ledger stores for a certificate:
+    keccak256(abi.encode(root, count, units, rangesRoot))."""
     check_bytes32("root", root)
-    return keccak256(encode(["bytes32", "uint64", "uint64"], [root, count, units]))
+    check_bytes32("rangesRoot", ranges_root)
+    return keccak256(
+        encode(["bytes32", "uint64", "uint64", "bytes32"], [root, count, units, ranges_root])
+    )
 
 
 @dataclass(frozen=True)
@@ -492,11 +528,15 @@ class CertRef:
     root: bytes
     count: int
     units: int
+    rangesRoot: bytes  # the root of the range tree over the spans submitted with it
 
     def as_tuple(self) -> tuple[object, ...]:
         """The struct as an ABI tuple."""
-        return (self.runId, self.epoch, self.dataNode, self.root, self.count, self.units)
+        return (
+            self.runId, self.epoch, self.dataNode, self.root, self.count, self.units,
+            self.rangesRoot,
+        )  # fmt: skip
 
     def commitment(self) -> bytes:
         """What the ledger stores for this certificate."""
-        return certificate_commitment(self.root, self.count, self.units)
+        return certificate_commitment(self.root, self.count, self.units, self.rangesRoot)

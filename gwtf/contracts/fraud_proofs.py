@@ -22,7 +22,7 @@ from gwtf.contracts.encoding import (
 )
 from gwtf.contracts.keccak import keccak256
 
-CERT_REF_ABI = "(uint256,uint64,address,bytes32,uint64,uint64)"
+CERT_REF_ABI = "(uint256,uint64,address,bytes32,uint64,uint64,bytes32)"
 CERTIFIED_HOP_ABI = "(" + ",".join(CERTIFIED_HOP_ABI_TYPES) + ")"
 HOP_RECEIPT_ABI = "(" + ",".join(HOP_RECEIPT_ABI_TYPES) + ")"
 

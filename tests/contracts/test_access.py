@@ -128,7 +128,7 @@ def prepare(w: World) -> Ctx:
         for i, e in enumerate(disputed)
     ]
     liar_tree = w.dishonest_tree([leaf0, leaf1, *leaves])
-    liar_cert = replace(liar_tree.cert_ref(run, epoch - 1, liar.address), units=400)
+    liar_cert = w.cert_of(liar_tree, run, epoch - 1, liar.address, units=400)
     w.submit(liar_cert)
     # b equivocated and was slashed: the challenger has a bounty, the disputes contract ETH.
     w.prove(conflicting_receipts(w, run, epoch, data, b, a), w.challenger)
@@ -352,7 +352,8 @@ RULES: list[Rule] = [
     Rule(
         "WorkLedger", "submitCertificates", only("sponsor"),
         lambda w, c, _: w.ledger.functions.submitCertificates(
-            c.run, c.epoch - 1, c.data.address, keccak(text="root"), 1, 100
+            c.run, c.epoch - 1, c.data.address, keccak(text="root"), 1, 100,
+            [(c.data.address, 0, 100)],
         ),
         not_node_wallet(lambda c: c.data),
     ),

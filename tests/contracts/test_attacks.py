@@ -12,7 +12,12 @@ from web3.logs import DISCARD
 
 from gwtf.contracts import fraud_proofs
 from gwtf.contracts.bindings import ContractRevert
-from gwtf.contracts.encoding import CertifiedHop, CertRef, peer_id_of_public_key, sign_binding
+from gwtf.contracts.encoding import (
+    CertifiedHop,
+    WorkerSpan,
+    peer_id_of_public_key,
+    sign_binding,
+)
 from gwtf.node.local_api.watcher import slashes_of
 from tests.contracts import jury
 from tests.contracts.conftest import TEST_PARAMS, Certified, Juried, Staffed
@@ -135,11 +140,7 @@ def test_3_extra_attempts_earn_nothing_without_a_certificate(certified: Certifie
     # A range built from the attacker's own tree is not in the data node's certificate.
     span = inflated.worker_range(a.address)
     assert span is not None
-    first, first_proof = span.first.as_args()
-    last, last_proof = span.last.as_args()
-    fn = w.ledger.functions.claimReward(
-        certified.cert.as_tuple(), first, first_proof, last, last_proof
-    )
+    fn = w.ledger.functions.claimReward(*span.claim_args(certified.cert))
     reverts(w, fn, w.wallet(0), "LeafNotInTree", data.address, span.first.hop.index)
     before = w.balance(w.wallet(0))
     receipt = w.claim(certified.cert, certified.tree, a, w.wallet(0))
@@ -169,9 +170,7 @@ def test_4_made_up_hops_countersigned_by_a_sybil_take_nothing_from_the_budget(
     w.to_settled(run, 0)
     span = fabricated.worker_range(sybil.address)
     assert span is not None
-    first, first_proof = span.first.as_args()
-    last, last_proof = span.last.as_args()
-    fn = w.ledger.functions.claimReward(cert.as_tuple(), first, first_proof, last, last_proof)
+    fn = w.ledger.functions.claimReward(*span.claim_args(cert))
     reverts(w, fn, w.attacker, "LeafNotInTree", data.address, 0)
     for key, wallet in ((a, w.wallet(0)), (staffed.b, w.wallet(1))):
         w.claim(cert, honest, key, wallet)
@@ -212,23 +211,25 @@ def test_5_a_countersigner_that_left_before_the_epoch_cannot_back_a_hop(world: W
 def test_6_a_claim_is_bounded_by_its_range_and_an_epoch_by_its_budget(staffed: Staffed) -> None:
     w, run, a, b, data = staffed.w, staffed.run, staffed.a, staffed.b, staffed.data
     low, high = sorted((a, b), key=lambda k: int(k.address, 16))
-    # A dishonest tree: low's leaf claims to end at 10^7 units; the ranges of low and high
-    # overlap (the fraud nobody proves in time).
+    # A dishonest tree: low's leaf claims to end at 10^7 units, over high's range (the fraud
+    # nobody proves in time). The spans it is submitted with must partition its 300 units.
     hops = [
         leaf(0, 0, low.address, 100),
         leaf(1, 100, low.address, 10_000_000 - 100),
-        leaf(2, 100, high.address, 100),
+        leaf(2, 200, high.address, 100),
     ]
-    tree = w.dishonest_tree(hops)
+    tree = w.dishonest_tree(
+        hops, [WorkerSpan(low.address, 1, 200), WorkerSpan(high.address, 2, 300)]
+    )
     w.to_submission(run, 0)
-    cert = CertRef(run, 0, data.address, tree.root, 3, 300)
+    cert = w.cert_of(tree, run, 0, data.address, count=3, units=300)
     w.submit(cert)
     w.to_settled(run, 0)
     wallet_of = {a.address: w.wallet(0), b.address: w.wallet(1)}
+    # low's leaves bound 0..10^7, not its span 0..200.
     reverts(
-        w, w.claim_fn(cert, tree, low), wallet_of[low.address], "RangeOutOfTotals", 0,
-        10_000_000, 300,
-    )  # fmt: skip
+        w, w.claim_fn(cert, tree, low), wallet_of[low.address], "NotWorkersRange", low.address, 0, 1
+    )
     w.claim(cert, tree, high, wallet_of[high.address])
     book = w.call(w.ledger.functions.epochBook(run, 0))
     assert book[4] <= book[0]  # never more than the certificate reserved

@@ -97,9 +97,7 @@ def test_16_padding_and_the_sponsors_own_relays_change_no_honest_hops_pay(
         keccak(text="sigs"),
     )  # fmt: skip
     pad = w.dishonest_tree([leaf])
-    padded = replace(
-        pad.cert_ref(run, 0, padder.address), count=count, units=count * 2 * UNITS_PER_HOP
-    )
+    padded = w.cert_of(pad, run, 0, padder.address, count=count, units=count * 2 * UNITS_PER_HOP)
     w.submit(padded)
     assert reserved(w, run, 0) == REWARD_PER_EPOCH - room % (2 * HOP_PRICE)
     w.to_settled(run, 0)
@@ -127,10 +125,9 @@ def test_17_a_certificate_the_escrow_cannot_cover_is_refused(staffed: Staffed) -
     w.submit(cert)
     other = w.certificate_tree(w.pipeline_hops(run, 0, second, [a, b], range(1)))
     other_cert = other.cert_ref(run, 0, second.address)
-    fn = w.ledger.functions.submitCertificates(
-        run, 0, second.address, other_cert.root, other_cert.count, other_cert.units
+    reverts(
+        w, w.submit_fn(other_cert), w.sponsor, "BudgetShort", run, 0, 6 * HOP_PRICE, 4 * HOP_PRICE
     )
-    reverts(w, fn, w.sponsor, "BudgetShort", run, 0, 6 * HOP_PRICE, 4 * HOP_PRICE)
     assert int(w.call(w.ledger.functions.getRun(run))[5]) == 4 * HOP_PRICE
     w.to_settled(run, 0)
     assert paid(w, cert, tree, a, w.wallet(0)) == 3 * HOP_PRICE
@@ -143,10 +140,7 @@ def test_17_a_certificate_the_escrow_cannot_cover_is_refused(staffed: Staffed) -
     tree = w.certificate_tree(w.pipeline_hops(capped, 0, data, [a, b], range(1)))
     w.to_submission(capped, 0)
     cert = tree.cert_ref(capped, 0, data.address)
-    fn = w.ledger.functions.submitCertificates(
-        capped, 0, data.address, cert.root, cert.count, cert.units
-    )
-    reverts(w, fn, w.sponsor, "BudgetShort", capped, 0, 6 * HOP_PRICE, 5 * HOP_PRICE)
+    reverts(w, w.submit_fn(cert), w.sponsor, "BudgetShort", capped, 0, 6 * HOP_PRICE, 5 * HOP_PRICE)
 
 
 # ------------------------------------------------------------ 18. one conviction, one epoch
@@ -175,7 +169,7 @@ def test_18_convicting_a_data_node_voids_only_the_certificate_proven_wrong(
     third = w.certificate_tree(w.pipeline_hops(run, 2, data, [a, b], range(2)))
     third_cert = w.certify(third, run, 2, data)  # epoch 2 began before the conviction
     w.to_submission(run, 3)
-    fn = w.ledger.functions.submitCertificates(run, 3, data.address, third.root, 1, 100)
+    fn = w.submit_fn(w.cert_of(third, run, 3, data.address, count=1, units=100))
     reverts(w, fn, w.sponsor, "NodeNotBonded", data.address)  # slashed before epoch 3 began
     w.to_settled(run, 2)
     for cert, tree in ((first_cert, first), (third_cert, third)):
@@ -245,3 +239,50 @@ def test_20_a_withheld_tree_wins_the_sponsor_nothing_back(staffed: Staffed) -> N
     w.tx(w.ledger.functions.closeEpoch(run, 0), w.stranger)
     assert burned(w) == held
     assert refund(w, run) == 10 * ETH - held
+
+
+def test_23_a_late_overlapping_tree_cannot_use_up_the_honest_ranges(staffed: Staffed) -> None:
+    """The sponsor's data node certifies a and b (two microbatches each) and its colluder x (one
+    hop), but the tree behind its root gives x's leaf units 0 to the certificate's total, over
+    a's and b's ranges; it withholds the tree until the epoch settles, when no proof can land.
+    The spans committed with the root partition the units, so x, claiming first, cannot take
+    a's or b's: a and b are paid in full, and the sponsor gets nothing back through x."""
+    s = staffed
+    w, run, data, a, b = s.w, s.run, s.data, s.a, s.b
+    x = w.register("colluder x", w.accomplice)
+    w.join(run, x, w.accomplice)
+    entries = w.pipeline_hops(run, 0, data, [a, b], range(2))
+    entries.append(w.signed(w.receipt(run, 0, data, x, data, 100), x, data))
+    honest = w.certificate_tree(entries)
+    assert honest.spans is not None and len(honest.spans) == 3
+    total = honest.units
+    overlapping = [
+        replace(hop, unitsBefore=0, units=total) if hop.worker == x.address else hop
+        for hop in honest.hops
+    ]
+    # The spans must partition what it certifies (BadSpans otherwise): the honest ones.
+    tree = w.dishonest_tree(overlapping, honest.spans)
+    cert = tree.cert_ref(run, 0, data.address)
+    assert (cert.count, cert.units) == (honest.count, total)
+    w.to_submission(run, 0)
+    w.submit(cert, spans=honest.spans)
+    assert reserved(w, run, 0) == 2 * TWO_MICROBATCHES + HOP_PRICE
+    # The spans are on chain from the submission: each relay can check its own before the
+    # epoch settles, whatever the tree behind the root says.
+    stored = w.call(w.ledger.functions.certificateCommitment(run, 0, data.address))
+    assert tree.ranges is not None and cert.rangesRoot == tree.ranges.root
+    assert stored == cert.commitment()
+    w.to_settled(run, 0)  # the tree is published only now: no proof can land
+    grab = tree.worker_range(x.address)
+    assert grab is not None and grab.units == total  # x's leaf covers every unit
+    reverts(
+        w, w.ledger.functions.claimReward(*grab.claim_args(cert)), w.accomplice,
+        "NotWorkersRange", x.address, grab.first.hop.index, grab.last.hop.index,
+    )  # fmt: skip
+    assert paid(w, cert, tree, a, w.wallet(0)) == TWO_MICROBATCHES
+    assert paid(w, cert, tree, b, w.wallet(1)) == TWO_MICROBATCHES
+    # x's leaf matches no span, so its one hop is unpaid too; its reservation is burned.
+    w.travel_to(w.epoch_times(run, 0)[3] + CLAIM_PERIOD_S)
+    w.tx(w.ledger.functions.closeEpoch(run, 0), w.stranger)
+    assert burned(w) == HOP_PRICE
+    assert refund(w, run) == 10 * ETH - 2 * TWO_MICROBATCHES - HOP_PRICE

@@ -9,7 +9,7 @@ from dataclasses import replace
 from eth_utils.crypto import keccak
 
 from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt
-from gwtf.contracts.encoding import CertRef, sign_receipt
+from gwtf.contracts.encoding import sign_receipt
 from gwtf.contracts.fraud_proofs import Fraud
 from gwtf.node.audit.checks import (
     BAD_SEQUENCE,
@@ -97,7 +97,7 @@ def test_bad_totals_and_a_broken_sequence_are_found_with_proofs_the_chain_takes(
     # Leaf 1 does not chain from leaf 0, and the last leaf ends short of the units claimed.
     tree = hand_made(w, staffed, [(0, 0, low, 100, 1), (1, 150, high, 100, 2)])
     w.to_submission(staffed.run, 0)
-    cert = CertRef(staffed.run, 0, staffed.data.address, tree.root, 2, 300)
+    cert = w.cert_of(tree, staffed.run, 0, staffed.data.address, count=2, units=300)
     w.submit(cert)
     # Whatever receipts the data node serves with such leaves, they are not the leaves'.
     some = one_hop(staffed)

@@ -218,10 +218,7 @@ class CollusionMachine(RuleBasedStateMachine):
         tree = w.certificate_tree(hops)
         w.to_submission(cast.run, epoch)
         ref = tree.cert_ref(cast.run, epoch, cast.data.address)
-        fn = w.ledger.functions.submitCertificates(
-            ref.runId, ref.epoch, ref.dataNode, ref.root, ref.count, ref.units
-        )
-        if self.attempt(fn, w.sponsor):
+        if self.attempt(w.submit_fn(ref), w.sponsor):
             self.certs.append(Certificate(epoch, ref, tree))
 
     @initialize(data=st.data(), microbatches=st.integers(1, 3))

@@ -213,7 +213,7 @@ def test_totals_that_the_leaves_do_not_back_are_fraud(staffed: Staffed) -> None:
         snapshot = w.tester.take_snapshot()
         tree = hand_made(w, staffed, specs)
         w.to_submission(staffed.run, 0)
-        cert = CertRef(staffed.run, 0, staffed.data.address, tree.root, 2, units)
+        cert = w.cert_of(tree, staffed.run, 0, staffed.data.address, count=2, units=units)
         w.submit(cert)
         w.prove(fraud_proofs.bad_totals(cert, tree.leaf_proof(index)))
         assert_voided(w, cert)
@@ -224,7 +224,7 @@ def test_a_leaf_beyond_the_count_is_fraud(staffed: Staffed) -> None:
     w, a = staffed.w, staffed.a
     tree = hand_made(w, staffed, [(0, 0, a, 100, 1), (1, 100, a, 100, 2), (2, 200, a, 100, 3)])
     w.to_submission(staffed.run, 0)
-    cert = CertRef(staffed.run, 0, staffed.data.address, tree.root, 2, 200)  # hides leaf 2
+    cert = w.cert_of(tree, staffed.run, 0, staffed.data.address, count=2, units=200)  # hides leaf 2
     w.submit(cert)
     w.prove(fraud_proofs.bad_totals(cert, tree.leaf_proof(2)))
     assert_voided(w, cert)
@@ -248,7 +248,7 @@ def test_a_broken_sequence_is_fraud(staffed: Staffed, specs: list[Any]) -> None:
     ]
     tree = hand_made(w, staffed, named)
     w.to_submission(staffed.run, 0)
-    cert = CertRef(staffed.run, 0, staffed.data.address, tree.root, 2, 200)
+    cert = w.cert_of(tree, staffed.run, 0, staffed.data.address, count=2, units=200)
     w.submit(cert)
     receipt = w.prove(fraud_proofs.bad_sequence(cert, tree.leaf_proof(0), tree.leaf_proof(1)))
     assert_slashed(w, receipt, staffed.data, Fraud.BAD_SEQUENCE, 2 * ETH)

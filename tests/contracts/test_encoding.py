@@ -29,6 +29,7 @@ from gwtf.contracts.encoding import (
     node_address_of,
     node_public_key,
     peer_id_of_public_key,
+    range_leaf,
     receipt_digest,
     receipt_struct_hash,
     recover_signer,
@@ -68,7 +69,7 @@ GOLDEN = {
     "signatures_hash": "5f8c232b0038476f93b000eafd3380ae988a1ed9ae3b9a1da2a8af5917ec94b0",
     "leaf": "bbfa9d8e0c0b85c3263f50eae2615b9ef25306892256b687acd09fc766934d78",
     "binding": "ef88ec62b3beb96ea38892cb026c9e02c975966107699d676b6035bbb7a56c12",
-    "commitment": "d2b3664a4cacbfd876ad899c1ddca2dc95ea6c3aeeb0cc0aedd47e4ec79a8aaf",
+    "commitment": "15ddb4bf7445fe8c0fd510288c0a846415a7b4bd597a79e573f29da64da4baba",
     "root5": "4012e3527351abde51ed075bbd7c41097ede613e3e77bc14c1b2900fee859002",
     "node_address": "0xf1cCb3E6f91dB17B6dd3450CdD5956aF5D8600c0",
     "peer_id": "00250802122102c8c1f4f6c0da69ead5616f4548d7e0cdfd506376410e09e1b9dc36e82f4e0a14",
@@ -91,7 +92,7 @@ def computed_vectors() -> dict[str, str]:
         "signatures_hash": signatures_hash(signature, b"\x01" * 65).hex(),
         "leaf": hop.leaf().hex(),
         "binding": binding.hex(),
-        "commitment": certificate_commitment(b"\x55" * 32, 10, 1500).hex(),
+        "commitment": certificate_commitment(b"\x55" * 32, 10, 1500, b"\x66" * 32).hex(),
         "root5": build_tree([keccak(bytes([i])) for i in range(5)]).root.hex(),
         "node_address": node_address_of(public_key),
         "peer_id": peer_id_of_public_key(public_key).hex(),
@@ -115,6 +116,16 @@ def test_the_struct_hash_packs_exactly_what_eth_abi_encodes() -> None:
         [7, 3, GOLDEN_RECEIPT.dataNode, 49, 2, 1, 1, GOLDEN_RECEIPT.worker],
     )
     assert hop_key(GOLDEN_RECEIPT) == keccak(words)
+
+
+@given(
+    worker=st.binary(min_size=20, max_size=20),
+    ends=st.lists(st.integers(0, 2**64 - 1), min_size=4, max_size=4),
+)
+def test_the_range_leaf_packs_exactly_what_eth_abi_encodes(worker: bytes, ends: list[int]) -> None:
+    address = "0x" + worker.hex()
+    words = encode(["address", "uint64", "uint64", "uint64", "uint256"], [address, *ends])
+    assert range_leaf(address, *ends) == keccak(keccak(words))
 
 
 @given(first=st.binary(max_size=100), second=st.binary(max_size=100))

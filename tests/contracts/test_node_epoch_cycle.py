@@ -44,8 +44,8 @@ class CountingLedger(EpochLedger):
     submits = 0
     crash_after_submit = False
 
-    def submit(self, cert: Any) -> bytes:
-        tx_hash = super().submit(cert)
+    def submit(self, cert: Any, spans: Any) -> bytes:
+        tx_hash = super().submit(cert, spans)
         type(self).submits += 1
         if self.crash_after_submit:
             raise SystemExit("killed after the submission was mined")

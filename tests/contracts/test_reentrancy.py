@@ -132,7 +132,6 @@ def owed_reward(w: World) -> Setup:
     w.to_settled(run, 0)
     span = tree.worker_range(key.address)
     assert span is not None and 2 * span.units == tree.units
-    (first, first_proof), (last, last_proof) = span.first.as_args(), span.last.as_args()
     ledger = w.ledger.functions
 
     def records() -> tuple[Any, ...]:
@@ -144,7 +143,7 @@ def owed_reward(w: World) -> Setup:
         )
 
     again = ("AlreadyClaimed", (run, 0, data.address, key.address))
-    args = (cert.as_tuple(), first, first_proof, last, last_proof)
+    args = span.claim_args(cert)
     # 2 forwards and 2 backwards at the run's price.
     return Setup(attacker, w.ledger, "claimReward", args, 6 * HOP_PRICE, records, again)
 

@@ -33,6 +33,7 @@ from gwtf.contracts.certificate_tree import LeafProof
 from gwtf.contracts.encoding import (
     CertifiedHop,
     HopReceipt,
+    WorkerSpan,
     binding_digest,
     recover_digest_signer,
     registry_domain,
@@ -54,6 +55,7 @@ from tests.contracts.world import (
 )
 
 ZERO = "0x" + "00" * 20
+PADDING_WORKER = "0x" + "ff" * 20  # above every worker: the last span
 ACTIVE, UNBONDING, WITHDRAWN, SLASHED = 1, 2, 3, 4
 SECP256K1_ORDER = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 MAX_EPOCH_LENGTH_S = 30 * 86_400
@@ -507,13 +509,13 @@ UNKNOWN_RUN_CALLS: list[tuple[str, str, Callable[[Any, str], Any]]] = [
     (
         "submitCertificates",
         "sponsor",
-        lambda f, node: f.submitCertificates(99, 0, node, b"\1" * 32, 1, 100),
+        lambda f, node: f.submitCertificates(99, 0, node, b"\1" * 32, 1, 100, [(node, 0, 100)]),
     ),
     (
         "claimReward",
         "wallet",
         lambda f, node: f.claimReward(
-            (99, 0, node, b"\1" * 32, 1, 100), EMPTY_HOP, [], EMPTY_HOP, []
+            (99, 0, node, b"\1" * 32, 1, 100, b"\1" * 32), EMPTY_HOP, [], EMPTY_HOP, [], []
         ),
     ),
     ("currentEpoch", "view", lambda f, node: f.currentEpoch(99)),
@@ -645,8 +647,14 @@ def test_submission_reverts(staffed: Staffed) -> None:
     ledger = w.ledger.functions
     root = keccak(text="root")
 
-    def submit(epoch: int = 0, node: NodeKey = s.data, count: int = 2, units: int = 300) -> Any:
-        return ledger.submitCertificates(run, epoch, node.address, root, count, units)
+    low, high = sorted((s.a.address, s.b.address), key=lambda a: int(a, 16))
+
+    def submit(
+        epoch: int = 0, node: NodeKey = s.data, count: int = 2, units: int = 300,
+        spans: list[tuple[str, int, int]] | None = None,
+    ) -> Any:  # fmt: skip
+        spans = [(low, 0, 100), (high, max(count - 1, 1), units)] if spans is None else spans
+        return ledger.submitCertificates(run, epoch, node.address, root, count, units, spans)
 
     _, opens_at, closes_at, _ = w.epoch_times(run, 0)
     reverts(w, submit(), w.sponsor, "SubmissionClosed", run, 0, opens_at, closes_at)
@@ -663,6 +671,20 @@ def test_submission_reverts(staffed: Staffed) -> None:
     w.add_data_node(run, late)
     reverts(w, submit(node=late), w.sponsor, "NotDataNode", run, late.address)
     reverts(w, submit(), w.stranger, "NotNodeWallet", s.data.address, w.stranger)
+    # The spans must partition the leaves and units by strictly increasing worker.
+    for spans, position in (
+        ([], 0),
+        ([(high, 0, 100), (low, 1, 300)], 1),  # workers out of order
+        ([(low, 0, 100), (low, 1, 300)], 1),  # one worker twice
+        ([(ZERO, 1, 300)], 0),  # no worker
+        ([(low, 1, 100), (high, 1, 300)], 1),  # a span of no leaves
+        ([(low, 0, 0), (high, 1, 300)], 0),  # a span of no units
+        ([(low, 0, 200), (high, 1, 150)], 1),  # units going back
+        ([(low, 0, 100), (high, 2, 300)], 1),  # past the last leaf
+        ([(low, 0, 100)], 1),  # leaves left over
+        ([(low, 0, 100), (high, 1, 299)], 2),  # units left over
+    ):
+        reverts(w, submit(spans=spans), w.sponsor, "BadSpans", position)
     w.tx(submit(), w.sponsor)
     reverts(w, submit(), w.sponsor, "CertificateAlreadySubmitted", run, 0, s.data.address)
     w.travel_to(closes_at)
@@ -679,10 +701,14 @@ def test_a_data_node_that_unbonded_before_an_epoch_cannot_certify_it(staffed: St
     w.tx(w.registry.functions.requestUnstake(data.address), w.sponsor)
     w.to_submission(run, 0)
     # Epoch 0: still bonded when it started; epoch 1: unbonding all along.
-    w.tx(w.ledger.functions.submitCertificates(run, 0, data.address, b"\1" * 32, 1, 100), w.sponsor)
+    one = [(data.address, 0, 100)]
+    w.tx(
+        w.ledger.functions.submitCertificates(run, 0, data.address, b"\1" * 32, 1, 100, one),
+        w.sponsor,
+    )
     w.to_submission(run, 1)
     reverts(
-        w, w.ledger.functions.submitCertificates(run, 1, data.address, b"\1" * 32, 1, 100),
+        w, w.ledger.functions.submitCertificates(run, 1, data.address, b"\1" * 32, 1, 100, one),
         w.sponsor, "NodeNotBonded", data.address,
     )  # fmt: skip
 
@@ -698,11 +724,15 @@ def test_a_data_node_slashed_during_an_epoch_certifies_it_but_no_later_one(
     w.prove(equivocation(w, data, *conflicting(w, run, 1, data, data, s.a)))
     assert w.status_of(data) == SLASHED
     w.to_submission(run, 1)
-    w.tx(w.ledger.functions.submitCertificates(run, 1, data.address, b"\1" * 32, 1, 100), w.sponsor)
+    one = [(data.address, 0, 100)]
+    w.tx(
+        w.ledger.functions.submitCertificates(run, 1, data.address, b"\1" * 32, 1, 100, one),
+        w.sponsor,
+    )
     # Slashed before epoch 2 began: not bonded during it at all.
     w.to_submission(run, 2)
     reverts(
-        w, w.ledger.functions.submitCertificates(run, 2, data.address, b"\1" * 32, 1, 100),
+        w, w.ledger.functions.submitCertificates(run, 2, data.address, b"\1" * 32, 1, 100, one),
         w.sponsor, "NodeNotBonded", data.address,
     )  # fmt: skip
 
@@ -719,10 +749,10 @@ def test_void_certificate_is_for_the_disputes_contract_only(certified: Certified
 
 
 def claim_args(
-    cert: Any, first: LeafProof, last: LeafProof
-) -> tuple[Any, Any, list[bytes], Any, list[bytes]]:
+    cert: Any, first: LeafProof, last: LeafProof, range_proof: tuple[bytes, ...] = ()
+) -> tuple[Any, Any, list[bytes], Any, list[bytes], list[bytes]]:
     (f, fp), (la, lp) = first.as_args(), last.as_args()
-    return cert.as_tuple(), f, fp, la, lp
+    return cert.as_tuple(), f, fp, la, lp, list(range_proof)
 
 
 def test_claim_reverts(certified: Certified) -> None:
@@ -734,9 +764,10 @@ def test_claim_reverts(certified: Certified) -> None:
     assert span_a.first.hop.index != span_a.last.hop.index
 
     def claim(
-        cert_: Any = cert, first: LeafProof = span_a.first, last: LeafProof = span_a.last
-    ) -> Any:
-        return ledger.claimReward(*claim_args(cert_, first, last))
+        cert_: Any = cert, first: LeafProof = span_a.first, last: LeafProof = span_a.last,
+        range_proof: tuple[bytes, ...] = span_a.range_proof,
+    ) -> Any:  # fmt: skip
+        return ledger.claimReward(*claim_args(cert_, first, last, range_proof))
 
     settles_at = w.epoch_times(run, 0)[3]
     reverts(w, claim(), w.wallet(0), "NotSettled", run, 0, settles_at)
@@ -751,6 +782,7 @@ def test_claim_reverts(certified: Certified) -> None:
         replace(cert, root=keccak(text="other root")),
         replace(cert, count=cert.count + 1),
         replace(cert, units=cert.units - 1),
+        replace(cert, rangesRoot=keccak(text="other spans")),
     ):
         reverts(w, claim(wrong), w.wallet(0), "CertificateMismatch", run, 0, c.data.address)
     # A leaf with another leaf's proof, or with inflated units, is not in the tree.
@@ -766,7 +798,7 @@ def test_claim_reverts(certified: Certified) -> None:
         w, claim(last=inflated), w.wallet(0), "LeafNotInTree", c.data.address,
         span_a.last.hop.index,
     )  # fmt: skip
-    # Both ends must be the worker's, in order.
+    # Both ends must be the worker's, in order, and bound its span in the range tree.
     a_first, a_last, b_last = (
         span_a.first.hop.index, span_a.last.hop.index, span_b.last.hop.index,
     )  # fmt: skip
@@ -777,15 +809,18 @@ def test_claim_reverts(certified: Certified) -> None:
         w, claim(first=span_a.last, last=span_a.first), w.wallet(0), "NotWorkersRange",
         c.a.address, a_last, a_first,
     )  # fmt: skip
+    reverts(
+        w, claim(range_proof=span_b.range_proof), w.wallet(0), "NotWorkersRange", c.a.address,
+        a_first, a_last,
+    )  # fmt: skip
     for caller in (w.stranger, w.wallet(1), w.sponsor):
         reverts(w, claim(), caller, "NotNodeWallet", c.a.address, caller)
     w.tx(claim(), w.wallet(0))
     reverts(w, claim(), w.wallet(0), "AlreadyClaimed", run, 0, c.data.address, c.a.address)
-    # A sub-range is the same claim.
+    # A sub-range is no span.
     reverts(
-        w, claim(last=span_a.first), w.wallet(0), "AlreadyClaimed", run, 0, c.data.address,
-        c.a.address,
-    )  # fmt: skip
+        w, claim(last=span_a.first), w.wallet(0), "NotWorkersRange", c.a.address, a_first, a_first
+    )
 
 
 def crafted_hop(index: int, units_before: int, worker: NodeKey, units: int) -> CertifiedHop:
@@ -796,54 +831,56 @@ def crafted_hop(index: int, units_before: int, worker: NodeKey, units: int) -> C
     )  # fmt: skip
 
 
-def test_a_range_of_no_units_is_refused_so_the_dust_returns_once(staffed: Staffed) -> None:
+def test_a_span_of_no_units_is_refused_at_submission(staffed: Staffed) -> None:
     s = staffed
     w, run = s.w, s.run
     low, high = sorted((s.a, s.b), key=lambda k: int(k.address, 16))
     tree = w.dishonest_tree([crafted_hop(0, 0, low, 0), crafted_hop(1, 0, high, 200)])
+    spans = [WorkerSpan(low.address, 0, 0), WorkerSpan(high.address, 1, 200)]
     w.to_submission(run, 0)
-    cert = tree.cert_ref(run, 0, s.data.address)
-    w.submit(cert)
-    w.to_settled(run, 0)
-    wallet = w.wallet(0) if low == s.a else w.wallet(1)
-    reverts(w, w.claim_fn(cert, tree, low), wallet, "EmptyRange", low.address)
+    cert = w.cert_of(tree, run, 0, s.data.address, spans=spans)
+    reverts(w, w.submit_fn(cert), w.sponsor, "BadSpans", 0)
 
 
-def test_claims_of_an_unproven_overlapping_tree_stop_at_the_certified_units(
-    staffed: Staffed,
-) -> None:
-    """A dishonest tree nobody proved before settlement: its ranges overlap or run past its
-    total. Claims never take more than the certificate's units from the epoch."""
+def test_claims_of_an_unproven_dishonest_tree_are_held_to_its_spans(staffed: Staffed) -> None:
+    """A dishonest tree nobody proved before settlement: its leaves' ranges overlap or run past
+    its total, but the spans submitted with it partition its 400 units. A claim whose ends
+    bound no span is refused; each span is paid once, and never more than the certificate."""
     s = staffed
     w, run = s.w, s.run
-    # 4 leaves, 400 units certified (the least 4 hops may carry): a's leaves are 0 and 3, b's
-    # range overlaps a's, c's runs past the total.
+    a, b, c = sorted((s.a, s.b, s.c), key=lambda k: int(k.address, 16))
+    wallet_of = {s.a.address: w.wallet(0), s.b.address: w.wallet(1), s.c.address: w.wallet(2)}
     hops = [
-        crafted_hop(0, 100, s.a, 100),
-        crafted_hop(1, 0, s.b, 400),
-        crafted_hop(2, 500, s.c, 100),
-        crafted_hop(3, 0, s.a, 100),
+        crafted_hop(0, 0, a, 100),
+        crafted_hop(1, 0, b, 400),  # overlaps a's and c's units
+        crafted_hop(2, 100, b, 100),
+        crafted_hop(3, 500, c, 100),  # runs past the total
     ]
-    tree = w.dishonest_tree(hops)
-    cert = replace(tree.cert_ref(run, 0, s.data.address), units=400)
+    spans = [WorkerSpan(a.address, 0, 100), WorkerSpan(b.address, 2, 300)]
+    spans.append(WorkerSpan(c.address, 3, 400))
+    tree = w.dishonest_tree(hops, spans)
+    cert = w.cert_of(tree, run, 0, s.data.address, units=400, spans=spans)
     w.to_submission(run, 0)
     w.submit(cert)
     w.to_settled(run, 0)
     ledger = w.ledger.functions
 
-    def claim(first: int, last: int) -> Any:
-        return ledger.claimReward(*claim_args(cert, tree.leaf_proof(first), tree.leaf_proof(last)))
+    def claim(first: int, last: int, span: int) -> Any:
+        assert tree.ranges is not None
+        proof = tuple(tree.ranges.proof(span))
+        return ledger.claimReward(
+            *claim_args(cert, tree.leaf_proof(first), tree.leaf_proof(last), proof)
+        )
 
-    # a's two leaves do not form a range: the second starts before the first.
-    reverts(w, claim(0, 3), w.wallet(0), "RangeOutOfTotals", 100, 100, 400)
-    # c's leaf ends past the certificate's total.
-    reverts(w, claim(2, 2), w.wallet(2), "RangeOutOfTotals", 500, 600, 400)
-    w.tx(claim(0, 0), w.wallet(0))  # a: 100 of the 400 units
-    # b's 400 units would make 500 paid of the certificate's 400.
-    reverts(w, claim(1, 1), w.wallet(1), "ClaimsExceedCertificate", 500, 400)
+    # b's span is 100..300: its leaf 1 claims 0..400 and leaves 1..2 0..200, neither the span.
+    reverts(w, claim(1, 1, 1), wallet_of[b.address], "NotWorkersRange", b.address, 1, 1)
+    reverts(w, claim(1, 2, 1), wallet_of[b.address], "NotWorkersRange", b.address, 1, 2)
+    # c's leaf says 500..600, its span 300..400.
+    reverts(w, claim(3, 3, 2), wallet_of[c.address], "NotWorkersRange", c.address, 3, 3)
+    w.tx(claim(0, 0, 0), wallet_of[a.address])  # a: its 100 units, exactly its span
     book = w.call(ledger.epochBook(run, 0))
     assert (book[3], book[4]) == (100, HOP_PRICE)  # one hop's price
-    assert not w.call(ledger.isClaimed(run, 0, s.data.address, s.b.address))
+    assert not w.call(ledger.isClaimed(run, 0, s.data.address, b.address))
 
 
 # ---------------------------------------------------------------- disputes
@@ -964,8 +1001,12 @@ def test_a_certificate_padded_beyond_its_tree_changes_no_pay_and_locks_nothing(
     w, run = s.w, s.run
     tree = w.certificate_tree(w.pipeline_hops(run, 0, s.data, [s.a, s.b], range(2)))
     assert (tree.count, tree.units) == (8, 1_200)
-    padded = replace(tree.cert_ref(run, 0, s.data.address), count=16, units=2_400)
     w.to_submission(run, 0)
+    # The workers' spans are their ranges; the padding is a span of a worker above them.
+    assert tree.spans is not None
+    spans = [*tree.spans, WorkerSpan(PADDING_WORKER, 15, 2_400)]
+    claimed_from = w.dishonest_tree(tree.hops, spans)
+    padded = w.cert_of(tree, run, 0, s.data.address, count=16, units=2_400, spans=spans)
     w.submit(padded)
     proofs = [fraud_proofs.bad_totals(padded, tree.leaf_proof(i)) for i in range(8)]
     proofs += [
@@ -986,7 +1027,7 @@ def test_a_certificate_padded_beyond_its_tree_changes_no_pay_and_locks_nothing(
     paid = {}
     for key, wallet in ((s.a, w.wallet(0)), (s.b, w.wallet(1))):
         before = w.balance(wallet)
-        receipt = w.claim(padded, tree, key, wallet)
+        receipt = w.claim(padded, claimed_from, key, wallet)
         paid[key.address] = (
             w.balance(wallet) - before + receipt["gasUsed"] * receipt["effectiveGasPrice"]
         )

@@ -26,7 +26,7 @@ from web3.logs import DISCARD
 from gwtf.contracts import fraud_proofs
 from gwtf.contracts.bindings import ContractRevert
 from gwtf.contracts.certificate_tree import CertificateTree, SignedReceipt
-from gwtf.contracts.encoding import CertifiedHop, CertRef, sign_receipt
+from gwtf.contracts.encoding import CertifiedHop, CertRef, WorkerSpan, sign_receipt
 from gwtf.contracts.rewards import pay_wei
 from tests.contracts.world import ETH, UNITS_PER_HOP, NodeKey, World, reverts
 
@@ -136,9 +136,7 @@ def lying_totals(crew: Crew, tree: CertificateTree, epoch: int = 0) -> CertRef:
     (a certificate ``proveBadTotals`` voids)."""
     w = crew.w
     w.to_submission(crew.run, epoch)
-    cert = replace(
-        tree.cert_ref(crew.run, epoch, crew.data2.address), units=tree.units + UNITS_PER_HOP
-    )
+    cert = w.cert_of(tree, crew.run, epoch, crew.data2.address, units=tree.units + UNITS_PER_HOP)
     w.submit(cert)
     return cert
 
@@ -305,10 +303,7 @@ def test_a_certificate_reserves_its_pay_within_the_funds_and_the_epochs_cap(crew
         tree = w.certificate_tree(w.pipeline_hops(run, epoch, data, [a, b], [0]))
         w.to_submission(run, epoch)
         cert = tree.cert_ref(run, epoch, data.address)
-        fn = w.ledger.functions.submitCertificates(
-            run, epoch, data.address, cert.root, cert.count, cert.units
-        )
-        return tree, cert, fn
+        return tree, cert, w.submit_fn(cert)
 
     tree, cert, fn = submit_fn(0, crew.data)
     receipt = w.tx(fn, w.sponsor)
@@ -376,34 +371,41 @@ def test_a_range_is_paid_once(crew: Crew) -> None:
     assert span is not None and span.first.hop.index != span.last.hop.index
     first, first_proof = span.first.as_args()
     partial = w.ledger.functions.claimReward(
-        cert.as_tuple(), first, first_proof, first, first_proof
+        cert.as_tuple(), first, first_proof, first, first_proof, list(span.range_proof)
     )
-    reverts(w, partial, w.wallet(0), "AlreadyClaimed", *args)
+    index = span.first.hop.index
+    reverts(w, partial, w.wallet(0), "NotWorkersRange", crew.a.address, index, index)
     assert book(w, run, 0)[3:] == (600, pay(600), False)
 
 
 # ------------------------------------------------------------------ dishonest trees
 
 
-def test_an_overlapping_tree_cannot_pay_more_than_its_certificate_reserved(crew: Crew) -> None:
-    """data2's tree gives x units 0..200 and y units 100..300 of a certificate of 300: both
-    ranges verify, but together they claim 400. x is paid its 200 units; y is refused; the
-    next epoch and another run keep every wei of theirs."""
+def test_an_overlapping_tree_pays_each_worker_its_span_and_no_more(crew: Crew) -> None:
+    """data2's tree gives x units 0..200 and y units 100..300 of a certificate of 300, and its
+    spans give x 0..200 and y 200..300. x is paid its span; y's leaf bounds no span and is
+    refused; the next epoch and another run keep every wei of theirs."""
     w, run = crew.w, crew.run
-    x = w.register("rewards x", w.attacker)
-    y = w.register("rewards y", w.accomplice)
+    first, second = w.register("rewards x", w.attacker), w.register("rewards y", w.accomplice)
+    wallet_of = {first.address: w.attacker, second.address: w.accomplice}
+    x, y = sorted((first, second), key=lambda k: int(k.address, 16))  # spans go by worker
     other_run = w.open_run(5 * ETH, hopPriceWei=PRICE)  # the sponsor's second run
-    overlap = w.dishonest_tree([leaf(0, 0, x, 200), leaf(1, 100, y, 200)])
+    overlap = w.dishonest_tree(
+        [leaf(0, 0, x, 200), leaf(1, 100, y, 200)],
+        [WorkerSpan(x.address, 0, 200), WorkerSpan(y.address, 1, 300)],
+    )
     assert overlap.units == 300 and overlap.count == 2
     bad = w.certify(overlap, run, 0, crew.data2)
     honest = w.certificate_tree(hops(crew, crew.data, [([crew.a, crew.b], 0)], epoch=1))
     cert1 = w.certify(honest, run, 1, crew.data)
     assert available(w, run) == FUNDING - pay(300) - pay(600)
     w.to_settled(run, 0)
-    before = w.balance(w.attacker)
-    receipt = w.claim(bad, overlap, x, w.attacker)
-    assert w.balance(w.attacker) - before + gas_of(receipt) == pay(200)
-    reverts(w, w.claim_fn(bad, overlap, y), w.accomplice, "ClaimsExceedCertificate", 400, 300)
+    before = w.balance(wallet_of[x.address])
+    receipt = w.claim(bad, overlap, x, wallet_of[x.address])
+    assert w.balance(wallet_of[x.address]) - before + gas_of(receipt) == pay(200)
+    reverts(
+        w, w.claim_fn(bad, overlap, y), wallet_of[y.address], "NotWorkersRange", y.address, 1, 1
+    )
     assert book(w, run, 0) == (pay(300), 300, True, 200, pay(200), False)
     assert w.balance(w.ledger.address) == (
         available(w, run) + available(w, other_run) + pay(100) + pay(600)
@@ -420,28 +422,9 @@ def test_an_overlapping_tree_cannot_pay_more_than_its_certificate_reserved(crew:
     assert w.balance(w.sponsor) - before + gas_of(receipt) == 5 * ETH
 
 
-def test_a_range_of_every_unit_closes_the_epoch_for_the_overlapping_ones(crew: Crew) -> None:
-    """x's range covers all 200 certified units and y's the same 200 again: x's claim pays the
-    whole reservation and closes the epoch, so y's claim is refused."""
-    w, run = crew.w, crew.run
-    x = w.register("rewards x", w.attacker)
-    y = w.register("rewards y", w.accomplice)
-    overlap = w.dishonest_tree([leaf(0, 0, x, 200), leaf(1, 0, y, 200)])
-    bad = w.certify(overlap, run, 0, crew.data2)
-    w.to_settled(run, 0)
-    w.claim(bad, overlap, x, w.attacker)
-    *_, settles_at = w.epoch_times(run, 0)
-    reverts(
-        w, w.claim_fn(bad, overlap, y), w.accomplice, "ClaimPeriodOver", run, 0,
-        settles_at + CLAIM_PERIOD_S,
-    )  # fmt: skip
-    assert book(w, run, 0) == (pay(200), 200, True, 200, pay(200), True)
-    assert w.balance(w.ledger.address) == available(w, run) == FUNDING - pay(200)
-
-
 def test_an_overlap_in_one_tree_cannot_take_the_honest_certificates_pay(crew: Crew) -> None:
-    """The cap is each certificate's own units: an overlapping tree next to an honest one takes
-    at most its own 200 units, so the honest workers are paid in full in whatever order."""
+    """An overlapping tree next to an honest one: its claims are held to its own spans, so the
+    honest workers are paid in full in whatever order."""
     w, run = crew.w, crew.run
     x = w.register("rewards x", w.attacker)
     y = w.register("rewards y", w.accomplice)
@@ -450,36 +433,34 @@ def test_an_overlap_in_one_tree_cannot_take_the_honest_certificates_pay(crew: Cr
     overlap = w.dishonest_tree([leaf(0, 0, x, 200), leaf(1, 0, y, 200)])
     bad = w.certify(overlap, run, 0, crew.data2)
     w.to_settled(run, 0)
-    w.claim(bad, overlap, x, w.attacker)
-    reverts(w, w.claim_fn(bad, overlap, y), w.accomplice, "ClaimsExceedCertificate", 400, 200)
+    # Its 200 units cannot be split into spans of both (the leaves say 400): it is submitted as
+    # one span of x's over both leaves, which neither worker's leaves bound.
+    for key, wallet in ((x, w.attacker), (y, w.accomplice)):
+        span = overlap.worker_range(key.address)
+        assert span is not None
+        reverts(
+            w, w.claim_fn(bad, overlap, key), wallet, "NotWorkersRange", key.address,
+            span.first.hop.index, span.last.hop.index,
+        )  # fmt: skip
     assert claimed(w, cert, honest, crew.a, w.wallet(0)) == pay(300)
     assert claimed(w, cert, honest, crew.b, w.wallet(1)) == pay(300)
-    budget, total, _, paid_units, _, closed = book(w, run, 0)
-    assert (budget, total, paid_units, closed) == (pay(800), 800, 800, True)
-    assert w.balance(w.ledger.address) == available(w, run)
+    assert book(w, run, 0) == (pay(800), 800, True, 600, pay(600), False)
 
 
-def test_a_zero_unit_range_is_refused(crew: Crew) -> None:
-    """A dishonest tree may hold a range of 0 units (z's leaf below): refused (EmptyRange),
-    before and after the epoch closes."""
+def test_a_span_of_zero_units_is_refused(crew: Crew) -> None:
+    """A dishonest tree may hold a leaf of 0 units (z's below), but no span may have 0 units:
+    the spans its leaves give are refused (BadSpans), so every span a claim is held to pays."""
     w, run = crew.w, crew.run
-    x = w.register("rewards x", w.sponsor)
-    y = w.register("rewards y", w.sponsor)
-    z = w.register("rewards z", w.sponsor)
+    x, y, z = sorted(
+        (w.register(f"rewards {n}", w.sponsor) for n in "xyz"), key=lambda k: int(k.address, 16)
+    )
     # count 3, units 600: within [count × unitsPerHop, 2 × count × unitsPerHop].
     tree = w.dishonest_tree([leaf(0, 0, x, 300), leaf(1, 300, y, 300), leaf(2, 600, z, 0)])
-    cert = w.certify(tree, run, 0, crew.data2)
-    w.to_settled(run, 0)
-    reverts(w, w.claim_fn(cert, tree, z), w.sponsor, "EmptyRange", z.address)
-    w.claim(cert, tree, x, w.sponsor)
-    receipt = w.claim(cert, tree, y, w.sponsor)
-    assert closed_burning(w, receipt) == 0
-    *_, settles_at = w.epoch_times(run, 0)
-    reverts(
-        w, w.claim_fn(cert, tree, z), w.sponsor, "ClaimPeriodOver", run, 0,
-        settles_at + CLAIM_PERIOD_S,
-    )  # fmt: skip
-    assert w.balance(w.ledger.address) == available(w, run)
+    spans = [WorkerSpan(x.address, 0, 300), WorkerSpan(y.address, 1, 600)]
+    spans.append(WorkerSpan(z.address, 2, 600))
+    w.to_submission(run, 0)
+    cert = tree.cert_ref(run, 0, crew.data2.address)
+    reverts(w, w.submit_fn(cert, spans=spans), w.sponsor, "BadSpans", 2)
 
 
 # ------------------------------------------------------------------ the claim period
@@ -536,7 +517,7 @@ def test_units_a_tree_does_not_hold_change_no_pay_and_cost_their_sponsor(
         tree = w.dishonest_tree(leaves)
     else:
         tree = real
-    cert = replace(tree.cert_ref(run, 0, crew.data2.address), count=40, units=4_000)
+    cert = w.cert_of(tree, run, 0, crew.data2.address, count=40, units=4_000)
     w.submit(cert)
     assert book(w, run, 0)[:2] == (pay(600 + 4_000), 600 + 4_000)
     entries = list(real.entries)

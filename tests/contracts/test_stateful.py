@@ -63,6 +63,7 @@ from gwtf.contracts.encoding import (
     CertifiedHop,
     CertRef,
     HopReceipt,
+    WorkerSpan,
     hop_key,
     receipt_digest,
     recover_digest_signer,
@@ -84,6 +85,7 @@ from tests.contracts.world import (
     WINDOW_S,
     NodeKey,
     World,
+    spans_covering,
 )
 
 REWARD = REWARD_PER_EPOCH + 1  # the epoch's cap on what its certificates reserve
@@ -212,10 +214,21 @@ class Cert:
     kind: str
     voided: bool = False
     tried: int = 0  # own proofs put to the chain so far
-    paid_units: int = 0  # claimed out of this certificate
 
     def leaf(self, position: int) -> LeafProof:
         return self.tree.leaf_proof(position)
+
+    def spans(self) -> tuple[WorkerSpan, ...]:
+        """The spans submitted with it: its tree's (built with the spans it is submitted with)."""
+        return self.tree.spans_or_raise()
+
+    def ranges(self) -> set[tuple[str, int, int, int, int]]:
+        """Each span as (worker, first index, last index, units before, units end)."""
+        out, first, before = set(), 0, 0
+        for span in self.spans():
+            out.add((span.worker, first, span.lastIndex, before, span.unitsEnd))
+            first, before = span.lastIndex + 1, span.unitsEnd
+        return out
 
 
 @dataclass
@@ -459,7 +472,7 @@ class HonestyMachine(RuleBasedStateMachine):
 
     def entry_certifiable(self, data: Party, epoch: int, entry: SignedReceipt) -> bool:
         """What the honest data node checks before certifying a hop (the same rules)."""
-        ref = CertRef(self.run, epoch, data.address, b"\0" * 32, 1, 1)
+        ref = CertRef(self.run, epoch, data.address, b"\0" * 32, 1, 1, b"\0" * 32)
         r = entry.receipt
         hop = CertifiedHop(
             0,
@@ -553,19 +566,14 @@ class HonestyMachine(RuleBasedStateMachine):
         if cert.voided:
             return "CertificateNotOpen", 0
         node = first.hop.worker
-        if last.hop.worker != node or first.hop.index > last.hop.index:
-            return "NotWorkersRange", 0
         to_units = last.hop.unitsBefore + last.hop.units
-        if first.hop.unitsBefore > last.hop.unitsBefore or to_units > ref.units:
-            return "RangeOutOfTotals", 0
+        claimed = (node, first.hop.index, last.hop.index, first.hop.unitsBefore, to_units)
+        if last.hop.worker != node or claimed not in cert.ranges():
+            return "NotWorkersRange", 0
         units = to_units - first.hop.unitsBefore
-        if units == 0:
-            return "EmptyRange", 0
         worker = self.party(node)
         if (ref.epoch, ref.dataNode, node) in self.claimed:
             return "AlreadyClaimed", units
-        if cert.paid_units + units > ref.units:
-            return "ClaimsExceedCertificate", units
         if (node, ref.epoch) in self.convictions:
             return "ClaimantConvicted", units
         if worker.wallet != sender:
@@ -683,7 +691,8 @@ class HonestyMachine(RuleBasedStateMachine):
     def submit(self, data: Party, epoch: int, cert: Cert) -> bool:
         t = self.now() + 1
         verdict = self.judge_submission(data, epoch, cert.ref.count, cert.ref.units, t)
-        fn = self.w.ledger.functions.submitCertificates(*cert.ref.as_tuple())
+        self.w.spans[cert.ref.rangesRoot] = cert.spans()
+        fn = self.w.submit_fn(cert.ref)
         if self.send(fn, self.w.sponsor, verdict) is None:
             return False
         self.submitted.add((data.address, epoch))
@@ -1112,16 +1121,14 @@ class HonestyMachine(RuleBasedStateMachine):
             )
             behind.append(None)
             count = n  # so that the units stay in range; the extra leaf is beyond the count
-        tree = tree_of_hops(hops)
         last = hops[-1]
-        ref = CertRef(
-            self.run,
-            epoch,
-            e.address,
-            tree.root,
-            len(hops) if count is None else count,
-            last.unitsBefore + last.units if units is None else units,
-        )
+        count = len(hops) if count is None else count
+        units = last.unitsBefore + last.units if units is None else units
+        # The spans E submits partition what it certifies (or the ledger refuses them), however
+        # its leaves lie.
+        tree = tree_of_hops(hops, spans_covering(hops, count, units))
+        assert tree.ranges is not None
+        ref = CertRef(self.run, epoch, e.address, tree.root, count, units, tree.ranges.root)
         self.submit(e, epoch, Cert(ref, tree, behind, honest=False, kind=kind))
 
     # ------------------------------------------------------------ fraud proofs
@@ -1348,7 +1355,6 @@ class HonestyMachine(RuleBasedStateMachine):
         book = self.book(ref.epoch)
         amount = pay(units)
         self.claimed.add((ref.epoch, ref.dataNode, worker_address))
-        cert.paid_units += units
         book.paid_units += units
         book.paid_wei += amount
         if book.paid_units == book.total:  # everything is claimed: the rest is burned

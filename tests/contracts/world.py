@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from eth_account import Account
@@ -20,6 +20,8 @@ from gwtf.contracts.certificate_tree import (
     CertificateTree,
     SignedReceipt,
     build_certificate_tree,
+    ranges_tree,
+    spans_of,
     tree_of_hops,
 )
 from gwtf.contracts.encoding import (
@@ -27,6 +29,7 @@ from gwtf.contracts.encoding import (
     CertRef,
     Eip712Domain,
     HopReceipt,
+    WorkerSpan,
     ledger_domain,
     node_address_of,
     node_public_key,
@@ -71,6 +74,20 @@ def default_capacity() -> tuple[str, int, int, int]:
     return ("RTX 4090", 24_576, 3_600, 4)
 
 
+def spans_covering(hops: Sequence[CertifiedHop], count: int, units: int) -> list[WorkerSpan]:
+    """Spans the ledger takes for ``hops`` submitted as ``count`` leaves and ``units``: the
+    tree's own (``spans_of`` of the first ``count`` leaves) with the last stretched or shrunk to
+    the certificate's end, or, when those do not partition it, one span of the first leaf's
+    worker over everything (what a dishonest data node can always submit)."""
+    spans = list(spans_of(hops[:count]) or ())
+    if spans:
+        spans[-1] = replace(spans[-1], lastIndex=count - 1, unitsEnd=units)
+        before = spans[-2] if len(spans) > 1 else None
+        if before is None or (before.lastIndex < count - 1 and before.unitsEnd < units):
+            return spans
+    return [WorkerSpan(hops[0].worker, max(count - 1, 0), units)]
+
+
 @dataclass
 class World:
     tester: EthereumTester
@@ -81,6 +98,9 @@ class World:
     scenarios: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     #: Each tensor dispute's draw salt, by (challenger, proof hash): revealed to the court.
     draw_salts: dict[tuple[str, bytes], bytes] = field(default_factory=dict)
+    #: The spans of every tree and certificate built here, by their range tree's root:
+    #: ``submit`` sends the spans a certificate's ranges root was made from.
+    spans: dict[bytes, tuple[WorkerSpan, ...]] = field(default_factory=dict)
 
     def scenario(self, name: str, build: Callable[[], Any]) -> Any:
         """Runs ``build`` once per session and snapshots the chain after it; later tests jump
@@ -301,42 +321,74 @@ class World:
         return hops
 
     def certificate_tree(self, entries: Sequence[SignedReceipt]) -> CertificateTree:
-        return build_certificate_tree(entries, self.ledger_domain)
+        tree = build_certificate_tree(entries, self.ledger_domain)
+        self._remember_spans(tree.spans_or_raise())
+        return tree
 
-    def dishonest_tree(self, hops: Sequence[CertifiedHop]) -> CertificateTree:
-        return tree_of_hops(hops)
+    def dishonest_tree(
+        self, hops: Sequence[CertifiedHop], spans: Sequence[WorkerSpan] | None = None
+    ) -> CertificateTree:
+        """The tree of ``hops`` as given, with ``spans`` (else its own when its leaves are one
+        range per worker, else the one span ``spans_covering`` gives)."""
+        tree = tree_of_hops(hops, spans)
+        if tree.spans is None:
+            tree = tree_of_hops(hops, spans_covering(hops, len(hops), tree.units))
+        self._remember_spans(tree.spans_or_raise())
+        return tree
+
+    def cert_of(
+        self, tree: CertificateTree, run_id: int, epoch: int, data_node: str, *,
+        count: int | None = None, units: int | None = None,
+        spans: Sequence[WorkerSpan] | None = None,
+    ) -> CertRef:  # fmt: skip
+        """The certificate a data node submits for ``tree`` as ``count`` leaves and ``units``
+        (the tree's own unless given), with ``spans``, else the tree's when they end there, else
+        ``spans_covering`` its leaves."""
+        count = tree.count if count is None else count
+        units = tree.units if units is None else units
+        own = tree.spans
+        if spans is None and own and (own[-1].lastIndex, own[-1].unitsEnd) == (count - 1, units):
+            spans = own
+        if spans is None:
+            spans = spans_covering(tree.hops, count, units)
+        ranges_root = self._remember_spans(tuple(spans))
+        return CertRef(run_id, epoch, data_node, tree.root, count, units, ranges_root)
+
+    def _remember_spans(self, spans: Sequence[WorkerSpan]) -> bytes:
+        root = ranges_tree(spans).root
+        self.spans[root] = tuple(spans)
+        return root
+
+    def submit_fn(self, cert: CertRef, spans: Sequence[WorkerSpan] | None = None) -> Any:
+        """``submitCertificates`` of ``cert`` with ``spans`` or else the spans its ranges root
+        was made from here."""
+        if spans is None:
+            assert cert.rangesRoot in self.spans, "no spans here make this ranges root"
+            spans = self.spans[cert.rangesRoot]
+        return self.ledger.functions.submitCertificates(
+            cert.runId, cert.epoch, cert.dataNode, cert.root, cert.count, cert.units,
+            [span.as_tuple() for span in spans],
+        )  # fmt: skip
 
     def submit(
-        self, cert: CertRef, wallet: str | None = None, *, count: int | None = None,
-        units: int | None = None,
+        self, cert: CertRef, wallet: str | None = None, *,
+        spans: Sequence[WorkerSpan] | None = None,
     ) -> TxReceipt:  # fmt: skip
-        fn = self.ledger.functions.submitCertificates(
-            cert.runId,
-            cert.epoch,
-            cert.dataNode,
-            cert.root,
-            cert.count if count is None else count,
-            cert.units if units is None else units,
-        )
-        return self.tx(fn, wallet or self.sponsor)
+        return self.tx(self.submit_fn(cert, spans), wallet or self.sponsor)
 
     def certify(
         self, tree: CertificateTree, run_id: int, epoch: int, data_node: NodeKey
     ) -> CertRef:
         """Submits ``tree`` as the data node's certificate (moving to the submission period)."""
         self.to_submission(run_id, epoch)
-        cert = tree.cert_ref(run_id, epoch, data_node.address)
+        cert = self.cert_of(tree, run_id, epoch, data_node.address)
         self.submit(cert)
         return cert
 
     def claim_fn(self, cert: CertRef, tree: CertificateTree, worker: NodeKey) -> Any:
         span = tree.worker_range(worker.address)
         assert span is not None, f"{worker.address} has no hops in the tree"
-        first, first_proof = span.first.as_args()
-        last, last_proof = span.last.as_args()
-        return self.ledger.functions.claimReward(
-            cert.as_tuple(), first, first_proof, last, last_proof
-        )
+        return self.ledger.functions.claimReward(*span.claim_args(cert))
 
     def claim(
         self, cert: CertRef, tree: CertificateTree, worker: NodeKey, wallet: str

@@ -12,6 +12,7 @@ from gwtf.contracts.certificate_tree import LeafProof, tree_of_hops
 from gwtf.contracts.encoding import CertifiedHop
 from gwtf.contracts.merkle import verify_proof
 from gwtf.errors import ProtocolError
+from gwtf.node.receipts.epochs import _check_range
 from gwtf.node.receipts.proofs import checked_proofs
 
 A, B = "0x" + "aa" * 20, "0x" + "bb" * 20
@@ -57,3 +58,23 @@ def test_a_leaf_served_wrong_keeps_nothing(forgery: str) -> None:
         root = keccak(b"elsewhere")
     with pytest.raises(ProtocolError):
         checked_proofs(leaves, span, root)
+
+
+@pytest.mark.parametrize("served", ["its span", "another's span proof", "a sub-range"])
+def test_a_range_is_claimed_only_when_it_is_the_span_committed_on_chain(served: str) -> None:
+    """Before it claims, a worker checks the range its data node serves against the root and the
+    span root of the certificate on chain: a range that is not its span would be refused."""
+    t = tree()
+    assert t.ranges is not None
+    span = t.worker_range(B)
+    other = t.worker_range(A)
+    assert span is not None and other is not None
+    if served == "another's span proof":
+        span = replace(span, range_proof=other.range_proof)
+    elif served == "a sub-range":
+        span = replace(span, last=span.first)
+    if served == "its span":
+        _check_range(span, t.root, t.ranges.root, span.worker)
+        return
+    with pytest.raises(ProtocolError, match="span it committed"):
+        _check_range(span, t.root, t.ranges.root, span.worker)

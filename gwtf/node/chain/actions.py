@@ -8,6 +8,7 @@ the caller reads gas used and events from the chain rather than assuming them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from gwtf.contracts.bindings import attach
 from gwtf.contracts.certificate_tree import CertificateTree
 from gwtf.contracts.encoding import (
     CertRef,
+    WorkerSpan,
     node_public_key,
     registry_domain,
     sign_binding,
@@ -289,11 +291,15 @@ def join_run(c: Contracts, wallet: Sender, run_id: int, node: str) -> Any:
     return c.send(wallet, c.ledger.functions.joinRun(run_id, node))
 
 
-def submit_certificates(c: Contracts, sponsor: Sender, cert: CertRef) -> Any:
-    """Commit a data node's certificate tree for an epoch (from the data node's wallet)."""
+def submit_certificates(
+    c: Contracts, sponsor: Sender, cert: CertRef, spans: Sequence[WorkerSpan]
+) -> Any:
+    """Commit a data node's certificate tree and its workers' spans for an epoch (from the data
+    node's wallet)."""
     fn = c.ledger.functions.submitCertificates(
-        cert.runId, cert.epoch, cert.dataNode, cert.root, cert.count, cert.units
-    )
+        cert.runId, cert.epoch, cert.dataNode, cert.root, cert.count, cert.units,
+        [span.as_tuple() for span in spans],
+    )  # fmt: skip
     return c.send(sponsor, fn)
 
 
@@ -304,10 +310,7 @@ def claim_reward(
     span = tree.worker_range(node)
     if span is None:
         raise ChainError(f"node {node} has no hops in data node {cert.dataNode}'s certificate")
-    first, first_proof = span.first.as_args()
-    last, last_proof = span.last.as_args()
-    fn = c.ledger.functions.claimReward(cert.as_tuple(), first, first_proof, last, last_proof)
-    return c.send(wallet, fn)
+    return c.send(wallet, c.ledger.functions.claimReward(*span.claim_args(cert)))
 
 
 def close_epoch(c: Contracts, sender: Sender, run_id: int, epoch: int) -> Any:

@@ -7,13 +7,14 @@ it learns from here what happened, and never sends it twice.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from web3.logs import DISCARD
 
 from gwtf.contracts.certificate_tree import WorkerRange
-from gwtf.contracts.encoding import CertRef
+from gwtf.contracts.encoding import CertRef, WorkerSpan
 from gwtf.node.chain.actions import Contracts, submit_certificates
 from gwtf.node.chain.adapter import Sender
 
@@ -105,10 +106,7 @@ class EpochLedger:
         )
         if not logs:
             return None
-        args = logs[-1]["args"]
-        return CertRef(
-            self.run_id, epoch, args["dataNode"], bytes(args["root"]), args["count"], args["units"]
-        )
+        return self._cert_of(epoch, logs[-1]["args"])
 
     def certificates(self, epoch: int) -> list[CertRef]:
         """Every data node's certificate of ``epoch``, from the events (the last of each)."""
@@ -116,10 +114,14 @@ class EpochLedger:
             argument_filters={"runId": self.run_id, "epoch": epoch}, from_block=0
         )
         latest = {log["args"]["dataNode"]: log["args"] for log in logs}
-        return [
-            CertRef(self.run_id, epoch, node, bytes(a["root"]), a["count"], a["units"])
-            for node, a in latest.items()
-        ]
+        return [self._cert_of(epoch, a) for a in latest.values()]
+
+    def _cert_of(self, epoch: int, args: Any) -> CertRef:
+        """The certificate a CertificatesSubmitted event's arguments name."""
+        return CertRef(
+            self.run_id, epoch, args["dataNode"], bytes(args["root"]), args["count"],
+            args["units"], bytes(args["rangesRoot"]),
+        )  # fmt: skip
 
     def book(self, epoch: int) -> EpochBook:
         return EpochBook(*self.c.ledger.functions.epochBook(self.run_id, epoch).call())
@@ -142,9 +144,9 @@ class EpochLedger:
             for a in (log["args"],)
         ]  # fmt: skip
 
-    def submit(self, cert: CertRef) -> bytes:
+    def submit(self, cert: CertRef, spans: Sequence[WorkerSpan]) -> bytes:
         assert self.wallet is not None, "a read-only ledger sends nothing"
-        return bytes(submit_certificates(self.c, self.wallet, cert)["transactionHash"])
+        return bytes(submit_certificates(self.c, self.wallet, cert, spans)["transactionHash"])
 
     def paid(self, epoch: int, data_node: str, node: str) -> Paid | None:
         """The claim of ``node``'s range of ``data_node``'s certificate, if one was mined."""
@@ -158,12 +160,9 @@ class EpochLedger:
 
     def claim(self, cert: CertRef, span: WorkerRange) -> Paid:
         assert self.wallet is not None, "a read-only ledger sends nothing"
-        first, first_proof = span.first.as_args()
-        last, last_proof = span.last.as_args()
-        fn = self.c.ledger.functions.claimReward(
-            cert.as_tuple(), first, first_proof, last, last_proof
+        receipt = self.c.send(
+            self.wallet, self.c.ledger.functions.claimReward(*span.claim_args(cert))
         )
-        receipt = self.c.send(self.wallet, fn)
         # The receipt's other logs (an EpochClosed by the last claim) are not this event's.
         events = self.c.ledger.events.RewardClaimed().process_receipt(receipt, errors=DISCARD)
         return _paid(events[0])

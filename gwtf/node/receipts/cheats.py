@@ -38,12 +38,13 @@ from typing import Final
 
 import torch
 
-from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt
+from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt, ranges_tree
 from gwtf.contracts.encoding import (
     FORWARD,
     CertRef,
     Eip712Domain,
     HopReceipt,
+    WorkerSpan,
     node_address_of,
     node_public_key,
     receipt_digest,
@@ -146,12 +147,17 @@ class Cheat:
         signature = sign_digest(receipt_digest(made_up, self.domain), self.private_key)
         return PreparedHop.of(SignedReceipt(made_up, signature, signature), self.domain)
 
-    def certificate(self, cert: CertRef) -> CertRef:
-        """The certificate the data node submits for its tree's honest ``cert``."""
+    def certificate(
+        self, cert: CertRef, spans: tuple[WorkerSpan, ...]
+    ) -> tuple[CertRef, tuple[WorkerSpan, ...]]:
+        """The certificate and spans the data node submits for its tree's honest ones (the
+        spans still partition what it submits, or the ledger would refuse them)."""
         if self.mode != INFLATE_UNITS:
-            return cert
+            return cert, spans
         ceiling = 2 * cert.count * self.units_per_hop  # the most the ledger takes
-        return replace(cert, units=min(ceiling, cert.units + self.units_per_hop))
+        units = min(ceiling, cert.units + self.units_per_hop)
+        inflated = (*spans[:-1], replace(spans[-1], unitsEnd=units))
+        return replace(cert, units=units, rangesRoot=ranges_tree(inflated).root), inflated
 
     def certified_page(self, page: ReceiptPage) -> ReceiptPage:
         """A page of the certificate as the data node serves it to auditors."""

@@ -51,7 +51,8 @@ log = logging.getLogger(__name__)
 #: Reverts after which a transaction is never retried: they cannot turn out otherwise.
 FINAL_REVERTS = {
     "SubmissionClosed", "CertificateAlreadySubmitted", "ClaimantConvicted", "ClaimPeriodOver",
-    "AlreadyClaimed", "EmptyCertificate", "NotDataNode", "NotNodeWallet", "EmptyRange",
+    "AlreadyClaimed", "EmptyCertificate", "NotDataNode", "NotNodeWallet", "BadSpans",
+    "NotWorkersRange",  # the range is not the span committed with the root
     "CertificateNotOpen",  # voided by a fraud proof
 }  # fmt: skip
 MAX_BACKOFF_S = 60.0
@@ -208,10 +209,10 @@ class DataNodeEpochs:
         self.records.save_certificate(
             run_id, epoch, self.address, tree.root, tree.count, tree.units, "pending"
         )
-        cert = tree.cert_ref(run_id, epoch, self.address)
+        cert, spans = tree.cert_ref(run_id, epoch, self.address), tree.spans_or_raise()
         if self.cheat is not None:
-            cert = self.cheat.certificate(cert)
-        tx_hash = self.ledger.submit(cert)
+            cert, spans = self.cheat.certificate(cert, spans)
+        tx_hash = self.ledger.submit(cert, spans)
         failpoint("epochs.after_submit")
         self.records.save_certificate(
             run_id, epoch, self.address, tree.root, tree.count, tree.units, "confirmed", tx_hash
@@ -428,7 +429,7 @@ class WorkerEpochs:
         if span is None:
             await self._final(epoch, data_node, 0, "not certified")
             return
-        _check_range(span, cert.root, self.address)
+        _check_range(span, cert.root, cert.rangesRoot, self.address)
         # Its leaves are in a root on chain, whatever becomes of the claim: their proofs are kept
         # once the claim is done with (``keep_proofs``).
         if (epoch, data_node) not in self._proofs_tried:
@@ -508,8 +509,11 @@ class WorkerEpochs:
         }  # fmt: skip
 
 
-def _check_range(span: WorkerRange, root: bytes, worker: str) -> None:
-    """A ``ProtocolError`` unless both leaves are this worker's and in the tree of ``root``."""
+def _check_range(span: WorkerRange, root: bytes, ranges_root: bytes, worker: str) -> None:
+    """A ``ProtocolError`` unless both leaves are this worker's and in the tree of ``root``, and
+    the range they bound is the worker's span in the range tree of ``ranges_root``."""
     for end in (span.first, span.last):
         if end.hop.worker != worker or not verify_proof(end.proof, root, end.hop.leaf()):
             raise ProtocolError("the data node's range does not check against its root")
+    if not verify_proof(span.range_proof, ranges_root, span.range_leaf()):
+        raise ProtocolError("the data node's range is not the span it committed on chain")

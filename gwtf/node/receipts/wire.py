@@ -150,7 +150,12 @@ def encode_range(found: WorkerRange | None) -> bytes:
     """A worker's range (or b"\\x00": the tree holds none of its hops)."""
     if found is None:
         return b"\x00"
-    return b"\x01" + _encode_leaf(found.first) + _encode_leaf(found.last)
+    if len(found.range_proof) > MAX_PROOF:
+        raise ProtocolError(f"a range proof of {len(found.range_proof)} hashes is over {MAX_PROOF}")
+    return (
+        b"\x01" + _encode_leaf(found.first) + _encode_leaf(found.last)
+        + bytes([len(found.range_proof)]) + b"".join(found.range_proof)
+    )  # fmt: skip
 
 
 def decode_range(data: bytes) -> WorkerRange | None:
@@ -160,6 +165,10 @@ def decode_range(data: bytes) -> WorkerRange | None:
         raise ProtocolError("a certificate range answer is malformed")
     first, pos = _decode_leaf(data, 1)
     last, pos = _decode_leaf(data, pos)
-    if pos != len(data):
-        raise ProtocolError("a certificate range answer has trailing bytes")
-    return WorkerRange(first.hop.worker, first, last)
+    if pos >= len(data) or data[pos] > MAX_PROOF:
+        raise ProtocolError("a certificate range answer has a malformed range proof")
+    length, pos = data[pos], pos + 1
+    if len(data) != pos + 32 * length:
+        raise ProtocolError("a certificate range answer's range proof has the wrong length")
+    range_proof = tuple(data[pos + 32 * i : pos + 32 * (i + 1)] for i in range(length))
+    return WorkerRange(first.hop.worker, first, last, range_proof)
