@@ -444,6 +444,13 @@ class RelayRole:
         def flow_route() -> tuple[str, int] | None:
             return self.flow.node.route(upstream, received.slot)
 
+        buffered = self.buffers.get((received.iteration, received.microbatch_id))
+        if not await self._state_kept(received):
+            if buffered is not None:
+                buffered.sending = False
+            return
+        # Chosen once the state is kept: forwards that waited for it together are each counted
+        # as detours in flight before the next chooses (``decisions.Detours``).
         route = flow_route()
         if self.stage == self.plane.stages:
             # The sink is the microbatch's origin: it holds the embedding the gradient ends in.
@@ -452,11 +459,6 @@ class RelayRole:
             # Not (yet) a flow of ours: the ranked best next-stage peer.
             to = self.sender.next_hop(self.stage + 1, route)
         slot = route[1] if route and to == route[0] else 0
-        buffered = self.buffers.get((received.iteration, received.microbatch_id))
-        if not await self._state_kept(received):
-            if buffered is not None:
-                buffered.sending = False
-            return
         if to is None:
             if buffered is not None:
                 buffered.sending = False
