@@ -9,6 +9,7 @@ import os
 from dataclasses import replace
 
 import pytest
+from eth_utils.crypto import keccak
 from web3.logs import DISCARD
 
 from gwtf.contracts.bindings import ContractRevert
@@ -139,3 +140,43 @@ def test_spans_shifted_off_a_valid_tree_cannot_cost_an_honest_worker_its_pay(
     assert _claim(w, cert, tree, a, w.wallet(0)) > 0  # a is paid for all but one leaf
     expected = pay_wei(honest.worker_range(b.address).units, HOP_PRICE, UNITS_PER_HOP)  # type: ignore[union-attr]
     assert _claim(w, cert, tree, b, w.wallet(1)) == expected
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,  # x is paid a's and b's units
+    reason="the data node writes the spans too: a colluder's span over a withheld tree takes all",
+)
+def test_a_colluders_span_over_a_withheld_tree_cannot_take_the_honest_relays_units(
+    staffed: Staffed,
+) -> None:
+    """Attack 23 with the spans the attacker would commit: the data node certifies a's and b's
+    two microbatches and one hop of its colluder x, but its withheld tree puts x's leaves at
+    both ends and its one span gives x every leaf and unit. The spans partition the
+    certificate, so the ledger takes them; the tree is published only once the epoch settled
+    (no proof can land), and x's claim takes the whole reservation back for the sponsor while
+    a and b, whose hops the certificate's count and units include, are paid nothing."""
+    s = staffed
+    w, run, data, a, b = s.w, s.run, s.data, s.a, s.b
+    x = w.register("colluder x", w.accomplice)
+    w.join(run, x, w.accomplice)
+    entries = w.pipeline_hops(run, 0, data, [a, b], range(2))
+    entries.append(w.signed(w.receipt(run, 0, data, x, data, 100), x, data))
+    honest = w.certificate_tree(entries)
+    xs = [hop for hop in honest.hops if hop.worker == x.address]
+    others = [hop for hop in honest.hops if hop.worker != x.address]
+    layout = [xs[0], *others[1:], replace(xs[0], hopKey=keccak(text="x again"))]
+    hops, running = [], 0
+    for index, hop in enumerate(layout):
+        hops.append(replace(hop, index=index, unitsBefore=running))
+        running += hop.units
+    # Same count as the honest tree; units differ only by the leaf swapped for x's copy.
+    grab = (WorkerSpan(x.address, len(hops) - 1, running),)
+    tree = tree_of_hops(hops, grab)
+    cert = tree.cert_ref(run, 0, data.address)
+    assert cert.count == honest.count
+    w.to_submission(run, 0)
+    w.submit(cert, spans=grab)
+    w.to_settled(run, 0)  # the tree is published only now
+    taken = _claim(w, cert, tree, x, w.accomplice)
+    assert taken <= HOP_PRICE, f"x took {taken} wei for its one forward hop"
