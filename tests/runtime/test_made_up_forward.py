@@ -32,6 +32,7 @@ from gwtf.node.p2p.scoring import Offence
 from gwtf.node.runtime.dataplane.hop import ATTEMPT_BLOCK, FORWARD, HopHeader
 from gwtf.node.runtime.dataplane.sender import PassedBack
 from gwtf.node.runtime.dataplane.try_token import sign_try
+from gwtf.node.runtime.live_node import LiveNode
 from gwtf.node.runtime.roles.data import DataRole
 from gwtf.node.runtime.roles.flow_pool import Flow
 from gwtf.node.runtime.roles.held_forward import ask_current_try
@@ -49,6 +50,15 @@ from tests.runtime.swarm_harness import (
 ITERATIONS = 2
 BATCH = 4
 RELAYS = {"a": 1, "m": 1, "b": 2}
+
+
+def noise_frame(attacker: LiveNode, microbatch_id: int) -> bytes:
+    """A forward's frame of ``microbatch_id`` made up by ``attacker`` (a relay): seeded noise in
+    the shape of the stage's activations, not computed from any input."""
+    seeded = torch.Generator().manual_seed(7)
+    noise = torch.randn(BATCH_SIZE, SEQ_LEN, MODEL.d_model, generator=seeded)
+    assert isinstance(attacker.role, RelayRole)
+    return codec.encode(microbatch_id, noise, attacker.role.limits)
 
 
 def test_a_made_up_forward_of_a_held_microbatch_leaves_the_stage_as_an_honest_run_would(
@@ -75,10 +85,7 @@ def test_a_made_up_forward_of_a_held_microbatch_leaves_the_stage_as_an_honest_ru
                     2, 0, 0, real.origin, (real.origin, attacker.plane.node_id), "", real.epoch,
                     real.try_start, real.try_signature,  # leaked by a colluder on X's path
                 )  # fmt: skip
-                seeded = torch.Generator().manual_seed(7)
-                noise = torch.randn(BATCH_SIZE, SEQ_LEN, MODEL.d_model, generator=seeded)
-                assert isinstance(attacker.role, RelayRole)
-                frame = codec.encode(real.microbatch_id, noise, attacker.role.limits)
+                frame = noise_frame(attacker, real.microbatch_id)
                 try:
                     await attacker.plane.send(relay_b, made_up, frame)
                     outcome[0] = "computed"
@@ -124,10 +131,7 @@ def test_a_made_up_forward_arriving_before_the_real_one_is_refused_and_charged(
                 attackers.append(name)
                 attacker, relay_b = swarm.nodes[name], swarm.nodes["b"].plane.node_id
                 me, origin = attacker.plane.node_id, header.origin
-                seeded = torch.Generator().manual_seed(7)
-                noise = torch.randn(BATCH_SIZE, SEQ_LEN, MODEL.d_model, generator=seeded)
-                assert isinstance(attacker.role, RelayRole)
-                made_up_frame = codec.encode(header.microbatch_id, noise, attacker.role.limits)
+                made_up_frame = noise_frame(attacker, header.microbatch_id)
                 # To b, signed with its own key as if the origin's; to the origin, unsigned.
                 forged = sign_try(header, attacker.plane.node_key)
                 to_b = forged.onward(stage=2, path=(origin, me))
@@ -192,10 +196,7 @@ def test_a_forward_made_up_with_a_given_up_tries_token_never_reaches_the_loss(
                 attacker, relay_b = swarm.nodes[name], swarm.nodes["b"].plane.node_id
                 me, origin = attacker.plane.node_id, header.origin
                 old_try = sign_try(header.onward(attempt=0), data.plane.node_key)
-                seeded = torch.Generator().manual_seed(7)
-                noise = torch.randn(BATCH_SIZE, SEQ_LEN, MODEL.d_model, generator=seeded)
-                assert isinstance(attacker.role, RelayRole)
-                made_up_frame = codec.encode(header.microbatch_id, noise, attacker.role.limits)
+                made_up_frame = noise_frame(attacker, header.microbatch_id)
                 to_b = old_try.onward(attempt=5, stage=2, path=(origin, me))
                 to_sink = old_try.onward(attempt=300, stage=3, path=(origin, relay_b, me))
                 for target, made_up in ((relay_b, to_b), (origin, to_sink)):

@@ -16,7 +16,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 import trio
 from eth_account import Account
 
@@ -29,14 +28,9 @@ from gwtf.node.runtime.dataplane.hop import HopHeader
 from gwtf.node.runtime.dataplane.try_token import sign_try
 from gwtf.node.runtime.discovery.admission import RunAdmission
 from gwtf.node.runtime.roles.data import DataRole
-from gwtf.node.runtime.roles.relay import RelayRole
-from gwtf.node.training import codec
 from tests.runtime.conftest import ETH
 from tests.runtime.swarm_harness import (
     _IDENTITIES,
-    BATCH_SIZE,
-    MODEL,
-    SEQ_LEN,
     Swarm,
     run_swarm,
 )
@@ -44,6 +38,7 @@ from tests.runtime.test_made_up_forward import (
     BATCH,
     ITERATIONS,
     RELAYS,
+    noise_frame,
     trains_like_the_whole_model,
 )
 
@@ -77,10 +72,7 @@ def test_a_forward_naming_its_sender_as_origin_is_refused_and_charged(
                 attackers.append(name)
                 attacker, relay_b = swarm.nodes[name], swarm.nodes["b"].plane.node_id
                 me = attacker.plane.node_id
-                seeded = torch.Generator().manual_seed(7)
-                noise = torch.randn(BATCH_SIZE, SEQ_LEN, MODEL.d_model, generator=seeded)
-                assert isinstance(attacker.role, RelayRole)
-                made_up_frame = codec.encode(header.microbatch_id, noise, attacker.role.limits)
+                made_up_frame = noise_frame(attacker, header.microbatch_id)
                 # X's id, its own origin and a token of its own: valid, and for X's slot at b.
                 own = header.onward(origin=me, stage=2, path=(me, me))
                 made_up = sign_try(own, attacker.plane.node_key)
