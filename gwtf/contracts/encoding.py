@@ -12,6 +12,7 @@ Pure: no chain, no clock. Golden vectors in ``tests/contracts/test_encoding.py``
 from __future__ import annotations
 
 import functools
+import re
 import struct
 from dataclasses import dataclass, fields
 from typing import Final
@@ -188,11 +189,22 @@ class HopReceipt:
         return keccak256(HOP_RECEIPT_TYPE_HASH + _word(self.runId) + tail)
 
 
+#: (field name, Solidity type) of each ``HopReceipt`` field, in struct order: the one list of a
+#: hop's fields, which the node's tables, its wire format and its API are derived from.
+HOP_RECEIPT_FIELDS: Final = tuple(
+    (f.name, abi) for f, abi in zip(fields(HopReceipt), HOP_RECEIPT_ABI_TYPES, strict=True)
+)
+
 # (field name, "uint" | "address" | "bytes32", bits) in struct order: what each field must be.
 _HOP_RECEIPT_FIELDS: Final = tuple(
-    (f.name, abi[:4] if abi.startswith("uint") else abi, int(abi[4:]) if abi[:4] == "uint" else 0)
-    for f, abi in zip(fields(HopReceipt), HOP_RECEIPT_ABI_TYPES, strict=True)
+    (name, abi[:4] if abi.startswith("uint") else abi, int(abi[4:]) if abi[:4] == "uint" else 0)
+    for name, abi in HOP_RECEIPT_FIELDS
 )
+
+
+def snake_case(field_name: str) -> str:
+    """A Solidity field name as Python and SQL spell it: ``microbatchId`` → ``microbatch_id``."""
+    return re.sub(r"([A-Z])", r"_\1", field_name).lower()
 
 
 def check_uint(name: str, value: object, bits: int) -> None:

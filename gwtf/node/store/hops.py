@@ -31,10 +31,11 @@ from gwtf.node.store.models import (
     CertifiedHopRow,
     Countersignature,
     OriginDigest,
-    ReceiptFields,
     ReceivedHop,
     ReportedHop,
     SignedHop,
+    receipt_columns,
+    receipt_of,
 )
 
 # Rows per statement: SQLite binds at most 32,766 parameters, a hop row has 18.
@@ -61,23 +62,11 @@ class ToSign:
     worker_signature: bytes | None = None
 
 
-def receipt_columns(receipt: HopReceipt) -> dict[str, object]:
-    """A receipt's fields under the tables' column names."""
-    r = receipt
-    return {
-        "run_id": r.runId, "epoch": r.epoch, "data_node": r.dataNode, "iteration": r.iteration,
-        "microbatch_id": r.microbatchId, "stage": r.stage, "direction": r.direction,
-        "attempt": r.attempt, "worker": r.worker, "counterparty": r.counterparty,
-        "input_digest": r.inputDigest, "output_digest": r.outputDigest, "units": r.units,
-    }  # fmt: skip
-
-
-def receipt_of(row: ReceiptFields) -> HopReceipt:
-    return HopReceipt(
-        row.run_id, row.epoch, row.data_node, row.iteration, row.microbatch_id, row.stage,
-        row.direction, row.attempt, row.worker, row.counterparty, row.input_digest,
-        row.output_digest, row.units,
-    )  # fmt: skip
+def signed_receipt_of(
+    row: SignedHop | ReceivedHop | CertifiedHopRow | ReportedHop,
+) -> SignedReceipt:
+    """The receipt a row holds with its signatures (a signed hop's, once countersigned)."""
+    return SignedReceipt(receipt_of(row), row.worker_signature, row.counterparty_signature or b"")
 
 
 class HopStore:
@@ -112,10 +101,7 @@ class HopStore:
                     SignedHop.counterparty_signature.is_not(None),
                 )
             )
-            return [
-                SignedReceipt(receipt_of(r), r.worker_signature, r.counterparty_signature or b"")
-                for r in rows
-            ]
+            return [signed_receipt_of(r) for r in rows]
 
     # ------------------------------------------------------------ as counterparty
     def countersign_once(self, batch: Sequence[ToSign]) -> list[bytes | ConflictingReceipt]:
@@ -131,10 +117,7 @@ class HopStore:
             rows = session.scalars(
                 select(ReceivedHop).where(ReceivedHop.run_id == run_id, ReceivedHop.epoch == epoch)
             )
-            return [
-                SignedReceipt(receipt_of(r), r.worker_signature, r.counterparty_signature)
-                for r in rows
-            ]
+            return [signed_receipt_of(r) for r in rows]
 
     def signed_epochs(self, run_id: int) -> list[tuple[int, str]]:
         """(epoch, data node) pairs of which this node signed receipts: complete or not here,
@@ -167,10 +150,7 @@ class HopStore:
             rows: list[SignedHop | ReceivedHop] = list(
                 session.scalars(query.offset(offset).limit(limit))
             )
-            return total, [
-                SignedReceipt(receipt_of(r), r.worker_signature, r.counterparty_signature or b"")
-                for r in rows
-            ]
+            return total, [signed_receipt_of(r) for r in rows]
 
     # ------------------------------------------------------------ as data node
     def add_reported(self, prepared: Sequence[PreparedHop]) -> None:
@@ -212,7 +192,7 @@ class HopStore:
             )
             return [
                 PreparedHop(
-                    SignedReceipt(receipt_of(r), r.worker_signature, r.counterparty_signature),
+                    signed_receipt_of(r),
                     r.hop_key,
                     r.receipt_digest,
                     r.signatures_hash,
@@ -263,10 +243,7 @@ class HopStore:
                     CertifiedHopRow.run_id == run_id, CertifiedHopRow.epoch == epoch
                 )
             )
-            return [
-                SignedReceipt(receipt_of(r), r.worker_signature, r.counterparty_signature)
-                for r in rows
-            ]
+            return [signed_receipt_of(r) for r in rows]
 
     # ------------------------------------------------------------ internals
     @staticmethod
