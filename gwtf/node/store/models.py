@@ -61,8 +61,9 @@ def receipt_columns(receipt: HopReceipt) -> dict[str, object]:
     return {column: getattr(receipt, name) for name, column in RECEIPT_COLUMNS.items()}
 
 
-def receipt_of(row: ReceiptFields) -> HopReceipt:
-    """The receipt a row holds (checked again as it is built)."""
+def receipt_of(row: object) -> HopReceipt:
+    """The receipt a row holds (a model's or a query's row with the receipt's columns), checked
+    again as it is built."""
     return HopReceipt(**{name: getattr(row, column) for name, column in RECEIPT_COLUMNS.items()})
 
 
