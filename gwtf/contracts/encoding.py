@@ -34,15 +34,10 @@ DOMAIN_VERSION: Final = "1"
 EIP712_DOMAIN_TYPE: Final = (
     "EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)"
 )
-HOP_RECEIPT_TYPE: Final = (
-    "HopReceipt(uint256 runId,uint64 epoch,address dataNode,uint64 iteration,uint64 microbatchId,"
-    "uint16 stage,uint8 direction,uint16 attempt,address worker,address counterparty,"
-    "bytes32 inputDigest,bytes32 outputDigest,uint64 units)"
-)
-HOP_RECEIPT_TYPE_HASH: Final = keccak256(HOP_RECEIPT_TYPE.encode())
 NODE_BINDING_TYPE: Final = "NodeBinding(address wallet,address node)"
 
-# Solidity types of HopReceipt's fields, in struct order; the EIP-712 type string lists the same.
+# Solidity types of HopReceipt's fields, in struct order (``HOP_RECEIPT_FIELDS`` pairs them with
+# the names; the EIP-712 type string is made of both).
 HOP_RECEIPT_ABI_TYPES: Final = (
     "uint256",
     "uint64",
@@ -194,6 +189,12 @@ class HopReceipt:
 HOP_RECEIPT_FIELDS: Final = tuple(
     (f.name, abi) for f, abi in zip(fields(HopReceipt), HOP_RECEIPT_ABI_TYPES, strict=True)
 )
+
+#: The EIP-712 type of a receipt, as ``HopReceipts.sol`` spells it: "HopReceipt(uint256 runId,...)".
+HOP_RECEIPT_TYPE: Final = (
+    "HopReceipt(" + ",".join(f"{abi} {name}" for name, abi in HOP_RECEIPT_FIELDS) + ")"
+)
+HOP_RECEIPT_TYPE_HASH: Final = keccak256(HOP_RECEIPT_TYPE.encode())
 
 # (field name, "uint" | "address" | "bytes32", bits) in struct order: what each field must be.
 _HOP_RECEIPT_FIELDS: Final = tuple(
