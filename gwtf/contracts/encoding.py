@@ -15,7 +15,7 @@ import functools
 import re
 import struct
 from dataclasses import dataclass, fields
-from typing import Final
+from typing import Annotated, Final, get_type_hints
 
 import coincurve
 from eth_abi.abi import encode
@@ -36,23 +36,6 @@ EIP712_DOMAIN_TYPE: Final = (
 )
 NODE_BINDING_TYPE: Final = "NodeBinding(address wallet,address node)"
 
-# Solidity types of HopReceipt's fields, in struct order (``HOP_RECEIPT_FIELDS`` pairs them with
-# the names; the EIP-712 type string is made of both).
-HOP_RECEIPT_ABI_TYPES: Final = (
-    "uint256",
-    "uint64",
-    "address",
-    "uint64",
-    "uint64",
-    "uint16",
-    "uint8",
-    "uint16",
-    "address",
-    "address",
-    "bytes32",
-    "bytes32",
-    "uint64",
-)
 # The certificate tree's leaf values, as OpenZeppelin's StandardMerkleTree is given them.
 CERTIFIED_HOP_ABI_TYPES: Final = (
     "uint64",
@@ -114,25 +97,36 @@ def registry_domain(chain_id: int, registry_address: str) -> Eip712Domain:
     return Eip712Domain(REGISTRY_DOMAIN_NAME, DOMAIN_VERSION, chain_id, registry_address)
 
 
+# The Solidity types of struct fields, as Python annotations: a field's type names its
+# Solidity type (``HOP_RECEIPT_FIELDS`` reads them back).
+Uint256 = Annotated[int, "uint256"]
+Uint64 = Annotated[int, "uint64"]
+Uint16 = Annotated[int, "uint16"]
+Uint8 = Annotated[int, "uint8"]
+Address = Annotated[str, "address"]
+Bytes32 = Annotated[bytes, "bytes32"]
+
+
 @dataclass(frozen=True)
 class HopReceipt:
     """One relay stage's forward (direction 0) or backward (1) of one microbatch; mirrors
     Solidity. ``dataNode`` is the data node whose microbatch it is and which certifies it."""
 
-    # Field names are Solidity's (camelCase), so the mirror can be diffed against the contract.
-    runId: int
-    epoch: int
-    dataNode: str
-    iteration: int
-    microbatchId: int
-    stage: int
-    direction: int
-    attempt: int
-    worker: str
-    counterparty: str
-    inputDigest: bytes
-    outputDigest: bytes
-    units: int
+    # Field names and types are Solidity's (camelCase names), in struct order, so the mirror
+    # can be diffed against the contract (a test compares them with the compiled ABI).
+    runId: Uint256
+    epoch: Uint64
+    dataNode: Address
+    iteration: Uint64
+    microbatchId: Uint64
+    stage: Uint16
+    direction: Uint8
+    attempt: Uint16
+    worker: Address
+    counterparty: Address
+    inputDigest: Bytes32
+    outputDigest: Bytes32
+    units: Uint64
 
     def __post_init__(self) -> None:
         for name, kind, bits in _HOP_RECEIPT_FIELDS:
@@ -187,8 +181,10 @@ class HopReceipt:
 #: (field name, Solidity type) of each ``HopReceipt`` field, in struct order: the one list of a
 #: hop's fields, which the node's tables, its wire format and its API are derived from.
 HOP_RECEIPT_FIELDS: Final = tuple(
-    (f.name, abi) for f, abi in zip(fields(HopReceipt), HOP_RECEIPT_ABI_TYPES, strict=True)
+    (name, str(hint.__metadata__[0]))
+    for name, hint in get_type_hints(HopReceipt, include_extras=True).items()
 )
+HOP_RECEIPT_ABI_TYPES: Final = tuple(abi for _, abi in HOP_RECEIPT_FIELDS)
 
 #: The EIP-712 type of a receipt, as ``HopReceipts.sol`` spells it: "HopReceipt(uint256 runId,...)".
 HOP_RECEIPT_TYPE: Final = (
