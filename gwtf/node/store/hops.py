@@ -62,6 +62,22 @@ class ToSign:
     worker_signature: bytes | None = None
 
 
+def hop_row(
+    key: bytes,
+    digest: bytes,
+    receipt: HopReceipt,
+    worker_signature: bytes,
+    counterparty_signature: bytes | None,
+    **others: object,
+) -> dict[str, object]:
+    """A row of a receipt table (``ReceiptFields``): a receipt under its hop key and digest,
+    with its signatures and the table's ``others``."""
+    return {
+        "hop_key": key, "receipt_digest": digest, "worker_signature": worker_signature,
+        "counterparty_signature": counterparty_signature, **receipt_columns(receipt), **others,
+    }  # fmt: skip
+
+
 def signed_receipt_of(
     row: SignedHop | ReceivedHop | CertifiedHopRow | ReportedHop,
 ) -> SignedReceipt:
@@ -157,13 +173,11 @@ class HopStore:
         """Keep receipts workers reported, checked and prepared; again is a no-op."""
         now = time.time()
         rows = [
-            {
-                "hop_key": p.hop_key, "receipt_digest": p.receipt_digest,
-                "signatures_hash": p.signatures_hash,
-                "worker_signature": p.entry.worker_signature,
-                "counterparty_signature": p.entry.counterparty_signature, "reported_at": now,
-                **receipt_columns(p.entry.receipt),
-            }
+            hop_row(
+                p.hop_key, p.receipt_digest, p.entry.receipt, p.entry.worker_signature,
+                p.entry.counterparty_signature, signatures_hash=p.signatures_hash,
+                reported_at=now,
+            )
             for p in prepared
         ]  # fmt: skip
         with self.db.engine.begin() as connection:
@@ -248,11 +262,9 @@ class HopStore:
     # ------------------------------------------------------------ internals
     @staticmethod
     def _signed_row(item: ToSign, signature: bytes, now: float) -> dict[str, object]:
-        return {
-            "hop_key": item.hop_key, "receipt_digest": item.receipt_digest,
-            "worker_signature": signature, "counterparty_signature": None, "signed_at": now,
-            **receipt_columns(item.receipt),
-        }  # fmt: skip
+        return hop_row(
+            item.hop_key, item.receipt_digest, item.receipt, signature, None, signed_at=now
+        )
 
     @staticmethod
     def _countersigned_row(item: ToSign, signature: bytes, now: float) -> dict[str, object]:
@@ -265,12 +277,14 @@ class HopStore:
     @staticmethod
     def _received_row(item: ToSign, signature: bytes, now: float) -> dict[str, object]:
         assert item.worker_signature is not None, "a receiver keeps its worker's signature"
-        return {
-            "hop_key": item.hop_key, "receipt_digest": item.receipt_digest,
-            "worker_signature": item.worker_signature, "counterparty_signature": signature,
-            "received_at": now,
-            **receipt_columns(item.receipt),
-        }  # fmt: skip
+        return hop_row(
+            item.hop_key,
+            item.receipt_digest,
+            item.receipt,
+            item.worker_signature,
+            signature,
+            received_at=now,
+        )
 
     def _sign_once(
         self,
@@ -387,13 +401,11 @@ def _certified_rows(
 ) -> list[dict[str, object]]:
     now = time.time()
     return [
-        {
-            "hop_key": key, "receipt_digest": digest, "worker_signature": e.worker_signature,
-            "counterparty_signature": e.counterparty_signature, "certified_at": now,
-            **receipt_columns(e.receipt),
-        }
+        hop_row(
+            key, digest, e.receipt, e.worker_signature, e.counterparty_signature, certified_at=now
+        )
         for key, digest, e in entries
-    ]  # fmt: skip
+    ]
 
 
 def _unique_by_key(rows: list[dict[str, object]]) -> list[dict[str, object]]:
