@@ -77,9 +77,16 @@ class WorkerRange:
 
     def claim_args(self, cert: CertRef) -> tuple[object, ...]:
         """``claimReward``'s arguments for this range of ``cert``."""
-        first, first_proof = self.first.as_args()
-        last, last_proof = self.last.as_args()
-        return (cert.as_tuple(), first, first_proof, last, last_proof, list(self.range_proof))
+        return claim_reward_args(cert, self.first, self.last, self.range_proof)
+
+
+def claim_reward_args(
+    cert: CertRef, first: LeafProof, last: LeafProof, range_proof: Sequence[bytes]
+) -> tuple[object, ...]:
+    """``WorkLedger.claimReward(cert, first, firstProof, last, lastProof, rangeProof)``'s
+    arguments: the one encoding of a claim, honest (``WorkerRange.claim_args``) or not."""
+    (first_hop, first_proof), (last_hop, last_proof) = first.as_args(), last.as_args()
+    return (cert.as_tuple(), first_hop, first_proof, last_hop, last_proof, list(range_proof))
 
 
 @dataclass(frozen=True)

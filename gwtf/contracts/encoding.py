@@ -12,9 +12,10 @@ Pure: no chain, no clock. Golden vectors in ``tests/contracts/test_encoding.py``
 from __future__ import annotations
 
 import functools
+import re
 import struct
 from dataclasses import dataclass, fields
-from typing import Final
+from typing import Annotated, Final, get_type_hints
 
 import coincurve
 from eth_abi.abi import encode
@@ -33,30 +34,8 @@ DOMAIN_VERSION: Final = "1"
 EIP712_DOMAIN_TYPE: Final = (
     "EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)"
 )
-HOP_RECEIPT_TYPE: Final = (
-    "HopReceipt(uint256 runId,uint64 epoch,address dataNode,uint64 iteration,uint64 microbatchId,"
-    "uint16 stage,uint8 direction,uint16 attempt,address worker,address counterparty,"
-    "bytes32 inputDigest,bytes32 outputDigest,uint64 units)"
-)
-HOP_RECEIPT_TYPE_HASH: Final = keccak256(HOP_RECEIPT_TYPE.encode())
 NODE_BINDING_TYPE: Final = "NodeBinding(address wallet,address node)"
 
-# Solidity types of HopReceipt's fields, in struct order; the EIP-712 type string lists the same.
-HOP_RECEIPT_ABI_TYPES: Final = (
-    "uint256",
-    "uint64",
-    "address",
-    "uint64",
-    "uint64",
-    "uint16",
-    "uint8",
-    "uint16",
-    "address",
-    "address",
-    "bytes32",
-    "bytes32",
-    "uint64",
-)
 # The certificate tree's leaf values, as OpenZeppelin's StandardMerkleTree is given them.
 CERTIFIED_HOP_ABI_TYPES: Final = (
     "uint64",
@@ -118,25 +97,36 @@ def registry_domain(chain_id: int, registry_address: str) -> Eip712Domain:
     return Eip712Domain(REGISTRY_DOMAIN_NAME, DOMAIN_VERSION, chain_id, registry_address)
 
 
+# The Solidity types of struct fields, as Python annotations: a field's type names its
+# Solidity type (``HOP_RECEIPT_FIELDS`` reads them back).
+Uint256 = Annotated[int, "uint256"]
+Uint64 = Annotated[int, "uint64"]
+Uint16 = Annotated[int, "uint16"]
+Uint8 = Annotated[int, "uint8"]
+Address = Annotated[str, "address"]
+Bytes32 = Annotated[bytes, "bytes32"]
+
+
 @dataclass(frozen=True)
 class HopReceipt:
     """One relay stage's forward (direction 0) or backward (1) of one microbatch; mirrors
     Solidity. ``dataNode`` is the data node whose microbatch it is and which certifies it."""
 
-    # Field names are Solidity's (camelCase), so the mirror can be diffed against the contract.
-    runId: int
-    epoch: int
-    dataNode: str
-    iteration: int
-    microbatchId: int
-    stage: int
-    direction: int
-    attempt: int
-    worker: str
-    counterparty: str
-    inputDigest: bytes
-    outputDigest: bytes
-    units: int
+    # Field names and types are Solidity's (camelCase names), in struct order, so the mirror
+    # can be diffed against the contract (a test compares them with the compiled ABI).
+    runId: Uint256
+    epoch: Uint64
+    dataNode: Address
+    iteration: Uint64
+    microbatchId: Uint64
+    stage: Uint16
+    direction: Uint8
+    attempt: Uint16
+    worker: Address
+    counterparty: Address
+    inputDigest: Bytes32
+    outputDigest: Bytes32
+    units: Uint64
 
     def __post_init__(self) -> None:
         for name, kind, bits in _HOP_RECEIPT_FIELDS:
@@ -188,11 +178,30 @@ class HopReceipt:
         return keccak256(HOP_RECEIPT_TYPE_HASH + _word(self.runId) + tail)
 
 
+#: (field name, Solidity type) of each ``HopReceipt`` field, in struct order: the one list of a
+#: hop's fields, which the node's tables, its wire format and its API are derived from.
+HOP_RECEIPT_FIELDS: Final = tuple(
+    (name, str(hint.__metadata__[0]))
+    for name, hint in get_type_hints(HopReceipt, include_extras=True).items()
+)
+HOP_RECEIPT_ABI_TYPES: Final = tuple(abi for _, abi in HOP_RECEIPT_FIELDS)
+
+#: The EIP-712 type of a receipt, as ``HopReceipts.sol`` spells it: "HopReceipt(uint256 runId,...)".
+HOP_RECEIPT_TYPE: Final = (
+    "HopReceipt(" + ",".join(f"{abi} {name}" for name, abi in HOP_RECEIPT_FIELDS) + ")"
+)
+HOP_RECEIPT_TYPE_HASH: Final = keccak256(HOP_RECEIPT_TYPE.encode())
+
 # (field name, "uint" | "address" | "bytes32", bits) in struct order: what each field must be.
 _HOP_RECEIPT_FIELDS: Final = tuple(
-    (f.name, abi[:4] if abi.startswith("uint") else abi, int(abi[4:]) if abi[:4] == "uint" else 0)
-    for f, abi in zip(fields(HopReceipt), HOP_RECEIPT_ABI_TYPES, strict=True)
+    (name, abi[:4] if abi.startswith("uint") else abi, int(abi[4:]) if abi[:4] == "uint" else 0)
+    for name, abi in HOP_RECEIPT_FIELDS
 )
+
+
+def snake_case(field_name: str) -> str:
+    """A Solidity field name as Python and SQL spell it: ``microbatchId`` → ``microbatch_id``."""
+    return re.sub(r"([A-Z])", r"_\1", field_name).lower()
 
 
 def check_uint(name: str, value: object, bits: int) -> None:

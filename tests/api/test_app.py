@@ -10,13 +10,17 @@ from dataclasses import replace
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from web3 import Web3
 
 from gwtf.api.app import MAX_PAGE, create_app
+from gwtf.api.schemas import ReceiptView
 from gwtf.api.services import Refused
+from gwtf.contracts.encoding import hop_key, receipt_digest, sign_digest
 from gwtf.node.local_api.service import hosts_of
 from gwtf.node.local_api.snapshot import SnapshotBox
 from gwtf.node.local_api.views import NodeViews
-from tests.api.conftest import NODE, TOKEN, UNITS, WORKING
+from gwtf.node.store.models import RECEIPT_COLUMNS
+from tests.api.conftest import DATA_NODE, DOMAIN, NODE, PEER, TOKEN, UNITS, WORKING, receipt
 
 
 def test_status_peers_and_health_come_from_the_snapshot(app: FastAPI) -> None:
@@ -54,6 +58,26 @@ def test_receipts_are_paged_newest_first_as_worker_and_as_receiver(app: FastAPI)
     assert all(r["worker"] == NODE.address for r in mine)
     assert client.get("/v1/receipts", params={"limit": MAX_PAGE + 1}).status_code == 422
     assert client.get("/v1/receipts", params={"offset": -1}).status_code == 422
+
+
+def test_a_receipt_shows_every_field_of_the_receipt_it_signed(app: FastAPI) -> None:
+    (item,) = [
+        r for r in TestClient(app).get("/v1/receipts", params={"limit": MAX_PAGE}).json()["items"]
+        if r["epoch"] == WORKING and r["microbatch_id"] == 1
+    ]  # fmt: skip
+    signed = receipt(WORKING, 1, NODE.address, PEER.address)
+    assert item == {
+        "hop_key": "0x" + hop_key(signed).hex(), "run_id": 1, "epoch": WORKING,
+        "data_node": Web3.to_checksum_address(DATA_NODE), "iteration": 0, "microbatch_id": 1,
+        "stage": 1, "direction": "backward", "attempt": 0, "worker": NODE.address,
+        "counterparty": PEER.address, "input_digest": "0x" + "01" * 32,
+        "output_digest": "0x" + "02" * 32, "units": UNITS,
+        "receipt_digest": "0x" + receipt_digest(signed, DOMAIN).hex(),
+        "worker_signature": "0x" + sign_digest(receipt_digest(signed, DOMAIN), NODE.key).hex(),
+        "counterparty_signature": item["counterparty_signature"], "as_worker": True,
+        "proof": None,
+    }  # fmt: skip
+    assert set(ReceiptView.model_fields) >= set(RECEIPT_COLUMNS.values())
 
 
 def test_earnings_follow_the_contracts_formula_beside_the_chains_view(app: FastAPI) -> None:

@@ -5,6 +5,8 @@ inputs."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from eth_abi.abi import encode
 from eth_account import Account
@@ -16,8 +18,10 @@ from libp2p.crypto.secp256k1 import Secp256k1PublicKey
 from libp2p.peer.id import ID
 
 from gwtf.contracts import fraud_proofs
+from gwtf.contracts.artifacts import load_artifacts
 from gwtf.contracts.encoding import (
     HOP_RECEIPT_ABI_TYPES,
+    HOP_RECEIPT_FIELDS,
     HOP_RECEIPT_TYPE,
     CertifiedHop,
     HopReceipt,
@@ -133,6 +137,29 @@ def test_the_signatures_hash_packs_exactly_what_eth_abi_encodes(
     first: bytes, second: bytes
 ) -> None:
     assert signatures_hash(first, second) == keccak(encode(["bytes", "bytes"], [first, second]))
+
+
+def struct_params(node: object, struct: str) -> list[dict[str, Any]]:
+    """Every parameter of the compiled ABI (inputs, outputs, events) of type ``struct``."""
+    if isinstance(node, list):
+        return [p for item in node for p in struct_params(item, struct)]
+    if not isinstance(node, dict):
+        return []
+    own = [node] if node.get("internalType") == f"struct {struct}" else []
+    return own + [p for value in node.values() for p in struct_params(value, struct)]
+
+
+def test_the_receipt_record_is_the_contracts_struct() -> None:
+    abis = [contract.abi for contract in load_artifacts().contracts.values()]
+    params = struct_params(abis, "HopReceipt")
+    assert params, "no contract takes a HopReceipt: the artifacts are not the project's"
+    for param in params:
+        assert [(c["name"], c["type"]) for c in param["components"]] == list(HOP_RECEIPT_FIELDS)
+    assert HOP_RECEIPT_TYPE == (
+        "HopReceipt(uint256 runId,uint64 epoch,address dataNode,uint64 iteration,"
+        "uint64 microbatchId,uint16 stage,uint8 direction,uint16 attempt,address worker,"
+        "address counterparty,bytes32 inputDigest,bytes32 outputDigest,uint64 units)"
+    )
 
 
 def test_digest_matches_eth_account_typed_data() -> None:

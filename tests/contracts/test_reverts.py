@@ -29,9 +29,10 @@ from gwtf.contracts.bindings import (
     deploy_contract,
     deploy_suite,
 )
-from gwtf.contracts.certificate_tree import LeafProof
+from gwtf.contracts.certificate_tree import LeafProof, claim_reward_args
 from gwtf.contracts.encoding import (
     CertifiedHop,
+    CertRef,
     HopReceipt,
     WorkerSpan,
     binding_digest,
@@ -496,7 +497,7 @@ def test_open_run_accepts_the_limits(world: World) -> None:
     assert w.call(w.ledger.functions.getRun(run))[3] == 1024
 
 
-EMPTY_HOP = (0, 0, ZERO, 100, b"\0" * 32, b"\0" * 32, b"\0" * 32)
+EMPTY_HOP = LeafProof(CertifiedHop(0, 0, ZERO, 100, b"\0" * 32, b"\0" * 32, b"\0" * 32), ())
 # (function, caller: "sponsor" or "wallet", build(ledger functions, node)): every function that
 # takes a run id, called by whoever it would otherwise accept, so that the run is what fails.
 UNKNOWN_RUN_CALLS: list[tuple[str, str, Callable[[Any, str], Any]]] = [
@@ -515,7 +516,9 @@ UNKNOWN_RUN_CALLS: list[tuple[str, str, Callable[[Any, str], Any]]] = [
         "claimReward",
         "wallet",
         lambda f, node: f.claimReward(
-            (99, 0, node, b"\1" * 32, 1, 100, b"\1" * 32), EMPTY_HOP, [], EMPTY_HOP, [], []
+            *claim_reward_args(
+                CertRef(99, 0, node, b"\1" * 32, 1, 100, b"\1" * 32), EMPTY_HOP, EMPTY_HOP, ()
+            )
         ),
     ),
     ("currentEpoch", "view", lambda f, node: f.currentEpoch(99)),
@@ -748,13 +751,6 @@ def test_void_certificate_is_for_the_disputes_contract_only(certified: Certified
 # ---------------------------------------------------------------- claims
 
 
-def claim_args(
-    cert: Any, first: LeafProof, last: LeafProof, range_proof: tuple[bytes, ...] = ()
-) -> tuple[Any, Any, list[bytes], Any, list[bytes], list[bytes]]:
-    (f, fp), (la, lp) = first.as_args(), last.as_args()
-    return cert.as_tuple(), f, fp, la, lp, list(range_proof)
-
-
 def test_claim_reverts(certified: Certified) -> None:
     c = certified
     w, run, tree, cert = c.w, c.run, c.tree, c.cert
@@ -767,7 +763,7 @@ def test_claim_reverts(certified: Certified) -> None:
         cert_: Any = cert, first: LeafProof = span_a.first, last: LeafProof = span_a.last,
         range_proof: tuple[bytes, ...] = span_a.range_proof,
     ) -> Any:  # fmt: skip
-        return ledger.claimReward(*claim_args(cert_, first, last, range_proof))
+        return ledger.claimReward(*claim_reward_args(cert_, first, last, range_proof))
 
     settles_at = w.epoch_times(run, 0)[3]
     reverts(w, claim(), w.wallet(0), "NotSettled", run, 0, settles_at)
@@ -869,7 +865,7 @@ def test_claims_of_an_unproven_dishonest_tree_are_held_to_its_spans(staffed: Sta
         assert tree.ranges is not None
         proof = tuple(tree.ranges.proof(span))
         return ledger.claimReward(
-            *claim_args(cert, tree.leaf_proof(first), tree.leaf_proof(last), proof)
+            *claim_reward_args(cert, tree.leaf_proof(first), tree.leaf_proof(last), proof)
         )
 
     # b's span is 100..300: its leaf 1 claims 0..400 and leaves 1..2 0..200, neither the span.

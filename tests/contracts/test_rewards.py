@@ -25,7 +25,7 @@ from web3.logs import DISCARD
 
 from gwtf.contracts import fraud_proofs
 from gwtf.contracts.bindings import ContractRevert
-from gwtf.contracts.certificate_tree import CertificateTree, SignedReceipt
+from gwtf.contracts.certificate_tree import CertificateTree, SignedReceipt, claim_reward_args
 from gwtf.contracts.encoding import CertifiedHop, CertRef, WorkerSpan, sign_receipt
 from gwtf.contracts.rewards import pay_wei
 from tests.contracts.world import ETH, UNITS_PER_HOP, NodeKey, World, reverts
@@ -369,9 +369,8 @@ def test_a_range_is_paid_once(crew: Crew) -> None:
     # Nor can the worker come back for a part of its range: the claim is per worker and tree.
     span = tree.worker_range(crew.a.address)
     assert span is not None and span.first.hop.index != span.last.hop.index
-    first, first_proof = span.first.as_args()
     partial = w.ledger.functions.claimReward(
-        cert.as_tuple(), first, first_proof, first, first_proof, list(span.range_proof)
+        *claim_reward_args(cert, span.first, span.first, span.range_proof)
     )
     index = span.first.hop.index
     reverts(w, partial, w.wallet(0), "NotWorkersRange", crew.a.address, index, index)

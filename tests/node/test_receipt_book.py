@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gwtf.contracts.certificate_tree import SignedReceipt, build_certificate_tree, check_signatures
-from gwtf.contracts.encoding import FORWARD, HopReceipt, ledger_domain, recover_signer, sign_receipt
+from gwtf.contracts.encoding import (
+    FORWARD,
+    HOP_RECEIPT_FIELDS,
+    HopReceipt,
+    ledger_domain,
+    recover_signer,
+    sign_receipt,
+    snake_case,
+)
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
 from gwtf.node.receipts import reports
@@ -81,6 +89,16 @@ async def exchange(
         counter,
         worker.acknowledged(PEER["b"], PEER["data"], receipt, signature, counter),
     )
+
+
+def test_a_hops_facts_are_its_receipts_fields_but_the_runs_under_peer_ids() -> None:
+    """What the data plane knows of a hop is the receipt less what the run's terms give (its
+    run and units), its three nodes as peer ids: a field added to the receipt shows here."""
+    from_terms = {"runId", "units"}
+    expected = [snake_case(n) for n, _ in HOP_RECEIPT_FIELDS if n not in from_terms]
+    assert [f.name for f in fields(HopFacts)] == [
+        "origin" if n == "data_node" else n for n in expected
+    ]
 
 
 def test_the_worker_signs_the_receiver_countersigns_and_both_keep_the_receipt(

@@ -6,6 +6,7 @@ against arbitrary bytes."""
 from __future__ import annotations
 
 import contextlib
+import struct
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,7 +42,15 @@ from gwtf.node.receipts.serving import (
     certified_page,
     fetch_receipts,
 )
-from gwtf.node.receipts.wire import MAX_PAGE, ReceiptPage, decode_page, encode_page
+from gwtf.node.receipts.wire import (
+    MAX_PAGE,
+    RECEIPT_BYTES,
+    ReceiptPage,
+    decode_page,
+    decode_receipts,
+    encode_page,
+    encode_receipts,
+)
 from gwtf.node.store.database import open_database
 from gwtf.node.store.hops import HopStore, ToSign
 
@@ -155,6 +164,22 @@ def test_a_page_round_trips_and_bad_pages_are_refused() -> None:
     for bad in (raw[:-1], raw + b"\x00", raw[:4] + b"\x00\x00\x00\x03" + raw[8:]):
         with pytest.raises(ProtocolError):
             decode_page(bad)
+
+
+def test_a_reported_receipt_is_its_fields_packed_in_struct_order_then_both_signatures() -> None:
+    entry = signed(5)
+    r = entry.receipt
+    # The layout, spelled out: uint256, uint64, address, uint64 ×2, uint16, uint8, uint16,
+    # address ×2, bytes32 ×2, uint64, then the worker's and the counterparty's signatures.
+    expected = struct.pack(
+        ">H32sQ20sQQHBH20s20s32s32sQ65s65s", 1, r.runId.to_bytes(32, "big"), r.epoch,
+        bytes.fromhex(r.dataNode[2:]), r.iteration, r.microbatchId, r.stage, r.direction,
+        r.attempt, bytes.fromhex(r.worker[2:]), bytes.fromhex(r.counterparty[2:]),
+        r.inputDigest, r.outputDigest, r.units, entry.worker_signature,
+        entry.counterparty_signature,
+    )  # fmt: skip
+    assert encode_receipts([entry]) == expected and len(expected) == 2 + RECEIPT_BYTES == 325
+    assert decode_receipts(expected) == [entry]
 
 
 @given(st.binary(max_size=1200))

@@ -19,10 +19,11 @@ import pytest
 from alembic import command
 from eth_account import Account
 from eth_utils.crypto import keccak
-from sqlalchemy import inspect, text
+from sqlalchemy import BigInteger, LargeBinary, String, inspect, text
 
 from gwtf.contracts.certificate_tree import SignedReceipt
 from gwtf.contracts.encoding import (
+    HOP_RECEIPT_FIELDS,
     HopReceipt,
     hop_key,
     ledger_domain,
@@ -38,6 +39,16 @@ from gwtf.node.store.database import (
     open_database,
 )
 from gwtf.node.store.hops import ConflictingReceipt, HopStore, ToSign
+from gwtf.node.store.models import (
+    RECEIPT_COLUMNS,
+    CertifiedHopRow,
+    ReceiptFields,
+    ReceivedHop,
+    ReportedHop,
+    SignedHop,
+    receipt_columns,
+    receipt_of,
+)
 
 POSTGRES_URL = os.environ.get("GWTF_TEST_POSTGRES_URL", "")
 DOMAIN = ledger_domain(1, "0x" + "ab" * 20)
@@ -48,6 +59,7 @@ TABLES = {
     "reward_claims", "slashes", "challenges_seen", "peers", "reported_hops", "origin_digests",
     "received_hops", "hop_proofs",
 }  # fmt: skip
+RECEIPT_TABLES = (SignedHop, ReceivedHop, CertifiedHopRow, ReportedHop)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -112,6 +124,28 @@ def test_the_migrations_create_the_models_and_come_back_down(url: str) -> None:
         assert set(inspect(db.engine).get_table_names()) >= TABLES
     finally:
         db.close()
+
+
+@pytest.mark.parametrize("table", RECEIPT_TABLES, ids=lambda t: t.__tablename__)
+def test_a_receipt_table_holds_every_receipt_field_in_a_column_of_its_type(
+    table: type[SignedHop],
+) -> None:
+    columns = {c.name: c.type for c in table.__table__.columns}
+    abi_of = {RECEIPT_COLUMNS[name]: abi for name, abi in HOP_RECEIPT_FIELDS}
+    # The mixin declares exactly the receipt's fields, in struct order; the rest of a row is
+    # its hop key, digests, signatures and time.
+    assert list(ReceiptFields.__annotations__) == list(abi_of)
+    assert set(abi_of) <= set(columns)
+    for column, abi in abi_of.items():
+        kind = columns[column]
+        if abi == "address":
+            assert isinstance(kind, String) and kind.length == 42, column
+        elif abi == "bytes32":
+            assert isinstance(kind, LargeBinary) and kind.length == 32, column
+        else:
+            assert isinstance(kind, BigInteger), column
+    r = receipt(7)
+    assert receipt_of(table(**receipt_columns(r))) == r
 
 
 def test_a_hop_key_is_signed_once_and_a_second_version_is_refused(store: HopStore) -> None:

@@ -33,6 +33,7 @@ from gwtf.contracts.encoding import FORWARD
 from gwtf.node.local_api.earnings import claim_view, earnings_of
 from gwtf.node.local_api.snapshot import ChainParts, SnapshotBox
 from gwtf.node.local_api.watcher import claim_records
+from gwtf.node.store.models import RECEIPT_COLUMNS
 from gwtf.node.store.views import NodeRecords, ReceiptRow
 
 #: Claims now, on the node's loop: the epochs asked (None: every settled one) → those tried.
@@ -125,28 +126,21 @@ class NodeViews:
 
 
 def receipt_view(row: ReceiptRow) -> ReceiptView:
-    return ReceiptView(
-        hop_key=_hex(row.hop_key),
-        run_id=row.run_id,
-        epoch=row.epoch,
-        data_node=row.data_node,
-        iteration=row.iteration,
-        microbatch_id=row.microbatch_id,
-        stage=row.stage,
-        direction="forward" if row.direction == FORWARD else "backward",
-        attempt=row.attempt,
-        worker=row.worker,
-        counterparty=row.counterparty,
-        input_digest=_hex(row.input_digest),
-        output_digest=_hex(row.output_digest),
-        units=row.units,
-        receipt_digest=_hex(row.receipt_digest),
-        worker_signature=_hex(row.worker_signature),
-        counterparty_signature=(
-            None if row.counterparty_signature is None else _hex(row.counterparty_signature)
-        ),
-        as_worker=bool(row.as_worker),
-        proof=inclusion_proof(row),
+    """A receipt as the API shows it: its fields under their column names, bytes in hex."""
+    r = row.receipt
+    values = {column: _json(getattr(r, name)) for name, column in RECEIPT_COLUMNS.items()}
+    values["direction"] = "forward" if r.direction == FORWARD else "backward"
+    counter = row.counterparty_signature
+    return ReceiptView.model_validate(
+        values
+        | {
+            "hop_key": _hex(row.hop_key),
+            "receipt_digest": _hex(row.receipt_digest),
+            "worker_signature": _hex(row.worker_signature),
+            "counterparty_signature": None if counter is None else _hex(counter),
+            "as_worker": bool(row.as_worker),
+            "proof": inclusion_proof(row),
+        }
     )
 
 
@@ -165,3 +159,7 @@ def inclusion_proof(row: ReceiptRow) -> InclusionProof | None:
 
 def _hex(value: bytes) -> str:
     return "0x" + bytes(value).hex()
+
+
+def _json(value: object) -> object:
+    return _hex(value) if isinstance(value, bytes) else value

@@ -63,7 +63,10 @@ class ReceiptTerms:
 @dataclass(frozen=True)
 class HopFacts:
     """A hop as both ends know it: its header's fields, who computed it, who received it and
-    the digests of what went in and came out. ``stage`` is the worker's (relay) stage."""
+    the digests of what went in and came out. ``stage`` is the worker's (relay) stage. These
+    are the ``HopReceipt``'s fields less the run's (its id and units, from ``ReceiptTerms``),
+    in snake case, its nodes as the peer ids the data plane meets (the data node's is
+    ``origin``); ``ReceiptBook.receipt`` makes the receipt."""
 
     epoch: int
     origin: str  # the data node's peer id (base58)

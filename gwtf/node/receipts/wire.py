@@ -1,27 +1,51 @@
 """The bytes of receipts and certificate ranges between nodes.
 
-A signed receipt is 343 fixed bytes (the receipt's fields in struct order, then the worker's
-and the counterparty's 65-byte signatures); a report is a u16 count and that many receipts. A
-worker's range of a certificate is its first and last leaf (the seven ``CertifiedHop`` values,
-180 bytes) each with its Merkle proof (u8 length, 32-byte hashes). A page of a node's receipts
-(``/gwtf/receipts/1.0.0``) is its total, offset and count, then that many receipts, each
-followed by its leaf and proof in a page of a certificate. Every decoder checks sizes and field
-ranges and raises ``ProtocolError``: a peer's bytes are never trusted.
+A signed receipt is 323 fixed bytes (the receipt's fields in struct order, each at its
+Solidity type's width, then the worker's and the counterparty's 65-byte signatures); a report
+is a u16 count and that many receipts. A worker's range of a certificate is its first and last
+leaf (the seven ``CertifiedHop`` values, 180 bytes) each with its Merkle proof (u8 length,
+32-byte hashes). A page of a node's receipts (``/gwtf/receipts/1.0.0``) is its total, offset
+and count, then that many receipts, each followed by its leaf and proof in a page of a
+certificate. Every decoder checks sizes and field ranges and raises ``ProtocolError``: a peer's
+bytes are never trusted.
 """
 
 from __future__ import annotations
 
+import operator
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt, WorkerRange
-from gwtf.contracts.encoding import SIGNATURE_BYTES, CertifiedHop, HopReceipt
+from gwtf.contracts.encoding import HOP_RECEIPT_FIELDS, SIGNATURE_BYTES, CertifiedHop, HopReceipt
 from gwtf.errors import ProtocolError
 
-_RECEIPT = struct.Struct(">32sQ20sQQHBH20s20s32s32sQ65s65s")
+
+def _address(raw: bytes) -> str:
+    return "0x" + raw.hex()
+
+
+# Each Solidity type of a receipt's fields, packed big-endian: its struct code, and for the two
+# that are not packed as they are, how a value goes to and comes from the wire (a uint256 is 32
+# bytes, an address its 20).
+_PACKED: Final = {"uint256": "32s", "uint64": "Q", "uint16": "H", "uint8": "B", "address": "20s",
+                  "bytes32": "32s"}  # fmt: skip
+_CONVERTED: Final[dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]]] = {
+    "uint256": (lambda value: value.to_bytes(32, "big"), lambda raw: int.from_bytes(raw, "big")),
+    "address": (lambda value: bytes.fromhex(value[2:]), _address),
+}
+_RECEIPT = struct.Struct(
+    ">" + "".join(_PACKED[abi] for _, abi in HOP_RECEIPT_FIELDS) + f"{SIGNATURE_BYTES}s" * 2
+)
+_RECEIPT_VALUES: Final = operator.attrgetter(*(name for name, _ in HOP_RECEIPT_FIELDS))
+# (position, to wire, from wire) of each converted field.
+_CONVERSIONS: Final = tuple(
+    (i, *_CONVERTED[abi]) for i, (_, abi) in enumerate(HOP_RECEIPT_FIELDS) if abi in _CONVERTED
+)
 RECEIPT_BYTES: Final = _RECEIPT.size
-#: Receipts per report: a report of 512 is ~176 kB, within one request's bound.
+#: Receipts per report: a report of 512 is ~165 kB, within one request's bound.
 MAX_REPORT: Final = 512
 _COUNT = struct.Struct(">H")
 _LEAF = struct.Struct(">QQ20sQ32s32s32s")
@@ -44,10 +68,6 @@ class ReceiptPage:
     leaves: tuple[LeafProof, ...] = ()
 
 
-def _address(raw: bytes) -> str:
-    return "0x" + raw.hex()
-
-
 def encode_receipts(entries: list[SignedReceipt]) -> bytes:
     if len(entries) > MAX_REPORT:
         raise ProtocolError(f"a report holds at most {MAX_REPORT} receipts, got {len(entries)}")
@@ -60,12 +80,10 @@ def _encode_receipt(e: SignedReceipt) -> bytes:
         raise ProtocolError("a receipt's worker signature must be 65 bytes")
     if len(e.counterparty_signature) != SIGNATURE_BYTES:
         raise ProtocolError("a receipt's countersignature must be 65 bytes")
-    return _RECEIPT.pack(
-        r.runId.to_bytes(32, "big"), r.epoch, bytes.fromhex(r.dataNode[2:]), r.iteration,
-        r.microbatchId, r.stage, r.direction, r.attempt, bytes.fromhex(r.worker[2:]),
-        bytes.fromhex(r.counterparty[2:]), r.inputDigest, r.outputDigest, r.units,
-        e.worker_signature, e.counterparty_signature,
-    )  # fmt: skip
+    values = list(_RECEIPT_VALUES(r))
+    for i, to_wire, _ in _CONVERSIONS:
+        values[i] = to_wire(values[i])
+    return _RECEIPT.pack(*values, e.worker_signature, e.counterparty_signature)
 
 
 def decode_receipts(data: bytes) -> list[SignedReceipt]:
@@ -78,15 +96,11 @@ def decode_receipts(data: bytes) -> list[SignedReceipt]:
 
 
 def _decode_receipt(data: bytes, pos: int) -> SignedReceipt:
-    fields = _RECEIPT.unpack_from(data, pos)
-    run, epoch, data_node, iteration, mb, stage, direction, attempt = fields[:8]
-    worker, counterparty, input_digest, output_digest, units, signature, counter = fields[8:]
-    receipt = HopReceipt(
-        int.from_bytes(run, "big"), epoch, _address(data_node), iteration, mb, stage,
-        direction, attempt, _address(worker), _address(counterparty), input_digest,
-        output_digest, units,
-    )  # fmt: skip  # HopReceipt checks every field's range
-    return SignedReceipt(receipt, signature, counter)
+    *values, signature, counter = _RECEIPT.unpack_from(data, pos)
+    for i, _, from_wire in _CONVERSIONS:
+        values[i] = from_wire(values[i])
+    # HopReceipt checks every field's range.
+    return SignedReceipt(HopReceipt(*values), signature, counter)
 
 
 def encode_page(page: ReceiptPage) -> bytes:

@@ -31,10 +31,11 @@ from gwtf.node.store.models import (
     CertifiedHopRow,
     Countersignature,
     OriginDigest,
-    ReceiptFields,
     ReceivedHop,
     ReportedHop,
     SignedHop,
+    receipt_columns,
+    receipt_of,
 )
 
 # Rows per statement: SQLite binds at most 32,766 parameters, a hop row has 18.
@@ -61,23 +62,27 @@ class ToSign:
     worker_signature: bytes | None = None
 
 
-def receipt_columns(receipt: HopReceipt) -> dict[str, object]:
-    """A receipt's fields under the tables' column names."""
-    r = receipt
+def hop_row(
+    key: bytes,
+    digest: bytes,
+    receipt: HopReceipt,
+    worker_signature: bytes,
+    counterparty_signature: bytes | None,
+    **others: object,
+) -> dict[str, object]:
+    """A row of a receipt table (``ReceiptFields``): a receipt under its hop key and digest,
+    with its signatures and the table's ``others``."""
     return {
-        "run_id": r.runId, "epoch": r.epoch, "data_node": r.dataNode, "iteration": r.iteration,
-        "microbatch_id": r.microbatchId, "stage": r.stage, "direction": r.direction,
-        "attempt": r.attempt, "worker": r.worker, "counterparty": r.counterparty,
-        "input_digest": r.inputDigest, "output_digest": r.outputDigest, "units": r.units,
+        "hop_key": key, "receipt_digest": digest, "worker_signature": worker_signature,
+        "counterparty_signature": counterparty_signature, **receipt_columns(receipt), **others,
     }  # fmt: skip
 
 
-def receipt_of(row: ReceiptFields) -> HopReceipt:
-    return HopReceipt(
-        row.run_id, row.epoch, row.data_node, row.iteration, row.microbatch_id, row.stage,
-        row.direction, row.attempt, row.worker, row.counterparty, row.input_digest,
-        row.output_digest, row.units,
-    )  # fmt: skip
+def signed_receipt_of(
+    row: SignedHop | ReceivedHop | CertifiedHopRow | ReportedHop,
+) -> SignedReceipt:
+    """The receipt a row holds with its signatures (a signed hop's, once countersigned)."""
+    return SignedReceipt(receipt_of(row), row.worker_signature, row.counterparty_signature or b"")
 
 
 class HopStore:
@@ -112,10 +117,7 @@ class HopStore:
                     SignedHop.counterparty_signature.is_not(None),
                 )
             )
-            return [
-                SignedReceipt(receipt_of(r), r.worker_signature, r.counterparty_signature or b"")
-                for r in rows
-            ]
+            return [signed_receipt_of(r) for r in rows]
 
     # ------------------------------------------------------------ as counterparty
     def countersign_once(self, batch: Sequence[ToSign]) -> list[bytes | ConflictingReceipt]:
@@ -131,10 +133,7 @@ class HopStore:
             rows = session.scalars(
                 select(ReceivedHop).where(ReceivedHop.run_id == run_id, ReceivedHop.epoch == epoch)
             )
-            return [
-                SignedReceipt(receipt_of(r), r.worker_signature, r.counterparty_signature)
-                for r in rows
-            ]
+            return [signed_receipt_of(r) for r in rows]
 
     def signed_epochs(self, run_id: int) -> list[tuple[int, str]]:
         """(epoch, data node) pairs of which this node signed receipts: complete or not here,
@@ -167,23 +166,18 @@ class HopStore:
             rows: list[SignedHop | ReceivedHop] = list(
                 session.scalars(query.offset(offset).limit(limit))
             )
-            return total, [
-                SignedReceipt(receipt_of(r), r.worker_signature, r.counterparty_signature or b"")
-                for r in rows
-            ]
+            return total, [signed_receipt_of(r) for r in rows]
 
     # ------------------------------------------------------------ as data node
     def add_reported(self, prepared: Sequence[PreparedHop]) -> None:
         """Keep receipts workers reported, checked and prepared; again is a no-op."""
         now = time.time()
         rows = [
-            {
-                "hop_key": p.hop_key, "receipt_digest": p.receipt_digest,
-                "signatures_hash": p.signatures_hash,
-                "worker_signature": p.entry.worker_signature,
-                "counterparty_signature": p.entry.counterparty_signature, "reported_at": now,
-                **receipt_columns(p.entry.receipt),
-            }
+            hop_row(
+                p.hop_key, p.receipt_digest, p.entry.receipt, p.entry.worker_signature,
+                p.entry.counterparty_signature, signatures_hash=p.signatures_hash,
+                reported_at=now,
+            )
             for p in prepared
         ]  # fmt: skip
         with self.db.engine.begin() as connection:
@@ -212,7 +206,7 @@ class HopStore:
             )
             return [
                 PreparedHop(
-                    SignedReceipt(receipt_of(r), r.worker_signature, r.counterparty_signature),
+                    signed_receipt_of(r),
                     r.hop_key,
                     r.receipt_digest,
                     r.signatures_hash,
@@ -263,19 +257,14 @@ class HopStore:
                     CertifiedHopRow.run_id == run_id, CertifiedHopRow.epoch == epoch
                 )
             )
-            return [
-                SignedReceipt(receipt_of(r), r.worker_signature, r.counterparty_signature)
-                for r in rows
-            ]
+            return [signed_receipt_of(r) for r in rows]
 
     # ------------------------------------------------------------ internals
     @staticmethod
     def _signed_row(item: ToSign, signature: bytes, now: float) -> dict[str, object]:
-        return {
-            "hop_key": item.hop_key, "receipt_digest": item.receipt_digest,
-            "worker_signature": signature, "counterparty_signature": None, "signed_at": now,
-            **receipt_columns(item.receipt),
-        }  # fmt: skip
+        return hop_row(
+            item.hop_key, item.receipt_digest, item.receipt, signature, None, signed_at=now
+        )
 
     @staticmethod
     def _countersigned_row(item: ToSign, signature: bytes, now: float) -> dict[str, object]:
@@ -288,12 +277,14 @@ class HopStore:
     @staticmethod
     def _received_row(item: ToSign, signature: bytes, now: float) -> dict[str, object]:
         assert item.worker_signature is not None, "a receiver keeps its worker's signature"
-        return {
-            "hop_key": item.hop_key, "receipt_digest": item.receipt_digest,
-            "worker_signature": item.worker_signature, "counterparty_signature": signature,
-            "received_at": now,
-            **receipt_columns(item.receipt),
-        }  # fmt: skip
+        return hop_row(
+            item.hop_key,
+            item.receipt_digest,
+            item.receipt,
+            item.worker_signature,
+            signature,
+            received_at=now,
+        )
 
     def _sign_once(
         self,
@@ -410,13 +401,11 @@ def _certified_rows(
 ) -> list[dict[str, object]]:
     now = time.time()
     return [
-        {
-            "hop_key": key, "receipt_digest": digest, "worker_signature": e.worker_signature,
-            "counterparty_signature": e.counterparty_signature, "certified_at": now,
-            **receipt_columns(e.receipt),
-        }
+        hop_row(
+            key, digest, e.receipt, e.worker_signature, e.counterparty_signature, certified_at=now
+        )
         for key, digest, e in entries
-    ]  # fmt: skip
+    ]
 
 
 def _unique_by_key(rows: list[dict[str, object]]) -> list[dict[str, object]]:

@@ -10,10 +10,12 @@ tests keeps the two in step.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from sqlalchemy import BigInteger, Index, LargeBinary, String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from gwtf.contracts.encoding import HOP_RECEIPT_FIELDS, HopReceipt, snake_case
 
 HASH = LargeBinary(32)
 SIGNATURE = LargeBinary(65)
@@ -30,7 +32,10 @@ class Base(DeclarativeBase):
 
 
 class ReceiptFields:
-    """The columns of a ``HopReceipt`` (the names of ``gwtf.contracts.encoding``, in snake case)."""
+    """The columns of a ``HopReceipt``: its fields in snake case (``RECEIPT_COLUMNS``), a uint
+    as a 64-bit integer, an address as its checksummed text, a bytes32 as 32 bytes. Declared
+    here for the typed queries; ``receipt_columns`` and ``receipt_of`` convert, and a test
+    keeps these columns the receipt's fields."""
 
     run_id: Mapped[int]
     epoch: Mapped[int]
@@ -45,6 +50,21 @@ class ReceiptFields:
     input_digest: Mapped[bytes] = mapped_column(HASH)
     output_digest: Mapped[bytes] = mapped_column(HASH)
     units: Mapped[int]
+
+
+#: The column of each ``HopReceipt`` field, in struct order.
+RECEIPT_COLUMNS: Final = {name: snake_case(name) for name, _ in HOP_RECEIPT_FIELDS}
+
+
+def receipt_columns(receipt: HopReceipt) -> dict[str, object]:
+    """A receipt's fields under the tables' column names."""
+    return {column: getattr(receipt, name) for name, column in RECEIPT_COLUMNS.items()}
+
+
+def receipt_of(row: object) -> HopReceipt:
+    """The receipt a row holds (a model's or a query's row with the receipt's columns), checked
+    again as it is built."""
+    return HopReceipt(**{name: getattr(row, column) for name, column in RECEIPT_COLUMNS.items()})
 
 
 class SignedHop(ReceiptFields, Base):

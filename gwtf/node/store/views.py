@@ -4,13 +4,21 @@ by page, claims. The local API and ``gwtf-node earnings|receipts`` read through 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
-from sqlalchemy import Select, func, literal, select, union_all
+from sqlalchemy import Row, Select, func, literal, select, union_all
 
+from gwtf.contracts.encoding import HopReceipt
 from gwtf.node.store.database import Database
-from gwtf.node.store.models import HopProof, ReceivedHop, RewardClaim, SignedHop
+from gwtf.node.store.models import (
+    RECEIPT_COLUMNS,
+    HopProof,
+    ReceivedHop,
+    RewardClaim,
+    SignedHop,
+    receipt_of,
+)
 
 #: epoch → data node → units of this node's countersigned receipts for that data node's
 #: microbatches; a data node it signed receipts for that none countersigned is there with 0.
@@ -19,21 +27,11 @@ Work = dict[int, dict[str, int]]
 
 @dataclass(frozen=True)
 class ReceiptRow:
+    """A receipt of this node's, with its signatures and, once paid, its place in a certificate."""
+
     hop_key: bytes
     receipt_digest: bytes
-    run_id: int
-    epoch: int
-    data_node: str
-    iteration: int
-    microbatch_id: int
-    stage: int
-    direction: int
-    attempt: int
-    worker: str
-    counterparty: str
-    input_digest: bytes
-    output_digest: bytes
-    units: int
+    receipt: HopReceipt
     worker_signature: bytes
     counterparty_signature: bytes | None
     at: float
@@ -46,11 +44,15 @@ class ReceiptRow:
     proof: bytes | None = None
 
 
-FIELDS = (
-    "hop_key", "receipt_digest", "run_id", "epoch", "data_node", "iteration", "microbatch_id",
-    "stage", "direction", "attempt", "worker", "counterparty", "input_digest", "output_digest",
-    "units", "worker_signature", "counterparty_signature",
-)  # fmt: skip
+FIELDS = ("hop_key", "receipt_digest", *RECEIPT_COLUMNS.values(), "worker_signature",
+          "counterparty_signature")  # fmt: skip
+# A page's columns that are not the receipt's own.
+_OTHERS = tuple(f.name for f in fields(ReceiptRow) if f.name != "receipt")
+
+
+def _receipt_row(row: Row[Any]) -> ReceiptRow:
+    values = row._mapping
+    return ReceiptRow(receipt=receipt_of(row), **{name: values[name] for name in _OTHERS})
 
 
 class NodeRecords:
@@ -108,4 +110,4 @@ class NodeRecords:
         )
         with self.db.sessions() as session:
             total = session.scalar(select(func.count()).select_from(both)) or 0
-            return int(total), [ReceiptRow(**row._mapping) for row in session.execute(page)]
+            return int(total), [_receipt_row(row) for row in session.execute(page)]
