@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from web3.logs import DISCARD
 
@@ -17,6 +17,13 @@ from gwtf.contracts.certificate_tree import WorkerRange
 from gwtf.contracts.encoding import CertRef, WorkerSpan
 from gwtf.node.chain.actions import Contracts, submit_certificates
 from gwtf.node.chain.adapter import Sender
+
+
+class EpochNow(Protocol):
+    """The run's epoch now, by the chain's clock (``receipts.epochs.EpochClock.epoch_now``:
+    read from the last block seen, so it does not wait on the chain). Does not raise."""
+
+    def __call__(self) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ import trio
 
 from gwtf.coordinator_free.decisions import keep_waiting
 from gwtf.errors import ProtocolError, TrainingError
+from gwtf.node.chain.epochs import EpochNow
 from gwtf.node.p2p.rpc import Decline, PeerUnavailable
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.compute import T, in_worker_thread
@@ -43,6 +44,7 @@ from gwtf.node.runtime.dataplane.hop import (
     FLAG_REPAIR,
     FLAG_RESUME,
     FORWARD,
+    AttemptBlock,
     HopHeader,
     frame_digest,
     origin_attempt,
@@ -166,7 +168,7 @@ class DataRole:
     peers: DataPeers | None = None
     averager: GradientAverager | None = None
     #: The run's epoch now (chain time); each iteration's hops carry the epoch it started in.
-    epoch_now: Callable[[], int] = lambda: 0
+    epoch_now: EpochNow = lambda: 0
     epoch: int = 0
     #: An iteration (of ``epoch``) is under way: its epoch's certificate waits for it.
     iterating: bool = False
@@ -174,7 +176,7 @@ class DataRole:
     ending: Redone | None = None
     #: (iteration, tries) -> the attempt block of a microbatch's try: its tries, unless
     #: earlier processes of this node may have used those (``resume_points.AttemptJournal``).
-    attempt_block: Callable[[int, int], int] = lambda iteration, tries: tries
+    attempt_block: AttemptBlock = lambda iteration, tries: tries
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
