@@ -20,8 +20,16 @@ from gwtf.node.chain.adapter import Sender
 
 
 class EpochNow(Protocol):
-    """The run's epoch now, by the chain's clock (``receipts.epochs.EpochClock.epoch_now``:
-    read from the last block seen, so it does not wait on the chain). Does not raise."""
+    """The run's epoch now, by chain time (``receipts.epochs.EpochClock.epoch_now``: the
+    chain's time as last read, run on by the local clock since). Does not wait on the chain or
+    raise."""
+
+    def __call__(self) -> int: ...
+
+
+class ChainTime(Protocol):
+    """The timestamp (s) of the latest block the node has seen: never a time run on by the
+    local clock, so what it says has passed, a block says. Does not wait on the chain."""
 
     def __call__(self) -> int: ...
 
