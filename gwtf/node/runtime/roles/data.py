@@ -362,8 +362,17 @@ class DataRole:
         try:
             return await self._train_share(iteration, first, pending)
         finally:
-            for key in keys:
-                self.microbatches.pop(key, None)
+            records = [self.microbatches.pop(key) for key in keys]
+            # Left out (or failed) with microbatches in flight: their embedding outputs would
+            # stay in the worker, counted against ``max_in_flight``, for good.
+            abandoned = [m for m, r in zip(pending, records, strict=True) if not r.finished]
+            if abandoned:
+                with trio.CancelScope(shield=True):
+                    await self._run(self._drop_all, abandoned)
+
+    def _drop_all(self, microbatch_ids: list[int]) -> None:
+        for microbatch_id in microbatch_ids:
+            self.worker.drop(microbatch_id)
 
     async def _train_share(self, iteration: int, first: int, pending: list[int]) -> IterationResult:
         started = trio.current_time()
