@@ -85,7 +85,8 @@ class Compute(Protocol):
     """A role's compute of a received hop (its header and frame), run from the node's one
     compute queue, so it may block that queue for as long as the compute takes. Returns the
     output the role keeps (``Kept``), or None (sent on, or a data node's). Raises ``Decline``
-    to refuse the hop uncharged, any other ``GwtfError`` to reject it."""
+    to refuse the hop uncharged, another ``GwtfError`` to reject it (``HopRejected``, charged to
+    its sender); nothing else may escape, or the queue stops."""
 
     async def __call__(self, header: HopHeader, frame: bytes, /) -> Kept | None: ...
 
@@ -93,7 +94,8 @@ class Compute(Protocol):
 class Admit(Protocol):
     """A role's check of a received hop before it joins the compute queue, in the request's
     own task: what waits on another peer (a relay asking a microbatch's origin) must not hold
-    up the hops behind it. Returns when the hop may be queued; raises to refuse it."""
+    up the hops behind it. Returns when the hop may be queued; raises ``Decline`` or another
+    ``GwtfError`` to refuse it, as ``Compute`` does."""
 
     async def __call__(self, header: HopHeader, frame: bytes, /) -> None: ...
 
