@@ -389,7 +389,7 @@ _Asked = TypeVar("_Asked", contravariant=True)
 class AnswerHere(Protocol[_Asked]):
     """This node's own answer to a control request it would otherwise send a peer: the reply
     encoded as a peer's (``encode_reply``). May wait on other peers (a re-send waits for its
-    ack); says a refusal in the reply rather than raising."""
+    ack); says a refusal in the reply, and a ``ProtocolError`` it raises counts as one."""
 
     async def __call__(self, request: _Asked, /) -> bytes: ...
 

@@ -221,9 +221,10 @@ def frame_digest(frame: bytes) -> bytes:
 
 
 class TakeAttempt(Protocol):
-    """The data node's next attempt number for a microbatch, by (iteration, microbatch id):
-    each call hands out a new block (``origin_attempt``), never one handed out before. Does not
-    block; raises ``ProtocolError`` once the microbatch's numbers run out."""
+    """The data node's next attempt number for a microbatch of the iteration under way, by
+    (iteration, microbatch id): each call hands out a new block (``origin_attempt``), never one
+    handed out before. May write the attempt journal first (``AttemptBlock``); raises
+    ``ProtocolError`` once the microbatch's numbers run out."""
 
     def __call__(self, key: tuple[int, int], /) -> int: ...
 
