@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,7 @@ from gwtf.node.local_api.snapshot import SnapshotBox
 from gwtf.node.logs import configure_logging
 from gwtf.node.runtime.dataplane.compute import in_worker_thread
 from gwtf.node.runtime.fault_injection import arm_crash
-from gwtf.node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
+from gwtf.node.runtime.live_node import EntryGate, LiveNode, LiveNodeConfig, run_live_node
 from gwtf.node.runtime.roles.data import DataRole
 from gwtf.node.settings import load_settings
 from gwtf.node.status_file import ResultsLog, results_file_of, write_status
@@ -158,7 +157,7 @@ async def run_process(
         nursery.cancel_scope.cancel()
 
 
-def start_file_gate(start_file: Path) -> Callable[[], Awaitable[None]]:
+def start_file_gate(start_file: Path) -> EntryGate:
     async def wait_for_start_file() -> None:
         while not start_file.exists():
             await trio.sleep(0.05)

@@ -33,6 +33,7 @@ def test_a_lone_data_node_stopped_mid_run_resumes_at_its_next_iteration(tmp_path
     swarm = Swarm()
     before: list[IterationResult] = []
     after: list[IterationResult] = []
+    stopped: list[DataRole] = []
 
     def relay_hops_of(iteration: int) -> int:
         return sum(
@@ -50,6 +51,7 @@ def test_a_lone_data_node_stopped_mid_run_resumes_at_its_next_iteration(tmp_path
         role = swarm.nodes["data"].role
         assert isinstance(role, DataRole)
         before.extend(role.results)
+        stopped.append(role)
         swarm.crash("data")
         config = node_config(
             tmp_path,
@@ -78,6 +80,10 @@ def test_a_lone_data_node_stopped_mid_run_resumes_at_its_next_iteration(tmp_path
     trio.run(main)
     assert [r.iteration for r in before] == list(range(resumed))
     assert [r.iteration for r in after] == list(range(resumed, ITERATIONS))
+    # The stopped process let go of the iteration it was in: no record of its microbatches,
+    # and none of their embedding outputs in its worker.
+    assert stopped[0].microbatches == {}
+    assert stopped[0].worker.in_flight == ()
     losses = [r.loss for r in before + after]
     assert losses == pytest.approx(reference_losses(ITERATIONS, BATCH), rel=1e-4)
     assert all(r.relays_stepped == 2 for r in before + after)

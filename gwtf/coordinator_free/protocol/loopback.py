@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from gwtf.coordinator_free.protocol.config import Outbound
 from gwtf.coordinator_free.protocol.node import FlowNode
 from gwtf.coordinator_free.wire import Message, decode, encode
 
-LinkDelay = Callable[[str, str], float]
+
+class LinkDelay(Protocol):
+    """Seconds a message takes from one node to another (ids) on the loopback network. Pure;
+    does not raise."""
+
+    def __call__(self, sender: str, receiver: str, /) -> float: ...
 
 
 class LoopbackNetwork:

@@ -29,7 +29,7 @@ import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from gwtf.contracts import fraud_proofs
 from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt
@@ -59,9 +59,14 @@ UNCHECKED: Final = "unchecked"
 #: a receipt seen from several nodes, and a bound on what a peer's made-up versions cost.
 MAX_VERSIONS: Final = 4
 
-#: Whether a node took part in the run during the epoch: (node, or as a data node) -> bool,
-#: the chain's ``wasMemberDuring`` (or ``wasDataNodeBefore``) and ``bondedDuring``.
-TookPart = Callable[[str, bool], bool]
+
+class TookPart(Protocol):
+    """Whether a node (its address) took part in the run during the epoch, as a member or,
+    with ``or_data_node``, as a data node: the chain's ``wasMemberDuring`` (or
+    ``wasDataNodeBefore``) and ``bondedDuring``. Blocks on the chain (the audit runs it in a
+    worker thread); what the chain's client raises when it does not answer goes through."""
+
+    def __call__(self, node: str, or_data_node: bool, /) -> bool: ...
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ Vote salts come from the wallet's key, so a restarted juror reveals what it comm
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import trio
 
@@ -161,11 +161,19 @@ def _reopened_by(
     return max(earlier, default=0)
 
 
+class ReplayerOf(Protocol):
+    """The re-executor of a run's hops (by run id), built or loaded on first use: may block
+    for as long as loading the run's model takes, and raises when the run's model cannot be
+    built here."""
+
+    def __call__(self, run_id: int, /) -> Replayer: ...
+
+
 async def serve_once(
     contracts: Contracts,
     wallet: Sender,
     peers: Sequence[str],
-    replayer_of: Callable[[int], Replayer] | None,
+    replayer_of: ReplayerOf | None,
     timeout_s: float = 20.0,
 ) -> list[Step]:
     """One pass over the open cases for ``wallet`` (its juror node is ``Court.jurorOf``),
@@ -300,7 +308,7 @@ async def _juror_steps(
     node: str,
     case: Case,
     peers: Sequence[str],
-    replayer_of: Callable[[int], Replayer],
+    replayer_of: ReplayerOf,
     timeout_s: float,
 ) -> list[Step]:
     court = contracts.court

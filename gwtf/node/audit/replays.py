@@ -27,7 +27,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 import trio
 from web3 import Web3
@@ -202,12 +202,19 @@ class EvidenceSource:
         return None
 
 
+class Progress(Protocol):
+    """Told of each step of an audit as it starts, in words (for a progress line). Must not
+    block or raise."""
+
+    def __call__(self, step: str, /) -> None: ...
+
+
 async def replay_sample(
     source: EvidenceSource,
     replayer: Replayer,
     cert_entries: Sequence[SignedReceipt],
     sample: Sequence[tuple[SignedReceipt, LeafProof | None]],
-    progress: Callable[[str], None] = lambda step: None,
+    progress: Progress = lambda step: None,
 ) -> list[Replayed]:
     """Fetch each sampled hop's evidence and re-execute it (in a worker thread)."""
     replicas = _replicas_by_stage(cert_entries)

@@ -57,6 +57,7 @@ from gwtf.node.audit.checks import (
 from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.audit.replays import (
     WRONG_TENSOR,
+    Progress,
     Replayed,
     draw_sample,
     evidence_source,
@@ -139,7 +140,7 @@ async def audit_epoch(
     epoch: int,
     peers: Sequence[str],
     timeout_s: float = 20.0,
-    progress: Callable[[str], None] = lambda step: None,
+    progress: Progress = lambda step: None,
     sampling: Sampling | None = None,
 ) -> AuditReport:
     """Audit ``epoch`` of ``run_id`` with the receipts of the nodes at ``peers`` (multiaddrs

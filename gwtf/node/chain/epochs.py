@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from web3.logs import DISCARD
 
@@ -17,6 +17,21 @@ from gwtf.contracts.certificate_tree import WorkerRange
 from gwtf.contracts.encoding import CertRef, WorkerSpan
 from gwtf.node.chain.actions import Contracts, submit_certificates
 from gwtf.node.chain.adapter import Sender
+
+
+class EpochNow(Protocol):
+    """The run's epoch now, by chain time (``receipts.epochs.EpochClock.epoch_now``: the
+    chain's time as last read, run on by the local clock since). Does not wait on the chain or
+    raise."""
+
+    def __call__(self) -> int: ...
+
+
+class ChainTime(Protocol):
+    """The timestamp (s) of the latest block the node has seen: never a time run on by the
+    local clock, so what it says has passed, a block says. Does not wait on the chain."""
+
+    def __call__(self) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ import getpass
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gwtf.errors import WalletError
 
@@ -28,10 +28,17 @@ MAX_PASSWORD_BYTES = 4096
 MIN_NEW_PASSWORD_CHARS = 8
 
 
+class Prompt(Protocol):
+    """Ask the person at the terminal for a secret (the question shown), without echoing it;
+    blocks until they answer. Raises ``EOFError`` or ``KeyboardInterrupt`` when they do not."""
+
+    def __call__(self, question: str, /) -> str: ...
+
+
 def resolve_password(
     password_file: str | Path | None = None,
     env: Mapping[str, str] | None = None,
-    prompt: Callable[[str], str] | None = None,
+    prompt: Prompt | None = None,
     *,
     confirm: bool = False,
     interactive: bool | None = None,

@@ -7,8 +7,8 @@ request to the loop through its token and waits for the answer.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
@@ -36,8 +36,13 @@ from gwtf.node.local_api.watcher import claim_records
 from gwtf.node.store.models import RECEIPT_COLUMNS
 from gwtf.node.store.views import NodeRecords, ReceiptRow
 
-#: Claims now, on the node's loop: the epochs asked (None: every settled one) → those tried.
-ClaimNow = Callable[[int | None], Awaitable[list[int]]]
+
+class ClaimNow(Protocol):
+    """Claim now, on the node's loop, an epoch's work (None: every settled epoch's); returns
+    the epochs claimed. Waits on the chain for the claims' transactions; raises ``Refused`` with
+    what to do when there is nothing to claim (yet)."""
+
+    async def __call__(self, epoch: int | None, /) -> list[int]: ...
 
 
 @dataclass

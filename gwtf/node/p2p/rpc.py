@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -47,10 +46,36 @@ from gwtf.node.p2p.scoring import Offence, PeerScores
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[str, bytes], Awaitable[bytes]]
-Admission = Callable[[str], Awaitable[bool]]
-#: Seconds a request of ``n`` bytes to ``peer`` waits before it is written (link emulation).
-Shaper = Callable[[str, int], float]
+
+class Handler(Protocol):
+    """Answer a peer's request (its id, the request's bytes) with the reply's bytes, within the
+    protocol's deadline (past it the request is refused). Raise ``Decline`` to refuse it
+    uncharged, ``ProtocolError`` to refuse it and charge the peer; anything else is a handler
+    failure, logged and charged too."""
+
+    async def __call__(self, peer: str, request: bytes, /) -> bytes: ...
+
+
+class Admission(Protocol):
+    """Whether a peer may talk to this node (e.g. ``RunAdmission`` over the chain). Asked
+    before a stream of the peer's is read; may wait on a lookup (the chain), and answers False
+    when it cannot tell. Does not raise."""
+
+    async def __call__(self, peer: str, /) -> bool: ...
+
+
+class Shaper(Protocol):
+    """Seconds a request of ``size`` bytes to ``peer`` waits before it is written (link
+    emulation). Pure; does not block or raise."""
+
+    def __call__(self, peer: str, size: int, /) -> float: ...
+
+
+class Charge(Protocol):
+    """Score a peer down for an offence, with what it did (for the log). Does not block or
+    raise."""
+
+    def __call__(self, peer: str, offence: Offence, what: object, /) -> None: ...
 
 
 class Circuits(Protocol):
@@ -452,7 +477,7 @@ class _Channel:
         stream: INetStream,
         peer: str,
         protocol: str,
-        charge: Callable[[str, Offence, object], None],
+        charge: Charge,
     ) -> None:
         self.stream, self.peer, self.protocol, self._charge = stream, peer, protocol, charge
         self.reader = FrameReader(stream)

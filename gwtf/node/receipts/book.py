@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
 from libp2p.peer.id import ID
@@ -103,6 +103,26 @@ def worker_stage(direction: int, receiver_stage: int) -> int:
     return receiver_stage - 1 if direction == FORWARD else receiver_stage + 1
 
 
+class Penalise(Protocol):
+    """Charge a peer that misbehaved (its id, and why, for the log): the node scores it down.
+    Must not block or raise."""
+
+    def __call__(self, peer: str, why: str, /) -> None: ...
+
+
+class ReceiptCompleted(Protocol):
+    """Told of a complete (countersigned) receipt and the data node it goes to (its origin's
+    peer id). Must not block or raise: it runs in the hop's exchange."""
+
+    def __call__(self, origin: str, entry: SignedReceipt, /) -> None: ...
+
+
+class ReceiptSigned(Protocol):
+    """Told of each receipt this node signed as worker. Must not block or raise."""
+
+    def __call__(self, receipt: HopReceipt, /) -> None: ...
+
+
 @dataclass
 class ReceiptBook:
     """One node's signing and countersigning of receipts. Start ``run`` in the node's nursery."""
@@ -111,14 +131,14 @@ class ReceiptBook:
     private_key: bytes = field(repr=False)
     store: HopStore
     #: Called with (peer, why) when a peer misbehaves: the node scores the peer down.
-    penalise: Callable[[str, str], None] = lambda peer, why: None
+    penalise: Penalise = lambda peer, why: None
     #: Called with each complete receipt of this node's (the reporter takes it to the data node).
-    on_complete: Callable[[str, SignedReceipt], None] = lambda origin, entry: None
+    on_complete: ReceiptCompleted = lambda origin, entry: None
     #: Called with each complete receipt this node countersigned (a relay reports it too).
-    on_received: Callable[[str, SignedReceipt], None] = lambda origin, entry: None
+    on_received: ReceiptCompleted = lambda origin, entry: None
     #: Called with each receipt this node signed as worker: it has work to claim in that
     #: receipt's epoch, even if its own copy of the countersignature never comes.
-    on_signed: Callable[[HopReceipt], None] = lambda receipt: None
+    on_signed: ReceiptSigned = lambda receipt: None
     counts: ReceiptCounts = field(default_factory=ReceiptCounts)
     _warned: set[str] = field(default_factory=set)
 

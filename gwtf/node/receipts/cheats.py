@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Final, Protocol
 
 import torch
 
@@ -96,6 +96,13 @@ def check_cheat(mode: str, role: str, chain_id: int | None = None) -> None:
             f"node.cheat={mode!r} is no cheat of a {role} node; use one of "
             f"{', '.join(allowed)}, or leave it empty (an honest node)"
         )
+
+
+class Distort(Protocol):
+    """What a cheating relay makes of each forward output it computed, before it sends it on
+    (a new tensor of the same shape). Pure: does not block or raise."""
+
+    def __call__(self, output: torch.Tensor, /) -> torch.Tensor: ...
 
 
 @dataclass
@@ -199,7 +206,7 @@ class Cheat:
             return replace(page, total=total)  # the next page, from the honest end, has them
         return replace(page, total=total, entries=page.entries + tuple(extra))
 
-    def distort(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    def distort(self) -> Distort | None:
         """What a ``wrong-tensor`` relay does to each forward output, or None."""
         if self.mode != WRONG_TENSOR:
             return None

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
 from sqlalchemy.exc import SQLAlchemyError
@@ -114,6 +114,20 @@ class Retry:
         log.warning("%s failed (%s); retrying in %.0f s", what, exc, delay)
 
 
+class BusyIn(Protocol):
+    """Whether an iteration of the given epoch is under way at this data node (its certificate
+    waits for it). Does not block or raise."""
+
+    def __call__(self, epoch: int, /) -> bool: ...
+
+
+class DataNodePeer(Protocol):
+    """The peer id of the data node at an address, None when this node does not know it. Does
+    not block or raise."""
+
+    def __call__(self, address: str, /) -> str | None: ...
+
+
 @dataclass
 class CycleStatus:
     """What the cycle did, reported with the node's status."""
@@ -135,7 +149,7 @@ class DataNodeEpochs:
     store: HopStore
     records: LedgerRecords
     inbox: ReceiptInbox
-    busy_in: Callable[[int], bool]
+    busy_in: BusyIn
     grace_s: float = 3.0
     #: A data node that cheats on purpose certifies and submits what its cheat makes.
     cheat: Cheat | None = None
@@ -292,7 +306,7 @@ class WorkerEpochs:
     store: HopStore
     records: LedgerRecords
     rpc: RequestResponse
-    data_node_peer: Callable[[str], str | None]
+    data_node_peer: DataNodePeer
     timeout_s: float
     status: CycleStatus = field(default_factory=CycleStatus)
     #: Claim each settled epoch unasked (``chain.auto_claim``).

@@ -33,7 +33,6 @@ import logging
 import math
 import shutil
 import struct
-from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -41,7 +40,7 @@ import trio
 from libp2p.peer.id import ID
 
 from gwtf.errors import ChainError, ProtocolError
-from gwtf.node.chain.epochs import EpochLedger
+from gwtf.node.chain.epochs import ChainTime, EpochLedger
 from gwtf.node.p2p.forwarding import forwarded, forwarded_limits, serve_forwarding
 from gwtf.node.p2p.rpc import Decline, PublicRate, RequestDeclined, RequestResponse, RpcLimits
 from gwtf.node.receipts.serving import MAX_BUSY_RETRIES, PUBLIC_RATE
@@ -112,7 +111,7 @@ def serve_evidence_forwarding(rpc: RequestResponse, timeout_s: float) -> None:
 
 
 async def prune_settled_evidence(
-    archive: EvidenceArchive, ledger: EpochLedger, now: Callable[[], int], period_s: float
+    archive: EvidenceArchive, ledger: EpochLedger, now: ChainTime, period_s: float
 ) -> None:
     """Every ``period_s``, from the node's start on, delete the evidence of each epoch that has
     settled and whose tensor disputes are all ruled. ``now()`` is the timestamp of the latest

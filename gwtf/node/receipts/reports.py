@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
 from libp2p.peer.id import ID
@@ -26,7 +26,7 @@ from libp2p.peer.id import ID
 from gwtf.contracts.certificate_tree import CertificateTree, PreparedHop, SignedReceipt, WorkerRange
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
-from gwtf.node.receipts.book import ReceiptTerms, address_of_peer
+from gwtf.node.receipts.book import Penalise, ReceiptTerms, address_of_peer
 from gwtf.node.receipts.certify import check_report
 from gwtf.node.receipts.wire import (
     MAX_REPORT,
@@ -52,6 +52,13 @@ MAX_OUTBOX = 100_000
 MAX_DATA_NODES = 16
 
 
+class DataNodePeers(Protocol):
+    """The run's data nodes' peer ids by address, as discovery knows them now. Does not block
+    or raise."""
+
+    def __call__(self) -> dict[str, str]: ...
+
+
 @dataclass
 class ReceiptReporter:
     """A relay's outbox of complete receipts (its own and those it countersigned), by data
@@ -61,7 +68,7 @@ class ReceiptReporter:
     timeout_s: float
     period_s: float = 1.0
     #: The data nodes' peer ids, by address, beyond those met as origins (discovery's).
-    data_node_peers: Callable[[], dict[str, str]] = dict
+    data_node_peers: DataNodePeers = dict
     outbox: dict[str, list[SignedReceipt]] = field(default_factory=dict)
     peers: dict[str, str] = field(default_factory=dict)
     reported: int = 0
@@ -136,7 +143,7 @@ class ReceiptInbox:
     address: str
     store: HopStore
     timeout_s: float
-    penalise: Callable[[str, str], None] = lambda peer, why: None
+    penalise: Penalise = lambda peer, why: None
     #: The certificate tree of each epoch this data node submitted (the epoch cycle's).
     trees: dict[int, CertificateTree] = field(default_factory=dict)
     accepted: int = 0

@@ -16,9 +16,8 @@ never forge one).
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 import trio
 from libp2p.peer.id import ID
@@ -53,6 +52,13 @@ MAX_FETCH: Final = 200_000
 MAX_BUSY_RETRIES: Final = 8
 
 
+class TreeOf(Protocol):
+    """The certificate tree this data node submitted for an epoch, None when it has none. Does
+    not block or raise."""
+
+    def __call__(self, epoch: int, /) -> CertificateTree | None: ...
+
+
 @dataclass
 class ReceiptServer:
     """Answers ``/gwtf/receipts/1.0.0`` from a node's database and, for a data node, from the
@@ -60,7 +66,7 @@ class ReceiptServer:
 
     store: HopStore
     terms: ReceiptTerms
-    trees: Callable[[int], CertificateTree | None] = lambda epoch: None
+    trees: TreeOf = lambda epoch: None
     #: A node that cheats on purpose serves what its cheat makes of its pages (``cheats``).
     cheat: Cheat | None = None
 

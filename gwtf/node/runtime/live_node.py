@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import multiaddr
 import trio
@@ -82,6 +82,28 @@ from gwtf.node.training.validation import Batch, due, run_validation_batches
 log = logging.getLogger(__name__)
 
 
+class EntryGate(Protocol):
+    """Waited on once the host is up and the worker built, before the node makes itself known
+    (a joiner started ahead of time waits for its moment). May block for as long as it likes;
+    cancelled with the node."""
+
+    async def __call__(self) -> None: ...
+
+
+class ReachabilityReport(Protocol):
+    """Told of each reachability verdict and the line that says what the node does about it
+    (for its operator). Must not block or raise."""
+
+    def __call__(self, verdict: Reachability, line: str, /) -> None: ...
+
+
+class Started(Protocol):
+    """Told once of the live node when it serves (a supervisor's status file, a test's
+    handle). Must not block or raise."""
+
+    def __call__(self, node: LiveNode, /) -> None: ...
+
+
 @dataclass(frozen=True)
 class LiveNodeConfig:
     name: str
@@ -136,7 +158,7 @@ class LiveNodeConfig:
     origins: OriginCheck | None = None
     #: Awaited once the host is up and the worker built, before the node makes itself known:
     #: a joiner started ahead of time waits here for its moment, its slow start-up done.
-    entry_gate: Callable[[], Awaitable[None]] | None = None
+    entry_gate: EntryGate | None = None
     routing: str = "gwtf"  # "gwtf": follow the flow table; "swarm": SWARM's throughput wiring
     #: Data nodes sharing the run's batches, and this data node's shard of them (0-based).
     data_nodes: int = 1
@@ -147,7 +169,7 @@ class LiveNodeConfig:
     upnp: bool = False
     #: Told each reachability verdict (``gwtf.node.p2p.reachability``; none on loopback only) and
     #: the line that says what the node does about it.
-    on_reachability: Callable[[Reachability, str], None] | None = None
+    on_reachability: ReachabilityReport | None = None
     #: Data node: the run's data set hash on chain; a ``training.data`` of another is refused.
     dataset_hash: str | None = None
     #: A lone data node's resume points (``gwtf.node.runtime.resume``), one folder per run in its
@@ -205,9 +227,6 @@ class LiveNode:
         return self.relaying.describe(reach) if self.relaying is not None else reach.describe()
 
 
-Started = Callable[[LiveNode], Awaitable[None] | None]
-
-
 def _worker(config: LiveNodeConfig, node_id: str) -> tuple[DataNodeWorker | StageWorker, MemoryFit]:
     """The node's part, built once its memory is known to fit (``StageMemoryError`` if not)."""
     plan = plan_partition(config.model, config.stages)
@@ -251,7 +270,7 @@ def stages_that_fit(config: LiveNodeConfig) -> tuple[int, ...]:
 
 
 async def run_live_node(
-    config: LiveNodeConfig, on_started: Callable[[LiveNode], None] | None = None
+    config: LiveNodeConfig, on_started: Started | None = None
 ) -> list[IterationResult]:
     """Run one node; returns the data node's iteration results (a relay runs until cancelled)."""
     key = config.identity

@@ -25,8 +25,9 @@ address book and its own reachability verdict.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import multiaddr
 import trio
@@ -44,6 +45,26 @@ from gwtf.node.runtime.discovery.address_book import AddressBook
 log = logging.getLogger(__name__)
 
 
+class CardOf(Protocol):
+    """A peer's signed card as discovery last read it, None without one. Does not block or
+    raise."""
+
+    def __call__(self, peer: str, /) -> PeerCard | None: ...
+
+
+class AllCards(Protocol):
+    """Every signed card discovery holds now. Does not block or raise."""
+
+    def __call__(self) -> Iterable[PeerCard]: ...
+
+
+class RelaysChanged(Protocol):
+    """Told whenever the relays this node holds slots at change (its record, cards and hints
+    must name the new circuits). Must not block or raise."""
+
+    def __call__(self) -> None: ...
+
+
 @dataclass
 class Relaying:
     """What the node's host, relay protocol, dialer and card ask about relays (see the module)."""
@@ -58,10 +79,10 @@ class Relaying:
     admit: Admission | None = None
     book: AddressBook | None = None
     #: Peers' signed cards as discovery last read them.
-    cards: Callable[[str], PeerCard | None] = lambda _peer: None
+    cards: CardOf = lambda _peer: None
     #: Every signed card discovery holds: admitted volunteers whose card says they relay are
     #: taken as relays too, after the node's own.
-    all_cards: Callable[[], Iterable[PeerCard]] = lambda: ()
+    all_cards: AllCards = lambda: ()
     #: Relays a node behind NAT holds slots at, at most: its own first, then volunteers.
     most_relays: int = MAX_CIRCUIT_ADDRESSES
     slots: RelaySlots | None = None
@@ -72,7 +93,7 @@ class Relaying:
     _configured: dict[ID, list[multiaddr.Multiaddr]] = field(default_factory=dict)
     _rpc: RequestResponse | None = None
     _nursery: trio.Nursery | None = None
-    _on_change: Callable[[], None] = lambda: None
+    _on_change: RelaysChanged = lambda: None
     _slots_scope: trio.CancelScope | None = None
 
     def __post_init__(self) -> None:
@@ -108,7 +129,7 @@ class Relaying:
         return self.slots is not None and self.slots.holds_slot_at(relay)
 
     async def start(
-        self, rpc: RequestResponse, nursery: trio.Nursery, on_change: Callable[[], None]
+        self, rpc: RequestResponse, nursery: trio.Nursery, on_change: RelaysChanged
     ) -> None:
         """Take slots now unless the node is reachable: each relay is asked once before this
         returns, so the node's first record (cards, exchanges, hints) already names the

@@ -7,19 +7,15 @@ Tokens are never sent: both ends regenerate a microbatch's tokens from its id (`
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
+from gwtf.node.training.dataset import Sampler
 from gwtf.node.training.errors import ActivationError, CapacityError, UnknownMicrobatchError
 from gwtf.node.training.model import DataPart
 from gwtf.node.training.partition import PartitionPlan
 from gwtf.node.training.settings import TrainingSettings
 from gwtf.node.training.stage_worker import check_activation
 from gwtf.node.training.trainer import PartTrainer
-
-#: microbatch id -> (inputs, targets), both int64 of shape (B, T).
-BatchSource = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
 
 
 class DataNodeWorker(PartTrainer):
@@ -32,7 +28,7 @@ class DataNodeWorker(PartTrainer):
         plan: PartitionPlan,
         settings: TrainingSettings,
         seed: int,
-        batches: BatchSource,
+        batches: Sampler,
         replica_id: str = "0",
     ) -> None:
         super().__init__(DataPart(plan.config, seed), settings, replica_id)

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -126,7 +126,13 @@ def validation_batches(
     return batches
 
 
-Sampler = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+class Sampler(Protocol):
+    """A run's microbatch by id: (inputs, targets), both int64 of shape (batch, seq_len), the
+    same for every node and every call (``ShardSampler``, ``data.MicrobatchSampler``). May
+    read the data set from disk, so block on it; ``ShardSampler`` raises ``ConfigError`` for a
+    negative id."""
+
+    def __call__(self, microbatch_id: int, /) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def run_sampler(

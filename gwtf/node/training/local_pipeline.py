@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from gwtf.node.training.codec import CodecLimits, decode, encode
-from gwtf.node.training.data_node import BatchSource, DataNodeWorker
+from gwtf.node.training.data_node import DataNodeWorker
+from gwtf.node.training.dataset import Sampler
 from gwtf.node.training.partition import PartitionPlan
 from gwtf.node.training.settings import TrainingSettings
 from gwtf.node.training.stage_worker import StageWorker
@@ -30,7 +31,7 @@ class LocalPipeline:
         plan: PartitionPlan,
         settings: TrainingSettings,
         seed: int,
-        batches: BatchSource,
+        batches: Sampler,
         n_replicas: int = 1,
         through_codec: bool = True,
     ) -> None:

@@ -73,9 +73,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from libp2p.peer.id import ID
 
@@ -383,13 +382,32 @@ async def ask(
     return await rpc.request(peer_id, PROTOCOL_ID, encode_request(request), limits)
 
 
+Request = TypeVar("Request", bound=ControlRequest)
+_Asked = TypeVar("_Asked", contravariant=True)
+
+
+class AnswerHere(Protocol[_Asked]):
+    """This node's own answer to a control request it would otherwise send a peer: the reply
+    encoded as a peer's (``encode_reply``). May wait on other peers (a re-send waits for its
+    ack); says a refusal in the reply, and a ``ProtocolError`` it raises counts as one."""
+
+    async def __call__(self, request: _Asked, /) -> bytes: ...
+
+
+class AskDeadline(Protocol):
+    """How long to wait now for a peer's answer to a control request, in seconds: it follows
+    the run's liveness deadlines, so it is read at each ask. Does not block or raise."""
+
+    def __call__(self) -> float: ...
+
+
 async def ask_to_send(
     rpc: RequestResponse,
     node_id: str,
     node: str,
-    request: ControlRequest,
+    request: Request,
     ack_deadline_s: float,
-    here: Callable[..., Awaitable[bytes]] | None,
+    here: AnswerHere[Request] | None,
     doing: str,
 ) -> bool:
     """Ask ``node`` (this node, ``node_id``: ``here`` answers) to send a hop for a repair or a

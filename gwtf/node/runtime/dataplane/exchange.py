@@ -19,8 +19,8 @@ computed (or a data node's own send), so it chains like any other.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
 from libp2p.peer.id import ID
@@ -81,19 +81,45 @@ class Kept:
     receipted: bool = True
 
 
-#: A role's compute of a received hop: the output it keeps (``Kept``), or None (sent on, or a
-#: data node's).
-Compute = Callable[[HopHeader, bytes], Awaitable[Kept | None]]
-#: A role's check of a received hop before it joins the compute queue, in the request's own
-#: task: what waits on another peer (a relay asking a microbatch's origin) must not hold up the
-#: hops behind it. Raises to refuse the hop.
-Admit = Callable[[HopHeader, bytes], Awaitable[None]]
-#: Whether a peer is a data node of the run (``RunAdmission.is_data_node``): True, False, or
-#: None when that cannot be known now.
-OriginCheck = Callable[[str], Awaitable[bool | None]]
-#: Called by a data node with each hop it starts (a first forward, a loss gradient) and the
-#: digest of the frame sent.
-OriginSend = Callable[[HopHeader, bytes], None]
+class Compute(Protocol):
+    """A role's compute of a received hop (its header and frame), run from the node's one
+    compute queue, so it may block that queue for as long as the compute takes. Returns the
+    output the role keeps (``Kept``), or None (sent on, or a data node's). Raises ``Decline``
+    to refuse the hop uncharged, another ``GwtfError`` to reject it (``HopRejected``, charged to
+    its sender); nothing else may escape, or the queue stops."""
+
+    async def __call__(self, header: HopHeader, frame: bytes, /) -> Kept | None: ...
+
+
+class Admit(Protocol):
+    """A role's check of a received hop before it joins the compute queue, in the request's
+    own task: what waits on another peer (a relay asking a microbatch's origin) must not hold
+    up the hops behind it. Returns when the hop may be queued; raises ``Decline`` or another
+    ``GwtfError`` to refuse it, as ``Compute`` does."""
+
+    async def __call__(self, header: HopHeader, frame: bytes, /) -> None: ...
+
+
+class OriginCheck(Protocol):
+    """Whether a peer is a data node of the run (``RunAdmission.is_data_node``): True, False,
+    or None when that cannot be known now (the chain does not answer). May wait on the chain;
+    does not raise."""
+
+    async def __call__(self, peer: str, /) -> bool | None: ...
+
+
+class OriginSend(Protocol):
+    """Told by a data node of each hop it starts (a first forward, a loss gradient) and the
+    digest of the frame sent. Must not block: it runs in the send's task."""
+
+    def __call__(self, header: HopHeader, digest: bytes, /) -> None: ...
+
+
+class HopObserver(Protocol):
+    """Sees each hop this node computed whose output was acknowledged (a test's, a tool's
+    tally). Must not block or raise: it runs in the data plane's task."""
+
+    def __call__(self, record: HopRecord, /) -> None: ...
 
 
 class HopRejected(ProtocolError):
@@ -124,7 +150,7 @@ class HopCounts:
 
     recorded: int = 0
     recomputed: int = 0  # of a re-sent or repaired attempt (attempt > 0)
-    observer: Callable[[HopRecord], None] | None = None
+    observer: HopObserver | None = None
 
     def record(self, record: HopRecord) -> None:
         self.recorded += 1

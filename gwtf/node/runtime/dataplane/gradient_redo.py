@@ -33,8 +33,9 @@ the nodes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 import trio
 
@@ -47,6 +48,7 @@ from gwtf.coordinator_free.decisions.gradient_redo import (
 from gwtf.errors import ProtocolError
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane
+from gwtf.node.runtime.dataplane.hop import TakeAttempt
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +113,29 @@ def decode_holds(data: bytes, stages: int, count: int) -> tuple[int, int, list[i
 Key = tuple[int, int]  # (iteration, microbatch id)
 
 
+class ReachableRelays(Protocol):
+    """Every relay that may be alive, relay -> stage, its answer awaited: may take up to a
+    probe's deadline. Does not raise."""
+
+    async def __call__(self) -> dict[str, int]: ...
+
+
+class RelayGone(Protocol):
+    """Told of a relay that did not answer: it is not asked again this iteration. Does not
+    block or raise."""
+
+    def __call__(self, relay: str, /) -> None: ...
+
+
+class RelayLearned(Protocol):
+    """Told of a relay that answered, and its stage. Does not block or raise."""
+
+    def __call__(self, relay: str, stage: int, /) -> None: ...
+
+
+Redoing = TypeVar("Redoing", control.Resend, control.ExpectRedo, control.RedoBack)
+
+
 @dataclass
 class GradientRedo:
     """A data node's side: ask, plan, redo. ``relays`` lists every relay that may be alive
@@ -118,15 +143,15 @@ class GradientRedo:
     does."""
 
     plane: DataPlane
-    relays: Callable[[], Awaitable[dict[str, int]]]
-    gone: Callable[[str], None]
+    relays: ReachableRelays
+    gone: RelayGone
     #: Told of each relay that answered, and its stage: the iteration's end must ask it too.
-    learn: Callable[[str, int], None]
-    timeout_s: Callable[[], float]
-    take_attempt: Callable[[Key], int]
+    learn: RelayLearned
+    timeout_s: control.AskDeadline
+    take_attempt: TakeAttempt
     #: This node's own answers: a re-send of its embedding output, a redo of its loss gradient.
-    resend_here: Callable[[control.Resend], Awaitable[bytes]]
-    redo_here: Callable[[control.RedoBack], Awaitable[bytes]]
+    resend_here: control.AnswerHere[control.Resend]
+    redo_here: control.AnswerHere[control.RedoBack]
 
     @property
     def node_id(self) -> str:
@@ -289,8 +314,8 @@ class GradientRedo:
     async def _ask(
         self,
         node: str,
-        request: control.Resend | control.ExpectRedo | control.RedoBack,
-        here: Callable[..., Awaitable[bytes]] | None,
+        request: Redoing,
+        here: control.AnswerHere[Redoing] | None,
     ) -> bool:
         """Ask ``node`` (this node: ``here``) for one step of a redo; True when it did it."""
         return await control.ask_to_send(

@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from libp2p.peer.id import ID
 
@@ -217,6 +218,24 @@ def decode_hop_request(data: bytes) -> tuple[HopHeader, ReceiptInput | None, byt
 def frame_digest(frame: bytes) -> bytes:
     """SHA-256 of a tensor frame: what an acknowledgement (and later a receipt) names."""
     return hashlib.sha256(frame).digest()
+
+
+class TakeAttempt(Protocol):
+    """The data node's next attempt number for a microbatch of the iteration under way, by
+    (iteration, microbatch id): each call hands out a new block (``origin_attempt``), never one
+    handed out before. May write the attempt journal first (``AttemptBlock``); raises
+    ``ProtocolError`` once the microbatch's numbers run out."""
+
+    def __call__(self, key: tuple[int, int], /) -> int: ...
+
+
+class AttemptBlock(Protocol):
+    """The attempt block of a microbatch's ``tries``-th try in ``iteration``: ``tries``,
+    unless earlier processes of this node may have used those blocks
+    (``resume_points.AttemptJournal``, which writes its journal durably first, so it may block
+    on the disk and raises ``OSError`` when it cannot write)."""
+
+    def __call__(self, iteration: int, tries: int, /) -> int: ...
 
 
 def origin_attempt(tries: int) -> int:

@@ -13,9 +13,10 @@ output (its receipt, with receipts on, is signed and countersigned in ``DataPlan
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
 
@@ -45,6 +46,21 @@ from gwtf.node.runtime.flow.routing import SwarmWiring
 from gwtf.node.runtime.flow.service import FlowService
 
 log = logging.getLogger(__name__)
+
+
+class StageOf(Protocol):
+    """The stage a peer serves as this node knows it (0: a data node), None when it does not
+    know. Does not block or raise."""
+
+    def __call__(self, peer: str, /) -> int | None: ...
+
+
+class FlowRoute(Protocol):
+    """A flow's route as the flow core holds it now: the next hop and this node's slot, or
+    None when the flow has none (being rebuilt, or off a flow). Read at each re-send, so it
+    follows the core; does not block or raise."""
+
+    def __call__(self) -> tuple[str, int] | None: ...
 
 
 @dataclass
@@ -99,7 +115,7 @@ class HopSender:
         # The stage of a peer's signed card that discovery verified and holds, None without
         # one (``AddressBook.stage_of``, set once the node's book exists): the stages two
         # away from this node's are no flow neighbours, yet their nodes ask for re-sends.
-        self.carded_stage: Callable[[str], int | None] = lambda _peer: None
+        self.carded_stage: StageOf = lambda _peer: None
 
     def next_hop(self, stage: int, route: tuple[str, int] | None) -> str | None:
         """Where a forward into ``stage`` goes: the flow's next hop (``route``: it and this
@@ -117,7 +133,7 @@ class HopSender:
         frame: bytes,
         to: str,
         input_digest: bytes,
-        route: Callable[[], tuple[str, int] | None] = lambda: None,
+        route: FlowRoute = lambda: None,
     ) -> str:
         """Send a forward; on a missed ack re-send it where ``decisions.next_hop`` says now
         (``route``: the flow's route as the core holds it now), the peers tried left out.
@@ -371,7 +387,7 @@ def resend_refusal(
     forward: HopHeader,
     holder_stage: int,
     stages: int,
-    stage_of: Callable[[str], int | None],
+    stage_of: StageOf,
 ) -> str | None:
     """Why a node of ``holder_stage`` (0: the microbatch's origin) that holds the output of
     ``forward`` (the forward it received, or the origin's first hop) will not re-send it as

@@ -19,8 +19,8 @@ nothing to repair the caller waits on, and restarts the microbatch at its stall 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import trio
 
@@ -28,6 +28,7 @@ from gwtf.coordinator_free.decisions import stand_in
 from gwtf.errors import ProtocolError
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane
+from gwtf.node.runtime.dataplane.hop import TakeAttempt
 from gwtf.node.runtime.dataplane.sender import HopSender, HopStats
 from gwtf.node.runtime.flow.service import FlowService
 
@@ -42,6 +43,23 @@ class Outcome:
     repaired: bool  # a hop was sent again (else the microbatch is only slow somewhere)
 
 
+class TraceHere(Protocol):
+    """What this node, as a sink, knows of a microbatch's forward: a trace reply
+    (``control.encode_trace``) as a peer would give it. Does not block or raise."""
+
+    def __call__(self, request: control.Trace, /) -> bytes: ...
+
+
+class ReplicasOf(Protocol):
+    """The relays of a stage that may be alive, as far as this node knows now (may be empty).
+    Does not block or raise."""
+
+    def __call__(self, stage: int, /) -> list[str]: ...
+
+
+Resumed = TypeVar("Resumed", control.Resume, control.ResumeBack)
+
+
 @dataclass
 class StallRepair:
     plane: DataPlane
@@ -49,14 +67,14 @@ class StallRepair:
     sender: HopSender
     stats: HopStats
     #: This node's own answers: a trace of it as a sink, a resume of its embedding output.
-    trace_here: Callable[[control.Trace], bytes]
-    resend_here: Callable[[control.Resume], Awaitable[bytes]]
+    trace_here: TraceHere
+    resend_here: control.AnswerHere[control.Resume]
     #: The microbatch's next attempt number (each re-sent hop is a new attempt).
-    take_attempt: Callable[[Key], int]
-    trace_timeout_s: Callable[[], float]
+    take_attempt: TakeAttempt
+    trace_timeout_s: control.AskDeadline
     #: The relays of a stage that may be alive (the flow protocol's and discovery's: the data
     #: node's flow neighbours are only stage 1 and the last stage).
-    replicas_of: Callable[[int], list[str]]
+    replicas_of: ReplicasOf
 
     @property
     def node_id(self) -> str:
@@ -154,12 +172,7 @@ class StallRepair:
             self.flow.dispatch(self.flow.node.peer_dead(node, trio.current_time()))
             return "dead", ""
 
-    async def _ask(
-        self,
-        holder: str,
-        request: control.Resume | control.ResumeBack,
-        here: Callable[..., Awaitable[bytes]],
-    ) -> bool:
+    async def _ask(self, holder: str, request: Resumed, here: control.AnswerHere[Resumed]) -> bool:
         """Ask ``holder`` (this node: ``here``) to send a hop again; True when it did."""
         return await control.ask_to_send(
             self.plane.rpc, self.node_id, holder, request, self.plane.ack_deadline_s, here,

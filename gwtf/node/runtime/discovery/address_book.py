@@ -17,8 +17,8 @@ peer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import trio
 from libp2p.peer.id import ID
@@ -74,15 +74,29 @@ def parse_record(line: str) -> PeerRecord:
     return PeerRecord(str(info.peer_id), address, region, other_addresses=tuple(more))
 
 
+class NewPeer(Protocol):
+    """Told of each peer the book learns (its record), once. Must not block or raise: it runs
+    in the exchange that brought the peer."""
+
+    def __call__(self, record: PeerRecord, /) -> None: ...
+
+
+class PeerHeard(Protocol):
+    """Told of a peer's id whenever an exchange with it succeeds (it is alive right now). Must
+    not block or raise."""
+
+    def __call__(self, peer: str, /) -> None: ...
+
+
 @dataclass
 class AddressBook:
     """Peers this node knows, with a callback for each new one."""
 
     rpc: RequestResponse
     own: PeerRecord
-    on_new_peer: Callable[[PeerRecord], None]
+    on_new_peer: NewPeer
     #: Called with a peer's id whenever an exchange with it succeeds (it is alive right now).
-    on_heard: Callable[[str], None] = lambda _peer: None
+    on_heard: PeerHeard = lambda _peer: None
     peers: dict[str, PeerRecord] = field(default_factory=dict)
     #: Spare capacity (microbatches) that peers last hinted; informational only.
     spare: dict[str, int] = field(default_factory=dict)

@@ -12,7 +12,7 @@ import ipaddress
 import logging
 import random
 import time
-from collections.abc import Callable
+from typing import Protocol
 
 import multiaddr
 import trio
@@ -33,6 +33,13 @@ from gwtf.node.runtime.discovery.address_book import AddressBook, own_record
 from gwtf.node.runtime.discovery.run_discovery import RunDiscovery
 
 log = logging.getLogger(__name__)
+
+
+class VerdictHeard(Protocol):
+    """Told of each reachability verdict of this node. Must not block or raise: the check's
+    loop waits for it."""
+
+    def __call__(self, verdict: Reachability, /) -> None: ...
 
 
 def serve_dialbacks(rpc: RequestResponse, book: AddressBook) -> None:
@@ -69,7 +76,7 @@ async def watch_reachability(
     discovery: RunDiscovery,
     verified: list[multiaddr.Multiaddr],
     upnp: bool,
-    on_verdict: Callable[[Reachability], None],
+    on_verdict: VerdictHeard,
 ) -> None:
     """Check this node's reachability for as long as it runs (see the module)."""
     port = public_port(rpc)

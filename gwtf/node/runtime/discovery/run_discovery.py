@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
 from libp2p.crypto.keys import PrivateKey
@@ -81,6 +81,27 @@ class DiscoveryCounters:
     restarts: int = 0
 
 
+class SpareCapacity(Protocol):
+    """The microbatches this node could take on now beyond its flows' (its card's and hints'
+    ``spare``). Does not block or raise."""
+
+    def __call__(self) -> int: ...
+
+
+class WallClockMs(Protocol):
+    """Wall-clock time in milliseconds since the Unix epoch: a card's issue time, and what its
+    age is measured against. Does not block or raise."""
+
+    def __call__(self) -> int: ...
+
+
+class RelaysForOthers(Protocol):
+    """Whether this node relays for the run's nodes behind NAT now (its card says so). Does not
+    block or raise."""
+
+    def __call__(self) -> bool: ...
+
+
 class RunDiscovery:
     """Keeps ``book`` filled with the run's peers; ``replicas_of`` finds a stage's replicas."""
 
@@ -89,8 +110,8 @@ class RunDiscovery:
         book: AddressBook,
         key: PrivateKey,
         settings: DiscoverySettings,
-        spare_of: Callable[[], int] = lambda: 0,
-        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        spare_of: SpareCapacity = lambda: 0,
+        wall_ms: WallClockMs = lambda: int(time.time() * 1000),
     ) -> None:
         self.wall_ms = wall_ms
         self.book = book
@@ -101,7 +122,7 @@ class RunDiscovery:
         #: an unknown verdict is carried as unchecked).
         self.reachability: Reachability | None = None
         #: Whether the node relays for the run's nodes behind NAT (its card says so).
-        self.relays_for_others: Callable[[], bool] = lambda: False
+        self.relays_for_others: RelaysForOthers = lambda: False
         self.directory, self.hints = self._services()
         self.cards: dict[str, PeerCard] = {}
         #: Providers whose card was bad, missing or for another run, and when: not asked again

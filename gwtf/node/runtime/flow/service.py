@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
 from libp2p.peer.id import ID
@@ -31,6 +32,13 @@ LIMITS = RpcLimits(max_request_bytes=64 * 1024, max_response_bytes=16, timeout_s
 _OUTBOX_PER_PEER = 256
 
 
+class FlowObserver(Protocol):
+    """Told of each flow message (its sender and the message) after the flow core handled it.
+    Must not block or raise: it runs in the request's handler."""
+
+    def __call__(self, peer: str, message: Message, /) -> None: ...
+
+
 @dataclass
 class FlowService:
     rpc: RequestResponse
@@ -40,7 +48,7 @@ class FlowService:
     _nursery: trio.Nursery | None = None
     dropped: int = 0
     #: Told of every message after the core handled it (a data node's pool of flows).
-    observer: Callable[[str, Message], None] | None = None
+    observer: FlowObserver | None = None
 
     def serve(self) -> None:
         self.rpc.serve(PROTOCOL_ID, self._handle, LIMITS)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import trio
 from libp2p.peer.id import ID
@@ -29,6 +29,13 @@ log = logging.getLogger(__name__)
 
 
 Part = DataNodeWorker | StageWorker
+
+
+class OtherDataNodes(Protocol):
+    """The run's other data nodes, as this one knows them now (``DataPeers.others``). Does not
+    block or raise."""
+
+    def __call__(self) -> list[str]: ...
 
 
 def serve_stage_state(
@@ -96,7 +103,7 @@ async def join_stage(
 async def load_data_part(
     rpc: RequestResponse,
     worker: DataNodeWorker,
-    data_peers: Callable[[], list[str]],
+    data_peers: OtherDataNodes,
     min_step: int,
     deadlines: tuple[float, float],
 ) -> None:

@@ -32,6 +32,7 @@ import trio
 
 from gwtf.coordinator_free.decisions import keep_waiting
 from gwtf.errors import ProtocolError, TrainingError
+from gwtf.node.chain.epochs import EpochNow
 from gwtf.node.p2p.rpc import Decline, PeerUnavailable
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.compute import T, in_worker_thread
@@ -43,6 +44,7 @@ from gwtf.node.runtime.dataplane.hop import (
     FLAG_REPAIR,
     FLAG_RESUME,
     FORWARD,
+    AttemptBlock,
     HopHeader,
     frame_digest,
     origin_attempt,
@@ -87,6 +89,35 @@ class Redone:
 
 
 @dataclass
+class Microbatch:
+    """What the data node keeps of one microbatch of its share, from its first try's start to
+    its iteration's end (or to the iteration going on without this node): one record, so
+    nothing of a microbatch outlives it or disagrees with the rest."""
+
+    #: Tries and repairs handed an attempt block so far (``DataRole._take_attempt``).
+    attempts: int = 0
+    #: The first hop of its latest try (header and embedding output), while the try is in
+    #: flight and, once done, for the rest of the iteration (a redo of stage 1 starts from it);
+    #: None before the first send and between a try given up and the next one's send.
+    sent: tuple[HopHeader, bytes] | None = None
+    #: Its gradient came back to the embedding.
+    finished: bool = False
+    #: Set when the latest try's gradient comes back (what the try waits on).
+    arrived: trio.Event | None = None
+    #: The node that took the latest try's first hop (a resume moves it).
+    first_hop: str | None = None
+    #: Its loss, once the latest try's forward reached it.
+    loss: float | None = None
+    #: The path of its final backward: who computed each stage's gradient.
+    path: tuple[str, ...] = ()
+
+    @property
+    def in_flight(self) -> tuple[HopHeader, bytes] | None:
+        """The first hop of the try in flight, if one is."""
+        return None if self.finished else self.sent
+
+
+@dataclass
 class IterationResult:
     iteration: int
     loss: float
@@ -121,15 +152,8 @@ class DataRole:
     stall_timeout_s: float
     stats: HopStats = field(default_factory=HopStats)
     limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(1))
-    embedded: dict[tuple[int, int], tuple[HopHeader, bytes]] = field(default_factory=dict)
-    #: Of each microbatch done this iteration: its embedding output (a redo of stage 1 starts
-    #: from it) and the path of its final backward (who computed each stage's gradient).
-    embedded_done: dict[tuple[int, int], tuple[HopHeader, bytes]] = field(default_factory=dict)
-    paths: dict[tuple[int, int], tuple[str, ...]] = field(default_factory=dict)
-    first_hops: dict[tuple[int, int], str] = field(default_factory=dict)  # who took the embedding
-    attempts: dict[tuple[int, int], int] = field(default_factory=dict)  # next attempt number
-    losses: dict[tuple[int, int], float] = field(default_factory=dict)
-    done: dict[tuple[int, int], trio.Event] = field(default_factory=dict)
+    #: (iteration, microbatch) -> the record of each microbatch of the iteration under way.
+    microbatches: dict[tuple[int, int], Microbatch] = field(default_factory=dict)
     results: list[IterationResult] = field(default_factory=list)
     training: bool = False  # flows exist and iterations have started
     finished: bool = False  # all its iterations are trained
@@ -144,7 +168,7 @@ class DataRole:
     peers: DataPeers | None = None
     averager: GradientAverager | None = None
     #: The run's epoch now (chain time); each iteration's hops carry the epoch it started in.
-    epoch_now: Callable[[], int] = lambda: 0
+    epoch_now: EpochNow = lambda: 0
     epoch: int = 0
     #: An iteration (of ``epoch``) is under way: its epoch's certificate waits for it.
     iterating: bool = False
@@ -152,7 +176,7 @@ class DataRole:
     ending: Redone | None = None
     #: (iteration, tries) -> the attempt block of a microbatch's try: its tries, unless
     #: earlier processes of this node may have used those (``resume_points.AttemptJournal``).
-    attempt_block: Callable[[int, int], int] = lambda iteration, tries: tries
+    attempt_block: AttemptBlock = lambda iteration, tries: tries
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
@@ -194,13 +218,15 @@ class DataRole:
     async def compute(self, header: HopHeader, frame: bytes) -> None:
         tensor = codec.decode(bytearray(frame), self.limits).tensor
         key = (header.iteration, header.microbatch_id)
+        record = self.microbatches.get(key)
+        in_flight = None if record is None else record.in_flight
         if header.direction == FORWARD and header.stage == self.plane.stages + 1:
-            if header.origin != self.node_id or key not in self.embedded:
+            if header.origin != self.node_id or record is None or in_flight is None:
                 # Another data node's microbatch (its origin computes its loss), or a late copy
                 # of one that is done (or restarted): its loss would add a gradient to another
                 # iteration's.
                 raise Decline(f"microbatch {header.microbatch_id} is not in flight here")
-            started = self.embedded[key][0].try_start
+            started = in_flight[0].try_start
             if header.try_start != started:
                 # A late copy of a try given up (or one made up with its token, seen on its
                 # path): only the try in flight reaches the loss.
@@ -208,14 +234,13 @@ class DataRole:
                     f"microbatch {header.microbatch_id}'s forward of the try started at "
                     f"{header.try_start}; its try in flight started at {started}"
                 )
-            if key in self.losses:
+            if record.loss is not None:
                 # A copy re-sent past a slow (not dead) relay: one loss per microbatch, or its
-                # gradient would count twice. A restart clears the entry first.
+                # gradient would count twice. A restart clears the loss first.
                 raise Decline(f"microbatch {header.microbatch_id} already reached its loss")
-            loss, grad = await self._run(
+            record.loss, grad = await self._run(
                 self.worker.loss_and_backward, header.microbatch_id, tensor
             )
-            self.losses[key] = loss
             grad_frame = codec.encode(header.microbatch_id, grad, self.limits)
             back = header.onward(
                 direction=BACKWARD,
@@ -223,28 +248,27 @@ class DataRole:
                 flags=0,
                 path=(*header.path, self.node_id),
             )
-            record = self.sender.pass_back(back, grad_frame, frame_digest(frame))
-            self.nursery.start_soon(self.sender.send_backward_or_log, record)
+            passed = self.sender.pass_back(back, grad_frame, frame_digest(frame))
+            self.nursery.start_soon(self.sender.send_backward_or_log, passed)
         elif header.direction == BACKWARD and header.stage == 0 and header.origin == self.node_id:
-            if key not in self.embedded:
+            if record is None or in_flight is None:
                 raise Decline(f"gradient for microbatch {header.microbatch_id}, not in flight")
             await self._run(self.worker.backward_embedding, header.microbatch_id, tensor)
-            self.embedded_done[key] = self.embedded.pop(key)
-            self.paths[key] = header.path
-            event = self.done.get(key)
-            if event is not None:
-                event.set()
+            if record.sent is None:
+                raise Decline(f"microbatch {header.microbatch_id}'s try was given up meanwhile")
+            record.finished, record.path = True, header.path
+            if record.arrived is not None:
+                record.arrived.set()
         else:
             raise ProtocolError(f"a data node does not compute {header.direction}/{header.stage}")
 
     async def handle_resend(self, request: control.Resend, asker: str = "") -> bytes:
         """Re-send a microbatch's first hop, asked by this node's own repairs (no ``asker``)
         or by the stage-2 node after a dead stage-1 hop (``resend_refusal``)."""
-        key = (request.iteration, request.microbatch)
-        entry = self.embedded.get(key) or self.embedded_done.get(key)
-        if entry is None:
+        record = self.microbatches.get((request.iteration, request.microbatch))
+        if record is None or record.sent is None:
             return control.encode_reply(False, why="microbatch not in flight here")
-        header, frame = entry
+        header, frame = record.sent
         refusal = resend_refusal(
             asker or self.node_id, request, header, 0, self.plane.stages, self.sender.stage_of
         )
@@ -257,7 +281,7 @@ class DataRole:
         )
         reply = await self.sender.serve_resend(request.to, repair, frame, b"")
         if resume and control.decode_reply(reply)["ok"]:
-            self.first_hops[key] = request.to
+            record.first_hop = request.to
         return reply
 
     def current_try(self, request: control.CurrentTry) -> bytes:
@@ -265,19 +289,19 @@ class DataRole:
         this node has not handed out (no hop of the microbatch carries one as high): a relay
         that holds a forward of it from another input lets a forward of this try replace one of
         an earlier try, or one under a number nobody handed out, only (``held_forward.py``)."""
-        key = (request.iteration, request.microbatch)
-        entry = self.embedded.get(key) or self.embedded_done.get(key)
-        if entry is None:
+        record = self.microbatches.get((request.iteration, request.microbatch))
+        if record is None or record.sent is None:
             return control.encode_reply(False, why="microbatch not in flight here")
-        block = self.attempt_block(request.iteration, self.attempts.get(key, 0))
+        block = self.attempt_block(request.iteration, record.attempts)
         issued = min(block * ATTEMPT_BLOCK, 1 << 16)
-        return control.encode_reply(True, attempt=entry[0].attempt, issued=issued)
+        return control.encode_reply(True, attempt=record.sent[0].attempt, issued=issued)
 
     def trace(self, request: control.Trace) -> bytes:
         """What this node, as a sink, knows of a microbatch's forward."""
         if self.plane.receiving(request.iteration, request.microbatch, FORWARD):
             return control.encode_trace("queued")
-        if (request.iteration, request.microbatch) in self.losses:
+        record = self.microbatches.get((request.iteration, request.microbatch))
+        if record is not None and record.loss is not None:
             return control.encode_trace("held")
         return control.encode_trace("absent")
 
@@ -329,14 +353,33 @@ class DataRole:
 
     async def run_iteration(self, iteration: int) -> IterationResult:
         """Train ``iteration``'s share of this data node; ``LeftOut`` if the other data nodes
-        went on without it (then it must ask back in)."""
+        went on without it (then it must ask back in). Its microbatches' records live exactly
+        as long as this call."""
+        first = (iteration * self.shards + self.shard) * self.batch
+        pending = [first + j for j in range(self.batch)]
+        keys = [(iteration, m) for m in pending]
+        self.microbatches.update((key, Microbatch()) for key in keys)
+        try:
+            return await self._train_share(iteration, first, pending)
+        finally:
+            records = [self.microbatches.pop(key) for key in keys]
+            # Left out (or failed) with microbatches in flight: their embedding outputs would
+            # stay in the worker, counted against ``max_in_flight``, for good.
+            abandoned = [m for m, r in zip(pending, records, strict=True) if not r.finished]
+            if abandoned:
+                with trio.CancelScope(shield=True):
+                    await self._run(self._drop_all, abandoned)
+
+    def _drop_all(self, microbatch_ids: list[int]) -> None:
+        for microbatch_id in microbatch_ids:
+            self.worker.drop(microbatch_id)
+
+    async def _train_share(self, iteration: int, first: int, pending: list[int]) -> IterationResult:
         started = trio.current_time()
         self.epoch, self.iterating = self.epoch_now(), True
         if self.peers is not None:
             self.peers.iteration = iteration
         restarts = launched = 0
-        first = (iteration * self.shards + self.shard) * self.batch
-        pending = [first + j for j in range(self.batch)]
         left_out: list[LeftOut] = []
 
         async def run_one(microbatch_id: int, flow: Flow) -> None:
@@ -368,7 +411,6 @@ class DataRole:
                         f"microbatch {microbatch_id} failed {failed} times; the swarm has no "
                         "working path through every stage — start more relays"
                     )
-            self.first_hops.pop(key, None)
 
         # Every source slot of this data node (one per unit of its capacity), routed or not (a
         # slot whose flow is being rebuilt starts its microbatch on any live stage-1 replica),
@@ -383,12 +425,10 @@ class DataRole:
                 nursery.start_soon(run_one, microbatch_id, flow)
             self.pool.all_started()
         if left_out:
-            for microbatch_id in pending:
-                for kept in (self.losses, self.embedded_done, self.paths, self.attempts):
-                    kept.pop((iteration, microbatch_id), None)
             raise left_out[0]
         ending = trio.current_time()
-        paths = {m: self.paths[(iteration, m)] for m in pending}
+        records = [self.microbatches[(iteration, m)] for m in pending]
+        paths = {m: record.path for m, record in zip(pending, records, strict=True)}
         redo = await self.redo.save_lost(iteration, first, paths)
         # Until the iteration ends, the data node in charge may have it redo more (RedoLost).
         self.ending = redone = Redone(iteration, first, paths, redo)
@@ -428,17 +468,13 @@ class DataRole:
                 iteration,
                 ", ".join(map(str, idle)),
             )
-        keys = [(iteration, m) for m in pending]
-        loss = sum(self.losses.pop(k) for k in keys) / len(keys)
-        for key in keys:
-            self.sender.passed.pop(key, None)
-            self.embedded_done.pop(key, None)
-            self.paths.pop(key, None)
-            self.attempts.pop(key, None)
+        loss = sum(_loss_of(record) for record in records) / len(records)
+        for m in pending:
+            self.sender.passed.pop((iteration, m), None)
         result = IterationResult(
             iteration,
             loss,
-            len(keys),
+            len(records),
             restarts,
             trio.current_time() - started,
             relays_stepped,
@@ -551,8 +587,8 @@ class DataRole:
     def _take_attempt(self, key: tuple[int, int]) -> int:
         """The next attempt number of a microbatch: restarts and repaired hops each take a new
         block of them (``hop.origin_attempt``), so no two tries of a hop carry the same one."""
-        tries = self.attempts.get(key, 0)
-        self.attempts[key] = tries + 1
+        record = self.microbatches[key]
+        tries, record.attempts = record.attempts, record.attempts + 1
         return origin_attempt(self.attempt_block(key[0], tries))
 
     async def _first_hop(self, flow: Flow) -> str | None:
@@ -604,23 +640,23 @@ class DataRole:
             self.epoch,
         )
         header = sign_try(header, self.plane.node_key)  # every forward of this try carries it
-        self.embedded[key] = (header, frame)
-        event = self.done[key] = trio.Event()
+        record = self.microbatches[key]
+        record.sent = (header, frame)
+        event = record.arrived = trio.Event()
         try:
-            self.first_hops[key] = await self.sender.send_forward(
+            record.first_hop = await self.sender.send_forward(
                 header, frame, first_hop, b"", lambda: self._flow_route(flow)
             )
         except PeerUnavailable as exc:
             log.warning("microbatch %s could not start: %s", microbatch_id, exc)
-            self.embedded.pop(key, None)
+            record.sent = None
             return False
         finished = await self._wait_or_repair(key, event)
-        del self.done[key]
+        record.arrived = None
         if finished:
             return True
         log.warning("microbatch %s stalled; starting it again", microbatch_id)
-        self.embedded.pop(key, None)
-        self.losses.pop(key, None)
+        record.sent = record.loss = None
         self.sender.passed.pop(key, None)
         await self._run(self.worker.drop, microbatch_id)
         return False
@@ -660,6 +696,14 @@ class DataRole:
         return min(self.stall_timeout_s, max(typical, MIN_LATE_S))
 
     async def _repair(self, key: tuple[int, int]) -> Outcome | None:
-        if key in self.losses:  # the forward reached the loss: the gradient is what is late
+        record = self.microbatches[key]
+        if record.loss is not None:  # the forward reached the loss: the gradient is what is late
             return await self.repairer.repair_backward(key)
-        return await self.repairer.repair_forward(key, self.first_hops.get(key))
+        return await self.repairer.repair_forward(key, record.first_hop)
+
+
+def _loss_of(record: Microbatch) -> float:
+    """A finished microbatch's loss: its gradient came back, so its forward reached the loss."""
+    if record.loss is None:
+        raise TrainingError("a microbatch finished without a loss; this is a bug in the data role")
+    return record.loss

@@ -27,8 +27,8 @@ again at the next iteration ends, up to ``ADMIT_TRIES`` times.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
 from libp2p.peer.id import ID
@@ -55,6 +55,13 @@ class LeftOut(Exception):
         self.iteration = iteration
 
 
+class DataNodeCandidates(Protocol):
+    """The peers discovery says are data nodes of the run (stage 0), unchecked: candidates
+    until they answer ``shard``. Does not block or raise."""
+
+    def __call__(self) -> set[str]: ...
+
+
 @dataclass
 class DataPeers:
     rpc: RequestResponse
@@ -62,7 +69,7 @@ class DataPeers:
     expected: int  # data nodes of the run, this one included
     shard: int  # this data node's shard, 0 .. expected - 1
     #: Peers discovery says are data nodes (stage 0): candidates until they answer ``shard``.
-    known: Callable[[], set[str]]
+    known: DataNodeCandidates
     probe_timeout_s: float
     #: How long to wait on a data node that is still working before probing it again.
     patience_s: float

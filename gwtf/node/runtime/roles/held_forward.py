@@ -55,7 +55,7 @@ leaked token is its maker's work, chained to none of the origin's sends, never c
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.rpc import Decline, RequestResponse
@@ -64,9 +64,16 @@ from gwtf.node.runtime.dataplane.hop import FLAG_REPAIR, HopHeader
 
 log = logging.getLogger(__name__)
 
-#: (origin, iteration, microbatch) -> the first attempt of the microbatch's latest try and the
-#: first attempt not handed out, as its origin says, or None when it says nothing usable.
-AskTry = Callable[[str, int, int], Awaitable[tuple[int, int] | None]]
+
+class AskTry(Protocol):
+    """Ask a microbatch's origin (origin, iteration, microbatch) for the first attempt of the
+    microbatch's latest try and the first attempt it has not handed out: None when it says
+    nothing usable (silent, refusing, or past its deadline, which bounds the wait). Does not
+    raise."""
+
+    async def __call__(
+        self, origin: str, iteration: int, microbatch: int, /
+    ) -> tuple[int, int] | None: ...
 
 
 async def check_second_forward(

@@ -16,14 +16,16 @@ replicas and step, unless the round missed a replica holding gradients.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import trio
 
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.rpc import Decline, NotHere, PeerUnavailable
+from gwtf.node.receipts.cheats import Distort
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.compute import T, in_worker_thread
 from gwtf.node.runtime.dataplane.exchange import DataPlane, Kept
@@ -68,6 +70,14 @@ class Buffered:
         return ("sending" if self.sending else "stuck"), ""
 
 
+class Resync(Protocol):
+    """Load this stage's state at a step at least ``min_step`` from a live replica into the
+    worker. Blocks for the transfer, within a deadline of its own; raises ``trio.TooSlowError``
+    or ``ProtocolError`` when no replica gave it (the relay then goes on from its own state)."""
+
+    async def __call__(self, min_step: int, /) -> None: ...
+
+
 @dataclass
 class RelayRole:
     worker: StageWorker
@@ -81,7 +91,7 @@ class RelayRole:
     limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(1))
     buffers: dict[tuple[int, int], Buffered] = field(default_factory=dict)
     #: Loads the stage's state at a step >= the given one from a live replica (set by the node).
-    resync: Callable[[int], Awaitable[None]] | None = None
+    resync: Resync | None = None
     resyncing: bool = False
     resync_target: int = 0  # the step the replicas reach after the latest round sat out
     resynced: trio.Event = field(default_factory=trio.Event)  # set when a resync ends
@@ -90,7 +100,7 @@ class RelayRole:
     #: Keeps each hop's frames and each iteration's state for auditors (None: keeps nothing).
     evidence: EvidenceArchive | None = None
     #: What a ``wrong-tensor`` cheat makes of each forward output (None: honest).
-    distort: Callable[[torch.Tensor], torch.Tensor] | None = None
+    distort: Distort | None = None
     _ending: trio.Lock = field(default_factory=trio.Lock)
     #: The latest end asked: iteration, attempt, reply, and whether the relay stepped.
     _ended: tuple[int, int, bytes, bool] = (-1, -1, b"", False)

@@ -22,8 +22,9 @@ stage it names, before discovery may list it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
 from libp2p.peer.id import ID
@@ -50,6 +51,13 @@ class EndOutcome:
     left_out: frozenset[str] = frozenset()
 
 
+class DiscoveredRelays(Protocol):
+    """Relay -> stage of every relay discovery knows now, alive or not. Does not block or
+    raise."""
+
+    def __call__(self) -> dict[str, int]: ...
+
+
 @dataclass
 class RelayRoster:
     plane: DataPlane
@@ -58,7 +66,7 @@ class RelayRoster:
     #: hop ack deadline (a loaded relay answers late, not never).
     probe_timeout_s: float | None = None
     #: Relay -> stage of every relay discovery knows (set by the node).
-    discovered: Callable[[], dict[str, int]] = dict
+    discovered: DiscoveredRelays = dict
     #: Relays discovery lists that failed a liveness probe and were not heard from since.
     unreachable: set[str] = field(default_factory=set)
     #: Relays heard from after they failed a probe: what is open to them may belong to the
