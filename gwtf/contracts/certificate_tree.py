@@ -14,7 +14,7 @@ the ledger never pays one unit to two workers. Pure: no chain.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 from gwtf.contracts.encoding import (
@@ -136,6 +136,10 @@ class CertificateTree:
         if self.spans is None:
             raise ProtocolError("this tree has no spans: its leaves are not one range per worker")
         return self.spans
+
+    def with_spans(self, spans: Sequence[WorkerSpan]) -> CertificateTree:
+        """The same tree with ``spans`` (those its data node committed) and their range tree."""
+        return replace(self, spans=tuple(spans), ranges=ranges_tree(spans))
 
     def span_ranges(self) -> tuple[SpanRange, ...]:
         """The spans with where each starts, in span order (none for a tree without spans)."""

@@ -25,8 +25,8 @@ from gwtf.contracts.certificate_tree import (
 from gwtf.contracts.encoding import (
     FORWARD,
     CertifiedHop,
-    WorkerSpan,
     HopReceipt,
+    WorkerSpan,
     hop_key,
     ledger_domain,
     node_address_of,
