@@ -400,7 +400,7 @@ RULES: list[Rule] = [
         for name in (
             "proveInvalidHop", "proveBadTotals", "proveBadSequence", "proveBadSpan",
             "proveEquivocation",
-        )  # fmt: skip
+        )
     ),
     Rule(
         "Disputes", "openTensorDispute", only("challenger"), prove("openTensorDispute"),

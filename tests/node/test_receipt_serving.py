@@ -174,9 +174,7 @@ def test_a_data_node_serves_the_spans_of_its_certificate_in_pages() -> None:
     ]  # fmt: skip
     tree = tree_of_hops(hops)
     assert tree.spans is not None and tree.ranges is not None
-    server = ReceiptServer(
-        HopStore(open_database("sqlite:///:memory:")), TERMS, {0: tree}.get
-    )
+    server = ReceiptServer(HopStore(open_database("sqlite:///:memory:")), TERMS, {0: tree}.get)
     read: list[tuple[tuple[WorkerSpan, ...], str | None]] = []
 
     async def main() -> None:
