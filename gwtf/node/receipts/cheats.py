@@ -9,7 +9,7 @@ A data node's cheats change what it certifies or serves:
 * ``phantom-hops``: it certifies hops it never sent anyone, in its own name as their worker
   (it signs and countersigns them itself) — work nobody computed;
 * ``inflate-units``: its certificate claims one forward's units more than its tree holds;
-* ``shift-span``: the spans it commit move its first worker's last leaf into the next
+* ``shift-span``: the spans it commits move its first worker's last leaf into the next
   worker's span (a valid tree that neither worker could claim);
 * ``withhold-leaf``: it serves its certificate to auditors without its first leaf.
 
