@@ -30,6 +30,7 @@ and, accusing nobody, a certificate the auditor could not read whole
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -183,24 +184,28 @@ def span_findings(
     with_proof: Callable[[LeafProof], LeafProof],
 ) -> list[Finding]:
     """The first leaf of each span that contradicts it (``proveBadSpan``), among the leaves
-    ``proven`` in the tree by index; the spans must be the certificate's (its ranges root)."""
-    if not spans or ranges_tree(spans).root != cert.rangesRoot:
+    ``proven`` in the tree by index; the spans must be the certificate's (its ranges root).
+    Walks the leaves read, never the spans' index ranges, which a data node chooses."""
+    range_tree = ranges_tree(spans) if spans else None
+    if range_tree is None or range_tree.root != cert.rangesRoot:
         return [Finding(UNPROVEN, cert.dataNode, "the spans served are not the certificate's")]
-    ranges = ranges_tree(spans)
-    findings = []
-    for k, span in enumerate(span_ranges(spans)):
-        for index in range(span.firstIndex, span.lastIndex + 1):
-            leaf = next(
-                (leaf for leaf in proven.get(index, ()) if span_disagreement(span, leaf.hop)),
-                None,
-            )
-            if leaf is not None:
-                why = span_disagreement(span, leaf.hop)
-                proof = fraud_proofs.bad_span(
-                    cert, SpanProof(span, tuple(ranges.proof(k))), with_proof(leaf)
-                )
-                findings.append(Finding(BAD_SPAN, cert.dataNode, f"span {k}: {why}", proof))
-                break
+    ranges = span_ranges(spans)
+    lasts = [span.lastIndex for span in ranges]
+    findings: list[Finding] = []
+    reported: set[int] = set()
+    for index in sorted(proven):
+        k = bisect.bisect_left(lasts, index)  # the span holding ``index``: they partition
+        if k == len(ranges) or k in reported:
+            continue
+        span = ranges[k]
+        leaf = next((leaf for leaf in proven[index] if span_disagreement(span, leaf.hop)), None)
+        if leaf is None:
+            continue
+        reported.add(k)
+        why = span_disagreement(span, leaf.hop)
+        shown = SpanProof(span, tuple(range_tree.proof(k)))
+        proof = fraud_proofs.bad_span(cert, shown, with_proof(leaf))
+        findings.append(Finding(BAD_SPAN, cert.dataNode, f"span {k}: {why}", proof))
     return findings
 
 

@@ -201,8 +201,10 @@ async def fetch_spans(
     rpc: RequestResponse, peer: str, run_id: int, epoch: int, count: int, timeout_s: float
 ) -> tuple[tuple[WorkerSpan, ...], str | None]:
     """The spans a data node committed with its certificate of ``epoch`` (of ``count`` leaves,
-    so at most ``count`` spans), and why the reading stopped short (None: it did not). A page
-    declined as busy is asked again after a backoff, as in ``fetch_receipts``."""
+    so at most ``count`` spans, and at most ``MAX_FETCH``), and why the reading stopped short
+    (None: it did not). A page declined as busy is asked again after a backoff, as in
+    ``fetch_receipts``."""
+    count = min(count, MAX_FETCH)
     spans: list[WorkerSpan] = []
     busy = 0
     while True:
