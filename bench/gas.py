@@ -80,6 +80,8 @@ HOP_PRICE_WEI = 10**13
 STAGES = 2
 # Fixed limit above every operation here; a revert is still caught by a simulation first.
 GAS_LIMIT = 5_000_000
+#: Workers of the certificate whose span a span fraud proof shows (its proofs are log2 of it).
+SPAN_PROOF_WORKERS = 1_000
 #: The court's windows here (gas does not depend on them); the deployed ones are SuiteParams'.
 BENCH_PARAMS = SuiteParams(court_phase_blocks=20, court_draw_delay_blocks=2)
 JURORS = 7
@@ -224,10 +226,10 @@ def measure(
     for key, wallet in zip((a, b, cheat), wallets, strict=True):
         register_relay(bench, wallet, key)
     bench.record("addStake", add_stake(c, bench.wallet_of[a.address], a.address, ETH))
-    first, fraud = Account.create(), Account.create()
+    first, fraud, spanner = Account.create(), Account.create(), Account.create()
     data_nodes = [Account.create() for _ in sizes]
     span_nodes = [Account.create() for _ in workers]
-    for key in (first, fraud, *data_nodes, *span_nodes):
+    for key in (first, fraud, spanner, *data_nodes, *span_nodes):
         register_data_node(bench, key)
     trees = []
     for size, data_node in zip(sizes, data_nodes, strict=True):
@@ -255,7 +257,7 @@ def measure(
         cert = tree.cert_ref(bench.run_id, 0, data_node.address)
         submitted = submit_certificates(c, bench.sponsor, cert, tree.spans_or_raise())
         spread.append((count, tree, cert, int(submitted["gasUsed"])))
-    _prove_frauds(bench, fraud, a, b, cheat)
+    _prove_frauds(bench, fraud, spanner, a, b, cheat)
     _, small_tree, small_cert, _ = trees[0]
     bench.dispute_blocks = _tensor_dispute(bench, small_tree, small_cert, a, b)
     advance_time_to(c.w3, int(settles_at))
@@ -295,10 +297,12 @@ def _tree_of_workers(count: int, a: LocalAccount) -> CertificateTree:
 
 
 def _prove_frauds(
-    bench: Bench, data_node: LocalAccount, a: LocalAccount, b: LocalAccount, cheat: LocalAccount
-) -> None:
-    """One proof of each kind: a certificate with an off-schedule hop, then the equivocation
-    of a worker (each commit, then reveal a block later)."""
+    bench: Bench, data_node: LocalAccount, spanner: LocalAccount, a: LocalAccount,
+    b: LocalAccount, cheat: LocalAccount,
+) -> None:  # fmt: skip
+    """One proof of each kind: a certificate with an off-schedule hop, a certificate of
+    ``SPAN_PROOF_WORKERS`` workers whose first span takes the second worker's leaf, then the
+    equivocation of a worker (each commit, then reveal a block later)."""
     c, domain, auditor = bench.contracts, bench.domain, bench.sponsor
     bad = HopReceipt(bench.run_id, 0, data_node.address, 0, 9, STAGES + 1, 0, 0, a.address,
                      b.address, keccak(b"in"), keccak(b"out"), UNITS_PER_HOP)  # fmt: skip
@@ -308,6 +312,15 @@ def _prove_frauds(
     cert = tree.cert_ref(bench.run_id, 0, data_node.address)
     submit_certificates(c, bench.sponsor, cert, tree.spans_or_raise())
     entries = {"proveInvalidHop": fraud_proofs.invalid_hop(cert, tree.leaf_proof(0), entry)}
+    spread = _tree_of_workers(SPAN_PROOF_WORKERS, a)
+    honest_spans = spread.spans_or_raise()
+    grabbing = (replace(honest_spans[0], lastIndex=1, unitsEnd=honest_spans[1].unitsEnd),)
+    spread = spread.with_spans((*grabbing, *honest_spans[2:]))
+    span_cert = spread.cert_ref(bench.run_id, 0, spanner.address)
+    submit_certificates(c, bench.sponsor, span_cert, spread.spans_or_raise())
+    entries["proveBadSpan"] = fraud_proofs.bad_span(
+        span_cert, spread.span_proof(0), spread.leaf_proof(1)
+    )
     honest = HopReceipt(bench.run_id, 0, data_node.address, 0, 5, 1, 0, 0, cheat.address,
                         b.address, keccak(b"x"), keccak(b"y"), UNITS_PER_HOP)  # fmt: skip
     other = replace(honest, outputDigest=keccak(b"z"))
@@ -322,7 +335,7 @@ def _prove_frauds(
         bench.record(name, reveal_proof(c, auditor, proof, salt))
     # A bounty is final once no earlier commitment can be revealed: mine past the window.
     mine_blocks(c.w3, int(c.disputes.functions.revealWindowBlocks().call()) + 1)
-    for node in (data_node.address, cheat.address):
+    for node in (data_node.address, spanner.address, cheat.address):
         bench.record("awardBounty", award_bounty(c, auditor, node))
     bench.record("withdrawCredit", withdraw_credit(c, auditor))
 

@@ -5,7 +5,7 @@ import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol
 import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
 import {MerkleProof} from "@openzeppelin/contracts/utils/cryptography/MerkleProof.sol";
 import {Court} from "./Court.sol";
-import {CertifiedHop, CertRef, HopReceipt, HopReceipts} from "./HopReceipts.sol";
+import {CertifiedHop, CertRef, HopReceipt, HopReceipts, SpanRange} from "./HopReceipts.sol";
 import {NodeRegistry} from "./NodeRegistry.sol";
 import {WorkLedger} from "./WorkLedger.sol";
 
@@ -35,7 +35,8 @@ contract Disputes is ReentrancyGuard {
         BadTotals,
         BadSequence,
         Equivocation,
-        WrongTensor
+        WrongTensor,
+        BadSpan
     }
 
     enum DisputeState {
@@ -194,6 +195,8 @@ contract Disputes is ReentrancyGuard {
     error TotalsBacked(uint64 index);
     error SequenceConsistent(uint64 index, uint64 nextIndex);
     error LeavesNotAdjacent(uint64 index, uint64 nextIndex);
+    error SpanNotCommitted(address worker, uint64 firstIndex, uint64 lastIndex);
+    error SpanConsistent(uint64 index);
     error NotSameHop();
     error SameReceipt();
     error NotOneSigner(address first, address second);
@@ -345,6 +348,41 @@ contract Disputes is ReentrancyGuard {
         }
         if (!broken) revert SequenceConsistent(hop.index, next.index);
         _convictDataNode(cert, Fraud.BadSequence, committed);
+    }
+
+    /// @notice A span committed with the certificate that disagrees with a leaf of its tree:
+    /// the leaf lies in the span and names another worker, or it is the span's last leaf and
+    /// its units do not end where the span's do. Against a tree no other proof convicts (one
+    /// leaf per index, sums chained, strictly sorted by worker), the spans are then its
+    /// workers' ranges exactly, so a worker is always paid its own leaves.
+    /// @param cert The accused data node's certificate.
+    /// @param span The span, as its leaf of the range tree.
+    /// @param rangeProof Its Merkle proof in the range tree.
+    /// @param hop A leaf of the tree at an index of the span.
+    /// @param proof Its Merkle proof.
+    /// @param salt The challenger's salt of the commitment.
+    function proveBadSpan(
+        CertRef calldata cert,
+        SpanRange calldata span,
+        bytes32[] calldata rangeProof,
+        CertifiedHop calldata hop,
+        bytes32[] calldata proof,
+        bytes32 salt
+    ) external nonReentrant {
+        Commitment memory committed =
+            _useCommitment(keccak256(abi.encode(Fraud.BadSpan, cert, span, rangeProof, hop, proof)), salt);
+        _checkLeaf(cert, hop, proof);
+        bytes32 range =
+            HopReceipts.rangeLeaf(span.worker, span.firstIndex, span.lastIndex, span.unitsBefore, span.unitsEnd);
+        if (!MerkleProof.verifyCalldata(rangeProof, cert.rangesRoot, range)) {
+            revert SpanNotCommitted(span.worker, span.firstIndex, span.lastIndex);
+        }
+        uint64 index = hop.index;
+        bool contradicts = index >= span.firstIndex && index <= span.lastIndex
+            && (hop.worker != span.worker
+                || (index == span.lastIndex && uint256(hop.unitsBefore) + hop.units != span.unitsEnd));
+        if (!contradicts) revert SpanConsistent(index);
+        _convictDataNode(cert, Fraud.BadSpan, committed);
     }
 
     // ---------------------------------------------------------------- equivocation

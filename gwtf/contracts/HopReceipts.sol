@@ -44,6 +44,17 @@ struct WorkerSpan {
     uint64 unitsEnd;
 }
 
+/// @notice A leaf of a certificate's range tree in full: one span with where it starts (the
+/// leaf after the previous span's `lastIndex`, the units after its `unitsEnd`), as a span
+/// fraud proof shows it.
+struct SpanRange {
+    address worker;
+    uint64 firstIndex;
+    uint64 lastIndex;
+    uint64 unitsBefore;
+    uint64 unitsEnd;
+}
+
 /// @notice A data node's certificate commitment for one epoch, as submitted.
 struct CertRef {
     uint256 runId;

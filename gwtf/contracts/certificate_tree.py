@@ -14,7 +14,7 @@ the ledger never pays one unit to two workers. Pure: no chain.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 from gwtf.contracts.encoding import (
@@ -22,6 +22,7 @@ from gwtf.contracts.encoding import (
     CertRef,
     Eip712Domain,
     HopReceipt,
+    SpanRange,
     WorkerSpan,
     hop_key,
     range_leaf,
@@ -52,6 +53,18 @@ class LeafProof:
     def as_args(self) -> tuple[tuple[object, ...], list[bytes]]:
         """The leaf and proof as contract arguments."""
         return self.hop.as_tuple(), list(self.proof)
+
+
+@dataclass(frozen=True)
+class SpanProof:
+    """A span of a certificate as its leaf of the range tree, with its Merkle proof."""
+
+    span: SpanRange
+    proof: tuple[bytes, ...]
+
+    def as_args(self) -> tuple[tuple[object, ...], list[bytes]]:
+        """The span and proof as contract arguments."""
+        return self.span.as_tuple(), list(self.proof)
 
 
 @dataclass(frozen=True)
@@ -131,6 +144,20 @@ class CertificateTree:
             raise ProtocolError("this tree has no spans: its leaves are not one range per worker")
         return self.spans
 
+    def with_spans(self, spans: Sequence[WorkerSpan]) -> CertificateTree:
+        """The same tree with ``spans`` (those its data node committed) and their range tree."""
+        return replace(self, spans=tuple(spans), ranges=ranges_tree(spans))
+
+    def span_ranges(self) -> tuple[SpanRange, ...]:
+        """The spans with where each starts, in span order (none for a tree without spans)."""
+        return span_ranges(self.spans or ())
+
+    def span_proof(self, k: int) -> SpanProof:
+        """Span ``k`` as its range-tree leaf with its proof, for a span fraud proof."""
+        if self.spans is None or self.ranges is None:
+            raise ProtocolError("this tree has no spans: its leaves are not one range per worker")
+        return SpanProof(self.span_ranges()[k], tuple(self.ranges.proof(k)))
+
     def worker_range(self, worker: str) -> WorkerRange | None:
         """The range of ``worker``'s leaves (None when the tree holds none of its hops): its
         span's ends with the span's proof when it has a span within the leaves, else its first
@@ -180,16 +207,36 @@ def spans_of(hops: Sequence[CertifiedHop]) -> tuple[WorkerSpan, ...] | None:
     return tuple(spans) if spans and all(a < b for a, b in pairwise(ends)) else None
 
 
-def ranges_tree(spans: Sequence[WorkerSpan]) -> MerkleTree:
-    """The range tree over ``spans`` (what ``submitCertificates`` computes on chain)."""
-    leaves = []
+def span_ranges(spans: Sequence[WorkerSpan]) -> tuple[SpanRange, ...]:
+    """``spans`` with where each starts: the leaf after the previous span's last, the units
+    after its end (the first at 0)."""
+    ranges = []
     first_index = units_before = 0
     for span in spans:
-        leaves.append(
-            range_leaf(span.worker, first_index, span.lastIndex, units_before, span.unitsEnd)
+        ranges.append(
+            SpanRange(span.worker, first_index, span.lastIndex, units_before, span.unitsEnd)
         )
         first_index, units_before = span.lastIndex + 1, span.unitsEnd
-    return build_tree(leaves)
+    return tuple(ranges)
+
+
+def ranges_tree(spans: Sequence[WorkerSpan]) -> MerkleTree:
+    """The range tree over ``spans`` (what ``submitCertificates`` computes on chain)."""
+    return build_tree([span.leaf() for span in span_ranges(spans)])
+
+
+def span_disagreement(span: SpanRange, hop: CertifiedHop) -> str | None:
+    """What a leaf at an index of ``span`` contradicts in it (``Disputes.proveBadSpan``'s
+    rule), or None: the leaf names another worker, or it is the span's last leaf and its units
+    do not end at the span's end."""
+    if not span.firstIndex <= hop.index <= span.lastIndex:
+        return None
+    if hop.worker.lower() != span.worker.lower():
+        return f"leaf {hop.index} of {hop.worker} lies in the span of {span.worker}"
+    end = hop.unitsBefore + hop.units
+    if hop.index == span.lastIndex and end != span.unitsEnd:
+        return f"the span of {span.worker} ends at {span.unitsEnd} units, its last leaf at {end}"
+    return None
 
 
 def check_signatures(entry: SignedReceipt, domain: Eip712Domain) -> bytes:

@@ -505,6 +505,33 @@ class WorkerSpan:
         return (self.worker, self.lastIndex, self.unitsEnd)
 
 
+@dataclass(frozen=True)
+class SpanRange:
+    """A span with where it starts, as one leaf of the range tree; mirrors Solidity's
+    ``SpanRange`` (what a span fraud proof shows)."""
+
+    worker: str
+    firstIndex: int
+    lastIndex: int
+    unitsBefore: int
+    unitsEnd: int
+
+    def __post_init__(self) -> None:
+        for name in ("firstIndex", "lastIndex", "unitsBefore", "unitsEnd"):
+            check_uint(name, getattr(self, name), 64)
+        object.__setattr__(self, "worker", checked_address("worker", self.worker))
+
+    def as_tuple(self) -> tuple[object, ...]:
+        """The struct as an ABI tuple."""
+        return (self.worker, self.firstIndex, self.lastIndex, self.unitsBefore, self.unitsEnd)
+
+    def leaf(self) -> bytes:
+        """Its leaf of the range tree."""
+        return range_leaf(
+            self.worker, self.firstIndex, self.lastIndex, self.unitsBefore, self.unitsEnd
+        )
+
+
 def range_leaf(
     worker: str, first_index: int, last_index: int, units_before: int, units_end: int
 ) -> bytes:

@@ -13,7 +13,7 @@ from enum import IntEnum
 
 from eth_abi.abi import encode
 
-from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt
+from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt, SpanProof
 from gwtf.contracts.encoding import (
     CERTIFIED_HOP_ABI_TYPES,
     HOP_RECEIPT_ABI_TYPES,
@@ -23,6 +23,7 @@ from gwtf.contracts.encoding import (
 from gwtf.contracts.keccak import keccak256
 
 CERT_REF_ABI = "(uint256,uint64,address,bytes32,uint64,uint64,bytes32)"
+SPAN_RANGE_ABI = "(address,uint64,uint64,uint64,uint64)"
 CERTIFIED_HOP_ABI = "(" + ",".join(CERTIFIED_HOP_ABI_TYPES) + ")"
 HOP_RECEIPT_ABI = "(" + ",".join(HOP_RECEIPT_ABI_TYPES) + ")"
 
@@ -35,6 +36,7 @@ class Fraud(IntEnum):
     BAD_SEQUENCE = 2
     EQUIVOCATION = 3
     WRONG_TENSOR = 4
+    BAD_SPAN = 5
 
 
 FUNCTIONS = {
@@ -43,6 +45,7 @@ FUNCTIONS = {
     Fraud.BAD_SEQUENCE: "proveBadSequence",
     Fraud.EQUIVOCATION: "proveEquivocation",
     Fraud.WRONG_TENSOR: "openTensorDispute",
+    Fraud.BAD_SPAN: "proveBadSpan",
 }
 
 #: The one kind the chain does not judge alone: revealing it opens a tensor dispute, with the
@@ -105,6 +108,16 @@ def bad_sequence(cert: CertRef, leaf: LeafProof, next_leaf: LeafProof) -> FraudP
     args = (cert.as_tuple(), hop, proof, next_hop, next_proof)
     types = [CERT_REF_ABI, CERTIFIED_HOP_ABI, "bytes32[]", CERTIFIED_HOP_ABI, "bytes32[]"]
     return _proof(Fraud.BAD_SEQUENCE, cert.dataNode, cert, args, types)
+
+
+def bad_span(cert: CertRef, span: SpanProof, leaf: LeafProof) -> FraudProof:
+    """A span committed with ``cert`` and a leaf of the tree at one of its indices that
+    contradicts it (``certificate_tree.span_disagreement``)."""
+    span_args, range_proof = span.as_args()
+    hop, proof = leaf.as_args()
+    args = (cert.as_tuple(), span_args, range_proof, hop, proof)
+    types = [CERT_REF_ABI, SPAN_RANGE_ABI, "bytes32[]", CERTIFIED_HOP_ABI, "bytes32[]"]
+    return _proof(Fraud.BAD_SPAN, cert.dataNode, cert, args, types)
 
 
 def equivocation(

@@ -100,9 +100,10 @@ class NodeSettings:
     #: one, not on its shared CPUs. Leave 0 on a real node.
     emulated_hop_ms: float = 0.0
     #: Makes this node dishonest on purpose, in one named way, for tests and the demo
-    #: (``gwtf.node.receipts.cheats``: forge-countersignature, phantom-hops, inflate-units or
-    #: withhold-leaf for a data node; claim-twice, equivocate or wrong-tensor for a relay). Needs
-    #: ``chain.receipts``. Leave "" (honest) on a real node: an auditor finds every cheat.
+    #: (``gwtf.node.receipts.cheats``: forge-countersignature, phantom-hops, inflate-units,
+    #: shift-span or withhold-leaf for a data node; claim-twice, equivocate or wrong-tensor for
+    #: a relay). Needs ``chain.receipts``. Leave "" (honest) on a real node: an auditor finds
+    #: every cheat.
     cheat: str = ""
     #: The node's home: its database, API token, evidence and lock (``gwtf.node.home``); "" is
     #: ``.gwtf/nodes/<node name>``. ``gwtf-node start`` locks it, so two nodes never share one.

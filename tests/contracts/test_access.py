@@ -16,7 +16,7 @@ from eth_utils.crypto import keccak
 from gwtf.contracts import fraud_proofs
 from gwtf.contracts.artifacts import load_artifacts
 from gwtf.contracts.bindings import ContractRevert, call, deploy_contract, deploy_court
-from gwtf.contracts.certificate_tree import CertificateTree
+from gwtf.contracts.certificate_tree import CertificateTree, tree_of_hops
 from gwtf.contracts.encoding import (
     CertifiedHop,
     CertRef,
@@ -144,7 +144,20 @@ def prepare(w: World) -> Ctx:
             liar_cert, liar_tree.leaf_proof(2), disputed[0]
         ),
     }
-    proofs = {name: (proof, w.commit(proof, w.challenger)) for name, proof in pending.items()}
+    # Its one span, a's, covers b's leaf 1.
+    submitted = tree_of_hops(liar_tree.hops, w.spans[liar_cert.rangesRoot])
+    pending["proveBadSpan"] = fraud_proofs.bad_span(
+        liar_cert, submitted.span_proof(0), submitted.leaf_proof(1)
+    )
+    # Each commitment in a block of its own, the last two with no block between them (the
+    # next transaction mines one), so that the first is still revealable when the table runs.
+    names = list(pending)
+    proofs = {name: (pending[name], w.commit(pending[name], w.challenger)) for name in names[:-2]}
+    for name in names[-2:]:
+        salt = keccak(text=f"{name} salt")
+        commitment = fraud_proofs.commitment_of(w.challenger, salt, pending[name].proof_hash)
+        w.tx(w.disputes.functions.commit(commitment), w.challenger)
+        proofs[name] = (pending[name], salt)
     # A tensor dispute about a's other hop awaits the court (case 1, in its answer window).
     w.prove(fraud_proofs.wrong_tensor(liar_cert, liar_tree.leaf_proof(3), disputed[1]))
     # wallet_a's a2 holds a juror deposit (enough that the court, as a caller, can pay too).
@@ -384,7 +397,10 @@ RULES: list[Rule] = [
     ),
     *(
         Rule("Disputes", name, only("challenger"), prove(name), no_commitment(name))
-        for name in ("proveInvalidHop", "proveBadTotals", "proveBadSequence", "proveEquivocation")
+        for name in (
+            "proveInvalidHop", "proveBadTotals", "proveBadSequence", "proveBadSpan",
+            "proveEquivocation",
+        )
     ),
     Rule(
         "Disputes", "openTensorDispute", only("challenger"), prove("openTensorDispute"),

@@ -8,11 +8,12 @@ from dataclasses import replace
 
 from eth_utils.crypto import keccak
 
-from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt
+from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt, tree_of_hops
 from gwtf.contracts.encoding import sign_receipt
 from gwtf.contracts.fraud_proofs import Fraud
 from gwtf.node.audit.checks import (
     BAD_SEQUENCE,
+    BAD_SPAN,
     BAD_TOTALS,
     EQUIVOCATION,
     INVALID_HOP,
@@ -54,10 +55,12 @@ def kinds(findings: list[Finding]) -> list[str]:
 
 def test_an_honest_certificate_and_its_receipts_yield_no_finding(certified: Certified) -> None:
     w = certified.w
-    findings = audit_certificate(
-        certified.cert, served(certified.tree), rules_of(w), took_part(certified)
-    )
-    assert findings == []
+    for spans in (None, certified.tree.spans):
+        findings = audit_certificate(
+            certified.cert, served(certified.tree), rules_of(w), took_part(certified),
+            spans=spans,
+        )  # fmt: skip
+        assert findings == []
     assert equivocations([e for e in certified.tree.entries if e], w.ledger_domain) == []
 
 
@@ -186,3 +189,35 @@ def test_the_re_execution_sample_takes_every_worker_of_a_certificate(staffed: St
         assert len(sample) == 5 and {e.receipt.worker for e, _ in sample} == relays
         assert [p for p in ranked if p in sample] == sample  # in rank order
         assert len(draw_sample(seed, served, 10 * len(served))) == len(served)
+
+
+def test_spans_off_the_tree_are_found_and_their_proof_slashes_the_data_node(
+    staffed: Staffed,
+) -> None:
+    """The data node's valid tree with spans that move a's last leaf into b's span: the
+    auditor, given the spans the data node serves, finds the leaf in the wrong span and its
+    proof convicts; spans served that are not the certificate's prove nothing."""
+    w, run, data = staffed.w, staffed.run, staffed.data
+    honest = w.certificate_tree(w.pipeline_hops(run, 0, data, [staffed.a, staffed.b], range(2)))
+    assert honest.spans is not None
+    first, second = honest.spans
+    moved = first.lastIndex
+    shifted = (
+        replace(first, lastIndex=moved - 1, unitsEnd=honest.hops[moved].unitsBefore),
+        second,
+    )
+    tree = replace(tree_of_hops(honest.hops, shifted), entries=honest.entries)
+    cert = w.cert_of(tree, run, 0, data.address, spans=shifted)
+    w.to_submission(run, 0)
+    w.submit(cert, spans=shifted)
+    rules, took = rules_of(w), took_part(staffed)
+    wrong = audit_certificate(cert, served(tree), rules, took, spans=honest.spans)
+    assert [(f.kind, f.detail, f.proof) for f in wrong] == [
+        (UNPROVEN, "the spans served are not the certificate's", None)
+    ]
+    findings = audit_certificate(cert, served(tree), rules, took, spans=shifted)
+    assert kinds(findings) == [BAD_SPAN]
+    (finding,) = findings
+    assert f"leaf {moved} of {honest.hops[moved].worker} lies in the span of" in finding.detail
+    assert finding.proof is not None and finding.accused == data.address
+    assert_slashed(w, w.prove(finding.proof), data, Fraud.BAD_SPAN, 2 * ETH)

@@ -29,6 +29,7 @@ from gwtf.node.receipts.cheats import (
     FORGE_COUNTERSIGNATURE,
     INFLATE_UNITS,
     PHANTOM_HOPS,
+    SHIFT_SPAN,
     WITHHOLD_LEAF,
     Cheat,
 )
@@ -76,7 +77,7 @@ def submit(s: Staffed, entries: list[SignedReceipt], cheat: Cheat | None = None)
     if cheat is not None:
         cert, spans = cheat.certificate(cert, spans)
     s.w.submit(cert, spans=spans)
-    return tree
+    return tree.with_spans(spans)  # as the data node serves it
 
 
 def cheat_of(s: Staffed, mode: str, key: NodeKey) -> Cheat:
@@ -87,6 +88,7 @@ DATA_NODE_CHEATS = {
     FORGE_COUNTERSIGNATURE: ("invalid hop", "countersignature is not the counterparty's"),
     PHANTOM_HOPS: ("invalid hop", "countersigned by its own worker"),
     INFLATE_UNITS: ("bad totals", "contradicts count or units"),
+    SHIFT_SPAN: ("bad span", "span 0: the span of"),
 }
 
 

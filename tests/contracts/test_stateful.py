@@ -56,7 +56,9 @@ from gwtf.contracts.certificate_tree import (
     CertificateTree,
     LeafProof,
     SignedReceipt,
+    SpanProof,
     build_certificate_tree,
+    span_disagreement,
     tree_of_hops,
 )
 from gwtf.contracts.encoding import (
@@ -244,13 +246,15 @@ class Signature:
 
 @dataclass
 class CertAttack:
-    """A proof against a certificate: invalid hop (with a receipt), bad totals, bad sequence."""
+    """A proof against a certificate: invalid hop (with a receipt), bad totals, bad sequence,
+    bad span (with a span and its range proof)."""
 
     kind: str
     cert: Cert
     leaf: LeafProof
     entry: SignedReceipt | None = None
     next_leaf: LeafProof | None = None
+    span: SpanProof | None = None
 
     def proof(self) -> FraudProof:
         if self.kind == "invalid_hop":
@@ -258,6 +262,9 @@ class CertAttack:
             return fraud_proofs.invalid_hop(self.cert.ref, self.leaf, self.entry)
         if self.kind == "bad_totals":
             return fraud_proofs.bad_totals(self.cert.ref, self.leaf)
+        if self.kind == "bad_span":
+            assert self.span is not None
+            return fraud_proofs.bad_span(self.cert.ref, self.span, self.leaf)
         assert self.next_leaf is not None
         return fraud_proofs.bad_sequence(self.cert.ref, self.leaf, self.next_leaf)
 
@@ -511,6 +518,12 @@ class HonestyMachine(RuleBasedStateMachine):
             return "HopValid" if self.hop_valid(cert.ref, hop, entry) else None
         if attack.kind == "bad_totals":
             return None if contradicts_totals(cert.ref, hop) else "TotalsBacked"
+        if attack.kind == "bad_span":
+            span = attack.span
+            assert span is not None
+            if not verify_proof(span.proof, cert.ref.rangesRoot, span.span.leaf()):
+                return "SpanNotCommitted"
+            return None if span_disagreement(span.span, hop) else "SpanConsistent"
         nxt = attack.next_leaf
         assert nxt is not None
         if not verify_proof(nxt.proof, cert.ref.root, nxt.hop.leaf()):
@@ -1134,9 +1147,16 @@ class HonestyMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ fraud proofs
     def attacks_on(self, cert: Cert) -> list[CertAttack]:
         """Every proof against ``cert`` from its own public data: each leaf with its receipt,
-        each leaf's totals, each leaf with itself and its successor."""
+        each leaf's totals, each leaf with itself and its successor, each leaf with the span
+        whose indices hold it."""
         attacks = []
+        ranges = cert.tree.span_ranges()
         for i in range(cert.tree.count):
+            k = next((k for k, r in enumerate(ranges) if r.firstIndex <= i <= r.lastIndex), None)
+            if k is not None:
+                attacks.append(
+                    CertAttack("bad_span", cert, cert.leaf(i), span=cert.tree.span_proof(k))
+                )
             leaf = cert.leaf(i)
             entry = cert.entries[i]
             if entry is not None:
@@ -1163,7 +1183,9 @@ class HonestyMachine(RuleBasedStateMachine):
             if data.draw(st.booleans())
             else self.any_leaf(data)
         )
-        proof_kind = data.draw(st.sampled_from(["invalid_hop", "bad_totals", "bad_sequence"]))
+        proof_kind = data.draw(
+            st.sampled_from(["invalid_hop", "bad_totals", "bad_sequence", "bad_span"])
+        )
         if proof_kind == "invalid_hop":
             entry = data.draw(st.sampled_from(self.receipts))
             how = data.draw(st.sampled_from(["as is", "swapped", "other signatures"]))
@@ -1179,6 +1201,10 @@ class HonestyMachine(RuleBasedStateMachine):
             return CertAttack("invalid_hop", cert, leaf, entry)
         if proof_kind == "bad_totals":
             return CertAttack("bad_totals", cert, leaf)
+        if proof_kind == "bad_span":  # a span of any tree
+            spanned = data.draw(st.sampled_from(self.certs))
+            k = data.draw(st.integers(0, len(spanned.spans()) - 1))
+            return CertAttack("bad_span", cert, leaf, span=spanned.tree.span_proof(k))
         return CertAttack("bad_sequence", cert, leaf, next_leaf=self.any_leaf(data))
 
     def signatures_by(self, party: Party) -> list[Signature]:

@@ -330,6 +330,7 @@ DATA_NODE_CHEATS = {
     "forge-countersignature": ("invalid hop", True),
     "phantom-hops": ("invalid hop", True),
     "inflate-units": ("bad totals", True),
+    "shift-span": ("bad span", True),
     "withhold-leaf": ("withheld", False),
 }
 

@@ -13,18 +13,24 @@ convicts on, and an honest tree yields none:
   last leaf not ending at the certificate's units;
 * **bad sequence** (``proveBadSequence``): two different leaves with one index, or adjacent
   leaves whose prefix sums do not chain or that are not strictly increasing in (worker, hop key);
+* **bad span** (``proveBadSpan``): a span committed with the certificate (the data node serves
+  them, checked against the certificate's ranges root) that covers a leaf of another worker, or
+  whose units end off its last leaf's. Held only against a tree no other proof convicts: one
+  conviction voids the certificate, and the rule assumes leaves in order;
 * **equivocation** (``proveEquivocation``): two different receipts of one hop key signed by one
   key, the worker of both (and counterparty of neither) or the counterparty of both (and not the
   worker), across everything the auditor has seen.
 
 What the chain cannot judge is reported without a proof: leaves a data node served fewer of
-than its count (``withheld``), a served leaf not in the tree or a served receipt that is not its
-leaf's (``unproven``), and, accusing nobody, a certificate the auditor could not read whole
+than its count, or no spans (``withheld``), a served leaf not in the tree, a served
+receipt that is not its leaf's or served spans that are not the certificate's (``unproven``),
+and, accusing nobody, a certificate the auditor could not read whole
 (``unchecked``: unreachable, throttled, or a page that broke off).
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -32,12 +38,20 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from gwtf.contracts import fraud_proofs
-from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt
+from gwtf.contracts.certificate_tree import (
+    LeafProof,
+    SignedReceipt,
+    SpanProof,
+    ranges_tree,
+    span_disagreement,
+    span_ranges,
+)
 from gwtf.contracts.encoding import (
     BACKWARD,
     CertifiedHop,
     CertRef,
     Eip712Domain,
+    WorkerSpan,
     hop_key,
     receipt_digest,
     recover_digest_signer,
@@ -51,6 +65,7 @@ from gwtf.errors import ProtocolError
 INVALID_HOP: Final = "invalid hop"
 BAD_TOTALS: Final = "bad totals"
 BAD_SEQUENCE: Final = "bad sequence"
+BAD_SPAN: Final = "bad span"
 EQUIVOCATION: Final = "equivocation"
 WITHHELD: Final = "withheld"
 UNPROVEN: Final = "unproven"
@@ -109,9 +124,11 @@ def audit_certificate(
     took_part: TookPart,
     *,
     complete: bool = True,
+    spans: Sequence[WorkerSpan] | None = None,
 ) -> list[Finding]:
-    """Every finding in what a data node served of ``cert`` (each receipt with its leaf);
-    ``complete`` False: the auditor read only part of it, so what is missing is not counted."""
+    """Every finding in what a data node served of ``cert`` (each receipt with its leaf, and
+    the spans it committed, when read); ``complete`` False: the auditor read only part of it,
+    so what is missing is not counted."""
     findings: list[Finding] = []
     proven: dict[int, list[LeafProof]] = defaultdict(list)
     took = _cached(took_part)
@@ -156,10 +173,44 @@ def audit_certificate(
                 )
             )
     findings.extend(_sequence_findings(cert, proven, with_proof))
+    if spans is not None and not any(f.proof is not None for f in findings):
+        findings.extend(span_findings(cert, spans, proven, with_proof))
     missing = cert.count - len([i for i in proven if i < cert.count])
     if complete and missing > 0:
         detail = f"{missing} of {cert.count} leaves not served"
         findings.append(Finding(WITHHELD, cert.dataNode, detail))
+    return findings
+
+
+def span_findings(
+    cert: CertRef,
+    spans: Sequence[WorkerSpan],
+    proven: dict[int, list[LeafProof]],
+    with_proof: Callable[[LeafProof], LeafProof],
+) -> list[Finding]:
+    """The first leaf of each span that contradicts it (``proveBadSpan``), among the leaves
+    ``proven`` in the tree by index; the spans must be the certificate's (its ranges root).
+    Walks the leaves read, never the spans' index ranges, which a data node chooses."""
+    range_tree = ranges_tree(spans) if spans else None
+    if range_tree is None or range_tree.root != cert.rangesRoot:
+        return [Finding(UNPROVEN, cert.dataNode, "the spans served are not the certificate's")]
+    ranges = span_ranges(spans)
+    lasts = [span.lastIndex for span in ranges]
+    findings: list[Finding] = []
+    reported: set[int] = set()
+    for index in sorted(proven):
+        k = bisect.bisect_left(lasts, index)  # the span holding ``index``: they partition
+        if k == len(ranges) or k in reported:
+            continue
+        span = ranges[k]
+        leaf = next((leaf for leaf in proven[index] if span_disagreement(span, leaf.hop)), None)
+        if leaf is None:
+            continue
+        reported.add(k)
+        why = span_disagreement(span, leaf.hop)
+        shown = SpanProof(span, tuple(range_tree.proof(k)))
+        proof = fraud_proofs.bad_span(cert, shown, with_proof(leaf))
+        findings.append(Finding(BAD_SPAN, cert.dataNode, f"span {k}: {why}", proof))
     return findings
 
 

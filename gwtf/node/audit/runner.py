@@ -49,6 +49,7 @@ from gwtf.contracts.encoding import CertRef, ledger_domain
 from gwtf.errors import ChainError, ConfigError, ProtocolError
 from gwtf.node.audit.checks import (
     UNCHECKED,
+    WITHHELD,
     Finding,
     RunRules,
     audit_certificate,
@@ -74,7 +75,13 @@ from gwtf.node.p2p.dialing import Dialer
 from gwtf.node.p2p.host import peer_info, running_host
 from gwtf.node.p2p.identity import new_identity, node_address_of_peer
 from gwtf.node.p2p.rpc import RequestResponse
-from gwtf.node.receipts.serving import CERTIFIED, RECEIVED, SIGNED, fetch_receipts
+from gwtf.node.receipts.serving import (
+    CERTIFIED,
+    RECEIVED,
+    SIGNED,
+    fetch_receipts,
+    fetch_spans,
+)
 
 T = TypeVar("T")
 
@@ -194,10 +201,17 @@ async def audit_epoch(
             if fetched.stopped is not None:
                 detail = f"read {len(served)} of {cert.count} leaves: {fetched.stopped}"
                 checked.findings.append(Finding(UNCHECKED, cert.dataNode, detail[:300]))
+            spans, spans_stopped = await fetch_spans(
+                rpc, peer, run_id, epoch, cert.count, timeout_s
+            )
+            if spans_stopped is not None:
+                detail = f"its spans not served: {spans_stopped}"
+                checked.findings.append(Finding(WITHHELD, cert.dataNode, detail[:300]))
             found = await ask_chain(
                 functools.partial(
                     audit_certificate, cert, served, rules, took_part,
                     complete=fetched.stopped is None,
+                    spans=spans if spans_stopped is None else None,
                 )
             )  # fmt: skip
             if seed is not None and sampling is not None:

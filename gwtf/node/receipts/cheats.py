@@ -9,6 +9,8 @@ A data node's cheats change what it certifies or serves:
 * ``phantom-hops``: it certifies hops it never sent anyone, in its own name as their worker
   (it signs and countersigns them itself) — work nobody computed;
 * ``inflate-units``: its certificate claims one forward's units more than its tree holds;
+* ``shift-span``: the spans it commits move its first worker's last leaf into the next
+  worker's span (a valid tree that neither worker could claim);
 * ``withhold-leaf``: it serves its certificate to auditors without its first leaf.
 
 A relay's change what it signs:
@@ -22,7 +24,7 @@ A relay's change what it signs:
   ``1 + WRONG_TENSOR_SCALE`` (a small error, as a relay saving work with a cheaper kernel might
   make); it signs and keeps what it sent, like an honest relay.
 
-The chain convicts the first three and the next two alone (invalid hop, bad totals,
+The chain convicts the first four and the next two alone (invalid hop, bad totals, bad span,
 equivocation); a withheld leaf is the auditor's to report, since no contract can see what a
 node does not serve; a wrong tensor is found by re-execution and judged by a drawn jury
 (a tensor dispute).
@@ -60,11 +62,14 @@ log = logging.getLogger(__name__)
 FORGE_COUNTERSIGNATURE: Final = "forge-countersignature"
 PHANTOM_HOPS: Final = "phantom-hops"
 INFLATE_UNITS: Final = "inflate-units"
+SHIFT_SPAN: Final = "shift-span"
 WITHHOLD_LEAF: Final = "withhold-leaf"
 CLAIM_TWICE: Final = "claim-twice"
 EQUIVOCATE: Final = "equivocate"
 WRONG_TENSOR: Final = "wrong-tensor"
-DATA_NODE_CHEATS: Final = (FORGE_COUNTERSIGNATURE, PHANTOM_HOPS, INFLATE_UNITS, WITHHOLD_LEAF)
+DATA_NODE_CHEATS: Final = (
+    FORGE_COUNTERSIGNATURE, PHANTOM_HOPS, INFLATE_UNITS, SHIFT_SPAN, WITHHOLD_LEAF,
+)  # fmt: skip
 RELAY_CHEATS: Final = (CLAIM_TWICE, EQUIVOCATE, WRONG_TENSOR)
 #: The relative error a ``wrong-tensor`` relay puts in each forward output: a hundred times
 #: the CPU re-execution tolerance, far below what training would notice at once.
@@ -159,6 +164,8 @@ class Cheat:
     ) -> tuple[CertRef, tuple[WorkerSpan, ...]]:
         """The certificate and spans the data node submits for its tree's honest ones (the
         spans still partition what it submits, or the ledger would refuse them)."""
+        if self.mode == SHIFT_SPAN:
+            return _shifted(cert, spans)
         if self.mode != INFLATE_UNITS:
             return cert, spans
         ceiling = 2 * cert.count * self.units_per_hop  # the most the ledger takes
@@ -216,3 +223,15 @@ class Cheat:
     def _second_version(entry: SignedReceipt) -> HopReceipt:
         r = entry.receipt
         return replace(r, outputDigest=keccak256(b"second version" + r.outputDigest))
+
+
+def _shifted(
+    cert: CertRef, spans: tuple[WorkerSpan, ...]
+) -> tuple[CertRef, tuple[WorkerSpan, ...]]:
+    """The spans with the first one's last leaf moved into the second (unchanged unless there
+    are two spans and the first has two leaves). Only the index moves: the leaf's units are
+    not known here, so the first span also ends off its new last leaf."""
+    if len(spans) < 2 or spans[0].lastIndex < 1:
+        return cert, spans
+    shifted = (replace(spans[0], lastIndex=spans[0].lastIndex - 1), *spans[1:])
+    return replace(cert, rangesRoot=ranges_tree(shifted).root), shifted
