@@ -540,3 +540,29 @@ def test_a_silent_circuit_is_given_longer_than_a_silent_direct_connection() -> N
                 nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_requests_on_several_protocols_at_once_share_one_circuit() -> None:
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True))
+            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
+            other = await stack.enter_async_context(node(stack, trusts=[relay]))
+            protocols = [f"/gwtf/test-echo-{n}/1.0.0" for n in range(4)]
+            for protocol in protocols:
+                home.rpc.serve(protocol, echo, LIMITS)
+            learn(other, home.host)
+            replies: list[bytes] = []
+
+            async def ask(protocol: str) -> None:
+                replies.append(await other.rpc.request(home.host.get_id(), protocol, b"x", LIMITS))
+
+            with trio.fail_after(15):
+                async with trio.open_nursery() as nursery:
+                    for protocol in protocols:
+                        nursery.start_soon(ask, protocol)
+            assert replies == [b"x"] * 4
+            assert other.dialer.relayed == 1
+            assert len(other.host.get_network().connections.get(home.host.get_id()) or []) == 1
+
+    trio.run(main)
