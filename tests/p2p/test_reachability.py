@@ -79,14 +79,16 @@ def test_a_request_is_checked_before_anything_is_dialled() -> None:
         decode_request(b"\xff{", str(me))
 
 
-def test_dial_backs_are_one_at_a_time_few_a_minute_and_one_per_peer() -> None:
-    rate = DialbackRate(per_minute=6.0, burst=3.0, per_peer_s=60.0)
+def test_dial_backs_are_few_at_once_few_a_minute_and_one_per_peer() -> None:
+    rate = DialbackRate(per_minute=6.0, burst=3.0, per_peer_s=60.0, at_once=2)
     assert [rate.take(p, 0.0) for p in ("a", "b", "c")] == [None, None, None]
     assert "a minute" in (rate.take("d", 1.0) or "")
     assert "per peer" in (rate.take("a", 30.0) or "")
     assert rate.take("d", 11.0) is None  # 10 s refill one
-    rate.busy = True
-    assert "busy" in (rate.take("e", 100.0) or "")
+    rate.running = 1
+    assert rate.take("e", 100.0) is None  # a second one while one runs
+    rate.running = 2
+    assert "busy with 2" in (rate.take("f", 200.0) or "")
 
 
 def test_a_listening_host_is_reached_and_a_dead_port_is_not() -> None:

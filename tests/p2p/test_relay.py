@@ -22,6 +22,7 @@ from libp2p.relay.circuit_v2.utils import write_delimited_msg
 
 from gwtf.node.p2p.host import full_address, full_addresses, peer_info, point_at, running_host
 from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.keepalive import ALIVE_PROTOCOL, NeighbourKeeper
 from gwtf.node.p2p.relay import (
     CircuitDialer,
     RelayRefused,
@@ -500,5 +501,68 @@ def test_a_dropped_circuit_is_dialled_again_through_the_relay_not_the_dead_direc
                 assert await other.rpc.request(home_id, ECHO, b"2", LIMITS) == b"2"
             assert other.dialer.relayed == 2 and not dialled
             nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_silent_circuit_is_given_longer_than_a_silent_direct_connection() -> None:
+    """A neighbour reached through a relay that stops answering keep-alives is cut only after
+    ``relayed_dead_after_s`` (a busy relay, most often), then dialled again through the relay."""
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True))
+            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
+            other = await stack.enter_async_context(node(stack, trusts=[relay]))
+            home_id = home.host.get_id()
+
+            async def silent(_peer: str, _request: bytes) -> bytes:
+                await trio.sleep_forever()
+                return b""
+
+            home.rpc.serve(ALIVE_PROTOCOL, silent, RpcLimits(0, 0, 10.0))
+            learn(other, home.host)
+            keeper = NeighbourKeeper(
+                other.rpc, lambda: [str(home_id)], period_s=0.1, dead_after_s=0.5,
+                relayed_dead_after_s=2.5,
+            )  # fmt: skip
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(keeper.run)
+                with trio.fail_after(10):
+                    while not is_relayed(other.host, home_id):
+                        await trio.sleep(0.05)
+                await trio.sleep(1.5)  # three times the direct deadline: still kept
+                assert other.dialer.relayed == 1 and is_relayed(other.host, home_id)
+                with trio.fail_after(10):
+                    while keeper.reconnects == 0:
+                        await trio.sleep(0.05)
+                assert other.dialer.relayed == 2  # cut, and dialled again through the relay
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_requests_on_several_protocols_at_once_share_one_circuit() -> None:
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True))
+            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
+            other = await stack.enter_async_context(node(stack, trusts=[relay]))
+            protocols = [f"/gwtf/test-echo-{n}/1.0.0" for n in range(4)]
+            for protocol in protocols:
+                home.rpc.serve(protocol, echo, LIMITS)
+            learn(other, home.host)
+            replies: list[bytes] = []
+
+            async def ask(protocol: str) -> None:
+                replies.append(await other.rpc.request(home.host.get_id(), protocol, b"x", LIMITS))
+
+            with trio.fail_after(15):
+                async with trio.open_nursery() as nursery:
+                    for protocol in protocols:
+                        nursery.start_soon(ask, protocol)
+            assert replies == [b"x"] * 4
+            assert other.dialer.relayed == 1
+            assert len(other.host.get_network().connections.get(home.host.get_id()) or []) == 1
 
     trio.run(main)

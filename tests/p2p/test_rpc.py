@@ -175,3 +175,20 @@ def test_a_node_key_is_its_libp2p_identity_and_its_peer_id_names_the_node() -> N
         node_address_of_peer(ID.from_pubkey(ed25519.create_new_key_pair().public_key))
     with pytest.raises(ProtocolError, match="32 bytes"):
         identity_from_key(b"short")
+
+
+def test_a_stream_opened_ahead_is_the_one_the_request_uses(tmp_path: Path) -> None:
+    """``open`` dials and negotiates the stream under its own deadline; the request then
+    only sends (a hop's ack deadline covers the hop, not the dial); an unknown peer fails."""
+
+    async def scenario(server: RequestResponse, client: RequestResponse) -> None:
+        peer = server.host.get_id()
+        await client.open(peer, ECHO, 5.0)
+        assert client.streams_opened == 1
+        assert await client.request(peer, ECHO, b"ab", LIMITS) == b"ba"
+        assert client.streams_opened == 1
+        nobody = ID.from_pubkey(new_identity().public_key)
+        with pytest.raises(PeerUnavailable):
+            await client.open(nobody, ECHO, 5.0)
+
+    run_pair(tmp_path, scenario)

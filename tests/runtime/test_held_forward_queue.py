@@ -40,6 +40,9 @@ class SlowOrigin(Capture):
         self.asked = trio.Event()
         self.answer = trio.Event()
 
+    async def open(self, peer: Any, protocol: str, timeout_s: float) -> None:
+        pass  # connected: the hop goes at once
+
     async def request(self, peer: Any, protocol: str, payload: bytes, limits: Any) -> bytes:
         if protocol == PROTOCOL_ID:
             return await super().request(peer, protocol, payload, limits)

@@ -213,6 +213,9 @@ class EchoRpc:
     def __init__(self) -> None:
         self.sent: list[tuple[HopHeader, ReceiptInput | None]] = []
 
+    async def open(self, peer: Any, protocol: str, timeout_s: float) -> None:
+        pass  # connected: the hop goes at once
+
     async def request(self, peer: Any, protocol: str, payload: bytes, limits: Any) -> bytes:
         header, receipted, frame = decode_hop_request(payload)
         self.sent.append((header, receipted))
@@ -261,6 +264,9 @@ class SlowWorkerRpc:
     def __init__(self, worker: DataPlane) -> None:
         self.worker = worker
         self.handed_back: list[bytes] = []
+
+    async def open(self, peer: Any, protocol: str, timeout_s: float) -> None:
+        pass  # connected: the hop goes at once
 
     async def request(self, peer: Any, protocol: str, payload: bytes, limits: Any) -> bytes:
         if protocol == control.PROTOCOL_ID:

@@ -64,6 +64,9 @@ class Loop:
     def __init__(self, me: str, target: DataPlane) -> None:
         self.me, self.target = me, target
 
+    async def open(self, peer: Any, protocol: str, timeout_s: float) -> None:
+        pass  # connected: the hop goes at once
+
     async def request(self, peer: Any, protocol: str, payload: bytes, limits: Any) -> bytes:
         if protocol == PROTOCOL_ID:
             return await self.target._handle(self.me, payload)
@@ -83,6 +86,9 @@ class Capture:
 
     def serve(self, *_: Any) -> None:
         pass
+
+    async def open(self, peer: Any, protocol: str, timeout_s: float) -> None:
+        pass  # connected: the hop goes at once
 
     async def request(self, peer: Any, protocol: str, payload: bytes, limits: Any) -> bytes:
         header, receipted, frame = decode_hop_request(payload)

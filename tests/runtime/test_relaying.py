@@ -147,9 +147,20 @@ def test_a_reachable_node_waits_to_be_dialled_by_a_neighbour_whose_card_says_it_
     reachable.cards = cards.get
     assert reachable.waits_for(home) and not reachable.waits_for(public)
     assert not reachable.waits_for("unknown")
-    behind_nat = Relaying((), forced=False)
-    behind_nat.cards = cards.get
-    assert not behind_nat.waits_for(home)  # both behind NAT: it dials, through the circuit
+    # Both behind NAT: the one with the lower peer id dials, through the circuit.
+    lower, higher = sorted(str(ID.from_pubkey(new_identity().public_key)) for _ in "ab")
+    cards[lower], cards[higher] = (
+        _card(lower, False, reachable=False),
+        _card(higher, False, reachable=False),
+    )
+    for own, other, waits in ((lower, higher, False), (higher, lower, True)):
+        behind_nat = Relaying((), forced=False, own_id=own)
+        behind_nat.cards = cards.get
+        assert behind_nat.waits_for(other) is waits
+        assert not behind_nat.waits_for(public)
+    unknown = Relaying((), forced=None, own_id=higher)  # its own check has not said yet
+    unknown.cards = cards.get
+    assert not unknown.waits_for(lower)
 
 
 def test_a_node_behind_nat_also_takes_slots_at_admitted_volunteer_relays_up_to_its_limit() -> None:

@@ -9,6 +9,13 @@ once, then up to ``max_s`` apart, and ``max_long_s`` apart once it has been gone
 fails (``RequestResponse.connect``). A node nobody can dial (behind a NAT) relies on this: its
 neighbours cannot reach it, so it must reach them; they leave the dialing to it
 (``waits_for``) instead of dialing an address that cannot answer.
+
+A connection that runs through a relay is cut only after ``relayed_dead_after_s`` of silence:
+it rides on the connections to the relay, which the relay's own keep-alives and slot checks
+watch, and a cut of one of those ends it at once. A silent circuit most often means a busy
+relay (one Python process pumping every circuit of the run); cutting it made both ends dial
+new circuits through that same relay at once, which loaded it more, until every circuit of
+the run was being cut and dialled again.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import trio
 from libp2p.peer.id import ID
 
 from gwtf.node.p2p.dialing import DialFailed
+from gwtf.node.p2p.relay import is_relayed
 from gwtf.node.p2p.rpc import PeerTimeout, PeerUnavailable, RequestResponse, RpcLimits
 
 log = logging.getLogger(__name__)
@@ -61,6 +69,8 @@ class NeighbourKeeper:
     neighbours: Callable[[], Iterable[str]]
     period_s: float = 1.0
     dead_after_s: float = 5.0
+    #: The same for a connection that runs through a relay (see the module).
+    relayed_dead_after_s: float = 30.0
     backoff: Backoff = field(default_factory=Backoff)
     #: Neighbours this node does not dial but waits to be dialled by (a reachable node, of a
     #: neighbour whose card says peers cannot dial it); their connections are still probed.
@@ -108,7 +118,8 @@ class NeighbourKeeper:
             state.last_alive = trio.current_time()
         except PeerTimeout as exc:
             silent_s = trio.current_time() - state.last_alive
-            if silent_s >= self.dead_after_s:
+            relayed = is_relayed(self.rpc.host, peer)
+            if silent_s >= (self.relayed_dead_after_s if relayed else self.dead_after_s):
                 log.info("neighbour %s silent for %.1f s (%s): dialing again", peer, silent_s, exc)
                 # The connection is dead however long TCP would hold it: close it, so the
                 # next dial opens a fresh one (through the router's new mapping).

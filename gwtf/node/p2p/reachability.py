@@ -19,8 +19,10 @@ than ``WITNESSES`` connected peers (a tiny swarm) the check asks those it has an
 The witness side must not become a reflector: it serves the run's admitted peers only, dials
 only addresses that name the requester's peer id and that the requester claimed for itself (in
 its own record, ``claimed``) or that share the IP its connection comes from, one address at a
-time, one check at a time, within ``DialbackRate`` (a few per minute for all requesters
-together, one per requester per ``per_peer_s``).
+time, at most ``at_once`` checks together, within ``DialbackRate`` (a few per minute for all
+requesters together, one per requester per ``per_peer_s``). The nodes of a swarm that starts
+together all ask the same few peers (the data node first) at once: a witness that took one
+check at a time declined all but one of them, and they all came out "unknown".
 """
 
 from __future__ import annotations
@@ -142,21 +144,23 @@ def decode_request(request: bytes, requester: str) -> tuple[bytes, list[str]]:
 @dataclass
 class DialbackRate:
     """How often this node dials others back: ``per_minute`` for all requesters together (a
-    fresh peer id costs nothing), one per requester every ``per_peer_s``, one at a time."""
+    fresh peer id costs nothing), one per requester every ``per_peer_s``, at most ``at_once``
+    together (each is a fresh host and its dials)."""
 
     per_minute: float = 6.0
     burst: float = 3.0
     per_peer_s: float = 60.0
     max_tracked: int = 1024
-    busy: bool = False
+    at_once: int = 3
+    running: int = 0
     _tokens: float = -1.0
     _at: float = 0.0
     _last: dict[str, float] = field(default_factory=dict)
 
     def take(self, peer: str, now: float) -> str | None:
         """Why a dial-back for ``peer`` is refused now, or None (and it is counted)."""
-        if self.busy:
-            return "busy with another dial-back"
+        if self.running >= self.at_once:
+            return f"busy with {self.running} other dial-backs"
         last = self._last.get(peer)
         if last is not None and now - last < self.per_peer_s:
             return f"one dial-back per peer every {self.per_peer_s:g} s"
@@ -199,11 +203,11 @@ class DialbackService:
         refused = self.rate.take(peer, trio.current_time())
         if refused is not None:
             raise Decline(refused)
-        self.rate.busy = True
+        self.rate.running += 1
         try:
             index = await dial_back(ID.from_base58(peer), addresses, nonce, self.per_address_s)
         finally:
-            self.rate.busy = False
+            self.rate.running -= 1
         return b"failed" if index is None else f"reached {index}".encode()
 
 
@@ -329,8 +333,9 @@ def _observed_ip(host: IHost, peer: str) -> str | None:
 class ReachabilityMonitor:
     """Checks this node's reachability at start (once it has a peer to ask), whenever the
     addresses it advertises change, and every ``period_s``; ``on_verdict`` hears each result
-    that says something. A check nobody could answer (witnesses busy or gone) never replaces a
-    known verdict, and is tried again every ``poll_s`` (every ``first_poll_s`` while the node is
+    that says something. A check nobody could answer (witnesses busy, or not yet holding this
+    node's record) never replaces a known verdict, and is tried again ``retry_s`` later, then
+    twice as long each time up to ``poll_s`` (every ``first_poll_s`` while the node is
     connected to no peer to ask)."""
 
     check: ReachabilityCheck
@@ -342,11 +347,14 @@ class ReachabilityMonitor:
     poll_s: float = 10.0
     #: How soon it looks again for a peer to ask while it has none.
     first_poll_s: float = 1.0
+    #: How soon a check nobody answered is tried again (doubling up to ``poll_s``).
+    retry_s: float = 2.0
     current: Reachability | None = None
 
     async def run(self) -> None:
         checked_addresses: set[str] | None = None
         checked_at = -math.inf
+        unanswered = 0  # checks in a row that nobody could answer
         while True:
             addresses, witnesses = self.addresses(), self.witnesses()
             known = self.current is not None and self.current.reachable is not None
@@ -357,10 +365,15 @@ class ReachabilityMonitor:
             )
             if due and witnesses and addresses:
                 result = await self.check.check(witnesses, addresses, self.wall_ms())
+                unanswered = 0 if result.reachable is not None else unanswered + 1
                 if result.reachable is not None:
                     checked_addresses, checked_at = set(addresses), trio.current_time()
                 if result.reachable is not None or not known:
                     self.current = result
                     self.on_verdict(result)
-            # Waiting for a first peer to ask costs nothing: look again soon.
-            await trio.sleep(self.poll_s if witnesses else min(self.poll_s, self.first_poll_s))
+            if not witnesses:  # waiting for a first peer to ask costs nothing: look again soon
+                await trio.sleep(min(self.poll_s, self.first_poll_s))
+            elif unanswered:
+                await trio.sleep(min(self.poll_s, self.retry_s * 2 ** (unanswered - 1)))
+            else:
+                await trio.sleep(self.poll_s)

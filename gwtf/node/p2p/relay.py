@@ -260,6 +260,7 @@ class CircuitDialer:
     failures: int = 0
     #: Circuits not tried: their relay is not one this node trusts.
     untrusted: int = 0
+    _locks: dict[str, trio.Lock] = field(default_factory=dict)
 
     async def circuits(self, peer: ID) -> list[PeerInfo]:
         """The trusted relays of the peer's first circuit addresses, with where to dial them."""
@@ -298,17 +299,26 @@ class CircuitDialer:
         return await self.connect(peer)
 
     async def connect(self, peer: ID) -> bool:
-        """Try each of the peer's trusted relays in turn; True once one connects."""
-        for relay in await self.circuits(peer):
-            try:
-                await connect_through(self.host, relay, peer, self.timeout_s)
-            except Exception as exc:  # libp2p's errors share no base (TooSlowError too)
-                self.failures += 1
-                log.info("no circuit to %s through %s: %s", peer, relay.peer_id, exc)
-                continue
-            self.relayed += 1
-            return True
-        return False
+        """Try each of the peer's trusted relays in turn; True once one connects (or another
+        caller's circuit to the peer did, while this one waited for it)."""
+        # One circuit per peer: the keep-alive and each protocol's first request ask at once,
+        # and each circuit costs the relay a stream pair and both ends a handshake.
+        async with self._locks.setdefault(str(peer), trio.Lock()):
+            if self._connected(peer):
+                return True
+            for relay in await self.circuits(peer):
+                began = trio.current_time()
+                try:
+                    await connect_through(self.host, relay, peer, self.timeout_s)
+                except Exception as exc:  # libp2p's errors share no base (TooSlowError too)
+                    self.failures += 1
+                    log.info("no circuit to %s through %s: %s", peer, relay.peer_id, exc)
+                    continue
+                self.relayed += 1
+                log.info("connected to %s through relay %s in %.2f s", peer, relay.peer_id,
+                         trio.current_time() - began)  # fmt: skip
+                return True
+            return False
 
     def _connected(self, peer: ID) -> bool:
         return bool(self.host.get_network().connections.get(peer))

@@ -371,6 +371,21 @@ class RequestResponse:
         except (BaseLibp2pError, OSError, DialFailed) as exc:
             raise PeerUnavailable(f"peer {peer} is unreachable on {protocol}: {exc}") from exc
 
+    async def open(self, peer: ID, protocol: str, timeout_s: float) -> None:
+        """Have the stream to ``peer`` for ``protocol`` open within ``timeout_s``, dialling the
+        peer first if need be, so that a request's own deadline then covers the request alone
+        (over a circuit, a dial and a stream's negotiation take several round trips through the
+        relay). ``PeerUnavailable`` or ``PeerTimeout`` as ``request`` raises them."""
+        try:
+            with trio.fail_after(timeout_s):
+                await self._channel(peer, protocol)
+        except trio.TooSlowError as exc:
+            raise PeerTimeout(
+                f"peer {peer} did not open {protocol} within {timeout_s:g} s"
+            ) from exc
+        except (BaseLibp2pError, OSError, DialFailed) as exc:
+            raise PeerUnavailable(f"peer {peer} is unreachable on {protocol}: {exc}") from exc
+
     async def drop_peer(self, peer: ID) -> None:
         """Close every stream and connection to ``peer``; the next request dials it anew.
 

@@ -430,6 +430,7 @@ async def run_live_node(
             lambda: neighbours(book, config.stage, config.stages),
             # Never below 10 s: a loaded machine must not cut a connection that is only slow.
             dead_after_s=max(10.0, 2 * config.flow.keepalive_timeout_s),
+            relayed_dead_after_s=max(30.0, 6 * config.flow.keepalive_timeout_s),
             waits_for=relaying.waits_for,
         )
         keeper.serve()

@@ -90,6 +90,8 @@ class Relaying:
     verdict: bool | None = None
     #: The node listens on loopback only: no check runs, and it counts as reachable.
     loopback_only: bool = False
+    #: This node's peer id (set by ``start``).
+    own_id: str | None = None
     _configured: dict[ID, list[multiaddr.Multiaddr]] = field(default_factory=dict)
     _rpc: RequestResponse | None = None
     _nursery: trio.Nursery | None = None
@@ -136,6 +138,7 @@ class Relaying:
         circuits first, and ``on_change`` rewrites it whenever they change. A node forced
         unreachable with no address at all (it listens nowhere) waits for its first slot."""
         self._rpc, self._nursery, self._on_change = rpc, nursery, on_change
+        self.own_id = str(rpc.host.get_id())
         if self.reachable() is True:
             return
         slots = self._take_slots()
@@ -238,11 +241,18 @@ class Relaying:
         return record.addresses if record is not None else ()
 
     def waits_for(self, peer: str) -> bool:
-        """Whether this node leaves the dialing to ``peer``: it is reachable itself, and the
-        peer's signed card says peers cannot dial it (it dials, or is reached through its
-        circuit when a request needs it)."""
+        """Whether this node leaves the dialing to ``peer``: the peer's signed card says peers
+        cannot dial it, and this node is reachable itself (the peer dials, or is reached
+        through its circuit when a request needs it), or is behind NAT too and has the higher
+        peer id (one circuit between two homes is enough: when both dialled, each at once after
+        a cut, they opened two circuits through the same relay, and dialled again together
+        whenever one of them dropped)."""
         card = self.cards(peer)
-        return self.reachable() is True and card is not None and card.reachable is False
+        if card is None or card.reachable is not False:
+            return False
+        if self.reachable() is True:
+            return True
+        return self.reachable() is False and self.own_id is not None and self.own_id > peer
 
     async def relay_addresses(self, relay: ID) -> list[multiaddr.Multiaddr]:
         """Where to dial ``relay``, if this node trusts it as a relay; else nothing."""

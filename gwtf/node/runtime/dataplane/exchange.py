@@ -48,6 +48,9 @@ from gwtf.node.runtime.dataplane.try_token import TryTokenError, TryTokens
 log = logging.getLogger(__name__)
 
 PROTOCOL_ID = "/gwtf/hop/7.0.0"
+#: How long opening the hop stream to a peer may take (a dial: each address within 3 s, or a
+#: circuit through a relay), before the ack deadline starts.
+OPEN_S = 12.0
 _QUEUE_DEPTH = 64
 #: Receipts of kept outputs signed and waiting for their countersignature (oldest dropped).
 _MAX_KEPT_PENDING = 4096
@@ -505,6 +508,8 @@ class DataPlane:
                 self.origin_send(header, digest)
         payload = encode_hop(header, frame, receipted)
         limits = RpcLimits(len(payload), 1024, self.ack_deadline_s)
+        # The ack deadline is the hop's: a first hop to a peer opens its stream first.
+        await self.rpc.open(ID.from_base58(to), PROTOCOL_ID, max(OPEN_S, self.ack_deadline_s))
         self.timings.bytes_sent += len(payload)
         started = self.timings.sending()
         try:
