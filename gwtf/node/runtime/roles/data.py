@@ -253,6 +253,13 @@ class DataRole:
         elif header.direction == BACKWARD and header.stage == 0 and header.origin == self.node_id:
             if record is None or in_flight is None:
                 raise Decline(f"gradient for microbatch {header.microbatch_id}, not in flight")
+            if header.try_start != in_flight[0].try_start:
+                # A late gradient of a try given up: only the try in flight's closes the
+                # microbatch, or it could close before that try's forward reaches its loss.
+                raise Decline(
+                    f"gradient of microbatch {header.microbatch_id}'s try started at "
+                    f"{header.try_start}; its try in flight started at {in_flight[0].try_start}"
+                )
             await self._run(self.worker.backward_embedding, header.microbatch_id, tensor)
             if record.sent is None:
                 raise Decline(f"microbatch {header.microbatch_id}'s try was given up meanwhile")
@@ -674,10 +681,10 @@ class DataRole:
         while True:
             with trio.move_on_after(max(min(self._late_s(), deadline - trio.current_time()), 0)):
                 await event.wait()
-            if event.is_set():
+            outcome = None if event.is_set() else await self._repair(key)
+            if event.is_set():  # back before it was traced, or while it was
                 self.recent_s.append(trio.current_time() - sent_at)
                 return True
-            outcome = await self._repair(key)
             if outcome is not None:
                 level = logging.WARNING if outcome.repaired else logging.INFO
                 log.log(level, "microbatch %s is late; %s", key[1], outcome.what)
