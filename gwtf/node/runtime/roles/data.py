@@ -174,6 +174,9 @@ class DataRole:
     iterating: bool = False
     #: The iteration being ended, and what saving its lost gradients found.
     ending: Redone | None = None
+    #: Other data nodes' requests to redo lost gradients of the iteration being ended: cut
+    #: off when it ends, since its microbatches' records (and attempt numbers) go with it.
+    redoing: set[trio.CancelScope] = field(default_factory=set)
     #: (iteration, tries) -> the attempt block of a microbatch's try: its tries, unless
     #: earlier processes of this node may have used those (``resume_points.AttemptJournal``).
     attempt_block: AttemptBlock = lambda iteration, tries: tries
@@ -456,6 +459,8 @@ class DataRole:
             raise
         finally:
             self.ending = None
+            for scope in self.redoing:
+                scope.cancel()
         end_s = trio.current_time() - ending
         self.stats.gradients_redone += redo.redone
         self.stats.gradients_lost += redo.lost
@@ -587,7 +592,16 @@ class DataRole:
         if redone is None or redone.iteration != request.iteration:
             return control.encode_reply(False, why="not ending that iteration", holders=[])
         stages = request.stage_set(self.plane.stages)
-        report = await self.redo.save_lost(redone.iteration, redone.first, redone.paths, stages)
+        with trio.CancelScope() as scope:
+            self.redoing.add(scope)
+            try:
+                report = await self.redo.save_lost(
+                    redone.iteration, redone.first, redone.paths, stages
+                )
+            finally:
+                self.redoing.discard(scope)
+        if scope.cancelled_caught:
+            return control.encode_reply(False, why="the iteration ended meanwhile", holders=[])
         redone.report.add(report)
         return control.encode_reply(True, holders=sorted(report.holders))
 
