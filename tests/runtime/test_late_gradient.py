@@ -136,7 +136,7 @@ def test_a_gradient_back_during_the_last_repair_finishes_its_microbatch(tmp_path
         with trio.fail_after(120):
             return await run_swarm(
                 tmp_path, ITERATIONS, BATCH, RELAYS, arm, swarm,
-                data_settings={"stall_timeout_s": 4.0},
+                data_settings={"stall_timeout_s": 6.0},
             )  # fmt: skip
 
     results = trio.run(main)
