@@ -373,6 +373,8 @@ class DataRole:
             return await self._train_share(iteration, first, pending)
         finally:
             records = [self.microbatches.pop(key) for key in keys]
+            for key in keys:  # the loss gradients it sent back, kept for repairs and redos
+                self.sender.passed.pop(key, None)
             # Left out (or failed) with microbatches in flight: their embedding outputs would
             # stay in the worker, counted against ``max_in_flight``, for good.
             abandoned = [m for m, r in zip(pending, records, strict=True) if not r.finished]
@@ -481,8 +483,6 @@ class DataRole:
                 ", ".join(map(str, idle)),
             )
         loss = sum(_loss_of(record) for record in records) / len(records)
-        for m in pending:
-            self.sender.passed.pop((iteration, m), None)
         result = IterationResult(
             iteration,
             loss,
