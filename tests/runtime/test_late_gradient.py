@@ -3,8 +3,9 @@ node, stage-1 relay ``a``, stage-2 relay ``b``).
 
 * From a try given up: microbatch X's first try is given up once its gradient has left stage 1
   (as after a stall past its deadline), and that gradient reaches the origin while X's next try
-  is in flight, before the next try's forward reaches the loss. Only the try in flight's
-  gradient closes X: the late one is declined, and the next try finishes X with its loss.
+  is in flight, before the next try's forward reaches the loss. Only the gradient of the try
+  whose loss the origin keeps closes X: the late one is declined (X would close without a
+  loss), and the next try finishes X with its loss.
 * During the repair that ends its last deadline: X's gradient comes back while the origin is
   tracing it after its stall deadline has passed. X is done: the origin does not start it
   again (its gradient is in the embedding already, and a new try could never finish).
@@ -72,7 +73,7 @@ def test_a_late_gradient_of_a_try_given_up_is_declined_and_the_next_try_finishes
                     await compute(*late[0])
                     outcome.append("taken")
                 except Decline as exc:
-                    outcome.append("declined" if "try started at" in str(exc) else str(exc))
+                    outcome.append("declined" if "no loss of that try" in str(exc) else str(exc))
             await compute(header, frame)
 
         async def give_up_first_try(key: tuple[int, int], event: trio.Event) -> bool:

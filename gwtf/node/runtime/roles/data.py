@@ -106,8 +106,10 @@ class Microbatch:
     arrived: trio.Event | None = None
     #: The node that took the latest try's first hop (a resume moves it).
     first_hop: str | None = None
-    #: Its loss, once the latest try's forward reached it.
+    #: Its loss, once the latest try's forward reached it, and that try's start: only the
+    #: gradient of that try closes the microbatch.
     loss: float | None = None
+    loss_try: int = -1
     #: The path of its final backward: who computed each stage's gradient.
     path: tuple[str, ...] = ()
 
@@ -241,9 +243,10 @@ class DataRole:
                 # A copy re-sent past a slow (not dead) relay: one loss per microbatch, or its
                 # gradient would count twice. A restart clears the loss first.
                 raise Decline(f"microbatch {header.microbatch_id} already reached its loss")
-            record.loss, grad = await self._run(
+            loss, grad = await self._run(
                 self.worker.loss_and_backward, header.microbatch_id, tensor
             )
+            record.loss, record.loss_try = loss, header.try_start
             grad_frame = codec.encode(header.microbatch_id, grad, self.limits)
             back = header.onward(
                 direction=BACKWARD,
@@ -256,12 +259,12 @@ class DataRole:
         elif header.direction == BACKWARD and header.stage == 0 and header.origin == self.node_id:
             if record is None or in_flight is None:
                 raise Decline(f"gradient for microbatch {header.microbatch_id}, not in flight")
-            if header.try_start != in_flight[0].try_start:
-                # A late gradient of a try given up: only the try in flight's closes the
-                # microbatch, or it could close before that try's forward reaches its loss.
+            if record.loss is None or header.try_start != record.loss_try:
+                # A late gradient of a try given up: only the gradient of the try whose loss is
+                # kept closes the microbatch, or it could close without a loss.
                 raise Decline(
                     f"gradient of microbatch {header.microbatch_id}'s try started at "
-                    f"{header.try_start}; its try in flight started at {in_flight[0].try_start}"
+                    f"{header.try_start}; no loss of that try is kept"
                 )
             await self._run(self.worker.backward_embedding, header.microbatch_id, tensor)
             if record.sent is None:
