@@ -244,6 +244,7 @@ def test_a_data_node_left_out_while_alive_asks_back_in_by_itself(tmp_path: Path)
     assert left[-1] == iterations - 1 and len(left) < iterations, "it skipped while out"
     for name in names:  # nothing of an iteration left (ended or left out) stays behind
         assert swarm.nodes[name].role.microbatches == {}
+        assert swarm.nodes[name].role.sender.passed == {}  # the loss gradients it sent back
         assert swarm.nodes[name].role.worker.in_flight == ()
     workers = [swarm.nodes[name].role.worker for name in (*names, "a1", "b1")]
     assert [w.step_count for w in workers] == [iterations] * 4

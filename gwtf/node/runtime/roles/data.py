@@ -106,8 +106,10 @@ class Microbatch:
     arrived: trio.Event | None = None
     #: The node that took the latest try's first hop (a resume moves it).
     first_hop: str | None = None
-    #: Its loss, once the latest try's forward reached it.
+    #: Its loss, once the latest try's forward reached it, and that try's start: only the
+    #: gradient of that try closes the microbatch.
     loss: float | None = None
+    loss_try: int = -1
     #: The path of its final backward: who computed each stage's gradient.
     path: tuple[str, ...] = ()
 
@@ -174,6 +176,9 @@ class DataRole:
     iterating: bool = False
     #: The iteration being ended, and what saving its lost gradients found.
     ending: Redone | None = None
+    #: Other data nodes' requests to redo lost gradients of the iteration being ended: cut
+    #: off when it ends, since its microbatches' records (and attempt numbers) go with it.
+    redoing: set[trio.CancelScope] = field(default_factory=set)
     #: (iteration, tries) -> the attempt block of a microbatch's try: its tries, unless
     #: earlier processes of this node may have used those (``resume_points.AttemptJournal``).
     attempt_block: AttemptBlock = lambda iteration, tries: tries
@@ -238,9 +243,10 @@ class DataRole:
                 # A copy re-sent past a slow (not dead) relay: one loss per microbatch, or its
                 # gradient would count twice. A restart clears the loss first.
                 raise Decline(f"microbatch {header.microbatch_id} already reached its loss")
-            record.loss, grad = await self._run(
+            loss, grad = await self._run(
                 self.worker.loss_and_backward, header.microbatch_id, tensor
             )
+            record.loss, record.loss_try = loss, header.try_start
             grad_frame = codec.encode(header.microbatch_id, grad, self.limits)
             back = header.onward(
                 direction=BACKWARD,
@@ -253,6 +259,13 @@ class DataRole:
         elif header.direction == BACKWARD and header.stage == 0 and header.origin == self.node_id:
             if record is None or in_flight is None:
                 raise Decline(f"gradient for microbatch {header.microbatch_id}, not in flight")
+            if record.loss is None or header.try_start != record.loss_try:
+                # A late gradient of a try given up: only the gradient of the try whose loss is
+                # kept closes the microbatch, or it could close without a loss.
+                raise Decline(
+                    f"gradient of microbatch {header.microbatch_id}'s try started at "
+                    f"{header.try_start}; no loss of that try is kept"
+                )
             await self._run(self.worker.backward_embedding, header.microbatch_id, tensor)
             if record.sent is None:
                 raise Decline(f"microbatch {header.microbatch_id}'s try was given up meanwhile")
@@ -363,6 +376,8 @@ class DataRole:
             return await self._train_share(iteration, first, pending)
         finally:
             records = [self.microbatches.pop(key) for key in keys]
+            for key in keys:  # the loss gradients it sent back, kept for repairs and redos
+                self.sender.passed.pop(key, None)
             # Left out (or failed) with microbatches in flight: their embedding outputs would
             # stay in the worker, counted against ``max_in_flight``, for good.
             abandoned = [m for m, r in zip(pending, records, strict=True) if not r.finished]
@@ -449,6 +464,8 @@ class DataRole:
             raise
         finally:
             self.ending = None
+            for scope in self.redoing:
+                scope.cancel()
         end_s = trio.current_time() - ending
         self.stats.gradients_redone += redo.redone
         self.stats.gradients_lost += redo.lost
@@ -469,8 +486,6 @@ class DataRole:
                 ", ".join(map(str, idle)),
             )
         loss = sum(_loss_of(record) for record in records) / len(records)
-        for m in pending:
-            self.sender.passed.pop((iteration, m), None)
         result = IterationResult(
             iteration,
             loss,
@@ -580,7 +595,16 @@ class DataRole:
         if redone is None or redone.iteration != request.iteration:
             return control.encode_reply(False, why="not ending that iteration", holders=[])
         stages = request.stage_set(self.plane.stages)
-        report = await self.redo.save_lost(redone.iteration, redone.first, redone.paths, stages)
+        with trio.CancelScope() as scope:
+            self.redoing.add(scope)
+            try:
+                report = await self.redo.save_lost(
+                    redone.iteration, redone.first, redone.paths, stages
+                )
+            finally:
+                self.redoing.discard(scope)
+        if scope.cancelled_caught:
+            return control.encode_reply(False, why="the iteration ended meanwhile", holders=[])
         redone.report.add(report)
         return control.encode_reply(True, holders=sorted(report.holders))
 
@@ -674,10 +698,10 @@ class DataRole:
         while True:
             with trio.move_on_after(max(min(self._late_s(), deadline - trio.current_time()), 0)):
                 await event.wait()
-            if event.is_set():
+            outcome = None if event.is_set() else await self._repair(key)
+            if event.is_set():  # back before it was traced, or while it was
                 self.recent_s.append(trio.current_time() - sent_at)
                 return True
-            outcome = await self._repair(key)
             if outcome is not None:
                 level = logging.WARNING if outcome.repaired else logging.INFO
                 log.log(level, "microbatch %s is late; %s", key[1], outcome.what)

@@ -1,0 +1,145 @@
+"""A microbatch's gradient that reaches its origin late, on a live swarm over loopback (data
+node, stage-1 relay ``a``, stage-2 relay ``b``).
+
+* From a try given up: microbatch X's first try is given up once its gradient has left stage 1
+  (as after a stall past its deadline), and that gradient reaches the origin while X's next try
+  is in flight, before the next try's forward reaches the loss. Only the gradient of the try
+  whose loss the origin keeps closes X: the late one is declined (X would close without a
+  loss), and the next try finishes X with its loss.
+* During the repair that ends its last deadline: X's gradient comes back while the origin is
+  tracing it after its stall deadline has passed. X is done: the origin does not start it
+  again (its gradient is in the embedding already, and a new try could never finish).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from gwtf.node.p2p.rpc import Decline
+from gwtf.node.runtime.dataplane.hop import BACKWARD, FORWARD, HopHeader
+from gwtf.node.runtime.dataplane.stall_repair import Outcome
+from gwtf.node.runtime.roles.data import DataRole
+from gwtf.node.runtime.roles.flow_pool import Flow
+from tests.runtime.swarm_harness import STAGES, Swarm, run_swarm
+
+ITERATIONS = 2
+BATCH = 4
+RELAYS = {"a": 1, "b": 2}
+X = 0  # the first microbatch of iteration 0
+
+
+async def data_role_of(swarm: Swarm) -> DataRole:
+    while not {"data", *RELAYS} <= set(swarm.nodes):
+        await trio.sleep(0.01)
+    data = swarm.nodes["data"].role
+    assert isinstance(data, DataRole)
+    return data
+
+
+def is_gradient_of_x(header: HopHeader) -> bool:
+    return (header.iteration, header.microbatch_id) == (0, X) and (
+        header.direction,
+        header.stage,
+    ) == (BACKWARD, 0)
+
+
+def test_a_late_gradient_of_a_try_given_up_is_declined_and_the_next_try_finishes(
+    tmp_path: Path,
+) -> None:
+    swarm = Swarm()
+    late: list[tuple[HopHeader, bytes]] = []
+    arrived = trio.Event()
+    outcome: list[str] = []
+
+    async def arm(swarm: Swarm) -> None:
+        data = await data_role_of(swarm)
+        compute, wait_or_repair = data.compute, data._wait_or_repair
+
+        async def hold_first_gradient(header: HopHeader, frame: bytes) -> None:
+            if is_gradient_of_x(header) and not late:
+                late.append((header, frame))  # acknowledged, and held back for now
+                arrived.set()
+                return
+            if (
+                late
+                and not outcome
+                and header.microbatch_id == X
+                and (header.direction, header.stage) == (FORWARD, STAGES + 1)
+            ):
+                # The next try's forward reaches the loss: the first try's gradient first.
+                try:
+                    await compute(*late[0])
+                    outcome.append("taken")
+                except Decline as exc:
+                    outcome.append("declined" if "no loss of that try" in str(exc) else str(exc))
+            await compute(header, frame)
+
+        async def give_up_first_try(key: tuple[int, int], event: trio.Event) -> bool:
+            if key == (0, X) and not arrived.is_set():
+                await arrived.wait()
+                return False  # as if it stalled: started again under the next block
+            return await wait_or_repair(key, event)
+
+        data.plane.compute = hold_first_gradient
+        data._wait_or_repair = give_up_first_try  # type: ignore[method-assign]
+
+    async def main() -> list:  # type: ignore[type-arg]
+        with trio.fail_after(120):
+            return await run_swarm(tmp_path, ITERATIONS, BATCH, RELAYS, arm, swarm)
+
+    results = trio.run(main)
+    assert outcome == ["declined"]
+    assert [r.iteration for r in results] == list(range(ITERATIONS))
+    assert results[0].restarts == 1
+    data = swarm.nodes["data"].role
+    assert isinstance(data, DataRole) and data.microbatches == {}
+
+
+def test_a_gradient_back_during_the_last_repair_finishes_its_microbatch(tmp_path: Path) -> None:
+    swarm = Swarm()
+    held: list[tuple[HopHeader, bytes]] = []
+    delivered: list[bool] = []
+    tries: list[int] = []
+
+    async def arm(swarm: Swarm) -> None:
+        data = await data_role_of(swarm)
+        compute, repair, run_microbatch = data.compute, data._repair, data._run_microbatch
+
+        async def hold_gradient(header: HopHeader, frame: bytes) -> None:
+            if is_gradient_of_x(header) and not held:
+                held.append((header, frame))  # acknowledged; it comes in during the repair
+                return
+            await compute(header, frame)
+
+        async def gradient_back_meanwhile(key: tuple[int, int]) -> Outcome | None:
+            if key != (0, X) or not held:
+                return await repair(key)
+            # Past the stall deadline, as the trace of X goes on, its gradient comes in; the
+            # trace finds nothing left to repair.
+            await trio.sleep(data.stall_timeout_s)
+            if not delivered:
+                delivered.append(True)
+                await compute(*held[0])
+            return None
+
+        async def count_tries(iteration: int, microbatch_id: int, flow: Flow, attempt: int) -> bool:
+            if (iteration, microbatch_id) == (0, X):
+                tries.append(attempt)
+            return await run_microbatch(iteration, microbatch_id, flow, attempt)
+
+        data.plane.compute = hold_gradient
+        data._repair = gradient_back_meanwhile  # type: ignore[method-assign]
+        data._run_microbatch = count_tries  # type: ignore[method-assign]
+
+    async def main() -> list:  # type: ignore[type-arg]
+        with trio.fail_after(120):
+            return await run_swarm(
+                tmp_path, ITERATIONS, BATCH, RELAYS, arm, swarm,
+                data_settings={"stall_timeout_s": 6.0},
+            )  # fmt: skip
+
+    results = trio.run(main)
+    assert len(tries) == 1, f"X was started again after its gradient came back: {tries}"
+    assert [r.iteration for r in results] == list(range(ITERATIONS))
