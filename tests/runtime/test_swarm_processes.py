@@ -287,10 +287,11 @@ def test_a_wrong_tensor_is_found_by_re_execution_and_a_drawn_jury_slashes_its_wo
     # microbatch of every iteration), each opened with a bond; a drawn jury re-executed each.
     # The first slashes its stake; the second convicts it in the other epoch too (its pay there
     # is burned) for no further stake. An iteration is in the epoch the data node's clock read
-    # as it began: on a fast machine every iteration after the harness moved the chain clock on
-    # may begin before the data node reads it, and the last epoch has no hops.
+    # as it began: the swarm holds it at each epoch's end until it has read the next, so both
+    # epochs hold hops.
     disputed = [c for c in audit["challenges"] if c["outcome"] == "disputed"]
     epochs = len([e for e in summary["chain"]["epochs"] if e["certificates"]])
+    assert epochs == 2, summary["chain"]["epochs"]
     assert len(disputed) == epochs and {c["accused"] for c in disputed} == {"relay-1-0"}
     first, *later = audit["rulings"]
     assert first["outcome"] == "wrong tensor: worker slashed" and len(later) == epochs - 1

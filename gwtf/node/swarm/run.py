@@ -52,6 +52,7 @@ from gwtf.node.swarm.chain import (
     start_swarm_chain,
 )
 from gwtf.node.swarm.epochs import SwarmEpochs, rewards
+from gwtf.node.swarm.pacing import Pacing
 from gwtf.node.swarm.plan import (
     Proc,
     SwarmPlan,
@@ -83,13 +84,21 @@ def start_node(
     command += ["--status-file", str(status_file)]
     if start_file is not None:
         command += ["--start-file", str(start_file)]
+    if settings["node"]["role"] == "data" and plan.pacing is not None:
+        command += ["--pace-file", str(plan.pacing.add(name))]
     # Fault injection kills honest relays the schedule leaves alone: a cheater's fraud is what
-    # the audit must find, and a node the schedule kills (and may restart) must be alive then.
+    # the audit must find, a node the schedule kills (and may restart) must be alive then, and
+    # an entrant (started ahead of its time) is what its event shows entering.
     scheduled = {str(event["kill"]) for event in plan.churn["events"] if "kill" in event}
-    injectable = settings["node"]["role"] == "relay" and name not in {
-        *plan.swarm["cheaters"],
-        *scheduled,
-    }
+    injectable = (
+        settings["node"]["role"] == "relay"
+        and start_file is None
+        and name
+        not in {
+            *plan.swarm["cheaters"],
+            *scheduled,
+        }
+    )
     crash_on = crash_rule(plan, stage) if injectable else None
     if crash_on is not None:
         command += ["--crash-on", json.dumps(crash_on)]
@@ -155,10 +164,12 @@ def run_swarm(
         *plan.out_dir.glob("crash-*.lock"),
         *plan.out_dir.glob("*.sqlite*"),
         *plan.out_dir.glob("*.results.jsonl"),
+        *plan.out_dir.glob("*.pace"),
     ):
         stale.unlink()
     for evidence in plan.out_dir.glob("*.evidence"):
         shutil.rmtree(evidence, ignore_errors=True)
+    plan.pacing = Pacing(plan.out_dir, int(plan.run["iterations"]))
     try:
         if plan.chain_plan.enabled:
             plan.chain = start_swarm_chain(
@@ -205,6 +216,8 @@ def run_swarm(
                 lambda last: _certified(plan, data_nodes, last),
                 lambda: _claimed(plan),
                 lambda epoch: audit.epoch(epoch, live_addresses(plan)),
+                plan.pacing,
+                lambda epoch: _saw_epoch(plan, epoch),
             )
         last_check = time.monotonic()
         while not _trained(data_nodes):
@@ -415,6 +428,21 @@ def _restart(plan: SwarmPlan, name: str, at_s: float, log: IO[bytes] | None) -> 
     settings["node"]["join"] = True
     start_node(plan, settings, log)
     plan.joins.append({"t": round(at_s, 2), "node": name, "restart": True})
+
+
+def _is_data_node(proc: Proc) -> bool:
+    status = read_status(proc)
+    return proc.popen.poll() is None and status is not None and status.get("role") == "data"
+
+
+def _saw_epoch(plan: SwarmPlan, epoch: int) -> bool:
+    """Every live data node has read ``epoch`` (or a later one) off the chain's clock."""
+    for proc in plan.procs.values():
+        if _is_data_node(proc):
+            receipts = (read_status(proc) or {}).get("receipts") or {}
+            if int(receipts.get("epoch", epoch)) < epoch:
+                return False
+    return True
 
 
 def _record_injected_crashes(plan: SwarmPlan) -> None:
