@@ -78,6 +78,9 @@ def test_swarm_on_chain_survives_sigkills_takes_in_a_joiner_and_refuses_a_strang
     assert recovered["backward_repairs"] >= 1
     relays = summary["relays"]
     joiner = relays["joiner-1-0"]
+    # The swarm held the data node until the joiner served: it takes traffic however fast the
+    # other iterations run.
+    assert summary["joins"][0]["serving"], summary["joins"]
     assert joiner["step"] == 16 and joiner["hops_recorded"] > 0, "the joiner took traffic"
     for stage in (1, 2):
         digests = {r["state_digest"] for r in relays.values() if r["stage"] == stage}
@@ -166,6 +169,7 @@ def test_every_hop_earns_the_audit_slashes_the_two_cheaters_and_pays_the_honest_
     summary = swarm_of(tmp_path, RECEIPTS_FILE, timeout_s=300)
     assert summary["iterations"] == 48 and summary["microbatches"] == 96
     assert [j["node"] for j in summary["joins"]] == ["relay-1-1"], "the relay came back"
+    assert summary["joins"][0]["serving"], "and served again before training went on"
     assert summary["replicas_out_of_step"] == [], "it stepped with its stage again"
     # What the killed relay held was redone: it trained like the whole model.
     exactness = against_whole_model(tmp_path / "out", summary)

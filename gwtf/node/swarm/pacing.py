@@ -5,7 +5,8 @@ Each data node process starts iteration i only once its pace file (``<out>/<name
 ``python -m gwtf.node.process --pace-file``) holds a count above i. The swarm holds the data
 nodes (after the iteration in flight) at each epoch's end until every live one has read the new
 epoch off the chain (it reads the chain's clock every ``chain.clock_period_s``), so every epoch
-gets its share of the iterations. Every hold is bounded
+gets its share of the iterations; and while a relay entering (a joiner, or one restarted) loads
+its stage's state, so it is serving with the run's iterations still ahead. Every hold is bounded
 (``HOLD_TIMEOUT_S``): a node that never gets there costs the run that long, and the run goes on.
 """
 

@@ -412,7 +412,9 @@ def _apply(plan: SwarmPlan, event: dict[str, Any], at_s: float, log: IO[bytes] |
         plan.chain.register(name, int(plan.swarm["capacity"]))
     (plan.out_dir / f"{name}.go").touch()
     if "join" in event:
-        plan.joins.append({"t": round(at_s, 2), "node": name, "stage": event["join"]})
+        join = {"t": round(at_s, 2), "node": name, "stage": event["join"]}
+        plan.joins.append(join)
+        join["serving"] = _hold_for_entrant(plan, name)
 
 
 def _restart(plan: SwarmPlan, name: str, at_s: float, log: IO[bytes] | None) -> None:
@@ -427,12 +429,35 @@ def _restart(plan: SwarmPlan, name: str, at_s: float, log: IO[bytes] | None) -> 
     settings = tomllib.loads((plan.out_dir / f"{name}.toml").read_text())
     settings["node"]["join"] = True
     start_node(plan, settings, log)
-    plan.joins.append({"t": round(at_s, 2), "node": name, "restart": True})
+    join = {"t": round(at_s, 2), "node": name, "restart": True}
+    plan.joins.append(join)
+    if settings["node"]["role"] == "relay":
+        join["serving"] = _hold_for_entrant(plan, name)
+
+
+def _hold_for_entrant(plan: SwarmPlan, name: str) -> bool:
+    """Hold the data nodes after the iteration in flight until relay ``name`` (a joiner, or a
+    relay restarted) serves: it has loaded its stage's state and told the data nodes it is
+    alive (``gwtf.node.swarm.pacing``). The data nodes take it into their flows within a few
+    iterations of traffic (none form while they are held), so it takes traffic however fast
+    the iterations before it ran. Whether it served within the hold's bound."""
+    assert plan.pacing is not None
+    proc = plan.procs[name]
+    done = max((_iterations_done(p) for p in plan.procs.values() if _is_data_node(p)), default=0)
+
+    def serving() -> bool:
+        return proc.popen.poll() is None and read_status(proc) is not None
+
+    return plan.pacing.hold_until(f"{name} entering", done + 1, serving)
 
 
 def _is_data_node(proc: Proc) -> bool:
     status = read_status(proc)
     return proc.popen.poll() is None and status is not None and status.get("role") == "data"
+
+
+def _iterations_done(proc: Proc) -> int:
+    return int((read_status(proc) or {}).get("iterations_done", 0))
 
 
 def _saw_epoch(plan: SwarmPlan, epoch: int) -> bool:
