@@ -90,15 +90,8 @@ def start_node(
     # the audit must find, a node the schedule kills (and may restart) must be alive then, and
     # an entrant (started ahead of its time) is what its event shows entering.
     scheduled = {str(event["kill"]) for event in plan.churn["events"] if "kill" in event}
-    injectable = (
-        settings["node"]["role"] == "relay"
-        and start_file is None
-        and name
-        not in {
-            *plan.swarm["cheaters"],
-            *scheduled,
-        }
-    )
+    exempt = {*plan.swarm["cheaters"], *scheduled}
+    injectable = settings["node"]["role"] == "relay" and start_file is None and name not in exempt
     crash_on = crash_rule(plan, stage) if injectable else None
     if crash_on is not None:
         command += ["--crash-on", json.dumps(crash_on)]
@@ -448,7 +441,11 @@ def _hold_for_entrant(plan: SwarmPlan, name: str) -> bool:
     def serving() -> bool:
         return proc.popen.poll() is None and read_status(proc) is not None
 
-    return plan.pacing.hold_until(f"{name} entering", done + 1, serving)
+    def settled() -> bool:  # serving, or gone: a dead entrant holds nobody up
+        return serving() or proc.popen.poll() is not None
+
+    plan.pacing.hold_until(f"{name} entering", done + 1, settled)
+    return serving()
 
 
 def _is_data_node(proc: Proc) -> bool:
