@@ -14,7 +14,9 @@ never sees a torn file; a data node adds its latest iteration's result, and appe
 as a JSON line to ``results_file_of(status file)``, so the status stays small however long the
 run); ``--start-file`` (with
 its host up and its worker built, wait until that path exists before making itself known: a
-joiner started ahead of time, waiting for its moment); and
+joiner started ahead of time, waiting for its moment); ``--pace-file`` (a data node starts
+iteration i only once that file holds a count above i: the supervisor holds it between
+iterations, after the one in flight); and
 ``--crash-on JSON`` ({"direction": "forward"|"backward", "iteration": int, "lock": path}): fault
 injection for tests — the first node to reach such a hop and create ``lock`` kills itself with
 SIGKILL right there, mid-hop, so a crash lands exactly where a test wants it.
@@ -41,7 +43,13 @@ from gwtf.node.local_api.snapshot import SnapshotBox
 from gwtf.node.logs import configure_logging
 from gwtf.node.runtime.dataplane.compute import in_worker_thread
 from gwtf.node.runtime.fault_injection import arm_crash
-from gwtf.node.runtime.live_node import EntryGate, LiveNode, LiveNodeConfig, run_live_node
+from gwtf.node.runtime.live_node import (
+    EntryGate,
+    IterationGate,
+    LiveNode,
+    LiveNodeConfig,
+    run_live_node,
+)
 from gwtf.node.runtime.roles.data import DataRole
 from gwtf.node.settings import load_settings
 from gwtf.node.status_file import ResultsLog, results_file_of, write_status
@@ -165,11 +173,33 @@ def start_file_gate(start_file: Path) -> EntryGate:
     return wait_for_start_file
 
 
+def pace_file_gate(pace_file: Path) -> IterationGate:
+    """A data node starts iteration i once ``pace_file`` holds a count above i (no file: no
+    limit; the supervisor replaces it whole, so a reader never sees half a number)."""
+
+    async def wait_for_pace(iteration: int) -> None:
+        while True:
+            try:
+                allowed = int(pace_file.read_text())
+            except FileNotFoundError:
+                return
+            except (OSError, ValueError):
+                allowed = iteration  # being replaced: read it again
+            if iteration < allowed:
+                return
+            await trio.sleep(0.05)
+
+    return wait_for_pace
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m gwtf.node.process")
     parser.add_argument("--config", required=True, help="the node's settings file (TOML)")
     parser.add_argument("--status-file", required=True, help="where to write the node's status")
     parser.add_argument("--start-file", help="wait until this path exists before starting")
+    parser.add_argument(
+        "--pace-file", help="a data node: start iteration i once this file holds a count above i"
+    )
     parser.add_argument("--crash-on", help="fault injection (JSON), for tests")
     return parser.parse_args(argv)
 
@@ -184,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         config = live_config_from_settings(settings)
         if args.start_file:  # a joiner: host up and worker built, it waits for its moment
             config = dataclasses.replace(config, entry_gate=start_file_gate(Path(args.start_file)))
+        if args.pace_file:  # a supervisor holds it between iterations
+            gate = pace_file_gate(Path(args.pace_file))
+            config = dataclasses.replace(config, iteration_gate=gate)
         crash_on = json.loads(args.crash_on) if args.crash_on else None
         api = local_api_from_settings(settings)
         trio.run(run_process, config, Path(args.status_file), crash_on, api)

@@ -13,12 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+from libp2p.security.noise import transport as noise
 
 from gwtf.contracts.certificate_tree import CertificateTree
 from gwtf.node.chain.deployment import DevnetInfo, write_devnet_file
 from gwtf.node.cli.audit import EXIT_FINDINGS
 from gwtf.node.cli.main import main
 from gwtf.node.devnet.rpc import DevnetHttpServer, EthTesterRpc
+from gwtf.node.p2p.dialing import PER_ADDRESS_S
 from gwtf.node.p2p.host import full_address, running_host
 from gwtf.node.p2p.identity import identity_from_key
 from gwtf.node.p2p.rpc import RequestResponse
@@ -136,3 +139,26 @@ def test_an_unreachable_chain_is_one_line_and_the_chains_exit_code(
     assert main([*argv, "--run", str(staffed.run), "--epoch", "0"]) == 3
     err = capsys.readouterr().err.strip()
     assert err.startswith("gwtf-node: error:") and "\n" not in err
+
+
+def test_a_data_node_slow_over_its_handshake_is_audited_within_the_audits_timeout(
+    certified: Certified,
+    devnet_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node busy training (or on a loaded machine) may take seconds over a connection's
+    handshakes: the auditor waits for it within its ``--timeout-s`` (10 s here), not within
+    the ``PER_ADDRESS_S`` a node gives each address of its neighbours."""
+    secure_inbound = noise.Transport.secure_inbound
+
+    async def slow(self: noise.Transport, conn: Any) -> Any:
+        await trio.sleep(PER_ADDRESS_S + 1.0)
+        return await secure_inbound(self, conn)
+
+    monkeypatch.setattr(noise.Transport, "secure_inbound", slow)
+    with serving_data_node(certified, certified.data, certified.tree, tmp_path / "d.sqlite") as at:
+        code, report = audit(capsys, devnet_file, certified.run, at)
+    assert report["peers"] == {certified.data.address: "ok"}
+    assert code == 0 and report["certificates"][0]["findings"] == []

@@ -187,7 +187,10 @@ async def run_swarm(
                 capacity=capacities.get(name, 2),
                 **(relay_settings or {}),
             )
-            nursery.start_soon(run_relay, config, swarm)
+            # One after another, each once the one before serves: the handshakes of every
+            # relay at once (noise, identify, the DHT, gossipsub) on the one event loop of a
+            # loaded machine time out and are retried, and none may get through for minutes.
+            await nursery.start(run_relay, config, swarm)
         nursery.start_soon(scenario)
     return swarm.results["data"]
 
@@ -206,12 +209,18 @@ async def run_data_node(config: LiveNodeConfig, swarm: Swarm) -> list[IterationR
     return []
 
 
-async def run_relay(config: LiveNodeConfig, swarm: Swarm) -> None:
+async def run_relay(
+    config: LiveNodeConfig,
+    swarm: Swarm,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """A relay of ``swarm``; started (``nursery.start``) once it serves."""
     with trio.CancelScope() as scope:
         swarm.scopes[config.name] = scope
 
         def on_started(node: LiveNode) -> None:
             swarm.started(config.name, node)
+            task_status.started()
 
         await run_live_node(config, on_started)
 

@@ -78,6 +78,9 @@ def test_swarm_on_chain_survives_sigkills_takes_in_a_joiner_and_refuses_a_strang
     assert recovered["backward_repairs"] >= 1
     relays = summary["relays"]
     joiner = relays["joiner-1-0"]
+    # The swarm held the data node until the joiner served: it takes traffic however fast the
+    # other iterations run.
+    assert summary["joins"][0]["serving"], summary["joins"]
     assert joiner["step"] == 16 and joiner["hops_recorded"] > 0, "the joiner took traffic"
     for stage in (1, 2):
         digests = {r["state_digest"] for r in relays.values() if r["stage"] == stage}
@@ -166,6 +169,7 @@ def test_every_hop_earns_the_audit_slashes_the_two_cheaters_and_pays_the_honest_
     summary = swarm_of(tmp_path, RECEIPTS_FILE, timeout_s=300)
     assert summary["iterations"] == 48 and summary["microbatches"] == 96
     assert [j["node"] for j in summary["joins"]] == ["relay-1-1"], "the relay came back"
+    assert summary["joins"][0]["serving"], "and served again before training went on"
     assert summary["replicas_out_of_step"] == [], "it stepped with its stage again"
     # What the killed relay held was redone: it trained like the whole model.
     exactness = against_whole_model(tmp_path / "out", summary)
@@ -287,10 +291,11 @@ def test_a_wrong_tensor_is_found_by_re_execution_and_a_drawn_jury_slashes_its_wo
     # microbatch of every iteration), each opened with a bond; a drawn jury re-executed each.
     # The first slashes its stake; the second convicts it in the other epoch too (its pay there
     # is burned) for no further stake. An iteration is in the epoch the data node's clock read
-    # as it began: on a fast machine every iteration after the harness moved the chain clock on
-    # may begin before the data node reads it, and the last epoch has no hops.
+    # as it began: the swarm holds it at each epoch's end until it has read the next, so both
+    # epochs hold hops.
     disputed = [c for c in audit["challenges"] if c["outcome"] == "disputed"]
     epochs = len([e for e in summary["chain"]["epochs"] if e["certificates"]])
+    assert epochs == 2, summary["chain"]["epochs"]
     assert len(disputed) == epochs and {c["accused"] for c in disputed} == {"relay-1-0"}
     first, *later = audit["rulings"]
     assert first["outcome"] == "wrong tensor: worker slashed" and len(later) == epochs - 1

@@ -18,7 +18,8 @@ replicas of its stage serve identically, or not at all (``_weights``).
 A replay outside the tolerance is a ``wrong tensor`` finding against the worker, with the
 tensor dispute the court's drawn jurors judge (``gwtf.node.audit.jury``). Weights of the worker's
 that differ from another replica's are a ``weights differ`` finding, without proof (which of
-the two is off is for a person to see). Evidence nobody serves is ``unreplayed``, accusing nobody.
+the two is off is for a person to see). Evidence nobody serves, after ``FETCH_ROUNDS`` rounds over
+every route to each node that keeps it, is ``unreplayed``, accusing nobody.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from gwtf.node.audit.checks import Finding
 from gwtf.node.audit.reexecute import HopEvidence, Replay, Replayer
 from gwtf.node.p2p.host import peer_info
 from gwtf.node.p2p.identity import node_address_of_peer
-from gwtf.node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestResponse
+from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse
 from gwtf.node.receipts.evidence import EvidenceMissing, fetch_frame, fetch_state
 from gwtf.node.receipts.serving import RECEIVED, SIGNED, Fetched, fetch_receipts
 from gwtf.node.training.checkpoint import verified_digest
@@ -62,7 +63,14 @@ UNREPLAYED: Final = "unreplayed"
 WEIGHTS_DIFFER: Final = "weights differ"
 #: Request deadlines one frame or state file may take to fetch whole.
 FETCH_DEADLINES: Final = 4
-_FETCH_ERRORS = (EvidenceMissing, ProtocolError, PeerUnavailable, RequestDeclined)
+#: Rounds over a node's routes before it counts as serving no evidence, and the wait before the
+#: second (doubling before each later one): a relay too busy training to answer in time, or
+#: whose connection broke, answers a moment later, and a hop is not left unreplayed for that.
+FETCH_ROUNDS: Final = 3
+FIRST_RETRY_WAIT_S: Final = 1.0
+#: What all rounds after the first may take in one audit, in request timeouts: a node that
+#: never answers costs the audit a bounded time, however many hops ask for its evidence.
+RETRY_BUDGET_TIMEOUTS: Final = 6
 
 
 def sample_seed(w3: Web3, submit_closes_at: int) -> bytes | None:
@@ -131,6 +139,7 @@ class EvidenceSource:
         self.forwarders = tuple(forwarders)
         self._states: dict[tuple[int, int, tuple[str, ...]], tuple[bytes, str] | None] = {}
         self._silent: set[str] = set()  # peers that do not serve evidence at all
+        self.retry_budget_s = RETRY_BUDGET_TIMEOUTS * timeout_s  # what retries may still take
 
     async def frame(self, epoch: int, digest: bytes, first: Sequence[str]) -> bytes | None:
         """The frame with ``digest``: from ``first`` in order, then from the other peers."""
@@ -174,31 +183,76 @@ class EvidenceSource:
     async def _first(
         self, nodes: Sequence[str], fetch: Callable[[str, str | None], Awaitable[bytes]]
     ) -> tuple[bytes, str] | None:
-        """What the first of ``nodes`` that keeps it serves, with that node; a node that fails
-        otherwise than by not keeping it is asked nothing more."""
+        """What the first of ``nodes`` that keeps it serves, with that node; a node that serves
+        nothing in any round (``_rounds``) is asked nothing more."""
         for node in nodes:
-            if node in self._silent:
+            if node in self._silent or (node not in self.peers and node not in self.unreached):
                 continue
-            if node in self.peers:
-                routes: list[tuple[str, str | None]] = [(self.peers[node], None)]
-            elif node in self.unreached:
-                routes = [(self.unreached[node], via) for via in self.forwarders]
-            else:
+            try:
+                found = await self._rounds(node, fetch)
+            except EvidenceMissing:
                 continue
-            for peer, via in routes:
-                try:
-                    # A whole fetch has a deadline, not only each chunk: a peer that trickles a
-                    # large file cannot hold the audit (or a ruling) past its window.
-                    with trio.fail_after(FETCH_DEADLINES * self.timeout_s):
-                        return await fetch(peer, via), node
-                except EvidenceMissing:
-                    break
-                except trio.TooSlowError:
-                    log.debug("evidence from %s came too slowly (via %s)", node, via)
-                except _FETCH_ERRORS as exc:
-                    log.debug("no evidence from %s (via %s): %s", node, via, exc)
+            if found is not None:
+                return found, node
+            self._silent.add(node)
+        return None
+
+    async def _rounds(
+        self, node: str, fetch: Callable[[str, str | None], Awaitable[bytes]]
+    ) -> bytes | None:
+        """``node``'s evidence over its routes: first as it was reached (directly, or through
+        each forwarder when it was not), then in up to ``FETCH_ROUNDS - 1`` later rounds, after
+        a wait, directly and through every forwarder, while the audit's retry budget lasts.
+        ``EvidenceMissing`` when the node says it keeps none; None when no route served."""
+        if node in self.peers:
+            peer = self.peers[node]
+            first: list[str | None] = [None]
+            later = [None, *(via for via in self.forwarders if via != peer)]
+        else:
+            peer = self.unreached[node]
+            first = later = list(self.forwarders)
+        broken: set[str | None] = set()  # routes that sent wrong bytes: not asked again
+        for round_ in range(FETCH_ROUNDS):
+            if round_ == 0:
+                found = await self._over(node, peer, first, broken, fetch)
+            elif self.retry_budget_s <= 0:
+                return None
             else:
-                self._silent.add(node)
+                started = trio.current_time()
+                with trio.move_on_after(self.retry_budget_s):
+                    await trio.sleep(FIRST_RETRY_WAIT_S * 2 ** (round_ - 1))
+                    found = await self._over(node, peer, later, broken, fetch)
+                self.retry_budget_s -= trio.current_time() - started
+            if found is not None:
+                return found
+        return None
+
+    async def _over(
+        self,
+        node: str,
+        peer: str,
+        routes: Sequence[str | None],
+        broken: set[str | None],
+        fetch: Callable[[str, str | None], Awaitable[bytes]],
+    ) -> bytes | None:
+        """One try of each of ``routes`` to ``peer`` (None: directly, else a forwarder)."""
+        for via in routes:
+            if via in broken:
+                continue
+            try:
+                # A whole fetch has a deadline, not only each chunk: a peer that trickles a
+                # large file cannot hold the audit (or a ruling) past its window.
+                with trio.fail_after(FETCH_DEADLINES * self.timeout_s):
+                    return await fetch(peer, via)
+            except trio.TooSlowError:
+                log.debug("evidence from %s came too slowly (via %s)", node, via)
+            except PeerUnavailable as exc:  # declined (busy), timed out, or unreachable
+                log.debug("no answer from %s (via %s): %s", node, via, exc)
+            except EvidenceMissing:
+                raise
+            except ProtocolError as exc:
+                log.debug("wrong evidence from %s (via %s): %s", node, via, exc)
+                broken.add(via)
         return None
 
 

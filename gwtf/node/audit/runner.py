@@ -71,7 +71,7 @@ from gwtf.node.audit.replays import (
 )
 from gwtf.node.chain.actions import Contracts
 from gwtf.node.chain.epochs import EpochLedger
-from gwtf.node.p2p.dialing import Dialer
+from gwtf.node.p2p.dialing import PER_ADDRESS_S, Dialer, dialable
 from gwtf.node.p2p.host import peer_info, running_host
 from gwtf.node.p2p.identity import new_identity, node_address_of_peer
 from gwtf.node.p2p.rpc import RequestResponse
@@ -289,10 +289,12 @@ async def read_receipts(
 async def connect_peers(
     host: Any, peers: Sequence[str], timeout_s: float
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """Dial each of ``peers`` (multiaddrs): (node address in lower case -> peer id of those
-    reached, node address -> "ok" or why not)."""
+    """Dial each of ``peers`` (multiaddrs) within ``timeout_s``, shared by its addresses: (node
+    address in lower case -> peer id of those reached, node address -> "ok" or why not). A node
+    busy training may take seconds over a connection's handshakes: the auditor, which dials each
+    peer once, gives each address its share of ``timeout_s``, never less than the
+    ``PER_ADDRESS_S`` nodes give their neighbours' addresses."""
     infos = [peer_info(address) for address in peers]
-    dialer = Dialer(host)
     reachable: dict[str, str] = {}
     statuses: dict[str, str] = {}
     for info in infos:
@@ -300,6 +302,8 @@ async def connect_peers(
             node = node_address_of_peer(info.peer_id)
         except ProtocolError as exc:
             raise ConfigError(f"peer {info.peer_id} is no GWTF node: {exc}") from exc
+        per_address_s = max(PER_ADDRESS_S, timeout_s / max(1, len(dialable(info.addrs))))
+        dialer = Dialer(host, per_address_s=per_address_s)
         try:
             with trio.fail_after(timeout_s):
                 await dialer.connect(info.peer_id, info.addrs)

@@ -90,6 +90,13 @@ class EntryGate(Protocol):
     async def __call__(self) -> None: ...
 
 
+class IterationGate(Protocol):
+    """Waited on by a data node with an iteration's number before it starts that iteration. May
+    block for as long as it likes; cancelled with the node."""
+
+    async def __call__(self, iteration: int, /) -> None: ...
+
+
 class ReachabilityReport(Protocol):
     """Told of each reachability verdict and the line that says what the node does about it
     (for its operator). Must not block or raise."""
@@ -159,6 +166,9 @@ class LiveNodeConfig:
     #: Awaited once the host is up and the worker built, before the node makes itself known:
     #: a joiner started ahead of time waits here for its moment, its slow start-up done.
     entry_gate: EntryGate | None = None
+    #: A data node: awaited with each iteration's number before it starts it (a supervisor
+    #: holds it between iterations, e.g. until it has read a new epoch off the chain).
+    iteration_gate: IterationGate | None = None
     routing: str = "gwtf"  # "gwtf": follow the flow table; "swarm": SWARM's throughput wiring
     #: Data nodes sharing the run's batches, and this data node's shard of them (0-based).
     data_nodes: int = 1
@@ -536,6 +546,8 @@ async def run_live_node(
             held_out = await trio.to_thread.run_sync(run_validation_batches, config.training)
             iteration = first
             while not config.iterations or iteration < config.iterations:
+                if config.iteration_gate is not None:
+                    await config.iteration_gate(iteration)
                 try:
                     if resume is not None:
                         await resume.begin(iteration)

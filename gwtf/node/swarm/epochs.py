@@ -5,11 +5,15 @@ A local swarm trains for a minute, while a run's epochs last an hour and its dis
 longer. So the swarm moves its devnet's clock: one epoch on at each of the iterations' equal
 parts (``[chain] epochs``), then, once the data nodes have trained, past the last epoch's end
 (the data nodes certify and submit it) and past its dispute window (the relays claim). The
-nodes themselves do all the work of the epoch cycle, from their own databases and the chain.
+data nodes read the chain's clock every ``chain.clock_period_s``: with ``pacing`` they are held
+at each part's end until they have read the new epoch (``gwtf.node.swarm.pacing``), so each
+epoch holds its part of the iterations however fast they run. The nodes themselves do all the
+work of the epoch cycle, from their own databases and the chain.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -19,8 +23,10 @@ from gwtf.contracts.rewards import pay_wei
 from gwtf.node.chain.adapter import advance_time, advance_time_to, format_eth
 from gwtf.node.chain.epochs import EpochLedger
 from gwtf.node.swarm.chain import SwarmChain
+from gwtf.node.swarm.pacing import Pacing
 
 SETTLE_TIMEOUT_S = 120.0
+_EPOCH_HOLD = "an epoch's end"
 
 
 def epoch_boundaries(iterations: int, epochs: int) -> list[int]:
@@ -43,6 +49,8 @@ class SwarmEpochs:
         certified: Callable[[int], bool],
         claimed: Callable[[], bool],
         audit: Callable[[int], None] = lambda epoch: None,
+        pacing: Pacing | None = None,
+        saw_epoch: Callable[[int], bool] = lambda epoch: True,
         timeout_s: float = SETTLE_TIMEOUT_S,
     ) -> None:
         self.chain = chain
@@ -50,14 +58,27 @@ class SwarmEpochs:
         self.boundaries = epoch_boundaries(iterations, chain.plan.epochs)
         self.certified, self.claimed, self.timeout_s = certified, claimed, timeout_s
         self.audit = audit
+        self.pacing, self.saw_epoch = pacing, saw_epoch
+        self._pace()
 
     def trained(self, iterations_done: int) -> None:
         """The data node finished ``iterations_done`` iterations: move on an epoch at a part's
-        end. The next iteration starts in the next epoch."""
+        end. The next iteration starts in the next epoch (with ``pacing``, once the data nodes
+        have read it)."""
         while self.boundaries and iterations_done >= self.boundaries[0]:
-            self.boundaries.pop(0)
-            self._before_closing(self.current_epoch())
+            boundary = self.boundaries.pop(0)
+            epoch = self.current_epoch()
+            self._before_closing(epoch)
             advance_time(self.chain.contracts.w3, self.chain.plan.epoch_length_s)
+            if self.pacing is not None:
+                seen = functools.partial(self.saw_epoch, epoch + 1)
+                self.pacing.hold_until(_EPOCH_HOLD, boundary, seen)
+            self._pace()
+
+    def _pace(self) -> None:
+        """Hold the data nodes at the next part's end (until ``trained`` moves the clock)."""
+        if self.pacing is not None and self.boundaries:
+            self.pacing.hold(_EPOCH_HOLD, self.boundaries[0])
 
     def current_epoch(self) -> int:
         start, length = self.ledger.run_start_and_length()

@@ -69,6 +69,7 @@ from gwtf.node.runtime.fault_injection import CRASH_MOMENTS
 from gwtf.node.settings import AUTO_STAGE, FlowSettings, load_settings
 from gwtf.node.swarm.audit import SwarmAudit
 from gwtf.node.swarm.chain import ChainPlan, SwarmChain, node_key_file, password_file
+from gwtf.node.swarm.pacing import Pacing
 from gwtf.node.training.errors import ModelConfigError
 from gwtf.node.training.partition import model_for_run
 from gwtf.node.training.shards import run_vocab
@@ -154,6 +155,8 @@ class SwarmPlan:
     #: Nodes placed elsewhere than this machine's loopback, by name (the internet test bed
     #: puts them in network namespaces); the others run here on 127.0.0.1.
     hosts: dict[str, NodeHost] = field(default_factory=dict)
+    #: How far the data nodes may train (``gwtf.node.swarm.pacing``); None: no limit but theirs.
+    pacing: Pacing | None = None
 
 
 def load_swarm_file(path: Path) -> dict[str, dict[str, Any]]:

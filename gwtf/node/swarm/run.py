@@ -52,6 +52,7 @@ from gwtf.node.swarm.chain import (
     start_swarm_chain,
 )
 from gwtf.node.swarm.epochs import SwarmEpochs, rewards
+from gwtf.node.swarm.pacing import Pacing
 from gwtf.node.swarm.plan import (
     Proc,
     SwarmPlan,
@@ -83,13 +84,14 @@ def start_node(
     command += ["--status-file", str(status_file)]
     if start_file is not None:
         command += ["--start-file", str(start_file)]
+    if settings["node"]["role"] == "data" and plan.pacing is not None:
+        command += ["--pace-file", str(plan.pacing.add(name))]
     # Fault injection kills honest relays the schedule leaves alone: a cheater's fraud is what
-    # the audit must find, and a node the schedule kills (and may restart) must be alive then.
+    # the audit must find, a node the schedule kills (and may restart) must be alive then, and
+    # an entrant (started ahead of its time) is what its event shows entering.
     scheduled = {str(event["kill"]) for event in plan.churn["events"] if "kill" in event}
-    injectable = settings["node"]["role"] == "relay" and name not in {
-        *plan.swarm["cheaters"],
-        *scheduled,
-    }
+    exempt = {*plan.swarm["cheaters"], *scheduled}
+    injectable = settings["node"]["role"] == "relay" and start_file is None and name not in exempt
     crash_on = crash_rule(plan, stage) if injectable else None
     if crash_on is not None:
         command += ["--crash-on", json.dumps(crash_on)]
@@ -155,10 +157,12 @@ def run_swarm(
         *plan.out_dir.glob("crash-*.lock"),
         *plan.out_dir.glob("*.sqlite*"),
         *plan.out_dir.glob("*.results.jsonl"),
+        *plan.out_dir.glob("*.pace"),
     ):
         stale.unlink()
     for evidence in plan.out_dir.glob("*.evidence"):
         shutil.rmtree(evidence, ignore_errors=True)
+    plan.pacing = Pacing(plan.out_dir, int(plan.run["iterations"]))
     try:
         if plan.chain_plan.enabled:
             plan.chain = start_swarm_chain(
@@ -205,6 +209,8 @@ def run_swarm(
                 lambda last: _certified(plan, data_nodes, last),
                 lambda: _claimed(plan),
                 lambda epoch: audit.epoch(epoch, live_addresses(plan)),
+                plan.pacing,
+                lambda epoch: _saw_epoch(plan, epoch),
             )
         last_check = time.monotonic()
         while not _trained(data_nodes):
@@ -399,7 +405,9 @@ def _apply(plan: SwarmPlan, event: dict[str, Any], at_s: float, log: IO[bytes] |
         plan.chain.register(name, int(plan.swarm["capacity"]))
     (plan.out_dir / f"{name}.go").touch()
     if "join" in event:
-        plan.joins.append({"t": round(at_s, 2), "node": name, "stage": event["join"]})
+        join = {"t": round(at_s, 2), "node": name, "stage": event["join"]}
+        plan.joins.append(join)
+        join["serving"] = _hold_for_entrant(plan, name)
 
 
 def _restart(plan: SwarmPlan, name: str, at_s: float, log: IO[bytes] | None) -> None:
@@ -414,7 +422,49 @@ def _restart(plan: SwarmPlan, name: str, at_s: float, log: IO[bytes] | None) -> 
     settings = tomllib.loads((plan.out_dir / f"{name}.toml").read_text())
     settings["node"]["join"] = True
     start_node(plan, settings, log)
-    plan.joins.append({"t": round(at_s, 2), "node": name, "restart": True})
+    join = {"t": round(at_s, 2), "node": name, "restart": True}
+    plan.joins.append(join)
+    if settings["node"]["role"] == "relay":
+        join["serving"] = _hold_for_entrant(plan, name)
+
+
+def _hold_for_entrant(plan: SwarmPlan, name: str) -> bool:
+    """Hold the data nodes after the iteration in flight until relay ``name`` (a joiner, or a
+    relay restarted) serves: it has loaded its stage's state and told the data nodes it is
+    alive (``gwtf.node.swarm.pacing``). The data nodes take it into their flows within a few
+    iterations of traffic (none form while they are held), so it takes traffic however fast
+    the iterations before it ran. Whether it served within the hold's bound."""
+    assert plan.pacing is not None
+    proc = plan.procs[name]
+    done = max((_iterations_done(p) for p in plan.procs.values() if _is_data_node(p)), default=0)
+
+    def serving() -> bool:
+        return proc.popen.poll() is None and read_status(proc) is not None
+
+    def settled() -> bool:  # serving, or gone: a dead entrant holds nobody up
+        return serving() or proc.popen.poll() is not None
+
+    plan.pacing.hold_until(f"{name} entering", done + 1, settled)
+    return serving()
+
+
+def _is_data_node(proc: Proc) -> bool:
+    status = read_status(proc)
+    return proc.popen.poll() is None and status is not None and status.get("role") == "data"
+
+
+def _iterations_done(proc: Proc) -> int:
+    return int((read_status(proc) or {}).get("iterations_done", 0))
+
+
+def _saw_epoch(plan: SwarmPlan, epoch: int) -> bool:
+    """Every live data node has read ``epoch`` (or a later one) off the chain's clock."""
+    for proc in plan.procs.values():
+        if _is_data_node(proc):
+            receipts = (read_status(proc) or {}).get("receipts") or {}
+            if int(receipts.get("epoch", epoch)) < epoch:
+                return False
+    return True
 
 
 def _record_injected_crashes(plan: SwarmPlan) -> None:

@@ -1,0 +1,109 @@
+"""An audit's evidence from a relay that is slow to answer: asked again, after a wait, before its
+hop is left unreplayed; one that never answers costs the audit a bounded time (real hosts on
+loopback; the relay's disk reads are slowed where a loaded machine would slow them)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import trio
+
+from gwtf.node.audit.replays import FETCH_DEADLINES, EvidenceSource
+from gwtf.node.p2p.host import running_host
+from gwtf.node.p2p.identity import new_identity, node_address_of_peer
+from gwtf.node.p2p.rpc import RequestResponse
+from gwtf.node.receipts.evidence import serve_evidence, serve_evidence_forwarding
+from gwtf.node.store.evidence import Chunk, EvidenceArchive
+from tests.p2p.test_host_stop import run_bounded
+
+TIMEOUT_S = 0.5
+RUN = 1
+
+
+class StalledArchive(EvidenceArchive):
+    """An archive whose first ``stalls`` frame reads outlast the auditor's request timeout, as
+    a relay's would on a machine busy training."""
+
+    def __init__(self, root: Path, stalls: int) -> None:
+        super().__init__(root, keep_epochs=2, epoch_now=lambda: 0)
+        self.stalls = stalls
+
+    def frame_chunk(self, epoch: int, digest: bytes, offset: int, size: int) -> Chunk | None:
+        if self.stalls > 0:
+            self.stalls -= 1
+            time.sleep(3 * TIMEOUT_S)
+        return super().frame_chunk(epoch, digest, offset, size)
+
+
+def test_evidence_a_relay_is_slow_to_serve_is_asked_again_after_a_wait(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_host(new_identity()) as relay, running_host(new_identity()) as auditor:
+            archive = StalledArchive(tmp_path, stalls=1)
+            digest = archive.keep_frame(0, b"hop input")
+            serve_evidence(RequestResponse(relay), archive, RUN, TIMEOUT_S)
+            rpc = RequestResponse(auditor)
+            await rpc.dialer.connect(relay.get_id(), relay.get_addrs())
+            node = node_address_of_peer(relay.get_id()).lower()
+            source = EvidenceSource(rpc, {node: str(relay.get_id())}, RUN, TIMEOUT_S)
+            assert await source.frame(0, digest, [node]) == b"hop input"
+            assert archive.stalls == 0, "the first read stalled past the request's timeout"
+            # The relay still counts as serving: its other frames are asked for.
+            other = archive.keep_frame(0, b"hop output")
+            assert await source.frame(0, other, [node]) == b"hop output"
+
+    run_bounded(main)
+
+
+def test_a_reached_relay_that_stops_answering_is_read_through_a_forwarder(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        async with (
+            running_host(new_identity()) as relay,
+            running_host(new_identity()) as data_node,
+            running_host(new_identity()) as auditor,
+        ):
+            archive = StalledArchive(tmp_path, stalls=0)
+            digest = archive.keep_frame(0, b"hop input")
+            serve_evidence(RequestResponse(relay), archive, RUN, TIMEOUT_S)
+            forwarding = RequestResponse(data_node)
+            serve_evidence_forwarding(forwarding, TIMEOUT_S)
+            await forwarding.dialer.connect(relay.get_id(), relay.get_addrs())
+            rpc = RequestResponse(auditor)
+            await rpc.dialer.connect(data_node.get_id(), data_node.get_addrs())
+            # The auditor reached the relay, then lost its connection and cannot dial it again.
+            relay_id = relay.get_id()
+            await rpc.dialer.connect(relay_id, relay.get_addrs())
+            await auditor.get_network().close_peer(relay_id)
+            auditor.get_peerstore().clear_addrs(relay_id)
+            node = node_address_of_peer(relay_id).lower()
+            source = EvidenceSource(
+                rpc, {node: str(relay_id)}, RUN, TIMEOUT_S, forwarders=[str(data_node.get_id())]
+            )
+            assert await source.frame(0, digest, [node]) == b"hop input"
+
+    run_bounded(main)
+
+
+def test_a_relay_that_never_answers_costs_the_audit_a_bounded_time(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_host(new_identity()) as relay, running_host(new_identity()) as auditor:
+            archive = StalledArchive(tmp_path, stalls=1000)
+            digests = [archive.keep_frame(0, bytes([i]) * 8) for i in range(5)]
+            serve_evidence(RequestResponse(relay), archive, RUN, TIMEOUT_S)
+            rpc = RequestResponse(auditor)
+            await rpc.dialer.connect(relay.get_id(), relay.get_addrs())
+            node = node_address_of_peer(relay.get_id()).lower()
+            source = EvidenceSource(rpc, {node: str(relay.get_id())}, RUN, TIMEOUT_S)
+            budget = source.retry_budget_s
+            started = trio.current_time()
+            for digest in digests:
+                assert await source.frame(0, digest, [node]) is None
+            spent = trio.current_time() - started
+            assert source.retry_budget_s <= 0 or spent < budget
+            # A first try (one request timeout: the reply never comes) and the retry budget,
+            # for all five hops: the relay is asked nothing once no round served.
+            assert spent < FETCH_DEADLINES * TIMEOUT_S + budget + 2.0
+
+    run_bounded(main)
