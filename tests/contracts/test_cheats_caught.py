@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import json
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from eth_account import Account
 
-from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt, tree_of_prepared
+from gwtf.contracts.certificate_tree import (
+    PreparedHop,
+    SignedReceipt,
+    spans_of,
+    tree_of_prepared,
+)
 from gwtf.node.audit.challenge import JUDGED_BEFORE, SLASHED, challenge, salt_of
 from gwtf.node.audit.checks import equivocations
 from gwtf.node.chain.actions import Contracts, commit_proof
@@ -122,6 +128,33 @@ def test_a_cheating_data_node_is_found_slashed_and_its_certificate_voided(
     assert report_again["challenges"] == []
     assert int(report_again["withdrawn_wei"]) == 2 * ETH // 20
     assert again == 0
+
+
+@pytest.mark.parametrize("served", ["no spans", "its tree's own spans"])
+def test_shifted_spans_are_proven_whatever_spans_the_data_node_serves(
+    served: str, staffed: Staffed, devnet_file: Path, tmp_path: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A data node that shifts a span and then serves no spans, or its tree's true ones
+    (not those it committed), is convicted all the same: the spans are read from the
+    transaction that committed them, not taken from the accused."""
+    s = staffed
+    cheat = cheat_of(s, SHIFT_SPAN, s.data)
+    committed = submit(s, honest_hops(s), cheat)
+    true_spans = spans_of(committed.hops)
+    assert true_spans is not None and true_spans != committed.spans
+    shown = (
+        replace(committed, spans=None, ranges=None)
+        if served == "no spans"
+        else committed.with_spans(true_spans)
+    )
+    wallet = challenger_wallet(s, tmp_path)
+    with serving_data_node(s, s.data, shown, tmp_path / "d.sqlite", cheat) as at:
+        code, report = run_challenge(capsys, devnet_file, wallet, s.run, [at])
+    assert code == 0, report
+    first = report["challenges"][0]
+    assert first["kind"] == "bad span" and first["outcome"] == "slashed", first
+    assert s.w.status_of(s.data) == NODE_STATUS_SLASHED
 
 
 def test_a_withheld_leaf_fails_the_audit_and_slashes_nobody(
