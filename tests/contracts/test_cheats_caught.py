@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import json
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from eth_account import Account
 
-from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt, tree_of_prepared
+from gwtf.contracts.bindings import committed_spans, deploy_contract
+from gwtf.contracts.certificate_tree import (
+    PreparedHop,
+    SignedReceipt,
+    spans_of,
+    tree_of_prepared,
+)
+from gwtf.contracts.encoding import sign_binding
 from gwtf.node.audit.challenge import JUDGED_BEFORE, SLASHED, challenge, salt_of
 from gwtf.node.audit.checks import equivocations
 from gwtf.node.chain.actions import Contracts, commit_proof
@@ -35,7 +43,7 @@ from gwtf.node.receipts.cheats import (
 )
 from tests.contracts.conftest import TEST_PARAMS, Staffed
 from tests.contracts.test_audit_command import devnet_file, serving_data_node  # noqa: F401
-from tests.contracts.world import ETH, UNITS_PER_HOP, NodeKey
+from tests.contracts.world import ETH, UNITS_PER_HOP, NodeKey, default_capacity
 
 PASSWORD = "challenger password"
 
@@ -122,6 +130,87 @@ def test_a_cheating_data_node_is_found_slashed_and_its_certificate_voided(
     assert report_again["challenges"] == []
     assert int(report_again["withdrawn_wei"]) == 2 * ETH // 20
     assert again == 0
+
+
+@pytest.mark.parametrize("served", ["no spans", "its tree's own spans"])
+def test_shifted_spans_are_proven_whatever_spans_the_data_node_serves(
+    served: str, staffed: Staffed, devnet_file: Path, tmp_path: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A data node that shifts a span and then serves no spans, or its tree's true ones
+    (not those it committed), is convicted all the same: the spans are read from the
+    transaction that committed them, not taken from the accused."""
+    s = staffed
+    cheat = cheat_of(s, SHIFT_SPAN, s.data)
+    committed = submit(s, honest_hops(s), cheat)
+    true_spans = spans_of(committed.hops)
+    assert true_spans is not None and true_spans != committed.spans
+    shown = (
+        replace(committed, spans=None, ranges=None)
+        if served == "no spans"
+        else committed.with_spans(true_spans)
+    )
+    wallet = challenger_wallet(s, tmp_path)
+    with serving_data_node(s, s.data, shown, tmp_path / "d.sqlite", cheat) as at:
+        code, report = run_challenge(capsys, devnet_file, wallet, s.run, [at])
+    assert code == 0, report
+    first = report["challenges"][0]
+    assert first["kind"] == "bad span" and first["outcome"] == "slashed", first
+    assert s.w.status_of(s.data) == NODE_STATUS_SLASHED
+
+
+@pytest.mark.parametrize("served", ["its committed spans", "no spans"])
+def test_spans_submitted_through_a_contract_wallet_are_read_from_the_data_node(
+    served: str, staffed: Staffed, devnet_file: Path, tmp_path: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A sponsor whose wallet is a contract submits its data node's certificate through it, so
+    the spans are not the submission's own calldata: the auditor reads them from the data node
+    and proves a shifted one; a data node that serves none leaves its certificate unchecked
+    (the spans not read), accusing nobody."""
+    w = staffed.w
+    wallet = deploy_contract(w.w3, "ReentrantWallet", w.attacker)
+
+    def through_wallet(target: Any, function: str, *args: Any, value: int = 0) -> None:
+        data = target.encode_abi(function, args=list(args))
+        w.tx(wallet.functions.execute(target.address, data), w.attacker, value)
+
+    data = w.key("data with a contract wallet")
+    binding = sign_binding(wallet.address, data.private_key, w.registry_domain)
+    capacity = default_capacity()
+    through_wallet(w.registry, "registerNode", data.public_key, capacity, binding, value=2 * ETH)
+    through_wallet(w.ledger, "openRun", w.run_config(), value=10 * ETH)
+    run = int(w.ledger.events.RunOpened.get_logs(from_block=0)[-1]["args"]["runId"])
+    through_wallet(w.ledger, "addDataNode", run, data.address)
+    for key, i in ((staffed.a, 0), (staffed.b, 1)):
+        w.join(run, key, w.wallet(i))
+    s = replace(staffed, run=run, data=data)
+    cheat = cheat_of(s, SHIFT_SPAN, data)
+    entries = w.pipeline_hops(run, 0, data, [s.a, s.b], [0, 1])
+    tree = tree_of_prepared([PreparedHop.of(e, w.ledger_domain) for e in entries])
+    w.to_submission(s.run, 0)
+    cert, spans = cheat.certificate(tree.cert_ref(s.run, 0, data.address), tree.spans_or_raise())
+    args = (cert.runId, cert.epoch, cert.dataNode, cert.root, cert.count, cert.units)
+    through_wallet(w.ledger, "submitCertificates", *args, [span.as_tuple() for span in spans])
+    assert committed_spans(w.ledger, cert) is None  # not this transaction's own calldata
+    shown = (
+        tree.with_spans(spans)
+        if served == "its committed spans"
+        else replace(tree, spans=None, ranges=None)
+    )
+    challenger = challenger_wallet(s, tmp_path)
+    with serving_data_node(s, data, shown, tmp_path / "d.sqlite", cheat) as at:
+        code, report = run_challenge(capsys, devnet_file, challenger, s.run, [at])
+    if served == "no spans":
+        assert code == EXIT_FINDINGS and report["challenges"] == []
+        (finding,) = report["certificates"][0]["findings"]
+        assert finding["kind"] == "unchecked" and "spans not read" in finding["detail"]
+        assert w.status_of(data) != NODE_STATUS_SLASHED
+        return
+    assert code == 0, report
+    first = report["challenges"][0]
+    assert first["kind"] == "bad span" and first["outcome"] == "slashed", first
+    assert w.status_of(data) == NODE_STATUS_SLASHED
 
 
 def test_a_withheld_leaf_fails_the_audit_and_slashes_nobody(

@@ -303,3 +303,36 @@ def test_a_colluders_span_over_a_withheld_tree_cannot_take_the_honest_relays_uni
     w.to_settled(run, 0)  # the tree is published only now
     taken = _claim(w, cert, tree, x, w.accomplice)
     assert taken <= HOP_PRICE, f"x took {taken} wei for its one forward hop"
+
+
+def test_a_span_or_leaf_of_another_certificate_convicts_nobody(staffed: Staffed) -> None:
+    """Two honest data nodes certify one epoch, their trees laid out over different workers so
+    that a span of one contradicts leaves of the other at the same indices: no such pair is
+    taken against either certificate (its span is not in the ranges root, or its leaf not in
+    the tree)."""
+    s = staffed
+    w = s.w
+    other = w.register("second data node", w.sponsor)
+    w.add_data_node(s.run, other)
+    mine = w.dishonest_tree(_hops([s.a, s.b, s.c]))  # laid out honestly, receipts made up
+    theirs = w.dishonest_tree(_hops([s.b, s.c]))
+    w.to_submission(s.run, 0)
+    cert = mine.cert_ref(s.run, 0, s.data.address)
+    their_cert = theirs.cert_ref(s.run, 0, other.address)
+    w.submit(cert, spans=mine.spans)
+    w.submit(their_cert, spans=theirs.spans)
+    tried = 0
+    for k, span in enumerate(theirs.span_ranges()):
+        for hop in mine.hops:
+            if span_disagreement(span, hop) is None:
+                continue
+            proof = fraud_proofs.bad_span(cert, theirs.span_proof(k), mine.leaf_proof(hop.index))
+            proof_reverts(w, proof, "SpanNotCommitted", span.worker, span.firstIndex,
+                          span.lastIndex)  # fmt: skip
+            crossed = fraud_proofs.bad_span(
+                their_cert, theirs.span_proof(k), mine.leaf_proof(hop.index)
+            )
+            proof_reverts(w, crossed, "LeafNotInTree", other.address, hop.index)
+            tried += 1
+    assert tried > 0
+    assert w.status_of(s.data) != SLASHED and w.status_of(other) != SLASHED

@@ -13,8 +13,9 @@ convicts on, and an honest tree yields none:
   last leaf not ending at the certificate's units;
 * **bad sequence** (``proveBadSequence``): two different leaves with one index, or adjacent
   leaves whose prefix sums do not chain or that are not strictly increasing in (worker, hop key);
-* **bad span** (``proveBadSpan``): a span committed with the certificate (the data node serves
-  them, checked against the certificate's ranges root) that covers a leaf of another worker, or
+* **bad span** (``proveBadSpan``): a span committed with the certificate (read from the
+  transaction that submitted it, or served by the data node when a contract wallet submitted
+  it; checked against the certificate's ranges root) that covers a leaf of another worker, or
   whose units end off its last leaf's. Held only against a tree no other proof convicts: one
   conviction voids the certificate, and the rule assumes leaves in order;
 * **equivocation** (``proveEquivocation``): two different receipts of one hop key signed by one
@@ -22,10 +23,10 @@ convicts on, and an honest tree yields none:
   worker), across everything the auditor has seen.
 
 What the chain cannot judge is reported without a proof: leaves a data node served fewer of
-than its count, or no spans (``withheld``), a served leaf not in the tree, a served
-receipt that is not its leaf's or served spans that are not the certificate's (``unproven``),
-and, accusing nobody, a certificate the auditor could not read whole
-(``unchecked``: unreachable, throttled, or a page that broke off).
+than its count (``withheld``), a served leaf not in the tree, a served receipt that is not its
+leaf's or served spans that are not the certificate's (``unproven``), and, accusing nobody, a
+certificate the auditor could not read whole, leaves or spans (``unchecked``: unreachable,
+throttled, or a page that broke off).
 """
 
 from __future__ import annotations

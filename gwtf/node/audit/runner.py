@@ -44,12 +44,12 @@ import requests
 import trio
 from web3.exceptions import Web3Exception
 
+from gwtf.contracts.bindings import committed_spans
 from gwtf.contracts.certificate_tree import SignedReceipt
 from gwtf.contracts.encoding import CertRef, ledger_domain
 from gwtf.errors import ChainError, ConfigError, ProtocolError
 from gwtf.node.audit.checks import (
     UNCHECKED,
-    WITHHELD,
     Finding,
     RunRules,
     audit_certificate,
@@ -201,17 +201,22 @@ async def audit_epoch(
             if fetched.stopped is not None:
                 detail = f"read {len(served)} of {cert.count} leaves: {fetched.stopped}"
                 checked.findings.append(Finding(UNCHECKED, cert.dataNode, detail[:300]))
-            spans, spans_stopped = await fetch_spans(
-                rpc, peer, run_id, epoch, cert.count, timeout_s
-            )
-            if spans_stopped is not None:
-                detail = f"its spans not served: {spans_stopped}"
-                checked.findings.append(Finding(WITHHELD, cert.dataNode, detail[:300]))
+            # The spans committed are read from the submission's calldata: a data node
+            # that served others (or none) would escape the span check. Only a submission
+            # through a contract wallet leaves them to the data node to serve.
+            spans = await ask_chain(committed_spans, contracts.ledger, cert)
+            if spans is None:
+                spans, spans_stopped = await fetch_spans(
+                    rpc, peer, run_id, epoch, cert.count, timeout_s
+                )
+                if spans_stopped is not None:
+                    detail = f"its spans not read: {spans_stopped}"
+                    checked.findings.append(Finding(UNCHECKED, cert.dataNode, detail[:300]))
+                    spans = None
             found = await ask_chain(
                 functools.partial(
                     audit_certificate, cert, served, rules, took_part,
-                    complete=fetched.stopped is None,
-                    spans=spans if spans_stopped is None else None,
+                    complete=fetched.stopped is None, spans=spans,
                 )
             )  # fmt: skip
             if seed is not None and sampling is not None:
