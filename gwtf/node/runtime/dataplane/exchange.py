@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import trio
 from libp2p.peer.id import ID
@@ -126,10 +126,10 @@ class HopRejected(ProtocolError):
     """This node will not compute a hop (wrong run or stage, or the compute failed on its input)."""
 
 
-@dataclass(frozen=True, slots=True)
-class HopRecord:
+class HopRecord(NamedTuple):
     """A hop this node computed whose output the counterparty acknowledged: its facts, and
-    whether it was a repair's recomputed forward."""
+    whether it was a repair's recomputed forward. A named tuple, as ``HopFacts`` is: one is
+    built for every hop acknowledged."""
 
     hop: HopFacts
     repair: bool
