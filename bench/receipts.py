@@ -67,8 +67,10 @@ def rss_mib() -> float:
 
 def facts(i: int) -> HopFacts:
     return HopFacts(
-        0, PEERS["data"], i // 64, i, 1, FORWARD, 0, PEERS["a"], PEERS["b"],
-        keccak(i.to_bytes(8, "big")), keccak(b"out" + i.to_bytes(8, "big")),
+        epoch=0, data_node=PEERS["data"], iteration=i // 64, microbatch_id=i, stage=1,
+        direction=FORWARD, attempt=0, worker=PEERS["a"], counterparty=PEERS["b"],
+        input_digest=keccak(i.to_bytes(8, "big")),
+        output_digest=keccak(b"out" + i.to_bytes(8, "big")),
     )  # fmt: skip
 
 

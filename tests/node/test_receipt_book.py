@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,13 @@ from gwtf.contracts.encoding import (
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
 from gwtf.node.receipts import reports
-from gwtf.node.receipts.book import HopFacts, ReceiptBook, ReceiptTerms, address_of_peer
+from gwtf.node.receipts.book import (
+    HopFacts,
+    ReceiptBook,
+    ReceiptTerms,
+    address_of_peer,
+    check_mirrors_receipt,
+)
 from gwtf.node.receipts.certify import check_report
 from gwtf.node.receipts.reports import MAX_DATA_NODES, ReceiptInbox, ReceiptReporter
 from gwtf.node.receipts.wire import decode_range, decode_receipts, encode_range, encode_receipts
@@ -53,8 +59,9 @@ def book(tmp_path: Path, name: str, penalties: list[tuple[str, str]]) -> Receipt
 
 def facts(attempt: int = 0, output: bytes = b"out") -> HopFacts:
     return HopFacts(
-        0, PEER["data"], 0, 7, 1, FORWARD, attempt, PEER["a"], PEER["b"], keccak(b"in"),
-        keccak(output),
+        epoch=0, data_node=PEER["data"], iteration=0, microbatch_id=7, stage=1,
+        direction=FORWARD, attempt=attempt, worker=PEER["a"], counterparty=PEER["b"],
+        input_digest=keccak(b"in"), output_digest=keccak(output),
     )  # fmt: skip
 
 
@@ -96,9 +103,39 @@ def test_a_hops_facts_are_its_receipts_fields_but_the_runs_under_peer_ids() -> N
     run and units), its three nodes as peer ids: a field added to the receipt shows here."""
     from_terms = {"runId", "units"}
     expected = [snake_case(n) for n, _ in HOP_RECEIPT_FIELDS if n not in from_terms]
-    assert [f.name for f in fields(HopFacts)] == [
-        "origin" if n == "data_node" else n for n in expected
-    ]
+    assert list(HopFacts._fields) == expected
+    receipt = facts().receipt(TERMS)
+    for name, _ in HOP_RECEIPT_FIELDS:
+        if name in ("dataNode", "worker", "counterparty"):
+            peer = getattr(facts(), snake_case(name))
+            assert getattr(receipt, name) == address_of_peer(peer), name
+        elif name not in from_terms:
+            assert getattr(receipt, name) == getattr(facts(), snake_case(name)), name
+    assert (receipt.runId, receipt.units) == (TERMS.run_id, TERMS.units_per_hop)
+
+
+def test_a_hop_record_that_drifts_from_the_receipt_is_refused() -> None:
+    @dataclass(frozen=True)
+    class Missing:  # no output digest
+        epoch: int
+        data_node: str
+        iteration: int
+        microbatch_id: int
+        stage: int
+        direction: int
+        attempt: int
+        worker: str
+        counterparty: str
+        input_digest: bytes
+
+    @dataclass(frozen=True)
+    class Mistyped(Missing):
+        output_digest: str  # a digest is bytes
+
+    for drifted in (Missing, Mistyped):
+        with pytest.raises(TypeError, match="HopReceipt's fields less runId, units"):
+            check_mirrors_receipt(drifted)
+    check_mirrors_receipt(HopFacts)
 
 
 def test_the_worker_signs_the_receiver_countersigns_and_both_keep_the_receipt(
@@ -286,7 +323,7 @@ def test_a_data_node_takes_a_receipt_it_countersigned_itself_without_checking_it
         return check_report(entry, *args)
 
     monkeypatch.setattr(reports, "check_report", counting)
-    into_data = replace(facts(), stage=2, counterparty=PEER["data"])
+    into_data = facts()._replace(stage=2, counterparty=PEER["data"])
     entries: list[SignedReceipt] = []
 
     async def body() -> None:

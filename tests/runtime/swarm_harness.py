@@ -12,7 +12,7 @@ from libp2p.crypto.keys import KeyPair
 
 from gwtf.coordinator_free.protocol.config import FlowConfig
 from gwtf.node.p2p.identity import new_identity
-from gwtf.node.runtime.dataplane.exchange import HopRecord
+from gwtf.node.receipts.book import HopFacts
 from gwtf.node.runtime.live_node import LiveNode, LiveNodeConfig, run_live_node
 from gwtf.node.runtime.roles.data import IterationResult
 from gwtf.node.training.config import named_config
@@ -83,16 +83,17 @@ class Swarm:
         self.crashed: list[str] = []
         self.training_done = trio.Event()  # the data node has finished its iterations
         self.results: dict[str, list[IterationResult]] = {}  # of every data node, by name
-        self.hops: dict[str, list[HopRecord]] = {}  # every acknowledged hop, by its worker
+        self.hops: dict[str, list[HopFacts]] = {}  # every acknowledged hop, by its worker
 
     def started(self, name: str, node: LiveNode) -> None:
         self.nodes[name] = node
         if self.tap is not None:
             assert self.nursery is not None, "nodes start inside run_swarm"
             self.tap.attach(name, node, self.nursery)
-        node.plane.hops.observer = self.hops.setdefault(name, []).append
+        hops = self.hops.setdefault(name, [])
+        node.plane.hops.observer = lambda record: hops.append(record.hop)
 
-    def hop_records(self) -> list[HopRecord]:
+    def hop_records(self) -> list[HopFacts]:
         return [record for records in self.hops.values() for record in records]
 
     def crash(self, name: str) -> None:

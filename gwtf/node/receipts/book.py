@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, NamedTuple, Protocol, get_type_hints
 
 import trio
 from libp2p.peer.id import ID
@@ -31,6 +32,7 @@ from libp2p.peer.id import ID
 from gwtf.contracts.certificate_tree import SignedReceipt
 from gwtf.contracts.encoding import (
     FORWARD,
+    HOP_RECEIPT_FIELDS,
     Eip712Domain,
     HopReceipt,
     hop_key,
@@ -40,6 +42,7 @@ from gwtf.contracts.encoding import (
     recover_digest_signer,
     scheduled_units,
     sign_digest,
+    snake_case,
 )
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.identity import node_address_of_peer
@@ -60,25 +63,83 @@ class ReceiptTerms:
     units_per_hop: int
 
 
-@dataclass(frozen=True)
-class HopFacts:
+@functools.lru_cache(maxsize=4096)
+def address_of_peer(peer: str) -> str:
+    """The node address behind a base58 peer id (cached: a relay meets few peers, often)."""
+    return node_address_of_peer(ID.from_base58(peer))
+
+
+class HopFacts(NamedTuple):
     """A hop as both ends know it: its header's fields, who computed it, who received it and
-    the digests of what went in and came out. ``stage`` is the worker's (relay) stage. These
-    are the ``HopReceipt``'s fields less the run's (its id and units, from ``ReceiptTerms``),
-    in snake case, its nodes as the peer ids the data plane meets (the data node's is
-    ``origin``); ``ReceiptBook.receipt`` makes the receipt."""
+    the digests of what went in and came out. ``stage`` is the worker's (relay) stage.
+
+    These are the ``HopReceipt``'s fields less the run's (its id and units, from
+    ``ReceiptTerms``), in snake case and in the receipt's order, its nodes as the peer ids the
+    data plane meets rather than addresses: ``check_mirrors_receipt`` holds this declaration to
+    the receipt's at import, and ``receipt`` is the one conversion to it. Built by keyword.
+    A named tuple, not a frozen dataclass: a relay builds one for every hop it signs,
+    countersigns or counts, and a tuple is built in half the time."""
 
     epoch: int
-    origin: str  # the data node's peer id (base58)
+    data_node: str  # peer ids (base58); the data node is the hop header's ``origin``
     iteration: int
     microbatch_id: int
     stage: int
     direction: int
     attempt: int
-    worker: str  # peer ids (base58)
+    worker: str
     counterparty: str
     input_digest: bytes
     output_digest: bytes
+
+    def receipt(
+        self, terms: ReceiptTerms, address_of: Callable[[str], str] = address_of_peer
+    ) -> HopReceipt:
+        """The hop's receipt under ``terms``, its peers' addresses from ``address_of``.
+        Raises ``ProtocolError`` for a field the receipt cannot hold (a peer id that is no
+        node's, a value out of range)."""
+        # Spelled out, not a loop over the fields: a relay converts every hop it signs or
+        # countersigns, and the mirror check keeps this in step with the receipt.
+        return HopReceipt(
+            runId=terms.run_id,
+            epoch=self.epoch,
+            dataNode=address_of(self.data_node),
+            iteration=self.iteration,
+            microbatchId=self.microbatch_id,
+            stage=self.stage,
+            direction=self.direction,
+            attempt=self.attempt,
+            worker=address_of(self.worker),
+            counterparty=address_of(self.counterparty),
+            inputDigest=self.input_digest,
+            outputDigest=self.output_digest,
+            units=scheduled_units(self.direction, terms.units_per_hop),
+        )
+
+
+#: The receipt's fields a run's terms give, not a hop's facts.
+RUN_FIELDS: Final = ("runId", "units")
+
+
+def check_mirrors_receipt(facts: type) -> None:
+    """Raise ``TypeError`` unless ``facts`` declares exactly the ``HopReceipt``'s fields less
+    ``RUN_FIELDS``, in snake case, in the receipt's order, each of the receipt field's Python
+    type: a field added to the receipt fails the node's import until its hops carry it."""
+    receipt_types = get_type_hints(HopReceipt)  # Annotated[int, "uint64"] -> int
+    expected = [
+        (snake_case(name), receipt_types[name])
+        for name, _ in HOP_RECEIPT_FIELDS
+        if name not in RUN_FIELDS
+    ]
+    declared = list(get_type_hints(facts).items())
+    if declared != expected:
+        raise TypeError(
+            f"{facts.__name__} declares {declared}, not the HopReceipt's fields less "
+            f"{', '.join(RUN_FIELDS)}: {expected}; declare those, in that order"
+        )
+
+
+check_mirrors_receipt(HopFacts)
 
 
 @dataclass
@@ -90,12 +151,6 @@ class ReceiptCounts:
     completed: int = 0  # own receipts complete (countersigned) and handed to the reporter
     refused: int = 0  # peers' signatures that did not check (logged once per peer)
     recomputed: int = 0  # completed receipts of a re-sent or repaired attempt (attempt > 0)
-
-
-@functools.lru_cache(maxsize=4096)
-def address_of_peer(peer: str) -> str:
-    """The node address behind a base58 peer id (cached: a relay meets few peers, often)."""
-    return node_address_of_peer(ID.from_base58(peer))
 
 
 def worker_stage(direction: int, receiver_stage: int) -> int:
@@ -162,21 +217,7 @@ class ReceiptBook:
 
     def receipt(self, hop: HopFacts) -> HopReceipt:
         """The receipt of ``hop`` under this run's terms."""
-        return HopReceipt(
-            runId=self.terms.run_id,
-            epoch=hop.epoch,
-            dataNode=address_of_peer(hop.origin),
-            iteration=hop.iteration,
-            microbatchId=hop.microbatch_id,
-            stage=hop.stage,
-            direction=hop.direction,
-            attempt=hop.attempt,
-            worker=address_of_peer(hop.worker),
-            counterparty=address_of_peer(hop.counterparty),
-            inputDigest=hop.input_digest,
-            outputDigest=hop.output_digest,
-            units=scheduled_units(hop.direction, self.terms.units_per_hop),
-        )
+        return hop.receipt(self.terms)
 
     # ------------------------------------------------------------ as worker
     async def sign(self, receipt: HopReceipt, conflicts: list[bool] | None = None) -> bytes | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import trio
 from libp2p.peer.id import ID
@@ -129,19 +129,12 @@ class HopRejected(ProtocolError):
     """This node will not compute a hop (wrong run or stage, or the compute failed on its input)."""
 
 
-@dataclass(frozen=True)
-class HopRecord:
-    """A hop this node computed whose output the counterparty acknowledged."""
+class HopRecord(NamedTuple):
+    """A hop this node computed whose output the counterparty acknowledged: its facts, and
+    whether it was a repair's recomputed forward. A named tuple, as ``HopFacts`` is: one is
+    built for every hop acknowledged."""
 
-    iteration: int
-    microbatch_id: int
-    stage: int
-    direction: int
-    attempt: int
-    worker: str
-    counterparty: str
-    input_digest: bytes
-    output_digest: bytes
+    hop: HopFacts
     repair: bool
 
 
@@ -157,7 +150,7 @@ class HopCounts:
 
     def record(self, record: HopRecord) -> None:
         self.recorded += 1
-        self.recomputed += record.attempt > 0
+        self.recomputed += record.hop.attempt > 0
         if self.observer is not None:
             self.observer(record)
 
@@ -324,7 +317,7 @@ class DataPlane:
             return b""
         try:
             receipt = self.receipts.receipt(
-                _kept_facts(header, self.node_id, peer, input_digest, kept_digest)
+                kept_hop(header, self.node_id, peer, input_digest, kept_digest)
             )
         except ProtocolError as exc:  # an origin that is no node, a field out of range
             self.receipts.refuse(peer, f"hop receipt cannot be built: {exc}")
@@ -401,7 +394,7 @@ class DataPlane:
             return b""  # only relays' hops have receipts; a data node's own sends have none
         try:
             receipt = self.receipts.receipt(
-                _facts(header, peer, self.node_id, receipted.input_digest, digest)
+                sent_hop(header, peer, self.node_id, receipted.input_digest, digest)
             )
         except ProtocolError as exc:  # an origin that is no node, a field out of range
             self.receipts.refuse(peer, f"hop receipt cannot be built: {exc}")
@@ -490,7 +483,7 @@ class DataPlane:
         if book is not None and input_digest is not None:
             if book.is_receipted(header.direction, header.stage):
                 while True:
-                    receipt = book.receipt(_facts(header, self.node_id, to, input_digest, digest))
+                    receipt = book.receipt(sent_hop(header, self.node_id, to, input_digest, digest))
                     conflicts: list[bool] = []
                     signature = await book.sign(receipt, conflicts)
                     if not conflicts or header.attempt % ATTEMPT_BLOCK == ATTEMPT_BLOCK - 1:
@@ -550,9 +543,9 @@ class DataPlane:
         if len(ack.kept_digest) != 32:
             self.receipts.refuse(to, "a kept output's receipt without a 32-byte digest")
             return
-        facts = _kept_facts(header, to, self.node_id, sent, ack.kept_digest)
+        hop = kept_hop(header, to, self.node_id, sent, ack.kept_digest)
         try:
-            receipt = self.receipts.receipt(facts)
+            receipt = self.receipts.receipt(hop)
         except ProtocolError as exc:
             self.receipts.refuse(to, f"a kept output's receipt cannot be built: {exc}")
             return
@@ -572,25 +565,44 @@ class DataPlane:
             log.info("countersignature of hop %s not handed back: %s", message.hop_key, exc)
 
 
-def _facts(
+def sent_hop(
     header: HopHeader, worker: str, receiver: str, input_digest: bytes, output_digest: bytes
 ) -> HopFacts:
-    return HopFacts(
-        header.epoch, header.origin, header.iteration, header.microbatch_id,
-        worker_stage(header.direction, header.stage), header.direction, header.attempt,
-        worker, receiver, input_digest, output_digest,
-    )  # fmt: skip
+    """The hop ``worker`` computed and sent to ``receiver`` under ``header`` (the outgoing
+    one, which names the receiver's stage)."""
+    stage = worker_stage(header.direction, header.stage)
+    return _hop(header, stage, worker, receiver, input_digest, output_digest)
 
 
-def _kept_facts(
+def kept_hop(
     header: HopHeader, worker: str, sender: str, input_digest: bytes, kept_digest: bytes
 ) -> HopFacts:
     """The hop ``worker`` computed from what ``sender`` sent it and kept the output of: its
     stage is the one the header names (the receiver's own), its counterparty the sender."""
+    return _hop(header, header.stage, worker, sender, input_digest, kept_digest)
+
+
+def _hop(
+    header: HopHeader,
+    stage: int,
+    worker: str,
+    counterparty: str,
+    input_digest: bytes,
+    output_digest: bytes,
+) -> HopFacts:
     return HopFacts(
-        header.epoch, header.origin, header.iteration, header.microbatch_id, header.stage,
-        header.direction, header.attempt, worker, sender, input_digest, kept_digest,
-    )  # fmt: skip
+        epoch=header.epoch,
+        data_node=header.origin,
+        iteration=header.iteration,
+        microbatch_id=header.microbatch_id,
+        stage=stage,
+        direction=header.direction,
+        attempt=header.attempt,
+        worker=worker,
+        counterparty=counterparty,
+        input_digest=input_digest,
+        output_digest=output_digest,
+    )
 
 
 def _forward_key(receipt: HopReceipt, origin: str) -> ForwardKey:

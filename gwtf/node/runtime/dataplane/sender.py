@@ -31,9 +31,8 @@ from gwtf.coordinator_free.decisions import (
 )
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestMisdirected
-from gwtf.node.receipts.book import worker_stage
 from gwtf.node.runtime.dataplane import control
-from gwtf.node.runtime.dataplane.exchange import DataPlane, HopRecord
+from gwtf.node.runtime.dataplane.exchange import DataPlane, HopRecord, sent_hop
 from gwtf.node.runtime.dataplane.hop import (
     ATTEMPT_BLOCK,
     BACKWARD,
@@ -365,20 +364,8 @@ class HopSender:
         """Count the hop this node computed, once ``to`` acknowledged its output (``header`` is
         the outgoing one, so this node's stage is one before a forward's, one after a backward's).
         """
-        self.plane.hops.record(
-            HopRecord(
-                header.iteration,
-                header.microbatch_id,
-                worker_stage(header.direction, header.stage),
-                header.direction,
-                header.attempt,
-                self.plane.node_id,
-                to,
-                input_digest,
-                output_digest,
-                bool(header.flags & FLAG_REPAIR),
-            )
-        )
+        hop = sent_hop(header, self.plane.node_id, to, input_digest, output_digest)
+        self.plane.hops.record(HopRecord(hop, repair=bool(header.flags & FLAG_REPAIR)))
 
 
 def resend_refusal(
