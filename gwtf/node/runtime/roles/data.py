@@ -663,7 +663,8 @@ class DataRole:
             flow.lender if flow.lender and self.pool.first_hop(flow) == first_hop else "",
             self.epoch,
         )
-        header = sign_try(header, self.plane.node_key)  # every forward of this try carries it
+        # every forward of this try carries it
+        header = sign_try(header, self.plane.node_key, self.plane.try_domain)
         record = self.microbatches[key]
         record.sent = (header, frame)
         event = record.arrived = trio.Event()
