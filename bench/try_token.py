@@ -23,10 +23,11 @@ from eth_utils.crypto import keccak
 from gwtf.contracts.encoding import recover_digest_signer, sign_digest
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
 from gwtf.node.runtime.dataplane.hop import FORWARD, HopHeader, encode_hop
-from gwtf.node.runtime.dataplane.try_token import TryTokens, sign_try
+from gwtf.node.runtime.dataplane.try_token import TryTokens, sign_try, try_token_domain
 
 KEY = keccak(text="bench try token")
 ORIGIN = str(peer_id_of(identity_from_key(KEY)))
+DOMAIN = try_token_domain(31337, "0x" + "ef" * 20)  # a run's chain and WorkLedger
 PARTS = (
     "origin: the token signed",
     "receiver: its first forward of the try (recovery)",
@@ -54,8 +55,8 @@ def one_round(n: int, iteration: int) -> list[float]:
         lambda: [recover_digest_signer(d, s) for d, s in zip(digests, signatures, strict=True)], n
     )
     unsigned, signed = first_hops(n, iteration), []
-    sign = per_try_us(lambda: signed.extend(sign_try(h, KEY) for h in unsigned), n)
-    table = TryTokens(max_checked=2 * n)
+    sign = per_try_us(lambda: signed.extend(sign_try(h, KEY, DOMAIN) for h in unsigned), n)
+    table = TryTokens(DOMAIN, max_checked=2 * n)
     first = per_try_us(lambda: [table.check(h) for h in signed], n)
     kept = per_try_us(lambda: [table.check(h) for h in signed], n)
     return [baseline, sign, first, kept]
@@ -69,7 +70,8 @@ def main() -> None:
     rounds = [one_round(args.tries, r) for r in range(args.repeats)]
     baseline = statistics.median(r[0] for r in rounds)
     unsigned = first_hops(1, 0)[0]
-    extra_bytes = len(encode_hop(sign_try(unsigned, KEY), b"")) - len(encode_hop(unsigned, b""))
+    signed = sign_try(unsigned, KEY, DOMAIN)
+    extra_bytes = len(encode_hop(signed, b"")) - len(encode_hop(unsigned, b""))
 
     print(f"one receipt signed and recovered (the baseline): {baseline:.0f} µs")
     print("| per try | µs | / a receipt's signature + recovery |")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from libp2p.crypto.keys import KeyPair
 
-from gwtf.contracts.encoding import ledger_domain
+from gwtf.contracts.encoding import Eip712Domain, ledger_domain
 from gwtf.coordinator_free.protocol.config import DATA, FlowConfig
 from gwtf.errors import ConfigError
 from gwtf.node.chain.actions import check_run_dataset, open_contracts
@@ -29,6 +29,7 @@ from gwtf.node.p2p.link_emulation import Topology
 from gwtf.node.receipts import ReceiptsConfig
 from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.cheats import check_cheat
+from gwtf.node.runtime.dataplane.try_token import NO_CHAIN_TRY_DOMAIN, try_token_domain
 from gwtf.node.runtime.discovery.admission import RunAdmission
 from gwtf.node.runtime.live_node import LiveNodeConfig
 from gwtf.node.settings import AUTO_STAGE, Settings
@@ -152,6 +153,7 @@ def live_config_from_settings(settings: Settings, password: str | None = None) -
         emulated_hop_s=node.emulated_hop_ms / 1000.0,
         admit=admit,
         origins=None if admit is None else admit.is_data_node,
+        try_domain=try_domain_from_settings(settings),
         routing=settings.flow.routing,
         data_nodes=training.data_nodes,
         data_shard=training.data_shard,
@@ -167,6 +169,16 @@ def resume_dir(settings: Settings) -> Path | None:
     if settings.node.role != DATA or not settings.node.data_dir:
         return None
     return Path(settings.node.data_dir) / "checkpoints" / f"run-{settings.chain.run_id}"
+
+
+def try_domain_from_settings(settings: Settings) -> Eip712Domain:
+    """The run's try token domain: its chain id and WorkLedger when the node is on a chain
+    (admission or receipts on), as its receipts' domain; ``NO_CHAIN_TRY_DOMAIN`` otherwise."""
+    chain = settings.chain
+    if not (chain.admission or chain.receipts):
+        return NO_CHAIN_TRY_DOMAIN
+    contracts, _ = open_contracts(settings)
+    return try_token_domain(contracts.w3.eth.chain_id, contracts.ledger.address)
 
 
 def run_dataset_hash(settings: Settings) -> str | None:

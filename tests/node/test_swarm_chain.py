@@ -15,8 +15,9 @@ from gwtf.errors import ConfigError
 from gwtf.node.chain.actions import DATASET_HASH, Contracts, RunModel
 from gwtf.node.chain.adapter import Sender, connect
 from gwtf.node.chain.wallet import open_wallet, read_keystore_address
-from gwtf.node.composition import admission_from_settings
+from gwtf.node.composition import admission_from_settings, try_domain_from_settings
 from gwtf.node.devnet.server import RunningDevnet
+from gwtf.node.runtime.dataplane.try_token import NO_CHAIN_TRY_DOMAIN, try_token_domain
 from gwtf.node.settings import load_settings
 from gwtf.node.swarm.chain import (
     ChainPlan,
@@ -102,6 +103,22 @@ def test_a_node_with_admission_on_admits_members_and_refuses_strangers(
         return await admission(member), await admission(stranger)
 
     assert trio.run(ask) == (True, False)
+
+
+def test_a_node_on_the_chain_signs_and_checks_try_tokens_under_its_chain_and_ledger(
+    swarm_chain: SwarmChain, devnet_file: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "node.toml"
+    for on in ("admission", "receipts"):
+        chain = {on: True, "run_id": swarm_chain.run_id, "devnet_file": str(devnet_file)}
+        config.write_text(tomli_w.dumps({"chain": chain}))
+        domain = try_domain_from_settings(load_settings(env={}, config_file=config))
+        contracts = swarm_chain.contracts
+        assert domain == try_token_domain(contracts.w3.eth.chain_id, contracts.ledger.address)
+    config.write_text(tomli_w.dumps({"chain": {"run_id": swarm_chain.run_id}}))
+    assert try_domain_from_settings(load_settings(env={}, config_file=config)) == (
+        NO_CHAIN_TRY_DOMAIN
+    )
 
 
 def test_chain_facts_name_the_refused_peers(swarm_chain: SwarmChain) -> None:

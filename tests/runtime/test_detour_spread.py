@@ -20,7 +20,7 @@ from gwtf.node.p2p.rpc import RequestResponse
 from gwtf.node.runtime.dataplane.exchange import DataPlane, Kept
 from gwtf.node.runtime.dataplane.hop import FORWARD, HopHeader
 from gwtf.node.runtime.dataplane.sender import HopSender, HopStats
-from gwtf.node.runtime.dataplane.try_token import sign_try
+from gwtf.node.runtime.dataplane.try_token import NO_CHAIN_TRY_DOMAIN, sign_try
 from gwtf.node.runtime.flow.service import FlowService
 
 NAMES = ("data", "a", "s0", "s1", "s2")
@@ -80,7 +80,7 @@ def spread_forwards(forwards: int, dead: frozenset[str] = frozenset()) -> tuple[
                 assert to is not None
                 header = HopHeader(1, 0, microbatch, 0, FORWARD, 2, 0, 0, PEER["data"],
                                    (PEER["data"], PEER["a"]))  # fmt: skip
-                header = sign_try(header, KEYS["data"])
+                header = sign_try(header, KEYS["data"], NO_CHAIN_TRY_DOMAIN)
                 await sender.send_forward(header, b"activation", to, b"input")
 
             with trio.fail_after(30):

@@ -17,6 +17,7 @@ from gwtf.node.runtime.dataplane.hop import (
     FORWARD,
     HopHeader,
 )
+from gwtf.node.runtime.roles.data_peers import shard_microbatches
 from gwtf.node.runtime.roles.held_forward import check_second_forward
 
 ORIGIN, OTHER, UP, MEMBER = (str(peer_id_of(new_identity())) for _ in range(4))
@@ -86,9 +87,27 @@ def test_a_repair_or_another_origins_forward_from_another_input_is_declined_unas
         "that lacks it",
         0,
     )
+    # Another data node's forward naming a held id (only a data node breaking its shard does)
     foreign = HELD.onward(attempt=ATTEMPT_BLOCK, origin=OTHER, path=(OTHER, MEMBER))
     words, asked = outcome(foreign, OTHER_INPUT, ATTEMPT_BLOCK)
     assert "not started it again" in words and asked == 0
+    words, asked = outcome(foreign.onward(try_start=ATTEMPT_BLOCK), OTHER_INPUT, ATTEMPT_BLOCK)
+    assert "not started it again" in words and asked == 0
+
+
+@pytest.mark.parametrize(("shards", "batch"), [(1, 4), (2, 1), (2, 4), (3, 5)])
+def test_data_nodes_of_a_run_never_start_the_same_microbatch_id(shards: int, batch: int) -> None:
+    """A relay keys what it holds by (iteration, microbatch), not by origin: that is sound only
+    while no two data nodes' ids collide (``held_forward.py``)."""
+    owner: dict[int, tuple[int, int]] = {}
+    for iteration in range(6):
+        for shard in range(shards):
+            ids = shard_microbatches(iteration, shard, shards, batch)
+            assert len(ids) == batch
+            for m in ids:
+                assert m not in owner, f"id {m} of {(iteration, shard)} and {owner[m]}"
+                owner[m] = (iteration, shard)
+    assert sorted(owner) == list(range(6 * shards * batch))  # the whole model's ids, in turn
 
 
 def test_current_try_requests_are_checked() -> None:

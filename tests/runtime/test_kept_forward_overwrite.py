@@ -38,7 +38,7 @@ from gwtf.node.runtime.dataplane.hop import (
     decode_hop_request,
     frame_digest,
 )
-from gwtf.node.runtime.dataplane.try_token import sign_try
+from gwtf.node.runtime.dataplane.try_token import NO_CHAIN_TRY_DOMAIN, sign_try
 from gwtf.node.runtime.roles.relay import RelayRole
 from gwtf.node.store.database import open_database
 from gwtf.node.store.hops import HopStore
@@ -104,7 +104,7 @@ class Capture:
 
 def tried(header: HopHeader) -> HopHeader:
     """``header``, the first forward of a try of data node ``d``'s, with its try token."""
-    return sign_try(header, KEYS["d"])
+    return sign_try(header, KEYS["d"], NO_CHAIN_TRY_DOMAIN)
 
 
 def tensor(seed: int) -> torch.Tensor:

@@ -133,7 +133,7 @@ def test_a_made_up_forward_arriving_before_the_real_one_is_refused_and_charged(
                 me, origin = attacker.plane.node_id, header.origin
                 made_up_frame = noise_frame(attacker, header.microbatch_id)
                 # To b, signed with its own key as if the origin's; to the origin, unsigned.
-                forged = sign_try(header, attacker.plane.node_key)
+                forged = sign_try(header, attacker.plane.node_key, attacker.plane.try_domain)
                 to_b = forged.onward(stage=2, path=(origin, me))
                 to_sink = header.onward(stage=3, path=(origin, relay_b, me), try_signature=b"")
                 for target, made_up in ((relay_b, to_b), (origin, to_sink)):
@@ -195,7 +195,9 @@ def test_a_forward_made_up_with_a_given_up_tries_token_never_reaches_the_loss(
                 name = "m" if to == swarm.nodes["a"].plane.node_id else "a"
                 attacker, relay_b = swarm.nodes[name], swarm.nodes["b"].plane.node_id
                 me, origin = attacker.plane.node_id, header.origin
-                old_try = sign_try(header.onward(attempt=0), data.plane.node_key)
+                old_try = sign_try(
+                    header.onward(attempt=0), data.plane.node_key, data.plane.try_domain
+                )
                 made_up_frame = noise_frame(attacker, header.microbatch_id)
                 to_b = old_try.onward(attempt=5, stage=2, path=(origin, me))
                 to_sink = old_try.onward(attempt=300, stage=3, path=(origin, relay_b, me))

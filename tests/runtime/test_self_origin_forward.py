@@ -25,7 +25,7 @@ from gwtf.node.p2p.identity import identity_from_key
 from gwtf.node.p2p.rpc import PeerUnavailable, RequestDeclined
 from gwtf.node.p2p.scoring import Offence
 from gwtf.node.runtime.dataplane.hop import HopHeader
-from gwtf.node.runtime.dataplane.try_token import sign_try
+from gwtf.node.runtime.dataplane.try_token import sign_try, try_token_domain
 from gwtf.node.runtime.discovery.admission import RunAdmission
 from gwtf.node.runtime.roles.data import DataRole
 from tests.runtime.conftest import ETH
@@ -53,6 +53,9 @@ def test_a_forward_naming_its_sender_as_origin_is_refused_and_charged(
     add_data_node(contracts, sponsor, run_id, data_key.address)
     _IDENTITIES[(tmp_path, "data")] = identity_from_key(bytes(data_key.key))
     origins = RunAdmission(contracts.port(), run_id).is_data_node
+    # Every node signs and checks try tokens under the run's chain and ledger.
+    domain = try_token_domain(contracts.w3.eth.chain_id, contracts.ledger.address)
+    bound = {"run_id": run_id, "try_domain": domain}
     swarm = Swarm()
     outcome: list[str] = []
     attackers: list[str] = []
@@ -75,7 +78,7 @@ def test_a_forward_naming_its_sender_as_origin_is_refused_and_charged(
                 made_up_frame = noise_frame(attacker, header.microbatch_id)
                 # X's id, its own origin and a token of its own: valid, and for X's slot at b.
                 own = header.onward(origin=me, stage=2, path=(me, me))
-                made_up = sign_try(own, attacker.plane.node_key)
+                made_up = sign_try(own, attacker.plane.node_key, attacker.plane.try_domain)
                 try:
                     await attacker.plane.send(relay_b, made_up, made_up_frame)
                     outcome.append("computed")
@@ -91,11 +94,12 @@ def test_a_forward_naming_its_sender_as_origin_is_refused_and_charged(
         with trio.fail_after(120):
             return await run_swarm(
                 tmp_path, ITERATIONS, BATCH, RELAYS, arm, swarm,
-                relay_settings={"origins": origins, "run_id": run_id},
-                data_settings={"run_id": run_id},
+                relay_settings={"origins": origins, **bound},
+                data_settings=bound,
             )  # fmt: skip
 
     results = trio.run(main)
+    assert all(node.plane.try_domain == domain for node in swarm.nodes.values())
     assert outcome == ["refused"]
     attacker = swarm.nodes[attackers[0]].plane.node_id
     assert Offence.MALFORMED_MESSAGE in swarm.nodes["b"].rpc.scores.offences[attacker]

@@ -11,6 +11,7 @@ from eth_utils.crypto import keccak
 from libp2p.crypto.ed25519 import create_new_key_pair
 
 from gwtf.contracts.encoding import (
+    Eip712Domain,
     ledger_domain,
     recover_digest_signer,
     sign_digest,
@@ -22,35 +23,38 @@ from gwtf.node.runtime.dataplane import try_token
 from gwtf.node.runtime.dataplane.exchange import DataPlane
 from gwtf.node.runtime.dataplane.hop import ATTEMPT_BLOCK, BACKWARD, FORWARD, HopHeader
 from gwtf.node.runtime.dataplane.try_token import (
-    TRY_TOKEN_DOMAIN,
+    NO_CHAIN_TRY_DOMAIN,
     TRY_TOKEN_TYPE,
     TryTokenError,
     TryTokens,
     sign_try,
     try_token_digest,
+    try_token_domain,
 )
 
+LEDGER = "0x" + "ef" * 20
+DOMAIN = try_token_domain(31337, LEDGER)  # the run's chain and WorkLedger
 KEYS = {name: keccak(text=f"try token {name}") for name in ("origin", "other", "member")}
 PEER = {name: str(peer_id_of(identity_from_key(key))) for name, key in KEYS.items()}
 FIRST = HopHeader(1, 3, 7, ATTEMPT_BLOCK, FORWARD, 1, 0, 0, PEER["origin"], (PEER["origin"],))
-TRY = sign_try(FIRST, KEYS["origin"])
+TRY = sign_try(FIRST, KEYS["origin"], DOMAIN)
 #: The try's forward at stage 2, sent on by a relay of stage 1 (which copied the token).
 ON_PATH = TRY.onward(stage=2, path=(PEER["origin"], PEER["member"]))
 
 
 def refused(header: HopHeader, tokens: TryTokens | None = None) -> str:
     with pytest.raises(TryTokenError) as caught:
-        (tokens or TryTokens()).check(header)
+        (TryTokens(DOMAIN) if tokens is None else tokens).check(header)
     return str(caught.value)
 
 
 def test_the_try_token_is_the_origins_signature_of_its_run_iteration_microbatch_and_start() -> None:
     assert TRY.try_start == ATTEMPT_BLOCK and len(TRY.try_signature) == 65
-    digest = try_token_digest(1, 3, 7, ATTEMPT_BLOCK)
+    digest = try_token_digest(DOMAIN, 1, 3, 7, ATTEMPT_BLOCK)
     assert recover_digest_signer(digest, TRY.try_signature) == node_address_of_peer(
         peer_id_of(identity_from_key(KEYS["origin"]))
     )
-    tokens = TryTokens()
+    tokens = TryTokens(DOMAIN)
     tokens.check(ON_PATH)
     tokens.check(ON_PATH.onward(attempt=ATTEMPT_BLOCK + 1))  # a re-send within the try
     tokens.check(ON_PATH.onward(attempt=3 * ATTEMPT_BLOCK))  # a repair the origin asked for
@@ -59,14 +63,14 @@ def test_the_try_token_is_the_origins_signature_of_its_run_iteration_microbatch_
 
 def test_a_forward_without_a_token_is_refused_and_a_backward_is_not_asked_for_one() -> None:
     assert "without its try token" in refused(FIRST.onward(stage=2, path=ON_PATH.path))
-    TryTokens().check(FIRST.onward(direction=BACKWARD, stage=0))
+    TryTokens(DOMAIN).check(FIRST.onward(direction=BACKWARD, stage=0))
 
 
 def test_a_token_signed_by_anyone_but_the_headers_origin_is_refused() -> None:
-    forged = sign_try(FIRST, KEYS["member"])  # a run member signs for the origin
+    forged = sign_try(FIRST, KEYS["member"], DOMAIN)  # a run member signs for the origin
     assert "its origin did not sign" in refused(forged.onward(stage=2, path=ON_PATH.path))
     # A real token of another data node's, put on a header naming this origin:
-    theirs = sign_try(FIRST.onward(origin=PEER["other"]), KEYS["other"])
+    theirs = sign_try(FIRST.onward(origin=PEER["other"]), KEYS["other"], DOMAIN)
     assert "its origin did not sign" in refused(theirs.onward(origin=PEER["origin"]))
 
 
@@ -84,7 +88,7 @@ def test_a_token_for_other_hop_facts_is_refused(changes: dict[str, int]) -> None
 
 
 def test_a_token_of_a_try_starting_after_the_attempt_is_refused() -> None:
-    later = sign_try(FIRST.onward(attempt=2 * ATTEMPT_BLOCK), KEYS["origin"])
+    later = sign_try(FIRST.onward(attempt=2 * ATTEMPT_BLOCK), KEYS["origin"], DOMAIN)
     assert "token of a try starting at 512" in refused(later.onward(attempt=ATTEMPT_BLOCK))
 
 
@@ -104,17 +108,17 @@ def test_the_digest_is_eip712s_of_the_try_token_struct(facts: tuple[int, int, in
             [keccak(text=TRY_TOKEN_TYPE), *facts],
         )
     )
-    assert try_token_digest(*facts) == typed_data_digest(TRY_TOKEN_DOMAIN, struct_hash)
+    assert try_token_digest(DOMAIN, *facts) == typed_data_digest(DOMAIN, struct_hash)
     with pytest.raises(TryTokenError, match="u64"):
-        try_token_digest(*facts[:3], 2**16)
+        try_token_digest(DOMAIN, *facts[:3], 2**16)
 
 
 def test_the_token_cannot_pass_for_a_receipt_or_another_domains_signature() -> None:
     ledger = ledger_domain(31337, "0x" + "ef" * 20)
-    assert TRY_TOKEN_DOMAIN.separator() != ledger.separator()
-    digest = try_token_digest(1, 3, 7, ATTEMPT_BLOCK)
+    assert DOMAIN.separator() != ledger.separator()
+    digest = try_token_digest(DOMAIN, 1, 3, 7, ATTEMPT_BLOCK)
     assert sign_digest(digest, KEYS["origin"]) == TRY.try_signature
-    assert digest != try_token_digest(1, 3, 7, ATTEMPT_BLOCK + 1)
+    assert digest != try_token_digest(DOMAIN, 1, 3, 7, ATTEMPT_BLOCK + 1)
 
 
 def test_valid_tokens_are_recovered_once_and_kept_in_a_bounded_table(
@@ -127,8 +131,8 @@ def test_valid_tokens_are_recovered_once_and_kept_in_a_bounded_table(
         return recover_digest_signer(digest, signature)
 
     monkeypatch.setattr(try_token, "recover_digest_signer", counting)
-    tokens = TryTokens(max_checked=3)
-    tries = [sign_try(FIRST.onward(microbatch_id=m), KEYS["origin"]) for m in range(5)]
+    tokens = TryTokens(DOMAIN, max_checked=3)
+    tries = [sign_try(FIRST.onward(microbatch_id=m), KEYS["origin"], DOMAIN) for m in range(5)]
     for header in tries:
         tokens.check(header)
         tokens.check(header.onward(attempt=header.attempt + 1))  # from the table
@@ -138,14 +142,14 @@ def test_valid_tokens_are_recovered_once_and_kept_in_a_bounded_table(
     tokens.check(tries[0])  # forgotten: checked again
     assert len(recovered) == 6 and len(tokens) == 3
     # A forged token for a try whose real token is kept is not taken from the table.
-    forged = sign_try(FIRST.onward(microbatch_id=4), KEYS["member"])
+    forged = sign_try(FIRST.onward(microbatch_id=4), KEYS["member"], DOMAIN)
     assert "its origin did not sign" in refused(forged, tokens)
 
 
 def test_a_node_does_not_send_a_forward_below_its_tokens_try_start() -> None:
     """Its receiver would refuse it and charge the sender."""
-    plane = DataPlane(None, PEER["member"], 1, 2, 1.0, 1 << 20)  # type: ignore[arg-type]
-    stale = sign_try(FIRST.onward(attempt=2 * ATTEMPT_BLOCK), KEYS["origin"])
+    plane = DataPlane(None, PEER["member"], 1, 2, 1.0, 1 << 20, try_domain=DOMAIN)  # type: ignore[arg-type]
+    stale = sign_try(FIRST.onward(attempt=2 * ATTEMPT_BLOCK), KEYS["origin"], DOMAIN)
 
     async def main() -> None:
         await plane.send(PEER["other"], stale.onward(attempt=ATTEMPT_BLOCK + 1), b"frame")
@@ -156,4 +160,34 @@ def test_a_node_does_not_send_a_forward_below_its_tokens_try_start() -> None:
 
 def test_a_data_plane_without_a_node_key_cannot_sign_a_try() -> None:
     with pytest.raises(ProtocolError, match="give its DataPlane one"):
-        sign_try(FIRST, b"")
+        sign_try(FIRST, b"", DOMAIN)
+
+
+@pytest.mark.parametrize(
+    ("receiver", "why"),
+    [
+        (try_token_domain(1, LEDGER), "another chain: the node key reused on mainnet"),
+        (try_token_domain(31337, "0x" + "ab" * 20), "another deployment on the same chain"),
+        (NO_CHAIN_TRY_DOMAIN, "a swarm on no chain"),
+    ],
+)
+def test_a_token_signed_for_one_chain_and_ledger_is_refused_under_another(
+    receiver: Eip712Domain, why: str
+) -> None:
+    """Run 1 exists in both deployments: only the domain tells the tokens apart."""
+    words = refused(ON_PATH, TryTokens(receiver))
+    assert f"for this run on chain {receiver.chain_id}" in words, why
+    # and the other way round: a token of the receiver's domain is refused under the run's
+    theirs = sign_try(FIRST, KEYS["origin"], receiver).onward(stage=2, path=ON_PATH.path)
+    TryTokens(receiver).check(theirs)
+    assert "its origin did not sign" in refused(theirs)
+
+
+def test_the_data_plane_checks_tokens_under_its_runs_domain() -> None:
+    plane = DataPlane(None, PEER["member"], 1, 2, 1.0, 1 << 20, try_domain=DOMAIN)  # type: ignore[arg-type]
+    assert plane.try_tokens.domain == DOMAIN
+    plane.try_tokens.check(ON_PATH)
+    unbound = DataPlane(None, PEER["member"], 1, 2, 1.0, 1 << 20)  # type: ignore[arg-type]
+    assert unbound.try_tokens.domain == NO_CHAIN_TRY_DOMAIN
+    with pytest.raises(TryTokenError, match="did not sign"):
+        unbound.try_tokens.check(ON_PATH)

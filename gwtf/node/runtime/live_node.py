@@ -19,6 +19,7 @@ import trio
 from libp2p.crypto.keys import KeyPair
 
 from gwtf.contracts.certificate_tree import SignedReceipt
+from gwtf.contracts.encoding import Eip712Domain
 from gwtf.coordinator_free.protocol.config import DATA, FlowConfig, NodeSpec
 from gwtf.coordinator_free.protocol.node import FlowNode
 from gwtf.errors import ConfigError, ProtocolError
@@ -45,6 +46,7 @@ from gwtf.node.receipts.serving import ReceiptServer, serve_receipts_forwarding
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.compute_meter import report_compute
 from gwtf.node.runtime.dataplane.exchange import DataPlane, OriginCheck
+from gwtf.node.runtime.dataplane.try_token import NO_CHAIN_TRY_DOMAIN
 from gwtf.node.runtime.discovery.address_book import AddressBook, PeerRecord, own_record
 from gwtf.node.runtime.discovery.join_placement import Reservations, wait_for_placement
 from gwtf.node.runtime.discovery.own_reachability import (
@@ -163,6 +165,9 @@ class LiveNodeConfig:
     #: Whether a forward's origin is a data node of the run (``RunAdmission.is_data_node``);
     #: None (no chain) takes any origin (``DataPlane.origins``).
     origins: OriginCheck | None = None
+    #: The run's try token domain: its chain and WorkLedger (``try_token.try_token_domain``);
+    #: ``NO_CHAIN_TRY_DOMAIN`` for a swarm on no chain. Every node of a run names the same one.
+    try_domain: Eip712Domain = NO_CHAIN_TRY_DOMAIN
     #: Awaited once the host is up and the worker built, before the node makes itself known:
     #: a joiner started ahead of time waits here for its moment, its slow start-up done.
     entry_gate: EntryGate | None = None
@@ -346,6 +351,7 @@ async def run_live_node(
             emulated_hop_s=config.emulated_hop_s,
             node_key=key.private_key.to_bytes(),
             origins=config.origins,
+            try_domain=config.try_domain,
         )
         worker, memory = await trio.to_thread.run_sync(_worker, config, node_id)
         if config.entry_gate is not None:

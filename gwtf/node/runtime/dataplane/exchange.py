@@ -25,7 +25,7 @@ from typing import NamedTuple, Protocol
 import trio
 from libp2p.peer.id import ID
 
-from gwtf.contracts.encoding import HopReceipt, hop_key
+from gwtf.contracts.encoding import Eip712Domain, HopReceipt, hop_key
 from gwtf.coordinator_free.wire import HopAck, decode, encode
 from gwtf.errors import GwtfError, ProtocolError
 from gwtf.node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
@@ -43,11 +43,11 @@ from gwtf.node.runtime.dataplane.hop import (
     encode_hop,
     frame_digest,
 )
-from gwtf.node.runtime.dataplane.try_token import TryTokenError, TryTokens
+from gwtf.node.runtime.dataplane.try_token import NO_CHAIN_TRY_DOMAIN, TryTokenError, TryTokens
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_ID = "/gwtf/hop/7.0.0"
+PROTOCOL_ID = "/gwtf/hop/8.0.0"
 #: How long opening the hop stream to a peer may take (a dial: each address within 3 s, or a
 #: circuit through a relay), before the ack deadline starts.
 OPEN_S = 12.0
@@ -217,8 +217,12 @@ class DataPlane:
     origin_send: OriginSend | None = None
     #: This node's key: a data node signs its tries' tokens with it (``try_token.py``).
     node_key: bytes = field(default=b"", repr=False)
+    #: The run's try token domain: its chain and WorkLedger (``try_token.try_token_domain``),
+    #: or, for a swarm on no chain, ``NO_CHAIN_TRY_DOMAIN``. The origin signs under it; a
+    #: receiver takes only tokens signed under it.
+    try_domain: Eip712Domain = NO_CHAIN_TRY_DOMAIN
     #: The try tokens of the forwards received: a forward without a valid one is refused.
-    try_tokens: TryTokens = field(default_factory=TryTokens)
+    try_tokens: TryTokens = field(init=False)
     #: A forward's origin must be a data node of the run: its try token is the origin's own, so
     #: a run member naming itself the origin would make one up. None (no chain) takes any.
     origins: OriginCheck | None = None
@@ -239,6 +243,9 @@ class DataPlane:
     _forward_whole: dict[ForwardKey, _Whole] = field(default_factory=dict)
     #: (origin, iteration, microbatch, direction) of the kept outputs' receipts signed here.
     _kept_signed: dict[tuple[str, int, int, int], None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.try_tokens = TryTokens(self.try_domain)
 
     def serve(self, nursery: trio.Nursery) -> None:
         send, receive = trio.open_memory_channel[_Job](_QUEUE_DEPTH)

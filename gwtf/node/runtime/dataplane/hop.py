@@ -22,8 +22,9 @@ node re-sending a hop on its own takes the next number inside the block it recei
 (``resend_attempt``). A relay's re-send then never takes a number the data node hands out later
 (a receipt's hop key must not be claimed by two workers).
 
-Every forward carries its try's token (``try_token.py``): the origin's signature of the run,
-iteration, microbatch and the first attempt of the try (``try_start``), which each node copies
+Every forward carries its try's token (``try_token.py``): the origin's signature, under the run's
+chain and WorkLedger, of the run, iteration, microbatch and the first attempt of the try
+(``try_start``), which each node copies
 onto the forwards it sends on; a receiver takes no forward without a valid one.
 
 ``epoch`` is the run's epoch the origin started the microbatch's iteration in; every receipt of

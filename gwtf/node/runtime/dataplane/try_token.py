@@ -31,9 +31,13 @@ reaches the loss, and the new try's forward replaces it there, whatever attempt 
 relay compares the token's start, not the attempt, with the origin's latest try
 (``roles/held_forward.py``).
 
-The signature is EIP-712 under its own domain (``TRY_TOKEN_DOMAIN``, bound to no chain and no
-contract) and its own type, so it can never pass for a hop receipt or any other message this
-key signs. Checking costs one ECDSA recovery, once per (origin, iteration, microbatch, try
+The signature is EIP-712 under its own domain name and type, so it can never pass for a hop
+receipt or any other message this key signs. The domain binds it to the run's chain and
+WorkLedger (``try_token_domain``, from the composition root, as hop receipts' ``ledger_domain``):
+a node key used in two deployments (a testnet and a mainnet, or two ledgers on one chain) signs
+tokens for run N in each that the other refuses, though the run ids match. A swarm on no chain
+signs under ``NO_CHAIN_TRY_DOMAIN`` (chain id 0, the zero address), which a chain-bound receiver
+refuses too. Checking costs one ECDSA recovery, once per (origin, iteration, microbatch, try
 start, signature) on each receiver: the valid ones are kept in a small bounded table.
 """
 
@@ -57,8 +61,11 @@ from gwtf.errors import ProtocolError
 from gwtf.node.p2p.identity import node_address_of_peer
 from gwtf.node.runtime.dataplane.hop import FORWARD, HopHeader
 
-TRY_TOKEN_DOMAIN: Final = Eip712Domain(
-    "GWTF try token", "1", 0, "0x0000000000000000000000000000000000000000"
+TRY_TOKEN_DOMAIN_NAME: Final = "GWTF try token"
+TRY_TOKEN_DOMAIN_VERSION: Final = "1"
+#: The domain of a swarm on no chain (no admission, no receipts): bound to nothing.
+NO_CHAIN_TRY_DOMAIN: Final = Eip712Domain(
+    TRY_TOKEN_DOMAIN_NAME, TRY_TOKEN_DOMAIN_VERSION, 0, "0x0000000000000000000000000000000000000000"
 )
 TRY_TOKEN_TYPE: Final = "TryToken(uint64 run,uint64 iteration,uint64 microbatch,uint16 tryStart)"
 _TRY_TOKEN_TYPE_HASH: Final = keccak256(TRY_TOKEN_TYPE.encode())
@@ -70,24 +77,33 @@ class TryTokenError(ProtocolError):
     """A forward whose try token is missing or not its origin's for that hop."""
 
 
-def try_token_digest(run_id: int, iteration: int, microbatch: int, try_start: int) -> bytes:
-    """The EIP-712 digest an origin signs for one try of one microbatch."""
+def try_token_domain(chain_id: int, ledger_address: str) -> Eip712Domain:
+    """The domain of a run's try tokens: its WorkLedger at ``ledger_address`` on ``chain_id``."""
+    return Eip712Domain(TRY_TOKEN_DOMAIN_NAME, TRY_TOKEN_DOMAIN_VERSION, chain_id, ledger_address)
+
+
+def try_token_digest(
+    domain: Eip712Domain, run_id: int, iteration: int, microbatch: int, try_start: int
+) -> bytes:
+    """The EIP-712 digest an origin signs, under ``domain``, for one try of one microbatch."""
     if not (run_id | iteration | microbatch) >> 64 == try_start >> 16 == 0 or try_start < 0:
         raise TryTokenError("a try token's run, iteration and microbatch are u64, its start u16")
     # abi.encode of static uints: each a 32-byte big-endian word (as eth_abi's ``encode``,
     # which costs as much as the recovery itself)
     words = b"".join(v.to_bytes(32, "big") for v in (run_id, iteration, microbatch, try_start))
-    return typed_data_digest(TRY_TOKEN_DOMAIN, keccak256(_TRY_TOKEN_TYPE_HASH + words))
+    return typed_data_digest(domain, keccak256(_TRY_TOKEN_TYPE_HASH + words))
 
 
-def sign_try(header: HopHeader, node_key: bytes) -> HopHeader:
-    """``header``, a try's first forward at its origin, with the try's token: its attempt is
-    the try's start."""
+def sign_try(header: HopHeader, node_key: bytes, domain: Eip712Domain) -> HopHeader:
+    """``header``, a try's first forward at its origin, with the try's token under ``domain``
+    (the run's: ``DataPlane.try_domain``): its attempt is the try's start."""
     if len(node_key) != 32:
         raise ProtocolError(
             "a data node signs its tries with its node key; give its DataPlane one (node_key)"
         )
-    digest = try_token_digest(header.run_id, header.iteration, header.microbatch_id, header.attempt)
+    digest = try_token_digest(
+        domain, header.run_id, header.iteration, header.microbatch_id, header.attempt
+    )
     return header.onward(try_start=header.attempt, try_signature=sign_digest(digest, node_key))
 
 
@@ -102,8 +118,10 @@ def origin_address(origin: str) -> str:
 
 @dataclass
 class TryTokens:
-    """A receiver's check of forwards' try tokens, with the valid ones it has seen."""
+    """A receiver's check of forwards' try tokens under its run's ``domain``, with the valid
+    ones it has seen."""
 
+    domain: Eip712Domain = NO_CHAIN_TRY_DOMAIN
     max_checked: int = MAX_CHECKED_TOKENS
     _valid: OrderedDict[tuple[str, int, int, int, int, bytes], None] = field(
         default_factory=OrderedDict
@@ -136,14 +154,18 @@ class TryTokens:
         if key in self._valid:
             self._valid.move_to_end(key)
             return
-        digest = try_token_digest(header.run_id, header.iteration, microbatch, header.try_start)
+        digest = try_token_digest(
+            self.domain, header.run_id, header.iteration, microbatch, header.try_start
+        )
         try:
             signer = recover_digest_signer(digest, header.try_signature)
         except ProtocolError as exc:
             raise TryTokenError(f"forward of microbatch {microbatch}: try token {exc}") from exc
         if signer != origin_address(header.origin):
             raise TryTokenError(
-                f"forward of microbatch {microbatch} carries a try token its origin did not sign"
+                f"forward of microbatch {microbatch} carries a try token its origin did not "
+                f"sign for this run on chain {self.domain.chain_id} (ledger "
+                f"{self.domain.verifying_contract}); every node of a run names one chain"
             )
         self._valid[key] = None
         while len(self._valid) > self.max_checked:

@@ -55,7 +55,7 @@ from gwtf.node.runtime.dataplane.try_token import sign_try
 from gwtf.node.runtime.flow.routing import SwarmWiring
 from gwtf.node.runtime.flow.service import FlowService
 from gwtf.node.runtime.replicas.averaging import GradientAverager
-from gwtf.node.runtime.roles.data_peers import DataPeers, LeftOut
+from gwtf.node.runtime.roles.data_peers import DataPeers, LeftOut, shard_microbatches
 from gwtf.node.runtime.roles.flow_pool import Flow, FlowPool
 from gwtf.node.runtime.roles.relay_roster import RelayRoster
 from gwtf.node.training import codec
@@ -368,8 +368,8 @@ class DataRole:
         """Train ``iteration``'s share of this data node; ``LeftOut`` if the other data nodes
         went on without it (then it must ask back in). Its microbatches' records live exactly
         as long as this call."""
-        first = (iteration * self.shards + self.shard) * self.batch
-        pending = [first + j for j in range(self.batch)]
+        ids = shard_microbatches(iteration, self.shard, self.shards, self.batch)
+        first, pending = ids.start, list(ids)
         keys = [(iteration, m) for m in pending]
         self.microbatches.update((key, Microbatch()) for key in keys)
         try:
@@ -663,7 +663,8 @@ class DataRole:
             flow.lender if flow.lender and self.pool.first_hop(flow) == first_hop else "",
             self.epoch,
         )
-        header = sign_try(header, self.plane.node_key)  # every forward of this try carries it
+        # every forward of this try carries it
+        header = sign_try(header, self.plane.node_key, self.plane.try_domain)
         record = self.microbatches[key]
         record.sent = (header, frame)
         event = record.arrived = trio.Event()

@@ -47,6 +47,15 @@ PROBES_BEFORE_GONE = 2
 ADMIT_TRIES = 3
 
 
+def shard_microbatches(iteration: int, shard: int, shards: int, batch: int) -> range:
+    """The ids of the microbatches the data node of ``shard`` (of ``shards``) starts in
+    ``iteration``, ``batch`` of them: ``(iteration * shards + shard) * batch + j``. Distinct
+    shards and iterations never share an id, so a microbatch id names one data node's
+    microbatch in a run (relays key what they hold by it: ``held_forward.py``)."""
+    first = (iteration * shards + shard) * batch
+    return range(first, first + batch)
+
+
 class LeftOut(Exception):
     """The other data nodes went on without this one: it must ask to be taken back in."""
 

@@ -50,6 +50,21 @@ which must not get honest relays scored down. A made-up forward that reaches a r
 real one (or, after a restart, before the restarted one) is outside this rule: it replaces
 nothing held. The try token keeps it from any node off the microbatch's path; one made up with a
 leaked token is its maker's work, chained to none of the origin's sends, never certified.
+
+Why a relay keys what it holds by (iteration, microbatch), not by origin too: with several data
+nodes in a run, a microbatch id names one data node's microbatch. Each data node starts the ids
+of its own shard of each iteration (``data_peers.shard_microbatches``: distinct shards and
+iterations never share one), the data nodes refuse to start when two claim one shard
+(``DataPeers``), and a data node taking a shard over starts at the iteration after it joined.
+So honest data nodes' ids never collide, and the relay's stage worker, its accumulated gradient
+and the gradient redo (``Holds`` asks for a range of ids) all name a microbatch by its id alone.
+A data node that breaks this on purpose, starting ids of another's shard under its own try
+tokens, replaces nothing held: a second forward of another origin is declined above, unasked.
+It can still be first to a relay with an id of another data node, which then has that id
+declined there (it stalls, or goes through another replica): a denial of service by a data
+node the chain names, not a way to replace another data node's activations. Keying every part
+of a relay by origin would end it, at the cost of the stage worker's and the control
+protocol's microbatch ids.
 """
 
 from __future__ import annotations
