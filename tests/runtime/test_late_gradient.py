@@ -15,6 +15,7 @@ node, stage-1 relay ``a``, stage-2 relay ``b``).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,61 @@ def test_a_gradient_back_during_the_last_repair_finishes_its_microbatch(tmp_path
     results = trio.run(main)
     assert len(tries) == 1, f"X was started again after its gradient came back: {tries}"
     assert [r.iteration for r in results] == list(range(ITERATIONS))
+
+
+def test_a_gradient_the_embedding_takes_while_its_try_is_given_up_finishes_it(
+    tmp_path: Path,
+) -> None:
+    """X's gradient is in the embedding's backward (a worker thread) when its try is given up:
+    the give-up's drop finds nothing left, so X is done, not started again (a next try would
+    put its embedding gradient, and its loss, into the step a second time)."""
+    swarm = Swarm()
+    in_backward = trio.Event()
+    given_up: list[tuple[int, int]] = []
+    tries: list[int] = []
+    steps: list[StepReport] = []
+
+    async def arm(swarm: Swarm) -> None:
+        data = await data_role_of(swarm)
+        wait_or_repair, run_microbatch = data._wait_or_repair, data._run_microbatch
+        backward_embedding, step = data.worker.backward_embedding, data.worker.step
+        token = trio.lowlevel.current_trio_token()
+
+        def slow_backward_embedding(microbatch_id: int, grad: object) -> None:
+            if microbatch_id == X and not in_backward.is_set():
+                trio.from_thread.run_sync(in_backward.set, trio_token=token)
+                time.sleep(1.0)  # the give-up happens meanwhile
+            backward_embedding(microbatch_id, grad)  # type: ignore[arg-type]
+
+        async def give_up_in_backward(key: tuple[int, int], event: trio.Event) -> bool:
+            if key != (0, X) or given_up:
+                return await wait_or_repair(key, event)
+            await in_backward.wait()
+            given_up.append(key)
+            return False  # stalled, as far as this try's deadline knows
+
+        async def count_tries(iteration: int, microbatch_id: int, flow: Flow, attempt: int) -> bool:
+            if (iteration, microbatch_id) == (0, X):
+                tries.append(attempt)
+            return await run_microbatch(iteration, microbatch_id, flow, attempt)
+
+        def counted_step() -> StepReport:
+            steps.append(step())
+            return steps[-1]
+
+        data.worker.backward_embedding = slow_backward_embedding  # type: ignore[method-assign]
+        data.worker.step = counted_step  # type: ignore[method-assign]
+        data._wait_or_repair = give_up_in_backward  # type: ignore[method-assign]
+        data._run_microbatch = count_tries  # type: ignore[method-assign]
+
+    async def main() -> list:  # type: ignore[type-arg]
+        with trio.fail_after(120):
+            return await run_swarm(tmp_path, ITERATIONS, BATCH, RELAYS, arm, swarm)
+
+    results = trio.run(main)
+    assert in_backward.is_set()
+    assert len(tries) == 1, f"X was started again after the embedding took its gradient: {tries}"
+    assert results[0].restarts == 0
+    assert [s.microbatch_count for s in steps] == [BATCH] * ITERATIONS
+    expected = reference_losses(ITERATIONS, BATCH)
+    assert [r.loss for r in results] == pytest.approx(expected, rel=EXACT, abs=0)
