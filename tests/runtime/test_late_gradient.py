@@ -5,7 +5,9 @@ node, stage-1 relay ``a``, stage-2 relay ``b``).
   (as after a stall past its deadline), and that gradient reaches the origin while X's next try
   is in flight, before the next try's forward reaches the loss. Only the gradient of the try
   whose loss the origin keeps closes X: the late one is declined (X would close without a
-  loss), and the next try finishes X with its loss.
+  loss), and the next try finishes X. Its loss and the head's gradient enter the data node's
+  step once, however many tries reached the loss: every step counts the batch's microbatches
+  and the losses are the whole model's.
 * During the repair that ends its last deadline: X's gradient comes back while the origin is
   tracing it after its stall deadline has passed. X is done: the origin does not start it
   again (its gradient is in the embedding already, and a new try could never finish).
@@ -13,8 +15,10 @@ node, stage-1 relay ``a``, stage-2 relay ``b``).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import pytest
 import trio
 
 from gwtf.node.p2p.rpc import Decline
@@ -22,12 +26,16 @@ from gwtf.node.runtime.dataplane.hop import BACKWARD, FORWARD, HopHeader
 from gwtf.node.runtime.dataplane.stall_repair import Outcome
 from gwtf.node.runtime.roles.data import DataRole
 from gwtf.node.runtime.roles.flow_pool import Flow
-from tests.runtime.swarm_harness import STAGES, Swarm, run_swarm
+from gwtf.node.training.trainer import StepReport
+from tests.runtime.swarm_harness import STAGES, Swarm, reference_losses, run_swarm
 
 ITERATIONS = 2
 BATCH = 4
 RELAYS = {"a": 1, "b": 2}
 X = 0  # the first microbatch of iteration 0
+#: Losses within this of the whole model's: a crash-free swarm's (~1e-7); one microbatch's
+#: gradient counted twice moves iteration 1's by ~2e-5.
+EXACT = 1e-6
 
 
 async def data_role_of(swarm: Swarm) -> DataRole:
@@ -52,10 +60,16 @@ def test_a_late_gradient_of_a_try_given_up_is_declined_and_the_next_try_finishes
     late: list[tuple[HopHeader, bytes]] = []
     arrived = trio.Event()
     outcome: list[str] = []
+    steps: list[StepReport] = []
 
     async def arm(swarm: Swarm) -> None:
         data = await data_role_of(swarm)
         compute, wait_or_repair = data.compute, data._wait_or_repair
+        step = data.worker.step
+
+        def counted_step() -> StepReport:
+            steps.append(step())
+            return steps[-1]
 
         async def hold_first_gradient(header: HopHeader, frame: bytes) -> None:
             if is_gradient_of_x(header) and not late:
@@ -84,6 +98,7 @@ def test_a_late_gradient_of_a_try_given_up_is_declined_and_the_next_try_finishes
 
         data.plane.compute = hold_first_gradient
         data._wait_or_repair = give_up_first_try  # type: ignore[method-assign]
+        data.worker.step = counted_step  # type: ignore[method-assign]
 
     async def main() -> list:  # type: ignore[type-arg]
         with trio.fail_after(120):
@@ -95,6 +110,10 @@ def test_a_late_gradient_of_a_try_given_up_is_declined_and_the_next_try_finishes
     assert results[0].restarts == 1
     data = swarm.nodes["data"].role
     assert isinstance(data, DataRole) and data.microbatches == {}
+    # Both tries of X reached the loss: its loss and head gradient count once.
+    assert [s.microbatch_count for s in steps] == [BATCH] * ITERATIONS
+    expected = reference_losses(ITERATIONS, BATCH)
+    assert [r.loss for r in results] == pytest.approx(expected, rel=EXACT, abs=0)
 
 
 def test_a_gradient_back_during_the_last_repair_finishes_its_microbatch(tmp_path: Path) -> None:
@@ -143,3 +162,61 @@ def test_a_gradient_back_during_the_last_repair_finishes_its_microbatch(tmp_path
     results = trio.run(main)
     assert len(tries) == 1, f"X was started again after its gradient came back: {tries}"
     assert [r.iteration for r in results] == list(range(ITERATIONS))
+
+
+def test_a_gradient_the_embedding_takes_while_its_try_is_given_up_finishes_it(
+    tmp_path: Path,
+) -> None:
+    """X's gradient is in the embedding's backward (a worker thread) when its try is given up:
+    the give-up's drop finds nothing left, so X is done, not started again (a next try would
+    put its embedding gradient, and its loss, into the step a second time)."""
+    swarm = Swarm()
+    in_backward = trio.Event()
+    given_up: list[tuple[int, int]] = []
+    tries: list[int] = []
+    steps: list[StepReport] = []
+
+    async def arm(swarm: Swarm) -> None:
+        data = await data_role_of(swarm)
+        wait_or_repair, run_microbatch = data._wait_or_repair, data._run_microbatch
+        backward_embedding, step = data.worker.backward_embedding, data.worker.step
+        token = trio.lowlevel.current_trio_token()
+
+        def slow_backward_embedding(microbatch_id: int, grad: object) -> None:
+            if microbatch_id == X and not in_backward.is_set():
+                trio.from_thread.run_sync(in_backward.set, trio_token=token)
+                time.sleep(1.0)  # the give-up happens meanwhile
+            backward_embedding(microbatch_id, grad)  # type: ignore[arg-type]
+
+        async def give_up_in_backward(key: tuple[int, int], event: trio.Event) -> bool:
+            if key != (0, X) or given_up:
+                return await wait_or_repair(key, event)
+            await in_backward.wait()
+            given_up.append(key)
+            return False  # stalled, as far as this try's deadline knows
+
+        async def count_tries(iteration: int, microbatch_id: int, flow: Flow, attempt: int) -> bool:
+            if (iteration, microbatch_id) == (0, X):
+                tries.append(attempt)
+            return await run_microbatch(iteration, microbatch_id, flow, attempt)
+
+        def counted_step() -> StepReport:
+            steps.append(step())
+            return steps[-1]
+
+        data.worker.backward_embedding = slow_backward_embedding  # type: ignore[method-assign]
+        data.worker.step = counted_step  # type: ignore[method-assign]
+        data._wait_or_repair = give_up_in_backward  # type: ignore[method-assign]
+        data._run_microbatch = count_tries  # type: ignore[method-assign]
+
+    async def main() -> list:  # type: ignore[type-arg]
+        with trio.fail_after(120):
+            return await run_swarm(tmp_path, ITERATIONS, BATCH, RELAYS, arm, swarm)
+
+    results = trio.run(main)
+    assert in_backward.is_set()
+    assert len(tries) == 1, f"X was started again after the embedding took its gradient: {tries}"
+    assert results[0].restarts == 0
+    assert [s.microbatch_count for s in steps] == [BATCH] * ITERATIONS
+    expected = reference_losses(ITERATIONS, BATCH)
+    assert [r.loss for r in results] == pytest.approx(expected, rel=EXACT, abs=0)

@@ -218,6 +218,14 @@ def test_a_data_node_left_out_while_alive_asks_back_in_by_itself(tmp_path: Path)
         names.extend(sorted(("data", "data-1"), key=lambda n: swarm.nodes[n].plane.node_id))
         leader, left = swarm.nodes[names[0]].role.peers, swarm.nodes[names[1]].role
         assert leader is not None and left.peers is not None
+        rejoin = left.peers.rejoin
+
+        async def rejoin_noting_busy(timeout_s: float) -> int:
+            # Left out, its iteration is over: its epoch's certificate waits for it no longer.
+            busy_when_left_out.append(left.iterating)
+            return await rejoin(timeout_s)
+
+        left.peers.rejoin = rejoin_noting_busy  # type: ignore[method-assign]
         # Until the other hears it: a leader announcing an iteration's end when this lands
         # adopts the members it announced, the other among them, and takes it back.
         left_id = swarm.nodes[names[1]].plane.node_id
@@ -237,9 +245,11 @@ def test_a_data_node_left_out_while_alive_asks_back_in_by_itself(tmp_path: Path)
 
         leader.announce_ended = announce_then_wait  # type: ignore[method-assign]
 
+    busy_when_left_out: list[bool] = []
     run_two_data_nodes(tmp_path, iterations, leave_out, swarm)
     kept, left = ([r.iteration for r in swarm.results[name]] for name in names)
     assert swarm.nodes[names[1]].role.stats.taken_back_in == 1
+    assert busy_when_left_out == [False]
     assert kept == list(range(iterations))
     assert left[-1] == iterations - 1 and len(left) < iterations, "it skipped while out"
     for name in names:  # nothing of an iteration left (ended or left out) stays behind

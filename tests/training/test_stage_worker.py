@@ -213,3 +213,32 @@ def test_data_node_errors_and_tied_weights(
     data.backward_embedding(4, grad)
     assert data.in_flight == () and data.microbatch_count == 1
     data.step()
+
+
+def test_a_microbatchs_loss_computed_again_replaces_the_first_in_the_step(
+    exact_settings: TrainingSettings, sampler: MicrobatchSampler
+) -> None:
+    """A restarted try's forward reaching the loss again from another input (other hardware
+    upstream): the head's gradient and the count are those of the later loss alone."""
+    once, twice = (DataNodeWorker(PLAN, exact_settings, SEED, sampler) for _ in range(2))
+    for data in (once, twice):
+        data.loss_and_backward(8, activation(8, seq=16))  # another microbatch, kept as it is
+        data.embed(3)
+    first_try = twice.loss_and_backward(3, activation(1, seq=16))
+    assert twice.drop(3) is True  # the try given up: its loss stays in the step
+    twice.embed(3)
+    later = twice.loss_and_backward(3, activation(2, seq=16))
+    loss, grad = once.loss_and_backward(3, activation(2, seq=16))
+    assert first_try[0] != later[0] == loss and torch.equal(grad, later[1])
+    assert once.microbatch_count == twice.microbatch_count == 2
+    for (name, a), (_, b) in zip(
+        once.module.named_parameters(), twice.module.named_parameters(), strict=True
+    ):
+        assert (a.grad is None) == (b.grad is None), name
+        if a.grad is not None:
+            assert torch.allclose(a.grad, b.grad, rtol=0, atol=1e-12), name
+    for data in (once, twice):
+        data.step()
+    # The next step starts afresh: a loss of microbatch 3 then counts again.
+    twice.loss_and_backward(3, activation(2, seq=16))
+    assert twice.microbatch_count == 1

@@ -7,6 +7,8 @@ Tokens are never sent: both ends regenerate a microbatch's tokens from its id (`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from gwtf.node.training.dataset import Sampler
@@ -15,13 +17,15 @@ from gwtf.node.training.model import DataPart
 from gwtf.node.training.partition import PartitionPlan
 from gwtf.node.training.settings import TrainingSettings
 from gwtf.node.training.stage_worker import check_activation
-from gwtf.node.training.trainer import PartTrainer
+from gwtf.node.training.trainer import GradientShare, PartTrainer
 
 
 class DataNodeWorker(PartTrainer):
     """One replica of the data-node part. Each microbatch is counted once, when its loss is
     computed, so counts add up to the number of microbatches across data-node replicas even when
-    one replica embeds a microbatch and another computes its loss."""
+    one replica embeds a microbatch and another computes its loss. A microbatch's loss computed
+    again before it closes (a restarted try's forward reached the loss once more) replaces the
+    earlier one's contribution: its head gradient and count enter the step once."""
 
     def __init__(
         self,
@@ -36,6 +40,10 @@ class DataNodeWorker(PartTrainer):
         self.part: DataPart = self.module  # type: ignore[assignment]
         self.batches = batches
         self._embedded: dict[int, torch.Tensor] = {}
+        #: The final activation each microbatch's loss in the accumulated gradient came from,
+        #: until the microbatch closes or the gradient is stepped or discarded: what undoing
+        #: that contribution recomputes.
+        self._loss_inputs: dict[int, torch.Tensor] = {}
 
     @property
     def in_flight(self) -> tuple[int, ...]:
@@ -58,7 +66,8 @@ class DataNodeWorker(PartTrainer):
         self, microbatch_id: int, final_activation: torch.Tensor
     ) -> tuple[float, torch.Tensor]:
         """End the forward of a microbatch: mean token loss, and the gradient with respect to
-        the last stage's output to send back to it."""
+        the last stage's output to send back to it. A loss of the microbatch already in the
+        accumulated gradient (its microbatch not closed since) is taken out first."""
         check_activation(final_activation, self.config, self.device.wire_dtype, "final activation")
         _, targets = self.batches(microbatch_id)
         if tuple(targets.shape) != tuple(final_activation.shape[:2]):
@@ -66,13 +75,26 @@ class DataNodeWorker(PartTrainer):
                 f"final activation for microbatch {microbatch_id} has shape "
                 f"{tuple(final_activation.shape)}, but its targets are {tuple(targets.shape)}"
             )
+        earlier = self._loss_inputs.pop(microbatch_id, None)
+        if earlier is not None:
+            self._head_backward(earlier, targets, sign=-1.0)
+            self.microbatch_count -= 1
+        loss, grad = self._head_backward(final_activation, targets, sign=1.0)
+        self._loss_inputs[microbatch_id] = final_activation
+        self.microbatch_count += 1
+        return float(loss.detach()), self.device.to_wire(grad)
+
+    def _head_backward(
+        self, final_activation: torch.Tensor, targets: torch.Tensor, sign: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss of ``final_activation`` and its gradient; adds ``sign`` times the loss's
+        gradient to the part's accumulated gradient (-1: takes an earlier one out again)."""
         x = self.device.from_wire(final_activation).detach().requires_grad_(True)
         with self.device.autocast():
             loss = self.part.loss(x, self.device.to_device(targets))
-        torch.autograd.backward(loss)
-        self.microbatch_count += 1
+        torch.autograd.backward(loss if sign == 1.0 else sign * loss)
         assert x.grad is not None  # x is a leaf that requires grad
-        return float(loss.detach()), self.device.to_wire(x.grad)
+        return loss, x.grad
 
     def backward_embedding(self, microbatch_id: int, input_grad: torch.Tensor) -> None:
         """Close a microbatch: backpropagate the first stage's input gradient into the
@@ -90,7 +112,19 @@ class DataNodeWorker(PartTrainer):
                 f"{tuple(input_grad.shape)}, expected {tuple(activation.shape)}"
             )
         del self._embedded[microbatch_id]
+        self._loss_inputs.pop(microbatch_id, None)  # closed: its loss is final
         torch.autograd.backward(activation, self.device.from_wire(input_grad).to(activation.dtype))
 
     def drop(self, microbatch_id: int) -> bool:
+        """Forget a given-up try's embedding output; returns whether one was held (False: the
+        try's gradient reached the embedding already). A loss of the microbatch stays in the
+        accumulated gradient (a later try's replaces it)."""
         return self._embedded.pop(microbatch_id, None) is not None
+
+    def average_gradients(self, shares: Sequence[GradientShare]) -> int:
+        self._loss_inputs.clear()  # the average replaces this replica's sum: nothing to undo
+        return super().average_gradients(shares)
+
+    def discard_gradients(self) -> None:
+        super().discard_gradients()
+        self._loss_inputs.clear()

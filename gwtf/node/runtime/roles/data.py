@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
 import trio
 
 from gwtf.coordinator_free.decisions import keep_waiting
@@ -49,7 +50,7 @@ from gwtf.node.runtime.dataplane.hop import (
     frame_digest,
     origin_attempt,
 )
-from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, resend_refusal
+from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, PassedBack, resend_refusal
 from gwtf.node.runtime.dataplane.stall_repair import Outcome, StallRepair
 from gwtf.node.runtime.dataplane.try_token import sign_try
 from gwtf.node.runtime.flow.routing import SwarmWiring
@@ -106,10 +107,18 @@ class Microbatch:
     arrived: trio.Event | None = None
     #: The node that took the latest try's first hop (a resume moves it).
     first_hop: str | None = None
-    #: Its loss, once the latest try's forward reached it, and that try's start: only the
-    #: gradient of that try closes the microbatch.
+    #: Its loss, once a try's forward reached it: in the worker's accumulated gradient, with
+    #: the head's gradient, once, however many tries reach the loss.
     loss: float | None = None
+    #: The start of the try in flight once its forward reached the loss (-1 before): only the
+    #: gradient of that try closes the microbatch.
     loss_try: int = -1
+    #: The loss gradient sent back by a try given up after it reached the loss, with the digest
+    #: of its input: a later try's forward from that input is answered with it, not counted
+    #: again (``DataRole._loss_gradient``).
+    given_up_gradient: PassedBack | None = None
+    #: A forward of the try in flight is computing its loss (a copy of it is declined).
+    loss_computing: bool = False
     #: The path of its final backward: who computed each stage's gradient.
     path: tuple[str, ...] = ()
 
@@ -117,6 +126,12 @@ class Microbatch:
     def in_flight(self) -> tuple[HopHeader, bytes] | None:
         """The first hop of the try in flight, if one is."""
         return None if self.finished else self.sent
+
+    @property
+    def at_loss(self) -> bool:
+        """The try in flight's forward reached the loss: its gradient is what comes next."""
+        in_flight = self.in_flight
+        return in_flight is not None and self.loss_try == in_flight[0].try_start
 
 
 @dataclass
@@ -239,41 +254,65 @@ class DataRole:
                     f"microbatch {header.microbatch_id}'s forward of the try started at "
                     f"{header.try_start}; its try in flight started at {started}"
                 )
-            if record.loss is not None:
-                # A copy re-sent past a slow (not dead) relay: one loss per microbatch, or its
-                # gradient would count twice. A restart clears the loss first.
+            if record.loss_try == started or record.loss_computing:
+                # A copy re-sent past a slow (not dead) relay: one loss per try, or its
+                # gradient would go back twice.
                 raise Decline(f"microbatch {header.microbatch_id} already reached its loss")
-            loss, grad = await self._run(
-                self.worker.loss_and_backward, header.microbatch_id, tensor
-            )
-            record.loss, record.loss_try = loss, header.try_start
-            grad_frame = codec.encode(header.microbatch_id, grad, self.limits)
             back = header.onward(
                 direction=BACKWARD,
                 stage=self.plane.stages,
                 flags=0,
                 path=(*header.path, self.node_id),
             )
-            passed = self.sender.pass_back(back, grad_frame, frame_digest(frame))
+            record.loss_computing = True
+            try:
+                gradient = await self._loss_gradient(record, back, frame, tensor)
+            finally:
+                record.loss_computing = False
+            if record.in_flight is None or record.in_flight[0].try_start != started:
+                # Given up while its loss was computed: the next try may take this gradient.
+                record.given_up_gradient = gradient
+                raise Decline(f"microbatch {header.microbatch_id}'s try was given up meanwhile")
+            record.loss_try = started
+            passed = self.sender.pass_back(back, gradient.frame, gradient.input_digest)
+            # Sent (or being sent) by a try given up: the same work, counted once.
+            passed.recorded = gradient.recorded or gradient.sending
+            record.given_up_gradient = None  # kept in ``sender.passed`` from here on
             self.nursery.start_soon(self.sender.send_backward_or_log, passed)
         elif header.direction == BACKWARD and header.stage == 0 and header.origin == self.node_id:
             if record is None or in_flight is None:
                 raise Decline(f"gradient for microbatch {header.microbatch_id}, not in flight")
-            if record.loss is None or header.try_start != record.loss_try:
-                # A late gradient of a try given up: only the gradient of the try whose loss is
-                # kept closes the microbatch, or it could close without a loss.
+            if not record.at_loss or header.try_start != record.loss_try:
+                # A late gradient of a try given up: only the gradient of the try in flight,
+                # whose forward reached the loss, closes the microbatch.
                 raise Decline(
                     f"gradient of microbatch {header.microbatch_id}'s try started at "
                     f"{header.try_start}; no loss of that try is kept"
                 )
+            # Once the embedding took the gradient the microbatch is closed, even if its try
+            # was being given up meanwhile (the give-up's drop then finds nothing left).
             await self._run(self.worker.backward_embedding, header.microbatch_id, tensor)
-            if record.sent is None:
-                raise Decline(f"microbatch {header.microbatch_id}'s try was given up meanwhile")
             record.finished, record.path = True, header.path
             if record.arrived is not None:
                 record.arrived.set()
         else:
             raise ProtocolError(f"a data node does not compute {header.direction}/{header.stage}")
+
+    async def _loss_gradient(
+        self, record: Microbatch, back: HopHeader, frame: bytes, tensor: torch.Tensor
+    ) -> PassedBack:
+        """The loss gradient of a microbatch's forward ``frame`` (``back``: the backward that
+        carries it; not yet sent or kept). A forward from the input of a try given up after it
+        reached the loss gets that try's gradient again, already in the step; one from another
+        input (a restart on other hardware upstream) replaces it in the worker's step
+        (``DataNodeWorker.loss_and_backward``): the loss counts once either way."""
+        digest = frame_digest(frame)
+        kept = record.given_up_gradient
+        if kept is not None and kept.input_digest == digest:
+            return kept
+        loss, grad = await self._run(self.worker.loss_and_backward, back.microbatch_id, tensor)
+        record.loss, record.given_up_gradient = loss, None
+        return PassedBack(back, codec.encode(back.microbatch_id, grad, self.limits), digest)
 
     async def handle_resend(self, request: control.Resend, asker: str = "") -> bytes:
         """Re-send a microbatch's first hop, asked by this node's own repairs (no ``asker``)
@@ -314,7 +353,7 @@ class DataRole:
         if self.plane.receiving(request.iteration, request.microbatch, FORWARD):
             return control.encode_trace("queued")
         record = self.microbatches.get((request.iteration, request.microbatch))
-        if record is not None and record.loss is not None:
+        if record is not None and record.at_loss:
             return control.encode_trace("held")
         return control.encode_trace("absent")
 
@@ -375,6 +414,8 @@ class DataRole:
         try:
             return await self._train_share(iteration, first, pending)
         finally:
+            # Done, left out or failed: its epoch's certificate waits for it no longer.
+            self.iterating = False
             records = [self.microbatches.pop(key) for key in keys]
             for key in keys:  # the loss gradients it sent back, kept for repairs and redos
                 self.sender.passed.pop(key, None)
@@ -500,7 +541,6 @@ class DataRole:
             redo.lost,
             redo.microbatches_redone,
         )
-        self.iterating = False
         self.results.append(result)
         return result
 
@@ -676,14 +716,31 @@ class DataRole:
             log.warning("microbatch %s could not start: %s", microbatch_id, exc)
             record.sent = None
             return False
-        finished = await self._wait_or_repair(key, event)
-        record.arrived = None
-        if finished:
+        if await self._wait_or_repair(key, event) or await self._give_up(key, event):
+            record.arrived = None
             return True
+        record.arrived = None
         log.warning("microbatch %s stalled; starting it again", microbatch_id)
-        record.sent = record.loss = None
-        self.sender.passed.pop(key, None)
-        await self._run(self.worker.drop, microbatch_id)
+        return False
+
+    async def _give_up(self, key: tuple[int, int], event: trio.Event) -> bool:
+        """Give a stalled try up: no hop of it is taken from here on, its embedding output is
+        dropped and the loss gradient it sent back, if any, kept for the next try. True when
+        its gradient reached the embedding before the drop: the microbatch is done after all."""
+        record = self.microbatches[key]
+        sent, record.sent = record.sent, None
+        if not await self._run(self.worker.drop, key[1]):
+            # The embedding took the gradient (``compute`` closes the microbatch as soon as
+            # its worker thread returns).
+            with trio.move_on_after(self.plane.ack_deadline_s):
+                await event.wait()
+            if event.is_set():
+                record.sent = sent
+                return True
+        record.loss_try = -1
+        passed = self.sender.passed.pop(key, None)
+        if passed is not None:
+            record.given_up_gradient = passed
         return False
 
     # ---- repairing a late microbatch ---------------------------------------------------------
@@ -722,7 +779,7 @@ class DataRole:
 
     async def _repair(self, key: tuple[int, int]) -> Outcome | None:
         record = self.microbatches[key]
-        if record.loss is not None:  # the forward reached the loss: the gradient is what is late
+        if record.at_loss:  # the try's forward reached the loss: its gradient is what is late
             return await self.repairer.repair_backward(key)
         return await self.repairer.repair_forward(key, record.first_hop)
 
