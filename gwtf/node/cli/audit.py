@@ -241,6 +241,7 @@ def report_json(report: AuditReport) -> dict[str, Any]:
                 "count": c.cert.count,
                 "units": c.cert.units,
                 "leaves_served": c.leaves_served,
+                "read_through": c.read_through,
                 "replayed": [_replayed_json(done) for done in c.replayed],
                 "findings": [f.as_json() for f in c.findings],
             }
@@ -302,6 +303,9 @@ def print_report(console: Console, report: AuditReport) -> None:
         console.print(f"peer {node}: {why}")
     for node, via in report.forwarded.items():
         console.print(f"peer {node}: not dialable, read through {via}")
+    for c in report.certificates:
+        if c.read_through:
+            console.print(f"certificate of {c.cert.dataNode}: read through {c.read_through}")
     console.print(
         f"{len(report.certificates)} certificates, {report.receipts_seen} receipts seen: "
         + (f"{len(report.findings)} findings, {len(report.fraud)} provable on chain"
