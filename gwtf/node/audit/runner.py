@@ -228,7 +228,7 @@ async def audit_epoch(
                 checked.findings.append(Finding(UNCHECKED, cert.dataNode, detail[:300]))
             elif checked.read_through and checked.leaves_served < cert.count:
                 # A forwarder can cut a reading short (a made-up total, an empty page): what
-                # is missing accuses nobody, as the data node's own "withheld" would.
+                # is missing accuses nobody, where read directly it is the data node's own.
                 detail = (
                     f"{checked.read_through} forwarded {checked.leaves_served} of "
                     f"{cert.count} leaves"

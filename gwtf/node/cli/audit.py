@@ -14,7 +14,8 @@ model (``--model``, default ``training.model``); a wrong tensor is a finding for
 given wallet (``gwtf.node.audit.challenge``: commit, reveal, judged), opens a tensor dispute (with
 the contract's bond) for a wrong tensor, and withdraws the bounties. Exits 0 when every finding
 is judged or disputed (now or before) and ``EXIT_FINDINGS`` while any is left that the chain did
-not or cannot judge (withheld leaves, an unchecked certificate, a refused or failed proof).
+not or cannot judge (withheld leaves, an unchecked certificate, leaves a forwarder passed on that
+do not verify, a refused or failed proof).
 
 ``jury join`` locks a juror deposit in the Court for one of the wallet's nodes; ``jury serve``
 then takes every step the wallet's roles call for in each open case (``gwtf.node.audit.jury``): as
