@@ -5,8 +5,9 @@ The auditor is a libp2p host of its own (a fresh identity: nodes serve receipts 
 the run, rate-limited) that dials the peers it is given. For each certificate submitted for the
 epoch it fetches the data node's leaves with their proofs and checks them, membership asked of
 the chain; it fetches every peer's signed and countersigned receipts too and looks for
-equivocations across all it saw. A data node it cannot reach, or that will not serve, has its
-certificate reported unchecked (which accuses nobody); what it read before a reading broke off
+equivocations across all it saw. A data node it cannot reach directly or through a node it
+reached, or that will not serve, has its certificate reported unchecked (which accuses nobody);
+what it read before a reading broke off
 is checked all the same. A finding the chain has judged already (a voided certificate, a signer
 convicted in that epoch) is marked judged, and one on a settled epoch not provable: neither
 carries its proof, which the chain would refuse. With a ``Sampling``, a sample of each
