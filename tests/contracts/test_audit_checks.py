@@ -24,6 +24,7 @@ from gwtf.node.audit.checks import (
     TookPart,
     audit_certificate,
     equivocations,
+    unverified_leaves,
 )
 from gwtf.node.audit.replays import draw_sample
 from gwtf.node.chain.adapter import Sender
@@ -139,6 +140,20 @@ def test_leaves_a_data_node_will_not_serve_or_cannot_prove_are_reported_without_
     assert sorted(kinds(findings)) == [UNPROVEN, WITHHELD]
     assert all(f.proof is None for f in findings)
     assert "2 of" in next(f for f in findings if f.kind == WITHHELD).detail
+
+
+def test_what_a_forwarder_may_have_made_up_is_each_leaf_off_the_root_or_not_its_receipts(
+    certified: Certified,
+) -> None:
+    w, tree, cert = certified.w, certified.tree, certified.cert
+    pairs = served(tree)
+    assert unverified_leaves(cert, pairs, w.ledger_domain) == []  # whole: one rebuild
+    assert unverified_leaves(cert, pairs[1:], w.ledger_domain) == []  # in part: each proof
+    (entry, leaf), (other, _) = pairs[0], pairs[1]
+    outside = LeafProof(replace(leaf.hop, units=leaf.hop.units + 1), leaf.proof)
+    assert unverified_leaves(cert, [(entry, outside), *pairs[1:]], w.ledger_domain) == [0]
+    swapped = [(other, leaf), *pairs[1:]]  # leaf 0 with leaf 1's receipt
+    assert unverified_leaves(cert, swapped, w.ledger_domain) == [0]
 
 
 def test_a_whole_tree_served_is_checked_by_its_root_and_proven_with_its_own_proofs(

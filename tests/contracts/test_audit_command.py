@@ -2,33 +2,43 @@
 host serving its certificate to peers outside the run (the auditor is one), the command run as
 a person runs it. An honest certificate passes; a certified hop of a non-member is found, marked
 provable, and the command exits with ``EXIT_FINDINGS``; a data node not among the peers has its
-certificate reported unchecked."""
+certificate reported unchecked; a data node nobody can dial is audited in full through a relay
+connected to it, while a forwarder that passes on leaves that do not verify is reported,
+accusing nobody."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from libp2p.peer.id import ID
 from libp2p.security.noise import transport as noise
 
-from gwtf.contracts.certificate_tree import CertificateTree
+from gwtf.contracts.certificate_tree import CertificateTree, LeafProof
 from gwtf.node.chain.deployment import DevnetInfo, write_devnet_file
 from gwtf.node.cli.audit import EXIT_FINDINGS
 from gwtf.node.cli.main import main
 from gwtf.node.devnet.rpc import DevnetHttpServer, EthTesterRpc
 from gwtf.node.p2p.dialing import PER_ADDRESS_S
 from gwtf.node.p2p.host import full_address, running_host
-from gwtf.node.p2p.identity import identity_from_key
-from gwtf.node.p2p.rpc import RequestResponse
+from gwtf.node.p2p.identity import identity_from_key, new_identity, node_address_of_peer
+from gwtf.node.p2p.rpc import PublicRate, RequestResponse, RpcLimits
 from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.cheats import Cheat
 from gwtf.node.receipts.evidence import serve_evidence
-from gwtf.node.receipts.serving import ReceiptServer
+from gwtf.node.receipts.serving import (
+    RECEIPTS_PROTOCOL,
+    RECEIPTS_VIA_PROTOCOL,
+    ReceiptServer,
+    serve_receipts_forwarding,
+)
+from gwtf.node.receipts.wire import decode_page, encode_page
 from gwtf.node.store.database import open_database
 from gwtf.node.store.evidence import EvidenceArchive
 from gwtf.node.store.hops import HopStore
@@ -162,3 +172,90 @@ def test_a_data_node_slow_over_its_handshake_is_audited_within_the_audits_timeou
         code, report = audit(capsys, devnet_file, certified.run, at)
     assert report["peers"] == {certified.data.address: "ok"}
     assert code == 0 and report["certificates"][0]["findings"] == []
+
+
+@contextmanager
+def data_node_at_home(s: Staffed, tree: CertificateTree, db: Path) -> Iterator[dict[str, str]]:
+    """``s``'s data node serving ``tree`` at an address nobody can dial (a closed port), kept
+    connected by a relay that forwards receipts requests honestly and by a forwarder that
+    changes the first leaf of each certificate page it passes on; yields the addresses given
+    to the auditor ("data", "relay", "forger") and the node addresses ("relay node", "forger
+    node")."""
+    terms = ReceiptTerms(s.run, s.w.ledger_domain, STAGES, UNITS_PER_HOP)
+    server = ReceiptServer(HopStore(open_database(f"sqlite:///{db}")), terms, {0: tree}.get)
+
+    async def refuse(_peer: str) -> bool:
+        return False
+
+    @asynccontextmanager
+    async def hosts() -> AsyncIterator[dict[str, str]]:
+        async with (
+            running_host(identity_from_key(s.data.private_key)) as data,
+            running_host(new_identity()) as relay,
+            running_host(new_identity()) as forger,
+        ):
+            server.serve(RequestResponse(data, admit=refuse), timeout_s=5.0)
+            relaying = RequestResponse(relay, admit=refuse)
+            serve_receipts_forwarding(relaying, 5.0)
+            forging = RequestResponse(forger, admit=refuse)
+
+            async def tamper(_peer: str, request: bytes) -> bytes:
+                length = request[0]
+                target = ID.from_base58(request[1 : 1 + length].decode())
+                inner = request[1 + length :]
+                limits = RpcLimits(len(inner), 1 << 20, 5.0)
+                page = decode_page(await forging.request(target, RECEIPTS_PROTOCOL, inner, limits))
+                if page.leaves:
+                    first = page.leaves[0]
+                    changed = LeafProof(replace(first.hop, units=first.hop.units + 1), first.proof)
+                    page = replace(page, leaves=(changed, *page.leaves[1:]))
+                return encode_page(page)
+
+            limits = RpcLimits(128, 1 << 20, 10.0)
+            forging.serve(RECEIPTS_VIA_PROTOCOL, tamper, limits, PublicRate())
+            for rpc in (relaying, forging):  # as a home node's keepalive holds them
+                await rpc.dialer.connect(data.get_id(), data.get_addrs())
+            yield {
+                "data": f"/ip4/127.0.0.1/tcp/9/p2p/{data.get_id()}",
+                "relay": full_address(relay),
+                "forger": full_address(forger),
+                "relay node": node_address_of_peer(relay.get_id()),
+                "forger node": node_address_of_peer(forger.get_id()),
+            }
+
+    with served_in_a_thread(hosts) as addresses:
+        yield addresses
+
+
+def test_a_data_node_nobody_dials_is_audited_in_full_through_its_relay(
+    staffed: Staffed, devnet_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = staffed.w
+    ghost = w.register("ghost", w.stranger)  # bonded, but never in the run
+    tree, _ = certified_with(
+        staffed, [one_hop(staffed), one_hop(staffed, worker_key=ghost, microbatchId=1)]
+    )
+    with data_node_at_home(staffed, tree, tmp_path / "d.sqlite") as at:
+        # The forger is asked first (the order given): its pages are set aside, the relay's read.
+        code, report = audit(
+            capsys, devnet_file, staffed.run, at["forger"], at["relay"], at["data"]
+        )
+        # Through the forger alone, nothing is checked and nobody accused.
+        alone_code, alone = audit(capsys, devnet_file, staffed.run, at["forger"], at["data"])
+    assert staffed.data.address in report["forwarded"]  # not dialled: its receipts forwarded too
+    assert code == EXIT_FINDINGS
+    (cert,) = report["certificates"]
+    assert cert["read_through"] == at["relay node"]
+    assert cert["leaves_served"] == cert["count"] == tree.count
+    by_kind = {f["kind"]: f for f in cert["findings"]}
+    assert set(by_kind) == {"invalid hop", "unverified"}, cert["findings"]
+    invalid, forged = by_kind["invalid hop"], by_kind["unverified"]
+    assert invalid["fraud_proof"] == "proveInvalidHop" and "no bonded member" in invalid["detail"]
+    assert invalid["accused"] == staffed.data.address
+    assert forged["accused"] == "" and not forged["provable_on_chain"]
+    assert at["forger node"] in forged["detail"] and "leaf 0" in forged["detail"]
+    assert alone_code == EXIT_FINDINGS
+    (cert,) = alone["certificates"]
+    assert cert["read_through"] == "" and cert["leaves_served"] == 0
+    kinds = sorted((f["kind"], f["accused"], f["provable_on_chain"]) for f in cert["findings"])
+    assert kinds == [("unchecked", staffed.data.address, False), ("unverified", "", False)]

@@ -39,10 +39,11 @@ from gwtf.contracts.merkle import verify_proof
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.host import full_address, peer_info, running_host
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
-from gwtf.node.p2p.rpc import PublicRate, RequestResponse
+from gwtf.node.p2p.rpc import PublicRate, RequestResponse, RpcLimits
 from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.serving import (
     CERTIFIED,
+    RECEIPTS_PROTOCOL,
     RECEIVED,
     SIGNED,
     Fetched,
@@ -261,3 +262,36 @@ def test_peers_outside_the_run_share_one_rate() -> None:
     assert [rate.take(0.0) for _ in range(4)] == [True, True, True, False], "a burst, then no"
     assert not rate.take(0.4) and rate.take(0.5), "refilled at 2 per second"
     assert [rate.take(100.0) for _ in range(4)] == [True, True, True, False], "never over burst"
+
+
+def test_a_node_that_drips_short_pages_has_its_reading_ended() -> None:
+    """An honest node fills every page but the last; one that serves a receipt a page (which
+    would cost a reader one request per receipt, within the public rate) ends the reading."""
+    tree = build_certificate_tree([signed(m) for m in range(3)], DOMAIN)
+    request = struct.Struct(">QQBIH")
+    fetched: list[Fetched] = []
+
+    async def drip(_peer: str, asked: bytes) -> bytes:
+        _run, _epoch, _which, offset, _size = request.unpack(asked)
+        return encode_page(certified_page(tree, offset, 1))
+
+    async def main() -> None:
+        async with (
+            running_host(identity_from_key(KEYS["a"])) as server_host,
+            running_host(identity_from_key(KEYS["b"])) as client_host,
+        ):
+            limits = RpcLimits(request.size, 1 << 20, 5.0)
+            RequestResponse(server_host).serve(RECEIPTS_PROTOCOL, drip, limits)
+            await client_host.connect(peer_info(full_address(server_host)))
+            client = RequestResponse(client_host)
+            peer = str(peer_id_of(identity_from_key(KEYS["a"])))
+            with trio.fail_after(30):
+                fetched.append(await fetch_receipts(client, peer, 1, 0, CERTIFIED, 5.0))
+                # Asked for one at a time, the same pages are whole.
+                fetched.append(await fetch_receipts(client, peer, 1, 0, CERTIFIED, 5.0, limit=1))
+
+    trio.run(main)
+    dripped, one = fetched
+    assert dripped.pages == () and dripped.stopped is not None
+    assert f"a page of 1 receipts from 0 of 3, where {MAX_PAGE} were asked" in dripped.stopped
+    assert [len(p.entries) for p in one.pages] == [1] and "stopped at 1" in str(one.stopped)

@@ -26,7 +26,10 @@ What the chain cannot judge is reported without a proof: leaves a data node serv
 than its count (``withheld``), a served leaf not in the tree, a served receipt that is not its
 leaf's or served spans that are not the certificate's (``unproven``), and, accusing nobody, a
 certificate the auditor could not read whole, leaves or spans (``unchecked``: unreachable,
-throttled, or a page that broke off).
+throttled, or a page that broke off). A data node read through a forwarder (it cannot be
+dialled) answers for no byte the forwarder passed on: leaves that do not verify against the
+certificate's root, or whose receipt is not the leaf's, are ``unverified`` (``unverified_leaves``),
+accusing nobody, as is a forwarded reading that ends short of the certificate's count.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ EQUIVOCATION: Final = "equivocation"
 WITHHELD: Final = "withheld"
 UNPROVEN: Final = "unproven"
 UNCHECKED: Final = "unchecked"
+UNVERIFIED: Final = "unverified"
 #: Versions of one hop kept per signer while looking for a second: enough for any honest mix of
 #: a receipt seen from several nodes, and a bound on what a peer's made-up versions cost.
 MAX_VERSIONS: Final = 4
@@ -181,6 +185,22 @@ def audit_certificate(
         detail = f"{missing} of {cert.count} leaves not served"
         findings.append(Finding(WITHHELD, cert.dataNode, detail))
     return findings
+
+
+def unverified_leaves(
+    cert: CertRef, served: Sequence[tuple[SignedReceipt, LeafProof]], domain: Eip712Domain
+) -> list[int]:
+    """The indices of the leaves in ``served`` that are not in ``cert``'s tree or whose receipt
+    is not the leaf's: what a forwarder may have made up, since the leaves, their proofs and
+    the signed receipts are all a forwarder cannot forge. One rebuild of the tree when it was
+    served whole, else one proof per leaf."""
+    rebuilt = _whole_tree(cert, served)
+    return [
+        leaf.hop.index
+        for entry, leaf in served
+        if (rebuilt is None and not verify_proof(leaf.proof, cert.root, leaf.hop.leaf()))
+        or not _is_the_leafs(entry, leaf.hop, domain)
+    ]
 
 
 def span_findings(

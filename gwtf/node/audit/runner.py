@@ -5,8 +5,9 @@ The auditor is a libp2p host of its own (a fresh identity: nodes serve receipts 
 the run, rate-limited) that dials the peers it is given. For each certificate submitted for the
 epoch it fetches the data node's leaves with their proofs and checks them, membership asked of
 the chain; it fetches every peer's signed and countersigned receipts too and looks for
-equivocations across all it saw. A data node it cannot reach, or that will not serve, has its
-certificate reported unchecked (which accuses nobody); what it read before a reading broke off
+equivocations across all it saw. A data node it cannot reach directly or through a node it
+reached, or that will not serve, has its certificate reported unchecked (which accuses nobody);
+what it read before a reading broke off
 is checked all the same. A finding the chain has judged already (a voided certificate, a signer
 convicted in that epoch) is marked judged, and one on a settled epoch not provable: neither
 carries its proof, which the chain would refuse. With a ``Sampling``, a sample of each
@@ -18,7 +19,11 @@ A peer the auditor cannot dial (a relay at home, behind a NAT) is read through t
 reach, data nodes first: each forwards the request over the connection the relay keeps to it
 (``/gwtf/receipts-via/1.0.0``, ``gwtf.node.p2p.forwarding``), so a home relay's receipts, and
 any equivocation in them, are read as a public relay's are; ``AuditReport.forwarded`` says
-through whom. Why forwarding, and not the two other ways:
+through whom. A data node at home has its certificate read the same way, through the first node
+reached that forwards pages whose every leaf verifies against the root on chain
+(``read_certificate_over``), and is checked in full; ``CertificateReport.read_through`` says
+through whom, and a forwarder that passed on leaves that do not verify is reported
+``unverified``, accusing nobody. Why forwarding, and not the two other ways:
 
 * not a circuit through a relay the home relay holds a slot at: a relay takes circuits only
   from peers the run admits (``relay_service``), and an auditor is anyone, with a fresh
@@ -45,15 +50,17 @@ import trio
 from web3.exceptions import Web3Exception
 
 from gwtf.contracts.bindings import committed_spans
-from gwtf.contracts.certificate_tree import SignedReceipt
-from gwtf.contracts.encoding import CertRef, ledger_domain
+from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt
+from gwtf.contracts.encoding import CertRef, Eip712Domain, ledger_domain
 from gwtf.errors import ChainError, ConfigError, ProtocolError
 from gwtf.node.audit.checks import (
     UNCHECKED,
+    UNVERIFIED,
     Finding,
     RunRules,
     audit_certificate,
     equivocations,
+    unverified_leaves,
 )
 from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.audit.replays import (
@@ -79,6 +86,7 @@ from gwtf.node.receipts.serving import (
     CERTIFIED,
     RECEIVED,
     SIGNED,
+    Fetched,
     fetch_receipts,
     fetch_spans,
 )
@@ -105,6 +113,8 @@ class CertificateReport:
 
     cert: CertRef
     leaves_served: int = 0
+    #: The node its data node's pages were read through, not dialled ("": read directly).
+    read_through: str = ""
     findings: list[Finding] = field(default_factory=list)
     replayed: list[Replayed] = field(default_factory=list)
 
@@ -178,34 +188,62 @@ async def audit_epoch(
         # fetched serve them all.
         data_nodes = {c.dataNode.lower() for c in certs}
         source = evidence_source(rpc, peers, reachable, data_nodes, run_id, timeout_s)
+        # The nodes reached forward requests to those not (data nodes first; one not
+        # connected to the target declines at once).
+        forwarders = forwarders_of(reachable, data_nodes)
+        key_of = {node.lower(): node for node in report.peers}  # as the report spells them
+        node_of = {peer: key_of[node] for node, peer in reachable.items()}
+        unreached = unreached_of(peers, reachable)
         seen: list[SignedReceipt] = []
         for cert in certs:
             progress(f"certificate of {cert.dataNode}")
             checked = CertificateReport(cert)
             report.certificates.append(checked)
             peer = reachable.get(cert.dataNode.lower())
-            if peer is None:
+            if peer is not None:
+                fetched = await fetch_receipts(
+                    rpc, peer, run_id, epoch, CERTIFIED, timeout_s, limit=cert.count
+                )
+            elif (unreached_peer := unreached.get(cert.dataNode.lower())) is not None:
+                fetched, via, forged = await read_certificate_over(
+                    rpc, cert, unreached_peer, forwarders, rules.domain, timeout_s
+                )
+                checked.read_through = node_of[via] if via is not None else ""
+                for bad_via, indices in forged:
+                    detail = (
+                        f"{node_of[bad_via]} forwarded {len(indices)} leaves of this "
+                        f"certificate that do not verify against its root (first: leaf "
+                        f"{indices[0]}); they were set aside"
+                    )
+                    checked.findings.append(Finding(UNVERIFIED, "", detail))
+            else:
                 detail = "its data node was not among the peers given, or did not answer"
                 checked.findings.append(Finding(UNCHECKED, cert.dataNode, detail))
                 continue
-            fetched = await fetch_receipts(
-                rpc, peer, run_id, epoch, CERTIFIED, timeout_s, limit=cert.count
-            )
-            served = [
-                (entry, leaf)
-                for page in fetched.pages
-                for entry, leaf in zip(page.entries, page.leaves, strict=True)
-            ]
+            served = leaves_of(fetched)
             checked.leaves_served = len({leaf.hop.index for _, leaf in served})
             seen += [entry for entry, _ in served]
+            complete = fetched.stopped is None
             if fetched.stopped is not None:
                 detail = f"read {len(served)} of {cert.count} leaves: {fetched.stopped}"
                 checked.findings.append(Finding(UNCHECKED, cert.dataNode, detail[:300]))
+            elif checked.read_through and checked.leaves_served < cert.count:
+                # A forwarder can cut a reading short (a made-up total, an empty page): what
+                # is missing accuses nobody, where read directly it is the data node's own.
+                detail = (
+                    f"{checked.read_through} forwarded {checked.leaves_served} of "
+                    f"{cert.count} leaves"
+                )
+                checked.findings.append(Finding(UNVERIFIED, "", detail))
+                complete = False
             # The spans committed are read from the submission's calldata: a data node
             # that served others (or none) would escape the span check. Only a submission
             # through a contract wallet leaves them to the data node to serve.
             spans = await ask_chain(committed_spans, contracts.ledger, cert)
-            if spans is None:
+            if spans is None and peer is None:
+                detail = "its spans not read: its data node is read only through forwarders"
+                checked.findings.append(Finding(UNCHECKED, cert.dataNode, detail))
+            elif spans is None and peer is not None:
                 spans, spans_stopped = await fetch_spans(
                     rpc, peer, run_id, epoch, cert.count, timeout_s
                 )
@@ -216,7 +254,7 @@ async def audit_epoch(
             found = await ask_chain(
                 functools.partial(
                     audit_certificate, cert, served, rules, took_part,
-                    complete=fetched.stopped is None, spans=spans,
+                    complete=complete, spans=spans,
                 )
             )  # fmt: skip
             if seed is not None and sampling is not None:
@@ -238,13 +276,9 @@ async def audit_epoch(
                 _as_of(SLASHED if f.accused in slashed_workers else state, f) for f in found
             ]
         # Every peer's own receipts: those dialled directly, the others through the nodes
-        # reached (a forwarder not connected to one declines at once).
-        forwarders = forwarders_of(reachable, data_nodes)
-        node_of = {peer: node for node, peer in reachable.items()}
-        key_of = {node.lower(): node for node in report.peers}
+        # reached.
         direct: list[str | None] = [None]
         routes = {node: (peer, direct) for node, peer in reachable.items()}
-        unreached = unreached_of(peers, reachable)
         routes |= {node: (peer, list(forwarders)) for node, peer in unreached.items()}
         for node, (peer, vias) in routes.items():
             progress(f"receipts of {node}")
@@ -267,6 +301,45 @@ async def audit_epoch(
         _as_of(SLASHED if f.accused in slashed else OPEN, f) for f in found
     ]  # fmt: skip
     return report
+
+
+async def read_certificate_over(
+    rpc: RequestResponse,
+    cert: CertRef,
+    peer: str,
+    forwarders: Sequence[str],
+    domain: Eip712Domain,
+    timeout_s: float,
+) -> tuple[Fetched, str | None, list[tuple[str, list[int]]]]:
+    """The pages of ``cert`` that its data node (``peer``, not dialled) serves through the first
+    of ``forwarders`` to pass on any whose every leaf verifies (``unverified_leaves``): (those
+    pages, that forwarder or None, each forwarder whose pages did not verify with the indices
+    of the leaves that did not). Pages that do not verify are set aside whole: a forwarder
+    can withhold, never forge, and the next one is asked. When none serves, the pages are
+    empty and ``stopped`` says why the last one did not."""
+    fetched = Fetched((), "no node reached to read it through")
+    forged: list[tuple[str, list[int]]] = []
+    for via in forwarders:
+        fetched = await fetch_receipts(
+            rpc, peer, cert.runId, cert.epoch, CERTIFIED, timeout_s, limit=cert.count, via=via
+        )
+        if not fetched.pages:
+            continue
+        bad = await trio.to_thread.run_sync(unverified_leaves, cert, leaves_of(fetched), domain)
+        if not bad:
+            return fetched, via, forged
+        forged.append((via, bad))
+        fetched = Fetched((), f"the pages {via} forwarded do not verify")
+    return fetched, None, forged
+
+
+def leaves_of(fetched: Fetched) -> list[tuple[SignedReceipt, LeafProof]]:
+    """Each receipt of a certificate's pages with its leaf."""
+    return [
+        (entry, leaf)
+        for page in fetched.pages
+        for entry, leaf in zip(page.entries, page.leaves, strict=True)
+    ]
 
 
 async def read_receipts(

@@ -14,7 +14,8 @@ model (``--model``, default ``training.model``); a wrong tensor is a finding for
 given wallet (``gwtf.node.audit.challenge``: commit, reveal, judged), opens a tensor dispute (with
 the contract's bond) for a wrong tensor, and withdraws the bounties. Exits 0 when every finding
 is judged or disputed (now or before) and ``EXIT_FINDINGS`` while any is left that the chain did
-not or cannot judge (withheld leaves, an unchecked certificate, a refused or failed proof).
+not or cannot judge (withheld leaves, an unchecked certificate, leaves a forwarder passed on that
+do not verify, a refused or failed proof).
 
 ``jury join`` locks a juror deposit in the Court for one of the wallet's nodes; ``jury serve``
 then takes every step the wallet's roles call for in each open case (``gwtf.node.audit.jury``): as
@@ -241,6 +242,7 @@ def report_json(report: AuditReport) -> dict[str, Any]:
                 "count": c.cert.count,
                 "units": c.cert.units,
                 "leaves_served": c.leaves_served,
+                "read_through": c.read_through,
                 "replayed": [_replayed_json(done) for done in c.replayed],
                 "findings": [f.as_json() for f in c.findings],
             }
@@ -302,6 +304,9 @@ def print_report(console: Console, report: AuditReport) -> None:
         console.print(f"peer {node}: {why}")
     for node, via in report.forwarded.items():
         console.print(f"peer {node}: not dialable, read through {via}")
+    for c in report.certificates:
+        if c.read_through:
+            console.print(f"certificate of {c.cert.dataNode}: read through {c.read_through}")
     console.print(
         f"{len(report.certificates)} certificates, {report.receipts_seen} receipts seen: "
         + (f"{len(report.findings)} findings, {len(report.fraud)} provable on chain"

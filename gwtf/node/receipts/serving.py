@@ -5,7 +5,8 @@ this node computed; ``RECEIVED``: those it countersigned; ``CERTIFIED``: a data 
 certificate, each leaf with its Merkle proof against the root it submitted; ``SPANS``: the spans
 it committed with that root), an offset and a page size; the answer is one page
 (``ReceiptPage``, at most ``MAX_PAGE`` receipts; ``SpanPage`` of spans) and the total, in a
-stable order (hop key; a certificate's leaf order; span order). Anyone may audit: peers the
+stable order (hop key; a certificate's leaf order; span order); every page but the last is
+full, and a reader ends a reading at a short one. Anyone may audit: peers the
 run admits are answered freely, any other peer within one shared rate (``PUBLIC_RATE``), each
 within the layer's deadline; the database is read in a worker thread, so a reader never holds
 up the node's hops. A node behind a NAT, which a reader cannot dial, is read through a node it
@@ -164,7 +165,8 @@ async def fetch_receipts(
     ``start``-th, up to ``limit`` receipts; through the peer ``via`` when given
     (``/gwtf/receipts-via/1.0.0``). A page declined as busy (the public rate) is asked
     again after a backoff; any other failure ends the reading, and what was read before it is
-    kept."""
+    kept. A page shorter than asked that is not the last ends the reading too: an honest node
+    fills every page but the last."""
     pages: list[ReceiptPage] = []
     offset, busy = start, 0
     end = start + limit
@@ -175,7 +177,8 @@ async def fetch_receipts(
         to, protocol = via, RECEIPTS_VIA_PROTOCOL
         limits = forwarded_limits(inner.max_request_bytes, inner.max_response_bytes, timeout_s)
     while offset < end:
-        request = _REQUEST.pack(run_id, epoch, which, offset, min(MAX_PAGE, end - offset))
+        asked = min(MAX_PAGE, end - offset)
+        request = _REQUEST.pack(run_id, epoch, which, offset, asked)
         if via is not None:
             request = forwarded(peer, request)
         try:
@@ -187,6 +190,13 @@ async def fetch_receipts(
                 )
             if which == CERTIFIED and len(page.leaves) != len(page.entries):
                 raise ProtocolError("a page of a certificate without each receipt's leaf")
+            if len(page.entries) < asked and offset + len(page.entries) < page.total:
+                # An honest node fills every page but the last: one that drips a few
+                # receipts a page would make the reading take a request per receipt.
+                raise ProtocolError(
+                    f"a page of {len(page.entries)} receipts from {offset} of {page.total}, "
+                    f"where {asked} were asked"
+                )
         except RequestDeclined as exc:
             if "busy" in str(exc) and busy < MAX_BUSY_RETRIES:
                 await trio.sleep(min(8.0, 0.5 * 2**busy))
