@@ -79,7 +79,7 @@ UNITS_PER_HOP = 10
 HOP_PRICE_WEI = 10**13
 STAGES = 2
 # Fixed limit above every operation here; a revert is still caught by a simulation first.
-GAS_LIMIT = 5_000_000
+GAS_LIMIT = 8_000_000
 #: Workers of the certificate whose span a span fraud proof shows (its proofs are log2 of it).
 SPAN_PROOF_WORKERS = 1_000
 #: The court's windows here (gas does not depend on them); the deployed ones are SuiteParams'.

@@ -6,6 +6,7 @@ import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
 import {MerkleProof} from "@openzeppelin/contracts/utils/cryptography/MerkleProof.sol";
 import {Court} from "./Court.sol";
 import {CertifiedHop, CertRef, HopReceipt, HopReceipts, SpanRange} from "./HopReceipts.sol";
+import {HopRules} from "./HopRules.sol";
 import {NodeRegistry} from "./NodeRegistry.sol";
 import {WorkLedger} from "./WorkLedger.sol";
 
@@ -92,6 +93,9 @@ contract Disputes is ReentrancyGuard {
     WorkLedger public immutable ledger;
     /// @notice The court whose juries rule on tensor disputes.
     Court public immutable court;
+    /// @notice The rules an invalid hop and an equivocation are judged by (deployed by this
+    /// contract's constructor).
+    HopRules public immutable hopRules;
     /// @notice Share of a slashed stake that goes to the challenger, in basis points.
     uint256 public immutable bountyBps;
     /// @notice What a challenger deposits to open a tensor dispute; the worker keeps it when the
@@ -191,16 +195,11 @@ contract Disputes is ReentrancyGuard {
     error ChallengePeriodOver(uint256 runId, uint64 epoch, uint256 settlesAt);
     error LeafNotInTree(address dataNode, uint64 index);
     error NotTheLeafsReceipt(uint64 index);
-    error HopValid(uint64 index);
     error TotalsBacked(uint64 index);
     error SequenceConsistent(uint64 index, uint64 nextIndex);
     error LeavesNotAdjacent(uint64 index, uint64 nextIndex);
     error SpanNotCommitted(address worker, uint64 firstIndex, uint64 lastIndex);
     error SpanConsistent(uint64 index);
-    error NotSameHop();
-    error SameReceipt();
-    error NotOneSigner(address first, address second);
-    error SignerNotParty(address signer);
     error AlreadySlashed(address node);
     error NothingToWithdraw(address account);
     error TransferFailed(address to, uint256 amountWei);
@@ -234,6 +233,7 @@ contract Disputes is ReentrancyGuard {
         registry = registry_;
         ledger = ledger_;
         court = court_;
+        hopRules = new HopRules(registry_, ledger_);
         bountyBps = bountyBps_;
         tensorBondWei = tensorBondWei_;
         revealWindowBlocks = revealWindowBlocks_;
@@ -289,11 +289,7 @@ contract Disputes is ReentrancyGuard {
         );
         Commitment memory committed = _useCommitment(proofHash, salt);
         _checkLeaf(cert, hop, proof);
-        if (
-            hop.receiptDigest != receipt.digest(address(ledger))
-                || hop.signaturesHash != HopReceipts.signaturesHash(workerSignature, counterpartySignature)
-        ) revert NotTheLeafsReceipt(hop.index);
-        if (_isValidHop(cert, hop, receipt, workerSignature, counterpartySignature)) revert HopValid(hop.index);
+        hopRules.checkInvalidHop(cert, hop, receipt, workerSignature, counterpartySignature);
         _convictDataNode(cert, Fraud.InvalidHop, committed);
     }
 
@@ -407,18 +403,7 @@ contract Disputes is ReentrancyGuard {
         );
         (,,, uint256 settlesAt) = ledger.epochTimes(first.runId, first.epoch);
         if (block.timestamp >= settlesAt) revert ChallengePeriodOver(first.runId, first.epoch, settlesAt);
-        if (first.hopKey() != second.hopKey()) revert NotSameHop();
-        bytes32 firstDigest = first.digest(address(ledger));
-        bytes32 secondDigest = second.digest(address(ledger));
-        if (firstDigest == secondDigest) revert SameReceipt();
-        address signer = _signer(firstDigest, firstSignature);
-        address other = _signer(secondDigest, secondSignature);
-        if (signer == address(0) || signer != other) revert NotOneSigner(signer, other);
-        // The signer's role must be the same in both: the worker of both (and counterparty of
-        // neither), or the counterparty of both (and not the worker).
-        bool asWorker = signer == first.worker && signer != first.counterparty && signer != second.counterparty;
-        bool asCounterparty = signer == first.counterparty && signer == second.counterparty && signer != first.worker;
-        if (!asWorker && !asCounterparty) revert SignerNotParty(signer);
+        address signer = hopRules.equivocator(first, firstSignature, second, secondSignature);
         _convict(signer, first.runId, first.epoch, Fraud.Equivocation, msg.sender, committed, true);
     }
 
@@ -673,36 +658,6 @@ contract Disputes is ReentrancyGuard {
         if (!MerkleProof.verifyCalldata(proof, cert.root, HopReceipts.leaf(hop))) {
             revert LeafNotInTree(cert.dataNode, hop.index);
         }
-    }
-
-    /// @dev Every rule an honest data node checks before it certifies a hop. Each reads only
-    /// facts that never change once written, so a hop valid when certified stays valid.
-    function _isValidHop(
-        CertRef calldata cert,
-        CertifiedHop calldata hop,
-        HopReceipt calldata receipt,
-        bytes calldata workerSignature,
-        bytes calldata counterpartySignature
-    ) private view returns (bool) {
-        WorkLedger.Run memory run = ledger.getRun(cert.runId);
-        bool onSchedule = receipt.runId == cert.runId && receipt.epoch == cert.epoch
-            && receipt.dataNode == cert.dataNode && receipt.stage >= 1 && receipt.stage <= run.stageCount
-            && receipt.direction <= HopReceipts.BACKWARD
-            && receipt.units == HopReceipts.scheduledUnits(receipt.direction, run.unitsPerHop);
-        bool leafMatches =
-            hop.worker == receipt.worker && hop.units == receipt.units && hop.hopKey == receipt.hopKey();
-        if (!onSchedule || !leafMatches || receipt.worker == receipt.counterparty) return false;
-        bytes32 digest = hop.receiptDigest;
-        if (_signer(digest, workerSignature) != receipt.worker) return false;
-        if (_signer(digest, counterpartySignature) != receipt.counterparty) return false;
-        (uint256 startsAt, uint256 endsAt,,) = ledger.epochTimes(cert.runId, cert.epoch);
-        bool workerTookPart = ledger.wasMemberDuring(cert.runId, receipt.worker, startsAt, endsAt)
-            && registry.bondedDuring(receipt.worker, startsAt, endsAt);
-        bool counterpartyTookPart = (
-            ledger.wasMemberDuring(cert.runId, receipt.counterparty, startsAt, endsAt)
-                || ledger.wasDataNodeBefore(cert.runId, receipt.counterparty, endsAt)
-        ) && registry.bondedDuring(receipt.counterparty, startsAt, endsAt);
-        return workerTookPart && counterpartyTookPart;
     }
 
     function _signer(bytes32 digest, bytes calldata signature) private pure returns (address) {

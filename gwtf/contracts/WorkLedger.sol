@@ -67,6 +67,8 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
     mapping(bytes32 convictionKey => bool) internal _convicted;
 
     event DisputesSet(address indexed disputes);
+    /// @notice A certificate's commitment with its spans in full: an auditor reads the spans
+    /// the data node committed here, whatever wallet or contract submitted them.
     event CertificatesSubmitted(
         uint256 indexed runId,
         uint64 indexed epoch,
@@ -74,7 +76,8 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         bytes32 root,
         uint64 count,
         uint64 units,
-        bytes32 rangesRoot
+        bytes32 rangesRoot,
+        WorkerSpan[] spans
     );
     event PayReserved(uint256 indexed runId, uint64 indexed epoch, address indexed dataNode, uint256 reservedWei);
     event CertificateVoided(uint256 indexed runId, uint64 indexed epoch, address indexed dataNode, uint64 units);
@@ -192,7 +195,7 @@ contract WorkLedger is RunBook, EIP712, Ownable2Step {
         book.totalUnits += uint96(units);
         book.certified = true;
         emit PayReserved(runId, epoch, dataNode, reserved);
-        emit CertificatesSubmitted(runId, epoch, dataNode, root, count, units, rangesRoot);
+        emit CertificatesSubmitted(runId, epoch, dataNode, root, count, units, rangesRoot, spans);
     }
 
     /// @notice Voids a certificate the disputes contract has proven fraudulent (always before

@@ -21,7 +21,7 @@ from eth_utils.crypto import keccak
 from web3 import Web3
 from web3.contract import Contract
 from web3.contract.contract import ContractFunction
-from web3.exceptions import ContractLogicError, TransactionNotFound
+from web3.exceptions import ContractLogicError
 from web3.types import TxParams, TxReceipt, Wei
 
 from gwtf.contracts.artifacts import Artifacts, load_artifacts
@@ -331,10 +331,10 @@ def find_certificate(ledger: Contract, run_id: int, epoch: int, data_node: str) 
 
 
 def committed_spans(ledger: Contract, cert: CertRef) -> tuple[WorkerSpan, ...] | None:
-    """The spans ``cert``'s data node committed with it, read from the calldata of the
-    transaction that submitted it: public, so that an auditor need not take them from the
-    accused. None when that transaction called the ledger through another contract (a contract
-    wallet), whose calldata this does not unpack, or the provider no longer has it."""
+    """The spans ``cert``'s data node committed with it, read from its CertificatesSubmitted
+    event: public, whatever wallet or contract submitted it, so that an auditor need not take
+    them from the accused. None when the provider has no such event (it no longer serves logs
+    that old)."""
     logs = ledger.events.CertificatesSubmitted.get_logs(
         argument_filters={"runId": cert.runId, "epoch": cert.epoch, "dataNode": cert.dataNode},
         from_block=0,
@@ -342,16 +342,7 @@ def committed_spans(ledger: Contract, cert: CertRef) -> tuple[WorkerSpan, ...] |
     for log in logs:
         if bytes(log["args"]["rangesRoot"]) != cert.rangesRoot:
             continue
-        try:
-            tx = ledger.w3.eth.get_transaction(log["transactionHash"])
-        except TransactionNotFound:  # a provider that no longer indexes it
-            continue
-        if str(tx.get("to") or "").lower() != ledger.address.lower():
-            continue
-        function, args = ledger.decode_function_input(tx["input"])
-        if function.fn_name != "submitCertificates":
-            continue
-        spans = tuple(WorkerSpan(*_span_values(span)) for span in args["spans"])
+        spans = tuple(WorkerSpan(*_span_values(span)) for span in log["args"]["spans"])
         if spans and ranges_tree(spans).root == cert.rangesRoot:
             return spans
     return None

@@ -47,6 +47,9 @@ from tests.contracts.world import ETH, World
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYED = ("NodeRegistry", "WorkLedger", "Disputes", "Court")
 EIP170_MAX_CODE_BYTES = 24_576
+#: Room each deployed contract keeps below EIP-170, so that a further proof or a compiler
+#: change still deploys.
+HEADROOM_BYTES = 2_048
 
 
 # ---------------------------------------------------------------- artifacts
@@ -64,16 +67,19 @@ def test_artifacts_record_the_pinned_compiler_and_fork() -> None:
     pinned = json.loads((ROOT / "package.json").read_text())["dependencies"]["solc"]
     assert artifacts.compiler.startswith(pinned + "+commit")
     assert artifacts.evm_version == "prague"
-    assert set(artifacts.contracts) == {*DEPLOYED, "MerkleProbe", "ReentrantWallet"}
+    # HopRules is deployed by the Disputes constructor.
+    assert set(artifacts.contracts) == {*DEPLOYED, "HopRules", "MerkleProbe", "ReentrantWallet"}
     for name in DEPLOYED:
         compiled = artifacts.get(name)
         assert compiled.bytecode and any(entry["type"] == "constructor" for entry in compiled.abi)
 
 
-def test_deployed_code_fits_eip_170(world: World) -> None:
-    for name, address in world.suite.addresses.items():
+def test_deployed_code_fits_eip_170_with_room_to_spare(world: World) -> None:
+    addresses = dict(world.suite.addresses)
+    addresses["HopRules"] = world.disputes.functions.hopRules().call()
+    for name, address in addresses.items():
         size = len(world.w3.eth.get_code(to_checksum_address(address)))
-        assert 0 < size < EIP170_MAX_CODE_BYTES, (name, size)
+        assert 0 < size <= EIP170_MAX_CODE_BYTES - HEADROOM_BYTES, (name, size)
 
 
 def test_the_hash_notices_an_edited_or_added_source(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """A node's receipts served over ``/gwtf/receipts/1.0.0`` (real libp2p hosts on 127.0.0.1, a
 real SQLite store): every complete receipt it signed or countersigned, and a data node's
-certificate with each leaf's proof against its root and the spans it committed, in bounded
-pages; the page formats hold against arbitrary bytes."""
+certificate with each leaf's proof against its root, in bounded pages; the page formats hold
+against arbitrary bytes."""
 
 from __future__ import annotations
 
@@ -20,14 +20,10 @@ from gwtf.contracts.certificate_tree import (
     SignedReceipt,
     build_certificate_tree,
     check_signatures,
-    ranges_tree,
-    tree_of_hops,
 )
 from gwtf.contracts.encoding import (
     FORWARD,
-    CertifiedHop,
     HopReceipt,
-    WorkerSpan,
     hop_key,
     ledger_domain,
     node_address_of,
@@ -50,20 +46,15 @@ from gwtf.node.receipts.serving import (
     ReceiptServer,
     certified_page,
     fetch_receipts,
-    fetch_spans,
 )
 from gwtf.node.receipts.wire import (
     MAX_PAGE,
-    MAX_SPAN_PAGE,
     RECEIPT_BYTES,
     ReceiptPage,
-    SpanPage,
     decode_page,
     decode_receipts,
-    decode_span_page,
     encode_page,
     encode_receipts,
-    encode_span_page,
 )
 from gwtf.node.store.database import open_database
 from gwtf.node.store.hops import HopStore, ToSign
@@ -165,61 +156,6 @@ def test_a_node_serves_its_receipts_and_a_certificate_with_proofs_in_pages(
     (partial,) = broken
     assert [len(p.entries) for p in partial.pages] == [MAX_PAGE]
     assert partial.stopped is not None and "not all held" in partial.stopped
-
-
-def test_a_data_node_serves_the_spans_of_its_certificate_in_pages() -> None:
-    """A certificate of more workers than a page of spans holds: the reader gets every span, in
-    order, making the certificate's ranges root; a reader that expects fewer spans than the
-    node claims (more than the leaves) stops, and an epoch without a tree is declined."""
-    workers = MAX_SPAN_PAGE + 5
-    hops = [
-        CertifiedHop(i, 10 * i, "0x" + (i + 1).to_bytes(20, "big").hex(), 10,
-                     keccak(i.to_bytes(8, "big")), keccak(b"digest"), keccak(b"signatures"))
-        for i in range(workers)
-    ]  # fmt: skip
-    tree = tree_of_hops(hops)
-    assert tree.spans is not None and tree.ranges is not None
-    server = ReceiptServer(HopStore(open_database("sqlite:///:memory:")), TERMS, {0: tree}.get)
-    read: list[tuple[tuple[WorkerSpan, ...], str | None]] = []
-
-    async def main() -> None:
-        async with (
-            running_host(identity_from_key(KEYS["data"])) as server_host,
-            running_host(identity_from_key(KEYS["b"])) as client_host,
-        ):
-            server.serve(RequestResponse(server_host), 5.0)
-            await client_host.connect(peer_info(full_address(server_host)))
-            client = RequestResponse(client_host)
-            peer = str(peer_id_of(identity_from_key(KEYS["data"])))
-            with trio.fail_after(30):
-                read.append(await fetch_spans(client, peer, 1, 0, tree.count, 5.0))
-                read.append(await fetch_spans(client, peer, 1, 0, workers - 1, 5.0))
-                read.append(await fetch_spans(client, peer, 1, 3, tree.count, 5.0))
-
-    trio.run(main)
-    (spans, stopped), (none, too_many), (_, no_tree) = read
-    assert stopped is None and spans == tree.spans
-    assert ranges_tree(spans).root == tree.ranges.root
-    assert none == () and too_many is not None and "at most" in too_many
-    assert no_tree is not None and "no certificate of epoch 3" in no_tree
-
-
-def test_a_span_page_round_trips_and_bad_span_pages_are_refused() -> None:
-    spans = tuple(WorkerSpan("0x" + bytes([k + 1] * 20).hex(), k, 10 * (k + 1)) for k in range(3))
-    for page in (SpanPage(3, 0, spans), SpanPage(9, 6, spans), SpanPage(0, 0, ())):
-        assert decode_span_page(encode_span_page(page)) == page
-    with pytest.raises(ProtocolError):
-        encode_span_page(SpanPage(10**6, 0, spans[:1] * (MAX_SPAN_PAGE + 1)))
-    raw = encode_span_page(SpanPage(3, 0, spans))
-    for bad in (raw[:-1], raw + b"\x00", b"\x00\x00\x00\x02" + raw[4:], raw[:9]):
-        with pytest.raises(ProtocolError):
-            decode_span_page(bad)
-
-
-@given(st.binary(max_size=400))
-def test_arbitrary_span_page_bytes_raise_only_a_protocol_error(data: bytes) -> None:
-    with contextlib.suppress(ProtocolError):  # anything else fails the test
-        decode_span_page(data)
 
 
 def test_a_page_round_trips_and_bad_pages_are_refused() -> None:

@@ -88,7 +88,6 @@ from gwtf.node.receipts.serving import (
     SIGNED,
     Fetched,
     fetch_receipts,
-    fetch_spans,
 )
 
 T = TypeVar("T")
@@ -236,21 +235,12 @@ async def audit_epoch(
                 )
                 checked.findings.append(Finding(UNVERIFIED, "", detail))
                 complete = False
-            # The spans committed are read from the submission's calldata: a data node
-            # that served others (or none) would escape the span check. Only a submission
-            # through a contract wallet leaves them to the data node to serve.
+            # The spans committed are read from the ledger's event: a data node that served
+            # others (or none) would escape the span check.
             spans = await ask_chain(committed_spans, contracts.ledger, cert)
-            if spans is None and peer is None:
-                detail = "its spans not read: its data node is read only through forwarders"
+            if spans is None:
+                detail = "its spans not read: the provider has no CertificatesSubmitted log of it"
                 checked.findings.append(Finding(UNCHECKED, cert.dataNode, detail))
-            elif spans is None and peer is not None:
-                spans, spans_stopped = await fetch_spans(
-                    rpc, peer, run_id, epoch, cert.count, timeout_s
-                )
-                if spans_stopped is not None:
-                    detail = f"its spans not read: {spans_stopped}"
-                    checked.findings.append(Finding(UNCHECKED, cert.dataNode, detail[:300]))
-                    spans = None
             found = await ask_chain(
                 functools.partial(
                     audit_certificate, cert, served, rules, took_part,

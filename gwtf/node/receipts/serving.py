@@ -2,17 +2,17 @@
 
 A request names a run, an epoch, which receipts (``SIGNED``: the complete receipts of the hops
 this node computed; ``RECEIVED``: those it countersigned; ``CERTIFIED``: a data node's
-certificate, each leaf with its Merkle proof against the root it submitted; ``SPANS``: the spans
-it committed with that root), an offset and a page size; the answer is one page
-(``ReceiptPage``, at most ``MAX_PAGE`` receipts; ``SpanPage`` of spans) and the total, in a
-stable order (hop key; a certificate's leaf order; span order); every page but the last is
-full, and a reader ends a reading at a short one. Anyone may audit: peers the
-run admits are answered freely, any other peer within one shared rate (``PUBLIC_RATE``), each
-within the layer's deadline; the database is read in a worker thread, so a reader never holds
-up the node's hops. A node behind a NAT, which a reader cannot dial, is read through a node it
-keeps a connection to: every node forwards ``/gwtf/receipts-via/1.0.0`` to its connected peers
-(``gwtf.node.p2p.forwarding``; the receipts are signed, so a forwarder can withhold them but
-never forge one).
+certificate, each leaf with its Merkle proof against the root it submitted), an offset and a
+page size; the answer is one page (``ReceiptPage``, at most ``MAX_PAGE`` receipts) and the
+total, in a stable order (hop key; a certificate's leaf order); every page but the last is
+full, and a reader ends a reading at a short one. The spans a data node committed
+with a root are not served: they are in the ledger's ``CertificatesSubmitted`` event. Anyone may
+audit: peers the run admits are answered freely, any other peer within one shared rate
+(``PUBLIC_RATE``), each within the layer's deadline; the database is read in a worker thread, so
+a reader never holds up the node's hops. A node behind a NAT, which a reader cannot dial, is
+read through a node it keeps a connection to: every node forwards ``/gwtf/receipts-via/1.0.0``
+to its connected peers (``gwtf.node.p2p.forwarding``; the receipts are signed, so a forwarder
+can withhold them but never forge one).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import trio
 from libp2p.peer.id import ID
 
 from gwtf.contracts.certificate_tree import CertificateTree, SignedReceipt
-from gwtf.contracts.encoding import WorkerSpan
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.forwarding import forwarded, forwarded_limits, serve_forwarding
 from gwtf.node.p2p.rpc import (
@@ -40,20 +39,16 @@ from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.cheats import Cheat
 from gwtf.node.receipts.wire import (
     MAX_PAGE,
-    MAX_SPAN_PAGE,
     ReceiptPage,
-    SpanPage,
     decode_page,
-    decode_span_page,
     encode_page,
-    encode_span_page,
 )
 from gwtf.node.store.hops import HopStore
 from gwtf.node.store.models import ReceivedHop, SignedHop
 
 RECEIPTS_PROTOCOL: Final = "/gwtf/receipts/1.0.0"
 RECEIPTS_VIA_PROTOCOL: Final = "/gwtf/receipts-via/1.0.0"
-SIGNED, RECEIVED, CERTIFIED, SPANS = 0, 1, 2, 3
+SIGNED, RECEIVED, CERTIFIED = 0, 1, 2
 _REQUEST = struct.Struct(">QQBIH")  # run, epoch, which, offset, page size
 #: Requests per second, and burst, answered to all peers outside the run together.
 PUBLIC_RATE: Final = (10.0, 20.0)
@@ -95,8 +90,6 @@ class ReceiptServer:
         run_id, epoch, which, offset, size = _REQUEST.unpack(request)
         if run_id != self.terms.run_id:
             raise Decline(f"this node works on run {self.terms.run_id}, not {run_id}")
-        if which == SPANS:
-            return encode_span_page(self._span_page(epoch, offset, min(size, MAX_SPAN_PAGE)))
         size = min(size, MAX_PAGE)
         if which == CERTIFIED:
             tree = self.trees(epoch)
@@ -105,22 +98,13 @@ class ReceiptServer:
             page = certified_page(tree, offset, size)
             return encode_page(self.cheat.certified_page(page) if self.cheat else page)
         if which not in (SIGNED, RECEIVED):
-            raise ProtocolError(f"receipts of kind {which}: ask for 0, 1, 2 or 3")
+            raise ProtocolError(f"receipts of kind {which}: ask for 0, 1 or 2")
         table = SignedHop if which == SIGNED else ReceivedHop
         total, entries = await trio.to_thread.run_sync(
             self.store.page, table, run_id, epoch, offset, size
         )
         page = ReceiptPage(total, min(offset, total), tuple(entries))
         return encode_page(self.cheat.served(epoch, which, page) if self.cheat else page)
-
-    def _span_page(self, epoch: int, offset: int, size: int) -> SpanPage:
-        """Spans ``offset`` … ``offset + size`` of the certificate of ``epoch``: those of its
-        tree, which an honest data node commits with the root."""
-        tree = self.trees(epoch)
-        if tree is None or tree.spans is None:
-            raise Decline(f"no certificate of epoch {epoch} here (yet)")
-        start = min(offset, len(tree.spans))
-        return SpanPage(len(tree.spans), start, tree.spans[start : start + size])
 
 
 def certified_page(tree: CertificateTree, offset: int, size: int) -> ReceiptPage:
@@ -211,44 +195,6 @@ async def fetch_receipts(
         if not page.entries or offset >= page.total:
             return Fetched(tuple(pages))
     return Fetched(tuple(pages), f"stopped at {limit} receipts")
-
-
-async def fetch_spans(
-    rpc: RequestResponse, peer: str, run_id: int, epoch: int, count: int, timeout_s: float
-) -> tuple[tuple[WorkerSpan, ...], str | None]:
-    """The spans a data node committed with its certificate of ``epoch`` (of ``count`` leaves,
-    so at most ``count`` spans, and at most ``MAX_FETCH``), and why the reading stopped short
-    (None: it did not). A page declined as busy is asked again after a backoff, as in
-    ``fetch_receipts``."""
-    count = min(count, MAX_FETCH)
-    spans: list[WorkerSpan] = []
-    busy = 0
-    while True:
-        request = _REQUEST.pack(run_id, epoch, SPANS, len(spans), MAX_SPAN_PAGE)
-        try:
-            reply = await rpc.request(
-                ID.from_base58(peer), RECEIPTS_PROTOCOL, request, _limits(timeout_s)
-            )
-            page = decode_span_page(reply)
-            if page.offset != len(spans) or page.total > count:
-                raise ProtocolError(
-                    f"asked for spans from {len(spans)} of at most {count}, got {page.total}"
-                    f" from {page.offset}"
-                )
-        except RequestDeclined as exc:
-            if "busy" in str(exc) and busy < MAX_BUSY_RETRIES:
-                await trio.sleep(min(8.0, 0.5 * 2**busy))
-                busy += 1
-                continue
-            return tuple(spans), str(exc)
-        except (PeerUnavailable, ProtocolError) as exc:
-            return tuple(spans), str(exc)
-        busy = 0
-        spans += page.spans
-        if len(spans) >= page.total:
-            return tuple(spans), None
-        if not page.spans:
-            return tuple(spans), f"the page from {page.offset} of {page.total} spans was empty"
 
 
 def serve_receipts_forwarding(rpc: RequestResponse, timeout_s: float) -> None:

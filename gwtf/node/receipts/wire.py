@@ -6,8 +6,7 @@ is a u16 count and that many receipts. A worker's range of a certificate is its 
 leaf (the seven ``CertifiedHop`` values, 180 bytes) each with its Merkle proof (u8 length,
 32-byte hashes). A page of a node's receipts (``/gwtf/receipts/1.0.0``) is its total, offset
 and count, then that many receipts, each followed by its leaf and proof in a page of a
-certificate. A page of a certificate's spans is its total, offset and count, then that many
-spans (worker, last index, units end: 36 bytes). Every decoder checks sizes and field ranges and
+certificate. Every decoder checks sizes and field ranges and
 raises ``ProtocolError``: a peer's bytes are never trusted.
 """
 
@@ -25,7 +24,6 @@ from gwtf.contracts.encoding import (
     SIGNATURE_BYTES,
     CertifiedHop,
     HopReceipt,
-    WorkerSpan,
 )
 from gwtf.errors import ProtocolError
 
@@ -73,48 +71,6 @@ class ReceiptPage:
     offset: int
     entries: tuple[SignedReceipt, ...]
     leaves: tuple[LeafProof, ...] = ()
-
-
-#: Spans per page: 4,096 spans are ~147 kB.
-MAX_SPAN_PAGE: Final = 4096
-_SPAN_PAGE_HEAD = struct.Struct(">IIH")  # total, offset, count
-_SPAN = struct.Struct(">20sQQ")
-
-
-@dataclass(frozen=True)
-class SpanPage:
-    """A page of the spans a data node committed with a certificate, in span order: ``spans``
-    from ``offset`` of ``total``."""
-
-    total: int
-    offset: int
-    spans: tuple[WorkerSpan, ...]
-
-
-def encode_span_page(page: SpanPage) -> bytes:
-    count = len(page.spans)
-    if count > MAX_SPAN_PAGE:
-        raise ProtocolError(f"a page holds at most {MAX_SPAN_PAGE} spans, got {count}")
-    head = _SPAN_PAGE_HEAD.pack(page.total, page.offset, count)
-    return head + b"".join(
-        _SPAN.pack(bytes.fromhex(span.worker[2:]), span.lastIndex, span.unitsEnd)
-        for span in page.spans
-    )
-
-
-def decode_span_page(data: bytes) -> SpanPage:
-    if len(data) < _SPAN_PAGE_HEAD.size:
-        raise ProtocolError("a span page shorter than its head")
-    total, offset, count = _SPAN_PAGE_HEAD.unpack_from(data)
-    if count > MAX_SPAN_PAGE or offset + count > total:
-        raise ProtocolError(f"a span page of {count} from {offset} of {total} is malformed")
-    if len(data) != _SPAN_PAGE_HEAD.size + count * _SPAN.size:
-        raise ProtocolError(f"a span page of {len(data)} bytes does not hold {count} spans")
-    spans = tuple(
-        WorkerSpan(_address(worker), last_index, units_end)
-        for worker, last_index, units_end in _SPAN.iter_unpack(data[_SPAN_PAGE_HEAD.size :])
-    )
-    return SpanPage(total, offset, spans)
 
 
 def encode_receipts(entries: list[SignedReceipt]) -> bytes:
