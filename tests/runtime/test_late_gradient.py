@@ -8,6 +8,8 @@ node, stage-1 relay ``a``, stage-2 relay ``b``).
   loss), and the next try finishes X. Its loss and the head's gradient enter the data node's
   step once, however many tries reached the loss: every step counts the batch's microbatches
   and the losses are the whole model's.
+* While its loss is computed: X's first try is given up; the next try's forward from the same
+  input takes the loss gradient computed meanwhile, and X counts once.
 * During the repair that ends its last deadline: X's gradient comes back while the origin is
   tracing it after its stall deadline has passed. X is done: the origin does not start it
   again (its gradient is in the embedding already, and a new try could never finish).
@@ -217,6 +219,61 @@ def test_a_gradient_the_embedding_takes_while_its_try_is_given_up_finishes_it(
     assert in_backward.is_set()
     assert len(tries) == 1, f"X was started again after the embedding took its gradient: {tries}"
     assert results[0].restarts == 0
+    assert [s.microbatch_count for s in steps] == [BATCH] * ITERATIONS
+    expected = reference_losses(ITERATIONS, BATCH)
+    assert [r.loss for r in results] == pytest.approx(expected, rel=EXACT, abs=0)
+
+
+def test_a_try_given_up_while_its_loss_is_computed_counts_that_loss_once(
+    tmp_path: Path,
+) -> None:
+    """X's first try is given up while the data node computes its loss (a worker thread): that
+    loss is in the step already, so the next try's forward from the same input takes its
+    gradient without computing the loss again, and the step counts X once."""
+    swarm = Swarm()
+    in_loss = trio.Event()
+    given_up: list[tuple[int, int]] = []
+    losses_of_x: list[float] = []
+    steps: list[StepReport] = []
+
+    async def arm(swarm: Swarm) -> None:
+        data = await data_role_of(swarm)
+        wait_or_repair = data._wait_or_repair
+        loss_and_backward, step = data.worker.loss_and_backward, data.worker.step
+        token = trio.lowlevel.current_trio_token()
+
+        def slow_loss(microbatch_id: int, x: object) -> tuple[float, object]:
+            if microbatch_id == X and not in_loss.is_set():
+                trio.from_thread.run_sync(in_loss.set, trio_token=token)
+                time.sleep(1.0)  # the give-up happens meanwhile
+            loss, grad = loss_and_backward(microbatch_id, x)  # type: ignore[arg-type]
+            if microbatch_id == X:
+                losses_of_x.append(loss)
+            return loss, grad
+
+        async def give_up_in_loss(key: tuple[int, int], event: trio.Event) -> bool:
+            if key != (0, X) or given_up:
+                return await wait_or_repair(key, event)
+            await in_loss.wait()
+            given_up.append(key)
+            return False  # stalled, as far as this try's deadline knows
+
+        def counted_step() -> StepReport:
+            steps.append(step())
+            return steps[-1]
+
+        data.worker.loss_and_backward = slow_loss  # type: ignore[method-assign,assignment]
+        data.worker.step = counted_step  # type: ignore[method-assign]
+        data._wait_or_repair = give_up_in_loss  # type: ignore[method-assign]
+
+    async def main() -> list:  # type: ignore[type-arg]
+        with trio.fail_after(120):
+            return await run_swarm(tmp_path, ITERATIONS, BATCH, RELAYS, arm, swarm)
+
+    results = trio.run(main)
+    assert in_loss.is_set()
+    assert results[0].restarts == 1
+    assert len(losses_of_x) == 1, f"X's loss was computed again from the same input: {losses_of_x}"
     assert [s.microbatch_count for s in steps] == [BATCH] * ITERATIONS
     expected = reference_losses(ITERATIONS, BATCH)
     assert [r.loss for r in results] == pytest.approx(expected, rel=EXACT, abs=0)
