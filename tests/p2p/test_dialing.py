@@ -138,9 +138,10 @@ def test_a_neighbour_silent_past_the_deadline_is_cut_and_dialled_anew() -> None:
     run_bounded(main)
 
 
-def test_a_neighbour_the_keeper_waits_for_is_probed_but_never_dialled() -> None:
+def test_a_neighbour_the_keeper_waits_for_is_probed_and_not_dialled_within_the_grace() -> None:
     """A reachable node leaves the dialing to a neighbour nobody can dial: it keeps probing
-    the connection that neighbour opened, and dials nothing once it is gone."""
+    the connection that neighbour opened, and dials nothing once it is gone (within
+    ``wait_grace_s``)."""
 
     async def main() -> None:
         async with running_host(new_identity()) as home, running_host(new_identity()) as me:
@@ -148,7 +149,11 @@ def test_a_neighbour_the_keeper_waits_for_is_probed_but_never_dialled() -> None:
             peer = home.get_id()
             me.get_peerstore().add_addrs(peer, home.get_addrs(), 60)
             keeper = NeighbourKeeper(
-                rpc, lambda: [str(peer)], period_s=0.1, waits_for=lambda p: p == str(peer)
+                rpc,
+                lambda: [str(peer)],
+                period_s=0.1,
+                waits_for=lambda p: p == str(peer),
+                wait_grace_s=60.0,
             )
             keeper.serve()
             NeighbourKeeper(RequestResponse(home), lambda: ()).serve()
@@ -162,6 +167,37 @@ def test_a_neighbour_the_keeper_waits_for_is_probed_but_never_dialled() -> None:
                 await rpc.drop_peer(peer)
                 await trio.sleep(0.5)
                 assert rpc.dialer.dials == 0 and not rpc.dialer.connected(peer)
+                nursery.cancel_scope.cancel()
+
+    run_bounded(main)
+
+
+def test_a_neighbour_that_never_dials_in_is_dialled_once_the_grace_is_over() -> None:
+    """Leaving the dialing to a neighbour lasts ``wait_grace_s``: one that never dials (it
+    cannot reach the relay, or will not, or its card is stale) is dialled anyway, so the
+    pair's connection never depends on the other side alone."""
+
+    async def main() -> None:
+        async with running_host(new_identity()) as other, running_host(new_identity()) as me:
+            rpc = RequestResponse(me)
+            peer = other.get_id()
+            me.get_peerstore().add_addrs(peer, other.get_addrs(), 60)
+            keeper = NeighbourKeeper(
+                rpc,
+                lambda: [str(peer)],
+                period_s=0.1,
+                waits_for=lambda p: p == str(peer),
+                wait_grace_s=1.0,
+            )
+            NeighbourKeeper(RequestResponse(other), lambda: ()).serve()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(keeper.run)
+                await trio.sleep(0.6)
+                assert rpc.dialer.dials == 0  # still waiting for it
+                with trio.fail_after(5):
+                    while not rpc.dialer.connected(peer):
+                        await trio.sleep(0.05)
+                assert rpc.dialer.dials == 1
                 nursery.cancel_scope.cancel()
 
     run_bounded(main)

@@ -8,7 +8,9 @@ once, then up to ``max_s`` apart, and ``max_long_s`` apart once it has been gone
 ``long_gone_s``, through a relay where the neighbour's record asks for one or the direct dial
 fails (``RequestResponse.connect``). A node nobody can dial (behind a NAT) relies on this: its
 neighbours cannot reach it, so it must reach them; they leave the dialing to it
-(``waits_for``) instead of dialing an address that cannot answer.
+(``waits_for``) instead of dialing an address that cannot answer, for ``wait_grace_s``: a
+neighbour that has not dialled by then is dialled anyway (through its relay), since it may be
+unable or unwilling to, or its card stale.
 
 A connection that runs through a relay is cut only after ``relayed_dead_after_s`` of silence:
 it rides on the connections to the relay, which the relay's own keep-alives and slot checks
@@ -59,6 +61,8 @@ class _Neighbour:
     busy: bool = False
     #: Was connected once: a dial that succeeds after this is a reconnection.
     met: bool = False
+    #: Since when this node has been waiting, unconnected, to be dialled by the neighbour.
+    waiting_since: float | None = None
 
 
 @dataclass
@@ -75,6 +79,10 @@ class NeighbourKeeper:
     #: Neighbours this node does not dial but waits to be dialled by (a reachable node, of a
     #: neighbour whose card says peers cannot dial it); their connections are still probed.
     waits_for: Callable[[str], bool] = lambda _peer: False
+    #: How long it waits, unconnected, for such a neighbour before dialling it anyway (through
+    #: a circuit if need be): the neighbour may never dial (it cannot reach the relay, does not
+    #: trust it, or will not), or its card may be stale.
+    wait_grace_s: float = 10.0
     #: Dials that brought back a neighbour this node had been connected to.
     reconnects: int = 0
     _state: dict[str, _Neighbour] = field(default_factory=dict)
@@ -104,12 +112,22 @@ class NeighbourKeeper:
                 continue
             peer_id = ID.from_base58(peer)
             if self.rpc.dialer.connected(peer_id):
-                state.met = True
+                state.met, state.waiting_since = True, None
                 state.busy = True
                 nursery.start_soon(self._probe, peer_id, state)
-            elif now >= state.next_dial and not self.waits_for(peer):
+            elif now >= state.next_dial and not self._still_waiting(peer, state, now):
                 state.busy = True
                 nursery.start_soon(self._redial, peer_id, state)
+
+    def _still_waiting(self, peer: str, state: _Neighbour, now: float) -> bool:
+        """Whether to leave the dialing to ``peer`` a while longer (``waits_for``, within
+        ``wait_grace_s`` of the first tick it was missing)."""
+        if not self.waits_for(peer):
+            state.waiting_since = None
+            return False
+        if state.waiting_since is None:
+            state.waiting_since = now
+        return now - state.waiting_since < self.wait_grace_s
 
     async def _probe(self, peer: ID, state: _Neighbour) -> None:
         try:
