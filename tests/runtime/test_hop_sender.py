@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from eth_utils.crypto import keccak
@@ -359,3 +360,25 @@ def test_a_node_two_stages_on_known_only_by_its_signed_card_may_ask_for_a_re_sen
     assert refusal("x") == f"{ids['x']} is neither the origin nor a node of stage 3"
     assert refusal("s")  # its card says stage 2: not the node after the dead hop
     assert refusal("d") is None  # the origin's own repair (it hands the attempt out)
+
+
+def test_a_resend_is_given_the_time_its_one_send_may_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Serving a ``Resend`` is one send: its stream opened (up to ``open_deadline_s``: a first
+    hop to a home dials a circuit), then acknowledged. The asker waits for all of it, or a
+    re-send that succeeds late is taken for failed and the forward sent to a second replica."""
+    asked: list[float] = []
+
+    async def ask(_rpc: Any, _to: str, _message: Any, timeout_s: float) -> bytes:
+        asked.append(timeout_s)
+        return control.encode_reply(True)
+
+    monkeypatch.setattr(control, "ask", ask)
+    config = FlowConfig(stages=2, activation_bytes=1e6)
+    node = FlowNode(NodeSpec("a", "relay", 1, 2, 20.0), config, random.Random(0))
+    unused: Any = None
+    plane = AckingPlane(unused, "a", 1, 2, 5.0, 1 << 20)
+    sender = HopSender(plane, FlowService(unused, node, tick_s=1.0), HopStats(), None)
+    header = HopHeader(1, 0, 7, 2, FORWARD, 2, 0, 0, "d", ("d", "a", "b"))
+    trio.run(sender.request_resend, header, "c", 3)
+    assert plane.open_deadline_s == 12.0
+    assert asked == [plane.open_deadline_s + 2 * plane.ack_deadline_s]

@@ -244,6 +244,12 @@ class DataPlane:
     #: (origin, iteration, microbatch, direction) of the kept outputs' receipts signed here.
     _kept_signed: dict[tuple[str, int, int, int], None] = field(default_factory=dict)
 
+    @property
+    def open_deadline_s(self) -> float:
+        """How long a send may take to open its stream before the ack deadline starts (a first
+        hop to a peer behind NAT dials its circuit through a relay first)."""
+        return max(OPEN_S, self.ack_deadline_s)
+
     def __post_init__(self) -> None:
         self.try_tokens = TryTokens(self.try_domain)
 
@@ -509,7 +515,7 @@ class DataPlane:
         payload = encode_hop(header, frame, receipted)
         limits = RpcLimits(len(payload), 1024, self.ack_deadline_s)
         # The ack deadline is the hop's: a first hop to a peer opens its stream first.
-        await self.rpc.open(ID.from_base58(to), PROTOCOL_ID, max(OPEN_S, self.ack_deadline_s))
+        await self.rpc.open(ID.from_base58(to), PROTOCOL_ID, self.open_deadline_s)
         self.timings.bytes_sent += len(payload)
         started = self.timings.sending()
         try:

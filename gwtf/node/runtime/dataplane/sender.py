@@ -342,7 +342,9 @@ class HopSender:
         """Ask the node before the dead hop to re-send its forward output to ``replacement``."""
         before = header.path[header.stage - 1]
         request = control.Resend(header.iteration, header.microbatch_id, replacement, attempt)
-        timeout_s = 2 * self.plane.ack_deadline_s
+        # The re-send is one send: its stream opened, then acknowledged; and the ask's own
+        # round trip.
+        timeout_s = self.plane.open_deadline_s + 2 * self.plane.ack_deadline_s
         reply = control.decode_reply(await control.ask(self.plane.rpc, before, request, timeout_s))
         if not reply["ok"]:
             raise PeerUnavailable(f"{before} could not re-send microbatch {header.microbatch_id}")
