@@ -564,5 +564,6 @@ def test_requests_on_several_protocols_at_once_share_one_circuit() -> None:
             assert replies == [b"x"] * 4
             assert other.dialer.relayed == 1
             assert len(other.host.get_network().connections.get(home.host.get_id()) or []) == 1
+            assert other.dialer._locks == {}  # one lock per peer being dialled, not per peer ever
 
     trio.run(main)

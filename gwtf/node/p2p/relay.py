@@ -303,22 +303,31 @@ class CircuitDialer:
         caller's circuit to the peer did, while this one waited for it)."""
         # One circuit per peer: the keep-alive and each protocol's first request ask at once,
         # and each circuit costs the relay a stream pair and both ends a handshake.
-        async with self._locks.setdefault(str(peer), trio.Lock()):
-            if self._connected(peer):
-                return True
-            for relay in await self.circuits(peer):
-                began = trio.current_time()
-                try:
-                    await connect_through(self.host, relay, peer, self.timeout_s)
-                except Exception as exc:  # libp2p's errors share no base (TooSlowError too)
-                    self.failures += 1
-                    log.info("no circuit to %s through %s: %s", peer, relay.peer_id, exc)
-                    continue
-                self.relayed += 1
-                log.info("connected to %s through relay %s in %.2f s", peer, relay.peer_id,
-                         trio.current_time() - began)  # fmt: skip
-                return True
-            return False
+        lock = self._locks.setdefault(str(peer), trio.Lock())
+        try:
+            async with lock:
+                return await self._connect(peer)
+        finally:
+            # The last caller forgets the lock: one per peer being dialled, not per peer ever.
+            if self._locks.get(str(peer)) is lock and not lock.statistics().locked:
+                del self._locks[str(peer)]
+
+    async def _connect(self, peer: ID) -> bool:
+        if self._connected(peer):
+            return True
+        for relay in await self.circuits(peer):
+            began = trio.current_time()
+            try:
+                await connect_through(self.host, relay, peer, self.timeout_s)
+            except Exception as exc:  # libp2p's errors share no base (TooSlowError too)
+                self.failures += 1
+                log.info("no circuit to %s through %s: %s", peer, relay.peer_id, exc)
+                continue
+            self.relayed += 1
+            log.info("connected to %s through relay %s in %.2f s", peer, relay.peer_id,
+                     trio.current_time() - began)  # fmt: skip
+            return True
+        return False
 
     def _connected(self, peer: ID) -> bool:
         return bool(self.host.get_network().connections.get(peer))
