@@ -287,6 +287,8 @@ def test_a_node_placed_on_another_host_listens_there_with_its_region_and_command
         ("[chain]\nenabled = false\n[churn]\nevents = [{t = 1.0, stranger = 1}]\n", "stranger"),
         ("[churn]\nevents = [{t = 1.0, leave = 1}]\n", "names none of"),
         ("[swarm]\ndata_nodes = 0\n", "[swarm] data_nodes = 0"),
+        ("[run]\niterations = 0\n", "[run] iterations = 0"),
+        ("[run]\nbatch_size = 1.5\n", "[run] batch_size = 1.5"),
         ("[swarm]\nspeeds = []\n", "[swarm] speeds = []"),
         ("[swarm]\nrelays_per_stage = 0\n", "[swarm] relays_per_stage = 0"),
         ("[swarm]\nregions = []\n", "[swarm] regions = []"),

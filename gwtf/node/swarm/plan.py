@@ -245,6 +245,9 @@ def _check_run(run: dict[str, Any]) -> None:
     model, seq_len, stages = run["model"], run["seq_len"], run["stages"]
     if not isinstance(model, str) or not all(_whole(v, 1) for v in (seq_len, stages)):
         raise ConfigError('[run] model is a name like "gpt-tiny", seq_len and stages whole numbers')
+    for key in ("iterations", "batch_size", "microbatches_per_iteration"):
+        if not _whole(run[key], 1):
+            raise ConfigError(f"[run] {key} = {run[key]!r}: give a whole number, 1 or more")
     if not isinstance(run["data"], str):
         raise ConfigError('[run] data names a prepared data set\'s folder, like "data/"')
     if run["data"]:
