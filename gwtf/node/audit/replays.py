@@ -203,7 +203,8 @@ class EvidenceSource:
         """``node``'s evidence over its routes: first as it was reached (directly, or through
         each forwarder when it was not), then in up to ``FETCH_ROUNDS - 1`` later rounds, after
         a wait, directly and through every forwarder, while the audit's retry budget lasts.
-        ``EvidenceMissing`` when the node says it keeps none; None when no route served."""
+        ``EvidenceMissing`` when the node itself (directly) says it keeps none; None when no
+        route served."""
         if node in self.peers:
             peer = self.peers[node]
             first: list[str | None] = [None]
@@ -249,7 +250,11 @@ class EvidenceSource:
             except PeerUnavailable as exc:  # declined (busy), timed out, or unreachable
                 log.debug("no answer from %s (via %s): %s", node, via, exc)
             except EvidenceMissing:
-                raise
+                if via is None:
+                    raise  # the node's own word that it keeps none
+                # A forwarder can claim anything of its target: its "not kept" is only this
+                # route failing, so the other routes are still asked.
+                log.debug("%s keeps none, says forwarder %s", node, via)
             except ProtocolError as exc:
                 log.debug("wrong evidence from %s (via %s): %s", node, via, exc)
                 broken.add(via)
