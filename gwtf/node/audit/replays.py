@@ -204,18 +204,22 @@ class EvidenceSource:
 
     async def receipts(self, node: str, epoch: int, which: int) -> list[SignedReceipt]:
         """``node``'s receipts of one kind (``SIGNED``, ``RECEIVED``) of ``epoch``, as far as
-        it serves them: directly, or through the forwarders from a node not reached."""
-        routes: list[str | None]
+        it serves them: directly, or through each forwarder from a node not reached. A
+        forwarder can pass on fewer than the node serves (an empty page of a total of 0 reads
+        as complete), so what every forwarder passes on is kept; the signatures are the
+        caller's to check."""
         if node in self.peers:
-            peer, routes = self.peers[node], [None]
-        elif node in self.unreached:
-            peer, routes = self.unreached[node], [*self.forwarders]
-        else:
-            return []
-        fetched, _ = await fetch_receipts_over(
-            self.rpc, peer, routes, self.run_id, epoch, which, self.timeout_s
-        )
-        return fetched.entries
+            fetched, _ = await fetch_receipts_over(
+                self.rpc, self.peers[node], [None], self.run_id, epoch, which, self.timeout_s
+            )
+            return fetched.entries
+        served: dict[SignedReceipt, None] = {}  # in order, each once
+        for via in self.forwarders if node in self.unreached else ():
+            fetched = await fetch_receipts(
+                self.rpc, self.unreached[node], self.run_id, epoch, which, self.timeout_s, via=via
+            )
+            served.update(dict.fromkeys(fetched.entries))
+        return list(served)
 
     async def _first(
         self, nodes: Sequence[str], fetch: Callable[[str, str | None], Awaitable[bytes]]
