@@ -38,7 +38,7 @@ from gwtf.node.receipts.serving import (
     ReceiptServer,
     serve_receipts_forwarding,
 )
-from gwtf.node.receipts.wire import decode_page, encode_page
+from gwtf.node.receipts.wire import ReceiptPage, decode_page, encode_page
 from gwtf.node.store.database import open_database
 from gwtf.node.store.evidence import EvidenceArchive
 from gwtf.node.store.hops import HopStore
@@ -178,8 +178,9 @@ def test_a_data_node_slow_over_its_handshake_is_audited_within_the_audits_timeou
 def data_node_at_home(s: Staffed, tree: CertificateTree, db: Path) -> Iterator[dict[str, str]]:
     """``s``'s data node serving ``tree`` at an address nobody can dial (a closed port), kept
     connected by a relay that forwards receipts requests honestly and by a forwarder that
-    changes the first leaf of each certificate page it passes on; yields the addresses given
-    to the auditor ("data", "relay", "forger") and the node addresses ("relay node", "forger
+    changes the first leaf of each certificate page it passes on, and by a blinder that answers
+    each request with an empty page of a total of 0; yields the addresses given to the auditor
+    ("data", "relay", "forger", "blinder") and the node addresses ("relay node", "forger
     node")."""
     terms = ReceiptTerms(s.run, s.w.ledger_domain, STAGES, UNITS_PER_HOP)
     server = ReceiptServer(HopStore(open_database(f"sqlite:///{db}")), terms, {0: tree}.get)
@@ -193,6 +194,7 @@ def data_node_at_home(s: Staffed, tree: CertificateTree, db: Path) -> Iterator[d
             running_host(identity_from_key(s.data.private_key)) as data,
             running_host(new_identity()) as relay,
             running_host(new_identity()) as forger,
+            running_host(new_identity()) as blinder,
         ):
             server.serve(RequestResponse(data, admit=refuse), timeout_s=5.0)
             relaying = RequestResponse(relay, admit=refuse)
@@ -213,12 +215,19 @@ def data_node_at_home(s: Staffed, tree: CertificateTree, db: Path) -> Iterator[d
 
             limits = RpcLimits(128, 1 << 20, 10.0)
             forging.serve(RECEIPTS_VIA_PROTOCOL, tamper, limits, PublicRate())
-            for rpc in (relaying, forging):  # as a home node's keepalive holds them
+            blinding = RequestResponse(blinder, admit=refuse)
+
+            async def blind(_peer: str, _request: bytes) -> bytes:
+                return encode_page(ReceiptPage(0, 0, ()))
+
+            blinding.serve(RECEIPTS_VIA_PROTOCOL, blind, limits, PublicRate())
+            for rpc in (relaying, forging, blinding):  # as a home node's keepalive holds them
                 await rpc.dialer.connect(data.get_id(), data.get_addrs())
             yield {
                 "data": f"/ip4/127.0.0.1/tcp/9/p2p/{data.get_id()}",
                 "relay": full_address(relay),
                 "forger": full_address(forger),
+                "blinder": full_address(blinder),
                 "relay node": node_address_of_peer(relay.get_id()),
                 "forger node": node_address_of_peer(forger.get_id()),
             }
@@ -240,6 +249,10 @@ def test_a_data_node_nobody_dials_is_audited_in_full_through_its_relay(
         code, report = audit(
             capsys, devnet_file, staffed.run, at["forger"], at["relay"], at["data"]
         )
+        # A blinder asked first: its empty reading verifies, yet the relay is asked on.
+        blind_code, blind = audit(
+            capsys, devnet_file, staffed.run, at["blinder"], at["relay"], at["data"]
+        )
         # Through the forger alone, nothing is checked and nobody accused.
         alone_code, alone = audit(capsys, devnet_file, staffed.run, at["forger"], at["data"])
     assert staffed.data.address in report["forwarded"]  # not dialled: its receipts forwarded too
@@ -254,6 +267,11 @@ def test_a_data_node_nobody_dials_is_audited_in_full_through_its_relay(
     assert invalid["accused"] == staffed.data.address
     assert forged["accused"] == "" and not forged["provable_on_chain"]
     assert at["forger node"] in forged["detail"] and "leaf 0" in forged["detail"]
+    assert blind_code == EXIT_FINDINGS
+    (cert,) = blind["certificates"]
+    assert cert["read_through"] == at["relay node"]
+    assert cert["leaves_served"] == cert["count"] == tree.count
+    assert {f["kind"] for f in cert["findings"]} == {"invalid hop"}, cert["findings"]
     assert alone_code == EXIT_FINDINGS
     (cert,) = alone["certificates"]
     assert cert["read_through"] == "" and cert["leaves_served"] == 0

@@ -10,10 +10,19 @@ from pathlib import Path
 import trio
 
 from gwtf.node.audit.replays import FETCH_DEADLINES, EvidenceSource
+from gwtf.node.p2p.forwarding import forwarded_limits
 from gwtf.node.p2p.host import running_host
 from gwtf.node.p2p.identity import new_identity, node_address_of_peer
-from gwtf.node.p2p.rpc import RequestResponse
-from gwtf.node.receipts.evidence import serve_evidence, serve_evidence_forwarding
+from gwtf.node.p2p.rpc import PublicRate, RequestResponse
+from gwtf.node.receipts.evidence import (
+    _NOT_KEPT,
+    _REPLY,
+    _REQUEST,
+    CHUNK_BYTES,
+    EVIDENCE_VIA_PROTOCOL,
+    serve_evidence,
+    serve_evidence_forwarding,
+)
 from gwtf.node.store.evidence import Chunk, EvidenceArchive
 from tests.p2p.test_host_stop import run_bounded
 
@@ -105,5 +114,57 @@ def test_a_relay_that_never_answers_costs_the_audit_a_bounded_time(tmp_path: Pat
             # A first try (one request timeout: the reply never comes) and the retry budget,
             # for all five hops: the relay is asked nothing once no round served.
             assert spent < FETCH_DEADLINES * TIMEOUT_S + budget + 2.0
+
+    run_bounded(main)
+
+
+def _lying_forwarder(rpc: RequestResponse, reply: bytes) -> None:
+    """A forwarder that answers every forwarded evidence request with ``reply`` itself."""
+
+    async def lie(_peer: str, _request: bytes) -> bytes:
+        return reply
+
+    limits = forwarded_limits(_REQUEST.size, _REPLY.size + CHUNK_BYTES, TIMEOUT_S)
+    rpc.serve(EVIDENCE_VIA_PROTOCOL, lie, limits, PublicRate())
+
+
+def test_a_forwarder_saying_not_kept_leaves_the_other_routes_asked(tmp_path: Path) -> None:
+    """Only a node's own direct answer counts as "not kept": a forwarder's is that route
+    failing, both for a node never reached and for a reached one that is busy twice."""
+
+    async def main() -> None:
+        async with (
+            running_host(new_identity()) as relay,
+            running_host(new_identity()) as liar,
+            running_host(new_identity()) as honest,
+            running_host(new_identity()) as auditor,
+        ):
+            archive = StalledArchive(tmp_path, stalls=0)
+            digest = archive.keep_frame(0, b"hop input")
+            serve_evidence(RequestResponse(relay), archive, RUN, TIMEOUT_S)
+            _lying_forwarder(RequestResponse(liar), _REPLY.pack(_NOT_KEPT, 0))
+            forwarding = RequestResponse(honest)
+            serve_evidence_forwarding(forwarding, TIMEOUT_S)
+            await forwarding.dialer.connect(relay.get_id(), relay.get_addrs())
+            rpc = RequestResponse(auditor)
+            for peer in (liar, honest):
+                await rpc.dialer.connect(peer.get_id(), peer.get_addrs())
+            node = node_address_of_peer(relay.get_id()).lower()
+            relay_id = str(relay.get_id())
+            forwarders = [str(liar.get_id()), str(honest.get_id())]
+            unreached = EvidenceSource(
+                rpc, {}, RUN, TIMEOUT_S, unreached={node: relay_id}, forwarders=forwarders
+            )
+            assert await unreached.frame(0, digest, [node]) == b"hop input"
+            # Reached directly, busy for the first try and the second round's direct one.
+            await rpc.dialer.connect(relay.get_id(), relay.get_addrs())
+            archive.stalls = 2
+            reached = EvidenceSource(rpc, {node: relay_id}, RUN, TIMEOUT_S, forwarders=forwarders)
+            assert await reached.frame(0, digest, [node]) == b"hop input"
+            assert archive.stalls == 0
+            # The node's own direct "not kept" still counts.
+            missing = EvidenceSource(rpc, {node: relay_id}, RUN, TIMEOUT_S, forwarders=forwarders)
+            assert await missing.frame(0, b"\x00" * 32, [node]) is None
+            assert node not in missing._silent, "a node keeping none is not a silent one"
 
     run_bounded(main)

@@ -202,7 +202,9 @@ def test_peers_outside_the_run_share_one_rate() -> None:
 
 def test_a_node_that_drips_short_pages_has_its_reading_ended() -> None:
     """An honest node fills every page but the last; one that serves a receipt a page (which
-    would cost a reader one request per receipt, within the public rate) ends the reading."""
+    would cost a reader one request per receipt, within the public rate) ends the reading: as
+    failed for its signed receipts, and whole for its certificate read directly, the leaves
+    it left out being its own withholding."""
     tree = build_certificate_tree([signed(m) for m in range(3)], DOMAIN)
     request = struct.Struct(">QQBIH")
     fetched: list[Fetched] = []
@@ -223,11 +225,13 @@ def test_a_node_that_drips_short_pages_has_its_reading_ended() -> None:
             peer = str(peer_id_of(identity_from_key(KEYS["a"])))
             with trio.fail_after(30):
                 fetched.append(await fetch_receipts(client, peer, 1, 0, CERTIFIED, 5.0))
+                fetched.append(await fetch_receipts(client, peer, 1, 0, SIGNED, 5.0))
                 # Asked for one at a time, the same pages are whole.
                 fetched.append(await fetch_receipts(client, peer, 1, 0, CERTIFIED, 5.0, limit=1))
 
     trio.run(main)
-    dripped, one = fetched
+    withheld, dripped, one = fetched
+    assert [len(p.entries) for p in withheld.pages] == [1] and withheld.stopped is None
     assert dripped.pages == () and dripped.stopped is not None
     assert f"a page of 1 receipts from 0 of 3, where {MAX_PAGE} were asked" in dripped.stopped
     assert [len(p.entries) for p in one.pages] == [1] and "stopped at 1" in str(one.stopped)

@@ -1,6 +1,7 @@
 """An auditor reads the receipts of a node it cannot dial through a node connected to it
 (``/gwtf/receipts-via/1.0.0``), as the audit does for a relay at home: the forwarder passes
-only over connections it has, the next forwarder is tried when one declines, and an
+only over connections it has, the next forwarder is tried when one declines (and read too
+after one that passes on none, for a juror), and an
 equivocation in the unreached node's own receipts is found (real hosts on loopback, a real
 SQLite store; the NAT case is tests/internet/test_swarm_chain_bed.py)."""
 
@@ -25,6 +26,7 @@ from gwtf.node.receipts.serving import (
     ReceiptServer,
     serve_receipts_forwarding,
 )
+from gwtf.node.receipts.wire import ReceiptPage, encode_page
 from gwtf.node.store.database import open_database
 from gwtf.node.store.hops import HopStore
 from tests.node.test_receipt_serving import (
@@ -57,14 +59,21 @@ def test_a_node_nobody_dials_is_read_through_a_forwarder_and_its_equivocation_fo
             running_host(identity_from_key(KEYS["a"])) as home,
             running_host(identity_from_key(KEYS["data"])) as data_node,
             running_host(new_identity()) as stranger,
+            running_host(new_identity()) as blinder,
             running_host(new_identity()) as auditor,
         ):
             ReceiptServer(store, TERMS, cheat=cheat).serve(RequestResponse(home), 5.0)
             forwarding = RequestResponse(data_node)
             serve_receipts_forwarding(forwarding, 5.0)
             serve_receipts_forwarding(RequestResponse(stranger), 5.0)
+            blinding = RequestResponse(blinder)
+
+            async def blind(_peer: str, _request: bytes) -> bytes:
+                return encode_page(ReceiptPage(0, 0, ()))  # "it serves none"
+
+            blinding.serve(RECEIPTS_VIA_PROTOCOL, blind, RpcLimits(256, 1 << 20, 5.0))
             rpc = RequestResponse(auditor)
-            for node in (data_node, stranger):
+            for node in (data_node, stranger, blinder):
                 await rpc.dialer.connect(node.get_id(), node.get_addrs())
             home_id = str(home.get_id())
             routes: list[str | None] = [str(stranger.get_id()), str(data_node.get_id())]
@@ -79,9 +88,14 @@ def test_a_node_nobody_dials_is_read_through_a_forwarder_and_its_equivocation_fo
                 assert set(read) == {*mine, *received, *cheat.extras[(0, 1)]}
                 (found,) = equivocations(read, DOMAIN)
                 assert found.accused.lower() == ADDRESS["a"].lower() and found.proof is not None
-                # A juror's evidence source reads it the same way (a backward's forward receipts).
+                # A juror's evidence source reads it the same way (a backward's forward receipts),
+                # a forwarder passing on none first not hiding what the next passes on.
                 a = ADDRESS["a"].lower()
-                forwarders = [str(stranger.get_id()), str(data_node.get_id())]
+                forwarders = [
+                    str(blinder.get_id()),
+                    str(stranger.get_id()),
+                    str(data_node.get_id()),
+                ]
                 source = EvidenceSource(rpc, {}, 1, 5.0, {a: home_id}, forwarders)
                 countersigned = await source.receipts(a, 0, RECEIVED)
                 assert set(countersigned) == {*received, *cheat.extras[(0, 1)]}

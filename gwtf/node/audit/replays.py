@@ -13,7 +13,12 @@ skipped work saves (``gwtf/contracts/README.md``, what deters a wrong tensor).
 it: the worker, else its neighbours, who keep the same frames as their output or input. The
 weights are the worker's own kept weights of that iteration, so no replica can frame an honest
 worker by serving made-up ones; a worker that keeps none is replayed with weights two other
-replicas of its stage serve identically, or not at all (``_weights``).
+replicas of its stage serve identically, or not at all (``_weights``). Frames are checked by
+their digest, but a state file is signed by nobody: one read through a forwarder may be
+made up by it. A replay off the tolerance with forwarded weights is tried again with the
+worker's weights over each other route (directly first); it is a finding only with weights
+read directly, else it is ``unreplayed`` as unverifiable (``Replayed.unverifiable``), so a
+forwarder can make a hop unreplayable, never make its worker lose.
 
 A replay outside the tolerance is a ``wrong tensor`` finding against the worker, with the
 tensor dispute the court's drawn jurors judge (``gwtf.node.audit.jury``). Weights of the worker's
@@ -25,6 +30,7 @@ every route to each node that keeps it, is ``unreplayed``, accusing nobody.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -117,6 +123,13 @@ class Replayed:
     why_not: str = ""
     weights_from: str = ""  # whose kept weights it ran with (node addresses, "+"-joined)
     weights_differ: str = ""  # another replica whose weights differ from the worker's own
+    # No replay, because it is off only with weights read through a forwarder, which are
+    # signed by nobody: what the forwarder sent may be made up, so it is held against nobody.
+    unverifiable: bool = False
+
+
+#: What a node served: (the bytes, the node, the forwarder they came through or None).
+Served = tuple[bytes, str, str | None]
 
 
 class EvidenceSource:
@@ -137,7 +150,7 @@ class EvidenceSource:
         self.rpc, self.peers, self.run_id, self.timeout_s = rpc, peers, run_id, timeout_s
         self.unreached = unreached or {}
         self.forwarders = tuple(forwarders)
-        self._states: dict[tuple[int, int, tuple[str, ...]], tuple[bytes, str] | None] = {}
+        self._states: dict[tuple[int, int, tuple[str, ...]], Served | None] = {}
         self._silent: set[str] = set()  # peers that do not serve evidence at all
         self.retry_budget_s = RETRY_BUDGET_TIMEOUTS * timeout_s  # what retries may still take
 
@@ -151,40 +164,69 @@ class EvidenceSource:
         )
         return found[0] if found is not None else None
 
-    async def state(
-        self, epoch: int, iteration: int, nodes: Sequence[str]
-    ) -> tuple[bytes, str] | None:
-        """The first of ``nodes`` to serve its stage state at ``iteration``: (file, node)."""
+    async def state(self, epoch: int, iteration: int, nodes: Sequence[str]) -> Served | None:
+        """The first of ``nodes`` to serve its stage state at ``iteration``: (file, node,
+        the forwarder it came through or None)."""
         key = (epoch, iteration, tuple(nodes))
         if key not in self._states:
-            self._states[key] = await self._first(
-                nodes,
-                lambda peer, via: fetch_state(
-                    self.rpc, peer, self.run_id, epoch, iteration, self.timeout_s, via
-                ),
-            )
+            self._states[key] = await self._first(nodes, self._state_fetch(epoch, iteration))
         return self._states[key]
+
+    async def state_over_each_route(
+        self, epoch: int, iteration: int, node: str
+    ) -> list[tuple[bytes, str | None]]:
+        """What each route to ``node`` (directly first, then each forwarder) serves as its
+        stage state at ``iteration``, one try each: (file, forwarder or None)."""
+        if node in self.peers:
+            peer = self.peers[node]
+            routes = [None, *(via for via in self.forwarders if via != peer)]
+        elif node in self.unreached:
+            peer, routes = self.unreached[node], list(self.forwarders)
+        else:
+            return []
+        fetch = self._state_fetch(epoch, iteration)
+        served = []
+        for via in routes:
+            try:
+                found = await self._over(node, peer, [via], set(), fetch)
+            except EvidenceMissing:
+                continue  # directly: it keeps none; the forwarders are asked all the same
+            if found is not None:
+                served.append(found)
+        return served
+
+    def _state_fetch(
+        self, epoch: int, iteration: int
+    ) -> Callable[[str, str | None], Awaitable[bytes]]:
+        return lambda peer, via: fetch_state(
+            self.rpc, peer, self.run_id, epoch, iteration, self.timeout_s, via
+        )
 
     async def receipts(self, node: str, epoch: int, which: int) -> list[SignedReceipt]:
         """``node``'s receipts of one kind (``SIGNED``, ``RECEIVED``) of ``epoch``, as far as
-        it serves them: directly, or through the forwarders from a node not reached."""
-        routes: list[str | None]
+        it serves them: directly, or through each forwarder from a node not reached. A
+        forwarder can pass on fewer than the node serves (an empty page of a total of 0 reads
+        as complete), so what every forwarder passes on is kept; the signatures are the
+        caller's to check."""
         if node in self.peers:
-            peer, routes = self.peers[node], [None]
-        elif node in self.unreached:
-            peer, routes = self.unreached[node], [*self.forwarders]
-        else:
-            return []
-        fetched, _ = await fetch_receipts_over(
-            self.rpc, peer, routes, self.run_id, epoch, which, self.timeout_s
-        )
-        return fetched.entries
+            fetched, _ = await fetch_receipts_over(
+                self.rpc, self.peers[node], [None], self.run_id, epoch, which, self.timeout_s
+            )
+            return fetched.entries
+        served: dict[SignedReceipt, None] = {}  # in order, each once
+        for via in self.forwarders if node in self.unreached else ():
+            fetched = await fetch_receipts(
+                self.rpc, self.unreached[node], self.run_id, epoch, which, self.timeout_s, via=via
+            )
+            served.update(dict.fromkeys(fetched.entries))
+        return list(served)
 
     async def _first(
         self, nodes: Sequence[str], fetch: Callable[[str, str | None], Awaitable[bytes]]
-    ) -> tuple[bytes, str] | None:
-        """What the first of ``nodes`` that keeps it serves, with that node; a node that serves
-        nothing in any round (``_rounds``) is asked nothing more."""
+    ) -> Served | None:
+        """What the first of ``nodes`` that keeps it serves, with that node and the forwarder
+        it came through (None: directly); a node that serves nothing in any round
+        (``_rounds``) is asked nothing more."""
         for node in nodes:
             if node in self._silent or (node not in self.peers and node not in self.unreached):
                 continue
@@ -193,17 +235,18 @@ class EvidenceSource:
             except EvidenceMissing:
                 continue
             if found is not None:
-                return found, node
+                return found[0], node, found[1]
             self._silent.add(node)
         return None
 
     async def _rounds(
         self, node: str, fetch: Callable[[str, str | None], Awaitable[bytes]]
-    ) -> bytes | None:
+    ) -> tuple[bytes, str | None] | None:
         """``node``'s evidence over its routes: first as it was reached (directly, or through
         each forwarder when it was not), then in up to ``FETCH_ROUNDS - 1`` later rounds, after
         a wait, directly and through every forwarder, while the audit's retry budget lasts.
-        ``EvidenceMissing`` when the node says it keeps none; None when no route served."""
+        (what it served, the forwarder it came through or None); ``EvidenceMissing`` when the
+        node itself (directly) says it keeps none; None when no route served."""
         if node in self.peers:
             peer = self.peers[node]
             first: list[str | None] = [None]
@@ -234,8 +277,9 @@ class EvidenceSource:
         routes: Sequence[str | None],
         broken: set[str | None],
         fetch: Callable[[str, str | None], Awaitable[bytes]],
-    ) -> bytes | None:
-        """One try of each of ``routes`` to ``peer`` (None: directly, else a forwarder)."""
+    ) -> tuple[bytes, str | None] | None:
+        """One try of each of ``routes`` to ``peer`` (None: directly, else a forwarder): what
+        the first to serve served, and that route."""
         for via in routes:
             if via in broken:
                 continue
@@ -243,13 +287,17 @@ class EvidenceSource:
                 # A whole fetch has a deadline, not only each chunk: a peer that trickles a
                 # large file cannot hold the audit (or a ruling) past its window.
                 with trio.fail_after(FETCH_DEADLINES * self.timeout_s):
-                    return await fetch(peer, via)
+                    return await fetch(peer, via), via
             except trio.TooSlowError:
                 log.debug("evidence from %s came too slowly (via %s)", node, via)
             except PeerUnavailable as exc:  # declined (busy), timed out, or unreachable
                 log.debug("no answer from %s (via %s): %s", node, via, exc)
             except EvidenceMissing:
-                raise
+                if via is None:
+                    raise  # the node's own word that it keeps none
+                # A forwarder can claim anything of its target: its "not kept" is only this
+                # route failing, so the other routes are still asked.
+                log.debug("%s keeps none, says forwarder %s", node, via)
             except ProtocolError as exc:
                 log.debug("wrong evidence from %s (via %s): %s", node, via, exc)
                 broken.add(via)
@@ -317,8 +365,26 @@ async def _replay_one(
         return Replayed(entry, leaf, None, "no receipt of its forward is among those served")
     if input_frame is None or output_frame is None or weights is None or not forward_inputs:
         return Replayed(entry, leaf, None, f"nobody served its {', '.join(missing)}")
-    state, weights_from, differ = weights
-    replay = None
+    state, weights_from, differ, forwarded = weights
+    frames = (input_frame, output_frame, forward_inputs)
+    replay = await _replay_with(replayer, r, frames, state)
+    if forwarded and not (isinstance(replay, Replay) and not replay.wrong):
+        first = (state, replay)
+        return await _replay_over_each_route(source, replayer, entry, leaf, frames, first, differ)
+    if not isinstance(replay, Replay):
+        return Replayed(entry, leaf, None, replay)
+    return Replayed(entry, leaf, replay, weights_from=weights_from, weights_differ=differ)
+
+
+async def _replay_with(
+    replayer: Replayer,
+    r: HopReceipt,
+    frames: tuple[bytes, bytes, list[bytes | None]],
+    state: bytes,
+) -> Replay | str:
+    """``r`` re-executed with ``state``, or why its evidence does not replay."""
+    input_frame, output_frame, forward_inputs = frames
+    replay: Replay | str = "no forward input to replay it from"
     # A backward the worker computed after more than one forward of the microbatch is right if
     # it follows from any of them: an honest worker is never judged on the wrong one.
     for forward_input in forward_inputs:
@@ -326,16 +392,51 @@ async def _replay_one(
         try:
             replay = await trio.to_thread.run_sync(replayer.replay, evidence)
         except ProtocolError as exc:
-            return Replayed(entry, leaf, None, f"its evidence does not replay: {exc}"[:300])
+            return f"its evidence does not replay: {exc}"[:300]
         if not replay.wrong:
             break
-    return Replayed(entry, leaf, replay, weights_from=weights_from, weights_differ=differ)
+    return replay
+
+
+async def _replay_over_each_route(
+    source: EvidenceSource,
+    replayer: Replayer,
+    entry: SignedReceipt,
+    leaf: LeafProof | None,
+    frames: tuple[bytes, bytes, list[bytes | None]],
+    first: tuple[bytes, Replay | str],
+    differ: str,
+) -> Replayed:
+    """``entry``'s hop, off the tolerance (or not replaying) with weights read through a
+    forwarder (``first``: those weights and what they gave), replayed with the worker's
+    weights over each route: right with any is right; off with those read directly is the
+    worker's own; off only with forwarded ones is unverifiable."""
+    r = entry.receipt
+    worker = r.worker.lower()
+    tried = {hashlib.sha256(first[0]).digest(): first[1]}
+    for state, via in await source.state_over_each_route(r.epoch, r.iteration, worker):
+        key = hashlib.sha256(state).digest()
+        if key not in tried:
+            tried[key] = await _replay_with(replayer, r, frames, state)
+        replay = tried[key]
+        if isinstance(replay, Replay) and (not replay.wrong or via is None):
+            # Right with any weights is right; off with the worker's own, read from it, is
+            # the worker's own doing.
+            return Replayed(entry, leaf, replay, weights_from=worker, weights_differ=differ)
+        if via is None:
+            return Replayed(entry, leaf, None, str(replay))
+    why = (
+        "unverifiable: its replay is off only with weights read through a forwarder, which "
+        "nobody signs"
+    )
+    return Replayed(entry, leaf, None, why, unverifiable=True)
 
 
 async def _weights(
     source: EvidenceSource, r: HopReceipt, worker: str, others: Sequence[str]
-) -> tuple[bytes, str, str] | None:
-    """The weights to replay ``r`` with, whose they are, and which replica's differ ("").
+) -> tuple[bytes, str, str, bool] | None:
+    """The weights to replay ``r`` with, whose they are, which replica's differ (""), and
+    whether any of them came through a forwarder.
 
     The worker's own kept weights first: a hop that is wrong even with them is wrong whatever
     anyone else serves, so no replica can frame an honest worker with made-up weights. Without
@@ -348,15 +449,16 @@ async def _weights(
         other = await source.state(r.epoch, r.iteration, others)
         theirs = _sha(other[0]) if other is not None else b""
         differ = other[1] if other is not None and theirs and theirs != _sha(own[0]) else ""
-        return own[0], worker, differ
-    agreed: dict[bytes, list[tuple[bytes, str]]] = {}
+        return own[0], worker, differ, own[2] is not None
+    agreed: dict[bytes, list[Served]] = {}
     for node in others:
         served = await source.state(r.epoch, r.iteration, [node])
         digest = _sha(served[0]) if served is not None else b""
         if served is not None and digest:
             agreed.setdefault(digest, []).append(served)
             if len(agreed[digest]) >= 2:
-                return served[0], "+".join(n for _, n in agreed[digest]), ""
+                forwarded = any(via is not None for _, _, via in agreed[digest])
+                return served[0], "+".join(n for _, n, _ in agreed[digest]), "", forwarded
     return None
 
 

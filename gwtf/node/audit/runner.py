@@ -301,26 +301,38 @@ async def read_certificate_over(
     domain: Eip712Domain,
     timeout_s: float,
 ) -> tuple[Fetched, str | None, list[tuple[str, list[int]]]]:
-    """The pages of ``cert`` that its data node (``peer``, not dialled) serves through the first
-    of ``forwarders`` to pass on any whose every leaf verifies (``unverified_leaves``): (those
-    pages, that forwarder or None, each forwarder whose pages did not verify with the indices
-    of the leaves that did not). Pages that do not verify are set aside whole: a forwarder
-    can withhold, never forge, and the next one is asked. When none serves, the pages are
-    empty and ``stopped`` says why the last one did not."""
+    """The pages of ``cert`` that its data node (``peer``, not dialled) serves through
+    ``forwarders``, each asked in turn until one passes on a complete reading (not stopped
+    short, every one of ``cert.count`` leaves) whose every leaf verifies (``unverified_leaves``):
+    (the best reading, its forwarder or None, each forwarder whose pages did not verify with
+    the indices of the leaves that did not). A forwarder can withhold, never forge: pages
+    that do not verify are set aside whole, and a reading cut short (an empty page, a made-up
+    total) leaves the next forwarder asked; the best is the one with the most leaves. When
+    none serves, the pages are empty and ``stopped`` says why the last one did not."""
     fetched = Fetched((), "no node reached to read it through")
+    best: tuple[Fetched, str | None, int] = (fetched, None, -1)
     forged: list[tuple[str, list[int]]] = []
     for via in forwarders:
         fetched = await fetch_receipts(
             rpc, peer, cert.runId, cert.epoch, CERTIFIED, timeout_s, limit=cert.count, via=via
         )
         if not fetched.pages:
+            if best[1] is None:
+                best = (fetched, None, -1)  # why the last one served nothing
             continue
-        bad = await trio.to_thread.run_sync(unverified_leaves, cert, leaves_of(fetched), domain)
-        if not bad:
+        served = leaves_of(fetched)
+        bad = await trio.to_thread.run_sync(unverified_leaves, cert, served, domain)
+        if bad:
+            forged.append((via, bad))
+            if best[1] is None:
+                best = (Fetched((), f"the pages {via} forwarded do not verify"), None, -1)
+            continue
+        leaves = len({leaf.hop.index for _, leaf in served if leaf.hop.index < cert.count})
+        if fetched.stopped is None and leaves == cert.count:
             return fetched, via, forged
-        forged.append((via, bad))
-        fetched = Fetched((), f"the pages {via} forwarded do not verify")
-    return fetched, None, forged
+        if leaves > best[2]:
+            best = (fetched, via, leaves)
+    return best[0], best[1], forged
 
 
 def leaves_of(fetched: Fetched) -> list[tuple[SignedReceipt, LeafProof]]:

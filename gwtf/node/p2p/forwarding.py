@@ -8,8 +8,11 @@ for ``/gwtf/receipts/1.0.0``), and answers a request naming a peer with that pee
 A forwarder never dials for someone else (it declines when it holds no connection), passes on
 one request of the inner protocol's fixed size per request, bounds the reply as the inner
 protocol does, and answers peers outside the run within the same shared rate as its own
-answers. What it passes back is the target's signed data, which the reader checks as if it had
-read it directly: a forwarder can withhold, never forge.
+answers. What it passes back is meant to be the target's answer, but a forwarder can change
+anything: signed receipts and frames named by their digest are checked as if read directly,
+while a status ("not kept") or a state file, which nobody signs, may be made up. Readers hold
+neither against the target (``gwtf.node.audit.replays``): a forwarder can withhold, and forge
+only what counts against nobody.
 
 Wire format: forwarded request = length u8 | the target's peer id (UTF-8) | the inner request;
 its reply is the target's.

@@ -11,8 +11,8 @@ A data node's cheats change what it certifies or serves:
 * ``inflate-units``: its certificate claims one forward's units more than its tree holds;
 * ``shift-span``: the spans it commits move its first worker's last leaf into the next
   worker's span (a valid tree that neither worker could claim);
-* ``withhold-leaf``: it serves its certificate to auditors without its first leaf (and a total
-  one short, so its first page stays whole).
+* ``withhold-leaf``: it serves its certificate to auditors without its first leaf (its first
+  page one leaf short of full, of the whole total).
 
 A relay's change what it signs:
 
@@ -178,9 +178,7 @@ class Cheat:
         """A page of the certificate as the data node serves it to auditors."""
         if self.mode != WITHHOLD_LEAF or page.offset != 0 or not page.entries:
             return page
-        # One leaf fewer in all, so the page stays whole (a short page ends a reading).
-        withheld = replace(page, entries=page.entries[1:], leaves=page.leaves[1:])
-        return replace(withheld, total=page.total - 1)
+        return replace(page, entries=page.entries[1:], leaves=page.leaves[1:])
 
     # ------------------------------------------------------------ a relay's
     def signed(self, entry: SignedReceipt) -> SignedReceipt | None:

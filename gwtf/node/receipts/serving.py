@@ -5,8 +5,9 @@ this node computed; ``RECEIVED``: those it countersigned; ``CERTIFIED``: a data 
 certificate, each leaf with its Merkle proof against the root it submitted), an offset and a
 page size; the answer is one page (``ReceiptPage``, at most ``MAX_PAGE`` receipts) and the
 total, in a stable order (hop key; a certificate's leaf order); every page but the last is
-full, and a reader ends a reading at a short one. The spans a data node committed
-with a root are not served: they are in the ledger's ``CertificatesSubmitted`` event. Anyone may
+full, and a reader ends a reading at a short one (a certificate read directly ends whole, the
+leaves left out withheld by its data node). The spans a data node committed with a root
+are not served: they are in the ledger's ``CertificatesSubmitted`` event. Anyone may
 audit: peers the run admits are answered freely, any other peer within one shared rate
 (``PUBLIC_RATE``), each within the layer's deadline; the database is read in a worker thread, so
 a reader never holds up the node's hops. A node behind a NAT, which a reader cannot dial, is
@@ -150,7 +151,9 @@ async def fetch_receipts(
     (``/gwtf/receipts-via/1.0.0``). A page declined as busy (the public rate) is asked
     again after a backoff; any other failure ends the reading, and what was read before it is
     kept. A page shorter than asked that is not the last ends the reading too: an honest node
-    fills every page but the last."""
+    fills every page but the last. Read through a forwarder, or of signed or countersigned
+    receipts, that is a failed reading (``stopped``); a certificate's page read directly is
+    kept, and the reading ends whole, so the leaves the data node left out are its own."""
     pages: list[ReceiptPage] = []
     offset, busy = start, 0
     end = start + limit
@@ -177,6 +180,11 @@ async def fetch_receipts(
             if len(page.entries) < asked and offset + len(page.entries) < page.total:
                 # An honest node fills every page but the last: one that drips a few
                 # receipts a page would make the reading take a request per receipt.
+                if via is None and which == CERTIFIED:
+                    # Read directly, the short page is the data node's own withholding: the
+                    # reading ends whole, and the leaves it left out count against it.
+                    pages.append(page)
+                    return Fetched(tuple(pages))
                 raise ProtocolError(
                     f"a page of {len(page.entries)} receipts from {offset} of {page.total}, "
                     f"where {asked} were asked"
