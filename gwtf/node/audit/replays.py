@@ -246,7 +246,7 @@ class EvidenceSource:
         each forwarder when it was not), then in up to ``FETCH_ROUNDS - 1`` later rounds, after
         a wait, directly and through every forwarder, while the audit's retry budget lasts.
         (what it served, the forwarder it came through or None); ``EvidenceMissing`` when the
-        node itself (directly) says it keeps none; None when no route served."""
+        node says it keeps none (``_over``); None when no route served."""
         if node in self.peers:
             peer = self.peers[node]
             first: list[str | None] = [None]
@@ -279,7 +279,11 @@ class EvidenceSource:
         fetch: Callable[[str, str | None], Awaitable[bytes]],
     ) -> tuple[bytes, str | None] | None:
         """One try of each of ``routes`` to ``peer`` (None: directly, else a forwarder): what
-        the first to serve served, and that route."""
+        the first to serve served, and that route. ``EvidenceMissing`` when the node says it
+        keeps none: directly at once, through forwarders only once no other route served (a
+        forwarder's word alone must not stop the other routes, nor, as silence would, make
+        the node's other evidence go unasked and the audit's retries be spent on it)."""
+        forwarded_missing = False
         for via in routes:
             if via in broken:
                 continue
@@ -298,9 +302,12 @@ class EvidenceSource:
                 # A forwarder can claim anything of its target: its "not kept" is only this
                 # route failing, so the other routes are still asked.
                 log.debug("%s keeps none, says forwarder %s", node, via)
+                forwarded_missing = True
             except ProtocolError as exc:
                 log.debug("wrong evidence from %s (via %s): %s", node, via, exc)
                 broken.add(via)
+        if forwarded_missing:
+            raise EvidenceMissing(f"{node} keeps none, say its forwarders")
         return None
 
 
