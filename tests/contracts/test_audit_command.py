@@ -2,8 +2,9 @@
 host serving its certificate to peers outside the run (the auditor is one), the command run as
 a person runs it. An honest certificate passes; a certified hop of a non-member is found, marked
 provable, and the command exits with ``EXIT_FINDINGS``; a data node not among the peers has its
-certificate reported unchecked; a data node nobody can dial is audited in full through a relay
-connected to it, while a forwarder that passes on leaves that do not verify is reported,
+certificate reported unchecked, accusing nobody (``EXIT_INCOMPLETE``); a data node nobody can
+dial is audited in full through the relays connected to it, a reading one cuts short going on
+through the next, while a forwarder that passes on leaves that do not verify is reported,
 accusing nobody."""
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from libp2p.peer.id import ID
 from libp2p.security.noise import transport as noise
 
 from gwtf.contracts.certificate_tree import CertificateTree, LeafProof
+from gwtf.node.audit.checks import UNCHECKED, UNVERIFIED, WITHHELD, Finding
+from gwtf.node.audit.replays import UNREPLAYED, WEIGHTS_DIFFER, WRONG_TENSOR
 from gwtf.node.chain.deployment import DevnetInfo, write_devnet_file
-from gwtf.node.cli.audit import EXIT_FINDINGS
+from gwtf.node.cli.audit import EXIT_FINDINGS, EXIT_INCOMPLETE, exit_code_of
 from gwtf.node.cli.main import main
 from gwtf.node.devnet.rpc import DevnetHttpServer, EthTesterRpc
 from gwtf.node.p2p.dialing import PER_ADDRESS_S
@@ -139,9 +142,9 @@ def test_a_certified_hop_of_a_non_member_is_found_provable_and_fails_the_audit(
     assert finding["kind"] == "invalid hop" and finding["provable_on_chain"]
     assert finding["fraud_proof"] == "proveInvalidHop" and "no bonded member" in finding["detail"]
     # Without the data node among the peers, its certificate cannot be checked: unchecked,
-    # which accuses nobody and still fails the audit.
+    # which accuses nobody: the audit proved nothing, and was not whole.
     code, report = audit(capsys, devnet_file, staffed.run)
-    assert code == EXIT_FINDINGS
+    assert code == EXIT_INCOMPLETE
     (unchecked,) = report["certificates"][0]["findings"]
     assert unchecked["kind"] == "unchecked" and not unchecked["provable_on_chain"]
 
@@ -313,7 +316,7 @@ def test_a_data_node_nobody_dials_is_audited_in_full_through_its_relay(
     assert cert["read_through"] == at["relay node"]
     assert cert["leaves_served"] == cert["count"] == tree.count
     assert {f["kind"] for f in cert["findings"]} == {"invalid hop"}, cert["findings"]
-    assert alone_code == EXIT_FINDINGS
+    assert alone_code == EXIT_INCOMPLETE  # nobody accused: nothing proven
     (cert,) = alone["certificates"]
     assert cert["read_through"] == "" and cert["leaves_served"] == 0
     kinds = sorted((f["kind"], f["accused"], f["provable_on_chain"]) for f in cert["findings"])
@@ -354,4 +357,17 @@ def test_a_forwarder_passing_on_nothing_has_the_data_node_accused_of_nothing(
     assert cert["leaves_served"] == 0 and cert["read_through"] == ""
     (finding,) = cert["findings"]
     assert finding["kind"] == "unverified" and finding["accused"] == "", finding
-    del code
+    assert code == EXIT_INCOMPLETE
+
+
+def test_an_audit_exits_with_findings_only_when_one_accuses_a_node() -> None:
+    """Unchecked, unverified and unreplayed accuse nobody: alone they prove nothing."""
+    nobody = [
+        Finding(UNCHECKED, "0xd", "not read"),
+        Finding(UNVERIFIED, "", "forwarded leaves do not verify"),
+        Finding(UNREPLAYED, "", "unverifiable"),
+    ]
+    assert exit_code_of([]) == 0
+    assert exit_code_of(nobody) == EXIT_INCOMPLETE
+    for kind in (WITHHELD, WEIGHTS_DIFFER, WRONG_TENSOR):
+        assert exit_code_of([*nobody, Finding(kind, "0xa", "")]) == EXIT_FINDINGS

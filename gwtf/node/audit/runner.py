@@ -66,6 +66,7 @@ from gwtf.node.audit.checks import (
 )
 from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.audit.replays import (
+    UNREPLAYED,
     WRONG_TENSOR,
     Progress,
     Replayed,
@@ -144,6 +145,18 @@ class AuditReport:
     def fraud(self) -> list[Finding]:
         """The findings the chain convicts on (each with its proof)."""
         return [f for f in self.findings if f.proof is not None]
+
+
+#: Findings that accuse nobody: what the audit could not read or check (an unreachable or cut
+#: short reading, leaves or evidence a forwarder passed on that do not verify, a hop it could
+#: not re-execute). They prove nothing against anyone, only that the audit is incomplete.
+ACCUSING_NOBODY = frozenset({UNCHECKED, UNVERIFIED, UNREPLAYED})
+
+
+def accusing(findings: Sequence[Finding]) -> list[Finding]:
+    """Those of ``findings`` that hold something against a node: fraud, withheld or unproven
+    leaves, weights that differ (all but ``ACCUSING_NOBODY``)."""
+    return [f for f in findings if f.kind not in ACCUSING_NOBODY]
 
 
 def run_rules(contracts: Contracts, run_id: int) -> RunRules:
