@@ -2,14 +2,15 @@
 host serving its certificate to peers outside the run (the auditor is one), the command run as
 a person runs it. An honest certificate passes; a certified hop of a non-member is found, marked
 provable, and the command exits with ``EXIT_FINDINGS``; a data node not among the peers has its
-certificate reported unchecked; a data node nobody can dial is audited in full through a relay
-connected to it, while a forwarder that passes on leaves that do not verify is reported,
+certificate reported unchecked, accusing nobody (``EXIT_INCOMPLETE``); a data node nobody can
+dial is audited in full through the relays connected to it, a reading one cuts short going on
+through the next, while a forwarder that passes on leaves that do not verify is reported,
 accusing nobody."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -21,17 +22,23 @@ from libp2p.peer.id import ID
 from libp2p.security.noise import transport as noise
 
 from gwtf.contracts.certificate_tree import CertificateTree, LeafProof
+from gwtf.node.audit.checks import UNCHECKED, UNVERIFIED, WITHHELD, Finding
+from gwtf.node.audit.replays import UNREPLAYED, WEIGHTS_DIFFER, WRONG_TENSOR
 from gwtf.node.chain.deployment import DevnetInfo, write_devnet_file
-from gwtf.node.cli.audit import EXIT_FINDINGS
+from gwtf.node.cli.audit import EXIT_FINDINGS, EXIT_INCOMPLETE, exit_code_of
 from gwtf.node.cli.main import main
 from gwtf.node.devnet.rpc import DevnetHttpServer, EthTesterRpc
 from gwtf.node.p2p.dialing import PER_ADDRESS_S
 from gwtf.node.p2p.host import full_address, running_host
 from gwtf.node.p2p.identity import identity_from_key, new_identity, node_address_of_peer
-from gwtf.node.p2p.rpc import PublicRate, RequestResponse, RpcLimits
+from gwtf.node.p2p.rpc import Decline, PublicRate, RequestResponse, RpcLimits
+from gwtf.node.receipts import serving
 from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.cheats import Cheat
 from gwtf.node.receipts.evidence import serve_evidence
+from gwtf.node.receipts.serving import (
+    _REQUEST as _RECEIPTS_REQUEST,
+)
 from gwtf.node.receipts.serving import (
     RECEIPTS_PROTOCOL,
     RECEIPTS_VIA_PROTOCOL,
@@ -135,9 +142,9 @@ def test_a_certified_hop_of_a_non_member_is_found_provable_and_fails_the_audit(
     assert finding["kind"] == "invalid hop" and finding["provable_on_chain"]
     assert finding["fraud_proof"] == "proveInvalidHop" and "no bonded member" in finding["detail"]
     # Without the data node among the peers, its certificate cannot be checked: unchecked,
-    # which accuses nobody and still fails the audit.
+    # which accuses nobody: the audit proved nothing, and was not whole.
     code, report = audit(capsys, devnet_file, staffed.run)
-    assert code == EXIT_FINDINGS
+    assert code == EXIT_INCOMPLETE
     (unchecked,) = report["certificates"][0]["findings"]
     assert unchecked["kind"] == "unchecked" and not unchecked["provable_on_chain"]
 
@@ -174,13 +181,37 @@ def test_a_data_node_slow_over_its_handshake_is_audited_within_the_audits_timeou
     assert code == 0 and report["certificates"][0]["findings"] == []
 
 
+def picky_forwarder(host: Any, passes: Callable[[int], bool]) -> RequestResponse:
+    """``host`` forwarding receipts requests honestly when ``passes`` their offset, declining
+    the others (as a forwarder whose connection broke partway through a reading would)."""
+    rpc = RequestResponse(host, admit=_refuse)
+
+    async def forward(_peer: str, request: bytes) -> bytes:
+        length = request[0]
+        target = ID.from_base58(request[1 : 1 + length].decode())
+        inner = request[1 + length :]
+        if not passes(_RECEIPTS_REQUEST.unpack(inner)[3]):
+            raise Decline("not forwarding that page")
+        limits = RpcLimits(len(inner), 1 << 20, 5.0)
+        return await rpc.request(target, RECEIPTS_PROTOCOL, inner, limits)
+
+    rpc.serve(RECEIPTS_VIA_PROTOCOL, forward, RpcLimits(128, 1 << 20, 10.0), PublicRate())
+    return rpc
+
+
+async def _refuse(_peer: str) -> bool:
+    return False
+
+
 @contextmanager
 def data_node_at_home(s: Staffed, tree: CertificateTree, db: Path) -> Iterator[dict[str, str]]:
     """``s``'s data node serving ``tree`` at an address nobody can dial (a closed port), kept
     connected by a relay that forwards receipts requests honestly and by a forwarder that
-    changes the first leaf of each certificate page it passes on, and by a blinder that answers
-    each request with an empty page of a total of 0; yields the addresses given to the auditor
-    ("data", "relay", "forger", "blinder") and the node addresses ("relay node", "forger
+    changes the first leaf of each certificate page it passes on, by a blinder that answers
+    each request with an empty page of a total of 0, by a quitter that forwards the first page
+    only and by a latecomer that forwards every page but the first; yields the addresses given
+    to the auditor ("data", "relay", "forger", "blinder", "quitter", "latecomer") and the node
+    addresses ("relay node", "forger node", "blinder node", "quitter node", "latecomer
     node")."""
     terms = ReceiptTerms(s.run, s.w.ledger_domain, STAGES, UNITS_PER_HOP)
     server = ReceiptServer(HopStore(open_database(f"sqlite:///{db}")), terms, {0: tree}.get)
@@ -195,6 +226,8 @@ def data_node_at_home(s: Staffed, tree: CertificateTree, db: Path) -> Iterator[d
             running_host(new_identity()) as relay,
             running_host(new_identity()) as forger,
             running_host(new_identity()) as blinder,
+            running_host(new_identity()) as quitter,
+            running_host(new_identity()) as latecomer,
         ):
             server.serve(RequestResponse(data, admit=refuse), timeout_s=5.0)
             relaying = RequestResponse(relay, admit=refuse)
@@ -221,7 +254,10 @@ def data_node_at_home(s: Staffed, tree: CertificateTree, db: Path) -> Iterator[d
                 return encode_page(ReceiptPage(0, 0, ()))
 
             blinding.serve(RECEIPTS_VIA_PROTOCOL, blind, limits, PublicRate())
-            for rpc in (relaying, forging, blinding):  # as a home node's keepalive holds them
+            quitting = picky_forwarder(quitter, lambda offset: offset == 0)
+            coming_late = picky_forwarder(latecomer, lambda offset: offset > 0)
+            for rpc in (relaying, forging, blinding, quitting, coming_late):
+                # as a home node's keepalive holds them
                 await rpc.dialer.connect(data.get_id(), data.get_addrs())
             yield {
                 "data": f"/ip4/127.0.0.1/tcp/9/p2p/{data.get_id()}",
@@ -230,6 +266,11 @@ def data_node_at_home(s: Staffed, tree: CertificateTree, db: Path) -> Iterator[d
                 "blinder": full_address(blinder),
                 "relay node": node_address_of_peer(relay.get_id()),
                 "forger node": node_address_of_peer(forger.get_id()),
+                "quitter": full_address(quitter),
+                "latecomer": full_address(latecomer),
+                "blinder node": node_address_of_peer(blinder.get_id()),
+                "quitter node": node_address_of_peer(quitter.get_id()),
+                "latecomer node": node_address_of_peer(latecomer.get_id()),
             }
 
     with served_in_a_thread(hosts) as addresses:
@@ -267,13 +308,66 @@ def test_a_data_node_nobody_dials_is_audited_in_full_through_its_relay(
     assert invalid["accused"] == staffed.data.address
     assert forged["accused"] == "" and not forged["provable_on_chain"]
     assert at["forger node"] in forged["detail"] and "leaf 0" in forged["detail"]
+    # What is known, and no more: the data node may have served them so.
+    assert "do not verify against the data node's root" in forged["detail"]
+    assert "may be honest" in forged["detail"]
     assert blind_code == EXIT_FINDINGS
     (cert,) = blind["certificates"]
     assert cert["read_through"] == at["relay node"]
     assert cert["leaves_served"] == cert["count"] == tree.count
     assert {f["kind"] for f in cert["findings"]} == {"invalid hop"}, cert["findings"]
-    assert alone_code == EXIT_FINDINGS
+    assert alone_code == EXIT_INCOMPLETE  # nobody accused: nothing proven
     (cert,) = alone["certificates"]
     assert cert["read_through"] == "" and cert["leaves_served"] == 0
     kinds = sorted((f["kind"], f["accused"], f["provable_on_chain"]) for f in cert["findings"])
     assert kinds == [("unchecked", staffed.data.address, False), ("unverified", "", False)]
+
+
+def test_a_certificate_reading_cut_short_goes_on_through_the_next_forwarder(
+    certified: Certified,
+    devnet_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The quitter forwards the first page only, the latecomer every page but the first: the
+    reading goes on through the latecomer from where the quitter stopped, each page checked
+    against the root, and is whole."""
+    monkeypatch.setattr(serving, "MAX_PAGE", 2)  # pages of two leaves: several per reading
+    tree = certified.tree
+    assert tree.count > 2
+    with data_node_at_home(certified, tree, tmp_path / "d.sqlite") as at:
+        code, report = audit(
+            capsys, devnet_file, certified.run, at["quitter"], at["latecomer"], at["data"]
+        )
+    (cert,) = report["certificates"]
+    assert cert["findings"] == [] and code == 0, cert
+    assert cert["read_through"] == f"{at['quitter node']}, {at['latecomer node']}"
+    assert cert["leaves_served"] == cert["count"] == tree.count
+
+
+def test_a_forwarder_passing_on_nothing_has_the_data_node_accused_of_nothing(
+    certified: Certified, devnet_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A blinder's empty page of a total of 0 ends its reading cleanly, with no leaf: what it
+    did not pass on is not the data node's withholding."""
+    with data_node_at_home(certified, certified.tree, tmp_path / "d.sqlite") as at:
+        code, report = audit(capsys, devnet_file, certified.run, at["blinder"], at["data"])
+    (cert,) = report["certificates"]
+    assert cert["leaves_served"] == 0 and cert["read_through"] == ""
+    (finding,) = cert["findings"]
+    assert finding["kind"] == "unverified" and finding["accused"] == "", finding
+    assert code == EXIT_INCOMPLETE
+
+
+def test_an_audit_exits_with_findings_only_when_one_accuses_a_node() -> None:
+    """Unchecked, unverified and unreplayed accuse nobody: alone they prove nothing."""
+    nobody = [
+        Finding(UNCHECKED, "0xd", "not read"),
+        Finding(UNVERIFIED, "", "forwarded leaves do not verify"),
+        Finding(UNREPLAYED, "", "unverifiable"),
+    ]
+    assert exit_code_of([]) == 0
+    assert exit_code_of(nobody) == EXIT_INCOMPLETE
+    for kind in (WITHHELD, WEIGHTS_DIFFER, WRONG_TENSOR):
+        assert exit_code_of([*nobody, Finding(kind, "0xa", "")]) == EXIT_FINDINGS

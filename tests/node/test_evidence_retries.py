@@ -7,9 +7,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 import trio
 
-from gwtf.node.audit.replays import FETCH_DEADLINES, EvidenceSource
+from gwtf.node.audit import replays
+from gwtf.node.audit.replays import FETCH_DEADLINES, NODE_RETRY_TIMEOUTS, EvidenceSource
 from gwtf.node.p2p.forwarding import forwarded_limits
 from gwtf.node.p2p.host import running_host
 from gwtf.node.p2p.identity import new_identity, node_address_of_peer
@@ -105,15 +107,94 @@ def test_a_relay_that_never_answers_costs_the_audit_a_bounded_time(tmp_path: Pat
             await rpc.dialer.connect(relay.get_id(), relay.get_addrs())
             node = node_address_of_peer(relay.get_id()).lower()
             source = EvidenceSource(rpc, {node: str(relay.get_id())}, RUN, TIMEOUT_S)
-            budget = source.retry_budget_s
+            budget = NODE_RETRY_TIMEOUTS * TIMEOUT_S
             started = trio.current_time()
             for digest in digests:
                 assert await source.frame(0, digest, [node]) is None
             spent = trio.current_time() - started
-            assert source.retry_budget_s <= 0 or spent < budget
-            # A first try (one request timeout: the reply never comes) and the retry budget,
-            # for all five hops: the relay is asked nothing once no round served.
+            # A first try (one request timeout: the reply never comes) and the node's retry
+            # budget, for all five hops: the relay is asked nothing once no round served.
             assert spent < FETCH_DEADLINES * TIMEOUT_S + budget + 2.0
+
+    run_bounded(main)
+
+
+def test_silent_relays_together_cost_the_audit_no_more_than_its_total_retry_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each node's retries are its own, and all of them together within the audit's: three
+    relays that never answer, with a total of one node's budget, get retries only while it
+    lasts."""
+    monkeypatch.setattr(replays, "RETRY_BUDGET_TIMEOUTS", NODE_RETRY_TIMEOUTS)
+
+    async def main() -> None:
+        async with (
+            running_host(new_identity()) as first,
+            running_host(new_identity()) as second,
+            running_host(new_identity()) as third,
+            running_host(new_identity()) as auditor,
+        ):
+            rpc = RequestResponse(auditor)
+            peers, digests = {}, []
+            for n, relay in enumerate((first, second, third)):
+                archive = StalledArchive(tmp_path / str(n), stalls=1000)
+                digests.append(archive.keep_frame(0, b"never served"))
+                serve_evidence(RequestResponse(relay), archive, RUN, TIMEOUT_S)
+                await rpc.dialer.connect(relay.get_id(), relay.get_addrs())
+                peers[node_address_of_peer(relay.get_id()).lower()] = str(relay.get_id())
+            source = EvidenceSource(rpc, peers, RUN, TIMEOUT_S)
+            total = source.retry_budget_s
+            started = trio.current_time()
+            for node, digest in zip(peers, digests, strict=True):
+                assert await source.frame(0, digest, [node]) is None
+            spent = trio.current_time() - started
+            assert source.retry_budget_s <= 0
+            # Three first tries (a request timeout each) and the total retry budget.
+            assert spent < 3 * 2 * TIMEOUT_S + total + 1.5
+
+    run_bounded(main)
+
+
+def test_a_silent_node_with_several_forwarders_leaves_a_busy_relay_its_retries(
+    tmp_path: Path,
+) -> None:
+    """Each node has its own retry budget: a home relay that never answers, asked first through
+    each of its forwarders in every round, spends its own, and a relay busy on its first try,
+    asked after it, still gets its retry."""
+
+    async def main() -> None:
+        async with (
+            running_host(new_identity()) as silent,
+            running_host(new_identity()) as busy,
+            running_host(new_identity()) as one,
+            running_host(new_identity()) as two,
+            running_host(new_identity()) as auditor,
+        ):
+            mute = StalledArchive(tmp_path / "silent", stalls=1000)
+            muted = mute.keep_frame(0, b"never served")
+            serve_evidence(RequestResponse(silent), mute, RUN, TIMEOUT_S)
+            archive = StalledArchive(tmp_path / "busy", stalls=1)
+            digest = archive.keep_frame(0, b"hop input")
+            serve_evidence(RequestResponse(busy), archive, RUN, TIMEOUT_S)
+            rpc = RequestResponse(auditor)
+            forwarders = []
+            for host in (one, two):  # the silent relay's connections, as it keeps them
+                forwarding = RequestResponse(host)
+                serve_evidence_forwarding(forwarding, TIMEOUT_S)
+                await forwarding.dialer.connect(silent.get_id(), silent.get_addrs())
+                await rpc.dialer.connect(host.get_id(), host.get_addrs())
+                forwarders.append(str(host.get_id()))
+            await rpc.dialer.connect(busy.get_id(), busy.get_addrs())
+            at_home = node_address_of_peer(silent.get_id()).lower()
+            reached = node_address_of_peer(busy.get_id()).lower()
+            source = EvidenceSource(
+                rpc, {reached: str(busy.get_id())}, RUN, TIMEOUT_S,
+                unreached={at_home: str(silent.get_id())}, forwarders=forwarders,
+            )  # fmt: skip
+            assert await source.frame(0, muted, [at_home]) is None
+            assert source.node_retry_budget_s[at_home] <= 0, "the silent node spent its own"
+            assert await source.frame(0, digest, [reached]) == b"hop input"
+            assert archive.stalls == 0, "the busy relay's first try did stall"
 
     run_bounded(main)
 

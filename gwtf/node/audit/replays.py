@@ -74,9 +74,12 @@ FETCH_DEADLINES: Final = 4
 #: whose connection broke, answers a moment later, and a hop is not left unreplayed for that.
 FETCH_ROUNDS: Final = 3
 FIRST_RETRY_WAIT_S: Final = 1.0
-#: What all rounds after the first may take in one audit, in request timeouts: a node that
-#: never answers costs the audit a bounded time, however many hops ask for its evidence.
-RETRY_BUDGET_TIMEOUTS: Final = 6
+#: What the rounds after the first may take in one audit, in request timeouts, for each node
+#: (its own: a silent node, however many forwarders it has, spends only its own, and a busy
+#: honest relay asked later still gets its retries) and for all nodes together (so an audit
+#: stays bounded in time however many nodes are silent: four silent nodes' worth).
+NODE_RETRY_TIMEOUTS: Final = 6
+RETRY_BUDGET_TIMEOUTS: Final = 4 * NODE_RETRY_TIMEOUTS
 
 
 def sample_seed(w3: Web3, submit_closes_at: int) -> bytes | None:
@@ -152,7 +155,9 @@ class EvidenceSource:
         self.forwarders = tuple(forwarders)
         self._states: dict[tuple[int, int, tuple[str, ...]], Served | None] = {}
         self._silent: set[str] = set()  # peers that do not serve evidence at all
-        self.retry_budget_s = RETRY_BUDGET_TIMEOUTS * timeout_s  # what retries may still take
+        # What retries may still take: all nodes' together, and each node's own.
+        self.retry_budget_s = RETRY_BUDGET_TIMEOUTS * timeout_s
+        self.node_retry_budget_s: dict[str, float] = {}
 
     async def frame(self, epoch: int, digest: bytes, first: Sequence[str]) -> bytes | None:
         """The frame with ``digest``: from ``first`` in order, then from the other peers."""
@@ -244,9 +249,10 @@ class EvidenceSource:
     ) -> tuple[bytes, str | None] | None:
         """``node``'s evidence over its routes: first as it was reached (directly, or through
         each forwarder when it was not), then in up to ``FETCH_ROUNDS - 1`` later rounds, after
-        a wait, directly and through every forwarder, while the audit's retry budget lasts.
-        (what it served, the forwarder it came through or None); ``EvidenceMissing`` when the
-        node says it keeps none (``_over``); None when no route served."""
+        a wait, directly and through every forwarder, while both the node's own retry budget
+        and the audit's last: (what it served, the forwarder it came through or None);
+        ``EvidenceMissing`` when the node says it keeps none (``_over``); None when no route
+        served."""
         if node in self.peers:
             peer = self.peers[node]
             first: list[str | None] = [None]
@@ -258,14 +264,19 @@ class EvidenceSource:
         for round_ in range(FETCH_ROUNDS):
             if round_ == 0:
                 found = await self._over(node, peer, first, broken, fetch)
-            elif self.retry_budget_s <= 0:
-                return None
             else:
+                own = self.node_retry_budget_s.get(node, NODE_RETRY_TIMEOUTS * self.timeout_s)
+                budget = min(own, self.retry_budget_s)
+                if budget <= 0:
+                    return None
+                found = None
                 started = trio.current_time()
-                with trio.move_on_after(self.retry_budget_s):
+                with trio.move_on_after(budget):
                     await trio.sleep(FIRST_RETRY_WAIT_S * 2 ** (round_ - 1))
                     found = await self._over(node, peer, later, broken, fetch)
-                self.retry_budget_s -= trio.current_time() - started
+                spent = trio.current_time() - started
+                self.node_retry_budget_s[node] = own - spent
+                self.retry_budget_s -= spent
             if found is not None:
                 return found
         return None

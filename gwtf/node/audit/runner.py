@@ -19,11 +19,13 @@ A peer the auditor cannot dial (a relay at home, behind a NAT) is read through t
 reach, data nodes first: each forwards the request over the connection the relay keeps to it
 (``/gwtf/receipts-via/1.0.0``, ``gwtf.node.p2p.forwarding``), so a home relay's receipts, and
 any equivocation in them, are read as a public relay's are; ``AuditReport.forwarded`` says
-through whom. A data node at home has its certificate read the same way, through the first node
-reached that forwards pages whose every leaf verifies against the root on chain
+through whom. A data node at home has its certificate read the same way, page by page through
+the nodes reached, a reading cut short going on through the next from the first leaf it lacks,
+keeping only pages whose every leaf verifies against the root on chain
 (``read_certificate_over``), and is checked in full; ``CertificateReport.read_through`` says
-through whom, and a forwarder that passed on leaves that do not verify is reported
-``unverified``, accusing nobody. Why forwarding, and not the two other ways:
+through whom, and leaves read through a forwarder that do not verify are reported
+``unverified``, accusing nobody (the data node may have served them so). Why forwarding, and
+not the two other ways:
 
 * not a circuit through a relay the home relay holds a slot at: a relay takes circuits only
   from peers the run admits (``relay_service``), and an auditor is anyone, with a fresh
@@ -64,6 +66,7 @@ from gwtf.node.audit.checks import (
 )
 from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.audit.replays import (
+    UNREPLAYED,
     WRONG_TENSOR,
     Progress,
     Replayed,
@@ -89,6 +92,7 @@ from gwtf.node.receipts.serving import (
     Fetched,
     fetch_receipts,
 )
+from gwtf.node.receipts.wire import ReceiptPage
 
 T = TypeVar("T")
 
@@ -112,7 +116,8 @@ class CertificateReport:
 
     cert: CertRef
     leaves_served: int = 0
-    #: The node its data node's pages were read through, not dialled ("": read directly).
+    #: The nodes its data node's pages were read through, in order, ", "-joined, when it was
+    #: not dialled ("": read directly, or nothing read).
     read_through: str = ""
     findings: list[Finding] = field(default_factory=list)
     replayed: list[Replayed] = field(default_factory=list)
@@ -140,6 +145,18 @@ class AuditReport:
     def fraud(self) -> list[Finding]:
         """The findings the chain convicts on (each with its proof)."""
         return [f for f in self.findings if f.proof is not None]
+
+
+#: Findings that accuse nobody: what the audit could not read or check (an unreachable or cut
+#: short reading, leaves or evidence a forwarder passed on that do not verify, a hop it could
+#: not re-execute). They prove nothing against anyone, only that the audit is incomplete.
+ACCUSING_NOBODY = frozenset({UNCHECKED, UNVERIFIED, UNREPLAYED})
+
+
+def accusing(findings: Sequence[Finding]) -> list[Finding]:
+    """Those of ``findings`` that hold something against a node: fraud, withheld or unproven
+    leaves, weights that differ (all but ``ACCUSING_NOBODY``)."""
+    return [f for f in findings if f.kind not in ACCUSING_NOBODY]
 
 
 def run_rules(contracts: Contracts, run_id: int) -> RunRules:
@@ -199,20 +216,25 @@ async def audit_epoch(
             checked = CertificateReport(cert)
             report.certificates.append(checked)
             peer = reachable.get(cert.dataNode.lower())
+            forwarded = False
             if peer is not None:
                 fetched = await fetch_receipts(
                     rpc, peer, run_id, epoch, CERTIFIED, timeout_s, limit=cert.count
                 )
             elif (unreached_peer := unreached.get(cert.dataNode.lower())) is not None:
-                fetched, via, forged = await read_certificate_over(
+                forwarded = True
+                fetched, through, forged = await read_certificate_over(
                     rpc, cert, unreached_peer, forwarders, rules.domain, timeout_s
                 )
-                checked.read_through = node_of[via] if via is not None else ""
+                checked.read_through = ", ".join(node_of[via] for via in through)
                 for bad_via, indices in forged:
+                    # The data node may have served them so: what is known is only that they
+                    # came through this forwarder, which may well be honest.
                     detail = (
-                        f"{node_of[bad_via]} forwarded {len(indices)} leaves of this "
-                        f"certificate that do not verify against its root (first: leaf "
-                        f"{indices[0]}); they were set aside"
+                        f"{len(indices)} leaves read through {node_of[bad_via]} (first: leaf "
+                        f"{indices[0]}) do not verify against the data node's root and were "
+                        f"set aside; the data node or {node_of[bad_via]} made them up, and "
+                        f"{node_of[bad_via]} may be honest"
                     )
                     checked.findings.append(Finding(UNVERIFIED, "", detail))
             else:
@@ -226,12 +248,13 @@ async def audit_epoch(
             if fetched.stopped is not None:
                 detail = f"read {len(served)} of {cert.count} leaves: {fetched.stopped}"
                 checked.findings.append(Finding(UNCHECKED, cert.dataNode, detail[:300]))
-            elif checked.read_through and checked.leaves_served < cert.count:
+            elif forwarded and checked.leaves_served < cert.count:
                 # A forwarder can cut a reading short (a made-up total, an empty page): what
                 # is missing accuses nobody, where read directly it is the data node's own.
+                through_whom = checked.read_through or "no forwarder"
                 detail = (
-                    f"{checked.read_through} forwarded {checked.leaves_served} of "
-                    f"{cert.count} leaves"
+                    f"{checked.leaves_served} of {cert.count} leaves forwarded (through "
+                    f"{through_whom}); a forwarder can cut a reading short"
                 )
                 checked.findings.append(Finding(UNVERIFIED, "", detail))
                 complete = False
@@ -300,39 +323,55 @@ async def read_certificate_over(
     forwarders: Sequence[str],
     domain: Eip712Domain,
     timeout_s: float,
-) -> tuple[Fetched, str | None, list[tuple[str, list[int]]]]:
+) -> tuple[Fetched, list[str], list[tuple[str, list[int]]]]:
     """The pages of ``cert`` that its data node (``peer``, not dialled) serves through
-    ``forwarders``, each asked in turn until one passes on a complete reading (not stopped
-    short, every one of ``cert.count`` leaves) whose every leaf verifies (``unverified_leaves``):
-    (the best reading, its forwarder or None, each forwarder whose pages did not verify with
-    the indices of the leaves that did not). A forwarder can withhold, never forge: pages
-    that do not verify are set aside whole, and a reading cut short (an empty page, a made-up
-    total) leaves the next forwarder asked; the best is the one with the most leaves. When
-    none serves, the pages are empty and ``stopped`` says why the last one did not."""
-    fetched = Fetched((), "no node reached to read it through")
-    best: tuple[Fetched, str | None, int] = (fetched, None, -1)
+    ``forwarders``, each asked in turn from where the reading before it stopped, until the
+    reading holds every one of ``cert.count`` leaves: (the reading, the forwarders whose pages
+    it holds, in order, each forwarder whose pages did not verify with the indices of the
+    leaves that did not). A forwarder can withhold, never forge: only pages whose every leaf
+    verifies against the root (``unverified_leaves``), each at its place, are kept, and a
+    reading cut short (an error, an empty page, a made-up total, a page that does not verify)
+    goes on through the next forwarder from the first leaf it lacks. ``stopped`` says why the
+    last forwarder asked stopped short, None when it ended cleanly or the reading is whole."""
+    pages: list[ReceiptPage] = []
+    through: list[str] = []
     forged: list[tuple[str, list[int]]] = []
+    offset = 0
+    stopped: str | None = "no node reached to read it through"
     for via in forwarders:
+        if offset >= cert.count:
+            break
         fetched = await fetch_receipts(
-            rpc, peer, cert.runId, cert.epoch, CERTIFIED, timeout_s, limit=cert.count, via=via
-        )
-        if not fetched.pages:
-            if best[1] is None:
-                best = (fetched, None, -1)  # why the last one served nothing
-            continue
-        served = leaves_of(fetched)
-        bad = await trio.to_thread.run_sync(unverified_leaves, cert, served, domain)
+            rpc, peer, cert.runId, cert.epoch, CERTIFIED, timeout_s,
+            limit=cert.count - offset, start=offset, via=via,
+        )  # fmt: skip
+        kept, bad = await trio.to_thread.run_sync(_verified_pages, cert, fetched.pages, domain)
+        if kept:
+            pages += kept
+            through.append(via)
+            offset = kept[-1].offset + len(kept[-1].entries)
         if bad:
             forged.append((via, bad))
-            if best[1] is None:
-                best = (Fetched((), f"the pages {via} forwarded do not verify"), None, -1)
-            continue
-        leaves = len({leaf.hop.index for _, leaf in served if leaf.hop.index < cert.count})
-        if fetched.stopped is None and leaves == cert.count:
-            return fetched, via, forged
-        if leaves > best[2]:
-            best = (fetched, via, leaves)
-    return best[0], best[1], forged
+        stopped = f"the pages read through {via} do not verify" if bad else fetched.stopped
+    return Fetched(tuple(pages), None if offset >= cert.count else stopped), through, forged
+
+
+def _verified_pages(
+    cert: CertRef, pages: Sequence[ReceiptPage], domain: Eip712Domain
+) -> tuple[list[ReceiptPage], list[int]]:
+    """The leading ``pages`` whose every leaf verifies (``unverified_leaves``) and sits at its
+    index, and the indices of the leaves of the first page that does not (none: all do)."""
+    for n, page in enumerate(pages):
+        served = list(zip(page.entries, page.leaves, strict=True))
+        misplaced = [
+            leaf.hop.index
+            for i, (_, leaf) in enumerate(served)
+            if leaf.hop.index != page.offset + i
+        ]
+        bad = sorted(set(unverified_leaves(cert, served, domain) + misplaced))
+        if bad:
+            return [p for p in pages[:n] if p.entries], bad
+    return [p for p in pages if p.entries], []
 
 
 def leaves_of(fetched: Fetched) -> list[tuple[SignedReceipt, LeafProof]]:

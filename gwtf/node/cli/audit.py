@@ -4,7 +4,12 @@ nodes serve, and prove its fraud on chain.
 ``audit`` reads the epoch's certificates from the chain, fetches each data node's leaves with
 their proofs and every given peer's receipts (``gwtf.node.audit.runner``), and reports per
 certificate what it checked and found; each finding the chain convicts on alone is marked
-provable. Exits 0 when nothing is found and ``EXIT_FINDINGS`` otherwise.
+provable. Exits 0 when nothing is found, ``EXIT_FINDINGS`` when something is found against a
+node (fraud, withheld or unproven leaves, weights that differ), and ``EXIT_INCOMPLETE`` when
+all it found accuses nobody: what it could not read or check (``unchecked``), leaves or
+evidence a forwarder passed on that do not verify (``unverified``), hops it could not
+re-execute (``unreplayed``). Nothing is proven then; the audit is to be run again, with other
+peers or later.
 
 With ``--sample K`` it also re-executes K hops of each certificate, drawn from the first block
 after the epoch's submission deadline, from the evidence the relays keep, on CPU with the run's
@@ -13,9 +18,10 @@ model (``--model``, default ``training.model``); a wrong tensor is a finding for
 ``challenge`` runs the same audit, then sends each provable finding's fraud proof from the
 given wallet (``gwtf.node.audit.challenge``: commit, reveal, judged), opens a tensor dispute (with
 the contract's bond) for a wrong tensor, and withdraws the bounties. Exits 0 when every finding
-is judged or disputed (now or before) and ``EXIT_FINDINGS`` while any is left that the chain did
-not or cannot judge (withheld leaves, an unchecked certificate, leaves a forwarder passed on that
-do not verify, a refused or failed proof).
+is judged or disputed (now or before), ``EXIT_FINDINGS`` while any is left against a node that
+the chain did not or cannot judge (withheld leaves, a refused or failed proof), and
+``EXIT_INCOMPLETE`` when all that is left accuses nobody (an unchecked certificate, leaves a
+forwarder passed on that do not verify, an unreplayed hop).
 
 ``jury join`` locks a juror deposit in the Court for one of the wallet's nodes; ``jury serve``
 then takes every step the wallet's roles call for in each open case (``gwtf.node.audit.jury``): as
@@ -37,17 +43,23 @@ from gwtf.node.cli.args import Command, whole
 from gwtf.node.settings import Settings
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from rich.console import Console
 
     from gwtf.node.audit.challenge import Challenges
+    from gwtf.node.audit.checks import Finding
     from gwtf.node.audit.reexecute import Replayer
     from gwtf.node.audit.replays import Replayed
     from gwtf.node.audit.runner import AuditReport
     from gwtf.node.chain.actions import Contracts
 
 
-#: The exit code of an audit that found something (fraud or withheld leaves).
+#: The exit code of an audit that found something against a node (fraud, withheld leaves).
 EXIT_FINDINGS = 10
+#: The exit code of an audit that found nothing against anyone but could not check everything
+#: (its only findings accuse nobody): nothing proven.
+EXIT_INCOMPLETE = 11
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, Command]:
@@ -117,7 +129,17 @@ def cmd_audit(args: argparse.Namespace, settings: Settings, console: Console) ->
         print(json.dumps(report_json(report), indent=2))
     else:
         print_report(console, report)
-    return EXIT_FINDINGS if report.findings else 0
+    return exit_code_of(report.findings)
+
+
+def exit_code_of(findings: Sequence[Finding]) -> int:
+    """0 for no finding, ``EXIT_FINDINGS`` when one holds something against a node, else
+    ``EXIT_INCOMPLETE`` (each accuses nobody)."""
+    from gwtf.node.audit.runner import accusing
+
+    if accusing(findings):
+        return EXIT_FINDINGS
+    return EXIT_INCOMPLETE if findings else 0
 
 
 def cmd_challenge(args: argparse.Namespace, settings: Settings, console: Console) -> int:
@@ -139,7 +161,7 @@ def cmd_challenge(args: argparse.Namespace, settings: Settings, console: Console
         print_challenges(console, done)
     judged = {id(j.finding) for j in done.judgements if j.outcome != REFUSED}
     left = [f for f in report.findings if not f.judged and id(f) not in judged]
-    return EXIT_FINDINGS if left else 0
+    return exit_code_of(left)
 
 
 def cmd_jury(args: argparse.Namespace, settings: Settings, console: Console) -> int:

@@ -7,8 +7,8 @@ missing artifacts, a reverted transaction) is a ``GwtfError``; ``main`` prints i
   0 success · 1 other GWTF error · 2 bad setting or usage · 3 chain (unreachable RPC, revert,
   missing/stale artifacts) · 4 wallet (wrong password, missing keystore, unfunded) ·
   5 protocol · 6 training · 7 not built yet · 8 no node running here (the local API does
-  not answer) · 10 the audit found something ·
-  130 interrupted (Ctrl-C)
+  not answer) · 10 the audit found something against a node · 11 the audit proved nothing
+  but could not check everything (its findings accuse nobody) · 130 interrupted (Ctrl-C)
 """
 
 from __future__ import annotations
