@@ -14,7 +14,7 @@ from gwtf.node.audit import replays
 from gwtf.node.audit.replays import FETCH_DEADLINES, NODE_RETRY_TIMEOUTS, EvidenceSource
 from gwtf.node.p2p.forwarding import forwarded_limits
 from gwtf.node.p2p.host import running_host
-from gwtf.node.p2p.identity import new_identity, node_address_of_peer
+from gwtf.node.p2p.identity import new_identity, node_address_of_peer, peer_id_of
 from gwtf.node.p2p.rpc import PublicRate, RequestResponse
 from gwtf.node.receipts.evidence import (
     _NOT_KEPT,
@@ -247,5 +247,47 @@ def test_a_forwarder_saying_not_kept_leaves_the_other_routes_asked(tmp_path: Pat
             missing = EvidenceSource(rpc, {node: relay_id}, RUN, TIMEOUT_S, forwarders=forwarders)
             assert await missing.frame(0, b"\x00" * 32, [node]) is None
             assert node not in missing._silent, "a node keeping none is not a silent one"
+
+    run_bounded(main)
+
+
+def test_retries_a_forwarder_ends_with_not_kept_are_charged_to_the_budgets(
+    tmp_path: Path,
+) -> None:
+    """A retry round that ends in a forwarder's "not kept" took its time all the same: it is
+    charged to the node's retry budget and the audit's. Uncharged, a forwarder that stalls a
+    node's first try and says "not kept" on the retry makes every request for that node cost
+    a first try and a retry, never counted, however many hops ask: an audit without bound."""
+
+    async def main() -> None:
+        async with running_host(new_identity()) as liar, running_host(new_identity()) as auditor:
+            asked: dict[bytes, int] = {}
+
+            async def stall_then_not_kept(_peer: str, request: bytes) -> bytes:
+                asked[request] = asked.get(request, 0) + 1
+                if asked[request] == 1:
+                    await trio.sleep(100 * TIMEOUT_S)  # the first try times out
+                await trio.sleep(TIMEOUT_S / 2)  # the retry takes its time, then "not kept"
+                return _REPLY.pack(_NOT_KEPT, 0)
+
+            limits = forwarded_limits(_REQUEST.size, _REPLY.size + CHUNK_BYTES, TIMEOUT_S)
+            RequestResponse(liar).serve(
+                EVIDENCE_VIA_PROTOCOL, stall_then_not_kept, limits, PublicRate()
+            )
+            rpc = RequestResponse(auditor)
+            await rpc.dialer.connect(liar.get_id(), liar.get_addrs())
+            home = peer_id_of(new_identity())  # a relay at home, asked only through the liar
+            at_home = node_address_of_peer(home).lower()
+            source = EvidenceSource(
+                rpc, {}, RUN, TIMEOUT_S,
+                unreached={at_home: str(home)},
+                forwarders=[str(liar.get_id())],
+            )  # fmt: skip
+            total = source.retry_budget_s
+            for n in range(3):
+                assert await source.frame(0, bytes([n]) * 32, [at_home]) is None
+            own = source.node_retry_budget_s.get(at_home, NODE_RETRY_TIMEOUTS * TIMEOUT_S)
+            assert own < NODE_RETRY_TIMEOUTS * TIMEOUT_S, "the node's retries were not charged"
+            assert source.retry_budget_s < total, "the audit's retries were not charged"
 
     run_bounded(main)

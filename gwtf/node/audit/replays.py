@@ -271,12 +271,16 @@ class EvidenceSource:
                     return None
                 found = None
                 started = trio.current_time()
-                with trio.move_on_after(budget):
-                    await trio.sleep(FIRST_RETRY_WAIT_S * 2 ** (round_ - 1))
-                    found = await self._over(node, peer, later, broken, fetch)
-                spent = trio.current_time() - started
-                self.node_retry_budget_s[node] = own - spent
-                self.retry_budget_s -= spent
+                try:
+                    with trio.move_on_after(budget):
+                        await trio.sleep(FIRST_RETRY_WAIT_S * 2 ** (round_ - 1))
+                        found = await self._over(node, peer, later, broken, fetch)
+                finally:
+                    # Charged however the round ends: a round ended by a forwarder's "not
+                    # kept" (``EvidenceMissing``) took its time too.
+                    spent = trio.current_time() - started
+                    self.node_retry_budget_s[node] = own - spent
+                    self.retry_budget_s -= spent
             if found is not None:
                 return found
         return None
