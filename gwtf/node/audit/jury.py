@@ -21,9 +21,7 @@ window (``gwtf/contracts/Court.sol``):
   depends on them: a forward's receipt counts only when the accused signed it and its
   counterparty countersigned it (``replays.is_forward_of``), whoever serves it, so a data node
   that serves no certificate, or a made-up one, decides nothing. A piece nobody serves is
-  one the accused failed to serve, and missing evidence loses, unless the accused could be
-  asked only through forwarders (at home, not dialled), which can withhold whatever it
-  serves: then it is voted RIGHT, not shown wrong. Only the accused's own direct
+  one the accused failed to serve, and missing evidence loses. Only the accused's own direct
   answer says it keeps none (a forwarder's "not kept" is that route failing), and weights,
   which nobody signs, count against it only when read from it directly: a replay that is off
   only with weights a forwarder passed on is voted RIGHT (not shown wrong), so a forwarder
@@ -54,7 +52,6 @@ from gwtf.contracts.encoding import (
 from gwtf.errors import ChainError
 from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.audit.replays import (
-    EvidenceSource,
     Replayed,
     evidence_source,
     forwards_of,
@@ -390,11 +387,10 @@ async def _verdict(
             known = without_unsigned_forwards(certified, receipt, domain)
             known += await forwards_of(source, receipt, domain)
         (replayed,) = await replay_sample(source, replayer, known, [(entry, None)])
-    return _vote_of(replayed, source)
+    return _vote_of(replayed)
 
 
-def _vote_of(replayed: Replayed, source: EvidenceSource) -> tuple[int, str]:
-    """The vote on ``replayed``, whose evidence came from ``source``."""
+def _vote_of(replayed: Replayed) -> tuple[int, str]:
     replay = replayed.replay
     if replay is None and replayed.unverifiable:
         # Off only with weights a forwarder passed on, which nobody signs: the worker did
@@ -402,17 +398,6 @@ def _vote_of(replayed: Replayed, source: EvidenceSource) -> tuple[int, str]:
         # a forwarder convict; abstaining fines an honest juror as absent; RIGHT says only
         # that the tensor is not shown wrong.
         return RIGHT, f"not shown wrong: {replayed.why_not}"
-    if replay is None and replayed.entry.receipt.worker.lower() in source.unreached:
-        # A worker this juror cannot dial was asked only through forwarders, any of which
-        # can withhold what it serves: its evidence missing is not shown to be its own
-        # failing. A cheating worker at home gains no way out by this: it can already serve
-        # its weights, and a replay off only with weights read through forwarders is not held
-        # against it (above).
-        return (
-            RIGHT,
-            f"not shown wrong: its worker was asked only through forwarders, and "
-            f"{replayed.why_not}",
-        )
     if replay is None:
         return WRONG, f"missing evidence loses: {replayed.why_not}"
     return (WRONG if replay.wrong else RIGHT), replay.describe()
