@@ -74,10 +74,12 @@ FETCH_DEADLINES: Final = 4
 #: whose connection broke, answers a moment later, and a hop is not left unreplayed for that.
 FETCH_ROUNDS: Final = 3
 FIRST_RETRY_WAIT_S: Final = 1.0
-#: What the rounds after the first may take in one audit, in request timeouts, for each node
-#: (its own: a silent node, however many forwarders it has, spends only its own, and a busy
-#: honest relay asked later still gets its retries) and for all nodes together (so an audit
-#: stays bounded in time however many nodes are silent: four silent nodes' worth).
+#: What the tries that serve nothing (a first round that served nothing, every later round)
+#: may take in one audit, in request timeouts, for each node (its own: a silent node, however
+#: many forwarders it has, spends only its own, and a busy honest relay asked later still gets
+#: its retries) and for all nodes together (so an audit stays bounded in time however many
+#: nodes are silent: four silent nodes' worth). A node whose budget is spent is asked nothing
+#: more.
 NODE_RETRY_TIMEOUTS: Final = 6
 RETRY_BUDGET_TIMEOUTS: Final = 4 * NODE_RETRY_TIMEOUTS
 
@@ -250,9 +252,9 @@ class EvidenceSource:
         """``node``'s evidence over its routes: first as it was reached (directly, or through
         each forwarder when it was not), then in up to ``FETCH_ROUNDS - 1`` later rounds, after
         a wait, directly and through every forwarder, while both the node's own retry budget
-        and the audit's last: (what it served, the forwarder it came through or None);
-        ``EvidenceMissing`` when the node says it keeps none (``_over``); None when no route
-        served."""
+        and the audit's last (a first round that served nothing is charged to them too): (what
+        it served, the forwarder it came through or None); ``EvidenceMissing`` when the node
+        says it keeps none (``_over``); None when no route served, or the budgets are spent."""
         if node in self.peers:
             peer = self.peers[node]
             first: list[str | None] = [None]
@@ -263,10 +265,21 @@ class EvidenceSource:
         broken: set[str | None] = set()  # routes that sent wrong bytes: not asked again
         for round_ in range(FETCH_ROUNDS):
             if round_ == 0:
-                found = await self._over(node, peer, first, broken, fetch)
+                started = trio.current_time()
+                try:
+                    found = await self._over(node, peer, first, broken, fetch)
+                except _ForwardersSayNotKept:
+                    # A first try that served nothing is charged too: uncharged, a forwarder
+                    # stalling every request and another saying "not kept" would cost a
+                    # request timeout per request, however many, and never make the node
+                    # silent. Once its budget is spent, the node is asked nothing more.
+                    if self._charge(node, trio.current_time() - started) <= 0:
+                        return None
+                    raise
+                if found is None:
+                    self._charge(node, trio.current_time() - started)
             else:
-                own = self.node_retry_budget_s.get(node, NODE_RETRY_TIMEOUTS * self.timeout_s)
-                budget = min(own, self.retry_budget_s)
+                budget = self._left(node)
                 if budget <= 0:
                     return None
                 found = None
@@ -278,12 +291,22 @@ class EvidenceSource:
                 finally:
                     # Charged however the round ends: a round ended by a forwarder's "not
                     # kept" (``EvidenceMissing``) took its time too.
-                    spent = trio.current_time() - started
-                    self.node_retry_budget_s[node] = own - spent
-                    self.retry_budget_s -= spent
+                    self._charge(node, trio.current_time() - started)
             if found is not None:
                 return found
         return None
+
+    def _left(self, node: str) -> float:
+        """What ``node`` may still take: the least of its own budget and the audit's."""
+        own = self.node_retry_budget_s.get(node, NODE_RETRY_TIMEOUTS * self.timeout_s)
+        return min(own, self.retry_budget_s)
+
+    def _charge(self, node: str, spent: float) -> float:
+        """Charge ``spent`` seconds to ``node``'s budget and the audit's: what is left."""
+        own = self.node_retry_budget_s.get(node, NODE_RETRY_TIMEOUTS * self.timeout_s)
+        self.node_retry_budget_s[node] = own - spent
+        self.retry_budget_s -= spent
+        return self._left(node)
 
     async def _over(
         self,
@@ -322,8 +345,12 @@ class EvidenceSource:
                 log.debug("wrong evidence from %s (via %s): %s", node, via, exc)
                 broken.add(via)
         if forwarded_missing:
-            raise EvidenceMissing(f"{node} keeps none, say its forwarders")
+            raise _ForwardersSayNotKept(f"{node} keeps none, say its forwarders")
         return None
+
+
+class _ForwardersSayNotKept(EvidenceMissing):
+    """Only forwarders said the node keeps none: a route failing, not the node's own answer."""
 
 
 class Progress(Protocol):
