@@ -16,9 +16,11 @@ worker by serving made-up ones; a worker that keeps none is replayed with weight
 replicas of its stage serve identically, or not at all (``_weights``). Frames are checked by
 their digest, but a state file is signed by nobody: one read through a forwarder may be
 made up by it. A replay off the tolerance with forwarded weights is tried again with the
-worker's weights over each other route (directly first); it is a finding only with weights
-read directly, else it is ``unreplayed`` as unverifiable (``Replayed.unverifiable``), so a
-forwarder can make a hop unreplayable, never make its worker lose.
+worker's weights over each other route (directly first); off with weights read from the worker
+is a finding. Off only with forwarded ones, it is judged as a hop whose worker keeps no weights
+is, with weights two other replicas serve identically, read from each directly; with none such
+it is ``unreplayed`` as unverifiable (``Replayed.unverifiable``). A forwarder can thus make its
+worker lose only where withholding the weights would have done the same (the audit README).
 
 A replay outside the tolerance is a ``wrong tensor`` finding against the worker, with the
 tensor dispute the court's drawn jurors judge (``gwtf.node.audit.jury``). Weights of the worker's
@@ -129,7 +131,8 @@ class Replayed:
     weights_from: str = ""  # whose kept weights it ran with (node addresses, "+"-joined)
     weights_differ: str = ""  # another replica whose weights differ from the worker's own
     # No replay, because it is off only with weights read through a forwarder, which are
-    # signed by nobody: what the forwarder sent may be made up, so it is held against nobody.
+    # signed by nobody, and no two other replicas served agreeing weights directly: what the
+    # forwarder sent may be made up, so it is held against nobody.
     unverifiable: bool = False
 
 
@@ -419,7 +422,9 @@ async def _replay_one(
     replay = await _replay_with(replayer, r, frames, state)
     if forwarded and not (isinstance(replay, Replay) and not replay.wrong):
         first = (state, replay)
-        return await _replay_over_each_route(source, replayer, entry, leaf, frames, first, differ)
+        return await _replay_over_each_route(
+            source, replayer, entry, leaf, frames, first, differ, others
+        )
     if not isinstance(replay, Replay):
         return Replayed(entry, leaf, None, replay)
     return Replayed(entry, leaf, replay, weights_from=weights_from, weights_differ=differ)
@@ -455,11 +460,15 @@ async def _replay_over_each_route(
     frames: tuple[bytes, bytes, list[bytes | None]],
     first: tuple[bytes, Replay | str],
     differ: str,
+    others: Sequence[str],
 ) -> Replayed:
     """``entry``'s hop, off the tolerance (or not replaying) with weights read through a
     forwarder (``first``: those weights and what they gave), replayed with the worker's
     weights over each route: right with any is right; off with those read directly is the
-    worker's own; off only with forwarded ones is unverifiable."""
+    worker's own. Off only with forwarded ones, it is judged with weights two of ``others``
+    serve identically read directly, as a worker that keeps none is (the audit README says
+    why that frames no honest worker a withholding forwarder could not frame already);
+    without those it is unverifiable."""
     r = entry.receipt
     worker = r.worker.lower()
     tried = {hashlib.sha256(first[0]).digest(): first[1]}
@@ -474,9 +483,17 @@ async def _replay_over_each_route(
             return Replayed(entry, leaf, replay, weights_from=worker, weights_differ=differ)
         if via is None:
             return Replayed(entry, leaf, None, str(replay))
+    # Unjudged, a home cheater would escape by having any forwarder pass on made-up weights.
+    agreed = await _agreed_weights(source, r, others, directly=True)
+    if agreed is not None:
+        state, weights_from, _ = agreed
+        key = hashlib.sha256(state).digest()
+        replay = tried[key] if key in tried else await _replay_with(replayer, r, frames, state)
+        if isinstance(replay, Replay):
+            return Replayed(entry, leaf, replay, weights_from=weights_from, weights_differ=differ)
     why = (
         "unverifiable: its replay is off only with weights read through a forwarder, which "
-        "nobody signs"
+        "nobody signs, and no two other replicas served the same weights directly"
     )
     return Replayed(entry, leaf, None, why, unverifiable=True)
 
@@ -499,15 +516,28 @@ async def _weights(
         theirs = _sha(other[0]) if other is not None else b""
         differ = other[1] if other is not None and theirs and theirs != _sha(own[0]) else ""
         return own[0], worker, differ, own[2] is not None
+    agreed = await _agreed_weights(source, r, others, directly=False)
+    return None if agreed is None else (agreed[0], agreed[1], "", agreed[2])
+
+
+async def _agreed_weights(
+    source: EvidenceSource, r: HopReceipt, others: Sequence[str], directly: bool
+) -> tuple[bytes, str, bool] | None:
+    """Weights two of ``others`` serve identically at ``r``'s iteration (``directly``: only
+    those read from the replica itself): (the state file, whose, "+"-joined, whether any came
+    through a forwarder). A state file names its part and step, and one of another stage or
+    step does not replay (``Replayer.replay``), so only the stage's weights can decide."""
     agreed: dict[bytes, list[Served]] = {}
     for node in others:
         served = await source.state(r.epoch, r.iteration, [node])
-        digest = _sha(served[0]) if served is not None else b""
-        if served is not None and digest:
+        if served is None or (directly and served[2] is not None):
+            continue
+        digest = _sha(served[0])
+        if digest:
             agreed.setdefault(digest, []).append(served)
             if len(agreed[digest]) >= 2:
                 forwarded = any(via is not None for _, _, via in agreed[digest])
-                return served[0], "+".join(n for _, n, _ in agreed[digest]), "", forwarded
+                return served[0], "+".join(n for _, n, _ in agreed[digest]), forwarded
     return None
 
 
