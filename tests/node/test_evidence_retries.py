@@ -291,3 +291,47 @@ def test_retries_a_forwarder_ends_with_not_kept_are_charged_to_the_budgets(
             assert source.retry_budget_s < total, "the audit's retries were not charged"
 
     run_bounded(main)
+
+
+def test_first_tries_that_serve_nothing_are_charged_until_the_node_is_silent(
+    tmp_path: Path,
+) -> None:
+    """A home node's first try that serves nothing (one forwarder stalls every request, the
+    other says "not kept") is charged to its budget and the audit's: uncharged, each request
+    for the node cost a request timeout, however many, and the node was never made silent."""
+
+    async def main() -> None:
+        async with (
+            running_host(new_identity()) as staller,
+            running_host(new_identity()) as liar,
+            running_host(new_identity()) as auditor,
+        ):
+
+            async def stall(_peer: str, _request: bytes) -> bytes:
+                await trio.sleep(100 * TIMEOUT_S)
+                return b""
+
+            limits = forwarded_limits(_REQUEST.size, _REPLY.size + CHUNK_BYTES, TIMEOUT_S)
+            RequestResponse(staller).serve(EVIDENCE_VIA_PROTOCOL, stall, limits, PublicRate())
+            _lying_forwarder(RequestResponse(liar), _REPLY.pack(_NOT_KEPT, 0))
+            rpc = RequestResponse(auditor)
+            for peer in (staller, liar):
+                await rpc.dialer.connect(peer.get_id(), peer.get_addrs())
+            home = peer_id_of(new_identity())  # a relay at home, asked only through those two
+            at_home = node_address_of_peer(home).lower()
+            source = EvidenceSource(
+                rpc, {}, RUN, TIMEOUT_S,
+                unreached={at_home: str(home)},
+                forwarders=[str(staller.get_id()), str(liar.get_id())],
+            )  # fmt: skip
+            total = source.retry_budget_s
+            started = trio.current_time()
+            for n in range(20):
+                assert await source.frame(0, bytes([n]) * 32, [at_home]) is None
+            spent = trio.current_time() - started
+            assert at_home in source._silent, "the node was never made silent"
+            assert source.retry_budget_s < total, "the audit's budget was not charged"
+            # Its own budget, and the one try that spent it: not a timeout per request.
+            assert spent < NODE_RETRY_TIMEOUTS * TIMEOUT_S + 2 * FETCH_DEADLINES * TIMEOUT_S
+
+    run_bounded(main)

@@ -24,8 +24,10 @@ window (``gwtf/contracts/Court.sol``):
   one the accused failed to serve, and missing evidence loses. Only the accused's own direct
   answer says it keeps none (a forwarder's "not kept" is that route failing), and weights,
   which nobody signs, count against it only when read from it directly: a replay that is off
-  only with weights a forwarder passed on is voted RIGHT (not shown wrong), so a forwarder
-  can withhold evidence, never make the accused lose;
+  only with weights a forwarder passed on is judged with weights two other replicas serve
+  identically, read from them directly (WRONG when off), as when the accused keeps none, and
+  voted RIGHT (not shown wrong) without those, so a forwarder makes the accused lose only
+  where withholding would have;
 * anyone: draw a round whose seed block has passed (evicting a juror that left the registry
   if the draw names one), and execute a ruling whose last window is over.
 
@@ -393,10 +395,10 @@ async def _verdict(
 def _vote_of(replayed: Replayed) -> tuple[int, str]:
     replay = replayed.replay
     if replay is None and replayed.unverifiable:
-        # Off only with weights a forwarder passed on, which nobody signs: the worker did
-        # serve, and the juror cannot tell whether it or the forwarder is off. WRONG would let
-        # a forwarder convict; abstaining fines an honest juror as absent; RIGHT says only
-        # that the tensor is not shown wrong.
+        # Off only with weights a forwarder passed on, which nobody signs, and no two replicas
+        # served theirs directly: the juror cannot tell whether the worker or the forwarder is
+        # off. WRONG would let a forwarder convict; abstaining fines an honest juror as
+        # absent; RIGHT says only that the tensor is not shown wrong.
         return RIGHT, f"not shown wrong: {replayed.why_not}"
     if replay is None:
         return WRONG, f"missing evidence loses: {replayed.why_not}"

@@ -16,9 +16,11 @@ worker by serving made-up ones; a worker that keeps none is replayed with weight
 replicas of its stage serve identically, or not at all (``_weights``). Frames are checked by
 their digest, but a state file is signed by nobody: one read through a forwarder may be
 made up by it. A replay off the tolerance with forwarded weights is tried again with the
-worker's weights over each other route (directly first); it is a finding only with weights
-read directly, else it is ``unreplayed`` as unverifiable (``Replayed.unverifiable``), so a
-forwarder can make a hop unreplayable, never make its worker lose.
+worker's weights over each other route (directly first); off with weights read from the worker
+is a finding. Off only with forwarded ones, it is judged as a hop whose worker keeps no weights
+is, with weights two other replicas serve identically, read from each directly; with none such
+it is ``unreplayed`` as unverifiable (``Replayed.unverifiable``). A forwarder can thus make its
+worker lose only where withholding the weights would have done the same (the audit README).
 
 A replay outside the tolerance is a ``wrong tensor`` finding against the worker, with the
 tensor dispute the court's drawn jurors judge (``gwtf.node.audit.jury``). Weights of the worker's
@@ -74,10 +76,12 @@ FETCH_DEADLINES: Final = 4
 #: whose connection broke, answers a moment later, and a hop is not left unreplayed for that.
 FETCH_ROUNDS: Final = 3
 FIRST_RETRY_WAIT_S: Final = 1.0
-#: What the rounds after the first may take in one audit, in request timeouts, for each node
-#: (its own: a silent node, however many forwarders it has, spends only its own, and a busy
-#: honest relay asked later still gets its retries) and for all nodes together (so an audit
-#: stays bounded in time however many nodes are silent: four silent nodes' worth).
+#: What the tries that serve nothing (a first round that served nothing, every later round)
+#: may take in one audit, in request timeouts, for each node (its own: a silent node, however
+#: many forwarders it has, spends only its own, and a busy honest relay asked later still gets
+#: its retries) and for all nodes together (so an audit stays bounded in time however many
+#: nodes are silent: four silent nodes' worth). A node whose budget is spent is asked nothing
+#: more.
 NODE_RETRY_TIMEOUTS: Final = 6
 RETRY_BUDGET_TIMEOUTS: Final = 4 * NODE_RETRY_TIMEOUTS
 
@@ -127,7 +131,8 @@ class Replayed:
     weights_from: str = ""  # whose kept weights it ran with (node addresses, "+"-joined)
     weights_differ: str = ""  # another replica whose weights differ from the worker's own
     # No replay, because it is off only with weights read through a forwarder, which are
-    # signed by nobody: what the forwarder sent may be made up, so it is held against nobody.
+    # signed by nobody, and no two other replicas served agreeing weights directly: what the
+    # forwarder sent may be made up, so it is held against nobody.
     unverifiable: bool = False
 
 
@@ -250,9 +255,9 @@ class EvidenceSource:
         """``node``'s evidence over its routes: first as it was reached (directly, or through
         each forwarder when it was not), then in up to ``FETCH_ROUNDS - 1`` later rounds, after
         a wait, directly and through every forwarder, while both the node's own retry budget
-        and the audit's last: (what it served, the forwarder it came through or None);
-        ``EvidenceMissing`` when the node says it keeps none (``_over``); None when no route
-        served."""
+        and the audit's last (a first round that served nothing is charged to them too): (what
+        it served, the forwarder it came through or None); ``EvidenceMissing`` when the node
+        says it keeps none (``_over``); None when no route served, or the budgets are spent."""
         if node in self.peers:
             peer = self.peers[node]
             first: list[str | None] = [None]
@@ -263,10 +268,21 @@ class EvidenceSource:
         broken: set[str | None] = set()  # routes that sent wrong bytes: not asked again
         for round_ in range(FETCH_ROUNDS):
             if round_ == 0:
-                found = await self._over(node, peer, first, broken, fetch)
+                started = trio.current_time()
+                try:
+                    found = await self._over(node, peer, first, broken, fetch)
+                except _ForwardersSayNotKept:
+                    # A first try that served nothing is charged too: uncharged, a forwarder
+                    # stalling every request and another saying "not kept" would cost a
+                    # request timeout per request, however many, and never make the node
+                    # silent. Once its budget is spent, the node is asked nothing more.
+                    if self._charge(node, trio.current_time() - started) <= 0:
+                        return None
+                    raise
+                if found is None:
+                    self._charge(node, trio.current_time() - started)
             else:
-                own = self.node_retry_budget_s.get(node, NODE_RETRY_TIMEOUTS * self.timeout_s)
-                budget = min(own, self.retry_budget_s)
+                budget = self._left(node)
                 if budget <= 0:
                     return None
                 found = None
@@ -278,12 +294,22 @@ class EvidenceSource:
                 finally:
                     # Charged however the round ends: a round ended by a forwarder's "not
                     # kept" (``EvidenceMissing``) took its time too.
-                    spent = trio.current_time() - started
-                    self.node_retry_budget_s[node] = own - spent
-                    self.retry_budget_s -= spent
+                    self._charge(node, trio.current_time() - started)
             if found is not None:
                 return found
         return None
+
+    def _left(self, node: str) -> float:
+        """What ``node`` may still take: the least of its own budget and the audit's."""
+        own = self.node_retry_budget_s.get(node, NODE_RETRY_TIMEOUTS * self.timeout_s)
+        return min(own, self.retry_budget_s)
+
+    def _charge(self, node: str, spent: float) -> float:
+        """Charge ``spent`` seconds to ``node``'s budget and the audit's: what is left."""
+        own = self.node_retry_budget_s.get(node, NODE_RETRY_TIMEOUTS * self.timeout_s)
+        self.node_retry_budget_s[node] = own - spent
+        self.retry_budget_s -= spent
+        return self._left(node)
 
     async def _over(
         self,
@@ -322,8 +348,12 @@ class EvidenceSource:
                 log.debug("wrong evidence from %s (via %s): %s", node, via, exc)
                 broken.add(via)
         if forwarded_missing:
-            raise EvidenceMissing(f"{node} keeps none, say its forwarders")
+            raise _ForwardersSayNotKept(f"{node} keeps none, say its forwarders")
         return None
+
+
+class _ForwardersSayNotKept(EvidenceMissing):
+    """Only forwarders said the node keeps none: a route failing, not the node's own answer."""
 
 
 class Progress(Protocol):
@@ -392,7 +422,9 @@ async def _replay_one(
     replay = await _replay_with(replayer, r, frames, state)
     if forwarded and not (isinstance(replay, Replay) and not replay.wrong):
         first = (state, replay)
-        return await _replay_over_each_route(source, replayer, entry, leaf, frames, first, differ)
+        return await _replay_over_each_route(
+            source, replayer, entry, leaf, frames, first, differ, others
+        )
     if not isinstance(replay, Replay):
         return Replayed(entry, leaf, None, replay)
     return Replayed(entry, leaf, replay, weights_from=weights_from, weights_differ=differ)
@@ -428,11 +460,15 @@ async def _replay_over_each_route(
     frames: tuple[bytes, bytes, list[bytes | None]],
     first: tuple[bytes, Replay | str],
     differ: str,
+    others: Sequence[str],
 ) -> Replayed:
     """``entry``'s hop, off the tolerance (or not replaying) with weights read through a
     forwarder (``first``: those weights and what they gave), replayed with the worker's
     weights over each route: right with any is right; off with those read directly is the
-    worker's own; off only with forwarded ones is unverifiable."""
+    worker's own. Off only with forwarded ones, it is judged with weights two of ``others``
+    serve identically read directly, as a worker that keeps none is (the audit README says
+    why that frames no honest worker a withholding forwarder could not frame already);
+    without those it is unverifiable."""
     r = entry.receipt
     worker = r.worker.lower()
     tried = {hashlib.sha256(first[0]).digest(): first[1]}
@@ -447,9 +483,17 @@ async def _replay_over_each_route(
             return Replayed(entry, leaf, replay, weights_from=worker, weights_differ=differ)
         if via is None:
             return Replayed(entry, leaf, None, str(replay))
+    # Unjudged, a home cheater would escape by having any forwarder pass on made-up weights.
+    agreed = await _agreed_weights(source, r, others, directly=True)
+    if agreed is not None:
+        state, weights_from, _ = agreed
+        key = hashlib.sha256(state).digest()
+        replay = tried[key] if key in tried else await _replay_with(replayer, r, frames, state)
+        if isinstance(replay, Replay):
+            return Replayed(entry, leaf, replay, weights_from=weights_from, weights_differ=differ)
     why = (
         "unverifiable: its replay is off only with weights read through a forwarder, which "
-        "nobody signs"
+        "nobody signs, and no two other replicas served the same weights directly"
     )
     return Replayed(entry, leaf, None, why, unverifiable=True)
 
@@ -472,15 +516,28 @@ async def _weights(
         theirs = _sha(other[0]) if other is not None else b""
         differ = other[1] if other is not None and theirs and theirs != _sha(own[0]) else ""
         return own[0], worker, differ, own[2] is not None
+    agreed = await _agreed_weights(source, r, others, directly=False)
+    return None if agreed is None else (agreed[0], agreed[1], "", agreed[2])
+
+
+async def _agreed_weights(
+    source: EvidenceSource, r: HopReceipt, others: Sequence[str], directly: bool
+) -> tuple[bytes, str, bool] | None:
+    """Weights two of ``others`` serve identically at ``r``'s iteration (``directly``: only
+    those read from the replica itself): (the state file, whose, "+"-joined, whether any came
+    through a forwarder). A state file names its part and step, and one of another stage or
+    step does not replay (``Replayer.replay``), so only the stage's weights can decide."""
     agreed: dict[bytes, list[Served]] = {}
     for node in others:
         served = await source.state(r.epoch, r.iteration, [node])
-        digest = _sha(served[0]) if served is not None else b""
-        if served is not None and digest:
+        if served is None or (directly and served[2] is not None):
+            continue
+        digest = _sha(served[0])
+        if digest:
             agreed.setdefault(digest, []).append(served)
             if len(agreed[digest]) >= 2:
                 forwarded = any(via is not None for _, _, via in agreed[digest])
-                return served[0], "+".join(n for _, n, _ in agreed[digest]), "", forwarded
+                return served[0], "+".join(n for _, n, _ in agreed[digest]), forwarded
     return None
 
 

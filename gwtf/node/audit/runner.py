@@ -7,8 +7,9 @@ epoch it fetches the data node's leaves with their proofs and checks them, membe
 the chain; it fetches every peer's signed and countersigned receipts too and looks for
 equivocations across all it saw. A data node it cannot reach directly or through a node it
 reached, or that will not serve, has its certificate reported unchecked (which accuses nobody);
-what it read before a reading broke off
-is checked all the same. A finding the chain has judged already (a voided certificate, a signer
+what it read before a reading broke off is checked all the same. A page a data node read
+directly sends malformed is its own: the leaves from there on count as withheld.
+A finding the chain has judged already (a voided certificate, a signer
 convicted in that epoch) is marked judged, and one on a settled epoch not provable: neither
 carries its proof, which the chain would refuse. With a ``Sampling``, a sample of each
 certificate's hops drawn from a block hash after the submission deadline is re-executed from
@@ -45,7 +46,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import requests
 import trio
@@ -58,6 +59,7 @@ from gwtf.errors import ChainError, ConfigError, ProtocolError
 from gwtf.node.audit.checks import (
     UNCHECKED,
     UNVERIFIED,
+    WITHHELD,
     Finding,
     RunRules,
     audit_certificate,
@@ -84,7 +86,7 @@ from gwtf.node.chain.epochs import EpochLedger
 from gwtf.node.p2p.dialing import PER_ADDRESS_S, Dialer, dialable
 from gwtf.node.p2p.host import peer_info, running_host
 from gwtf.node.p2p.identity import new_identity, node_address_of_peer
-from gwtf.node.p2p.rpc import RequestResponse
+from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
 from gwtf.node.receipts.serving import (
     CERTIFIED,
     RECEIVED,
@@ -216,11 +218,9 @@ async def audit_epoch(
             checked = CertificateReport(cert)
             report.certificates.append(checked)
             peer = reachable.get(cert.dataNode.lower())
-            forwarded = False
+            forwarded = malformed = False
             if peer is not None:
-                fetched = await fetch_receipts(
-                    rpc, peer, run_id, epoch, CERTIFIED, timeout_s, limit=cert.count
-                )
+                fetched, malformed = await read_certificate_directly(rpc, cert, peer, timeout_s)
             elif (unreached_peer := unreached.get(cert.dataNode.lower())) is not None:
                 forwarded = True
                 fetched, through, forged = await read_certificate_over(
@@ -244,20 +244,10 @@ async def audit_epoch(
             served = leaves_of(fetched)
             checked.leaves_served = len({leaf.hop.index for _, leaf in served})
             seen += [entry for entry, _ in served]
-            complete = fetched.stopped is None
-            if fetched.stopped is not None:
-                detail = f"read {len(served)} of {cert.count} leaves: {fetched.stopped}"
-                checked.findings.append(Finding(UNCHECKED, cert.dataNode, detail[:300]))
-            elif forwarded and checked.leaves_served < cert.count:
-                # A forwarder can cut a reading short (a made-up total, an empty page): what
-                # is missing accuses nobody, where read directly it is the data node's own.
-                through_whom = checked.read_through or "no forwarder"
-                detail = (
-                    f"{checked.leaves_served} of {cert.count} leaves forwarded (through "
-                    f"{through_whom}); a forwarder can cut a reading short"
-                )
-                checked.findings.append(Finding(UNVERIFIED, "", detail))
-                complete = False
+            found_reading, complete = reading_findings(
+                cert, fetched, checked.leaves_served, checked.read_through, forwarded, malformed
+            )
+            checked.findings += found_reading
             # The spans committed are read from the ledger's event: a data node that served
             # others (or none) would escape the span check.
             spans = await ask_chain(committed_spans, contracts.ledger, cert)
@@ -314,6 +304,71 @@ async def audit_epoch(
         _as_of(SLASHED if f.accused in slashed else OPEN, f) for f in found
     ]  # fmt: skip
     return report
+
+
+def reading_findings(
+    cert: CertRef,
+    fetched: Fetched,
+    leaves_served: int,
+    read_through: str,
+    forwarded: bool,
+    malformed: bool,
+) -> tuple[list[Finding], bool]:
+    """What a reading of ``cert`` that holds ``leaves_served`` of its leaves says of itself,
+    and whether it counts as complete (the leaves it lacks then count against the data node):
+    a page the data node sent malformed, read directly, is its own doing (the leaves from there
+    on count as withheld); one read through a forwarder, or a reading cut short (unreachable,
+    throttled, broken off), accuses nobody."""
+    if forwarded and (fetched.stopped is not None or leaves_served < cert.count):
+        # A forwarder can cut a reading short (a made-up total, an empty page, a malformed
+        # page): what is missing accuses nobody, where read directly it is the data node's own.
+        why = "" if fetched.stopped is None else f": {fetched.stopped}"
+        detail = (
+            f"{leaves_served} of {cert.count} leaves forwarded (through "
+            f"{read_through or 'no forwarder'}); a forwarder can cut a reading short{why}"
+        )
+        return [Finding(UNVERIFIED, "", detail[:300])], False
+    if fetched.stopped is None:
+        return [], True
+    if malformed:
+        if leaves_served >= cert.count:
+            return [], True  # every leaf read: what came after them decides nothing
+        detail = (
+            f"served a malformed page directly after {leaves_served} of {cert.count} leaves "
+            f"({fetched.stopped}); the leaves from there on count as not served"
+        )
+        return [Finding(WITHHELD, cert.dataNode, detail[:300])], True
+    detail = f"read {leaves_served} of {cert.count} leaves: {fetched.stopped}"
+    return [Finding(UNCHECKED, cert.dataNode, detail[:300])], False
+
+
+class _AnswersSeen:
+    """``rpc`` as ``fetch_receipts`` asks it, remembering whether the last request was
+    answered: a reading that stopped after its last page came stopped on that page's checks
+    (it did not decode, started elsewhere, lacked leaves), so the peer sent it malformed; one
+    whose last request was not answered broke off (unreachable, timed out, declined)."""
+
+    def __init__(self, rpc: RequestResponse) -> None:
+        self.rpc, self.answered = rpc, False
+
+    async def request(self, peer: Any, protocol: str, payload: bytes, limits: RpcLimits) -> bytes:
+        self.answered = False
+        reply = await self.rpc.request(peer, protocol, payload, limits)
+        self.answered = True
+        return reply
+
+
+async def read_certificate_directly(
+    rpc: RequestResponse, cert: CertRef, peer: str, timeout_s: float
+) -> tuple[Fetched, bool]:
+    """``cert``'s pages from its data node (``peer``, dialled), and whether the reading
+    stopped on a page the data node sent malformed (``_AnswersSeen``)."""
+    seen = _AnswersSeen(rpc)
+    fetched = await fetch_receipts(
+        cast(RequestResponse, seen),  # asked only for ``request``
+        peer, cert.runId, cert.epoch, CERTIFIED, timeout_s, limit=cert.count,
+    )  # fmt: skip
+    return fetched, fetched.stopped is not None and seen.answered
 
 
 async def read_certificate_over(
