@@ -256,6 +256,9 @@ class CircuitDialer:
     addresses: PeerAddresses
     relays: TrustedRelays
     timeout_s: float = 10.0
+    #: Told of each circuit this dialer opened (``holepunch.HolePuncher.schedule``). Must not
+    #: block or raise.
+    on_circuit: Callable[[ID], None] = lambda _peer: None
     relayed: int = 0
     failures: int = 0
     #: Circuits not tried: their relay is not one this node trusts.
@@ -326,6 +329,7 @@ class CircuitDialer:
             self.relayed += 1
             log.info("connected to %s through relay %s in %.2f s", peer, relay.peer_id,
                      trio.current_time() - began)  # fmt: skip
+            self.on_circuit(peer)
             return True
         return False
 
