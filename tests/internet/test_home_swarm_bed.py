@@ -78,3 +78,13 @@ def test_a_swarm_with_both_stages_at_home_trains_every_iteration_to_the_referenc
     assert sum(int(d) for d in duplicated) == 0
     hops = {name: int(statuses[name].get("hops_recorded") or 0) for name in statuses}
     assert all(hops[h.name] > 0 for h in HOMES), hops
+    # The two cone homes of different stages punched a direct connection and keep it; every
+    # punch to or from a symmetric home failed, and those links stayed on the relay.
+    ids = {name: statuses[name].get("peer_id") for name in statuses}
+    punched = {name: statuses[name].get("punched_peers") for name in statuses}
+    assert ids["relay-2-0"] in punched["relay-1-0"] or ids["relay-1-0"] in punched["relay-2-0"], (
+        punched
+    )
+    symmetric = {ids["relay-1-1"], ids["relay-2-1"]}
+    assert not symmetric & {p for peers in punched.values() for p in peers or ()}, punched
+    assert sum(int(s.get("punch_failures") or 0) for s in statuses.values()) > 0

@@ -164,6 +164,8 @@ class HolePuncher:
     failures: int = 0
     refused: int = 0
     _busy: set[ID] = field(default_factory=set)
+    #: Peers a punch connected directly (at most those a circuit ever reached).
+    _punched: set[ID] = field(default_factory=set)
     #: peer -> (failures in a row, ``trio.current_time`` before which no attempt starts)
     _after: dict[ID, tuple[int, float]] = field(default_factory=dict)
     _nursery: trio.Nursery | None = None
@@ -176,6 +178,10 @@ class HolePuncher:
         """Start an attempt to ``peer`` in the background, unless one is running or due later."""
         if self._nursery is not None and self._may_start(peer):
             self._nursery.start_soon(self.attempt, peer)
+
+    def direct_peers(self) -> list[str]:
+        """The peers a punch connected directly that are still connected so."""
+        return sorted(str(p) for p in self._punched if direct_connections(self.host, p))
 
     def running(self, peer: ID) -> bool:
         """Whether an attempt with ``peer`` is under way (either side)."""
@@ -292,6 +298,7 @@ class HolePuncher:
     def _settle(self, peer: ID, ok: bool) -> bool:
         if ok:
             self.punched += 1
+            self._punched.add(peer)
             self._after.pop(peer, None)
             log.info("direct connection to %s: hole punch succeeded", peer)
             if self._nursery is not None:
