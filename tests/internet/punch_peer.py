@@ -9,7 +9,8 @@ circuit and then punch a direct connection (``gwtf.node.p2p.holepunch``).
 address it advertises (its circuit first) and answers echo requests until killed. ``dial``
 sends the home an echo request (a circuit opens, and the punch starts), waits for the punch
 to end, sends ``ROUNDS`` more and prints ``punch direct=True|False relayed=True|False
-attempts=N refused=R rtt_ms=M``.
+attempts=N refused=R circuits=C rtt_ms=M`` (``C`` the circuits
+still open to the home).
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import statistics
 import sys
 
 import trio
+from libp2p.abc import IHost, INetConn
+from libp2p.peer.id import ID
 
 from gwtf.node.p2p.holepunch import HolePuncher, direct_connections
 from gwtf.node.p2p.host import full_addresses, peer_info, point_at, running_host
 from gwtf.node.p2p.identity import new_identity
-from gwtf.node.p2p.relay import CircuitDialer, RelaySlots, is_relayed
+from gwtf.node.p2p.relay import CircuitDialer, RelaySlots, is_circuit, is_relayed
 from gwtf.node.p2p.relay_service import circuit_relay
 from gwtf.node.p2p.rpc import RequestResponse
 from tests.internet.relay_peer import DEADLINE_S, ECHO, EVERY_INTERFACE, LIMITS, ROUNDS, echo
@@ -49,6 +52,7 @@ async def home(relay_address: str, others: list[str]) -> None:
         dialer = CircuitDialer(host, lambda peer: record if peer == other else (),
                                slots.relay_addresses, on_circuit=puncher.schedule)  # fmt: skip
         rpc = RequestResponse(host, circuits=dialer)
+        puncher.on_direct = rpc.retire
         rpc.serve(ECHO, echo, LIMITS)
         for address in full_addresses(host):
             print("address", address, flush=True)
@@ -61,7 +65,9 @@ async def home(relay_address: str, others: list[str]) -> None:
             await trio.sleep(0.5)
             while puncher.running(other):  # the punch runs in the background
                 await trio.sleep(0.1)
-            await trio.sleep(puncher.drain_s + 0.5)  # the circuit closes once drained
+            # The circuit closes once the streams on it are retired (``drain_s`` at most).
+            while puncher.direct_peers() and circuits(host, other):
+                await trio.sleep(0.1)
             times = []
             for _ in range(ROUNDS):
                 began = trio.current_time()
@@ -70,9 +76,18 @@ async def home(relay_address: str, others: list[str]) -> None:
         print(
             "punch", f"direct={bool(direct_connections(host, other))}",
             f"relayed={is_relayed(host, other)}", f"attempts={puncher.attempts}",
-            f"refused={puncher.refused}", f"rtt_ms={statistics.median(times):.2f}", flush=True,
+            f"refused={puncher.refused}", f"circuits={len(circuits(host, other))}",
+            f"rtt_ms={statistics.median(times):.2f}", flush=True,
         )  # fmt: skip
         nursery.cancel_scope.cancel()
+
+
+def circuits(host: IHost, peer: ID) -> list[INetConn]:
+    return [
+        c
+        for c in host.get_network().connections.get(peer) or []
+        if any(is_circuit(a) for a in c.get_transport_addresses())
+    ]
 
 
 def main() -> None:

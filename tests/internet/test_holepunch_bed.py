@@ -45,6 +45,7 @@ def punch(bed: Bed, relay_host: str, target: str, dialer: str) -> dict[str, str]
 def test_two_homes_behind_cone_nats_end_on_a_direct_connection(bed: Bed) -> None:
     result = punch(bed, "frankfurt", "cone-b", "cone-a")
     assert result["direct"] == "True" and result["relayed"] == "False", result
+    assert result["circuits"] == "0", result  # closed once its streams moved off it
     assert result["attempts"] == "1", result
 
 

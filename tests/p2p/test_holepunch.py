@@ -24,6 +24,8 @@ from gwtf.node.p2p.host import full_address
 from gwtf.node.p2p.relay import is_relayed
 from tests.p2p.test_relay import ECHO, LIMITS, learn, node
 
+SLOW = "/gwtf/test-slow/1.0.0"
+
 
 def test_only_tcp_addresses_of_public_unicast_hosts_are_punchable() -> None:
     for good in ("/ip4/203.0.113.7/tcp/4001", "/ip4/198.18.3.2/tcp/4001", "/ip6/2001:db8::1/tcp/1"):
@@ -99,5 +101,38 @@ def test_a_punch_is_refused_over_a_direct_connection() -> None:
                         await trio.sleep(0.05)
                 assert puncher.attempts == 0
                 nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_retired_streams_finish_their_requests_and_new_ones_open_a_new_stream() -> None:
+    async def slow(_peer: str, request: bytes) -> bytes:
+        await trio.sleep(0.5)
+        return request
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            home = await stack.enter_async_context(node(stack))
+            other = await stack.enter_async_context(node(stack))
+            home.rpc.serve(SLOW, slow, LIMITS)
+            learn(other, home.host)
+            peer = home.host.get_id()
+            replies: list[bytes] = []
+
+            async def in_flight() -> None:
+                replies.append(await other.rpc.request(peer, SLOW, b"slow", LIMITS))
+
+            with trio.fail_after(10):
+                await other.rpc.request(peer, ECHO, b"first", LIMITS)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(in_flight)
+                    await trio.sleep(0.2)  # the slow request is on its own stream
+                    opened = other.rpc.streams_opened
+                    await other.rpc.retire(peer)
+                    # The next echo opens a new stream; the slow request's stream stays.
+                    assert await other.rpc.request(peer, ECHO, b"next", LIMITS) == b"next"
+                    assert other.rpc.streams_opened == opened + 1
+                    assert not replies
+                assert replies == [b"slow"]
 
     trio.run(main)

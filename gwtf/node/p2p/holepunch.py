@@ -21,6 +21,9 @@ peer, at most three times for the life of the connection. Here:
   ``observed_addr``, asked of that relay only: a relay this node trusts already) with the port
   it listens on: a router that keeps source ports (plain MASQUERADE, most home routers) maps
   the punch's packets there; a symmetric NAT does not, and the punch fails;
+* requests in flight on the circuit are not cut: each end stops opening requests on it and
+  closes its streams there as their replies arrive, and the circuit is closed when none is
+  left (``drain_s`` at most);
 * one attempt per peer at a time, on either side, at most ``MAX_SESSIONS`` sessions at once,
   and after a failure the next attempt to that peer waits ``backoff_s``, doubled on each
   failure up to ``max_backoff_s``: a punch that cannot work (a symmetric NAT, a router that
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import multiaddr
@@ -153,12 +157,16 @@ class HolePuncher:
 
     host: IHost
     admit: Admission = admit_everyone
+    #: Told of each peer a punch connected directly, before its circuit is closed: moves the
+    #: node's open streams to the peer off the circuit (``RequestResponse.retire``).
+    on_direct: Callable[[ID], Awaitable[None]] | None = None
     #: Each message's wait and each dial's deadline.
     timeout_s: float = 5.0
     backoff_s: float = 30.0
     max_backoff_s: float = 600.0
-    #: How long the circuit may still carry streams begun before the upgrade.
-    drain_s: float = 5.0
+    #: How long the circuit may still carry streams begun before the upgrade (a request's
+    #: deadline, at most; streams nobody closes, gossip's, are cut then).
+    drain_s: float = 30.0
     attempts: int = 0
     punched: int = 0
     failures: int = 0
@@ -313,8 +321,11 @@ class HolePuncher:
         return False
 
     async def _drop_circuit(self, peer: ID) -> None:
-        """Close the circuits to ``peer`` once their streams ended (or ``drain_s`` passed), so
-        every new stream takes the direct connection, for as long as it stays up."""
+        """Close the circuits to ``peer`` once their streams ended (or ``drain_s`` passed).
+        New streams take the direct connection meanwhile (py-libp2p prefers a direct one), and
+        both ends retire their request streams on the circuit as their requests are answered."""
+        if self.on_direct is not None:
+            await self.on_direct(peer)
         circuits = [
             c
             for c in self.host.get_network().connections.get(peer) or []

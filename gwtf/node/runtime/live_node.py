@@ -322,7 +322,7 @@ async def run_live_node(
             if config.admit is None
             else RequestResponse(host, admit=config.admit)
         )
-        punch = HolePuncher(host, admit=config.admit or admit_everyone)
+        punch = HolePuncher(host, admit=config.admit or admit_everyone, on_direct=rpc.retire)
         if config.hole_punch:  # unserved, it schedules nothing either
             punch.serve(nursery)
         rpc.circuits = CircuitDialer(
