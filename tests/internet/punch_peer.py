@@ -45,7 +45,7 @@ async def home(relay_address: str, others: list[str]) -> None:
         nursery.start_soon(slots.run)
         with trio.fail_after(DEADLINE_S):
             await slots.asked.wait()
-        puncher = HolePuncher(host, backoff_s=2.0)
+        puncher = HolePuncher(host, backoff_s=60.0)
         puncher.serve(nursery)
         record = tuple(others)
         other = peer_info(record[0]).peer_id if record else None
@@ -62,8 +62,8 @@ async def home(relay_address: str, others: list[str]) -> None:
         point_at(host, other, [a for address in others for a in peer_info(address).addrs])
         with trio.fail_after(DEADLINE_S):
             await rpc.request(other, ECHO, b"hello", LIMITS)
-            await trio.sleep(0.5)
-            while puncher.running(other):  # the punch runs in the background
+            # The punch runs in the background, started by either home (the lower peer id).
+            while puncher.attempts + puncher.refused == 0 or puncher.running(other):
                 await trio.sleep(0.1)
             # The circuit closes once the streams on it are retired (``drain_s`` at most).
             while puncher.direct_peers() and circuits(host, other):

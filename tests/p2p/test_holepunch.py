@@ -57,7 +57,7 @@ def test_a_peer_naming_its_loopback_address_is_not_dialled_and_the_circuit_stays
             other = await stack.enter_async_context(node(stack, trusts=[relay]))
             learn(other, home.host)
             async with trio.open_nursery() as nursery:
-                puncher = HolePuncher(home.host, timeout_s=2.0)
+                puncher = HolePuncher(home.host, timeout_s=2.0, check_s=3600.0)
                 puncher.serve(nursery)
                 with trio.fail_after(10):
                     await other.rpc.request(home.host.get_id(), ECHO, b"x", LIMITS)
@@ -91,7 +91,7 @@ def test_a_punch_is_refused_over_a_direct_connection() -> None:
             other = await stack.enter_async_context(node(stack))
             learn(other, home.host)
             async with trio.open_nursery() as nursery:
-                puncher = HolePuncher(home.host)
+                puncher = HolePuncher(home.host, check_s=3600.0)
                 puncher.serve(nursery)
                 with trio.fail_after(10):
                     stream = await other.host.new_stream(home.host.get_id(), [PROTOCOL_ID])

@@ -24,11 +24,12 @@ peer, at most three times for the life of the connection. Here:
 * requests in flight on the circuit are not cut: each end stops opening requests on it and
   closes its streams there as their replies arrive, and the circuit is closed when none is
   left (``drain_s`` at most);
-* one attempt per peer at a time, on either side, at most ``MAX_SESSIONS`` sessions at once,
-  and after a failure the next attempt to that peer waits ``backoff_s``, doubled on each
-  failure up to ``max_backoff_s``: a punch that cannot work (a symmetric NAT, a router that
-  answers the early SYN with a reset) costs a few seconds every few minutes, never a stall:
-  the circuit stays in use throughout.
+* of two nodes the lower peer id starts the attempt, as soon as it dials the circuit or,
+  within ``check_s``, notices one the other dialled; one attempt per peer at a time, at most
+  ``MAX_SESSIONS`` at once, and after a failure the next attempt to that peer waits
+  ``backoff_s``, doubled on each failure up to ``max_backoff_s``: a punch that cannot work
+  (a symmetric NAT, routers that answer the early SYN with a reset) costs a few seconds every
+  few minutes, never a stall: the circuit stays in use throughout.
 """
 
 from __future__ import annotations
@@ -162,6 +163,8 @@ class HolePuncher:
     on_direct: Callable[[ID], Awaitable[None]] | None = None
     #: Each message's wait and each dial's deadline.
     timeout_s: float = 5.0
+    #: How often peers connected through a relay only are looked for.
+    check_s: float = 2.0
     backoff_s: float = 30.0
     max_backoff_s: float = 600.0
     #: How long the circuit may still carry streams begun before the upgrade (a request's
@@ -181,11 +184,24 @@ class HolePuncher:
     def serve(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
         self.host.set_stream_handler(PROTOCOL_ID, self._answer)
+        nursery.start_soon(self._watch)
 
     def schedule(self, peer: ID) -> None:
-        """Start an attempt to ``peer`` in the background, unless one is running or due later."""
-        if self._nursery is not None and self._may_start(peer):
+        """Start an attempt to ``peer`` in the background, if this node is the one of the two
+        that starts (the lower peer id: two attempts that cross refuse each other, as each end
+        is busy) and none is running or due later."""
+        if self._nursery is None or str(peer) < str(self.host.get_id()):
+            return
+        if self._may_start(peer):
             self._nursery.start_soon(self.attempt, peer)
+
+    async def _watch(self) -> None:
+        """Every ``check_s``, schedule an attempt to each peer connected through a relay only
+        (a circuit the peer dialled, or one whose last punch failed and whose backoff ended)."""
+        while True:
+            await trio.sleep(self.check_s)
+            for peer in list(self.host.get_network().connections):
+                self.schedule(peer)
 
     def direct_peers(self) -> list[str]:
         """The peers a punch connected directly that are still connected so."""
