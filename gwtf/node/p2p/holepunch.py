@@ -2,12 +2,13 @@
 connection, and the circuit is closed once the direct one carries the peer's streams.
 
 The wire protocol is libp2p's DCUtR (``/libp2p/dcutr``, the library's ``HolePunch``
-protobuf): the side that dialled the circuit sends CONNECT with its public addresses, the
-other answers CONNECT with its own, the first sends SYNC and, half the measured round trip
-later, both dial each other from their listening port at once, so each router sees its own
-home's packet go out before the other's comes in (TCP simultaneous open). Who dialled decides
-the security handshake's roles on the one connection both dials become: the SYNC receiver is
-Noise's initiator, the SYNC sender dials "as responder" (py-libp2p's swarm supports both).
+protobuf): one of the two (the lower peer id) sends CONNECT with its public addresses, the
+other answers CONNECT with its own, the first sends SYNC and dials half the measured round
+trip later, as the other dials on reading SYNC: both dial from their listening port at once,
+so each router sees its own home's packet go out before the other's comes in (TCP
+simultaneous open). Which side sent SYNC decides the security handshake's roles on the one
+connection both dials become: the SYNC receiver is Noise's initiator, the SYNC sender dials
+"as responder" (py-libp2p's swarm supports both).
 
 py-libp2p's ``DCUtRProtocol`` is not used: it dials every address a peer names and every
 address of the peer in the peerstore (its LAN ones too), and its own loop punches every relayed
@@ -153,8 +154,8 @@ def direct_connections(host: IHost, peer: ID) -> list[INetConn]:
 
 @dataclass
 class HolePuncher:
-    """Upgrades circuits to direct connections (``attempt``, by the side that dialled the
-    circuit) and answers the peer's attempts (``serve``)."""
+    """Upgrades circuits to direct connections (``attempt``, by the lower peer id of the two)
+    and answers the peer's attempts (``serve``)."""
 
     host: IHost
     admit: Admission = admit_everyone
