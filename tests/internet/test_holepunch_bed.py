@@ -55,9 +55,9 @@ def test_behind_a_symmetric_nat_the_punch_fails_and_the_circuit_carries_on(bed: 
     assert result["attempts"] == "1", result  # backoff: no second try within the test
 
 
-def test_a_punch_through_one_router_that_resets_works_through_two_it_fails(bed: Bed) -> None:
-    # The router that drops the early SYN lets the other side's SYN open its way in.
-    assert punch(bed, "oregon", "rst-a", "cone-a")["direct"] == "True"
+def test_behind_two_routers_that_reset_unsolicited_dials_the_punch_fails(bed: Bed) -> None:
     # Each router answers the other's first SYN with a reset, which ends its own home's dial.
+    # (With one such router the punch works when its home's SYN leaves first: a matter of
+    # timing, so not asserted here; the home swarm bed retries it.)
     result = punch(bed, "tokyo", "rst-b", "rst-a")
     assert result["direct"] == "False" and result["relayed"] == "True", result
