@@ -7,15 +7,18 @@ addresses): 1 data node + 2 stages x 2 relays, gpt-tiny, each node in its own na
 listening on every interface with ``p2p.reachable = auto``, so a home relay finds out by itself
 that nobody can dial it and runs outbound-only through the data node's relay. Rows: relays at
 home 0/4, 1/4 behind a port-restricted cone NAT, 1/4 behind a symmetric NAT, 2/4 (one per
-stage), 4/4 (both stages at home: cone and symmetric in each), and 1/4 (cone) whose router
-passes nothing for 3 s once the first iteration is done.
+stage), 4/4 (both stages at home: cone and symmetric in each), 1/4 (cone) whose router
+passes nothing for 3 s once the first iteration is done, and 4/4 behind cone NATs that drop
+unsolicited dials twice: with ``p2p.hole_punch = false`` (every link between the stages a
+circuit through the data node) and with hole punching (``gwtf/node/p2p/holepunch.py``).
 
 Columns: training time (the sum of the data node's iterations; the first one also waits for the
 relays to join and find routes) and throughput as a ratio to the all-public row, over all
 iterations and over those after the first; the hops each home relay and each public relay
 computed (acknowledged), on average; the largest |loss difference| of any iteration against
 the all-public row; microbatches the data node restarted and gradients a stage counted twice
-(either makes the losses drift from the all-public row's).
+(either makes the losses drift from the all-public row's); the home pairs that ended on a
+punched direct connection, and the punches that failed.
 
 Delay: this machine's kernel has no ``sch_netem``, so the kernel adds none; the nodes emulate the
 regions' latency and bandwidth themselves (``p2p.topology_file``,
@@ -66,6 +69,8 @@ class Scenario:
     homes: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: A home relay whose router passes nothing for CUT_S once the first iteration is done.
     cut: str | None = None
+    #: Homes that meet through a relay punch a direct connection (``p2p.hole_punch``).
+    punch: bool = True
 
 
 SCENARIOS = [
@@ -86,6 +91,8 @@ SCENARIOS = [
         },
     ),
     Scenario("1/4 (cone), 3 s cut", {"relay-1-0": ("cone", "drop")}, cut="relay-1-0"),
+    Scenario("4/4 (cone NATs), relay only", dict.fromkeys(RELAYS, ("cone", "drop")), punch=False),
+    Scenario("4/4 (cone NATs), hole punching", dict.fromkeys(RELAYS, ("cone", "drop"))),
 ]
 
 
@@ -102,10 +109,12 @@ def swarm_file(iterations: int, delay: bool) -> str:
     )
 
 
-def place(bed: Bed, plan: SwarmPlan) -> None:
+def place(bed: Bed, plan: SwarmPlan, punch: bool) -> None:
     """Every node in its own namespace of the bed, listening on all its interfaces."""
+    # The runner passes no GWTF_* variable of its own environment on: set it in the command.
+    setting = () if punch else ("env", "GWTF_P2P_HOLE_PUNCH=false")
     for name, host in bed.hosts.items():
-        prefix = ("ip", "netns", "exec", host.namespace)
+        prefix = ("ip", "netns", "exec", host.namespace, *setting)
         plan.hosts[name] = NodeHost(prefix, (f"/ip4/0.0.0.0/tcp/{PORT}",), region_of(name))
 
 
@@ -134,7 +143,7 @@ def run_scenario(
     ]
     with build_bed(public, homes) as bed, open(folder / "swarm.log", "wb") as log:
         plan = plan_from_file(folder / "swarm.toml", folder)
-        place(bed, plan)
+        place(bed, plan, scenario.punch)
         stop = threading.Event()
         cutter = None
         if scenario.cut is not None:
@@ -172,6 +181,9 @@ def run_scenario(
         "home_hops_per_relay": sum(at_home) / len(at_home) if at_home else None,
         "public_hops_per_relay": sum(public_hops) / len(public_hops) if public_hops else None,
         "restarted_microbatches": sum(r["restarts"] for r in results),
+        # Home pairs that ended on a punched direct connection (each pair counted by both).
+        "punched_pairs": sum(len(s.get("punched_peers") or []) for s in statuses.values()) // 2,
+        "punch_failures": sum(int(s.get("punch_failures") or 0) for s in statuses.values()),
         "gradients_duplicated": sum(
             int((s.get("stats") or {}).get("gradients_duplicated", 0)) for s in statuses.values()
         ),
@@ -206,8 +218,9 @@ def print_table(rows: list[dict[str, Any]], machine: str, delay: bool, iteration
     print(f"\n{machine}; region delays: {delays}")
     print("| relays at home | training s (1st iteration) | vs all public | after the 1st: "
           "vs all public | hops per home / public relay | max abs Δ loss vs all public | "
-          "restarted microbatches, duplicated gradients |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+          "restarted microbatches, duplicated gradients | "
+          "punched pairs (failed punches) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         time_s = f"{row['training_time_s']:.1f} ({number(row['first_iteration_s'], '.1f')})"
         if not row["finished"]:  # its ratios count only the iterations it finished
@@ -219,7 +232,7 @@ def print_table(rows: list[dict[str, Any]], machine: str, delay: bool, iteration
             f"{number(row['home_hops_per_relay'], '.0f')} / "
             f"{number(row['public_hops_per_relay'], '.0f')} | "
             f"{number(row['max_loss_delta'], '.1e')} | {row['restarted_microbatches']}, "
-            f"{row['gradients_duplicated']} |"
+            f"{row['gradients_duplicated']} | {row['punched_pairs']} ({row['punch_failures']}) |"
         )
 
 

@@ -140,6 +140,7 @@ def live_config_from_settings(settings: Settings, password: str | None = None) -
         or (p2p.relay_service == "auto" and node.role == DATA),
         relays=p2p.relays,
         upnp=p2p.upnp,
+        hole_punch=p2p.hole_punch,
         topology=topology,
         iterations=training.iterations,
         batch=training.microbatches_per_iteration,

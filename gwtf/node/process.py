@@ -74,6 +74,10 @@ def node_status(node: LiveNode, digest: DigestAtStep) -> dict[str, Any]:
         "stats": dataclasses.asdict(role.stats),
         "hops_recorded": node.plane.hops.recorded,
         "recomputed_hops": node.plane.hops.recomputed,
+        # Circuits upgraded to direct connections, and punches that failed (``holepunch``).
+        "holes_punched": node.punch.punched if node.punch is not None else 0,
+        "punch_failures": node.punch.failures if node.punch is not None else 0,
+        "punched_peers": node.punch.direct_peers() if node.punch is not None else [],
         # Peers this node refused (banned, or not admitted to the run), with how often.
         "refused": dict(node.rpc.refused),
         # Where this node's hop time goes, and its CPU seconds (the throughput benchmark's).

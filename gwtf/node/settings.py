@@ -139,6 +139,9 @@ class P2PSettings:
     relay_service: str = "auto"
     #: Full addresses of relays to hold slots at when unreachable; empty: the bootstrap peers.
     relays: tuple[str, ...] = ()
+    #: Two nodes behind NAT that meet through a relay try to open a direct connection (DCUtR
+    #: hole punching, ``gwtf.node.p2p.holepunch``) and stay on the relay where it fails.
+    hole_punch: bool = True
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ registers no relay transport, and a reservation adds no address to the host's. S
   swarm, so every stream to the peer then runs over it. A peer's addresses are untrusted: only
   relays this node trusts are dialled (the run's data nodes, its own relays), at addresses from
   their own record, never at the address a circuit names, and only the first
-  ``MAX_CIRCUIT_ADDRESSES`` circuits of a peer are tried.
+  ``MAX_CIRCUIT_ADDRESSES`` circuits of a peer are tried. Each circuit it opens is reported
+  (``on_circuit``), so that hole punching (``holepunch``) can try to replace it with a direct
+  connection.
 
 The client speaks the relay protocol itself (a RESERVE or CONNECT message and its status,
 with the library's protobufs) instead of ``CircuitV2Transport``, which makes a reservation at
@@ -256,6 +258,9 @@ class CircuitDialer:
     addresses: PeerAddresses
     relays: TrustedRelays
     timeout_s: float = 10.0
+    #: Told of each circuit this dialer opened (``holepunch.HolePuncher.schedule``). Must not
+    #: block or raise.
+    on_circuit: Callable[[ID], None] = lambda _peer: None
     relayed: int = 0
     failures: int = 0
     #: Circuits not tried: their relay is not one this node trusts.
@@ -326,6 +331,7 @@ class CircuitDialer:
             self.relayed += 1
             log.info("connected to %s through relay %s in %.2f s", peer, relay.peer_id,
                      trio.current_time() - began)  # fmt: skip
+            self.on_circuit(peer)
             return True
         return False
 

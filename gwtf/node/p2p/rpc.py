@@ -401,6 +401,18 @@ class RequestResponse:
         await self.host.get_network().close_peer(peer)
         self.dialer.forgive(peer)
 
+    async def retire(self, peer: ID) -> None:
+        """Send no new request on the streams open to ``peer`` (a direct connection replaced
+        the circuit they run on): the next request opens a new stream, which py-libp2p puts on
+        the direct connection, and each old stream is closed once its requests are answered,
+        so none of them fails for the switch."""
+        for key, channel in list(self._channels.items()):
+            if key[0] == str(peer):
+                del self._channels[key]
+                channel.retiring = True
+                if not channel.waiters:  # a request adds its waiter before any checkpoint
+                    await _close_quietly(channel.stream)
+
     async def _channel(self, peer: ID, protocol: str) -> _Channel:
         """The open stream to ``peer`` for ``protocol``, opened now if there is none."""
         key = (str(peer), protocol)
@@ -500,6 +512,8 @@ class _Channel:
         self.waiters: dict[int, _Waiter] = {}
         self.next_id = 0
         self.broken = False
+        #: Replaced (``RequestResponse.retire``): closed once its last reply is in.
+        self.retiring = False
         # Bounds for replies: the largest any request on this stream allowed, and its deadline.
         self.max_response_bytes = 0
         self.timeout_s = 1.0
@@ -556,6 +570,9 @@ class _Channel:
                     self.fail("the peer closed the stream")
                     break
                 self._deliver(body)
+                if self.retiring and not self.waiters:
+                    await _close_quietly(self.stream)
+                    break
         except FrameError as exc:
             self._charge(self.peer, _offence_of(exc), exc)
             self.fail(f"sent a bad reply: {exc}")

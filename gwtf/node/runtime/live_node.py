@@ -24,6 +24,7 @@ from gwtf.coordinator_free.protocol.config import DATA, FlowConfig, NodeSpec
 from gwtf.coordinator_free.protocol.node import FlowNode
 from gwtf.errors import ConfigError, ProtocolError
 from gwtf.node.p2p.addresses import LOOPBACK
+from gwtf.node.p2p.holepunch import HolePuncher
 from gwtf.node.p2p.host import ADDRESS_TTL_S, peer_info, running_host
 from gwtf.node.p2p.keepalive import NeighbourKeeper
 from gwtf.node.p2p.link_emulation import LinkEmulator, Topology
@@ -182,6 +183,9 @@ class LiveNodeConfig:
     receipts: ReceiptsConfig | None = None
     #: Ask the home router (UPnP IGD) to forward the listen port; announced once peers reach it.
     upnp: bool = False
+    #: Upgrade circuits this node dials to direct connections by hole punching, and answer
+    #: peers' punches (``gwtf.node.p2p.holepunch``).
+    hole_punch: bool = True
     #: Told each reachability verdict (``gwtf.node.p2p.reachability``; none on loopback only) and
     #: the line that says what the node does about it.
     on_reachability: ReachabilityReport | None = None
@@ -227,6 +231,8 @@ class LiveNode:
     relaying: Relaying | None = None
     #: Its part's memory against what the machine offers it (``gwtf.node.training.memory``).
     memory: MemoryFit | None = None
+    #: Hole punching: its counts (it punches nothing under ``hole_punch = false``).
+    punch: HolePuncher | None = None
 
     @property
     def reachability(self) -> Reachability | None:
@@ -316,7 +322,12 @@ async def run_live_node(
             if config.admit is None
             else RequestResponse(host, admit=config.admit)
         )
-        rpc.circuits = CircuitDialer(host, relaying.addresses_of, relaying.relay_addresses)
+        punch = HolePuncher(host, admit=config.admit or admit_everyone, on_direct=rpc.retire)
+        if config.hole_punch:  # unserved, it schedules nothing either
+            punch.serve(nursery)
+        rpc.circuits = CircuitDialer(
+            host, relaying.addresses_of, relaying.relay_addresses, on_circuit=punch.schedule
+        )
         if config.role != DATA and config.stage == AUTO_STAGE:
             # The stage is the run's bottleneck at the moment this relay enters: ask then.
             if config.entry_gate is not None:
@@ -532,7 +543,7 @@ async def run_live_node(
             flow.dispatch(flow.node.introduce(peer_id))
         live = LiveNode(
             config, rpc, book, flow, plane, role, book.own.address, discovery, receipts, relaying,
-            memory,
+            memory, punch,
         )  # fmt: skip
         if on_started is not None:
             on_started(live)

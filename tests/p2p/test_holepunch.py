@@ -1,0 +1,138 @@
+"""Hole punching's checks on a peer's word (``gwtf.node.p2p.holepunch``), between real libp2p
+hosts on 127.0.0.1 (a punch itself needs routers: ``tests/internet/test_holepunch_bed.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+from contextlib import AsyncExitStack
+
+import multiaddr
+import trio
+from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
+from libp2p.relay.circuit_v2.utils import write_delimited_msg
+
+from gwtf.node.p2p.addresses import MAX_ADDRESSES
+from gwtf.node.p2p.holepunch import (
+    PROTOCOL_ID,
+    HolePuncher,
+    direct_connections,
+    listen_ports,
+    peer_addresses,
+    punchable,
+)
+from gwtf.node.p2p.host import full_address
+from gwtf.node.p2p.relay import is_relayed
+from tests.p2p.test_relay import ECHO, LIMITS, learn, node
+
+SLOW = "/gwtf/test-slow/1.0.0"
+
+
+def test_only_tcp_addresses_of_public_unicast_hosts_are_punchable() -> None:
+    for good in ("/ip4/203.0.113.7/tcp/4001", "/ip4/198.18.3.2/tcp/4001", "/ip6/2001:db8::1/tcp/1"):
+        assert punchable(multiaddr.Multiaddr(good)), good
+    for bad in (
+        "/ip4/127.0.0.1/tcp/4001", "/ip4/10.1.2.3/tcp/4001", "/ip4/192.168.1.2/tcp/4001",
+        "/ip4/172.20.0.1/tcp/4001", "/ip4/100.64.0.1/tcp/4001", "/ip4/169.254.1.1/tcp/4001",
+        "/ip4/0.0.0.0/tcp/4001", "/ip4/224.0.0.1/tcp/4001", "/ip4/240.0.0.1/tcp/4001",
+        "/ip6/::1/tcp/4001", "/ip6/fd00::1/tcp/4001", "/ip6/::ffff:10.0.0.1/tcp/4001",
+        "/ip4/203.0.113.7/udp/4001", "/ip4/203.0.113.7/tcp/0",
+        "/ip4/203.0.113.7/tcp/4001/p2p/QmcgpsyWgH8Y8ajJz1Cu72KnS5uo2Aa2LpzU7kinSupNKC",
+        "/dns4/example.com/tcp/4001",
+    ):  # fmt: skip
+        assert not punchable(multiaddr.Multiaddr(bad)), bad
+
+
+def test_a_peers_addresses_are_cut_to_the_punchable_few() -> None:
+    many = [multiaddr.Multiaddr(f"/ip4/203.0.113.{i}/tcp/4001").to_bytes() for i in range(20)]
+    raw = [b"\xff\xff not an address", multiaddr.Multiaddr("/ip4/10.0.0.1/tcp/1").to_bytes()]
+    kept = peer_addresses(raw + many + many)
+    assert [str(a) for a in kept] == [f"/ip4/203.0.113.{i}/tcp/4001" for i in range(MAX_ADDRESSES)]
+
+
+def test_a_peer_naming_its_loopback_address_is_not_dialled_and_the_circuit_stays() -> None:
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True))
+            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
+            other = await stack.enter_async_context(node(stack, trusts=[relay]))
+            learn(other, home.host)
+            async with trio.open_nursery() as nursery:
+                puncher = HolePuncher(home.host, timeout_s=2.0, check_s=3600.0)
+                puncher.serve(nursery)
+                with trio.fail_after(10):
+                    await other.rpc.request(home.host.get_id(), ECHO, b"x", LIMITS)
+                    assert is_relayed(other.host, home.host.get_id())
+                    # ``other`` names the loopback address it listens on: dialling it would work.
+                    own = [multiaddr.Multiaddr(f"/ip4/{ip}/tcp/{port}").to_bytes()
+                           for ip, port in listen_ports(other.host)]  # fmt: skip
+                    stream = await other.host.new_stream(home.host.get_id(), [PROTOCOL_ID])
+                    await write_delimited_msg(
+                        stream, HolePunch(type=HolePunch.CONNECT, ObsAddrs=own)
+                    )
+                    await stream.read(4096)  # the home's CONNECT
+                    await write_delimited_msg(stream, HolePunch(type=HolePunch.SYNC))
+                    while puncher.failures == 0:
+                        await trio.sleep(0.05)
+                assert not direct_connections(home.host, other.host.get_id())
+                assert is_relayed(home.host, other.host.get_id())
+                # A second try at once meets the backoff.
+                await other.host.new_stream(home.host.get_id(), [PROTOCOL_ID])
+                await trio.sleep(0.2)
+                assert puncher.refused == 1 and puncher.attempts == 1
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_punch_is_refused_over_a_direct_connection() -> None:
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            home = await stack.enter_async_context(node(stack))
+            other = await stack.enter_async_context(node(stack))
+            learn(other, home.host)
+            async with trio.open_nursery() as nursery:
+                puncher = HolePuncher(home.host, check_s=3600.0)
+                puncher.serve(nursery)
+                with trio.fail_after(10):
+                    stream = await other.host.new_stream(home.host.get_id(), [PROTOCOL_ID])
+                    with contextlib.suppress(Exception):  # the home may reset it first
+                        await write_delimited_msg(stream, HolePunch(type=HolePunch.CONNECT))
+                    while puncher.refused == 0:
+                        await trio.sleep(0.05)
+                assert puncher.attempts == 0
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_retired_streams_finish_their_requests_and_new_ones_open_a_new_stream() -> None:
+    async def slow(_peer: str, request: bytes) -> bytes:
+        await trio.sleep(0.5)
+        return request
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            home = await stack.enter_async_context(node(stack))
+            other = await stack.enter_async_context(node(stack))
+            home.rpc.serve(SLOW, slow, LIMITS)
+            learn(other, home.host)
+            peer = home.host.get_id()
+            replies: list[bytes] = []
+
+            async def in_flight() -> None:
+                replies.append(await other.rpc.request(peer, SLOW, b"slow", LIMITS))
+
+            with trio.fail_after(10):
+                await other.rpc.request(peer, ECHO, b"first", LIMITS)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(in_flight)
+                    await trio.sleep(0.2)  # the slow request is on its own stream
+                    opened = other.rpc.streams_opened
+                    await other.rpc.retire(peer)
+                    # The next echo opens a new stream; the slow request's stream stays.
+                    assert await other.rpc.request(peer, ECHO, b"next", LIMITS) == b"next"
+                    assert other.rpc.streams_opened == opened + 1
+                    assert not replies
+                assert replies == [b"slow"]
+
+    trio.run(main)
