@@ -165,3 +165,20 @@ def test_the_watchdog_waits_on_a_hop_a_recovery_sent_within_its_deadline_three_t
     assert isinstance(policy.on_stall(world, mb, 125.0), Restart), "its deadline has passed"
     policy._recovered(1, 200.0)
     assert [type(policy.on_stall(world, mb, 210.0)) for _ in range(4)] == [Hold] * 3 + [Restart]
+
+
+def test_the_last_stage_sends_each_microbatch_to_its_origin_as_the_live_relay_does() -> None:
+    """Only the origin holds the embedding a microbatch's gradient ends in (``HopView.origin``):
+    the flow's own sink, the cheapest data node, is not followed past the last stage."""
+    sinks: list[tuple[str, str]] = []
+
+    class Watched(GwtfPolicy):
+        def choose_next_hop(self, world, node_id, mb, now):  # type: ignore[no-untyped-def]
+            decision = super().choose_next_hop(world, node_id, mb, now)
+            if world.stage_of(node_id) == world.stages and hasattr(decision, "to"):
+                sinks.append((mb.origin, decision.to))
+            return decision
+
+    scenario = small_scenario(relays_per_stage=3, stages=2, data_nodes=3, iterations=6)
+    assert run_scenario(scenario, Watched()).stopped_reason == "finished"
+    assert len(sinks) >= 6 * 8 and all(origin == to for origin, to in sinks)
