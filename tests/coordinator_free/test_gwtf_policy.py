@@ -182,3 +182,30 @@ def test_the_last_stage_sends_each_microbatch_to_its_origin_as_the_live_relay_do
     scenario = small_scenario(relays_per_stage=3, stages=2, data_nodes=3, iterations=6)
     assert run_scenario(scenario, Watched()).stopped_reason == "finished"
     assert len(sinks) >= 6 * 8 and all(origin == to for origin, to in sinks)
+
+
+def test_a_microbatch_started_over_keeps_its_flow_as_the_live_data_node_retries_on_it() -> None:
+    """The flow stays busy while the microbatch starts over and it starts on that flow again."""
+    restarted: list[tuple[tuple[str, int], tuple[str, int] | None, bool]] = []
+    kept: dict[int, tuple[str, int]] = {}
+
+    class Watched(GwtfPolicy):
+        def _forget(self, mb_id: int, keep_flow: bool = False) -> None:
+            held = self._source_slot.get(mb_id)
+            super()._forget(mb_id, keep_flow)
+            if keep_flow and held is not None:
+                kept[mb_id] = held
+                restarted.append((held, None, self._busy.get(held) == mb_id))
+
+        def _inject_on_flow(self, world, node, mb, now):  # type: ignore[no-untyped-def]
+            decision = super()._inject_on_flow(world, node, mb, now)
+            if mb.mb_id in kept and not isinstance(decision, Hold):
+                restarted.append((kept.pop(mb.mb_id), self._source_slot.get(mb.mb_id), True))
+            return decision
+
+    size = GridSize(iterations=8, trainers_per_data_node=8)
+    metrics = run_scenario(build_scenario(GridCell(True, True, 3.0), 13, size), Watched())
+    assert metrics.restarts > 0 and len(restarted) >= 2
+    assert all(busy for _, _, busy in restarted), "the flow was freed while it started over"
+    assert all(after in (None, held) for held, after, _ in restarted)
+    assert any(after == held for held, after, _ in restarted)
