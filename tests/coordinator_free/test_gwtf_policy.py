@@ -6,7 +6,7 @@ from gwtf.coordinator_free.protocol.state import SlotState
 from gwtf.coordinator_free.sim.engine import Engine, run_scenario
 from gwtf.coordinator_free.sim.generator import GridCell, GridSize, build_scenario
 from gwtf.coordinator_free.sim.gwtf_policy import GwtfPolicy
-from gwtf.coordinator_free.sim.policy import Hold, MicrobatchView, Restart
+from gwtf.coordinator_free.sim.policy import Hold, MicrobatchView, Replace, Restart
 from gwtf.coordinator_free.sim.round_robin import RoundRobinPolicy
 from gwtf.coordinator_free.sim.scenario import parse_scenario
 from tests.coordinator_free.sim_helpers import scenario_document, small_scenario
@@ -209,3 +209,23 @@ def test_a_microbatch_started_over_keeps_its_flow_as_the_live_data_node_retries_
     assert all(busy for _, _, busy in restarted), "the flow was freed while it started over"
     assert all(after in (None, held) for held, after, _ in restarted)
     assert any(after == held for held, after, _ in restarted)
+
+
+def test_a_dead_backward_hop_is_repaired_after_the_stalled_node_s_own_ask_as_live() -> None:
+    """``HopSender._around``: the node that could not send the gradient asks the hop before the
+    dead one itself; no probe by the data node comes first."""
+    repairs: list[tuple[float, float]] = []
+
+    class Watched(GwtfPolicy):
+        def on_backward_timeout(self, world, node_id, mb, suspect, now):  # type: ignore[no-untyped-def]
+            decision = super().on_backward_timeout(world, node_id, mb, suspect, now)
+            if isinstance(decision, Replace):
+                path = (mb.origin, *mb.path)
+                upstream = path[decision.stage - 1]
+                repairs.append((decision.delay_s, world.latency_ms(node_id, upstream) / 1000.0))
+            return decision
+
+    scenario = build_scenario(GridCell(True, True, 3.0), 15, GridSize(iterations=12))
+    assert run_scenario(scenario, Watched()).stopped_reason == "finished"
+    assert repairs and all(delay == ask for delay, ask in repairs)
+    assert all(delay < 1.0 for delay, _ in repairs)

@@ -6,7 +6,8 @@ microbatch injected at a data node takes one of its carried flows (one microbatc
 time), and each relay forwards it along the flow it arrived on (``FlowNode.route``). When a flow
 is being rebuilt, a relay sends the microbatch to its best next-stage peer instead of stalling.
 A missed forward ack declares the suspect dead to the sender's core and re-sends to another
-replica; a missed backward ack makes the data node probe the path and repair only the dead hop.
+replica; a missed backward ack makes the stalled node ask the hop before the dead one to re-send
+its output to a stand-in, repairing only the dead hop.
 The policy learns what the live node would: a joiner places itself by what a sample of members
 say of themselves (a member quiet for a reconciliation period, as a crashed one is, does not
 answer), discovery ranks candidates by the latency a ping measures (ties at random), a link's
@@ -66,8 +67,6 @@ from gwtf.coordinator_free.sim.policy import (
 )
 from gwtf.coordinator_free.wire import FIXED_SIZES, FlowLoanReturn, FlowWanted, encoded_size
 
-#: A probe of the path waits this long for the dead hop (the prototype's keep-alive timeout).
-PROBE_TIMEOUT_S = 5.0
 #: Ours: a lookup returns this many candidates per neighbour wanted, of which the cheapest are kept.
 _CANDIDATES_PER_QUOTA = 4
 #: Ours: decision periods between two lookups of a node that knows no live next-stage peer.
@@ -661,16 +660,17 @@ class GwtfPolicy(PolicyDefaults):
         repair = plan_hop_repair(path, stage, replacement)
         if repair is None:
             return Restart(tuple(actions))
-        # The stalled node tells the data node, which probes the path and waits for the dead
-        # hop's probe to time out, then tells the hop before it where to re-send (live, the
-        # stalled node asks the hop before it itself, ``HopSender._around``).
-        delay_s = (
-            world.latency_ms(node_id, mb.origin) / 1000.0
-            + PROBE_TIMEOUT_S
-            + world.latency_ms(mb.origin, upstream_id) / 1000.0
-        )
+        delay_s = self._repair_delay_s(world, node_id, mb, upstream_id)
         self._recovered(mb.mb_id, now + delay_s)
         return Replace(stage, repair.replacement, delay_s, tuple(actions))
+
+    @staticmethod
+    def _repair_delay_s(
+        world: WorldView, node_id: str, mb: MicrobatchView, upstream_id: str
+    ) -> float:
+        """From a missed backward ack to the re-send of the dead hop's input: as the live sender
+        (``HopSender._around``), the stalled node asks the hop before the dead one itself."""
+        return world.latency_ms(node_id, upstream_id) / 1000.0
 
     def _recovered(self, mb_id: int, sent_s: float) -> None:
         """A recovery sends a hop of ``mb_id`` at ``sent_s`` (a re-sent forward, a repair)."""
