@@ -6,7 +6,7 @@ from gwtf.coordinator_free.protocol.state import SlotState
 from gwtf.coordinator_free.sim.engine import Engine, run_scenario
 from gwtf.coordinator_free.sim.generator import GridCell, GridSize, build_scenario
 from gwtf.coordinator_free.sim.gwtf_policy import GwtfPolicy
-from gwtf.coordinator_free.sim.policy import Hold, MicrobatchView, Restart
+from gwtf.coordinator_free.sim.policy import Hold, MicrobatchView, Replace, Restart
 from gwtf.coordinator_free.sim.round_robin import RoundRobinPolicy
 from gwtf.coordinator_free.sim.scenario import parse_scenario
 from tests.coordinator_free.sim_helpers import scenario_document, small_scenario
@@ -165,3 +165,67 @@ def test_the_watchdog_waits_on_a_hop_a_recovery_sent_within_its_deadline_three_t
     assert isinstance(policy.on_stall(world, mb, 125.0), Restart), "its deadline has passed"
     policy._recovered(1, 200.0)
     assert [type(policy.on_stall(world, mb, 210.0)) for _ in range(4)] == [Hold] * 3 + [Restart]
+
+
+def test_the_last_stage_sends_each_microbatch_to_its_origin_as_the_live_relay_does() -> None:
+    """Only the origin holds the embedding a microbatch's gradient ends in (``HopView.origin``):
+    the flow's own sink, the cheapest data node, is not followed past the last stage."""
+    sinks: list[tuple[str, str]] = []
+
+    class Watched(GwtfPolicy):
+        def choose_next_hop(self, world, node_id, mb, now):  # type: ignore[no-untyped-def]
+            decision = super().choose_next_hop(world, node_id, mb, now)
+            if world.stage_of(node_id) == world.stages and hasattr(decision, "to"):
+                sinks.append((mb.origin, decision.to))
+            return decision
+
+    scenario = small_scenario(relays_per_stage=3, stages=2, data_nodes=3, iterations=6)
+    assert run_scenario(scenario, Watched()).stopped_reason == "finished"
+    assert len(sinks) >= 6 * 8 and all(origin == to for origin, to in sinks)
+
+
+def test_a_microbatch_started_over_keeps_its_flow_as_the_live_data_node_retries_on_it() -> None:
+    """The flow stays busy while the microbatch starts over and it starts on that flow again."""
+    restarted: list[tuple[tuple[str, int], tuple[str, int] | None, bool]] = []
+    kept: dict[int, tuple[str, int]] = {}
+
+    class Watched(GwtfPolicy):
+        def _forget(self, mb_id: int, keep_flow: bool = False) -> None:
+            held = self._source_slot.get(mb_id)
+            super()._forget(mb_id, keep_flow)
+            if keep_flow and held is not None:
+                kept[mb_id] = held
+                restarted.append((held, None, self._busy.get(held) == mb_id))
+
+        def _inject_on_flow(self, world, node, mb, now):  # type: ignore[no-untyped-def]
+            decision = super()._inject_on_flow(world, node, mb, now)
+            if mb.mb_id in kept and not isinstance(decision, Hold):
+                restarted.append((kept.pop(mb.mb_id), self._source_slot.get(mb.mb_id), True))
+            return decision
+
+    size = GridSize(iterations=8, trainers_per_data_node=8)
+    metrics = run_scenario(build_scenario(GridCell(True, True, 3.0), 13, size), Watched())
+    assert metrics.restarts > 0 and len(restarted) >= 2
+    assert all(busy for _, _, busy in restarted), "the flow was freed while it started over"
+    assert all(after in (None, held) for held, after, _ in restarted)
+    assert any(after == held for held, after, _ in restarted)
+
+
+def test_a_dead_backward_hop_is_repaired_after_the_stalled_node_s_own_ask_as_live() -> None:
+    """``HopSender._around``: the node that could not send the gradient asks the hop before the
+    dead one itself; no probe by the data node comes first."""
+    repairs: list[tuple[float, float]] = []
+
+    class Watched(GwtfPolicy):
+        def on_backward_timeout(self, world, node_id, mb, suspect, now):  # type: ignore[no-untyped-def]
+            decision = super().on_backward_timeout(world, node_id, mb, suspect, now)
+            if isinstance(decision, Replace):
+                path = (mb.origin, *mb.path)
+                upstream = path[decision.stage - 1]
+                repairs.append((decision.delay_s, world.latency_ms(node_id, upstream) / 1000.0))
+            return decision
+
+    scenario = build_scenario(GridCell(True, True, 3.0), 15, GridSize(iterations=12))
+    assert run_scenario(scenario, Watched()).stopped_reason == "finished"
+    assert repairs and all(delay == ask for delay, ask in repairs)
+    assert all(delay < 1.0 for delay, _ in repairs)

@@ -1,5 +1,7 @@
-"""The live data plane and the simulator's GWTF policy decide a forward's next hop, its re-send
-after a missed ack, a dead hop's stand-in and a data node's flow for its next microbatch alike:
+"""The live data plane and the simulator's GWTF policy decide a forward's next hop (the last
+stage's sink, the microbatch's origin, included), its re-send after a missed ack (a relay's, and
+a data node's, which keeps the microbatch's flow), a data node's first hop, a dead hop's
+stand-in and a data node's flow for its next microbatch alike:
 at every such decision of a simulated run with crashes, the live node's ``HopSender`` or
 ``FlowPool`` over the same flow core (same view, same event, the same state of its random
 generator) gives the decision the simulator's adapter gives. The flows the live pool chooses
@@ -8,10 +10,9 @@ flows count as free is each side's own bookkeeping.
 
 Relays do not rejoin here: a relay that came back at another stage is a peer the simulator's
 view leaves out (the live receiver refuses the hop and the sender drops it from its view), a
-difference of what each side knows, not of the rule. The last stage is left out: live, its
-forward goes to the microbatch's origin, in the simulator along the flow to any data node.
+difference of what each side knows, not of the rule.
 
-Each relay's live sender lives through the run and counts its detours in flight as it does
+Each node's live sender lives through the run and counts its detours in flight as it does
 live (``HopSender.detour`` around each send, ended by the ack, the missed ack or the
 microbatch given up), fed the simulator's sends: a side that did not count them would rank
 peers differently, and the trace shows decisions that the counts changed.
@@ -28,7 +29,7 @@ from typing import Any, cast
 
 import pytest
 
-from gwtf.coordinator_free.decisions import hop_view, next_hop
+from gwtf.coordinator_free.decisions import Onward, hop_view, next_hop
 from gwtf.coordinator_free.protocol import FlowNode
 from gwtf.coordinator_free.sim import gwtf_policy
 from gwtf.coordinator_free.sim.engine import run_scenario
@@ -57,7 +58,10 @@ def live_sender(node: FlowNode, stages: int) -> HopSender:
 
 @dataclass(frozen=True)
 class Decision:
-    event: str  # "forward" (on or off a flow), "resend", "stand-in", "flow" (on_flow: a loan)
+    # "forward" (on or off a flow), "sink" (past the last stage), "resend" (a relay's),
+    # "first" and "data-resend" (a data node's first send and re-send), "stand-in", "flow"
+    # (on_flow: a loan)
+    event: str
     node: str
     on_flow: bool
     live: str | None
@@ -70,7 +74,7 @@ class ReplayingPolicy(GwtfPolicy):
     def __init__(self) -> None:
         super().__init__()
         self.trace: list[Decision] = []
-        self._suspect: str | None = None
+        self._route: tuple[str, int] | None = None  # the route of the last forward decided
         self._repairing: tuple[FlowNode, int, int] | None = None  # node, stages, dead stage
         self._live: dict[str, HopSender] = {}  # each relay's live sender, kept through the run
         self._sending: dict[tuple[str, int], tuple[str, ExitStack]] = {}  # (node, mb) -> to
@@ -97,30 +101,46 @@ class ReplayingPolicy(GwtfPolicy):
             del self._sending[(node_id, mb_id)]
             sending[1].close()
 
+    def _onward(
+        self,
+        world: WorldView,
+        node: FlowNode,
+        mb: MicrobatchView,
+        route: tuple[str, int] | None,
+        exclude: tuple[str, ...] = (),
+    ) -> Onward | None:
+        """Every forward's next hop the simulator routes by ``next_hop`` (a relay's first send,
+        any node's re-send, the last stage's sink), beside the live sender's."""
+        sender = self.live(node, world.stages)
+        stage = node.spec.stage + 1  # the hop's stage (S + 1: the sink), as the live header's
+        if exclude:
+            resent = sender.resend_to(stage, route, set(exclude), mb.origin)
+            live = None if resent is None else resent.to
+            event = "data-resend" if node.is_data else "resend"
+        else:
+            live = sender.next_hop(stage, route, mb.origin)
+            event = "sink" if node.next_stage == 0 else "forward"
+        uncounted = next_hop(hop_view(node, route, origin=mb.origin), exclude)
+        self.counted += live != (None if uncounted is None else uncounted.to)
+        onward = super()._onward(world, node, mb, route, exclude)
+        sim = None if onward is None else onward.to
+        self.trace.append(Decision(event, node.node_id, route is not None, live, sim))
+        self._route = route
+        return onward
+
     def choose_next_hop(
         self, world: WorldView, node_id: str, mb: MicrobatchView, now: float
     ) -> HopDecision:
-        node = self._nodes[node_id]
-        if node.is_data or node.spec.stage == world.stages:
-            return super().choose_next_hop(world, node_id, mb, now)
-        header = self._hop_slot.get(mb.mb_id)
-        route = None if header is None else node.route(*header)
-        sender = self.live(node, world.stages)
-        exclude = () if self._suspect is None else (self._suspect,)
-        if self._suspect is None:
-            live = sender.next_hop(node.next_stage, route)
-            event = "forward"
-        else:
-            onward = sender.resend_to(node.next_stage, route, {self._suspect})
-            live = None if onward is None else onward.to
-            event = "resend"
-        uncounted = next_hop(hop_view(node, route), exclude)
-        self.counted += live != (None if uncounted is None else uncounted.to)
+        self._route = None
         decision = super().choose_next_hop(world, node_id, mb, now)
-        sim = decision.to if isinstance(decision, Forward) else None
-        self.trace.append(Decision(event, node_id, route is not None, live, sim))
+        node = self._nodes[node_id]
         if isinstance(decision, Forward):
-            self._live_send(node, world.stages, mb.mb_id, decision.to, route)
+            if node.is_data:  # its flow's first hop, or off any flow after waiting for one
+                self._route = self._source_route(node, self._hop_slot[mb.mb_id])
+                live = self.live(node, world.stages).next_hop(1, self._route)
+                on_flow = self._route is not None
+                self.trace.append(Decision("first", node_id, on_flow, live, decision.to))
+            self._live_send(node, world.stages, mb.mb_id, decision.to, self._route)
         return decision
 
     def on_hop_acked(self, world: WorldView, report: HopReport, now: float) -> Sequence[Any]:
@@ -132,22 +152,17 @@ class ReplayingPolicy(GwtfPolicy):
         self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
     ) -> HopDecision:
         self._live_ended(node_id, mb.mb_id, suspect)  # the live send failed
-        self._suspect = suspect
-        try:
-            decision = super().on_forward_timeout(world, node_id, mb, suspect, now)
-        finally:
-            self._suspect = None
-        node, sending = self._nodes[node_id], self._sending.get((node_id, mb.mb_id))
-        to = decision.to if isinstance(decision, Forward) and not node.is_data else None
-        if to is not None and (sending is None or sending[0] != to):  # past choose_next_hop
-            self._live_send(node, world.stages, mb.mb_id, to, None)
+        self._route = None
+        decision = super().on_forward_timeout(world, node_id, mb, suspect, now)
+        if isinstance(decision, Forward):
+            self._live_send(self._nodes[node_id], world.stages, mb.mb_id, decision.to, self._route)
         return decision
 
-    def _forget(self, mb_id: int) -> None:
+    def _forget(self, mb_id: int, keep_flow: bool = False) -> None:
         for node_id, sent_mb in list(self._sending):
             if sent_mb == mb_id:
                 self._live_ended(node_id, mb_id)
-        super()._forget(mb_id)
+        super()._forget(mb_id, keep_flow)
 
     def on_backward_timeout(
         self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
@@ -159,19 +174,15 @@ class ReplayingPolicy(GwtfPolicy):
             self._repairing = None
 
     def _free_flow(
-        self,
-        node: FlowNode,
-        source: dict[int, tuple[str, str]],
-        routes: dict[tuple[str, int], str],
-        loans: dict[tuple[str, int], str],
+        self, node: FlowNode, flows: dict[tuple[str, int], str | None], waited_periods: float
     ) -> tuple[str, int] | None:
-        free = [key for key in [*routes, *loans] if key not in self._busy]
         pool = FlowPool(FlowService(cast(Any, None), node, tick_s=2.0))
+        free = [key for key in flows if key not in self._busy]
         pool._free = [Flow(slot, "" if owner == node.node_id else owner) for owner, slot in free]
         pool._free.reverse()
-        picked = pool._pop_free()
+        picked = pool._pop_free(waited_periods)
         live = None if picked is None else f"{picked.lender or node.node_id}/{picked.slot}"
-        chosen = super()._free_flow(node, source, routes, loans)
+        chosen = super()._free_flow(node, flows, waited_periods)
         sim = None if chosen is None else f"{chosen[0]}/{chosen[1]}"
         lent = chosen is not None and chosen[0] != node.node_id
         self.trace.append(Decision("flow", node.node_id, lent, live, sim))
@@ -197,7 +208,7 @@ _core_stand_in = gwtf_policy.stand_in
 def test_live_and_simulated_adapters_decide_every_hop_of_a_churned_run_alike(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    scenario = build_scenario(GridCell(True, True, 3.0), 11, GridSize(iterations=12))
+    scenario = build_scenario(GridCell(True, True, 3.0), 15, GridSize(iterations=12))
     scenario = replace(scenario, churn=replace(scenario.churn, rejoin=False))
     policy = ReplayingPolicy()
     monkeypatch.setattr(gwtf_policy, "stand_in", policy.stand_in)
@@ -207,10 +218,14 @@ def test_live_and_simulated_adapters_decide_every_hop_of_a_churned_run_alike(
     differing = [d for d in policy.trace if d.live != d.sim]
     assert differing == []
     kinds = Counter((d.event, d.on_flow) for d in policy.trace)
-    # The trace covers every rule: on a flow, off one, re-sends and stand-ins.
+    # The trace covers every rule: on a flow, off one, the sink, re-sends at relays and data
+    # nodes (on the microbatch's flow and off it) and stand-ins.
     assert kinds[("forward", True)] > 100
     assert kinds[("forward", False)] > 0
     assert kinds[("resend", False)] + kinds[("resend", True)] > 0
+    assert kinds[("data-resend", False)] + kinds[("data-resend", True)] > 0
+    assert kinds[("data-resend", False)] > 0 and kinds[("data-resend", True)] > 0
+    assert kinds[("first", True)] > 100 and kinds[("sink", True)] + kinds[("sink", False)] > 100
     assert kinds[("stand-in", False)] > 0
     assert kinds[("flow", False)] > 10 and kinds[("flow", True)] > 0
     # Detours in flight changed where some forwards went: both sides counted them alike.

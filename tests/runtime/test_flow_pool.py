@@ -11,11 +11,12 @@ from typing import Any
 import trio
 import trio.testing
 
+from gwtf.coordinator_free.decisions.flows import FLOWLESS_PATIENCE_PERIODS, RECALL_PERIODS
 from gwtf.coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
 from gwtf.coordinator_free.protocol.config import Outbound
-from gwtf.coordinator_free.wire import Hello, PathReport
+from gwtf.coordinator_free.wire import CostAdvert, FlowAccept, FlowRequest, Hello, PathReport
 from gwtf.node.runtime.flow.service import FlowService
-from gwtf.node.runtime.roles.flow_pool import RECALL_TICKS, Flow, FlowPool
+from gwtf.node.runtime.roles.flow_pool import Flow, FlowPool
 from tests.coordinator_free.test_lending import meet, route_all
 
 CONFIG = FlowConfig(stages=1, activation_bytes=1e6)
@@ -202,7 +203,7 @@ def test_a_lender_whose_microbatches_wait_too_long_takes_its_lent_slots_back() -
         a.node.borrowed.clear()  # a lost track of the loan: no return will ever come
         b.open()
         await b.take(waiting=2)  # b's other flow
-        with trio.move_on_after(b.flow.tick_s * (RECALL_TICKS - 2)):
+        with trio.move_on_after(b.node.period_s * RECALL_PERIODS - 2 * b.flow.tick_s):
             await b.take(waiting=1)
             raise AssertionError("the lent slot came back before the recall")
         taken = await b.take(waiting=1)
@@ -229,3 +230,51 @@ def test_a_microbatch_takes_the_own_flow_whose_reported_path_is_cheapest() -> No
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert taken == [Flow(high), Flow(low)]
+
+
+def flowless_pool(routed: int) -> FlowPool:
+    """Data node "c" with 2 source slots, ``routed`` of them carried through relay r1."""
+    unused: Any = None
+    node = FlowNode(NodeSpec("c", "data", 0, 2, 20.0), CONFIG, random.Random(1))
+    node.handle("r1", Hello("relay", 1, CONFIG.stages, 4, 4, 0, 20.0, 0, True), 0.0)
+    node.handle("r1", CostAdvert(10.0, 4), 0.0)
+    for out in node.route_unmatched(0.0)[:routed]:
+        assert isinstance(out.message, FlowRequest)
+        node.handle(out.to, FlowAccept(out.message.slot, 10.0), 0.1)
+    assert len(node.source_routes()) == routed
+    return FlowPool(Wire(unused, node, tick_s=1.0))
+
+
+def test_a_data_node_carrying_no_flow_starts_off_flow_only_after_its_patience() -> None:
+    """``decisions.choose_flow``, as in the simulator: a slot not carried is no flow; a node
+    that carries none takes one (its microbatch goes off any flow) once the microbatch waited
+    ``FLOWLESS_PATIENCE_PERIODS`` decision periods for a flow to be built."""
+    pool = flowless_pool(routed=0)
+    patience_s = FLOWLESS_PATIENCE_PERIODS * pool.node.period_s
+    taken: list[tuple[Flow, float]] = []
+
+    async def main() -> None:
+        pool.open()
+        flow = await pool.take(waiting=1)
+        taken.append((flow, trio.current_time()))
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    ((flow, at),) = taken
+    assert flow.lender == "" and flow.slot in pool.node.out_slots
+    assert patience_s <= at <= patience_s + pool.flow.tick_s
+
+
+def test_a_data_node_carrying_a_busy_flow_waits_for_it_rather_than_go_off_flow() -> None:
+    pool = flowless_pool(routed=1)
+    (carried,) = pool.node.source_routes()
+
+    async def main() -> None:
+        pool.open()
+        assert await pool.take(waiting=2) == Flow(carried)
+        with trio.move_on_after(10 * FLOWLESS_PATIENCE_PERIODS * pool.node.period_s):
+            await pool.take(waiting=1)
+            raise AssertionError("a slot not carried was taken while a flow was busy")
+        pool.release(Flow(carried), still_to_start=1)
+        assert await pool.take(waiting=1) == Flow(carried)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -1,7 +1,10 @@
 """Where a microbatch's hop goes: on along its flow, to a ranked peer off the flow, or to a
 stand-in for a dead hop.
 
-``next_hop`` is the one rule for a forward leaving a node, first send and re-send alike: the
+``next_hop`` is the one rule for a forward leaving a node, first send and re-send alike, at a
+relay and at a data node (whose re-send keeps the microbatch's flow): after the last stage, the
+microbatch's origin (``HopView.origin``: only it holds the embedding its gradient ends in, so no
+other data node can take the loss); else the
 flow's next hop (``FlowNode.route``) when the flow is carried and that hop is not ruled out;
 else the best next-stage peer the node believes alive (``rank``): one that knows a way on to a
 sink first (a peer advertising an infinite cost knows none), then one with room left, then the
@@ -99,6 +102,7 @@ class HopView:
     route: tuple[str, int] | None
     peers: Iterable[NextPeer]
     sender: str = ""  # the node's own id: its order of peers of equal cost
+    origin: str | None = None  # after the last stage: the microbatch's origin, the only sink
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +115,8 @@ class Onward:
 
 def next_hop(view: HopView, exclude: Collection[str] = ()) -> Onward | None:
     """The forward's next hop (module docstring); None when no next-stage peer is known."""
+    if view.origin is not None:
+        return None if view.origin in exclude else Onward(view.origin, None)
     if view.route is not None and view.route[0] not in exclude:
         return Onward(view.route[0], view.route[1])
     best: tuple[bool, bool, int, float, int, str] | None = None
@@ -154,10 +160,12 @@ def hop_view(
     route: tuple[str, int] | None,
     keep: Callable[[str], bool] = _everyone,
     detours: Detours | None = None,
+    origin: str | None = None,
 ) -> HopView:
     """``node``'s view for a forward on the flow whose route is ``route``: its live next-stage
-    peers that ``keep`` accepts (data nodes only after the last stage), with its ``detours`` in
-    flight to each, costs read lazily."""
+    peers that ``keep`` accepts, with its ``detours`` in flight to each, costs read lazily; after
+    the last stage, the microbatch's ``origin`` (None: not known to the caller, then any data
+    node)."""
     stage = node.next_stage
     counted = Detours() if detours is None else detours
 
@@ -167,7 +175,8 @@ def hop_view(
                 cost = node.cost_through_ms(peer)
                 yield NextPeer(peer.peer_id, cost, peer.spare, counted.in_flight(peer.peer_id))
 
-    return HopView(route, peers(), node.node_id)
+    sink = origin if stage == 0 else None
+    return HopView(route, peers(), node.node_id, sink)
 
 
 def replicas(node: FlowNode, stage: int, keep: Callable[[str], bool] = _everyone) -> list[str]:

@@ -6,7 +6,8 @@ microbatch injected at a data node takes one of its carried flows (one microbatc
 time), and each relay forwards it along the flow it arrived on (``FlowNode.route``). When a flow
 is being rebuilt, a relay sends the microbatch to its best next-stage peer instead of stalling.
 A missed forward ack declares the suspect dead to the sender's core and re-sends to another
-replica; a missed backward ack makes the data node probe the path and repair only the dead hop.
+replica; a missed backward ack makes the stalled node ask the hop before the dead one to re-send
+its output to a stand-in, repairing only the dead hop.
 The policy learns what the live node would: a joiner places itself by what a sample of members
 say of themselves (a member quiet for a reconciliation period, as a crashed one is, does not
 answer), discovery ranks candidates by the latency a ping measures (ties at random), a link's
@@ -32,6 +33,7 @@ from typing import ClassVar
 
 from gwtf.coordinator_free.decisions import (
     Detours,
+    Onward,
     choose_flow,
     hop_view,
     keep_waiting,
@@ -41,6 +43,7 @@ from gwtf.coordinator_free.decisions import (
     plan_hop_repair,
     replicas,
     stand_in,
+    take_back_loans,
 )
 from gwtf.coordinator_free.placement import choose_bottleneck, place_relays, slots_per_s
 from gwtf.coordinator_free.protocol import DATA, FlowConfig, FlowNode, NodeSpec, Outbound
@@ -64,10 +67,6 @@ from gwtf.coordinator_free.sim.policy import (
 )
 from gwtf.coordinator_free.wire import FIXED_SIZES, FlowLoanReturn, FlowWanted, encoded_size
 
-#: A probe of the path waits this long for the dead hop (the prototype's keep-alive timeout).
-PROBE_TIMEOUT_S = 5.0
-#: Ours: decision periods a microbatch waits at a data node with no flow before going off-flow.
-_FLOWLESS_PATIENCE_PERIODS = 10
 #: Ours: a lookup returns this many candidates per neighbour wanted, of which the cheapest are kept.
 _CANDIDATES_PER_QUOTA = 4
 #: Ours: decision periods between two lookups of a node that knows no live next-stage peer.
@@ -111,17 +110,19 @@ class GwtfPolicy(PolicyDefaults):
         self.stale_ticks = 0
         #: Microbatches a data node put on a flow a data peer lent it.
         self.borrowed_flow_injections = 0
+        #: Times a data node took back its lent slots (``decisions.take_back_loans``).
+        self.loans_recalled = 0
         # Ticking every period (a reference run) calls the core on every tick, idle or not.
         self._skips_stale_ticks = self.timing().ticks_on_request
         self._boots: dict[str, int] = {}
         self._rediscovered_s: dict[str, float] = {}
-        self._waiting_since: dict[int, float] = {}  # mb -> when it first waited for a flow
         self._hop_slot: dict[int, tuple[str, int]] = {}  # mb -> (sender, sender's slot)
         self._source_slot: dict[int, tuple[str, int]] = {}  # mb -> (origin, source slot)
         self._busy: dict[tuple[str, int], int] = {}  # (slot's owner, source slot) -> mb
         self._waiting: dict[str, set[int]] = {}  # data node -> its mbs waiting for a flow
         #: mb -> (when a re-sent forward or a repaired hop left, watchdog periods waited on it)
         self._recovery: dict[int, tuple[float, int]] = {}
+        self._waiting_since: dict[int, float] = {}  # mb -> when it first waited for a flow
         self._topology_cost: dict[tuple[str, float, str, float], float] = {}
         #: Each node's forwards in flight off a flow, by microbatch (``decisions.Detours``), and
         #: the nodes holding one of each microbatch: as the live sender, a detour counts from
@@ -381,26 +382,50 @@ class GwtfPolicy(PolicyDefaults):
             return self._inject(world, node, mb, now)
         header = self._hop_slot.get(mb.mb_id)
         route = None if header is None else node.route(*header)
-        at_next_stage = self._at_next_stage(world, node)
-        if route is not None and not at_next_stage(route[0]):
-            route = None  # its hop moved stage: the live receiver would refuse the microbatch
-        onward = next_hop(hop_view(node, route, at_next_stage, self._detours[node_id]))
+        onward = self._onward(world, node, mb, self._usable(world, node, route))
         if onward is None:  # it knows no next-stage peer at all: holding would never end
-            self._forget(mb.mb_id)
+            self._forget(mb.mb_id, keep_flow=True)
             return Restart()
-        if onward.slot is None:
-            self._detour(node_id, mb.mb_id, onward.to)
+        self._sent_off(node, mb.mb_id, onward)
         # Off a flow (-1) until the next hop: it routes the microbatch by its own view.
         self._hop_slot[mb.mb_id] = (node_id, -1 if onward.slot is None else onward.slot)
         return Forward(onward.to)
+
+    def _onward(
+        self,
+        world: WorldView,
+        node: FlowNode,
+        mb: MicrobatchView,
+        route: tuple[str, int] | None,
+        exclude: tuple[str, ...] = (),
+    ) -> Onward | None:
+        """Where ``node`` sends ``mb``'s forward (``decisions.next_hop``), first send or
+        re-send: past the last stage its origin, else ``route`` (the flow's, usable), else the
+        ranked best peer that still announces the next stage."""
+        keep = self._at_next_stage(world, node)
+        view = hop_view(node, route, keep, self._detours[node.node_id], mb.origin)
+        return next_hop(view, exclude)
+
+    def _usable(
+        self, world: WorldView, node: FlowNode, route: tuple[str, int] | None
+    ) -> tuple[str, int] | None:
+        """``route``, unless its hop moved stage: the live receiver would refuse the microbatch."""
+        if route is not None and world.stage_of(route[0]) != node.next_stage:
+            return None
+        return route
+
+    def _sent_off(self, node: FlowNode, mb_id: int, onward: Onward) -> None:
+        """Count a send off the flow as a detour in flight (as live, the origin's is none)."""
+        if onward.slot is None and node.next_stage != 0:
+            self._detour(node.node_id, mb_id, onward.to)
 
     def _inject(
         self, world: WorldView, node: FlowNode, mb: MicrobatchView, now: float
     ) -> HopDecision:
         decision = self._inject_on_flow(world, node, mb, now)
         waiting = self._waiting.setdefault(node.node_id, set())
-        if isinstance(decision, Hold):
-            waiting.add(mb.mb_id)
+        if isinstance(decision, Hold) and mb.mb_id not in self._source_slot:
+            waiting.add(mb.mb_id)  # held for want of a flow
         else:
             waiting.discard(mb.mb_id)
         sends = node.announce_waiting(len(waiting))
@@ -416,57 +441,65 @@ class GwtfPolicy(PolicyDefaults):
     def _inject_on_flow(
         self, world: WorldView, node: FlowNode, mb: MicrobatchView, now: float
     ) -> HopDecision:
+        """As the live data node: the microbatch takes a free flow (``decisions.choose_flow``),
+        held while none is; its first hop is ``decisions.next_hop`` on that flow's route as it
+        stands (off any flow when it has none), held, the flow kept, while no stage-1 peer is
+        known."""
         held = self._source_slot.get(mb.mb_id)
-        source = node.source_routes()
-        # A hop that came back at another stage is not usable until its introduction lands.
-        routes = {
-            (node.node_id, slot): first_hop
-            for slot, (_, first_hop) in source.items()
-            if world.stage_of(first_hop) == node.next_stage and not node.is_lent(slot)
-        }
-        loans = {
-            key: first_hop
-            for key, first_hop in node.borrowed.items()
-            if world.stage_of(first_hop) == node.next_stage
-        }
-        if not routes and not loans:
-            # No flow (start-up, or the data node lost all of them): wait a few decision periods
-            # for the flows to be built, then send along the best known hop so the batch cannot
-            # stall behind a data node that gets none.
-            first_s = self._waiting_since.setdefault(mb.mb_id, now)
-            patience_s = _FLOWLESS_PATIENCE_PERIODS * node.period_s
-            fallback = self._best_next(world, node, exclude=None)
-            if fallback is None or now - first_s < patience_s:
-                return Hold()
-            self._hop_slot[mb.mb_id] = (node.node_id, -1)
-            self._detour(node.node_id, mb.mb_id, fallback)
-            return Forward(fallback)
-        if held is not None and held not in routes and held not in loans:
-            self._release(mb.mb_id)
-            held = None
         if held is None:
-            held = self._free_flow(node, source, routes, loans)
+            waited = (now - self._waiting_since.setdefault(mb.mb_id, now)) / node.period_s
+            if take_back_loans(waited) and node.lent_slots:  # as live: a loan lost track of
+                node.recall_loans()
+                self.loans_recalled += 1
+            held = self._free_flow(node, self._carried(world, node), waited)
             if held is None:
                 return Hold()
+            self._waiting_since.pop(mb.mb_id, None)
             self._source_slot[mb.mb_id] = held
             self._busy[held] = mb.mb_id
             self.borrowed_flow_injections += held[0] != node.node_id
+        route = self._usable(world, node, self._source_route(node, held))
+        onward = self._onward(world, node, mb, route)
+        if onward is None:
+            return Hold()
+        self._sent_off(node, mb.mb_id, onward)
         self._hop_slot[mb.mb_id] = held
-        return Forward(routes.get(held) or loans[held])
+        return Forward(onward.to)
+
+    @staticmethod
+    def _carried(world: WorldView, node: FlowNode) -> dict[tuple[str, int], str | None]:
+        """A data node's flows, busy or not, by key: each own slot not lent (the flow's id, None
+        while not carried) and each loan; a flow whose first hop came back at another stage is
+        not usable until its introduction lands, so it does not count as carried."""
+        stage = node.next_stage
+        source = node.source_routes()
+        flows: dict[tuple[str, int], str | None] = {}
+        for slot in node.out_slots:
+            if not node.is_lent(slot):
+                routed = source.get(slot)
+                usable = routed is not None and world.stage_of(routed[1]) == stage
+                flows[(node.node_id, slot)] = routed[0] if usable and routed else None
+        for key, first_hop in node.borrowed.items():
+            if world.stage_of(first_hop) == stage:
+                flows[key] = first_hop
+        return flows
 
     def _free_flow(
-        self,
-        node: FlowNode,
-        source: dict[int, tuple[str, str]],
-        routes: dict[tuple[str, int], str],
-        loans: dict[tuple[str, int], str],
+        self, node: FlowNode, flows: dict[tuple[str, int], str | None], waited_periods: float
     ) -> tuple[str, int] | None:
-        """The flow a data node's next microbatch takes (``decisions.choose_flow``); None when
-        every flow is busy."""
-        busy = self._busy
-        free = [own_flow(node, k[1], source[k[1]][0]) for k in routes if k not in busy]
-        free += [lent_flow(node, *key, hop) for key, hop in loans.items() if key not in busy]
-        return choose_flow(free)
+        """The flow a data node's next microbatch takes (``decisions.choose_flow``) among its
+        ``flows`` (``_carried``) not busy; None: it waits."""
+        me, busy = node.node_id, self._busy
+        free = []
+        for key, of in flows.items():
+            if key in busy:
+                continue
+            if key[0] == me:
+                free.append(own_flow(node, key[1], of))
+            elif of is not None:
+                free.append(lent_flow(node, key[0], key[1], of))
+        carries_none = all(of is None for of in flows.values())
+        return choose_flow(free, carries_none, waited_periods)
 
     def _release(self, mb_id: int) -> None:
         held = self._source_slot.pop(mb_id, None)
@@ -556,20 +589,45 @@ class GwtfPolicy(PolicyDefaults):
         if mb.stage != node.spec.stage:
             # The microbatch already moved past the suspect (its ack was lost with it): the
             # engine would route from the microbatch's stage, not ours, so start it over.
-            self._forget(mb.mb_id)
+            self._forget(mb.mb_id, keep_flow=True)
             return Restart(tuple(actions))
-        decision = self.choose_next_hop(world, node_id, mb, now)
-        if isinstance(decision, Forward) and decision.to != suspect:
-            self._recovered(mb.mb_id, now)
-            return Forward(decision.to, tuple(actions))
-        # A data node whose flows are all busy: the re-send goes off any flow.
-        to = self._best_next(world, node, suspect)
-        if to is None:
-            return Hold(tuple(actions))
-        self._hop_slot[mb.mb_id] = (node_id, -1)
-        self._detour(node_id, mb.mb_id, to)
+        # One rule at a relay and a data node alike: the flow's route as it stands, else the
+        # ranked best peer, the suspect left out. A data node keeps the microbatch's flow (busy,
+        # and named by the hop) as live: moving it to another free flow would leave a flow busy
+        # for nothing, and live the hop is already on its way under the flow's slot.
+        header = self._hop_slot.get(mb.mb_id)
+        if header is None:
+            route = None
+        elif node.is_data:
+            route = self._source_route(node, header)
+        else:
+            route = node.route(*header)
+        onward = self._onward(world, node, mb, self._usable(world, node, route), (suspect,))
+        if onward is None:
+            if node.is_data:  # asked again once a next-stage peer is known
+                return Hold(tuple(actions))
+            # Only the origin computes its loss; or no next-stage peer is known.
+            self._forget(mb.mb_id, keep_flow=True)
+            return Restart(tuple(actions))
+        self._sent_off(node, mb.mb_id, onward)
+        if not node.is_data:
+            self._hop_slot[mb.mb_id] = (node_id, -1 if onward.slot is None else onward.slot)
         self._recovered(mb.mb_id, now)
-        return Forward(to, tuple(actions))
+        return Forward(onward.to, tuple(actions))
+
+    @staticmethod
+    def _source_route(node: FlowNode, held: tuple[str, int]) -> tuple[str, int] | None:
+        """The first hop and slot of a data node's flow ``held`` (its own slot or a loan; slot
+        -1: none) as it stands now, None when the flow has no route."""
+        owner, slot = held
+        if slot < 0:
+            return None
+        if owner == node.node_id:
+            routed = node.source_routes().get(slot)
+            first_hop = None if routed is None else routed[1]
+        else:
+            first_hop = node.borrowed.get(held)
+        return None if first_hop is None else (first_hop, slot)
 
     def on_backward_timeout(
         self, world: WorldView, node_id: str, mb: MicrobatchView, suspect: str, now: float
@@ -602,16 +660,17 @@ class GwtfPolicy(PolicyDefaults):
         repair = plan_hop_repair(path, stage, replacement)
         if repair is None:
             return Restart(tuple(actions))
-        # The stalled node tells the data node, which probes the path and waits for the dead
-        # hop's probe to time out, then tells the hop before it where to re-send (live, the
-        # stalled node asks the hop before it itself, ``HopSender._around``).
-        delay_s = (
-            world.latency_ms(node_id, mb.origin) / 1000.0
-            + PROBE_TIMEOUT_S
-            + world.latency_ms(mb.origin, upstream_id) / 1000.0
-        )
+        delay_s = self._repair_delay_s(world, node_id, mb, upstream_id)
         self._recovered(mb.mb_id, now + delay_s)
         return Replace(stage, repair.replacement, delay_s, tuple(actions))
+
+    @staticmethod
+    def _repair_delay_s(
+        world: WorldView, node_id: str, mb: MicrobatchView, upstream_id: str
+    ) -> float:
+        """From a missed backward ack to the re-send of the dead hop's input: as the live sender
+        (``HopSender._around``), the stalled node asks the hop before the dead one itself."""
+        return world.latency_ms(node_id, upstream_id) / 1000.0
 
     def _recovered(self, mb_id: int, sent_s: float) -> None:
         """A recovery sends a hop of ``mb_id`` at ``sent_s`` (a re-sent forward, a repair)."""
@@ -626,16 +685,19 @@ class GwtfPolicy(PolicyDefaults):
         if keep_waiting(holds + 1, progress):  # this watchdog period is deadline holds + 1
             self._recovery[mb.mb_id] = (sent_s, holds + 1)
             return Hold()
-        self._forget(mb.mb_id)
+        self._forget(mb.mb_id, keep_flow=True)
         return Restart()
 
-    def _forget(self, mb_id: int) -> None:
+    def _forget(self, mb_id: int, keep_flow: bool = False) -> None:
+        """Drop what is kept of ``mb_id``'s try; ``keep_flow``: it starts over, and as live
+        (the data node retries it on its flow) keeps its flow."""
         self._recovery.pop(mb_id, None)
         self._waiting_since.pop(mb_id, None)
         for waiting in self._waiting.values():
             waiting.discard(mb_id)
         self._hop_slot.pop(mb_id, None)
-        self._release(mb_id)
+        if not keep_flow:
+            self._release(mb_id)
         for node_id in self._detouring.pop(mb_id, ()):
             self._detours[node_id].ended(mb_id)
 

@@ -13,7 +13,8 @@ Model the engine implements (what a policy may rely on):
   the sink after stage S (head and loss). A microbatch's path is
   ``origin data node -> stage 1 -> ... -> stage S -> sink data node`` and its backward retraces the
   same path in reverse, ending at the origin. The sink may be any data node (every data node holds
-  the data set); the policy picks it like any other next hop.
+  the data set); the policy picks it like any other next hop (GWTF picks the origin, as the live
+  node must: its embedding ends the gradient).
 * Compute: ``compute_ms(node) = stage_compute_ms / speed`` is forward + backward of one
   microbatch; a relay spends 1/3 of it on the forward and 2/3 on the backward (the usual
   backward = 2 x forward rule). A data node spends its whole ``compute_ms`` at the sink (head

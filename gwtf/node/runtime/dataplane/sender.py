@@ -116,14 +116,17 @@ class HopSender:
         # away from this node's are no flow neighbours, yet their nodes ask for re-sends.
         self.carded_stage: StageOf = lambda _peer: None
 
-    def next_hop(self, stage: int, route: tuple[str, int] | None) -> str | None:
-        """Where a forward into ``stage`` goes: the flow's next hop (``route``: it and this
-        node's slot) else the ranked best next-stage peer (``decisions.next_hop``, as in the
-        simulator), or SWARM's weighted draw."""
-        if self.wiring is not None:
+    def next_hop(
+        self, stage: int, route: tuple[str, int] | None, origin: str | None = None
+    ) -> str | None:
+        """Where a forward into ``stage`` goes: past the last stage its ``origin``, else the
+        flow's next hop (``route``: it and this node's slot) else the ranked best next-stage
+        peer (``decisions.next_hop``, as in the simulator), or SWARM's weighted draw."""
+        if self.wiring is not None and (origin is None or stage <= self.plane.stages):
             wanted = 0 if stage > self.plane.stages else stage
             return self.wiring.choose([p.peer_id for p in self.flow.node.alive_peers(wanted)])
-        onward = next_hop(hop_view(self.flow.node, route, detours=self.detours))
+        view = hop_view(self.flow.node, route, detours=self.detours, origin=origin)
+        onward = next_hop(view)
         return None if onward is None else onward.to
 
     async def send_forward(
@@ -154,9 +157,8 @@ class HopSender:
                 )
                 tried.add(to)
                 self._failed(to, exc)
-                if header.stage > self.plane.stages:
-                    raise  # only the origin computes its microbatch's loss
-                onward = self.resend_to(header.stage, route(), tried)
+                # None past the last stage: only the origin computes its microbatch's loss.
+                onward = self.resend_to(header.stage, route(), tried, header.origin)
                 if onward is None:
                     raise
                 self.stats.forward_resends += 1
@@ -167,13 +169,17 @@ class HopSender:
                 )
 
     def resend_to(
-        self, stage: int, route: tuple[str, int] | None, tried: set[str]
+        self, stage: int, route: tuple[str, int] | None, tried: set[str], origin: str
     ) -> Onward | None:
-        """Where a forward into ``stage`` goes again after ``tried`` missed it."""
+        """Where a forward into ``stage`` goes again after ``tried`` missed it (past the last
+        stage: ``origin`` alone, so None once it missed)."""
+        if stage > self.plane.stages:
+            return None if origin in tried else Onward(origin, None)
         if self.wiring is not None:  # SWARM's re-send: any other live replica
             chosen = self.stand_in(stage, tried)
             return None if chosen is None else Onward(chosen, None)
-        return next_hop(hop_view(self.flow.node, route, detours=self.detours), tried)
+        view = hop_view(self.flow.node, route, detours=self.detours, origin=origin)
+        return next_hop(view, tried)
 
     @contextmanager
     def detour(self, stage: int, to: str, route: tuple[str, int] | None) -> Iterator[None]:

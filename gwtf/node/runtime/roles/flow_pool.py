@@ -5,8 +5,10 @@ An iteration ends when every data node's batch is done. A data node whose flows 
 would hold everyone up while another, done with its batch, leaves its flows idle; so (as in the
 simulator, ``gwtf/coordinator_free/protocol/lending.py``):
 
-* a data node starts each microbatch on the free flow ``decisions.choose_flow`` gives (its own,
-  cheapest reported path first, then loans), as the simulator does;
+* a data node starts each microbatch on the free flow ``decisions.choose_flow`` gives (its own
+  carried flows, cheapest reported path first, then loans), as the simulator does; a slot not
+  carried is taken only when the node carries no flow at all and the microbatch has waited
+  ``FLOWLESS_PATIENCE_PERIODS`` (it then goes off any flow at its first hop);
 * a data node whose next microbatch finds no free flow tells its data peers how many wait
   (``announce_waiting``, again each flow tick for a peer met or restarted since); once all its
   microbatches of the iteration are started, that none do;
@@ -16,8 +18,9 @@ simulator, ``gwtf/coordinator_free/protocol/lending.py``):
   is: ``HopHeader.lender``), keeps the loan while microbatches wait and gives it back
   (``return_loan``) when none do, or when it no longer can use it;
 * a lent slot is the borrower's until it comes back (``FlowLoanReturn``), across iterations;
-  a lender whose own microbatch has waited ``RECALL_TICKS`` for a flow takes its lent slots back
-  (``recall_loans``): a borrower that lost track of one would otherwise hold it for good.
+  a lender whose own microbatch has waited ``RECALL_PERIODS`` for a flow takes its lent slots
+  back (``decisions.take_back_loans``, ``recall_loans``), as in the simulator: a borrower that
+  lost track of one would otherwise hold it for good.
 
 The core keeps who lent what to whom; this pool keeps which flows are free now.
 """
@@ -29,13 +32,16 @@ from dataclasses import dataclass
 
 import trio
 
-from gwtf.coordinator_free.decisions import FlowKey, FreeFlow, choose_flow, lent_flow, own_flow
+from gwtf.coordinator_free.decisions import (
+    FlowKey,
+    FreeFlow,
+    choose_flow,
+    lent_flow,
+    own_flow,
+    take_back_loans,
+)
 from gwtf.coordinator_free.wire import FlowLoan, FlowLoanReturn, FlowWanted, Message
 from gwtf.node.runtime.flow.service import FlowService
-
-#: Flow ticks a data node's microbatch waits for a flow before the node takes back the slots it
-#: lent: their borrower should have given them back when its own microbatches were all started.
-RECALL_TICKS = 20
 
 
 @dataclass(frozen=True)
@@ -73,22 +79,23 @@ class FlowPool:
     async def take(self, waiting: int) -> Flow:
         """A free flow for the next microbatch; ``waiting`` of this node's microbatches (this
         one included) have none yet: the data peers are told while it waits."""
-        ticks = 0
+        asked = trio.current_time()
         while True:
             changed = self._changed
-            if ticks >= RECALL_TICKS and self.node.lent_slots:
+            waited_periods = (trio.current_time() - asked) / self.node.period_s
+            if take_back_loans(waited_periods) and self.node.lent_slots:
                 self.node.recall_loans()
             self._reclaim()
-            flow = self._pop_free()
+            flow = self._pop_free(waited_periods)
             if flow is not None:
                 self._in_use.add(flow)
                 return flow
             # Said again each flow tick: the core tells each data peer once per number, so
-            # only a peer met or restarted since (told nothing yet) hears it.
+            # only a peer met or restarted since (told nothing yet) hears it. Looked at again
+            # then too: flows get carried (and a flowless node's patience runs out) unannounced.
             self.flow.dispatch(self.node.announce_waiting(waiting))
-            with trio.move_on_after(self.flow.tick_s) as timer:
+            with trio.move_on_after(self.flow.tick_s):
                 await changed.wait()
-            ticks += timer.cancelled_caught
 
     def first_hop(self, flow: Flow) -> str | None:
         """Where a lent flow starts (None once the loan ended: the lender died)."""
@@ -134,10 +141,11 @@ class FlowPool:
 
     # ---- helpers ------------------------------------------------------------------------------
 
-    def _pop_free(self) -> Flow | None:
-        """The free flow ``decisions.choose_flow`` gives: an own flow first, cheapest reported
-        path first, then a loan that is still held (a dead lender's loans end), nearest first
-        hop first."""
+    def _pop_free(self, waited_periods: float = 0.0) -> Flow | None:
+        """The free flow ``decisions.choose_flow`` gives: an own carried flow first, cheapest
+        reported path first, then a loan that is still held (a dead lender's loans end),
+        nearest first hop first; a slot not carried once the node carries no flow at all and
+        the microbatch waited ``waited_periods`` long enough."""
         source = self.node.source_routes()
         by_key: dict[FlowKey, Flow] = {}
         free: list[FreeFlow] = []
@@ -152,7 +160,8 @@ class FlowPool:
                 seen = own_flow(self.node, flow.slot, source.get(flow.slot, (None,))[0])
             by_key[seen.key] = flow
             free.append(seen)
-        chosen = choose_flow(free)
+        carries_none = not self.node.borrowed and all(self.node.is_lent(s) for s in source)
+        chosen = choose_flow(free, carries_none, waited_periods)
         if chosen is None:
             return None
         pick = by_key[chosen]

@@ -462,12 +462,9 @@ class RelayRole:
         # Chosen once the state is kept: forwards that waited for it together are each counted
         # as detours in flight before the next chooses (``decisions.Detours``).
         route = flow_route()
-        if self.stage == self.plane.stages:
-            # The sink is the microbatch's origin: it holds the embedding the gradient ends in.
-            to: str | None = received.origin
-        else:
-            # Not (yet) a flow of ours: the ranked best next-stage peer.
-            to = self.sender.next_hop(self.stage + 1, route)
+        # The flow's next hop, else the ranked best next-stage peer; past the last stage, the
+        # microbatch's origin (it holds the embedding the gradient ends in).
+        to = self.sender.next_hop(self.stage + 1, route, received.origin)
         slot = route[1] if route and to == route[0] else 0
         if to is None:
             if buffered is not None:
