@@ -47,8 +47,14 @@ class SignedReceipt:
 
     def signing_digest(self, domain: Eip712Domain, digest: bytes | None = None) -> bytes:
         """What both signatures sign: the digest of the receipt's batch (``digest``: the
-        receipt's own digest, when computed already)."""
-        return signing_digest(self.receipt, domain, self.proof, digest)
+        receipt's own digest, when computed already). Kept on the entry for its last domain:
+        an auditor needs it for the leaf's check and again in the equivocation search."""
+        kept = self.__dict__.get("_signing")
+        if kept is not None and (kept[0] is domain or kept[0] == domain):
+            return kept[1]  # type: ignore[no-any-return]
+        value = signing_digest(self.receipt, domain, self.proof, digest)
+        object.__setattr__(self, "_signing", (domain, value))  # not a field: eq and repr skip it
+        return value
 
     def seal(self) -> tuple[list[bytes], bytes, bytes]:
         """Its ``BatchSeal`` as a contract argument."""

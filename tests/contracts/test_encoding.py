@@ -19,6 +19,7 @@ from libp2p.peer.id import ID
 
 from gwtf.contracts import fraud_proofs
 from gwtf.contracts.artifacts import load_artifacts
+from gwtf.contracts.certificate_tree import SignedReceipt
 from gwtf.contracts.encoding import (
     HOP_BATCH_TYPE,
     HOP_RECEIPT_ABI_TYPES,
@@ -424,3 +425,13 @@ def test_commitment_agrees_with_contract(
         world.w3.to_checksum_address(challenger), salt, proof_hash
     ).call()
     assert on_chain == fraud_proofs.commitment_of(challenger, salt, proof_hash)
+
+
+def test_an_entry_keeps_its_signing_digest_for_its_domain_only() -> None:
+    entry = SignedReceipt(GOLDEN_RECEIPT, b"\x01" * 65, b"\x02" * 65, GOLDEN_PROOF)
+    other = ledger_domain(2, GOLDEN_DOMAIN.verifying_contract)
+    first = entry.signing_digest(GOLDEN_DOMAIN)
+    assert first == signing_digest(GOLDEN_RECEIPT, GOLDEN_DOMAIN, GOLDEN_PROOF)
+    assert entry.signing_digest(other) == signing_digest(GOLDEN_RECEIPT, other, GOLDEN_PROOF)
+    assert entry.signing_digest(GOLDEN_DOMAIN) == first != entry.signing_digest(other)
+    assert entry == SignedReceipt(GOLDEN_RECEIPT, b"\x01" * 65, b"\x02" * 65, GOLDEN_PROOF)
