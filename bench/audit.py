@@ -45,9 +45,8 @@ from gwtf.contracts.encoding import (
     ledger_domain,
     node_address_of,
     node_public_key,
-    receipt_digest,
     recover_digest_signer,
-    sign_digest,
+    sign_receipt,
 )
 from gwtf.node.audit.checks import RunRules, _signer, audit_certificate, equivocations
 from gwtf.node.p2p.host import peer_info, running_host
@@ -85,10 +84,11 @@ def epoch_of(count: int) -> list[SignedReceipt]:
                 1, 0, data, 0, m, stage, direction, 0, ADDRESSES[worker], to, digests,
                 keccak(digests), units,
             )  # fmt: skip
-            digest = receipt_digest(r, DOMAIN)
             entries.append(
                 SignedReceipt(
-                    r, sign_digest(digest, KEYS[worker]), sign_digest(digest, KEYS[receivers[to]])
+                    r,
+                    sign_receipt(r, DOMAIN, KEYS[worker]),
+                    sign_receipt(r, DOMAIN, KEYS[receivers[to]]),
                 )
             )
     return entries
@@ -117,7 +117,7 @@ def check_rates(tree: CertificateTree, repeats: int) -> tuple[float, float, floa
         entries = [e for e, _ in as_fetched(tree)]
         started = time.process_time()
         for e in entries:
-            digest = receipt_digest(e.receipt, DOMAIN)
+            digest = e.signing_digest(DOMAIN)
             recover_digest_signer(digest, e.worker_signature)
             recover_digest_signer(digest, e.counterparty_signature)
         bare = len(entries) / (time.process_time() - started)

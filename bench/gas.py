@@ -38,6 +38,7 @@ from rich.table import Table
 from web3.logs import DISCARD
 
 from gwtf.contracts import fraud_proofs
+from gwtf.contracts.batches import sign_batch
 from gwtf.contracts.bindings import SuiteParams, deploy_suite
 from gwtf.contracts.certificate_tree import CertificateTree, SignedReceipt, tree_of_hops
 from gwtf.contracts.encoding import (
@@ -78,6 +79,8 @@ UNITS_PER_HOP = 10
 #: The run's price of a forward hop: 100,000 hops of an epoch fit its 10 ETH cap at twice this.
 HOP_PRICE_WEI = 10**13
 STAGES = 2
+#: Receipts per batch in the batched fraud proofs: a proof of six hashes in its batch.
+BATCH = 64
 # Fixed limit above every operation here; a revert is still caught by a simulation first.
 GAS_LIMIT = 8_000_000
 #: Workers of the certificate whose span a span fraud proof shows (its proofs are log2 of it).
@@ -218,18 +221,18 @@ def measure(
 ) -> tuple[Bench, list[TreeResult], list[SpanResult]]:
     bench = setup(console)
     c = bench.contracts
-    a, b, cheat = Account.create(), Account.create(), Account.create()
-    wallets = [Sender.from_account(Account.create()) for _ in range(3)]
+    a, b, cheat, cheat2 = (Account.create() for _ in range(4))
+    wallets = [Sender.from_account(Account.create()) for _ in range(4)]
     dev = [Sender.unlocked(x) for x in c.w3.eth.accounts]
     for wallet in wallets:
         c.w3.eth.send_transaction({"from": dev[2].address, "to": wallet.address, "value": 20 * ETH})
-    for key, wallet in zip((a, b, cheat), wallets, strict=True):
+    for key, wallet in zip((a, b, cheat, cheat2), wallets, strict=True):
         register_relay(bench, wallet, key)
     bench.record("addStake", add_stake(c, bench.wallet_of[a.address], a.address, ETH))
-    first, fraud, spanner = Account.create(), Account.create(), Account.create()
+    first, fraud, spanner, batched = (Account.create() for _ in range(4))
     data_nodes = [Account.create() for _ in sizes]
     span_nodes = [Account.create() for _ in workers]
-    for key in (first, fraud, spanner, *data_nodes, *span_nodes):
+    for key in (first, fraud, spanner, batched, *data_nodes, *span_nodes):
         register_data_node(bench, key)
     trees = []
     for size, data_node in zip(sizes, data_nodes, strict=True):
@@ -258,6 +261,7 @@ def measure(
         submitted = submit_certificates(c, bench.sponsor, cert, tree.spans_or_raise())
         spread.append((count, tree, cert, int(submitted["gasUsed"])))
     _prove_frauds(bench, fraud, spanner, a, b, cheat)
+    _prove_batched_frauds(bench, batched, a, b, cheat2)
     _, small_tree, small_cert, _ = trees[0]
     bench.dispute_blocks = _tensor_dispute(bench, small_tree, small_cert, a, b)
     advance_time_to(c.w3, int(settles_at))
@@ -338,6 +342,47 @@ def _prove_frauds(
     for node in (data_node.address, spanner.address, cheat.address):
         bench.record("awardBounty", award_bounty(c, auditor, node))
     bench.record("withdrawCredit", withdraw_credit(c, auditor))
+
+
+def _prove_batched_frauds(
+    bench: Bench, data_node: LocalAccount, a: LocalAccount, b: LocalAccount, cheat: LocalAccount
+) -> None:
+    """The proofs whose receipts are signed in batches of ``BATCH`` (a proof of log2(BATCH)
+    hashes each): an off-schedule hop of a batch, and the equivocation of a worker that signed
+    two versions of a hop in two batches."""
+    c, domain, auditor = bench.contracts, bench.domain, bench.sponsor
+    bad = [
+        HopReceipt(bench.run_id, 0, data_node.address, 0, m, STAGES + 1, 0, 0, a.address,
+                   b.address, keccak(b"in"), keccak(m.to_bytes(8, "big")), UNITS_PER_HOP)
+        for m in range(BATCH)
+    ]  # fmt: skip
+    entry = sign_batch(bad, domain, a.key, b.key)[BATCH // 2]
+    leaf = certify_hop(
+        entry.receipt, domain, entry.worker_signature, entry.counterparty_signature,
+        proof=entry.proof,
+    )  # fmt: skip
+    tree = tree_of_hops([leaf, replace(leaf, index=1, unitsBefore=UNITS_PER_HOP)])
+    cert = tree.cert_ref(bench.run_id, 0, data_node.address)
+    submit_certificates(c, bench.sponsor, cert, tree.spans_or_raise())
+    name = f"proveInvalidHop (batch of {BATCH})"
+    entries = {name: fraud_proofs.invalid_hop(cert, tree.leaf_proof(0), entry)}
+    honest = [
+        HopReceipt(bench.run_id, 0, data_node.address, 0, m, 1, 0, 0, cheat.address, b.address,
+                   keccak(b"x"), keccak(m.to_bytes(8, "big")), UNITS_PER_HOP)
+        for m in range(BATCH)
+    ]  # fmt: skip
+    other = [*honest[:-1], replace(honest[-1], outputDigest=keccak(b"z"))]
+    first = sign_batch(honest, domain, cheat.key, b.key)[-1]
+    second = sign_batch(other, domain, cheat.key, b.key)[-1]
+    entries[f"proveEquivocation (two batches of {BATCH})"] = fraud_proofs.equivocation(
+        cheat.address, first.receipt, first.worker_signature, second.receipt,
+        second.worker_signature, first.proof, second.proof,
+    )  # fmt: skip
+    for name, proof in entries.items():
+        salt = os.urandom(32)
+        commit_proof(c, auditor, proof, salt)
+        advance_time(c.w3, 1)
+        bench.record(name, reveal_proof(c, auditor, proof, salt))
 
 
 def _tensor_dispute(

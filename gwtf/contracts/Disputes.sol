@@ -5,7 +5,7 @@ import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol
 import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
 import {MerkleProof} from "@openzeppelin/contracts/utils/cryptography/MerkleProof.sol";
 import {Court} from "./Court.sol";
-import {CertifiedHop, CertRef, HopReceipt, HopReceipts, SpanRange} from "./HopReceipts.sol";
+import {BatchSeal, BatchSignature, CertifiedHop, CertRef, HopReceipt, HopReceipts, SpanRange} from "./HopReceipts.sol";
 import {HopRules} from "./HopRules.sol";
 import {NodeRegistry} from "./NodeRegistry.sol";
 import {WorkLedger} from "./WorkLedger.sol";
@@ -177,7 +177,7 @@ contract Disputes is ReentrancyGuard {
         bytes32 receiptDigest,
         uint256 bondWei,
         HopReceipt receipt,
-        bytes workerSignature
+        BatchSignature workerSigned
     );
     event TensorDisputeReferred(uint256 indexed id, uint256 indexed caseId);
     event TensorDisputeRuled(uint256 indexed id, uint256 ruling);
@@ -272,24 +272,20 @@ contract Disputes is ReentrancyGuard {
     /// @param hop The leaf.
     /// @param proof Its Merkle proof.
     /// @param receipt The leaf's receipt.
-    /// @param workerSignature The worker's signature of it.
-    /// @param counterpartySignature The counterparty's signature of it.
+    /// @param seal Its proof in its batch and the batch's two signatures, as the leaf commits.
     /// @param salt The challenger's salt of the commitment.
     function proveInvalidHop(
         CertRef calldata cert,
         CertifiedHop calldata hop,
         bytes32[] calldata proof,
         HopReceipt calldata receipt,
-        bytes calldata workerSignature,
-        bytes calldata counterpartySignature,
+        BatchSeal calldata seal,
         bytes32 salt
     ) external nonReentrant {
-        bytes32 proofHash = keccak256(
-            abi.encode(Fraud.InvalidHop, cert, hop, proof, receipt, workerSignature, counterpartySignature)
-        );
+        bytes32 proofHash = keccak256(abi.encode(Fraud.InvalidHop, cert, hop, proof, receipt, seal));
         Commitment memory committed = _useCommitment(proofHash, salt);
         _checkLeaf(cert, hop, proof);
-        hopRules.checkInvalidHop(cert, hop, receipt, workerSignature, counterpartySignature);
+        hopRules.checkInvalidHop(cert, hop, receipt, seal);
         _convictDataNode(cert, Fraud.InvalidHop, committed);
     }
 
@@ -383,27 +379,28 @@ contract Disputes is ReentrancyGuard {
 
     // ---------------------------------------------------------------- equivocation
 
-    /// @notice Two different receipts of one hop signed by one key, which is the worker of both
-    /// or the counterparty of both: that node is slashed. An honest node signs and countersigns
-    /// at most one receipt per hop key (a re-sent or recomputed hop is a new attempt).
+    /// @notice Two different receipts of one hop signed by one key, in one batch or two, which
+    /// is the worker of both or the counterparty of both: that node is slashed. An honest node
+    /// signs and countersigns at most one receipt per hop key (a re-sent or recomputed hop is a
+    /// new attempt), whatever batches it signs.
     /// @param first One receipt.
-    /// @param firstSignature The signer's signature of it.
+    /// @param firstSigned The signer's signature of a batch holding it, with its proof there.
     /// @param second The other receipt, with the same hop key.
-    /// @param secondSignature The signer's signature of it.
+    /// @param secondSigned The signer's signature of a batch holding it, with its proof there.
     /// @param salt The challenger's salt of the commitment.
     function proveEquivocation(
         HopReceipt calldata first,
-        bytes calldata firstSignature,
+        BatchSignature calldata firstSigned,
         HopReceipt calldata second,
-        bytes calldata secondSignature,
+        BatchSignature calldata secondSigned,
         bytes32 salt
     ) external nonReentrant {
         Commitment memory committed = _useCommitment(
-            keccak256(abi.encode(Fraud.Equivocation, first, firstSignature, second, secondSignature)), salt
+            keccak256(abi.encode(Fraud.Equivocation, first, firstSigned, second, secondSigned)), salt
         );
         (,,, uint256 settlesAt) = ledger.epochTimes(first.runId, first.epoch);
         if (block.timestamp >= settlesAt) revert ChallengePeriodOver(first.runId, first.epoch, settlesAt);
-        address signer = hopRules.equivocator(first, firstSignature, second, secondSignature);
+        address signer = hopRules.equivocator(first, firstSigned, second, secondSigned);
         _convict(signer, first.runId, first.epoch, Fraud.Equivocation, msg.sender, committed, true);
     }
 
@@ -424,7 +421,7 @@ contract Disputes is ReentrancyGuard {
     /// @param hop The leaf.
     /// @param proof Its Merkle proof.
     /// @param receipt The leaf's receipt.
-    /// @param workerSignature The worker's signature of it.
+    /// @param workerSigned The worker's signature of the batch that holds it, with its proof.
     /// @param salt The challenger's salt of the commitment.
     /// @param drawSaltHash keccak256(abi.encode(drawSalt)): the challenger's secret share of the
     /// jury's randomness, revealed to the court once the worker has answered.
@@ -434,14 +431,14 @@ contract Disputes is ReentrancyGuard {
         CertifiedHop calldata hop,
         bytes32[] calldata proof,
         HopReceipt calldata receipt,
-        bytes calldata workerSignature,
+        BatchSignature calldata workerSigned,
         bytes32 salt,
         bytes32 drawSaltHash
     ) external payable nonReentrant returns (uint256 id) {
         uint256 fees = court.arbitrationCost();
         if (msg.value != tensorBondWei + fees) revert WrongBond(msg.value, tensorBondWei + fees);
         Commitment memory committed =
-            _useCommitment(keccak256(abi.encode(Fraud.WrongTensor, cert, hop, proof, receipt, workerSignature)), salt);
+            _useCommitment(keccak256(abi.encode(Fraud.WrongTensor, cert, hop, proof, receipt, workerSigned)), salt);
         bytes32 digest = receipt.digest(address(ledger));
         uint256 prior = tensorDisputeOf[digest][msg.sender];
         // A dispute no jury could sit on is reopened by its challenger within its grace, even
@@ -458,7 +455,9 @@ contract Disputes is ReentrancyGuard {
             revert ReceiptNotOfCertificate(hop.index);
         }
         address worker = receipt.worker;
-        if (_signer(digest, workerSignature) != worker) revert NotWorkersSignature(worker);
+        if (_signer(receipt.batchDigest(digest, workerSigned.proof, address(ledger)), workerSigned.signature) != worker) {
+            revert NotWorkersSignature(worker);
+        }
         Conviction storage conviction = convictions[worker];
         // A worker slashed already is still disputed about an epoch it was not convicted in
         // (its pay there stands otherwise), or by a commitment that may lead for the bounty.
@@ -494,7 +493,7 @@ contract Disputes is ReentrancyGuard {
         // The whole receipt and signature in the event: the jurors need them, whatever
         // contract or wallet sent the transaction.
         emit TensorDisputeOpened(
-            id, cert.runId, cert.epoch, worker, msg.sender, digest, tensorBondWei, receipt, workerSignature
+            id, cert.runId, cert.epoch, worker, msg.sender, digest, tensorBondWei, receipt, workerSigned
         );
         emit TensorDisputeReferred(id, caseId);
     }

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 pragma solidity ^0.8.28;
 
+import {MerkleProof} from "@openzeppelin/contracts/utils/cryptography/MerkleProof.sol";
+
 /// @notice One relay stage's forward or backward of one microbatch. The worker signs it and the
-/// counterparty that received the output countersigns it (EIP-712, domain "GWTF Ledger" v1 of
-/// the WorkLedger). The field names are those of `contracts/encoding.py`.
+/// counterparty that received the output countersigns it, as a leaf of a `HopBatch` (EIP-712,
+/// domain "GWTF Ledger" v1 of the WorkLedger). The field names are those of
+/// `contracts/encoding.py`.
 struct HopReceipt {
     uint256 runId;
     uint64 epoch;
@@ -31,7 +34,35 @@ struct CertifiedHop {
     uint64 units;
     bytes32 hopKey;
     bytes32 receiptDigest;
-    bytes32 signaturesHash; // keccak256(abi.encode(workerSignature, counterpartySignature))
+    bytes32 signaturesHash; // keccak256(abi.encode(BatchSeal)): how the receipt is signed
+}
+
+/// @notice What a worker signs and its counterparty countersigns (EIP-712): the root of a
+/// Merkle tree (OpenZeppelin's sorted pairs) over the digests of receipts of one run and epoch
+/// in which `worker` worked for `counterparty`. Never passed whole: the contract rebuilds it
+/// from a receipt (run, epoch, parties) and the receipt's proof in it (the root), so a receipt
+/// is in a batch exactly when the batch's signatures recover over what it rebuilds. A batch of
+/// one is the receipt alone, its root the receipt's digest and its proof empty.
+struct HopBatch {
+    uint256 runId;
+    uint64 epoch;
+    address worker;
+    address counterparty;
+    bytes32 root;
+}
+
+/// @notice How a certified receipt is signed: its proof in its batch and the batch's two
+/// signatures. A certificate leaf commits to it (`signaturesHash`).
+struct BatchSeal {
+    bytes32[] proof;
+    bytes workerSignature;
+    bytes counterpartySignature;
+}
+
+/// @notice One party's signature of the batch that holds a receipt, with the receipt's proof.
+struct BatchSignature {
+    bytes32[] proof;
+    bytes signature;
 }
 
 /// @notice One worker's range of a certificate tree as its data node commits it with the root.
@@ -75,6 +106,8 @@ library HopReceipts {
         "uint16 stage,uint8 direction,uint16 attempt,address worker,address counterparty,"
         "bytes32 inputDigest,bytes32 outputDigest,uint64 units)"
     );
+    bytes32 internal constant HOP_BATCH_TYPEHASH =
+        keccak256("HopBatch(uint256 runId,uint64 epoch,address worker,address counterparty,bytes32 root)");
     bytes32 internal constant DOMAIN_TYPEHASH =
         keccak256("EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)");
     bytes32 internal constant LEDGER_NAME_HASH = keccak256("GWTF Ledger");
@@ -88,12 +121,32 @@ library HopReceipts {
         return keccak256(abi.encode(HOP_RECEIPT_TYPEHASH, receipt));
     }
 
-    /// @dev The digest worker and counterparty sign, under the ledger at `ledger` on this chain:
-    /// the same digest OpenZeppelin's EIP712 of the ledger computes.
+    /// @dev The receipt's EIP-712 digest under the ledger at `ledger` on this chain (the same
+    /// digest OpenZeppelin's EIP712 of the ledger computes): a leaf of the batch that holds it.
     function digest(HopReceipt calldata receipt, address ledger) internal view returns (bytes32) {
+        return _typed(structHash(receipt), ledger);
+    }
+
+    /// @dev What the worker and the counterparty of `receipt` sign for it: the EIP-712 digest
+    /// of the batch of its run, epoch and parties whose root `proof` leads to from its digest
+    /// `receiptDigest`.
+    function batchDigest(
+        HopReceipt calldata receipt,
+        bytes32 receiptDigest,
+        bytes32[] calldata proof,
+        address ledger
+    ) internal view returns (bytes32) {
+        bytes32 root = MerkleProof.processProofCalldata(proof, receiptDigest);
+        return _typed(
+            keccak256(abi.encode(HOP_BATCH_TYPEHASH, receipt.runId, receipt.epoch, receipt.worker, receipt.counterparty, root)),
+            ledger
+        );
+    }
+
+    function _typed(bytes32 hashStruct, address ledger) private view returns (bytes32) {
         bytes32 separator =
             keccak256(abi.encode(DOMAIN_TYPEHASH, LEDGER_NAME_HASH, LEDGER_VERSION_HASH, block.chainid, ledger));
-        return keccak256(abi.encodePacked("\x19\x01", separator, structHash(receipt)));
+        return keccak256(abi.encodePacked("\x19\x01", separator, hashStruct));
     }
 
     /// @dev What makes a hop unique: one worker's try at one stage and direction of one
@@ -130,13 +183,9 @@ library HopReceipts {
         return keccak256(bytes.concat(keccak256(abi.encode(worker, firstIndex, lastIndex, unitsBefore, unitsEnd))));
     }
 
-    /// @dev What a certificate leaf commits of the two signatures.
-    function signaturesHash(bytes calldata workerSignature, bytes calldata counterpartySignature)
-        internal
-        pure
-        returns (bytes32)
-    {
-        return keccak256(abi.encode(workerSignature, counterpartySignature));
+    /// @dev What a certificate leaf commits of how its receipt is signed.
+    function signaturesHash(BatchSeal calldata seal) internal pure returns (bytes32) {
+        return keccak256(abi.encode(seal.proof, seal.workerSignature, seal.counterpartySignature));
     }
 
     /// @dev The run's schedule: a backward hop costs twice the forward compute of a stage.

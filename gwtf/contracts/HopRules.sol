@@ -2,7 +2,7 @@
 pragma solidity ^0.8.28;
 
 import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
-import {CertifiedHop, CertRef, HopReceipt, HopReceipts} from "./HopReceipts.sol";
+import {BatchSeal, BatchSignature, CertifiedHop, CertRef, HopReceipt, HopReceipts} from "./HopReceipts.sol";
 import {NodeRegistry} from "./NodeRegistry.sol";
 import {WorkLedger} from "./WorkLedger.sol";
 
@@ -32,48 +32,49 @@ contract HopRules {
         ledger = ledger_;
     }
 
-    /// @notice Reverts unless `receipt` and its signatures are the leaf's (its digest and
-    /// signatures hash) and the hop breaks a rule an honest data node checks before it certifies
-    /// a hop (see `Disputes.proveInvalidHop`).
+    /// @notice Reverts unless `receipt` and its seal are the leaf's (its digest and signatures
+    /// hash) and the hop breaks a rule an honest data node checks before it certifies a hop
+    /// (see `Disputes.proveInvalidHop`). The seal is the one the data node committed, so a
+    /// prover cannot make a valid hop look invalid with another proof or signature.
     /// @param cert The certificate the leaf is in (its Merkle proof checked by the caller).
     /// @param hop The leaf.
     /// @param receipt The leaf's receipt.
-    /// @param workerSignature The worker's signature of it.
-    /// @param counterpartySignature The counterparty's signature of it.
+    /// @param seal Its proof in its batch and the batch's two signatures.
     function checkInvalidHop(
         CertRef calldata cert,
         CertifiedHop calldata hop,
         HopReceipt calldata receipt,
-        bytes calldata workerSignature,
-        bytes calldata counterpartySignature
+        BatchSeal calldata seal
     ) external view {
-        if (
-            hop.receiptDigest != receipt.digest(address(ledger))
-                || hop.signaturesHash != HopReceipts.signaturesHash(workerSignature, counterpartySignature)
-        ) revert NotTheLeafsReceipt(hop.index);
-        if (_isValidHop(cert, hop, receipt, workerSignature, counterpartySignature)) revert HopValid(hop.index);
+        if (hop.receiptDigest != receipt.digest(address(ledger)) || hop.signaturesHash != HopReceipts.signaturesHash(seal))
+        {
+            revert NotTheLeafsReceipt(hop.index);
+        }
+        if (_isValidHop(cert, hop, receipt, seal)) revert HopValid(hop.index);
     }
 
-    /// @notice The key that signed two different receipts of one hop key in the same role: the
-    /// worker of both (and the counterparty of neither), or the counterparty of both (and not
-    /// the worker). Reverts when the receipts show no such key.
+    /// @notice The key that signed batches holding two different receipts of one hop key in
+    /// the same role: the worker of both (and the counterparty of neither), or the
+    /// counterparty of both (and not the worker). Reverts when the receipts show no such key.
+    /// An honest node puts one receipt per hop key in all the batches it ever signs.
     /// @param first One receipt.
-    /// @param firstSignature The signer's signature of it.
+    /// @param firstSigned The signer's signature of a batch holding it, with its proof there.
     /// @param second The other receipt, with the same hop key.
-    /// @param secondSignature The signer's signature of it.
+    /// @param secondSigned The signer's signature of a batch holding it, with its proof there.
     /// @return signer The equivocating key.
     function equivocator(
         HopReceipt calldata first,
-        bytes calldata firstSignature,
+        BatchSignature calldata firstSigned,
         HopReceipt calldata second,
-        bytes calldata secondSignature
+        BatchSignature calldata secondSigned
     ) external view returns (address signer) {
         if (first.hopKey() != second.hopKey()) revert NotSameHop();
         bytes32 firstDigest = first.digest(address(ledger));
         bytes32 secondDigest = second.digest(address(ledger));
         if (firstDigest == secondDigest) revert SameReceipt();
-        signer = signerOf(firstDigest, firstSignature);
-        address other = signerOf(secondDigest, secondSignature);
+        signer = signerOf(first.batchDigest(firstDigest, firstSigned.proof, address(ledger)), firstSigned.signature);
+        address other =
+            signerOf(second.batchDigest(secondDigest, secondSigned.proof, address(ledger)), secondSigned.signature);
         if (signer == address(0) || signer != other) revert NotOneSigner(signer, other);
         bool asWorker = signer == first.worker && signer != first.counterparty && signer != second.counterparty;
         bool asCounterparty = signer == first.counterparty && signer == second.counterparty && signer != first.worker;
@@ -92,8 +93,7 @@ contract HopRules {
         CertRef calldata cert,
         CertifiedHop calldata hop,
         HopReceipt calldata receipt,
-        bytes calldata workerSignature,
-        bytes calldata counterpartySignature
+        BatchSeal calldata seal
     ) private view returns (bool) {
         WorkLedger.Run memory run = ledger.getRun(cert.runId);
         bool onSchedule = receipt.runId == cert.runId && receipt.epoch == cert.epoch
@@ -103,9 +103,9 @@ contract HopRules {
         bool leafMatches =
             hop.worker == receipt.worker && hop.units == receipt.units && hop.hopKey == receipt.hopKey();
         if (!onSchedule || !leafMatches || receipt.worker == receipt.counterparty) return false;
-        bytes32 digest = hop.receiptDigest;
-        if (signerOf(digest, workerSignature) != receipt.worker) return false;
-        if (signerOf(digest, counterpartySignature) != receipt.counterparty) return false;
+        bytes32 batch = receipt.batchDigest(hop.receiptDigest, seal.proof, address(ledger));
+        if (signerOf(batch, seal.workerSignature) != receipt.worker) return false;
+        if (signerOf(batch, seal.counterpartySignature) != receipt.counterparty) return false;
         (uint256 startsAt, uint256 endsAt,,) = ledger.epochTimes(cert.runId, cert.epoch);
         bool workerTookPart = ledger.wasMemberDuring(cert.runId, receipt.worker, startsAt, endsAt)
             && registry.bondedDuring(receipt.worker, startsAt, endsAt);

@@ -29,6 +29,7 @@ from gwtf.contracts.encoding import (
     receipt_digest,
     recover_digest_signer,
     signatures_hash,
+    signing_digest,
 )
 from gwtf.contracts.merkle import MerkleTree, build_tree
 from gwtf.errors import ProtocolError
@@ -36,11 +37,32 @@ from gwtf.errors import ProtocolError
 
 @dataclass(frozen=True)
 class SignedReceipt:
-    """A receipt with its worker's signature and its counterparty's countersignature."""
+    """A receipt with its worker's signature and its counterparty's countersignature of the
+    batch that holds it, and its proof in that batch (empty: a batch of one)."""
 
     receipt: HopReceipt
     worker_signature: bytes
     counterparty_signature: bytes
+    proof: tuple[bytes, ...] = ()
+
+    def signing_digest(self, domain: Eip712Domain, digest: bytes | None = None) -> bytes:
+        """What both signatures sign: the digest of the receipt's batch (``digest``: the
+        receipt's own digest, when computed already). Kept on the entry for its last domain:
+        an auditor needs it for the leaf's check and again in the equivocation search."""
+        kept = self.__dict__.get("_signing")
+        if kept is not None and (kept[0] is domain or kept[0] == domain):
+            return kept[1]  # type: ignore[no-any-return]
+        value = signing_digest(self.receipt, domain, self.proof, digest)
+        object.__setattr__(self, "_signing", (domain, value))  # not a field: eq and repr skip it
+        return value
+
+    def seal(self) -> tuple[list[bytes], bytes, bytes]:
+        """Its ``BatchSeal`` as a contract argument."""
+        return (list(self.proof), self.worker_signature, self.counterparty_signature)
+
+    def signatures_hash(self) -> bytes:
+        """What its certificate leaf commits of its seal."""
+        return signatures_hash(self.worker_signature, self.counterparty_signature, self.proof)
 
 
 @dataclass(frozen=True)
@@ -247,9 +269,10 @@ def check_signatures(entry: SignedReceipt, domain: Eip712Domain) -> bytes:
     if receipt.worker == receipt.counterparty:
         raise ProtocolError(f"a receipt of {receipt.worker} is countersigned by its own worker")
     digest = receipt_digest(receipt, domain)
-    if recover_digest_signer(digest, entry.worker_signature) != receipt.worker:
+    signed = entry.signing_digest(domain, digest)
+    if recover_digest_signer(signed, entry.worker_signature) != receipt.worker:
         raise ProtocolError(f"the worker signature is not {receipt.worker}'s")
-    if recover_digest_signer(digest, entry.counterparty_signature) != receipt.counterparty:
+    if recover_digest_signer(signed, entry.counterparty_signature) != receipt.counterparty:
         raise ProtocolError(f"the countersignature is not {receipt.counterparty}'s")
     return digest
 
@@ -272,7 +295,7 @@ class PreparedHop:
             entry,
             hop_key(entry.receipt),
             digest if digest is not None else receipt_digest(entry.receipt, domain),
-            signatures_hash(entry.worker_signature, entry.counterparty_signature),
+            entry.signatures_hash(),
         )
 
 

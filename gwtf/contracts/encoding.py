@@ -3,7 +3,9 @@
 Owns the byte-exact rules that `HopReceipts.sol`, `WorkLedger.sol`, `Disputes.sol` and
 `NodeRegistry.sol` apply: the ``HopReceipt`` struct (same field names as Solidity), the EIP-712
 domains ("GWTF Ledger" v1 for receipts, "GWTF Registry" v1 for node bindings), receipt digests,
-hop keys and signatures, the ``CertifiedHop`` leaf of a data node's certificate tree (an
+hop keys, the ``HopBatch`` a worker signs and its counterparty countersigns (a Merkle root over
+receipt digests; a receipt is signed as a leaf of a batch, a batch of one by default), the
+``CertifiedHop`` leaf of a data node's certificate tree (an
 OpenZeppelin StandardMerkleTree leaf), and a node's identity: one secp256k1 key whose address is
 the node on chain and whose compressed public key is its libp2p peer id.
 Pure: no chain, no clock. Golden vectors in ``tests/contracts/test_encoding.py`` pin every rule.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import functools
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Annotated, Final, get_type_hints
 
@@ -22,6 +25,7 @@ from eth_abi.abi import encode
 from eth_utils.address import to_checksum_address
 
 from gwtf.contracts.keccak import keccak256
+from gwtf.contracts.merkle import process_proof
 from gwtf.errors import ProtocolError
 
 FORWARD: Final = 0
@@ -310,9 +314,12 @@ def _signing_key(private_key: bytes) -> coincurve.PrivateKey:
     return coincurve.PrivateKey(private_key)
 
 
-def sign_receipt(receipt: HopReceipt, domain: Eip712Domain, private_key: bytes) -> bytes:
-    """The EIP-712 signature of ``receipt`` under ``domain`` by ``private_key``."""
-    return sign_digest(receipt_digest(receipt, domain), private_key)
+def sign_receipt(
+    receipt: HopReceipt, domain: Eip712Domain, private_key: bytes, proof: Sequence[bytes] = ()
+) -> bytes:
+    """``private_key``'s signature of the batch that holds ``receipt`` by ``proof`` (a batch of
+    one, the receipt alone, by default): ``signing_digest``."""
+    return sign_digest(signing_digest(receipt, domain, proof), private_key)
 
 
 def recover_digest_signer(digest: bytes, signature: bytes) -> str:
@@ -349,35 +356,121 @@ def _address_of_key(uncompressed: bytes) -> str:
     return node_address_of(uncompressed[1:])
 
 
-def recover_signer(receipt: HopReceipt, domain: Eip712Domain, signature: bytes) -> str:
-    """The address whose key signed ``receipt`` under ``domain``."""
-    return recover_digest_signer(receipt_digest(receipt, domain), signature)
+def recover_signer(
+    receipt: HopReceipt, domain: Eip712Domain, signature: bytes, proof: Sequence[bytes] = ()
+) -> str:
+    """The address whose key signed the batch that holds ``receipt`` by ``proof``."""
+    return recover_digest_signer(signing_digest(receipt, domain, proof), signature)
 
 
-def signatures_hash(worker_signature: bytes, counterparty_signature: bytes) -> bytes:
-    """What a certificate leaf commits of a hop's two signatures:
-    keccak256(abi.encode(workerSignature, counterpartySignature)), packed directly."""
+# ---------------------------------------------------------------- batches
 
-    if len(worker_signature) == len(counterparty_signature) == SIGNATURE_BYTES:
-        # The usual case, with its constant offsets and padding written once.
+
+@dataclass(frozen=True)
+class HopBatch:
+    """What a worker signs and its counterparty countersigns: the Merkle root of the digests of
+    receipts of one run and epoch in which the one worked for the other; mirrors Solidity.
+
+    The root is OpenZeppelin's sorted-pair tree (``gwtf.contracts.merkle``) over receipt
+    digests: a receipt is in the batch exactly when its digest and its proof lead to the root,
+    so the contract rebuilds the batch from a receipt and its proof and needs no other field.
+    The ledger's domain binds chain and contract; run, epoch and the two parties bind the rest,
+    and each is a receipt's own field, so a batch cannot be read in another run, epoch or role.
+    """
+
+    runId: Uint256
+    epoch: Uint64
+    worker: Address
+    counterparty: Address
+    root: Bytes32
+
+    def __post_init__(self) -> None:
+        check_uint("runId", self.runId, 256)
+        check_uint("epoch", self.epoch, 64)
+        object.__setattr__(self, "worker", checked_address("worker", self.worker))
+        object.__setattr__(self, "counterparty", checked_address("counterparty", self.counterparty))
+        check_bytes32("root", self.root)
+
+    @classmethod
+    def of(cls, receipt: HopReceipt, root: bytes) -> HopBatch:
+        """The batch of ``receipt``'s run, epoch and parties with ``root``."""
+        return cls(receipt.runId, receipt.epoch, receipt.worker, receipt.counterparty, root)
+
+    def struct_hash(self) -> bytes:
+        """EIP-712 hashStruct of the batch (every field static: one word each)."""
         return keccak256(
-            _TWO_SIGNATURES_HEAD + worker_signature + _SIGNATURE_PAD + _SIGNATURE_LENGTH
+            HOP_BATCH_TYPE_HASH + _word(self.runId) + _word(self.epoch)
+            + _address_word(self.worker) + _address_word(self.counterparty) + self.root
+        )  # fmt: skip
+
+    def digest(self, domain: Eip712Domain) -> bytes:
+        """The digest worker and counterparty sign."""
+        return typed_data_digest(domain, self.struct_hash())
+
+
+#: The EIP-712 type of a batch, as ``HopReceipts.sol`` spells it.
+HOP_BATCH_TYPE: Final = (
+    "HopBatch(uint256 runId,uint64 epoch,address worker,address counterparty,bytes32 root)"
+)
+HOP_BATCH_TYPE_HASH: Final = keccak256(HOP_BATCH_TYPE.encode())
+
+
+def batch_root(digest: bytes, proof: Sequence[bytes]) -> bytes:
+    """The root of the batch that holds the receipt of ``digest`` by ``proof`` (the digest
+    itself for a batch of one, whose proof is empty)."""
+    return process_proof(proof, digest)
+
+
+def signing_digest(
+    receipt: HopReceipt,
+    domain: Eip712Domain,
+    proof: Sequence[bytes] = (),
+    digest: bytes | None = None,
+) -> bytes:
+    """What both parties of ``receipt`` sign for it: the digest of the batch that holds it by
+    ``proof`` (``digest``: its receipt digest, when computed already). ``HopBatch.of(receipt,
+    root).digest(domain)``, packed directly from the receipt's checked fields: a node computes
+    it for every signature it makes or checks, an auditor for every one it recovers."""
+    leaf = receipt_digest(receipt, domain) if digest is None else digest
+    root = process_proof(proof, leaf) if proof else leaf
+    struct_hash = keccak256(
+        HOP_BATCH_TYPE_HASH + _word(receipt.runId) + _word(receipt.epoch)
+        + _address_word(receipt.worker) + _address_word(receipt.counterparty) + root
+    )  # fmt: skip
+    return typed_data_digest(domain, struct_hash)
+
+
+def signatures_hash(
+    worker_signature: bytes, counterparty_signature: bytes, proof: Sequence[bytes] = ()
+) -> bytes:
+    """What a certificate leaf commits of how its receipt is signed, its batch seal:
+    keccak256(abi.encode(proof, workerSignature, counterpartySignature)), the proof of the
+    receipt in its batch and the two signatures of the batch, packed directly (a data node
+    hashes every receipt of an epoch)."""
+    if not proof and len(worker_signature) == len(counterparty_signature) == SIGNATURE_BYTES:
+        # The usual case, a batch of one: constant offsets and padding, written once.
+        return keccak256(
+            _EMPTY_SEAL_HEAD + worker_signature + _SIGNATURE_PAD + _SIGNATURE_LENGTH
             + counterparty_signature + _SIGNATURE_PAD
         )  # fmt: skip
 
     def tail(value: bytes) -> bytes:  # a dynamic ``bytes``: its length, then padded data
         return _word(len(value)) + value + bytes(-len(value) % 32)
 
+    path = _word(len(proof)) + b"".join(proof)
     first = tail(worker_signature)
-    head = _word(64) + _word(64 + len(first))  # the offsets of the two tails
-    return keccak256(head + first + tail(counterparty_signature))
+    head = _word(96) + _word(96 + len(path)) + _word(96 + len(path) + len(first))
+    return keccak256(head + path + first + tail(counterparty_signature))
 
 
-# abi.encode(bytes, bytes) of two 65-byte signatures: offsets 64 and 192, then each tail as
-# its length (65) and its data padded to 96 bytes.
+# abi.encode(bytes32[], bytes, bytes) of an empty proof and two 65-byte signatures: offsets 96,
+# 128 and 256, the proof's length 0, then each signature as its length (65) and its data padded
+# to 96 bytes.
 _SIGNATURE_LENGTH: Final = _word(SIGNATURE_BYTES)
 _SIGNATURE_PAD: Final = bytes(-SIGNATURE_BYTES % 32)
-_TWO_SIGNATURES_HEAD: Final = _word(64) + _word(64 + 32 + 96) + _SIGNATURE_LENGTH
+_EMPTY_SEAL_HEAD: Final = (
+    _word(96) + _word(128) + _word(128 + 32 + 96) + _word(0) + _SIGNATURE_LENGTH
+)
 
 
 # ---------------------------------------------------------------- node identity
@@ -472,8 +565,10 @@ def certify_hop(
     counterparty_signature: bytes,
     index: int = 0,
     units_before: int = 0,
+    proof: Sequence[bytes] = (),
 ) -> CertifiedHop:
-    """The leaf a data node commits for ``receipt`` at ``index`` after ``units_before`` units."""
+    """The leaf a data node commits for ``receipt`` at ``index`` after ``units_before`` units,
+    its two signatures those of the batch that holds it by ``proof``."""
     return CertifiedHop(
         index=index,
         unitsBefore=units_before,
@@ -481,7 +576,7 @@ def certify_hop(
         units=receipt.units,
         hopKey=hop_key(receipt),
         receiptDigest=receipt_digest(receipt, domain),
-        signaturesHash=signatures_hash(worker_signature, counterparty_signature),
+        signaturesHash=signatures_hash(worker_signature, counterparty_signature, proof),
     )
 
 

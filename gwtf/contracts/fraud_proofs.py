@@ -8,6 +8,7 @@ way. Pure: no chain.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -26,6 +27,8 @@ CERT_REF_ABI = "(uint256,uint64,address,bytes32,uint64,uint64,bytes32)"
 SPAN_RANGE_ABI = "(address,uint64,uint64,uint64,uint64)"
 CERTIFIED_HOP_ABI = "(" + ",".join(CERTIFIED_HOP_ABI_TYPES) + ")"
 HOP_RECEIPT_ABI = "(" + ",".join(HOP_RECEIPT_ABI_TYPES) + ")"
+BATCH_SEAL_ABI = "(bytes32[],bytes,bytes)"
+BATCH_SIGNATURE_ABI = "(bytes32[],bytes)"
 
 
 class Fraud(IntEnum):
@@ -82,13 +85,10 @@ def commitment_of(challenger: str, salt: bytes, proof_hash: bytes) -> bytes:
 
 
 def invalid_hop(cert: CertRef, leaf: LeafProof, entry: SignedReceipt) -> FraudProof:
-    """A certified hop that breaks a rule, with the receipt and signatures behind the leaf."""
+    """A certified hop that breaks a rule, with the receipt and batch seal behind the leaf."""
     hop, proof = leaf.as_args()
-    args = (
-        cert.as_tuple(), hop, proof, entry.receipt.as_tuple(), entry.worker_signature,
-        entry.counterparty_signature,
-    )  # fmt: skip
-    types = [CERT_REF_ABI, CERTIFIED_HOP_ABI, "bytes32[]", HOP_RECEIPT_ABI, "bytes", "bytes"]
+    args = (cert.as_tuple(), hop, proof, entry.receipt.as_tuple(), entry.seal())
+    types = [CERT_REF_ABI, CERTIFIED_HOP_ABI, "bytes32[]", HOP_RECEIPT_ABI, BATCH_SEAL_ABI]
     return _proof(Fraud.INVALID_HOP, cert.dataNode, cert, args, types)
 
 
@@ -126,20 +126,28 @@ def equivocation(
     first_signature: bytes,
     second: HopReceipt,
     second_signature: bytes,
+    first_proof: Sequence[bytes] = (),
+    second_proof: Sequence[bytes] = (),
 ) -> FraudProof:
-    """Two different receipts with one hop key, both signed by ``signer``."""
-    args = (first.as_tuple(), first_signature, second.as_tuple(), second_signature)
-    types = [HOP_RECEIPT_ABI, "bytes", HOP_RECEIPT_ABI, "bytes"]
+    """Two different receipts with one hop key, both signed by ``signer`` in batches that hold
+    them by ``first_proof`` and ``second_proof`` (batches of one by default)."""
+    args = (
+        first.as_tuple(), (list(first_proof), first_signature),
+        second.as_tuple(), (list(second_proof), second_signature),
+    )  # fmt: skip
+    types = [HOP_RECEIPT_ABI, BATCH_SIGNATURE_ABI, HOP_RECEIPT_ABI, BATCH_SIGNATURE_ABI]
     proof_hash = keccak256(encode(["uint8", *types], [int(Fraud.EQUIVOCATION), *args]))
     return FraudProof(Fraud.EQUIVOCATION, signer, first.runId, first.epoch, args, proof_hash)
 
 
 def wrong_tensor(cert: CertRef, leaf: LeafProof, entry: SignedReceipt) -> FraudProof:
     """A certified hop whose output is not what its worker's stage computes: opens a tensor
-    dispute against the worker, with the receipt and the worker's signature behind the leaf."""
+    dispute against the worker, with the receipt and the worker's signature of its batch behind
+    the leaf."""
     hop, proof = leaf.as_args()
-    args = (cert.as_tuple(), hop, proof, entry.receipt.as_tuple(), entry.worker_signature)
-    types = [CERT_REF_ABI, CERTIFIED_HOP_ABI, "bytes32[]", HOP_RECEIPT_ABI, "bytes"]
+    worker_signed = (list(entry.proof), entry.worker_signature)
+    args = (cert.as_tuple(), hop, proof, entry.receipt.as_tuple(), worker_signed)
+    types = [CERT_REF_ABI, CERTIFIED_HOP_ABI, "bytes32[]", HOP_RECEIPT_ABI, BATCH_SIGNATURE_ABI]
     return _proof(Fraud.WRONG_TENSOR, entry.receipt.worker, cert, args, types)
 
 

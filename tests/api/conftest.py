@@ -30,7 +30,7 @@ from gwtf.contracts.encoding import (
     ledger_domain,
     receipt_digest,
     scheduled_units,
-    sign_digest,
+    sign_receipt,
 )
 from gwtf.node.chain.epochs import EpochBook, EpochTimes, RewardPaid
 from gwtf.node.local_api.earnings import ChainView
@@ -84,14 +84,14 @@ def add_work(db: Database, epoch: int) -> None:
         [ToSign(hop_key(r), r, receipt_digest(r, DOMAIN), _signer(r, NODE.key)) for r in own]
     )
     assert all(isinstance(s, bytes) for s in signed)
-    counter = [sign_digest(receipt_digest(r, DOMAIN), PEER.key) for r in own[:3]]
+    counter = [sign_receipt(r, DOMAIN, PEER.key) for r in own[:3]]
     store.add_countersignatures([(hop_key(r), c) for r, c in zip(own, counter, strict=False)])
     theirs = [receipt(epoch, 100 + m, PEER.address, NODE.address) for m in range(2)]
     store.countersign_once(
         [
             replace(
                 ToSign(hop_key(r), r, receipt_digest(r, DOMAIN), _signer(r, NODE.key)),
-                worker_signature=sign_digest(receipt_digest(r, DOMAIN), PEER.key),
+                worker_signature=sign_receipt(r, DOMAIN, PEER.key),
             )
             for r in theirs
         ]
@@ -99,7 +99,7 @@ def add_work(db: Database, epoch: int) -> None:
 
 
 def _signer(r: HopReceipt, key: bytes):  # type: ignore[no-untyped-def]
-    return lambda: sign_digest(receipt_digest(r, DOMAIN), key)
+    return lambda: sign_receipt(r, DOMAIN, key)
 
 
 def chain_parts() -> ChainParts:

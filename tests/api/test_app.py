@@ -15,7 +15,7 @@ from web3 import Web3
 from gwtf.api.app import MAX_PAGE, create_app
 from gwtf.api.schemas import ReceiptView
 from gwtf.api.services import Refused
-from gwtf.contracts.encoding import hop_key, receipt_digest, sign_digest
+from gwtf.contracts.encoding import hop_key, receipt_digest, sign_receipt
 from gwtf.node.local_api.service import hosts_of
 from gwtf.node.local_api.snapshot import SnapshotBox
 from gwtf.node.local_api.views import NodeViews
@@ -73,7 +73,7 @@ def test_a_receipt_shows_every_field_of_the_receipt_it_signed(app: FastAPI) -> N
         "counterparty": PEER.address, "input_digest": "0x" + "01" * 32,
         "output_digest": "0x" + "02" * 32, "units": UNITS,
         "receipt_digest": "0x" + receipt_digest(signed, DOMAIN).hex(),
-        "worker_signature": "0x" + sign_digest(receipt_digest(signed, DOMAIN), NODE.key).hex(),
+        "worker_signature": "0x" + sign_receipt(signed, DOMAIN, NODE.key).hex(),
         "counterparty_signature": item["counterparty_signature"], "as_worker": True,
         "proof": None,
     }  # fmt: skip

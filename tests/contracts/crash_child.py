@@ -23,6 +23,7 @@ from gwtf.contracts.encoding import (
     ledger_domain,
     receipt_digest,
     sign_digest,
+    signing_digest,
 )
 from gwtf.node.chain.actions import Contracts
 from gwtf.node.chain.adapter import Sender, connect
@@ -102,9 +103,10 @@ def received_batch(terms: ReceiptTerms, first: int, args: dict[str, Any]) -> lis
             b"\x01" * 32, m.to_bytes(32, "big"), UNITS_PER_HOP,
         )  # fmt: skip
         digest = receipt_digest(receipt, terms.domain)
-        sign = lambda digest=digest: sign_digest(digest, receiver_key)  # noqa: E731
+        signed = signing_digest(receipt, terms.domain, (), digest)
+        sign = lambda signed=signed: sign_digest(signed, receiver_key)  # noqa: E731
         batch.append(
-            ToSign(hop_key(receipt), receipt, digest, sign, sign_digest(digest, worker_key))
+            ToSign(hop_key(receipt), receipt, digest, sign, sign_digest(signed, worker_key))
         )
     return batch
 

@@ -19,12 +19,16 @@ from libp2p.peer.id import ID
 
 from gwtf.contracts import fraud_proofs
 from gwtf.contracts.artifacts import load_artifacts
+from gwtf.contracts.certificate_tree import SignedReceipt
 from gwtf.contracts.encoding import (
+    HOP_BATCH_TYPE,
     HOP_RECEIPT_ABI_TYPES,
     HOP_RECEIPT_FIELDS,
     HOP_RECEIPT_TYPE,
     CertifiedHop,
+    HopBatch,
     HopReceipt,
+    batch_root,
     binding_digest,
     certificate_commitment,
     certify_hop,
@@ -38,8 +42,10 @@ from gwtf.contracts.encoding import (
     receipt_struct_hash,
     recover_signer,
     registry_domain,
+    sign_digest,
     sign_receipt,
     signatures_hash,
+    signing_digest,
 )
 from gwtf.contracts.merkle import build_tree
 from gwtf.errors import ProtocolError
@@ -62,16 +68,19 @@ GOLDEN_RECEIPT = HopReceipt(
     outputDigest=keccak(text="out"),
     units=200,
 )
+GOLDEN_PROOF = (keccak(text="sibling 0"), keccak(text="sibling 1"))
 
 GOLDEN = {
     "separator": "165e19ef8377444b4d537c8aaa45e815ed42a2c4a3ab59f977533848c4f7e1ed",
     "struct": "01598680be6b7461fafcfee76cec5c45f0104541a2563caa3603b4fe94193935",
     "digest": "0f893bad7c4897914d8d33b4d0f718c4783e6241d87a96b95e45ab194914f2f2",
-    "signature": "bb22705078fa33ff949ccc603c1500563dfca30d805e39920ce5ed8b48c64258"
-    "7ae4dd26e02636e1c53d4405d4ba4eb1f0feb0eecb54a4e3d26f9d480043e2271b",
+    "signature": "3dd49df94eb601685cfd3f00cd7e9f2be984109f3c84e53625aba4fb6294489a"
+    "65d84c6107b15cb76bcea2850b58f1b7003b4abf5d0ebeecc1e69a3a9ad949af1b",
+    "batch": "def1f6f5d4b2a8904bc1409354bf987e808d049ec1012e284dbaf16395c34289",
+    "batch_of_one": "a8d0f31d12d9a2688d79f0c2e0077b1036189f7043e54cef1ec19db3708b6b90",
     "hop_key": "c5141425490cadcb035e0d12a450efc4922c450baecfdacdf8d280bc59a52f61",
-    "signatures_hash": "5f8c232b0038476f93b000eafd3380ae988a1ed9ae3b9a1da2a8af5917ec94b0",
-    "leaf": "bbfa9d8e0c0b85c3263f50eae2615b9ef25306892256b687acd09fc766934d78",
+    "signatures_hash": "975c057d3849f5694cf24d7d1240e19d0027802766afdc5717dff6d1172b9798",
+    "leaf": "c2e639de69da219c55f92f3d51ac219e5689200c0f4893c2ee1a227c38946806",
     "binding": "ef88ec62b3beb96ea38892cb026c9e02c975966107699d676b6035bbb7a56c12",
     "commitment": "15ddb4bf7445fe8c0fd510288c0a846415a7b4bd597a79e573f29da64da4baba",
     "root5": "4012e3527351abde51ed075bbd7c41097ede613e3e77bc14c1b2900fee859002",
@@ -92,8 +101,10 @@ def computed_vectors() -> dict[str, str]:
         "struct": receipt_struct_hash(GOLDEN_RECEIPT).hex(),
         "digest": receipt_digest(GOLDEN_RECEIPT, GOLDEN_DOMAIN).hex(),
         "signature": signature.hex(),
+        "batch": signing_digest(GOLDEN_RECEIPT, GOLDEN_DOMAIN, GOLDEN_PROOF).hex(),
+        "batch_of_one": signing_digest(GOLDEN_RECEIPT, GOLDEN_DOMAIN).hex(),
         "hop_key": hop_key(GOLDEN_RECEIPT).hex(),
-        "signatures_hash": signatures_hash(signature, b"\x01" * 65).hex(),
+        "signatures_hash": signatures_hash(signature, b"\x01" * 65, GOLDEN_PROOF).hex(),
         "leaf": hop.leaf().hex(),
         "binding": binding.hex(),
         "commitment": certificate_commitment(b"\x55" * 32, 10, 1500, b"\x66" * 32).hex(),
@@ -132,11 +143,19 @@ def test_the_range_leaf_packs_exactly_what_eth_abi_encodes(worker: bytes, ends: 
     assert range_leaf(address, *ends) == keccak(keccak(words))
 
 
-@given(first=st.binary(max_size=100), second=st.binary(max_size=100))
+@given(
+    first=st.binary(max_size=100),
+    second=st.binary(max_size=100),
+    proof=st.lists(st.binary(min_size=32, max_size=32), max_size=5),
+)
 def test_the_signatures_hash_packs_exactly_what_eth_abi_encodes(
-    first: bytes, second: bytes
+    first: bytes, second: bytes, proof: list[bytes]
 ) -> None:
-    assert signatures_hash(first, second) == keccak(encode(["bytes", "bytes"], [first, second]))
+    expected = keccak(encode(["bytes32[]", "bytes", "bytes"], [proof, first, second]))
+    assert signatures_hash(first, second, proof) == expected
+    assert signatures_hash(first, second) == keccak(
+        encode(["bytes32[]", "bytes", "bytes"], [[], first, second])
+    )
 
 
 def struct_params(node: object, struct: str) -> list[dict[str, Any]]:
@@ -188,7 +207,57 @@ def test_digest_matches_eth_account_typed_data() -> None:
     expected = keccak(b"\x19" + signable.version + signable.header + signable.body)
     assert expected == receipt_digest(GOLDEN_RECEIPT, GOLDEN_DOMAIN)
     signed = Account.sign_typed_data(GOLDEN_KEY, full_message=message)
-    assert bytes(signed.signature) == sign_receipt(GOLDEN_RECEIPT, GOLDEN_DOMAIN, GOLDEN_KEY)
+    assert bytes(signed.signature) == sign_digest(expected, GOLDEN_KEY)
+
+
+@pytest.mark.parametrize("proof", [(), GOLDEN_PROOF], ids=["of one", "of three"])
+def test_batch_digest_matches_eth_account_typed_data(proof: tuple[bytes, ...]) -> None:
+    """An independent EIP-712 implementation agrees on what both parties sign for a receipt:
+    the batch of its run, epoch and parties whose root its proof leads to."""
+    fields = [part.split(" ") for part in HOP_BATCH_TYPE[len("HopBatch(") : -1].split(",")]
+    root = batch_root(receipt_digest(GOLDEN_RECEIPT, GOLDEN_DOMAIN), proof)
+    r = GOLDEN_RECEIPT
+    message = {
+        "types": {
+            "EIP712Domain": [
+                {"name": "name", "type": "string"},
+                {"name": "version", "type": "string"},
+                {"name": "chainId", "type": "uint256"},
+                {"name": "verifyingContract", "type": "address"},
+            ],
+            "HopBatch": [{"name": name, "type": kind} for kind, name in fields],
+        },
+        "primaryType": "HopBatch",
+        "domain": {
+            "name": GOLDEN_DOMAIN.name,
+            "version": GOLDEN_DOMAIN.version,
+            "chainId": GOLDEN_DOMAIN.chain_id,
+            "verifyingContract": GOLDEN_DOMAIN.verifying_contract,
+        },
+        "message": {
+            "runId": r.runId, "epoch": r.epoch, "worker": r.worker,
+            "counterparty": r.counterparty, "root": root,
+        },
+    }  # fmt: skip
+    signed = Account.sign_typed_data(GOLDEN_KEY, full_message=message)
+    assert bytes(signed.signature) == sign_receipt(r, GOLDEN_DOMAIN, GOLDEN_KEY, proof)
+    assert HopBatch.of(r, root).digest(GOLDEN_DOMAIN) == signing_digest(r, GOLDEN_DOMAIN, proof)
+    if not proof:  # a batch of one is the receipt alone, but never its digest
+        assert root == receipt_digest(r, GOLDEN_DOMAIN) != signing_digest(r, GOLDEN_DOMAIN)
+
+
+def test_the_batch_seal_is_the_contracts_struct() -> None:
+    abis = [contract.abi for contract in load_artifacts().contracts.values()]
+    seals, signed = struct_params(abis, "BatchSeal"), struct_params(abis, "BatchSignature")
+    assert seals and signed
+    for param in seals:
+        assert [(c["name"], c["type"]) for c in param["components"]] == [
+            ("proof", "bytes32[]"), ("workerSignature", "bytes"), ("counterpartySignature", "bytes")
+        ]  # fmt: skip
+    for param in signed:
+        assert [(c["name"], c["type"]) for c in param["components"]] == [
+            ("proof", "bytes32[]"), ("signature", "bytes")
+        ]  # fmt: skip
 
 
 def test_a_nodes_peer_id_is_libp2ps_for_its_key() -> None:
@@ -356,3 +425,13 @@ def test_commitment_agrees_with_contract(
         world.w3.to_checksum_address(challenger), salt, proof_hash
     ).call()
     assert on_chain == fraud_proofs.commitment_of(challenger, salt, proof_hash)
+
+
+def test_an_entry_keeps_its_signing_digest_for_its_domain_only() -> None:
+    entry = SignedReceipt(GOLDEN_RECEIPT, b"\x01" * 65, b"\x02" * 65, GOLDEN_PROOF)
+    other = ledger_domain(2, GOLDEN_DOMAIN.verifying_contract)
+    first = entry.signing_digest(GOLDEN_DOMAIN)
+    assert first == signing_digest(GOLDEN_RECEIPT, GOLDEN_DOMAIN, GOLDEN_PROOF)
+    assert entry.signing_digest(other) == signing_digest(GOLDEN_RECEIPT, other, GOLDEN_PROOF)
+    assert entry.signing_digest(GOLDEN_DOMAIN) == first != entry.signing_digest(other)
+    assert entry == SignedReceipt(GOLDEN_RECEIPT, b"\x01" * 65, b"\x02" * 65, GOLDEN_PROOF)

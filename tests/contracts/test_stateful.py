@@ -72,6 +72,7 @@ from gwtf.contracts.encoding import (
     scheduled_units,
     sign_receipt,
     signatures_hash,
+    signing_digest,
 )
 from gwtf.contracts.fraud_proofs import FraudProof
 from gwtf.contracts.merkle import verify_proof
@@ -459,9 +460,10 @@ class HonestyMachine(RuleBasedStateMachine):
         matches = (hop.worker, hop.units, hop.hopKey) == (r.worker, r.units, hop_key(r))
         if not on_schedule or not matches or r.worker == r.counterparty:
             return False
-        if signer_of(hop.receiptDigest, entry.worker_signature) != r.worker:
+        signed = entry.signing_digest(self.domain, hop.receiptDigest)
+        if signer_of(signed, entry.worker_signature) != r.worker:
             return False
-        if signer_of(hop.receiptDigest, entry.counterparty_signature) != r.counterparty:
+        if signer_of(signed, entry.counterparty_signature) != r.counterparty:
             return False
         start, end, _, _ = self.times(ref.epoch)
         worker, counterparty = self.by_address.get(r.worker), self.by_address.get(r.counterparty)
@@ -509,10 +511,9 @@ class HonestyMachine(RuleBasedStateMachine):
         if attack.kind == "invalid_hop":
             entry = attack.entry
             assert entry is not None
-            if hop.receiptDigest != receipt_digest(
-                entry.receipt, self.domain
-            ) or hop.signaturesHash != signatures_hash(
-                entry.worker_signature, entry.counterparty_signature
+            if (
+                hop.receiptDigest != receipt_digest(entry.receipt, self.domain)
+                or hop.signaturesHash != entry.signatures_hash()
             ):
                 return "NotTheLeafsReceipt"
             return "HopValid" if self.hop_valid(cert.ref, hop, entry) else None
@@ -547,8 +548,10 @@ class HonestyMachine(RuleBasedStateMachine):
         second_digest = receipt_digest(second, self.domain)
         if first_digest == second_digest:
             return "SameReceipt"
-        signer = signer_of(first_digest, attack.first.signature)
-        if signer is None or signer != signer_of(second_digest, attack.second.signature):
+        # Each signed as a batch of one (``equivocation`` proofs here carry empty proofs).
+        signer = signer_of(signing_digest(first, self.domain), attack.first.signature)
+        second_signer = signer_of(signing_digest(second, self.domain), attack.second.signature)
+        if signer is None or signer != second_signer:
             return "NotOneSigner"
         # Disputes' rule: one role in both, the worker of both (and counterparty of neither)
         # or the counterparty of both (and not the worker).

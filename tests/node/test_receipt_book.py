@@ -24,6 +24,8 @@ from gwtf.contracts.encoding import (
     HOP_RECEIPT_FIELDS,
     HopReceipt,
     ledger_domain,
+    receipt_digest,
+    recover_digest_signer,
     recover_signer,
     sign_receipt,
     snake_case,
@@ -160,6 +162,8 @@ def test_the_worker_signs_the_receiver_countersigns_and_both_keep_the_receipt(
         assert (
             signature is not None and recover_signer(receipt, DOMAIN, signature) == worker.address
         )
+        # It signs the receipt as a batch of one (its proof empty), never the bare digest.
+        assert recover_digest_signer(receipt_digest(receipt, DOMAIN), signature) != worker.address
         counter = await receiver.countersign(PEER["a"], PEER["data"], receipt, signature)
         assert recover_signer(receipt, DOMAIN, counter) == receiver.address
         assert receiver.store.received_hops(1, 0) == [SignedReceipt(receipt, signature, counter)]
@@ -280,6 +284,13 @@ def test_reports_and_ranges_round_trip(tmp_path: Path) -> None:
     span = tree.worker_range(worker.address)
     assert span is not None and decode_range(encode_range(span)) == span
     assert decode_range(encode_range(None)) is None
+    # A receipt of a larger batch carries a proof the format has no room for: refused, not
+    # reported without it (the data node could not check its signatures).
+    batched = replace(entries[0], proof=(b"\x01" * 32,))
+    with pytest.raises(ProtocolError, match="batch of more than one"):
+        encode_receipts([batched])
+    with pytest.raises(ProtocolError, match="batch of more than one"):
+        worker.store.certify([(batched.receipt.hop_key, b"\x02" * 32, batched)])
 
 
 @given(st.binary(max_size=800))

@@ -29,7 +29,7 @@ from gwtf.contracts.encoding import (
     node_address_of,
     node_public_key,
     receipt_digest,
-    sign_digest,
+    sign_receipt,
 )
 from gwtf.contracts.merkle import verify_proof
 from gwtf.errors import ProtocolError
@@ -70,9 +70,10 @@ def signed(microbatch: int, worker: str = "a", receiver: str = "b") -> SignedRec
         1, 0, ADDRESS["data"], 0, microbatch, 1, FORWARD, 0, ADDRESS[worker], ADDRESS[receiver],
         keccak(b"in"), keccak(microbatch.to_bytes(8, "big")), 10,
     )  # fmt: skip
-    digest = receipt_digest(receipt, DOMAIN)
     return SignedReceipt(
-        receipt, sign_digest(digest, KEYS[worker]), sign_digest(digest, KEYS[receiver])
+        receipt,
+        sign_receipt(receipt, DOMAIN, KEYS[worker]),
+        sign_receipt(receipt, DOMAIN, KEYS[receiver]),
     )
 
 

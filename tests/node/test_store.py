@@ -30,6 +30,7 @@ from gwtf.contracts.encoding import (
     receipt_digest,
     scheduled_units,
     sign_digest,
+    sign_receipt,
 )
 from gwtf.node.store.database import (
     Database,
@@ -106,7 +107,7 @@ def to_sign(r: HopReceipt, key: bytes = WORKER.key, calls: list[int] | None = No
     def sign() -> bytes:
         if calls is not None:
             calls.append(1)
-        return sign_digest(digest, key)
+        return sign_receipt(r, DOMAIN, key)
 
     return ToSign(hop_key(r), r, digest, sign)
 
@@ -171,7 +172,7 @@ def test_a_hop_key_is_signed_once_and_a_second_version_is_refused(store: HopStor
 
 def test_complete_receipts_and_certified_hops_round_trip(store: HopStore) -> None:
     receipts = [receipt(m) for m in range(5)]
-    countersigned = [sign_digest(receipt_digest(r, DOMAIN), RECEIVER.key) for r in receipts]
+    countersigned = [sign_receipt(r, DOMAIN, RECEIVER.key) for r in receipts]
     # A worker signs a hop before sending it, and keeps the countersignature its ack brought;
     # the last two were never acknowledged: they are not complete.
     signatures = store.sign_once([to_sign(r) for r in receipts])

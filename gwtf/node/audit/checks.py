@@ -60,7 +60,6 @@ from gwtf.contracts.encoding import (
     receipt_digest,
     recover_digest_signer,
     scheduled_units,
-    signatures_hash,
 )
 from gwtf.contracts.fraud_proofs import FraudProof
 from gwtf.contracts.merkle import MerkleTree, build_tree, verify_proof
@@ -265,9 +264,10 @@ def invalid_because(
         return "the leaf does not match its receipt"
     if r.worker.lower() == r.counterparty.lower():
         return "countersigned by its own worker"
-    if _signer(hop.receiptDigest, entry.worker_signature) != r.worker.lower():
+    signed = entry.signing_digest(rules.domain, hop.receiptDigest)
+    if _signer(signed, entry.worker_signature) != r.worker.lower():
         return "the worker signature is not the worker's"
-    if _signer(hop.receiptDigest, entry.counterparty_signature) != r.counterparty.lower():
+    if _signer(signed, entry.counterparty_signature) != r.counterparty.lower():
         return "the countersignature is not the counterparty's"
     if not took_part(r.worker, False):
         return f"worker {r.worker} was no bonded member during the epoch"
@@ -284,9 +284,10 @@ def equivocations(entries: Iterable[SignedReceipt], domain: Eip712Domain) -> lis
     convicted: set[str] = set()
     for entry in entries:
         digest = receipt_digest(entry.receipt, domain)
+        signed = entry.signing_digest(domain, digest)
         key = hop_key(entry.receipt)
         for signature in (entry.worker_signature, entry.counterparty_signature):
-            signer = _signer(digest, signature)
+            signer = _signer(signed, signature)
             if not signer or signer in convicted:
                 continue
             held = versions[(key, signer)]
@@ -322,7 +323,9 @@ def _equivocation(
     if not (as_worker or as_counterparty):
         return None
     accused = a.worker if as_worker else a.counterparty
-    proof = fraud_proofs.equivocation(accused, a, first_signature, b, second_signature)
+    proof = fraud_proofs.equivocation(
+        accused, a, first_signature, b, second_signature, first.proof, second.proof
+    )
     role = "worker" if as_worker else "counterparty"
     detail = f"signed two receipts of one hop of microbatch {a.microbatchId} as {role}"
     return Finding(EQUIVOCATION, accused, detail, proof)
@@ -362,10 +365,9 @@ def _breaks(hop: CertifiedHop, following: CertifiedHop) -> bool:
 
 
 def _is_the_leafs(entry: SignedReceipt, hop: CertifiedHop, domain: Eip712Domain) -> bool:
-    return hop.receiptDigest == receipt_digest(
-        entry.receipt, domain
-    ) and hop.signaturesHash == signatures_hash(
-        entry.worker_signature, entry.counterparty_signature
+    return (
+        hop.receiptDigest == receipt_digest(entry.receipt, domain)
+        and hop.signaturesHash == entry.signatures_hash()
     )
 
 

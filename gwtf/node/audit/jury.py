@@ -99,6 +99,8 @@ class Case:
     accused_wallet: str
     #: The dispute this one reopens (0: a first dispute), whose draw salt it must not reuse.
     reopens: int = 0
+    #: The receipt's proof in the batch ``worker_signature`` signs.
+    worker_proof: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,13 +140,15 @@ def open_cases(contracts: Contracts) -> list[Case]:
             continue
         args = opened[dispute_id]
         receipt = HopReceipt(**dict(args["receipt"]))  # web3 decodes a struct as a dict
-        digest, signature = bytes(args["receiptDigest"]), bytes(args["workerSignature"])
+        digest, signed = bytes(args["receiptDigest"]), args["workerSigned"]
+        signature = bytes(signed["signature"])
+        proof = tuple(bytes(p) for p in signed["proof"])
         challenger, accused_wallet = str(parties[2]), str(parties[1])
         reopens = _reopened_by(disputes, opened, dispute_id, digest, challenger)
         found.append(
             Case(
                 case_id, dispute_id, receipt, digest, signature, challenger, accused_wallet,
-                reopens,
+                reopens, proof,
             )
         )  # fmt: skip
     return found
@@ -383,7 +387,7 @@ async def _verdict(
             rpc, peers, reachable, {receipt.dataNode.lower()}, receipt.runId, timeout_s
         )
         certified = await _certified(rpc, reachable, receipt, timeout_s)
-        entry = _entry_of(certified, receipt, case.worker_signature)
+        entry = _entry_of(certified, receipt, case.worker_signature, case.worker_proof)
         known = certified
         if receipt.direction == BACKWARD:
             known = without_unsigned_forwards(certified, receipt, domain)
@@ -416,9 +420,9 @@ async def _certified(
 
 
 def _entry_of(
-    certified: list[SignedReceipt], receipt: HopReceipt, signature: bytes
+    certified: list[SignedReceipt], receipt: HopReceipt, signature: bytes, proof: tuple[bytes, ...]
 ) -> SignedReceipt:
     for entry in certified:
         if entry.receipt == receipt:
             return entry
-    return SignedReceipt(receipt, signature, b"")
+    return SignedReceipt(receipt, signature, b"", proof)

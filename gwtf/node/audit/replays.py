@@ -49,7 +49,6 @@ from gwtf.contracts.encoding import (
     CertRef,
     Eip712Domain,
     HopReceipt,
-    receipt_digest,
     recover_digest_signer,
 )
 from gwtf.contracts.keccak import keccak256
@@ -666,7 +665,7 @@ def is_forward_of(entry: SignedReceipt, backward: HopReceipt, domain: Eip712Doma
         return False
     if _forward_key(f) != _forward_key(backward) or f.counterparty.lower() == f.worker.lower():
         return False
-    digest = receipt_digest(f, domain)
+    digest = entry.signing_digest(domain)
     return (
         _signer(digest, entry.worker_signature) == f.worker.lower()
         and _signer(digest, entry.counterparty_signature) == f.counterparty.lower()

@@ -1,6 +1,7 @@
 """A node's receipts on the hot path: sign what it computed, countersign what it received.
 
-A relay that sends the output of a hop it computed signs the hop's receipt first and sends,
+A relay that sends the output of a hop it computed signs the hop's receipt first (as a batch of
+one: the ``HopBatch`` whose root is the receipt's digest, ``gwtf.contracts.encoding``) and sends,
 with the hop, the digest of the input it computed from and its signature; the receiver rebuilds
 the receipt from the hop's header, the two peers' ids, that digest and the digest of the frame
 it got, checks the worker's signature, computes the hop, commits the whole receipt and
@@ -42,6 +43,7 @@ from gwtf.contracts.encoding import (
     recover_digest_signer,
     scheduled_units,
     sign_digest,
+    signing_digest,
     snake_case,
 )
 from gwtf.errors import ProtocolError
@@ -246,8 +248,8 @@ class ReceiptBook:
         """The receiver acknowledged this node's hop with ``counter``: if it checks, keep it
         with the receipt (in the background) and hand the complete receipt to
         ``on_complete``; a bad countersignature is refused (False)."""
-        digest = receipt_digest(receipt, self.terms.domain)
-        if not self._signed_by(receiver, digest, counter, receipt.counterparty, "countersignature"):
+        signed = signing_digest(receipt, self.terms.domain)
+        if not self._signed_by(receiver, signed, counter, receipt.counterparty, "countersignature"):
             return False
 
         def kept(_: None, error: BaseException | None) -> None:
@@ -271,7 +273,11 @@ class ReceiptBook:
         check or the hop key holds another receipt already."""
         digest = receipt_digest(receipt, self.terms.domain)
         if not self._signed_by(
-            sender, digest, worker_signature, receipt.worker, "receipt signature"
+            sender,
+            signing_digest(receipt, self.terms.domain, (), digest),
+            worker_signature,
+            receipt.worker,
+            "receipt signature",
         ):
             return b""
         fresh: list[bool] = []  # whether this receipt was countersigned now, not before
@@ -296,11 +302,13 @@ class ReceiptBook:
         """``receipt`` to sign under its hop key; ``fresh`` learns whether it was signed now
         (the writer calls ``sign`` only for a key it holds no receipt of)."""
         key = self.private_key
+        domain = self.terms.domain
 
         def sign() -> bytes:
             if fresh is not None:
                 fresh.append(True)
-            return sign_digest(digest, key)
+            # Each receipt is signed as a batch of one (its proof empty).
+            return sign_digest(signing_digest(receipt, domain, (), digest), key)
 
         return ToSign(hop_key(receipt), receipt, digest, sign, worker_signature)
 

@@ -50,9 +50,8 @@ from gwtf.contracts.encoding import (
     WorkerSpan,
     node_address_of,
     node_public_key,
-    receipt_digest,
     scheduled_units,
-    sign_digest,
+    sign_receipt,
 )
 from gwtf.contracts.keccak import keccak256
 from gwtf.errors import ConfigError
@@ -138,8 +137,8 @@ class Cheat:
         """What the data node certifies instead of the honest ``chosen`` (non-empty)."""
         if self.mode == FORGE_COUNTERSIGNATURE:
             first = chosen[0].entry
-            digest = receipt_digest(first.receipt, self.domain)
-            forged = replace(first, counterparty_signature=sign_digest(digest, _FORGER_KEY))
+            forged_signature = sign_receipt(first.receipt, self.domain, _FORGER_KEY)
+            forged = replace(first, counterparty_signature=forged_signature)
             return [PreparedHop.of(forged, self.domain), *chosen[1:]]
         if self.mode == PHANTOM_HOPS:
             return chosen + [self._phantom(chosen[0].entry, n) for n in range(PHANTOMS_PER_EPOCH)]
@@ -157,7 +156,7 @@ class Cheat:
             counterparty=self.address,
             outputDigest=keccak256(b"phantom" + r.outputDigest + bytes([n])),
         )
-        signature = sign_digest(receipt_digest(made_up, self.domain), self.private_key)
+        signature = sign_receipt(made_up, self.domain, self.private_key)
         return PreparedHop.of(SignedReceipt(made_up, signature, signature), self.domain)
 
     def certificate(
@@ -187,7 +186,7 @@ class Cheat:
         if self.mode != CLAIM_TWICE or self.extras[(entry.receipt.epoch, 0)]:
             return None
         second = self._second_version(entry)
-        signature = sign_digest(receipt_digest(second, self.domain), self.private_key)
+        signature = sign_receipt(second, self.domain, self.private_key)
         twice = SignedReceipt(second, signature, entry.counterparty_signature)
         self.extras[(entry.receipt.epoch, 0)].append(twice)
         return twice
@@ -197,7 +196,7 @@ class Cheat:
         if self.mode != EQUIVOCATE or self.extras[(entry.receipt.epoch, 1)]:
             return
         second = self._second_version(entry)
-        counter = sign_digest(receipt_digest(second, self.domain), self.private_key)
+        counter = sign_receipt(second, self.domain, self.private_key)
         self.extras[(entry.receipt.epoch, 1)].append(
             SignedReceipt(second, entry.worker_signature, counter)
         )

@@ -81,6 +81,10 @@ def encode_receipts(entries: list[SignedReceipt]) -> bytes:
 
 def _encode_receipt(e: SignedReceipt) -> bytes:
     r = e.receipt
+    if e.proof:  # the format carries no proof: the receiver could not check the signatures
+        raise ProtocolError(
+            "a receipt signed in a batch of more than one cannot be reported in this format"
+        )
     if len(e.worker_signature) != SIGNATURE_BYTES:
         raise ProtocolError("a receipt's worker signature must be 65 bytes")
     if len(e.counterparty_signature) != SIGNATURE_BYTES:
