@@ -136,3 +136,43 @@ def test_retired_streams_finish_their_requests_and_new_ones_open_a_new_stream() 
                 assert replies == [b"slow"]
 
     trio.run(main)
+
+
+def test_concurrent_punches_from_one_peer_waiting_on_admission_run_one_session() -> None:
+    """Admission may wait on the chain: the peer's other streams, opened meanwhile, must meet
+    the session it already has (one per peer, at most ``MAX_SESSIONS`` in all), else each
+    stream is one more round of dials at addresses the peer names."""
+
+    async def slow_admit(_peer: str) -> bool:
+        await trio.sleep(0.3)  # a chain lookup
+        return True
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True))
+            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
+            other = await stack.enter_async_context(node(stack, trusts=[relay]))
+            learn(other, home.host)
+            async with trio.open_nursery() as nursery:
+                puncher = HolePuncher(home.host, admit=slow_admit, timeout_s=2.0, check_s=3600.0)
+                puncher.serve(nursery)
+                with trio.fail_after(20):
+                    await other.rpc.request(home.host.get_id(), ECHO, b"x", LIMITS)
+                    assert is_relayed(other.host, home.host.get_id())
+
+                    async def punch() -> None:
+                        with contextlib.suppress(Exception):  # refused ones are reset
+                            stream = await other.host.new_stream(home.host.get_id(), [PROTOCOL_ID])
+                            await write_delimited_msg(stream, HolePunch(type=HolePunch.CONNECT))
+                            await stream.read(4096)
+                            await write_delimited_msg(stream, HolePunch(type=HolePunch.SYNC))
+
+                    async with trio.open_nursery() as punches:
+                        for _ in range(2 * 4):
+                            punches.start_soon(punch)
+                    while puncher.attempts + puncher.refused < 8:
+                        await trio.sleep(0.05)
+                assert puncher.attempts == 1 and puncher.refused == 7
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)

@@ -253,19 +253,28 @@ class HolePuncher:
 
     async def _answer(self, stream: INetStream) -> None:
         peer = stream.muxed_conn.peer_id
-        if (
-            peer in self._busy
-            or len(self._busy) >= MAX_SESSIONS
-            or relay_through(self.host, peer) is None
-            or trio.current_time() < self._after.get(peer, (0, 0.0))[1]
-            or not await self.admit(str(peer))
-        ):
+        free = (
+            peer not in self._busy
+            and len(self._busy) < MAX_SESSIONS
+            and relay_through(self.host, peer) is not None
+            and trio.current_time() >= self._after.get(peer, (0, 0.0))[1]
+        )
+        # The session is held across admission (a chain lookup may wait): the peer's other
+        # streams opened meanwhile meet it, not an empty ``_busy``.
+        admitted = False
+        if free:
+            self._busy.add(peer)
+            try:
+                admitted = await self.admit(str(peer))
+            finally:
+                if not admitted:
+                    self._busy.discard(peer)
+        if not admitted:
             self.refused += 1
             log.info("refused a hole punch from %s: busy, too soon, not relayed or not admitted",
                      peer)  # fmt: skip
             await end_stream(stream, reset=True)
             return
-        self._busy.add(peer)
         self.attempts += 1
         ok = False
         try:
