@@ -176,3 +176,52 @@ def test_concurrent_punches_from_one_peer_waiting_on_admission_run_one_session()
                 nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_peer_whose_punches_succeed_and_drop_still_waits_the_backoff(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A punch that succeeds must not let the peer ask for the next one at once: it could
+    drop each direct connection it gets and punch again, with up to ``MAX_ADDRESSES - 1``
+    other hosts' addresses beside its own each time (dialled every round trip)."""
+    import gwtf.node.p2p.holepunch as holepunch
+
+    monkeypatch.setattr(holepunch, "punchable", lambda _addr: True)  # loopback stands in
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True))
+            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
+            other = await stack.enter_async_context(node(stack, trusts=[relay]))
+            learn(other, home.host)
+            peer = other.host.get_id()
+            async with trio.open_nursery() as nursery:
+                puncher = HolePuncher(home.host, timeout_s=2.0, check_s=3600.0, drain_s=0.0)
+                puncher.serve(nursery)
+                own = [multiaddr.Multiaddr(f"/ip4/{ip}/tcp/{port}").to_bytes()
+                       for ip, port in listen_ports(other.host)]  # fmt: skip
+
+                async def punch() -> None:
+                    with contextlib.suppress(Exception):  # a refused one is reset
+                        stream = await other.host.new_stream(home.host.get_id(), [PROTOCOL_ID])
+                        await write_delimited_msg(
+                            stream, HolePunch(type=HolePunch.CONNECT, ObsAddrs=own)
+                        )
+                        await stream.read(4096)
+                        await write_delimited_msg(stream, HolePunch(type=HolePunch.SYNC))
+
+                with trio.fail_after(20):
+                    for _ in range(2):
+                        # Over a circuit again, as after dropping the direct connection.
+                        await other.rpc.request(home.host.get_id(), ECHO, b"x", LIMITS)
+                        assert is_relayed(home.host, peer)
+                        before = puncher.attempts + puncher.refused
+                        await punch()
+                        while puncher.attempts + puncher.refused == before:
+                            await trio.sleep(0.05)
+                        while puncher.running(peer):
+                            await trio.sleep(0.05)
+                        for conn in direct_connections(home.host, peer):
+                            await conn.close()
+                assert puncher.punched == 1 and puncher.attempts == 1 and puncher.refused == 1
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)

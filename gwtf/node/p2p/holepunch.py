@@ -28,9 +28,10 @@ peer, at most three times for the life of the connection. Here:
 * of two nodes the lower peer id starts the attempt, as soon as it dials the circuit or,
   within ``check_s``, notices one the other dialled; one attempt per peer at a time, at most
   ``MAX_SESSIONS`` at once, and after a failure the next attempt to that peer waits
-  ``backoff_s``, doubled on each failure up to ``max_backoff_s``: a punch that cannot work
-  (a symmetric NAT, routers that answer the early SYN with a reset) costs a few seconds every
-  few minutes, never a stall: the circuit stays in use throughout.
+  ``backoff_s``, doubled on each failure up to ``max_backoff_s`` (after a success,
+  ``backoff_s``: a peer that drops each punched connection is not punched every round trip):
+  a punch that cannot work (a symmetric NAT, routers that answer the early SYN with a reset)
+  costs a few seconds every few minutes, never a stall: the circuit stays in use throughout.
 """
 
 from __future__ import annotations
@@ -333,7 +334,9 @@ class HolePuncher:
         if ok:
             self.punched += 1
             self._punched.add(peer)
-            self._after.pop(peer, None)
+            # The failure count starts over, but not at once: a peer that drops each direct
+            # connection it gets could otherwise have this node dial every round trip.
+            self._after[peer] = (0, trio.current_time() + self.backoff_s)
             log.info("direct connection to %s: hole punch succeeded", peer)
             if self._nursery is not None:
                 self._nursery.start_soon(self._drop_circuit, peer)
