@@ -225,3 +225,34 @@ def test_a_peer_whose_punches_succeed_and_drop_still_waits_the_backoff(monkeypat
                 nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_stream_being_opened_when_the_circuit_is_retired_is_retired_too() -> None:
+    """A stream whose negotiation began before the direct connection was up runs on the circuit
+    (several round trips through the relay): retiring the peer must catch it too, or every later
+    request of its protocol rides the circuit until the circuit is cut under it."""
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            home = await stack.enter_async_context(node(stack))
+            other = await stack.enter_async_context(node(stack))
+            learn(other, home.host)
+            peer = home.host.get_id()
+            opening = other.rpc._open_stream
+
+            async def slow_open(peer_id, protocol):  # type: ignore[no-untyped-def]
+                stream = await opening(peer_id, protocol)
+                await trio.sleep(0.3)  # negotiation through a relay
+                return stream
+
+            other.rpc._open_stream = slow_open  # type: ignore[method-assign]
+            with trio.fail_after(10):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(other.rpc.request, peer, ECHO, b"first", LIMITS)
+                    await trio.sleep(0.1)  # the stream is being opened
+                    await other.rpc.retire(peer)
+                opened = other.rpc.streams_opened
+                assert await other.rpc.request(peer, ECHO, b"next", LIMITS) == b"next"
+                assert other.rpc.streams_opened == opened + 1
+
+    trio.run(main)

@@ -406,9 +406,14 @@ class RequestResponse:
         the circuit they run on): the next request opens a new stream, which py-libp2p puts on
         the direct connection, and each old stream is closed once its requests are answered,
         so none of them fails for the switch."""
-        for key, channel in list(self._channels.items()):
-            if key[0] == str(peer):
-                del self._channels[key]
+        for key, lock in list(self._opening.items()):
+            if key[0] != str(peer):
+                continue
+            # A stream being opened now may have been put on the circuit: wait for it.
+            async with lock:
+                channel = self._channels.pop(key, None)
+                if channel is None:
+                    continue
                 channel.retiring = True
                 if not channel.waiters:  # a request adds its waiter before any checkpoint
                     await _close_quietly(channel.stream)
