@@ -8,6 +8,7 @@ from contextlib import AsyncExitStack
 
 import multiaddr
 import trio
+from libp2p.abc import INetStream
 from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
 from libp2p.relay.circuit_v2.utils import write_delimited_msg
 
@@ -254,5 +255,38 @@ def test_a_stream_being_opened_when_the_circuit_is_retired_is_retired_too() -> N
                 opened = other.rpc.streams_opened
                 assert await other.rpc.request(peer, ECHO, b"next", LIMITS) == b"next"
                 assert other.rpc.streams_opened == opened + 1
+
+    trio.run(main)
+
+
+def test_a_peer_not_admitted_is_not_punched_to() -> None:
+    """Anyone may reach a node through its relay with a fresh peer id: the node must not
+    start a punch to it (name its public address, dial the addresses it answers with) unless
+    it is admitted, as it answers none of its punches."""
+
+    async def nobody(_peer: str) -> bool:
+        return False
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True))
+            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
+            other = await stack.enter_async_context(node(stack, trusts=[relay]))
+            learn(other, home.host)
+            asked: list[INetStream] = []
+
+            async def record(stream: INetStream) -> None:
+                asked.append(stream)
+                await stream.reset()
+
+            other.host.set_stream_handler(PROTOCOL_ID, record)
+            puncher = HolePuncher(home.host, admit=nobody, timeout_s=2.0, check_s=3600.0)
+            with trio.fail_after(10):
+                await other.rpc.request(home.host.get_id(), ECHO, b"x", LIMITS)
+                assert is_relayed(home.host, other.host.get_id())
+                assert not await puncher.attempt(other.host.get_id())
+                await trio.sleep(0.2)
+            assert not asked and puncher.attempts == 0 and puncher.refused == 1
+            assert not puncher._after  # nothing kept per peer that is not admitted
 
     trio.run(main)

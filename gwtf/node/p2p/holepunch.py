@@ -225,9 +225,14 @@ class HolePuncher:
         if not self._may_start(peer):
             return bool(direct_connections(self.host, peer))
         self._busy.add(peer)
-        self.attempts += 1
         stream: INetStream | None = None
         try:
+            # Anyone may reach this node through its relay, with any number of peer ids.
+            if not await self.admit(str(peer)):
+                self.refused += 1
+                log.info("no hole punch to %s: not admitted", peer)
+                return False
+            self.attempts += 1
             relay = relay_through(self.host, peer)
             assert relay is not None
             ours = await self._own_addresses(relay)
