@@ -290,3 +290,54 @@ def test_a_peer_not_admitted_is_not_punched_to() -> None:
             assert not puncher._after  # nothing kept per peer that is not admitted
 
     trio.run(main)
+
+
+def test_a_request_on_the_circuit_longer_than_the_drain_is_answered(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The circuit a punch replaced is kept while a request on it may still be answered (its
+    deadline, or the longest this node's handlers may take), not cut at ``drain_s``: a
+    gradient exchange waits on its round up to twice the hop deadline."""
+    import gwtf.node.p2p.holepunch as holepunch
+
+    monkeypatch.setattr(holepunch, "punchable", lambda _addr: True)  # loopback stands in
+
+    async def slow(_peer: str, request: bytes) -> bytes:
+        await trio.sleep(1.5)
+        return request
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True))
+            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
+            other = await stack.enter_async_context(node(stack, trusts=[relay]))
+            other.rpc.serve(SLOW, slow, LIMITS)
+            learn(other, home.host)
+            peer = other.host.get_id()
+            replies: list[bytes] = []
+            async with trio.open_nursery() as nursery:
+                puncher = HolePuncher(
+                    home.host, timeout_s=2.0, check_s=3600.0, drain_s=0.3, on_direct=home.rpc.retire
+                )
+                puncher.serve(nursery)
+                own = [multiaddr.Multiaddr(f"/ip4/{ip}/tcp/{port}").to_bytes()
+                       for ip, port in listen_ports(other.host)]  # fmt: skip
+                with trio.fail_after(20):
+                    await other.rpc.request(home.host.get_id(), ECHO, b"x", LIMITS)
+                    assert is_relayed(home.host, peer)
+
+                    async def in_flight() -> None:
+                        replies.append(await home.rpc.request(peer, SLOW, b"slow", LIMITS))
+
+                    async with trio.open_nursery() as requests:
+                        requests.start_soon(in_flight)
+                        await trio.sleep(0.2)  # the request is on the circuit
+                        stream = await other.host.new_stream(home.host.get_id(), [PROTOCOL_ID])
+                        await write_delimited_msg(
+                            stream, HolePunch(type=HolePunch.CONNECT, ObsAddrs=own)
+                        )
+                        await stream.read(4096)
+                        await write_delimited_msg(stream, HolePunch(type=HolePunch.SYNC))
+                    assert puncher.punched == 1
+                assert replies == [b"slow"]
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)

@@ -24,7 +24,7 @@ peer, at most three times for the life of the connection. Here:
   the punch's packets there; a symmetric NAT does not, and the punch fails;
 * requests in flight on the circuit are not cut: each end stops opening requests on it and
   closes its streams there as their replies arrive, and the circuit is closed when none is
-  left (``drain_s`` at most);
+  left (after ``drain_s`` or the longest deadline of a request that may be on it, at most);
 * of two nodes the lower peer id starts the attempt, as soon as it dials the circuit or,
   within ``check_s``, notices one the other dialled; one attempt per peer at a time, at most
   ``MAX_SESSIONS`` at once, and after a failure the next attempt to that peer waits
@@ -161,16 +161,18 @@ class HolePuncher:
     host: IHost
     admit: Admission = admit_everyone
     #: Told of each peer a punch connected directly, before its circuit is closed: moves the
-    #: node's open streams to the peer off the circuit (``RequestResponse.retire``).
-    on_direct: Callable[[ID], Awaitable[None]] | None = None
+    #: node's open streams to the peer off the circuit (``RequestResponse.retire``), and says
+    #: how long a request in flight on it may still take (the circuit is kept that long).
+    on_direct: Callable[[ID], Awaitable[float]] | None = None
     #: Each message's wait and each dial's deadline.
     timeout_s: float = 5.0
     #: How often peers connected through a relay only are looked for.
     check_s: float = 2.0
     backoff_s: float = 30.0
     max_backoff_s: float = 600.0
-    #: How long the circuit may still carry streams begun before the upgrade (a request's
-    #: deadline, at most; streams nobody closes, gossip's, are cut then).
+    #: How long the circuit may still carry streams begun before the upgrade, at least (a
+    #: request in flight on it is waited for up to its deadline, as ``on_direct`` says;
+    #: streams nobody closes, gossip's, are cut then).
     drain_s: float = 30.0
     attempts: int = 0
     punched: int = 0
@@ -358,14 +360,15 @@ class HolePuncher:
         """Close the circuits to ``peer`` once their streams ended (or ``drain_s`` passed).
         New streams take the direct connection meanwhile (py-libp2p prefers a direct one), and
         both ends retire their request streams on the circuit as their requests are answered."""
+        drain_s = self.drain_s
         if self.on_direct is not None:
-            await self.on_direct(peer)
+            drain_s = max(drain_s, await self.on_direct(peer))
         circuits = [
             c
             for c in self.host.get_network().connections.get(peer) or []
             if any(is_circuit(a) for a in c.get_transport_addresses())
         ]
-        with trio.move_on_after(self.drain_s):
+        with trio.move_on_after(drain_s):
             while any(c.get_streams() for c in circuits):
                 await trio.sleep(0.1)
         for circuit in circuits:
