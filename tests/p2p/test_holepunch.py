@@ -36,6 +36,7 @@ def test_only_tcp_addresses_of_public_unicast_hosts_are_punchable() -> None:
         "/ip4/172.20.0.1/tcp/4001", "/ip4/100.64.0.1/tcp/4001", "/ip4/169.254.1.1/tcp/4001",
         "/ip4/0.0.0.0/tcp/4001", "/ip4/224.0.0.1/tcp/4001", "/ip4/240.0.0.1/tcp/4001",
         "/ip6/::1/tcp/4001", "/ip6/fd00::1/tcp/4001", "/ip6/::ffff:10.0.0.1/tcp/4001",
+        "/ip6/fec0::1/tcp/4001", "/ip4/0.1.2.3/tcp/4001", "/ip4/192.0.0.2/tcp/4001",
         "/ip4/203.0.113.7/udp/4001", "/ip4/203.0.113.7/tcp/0",
         "/ip4/203.0.113.7/tcp/4001/p2p/QmcgpsyWgH8Y8ajJz1Cu72KnS5uo2Aa2LpzU7kinSupNKC",
         "/dns4/example.com/tcp/4001",

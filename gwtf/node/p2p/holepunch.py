@@ -71,7 +71,16 @@ MAX_SESSIONS = 4
 #: bed's public space).
 _LOCAL_NETWORKS = tuple(
     ipaddress.ip_network(net)
-    for net in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
+    for net in (
+        "0.0.0.0/8",  # "this network"
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.0.0.0/24",  # protocol assignments: DS-Lite's B4, NAT64 discovery
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "fc00::/7",
+        "fec0::/10",  # site-local, deprecated but still routed on some LANs
+    )
 )
 
 
