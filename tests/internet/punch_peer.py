@@ -65,7 +65,8 @@ async def home(relay_address: str, others: list[str]) -> None:
             # The punch runs in the background, started by either home (the lower peer id).
             while puncher.attempts + puncher.refused == 0 or puncher.running(other):
                 await trio.sleep(0.1)
-            # The circuit closes once the streams on it are retired (``drain_s`` at most).
+            # The circuit closes once the streams on it are retired (``drain_s`` or a request's
+            # deadline at most).
             while puncher.direct_peers() and circuits(host, other):
                 await trio.sleep(0.1)
             times = []

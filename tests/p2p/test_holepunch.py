@@ -8,6 +8,7 @@ from contextlib import AsyncExitStack
 
 import multiaddr
 import trio
+from libp2p.abc import INetStream
 from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
 from libp2p.relay.circuit_v2.utils import write_delimited_msg
 
@@ -35,6 +36,7 @@ def test_only_tcp_addresses_of_public_unicast_hosts_are_punchable() -> None:
         "/ip4/172.20.0.1/tcp/4001", "/ip4/100.64.0.1/tcp/4001", "/ip4/169.254.1.1/tcp/4001",
         "/ip4/0.0.0.0/tcp/4001", "/ip4/224.0.0.1/tcp/4001", "/ip4/240.0.0.1/tcp/4001",
         "/ip6/::1/tcp/4001", "/ip6/fd00::1/tcp/4001", "/ip6/::ffff:10.0.0.1/tcp/4001",
+        "/ip6/fec0::1/tcp/4001", "/ip4/0.1.2.3/tcp/4001", "/ip4/192.0.0.2/tcp/4001",
         "/ip4/203.0.113.7/udp/4001", "/ip4/203.0.113.7/tcp/0",
         "/ip4/203.0.113.7/tcp/4001/p2p/QmcgpsyWgH8Y8ajJz1Cu72KnS5uo2Aa2LpzU7kinSupNKC",
         "/dns4/example.com/tcp/4001",
@@ -134,5 +136,209 @@ def test_retired_streams_finish_their_requests_and_new_ones_open_a_new_stream() 
                     assert other.rpc.streams_opened == opened + 1
                     assert not replies
                 assert replies == [b"slow"]
+
+    trio.run(main)
+
+
+def test_concurrent_punches_from_one_peer_waiting_on_admission_run_one_session() -> None:
+    """Admission may wait on the chain: the peer's other streams, opened meanwhile, must meet
+    the session it already has (one per peer, at most ``MAX_SESSIONS`` in all), else each
+    stream is one more round of dials at addresses the peer names."""
+
+    async def slow_admit(_peer: str) -> bool:
+        await trio.sleep(0.3)  # a chain lookup
+        return True
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True))
+            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
+            other = await stack.enter_async_context(node(stack, trusts=[relay]))
+            learn(other, home.host)
+            async with trio.open_nursery() as nursery:
+                puncher = HolePuncher(home.host, admit=slow_admit, timeout_s=2.0, check_s=3600.0)
+                puncher.serve(nursery)
+                with trio.fail_after(20):
+                    await other.rpc.request(home.host.get_id(), ECHO, b"x", LIMITS)
+                    assert is_relayed(other.host, home.host.get_id())
+
+                    async def punch() -> None:
+                        with contextlib.suppress(Exception):  # refused ones are reset
+                            stream = await other.host.new_stream(home.host.get_id(), [PROTOCOL_ID])
+                            await write_delimited_msg(stream, HolePunch(type=HolePunch.CONNECT))
+                            await stream.read(4096)
+                            await write_delimited_msg(stream, HolePunch(type=HolePunch.SYNC))
+
+                    async with trio.open_nursery() as punches:
+                        for _ in range(2 * 4):
+                            punches.start_soon(punch)
+                    while puncher.attempts + puncher.refused < 8:
+                        await trio.sleep(0.05)
+                assert puncher.attempts == 1 and puncher.refused == 7
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_peer_whose_punches_succeed_and_drop_still_waits_the_backoff(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A punch that succeeds must not let the peer ask for the next one at once: it could
+    drop each direct connection it gets and punch again, with up to ``MAX_ADDRESSES - 1``
+    other hosts' addresses beside its own each time (dialled every round trip)."""
+    import gwtf.node.p2p.holepunch as holepunch
+
+    monkeypatch.setattr(holepunch, "punchable", lambda _addr: True)  # loopback stands in
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True))
+            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
+            other = await stack.enter_async_context(node(stack, trusts=[relay]))
+            learn(other, home.host)
+            peer = other.host.get_id()
+            async with trio.open_nursery() as nursery:
+                puncher = HolePuncher(home.host, timeout_s=2.0, check_s=3600.0, drain_s=0.0)
+                puncher.serve(nursery)
+                own = [multiaddr.Multiaddr(f"/ip4/{ip}/tcp/{port}").to_bytes()
+                       for ip, port in listen_ports(other.host)]  # fmt: skip
+
+                async def punch() -> None:
+                    with contextlib.suppress(Exception):  # a refused one is reset
+                        stream = await other.host.new_stream(home.host.get_id(), [PROTOCOL_ID])
+                        await write_delimited_msg(
+                            stream, HolePunch(type=HolePunch.CONNECT, ObsAddrs=own)
+                        )
+                        await stream.read(4096)
+                        await write_delimited_msg(stream, HolePunch(type=HolePunch.SYNC))
+
+                with trio.fail_after(20):
+                    for _ in range(2):
+                        # Over a circuit again, as after dropping the direct connection.
+                        await other.rpc.request(home.host.get_id(), ECHO, b"x", LIMITS)
+                        assert is_relayed(home.host, peer)
+                        before = puncher.attempts + puncher.refused
+                        await punch()
+                        while puncher.attempts + puncher.refused == before:
+                            await trio.sleep(0.05)
+                        while puncher.running(peer):
+                            await trio.sleep(0.05)
+                        for conn in direct_connections(home.host, peer):
+                            await conn.close()
+                assert puncher.punched == 1 and puncher.attempts == 1 and puncher.refused == 1
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_stream_being_opened_when_the_circuit_is_retired_is_retired_too() -> None:
+    """A stream whose negotiation began before the direct connection was up runs on the circuit
+    (several round trips through the relay): retiring the peer must catch it too, or every later
+    request of its protocol rides the circuit until the circuit is cut under it."""
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            home = await stack.enter_async_context(node(stack))
+            other = await stack.enter_async_context(node(stack))
+            learn(other, home.host)
+            peer = home.host.get_id()
+            opening = other.rpc._open_stream
+
+            async def slow_open(peer_id, protocol):  # type: ignore[no-untyped-def]
+                stream = await opening(peer_id, protocol)
+                await trio.sleep(0.3)  # negotiation through a relay
+                return stream
+
+            other.rpc._open_stream = slow_open  # type: ignore[method-assign]
+            with trio.fail_after(10):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(other.rpc.request, peer, ECHO, b"first", LIMITS)
+                    await trio.sleep(0.1)  # the stream is being opened
+                    await other.rpc.retire(peer)
+                opened = other.rpc.streams_opened
+                assert await other.rpc.request(peer, ECHO, b"next", LIMITS) == b"next"
+                assert other.rpc.streams_opened == opened + 1
+
+    trio.run(main)
+
+
+def test_a_peer_not_admitted_is_not_punched_to() -> None:
+    """Anyone may reach a node through its relay with a fresh peer id: the node must not
+    start a punch to it (name its public address, dial the addresses it answers with) unless
+    it is admitted, as it answers none of its punches."""
+
+    async def nobody(_peer: str) -> bool:
+        return False
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True))
+            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
+            other = await stack.enter_async_context(node(stack, trusts=[relay]))
+            learn(other, home.host)
+            asked: list[INetStream] = []
+
+            async def record(stream: INetStream) -> None:
+                asked.append(stream)
+                await stream.reset()
+
+            other.host.set_stream_handler(PROTOCOL_ID, record)
+            puncher = HolePuncher(home.host, admit=nobody, timeout_s=2.0, check_s=3600.0)
+            with trio.fail_after(10):
+                await other.rpc.request(home.host.get_id(), ECHO, b"x", LIMITS)
+                assert is_relayed(home.host, other.host.get_id())
+                assert not await puncher.attempt(other.host.get_id())
+                await trio.sleep(0.2)
+            assert not asked and puncher.attempts == 0 and puncher.refused == 1
+            assert not puncher._after  # nothing kept per peer that is not admitted
+
+    trio.run(main)
+
+
+def test_a_request_on_the_circuit_longer_than_the_drain_is_answered(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The circuit a punch replaced is kept while a request on it may still be answered (its
+    deadline, or the longest this node's handlers may take), not cut at ``drain_s``: a
+    gradient exchange waits on its round up to twice the hop deadline."""
+    import gwtf.node.p2p.holepunch as holepunch
+
+    monkeypatch.setattr(holepunch, "punchable", lambda _addr: True)  # loopback stands in
+
+    async def slow(_peer: str, request: bytes) -> bytes:
+        await trio.sleep(1.5)
+        return request
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True))
+            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
+            other = await stack.enter_async_context(node(stack, trusts=[relay]))
+            other.rpc.serve(SLOW, slow, LIMITS)
+            learn(other, home.host)
+            peer = other.host.get_id()
+            replies: list[bytes] = []
+            async with trio.open_nursery() as nursery:
+                puncher = HolePuncher(
+                    home.host, timeout_s=2.0, check_s=3600.0, drain_s=0.3, on_direct=home.rpc.retire
+                )
+                puncher.serve(nursery)
+                own = [multiaddr.Multiaddr(f"/ip4/{ip}/tcp/{port}").to_bytes()
+                       for ip, port in listen_ports(other.host)]  # fmt: skip
+                with trio.fail_after(20):
+                    await other.rpc.request(home.host.get_id(), ECHO, b"x", LIMITS)
+                    assert is_relayed(home.host, peer)
+
+                    async def in_flight() -> None:
+                        replies.append(await home.rpc.request(peer, SLOW, b"slow", LIMITS))
+
+                    async with trio.open_nursery() as requests:
+                        requests.start_soon(in_flight)
+                        await trio.sleep(0.2)  # the request is on the circuit
+                        stream = await other.host.new_stream(home.host.get_id(), [PROTOCOL_ID])
+                        await write_delimited_msg(
+                            stream, HolePunch(type=HolePunch.CONNECT, ObsAddrs=own)
+                        )
+                        await stream.read(4096)
+                        await write_delimited_msg(stream, HolePunch(type=HolePunch.SYNC))
+                    assert puncher.punched == 1
+                assert replies == [b"slow"]
+                nursery.cancel_scope.cancel()
 
     trio.run(main)

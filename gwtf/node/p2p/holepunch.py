@@ -24,13 +24,14 @@ peer, at most three times for the life of the connection. Here:
   the punch's packets there; a symmetric NAT does not, and the punch fails;
 * requests in flight on the circuit are not cut: each end stops opening requests on it and
   closes its streams there as their replies arrive, and the circuit is closed when none is
-  left (``drain_s`` at most);
+  left (after ``drain_s`` or the longest deadline of a request that may be on it, at most);
 * of two nodes the lower peer id starts the attempt, as soon as it dials the circuit or,
   within ``check_s``, notices one the other dialled; one attempt per peer at a time, at most
   ``MAX_SESSIONS`` at once, and after a failure the next attempt to that peer waits
-  ``backoff_s``, doubled on each failure up to ``max_backoff_s``: a punch that cannot work
-  (a symmetric NAT, routers that answer the early SYN with a reset) costs a few seconds every
-  few minutes, never a stall: the circuit stays in use throughout.
+  ``backoff_s``, doubled on each failure up to ``max_backoff_s`` (after a success,
+  ``backoff_s``: a peer that drops each punched connection is not punched every round trip):
+  a punch that cannot work (a symmetric NAT, routers that answer the early SYN with a reset)
+  costs a few seconds every few minutes, never a stall: the circuit stays in use throughout.
 """
 
 from __future__ import annotations
@@ -70,7 +71,16 @@ MAX_SESSIONS = 4
 #: bed's public space).
 _LOCAL_NETWORKS = tuple(
     ipaddress.ip_network(net)
-    for net in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
+    for net in (
+        "0.0.0.0/8",  # "this network"
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.0.0.0/24",  # protocol assignments: DS-Lite's B4, NAT64 discovery
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "fc00::/7",
+        "fec0::/10",  # site-local, deprecated but still routed on some LANs
+    )
 )
 
 
@@ -160,16 +170,18 @@ class HolePuncher:
     host: IHost
     admit: Admission = admit_everyone
     #: Told of each peer a punch connected directly, before its circuit is closed: moves the
-    #: node's open streams to the peer off the circuit (``RequestResponse.retire``).
-    on_direct: Callable[[ID], Awaitable[None]] | None = None
+    #: node's open streams to the peer off the circuit (``RequestResponse.retire``), and says
+    #: how long a request in flight on it may still take (the circuit is kept that long).
+    on_direct: Callable[[ID], Awaitable[float]] | None = None
     #: Each message's wait and each dial's deadline.
     timeout_s: float = 5.0
     #: How often peers connected through a relay only are looked for.
     check_s: float = 2.0
     backoff_s: float = 30.0
     max_backoff_s: float = 600.0
-    #: How long the circuit may still carry streams begun before the upgrade (a request's
-    #: deadline, at most; streams nobody closes, gossip's, are cut then).
+    #: How long the circuit may still carry streams begun before the upgrade, at least (a
+    #: request in flight on it is waited for up to its deadline, as ``on_direct`` says;
+    #: streams nobody closes, gossip's, are cut then).
     drain_s: float = 30.0
     attempts: int = 0
     punched: int = 0
@@ -224,9 +236,14 @@ class HolePuncher:
         if not self._may_start(peer):
             return bool(direct_connections(self.host, peer))
         self._busy.add(peer)
-        self.attempts += 1
         stream: INetStream | None = None
         try:
+            # Anyone may reach this node through its relay, with any number of peer ids.
+            if not await self.admit(str(peer)):
+                self.refused += 1
+                log.info("no hole punch to %s: not admitted", peer)
+                return False
+            self.attempts += 1
             relay = relay_through(self.host, peer)
             assert relay is not None
             ours = await self._own_addresses(relay)
@@ -253,19 +270,28 @@ class HolePuncher:
 
     async def _answer(self, stream: INetStream) -> None:
         peer = stream.muxed_conn.peer_id
-        if (
-            peer in self._busy
-            or len(self._busy) >= MAX_SESSIONS
-            or relay_through(self.host, peer) is None
-            or trio.current_time() < self._after.get(peer, (0, 0.0))[1]
-            or not await self.admit(str(peer))
-        ):
+        free = (
+            peer not in self._busy
+            and len(self._busy) < MAX_SESSIONS
+            and relay_through(self.host, peer) is not None
+            and trio.current_time() >= self._after.get(peer, (0, 0.0))[1]
+        )
+        # The session is held across admission (a chain lookup may wait): the peer's other
+        # streams opened meanwhile meet it, not an empty ``_busy``.
+        admitted = False
+        if free:
+            self._busy.add(peer)
+            try:
+                admitted = await self.admit(str(peer))
+            finally:
+                if not admitted:
+                    self._busy.discard(peer)
+        if not admitted:
             self.refused += 1
             log.info("refused a hole punch from %s: busy, too soon, not relayed or not admitted",
                      peer)  # fmt: skip
             await end_stream(stream, reset=True)
             return
-        self._busy.add(peer)
         self.attempts += 1
         ok = False
         try:
@@ -324,7 +350,9 @@ class HolePuncher:
         if ok:
             self.punched += 1
             self._punched.add(peer)
-            self._after.pop(peer, None)
+            # The failure count starts over, but not at once: a peer that drops each direct
+            # connection it gets could otherwise have this node dial every round trip.
+            self._after[peer] = (0, trio.current_time() + self.backoff_s)
             log.info("direct connection to %s: hole punch succeeded", peer)
             if self._nursery is not None:
                 self._nursery.start_soon(self._drop_circuit, peer)
@@ -341,14 +369,15 @@ class HolePuncher:
         """Close the circuits to ``peer`` once their streams ended (or ``drain_s`` passed).
         New streams take the direct connection meanwhile (py-libp2p prefers a direct one), and
         both ends retire their request streams on the circuit as their requests are answered."""
+        drain_s = self.drain_s
         if self.on_direct is not None:
-            await self.on_direct(peer)
+            drain_s = max(drain_s, await self.on_direct(peer))
         circuits = [
             c
             for c in self.host.get_network().connections.get(peer) or []
             if any(is_circuit(a) for a in c.get_transport_addresses())
         ]
-        with trio.move_on_after(self.drain_s):
+        with trio.move_on_after(drain_s):
             while any(c.get_streams() for c in circuits):
                 await trio.sleep(0.1)
         for circuit in circuits:

@@ -192,6 +192,8 @@ class RequestResponse:
     refused: dict[str, int] = field(default_factory=dict)
     streams_opened: int = 0
     _channels: dict[tuple[str, str], _Channel] = field(default_factory=dict)
+    #: The longest deadline of a served protocol: how long a peer's request may be in flight.
+    _longest_served_s: float = 0.0
     _opening: dict[tuple[str, str], trio.Lock] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -212,6 +214,8 @@ class RequestResponse:
         ``public``, peers the run does not admit are answered too, within its rate, by
         ``outsiders`` when given (what a protocol serves anyone may be less than it serves the
         run's nodes)."""
+
+        self._longest_served_s = max(self._longest_served_s, limits.timeout_s)
 
         async def on_stream(stream: INetStream) -> None:
             peer = str(stream.muxed_conn.peer_id)
@@ -401,17 +405,27 @@ class RequestResponse:
         await self.host.get_network().close_peer(peer)
         self.dialer.forgive(peer)
 
-    async def retire(self, peer: ID) -> None:
+    async def retire(self, peer: ID) -> float:
         """Send no new request on the streams open to ``peer`` (a direct connection replaced
         the circuit they run on): the next request opens a new stream, which py-libp2p puts on
         the direct connection, and each old stream is closed once its requests are answered,
-        so none of them fails for the switch."""
-        for key, channel in list(self._channels.items()):
-            if key[0] == str(peer):
-                del self._channels[key]
+        so none of them fails for the switch. Returns how long a request on the old streams,
+        either way, may still take (their deadlines, this node's handlers')."""
+        longest = self._longest_served_s
+        for key, lock in list(self._opening.items()):
+            if key[0] != str(peer):
+                continue
+            # A stream being opened now may have been put on the circuit: wait for it.
+            async with lock:
+                channel = self._channels.pop(key, None)
+                if channel is None:
+                    continue
                 channel.retiring = True
-                if not channel.waiters:  # a request adds its waiter before any checkpoint
+                if channel.waiters:
+                    longest = max(longest, channel.timeout_s)
+                else:  # a request adds its waiter before any checkpoint
                     await _close_quietly(channel.stream)
+        return longest
 
     async def _channel(self, peer: ID, protocol: str) -> _Channel:
         """The open stream to ``peer`` for ``protocol``, opened now if there is none."""
