@@ -16,6 +16,7 @@ from gwtf.contracts.encoding import (
     Eip712Domain,
     HopBatch,
     HopReceipt,
+    hop_key,
     receipt_digest,
     sign_digest,
 )
@@ -25,7 +26,9 @@ from gwtf.errors import ProtocolError
 
 def batch_of(receipts: Sequence[HopReceipt], domain: Eip712Domain) -> tuple[HopBatch, MerkleTree]:
     """The batch of ``receipts`` (at least one, all of one run, epoch, worker and counterparty,
-    no receipt twice) and its tree over their digests, in the order given."""
+    one receipt per hop key) and its tree over their digests, in the order given. Two receipts
+    of one hop key in a batch are an equivocation by both its signers (``proveEquivocation``
+    takes them from one batch as from two), so no batch holds them."""
     if not receipts:
         raise ProtocolError("a batch holds at least one receipt")
     first = receipts[0]
@@ -37,9 +40,9 @@ def batch_of(receipts: Sequence[HopReceipt], domain: Eip712Domain) -> tuple[HopB
                 f"epoch {first.epoch} cannot hold a receipt of {r.worker} for {r.counterparty} "
                 f"in run {r.runId} epoch {r.epoch}"
             )
+    if len({hop_key(r) for r in receipts}) != len(receipts):
+        raise ProtocolError("a batch holds one receipt per hop key")
     digests = [receipt_digest(r, domain) for r in receipts]
-    if len(set(digests)) != len(digests):
-        raise ProtocolError("a batch holds each receipt once")
     tree = build_tree(digests)
     return HopBatch.of(first, tree.root), tree
 

@@ -206,3 +206,46 @@ def test_a_tensor_dispute_takes_the_workers_batch_signature(staffed: Staffed) ->
     signed = event["args"]["workerSigned"]
     assert tuple(bytes(p) for p in signed["proof"]) == entry.proof
     assert bytes(signed["signature"]) == entry.worker_signature
+
+
+def test_no_batch_holds_two_receipts_of_one_hop_key(staffed: Staffed) -> None:
+    """Two versions of one hop in one batch convict both its signers (one signature, two
+    proofs), so an honest node's batch builder refuses them, as it refuses a receipt twice."""
+    w, s = staffed.w, staffed
+    receipts = forwards(s, range(3))
+    other = replace(receipts[1], outputDigest=keccak(text="another output"))
+    with pytest.raises(ProtocolError, match="one receipt per hop key"):
+        batch_of([*receipts, other], w.ledger_domain)
+    with pytest.raises(ProtocolError, match="one receipt per hop key"):
+        batch_of([receipts[0], receipts[0]], w.ledger_domain)
+    # Why: the same batch signed over both versions is an equivocation the contract convicts.
+    tree = build_tree([receipt_digest(r, w.ledger_domain) for r in [*receipts, other]])
+    root = replace(batch_of(receipts, w.ledger_domain)[0], root=tree.root)
+    by_b = sign_digest(root.digest(w.ledger_domain), s.b.private_key)
+    proof = fraud_proofs.equivocation(
+        s.b.address, receipts[1], by_b, other, by_b, tuple(tree.proof(1)), tuple(tree.proof(3)),
+    )  # fmt: skip
+    w.prove(proof)
+    assert w.status_of(s.b) == SLASHED
+
+
+def test_an_inner_node_of_an_honest_batch_signs_no_receipt(staffed: Staffed) -> None:
+    """OpenZeppelin's tree hashes inner nodes as bare 64-byte pairs and its leaves here are
+    receipt digests the contract computes itself (66-byte EIP-712 preimages), never taken from
+    the caller: a proof cut short at an inner node leads to no signed root, and no receipt's
+    digest can be an inner node without a keccak preimage."""
+    w, a = staffed.w, staffed.a
+    receipts = forwards(staffed, range(4))
+    entries = batch(staffed, receipts)
+    other = replace(receipts[0], outputDigest=keccak(text="another output"))
+    # The other version shown with the honest leaf's proof cut one level short.
+    cut = entries[0].proof[1:]
+    proof = fraud_proofs.equivocation(
+        a.address, entries[0].receipt, entries[0].worker_signature, other,
+        entries[0].worker_signature, entries[0].proof, cut,
+    )  # fmt: skip
+    nobody = recover_digest_signer(
+        signing_digest(other, w.ledger_domain, cut), entries[0].worker_signature
+    )
+    proof_reverts(w, proof, "NotOneSigner", a.address, nobody)
+    assert w.stake_of(a) == 2 * ETH
