@@ -31,7 +31,12 @@ from gwtf.node.receipts.evidence import (
     _limits,
     serve_evidence,
 )
-from gwtf.node.receipts.serving import Fetched, ReceiptServer, certified_page
+from gwtf.node.receipts.serving import (
+    Fetched,
+    ReceiptServer,
+    certified_page,
+    serve_receipts_forwarding,
+)
 from gwtf.node.store.database import open_database
 from gwtf.node.store.evidence import EvidenceArchive
 from gwtf.node.store.hops import HopStore
@@ -95,12 +100,15 @@ def _vote(
     input_: bytes,
     on_chain: bool,
     replicas_iteration: int = ITERATION,
+    data_at_home: bool = False,
 ) -> tuple[int | None, str]:
     """A juror's vote on a home worker's forward with output ``output``, read only through its
     data node, which forwards ``forged``'s weights and serves a certificate naming two
     replicas keeping ``replicas_keep`` at the hop's stage and iteration; ``on_chain``: the
     page served is the certificate on chain, else one whose replica leaves do not verify;
-    the replicas' certified hops are at ``replicas_iteration``."""
+    the replicas' certified hops are at ``replicas_iteration``. ``data_at_home``: the juror
+    cannot dial the data node either, and reads it, and the worker, through a relay it keeps a
+    connection to, which passes on the made-up weights in its place."""
     votes: list[tuple[int | None, str]] = []
 
     async def main() -> None:
@@ -109,9 +117,10 @@ def _vote(
             running_host(new_identity()) as data_store,
             running_host(new_identity()) as one,
             running_host(new_identity()) as two,
+            running_host(new_identity()) as relay,
         ):
             data_node = node_address_of_peer(data.get_id())
-            home = peer_id_of(new_identity())  # reached only through the data node
+            home = peer_id_of(new_identity())  # reached only through the data node (or relay)
             worker = node_address_of_peer(home)
             mates = [node_address_of_peer(p.get_id()) for p in (one, two)]
 
@@ -135,7 +144,11 @@ def _vote(
             ReceiptServer(store, terms, {0: served}.get).serve(RequestResponse(data), TIMEOUT_S)
             # The data node passes on made-up weights for the home worker (any target).
             serve_evidence(RequestResponse(data_store), forged, RUN, TIMEOUT_S)
-            forwarding = RequestResponse(data)
+            forwarder = relay if data_at_home else data
+            forwarding = RequestResponse(forwarder)
+            if data_at_home:
+                serve_receipts_forwarding(forwarding, TIMEOUT_S)
+                await forwarding.dialer.connect(data.get_id(), data.get_addrs())
 
             async def forge(_peer: str, request: bytes) -> bytes:
                 inner = request[1 + request[0] :]
@@ -149,7 +162,8 @@ def _vote(
             for replica in (one, two):
                 serve_evidence(RequestResponse(replica), replicas_keep, RUN, TIMEOUT_S)
             peers: Sequence[str] = [
-                full_address(data),
+                full_address(relay) if data_at_home else full_address(data),
+                *([f"/ip4/127.0.0.1/tcp/9/p2p/{data.get_id()}"] if data_at_home else []),
                 full_address(one),
                 full_address(two),
                 f"/ip4/127.0.0.1/tcp/9/p2p/{home}",  # at home: nothing listens there
@@ -193,6 +207,28 @@ def test_two_replicas_in_the_verified_certificate_still_convict_a_cheater(
         forged.keep_frame(0, frame)
         archive.keep_frame(0, frame)
     vote, why = _vote(tmp_path, archive, forged, plan, output, input_, on_chain=True)
+    assert vote == jury.WRONG, why
+    assert "relative error" in why, why
+
+
+def test_a_home_data_nodes_certificate_read_through_a_relay_names_replicas(
+    tmp_path: Path,
+) -> None:
+    """A juror that cannot dial the data node reads its certificate through the nodes it
+    reached, keeping the leaves that verify: their two replicas convict a cheater whose
+    forwarder passes on made-up weights (with no replica it would be unverifiable)."""
+    plan, _, archive = stage_with_kept_state(tmp_path / "true")
+    activation = torch.randn(2, 16, plan.config.d_model, generator=torch.Generator().manual_seed(1))
+    made_up = torch.randn(2, 16, plan.config.d_model, generator=torch.Generator().manual_seed(9))
+    input_ = codec.encode(MICROBATCH, activation, LIMITS)
+    output = codec.encode(MICROBATCH, made_up, LIMITS)
+    forged = _made_up_weights(plan, tmp_path / "forged")
+    for frame in (input_, output):
+        forged.keep_frame(0, frame)
+        archive.keep_frame(0, frame)
+    vote, why = _vote(
+        tmp_path, archive, forged, plan, output, input_, on_chain=True, data_at_home=True
+    )
     assert vote == jury.WRONG, why
     assert "relative error" in why, why
 

@@ -60,11 +60,18 @@ from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.audit.replays import (
     Replayed,
     evidence_source,
+    forwarders_of,
     forwards_of,
     replay_sample,
+    unreached_of,
     without_unsigned_forwards,
 )
-from gwtf.node.audit.runner import connect_peers, read_certificate_directly, verified_leaves
+from gwtf.node.audit.runner import (
+    connect_peers,
+    read_certificate_directly,
+    read_certificate_over,
+    verified_leaves,
+)
 from gwtf.node.chain.actions import Contracts, draw_salt_of, vote_salt_of
 from gwtf.node.chain.adapter import Sender
 from gwtf.node.chain.epochs import EpochLedger
@@ -402,7 +409,7 @@ async def _verdict(
         source = evidence_source(
             rpc, peers, reachable, {receipt.dataNode.lower()}, receipt.runId, timeout_s
         )
-        certified = await _certified(rpc, reachable, cert, domain, timeout_s)
+        certified = await _certified(rpc, peers, reachable, cert, domain, timeout_s)
         entry = _entry_of(certified, receipt, case.worker_signature, case.worker_proof)
         known = certified
         if receipt.direction == BACKWARD:
@@ -427,18 +434,29 @@ def _vote_of(replayed: Replayed) -> tuple[int, str]:
 
 async def _certified(
     rpc: RequestResponse,
+    peers: Sequence[str],
     reachable: dict[str, str],
     cert: CertRef | None,
     domain: Eip712Domain,
     timeout_s: float,
 ) -> list[SignedReceipt]:
     """The receipts of ``cert``'s leaves its data node serves that verify against the root on
-    chain: a leaf that does not is one the data node made up (its own sybils as replicas,
-    say), and names nothing."""
-    peer = None if cert is None else reachable.get(cert.dataNode.lower())
-    if cert is None or peer is None:
+    chain, read directly or, when it was not reached (at home), through the nodes reached as
+    an audit reads it: a leaf that does not verify is one the data node (or a forwarder) made
+    up, its own sybils as replicas say, and names nothing."""
+    if cert is None:
         return []
-    fetched, _ = await read_certificate_directly(rpc, cert, peer, timeout_s)
+    data_node = cert.dataNode.lower()
+    peer = reachable.get(data_node)
+    if peer is not None:
+        fetched, _ = await read_certificate_directly(rpc, cert, peer, timeout_s)
+    elif (at_home := unreached_of(peers, reachable).get(data_node)) is not None:
+        forwarders = forwarders_of(reachable, {data_node})
+        fetched, _, _ = await read_certificate_over(
+            rpc, cert, at_home, forwarders, domain, timeout_s
+        )
+    else:
+        return []
     verified = await trio.to_thread.run_sync(verified_leaves, cert, fetched, domain)
     return [entry for entry, _ in verified]
 
