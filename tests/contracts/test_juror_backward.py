@@ -98,7 +98,7 @@ def verdict(s: Staffed, tmp_path: Path, made: dict[str, Any], kept: list[str]) -
         ]
         replayer = Replayer(made["plan"], SETTINGS)
         case = case_of(s, made["backward"])
-        return trio.run(jury._verdict, case, peers, replayer, 10.0, s.w.ledger_domain)
+        return trio.run(jury._verdict, case, peers, replayer, 10.0, s.w.ledger_domain, None)
 
 
 def test_an_honest_backward_is_right_though_the_data_node_serves_no_certificate(

@@ -63,7 +63,7 @@ def test_a_cheating_worker_that_is_offline_for_the_vote_loses(tmp_path: Path) ->
                 f"/ip4/127.0.0.1/tcp/9/p2p/{offline}",  # nothing listens there
             ]
             votes.append(
-                await jury._verdict(case, peers, Replayer(plan, SETTINGS), TIMEOUT_S, domain)
+                await jury._verdict(case, peers, Replayer(plan, SETTINGS), TIMEOUT_S, domain, None)
             )
 
     run_bounded(main)

@@ -25,7 +25,10 @@ window (``gwtf/contracts/Court.sol``):
   answer says it keeps none (a forwarder's "not kept" is that route failing), and weights,
   which nobody signs, count against it only when read from it directly: a replay that is off
   only with weights a forwarder passed on is judged with weights two other replicas serve
-  identically, read from them directly (WRONG when off), as when the accused keeps none, and
+  identically, read from them directly (WRONG when off), as when the accused keeps none (a
+  replica is a worker of the stage with a hop at the iteration among the leaves of the data
+  node's certificate on chain that verify against its root: a data node cannot name its own
+  sybils with leaves it makes up), and
   voted RIGHT (not shown wrong) without those, so a forwarder makes the accused lose only
   where withholding would have;
 * anyone: draw a round whose seed block has passed (evicting a juror that left the registry
@@ -46,6 +49,7 @@ from gwtf.contracts.bindings import ContractRevert
 from gwtf.contracts.certificate_tree import SignedReceipt
 from gwtf.contracts.encoding import (
     BACKWARD,
+    CertRef,
     Eip712Domain,
     HopReceipt,
     ledger_domain,
@@ -56,18 +60,25 @@ from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.audit.replays import (
     Replayed,
     evidence_source,
+    forwarders_of,
     forwards_of,
     replay_sample,
+    unreached_of,
     without_unsigned_forwards,
 )
-from gwtf.node.audit.runner import connect_peers
+from gwtf.node.audit.runner import (
+    connect_peers,
+    read_certificate_directly,
+    read_certificate_over,
+    verified_leaves,
+)
 from gwtf.node.chain.actions import Contracts, draw_salt_of, vote_salt_of
 from gwtf.node.chain.adapter import Sender
+from gwtf.node.chain.epochs import EpochLedger
 from gwtf.node.chain.holds import first_dispute_block, logs_since
 from gwtf.node.p2p.host import running_host
 from gwtf.node.p2p.identity import new_identity
 from gwtf.node.p2p.rpc import RequestResponse
-from gwtf.node.receipts.serving import CERTIFIED, fetch_receipts
 
 # Court.Phase and the votes.
 SALTS, DRAWING, VOTING, RULED = 1, 2, 3, 4
@@ -337,7 +348,8 @@ async def _juror_steps(
     if int.from_bytes(commitment, "big") == 0 and drawn_at < at <= drawn_at + window:
         replayer = replayer_of(case.receipt.runId)
         domain = ledger_domain(contracts.w3.eth.chain_id, contracts.ledger.address)
-        vote, why = await _verdict(case, peers, replayer, timeout_s, domain)
+        cert = await trio.to_thread.run_sync(certificate_of, contracts, case.receipt)
+        vote, why = await _verdict(case, peers, replayer, timeout_s, domain, cert)
         if vote is None:
             return [Step(case.case_id, ABSTAINED, why)]
         sealed = court.functions.voteCommitment(case.case_id, r, node, vote, salt).call()
@@ -364,17 +376,28 @@ def _name(vote: int) -> str:
     return "wrong tensor" if vote == WRONG else "right tensor"
 
 
+def certificate_of(contracts: Contracts, receipt: HopReceipt) -> CertRef | None:
+    """The certificate on chain of the disputed receipt's data node and epoch (its last
+    submission), or None when it submitted none."""
+    certs = EpochLedger(contracts, receipt.runId, None).certificates(receipt.epoch)
+    mine = [c for c in certs if c.dataNode.lower() == receipt.dataNode.lower()]
+    return mine[0] if mine else None
+
+
 async def _verdict(
     case: Case,
     peers: Sequence[str],
     replayer: Replayer,
     timeout_s: float,
     domain: Eip712Domain,
+    cert: CertRef | None,
 ) -> tuple[int | None, str]:
     """Re-execute the disputed hop: (WRONG or RIGHT, what the replay found), or (None, why)
-    when this juror reached no peer at all. A backward's forward is the one its worker signed
-    and its counterparty countersigned, from the data node's certificate or from the worker
-    and its counterparty themselves."""
+    when this juror reached no peer at all. Only the leaves of ``cert`` (the data node's
+    certificate on chain; None: it has none) that verify against its root name the hop's
+    replicas and forwards. A backward's forward is the one its worker signed and its
+    counterparty countersigned, from those leaves or from the worker and its counterparty
+    themselves."""
     receipt = case.receipt
     if receipt_digest(receipt, domain) != case.receipt_digest:
         return None, "the disputed receipt is not under this ledger's signing domain"
@@ -386,7 +409,7 @@ async def _verdict(
         source = evidence_source(
             rpc, peers, reachable, {receipt.dataNode.lower()}, receipt.runId, timeout_s
         )
-        certified = await _certified(rpc, reachable, receipt, timeout_s)
+        certified = await _certified(rpc, peers, reachable, cert, domain, timeout_s)
         entry = _entry_of(certified, receipt, case.worker_signature, case.worker_proof)
         known = certified
         if receipt.direction == BACKWARD:
@@ -410,13 +433,32 @@ def _vote_of(replayed: Replayed) -> tuple[int, str]:
 
 
 async def _certified(
-    rpc: RequestResponse, reachable: dict[str, str], receipt: HopReceipt, timeout_s: float
+    rpc: RequestResponse,
+    peers: Sequence[str],
+    reachable: dict[str, str],
+    cert: CertRef | None,
+    domain: Eip712Domain,
+    timeout_s: float,
 ) -> list[SignedReceipt]:
-    peer = reachable.get(receipt.dataNode.lower())
-    if peer is None:
+    """The receipts of ``cert``'s leaves its data node serves that verify against the root on
+    chain, read directly or, when it was not reached (at home), through the nodes reached as
+    an audit reads it: a leaf that does not verify is one the data node (or a forwarder) made
+    up, its own sybils as replicas say, and names nothing."""
+    if cert is None:
         return []
-    fetched = await fetch_receipts(rpc, peer, receipt.runId, receipt.epoch, CERTIFIED, timeout_s)
-    return fetched.entries
+    data_node = cert.dataNode.lower()
+    peer = reachable.get(data_node)
+    if peer is not None:
+        fetched, _ = await read_certificate_directly(rpc, cert, peer, timeout_s)
+    elif (at_home := unreached_of(peers, reachable).get(data_node)) is not None:
+        forwarders = forwarders_of(reachable, {data_node})
+        fetched, _, _ = await read_certificate_over(
+            rpc, cert, at_home, forwarders, domain, timeout_s
+        )
+    else:
+        return []
+    verified = await trio.to_thread.run_sync(verified_leaves, cert, fetched, domain)
+    return [entry for entry, _ in verified]
 
 
 def _entry_of(

@@ -13,7 +13,10 @@ skipped work saves (``gwtf/contracts/README.md``, what deters a wrong tensor).
 it: the worker, else its neighbours, who keep the same frames as their output or input. The
 weights are the worker's own kept weights of that iteration, so no replica can frame an honest
 worker by serving made-up ones; a worker that keeps none is replayed with weights two other
-replicas of its stage serve identically, or not at all (``_weights``). Frames are checked by
+replicas of its stage serve identically, or not at all (``_weights``). A replica is a worker
+with a hop of the stage at that iteration among the certificate's leaves that verify against
+its root on chain (``replay_sample``'s entries): a data node naming its own sybils in leaves it
+made up names nobody. Frames are checked by
 their digest, but a state file is signed by nobody: one read through a forwarder may be
 made up by it. A replay off the tolerance with forwarded weights is tried again with the
 worker's weights over each other route (directly first); off with weights read from the worker
@@ -369,8 +372,11 @@ async def replay_sample(
     sample: Sequence[tuple[SignedReceipt, LeafProof | None]],
     progress: Progress = lambda step: None,
 ) -> list[Replayed]:
-    """Fetch each sampled hop's evidence and re-execute it (in a worker thread)."""
-    replicas = _replicas_by_stage(cert_entries)
+    """Fetch each sampled hop's evidence and re-execute it (in a worker thread).
+    ``cert_entries`` are the receipts of the certificate's leaves that verify against its root
+    on chain (``runner.verified_leaves``), with a backward's signed forwards: they alone name a
+    hop's forwards and its replicas, whose weights may judge it."""
+    replicas = _replicas_by_hop(cert_entries)
     forwards: dict[tuple[object, ...], list[bytes]] = {}
     for e in cert_entries:
         if e.receipt.direction == FORWARD:
@@ -390,7 +396,7 @@ async def _replay_one(
     replayer: Replayer,
     entry: SignedReceipt,
     leaf: LeafProof | None,
-    replicas: dict[int, list[str]],
+    replicas: dict[tuple[int, int], list[str]],
     forwards: dict[tuple[object, ...], list[bytes]],
 ) -> Replayed:
     r = entry.receipt
@@ -402,7 +408,7 @@ async def _replay_one(
         candidates = forwards.get(_forward_key(r), [])
         fetched = [await source.frame(r.epoch, digest, [worker]) for digest in candidates]
         forward_inputs = [frame for frame in fetched if frame is not None]
-    others = [n for n in replicas.get(r.stage, []) if n != worker]
+    others = [n for n in replicas.get((r.stage, r.iteration), []) if n != worker]
     weights = await _weights(source, r, worker, others)
     missing = [
         what
@@ -633,13 +639,14 @@ def relays_of(peers: dict[str, str], data_nodes: set[str]) -> dict[str, str]:
     return {node: peer for node, peer in peers.items() if node not in data_nodes}
 
 
-def _replicas_by_stage(entries: Sequence[SignedReceipt]) -> dict[int, list[str]]:
-    """Each stage's workers in the certificate, most hops first."""
-    counts: dict[int, dict[str, int]] = {}
+def _replicas_by_hop(entries: Sequence[SignedReceipt]) -> dict[tuple[int, int], list[str]]:
+    """The workers of each (stage, iteration) among ``entries`` (verified leaves), most hops
+    first: a replica counts only where the certificate holds a hop of its at that iteration."""
+    counts: dict[tuple[int, int], dict[str, int]] = {}
     for e in entries:
-        by_worker = counts.setdefault(e.receipt.stage, {})
+        by_worker = counts.setdefault((e.receipt.stage, e.receipt.iteration), {})
         by_worker[e.receipt.worker.lower()] = by_worker.get(e.receipt.worker.lower(), 0) + 1
-    return {stage: sorted(c, key=lambda w: -c[w]) for stage, c in counts.items()}
+    return {key: sorted(c, key=lambda w: -c[w]) for key, c in counts.items()}
 
 
 async def forwards_of(

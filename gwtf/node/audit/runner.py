@@ -70,6 +70,7 @@ from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.audit.replays import (
     UNREPLAYED,
     WRONG_TENSOR,
+    EvidenceSource,
     Progress,
     Replayed,
     draw_sample,
@@ -261,13 +262,8 @@ async def audit_epoch(
                 )
             )  # fmt: skip
             if seed is not None and sampling is not None:
-                # A hop a data node signed as its worker is no relay's work: an invalid hop
-                # already, with nothing to re-execute.
-                relay_hops = [p for p in served if p[0].receipt.worker.lower() not in data_nodes]
-                sample = draw_sample(seed, relay_hops, sampling.hops)
-                entries = [entry for entry, _ in served]
-                checked.replayed = await replay_sample(
-                    source, sampling.replayer, entries, sample, progress
+                checked.replayed = await replay_certificate(
+                    source, sampling, seed, cert, fetched, data_nodes, rules.domain, progress
                 )
                 found += replay_findings(cert, checked.replayed)
             state = await ask_chain(_certificate_state, contracts, cert)
@@ -304,6 +300,30 @@ async def audit_epoch(
         _as_of(SLASHED if f.accused in slashed else OPEN, f) for f in found
     ]  # fmt: skip
     return report
+
+
+async def replay_certificate(
+    source: EvidenceSource,
+    sampling: Sampling,
+    seed: bytes,
+    cert: CertRef,
+    fetched: Fetched,
+    data_nodes: set[str],
+    domain: Eip712Domain,
+    progress: Progress = lambda step: None,
+) -> list[Replayed]:
+    """Re-execute the sample ``seed`` draws of the relay hops ``fetched`` holds of ``cert``. A
+    hop's replicas and forwards come only from the leaves that verify against the root on chain
+    (``verified_leaves``): a direct reading may hold leaves that do not (reported
+    ``unproven``), and those could name a data node's sybils as replicas."""
+    served = leaves_of(fetched)
+    # A hop a data node signed as its worker is no relay's work: an invalid hop already, with
+    # nothing to re-execute.
+    relay_hops = [p for p in served if p[0].receipt.worker.lower() not in data_nodes]
+    sample = draw_sample(seed, relay_hops, sampling.hops)
+    verified = await trio.to_thread.run_sync(verified_leaves, cert, fetched, domain)
+    entries = [entry for entry, _ in verified]
+    return await replay_sample(source, sampling.replayer, entries, sample, progress)
 
 
 def reading_findings(
@@ -427,6 +447,17 @@ def _verified_pages(
         if bad:
             return [p for p in pages[:n] if p.entries], bad
     return [p for p in pages if p.entries], []
+
+
+def verified_leaves(
+    cert: CertRef, fetched: Fetched, domain: Eip712Domain
+) -> list[tuple[SignedReceipt, LeafProof]]:
+    """The leaves of ``fetched`` that verify against ``cert``'s root on chain, each with the
+    receipt it commits (``unverified_leaves``): the only leaves that may name a hop's replicas,
+    whose weights can judge it, since a data node could otherwise name its own sybils."""
+    served = leaves_of(fetched)
+    bad = set(unverified_leaves(cert, served, domain))
+    return [(entry, leaf) for entry, leaf in served if leaf.hop.index not in bad]
 
 
 def leaves_of(fetched: Fetched) -> list[tuple[SignedReceipt, LeafProof]]:
