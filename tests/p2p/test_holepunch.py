@@ -7,8 +7,10 @@ import contextlib
 from contextlib import AsyncExitStack
 
 import multiaddr
+import pytest
 import trio
-from libp2p.abc import INetStream
+from libp2p.abc import IHost, INetStream
+from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
 from libp2p.relay.circuit_v2.utils import write_delimited_msg
 
@@ -21,11 +23,36 @@ from gwtf.node.p2p.holepunch import (
     peer_addresses,
     punchable,
 )
-from gwtf.node.p2p.host import full_address
+from gwtf.node.p2p.host import full_address, running_host
+from gwtf.node.p2p.identity import new_identity, peer_id_of
 from gwtf.node.p2p.relay import is_relayed
 from tests.p2p.test_relay import ECHO, LIMITS, learn, node
 
 SLOW = "/gwtf/test-slow/1.0.0"
+
+
+def every_listener(host: IHost) -> list[tuple[str, int]]:
+    """Each (IP, port) ``host`` listens on, loopback included."""
+    return [
+        (a.value_for_protocol("ip4"), int(a.value_for_protocol("tcp")))
+        for listener in host.get_network().listeners.values()
+        for a in listener.get_addrs()
+    ]
+
+
+def own_addresses(host: IHost) -> list[bytes]:
+    return [
+        multiaddr.Multiaddr(f"/ip4/{ip}/tcp/{port}").to_bytes() for ip, port in every_listener(host)
+    ]
+
+
+@pytest.fixture
+def loopback_listener(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hosts here listen on 127.0.0.1 only: let a punch dial from there (a node never
+    does: ``test_a_node_on_loopback_only_does_not_punch``)."""
+    import gwtf.node.p2p.holepunch as holepunch
+
+    monkeypatch.setattr(holepunch, "listen_ports", every_listener)
 
 
 def test_only_tcp_addresses_of_public_unicast_hosts_are_punchable() -> None:
@@ -51,6 +78,7 @@ def test_a_peers_addresses_are_cut_to_the_punchable_few() -> None:
     assert [str(a) for a in kept] == [f"/ip4/203.0.113.{i}/tcp/4001" for i in range(MAX_ADDRESSES)]
 
 
+@pytest.mark.usefixtures("loopback_listener")
 def test_a_peer_naming_its_loopback_address_is_not_dialled_and_the_circuit_stays() -> None:
     async def main() -> None:
         async with AsyncExitStack() as stack:
@@ -65,8 +93,7 @@ def test_a_peer_naming_its_loopback_address_is_not_dialled_and_the_circuit_stays
                     await other.rpc.request(home.host.get_id(), ECHO, b"x", LIMITS)
                     assert is_relayed(other.host, home.host.get_id())
                     # ``other`` names the loopback address it listens on: dialling it would work.
-                    own = [multiaddr.Multiaddr(f"/ip4/{ip}/tcp/{port}").to_bytes()
-                           for ip, port in listen_ports(other.host)]  # fmt: skip
+                    own = own_addresses(other.host)
                     stream = await other.host.new_stream(home.host.get_id(), [PROTOCOL_ID])
                     await write_delimited_msg(
                         stream, HolePunch(type=HolePunch.CONNECT, ObsAddrs=own)
@@ -140,6 +167,7 @@ def test_retired_streams_finish_their_requests_and_new_ones_open_a_new_stream() 
     trio.run(main)
 
 
+@pytest.mark.usefixtures("loopback_listener")
 def test_concurrent_punches_from_one_peer_waiting_on_admission_run_one_session() -> None:
     """Admission may wait on the chain: the peer's other streams, opened meanwhile, must meet
     the session it already has (one per peer, at most ``MAX_SESSIONS`` in all), else each
@@ -180,6 +208,7 @@ def test_concurrent_punches_from_one_peer_waiting_on_admission_run_one_session()
     trio.run(main)
 
 
+@pytest.mark.usefixtures("loopback_listener")
 def test_a_peer_whose_punches_succeed_and_drop_still_waits_the_backoff(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A punch that succeeds must not let the peer ask for the next one at once: it could
     drop each direct connection it gets and punch again, with up to ``MAX_ADDRESSES - 1``
@@ -198,8 +227,7 @@ def test_a_peer_whose_punches_succeed_and_drop_still_waits_the_backoff(monkeypat
             async with trio.open_nursery() as nursery:
                 puncher = HolePuncher(home.host, timeout_s=2.0, check_s=3600.0, drain_s=0.0)
                 puncher.serve(nursery)
-                own = [multiaddr.Multiaddr(f"/ip4/{ip}/tcp/{port}").to_bytes()
-                       for ip, port in listen_ports(other.host)]  # fmt: skip
+                own = own_addresses(other.host)
 
                 async def punch() -> None:
                     with contextlib.suppress(Exception):  # a refused one is reset
@@ -260,6 +288,7 @@ def test_a_stream_being_opened_when_the_circuit_is_retired_is_retired_too() -> N
     trio.run(main)
 
 
+@pytest.mark.usefixtures("loopback_listener")
 def test_a_peer_not_admitted_is_not_punched_to() -> None:
     """Anyone may reach a node through its relay with a fresh peer id: the node must not
     start a punch to it (name its public address, dial the addresses it answers with) unless
@@ -293,6 +322,7 @@ def test_a_peer_not_admitted_is_not_punched_to() -> None:
     trio.run(main)
 
 
+@pytest.mark.usefixtures("loopback_listener")
 def test_a_request_on_the_circuit_longer_than_the_drain_is_answered(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The circuit a punch replaced is kept while a request on it may still be answered (its
     deadline, or the longest this node's handlers may take), not cut at ``drain_s``: a
@@ -319,8 +349,7 @@ def test_a_request_on_the_circuit_longer_than_the_drain_is_answered(monkeypatch)
                     home.host, timeout_s=2.0, check_s=3600.0, drain_s=0.3, on_direct=home.rpc.retire
                 )
                 puncher.serve(nursery)
-                own = [multiaddr.Multiaddr(f"/ip4/{ip}/tcp/{port}").to_bytes()
-                       for ip, port in listen_ports(other.host)]  # fmt: skip
+                own = own_addresses(other.host)
                 with trio.fail_after(20):
                     await other.rpc.request(home.host.get_id(), ECHO, b"x", LIMITS)
                     assert is_relayed(home.host, peer)
@@ -340,5 +369,137 @@ def test_a_request_on_the_circuit_longer_than_the_drain_is_answered(monkeypatch)
                     assert puncher.punched == 1
                 assert replies == [b"slow"]
                 nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def peer_ids_above(host: IHost, count: int) -> list[ID]:
+    """``count`` fresh peer ids above ``host``'s (peers it starts punches to)."""
+    found: list[ID] = []
+    while len(found) < count:
+        peer = peer_id_of(new_identity())
+        if str(peer) > str(host.get_id()):
+            found.append(peer)
+    return found
+
+
+@pytest.mark.usefixtures("loopback_listener")
+def test_a_punch_is_answered_without_waiting_on_the_relay(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The starting side dials half the round trip of its CONNECT after the answer: an answer
+    that first asks the relay for this node's public IP delays it by that lookup. It is looked
+    up ahead, at the relay of the slot it holds; here the relay stops answering after that."""
+    import gwtf.node.p2p.holepunch as holepunch
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True))
+            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
+            other = await stack.enter_async_context(node(stack, trusts=[relay]))
+            learn(other, home.host)
+            async with trio.open_nursery() as nursery:
+                puncher = HolePuncher(home.host, timeout_s=2.0, check_s=3600.0, refresh_s=0.1)
+                puncher.serve(nursery)
+                with trio.fail_after(10):
+                    while not puncher._fresh(relay.host.get_id()):
+                        await trio.sleep(0.05)
+
+                    async def unanswered(*_args: object) -> str | None:
+                        await trio.sleep_forever()
+                        return None
+
+                    monkeypatch.setattr(holepunch, "observed_ip", unanswered)
+                    await other.rpc.request(home.host.get_id(), ECHO, b"x", LIMITS)
+                    assert is_relayed(other.host, home.host.get_id())
+                    stream = await other.host.new_stream(home.host.get_id(), [PROTOCOL_ID])
+                    await write_delimited_msg(stream, HolePunch(type=HolePunch.CONNECT))
+                    answer = await holepunch._read(stream)
+                assert answer is not None and answer.type == HolePunch.CONNECT
+                port = every_listener(home.host)[0][1]
+                named = [str(multiaddr.Multiaddr(a)) for a in answer.ObsAddrs]
+                assert named == [f"/ip4/127.0.0.1/tcp/{port}"]
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_circuit_opened_as_the_node_stops_starts_nothing_and_raises_nothing(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``CircuitDialer.on_circuit`` must not raise: a circuit that opens as the node stops (its
+    nursery closed) is told to ``schedule`` all the same."""
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            home = await stack.enter_async_context(node(stack))
+            puncher = HolePuncher(home.host, check_s=3600.0)
+            async with trio.open_nursery() as nursery:
+                puncher.serve(nursery)
+                nursery.cancel_scope.cancel()
+            monkeypatch.setattr(puncher, "_may_start", lambda _peer: True)  # relayed, due
+            puncher.schedule(peer_ids_above(home.host, 1)[0])
+            assert puncher.attempts == 0
+
+    trio.run(main)
+
+
+def test_only_listeners_off_loopback_are_punch_sources() -> None:
+    async def main() -> None:
+        both = ("/ip4/127.0.0.1/tcp/0", "/ip4/0.0.0.0/tcp/0")
+        async with running_host(new_identity(), listen=both) as host:
+            assert [ip for ip, _port in listen_ports(host)] == ["0.0.0.0"]
+        async with running_host(new_identity()) as host:
+            assert listen_ports(host) == []
+
+    trio.run(main)
+
+
+def test_a_node_on_loopback_only_does_not_punch() -> None:
+    """Its punch would leave from 127.0.0.1, which no router sees: it neither starts nor
+    answers one (the local swarm and the demo are reachable anyway)."""
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True))
+            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
+            other = await stack.enter_async_context(node(stack, trusts=[relay]))
+            learn(other, home.host)
+            async with trio.open_nursery() as nursery:
+                puncher = HolePuncher(home.host, timeout_s=2.0, check_s=3600.0)
+                puncher.serve(nursery)
+                with trio.fail_after(10):
+                    await other.rpc.request(home.host.get_id(), ECHO, b"x", LIMITS)
+                    assert is_relayed(home.host, other.host.get_id())
+                    assert not await puncher.attempt(other.host.get_id())
+                    stream = await other.host.new_stream(home.host.get_id(), [PROTOCOL_ID])
+                    with contextlib.suppress(Exception):  # the home resets it
+                        await write_delimited_msg(stream, HolePunch(type=HolePunch.CONNECT))
+                    while puncher.refused == 0:
+                        await trio.sleep(0.05)
+                assert puncher.attempts == 0
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_backoffs_long_over_are_forgotten_and_at_most_a_cap_kept(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import gwtf.node.p2p.holepunch as holepunch
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            home = await stack.enter_async_context(node(stack))
+            puncher = HolePuncher(home.host, backoff_s=1.0, max_backoff_s=10.0)
+            gone, recent, failed = peer_ids_above(home.host, 3)
+            now = trio.current_time()
+            puncher._after[gone] = (4, now - 11.0)  # over for longer than the longest backoff
+            puncher._after[recent] = (4, now - 5.0)
+            puncher._settle(failed, False)
+            assert list(puncher._after) == [recent, failed]
+            monkeypatch.setattr(holepunch, "MAX_REMEMBERED", 4)
+            more = peer_ids_above(home.host, 5)
+            for peer in more:
+                puncher._settle(peer, False)
+            assert list(puncher._after) == more[-4:]  # the least recently settled out
+            # Peers punched to are kept while directly connected only (none is here).
+            puncher._punched.update(more)
+            puncher._settle(failed, True)
+            assert puncher._punched == {failed}
 
     trio.run(main)

@@ -21,7 +21,11 @@ peer, at most three times for the life of the connection. Here:
 * a node's own public address is its IP as the relay of the circuit observes it (identify's
   ``observed_addr``, asked of that relay only: a relay this node trusts already) with the port
   it listens on: a router that keeps source ports (plain MASQUERADE, most home routers) maps
-  the punch's packets there; a symmetric NAT does not, and the punch fails;
+  the punch's packets there; a symmetric NAT does not, and the punch fails. The IP is looked
+  up ahead at each relay the node is reached through (again after ``own_ttl_s`` or on a new
+  connection to the relay), so that the answer to CONNECT, whose round trip times the
+  starting side's dial, waits for nothing. The punch leaves from a listener off loopback (the
+  wildcard or an interface's address); a node that listens on loopback only does not punch;
 * requests in flight on the circuit are not cut: each end stops opening requests on it and
   closes its streams there as their replies arrive, and the circuit is closed when none is
   left (after ``drain_s`` or the longest deadline of a request that may be on it, at most);
@@ -32,6 +36,8 @@ peer, at most three times for the life of the connection. Here:
   ``backoff_s``: a peer that drops each punched connection is not punched every round trip):
   a punch that cannot work (a symmetric NAT, routers that answer the early SYN with a reset)
   costs a few seconds every few minutes, never a stall: the circuit stays in use throughout.
+  Backoffs are kept for ``MAX_REMEMBERED`` peers at most, each until ``max_backoff_s`` after
+  it ended.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ from libp2p.relay.circuit_v2.utils import write_delimited_msg
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
 
 from gwtf.node.p2p.addresses import MAX_ADDRESSES
-from gwtf.node.p2p.relay import end_stream, is_circuit, relay_through
+from gwtf.node.p2p.relay import end_stream, is_circuit, relay_of, relay_through
 from gwtf.node.p2p.rpc import Admission, admit_everyone
 
 log = logging.getLogger(__name__)
@@ -66,6 +72,9 @@ MAX_MESSAGE_BYTES = 4096
 MAX_IDENTIFY_BYTES = 8192
 #: Sessions (either side) this node runs at once.
 MAX_SESSIONS = 4
+#: Peers whose backoff (and failures in a row) a node keeps, the least recently settled
+#: forgotten first.
+MAX_REMEMBERED = 1024
 #: Networks no peer may send this node to (``ipaddress``'s ``is_private`` would also refuse
 #: documentation and benchmarking ranges, which go nowhere on the internet and are the test
 #: bed's public space).
@@ -142,15 +151,22 @@ async def observed_ip(host: IHost, relay: ID, timeout_s: float) -> str | None:
 
 
 def listen_ports(host: IHost) -> list[tuple[str, int]]:
-    """The (IP, TCP port) pairs ``host`` listens on, IPv4 first."""
+    """The (IP, TCP port) pairs ``host`` listens on that a punch may dial from, IPv4 first:
+    not loopback, whose packets never reach the router (a node that also listens there would
+    otherwise bind its punch to 127.0.0.1). None: this node does not punch."""
     found = []
     for listener in host.get_network().listeners.values():
         for addr in listener.get_addrs():
             names = [p.name for p in addr.protocols()]
-            if names[:2] in (["ip4", "tcp"], ["ip6", "tcp"]):
-                found.append(
-                    (addr.value_for_protocol(names[0]), int(addr.value_for_protocol("tcp")))
-                )
+            if names[:2] not in (["ip4", "tcp"], ["ip6", "tcp"]):
+                continue
+            ip = addr.value_for_protocol(names[0])
+            try:
+                if ipaddress.ip_address(ip).is_loopback:
+                    continue
+            except ValueError:
+                continue
+            found.append((ip, int(addr.value_for_protocol("tcp"))))
     return sorted(found, key=lambda pair: ":" in pair[0])
 
 
@@ -183,6 +199,11 @@ class HolePuncher:
     #: request in flight on it is waited for up to its deadline, as ``on_direct`` says;
     #: streams nobody closes, gossip's, are cut then).
     drain_s: float = 30.0
+    #: How often the relays this node is reached through are checked for a public IP to
+    #: look up again (none yet, ``own_ttl_s`` passed, or a new connection to the relay: a new
+    #: public IP drops the old ones).
+    refresh_s: float = 2.0
+    own_ttl_s: float = 300.0
     attempts: int = 0
     punched: int = 0
     failures: int = 0
@@ -190,23 +211,46 @@ class HolePuncher:
     _busy: set[ID] = field(default_factory=set)
     #: Peers a punch connected directly (at most those a circuit ever reached).
     _punched: set[ID] = field(default_factory=set)
-    #: peer -> (failures in a row, ``trio.current_time`` before which no attempt starts)
+    #: peer -> (failures in a row, ``trio.current_time`` before which no attempt starts), the
+    #: least recently settled first; at most ``MAX_REMEMBERED``.
     _after: dict[ID, tuple[int, float]] = field(default_factory=dict)
+    #: relay -> (this node's IP as the relay sees it, the connection it saw, when): looked up
+    #: ahead, so that an answer to a peer's CONNECT waits for nothing (the peer times its dial
+    #: by that round trip).
+    _own: dict[ID, tuple[str, INetConn, float]] = field(default_factory=dict)
+    _looking: dict[ID, trio.Event] = field(default_factory=dict)
     _nursery: trio.Nursery | None = None
 
     def serve(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
         self.host.set_stream_handler(PROTOCOL_ID, self._answer)
         nursery.start_soon(self._watch)
+        nursery.start_soon(self._keep_own_addresses)
 
     def schedule(self, peer: ID) -> None:
         """Start an attempt to ``peer`` in the background, if this node is the one of the two
         that starts (the lower peer id: two attempts that cross refuse each other, as each end
-        is busy) and none is running or due later."""
-        if self._nursery is None or str(peer) < str(self.host.get_id()):
+        is busy) and none is running or due later. Either way, look up this node's public IP
+        at the circuit's relay if not known, for the punch to come. Never raises."""
+        if self._nursery is None:
             return
-        if self._may_start(peer):
-            self._nursery.start_soon(self.attempt, peer)
+        relay = relay_through(self.host, peer)
+        if relay is not None and not self._fresh(relay) and listen_ports(self.host):
+            self._spawn(self._refresh, relay)
+        if str(peer) > str(self.host.get_id()) and self._may_start(peer):
+            self._spawn(self.attempt, peer)
+
+    def _spawn(self, task: Callable[[ID], Awaitable[object]], peer: ID) -> None:
+        """Run ``task(peer)`` in the node's nursery; nothing once the node is stopping (its
+        nursery cancelled or closed): ``CircuitDialer.on_circuit`` must not raise."""
+        nursery = self._nursery
+        if nursery is None or nursery.cancel_scope.cancel_called:
+            log.debug("hole punching has stopped: no %s for %s", task.__name__, peer)
+            return
+        try:
+            nursery.start_soon(task, peer)
+        except RuntimeError as exc:  # trio: the nursery is closed to new arrivals
+            log.debug("hole punching has stopped: no %s for %s: %s", task.__name__, peer, exc)
 
     async def _watch(self) -> None:
         """Every ``check_s``, schedule an attempt to each peer connected through a relay only
@@ -215,6 +259,62 @@ class HolePuncher:
             await trio.sleep(self.check_s)
             for peer in list(self.host.get_network().connections):
                 self.schedule(peer)
+
+    async def _keep_own_addresses(self) -> None:
+        """Every ``refresh_s``, look up this node's public IP at each relay it is reached
+        through that has none fresh, and forget the relays it is no longer connected to."""
+        while True:
+            for relay in [r for r, seen in self._own.items() if not self._open(r, seen[1])]:
+                del self._own[relay]
+            async with trio.open_nursery() as lookups:
+                for relay in self._relays() if listen_ports(self.host) else ():
+                    if not self._fresh(relay):
+                        lookups.start_soon(self._refresh, relay)
+            await trio.sleep(self.refresh_s)
+
+    def _relays(self) -> set[ID]:
+        """The relays this node is connected to and reached through: those of its own
+        circuit addresses (the slots it holds) and of its circuits to peers."""
+        network = self.host.get_network()
+        found = set()
+        for addr in self.host.get_addrs():
+            if is_circuit(addr):
+                try:
+                    found.add(relay_of(addr).peer_id)
+                except Exception as exc:  # its own addresses; defensive
+                    log.debug("no relay in own address %s: %s", addr, exc)
+        for peer in list(network.connections):
+            relay = relay_through(self.host, peer)
+            if relay is not None:
+                found.add(relay)
+        return {relay for relay in found if network.connections.get(relay)}
+
+    def _open(self, relay: ID, connection: INetConn) -> bool:
+        return connection in (self.host.get_network().connections.get(relay) or [])
+
+    def _fresh(self, relay: ID) -> bool:
+        seen = self._own.get(relay)
+        return (
+            seen is not None
+            and self._open(relay, seen[1])
+            and trio.current_time() < seen[2] + self.own_ttl_s
+        )
+
+    async def _refresh(self, relay: ID) -> None:
+        """Look up this node's IP as ``relay`` sees it (one lookup per relay at a time)."""
+        pending = self._looking.get(relay)
+        if pending is not None:
+            await pending.wait()
+            return
+        done = self._looking[relay] = trio.Event()
+        try:
+            connections = list(self.host.get_network().connections.get(relay) or [])
+            ip = await observed_ip(self.host, relay, self.timeout_s)
+            if ip is not None and connections:
+                self._own[relay] = (ip, connections[0], trio.current_time())
+        finally:
+            del self._looking[relay]
+            done.set()
 
     def direct_peers(self) -> list[str]:
         """The peers a punch connected directly that are still connected so."""
@@ -225,7 +325,7 @@ class HolePuncher:
         return peer in self._busy
 
     def _may_start(self, peer: ID) -> bool:
-        if peer in self._busy or len(self._busy) >= MAX_SESSIONS:
+        if peer in self._busy or len(self._busy) >= MAX_SESSIONS or not listen_ports(self.host):
             return False
         if direct_connections(self.host, peer) or relay_through(self.host, peer) is None:
             return False
@@ -274,6 +374,7 @@ class HolePuncher:
             peer not in self._busy
             and len(self._busy) < MAX_SESSIONS
             and relay_through(self.host, peer) is not None
+            and bool(listen_ports(self.host))
             and trio.current_time() >= self._after.get(peer, (0, 0.0))[1]
         )
         # The session is held across admission (a chain lookup may wait): the peer's other
@@ -316,9 +417,11 @@ class HolePuncher:
         self._settle(peer, ok)
 
     async def _own_addresses(self, relay: ID) -> list[bytes]:
-        ip = await observed_ip(self.host, relay, self.timeout_s)
-        if ip is None:
-            return []
+        if not self._fresh(relay):  # not looked up ahead (the circuit opened just now)
+            await self._refresh(relay)
+            if not self._fresh(relay):
+                return []
+        ip = self._own[relay][0]
         family = "ip6" if ":" in ip else "ip4"
         ports = [port for at, port in listen_ports(self.host) if (":" in at) == (family == "ip6")]
         return [multiaddr.Multiaddr(f"/{family}/{ip}/tcp/{p}").to_bytes() for p in ports[:2]]
@@ -349,21 +452,33 @@ class HolePuncher:
     def _settle(self, peer: ID, ok: bool) -> bool:
         if ok:
             self.punched += 1
+            self._punched = {p for p in self._punched if direct_connections(self.host, p)}
             self._punched.add(peer)
             # The failure count starts over, but not at once: a peer that drops each direct
             # connection it gets could otherwise have this node dial every round trip.
-            self._after[peer] = (0, trio.current_time() + self.backoff_s)
+            self._remember(peer, 0, trio.current_time() + self.backoff_s)
             log.info("direct connection to %s: hole punch succeeded", peer)
-            if self._nursery is not None:
-                self._nursery.start_soon(self._drop_circuit, peer)
+            self._spawn(self._drop_circuit, peer)
             return True
         self.failures += 1
         failed, _ = self._after.get(peer, (0, 0.0))
         wait = min(self.backoff_s * 2**failed, self.max_backoff_s)
-        self._after[peer] = (failed + 1, trio.current_time() + wait)
+        self._remember(peer, failed + 1, trio.current_time() + wait)
         log.info("no direct connection to %s: staying on the relay, next punch in %.0f s",
                  peer, wait)  # fmt: skip
         return False
+
+    def _remember(self, peer: ID, failed: int, until: float) -> None:
+        """Keep ``peer``'s backoff; forget peers whose backoff ended ``max_backoff_s`` ago (a
+        peer still on a circuit would have been tried since: it is gone), and the least
+        recently settled beyond ``MAX_REMEMBERED``."""
+        now = trio.current_time()
+        self._after.pop(peer, None)
+        for old in [p for p, (_, ends) in self._after.items() if ends + self.max_backoff_s < now]:
+            del self._after[old]
+        while len(self._after) >= MAX_REMEMBERED:
+            del self._after[next(iter(self._after))]
+        self._after[peer] = (failed, until)
 
     async def _drop_circuit(self, peer: ID) -> None:
         """Close the circuits to ``peer`` once their streams ended (or ``drain_s`` passed).
