@@ -1,4 +1,4 @@
-"""A node's receipts served over ``/gwtf/receipts/1.0.0`` (real libp2p hosts on 127.0.0.1, a
+"""A node's receipts served over ``/gwtf/receipts/2.0.0`` (real libp2p hosts on 127.0.0.1, a
 real SQLite store): every complete receipt it signed or countersigned, and a data node's
 certificate with each leaf's proof against its root, in bounded pages; the page formats hold
 against arbitrary bytes."""

@@ -4,7 +4,7 @@ A signed receipt is 323 fixed bytes (the receipt's fields in struct order, each 
 Solidity type's width, then the worker's and the counterparty's 65-byte signatures); a report
 is a u16 count and that many receipts. A worker's range of a certificate is its first and last
 leaf (the seven ``CertifiedHop`` values, 180 bytes) each with its Merkle proof (u8 length,
-32-byte hashes). A page of a node's receipts (``/gwtf/receipts/1.0.0``) is its total, offset
+32-byte hashes). A page of a node's receipts (``/gwtf/receipts/2.0.0``) is its total, offset
 and count, then that many receipts, each followed by its leaf and proof in a page of a
 certificate. Every decoder checks sizes and field ranges and
 raises ``ProtocolError``: a peer's bytes are never trusted.

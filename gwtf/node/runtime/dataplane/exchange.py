@@ -47,7 +47,7 @@ from gwtf.node.runtime.dataplane.try_token import NO_CHAIN_TRY_DOMAIN, TryTokenE
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_ID = "/gwtf/hop/8.0.0"
+PROTOCOL_ID = "/gwtf/hop/9.0.0"
 #: How long opening the hop stream to a peer may take (a dial: each address within 3 s, or a
 #: circuit through a relay), before the ack deadline starts.
 OPEN_S = 12.0
