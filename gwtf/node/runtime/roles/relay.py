@@ -50,6 +50,10 @@ from gwtf.node.training.stage_worker import StageWorker
 
 log = logging.getLogger(__name__)
 
+#: Ranges of microbatches answered ``Holds`` (``RelayRole._sealed``) kept per iteration: a few
+#: per data node (each asks for up to ``control.MAX_HOLDS`` at a time, at most a few rounds).
+MAX_SEALS = 1024
+
 
 @dataclass
 class Buffered:
@@ -116,6 +120,10 @@ class RelayRole:
     #: (iteration, microbatch, input digest) of a forward its origin let replace the held one
     #: -> the held input it may replace (``_admit``; taken by ``_check_held``).
     _admitted: dict[tuple[int, int, bytes], bytes] = field(default_factory=dict)
+    #: Iteration -> (origin, first, end) of the microbatches whose ``Holds`` their origin was
+    #: answered: done at the origin, so a backward of one arriving later is a copy (a repair
+    #: around a hop whose ack was lost) and is declined, not added to the answered sum.
+    _sealed: dict[int, set[tuple[str, int, int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
@@ -149,6 +157,8 @@ class RelayRole:
             redo = bool(header.flags & FLAG_REDO)
             if redo:
                 self._check_redo(header)
+            elif self._sealed_against(header):
+                raise Decline(self._sealed_why(header))
             elif key in self.sender.passed:
                 self._pass_on_again(header)
                 return None
@@ -255,26 +265,48 @@ class RelayRole:
         self._redo_from[key] = request.sender
         return control.encode_reply(True)
 
-    async def holds(self, request: control.Holds) -> bytes:
+    async def holds(self, request: control.Holds, origin: str = "") -> bytes:
         """Which of the asked microbatches this relay's accumulated gradient holds (read in the
         compute thread, which adds to it), once the backwards of that iteration that are here
         are computed (waiting at most an ack deadline, well within the asker's): a slow
         replica whose backward was repaired onto another still adds it to its sum, and
-        answered without it the duplicate would go unseen."""
+        answered without it the duplicate would go unseen. Asked by their ``origin`` (a data
+        node asks once every microbatch of its share is done), the answer is final: a
+        backward of them that arrives later is a copy and is declined (``_sealed_against``),
+        or it would count twice in the sum unseen."""
         with trio.move_on_after(self.plane.ack_deadline_s):
             while self.plane.backwards_here(request.iteration):
                 await trio.sleep(0.01)
 
+        end = request.first + request.count
+        sealed = self._sealed.setdefault(request.iteration, set())
+        if origin and len(sealed) < MAX_SEALS:
+            # Sealed before the answer is read in the compute thread: a backward computed
+            # there before is in the answer, one after checks the seal first (``_backward``).
+            sealed.add((origin, request.first, end))
+
         def held() -> list[int]:
             if self.worker.step_count != request.iteration or self.resyncing:
                 return []
-            end = request.first + request.count
             return sorted(m - request.first for m in self.worker.accumulated
                           if request.first <= m < end)  # fmt: skip
 
         offsets = await self._run(held)
         step = self.worker.step_count
         return control.encode_reply(True, stage=self.stage, step=step, held=offsets)
+
+    def _sealed_against(self, header: HopHeader) -> bool:
+        """Whether a backward's origin was answered ``Holds`` for its microbatch already."""
+        return any(
+            origin == header.origin and first <= header.microbatch_id < end
+            for origin, first, end in tuple(self._sealed.get(header.iteration, ()))
+        )
+
+    def _sealed_why(self, header: HopHeader) -> str:
+        return (
+            f"microbatch {header.microbatch_id} is done at its origin (its holds answered): a "
+            "late copy of its backward is not added to the gradient"
+        )
 
     async def forget(self, asker: str, request: control.Forget) -> bytes:
         """A data node resumed from its resume point trains ``request.iteration`` again: drop
@@ -284,6 +316,9 @@ class RelayRole:
         is at that step and no end is under way."""
         iteration = request.iteration
         async with self._ending:
+            # The asker trains the iteration again, its microbatches not done yet.
+            sealed = self._sealed.get(iteration, set())
+            self._sealed[iteration] = {seal for seal in sealed if seal[0] != asker}
             held = {k[1]: b.header.origin for k, b in self.buffers.items() if k[0] == iteration}
             mine = {microbatch for microbatch, origin in held.items() if origin == asker}
             if not held and self._closing < iteration:
@@ -359,6 +394,8 @@ class RelayRole:
     def _backward(
         self, header: HopHeader, frame: bytes, tensor: torch.Tensor, digest: bytes | None = None
     ) -> bytes:
+        if not header.flags & FLAG_REDO and self._sealed_against(header):
+            raise Decline(self._sealed_why(header))  # sealed while it waited for this thread
         if self._discarded == header.iteration and not header.flags & FLAG_REDO:
             raise Decline(
                 f"stage {self.stage} relay dropped its gradient of iteration "
@@ -583,6 +620,8 @@ class RelayRole:
                 del kept[key]
         for admitted in [key for key in self._admitted if key[0] < before]:
             del self._admitted[admitted]
+        for iteration in [i for i in self._sealed if i < before]:
+            del self._sealed[iteration]
 
     async def _resync(self) -> None:
         """Load the replicas' state until this relay has caught up with the latest round.

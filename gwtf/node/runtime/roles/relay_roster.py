@@ -144,9 +144,12 @@ class RelayRoster:
         is the last attempt (``control.EndIteration``)."""
         holders = holders or {}
         final = control.is_last_attempt(attempt)
+        # The holders answered this iteration's ``Holds``: probed even where a failed hop
+        # made the flow core count one dead (a stream cut under a live peer), or its
+        # gradients would be left out of every round, and unseen.
         stage_of = {
             relay: stage
-            for relay, stage in (await self.reachable()).items()
+            for relay, stage in ((await self.reachable()) | dict(holders)).items()
             if stages is None or stage in stages
         }
         alive = await self.probe(sorted(stage_of))
