@@ -309,9 +309,10 @@ class RelayRole:
         is one sum: another origin's share could not be taken out), and only while this relay
         is at that step and no end is under way."""
         iteration = request.iteration
+        # The asker trains the iteration again, its microbatches not done yet: lifted on
+        # arrival, as an end under way may hold the relay past the asker's deadline.
+        self._sealed.lift(iteration, asker)
         async with self._ending:
-            # The asker trains the iteration again, its microbatches not done yet.
-            self._sealed.lift(iteration, asker)
             held = {k[1]: b.header.origin for k, b in self.buffers.items() if k[0] == iteration}
             mine = {microbatch for microbatch, origin in held.items() if origin == asker}
             if not held and self._closing < iteration:
