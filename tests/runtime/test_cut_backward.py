@@ -74,7 +74,7 @@ def test_a_backward_cut_after_its_receiver_took_it_counts_once(
 def test_a_repaired_backward_arriving_after_its_origin_asked_holds_is_declined(
     tmp_path: Path,
 ) -> None:
-    """The race the late copy can win: a stage-2 relay repairs two cut backwards onto the
+    """The race the late copy can win: a stage-2 relay repairs one or two cut backwards onto the
     other stage-1 replica (the data node re-sends the forward while the microbatch is still in
     flight), the cut receiver's gradient then closes the microbatch, the data node asks every
     relay what it holds, and only then does the repaired backward reach the stand-in. Taken,
@@ -106,7 +106,7 @@ def test_a_repaired_backward_arriving_after_its_origin_asked_holds_is_declined(
         async def ending(iteration: int, *args, **kwargs):  # type: ignore[no-untyped-def]
             if iteration == 1:  # the copies reach the stand-in before its stage averages
                 with trio.move_on_after(20):
-                    while len(copies) < 2:
+                    while len(copies) < len(cut):
                         await trio.sleep(0.01)
             return await end_iteration(iteration, *args, **kwargs)
 
@@ -150,6 +150,8 @@ def test_a_repaired_backward_arriving_after_its_origin_asked_holds_is_declined(
             return await run_swarm(tmp_path, ITERATIONS, BATCH, RELAYS, scenario, swarm)
 
     results = trio.run(main)
-    assert len(cut) == 2 and len(copies) == 2, (cut, copies)
+    # Both cuts need the first two stage-1 backwards to share a receiver, which routing does
+    # not always give: one late copy already tests the seal.
+    assert cut and len(copies) == len(cut), (cut, copies)
     expected = reference_losses(ITERATIONS, BATCH)
     assert [r.loss for r in results] == pytest.approx(expected, rel=EXACT)

@@ -92,3 +92,30 @@ def test_a_relay_holding_nothing_of_an_iteration_it_is_not_ending_has_nothing_to
     role._closing, ended = ITERATION - 1, role._ended
     assert forget(role, "stranger") == {"ok": False, "why": "nothing held", "step": ITERATION}
     assert role._closing == ITERATION - 1 and role._ended == ended
+
+
+def test_a_forget_lifts_its_askers_seal_even_while_an_end_holds_the_relay() -> None:
+    """A data node that asked ``Holds`` and then stopped resumes and trains the iteration again
+    while the relay is still in that iteration's end (a round waiting on its replicas): its
+    ``Forget`` times out at the asker, and the seal left in place would decline every backward
+    of its microbatches trained again here."""
+    role = relay_holding({20: "data"})
+    assert role._sealed.seal(ITERATION, "data", 20, 22, step=ITERATION)
+
+    async def main() -> None:
+        ending = trio.Event()
+
+        async def end_under_way() -> None:
+            async with role._ending:
+                ending.set()
+                await trio.sleep(10)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(end_under_way)
+            await ending.wait()
+            with trio.move_on_after(0.2):  # the asker's deadline
+                await role.forget("data", control.Forget(ITERATION))
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert not role._sealed.covers(ITERATION, "data", 20)

@@ -42,6 +42,7 @@ from gwtf.node.runtime.flow.routing import SwarmWiring
 from gwtf.node.runtime.flow.service import FlowService
 from gwtf.node.runtime.replicas.averaging import GradientAverager
 from gwtf.node.runtime.roles.held_forward import ask_current_try, check_second_forward
+from gwtf.node.runtime.roles.sealed_backwards import SealedBackwards
 from gwtf.node.store.evidence import EvidenceArchive
 from gwtf.node.training import codec
 from gwtf.node.training.checkpoint import holds_state_of, snapshot_part_state
@@ -49,10 +50,6 @@ from gwtf.node.training.codec import CodecLimits
 from gwtf.node.training.stage_worker import StageWorker
 
 log = logging.getLogger(__name__)
-
-#: Ranges of microbatches answered ``Holds`` (``RelayRole._sealed``) kept per iteration: a few
-#: per data node (each asks for up to ``control.MAX_HOLDS`` at a time, at most a few rounds).
-MAX_SEALS = 1024
 
 
 @dataclass
@@ -120,10 +117,10 @@ class RelayRole:
     #: (iteration, microbatch, input digest) of a forward its origin let replace the held one
     #: -> the held input it may replace (``_admit``; taken by ``_check_held``).
     _admitted: dict[tuple[int, int, bytes], bytes] = field(default_factory=dict)
-    #: Iteration -> (origin, first, end) of the microbatches whose ``Holds`` their origin was
-    #: answered: done at the origin, so a backward of one arriving later is a copy (a repair
-    #: around a hop whose ack was lost) and is declined, not added to the answered sum.
-    _sealed: dict[int, set[tuple[str, int, int]]] = field(default_factory=dict)
+    #: The microbatches whose ``Holds`` their origin was answered: done at the origin, so a
+    #: backward of one arriving later is a copy (a repair around a hop whose ack was lost) and
+    #: is declined, not added to the answered sum.
+    _sealed: SealedBackwards = field(default_factory=SealedBackwards)
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
@@ -279,11 +276,11 @@ class RelayRole:
                 await trio.sleep(0.01)
 
         end = request.first + request.count
-        sealed = self._sealed.setdefault(request.iteration, set())
-        if origin and len(sealed) < MAX_SEALS:
+        if origin:
             # Sealed before the answer is read in the compute thread: a backward computed
             # there before is in the answer, one after checks the seal first (``_backward``).
-            sealed.add((origin, request.first, end))
+            step = self.worker.step_count
+            self._sealed.seal(request.iteration, origin, request.first, end, step)
 
         def held() -> list[int]:
             if self.worker.step_count != request.iteration or self.resyncing:
@@ -297,10 +294,7 @@ class RelayRole:
 
     def _sealed_against(self, header: HopHeader) -> bool:
         """Whether a backward's origin was answered ``Holds`` for its microbatch already."""
-        return any(
-            origin == header.origin and first <= header.microbatch_id < end
-            for origin, first, end in tuple(self._sealed.get(header.iteration, ()))
-        )
+        return self._sealed.covers(header.iteration, header.origin, header.microbatch_id)
 
     def _sealed_why(self, header: HopHeader) -> str:
         return (
@@ -315,10 +309,10 @@ class RelayRole:
         is one sum: another origin's share could not be taken out), and only while this relay
         is at that step and no end is under way."""
         iteration = request.iteration
+        # The asker trains the iteration again, its microbatches not done yet: lifted on
+        # arrival, as an end under way may hold the relay past the asker's deadline.
+        self._sealed.lift(iteration, asker)
         async with self._ending:
-            # The asker trains the iteration again, its microbatches not done yet.
-            sealed = self._sealed.get(iteration, set())
-            self._sealed[iteration] = {seal for seal in sealed if seal[0] != asker}
             held = {k[1]: b.header.origin for k, b in self.buffers.items() if k[0] == iteration}
             mine = {microbatch for microbatch, origin in held.items() if origin == asker}
             if not held and self._closing < iteration:
@@ -620,8 +614,7 @@ class RelayRole:
                 del kept[key]
         for admitted in [key for key in self._admitted if key[0] < before]:
             del self._admitted[admitted]
-        for iteration in [i for i in self._sealed if i < before]:
-            del self._sealed[iteration]
+        self._sealed.drop_before(before)
 
     async def _resync(self) -> None:
         """Load the replicas' state until this relay has caught up with the latest round.
