@@ -117,6 +117,7 @@ def test_a_node_process_says_in_one_line_that_its_stage_does_not_fit(
     config.write_text(
         f'[node]\nrole = "relay"\nstage = 1\nkey_file = "{key}"\n'
         '[p2p]\nlisten = ["/ip4/127.0.0.1/tcp/0"]\nupnp = false\n'
+        "[api]\nport = 0\n"  # 8787 may be another node's
         '[training]\nmodel = "gpt-small"\nstages = 2\ndevice = "cpu"\nmemory_limit_mib = 4\n'
     )
     code = main(["--config", str(config), "--status-file", str(tmp_path / "s.json")])
