@@ -26,7 +26,18 @@ from gwtf.node.p2p.holepunch import (
 from gwtf.node.p2p.host import full_address, running_host
 from gwtf.node.p2p.identity import new_identity, peer_id_of
 from gwtf.node.p2p.relay import is_relayed
-from tests.p2p.test_relay import ECHO, LIMITS, learn, node
+from tests.p2p.test_relay import ECHO, LIMITS, Node, learn, node
+
+
+async def relay_home_and_peer(stack: AsyncExitStack) -> tuple[Node, Node, Node]:
+    """A relay, a home holding a slot at it, and a peer that trusts the relay and knows the home
+    by its circuit address."""
+    relay = await stack.enter_async_context(node(stack, serve=True))
+    home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
+    other = await stack.enter_async_context(node(stack, trusts=[relay]))
+    learn(other, home.host)
+    return relay, home, other
+
 
 SLOW = "/gwtf/test-slow/1.0.0"
 
@@ -82,10 +93,7 @@ def test_a_peers_addresses_are_cut_to_the_punchable_few() -> None:
 def test_a_peer_naming_its_loopback_address_is_not_dialled_and_the_circuit_stays() -> None:
     async def main() -> None:
         async with AsyncExitStack() as stack:
-            relay = await stack.enter_async_context(node(stack, serve=True))
-            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
-            other = await stack.enter_async_context(node(stack, trusts=[relay]))
-            learn(other, home.host)
+            _relay, home, other = await relay_home_and_peer(stack)
             async with trio.open_nursery() as nursery:
                 puncher = HolePuncher(home.host, timeout_s=2.0, check_s=3600.0)
                 puncher.serve(nursery)
@@ -179,10 +187,7 @@ def test_concurrent_punches_from_one_peer_waiting_on_admission_run_one_session()
 
     async def main() -> None:
         async with AsyncExitStack() as stack:
-            relay = await stack.enter_async_context(node(stack, serve=True))
-            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
-            other = await stack.enter_async_context(node(stack, trusts=[relay]))
-            learn(other, home.host)
+            _relay, home, other = await relay_home_and_peer(stack)
             async with trio.open_nursery() as nursery:
                 puncher = HolePuncher(home.host, admit=slow_admit, timeout_s=2.0, check_s=3600.0)
                 puncher.serve(nursery)
@@ -219,10 +224,7 @@ def test_a_peer_whose_punches_succeed_and_drop_still_waits_the_backoff(monkeypat
 
     async def main() -> None:
         async with AsyncExitStack() as stack:
-            relay = await stack.enter_async_context(node(stack, serve=True))
-            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
-            other = await stack.enter_async_context(node(stack, trusts=[relay]))
-            learn(other, home.host)
+            _relay, home, other = await relay_home_and_peer(stack)
             peer = other.host.get_id()
             async with trio.open_nursery() as nursery:
                 puncher = HolePuncher(home.host, timeout_s=2.0, check_s=3600.0, drain_s=0.0)
@@ -299,10 +301,7 @@ def test_a_peer_not_admitted_is_not_punched_to() -> None:
 
     async def main() -> None:
         async with AsyncExitStack() as stack:
-            relay = await stack.enter_async_context(node(stack, serve=True))
-            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
-            other = await stack.enter_async_context(node(stack, trusts=[relay]))
-            learn(other, home.host)
+            _relay, home, other = await relay_home_and_peer(stack)
             asked: list[INetStream] = []
 
             async def record(stream: INetStream) -> None:
@@ -392,10 +391,7 @@ def test_a_punch_is_answered_without_waiting_on_the_relay(monkeypatch) -> None: 
 
     async def main() -> None:
         async with AsyncExitStack() as stack:
-            relay = await stack.enter_async_context(node(stack, serve=True))
-            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
-            other = await stack.enter_async_context(node(stack, trusts=[relay]))
-            learn(other, home.host)
+            relay, home, other = await relay_home_and_peer(stack)
             async with trio.open_nursery() as nursery:
                 puncher = HolePuncher(home.host, timeout_s=2.0, check_s=3600.0, refresh_s=0.1)
                 puncher.serve(nursery)
@@ -457,10 +453,7 @@ def test_a_node_on_loopback_only_does_not_punch() -> None:
 
     async def main() -> None:
         async with AsyncExitStack() as stack:
-            relay = await stack.enter_async_context(node(stack, serve=True))
-            home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
-            other = await stack.enter_async_context(node(stack, trusts=[relay]))
-            learn(other, home.host)
+            _relay, home, other = await relay_home_and_peer(stack)
             async with trio.open_nursery() as nursery:
                 puncher = HolePuncher(home.host, timeout_s=2.0, check_s=3600.0)
                 puncher.serve(nursery)
