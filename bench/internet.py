@@ -181,7 +181,7 @@ def run_scenario(
         "home_hops_per_relay": sum(at_home) / len(at_home) if at_home else None,
         "public_hops_per_relay": sum(public_hops) / len(public_hops) if public_hops else None,
         "restarted_microbatches": sum(r["restarts"] for r in results),
-        # Home pairs that ended on a punched direct connection (each pair counted by both).
+        # Home pairs a punch connected directly (each pair counted by both ends).
         "punched_pairs": sum(len(s.get("punched_peers") or []) for s in statuses.values()) // 2,
         "punch_failures": sum(int(s.get("punch_failures") or 0) for s in statuses.values()),
         "gradients_duplicated": sum(

@@ -17,9 +17,10 @@ its host up and its worker built, wait until that path exists before making itse
 joiner started ahead of time, waiting for its moment); ``--pace-file`` (a data node starts
 iteration i only once that file holds a count above i: the supervisor holds it between
 iterations, after the one in flight); and
-``--crash-on JSON`` ({"direction": "forward"|"backward", "iteration": int, "lock": path}): fault
-injection for tests — the first node to reach such a hop and create ``lock`` kills itself with
-SIGKILL right there, mid-hop, so a crash lands exactly where a test wants it.
+``--crash-on JSON`` ({"direction": "forward"|"backward", "iteration": int, "lock": path}, given
+once per rule): fault injection for tests — the first node to reach such a hop and create
+``lock`` kills itself with SIGKILL right there, mid-hop, so a crash lands exactly where a test
+wants it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +79,9 @@ def node_status(node: LiveNode, digest: DigestAtStep) -> dict[str, Any]:
         # Circuits upgraded to direct connections, and punches that failed (``holepunch``).
         "holes_punched": node.punch.punched if node.punch is not None else 0,
         "punch_failures": node.punch.failures if node.punch is not None else 0,
-        "punched_peers": node.punch.direct_peers() if node.punch is not None else [],
+        # Peers a punch connected directly, and those still connected so.
+        "punched_peers": node.punch.punched_peers() if node.punch is not None else [],
+        "direct_peers": node.punch.direct_peers() if node.punch is not None else [],
         # Peers this node refused (banned, or not admitted to the run), with how often.
         "refused": dict(node.rpc.refused),
         # Where this node's hop time goes, and its CPU seconds (the throughput benchmark's).
@@ -132,7 +136,7 @@ class StatusDigest:
 async def run_process(
     config: LiveNodeConfig,
     status_file: Path,
-    crash_on: dict[str, Any] | None = None,
+    crash_on: Sequence[dict[str, Any]] = (),
     api: LocalApi | None = None,
 ) -> None:
     started: list[tuple[LiveNode, StatusDigest]] = []
@@ -158,8 +162,8 @@ async def run_process(
 
         def on_started(node: LiveNode) -> None:
             started.append((node, StatusDigest(node)))
-            if crash_on is not None:
-                arm_crash(node, crash_on)
+            for rule in crash_on:
+                arm_crash(node, rule)
             if api is not None:
                 nursery.start_soon(run_local_api, node, api, SnapshotBox())
 
@@ -204,7 +208,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--pace-file", help="a data node: start iteration i once this file holds a count above i"
     )
-    parser.add_argument("--crash-on", help="fault injection (JSON), for tests")
+    parser.add_argument(
+        "--crash-on", action="append", default=[], help="fault injection (JSON), for tests"
+    )
     return parser.parse_args(argv)
 
 
@@ -221,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.pace_file:  # a supervisor holds it between iterations
             gate = pace_file_gate(Path(args.pace_file))
             config = dataclasses.replace(config, iteration_gate=gate)
-        crash_on = json.loads(args.crash_on) if args.crash_on else None
+        crash_on = [json.loads(rule) for rule in args.crash_on]
         api = local_api_from_settings(settings)
         trio.run(run_process, config, Path(args.status_file), crash_on, api)
     except (GwtfError, OSError, ValueError, KeyError, TypeError, IndexError) as exc:

@@ -490,9 +490,11 @@ def test_backoffs_long_over_are_forgotten_and_at_most_a_cap_kept(monkeypatch) ->
             for peer in more:
                 puncher._settle(peer, False)
             assert list(puncher._after) == more[-4:]  # the least recently settled out
-            # Peers punched to are kept while directly connected only (none is here).
-            puncher._punched.update(more)
+            # Peers punched to are kept, connected directly still or not, up to the cap.
+            puncher._punched.update(dict.fromkeys(more))
             puncher._settle(failed, True)
-            assert puncher._punched == {failed}
+            assert list(puncher._punched) == [*more[-3:], failed]
+            assert puncher.punched_peers() == sorted(map(str, [*more[-3:], failed]))
+            assert puncher.direct_peers() == []  # none is connected directly here
 
     trio.run(main)

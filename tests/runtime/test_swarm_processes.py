@@ -40,15 +40,17 @@ microbatches_per_iteration = 4
 seed = 5
 [swarm]
 relays_per_stage = 2
-# One microbatch per relay: once stage 1 has lost a relay, the joiner must carry a flow.
 capacity = 1
 [churn]
 # Stage 1 loses a relay as a forward arrives (its sender sees it and re-sends); stage 2 one
 # that has acknowledged a backward and dies before sending the gradient on (nobody sees it: the
 # data node's trace of the late microbatch finds it, and the gradient goes around the dead relay).
+# Once the joiner serves, stage 1's other first relay dies at the next forward it gets (if the
+# flows still send it any): either way the joiner carries stage 1's flow from then on.
 crash_on = [
   {stage = 1, direction = "forward", iteration = 1},
   {stage = 2, direction = "backward", iteration = 2, when = "after_ack"},
+  {stage = 1, direction = "forward", iteration = 6},
 ]
 # The joiner is registered on chain just before it enters; the stranger never is.
 events = [{t = 0.0, join = 1}, {t = 0.0, stranger = 1}]
@@ -66,8 +68,9 @@ def test_swarm_on_chain_survives_sigkills_takes_in_a_joiner_and_refuses_a_strang
     assert summary == json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["iterations"] == 16
     assert summary["microbatches"] == 64, "no microbatch of any iteration is lost"
-    injected = [c for c in summary["crashes"] if c.get("injected")]
-    assert len(injected) == 2
+    injected = {c["node"] for c in summary["crashes"] if c.get("injected")}
+    assert len(injected & {"relay-1-0", "relay-1-1"}) >= 1 and len(injected) in (2, 3), injected
+    assert len(injected & {"relay-2-0", "relay-2-1"}) == 1, injected
     recovered = summary["recovered_hops"]
     # Only the lost hops are recomputed: a hop lost after its ack (forward or gradient) is sent
     # again past the dead relay; no microbatch starts again.
@@ -78,8 +81,8 @@ def test_swarm_on_chain_survives_sigkills_takes_in_a_joiner_and_refuses_a_strang
     assert recovered["backward_repairs"] >= 1
     relays = summary["relays"]
     joiner = relays["joiner-1-0"]
-    # The swarm held the data node until the joiner served: it takes traffic however fast the
-    # other iterations run.
+    # The swarm held the data node until the joiner served, so it was there to take stage 1's
+    # flow over.
     assert summary["joins"][0]["serving"], summary["joins"]
     assert joiner["step"] == 16 and joiner["hops_recorded"] > 0, "the joiner took traffic"
     for stage in (1, 2):
@@ -113,7 +116,7 @@ def test_swarm_on_chain_survives_sigkills_takes_in_a_joiner_and_refuses_a_strang
         assert settings["chain"]["admission"] is True and settings["chain"]["receipts"] is True
         assert settings["chain"]["run_id"] == chain["run_id"]
     # Two epochs certified and claimed: every relay alive at the end claimed exactly its
-    # certified units, the two killed mid-hop claimed nothing, and each epoch adds up.
+    # certified units, those killed mid-hop claimed nothing, and each epoch adds up.
     assert all(epoch["adds_up"] for epoch in chain["epochs"])
     certified = certified_units(tmp_path / "out", chain["run_id"], len(chain["epochs"]))
     addresses = {node["node"]: node["node_address"] for node in chain["registered_nodes"]}

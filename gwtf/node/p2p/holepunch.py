@@ -209,8 +209,9 @@ class HolePuncher:
     failures: int = 0
     refused: int = 0
     _busy: set[ID] = field(default_factory=set)
-    #: Peers a punch connected directly (at most those a circuit ever reached).
-    _punched: set[ID] = field(default_factory=set)
+    #: Peers a punch connected directly, whether still so or not: the least recently punched
+    #: forgotten first, beyond ``MAX_REMEMBERED``.
+    _punched: dict[ID, None] = field(default_factory=dict)
     #: peer -> (failures in a row, ``trio.current_time`` before which no attempt starts), the
     #: least recently settled first; at most ``MAX_REMEMBERED``.
     _after: dict[ID, tuple[int, float]] = field(default_factory=dict)
@@ -315,6 +316,10 @@ class HolePuncher:
         finally:
             del self._looking[relay]
             done.set()
+
+    def punched_peers(self) -> list[str]:
+        """The peers a punch connected directly (a connection that dropped since included)."""
+        return sorted(str(p) for p in self._punched)
 
     def direct_peers(self) -> list[str]:
         """The peers a punch connected directly that are still connected so."""
@@ -452,8 +457,10 @@ class HolePuncher:
     def _settle(self, peer: ID, ok: bool) -> bool:
         if ok:
             self.punched += 1
-            self._punched = {p for p in self._punched if direct_connections(self.host, p)}
-            self._punched.add(peer)
+            self._punched.pop(peer, None)
+            while len(self._punched) >= MAX_REMEMBERED:
+                del self._punched[next(iter(self._punched))]
+            self._punched[peer] = None
             # The failure count starts over, but not at once: a peer that drops each direct
             # connection it gets could otherwise have this node dial every round trip.
             self._remember(peer, 0, trio.current_time() + self.backoff_s)

@@ -1,10 +1,12 @@
 """Fault injection for tests and benchmarks: a relay that dies by SIGKILL at a chosen hop.
 
 ``crash_on`` names a direction and an iteration, a lock file (the first relay of the stage to
-take it is the one that dies) and a moment: ``on_receipt`` dies as the hop arrives, before it is
-computed or acknowledged (its sender sees the failure and re-sends); ``after_ack`` dies once the
-hop is computed and acknowledged, before its output is sent on, so no sender sees anything and
-only the data node's trace of the late microbatch finds the loss.
+take it is the one that dies) and a moment; it fires at the first such hop of that iteration or a
+later one (a relay the flows leave without one in that very iteration dies at its next).
+``on_receipt`` dies as the hop arrives, before it is computed or acknowledged (its sender sees
+the failure and re-sends); ``after_ack`` dies once the hop is computed and acknowledged, before
+its output is sent on, so no sender sees anything and only the data node's trace of the late
+microbatch finds the loss.
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ ACK_GRACE_S = 0.3
 
 
 def arm_crash(node: LiveNode, crash_on: dict[str, Any]) -> None:
-    """Die by SIGKILL at the first matching hop (if this node wins the lock)."""
+    """Die by SIGKILL at the first matching hop, of ``iteration`` or later (if this node wins
+    the lock)."""
     direction = FORWARD if crash_on["direction"] == "forward" else BACKWARD
     iteration = int(crash_on["iteration"])
     lock = Path(crash_on["lock"])
 
     def wins(header: HopHeader) -> bool:
-        if header.direction != direction or header.iteration != iteration:
+        if header.direction != direction or header.iteration < iteration:
             return False
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)

@@ -42,10 +42,12 @@ Swarm file::
              identity and node.join = true: a relay loads its stage's state, a data node asks
              the run's data nodes to take it back in),
              crash_on = [{stage = 1, direction = "forward", iteration = 1}] (fault injection:
-             the first relay of that stage to get such a hop dies by SIGKILL mid-hop (never a
+             the first relay of that stage to get such a hop, of that iteration or a later
+             one, dies by SIGKILL mid-hop (never a
              cheater, nor a node a kill event names); with
              when = "after_ack" it dies once it has computed and acknowledged the hop, before
-             sending its output on: the loss no sender sees),
+             sending its output on: the loss no sender sees; each rule takes one relay, so
+             two rules on one stage take two of its relays),
              crash_rate_per_hour = 0.0 (relays killed at random at this rate), seed = 0
              (times count from the start of training: when the data node has its first flows)
 """
@@ -427,17 +429,20 @@ def write_node_settings(plan: SwarmPlan, settings: dict[str, Any]) -> Path:
     return path
 
 
-def crash_rule(plan: SwarmPlan, stage: int) -> dict[str, Any] | None:
-    for index, rule in enumerate(plan.churn["crash_on"]):
-        if int(rule["stage"]) == stage:
-            lock = plan.out_dir / f"crash-{index}.lock"
-            return {
-                "direction": rule["direction"],
-                "iteration": rule["iteration"],
-                "when": rule.get("when", "on_receipt"),
-                "lock": str(lock),
-            }
-    return None
+def crash_rules(plan: SwarmPlan, stage: int) -> list[dict[str, Any]]:
+    """The fault injections a relay of ``stage`` is armed with, one lock each: the first relay
+    of the stage to meet a rule's hop dies of it, so two rules on one stage take two of its
+    relays."""
+    return [
+        {
+            "direction": rule["direction"],
+            "iteration": rule["iteration"],
+            "when": rule.get("when", "on_receipt"),
+            "lock": str(plan.out_dir / f"crash-{index}.lock"),
+        }
+        for index, rule in enumerate(plan.churn["crash_on"])
+        if int(rule["stage"]) == stage
+    ]
 
 
 def entrant_stage(stages: int, stage: Any) -> int:

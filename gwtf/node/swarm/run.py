@@ -56,7 +56,7 @@ from gwtf.node.swarm.pacing import Pacing
 from gwtf.node.swarm.plan import (
     Proc,
     SwarmPlan,
-    crash_rule,
+    crash_rules,
     entrant_stage,
     node_settings,
     run_model_of,
@@ -92,8 +92,7 @@ def start_node(
     scheduled = {str(event["kill"]) for event in plan.churn["events"] if "kill" in event}
     exempt = {*plan.swarm["cheaters"], *scheduled}
     injectable = settings["node"]["role"] == "relay" and start_file is None and name not in exempt
-    crash_on = crash_rule(plan, stage) if injectable else None
-    if crash_on is not None:
+    for crash_on in crash_rules(plan, stage) if injectable else []:
         command += ["--crash-on", json.dumps(crash_on)]
     popen = subprocess.Popen(
         command, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, env=child_env()
