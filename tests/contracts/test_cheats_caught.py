@@ -8,7 +8,8 @@ found, fails the audit and slashes nobody: no contract sees it."""
 from __future__ import annotations
 
 import json
-from contextlib import ExitStack
+from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack, asynccontextmanager, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,9 @@ from gwtf.node.chain.adapter import NODE_STATUS_SLASHED, Sender
 from gwtf.node.chain.wallet import create_wallet
 from gwtf.node.cli.audit import EXIT_FINDINGS
 from gwtf.node.cli.main import main
+from gwtf.node.p2p.host import full_address, running_host
+from gwtf.node.p2p.identity import identity_from_key
+from gwtf.node.p2p.rpc import PublicRate, RequestResponse
 from gwtf.node.receipts.cheats import (
     CLAIM_TWICE,
     EQUIVOCATE,
@@ -41,9 +45,17 @@ from gwtf.node.receipts.cheats import (
     WITHHOLD_LEAF,
     Cheat,
 )
+from gwtf.node.receipts.serving import _REQUEST as _RECEIPTS_REQUEST
+from gwtf.node.receipts.serving import RECEIPTS_PROTOCOL, SIGNED, _limits
+from gwtf.node.receipts.wire import ReceiptPage, encode_page
 from tests.contracts.conftest import TEST_PARAMS, Staffed
-from tests.contracts.test_audit_command import devnet_file, serving_data_node  # noqa: F401
+from tests.contracts.test_audit_command import (  # noqa: F401
+    audit,
+    devnet_file,
+    serving_data_node,
+)
 from tests.contracts.world import ETH, UNITS_PER_HOP, NodeKey, default_capacity
+from tests.served import served_in_a_thread
 
 PASSWORD = "challenger password"
 
@@ -308,3 +320,52 @@ def test_a_slashed_signer_is_still_proven_at_fault_in_another_epoch(staffed: Sta
     assert again.outcome == JUDGED_BEFORE, again
     assert further.outcome == SLASHED and further.slashed_wei == 0, further
     assert w.call(w.ledger.functions.isConvictedIn(s.run, 1, s.b.address))
+
+
+@contextmanager
+def serving_malformed(s: Staffed, node: NodeKey, entry: SignedReceipt) -> Iterator[str]:
+    """``node``'s host serving, as its signed receipts, ``entry`` with signatures that recover
+    to nobody (a page that decodes, whose every signature the search fails to recover), and as
+    its countersigned ones, bytes that are no page."""
+    nobody = replace(entry, worker_signature=bytes(65), counterparty_signature=bytes(65))
+
+    async def answer(_peer: str, request: bytes) -> bytes:
+        _, _, which, _, _ = _RECEIPTS_REQUEST.unpack(request)
+        if which == SIGNED:
+            return encode_page(ReceiptPage(1, 0, (nobody,)))
+        return b"no receipt page"
+
+    @asynccontextmanager
+    async def hosts() -> AsyncIterator[str]:
+        async with running_host(identity_from_key(node.private_key)) as host:
+            RequestResponse(host).serve(RECEIPTS_PROTOCOL, answer, _limits(5.0), PublicRate())
+            yield full_address(host)
+
+    with served_in_a_thread(hosts) as address:
+        yield address
+
+
+def test_a_peers_malformed_receipts_do_not_stop_the_equivocation_search(
+    staffed: Staffed, devnet_file: Path, tmp_path: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A peer (c, read before b) serving receipts whose signatures recover to nobody and a
+    page that does not decode is reported read in part, accusing nobody; the search goes on
+    and finds b, which countersigned two versions of a hop."""
+    s = staffed
+    entries = honest_hops(s)
+    tree = submit(s, entries)
+    cheat = cheat_of(s, EQUIVOCATE, s.b)
+    for entry in entries:
+        if entry.receipt.counterparty == s.b.address:
+            cheat.received(entry)
+    with ExitStack() as stack:
+        data = stack.enter_context(serving_data_node(s, s.data, tree, tmp_path / "d.sqlite"))
+        bad = stack.enter_context(serving_malformed(s, s.c, entries[0]))
+        relay = stack.enter_context(serving_data_node(s, s.b, None, tmp_path / "b.sqlite", cheat))
+        code, report = audit(capsys, devnet_file, s.run, data, bad, relay)
+    assert code == EXIT_FINDINGS, report
+    (found,) = report["equivocations"]
+    assert found["accused"] == s.b.address and found["provable_on_chain"], found
+    assert report["peers"][s.c.address].startswith("served receipts only in part"), report
+    assert all(f["accused"] != s.c.address for f in report["equivocations"])

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 
-from gwtf.contracts.certificate_tree import SignedReceipt, build_certificate_tree
+from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt, build_certificate_tree
 from gwtf.contracts.encoding import FORWARD, CertRef, HopReceipt, ledger_domain, receipt_digest
+from gwtf.contracts.merkle import verify_proof
 from gwtf.node.audit import jury
 from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.audit.replays import EvidenceSource, Replayed
@@ -37,6 +38,7 @@ from gwtf.node.receipts.serving import (
     certified_page,
     serve_receipts_forwarding,
 )
+from gwtf.node.receipts.wire import ReceiptPage
 from gwtf.node.store.database import open_database
 from gwtf.node.store.evidence import EvidenceArchive
 from gwtf.node.store.hops import HopStore
@@ -251,10 +253,13 @@ def test_replicas_certified_at_another_iteration_do_not_judge_the_hop(tmp_path: 
     assert "unverifiable" in why, why
 
 
-def test_an_auditor_takes_replicas_only_from_leaves_that_verify(tmp_path: Path) -> None:
+def test_an_auditor_takes_replicas_and_its_sample_only_from_leaves_that_verify(
+    tmp_path: Path,
+) -> None:
     """The auditor's replay of a certificate read directly, whose replica leaves do not verify
     against the root on chain (reported unproven by its checks), takes no replica from them:
-    the honest home worker's hop is unverifiable, not a wrong tensor."""
+    the honest home worker's hop is unverifiable, not a wrong tensor; and it samples only the
+    leaf that verifies, though asked for every leaf served."""
     plan, worker, _ = stage_with_kept_state(tmp_path / "true")
     activation = torch.randn(2, 16, plan.config.d_model, generator=torch.Generator().manual_seed(1))
     input_ = codec.encode(MICROBATCH, activation, LIMITS)
@@ -300,9 +305,19 @@ def test_an_auditor_takes_replicas_only_from_leaves_that_verify(tmp_path: Path) 
             for i, mate in enumerate(sybils):
                 named.append(_hop(data_node, mate, MICROBATCH + 1 + i, frames))
                 certified.append(_hop(data_node, mate, MICROBATCH + 1 + i, frames, stage=1))
-            cert = build_certificate_tree(certified, DOMAIN).cert_ref(RUN, 0, data_node)
+            on_chain = build_certificate_tree(certified, DOMAIN)
+            cert = on_chain.cert_ref(RUN, 0, data_node)
             served = build_certificate_tree(named, DOMAIN)
-            fetched = Fetched((certified_page(served, 0, served.count),), None)
+            # The home worker's leaf as on chain (it verifies), the sybils' as made up.
+            true, made_up = (certified_page(t, 0, t.count) for t in (on_chain, served))
+            picks = [
+                (e, leaf) if e.receipt.worker == worker else (other, other_leaf)
+                for e, leaf, other, other_leaf in zip(
+                    true.entries, true.leaves, made_up.entries, made_up.leaves, strict=True
+                )
+            ]
+            page = ReceiptPage(true.total, 0, *map(tuple, zip(*picks, strict=True)))
+            fetched = Fetched((page,), None)
             source = EvidenceSource(
                 rpc, sybils, RUN, TIMEOUT_S, {worker.lower(): str(home)}, [str(data.get_id())]
             )
@@ -315,5 +330,44 @@ def test_an_auditor_takes_replicas_only_from_leaves_that_verify(tmp_path: Path) 
             )
 
     run_bounded(main)
-    (home_hop,) = [d for d in done if d.entry.receipt.microbatchId == MICROBATCH]
+    (home_hop,) = done  # the sybils' leaves, which do not verify, are never sampled
+    assert home_hop.entry.receipt.microbatchId == MICROBATCH
     assert home_hop.replay is None and home_hop.unverifiable, home_hop
+
+
+def test_a_sampled_leaf_of_a_tree_served_whole_with_broken_proofs_carries_a_true_proof(
+    tmp_path: Path,
+) -> None:
+    """A tree served whole is checked by rebuilding it, not by its leaves' proofs: a data node
+    that serves them broken must not make the proof of a sampled hop one the chain refuses
+    (``Disputes`` checks the leaf's proof against the root). The sampled leaf carries the
+    rebuilt tree's proof."""
+    plan, _, _ = stage_with_kept_state(tmp_path / "true")
+    done: list[Replayed] = []
+    roots: list[bytes] = []
+
+    async def main() -> None:
+        async with running_host(new_identity()) as auditor:
+            data_node = node_address_of_peer(peer_id_of(new_identity()))
+            worker = node_address_of_peer(peer_id_of(new_identity()))
+            tree = build_certificate_tree(
+                [_hop(data_node, worker, MICROBATCH + i, (b"in", b"out")) for i in range(3)],
+                DOMAIN,
+            )
+            cert = tree.cert_ref(RUN, 0, data_node)
+            roots.append(cert.root)
+            page = certified_page(tree, 0, tree.count)
+            broken = tuple(LeafProof(leaf.hop, (b"\x00" * 32,)) for leaf in page.leaves)
+            fetched = Fetched((ReceiptPage(page.total, 0, page.entries, broken),), None)
+            source = EvidenceSource(RequestResponse(auditor), {}, RUN, TIMEOUT_S, {}, [])
+            sampling = Sampling(1, Replayer(plan, SETTINGS))
+            done.extend(
+                await replay_certificate(
+                    source, sampling, b"\x07" * 32, cert, fetched, {data_node.lower()}, DOMAIN
+                )
+            )
+
+    run_bounded(main)
+    (sampled,) = done
+    assert sampled.leaf is not None
+    assert verify_proof(sampled.leaf.proof, roots[0], sampled.leaf.hop.leaf())

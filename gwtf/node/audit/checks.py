@@ -202,6 +202,29 @@ def unverified_leaves(
     ]
 
 
+def with_root_proofs(
+    cert: CertRef,
+    served: Sequence[tuple[SignedReceipt, LeafProof]],
+    leaves: Sequence[tuple[SignedReceipt, LeafProof]],
+) -> list[tuple[SignedReceipt, LeafProof]]:
+    """``leaves`` (of ``served``, that verify: ``unverified_leaves``), each with a proof that
+    leads to ``cert``'s root: its own, or, where the tree was served whole and checked by
+    rebuilding it, the rebuilt tree's, since the proofs served with a whole tree are never
+    checked and a data node could serve them broken to make a fraud proof the chain refuses.
+    A leaf with neither (it was not verified) is dropped."""
+    rebuilt: MerkleTree | None = None
+    kept = []
+    for entry, leaf in leaves:
+        if not verify_proof(leaf.proof, cert.root, leaf.hop.leaf()):
+            if rebuilt is None:
+                rebuilt = _whole_tree(cert, served)
+            if rebuilt is None:
+                continue
+            leaf = LeafProof(leaf.hop, tuple(rebuilt.proof(leaf.hop.index)))
+        kept.append((entry, leaf))
+    return kept
+
+
 def span_findings(
     cert: CertRef,
     spans: Sequence[WorkerSpan],

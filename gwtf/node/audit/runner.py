@@ -44,6 +44,7 @@ accuses nobody) but never forge one: an honest home relay is no more exposed tha
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -65,6 +66,7 @@ from gwtf.node.audit.checks import (
     audit_certificate,
     equivocations,
     unverified_leaves,
+    with_root_proofs,
 )
 from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.audit.replays import (
@@ -98,6 +100,7 @@ from gwtf.node.receipts.serving import (
 from gwtf.node.receipts.wire import ReceiptPage
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 OPEN = "open"
 VOIDED = "the certificate is voided"
@@ -312,16 +315,24 @@ async def replay_certificate(
     domain: Eip712Domain,
     progress: Progress = lambda step: None,
 ) -> list[Replayed]:
-    """Re-execute the sample ``seed`` draws of the relay hops ``fetched`` holds of ``cert``. A
-    hop's replicas and forwards come only from the leaves that verify against the root on chain
-    (``verified_leaves``): a direct reading may hold leaves that do not (reported
-    ``unproven``), and those could name a data node's sybils as replicas."""
-    served = leaves_of(fetched)
+    """Re-execute the sample ``seed`` draws of the relay hops ``fetched`` holds of ``cert``.
+    The sample, and a hop's replicas and forwards, come only from the leaves that verify
+    against the root on chain (``verified_leaves``): a direct reading may hold leaves that do
+    not (reported ``unproven``), which could name a data node's sybils as replicas, steer the
+    draw with made-up hops, or yield a wrong tensor whose proof the chain refuses. Each
+    sampled leaf carries a proof the chain accepts (``with_root_proofs``)."""
+    verified = await trio.to_thread.run_sync(verified_leaves, cert, fetched, domain)
+    dropped = len(leaves_of(fetched)) - len(verified)
+    if dropped:
+        log.warning(
+            "%d leaves served of %s's certificate of epoch %d do not verify against its root "
+            "on chain: not sampled", dropped, cert.dataNode, cert.epoch,
+        )  # fmt: skip
     # A hop a data node signed as its worker is no relay's work: an invalid hop already, with
     # nothing to re-execute.
-    relay_hops = [p for p in served if p[0].receipt.worker.lower() not in data_nodes]
-    sample = draw_sample(seed, relay_hops, sampling.hops)
-    verified = await trio.to_thread.run_sync(verified_leaves, cert, fetched, domain)
+    relay_hops = [p for p in verified if p[0].receipt.worker.lower() not in data_nodes]
+    drawn = draw_sample(seed, relay_hops, sampling.hops)
+    sample = await trio.to_thread.run_sync(with_root_proofs, cert, leaves_of(fetched), drawn)
     entries = [entry for entry, _ in verified]
     return await replay_sample(source, sampling.replayer, entries, sample, progress)
 
