@@ -28,7 +28,7 @@ window (``gwtf/contracts/Court.sol``):
   identically, read from them directly (WRONG when off), as when the accused keeps none (a
   replica is a worker of the stage with a hop at the iteration among the leaves of the data
   node's certificate on chain that verify against its root: a data node cannot name its own
-  sybils with leaves it makes up; a certificate a fraud proof voided names nobody), and
+  sybils with leaves it makes up), and
   voted RIGHT (not shown wrong) without those, so a forwarder makes the accused lose only
   where withholding would have;
 * anyone: draw a round whose seed block has passed (evicting a juror that left the registry
@@ -347,7 +347,9 @@ async def _juror_steps(
     salt = vote_salt_of(wallet, case.case_id, r, node)
     if int.from_bytes(commitment, "big") == 0 and drawn_at < at <= drawn_at + window:
         replayer = replayer_of(case.receipt.runId)
-        vote, why = await juror_verdict(contracts, case, peers, replayer, timeout_s)
+        domain = ledger_domain(contracts.w3.eth.chain_id, contracts.ledger.address)
+        cert = await trio.to_thread.run_sync(certificate_of, contracts, case.receipt)
+        vote, why = await _verdict(case, peers, replayer, timeout_s, domain, cert)
         if vote is None:
             return [Step(case.case_id, ABSTAINED, why)]
         sealed = court.functions.voteCommitment(case.case_id, r, node, vote, salt).call()
@@ -374,36 +376,12 @@ def _name(vote: int) -> str:
     return "wrong tensor" if vote == WRONG else "right tensor"
 
 
-async def juror_verdict(
-    contracts: Contracts,
-    case: Case,
-    peers: Sequence[str],
-    replayer: Replayer,
-    timeout_s: float,
-) -> tuple[int | None, str]:
-    """A drawn juror's vote on ``case`` and why (``_verdict``), the hop's replicas and
-    forwards named only by the data node's certificate on chain, if it stands
-    (``certificate_of``); the reason says when it does not."""
-    domain = ledger_domain(contracts.w3.eth.chain_id, contracts.ledger.address)
-    cert, none_because = await trio.to_thread.run_sync(certificate_of, contracts, case.receipt)
-    vote, why = await _verdict(case, peers, replayer, timeout_s, domain, cert)
-    return vote, why if cert is not None else f"{why} ({none_because})"
-
-
-def certificate_of(contracts: Contracts, receipt: HopReceipt) -> tuple[CertRef | None, str]:
-    """The certificate on chain of the disputed receipt's data node and epoch, or (None, why
-    there is none): it submitted none, or a fraud proof voided it. A voided certificate is
-    one proven fraudulent, so its leaves, which verify against its root all the same, may
-    name the data node's sybils as the hop's replicas: it names nobody."""
-    cert = EpochLedger(contracts, receipt.runId, None).certificate(receipt.epoch, receipt.dataNode)
-    if cert is None:
-        return None, "its data node certified no hop of the epoch: no replica named"
-    stored = contracts.ledger.functions.certificateCommitment(
-        cert.runId, cert.epoch, cert.dataNode
-    ).call()
-    if bytes(stored) != cert.commitment():  # the ledger stores 1 for a voided certificate
-        return None, "its data node's certificate is voided on chain: no replica named"
-    return cert, ""
+def certificate_of(contracts: Contracts, receipt: HopReceipt) -> CertRef | None:
+    """The certificate on chain of the disputed receipt's data node and epoch (its last
+    submission), or None when it submitted none."""
+    certs = EpochLedger(contracts, receipt.runId, None).certificates(receipt.epoch)
+    mine = [c for c in certs if c.dataNode.lower() == receipt.dataNode.lower()]
+    return mine[0] if mine else None
 
 
 async def _verdict(
