@@ -25,6 +25,7 @@ from gwtf.node.audit.checks import (
     audit_certificate,
     equivocations,
     unverified_leaves,
+    verifying_leaves,
 )
 from gwtf.node.audit.replays import draw_sample
 from gwtf.node.chain.adapter import Sender
@@ -154,6 +155,28 @@ def test_what_a_forwarder_may_have_made_up_is_each_leaf_off_the_root_or_not_its_
     assert unverified_leaves(cert, [(entry, outside), *pairs[1:]], w.ledger_domain) == [0]
     swapped = [(other, leaf), *pairs[1:]]  # leaf 0 with leaf 1's receipt
     assert unverified_leaves(cert, swapped, w.ledger_domain) == [0]
+
+
+def test_a_made_up_entry_beside_the_true_one_drops_only_itself_and_cannot_steer_the_draw(
+    certified: Certified,
+) -> None:
+    """Entries a data node makes up at a true leaf's index, for that leaf's worker, are dropped
+    each on its own: the true leaf stays, and the sample drawn from what verifies is not
+    steered by made-up digests that would rank ahead of it."""
+    w, tree, cert = certified.w, certified.tree, certified.cert
+    pairs = served(tree)
+    entry, leaf = pairs[0]
+    made_up = [
+        (entry, LeafProof(replace(leaf.hop, receiptDigest=keccak(bytes([k]))), leaf.proof))
+        for k in range(8)
+    ]
+    mixed = [*made_up, *pairs]
+    assert verifying_leaves(cert, mixed, w.ledger_domain) == pairs
+    seeds = (bytes([i]) * 32 for i in range(256))
+    steered = next(s for s in seeds if any(p in made_up for p in draw_sample(s, mixed, 1)))
+    drawn = draw_sample(steered, verifying_leaves(cert, mixed, w.ledger_domain), 1)
+    assert not any(p in made_up for p in drawn)
+    assert any(p[0].receipt.worker == entry.receipt.worker for p in drawn)
 
 
 def test_a_whole_tree_served_is_checked_by_its_root_and_proven_with_its_own_proofs(

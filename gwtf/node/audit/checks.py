@@ -197,9 +197,29 @@ def unverified_leaves(
     return [
         leaf.hop.index
         for entry, leaf in served
-        if (rebuilt is None and not verify_proof(leaf.proof, cert.root, leaf.hop.leaf()))
-        or not _is_the_leafs(entry, leaf.hop, domain)
+        if not _verifies(cert, rebuilt, entry, leaf, domain)
     ]
+
+
+def verifying_leaves(
+    cert: CertRef, served: Sequence[tuple[SignedReceipt, LeafProof]], domain: Eip712Domain
+) -> list[tuple[SignedReceipt, LeafProof]]:
+    """The entries of ``served`` that verify (``unverified_leaves``' complement), each judged
+    on its own: a made-up entry served beside the true one at the same index drops only
+    itself."""
+    rebuilt = _whole_tree(cert, served)
+    return [(e, leaf) for e, leaf in served if _verifies(cert, rebuilt, e, leaf, domain)]
+
+
+def _verifies(
+    cert: CertRef,
+    rebuilt: MerkleTree | None,
+    entry: SignedReceipt,
+    leaf: LeafProof,
+    domain: Eip712Domain,
+) -> bool:
+    in_tree = rebuilt is not None or verify_proof(leaf.proof, cert.root, leaf.hop.leaf())
+    return in_tree and _is_the_leafs(entry, leaf.hop, domain)
 
 
 def with_root_proofs(

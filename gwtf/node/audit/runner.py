@@ -66,6 +66,7 @@ from gwtf.node.audit.checks import (
     audit_certificate,
     equivocations,
     unverified_leaves,
+    verifying_leaves,
     with_root_proofs,
 )
 from gwtf.node.audit.reexecute import Replayer
@@ -466,9 +467,7 @@ def verified_leaves(
     """The leaves of ``fetched`` that verify against ``cert``'s root on chain, each with the
     receipt it commits (``unverified_leaves``): the only leaves that may name a hop's replicas,
     whose weights can judge it, since a data node could otherwise name its own sybils."""
-    served = leaves_of(fetched)
-    bad = set(unverified_leaves(cert, served, domain))
-    return [(entry, leaf) for entry, leaf in served if leaf.hop.index not in bad]
+    return verifying_leaves(cert, leaves_of(fetched), domain)
 
 
 def leaves_of(fetched: Fetched) -> list[tuple[SignedReceipt, LeafProof]]:
