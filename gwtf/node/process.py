@@ -78,6 +78,9 @@ def node_status(node: LiveNode, digest: DigestAtStep) -> dict[str, Any]:
         "holes_punched": node.punch.punched if node.punch is not None else 0,
         "punch_failures": node.punch.failures if node.punch is not None else 0,
         "punched_peers": node.punch.direct_peers() if node.punch is not None else [],
+        # What this node relayed for each peer (bytes from and to it, seconds its reads waited
+        # over its rate, circuits it has open; ``relay_metering``); empty when it relays not.
+        "relayed": node.relay.hop.meter.view() if node.relay and node.relay.hop else {},
         # Peers this node refused (banned, or not admitted to the run), with how often.
         "refused": dict(node.rpc.refused),
         # Where this node's hop time goes, and its CPU seconds (the throughput benchmark's).
