@@ -598,10 +598,11 @@ class DataRole:
                 lost = sum(report.holders.get(r, (0, 1))[1] for r in outcome.left_out)
                 redone.report.left_out += lost
                 log.warning(
-                    "iteration %s: %s gradient(s) of replicas that died while averaging are "
-                    "lost: their stage stepped without them (last attempt)",
+                    "iteration %s: %s gradient(s) of replica(s) %s are lost: gone before or "
+                    "while their stage averaged, which stepped without them (last attempt)",
                     iteration,
                     lost,
+                    ", ".join(sorted(outcome.left_out)),
                 )
             if not outcome.unstepped:
                 break
