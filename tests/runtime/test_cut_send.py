@@ -1,12 +1,14 @@
-"""A hop send that fails on a stream cut under a live peer (its connection closed mid-hop, as
-when the circuit it ran on closes) does not make the peer dead to the flow core: it answers a
-probe, so the flows through it stand. A peer that is gone misses the probe too and is declared
-dead. Real libp2p hosts on loopback, real data planes (``dataplane/sender.py``)."""
+"""A hop send or a trace that fails on a stream cut under a live peer (its connection closed
+mid-request, as when the circuit it ran on closes) does not make the peer dead to the flow
+core: it answers a probe, so the flows through it stand. A peer that is gone misses the probe
+too and is declared dead. Real libp2p hosts on loopback, real data planes
+(``dataplane/sender.py``, ``dataplane/stall_repair.py``)."""
 
 from __future__ import annotations
 
 import random
 from contextlib import AsyncExitStack
+from typing import Any
 
 import trio
 from eth_utils.crypto import keccak
@@ -21,6 +23,7 @@ from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane, Kept
 from gwtf.node.runtime.dataplane.hop import FORWARD, HopHeader
 from gwtf.node.runtime.dataplane.sender import HopSender, HopStats
+from gwtf.node.runtime.dataplane.stall_repair import StallRepair
 from gwtf.node.runtime.dataplane.try_token import NO_CHAIN_TRY_DOMAIN, sign_try
 from gwtf.node.runtime.flow.service import FlowService
 
@@ -102,3 +105,59 @@ def test_a_send_to_a_peer_that_is_gone_declares_it_dead() -> None:
     delivered, node, stats = send_with_s0(cut=False)
     assert delivered == PEER["s1"]
     assert not node.peers[PEER["s0"]].alive and stats.cut_sends == 0
+
+
+def trace_s0(cut: bool) -> tuple[tuple[str, str], FlowNode]:
+    """The data node traces a microbatch at relay ``s0``. ``cut``: ``s0`` closes its
+    connection to the data node as the trace arrives, and stays up; else its host is closed
+    first. Returns the trace's answer and the data node's flow core."""
+    node = FlowNode(
+        NodeSpec(PEER["data"], "data", 0, 2, 20.0),
+        FlowConfig(stages=2, activation_bytes=1e6),
+        random.Random(0),
+    )
+    node.handle(PEER["s0"], Hello("relay", 1, 2, 2, 2, 0, 20.0, 0, True), 0.0)
+    traced: dict[str, tuple[str, str]] = {}
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            hosts = {
+                name: await stack.enter_async_context(running_host(identity_from_key(KEYS[name])))
+                for name in ("data", "s0")
+            }
+            await hosts["data"].connect(peer_info(full_address(hosts["s0"])))
+            rpc = RequestResponse(hosts["s0"])
+
+            async def answer(peer: str, request: bytes) -> bytes:
+                if isinstance(control.decode_request(request), control.Trace):
+                    await rpc.drop_peer(ID.from_base58(PEER["data"]))
+                    await trio.sleep_forever()
+                return control.encode_reply(True)
+
+            rpc.serve(control.PROTOCOL_ID, answer, RpcLimits(1024, 1024, 5.0))
+            if not cut:
+                await hosts["s0"].close()
+            plane = DataPlane(RequestResponse(hosts["data"]), PEER["data"], 1, 2, 5.0, 1 << 20)
+            flow = FlowService(None, node, tick_s=1.0)  # type: ignore[arg-type]
+            stats = HopStats()
+            unused: Any = None  # only the trace is asked
+            repair = StallRepair(
+                plane, flow, HopSender(plane, flow, stats, None), stats, unused, unused, unused,
+                lambda: 5.0, unused,
+            )  # fmt: skip
+            with trio.fail_after(30):
+                traced["s0"] = await repair._trace(PEER["s0"], control.Trace(0, 7))
+
+    trio.run(main)
+    return traced["s0"], node
+
+
+def test_a_trace_cut_under_a_live_relay_leaves_it_alive() -> None:
+    state, node = trace_s0(cut=True)
+    assert state == ("dead", "")  # no answer: what it holds is repaired around
+    assert node.peers[PEER["s0"]].alive
+
+
+def test_a_trace_of_a_relay_that_is_gone_declares_it_dead() -> None:
+    state, node = trace_s0(cut=False)
+    assert state == ("dead", "") and not node.peers[PEER["s0"]].alive
