@@ -83,3 +83,31 @@ def test_a_holder_gone_before_the_last_attempt_counts_its_gradients_lost(
     assert held >= 1
     assert [r.gradients_lost for r in results] == [0, held]
     assert 2 not in results[1].stages_not_stepped
+
+
+def test_another_data_nodes_holder_of_no_known_stage_counts_lost(tmp_path: Path) -> None:
+    """With two data nodes, the one ending iteration 1 hears of a holder of the other's
+    gradients whose stage it does not know (discovery never listed it): it can ask no stage
+    to wait for it, so its gradients are in no step, and at least one counts lost."""
+    swarm = Swarm()
+    unknown = "a-relay-of-no-known-stage"
+
+    async def scenario(sw: Swarm) -> None:
+        while not all(name in sw.nodes for name in ("data", "data-1", "a1", "b1")):
+            await trio.sleep(0.01)
+        for name in ("data", "data-1"):
+            peers = sw.nodes[name].role.peers  # type: ignore[union-attr]
+            holders_of_others = peers.holders_of_others
+
+            def with_unknown(iteration: int, live: list[str], told=holders_of_others) -> set[str]:
+                return told(iteration, live) | ({unknown} if iteration == 1 else set())
+
+            peers.holders_of_others = with_unknown
+
+    async def main() -> None:
+        with trio.fail_after(150):
+            await run_swarm(tmp_path, 2, 2, {"a1": 1, "b1": 2}, scenario, swarm=swarm, data_nodes=2)
+
+    trio.run(main)
+    lost = [[r.gradients_lost for r in swarm.results[name]] for name in ("data", "data-1")]
+    assert sorted(lost) == [[0, 0], [0, 1]], lost
