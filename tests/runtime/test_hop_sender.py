@@ -22,7 +22,7 @@ from gwtf.coordinator_free.wire import CostAdvert, Hello, HopAck, encode
 from gwtf.node.p2p.discovery_records import PeerCard, card_key, open_card, sign_card
 from gwtf.node.p2p.host import build_host
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
-from gwtf.node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestResponse
+from gwtf.node.p2p.rpc import PeerTimeout, PeerUnavailable, RequestDeclined, RequestResponse
 from gwtf.node.receipts.book import ReceiptBook, ReceiptTerms
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane
@@ -82,7 +82,8 @@ def test_an_acknowledged_forward_or_backward_counts_as_hearing_from_its_receiver
 
 
 class DeadPlane(DataPlane):
-    """A data plane whose sends to the peers in ``dead`` fail; the others are acknowledged."""
+    """A data plane whose sends to the peers in ``dead`` miss their ack deadline; the others
+    are acknowledged."""
 
     dead: frozenset[str] = frozenset()
     sent_to: list[tuple[str, int]]
@@ -92,7 +93,7 @@ class DeadPlane(DataPlane):
     ) -> bytes:
         self.sent_to.append((to, header.attempt))
         if to in self.dead:
-            raise PeerUnavailable(f"{to} is gone")
+            raise PeerTimeout(f"{to} is gone")
         return b""
 
 

@@ -821,7 +821,7 @@ def _serve_control(
                 raise ProtocolError("a data node holds no stage's gradient")
             if isinstance(message, control.Holds):
                 # A data node's answer is final for its microbatches (``RelayRole.holds``).
-                return await role.holds(message, peer if book.stage_of(peer) == 0 else "")
+                return await role.holds(message, peer, book.stage_of(peer))
             if isinstance(message, control.Forget | control.Discard):
                 # Only an origin of microbatches asks (its signed card says stage 0).
                 if book.stage_of(peer) != 0:

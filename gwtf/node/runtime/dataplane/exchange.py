@@ -61,6 +61,11 @@ _MAX_FORWARDS_WHOLE = 16384
 ForwardKey = tuple[str, int, int, int, bytes]
 
 
+class WrongAck(PeerUnavailable):
+    """A hop was answered with an ack that is not its own (malformed, another hop's, another
+    tensor's): the peer is up, but its word on this hop is not taken."""
+
+
 @dataclass
 class _Whole:
     """Whether a forward receipt this node signed is whole here, once that is decided: at its
@@ -525,15 +530,15 @@ class DataPlane:
         try:
             ack = decode(reply)
         except ProtocolError as exc:
-            raise PeerUnavailable(f"peer {to} sent a malformed hop ack") from exc
+            raise WrongAck(f"peer {to} sent a malformed hop ack") from exc
         expected = (str(header.microbatch_id), header.stage, header.direction, header.attempt)
         if (
             not isinstance(ack, HopAck)
             or (ack.microbatch_id, ack.stage, ack.direction, ack.attempt) != expected
         ):
-            raise PeerUnavailable(f"peer {to} acknowledged another hop")
+            raise WrongAck(f"peer {to} acknowledged another hop")
         if ack.digest != digest:
-            raise PeerUnavailable(f"peer {to} acknowledged a tensor other than the one sent")
+            raise WrongAck(f"peer {to} acknowledged a tensor other than the one sent")
         if book is not None and receipt is not None and receipted is not None:
             whole = book.acknowledged(
                 to, header.origin, receipt, receipted.worker_signature, ack.countersignature

@@ -30,9 +30,9 @@ from gwtf.coordinator_free.decisions import (
     stand_in,
 )
 from gwtf.errors import ProtocolError
-from gwtf.node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestMisdirected
+from gwtf.node.p2p.rpc import PeerTimeout, PeerUnavailable, RequestDeclined, RequestMisdirected
 from gwtf.node.runtime.dataplane import control
-from gwtf.node.runtime.dataplane.exchange import DataPlane, HopRecord, sent_hop
+from gwtf.node.runtime.dataplane.exchange import DataPlane, HopRecord, WrongAck, sent_hop
 from gwtf.node.runtime.dataplane.hop import (
     ATTEMPT_BLOCK,
     BACKWARD,
@@ -94,6 +94,7 @@ class HopStats:
     gradients_duplicated: int = 0
     gradient_sums_dropped: int = 0
     microbatches_redone: int = 0  # a data node: microbatches with a stage's gradient redone
+    cut_sends: int = 0  # hop sends that failed to a peer that then answered a probe: not dead
     # A relay's ends of iteration (seconds, summed): all of it, and the averaging exchange in it.
     ending_s: float = 0.0
     averaging_s: float = 0.0
@@ -156,7 +157,7 @@ class HopSender:
                     "forward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
                 )
                 tried.add(to)
-                self._failed(to, exc)
+                await self._failed(to, exc)
                 # None past the last stage: only the origin computes its microbatch's loss.
                 onward = self.resend_to(header.stage, route(), tried, header.origin)
                 if onward is None:
@@ -197,11 +198,23 @@ class HopSender:
         finally:
             self.detours.ended(key)
 
-    def _failed(self, to: str, exc: PeerUnavailable) -> None:
-        """A peer that failed a hop is dead to the flow core, unless it declined it alive; one
-        that is not at the hop's stage (it moved) is dropped there too, until heard of again."""
-        if isinstance(exc, RequestMisdirected) or not isinstance(exc, RequestDeclined):
-            self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
+    async def _failed(self, to: str, exc: PeerUnavailable) -> None:
+        """Tell the flow core of a peer that failed a hop, if it is dead: one that declined the
+        hop is alive; one that missed the ack deadline, or is not at the hop's stage (it moved;
+        dropped there until heard of again), or acknowledged another hop counts dead. Any other
+        failure (the stream reset or closed under the hop, as when the circuit it ran on closes;
+        a dial that failed) may have left the peer alive, and a peer declared dead has every
+        flow through it torn down: it counts dead only if it misses a probe too
+        (``peer_answers``)."""
+        if isinstance(exc, RequestDeclined) and not isinstance(exc, RequestMisdirected):
+            return
+        unreachable = isinstance(exc, PeerTimeout | RequestMisdirected | WrongAck)
+        if not unreachable and await peer_answers(self.plane, self.flow, to):
+            self.stats.cut_sends += 1
+            log.warning("hop to %s was cut (%s), but %s answers: still alive", to, exc, to)
+            self.flow.node.heard_from(to, trio.current_time())
+            return
+        self.flow.dispatch(self.flow.node.peer_dead(to, trio.current_time()))
 
     def stand_in(self, stage: int, exclude: set[str]) -> str | None:
         """A live node of ``stage`` (the sink stage is S+1, data nodes) not in ``exclude`` to
@@ -236,7 +249,7 @@ class HopSender:
                         "backward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
                     )
                     tried.add(to)
-                    self._failed(to, exc)
+                    await self._failed(to, exc)
                     header = await self._around(header, tried)
                     continue
                 self._acknowledged(to)
@@ -428,3 +441,16 @@ def _next_attempt(attempt: int) -> int:
         return resend_attempt(attempt)
     except ProtocolError as exc:
         raise PeerUnavailable(str(exc)) from exc
+
+
+async def peer_answers(plane: DataPlane, flow: FlowService, peer: str) -> bool:
+    """Whether ``peer`` answers a liveness probe (``control.Alive``, on a stream of its own,
+    dialled anew if the connection is gone) within the flow protocol's keep-alive timeout: what
+    that protocol waits for a ping's answer before it counts a miss."""
+    timeout_s = flow.node.config.keepalive_timeout_s
+    try:
+        await control.ask(plane.rpc, peer, control.Alive(), timeout_s)
+    except ProtocolError as exc:
+        log.info("%s missed a liveness probe after a failed hop: %s", peer, exc)
+        return False
+    return True

@@ -26,10 +26,11 @@ import trio
 
 from gwtf.coordinator_free.decisions import stand_in
 from gwtf.errors import ProtocolError
+from gwtf.node.p2p.rpc import PeerTimeout, PeerUnavailable
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane
 from gwtf.node.runtime.dataplane.hop import TakeAttempt
-from gwtf.node.runtime.dataplane.sender import HopSender, HopStats
+from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, peer_answers
 from gwtf.node.runtime.flow.service import FlowService
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,11 @@ class StallRepair:
             return control.decode_trace(reply, states)
         except ProtocolError as exc:
             log.warning("tracing microbatch %s: %s is silent: %s", request.microbatch, node, exc)
-            self.flow.dispatch(self.flow.node.peer_dead(node, trio.current_time()))
+            # Repaired around all the same; but a trace cut under a live node (its stream
+            # reset) must not tear down every flow through it: it answers a probe.
+            cut = isinstance(exc, PeerUnavailable) and not isinstance(exc, PeerTimeout)
+            if not cut or not await peer_answers(self.plane, self.flow, node):
+                self.flow.dispatch(self.flow.node.peer_dead(node, trio.current_time()))
             return "dead", ""
 
     async def _ask(self, holder: str, request: Resumed, here: control.AnswerHere[Resumed]) -> bool:

@@ -586,6 +586,7 @@ class DataRole:
         for attempt in range(control.MAX_END_ATTEMPTS):
             holders = self._stages_of(others)
             holders.update({relay: stage for relay, (stage, _) in report.holders.items()})
+            unplaced = others - set(holders)  # in no round of this attempt
             outcome = await self.roster.end_iteration(
                 iteration, 4 * self.stall_timeout_s, holders, attempt, stages
             )
@@ -598,10 +599,11 @@ class DataRole:
                 lost = sum(report.holders.get(r, (0, 1))[1] for r in outcome.left_out)
                 redone.report.left_out += lost
                 log.warning(
-                    "iteration %s: %s gradient(s) of replicas that died while averaging are "
-                    "lost: their stage stepped without them (last attempt)",
+                    "iteration %s: %s gradient(s) of replica(s) %s are lost: gone before or "
+                    "while their stage averaged, which stepped without them (last attempt)",
                     iteration,
                     lost,
+                    ", ".join(sorted(outcome.left_out)),
                 )
             if not outcome.unstepped:
                 break
@@ -618,6 +620,17 @@ class DataRole:
                 others = await self.peers.redo_lost(
                     iteration, frozenset(stages), data_nodes, 4 * self.stall_timeout_s
                 )
+        if unplaced:
+            # Another data node's holders whose stage this node does not know were in no
+            # round of the last attempt: at least one gradient each is in no step.
+            redone.report.left_out += len(unplaced)
+            log.warning(
+                "iteration %s: holder(s) %s of other data nodes' gradients were in no stage's "
+                "average (their stage is not known here): at least %s gradient(s) lost",
+                iteration,
+                ", ".join(sorted(unplaced)),
+                len(unplaced),
+            )
         return stepped
 
     def _stages_of(self, relays: set[str]) -> dict[str, int]:

@@ -42,7 +42,7 @@ from gwtf.node.runtime.flow.routing import SwarmWiring
 from gwtf.node.runtime.flow.service import FlowService
 from gwtf.node.runtime.replicas.averaging import GradientAverager
 from gwtf.node.runtime.roles.held_forward import ask_current_try, check_second_forward
-from gwtf.node.runtime.roles.sealed_backwards import SealedBackwards
+from gwtf.node.runtime.roles.sealed_backwards import MAX_ORIGINS, SealedBackwards
 from gwtf.node.store.evidence import EvidenceArchive
 from gwtf.node.training import codec
 from gwtf.node.training.checkpoint import holds_state_of, snapshot_part_state
@@ -121,6 +121,7 @@ class RelayRole:
     #: backward of one arriving later is a copy (a repair around a hop whose ack was lost) and
     #: is declined, not added to the answered sum.
     _sealed: SealedBackwards = field(default_factory=SealedBackwards)
+    _unsealed_warned: set[str] = field(default_factory=set)  # causes warned of (``_unsealed``)
 
     def __post_init__(self) -> None:
         self.sender = HopSender(self.plane, self.flow, self.stats, self.wiring)
@@ -262,25 +263,32 @@ class RelayRole:
         self._redo_from[key] = request.sender
         return control.encode_reply(True)
 
-    async def holds(self, request: control.Holds, origin: str = "") -> bytes:
+    async def holds(
+        self, request: control.Holds, asker: str = "", asker_stage: int | None = 0
+    ) -> bytes:
         """Which of the asked microbatches this relay's accumulated gradient holds (read in the
         compute thread, which adds to it), once the backwards of that iteration that are here
         are computed (waiting at most an ack deadline, well within the asker's): a slow
         replica whose backward was repaired onto another still adds it to its sum, and
-        answered without it the duplicate would go unseen. Asked by their ``origin`` (a data
-        node asks once every microbatch of its share is done), the answer is final: a
-        backward of them that arrives later is a copy and is declined (``_sealed_against``),
-        or it would count twice in the sum unseen."""
+        answered without it the duplicate would go unseen. Asked by their origin (``asker``,
+        whose signed card says stage 0: a data node asks once every microbatch of its share is
+        done), the answer is final: a backward of them that arrives later is a copy and is
+        declined (``_sealed_against``), or it would count twice in the sum unseen."""
         with trio.move_on_after(self.plane.ack_deadline_s):
             while self.plane.backwards_here(request.iteration):
                 await trio.sleep(0.01)
 
         end = request.first + request.count
-        if origin:
+        if asker and asker_stage is None:
+            self._unsealed("no signed card of the asker is known here", request, asker)
+        elif asker and asker_stage == 0:
             # Sealed before the answer is read in the compute thread: a backward computed
             # there before is in the answer, one after checks the seal first (``_backward``).
             step = self.worker.step_count
-            self._sealed.seal(request.iteration, origin, request.first, end, step)
+            sealed = self._sealed.seal(request.iteration, asker, request.first, end, step)
+            if not sealed and self._sealed.full(request.iteration, asker):
+                why = f"more than {MAX_ORIGINS} data nodes asked holds of the iteration"
+                self._unsealed(why, request, asker)
 
         def held() -> list[int]:
             if self.worker.step_count != request.iteration or self.resyncing:
@@ -291,6 +299,20 @@ class RelayRole:
         offsets = await self._run(held)
         step = self.worker.step_count
         return control.encode_reply(True, stage=self.stage, step=step, held=offsets)
+
+    def _unsealed(self, why: str, request: control.Holds, asker: str) -> None:
+        """Warn, once per cause, that an answer to ``Holds`` seals nothing: a late copy of a
+        backward of those microbatches would then count twice in the stage's sum, unseen."""
+        if why in self._unsealed_warned:
+            return
+        self._unsealed_warned.add(why)
+        log.warning(
+            "holds of iteration %s from %s seal nothing (%s): a late copy of a backward of "
+            "its microbatches would count twice in this stage's gradient (warned once)",
+            request.iteration,
+            asker,
+            why,
+        )
 
     def _sealed_against(self, header: HopHeader) -> bool:
         """Whether a backward's origin was answered ``Holds`` for its microbatch already."""

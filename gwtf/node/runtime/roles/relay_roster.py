@@ -47,7 +47,8 @@ class EndOutcome:
     stepped: dict[int, int]
     unstepped: frozenset[int]
     missing: dict[int, list[str]]
-    #: Holders a stage that stepped anyway (the last attempt) left out: their gradients are lost.
+    #: Holders the last attempt left out (named missing by a replica that stepped, or not
+    #: probed alive, so in no round): their gradients are in no step, lost.
     left_out: frozenset[str] = frozenset()
 
 
@@ -201,6 +202,10 @@ class RelayRoster:
             for relay in alive:
                 if final or stage_of[relay] not in missing:
                     nursery.start_soon(ask, relay)
+        if final:
+            # A holder that failed the probe is in no round (no replica is told of it, so none
+            # names it missing): its stage steps without it, whatever answered.
+            left_out.update(h for gone in missing.values() for h in gone if h not in alive)
         # One replica that stepped means its round was complete: a reply saying otherwise is
         # another replica's (wrong) word.
         return EndOutcome(

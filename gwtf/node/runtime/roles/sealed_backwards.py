@@ -32,12 +32,17 @@ class SealedBackwards:
         ``step``); False when not kept (another iteration, or too many origins)."""
         if not step <= iteration <= step + 1:
             return False
-        sealed = self.spans.setdefault(iteration, {})
-        if origin not in sealed and len(sealed) >= MAX_ORIGINS:
+        if self.full(iteration, origin):
             return False
+        sealed = self.spans.setdefault(iteration, {})
         low, high = sealed.get(origin, (first, end))
         sealed[origin] = (min(low, first), max(high, end))
         return True
+
+    def full(self, iteration: int, origin: str) -> bool:
+        """Whether ``origin`` finds no room at ``iteration``: ``MAX_ORIGINS`` others hold it."""
+        sealed = self.spans.get(iteration, {})
+        return origin not in sealed and len(sealed) >= MAX_ORIGINS
 
     def covers(self, iteration: int, origin: str, microbatch: int) -> bool:
         span = self.spans.get(iteration, {}).get(origin)
