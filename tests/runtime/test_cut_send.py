@@ -1,7 +1,8 @@
 """A hop send or a trace that fails on a stream cut under a live peer (its connection closed
 mid-request, as when the circuit it ran on closes) does not make the peer dead to the flow
-core: it answers a probe, so the flows through it stand. A peer that is gone misses the probe
-too and is declared dead. Real libp2p hosts on loopback, real data planes
+core: it answers a probe, so the flows through it stand (a trace is asked once more). A peer
+that is gone misses the probe too and is declared dead; so is one that refuses the hop, though
+it answers a probe. Real libp2p hosts on loopback, real data planes
 (``dataplane/sender.py``, ``dataplane/stall_repair.py``)."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from gwtf.node.p2p.host import full_address, peer_info, running_host
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
 from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
 from gwtf.node.runtime.dataplane import control
-from gwtf.node.runtime.dataplane.exchange import DataPlane, Kept
+from gwtf.node.runtime.dataplane.exchange import DataPlane, HopRejected, Kept
 from gwtf.node.runtime.dataplane.hop import FORWARD, HopHeader
 from gwtf.node.runtime.dataplane.sender import HopSender, HopStats
 from gwtf.node.runtime.dataplane.stall_repair import StallRepair
@@ -32,10 +33,11 @@ KEYS = {name: keccak(text=f"cut send test {name}") for name in NAMES}
 PEER = {name: str(peer_id_of(identity_from_key(key))) for name, key in KEYS.items()}
 
 
-def send_with_s0(cut: bool) -> tuple[str, FlowNode, HopStats]:
+def send_with_s0(cut: bool, refuse: bool = False) -> tuple[str, FlowNode, HopStats]:
     """Relay ``a`` (stage 1 of 2) sends a forward to ``s0``, the cheaper of two stage-2
     replicas. ``cut``: ``s0`` closes its connection to ``a`` as the hop arrives, and stays up;
-    else ``s0``'s host is closed before the send. Returns who took the forward, ``a``'s flow
+    ``refuse``: ``s0`` refuses the hop (its compute fails), and stays up; else ``s0``'s host is
+    closed before the send. Returns who took the forward, ``a``'s flow
     core and its sender's counters."""
     node = FlowNode(
         NodeSpec(PEER["a"], "relay", 1, 2, 20.0),
@@ -61,6 +63,8 @@ def send_with_s0(cut: bool) -> tuple[str, FlowNode, HopStats]:
                 plane = DataPlane(rpc, PEER[name], 1, 2, 5.0, 1 << 20)
 
                 async def admit(header: HopHeader, frame: bytes, me: str = name, rpc=rpc) -> None:
+                    if me == "s0" and refuse:
+                        raise HopRejected("the compute failed on this input")
                     if me == "s0":  # the connection the hop came on closes under it
                         await rpc.drop_peer(ID.from_base58(PEER["a"]))
                         await trio.sleep_forever()
@@ -77,7 +81,7 @@ def send_with_s0(cut: bool) -> tuple[str, FlowNode, HopStats]:
                 plane.serve(nursery)
                 limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 5.0)
                 rpc.serve(control.PROTOCOL_ID, alive, limits)
-            if not cut:
+            if not cut and not refuse:
                 await hosts["s0"].close()
             plane = DataPlane(RequestResponse(hosts["a"]), PEER["a"], 1, 2, 5.0, 1 << 20)
             sender = HopSender(plane, FlowService(None, node, tick_s=1.0), stats, None)  # type: ignore[arg-type]
@@ -101,6 +105,12 @@ def test_a_send_cut_under_a_live_peer_leaves_it_alive() -> None:
     assert node.peers[PEER["s0"]].alive and stats.cut_sends == 1
 
 
+def test_a_peer_that_refuses_a_hop_is_dead_though_it_answers_a_probe() -> None:
+    delivered, node, stats = send_with_s0(cut=False, refuse=True)
+    assert delivered == PEER["s1"]
+    assert not node.peers[PEER["s0"]].alive and stats.cut_sends == 0
+
+
 def test_a_send_to_a_peer_that_is_gone_declares_it_dead() -> None:
     delivered, node, stats = send_with_s0(cut=False)
     assert delivered == PEER["s1"]
@@ -109,8 +119,8 @@ def test_a_send_to_a_peer_that_is_gone_declares_it_dead() -> None:
 
 def trace_s0(cut: bool) -> tuple[tuple[str, str], FlowNode]:
     """The data node traces a microbatch at relay ``s0``. ``cut``: ``s0`` closes its
-    connection to the data node as the trace arrives, and stays up; else its host is closed
-    first. Returns the trace's answer and the data node's flow core."""
+    connection to the data node as the first trace arrives, stays up and answers the next;
+    else its host is closed first. Returns the trace's answer and the data node's flow core."""
     node = FlowNode(
         NodeSpec(PEER["data"], "data", 0, 2, 20.0),
         FlowConfig(stages=2, activation_bytes=1e6),
@@ -128,10 +138,15 @@ def trace_s0(cut: bool) -> tuple[tuple[str, str], FlowNode]:
             await hosts["data"].connect(peer_info(full_address(hosts["s0"])))
             rpc = RequestResponse(hosts["s0"])
 
+            traces: list[str] = []
+
             async def answer(peer: str, request: bytes) -> bytes:
                 if isinstance(control.decode_request(request), control.Trace):
-                    await rpc.drop_peer(ID.from_base58(PEER["data"]))
-                    await trio.sleep_forever()
+                    traces.append(peer)
+                    if len(traces) == 1:
+                        await rpc.drop_peer(ID.from_base58(PEER["data"]))
+                        await trio.sleep_forever()
+                    return control.encode_trace("queued")
                 return control.encode_reply(True)
 
             rpc.serve(control.PROTOCOL_ID, answer, RpcLimits(1024, 1024, 5.0))
@@ -154,7 +169,7 @@ def trace_s0(cut: bool) -> tuple[tuple[str, str], FlowNode]:
 
 def test_a_trace_cut_under_a_live_relay_leaves_it_alive() -> None:
     state, node = trace_s0(cut=True)
-    assert state == ("dead", "")  # no answer: what it holds is repaired around
+    assert state == ("queued", "")  # asked once more: not repaired around
     assert node.peers[PEER["s0"]].alive
 
 

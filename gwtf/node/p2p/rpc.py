@@ -104,6 +104,11 @@ class RequestDeclined(PeerUnavailable):
     a hop of an iteration it has left): it is alive, and nobody is at fault."""
 
 
+class RequestRefused(PeerUnavailable):
+    """The peer answered the request, with a refusal that is not a decline (its handler failed
+    or refused it) or a reply out of bounds: it is up, and will not or cannot serve it."""
+
+
 class Decline(ProtocolError):
     """Raised by a handler to refuse a well-formed request without charging its sender."""
 
@@ -613,14 +618,14 @@ class _Channel:
             return
         if status == _REFUSED:
             reason = reply[:_MAX_REASON_BYTES].decode(errors="replace")
-            refusal: type[PeerUnavailable] = PeerUnavailable
+            refusal: type[PeerUnavailable] = RequestRefused
             if reason.startswith(_DECLINED):
                 misdirected = reason.startswith(_DECLINED + _NOT_HERE)
                 refusal = RequestMisdirected if misdirected else RequestDeclined
             waiter.finish(error=refusal(f"peer {self.peer} refused the request: {reason}"))
         elif len(reply) > waiter.max_response_bytes:
             self._charge(self.peer, Offence.OVERSIZED_FRAME, f"reply of {len(reply)} bytes")
-            waiter.finish(error=PeerUnavailable(f"peer {self.peer} sent an oversized reply"))
+            waiter.finish(error=RequestRefused(f"peer {self.peer} sent an oversized reply"))
         else:
             waiter.finish(reply)
 

@@ -30,7 +30,13 @@ from gwtf.coordinator_free.decisions import (
     stand_in,
 )
 from gwtf.errors import ProtocolError
-from gwtf.node.p2p.rpc import PeerTimeout, PeerUnavailable, RequestDeclined, RequestMisdirected
+from gwtf.node.p2p.rpc import (
+    PeerTimeout,
+    PeerUnavailable,
+    RequestDeclined,
+    RequestMisdirected,
+    RequestRefused,
+)
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane, HopRecord, WrongAck, sent_hop
 from gwtf.node.runtime.dataplane.hop import (
@@ -201,15 +207,13 @@ class HopSender:
     async def _failed(self, to: str, exc: PeerUnavailable) -> None:
         """Tell the flow core of a peer that failed a hop, if it is dead: one that declined the
         hop is alive; one that missed the ack deadline, or is not at the hop's stage (it moved;
-        dropped there until heard of again), or acknowledged another hop counts dead. Any other
-        failure (the stream reset or closed under the hop, as when the circuit it ran on closes;
-        a dial that failed) may have left the peer alive, and a peer declared dead has every
-        flow through it torn down: it counts dead only if it misses a probe too
-        (``peer_answers``)."""
+        dropped there until heard of again), or refused the hop, or acknowledged another hop
+        counts dead. A failure that may have left the peer alive (``may_be_cut``) counts dead
+        only if it misses a probe too (``peer_answers``): a peer declared dead has every flow
+        through it torn down."""
         if isinstance(exc, RequestDeclined) and not isinstance(exc, RequestMisdirected):
             return
-        unreachable = isinstance(exc, PeerTimeout | RequestMisdirected | WrongAck)
-        if not unreachable and await peer_answers(self.plane, self.flow, to):
+        if may_be_cut(exc) and await peer_answers(self.plane, self.flow, to):
             self.stats.cut_sends += 1
             log.warning("hop to %s was cut (%s), but %s answers: still alive", to, exc, to)
             self.flow.node.heard_from(to, trio.current_time())
@@ -441,6 +445,15 @@ def _next_attempt(attempt: int) -> int:
         return resend_attempt(attempt)
     except ProtocolError as exc:
         raise PeerUnavailable(str(exc)) from exc
+
+
+def may_be_cut(exc: ProtocolError) -> bool:
+    """Whether a failed request may have left its peer alive: the stream reset or closed under
+    it (as when the circuit it ran on closes), or a dial failed. Not a missed deadline, nor an
+    answer (a refusal, a decline, a reply out of bounds, another hop's ack): those say what the
+    peer is."""
+    answered = PeerTimeout | RequestDeclined | RequestRefused | WrongAck
+    return isinstance(exc, PeerUnavailable) and not isinstance(exc, answered)
 
 
 async def peer_answers(plane: DataPlane, flow: FlowService, peer: str) -> bool:

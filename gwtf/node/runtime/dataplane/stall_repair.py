@@ -26,11 +26,10 @@ import trio
 
 from gwtf.coordinator_free.decisions import stand_in
 from gwtf.errors import ProtocolError
-from gwtf.node.p2p.rpc import PeerTimeout, PeerUnavailable
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane
 from gwtf.node.runtime.dataplane.hop import TakeAttempt
-from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, peer_answers
+from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, may_be_cut, peer_answers
 from gwtf.node.runtime.flow.service import FlowService
 
 log = logging.getLogger(__name__)
@@ -170,11 +169,17 @@ class StallRepair:
             return control.decode_trace(reply, states)
         except ProtocolError as exc:
             log.warning("tracing microbatch %s: %s is silent: %s", request.microbatch, node, exc)
-            # Repaired around all the same; but a trace cut under a live node (its stream
-            # reset) must not tear down every flow through it: it answers a probe.
-            cut = isinstance(exc, PeerUnavailable) and not isinstance(exc, PeerTimeout)
-            if not cut or not await peer_answers(self.plane, self.flow, node):
-                self.flow.dispatch(self.flow.node.peer_dead(node, trio.current_time()))
+            # A trace cut under a live node (its stream reset) must not tear down every flow
+            # through it, nor have the microbatch repaired around it: it answers a probe, and
+            # is asked once more.
+            if may_be_cut(exc) and await peer_answers(self.plane, self.flow, node):
+                try:
+                    reply = await control.ask(self.plane.rpc, node, request, self.trace_timeout_s())
+                    return control.decode_trace(reply, states)
+                except ProtocolError as again:
+                    log.warning("tracing microbatch %s: %s answers a probe, not the trace: %s",
+                                request.microbatch, node, again)  # fmt: skip
+            self.flow.dispatch(self.flow.node.peer_dead(node, trio.current_time()))
             return "dead", ""
 
     async def _ask(self, holder: str, request: Resumed, here: control.AnswerHere[Resumed]) -> bool:
