@@ -33,11 +33,14 @@ KEYS = {name: keccak(text=f"cut send test {name}") for name in NAMES}
 PEER = {name: str(peer_id_of(identity_from_key(key))) for name, key in KEYS.items()}
 
 
-def send_with_s0(cut: bool, refuse: bool = False) -> tuple[str, FlowNode, HopStats]:
+def send_with_s0(
+    cut: bool, refuse: bool = False, wrong_ack: bool = False
+) -> tuple[str, FlowNode, HopStats]:
     """Relay ``a`` (stage 1 of 2) sends a forward to ``s0``, the cheaper of two stage-2
     replicas. ``cut``: ``s0`` closes its connection to ``a`` as the hop arrives, and stays up;
-    ``refuse``: ``s0`` refuses the hop (its compute fails), and stays up; else ``s0``'s host is
-    closed before the send. Returns who took the forward, ``a``'s flow
+    ``refuse``: ``s0`` refuses the hop (its compute fails), and stays up; ``wrong_ack``: ``s0``
+    answers the hop with what is no ack, and stays up; else ``s0``'s host is closed before the
+    send. Returns who took the forward, ``a``'s flow
     core and its sender's counters."""
     node = FlowNode(
         NodeSpec(PEER["a"], "relay", 1, 2, 20.0),
@@ -78,10 +81,16 @@ def send_with_s0(cut: bool, refuse: bool = False) -> tuple[str, FlowNode, HopSta
                     return control.encode_reply(True)
 
                 plane.admit, plane.compute = admit, compute  # type: ignore[method-assign]
+                if wrong_ack and name == "s0":
+
+                    async def no_ack(peer: str, request: bytes) -> bytes:
+                        return b"no ack"
+
+                    plane._handle = no_ack  # type: ignore[method-assign]
                 plane.serve(nursery)
                 limits = RpcLimits(control.MAX_BYTES, control.MAX_BYTES, 5.0)
                 rpc.serve(control.PROTOCOL_ID, alive, limits)
-            if not cut and not refuse:
+            if not (cut or refuse or wrong_ack):
                 await hosts["s0"].close()
             plane = DataPlane(RequestResponse(hosts["a"]), PEER["a"], 1, 2, 5.0, 1 << 20)
             sender = HopSender(plane, FlowService(None, node, tick_s=1.0), stats, None)  # type: ignore[arg-type]
@@ -107,6 +116,12 @@ def test_a_send_cut_under_a_live_peer_leaves_it_alive() -> None:
 
 def test_a_peer_that_refuses_a_hop_is_dead_though_it_answers_a_probe() -> None:
     delivered, node, stats = send_with_s0(cut=False, refuse=True)
+    assert delivered == PEER["s1"]
+    assert not node.peers[PEER["s0"]].alive and stats.cut_sends == 0
+
+
+def test_a_peer_that_answers_a_hop_with_no_ack_is_dead_though_it_answers_a_probe() -> None:
+    delivered, node, stats = send_with_s0(cut=False, wrong_ack=True)
     assert delivered == PEER["s1"]
     assert not node.peers[PEER["s0"]].alive and stats.cut_sends == 0
 
