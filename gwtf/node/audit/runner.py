@@ -322,8 +322,9 @@ async def replay_certificate(
     not (reported ``unproven``), which could name a data node's sybils as replicas, steer the
     draw with made-up hops, or yield a wrong tensor whose proof the chain refuses. Each
     sampled leaf carries a proof the chain accepts (``with_root_proofs``)."""
-    verified = await trio.to_thread.run_sync(verified_leaves, cert, fetched, domain)
-    dropped = len(leaves_of(fetched)) - len(verified)
+    served = leaves_of(fetched)
+    verified = await trio.to_thread.run_sync(verifying_leaves, cert, served, domain)
+    dropped = len(served) - len(verified)
     if dropped:
         log.warning(
             "%d leaves served of %s's certificate of epoch %d do not verify against its root "
@@ -333,7 +334,7 @@ async def replay_certificate(
     # nothing to re-execute.
     relay_hops = [p for p in verified if p[0].receipt.worker.lower() not in data_nodes]
     drawn = draw_sample(seed, relay_hops, sampling.hops)
-    sample = await trio.to_thread.run_sync(with_root_proofs, cert, leaves_of(fetched), drawn)
+    sample = await trio.to_thread.run_sync(with_root_proofs, cert, served, drawn)
     entries = [entry for entry, _ in verified]
     return await replay_sample(source, sampling.replayer, entries, sample, progress)
 

@@ -164,23 +164,22 @@ class StallRepair:
         states = control.TRACE_BACK_STATES if backward else control.TRACE_STATES
         if node == self.node_id:
             return control.decode_trace(self.trace_here(request), states)
-        try:
-            reply = await control.ask(self.plane.rpc, node, request, self.trace_timeout_s())
-            return control.decode_trace(reply, states)
-        except ProtocolError as exc:
-            log.warning("tracing microbatch %s: %s is silent: %s", request.microbatch, node, exc)
-            # A trace cut under a live node (its stream reset) must not tear down every flow
-            # through it, nor have the microbatch repaired around it: it answers a probe, and
-            # is asked once more.
-            if may_be_cut(exc) and await peer_answers(self.plane, self.flow, node):
-                try:
-                    reply = await control.ask(self.plane.rpc, node, request, self.trace_timeout_s())
-                    return control.decode_trace(reply, states)
-                except ProtocolError as again:
-                    log.warning("tracing microbatch %s: %s answers a probe, not the trace: %s",
-                                request.microbatch, node, again)  # fmt: skip
-            self.flow.dispatch(self.flow.node.peer_dead(node, trio.current_time()))
-            return "dead", ""
+        # A trace cut under a live node (its stream reset) must not tear down every flow
+        # through it, nor have the microbatch repaired around it: it answers a probe, and is
+        # asked once more.
+        for again in (False, True):
+            try:
+                reply = await control.ask(self.plane.rpc, node, request, self.trace_timeout_s())
+                return control.decode_trace(reply, states)
+            except ProtocolError as exc:
+                log.warning("tracing microbatch %s: %s is silent%s: %s", request.microbatch,
+                            node, " though it answers a probe" if again else "", exc)  # fmt: skip
+                if again or not may_be_cut(exc):
+                    break
+                if not await peer_answers(self.plane, self.flow, node):
+                    break  # gone: no second ask
+        self.flow.dispatch(self.flow.node.peer_dead(node, trio.current_time()))
+        return "dead", ""
 
     async def _ask(self, holder: str, request: Resumed, here: control.AnswerHere[Resumed]) -> bool:
         """Ask ``holder`` (this node: ``here``) to send a hop again; True when it did."""
