@@ -23,7 +23,7 @@ from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane, HopRejected, Kept
 from gwtf.node.runtime.dataplane.hop import FORWARD, HopHeader
-from gwtf.node.runtime.dataplane.sender import HopSender, HopStats
+from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, peer_answers
 from gwtf.node.runtime.dataplane.stall_repair import StallRepair
 from gwtf.node.runtime.dataplane.try_token import NO_CHAIN_TRY_DOMAIN, sign_try
 from gwtf.node.runtime.flow.service import FlowService
@@ -262,3 +262,46 @@ def test_sends_cut_at_once_make_one_probe_and_go_on_without_waiting_for_it() -> 
     assert chosen_while_probed == [PEER["s1"]]
     assert len(taken_at) == 4 and max(taken_at) < probes[0]
     assert node.peers[PEER["s0"]].alive and stats.cut_sends == 4
+
+
+def probe_as_the_connection_closes(how: str) -> bool:
+    """``a`` has a control stream open to ``s0``; the connection under it closes (``how``:
+    ``local``, as when the circuit it ran on closes at ``a``'s end; ``remote``: ``s0`` drops
+    it) and ``a`` probes ``s0`` at once, before the stream's reader can see the close.
+    Returns whether the probe says ``s0`` answers (it stays up throughout)."""
+    node = FlowNode(
+        NodeSpec(PEER["a"], "relay", 1, 2, 20.0),
+        FlowConfig(stages=2, activation_bytes=1e6),
+        random.Random(0),
+    )
+    answered: list[bool] = []
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            a = await stack.enter_async_context(running_host(identity_from_key(KEYS["a"])))
+            s0 = await stack.enter_async_context(running_host(identity_from_key(KEYS["s0"])))
+            await a.connect(peer_info(full_address(s0)))
+            served = RequestResponse(s0)
+
+            async def alive(peer: str, request: bytes) -> bytes:
+                return control.encode_reply(True)
+
+            served.serve(control.PROTOCOL_ID, alive, RpcLimits(1024, 1024, 5.0))
+            plane = DataPlane(RequestResponse(a), PEER["a"], 1, 2, 5.0, 1 << 20)
+            flow = FlowService(None, node, tick_s=1.0)  # type: ignore[arg-type]
+            with trio.fail_after(30):
+                assert await peer_answers(plane, flow, PEER["s0"])  # the stream is open now
+                async with trio.open_nursery() as nursery:
+                    if how == "local":
+                        nursery.start_soon(a.get_network().close_peer, ID.from_base58(PEER["s0"]))
+                    else:
+                        nursery.start_soon(served.drop_peer, ID.from_base58(PEER["a"]))
+                    answered.append(await peer_answers(plane, flow, PEER["s0"]))
+
+    trio.run(main)
+    return answered[0]
+
+
+def test_a_probe_as_the_connection_closes_asks_again_on_a_new_stream() -> None:
+    assert probe_as_the_connection_closes("local")
+    assert probe_as_the_connection_closes("remote")

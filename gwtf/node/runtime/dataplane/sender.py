@@ -486,14 +486,25 @@ def may_be_cut(exc: ProtocolError) -> bool:
 async def peer_answers(plane: DataPlane, flow: FlowService, peer: str) -> bool:
     """Whether ``peer`` answers a liveness probe (``control.Alive``, on a stream of its own,
     dialled anew if the connection is gone) within the flow protocol's keep-alive timeout: what
-    that protocol waits for a ping's answer before it counts a miss."""
-    timeout_s = flow.node.config.keepalive_timeout_s
-    try:
-        await control.ask(plane.rpc, peer, control.Alive(), timeout_s)
-    except ProtocolError as exc:
-        log.info("%s missed a liveness probe after a failed hop: %s", peer, exc)
-        return False
-    return True
+    that protocol waits for a ping's answer before it counts a miss.
+
+    The probe follows a send cut by a connection closing, and the control stream kept open to
+    the peer ran on that connection: until its reader sees the close, a request on it fails as
+    cut too. So a probe cut that way is asked once more, within the same deadline: the broken
+    stream is dropped then, and the second goes on a new one (a new connection if need be)."""
+    deadline = trio.current_time() + flow.node.config.keepalive_timeout_s
+    for attempt in range(2):
+        try:
+            left_s = max(deadline - trio.current_time(), 1e-3)
+            await control.ask(plane.rpc, peer, control.Alive(), left_s)
+        except ProtocolError as exc:
+            if attempt == 0 and may_be_cut(exc):
+                log.debug("probe of %s cut (%s): asking on a new stream", peer, exc)
+                continue
+            log.info("%s missed a liveness probe after a failed hop: %s", peer, exc)
+            return False
+        return True
+    return False  # not reached: the second try returns
 
 
 @dataclass
