@@ -163,38 +163,51 @@ class HopSender:
         """Send a forward; on a missed ack re-send it where ``decisions.next_hop`` says now
         (``route``: the flow's route as the core holds it now), the peers tried left out.
         Returns the node that acknowledged it. A peer whose send was cut is probed meanwhile
-        (``_failed``): the re-send, which leaves it out, does not wait for its answer; the
-        return does (at most the probe's deadline)."""
-        tried: set[str] = set()
+        (``_failed``): the re-send, which leaves it out, does not wait for the answer; the
+        return (or the failure) does, so the verdict lands (at most the probe's deadline)."""
         async with trio.open_nursery() as probes:
-            while True:
-                try:
-                    sent_at = trio.current_time()
-                    with self.detour(header.stage, to, route()):
-                        output_digest = await self.plane.send(to, header, frame, input_digest)
-                    if self.wiring is not None:
-                        self.wiring.observe(to, trio.current_time() - sent_at)
-                    self._acknowledged(to)
-                    self._record(header, to, input_digest, output_digest)
-                    return to
-                except PeerUnavailable as exc:
-                    log.warning(
-                        "forward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
-                    )
-                    tried.add(to)
-                    probes.start_soon(self._failed, to, exc)
-                    # None past the last stage: only the origin computes its microbatch's loss.
-                    onward = self.resend_to(header.stage, route(), tried, header.origin)
-                    if onward is None:
-                        failure = exc
-                        break  # out of the nursery once the probe answered, so it still counts
-                    self.stats.forward_resends += 1
-                    to = onward.to
-                    header = header.onward(
-                        attempt=_next_attempt(header.attempt),
-                        slot=header.slot if onward.slot is None else onward.slot,
-                    )
+            try:
+                return await self._send_forward(probes, header, frame, to, input_digest, route)
+            except PeerUnavailable as exc:
+                failure = exc  # not raised in the nursery: that would cancel the probes
         raise failure
+
+    async def _send_forward(
+        self,
+        probes: trio.Nursery,
+        header: HopHeader,
+        frame: bytes,
+        to: str,
+        input_digest: bytes,
+        route: FlowRoute,
+    ) -> str:
+        tried: set[str] = set()
+        while True:
+            try:
+                sent_at = trio.current_time()
+                with self.detour(header.stage, to, route()):
+                    output_digest = await self.plane.send(to, header, frame, input_digest)
+                if self.wiring is not None:
+                    self.wiring.observe(to, trio.current_time() - sent_at)
+                self._acknowledged(to)
+                self._record(header, to, input_digest, output_digest)
+                return to
+            except PeerUnavailable as exc:
+                log.warning(
+                    "forward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
+                )
+                tried.add(to)
+                probes.start_soon(self._failed, to, exc)
+                # None past the last stage: only the origin computes its microbatch's loss.
+                onward = self.resend_to(header.stage, route(), tried, header.origin)
+                if onward is None:
+                    raise
+                self.stats.forward_resends += 1
+                to = onward.to
+                header = header.onward(
+                    attempt=_next_attempt(header.attempt),
+                    slot=header.slot if onward.slot is None else onward.slot,
+                )
 
     def resend_to(
         self, stage: int, route: tuple[str, int] | None, tried: set[str], origin: str
