@@ -168,8 +168,10 @@ class HopSender:
         async with trio.open_nursery() as probes:
             try:
                 return await self._send_forward(probes, header, frame, to, input_digest, route)
-            except PeerUnavailable as exc:
-                failure = exc  # not raised in the nursery: that would cancel the probes
+            except Exception as exc:
+                # Raised outside the nursery: inside, it would cancel the probes and come out
+                # wrapped in an exception group that callers catching it would not match.
+                failure = exc
         raise failure
 
     async def _send_forward(
