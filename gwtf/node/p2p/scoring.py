@@ -20,6 +20,7 @@ class Offence(Enum):
     HANDLER_FAILURE = 5.0
     NOT_ADMITTED = 100.0
     BAD_RECEIPT = 25.0  # a signature that does not check, a receipt of another's hop
+    WINDOW_OVERRUN = 100.0  # sent past a yamux receive window: a peer out to fill our memory
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,167 @@
+"""A peer that ignores yamux's receive window is cut off before a node buffers much of what it
+sends; a peer that keeps to the window is not. Real hosts on 127.0.0.1."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import trio
+from libp2p.abc import IHost, INetStream
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+from libp2p.stream_muxer.yamux.yamux import MAX_WINDOW_SIZE
+
+from gwtf.node.p2p.host import full_address, on_window_violation, peer_info, running_host
+from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.rpc import RequestResponse
+from gwtf.node.p2p.scoring import Offence
+from gwtf.node.p2p.yamux_window import SLACK
+
+SINK = TProtocol("/gwtf/test-sink/1.0.0")
+MiB = 1 << 20
+WINDOW = 256 * 1024  # yamux's initial stream window
+
+
+@dataclass
+class Sink:
+    """Serves ``SINK``: reads nothing until ``release`` is set (a node busy computing), or
+    reads ``chunk`` bytes at a time, ``pause_s`` apart (a slow reader)."""
+
+    host: IHost
+    chunk: int = 0
+    pause_s: float = 0.0
+    release: trio.Event = field(default_factory=trio.Event)
+    received: int = 0
+
+    def __post_init__(self) -> None:
+        self.host.set_stream_handler(SINK, self.serve)
+
+    async def serve(self, stream: INetStream) -> None:
+        try:
+            with trio.move_on_after(60):
+                if not self.chunk:
+                    await self.release.wait()
+                while data := await stream.read(self.chunk or -1):
+                    self.received += len(data)
+                    await trio.sleep(self.pause_s)
+        except Exception:  # the flooder's stream is reset under it
+            pass
+
+
+@asynccontextmanager
+async def pair() -> AsyncIterator[tuple[IHost, IHost]]:
+    """A node and a peer connected to it."""
+    async with AsyncExitStack() as stack:
+        node = await stack.enter_async_context(running_host(new_identity()))
+        peer = await stack.enter_async_context(running_host(new_identity()))
+        await peer.connect(peer_info(full_address(node)))
+        yield node, peer
+
+
+def buffered(node: IHost, peer: ID) -> tuple[int, int]:
+    """Bytes ``peer`` sent on its connection to ``node`` that ``node`` has not read yet, and
+    the largest receive window ``node`` grants a stream of it (py-libp2p grows a stream's
+    window while it is read fast, as negotiating its protocol is, up to 16 MiB)."""
+    muxers = [conn.muxed_conn for conn in node.get_network().connections.get(peer) or []]
+    unread = sum(len(b) for m in muxers for b in getattr(m, "stream_buffers", {}).values())
+    windows = [s.target_recv_window for m in muxers for s in getattr(m, "streams", {}).values()]
+    return unread, max(windows, default=WINDOW)
+
+
+async def flood(stream: INetStream, total: int, frame: int) -> int:
+    """Write ``total`` bytes in writes of ``frame`` bytes, ignoring the stream's send window;
+    how many were written before the connection failed."""
+    muxed: Any = getattr(stream, "muxed_stream")  # noqa: B009 - not on INetStream's type
+    sent = 0
+    with trio.move_on_after(30):
+        try:
+            while sent < total:
+                muxed.send_window = 1 << 40
+                await stream.write(b"x" * frame)
+                sent += frame
+        except Exception:  # reset or closed: what the guard does
+            pass
+    return sent
+
+
+def connected(node: IHost, peer: ID) -> bool:
+    return any(not c.is_closed for c in node.get_network().connections.get(peer) or [])
+
+
+@pytest.mark.parametrize(("frame", "total"), [(MiB, 64 * MiB), (1024, 40 * MiB)])
+def test_a_peer_sending_past_its_window_is_cut_off_before_the_node_buffers_much(
+    frame: int, total: int
+) -> None:
+    """Whole frames past the window, and 1 KiB ones each within a frame's slack (the library
+    clamps an overdrawn window to zero, which must not forgive the peer each time)."""
+
+    async def main() -> None:
+        async with pair() as (node, flooder):
+            sink = Sink(node)
+            cut_off: list[ID] = []
+            on_window_violation(node, cut_off.append)
+            flooder_id = flooder.get_id()
+            stream = await flooder.new_stream(node.get_id(), [SINK])
+            most = window = 0
+
+            async def watch() -> None:
+                nonlocal most, window
+                while True:
+                    unread, granted = buffered(node, flooder_id)
+                    most, window = max(most, unread), max(window, granted)
+                    await trio.sleep(0)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch)
+                sent = await flood(stream, total, frame)
+                with trio.move_on_after(5):
+                    while connected(node, flooder_id):
+                        await trio.sleep(0.01)
+                nursery.cancel_scope.cancel()
+            sink.release.set()
+            # Without the guard the node holds all of it, and the connection stays up.
+            assert most <= window + SLACK + frame, (most, window, sent)
+            assert window <= MAX_WINDOW_SIZE < total // 2
+            assert not connected(node, flooder_id)
+            assert cut_off == [flooder_id]
+
+    trio.run(main)
+
+
+def test_a_slow_reader_gets_all_of_an_honest_peers_bytes_and_keeps_the_connection() -> None:
+    async def main() -> None:
+        async with pair() as (node, peer):
+            sink = Sink(node, chunk=64 * 1024, pause_s=0.002)
+            cut_off: list[ID] = []
+            on_window_violation(node, cut_off.append)
+            stream = await peer.new_stream(node.get_id(), [SINK])
+            with trio.fail_after(30):
+                await stream.write(b"y" * (16 * MiB))
+                await stream.close()
+                while sink.received < 16 * MiB:
+                    await trio.sleep(0.01)
+            assert connected(node, peer.get_id())
+            assert cut_off == []
+
+    trio.run(main)
+
+
+def test_the_rpc_layer_bans_a_peer_that_sent_past_its_window() -> None:
+    async def main() -> None:
+        async with pair() as (node, flooder):
+            rpc = RequestResponse(node)
+            Sink(node)
+            stream = await flooder.new_stream(node.get_id(), [SINK])
+            await flood(stream, 32 * MiB, MiB)
+            peer = str(flooder.get_id())
+            with trio.fail_after(5):
+                while not rpc.scores.offences.get(peer):
+                    await trio.sleep(0.01)
+            assert rpc.scores.offences[peer] == [Offence.WINDOW_OVERRUN]
+            assert rpc.scores.is_banned(peer, trio.current_time())
+
+    trio.run(main)
