@@ -11,15 +11,25 @@ from typing import Any
 import pytest
 import trio
 from libp2p.abc import IHost, INetStream
+from libp2p.connection_types import ConnectionType
 from libp2p.custom_types import TProtocol
+from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage
+from libp2p.relay.circuit_v2.pb.circuit_pb2 import PeerId as CircuitPeer
+from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP
+from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
+from libp2p.relay.circuit_v2.utils import write_delimited_msg
 from libp2p.stream_muxer.yamux.yamux import MAX_WINDOW_SIZE
 
 from gwtf.node.p2p.host import full_address, on_window_violation, peer_info, running_host
 from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.relay import circuit_address, read_relay_message
 from gwtf.node.p2p.rpc import RequestResponse
 from gwtf.node.p2p.scoring import Offence
 from gwtf.node.p2p.yamux_window import SLACK
+from tests.p2p.test_relay import Node, node
 
 SINK = TProtocol("/gwtf/test-sink/1.0.0")
 MiB = 1 << 20
@@ -165,3 +175,58 @@ def test_the_rpc_layer_bans_a_peer_that_sent_past_its_window() -> None:
             assert rpc.scores.is_banned(peer, trio.current_time())
 
     trio.run(main)
+
+
+def test_a_peer_flooding_through_a_relay_is_cut_off_before_relay_or_target_buffers_much() -> None:
+    """A relay leg and the connection carried over it are yamux streams like any other: a
+    peer that ignores both windows fills neither the relay nor the node it reaches."""
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True))
+            relayed = (full_address(relay.host),)
+            home = await stack.enter_async_context(node(stack, relays=relayed))
+            flooder = await stack.enter_async_context(node(stack, trusts=[relay]))
+            sink = Sink(home.host)
+            flooder_id = flooder.host.get_id()
+            leg = await _circuit_leg(flooder, peer_info(full_address(relay.host)), home.host)
+            stream = await flooder.host.new_stream(home.host.get_id(), [SINK])
+            muxed_leg: Any = getattr(leg, "muxed_stream")  # noqa: B009
+            most = {"relay": 0, "home": 0}
+            window = 0
+
+            async def watch() -> None:
+                nonlocal window
+                while True:
+                    for name, at in (("relay", relay.host), ("home", home.host)):
+                        unread, granted = buffered(at, flooder_id)
+                        most[name], window = max(most[name], unread), max(window, granted)
+                    muxed_leg.send_window = 1 << 40  # the leg's window is ignored too
+                    await trio.sleep(0)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch)
+                sent = await flood(stream, 64 * MiB, MiB)
+                nursery.cancel_scope.cancel()
+            sink.release.set()
+            assert max(most.values()) <= window + SLACK + MiB, (most, window, sent)
+            assert window <= MAX_WINDOW_SIZE
+            assert sent < 64 * MiB
+
+    trio.run(main)
+
+
+async def _circuit_leg(source: Node, relay: PeerInfo, target: IHost) -> INetStream:
+    """``connect_through``, keeping the circuit's stream (its leg at the relay) at hand."""
+    await source.host.connect(relay)
+    leg = await source.host.new_stream(relay.peer_id, [HOP])
+    request = HopMessage(type=HopMessage.CONNECT, peer=CircuitPeer(id=target.get_id().to_bytes()))
+    await write_delimited_msg(leg, request)
+    answer = await read_relay_message(leg, HopMessage, 5.0)
+    assert answer is not None and StatusCode(answer.status) == StatusCode.OK
+    where = circuit_address(relay.addrs[0].encapsulate(f"/p2p/{relay.peer_id}"), target.get_id())
+    raw = RawConnection(
+        leg, initiator=True, connection_type=ConnectionType.RELAYED, addresses=[where]
+    )
+    await source.host.upgrade_outbound_connection(raw, target.get_id())
+    return leg
