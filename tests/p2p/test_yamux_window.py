@@ -230,3 +230,37 @@ async def _circuit_leg(source: Node, relay: PeerInfo, target: IHost) -> INetStre
     )
     await source.host.upgrade_outbound_connection(raw, target.get_id())
     return leg
+
+
+def test_a_window_grows_only_once_half_of_it_was_read() -> None:
+    """Negotiating a protocol and a small exchange leave a stream its initial window (py-libp2p
+    alone doubles it at each small read: megabytes granted to a stream nobody reads fast); a
+    stream read fast in bulk still grows its window."""
+
+    async def main() -> None:
+        async with pair() as (node, peer):
+            accepted: list[INetStream] = []
+            done = trio.Event()
+
+            async def serve(stream: INetStream) -> None:
+                accepted.append(stream)
+                await stream.read(5)
+                await stream.write(b"hello")
+                await done.wait()
+                with trio.move_on_after(10):
+                    while await stream.read(-1):
+                        pass
+
+            node.set_stream_handler(SINK, serve)
+            stream = await peer.new_stream(node.get_id(), [SINK])
+            await stream.write(b"hello")
+            assert await stream.read(5) == b"hello"
+            windowed: Any = getattr(accepted[0], "muxed_stream")  # noqa: B009
+            assert windowed.target_recv_window == WINDOW
+            done.set()
+            with trio.fail_after(30):
+                await stream.write(b"z" * (32 * MiB))
+            assert windowed.target_recv_window > WINDOW
+            await stream.close()
+
+    trio.run(main)

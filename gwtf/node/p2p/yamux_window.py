@@ -7,7 +7,8 @@ reads slowly (a relay leg, an RPC stream, a hop stream while compute runs). The 
 such a frame a protocol error, and go-yamux closes the session for it; so does this muxer: the
 stream is reset, the connection closed with GO_AWAY(protocol error), the peer named in one log
 line and handed to the host's hooks (``WindowedMuxers.hooks``: the RPC layer bans it).
-The check belongs in py-libp2p itself; this subclass is the smallest way to have it meanwhile.
+Its streams also grow their windows by go-yamux's rule (``WindowedStream``). Both belong in
+py-libp2p itself; this subclass is the smallest way to have them meanwhile.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from libp2p.abc import IMuxedConn, ISecureConn
 from libp2p.custom_types import TMuxerOptions, TProtocol
 from libp2p.peer.id import ID
 from libp2p.stream_muxer.muxer_multistream import MuxerMultistream
-from libp2p.stream_muxer.yamux.yamux import GO_AWAY_PROTOCOL_ERROR, PROTOCOL_ID, Yamux
+from libp2p.stream_muxer.yamux.yamux import (
+    GO_AWAY_PROTOCOL_ERROR,
+    PROTOCOL_ID,
+    Yamux,
+    YamuxStream,
+)
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +106,29 @@ class WindowedYamux(Yamux):
             await self.close(GO_AWAY_PROTOCOL_ERROR)
 
 
+class WindowedStream(YamuxStream):
+    """A stream whose receive window grows only once half of it was read (go-yamux's rule).
+
+    py-libp2p 0.8.1 doubles a stream's window at any read that sends a window update within
+    4 round trips of the last, so the few small reads of negotiating a protocol already grow
+    it to megabytes on a fast link. A relay that reads a leg slowly then holds megabytes ahead
+    of the flow-control updates of the connection carried over it, and that connection's
+    writers give up after 5 s without one. Here a window doubles only when half of it was
+    read since it last could (and within 4 round trips, as before)."""
+
+    _read_since_growth: int = 0
+
+    async def _auto_tune_and_send_window_update(self, *, bytes_read: int = 0) -> None:
+        self._read_since_growth += bytes_read
+        await super()._auto_tune_and_send_window_update(bytes_read=bytes_read)
+
+    def _apply_autotune_epoch(self, buffered: int) -> int:
+        if self._read_since_growth < self.target_recv_window // 2:
+            return 0
+        self._read_since_growth = 0
+        return super()._apply_autotune_epoch(buffered)
+
+
 class _Buffer(bytearray):
     """One stream's unread bytes, that takes a frame only if the muxer admits it."""
 
@@ -123,6 +152,11 @@ class _Buffers(dict[int, bytearray]):
     def __setitem__(self, stream_id: int, buffer: bytearray) -> None:
         if not isinstance(buffer, _Buffer):
             buffer = _Buffer(self._muxer, stream_id, bytes(buffer))
+        # The library creates a stream, then its buffer, before any of its bytes are read:
+        # the one moment to give the stream its growth rule (it builds ``YamuxStream`` itself).
+        stream = self._muxer.streams.get(stream_id)
+        if type(stream) is YamuxStream:
+            stream.__class__ = WindowedStream
         super().__setitem__(stream_id, buffer)
 
 
