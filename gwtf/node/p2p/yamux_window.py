@@ -70,6 +70,13 @@ class WindowedYamux(Yamux):
         stream = self.streams.get(stream_id)
         if stream is None:  # the library buffers data only for streams it knows
             return True
+        if stream.recv_closed:
+            # The stream's reading end is closed: this node reset it (a failed protocol
+            # negotiation does) or the peer reset or ended it. Bytes that arrive now are no
+            # one's to read (in flight before the peer knew, or sent past its own end), and
+            # the library would keep them for a minute's grace. Dropped, not counted.
+            stream.recv_window += size
+            return False
         if not self.violated:
             past = size - stream.recv_window
             if past <= 0:
@@ -117,6 +124,15 @@ class WindowedStream(YamuxStream):
     read since it last could (and within 4 round trips, as before)."""
 
     _read_since_growth: int = 0
+
+    async def reset(self) -> None:
+        # The library keeps a reset stream's unread bytes for a minute's grace (for a reader
+        # that would never come): a peer opening streams of junk that negotiation resets
+        # could hold a node's memory that way. Nothing reads a stream this node reset.
+        buffer = self.conn.stream_buffers.get(self.stream_id)
+        if buffer is not None:
+            buffer.clear()
+        await super().reset()
 
     async def _auto_tune_and_send_window_update(self, *, bytes_read: int = 0) -> None:
         self._read_since_growth += bytes_read
