@@ -42,6 +42,7 @@ from libp2p.peer.id import ID
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.dialing import Dialer, DialFailed
 from gwtf.node.p2p.framing import FrameError, FrameReader, encode_frame
+from gwtf.node.p2p.host import on_window_violation
 from gwtf.node.p2p.scoring import Offence, PeerScores
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,12 @@ class RequestResponse:
     def __post_init__(self) -> None:
         if self.dialer is None:
             self.dialer = Dialer(self.host)
+        # A host not built by ``build_host`` (a test's fake) has no window guard to hook.
+        on_window_violation(self.host, self._window_overrun)
+
+    def _window_overrun(self, peer: ID) -> None:
+        """A peer sent past a yamux receive window (its connection is already closing)."""
+        self.scores.penalise(str(peer), Offence.WINDOW_OVERRUN, trio.current_time())
 
     # ---- serving ------------------------------------------------------------------------------
 

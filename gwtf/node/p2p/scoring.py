@@ -20,6 +20,9 @@ class Offence(Enum):
     HANDLER_FAILURE = 5.0
     NOT_ADMITTED = 100.0
     BAD_RECEIPT = 25.0  # a signature that does not check, a receipt of another's hop
+    # Sent past a yamux receive window: out to fill our memory. Not 100: members of equal
+    # value are one member (an alias of NOT_ADMITTED).
+    WINDOW_OVERRUN = 80.0
 
 
 @dataclass(frozen=True)
