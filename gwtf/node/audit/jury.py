@@ -39,6 +39,7 @@ Vote salts come from the wallet's key, so a restarted juror reveals what it comm
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -55,6 +56,7 @@ from gwtf.contracts.encoding import (
     ledger_domain,
     receipt_digest,
 )
+from gwtf.contracts.merkle import MAX_PROOF_LENGTH
 from gwtf.errors import ChainError
 from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.audit.replays import (
@@ -79,6 +81,8 @@ from gwtf.node.chain.holds import first_dispute_block, logs_since
 from gwtf.node.p2p.host import running_host
 from gwtf.node.p2p.identity import new_identity
 from gwtf.node.p2p.rpc import RequestResponse
+
+log = logging.getLogger(__name__)
 
 # Court.Phase and the votes.
 SALTS, DRAWING, VOTING, RULED = 1, 2, 3, 4
@@ -153,7 +157,9 @@ def open_cases(contracts: Contracts) -> list[Case]:
         receipt = HopReceipt(**dict(args["receipt"]))  # web3 decodes a struct as a dict
         digest, signed = bytes(args["receiptDigest"]), args["workerSigned"]
         signature = bytes(signed["signature"])
-        proof = tuple(bytes(p) for p in signed["proof"])
+        proof = batch_proof_of(case_id, signed["proof"])
+        if proof is None:
+            continue
         challenger, accused_wallet = str(parties[2]), str(parties[1])
         reopens = _reopened_by(disputes, opened, dispute_id, digest, challenger)
         found.append(
@@ -163,6 +169,20 @@ def open_cases(contracts: Contracts) -> list[Case]:
             )
         )  # fmt: skip
     return found
+
+
+def batch_proof_of(case_id: int, hashes: Sequence[bytes]) -> tuple[bytes, ...] | None:
+    """The disputed receipt's batch proof from its opening event, or None (one warning line)
+    when it is longer than any proof a juror processes: the ledger refuses such a dispute
+    (``Disputes.ProofTooLong``), so only a ledger deployed without that bound emits one, and
+    no vote on it could be checked."""
+    if len(hashes) > MAX_PROOF_LENGTH:
+        log.warning(
+            "case %d: the batch proof has %d hashes, over %d: no juror can check it, skipped",
+            case_id, len(hashes), MAX_PROOF_LENGTH,
+        )  # fmt: skip
+        return None
+    return tuple(bytes(h) for h in hashes)
 
 
 def _reopened_by(
