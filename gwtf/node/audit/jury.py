@@ -12,7 +12,8 @@ window (``gwtf/contracts/Court.sol``):
   (``gwtf.node.audit.reexecute``) and commit a sealed vote: WRONG when the replay is outside the
   run's tolerance or the accused's evidence is missing, RIGHT when it is within; then reveal
   it. A juror that reached no peer at all does not vote (it is fined as absent rather than
-  convicting anyone blind);
+  convicting anyone blind). Evidence retries stop within the commit window (``RETRY_SHARE``
+  of the time it has left): what the accused has not served by then is missing;
 * what counts as the accused's evidence: everything a re-execution needs is something the
   accused worker keeps and serves itself (the hop's input and output frames, its stage
   weights at the iteration, and for a backward the receipt of its forward, which it signed,
@@ -88,6 +89,12 @@ log = logging.getLogger(__name__)
 SALTS, DRAWING, VOTING, RULED = 1, 2, 3, 4
 RIGHT, WRONG = 1, 2
 FINAL_ROUND: Final = 3
+#: The share of the time left in its commit window a juror may spend retrying evidence: the
+#: rest is for the replay and the commit's transaction.
+RETRY_SHARE: Final = 0.5
+#: Blocks over which a juror measures the chain's block time, and the least it assumes.
+BLOCK_TIME_SPAN: Final = 64
+MIN_BLOCK_TIME_S: Final = 0.1
 
 ANSWERED: Final = "answered"
 SALT_REVEALED: Final = "draw salt revealed"
@@ -216,17 +223,22 @@ async def serve_once(
     peers: Sequence[str],
     replayer_of: ReplayerOf | None,
     timeout_s: float = 20.0,
+    block_time_s: float | None = None,
 ) -> list[Step]:
     """One pass over the open cases for ``wallet`` (its juror node is ``Court.jurorOf``),
-    re-executing with ``replayer_of(run id)``; without it, every step but the votes."""
+    re-executing with ``replayer_of(run id)``; without it, every step but the votes.
+    ``block_time_s``: the chain's seconds per block, which times a juror's evidence retries
+    against its commit window (None: measured on the chain, ``seconds_per_block``)."""
     steps: list[Step] = []
     node = str(await trio.to_thread.run_sync(_juror_of, contracts, wallet))
     for case in await trio.to_thread.run_sync(open_cases, contracts):
         steps += await trio.to_thread.run_sync(_party_steps, contracts, wallet, case)
         steps += await trio.to_thread.run_sync(_anyone_steps, contracts, wallet, case)
         if replayer_of is not None and int(node, 16) != 0:
+            if block_time_s is None:
+                block_time_s = await trio.to_thread.run_sync(seconds_per_block, contracts)
             steps += await _juror_steps(
-                contracts, wallet, node, case, peers, replayer_of, timeout_s
+                contracts, wallet, node, case, peers, replayer_of, timeout_s, block_time_s
             )
     return steps
 
@@ -251,6 +263,19 @@ def next_due_block(contracts: Contracts, case_id: int) -> int | None:
     at = _next_block(contracts)
     later = [block for block in candidates if block > at]
     return min(later) if later else at
+
+
+def seconds_per_block(contracts: Contracts) -> float:
+    """The chain's mean seconds per block over its last ``BLOCK_TIME_SPAN`` blocks (fewer on
+    a young chain), at least ``MIN_BLOCK_TIME_S``: a juror's clock for its commit window."""
+    eth = contracts.w3.eth
+    latest = int(eth.block_number)
+    span = min(BLOCK_TIME_SPAN, latest)
+    if span == 0:
+        return MIN_BLOCK_TIME_S
+    first, last = eth.get_block(latest - span), eth.get_block(latest)
+    elapsed = int(last["timestamp"]) - int(first["timestamp"])
+    return max(MIN_BLOCK_TIME_S, elapsed / span)
 
 
 def _juror_of(contracts: Contracts, wallet: Sender) -> str:
@@ -351,6 +376,7 @@ async def _juror_steps(
     peers: Sequence[str],
     replayer_of: ReplayerOf,
     timeout_s: float,
+    block_time_s: float,
 ) -> list[Step]:
     court = contracts.court
     case_view = await trio.to_thread.run_sync(court.functions.getCase(case.case_id).call)
@@ -369,7 +395,11 @@ async def _juror_steps(
         replayer = replayer_of(case.receipt.runId)
         domain = ledger_domain(contracts.w3.eth.chain_id, contracts.ledger.address)
         cert = await trio.to_thread.run_sync(certificate_of, contracts, case.receipt)
-        vote, why = await _verdict(case, peers, replayer, timeout_s, domain, cert)
+        # Retries end while the window still has blocks to spare for the replay and the
+        # commit: a juror that retried past it would be fined as absent.
+        retry_s = RETRY_SHARE * (drawn_at + window - at) * block_time_s
+        retry_until = trio.current_time() + retry_s
+        vote, why = await _verdict(case, peers, replayer, timeout_s, domain, cert, retry_until)
         if vote is None:
             return [Step(case.case_id, ABSTAINED, why)]
         sealed = court.functions.voteCommitment(case.case_id, r, node, vote, salt).call()
@@ -411,13 +441,15 @@ async def _verdict(
     timeout_s: float,
     domain: Eip712Domain,
     cert: CertRef | None,
+    retry_until: float | None = None,
 ) -> tuple[int | None, str]:
     """Re-execute the disputed hop: (WRONG or RIGHT, what the replay found), or (None, why)
     when this juror reached no peer at all. Only the leaves of ``cert`` (the data node's
     certificate on chain; None: it has none) that verify against its root name the hop's
     replicas and forwards. A backward's forward is the one its worker signed and its
     counterparty countersigned, from those leaves or from the worker and its counterparty
-    themselves."""
+    themselves. No evidence retry starts after ``retry_until`` (trio clock): what the accused
+    has not served by then, within its commit window, is missing."""
     receipt = case.receipt
     if receipt_digest(receipt, domain) != case.receipt_digest:
         return None, "the disputed receipt is not under this ledger's signing domain"
@@ -427,8 +459,9 @@ async def _verdict(
         if not reachable:
             return None, "reached no peer of the run: not voting blind"
         source = evidence_source(
-            rpc, peers, reachable, {receipt.dataNode.lower()}, receipt.runId, timeout_s
-        )
+            rpc, peers, reachable, {receipt.dataNode.lower()}, receipt.runId, timeout_s,
+            retry_until,
+        )  # fmt: skip
         certified = await _certified(rpc, peers, reachable, cert, domain, timeout_s)
         entry = _entry_of(certified, receipt, case.worker_signature, case.worker_proof)
         known = certified

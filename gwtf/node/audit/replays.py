@@ -156,8 +156,12 @@ class EvidenceSource:
         timeout_s: float,
         unreached: dict[str, str] | None = None,
         forwarders: Sequence[str] = (),
+        retry_until: float | None = None,
     ) -> None:
         self.rpc, self.peers, self.run_id, self.timeout_s = rpc, peers, run_id, timeout_s
+        # When (trio clock) retries stop, whatever budget is left: a juror must still commit
+        # within its window what it knows by then (None: the budgets alone bound them).
+        self.retry_until = retry_until
         self.unreached = unreached or {}
         self.forwarders = tuple(forwarders)
         self._states: dict[tuple[int, int, tuple[str, ...]], Served | None] = {}
@@ -304,7 +308,10 @@ class EvidenceSource:
     def _left(self, node: str) -> float:
         """What ``node`` may still take: the least of its own budget and the audit's."""
         own = self.node_retry_budget_s.get(node, NODE_RETRY_TIMEOUTS * self.timeout_s)
-        return min(own, self.retry_budget_s)
+        left = min(own, self.retry_budget_s)
+        if self.retry_until is not None:
+            left = min(left, self.retry_until - trio.current_time())
+        return left
 
     def _charge(self, node: str, spent: float) -> float:
         """Charge ``spent`` seconds to ``node``'s budget and the audit's: what is left."""
@@ -621,9 +628,11 @@ def evidence_source(
     data_nodes: set[str],
     run_id: int,
     timeout_s: float,
+    retry_until: float | None = None,
 ) -> EvidenceSource:
     """The evidence of the relays among ``peers`` (multiaddrs): directly from those reached,
-    through the reached nodes (data nodes first) from those not (behind a NAT)."""
+    through the reached nodes (data nodes first) from those not (behind a NAT); no retry after
+    ``retry_until`` (trio clock)."""
     return EvidenceSource(
         rpc,
         relays_of(reachable, data_nodes),
@@ -631,6 +640,7 @@ def evidence_source(
         timeout_s,
         relays_of(unreached_of(peers, reachable), data_nodes),
         forwarders_of(reachable, data_nodes),
+        retry_until,
     )
 
 
