@@ -323,11 +323,10 @@ def test_an_auditor_takes_replicas_and_its_sample_only_from_leaves_that_verify(
             )
             sampling = Sampling(served.count, Replayer(plan, SETTINGS))
             seed = b"\x07" * 32
-            done.extend(
-                await replay_certificate(
-                    source, sampling, seed, cert, fetched, {data_node.lower()}, DOMAIN
-                )
+            replayed, _ = await replay_certificate(
+                source, sampling, seed, cert, fetched, {data_node.lower()}, DOMAIN
             )
+            done.extend(replayed)
 
     run_bounded(main)
     (home_hop,) = done  # the sybils' leaves, which do not verify, are never sampled
@@ -361,11 +360,10 @@ def test_a_sampled_leaf_of_a_tree_served_whole_with_broken_proofs_carries_a_true
             fetched = Fetched((ReceiptPage(page.total, 0, page.entries, broken),), None)
             source = EvidenceSource(RequestResponse(auditor), {}, RUN, TIMEOUT_S, {}, [])
             sampling = Sampling(1, Replayer(plan, SETTINGS))
-            done.extend(
-                await replay_certificate(
-                    source, sampling, b"\x07" * 32, cert, fetched, {data_node.lower()}, DOMAIN
-                )
+            replayed, _ = await replay_certificate(
+                source, sampling, b"\x07" * 32, cert, fetched, {data_node.lower()}, DOMAIN
             )
+            done.extend(replayed)
 
     run_bounded(main)
     (sampled,) = done

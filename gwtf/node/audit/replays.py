@@ -1,10 +1,12 @@
 """Re-execution in an audit: which hops, whose evidence, and what a wrong tensor is found as.
 
-**The sample** of a certificate ranks its leaves by keccak256(seed ‖ receipt digest), the seed
-being the hash of the first block at or after the epoch's submission deadline: no node knows it
-while it can still change what it certifies or signs, and every auditor draws the same sample
-(``sample_seed``, ``draw_sample``). It takes each worker's first-ranked hop, then the next
-ranked up to ``k`` in all: every worker is re-executed each epoch, so a relay that corrupts a
+**The sample** of a certificate is of leaf indices drawn by keccak256 from a seed, the hash of
+the first block at or after the epoch's submission deadline: no node knows it while it can
+still change what it certifies or signs, and every auditor draws the same sample
+(``sample_seed``, ``draw_indices``). It is drawn over what the data node committed on chain
+before the seed existed, its leaf count and its workers' spans, never over what it serves, so a
+reading it cuts short drops no relay from the sample. It takes one index in each relay's span,
+then more up to ``k`` in all: every worker is re-executed each epoch, so a relay that corrupts a
 share of its hops is caught with at least that chance however many relays share the
 certificate, and a conviction (the run's minimum stake and the epoch's pay) outweighs what the
 skipped work saves (``gwtf/contracts/README.md``, what deters a wrong tensor).
@@ -34,8 +36,10 @@ every route to each node that keeps it, is ``unreplayed``, accusing nobody.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
+import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -52,6 +56,7 @@ from gwtf.contracts.encoding import (
     CertRef,
     Eip712Domain,
     HopReceipt,
+    WorkerSpan,
     recover_digest_signer,
 )
 from gwtf.contracts.keccak import keccak256
@@ -120,6 +125,62 @@ def draw_sample(
             break
         chosen.add(digest)
     return [by_digest[digest] for digest in ranked if digest in chosen]
+
+
+def draw_indices(
+    seed: bytes, count: int, spans: Sequence[WorkerSpan] | None, k: int, data_nodes: set[str]
+) -> list[int]:
+    """The leaf indices of a certificate of ``count`` leaves that ``seed`` picks, from what
+    its data node committed on chain before the seed existed (the count and its workers'
+    ``spans``), never from what it serves: one index in each relay's span (a data node's own
+    spans are no relay's work), then indices drawn over the relays' leaves up to ``k`` in all.
+    Without spans (a provider that keeps no old logs), indices over all ``count`` leaves; the
+    caller takes each worker's first-ranked leaf of what it read then."""
+    ranges = _relay_ranges(count, spans, data_nodes)
+    chosen: dict[int, None] = {}  # in draw order, each once
+    for worker, first, last in ranges:
+        if worker:
+            r = int.from_bytes(keccak256(seed + b"span" + bytes.fromhex(worker[2:])), "big")
+            chosen.setdefault(first + r % (last - first + 1))
+    sizes = [last - first + 1 for _, first, last in ranges]
+    eligible = sum(sizes)
+    starts = list(itertools.accumulate(sizes, initial=0))
+
+    def index_at(position: int) -> int:
+        k_ = bisect.bisect_right(starts, position) - 1
+        return ranges[k_][1] + position - starts[k_]
+
+    def rank(j: int) -> int:
+        return int.from_bytes(keccak256(seed + j.to_bytes(8, "big")), "big")
+
+    wanted = min(k, eligible)
+    if 2 * wanted >= eligible:  # most of them: rank them all
+        for position in sorted(range(eligible), key=rank):
+            if len(chosen) >= wanted:
+                break
+            chosen.setdefault(index_at(position))
+        return list(chosen)
+    j = 0
+    while len(chosen) < wanted:  # a few: draw, skipping repeats
+        chosen.setdefault(index_at(rank(j) % eligible))
+        j += 1
+    return list(chosen)
+
+
+def _relay_ranges(
+    count: int, spans: Sequence[WorkerSpan] | None, data_nodes: set[str]
+) -> list[tuple[str, int, int]]:
+    """(worker, first, last index) of each relay's span that lies within ``count`` leaves;
+    without spans, one range of all leaves and no worker."""
+    if spans is None:
+        return [("", 0, count - 1)] if count > 0 else []
+    ranges, first = [], 0
+    for span in spans:
+        last = min(span.lastIndex, count - 1)
+        if first <= last and span.worker.lower() not in data_nodes:
+            ranges.append((span.worker.lower(), first, last))
+        first = max(first, span.lastIndex + 1)
+    return ranges
 
 
 @dataclass(frozen=True)

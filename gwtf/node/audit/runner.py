@@ -12,9 +12,10 @@ directly sends malformed is its own: the leaves from there on count as withheld.
 A finding the chain has judged already (a voided certificate, a signer
 convicted in that epoch) is marked judged, and one on a settled epoch not provable: neither
 carries its proof, which the chain would refuse. With a ``Sampling``, a sample of each
-certificate's hops drawn from a block hash after the submission deadline is re-executed from
-the evidence the nodes keep (``gwtf.node.audit.replays``); before that block exists nothing is
-sampled, and the report says when.
+certificate's leaf indices drawn from a block hash after the submission deadline is
+re-executed from the evidence the nodes keep (``gwtf.node.audit.replays``); sampled leaves a
+reading lacks are read one by one (``LeafReader``), and those nobody serves are withheld by
+the data node; before that block exists nothing is sampled, and the report says when.
 
 A peer the auditor cannot dial (a relay at home, behind a NAT) is read through the nodes it did
 reach, data nodes first: each forwards the request over the connection the relay keeps to it
@@ -47,7 +48,7 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 import requests
 import trio
@@ -55,7 +56,7 @@ from web3.exceptions import Web3Exception
 
 from gwtf.contracts.bindings import committed_spans
 from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt
-from gwtf.contracts.encoding import CertRef, Eip712Domain, ledger_domain
+from gwtf.contracts.encoding import CertRef, Eip712Domain, WorkerSpan, ledger_domain
 from gwtf.errors import ChainError, ConfigError, ProtocolError
 from gwtf.node.audit.checks import (
     UNCHECKED,
@@ -76,6 +77,7 @@ from gwtf.node.audit.replays import (
     EvidenceSource,
     Progress,
     Replayed,
+    draw_indices,
     draw_sample,
     evidence_source,
     fetch_receipts_over,
@@ -266,10 +268,13 @@ async def audit_epoch(
                 )
             )  # fmt: skip
             if seed is not None and sampling is not None:
-                checked.replayed = await replay_certificate(
-                    source, sampling, seed, cert, fetched, data_nodes, rules.domain, progress
-                )
-                found += replay_findings(cert, checked.replayed)
+                data_peer = peer if peer is not None else unreached[cert.dataNode.lower()]
+                reader = LeafReader(rpc, data_peer, peer is not None, forwarders, timeout_s)
+                checked.replayed, unread = await replay_certificate(
+                    source, sampling, seed, cert, fetched, data_nodes, rules.domain, progress,
+                    spans, reader,
+                )  # fmt: skip
+                found += unread + replay_findings(cert, checked.replayed)
             state = await ask_chain(_certificate_state, contracts, cert)
             slashed_workers = await ask_chain(
                 _convicted_in, contracts, run_id, epoch,
@@ -315,12 +320,18 @@ async def replay_certificate(
     data_nodes: set[str],
     domain: Eip712Domain,
     progress: Progress = lambda step: None,
-) -> list[Replayed]:
-    """Re-execute the sample ``seed`` draws of the relay hops ``fetched`` holds of ``cert``.
-    The sample, and a hop's replicas and forwards, come only from the leaves that verify
-    against the root on chain (``verified_leaves``): a direct reading may hold leaves that do
-    not (reported ``unproven``), which could name a data node's sybils as replicas, steer the
-    draw with made-up hops, or yield a wrong tensor whose proof the chain refuses. Each
+    spans: Sequence[WorkerSpan] | None = None,
+    reader: LeafReader | None = None,
+) -> tuple[list[Replayed], list[Finding]]:
+    """Re-execute the sample ``seed`` draws of ``cert``'s relay hops, and what the sample
+    found besides. The sample is of leaf indices, drawn over what the data node committed on
+    chain (its leaf count and ``spans``: ``draw_indices``), so a reading it cuts short at a
+    chosen page drops no relay from it: a sampled leaf the reading lacks is read on its own
+    (``reader``), and one nobody serves is a finding (``LeafReader.findings``) while the rest
+    of the sample is still re-executed. The sample, and a hop's replicas and forwards, come
+    only from leaves that verify against the root on chain (``verified_leaves``): a direct
+    reading may hold leaves that do not (reported ``unproven``), which could name a data
+    node's sybils as replicas or yield a wrong tensor whose proof the chain refuses. Each
     sampled leaf carries a proof the chain accepts (``with_root_proofs``)."""
     served = leaves_of(fetched)
     verified = await trio.to_thread.run_sync(verifying_leaves, cert, served, domain)
@@ -330,13 +341,108 @@ async def replay_certificate(
             "%d leaves served of %s's certificate of epoch %d do not verify against its root "
             "on chain: not sampled", dropped, cert.dataNode, cert.epoch,
         )  # fmt: skip
+    at = {leaf.hop.index: (entry, leaf) for entry, leaf in verified}
+    indices = draw_indices(seed, cert.count, spans, sampling.hops, data_nodes)
+    if spans is None:
+        # No span names the workers: each one's first-ranked leaf of those read, then the
+        # indices drawn, up to k in all.
+        relay_hops = [p for p in verified if p[0].receipt.worker.lower() not in data_nodes]
+        firsts = [leaf.hop.index for _, leaf in draw_sample(seed, relay_hops, 0)]
+        drawn_too = [i for i in indices if i not in firsts]
+        indices = firsts + drawn_too[: max(0, sampling.hops - len(firsts))]
+    lacking = [i for i in indices if i not in at]
+    found: list[Finding] = []
+    read: list[tuple[SignedReceipt, LeafProof]] = []
+    if lacking:
+        read, unserved = await (reader or LeafReader.none()).leaves(cert, lacking, domain)
+        at |= {leaf.hop.index: (entry, leaf) for entry, leaf in read}
+        found = (reader or LeafReader.none()).findings(cert, unserved, len(indices))
+    drawn = [at[i] for i in indices if i in at]
     # A hop a data node signed as its worker is no relay's work: an invalid hop already, with
     # nothing to re-execute.
-    relay_hops = [p for p in verified if p[0].receipt.worker.lower() not in data_nodes]
-    drawn = draw_sample(seed, relay_hops, sampling.hops)
-    sample = await trio.to_thread.run_sync(with_root_proofs, cert, served, drawn)
-    entries = [entry for entry, _ in verified]
-    return await replay_sample(source, sampling.replayer, entries, sample, progress)
+    drawn = [p for p in drawn if p[0].receipt.worker.lower() not in data_nodes]
+    sample = await trio.to_thread.run_sync(with_root_proofs, cert, served + read, drawn)
+    entries = [entry for entry, _ in verified + read]
+    return await replay_sample(source, sampling.replayer, entries, sample, progress), found
+
+
+#: What reading a certificate's sampled leaves one by one may take, in request timeouts, and
+#: the rounds over its routes, with the wait before the second (doubling before each later
+#: one): a data node too busy to answer at once is asked again, one that stalls every request
+#: holds the audit for a bounded time.
+LEAF_BUDGET_TIMEOUTS: Final = 6
+LEAF_ROUNDS: Final = 3
+FIRST_LEAF_RETRY_WAIT_S: Final = 1.0
+
+
+@dataclass(frozen=True)
+class LeafReader:
+    """Reads single leaves of a certificate (with their proofs): from its data node
+    (``peer``), directly when it was dialled (``direct``), and through each of ``forwarders``
+    (the nodes reached that hold a connection to it)."""
+
+    rpc: RequestResponse | None
+    peer: str
+    direct: bool
+    forwarders: Sequence[str]
+    timeout_s: float
+
+    @staticmethod
+    def none() -> LeafReader:
+        """A reader with no route: every leaf asked is unread, accusing nobody."""
+        return LeafReader(None, "", False, (), 0.0)
+
+    async def leaves(
+        self, cert: CertRef, indices: Sequence[int], domain: Eip712Domain
+    ) -> tuple[list[tuple[SignedReceipt, LeafProof]], list[int]]:
+        """The leaves at ``indices`` that some route serves and that verify against the root
+        at their index, and the indices none served within the rounds and the budget."""
+        others = [via for via in self.forwarders if via != self.peer]
+        routes: list[str | None] = [*([None] if self.direct else []), *others]
+        read: dict[int, tuple[SignedReceipt, LeafProof]] = {}
+        if self.rpc is None or not routes:
+            return [], list(indices)
+        with trio.move_on_after(LEAF_BUDGET_TIMEOUTS * self.timeout_s):
+            for round_ in range(LEAF_ROUNDS):
+                if round_:
+                    await trio.sleep(FIRST_LEAF_RETRY_WAIT_S * 2 ** (round_ - 1))
+                for index in (i for i in indices if i not in read):
+                    for via in routes:
+                        found = await self._leaf(cert, index, via, domain)
+                        if found is not None:
+                            read[index] = found
+                            break
+                if len(read) == len(indices):
+                    break
+        return list(read.values()), [i for i in indices if i not in read]
+
+    async def _leaf(
+        self, cert: CertRef, index: int, via: str | None, domain: Eip712Domain
+    ) -> tuple[SignedReceipt, LeafProof] | None:
+        assert self.rpc is not None
+        fetched = await fetch_receipts(
+            self.rpc, self.peer, cert.runId, cert.epoch, CERTIFIED, self.timeout_s,
+            limit=1, start=index, via=via,
+        )  # fmt: skip
+        served = [(e, leaf) for e, leaf in leaves_of(fetched) if leaf.hop.index == index]
+        verified = await trio.to_thread.run_sync(verifying_leaves, cert, served, domain)
+        return verified[0] if verified else None
+
+    def findings(self, cert: CertRef, unserved: Sequence[int], sampled: int) -> list[Finding]:
+        """What sampled leaves nobody served say: the data node's withholding when it was
+        dialled (it was asked itself, in rounds, and serves its own certificate); read only
+        through forwarders, or not at all, nobody's (a forwarder can withhold)."""
+        if not unserved:
+            return []
+        what = f"{len(unserved)} of {sampled} sampled leaves (first: leaf {unserved[0]})"
+        if self.direct:
+            detail = (
+                f"{what} served neither by the data node, asked directly, nor through any "
+                "node reached; the rest of the sample is re-executed"
+            )
+            return [Finding(WITHHELD, cert.dataNode, detail[:300])]
+        detail = f"{what} not read: the data node was not dialled and no forwarder passed them on"
+        return [Finding(UNVERIFIED, "", detail[:300])]
 
 
 def reading_findings(
