@@ -18,6 +18,7 @@ from gwtf.node.audit.checks import (
     EQUIVOCATION,
     INVALID_HOP,
     UNPROVEN,
+    UNVERIFIED,
     WITHHELD,
     Finding,
     RunRules,
@@ -28,6 +29,7 @@ from gwtf.node.audit.checks import (
     verifying_leaves,
 )
 from gwtf.node.audit.replays import draw_indices, draw_sample
+from gwtf.node.audit.runner import LeafReader
 from gwtf.node.chain.adapter import Sender
 from gwtf.node.chain.epochs import EpochLedger
 from tests.contracts.conftest import Certified, Staffed
@@ -281,3 +283,19 @@ def test_the_sample_is_drawn_over_the_committed_indices_one_in_each_relays_span(
         assert draw_indices(seed, 30, spans, 5, {data_node}) == drawn  # the same for everyone
         # No spans (a provider without old logs): indices over every leaf.
         assert len(set(draw_indices(seed, 30, None, 7, set()))) == 7
+
+
+def test_sampled_leaves_nobody_serves_name_the_data_node_only_when_it_was_dialled(
+    certified: Certified,
+) -> None:
+    """Asked directly, the data node serves its own certificate: a sampled leaf it and every
+    forwarder withheld is its withholding. Read only through forwarders, any of which can
+    withhold, it accuses nobody."""
+    cert = certified.cert
+    dialled = LeafReader(None, "peer", True, (), 1.0)
+    (finding,) = dialled.findings(cert, [3, 5], 8)
+    assert finding.kind == WITHHELD and finding.accused == cert.dataNode
+    assert "2 of 8 sampled leaves (first: leaf 3)" in finding.detail
+    (finding,) = LeafReader(None, "peer", False, ("forwarder",), 1.0).findings(cert, [3], 8)
+    assert finding.kind == UNVERIFIED and finding.accused == ""
+    assert dialled.findings(cert, [], 8) == []
