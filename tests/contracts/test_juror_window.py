@@ -1,9 +1,10 @@
-"""A juror's evidence retries end inside its commit window: an accused that stalls every
-request (it is reached, then never answers) is retried only while the window leaves time for
-the replay and the commit, so the juror commits what it knows, missing evidence, WRONG, in
-time, instead of retrying past the window and being fined as absent. With blocks to spare it
-still retries, as a busy honest relay needs. A real eth-tester court (a drawn jury in its vote
-window) and real libp2p hosts on loopback."""
+"""A juror's evidence tries end inside its commit window, and an accused that stalls every
+request (it is reached, then never answers) is convicted of missing evidence only once it had
+its whole retry schedule: with blocks to spare the juror retries, as a busy honest relay needs,
+and commits WRONG; when its window cut the schedule short it commits RIGHT (not shown wrong in
+time), in time, never retrying past the window to be fined as absent, nor convicting the accused
+for its own lateness. A real eth-tester court (a drawn jury in its vote window) and real libp2p
+hosts on loopback."""
 
 from __future__ import annotations
 
@@ -67,14 +68,21 @@ def juror_pass(j: Juried, tmp_path: Path, blocks_left: int) -> tuple[list[jury.S
     return [s for s in steps if s.action in (jury.COMMITTED, jury.FAILED)], len(asked)
 
 
-def test_a_juror_stops_retrying_in_time_to_commit_missing_evidence(
+def test_a_juror_whose_window_cuts_the_schedule_short_commits_right(
     juried: Juried, tmp_path: Path
 ) -> None:
-    # The next block is the window's last: no time for a retry.
+    # Four blocks left: two seconds of tries, less than the first try's four request timeouts.
+    (step,), asked = juror_pass(juried, tmp_path, blocks_left=4)
+    assert step.action == jury.COMMITTED, step
+    assert step.detail.startswith("right tensor: not shown wrong in time"), step.detail
+    assert asked == 1  # the first try only, cut at the deadline
+
+
+def test_a_juror_at_its_window_s_last_block_commits_right(juried: Juried, tmp_path: Path) -> None:
     (step,), asked = juror_pass(juried, tmp_path, blocks_left=0)
     assert step.action == jury.COMMITTED, step
-    assert step.detail.startswith("wrong tensor: missing evidence loses"), step.detail
-    assert asked == 1  # the first try only
+    assert step.detail.startswith("right tensor: not shown wrong in time"), step.detail
+    assert asked == 0
 
 
 def test_a_juror_with_blocks_to_spare_still_retries(juried: Juried, tmp_path: Path) -> None:

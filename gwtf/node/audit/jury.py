@@ -12,8 +12,10 @@ window (``gwtf/contracts/Court.sol``):
   (``gwtf.node.audit.reexecute``) and commit a sealed vote: WRONG when the replay is outside the
   run's tolerance or the accused's evidence is missing, RIGHT when it is within; then reveal
   it. A juror that reached no peer at all does not vote (it is fined as absent rather than
-  convicting anyone blind). Evidence retries stop within the commit window (``RETRY_SHARE``
-  of the time it has left): what the accused has not served by then is missing;
+  convicting anyone blind). Evidence tries stop within the commit window (``RETRY_SHARE``
+  of the time it has left, the whole evidence phase by ``VERDICT_SHARE``): evidence is
+  missing only when the accused had its whole retry schedule and no try was declined as
+  busy; one this juror's window cut short is not shown wrong in time (RIGHT);
 * what counts as the accused's evidence: everything a re-execution needs is something the
   accused worker keeps and serves itself (the hop's input and output frames, its stage
   weights at the iteration, and for a backward the receipt of its forward, which it signed,
@@ -41,6 +43,7 @@ Vote salts come from the wallet's key, so a restarted juror reveals what it comm
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -89,9 +92,11 @@ log = logging.getLogger(__name__)
 SALTS, DRAWING, VOTING, RULED = 1, 2, 3, 4
 RIGHT, WRONG = 1, 2
 FINAL_ROUND: Final = 3
-#: The share of the time left in its commit window a juror may spend retrying evidence: the
-#: rest is for the replay and the commit's transaction.
+#: The share of the time left in its commit window a juror may spend retrying evidence, and
+#: the share by which its whole evidence phase (certificate, evidence, replay) ends: the rest
+#: is for the commit's transaction.
 RETRY_SHARE: Final = 0.5
+VERDICT_SHARE: Final = 0.75
 #: Blocks over which a juror measures the chain's block time, and the least it assumes.
 BLOCK_TIME_SPAN: Final = 64
 MIN_BLOCK_TIME_S: Final = 0.1
@@ -397,9 +402,10 @@ async def _juror_steps(
         cert = await trio.to_thread.run_sync(certificate_of, contracts, case.receipt)
         # Retries end while the window still has blocks to spare for the replay and the
         # commit: a juror that retried past it would be fined as absent.
-        retry_s = RETRY_SHARE * (drawn_at + window - at) * block_time_s
-        retry_until = trio.current_time() + retry_s
-        vote, why = await _verdict(case, peers, replayer, timeout_s, domain, cert, retry_until)
+        left_s = (drawn_at + window - at) * block_time_s
+        now = trio.current_time()
+        until = (now + RETRY_SHARE * left_s, now + VERDICT_SHARE * left_s)
+        vote, why = await _verdict(case, peers, replayer, timeout_s, domain, cert, until)
         if vote is None:
             return [Step(case.case_id, ABSTAINED, why)]
         sealed = court.functions.voteCommitment(case.case_id, r, node, vote, salt).call()
@@ -441,18 +447,36 @@ async def _verdict(
     timeout_s: float,
     domain: Eip712Domain,
     cert: CertRef | None,
-    retry_until: float | None = None,
+    until: tuple[float, float] | None = None,
 ) -> tuple[int | None, str]:
     """Re-execute the disputed hop: (WRONG or RIGHT, what the replay found), or (None, why)
     when this juror reached no peer at all. Only the leaves of ``cert`` (the data node's
     certificate on chain; None: it has none) that verify against its root name the hop's
     replicas and forwards. A backward's forward is the one its worker signed and its
     counterparty countersigned, from those leaves or from the worker and its counterparty
-    themselves. No evidence retry starts after ``retry_until`` (trio clock): what the accused
-    has not served by then, within its commit window, is missing."""
+    themselves. ``until`` (trio clock): when evidence tries stop, and when the whole phase
+    does; the accused's evidence is missing (WRONG) only when the accused had its whole
+    retry schedule, else it is not shown wrong in time (RIGHT): the accused is never
+    convicted for this juror's lateness."""
     receipt = case.receipt
     if receipt_digest(receipt, domain) != case.receipt_digest:
         return None, "the disputed receipt is not under this ledger's signing domain"
+    retry_until, verdict_until = until if until is not None else (None, math.inf)
+    with trio.move_on_at(verdict_until):
+        return await _evidence_verdict(case, peers, replayer, timeout_s, domain, cert, retry_until)
+    return RIGHT, "not shown wrong in time: this juror's window ended its evidence phase"
+
+
+async def _evidence_verdict(
+    case: Case,
+    peers: Sequence[str],
+    replayer: Replayer,
+    timeout_s: float,
+    domain: Eip712Domain,
+    cert: CertRef | None,
+    retry_until: float | None,
+) -> tuple[int | None, str]:
+    receipt = case.receipt
     async with running_host(new_identity()) as host:
         rpc = RequestResponse(host)
         reachable, _ = await connect_peers(host, peers, timeout_s)
@@ -469,10 +493,12 @@ async def _verdict(
             known = without_unsigned_forwards(certified, receipt, domain)
             known += await forwards_of(source, receipt, domain)
         (replayed,) = await replay_sample(source, replayer, known, [(entry, None)])
-    return _vote_of(replayed)
+    return _vote_of(replayed, source.had_full_schedule(receipt.worker))
 
 
-def _vote_of(replayed: Replayed) -> tuple[int, str]:
+def _vote_of(replayed: Replayed, full_schedule: bool = True) -> tuple[int, str]:
+    """The vote on ``replayed``; ``full_schedule``: whether the accused had its whole retry
+    schedule (no try cut short by this juror, none declined as busy)."""
     replay = replayed.replay
     if replay is None and replayed.unverifiable:
         # Off only with weights a forwarder passed on, which nobody signs, and no two replicas
@@ -480,6 +506,10 @@ def _vote_of(replayed: Replayed) -> tuple[int, str]:
         # off. WRONG would let a forwarder convict; abstaining fines an honest juror as
         # absent; RIGHT says only that the tensor is not shown wrong.
         return RIGHT, f"not shown wrong: {replayed.why_not}"
+    if replay is None and not full_schedule:
+        # This juror's window (or a busy decline) cut the accused's tries short: what it has
+        # not served is not shown missing, and the accused is not convicted for that.
+        return RIGHT, f"not shown wrong in time: {replayed.why_not}"
     if replay is None:
         return WRONG, f"missing evidence loses: {replayed.why_not}"
     return (WRONG if replay.wrong else RIGHT), replay.describe()

@@ -41,6 +41,7 @@ import functools
 import hashlib
 import itertools
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -65,7 +66,7 @@ from gwtf.node.audit.checks import Finding
 from gwtf.node.audit.reexecute import HopEvidence, Replay, Replayer
 from gwtf.node.p2p.host import peer_info
 from gwtf.node.p2p.identity import node_address_of_peer
-from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse
+from gwtf.node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestResponse
 from gwtf.node.receipts.evidence import EvidenceMissing, fetch_frame, fetch_state
 from gwtf.node.receipts.serving import RECEIVED, SIGNED, Fetched, fetch_receipts
 from gwtf.node.training.checkpoint import verified_digest
@@ -227,9 +228,27 @@ class EvidenceSource:
         self.forwarders = tuple(forwarders)
         self._states: dict[tuple[int, int, tuple[str, ...]], Served | None] = {}
         self._silent: set[str] = set()  # peers that do not serve evidence at all
+        # Nodes whose retry schedule this side cut short (``retry_until`` passed, or the
+        # audit's budget, spent on others, ran out), and nodes that declined a try as busy
+        # (outsiders share one rate, which anyone can exhaust): neither has shown it keeps
+        # nothing, so neither counts as missing its evidence (``had_full_schedule``).
+        self._cut: set[str] = set()
+        self._busy: set[str] = set()
         # What retries may still take: all nodes' together, and each node's own.
         self.retry_budget_s = RETRY_BUDGET_TIMEOUTS * timeout_s
         self.node_retry_budget_s: dict[str, float] = {}
+
+    def had_full_schedule(self, node: str) -> bool:
+        """Whether every try of ``node`` ran its whole schedule (all rounds and waits, or
+        until its own budget was spent by its own silence) and none was declined as busy:
+        only then is what it did not serve missing, rather than not served in time."""
+        return node.lower() not in self._cut and node.lower() not in self._busy
+
+    def _time_left(self) -> float:
+        """Seconds until ``retry_until`` (inf without it)."""
+        if self.retry_until is None:
+            return math.inf
+        return self.retry_until - trio.current_time()
 
     async def frame(self, epoch: int, digest: bytes, first: Sequence[str]) -> bytes | None:
         """The frame with ``digest``: from ``first`` in order, then from the other peers."""
@@ -335,6 +354,9 @@ class EvidenceSource:
         broken: set[str | None] = set()  # routes that sent wrong bytes: not asked again
         for round_ in range(FETCH_ROUNDS):
             if round_ == 0:
+                if self._time_left() <= 0:  # past the deadline: not even a first try
+                    self._cut.add(node)
+                    return None
                 started = trio.current_time()
                 try:
                     found = await self._over(node, peer, first, broken, fetch)
@@ -349,30 +371,38 @@ class EvidenceSource:
                 if found is None:
                     self._charge(node, trio.current_time() - started)
             else:
-                budget = self._left(node)
+                budget, own = self._left(node), self._own(node)
+                # Ended by the deadline or the audit's budget rather than by its own budget,
+                # the node's schedule was cut short by this side.
+                cut_by_us = budget < own
                 if budget <= 0:
+                    if cut_by_us:
+                        self._cut.add(node)
                     return None
                 found = None
                 started = trio.current_time()
                 try:
-                    with trio.move_on_after(budget):
+                    with trio.move_on_after(budget) as scope:
                         await trio.sleep(FIRST_RETRY_WAIT_S * 2 ** (round_ - 1))
                         found = await self._over(node, peer, later, broken, fetch)
                 finally:
                     # Charged however the round ends: a round ended by a forwarder's "not
                     # kept" (``EvidenceMissing``) took its time too.
                     self._charge(node, trio.current_time() - started)
+                if scope.cancelled_caught and cut_by_us:
+                    self._cut.add(node)
             if found is not None:
                 return found
         return None
 
+    def _own(self, node: str) -> float:
+        """What is left of ``node``'s own retry budget."""
+        return self.node_retry_budget_s.get(node, NODE_RETRY_TIMEOUTS * self.timeout_s)
+
     def _left(self, node: str) -> float:
-        """What ``node`` may still take: the least of its own budget and the audit's."""
-        own = self.node_retry_budget_s.get(node, NODE_RETRY_TIMEOUTS * self.timeout_s)
-        left = min(own, self.retry_budget_s)
-        if self.retry_until is not None:
-            left = min(left, self.retry_until - trio.current_time())
-        return left
+        """What ``node`` may still take: the least of its own budget, the audit's and the
+        time to ``retry_until``."""
+        return min(self._own(node), self.retry_budget_s, self._time_left())
 
     def _charge(self, node: str, spent: float) -> float:
         """Charge ``spent`` seconds to ``node``'s budget and the audit's: what is left."""
@@ -398,14 +428,25 @@ class EvidenceSource:
         for via in routes:
             if via in broken:
                 continue
+            left = self._time_left()
+            if left <= 0:  # past ``retry_until``: the routes not tried are this side's cut
+                self._cut.add(node)
+                break
+            limit = FETCH_DEADLINES * self.timeout_s
             try:
                 # A whole fetch has a deadline, not only each chunk: a peer that trickles a
                 # large file cannot hold the audit (or a ruling) past its window.
-                with trio.fail_after(FETCH_DEADLINES * self.timeout_s):
+                with trio.fail_after(min(limit, left)):
                     return await fetch(peer, via), via
             except trio.TooSlowError:
                 log.debug("evidence from %s came too slowly (via %s)", node, via)
-            except PeerUnavailable as exc:  # declined (busy), timed out, or unreachable
+                if left < limit:
+                    self._cut.add(node)
+            except RequestDeclined as exc:
+                if "busy" in str(exc):  # not served yet, whoever made it busy
+                    self._busy.add(node)
+                log.debug("declined by %s (via %s): %s", node, via, exc)
+            except PeerUnavailable as exc:  # timed out, refused, or unreachable
                 log.debug("no answer from %s (via %s): %s", node, via, exc)
             except EvidenceMissing:
                 if via is None:
