@@ -774,6 +774,27 @@ async def forwards_of(
     return [e for e in served if is_forward_of(e, backward, domain)]
 
 
+async def with_served_forwards(
+    source: EvidenceSource,
+    entries: Sequence[SignedReceipt],
+    sampled: Sequence[SignedReceipt],
+    domain: Eip712Domain,
+) -> list[SignedReceipt]:
+    """``entries`` and, for each sampled backward whose forward none of them is (the data
+    node cut its reading inside the worker's span, say), the forwards its worker and its
+    counterparty serve, signed and countersigned (``forwards_of``), as a juror fetches them:
+    a data node cannot hide a colluder's backward from re-execution by not serving its
+    forward."""
+    have = {_forward_key(e.receipt) for e in entries if e.receipt.direction == FORWARD}
+    found = list(entries)
+    for entry in sampled:
+        r = entry.receipt
+        if r.direction == BACKWARD and _forward_key(r) not in have:
+            found += await forwards_of(source, r, domain)
+            have.add(_forward_key(r))
+    return found
+
+
 def is_forward_of(entry: SignedReceipt, backward: HopReceipt, domain: Eip712Domain) -> bool:
     """Whether ``entry`` is a forward of ``backward``'s microbatch, stage and iteration by the
     same worker in the same run and epoch, signed by that worker and countersigned by its own

@@ -86,6 +86,7 @@ from gwtf.node.audit.replays import (
     replay_sample,
     sample_seed,
     unreached_of,
+    with_served_forwards,
 )
 from gwtf.node.chain.actions import Contracts
 from gwtf.node.chain.epochs import EpochLedger
@@ -363,6 +364,7 @@ async def replay_certificate(
     drawn = [p for p in drawn if p[0].receipt.worker.lower() not in data_nodes]
     sample = await trio.to_thread.run_sync(with_root_proofs, cert, served + read, drawn)
     entries = [entry for entry, _ in verified + read]
+    entries = await with_served_forwards(source, entries, [e for e, _ in sample], domain)
     return await replay_sample(source, sampling.replayer, entries, sample, progress), found
 
 
