@@ -29,7 +29,7 @@ from gwtf.node.audit.checks import (
     verifying_leaves,
 )
 from gwtf.node.audit.replays import draw_indices, draw_sample
-from gwtf.node.audit.runner import LeafReader
+from gwtf.node.audit.runner import LeafReader, LeafReading
 from gwtf.node.chain.adapter import Sender
 from gwtf.node.chain.epochs import EpochLedger
 from tests.contracts.conftest import Certified, Staffed
@@ -293,9 +293,10 @@ def test_sampled_leaves_nobody_serves_name_the_data_node_only_when_it_was_dialle
     withhold, it accuses nobody."""
     cert = certified.cert
     dialled = LeafReader(None, "peer", True, (), 1.0)
-    (finding,) = dialled.findings(cert, [3, 5], 8)
+    (finding,) = dialled.findings(cert, LeafReading([], [3, 5], [], []), 8)
     assert finding.kind == WITHHELD and finding.accused == cert.dataNode
     assert "2 of 8 sampled leaves (first: leaf 3)" in finding.detail
-    (finding,) = LeafReader(None, "peer", False, ("forwarder",), 1.0).findings(cert, [3], 8)
+    forwarded = LeafReader(None, "peer", False, ("forwarder",), 1.0)
+    (finding,) = forwarded.findings(cert, LeafReading([], [], [3], []), 8)
     assert finding.kind == UNVERIFIED and finding.accused == ""
-    assert dialled.findings(cert, [], 8) == []
+    assert dialled.findings(cert, LeafReading([], [], [], []), 8) == []

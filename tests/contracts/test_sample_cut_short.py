@@ -2,8 +2,9 @@
 committed on chain (its leaf count and its workers' spans), one in each relay's span, so a data
 node that breaks off a direct reading of its certificate where its colluding relay's span
 starts drops nothing from the sample. Each sampled leaf the reading lacks is asked for on its
-own: served, the colluder's hop is re-executed and its wrong tensor found; withheld too, that
-is a finding naming the data node, while the other relay's sampled hop is still re-executed.
+own: served, the colluder's hop is re-executed and its wrong tensor found; answered without
+them, that is a finding naming the data node, while the other relay's sampled hop is still
+re-executed.
 The test chain over JSON-RPC, real libp2p hosts, real stage computations (``gwtf-node audit
 --sample``)."""
 
@@ -27,6 +28,7 @@ from gwtf.node.p2p.rpc import RequestResponse
 from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.serving import _REQUEST as _RECEIPTS_REQUEST
 from gwtf.node.receipts.serving import CERTIFIED, ReceiptServer
+from gwtf.node.receipts.wire import ReceiptPage, encode_page
 from gwtf.node.store.database import open_database
 from gwtf.node.store.evidence import EvidenceArchive
 from gwtf.node.store.hops import HopStore
@@ -42,8 +44,9 @@ TIMEOUT_S = 3
 @dataclass
 class CuttingServer(ReceiptServer):
     """A data node that stalls every request of its certificate that reaches into ``cut``
-    (its colluder's span) and asks more than one leaf: a reading breaks off there, and with
-    ``single_too`` the colluder's leaves asked one by one are withheld as well."""
+    (its colluder's span) and asks more leaves than it holds: a reading breaks off there. With
+    ``single_too`` it answers the requests of the colluder's leaves asked on their own with an
+    empty page, as if the certificate held no such leaves: withheld, in its own answer."""
 
     cut: range = range(0)
     single_too: bool = False
@@ -51,8 +54,12 @@ class CuttingServer(ReceiptServer):
     async def _answer(self, peer: str, request: bytes) -> bytes:
         _, _, which, offset, size = _RECEIPTS_REQUEST.unpack(request)
         reaches = offset < self.cut.stop and self.cut.start < offset + size
-        if which == CERTIFIED and reaches and (size > 1 or self.single_too):
+        if which == CERTIFIED and reaches and size > len(self.cut):
             await trio.sleep_forever()
+        if which == CERTIFIED and reaches and self.single_too:
+            tree = self.trees(0)
+            assert tree is not None
+            return encode_page(ReceiptPage(tree.count, offset, ()))
         return await super()._answer(peer, request)
 
 

@@ -14,8 +14,10 @@ convicted in that epoch) is marked judged, and one on a settled epoch not provab
 carries its proof, which the chain would refuse. With a ``Sampling``, a sample of each
 certificate's leaf indices drawn from a block hash after the submission deadline is
 re-executed from the evidence the nodes keep (``gwtf.node.audit.replays``); sampled leaves a
-reading lacks are read one by one (``LeafReader``), and those nobody serves are withheld by
-the data node; before that block exists nothing is sampled, and the report says when.
+reading lacks are read, runs of consecutive ones in one request (``LeafReader``): those the
+data node answers directly without a valid leaf are withheld by it, those declined, timed out
+or not asked in time unchecked; before that block exists nothing is sampled, and the report
+says when.
 
 A peer the auditor cannot dial (a relay at home, behind a NAT) is read through the nodes it did
 reach, data nodes first: each forwards the request over the connection the relay keeps to it
@@ -355,9 +357,10 @@ async def replay_certificate(
     found: list[Finding] = []
     read: list[tuple[SignedReceipt, LeafProof]] = []
     if lacking:
-        read, unserved = await (reader or LeafReader.none()).leaves(cert, lacking, domain)
+        reading = await (reader or LeafReader.none()).leaves(cert, lacking, domain)
+        read = reading.read
         at |= {leaf.hop.index: (entry, leaf) for entry, leaf in read}
-        found = (reader or LeafReader.none()).findings(cert, unserved, len(indices))
+        found = (reader or LeafReader.none()).findings(cert, reading, len(indices))
     drawn = [at[i] for i in indices if i in at]
     # A hop a data node signed as its worker is no relay's work: an invalid hop already, with
     # nothing to re-execute.
@@ -368,20 +371,34 @@ async def replay_certificate(
     return await replay_sample(source, sampling.replayer, entries, sample, progress), found
 
 
-#: What reading a certificate's sampled leaves one by one may take, in request timeouts, and
-#: the rounds over its routes, with the wait before the second (doubling before each later
-#: one): a data node too busy to answer at once is asked again, one that stalls every request
-#: holds the audit for a bounded time.
+#: What reading a certificate's sampled leaves may take, in request timeouts for each leaf
+#: asked, and the rounds over its routes, with the wait
+#: before the second (doubling before each later one): a data node too busy to answer at once is
+#: asked again, one that stalls every request holds the audit for a bounded time.
 LEAF_BUDGET_TIMEOUTS: Final = 6
 LEAF_ROUNDS: Final = 3
 FIRST_LEAF_RETRY_WAIT_S: Final = 1.0
 
 
 @dataclass(frozen=True)
+class LeafReading:
+    """What reading sampled leaves gave: the leaves read (verified at their index), and of the
+    indices not read, those the data node answered directly without a valid leaf, those asked
+    but never answered so (declined, timed out, cut by the budget, or asked only through
+    forwarders), and those the budget left unasked."""
+
+    read: list[tuple[SignedReceipt, LeafProof]]
+    withheld: list[int]
+    unanswered: list[int]
+    unasked: list[int]
+
+
+@dataclass(frozen=True)
 class LeafReader:
-    """Reads single leaves of a certificate (with their proofs): from its data node
-    (``peer``), directly when it was dialled (``direct``), and through each of ``forwarders``
-    (the nodes reached that hold a connection to it)."""
+    """Reads sampled leaves of a certificate (with their proofs), each run of consecutive
+    indices in one request: from its data node (``peer``), directly when it was dialled
+    (``direct``), and through each of ``forwarders`` (the nodes reached that hold a connection
+    to it)."""
 
     rpc: RequestResponse | None
     peer: str
@@ -396,55 +413,108 @@ class LeafReader:
 
     async def leaves(
         self, cert: CertRef, indices: Sequence[int], domain: Eip712Domain
-    ) -> tuple[list[tuple[SignedReceipt, LeafProof]], list[int]]:
+    ) -> LeafReading:
         """The leaves at ``indices`` that some route serves and that verify against the root
-        at their index, and the indices none served within the rounds and the budget."""
+        at their index (each run of consecutive ones in one request at first, each leaf alone
+        in later rounds), within the rounds and a budget of ``LEAF_BUDGET_TIMEOUTS`` request
+        timeouts per index; and why each other index is not read."""
         others = [via for via in self.forwarders if via != self.peer]
         routes: list[str | None] = [*([None] if self.direct else []), *others]
-        read: dict[int, tuple[SignedReceipt, LeafProof]] = {}
         if self.rpc is None or not routes:
-            return [], list(indices)
-        with trio.move_on_after(LEAF_BUDGET_TIMEOUTS * self.timeout_s):
+            return LeafReading([], [], [], list(indices))
+        read: dict[int, tuple[SignedReceipt, LeafProof]] = {}
+        withheld: set[int] = set()
+        asked: set[int] = set()
+        budget_s = LEAF_BUDGET_TIMEOUTS * self.timeout_s * len(indices)
+        with trio.move_on_after(budget_s):
             for round_ in range(LEAF_ROUNDS):
+                lacking_now = [i for i in indices if i not in read]
+                # Later rounds ask each leaf alone: a data node that stalls any request
+                # reaching into its colluder's span must stall that leaf's own request too.
+                runs = _runs(lacking_now) if round_ == 0 else [(i, i) for i in lacking_now]
                 if round_:
                     await trio.sleep(FIRST_LEAF_RETRY_WAIT_S * 2 ** (round_ - 1))
-                for index in (i for i in indices if i not in read):
+                for first, last in runs:
                     for via in routes:
-                        found = await self._leaf(cert, index, via, domain)
-                        if found is not None:
-                            read[index] = found
+                        lacking = [i for i in range(first, last + 1) if i not in read]
+                        if not lacking:
                             break
+                        asked.update(lacking)
+                        found, answered = await self._run(cert, first, last, via, domain)
+                        read |= found
+                        if via is None:  # the data node's own answer, not a forwarder's
+                            withheld |= {i for i in answered if i not in found}
                 if len(read) == len(indices):
                     break
-        return list(read.values()), [i for i in indices if i not in read]
+        rest = [i for i in indices if i not in read]
+        return LeafReading(
+            list(read.values()),
+            [i for i in rest if i in withheld],
+            [i for i in rest if i in asked and i not in withheld],
+            [i for i in rest if i not in asked],
+        )
 
-    async def _leaf(
-        self, cert: CertRef, index: int, via: str | None, domain: Eip712Domain
-    ) -> tuple[SignedReceipt, LeafProof] | None:
+    async def _run(
+        self, cert: CertRef, first: int, last: int, via: str | None, domain: Eip712Domain
+    ) -> tuple[dict[int, tuple[SignedReceipt, LeafProof]], set[int]]:
+        """The leaves from ``first`` to ``last`` that ``via`` serves and that verify, and the
+        indices its answer covered: those of the pages it sent, and all when the reading ended
+        whole (the data node said there were no more) or on a page it sent malformed
+        (``_AnswersSeen``), not when it broke off (declined, timed out)."""
         assert self.rpc is not None
+        seen = _AnswersSeen(self.rpc)
         fetched = await fetch_receipts(
-            self.rpc, self.peer, cert.runId, cert.epoch, CERTIFIED, self.timeout_s,
-            limit=1, start=index, via=via,
+            cast(RequestResponse, seen), self.peer, cert.runId, cert.epoch, CERTIFIED,
+            self.timeout_s, limit=last - first + 1, start=first, via=via,
         )  # fmt: skip
-        served = [(e, leaf) for e, leaf in leaves_of(fetched) if leaf.hop.index == index]
+        wanted = range(first, last + 1)
+        served = [(e, leaf) for e, leaf in leaves_of(fetched) if leaf.hop.index in wanted]
         verified = await trio.to_thread.run_sync(verifying_leaves, cert, served, domain)
-        return verified[0] if verified else None
+        if fetched.stopped is None or seen.answered:
+            answered = set(wanted)
+        else:
+            answered = {
+                i
+                for page in fetched.pages
+                for i in range(page.offset, page.offset + len(page.entries))
+                if i in wanted
+            }
+        return {leaf.hop.index: (e, leaf) for e, leaf in verified}, answered
 
-    def findings(self, cert: CertRef, unserved: Sequence[int], sampled: int) -> list[Finding]:
-        """What sampled leaves nobody served say: the data node's withholding when it was
-        dialled (it was asked itself, in rounds, and serves its own certificate); read only
-        through forwarders, or not at all, nobody's (a forwarder can withhold)."""
-        if not unserved:
-            return []
-        what = f"{len(unserved)} of {sampled} sampled leaves (first: leaf {unserved[0]})"
-        if self.direct:
+    def findings(self, cert: CertRef, reading: LeafReading, sampled: int) -> list[Finding]:
+        """What sampled leaves not read say: those the data node, dialled, answered directly
+        without a valid leaf are its withholding; those declined, timed out or never asked
+        (the budget ran out), or read only through forwarders (any of which can withhold),
+        are unchecked, accusing nobody."""
+        found = []
+        if reading.withheld:
+            what = f"{len(reading.withheld)} of {sampled} sampled leaves"
             detail = (
-                f"{what} served neither by the data node, asked directly, nor through any "
-                "node reached; the rest of the sample is re-executed"
+                f"{what} (first: leaf {reading.withheld[0]}) answered by the data node, asked "
+                "directly, without a valid leaf, nor served through any node reached; the "
+                "rest of the sample is re-executed"
             )
-            return [Finding(WITHHELD, cert.dataNode, detail[:300])]
-        detail = f"{what} not read: the data node was not dialled and no forwarder passed them on"
-        return [Finding(UNVERIFIED, "", detail[:300])]
+            found.append(Finding(WITHHELD, cert.dataNode, detail[:300]))
+        if reading.unanswered or reading.unasked:
+            kind = UNCHECKED if self.direct else UNVERIFIED
+            how = "" if self.direct else " (the data node was not dialled, none forwarded)"
+            detail = (
+                f"{len(reading.unanswered)} of {sampled} sampled leaves asked and not answered "
+                f"(declined or timed out), {len(reading.unasked)} not asked in time{how}"
+            )
+            found.append(Finding(kind, "", detail[:300]))
+        return found
+
+
+def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
+    """``indices`` as runs of consecutive ones: (first, last) each, in order."""
+    runs: list[tuple[int, int]] = []
+    for i in sorted(set(indices)):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
 
 
 def reading_findings(
