@@ -84,3 +84,29 @@ def test_missing_evidence_is_wrong_only_after_the_whole_schedule() -> None:
     assert jury._vote_of(missing, full_schedule=True)[0] == jury.WRONG
     vote, why = jury._vote_of(missing, full_schedule=False)
     assert vote == jury.RIGHT and why.startswith("not shown wrong in time"), why
+
+
+def test_the_chain_s_blocks_end_retries_then_the_phase() -> None:
+    """The juror's clock is its window's blocks, read while it fetches: retries stop at one
+    block, the whole evidence phase ends at a later one, however fast past blocks came."""
+    seen: list[tuple[float, float | None]] = []
+
+    def block_of() -> int:  # a block every 2 s of the mock clock
+        return 100 + int(trio.from_thread.run_sync(trio.current_time) // 2)  # read in a thread
+
+    async def main() -> bool:
+        deadline = jury._Deadline(float("inf"))
+        deadline.source = replays.EvidenceSource(None, {}, 1, 1.0)  # type: ignore[arg-type]
+        with trio.CancelScope() as phase:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(jury._watch_blocks, jury.ChainStop(block_of, 103, 106),
+                                   deadline, phase)  # fmt: skip
+                while True:
+                    seen.append((trio.current_time(), deadline.source.retry_until))
+                    await trio.sleep(0.5)
+        return phase.cancelled_caught
+
+    assert trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0.05))
+    stopped = [t for t, until in seen if until is not None]
+    assert 6.0 <= stopped[0] <= 7.0  # block 103 at 6 s, read within a poll
+    assert 12.0 <= seen[-1][0] <= 13.0  # block 106 at 12 s ends the phase

@@ -12,8 +12,9 @@ window (``gwtf/contracts/Court.sol``):
   (``gwtf.node.audit.reexecute``) and commit a sealed vote: WRONG when the replay is outside the
   run's tolerance or the accused's evidence is missing, RIGHT when it is within; then reveal
   it. A juror that reached no peer at all does not vote (it is fined as absent rather than
-  convicting anyone blind). Evidence tries stop within the commit window (``RETRY_SHARE``
-  of the time it has left, the whole evidence phase by ``VERDICT_SHARE``): evidence is
+  convicting anyone blind). Evidence tries stop within the commit window (at ``RETRY_SHARE``
+  of the blocks it has left, read from the chain while it fetches, the whole evidence phase
+  at ``VERDICT_SHARE``): evidence is
   missing only when the accused had its whole retry schedule and no try was declined as
   busy; one this juror's window cut short is not shown wrong in time (RIGHT);
 * what counts as the accused's evidence: everything a re-execution needs is something the
@@ -44,7 +45,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -64,6 +65,7 @@ from gwtf.contracts.merkle import MAX_PROOF_LENGTH
 from gwtf.errors import ChainError
 from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.audit.replays import (
+    EvidenceSource,
     Replayed,
     evidence_source,
     forwarders_of,
@@ -97,9 +99,9 @@ FINAL_ROUND: Final = 3
 #: is for the commit's transaction.
 RETRY_SHARE: Final = 0.5
 VERDICT_SHARE: Final = 0.75
-#: Blocks over which a juror measures the chain's block time, and the least it assumes.
-BLOCK_TIME_SPAN: Final = 64
-MIN_BLOCK_TIME_S: Final = 0.1
+#: How often a juror reads the chain's block number while it fetches evidence: the blocks
+#: of its commit window are its clock.
+BLOCK_POLL_S: Final = 1.0
 
 ANSWERED: Final = "answered"
 SALT_REVEALED: Final = "draw salt revealed"
@@ -232,16 +234,15 @@ async def serve_once(
 ) -> list[Step]:
     """One pass over the open cases for ``wallet`` (its juror node is ``Court.jurorOf``),
     re-executing with ``replayer_of(run id)``; without it, every step but the votes.
-    ``block_time_s``: the chain's seconds per block, which times a juror's evidence retries
-    against its commit window (None: measured on the chain, ``seconds_per_block``)."""
+    A juror's evidence phase ends by the blocks of its commit window, read from the chain
+    while it runs; ``block_time_s``: the chain's seconds per block, to end it by the clock
+    too (None: by the blocks alone, as a chain's past block times say nothing of the next)."""
     steps: list[Step] = []
     node = str(await trio.to_thread.run_sync(_juror_of, contracts, wallet))
     for case in await trio.to_thread.run_sync(open_cases, contracts):
         steps += await trio.to_thread.run_sync(_party_steps, contracts, wallet, case)
         steps += await trio.to_thread.run_sync(_anyone_steps, contracts, wallet, case)
         if replayer_of is not None and int(node, 16) != 0:
-            if block_time_s is None:
-                block_time_s = await trio.to_thread.run_sync(seconds_per_block, contracts)
             steps += await _juror_steps(
                 contracts, wallet, node, case, peers, replayer_of, timeout_s, block_time_s
             )
@@ -268,19 +269,6 @@ def next_due_block(contracts: Contracts, case_id: int) -> int | None:
     at = _next_block(contracts)
     later = [block for block in candidates if block > at]
     return min(later) if later else at
-
-
-def seconds_per_block(contracts: Contracts) -> float:
-    """The chain's mean seconds per block over its last ``BLOCK_TIME_SPAN`` blocks (fewer on
-    a young chain), at least ``MIN_BLOCK_TIME_S``: a juror's clock for its commit window."""
-    eth = contracts.w3.eth
-    latest = int(eth.block_number)
-    span = min(BLOCK_TIME_SPAN, latest)
-    if span == 0:
-        return MIN_BLOCK_TIME_S
-    first, last = eth.get_block(latest - span), eth.get_block(latest)
-    elapsed = int(last["timestamp"]) - int(first["timestamp"])
-    return max(MIN_BLOCK_TIME_S, elapsed / span)
 
 
 def _juror_of(contracts: Contracts, wallet: Sender) -> str:
@@ -381,7 +369,7 @@ async def _juror_steps(
     peers: Sequence[str],
     replayer_of: ReplayerOf,
     timeout_s: float,
-    block_time_s: float,
+    block_time_s: float | None,
 ) -> list[Step]:
     court = contracts.court
     case_view = await trio.to_thread.run_sync(court.functions.getCase(case.case_id).call)
@@ -402,10 +390,18 @@ async def _juror_steps(
         cert = await trio.to_thread.run_sync(certificate_of, contracts, case.receipt)
         # Retries end while the window still has blocks to spare for the replay and the
         # commit: a juror that retried past it would be fined as absent.
-        left_s = (drawn_at + window - at) * block_time_s
-        now = trio.current_time()
-        until = (now + RETRY_SHARE * left_s, now + VERDICT_SHARE * left_s)
-        vote, why = await _verdict(case, peers, replayer, timeout_s, domain, cert, until)
+        left = drawn_at + window - at
+        blocks = ChainStop(
+            lambda: int(contracts.w3.eth.block_number),
+            at + int(RETRY_SHARE * left),
+            at + int(VERDICT_SHARE * left),
+        )
+        until = None
+        if block_time_s is not None:
+            now = trio.current_time()
+            left_s = left * block_time_s
+            until = (now + RETRY_SHARE * left_s, now + VERDICT_SHARE * left_s)
+        vote, why = await _verdict(case, peers, replayer, timeout_s, domain, cert, until, blocks)
         if vote is None:
             return [Step(case.case_id, ABSTAINED, why)]
         sealed = court.functions.voteCommitment(case.case_id, r, node, vote, salt).call()
@@ -448,6 +444,7 @@ async def _verdict(
     domain: Eip712Domain,
     cert: CertRef | None,
     until: tuple[float, float] | None = None,
+    blocks: ChainStop | None = None,
 ) -> tuple[int | None, str]:
     """Re-execute the disputed hop: (WRONG or RIGHT, what the replay found), or (None, why)
     when this juror reached no peer at all. Only the leaves of ``cert`` (the data node's
@@ -461,10 +458,59 @@ async def _verdict(
     receipt = case.receipt
     if receipt_digest(receipt, domain) != case.receipt_digest:
         return None, "the disputed receipt is not under this ledger's signing domain"
-    retry_until, verdict_until = until if until is not None else (None, math.inf)
-    with trio.move_on_at(verdict_until):
-        return await _evidence_verdict(case, peers, replayer, timeout_s, domain, cert, retry_until)
+    retry_until, verdict_until = until if until is not None else (math.inf, math.inf)
+    deadline = _Deadline(retry_until)
+    with trio.move_on_at(verdict_until) as phase:
+        async with trio.open_nursery() as nursery:
+            if blocks is not None:
+                nursery.start_soon(_watch_blocks, blocks, deadline, phase)
+            verdict = await _evidence_verdict(
+                case, peers, replayer, timeout_s, domain, cert, deadline
+            )
+            nursery.cancel_scope.cancel()
+        return verdict
     return RIGHT, "not shown wrong in time: this juror's window ended its evidence phase"
+
+
+@dataclass(frozen=True)
+class ChainStop:
+    """The chain's block number (``block_of``, blocking) and the blocks at which a juror's
+    evidence retries stop and its whole evidence phase ends."""
+
+    block_of: Callable[[], int]
+    retries_until: int
+    phase_until: int
+
+
+class _Deadline:
+    """When evidence tries stop (trio clock), moved earlier by the chain's blocks; and the
+    evidence source it applies to once there is one."""
+
+    def __init__(self, retry_until: float) -> None:
+        self.retry_until = retry_until
+        self.source: EvidenceSource | None = None
+
+    def stop_retries(self) -> None:
+        self.retry_until = min(self.retry_until, trio.current_time())
+        if self.source is not None:
+            self.source.retry_until = self.retry_until
+
+
+async def _watch_blocks(blocks: ChainStop, deadline: _Deadline, phase: trio.CancelScope) -> None:
+    """Read the chain's block number every ``BLOCK_POLL_S``: stop the evidence retries at
+    ``blocks.retries_until``, end the evidence phase at ``blocks.phase_until``."""
+    while True:
+        try:
+            block = await trio.to_thread.run_sync(blocks.block_of)
+        except (ChainError, OSError, ValueError) as exc:  # the provider hiccuped: ask again
+            log.debug("no block number: %s", exc)
+            block = -1
+        if block >= blocks.retries_until:
+            deadline.stop_retries()
+        if block >= blocks.phase_until:
+            phase.cancel()
+            return
+        await trio.sleep(BLOCK_POLL_S)
 
 
 async def _evidence_verdict(
@@ -474,7 +520,7 @@ async def _evidence_verdict(
     timeout_s: float,
     domain: Eip712Domain,
     cert: CertRef | None,
-    retry_until: float | None,
+    deadline: _Deadline,
 ) -> tuple[int | None, str]:
     receipt = case.receipt
     async with running_host(new_identity()) as host:
@@ -484,8 +530,9 @@ async def _evidence_verdict(
             return None, "reached no peer of the run: not voting blind"
         source = evidence_source(
             rpc, peers, reachable, {receipt.dataNode.lower()}, receipt.runId, timeout_s,
-            retry_until,
+            None if deadline.retry_until == math.inf else deadline.retry_until,
         )  # fmt: skip
+        deadline.source = source
         certified = await _certified(rpc, peers, reachable, cert, domain, timeout_s)
         entry = _entry_of(certified, receipt, case.worker_signature, case.worker_proof)
         known = certified
