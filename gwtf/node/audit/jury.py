@@ -130,6 +130,9 @@ class Case:
     reopens: int = 0
     #: The receipt's proof in the batch ``worker_signature`` signs.
     worker_proof: tuple[bytes, ...] = ()
+    #: False when that proof is longer than any a juror checks (``batch_proof_of``): the
+    #: case's other steps are taken all the same, and its jurors vote RIGHT.
+    checkable: bool = True
 
 
 @dataclass(frozen=True)
@@ -172,14 +175,12 @@ def open_cases(contracts: Contracts) -> list[Case]:
         digest, signed = bytes(args["receiptDigest"]), args["workerSigned"]
         signature = bytes(signed["signature"])
         proof = batch_proof_of(case_id, signed["proof"])
-        if proof is None:
-            continue
         challenger, accused_wallet = str(parties[2]), str(parties[1])
         reopens = _reopened_by(disputes, opened, dispute_id, digest, challenger)
         found.append(
             Case(
                 case_id, dispute_id, receipt, digest, signature, challenger, accused_wallet,
-                reopens, proof,
+                reopens, proof or (), proof is not None,
             )
         )  # fmt: skip
     return found
@@ -189,10 +190,12 @@ def batch_proof_of(case_id: int, hashes: Sequence[bytes]) -> tuple[bytes, ...] |
     """The disputed receipt's batch proof from its opening event, or None (one warning line)
     when it is longer than any proof a juror processes: the ledger refuses such a dispute
     (``Disputes.ProofTooLong``), so only a ledger deployed without that bound emits one, and
-    no vote on it could be checked."""
+    no replay of it could be checked, so a juror votes RIGHT (not shown wrong) rather than
+    be fined as absent."""
     if len(hashes) > MAX_PROOF_LENGTH:
         log.warning(
-            "case %d: the batch proof has %d hashes, over %d: no juror can check it, skipped",
+            "case %d: the batch proof has %d hashes, over %d: no juror can check it, "
+            "voted RIGHT (not shown wrong)",
             case_id, len(hashes), MAX_PROOF_LENGTH,
         )  # fmt: skip
         return None
@@ -456,6 +459,8 @@ async def _verdict(
     retry schedule, else it is not shown wrong in time (RIGHT): the accused is never
     convicted for this juror's lateness."""
     receipt = case.receipt
+    if not case.checkable:
+        return RIGHT, f"not shown wrong: its batch proof is over {MAX_PROOF_LENGTH} hashes"
     if receipt_digest(receipt, domain) != case.receipt_digest:
         return None, "the disputed receipt is not under this ledger's signing domain"
     retry_until, verdict_until = until if until is not None else (math.inf, math.inf)
