@@ -65,7 +65,7 @@ class Replayer:
 class Reader:  # serves the sampled backward's leaf alone, as a data node cutting its reading
     async def leaves(self, cert: Any, indices: Any, domain: Any) -> Any:
         leaf = SimpleNamespace(hop=SimpleNamespace(index=5))
-        return [(SignedReceipt(BACKWARD_R, b"", b""), leaf)], []
+        return runner.LeafReading([(SignedReceipt(BACKWARD_R, b"", b""), leaf)], [], [], [])
 
     def findings(self, cert: Any, unserved: Any, sampled: int) -> list[Any]:
         return []
