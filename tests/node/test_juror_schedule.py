@@ -1,6 +1,6 @@
 """A juror's evidence tries end at its deadline, first tries too, and the accused's evidence
 counts as missing (WRONG) only when it had its whole retry schedule: a schedule the juror's
-window cut short, or a try declined as busy, leaves it not shown wrong in time (RIGHT). Pure
+window cut short leaves it not shown wrong in time (RIGHT); busy to the end is missing. Pure
 trio on a mock clock, with the fetch replaced by a peer that stalls or declines."""
 
 from __future__ import annotations
@@ -67,14 +67,18 @@ def test_a_schedule_the_deadline_cut_short_is_not_missing(monkeypatch) -> None: 
     assert not source.had_full_schedule(node)
 
 
-def test_a_busy_decline_is_not_missing(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_an_accused_busy_through_its_whole_schedule_is_missing(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Busy declines are asked again; an accused that answers "busy" to every try had its
+    schedule (else "busy" would be every cheater's answer)."""
+
     async def busy() -> None:
         raise RequestDeclined("declined: busy: peers outside the run get 1 requests/s here")
 
-    _fetch(monkeypatch, busy)
+    asked = _fetch(monkeypatch, busy)
     node = f"0x{1:040x}"
     source, _ = _run({node: "peer1"}, None)
-    assert not source.had_full_schedule(node)
+    assert len(asked) > 1
+    assert source.had_full_schedule(node)
 
 
 def test_missing_evidence_is_wrong_only_after_the_whole_schedule() -> None:

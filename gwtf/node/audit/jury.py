@@ -15,8 +15,9 @@ window (``gwtf/contracts/Court.sol``):
   convicting anyone blind). Evidence tries stop within the commit window (at ``RETRY_SHARE``
   of the blocks it has left, read from the chain while it fetches, the whole evidence phase
   at ``VERDICT_SHARE``): evidence is
-  missing only when the accused had its whole retry schedule and no try was declined as
-  busy; one this juror's window cut short is not shown wrong in time (RIGHT);
+  missing only when the accused had its whole retry schedule (busy declines are asked again;
+  still busy at its end is missing, or "busy" would be every cheater's answer); one this
+  juror's window cut short is not shown wrong in time (RIGHT);
 * what counts as the accused's evidence: everything a re-execution needs is something the
   accused worker keeps and serves itself (the hop's input and output frames, its stage
   weights at the iteration, and for a backward the receipt of its forward, which it signed,
@@ -550,7 +551,7 @@ async def _evidence_verdict(
 
 def _vote_of(replayed: Replayed, full_schedule: bool = True) -> tuple[int, str]:
     """The vote on ``replayed``; ``full_schedule``: whether the accused had its whole retry
-    schedule (no try cut short by this juror, none declined as busy)."""
+    schedule (no try cut short by this juror)."""
     replay = replayed.replay
     if replay is None and replayed.unverifiable:
         # Off only with weights a forwarder passed on, which nobody signs, and no two replicas
@@ -559,7 +560,7 @@ def _vote_of(replayed: Replayed, full_schedule: bool = True) -> tuple[int, str]:
         # absent; RIGHT says only that the tensor is not shown wrong.
         return RIGHT, f"not shown wrong: {replayed.why_not}"
     if replay is None and not full_schedule:
-        # This juror's window (or a busy decline) cut the accused's tries short: what it has
+        # This juror's window cut the accused's tries short: what it has
         # not served is not shown missing, and the accused is not convicted for that.
         return RIGHT, f"not shown wrong in time: {replayed.why_not}"
     if replay is None:

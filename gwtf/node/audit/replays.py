@@ -229,20 +229,20 @@ class EvidenceSource:
         self._states: dict[tuple[int, int, tuple[str, ...]], Served | None] = {}
         self._silent: set[str] = set()  # peers that do not serve evidence at all
         # Nodes whose retry schedule this side cut short (``retry_until`` passed, or the
-        # audit's budget, spent on others, ran out), and nodes that declined a try as busy
-        # (outsiders share one rate, which anyone can exhaust): neither has shown it keeps
-        # nothing, so neither counts as missing its evidence (``had_full_schedule``).
+        # audit's budget, spent on others, ran out): they have not shown they keep nothing,
+        # so they do not count as missing their evidence (``had_full_schedule``). A node that
+        # declines as busy is asked again; still busy when its schedule ends, it is missing
+        # its evidence, or "busy" would be every cheater's answer.
         self._cut: set[str] = set()
-        self._busy: set[str] = set()
         # What retries may still take: all nodes' together, and each node's own.
         self.retry_budget_s = RETRY_BUDGET_TIMEOUTS * timeout_s
         self.node_retry_budget_s: dict[str, float] = {}
 
     def had_full_schedule(self, node: str) -> bool:
         """Whether every try of ``node`` ran its whole schedule (all rounds and waits, or
-        until its own budget was spent by its own silence) and none was declined as busy:
-        only then is what it did not serve missing, rather than not served in time."""
-        return node.lower() not in self._cut and node.lower() not in self._busy
+        until its own budget was spent by its own silence, or its own busy declines): only
+        then is what it did not serve missing, rather than not served in time."""
+        return node.lower() not in self._cut
 
     def _time_left(self) -> float:
         """Seconds until ``retry_until`` (inf without it)."""
@@ -443,8 +443,6 @@ class EvidenceSource:
                 if left < limit:
                     self._cut.add(node)
             except RequestDeclined as exc:
-                if "busy" in str(exc):  # not served yet, whoever made it busy
-                    self._busy.add(node)
                 log.debug("declined by %s (via %s): %s", node, via, exc)
             except PeerUnavailable as exc:  # timed out, refused, or unreachable
                 log.debug("no answer from %s (via %s): %s", node, via, exc)
