@@ -1,7 +1,6 @@
 """A juror's evidence tries end at its deadline, first tries too, and the accused's evidence
 counts as missing (WRONG) only when it had its whole retry schedule: a schedule the juror's
-window cut short before it let a whole request timeout pass unanswered leaves it not shown
-wrong in time (RIGHT); busy to the end is missing. Pure
+window cut short leaves it not shown wrong in time (RIGHT); busy to the end is missing. Pure
 trio on a mock clock, with the fetch replaced by a peer that stalls or declines."""
 
 from __future__ import annotations
@@ -46,8 +45,8 @@ def _run(peers: dict[str, str], retry_s: float | None) -> tuple[replays.Evidence
 
 def test_first_tries_end_at_the_deadline(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     asked = _fetch(monkeypatch, _stall)
-    source, took = _run(PEERS, 0.9)
-    assert took <= 0.9 + 1e-6, took  # not 10 silent peers x 4 request timeouts
+    source, took = _run(PEERS, 1.0)
+    assert took <= 1.0 + 1e-6, took  # not 10 silent peers x 4 request timeouts
     assert asked == ["peer1"]
     assert not source.had_full_schedule("0x" + f"{1:040x}")
 
@@ -61,26 +60,11 @@ def test_a_silent_accused_with_its_whole_schedule_is_missing(monkeypatch) -> Non
 
 
 def test_a_schedule_the_deadline_cut_short_is_not_missing(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """The juror's deadline left less than a request timeout (1 s here) for the one try."""
     asked = _fetch(monkeypatch, _stall)
     node = f"0x{1:040x}"
-    source, took = _run({node: "peer1"}, 0.5)
-    assert len(asked) == 1 and took <= 0.5 + 1e-6
-    assert not source.had_full_schedule(node)
-
-
-def test_an_accused_that_let_a_whole_request_timeout_pass_is_missing_though_cut(
-    monkeypatch,
-) -> None:  # type: ignore[no-untyped-def]
-    """A direct try that had a whole request timeout and went unanswered is the accused's
-    own silence: its schedule cut short after that (first try 4 s, wait 1 s, retry cut), it
-    is still missing its evidence, or stalling would be every cheater's way out whenever a
-    window is shorter than the whole schedule."""
-    asked = _fetch(monkeypatch, _stall)
-    node = f"0x{1:040x}"
-    source, took = _run({node: "peer1"}, 5.5)
+    source, took = _run({node: "peer1"}, 5.5)  # first try 4 s, wait 1 s, retry cut
     assert len(asked) == 2 and took <= 5.5 + 1e-6
-    assert source.had_full_schedule(node)
+    assert not source.had_full_schedule(node)
 
 
 def test_an_accused_busy_through_its_whole_schedule_is_missing(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -16,9 +16,8 @@ window (``gwtf/contracts/Court.sol``):
   of the blocks it has left, read from the chain while it fetches, the whole evidence phase
   at ``VERDICT_SHARE``): evidence is
   missing only when the accused had its whole retry schedule (busy declines are asked again;
-  still busy at its end is missing, or "busy" would be every cheater's answer) or let a
-  direct try's whole request timeout pass unanswered (or stalling would be); one this
-  juror's window cut short before either is not shown wrong in time (RIGHT);
+  still busy at its end is missing, or "busy" would be every cheater's answer); one this
+  juror's window cut short is not shown wrong in time (RIGHT);
 * what counts as the accused's evidence: everything a re-execution needs is something the
   accused worker keeps and serves itself (the hop's input and output frames, its stage
   weights at the iteration, and for a backward the receipt of its forward, which it signed,

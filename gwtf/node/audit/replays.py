@@ -66,7 +66,7 @@ from gwtf.node.audit.checks import Finding
 from gwtf.node.audit.reexecute import HopEvidence, Replay, Replayer
 from gwtf.node.p2p.host import peer_info
 from gwtf.node.p2p.identity import node_address_of_peer
-from gwtf.node.p2p.rpc import PeerTimeout, PeerUnavailable, RequestDeclined, RequestResponse
+from gwtf.node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestResponse
 from gwtf.node.receipts.evidence import EvidenceMissing, fetch_frame, fetch_state
 from gwtf.node.receipts.serving import RECEIVED, SIGNED, Fetched, fetch_receipts
 from gwtf.node.training.checkpoint import verified_digest
@@ -234,11 +234,6 @@ class EvidenceSource:
         # declines as busy is asked again; still busy when its schedule ends, it is missing
         # its evidence, or "busy" would be every cheater's answer.
         self._cut: set[str] = set()
-        # Nodes asked directly that let a whole request timeout pass unanswered: what an
-        # accused owes a juror at the least. Its schedule cut short after that, it is still
-        # missing its evidence, or stalling would be a cheater's way out of a true dispute
-        # whenever a window is shorter than the whole schedule.
-        self._stalled: set[str] = set()
         # What retries may still take: all nodes' together, and each node's own.
         self.retry_budget_s = RETRY_BUDGET_TIMEOUTS * timeout_s
         self.node_retry_budget_s: dict[str, float] = {}
@@ -247,7 +242,7 @@ class EvidenceSource:
         """Whether every try of ``node`` ran its whole schedule (all rounds and waits, or
         until its own budget was spent by its own silence, or its own busy declines): only
         then is what it did not serve missing, rather than not served in time."""
-        return node.lower() not in self._cut or node.lower() in self._stalled
+        return node.lower() not in self._cut
 
     def _time_left(self) -> float:
         """Seconds until ``retry_until`` (inf without it)."""
@@ -447,14 +442,10 @@ class EvidenceSource:
                 log.debug("evidence from %s came too slowly (via %s)", node, via)
                 if left < limit:
                     self._cut.add(node)
-                if via is None and min(limit, left) >= self.timeout_s:
-                    self._stalled.add(node)
             except RequestDeclined as exc:
                 log.debug("declined by %s (via %s): %s", node, via, exc)
             except PeerUnavailable as exc:  # timed out, refused, or unreachable
                 log.debug("no answer from %s (via %s): %s", node, via, exc)
-                if via is None and isinstance(exc, PeerTimeout):
-                    self._stalled.add(node)
             except EvidenceMissing:
                 if via is None:
                     raise  # the node's own word that it keeps none
