@@ -33,6 +33,19 @@ KEYS = {name: keccak(text=f"cut send test {name}") for name in NAMES}
 PEER = {name: str(peer_id_of(identity_from_key(key))) for name, key in KEYS.items()}
 
 
+def relay_a_with_two_replicas() -> FlowNode:
+    """Relay ``a``'s flow core (stage 1 of 2) knowing both stage-2 replicas, ``s0`` the cheaper."""
+    node = FlowNode(
+        NodeSpec(PEER["a"], "relay", 1, 2, 20.0),
+        FlowConfig(stages=2, activation_bytes=1e6),
+        random.Random(0),
+    )
+    for name, cost in (("s0", 10.0), ("s1", 30.0)):
+        node.handle(PEER[name], Hello("relay", 2, 2, 2, 2, 0, 20.0, 0, True), 0.0)
+        node.handle(PEER[name], CostAdvert(cost, 2), 0.0)
+    return node
+
+
 def send_with_s0(
     cut: bool, refuse: bool = False, wrong_ack: bool = False
 ) -> tuple[str, FlowNode, HopStats]:
@@ -42,14 +55,7 @@ def send_with_s0(
     answers the hop with what is no ack, and stays up; else ``s0``'s host is closed before the
     send. Returns who took the forward, ``a``'s flow
     core and its sender's counters."""
-    node = FlowNode(
-        NodeSpec(PEER["a"], "relay", 1, 2, 20.0),
-        FlowConfig(stages=2, activation_bytes=1e6),
-        random.Random(0),
-    )
-    for name, cost in (("s0", 10.0), ("s1", 30.0)):
-        node.handle(PEER[name], Hello("relay", 2, 2, 2, 2, 0, 20.0, 0, True), 0.0)
-        node.handle(PEER[name], CostAdvert(cost, 2), 0.0)
+    node = relay_a_with_two_replicas()
     stats = HopStats()
     taken: list[str] = []
 
@@ -198,14 +204,7 @@ def test_sends_cut_at_once_make_one_probe_and_go_on_without_waiting_for_it() -> 
     closes the connection they share), and ``s0`` takes 1.5 s to answer the probe. One probe
     is made, the others await its answer; the re-sends reach ``s1`` before that answer; and
     while ``s0`` is probed, a new forward's next hop is ``s1``. ``s0`` then counts alive."""
-    node = FlowNode(
-        NodeSpec(PEER["a"], "relay", 1, 2, 20.0),
-        FlowConfig(stages=2, activation_bytes=1e6),
-        random.Random(0),
-    )
-    for name, cost in (("s0", 10.0), ("s1", 30.0)):
-        node.handle(PEER[name], Hello("relay", 2, 2, 2, 2, 0, 20.0, 0, True), 0.0)
-        node.handle(PEER[name], CostAdvert(cost, 2), 0.0)
+    node = relay_a_with_two_replicas()
     stats = HopStats()
     taken_at: list[float] = []  # when s1 took each forward
     probes: list[float] = []  # when s0 answered each probe
