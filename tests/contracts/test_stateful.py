@@ -1672,7 +1672,9 @@ def run_on_own_thread(
 
 
 def test_no_honest_behaviour_yields_a_valid_fraud_proof(world: World) -> None:
-    run_machine(world, examples=10, steps=20)
+    # A short search by default (each step is several transactions); the slow run below
+    # searches 32 times as many steps.
+    run_machine(world, examples=5, steps=20)
 
 
 @pytest.mark.slow

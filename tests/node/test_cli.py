@@ -15,9 +15,10 @@ from eth_account import Account
 
 from gwtf.node.chain.actions import Contracts, RunConfig, open_run
 from gwtf.node.chain.adapter import Sender
-from gwtf.node.chain.wallet import create_wallet
+from gwtf.node.chain.wallet import create_wallet, load_or_create_node_key, node_key_path
 from gwtf.node.cli.main import main
 from gwtf.node.devnet.server import RunningDevnet
+from gwtf.node.home import DEFAULT_NODE_NAME
 from tests.node.conftest import FAST_SCRYPT_N
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,8 +42,13 @@ def assert_one_line_error(err: str, fragment: str) -> None:
 
 @pytest.fixture
 def wallet(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A wallet, and its node key made as ``register`` would make it but at the tests' low
+    scrypt cost (~0.7 s for each command that opens it at the default cost); that ``register``
+    makes the key itself is tests/node/test_cli_volunteer.py's to check."""
     path = tmp_path / "wallet.json"
     account = create_wallet(path, PASSWORD, scrypt_n=FAST_SCRYPT_N)
+    node_key = node_key_path(path, DEFAULT_NODE_NAME)
+    load_or_create_node_key(node_key, PASSWORD, scrypt_n=FAST_SCRYPT_N)
     password_file = tmp_path / "password"
     password_file.write_text(PASSWORD + "\n")
     return path, password_file, account.address

@@ -169,6 +169,16 @@ for _ in range(int(sys.argv[3])):
 """
 
 
+# Three processes importing the node each: the embedded server (this repository's own nonce
+# handling) by default, anvil in the slow run.
+@pytest.mark.parametrize(
+    "either",
+    [
+        pytest.param("devnet", id="anvil", marks=pytest.mark.slow),
+        pytest.param("embedded", id="eth-tester"),
+    ],
+    indirect=True,
+)
 def test_processes_sending_at_once_from_their_own_wallets_all_land(either: RunningDevnet) -> None:
     """Each process picks its nonces from the chain ("pending") while the others send."""
     rpc_w3 = connect(either.info.rpc_url)

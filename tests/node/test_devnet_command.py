@@ -175,7 +175,14 @@ def test_the_devnet_command_serves_anvil_that_a_plain_web3_client_trusts(tmp_pat
     assert not devnet_file.exists(), "the devnet file names a chain that is gone"
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+# SIGKILL (nothing of the command runs) by default; SIGTERM in the slow run.
+@pytest.mark.parametrize(
+    "signum",
+    [
+        pytest.param(signal.SIGTERM, id="sigterm", marks=pytest.mark.slow),
+        pytest.param(signal.SIGKILL, id="sigkill"),
+    ],
+)
 def test_anvil_ends_with_the_devnet_command_however_it_ends(
     tmp_path: Path, signum: signal.Signals
 ) -> None:

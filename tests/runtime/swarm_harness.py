@@ -226,9 +226,16 @@ async def run_relay(
         await run_live_node(config, on_started)
 
 
+_REFERENCE_LOSSES: dict[tuple[int, int, int], tuple[float, ...]] = {}
+
+
 def reference_losses(iterations: int, batch: int, stages: int = STAGES) -> list[float]:
-    """Whole-model training on the same microbatch ids: what the swarm must reproduce."""
-    return reference_run(iterations, batch, stages).losses
+    """Whole-model training on the same microbatch ids: what the swarm must reproduce. Seeded,
+    so the same for the same arguments: trained once per session (1-3 s on a loaded CPU)."""
+    key = (iterations, batch, stages)
+    if key not in _REFERENCE_LOSSES:
+        _REFERENCE_LOSSES[key] = tuple(reference_run(iterations, batch, stages).losses)
+    return list(_REFERENCE_LOSSES[key])
 
 
 def reference_run(iterations: int, batch: int, stages: int = STAGES) -> ReferenceRun:

@@ -112,7 +112,11 @@ def test_all_replicas_get_the_same_combined_share(tmp_path: Path) -> None:
     assert all(torch.equal(first.combined.gradients[k], v) for k, v in expected.items())
 
 
-@pytest.mark.parametrize("dead", [0, 1, 2])
+# The replicas' ids are random, so which one is dead is a random position each time: one
+# case by default, the others in the slow run.
+@pytest.mark.parametrize(
+    "dead", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)]
+)
 def test_a_dead_replica_is_left_out_and_the_rest_agree(tmp_path: Path, dead: int) -> None:
     alive = {0, 1, 2} - {dead}
     ids, results = run_round(tmp_path, 3, alive=alive)

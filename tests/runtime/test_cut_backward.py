@@ -20,7 +20,8 @@ EXACT = 2e-6  # as in test_gradient_redo.py: what a swarm without any fault reac
 RELAYS = {"a1": 1, "a2": 1, "b1": 2, "b2": 2}
 
 
-@pytest.mark.parametrize("into_stage", [0, 1, 2])
+# Into the data node and into a relay by default; into the last stage too in the slow run.
+@pytest.mark.parametrize("into_stage", [0, 1, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_backward_cut_after_its_receiver_took_it_counts_once(
     tmp_path: Path, into_stage: int
 ) -> None:
