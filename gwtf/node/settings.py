@@ -137,6 +137,13 @@ class P2PSettings:
     #: Relay circuits for nodes behind NAT: "auto" relays on a data node only, "on" on any
     #: (reachable) node, "off" never.
     relay_service: str = "auto"
+    #: What each peer may send through this node's relay service, over all its circuits: bytes
+    #: a second, and bytes at once above that (a peer over it is slowed, not cut); and how
+    #: many circuits one peer may open through it at once (more are refused). Sized for the
+    #: presets' activations (``gwtf.node.p2p.relay_service.RelayLimits``).
+    relay_peer_bytes_per_s: int = 2 << 20
+    relay_peer_burst_bytes: int = 16 << 20
+    relay_circuits_per_peer: int = 8
     #: Full addresses of relays to hold slots at when unreachable; empty: the bootstrap peers.
     relays: tuple[str, ...] = ()
     #: Two nodes behind NAT that meet through a relay try to open a direct connection (DCUtR
@@ -292,6 +299,22 @@ def _fraction_open(v: float) -> str | None:
     return None if 0.0 < v < 1.0 else "must be strictly between 0 and 1"
 
 
+#: The least rate a relay may give each peer. Much below it, a circuit both of whose ends send
+#: over their rate fails instead of being slowed (on loopback: within 10 s at 400 KB/s, 6 s at
+#: 200 KB/s; held for 30 s at 700 KB/s and 45 s at 1 and 2 MiB/s): each end's flow-control
+#: updates queue behind its own bytes, and py-libp2p's yamux waits at most 5 s for one.
+MIN_RELAY_PEER_BYTES_PER_S = 1 << 20
+
+
+def _relay_rate(v: int) -> str | None:
+    if v >= MIN_RELAY_PEER_BYTES_PER_S:
+        return None
+    return (
+        f"must be at least {MIN_RELAY_PEER_BYTES_PER_S}: slower, a circuit busy both ways "
+        "fails instead of being slowed"
+    )
+
+
 def _non_negative(v: int) -> str | None:
     return None if v >= 0 else "must be 0 or more"
 
@@ -354,6 +377,9 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "p2p.region": _non_empty,
     "p2p.discovery_period_s": _positive,
     "p2p.relay_service": _one_of("auto", "on", "off"),
+    "p2p.relay_peer_bytes_per_s": _relay_rate,
+    "p2p.relay_peer_burst_bytes": _positive_int,
+    "p2p.relay_circuits_per_peer": _positive_int,
     "chain.admission_cache_s": _non_negative,
     "chain.clock_period_s": _positive,
     "chain.report_period_s": _positive,
