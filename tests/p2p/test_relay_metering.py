@@ -8,12 +8,24 @@ import pytest
 import trio
 import trio.testing
 from libp2p.abc import INetStream
+from libp2p.connection_types import ConnectionType
+from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage
+from libp2p.relay.circuit_v2.pb.circuit_pb2 import PeerId as CircuitPeer
+from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP
 from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
+from libp2p.relay.circuit_v2.utils import write_delimited_msg
 
 from gwtf.node.p2p import relay_metering
 from gwtf.node.p2p.host import full_address, peer_info
-from gwtf.node.p2p.relay import RelayRefused, connect_through
+from gwtf.node.p2p.relay import (
+    RelayRefused,
+    circuit_address,
+    connect_through,
+    read_relay_message,
+)
 from gwtf.node.p2p.relay_metering import RelayMeter, TokenBucket
 from gwtf.node.p2p.relay_service import RelayLimits
 from tests.p2p.test_relay import ECHO, LIMITS, Node, learn, node
@@ -221,3 +233,67 @@ def test_a_peer_over_its_circuit_cap_is_refused_until_one_ends() -> None:
             await connect_through(peer.host, info, second_id, 5.0)
 
     trio.run(main)
+
+
+def test_a_peer_sending_past_its_window_is_cut_off_before_the_relay_buffers_much() -> None:
+    """py-libp2p's yamux buffers whatever a peer sends past its receive window: a peer that
+    ignores the window would pile bytes up at a relay reading its leg slowly (metered)."""
+    limits = RelayLimits(peer_bytes_per_s=RATE, peer_burst_bytes=BURST)
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True, limits=limits))
+            relayed = (full_address(relay.host),)
+            home = await stack.enter_async_context(node(stack, relays=relayed))
+            flooder = await stack.enter_async_context(node(stack, trusts=[relay]))
+            Sink(home)
+            home_id, flooder_id = home.host.get_id(), flooder.host.get_id()
+            info = peer_info(full_address(relay.host))
+            leg = await _circuit_leg(flooder, info, home_id)
+            stream = await flooder.host.new_stream(home_id, [SINK])
+            for muxed in (leg.muxed_stream, stream.muxed_stream):  # ignore flow control
+                muxed.send_window = 1 << 40  # type: ignore[attr-defined]
+            [conn] = relay.host.get_network().connections[flooder_id]
+            buffers = conn.muxed_conn.stream_buffers  # type: ignore[attr-defined]
+            most = 0
+
+            async def watch() -> None:
+                nonlocal most
+                while True:
+                    most = max(most, sum(len(b) for b in buffers.values()))
+                    await trio.sleep(0.005)
+
+            sent = 0
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch)
+                with trio.move_on_after(30), pytest.raises(Exception):  # noqa: B017 reset/closed
+                    while sent < 256 << 20:
+                        await stream.write(b"x" * (1 << 20))
+                        sent += 1 << 20
+                nursery.cancel_scope.cancel()
+            # Cut off within a few window's worth of bytes (unmetered, it piles up hundreds of
+            # MiB), and the relay closed the flooder's connection, which frees what it buffered.
+            assert sent < 64 << 20, sent
+            assert most < 24 << 20, most
+            with trio.fail_after(5):
+                await conn.muxed_conn.event_closed.wait()  # type: ignore[attr-defined]
+            assert not buffers
+            assert relay.relay.hop is not None
+            assert relay.relay.hop.meter.of(str(flooder_id)).window_overruns == 1
+
+    trio.run(main)
+
+
+async def _circuit_leg(source: Node, relay: PeerInfo, target: ID) -> INetStream:
+    """``connect_through``, keeping the circuit's stream (its leg at the relay) at hand."""
+    await source.host.connect(relay)
+    leg = await source.host.new_stream(relay.peer_id, [HOP])
+    request = HopMessage(type=HopMessage.CONNECT, peer=CircuitPeer(id=target.to_bytes()))
+    await write_delimited_msg(leg, request)
+    answer = await read_relay_message(leg, HopMessage, 5.0)
+    assert answer is not None and StatusCode(answer.status) == StatusCode.OK
+    where = circuit_address(relay.addrs[0].encapsulate(f"/p2p/{relay.peer_id}"), target)
+    raw = RawConnection(leg, initiator=True, connection_type=ConnectionType.RELAYED,
+                        addresses=[where])  # fmt: skip
+    await source.host.upgrade_outbound_connection(raw, target)
+    return leg

@@ -72,6 +72,8 @@ class PeerMeter:
     circuits: int = 0
     #: Circuit ends of this peer's being copied now (it opened the circuit or it is the target).
     ends: int = 0
+    #: Circuits ended because this peer sent past its receive window.
+    window_overruns: int = 0
     last_active: float = 0.0
 
     def view(self) -> dict[str, float | int]:

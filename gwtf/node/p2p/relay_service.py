@@ -48,6 +48,7 @@ from libp2p.relay.circuit_v2.protocol import STOP_PROTOCOL_ID as STOP
 from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.protocol_buffer import StatusCode, to_proto_status
 from libp2p.relay.circuit_v2.utils import write_delimited_msg
+from libp2p.stream_muxer.yamux.yamux import YamuxStream
 
 from gwtf.node.p2p.relay import end_stream, is_circuit, read_relay_message
 from gwtf.node.p2p.relay_metering import RelayMeter
@@ -58,6 +59,11 @@ log = logging.getLogger(__name__)
 #: How long a peer may take to send a hop or stop message, and a circuit to be set up.
 HANDSHAKE_S = 10.0
 _CHUNK = 64 * 1024
+#: How often a circuit's two legs are checked for bytes sent past their receive window, and
+#: how far past it a peer may be before it counts as ignoring the window (py-libp2p's own window
+#: bookkeeping may grant a frame or two more than its target).
+WATCH_S = 0.05
+WINDOW_SLACK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -238,17 +244,54 @@ class _Circuit:
             await self._answer(StatusCode.RESOURCE_LIMIT_EXCEEDED)
             return
         reservation.active_connections += 1
+        overrun: list[ID] = []  # the peer that sent past its window, if one did
         try:
-            if await self._open_to(target):
-                await self._answer(StatusCode.OK, keep_open=True)
-                await self._pump()
-            else:
-                await self._answer(StatusCode.CONNECTION_FAILED)
+            async with trio.open_nursery() as nursery:
+                watch = nursery.cancel_scope
+                nursery.start_soon(self._watch, watch, overrun)
+                if await self._open_to(target):
+                    await self._answer(StatusCode.OK, keep_open=True)
+                    await self._pump()
+                else:
+                    await self._answer(StatusCode.CONNECTION_FAILED)
+                watch.cancel()
         finally:
             book.release_connection(target)
             await end_stream(self.source_stream, reset=True)
             if self.target_stream is not None:
                 await end_stream(self.target_stream, reset=True)
+            for peer in overrun:
+                await self._disconnect(peer)
+
+    async def _watch(self, circuit: trio.CancelScope, overrun: list[ID]) -> None:
+        """End the circuit when a peer sends past its leg's receive window.
+
+        py-libp2p's yamux only logs a frame beyond the receive window and buffers it: a relay
+        reading a leg slowly (a metered peer) would hold whatever a peer that ignores the
+        window sends, without bound. Every ``WATCH_S`` each leg's unread bytes are checked
+        against what the window allows; over it, the peer broke the protocol (go-yamux closes
+        the session for it) and the circuit ends, then the peer's connection closes (which
+        frees its buffers: a reset stream keeps its unread bytes, and takes more, for a minute).
+        """
+        while True:
+            for stream, peer in ((self.source_stream, self.source),
+                                 (self.target_stream, self.target)):  # fmt: skip
+                if stream is not None and peer is not None and _past_window(stream):
+                    overrun.append(peer)
+                    circuit.cancel()
+                    return
+            await trio.sleep(WATCH_S)
+
+    async def _disconnect(self, peer: ID) -> None:
+        meter = self.meter.of(str(peer))
+        meter.window_overruns += 1
+        if meter.window_overruns == 1:  # one line per peer, however often it tries
+            log.warning("relay closed its connection to %s: it sent past its receive window", peer)
+        with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+            try:
+                await self.protocol.host.disconnect(peer)
+            except Exception as exc:  # already gone
+                log.debug("closing the connection to %s failed: %s", peer, exc)
 
     async def _open_to(self, target: ID) -> bool:
         """Ask ``target`` over *stop* to take the circuit; whether it did."""
@@ -433,6 +476,20 @@ async def circuit_relay(
             host.remove_stream_handler(HOP)
         if stop is not None:
             host.remove_stream_handler(STOP)
+
+
+def unread(stream: INetStream) -> tuple[int, int]:
+    """Bytes ``stream``'s peer sent that this node has not read yet, and the most a peer keeping
+    to yamux's flow control may have sent so (the receive window's current target)."""
+    muxed = getattr(stream, "muxed_stream", None)
+    if not isinstance(muxed, YamuxStream):  # hosts here speak yamux only
+        raise TypeError(f"a relay leg over {type(muxed).__name__}, not yamux")
+    return len(muxed.conn.stream_buffers.get(muxed.stream_id) or b""), muxed.target_recv_window
+
+
+def _past_window(stream: INetStream) -> bool:
+    backlog, window = unread(stream)
+    return backlog > window + WINDOW_SLACK
 
 
 def _over_circuit(host: IHost, stream: INetStream) -> bool:
