@@ -315,6 +315,27 @@ def _relay_rate(v: int) -> str | None:
     )
 
 
+#: The least burst: a relay reads a peer's leg in chunks of at most its burst, and much smaller
+#: reads cost a yamux frame and a wake-up each.
+MIN_RELAY_PEER_BURST_BYTES = 64 * 1024
+#: The most circuits a peer may hold open through a relay: more are never reached, since a
+#: relay takes at most ``RelayLimits.hop_streams_per_peer`` (10) hop streams of one peer at once,
+#: and a reservation's refresh and a stream still asking need room beside its circuits.
+MAX_RELAY_CIRCUITS_PER_PEER = 8
+
+
+def _relay_burst(v: int) -> str | None:
+    if v >= MIN_RELAY_PEER_BURST_BYTES:
+        return None
+    return f"must be at least {MIN_RELAY_PEER_BURST_BYTES}: a relay reads at most a burst at once"
+
+
+def _relay_circuits(v: int) -> str | None:
+    if 1 <= v <= MAX_RELAY_CIRCUITS_PER_PEER:
+        return None
+    return f"must be within 1..{MAX_RELAY_CIRCUITS_PER_PEER}: a relay takes no more hop streams"
+
+
 def _non_negative(v: int) -> str | None:
     return None if v >= 0 else "must be 0 or more"
 
@@ -378,8 +399,8 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "p2p.discovery_period_s": _positive,
     "p2p.relay_service": _one_of("auto", "on", "off"),
     "p2p.relay_peer_bytes_per_s": _relay_rate,
-    "p2p.relay_peer_burst_bytes": _positive_int,
-    "p2p.relay_circuits_per_peer": _positive_int,
+    "p2p.relay_peer_burst_bytes": _relay_burst,
+    "p2p.relay_circuits_per_peer": _relay_circuits,
     "chain.admission_cache_s": _non_negative,
     "chain.clock_period_s": _positive,
     "chain.report_period_s": _positive,

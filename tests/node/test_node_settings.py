@@ -151,6 +151,8 @@ def with_change(section: str, key: str, value: object, **more: object) -> dict[s
         (with_change("training", "checkpoint_every", -1), "training.checkpoint_every=-1"),
         (with_change("p2p", "relay_peer_bytes_per_s", 500_000), "must be at least 1048576"),
         (with_change("p2p", "relay_circuits_per_peer", 0), "p2p.relay_circuits_per_peer=0"),
+        (with_change("p2p", "relay_circuits_per_peer", 9), "must be within 1..8"),
+        (with_change("p2p", "relay_peer_burst_bytes", 1), "must be at least 65536"),
     ],
 )
 def test_bad_values_are_refused_with_one_line_naming_the_key(

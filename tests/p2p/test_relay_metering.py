@@ -28,6 +28,7 @@ from gwtf.node.p2p.relay import (
 )
 from gwtf.node.p2p.relay_metering import RelayMeter, TokenBucket
 from gwtf.node.p2p.relay_service import RelayLimits
+from gwtf.node.settings import MAX_RELAY_CIRCUITS_PER_PEER
 from tests.p2p.test_relay import ECHO, LIMITS, Node, learn, node
 
 SINK = "/gwtf/test-sink/1.0.0"
@@ -114,6 +115,11 @@ def test_a_meter_needs_a_positive_rate_and_burst() -> None:
         RelayLimits(peer_bytes_per_s=0)
     with pytest.raises(ValueError, match="must be positive"):
         RelayMeter(rate=1, burst=0)
+
+
+def test_the_settings_circuit_cap_fits_the_relays_hop_streams_per_peer() -> None:
+    # Each circuit holds a hop stream: a larger cap would never be reached.
+    assert RelayLimits().hop_streams_per_peer >= MAX_RELAY_CIRCUITS_PER_PEER + 2
 
 
 # ---- real hosts through one relay ---------------------------------------------------------------
