@@ -5,8 +5,10 @@ byte the relay reads from that peer's end of any of its circuits (it opened them
 opened to it) is paid from it before the relay forwards it. A peer over its budget is slowed,
 not cut: its next read waits until the debt is paid, so the stream's flow control pushes back on
 the sender. Bytes are charged to the peer that sent them and to no one else: a peer that
-pushes hard (or sends a lot down a circuit someone else opened) spends its own budget only,
-never its counterpart's, so an honest peer's share is untouched by what others do.
+pushes hard spends its own budget only, never its counterpart's. What a peer sends is not all
+its own choice, though: a counterpart that asks it for large replies makes it spend its budget
+(and slows its other circuits through this relay), and one peer's busy circuits share its one
+bucket, each getting about ``rate / busy circuits``.
 
 A peer's bytes forwarded by any time ``t`` after its first are at most ``burst + rate * t``.
 """

@@ -84,7 +84,15 @@ class RelayLimits:
     second of gpt-small at batch 8 x 128 tokens in float32 (1 MiB), or of gpt-125m at batch
     8 x 128 in bfloat16 (1.5 MiB); routing already counts a relayed link at a fifth of its
     bandwidth, so a relayed peer is not meant to carry a stage's bulk. The burst, 16 MiB,
-    passes one gpt-125m microbatch of 8 x 1024 tokens in bfloat16 (12.6 MB) unslowed.
+    passes one gpt-125m or gpt-350m microbatch of 8 x 1024 tokens in bfloat16 (12.6 and
+    16.8 MB) unslowed. Within a hop's ack deadline (20 s) a peer with one busy circuit moves
+    burst + 20 s x rate = 56 MiB: a 1b model's microbatch of 8 x 2048 tokens in bfloat16
+    (64 MiB) does not fit, one of 6 x 2048 does; a peer with several busy circuits through
+    the relay splits that between them.
+
+    A leg's unread bytes at the relay are bounded by yamux's receive window (py-libp2p grows
+    it up to 16 MiB, and buffers what a peer sends past it: ``_Circuit._watch`` cuts such a
+    peer off).
     """
 
     #: Nodes holding a slot at once (py-libp2p's default: 4; hivemind: 128).
