@@ -26,7 +26,7 @@ from gwtf.node.p2p.relay import (
     connect_through,
     read_relay_message,
 )
-from gwtf.node.p2p.relay_metering import RelayMeter, TokenBucket
+from gwtf.node.p2p.relay_metering import MIN_CIRCUIT_SHARE, RelayMeter, TokenBucket
 from gwtf.node.p2p.relay_service import RelayLimits
 from gwtf.node.settings import MAX_RELAY_CIRCUITS_PER_PEER
 from tests.p2p.test_relay import ECHO, LIMITS, Node, learn, node
@@ -106,6 +106,24 @@ def test_idle_peers_are_forgotten_beyond_the_cap_busy_ones_kept(
         await trio.sleep(1)  # "spent" refilled: forgetting it now grants it nothing
         meter.of("newer")
         assert set(meter.peers) == {"busy", "new", "newer"}
+
+    run_mocked(main)
+
+
+def test_a_peer_over_its_rate_gets_no_circuit_that_would_split_it_below_the_floor() -> None:
+    async def main() -> None:
+        rate = 3 * MIN_CIRCUIT_SHARE
+        meter = RelayMeter(rate=rate, burst=1000)
+        busy = meter.of("busy")
+        busy.ends = 2
+        assert meter.room_for_circuit("busy")  # within its rate: any number, up to the cap
+        assert meter.room_for_circuit("new")
+        await meter.charge("busy", "other", 5000)  # over its rate now
+        assert meter.room_for_circuit("busy")  # a third circuit: rate / 3 each, the floor
+        busy.ends = 3
+        assert not meter.room_for_circuit("busy")
+        await trio.sleep(1)  # back within its rate: its bucket refilled
+        assert meter.room_for_circuit("busy")
 
     run_mocked(main)
 
@@ -303,3 +321,32 @@ async def _circuit_leg(source: Node, relay: PeerInfo, target: ID) -> INetStream:
                         addresses=[where])  # fmt: skip
     await source.host.upgrade_outbound_connection(raw, target)
     return leg
+
+
+def test_a_peer_pushing_over_its_rate_is_refused_a_circuit_that_would_split_it_too_thin() -> None:
+    limits = RelayLimits(peer_bytes_per_s=1 << 20, peer_burst_bytes=BURST)  # one busy circuit
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True, limits=limits))
+            relayed = (full_address(relay.host),)
+            first = await stack.enter_async_context(node(stack, relays=relayed))
+            second = await stack.enter_async_context(node(stack, relays=relayed))
+            peer = await stack.enter_async_context(node(stack, trusts=[relay]))
+            Sink(first)
+            info = peer_info(full_address(relay.host))
+            await connect_through(peer.host, info, first.host.get_id(), 5.0)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(push, peer, first.host.get_id(), None, 3.0)
+                await trio.sleep(1.5)  # over its rate by now: its bucket is empty
+                with pytest.raises(RelayRefused) as refused:
+                    await connect_through(peer.host, info, second.host.get_id(), 5.0)
+            assert StatusCode(refused.value.status) == StatusCode.RESOURCE_LIMIT_EXCEEDED
+            guard = relay.relay.hop
+            assert guard is not None
+            with trio.fail_after(30):  # what the relay still held of it drains at its rate
+                while not guard.meter.peers[str(peer.host.get_id())].bucket.full:
+                    await trio.sleep(0.1)
+            await connect_through(peer.host, info, second.host.get_id(), 5.0)
+
+    trio.run(main)

@@ -19,6 +19,12 @@ from dataclasses import dataclass, field
 
 import trio
 
+#: The least rate each of a peer's circuits gets while the peer sends over its rate: a new
+#: circuit that would split it below this is refused. Slower, a circuit busy both ways fails
+#: instead of being slowed (on loopback: 333 KB/s lost streams within 12-30 s, 700 KB/s held),
+#: since its flow-control updates queue behind the bytes the relay holds back.
+MIN_CIRCUIT_SHARE = 700_000
+
 #: Idle peers whose counts are kept for the node status; beyond it the least recent idle ones
 #: are forgotten (their buckets are full, so forgetting them grants nothing).
 MAX_PEERS_KEPT = 1024
@@ -113,6 +119,14 @@ class RelayMeter:
         meter.sent += count
         meter.throttled_s += await meter.bucket.spend(count)
         self.of(receiver).received += count
+
+    def room_for_circuit(self, peer: str) -> bool:
+        """Whether ``peer`` may take part in one more circuit: yes while it sends within its
+        rate (its bucket full), else only if each of its circuits keeps ``MIN_CIRCUIT_SHARE``."""
+        meter = self.peers.get(peer)
+        if meter is None or meter.bucket.full:
+            return True
+        return self.rate / (meter.ends + 1) >= MIN_CIRCUIT_SHARE
 
     def view(self) -> dict[str, dict[str, float | int]]:
         """Per peer: bytes relayed from and to it, seconds its reads waited, circuits open."""

@@ -51,7 +51,7 @@ from libp2p.relay.circuit_v2.utils import write_delimited_msg
 from libp2p.stream_muxer.yamux.yamux import YamuxStream
 
 from gwtf.node.p2p.relay import end_stream, is_circuit, read_relay_message
-from gwtf.node.p2p.relay_metering import RelayMeter
+from gwtf.node.p2p.relay_metering import MIN_CIRCUIT_SHARE, RelayMeter
 from gwtf.node.p2p.rpc import Admission, admit_everyone
 
 log = logging.getLogger(__name__)
@@ -216,6 +216,12 @@ class HopGuard:
             why = f"{self.limits.circuits_per_peer} circuits of this peer open"
             await self._refuse(stream, str(source), StatusCode.RESOURCE_LIMIT_EXCEEDED, why)
             return
+        for end in (str(source), str(ID(target))):
+            if not self.meter.room_for_circuit(end):
+                why = f"{end} sends over its rate: another circuit would slow each below "
+                why += f"{MIN_CIRCUIT_SHARE} B/s"
+                await self._refuse(stream, str(source), StatusCode.RESOURCE_LIMIT_EXCEEDED, why)
+                return
         peer.circuits += 1  # checked and counted with nothing awaited between
         try:
             await _Circuit(self.protocol, self.limits, self.meter, stream, source).run(target)
