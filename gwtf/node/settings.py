@@ -137,6 +137,13 @@ class P2PSettings:
     #: Relay circuits for nodes behind NAT: "auto" relays on a data node only, "on" on any
     #: (reachable) node, "off" never.
     relay_service: str = "auto"
+    #: What each peer may send through this node's relay service, over all its circuits: bytes
+    #: a second, and bytes at once above that (a peer over it is slowed, not cut); and how
+    #: many circuits one peer may open through it at once (more are refused). Sized for the
+    #: presets' activations (``gwtf.node.p2p.relay_service.RelayLimits``).
+    relay_peer_bytes_per_s: int = 2 << 20
+    relay_peer_burst_bytes: int = 16 << 20
+    relay_circuits_per_peer: int = 8
     #: Full addresses of relays to hold slots at when unreachable; empty: the bootstrap peers.
     relays: tuple[str, ...] = ()
     #: Two nodes behind NAT that meet through a relay try to open a direct connection (DCUtR
@@ -292,6 +299,43 @@ def _fraction_open(v: float) -> str | None:
     return None if 0.0 < v < 1.0 else "must be strictly between 0 and 1"
 
 
+#: The least rate a relay may give each peer. Much below it, a circuit both of whose ends send
+#: over their rate fails instead of being slowed (on loopback: within 10 s at 400 KB/s, 6 s at
+#: 200 KB/s; held for 30 s at 700 KB/s and 45 s at 1 and 2 MiB/s): each end's flow-control
+#: updates queue behind its own bytes, and py-libp2p's yamux waits at most 5 s for one.
+MIN_RELAY_PEER_BYTES_PER_S = 1 << 20
+
+
+def _relay_rate(v: int) -> str | None:
+    if v >= MIN_RELAY_PEER_BYTES_PER_S:
+        return None
+    return (
+        f"must be at least {MIN_RELAY_PEER_BYTES_PER_S}: slower, a circuit busy both ways "
+        "fails instead of being slowed"
+    )
+
+
+#: The least burst: a relay reads a peer's leg in chunks of at most its burst, and much smaller
+#: reads cost a yamux frame and a wake-up each.
+MIN_RELAY_PEER_BURST_BYTES = 64 * 1024
+#: The most circuits a peer may hold open through a relay: more are never reached, since a
+#: relay takes at most ``RelayLimits.hop_streams_per_peer`` (10) hop streams of one peer at once,
+#: and a reservation's refresh and a stream still asking need room beside its circuits.
+MAX_RELAY_CIRCUITS_PER_PEER = 8
+
+
+def _relay_burst(v: int) -> str | None:
+    if v >= MIN_RELAY_PEER_BURST_BYTES:
+        return None
+    return f"must be at least {MIN_RELAY_PEER_BURST_BYTES}: a relay reads at most a burst at once"
+
+
+def _relay_circuits(v: int) -> str | None:
+    if 1 <= v <= MAX_RELAY_CIRCUITS_PER_PEER:
+        return None
+    return f"must be within 1..{MAX_RELAY_CIRCUITS_PER_PEER}: a relay takes no more hop streams"
+
+
 def _non_negative(v: int) -> str | None:
     return None if v >= 0 else "must be 0 or more"
 
@@ -354,6 +398,9 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "p2p.region": _non_empty,
     "p2p.discovery_period_s": _positive,
     "p2p.relay_service": _one_of("auto", "on", "off"),
+    "p2p.relay_peer_bytes_per_s": _relay_rate,
+    "p2p.relay_peer_burst_bytes": _relay_burst,
+    "p2p.relay_circuits_per_peer": _relay_circuits,
     "chain.admission_cache_s": _non_negative,
     "chain.clock_period_s": _positive,
     "chain.report_period_s": _positive,

@@ -16,6 +16,9 @@ run, because its handlers are unsafe on a network of untrusted peers:
   whatever is filed there: ending one circuit to a node cut every other circuit to it. Here each
   circuit moves its own bytes and closes its own two streams (``_Circuit``).
 * it reads no ``HopConfig``; the counts of ``RelayLimits`` below are enforced here.
+* it meters no bandwidth. Here each peer's sent bytes, over all its circuits, are paid from a
+  token bucket before they are forwarded (``relay_metering``), and a peer opens at most
+  ``circuits_per_peer`` circuits at once.
 
 Who may use a relay is ``admit``'s decision: ``RunAdmission`` over the chain where
 ``chain.admission`` is on (``gwtf-node start`` always turns it on), everyone elsewhere (the local
@@ -45,8 +48,10 @@ from libp2p.relay.circuit_v2.protocol import STOP_PROTOCOL_ID as STOP
 from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.protocol_buffer import StatusCode, to_proto_status
 from libp2p.relay.circuit_v2.utils import write_delimited_msg
+from libp2p.stream_muxer.yamux.yamux import YamuxStream
 
 from gwtf.node.p2p.relay import end_stream, is_circuit, read_relay_message
+from gwtf.node.p2p.relay_metering import MIN_CIRCUIT_SHARE, RelayMeter
 from gwtf.node.p2p.rpc import Admission, admit_everyone
 
 log = logging.getLogger(__name__)
@@ -54,6 +59,11 @@ log = logging.getLogger(__name__)
 #: How long a peer may take to send a hop or stop message, and a circuit to be set up.
 HANDSHAKE_S = 10.0
 _CHUNK = 64 * 1024
+#: How often a circuit's two legs are checked for bytes sent past their receive window, and
+#: how far past it a peer may be before it counts as ignoring the window (py-libp2p's own window
+#: bookkeeping may grant a frame or two more than its target).
+WATCH_S = 0.05
+WINDOW_SLACK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -65,8 +75,24 @@ class RelayLimits:
     a Python relay moves each way, about 6 min of full-speed transfer) before the relay cuts
     it and the next request dials a fresh one. Slots expire after 10 min unless refreshed, so
     the slots of nodes that left come free soon. Abuse by untrusted peers is bounded by
-    ``admit``, by the counts below, and by the per-circuit caps; no rate limit exists
-    (py-libp2p meters no bandwidth).
+    ``admit``, by the counts below, by the per-circuit caps, and by a per-peer rate
+    (``relay_metering``; py-libp2p meters no bandwidth).
+
+    The rate: 2 MiB/s for each peer's sent bytes over all its circuits, a third of what a
+    Python relay moves each way, so no one peer takes a relay's uplink (at least three peers
+    relay at full rate side by side). It carries, sustained, one activation or gradient a
+    second of gpt-small at batch 8 x 128 tokens in float32 (1 MiB), or of gpt-125m at batch
+    8 x 128 in bfloat16 (1.5 MiB); routing already counts a relayed link at a fifth of its
+    bandwidth, so a relayed peer is not meant to carry a stage's bulk. The burst, 16 MiB,
+    passes one gpt-125m or gpt-350m microbatch of 8 x 1024 tokens in bfloat16 (12.6 and
+    16.8 MB) unslowed. Within a hop's ack deadline (20 s) a peer with one busy circuit moves
+    burst + 20 s x rate = 56 MiB: a 1b model's microbatch of 8 x 2048 tokens in bfloat16
+    (64 MiB) does not fit, one of 6 x 2048 does; a peer with several busy circuits through
+    the relay splits that between them.
+
+    A leg's unread bytes at the relay are bounded by yamux's receive window (py-libp2p grows
+    it up to 16 MiB, and buffers what a peer sends past it: ``_Circuit._watch`` cuts such a
+    peer off).
     """
 
     #: Nodes holding a slot at once (py-libp2p's default: 4; hivemind: 128).
@@ -79,7 +105,14 @@ class RelayLimits:
     circuits_per_destination: int = 16
     #: Hop streams (a reservation, or a circuit for its whole life) open at once.
     hop_streams: int = 64
-    hop_streams_per_peer: int = 8
+    #: A peer's circuits and its reservation's refresh beside them.
+    hop_streams_per_peer: int = 10
+    #: Circuits one peer opens through this relay at once (one per neighbour behind NAT).
+    circuits_per_peer: int = 8
+    #: Bytes a second each peer may send through this relay over all its circuits (either
+    #: end), and how many it may send at once above that rate; over it, its reads wait.
+    peer_bytes_per_s: int = 2 << 20
+    peer_burst_bytes: int = 16 << 20
 
     def __post_init__(self) -> None:
         for name, value in dataclasses.asdict(self).items():
@@ -94,6 +127,9 @@ class RelayLimits:
             max_reservations=self.reservations,
             reservation_ttl=self.reservation_ttl_s,
         )
+
+    def meter(self) -> RelayMeter:
+        return RelayMeter(self.peer_bytes_per_s, self.peer_burst_bytes)
 
     def circuit_limit(self) -> Limit:
         return Limit(duration=self.circuit_duration_s, data=self.circuit_bytes)
@@ -111,6 +147,11 @@ class HopGuard:
     serving: Callable[[], bool] = lambda: True
     open_by_peer: dict[str, int] = field(default_factory=dict)
     refused: int = 0
+    #: Each peer's bandwidth budget and relayed bytes (``meter.view()`` for the node status).
+    meter: RelayMeter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.meter = self.limits.meter()
 
     @property
     def open_streams(self) -> int:
@@ -132,7 +173,7 @@ class HopGuard:
             elif request.type == HopMessage.RESERVE:
                 await self._reserve(stream, source, request)
             elif request.type == HopMessage.CONNECT and request.HasField("peer"):
-                await _Circuit(self.protocol, self.limits, stream, source).run(request.peer.id)
+                await self._connect(stream, source, request.peer.id)
             else:
                 await self._refuse(stream, peer, StatusCode.MALFORMED_MESSAGE, "bad request")
         except Exception:  # supervision boundary: nothing may escape a libp2p handler
@@ -169,6 +210,24 @@ class HopGuard:
         await self.protocol._handle_reserve(stream, request)  # the reservation book and answer
         await end_stream(stream, reset=False)
 
+    async def _connect(self, stream: INetStream, source: ID, target: bytes) -> None:
+        peer = self.meter.of(str(source))
+        if peer.circuits >= self.limits.circuits_per_peer:
+            why = f"{self.limits.circuits_per_peer} circuits of this peer open"
+            await self._refuse(stream, str(source), StatusCode.RESOURCE_LIMIT_EXCEEDED, why)
+            return
+        for end in (str(source), str(ID(target))):
+            if not self.meter.room_for_circuit(end):
+                why = f"{end} sends over its rate: another circuit would slow each below "
+                why += f"{MIN_CIRCUIT_SHARE} B/s"
+                await self._refuse(stream, str(source), StatusCode.RESOURCE_LIMIT_EXCEEDED, why)
+                return
+        peer.circuits += 1  # checked and counted with nothing awaited between
+        try:
+            await _Circuit(self.protocol, self.limits, self.meter, stream, source).run(target)
+        finally:
+            peer.circuits -= 1
+
     async def _refuse(self, stream: INetStream, peer: str, status: StatusCode, why: str) -> None:
         self.refused += 1
         log.info("relay refused a hop stream of %s: %s", peer, why)
@@ -182,12 +241,14 @@ class _Circuit:
 
     protocol: CircuitV2Protocol
     limits: RelayLimits
+    meter: RelayMeter
     source_stream: INetStream
     source: ID
     target_stream: INetStream | None = None
+    target: ID | None = None
 
     async def run(self, target_bytes: bytes) -> None:
-        target = ID(target_bytes)
+        target = self.target = ID(target_bytes)
         book = self.protocol.resource_manager
         reservation = None if target == self.source else book.get_reservation(target)
         if reservation is None:
@@ -197,17 +258,54 @@ class _Circuit:
             await self._answer(StatusCode.RESOURCE_LIMIT_EXCEEDED)
             return
         reservation.active_connections += 1
+        overrun: list[ID] = []  # the peer that sent past its window, if one did
         try:
-            if await self._open_to(target):
-                await self._answer(StatusCode.OK, keep_open=True)
-                await self._pump()
-            else:
-                await self._answer(StatusCode.CONNECTION_FAILED)
+            async with trio.open_nursery() as nursery:
+                watch = nursery.cancel_scope
+                nursery.start_soon(self._watch, watch, overrun)
+                if await self._open_to(target):
+                    await self._answer(StatusCode.OK, keep_open=True)
+                    await self._pump()
+                else:
+                    await self._answer(StatusCode.CONNECTION_FAILED)
+                watch.cancel()
         finally:
             book.release_connection(target)
             await end_stream(self.source_stream, reset=True)
             if self.target_stream is not None:
                 await end_stream(self.target_stream, reset=True)
+            for peer in overrun:
+                await self._disconnect(peer)
+
+    async def _watch(self, circuit: trio.CancelScope, overrun: list[ID]) -> None:
+        """End the circuit when a peer sends past its leg's receive window.
+
+        py-libp2p's yamux only logs a frame beyond the receive window and buffers it: a relay
+        reading a leg slowly (a metered peer) would hold whatever a peer that ignores the
+        window sends, without bound. Every ``WATCH_S`` each leg's unread bytes are checked
+        against what the window allows; over it, the peer broke the protocol (go-yamux closes
+        the session for it) and the circuit ends, then the peer's connection closes (which
+        frees its buffers: a reset stream keeps its unread bytes, and takes more, for a minute).
+        """
+        while True:
+            for stream, peer in ((self.source_stream, self.source),
+                                 (self.target_stream, self.target)):  # fmt: skip
+                if stream is not None and peer is not None and _past_window(stream):
+                    overrun.append(peer)
+                    circuit.cancel()
+                    return
+            await trio.sleep(WATCH_S)
+
+    async def _disconnect(self, peer: ID) -> None:
+        meter = self.meter.of(str(peer))
+        meter.window_overruns += 1
+        if meter.window_overruns == 1:  # one line per peer, however often it tries
+            log.warning("relay closed its connection to %s: it sent past its receive window", peer)
+        with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+            try:
+                await self.protocol.host.disconnect(peer)
+            except Exception as exc:  # already gone
+                log.debug("closing the connection to %s failed: %s", peer, exc)
 
     async def _open_to(self, target: ID) -> bool:
         """Ask ``target`` over *stop* to take the circuit; whether it did."""
@@ -237,32 +335,53 @@ class _Circuit:
 
     async def _pump(self) -> None:
         """Move bytes both ways until either side ends, the time is up or the bytes are spent."""
-        assert self.target_stream is not None
+        assert self.target_stream is not None and self.target is not None
+        source, target = str(self.source), str(self.target)
         budget = [self.limits.circuit_bytes]  # both directions draw on one budget
         with trio.move_on_after(self.limits.circuit_duration_s):
             async with trio.open_nursery() as nursery:
-                done = nursery.cancel_scope
-                nursery.start_soon(_copy, self.source_stream, self.target_stream, budget, done)
-                nursery.start_soon(_copy, self.target_stream, self.source_stream, budget, done)
+                ends = (self.source_stream, source), (self.target_stream, target)
+                for (src, sender), (dst, receiver) in (ends, ends[::-1]):
+                    copy = _Copy(src, dst, sender, receiver, self.meter, budget)
+                    nursery.start_soon(copy.run, nursery.cancel_scope)
 
 
-async def _copy(
-    src: INetStream, dst: INetStream, budget: list[int], done: trio.CancelScope
-) -> None:
-    try:
-        while True:
-            data = await src.read(_CHUNK)
-            if not data:
-                break
-            budget[0] -= len(data)
-            if budget[0] < 0:
-                log.info("a circuit spent its bytes: the relay ends it")
-                break
-            await dst.write(data)
-    except Exception as exc:  # a side reset or closed: the circuit is over either way
-        log.debug("a relayed stream ended: %s", exc)
-    finally:
-        done.cancel()
+@dataclass
+class _Copy:
+    """One direction of a circuit: reads from ``sender``'s stream are paid from its bucket
+    before they are written to ``receiver``'s (a peer over its budget waits, its stream's flow
+    control holding its further bytes back)."""
+
+    src: INetStream
+    dst: INetStream
+    sender: str
+    receiver: str
+    meter: RelayMeter
+    budget: list[int]
+
+    async def run(self, done: trio.CancelScope) -> None:
+        peer = self.meter.of(self.sender)
+        peer.ends += 1  # kept while it relays (an idle peer's counts may be forgotten)
+        # A read takes at most a second's tokens (and never more than the burst), so a slowed
+        # sender's window opens again within about a second: py-libp2p's yamux fails a write
+        # whose window stays shut for 5 s, which would cut the circuit instead of slowing it.
+        chunk = max(1, int(min(_CHUNK, self.meter.burst, self.meter.rate)))
+        try:
+            while True:
+                data = await self.src.read(chunk)
+                if not data:
+                    break
+                self.budget[0] -= len(data)
+                if self.budget[0] < 0:
+                    log.info("a circuit spent its bytes: the relay ends it")
+                    break
+                await self.meter.charge(self.sender, self.receiver, len(data))
+                await self.dst.write(data)
+        except Exception as exc:  # a side reset or closed: the circuit is over either way
+            log.debug("a relayed stream ended: %s", exc)
+        finally:
+            peer.ends -= 1
+            done.cancel()
 
 
 @dataclass
@@ -371,6 +490,20 @@ async def circuit_relay(
             host.remove_stream_handler(HOP)
         if stop is not None:
             host.remove_stream_handler(STOP)
+
+
+def unread(stream: INetStream) -> tuple[int, int]:
+    """Bytes ``stream``'s peer sent that this node has not read yet, and the most a peer keeping
+    to yamux's flow control may have sent so (the receive window's current target)."""
+    muxed = getattr(stream, "muxed_stream", None)
+    if not isinstance(muxed, YamuxStream):  # hosts here speak yamux only
+        raise TypeError(f"a relay leg over {type(muxed).__name__}, not yamux")
+    return len(muxed.conn.stream_buffers.get(muxed.stream_id) or b""), muxed.target_recv_window
+
+
+def _past_window(stream: INetStream) -> bool:
+    backlog, window = unread(stream)
+    return backlog > window + WINDOW_SLACK
 
 
 def _over_circuit(host: IHost, stream: INetStream) -> bool:
