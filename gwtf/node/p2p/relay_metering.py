@@ -6,11 +6,20 @@ opened to it) is paid from it before the relay forwards it. A peer over its budg
 not cut: its next read waits until the debt is paid, so the stream's flow control pushes back on
 the sender. Bytes are charged to the peer that sent them and to no one else: a peer that
 pushes hard spends its own budget only, never its counterpart's. What a peer sends is not all
-its own choice, though: a counterpart that asks it for large replies makes it spend its budget
-(and slows its other circuits through this relay), and one peer's busy circuits share its one
-bucket, each getting about ``rate / busy circuits``.
+its own choice, though: a counterpart that asks it for large replies makes it spend its budget,
+and one peer's busy circuits share its one bucket.
 
-A peer's bytes forwarded by any time ``t`` after its first are at most ``burst + rate * t``.
+So that sharing never breaks a circuit, each circuit end also has a floor: a bucket of its own
+refilled at ``floor`` bytes a second, and a read goes as soon as either the peer's bucket or
+the end's floor can pay for it. A circuit busy both ways carries its flow-control updates
+behind its bytes, and py-libp2p's yamux resets a stream whose send window stays shut for 5 s:
+one bucket split too thin (about 50-65 KB/s an end, what 16 busy circuits make of 1 MiB/s)
+broke circuits. With the floor, a peer's circuits slow down as they multiply but each keeps
+``floor``, whatever its counterparts do, and no circuit needs refusing to protect the others.
+
+A peer's bytes forwarded by any time ``t`` after its first are at most
+``burst + rate * t + ends * (FLOOR_BURST + floor * t)``, ``ends`` the circuit ends it has at the
+relay (bounded by the relay's circuit caps: ``relay_service.RelayLimits``).
 """
 
 from __future__ import annotations
@@ -19,11 +28,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-#: The least rate each of a peer's circuits gets while the peer sends over its rate: a new
-#: circuit that would split it below this is refused. Slower, a circuit busy both ways fails
-#: instead of being slowed (on loopback: 333 KB/s lost streams within 12-30 s, 700 KB/s held),
-#: since its flow-control updates queue behind the bytes the relay holds back.
-MIN_CIRCUIT_SHARE = 700_000
+#: What a circuit end's floor pays at once: one read of a leg (``relay_service``'s chunk).
+FLOOR_BURST = 64 * 1024
 
 #: Idle peers whose counts are kept for the node status; beyond it the least recent idle ones
 #: are forgotten (their buckets are full, so forgetting them grants nothing).
@@ -49,6 +55,10 @@ class TokenBucket:
         self.stamp = now
         return self.tokens
 
+    def wait_for(self, count: int) -> float:
+        """The seconds ``spend(count)`` would wait if called now."""
+        return max(0.0, (count - self.refill()) / self.rate)
+
     async def spend(self, count: int) -> float:
         """Take ``count`` bytes, waiting until they are paid for; the seconds waited.
 
@@ -70,24 +80,24 @@ class TokenBucket:
 @dataclass
 class PeerMeter:
     """One peer's bucket and its counts (``sent``: bytes the relay took from it; ``received``:
-    bytes the relay delivered to it)."""
+    bytes the relay delivered to it; ``floored``: those of ``sent`` its ends' floors paid)."""
 
     bucket: TokenBucket
     sent: int = 0
     received: int = 0
+    floored: int = 0
     throttled_s: float = 0.0
     #: Circuits this peer opened that are open now.
     circuits: int = 0
     #: Circuit ends of this peer's being copied now (it opened the circuit or it is the target).
     ends: int = 0
-    #: Circuits ended because this peer sent past its receive window.
-    window_overruns: int = 0
     last_active: float = 0.0
 
     def view(self) -> dict[str, float | int]:
         return {
             "sent": self.sent,
             "received": self.received,
+            "floored": self.floored,
             "throttled_s": round(self.throttled_s, 3),
             "circuits": self.circuits,
         }
@@ -95,15 +105,19 @@ class PeerMeter:
 
 @dataclass
 class RelayMeter:
-    """Every peer's bucket and counts at one relay."""
+    """Every peer's bucket and counts at one relay, and the ``floor`` each circuit end keeps
+    (bytes a second; 0 is none, which only the benchmark uses, to show what the floor does)."""
 
     rate: float
     burst: float
+    floor: float = 0.0
     peers: dict[str, PeerMeter] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.rate <= 0 or self.burst <= 0:
             raise ValueError("a relay meter's rate and burst must be positive")
+        if self.floor < 0:
+            raise ValueError("a relay meter's floor must not be negative")
 
     def of(self, peer: str) -> PeerMeter:
         meter = self.peers.get(peer)
@@ -113,23 +127,28 @@ class RelayMeter:
         meter.last_active = trio.current_time()
         return meter
 
-    async def charge(self, sender: str, receiver: str, count: int) -> None:
-        """Pay for ``count`` bytes read from ``sender``'s end, before they go to ``receiver``."""
+    def end_floor(self) -> TokenBucket | None:
+        """A new circuit end's own floor (None when the meter keeps none)."""
+        return TokenBucket(self.floor, FLOOR_BURST) if self.floor else None
+
+    async def charge(
+        self, sender: str, receiver: str, count: int, floor: TokenBucket | None = None
+    ) -> None:
+        """Pay for ``count`` bytes read from ``sender``'s end, before they go to ``receiver``:
+        from the sender's bucket, or from that end's ``floor`` when it pays sooner."""
         meter = self.of(sender)
         meter.sent += count
-        meter.throttled_s += await meter.bucket.spend(count)
+        bucket = meter.bucket
+        # Chosen and spent with nothing awaited between: the choice is still right when paid.
+        if floor is not None and floor.wait_for(count) < bucket.wait_for(count):
+            bucket = floor
+            meter.floored += count
+        meter.throttled_s += await bucket.spend(count)
         self.of(receiver).received += count
 
-    def room_for_circuit(self, peer: str) -> bool:
-        """Whether ``peer`` may take part in one more circuit: yes while it sends within its
-        rate (its bucket full), else only if each of its circuits keeps ``MIN_CIRCUIT_SHARE``."""
-        meter = self.peers.get(peer)
-        if meter is None or meter.bucket.full:
-            return True
-        return self.rate / (meter.ends + 1) >= MIN_CIRCUIT_SHARE
-
     def view(self) -> dict[str, dict[str, float | int]]:
-        """Per peer: bytes relayed from and to it, seconds its reads waited, circuits open."""
+        """Per peer: bytes relayed from and to it (and on floors), seconds its reads waited,
+        circuits it opened that are open."""
         return {peer: meter.view() for peer, meter in self.peers.items()}
 
     def _forget_idle(self) -> None:

@@ -17,8 +17,8 @@ run, because its handlers are unsafe on a network of untrusted peers:
   circuit moves its own bytes and closes its own two streams (``_Circuit``).
 * it reads no ``HopConfig``; the counts of ``RelayLimits`` below are enforced here.
 * it meters no bandwidth. Here each peer's sent bytes, over all its circuits, are paid from a
-  token bucket before they are forwarded (``relay_metering``), and a peer opens at most
-  ``circuits_per_peer`` circuits at once.
+  token bucket before they are forwarded, each circuit end keeping a floor of its own
+  (``relay_metering``), and a peer opens at most ``circuits_per_peer`` circuits at once.
 
 Who may use a relay is ``admit``'s decision: ``RunAdmission`` over the chain where
 ``chain.admission`` is on (``gwtf-node start`` always turns it on), everyone elsewhere (the local
@@ -48,22 +48,17 @@ from libp2p.relay.circuit_v2.protocol import STOP_PROTOCOL_ID as STOP
 from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.protocol_buffer import StatusCode, to_proto_status
 from libp2p.relay.circuit_v2.utils import write_delimited_msg
-from libp2p.stream_muxer.yamux.yamux import YamuxStream
 
 from gwtf.node.p2p.relay import end_stream, is_circuit, read_relay_message
-from gwtf.node.p2p.relay_metering import MIN_CIRCUIT_SHARE, RelayMeter
+from gwtf.node.p2p.relay_metering import FLOOR_BURST, RelayMeter
 from gwtf.node.p2p.rpc import Admission, admit_everyone
 
 log = logging.getLogger(__name__)
 
 #: How long a peer may take to send a hop or stop message, and a circuit to be set up.
 HANDSHAKE_S = 10.0
-_CHUNK = 64 * 1024
-#: How often a circuit's two legs are checked for bytes sent past their receive window, and
-#: how far past it a peer may be before it counts as ignoring the window (py-libp2p's own window
-#: bookkeeping may grant a frame or two more than its target).
-WATCH_S = 0.05
-WINDOW_SLACK = 1 << 20
+#: The most a relay reads of a leg at once: what an end's floor pays at once.
+_CHUNK = FLOOR_BURST
 
 
 @dataclass(frozen=True)
@@ -90,9 +85,15 @@ class RelayLimits:
     (64 MiB) does not fit, one of 6 x 2048 does; a peer with several busy circuits through
     the relay splits that between them.
 
-    A leg's unread bytes at the relay are bounded by yamux's receive window (py-libp2p grows
-    it up to 16 MiB, and buffers what a peer sends past it: ``_Circuit._watch`` cuts such a
-    peer off).
+    The floor: each circuit end forwards 128 KiB/s even when its peer's bucket is empty, so a
+    circuit busy both ways keeps its flow-control updates moving however many circuits share
+    the peer's rate (``relay_metering``). What it can cost is bounded by a peer's ends: at most
+    ``circuits_per_peer`` it opened and ``circuits_per_destination`` opened to it, 8 + 16 = 24,
+    so 24 x 128 KiB/s = 3 MiB/s over the rate at most (a peer alone, whose 8 circuits go to
+    others who send nothing, gets 1 MiB/s over it).
+
+    A leg's unread bytes at the relay are bounded by the leg's yamux receive window, which the
+    host's muxer enforces (``yamux_window``: a peer sending past it is cut off).
     """
 
     #: Nodes holding a slot at once (py-libp2p's default: 4; hivemind: 128).
@@ -113,6 +114,8 @@ class RelayLimits:
     #: end), and how many it may send at once above that rate; over it, its reads wait.
     peer_bytes_per_s: int = 2 << 20
     peer_burst_bytes: int = 16 << 20
+    #: Bytes a second each circuit end forwards whatever its peer's bucket holds.
+    circuit_floor_bytes_per_s: int = 128 << 10
 
     def __post_init__(self) -> None:
         for name, value in dataclasses.asdict(self).items():
@@ -129,7 +132,13 @@ class RelayLimits:
         )
 
     def meter(self) -> RelayMeter:
-        return RelayMeter(self.peer_bytes_per_s, self.peer_burst_bytes)
+        return RelayMeter(self.peer_bytes_per_s, self.peer_burst_bytes,
+                          self.circuit_floor_bytes_per_s)  # fmt: skip
+
+    @property
+    def ends_per_peer(self) -> int:
+        """The most circuit ends one peer has at the relay: those it opened, those to it."""
+        return self.circuits_per_peer + self.circuits_per_destination
 
     def circuit_limit(self) -> Limit:
         return Limit(duration=self.circuit_duration_s, data=self.circuit_bytes)
@@ -216,12 +225,6 @@ class HopGuard:
             why = f"{self.limits.circuits_per_peer} circuits of this peer open"
             await self._refuse(stream, str(source), StatusCode.RESOURCE_LIMIT_EXCEEDED, why)
             return
-        for end in (str(source), str(ID(target))):
-            if not self.meter.room_for_circuit(end):
-                why = f"{end} sends over its rate: another circuit would slow each below "
-                why += f"{MIN_CIRCUIT_SHARE} B/s"
-                await self._refuse(stream, str(source), StatusCode.RESOURCE_LIMIT_EXCEEDED, why)
-                return
         peer.circuits += 1  # checked and counted with nothing awaited between
         try:
             await _Circuit(self.protocol, self.limits, self.meter, stream, source).run(target)
@@ -258,54 +261,17 @@ class _Circuit:
             await self._answer(StatusCode.RESOURCE_LIMIT_EXCEEDED)
             return
         reservation.active_connections += 1
-        overrun: list[ID] = []  # the peer that sent past its window, if one did
         try:
-            async with trio.open_nursery() as nursery:
-                watch = nursery.cancel_scope
-                nursery.start_soon(self._watch, watch, overrun)
-                if await self._open_to(target):
-                    await self._answer(StatusCode.OK, keep_open=True)
-                    await self._pump()
-                else:
-                    await self._answer(StatusCode.CONNECTION_FAILED)
-                watch.cancel()
+            if await self._open_to(target):
+                await self._answer(StatusCode.OK, keep_open=True)
+                await self._pump()
+            else:
+                await self._answer(StatusCode.CONNECTION_FAILED)
         finally:
             book.release_connection(target)
             await end_stream(self.source_stream, reset=True)
             if self.target_stream is not None:
                 await end_stream(self.target_stream, reset=True)
-            for peer in overrun:
-                await self._disconnect(peer)
-
-    async def _watch(self, circuit: trio.CancelScope, overrun: list[ID]) -> None:
-        """End the circuit when a peer sends past its leg's receive window.
-
-        py-libp2p's yamux only logs a frame beyond the receive window and buffers it: a relay
-        reading a leg slowly (a metered peer) would hold whatever a peer that ignores the
-        window sends, without bound. Every ``WATCH_S`` each leg's unread bytes are checked
-        against what the window allows; over it, the peer broke the protocol (go-yamux closes
-        the session for it) and the circuit ends, then the peer's connection closes (which
-        frees its buffers: a reset stream keeps its unread bytes, and takes more, for a minute).
-        """
-        while True:
-            for stream, peer in ((self.source_stream, self.source),
-                                 (self.target_stream, self.target)):  # fmt: skip
-                if stream is not None and peer is not None and _past_window(stream):
-                    overrun.append(peer)
-                    circuit.cancel()
-                    return
-            await trio.sleep(WATCH_S)
-
-    async def _disconnect(self, peer: ID) -> None:
-        meter = self.meter.of(str(peer))
-        meter.window_overruns += 1
-        if meter.window_overruns == 1:  # one line per peer, however often it tries
-            log.warning("relay closed its connection to %s: it sent past its receive window", peer)
-        with trio.CancelScope(shield=True), trio.move_on_after(2.0):
-            try:
-                await self.protocol.host.disconnect(peer)
-            except Exception as exc:  # already gone
-                log.debug("closing the connection to %s failed: %s", peer, exc)
 
     async def _open_to(self, target: ID) -> bool:
         """Ask ``target`` over *stop* to take the circuit; whether it did."""
@@ -348,9 +314,9 @@ class _Circuit:
 
 @dataclass
 class _Copy:
-    """One direction of a circuit: reads from ``sender``'s stream are paid from its bucket
-    before they are written to ``receiver``'s (a peer over its budget waits, its stream's flow
-    control holding its further bytes back)."""
+    """One direction of a circuit: reads from ``sender``'s stream are paid from its bucket, or
+    this end's floor, before they are written to ``receiver``'s (a peer over its budget waits,
+    its stream's flow control holding its further bytes back)."""
 
     src: INetStream
     dst: INetStream
@@ -366,6 +332,7 @@ class _Copy:
         # sender's window opens again within about a second: py-libp2p's yamux fails a write
         # whose window stays shut for 5 s, which would cut the circuit instead of slowing it.
         chunk = max(1, int(min(_CHUNK, self.meter.burst, self.meter.rate)))
+        floor = self.meter.end_floor()
         try:
             while True:
                 data = await self.src.read(chunk)
@@ -375,7 +342,7 @@ class _Copy:
                 if self.budget[0] < 0:
                     log.info("a circuit spent its bytes: the relay ends it")
                     break
-                await self.meter.charge(self.sender, self.receiver, len(data))
+                await self.meter.charge(self.sender, self.receiver, len(data), floor)
                 await self.dst.write(data)
         except Exception as exc:  # a side reset or closed: the circuit is over either way
             log.debug("a relayed stream ended: %s", exc)
@@ -490,20 +457,6 @@ async def circuit_relay(
             host.remove_stream_handler(HOP)
         if stop is not None:
             host.remove_stream_handler(STOP)
-
-
-def unread(stream: INetStream) -> tuple[int, int]:
-    """Bytes ``stream``'s peer sent that this node has not read yet, and the most a peer keeping
-    to yamux's flow control may have sent so (the receive window's current target)."""
-    muxed = getattr(stream, "muxed_stream", None)
-    if not isinstance(muxed, YamuxStream):  # hosts here speak yamux only
-        raise TypeError(f"a relay leg over {type(muxed).__name__}, not yamux")
-    return len(muxed.conn.stream_buffers.get(muxed.stream_id) or b""), muxed.target_recv_window
-
-
-def _past_window(stream: INetStream) -> bool:
-    backlog, window = unread(stream)
-    return backlog > window + WINDOW_SLACK
 
 
 def _over_circuit(host: IHost, stream: INetStream) -> bool:
