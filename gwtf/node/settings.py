@@ -138,9 +138,10 @@ class P2PSettings:
     #: (reachable) node, "off" never.
     relay_service: str = "auto"
     #: What each peer may send through this node's relay service, over all its circuits: bytes
-    #: a second, and bytes at once above that (a peer over it is slowed, not cut); and how
-    #: many circuits one peer may open through it at once (more are refused). Sized for the
-    #: presets' activations (``gwtf.node.p2p.relay_service.RelayLimits``).
+    #: a second, and bytes at once above that (a peer over it is slowed, not cut: each circuit
+    #: end still forwards 128 KiB/s); and how many circuits one peer may open through it at
+    #: once (more are refused). Sized for the presets' activations
+    #: (``gwtf.node.p2p.relay_service.RelayLimits``).
     relay_peer_bytes_per_s: int = 2 << 20
     relay_peer_burst_bytes: int = 16 << 20
     relay_circuits_per_peer: int = 8
@@ -299,10 +300,9 @@ def _fraction_open(v: float) -> str | None:
     return None if 0.0 < v < 1.0 else "must be strictly between 0 and 1"
 
 
-#: The least rate a relay may give each peer. Much below it, a circuit both of whose ends send
-#: over their rate fails instead of being slowed (on loopback: within 10 s at 400 KB/s, 6 s at
-#: 200 KB/s; held for 30 s at 700 KB/s and 45 s at 1 and 2 MiB/s): each end's flow-control
-#: updates queue behind its own bytes, and py-libp2p's yamux waits at most 5 s for one.
+#: The least rate a relay may give each peer: the floors of the most circuits a peer may open
+#: (8 x 128 KiB/s, ``RelayLimits.circuit_floor_bytes_per_s``). Below it a busy peer's bytes
+#: would move mostly on its circuits' floors, and the rate would no longer be what bounds it.
 MIN_RELAY_PEER_BYTES_PER_S = 1 << 20
 
 
@@ -310,8 +310,8 @@ def _relay_rate(v: int) -> str | None:
     if v >= MIN_RELAY_PEER_BYTES_PER_S:
         return None
     return (
-        f"must be at least {MIN_RELAY_PEER_BYTES_PER_S}: slower, a circuit busy both ways "
-        "fails instead of being slowed"
+        f"must be at least {MIN_RELAY_PEER_BYTES_PER_S}: the floors of a peer's 8 circuits "
+        "alone move that much"
     )
 
 
