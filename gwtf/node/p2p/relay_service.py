@@ -328,9 +328,10 @@ class _Copy:
     async def run(self, done: trio.CancelScope) -> None:
         peer = self.meter.of(self.sender)
         peer.ends += 1  # kept while it relays (an idle peer's counts may be forgotten)
-        # A read takes at most a second's tokens (and never more than the burst), so a slowed
-        # sender's window opens again within about a second: py-libp2p's yamux fails a write
-        # whose window stays shut for 5 s, which would cut the circuit instead of slowing it.
+        # A read takes at most what the end's floor pays at once (and never more than the
+        # burst or a second's rate), so a slowed sender's window opens again within half a
+        # second: py-libp2p's yamux fails a write whose window stays shut for 5 s, which would
+        # cut the circuit instead of slowing it.
         chunk = max(1, int(min(_CHUNK, self.meter.burst, self.meter.rate)))
         floor = self.meter.end_floor()
         try:
