@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import AsyncExitStack
 
 import pytest
@@ -81,7 +82,9 @@ def test_bytes_are_charged_to_their_sender_only() -> None:
     async def main() -> None:
         meter = RelayMeter(rate=1000, burst=500)
         await meter.charge("pusher", "quiet", 2500)  # 2000 over: 2 s
+        meter.delivered("quiet", 2500)
         await meter.charge("quiet", "pusher", 400)
+        meter.delivered("pusher", 400)
         view = meter.view()
         counts = ("sent", "received", "throttled_s")
         assert [view["pusher"][c] for c in counts] == [2500, 400, 2.0]
@@ -133,7 +136,7 @@ def test_each_circuit_end_keeps_its_floor_while_its_peers_bucket_is_empty() -> N
                 nursery.start_soon(end, i)
         elapsed = trio.current_time() - start
         assert min(moved) >= floor * elapsed - chunk, moved
-        most = FLOOR_BURST + rate * elapsed + ends * (FLOOR_BURST + floor * elapsed)
+        most = FLOOR_BURST + rate * elapsed + ends * floor * elapsed
         assert sum(moved) <= most, (sum(moved), most)
         assert meter.view()["busy"]["floored"] > 0
 
@@ -145,6 +148,7 @@ def test_a_meter_without_a_floor_gives_no_end_one() -> None:
         assert RelayMeter(rate=1, burst=1).end_floor() is None
         floor = RelayMeter(rate=1, burst=1, floor=5).end_floor()
         assert floor is not None and (floor.rate, floor.burst) == (5, FLOOR_BURST)
+        assert floor.tokens == 0  # earned while the end lives, never handed out
 
     run_mocked(main)
 
@@ -239,7 +243,7 @@ def test_a_peer_pushing_hard_is_held_to_its_rate_and_others_keep_their_share() -
                 nursery.start_soon(push, home_b, b_id, None, 6.0)
                 nursery.start_soon(b_sends)
             elapsed = trio.current_time() - start
-            bound = RATE * elapsed + BURST + SLACK + FLOOR_BURST + FLOOR * elapsed
+            bound = RATE * elapsed + BURST + SLACK + FLOOR * elapsed
             # Each pusher got no more than its rate and its one end's floor (unmetered,
             # loopback moves megabytes a second); the relay counts what it forwarded, and
             # slowed only the pushers.
@@ -460,9 +464,78 @@ def test_a_peer_gets_no_more_than_its_rate_and_its_ends_floors() -> None:
             elapsed = trio.current_time() - start
             got = sum(sink.got.get(greedy_id, 0) for sink in sinks)
             ends = limits.ends_per_peer
-            most = BURST + RATE * elapsed + ends * (FLOOR_BURST + FLOOR * elapsed) + ends * SLACK
+            most = BURST + RATE * elapsed + ends * FLOOR * elapsed + ends * SLACK
             assert got <= most, (got, most)
             # More than its rate alone: the floors did forward (not a bound met by accident).
             assert got > BURST + RATE * elapsed + SLACK, got
+
+    trio.run(main)
+
+
+def test_a_peer_churning_circuits_gets_no_more_than_its_rate_and_its_open_ends_floors() -> None:
+    """Eight loops open a circuit, write one floor's worth and reset, as fast as the relay
+    takes CONNECTs: a new end's floor starts empty, so the peer gets at most its rate plus
+    eight ends' floors over the time (a floor handed out full paid 64 KiB a circuit)."""
+    limits = RelayLimits(peer_bytes_per_s=RATE, peer_burst_bytes=BURST)
+    seconds, loops = 4.0, 8
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True, limits=limits))
+            relayed = (full_address(relay.host),)
+            greedy = await stack.enter_async_context(node(stack, relays=relayed))
+            target = await stack.enter_async_context(node(stack, relays=relayed))
+            info = peer_info(full_address(relay.host))
+            await greedy.host.connect(info)
+            connect = HopMessage(type=HopMessage.CONNECT,
+                                 peer=CircuitPeer(id=target.host.get_id().to_bytes()))  # fmt: skip
+            opened = [0]
+
+            async def churn() -> None:
+                while True:
+                    leg = await greedy.host.new_stream(info.peer_id, [HOP])
+                    await write_delimited_msg(leg, connect)
+                    answer = await read_relay_message(leg, HopMessage, 5.0)
+                    if answer is not None and StatusCode(answer.status) == StatusCode.OK:
+                        opened[0] += 1
+                        await leg.write(b"x" * FLOOR_BURST)
+                        await trio.sleep(0.02)
+                    await leg.reset()
+
+            start = trio.current_time()
+            with trio.move_on_after(seconds):
+                async with trio.open_nursery() as nursery:
+                    for _ in range(loops):
+                        nursery.start_soon(churn)
+            elapsed = trio.current_time() - start
+            sent = relay.relay.hop.meter.peers[str(greedy.host.get_id())].sent
+            assert opened[0] > loops  # circuits did churn
+            assert sent <= BURST + RATE * elapsed + loops * FLOOR * elapsed, (sent, opened)
+
+    trio.run(main)
+
+
+def test_a_lapsed_slot_taken_anew_keeps_counting_the_circuits_open_to_it() -> None:
+    """py-libp2p makes a new reservation (its circuit count at 0) when a lapsed slot is
+    reserved again; the relay's own count per peer still refuses circuits past the cap."""
+    limits = RelayLimits(circuits_per_destination=2)
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True, limits=limits))
+            relayed = (full_address(relay.host),)
+            target = await stack.enter_async_context(node(stack, relays=relayed))
+            others = [await stack.enter_async_context(node(stack, relays=relayed))
+                      for _ in range(3)]  # fmt: skip
+            info = peer_info(full_address(relay.host))
+            target_id = target.host.get_id()
+            for other in others[:2]:
+                await connect_through(other.host, info, target_id, 5.0)
+            book = relay.relay.protocol.resource_manager
+            book._reservations[target_id].expires_at = time.time() - 1  # the 10 min passed
+            book.reserve(target_id)  # what the relay does for the peer's next RESERVE
+            with pytest.raises(RelayRefused):
+                await connect_through(others[2].host, info, target_id, 5.0)
+            assert relay.relay.hop.meter.peers[str(target_id)].circuits_to == 2
 
     trio.run(main)

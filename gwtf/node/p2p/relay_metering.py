@@ -18,8 +18,10 @@ broke circuits. With the floor, a peer's circuits slow down as they multiply but
 ``floor``, whatever its counterparts do, and no circuit needs refusing to protect the others.
 
 A peer's bytes forwarded by any time ``t`` after its first are at most
-``burst + rate * t + ends * (FLOOR_BURST + floor * t)``, ``ends`` the circuit ends it has at the
-relay (bounded by the relay's circuit caps: ``relay_service.RelayLimits``).
+``burst + rate * t + ends * floor * t``, ``ends`` the most circuit ends it has at the relay at
+once (bounded by the relay's circuit caps: ``relay_service.RelayLimits``). A new end's floor
+starts empty and earns its bytes while the end lives, so opening and closing circuits fast
+gains a peer nothing over keeping them open.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-#: What a circuit end's floor pays at once: one read of a leg (``relay_service``'s chunk).
+#: What a circuit end's floor holds at most: one read of a leg (``relay_service``'s chunk).
 FLOOR_BURST = 64 * 1024
 
 #: Idle peers whose counts are kept for the node status; beyond it the least recent idle ones
@@ -89,6 +91,9 @@ class PeerMeter:
     throttled_s: float = 0.0
     #: Circuits this peer opened that are open now.
     circuits: int = 0
+    #: Circuits opened to this peer that are open now (counted here, not in the library's
+    #: reservation, whose count starts again at 0 when a lapsed slot is taken anew).
+    circuits_to: int = 0
     #: Circuit ends of this peer's being copied now (it opened the circuit or it is the target).
     ends: int = 0
     last_active: float = 0.0
@@ -100,6 +105,7 @@ class PeerMeter:
             "floored": self.floored,
             "throttled_s": round(self.throttled_s, 3),
             "circuits": self.circuits,
+            "circuits_to": self.circuits_to,
         }
 
 
@@ -128,22 +134,31 @@ class RelayMeter:
         return meter
 
     def end_floor(self) -> TokenBucket | None:
-        """A new circuit end's own floor (None when the meter keeps none)."""
-        return TokenBucket(self.floor, FLOOR_BURST) if self.floor else None
+        """A new circuit end's own floor, empty (None when the meter keeps none): an end
+        handed a full floor would let a peer that churns circuits take FLOOR_BURST free each."""
+        if not self.floor:
+            return None
+        floor = TokenBucket(self.floor, FLOOR_BURST)
+        floor.tokens = 0.0
+        return floor
 
     async def charge(
         self, sender: str, receiver: str, count: int, floor: TokenBucket | None = None
     ) -> None:
         """Pay for ``count`` bytes read from ``sender``'s end, before they go to ``receiver``:
-        from the sender's bucket, or from that end's ``floor`` when it pays sooner."""
+        from the sender's bucket, or from that end's ``floor`` when it pays sooner. The counts
+        move once paid (``delivered`` counts the receiver's once written)."""
         meter = self.of(sender)
-        meter.sent += count
         bucket = meter.bucket
         # Chosen and spent with nothing awaited between: the choice is still right when paid.
         if floor is not None and floor.wait_for(count) < bucket.wait_for(count):
             bucket = floor
-            meter.floored += count
         meter.throttled_s += await bucket.spend(count)
+        meter.sent += count
+        meter.floored += count if bucket is floor else 0
+
+    def delivered(self, receiver: str, count: int) -> None:
+        """Count ``count`` bytes written to ``receiver``'s end."""
         self.of(receiver).received += count
 
     def view(self) -> dict[str, dict[str, float | int]]:
@@ -161,4 +176,4 @@ class RelayMeter:
 
 def _idle(meter: PeerMeter) -> bool:
     # A peer with a full bucket and nothing open starts afresh exactly as it stands.
-    return not meter.circuits and not meter.ends and meter.bucket.full
+    return not (meter.circuits or meter.circuits_to or meter.ends) and meter.bucket.full

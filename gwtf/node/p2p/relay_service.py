@@ -254,13 +254,16 @@ class _Circuit:
         target = self.target = ID(target_bytes)
         book = self.protocol.resource_manager
         reservation = None if target == self.source else book.get_reservation(target)
-        if reservation is None:
+        if reservation is None or reservation.is_expired():
             await self._answer(StatusCode.NO_RESERVATION)
             return
-        if not reservation.can_accept_connection():
+        # Counted per peer here, not by the library's reservation: a lapsed slot taken anew
+        # is a new reservation whose count starts at 0 beside the circuits still open.
+        to = self.meter.of(str(target))
+        if to.circuits_to >= self.limits.circuits_per_destination:
             await self._answer(StatusCode.RESOURCE_LIMIT_EXCEEDED)
             return
-        reservation.active_connections += 1
+        to.circuits_to += 1  # checked and counted with nothing awaited between
         try:
             if await self._open_to(target):
                 await self._answer(StatusCode.OK, keep_open=True)
@@ -268,7 +271,7 @@ class _Circuit:
             else:
                 await self._answer(StatusCode.CONNECTION_FAILED)
         finally:
-            book.release_connection(target)
+            to.circuits_to -= 1
             await end_stream(self.source_stream, reset=True)
             if self.target_stream is not None:
                 await end_stream(self.target_stream, reset=True)
@@ -345,6 +348,7 @@ class _Copy:
                     break
                 await self.meter.charge(self.sender, self.receiver, len(data), floor)
                 await self.dst.write(data)
+                self.meter.delivered(self.receiver, len(data))
         except Exception as exc:  # a side reset or closed: the circuit is over either way
             log.debug("a relayed stream ended: %s", exc)
         finally:
