@@ -18,6 +18,7 @@ from libp2p.relay.circuit_v2.pb.circuit_pb2 import PeerId as CircuitPeer
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP
 from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
 from libp2p.relay.circuit_v2.utils import write_delimited_msg
+from libp2p.stream_muxer.yamux.yamux import YamuxStream
 
 from gwtf.node.p2p import relay_metering
 from gwtf.node.p2p.host import full_address, peer_info
@@ -28,7 +29,7 @@ from gwtf.node.p2p.relay import (
     read_relay_message,
 )
 from gwtf.node.p2p.relay_metering import FLOOR_BURST, RelayMeter, TokenBucket
-from gwtf.node.p2p.relay_service import RelayLimits
+from gwtf.node.p2p.relay_service import LEG_WINDOW, RelayLimits
 from gwtf.node.settings import MAX_RELAY_CIRCUITS_PER_PEER
 from tests.p2p.test_relay import ECHO, LIMITS, Node, learn, node
 
@@ -330,7 +331,8 @@ def test_a_peer_sending_past_its_window_is_cut_off_before_the_relay_buffers_much
             # Cut off within a few window's worth of bytes (unmetered, it piles up hundreds of
             # MiB), and the relay closed the flooder's connection, which frees what it buffered.
             assert sent < 64 << 20, sent
-            assert most < 24 << 20, most
+            # What a leg may hold: its window, and the one write (1 MiB) that overflowed it.
+            assert most <= LEG_WINDOW + (1 << 20) + SLACK, most
             with trio.fail_after(5):
                 await conn.muxed_conn.event_closed.wait()  # type: ignore[attr-defined]
             assert not buffers
@@ -537,5 +539,44 @@ def test_a_lapsed_slot_taken_anew_keeps_counting_the_circuits_open_to_it() -> No
             with pytest.raises(RelayRefused):
                 await connect_through(others[2].host, info, target_id, 5.0)
             assert relay.relay.hop.meter.peers[str(target_id)].circuits_to == 2
+
+    trio.run(main)
+
+
+def test_a_relays_legs_keep_their_initial_window_over_a_long_round_trip(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a 50 ms round trip (yamux's autotune reads the ping's), a busy circuit's legs
+    would grow their windows to MiBs at the relay; a leg's window stays ``LEG_WINDOW``."""
+    monkeypatch.setattr(YamuxStream, "_effective_rtt", lambda self: 0.05)
+    limits = RelayLimits()  # the default 16 MiB burst: nothing slows the pusher
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True, limits=limits))
+            relayed = (full_address(relay.host),)
+            home = await stack.enter_async_context(node(stack, relays=relayed))
+            pusher = await stack.enter_async_context(node(stack, trusts=[relay]))
+            home_id = home.host.get_id()
+            circuit = f"{full_address(relay.host)}/p2p-circuit/p2p/{home_id}"
+            learn(pusher, home.host, [circuit])
+            with trio.fail_after(10):
+                assert await pusher.rpc.request(home_id, ECHO, b"hi", LIMITS)
+            sink, largest = Sink(home), [0]
+
+            async def watch() -> None:
+                while True:
+                    for conns in relay.host.get_network().connections.values():
+                        for conn in conns:
+                            for leg in getattr(conn.muxed_conn, "streams", {}).values():
+                                largest[0] = max(largest[0], leg.target_recv_window)
+                    await trio.sleep(0.05)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch)
+                await push(pusher, home_id, None, 3.0)
+                nursery.cancel_scope.cancel()
+            assert sink.got[pusher.host.get_id()] > 4 * LEG_WINDOW  # the circuit was busy
+            assert largest[0] == LEG_WINDOW, largest
 
     trio.run(main)

@@ -48,6 +48,7 @@ from libp2p.relay.circuit_v2.protocol import STOP_PROTOCOL_ID as STOP
 from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.protocol_buffer import StatusCode, to_proto_status
 from libp2p.relay.circuit_v2.utils import write_delimited_msg
+from libp2p.stream_muxer.yamux.yamux import DEFAULT_WINDOW_SIZE, YamuxStream
 
 from gwtf.node.p2p.relay import end_stream, is_circuit, read_relay_message
 from gwtf.node.p2p.relay_metering import FLOOR_BURST, RelayMeter
@@ -57,8 +58,26 @@ log = logging.getLogger(__name__)
 
 #: How long a peer may take to send a hop or stop message, and a circuit to be set up.
 HANDSHAKE_S = 10.0
-#: The most a relay reads of a leg at once: what an end's floor pays at once.
+#: The most a relay reads of a leg at once: what an end's floor holds at most.
 _CHUNK = FLOOR_BURST
+
+#: A relay leg's yamux receive window, kept at py-libp2p's initial size: what a leg may hold
+#: unread at the relay. Enough for 2 MiB/s at 100 ms of round trip; grown (up to 16 MiB, when
+#: half a window is read within 4 round trips, and a peer answering pings late sets the round
+#: trip) it let one peer park MiBs on every leg, and a window update on the circuit wait behind
+#: them longer than yamux's 5 s.
+LEG_WINDOW = DEFAULT_WINDOW_SIZE
+
+
+def _pin_window(stream: INetStream) -> None:
+    """Keep a leg's receive window at its initial ``LEG_WINDOW``: its autotune never grows it."""
+    muxed = getattr(stream, "muxed_stream", None)
+    if isinstance(muxed, YamuxStream):
+        muxed._apply_autotune_epoch = _no_growth  # type: ignore[method-assign]
+
+
+def _no_growth(buffered: int) -> int:
+    return 0
 
 
 @dataclass(frozen=True)
@@ -74,8 +93,10 @@ class RelayLimits:
     (``relay_metering``; py-libp2p meters no bandwidth).
 
     The rate: 2 MiB/s for each peer's sent bytes over all its circuits, a third of what a
-    Python relay moves each way, so no one peer takes a relay's uplink (at least three peers
-    relay at full rate side by side). It carries, sustained, one activation or gradient a
+    Python relay moves each way. With its ends' floors (below) one peer can get more: up to
+    2 + 24 x 128 KiB/s = 5 MiB/s when two colluders open the 16 circuits to it and it pushes on
+    all 24 ends, about all a Python relay moves; a peer alone on its own 8 circuits gets
+    3 MiB/s. It carries, sustained, one activation or gradient a
     second of gpt-small at batch 8 x 128 tokens in float32 (1 MiB), or of gpt-125m at batch
     8 x 128 in bfloat16 (1.5 MiB); routing already counts a relayed link at a fifth of its
     bandwidth, so a relayed peer is not meant to carry a stage's bulk. The burst, 16 MiB,
@@ -83,17 +104,22 @@ class RelayLimits:
     16.8 MB) unslowed. Within a hop's ack deadline (20 s) a peer with one busy circuit moves
     burst + 20 s x rate = 56 MiB: a 1b model's microbatch of 8 x 2048 tokens in bfloat16
     (64 MiB) does not fit, one of 6 x 2048 does; a peer with several busy circuits through
-    the relay splits that between them.
+    the relay splits that between them, and counterparts that ask it for state (a run member
+    may, at every step) spend the same bucket, leaving each circuit as little as its floor,
+    2.5 MiB in 20 s. Nothing sizes hops or a replica's gradient (one request, same deadline)
+    against this: a message over what the peer's bucket passes in time fails at the deadline.
 
     The floor: each circuit end forwards 128 KiB/s even when its peer's bucket is empty, so a
     circuit busy both ways keeps its flow-control updates moving however many circuits share
     the peer's rate (``relay_metering``). What it can cost is bounded by a peer's ends: at most
-    ``circuits_per_peer`` it opened and ``circuits_per_destination`` opened to it, 8 + 16 = 24,
-    so 24 x 128 KiB/s = 3 MiB/s over the rate at most (a peer alone, whose 8 circuits go to
-    others who send nothing, gets 1 MiB/s over it).
+    ``circuits_per_peer`` it opened and ``circuits_per_destination`` opened to it (counted by
+    the relay per peer), 8 + 16 = 24, so 24 x 128 KiB/s = 3 MiB/s over the rate at most (a
+    peer alone, whose 8 circuits go to others who send nothing, gets 1 MiB/s over it).
 
-    A leg's unread bytes at the relay are bounded by the leg's yamux receive window, which the
-    host's muxer enforces (``yamux_window``: a peer sending past it is cut off).
+    A leg's unread bytes at the relay are bounded by the leg's yamux receive window, kept at
+    ``LEG_WINDOW`` (256 KiB), which the host's muxer enforces (``yamux_window``: a peer
+    sending past it is cut off): 24 x 256 KiB = 6 MiB for one peer's ends, 64 circuits x 2
+    legs x 256 KiB = 32 MiB at the relay.
     """
 
     #: Nodes holding a slot at once (py-libp2p's default: 4; hivemind: 128).
@@ -264,6 +290,7 @@ class _Circuit:
             await self._answer(StatusCode.RESOURCE_LIMIT_EXCEEDED)
             return
         to.circuits_to += 1  # checked and counted with nothing awaited between
+        _pin_window(self.source_stream)
         try:
             if await self._open_to(target):
                 await self._answer(StatusCode.OK, keep_open=True)
@@ -282,6 +309,7 @@ class _Circuit:
             with trio.fail_after(HANDSHAKE_S):
                 stream = await self.protocol.host.new_stream(target, [STOP])
                 self.target_stream = stream
+                _pin_window(stream)
                 offer = StopMessage(type=StopMessage.CONNECT,
                                     peer=CircuitPeer(id=self.source.to_bytes()),
                                     limit=self.limits.circuit_limit())  # fmt: skip
