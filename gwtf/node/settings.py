@@ -301,8 +301,9 @@ def _fraction_open(v: float) -> str | None:
 
 
 #: The least rate a relay may give each peer: the floors of the most circuits a peer may open
-#: (8 x 128 KiB/s, ``RelayLimits.circuit_floor_bytes_per_s``). Below it a busy peer's bytes
-#: would move mostly on its circuits' floors, and the rate would no longer be what bounds it.
+#: itself (8 x 128 KiB/s, ``RelayLimits.circuit_floor_bytes_per_s``), so that a peer alone on
+#: its own circuits gets at most twice its rate. The 16 circuits others may open to it add
+#: 2 MiB/s of floors more (``RelayLimits``: rate + 3 MiB/s at most).
 MIN_RELAY_PEER_BYTES_PER_S = 1 << 20
 
 
@@ -310,13 +311,13 @@ def _relay_rate(v: int) -> str | None:
     if v >= MIN_RELAY_PEER_BYTES_PER_S:
         return None
     return (
-        f"must be at least {MIN_RELAY_PEER_BYTES_PER_S}: the floors of a peer's 8 circuits "
-        "alone move that much"
+        f"must be at least {MIN_RELAY_PEER_BYTES_PER_S}: the floors of the 8 circuits a peer "
+        "opens alone move that much"
     )
 
 
-#: The least burst: a relay reads a peer's leg in chunks of at most its burst, and much smaller
-#: reads cost a yamux frame and a wake-up each.
+#: The least burst: a relay reads a peer's leg 64 KiB at a time (what an end's floor holds),
+#: or its burst when smaller, and smaller reads cost a yamux frame and a wake-up each.
 MIN_RELAY_PEER_BURST_BYTES = 64 * 1024
 #: The most circuits a peer may hold open through a relay: more are never reached, since a
 #: relay takes at most ``RelayLimits.hop_streams_per_peer`` (10) hop streams of one peer at once,
@@ -327,7 +328,7 @@ MAX_RELAY_CIRCUITS_PER_PEER = 8
 def _relay_burst(v: int) -> str | None:
     if v >= MIN_RELAY_PEER_BURST_BYTES:
         return None
-    return f"must be at least {MIN_RELAY_PEER_BURST_BYTES}: a relay reads at most a burst at once"
+    return f"must be at least {MIN_RELAY_PEER_BURST_BYTES}: a smaller burst shrinks every read"
 
 
 def _relay_circuits(v: int) -> str | None:

@@ -1,4 +1,4 @@
-"""A relay's bandwidth, metered per peer: one peer's circuits cannot take the relay's uplink.
+"""A relay's bandwidth, metered per peer: one peer's circuits get its rate and its ends' floors.
 
 Each peer has a token bucket of ``burst`` bytes refilled at ``rate`` bytes a second, and every
 byte the relay reads from that peer's end of any of its circuits (it opened them, or they were
@@ -34,7 +34,8 @@ import trio
 FLOOR_BURST = 64 * 1024
 
 #: Idle peers whose counts are kept for the node status; beyond it the least recent idle ones
-#: are forgotten (their buckets are full, so forgetting them grants nothing).
+#: are forgotten (their buckets are full, so forgetting them grants nothing). Busy peers are
+#: never forgotten: the relay's hop stream caps bound how many there are.
 MAX_PEERS_KEPT = 1024
 
 
