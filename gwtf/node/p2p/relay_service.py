@@ -118,8 +118,8 @@ class RelayLimits:
 
     A leg's unread bytes at the relay are bounded by the leg's yamux receive window, kept at
     ``LEG_WINDOW`` (256 KiB), which the host's muxer enforces (``yamux_window``: a peer
-    sending past it is cut off): 24 x 256 KiB = 6 MiB for one peer's ends, 64 circuits x 2
-    legs x 256 KiB = 32 MiB at the relay.
+    sending more than 64 KiB past it is cut off): 320 KiB a leg, 7.5 MiB for one peer's 24
+    ends, 64 circuits x 2 legs = 40 MiB at the relay.
     """
 
     #: Nodes holding a slot at once (py-libp2p's default: 4; hivemind: 128).
