@@ -14,8 +14,11 @@ Rows, for each N and rate, all in the same run:
 3. one bucket per peer and each circuit end's floor (``RelayLimits``' default).
 
 The burst is BURST (default 1 MiB: metering starts within a second), not the 16 MiB default.
+With RTT_MS, the relay's yamux autotune sees that round trip instead of loopback's (what grows
+windows on a real link; the relay keeps its legs' windows at ``relay_service.LEG_WINDOW``).
 
 Usage: python bench/relay_metering.py [--seconds 20] [--circuits 3,8,16,24] [--rates-mib 1,2]
+       [--burst 1048576] [--rtt-ms 0]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
+from libp2p.stream_muxer.yamux.yamux import YamuxStream
 
 from gwtf.node.p2p.host import full_address, peer_info, running_host
 from gwtf.node.p2p.identity import new_identity
@@ -91,8 +95,10 @@ class Ends:
                 self.why.append(f"{step} {type(exc).__name__} {at:.1f}s")
 
 
-def serve_relay(rate: float, burst: float, floor: float, pipe: Connection) -> None:
+def serve_relay(rate: float, burst: float, floor: float, rtt_s: float, pipe: Connection) -> None:
     """The relay's process: serve with this meter until the pipe says stop."""
+    if rtt_s:
+        YamuxStream._effective_rtt = lambda self: rtt_s  # type: ignore[method-assign]
 
     async def main() -> None:
         async with AsyncExitStack() as stack:
@@ -136,10 +142,12 @@ def counterparts(relay: str, a: str, n: int, seconds: float, pipe: Connection) -
     trio.run(main)
 
 
-async def busy_circuits(meter: tuple[float, float, float], n: int, seconds: float) -> Run:
+async def busy_circuits(
+    meter: tuple[float, float, float], n: int, seconds: float, rtt_s: float = 0.0
+) -> Run:
     spawn = multiprocessing.get_context("spawn")
     to_relay, relay_end = spawn.Pipe()
-    relay = spawn.Process(target=serve_relay, args=(*meter, relay_end))
+    relay = spawn.Process(target=serve_relay, args=(*meter, rtt_s, relay_end))
     relay.start()
     try:
         address = await trio.to_thread.run_sync(to_relay.recv)
@@ -177,20 +185,23 @@ def _conns(host: IHost) -> list:  # type: ignore[type-arg]
     return [c for conns in host.get_network().connections.values() for c in conns]
 
 
-async def main(seconds: float, circuits: list[int], rates: list[int], burst: int) -> None:
+async def main(
+    seconds: float, circuits: list[int], rates: list[int], burst: int, rtt_s: float
+) -> None:
     floor = RelayLimits().circuit_floor_bytes_per_s
     never = float(1 << 40)
     print(f"N circuits busy both ways through one relay on 127.0.0.1 for {seconds:g} s, burst")
-    print(f"{burst} B, floor {floor} B/s; A sends: ratio to unmetered (same N, same run)")
+    print(f"{burst} B, floor {floor} B/s, round trip seen by the relay's yamux {rtt_s * 1e3:g} ms")
+    print("(0: loopback's); A sends: ratio to unmetered (same N, same run)")
     print("| N | relay | resets / streams | A sends MB/s | A receives MB/s | A sends ratio |")
     print("|---|---|---|---|---|---|", flush=True)
     for n in circuits:
-        base = await busy_circuits((never, never, 0), n, seconds)
+        base = await busy_circuits((never, never, 0), n, seconds, rtt_s)
         rows = [("unmetered (baseline)", base)]
         for rate in rates:
             mib = f"{rate / (1 << 20):g} MiB/s"
-            rows.append((f"{mib}, no floor", await busy_circuits((rate, burst, 0), n, seconds)))
-            rows.append((f"{mib} + floor", await busy_circuits((rate, burst, floor), n, seconds)))
+            for name, each in ((f"{mib}, no floor", 0), (f"{mib} + floor", floor)):
+                rows.append((name, await busy_circuits((rate, burst, each), n, seconds, rtt_s)))
         for name, run in rows:
             ratio = run.a_sent / base.a_sent if base.a_sent else float("nan")
             print(
@@ -206,7 +217,8 @@ if __name__ == "__main__":
     parser.add_argument("--circuits", default="3,8,16,24")
     parser.add_argument("--rates-mib", default="1,2")
     parser.add_argument("--burst", type=int, default=1 << 20)
+    parser.add_argument("--rtt-ms", type=float, default=0.0)
     args = parser.parse_args()
     counts = [int(n) for n in args.circuits.split(",")]
     rates = [int(float(r) * (1 << 20)) for r in args.rates_mib.split(",")]
-    trio.run(main, args.seconds, counts, rates, args.burst)
+    trio.run(main, args.seconds, counts, rates, args.burst, args.rtt_ms / 1e3)
