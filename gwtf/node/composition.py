@@ -26,6 +26,7 @@ from gwtf.node.local_api.server import api_token, bind_api_socket
 from gwtf.node.local_api.service import LocalApi
 from gwtf.node.p2p.identity import identity_from_key
 from gwtf.node.p2p.link_emulation import Topology
+from gwtf.node.p2p.relay_service import RelayLimits
 from gwtf.node.receipts import ReceiptsConfig
 from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.cheats import check_cheat
@@ -138,6 +139,11 @@ def live_config_from_settings(settings: Settings, password: str | None = None) -
         reachable=None if p2p.reachable == "auto" else bool(p2p.reachable),
         relay_service=p2p.relay_service == "on"
         or (p2p.relay_service == "auto" and node.role == DATA),
+        relay_limits=RelayLimits(
+            circuits_per_peer=p2p.relay_circuits_per_peer,
+            peer_bytes_per_s=p2p.relay_peer_bytes_per_s,
+            peer_burst_bytes=p2p.relay_peer_burst_bytes,
+        ),
         relays=p2p.relays,
         upnp=p2p.upnp,
         hole_punch=p2p.hole_punch,

@@ -82,6 +82,9 @@ def node_status(node: LiveNode, digest: DigestAtStep) -> dict[str, Any]:
         # Peers a punch connected directly, and those still connected so.
         "punched_peers": node.punch.punched_peers() if node.punch is not None else [],
         "direct_peers": node.punch.direct_peers() if node.punch is not None else [],
+        # What this node relayed for each peer (bytes from and to it, seconds its reads waited
+        # over its rate, circuits it has open; ``relay_metering``); empty when it relays not.
+        "relayed": node.relay.hop.meter.view() if node.relay and node.relay.hop else {},
         # Peers this node refused (banned, or not admitted to the run), with how often.
         "refused": dict(node.rpc.refused),
         # Where this node's hop time goes, and its CPU seconds (the throughput benchmark's).

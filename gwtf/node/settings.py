@@ -137,6 +137,14 @@ class P2PSettings:
     #: Relay circuits for nodes behind NAT: "auto" relays on a data node only, "on" on any
     #: (reachable) node, "off" never.
     relay_service: str = "auto"
+    #: What each peer may send through this node's relay service, over all its circuits: bytes
+    #: a second, and bytes at once above that (a peer over it is slowed, not cut: each circuit
+    #: end still forwards 128 KiB/s); and how many circuits one peer may open through it at
+    #: once (more are refused). Sized for the presets' activations
+    #: (``gwtf.node.p2p.relay_service.RelayLimits``).
+    relay_peer_bytes_per_s: int = 2 << 20
+    relay_peer_burst_bytes: int = 16 << 20
+    relay_circuits_per_peer: int = 8
     #: Full addresses of relays to hold slots at when unreachable; empty: the bootstrap peers.
     relays: tuple[str, ...] = ()
     #: Two nodes behind NAT that meet through a relay try to open a direct connection (DCUtR
@@ -292,6 +300,43 @@ def _fraction_open(v: float) -> str | None:
     return None if 0.0 < v < 1.0 else "must be strictly between 0 and 1"
 
 
+#: The least rate a relay may give each peer: the floors of the most circuits a peer may open
+#: itself (8 x 128 KiB/s, ``RelayLimits.circuit_floor_bytes_per_s``), so that a peer alone on
+#: its own circuits gets at most twice its rate. The 16 circuits others may open to it add
+#: 2 MiB/s of floors more (``RelayLimits``: rate + 3 MiB/s at most).
+MIN_RELAY_PEER_BYTES_PER_S = 1 << 20
+
+
+def _relay_rate(v: int) -> str | None:
+    if v >= MIN_RELAY_PEER_BYTES_PER_S:
+        return None
+    return (
+        f"must be at least {MIN_RELAY_PEER_BYTES_PER_S}: the floors of the 8 circuits a peer "
+        "opens alone move that much"
+    )
+
+
+#: The least burst: a relay reads a peer's leg 64 KiB at a time (what an end's floor holds),
+#: or its burst when smaller, and smaller reads cost a yamux frame and a wake-up each.
+MIN_RELAY_PEER_BURST_BYTES = 64 * 1024
+#: The most circuits a peer may hold open through a relay: more are never reached, since a
+#: relay takes at most ``RelayLimits.hop_streams_per_peer`` (10) hop streams of one peer at once,
+#: and a reservation's refresh and a stream still asking need room beside its circuits.
+MAX_RELAY_CIRCUITS_PER_PEER = 8
+
+
+def _relay_burst(v: int) -> str | None:
+    if v >= MIN_RELAY_PEER_BURST_BYTES:
+        return None
+    return f"must be at least {MIN_RELAY_PEER_BURST_BYTES}: a smaller burst shrinks every read"
+
+
+def _relay_circuits(v: int) -> str | None:
+    if 1 <= v <= MAX_RELAY_CIRCUITS_PER_PEER:
+        return None
+    return f"must be within 1..{MAX_RELAY_CIRCUITS_PER_PEER}: a relay takes no more hop streams"
+
+
 def _non_negative(v: int) -> str | None:
     return None if v >= 0 else "must be 0 or more"
 
@@ -354,6 +399,9 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "p2p.region": _non_empty,
     "p2p.discovery_period_s": _positive,
     "p2p.relay_service": _one_of("auto", "on", "off"),
+    "p2p.relay_peer_bytes_per_s": _relay_rate,
+    "p2p.relay_peer_burst_bytes": _relay_burst,
+    "p2p.relay_circuits_per_peer": _relay_circuits,
     "chain.admission_cache_s": _non_negative,
     "chain.clock_period_s": _positive,
     "chain.report_period_s": _positive,

@@ -113,6 +113,20 @@ def test_nested_optimizer_keys_come_from_the_environment_too(tmp_path: Path) -> 
     assert settings.describe()["training"]["optimizer"]["lr"] == 0.002  # type: ignore[index]
 
 
+def test_a_relays_per_peer_limits_come_from_the_p2p_settings(tmp_path: Path) -> None:
+    data = with_change("p2p", "relay_peer_bytes_per_s", 3 << 20, relay_peer_burst_bytes=1 << 20)
+    env = {"GWTF_P2P_RELAY_CIRCUITS_PER_PEER": "3"}
+    limits = live_config_from_settings(
+        load_settings(env=env, config_file=write(tmp_path, data))
+    ).relay_limits
+    assert (limits.peer_bytes_per_s, limits.peer_burst_bytes) == (3 << 20, 1 << 20)
+    assert limits.circuits_per_peer == 3
+    default = live_config_from_settings(
+        load_settings(env={}, config_file=write(tmp_path, NODE_FILE, "plain.toml"))
+    ).relay_limits
+    assert (default.peer_bytes_per_s, default.peer_burst_bytes) == (2 << 20, 16 << 20)
+
+
 def with_change(section: str, key: str, value: object, **more: object) -> dict[str, dict[str, Any]]:
     """NODE_FILE with ``section.key`` (and ``section.<more>``) changed."""
     data = {name: dict(values) for name, values in NODE_FILE.items()}
@@ -135,6 +149,10 @@ def with_change(section: str, key: str, value: object, **more: object) -> dict[s
         (with_change("training", "data_shard", 1), "training.data_shard=1 must be within"),
         (with_change("training", "data_nodes", 0), "training.data_nodes=0 from"),
         (with_change("training", "checkpoint_every", -1), "training.checkpoint_every=-1"),
+        (with_change("p2p", "relay_peer_bytes_per_s", 500_000), "must be at least 1048576"),
+        (with_change("p2p", "relay_circuits_per_peer", 0), "p2p.relay_circuits_per_peer=0"),
+        (with_change("p2p", "relay_circuits_per_peer", 9), "must be within 1..8"),
+        (with_change("p2p", "relay_peer_burst_bytes", 1), "must be at least 65536"),
     ],
 )
 def test_bad_values_are_refused_with_one_line_naming_the_key(

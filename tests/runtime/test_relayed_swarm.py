@@ -43,6 +43,15 @@ def test_neighbouring_stages_that_cannot_dial_each_other_train_through_the_data_
                 break
             await trio.sleep(0.05)
         await swarm.training_done.wait()
+        # The data node metered what it relayed: each stage's activations went through it.
+        relay = swarm.nodes["data"].relay
+        hop = relay.hop if relay is not None else None
+        relayed = hop.meter.view() if hop is not None else {}
+        seen["metered"] = all(
+            relayed.get(n.book.own.peer_id, {}).get(way, 0) > 0
+            for n in (a1, b1)
+            for way in ("sent", "received")
+        )
 
     async def main() -> list:  # type: ignore[type-arg]
         with trio.fail_after(60):
@@ -60,5 +69,5 @@ def test_neighbouring_stages_that_cannot_dial_each_other_train_through_the_data_
     results = trio.run(main)
     assert [r.loss for r in results] == pytest.approx(reference_losses(ITERATIONS, BATCH), rel=1e-4)
     assert seen == dict.fromkeys(
-        ("advertised", "relayed", "through the data node", "leg charged"), True
+        ("advertised", "relayed", "through the data node", "leg charged", "metered"), True
     )

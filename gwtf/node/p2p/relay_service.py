@@ -16,6 +16,9 @@ run, because its handlers are unsafe on a network of untrusted peers:
   whatever is filed there: ending one circuit to a node cut every other circuit to it. Here each
   circuit moves its own bytes and closes its own two streams (``_Circuit``).
 * it reads no ``HopConfig``; the counts of ``RelayLimits`` below are enforced here.
+* it meters no bandwidth. Here each peer's sent bytes, over all its circuits, are paid from a
+  token bucket before they are forwarded, each circuit end keeping a floor of its own
+  (``relay_metering``), and a peer opens at most ``circuits_per_peer`` circuits at once.
 
 Who may use a relay is ``admit``'s decision: ``RunAdmission`` over the chain where
 ``chain.admission`` is on (``gwtf-node start`` always turns it on), everyone elsewhere (the local
@@ -45,15 +48,36 @@ from libp2p.relay.circuit_v2.protocol import STOP_PROTOCOL_ID as STOP
 from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.protocol_buffer import StatusCode, to_proto_status
 from libp2p.relay.circuit_v2.utils import write_delimited_msg
+from libp2p.stream_muxer.yamux.yamux import DEFAULT_WINDOW_SIZE, YamuxStream
 
 from gwtf.node.p2p.relay import end_stream, is_circuit, read_relay_message
+from gwtf.node.p2p.relay_metering import FLOOR_BURST, RelayMeter
 from gwtf.node.p2p.rpc import Admission, admit_everyone
 
 log = logging.getLogger(__name__)
 
 #: How long a peer may take to send a hop or stop message, and a circuit to be set up.
 HANDSHAKE_S = 10.0
-_CHUNK = 64 * 1024
+#: The most a relay reads of a leg at once: what an end's floor holds at most.
+_CHUNK = FLOOR_BURST
+
+#: A relay leg's yamux receive window, kept at py-libp2p's initial size: what a leg may hold
+#: unread at the relay. Enough for 2 MiB/s at 100 ms of round trip; grown (up to 16 MiB, when
+#: half a window is read within 4 round trips, and a peer answering pings late sets the round
+#: trip) it let one peer park MiBs on every leg, and a window update on the circuit wait behind
+#: them longer than yamux's 5 s.
+LEG_WINDOW = DEFAULT_WINDOW_SIZE
+
+
+def _pin_window(stream: INetStream) -> None:
+    """Keep a leg's receive window at its initial ``LEG_WINDOW``: its autotune never grows it."""
+    muxed = getattr(stream, "muxed_stream", None)
+    if isinstance(muxed, YamuxStream):
+        muxed._apply_autotune_epoch = _no_growth  # type: ignore[method-assign]
+
+
+def _no_growth(buffered: int) -> int:
+    return 0
 
 
 @dataclass(frozen=True)
@@ -65,8 +89,37 @@ class RelayLimits:
     a Python relay moves each way, about 6 min of full-speed transfer) before the relay cuts
     it and the next request dials a fresh one. Slots expire after 10 min unless refreshed, so
     the slots of nodes that left come free soon. Abuse by untrusted peers is bounded by
-    ``admit``, by the counts below, and by the per-circuit caps; no rate limit exists
-    (py-libp2p meters no bandwidth).
+    ``admit``, by the counts below, by the per-circuit caps, and by a per-peer rate
+    (``relay_metering``; py-libp2p meters no bandwidth).
+
+    The rate: 2 MiB/s for each peer's sent bytes over all its circuits, a third of what a
+    Python relay moves each way. With its ends' floors (below) one peer can get more: up to
+    2 + 24 x 128 KiB/s = 5 MiB/s when two colluders open the 16 circuits to it and it pushes on
+    all 24 ends, about all a Python relay moves; a peer alone on its own 8 circuits gets
+    3 MiB/s. It carries, sustained, one activation or gradient a
+    second of gpt-small at batch 8 x 128 tokens in float32 (1 MiB), or of gpt-125m at batch
+    8 x 128 in bfloat16 (1.5 MiB); routing already counts a relayed link at a fifth of its
+    bandwidth, so a relayed peer is not meant to carry a stage's bulk. The burst, 16 MiB,
+    passes one gpt-125m or gpt-350m microbatch of 8 x 1024 tokens in bfloat16 (12.6 and
+    16.8 MB) unslowed. Within a hop's ack deadline (20 s) a peer with one busy circuit moves
+    burst + 20 s x rate = 56 MiB: a 1b model's microbatch of 8 x 2048 tokens in bfloat16
+    (64 MiB) does not fit, one of 6 x 2048 does; a peer with several busy circuits through
+    the relay splits that between them, and counterparts that ask it for state (a run member
+    may, at every step) spend the same bucket, leaving each circuit as little as its floor,
+    2.5 MiB in 20 s. Nothing sizes hops or a replica's gradient (one request, same deadline)
+    against this: a message over what the peer's bucket passes in time fails at the deadline.
+
+    The floor: each circuit end forwards 128 KiB/s even when its peer's bucket is empty, so a
+    circuit busy both ways keeps its flow-control updates moving however many circuits share
+    the peer's rate (``relay_metering``). What it can cost is bounded by a peer's ends: at most
+    ``circuits_per_peer`` it opened and ``circuits_per_destination`` opened to it (counted by
+    the relay per peer), 8 + 16 = 24, so 24 x 128 KiB/s = 3 MiB/s over the rate at most (a
+    peer alone, whose 8 circuits go to others who send nothing, gets 1 MiB/s over it).
+
+    A leg's unread bytes at the relay are bounded by the leg's yamux receive window, kept at
+    ``LEG_WINDOW`` (256 KiB), which the host's muxer enforces (``yamux_window``: a peer
+    sending more than 64 KiB past it is cut off): 320 KiB a leg, 7.5 MiB for one peer's 24
+    ends, 64 circuits x 2 legs = 40 MiB at the relay.
     """
 
     #: Nodes holding a slot at once (py-libp2p's default: 4; hivemind: 128).
@@ -79,7 +132,16 @@ class RelayLimits:
     circuits_per_destination: int = 16
     #: Hop streams (a reservation, or a circuit for its whole life) open at once.
     hop_streams: int = 64
-    hop_streams_per_peer: int = 8
+    #: A peer's circuits and its reservation's refresh beside them.
+    hop_streams_per_peer: int = 10
+    #: Circuits one peer opens through this relay at once (one per neighbour behind NAT).
+    circuits_per_peer: int = 8
+    #: Bytes a second each peer may send through this relay over all its circuits (either
+    #: end), and how many it may send at once above that rate; over it, its reads wait.
+    peer_bytes_per_s: int = 2 << 20
+    peer_burst_bytes: int = 16 << 20
+    #: Bytes a second each circuit end forwards whatever its peer's bucket holds.
+    circuit_floor_bytes_per_s: int = 128 << 10
 
     def __post_init__(self) -> None:
         for name, value in dataclasses.asdict(self).items():
@@ -94,6 +156,15 @@ class RelayLimits:
             max_reservations=self.reservations,
             reservation_ttl=self.reservation_ttl_s,
         )
+
+    def meter(self) -> RelayMeter:
+        return RelayMeter(self.peer_bytes_per_s, self.peer_burst_bytes,
+                          self.circuit_floor_bytes_per_s)  # fmt: skip
+
+    @property
+    def ends_per_peer(self) -> int:
+        """The most circuit ends one peer has at the relay: those it opened, those to it."""
+        return self.circuits_per_peer + self.circuits_per_destination
 
     def circuit_limit(self) -> Limit:
         return Limit(duration=self.circuit_duration_s, data=self.circuit_bytes)
@@ -111,6 +182,11 @@ class HopGuard:
     serving: Callable[[], bool] = lambda: True
     open_by_peer: dict[str, int] = field(default_factory=dict)
     refused: int = 0
+    #: Each peer's bandwidth budget and relayed bytes (``meter.view()`` for the node status).
+    meter: RelayMeter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.meter = self.limits.meter()
 
     @property
     def open_streams(self) -> int:
@@ -132,7 +208,7 @@ class HopGuard:
             elif request.type == HopMessage.RESERVE:
                 await self._reserve(stream, source, request)
             elif request.type == HopMessage.CONNECT and request.HasField("peer"):
-                await _Circuit(self.protocol, self.limits, stream, source).run(request.peer.id)
+                await self._connect(stream, source, request.peer.id)
             else:
                 await self._refuse(stream, peer, StatusCode.MALFORMED_MESSAGE, "bad request")
         except Exception:  # supervision boundary: nothing may escape a libp2p handler
@@ -169,6 +245,18 @@ class HopGuard:
         await self.protocol._handle_reserve(stream, request)  # the reservation book and answer
         await end_stream(stream, reset=False)
 
+    async def _connect(self, stream: INetStream, source: ID, target: bytes) -> None:
+        peer = self.meter.of(str(source))
+        if peer.circuits >= self.limits.circuits_per_peer:
+            why = f"{self.limits.circuits_per_peer} circuits of this peer open"
+            await self._refuse(stream, str(source), StatusCode.RESOURCE_LIMIT_EXCEEDED, why)
+            return
+        peer.circuits += 1  # checked and counted with nothing awaited between
+        try:
+            await _Circuit(self.protocol, self.limits, self.meter, stream, source).run(target)
+        finally:
+            peer.circuits -= 1
+
     async def _refuse(self, stream: INetStream, peer: str, status: StatusCode, why: str) -> None:
         self.refused += 1
         log.info("relay refused a hop stream of %s: %s", peer, why)
@@ -182,21 +270,27 @@ class _Circuit:
 
     protocol: CircuitV2Protocol
     limits: RelayLimits
+    meter: RelayMeter
     source_stream: INetStream
     source: ID
     target_stream: INetStream | None = None
+    target: ID | None = None
 
     async def run(self, target_bytes: bytes) -> None:
-        target = ID(target_bytes)
+        target = self.target = ID(target_bytes)
         book = self.protocol.resource_manager
         reservation = None if target == self.source else book.get_reservation(target)
-        if reservation is None:
+        if reservation is None or reservation.is_expired():
             await self._answer(StatusCode.NO_RESERVATION)
             return
-        if not reservation.can_accept_connection():
+        # Counted per peer here, not by the library's reservation: a lapsed slot taken anew
+        # is a new reservation whose count starts at 0 beside the circuits still open.
+        to = self.meter.of(str(target))
+        if to.circuits_to >= self.limits.circuits_per_destination:
             await self._answer(StatusCode.RESOURCE_LIMIT_EXCEEDED)
             return
-        reservation.active_connections += 1
+        to.circuits_to += 1  # checked and counted with nothing awaited between
+        _pin_window(self.source_stream)
         try:
             if await self._open_to(target):
                 await self._answer(StatusCode.OK, keep_open=True)
@@ -204,7 +298,7 @@ class _Circuit:
             else:
                 await self._answer(StatusCode.CONNECTION_FAILED)
         finally:
-            book.release_connection(target)
+            to.circuits_to -= 1
             await end_stream(self.source_stream, reset=True)
             if self.target_stream is not None:
                 await end_stream(self.target_stream, reset=True)
@@ -215,6 +309,7 @@ class _Circuit:
             with trio.fail_after(HANDSHAKE_S):
                 stream = await self.protocol.host.new_stream(target, [STOP])
                 self.target_stream = stream
+                _pin_window(stream)
                 offer = StopMessage(type=StopMessage.CONNECT,
                                     peer=CircuitPeer(id=self.source.to_bytes()),
                                     limit=self.limits.circuit_limit())  # fmt: skip
@@ -237,32 +332,56 @@ class _Circuit:
 
     async def _pump(self) -> None:
         """Move bytes both ways until either side ends, the time is up or the bytes are spent."""
-        assert self.target_stream is not None
+        assert self.target_stream is not None and self.target is not None
+        source, target = str(self.source), str(self.target)
         budget = [self.limits.circuit_bytes]  # both directions draw on one budget
         with trio.move_on_after(self.limits.circuit_duration_s):
             async with trio.open_nursery() as nursery:
-                done = nursery.cancel_scope
-                nursery.start_soon(_copy, self.source_stream, self.target_stream, budget, done)
-                nursery.start_soon(_copy, self.target_stream, self.source_stream, budget, done)
+                ends = (self.source_stream, source), (self.target_stream, target)
+                for (src, sender), (dst, receiver) in (ends, ends[::-1]):
+                    copy = _Copy(src, dst, sender, receiver, self.meter, budget)
+                    nursery.start_soon(copy.run, nursery.cancel_scope)
 
 
-async def _copy(
-    src: INetStream, dst: INetStream, budget: list[int], done: trio.CancelScope
-) -> None:
-    try:
-        while True:
-            data = await src.read(_CHUNK)
-            if not data:
-                break
-            budget[0] -= len(data)
-            if budget[0] < 0:
-                log.info("a circuit spent its bytes: the relay ends it")
-                break
-            await dst.write(data)
-    except Exception as exc:  # a side reset or closed: the circuit is over either way
-        log.debug("a relayed stream ended: %s", exc)
-    finally:
-        done.cancel()
+@dataclass
+class _Copy:
+    """One direction of a circuit: reads from ``sender``'s stream are paid from its bucket, or
+    this end's floor, before they are written to ``receiver``'s (a peer over its budget waits,
+    its stream's flow control holding its further bytes back)."""
+
+    src: INetStream
+    dst: INetStream
+    sender: str
+    receiver: str
+    meter: RelayMeter
+    budget: list[int]
+
+    async def run(self, done: trio.CancelScope) -> None:
+        peer = self.meter.of(self.sender)
+        peer.ends += 1  # kept while it relays (an idle peer's counts may be forgotten)
+        # A read takes at most what the end's floor pays at once (and never more than the
+        # burst or a second's rate), so a slowed sender's window opens again within half a
+        # second: py-libp2p's yamux fails a write whose window stays shut for 5 s, which would
+        # cut the circuit instead of slowing it.
+        chunk = max(1, int(min(_CHUNK, self.meter.burst, self.meter.rate)))
+        floor = self.meter.end_floor()
+        try:
+            while True:
+                data = await self.src.read(chunk)
+                if not data:
+                    break
+                self.budget[0] -= len(data)
+                if self.budget[0] < 0:
+                    log.info("a circuit spent its bytes: the relay ends it")
+                    break
+                await self.meter.charge(self.sender, self.receiver, len(data), floor)
+                await self.dst.write(data)
+                self.meter.delivered(self.receiver, len(data))
+        except Exception as exc:  # a side reset or closed: the circuit is over either way
+            log.debug("a relayed stream ended: %s", exc)
+        finally:
+            peer.ends -= 1
+            done.cancel()
 
 
 @dataclass

@@ -30,7 +30,7 @@ from gwtf.node.p2p.keepalive import NeighbourKeeper
 from gwtf.node.p2p.link_emulation import LinkEmulator, Topology
 from gwtf.node.p2p.reachability import Reachability
 from gwtf.node.p2p.relay import CircuitDialer
-from gwtf.node.p2p.relay_service import RelayLimits, circuit_relay
+from gwtf.node.p2p.relay_service import CircuitRelay, RelayLimits, circuit_relay
 from gwtf.node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper, admit_everyone
 from gwtf.node.p2p.scoring import Offence
 from gwtf.node.receipts import ReceiptsConfig
@@ -233,6 +233,9 @@ class LiveNode:
     memory: MemoryFit | None = None
     #: Hole punching: its counts (it punches nothing under ``hole_punch = false``).
     punch: HolePuncher | None = None
+    #: The relay protocol on its host: what it relays for others (``relay.hop``, None when
+    #: it does not) and the circuits it takes.
+    relay: CircuitRelay | None = None
 
     @property
     def reachability(self) -> Reachability | None:
@@ -313,7 +316,7 @@ async def run_live_node(
             admit=config.admit or admit_everyone,
             circuits_from=None if config.reachable is True else relaying.holds_slot_at,
             serving=relaying.serving,
-        ),
+        ) as circuits,
         trio.open_nursery() as nursery,
     ):
         node_id = str(host.get_id())
@@ -543,7 +546,7 @@ async def run_live_node(
             flow.dispatch(flow.node.introduce(peer_id))
         live = LiveNode(
             config, rpc, book, flow, plane, role, book.own.address, discovery, receipts, relaying,
-            memory, punch,
+            memory, punch, circuits,
         )  # fmt: skip
         if on_started is not None:
             on_started(live)
