@@ -24,12 +24,13 @@ from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
 from libp2p.relay.circuit_v2.utils import write_delimited_msg
 from libp2p.stream_muxer.yamux.yamux import MAX_WINDOW_SIZE
 
+from gwtf.node.p2p import yamux_window
 from gwtf.node.p2p.host import full_address, on_window_violation, peer_info, running_host
 from gwtf.node.p2p.identity import new_identity
 from gwtf.node.p2p.relay import circuit_address, read_relay_message
 from gwtf.node.p2p.rpc import RequestResponse
 from gwtf.node.p2p.scoring import Offence
-from gwtf.node.p2p.yamux_window import SLACK
+from gwtf.node.p2p.yamux_window import MAX_FRAME, MAX_INBOUND_STREAMS, SLACK
 from tests.p2p.test_relay import Node, node
 
 SINK = TProtocol("/gwtf/test-sink/1.0.0")
@@ -47,6 +48,7 @@ class Sink:
     pause_s: float = 0.0
     release: trio.Event = field(default_factory=trio.Event)
     received: int = 0
+    held: bool = False  # wait for ``release`` before reading in chunks too
 
     def __post_init__(self) -> None:
         self.host.set_stream_handler(SINK, self.serve)
@@ -54,7 +56,7 @@ class Sink:
     async def serve(self, stream: INetStream) -> None:
         try:
             with trio.move_on_after(60):
-                if not self.chunk:
+                if self.held or not self.chunk:
                     await self.release.wait()
                 while data := await stream.read(self.chunk or -1):
                     self.received += len(data)
@@ -114,7 +116,7 @@ def test_a_peer_sending_past_its_window_is_cut_off_before_the_node_buffers_much(
         async with pair() as (node, flooder):
             sink = Sink(node)
             cut_off: list[ID] = []
-            on_window_violation(node, cut_off.append)
+            on_window_violation(node, lambda peer, _: cut_off.append(peer))
             flooder_id = flooder.get_id()
             stream = await flooder.new_stream(node.get_id(), [SINK])
             most = window = 0
@@ -148,7 +150,7 @@ def test_a_slow_reader_gets_all_of_an_honest_peers_bytes_and_keeps_the_connectio
         async with pair() as (node, peer):
             sink = Sink(node, chunk=64 * 1024, pause_s=0.002)
             cut_off: list[ID] = []
-            on_window_violation(node, cut_off.append)
+            on_window_violation(node, lambda peer, _: cut_off.append(peer))
             stream = await peer.new_stream(node.get_id(), [SINK])
             with trio.fail_after(30):
                 await stream.write(b"y" * (16 * MiB))
@@ -294,5 +296,129 @@ def test_streams_of_junk_that_negotiation_resets_are_not_kept_unread() -> None:
             # minute (~100 MiB here); with it, at most what negotiation has yet to fail.
             assert opened >= 50, opened
             assert unread <= 8 * MiB, (unread, opened)
+
+    trio.run(main)
+
+
+def _muxer(host: IHost, peer: ID) -> Any:
+    return next(c.muxed_conn for c in host.get_network().connections[peer])
+
+
+async def _open_raw(flooder: IHost, node: IHost, count: int) -> list[int]:
+    """Open ``count`` streams to ``node`` with bare SYNs (as a hostile peer may: py-libp2p's
+    own ``open_stream`` waits once 256 of its streams are open), and leave each open."""
+    muxed = _muxer(flooder, node.get_id())
+    ids = []
+    for _ in range(count):
+        stream_id, muxed.next_stream_id = muxed.next_stream_id, muxed.next_stream_id + 2
+        await muxed._write_frame(struct.pack("!BBHII", 0, 1, 1, stream_id, 0))
+        ids.append(stream_id)
+    return ids
+
+
+def live_inbound(node: IHost, peer: ID) -> int:
+    streams = _muxer(node, peer).streams.values()
+    return sum(1 for s in streams if not s.is_initiator and not s.closed)
+
+
+def test_inbound_streams_past_the_cap_are_reset_and_the_peer_charged_once() -> None:
+    async def main() -> None:
+        async with pair() as (node, flooder):
+            rpc = RequestResponse(node)
+            await _open_raw(flooder, node, MAX_INBOUND_STREAMS + 60)
+            most = 0
+            with trio.move_on_after(1):
+                while True:
+                    most = max(most, live_inbound(node, flooder.get_id()))
+                    await trio.sleep(0.01)
+            # Without the cap all of them stay open (each until negotiation gives up on it).
+            assert most <= MAX_INBOUND_STREAMS + 1  # + the one being reset
+            assert rpc.scores.offences[str(flooder.get_id())] == [Offence.STREAM_FLOOD]
+            assert connected(node, flooder.get_id())
+
+    trio.run(main)
+
+
+def test_a_connection_past_its_budget_has_the_overrunning_stream_reset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each stream within its window and its slack, all of them past the connection's budget
+    (here 1 MiB, four initial windows): the stream that overruns it is reset and the peer
+    charged; the connection stays."""
+    monkeypatch.setattr(yamux_window, "BUDGET", MiB)
+    monkeypatch.setattr(yamux_window, "GROWTH_SHARE", 0)
+
+    async def main() -> None:
+        async with pair() as (node, flooder):
+            rpc = RequestResponse(node)
+            sink = Sink(node)
+            streams = [await flooder.new_stream(node.get_id(), [SINK]) for _ in range(4)]
+            most = 0
+
+            async def watch() -> None:
+                nonlocal most
+                while True:
+                    most = max(most, buffered(node, flooder.get_id())[0])
+                    await trio.sleep(0)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch)
+                for stream in streams:  # a window and most of a frame's slack on each
+                    await flood(stream, WINDOW + SLACK - 4096, 4096)
+                await trio.sleep(0.5)
+                nursery.cancel_scope.cancel()
+            sink.release.set()
+            # Without the budget the node holds all of it: 4 × (256 + 60) KiB.
+            assert most <= MiB + SLACK + 4096, most
+            offences = rpc.scores.offences[str(flooder.get_id())]
+            assert offences and set(offences) == {Offence.WINDOW_OVERRUN}
+            assert connected(node, flooder.get_id())
+
+    trio.run(main)
+
+
+def test_a_data_frame_over_a_mib_closes_the_connection_before_its_body_is_read() -> None:
+    async def main() -> None:
+        async with pair() as (node, flooder):
+            rpc = RequestResponse(node)
+            Sink(node)
+            stream: Any = getattr(await flooder.new_stream(node.get_id(), [SINK]), "muxed_stream")  # noqa: B009
+            # The header alone: without the guard the library waits a minute for the body.
+            header = struct.pack("!BBHII", 0, 0, 0, stream.stream_id, MAX_FRAME + 1)
+            await _muxer(flooder, node.get_id())._write_frame(header)
+            with trio.move_on_after(3):
+                while connected(node, flooder.get_id()):
+                    await trio.sleep(0.01)
+            assert not connected(node, flooder.get_id())
+            assert rpc.scores.offences[str(flooder.get_id())] == [Offence.OVERSIZED_FRAME]
+
+    trio.run(main)
+
+
+def test_many_concurrent_honest_streams_are_neither_refused_nor_charged() -> None:
+    """64 streams at once from one peer (more than a node opens to a neighbour), each 512 KiB
+    written while the node reads nothing for a second (compute busy), then all read."""
+
+    async def main() -> None:
+        async with pair() as (node, peer):
+            rpc = RequestResponse(node)
+            sink = Sink(node, chunk=64 * 1024, held=True)
+            streams = [await peer.new_stream(node.get_id(), [SINK]) for _ in range(64)]
+
+            async def send(stream: INetStream) -> None:
+                await stream.write(b"h" * (512 * 1024))
+                await stream.close()
+
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for stream in streams:
+                        nursery.start_soon(send, stream)
+                    await trio.sleep(1)
+                    sink.release.set()
+                while sink.received < 64 * 512 * 1024:
+                    await trio.sleep(0.01)
+            assert sink.received == 64 * 512 * 1024
+            assert connected(node, peer.get_id())
+            assert str(peer.get_id()) not in rpc.scores.offences
 
     trio.run(main)
