@@ -323,6 +323,10 @@ def live_inbound(node: IHost, peer: ID) -> int:
 
 def test_inbound_streams_past_the_cap_are_reset_and_the_peer_charged_once() -> None:
     async def main() -> None:
+        with trio.fail_after(20):
+            await flood_streams()
+
+    async def flood_streams() -> None:
         async with pair() as (node, flooder):
             rpc = RequestResponse(node)
             await _open_raw(flooder, node, MAX_INBOUND_STREAMS + 60)
