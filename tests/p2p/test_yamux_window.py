@@ -426,3 +426,43 @@ def test_many_concurrent_honest_streams_are_neither_refused_nor_charged() -> Non
             assert str(peer.get_id()) not in rpc.scores.offences
 
     trio.run(main)
+
+
+def _varint_message(text: str) -> bytes:
+    data = text.encode() + b"\n"
+    return bytes([len(data)]) + data  # each name here is under 128 bytes
+
+
+@pytest.mark.slow
+def test_a_flood_of_streams_each_full_within_its_window_holds_at_most_the_budget() -> None:
+    """The hostile review's flood: stream after stream negotiated to a protocol nobody reads,
+    each filled to its window, for 15 s (1,408 such streams held ~350 MiB before the bounds)."""
+    frame = 64 * 1024 - 12
+
+    async def main() -> None:
+        async with pair() as (node, flooder):
+            Sink(node)
+            muxed = _muxer(flooder, node.get_id())
+            hello = _varint_message("/multistream/1.0.0") + _varint_message(str(SINK))
+            most, opened = 0, 0
+            with trio.move_on_after(15):
+                while opened < 1408:
+                    stream_id, muxed.next_stream_id = muxed.next_stream_id, muxed.next_stream_id + 2
+                    await muxed._write_frame(
+                        struct.pack("!BBHII", 0, 0, 1, stream_id, len(hello)) + hello
+                    )
+                    left = WINDOW - len(hello)
+                    while left > 0:
+                        size = min(frame, left)
+                        header = struct.pack("!BBHII", 0, 0, 0, stream_id, size)
+                        await muxed._write_frame(header + b"\xee" * size)
+                        left -= size
+                    opened += 1
+                    most = max(most, buffered(node, flooder.get_id())[0])
+            assert opened >= 200, opened
+            assert most <= 48 * MiB + SLACK + frame, (most, opened)  # ~350 MiB without
+            assert (
+                live_inbound(node, flooder.get_id()) <= MAX_INBOUND_STREAMS + 1
+            )  # + one resetting
+
+    trio.run(main)
