@@ -28,7 +28,7 @@ from gwtf.node.p2p import yamux_window
 from gwtf.node.p2p.host import full_address, on_window_violation, peer_info, running_host
 from gwtf.node.p2p.identity import new_identity
 from gwtf.node.p2p.relay import circuit_address, read_relay_message
-from gwtf.node.p2p.rpc import RequestResponse
+from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
 from gwtf.node.p2p.scoring import Offence
 from gwtf.node.p2p.yamux_window import MAX_FRAME, MAX_INBOUND_STREAMS, SLACK
 from tests.p2p.test_relay import Node, node
@@ -464,5 +464,41 @@ def test_a_flood_of_streams_each_full_within_its_window_holds_at_most_the_budget
             assert (
                 live_inbound(node, flooder.get_id()) <= MAX_INBOUND_STREAMS + 1
             )  # + one resetting
+
+    trio.run(main)
+
+
+def test_honest_rpc_traffic_on_many_protocols_keeps_few_streams_open() -> None:
+    """200 hop-sized requests at once over 24 protocols (more than a node serves) while the
+    server computes slowly: one stream per protocol, nothing refused, nothing charged."""
+    limits = RpcLimits(max_request_bytes=2 * MiB, max_response_bytes=1024, timeout_s=20)
+
+    async def slow_echo(_peer: str, request: bytes) -> bytes:
+        await trio.sleep(0.2)  # compute
+        return request[:8]
+
+    async def main() -> None:
+        async with pair() as (node, peer):
+            server, client = RequestResponse(node), RequestResponse(peer)
+            protocols = [f"/gwtf/test-{n}/1.0.0" for n in range(24)]
+            for protocol in protocols:
+                server.serve(protocol, slow_echo, limits)
+            most = 0
+
+            async def ask(n: int) -> None:
+                nonlocal most
+                reply = await client.request(
+                    node.get_id(), protocols[n % 24], b"%08d" % n + bytes(WINDOW), limits
+                )
+                assert reply == b"%08d" % n
+                most = max(most, live_inbound(node, peer.get_id()))
+
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+                    for n in range(200):
+                        nursery.start_soon(ask, n)
+            print("most", most)
+            assert most <= 24 + 4, most  # + identify, ping and the like
+            assert str(peer.get_id()) not in server.scores.offences
 
     trio.run(main)
