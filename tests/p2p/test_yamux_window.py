@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -317,8 +317,8 @@ async def _open_raw(flooder: IHost, node: IHost, count: int) -> list[int]:
 
 
 def live_inbound(node: IHost, peer: ID) -> int:
-    streams = _muxer(node, peer).streams.values()
-    return sum(1 for s in streams if not s.is_initiator and not s.closed)
+    muxed = _muxer(node, peer)
+    return sum(1 for s in muxed.streams.values() if not s.is_initiator and muxed.live(s))
 
 
 def test_inbound_streams_past_the_cap_are_reset_and_the_peer_charged_once() -> None:
@@ -500,5 +500,35 @@ def test_honest_rpc_traffic_on_many_protocols_keeps_few_streams_open() -> None:
             print("most", most)
             assert most <= 24 + 4, most  # + identify, ping and the like
             assert str(peer.get_id()) not in server.scores.offences
+
+    trio.run(main)
+
+
+def test_streams_the_peer_ended_do_not_count_against_the_cap() -> None:
+    """A handler that reads to the end and returns without closing its side (py-libp2p does
+    not close it for the handler) leaves a stream the peer ended: it holds nothing of the
+    peer's, and more of them than the cap must not get the peer's next streams refused."""
+
+    async def main() -> None:
+        async with pair() as (node, peer):
+            rpc = RequestResponse(node)
+            served = 0
+
+            async def read_to_end(stream: INetStream) -> None:
+                nonlocal served
+                with suppress(Exception):  # the end of the stream is an exception
+                    while await stream.read(-1):
+                        pass
+                served += 1
+
+            node.set_stream_handler(SINK, read_to_end)
+            with trio.fail_after(30):
+                for _ in range(MAX_INBOUND_STREAMS + 20):
+                    stream = await peer.new_stream(node.get_id(), [SINK])
+                    await stream.write(b"done")
+                    await stream.close()
+                while served < MAX_INBOUND_STREAMS + 20:
+                    await trio.sleep(0.01)
+            assert str(peer.get_id()) not in rpc.scores.offences
 
     trio.run(main)

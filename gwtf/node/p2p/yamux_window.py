@@ -52,10 +52,11 @@ log = logging.getLogger(__name__)
 #: whose counting differs from ours by less than a frame (64 KiB). It is cumulative: the
 #: library clamps a stream's overdrawn window back to zero, which must not forgive it again.
 SLACK = 64 * 1024
-#: Live inbound streams (not yet closed both ways, or reset) one connection may hold; a SYN
-#: past it is reset. A node opens one stream per peer and protocol (``rpc.py``: about 16
-#: protocols), plus relay legs (at most 8 hop streams per peer, 16 circuits to one node),
-#: identify, ping, gossip and the DHT: a few tens to a neighbour, so 128 leaves a wide margin.
+#: Live inbound streams (``WindowedYamux.live``: open to the peer's bytes, or holding some
+#: unread) one connection may hold; a SYN past it is reset. A node opens one stream per peer
+#: and protocol (``rpc.py``: about 16 protocols), plus relay legs (at most 8 hop streams per
+#: peer, 16 circuits to one node), identify, ping, gossip and the DHT: a few tens to a
+#: neighbour, so 128 leaves a wide margin.
 MAX_INBOUND_STREAMS = 128
 #: Receive windows one connection may have granted (the sum of its streams' target windows,
 #: each at least the initial 256 KiB, inbound and outbound): a window grows only within
@@ -165,12 +166,20 @@ class WindowedYamux(Yamux):
         unread = self.unread() + size
         return unread > BUDGET + SLACK and unread > self.granted() + SLACK
 
+    def live(self, stream: YamuxStream) -> bool:
+        """Whether ``stream`` is open to the peer's bytes, or holds some unread. A stream the
+        peer ended and whose bytes were read holds nothing of the peer's, even where a
+        handler never closed its own side (py-libp2p does not close a handler's stream)."""
+        if stream.closed:
+            return False
+        return not stream.recv_closed or bool(self.stream_buffers.get(stream.stream_id))
+
     def refusal(self, stream: YamuxStream) -> str | None:
         """Why a new inbound ``stream`` is refused, or None to accept it."""
         if stream.closed:  # opened with RST: the library hands it on as dead already
             return None
         others = [s for s in self.streams.values() if s is not stream]
-        live = sum(1 for s in others if not s.is_initiator and not s.closed)
+        live = sum(1 for s in others if not s.is_initiator and self.live(s))
         if live >= MAX_INBOUND_STREAMS:
             return f"{live} live inbound streams (at most {MAX_INBOUND_STREAMS})"
         granted = sum(s.target_recv_window for s in others)
