@@ -147,8 +147,8 @@ class WindowedYamux(Yamux):
         return False
 
     def granted(self) -> int:
-        """The receive windows this connection's streams were granted (target windows)."""
-        return sum(s.target_recv_window for s in self.streams.values())
+        """The receive windows this connection's live streams were granted (target windows)."""
+        return sum(s.target_recv_window for s in self.streams.values() if self.live(s))
 
     def unread(self) -> int:
         return sum(len(b) for b in self.stream_buffers.values())
@@ -156,7 +156,9 @@ class WindowedYamux(Yamux):
     def may_grow(self, growth: int) -> bool:
         """Whether a stream's window may grow by ``growth`` within ``GROWTH_SHARE``."""
         grown = sum(
-            max(0, s.target_recv_window - DEFAULT_WINDOW_SIZE) for s in self.streams.values()
+            s.target_recv_window - DEFAULT_WINDOW_SIZE
+            for s in self.streams.values()
+            if self.live(s)
         )
         return grown + growth <= GROWTH_SHARE
 
@@ -170,9 +172,9 @@ class WindowedYamux(Yamux):
         """Whether ``stream`` is open to the peer's bytes, or holds some unread. A stream the
         peer ended and whose bytes were read holds nothing of the peer's, even where a
         handler never closed its own side (py-libp2p does not close a handler's stream)."""
-        if stream.closed:
-            return False
-        return not stream.recv_closed or bool(self.stream_buffers.get(stream.stream_id))
+        if self.stream_buffers.get(stream.stream_id):
+            return True
+        return not (stream.closed or stream.recv_closed)
 
     def refusal(self, stream: YamuxStream) -> str | None:
         """Why a new inbound ``stream`` is refused, or None to accept it."""
@@ -182,7 +184,7 @@ class WindowedYamux(Yamux):
         live = sum(1 for s in others if not s.is_initiator and self.live(s))
         if live >= MAX_INBOUND_STREAMS:
             return f"{live} live inbound streams (at most {MAX_INBOUND_STREAMS})"
-        granted = sum(s.target_recv_window for s in others)
+        granted = sum(s.target_recv_window for s in others if self.live(s))
         if granted + DEFAULT_WINDOW_SIZE > BUDGET:
             return f"windows of {granted >> 20} MiB granted (budget {BUDGET >> 20} MiB)"
         return None
