@@ -134,8 +134,7 @@ class WindowedYamux(Yamux):
                 self._spawn(self._cut_off, stream_id)
             elif self._over_budget(size):
                 # Only bytes past what this node granted get here (see ``BUDGET``): slack
-                # taken on many streams at once, or windows granted past the budget by the
-                # node's own outbound streams. The stream is closed for reading at once, so
+                # taken on many streams at once. The stream is closed for reading at once, so
                 # the rest of what the peer sends on it is dropped until the reset lands.
                 stream.recv_closed = True
                 self._spawn(self._reset_over_budget, stream)
@@ -176,23 +175,23 @@ class WindowedYamux(Yamux):
             return True
         return not (stream.closed or stream.recv_closed)
 
-    def refusal(self, stream: YamuxStream) -> str | None:
-        """Why a new inbound ``stream`` is refused, or None to accept it."""
+    def refusal(self, stream: YamuxStream) -> tuple[str, bool] | None:
+        """Why a new inbound ``stream`` is refused, and whether the peer is to blame for it
+        (a full budget may be this node's own outbound streams); None to accept it."""
         if stream.closed:  # opened with RST: the library hands it on as dead already
             return None
         others = [s for s in self.streams.values() if s is not stream]
         live = sum(1 for s in others if not s.is_initiator and self.live(s))
         if live >= MAX_INBOUND_STREAMS:
-            return f"{live} live inbound streams (at most {MAX_INBOUND_STREAMS})"
+            return f"{live} live inbound streams (at most {MAX_INBOUND_STREAMS})", True
         granted = sum(s.target_recv_window for s in others if self.live(s))
         if granted + DEFAULT_WINDOW_SIZE > BUDGET:
-            return f"windows of {granted >> 20} MiB granted (budget {BUDGET >> 20} MiB)"
+            return f"windows of {granted >> 20} MiB granted (budget {BUDGET >> 20} MiB)", False
         return None
 
-    def refused_stream(self, why: str) -> None:
-        """Report a refused inbound stream: one log line per burst, and the peer charged for
-        it once, where it holds too many streams open (a full budget may be this node's own
-        outbound streams)."""
+    def refused_stream(self, why: str, blame: bool) -> None:
+        """Report a refused inbound stream: one log line per burst, and the peer charged once
+        for it where it is to blame."""
         self.refused += 1
         now = trio.current_time()
         if self._burst_at is not None and now - self._burst_at < BURST_S:
@@ -204,7 +203,7 @@ class WindowedYamux(Yamux):
             why,
             earlier,
         )
-        if why.endswith(f"(at most {MAX_INBOUND_STREAMS})"):
+        if blame:
             self._charge(Offence.STREAM_FLOOD)
 
     async def _read_data_body(self, length: int) -> bytes:
@@ -344,13 +343,13 @@ class _Admission:
         self._channel = channel
 
     async def send(self, stream: YamuxStream) -> None:
-        why = self._muxer.refusal(stream)
-        if why is None:
+        refused = self._muxer.refusal(stream)
+        if refused is None:
             await self._channel.send(stream)
             return
         with suppress(Exception):  # the connection is closing: the stream is gone anyway
             await stream.reset()
-        self._muxer.refused_stream(why)
+        self._muxer.refused_stream(*refused)
 
     def close(self) -> None:
         self._channel.close()
