@@ -3,6 +3,7 @@ sends; a peer that keeps to the window is not. Real hosts on 127.0.0.1."""
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
@@ -381,7 +382,11 @@ def test_a_connection_past_its_budget_has_the_overrunning_stream_reset(
     trio.run(main)
 
 
-def test_a_data_frame_over_a_mib_closes_the_connection_before_its_body_is_read() -> None:
+def test_a_data_frame_over_a_mib_closes_the_connection_before_its_body_is_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    named: list[str] = []
+
     async def main() -> None:
         async with pair() as (node, flooder):
             rpc = RequestResponse(node)
@@ -395,8 +400,12 @@ def test_a_data_frame_over_a_mib_closes_the_connection_before_its_body_is_read()
                     await trio.sleep(0.01)
             assert not connected(node, flooder.get_id())
             assert rpc.scores.offences[str(flooder.get_id())] == [Offence.OVERSIZED_FRAME]
+            named.append(str(flooder.get_id()))
 
+    caplog.set_level(logging.WARNING)
     trio.run(main)
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING and named[0] in r.message]
+    assert len(lines) == 1, [r.message for r in lines]  # one clear line, not the library's too
 
 
 def test_many_concurrent_honest_streams_are_neither_refused_nor_charged() -> None:

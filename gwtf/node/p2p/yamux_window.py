@@ -85,6 +85,27 @@ class FrameTooLarge(trio.TooSlowError):
     three places it reads a frame body."""
 
 
+class _OwnLineOnly(logging.Filter):
+    """Drops py-libp2p's "timed out reading DATA frame body" line for a connection closed for
+    a frame too large (``FrameTooLarge``): this module's own line says what happened."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peers: set[str] = set()  # peers whose connection is closing for a frame too large
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.msg
+        if not (isinstance(message, str) and message.startswith("Yamux: timed out reading")):
+            return True
+        peer = next((p for p in self.peers if p in message), None)
+        self.peers.discard(peer or "")
+        return peer is None
+
+
+_own_line_only = _OwnLineOnly()
+logging.getLogger("libp2p.stream_muxer.yamux.yamux").addFilter(_own_line_only)
+
+
 class WindowedYamux(Yamux):
     """``Yamux`` whose stream buffers refuse bytes sent past the stream's receive window."""
 
@@ -219,6 +240,7 @@ class WindowedYamux(Yamux):
             MAX_FRAME,
         )
         self._charge(Offence.OVERSIZED_FRAME)
+        _own_line_only.peers.add(str(self.peer_id))
         with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_S), suppress(Exception):
             await self._write_frame(
                 struct.pack(YAMUX_HEADER_FORMAT, 0, TYPE_GO_AWAY, 0, 0, GO_AWAY_PROTOCOL_ERROR)
