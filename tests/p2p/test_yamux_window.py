@@ -35,6 +35,7 @@ from gwtf.node.p2p.yamux_window import MAX_FRAME, MAX_INBOUND_STREAMS, SLACK
 from tests.p2p.test_relay import Node, node
 
 SINK = TProtocol("/gwtf/test-sink/1.0.0")
+PROTO_SLOW = "/gwtf/test-computing/1.0.0"
 MiB = 1 << 20
 WINDOW = 256 * 1024  # yamux's initial stream window
 
@@ -540,5 +541,46 @@ def test_streams_the_peer_ended_do_not_count_against_the_cap() -> None:
                 while served < MAX_INBOUND_STREAMS + 80:
                     await trio.sleep(0.01)
             assert str(peer.get_id()) not in rpc.scores.offences
+
+    trio.run(main)
+
+
+def test_requests_ended_with_fin_count_against_the_cap_while_their_handlers_run() -> None:
+    """A peer that sends a request and then ends its side leaves a stream that holds nothing
+    unread, but the RPC server still holds the request and runs its handler: such streams count
+    until the handler returns, so the cap bounds the handlers a peer keeps running at once."""
+    limits = RpcLimits(max_request_bytes=MiB, max_response_bytes=1024, timeout_s=20)
+    running = most = 0
+    release = trio.Event()
+
+    async def computing(_peer: str, request: bytes) -> bytes:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await release.wait()
+        running -= 1
+        return b"ok"
+
+    async def main() -> None:
+        async with pair() as (node, flooder):
+            server = RequestResponse(node)
+            server.serve(PROTO_SLOW, computing, limits)
+            muxed = _muxer(flooder, node.get_id())
+            hello = _varint_message("/multistream/1.0.0") + _varint_message(PROTO_SLOW)
+            body = b"\0" * 1024
+            request = struct.pack(">I", 4 + len(body)) + struct.pack(">I", 1) + body
+            with trio.fail_after(20):
+                for n in range(MAX_INBOUND_STREAMS + 64):
+                    sid, muxed.next_stream_id = muxed.next_stream_id, muxed.next_stream_id + 2
+                    data = hello + request
+                    await muxed._write_frame(struct.pack("!BBHII", 0, 0, 1, sid, len(data)) + data)
+                    await muxed._write_frame(struct.pack("!BBHII", 0, 1, 4, sid, 0))  # FIN
+                    if n % 16 == 0:
+                        await trio.sleep(0.05)
+                await trio.sleep(0.5)
+            charged = server.scores.offences.get(str(flooder.get_id()))
+            release.set()
+            assert most <= MAX_INBOUND_STREAMS, most
+            assert charged and Offence.STREAM_FLOOD in charged, charged
 
     trio.run(main)

@@ -24,7 +24,7 @@ from gwtf.node.p2p.addresses import (
     parse_listen,
     with_circuits,
 )
-from gwtf.node.p2p.yamux_window import MUXER_OPTIONS, Violation, WindowedMuxers
+from gwtf.node.p2p.yamux_window import MUXER_OPTIONS, Violation, WindowedMuxers, count_handlers
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ def build_host(
     )
     _advertise_circuits(host, circuits)
     _honour_muxer_options(host)
+    count_handlers(host.get_network())
     return host
 
 

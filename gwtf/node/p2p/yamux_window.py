@@ -189,10 +189,9 @@ class WindowedYamux(Yamux):
         return unread > BUDGET + SLACK and unread > self.granted() + SLACK
 
     def live(self, stream: YamuxStream) -> bool:
-        """Whether ``stream`` is open to the peer's bytes, or holds some unread. A stream the
-        peer ended and whose bytes were read holds nothing of the peer's, even where a
-        handler never closed its own side (py-libp2p does not close a handler's stream)."""
-        if self.stream_buffers.get(stream.stream_id):
+        """Whether ``stream`` is open to the peer's bytes, holds some unread, or a handler of
+        this node still runs on it (what the peer sent is then in the handler's hands)."""
+        if self.stream_buffers.get(stream.stream_id) or getattr(stream, "handling", False):
             return True
         return not (stream.closed or stream.recv_closed)
 
@@ -408,3 +407,21 @@ class WindowedMuxers(MuxerMultistream):
 
 #: ``new_host``'s muxer options: yamux only (mplex has no flow control at all to enforce).
 MUXER_OPTIONS: TMuxerOptions = {TProtocol(PROTOCOL_ID): WindowedYamux}
+
+
+def count_handlers(swarm: Any) -> None:
+    """Mark each inbound stream while this node's handler runs on it (``WindowedYamux.live``):
+    a peer that ends its side after a request still has the handler's work counted."""
+    inner = swarm.common_stream_handler
+
+    async def handle(net_stream: Any) -> None:
+        muxed = getattr(net_stream, "muxed_stream", None)
+        if muxed is not None:
+            muxed.handling = True
+        try:
+            await inner(net_stream)
+        finally:
+            if muxed is not None:
+                muxed.handling = False
+
+    swarm.common_stream_handler = handle
