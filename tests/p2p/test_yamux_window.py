@@ -507,7 +507,6 @@ def test_honest_rpc_traffic_on_many_protocols_keeps_few_streams_open() -> None:
                 async with trio.open_nursery() as nursery:
                     for n in range(200):
                         nursery.start_soon(ask, n)
-            print("most", most)
             assert most <= 24 + 4, most  # + identify, ping and the like
             assert str(peer.get_id()) not in server.scores.offences
 
