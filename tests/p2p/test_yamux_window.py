@@ -583,3 +583,42 @@ def test_requests_ended_with_fin_count_against_the_cap_while_their_handlers_run(
             assert charged and Offence.STREAM_FLOOD in charged, charged
 
     trio.run(main)
+
+
+def test_an_honest_peer_is_not_charged_for_what_py_libp2p_granted_past_the_target_windows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """py-libp2p credits a read twice in its window updates, so a stream read once then left
+    unread lets an honest peer send a read's worth past the stream's target window: with the
+    budget at the target windows (here 1 MiB, four initial windows) that passes it, and the
+    stream may be reset, but the peer sent nothing past a window and is not charged."""
+    monkeypatch.setattr(yamux_window, "BUDGET", MiB)
+    monkeypatch.setattr(yamux_window, "GROWTH_SHARE", 0)
+
+    async def main() -> None:
+        async with pair() as (node, peer):
+            rpc = RequestResponse(node)
+            release = trio.Event()
+
+            async def read_once(stream: INetStream) -> None:
+                with suppress(Exception):  # reset under it
+                    await stream.read(60_000)
+                    await release.wait()
+
+            node.set_stream_handler(SINK, read_once)
+            streams = [await peer.new_stream(node.get_id(), [SINK]) for _ in range(4)]
+
+            async def write(stream: INetStream) -> None:
+                with trio.move_on_after(3), suppress(Exception):
+                    await stream.write(b"x" * MiB)  # honestly: within its send window
+
+            async with trio.open_nursery() as nursery:
+                for stream in streams:
+                    nursery.start_soon(write, stream)
+            most = buffered(node, peer.get_id())[0]
+            release.set()
+            muxed = _muxer(node, peer.get_id())
+            assert not muxed.overrun, muxed.overrun
+            assert str(peer.get_id()) not in rpc.scores.offences, most
+
+    trio.run(main)

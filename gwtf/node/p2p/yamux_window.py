@@ -62,9 +62,10 @@ MAX_INBOUND_STREAMS = 128
 #: each at least the initial 256 KiB, inbound and outbound): a window grows only within
 #: ``GROWTH_SHARE``, and an inbound stream whose initial window does not fit is reset. The
 #: budget is the initial windows of ``MAX_INBOUND_STREAMS`` streams (32 MiB) plus the growth
-#: share (16 MiB: one stream at py-libp2p's largest window, or several at less). An honest
-#: peer has in flight at most what it was granted, so a node busy computing with all of a
-#: neighbour's streams unread holds at most this much of it, and is never past it.
+#: share (16 MiB: one stream at py-libp2p's largest window, or several at less). Unread bytes
+#: past it (and past the target windows) reset the stream they reach; the peer is charged only
+#: where it sent past a window, since py-libp2p grants a stream up to a read's worth past its
+#: target window (it credits a read twice), so an honest peer can get past the target sum.
 BUDGET = 48 * 1024 * 1024
 GROWTH_SHARE = 16 * 1024 * 1024
 #: The longest data frame a peer may send. py-libp2p and go-yamux send at most 64 KiB
@@ -154,11 +155,13 @@ class WindowedYamux(Yamux):
                 self.violated = True
                 self._spawn(self._cut_off, stream_id)
             elif self._over_budget(size):
-                # Only bytes past what this node granted get here (see ``BUDGET``): slack
-                # taken on many streams at once. The stream is closed for reading at once, so
-                # the rest of what the peer sends on it is dropped until the reset lands.
+                # Slack taken on many streams at once gets here, and so may an honest peer:
+                # py-libp2p grants past a stream's target window (it credits a read twice),
+                # so the peer is blamed only for bytes it sent past a window, never for
+                # what it was over-granted. The stream is closed for reading at once, so the
+                # rest of what the peer sends on it is dropped until the reset lands.
                 stream.recv_closed = True
-                self._spawn(self._reset_over_budget, stream)
+                self._spawn(self._reset_over_budget, stream, sum(self.overrun.values()) > SLACK)
             else:
                 return True
         # Dropped: give the frame back to the window the library is about to charge it to,
@@ -258,14 +261,16 @@ class WindowedYamux(Yamux):
         except Exception as exc:  # a scoring bug must not keep a guard from acting
             log.error("the muxer's violation hook failed: %s", exc)
 
-    async def _reset_over_budget(self, stream: YamuxStream) -> None:
+    async def _reset_over_budget(self, stream: YamuxStream, blame: bool) -> None:
         log.warning(
-            "reset stream %d of %s: its unread bytes passed the connection's budget of %d MiB",
+            "reset stream %d of %s: its unread bytes passed the connection's budget of %d MiB%s",
             stream.stream_id,
             self.peer_id,
             BUDGET >> 20,
+            " (it sent past its windows)" if blame else "",
         )
-        self._charge(Offence.WINDOW_OVERRUN)
+        if blame:
+            self._charge(Offence.WINDOW_OVERRUN)
         with trio.move_on_after(_CLOSE_S), suppress(Exception):  # the stream is going anyway
             await stream.reset()
 
