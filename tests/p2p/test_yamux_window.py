@@ -622,3 +622,34 @@ def test_an_honest_peer_is_not_charged_for_what_py_libp2p_granted_past_the_targe
             assert str(peer.get_id()) not in rpc.scores.offences, most
 
     trio.run(main)
+
+
+def test_what_a_stream_sent_past_its_window_is_forgotten_with_the_stream() -> None:
+    """A peer taking a little slack on each of many short streams must not grow the muxer's
+    record of it for the connection's lifetime."""
+
+    async def main() -> None:
+        async with pair() as (node, peer):
+            release = trio.Event()
+
+            async def read_later(stream: INetStream) -> None:
+                with suppress(Exception):  # the end of the stream is an exception
+                    await release.wait()
+                    while await stream.read(-1):
+                        pass
+                await stream.close()
+
+            node.set_stream_handler(SINK, read_later)
+            stream = await peer.new_stream(node.get_id(), [SINK])
+            await flood(stream, WINDOW + 4096, 4096)  # within a frame's slack: not cut off
+            muxed = _muxer(node, peer.get_id())
+            with trio.fail_after(10):
+                while not muxed.overrun:
+                    await trio.sleep(0.01)
+                await stream.close()
+                release.set()
+                while muxed.overrun:
+                    await trio.sleep(0.01)
+            assert connected(node, peer.get_id())
+
+    trio.run(main)

@@ -120,7 +120,8 @@ class WindowedYamux(Yamux):
     ) -> None:
         super().__init__(secured_conn, peer_id, is_initiator=is_initiator, on_close=on_close)
         self.on_violation = on_violation
-        self.overrun: dict[int, int] = {}  # stream id -> bytes sent past its window so far
+        # stream id -> bytes sent past its window so far (dropped with the stream's buffer)
+        self.overrun: dict[int, int] = {}
         self.violated = False
         self.refused = 0  # inbound streams refused since the last burst was reported
         self._burst_at: float | None = None  # when the last burst was reported
@@ -356,6 +357,15 @@ class _Buffers(dict[int, bytearray]):
         if type(stream) is YamuxStream:
             stream.__class__ = WindowedStream
         super().__setitem__(stream_id, buffer)
+
+    # The library drops a stream's buffer when it drops the stream: its overrun goes with it.
+    def __delitem__(self, stream_id: int) -> None:
+        super().__delitem__(stream_id)
+        self._muxer.overrun.pop(stream_id, None)
+
+    def pop(self, stream_id: int, *default: Any) -> Any:
+        self._muxer.overrun.pop(stream_id, None)
+        return super().pop(stream_id, *default)
 
 
 class _Admission:
