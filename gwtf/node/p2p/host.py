@@ -24,7 +24,7 @@ from gwtf.node.p2p.addresses import (
     parse_listen,
     with_circuits,
 )
-from gwtf.node.p2p.yamux_window import MUXER_OPTIONS, Violation, WindowedMuxers
+from gwtf.node.p2p.yamux_window import MUXER_OPTIONS, Violation, WindowedMuxers, count_handlers
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ def build_host(
     )
     _advertise_circuits(host, circuits)
     _honour_muxer_options(host)
+    count_handlers(host.get_network())
     return host
 
 
@@ -75,9 +76,10 @@ def _honour_muxer_options(host: IHost) -> None:
 
 
 def on_window_violation(host: IHost, hook: Violation) -> bool:
-    """Call ``hook(peer)`` too when a peer of ``host`` sends past a stream's receive window
-    (its connection is closed in any case); whether ``host`` has the guard to hook (one built
-    by ``build_host`` has)."""
+    """Call ``hook(peer, offence)`` too when a peer of ``host`` breaks a limit of its yamux
+    connection (``yamux_window``: a window or the connection's budget overrun, a frame too
+    large, a burst of streams past the cap; the muxer has reset or closed what it must in any
+    case); whether ``host`` has the guard to hook (one built by ``build_host`` has)."""
     upgrader = getattr(host.get_network(), "upgrader", None)
     muxers = getattr(upgrader, "muxer_multistream", None)
     if not isinstance(muxers, WindowedMuxers):

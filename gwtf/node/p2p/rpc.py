@@ -206,11 +206,11 @@ class RequestResponse:
         if self.dialer is None:
             self.dialer = Dialer(self.host)
         # A host not built by ``build_host`` (a test's fake) has no window guard to hook.
-        on_window_violation(self.host, self._window_overrun)
+        on_window_violation(self.host, self._muxer_offence)
 
-    def _window_overrun(self, peer: ID) -> None:
-        """A peer sent past a yamux receive window (its connection is already closing)."""
-        self.scores.penalise(str(peer), Offence.WINDOW_OVERRUN, trio.current_time())
+    def _muxer_offence(self, peer: ID, offence: Offence) -> None:
+        """A peer broke a limit of its yamux connection (the muxer already acted on it)."""
+        self.scores.penalise(str(peer), offence, trio.current_time())
 
     # ---- serving ------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ class Offence(Enum):
     NOT_ADMITTED = 100.0
     BAD_RECEIPT = 25.0  # a signature that does not check, a receipt of another's hop
     WINDOW_OVERRUN = 80.0  # sent past a yamux receive window: out to fill our memory
+    STREAM_FLOOD = 30.0  # a burst of inbound streams past the cap on one connection
 
 
 @dataclass(frozen=True)
