@@ -153,6 +153,43 @@ class ReportedHop(ReceiptFields, Base):
     __table_args__ = (Index("ix_reported_hops_epoch", "run_id", "epoch"),)
 
 
+class BatchedReceipt(ReceiptFields, Base):
+    """A receipt this node committed for a hop it computed (``role`` worker) or received
+    (receiver) that travelled with no signature: it waits, open (``batch_root`` null), for the
+    batch of its run, epoch and parties that will sign it; once in a batch it is in that one
+    for ever (its root and leaf index), so no crash or retry puts a hop in two batches."""
+
+    __tablename__ = "batched_receipts"
+    hop_key: Mapped[bytes] = mapped_column(HASH, primary_key=True)
+    receipt_digest: Mapped[bytes] = mapped_column(HASH)
+    role: Mapped[str] = mapped_column(String(8))  # worker | receiver
+    batch_root: Mapped[bytes | None] = mapped_column(HASH)
+    leaf_index: Mapped[int | None]
+    recorded_at: Mapped[float]
+    __table_args__ = (
+        Index("ix_batched_receipts_open", "run_id", "epoch", "worker", "counterparty", "role"),
+    )
+
+
+class HopBatchRow(Base):
+    """A batch of receipts this node signed as worker or countersigned as receiver: the
+    ``HopBatch`` (run, epoch, parties, root) with the signatures it has. A worker's row is
+    committed with its own signature before the close request leaves; a receiver's with both
+    before its countersignature does."""
+
+    __tablename__ = "hop_batches"
+    run_id: Mapped[int] = mapped_column(primary_key=True)
+    epoch: Mapped[int] = mapped_column(primary_key=True)
+    worker: Mapped[str] = mapped_column(ADDRESS, primary_key=True)
+    counterparty: Mapped[str] = mapped_column(ADDRESS, primary_key=True)
+    root: Mapped[bytes] = mapped_column(HASH, primary_key=True)
+    role: Mapped[str] = mapped_column(String(8))
+    count: Mapped[int]
+    worker_signature: Mapped[bytes] = mapped_column(SIGNATURE)
+    counterparty_signature: Mapped[bytes | None] = mapped_column(SIGNATURE)
+    closed_at: Mapped[float]
+
+
 class OriginDigest(Base):
     """A frame this data node sent to start a chain of hops (a first forward, a loss
     gradient): the anchors its certificate's hops are chained to."""

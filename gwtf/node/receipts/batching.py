@@ -1,0 +1,238 @@
+"""Receipts signed in batches: one signature and one recovery per end for many hops.
+
+A hop travels and is acked with no signature; each end commits its receipt, open, under its hop
+key (``BatchBook.record``). The worker closes its open receipts for a receiver every
+``max_hops`` hops, after ``max_age_s`` seconds, or at the iteration's end (``BatchBook.due``):
+it signs the ``HopBatch`` over the Merkle root of their digests in hop key order, committed with
+them first (``gwtf.node.store.batches``), and sends a ``CloseRequest`` naming the hops. The
+receiver rebuilds the root from its own committed receipts of those hops, checks the worker's
+signature, commits the batch and answers its countersignature; it refuses a hop it holds no open
+receipt of (naming it) and a root it does not rebuild. Each receipt then travels with both
+batch signatures and its inclusion proof (``ClosedBatch.sealed``), which the certificate, the
+audit and the disputes contract read as they read a batch of one.
+
+A receiver that refuses, or lets the close time out, has acked hops it does not pay for: the
+worker scores it down and sends it no hop for the rest of the iteration (``Withholders``). The
+loss is bounded by one batch (``max_hops``, ``max_age_s``); the next iteration tries it again,
+so a neighbour that crashed once is not excluded for good, and one that keeps withholding keeps
+being scored down until the router drops it. Its unbatched hops are unpaid, never slashable:
+nothing of them was signed.
+
+The live data plane does not use this yet: its hops carry a signature each (batches of one,
+``gwtf.node.receipts.book``). Wiring it in changes the hop and ack formats, the reports and
+evidence pages (which must then keep proofs) and the rule that a backward is receipted only
+through a forward whose receipt is whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from dataclasses import dataclass, field
+from typing import Final
+
+from gwtf.contracts.encoding import (
+    Eip712Domain,
+    HopBatch,
+    HopReceipt,
+    node_address_of,
+    node_public_key,
+    recover_digest_signer,
+    sign_digest,
+)
+from gwtf.errors import ProtocolError
+from gwtf.node.receipts.book import Penalise
+from gwtf.node.store.batches import RECEIVER, WORKER, BatchRefused, BatchStore, ClosedBatch
+
+log = logging.getLogger(__name__)
+
+#: Most hops one batch (and one close request: 32 bytes each) may name.
+MAX_BATCH_HOPS: Final = 4096
+#: Longest a batch may stay open, in seconds.
+MAX_BATCH_AGE_S: Final = 300.0
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """When a worker closes a batch: every ``max_hops`` hops for one receiver, or once its
+    oldest open hop is ``max_age_s`` old, or at the iteration's end, whichever comes first.
+    ``max_hops`` bounds what a receiver who withholds its countersignature costs; ``max_age_s``
+    how long pay waits; ``close_timeout_s`` how long the worker waits for the answer."""
+
+    max_hops: int = 256
+    max_age_s: float = 10.0
+    close_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_hops <= MAX_BATCH_HOPS:
+            raise ValueError(f"max_hops must be 1 to {MAX_BATCH_HOPS}, not {self.max_hops}")
+        if not 0 < self.max_age_s <= MAX_BATCH_AGE_S:
+            raise ValueError(f"max_age_s must be in (0, {MAX_BATCH_AGE_S}], not {self.max_age_s}")
+        if not 0 < self.close_timeout_s <= MAX_BATCH_AGE_S:
+            raise ValueError(f"close_timeout_s must be in (0, {MAX_BATCH_AGE_S}]")
+
+
+# ---------------------------------------------------------------- the close request
+
+_HEAD: Final = struct.Struct(">32sQ20s20s32s65sH")
+
+
+@dataclass(frozen=True)
+class CloseRequest:
+    """What a worker sends to close a batch: the batch, its signature and the hops it holds."""
+
+    batch: HopBatch
+    worker_signature: bytes
+    hop_keys: tuple[bytes, ...]
+
+    def encode(self) -> bytes:
+        b = self.batch
+        head = _HEAD.pack(
+            b.runId.to_bytes(32, "big"), b.epoch, bytes.fromhex(b.worker[2:]),
+            bytes.fromhex(b.counterparty[2:]), b.root, self.worker_signature, len(self.hop_keys),
+        )  # fmt: skip
+        return head + b"".join(self.hop_keys)
+
+    @classmethod
+    def decode(cls, data: bytes) -> CloseRequest:
+        """Raises ``ProtocolError`` for a request that is not one (sizes, counts, fields)."""
+        if len(data) < _HEAD.size:
+            raise ProtocolError(f"a close request is at least {_HEAD.size} bytes")
+        run, epoch, worker, counterparty, root, signature, count = _HEAD.unpack_from(data)
+        if not 1 <= count <= MAX_BATCH_HOPS or len(data) != _HEAD.size + 32 * count:
+            raise ProtocolError(f"a close request names 1 to {MAX_BATCH_HOPS} hops of 32 bytes")
+        keys = tuple(data[_HEAD.size + 32 * i : _HEAD.size + 32 * (i + 1)] for i in range(count))
+        try:
+            batch = HopBatch(
+                int.from_bytes(run, "big"), epoch, "0x" + worker.hex(),
+                "0x" + counterparty.hex(), root,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise ProtocolError(f"a close request's batch is not one: {exc}") from exc
+        return cls(batch, signature, keys)
+
+
+# ---------------------------------------------------------------- withholding receivers
+
+
+@dataclass
+class Withholders:
+    """Receivers that withheld a countersignature this iteration: sent no hop until the next."""
+
+    penalise: Penalise = lambda peer, why: None
+    _stopped: set[str] = field(default_factory=set)
+
+    def withheld(self, peer: str, why: str) -> None:
+        if peer not in self._stopped:
+            log.warning("peer %s withheld a batch countersignature (%s): no hops to it this "
+                        "iteration", peer, why)  # fmt: skip
+        self._stopped.add(peer)
+        self.penalise(peer, why)
+
+    def may_send(self, peer: str) -> bool:
+        return peer not in self._stopped
+
+    def new_iteration(self) -> None:
+        self._stopped.clear()
+
+
+# ---------------------------------------------------------------- the book
+
+
+@dataclass
+class BatchBook:
+    """One node's batched receipts: records hops, closes batches as worker, countersigns them
+    as receiver. Synchronous (its store's transactions); a node runs it off its trio loop."""
+
+    domain: Eip712Domain
+    private_key: bytes = field(repr=False)
+    store: BatchStore
+    settings: BatchSettings = field(default_factory=BatchSettings)
+    withholders: Withholders = field(default_factory=Withholders)
+    #: (run, epoch, receiver address) -> (open hops, when the oldest was recorded)
+    _open: dict[tuple[int, int, str], tuple[int, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.address = node_address_of(node_public_key(self.private_key))
+
+    def record(self, receipts: list[HopReceipt], now: float) -> list[bool]:
+        """Commit receipts of hops this node computed (worker) or received (receiver), open."""
+        worked = [r for r in receipts if r.worker == self.address]
+        received = [
+            r for r in receipts if r.counterparty == self.address and r.worker != self.address
+        ]
+        if len(worked) + len(received) != len(receipts):
+            raise ProtocolError("a node records only receipts of hops it computed or received")
+        held = dict(zip(map(id, worked), self.store.record(worked, WORKER), strict=True))
+        held.update(zip(map(id, received), self.store.record(received, RECEIVER), strict=True))
+        for r in worked:
+            if held[id(r)]:
+                scope = (r.runId, r.epoch, r.counterparty)
+                count, since = self._open.get(scope, (0, now))
+                self._open[scope] = (count + 1, since)
+        return [held[id(r)] for r in receipts]
+
+    def due(self, now: float, iteration_end: bool = False) -> list[tuple[int, int, str]]:
+        """The (run, epoch, receiver) scopes whose batch closes now."""
+        s = self.settings
+        return [
+            scope
+            for scope, (count, since) in self._open.items()
+            if iteration_end or count >= s.max_hops or now - since >= s.max_age_s
+        ]
+
+    def close(self, run_id: int, epoch: int, receiver: str, now: float) -> CloseRequest | None:
+        """Close this node's next batch for ``receiver``; the request to send, or None."""
+        closed = self.store.close(
+            run_id, epoch, self.address, receiver, self.settings.max_hops, self._sign
+        )
+        left = self.store.open_receipts(
+            run_id, epoch, self.address, receiver, WORKER, self.settings.max_hops
+        )
+        if left:
+            self._open[(run_id, epoch, receiver)] = (len(left), now)
+        else:
+            self._open.pop((run_id, epoch, receiver), None)
+        if closed is None:
+            return None
+        return CloseRequest(closed.batch, closed.worker_signature, tuple(closed.hop_keys))
+
+    def answered(self, request: CloseRequest, peer: str, answer: bytes | None, why: str) -> bool:
+        """The receiver ``peer`` answered ``request`` with ``answer`` (None: refused with
+        ``why``, or timed out): keep a countersignature that checks, else stop and score it."""
+        batch = request.batch
+        if answer is not None:
+            try:
+                if recover_digest_signer(batch.digest(self.domain), answer) == batch.counterparty:
+                    self.store.add_countersignature(batch, answer)
+                    return True
+                why = "its countersignature is not its own over the batch"
+            except ProtocolError as exc:
+                why = f"its countersignature does not check: {exc}"
+        self.withholders.withheld(peer, why)
+        return False
+
+    def countersign(self, request: CloseRequest, sender_address: str) -> bytes:
+        """Countersign a worker's close request; raises ``BatchRefused`` (why) otherwise."""
+        batch = request.batch
+        if batch.counterparty != self.address or batch.worker != sender_address:
+            raise BatchRefused(
+                f"a batch of {batch.worker} for {batch.counterparty} sent by {sender_address} "
+                f"to {self.address}"
+            )
+        try:
+            signer = recover_digest_signer(batch.digest(self.domain), request.worker_signature)
+        except ProtocolError as exc:
+            raise BatchRefused(f"batch signature does not check: {exc}") from exc
+        if signer != batch.worker:
+            raise BatchRefused("batch signature is not its worker's")
+        return self.store.countersign(batch, request.hop_keys, request.worker_signature, self._sign)
+
+    def sealed(self, run_id: int, epoch: int) -> list[ClosedBatch]:
+        """This node's countersigned batches of an epoch, both roles: what it reports."""
+        return self.store.batches(run_id, epoch, WORKER) + self.store.batches(
+            run_id, epoch, RECEIVER
+        )
+
+    def _sign(self, digest: bytes) -> bytes:
+        return sign_digest(digest, self.private_key)

@@ -1,0 +1,291 @@
+"""Where a node keeps receipts signed in batches: the receipts of hops that travelled unsigned,
+and the batches that sign them.
+
+A hop's receipt is committed under its hop key as soon as the hop is computed (``record``):
+one receipt per hop key for ever, checked against the per-hop tables too, so a node never
+signs two batches holding different receipts for one hop. A batch is built only from receipts
+committed here, ordered by hop key, and a receipt joins one batch only, in the transaction that
+keeps the batch: a signature covering it is handed out only after that commit. The worker's
+row (``close``) holds its signature; the receiver's (``countersign``) both, committed before
+its countersignature leaves. A crash before a batch's commit leaves its receipts open (signed
+by nobody); after it, the same batch is sent again (``unanswered``), never rebuilt. Pure
+storage: the caller signs (``sign``) and checks signatures.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import ColumnElement, insert, select, update
+
+from gwtf.contracts.batches import batch_of
+from gwtf.contracts.certificate_tree import SignedReceipt
+from gwtf.contracts.encoding import Eip712Domain, HopBatch, HopReceipt, hop_key, receipt_digest
+from gwtf.contracts.merkle import build_tree
+from gwtf.errors import ProtocolError
+from gwtf.node.store.database import Database
+from gwtf.node.store.hops import ConflictingReceipt, HopStore, hop_row
+from gwtf.node.store.models import (
+    BatchedReceipt,
+    Countersignature,
+    HopBatchRow,
+    SignedHop,
+    receipt_of,
+)
+
+WORKER, RECEIVER = "worker", "receiver"
+
+
+class BatchRefused(ProtocolError):
+    """A close request this node will not countersign (it names why: the first hop it lacks,
+    a root it does not rebuild)."""
+
+
+@dataclass(frozen=True)
+class ClosedBatch:
+    """A batch and its receipts in hop key order, with the signatures it has."""
+
+    batch: HopBatch
+    receipts: tuple[HopReceipt, ...]
+    worker_signature: bytes
+    counterparty_signature: bytes | None = None
+
+    @property
+    def hop_keys(self) -> list[bytes]:
+        return [hop_key(r) for r in self.receipts]
+
+    def sealed(self, domain: Eip712Domain) -> list[SignedReceipt]:
+        """Each receipt with both signatures of the batch and its inclusion proof: what reports
+        and evidence pages carry (only once countersigned)."""
+        if self.counterparty_signature is None:
+            raise ProtocolError("a batch not countersigned has no complete receipts")
+        tree = build_tree([receipt_digest(r, domain) for r in self.receipts])
+        return [
+            SignedReceipt(
+                r, self.worker_signature, self.counterparty_signature, tuple(tree.proof(i))
+            )
+            for i, r in enumerate(self.receipts)
+        ]
+
+
+class BatchStore:
+    """The batched receipts of one node, in its database (beside its ``HopStore``)."""
+
+    def __init__(self, db: Database, domain: Eip712Domain) -> None:
+        self.db = db
+        self.domain = domain
+        self._hops = HopStore(db)  # its raw batch reads and writes
+
+    # ------------------------------------------------------------ both ends
+    def record(self, receipts: Sequence[HopReceipt], role: str) -> list[bool]:
+        """Commit each receipt, open, under its hop key, in one transaction: True when it is
+        held now (again is a no-op), False when the key holds another receipt here (in a batch
+        or signed per hop): that hop goes unreceipted rather than the node equivocating."""
+        now = time.time()
+        prepared = [(hop_key(r), receipt_digest(r, self.domain), r) for r in receipts]
+        keys = [key for key, _, _ in prepared]
+        per_hop = SignedHop if role == WORKER else Countersignature
+        with self.db.engine.begin() as connection:
+            held = {
+                bytes(key): bytes(digest)
+                for key, digest in self._hops._rows_of(
+                    connection, BatchedReceipt, "hop_key, receipt_digest", keys
+                )
+            }
+            for key, (digest, _) in self._hops._held(connection, per_hop, keys).items():
+                held.setdefault(key, digest)
+            results, rows = [], []
+            for key, digest, receipt in prepared:
+                known = held.setdefault(key, digest)
+                results.append(known == digest)
+                if known == digest:
+                    rows.append(
+                        hop_row(key, digest, receipt, b"", None, role=role, recorded_at=now)
+                    )
+            for row in rows:  # no signatures in this table: the batch holds them
+                del row["worker_signature"], row["counterparty_signature"]
+            self._hops._insert_new(connection, BatchedReceipt, rows)
+        return results
+
+    def open_receipts(
+        self, run_id: int, epoch: int, worker: str, counterparty: str, role: str, limit: int
+    ) -> list[HopReceipt]:
+        """Up to ``limit`` receipts of the scope in no batch yet, in hop key order."""
+        with self.db.sessions() as session:
+            rows = session.scalars(
+                select(BatchedReceipt)
+                .where(*_scope(run_id, epoch, worker, counterparty, role))
+                .where(BatchedReceipt.batch_root.is_(None))
+                .order_by(BatchedReceipt.hop_key)
+                .limit(limit)
+            )
+            return [receipt_of(r) for r in rows]
+
+    # ------------------------------------------------------------ as worker
+    def close(
+        self,
+        run_id: int,
+        epoch: int,
+        worker: str,
+        counterparty: str,
+        limit: int,
+        sign: Callable[[bytes], bytes],
+    ) -> ClosedBatch | None:
+        """Put up to ``limit`` open receipts of this worker for ``counterparty`` in a batch,
+        signed with ``sign`` over its digest and committed with them; None when none is open."""
+        receipts = self.open_receipts(run_id, epoch, worker, counterparty, WORKER, limit)
+        if not receipts:
+            return None
+        batch, _ = batch_of(receipts, self.domain)
+        signature = sign(batch.digest(self.domain))  # handed out only after the commit below
+        closed = ClosedBatch(batch, tuple(receipts), signature)
+        self._commit(closed, WORKER)
+        return closed
+
+    def add_countersignature(self, batch: HopBatch, counterparty_signature: bytes) -> None:
+        """Keep the receiver's countersignature of a batch this node signed."""
+        with self.db.engine.begin() as connection:
+            connection.execute(
+                update(HopBatchRow)
+                .where(*_batch_key(batch), HopBatchRow.counterparty_signature.is_(None))
+                .values(counterparty_signature=counterparty_signature)
+            )
+
+    def unanswered(self, run_id: int, epoch: int) -> list[ClosedBatch]:
+        """The batches this node signed as worker that no countersignature completes yet: sent
+        again as they are after a restart, never rebuilt."""
+        return [
+            b
+            for b in self.batches(run_id, epoch, WORKER, complete=False)
+            if b.counterparty_signature is None
+        ]
+
+    # ------------------------------------------------------------ as receiver
+    def countersign(
+        self,
+        batch: HopBatch,
+        keys: Sequence[bytes],
+        worker_signature: bytes,
+        sign: Callable[[bytes], bytes],
+    ) -> bytes:
+        """Countersign the batch a worker closed over the receipts under ``keys``, rebuilt from
+        this node's own committed receipts of hops that worker sent it, once the batch is
+        committed with both signatures. The caller has checked ``worker_signature``. The same
+        batch again gets the same countersignature. Raises ``BatchRefused`` naming the first
+        hop this node holds no open receipt of, or a root it does not rebuild."""
+        if not keys or len(set(keys)) != len(keys):
+            raise BatchRefused("a close request names each of its hops once, at least one")
+        with self.db.sessions() as session:
+            done = session.scalar(select(HopBatchRow).where(*_batch_key(batch)))
+            if done is not None and done.counterparty_signature is not None:
+                return bytes(done.counterparty_signature)
+            rows = {
+                r.hop_key: r
+                for r in session.scalars(
+                    select(BatchedReceipt).where(BatchedReceipt.hop_key.in_(list(keys)))
+                )
+            }
+        scope = (batch.runId, batch.epoch, batch.worker, batch.counterparty)
+        receipts = []
+        for key in sorted(keys):
+            row = rows.get(key)
+            if (
+                row is None
+                or row.role != RECEIVER
+                or row.batch_root is not None
+                or (row.run_id, row.epoch, row.worker, row.counterparty) != scope
+            ):
+                raise BatchRefused(
+                    f"batch of {batch.worker}: this node holds no open receipt of hop "
+                    f"{key.hex()} that worker sent it in run {batch.runId} epoch {batch.epoch}"
+                )
+            receipts.append(receipt_of(row))
+        mine, _ = batch_of(receipts, self.domain)
+        if mine.root != batch.root:
+            raise BatchRefused(
+                f"batch of {batch.worker}: its root is not the one of this node's receipts "
+                f"of its {len(keys)} hops"
+            )
+        counter = sign(batch.digest(self.domain))
+        self._commit(ClosedBatch(batch, tuple(receipts), worker_signature, counter), RECEIVER)
+        return counter
+
+    # ------------------------------------------------------------ read
+    def batches(
+        self, run_id: int, epoch: int, role: str, complete: bool = True
+    ) -> list[ClosedBatch]:
+        """This node's batches of an epoch in ``role`` (only countersigned ones if
+        ``complete``), each with its receipts in hop key order."""
+        with self.db.sessions() as session:
+            query = select(HopBatchRow).where(
+                HopBatchRow.run_id == run_id, HopBatchRow.epoch == epoch, HopBatchRow.role == role
+            )
+            if complete:
+                query = query.where(HopBatchRow.counterparty_signature.is_not(None))
+            closed = []
+            for b in session.scalars(query):
+                rows = session.scalars(
+                    select(BatchedReceipt)
+                    .where(BatchedReceipt.batch_root == b.root, BatchedReceipt.role == role)
+                    .where(*_scope(b.run_id, b.epoch, b.worker, b.counterparty, role))
+                    .order_by(BatchedReceipt.leaf_index)
+                )
+                batch = HopBatch(b.run_id, b.epoch, b.worker, b.counterparty, b.root)
+                closed.append(
+                    ClosedBatch(
+                        batch,
+                        tuple(receipt_of(r) for r in rows),
+                        b.worker_signature,
+                        b.counterparty_signature,
+                    )
+                )
+            return closed
+
+    # ------------------------------------------------------------ internals
+    def _commit(self, closed: ClosedBatch, role: str) -> None:
+        """Keep ``closed`` and put its receipts in it, in one transaction; a receipt already in
+        another batch aborts it all (the batch is then refused, nothing signed is handed out)."""
+        b = closed.batch
+        with self.db.engine.begin() as connection:
+            for index, key in enumerate(closed.hop_keys):
+                moved = connection.execute(
+                    update(BatchedReceipt)
+                    .where(BatchedReceipt.hop_key == key, BatchedReceipt.batch_root.is_(None))
+                    .values(batch_root=b.root, leaf_index=index)
+                )
+                if moved.rowcount != 1:
+                    raise ConflictingReceipt(
+                        f"hop {key.hex()} is in another batch already; not signing a second"
+                    )
+            connection.execute(
+                insert(HopBatchRow).values(
+                    run_id=b.runId, epoch=b.epoch, worker=b.worker, counterparty=b.counterparty,
+                    root=b.root, role=role, count=len(closed.receipts),
+                    worker_signature=closed.worker_signature,
+                    counterparty_signature=closed.counterparty_signature, closed_at=time.time(),
+                )
+            )  # fmt: skip
+
+
+def _scope(
+    run_id: int, epoch: int, worker: str, counterparty: str, role: str
+) -> list[ColumnElement[bool]]:
+    return [
+        BatchedReceipt.run_id == run_id,
+        BatchedReceipt.epoch == epoch,
+        BatchedReceipt.worker == worker,
+        BatchedReceipt.counterparty == counterparty,
+        BatchedReceipt.role == role,
+    ]
+
+
+def _batch_key(batch: HopBatch) -> list[ColumnElement[bool]]:
+    return [
+        HopBatchRow.run_id == batch.runId,
+        HopBatchRow.epoch == batch.epoch,
+        HopBatchRow.worker == batch.worker,
+        HopBatchRow.counterparty == batch.counterparty,
+        HopBatchRow.root == batch.root,
+    ]

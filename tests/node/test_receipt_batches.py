@@ -1,0 +1,272 @@
+"""Receipts signed in batches (``gwtf.node.receipts.batching``, ``gwtf.node.store.batches``):
+assembly, closing, the receiver's checks, a receiver that withholds its countersignature, the
+attacks on each rule, and what a crash leaves."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from eth_utils.crypto import keccak
+
+from gwtf.contracts.batches import batch_of
+from gwtf.contracts.certificate_tree import PreparedHop
+from gwtf.contracts.encoding import (
+    FORWARD,
+    HopBatch,
+    HopReceipt,
+    hop_key,
+    ledger_domain,
+    node_address_of,
+    node_public_key,
+    receipt_digest,
+    recover_signer,
+    sign_digest,
+)
+from gwtf.errors import ProtocolError
+from gwtf.node.receipts.batching import (
+    MAX_BATCH_HOPS,
+    BatchBook,
+    BatchSettings,
+    CloseRequest,
+    Withholders,
+)
+from gwtf.node.store.batches import RECEIVER, WORKER, BatchRefused, BatchStore
+from gwtf.node.store.database import open_database
+from gwtf.node.store.hops import ConflictingReceipt, HopStore, ToSign
+
+DOMAIN = ledger_domain(31337, "0x" + "ab" * 20)
+KEYS = {n: keccak(text=f"batch test {n}") for n in ("a", "b", "c", "data")}
+ADDR = {n: node_address_of(node_public_key(k)) for n, k in KEYS.items()}
+
+
+def receipt(i: int, worker: str = "a", receiver: str = "b", epoch: int = 0) -> HopReceipt:
+    return HopReceipt(
+        1, epoch, ADDR["data"], 0, i, 1, FORWARD, 0, ADDR[worker], ADDR[receiver],
+        keccak(b"in" + bytes([i])), keccak(b"out" + bytes([i])), 10,
+    )  # fmt: skip
+
+
+def book(tmp: Path, name: str, settings: BatchSettings | None = None, **kw: object) -> BatchBook:
+    store = BatchStore(open_database(f"sqlite:///{tmp / name}.sqlite"), DOMAIN)
+    return BatchBook(DOMAIN, KEYS[name], store, settings or BatchSettings(), **kw)  # type: ignore[arg-type]
+
+
+def both_record(a: BatchBook, b: BatchBook, receipts: list[HopReceipt]) -> None:
+    assert all(a.record(receipts, now=0.0))
+    assert all(b.record(receipts, now=0.0))
+
+
+def test_a_closed_batch_is_countersigned_and_each_receipt_checks_with_its_proof(
+    tmp_path: Path,
+) -> None:
+    a, b = book(tmp_path, "a"), book(tmp_path, "b")
+    receipts = [receipt(i) for i in range(5)]
+    both_record(a, b, receipts)
+    request = a.close(1, 0, ADDR["b"], now=1.0)
+    assert request is not None and len(request.hop_keys) == 5
+    assert request.hop_keys == tuple(sorted(hop_key(r) for r in receipts))
+    answer = b.countersign(CloseRequest.decode(request.encode()), ADDR["a"])
+    assert a.answered(request, "peer-b", answer, "")
+    for node in (a, b):
+        (closed,) = node.sealed(1, 0)
+        sealed = closed.sealed(DOMAIN)
+        assert {s.receipt for s in sealed} == set(receipts)
+        for s in sealed:
+            assert len(s.proof) >= 2  # a real batch: proofs, not batches of one
+            assert recover_signer(s.receipt, DOMAIN, s.worker_signature, s.proof) == ADDR["a"]
+            assert recover_signer(s.receipt, DOMAIN, s.counterparty_signature, s.proof) == ADDR["b"]
+            PreparedHop.of(s, DOMAIN)  # the data node's check of a reported receipt
+    # The same request again is answered with the same countersignature, no second batch.
+    assert b.countersign(request, ADDR["a"]) == answer
+    assert a.close(1, 0, ADDR["b"], now=2.0) is None
+
+
+def test_a_batch_closes_every_n_hops_after_t_seconds_and_at_the_iterations_end(
+    tmp_path: Path,
+) -> None:
+    a = book(tmp_path, "a", BatchSettings(max_hops=3, max_age_s=5.0))
+    a.record([receipt(0)], now=0.0)
+    a.record([receipt(10, receiver="c")], now=0.0)
+    assert a.due(now=1.0) == []
+    assert set(a.due(now=1.0, iteration_end=True)) == {(1, 0, ADDR["b"]), (1, 0, ADDR["c"])}
+    assert a.due(now=5.0) == [(1, 0, ADDR["b"]), (1, 0, ADDR["c"])]
+    a.record([receipt(1), receipt(2)], now=1.0)
+    assert (1, 0, ADDR["b"]) in a.due(now=1.0)
+    a.record([receipt(3)], now=1.0)
+    request = a.close(1, 0, ADDR["b"], now=1.0)
+    assert request is not None and len(request.hop_keys) == 3  # at most max_hops a batch
+    assert a.due(now=2.0) == []  # one left open, counted from now
+    assert a.due(now=6.0) == [(1, 0, ADDR["b"]), (1, 0, ADDR["c"])]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"max_hops": 0},
+        {"max_hops": MAX_BATCH_HOPS + 1},
+        {"max_age_s": 0.0},
+        {"max_age_s": 1e9},
+        {"close_timeout_s": -1.0},
+    ],
+)
+def test_batch_settings_are_bounded(settings: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        BatchSettings(**settings)  # type: ignore[arg-type]
+
+
+def test_a_receiver_refuses_a_batch_naming_the_first_hop_it_lacks(tmp_path: Path) -> None:
+    a, b = book(tmp_path, "a"), book(tmp_path, "b")
+    receipts = [receipt(i) for i in range(4)]
+    a.record(receipts, now=0.0)
+    b.record([r for r in receipts if r.microbatchId != 2], now=0.0)  # never got hop 2
+    request = a.close(1, 0, ADDR["b"], now=0.0)
+    assert request is not None
+    with pytest.raises(BatchRefused, match=hop_key(receipts[2]).hex()):
+        b.countersign(request, ADDR["a"])
+    assert b.sealed(1, 0) == []  # nothing countersigned, nothing committed
+
+
+def test_a_worker_stops_sending_to_a_receiver_that_withholds_and_nothing_is_slashable(
+    tmp_path: Path,
+) -> None:
+    charged: list[tuple[str, str]] = []
+    withholders = Withholders(penalise=lambda peer, why: charged.append((peer, why)))
+    a, b = book(tmp_path, "a", withholders=withholders), book(tmp_path, "b")
+    receipts = [receipt(i) for i in range(3)]
+    both_record(a, b, receipts)
+    request = a.close(1, 0, ADDR["b"], now=0.0)
+    assert request is not None
+    # The receiver acked every hop but lets the close time out.
+    assert not a.answered(request, "peer-b", None, "no answer in 10 s")
+    assert charged == [("peer-b", "no answer in 10 s")]
+    assert not withholders.may_send("peer-b") and withholders.may_send("peer-c")
+    # Unpaid, not slashable: no complete receipt exists, so none is reported or certified,
+    # and the worker signed these hops in exactly one batch.
+    assert a.sealed(1, 0) == [] and b.sealed(1, 0) == []
+    assert [u.batch for u in a.store.unanswered(1, 0)] == [request.batch]
+    assert a.close(1, 0, ADDR["b"], now=1.0) is None
+    withholders.new_iteration()
+    assert withholders.may_send("peer-b")
+
+
+def test_a_countersignature_over_another_root_is_refused_as_withheld(tmp_path: Path) -> None:
+    """A receiver that countersigns a root missing one of the worker's hops gives the worker
+    nothing: its signature does not check over the worker's batch."""
+    a = book(tmp_path, "a")
+    a.record([receipt(i) for i in range(3)], now=0.0)
+    request = a.close(1, 0, ADDR["b"], now=0.0)
+    assert request is not None
+    short = HopBatch.of(receipt(0), receipt_digest(receipt(0), DOMAIN))
+    forged = sign_digest(short.digest(DOMAIN), KEYS["b"])
+    assert not a.answered(request, "peer-b", forged, "")
+    assert not a.withholders.may_send("peer-b")
+    assert a.sealed(1, 0) == []
+
+
+def test_a_batch_padded_with_another_workers_receipt_is_refused(tmp_path: Path) -> None:
+    a, b = book(tmp_path, "a"), book(tmp_path, "b")
+    mine, theirs = [receipt(0), receipt(1)], receipt(7, worker="c")
+    both_record(a, b, mine)
+    b.record([theirs], now=0.0)
+    padded = sorted([*mine, theirs], key=hop_key)
+    with pytest.raises(ProtocolError):  # no batch of two workers can even be built
+        batch_of(padded, DOMAIN)
+    # The attacker signs a batch of its own scope naming c's hop: the receiver refuses it.
+    batch = HopBatch.of(mine[0], keccak(b"whatever"))
+    request = CloseRequest(
+        batch, sign_digest(batch.digest(DOMAIN), KEYS["a"]), tuple(hop_key(r) for r in padded)
+    )
+    with pytest.raises(BatchRefused, match=hop_key(theirs).hex()):
+        b.countersign(request, ADDR["a"])
+
+
+def test_a_batch_replayed_in_another_epoch_or_by_another_sender_is_refused(
+    tmp_path: Path,
+) -> None:
+    a, b = book(tmp_path, "a"), book(tmp_path, "b")
+    both_record(a, b, [receipt(i) for i in range(2)])
+    request = a.close(1, 0, ADDR["b"], now=0.0)
+    assert request is not None
+    moved = HopBatch(1, 1, ADDR["a"], ADDR["b"], request.batch.root)
+    with pytest.raises(BatchRefused, match="not its worker's"):  # the old signature
+        b.countersign(CloseRequest(moved, request.worker_signature, request.hop_keys), ADDR["a"])
+    resigned = CloseRequest(moved, sign_digest(moved.digest(DOMAIN), KEYS["a"]), request.hop_keys)
+    with pytest.raises(BatchRefused, match="no open receipt"):  # epoch 0's hops
+        b.countersign(resigned, ADDR["a"])
+    with pytest.raises(BatchRefused, match="sent by"):
+        b.countersign(request, ADDR["c"])
+    other_run = HopBatch(2, 0, ADDR["a"], ADDR["b"], request.batch.root)
+    with pytest.raises(BatchRefused):
+        b.countersign(
+            CloseRequest(
+                other_run, sign_digest(other_run.digest(DOMAIN), KEYS["a"]), request.hop_keys
+            ),
+            ADDR["a"],
+        )
+    assert b.countersign(request, ADDR["a"])  # the genuine one still closes
+
+
+def test_a_hop_key_holds_one_receipt_across_batches_and_the_per_hop_tables(
+    tmp_path: Path,
+) -> None:
+    a = book(tmp_path, "a")
+    assert a.record([receipt(0)], now=0.0) == [True]
+    changed = replace(receipt(0), outputDigest=keccak(b"other"))
+    assert hop_key(changed) == hop_key(receipt(0))
+    assert a.record([changed], now=0.0) == [False]
+    # A hop already signed per hop (batch of one) is not batched with another receipt either.
+    per_hop = HopStore(a.store.db)
+    other = receipt(5)
+    per_hop.sign_once(
+        [ToSign(hop_key(other), other, receipt_digest(other, DOMAIN), lambda: b"\x01" * 65)]
+    )
+    forged = replace(other, outputDigest=keccak(b"x"))
+    assert a.record([forged], now=0.0) == [False]
+    assert a.record([other], now=0.0) == [True]  # the same receipt is the same commitment
+
+
+def test_a_crash_before_the_batch_commit_signs_nothing_and_after_it_resends_the_same(
+    tmp_path: Path,
+) -> None:
+    a = book(tmp_path, "a")
+    receipts = [receipt(i) for i in range(3)]
+    a.record(receipts, now=0.0)
+
+    def crash(_: bytes) -> bytes:
+        raise KeyboardInterrupt  # the process dies between its receipts' commit and the close
+
+    with pytest.raises(KeyboardInterrupt):
+        a.store.close(1, 0, ADDR["a"], ADDR["b"], 10, crash)
+    restarted = book(tmp_path, "a")
+    assert restarted.store.unanswered(1, 0) == []  # no batch was kept, none signed
+    assert len(restarted.store.open_receipts(1, 0, ADDR["a"], ADDR["b"], WORKER, 10)) == 3
+    request = restarted.close(1, 0, ADDR["b"], now=1.0)
+    assert request is not None
+    # A crash after the batch's commit: the restarted node sends that batch again as it is,
+    # and its hops never join another.
+    again = book(tmp_path, "a")
+    (unanswered,) = again.store.unanswered(1, 0)
+    assert unanswered.batch == request.batch
+    assert unanswered.worker_signature == request.worker_signature
+    assert again.close(1, 0, ADDR["b"], now=2.0) is None
+    with pytest.raises(ConflictingReceipt):
+        again.store._commit(unanswered, WORKER)
+
+
+def test_close_requests_are_bounded_and_malformed_ones_refused() -> None:
+    batch = HopBatch(1, 0, ADDR["a"], ADDR["b"], keccak(b"r"))
+    request = CloseRequest(batch, b"\x01" * 65, (keccak(b"k"),))
+    assert CloseRequest.decode(request.encode()) == request
+    data = request.encode()
+    for bad in (data[:10], data[:-1], data + b"\x00", data[:-34] + b"\x00\x00" + data[-32:]):
+        with pytest.raises(ProtocolError):
+            CloseRequest.decode(bad)
+
+
+def test_a_node_records_only_its_own_hops(tmp_path: Path) -> None:
+    a = book(tmp_path, "a")
+    with pytest.raises(ProtocolError):
+        a.record([receipt(0, worker="b", receiver="c")], now=0.0)
+    assert RECEIVER != WORKER
