@@ -98,7 +98,7 @@ def test_a_batch_closes_every_n_hops_after_t_seconds_and_at_the_iterations_end(
     request = a.close(1, 0, ADDR["b"], now=1.0)
     assert request is not None and len(request.hop_keys) == 3  # at most max_hops a batch
     assert a.due(now=2.0) == []  # one left open, counted from now
-    assert a.due(now=6.0) == [(1, 0, ADDR["b"]), (1, 0, ADDR["c"])]
+    assert set(a.due(now=6.0)) == {(1, 0, ADDR["b"]), (1, 0, ADDR["c"])}
 
 
 @pytest.mark.parametrize(
@@ -241,7 +241,7 @@ def test_a_crash_before_the_batch_commit_signs_nothing_and_after_it_resends_the_
         a.store.close(1, 0, ADDR["a"], ADDR["b"], 10, crash)
     restarted = book(tmp_path, "a")
     assert restarted.store.unanswered(1, 0) == []  # no batch was kept, none signed
-    assert len(restarted.store.open_receipts(1, 0, ADDR["a"], ADDR["b"], WORKER, 10)) == 3
+    assert len(restarted.store.open_hops(1, 0, ADDR["a"], ADDR["b"], WORKER, 10)) == 3
     request = restarted.close(1, 0, ADDR["b"], now=1.0)
     assert request is not None
     # A crash after the batch's commit: the restarted node sends that batch again as it is,

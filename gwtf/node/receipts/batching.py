@@ -186,16 +186,14 @@ class BatchBook:
         closed = self.store.close(
             run_id, epoch, self.address, receiver, self.settings.max_hops, self._sign
         )
-        left = self.store.open_receipts(
-            run_id, epoch, self.address, receiver, WORKER, self.settings.max_hops
-        )
-        if left:
-            self._open[(run_id, epoch, receiver)] = (len(left), now)
-        else:
-            self._open.pop((run_id, epoch, receiver), None)
+        scope = (run_id, epoch, receiver)
+        count, _ = self._open.pop(scope, (0, now))
+        left = count - (len(closed.hop_keys) if closed is not None else count)
+        if left > 0:  # the rest wait for the next batch, counted from now
+            self._open[scope] = (left, now)
         if closed is None:
             return None
-        return CloseRequest(closed.batch, closed.worker_signature, tuple(closed.hop_keys))
+        return CloseRequest(closed.batch, closed.worker_signature, closed.hop_keys)
 
     def answered(self, request: CloseRequest, peer: str, answer: bytes | None, why: str) -> bool:
         """The receiver ``peer`` answered ``request`` with ``answer`` (None: refused with

@@ -45,23 +45,23 @@ class BatchRefused(ProtocolError):
 
 @dataclass(frozen=True)
 class ClosedBatch:
-    """A batch and its receipts in hop key order, with the signatures it has."""
+    """A batch, its hops' keys in hop key order, the signatures it has and, when read back for
+    reporting (``BatchStore.batches``), its receipts in the same order."""
 
     batch: HopBatch
-    receipts: tuple[HopReceipt, ...]
+    hop_keys: tuple[bytes, ...]
     worker_signature: bytes
     counterparty_signature: bytes | None = None
-
-    @property
-    def hop_keys(self) -> list[bytes]:
-        return [hop_key(r) for r in self.receipts]
+    receipts: tuple[HopReceipt, ...] = ()
 
     def sealed(self, domain: Eip712Domain) -> list[SignedReceipt]:
         """Each receipt with both signatures of the batch and its inclusion proof: what reports
         and evidence pages carry (only once countersigned)."""
         if self.counterparty_signature is None:
             raise ProtocolError("a batch not countersigned has no complete receipts")
-        tree = build_tree([receipt_digest(r, domain) for r in self.receipts])
+        batch, tree = batch_of(self.receipts, domain)
+        if batch != self.batch:  # the database was changed under the node
+            raise ProtocolError(f"batch {self.batch.root.hex()}'s receipts do not make its root")
         return [
             SignedReceipt(
                 r, self.worker_signature, self.counterparty_signature, tuple(tree.proof(i))
@@ -109,19 +109,24 @@ class BatchStore:
             self._hops._insert_new(connection, BatchedReceipt, rows)
         return results
 
-    def open_receipts(
+    def open_hops(
         self, run_id: int, epoch: int, worker: str, counterparty: str, role: str, limit: int
-    ) -> list[HopReceipt]:
-        """Up to ``limit`` receipts of the scope in no batch yet, in hop key order."""
-        with self.db.sessions() as session:
-            rows = session.scalars(
-                select(BatchedReceipt)
-                .where(*_scope(run_id, epoch, worker, counterparty, role))
-                .where(BatchedReceipt.batch_root.is_(None))
-                .order_by(BatchedReceipt.hop_key)
-                .limit(limit)
-            )
-            return [receipt_of(r) for r in rows]
+    ) -> list[tuple[bytes, bytes]]:
+        """(hop key, receipt digest) of up to ``limit`` receipts of the scope in no batch yet,
+        in hop key order: all a batch's root needs (the receipts are read back to report)."""
+        m = self._hops._mark
+        sql = (
+            f"SELECT hop_key, receipt_digest FROM batched_receipts WHERE run_id = {m} AND "
+            f"epoch = {m} AND worker = {m} AND counterparty = {m} AND role = {m} AND "
+            f"batch_root IS NULL ORDER BY hop_key LIMIT {m}"
+        )
+        with self.db.engine.begin() as connection:
+            cursor = connection.connection.cursor()
+            try:
+                cursor.execute(sql, (run_id, epoch, worker, counterparty, role, limit))
+                return [(bytes(key), bytes(digest)) for key, digest in cursor.fetchall()]
+            finally:
+                cursor.close()
 
     # ------------------------------------------------------------ as worker
     def close(
@@ -135,12 +140,13 @@ class BatchStore:
     ) -> ClosedBatch | None:
         """Put up to ``limit`` open receipts of this worker for ``counterparty`` in a batch,
         signed with ``sign`` over its digest and committed with them; None when none is open."""
-        receipts = self.open_receipts(run_id, epoch, worker, counterparty, WORKER, limit)
-        if not receipts:
+        hops = self.open_hops(run_id, epoch, worker, counterparty, WORKER, limit)
+        if not hops:
             return None
-        batch, _ = batch_of(receipts, self.domain)
+        root = build_tree([digest for _, digest in hops]).root
+        batch = HopBatch(run_id, epoch, worker, counterparty, root)
         signature = sign(batch.digest(self.domain))  # handed out only after the commit below
-        closed = ClosedBatch(batch, tuple(receipts), signature)
+        closed = ClosedBatch(batch, tuple(key for key, _ in hops), signature)
         self._commit(closed, WORKER)
         return closed
 
@@ -181,35 +187,32 @@ class BatchStore:
             done = session.scalar(select(HopBatchRow).where(*_batch_key(batch)))
             if done is not None and done.counterparty_signature is not None:
                 return bytes(done.counterparty_signature)
+        with self.db.engine.begin() as connection:
+            columns = (
+                "hop_key, role, batch_root, run_id, epoch, worker, counterparty, receipt_digest"
+            )
             rows = {
-                r.hop_key: r
-                for r in session.scalars(
-                    select(BatchedReceipt).where(BatchedReceipt.hop_key.in_(list(keys)))
-                )
+                bytes(row[0]): row[1:]
+                for row in self._hops._rows_of(connection, BatchedReceipt, columns, list(keys))
             }
-        scope = (batch.runId, batch.epoch, batch.worker, batch.counterparty)
-        receipts = []
-        for key in sorted(keys):
+        scope = (RECEIVER, None, batch.runId, batch.epoch, batch.worker, batch.counterparty)
+        ordered = sorted(keys)
+        digests = []
+        for key in ordered:
             row = rows.get(key)
-            if (
-                row is None
-                or row.role != RECEIVER
-                or row.batch_root is not None
-                or (row.run_id, row.epoch, row.worker, row.counterparty) != scope
-            ):
+            if row is None or tuple(row[:6]) != scope:
                 raise BatchRefused(
                     f"batch of {batch.worker}: this node holds no open receipt of hop "
                     f"{key.hex()} that worker sent it in run {batch.runId} epoch {batch.epoch}"
                 )
-            receipts.append(receipt_of(row))
-        mine, _ = batch_of(receipts, self.domain)
-        if mine.root != batch.root:
+            digests.append(bytes(row[6]))
+        if build_tree(digests).root != batch.root:
             raise BatchRefused(
                 f"batch of {batch.worker}: its root is not the one of this node's receipts "
                 f"of its {len(keys)} hops"
             )
         counter = sign(batch.digest(self.domain))
-        self._commit(ClosedBatch(batch, tuple(receipts), worker_signature, counter), RECEIVER)
+        self._commit(ClosedBatch(batch, tuple(ordered), worker_signature, counter), RECEIVER)
         return counter
 
     # ------------------------------------------------------------ read
@@ -233,12 +236,14 @@ class BatchStore:
                     .order_by(BatchedReceipt.leaf_index)
                 )
                 batch = HopBatch(b.run_id, b.epoch, b.worker, b.counterparty, b.root)
+                receipts = tuple(receipt_of(r) for r in rows)
                 closed.append(
                     ClosedBatch(
                         batch,
-                        tuple(receipt_of(r) for r in rows),
+                        tuple(hop_key(r) for r in receipts),
                         b.worker_signature,
                         b.counterparty_signature,
+                        receipts,
                     )
                 )
             return closed
@@ -248,21 +253,31 @@ class BatchStore:
         """Keep ``closed`` and put its receipts in it, in one transaction; a receipt already in
         another batch aborts it all (the batch is then refused, nothing signed is handed out)."""
         b = closed.batch
+        sql = (
+            f"UPDATE batched_receipts SET batch_root = {self._hops._mark}, "
+            f"leaf_index = {self._hops._mark} "
+            f"WHERE hop_key = {self._hops._mark} AND batch_root IS NULL"
+        )
         with self.db.engine.begin() as connection:
-            for index, key in enumerate(closed.hop_keys):
-                moved = connection.execute(
-                    update(BatchedReceipt)
-                    .where(BatchedReceipt.hop_key == key, BatchedReceipt.batch_root.is_(None))
-                    .values(batch_root=b.root, leaf_index=index)
+            # The driver's executemany, as the hop store's writes: one statement per receipt
+            # through SQLAlchemy would cost more than the batch's signature.
+            cursor = connection.connection.cursor()
+            try:
+                cursor.executemany(
+                    sql, [(b.root, index, key) for index, key in enumerate(closed.hop_keys)]
                 )
-                if moved.rowcount != 1:
-                    raise ConflictingReceipt(
-                        f"hop {key.hex()} is in another batch already; not signing a second"
-                    )
+                moved = cursor.rowcount
+            finally:
+                cursor.close()
+            if moved != len(closed.hop_keys):
+                raise ConflictingReceipt(
+                    f"a hop of batch {b.root.hex()} is in another batch already; not signing "
+                    "a second"
+                )
             connection.execute(
                 insert(HopBatchRow).values(
                     run_id=b.runId, epoch=b.epoch, worker=b.worker, counterparty=b.counterparty,
-                    root=b.root, role=role, count=len(closed.receipts),
+                    root=b.root, role=role, count=len(closed.hop_keys),
                     worker_signature=closed.worker_signature,
                     counterparty_signature=closed.counterparty_signature, closed_at=time.time(),
                 )
