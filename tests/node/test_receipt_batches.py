@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from eth_utils.crypto import keccak
 
-from gwtf.contracts.batches import batch_of
-from gwtf.contracts.certificate_tree import PreparedHop
+from gwtf.contracts.batches import batch_of, sign_batch
+from gwtf.contracts.certificate_tree import PreparedHop, build_certificate_tree
 from gwtf.contracts.encoding import (
     FORWARD,
     HopBatch,
@@ -25,6 +25,7 @@ from gwtf.contracts.encoding import (
     sign_digest,
 )
 from gwtf.errors import ProtocolError
+from gwtf.node.audit.checks import equivocations
 from gwtf.node.receipts.batching import (
     MAX_BATCH_HOPS,
     BatchBook,
@@ -32,6 +33,9 @@ from gwtf.node.receipts.batching import (
     CloseRequest,
     Withholders,
 )
+from gwtf.node.receipts.book import ReceiptTerms
+from gwtf.node.receipts.certify import check_report
+from gwtf.node.receipts.wire import decode_receipts, encode_receipts
 from gwtf.node.store.batches import RECEIVER, WORKER, BatchRefused, BatchStore
 from gwtf.node.store.database import open_database
 from gwtf.node.store.hops import ConflictingReceipt, HopStore, ToSign
@@ -270,3 +274,33 @@ def test_a_node_records_only_its_own_hops(tmp_path: Path) -> None:
     with pytest.raises(ProtocolError):
         a.record([receipt(0, worker="b", receiver="c")], now=0.0)
     assert RECEIVER != WORKER
+
+
+def test_sealed_receipts_are_reported_certified_and_audited_with_their_proofs(
+    tmp_path: Path,
+) -> None:
+    """What a batch hands the data node goes through the report's bytes, the data node's
+    checks and store, its certificate tree and the audit's equivocation check as a batch of
+    one does; only two batches holding different receipts of one hop convict."""
+    a, b = book(tmp_path, "a"), book(tmp_path, "b")
+    receipts = [receipt(i) for i in range(6)]
+    both_record(a, b, receipts)
+    request = a.close(1, 0, ADDR["b"], now=0.0)
+    assert request is not None
+    assert a.answered(request, "peer-b", b.countersign(request, ADDR["a"]), "")
+    (closed,) = a.sealed(1, 0)
+    reported = decode_receipts(encode_receipts(closed.sealed(DOMAIN)))
+    terms = ReceiptTerms(1, DOMAIN, 2, 10)
+    prepared = [check_report(e, terms, ADDR["data"], ADDR["a"]) for e in reported]
+    data_node = HopStore(open_database(f"sqlite:///{tmp_path / 'data'}.sqlite"))
+    data_node.add_reported(prepared)
+    kept = data_node.reported_hops(1, 0)
+    assert {p.entry for p in kept} == set(reported) and all(p.entry.proof for p in kept)
+    tree = build_certificate_tree([p.entry for p in kept], DOMAIN)
+    assert tree.count == 6
+    assert equivocations(reported, DOMAIN) == []
+    # The worker signing hop 0 again, changed, in another batch is convicted by the pair.
+    changed = replace(receipts[0], outputDigest=keccak(b"changed"))
+    other = sign_batch([changed, receipt(9)], DOMAIN, KEYS["a"], KEYS["b"])
+    (finding, *_) = equivocations([*reported, *other], DOMAIN)
+    assert finding.proof is not None

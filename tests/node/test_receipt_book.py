@@ -284,13 +284,11 @@ def test_reports_and_ranges_round_trip(tmp_path: Path) -> None:
     span = tree.worker_range(worker.address)
     assert span is not None and decode_range(encode_range(span)) == span
     assert decode_range(encode_range(None)) is None
-    # A receipt of a larger batch carries a proof the format has no room for: refused, not
-    # reported without it (the data node could not check its signatures).
-    batched = replace(entries[0], proof=(b"\x01" * 32,))
-    with pytest.raises(ProtocolError, match="batch of more than one"):
-        encode_receipts([batched])
-    with pytest.raises(ProtocolError, match="batch of more than one"):
-        worker.store.certify([(batched.receipt.hop_key, b"\x02" * 32, batched)])
+    # A receipt of a larger batch travels and is kept with its proof in the batch.
+    batched = replace(entries[0], proof=(b"\x01" * 32, b"\x03" * 32))
+    assert decode_receipts(encode_receipts([batched])) == [batched]
+    worker.store.certify([(batched.receipt.hop_key, b"\x02" * 32, batched)])
+    assert worker.store.certified_hops(1, 0) == [batched]
 
 
 @given(st.binary(max_size=800))

@@ -1,4 +1,4 @@
-"""A node's receipts served over ``/gwtf/receipts/2.0.0`` (real libp2p hosts on 127.0.0.1, a
+"""A node's receipts served over ``/gwtf/receipts/3.0.0`` (real libp2p hosts on 127.0.0.1, a
 real SQLite store): every complete receipt it signed or countersigned, and a data node's
 certificate with each leaf's proof against its root, in bounded pages; the page formats hold
 against arbitrary bytes."""
@@ -183,9 +183,31 @@ def test_a_reported_receipt_is_its_fields_packed_in_struct_order_then_both_signa
         r.attempt, bytes.fromhex(r.worker[2:]), bytes.fromhex(r.counterparty[2:]),
         r.inputDigest, r.outputDigest, r.units, entry.worker_signature,
         entry.counterparty_signature,
-    )  # fmt: skip
-    assert encode_receipts([entry]) == expected and len(expected) == 2 + RECEIPT_BYTES == 325
+    ) + b"\x00"  # fmt: skip
+    assert encode_receipts([entry]) == expected and len(expected) == 2 + RECEIPT_BYTES + 1 == 326
     assert decode_receipts(expected) == [entry]
+
+
+def test_a_receipt_signed_in_a_batch_travels_with_its_proof_and_a_long_proof_is_refused() -> None:
+    """then its proof in the batch: a length byte and the hashes."""
+    entry = signed(5)
+    proof = tuple(bytes([i]) * 32 for i in range(3))
+    batched = SignedReceipt(
+        entry.receipt, entry.worker_signature, entry.counterparty_signature, proof
+    )
+    data = encode_receipts([batched, entry])
+    assert decode_receipts(data) == [batched, entry]
+    assert data[2 + RECEIPT_BYTES] == 3
+    for bad in (
+        data[:-1],
+        data + b"\x00",
+        data[: 2 + RECEIPT_BYTES] + b"\x0d" + data[3 + RECEIPT_BYTES :],
+    ):
+        with pytest.raises(ProtocolError):
+            decode_receipts(bad)
+    too_long = SignedReceipt(entry.receipt, b"\x01" * 65, b"\x01" * 65, (b"\x00" * 32,) * 13)
+    with pytest.raises(ProtocolError):
+        encode_receipts([too_long])
 
 
 @given(st.binary(max_size=1200))

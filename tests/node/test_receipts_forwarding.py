@@ -1,5 +1,5 @@
 """An auditor reads the receipts of a node it cannot dial through a node connected to it
-(``/gwtf/receipts-via/2.0.0``), as the audit does for a relay at home: the forwarder passes
+(``/gwtf/receipts-via/3.0.0``), as the audit does for a relay at home: the forwarder passes
 only over connections it has, the next forwarder is tried when one declines (and read too
 after one that passes on none, for a juror), and an
 equivocation in the unreached node's own receipts is found (real hosts on loopback, a real

@@ -1,4 +1,5 @@
-"""receipts signed in batches: the receipts waiting for or held in a batch, and the batches
+"""receipts signed in batches: the receipts waiting for or held in a batch, the batches, and
+each reported or certified receipt's proof in its batch
 
 Revision ID: 0005
 Revises: 0004
@@ -17,6 +18,11 @@ depends_on = None
 
 
 def upgrade() -> None:
+    for table in ("certified_hops", "reported_hops"):
+        with op.batch_alter_table(table, schema=None) as batch_op:
+            batch_op.add_column(
+                sa.Column("batch_proof", sa.LargeBinary(length=2048), nullable=True)
+            )
     op.create_table(
         "batched_receipts",
         sa.Column("hop_key", sa.LargeBinary(length=32), nullable=False),
@@ -67,3 +73,6 @@ def downgrade() -> None:
     with op.batch_alter_table("batched_receipts", schema=None) as batch_op:
         batch_op.drop_index("ix_batched_receipts_open")
     op.drop_table("batched_receipts")
+    for table in ("certified_hops", "reported_hops"):
+        with op.batch_alter_table(table, schema=None) as batch_op:
+            batch_op.drop_column("batch_proof")

@@ -42,12 +42,13 @@ from gwtf.contracts.encoding import (
 )
 from gwtf.errors import ProtocolError
 from gwtf.node.receipts.book import Penalise
+from gwtf.node.receipts.wire import MAX_BATCH_PROOF
 from gwtf.node.store.batches import RECEIVER, WORKER, BatchRefused, BatchStore, ClosedBatch
 
 log = logging.getLogger(__name__)
 
 #: Most hops one batch (and one close request: 32 bytes each) may name.
-MAX_BATCH_HOPS: Final = 4096
+MAX_BATCH_HOPS: Final = 2**MAX_BATCH_PROOF  # so a receipt's proof in its batch fits the wire
 #: Longest a batch may stay open, in seconds.
 MAX_BATCH_AGE_S: Final = 300.0
 

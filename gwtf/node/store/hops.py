@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 
 from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt
 from gwtf.contracts.encoding import HopReceipt, signatures_hash
-from gwtf.errors import GwtfError, ProtocolError
+from gwtf.errors import GwtfError
 from gwtf.node.failpoints import failpoint
 from gwtf.node.store.database import Database
 from gwtf.node.store.models import (
@@ -81,8 +81,15 @@ def hop_row(
 def signed_receipt_of(
     row: SignedHop | ReceivedHop | CertifiedHopRow | ReportedHop,
 ) -> SignedReceipt:
-    """The receipt a row holds with its signatures (a signed hop's, once countersigned)."""
-    return SignedReceipt(receipt_of(row), row.worker_signature, row.counterparty_signature or b"")
+    """The receipt a row holds with its signatures (a signed hop's, once countersigned) and,
+    of a reported or certified one, its proof in its batch."""
+    proof = getattr(row, "batch_proof", None) or b""
+    return SignedReceipt(
+        receipt_of(row),
+        row.worker_signature,
+        row.counterparty_signature or b"",
+        tuple(proof[i : i + 32] for i in range(0, len(proof), 32)),
+    )
 
 
 class HopStore:
@@ -172,13 +179,11 @@ class HopStore:
     def add_reported(self, prepared: Sequence[PreparedHop]) -> None:
         """Keep receipts workers reported, checked and prepared; again is a no-op."""
         now = time.time()
-        for p in prepared:
-            _check_batch_of_one(p.entry)
         rows = [
             hop_row(
                 p.hop_key, p.receipt_digest, p.entry.receipt, p.entry.worker_signature,
                 p.entry.counterparty_signature, signatures_hash=p.signatures_hash,
-                reported_at=now,
+                reported_at=now, batch_proof=_joined(p.entry.proof),
             )
             for p in prepared
         ]  # fmt: skip
@@ -402,24 +407,23 @@ def _certified_rows(
     entries: Sequence[tuple[bytes, bytes, SignedReceipt]],
 ) -> list[dict[str, object]]:
     now = time.time()
-    for _, _, e in entries:
-        _check_batch_of_one(e)
     return [
         hop_row(
-            key, digest, e.receipt, e.worker_signature, e.counterparty_signature, certified_at=now
+            key,
+            digest,
+            e.receipt,
+            e.worker_signature,
+            e.counterparty_signature,
+            certified_at=now,
+            batch_proof=_joined(e.proof),
         )
         for key, digest, e in entries
     ]
 
 
-def _check_batch_of_one(entry: SignedReceipt) -> None:
-    # The tables hold a receipt's two signatures and no proof: a receipt signed in a larger
-    # batch would be kept without what makes its signatures check. Refused, not kept broken.
-    if entry.proof:
-        raise ProtocolError(
-            f"receipt of hop {entry.receipt.hop_key.hex()} is signed in a batch of more than one, "
-            "which this node's store does not keep (no batch proofs are stored yet)"
-        )
+def _joined(proof: Sequence[bytes]) -> bytes | None:
+    """A receipt's proof in its batch as a column: null for a batch of one."""
+    return b"".join(proof) or None
 
 
 def _unique_by_key(rows: list[dict[str, object]]) -> list[dict[str, object]]:

@@ -116,6 +116,8 @@ class CertifiedHopRow(ReceiptFields, Base):
     receipt_digest: Mapped[bytes] = mapped_column(HASH)
     worker_signature: Mapped[bytes] = mapped_column(SIGNATURE)
     counterparty_signature: Mapped[bytes] = mapped_column(SIGNATURE)
+    #: The receipt's proof in the batch both signed (hashes, concatenated); null: a batch of one.
+    batch_proof: Mapped[bytes | None] = mapped_column(LargeBinary(MAX_PROOF_BYTES))
     certified_at: Mapped[float]
     __table_args__ = (Index("ix_certified_hops_epoch", "run_id", "epoch"),)
 
@@ -149,6 +151,8 @@ class ReportedHop(ReceiptFields, Base):
     signatures_hash: Mapped[bytes] = mapped_column(HASH)
     worker_signature: Mapped[bytes] = mapped_column(SIGNATURE)
     counterparty_signature: Mapped[bytes] = mapped_column(SIGNATURE)
+    #: The receipt's proof in the batch both signed (hashes, concatenated); null: a batch of one.
+    batch_proof: Mapped[bytes | None] = mapped_column(LargeBinary(MAX_PROOF_BYTES))
     reported_at: Mapped[float]
     __table_args__ = (Index("ix_reported_hops_epoch", "run_id", "epoch"),)
 
