@@ -244,16 +244,16 @@ def test_a_crash_before_the_batch_commit_signs_nothing_and_after_it_resends_the_
     with pytest.raises(KeyboardInterrupt):
         a.store.close(1, 0, ADDR["a"], ADDR["b"], 10, crash)
     restarted = book(tmp_path, "a")
-    assert restarted.store.unanswered(1, 0) == []  # no batch was kept, none signed
-    assert len(restarted.store.open_hops(1, 0, ADDR["a"], ADDR["b"], WORKER, 10)) == 3
+    assert restarted.resume(1, 0, now=1.0) == []  # no batch was kept, none signed
+    assert restarted.due(now=1.0, iteration_end=True) == [(1, 0, ADDR["b"])]
     request = restarted.close(1, 0, ADDR["b"], now=1.0)
-    assert request is not None
+    assert request is not None and len(request.hop_keys) == 3
     # A crash after the batch's commit: the restarted node sends that batch again as it is,
     # and its hops never join another.
     again = book(tmp_path, "a")
+    assert again.resume(1, 0, now=2.0) == [request]
+    assert again.due(now=2.0, iteration_end=True) == []
     (unanswered,) = again.store.unanswered(1, 0)
-    assert unanswered.batch == request.batch
-    assert unanswered.worker_signature == request.worker_signature
     assert again.close(1, 0, ADDR["b"], now=2.0) is None
     with pytest.raises(ConflictingReceipt):
         again.store._commit(unanswered, WORKER)
@@ -304,3 +304,18 @@ def test_sealed_receipts_are_reported_certified_and_audited_with_their_proofs(
     other = sign_batch([changed, receipt(9)], DOMAIN, KEYS["a"], KEYS["b"])
     (finding, *_) = equivocations([*reported, *other], DOMAIN)
     assert finding.proof is not None
+
+
+def test_a_batch_whose_receipts_differ_from_the_receivers_is_refused(tmp_path: Path) -> None:
+    """A worker that claims another output for a hop than the receiver got: same hop keys,
+    another root; the receiver refuses it and signs nothing."""
+    a, b = book(tmp_path, "a"), book(tmp_path, "b")
+    receipts = [receipt(i) for i in range(3)]
+    lied = [replace(receipts[0], outputDigest=keccak(b"not what b got")), *receipts[1:]]
+    a.record(lied, now=0.0)
+    b.record(receipts, now=0.0)
+    request = a.close(1, 0, ADDR["b"], now=0.0)
+    assert request is not None
+    with pytest.raises(BatchRefused, match="root is not the one"):
+        b.countersign(request, ADDR["a"])
+    assert b.sealed(1, 0) == [] and b.store.unanswered(1, 0) == []

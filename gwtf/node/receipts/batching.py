@@ -173,6 +173,17 @@ class BatchBook:
                 self._open[scope] = (count + 1, since)
         return [held[id(r)] for r in receipts]
 
+    def resume(self, run_id: int, epoch: int, now: float) -> list[CloseRequest]:
+        """After a restart: count the epoch's receipts still open (they close as due, from
+        ``now``) and return the close requests of batches signed but never countersigned, to
+        send again as they are."""
+        for receiver, count in self.store.open_counts(run_id, epoch, self.address).items():
+            self._open[(run_id, epoch, receiver)] = (count, now)
+        return [
+            CloseRequest(b.batch, b.worker_signature, b.hop_keys)
+            for b in self.store.unanswered(run_id, epoch)
+        ]
+
     def due(self, now: float, iteration_end: bool = False) -> list[tuple[int, int, str]]:
         """The (run, epoch, receiver) scopes whose batch closes now."""
         s = self.settings

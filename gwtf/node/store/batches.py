@@ -128,6 +128,23 @@ class BatchStore:
             finally:
                 cursor.close()
 
+    def open_counts(self, run_id: int, epoch: int, worker: str) -> dict[str, int]:
+        """How many receipts of hops ``worker`` computed in an epoch wait for a batch, by
+        receiver: what a restarted node has to close."""
+        m = self._hops._mark
+        sql = (
+            f"SELECT counterparty, COUNT(*) FROM batched_receipts WHERE run_id = {m} AND "
+            f"epoch = {m} AND worker = {m} AND role = {m} AND batch_root IS NULL "
+            "GROUP BY counterparty"
+        )
+        with self.db.engine.begin() as connection:
+            cursor = connection.connection.cursor()
+            try:
+                cursor.execute(sql, (run_id, epoch, worker, WORKER))
+                return {str(receiver): int(count) for receiver, count in cursor.fetchall()}
+            finally:
+                cursor.close()
+
     # ------------------------------------------------------------ as worker
     def close(
         self,
