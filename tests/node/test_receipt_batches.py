@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import trio
 from eth_utils.crypto import keccak
 
 from gwtf.contracts.batches import batch_of, sign_batch
@@ -26,6 +27,10 @@ from gwtf.contracts.encoding import (
 )
 from gwtf.errors import ProtocolError
 from gwtf.node.audit.checks import equivocations
+from gwtf.node.p2p.host import full_address, peer_info, running_host
+from gwtf.node.p2p.identity import identity_from_key, peer_id_of
+from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
+from gwtf.node.receipts.batch_closing import CLOSE_PROTOCOL, BatchCloser
 from gwtf.node.receipts.batching import (
     MAX_BATCH_HOPS,
     BatchBook,
@@ -319,3 +324,77 @@ def test_a_batch_whose_receipts_differ_from_the_receivers_is_refused(tmp_path: P
     with pytest.raises(BatchRefused, match="root is not the one"):
         b.countersign(request, ADDR["a"])
     assert b.sealed(1, 0) == [] and b.store.unanswered(1, 0) == []
+
+
+# ---------------------------------------------------------------- over libp2p
+
+
+def closing_pair(tmp_path: Path) -> tuple[BatchBook, BatchBook, list[tuple[str, str]]]:
+    charged: list[tuple[str, str]] = []
+    withholders = Withholders(penalise=lambda peer, why: charged.append((peer, why)))
+    settings = BatchSettings(max_hops=64, close_timeout_s=1.0)
+    a = book(tmp_path, "a", settings, withholders=withholders)
+    return a, book(tmp_path, "b", settings), charged
+
+
+def run_closing(
+    a: BatchBook, b: BatchBook, stall_receiver: bool = False
+) -> tuple[int, BatchCloser, BatchCloser]:
+    peers = {n: str(peer_id_of(identity_from_key(KEYS[n]))) for n in "ab"}
+    result: list[int] = []
+    closers: list[BatchCloser] = []
+
+    async def main() -> None:
+        async with (
+            running_host(identity_from_key(KEYS["a"])) as a_host,
+            running_host(identity_from_key(KEYS["b"])) as b_host,
+        ):
+            worker = BatchCloser(RequestResponse(a_host), a, {ADDR["b"]: peers["b"]}.get)
+            receiver = BatchCloser(RequestResponse(b_host), b, {}.get)
+            if stall_receiver:  # acks every hop, never answers a close
+
+                async def stall(peer: str, data: bytes) -> bytes:
+                    await trio.sleep_forever()
+                    raise AssertionError
+
+                RequestResponse(b_host).serve(CLOSE_PROTOCOL, stall, RpcLimits())
+            else:
+                receiver.serve()
+            await a_host.connect(peer_info(full_address(b_host)))
+            with trio.fail_after(30):
+                result.append(await worker.close_due(now=0.0, iteration_end=True))
+            closers.extend([worker, receiver])
+
+    trio.run(main)
+    return result[0], closers[0], closers[1]
+
+
+def test_a_batch_closes_over_libp2p_and_both_ends_hold_it_whole(tmp_path: Path) -> None:
+    a, b, charged = closing_pair(tmp_path)
+    both_record(a, b, [receipt(i) for i in range(70)])  # two batches: 64 and 6
+    done, _, receiver = run_closing(a, b)
+    assert done == 1 and receiver.countersigned == 1  # one batch of 64 due now
+    assert charged == [] and [len(c.receipts) for c in a.sealed(1, 0)] == [64]
+    done, _, _ = run_closing(a, b)
+    assert done == 1 and sorted(len(c.receipts) for c in b.sealed(1, 0)) == [6, 64]
+
+
+def test_a_receiver_that_never_answers_a_close_is_stopped_and_scored(tmp_path: Path) -> None:
+    a, b, charged = closing_pair(tmp_path)
+    both_record(a, b, [receipt(i) for i in range(3)])
+    done, _, _ = run_closing(a, b, stall_receiver=True)
+    peer_b = str(peer_id_of(identity_from_key(KEYS["b"])))
+    assert done == 0 and [peer for peer, _ in charged] == [peer_b]
+    assert "no answer" in charged[0][1] and not a.withholders.may_send(peer_b)
+    assert a.sealed(1, 0) == [] and b.sealed(1, 0) == []  # unpaid, nothing to slash
+
+
+def test_a_refusal_over_libp2p_names_the_missing_hop_to_the_worker(tmp_path: Path) -> None:
+    a, b, charged = closing_pair(tmp_path)
+    receipts = [receipt(i) for i in range(3)]
+    a.record(receipts, now=0.0)
+    b.record(receipts[1:], now=0.0)  # b never got hop 0
+    done, _, receiver = run_closing(a, b)
+    assert done == 0 and receiver.refused == 1
+    ((_, why),) = charged
+    assert why.startswith("refused: ") and hop_key(receipts[0]).hex() in why
