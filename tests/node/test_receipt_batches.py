@@ -398,3 +398,22 @@ def test_a_refusal_over_libp2p_names_the_missing_hop_to_the_worker(tmp_path: Pat
     assert done == 0 and receiver.refused == 1
     ((_, why),) = charged
     assert why.startswith("refused: ") and hop_key(receipts[0]).hex() in why
+
+
+def test_a_close_racing_another_over_one_hop_signs_nothing_twice(tmp_path: Path) -> None:
+    """Two closes that read the same open hops: the one committed second is aborted whole, so
+    its signature never leaves (worker) or becomes a refusal (receiver)."""
+    a, b = book(tmp_path, "a"), book(tmp_path, "b")
+    receipts = [receipt(i) for i in range(2)]
+    both_record(a, b, receipts)
+    first = a.store.close(1, 0, ADDR["a"], ADDR["b"], 10, a._sign)
+    assert first is not None
+    late = replace(first, batch=HopBatch(1, 0, ADDR["a"], ADDR["b"], keccak(b"other root")))
+    with pytest.raises(ConflictingReceipt):
+        a.store._commit(late, WORKER)
+    assert [c.batch for c in a.store.unanswered(1, 0)] == [first.batch]
+    request = CloseRequest(first.batch, first.worker_signature, first.hop_keys)
+    counter = b.countersign(request, ADDR["a"])
+    raced = replace(first, counterparty_signature=counter, batch=late.batch)
+    with pytest.raises(ConflictingReceipt):
+        b.store._commit(raced, RECEIVER)

@@ -44,6 +44,7 @@ from gwtf.errors import ProtocolError
 from gwtf.node.receipts.book import Penalise
 from gwtf.node.receipts.wire import MAX_BATCH_PROOF
 from gwtf.node.store.batches import RECEIVER, WORKER, BatchRefused, BatchStore, ClosedBatch
+from gwtf.node.store.hops import ConflictingReceipt
 
 log = logging.getLogger(__name__)
 
@@ -195,9 +196,13 @@ class BatchBook:
 
     def close(self, run_id: int, epoch: int, receiver: str, now: float) -> CloseRequest | None:
         """Close this node's next batch for ``receiver``; the request to send, or None."""
-        closed = self.store.close(
-            run_id, epoch, self.address, receiver, self.settings.max_hops, self._sign
-        )
+        try:
+            closed = self.store.close(
+                run_id, epoch, self.address, receiver, self.settings.max_hops, self._sign
+            )
+        except ConflictingReceipt as exc:  # a concurrent close took a hop first: nothing left
+            log.error("batch for %s not closed: %s", receiver, exc)
+            closed = None
         scope = (run_id, epoch, receiver)
         count, _ = self._open.pop(scope, (0, now))
         left = count - (len(closed.hop_keys) if closed is not None else count)

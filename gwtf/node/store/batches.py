@@ -229,7 +229,10 @@ class BatchStore:
                 f"of its {len(keys)} hops"
             )
         counter = sign(batch.digest(self.domain))
-        self._commit(ClosedBatch(batch, tuple(ordered), worker_signature, counter), RECEIVER)
+        try:
+            self._commit(ClosedBatch(batch, tuple(ordered), worker_signature, counter), RECEIVER)
+        except ConflictingReceipt as exc:  # a close of an overlapping batch committed first
+            raise BatchRefused(str(exc)) from exc
         return counter
 
     # ------------------------------------------------------------ read
