@@ -27,6 +27,7 @@ from gwtf.node.local_api.service import LocalApi
 from gwtf.node.p2p.identity import identity_from_key
 from gwtf.node.p2p.link_emulation import Topology
 from gwtf.node.receipts import ReceiptsConfig
+from gwtf.node.receipts.batching import BatchSettings
 from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.cheats import check_cheat
 from gwtf.node.runtime.dataplane.try_token import NO_CHAIN_TRY_DOMAIN, try_token_domain
@@ -240,12 +241,21 @@ def receipts_from_settings(
         run.units_per_hop,
     )
     ledger = EpochLedger(contracts, chain.run_id, wallet)
+    try:
+        batches = BatchSettings(
+            chain.batch_max_hops, chain.batch_max_age_s, chain.batch_close_timeout_s
+        )
+    except ValueError as exc:
+        raise ConfigError(f"chain.batch_*: {exc}") from exc
     return ReceiptsConfig(
         terms,
         settings.db.url,
         ledger,
         report_period_s=chain.report_period_s,
-        grace_s=2 * chain.report_period_s + 1.0,
+        # A receipt is reported once its batch closes: after the iteration's end, its close
+        # and answer, and a report period.
+        grace_s=2 * chain.report_period_s + 2 * batches.close_timeout_s + 1.0,
+        batches=batches,
         clock_period_s=chain.clock_period_s,
         cheat=settings.node.cheat,
         evidence_dir=chain.evidence_dir if settings.node.role == "relay" else "",

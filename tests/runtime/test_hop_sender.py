@@ -23,7 +23,8 @@ from gwtf.node.p2p.discovery_records import PeerCard, card_key, open_card, sign_
 from gwtf.node.p2p.host import build_host
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
 from gwtf.node.p2p.rpc import PeerTimeout, PeerUnavailable, RequestDeclined, RequestResponse
-from gwtf.node.receipts.book import ReceiptBook, ReceiptTerms
+from gwtf.node.receipts.book import ReceiptTerms
+from gwtf.node.receipts.recording import ReceiptBook
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane
 from gwtf.node.runtime.dataplane.hop import (
@@ -38,8 +39,8 @@ from gwtf.node.runtime.dataplane.hop import (
 from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, PassedBack, resend_refusal
 from gwtf.node.runtime.discovery.address_book import AddressBook, PeerRecord, parse_record
 from gwtf.node.runtime.flow.service import FlowService
+from gwtf.node.store.batches import RECEIVER, WORKER, BatchStore
 from gwtf.node.store.database import open_database
-from gwtf.node.store.hops import HopStore
 
 ACK_S = 0.25  # how long the receiver takes to acknowledge a hop
 
@@ -215,6 +216,9 @@ class EchoRpc:
     def __init__(self) -> None:
         self.sent: list[tuple[HopHeader, ReceiptInput | None]] = []
 
+    def serve(self, *_: Any) -> None:
+        pass  # no batch closes here
+
     async def open(self, peer: Any, protocol: str, timeout_s: float) -> None:
         pass  # connected: the hop goes at once
 
@@ -223,30 +227,35 @@ class EchoRpc:
         self.sent.append((header, receipted))
         ack = HopAck(
             str(header.microbatch_id), header.stage, header.direction, header.attempt,
-            frame_digest(frame), b"", b"", b"",
+            frame_digest(frame),
         )  # fmt: skip
         return encode(ack)
+
+
+def book_of(tmp_path: Path, name: str) -> ReceiptBook:
+    db = open_database(f"sqlite:///{tmp_path / name}.sqlite")
+    return ReceiptBook(TERMS, KEYS[name], BatchStore(db, DOMAIN))
 
 
 def test_a_made_up_repair_uses_up_at_most_one_hop_key_and_the_real_hop_takes_the_next(
     tmp_path: Path,
 ) -> None:
     """Another run member sends relay ``a`` made-up repairs of microbatch 7 under attempts
-    0 and 1: ``a`` signs a kept receipt for one of them only, and its real forward of
+    0 and 1: ``a`` records a kept receipt for one of them only, and its real forward of
     microbatch 7 (attempt 0, whose hop key the made-up one took) goes out under attempt 1,
     receipted, instead of unreceipted."""
-    db = open_database(f"sqlite:///{tmp_path / 'a'}.sqlite")
-    book = ReceiptBook(TERMS, KEYS["a"], HopStore(db))
+    book = book_of(tmp_path, "a")
     rpc = EchoRpc()
-    plane = DataPlane(rpc, PEER["a"], 1, 2, 1.0, 1 << 20, receipts=book)  # type: ignore[arg-type]
+    plane = DataPlane(rpc, PEER["a"], 1, 2, 1.0, 1 << 20)  # type: ignore[arg-type]
+    plane.use_receipts(book)
     made_up = HopHeader(1, 0, 7, 0, FORWARD, 1, 0, FLAG_REPAIR, PEER["data"], (PEER["data"],))
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(book.run)
-            first = await plane._sign_kept(PEER["s"], made_up, keccak(b"in"), keccak(b"k0"))
+            nursery.start_soon(book.run, rpc)
+            first = await plane._record_kept(PEER["s"], made_up, keccak(b"in"), keccak(b"k0"))
             again = made_up.onward(attempt=1)
-            second = await plane._sign_kept(PEER["s"], again, keccak(b"in"), keccak(b"k1"))
+            second = await plane._record_kept(PEER["s"], again, keccak(b"in"), keccak(b"k1"))
             assert first and not second
             real = made_up.onward(stage=2, flags=0, path=(PEER["data"], PEER["a"]))
             await plane.send(PEER["s"], real, b"activation", keccak(b"real input"))
@@ -257,67 +266,50 @@ def test_a_made_up_repair_uses_up_at_most_one_hop_key_and_the_real_hop_takes_the
     assert header.attempt == 1 and receipted is not None
 
 
-class SlowWorkerRpc:
-    """Relay ``r`` keeping what it is sent: its ack signs the kept output's receipt, and it
-    takes ``SLOW_S`` to answer the countersignature handed back to it."""
-
-    SLOW_S = 1.5
+class KeepingRpc(EchoRpc):
+    """Relay ``r`` keeping what it is sent: it records the kept output's receipt and names its
+    digest in the ack."""
 
     def __init__(self, worker: DataPlane) -> None:
+        super().__init__()
         self.worker = worker
-        self.handed_back: list[bytes] = []
-
-    async def open(self, peer: Any, protocol: str, timeout_s: float) -> None:
-        pass  # connected: the hop goes at once
 
     async def request(self, peer: Any, protocol: str, payload: bytes, limits: Any) -> bytes:
-        if protocol == control.PROTOCOL_ID:
-            message = control.decode_request(payload)
-            assert isinstance(message, control.Countersigned)
-            await trio.sleep(self.SLOW_S)
-            self.handed_back.append(self.worker.countersigned(PEER["s"], message))
-            return self.handed_back[-1]
         header, _, frame = decode_hop_request(payload)
         kept = keccak(b"kept output")
-        signature = await self.worker._sign_kept(PEER["s"], header, frame_digest(frame), kept)
+        assert await self.worker._record_kept(PEER["s"], header, frame_digest(frame), kept)
         ack = HopAck(
             str(header.microbatch_id), header.stage, header.direction, header.attempt,
-            frame_digest(frame), b"", kept, signature,
+            frame_digest(frame), kept,
         )  # fmt: skip
         return encode(ack)
 
 
-def test_a_slow_worker_does_not_hold_up_the_send_of_a_repair_it_keeps(tmp_path: Path) -> None:
-    """``s`` re-sends a forward to ``r`` as a repair: its send returns with the ack, and the
-    countersignature of ``r``'s kept receipt reaches ``r`` after, making it whole there."""
-    books = {
-        name: ReceiptBook(
-            TERMS, KEYS[name], HopStore(open_database(f"sqlite:///{tmp_path}/{name}"))
-        )
-        for name in ("s", "r")
-    }
-    worker = DataPlane(None, PEER["r"], 1, 2, 5.0, 1 << 20, receipts=books["r"])  # type: ignore[arg-type]
-    rpc = SlowWorkerRpc(worker)
-    sender = DataPlane(rpc, PEER["s"], 1, 2, 5.0, 1 << 20, receipts=books["s"])  # type: ignore[arg-type]
+def test_a_repair_kept_by_its_receiver_is_recorded_alike_at_both_ends(tmp_path: Path) -> None:
+    """``s`` re-sends a forward to ``r`` as a repair: ``r`` (its worker) records the kept
+    output's receipt before its ack, ``s`` (its counterparty) records the same receipt from
+    the ack, so ``r``'s batch of it is one ``s`` rebuilds and countersigns."""
+    books = {name: book_of(tmp_path, name) for name in ("s", "r")}
+    worker = DataPlane(None, PEER["r"], 1, 2, 5.0, 1 << 20)  # type: ignore[arg-type]
+    worker.use_receipts(books["r"])
+    rpc = KeepingRpc(worker)
+    sender = DataPlane(rpc, PEER["s"], 1, 2, 5.0, 1 << 20)  # type: ignore[arg-type]
+    sender.use_receipts(books["s"])
     path = (PEER["data"], PEER["s"])
     repair = HopHeader(1, 0, 7, 1, FORWARD, 2, 0, FLAG_REPAIR, PEER["data"], path)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             for book in books.values():
-                nursery.start_soon(book.run)
-            sender._nursery = nursery
-            with trio.fail_after(SlowWorkerRpc.SLOW_S / 2):
-                await sender.send(PEER["r"], repair, b"activation")
-            assert not rpc.handed_back
-            with trio.fail_after(SlowWorkerRpc.SLOW_S * 4):
-                digest = frame_digest(b"activation")
-                assert await worker.forward_whole(repair, 2, digest, SlowWorkerRpc.SLOW_S * 2)
-                assert not await worker.forward_whole(repair, 2, bytes(32), 0.0)
-            assert control.decode_reply(rpc.handed_back[0])["ok"]
+                nursery.start_soon(book.run, rpc)
+            await sender.send(PEER["r"], repair, b"activation")
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+    r, s = books["r"].address, books["s"].address
+    at_worker = books["r"].store.open_hops(1, 0, r, s, WORKER, 10)
+    at_sender = books["s"].store.open_hops(1, 0, r, s, RECEIVER, 10)
+    assert len(at_worker) == 1 and at_worker == at_sender
 
 
 # ---- who may ask for a re-send: stages two away are known by their signed cards ----------------

@@ -1,11 +1,13 @@
-"""Receipts of live work: signed and countersigned on every hop, reported to the data node,
-certified per epoch on chain, and claimed (``book``, ``reports``, ``certify``, ``epochs``)."""
+"""Receipts of live work: recorded on every hop, signed and countersigned in batches, reported
+to the data node, certified per epoch on chain, and claimed (``book``, ``recording``,
+``batching``, ``reports``, ``certify``, ``epochs``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gwtf.node.chain.epochs import EpochLedger
+from gwtf.node.receipts.batching import BatchSettings
 from gwtf.node.receipts.book import ReceiptTerms
 
 
@@ -32,3 +34,5 @@ class ReceiptsConfig:
     evidence_epochs: int = 2
     #: A worker claims each settled epoch by itself; off, only when asked (``claim_now``).
     auto_claim: bool = True
+    #: When a worker closes its batches of receipts (``gwtf.node.receipts.batching``).
+    batches: BatchSettings = field(default_factory=BatchSettings)

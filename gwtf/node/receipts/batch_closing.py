@@ -6,8 +6,6 @@ lacks, a root it does not rebuild): a refusal is an answer, so the worker learns
 request that is not one is the sender's fault (the RPC layer charges it); a batch refused is
 charged to its worker too, since an honest worker only closes hops its receiver acked. The
 store's work (a transaction and a signature per batch) runs off the trio loop.
-
-Like ``BatchBook``, nothing in the live data plane starts this yet.
 """
 
 from __future__ import annotations
@@ -43,6 +41,8 @@ class BatchCloser:
     peer_of: Callable[[str], str | None]
     #: Charged for a batch refused by this node as receiver.
     penalise: Penalise = lambda peer, why: None
+    #: Told of each batch this node countersigned (after its commit, before the answer).
+    on_countersigned: Callable[[CloseRequest], None] = lambda request: None
     countersigned: int = 0
     refused: int = 0
     _warned: set[str] = field(default_factory=set)
@@ -91,6 +91,7 @@ class BatchCloser:
             self._refuse(peer, str(exc))
             return _REFUSED + str(exc).encode()[:_MAX_WHY]
         self.countersigned += 1
+        self.on_countersigned(request)
         return _ACCEPTED + counter
 
     def _refuse(self, peer: str, why: str) -> None:

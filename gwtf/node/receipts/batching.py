@@ -18,16 +18,15 @@ so a neighbour that crashed once is not excluded for good, and one that keeps wi
 being scored down until the router drops it. Its unbatched hops are unpaid, never slashable:
 nothing of them was signed.
 
-The live data plane does not use this yet: its hops carry a signature each (batches of one,
-``gwtf.node.receipts.book``). Wiring it in changes the hop and ack formats, the reports and
-evidence pages (which must then keep proofs) and the rule that a backward is receipted only
-through a forward whose receipt is whole.
+The live node's data plane records through ``gwtf.node.receipts.recording.ReceiptBook``,
+which runs this book and its closes (``gwtf.node.receipts.batch_closing``).
 """
 
 from __future__ import annotations
 
 import logging
 import struct
+import threading
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -35,6 +34,7 @@ from gwtf.contracts.encoding import (
     Eip712Domain,
     HopBatch,
     HopReceipt,
+    hop_key,
     node_address_of,
     node_public_key,
     recover_digest_signer,
@@ -153,26 +153,49 @@ class BatchBook:
     withholders: Withholders = field(default_factory=Withholders)
     #: (run, epoch, receiver address) -> (open hops, when the oldest was recorded)
     _open: dict[tuple[int, int, str], tuple[int, float]] = field(default_factory=dict)
+    #: Hop key -> scope of receipts recorded but held out of every batch until ``release``
+    #: (a backward, until its forward's batch is countersigned): never signed otherwise.
+    _held: dict[bytes, tuple[int, int, str]] = field(default_factory=dict)
+    #: ``record`` runs in a writer thread, ``close`` in another: both count open hops.
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.address = node_address_of(node_public_key(self.private_key))
 
-    def record(self, receipts: list[HopReceipt], now: float) -> list[bool]:
-        """Commit receipts of hops this node computed (worker) or received (receiver), open."""
+    def record(
+        self, receipts: list[HopReceipt], now: float, held: frozenset[bytes] = frozenset()
+    ) -> list[bool]:
+        """Commit receipts of hops this node computed (worker) or received (receiver), open;
+        those of this node's whose hop key is in ``held`` join no batch until ``release``."""
         worked = [r for r in receipts if r.worker == self.address]
         received = [
             r for r in receipts if r.counterparty == self.address and r.worker != self.address
         ]
         if len(worked) + len(received) != len(receipts):
             raise ProtocolError("a node records only receipts of hops it computed or received")
-        held = dict(zip(map(id, worked), self.store.record(worked, WORKER), strict=True))
-        held.update(zip(map(id, received), self.store.record(received, RECEIVER), strict=True))
-        for r in worked:
-            if held[id(r)]:
+        held_now = dict(zip(map(id, worked), self.store.record(worked, WORKER), strict=True))
+        held_now.update(zip(map(id, received), self.store.record(received, RECEIVER), strict=True))
+        with self._lock:
+            for r in worked:
+                if not held_now[id(r)]:
+                    continue
                 scope = (r.runId, r.epoch, r.counterparty)
-                count, since = self._open.get(scope, (0, now))
-                self._open[scope] = (count + 1, since)
-        return [held[id(r)] for r in receipts]
+                if hop_key(r) in held:
+                    self._held[hop_key(r)] = scope
+                else:
+                    self._count(scope, now)
+        return [held_now[id(r)] for r in receipts]
+
+    def release(self, key: bytes, now: float) -> None:
+        """A held receipt may join this node's next batch for its receiver."""
+        with self._lock:
+            scope = self._held.pop(key, None)
+            if scope is not None:
+                self._count(scope, now)
+
+    def _count(self, scope: tuple[int, int, str], now: float) -> None:
+        count, since = self._open.get(scope, (0, now))
+        self._open[scope] = (count + 1, since)
 
     def resume(self, run_id: int, epoch: int, now: float) -> list[CloseRequest]:
         """After a restart: count the epoch's receipts still open (they close as due, from
@@ -188,26 +211,30 @@ class BatchBook:
     def due(self, now: float, iteration_end: bool = False) -> list[tuple[int, int, str]]:
         """The (run, epoch, receiver) scopes whose batch closes now."""
         s = self.settings
-        return [
-            scope
-            for scope, (count, since) in self._open.items()
-            if iteration_end or count >= s.max_hops or now - since >= s.max_age_s
-        ]
+        with self._lock:
+            return [
+                scope
+                for scope, (count, since) in self._open.items()
+                if iteration_end or count >= s.max_hops or now - since >= s.max_age_s
+            ]
 
     def close(self, run_id: int, epoch: int, receiver: str, now: float) -> CloseRequest | None:
         """Close this node's next batch for ``receiver``; the request to send, or None."""
+        with self._lock:
+            exclude = frozenset(self._held)
         try:
             closed = self.store.close(
-                run_id, epoch, self.address, receiver, self.settings.max_hops, self._sign
+                run_id, epoch, self.address, receiver, self.settings.max_hops, self._sign, exclude
             )
         except ConflictingReceipt as exc:  # a concurrent close took a hop first: nothing left
             log.error("batch for %s not closed: %s", receiver, exc)
             closed = None
         scope = (run_id, epoch, receiver)
-        count, _ = self._open.pop(scope, (0, now))
-        left = count - (len(closed.hop_keys) if closed is not None else count)
-        if left > 0:  # the rest wait for the next batch, counted from now
-            self._open[scope] = (left, now)
+        with self._lock:
+            count, _ = self._open.pop(scope, (0, now))
+            left = count - (len(closed.hop_keys) if closed is not None else count)
+            if left > 0:  # the rest wait for the next batch, counted from now
+                self._open[scope] = (left, now)
         if closed is None:
             return None
         return CloseRequest(closed.batch, closed.worker_signature, closed.hop_keys)

@@ -44,8 +44,7 @@ from gwtf.node.receipts.wire import (
     decode_page,
     encode_page,
 )
-from gwtf.node.store.hops import HopStore
-from gwtf.node.store.models import ReceivedHop, SignedHop
+from gwtf.node.store.batches import RECEIVER, WORKER, BatchStore
 
 RECEIPTS_PROTOCOL: Final = "/gwtf/receipts/3.0.0"
 RECEIPTS_VIA_PROTOCOL: Final = "/gwtf/receipts-via/3.0.0"
@@ -72,7 +71,7 @@ class ReceiptServer:
     """Answers ``/gwtf/receipts/3.0.0`` from a node's database and, for a data node, from the
     certificate trees it submitted (``trees(epoch)``)."""
 
-    store: HopStore
+    store: BatchStore
     terms: ReceiptTerms
     trees: TreeOf = lambda epoch: None
     #: A node that cheats on purpose serves what its cheat makes of its pages (``cheats``).
@@ -100,9 +99,9 @@ class ReceiptServer:
             return encode_page(self.cheat.certified_page(page) if self.cheat else page)
         if which not in (SIGNED, RECEIVED):
             raise ProtocolError(f"receipts of kind {which}: ask for 0, 1 or 2")
-        table = SignedHop if which == SIGNED else ReceivedHop
+        role = WORKER if which == SIGNED else RECEIVER
         total, entries = await trio.to_thread.run_sync(
-            self.store.page, table, run_id, epoch, offset, size
+            self.store.page, role, run_id, epoch, offset, size
         )
         page = ReceiptPage(total, min(offset, total), tuple(entries))
         return encode_page(self.cheat.served(epoch, which, page) if self.cheat else page)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, insert, select, update
+from sqlalchemy import ColumnElement, Select, insert, select, update
 
 from gwtf.contracts.batches import batch_of
 from gwtf.contracts.certificate_tree import SignedReceipt
@@ -110,10 +110,18 @@ class BatchStore:
         return results
 
     def open_hops(
-        self, run_id: int, epoch: int, worker: str, counterparty: str, role: str, limit: int
+        self,
+        run_id: int,
+        epoch: int,
+        worker: str,
+        counterparty: str,
+        role: str,
+        limit: int,
+        exclude: frozenset[bytes] = frozenset(),
     ) -> list[tuple[bytes, bytes]]:
-        """(hop key, receipt digest) of up to ``limit`` receipts of the scope in no batch yet,
-        in hop key order: all a batch's root needs (the receipts are read back to report)."""
+        """(hop key, receipt digest) of up to ``limit`` receipts of the scope in no batch yet
+        and not in ``exclude``, in hop key order: all a batch's root needs (the receipts are
+        read back to report)."""
         m = self._hops._mark
         sql = (
             f"SELECT hop_key, receipt_digest FROM batched_receipts WHERE run_id = {m} AND "
@@ -123,8 +131,11 @@ class BatchStore:
         with self.db.engine.begin() as connection:
             cursor = connection.connection.cursor()
             try:
-                cursor.execute(sql, (run_id, epoch, worker, counterparty, role, limit))
-                return [(bytes(key), bytes(digest)) for key, digest in cursor.fetchall()]
+                cursor.execute(
+                    sql, (run_id, epoch, worker, counterparty, role, limit + len(exclude))
+                )
+                rows = [(bytes(key), bytes(digest)) for key, digest in cursor.fetchall()]
+                return [row for row in rows if row[0] not in exclude][:limit]
             finally:
                 cursor.close()
 
@@ -154,10 +165,12 @@ class BatchStore:
         counterparty: str,
         limit: int,
         sign: Callable[[bytes], bytes],
+        exclude: frozenset[bytes] = frozenset(),
     ) -> ClosedBatch | None:
-        """Put up to ``limit`` open receipts of this worker for ``counterparty`` in a batch,
-        signed with ``sign`` over its digest and committed with them; None when none is open."""
-        hops = self.open_hops(run_id, epoch, worker, counterparty, WORKER, limit)
+        """Put up to ``limit`` open receipts of this worker for ``counterparty`` (none of
+        ``exclude``) in a batch, signed with ``sign`` over its digest and committed with them;
+        None when none is open."""
+        hops = self.open_hops(run_id, epoch, worker, counterparty, WORKER, limit, exclude)
         if not hops:
             return None
         root = build_tree([digest for _, digest in hops]).root
@@ -241,12 +254,45 @@ class BatchStore:
     ) -> list[ClosedBatch]:
         """This node's batches of an epoch in ``role`` (only countersigned ones if
         ``complete``), each with its receipts in hop key order."""
+        query = select(HopBatchRow).where(
+            HopBatchRow.run_id == run_id, HopBatchRow.epoch == epoch, HopBatchRow.role == role
+        )
+        if complete:
+            query = query.where(HopBatchRow.counterparty_signature.is_not(None))
+        return self._read(query, role)
+
+    def batch(self, batch: HopBatch, role: str) -> ClosedBatch | None:
+        """One batch of this node's in ``role``, with its receipts; None if not held."""
+        query = select(HopBatchRow).where(*_batch_key(batch), HopBatchRow.role == role)
+        found = self._read(query, role)
+        return found[0] if found else None
+
+    def sealed(self, run_id: int, epoch: int, role: str) -> list[SignedReceipt]:
+        """The complete receipts of an epoch's countersigned batches in ``role``, each with
+        both signatures and its proof, in hop key order: what a node reports and serves."""
+        entries = [e for b in self.batches(run_id, epoch, role) for e in b.sealed(self.domain)]
+        return sorted(entries, key=lambda e: hop_key(e.receipt))
+
+    def page(
+        self, role: str, run_id: int, epoch: int, offset: int, limit: int
+    ) -> tuple[int, list[SignedReceipt]]:
+        """(how many, ``limit`` from ``offset``) of ``sealed``."""
+        entries = self.sealed(run_id, epoch, role)
+        return len(entries), entries[offset : offset + limit]
+
+    def worked_epochs(self, run_id: int) -> list[tuple[int, str]]:
+        """(epoch, data node) pairs of which this node recorded receipts as worker: batched
+        or not here, it has work to claim there."""
         with self.db.sessions() as session:
-            query = select(HopBatchRow).where(
-                HopBatchRow.run_id == run_id, HopBatchRow.epoch == epoch, HopBatchRow.role == role
+            rows = session.execute(
+                select(BatchedReceipt.epoch, BatchedReceipt.data_node)
+                .where(BatchedReceipt.run_id == run_id, BatchedReceipt.role == WORKER)
+                .distinct()
             )
-            if complete:
-                query = query.where(HopBatchRow.counterparty_signature.is_not(None))
+            return [(int(epoch), str(node)) for epoch, node in rows]
+
+    def _read(self, query: Select[HopBatchRow], role: str) -> list[ClosedBatch]:
+        with self.db.sessions() as session:
             closed = []
             for b in session.scalars(query):
                 rows = session.scalars(

@@ -128,10 +128,22 @@ class HopSender:
     ) -> str | None:
         """Where a forward into ``stage`` goes: past the last stage its ``origin``, else the
         flow's next hop (``route``: it and this node's slot) else the ranked best next-stage
-        peer (``decisions.next_hop``, as in the simulator), or SWARM's weighted draw."""
+        peer (``decisions.next_hop``, as in the simulator), or SWARM's weighted draw; with
+        receipts on, a peer that withheld a countersignature this iteration only when no
+        other can take it (the training goes on, that hop unpaid)."""
         if self.wiring is not None and (origin is None or stage <= self.plane.stages):
             wanted = 0 if stage > self.plane.stages else stage
             return self.wiring.choose([p.peer_id for p in self.flow.node.alive_peers(wanted)])
+        book = self.plane.receipts
+        if book is not None and stage <= self.plane.stages:  # not the sink, a data node
+            # No hop to a receiver that withheld a batch's countersignature this iteration
+            # (its hops would go unpaid), while another peer of the stage can take it.
+            withholders = book.withholders
+            view = hop_view(self.flow.node, route, withholders.may_send, self.detours, origin)
+            stopped = () if route is None or withholders.may_send(route[0]) else (route[0],)
+            onward = next_hop(view, exclude=stopped)
+            if onward is not None:
+                return onward.to
         view = hop_view(self.flow.node, route, detours=self.detours, origin=origin)
         onward = next_hop(view)
         return None if onward is None else onward.to

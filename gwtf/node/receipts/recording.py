@@ -1,0 +1,235 @@
+"""A node's receipts at work (``gwtf.node.receipts.book`` says how): its data plane records,
+its ``BatchBook`` closes and countersigns batches over ``BatchCloser``, and the receipts of each
+countersigned batch go to ``on_complete`` (this node's work) or ``on_received`` (hops it
+countersigned). Start ``run`` in the node's nursery.
+
+Batches close on a timer (``BatchSettings.max_age_s``, ``max_hops``) and when the data plane
+sees an iteration start (``iteration_started``: the previous one's batches close, and the
+receivers that withheld a countersignature in it are sent hops again).
+
+A receipt recorded ``held`` joins no batch until ``release`` (a backward, until its forward's
+batch is countersigned: a juror replays a backward with its forward's complete receipt). One
+never released stays open: unpaid, and never signed, so nothing of it is slashable.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from gwtf.contracts.encoding import HopReceipt, hop_key
+from gwtf.errors import ProtocolError
+from gwtf.node.p2p.rpc import RequestResponse
+from gwtf.node.receipts.batch_closing import BatchCloser
+from gwtf.node.receipts.batching import BatchBook, BatchSettings, CloseRequest, Withholders
+from gwtf.node.receipts.book import (
+    BatchSealed,
+    HopFacts,
+    Penalise,
+    ReceiptCompleted,
+    ReceiptCounts,
+    ReceiptSigned,
+    ReceiptTerms,
+    worker_stage,
+)
+from gwtf.node.store.batches import RECEIVER, WORKER, BatchStore, ClosedBatch
+from gwtf.node.store.writer import BatchWriter
+
+log = logging.getLogger(__name__)
+
+#: Receipt to record, and whether it is held out of batches until released.
+_Item = tuple[HopReceipt, bool]
+
+
+@dataclass
+class ReceiptBook:
+    """One node's recording of receipts and closing of their batches."""
+
+    terms: ReceiptTerms
+    private_key: bytes = field(repr=False)
+    store: BatchStore
+    #: Called with (peer, why) when a peer misbehaves: the node scores the peer down.
+    penalise: Penalise = lambda peer, why: None
+    #: Called with each complete receipt of this node's (the reporter takes it to the data node).
+    on_complete: ReceiptCompleted = lambda origin, entry: None
+    #: Called with each complete receipt this node countersigned (a relay reports it too).
+    on_received: ReceiptCompleted = lambda origin, entry: None
+    #: Called with each receipt this node recorded as worker: it has work to claim in that
+    #: receipt's epoch.
+    on_signed: ReceiptSigned = lambda receipt: None
+    #: Called with the receipts of each batch this node closed, countersigned or withheld.
+    on_sealed: BatchSealed = lambda receipts, whole: None
+    settings: BatchSettings = field(default_factory=BatchSettings)
+    counts: ReceiptCounts = field(default_factory=ReceiptCounts)
+    #: Receivers that withheld a countersignature this iteration: the router sends them none.
+    withholders: Withholders = field(init=False)
+    _warned: set[str] = field(default_factory=set)
+    #: Node address -> the peer id it was met as (a receiver's, a data node's).
+    _peers: dict[str, str] = field(default_factory=dict)
+    _iteration: int = -1
+    _closer: BatchCloser | None = None
+    _nursery: trio.Nursery | None = None  # ``run``'s: closes and reads in the background
+    #: One round of closes at a time: a close waits for the one in flight, whose countersigned
+    #: forwards may release backwards for it.
+    _closing: trio.Lock = field(default_factory=trio.Lock)
+
+    def __post_init__(self) -> None:
+        self.withholders = Withholders(self.penalise)
+        self.batches = BatchBook(
+            self.terms.domain, self.private_key, self.store, self.settings, self.withholders
+        )
+        self.address = self.batches.address
+        self._recording: BatchWriter[_Item, bool] = BatchWriter(self._record)
+
+    async def run(self, rpc: RequestResponse) -> None:
+        """Record in the background, answer workers' closes and close this node's batches as
+        they fall due, until cancelled."""
+        self._closer = BatchCloser(
+            rpc, self.batches, self._peers.get, self.refuse, self._countersigned
+        )
+        self._closer.serve()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._recording.run)
+            while True:
+                await trio.sleep(min(1.0, self.settings.max_age_s / 2))
+                await self.close_due()
+
+    def is_receipted(self, direction: int, receiver_stage: int) -> bool:
+        """Whether a hop into ``receiver_stage`` has a receipt: its worker is a relay."""
+        return 1 <= worker_stage(direction, receiver_stage) <= self.terms.stages
+
+    def receipt(self, hop: HopFacts) -> HopReceipt:
+        """The receipt of ``hop`` under this run's terms."""
+        return hop.receipt(self.terms)
+
+    async def record(
+        self,
+        receipt: HopReceipt,
+        peer: str,
+        origin: str,
+        conflicts: list[bool] | None = None,
+        held: bool = False,
+    ) -> bool:
+        """Commit the receipt of a hop this node computed (sent to ``peer``) or received (from
+        ``peer``), open; False when its hop key holds another receipt here (``conflicts``
+        learns it: the sender re-sends the hop under a fresh attempt; a sender re-using a key
+        is refused) or the database failed (the hop goes on unpaid)."""
+        self._peers[receipt.counterparty if receipt.worker == self.address else receipt.worker] = (
+            peer
+        )
+        self._peers[receipt.dataNode] = origin
+        try:
+            recorded = await self._recording.submit((receipt, held))
+        except Exception as exc:  # the database's (disk full, locked): the hop goes on unpaid
+            log.error("receipt of hop %s not recorded: %s", hop_key(receipt).hex(), exc)
+            return False
+        worker = receipt.worker == self.address
+        if not recorded:
+            if worker:
+                log.warning("hop %s holds another receipt here", hop_key(receipt).hex())
+                if conflicts is not None:
+                    conflicts.append(True)
+            else:
+                self.refuse(peer, f"hop key {hop_key(receipt).hex()} re-used for another hop")
+            return False
+        if worker:
+            self.counts.signed += 1
+            self.on_signed(receipt)
+        else:
+            self.counts.countersigned += 1
+        return True
+
+    def release(self, receipt: HopReceipt) -> None:
+        """A receipt recorded held may join this node's next batch."""
+        self.batches.release(hop_key(receipt), time.monotonic())
+
+    def iteration_started(self, iteration: int) -> None:
+        """The data plane met a hop of ``iteration``: a later one than before closes every
+        open batch (in the background) and forgives the withholders of the last."""
+        if iteration <= self._iteration:
+            return
+        first = self._iteration < 0
+        self._iteration = iteration
+        if not first:
+            self.withholders.new_iteration()
+            if self._nursery is not None:
+                self._nursery.start_soon(self.close_due, True)
+
+    async def close_due(self, iteration_end: bool = False) -> int:
+        """Close and send every batch due (all open ones at an iteration's end); the number
+        countersigned. Backwards released by a forward's batch close in a second round."""
+        done = 0
+        async with self._closing:
+            for _ in range(2 if iteration_end else 1):
+                done += await self._close_round(iteration_end)
+        return done
+
+    async def _close_round(self, iteration_end: bool) -> int:
+        closer = self._closer
+        if closer is None:
+            return 0
+        done = 0
+        now = time.monotonic()
+        for run_id, epoch, receiver in self.batches.due(now, iteration_end):
+            peer = self._peers.get(receiver)
+            if peer is None:
+                continue
+            request = await trio.to_thread.run_sync(
+                self.batches.close, run_id, epoch, receiver, now
+            )
+            if request is None:
+                continue
+            whole = await closer.send(request, peer)
+            closed = await trio.to_thread.run_sync(self.store.batch, request.batch, WORKER)
+            if closed is None:
+                continue
+            self.on_sealed(closed.receipts, whole)
+            if whole:
+                done += 1
+                self._hand_on(closed, worker=True)
+        return done
+
+    def _countersigned(self, request: CloseRequest) -> None:
+        """A worker's batch countersigned here: its receipts go to the reporter, once read."""
+        if self._nursery is not None:
+            self._nursery.start_soon(self._received, request)
+
+    async def _received(self, request: CloseRequest) -> None:
+        closed = await trio.to_thread.run_sync(self.store.batch, request.batch, RECEIVER)
+        if closed is not None:
+            self._hand_on(closed, worker=False)
+
+    def _hand_on(self, closed: ClosedBatch, worker: bool) -> None:
+        """Each receipt of a countersigned batch, sealed, to ``on_complete`` (this node's
+        work) or ``on_received`` (hops it countersigned)."""
+        try:
+            sealed = closed.sealed(self.terms.domain)
+        except ProtocolError as exc:
+            log.error("batch %s not reported: %s", closed.batch.root.hex(), exc)
+            return
+        for entry in sealed:
+            origin = self._peers.get(entry.receipt.dataNode)
+            if origin is None:
+                continue
+            if worker:
+                self.counts.completed += 1
+                self.counts.recomputed += entry.receipt.attempt > 0
+                self.on_complete(origin, entry)
+            else:
+                self.on_received(origin, entry)
+
+    def _record(self, items: Sequence[_Item]) -> list[bool]:
+        held = frozenset(hop_key(r) for r, hold in items if hold)
+        return self.batches.record([r for r, _ in items], time.monotonic(), held)
+
+    def refuse(self, peer: str, why: str) -> None:
+        self.counts.refused += 1
+        self.penalise(peer, why)
+        if peer not in self._warned:
+            self._warned.add(peer)
+            log.warning("peer %s: %s (further refusals of it are not logged)", peer, why)
