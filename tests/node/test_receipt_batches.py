@@ -4,12 +4,15 @@ attacks on each rule, and what a crash leaves."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import trio
 from eth_utils.crypto import keccak
+from sqlalchemy import create_engine, text
 
 from gwtf.contracts.batches import batch_of, sign_batch
 from gwtf.contracts.certificate_tree import PreparedHop, build_certificate_tree
@@ -60,6 +63,46 @@ def receipt(i: int, worker: str = "a", receiver: str = "b", epoch: int = 0) -> H
 def book(tmp: Path, name: str, settings: BatchSettings | None = None, **kw: object) -> BatchBook:
     store = BatchStore(open_database(f"sqlite:///{tmp / name}.sqlite"), DOMAIN)
     return BatchBook(DOMAIN, KEYS[name], store, settings or BatchSettings(), **kw)  # type: ignore[arg-type]
+
+
+POSTGRES_URL = os.environ.get("GWTF_TEST_POSTGRES_URL", "")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def node_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[str], str]]:
+    """A database URL per node name: a file each on SQLite, a schema each on PostgreSQL."""
+    if request.param == "sqlite":
+        yield lambda name: f"sqlite:///{tmp_path / name}.sqlite"
+        return
+    if not POSTGRES_URL:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run the PostgreSQL cases: set GWTF_TEST_POSTGRES_URL")
+        pytest.skip("no PostgreSQL server: set GWTF_TEST_POSTGRES_URL (.ci/run starts one)")
+    engine = create_engine(POSTGRES_URL)
+    schemas: list[str] = []
+
+    def url(name: str) -> str:
+        schema = f"batch_test_{name}"
+        with engine.begin() as connection:
+            connection.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            connection.execute(text(f"CREATE SCHEMA {schema}"))
+        schemas.append(schema)
+        return (
+            f"{POSTGRES_URL}{'&' if '?' in POSTGRES_URL else '?'}options=-csearch_path%3D{schema}"
+        )
+
+    try:
+        yield url
+    finally:
+        with engine.begin() as connection:
+            for schema in schemas:
+                connection.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        engine.dispose()
+
+
+def db_book(url: str, name: str, settings: BatchSettings | None = None) -> BatchBook:
+    store = BatchStore(open_database(url), DOMAIN)
+    return BatchBook(DOMAIN, KEYS[name], store, settings or BatchSettings())
 
 
 def both_record(a: BatchBook, b: BatchBook, receipts: list[HopReceipt]) -> None:
@@ -234,6 +277,45 @@ def test_a_hop_key_holds_one_receipt_across_batches_and_the_per_hop_tables(
     forged = replace(other, outputDigest=keccak(b"x"))
     assert a.record([forged], now=0.0) == [False]
     assert a.record([other], now=0.0) == [True]  # the same receipt is the same commitment
+
+
+def test_a_receiver_never_countersigns_per_hop_a_hop_it_committed_for_a_batch(
+    node_url: Callable[[str], str],
+) -> None:
+    """A worker sends hop K on the batched path, then another version of K on the per-hop
+    path: the receiver's one commitment per hop key refuses the second (else: slashable)."""
+    a, b = db_book(node_url("a"), "a"), db_book(node_url("b"), "b")
+    first = receipt(0)
+    second = replace(first, outputDigest=keccak(b"other"))
+    both_record(a, b, [first])
+    digest = receipt_digest(second, DOMAIN)
+    signing = HopBatch.of(second, digest).digest(DOMAIN)
+    worker_signature = sign_digest(signing, KEYS["a"])
+    (counter,) = HopStore(b.store.db).countersign_once(
+        [ToSign(hop_key(second), second, digest, lambda: sign_digest(signing, KEYS["b"]),
+                worker_signature)]
+    )  # fmt: skip
+    assert isinstance(counter, ConflictingReceipt)
+    request = a.close(1, 0, ADDR["b"], now=1.0)
+    assert request is not None and a.answered(request, "b", b.countersign(request, ADDR["a"]), "")
+    assert equivocations(b.sealed(1, 0)[0].sealed(DOMAIN), DOMAIN) == []
+
+
+def test_a_worker_never_signs_per_hop_a_hop_it_committed_for_a_batch(
+    node_url: Callable[[str], str],
+) -> None:
+    a = db_book(node_url("a"), "a")
+    first = receipt(0)
+    second = replace(first, outputDigest=keccak(b"other"))
+    assert a.record([first], now=0.0) == [True]
+    per_hop = HopStore(a.store.db)
+    digest = receipt_digest(second, DOMAIN)
+    (signed,) = per_hop.sign_once([ToSign(hop_key(second), second, digest, lambda: b"\x01" * 65)])
+    assert isinstance(signed, ConflictingReceipt)
+    # The receipt it committed to is the one it may still sign per hop.
+    same = receipt_digest(first, DOMAIN)
+    (signed,) = per_hop.sign_once([ToSign(hop_key(first), first, same, lambda: b"\x02" * 65)])
+    assert signed == b"\x02" * 65
 
 
 def test_a_crash_before_the_batch_commit_signs_nothing_and_after_it_resends_the_same(

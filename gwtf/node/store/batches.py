@@ -2,7 +2,8 @@
 and the batches that sign them.
 
 A hop's receipt is committed under its hop key as soon as the hop is computed (``record``):
-one receipt per hop key for ever, checked against the per-hop tables too, so a node never
+one receipt per hop key for ever, the same commitment the per-hop path signs under
+(``HopStore.commit_once``), so a node never
 signs two batches holding different receipts for one hop. A batch is built only from receipts
 committed here, ordered by hop key, and a receipt joins one batch only, in the transaction that
 keeps the batch: a signature covering it is handed out only after that commit. The worker's
@@ -29,9 +30,7 @@ from gwtf.node.store.database import Database
 from gwtf.node.store.hops import ConflictingReceipt, HopStore, hop_row
 from gwtf.node.store.models import (
     BatchedReceipt,
-    Countersignature,
     HopBatchRow,
-    SignedHop,
     receipt_of,
 )
 
@@ -85,22 +84,14 @@ class BatchStore:
         or signed per hop): that hop goes unreceipted rather than the node equivocating."""
         now = time.time()
         prepared = [(hop_key(r), receipt_digest(r, self.domain), r) for r in receipts]
-        keys = [key for key, _, _ in prepared]
-        per_hop = SignedHop if role == WORKER else Countersignature
         with self.db.engine.begin() as connection:
-            held = {
-                bytes(key): bytes(digest)
-                for key, digest in self._hops._rows_of(
-                    connection, BatchedReceipt, "hop_key, receipt_digest", keys
-                )
-            }
-            for key, (digest, _) in self._hops._held(connection, per_hop, keys).items():
-                held.setdefault(key, digest)
+            held = self._hops.commit_once(
+                connection, [(key, digest) for key, digest, _ in prepared]
+            )
             results, rows = [], []
             for key, digest, receipt in prepared:
-                known = held.setdefault(key, digest)
-                results.append(known == digest)
-                if known == digest:
+                results.append(held[key] == digest)
+                if held[key] == digest:
                     rows.append(
                         hop_row(key, digest, receipt, b"", None, role=role, recorded_at=now)
                     )

@@ -79,6 +79,16 @@ class SignedHop(ReceiptFields, Base):
     __table_args__ = (Index("ix_signed_hops_epoch", "run_id", "epoch"),)
 
 
+class HopCommitment(Base):
+    """The one receipt this node committed to under a hop key, whatever path signs it (per hop
+    as worker or receiver, or in a batch): every path inserts here first and reads the row
+    back in the same transaction, so two paths never sign two versions of one hop."""
+
+    __tablename__ = "hop_commitments"
+    hop_key: Mapped[bytes] = mapped_column(HASH, primary_key=True)
+    receipt_digest: Mapped[bytes] = mapped_column(HASH)
+
+
 class Countersignature(Base):
     """A hop this node countersigned, as the receiver of its output: one receipt per hop key,
     for ever, so the node never signs two versions of one hop (that would get it slashed)."""
