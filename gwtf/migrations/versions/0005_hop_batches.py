@@ -1,5 +1,6 @@
 """receipts signed in batches and one commitment per hop key: the receipts waiting for or
-held in a batch, the batches, each hop key's one receipt digest, and each reported or certified receipt's proof in its batch
+held in a batch, the batches, each hop key's one receipt digest, and each reported or
+certified receipt's proof in its batch
 
 Revision ID: 0005
 Revises: 0004
