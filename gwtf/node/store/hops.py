@@ -349,9 +349,12 @@ class HopStore:
         every key's committed digest is read back. Every path that signs a receipt, per hop or
         in a batch, goes through here first, so no two ever sign two versions of one hop (the
         insert waits on a concurrent one of the same key, on SQLite and PostgreSQL alike)."""
-        rows = list(
-            {key: {"hop_key": key, "receipt_digest": d} for key, d in reversed(pairs)}.values()
-        )
+        first: dict[bytes, bytes] = {}
+        for key, digest in pairs:
+            first.setdefault(key, digest)
+        rows: list[dict[str, object]] = [
+            {"hop_key": key, "receipt_digest": digest} for key, digest in first.items()
+        ]
         self._insert_new(connection, HopCommitment, rows)
         keys = [key for key, _ in pairs]
         return {
