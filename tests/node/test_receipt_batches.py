@@ -106,8 +106,8 @@ def db_book(url: str, name: str, settings: BatchSettings | None = None) -> Batch
 
 
 def both_record(a: BatchBook, b: BatchBook, receipts: list[HopReceipt]) -> None:
-    assert all(a.record(receipts, now=0.0))
-    assert all(b.record(receipts, now=0.0))
+    assert all(a.record(receipts, now=0.0, sender=ADDR["a"]))
+    assert all(b.record(receipts, now=0.0, sender=ADDR["a"]))
 
 
 def test_a_closed_batch_is_countersigned_and_each_receipt_checks_with_its_proof(
@@ -139,14 +139,14 @@ def test_a_batch_closes_every_n_hops_after_t_seconds_and_at_the_iterations_end(
     tmp_path: Path,
 ) -> None:
     a = book(tmp_path, "a", BatchSettings(max_hops=3, max_age_s=5.0))
-    a.record([receipt(0)], now=0.0)
-    a.record([receipt(10, receiver="c")], now=0.0)
+    a.record([receipt(0)], now=0.0, sender=ADDR["a"])
+    a.record([receipt(10, receiver="c")], now=0.0, sender=ADDR["a"])
     assert a.due(now=1.0) == []
     assert set(a.due(now=1.0, iteration_end=True)) == {(1, 0, ADDR["b"]), (1, 0, ADDR["c"])}
     assert a.due(now=5.0) == [(1, 0, ADDR["b"]), (1, 0, ADDR["c"])]
-    a.record([receipt(1), receipt(2)], now=1.0)
+    a.record([receipt(1), receipt(2)], now=1.0, sender=ADDR["a"])
     assert (1, 0, ADDR["b"]) in a.due(now=1.0)
-    a.record([receipt(3)], now=1.0)
+    a.record([receipt(3)], now=1.0, sender=ADDR["a"])
     request = a.close(1, 0, ADDR["b"], now=1.0)
     assert request is not None and len(request.hop_keys) == 3  # at most max_hops a batch
     assert a.due(now=2.0) == []  # one left open, counted from now
@@ -171,8 +171,10 @@ def test_batch_settings_are_bounded(settings: dict[str, float]) -> None:
 def test_a_receiver_refuses_a_batch_naming_the_first_hop_it_lacks(tmp_path: Path) -> None:
     a, b = book(tmp_path, "a"), book(tmp_path, "b")
     receipts = [receipt(i) for i in range(4)]
-    a.record(receipts, now=0.0)
-    b.record([r for r in receipts if r.microbatchId != 2], now=0.0)  # never got hop 2
+    a.record(receipts, now=0.0, sender=ADDR["a"])
+    b.record(
+        [r for r in receipts if r.microbatchId != 2], now=0.0, sender=ADDR["a"]
+    )  # never got hop 2
     request = a.close(1, 0, ADDR["b"], now=0.0)
     assert request is not None
     with pytest.raises(BatchRefused, match=hop_key(receipts[2]).hex()):
@@ -207,7 +209,7 @@ def test_a_countersignature_over_another_root_is_refused_as_withheld(tmp_path: P
     """A receiver that countersigns a root missing one of the worker's hops gives the worker
     nothing: its signature does not check over the worker's batch."""
     a = book(tmp_path, "a")
-    a.record([receipt(i) for i in range(3)], now=0.0)
+    a.record([receipt(i) for i in range(3)], now=0.0, sender=ADDR["a"])
     request = a.close(1, 0, ADDR["b"], now=0.0)
     assert request is not None
     short = HopBatch.of(receipt(0), receipt_digest(receipt(0), DOMAIN))
@@ -221,7 +223,7 @@ def test_a_batch_padded_with_another_workers_receipt_is_refused(tmp_path: Path) 
     a, b = book(tmp_path, "a"), book(tmp_path, "b")
     mine, theirs = [receipt(0), receipt(1)], receipt(7, worker="c")
     both_record(a, b, mine)
-    b.record([theirs], now=0.0)
+    b.record([theirs], now=0.0, sender=ADDR["c"])
     padded = sorted([*mine, theirs], key=hop_key)
     with pytest.raises(ProtocolError):  # no batch of two workers can even be built
         batch_of(padded, DOMAIN)
@@ -264,10 +266,10 @@ def test_a_hop_key_holds_one_receipt_across_batches_and_the_per_hop_tables(
     tmp_path: Path,
 ) -> None:
     a = book(tmp_path, "a")
-    assert a.record([receipt(0)], now=0.0) == [True]
+    assert a.record([receipt(0)], now=0.0, sender=ADDR["a"]) == [True]
     changed = replace(receipt(0), outputDigest=keccak(b"other"))
     assert hop_key(changed) == hop_key(receipt(0))
-    assert a.record([changed], now=0.0) == [False]
+    assert a.record([changed], now=0.0, sender=ADDR["a"]) == [False]
     # A hop already signed per hop (batch of one) is not batched with another receipt either.
     per_hop = HopStore(a.store.db)
     other = receipt(5)
@@ -275,8 +277,10 @@ def test_a_hop_key_holds_one_receipt_across_batches_and_the_per_hop_tables(
         [ToSign(hop_key(other), other, receipt_digest(other, DOMAIN), lambda: b"\x01" * 65)]
     )
     forged = replace(other, outputDigest=keccak(b"x"))
-    assert a.record([forged], now=0.0) == [False]
-    assert a.record([other], now=0.0) == [True]  # the same receipt is the same commitment
+    assert a.record([forged], now=0.0, sender=ADDR["a"]) == [False]
+    assert a.record([other], now=0.0, sender=ADDR["a"]) == [
+        True
+    ]  # the same receipt is the same commitment
 
 
 def test_a_receiver_never_countersigns_per_hop_a_hop_it_committed_for_a_batch(
@@ -307,7 +311,7 @@ def test_a_worker_never_signs_per_hop_a_hop_it_committed_for_a_batch(
     a = db_book(node_url("a"), "a")
     first = receipt(0)
     second = replace(first, outputDigest=keccak(b"other"))
-    assert a.record([first], now=0.0) == [True]
+    assert a.record([first], now=0.0, sender=ADDR["a"]) == [True]
     per_hop = HopStore(a.store.db)
     digest = receipt_digest(second, DOMAIN)
     (signed,) = per_hop.sign_once([ToSign(hop_key(second), second, digest, lambda: b"\x01" * 65)])
@@ -318,12 +322,27 @@ def test_a_worker_never_signs_per_hop_a_hop_it_committed_for_a_batch(
     assert signed == b"\x02" * 65
 
 
+def test_a_third_party_cannot_plant_a_receipt_under_another_workers_hop_key(
+    tmp_path: Path,
+) -> None:
+    """c sends b a hop claiming a's future hop key with another output: not recorded (its
+    sender is not its worker), so a's real hop is recorded and a's batch countersigned."""
+    a, b = book(tmp_path, "a"), book(tmp_path, "b")
+    real = [receipt(i) for i in range(3)]
+    planted = replace(real[1], outputDigest=keccak(b"planted by c"))
+    assert b.record([planted, receipt(9, worker="c")], now=0.0, sender=ADDR["c"]) == [False, True]
+    both_record(a, b, real)
+    request = a.close(1, 0, ADDR["b"], now=1.0)
+    assert request is not None
+    assert a.answered(request, "peer-b", b.countersign(request, ADDR["a"]), "")
+
+
 def test_a_crash_before_the_batch_commit_signs_nothing_and_after_it_resends_the_same(
     tmp_path: Path,
 ) -> None:
     a = book(tmp_path, "a")
     receipts = [receipt(i) for i in range(3)]
-    a.record(receipts, now=0.0)
+    a.record(receipts, now=0.0, sender=ADDR["a"])
 
     def crash(_: bytes) -> bytes:
         raise KeyboardInterrupt  # the process dies between its receipts' commit and the close
@@ -359,7 +378,7 @@ def test_close_requests_are_bounded_and_malformed_ones_refused() -> None:
 def test_a_node_records_only_its_own_hops(tmp_path: Path) -> None:
     a = book(tmp_path, "a")
     with pytest.raises(ProtocolError):
-        a.record([receipt(0, worker="b", receiver="c")], now=0.0)
+        a.record([receipt(0, worker="b", receiver="c")], now=0.0, sender=ADDR["a"])
     assert RECEIVER != WORKER
 
 
@@ -399,8 +418,8 @@ def test_a_batch_whose_receipts_differ_from_the_receivers_is_refused(tmp_path: P
     a, b = book(tmp_path, "a"), book(tmp_path, "b")
     receipts = [receipt(i) for i in range(3)]
     lied = [replace(receipts[0], outputDigest=keccak(b"not what b got")), *receipts[1:]]
-    a.record(lied, now=0.0)
-    b.record(receipts, now=0.0)
+    a.record(lied, now=0.0, sender=ADDR["a"])
+    b.record(receipts, now=0.0, sender=ADDR["a"])
     request = a.close(1, 0, ADDR["b"], now=0.0)
     assert request is not None
     with pytest.raises(BatchRefused, match="root is not the one"):
@@ -474,8 +493,8 @@ def test_a_receiver_that_never_answers_a_close_is_stopped_and_scored(tmp_path: P
 def test_a_refusal_over_libp2p_names_the_missing_hop_to_the_worker(tmp_path: Path) -> None:
     a, b, charged = closing_pair(tmp_path)
     receipts = [receipt(i) for i in range(3)]
-    a.record(receipts, now=0.0)
-    b.record(receipts[1:], now=0.0)  # b never got hop 0
+    a.record(receipts, now=0.0, sender=ADDR["a"])
+    b.record(receipts[1:], now=0.0, sender=ADDR["a"])  # b never got hop 0
     done, _, receiver = run_closing(a, b)
     assert done == 0 and receiver.refused == 1
     ((_, why),) = charged

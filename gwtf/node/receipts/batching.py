@@ -157,16 +157,28 @@ class BatchBook:
     def __post_init__(self) -> None:
         self.address = node_address_of(node_public_key(self.private_key))
 
-    def record(self, receipts: list[HopReceipt], now: float) -> list[bool]:
-        """Commit receipts of hops this node computed (worker) or received (receiver), open."""
+    def record(self, receipts: list[HopReceipt], now: float, sender: str) -> list[bool]:
+        """Commit receipts of hops this node computed (worker) or received (receiver), open.
+        ``sender`` is the authenticated address the received hops came from (this node's own
+        for hops it computed): a received hop is held only if its worker is that sender. A hop
+        key names its worker, so no third party can plant a receipt under another worker's
+        future hop key and have that worker's close refused."""
         worked = [r for r in receipts if r.worker == self.address]
         received = [
             r for r in receipts if r.counterparty == self.address and r.worker != self.address
         ]
         if len(worked) + len(received) != len(receipts):
             raise ProtocolError("a node records only receipts of hops it computed or received")
+        forged = [r for r in received if r.worker != sender]
+        if forged:
+            log.error(
+                "peer %s sent %d hop(s) naming another worker (%s): not recorded",
+                sender, len(forged), forged[0].worker,
+            )  # fmt: skip
+            received = [r for r in received if r.worker == sender]
         held = dict(zip(map(id, worked), self.store.record(worked, WORKER), strict=True))
         held.update(zip(map(id, received), self.store.record(received, RECEIVER), strict=True))
+        held.update((id(r), False) for r in forged)
         for r in worked:
             if held[id(r)]:
                 scope = (r.runId, r.epoch, r.counterparty)
