@@ -5,6 +5,8 @@ attacks on each rule, and what a crash leaves."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -518,3 +520,33 @@ def test_a_close_racing_another_over_one_hop_signs_nothing_twice(tmp_path: Path)
     raced = replace(first, counterparty_signature=counter, batch=late.batch)
     with pytest.raises(ConflictingReceipt):
         b.store._commit(raced, RECEIVER)
+
+
+def test_concurrent_closes_of_one_scope_keep_its_open_hops_counted(
+    node_url: Callable[[str], str],
+) -> None:
+    """Two closes of one scope at once (worker threads): each takes its own batch and the
+    hops left open stay due; none is forgotten until a restart."""
+    a = db_book(node_url("a"), "a", BatchSettings(max_hops=4))
+    a.record([receipt(i) for i in range(10)], now=0.0, sender=ADDR["a"])
+    signing = a._sign
+
+    def slow(digest: bytes) -> bytes:
+        time.sleep(0.2)  # both closes read the open hops before either commits
+        return signing(digest)
+
+    a._sign = slow  # type: ignore[method-assign]
+    requests: list[CloseRequest | None] = []
+    threads = [
+        threading.Thread(target=lambda: requests.append(a.close(1, 0, ADDR["b"], now=2.0)))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(len(r.hop_keys) for r in requests if r is not None) == [4, 4]
+    assert a.store.open_counts(1, 0, ADDR["a"]) == {ADDR["b"]: 2}
+    assert a.due(now=2.0, iteration_end=True) == [(1, 0, ADDR["b"])]
+    last = a.close(1, 0, ADDR["b"], now=3.0)
+    assert last is not None and len(last.hop_keys) == 2

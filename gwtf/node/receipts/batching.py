@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -153,6 +154,9 @@ class BatchBook:
     withholders: Withholders = field(default_factory=Withholders)
     #: (run, epoch, receiver address) -> (open hops, when the oldest was recorded)
     _open: dict[tuple[int, int, str], tuple[int, float]] = field(default_factory=dict)
+    #: Closes of one scope run one at a time (from worker threads): each counts what it took.
+    _closing: dict[tuple[int, int, str], threading.Lock] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         self.address = node_address_of(node_public_key(self.private_key))
@@ -179,11 +183,12 @@ class BatchBook:
         held = dict(zip(map(id, worked), self.store.record(worked, WORKER), strict=True))
         held.update(zip(map(id, received), self.store.record(received, RECEIVER), strict=True))
         held.update((id(r), False) for r in forged)
-        for r in worked:
-            if held[id(r)]:
-                scope = (r.runId, r.epoch, r.counterparty)
-                count, since = self._open.get(scope, (0, now))
-                self._open[scope] = (count + 1, since)
+        with self._lock:
+            for r in worked:
+                if held[id(r)]:
+                    scope = (r.runId, r.epoch, r.counterparty)
+                    count, since = self._open.get(scope, (0, now))
+                    self._open[scope] = (count + 1, since)
         return [held[id(r)] for r in receipts]
 
     def resume(self, run_id: int, epoch: int, now: float) -> list[CloseRequest]:
@@ -200,26 +205,31 @@ class BatchBook:
     def due(self, now: float, iteration_end: bool = False) -> list[tuple[int, int, str]]:
         """The (run, epoch, receiver) scopes whose batch closes now."""
         s = self.settings
-        return [
-            scope
-            for scope, (count, since) in self._open.items()
-            if iteration_end or count >= s.max_hops or now - since >= s.max_age_s
-        ]
+        with self._lock:
+            return [
+                scope
+                for scope, (count, since) in self._open.items()
+                if iteration_end or count >= s.max_hops or now - since >= s.max_age_s
+            ]
 
     def close(self, run_id: int, epoch: int, receiver: str, now: float) -> CloseRequest | None:
         """Close this node's next batch for ``receiver``; the request to send, or None."""
-        try:
-            closed = self.store.close(
-                run_id, epoch, self.address, receiver, self.settings.max_hops, self._sign
-            )
-        except ConflictingReceipt as exc:  # a concurrent close took a hop first: nothing left
-            log.error("batch for %s not closed: %s", receiver, exc)
-            closed = None
         scope = (run_id, epoch, receiver)
-        count, _ = self._open.pop(scope, (0, now))
-        left = count - (len(closed.hop_keys) if closed is not None else count)
-        if left > 0:  # the rest wait for the next batch, counted from now
-            self._open[scope] = (left, now)
+        with self._lock:
+            closing = self._closing.setdefault(scope, threading.Lock())
+        with closing:
+            try:
+                closed = self.store.close(
+                    run_id, epoch, self.address, receiver, self.settings.max_hops, self._sign
+                )
+            except ConflictingReceipt as exc:  # a hop taken by another path: left as counted
+                log.error("batch for %s not closed: %s", receiver, exc)
+                return None
+            with self._lock:
+                count, _ = self._open.pop(scope, (0, now))
+                left = count - (len(closed.hop_keys) if closed is not None else count)
+                if left > 0:  # the rest wait for the next batch, counted from now
+                    self._open[scope] = (left, now)
         if closed is None:
             return None
         return CloseRequest(closed.batch, closed.worker_signature, closed.hop_keys)
