@@ -550,3 +550,22 @@ def test_concurrent_closes_of_one_scope_keep_its_open_hops_counted(
     assert a.due(now=2.0, iteration_end=True) == [(1, 0, ADDR["b"])]
     last = a.close(1, 0, ADDR["b"], now=3.0)
     assert last is not None and len(last.hop_keys) == 2
+
+
+def test_closes_and_batch_reads_are_index_lookups(tmp_path: Path) -> None:
+    """A close reads open rows in hop key order off an index of open rows, a report reads a
+    batch's rows off (root, leaf): neither scans or sorts what earlier batches left."""
+    a = book(tmp_path, "a")
+    plans = {}
+    with a.store.db.engine.connect() as connection:
+        for name, where in (
+            ("open", "run_id = 1 AND epoch = 0 AND worker = 'x' AND counterparty = 'y' AND "
+                     "role = 'worker' AND batch_root IS NULL ORDER BY hop_key LIMIT 256"),
+            ("batch", "batch_root = x'00' ORDER BY leaf_index"),
+        ):  # fmt: skip
+            rows = connection.exec_driver_sql(
+                f"EXPLAIN QUERY PLAN SELECT hop_key FROM batched_receipts WHERE {where}"
+            )
+            plans[name] = " ".join(str(row[-1]) for row in rows)
+    assert "ix_batched_receipts_open" in plans["open"] and "TEMP B-TREE" not in plans["open"]
+    assert "ix_batched_receipts_batch" in plans["batch"] and "TEMP B-TREE" not in plans["batch"]

@@ -63,8 +63,13 @@ def upgrade() -> None:
     with op.batch_alter_table("batched_receipts", schema=None) as batch_op:
         batch_op.create_index(
             "ix_batched_receipts_open",
-            ["run_id", "epoch", "worker", "counterparty", "role"],
+            ["run_id", "epoch", "worker", "counterparty", "role", "hop_key"],
             unique=False,
+            sqlite_where=sa.text("batch_root IS NULL"),
+            postgresql_where=sa.text("batch_root IS NULL"),
+        )
+        batch_op.create_index(
+            "ix_batched_receipts_batch", ["batch_root", "leaf_index"], unique=False
         )
     op.create_table(
         "hop_batches",
@@ -85,6 +90,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("hop_batches")
     with op.batch_alter_table("batched_receipts", schema=None) as batch_op:
+        batch_op.drop_index("ix_batched_receipts_batch")
         batch_op.drop_index("ix_batched_receipts_open")
     op.drop_table("batched_receipts")
     op.drop_table("hop_commitments")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Final
 
-from sqlalchemy import BigInteger, Index, LargeBinary, String
+from sqlalchemy import BigInteger, Index, LargeBinary, String, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from gwtf.contracts.encoding import HOP_RECEIPT_FIELDS, HopReceipt, snake_case
@@ -180,9 +180,16 @@ class BatchedReceipt(ReceiptFields, Base):
     batch_root: Mapped[bytes | None] = mapped_column(HASH)
     leaf_index: Mapped[int | None]
     recorded_at: Mapped[float]
+    # A close reads a scope's open rows in hop key order (only open rows are indexed there,
+    # so closed batches cost it nothing); a report reads a batch's rows in leaf order.
     __table_args__ = (
-        Index("ix_batched_receipts_open", "run_id", "epoch", "worker", "counterparty", "role"),
-    )
+        Index(
+            "ix_batched_receipts_open", "run_id", "epoch", "worker", "counterparty", "role",
+            "hop_key", sqlite_where=text("batch_root IS NULL"),
+            postgresql_where=text("batch_root IS NULL"),
+        ),
+        Index("ix_batched_receipts_batch", "batch_root", "leaf_index"),
+    )  # fmt: skip
 
 
 class HopBatchRow(Base):
