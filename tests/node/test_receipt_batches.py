@@ -377,6 +377,17 @@ def test_close_requests_are_bounded_and_malformed_ones_refused() -> None:
             CloseRequest.decode(bad)
 
 
+@pytest.mark.parametrize(("run_id", "epoch"), [(2**255, 0), (2**63, 0), (1, 2**64 - 1)])
+def test_a_close_request_of_a_run_or_epoch_no_database_holds_is_malformed(
+    run_id: int, epoch: int
+) -> None:
+    """Else the receiver's store raises OverflowError (SQLite) or DataError (PostgreSQL)."""
+    batch = HopBatch(run_id, epoch, ADDR["a"], ADDR["b"], keccak(b"r"))
+    data = CloseRequest(batch, sign_digest(batch.digest(DOMAIN), KEYS["a"]), (keccak(b"k"),))
+    with pytest.raises(ProtocolError, match="below 2\\*\\*63"):
+        CloseRequest.decode(data.encode())
+
+
 def test_a_node_records_only_its_own_hops(tmp_path: Path) -> None:
     a = book(tmp_path, "a")
     with pytest.raises(ProtocolError):

@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 #: Most hops one batch (and one close request: 32 bytes each) may name.
 MAX_BATCH_HOPS: Final = 2**MAX_BATCH_PROOF  # so a receipt's proof in its batch fits the wire
+#: Runs and epochs the database keeps (64-bit signed columns).
+MAX_STORED: Final = 2**63
 #: Longest a batch may stay open, in seconds.
 MAX_BATCH_AGE_S: Final = 300.0
 
@@ -105,9 +107,12 @@ class CloseRequest:
         if not 1 <= count <= MAX_BATCH_HOPS or len(data) != _HEAD.size + 32 * count:
             raise ProtocolError(f"a close request names 1 to {MAX_BATCH_HOPS} hops of 32 bytes")
         keys = tuple(data[_HEAD.size + 32 * i : _HEAD.size + 32 * (i + 1)] for i in range(count))
+        run_id = int.from_bytes(run, "big")
+        if run_id >= MAX_STORED or epoch >= MAX_STORED:  # refused here, not by the database
+            raise ProtocolError(f"a close request's run and epoch are below 2**63 (run {run_id})")
         try:
             batch = HopBatch(
-                int.from_bytes(run, "big"), epoch, "0x" + worker.hex(),
+                run_id, epoch, "0x" + worker.hex(),
                 "0x" + counterparty.hex(), root,
             )  # fmt: skip
         except ValueError as exc:
