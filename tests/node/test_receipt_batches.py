@@ -35,7 +35,7 @@ from gwtf.node.audit.checks import equivocations
 from gwtf.node.p2p.host import full_address, peer_info, running_host
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
 from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
-from gwtf.node.receipts.batch_closing import CLOSE_PROTOCOL, BatchCloser
+from gwtf.node.receipts.batch_closing import CLOSE_PROTOCOL, BatchCloser, answer_of
 from gwtf.node.receipts.batching import (
     MAX_BATCH_HOPS,
     BatchBook,
@@ -580,3 +580,11 @@ def test_closes_and_batch_reads_are_index_lookups(tmp_path: Path) -> None:
             plans[name] = " ".join(str(row[-1]) for row in rows)
     assert "ix_batched_receipts_open" in plans["open"] and "TEMP B-TREE" not in plans["open"]
     assert "ix_batched_receipts_batch" in plans["batch"] and "TEMP B-TREE" not in plans["batch"]
+
+
+def test_a_receivers_refusal_reason_is_quoted_never_logged_raw() -> None:
+    answer, why = answer_of(b"\x00no\n2026-12-07 WARNING forged line\x1b[2J")
+    assert answer is None and why.startswith("refused: ")
+    assert "\n" not in why and "\x1b" not in why and "forged line" in why
+    assert answer_of(b"\x01" + b"\x02" * 65) == (b"\x02" * 65, "")
+    assert answer_of(b"\x01short") == (None, "its answer is not one")

@@ -32,6 +32,16 @@ _ACCEPTED, _REFUSED = b"\x01", b"\x00"
 _MAX_WHY: Final = 400  # bytes of a refusal's reason
 
 
+def answer_of(reply: bytes) -> tuple[bytes | None, str]:
+    """A receiver's reply to a close: (its countersignature, "") or (None, why not). Its
+    reason is a peer's bytes: shown quoted (``repr``, no control characters), never raw."""
+    if reply[:1] == _ACCEPTED and len(reply) == 66:
+        return reply[1:], ""
+    if reply[:1] == _REFUSED:
+        return None, f"refused: {reply[1 : 1 + _MAX_WHY].decode('utf-8', 'replace')!r}"
+    return None, "its answer is not one"
+
+
 @dataclass
 class BatchCloser:
     """Closes this node's due batches with their receivers and answers its workers' closes.
@@ -71,12 +81,7 @@ class BatchCloser:
             reply = await self.rpc.request(
                 ID.from_base58(peer), CLOSE_PROTOCOL, request.encode(), self._limits()
             )
-            if reply[:1] == _ACCEPTED and len(reply) == 66:
-                answer = reply[1:]
-            elif reply[:1] == _REFUSED:
-                why = "refused: " + reply[1 : 1 + _MAX_WHY].decode("utf-8", "replace")
-            else:
-                why = "its answer is not one"
+            answer, why = answer_of(reply)
         except PeerUnavailable as exc:
             why = f"no answer: {exc}"
         return await trio.to_thread.run_sync(self.book.answered, request, peer, answer, why)
