@@ -17,7 +17,7 @@ from eth_utils.crypto import keccak
 from sqlalchemy import create_engine, text
 
 from gwtf.contracts.batches import batch_of, sign_batch
-from gwtf.contracts.certificate_tree import PreparedHop, build_certificate_tree
+from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt, build_certificate_tree
 from gwtf.contracts.encoding import (
     FORWARD,
     HopBatch,
@@ -45,7 +45,7 @@ from gwtf.node.receipts.batching import (
 )
 from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.certify import check_report
-from gwtf.node.receipts.wire import decode_receipts, encode_receipts
+from gwtf.node.receipts.wire import RECEIPT_BYTES, decode_receipts, encode_receipts
 from gwtf.node.store.batches import RECEIVER, WORKER, BatchRefused, BatchStore
 from gwtf.node.store.database import open_database
 from gwtf.node.store.hops import ConflictingReceipt, HopStore, ToSign
@@ -588,3 +588,18 @@ def test_a_receivers_refusal_reason_is_quoted_never_logged_raw() -> None:
     assert "\n" not in why and "\x1b" not in why and "forged line" in why
     assert answer_of(b"\x01" + b"\x02" * 65) == (b"\x02" * 65, "")
     assert answer_of(b"\x01short") == (None, "its answer is not one")
+
+
+def test_a_receipts_batch_proof_travels_as_long_as_the_contracts_take_it() -> None:
+    """This node builds batches of at most 2**12 (12-hash proofs); a peer's receipt with a
+    longer proof the contracts accept (up to 64) still decodes, and 65 does not."""
+    r = receipt(0)
+    signature = b"\x01" * 65
+    deep = SignedReceipt(r, signature, signature, tuple(keccak(bytes([i])) for i in range(64)))
+    assert decode_receipts(encode_receipts([deep])) == [deep]
+    data = bytearray(encode_receipts([replace(deep, proof=deep.proof[:1])]))
+    data[2 + RECEIPT_BYTES] = 65
+    with pytest.raises(ProtocolError):
+        decode_receipts(bytes(data) + b"\x00" * 32 * 64)
+    with pytest.raises(ProtocolError):
+        encode_receipts([replace(deep, proof=(*deep.proof, deep.proof[0]))])
