@@ -603,3 +603,37 @@ def test_a_receipts_batch_proof_travels_as_long_as_the_contracts_take_it() -> No
         decode_receipts(bytes(data) + b"\x00" * 32 * 64)
     with pytest.raises(ProtocolError):
         encode_receipts([replace(deep, proof=(*deep.proof, deep.proof[0]))])
+
+
+def test_the_same_close_sent_twice_at_once_is_countersigned_once_and_never_refused(
+    node_url: Callable[[str], str],
+) -> None:
+    """A worker resending a close its receiver is still answering: both get the one
+    countersignature; the one whose commit lost the race is not a refusal (it would charge an
+    honest worker)."""
+    a, b = db_book(node_url("a"), "a"), db_book(node_url("b"), "b")
+    both_record(a, b, [receipt(i) for i in range(3)])
+    request = a.close(1, 0, ADDR["b"], now=1.0)
+    assert request is not None
+    signing = b._sign
+
+    def slow(digest: bytes) -> bytes:
+        time.sleep(0.2)  # both read the open receipts before either commits
+        return signing(digest)
+
+    b._sign = slow  # type: ignore[method-assign]
+    answers: list[bytes | Exception] = []
+
+    def answer() -> None:
+        try:
+            answers.append(b.countersign(request, ADDR["a"]))
+        except BatchRefused as exc:
+            answers.append(exc)
+
+    threads = [threading.Thread(target=answer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) == 2 and answers[0] == answers[1] and isinstance(answers[0], bytes)
+    assert len(b.sealed(1, 0)) == 1

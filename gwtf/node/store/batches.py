@@ -191,10 +191,33 @@ class BatchStore:
         hop this node holds no open receipt of, or a root it does not rebuild."""
         if not keys or len(set(keys)) != len(keys):
             raise BatchRefused("a close request names each of its hops once, at least one")
+        done = self._countersigned(batch)
+        if done is not None:
+            return done
+        try:
+            return self._countersign_new(batch, keys, worker_signature, sign)
+        except BatchRefused:
+            # The same batch sent again concurrently (a resend) and committed by the other
+            # close: the same answer, not a refusal that would charge an honest worker.
+            done = self._countersigned(batch)
+            if done is not None:
+                return done
+            raise
+
+    def _countersigned(self, batch: HopBatch) -> bytes | None:
         with self.db.sessions() as session:
             done = session.scalar(select(HopBatchRow).where(*_batch_key(batch)))
-            if done is not None and done.counterparty_signature is not None:
+            if done is not None and done.role == RECEIVER and done.counterparty_signature:
                 return bytes(done.counterparty_signature)
+        return None
+
+    def _countersign_new(
+        self,
+        batch: HopBatch,
+        keys: Sequence[bytes],
+        worker_signature: bytes,
+        sign: Callable[[bytes], bytes],
+    ) -> bytes:
         with self.db.engine.begin() as connection:
             columns = (
                 "hop_key, role, batch_root, run_id, epoch, worker, counterparty, receipt_digest"
