@@ -452,7 +452,7 @@ def closing_pair(tmp_path: Path) -> tuple[BatchBook, BatchBook, list[tuple[str, 
 
 
 def run_closing(
-    a: BatchBook, b: BatchBook, stall_receiver: bool = False
+    a: BatchBook, b: BatchBook, stall_receiver: bool = False, now: float = 0.0
 ) -> tuple[int, BatchCloser, BatchCloser]:
     peers = {n: str(peer_id_of(identity_from_key(KEYS[n]))) for n in "ab"}
     result: list[int] = []
@@ -476,7 +476,7 @@ def run_closing(
                 receiver.serve()
             await a_host.connect(peer_info(full_address(b_host)))
             with trio.fail_after(30):
-                result.append(await worker.close_due(now=0.0, iteration_end=True))
+                result.append(await worker.close_due(now=now, iteration_end=True))
             closers.extend([worker, receiver])
 
     trio.run(main)
@@ -501,17 +501,47 @@ def test_a_receiver_that_never_answers_a_close_is_stopped_and_scored(tmp_path: P
     assert done == 0 and [peer for peer, _ in charged] == [peer_b]
     assert "no answer" in charged[0][1] and not a.withholders.may_send(peer_b)
     assert a.sealed(1, 0) == [] and b.sealed(1, 0) == []  # unpaid, nothing to slash
+    # Stopped for the iteration: its next batches are not even closed, so nothing is sent.
+    both_record(a, b, [receipt(i) for i in range(3, 5)])
+    assert run_closing(a, b, stall_receiver=True)[0] == 0 and len(charged) == 1
+    assert a.store.open_counts(1, 0, ADDR["a"]) == {ADDR["b"]: 2}
 
 
-def test_a_refusal_over_libp2p_names_the_missing_hop_to_the_worker(tmp_path: Path) -> None:
+def test_a_close_that_overtook_a_hop_is_sent_again_until_it_is_held_or_too_old(
+    tmp_path: Path,
+) -> None:
+    """ "Not yet" (the receiver holds no receipt of a hop yet) charges nobody: the request is
+    sent again at each close_due; a receiver still lacking a hop max_age_s later withholds."""
+    a, b, charged = closing_pair(tmp_path)
+    peer_b = str(peer_id_of(identity_from_key(KEYS["b"])))
+    receipts = [receipt(i) for i in range(3)]
+    a.record(receipts, now=0.0, sender=ADDR["a"])
+    b.record(receipts[1:], now=0.0, sender=ADDR["a"])  # hop 0 still on its way
+    done, _, receiver = run_closing(a, b, now=0.0)
+    assert done == 0 and receiver.refused == 0 and charged == [] and a.withholders.may_send(peer_b)
+    assert len(a.pending_requests()) == 1
+    b.record(receipts[:1], now=1.0, sender=ADDR["a"])
+    done, _, _ = run_closing(a, b, now=1.0)
+    assert done == 1 and a.pending_requests() == [] and charged == []
+    never = receipt(5)
+    a.record([never], now=2.0, sender=ADDR["a"])
+    assert run_closing(a, b, now=2.0)[0] == 0 and charged == []
+    assert run_closing(a, b, now=2.0 + a.settings.max_age_s)[0] == 0
+    ((peer, why),) = charged
+    assert peer == peer_b and why.startswith("still not yet") and hop_key(never).hex() in why
+    assert not a.withholders.may_send(peer_b)
+
+
+def test_a_refusal_over_libp2p_says_why_and_charges_the_receiver(tmp_path: Path) -> None:
     a, b, charged = closing_pair(tmp_path)
     receipts = [receipt(i) for i in range(3)]
     a.record(receipts, now=0.0, sender=ADDR["a"])
-    b.record(receipts[1:], now=0.0, sender=ADDR["a"])  # b never got hop 0
+    other = replace(receipts[0], outputDigest=keccak(b"not what a sent"))
+    b.record([other, *receipts[1:]], now=0.0, sender=ADDR["a"])
     done, _, receiver = run_closing(a, b)
-    assert done == 0 and receiver.refused == 1
+    assert done == 0 and receiver.refused == 1 and a.pending_requests() == []
     ((_, why),) = charged
-    assert why.startswith("refused: ") and hop_key(receipts[0]).hex() in why
+    assert why.startswith("refused: ") and "root" in why
 
 
 def test_a_close_racing_another_over_one_hop_signs_nothing_twice(tmp_path: Path) -> None:
@@ -583,11 +613,12 @@ def test_closes_and_batch_reads_are_index_lookups(tmp_path: Path) -> None:
 
 
 def test_a_receivers_refusal_reason_is_quoted_never_logged_raw() -> None:
-    answer, why = answer_of(b"\x00no\n2026-12-07 WARNING forged line\x1b[2J")
-    assert answer is None and why.startswith("refused: ")
+    answer, why, pending = answer_of(b"\x00no\n2026-12-07 WARNING forged line\x1b[2J")
+    assert answer is None and why.startswith("refused: ") and not pending
     assert "\n" not in why and "\x1b" not in why and "forged line" in why
-    assert answer_of(b"\x01" + b"\x02" * 65) == (b"\x02" * 65, "")
-    assert answer_of(b"\x01short") == (None, "its answer is not one")
+    assert answer_of(b"\x02hop\n") == (None, "not yet: 'hop\\n'", True)
+    assert answer_of(b"\x01" + b"\x02" * 65) == (b"\x02" * 65, "", False)
+    assert answer_of(b"\x01short") == (None, "its answer is not one", False)
 
 
 def test_a_receipts_batch_proof_travels_as_long_as_the_contracts_take_it() -> None:

@@ -162,6 +162,8 @@ class BatchBook:
     #: Closes of one scope run one at a time (from worker threads): each counts what it took.
     _closing: dict[tuple[int, int, str], threading.Lock] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: Batch -> (its close request, when its receiver first answered "not yet").
+    _pending: dict[HopBatch, tuple[CloseRequest, float]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.address = node_address_of(node_public_key(self.private_key))
@@ -239,10 +241,23 @@ class BatchBook:
             return None
         return CloseRequest(closed.batch, closed.worker_signature, closed.hop_keys)
 
-    def answered(self, request: CloseRequest, peer: str, answer: bytes | None, why: str) -> bool:
+    def answered(
+        self,
+        request: CloseRequest,
+        peer: str,
+        answer: bytes | None,
+        why: str,
+        pending: bool = False,
+        now: float = 0.0,
+    ) -> bool:
         """The receiver ``peer`` answered ``request`` with ``answer`` (None: refused with
-        ``why``, or timed out): keep a countersignature that checks, else stop and score it."""
+        ``why``, or timed out): keep a countersignature that checks, else stop and score it.
+        ``pending``: it holds some hop of the batch not yet (the close overtook the hop); the
+        request is sent again (``pending_requests``), and a receiver still saying so
+        ``max_age_s`` after the first answer is withholding."""
         batch = request.batch
+        with self._lock:
+            first = self._pending.pop(batch, (request, now))[1]
         if answer is not None:
             try:
                 if recover_digest_signer(batch.digest(self.domain), answer) == batch.counterparty:
@@ -251,8 +266,19 @@ class BatchBook:
                 why = "its countersignature is not its own over the batch"
             except ProtocolError as exc:
                 why = f"its countersignature does not check: {exc}"
+        elif pending:
+            with self._lock:
+                self._pending[batch] = (request, first)
+            if now - first < self.settings.max_age_s:
+                return False
+            why = f"still {why} after {now - first:.0f} s"
         self.withholders.withheld(peer, why)
         return False
+
+    def pending_requests(self) -> list[CloseRequest]:
+        """Close requests a receiver answered "not yet": sent again at each ``close_due``."""
+        with self._lock:
+            return [request for request, _ in self._pending.values()]
 
     def countersign(self, request: CloseRequest, sender_address: str) -> bytes:
         """Countersign a worker's close request; raises ``BatchRefused`` (why) otherwise."""

@@ -38,8 +38,13 @@ WORKER, RECEIVER = "worker", "receiver"
 
 
 class BatchRefused(ProtocolError):
-    """A close request this node will not countersign (it names why: the first hop it lacks,
-    a root it does not rebuild)."""
+    """A close request this node will not countersign (it names why: a hop it holds in another
+    scope or batch, a root it does not rebuild)."""
+
+
+class BatchPending(BatchRefused):
+    """A close request naming a hop this node holds no receipt of yet (the close may have
+    overtaken the hop): not countersigned now, the same request may be sent again."""
 
 
 @dataclass(frozen=True)
@@ -231,7 +236,11 @@ class BatchStore:
         digests = []
         for key in ordered:
             row = rows.get(key)
-            if row is None or tuple(row[:6]) != scope:
+            if row is None:
+                raise BatchPending(
+                    f"batch of {batch.worker}: this node holds no receipt of hop {key.hex()} yet"
+                )
+            if tuple(row[:6]) != scope:
                 raise BatchRefused(
                     f"batch of {batch.worker}: this node holds no open receipt of hop "
                     f"{key.hex()} that worker sent it in run {batch.runId} epoch {batch.epoch}"
