@@ -668,3 +668,49 @@ def test_the_same_close_sent_twice_at_once_is_countersigned_once_and_never_refus
         t.join()
     assert len(answers) == 2 and answers[0] == answers[1] and isinstance(answers[0], bytes)
     assert len(b.sealed(1, 0)) == 1
+
+
+def test_close_due_sends_to_its_receivers_at_once(tmp_path: Path) -> None:
+    """A slow receiver does not hold up another's close: c answers only once b has been asked
+    (sequential sends would time c out first, and charge it)."""
+    charged: list[tuple[str, str]] = []
+    settings = BatchSettings(max_hops=64, close_timeout_s=2.0)
+    withholders = Withholders(penalise=lambda peer, why: charged.append((peer, why)))
+    a = book(tmp_path, "a", settings, withholders=withholders)
+    b, c = book(tmp_path, "b", settings), book(tmp_path, "c", settings)
+    to_c, to_b = [receipt(i, receiver="c") for i in range(2)], [receipt(i) for i in range(2, 4)]
+    a.record(to_c + to_b, now=0.0, sender=ADDR["a"])  # c's batch falls due first
+    c.record(to_c, now=0.0, sender=ADDR["a"])
+    b.record(to_b, now=0.0, sender=ADDR["a"])
+    peers = {n: str(peer_id_of(identity_from_key(KEYS[n]))) for n in "abc"}
+    result: list[int] = []
+
+    async def main() -> None:
+        async with (
+            running_host(identity_from_key(KEYS["a"])) as a_host,
+            running_host(identity_from_key(KEYS["b"])) as b_host,
+            running_host(identity_from_key(KEYS["c"])) as c_host,
+        ):
+            peer_of = {ADDR["b"]: peers["b"], ADDR["c"]: peers["c"]}.get
+            worker = BatchCloser(RequestResponse(a_host), a, peer_of)
+            b_closer = BatchCloser(RequestResponse(b_host), b, {}.get)
+            c_closer = BatchCloser(RequestResponse(c_host), c, {}.get)
+            asked_b = trio.Event()
+
+            async def b_serves(peer: str, data: bytes) -> bytes:
+                asked_b.set()
+                return await b_closer._close(peer, data)
+
+            async def c_waits(peer: str, data: bytes) -> bytes:
+                await asked_b.wait()
+                return await c_closer._close(peer, data)
+
+            RequestResponse(b_host).serve(CLOSE_PROTOCOL, b_serves, b_closer._limits())
+            RequestResponse(c_host).serve(CLOSE_PROTOCOL, c_waits, c_closer._limits())
+            for host in (b_host, c_host):
+                await a_host.connect(peer_info(full_address(host)))
+            with trio.fail_after(30):
+                result.append(await worker.close_due(now=0.0, iteration_end=True))
+
+    trio.run(main)
+    assert charged == [] and result == [2], (charged, result)

@@ -80,7 +80,8 @@ class BatchCloser:
         async def resend(request: CloseRequest, peer: str) -> None:
             nonlocal done
             async with limiter:
-                done += await self.send(request, peer, now)
+                countersigned = await self.send(request, peer, now)
+            done += countersigned  # after the await: another task may have counted meanwhile
 
         async def close(run_id: int, epoch: int, receiver: str, peer: str) -> None:
             nonlocal done
@@ -88,8 +89,8 @@ class BatchCloser:
                 request = await trio.to_thread.run_sync(
                     self.book.close, run_id, epoch, receiver, now
                 )
-                if request is not None:
-                    done += await self.send(request, peer, now)
+                countersigned = request is not None and await self.send(request, peer, now)
+            done += countersigned
 
         async with trio.open_nursery() as nursery:
             for request in self.book.pending_requests():
