@@ -1,15 +1,23 @@
 """Receipts signed in batches: one signature and one recovery per end for many hops.
 
 A hop travels and is acked with no signature; each end commits its receipt, open, under its hop
-key (``BatchBook.record``). The worker closes its open receipts for a receiver every
+key (``BatchBook.record``): the receiver only of hops whose worker is the authenticated peer
+that sent them, so, a hop key naming its worker, no third party can plant a receipt under an
+honest worker's key. The key is the node's one commitment for that hop whatever path signs it
+(``HopStore.commit_once``). The worker closes its open receipts for a receiver every
 ``max_hops`` hops, after ``max_age_s`` seconds, or at the iteration's end (``BatchBook.due``):
 it signs the ``HopBatch`` over the Merkle root of their digests in hop key order, committed with
 them first (``gwtf.node.store.batches``), and sends a ``CloseRequest`` naming the hops. The
 receiver rebuilds the root from its own committed receipts of those hops, checks the worker's
-signature, commits the batch and answers its countersignature; it refuses a hop it holds no open
-receipt of (naming it) and a root it does not rebuild. Each receipt then travels with both
-batch signatures and its inclusion proof (``ClosedBatch.sealed``), which the certificate, the
-audit and the disputes contract read as they read a batch of one.
+signature, commits the batch and answers its countersignature; it answers "not yet" for a hop
+it holds no receipt of (the close overtook it: sent again at each close, withholding if still
+so ``max_age_s`` later) and refuses a hop held in another scope or batch, or a root it does
+not rebuild. An honest pair's receipts of one hop are equal (both come from the bytes that
+travelled), so a refusal means one of the two lies: the worker does not re-close a subset.
+Closes of one scope run one at a time; the same close sent twice at once gets one answer.
+Each receipt then travels with both batch signatures and its inclusion proof
+(``ClosedBatch.sealed``), which the certificate, the audit and the disputes contract read as
+they read a batch of one.
 
 A receiver that refuses, or lets the close time out, has acked hops it does not pay for: the
 worker scores it down and sends it no hop for the rest of the iteration (``Withholders``). The
