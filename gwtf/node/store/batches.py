@@ -192,8 +192,9 @@ class BatchStore:
         """Countersign the batch a worker closed over the receipts under ``keys``, rebuilt from
         this node's own committed receipts of hops that worker sent it, once the batch is
         committed with both signatures. The caller has checked ``worker_signature``. The same
-        batch again gets the same countersignature. Raises ``BatchRefused`` naming the first
-        hop this node holds no open receipt of, or a root it does not rebuild."""
+        batch again gets the same countersignature, also when sent twice at once. Raises
+        ``BatchPending`` naming a hop this node holds no receipt of yet, ``BatchRefused``
+        naming one it holds in another scope or batch, or a root it does not rebuild."""
         if not keys or len(set(keys)) != len(keys):
             raise BatchRefused("a close request names each of its hops once, at least one")
         done = self._countersigned(batch)
