@@ -505,6 +505,12 @@ def test_a_receiver_that_never_answers_a_close_is_stopped_and_scored(tmp_path: P
     both_record(a, b, [receipt(i) for i in range(3, 5)])
     assert run_closing(a, b, stall_receiver=True)[0] == 0 and len(charged) == 1
     assert a.store.open_counts(1, 0, ADDR["a"]) == {ADDR["b"]: 2}
+    # Next iteration it answers again: the unanswered batch is sent again as it was.
+    (unanswered,) = a.pending_requests()
+    a.withholders.new_iteration()
+    assert run_closing(a, b)[0] == 2 and a.pending_requests() == []
+    assert sorted(len(c.receipts) for c in b.sealed(1, 0)) == [2, 3]
+    assert unanswered.batch in {c.batch for c in a.sealed(1, 0)}
 
 
 def test_a_close_that_overtook_a_hop_is_sent_again_until_it_is_held_or_too_old(

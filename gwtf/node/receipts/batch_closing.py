@@ -3,7 +3,8 @@
 The worker sends a ``CloseRequest`` (``gwtf.node.receipts.batching``); the receiver answers
 ``0x01`` and its 65-byte countersignature, ``0x02`` and the hop it holds no receipt of yet
 (the close overtook the hop: sent again at each ``close_due``, and a receiver still saying so
-after ``max_age_s`` is withholding), or ``0x00`` and why it refuses (a hop it holds in
+after ``max_age_s`` is withholding; a close not answered at all is sent again too, once its
+receiver is no longer stopped), or ``0x00`` and why it refuses (a hop it holds in
 another scope or batch, a root it does not rebuild): a refusal is an answer, so the worker
 learns why. A request that is not one is the sender's fault (the RPC layer charges it); a
 batch refused is charged to its worker too, since an honest worker only closes hops its
@@ -108,17 +109,17 @@ class BatchCloser:
         receiver ``peer``; whether it came back countersigned. A timeout or a refusal stops
         and scores the receiver (``BatchBook.answered``); "not yet" keeps it to send again.
         ``now``: the book's clock (default ``time.monotonic()``)."""
-        answer, why, pending = None, "", False
+        answer, why, pending, unreachable = None, "", False, False
         try:
             reply = await self.rpc.request(
                 ID.from_base58(peer), CLOSE_PROTOCOL, request.encode(), self._limits()
             )
             answer, why, pending = answer_of(reply)
         except PeerUnavailable as exc:
-            why = f"no answer: {exc}"
+            why, unreachable = f"no answer: {exc}", True
         at = time.monotonic() if now is None else now
         return await trio.to_thread.run_sync(
-            self.book.answered, request, peer, answer, why, pending, at
+            self.book.answered, request, peer, answer, why, pending, at, unreachable
         )
 
     def _reachable(self, receiver: str) -> str | None:

@@ -257,12 +257,15 @@ class BatchBook:
         why: str,
         pending: bool = False,
         now: float = 0.0,
+        unreachable: bool = False,
     ) -> bool:
         """The receiver ``peer`` answered ``request`` with ``answer`` (None: refused with
         ``why``, or timed out): keep a countersignature that checks, else stop and score it.
         ``pending``: it holds some hop of the batch not yet (the close overtook the hop); the
         request is sent again (``pending_requests``), and a receiver still saying so
-        ``max_age_s`` after the first answer is withholding."""
+        ``max_age_s`` after the first answer is withholding. ``unreachable``: no answer came
+        (a timeout, a cut): the receiver is stopped for the iteration, and the request is
+        sent again once it may be sent to (it may have crashed and come back)."""
         batch = request.batch
         with self._lock:
             first = self._pending.pop(batch, (request, now))[1]
@@ -274,17 +277,19 @@ class BatchBook:
                 why = "its countersignature is not its own over the batch"
             except ProtocolError as exc:
                 why = f"its countersignature does not check: {exc}"
-        elif pending:
+        elif pending or unreachable:
             with self._lock:
                 self._pending[batch] = (request, first)
-            if now - first < self.settings.max_age_s:
+            if pending and now - first < self.settings.max_age_s:
                 return False
-            why = f"still {why} after {now - first:.0f} s"
+            if pending:
+                why = f"still {why} after {now - first:.0f} s"
         self.withholders.withheld(peer, why)
         return False
 
     def pending_requests(self) -> list[CloseRequest]:
-        """Close requests a receiver answered "not yet": sent again at each ``close_due``."""
+        """Close requests a receiver answered "not yet", or did not answer: sent again at each
+        ``close_due`` (to a receiver not stopped), until countersigned or refused."""
         with self._lock:
             return [request for request, _ in self._pending.values()]
 
