@@ -720,3 +720,34 @@ def test_close_due_sends_to_its_receivers_at_once(tmp_path: Path) -> None:
 
     trio.run(main)
     assert charged == [] and result == [2], (charged, result)
+
+
+def test_racing_paths_over_one_hop_key_commit_one_receipt(node_url: Callable[[str], str]) -> None:
+    """The per-hop and the batched path at once, each with its own version of one hop (a
+    lying worker racing them): exactly one version is signed or held, on either database."""
+    b = db_book(node_url("b"), "b")
+    per_hop = HopStore(b.store.db)
+    start = threading.Barrier(2)
+    for i in range(8):
+        first = receipt(i)
+        second = replace(first, outputDigest=keccak(b"other"))
+        digest = receipt_digest(second, DOMAIN)
+        results: dict[str, object] = {}
+
+        def batched(r: HopReceipt = first, out: dict[str, object] = results) -> None:
+            start.wait()
+            out["batched"] = b.record([r], now=0.0, sender=ADDR["a"])[0]
+
+        def signed(
+            r: HopReceipt = second, d: bytes = digest, out: dict[str, object] = results
+        ) -> None:
+            start.wait()
+            item = ToSign(hop_key(r), r, d, lambda: b"\x01" * 65, b"\x02" * 65)
+            out["per_hop"] = not isinstance(per_hop.countersign_once([item])[0], Exception)
+
+        threads = [threading.Thread(target=batched), threading.Thread(target=signed)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(results.values()) == [False, True], (i, results)
