@@ -179,8 +179,8 @@ def batch_book_us(folder: Path, hops: int, size: int) -> float:
     for first in range(0, hops, IN_FLIGHT):
         now = time.monotonic()
         chunk = range(first, min(first + IN_FLIGHT, hops))
-        worker.record([facts(i).receipt(TERMS) for i in chunk], now)
-        receiver.record([facts(i).receipt(TERMS) for i in chunk], now)
+        worker.record([facts(i).receipt(TERMS) for i in chunk], now, worker.address)
+        receiver.record([facts(i).receipt(TERMS) for i in chunk], now, worker.address)
         for run_id, epoch, to in worker.due(now, iteration_end=chunk[-1] == hops - 1):
             request = worker.close(run_id, epoch, to, now)
             assert request is not None and to == b

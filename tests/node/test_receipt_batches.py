@@ -4,15 +4,20 @@ attacks on each rule, and what a crash leaves."""
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import trio
 from eth_utils.crypto import keccak
+from sqlalchemy import create_engine, text
 
 from gwtf.contracts.batches import batch_of, sign_batch
-from gwtf.contracts.certificate_tree import PreparedHop, build_certificate_tree
+from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt, build_certificate_tree
 from gwtf.contracts.encoding import (
     FORWARD,
     HopBatch,
@@ -30,7 +35,7 @@ from gwtf.node.audit.checks import equivocations
 from gwtf.node.p2p.host import full_address, peer_info, running_host
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
 from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
-from gwtf.node.receipts.batch_closing import CLOSE_PROTOCOL, BatchCloser
+from gwtf.node.receipts.batch_closing import CLOSE_PROTOCOL, BatchCloser, answer_of
 from gwtf.node.receipts.batching import (
     MAX_BATCH_HOPS,
     BatchBook,
@@ -40,7 +45,7 @@ from gwtf.node.receipts.batching import (
 )
 from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.certify import check_report
-from gwtf.node.receipts.wire import decode_receipts, encode_receipts
+from gwtf.node.receipts.wire import RECEIPT_BYTES, decode_receipts, encode_receipts
 from gwtf.node.store.batches import RECEIVER, WORKER, BatchRefused, BatchStore
 from gwtf.node.store.database import open_database
 from gwtf.node.store.hops import ConflictingReceipt, HopStore, ToSign
@@ -62,9 +67,49 @@ def book(tmp: Path, name: str, settings: BatchSettings | None = None, **kw: obje
     return BatchBook(DOMAIN, KEYS[name], store, settings or BatchSettings(), **kw)  # type: ignore[arg-type]
 
 
+POSTGRES_URL = os.environ.get("GWTF_TEST_POSTGRES_URL", "")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def node_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[str], str]]:
+    """A database URL per node name: a file each on SQLite, a schema each on PostgreSQL."""
+    if request.param == "sqlite":
+        yield lambda name: f"sqlite:///{tmp_path / name}.sqlite"
+        return
+    if not POSTGRES_URL:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run the PostgreSQL cases: set GWTF_TEST_POSTGRES_URL")
+        pytest.skip("no PostgreSQL server: set GWTF_TEST_POSTGRES_URL (.ci/run starts one)")
+    engine = create_engine(POSTGRES_URL)
+    schemas: list[str] = []
+
+    def url(name: str) -> str:
+        schema = f"batch_test_{name}"
+        with engine.begin() as connection:
+            connection.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            connection.execute(text(f"CREATE SCHEMA {schema}"))
+        schemas.append(schema)
+        return (
+            f"{POSTGRES_URL}{'&' if '?' in POSTGRES_URL else '?'}options=-csearch_path%3D{schema}"
+        )
+
+    try:
+        yield url
+    finally:
+        with engine.begin() as connection:
+            for schema in schemas:
+                connection.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        engine.dispose()
+
+
+def db_book(url: str, name: str, settings: BatchSettings | None = None) -> BatchBook:
+    store = BatchStore(open_database(url), DOMAIN)
+    return BatchBook(DOMAIN, KEYS[name], store, settings or BatchSettings())
+
+
 def both_record(a: BatchBook, b: BatchBook, receipts: list[HopReceipt]) -> None:
-    assert all(a.record(receipts, now=0.0))
-    assert all(b.record(receipts, now=0.0))
+    assert all(a.record(receipts, now=0.0, sender=ADDR["a"]))
+    assert all(b.record(receipts, now=0.0, sender=ADDR["a"]))
 
 
 def test_a_closed_batch_is_countersigned_and_each_receipt_checks_with_its_proof(
@@ -96,14 +141,14 @@ def test_a_batch_closes_every_n_hops_after_t_seconds_and_at_the_iterations_end(
     tmp_path: Path,
 ) -> None:
     a = book(tmp_path, "a", BatchSettings(max_hops=3, max_age_s=5.0))
-    a.record([receipt(0)], now=0.0)
-    a.record([receipt(10, receiver="c")], now=0.0)
+    a.record([receipt(0)], now=0.0, sender=ADDR["a"])
+    a.record([receipt(10, receiver="c")], now=0.0, sender=ADDR["a"])
     assert a.due(now=1.0) == []
     assert set(a.due(now=1.0, iteration_end=True)) == {(1, 0, ADDR["b"]), (1, 0, ADDR["c"])}
     assert a.due(now=5.0) == [(1, 0, ADDR["b"]), (1, 0, ADDR["c"])]
-    a.record([receipt(1), receipt(2)], now=1.0)
+    a.record([receipt(1), receipt(2)], now=1.0, sender=ADDR["a"])
     assert (1, 0, ADDR["b"]) in a.due(now=1.0)
-    a.record([receipt(3)], now=1.0)
+    a.record([receipt(3)], now=1.0, sender=ADDR["a"])
     request = a.close(1, 0, ADDR["b"], now=1.0)
     assert request is not None and len(request.hop_keys) == 3  # at most max_hops a batch
     assert a.due(now=2.0) == []  # one left open, counted from now
@@ -128,8 +173,10 @@ def test_batch_settings_are_bounded(settings: dict[str, float]) -> None:
 def test_a_receiver_refuses_a_batch_naming_the_first_hop_it_lacks(tmp_path: Path) -> None:
     a, b = book(tmp_path, "a"), book(tmp_path, "b")
     receipts = [receipt(i) for i in range(4)]
-    a.record(receipts, now=0.0)
-    b.record([r for r in receipts if r.microbatchId != 2], now=0.0)  # never got hop 2
+    a.record(receipts, now=0.0, sender=ADDR["a"])
+    b.record(
+        [r for r in receipts if r.microbatchId != 2], now=0.0, sender=ADDR["a"]
+    )  # never got hop 2
     request = a.close(1, 0, ADDR["b"], now=0.0)
     assert request is not None
     with pytest.raises(BatchRefused, match=hop_key(receipts[2]).hex()):
@@ -164,7 +211,7 @@ def test_a_countersignature_over_another_root_is_refused_as_withheld(tmp_path: P
     """A receiver that countersigns a root missing one of the worker's hops gives the worker
     nothing: its signature does not check over the worker's batch."""
     a = book(tmp_path, "a")
-    a.record([receipt(i) for i in range(3)], now=0.0)
+    a.record([receipt(i) for i in range(3)], now=0.0, sender=ADDR["a"])
     request = a.close(1, 0, ADDR["b"], now=0.0)
     assert request is not None
     short = HopBatch.of(receipt(0), receipt_digest(receipt(0), DOMAIN))
@@ -178,7 +225,7 @@ def test_a_batch_padded_with_another_workers_receipt_is_refused(tmp_path: Path) 
     a, b = book(tmp_path, "a"), book(tmp_path, "b")
     mine, theirs = [receipt(0), receipt(1)], receipt(7, worker="c")
     both_record(a, b, mine)
-    b.record([theirs], now=0.0)
+    b.record([theirs], now=0.0, sender=ADDR["c"])
     padded = sorted([*mine, theirs], key=hop_key)
     with pytest.raises(ProtocolError):  # no batch of two workers can even be built
         batch_of(padded, DOMAIN)
@@ -221,10 +268,10 @@ def test_a_hop_key_holds_one_receipt_across_batches_and_the_per_hop_tables(
     tmp_path: Path,
 ) -> None:
     a = book(tmp_path, "a")
-    assert a.record([receipt(0)], now=0.0) == [True]
+    assert a.record([receipt(0)], now=0.0, sender=ADDR["a"]) == [True]
     changed = replace(receipt(0), outputDigest=keccak(b"other"))
     assert hop_key(changed) == hop_key(receipt(0))
-    assert a.record([changed], now=0.0) == [False]
+    assert a.record([changed], now=0.0, sender=ADDR["a"]) == [False]
     # A hop already signed per hop (batch of one) is not batched with another receipt either.
     per_hop = HopStore(a.store.db)
     other = receipt(5)
@@ -232,8 +279,64 @@ def test_a_hop_key_holds_one_receipt_across_batches_and_the_per_hop_tables(
         [ToSign(hop_key(other), other, receipt_digest(other, DOMAIN), lambda: b"\x01" * 65)]
     )
     forged = replace(other, outputDigest=keccak(b"x"))
-    assert a.record([forged], now=0.0) == [False]
-    assert a.record([other], now=0.0) == [True]  # the same receipt is the same commitment
+    assert a.record([forged], now=0.0, sender=ADDR["a"]) == [False]
+    assert a.record([other], now=0.0, sender=ADDR["a"]) == [
+        True
+    ]  # the same receipt is the same commitment
+
+
+def test_a_receiver_never_countersigns_per_hop_a_hop_it_committed_for_a_batch(
+    node_url: Callable[[str], str],
+) -> None:
+    """A worker sends hop K on the batched path, then another version of K on the per-hop
+    path: the receiver's one commitment per hop key refuses the second (else: slashable)."""
+    a, b = db_book(node_url("a"), "a"), db_book(node_url("b"), "b")
+    first = receipt(0)
+    second = replace(first, outputDigest=keccak(b"other"))
+    both_record(a, b, [first])
+    digest = receipt_digest(second, DOMAIN)
+    signing = HopBatch.of(second, digest).digest(DOMAIN)
+    worker_signature = sign_digest(signing, KEYS["a"])
+    (counter,) = HopStore(b.store.db).countersign_once(
+        [ToSign(hop_key(second), second, digest, lambda: sign_digest(signing, KEYS["b"]),
+                worker_signature)]
+    )  # fmt: skip
+    assert isinstance(counter, ConflictingReceipt)
+    request = a.close(1, 0, ADDR["b"], now=1.0)
+    assert request is not None and a.answered(request, "b", b.countersign(request, ADDR["a"]), "")
+    assert equivocations(b.sealed(1, 0)[0].sealed(DOMAIN), DOMAIN) == []
+
+
+def test_a_worker_never_signs_per_hop_a_hop_it_committed_for_a_batch(
+    node_url: Callable[[str], str],
+) -> None:
+    a = db_book(node_url("a"), "a")
+    first = receipt(0)
+    second = replace(first, outputDigest=keccak(b"other"))
+    assert a.record([first], now=0.0, sender=ADDR["a"]) == [True]
+    per_hop = HopStore(a.store.db)
+    digest = receipt_digest(second, DOMAIN)
+    (signed,) = per_hop.sign_once([ToSign(hop_key(second), second, digest, lambda: b"\x01" * 65)])
+    assert isinstance(signed, ConflictingReceipt)
+    # The receipt it committed to is the one it may still sign per hop.
+    same = receipt_digest(first, DOMAIN)
+    (signed,) = per_hop.sign_once([ToSign(hop_key(first), first, same, lambda: b"\x02" * 65)])
+    assert signed == b"\x02" * 65
+
+
+def test_a_third_party_cannot_plant_a_receipt_under_another_workers_hop_key(
+    tmp_path: Path,
+) -> None:
+    """c sends b a hop claiming a's future hop key with another output: not recorded (its
+    sender is not its worker), so a's real hop is recorded and a's batch countersigned."""
+    a, b = book(tmp_path, "a"), book(tmp_path, "b")
+    real = [receipt(i) for i in range(3)]
+    planted = replace(real[1], outputDigest=keccak(b"planted by c"))
+    assert b.record([planted, receipt(9, worker="c")], now=0.0, sender=ADDR["c"]) == [False, True]
+    both_record(a, b, real)
+    request = a.close(1, 0, ADDR["b"], now=1.0)
+    assert request is not None
+    assert a.answered(request, "peer-b", b.countersign(request, ADDR["a"]), "")
 
 
 def test_a_crash_before_the_batch_commit_signs_nothing_and_after_it_resends_the_same(
@@ -241,7 +344,7 @@ def test_a_crash_before_the_batch_commit_signs_nothing_and_after_it_resends_the_
 ) -> None:
     a = book(tmp_path, "a")
     receipts = [receipt(i) for i in range(3)]
-    a.record(receipts, now=0.0)
+    a.record(receipts, now=0.0, sender=ADDR["a"])
 
     def crash(_: bytes) -> bytes:
         raise KeyboardInterrupt  # the process dies between its receipts' commit and the close
@@ -274,10 +377,21 @@ def test_close_requests_are_bounded_and_malformed_ones_refused() -> None:
             CloseRequest.decode(bad)
 
 
+@pytest.mark.parametrize(("run_id", "epoch"), [(2**255, 0), (2**63, 0), (1, 2**64 - 1)])
+def test_a_close_request_of_a_run_or_epoch_no_database_holds_is_malformed(
+    run_id: int, epoch: int
+) -> None:
+    """Else the receiver's store raises OverflowError (SQLite) or DataError (PostgreSQL)."""
+    batch = HopBatch(run_id, epoch, ADDR["a"], ADDR["b"], keccak(b"r"))
+    data = CloseRequest(batch, sign_digest(batch.digest(DOMAIN), KEYS["a"]), (keccak(b"k"),))
+    with pytest.raises(ProtocolError, match="below 2\\*\\*63"):
+        CloseRequest.decode(data.encode())
+
+
 def test_a_node_records_only_its_own_hops(tmp_path: Path) -> None:
     a = book(tmp_path, "a")
     with pytest.raises(ProtocolError):
-        a.record([receipt(0, worker="b", receiver="c")], now=0.0)
+        a.record([receipt(0, worker="b", receiver="c")], now=0.0, sender=ADDR["a"])
     assert RECEIVER != WORKER
 
 
@@ -317,8 +431,8 @@ def test_a_batch_whose_receipts_differ_from_the_receivers_is_refused(tmp_path: P
     a, b = book(tmp_path, "a"), book(tmp_path, "b")
     receipts = [receipt(i) for i in range(3)]
     lied = [replace(receipts[0], outputDigest=keccak(b"not what b got")), *receipts[1:]]
-    a.record(lied, now=0.0)
-    b.record(receipts, now=0.0)
+    a.record(lied, now=0.0, sender=ADDR["a"])
+    b.record(receipts, now=0.0, sender=ADDR["a"])
     request = a.close(1, 0, ADDR["b"], now=0.0)
     assert request is not None
     with pytest.raises(BatchRefused, match="root is not the one"):
@@ -338,7 +452,7 @@ def closing_pair(tmp_path: Path) -> tuple[BatchBook, BatchBook, list[tuple[str, 
 
 
 def run_closing(
-    a: BatchBook, b: BatchBook, stall_receiver: bool = False
+    a: BatchBook, b: BatchBook, stall_receiver: bool = False, now: float = 0.0
 ) -> tuple[int, BatchCloser, BatchCloser]:
     peers = {n: str(peer_id_of(identity_from_key(KEYS[n]))) for n in "ab"}
     result: list[int] = []
@@ -362,7 +476,7 @@ def run_closing(
                 receiver.serve()
             await a_host.connect(peer_info(full_address(b_host)))
             with trio.fail_after(30):
-                result.append(await worker.close_due(now=0.0, iteration_end=True))
+                result.append(await worker.close_due(now=now, iteration_end=True))
             closers.extend([worker, receiver])
 
     trio.run(main)
@@ -387,17 +501,53 @@ def test_a_receiver_that_never_answers_a_close_is_stopped_and_scored(tmp_path: P
     assert done == 0 and [peer for peer, _ in charged] == [peer_b]
     assert "no answer" in charged[0][1] and not a.withholders.may_send(peer_b)
     assert a.sealed(1, 0) == [] and b.sealed(1, 0) == []  # unpaid, nothing to slash
+    # Stopped for the iteration: its next batches are not even closed, so nothing is sent.
+    both_record(a, b, [receipt(i) for i in range(3, 5)])
+    assert run_closing(a, b, stall_receiver=True)[0] == 0 and len(charged) == 1
+    assert a.store.open_counts(1, 0, ADDR["a"]) == {ADDR["b"]: 2}
+    # Next iteration it answers again: the unanswered batch is sent again as it was.
+    (unanswered,) = a.pending_requests()
+    a.withholders.new_iteration()
+    assert run_closing(a, b)[0] == 2 and a.pending_requests() == []
+    assert sorted(len(c.receipts) for c in b.sealed(1, 0)) == [2, 3]
+    assert unanswered.batch in {c.batch for c in a.sealed(1, 0)}
 
 
-def test_a_refusal_over_libp2p_names_the_missing_hop_to_the_worker(tmp_path: Path) -> None:
+def test_a_close_that_overtook_a_hop_is_sent_again_until_it_is_held_or_too_old(
+    tmp_path: Path,
+) -> None:
+    """ "Not yet" (the receiver holds no receipt of a hop yet) charges nobody: the request is
+    sent again at each close_due; a receiver still lacking a hop max_age_s later withholds."""
+    a, b, charged = closing_pair(tmp_path)
+    peer_b = str(peer_id_of(identity_from_key(KEYS["b"])))
+    receipts = [receipt(i) for i in range(3)]
+    a.record(receipts, now=0.0, sender=ADDR["a"])
+    b.record(receipts[1:], now=0.0, sender=ADDR["a"])  # hop 0 still on its way
+    done, _, receiver = run_closing(a, b, now=0.0)
+    assert done == 0 and receiver.refused == 0 and charged == [] and a.withholders.may_send(peer_b)
+    assert len(a.pending_requests()) == 1
+    b.record(receipts[:1], now=1.0, sender=ADDR["a"])
+    done, _, _ = run_closing(a, b, now=1.0)
+    assert done == 1 and a.pending_requests() == [] and charged == []
+    never = receipt(5)
+    a.record([never], now=2.0, sender=ADDR["a"])
+    assert run_closing(a, b, now=2.0)[0] == 0 and charged == []
+    assert run_closing(a, b, now=2.0 + a.settings.max_age_s)[0] == 0
+    ((peer, why),) = charged
+    assert peer == peer_b and why.startswith("still not yet") and hop_key(never).hex() in why
+    assert not a.withholders.may_send(peer_b)
+
+
+def test_a_refusal_over_libp2p_says_why_and_charges_the_receiver(tmp_path: Path) -> None:
     a, b, charged = closing_pair(tmp_path)
     receipts = [receipt(i) for i in range(3)]
-    a.record(receipts, now=0.0)
-    b.record(receipts[1:], now=0.0)  # b never got hop 0
+    a.record(receipts, now=0.0, sender=ADDR["a"])
+    other = replace(receipts[0], outputDigest=keccak(b"not what a sent"))
+    b.record([other, *receipts[1:]], now=0.0, sender=ADDR["a"])
     done, _, receiver = run_closing(a, b)
-    assert done == 0 and receiver.refused == 1
+    assert done == 0 and receiver.refused == 1 and a.pending_requests() == []
     ((_, why),) = charged
-    assert why.startswith("refused: ") and hop_key(receipts[0]).hex() in why
+    assert why.startswith("refused: ") and "root" in why
 
 
 def test_a_close_racing_another_over_one_hop_signs_nothing_twice(tmp_path: Path) -> None:
@@ -417,3 +567,187 @@ def test_a_close_racing_another_over_one_hop_signs_nothing_twice(tmp_path: Path)
     raced = replace(first, counterparty_signature=counter, batch=late.batch)
     with pytest.raises(ConflictingReceipt):
         b.store._commit(raced, RECEIVER)
+
+
+def test_concurrent_closes_of_one_scope_keep_its_open_hops_counted(
+    node_url: Callable[[str], str],
+) -> None:
+    """Two closes of one scope at once (worker threads): each takes its own batch and the
+    hops left open stay due; none is forgotten until a restart."""
+    a = db_book(node_url("a"), "a", BatchSettings(max_hops=4))
+    a.record([receipt(i) for i in range(10)], now=0.0, sender=ADDR["a"])
+    signing = a._sign
+
+    def slow(digest: bytes) -> bytes:
+        time.sleep(0.2)  # both closes read the open hops before either commits
+        return signing(digest)
+
+    a._sign = slow  # type: ignore[method-assign]
+    requests: list[CloseRequest | None] = []
+    threads = [
+        threading.Thread(target=lambda: requests.append(a.close(1, 0, ADDR["b"], now=2.0)))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(len(r.hop_keys) for r in requests if r is not None) == [4, 4]
+    assert a.store.open_counts(1, 0, ADDR["a"]) == {ADDR["b"]: 2}
+    assert a.due(now=2.0, iteration_end=True) == [(1, 0, ADDR["b"])]
+    last = a.close(1, 0, ADDR["b"], now=3.0)
+    assert last is not None and len(last.hop_keys) == 2
+
+
+def test_closes_and_batch_reads_are_index_lookups(tmp_path: Path) -> None:
+    """A close reads open rows in hop key order off an index of open rows, a report reads a
+    batch's rows off (root, leaf): neither scans or sorts what earlier batches left."""
+    a = book(tmp_path, "a")
+    plans = {}
+    with a.store.db.engine.connect() as connection:
+        for name, where in (
+            ("open", "run_id = 1 AND epoch = 0 AND worker = 'x' AND counterparty = 'y' AND "
+                     "role = 'worker' AND batch_root IS NULL ORDER BY hop_key LIMIT 256"),
+            ("batch", "batch_root = x'00' ORDER BY leaf_index"),
+        ):  # fmt: skip
+            rows = connection.exec_driver_sql(
+                f"EXPLAIN QUERY PLAN SELECT hop_key FROM batched_receipts WHERE {where}"
+            )
+            plans[name] = " ".join(str(row[-1]) for row in rows)
+    assert "ix_batched_receipts_open" in plans["open"] and "TEMP B-TREE" not in plans["open"]
+    assert "ix_batched_receipts_batch" in plans["batch"] and "TEMP B-TREE" not in plans["batch"]
+
+
+def test_a_receivers_refusal_reason_is_quoted_never_logged_raw() -> None:
+    answer, why, pending = answer_of(b"\x00no\n2026-12-07 WARNING forged line\x1b[2J")
+    assert answer is None and why.startswith("refused: ") and not pending
+    assert "\n" not in why and "\x1b" not in why and "forged line" in why
+    assert answer_of(b"\x02hop\n") == (None, "not yet: 'hop\\n'", True)
+    assert answer_of(b"\x01" + b"\x02" * 65) == (b"\x02" * 65, "", False)
+    assert answer_of(b"\x01short") == (None, "its answer is not one", False)
+
+
+def test_a_receipts_batch_proof_travels_as_long_as_the_contracts_take_it() -> None:
+    """This node builds batches of at most 2**12 (12-hash proofs); a peer's receipt with a
+    longer proof the contracts accept (up to 64) still decodes, and 65 does not."""
+    r = receipt(0)
+    signature = b"\x01" * 65
+    deep = SignedReceipt(r, signature, signature, tuple(keccak(bytes([i])) for i in range(64)))
+    assert decode_receipts(encode_receipts([deep])) == [deep]
+    data = bytearray(encode_receipts([replace(deep, proof=deep.proof[:1])]))
+    data[2 + RECEIPT_BYTES] = 65
+    with pytest.raises(ProtocolError):
+        decode_receipts(bytes(data) + b"\x00" * 32 * 64)
+    with pytest.raises(ProtocolError):
+        encode_receipts([replace(deep, proof=(*deep.proof, deep.proof[0]))])
+
+
+def test_the_same_close_sent_twice_at_once_is_countersigned_once_and_never_refused(
+    node_url: Callable[[str], str],
+) -> None:
+    """A worker resending a close its receiver is still answering: both get the one
+    countersignature; the one whose commit lost the race is not a refusal (it would charge an
+    honest worker)."""
+    a, b = db_book(node_url("a"), "a"), db_book(node_url("b"), "b")
+    both_record(a, b, [receipt(i) for i in range(3)])
+    request = a.close(1, 0, ADDR["b"], now=1.0)
+    assert request is not None
+    signing = b._sign
+
+    def slow(digest: bytes) -> bytes:
+        time.sleep(0.2)  # both read the open receipts before either commits
+        return signing(digest)
+
+    b._sign = slow  # type: ignore[method-assign]
+    answers: list[bytes | Exception] = []
+
+    def answer() -> None:
+        try:
+            answers.append(b.countersign(request, ADDR["a"]))
+        except BatchRefused as exc:
+            answers.append(exc)
+
+    threads = [threading.Thread(target=answer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) == 2 and answers[0] == answers[1] and isinstance(answers[0], bytes)
+    assert len(b.sealed(1, 0)) == 1
+
+
+def test_close_due_sends_to_its_receivers_at_once(tmp_path: Path) -> None:
+    """A slow receiver does not hold up another's close: c answers only once b has been asked
+    (sequential sends would time c out first, and charge it)."""
+    charged: list[tuple[str, str]] = []
+    settings = BatchSettings(max_hops=64, close_timeout_s=2.0)
+    withholders = Withholders(penalise=lambda peer, why: charged.append((peer, why)))
+    a = book(tmp_path, "a", settings, withholders=withholders)
+    b, c = book(tmp_path, "b", settings), book(tmp_path, "c", settings)
+    to_c, to_b = [receipt(i, receiver="c") for i in range(2)], [receipt(i) for i in range(2, 4)]
+    a.record(to_c + to_b, now=0.0, sender=ADDR["a"])  # c's batch falls due first
+    c.record(to_c, now=0.0, sender=ADDR["a"])
+    b.record(to_b, now=0.0, sender=ADDR["a"])
+    peers = {n: str(peer_id_of(identity_from_key(KEYS[n]))) for n in "abc"}
+    result: list[int] = []
+
+    async def main() -> None:
+        async with (
+            running_host(identity_from_key(KEYS["a"])) as a_host,
+            running_host(identity_from_key(KEYS["b"])) as b_host,
+            running_host(identity_from_key(KEYS["c"])) as c_host,
+        ):
+            peer_of = {ADDR["b"]: peers["b"], ADDR["c"]: peers["c"]}.get
+            worker = BatchCloser(RequestResponse(a_host), a, peer_of)
+            b_closer = BatchCloser(RequestResponse(b_host), b, {}.get)
+            c_closer = BatchCloser(RequestResponse(c_host), c, {}.get)
+            asked_b = trio.Event()
+
+            async def b_serves(peer: str, data: bytes) -> bytes:
+                asked_b.set()
+                return await b_closer._close(peer, data)
+
+            async def c_waits(peer: str, data: bytes) -> bytes:
+                await asked_b.wait()
+                return await c_closer._close(peer, data)
+
+            RequestResponse(b_host).serve(CLOSE_PROTOCOL, b_serves, b_closer._limits())
+            RequestResponse(c_host).serve(CLOSE_PROTOCOL, c_waits, c_closer._limits())
+            for host in (b_host, c_host):
+                await a_host.connect(peer_info(full_address(host)))
+            with trio.fail_after(30):
+                result.append(await worker.close_due(now=0.0, iteration_end=True))
+
+    trio.run(main)
+    assert charged == [] and result == [2], (charged, result)
+
+
+def test_racing_paths_over_one_hop_key_commit_one_receipt(node_url: Callable[[str], str]) -> None:
+    """The per-hop and the batched path at once, each with its own version of one hop (a
+    lying worker racing them): exactly one version is signed or held, on either database."""
+    b = db_book(node_url("b"), "b")
+    per_hop = HopStore(b.store.db)
+    start = threading.Barrier(2)
+    for i in range(8):
+        first = receipt(i)
+        second = replace(first, outputDigest=keccak(b"other"))
+        digest = receipt_digest(second, DOMAIN)
+        results: dict[str, object] = {}
+
+        def batched(r: HopReceipt = first, out: dict[str, object] = results) -> None:
+            start.wait()
+            out["batched"] = b.record([r], now=0.0, sender=ADDR["a"])[0]
+
+        def signed(
+            r: HopReceipt = second, d: bytes = digest, out: dict[str, object] = results
+        ) -> None:
+            start.wait()
+            item = ToSign(hop_key(r), r, d, lambda: b"\x01" * 65, b"\x02" * 65)
+            out["per_hop"] = not isinstance(per_hop.countersign_once([item])[0], Exception)
+
+        threads = [threading.Thread(target=batched), threading.Thread(target=signed)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(results.values()) == [False, True], (i, results)

@@ -26,6 +26,7 @@ from gwtf.contracts.encoding import (
 )
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
+from gwtf.node.receipts.batching import BatchSettings
 from gwtf.node.receipts.book import (
     HopFacts,
     ReceiptTerms,
@@ -45,11 +46,17 @@ KEYS = {name: keccak(text=f"receipt book test {name}") for name in ("data", "a",
 PEER = {name: str(peer_id_of(identity_from_key(key))) for name, key in KEYS.items()}
 
 
-def book(tmp_path: Path, name: str, penalties: list[tuple[str, str]]) -> ReceiptBook:
+def book(
+    tmp_path: Path,
+    name: str,
+    penalties: list[tuple[str, str]],
+    settings: BatchSettings | None = None,
+) -> ReceiptBook:
     db = open_database(f"sqlite:///{tmp_path / name}.sqlite")
     return ReceiptBook(
         TERMS, KEYS[name], BatchStore(db, DOMAIN),
         penalise=lambda peer, why: penalties.append((peer, why)),
+        settings=settings or BatchSettings(),
     )  # fmt: skip
 
 
@@ -207,24 +214,81 @@ def test_no_node_records_two_versions_of_one_hop(tmp_path: Path) -> None:
 def test_a_receiver_that_withholds_is_stopped_scored_and_nothing_is_sealed(
     tmp_path: Path,
 ) -> None:
-    """The receiver lacks the hop the worker batches (it never recorded it): it refuses the
-    batch, the worker scores it and sends it no hop for the iteration, until the next."""
+    """The receiver never records the hop the worker batches: it answers "not yet" (the close
+    may have overtaken the hop), which stops nobody at first; still so ``max_age_s`` later, it
+    is withholding: the worker scores it and sends it no hop for the iteration, until the
+    next. Nothing is sealed, and the batch is not settled while its close is sent again."""
     penalties: list[tuple[str, str]] = []
-    worker, receiver = book(tmp_path, "a", penalties), book(tmp_path, "b", penalties)
+    settings = BatchSettings(max_age_s=0.2)
+    worker = book(tmp_path, "a", penalties, settings)
+    receiver = book(tmp_path, "b", penalties, settings)
     completed: list[SignedReceipt] = []
+    settled: list[bool] = []
     worker.on_complete = lambda origin, entry: completed.append(entry)
+    worker.on_sealed = lambda receipts, whole: settled.append(whole)
 
     async def body() -> None:
         worker.iteration_started(0)
         assert await worker.record(worker.receipt(facts()), PEER["b"], PEER["data"])
         assert await worker.close_due(iteration_end=True) == 0
-        assert not worker.withholders.may_send(PEER["b"])
+        assert worker.withholders.may_send(PEER["b"]), "'not yet' is nobody's fault at first"
+        assert len(worker.batches.pending_requests()) == 1
+        with trio.fail_after(5):
+            while worker.withholders.may_send(PEER["b"]):  # sent again on the timer
+                await trio.sleep(0.05)
         worker.iteration_started(1)
         assert worker.withholders.may_send(PEER["b"])
 
     run_with({"a": worker, "b": receiver}, body)
-    assert completed == [] and PEER["b"] in [peer for peer, _ in penalties]
+    assert completed == [] and settled == [], "still to be sent again: not settled"
+    assert PEER["b"] in [peer for peer, _ in penalties]
     assert worker.store.sealed(1, 0, WORKER) == [], "nothing countersigned, nothing sealed"
+
+
+def test_a_close_that_overtook_its_hop_is_sent_again_and_completes(tmp_path: Path) -> None:
+    """The worker closes before the receiver has recorded the hop: "not yet", the batch is
+    kept and not settled (a forward's backwards still wait for it); once the receiver has
+    the hop, the next close sends it again and it is countersigned and reported at both ends."""
+    penalties: list[tuple[str, str]] = []
+    worker, receiver = book(tmp_path, "a", penalties), book(tmp_path, "b", penalties)
+    completed: list[SignedReceipt] = []
+    settled: list[bool] = []
+    worker.on_complete = lambda origin, entry: completed.append(entry)
+    worker.on_sealed = lambda receipts, whole: settled.append(whole)
+
+    async def body() -> None:
+        receipt = worker.receipt(facts())
+        assert await worker.record(receipt, PEER["b"], PEER["data"])
+        assert await worker.close_due(iteration_end=True) == 0
+        assert settled == [] and worker.withholders.may_send(PEER["b"])
+        assert await receiver.record(receipt, PEER["a"], PEER["data"])
+        assert await worker.close_due() == 1, "the same close, sent again"
+        assert settled == [True] and worker.batches.pending_requests() == []
+
+    run_with({"a": worker, "b": receiver}, body)
+    assert [e.receipt for e in completed] == [worker.receipt(facts())] and penalties == []
+
+
+def test_a_received_hop_naming_another_worker_than_its_sender_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A receiver records a hop only under the authenticated peer it came from as worker: one
+    naming another (a third party planting a receipt under a's hop key) is refused and its
+    sender charged; a's own hop under that key is then recorded and closes."""
+    penalties: list[tuple[str, str]] = []
+    worker, receiver = book(tmp_path, "a", penalties), book(tmp_path, "b", penalties)
+
+    async def body() -> None:
+        receipt = worker.receipt(facts())
+        planted = worker.receipt(facts(output=b"planted"))  # a's hop key, another receipt
+        assert not await receiver.record(planted, PEER["x"], PEER["data"])
+        assert await worker.record(receipt, PEER["b"], PEER["data"])
+        assert await receiver.record(receipt, PEER["a"], PEER["data"])
+        assert await worker.close_due(iteration_end=True) == 1
+
+    run_with({"a": worker, "b": receiver}, body)
+    assert [peer for peer, _ in penalties] == [PEER["x"]]
+    assert "another worker" in penalties[0][1]
 
 
 def test_reports_and_ranges_round_trip(tmp_path: Path) -> None:

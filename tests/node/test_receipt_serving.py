@@ -188,11 +188,11 @@ def test_a_receipt_signed_in_a_batch_travels_with_its_proof_and_a_long_proof_is_
     for bad in (
         data[:-1],
         data + b"\x00",
-        data[: 2 + RECEIPT_BYTES] + b"\x0d" + data[3 + RECEIPT_BYTES :],
+        data[: 2 + RECEIPT_BYTES] + b"\x41" + data[3 + RECEIPT_BYTES :],
     ):
         with pytest.raises(ProtocolError):
             decode_receipts(bad)
-    too_long = SignedReceipt(entry.receipt, b"\x01" * 65, b"\x01" * 65, (b"\x00" * 32,) * 13)
+    too_long = SignedReceipt(entry.receipt, b"\x01" * 65, b"\x01" * 65, (b"\x00" * 32,) * 65)
     with pytest.raises(ProtocolError):
         encode_receipts([too_long])
 

@@ -59,7 +59,7 @@ WORKER, RECEIVER = (Account.from_key(keccak(text=f"store test {who}")) for who i
 TABLES = {
     "signed_hops", "countersignatures", "certified_hops", "epoch_certificates",
     "reward_claims", "slashes", "challenges_seen", "peers", "reported_hops", "origin_digests",
-    "received_hops", "hop_proofs", "batched_receipts", "hop_batches",
+    "received_hops", "hop_proofs", "batched_receipts", "hop_batches", "hop_commitments",
 }  # fmt: skip
 RECEIPT_TABLES = (SignedHop, ReceivedHop, CertifiedHopRow, ReportedHop, BatchedReceipt)
 

@@ -1,5 +1,6 @@
-"""receipts signed in batches: the receipts waiting for or held in a batch, the batches, and
-each reported or certified receipt's proof in its batch
+"""receipts signed in batches and one commitment per hop key: the receipts waiting for or
+held in a batch, the batches, each hop key's one receipt digest, and each reported or
+certified receipt's proof in its batch
 
 Revision ID: 0005
 Revises: 0004
@@ -23,6 +24,19 @@ def upgrade() -> None:
             batch_op.add_column(
                 sa.Column("batch_proof", sa.LargeBinary(length=2048), nullable=True)
             )
+    op.create_table(
+        "hop_commitments",
+        sa.Column("hop_key", sa.LargeBinary(length=32), nullable=False),
+        sa.Column("receipt_digest", sa.LargeBinary(length=32), nullable=False),
+        sa.PrimaryKeyConstraint("hop_key"),
+    )
+    # Every receipt signed so far is a commitment (a node is worker or receiver of a hop,
+    # never both, so the two tables share no key).
+    for table in ("signed_hops", "countersignatures"):
+        op.execute(
+            f"INSERT INTO hop_commitments (hop_key, receipt_digest) "
+            f"SELECT hop_key, receipt_digest FROM {table} WHERE true ON CONFLICT DO NOTHING"
+        )
     op.create_table(
         "batched_receipts",
         sa.Column("hop_key", sa.LargeBinary(length=32), nullable=False),
@@ -49,8 +63,13 @@ def upgrade() -> None:
     with op.batch_alter_table("batched_receipts", schema=None) as batch_op:
         batch_op.create_index(
             "ix_batched_receipts_open",
-            ["run_id", "epoch", "worker", "counterparty", "role"],
+            ["run_id", "epoch", "worker", "counterparty", "role", "hop_key"],
             unique=False,
+            sqlite_where=sa.text("batch_root IS NULL"),
+            postgresql_where=sa.text("batch_root IS NULL"),
+        )
+        batch_op.create_index(
+            "ix_batched_receipts_batch", ["batch_root", "leaf_index"], unique=False
         )
     op.create_table(
         "hop_batches",
@@ -71,8 +90,10 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("hop_batches")
     with op.batch_alter_table("batched_receipts", schema=None) as batch_op:
+        batch_op.drop_index("ix_batched_receipts_batch")
         batch_op.drop_index("ix_batched_receipts_open")
     op.drop_table("batched_receipts")
+    op.drop_table("hop_commitments")
     for table in ("certified_hops", "reported_hops"):
         with op.batch_alter_table(table, schema=None) as batch_op:
             batch_op.drop_column("batch_proof")

@@ -1,17 +1,21 @@
-"""The close of a batch between two nodes: ``/gwtf/receipts/batch-close/1.0.0``.
+"""The close of a batch between two nodes: ``/gwtf/receipts/batch-close/2.0.0``.
 
 The worker sends a ``CloseRequest`` (``gwtf.node.receipts.batching``); the receiver answers
-``0x01`` and its 65-byte countersignature, or ``0x00`` and why it refuses (the first hop it
-lacks, a root it does not rebuild): a refusal is an answer, so the worker learns why. A
-request that is not one is the sender's fault (the RPC layer charges it); a batch refused is
-charged to its worker too, since an honest worker only closes hops its receiver acked. The
-store's work (a transaction and a signature per batch) runs off the trio loop.
+``0x01`` and its 65-byte countersignature, ``0x02`` and the hop it holds no receipt of yet
+(the close overtook the hop: sent again at each ``close_due``, and a receiver still saying so
+after ``max_age_s`` is withholding; a close not answered at all is sent again too, once its
+receiver is no longer stopped), or ``0x00`` and why it refuses (a hop it holds in
+another scope or batch, a root it does not rebuild): a refusal is an answer, so the worker
+learns why. A request that is not one is the sender's fault (the RPC layer charges it); a
+batch refused is charged to its worker too, since an honest worker only closes hops its
+receiver acked. The store's work (a transaction and a signature per batch) runs off the trio loop.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -21,13 +25,29 @@ from libp2p.peer.id import ID
 from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 from gwtf.node.receipts.batching import MAX_BATCH_HOPS, BatchBook, CloseRequest
 from gwtf.node.receipts.book import Penalise, address_of_peer
-from gwtf.node.store.batches import BatchRefused
+from gwtf.node.store.batches import BatchPending, BatchRefused
 
 log = logging.getLogger(__name__)
 
-CLOSE_PROTOCOL: Final = "/gwtf/receipts/batch-close/1.0.0"
-_ACCEPTED, _REFUSED = b"\x01", b"\x00"
+CLOSE_PROTOCOL: Final = "/gwtf/receipts/batch-close/2.0.0"
+_ACCEPTED, _REFUSED, _PENDING = b"\x01", b"\x00", b"\x02"
+#: Close requests in flight at once from one node.
+MAX_CONCURRENT_CLOSES: Final = 8
 _MAX_WHY: Final = 400  # bytes of a refusal's reason
+
+
+def answer_of(reply: bytes) -> tuple[bytes | None, str, bool]:
+    """A receiver's reply to a close: (its countersignature, "", False), or (None, why not,
+    whether it only lacks a hop yet). Its reason is a peer's bytes: shown quoted (``repr``,
+    no control characters), never raw."""
+    if reply[:1] == _ACCEPTED and len(reply) == 66:
+        return reply[1:], "", False
+    if reply[:1] in (_REFUSED, _PENDING):
+        why = repr(reply[1 : 1 + _MAX_WHY].decode("utf-8", "replace"))
+        if reply[:1] == _PENDING:
+            return None, f"not yet: {why}", True
+        return None, f"refused: {why}", False
+    return None, "its answer is not one", False
 
 
 @dataclass
@@ -43,6 +63,10 @@ class BatchCloser:
     penalise: Penalise = lambda peer, why: None
     #: Told of each batch this node countersigned (after its commit, before the answer).
     on_countersigned: Callable[[CloseRequest], None] = lambda request: None
+    #: Told of each batch this node closed once its close is settled: countersigned (True), or
+    #: refused or badly countersigned (False). Not while it is to be sent again ("not yet",
+    #: no answer): a later answer may still countersign it.
+    on_settled: Callable[[CloseRequest, bool], Awaitable[None]] | None = None
     countersigned: int = 0
     refused: int = 0
     _warned: set[str] = field(default_factory=set)
@@ -51,35 +75,63 @@ class BatchCloser:
         self.rpc.serve(CLOSE_PROTOCOL, self._close, self._limits())
 
     async def close_due(self, now: float, iteration_end: bool = False) -> int:
-        """Close and send every batch due; the number countersigned."""
+        """Close and send every batch due, and send again those a receiver answered "not
+        yet", at most ``MAX_CONCURRENT_CLOSES`` at once; a receiver stopped this iteration
+        (``Withholders``) or unreachable is skipped (its hops wait). ``now`` is the book's
+        clock. The number countersigned."""
         done = 0
-        for run_id, epoch, receiver in self.book.due(now, iteration_end):
-            peer = self.peer_of(receiver)
-            if peer is None:
-                continue
-            request = await trio.to_thread.run_sync(self.book.close, run_id, epoch, receiver, now)
-            if request is not None:
-                done += await self.send(request, peer)
+        limiter = trio.CapacityLimiter(MAX_CONCURRENT_CLOSES)
+
+        async def resend(request: CloseRequest, peer: str) -> None:
+            nonlocal done
+            async with limiter:
+                countersigned = await self.send(request, peer, now)
+            done += countersigned  # after the await: another task may have counted meanwhile
+
+        async def close(run_id: int, epoch: int, receiver: str, peer: str) -> None:
+            nonlocal done
+            async with limiter:
+                request = await trio.to_thread.run_sync(
+                    self.book.close, run_id, epoch, receiver, now
+                )
+                countersigned = request is not None and await self.send(request, peer, now)
+            done += countersigned
+
+        async with trio.open_nursery() as nursery:
+            for request in self.book.pending_requests():
+                peer = self._reachable(request.batch.counterparty)
+                if peer is not None:
+                    nursery.start_soon(resend, request, peer)
+            for run_id, epoch, receiver in self.book.due(now, iteration_end):
+                peer = self._reachable(receiver)
+                if peer is not None:
+                    nursery.start_soon(close, run_id, epoch, receiver, peer)
         return done
 
-    async def send(self, request: CloseRequest, peer: str) -> bool:
+    async def send(self, request: CloseRequest, peer: str, now: float | None = None) -> bool:
         """Send one close request (a new one, or one ``BatchBook.resume`` returned) to the
         receiver ``peer``; whether it came back countersigned. A timeout or a refusal stops
-        and scores the receiver (``BatchBook.answered``)."""
-        answer, why = None, ""
+        and scores the receiver (``BatchBook.answered``); "not yet" keeps it to send again.
+        ``now``: the book's clock (default ``time.monotonic()``)."""
+        answer, why, pending, unreachable = None, "", False, False
         try:
             reply = await self.rpc.request(
                 ID.from_base58(peer), CLOSE_PROTOCOL, request.encode(), self._limits()
             )
-            if reply[:1] == _ACCEPTED and len(reply) == 66:
-                answer = reply[1:]
-            elif reply[:1] == _REFUSED:
-                why = "refused: " + reply[1 : 1 + _MAX_WHY].decode("utf-8", "replace")
-            else:
-                why = "its answer is not one"
+            answer, why, pending = answer_of(reply)
         except PeerUnavailable as exc:
-            why = f"no answer: {exc}"
-        return await trio.to_thread.run_sync(self.book.answered, request, peer, answer, why)
+            why, unreachable = f"no answer: {exc}", True
+        at = time.monotonic() if now is None else now
+        whole = await trio.to_thread.run_sync(
+            self.book.answered, request, peer, answer, why, pending, at, unreachable
+        )
+        if self.on_settled is not None and (whole or not self.book.is_pending(request.batch)):
+            await self.on_settled(request, whole)
+        return whole
+
+    def _reachable(self, receiver: str) -> str | None:
+        peer = self.peer_of(receiver)
+        return peer if peer is not None and self.book.withholders.may_send(peer) else None
 
     async def _close(self, peer: str, data: bytes) -> bytes:
         request = CloseRequest.decode(data)  # a ProtocolError: charged by the RPC layer
@@ -87,6 +139,8 @@ class BatchCloser:
             counter = await trio.to_thread.run_sync(
                 self.book.countersign, request, address_of_peer(peer)
             )
+        except BatchPending as exc:  # the close overtook a hop: not the worker's fault
+            return _PENDING + str(exc).encode()[:_MAX_WHY]
         except BatchRefused as exc:
             self._refuse(peer, str(exc))
             return _REFUSED + str(exc).encode()[:_MAX_WHY]

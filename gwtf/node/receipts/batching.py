@@ -1,15 +1,23 @@
 """Receipts signed in batches: one signature and one recovery per end for many hops.
 
 A hop travels and is acked with no signature; each end commits its receipt, open, under its hop
-key (``BatchBook.record``). The worker closes its open receipts for a receiver every
+key (``BatchBook.record``): the receiver only of hops whose worker is the authenticated peer
+that sent them, so, a hop key naming its worker, no third party can plant a receipt under an
+honest worker's key. The key is the node's one commitment for that hop whatever path signs it
+(``HopStore.commit_once``). The worker closes its open receipts for a receiver every
 ``max_hops`` hops, after ``max_age_s`` seconds, or at the iteration's end (``BatchBook.due``):
 it signs the ``HopBatch`` over the Merkle root of their digests in hop key order, committed with
 them first (``gwtf.node.store.batches``), and sends a ``CloseRequest`` naming the hops. The
 receiver rebuilds the root from its own committed receipts of those hops, checks the worker's
-signature, commits the batch and answers its countersignature; it refuses a hop it holds no open
-receipt of (naming it) and a root it does not rebuild. Each receipt then travels with both
-batch signatures and its inclusion proof (``ClosedBatch.sealed``), which the certificate, the
-audit and the disputes contract read as they read a batch of one.
+signature, commits the batch and answers its countersignature; it answers "not yet" for a hop
+it holds no receipt of (the close overtook it: sent again at each close, withholding if still
+so ``max_age_s`` later) and refuses a hop held in another scope or batch, or a root it does
+not rebuild. An honest pair's receipts of one hop are equal (both come from the bytes that
+travelled), so a refusal means one of the two lies: the worker does not re-close a subset.
+Closes of one scope run one at a time; the same close sent twice at once gets one answer.
+Each receipt then travels with both batch signatures and its inclusion proof
+(``ClosedBatch.sealed``), which the certificate, the audit and the disputes contract read as
+they read a batch of one.
 
 A receiver that refuses, or lets the close time out, has acked hops it does not pay for: the
 worker scores it down and sends it no hop for the rest of the iteration (``Withholders``). The
@@ -50,6 +58,8 @@ log = logging.getLogger(__name__)
 
 #: Most hops one batch (and one close request: 32 bytes each) may name.
 MAX_BATCH_HOPS: Final = 2**MAX_BATCH_PROOF  # so a receipt's proof in its batch fits the wire
+#: Runs and epochs the database keeps (64-bit signed columns).
+MAX_STORED: Final = 2**63
 #: Longest a batch may stay open, in seconds.
 MAX_BATCH_AGE_S: Final = 300.0
 
@@ -104,9 +114,12 @@ class CloseRequest:
         if not 1 <= count <= MAX_BATCH_HOPS or len(data) != _HEAD.size + 32 * count:
             raise ProtocolError(f"a close request names 1 to {MAX_BATCH_HOPS} hops of 32 bytes")
         keys = tuple(data[_HEAD.size + 32 * i : _HEAD.size + 32 * (i + 1)] for i in range(count))
+        run_id = int.from_bytes(run, "big")
+        if run_id >= MAX_STORED or epoch >= MAX_STORED:  # refused here, not by the database
+            raise ProtocolError(f"a close request's run and epoch are below 2**63 (run {run_id})")
         try:
             batch = HopBatch(
-                int.from_bytes(run, "big"), epoch, "0x" + worker.hex(),
+                run_id, epoch, "0x" + worker.hex(),
                 "0x" + counterparty.hex(), root,
             )  # fmt: skip
         except ValueError as exc:
@@ -155,36 +168,56 @@ class BatchBook:
     _open: dict[tuple[int, int, str], tuple[int, float]] = field(default_factory=dict)
     #: Hop key -> scope of receipts recorded but held out of every batch until ``release``
     #: (a backward, until its forward's batch is countersigned): never signed otherwise.
-    _held: dict[bytes, tuple[int, int, str]] = field(default_factory=dict)
-    #: ``record`` runs in a writer thread, ``close`` in another: both count open hops.
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _held: dict[bytes, tuple[int, int, str]] = field(default_factory=dict, repr=False)
+    #: Closes of one scope run one at a time (from worker threads): each counts what it took.
+    _closing: dict[tuple[int, int, str], threading.Lock] = field(default_factory=dict, repr=False)
+    #: ``record`` runs in a writer thread, ``close`` in others: all count open hops under it.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: Batch -> (its close request, when its receiver first answered "not yet").
+    _pending: dict[HopBatch, tuple[CloseRequest, float]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.address = node_address_of(node_public_key(self.private_key))
 
     def record(
-        self, receipts: list[HopReceipt], now: float, held: frozenset[bytes] = frozenset()
+        self,
+        receipts: list[HopReceipt],
+        now: float,
+        sender: str,
+        held: frozenset[bytes] = frozenset(),
     ) -> list[bool]:
-        """Commit receipts of hops this node computed (worker) or received (receiver), open;
-        those of this node's whose hop key is in ``held`` join no batch until ``release``."""
+        """Commit receipts of hops this node computed (worker) or received (receiver), open.
+        ``sender`` is the authenticated address the received hops came from (this node's own
+        for hops it computed): a received hop is recorded only if its worker is that sender. A
+        hop key names its worker, so no third party can plant a receipt under another worker's
+        future hop key and have that worker's close refused. Those of this node's whose hop
+        key is in ``held`` join no batch until ``release``."""
         worked = [r for r in receipts if r.worker == self.address]
         received = [
             r for r in receipts if r.counterparty == self.address and r.worker != self.address
         ]
         if len(worked) + len(received) != len(receipts):
             raise ProtocolError("a node records only receipts of hops it computed or received")
-        held_now = dict(zip(map(id, worked), self.store.record(worked, WORKER), strict=True))
-        held_now.update(zip(map(id, received), self.store.record(received, RECEIVER), strict=True))
+        forged = [r for r in received if r.worker != sender]
+        if forged:
+            log.error(
+                "peer %s sent %d hop(s) naming another worker (%s): not recorded",
+                sender, len(forged), forged[0].worker,
+            )  # fmt: skip
+            received = [r for r in received if r.worker == sender]
+        kept = dict(zip(map(id, worked), self.store.record(worked, WORKER), strict=True))
+        kept.update(zip(map(id, received), self.store.record(received, RECEIVER), strict=True))
+        kept.update((id(r), False) for r in forged)
         with self._lock:
             for r in worked:
-                if not held_now[id(r)]:
+                if not kept[id(r)]:
                     continue
                 scope = (r.runId, r.epoch, r.counterparty)
                 if hop_key(r) in held:
                     self._held[hop_key(r)] = scope
                 else:
                     self._count(scope, now)
-        return [held_now[id(r)] for r in receipts]
+        return [kept[id(r)] for r in receipts]
 
     def release(self, key: bytes, now: float) -> None:
         """A held receipt may join this node's next batch for its receiver."""
@@ -220,29 +253,49 @@ class BatchBook:
 
     def close(self, run_id: int, epoch: int, receiver: str, now: float) -> CloseRequest | None:
         """Close this node's next batch for ``receiver``; the request to send, or None."""
-        with self._lock:
-            exclude = frozenset(self._held)
-        try:
-            closed = self.store.close(
-                run_id, epoch, self.address, receiver, self.settings.max_hops, self._sign, exclude
-            )
-        except ConflictingReceipt as exc:  # a concurrent close took a hop first: nothing left
-            log.error("batch for %s not closed: %s", receiver, exc)
-            closed = None
         scope = (run_id, epoch, receiver)
         with self._lock:
-            count, _ = self._open.pop(scope, (0, now))
-            left = count - (len(closed.hop_keys) if closed is not None else count)
-            if left > 0:  # the rest wait for the next batch, counted from now
-                self._open[scope] = (left, now)
+            closing = self._closing.setdefault(scope, threading.Lock())
+        with closing:
+            with self._lock:
+                exclude = frozenset(self._held)
+            try:
+                closed = self.store.close(
+                    run_id, epoch, self.address, receiver, self.settings.max_hops, self._sign,
+                    exclude,
+                )  # fmt: skip
+            except ConflictingReceipt as exc:  # a hop taken by another path: left as counted
+                log.error("batch for %s not closed: %s", receiver, exc)
+                return None
+            with self._lock:
+                count, _ = self._open.pop(scope, (0, now))
+                left = count - (len(closed.hop_keys) if closed is not None else count)
+                if left > 0:  # the rest wait for the next batch, counted from now
+                    self._open[scope] = (left, now)
         if closed is None:
             return None
         return CloseRequest(closed.batch, closed.worker_signature, closed.hop_keys)
 
-    def answered(self, request: CloseRequest, peer: str, answer: bytes | None, why: str) -> bool:
+    def answered(
+        self,
+        request: CloseRequest,
+        peer: str,
+        answer: bytes | None,
+        why: str,
+        pending: bool = False,
+        now: float = 0.0,
+        unreachable: bool = False,
+    ) -> bool:
         """The receiver ``peer`` answered ``request`` with ``answer`` (None: refused with
-        ``why``, or timed out): keep a countersignature that checks, else stop and score it."""
+        ``why``, or timed out): keep a countersignature that checks, else stop and score it.
+        ``pending``: it holds some hop of the batch not yet (the close overtook the hop); the
+        request is sent again (``pending_requests``), and a receiver still saying so
+        ``max_age_s`` after the first answer is withholding. ``unreachable``: no answer came
+        (a timeout, a cut): the receiver is stopped for the iteration, and the request is
+        sent again once it may be sent to (it may have crashed and come back)."""
         batch = request.batch
+        with self._lock:
+            first = self._pending.pop(batch, (request, now))[1]
         if answer is not None:
             try:
                 if recover_digest_signer(batch.digest(self.domain), answer) == batch.counterparty:
@@ -251,8 +304,26 @@ class BatchBook:
                 why = "its countersignature is not its own over the batch"
             except ProtocolError as exc:
                 why = f"its countersignature does not check: {exc}"
+        elif pending or unreachable:
+            with self._lock:
+                self._pending[batch] = (request, first)
+            if pending and now - first < self.settings.max_age_s:
+                return False
+            if pending:
+                why = f"still {why} after {now - first:.0f} s"
         self.withholders.withheld(peer, why)
         return False
+
+    def pending_requests(self) -> list[CloseRequest]:
+        """Close requests a receiver answered "not yet", or did not answer: sent again at each
+        ``close_due`` (to a receiver not stopped), until countersigned or refused."""
+        with self._lock:
+            return [request for request, _ in self._pending.values()]
+
+    def is_pending(self, batch: HopBatch) -> bool:
+        """Whether ``batch``'s close is to be sent again (``pending_requests``)."""
+        with self._lock:
+            return batch in self._pending
 
     def countersign(self, request: CloseRequest, sender_address: str) -> bytes:
         """Countersign a worker's close request; raises ``BatchRefused`` (why) otherwise."""

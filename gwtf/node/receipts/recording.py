@@ -5,7 +5,12 @@ countersigned). Start ``run`` in the node's nursery.
 
 Batches close on a timer (``BatchSettings.max_age_s``, ``max_hops``) and when the data plane
 sees an iteration start (``iteration_started``: the previous one's batches close, and the
-receivers that withheld a countersignature in it are sent hops again).
+receivers that withheld a countersignature in it are sent hops again). A close its receiver
+answered "not yet", or did not answer, is sent again at each later close until it is
+countersigned or refused (``BatchCloser.close_due``); only then is it settled (``on_sealed``).
+
+A received hop is recorded only under the authenticated peer it came from as its worker
+(``BatchBook.record``'s sender).
 
 A receipt recorded ``held`` joins no batch until ``release`` (a backward, until its forward's
 batch is countersigned: a juror replays a backward with its forward's complete receipt). One
@@ -34,6 +39,7 @@ from gwtf.node.receipts.book import (
     ReceiptCounts,
     ReceiptSigned,
     ReceiptTerms,
+    address_of_peer,
     worker_stage,
 )
 from gwtf.node.store.batches import RECEIVER, WORKER, BatchStore, ClosedBatch
@@ -41,8 +47,9 @@ from gwtf.node.store.writer import BatchWriter
 
 log = logging.getLogger(__name__)
 
-#: Receipt to record, and whether it is held out of batches until released.
-_Item = tuple[HopReceipt, bool]
+#: Receipt to record, the authenticated address it came from (this node's own for its own
+#: hops), and whether it is held out of batches until released.
+_Item = tuple[HopReceipt, str, bool]
 
 
 @dataclass
@@ -61,7 +68,8 @@ class ReceiptBook:
     #: Called with each receipt this node recorded as worker: it has work to claim in that
     #: receipt's epoch.
     on_signed: ReceiptSigned = lambda receipt: None
-    #: Called with the receipts of each batch this node closed, countersigned or withheld.
+    #: Called with the receipts of each batch this node closed, once settled: countersigned or
+    #: refused (not while its close is to be sent again).
     on_sealed: BatchSealed = lambda receipts, whole: None
     settings: BatchSettings = field(default_factory=BatchSettings)
     counts: ReceiptCounts = field(default_factory=ReceiptCounts)
@@ -89,7 +97,7 @@ class ReceiptBook:
         """Record in the background, answer workers' closes and close this node's batches as
         they fall due, until cancelled."""
         self._closer = BatchCloser(
-            rpc, self.batches, self._peers.get, self.refuse, self._countersigned
+            rpc, self.batches, self._peers.get, self.refuse, self._countersigned, self._settled
         )
         self._closer.serve()
         async with trio.open_nursery() as nursery:
@@ -118,17 +126,24 @@ class ReceiptBook:
         """Commit the receipt of a hop this node computed (sent to ``peer``) or received (from
         ``peer``), open; False when its hop key holds another receipt here (``conflicts``
         learns it: the sender re-sends the hop under a fresh attempt; a sender re-using a key
-        is refused) or the database failed (the hop goes on unpaid)."""
-        self._peers[receipt.counterparty if receipt.worker == self.address else receipt.worker] = (
-            peer
-        )
+        is refused) or the database failed (the hop goes on unpaid). ``peer`` is authenticated
+        (the stream's): a received hop naming another worker than it is refused."""
+        worker = receipt.worker == self.address
+        try:
+            sender = self.address if worker else address_of_peer(peer)
+        except (ProtocolError, ValueError) as exc:  # not a node's peer id: nothing to pay it
+            self.refuse(peer, f"hop from a peer id that names no node: {exc}")
+            return False
+        if not worker and receipt.worker != sender:  # the data plane builds it from ``peer``
+            self.refuse(peer, f"hop {hop_key(receipt).hex()} names another worker than its sender")
+            return False
+        self._peers[receipt.counterparty if worker else receipt.worker] = peer
         self._peers[receipt.dataNode] = origin
         try:
-            recorded = await self._recording.submit((receipt, held))
+            recorded = await self._recording.submit((receipt, sender, held))
         except Exception as exc:  # the database's (disk full, locked): the hop goes on unpaid
             log.error("receipt of hop %s not recorded: %s", hop_key(receipt).hex(), exc)
             return False
-        worker = receipt.worker == self.address
         if not recorded:
             if worker:
                 log.warning("hop %s holds another receipt here", hop_key(receipt).hex())
@@ -173,26 +188,18 @@ class ReceiptBook:
         closer = self._closer
         if closer is None:
             return 0
-        done = 0
-        now = time.monotonic()
-        for run_id, epoch, receiver in self.batches.due(now, iteration_end):
-            peer = self._peers.get(receiver)
-            if peer is None:
-                continue
-            request = await trio.to_thread.run_sync(
-                self.batches.close, run_id, epoch, receiver, now
-            )
-            if request is None:
-                continue
-            whole = await closer.send(request, peer)
-            closed = await trio.to_thread.run_sync(self.store.batch, request.batch, WORKER)
-            if closed is None:
-                continue
-            self.on_sealed(closed.receipts, whole)
-            if whole:
-                done += 1
-                self._hand_on(closed, worker=True)
-        return done
+        return await closer.close_due(time.monotonic(), iteration_end)
+
+    async def _settled(self, request: CloseRequest, whole: bool) -> None:
+        """A batch this node closed as worker is settled: its receipts to ``on_sealed`` (a
+        countersigned forward releases the backwards through it), and if countersigned each
+        one, sealed, to the reporter."""
+        closed = await trio.to_thread.run_sync(self.store.batch, request.batch, WORKER)
+        if closed is None:
+            return
+        self.on_sealed(closed.receipts, whole)
+        if whole:
+            self._hand_on(closed, worker=True)
 
     def _countersigned(self, request: CloseRequest) -> None:
         """A worker's batch countersigned here: its receipts go to the reporter, once read."""
@@ -224,8 +231,21 @@ class ReceiptBook:
                 self.on_received(origin, entry)
 
     def _record(self, items: Sequence[_Item]) -> list[bool]:
-        held = frozenset(hop_key(r) for r, hold in items if hold)
-        return self.batches.record([r for r, _ in items], time.monotonic(), held)
+        """One writer batch: ``BatchBook.record`` takes one sender a call, so this node's own
+        receipts go in one call and each peer's in one more."""
+        now = time.monotonic()
+        held = frozenset(hop_key(r) for r, _, hold in items if hold)
+        by_sender: dict[str, list[int]] = {}
+        for i, (_, sender, _) in enumerate(items):
+            by_sender.setdefault(sender, []).append(i)
+        results = [False] * len(items)
+        for sender, indexes in by_sender.items():
+            receipts = [items[i][0] for i in indexes]
+            for i, kept in zip(
+                indexes, self.batches.record(receipts, now, sender, held), strict=True
+            ):
+                results[i] = kept
+        return results
 
     def refuse(self, peer: str, why: str) -> None:
         self.counts.refused += 1

@@ -40,6 +40,7 @@ from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.cheats import Cheat
 from gwtf.node.receipts.wire import (
     MAX_PAGE,
+    MAX_PAGE_BYTES,
     ReceiptPage,
     decode_page,
     encode_page,
@@ -212,4 +213,4 @@ def serve_receipts_forwarding(rpc: RequestResponse, timeout_s: float) -> None:
 
 
 def _limits(timeout_s: float) -> RpcLimits:
-    return RpcLimits(_REQUEST.size, 1 << 20, timeout_s)
+    return RpcLimits(_REQUEST.size, MAX_PAGE_BYTES, timeout_s)

@@ -2,8 +2,8 @@
 
 A signed receipt is 323 fixed bytes (the receipt's fields in struct order, each at its
 Solidity type's width, then the worker's and the counterparty's 65-byte signatures), then its
-proof in the batch both signed (u8 length, at most ``MAX_BATCH_PROOF`` 32-byte hashes; none for
-a batch of one); a report is a u16 count and that many receipts. A worker's range of a
+proof in the batch both signed (u8 length, at most ``MAX_PROOF`` 32-byte hashes as on chain;
+none for a batch of one); a report is a u16 count and that many receipts. A worker's range of a
 certificate is its first and last leaf (the seven ``CertifiedHop`` values, 180 bytes) each
 with its Merkle proof (u8 length, 32-byte hashes). A page of a node's receipts
 (``/gwtf/receipts/3.0.0``) is its total, offset and count, then that many receipts, each
@@ -51,20 +51,25 @@ _CONVERSIONS: Final = tuple(
     (i, *_CONVERTED[abi]) for i, (_, abi) in enumerate(HOP_RECEIPT_FIELDS) if abi in _CONVERTED
 )
 RECEIPT_BYTES: Final = _RECEIPT.size
-#: Hashes in a receipt's proof in its batch: a batch of up to 2**12 receipts.
+MAX_PROOF: Final = 64  # a tree of 2**64 leaves needs no more (the contracts' bound)
+#: Hashes in the proof of a receipt in a batch this node builds: batches of up to 2**12. A
+#: receipt's proof on the wire may be as long as the contracts take (``MAX_PROOF``).
 MAX_BATCH_PROOF: Final = 12
 #: The most bytes one receipt takes on the wire.
-MAX_RECEIPT_BYTES: Final = RECEIPT_BYTES + 1 + 32 * MAX_BATCH_PROOF
+MAX_RECEIPT_BYTES: Final = RECEIPT_BYTES + 1 + 32 * MAX_PROOF
 #: Receipts per report: a report of 512 is ~165 kB, within one request's bound.
 MAX_REPORT: Final = 512
 _COUNT = struct.Struct(">H")
 _LEAF = struct.Struct(">QQ20sQ32s32s32s")
-MAX_PROOF: Final = 64  # a tree of 2**64 leaves needs no more
 
 
 #: Receipts per page: a page of certified receipts with proofs of a 2**20-leaf tree is ~290 kB.
 MAX_PAGE: Final = 256
 _PAGE_HEAD = struct.Struct(">IIH?")  # total, offset, count, with leaves
+#: The most bytes a page takes: every receipt with the longest proofs and a leaf.
+MAX_PAGE_BYTES: Final = _PAGE_HEAD.size + MAX_PAGE * (
+    MAX_RECEIPT_BYTES + _LEAF.size + 1 + 32 * MAX_PROOF
+)
 
 
 @dataclass(frozen=True)
@@ -86,10 +91,8 @@ def encode_receipts(entries: list[SignedReceipt]) -> bytes:
 
 def _encode_receipt(e: SignedReceipt) -> bytes:
     r = e.receipt
-    if len(e.proof) > MAX_BATCH_PROOF:
-        raise ProtocolError(
-            f"a receipt's batch proof of {len(e.proof)} hashes is over {MAX_BATCH_PROOF}"
-        )
+    if len(e.proof) > MAX_PROOF:
+        raise ProtocolError(f"a receipt's batch proof of {len(e.proof)} hashes is over {MAX_PROOF}")
     if len(e.worker_signature) != SIGNATURE_BYTES:
         raise ProtocolError("a receipt's worker signature must be 65 bytes")
     if len(e.counterparty_signature) != SIGNATURE_BYTES:
@@ -126,7 +129,7 @@ def _decode_receipt(data: bytes, pos: int) -> tuple[SignedReceipt, int]:
     pos += RECEIPT_BYTES
     length = data[pos]
     end = pos + 1 + 32 * length
-    if length > MAX_BATCH_PROOF or len(data) < end:
+    if length > MAX_PROOF or len(data) < end:
         raise ProtocolError("a receipt's batch proof is malformed")
     proof = tuple(data[pos + 1 + 32 * i : pos + 1 + 32 * (i + 1)] for i in range(length))
     # HopReceipt checks every field's range.

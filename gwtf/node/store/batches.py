@@ -2,7 +2,8 @@
 and the batches that sign them.
 
 A hop's receipt is committed under its hop key as soon as the hop is computed (``record``):
-one receipt per hop key for ever, checked against the per-hop tables too, so a node never
+one receipt per hop key for ever, the same commitment the per-hop path signs under
+(``HopStore.commit_once``), so a node never
 signs two batches holding different receipts for one hop. A batch is built only from receipts
 committed here, ordered by hop key, and a receipt joins one batch only, in the transaction that
 keeps the batch: a signature covering it is handed out only after that commit. The worker's
@@ -29,9 +30,7 @@ from gwtf.node.store.database import Database
 from gwtf.node.store.hops import ConflictingReceipt, HopStore, hop_row
 from gwtf.node.store.models import (
     BatchedReceipt,
-    Countersignature,
     HopBatchRow,
-    SignedHop,
     receipt_of,
 )
 
@@ -39,8 +38,13 @@ WORKER, RECEIVER = "worker", "receiver"
 
 
 class BatchRefused(ProtocolError):
-    """A close request this node will not countersign (it names why: the first hop it lacks,
-    a root it does not rebuild)."""
+    """A close request this node will not countersign (it names why: a hop it holds in another
+    scope or batch, a root it does not rebuild)."""
+
+
+class BatchPending(BatchRefused):
+    """A close request naming a hop this node holds no receipt of yet (the close may have
+    overtaken the hop): not countersigned now, the same request may be sent again."""
 
 
 @dataclass(frozen=True)
@@ -85,22 +89,14 @@ class BatchStore:
         or signed per hop): that hop goes unreceipted rather than the node equivocating."""
         now = time.time()
         prepared = [(hop_key(r), receipt_digest(r, self.domain), r) for r in receipts]
-        keys = [key for key, _, _ in prepared]
-        per_hop = SignedHop if role == WORKER else Countersignature
         with self.db.engine.begin() as connection:
-            held = {
-                bytes(key): bytes(digest)
-                for key, digest in self._hops._rows_of(
-                    connection, BatchedReceipt, "hop_key, receipt_digest", keys
-                )
-            }
-            for key, (digest, _) in self._hops._held(connection, per_hop, keys).items():
-                held.setdefault(key, digest)
+            held = self._hops.commit_once(
+                connection, [(key, digest) for key, digest, _ in prepared]
+            )
             results, rows = [], []
             for key, digest, receipt in prepared:
-                known = held.setdefault(key, digest)
-                results.append(known == digest)
-                if known == digest:
+                results.append(held[key] == digest)
+                if held[key] == digest:
                     rows.append(
                         hop_row(key, digest, receipt, b"", None, role=role, recorded_at=now)
                     )
@@ -209,14 +205,38 @@ class BatchStore:
         """Countersign the batch a worker closed over the receipts under ``keys``, rebuilt from
         this node's own committed receipts of hops that worker sent it, once the batch is
         committed with both signatures. The caller has checked ``worker_signature``. The same
-        batch again gets the same countersignature. Raises ``BatchRefused`` naming the first
-        hop this node holds no open receipt of, or a root it does not rebuild."""
+        batch again gets the same countersignature, also when sent twice at once. Raises
+        ``BatchPending`` naming a hop this node holds no receipt of yet, ``BatchRefused``
+        naming one it holds in another scope or batch, or a root it does not rebuild."""
         if not keys or len(set(keys)) != len(keys):
             raise BatchRefused("a close request names each of its hops once, at least one")
+        done = self._countersigned(batch)
+        if done is not None:
+            return done
+        try:
+            return self._countersign_new(batch, keys, worker_signature, sign)
+        except BatchRefused:
+            # The same batch sent again concurrently (a resend) and committed by the other
+            # close: the same answer, not a refusal that would charge an honest worker.
+            done = self._countersigned(batch)
+            if done is not None:
+                return done
+            raise
+
+    def _countersigned(self, batch: HopBatch) -> bytes | None:
         with self.db.sessions() as session:
             done = session.scalar(select(HopBatchRow).where(*_batch_key(batch)))
-            if done is not None and done.counterparty_signature is not None:
+            if done is not None and done.role == RECEIVER and done.counterparty_signature:
                 return bytes(done.counterparty_signature)
+        return None
+
+    def _countersign_new(
+        self,
+        batch: HopBatch,
+        keys: Sequence[bytes],
+        worker_signature: bytes,
+        sign: Callable[[bytes], bytes],
+    ) -> bytes:
         with self.db.engine.begin() as connection:
             columns = (
                 "hop_key, role, batch_root, run_id, epoch, worker, counterparty, receipt_digest"
@@ -230,7 +250,11 @@ class BatchStore:
         digests = []
         for key in ordered:
             row = rows.get(key)
-            if row is None or tuple(row[:6]) != scope:
+            if row is None:
+                raise BatchPending(
+                    f"batch of {batch.worker}: this node holds no receipt of hop {key.hex()} yet"
+                )
+            if tuple(row[:6]) != scope:
                 raise BatchRefused(
                     f"batch of {batch.worker}: this node holds no open receipt of hop "
                     f"{key.hex()} that worker sent it in run {batch.runId} epoch {batch.epoch}"

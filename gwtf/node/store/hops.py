@@ -30,6 +30,7 @@ from gwtf.node.store.models import (
     Base,
     CertifiedHopRow,
     Countersignature,
+    HopCommitment,
     OriginDigest,
     ReceivedHop,
     ReportedHop,
@@ -303,11 +304,16 @@ class HopStore:
         now = time.time()
         keys = [item.hop_key for item in batch]
         with self.db.engine.begin() as connection:
+            committed = self.commit_once(
+                connection, [(item.hop_key, item.receipt_digest) for item in batch]
+            )
             held = self._held(connection, table, keys)
             results: list[bytes | ConflictingReceipt] = []
             fresh: dict[bytes, tuple[bytes, bytes]] = {}
             for item in batch:
                 known = held.get(item.hop_key) or fresh.get(item.hop_key)
+                if committed[item.hop_key] != item.receipt_digest:
+                    known = (committed[item.hop_key], b"")  # committed elsewhere (a batch)
                 if known is None:
                     signature = item.sign()
                     fresh[item.hop_key] = (item.receipt_digest, signature)
@@ -334,6 +340,29 @@ class HopStore:
                 rows = [other_row(item, signature, now) for item, signature in signed]
                 self._insert_new(connection, other, _unique_by_key(rows))
         return results
+
+    def commit_once(
+        self, connection: Connection, pairs: Sequence[tuple[bytes, bytes]]
+    ) -> dict[bytes, bytes]:
+        """Commit this node to one receipt digest per hop key, in ``connection``'s transaction:
+        (hop key, digest) pairs are inserted where the key is new (the first of a key wins) and
+        every key's committed digest is read back. Every path that signs a receipt, per hop or
+        in a batch, goes through here first, so no two ever sign two versions of one hop (the
+        insert waits on a concurrent one of the same key, on SQLite and PostgreSQL alike)."""
+        first: dict[bytes, bytes] = {}
+        for key, digest in pairs:
+            first.setdefault(key, digest)
+        rows: list[dict[str, object]] = [
+            {"hop_key": key, "receipt_digest": digest} for key, digest in first.items()
+        ]
+        self._insert_new(connection, HopCommitment, rows)
+        keys = [key for key, _ in pairs]
+        return {
+            bytes(key): bytes(digest)
+            for key, digest in self._rows_of(
+                connection, HopCommitment, "hop_key, receipt_digest", keys
+            )
+        }
 
     def _held(
         self,

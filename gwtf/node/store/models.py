@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Final
 
-from sqlalchemy import BigInteger, Index, LargeBinary, String
+from sqlalchemy import BigInteger, Index, LargeBinary, String, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from gwtf.contracts.encoding import HOP_RECEIPT_FIELDS, HopReceipt, snake_case
@@ -77,6 +77,16 @@ class SignedHop(ReceiptFields, Base):
     counterparty_signature: Mapped[bytes | None] = mapped_column(SIGNATURE)
     signed_at: Mapped[float]
     __table_args__ = (Index("ix_signed_hops_epoch", "run_id", "epoch"),)
+
+
+class HopCommitment(Base):
+    """The one receipt this node committed to under a hop key, whatever path signs it (per hop
+    as worker or receiver, or in a batch): every path inserts here first and reads the row
+    back in the same transaction, so two paths never sign two versions of one hop."""
+
+    __tablename__ = "hop_commitments"
+    hop_key: Mapped[bytes] = mapped_column(HASH, primary_key=True)
+    receipt_digest: Mapped[bytes] = mapped_column(HASH)
 
 
 class Countersignature(Base):
@@ -170,9 +180,16 @@ class BatchedReceipt(ReceiptFields, Base):
     batch_root: Mapped[bytes | None] = mapped_column(HASH)
     leaf_index: Mapped[int | None]
     recorded_at: Mapped[float]
+    # A close reads a scope's open rows in hop key order (only open rows are indexed there,
+    # so closed batches cost it nothing); a report reads a batch's rows in leaf order.
     __table_args__ = (
-        Index("ix_batched_receipts_open", "run_id", "epoch", "worker", "counterparty", "role"),
-    )
+        Index(
+            "ix_batched_receipts_open", "run_id", "epoch", "worker", "counterparty", "role",
+            "hop_key", sqlite_where=text("batch_root IS NULL"),
+            postgresql_where=text("batch_root IS NULL"),
+        ),
+        Index("ix_batched_receipts_batch", "batch_root", "leaf_index"),
+    )  # fmt: skip
 
 
 class HopBatchRow(Base):
