@@ -35,7 +35,12 @@ from gwtf.node.audit.checks import equivocations
 from gwtf.node.p2p.host import full_address, peer_info, running_host
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
 from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
-from gwtf.node.receipts.batch_closing import CLOSE_PROTOCOL, BatchCloser, answer_of
+from gwtf.node.receipts.batch_closing import (
+    CLOSE_PROTOCOL,
+    MAX_CONCURRENT_CLOSES,
+    BatchCloser,
+    answer_of,
+)
 from gwtf.node.receipts.batching import (
     MAX_BATCH_HOPS,
     BatchBook,
@@ -536,6 +541,48 @@ def test_a_close_that_overtook_a_hop_is_sent_again_until_it_is_held_or_too_old(
     ((peer, why),) = charged
     assert peer == peer_b and why.startswith("still not yet") and hop_key(never).hex() in why
     assert not a.withholders.may_send(peer_b)
+
+
+def test_a_receiver_that_times_out_is_not_sent_its_other_batches_that_round(
+    tmp_path: Path,
+) -> None:
+    """Batches a receiver left unanswered are sent again at the next iteration; once one of
+    them times out, the rest still waiting for a slot are not sent (each would cost another
+    close timeout, the round's closes to other receivers waiting behind them)."""
+    charged: list[tuple[str, str]] = []
+    withholders = Withholders(penalise=lambda peer, why: charged.append((peer, why)))
+    a = book(tmp_path, "a", BatchSettings(max_hops=1, close_timeout_s=1.0), withholders=withholders)
+    peer_b = str(peer_id_of(identity_from_key(KEYS["b"])))
+    count = MAX_CONCURRENT_CLOSES + 2
+    a.record([receipt(i) for i in range(count)], now=0.0, sender=ADDR["a"])
+    for _ in range(count):
+        request = a.close(1, 0, ADDR["b"], now=0.0)
+        assert request is not None
+        a.answered(request, peer_b, None, "no answer: cut", now=0.0, unreachable=True)
+    assert len(a.pending_requests()) == count
+    a.withholders.new_iteration()
+    asked: list[int] = []
+
+    async def main() -> None:
+        async with (
+            running_host(identity_from_key(KEYS["a"])) as a_host,
+            running_host(identity_from_key(KEYS["b"])) as b_host,
+        ):
+            worker = BatchCloser(RequestResponse(a_host), a, {ADDR["b"]: peer_b}.get)
+
+            async def stall(peer: str, data: bytes) -> bytes:
+                asked.append(1)
+                await trio.sleep_forever()
+                raise AssertionError
+
+            RequestResponse(b_host).serve(CLOSE_PROTOCOL, stall, RpcLimits())
+            await a_host.connect(peer_info(full_address(b_host)))
+            with trio.fail_after(30):
+                assert await worker.close_due(now=0.0) == 0
+
+    trio.run(main)
+    assert 1 <= len(asked) <= MAX_CONCURRENT_CLOSES, asked
+    assert len(a.pending_requests()) == count, "all still to be sent again"
 
 
 def test_a_refusal_over_libp2p_says_why_and_charges_the_receiver(tmp_path: Path) -> None:

@@ -82,15 +82,21 @@ class BatchCloser:
         done = 0
         limiter = trio.CapacityLimiter(MAX_CONCURRENT_CLOSES)
 
+        # Each checks its receiver again once it has a slot: one that timed out meanwhile
+        # (stopped) costs no further timeouts of its other batches this round.
         async def resend(request: CloseRequest, peer: str) -> None:
             nonlocal done
             async with limiter:
+                if not self.book.withholders.may_send(peer):
+                    return
                 countersigned = await self.send(request, peer, now)
             done += countersigned  # after the await: another task may have counted meanwhile
 
         async def close(run_id: int, epoch: int, receiver: str, peer: str) -> None:
             nonlocal done
             async with limiter:
+                if not self.book.withholders.may_send(peer):
+                    return
                 request = await trio.to_thread.run_sync(
                     self.book.close, run_id, epoch, receiver, now
                 )
