@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 from eth_utils.crypto import keccak
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 
 from gwtf.contracts.batches import batch_of, sign_batch
 from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt, build_certificate_tree
@@ -115,6 +115,16 @@ def db_book(url: str, name: str, settings: BatchSettings | None = None) -> Batch
 def both_record(a: BatchBook, b: BatchBook, receipts: list[HopReceipt]) -> None:
     assert all(a.record(receipts, now=0.0, sender=ADDR["a"]))
     assert all(b.record(receipts, now=0.0, sender=ADDR["a"]))
+
+
+def test_recording_one_ends_receipts_opens_one_transaction(tmp_path: Path) -> None:
+    """A receiver's record of one peer's hops (the live node records each sender's apart)
+    commits once: no empty transaction for the worker's side it has none of."""
+    b = book(tmp_path, "b")
+    begun: list[object] = []
+    event.listen(b.store.db.engine, "begin", begun.append)
+    assert b.record([receipt(0), receipt(1)], now=0.0, sender=ADDR["a"]) == [True, True]
+    assert len(begun) == 1
 
 
 def test_a_closed_batch_is_countersigned_and_each_receipt_checks_with_its_proof(

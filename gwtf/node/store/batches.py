@@ -87,6 +87,8 @@ class BatchStore:
         """Commit each receipt, open, under its hop key, in one transaction: True when it is
         held now (again is a no-op), False when the key holds another receipt here (in a batch
         or signed per hop): that hop goes unreceipted rather than the node equivocating."""
+        if not receipts:  # a writer batch of one peer's hops has none of this node's: no commit
+            return []
         now = time.time()
         prepared = [(hop_key(r), receipt_digest(r, self.domain), r) for r in receipts]
         with self.db.engine.begin() as connection:
