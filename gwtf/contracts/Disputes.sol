@@ -88,6 +88,10 @@ contract Disputes is ReentrancyGuard {
     uint256 public constant BPS = 10_000;
     /// @notice The largest bounty share a deployment may set.
     uint256 public constant MAX_BOUNTY_BPS = 1_000;
+    /// @notice Most hashes in the batch proof of a disputed receipt: a tree of 2^64 leaves needs
+    /// no more, and the jurors (gwtf.contracts.merkle.MAX_PROOF_LENGTH) process no longer one,
+    /// so a longer proof would open a dispute no juror can check.
+    uint256 public constant MAX_PROOF_LENGTH = 64;
 
     NodeRegistry public immutable registry;
     WorkLedger public immutable ledger;
@@ -210,6 +214,7 @@ contract Disputes is ReentrancyGuard {
     error NotCourt(address caller);
     error NotReopenable(uint256 id);
     error BondOutOfRange(uint256 bondWei);
+    error ProofTooLong(uint256 length, uint256 maxLength);
 
     /// @param registry_ The NodeRegistry (which names this contract its slasher).
     /// @param ledger_ The WorkLedger (which names this contract its disputes).
@@ -437,6 +442,8 @@ contract Disputes is ReentrancyGuard {
     ) external payable nonReentrant returns (uint256 id) {
         uint256 fees = court.arbitrationCost();
         if (msg.value != tensorBondWei + fees) revert WrongBond(msg.value, tensorBondWei + fees);
+        uint256 batchProofLength = workerSigned.proof.length;
+        if (batchProofLength > MAX_PROOF_LENGTH) revert ProofTooLong(batchProofLength, MAX_PROOF_LENGTH);
         Commitment memory committed =
             _useCommitment(keccak256(abi.encode(Fraud.WrongTensor, cert, hop, proof, receipt, workerSigned)), salt);
         bytes32 digest = receipt.digest(address(ledger));

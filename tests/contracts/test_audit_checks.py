@@ -9,7 +9,7 @@ from dataclasses import replace
 from eth_utils.crypto import keccak
 
 from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt, tree_of_hops
-from gwtf.contracts.encoding import sign_receipt
+from gwtf.contracts.encoding import WorkerSpan, sign_receipt
 from gwtf.contracts.fraud_proofs import Fraud
 from gwtf.node.audit.checks import (
     BAD_SEQUENCE,
@@ -18,6 +18,7 @@ from gwtf.node.audit.checks import (
     EQUIVOCATION,
     INVALID_HOP,
     UNPROVEN,
+    UNVERIFIED,
     WITHHELD,
     Finding,
     RunRules,
@@ -27,7 +28,8 @@ from gwtf.node.audit.checks import (
     unverified_leaves,
     verifying_leaves,
 )
-from gwtf.node.audit.replays import draw_sample
+from gwtf.node.audit.replays import draw_indices, draw_sample
+from gwtf.node.audit.runner import LeafReader, LeafReading
 from gwtf.node.chain.adapter import Sender
 from gwtf.node.chain.epochs import EpochLedger
 from tests.contracts.conftest import Certified, Staffed
@@ -259,3 +261,42 @@ def test_spans_off_the_tree_are_found_and_their_proof_slashes_the_data_node(
     assert f"leaf {moved} of {honest.hops[moved].worker} lies in the span of" in finding.detail
     assert finding.proof is not None and finding.accused == data.address
     assert_slashed(w, w.prove(finding.proof), data, Fraud.BAD_SPAN, 2 * ETH)
+
+
+def test_the_sample_is_drawn_over_the_committed_indices_one_in_each_relays_span() -> None:
+    """The sample's indices come from the leaf count and spans on chain alone, so whatever a
+    data node serves (or cuts short) cannot change them: one index in each relay's span, none
+    in a data node's own span, then up to k in all, every index once."""
+    relays, data_node = ["0x" + "0a" * 20, "0x" + "0c" * 20], "0x" + "0d" * 20
+    spans = [
+        WorkerSpan(relays[0], 9, 10),  # leaves 0-9
+        WorkerSpan(relays[1], 10, 11),  # leaf 10
+        WorkerSpan(data_node, 29, 30),  # leaves 11-29: the data node's own
+    ]
+    for seed in (keccak(b"block one"), keccak(b"block two"), keccak(b"block three")):
+        for k in (0, 1, 2):
+            drawn = draw_indices(seed, 30, spans, k, {data_node})
+            assert len(drawn) == 2 and drawn[0] in range(10) and drawn[1] == 10
+        drawn = draw_indices(seed, 30, spans, 5, {data_node})
+        assert len(set(drawn)) == 5 and all(i <= 10 for i in drawn)
+        assert sorted(draw_indices(seed, 30, spans, 100, {data_node})) == list(range(11))
+        assert draw_indices(seed, 30, spans, 5, {data_node}) == drawn  # the same for everyone
+        # No spans (a provider without old logs): indices over every leaf.
+        assert len(set(draw_indices(seed, 30, None, 7, set()))) == 7
+
+
+def test_sampled_leaves_nobody_serves_name_the_data_node_only_when_it_was_dialled(
+    certified: Certified,
+) -> None:
+    """Asked directly, the data node serves its own certificate: a sampled leaf it and every
+    forwarder withheld is its withholding. Read only through forwarders, any of which can
+    withhold, it accuses nobody."""
+    cert = certified.cert
+    dialled = LeafReader(None, "peer", True, (), 1.0)
+    (finding,) = dialled.findings(cert, LeafReading([], [3, 5], [], []), 8)
+    assert finding.kind == WITHHELD and finding.accused == cert.dataNode
+    assert "2 of 8 sampled leaves (first: leaf 3)" in finding.detail
+    forwarded = LeafReader(None, "peer", False, ("forwarder",), 1.0)
+    (finding,) = forwarded.findings(cert, LeafReading([], [], [3], []), 8)
+    assert finding.kind == UNVERIFIED and finding.accused == ""
+    assert dialled.findings(cert, LeafReading([], [], [], []), 8) == []

@@ -88,10 +88,15 @@ def computed_hops(s: Staffed, tmp_path: Path) -> tuple[list[SignedReceipt], dict
 
 
 def audit_json(
-    capsys: pytest.CaptureFixture[str], devnet: Path, run: int, peers: list[str], sample: int
+    capsys: pytest.CaptureFixture[str],
+    devnet: Path,
+    run: int,
+    peers: list[str],
+    sample: int,
+    timeout: str = "10",
 ) -> tuple[int, dict[str, Any]]:
     argv = ["--devnet-file", str(devnet), "audit", "--run", str(run), "--epoch", "0"]
-    argv += ["--sample", str(sample), "--tolerance", "cpu", "--json", "--timeout-s", "10"]
+    argv += ["--sample", str(sample), "--tolerance", "cpu", "--json", "--timeout-s", timeout]
     code = main(argv + [flag for peer in peers for flag in ("--peer", peer)])
     return code, json.loads(capsys.readouterr().out)
 

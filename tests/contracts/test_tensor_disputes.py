@@ -134,6 +134,10 @@ def test_opening_a_dispute_out_of_turn_reverts(certified: Certified) -> None:
     foreign = SignedReceipt(other, entry.worker_signature, entry.counterparty_signature)
     bad = fraud_proofs.wrong_tensor(c.cert, c.tree.leaf_proof(index), foreign)
     proof_reverts(w, bad, "NotTheLeafsReceipt", index)
+    # A batch proof longer than any juror processes (65 hashes, a 2^64-leaf tree needs 64).
+    deep = replace(entry, proof=tuple(bytes([i]) * 32 for i in range(65)))
+    bad = fraud_proofs.wrong_tensor(c.cert, c.tree.leaf_proof(index), deep)
+    proof_reverts(w, bad, "ProofTooLong", 65, 64)
     # One dispute per receipt and challenger; another challenger's runs beside it.
     dispute_id, _ = open_case(w, proof)
     proof_reverts(w, proof, "DisputeExists", dispute_id)

@@ -18,6 +18,7 @@ from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt, build_cert
 from gwtf.contracts.encoding import FORWARD, CertRef, HopReceipt, ledger_domain, receipt_digest
 from gwtf.contracts.merkle import verify_proof
 from gwtf.node.audit import jury
+from gwtf.node.audit.checks import UNVERIFIED
 from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.audit.replays import EvidenceSource, Replayed
 from gwtf.node.audit.runner import Sampling, replay_certificate
@@ -323,11 +324,14 @@ def test_an_auditor_takes_replicas_and_its_sample_only_from_leaves_that_verify(
             )
             sampling = Sampling(served.count, Replayer(plan, SETTINGS))
             seed = b"\x07" * 32
-            done.extend(
-                await replay_certificate(
-                    source, sampling, seed, cert, fetched, {data_node.lower()}, DOMAIN
-                )
+            replayed, found = await replay_certificate(
+                source, sampling, seed, cert, fetched, {data_node.lower()}, DOMAIN
             )
+            # The sybils' sampled leaves, which do not verify, are unread, accusing nobody.
+            (unread,) = found
+            assert unread.kind == UNVERIFIED and unread.accused == "", unread
+            assert "2 not asked" in unread.detail, unread.detail
+            done.extend(replayed)
 
     run_bounded(main)
     (home_hop,) = done  # the sybils' leaves, which do not verify, are never sampled
@@ -361,11 +365,11 @@ def test_a_sampled_leaf_of_a_tree_served_whole_with_broken_proofs_carries_a_true
             fetched = Fetched((ReceiptPage(page.total, 0, page.entries, broken),), None)
             source = EvidenceSource(RequestResponse(auditor), {}, RUN, TIMEOUT_S, {}, [])
             sampling = Sampling(1, Replayer(plan, SETTINGS))
-            done.extend(
-                await replay_certificate(
-                    source, sampling, b"\x07" * 32, cert, fetched, {data_node.lower()}, DOMAIN
-                )
+            replayed, found = await replay_certificate(
+                source, sampling, b"\x07" * 32, cert, fetched, {data_node.lower()}, DOMAIN
             )
+            assert found == []  # the tree was served whole
+            done.extend(replayed)
 
     run_bounded(main)
     (sampled,) = done

@@ -15,8 +15,8 @@ from libp2p.peer.id import ID
 from gwtf.node.p2p.dialing import Dialer, DialFailed, dialable
 from gwtf.node.p2p.host import full_address, peer_info, running_host
 from gwtf.node.p2p.identity import new_identity
-from gwtf.node.p2p.keepalive import ALIVE_PROTOCOL, Backoff, NeighbourKeeper
-from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
+from gwtf.node.p2p.keepalive import ALIVE_PROTOCOL, Backoff, NeighbourKeeper, _Neighbour
+from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
 from tests.p2p.test_host_stop import ECHO, LIMITS, echo, run_bounded
 
 
@@ -168,6 +168,33 @@ def test_a_neighbour_the_keeper_waits_for_is_probed_and_not_dialled_within_the_g
                 await trio.sleep(0.5)
                 assert rpc.dialer.dials == 0 and not rpc.dialer.connected(peer)
                 nursery.cancel_scope.cancel()
+
+    run_bounded(main)
+
+
+def test_a_probe_whose_connection_closed_meanwhile_dials_nothing() -> None:
+    """The keeper probes a neighbour it found connected; the connection closes before the
+    probe's stream is open (a drop, the neighbour leaving): the probe fails and dials nothing,
+    so a neighbour this node waits for is still left to dial in (the tick decides on dialing,
+    not a probe racing the close)."""
+
+    async def main() -> None:
+        async with running_host(new_identity()) as home, running_host(new_identity()) as me:
+            rpc = RequestResponse(me)
+            peer = home.get_id()
+            me.get_peerstore().add_addrs(peer, home.get_addrs(), 60)
+            NeighbourKeeper(RequestResponse(home), lambda: ()).serve()
+            keeper = NeighbourKeeper(rpc, lambda: [str(peer)], waits_for=lambda _p: True)
+            await home.connect(peer_info(full_address(me)))
+            with trio.fail_after(5):
+                while not rpc.dialer.connected(peer):
+                    await trio.sleep(0.01)
+            await rpc.drop_peer(peer)  # gone between the tick's look and the probe
+            state = _Neighbour(last_alive=trio.current_time())
+            await keeper._probe(peer, state)
+            assert rpc.dialer.dials == 0 and not rpc.dialer.connected(peer)
+            with pytest.raises(PeerUnavailable, match="not to be dialled"):
+                await rpc.request(peer, ALIVE_PROTOCOL, b"", RpcLimits(0, 0, 1.0), dial=False)
 
     run_bounded(main)
 

@@ -20,3 +20,12 @@ def test_repeated_garbage_bans_and_the_ban_expires() -> None:
     assert scores.is_banned("p", now=0.0)
     assert not scores.is_banned("other", now=0.0)
     assert not scores.is_banned("p", now=11.0)
+
+
+def test_offences_of_equal_cost_are_recorded_under_their_own_names() -> None:
+    scores = PeerScores()
+    scores.penalise("p", Offence.HANDLER_FAILURE, now=0.0)
+    scores.penalise("p", Offence.TIMEOUT, now=0.0)
+    assert [offence.name for offence in scores.offences["p"]] == ["HANDLER_FAILURE", "TIMEOUT"]
+    assert len({offence.value for offence in Offence}) == len(Offence.__members__)
+    assert scores.score("p", now=0.0) == -10.0

@@ -23,7 +23,7 @@ from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane, HopRejected, Kept
 from gwtf.node.runtime.dataplane.hop import FORWARD, HopHeader
-from gwtf.node.runtime.dataplane.sender import HopSender, HopStats
+from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, peer_answers
 from gwtf.node.runtime.dataplane.stall_repair import StallRepair
 from gwtf.node.runtime.dataplane.try_token import NO_CHAIN_TRY_DOMAIN, sign_try
 from gwtf.node.runtime.flow.service import FlowService
@@ -31,6 +31,19 @@ from gwtf.node.runtime.flow.service import FlowService
 NAMES = ("data", "a", "s0", "s1")
 KEYS = {name: keccak(text=f"cut send test {name}") for name in NAMES}
 PEER = {name: str(peer_id_of(identity_from_key(key))) for name, key in KEYS.items()}
+
+
+def relay_a_with_two_replicas() -> FlowNode:
+    """Relay ``a``'s flow core (stage 1 of 2) knowing both stage-2 replicas, ``s0`` the cheaper."""
+    node = FlowNode(
+        NodeSpec(PEER["a"], "relay", 1, 2, 20.0),
+        FlowConfig(stages=2, activation_bytes=1e6),
+        random.Random(0),
+    )
+    for name, cost in (("s0", 10.0), ("s1", 30.0)):
+        node.handle(PEER[name], Hello("relay", 2, 2, 2, 2, 0, 20.0, 0, True), 0.0)
+        node.handle(PEER[name], CostAdvert(cost, 2), 0.0)
+    return node
 
 
 def send_with_s0(
@@ -42,14 +55,7 @@ def send_with_s0(
     answers the hop with what is no ack, and stays up; else ``s0``'s host is closed before the
     send. Returns who took the forward, ``a``'s flow
     core and its sender's counters."""
-    node = FlowNode(
-        NodeSpec(PEER["a"], "relay", 1, 2, 20.0),
-        FlowConfig(stages=2, activation_bytes=1e6),
-        random.Random(0),
-    )
-    for name, cost in (("s0", 10.0), ("s1", 30.0)):
-        node.handle(PEER[name], Hello("relay", 2, 2, 2, 2, 0, 20.0, 0, True), 0.0)
-        node.handle(PEER[name], CostAdvert(cost, 2), 0.0)
+    node = relay_a_with_two_replicas()
     stats = HopStats()
     taken: list[str] = []
 
@@ -191,3 +197,110 @@ def test_a_trace_cut_under_a_live_relay_leaves_it_alive() -> None:
 def test_a_trace_of_a_relay_that_is_gone_declares_it_dead() -> None:
     state, node = trace_s0(cut=False)
     assert state == ("dead", "") and not node.peers[PEER["s0"]].alive
+
+
+def test_sends_cut_at_once_make_one_probe_and_go_on_without_waiting_for_it() -> None:
+    """Four forwards from ``a`` to ``s0`` (the cheaper stage-2 replica) are cut at once (``s0``
+    closes the connection they share), and ``s0`` takes 1.5 s to answer the probe. One probe
+    is made, the others await its answer; the re-sends reach ``s1`` before that answer; and
+    while ``s0`` is probed, a new forward's next hop is ``s1``. ``s0`` then counts alive."""
+    node = relay_a_with_two_replicas()
+    stats = HopStats()
+    taken_at: list[float] = []  # when s1 took each forward
+    probes: list[float] = []  # when s0 answered each probe
+    chosen_while_probed: list[str | None] = []
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            hosts = {
+                name: await stack.enter_async_context(running_host(identity_from_key(KEYS[name])))
+                for name in ("a", "s0", "s1")
+            }
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            for name in ("s0", "s1"):
+                await hosts["a"].connect(peer_info(full_address(hosts[name])))
+                rpc = RequestResponse(hosts[name])
+                plane = DataPlane(rpc, PEER[name], 1, 2, 5.0, 1 << 20)
+
+                async def admit(header: HopHeader, frame: bytes, me: str = name, rpc=rpc) -> None:
+                    if me == "s0":
+                        await rpc.drop_peer(ID.from_base58(PEER["a"]))
+                        await trio.sleep_forever()
+                    taken_at.append(trio.current_time())
+
+                async def compute(header: HopHeader, frame: bytes) -> Kept | None:
+                    return None
+
+                async def alive(peer: str, request: bytes, me: str = name) -> bytes:
+                    if me == "s0":
+                        chosen_while_probed.append(sender.next_hop(2, None))
+                        await trio.sleep(1.5)
+                        probes.append(trio.current_time())
+                    return control.encode_reply(True)
+
+                plane.admit, plane.compute = admit, compute  # type: ignore[method-assign]
+                plane.serve(nursery)
+                rpc.serve(control.PROTOCOL_ID, alive, RpcLimits(1024, 1024, 5.0))
+            plane = DataPlane(RequestResponse(hosts["a"]), PEER["a"], 1, 2, 5.0, 1 << 20)
+            sender = HopSender(plane, FlowService(None, node, tick_s=1.0), stats, None)  # type: ignore[arg-type]
+
+            async def send(microbatch: int) -> None:
+                header = HopHeader(1, 0, microbatch, 0, FORWARD, 2, 0, 0, PEER["data"],
+                                   (PEER["data"], PEER["a"]))  # fmt: skip
+                header = sign_try(header, KEYS["data"], NO_CHAIN_TRY_DOMAIN)
+                assert await sender.send_forward(header, b"x", PEER["s0"], b"in") == PEER["s1"]
+
+            with trio.fail_after(30):
+                async with trio.open_nursery() as sends:
+                    for microbatch in range(4):
+                        sends.start_soon(send, microbatch)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert len(probes) == 1, f"{len(probes)} probes of s0"
+    assert chosen_while_probed == [PEER["s1"]]
+    assert len(taken_at) == 4 and max(taken_at) < probes[0]
+    assert node.peers[PEER["s0"]].alive and stats.cut_sends == 4
+
+
+def probe_as_the_connection_closes(how: str) -> bool:
+    """``a`` has a control stream open to ``s0``; the connection under it closes (``how``:
+    ``local``, as when the circuit it ran on closes at ``a``'s end; ``remote``: ``s0`` drops
+    it) and ``a`` probes ``s0`` at once, before the stream's reader can see the close.
+    Returns whether the probe says ``s0`` answers (it stays up throughout)."""
+    node = FlowNode(
+        NodeSpec(PEER["a"], "relay", 1, 2, 20.0),
+        FlowConfig(stages=2, activation_bytes=1e6),
+        random.Random(0),
+    )
+    answered: list[bool] = []
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            a = await stack.enter_async_context(running_host(identity_from_key(KEYS["a"])))
+            s0 = await stack.enter_async_context(running_host(identity_from_key(KEYS["s0"])))
+            await a.connect(peer_info(full_address(s0)))
+            served = RequestResponse(s0)
+
+            async def alive(peer: str, request: bytes) -> bytes:
+                return control.encode_reply(True)
+
+            served.serve(control.PROTOCOL_ID, alive, RpcLimits(1024, 1024, 5.0))
+            plane = DataPlane(RequestResponse(a), PEER["a"], 1, 2, 5.0, 1 << 20)
+            flow = FlowService(None, node, tick_s=1.0)  # type: ignore[arg-type]
+            with trio.fail_after(30):
+                assert await peer_answers(plane, flow, PEER["s0"])  # the stream is open now
+                async with trio.open_nursery() as nursery:
+                    if how == "local":
+                        nursery.start_soon(a.get_network().close_peer, ID.from_base58(PEER["s0"]))
+                    else:
+                        nursery.start_soon(served.drop_peer, ID.from_base58(PEER["a"]))
+                    answered.append(await peer_answers(plane, flow, PEER["s0"]))
+
+    trio.run(main)
+    return answered[0]
+
+
+def test_a_probe_as_the_connection_closes_asks_again_on_a_new_stream() -> None:
+    assert probe_as_the_connection_closes("local")
+    assert probe_as_the_connection_closes("remote")

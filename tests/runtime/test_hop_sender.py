@@ -37,6 +37,7 @@ from gwtf.node.runtime.dataplane.hop import (
     frame_digest,
 )
 from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, PassedBack, resend_refusal
+from gwtf.node.runtime.dataplane.try_token import TryTokenError
 from gwtf.node.runtime.discovery.address_book import AddressBook, PeerRecord, parse_record
 from gwtf.node.runtime.flow.service import FlowService
 from gwtf.node.store.batches import RECEIVER, WORKER, BatchStore
@@ -375,3 +376,32 @@ def test_a_resend_is_given_the_time_its_one_send_may_take(monkeypatch: pytest.Mo
     trio.run(sender.request_resend, header, "c", 3)
     assert plane.open_deadline_s == 12.0
     assert asked == [plane.open_deadline_s + 2 * plane.ack_deadline_s]
+
+
+class RefusingTokenPlane(DataPlane):
+    """A data plane whose every send fails with a protocol error of this node's own (not a
+    peer's failure): a try token it cannot make."""
+
+    async def send(
+        self, to: str, header: HopHeader, frame: bytes, input_digest: bytes | None = None
+    ) -> bytes:
+        raise TryTokenError("a try token's run, iteration and microbatch are u64, its start u16")
+
+
+def test_a_forward_that_fails_with_an_error_of_its_own_raises_it_as_it_came() -> None:
+    """The probes of cut sends run in a nursery around the re-sends: an error that is no
+    peer's failure must leave ``send_forward`` as itself, not wrapped in an exception group
+    its callers would not catch."""
+    config = FlowConfig(stages=2, activation_bytes=1e6)
+    node = FlowNode(NodeSpec("a", "relay", 1, 2, 20.0), config, random.Random(0))
+    node.handle("b", Hello("relay", 2, 2, 2, 2, 0, 20.0, 0, True), 0.0)
+    unused: Any = None
+    plane = RefusingTokenPlane(unused, "a", 1, 2, 1.0, 1 << 20)
+    sender = HopSender(plane, FlowService(unused, node, tick_s=1.0), HopStats(), None)
+    forward = HopHeader(1, 0, 7, 0, FORWARD, 2, 0, 0, "d", ("d", "a"))
+
+    async def main() -> None:
+        with pytest.raises(TryTokenError, match="try token"):
+            await sender.send_forward(forward, b"out", "b", b"in")
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -12,7 +12,12 @@ window (``gwtf/contracts/Court.sol``):
   (``gwtf.node.audit.reexecute``) and commit a sealed vote: WRONG when the replay is outside the
   run's tolerance or the accused's evidence is missing, RIGHT when it is within; then reveal
   it. A juror that reached no peer at all does not vote (it is fined as absent rather than
-  convicting anyone blind);
+  convicting anyone blind). Evidence tries stop within the commit window (at ``RETRY_SHARE``
+  of the blocks it has left, read from the chain while it fetches, the whole evidence phase
+  at ``VERDICT_SHARE``): evidence is
+  missing only when the accused had its whole retry schedule (busy declines are asked again;
+  still busy at its end is missing, or "busy" would be every cheater's answer); one this
+  juror's window cut short is not shown wrong in time (RIGHT);
 * what counts as the accused's evidence: everything a re-execution needs is something the
   accused worker keeps and serves itself (the hop's input and output frames, its stage
   weights at the iteration, and for a backward the receipt of its forward, which it signed,
@@ -39,7 +44,9 @@ Vote salts come from the wallet's key, so a restarted juror reveals what it comm
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -55,9 +62,11 @@ from gwtf.contracts.encoding import (
     ledger_domain,
     receipt_digest,
 )
+from gwtf.contracts.merkle import MAX_PROOF_LENGTH
 from gwtf.errors import ChainError
 from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.audit.replays import (
+    EvidenceSource,
     Replayed,
     evidence_source,
     forwarders_of,
@@ -80,10 +89,20 @@ from gwtf.node.p2p.host import running_host
 from gwtf.node.p2p.identity import new_identity
 from gwtf.node.p2p.rpc import RequestResponse
 
+log = logging.getLogger(__name__)
+
 # Court.Phase and the votes.
 SALTS, DRAWING, VOTING, RULED = 1, 2, 3, 4
 RIGHT, WRONG = 1, 2
 FINAL_ROUND: Final = 3
+#: The share of the time left in its commit window a juror may spend retrying evidence, and
+#: the share by which its whole evidence phase (certificate, evidence, replay) ends: the rest
+#: is for the commit's transaction.
+RETRY_SHARE: Final = 0.5
+VERDICT_SHARE: Final = 0.75
+#: How often a juror reads the chain's block number while it fetches evidence: the blocks
+#: of its commit window are its clock.
+BLOCK_POLL_S: Final = 1.0
 
 ANSWERED: Final = "answered"
 SALT_REVEALED: Final = "draw salt revealed"
@@ -112,6 +131,9 @@ class Case:
     reopens: int = 0
     #: The receipt's proof in the batch ``worker_signature`` signs.
     worker_proof: tuple[bytes, ...] = ()
+    #: False when that proof is longer than any a juror checks (``batch_proof_of``): the
+    #: case's other steps are taken all the same, and its jurors vote RIGHT.
+    checkable: bool = True
 
 
 @dataclass(frozen=True)
@@ -153,16 +175,32 @@ def open_cases(contracts: Contracts) -> list[Case]:
         receipt = HopReceipt(**dict(args["receipt"]))  # web3 decodes a struct as a dict
         digest, signed = bytes(args["receiptDigest"]), args["workerSigned"]
         signature = bytes(signed["signature"])
-        proof = tuple(bytes(p) for p in signed["proof"])
+        proof = batch_proof_of(case_id, signed["proof"])
         challenger, accused_wallet = str(parties[2]), str(parties[1])
         reopens = _reopened_by(disputes, opened, dispute_id, digest, challenger)
         found.append(
             Case(
                 case_id, dispute_id, receipt, digest, signature, challenger, accused_wallet,
-                reopens, proof,
+                reopens, proof or (), proof is not None,
             )
         )  # fmt: skip
     return found
+
+
+def batch_proof_of(case_id: int, hashes: Sequence[bytes]) -> tuple[bytes, ...] | None:
+    """The disputed receipt's batch proof from its opening event, or None (one warning line)
+    when it is longer than any proof a juror processes: the ledger refuses such a dispute
+    (``Disputes.ProofTooLong``), so only a ledger deployed without that bound emits one, and
+    no replay of it could be checked, so a juror votes RIGHT (not shown wrong) rather than
+    be fined as absent."""
+    if len(hashes) > MAX_PROOF_LENGTH:
+        log.warning(
+            "case %d: the batch proof has %d hashes, over %d: no juror can check it, "
+            "voted RIGHT (not shown wrong)",
+            case_id, len(hashes), MAX_PROOF_LENGTH,
+        )  # fmt: skip
+        return None
+    return tuple(bytes(h) for h in hashes)
 
 
 def _reopened_by(
@@ -196,9 +234,13 @@ async def serve_once(
     peers: Sequence[str],
     replayer_of: ReplayerOf | None,
     timeout_s: float = 20.0,
+    block_time_s: float | None = None,
 ) -> list[Step]:
     """One pass over the open cases for ``wallet`` (its juror node is ``Court.jurorOf``),
-    re-executing with ``replayer_of(run id)``; without it, every step but the votes."""
+    re-executing with ``replayer_of(run id)``; without it, every step but the votes.
+    A juror's evidence phase ends by the blocks of its commit window, read from the chain
+    while it runs; ``block_time_s``: the chain's seconds per block, to end it by the clock
+    too (None: by the blocks alone, as a chain's past block times say nothing of the next)."""
     steps: list[Step] = []
     node = str(await trio.to_thread.run_sync(_juror_of, contracts, wallet))
     for case in await trio.to_thread.run_sync(open_cases, contracts):
@@ -206,7 +248,7 @@ async def serve_once(
         steps += await trio.to_thread.run_sync(_anyone_steps, contracts, wallet, case)
         if replayer_of is not None and int(node, 16) != 0:
             steps += await _juror_steps(
-                contracts, wallet, node, case, peers, replayer_of, timeout_s
+                contracts, wallet, node, case, peers, replayer_of, timeout_s, block_time_s
             )
     return steps
 
@@ -331,6 +373,7 @@ async def _juror_steps(
     peers: Sequence[str],
     replayer_of: ReplayerOf,
     timeout_s: float,
+    block_time_s: float | None,
 ) -> list[Step]:
     court = contracts.court
     case_view = await trio.to_thread.run_sync(court.functions.getCase(case.case_id).call)
@@ -349,7 +392,20 @@ async def _juror_steps(
         replayer = replayer_of(case.receipt.runId)
         domain = ledger_domain(contracts.w3.eth.chain_id, contracts.ledger.address)
         cert = await trio.to_thread.run_sync(certificate_of, contracts, case.receipt)
-        vote, why = await _verdict(case, peers, replayer, timeout_s, domain, cert)
+        # Retries end while the window still has blocks to spare for the replay and the
+        # commit: a juror that retried past it would be fined as absent.
+        left = drawn_at + window - at
+        blocks = ChainStop(
+            lambda: int(contracts.w3.eth.block_number),
+            at + int(RETRY_SHARE * left),
+            at + int(VERDICT_SHARE * left),
+        )
+        until = None
+        if block_time_s is not None:
+            now = trio.current_time()
+            left_s = left * block_time_s
+            until = (now + RETRY_SHARE * left_s, now + VERDICT_SHARE * left_s)
+        vote, why = await _verdict(case, peers, replayer, timeout_s, domain, cert, until, blocks)
         if vote is None:
             return [Step(case.case_id, ABSTAINED, why)]
         sealed = court.functions.voteCommitment(case.case_id, r, node, vote, salt).call()
@@ -391,24 +447,98 @@ async def _verdict(
     timeout_s: float,
     domain: Eip712Domain,
     cert: CertRef | None,
+    until: tuple[float, float] | None = None,
+    blocks: ChainStop | None = None,
 ) -> tuple[int | None, str]:
     """Re-execute the disputed hop: (WRONG or RIGHT, what the replay found), or (None, why)
     when this juror reached no peer at all. Only the leaves of ``cert`` (the data node's
     certificate on chain; None: it has none) that verify against its root name the hop's
     replicas and forwards. A backward's forward is the one its worker signed and its
     counterparty countersigned, from those leaves or from the worker and its counterparty
-    themselves."""
+    themselves. ``until`` (trio clock): when evidence tries stop, and when the whole phase
+    does; the accused's evidence is missing (WRONG) only when the accused had its whole
+    retry schedule, else it is not shown wrong in time (RIGHT): the accused is never
+    convicted for this juror's lateness."""
     receipt = case.receipt
+    if not case.checkable:
+        return RIGHT, f"not shown wrong: its batch proof is over {MAX_PROOF_LENGTH} hashes"
     if receipt_digest(receipt, domain) != case.receipt_digest:
         return None, "the disputed receipt is not under this ledger's signing domain"
+    retry_until, verdict_until = until if until is not None else (math.inf, math.inf)
+    deadline = _Deadline(retry_until)
+    with trio.move_on_at(verdict_until) as phase:
+        async with trio.open_nursery() as nursery:
+            if blocks is not None:
+                nursery.start_soon(_watch_blocks, blocks, deadline, phase)
+            verdict = await _evidence_verdict(
+                case, peers, replayer, timeout_s, domain, cert, deadline
+            )
+            nursery.cancel_scope.cancel()
+        return verdict
+    return RIGHT, "not shown wrong in time: this juror's window ended its evidence phase"
+
+
+@dataclass(frozen=True)
+class ChainStop:
+    """The chain's block number (``block_of``, blocking) and the blocks at which a juror's
+    evidence retries stop and its whole evidence phase ends."""
+
+    block_of: Callable[[], int]
+    retries_until: int
+    phase_until: int
+
+
+class _Deadline:
+    """When evidence tries stop (trio clock), moved earlier by the chain's blocks; and the
+    evidence source it applies to once there is one."""
+
+    def __init__(self, retry_until: float) -> None:
+        self.retry_until = retry_until
+        self.source: EvidenceSource | None = None
+
+    def stop_retries(self) -> None:
+        self.retry_until = min(self.retry_until, trio.current_time())
+        if self.source is not None:
+            self.source.retry_until = self.retry_until
+
+
+async def _watch_blocks(blocks: ChainStop, deadline: _Deadline, phase: trio.CancelScope) -> None:
+    """Read the chain's block number every ``BLOCK_POLL_S``: stop the evidence retries at
+    ``blocks.retries_until``, end the evidence phase at ``blocks.phase_until``."""
+    while True:
+        try:
+            block = await trio.to_thread.run_sync(blocks.block_of)
+        except (ChainError, OSError, ValueError) as exc:  # the provider hiccuped: ask again
+            log.debug("no block number: %s", exc)
+            block = -1
+        if block >= blocks.retries_until:
+            deadline.stop_retries()
+        if block >= blocks.phase_until:
+            phase.cancel()
+            return
+        await trio.sleep(BLOCK_POLL_S)
+
+
+async def _evidence_verdict(
+    case: Case,
+    peers: Sequence[str],
+    replayer: Replayer,
+    timeout_s: float,
+    domain: Eip712Domain,
+    cert: CertRef | None,
+    deadline: _Deadline,
+) -> tuple[int | None, str]:
+    receipt = case.receipt
     async with running_host(new_identity()) as host:
         rpc = RequestResponse(host)
         reachable, _ = await connect_peers(host, peers, timeout_s)
         if not reachable:
             return None, "reached no peer of the run: not voting blind"
         source = evidence_source(
-            rpc, peers, reachable, {receipt.dataNode.lower()}, receipt.runId, timeout_s
-        )
+            rpc, peers, reachable, {receipt.dataNode.lower()}, receipt.runId, timeout_s,
+            None if deadline.retry_until == math.inf else deadline.retry_until,
+        )  # fmt: skip
+        deadline.source = source
         certified = await _certified(rpc, peers, reachable, cert, domain, timeout_s)
         entry = _entry_of(certified, receipt, case.worker_signature, case.worker_proof)
         known = certified
@@ -416,10 +546,12 @@ async def _verdict(
             known = without_unsigned_forwards(certified, receipt, domain)
             known += await forwards_of(source, receipt, domain)
         (replayed,) = await replay_sample(source, replayer, known, [(entry, None)])
-    return _vote_of(replayed)
+    return _vote_of(replayed, source.had_full_schedule(receipt.worker))
 
 
-def _vote_of(replayed: Replayed) -> tuple[int, str]:
+def _vote_of(replayed: Replayed, full_schedule: bool = True) -> tuple[int, str]:
+    """The vote on ``replayed``; ``full_schedule``: whether the accused had its whole retry
+    schedule (no try cut short by this juror)."""
     replay = replayed.replay
     if replay is None and replayed.unverifiable:
         # Off only with weights a forwarder passed on, which nobody signs, and no two replicas
@@ -427,6 +559,10 @@ def _vote_of(replayed: Replayed) -> tuple[int, str]:
         # off. WRONG would let a forwarder convict; abstaining fines an honest juror as
         # absent; RIGHT says only that the tensor is not shown wrong.
         return RIGHT, f"not shown wrong: {replayed.why_not}"
+    if replay is None and not full_schedule:
+        # This juror's window cut the accused's tries short: what it has
+        # not served is not shown missing, and the accused is not convicted for that.
+        return RIGHT, f"not shown wrong in time: {replayed.why_not}"
     if replay is None:
         return WRONG, f"missing evidence loses: {replayed.why_not}"
     return (WRONG if replay.wrong else RIGHT), replay.describe()

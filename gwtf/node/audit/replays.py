@@ -1,10 +1,12 @@
 """Re-execution in an audit: which hops, whose evidence, and what a wrong tensor is found as.
 
-**The sample** of a certificate ranks its leaves by keccak256(seed ‖ receipt digest), the seed
-being the hash of the first block at or after the epoch's submission deadline: no node knows it
-while it can still change what it certifies or signs, and every auditor draws the same sample
-(``sample_seed``, ``draw_sample``). It takes each worker's first-ranked hop, then the next
-ranked up to ``k`` in all: every worker is re-executed each epoch, so a relay that corrupts a
+**The sample** of a certificate is of leaf indices drawn by keccak256 from a seed, the hash of
+the first block at or after the epoch's submission deadline: no node knows it while it can
+still change what it certifies or signs, and every auditor draws the same sample
+(``sample_seed``, ``draw_indices``). It is drawn over what the data node committed on chain
+before the seed existed, its leaf count and its workers' spans, never over what it serves, so a
+reading it cuts short drops no relay from the sample. It takes one index in each relay's span,
+then more up to ``k`` in all: every worker is re-executed each epoch, so a relay that corrupts a
 share of its hops is caught with at least that chance however many relays share the
 certificate, and a conviction (the run's minimum stake and the epoch's pay) outweighs what the
 skipped work saves (``gwtf/contracts/README.md``, what deters a wrong tensor).
@@ -34,9 +36,12 @@ every route to each node that keeps it, is ``unreplayed``, accusing nobody.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
+import itertools
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -52,6 +57,7 @@ from gwtf.contracts.encoding import (
     CertRef,
     Eip712Domain,
     HopReceipt,
+    WorkerSpan,
     recover_digest_signer,
 )
 from gwtf.contracts.keccak import keccak256
@@ -60,7 +66,7 @@ from gwtf.node.audit.checks import Finding
 from gwtf.node.audit.reexecute import HopEvidence, Replay, Replayer
 from gwtf.node.p2p.host import peer_info
 from gwtf.node.p2p.identity import node_address_of_peer
-from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse
+from gwtf.node.p2p.rpc import PeerUnavailable, RequestDeclined, RequestResponse
 from gwtf.node.receipts.evidence import EvidenceMissing, fetch_frame, fetch_state
 from gwtf.node.receipts.serving import RECEIVED, SIGNED, Fetched, fetch_receipts
 from gwtf.node.training.checkpoint import verified_digest
@@ -122,6 +128,62 @@ def draw_sample(
     return [by_digest[digest] for digest in ranked if digest in chosen]
 
 
+def draw_indices(
+    seed: bytes, count: int, spans: Sequence[WorkerSpan] | None, k: int, data_nodes: set[str]
+) -> list[int]:
+    """The leaf indices of a certificate of ``count`` leaves that ``seed`` picks, from what
+    its data node committed on chain before the seed existed (the count and its workers'
+    ``spans``), never from what it serves: one index in each relay's span (a data node's own
+    spans are no relay's work), then indices drawn over the relays' leaves up to ``k`` in all.
+    Without spans (a provider that keeps no old logs), indices over all ``count`` leaves; the
+    caller takes each worker's first-ranked leaf of what it read then."""
+    ranges = _relay_ranges(count, spans, data_nodes)
+    chosen: dict[int, None] = {}  # in draw order, each once
+    for worker, first, last in ranges:
+        if worker:
+            r = int.from_bytes(keccak256(seed + b"span" + bytes.fromhex(worker[2:])), "big")
+            chosen.setdefault(first + r % (last - first + 1))
+    sizes = [last - first + 1 for _, first, last in ranges]
+    eligible = sum(sizes)
+    starts = list(itertools.accumulate(sizes, initial=0))
+
+    def index_at(position: int) -> int:
+        k_ = bisect.bisect_right(starts, position) - 1
+        return ranges[k_][1] + position - starts[k_]
+
+    def rank(j: int) -> int:
+        return int.from_bytes(keccak256(seed + j.to_bytes(8, "big")), "big")
+
+    wanted = min(k, eligible)
+    if 2 * wanted >= eligible:  # most of them: rank them all
+        for position in sorted(range(eligible), key=rank):
+            if len(chosen) >= wanted:
+                break
+            chosen.setdefault(index_at(position))
+        return list(chosen)
+    j = 0
+    while len(chosen) < wanted:  # a few: draw, skipping repeats
+        chosen.setdefault(index_at(rank(j) % eligible))
+        j += 1
+    return list(chosen)
+
+
+def _relay_ranges(
+    count: int, spans: Sequence[WorkerSpan] | None, data_nodes: set[str]
+) -> list[tuple[str, int, int]]:
+    """(worker, first, last index) of each relay's span that lies within ``count`` leaves;
+    without spans, one range of all leaves and no worker."""
+    if spans is None:
+        return [("", 0, count - 1)] if count > 0 else []
+    ranges, first = [], 0
+    for span in spans:
+        last = min(span.lastIndex, count - 1)
+        if first <= last and span.worker.lower() not in data_nodes:
+            ranges.append((span.worker.lower(), first, last))
+        first = max(first, span.lastIndex + 1)
+    return ranges
+
+
 @dataclass(frozen=True)
 class Replayed:
     """One sampled hop: its replay, or why there is none; whose weights it ran with."""
@@ -156,15 +218,37 @@ class EvidenceSource:
         timeout_s: float,
         unreached: dict[str, str] | None = None,
         forwarders: Sequence[str] = (),
+        retry_until: float | None = None,
     ) -> None:
         self.rpc, self.peers, self.run_id, self.timeout_s = rpc, peers, run_id, timeout_s
+        # When (trio clock) retries stop, whatever budget is left: a juror must still commit
+        # within its window what it knows by then (None: the budgets alone bound them).
+        self.retry_until = retry_until
         self.unreached = unreached or {}
         self.forwarders = tuple(forwarders)
         self._states: dict[tuple[int, int, tuple[str, ...]], Served | None] = {}
         self._silent: set[str] = set()  # peers that do not serve evidence at all
+        # Nodes whose retry schedule this side cut short (``retry_until`` passed, or the
+        # audit's budget, spent on others, ran out): they have not shown they keep nothing,
+        # so they do not count as missing their evidence (``had_full_schedule``). A node that
+        # declines as busy is asked again; still busy when its schedule ends, it is missing
+        # its evidence, or "busy" would be every cheater's answer.
+        self._cut: set[str] = set()
         # What retries may still take: all nodes' together, and each node's own.
         self.retry_budget_s = RETRY_BUDGET_TIMEOUTS * timeout_s
         self.node_retry_budget_s: dict[str, float] = {}
+
+    def had_full_schedule(self, node: str) -> bool:
+        """Whether every try of ``node`` ran its whole schedule (all rounds and waits, or
+        until its own budget was spent by its own silence, or its own busy declines): only
+        then is what it did not serve missing, rather than not served in time."""
+        return node.lower() not in self._cut
+
+    def _time_left(self) -> float:
+        """Seconds until ``retry_until`` (inf without it)."""
+        if self.retry_until is None:
+            return math.inf
+        return self.retry_until - trio.current_time()
 
     async def frame(self, epoch: int, digest: bytes, first: Sequence[str]) -> bytes | None:
         """The frame with ``digest``: from ``first`` in order, then from the other peers."""
@@ -270,6 +354,9 @@ class EvidenceSource:
         broken: set[str | None] = set()  # routes that sent wrong bytes: not asked again
         for round_ in range(FETCH_ROUNDS):
             if round_ == 0:
+                if self._time_left() <= 0:  # past the deadline: not even a first try
+                    self._cut.add(node)
+                    return None
                 started = trio.current_time()
                 try:
                     found = await self._over(node, peer, first, broken, fetch)
@@ -284,27 +371,38 @@ class EvidenceSource:
                 if found is None:
                     self._charge(node, trio.current_time() - started)
             else:
-                budget = self._left(node)
+                budget, own = self._left(node), self._own(node)
+                # Ended by the deadline or the audit's budget rather than by its own budget,
+                # the node's schedule was cut short by this side.
+                cut_by_us = budget < own
                 if budget <= 0:
+                    if cut_by_us:
+                        self._cut.add(node)
                     return None
                 found = None
                 started = trio.current_time()
                 try:
-                    with trio.move_on_after(budget):
+                    with trio.move_on_after(budget) as scope:
                         await trio.sleep(FIRST_RETRY_WAIT_S * 2 ** (round_ - 1))
                         found = await self._over(node, peer, later, broken, fetch)
                 finally:
                     # Charged however the round ends: a round ended by a forwarder's "not
                     # kept" (``EvidenceMissing``) took its time too.
                     self._charge(node, trio.current_time() - started)
+                if scope.cancelled_caught and cut_by_us:
+                    self._cut.add(node)
             if found is not None:
                 return found
         return None
 
+    def _own(self, node: str) -> float:
+        """What is left of ``node``'s own retry budget."""
+        return self.node_retry_budget_s.get(node, NODE_RETRY_TIMEOUTS * self.timeout_s)
+
     def _left(self, node: str) -> float:
-        """What ``node`` may still take: the least of its own budget and the audit's."""
-        own = self.node_retry_budget_s.get(node, NODE_RETRY_TIMEOUTS * self.timeout_s)
-        return min(own, self.retry_budget_s)
+        """What ``node`` may still take: the least of its own budget, the audit's and the
+        time to ``retry_until``."""
+        return min(self._own(node), self.retry_budget_s, self._time_left())
 
     def _charge(self, node: str, spent: float) -> float:
         """Charge ``spent`` seconds to ``node``'s budget and the audit's: what is left."""
@@ -330,14 +428,23 @@ class EvidenceSource:
         for via in routes:
             if via in broken:
                 continue
+            left = self._time_left()
+            if left <= 0:  # past ``retry_until``: the routes not tried are this side's cut
+                self._cut.add(node)
+                break
+            limit = FETCH_DEADLINES * self.timeout_s
             try:
                 # A whole fetch has a deadline, not only each chunk: a peer that trickles a
                 # large file cannot hold the audit (or a ruling) past its window.
-                with trio.fail_after(FETCH_DEADLINES * self.timeout_s):
+                with trio.fail_after(min(limit, left)):
                     return await fetch(peer, via), via
             except trio.TooSlowError:
                 log.debug("evidence from %s came too slowly (via %s)", node, via)
-            except PeerUnavailable as exc:  # declined (busy), timed out, or unreachable
+                if left < limit:
+                    self._cut.add(node)
+            except RequestDeclined as exc:
+                log.debug("declined by %s (via %s): %s", node, via, exc)
+            except PeerUnavailable as exc:  # timed out, refused, or unreachable
                 log.debug("no answer from %s (via %s): %s", node, via, exc)
             except EvidenceMissing:
                 if via is None:
@@ -621,9 +728,11 @@ def evidence_source(
     data_nodes: set[str],
     run_id: int,
     timeout_s: float,
+    retry_until: float | None = None,
 ) -> EvidenceSource:
     """The evidence of the relays among ``peers`` (multiaddrs): directly from those reached,
-    through the reached nodes (data nodes first) from those not (behind a NAT)."""
+    through the reached nodes (data nodes first) from those not (behind a NAT); no retry after
+    ``retry_until`` (trio clock)."""
     return EvidenceSource(
         rpc,
         relays_of(reachable, data_nodes),
@@ -631,6 +740,7 @@ def evidence_source(
         timeout_s,
         relays_of(unreached_of(peers, reachable), data_nodes),
         forwarders_of(reachable, data_nodes),
+        retry_until,
     )
 
 
@@ -660,6 +770,27 @@ async def forwards_of(
     served = await source.receipts(worker, backward.epoch, SIGNED)
     served += await source.receipts(counterparty, backward.epoch, RECEIVED)
     return [e for e in served if is_forward_of(e, backward, domain)]
+
+
+async def with_served_forwards(
+    source: EvidenceSource,
+    entries: Sequence[SignedReceipt],
+    sampled: Sequence[SignedReceipt],
+    domain: Eip712Domain,
+) -> list[SignedReceipt]:
+    """``entries`` and, for each sampled backward whose forward none of them is (the data
+    node cut its reading inside the worker's span, say), the forwards its worker and its
+    counterparty serve, signed and countersigned (``forwards_of``), as a juror fetches them:
+    a data node cannot hide a colluder's backward from re-execution by not serving its
+    forward."""
+    have = {_forward_key(e.receipt) for e in entries if e.receipt.direction == FORWARD}
+    found = list(entries)
+    for entry in sampled:
+        r = entry.receipt
+        if r.direction == BACKWARD and _forward_key(r) not in have:
+            found += await forwards_of(source, r, domain)
+            have.add(_forward_key(r))
+    return found
 
 
 def is_forward_of(entry: SignedReceipt, backward: HopReceipt, domain: Eip712Domain) -> bool:

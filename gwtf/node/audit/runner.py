@@ -12,9 +12,12 @@ directly sends malformed is its own: the leaves from there on count as withheld.
 A finding the chain has judged already (a voided certificate, a signer
 convicted in that epoch) is marked judged, and one on a settled epoch not provable: neither
 carries its proof, which the chain would refuse. With a ``Sampling``, a sample of each
-certificate's hops drawn from a block hash after the submission deadline is re-executed from
-the evidence the nodes keep (``gwtf.node.audit.replays``); before that block exists nothing is
-sampled, and the report says when.
+certificate's leaf indices drawn from a block hash after the submission deadline is
+re-executed from the evidence the nodes keep (``gwtf.node.audit.replays``); sampled leaves a
+reading lacks are read, runs of consecutive ones in one request (``LeafReader``): those the
+data node answers directly without a valid leaf are withheld by it, those declined, timed out
+or not asked in time unchecked; before that block exists nothing is sampled, and the report
+says when.
 
 A peer the auditor cannot dial (a relay at home, behind a NAT) is read through the nodes it did
 reach, data nodes first: each forwards the request over the connection the relay keeps to it
@@ -47,7 +50,7 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 import requests
 import trio
@@ -55,7 +58,7 @@ from web3.exceptions import Web3Exception
 
 from gwtf.contracts.bindings import committed_spans
 from gwtf.contracts.certificate_tree import LeafProof, SignedReceipt
-from gwtf.contracts.encoding import CertRef, Eip712Domain, ledger_domain
+from gwtf.contracts.encoding import CertRef, Eip712Domain, WorkerSpan, ledger_domain
 from gwtf.errors import ChainError, ConfigError, ProtocolError
 from gwtf.node.audit.checks import (
     UNCHECKED,
@@ -76,6 +79,7 @@ from gwtf.node.audit.replays import (
     EvidenceSource,
     Progress,
     Replayed,
+    draw_indices,
     draw_sample,
     evidence_source,
     fetch_receipts_over,
@@ -84,6 +88,7 @@ from gwtf.node.audit.replays import (
     replay_sample,
     sample_seed,
     unreached_of,
+    with_served_forwards,
 )
 from gwtf.node.chain.actions import Contracts
 from gwtf.node.chain.epochs import EpochLedger
@@ -266,10 +271,13 @@ async def audit_epoch(
                 )
             )  # fmt: skip
             if seed is not None and sampling is not None:
-                checked.replayed = await replay_certificate(
-                    source, sampling, seed, cert, fetched, data_nodes, rules.domain, progress
-                )
-                found += replay_findings(cert, checked.replayed)
+                data_peer = peer if peer is not None else unreached[cert.dataNode.lower()]
+                reader = LeafReader(rpc, data_peer, peer is not None, forwarders, timeout_s)
+                checked.replayed, unread = await replay_certificate(
+                    source, sampling, seed, cert, fetched, data_nodes, rules.domain, progress,
+                    spans, reader,
+                )  # fmt: skip
+                found += unread + replay_findings(cert, checked.replayed)
             state = await ask_chain(_certificate_state, contracts, cert)
             slashed_workers = await ask_chain(
                 _convicted_in, contracts, run_id, epoch,
@@ -315,12 +323,18 @@ async def replay_certificate(
     data_nodes: set[str],
     domain: Eip712Domain,
     progress: Progress = lambda step: None,
-) -> list[Replayed]:
-    """Re-execute the sample ``seed`` draws of the relay hops ``fetched`` holds of ``cert``.
-    The sample, and a hop's replicas and forwards, come only from the leaves that verify
-    against the root on chain (``verified_leaves``): a direct reading may hold leaves that do
-    not (reported ``unproven``), which could name a data node's sybils as replicas, steer the
-    draw with made-up hops, or yield a wrong tensor whose proof the chain refuses. Each
+    spans: Sequence[WorkerSpan] | None = None,
+    reader: LeafReader | None = None,
+) -> tuple[list[Replayed], list[Finding]]:
+    """Re-execute the sample ``seed`` draws of ``cert``'s relay hops, and what the sample
+    found besides. The sample is of leaf indices, drawn over what the data node committed on
+    chain (its leaf count and ``spans``: ``draw_indices``), so a reading it cuts short at a
+    chosen page drops no relay from it: a sampled leaf the reading lacks is read on its own
+    (``reader``), and one nobody serves is a finding (``LeafReader.findings``) while the rest
+    of the sample is still re-executed. The sample, and a hop's replicas and forwards, come
+    only from leaves that verify against the root on chain (``verified_leaves``): a direct
+    reading may hold leaves that do not (reported ``unproven``), which could name a data
+    node's sybils as replicas or yield a wrong tensor whose proof the chain refuses. Each
     sampled leaf carries a proof the chain accepts (``with_root_proofs``)."""
     served = leaves_of(fetched)
     verified = await trio.to_thread.run_sync(verifying_leaves, cert, served, domain)
@@ -330,13 +344,177 @@ async def replay_certificate(
             "%d leaves served of %s's certificate of epoch %d do not verify against its root "
             "on chain: not sampled", dropped, cert.dataNode, cert.epoch,
         )  # fmt: skip
+    at = {leaf.hop.index: (entry, leaf) for entry, leaf in verified}
+    indices = draw_indices(seed, cert.count, spans, sampling.hops, data_nodes)
+    if spans is None:
+        # No span names the workers: each one's first-ranked leaf of those read, then the
+        # indices drawn, up to k in all.
+        relay_hops = [p for p in verified if p[0].receipt.worker.lower() not in data_nodes]
+        firsts = [leaf.hop.index for _, leaf in draw_sample(seed, relay_hops, 0)]
+        drawn_too = [i for i in indices if i not in firsts]
+        indices = firsts + drawn_too[: max(0, sampling.hops - len(firsts))]
+    lacking = [i for i in indices if i not in at]
+    found: list[Finding] = []
+    read: list[tuple[SignedReceipt, LeafProof]] = []
+    if lacking:
+        reading = await (reader or LeafReader.none()).leaves(cert, lacking, domain)
+        read = reading.read
+        at |= {leaf.hop.index: (entry, leaf) for entry, leaf in read}
+        found = (reader or LeafReader.none()).findings(cert, reading, len(indices))
+    drawn = [at[i] for i in indices if i in at]
     # A hop a data node signed as its worker is no relay's work: an invalid hop already, with
     # nothing to re-execute.
-    relay_hops = [p for p in verified if p[0].receipt.worker.lower() not in data_nodes]
-    drawn = draw_sample(seed, relay_hops, sampling.hops)
-    sample = await trio.to_thread.run_sync(with_root_proofs, cert, served, drawn)
-    entries = [entry for entry, _ in verified]
-    return await replay_sample(source, sampling.replayer, entries, sample, progress)
+    drawn = [p for p in drawn if p[0].receipt.worker.lower() not in data_nodes]
+    sample = await trio.to_thread.run_sync(with_root_proofs, cert, served + read, drawn)
+    entries = [entry for entry, _ in verified + read]
+    entries = await with_served_forwards(source, entries, [e for e, _ in sample], domain)
+    return await replay_sample(source, sampling.replayer, entries, sample, progress), found
+
+
+#: What reading a certificate's sampled leaves may take, in request timeouts for each leaf
+#: asked, and the rounds over its routes, with the wait
+#: before the second (doubling before each later one): a data node too busy to answer at once is
+#: asked again, one that stalls every request holds the audit for a bounded time.
+LEAF_BUDGET_TIMEOUTS: Final = 6
+LEAF_ROUNDS: Final = 3
+FIRST_LEAF_RETRY_WAIT_S: Final = 1.0
+
+
+@dataclass(frozen=True)
+class LeafReading:
+    """What reading sampled leaves gave: the leaves read (verified at their index), and of the
+    indices not read, those the data node answered directly without a valid leaf, those asked
+    but never answered so (declined, timed out, cut by the budget, or asked only through
+    forwarders), and those the budget left unasked."""
+
+    read: list[tuple[SignedReceipt, LeafProof]]
+    withheld: list[int]
+    unanswered: list[int]
+    unasked: list[int]
+
+
+@dataclass(frozen=True)
+class LeafReader:
+    """Reads sampled leaves of a certificate (with their proofs), each run of consecutive
+    indices in one request: from its data node (``peer``), directly when it was dialled
+    (``direct``), and through each of ``forwarders`` (the nodes reached that hold a connection
+    to it)."""
+
+    rpc: RequestResponse | None
+    peer: str
+    direct: bool
+    forwarders: Sequence[str]
+    timeout_s: float
+
+    @staticmethod
+    def none() -> LeafReader:
+        """A reader with no route: every leaf asked is unread, accusing nobody."""
+        return LeafReader(None, "", False, (), 0.0)
+
+    async def leaves(
+        self, cert: CertRef, indices: Sequence[int], domain: Eip712Domain
+    ) -> LeafReading:
+        """The leaves at ``indices`` that some route serves and that verify against the root
+        at their index (each run of consecutive ones in one request at first, each leaf alone
+        in later rounds), within the rounds and a budget of ``LEAF_BUDGET_TIMEOUTS`` request
+        timeouts per index; and why each other index is not read."""
+        others = [via for via in self.forwarders if via != self.peer]
+        routes: list[str | None] = [*([None] if self.direct else []), *others]
+        if self.rpc is None or not routes:
+            return LeafReading([], [], [], list(indices))
+        read: dict[int, tuple[SignedReceipt, LeafProof]] = {}
+        withheld: set[int] = set()
+        asked: set[int] = set()
+        budget_s = LEAF_BUDGET_TIMEOUTS * self.timeout_s * len(indices)
+        with trio.move_on_after(budget_s):
+            for round_ in range(LEAF_ROUNDS):
+                lacking_now = [i for i in indices if i not in read]
+                # Later rounds ask each leaf alone: a data node that stalls any request
+                # reaching into its colluder's span must stall that leaf's own request too.
+                runs = _runs(lacking_now) if round_ == 0 else [(i, i) for i in lacking_now]
+                if round_:
+                    await trio.sleep(FIRST_LEAF_RETRY_WAIT_S * 2 ** (round_ - 1))
+                for first, last in runs:
+                    for via in routes:
+                        lacking = [i for i in range(first, last + 1) if i not in read]
+                        if not lacking:
+                            break
+                        asked.update(lacking)
+                        found, answered = await self._run(cert, first, last, via, domain)
+                        read |= found
+                        if via is None:  # the data node's own answer, not a forwarder's
+                            withheld |= {i for i in answered if i not in found}
+                if len(read) == len(indices):
+                    break
+        rest = [i for i in indices if i not in read]
+        return LeafReading(
+            list(read.values()),
+            [i for i in rest if i in withheld],
+            [i for i in rest if i in asked and i not in withheld],
+            [i for i in rest if i not in asked],
+        )
+
+    async def _run(
+        self, cert: CertRef, first: int, last: int, via: str | None, domain: Eip712Domain
+    ) -> tuple[dict[int, tuple[SignedReceipt, LeafProof]], set[int]]:
+        """The leaves from ``first`` to ``last`` that ``via`` serves and that verify, and the
+        indices its answer covered: those of the pages it sent, and all when the reading ended
+        whole (the data node said there were no more) or on a page it sent malformed
+        (``_AnswersSeen``), not when it broke off (declined, timed out)."""
+        assert self.rpc is not None
+        seen = _AnswersSeen(self.rpc)
+        fetched = await fetch_receipts(
+            cast(RequestResponse, seen), self.peer, cert.runId, cert.epoch, CERTIFIED,
+            self.timeout_s, limit=last - first + 1, start=first, via=via,
+        )  # fmt: skip
+        wanted = range(first, last + 1)
+        served = [(e, leaf) for e, leaf in leaves_of(fetched) if leaf.hop.index in wanted]
+        verified = await trio.to_thread.run_sync(verifying_leaves, cert, served, domain)
+        if fetched.stopped is None or seen.answered:
+            answered = set(wanted)
+        else:
+            answered = {
+                i
+                for page in fetched.pages
+                for i in range(page.offset, page.offset + len(page.entries))
+                if i in wanted
+            }
+        return {leaf.hop.index: (e, leaf) for e, leaf in verified}, answered
+
+    def findings(self, cert: CertRef, reading: LeafReading, sampled: int) -> list[Finding]:
+        """What sampled leaves not read say: those the data node, dialled, answered directly
+        without a valid leaf are its withholding; those declined, timed out or never asked
+        (the budget ran out), or read only through forwarders (any of which can withhold),
+        are unchecked, accusing nobody."""
+        found = []
+        if reading.withheld:
+            what = f"{len(reading.withheld)} of {sampled} sampled leaves"
+            detail = (
+                f"{what} (first: leaf {reading.withheld[0]}) answered by the data node, asked "
+                "directly, without a valid leaf, nor served through any node reached; the "
+                "rest of the sample is re-executed"
+            )
+            found.append(Finding(WITHHELD, cert.dataNode, detail[:300]))
+        if reading.unanswered or reading.unasked:
+            kind = UNCHECKED if self.direct else UNVERIFIED
+            how = "" if self.direct else " (the data node was not dialled, none forwarded)"
+            detail = (
+                f"{len(reading.unanswered)} of {sampled} sampled leaves asked and not answered "
+                f"(declined or timed out), {len(reading.unasked)} not asked in time{how}"
+            )
+            found.append(Finding(kind, "", detail[:300]))
+        return found
+
+
+def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
+    """``indices`` as runs of consecutive ones: (first, last) each, in order."""
+    runs: list[tuple[int, int]] = []
+    for i in sorted(set(indices)):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
 
 
 def reading_findings(

@@ -24,6 +24,7 @@ from gwtf.node.p2p.addresses import (
     parse_listen,
     with_circuits,
 )
+from gwtf.node.p2p.yamux_window import MUXER_OPTIONS, Violation, WindowedMuxers
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +52,38 @@ def build_host(
     host = new_host(
         key_pair=key_pair,
         connection_config=config,
-        muxer_preference="YAMUX",
+        # Yamux that enforces its receive windows (``yamux_window``), and no mplex fallback.
+        muxer_opt=MUXER_OPTIONS,
         addrs_factory=lambda listening: advertised(listening, [*configured, *later]),
         # Identify's observed address of a node behind a NAT is its router's mapping of one
         # outgoing connection, a port nobody can dial back: never advertise it unchecked.
         disable_identify_address_discovery=True,
     )
     _advertise_circuits(host, circuits)
+    _honour_muxer_options(host)
     return host
+
+
+def _honour_muxer_options(host: IHost) -> None:
+    """Make ``host``'s upgrader build the yamux class of ``MUXER_OPTIONS`` (py-libp2p 0.8.1's
+    negotiation builds its own ``Yamux`` otherwise; ``yamux_window.WindowedMuxers``)."""
+    upgrader = getattr(host.get_network(), "upgrader", None)
+    if upgrader is None:  # the swarm's layout changed: refuse to run without the guard
+        raise RuntimeError("py-libp2p's swarm has no upgrader: the yamux window guard is not set")
+    timeout = upgrader.muxer_multistream.negotiate_timeout
+    upgrader.muxer_multistream = WindowedMuxers(MUXER_OPTIONS, timeout)
+
+
+def on_window_violation(host: IHost, hook: Violation) -> bool:
+    """Call ``hook(peer)`` too when a peer of ``host`` sends past a stream's receive window
+    (its connection is closed in any case); whether ``host`` has the guard to hook (one built
+    by ``build_host`` has)."""
+    upgrader = getattr(host.get_network(), "upgrader", None)
+    muxers = getattr(upgrader, "muxer_multistream", None)
+    if not isinstance(muxers, WindowedMuxers):
+        return False
+    muxers.hooks.append(hook)
+    return True
 
 
 def _advertise_circuits(host: IHost, circuits: Callable[[], Sequence[multiaddr.Multiaddr]]) -> None:

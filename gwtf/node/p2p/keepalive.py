@@ -132,7 +132,9 @@ class NeighbourKeeper:
     async def _probe(self, peer: ID, state: _Neighbour) -> None:
         try:
             limits = RpcLimits(0, 0, self.dead_after_s / 2)
-            await self.rpc.request(peer, ALIVE_PROTOCOL, b"", limits)
+            # A probe asks over the connection there is: one gone meanwhile is the tick's to
+            # redial, or not (a neighbour this node waits for is left to dial in).
+            await self.rpc.request(peer, ALIVE_PROTOCOL, b"", limits, dial=False)
             state.last_alive = trio.current_time()
         except PeerTimeout as exc:
             silent_s = trio.current_time() - state.last_alive

@@ -38,7 +38,6 @@ from enum import Enum
 
 import multiaddr
 import trio
-from libp2p import new_host
 from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
@@ -46,6 +45,7 @@ from libp2p.peer.id import ID
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.addresses import MAX_ADDRESSES, check_peer_addresses
 from gwtf.node.p2p.dialing import Dialer, DialFailed
+from gwtf.node.p2p.host import build_host
 from gwtf.node.p2p.identity import new_identity
 from gwtf.node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
 
@@ -216,7 +216,7 @@ async def dial_back(
 ) -> int | None:
     """Dial ``peer`` from a fresh host at each address in turn; on the first that answers,
     send it ``nonce``. The index of that address, or None."""
-    host = new_host(key_pair=new_identity(), muxer_preference="YAMUX")
+    host = build_host(new_identity())  # the asker is untrusted: its windows are enforced too
     async with host.run(listen_addrs=[]):
         try:
             dialer = Dialer(host, per_address_s=per_address_s)

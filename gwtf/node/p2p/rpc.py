@@ -42,6 +42,7 @@ from libp2p.peer.id import ID
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.dialing import Dialer, DialFailed
 from gwtf.node.p2p.framing import FrameError, FrameReader, encode_frame
+from gwtf.node.p2p.host import on_window_violation
 from gwtf.node.p2p.scoring import Offence, PeerScores
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,12 @@ class RequestResponse:
     def __post_init__(self) -> None:
         if self.dialer is None:
             self.dialer = Dialer(self.host)
+        # A host not built by ``build_host`` (a test's fake) has no window guard to hook.
+        on_window_violation(self.host, self._window_overrun)
+
+    def _window_overrun(self, peer: ID) -> None:
+        """A peer sent past a yamux receive window (its connection is already closing)."""
+        self.scores.penalise(str(peer), Offence.WINDOW_OVERRUN, trio.current_time())
 
     # ---- serving ------------------------------------------------------------------------------
 
@@ -361,8 +368,11 @@ class RequestResponse:
 
     # ---- sending ------------------------------------------------------------------------------
 
-    async def request(self, peer: ID, protocol: str, payload: bytes, limits: RpcLimits) -> bytes:
-        """Send one request and return the reply, or raise ``PeerUnavailable``/``PeerTimeout``."""
+    async def request(
+        self, peer: ID, protocol: str, payload: bytes, limits: RpcLimits, dial: bool = True
+    ) -> bytes:
+        """Send one request and return the reply, or raise ``PeerUnavailable``/``PeerTimeout``;
+        ``dial=False``: over a connection there is, never a new one (``PeerUnavailable``)."""
         if len(payload) > limits.max_request_bytes:
             raise FrameError(
                 f"request of {len(payload)} bytes exceeds the limit of {limits.max_request_bytes}"
@@ -371,7 +381,7 @@ class RequestResponse:
             with trio.fail_after(limits.timeout_s):
                 if self.shaper is not None:
                     await trio.sleep(self.shaper(str(peer), len(payload)))
-                channel = await self._channel(peer, protocol)
+                channel = await self._channel(peer, protocol, dial)
                 return await channel.call(payload, limits)
         except trio.TooSlowError as exc:
             raise PeerTimeout(
@@ -432,13 +442,16 @@ class RequestResponse:
                     await _close_quietly(channel.stream)
         return longest
 
-    async def _channel(self, peer: ID, protocol: str) -> _Channel:
-        """The open stream to ``peer`` for ``protocol``, opened now if there is none."""
+    async def _channel(self, peer: ID, protocol: str, dial: bool = True) -> _Channel:
+        """The open stream to ``peer`` for ``protocol``, opened now if there is none (on the
+        connection there is, without ``dial``)."""
         key = (str(peer), protocol)
         lock = self._opening.setdefault(key, trio.Lock())
         async with lock:
             channel = self._channels.get(key)
             if channel is None or channel.broken:
+                if not dial and not self.dialer.connected(peer):
+                    raise DialFailed(f"not connected to {peer}, and not to be dialled")
                 stream = await self._open_stream(peer, protocol)
                 self.streams_opened += 1
                 channel = _Channel(stream, key[0], protocol, self._charge)

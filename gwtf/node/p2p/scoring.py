@@ -12,7 +12,19 @@ from enum import Enum
 
 
 class Offence(Enum):
-    """What a peer did wrong, with its cost in points."""
+    """What a peer did wrong, with its cost in points (``cost``).
+
+    Each member is its own value, whatever its cost: with the cost as the value, two offences of
+    equal cost would be one member, and the second would be recorded under the first's name.
+    """
+
+    cost: float
+
+    def __new__(cls, cost: float) -> Offence:
+        member = object.__new__(cls)
+        member._value_ = len(cls.__members__)
+        member.cost = cost
+        return member
 
     MALFORMED_MESSAGE = 10.0
     OVERSIZED_FRAME = 20.0
@@ -20,6 +32,7 @@ class Offence(Enum):
     HANDLER_FAILURE = 5.0
     NOT_ADMITTED = 100.0
     BAD_RECEIPT = 25.0  # a signature that does not check, a receipt of another's hop
+    WINDOW_OVERRUN = 80.0  # sent past a yamux receive window: out to fill our memory
 
 
 @dataclass(frozen=True)
@@ -44,7 +57,7 @@ class PeerScores:
 
     def penalise(self, peer: str, offence: Offence, now: float) -> float:
         """Charge ``offence`` to ``peer`` and return its new score."""
-        new_score = self.score(peer, now) - offence.value
+        new_score = self.score(peer, now) - offence.cost
         self._score[peer] = new_score
         self._updated_at[peer] = now
         self.offences.setdefault(peer, []).append(offence)

@@ -7,13 +7,13 @@ until the iteration ends: if its receiver is dead, the node before that one re-s
 forward output to another replica as a repair, which recomputes that forward and then takes the
 gradient; the same happens later on request (``resume_backward``) when the receiver acknowledged
 the gradient and died holding it. Every hop is counted once its receiver acknowledged the
-output (its receipt, with receipts on, is signed and countersigned in ``DataPlane.send``).
+output (its receipt, with receipts on, is recorded for a batch in ``DataPlane.send``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -122,6 +122,7 @@ class HopSender:
         # one (``AddressBook.stage_of``, set once the node's book exists): the stages two
         # away from this node's are no flow neighbours, yet their nodes ask for re-sends.
         self.carded_stage: StageOf = lambda _peer: None
+        self.probes = PeerProbes(plane, flow)  # peers probed after a cut send: set aside
 
     def next_hop(
         self, stage: int, route: tuple[str, int] | None, origin: str | None = None
@@ -133,20 +134,38 @@ class HopSender:
         other can take it (the training goes on, that hop unpaid)."""
         if self.wiring is not None and (origin is None or stage <= self.plane.stages):
             wanted = 0 if stage > self.plane.stages else stage
-            return self.wiring.choose([p.peer_id for p in self.flow.node.alive_peers(wanted)])
+            alive = [p.peer_id for p in self.flow.node.alive_peers(wanted)]
+            return self.wiring.choose(_set_aside(alive, self.probes.probing))
+        onward = self._next_hop(route, (), origin, stage)
+        return None if onward is None else onward.to
+
+    def _next_hop(
+        self,
+        route: tuple[str, int] | None,
+        tried: Collection[str],
+        origin: str | None,
+        stage: int,
+    ) -> Onward | None:
+        """``decisions.next_hop`` into ``stage`` with ``tried`` left out, and the peers being
+        probed after a cut send (``PeerProbes``) or, with receipts on, that withheld a batch's
+        countersignature this iteration (their hops would go unpaid) too unless no other is
+        left: one whose dial hangs would hold the hop for the probe's deadline."""
         book = self.plane.receipts
         if book is not None and stage <= self.plane.stages:  # not the sink, a data node
-            # No hop to a receiver that withheld a batch's countersignature this iteration
-            # (its hops would go unpaid), while another peer of the stage can take it.
-            withholders = book.withholders
-            view = hop_view(self.flow.node, route, withholders.may_send, self.detours, origin)
-            stopped = () if route is None or withholders.may_send(route[0]) else (route[0],)
-            onward = next_hop(view, exclude=stopped)
+            may_send = book.withholders.may_send
+            stopped = () if route is None or may_send(route[0]) else (route[0],)
+            view = hop_view(self.flow.node, route, may_send, self.detours, origin)
+            onward = next_hop(view, {*tried, *stopped, *self.probes.probing})
             if onward is not None:
-                return onward.to
+                return onward
+        probing = self.probes.probing
+        if probing:
+            view = hop_view(self.flow.node, route, detours=self.detours, origin=origin)
+            onward = next_hop(view, {*tried, *probing})
+            if onward is not None:
+                return onward
         view = hop_view(self.flow.node, route, detours=self.detours, origin=origin)
-        onward = next_hop(view)
-        return None if onward is None else onward.to
+        return next_hop(view, tried)
 
     async def send_forward(
         self,
@@ -158,7 +177,27 @@ class HopSender:
     ) -> str:
         """Send a forward; on a missed ack re-send it where ``decisions.next_hop`` says now
         (``route``: the flow's route as the core holds it now), the peers tried left out.
-        Returns the node that acknowledged it."""
+        Returns the node that acknowledged it. A peer whose send was cut is probed meanwhile
+        (``_failed``): the re-send, which leaves it out, does not wait for the answer; the
+        return (or the failure) does, so the verdict lands (at most the probe's deadline)."""
+        async with trio.open_nursery() as probes:
+            try:
+                return await self._send_forward(probes, header, frame, to, input_digest, route)
+            except Exception as exc:
+                # Raised outside the nursery: inside, it would cancel the probes and come out
+                # wrapped in an exception group that callers catching it would not match.
+                failure = exc
+        raise failure
+
+    async def _send_forward(
+        self,
+        probes: trio.Nursery,
+        header: HopHeader,
+        frame: bytes,
+        to: str,
+        input_digest: bytes,
+        route: FlowRoute,
+    ) -> str:
         tried: set[str] = set()
         while True:
             try:
@@ -175,7 +214,7 @@ class HopSender:
                     "forward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
                 )
                 tried.add(to)
-                await self._failed(to, exc)
+                probes.start_soon(self._failed, to, exc)
                 # None past the last stage: only the origin computes its microbatch's loss.
                 onward = self.resend_to(header.stage, route(), tried, header.origin)
                 if onward is None:
@@ -197,8 +236,7 @@ class HopSender:
         if self.wiring is not None:  # SWARM's re-send: any other live replica
             chosen = self.stand_in(stage, tried)
             return None if chosen is None else Onward(chosen, None)
-        view = hop_view(self.flow.node, route, detours=self.detours, origin=origin)
-        return next_hop(view, tried)
+        return self._next_hop(route, tried, origin, stage)
 
     @contextmanager
     def detour(self, stage: int, to: str, route: tuple[str, int] | None) -> Iterator[None]:
@@ -225,7 +263,7 @@ class HopSender:
         through it torn down."""
         if isinstance(exc, RequestDeclined) and not isinstance(exc, RequestMisdirected):
             return
-        if may_be_cut(exc) and await peer_answers(self.plane, self.flow, to):
+        if may_be_cut(exc) and await self.probes.answers(to):
             self.stats.cut_sends += 1
             log.warning("hop to %s was cut (%s), but %s answers: still alive", to, exc, to)
             self.flow.node.heard_from(to, trio.current_time())
@@ -237,7 +275,8 @@ class HopSender:
         recompute a dead hop (``decisions.stand_in``: at random, from the flow core's seeded
         generator, so repairs spread over the replicas instead of piling onto the first)."""
         wanted = 0 if stage > self.plane.stages else stage
-        return stand_in(replicas(self.flow.node, wanted), exclude, self.flow.node.rng)
+        candidates = _set_aside(replicas(self.flow.node, wanted), self.probes.probing)
+        return stand_in(candidates, exclude, self.flow.node.rng)
 
     def pass_back(self, header: HopHeader, frame: bytes, input_digest: bytes | None) -> PassedBack:
         """Keep a gradient this node computed (``header`` is the outgoing backward) until the
@@ -451,6 +490,12 @@ def resend_refusal(
     return None
 
 
+def _set_aside(peers: list[str], probing: Collection[str]) -> list[str]:
+    """``peers`` but those being probed, unless that leaves none."""
+    left = [peer for peer in peers if peer not in probing]
+    return left or peers
+
+
 def _next_attempt(attempt: int) -> int:
     """``resend_attempt``, as a failure of the send (callers give the hop up, logged)."""
     try:
@@ -471,11 +516,55 @@ def may_be_cut(exc: ProtocolError) -> bool:
 async def peer_answers(plane: DataPlane, flow: FlowService, peer: str) -> bool:
     """Whether ``peer`` answers a liveness probe (``control.Alive``, on a stream of its own,
     dialled anew if the connection is gone) within the flow protocol's keep-alive timeout: what
-    that protocol waits for a ping's answer before it counts a miss."""
-    timeout_s = flow.node.config.keepalive_timeout_s
-    try:
-        await control.ask(plane.rpc, peer, control.Alive(), timeout_s)
-    except ProtocolError as exc:
-        log.info("%s missed a liveness probe after a failed hop: %s", peer, exc)
-        return False
-    return True
+    that protocol waits for a ping's answer before it counts a miss.
+
+    The probe follows a send cut by a connection closing, and the control stream kept open to
+    the peer ran on that connection: until its reader sees the close, a request on it fails as
+    cut too. So a probe cut that way is asked once more, within the same deadline: the broken
+    stream is dropped then, and the second goes on a new one (a new connection if need be)."""
+    deadline = trio.current_time() + flow.node.config.keepalive_timeout_s
+    for attempt in range(2):
+        try:
+            left_s = max(deadline - trio.current_time(), 1e-3)
+            await control.ask(plane.rpc, peer, control.Alive(), left_s)
+        except ProtocolError as exc:
+            if attempt == 0 and may_be_cut(exc):
+                log.debug("probe of %s cut (%s): asking on a new stream", peer, exc)
+                continue
+            log.info("%s missed a liveness probe after a failed hop: %s", peer, exc)
+            return False
+        return True
+    return False  # not reached: the second try returns
+
+
+@dataclass
+class _Probe:
+    done: trio.Event = field(default_factory=trio.Event)
+    answered: bool | None = None  # None: its prober was cancelled before the answer
+
+
+class PeerProbes:
+    """``peer_answers`` after a cut send or trace, one probe per peer at a time: N sends cut
+    at once (one connection closing under them) make one probe, the others await its answer.
+    A peer being probed is set aside when a next hop or a stand-in is chosen (``probing``)."""
+
+    def __init__(self, plane: DataPlane, flow: FlowService) -> None:
+        self.plane, self.flow = plane, flow
+        self._running: dict[str, _Probe] = {}
+
+    @property
+    def probing(self) -> Collection[str]:
+        return self._running.keys()
+
+    async def answers(self, peer: str) -> bool:
+        while (running := self._running.get(peer)) is not None:
+            await running.done.wait()
+            if running.answered is not None:
+                return running.answered
+        probe = self._running[peer] = _Probe()
+        try:
+            probe.answered = await peer_answers(self.plane, self.flow, peer)
+        finally:
+            del self._running[peer]
+            probe.done.set()
+        return probe.answered

@@ -29,7 +29,7 @@ from gwtf.errors import ProtocolError
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane
 from gwtf.node.runtime.dataplane.hop import TakeAttempt
-from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, may_be_cut, peer_answers
+from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, may_be_cut
 from gwtf.node.runtime.flow.service import FlowService
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ class StallRepair:
                             node, " though it answers a probe" if again else "", exc)  # fmt: skip
                 if again or not may_be_cut(exc):
                     break
-                if not await peer_answers(self.plane, self.flow, node):
+                if not await self.sender.probes.answers(node):
                     break  # gone: no second ask
         self.flow.dispatch(self.flow.node.peer_dead(node, trio.current_time()))
         return "dead", ""
