@@ -676,12 +676,99 @@ def test_closes_and_batch_reads_are_index_lookups(tmp_path: Path) -> None:
 
 
 def test_a_receivers_refusal_reason_is_quoted_never_logged_raw() -> None:
-    answer, why, pending = answer_of(b"\x00no\n2026-12-07 WARNING forged line\x1b[2J")
+    answer, why, pending, _ = answer_of(b"\x00no\n2026-12-07 WARNING forged line\x1b[2J")
     assert answer is None and why.startswith("refused: ") and not pending
     assert "\n" not in why and "\x1b" not in why and "forged line" in why
-    assert answer_of(b"\x02hop\n") == (None, "not yet: 'hop\\n'", True)
-    assert answer_of(b"\x01" + b"\x02" * 65) == (b"\x02" * 65, "", False)
-    assert answer_of(b"\x01short") == (None, "its answer is not one", False)
+    key = b"\x07" * 32
+    assert answer_of(b"\x02\x00\x01" + key + b"hop\n") == (None, "not yet: 'hop\\n'", True, (key,))
+    assert answer_of(b"\x01" + b"\x02" * 65) == (b"\x02" * 65, "", False, ())
+    assert answer_of(b"\x01short") == (None, "its answer is not one", False, ())
+    # A "not yet" naming no hop, or fewer bytes than it counts, is no answer.
+    assert answer_of(b"\x02\x00\x00hop").why == "its answer is not one"
+    assert answer_of(b"\x02\x00\x02" + key).why == "its answer is not one"
+
+
+def test_a_kept_outputs_receipt_its_receiver_never_heard_of_costs_no_other_hop_its_pay(
+    tmp_path: Path,
+) -> None:
+    """A kept output's receipt (a repair's forward) is recorded by its worker before the ack
+    that tells the receiver of it; that ack lost, the receiver answers "not yet" for it for
+    ever. max_age_s after the first such answer the worker closes the batch's other hops
+    again, without it, and charges nobody: both ends are honest."""
+    a, b, charged = closing_pair(tmp_path)
+    peer_b = str(peer_id_of(identity_from_key(KEYS["b"])))
+    receipts = [receipt(i) for i in range(4)]
+    lost = receipts[2]
+    a.record(receipts[:2] + receipts[3:], now=0.0, sender=ADDR["a"])
+    a.record([lost], now=0.0, sender=ADDR["a"], kept=frozenset({hop_key(lost)}))
+    b.record([r for r in receipts if r is not lost], now=0.0, sender=ADDR["a"])  # ack lost
+    assert run_closing(a, b, now=0.0)[0] == 0 and len(a.pending_requests()) == 1
+    assert run_closing(a, b, now=a.settings.max_age_s / 2)[0] == 0
+    # Past max_age_s: given up, its other three close at once in a batch both ends hold.
+    assert run_closing(a, b, now=a.settings.max_age_s)[0] == 0 and a.pending_requests() == []
+    assert a.due(now=a.settings.max_age_s) == [(1, 0, ADDR["b"])]
+    assert run_closing(a, b, now=a.settings.max_age_s)[0] == 1
+    assert charged == [] and a.withholders.may_send(peer_b)
+    (sealed,) = a.sealed(1, 0)
+    assert [c.batch for c in b.sealed(1, 0)] == [sealed.batch]
+    assert set(sealed.receipts) == set(receipts) - {lost}  # that one unpaid, never signed
+    assert a.store.unanswered(1, 0) == [] and a.store.open_counts(1, 0, ADDR["a"]) == {}
+    assert a.close(1, 0, ADDR["b"], now=100.0) is None  # nor batched again
+
+
+def test_a_receiver_naming_acked_hops_not_yet_is_withholding_and_loses_the_worker_none(
+    tmp_path: Path,
+) -> None:
+    """The same rule against a receiver that answers "not yet" for hops it acknowledged (it
+    records each before its ack): it gains nothing (the worker's other hops close again and
+    are paid) and is charged and stopped as any receiver that withholds."""
+    a, b, charged = closing_pair(tmp_path)
+    peer_b = str(peer_id_of(identity_from_key(KEYS["b"])))
+    receipts = [receipt(i) for i in range(5)]
+    both_record(a, b, receipts)
+    request = a.close(1, 0, ADDR["b"], now=0.0)
+    assert request is not None
+    dropped = (request.hop_keys[0], request.hop_keys[3])
+    assert not a.answered(request, peer_b, None, "not yet", True, 0.0, lacking=dropped)
+    assert charged == [] and a.pending_requests() == [request]
+    assert not a.answered(request, peer_b, None, "not yet", True, 20.0, lacking=dropped)
+    assert [p for p, _ in charged] == [peer_b] and charged[0][1].startswith("still not yet")
+    a.withholders.new_iteration()
+    assert run_closing(a, b, now=20.0)[0] == 1
+    (sealed,) = a.sealed(1, 0)
+    assert {hop_key(r) for r in sealed.receipts} == set(request.hop_keys) - set(dropped)
+    # Naming a hop that is not in the batch is no answer: charged at once.
+    charged.clear()
+    both_record(a, b, [receipt(9)])
+    request = a.close(1, 0, ADDR["b"], now=30.0)
+    assert request is not None
+    stranger = (b"\x09" * 32,)
+    assert not a.answered(request, peer_b, None, "not yet", True, 30.0, lacking=stranger)
+    assert [why for _, why in charged] == ["its 'not yet' names no hop of the batch"]
+
+
+def test_a_restarted_worker_closes_only_hops_released_before_its_crash(
+    node_url: Callable[[str], str],
+) -> None:
+    """Held receipts (a send not acked yet, a backward waiting on its forward) are held on
+    disk: a node that crashed and resumes closes only the hops released before the crash,
+    those its receiver holds; the rest stay open, unpaid and never signed."""
+    url = node_url("a")
+    a = db_book(url, "a")
+    receipts = [receipt(i) for i in range(6)]
+    held = frozenset(hop_key(r) for r in receipts[2:])
+    assert all(a.record(receipts, now=0.0, sender=ADDR["a"], held=held))
+    a.release([hop_key(receipts[2])], now=0.0)  # acked; 3, 4, 5 never were
+    restarted = db_book(url, "a")
+    assert restarted.resume_run(1, now=1.0) == 0
+    assert restarted.due(now=1.0, iteration_end=True) == [(1, 0, ADDR["b"])]
+    request = restarted.close(1, 0, ADDR["b"], now=1.0)
+    assert request is not None
+    assert set(request.hop_keys) == {hop_key(r) for r in receipts[:3]}
+    assert restarted.close(1, 0, ADDR["b"], now=1.0) is None
+    # A batch signed and never answered before a crash is sent again after it.
+    again = db_book(url, "a")
+    assert again.resume_run(1, now=2.0) == 1 and again.pending_requests() == [request]
 
 
 def test_a_receipts_batch_proof_travels_as_long_as_the_contracts_take_it() -> None:

@@ -45,6 +45,8 @@ def upgrade() -> None:
         sa.Column("batch_root", sa.LargeBinary(length=32), nullable=True),
         sa.Column("leaf_index", sa.BigInteger(), nullable=True),
         sa.Column("recorded_at", sa.Double(), nullable=False),
+        sa.Column("held", sa.Boolean(), nullable=False),
+        sa.Column("kept", sa.Boolean(), nullable=False),
         sa.Column("run_id", sa.BigInteger(), nullable=False),
         sa.Column("epoch", sa.BigInteger(), nullable=False),
         sa.Column("data_node", sa.String(length=42), nullable=False),

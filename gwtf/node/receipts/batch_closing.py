@@ -1,10 +1,11 @@
-"""The close of a batch between two nodes: ``/gwtf/receipts/batch-close/2.0.0``.
+"""The close of a batch between two nodes: ``/gwtf/receipts/batch-close/3.0.0``.
 
 The worker sends a ``CloseRequest`` (``gwtf.node.receipts.batching``); the receiver answers
-``0x01`` and its 65-byte countersignature, ``0x02`` and the hop it holds no receipt of yet
-(the close overtook the hop: sent again at each ``close_due``, and a receiver still saying so
-after ``max_age_s`` is withholding; a close not answered at all is sent again too, once its
-receiver is no longer stopped), or ``0x00`` and why it refuses (a hop it holds in
+``0x01`` and its 65-byte countersignature, ``0x02``, a u16 count and the keys of the hops it
+holds no receipt of yet, then why (the close overtook them: sent again at each ``close_due``;
+still so after ``max_age_s``, the batch is closed again without them, ``BatchBook.answered``;
+a close not answered at all is sent again too, once its receiver is no longer stopped), or
+``0x00`` and why it refuses (a hop it holds in
 another scope or batch, a root it does not rebuild): a refusal is an answer, so the worker
 learns why. A request that is not one is the sender's fault (the RPC layer charges it); a
 batch refused is charged to its worker too, since an honest worker only closes hops its
@@ -14,10 +15,11 @@ receiver acked. The store's work (a transaction and a signature per batch) runs 
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 import trio
 from libp2p.peer.id import ID
@@ -29,25 +31,44 @@ from gwtf.node.store.batches import BatchPending, BatchRefused
 
 log = logging.getLogger(__name__)
 
-CLOSE_PROTOCOL: Final = "/gwtf/receipts/batch-close/2.0.0"
+CLOSE_PROTOCOL: Final = "/gwtf/receipts/batch-close/3.0.0"
 _ACCEPTED, _REFUSED, _PENDING = b"\x01", b"\x00", b"\x02"
 #: Close requests in flight at once from one node.
 MAX_CONCURRENT_CLOSES: Final = 8
 _MAX_WHY: Final = 400  # bytes of a refusal's reason
+_COUNT: Final = struct.Struct(">H")
 
 
-def answer_of(reply: bytes) -> tuple[bytes | None, str, bool]:
-    """A receiver's reply to a close: (its countersignature, "", False), or (None, why not,
-    whether it only lacks a hop yet). Its reason is a peer's bytes: shown quoted (``repr``,
-    no control characters), never raw."""
+class Answer(NamedTuple):
+    """A receiver's reply to a close: its countersignature, or why not and, for "not yet",
+    the hops it lacks."""
+
+    countersignature: bytes | None
+    why: str = ""
+    pending: bool = False
+    lacking: tuple[bytes, ...] = ()
+
+
+def answer_of(reply: bytes) -> Answer:
+    """A receiver's reply to a close. Its reason is a peer's bytes: shown quoted (``repr``, no
+    control characters), never raw."""
     if reply[:1] == _ACCEPTED and len(reply) == 66:
-        return reply[1:], "", False
-    if reply[:1] in (_REFUSED, _PENDING):
-        why = repr(reply[1 : 1 + _MAX_WHY].decode("utf-8", "replace"))
-        if reply[:1] == _PENDING:
-            return None, f"not yet: {why}", True
-        return None, f"refused: {why}", False
-    return None, "its answer is not one", False
+        return Answer(reply[1:])
+    if reply[:1] == _PENDING and len(reply) >= 3:
+        (count,) = _COUNT.unpack_from(reply, 1)
+        end = 3 + 32 * count
+        if 1 <= count <= MAX_BATCH_HOPS and len(reply) >= end:
+            lacking = tuple(reply[i : i + 32] for i in range(3, end, 32))
+            why = repr(reply[end : end + _MAX_WHY].decode("utf-8", "replace"))
+            return Answer(None, f"not yet: {why}", True, lacking)
+    if reply[:1] == _REFUSED:
+        return Answer(None, f"refused: {reply[1 : 1 + _MAX_WHY].decode('utf-8', 'replace')!r}")
+    return Answer(None, "its answer is not one")
+
+
+def pending_reply(lacking: tuple[bytes, ...], why: str) -> bytes:
+    """The "not yet" answer naming the hops ``lacking`` (at most ``MAX_BATCH_HOPS``)."""
+    return _PENDING + _COUNT.pack(len(lacking)) + b"".join(lacking) + why.encode()[:_MAX_WHY]
 
 
 @dataclass
@@ -119,18 +140,19 @@ class BatchCloser:
         receiver ``peer``; whether it came back countersigned. A timeout or a refusal stops
         and scores the receiver (``BatchBook.answered``); "not yet" keeps it to send again.
         ``now``: the book's clock (default ``time.monotonic()``)."""
-        answer, why, pending, unreachable = None, "", False, False
+        answer, unreachable = Answer(None), False
         try:
             reply = await self.rpc.request(
                 ID.from_base58(peer), CLOSE_PROTOCOL, request.encode(), self._limits()
             )
-            answer, why, pending = answer_of(reply)
+            answer = answer_of(reply)
         except PeerUnavailable as exc:
-            why, unreachable = f"no answer: {exc}", True
+            answer, unreachable = Answer(None, f"no answer: {exc}"), True
         at = time.monotonic() if now is None else now
         whole = await trio.to_thread.run_sync(
-            self.book.answered, request, peer, answer, why, pending, at, unreachable
-        )
+            self.book.answered, request, peer, answer.countersignature, answer.why,
+            answer.pending, at, unreachable, answer.lacking,
+        )  # fmt: skip
         if self.on_settled is not None and (whole or not self.book.is_pending(request.batch)):
             await self.on_settled(request, whole)
         return whole
@@ -146,7 +168,7 @@ class BatchCloser:
                 self.book.countersign, request, address_of_peer(peer)
             )
         except BatchPending as exc:  # the close overtook a hop: not the worker's fault
-            return _PENDING + str(exc).encode()[:_MAX_WHY]
+            return pending_reply(exc.lacking, str(exc))
         except BatchRefused as exc:
             self._refuse(peer, str(exc))
             return _REFUSED + str(exc).encode()[:_MAX_WHY]
@@ -163,4 +185,5 @@ class BatchCloser:
 
     def _limits(self) -> RpcLimits:
         request = 32 * MAX_BATCH_HOPS + 256
-        return RpcLimits(request, 1 + _MAX_WHY, self.book.settings.close_timeout_s)
+        reply = 1 + _COUNT.size + 32 * MAX_BATCH_HOPS + _MAX_WHY
+        return RpcLimits(request, reply, self.book.settings.close_timeout_s)

@@ -9,10 +9,13 @@ honest worker's key. The key is the node's one commitment for that hop whatever 
 it signs the ``HopBatch`` over the Merkle root of their digests in hop key order, committed with
 them first (``gwtf.node.store.batches``), and sends a ``CloseRequest`` naming the hops. The
 receiver rebuilds the root from its own committed receipts of those hops, checks the worker's
-signature, commits the batch and answers its countersignature; it answers "not yet" for a hop
-it holds no receipt of (the close overtook it: sent again at each close, withholding if still
-so ``max_age_s`` later) and refuses a hop held in another scope or batch, or a root it does
-not rebuild. An honest pair's receipts of one hop are equal (both come from the bytes that
+signature, commits the batch and answers its countersignature; it answers "not yet" naming
+the hops it holds no receipt of (the close overtook them: sent again at each close) and
+refuses a hop held in another scope or batch, or a root it does not rebuild. A batch still
+"not yet" ``max_age_s`` after the first such answer is given up: its other hops close again in
+a batch of their own, the lacking ones stay unpaid (a kept output's receipt, whose ack may have
+been lost, charges nobody; any other hop its receiver acknowledged, so lacking it is
+withholding). An honest pair's receipts of one hop are equal (both come from the bytes that
 travelled), so a refusal means one of the two lies: the worker does not re-close a subset.
 Closes of one scope run one at a time; the same close sent twice at once gets one answer.
 Each receipt then travels with both batch signatures and its inclusion proof
@@ -35,6 +38,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -185,13 +189,16 @@ class BatchBook:
         now: float,
         sender: str,
         held: frozenset[bytes] = frozenset(),
+        kept: frozenset[bytes] = frozenset(),
     ) -> list[bool]:
         """Commit receipts of hops this node computed (worker) or received (receiver), open.
         ``sender`` is the authenticated address the received hops came from (this node's own
         for hops it computed): a received hop is recorded only if its worker is that sender. A
         hop key names its worker, so no third party can plant a receipt under another worker's
         future hop key and have that worker's close refused. Those of this node's whose hop
-        key is in ``held`` join no batch until ``release``."""
+        key is in ``held`` join no batch until ``release`` (on disk: a restart keeps them
+        out); those in ``kept`` are kept outputs' receipts, recorded before the ack that tells
+        their receiver of them (``answered``)."""
         worked = [r for r in receipts if r.worker == self.address]
         received = [
             r for r in receipts if r.counterparty == self.address and r.worker != self.address
@@ -205,41 +212,59 @@ class BatchBook:
                 sender, len(forged), forged[0].worker,
             )  # fmt: skip
             received = [r for r in received if r.worker == sender]
-        kept = dict(zip(map(id, worked), self.store.record(worked, WORKER), strict=True))
-        kept.update(zip(map(id, received), self.store.record(received, RECEIVER), strict=True))
-        kept.update((id(r), False) for r in forged)
+        worked_held = frozenset(hop_key(r) for r in worked) & held
+        done = self.store.record(worked, WORKER, worked_held, kept)
+        recorded = dict(zip(map(id, worked), done, strict=True))
+        recorded.update(zip(map(id, received), self.store.record(received, RECEIVER), strict=True))
+        recorded.update((id(r), False) for r in forged)
         with self._lock:
             for r in worked:
-                if not kept[id(r)]:
+                if not recorded[id(r)]:
                     continue
                 scope = (r.runId, r.epoch, r.counterparty)
                 if hop_key(r) in held:
                     self._held[hop_key(r)] = scope
                 else:
                     self._count(scope, now)
-        return [kept[id(r)] for r in receipts]
+        return [recorded[id(r)] for r in receipts]
 
-    def release(self, key: bytes, now: float) -> None:
-        """A held receipt may join this node's next batch for its receiver."""
+    def release(self, keys: Sequence[bytes], now: float) -> None:
+        """Held receipts may join this node's next batches for their receivers (committed
+        first: a close reads which are held from the store)."""
+        self.store.release(keys)
         with self._lock:
-            scope = self._held.pop(key, None)
-            if scope is not None:
-                self._count(scope, now)
+            for key in keys:
+                scope = self._held.pop(key, None)
+                if scope is not None:
+                    self._count(scope, now)
 
     def _count(self, scope: tuple[int, int, str], now: float) -> None:
         count, since = self._open.get(scope, (0, now))
         self._open[scope] = (count + 1, since)
 
     def resume(self, run_id: int, epoch: int, now: float) -> list[CloseRequest]:
-        """After a restart: count the epoch's receipts still open (they close as due, from
-        ``now``) and return the close requests of batches signed but never countersigned, to
-        send again as they are."""
-        for receiver, count in self.store.open_counts(run_id, epoch, self.address).items():
-            self._open[(run_id, epoch, receiver)] = (count, now)
-        return [
+        """After a restart: count the epoch's receipts still open and released (they close as
+        due, from ``now``; a held one, whose receiver may lack it or whose forward is not known
+        whole, stays open: unpaid, never signed) and return the close requests of batches
+        signed but never countersigned, to send again as they are (``pending_requests``)."""
+        with self._lock:
+            for receiver, count in self.store.open_counts(run_id, epoch, self.address).items():
+                self._open[(run_id, epoch, receiver)] = (count, now)
+        requests = [
             CloseRequest(b.batch, b.worker_signature, b.hop_keys)
             for b in self.store.unanswered(run_id, epoch)
         ]
+        with self._lock:
+            for request in requests:
+                self._pending.setdefault(request.batch, (request, now))
+        return requests
+
+    def resume_run(self, run_id: int, now: float) -> int:
+        """``resume`` every epoch of the run with receipts to close or batches to send again;
+        the number of those batches."""
+        return sum(
+            len(self.resume(run_id, e, now)) for e in self.store.open_epochs(run_id, self.address)
+        )
 
     def due(self, now: float, iteration_end: bool = False) -> list[tuple[int, int, str]]:
         """The (run, epoch, receiver) scopes whose batch closes now."""
@@ -257,13 +282,10 @@ class BatchBook:
         with self._lock:
             closing = self._closing.setdefault(scope, threading.Lock())
         with closing:
-            with self._lock:
-                exclude = frozenset(self._held)
             try:
                 closed = self.store.close(
-                    run_id, epoch, self.address, receiver, self.settings.max_hops, self._sign,
-                    exclude,
-                )  # fmt: skip
+                    run_id, epoch, self.address, receiver, self.settings.max_hops, self._sign
+                )
             except ConflictingReceipt as exc:  # a hop taken by another path: left as counted
                 log.error("batch for %s not closed: %s", receiver, exc)
                 return None
@@ -285,15 +307,23 @@ class BatchBook:
         pending: bool = False,
         now: float = 0.0,
         unreachable: bool = False,
+        lacking: tuple[bytes, ...] = (),
     ) -> bool:
         """The receiver ``peer`` answered ``request`` with ``answer`` (None: refused with
         ``why``, or timed out): keep a countersignature that checks, else stop and score it.
-        ``pending``: it holds some hop of the batch not yet (the close overtook the hop); the
-        request is sent again (``pending_requests``), and a receiver still saying so
-        ``max_age_s`` after the first answer is withholding. ``unreachable``: no answer came
-        (a timeout, a cut): the receiver is stopped for the iteration, and the request is
-        sent again once it may be sent to (it may have crashed and come back)."""
+        ``pending``: it holds no receipt of the hops ``lacking`` yet (the close overtook
+        them); the request is sent again (``pending_requests``) until ``max_age_s`` after the
+        first such answer, and then given up: its other hops close again in a batch of their
+        own, the lacking ones in none (``BatchStore.reopen``). So a hop its receiver never
+        holds costs no other hop its pay. A kept output's receipt may be lacking through no
+        one's fault (the ack that told the receiver of it was lost); any other hop was
+        acknowledged by a receiver that records before it acks, so lacking it is withholding.
+        ``unreachable``: no answer came (a timeout, a cut): the receiver is stopped for the
+        iteration, and the request is sent again once it may be sent to (it may have crashed
+        and come back)."""
         batch = request.batch
+        if pending and not (lacking and set(lacking) <= set(request.hop_keys)):
+            pending, why = False, "its 'not yet' names no hop of the batch"
         with self._lock:
             first = self._pending.pop(batch, (request, now))[1]
         if answer is not None:
@@ -304,15 +334,39 @@ class BatchBook:
                 why = "its countersignature is not its own over the batch"
             except ProtocolError as exc:
                 why = f"its countersignature does not check: {exc}"
+        elif pending and now - first >= self.settings.max_age_s:
+            self._give_up(request, peer, lacking, f"still {why} after {now - first:.0f} s", now)
+            return False
         elif pending or unreachable:
             with self._lock:
                 self._pending[batch] = (request, first)
-            if pending and now - first < self.settings.max_age_s:
-                return False
             if pending:
-                why = f"still {why} after {now - first:.0f} s"
+                return False
         self.withholders.withheld(peer, why)
         return False
+
+    def _give_up(
+        self, request: CloseRequest, peer: str, lacking: tuple[bytes, ...], why: str, now: float
+    ) -> None:
+        """``answered``: a batch its receiver still lacks hops of; its other hops close again."""
+        batch = request.batch
+        found = self.store.reopen(batch, lacking)
+        if found is None:
+            return
+        reopened, all_kept = found
+        log.warning(
+            "batch %s: %s lacks %d of its hops after %.0f s: closing its other %d again, "
+            "those unpaid", batch.root.hex(), peer, len(lacking), self.settings.max_age_s,
+            reopened,
+        )  # fmt: skip
+        if reopened:
+            with self._lock:
+                scope = (batch.runId, batch.epoch, batch.counterparty)
+                due = now - self.settings.max_age_s  # at once
+                count, since = self._open.get(scope, (0, due))
+                self._open[scope] = (count + reopened, min(since, due))
+        if not all_kept:
+            self.withholders.withheld(peer, why)
 
     def pending_requests(self) -> list[CloseRequest]:
         """Close requests a receiver answered "not yet", or did not answer: sent again at each

@@ -48,8 +48,9 @@ from gwtf.node.store.writer import BatchWriter
 log = logging.getLogger(__name__)
 
 #: Receipt to record, the authenticated address it came from (this node's own for its own
-#: hops), and whether it is held out of batches until released.
-_Item = tuple[HopReceipt, str, bool]
+#: hops), whether it is held out of batches until released, and whether it is a kept
+#: output's (``BatchBook.record``).
+_Item = tuple[HopReceipt, str, bool, bool]
 
 
 @dataclass
@@ -92,6 +93,8 @@ class ReceiptBook:
         )
         self.address = self.batches.address
         self._recording: BatchWriter[_Item, bool] = BatchWriter(self._record)
+        # Releases are on disk before a close may take them (a restart keeps the rest held).
+        self._releasing: BatchWriter[bytes, None] = BatchWriter(self._release)
 
     async def run(self, rpc: RequestResponse) -> None:
         """Record in the background, answer workers' closes and close this node's batches as
@@ -100,9 +103,17 @@ class ReceiptBook:
             rpc, self.batches, self._peers.get, self.refuse, self._countersigned, self._settled
         )
         self._closer.serve()
+        # After a restart: the open receipts released before it close as due, the batches
+        # signed and never countersigned are sent again (once their receivers are met).
+        resent = await trio.to_thread.run_sync(
+            self.batches.resume_run, self.terms.run_id, time.monotonic()
+        )
+        if resent:
+            log.info("%d batch(es) signed before a restart are sent again", resent)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._recording.run)
+            nursery.start_soon(self._releasing.run)
             while True:
                 await trio.sleep(min(1.0, self.settings.max_age_s / 2))
                 await self.close_due()
@@ -122,12 +133,14 @@ class ReceiptBook:
         origin: str,
         conflicts: list[bool] | None = None,
         held: bool = False,
+        kept: bool = False,
     ) -> bool:
         """Commit the receipt of a hop this node computed (sent to ``peer``) or received (from
         ``peer``), open; False when its hop key holds another receipt here (``conflicts``
         learns it: the sender re-sends the hop under a fresh attempt; a sender re-using a key
         is refused) or the database failed (the hop goes on unpaid). ``peer`` is authenticated
-        (the stream's): a received hop naming another worker than it is refused."""
+        (the stream's): a received hop naming another worker than it is refused. ``kept``: the
+        receipt of an output this node keeps, recorded before the ack names it."""
         worker = receipt.worker == self.address
         try:
             sender = self.address if worker else address_of_peer(peer)
@@ -140,7 +153,7 @@ class ReceiptBook:
         self._peers[receipt.counterparty if worker else receipt.worker] = peer
         self._peers[receipt.dataNode] = origin
         try:
-            recorded = await self._recording.submit((receipt, sender, held))
+            recorded = await self._recording.submit((receipt, sender, held, kept))
         except Exception as exc:  # the database's (disk full, locked): the hop goes on unpaid
             log.error("receipt of hop %s not recorded: %s", hop_key(receipt).hex(), exc)
             return False
@@ -160,8 +173,18 @@ class ReceiptBook:
         return True
 
     def release(self, receipt: HopReceipt) -> None:
-        """A receipt recorded held may join this node's next batch."""
-        self.batches.release(hop_key(receipt), time.monotonic())
+        """A receipt recorded held may join this node's next batch, once that is on disk (in
+        the background; ``close_due`` waits for the releases before it)."""
+        self._releasing.post(hop_key(receipt), self._released)
+
+    def _release(self, keys: Sequence[bytes]) -> list[None]:
+        self.batches.release([key for key in keys if key], time.monotonic())
+        return [None] * len(keys)
+
+    @staticmethod
+    def _released(_: None, error: BaseException | None) -> None:
+        if error is not None:  # the database's: the hop stays held, unpaid, never signed
+            log.error("receipts not released to a batch: %s", error)
 
     def iteration_started(self, iteration: int) -> None:
         """The data plane met a hop of ``iteration``: a later one than before closes every
@@ -179,6 +202,10 @@ class ReceiptBook:
         """Close and send every batch due (all open ones at an iteration's end); the number
         countersigned. Backwards released by a forward's batch close in a second round."""
         done = 0
+        try:
+            await self._releasing.submit(b"")  # after every release posted before it
+        except Exception as exc:  # the database's: the released ones close next time
+            log.error("receipts not released to a batch: %s", exc)
         async with self._closing:
             for _ in range(2 if iteration_end else 1):
                 done += await self._close_round(iteration_end)
@@ -234,17 +261,17 @@ class ReceiptBook:
         """One writer batch: ``BatchBook.record`` takes one sender a call, so this node's own
         receipts go in one call and each peer's in one more."""
         now = time.monotonic()
-        held = frozenset(hop_key(r) for r, _, hold in items if hold)
+        held = frozenset(hop_key(r) for r, _, hold, _ in items if hold)
+        kept = frozenset(hop_key(r) for r, _, _, keep in items if keep)
         by_sender: dict[str, list[int]] = {}
-        for i, (_, sender, _) in enumerate(items):
+        for i, (_, sender, _, _) in enumerate(items):
             by_sender.setdefault(sender, []).append(i)
         results = [False] * len(items)
         for sender, indexes in by_sender.items():
             receipts = [items[i][0] for i in indexes]
-            for i, kept in zip(
-                indexes, self.batches.record(receipts, now, sender, held), strict=True
-            ):
-                results[i] = kept
+            done = self.batches.record(receipts, now, sender, held, kept)
+            for i, recorded in zip(indexes, done, strict=True):
+                results[i] = recorded
         return results
 
     def refuse(self, peer: str, why: str) -> None:

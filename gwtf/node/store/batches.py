@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, Select, insert, select, update
+from sqlalchemy import ColumnElement, Select, delete, insert, select, update
 
 from gwtf.contracts.batches import batch_of
 from gwtf.contracts.certificate_tree import SignedReceipt
@@ -43,8 +43,13 @@ class BatchRefused(ProtocolError):
 
 
 class BatchPending(BatchRefused):
-    """A close request naming a hop this node holds no receipt of yet (the close may have
-    overtaken the hop): not countersigned now, the same request may be sent again."""
+    """A close request naming hops this node holds no receipt of yet (the close may have
+    overtaken them; a kept output's ack may have been lost): not countersigned now, the same
+    request may be sent again. ``lacking``: those hops' keys, in hop key order."""
+
+    def __init__(self, why: str, lacking: tuple[bytes, ...]) -> None:
+        super().__init__(why)
+        self.lacking = lacking
 
 
 @dataclass(frozen=True)
@@ -83,25 +88,32 @@ class BatchStore:
         self._hops = HopStore(db)  # its raw batch reads and writes
 
     # ------------------------------------------------------------ both ends
-    def record(self, receipts: Sequence[HopReceipt], role: str) -> list[bool]:
+    def record(
+        self,
+        receipts: Sequence[HopReceipt],
+        role: str,
+        held: frozenset[bytes] = frozenset(),
+        kept: frozenset[bytes] = frozenset(),
+    ) -> list[bool]:
         """Commit each receipt, open, under its hop key, in one transaction: True when it is
         held now (again is a no-op), False when the key holds another receipt here (in a batch
-        or signed per hop): that hop goes unreceipted rather than the node equivocating."""
+        or signed per hop): that hop goes unreceipted rather than the node equivocating. Those
+        whose key is in ``held`` join no batch until ``release``; those in ``kept`` are kept
+        outputs' receipts (their counterparty may lack them: ``reopen``)."""
         if not receipts:  # a writer batch of one peer's hops has none of this node's: no commit
             return []
         now = time.time()
         prepared = [(hop_key(r), receipt_digest(r, self.domain), r) for r in receipts]
         with self.db.engine.begin() as connection:
-            held = self._hops.commit_once(
+            committed = self._hops.commit_once(
                 connection, [(key, digest) for key, digest, _ in prepared]
             )
             results, rows = [], []
             for key, digest, receipt in prepared:
-                results.append(held[key] == digest)
-                if held[key] == digest:
-                    rows.append(
-                        hop_row(key, digest, receipt, b"", None, role=role, recorded_at=now)
-                    )
+                results.append(committed[key] == digest)
+                if committed[key] == digest:
+                    flags = {"held": key in held, "kept": key in kept, "recorded_at": now}
+                    rows.append(hop_row(key, digest, receipt, b"", None, role=role, **flags))
             for row in rows:  # no signatures in this table: the batch holds them
                 del row["worker_signature"], row["counterparty_signature"]
             self._hops._insert_new(connection, BatchedReceipt, rows)
@@ -124,7 +136,7 @@ class BatchStore:
         sql = (
             f"SELECT hop_key, receipt_digest FROM batched_receipts WHERE run_id = {m} AND "
             f"epoch = {m} AND worker = {m} AND counterparty = {m} AND role = {m} AND "
-            f"batch_root IS NULL ORDER BY hop_key LIMIT {m}"
+            f"batch_root IS NULL AND NOT held ORDER BY hop_key LIMIT {m}"
         )
         with self.db.engine.begin() as connection:
             cursor = connection.connection.cursor()
@@ -143,7 +155,7 @@ class BatchStore:
         m = self._hops._mark
         sql = (
             f"SELECT counterparty, COUNT(*) FROM batched_receipts WHERE run_id = {m} AND "
-            f"epoch = {m} AND worker = {m} AND role = {m} AND batch_root IS NULL "
+            f"epoch = {m} AND worker = {m} AND role = {m} AND batch_root IS NULL AND NOT held "
             "GROUP BY counterparty"
         )
         with self.db.engine.begin() as connection:
@@ -154,7 +166,80 @@ class BatchStore:
             finally:
                 cursor.close()
 
+    def open_epochs(self, run_id: int, worker: str) -> list[int]:
+        """The epochs of a run in which ``worker`` has receipts to close (open, released) or
+        batches to send again (signed, not countersigned): what a restarted node resumes."""
+        m = self._hops._mark
+        sql = (
+            f"SELECT epoch FROM batched_receipts WHERE run_id = {m} AND worker = {m} AND "
+            f"role = {m} AND batch_root IS NULL AND NOT held UNION SELECT epoch FROM "
+            f"hop_batches WHERE run_id = {m} AND worker = {m} AND role = {m} AND "
+            "counterparty_signature IS NULL"
+        )
+        with self.db.engine.begin() as connection:
+            cursor = connection.connection.cursor()
+            try:
+                cursor.execute(sql, (run_id, worker, WORKER, run_id, worker, WORKER))
+                return sorted(int(epoch) for (epoch,) in cursor.fetchall())
+            finally:
+                cursor.close()
+
     # ------------------------------------------------------------ as worker
+    def release(self, keys: Sequence[bytes]) -> None:
+        """Receipts recorded ``held`` may join a batch (their receiver holds them now)."""
+        if not keys:
+            return
+        m = self._hops._mark
+        sql = (
+            f"UPDATE batched_receipts SET held = {m} WHERE hop_key = {m} AND role = {m} AND "
+            "batch_root IS NULL"
+        )
+        with self.db.engine.begin() as connection:
+            self._hops._executemany(connection, sql, [(False, key, WORKER) for key in keys])
+
+    def reopen(self, batch: HopBatch, lacking: Sequence[bytes]) -> tuple[int, bool] | None:
+        """Give up a batch this node signed that its receiver never countersigned because it
+        lacks the receipts under ``lacking``: its other receipts are open again (the next close
+        batches them), those stay out of every batch for ever (unpaid, never countersigned),
+        in one transaction. (How many reopened, whether every one lacking is a kept output's,
+        which its receiver may never have heard of); None if the batch is not held here
+        unanswered (countersigned meanwhile, or given up already)."""
+        m = self._hops._mark
+        with self.db.engine.begin() as connection:
+            row = connection.execute(
+                select(HopBatchRow.root).where(
+                    *_batch_key(batch),
+                    HopBatchRow.role == WORKER,
+                    HopBatchRow.counterparty_signature.is_(None),
+                )
+            ).first()
+            if row is None:
+                return None
+            connection.execute(delete(HopBatchRow).where(*_batch_key(batch)))
+            keys = [bytes(k) for (k,) in connection.execute(
+                select(BatchedReceipt.hop_key).where(
+                    BatchedReceipt.batch_root == batch.root, BatchedReceipt.role == WORKER,
+                    *_scope(batch.runId, batch.epoch, batch.worker, batch.counterparty, WORKER),
+                )
+            )]  # fmt: skip
+            gone = set(lacking)
+            # The lacking ones keep the given-up root: no batch row names it, so they are in
+            # no batch and never open again.
+            sql = (
+                f"UPDATE batched_receipts SET batch_root = NULL, leaf_index = NULL "
+                f"WHERE hop_key = {m} AND batch_root = {m}"
+            )
+            reopened: list[tuple[object, ...]] = [(k, batch.root) for k in keys if k not in gone]
+            if reopened:
+                self._hops._executemany(connection, sql, reopened)
+            kept = connection.execute(
+                select(BatchedReceipt.kept).where(
+                    BatchedReceipt.hop_key.in_([k for k in keys if k in gone]),
+                    BatchedReceipt.role == WORKER,
+                )
+            ).scalars()
+            return len(reopened), all(kept)
+
     def close(
         self,
         run_id: int,
@@ -249,13 +334,16 @@ class BatchStore:
             }
         scope = (RECEIVER, None, batch.runId, batch.epoch, batch.worker, batch.counterparty)
         ordered = sorted(keys)
+        lacking = tuple(key for key in ordered if key not in rows)
+        if lacking:
+            raise BatchPending(
+                f"batch of {batch.worker}: this node holds no receipt of {len(lacking)} of its "
+                f"hops yet, first {lacking[0].hex()}",
+                lacking,
+            )
         digests = []
         for key in ordered:
-            row = rows.get(key)
-            if row is None:
-                raise BatchPending(
-                    f"batch of {batch.worker}: this node holds no receipt of hop {key.hex()} yet"
-                )
+            row = rows[key]
             if tuple(row[:6]) != scope:
                 raise BatchRefused(
                     f"batch of {batch.worker}: this node holds no open receipt of hop "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Final
 
-from sqlalchemy import BigInteger, Index, LargeBinary, String, text
+from sqlalchemy import BigInteger, Boolean, Index, LargeBinary, String, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from gwtf.contracts.encoding import HOP_RECEIPT_FIELDS, HopReceipt, snake_case
@@ -180,6 +180,13 @@ class BatchedReceipt(ReceiptFields, Base):
     batch_root: Mapped[bytes | None] = mapped_column(HASH)
     leaf_index: Mapped[int | None]
     recorded_at: Mapped[float]
+    # A worker's receipt that joins no batch until released (a send until acked, a backward
+    # until its forward's batch is countersigned): on disk, so a restarted node closes only
+    # hops its receiver holds (one never released stays open: unpaid, never signed).
+    held: Mapped[bool] = mapped_column(Boolean)
+    # A kept output's receipt, recorded before the ack that tells its counterparty of it: the
+    # counterparty may never have seen it (a lost ack), so lacking it is no one's fault.
+    kept: Mapped[bool] = mapped_column(Boolean)
     # A close reads a scope's open rows in hop key order (only open rows are indexed there,
     # so closed batches cost it nothing); a report reads a batch's rows in leaf order.
     __table_args__ = (

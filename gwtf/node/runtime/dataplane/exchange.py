@@ -379,7 +379,8 @@ class DataPlane:
             whole = self._forward_whole.get(forward) if forward is not None else None
             if whole is None or (whole.decided and not whole.whole):
                 return False
-        if not await self.receipts.record(receipt, peer, header.origin, held=whole is not None):
+        held = whole is not None
+        if not await self.receipts.record(receipt, peer, header.origin, held=held, kept=True):
             return False
         if whole is not None:
             self._acknowledged(self.receipts, receipt, whole)
