@@ -251,10 +251,7 @@ def receipts_from_settings(
         terms,
         settings.db.url,
         ledger,
-        report_period_s=chain.report_period_s,
-        # A receipt is reported once its batch closes: after the iteration's end, its close
-        # and answer, and a report period.
-        grace_s=2 * chain.report_period_s + 2 * batches.close_timeout_s + 1.0,
+        report_period_s=chain.report_period_s,  # and the grace that follows (``grace_for``)
         batches=batches,
         clock_period_s=chain.clock_period_s,
         cheat=settings.node.cheat,

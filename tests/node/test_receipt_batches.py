@@ -35,6 +35,7 @@ from gwtf.node.audit.checks import equivocations
 from gwtf.node.p2p.host import full_address, peer_info, running_host
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
 from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
+from gwtf.node.receipts import ReceiptsConfig, grace_for
 from gwtf.node.receipts.batch_closing import (
     CLOSE_PROTOCOL,
     MAX_CONCURRENT_CLOSES,
@@ -58,6 +59,7 @@ from gwtf.node.store.hops import ConflictingReceipt, HopStore, ToSign
 DOMAIN = ledger_domain(31337, "0x" + "ab" * 20)
 KEYS = {n: keccak(text=f"batch test {n}") for n in ("a", "b", "c", "data")}
 ADDR = {n: node_address_of(node_public_key(k)) for n, k in KEYS.items()}
+TERMS = ReceiptTerms(1, DOMAIN, 2, 10)
 
 
 def receipt(i: int, worker: str = "a", receiver: str = "b", epoch: int = 0) -> HopReceipt:
@@ -895,3 +897,40 @@ def test_racing_paths_over_one_hop_key_commit_one_receipt(node_url: Callable[[st
         for t in threads:
             t.join()
         assert sorted(results.values()) == [False, True], (i, results)
+
+
+def test_an_honest_pairs_slowest_batch_settles_within_the_data_nodes_grace(
+    tmp_path: Path,
+) -> None:
+    """The slowest honest schedule: a hop closed on age, its kept neighbour's ack lost, "not
+    yet" until given up, the rest closed again and countersigned: all within
+    ``settled_within_s``, which a data node's report grace covers (a shorter one is refused)."""
+    settings = BatchSettings(max_hops=64, max_age_s=4.0, close_timeout_s=2.0)
+    a, b = book(tmp_path, "a", settings), book(tmp_path, "b", settings)
+    tick, answer = settings.tick_s, settings.close_timeout_s
+    kept = receipt(1)
+    a.record([receipt(0)], now=0.0, sender=ADDR["a"])
+    a.record([kept], now=0.0, sender=ADDR["a"], kept=frozenset({hop_key(kept)}))
+    b.record([receipt(0)], now=0.0, sender=ADDR["a"])
+    now = 0.0
+    while not a.due(now):  # closed on age, at a tick
+        now += tick
+    request = a.close(1, 0, ADDR["b"], now)
+    assert request is not None
+    while a.due(now) == []:  # answered "not yet" at each tick (each at most ``answer`` late)
+        now += answer
+        with pytest.raises(BatchRefused) as pending:
+            b.countersign(request, ADDR["a"])
+        lacking = pending.value.lacking  # type: ignore[attr-defined]
+        a.answered(request, "peer-b", None, "not yet", True, now, lacking=lacking)
+        now += tick
+    request = a.close(1, 0, ADDR["b"], now)  # the rest, closed again
+    assert request is not None
+    now += answer
+    assert a.answered(request, "peer-b", b.countersign(request, ADDR["a"]), "", now=now)
+    assert now <= settings.settled_within_s
+    with pytest.raises(ValueError, match="grace_s"):
+        ReceiptsConfig(TERMS, "sqlite://", None, grace_s=10.0, batches=settings)  # type: ignore[arg-type]
+    config = ReceiptsConfig(TERMS, "sqlite://", None, batches=settings)  # type: ignore[arg-type]
+    assert config.grace_s == grace_for(settings, config.report_period_s)
+    assert config.grace_s >= settings.settled_within_s + config.report_period_s

@@ -87,6 +87,22 @@ class BatchSettings:
         if not 0 < self.close_timeout_s <= MAX_BATCH_AGE_S:
             raise ValueError(f"close_timeout_s must be in (0, {MAX_BATCH_AGE_S}]")
 
+    @property
+    def tick_s(self) -> float:
+        """How often a node checks for batches due (``ReceiptBook.run``)."""
+        return min(1.0, self.max_age_s / 2)
+
+    @property
+    def settled_within_s(self) -> float:
+        """How long after its iteration's end an honest pair's receipt is countersigned at
+        most, or given up: closed within ``max_age_s`` and a tick, answered within
+        ``close_timeout_s``; "not yet" sent again for ``max_age_s`` and a tick, then closed
+        again a tick later and answered; a backward waits for its forward's batch and closes
+        a tick after it. A data node's report grace covers it (``ReceiptsConfig``): a close
+        sent again past it is late, that hop unpaid (never slashable)."""
+        t, tick = self.close_timeout_s, self.tick_s
+        return 2 * self.max_age_s + 4 * tick + 3 * t
+
 
 # ---------------------------------------------------------------- the close request
 

@@ -115,7 +115,7 @@ class ReceiptBook:
             nursery.start_soon(self._recording.run)
             nursery.start_soon(self._releasing.run)
             while True:
-                await trio.sleep(min(1.0, self.settings.max_age_s / 2))
+                await trio.sleep(self.settings.tick_s)
                 await self.close_due()
 
     def is_receipted(self, direction: int, receiver_stage: int) -> bool:
