@@ -934,3 +934,25 @@ def test_an_honest_pairs_slowest_batch_settles_within_the_data_nodes_grace(
     config = ReceiptsConfig(TERMS, "sqlite://", None, batches=settings)  # type: ignore[arg-type]
     assert config.grace_s == grace_for(settings, config.report_period_s)
     assert config.grace_s >= settings.settled_within_s + config.report_period_s
+
+
+def test_held_receipts_and_unanswered_closes_are_forgotten_two_epochs_on(
+    tmp_path: Path,
+) -> None:
+    """A backward held behind a withheld forward is never released, a dead receiver never
+    answers: neither is kept in memory for the whole run. Once the node records a receipt two
+    epochs later, those of epochs before the last are dropped, counted."""
+    a = book(tmp_path, "a")
+    held = receipt(0)
+    a.record([held], now=0.0, sender=ADDR["a"], held=frozenset({hop_key(held)}))
+    a.record([receipt(1)], now=0.0, sender=ADDR["a"])
+    request = a.close(1, 0, ADDR["b"], now=0.0)
+    assert request is not None
+    assert not a.answered(request, "peer-b", None, "no answer", now=0.0, unreachable=True)
+    assert a.pending_requests() == [request] and a._held
+    a.record([receipt(2, epoch=1)], now=1.0, sender=ADDR["a"])  # the last epoch: kept
+    assert a.pending_requests() == [request] and a.forgotten == 0
+    a.record([receipt(3, epoch=2)], now=2.0, sender=ADDR["a"])
+    assert a.pending_requests() == [] and not a._held and a.forgotten == 2
+    a.release([hop_key(held)], now=3.0)  # too late: stays out of every batch's count
+    assert a.due(now=3.0, iteration_end=True) == [(1, 1, ADDR["b"]), (1, 2, ADDR["b"])]

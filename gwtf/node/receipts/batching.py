@@ -195,6 +195,11 @@ class BatchBook:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: Batch -> (its close request, when its receiver first answered "not yet").
     _pending: dict[HopBatch, tuple[CloseRequest, float]] = field(default_factory=dict, repr=False)
+    #: The newest epoch of a receipt recorded here: what is older than the one before it is
+    #: forgotten (``_forget``).
+    _epoch: int = field(default=0, repr=False)
+    #: Held receipts and close requests forgotten that way (their hops unpaid).
+    forgotten: int = 0
 
     def __post_init__(self) -> None:
         self.address = node_address_of(node_public_key(self.private_key))
@@ -234,6 +239,10 @@ class BatchBook:
         recorded.update(zip(map(id, received), self.store.record(received, RECEIVER), strict=True))
         recorded.update((id(r), False) for r in forged)
         with self._lock:
+            newest = max((r.epoch for r in worked), default=self._epoch)
+            if newest > self._epoch:
+                self._epoch = newest
+                self._forget()
             for r in worked:
                 if not recorded[id(r)]:
                     continue
@@ -243,6 +252,30 @@ class BatchBook:
                 else:
                     self._count(scope, now)
         return [recorded[id(r)] for r in receipts]
+
+    def _forget(self) -> None:
+        """Drop what waits in memory from epochs before the last (under ``_lock``): held
+        receipts never released (a backward whose forward was withheld, a send never acked)
+        and close requests never answered (a receiver that died). Their data nodes settled
+        those epochs a report grace after their end (an epoch outlasts the grace), so none
+        of it could be paid any more; it stays on disk, open or unanswered, never signed
+        further."""
+        old = self._epoch - 1
+        held = [key for key, (_, epoch, _) in self._held.items() if epoch < old]
+        pending = [batch for batch in self._pending if batch.epoch < old]
+        for key in held:
+            del self._held[key]
+        for batch in pending:
+            del self._pending[batch]
+        for scope in [scope for scope in self._closing if scope[1] < old]:
+            del self._closing[scope]
+        if held or pending:
+            self.forgotten += len(held) + len(pending)
+            log.warning(
+                "epoch %d: %d held receipt(s) never released and %d close(s) never answered "
+                "of epochs before %d forgotten (unpaid)", self._epoch, len(held), len(pending),
+                old,
+            )  # fmt: skip
 
     def release(self, keys: Sequence[bytes], now: float) -> None:
         """Held receipts may join this node's next batches for their receivers (committed
