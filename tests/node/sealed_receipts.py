@@ -23,4 +23,4 @@ def keep_sealed(store: BatchStore, entries: Sequence[SignedReceipt], role: str) 
         closed = ClosedBatch(
             batch, (hop_key(r),), e.worker_signature, e.counterparty_signature or None
         )
-        store._commit(closed, role)
+        store._commit(closed, role, [batch.root])

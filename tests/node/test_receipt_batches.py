@@ -381,7 +381,7 @@ def test_a_crash_before_the_batch_commit_signs_nothing_and_after_it_resends_the_
     (unanswered,) = again.store.unanswered(1, 0)
     assert again.close(1, 0, ADDR["b"], now=2.0) is None
     with pytest.raises(ConflictingReceipt):
-        again.store._commit(unanswered, WORKER)
+        again.store._commit(unanswered, WORKER, [bytes(32)] * len(unanswered.hop_keys))
 
 
 def test_close_requests_are_bounded_and_malformed_ones_refused() -> None:
@@ -619,13 +619,13 @@ def test_a_close_racing_another_over_one_hop_signs_nothing_twice(tmp_path: Path)
     assert first is not None
     late = replace(first, batch=HopBatch(1, 0, ADDR["a"], ADDR["b"], keccak(b"other root")))
     with pytest.raises(ConflictingReceipt):
-        a.store._commit(late, WORKER)
+        a.store._commit(late, WORKER, [bytes(32)] * 2)
     assert [c.batch for c in a.store.unanswered(1, 0)] == [first.batch]
     request = CloseRequest(first.batch, first.worker_signature, first.hop_keys)
     counter = b.countersign(request, ADDR["a"])
     raced = replace(first, counterparty_signature=counter, batch=late.batch)
     with pytest.raises(ConflictingReceipt):
-        b.store._commit(raced, RECEIVER)
+        b.store._commit(raced, RECEIVER, [bytes(32)] * 2)
 
 
 def test_concurrent_closes_of_one_scope_keep_its_open_hops_counted(
@@ -956,3 +956,33 @@ def test_held_receipts_and_unanswered_closes_are_forgotten_two_epochs_on(
     assert a.pending_requests() == [] and not a._held and a.forgotten == 2
     a.release([hop_key(held)], now=3.0)  # too late: stays out of every batch's count
     assert a.due(now=3.0, iteration_end=True) == [(1, 1, ADDR["b"]), (1, 2, ADDR["b"])]
+
+
+def test_pages_and_reports_read_stored_proofs_and_rebuild_no_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each receipt's proof is stored with its batch: a page of an epoch's receipts (a
+    request each) costs its rows, not every batch tree of the epoch built again."""
+    a, b = book(tmp_path, "a", BatchSettings(max_hops=8)), book(tmp_path, "b")
+    receipts = [receipt(i) for i in range(20)]
+    both_record(a, b, receipts)
+    for _ in range(3):
+        request = a.close(1, 0, ADDR["b"], now=0.0)
+        assert request is not None
+        assert a.answered(request, "peer-b", b.countersign(request, ADDR["a"]), "")
+    expected = sorted(
+        (e for c in a.sealed(1, 0) for e in c.sealed(DOMAIN) if c.batch.worker == ADDR["a"]),
+        key=lambda e: hop_key(e.receipt),
+    )
+    assert len(expected) == 20
+
+    def rebuilt(*_: object) -> None:
+        raise AssertionError("a batch's tree built again to serve a page")
+
+    monkeypatch.setattr("gwtf.node.store.batches.build_tree", rebuilt)
+    monkeypatch.setattr("gwtf.node.store.batches.batch_of", rebuilt)
+    for store, role in ((a.store, WORKER), (b.store, RECEIVER)):
+        assert store.sealed(1, 0, role) == expected
+        assert store.page(role, 1, 0, 5, 10) == (20, expected[5:15])
+        assert store.page(role, 1, 0, 18, 10) == (20, expected[18:])
+    assert b.store.page(WORKER, 1, 0, 0, 10) == (0, [])

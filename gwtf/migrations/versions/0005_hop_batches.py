@@ -44,6 +44,7 @@ def upgrade() -> None:
         sa.Column("role", sa.String(length=8), nullable=False),
         sa.Column("batch_root", sa.LargeBinary(length=32), nullable=True),
         sa.Column("leaf_index", sa.BigInteger(), nullable=True),
+        sa.Column("batch_proof", sa.LargeBinary(length=2048), nullable=True),
         sa.Column("recorded_at", sa.Double(), nullable=False),
         sa.Column("held", sa.Boolean(), nullable=False),
         sa.Column("kept", sa.Boolean(), nullable=False),

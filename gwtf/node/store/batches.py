@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, Select, delete, insert, select, update
+from sqlalchemy import ColumnElement, Select, and_, delete, func, insert, select, update
 
 from gwtf.contracts.batches import batch_of
 from gwtf.contracts.certificate_tree import SignedReceipt
@@ -226,7 +226,8 @@ class BatchStore:
             # The lacking ones keep the given-up root: no batch row names it, so they are in
             # no batch and never open again.
             sql = (
-                f"UPDATE batched_receipts SET batch_root = NULL, leaf_index = NULL "
+                "UPDATE batched_receipts SET batch_root = NULL, leaf_index = NULL, "
+                f"batch_proof = NULL "
                 f"WHERE hop_key = {m} AND batch_root = {m}"
             )
             reopened: list[tuple[object, ...]] = [(k, batch.root) for k in keys if k not in gone]
@@ -260,7 +261,7 @@ class BatchStore:
         batch = HopBatch(run_id, epoch, worker, counterparty, root)
         signature = sign(batch.digest(self.domain))  # handed out only after the commit below
         closed = ClosedBatch(batch, tuple(key for key, _ in hops), signature)
-        self._commit(closed, WORKER)
+        self._commit(closed, WORKER, [digest for _, digest in hops])
         return closed
 
     def add_countersignature(self, batch: HopBatch, counterparty_signature: bytes) -> None:
@@ -357,7 +358,8 @@ class BatchStore:
             )
         counter = sign(batch.digest(self.domain))
         try:
-            self._commit(ClosedBatch(batch, tuple(ordered), worker_signature, counter), RECEIVER)
+            closed = ClosedBatch(batch, tuple(ordered), worker_signature, counter)
+            self._commit(closed, RECEIVER, digests)
         except ConflictingReceipt as exc:  # a close of an overlapping batch committed first
             raise BatchRefused(str(exc)) from exc
         return counter
@@ -384,15 +386,39 @@ class BatchStore:
     def sealed(self, run_id: int, epoch: int, role: str) -> list[SignedReceipt]:
         """The complete receipts of an epoch's countersigned batches in ``role``, each with
         both signatures and its proof, in hop key order: what a node reports and serves."""
-        entries = [e for b in self.batches(run_id, epoch, role) for e in b.sealed(self.domain)]
-        return sorted(entries, key=lambda e: hop_key(e.receipt))
+        return self._sealed_rows(run_id, epoch, role)
 
     def page(
         self, role: str, run_id: int, epoch: int, offset: int, limit: int
     ) -> tuple[int, list[SignedReceipt]]:
-        """(how many, ``limit`` from ``offset``) of ``sealed``."""
-        entries = self.sealed(run_id, epoch, role)
-        return len(entries), entries[offset : offset + limit]
+        """(how many, ``limit`` from ``offset``) of ``sealed``: read as they are stored, with
+        their proofs, no batch rebuilt."""
+        with self.db.sessions() as session:
+            total = session.scalar(
+                select(func.count())
+                .select_from(BatchedReceipt)
+                .join(HopBatchRow, _sealed_join())
+                .where(*_sealed_scope(run_id, epoch, role))
+            )
+        return int(total or 0), self._sealed_rows(run_id, epoch, role, offset, limit)
+
+    def _sealed_rows(
+        self, run_id: int, epoch: int, role: str, offset: int = 0, limit: int | None = None
+    ) -> list[SignedReceipt]:
+        query = (
+            select(BatchedReceipt, HopBatchRow.worker_signature, HopBatchRow.counterparty_signature)
+            .join(HopBatchRow, _sealed_join())
+            .where(*_sealed_scope(run_id, epoch, role))
+            .order_by(BatchedReceipt.hop_key)
+            .offset(offset)
+            .limit(limit)
+        )
+        with self.db.sessions() as session:
+            return [
+                SignedReceipt(receipt_of(row), worker, counter or b"", _hashes(row.batch_proof))
+                for row, worker, counter in session.execute(query)
+                if row.batch_proof is not None
+            ]
 
     def worked_epochs(self, run_id: int) -> list[tuple[int, str]]:
         """(epoch, data node) pairs of which this node recorded receipts as worker: batched
@@ -429,14 +455,16 @@ class BatchStore:
             return closed
 
     # ------------------------------------------------------------ internals
-    def _commit(self, closed: ClosedBatch, role: str) -> None:
-        """Keep ``closed`` and put its receipts in it, in one transaction; a receipt already in
-        another batch aborts it all (the batch is then refused, nothing signed is handed out)."""
+    def _commit(self, closed: ClosedBatch, role: str, digests: Sequence[bytes]) -> None:
+        """Keep ``closed`` and put its receipts (their ``digests`` in its order) in it, each
+        with its proof, in one transaction; a receipt already in another batch aborts it all
+        (the batch is then refused, nothing signed is handed out)."""
         b = closed.batch
+        tree = build_tree(digests)
+        m = self._hops._mark
         sql = (
-            f"UPDATE batched_receipts SET batch_root = {self._hops._mark}, "
-            f"leaf_index = {self._hops._mark} "
-            f"WHERE hop_key = {self._hops._mark} AND batch_root IS NULL"
+            f"UPDATE batched_receipts SET batch_root = {m}, leaf_index = {m}, batch_proof = {m} "
+            f"WHERE hop_key = {m} AND batch_root IS NULL"
         )
         with self.db.engine.begin() as connection:
             # The driver's executemany, as the hop store's writes: one statement per receipt
@@ -444,7 +472,11 @@ class BatchStore:
             cursor = connection.connection.cursor()
             try:
                 cursor.executemany(
-                    sql, [(b.root, index, key) for index, key in enumerate(closed.hop_keys)]
+                    sql,
+                    [
+                        (b.root, index, b"".join(tree.proof(index)), key)
+                        for index, key in enumerate(closed.hop_keys)
+                    ],
                 )
                 moved = cursor.rowcount
             finally:
@@ -473,6 +505,31 @@ def _scope(
         BatchedReceipt.worker == worker,
         BatchedReceipt.counterparty == counterparty,
         BatchedReceipt.role == role,
+    ]
+
+
+def _hashes(proof: bytes) -> tuple[bytes, ...]:
+    return tuple(proof[i : i + 32] for i in range(0, len(proof), 32))
+
+
+def _sealed_join() -> ColumnElement[bool]:
+    """A receipt row's batch row (same root, parties, run, epoch and role)."""
+    return and_(
+        HopBatchRow.root == BatchedReceipt.batch_root,
+        HopBatchRow.run_id == BatchedReceipt.run_id,
+        HopBatchRow.epoch == BatchedReceipt.epoch,
+        HopBatchRow.worker == BatchedReceipt.worker,
+        HopBatchRow.counterparty == BatchedReceipt.counterparty,
+        HopBatchRow.role == BatchedReceipt.role,
+    )
+
+
+def _sealed_scope(run_id: int, epoch: int, role: str) -> list[ColumnElement[bool]]:
+    return [
+        BatchedReceipt.run_id == run_id,
+        BatchedReceipt.epoch == epoch,
+        BatchedReceipt.role == role,
+        HopBatchRow.counterparty_signature.is_not(None),
     ]
 
 

@@ -179,6 +179,9 @@ class BatchedReceipt(ReceiptFields, Base):
     role: Mapped[str] = mapped_column(String(8))  # worker | receiver
     batch_root: Mapped[bytes | None] = mapped_column(HASH)
     leaf_index: Mapped[int | None]
+    # Its proof in its batch (the hashes concatenated), stored with the batch: reports and
+    # pages read it, no batch's tree is built again per request.
+    batch_proof: Mapped[bytes | None] = mapped_column(LargeBinary(2048))
     recorded_at: Mapped[float]
     # A worker's receipt that joins no batch until released (a send until acked, a backward
     # until its forward's batch is countersigned): on disk, so a restarted node closes only
