@@ -39,6 +39,7 @@ from gwtf.node.runtime.dataplane.hop import (
 from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, PassedBack, resend_refusal
 from gwtf.node.runtime.dataplane.try_token import TryTokenError
 from gwtf.node.runtime.discovery.address_book import AddressBook, PeerRecord, parse_record
+from gwtf.node.runtime.flow.routing import SwarmWiring
 from gwtf.node.runtime.flow.service import FlowService
 from gwtf.node.store.batches import RECEIVER, WORKER, BatchStore
 from gwtf.node.store.database import open_database
@@ -405,3 +406,25 @@ def test_a_forward_that_fails_with_an_error_of_its_own_raises_it_as_it_came() ->
             await sender.send_forward(forward, b"out", "b", b"in")
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_swarms_draws_and_stand_ins_skip_a_receiver_that_withheld_a_countersignature(
+    tmp_path: Path,
+) -> None:
+    """SWARM's weighted draw and its re-sends leave out a peer that withheld a batch's
+    countersignature this iteration, as the router does; only when it is the one left."""
+    config = FlowConfig(stages=2, activation_bytes=1e6)
+    node = FlowNode(NodeSpec("a", "relay", 1, 2, 20.0), config, random.Random(0))
+    for peer in ("b", "c"):
+        node.handle(peer, Hello("relay", 2, 2, 2, 2, 0, 20.0, 0, True), 0.0)
+    unused: Any = None
+    plane = DeadPlane(unused, "a", 1, 2, 1.0, 1 << 20)
+    plane.receipts = book_of(tmp_path, "a")
+    plane.receipts.withholders.withheld("b", "refused a batch")
+    wiring = SwarmWiring(random.Random(1))
+    sender = HopSender(plane, FlowService(unused, node, tick_s=1.0), HopStats(), wiring)
+    assert {sender.next_hop(2, None) for _ in range(50)} == {"c"}
+    assert {sender.stand_in(2, set()) for _ in range(50)} == {"c"}
+    assert sender.stand_in(2, {"c"}) == "b"  # the only one left
+    plane.receipts.withholders.new_iteration()
+    assert {sender.next_hop(2, None) for _ in range(50)} == {"b", "c"}

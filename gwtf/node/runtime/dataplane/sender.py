@@ -135,7 +135,7 @@ class HopSender:
         if self.wiring is not None and (origin is None or stage <= self.plane.stages):
             wanted = 0 if stage > self.plane.stages else stage
             alive = [p.peer_id for p in self.flow.node.alive_peers(wanted)]
-            return self.wiring.choose(_set_aside(alive, self.probes.probing))
+            return self.wiring.choose(self._set_aside(alive, stage))
         onward = self._next_hop(route, (), origin, stage)
         return None if onward is None else onward.to
 
@@ -275,8 +275,20 @@ class HopSender:
         recompute a dead hop (``decisions.stand_in``: at random, from the flow core's seeded
         generator, so repairs spread over the replicas instead of piling onto the first)."""
         wanted = 0 if stage > self.plane.stages else stage
-        candidates = _set_aside(replicas(self.flow.node, wanted), self.probes.probing)
-        return stand_in(candidates, exclude, self.flow.node.rng)
+        candidates = [peer for peer in replicas(self.flow.node, wanted) if peer not in exclude]
+        return stand_in(self._set_aside(candidates, stage), exclude, self.flow.node.rng)
+
+    def _set_aside(self, peers: list[str], stage: int) -> list[str]:
+        """``peers`` but those being probed and, with receipts on, those that withheld a
+        batch's countersignature this iteration (their hops would go unpaid), unless that
+        leaves none: SWARM's draws and stand-ins skip them as ``_next_hop`` does."""
+        book = self.plane.receipts
+        if book is not None and stage <= self.plane.stages:  # not the sink, a data node
+            may_send = book.withholders.may_send
+            kept = [peer for peer in peers if may_send(peer)]
+            if kept:
+                return _set_aside(kept, self.probes.probing)
+        return _set_aside(peers, self.probes.probing)
 
     def pass_back(self, header: HopHeader, frame: bytes, input_digest: bytes | None) -> PassedBack:
         """Keep a gradient this node computed (``header`` is the outgoing backward) until the
