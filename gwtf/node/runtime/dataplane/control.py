@@ -80,7 +80,7 @@ from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_ID = "/gwtf/control/5.0.0"
+PROTOCOL_ID = "/gwtf/control/6.0.0"
 MAX_BYTES = 8192
 MAX_LOADS = 24
 #: A loads entry's compute time per microbatch is at most this (ms): about three hours.
