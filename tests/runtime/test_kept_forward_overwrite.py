@@ -20,6 +20,7 @@ import pytest
 import torch
 import trio
 from eth_utils.crypto import keccak
+from sqlalchemy import select
 
 from gwtf.contracts.encoding import FORWARD as RECEIPT_FORWARD
 from gwtf.contracts.encoding import HopReceipt, ledger_domain
@@ -43,6 +44,7 @@ from gwtf.node.runtime.dataplane.try_token import NO_CHAIN_TRY_DOMAIN, sign_try
 from gwtf.node.runtime.roles.relay import RelayRole
 from gwtf.node.store.batches import WORKER, BatchStore
 from gwtf.node.store.database import open_database
+from gwtf.node.store.models import BatchedReceipt
 from gwtf.node.training import codec
 from gwtf.node.training.codec import CodecLimits
 from gwtf.node.training.config import named_config
@@ -323,4 +325,12 @@ def test_a_backward_through_a_forward_whose_receiver_withheld_its_countersignatu
     assert [b.batch.counterparty for b in store.batches(1, 0, WORKER, complete=False)] == [
         books["t"].address
     ], "the forward's batch only, never countersigned"
-    assert len(store.open_hops(1, 0, r, books["d"].address, WORKER, 10)) == 1, "backward open"
+    data_node = books["d"].address
+    assert store.open_hops(1, 0, r, data_node, WORKER, 10) == [], "held out of every batch"
+    with store.db.sessions() as session:
+        (held,) = session.scalars(
+            select(BatchedReceipt).where(
+                BatchedReceipt.worker == r, BatchedReceipt.counterparty == data_node
+            )
+        )
+    assert held.batch_root is None and held.held, "the backward open, held on disk"
