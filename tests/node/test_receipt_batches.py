@@ -986,3 +986,35 @@ def test_pages_and_reports_read_stored_proofs_and_rebuild_no_batch(
         assert store.page(role, 1, 0, 5, 10) == (20, expected[5:15])
         assert store.page(role, 1, 0, 18, 10) == (20, expected[18:])
     assert b.store.page(WORKER, 1, 0, 0, 10) == (0, [])
+
+
+def test_a_close_racing_the_record_of_a_held_receipt_never_signs_it(tmp_path: Path) -> None:
+    """A held receipt (a send not acked yet, a backward behind its forward) is held from the
+    transaction that records it: a close run by another thread right after that commit, before
+    the recording thread goes on, reads it held and leaves it out of the batch."""
+    a = book(tmp_path, "a")
+    assert all(a.record([receipt(i) for i in range(3)], now=0.0, sender=ADDR["a"]))
+    backward = receipt(9)
+    committed, go = threading.Event(), threading.Event()
+    real = a.store.record
+
+    def record(*args: object, **kw: object) -> list[bool]:  # descheduled after its commit
+        result = real(*args, **kw)  # type: ignore[arg-type]
+        committed.set()
+        go.wait(10)
+        return result
+
+    a.store.record = record  # type: ignore[method-assign]
+    writer = threading.Thread(
+        target=a.record, args=([backward], 1.0, ADDR["a"], frozenset({hop_key(backward)}))
+    )
+    writer.start()
+    try:
+        assert committed.wait(10)
+        request = a.close(1, 0, ADDR["b"], 2.0)  # in the window
+    finally:
+        go.set()
+        writer.join(10)
+    assert request is not None and len(request.hop_keys) == 3
+    assert hop_key(backward) not in request.hop_keys
+    assert a.close(1, 0, ADDR["b"], 3.0) is None  # still held
