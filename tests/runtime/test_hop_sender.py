@@ -22,7 +22,13 @@ from gwtf.coordinator_free.wire import CostAdvert, Hello, HopAck, encode
 from gwtf.node.p2p.discovery_records import PeerCard, card_key, open_card, sign_card
 from gwtf.node.p2p.host import build_host
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
-from gwtf.node.p2p.rpc import PeerTimeout, PeerUnavailable, RequestDeclined, RequestResponse
+from gwtf.node.p2p.rpc import (
+    Decline,
+    PeerTimeout,
+    PeerUnavailable,
+    RequestDeclined,
+    RequestResponse,
+)
 from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.recording import ReceiptBook
 from gwtf.node.runtime.dataplane import control
@@ -428,3 +434,78 @@ def test_swarms_draws_and_stand_ins_skip_a_receiver_that_withheld_a_countersigna
     assert sender.stand_in(2, {"c"}) == "b"  # the only one left
     plane.receipts.withholders.new_iteration()
     assert {sender.next_hop(2, None) for _ in range(50)} == {"b", "c"}
+
+
+class HandlingRpc:
+    """``s``'s hop requests go straight to a receiver's ``_handle``; a decline comes back as
+    the RPC layer gives it (uncharged)."""
+
+    def __init__(self, receiver: DataPlane) -> None:
+        self.receiver = receiver
+
+    def serve(self, *_: Any) -> None:
+        pass
+
+    async def open(self, *_: Any) -> None:
+        pass
+
+    async def request(self, peer: Any, protocol: str, payload: bytes, limits: Any) -> bytes:
+        try:
+            return await self.receiver._handle(PEER["s"], payload)
+        except Decline as exc:
+            raise RequestDeclined(str(exc)) from exc
+
+
+def test_a_hop_whose_receipt_the_receiver_failed_to_record_is_declined_not_acked(
+    tmp_path: Path,
+) -> None:
+    """``r``'s database fails to record one of three hops: that hop is declined (nobody
+    charged) instead of acknowledged, so ``s`` keeps its receipt held, out of the batch
+    ``r`` countersigns; sent again, it is recorded and acked, and its batch closes too."""
+    books = {name: book_of(tmp_path, name) for name in ("s", "r")}
+    receiver = DataPlane(EchoRpc(), PEER["r"], 1, 2, 5.0, 1 << 20)  # type: ignore[arg-type]
+    receiver.use_receipts(books["r"])
+    receiver.try_tokens.check = lambda header: None  # type: ignore[method-assign]
+
+    async def compute(header: HopHeader, frame: bytes) -> None:
+        return None
+
+    receiver.compute = compute  # type: ignore[method-assign]
+    sender = DataPlane(HandlingRpc(receiver), PEER["s"], 1, 2, 5.0, 1 << 20)  # type: ignore[arg-type]
+    sender.use_receipts(books["s"])
+    real = books["r"]._recording.submit
+    calls = [0]
+
+    async def flaky(item: Any) -> bool:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("database is locked")
+        return await real(item)
+
+    books["r"]._recording.submit = flaky  # type: ignore[method-assign]
+    path = (PEER["data"], PEER["s"])
+    hops = [HopHeader(1, 0, mb, 0, FORWARD, 2, 0, 0, PEER["data"], path) for mb in range(3)]
+    outcomes: list[str] = []
+    refused: list[str] = []
+    books["r"].penalise = books["s"].penalise = lambda peer, why: refused.append(why)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for book in books.values():
+                nursery.start_soon(book.run, EchoRpc())
+            receiver.serve(nursery)
+            for header in [*hops, hops[1]]:
+                try:
+                    await sender.send(PEER["r"], header, b"act", keccak(b"in"))
+                    outcomes.append("acked")
+                except RequestDeclined:
+                    outcomes.append("declined")
+            await books["s"]._releasing.submit(b"")  # the acked ones released on disk
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert outcomes == ["acked", "declined", "acked", "acked"] and not refused
+    s, r = books["s"].batches, books["r"].batches
+    request = s.close(1, 0, r.address, 0.0)
+    assert request is not None and len(request.hop_keys) == 3
+    assert s.answered(request, PEER["r"], r.countersign(request, s.address), "")

@@ -330,8 +330,15 @@ class DataPlane:
             self.receipts.iteration_started(header.iteration)
             # Recorded before the ack: what the batch's countersignature will vouch for is on
             # this node's disk before the worker can rely on it.
-            if receipted is not None:
-                await self._record_received(peer, header, receipted, digest)
+            if receipted is not None and not await self._record_received(
+                peer, header, receipted, digest
+            ):
+                # Never an ack of a hop this node holds no receipt of (the batch's close
+                # would then wait on it): the worker keeps it held and sends it again.
+                raise Decline(
+                    f"the receipt of hop {header.microbatch_id} was not recorded here: send "
+                    "it again"
+                )
             if job.kept is not None and job.kept.receipted:
                 kept = frame_digest(job.kept.frame)
                 if await self._record_kept(peer, header, digest, kept):
@@ -424,19 +431,20 @@ class DataPlane:
 
     async def _record_received(
         self, peer: str, header: HopHeader, receipted: ReceiptInput, digest: bytes
-    ) -> None:
-        """Record the receipt of a receipted hop this node received and computed."""
+    ) -> bool:
+        """Record the receipt of a receipted hop this node received and computed; whether it
+        is on disk (or the hop has none)."""
         assert self.receipts is not None
         if not self.receipts.is_receipted(header.direction, header.stage):
-            return  # only relays' hops have receipts; a data node's own sends have none
+            return True  # only relays' hops have receipts; a data node's own sends have none
         try:
             receipt = self.receipts.receipt(
                 sent_hop(header, peer, self.node_id, receipted.input_digest, digest)
             )
         except ProtocolError as exc:  # an origin that is no node, a field out of range
             self.receipts.refuse(peer, f"hop receipt cannot be built: {exc}")
-            return
-        await self.receipts.record(receipt, peer, header.origin)
+            return False
+        return await self.receipts.record(receipt, peer, header.origin)
 
     def receiving(self, iteration: int, microbatch_id: int, direction: int) -> bool:
         """Whether such a hop is here, waiting for or in compute."""
