@@ -97,8 +97,8 @@ class BatchCloser:
 
     async def close_due(self, now: float, iteration_end: bool = False) -> int:
         """Close and send every batch due, and send again those a receiver answered "not
-        yet", at most ``MAX_CONCURRENT_CLOSES`` at once; a receiver stopped this iteration
-        (``Withholders``) or unreachable is skipped (its hops wait). ``now`` is the book's
+        yet", at most ``MAX_CONCURRENT_CLOSES`` at once; a receiver stopped now
+        (``Withholders.may_close``) or unreachable is skipped (its hops wait). ``now`` is the book's
         clock. The number countersigned."""
         done = 0
         limiter = trio.CapacityLimiter(MAX_CONCURRENT_CLOSES)
@@ -108,7 +108,7 @@ class BatchCloser:
         async def resend(request: CloseRequest, peer: str) -> None:
             nonlocal done
             async with limiter:
-                if not self.book.withholders.may_send(peer):
+                if not self.book.withholders.may_close(peer):
                     return
                 countersigned = await self.send(request, peer, now)
             done += countersigned  # after the await: another task may have counted meanwhile
@@ -116,7 +116,7 @@ class BatchCloser:
         async def close(run_id: int, epoch: int, receiver: str, peer: str) -> None:
             nonlocal done
             async with limiter:
-                if not self.book.withholders.may_send(peer):
+                if not self.book.withholders.may_close(peer):
                     return
                 request = await trio.to_thread.run_sync(
                     self.book.close, run_id, epoch, receiver, now
@@ -159,7 +159,7 @@ class BatchCloser:
 
     def _reachable(self, receiver: str) -> str | None:
         peer = self.peer_of(receiver)
-        return peer if peer is not None and self.book.withholders.may_send(peer) else None
+        return peer if peer is not None and self.book.withholders.may_close(peer) else None
 
     async def _close(self, peer: str, data: bytes) -> bytes:
         request = CloseRequest.decode(data)  # a ProtocolError: charged by the RPC layer

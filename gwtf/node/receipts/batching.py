@@ -22,8 +22,10 @@ Each receipt then travels with both batch signatures and its inclusion proof
 (``ClosedBatch.sealed``), which the certificate, the audit and the disputes contract read as
 they read a batch of one.
 
-A receiver that refuses, or lets the close time out, has acked hops it does not pay for: the
-worker scores it down and sends it no hop for the rest of the iteration (``Withholders``). The
+A receiver that refuses, or lacks hops it acked, has acked hops it does not pay for: the worker
+scores it down, once per stop, and sends it no hop for the rest of the iteration
+(``Withholders``); one that lets a close time out may have crashed: stopped for the rest of the
+iteration, not charged, its closes sent again. The
 loss is bounded by one batch (``max_hops``, ``max_age_s``); the next iteration tries it again,
 so a neighbour that crashed once is not excluded for good, and one that keeps withholding keeps
 being scored down until the router drops it. Its unbatched hops are unpaid, never slashable:
@@ -152,19 +154,33 @@ class CloseRequest:
 
 @dataclass
 class Withholders:
-    """Receivers that withheld a countersignature this iteration: sent no hop until the next."""
+    """Receivers sent no hop until the next iteration: those that withheld a countersignature
+    (charged once per stop, however many closes it cut short) and those that did not answer a
+    close (it may have crashed: not charged)."""
 
     penalise: Penalise = lambda peer, why: None
     _stopped: set[str] = field(default_factory=set)
 
     def withheld(self, peer: str, why: str) -> None:
-        if peer not in self._stopped:
-            log.warning("peer %s withheld a batch countersignature (%s): no hops to it this "
-                        "iteration", peer, why)  # fmt: skip
+        if peer in self._stopped:  # charged already for this stop
+            return
+        log.warning("peer %s withheld a batch countersignature (%s): no hops to it this "
+                    "iteration", peer, why)  # fmt: skip
         self._stopped.add(peer)
         self.penalise(peer, why)
 
+    def unreachable(self, peer: str, why: str) -> None:
+        if peer not in self._stopped:
+            log.warning("peer %s did not answer a batch close (%s): no hops to it this "
+                        "iteration", peer, why)  # fmt: skip
+        self._stopped.add(peer)
+
+    def may_close(self, peer: str) -> bool:
+        """Whether closes may be sent to ``peer`` (it is not stopped)."""
+        return peer not in self._stopped
+
     def may_send(self, peer: str) -> bool:
+        """Whether hops may be sent to ``peer``."""
         return peer not in self._stopped
 
     def new_iteration(self) -> None:
@@ -389,8 +405,9 @@ class BatchBook:
         elif pending or unreachable:
             with self._lock:
                 self._pending[batch] = (request, first)
-            if pending:
-                return False
+            if unreachable:  # a timeout is no proof of withholding: stopped, not charged
+                self.withholders.unreachable(peer, why)
+            return False
         self.withholders.withheld(peer, why)
         return False
 
