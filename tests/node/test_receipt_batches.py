@@ -1025,3 +1025,73 @@ def test_a_close_racing_the_record_of_a_held_receipt_never_signs_it(tmp_path: Pa
     assert request is not None and len(request.hop_keys) == 3
     assert hop_key(backward) not in request.hop_keys
     assert a.close(1, 0, ADDR["b"], 3.0) is None  # still held
+
+
+def test_a_receiver_withholding_again_is_stopped_for_twice_as_many_iterations(
+    tmp_path: Path,
+) -> None:
+    """A refusal stops its receiver for the rest of the iteration; refusing again before it
+    settled cleanly, for 2, then 4 iterations (so a receiver refusing whenever it is sent hops
+    costs its worker ever fewer batches); an iteration in which it countersigned and withheld
+    nothing takes one strike off."""
+    charged: list[str] = []
+    a = book(tmp_path, "a", withholders=Withholders(lambda peer, why: charged.append(peer)))
+    b = book(tmp_path, "b")
+    w = a.withholders
+    epoch = [0]
+
+    def batch_to_b() -> CloseRequest:
+        epoch[0] += 1
+        both_record(a, b, [receipt(i, epoch=epoch[0]) for i in range(3)])
+        request = a.close(1, epoch[0], ADDR["b"], now=0.0)
+        assert request is not None
+        return request
+
+    def stopped_for() -> int:
+        """Iterations, the current one included, it is sent no hops."""
+        n = 0
+        while not w.may_send("peer-b"):
+            w.new_iteration()
+            n += 1
+        return n
+
+    for expected in (1, 2, 4):
+        assert not a.answered(batch_to_b(), "peer-b", None, "refused: no")
+        assert stopped_for() == expected
+    assert charged == ["peer-b"] * 3
+    request = batch_to_b()  # settles cleanly for one iteration: one strike off
+    assert a.answered(request, "peer-b", b.countersign(request, ADDR["a"]), "")
+    w.new_iteration()
+    assert not a.answered(batch_to_b(), "peer-b", None, "refused: no")
+    assert stopped_for() == 4  # the third strike again, not the fourth (8)
+    # Two refusals in one stop charge it once.
+    first, second = batch_to_b(), batch_to_b()
+    assert not a.answered(first, "peer-b", None, "refused: no")
+    assert not a.answered(second, "peer-b", None, "refused: no")
+    assert charged == ["peer-b"] * 5
+
+
+def test_a_receiver_with_two_batches_awaiting_its_countersignature_is_sent_no_hops(
+    tmp_path: Path,
+) -> None:
+    """Hops to a receiver stop while more than one batch awaits its countersignature (answered
+    "not yet" or not at all): what it can leave unpaid is bounded by two batches, not by how
+    long it keeps answering "not yet". Its closes are still sent again."""
+    a, b = book(tmp_path, "a"), book(tmp_path, "b")
+    requests = []
+    for epoch in range(2):
+        a.record([receipt(i, epoch=epoch) for i in range(3)], now=0.0, sender=ADDR["a"])
+        request = a.close(1, epoch, ADDR["b"], now=0.0)
+        assert request is not None
+        requests.append(request)
+    lacking = requests[0].hop_keys[:1]
+    assert not a.answered(requests[0], "peer-b", None, "not yet", True, 0.0, False, lacking)
+    assert a.withholders.may_send("peer-b")  # one awaiting
+    assert not a.answered(requests[1], "peer-b", None, "no answer", now=0.0, unreachable=True)
+    a.withholders.new_iteration()  # no longer stopped for the timeout, still two awaiting
+    assert not a.withholders.may_send("peer-b") and a.withholders.may_close("peer-b")
+    assert a.withholders.may_send("peer-c")
+    b.record([receipt(i, epoch=1) for i in range(3)], now=0.0, sender=ADDR["a"])
+    answer = b.countersign(requests[1], ADDR["a"])
+    assert a.answered(requests[1], "peer-b", answer, "")
+    assert a.withholders.may_send("peer-b")

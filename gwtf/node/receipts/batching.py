@@ -22,14 +22,15 @@ Each receipt then travels with both batch signatures and its inclusion proof
 (``ClosedBatch.sealed``), which the certificate, the audit and the disputes contract read as
 they read a batch of one.
 
-A receiver that refuses, or lacks hops it acked, has acked hops it does not pay for: the worker
-scores it down, once per stop, and sends it no hop for the rest of the iteration
-(``Withholders``); one that lets a close time out may have crashed: stopped for the rest of the
-iteration, not charged, its closes sent again. The
-loss is bounded by one batch (``max_hops``, ``max_age_s``); the next iteration tries it again,
-so a neighbour that crashed once is not excluded for good, and one that keeps withholding keeps
-being scored down until the router drops it. Its unbatched hops are unpaid, never slashable:
-nothing of them was signed.
+A receiver that refuses, or lacks hops it acked, withholds: the worker scores it down once per
+stop and sends it no hop for the rest of the iteration, and for 2, 4, ... iterations if it
+withholds again before it settled cleanly (``Withholders``); one that lets a close time out may
+have crashed: stopped for the rest of the iteration, not charged, its closes sent again. No hop
+goes to a receiver with more than one batch awaiting its countersignature, so each time it is
+sent hops a withholder costs at most the two batches awaiting it (``max_hops`` each, or
+``max_age_s`` of hops), the hops sent before its answer and the backwards held behind those
+forwards, ever more rarely. Its unbatched hops are unpaid,
+never slashable: nothing of them was signed.
 
 The live node's data plane records through ``gwtf.node.receipts.recording.ReceiptBook``,
 which runs this book and its closes (``gwtf.node.receipts.batch_closing``).
@@ -40,7 +41,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -152,39 +153,69 @@ class CloseRequest:
 # ---------------------------------------------------------------- withholding receivers
 
 
+#: Most iterations in a row a withholding receiver is sent no hops: 2**(MAX_STRIKES - 1).
+MAX_STRIKES: Final = 5
+
+
 @dataclass
 class Withholders:
-    """Receivers sent no hop until the next iteration: those that withheld a countersignature
-    (charged once per stop, however many closes it cut short) and those that did not answer a
-    close (it may have crashed: not charged)."""
+    """Receivers sent no hops now. One that withheld a countersignature (refused it, or
+    lacks hops it acked) is charged and stopped for the rest of the iteration and, withholding
+    again before it settled cleanly, for 2, 4, ... iterations (``MAX_STRIKES``); each
+    iteration in which it countersigned and withheld nothing takes one strike off. One that did
+    not answer a close (it may have crashed) is stopped for the rest of the iteration, not
+    charged. One with more than one batch awaiting its countersignature (``awaiting``) is sent
+    no hops until it answers them. A stop is charged once, however many closes it cut short."""
 
     penalise: Penalise = lambda peer, why: None
-    _stopped: set[str] = field(default_factory=set)
+    #: Peer -> how many batches of this node's await its countersignature (set by the book).
+    awaiting: Callable[[str], int] = lambda peer: 0
+    _iteration: int = 0
+    #: Peer -> the iteration from which it is sent hops (and closes) again.
+    _until: dict[str, int] = field(default_factory=dict)
+    _strikes: dict[str, int] = field(default_factory=dict)
+    #: Peers that countersigned, and that withheld, in this iteration.
+    _settled: set[str] = field(default_factory=set)
+    _struck: set[str] = field(default_factory=set)
 
     def withheld(self, peer: str, why: str) -> None:
-        if peer in self._stopped:  # charged already for this stop
+        self._struck.add(peer)
+        if not self.may_close(peer):  # charged already for this stop
             return
-        log.warning("peer %s withheld a batch countersignature (%s): no hops to it this "
-                    "iteration", peer, why)  # fmt: skip
-        self._stopped.add(peer)
+        strikes = min(self._strikes.get(peer, 0) + 1, MAX_STRIKES)
+        self._strikes[peer] = strikes
+        self._until[peer] = self._iteration + 2 ** (strikes - 1)
+        log.warning("peer %s withheld a batch countersignature (%s): no hops to it for %d "
+                    "iteration(s)", peer, why, 2 ** (strikes - 1))  # fmt: skip
         self.penalise(peer, why)
 
     def unreachable(self, peer: str, why: str) -> None:
-        if peer not in self._stopped:
-            log.warning("peer %s did not answer a batch close (%s): no hops to it this "
-                        "iteration", peer, why)  # fmt: skip
-        self._stopped.add(peer)
+        if not self.may_close(peer):
+            return
+        self._until[peer] = self._iteration + 1
+        log.warning("peer %s did not answer a batch close (%s): no hops to it this iteration",
+                    peer, why)  # fmt: skip
+
+    def countersigned(self, peer: str) -> None:
+        self._settled.add(peer)
 
     def may_close(self, peer: str) -> bool:
         """Whether closes may be sent to ``peer`` (it is not stopped)."""
-        return peer not in self._stopped
+        return self._until.get(peer, 0) <= self._iteration
 
     def may_send(self, peer: str) -> bool:
         """Whether hops may be sent to ``peer``."""
-        return peer not in self._stopped
+        return self.may_close(peer) and self.awaiting(peer) <= 1
 
     def new_iteration(self) -> None:
-        self._stopped.clear()
+        self._iteration += 1
+        for peer in self._settled - self._struck:
+            strikes = self._strikes.pop(peer, 0) - 1
+            if strikes > 0:
+                self._strikes[peer] = strikes
+        self._settled.clear()
+        self._struck.clear()
+        self._until = {p: until for p, until in self._until.items() if until > self._iteration}
 
 
 # ---------------------------------------------------------------- the book
@@ -209,8 +240,11 @@ class BatchBook:
     _closing: dict[tuple[int, int, str], threading.Lock] = field(default_factory=dict, repr=False)
     #: ``record`` runs in a writer thread, ``close`` in others: all count open hops under it.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    #: Batch -> (its close request, when its receiver first answered "not yet").
-    _pending: dict[HopBatch, tuple[CloseRequest, float]] = field(default_factory=dict, repr=False)
+    #: Batch -> (its close request, when its receiver first answered "not yet" or did not
+    #: answer, the receiver's peer id: "" until it is sent again after a restart).
+    _pending: dict[HopBatch, tuple[CloseRequest, float, str]] = field(
+        default_factory=dict, repr=False
+    )
     #: The newest epoch of a receipt recorded here: what is older than the one before it is
     #: forgotten (``_forget``).
     _epoch: int = field(default=0, repr=False)
@@ -219,6 +253,13 @@ class BatchBook:
 
     def __post_init__(self) -> None:
         self.address = node_address_of(node_public_key(self.private_key))
+        self.withholders.awaiting = self._awaiting
+
+    def _awaiting(self, peer: str) -> int:
+        """How many of this node's batches wait for ``peer``'s countersignature (answered "not
+        yet" or not at all)."""
+        with self._lock:
+            return sum(1 for _, _, to in self._pending.values() if to == peer)
 
     def record(
         self,
@@ -321,7 +362,7 @@ class BatchBook:
         ]
         with self._lock:
             for request in requests:
-                self._pending.setdefault(request.batch, (request, now))
+                self._pending.setdefault(request.batch, (request, now, ""))
         return requests
 
     def resume_run(self, run_id: int, now: float) -> int:
@@ -390,11 +431,12 @@ class BatchBook:
         if pending and not (lacking and set(lacking) <= set(request.hop_keys)):
             pending, why = False, "its 'not yet' names no hop of the batch"
         with self._lock:
-            first = self._pending.pop(batch, (request, now))[1]
+            first = self._pending.pop(batch, (request, now, peer))[1]
         if answer is not None:
             try:
                 if recover_digest_signer(batch.digest(self.domain), answer) == batch.counterparty:
                     self.store.add_countersignature(batch, answer)
+                    self.withholders.countersigned(peer)
                     return True
                 why = "its countersignature is not its own over the batch"
             except ProtocolError as exc:
@@ -404,7 +446,7 @@ class BatchBook:
             return False
         elif pending or unreachable:
             with self._lock:
-                self._pending[batch] = (request, first)
+                self._pending[batch] = (request, first, peer)
             if unreachable:  # a timeout is no proof of withholding: stopped, not charged
                 self.withholders.unreachable(peer, why)
             return False
@@ -438,7 +480,7 @@ class BatchBook:
         """Close requests a receiver answered "not yet", or did not answer: sent again at each
         ``close_due`` (to a receiver not stopped), until countersigned or refused."""
         with self._lock:
-            return [request for request, _ in self._pending.values()]
+            return [request for request, _, _ in self._pending.values()]
 
     def is_pending(self, batch: HopBatch) -> bool:
         """Whether ``batch``'s close is to be sent again (``pending_requests``)."""

@@ -5,7 +5,7 @@ countersigned). Start ``run`` in the node's nursery.
 
 Batches close on a timer (``BatchSettings.max_age_s``, ``max_hops``) and when the data plane
 sees an iteration start (``iteration_started``: the previous one's batches close, and the
-receivers that withheld a countersignature in it are sent hops again). A close its receiver
+receivers stopped for it are sent hops again, ``Withholders``). A close its receiver
 answered "not yet", or did not answer, is sent again at each later close until it is
 countersigned or refused (``BatchCloser.close_due``); only then is it settled (``on_sealed``).
 
@@ -74,7 +74,7 @@ class ReceiptBook:
     on_sealed: BatchSealed = lambda receipts, whole: None
     settings: BatchSettings = field(default_factory=BatchSettings)
     counts: ReceiptCounts = field(default_factory=ReceiptCounts)
-    #: Receivers that withheld a countersignature this iteration: the router sends them none.
+    #: Receivers stopped now (withholding, not answering, awaited): the router sends them none.
     withholders: Withholders = field(init=False)
     _warned: set[str] = field(default_factory=set)
     #: Node address -> the peer id it was met as (a receiver's, a data node's).
@@ -188,7 +188,7 @@ class ReceiptBook:
 
     def iteration_started(self, iteration: int) -> None:
         """The data plane met a hop of ``iteration``: a later one than before closes every
-        open batch (in the background) and forgives the withholders of the last."""
+        open batch (in the background) and moves ``Withholders`` on an iteration."""
         if iteration <= self._iteration:
             return
         first = self._iteration < 0
