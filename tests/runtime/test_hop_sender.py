@@ -9,16 +9,19 @@ import random
 from pathlib import Path
 from typing import Any
 
+import base58
 import pytest
 import trio
 import trio.testing
 from eth_utils.crypto import keccak
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.pb import crypto_pb2
 from libp2p.peer.id import ID
 
 from gwtf.contracts.encoding import ledger_domain
 from gwtf.coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
 from gwtf.coordinator_free.wire import CostAdvert, Hello, HopAck, encode
+from gwtf.errors import ProtocolError
 from gwtf.node.p2p.discovery_records import PeerCard, card_key, open_card, sign_card
 from gwtf.node.p2p.host import build_host
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
@@ -29,10 +32,10 @@ from gwtf.node.p2p.rpc import (
     RequestDeclined,
     RequestResponse,
 )
-from gwtf.node.receipts.book import ReceiptTerms
+from gwtf.node.receipts.book import HopFacts, ReceiptTerms, address_of_peer
 from gwtf.node.receipts.recording import ReceiptBook
 from gwtf.node.runtime.dataplane import control
-from gwtf.node.runtime.dataplane.exchange import DataPlane
+from gwtf.node.runtime.dataplane.exchange import DataPlane, HopRejected
 from gwtf.node.runtime.dataplane.hop import (
     BACKWARD,
     FLAG_REPAIR,
@@ -43,7 +46,7 @@ from gwtf.node.runtime.dataplane.hop import (
     frame_digest,
 )
 from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, PassedBack, resend_refusal
-from gwtf.node.runtime.dataplane.try_token import TryTokenError
+from gwtf.node.runtime.dataplane.try_token import TryTokenError, origin_address
 from gwtf.node.runtime.discovery.address_book import AddressBook, PeerRecord, parse_record
 from gwtf.node.runtime.flow.routing import SwarmWiring
 from gwtf.node.runtime.flow.service import FlowService
@@ -509,3 +512,51 @@ def test_a_hop_whose_receipt_the_receiver_failed_to_record_is_declined_not_acked
     request = s.close(1, 0, r.address, 0.0)
     assert request is not None and len(request.hop_keys) == 3
     assert s.answered(request, PEER["r"], r.countersign(request, s.address), "")
+
+
+def uncompressed_spelling(key: bytes) -> str:
+    """Another peer id of the same node key: the identity multihash of it uncompressed."""
+    public = identity_from_key(key).public_key
+    raw = crypto_pb2.PublicKey(
+        key_type=crypto_pb2.KeyType.Secp256k1, data=public.impl.format(compressed=False)
+    ).SerializeToString()
+    return base58.b58encode(bytes([0, len(raw)]) + raw).decode()
+
+
+def test_a_hop_whose_origin_is_another_spelling_of_the_data_nodes_key_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Closes and reports go to a data node at the origin peer id its hops carry: a relay
+    passing on another spelling of that node's key (one no host answers to) has its hop
+    refused, and no spelling but the key's own names a node."""
+    alias = uncompressed_spelling(KEYS["data"])
+    assert alias != PEER["data"] and ID.from_base58(alias).extract_public_key() is not None
+    with pytest.raises(ProtocolError, match="own spelling"):
+        address_of_peer(alias)
+    with pytest.raises(TryTokenError):
+        origin_address(alias)
+    receiver = DataPlane(EchoRpc(), PEER["r"], 1, 2, 5.0, 1 << 20)  # type: ignore[arg-type]
+    receiver.use_receipts(book_of(tmp_path, "r"))
+    receiver.try_tokens.check = lambda header: None  # type: ignore[method-assign]
+    path = (alias, PEER["s"])
+    with pytest.raises(HopRejected, match="own peer id"):
+        receiver._check_sender(PEER["s"], HopHeader(1, 0, 1, 0, FORWARD, 2, 0, 0, alias, path))
+    honest = HopHeader(1, 0, 1, 0, FORWARD, 2, 0, 0, PEER["data"], (PEER["data"], PEER["s"]))
+    receiver._check_sender(PEER["s"], honest)
+    # A receipt recorded with that origin (passed in by hand) routes nothing to it either.
+    book = book_of(tmp_path, "s")
+    hop = HopFacts(
+        epoch=0, data_node=PEER["data"], iteration=0, microbatch_id=1, stage=2,
+        direction=FORWARD, attempt=0, worker=PEER["s"], counterparty=PEER["data"],
+        input_digest=keccak(b"i"), output_digest=keccak(b"o"),
+    )  # fmt: skip
+    receipt = book.receipt(hop)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(book.run, EchoRpc())
+            assert await book.record(receipt, PEER["data"], alias)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert book._peers[receipt.dataNode] == PEER["data"]  # the counterparty's, authenticated

@@ -151,7 +151,8 @@ class ReceiptBook:
             self.refuse(peer, f"hop {hop_key(receipt).hex()} names another worker than its sender")
             return False
         self._peers[receipt.counterparty if worker else receipt.worker] = peer
-        self._peers[receipt.dataNode] = origin
+        if self._names(origin, receipt.dataNode):  # closes and reports go there
+            self._peers[receipt.dataNode] = origin
         try:
             recorded = await self._recording.submit((receipt, sender, held, kept))
         except Exception as exc:  # the database's (disk full, locked): the hop goes on unpaid
@@ -171,6 +172,14 @@ class ReceiptBook:
         else:
             self.counts.countersigned += 1
         return True
+
+    @staticmethod
+    def _names(peer: str, address: str) -> bool:
+        """Whether ``peer`` is the one peer id of the node ``address`` (no other spelling)."""
+        try:
+            return address_of_peer(peer) == address
+        except (ProtocolError, ValueError):
+            return False
 
     def release(self, receipt: HopReceipt) -> None:
         """A receipt recorded held may join this node's next batch, once that is on disk (in

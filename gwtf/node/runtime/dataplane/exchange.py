@@ -474,6 +474,13 @@ class DataPlane:
     def _check_sender(self, peer: str, header: HopHeader) -> None:
         if header.run_id != self.run_id:
             raise HopRejected(f"hop for run {header.run_id}, this node trains run {self.run_id}")
+        if self.receipts is not None:
+            # Closes and reports go to the origin as spelt: another spelling of its key
+            # would send them to a peer id nobody has. An honest node passes on what it got.
+            try:
+                address_of_peer(header.origin)
+            except (ProtocolError, ValueError) as exc:
+                raise HopRejected(f"hop origin is not a node's own peer id: {exc}") from exc
         if header.direction == FORWARD:
             if not header.path or header.path[-1] != peer or len(header.path) != header.stage:
                 raise HopRejected("forward hop whose path does not end at its sender")
