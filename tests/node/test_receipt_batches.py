@@ -34,11 +34,12 @@ from gwtf.errors import ProtocolError
 from gwtf.node.audit.checks import equivocations
 from gwtf.node.p2p.host import full_address, peer_info, running_host
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
-from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
+from gwtf.node.p2p.rpc import Decline, RequestResponse, RpcLimits
 from gwtf.node.receipts import ReceiptsConfig, grace_for
 from gwtf.node.receipts.batch_closing import (
     CLOSE_PROTOCOL,
     MAX_CONCURRENT_CLOSES,
+    MAX_NOT_YET,
     BatchCloser,
     answer_of,
 )
@@ -52,9 +53,9 @@ from gwtf.node.receipts.batching import (
 from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.certify import check_report
 from gwtf.node.receipts.wire import RECEIPT_BYTES, decode_receipts, encode_receipts
-from gwtf.node.store.batches import RECEIVER, WORKER, BatchRefused, BatchStore
+from gwtf.node.store.batches import RECEIVER, WORKER, BatchPending, BatchRefused, BatchStore
 from gwtf.node.store.database import open_database
-from gwtf.node.store.hops import ConflictingReceipt, HopStore, ToSign
+from gwtf.node.store.hops import CHUNK, ConflictingReceipt, HopStore, ToSign
 
 DOMAIN = ledger_domain(31337, "0x" + "ab" * 20)
 KEYS = {n: keccak(text=f"batch test {n}") for n in ("a", "b", "c", "data")}
@@ -1095,3 +1096,63 @@ def test_a_receiver_with_two_batches_awaiting_its_countersignature_is_sent_no_ho
     answer = b.countersign(requests[1], ADDR["a"])
     assert a.answered(requests[1], "peer-b", answer, "")
     assert a.withholders.may_send("peer-b")
+
+
+def made_up_close(n: int, salt: int) -> CloseRequest:
+    """A close signed by run member ``c`` naming ``n`` hop keys nobody holds."""
+    keys = tuple(sorted(keccak(bytes([salt]) + i.to_bytes(4, "big")) for i in range(n)))
+    batch = HopBatch(1, 0, ADDR["c"], ADDR["b"], keccak(b"any root"))
+    return CloseRequest(batch, sign_digest(batch.digest(DOMAIN), KEYS["c"]), keys)
+
+
+def test_a_close_naming_hops_never_held_costs_one_chunks_read_and_names_at_most_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receiver reads a close's hops in hop key order a chunk at a time and stops at the
+    first chunk lacking one: 4096 made-up keys cost it one chunk's read, and its "not yet"
+    names that chunk's keys only; a batch of one chunk has all its lacking hops named."""
+    b = book(tmp_path, "b")
+    read: list[int] = []
+    real = b.store._hops._rows_of
+
+    def rows_of(connection: object, table: object, columns: str, keys: list[bytes]) -> object:
+        read.append(len(keys))
+        return real(connection, table, columns, keys)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(b.store._hops, "_rows_of", rows_of)
+    request = made_up_close(MAX_BATCH_HOPS, 0)
+    with pytest.raises(BatchPending) as pending:
+        b.countersign(request, ADDR["c"])
+    assert read == [CHUNK] and pending.value.lacking == request.hop_keys[:CHUNK]
+    small = made_up_close(300, 1)
+    with pytest.raises(BatchPending) as pending:
+        b.countersign(small, ADDR["c"])
+    assert pending.value.lacking == small.hop_keys
+
+
+def test_a_workers_not_yet_answers_are_bounded_per_window_then_its_closes_declined(
+    tmp_path: Path,
+) -> None:
+    """A run member sending closes of made-up hops gets ``MAX_NOT_YET`` "not yet" answers per
+    ``max_age_s``; its further closes are declined unread (uncharged: an honest worker sends
+    them again later) until the window ends. Another worker is answered as before."""
+    b = book(tmp_path, "b", BatchSettings(max_age_s=0.5))
+    closer = BatchCloser(None, b, {}.get)  # type: ignore[arg-type]
+    peer_c = str(peer_id_of(identity_from_key(KEYS["c"])))
+    request = made_up_close(4, 2).encode()
+
+    async def flood() -> list[bytes | str]:
+        answers: list[bytes | str] = []
+        for _ in range(MAX_NOT_YET + 2):
+            try:
+                answers.append((await closer._close(peer_c, request))[:1])
+            except Decline as exc:
+                answers.append(str(exc))
+        return answers
+
+    answers = trio.run(flood)
+    assert answers[:MAX_NOT_YET] == [b"\x02"] * MAX_NOT_YET
+    assert all(isinstance(a, str) and "not yet" in a for a in answers[MAX_NOT_YET:])
+    assert closer.throttled == 2 and closer.refused == 0
+    time.sleep(0.5)
+    assert trio.run(flood)[0] == b"\x02"  # a new window

@@ -2,14 +2,18 @@
 
 The worker sends a ``CloseRequest`` (``gwtf.node.receipts.batching``); the receiver answers
 ``0x01`` and its 65-byte countersignature, ``0x02``, a u16 count and the keys of the hops it
-holds no receipt of yet, then why (the close overtook them: sent again at each ``close_due``;
+holds no receipt of yet (those of the first 1,000 in hop key order that lacks one: it reads no
+further), then why (the close overtook them: sent again at each ``close_due``;
 still so after ``max_age_s``, the batch is closed again without them, ``BatchBook.answered``;
 a close not answered at all is sent again too, once its receiver is no longer stopped), or
 ``0x00`` and why it refuses (a hop it holds in
 another scope or batch, a root it does not rebuild): a refusal is an answer, so the worker
 learns why. A request that is not one is the sender's fault (the RPC layer charges it); a
 batch refused is charged to its worker too, since an honest worker only closes hops its
-receiver acked. The store's work (a transaction and a signature per batch) runs off the trio loop.
+receiver acked. A worker gets at most ``MAX_NOT_YET`` "not yet" answers per ``max_age_s``
+(closes of made-up hops are charged to nobody); its further closes in that window are declined
+unread, uncharged, and sent again later. The store's work (a transaction and a signature per
+batch) runs off the trio loop.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Final, NamedTuple
 import trio
 from libp2p.peer.id import ID
 
-from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
+from gwtf.node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
 from gwtf.node.receipts.batching import MAX_BATCH_HOPS, BatchBook, CloseRequest
 from gwtf.node.receipts.book import Penalise, address_of_peer
 from gwtf.node.store.batches import BatchPending, BatchRefused
@@ -35,7 +39,12 @@ CLOSE_PROTOCOL: Final = "/gwtf/receipts/batch-close/3.0.0"
 _ACCEPTED, _REFUSED, _PENDING = b"\x01", b"\x00", b"\x02"
 #: Close requests in flight at once from one node.
 MAX_CONCURRENT_CLOSES: Final = 8
+#: "Not yet" answers one worker gets per ``max_age_s``; past them its closes are declined
+#: (uncharged: sent again later) until the window ends. An honest worker sends each close it
+#: was answered so again once a tick, a few at a time.
+MAX_NOT_YET: Final = 64
 _MAX_WHY: Final = 400  # bytes of a refusal's reason
+_MAX_WORKERS: Final = 1024  # workers' "not yet" windows kept before the ended ones are dropped
 _COUNT: Final = struct.Struct(">H")
 
 
@@ -90,7 +99,11 @@ class BatchCloser:
     on_settled: Callable[[CloseRequest, bool], Awaitable[None]] | None = None
     countersigned: int = 0
     refused: int = 0
+    #: Closes declined because their worker had its "not yet" answers of the window.
+    throttled: int = 0
     _warned: set[str] = field(default_factory=set)
+    #: Worker peer -> (when its window began, "not yet" answers it got in it).
+    _not_yet: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     def serve(self) -> None:
         self.rpc.serve(CLOSE_PROTOCOL, self._close, self._limits())
@@ -163,11 +176,24 @@ class BatchCloser:
 
     async def _close(self, peer: str, data: bytes) -> bytes:
         request = CloseRequest.decode(data)  # a ProtocolError: charged by the RPC layer
+        now = time.monotonic()
+        window = self.book.settings.max_age_s
+        began, count = self._not_yet.get(peer, (now, 0))
+        if now - began >= window:
+            began, count = now, 0
+        if count >= MAX_NOT_YET:  # made-up hops cost a signature check and a read each
+            self.throttled += 1
+            raise Decline(f"{count} closes answered 'not yet' in {window:.0f} s: send it later")
         try:
             counter = await trio.to_thread.run_sync(
                 self.book.countersign, request, address_of_peer(peer)
             )
         except BatchPending as exc:  # the close overtook a hop: not the worker's fault
+            self._not_yet[peer] = (began, count + 1)
+            if len(self._not_yet) > _MAX_WORKERS:
+                self._not_yet = {
+                    p: (b, c) for p, (b, c) in self._not_yet.items() if now - b < window
+                }
             return pending_reply(exc.lacking, str(exc))
         except BatchRefused as exc:
             self._refuse(peer, str(exc))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import ColumnElement, Select, and_, delete, func, insert, select, update
 
@@ -27,7 +28,7 @@ from gwtf.contracts.encoding import Eip712Domain, HopBatch, HopReceipt, hop_key,
 from gwtf.contracts.merkle import build_tree
 from gwtf.errors import ProtocolError
 from gwtf.node.store.database import Database
-from gwtf.node.store.hops import ConflictingReceipt, HopStore, hop_row
+from gwtf.node.store.hops import CHUNK, ConflictingReceipt, HopStore, hop_row
 from gwtf.node.store.models import (
     BatchedReceipt,
     HopBatchRow,
@@ -325,17 +326,22 @@ class BatchStore:
         worker_signature: bytes,
         sign: Callable[[bytes], bytes],
     ) -> bytes:
-        with self.db.engine.begin() as connection:
-            columns = (
-                "hop_key, role, batch_root, run_id, epoch, worker, counterparty, receipt_digest"
-            )
-            rows = {
-                bytes(row[0]): row[1:]
-                for row in self._hops._rows_of(connection, BatchedReceipt, columns, list(keys))
-            }
-        scope = (RECEIVER, None, batch.runId, batch.epoch, batch.worker, batch.counterparty)
         ordered = sorted(keys)
-        lacking = tuple(key for key in ordered if key not in rows)
+        columns = "hop_key, role, batch_root, run_id, epoch, worker, counterparty, receipt_digest"
+        rows: dict[bytes, tuple[Any, ...]] = {}
+        lacking: tuple[bytes, ...] = ()
+        with self.db.engine.begin() as connection:
+            # In hop key order, a chunk at a time, up to the first chunk lacking a hop: a
+            # request naming keys this node never held costs it one chunk's read, and names
+            # at most a chunk of them (all of a batch of up to CHUNK hops).
+            for start in range(0, len(ordered), CHUNK):
+                chunk = ordered[start : start + CHUNK]
+                found = self._hops._rows_of(connection, BatchedReceipt, columns, chunk)
+                rows.update((bytes(row[0]), tuple(row[1:])) for row in found)
+                lacking = tuple(key for key in chunk if key not in rows)
+                if lacking:
+                    break
+        scope = (RECEIVER, None, batch.runId, batch.epoch, batch.worker, batch.counterparty)
         if lacking:
             raise BatchPending(
                 f"batch of {batch.worker}: this node holds no receipt of {len(lacking)} of its "
