@@ -1156,3 +1156,24 @@ def test_a_workers_not_yet_answers_are_bounded_per_window_then_its_closes_declin
     assert closer.throttled == 2 and closer.refused == 0
     time.sleep(0.5)
     assert trio.run(flood)[0] == b"\x02"  # a new window
+
+
+def test_a_close_lacking_a_few_hops_in_each_chunk_names_them_all(tmp_path: Path) -> None:
+    """A batch of more than a chunk's hops whose receiver lacks a few in two chunks (kept
+    outputs' receipts whose acks were lost) is read whole: the "not yet" names both, so the
+    worker gives it up once, not once per chunk."""
+    b = book(tmp_path, "b")
+    held = [receipt(i % 256, epoch=i // 256) for i in range(1500)]
+    for start in range(0, len(held), 500):
+        assert all(b.record(held[start : start + 500], now=0.0, sender=ADDR["a"]))
+    keys = sorted(hop_key(r) for r in held)
+    lost = [
+        keys[100][:-1] + bytes([keys[100][-1] ^ 1]),
+        keys[1200][:-1] + bytes([keys[1200][-1] ^ 1]),
+    ]
+    named = tuple(sorted([*keys, *lost]))
+    batch = HopBatch(1, 0, ADDR["a"], ADDR["b"], keccak(b"any root"))
+    request = CloseRequest(batch, sign_digest(batch.digest(DOMAIN), KEYS["a"]), named)
+    with pytest.raises(BatchPending) as pending:
+        b.countersign(request, ADDR["a"])
+    assert pending.value.lacking == tuple(sorted(lost))

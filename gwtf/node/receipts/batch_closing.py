@@ -2,18 +2,17 @@
 
 The worker sends a ``CloseRequest`` (``gwtf.node.receipts.batching``); the receiver answers
 ``0x01`` and its 65-byte countersignature, ``0x02``, a u16 count and the keys of the hops it
-holds no receipt of yet (those of the first 1,000 in hop key order that lacks one: it reads no
-further), then why (the close overtook them: sent again at each ``close_due``;
-still so after ``max_age_s``, the batch is closed again without them, ``BatchBook.answered``;
-a close not answered at all is sent again too, once its receiver is no longer stopped), or
-``0x00`` and why it refuses (a hop it holds in
-another scope or batch, a root it does not rebuild): a refusal is an answer, so the worker
-learns why. A request that is not one is the sender's fault (the RPC layer charges it); a
-batch refused is charged to its worker too, since an honest worker only closes hops its
-receiver acked. A worker gets at most ``MAX_NOT_YET`` "not yet" answers per ``max_age_s``
-(closes of made-up hops are charged to nobody); its further closes in that window are declined
-unread, uncharged, and sent again later. The store's work (a transaction and a signature per
-batch) runs off the trio loop.
+holds no receipt of yet (read 1,000 at a time in hop key order, no further than 1,000 most of
+which it lacks: made-up keys cost one such read), then why (the close overtook them: sent
+again at each ``close_due``; still so after ``max_age_s``, the batch is closed again without
+them, ``BatchBook.answered``; a close not answered at all is sent again too, once its receiver
+is no longer stopped), or ``0x00`` and why it refuses (a hop it holds in another scope or
+batch, a root it does not rebuild): a refusal is an answer, so the worker learns why. A request
+that is not one is the sender's fault (the RPC layer charges it); a batch refused is charged to
+its worker too, since an honest worker only closes hops its receiver acked. A worker gets at
+most ``MAX_NOT_YET`` "not yet" answers per ``max_age_s`` (closes of made-up hops are charged to
+nobody); its further closes in that window are declined unread, uncharged, and sent again
+later. The store's work (a transaction and a signature per batch) runs off the trio loop.
 """
 
 from __future__ import annotations

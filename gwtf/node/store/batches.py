@@ -331,15 +331,17 @@ class BatchStore:
         rows: dict[bytes, tuple[Any, ...]] = {}
         lacking: tuple[bytes, ...] = ()
         with self.db.engine.begin() as connection:
-            # In hop key order, a chunk at a time, up to the first chunk lacking a hop: a
-            # request naming keys this node never held costs it one chunk's read, and names
-            # at most a chunk of them (all of a batch of up to CHUNK hops).
+            # In hop key order, a chunk at a time, up to the first chunk that lacks most of its
+            # hops: a request naming keys this node never held costs it one chunk's read and
+            # names at most a chunk of them; an honest close, lacking at most a few kept
+            # outputs' receipts, is read whole and names every hop it lacks.
             for start in range(0, len(ordered), CHUNK):
                 chunk = ordered[start : start + CHUNK]
                 found = self._hops._rows_of(connection, BatchedReceipt, columns, chunk)
                 rows.update((bytes(row[0]), tuple(row[1:])) for row in found)
-                lacking = tuple(key for key in chunk if key not in rows)
-                if lacking:
+                missing = tuple(key for key in chunk if key not in rows)
+                lacking += missing
+                if 2 * len(missing) > len(chunk):
                     break
         scope = (RECEIVER, None, batch.runId, batch.epoch, batch.worker, batch.counterparty)
         if lacking:
