@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from gwtf.contracts.certificate_tree import SignedReceipt, build_certificate_tree, check_signatures
 from gwtf.contracts.encoding import (
+    BACKWARD,
     FORWARD,
     HOP_RECEIPT_FIELDS,
     ledger_domain,
@@ -187,6 +188,36 @@ def test_a_held_receipt_joins_no_batch_until_released(tmp_path: Path) -> None:
 
     run_with({"a": worker, "b": receiver}, body)
     assert [e.receipt for e in completed] == [worker.receipt(facts())] and penalties == []
+
+
+def test_a_backward_released_by_its_forwards_batch_closes_in_the_same_iteration_end(
+    tmp_path: Path,
+) -> None:
+    """At an iteration's end a forward's batch is countersigned first; the backward it releases
+    (in the background) closes in the second round of that same close, not a max age later
+    (or never, after a run's last iteration)."""
+    penalties: list[tuple[str, str]] = []
+    worker = book(tmp_path, "a", penalties)
+    downstream, upstream = book(tmp_path, "b", penalties), book(tmp_path, "x", penalties)
+    forward = worker.receipt(facts())
+    backward_facts = facts()._replace(direction=BACKWARD, counterparty=PEER["x"])
+    backward = worker.receipt(backward_facts)
+
+    def release_backward(receipts: tuple[Any, ...], whole: bool) -> None:
+        if whole:  # the forward's batch countersigned: the backward may close
+            worker.release(backward)
+
+    worker.on_sealed = release_backward
+
+    async def body() -> None:
+        assert await worker.record(forward, PEER["b"], PEER["data"])
+        assert await downstream.record(forward, PEER["a"], PEER["data"])
+        assert await worker.record(backward, PEER["x"], PEER["data"], held=True)
+        assert await upstream.record(backward, PEER["a"], PEER["data"])
+        assert await worker.close_due(iteration_end=True) == 2
+
+    run_with({"a": worker, "b": downstream, "x": upstream}, body)
+    assert penalties == []
 
 
 def test_no_node_records_two_versions_of_one_hop(tmp_path: Path) -> None:

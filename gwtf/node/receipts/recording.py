@@ -211,12 +211,14 @@ class ReceiptBook:
         """Close and send every batch due (all open ones at an iteration's end); the number
         countersigned. Backwards released by a forward's batch close in a second round."""
         done = 0
-        try:
-            await self._releasing.submit(b"")  # after every release posted before it
-        except Exception as exc:  # the database's: the released ones close next time
-            log.error("receipts not released to a batch: %s", exc)
         async with self._closing:
             for _ in range(2 if iteration_end else 1):
+                # After every release posted before it: the first round's countersigned
+                # forwards release their backwards in the background, for the second round.
+                try:
+                    await self._releasing.submit(b"")
+                except Exception as exc:  # the database's: the released ones close next time
+                    log.error("receipts not released to a batch: %s", exc)
                 done += await self._close_round(iteration_end)
         return done
 

@@ -37,6 +37,10 @@ class ReceiptRow:
     counterparty_signature: bytes | None
     at: float
     as_worker: bool
+    # Its batch's root and its Merkle proof in that batch (leaf to root, 32 bytes a hash;
+    # None for a batch of one); the batch root is None while the receipt is open.
+    batch_root: bytes | None = None
+    batch_proof: bytes | None = None
     # Where the hop sits in the certificate it was paid from (``HopProof``); None before.
     leaf_index: int | None = None
     units_before: int | None = None
@@ -100,6 +104,8 @@ class NodeRecords:
                 b.counterparty_signature,
                 r.recorded_at.label("at"),
                 (r.role == WORKER).label("as_worker"),
+                r.batch_root,
+                r.batch_proof,
             )
             .outerjoin(b, _in_batch())
             .where(*where)
