@@ -8,7 +8,7 @@
    signatures, recovered once: the auditor caches each signer). Receipts per second of CPU
    time (one thread; run it under ``taskset -c 0`` for one core; goal >= 5,000), against the
    bare cost of recovering two signatures per receipt in the same run.
-2. Fetching that certificate's leaves with their proofs over ``/gwtf/receipts/2.0.0`` from a real
+2. Fetching that certificate's leaves with their proofs over ``/gwtf/receipts/3.0.0`` from a real
    libp2p host on loopback: as a peer of the run (no rate limit) and as an outsider (the shared
    public rate, 10 pages a second with a burst of 20), against decoding the same pages in
    process.

@@ -266,6 +266,12 @@ class ReceiptView(Schema):
     worker_signature: str
     counterparty_signature: str | None = Field(description="null until countersigned")
     as_worker: bool = Field(description="this node did the hop (else it countersigned it)")
+    batch_root: str | None = Field(
+        description="the root of the batch both signatures sign; null while it is in no batch"
+    )
+    batch_proof: list[str] = Field(
+        description="the receipt's Merkle proof in its batch, leaf to root (empty: a batch of one)"
+    )
     proof: InclusionProof | None = Field(
         description="in the certificate it was paid from; null until this node claimed it"
     )

@@ -28,6 +28,7 @@ from gwtf.node.p2p.identity import identity_from_key
 from gwtf.node.p2p.link_emulation import Topology
 from gwtf.node.p2p.relay_service import RelayLimits
 from gwtf.node.receipts import ReceiptsConfig
+from gwtf.node.receipts.batching import BatchSettings
 from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.cheats import check_cheat
 from gwtf.node.runtime.dataplane.try_token import NO_CHAIN_TRY_DOMAIN, try_token_domain
@@ -246,12 +247,18 @@ def receipts_from_settings(
         run.units_per_hop,
     )
     ledger = EpochLedger(contracts, chain.run_id, wallet)
+    try:
+        batches = BatchSettings(
+            chain.batch_max_hops, chain.batch_max_age_s, chain.batch_close_timeout_s
+        )
+    except ValueError as exc:
+        raise ConfigError(f"chain.batch_*: {exc}") from exc
     return ReceiptsConfig(
         terms,
         settings.db.url,
         ledger,
-        report_period_s=chain.report_period_s,
-        grace_s=2 * chain.report_period_s + 1.0,
+        report_period_s=chain.report_period_s,  # and the grace that follows (``grace_for``)
+        batches=batches,
         clock_period_s=chain.clock_period_s,
         cheat=settings.node.cheat,
         evidence_dir=chain.evidence_dir if settings.node.role == "relay" else "",

@@ -163,9 +163,9 @@ class ChainSettings:
     admission: bool = False
     #: How long an admission answer is reused before the chain is asked again.
     admission_cache_s: float = 30.0
-    #: Receipts on every hop (signed, countersigned, kept in the node database, reported to the
-    #: data node) and the epoch cycle: a data node certifies and submits each epoch, a relay
-    #: claims its reward. Needs ``run_id`` and the chain.
+    #: Receipts on every hop (recorded, signed and countersigned in batches, kept in the node
+    #: database, reported to the data node) and the epoch cycle: a data node certifies and
+    #: submits each epoch, a relay claims its reward. Needs ``run_id`` and the chain.
     receipts: bool = False
     #: The staking wallet's keystore (a data node's: its sponsor's), which submits
     #: certificates or claims rewards; its password is ``node.password_file``'s. "" sends
@@ -177,6 +177,13 @@ class ChainSettings:
     #: report periods and a second after an epoch's last iteration for the last reports.
     clock_period_s: float = 2.0
     report_period_s: float = 5.0
+    #: A worker signs its receipts for one receiver in batches (its receiver countersigns
+    #: each): one closes every ``batch_max_hops`` hops (1 to 4096), once its oldest hop is
+    #: ``batch_max_age_s`` old (at most 300), or at the iteration's end; a receiver that does
+    #: not answer within ``batch_close_timeout_s`` withheld it (no hops to it that iteration).
+    batch_max_hops: int = 256
+    batch_max_age_s: float = 10.0
+    batch_close_timeout_s: float = 10.0
     #: Where a relay keeps each hop's input and output frames and its stage's state at each
     #: iteration, for auditors to re-execute (``gwtf.node.store.evidence``); "" keeps nothing.
     evidence_dir: str = ".gwtf/evidence"
@@ -377,6 +384,15 @@ def _positive_int(v: int) -> str | None:
     return None if v >= 1 else "must be 1 or more"
 
 
+def _batch_hops(v: int) -> str | None:
+    # A receipt's proof in its batch is at most 12 hashes on the wire (2**12 leaves).
+    return None if 1 <= v <= 4096 else "must be 1 to 4096 hops a batch"
+
+
+def _batch_seconds(v: float) -> str | None:
+    return None if 0 < v <= 300 else "must be more than 0 and at most 300 seconds"
+
+
 # Field checks by "section.field"; fields without an entry only need the right type.
 VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "p2p.listen": check_listen,
@@ -405,6 +421,9 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "chain.admission_cache_s": _non_negative,
     "chain.clock_period_s": _positive,
     "chain.report_period_s": _positive,
+    "chain.batch_max_hops": _batch_hops,
+    "chain.batch_max_age_s": _batch_seconds,
+    "chain.batch_close_timeout_s": _batch_seconds,
     "training.model": _model_name,
     "training.device": _one_of("auto", "cpu", "cuda"),
     "training.param_dtype": _one_of("float32", "float64"),

@@ -24,11 +24,10 @@ from gwtf.api.schemas import (
     RunView,
     Status,
 )
+from gwtf.contracts.certificate_tree import SignedReceipt
 from gwtf.contracts.encoding import (
     HopReceipt,
-    hop_key,
     ledger_domain,
-    receipt_digest,
     scheduled_units,
     sign_receipt,
 )
@@ -36,10 +35,11 @@ from gwtf.node.chain.epochs import EpochBook, EpochTimes, RewardPaid
 from gwtf.node.local_api.earnings import ChainView
 from gwtf.node.local_api.snapshot import ChainParts, NodeSnapshot, SnapshotBox
 from gwtf.node.local_api.views import NodeViews
+from gwtf.node.store.batches import RECEIVER, WORKER, BatchStore
 from gwtf.node.store.database import Database, open_database
-from gwtf.node.store.hops import HopStore, ToSign
 from gwtf.node.store.ledger import LedgerRecords
 from gwtf.node.store.views import NodeRecords
+from tests.node.sealed_receipts import keep_sealed
 
 TOKEN = "t" * 32
 DOMAIN = ledger_domain(1, "0x" + "ab" * 20)
@@ -78,23 +78,22 @@ def fill(db: Database) -> None:
 
 def add_work(db: Database, epoch: int) -> None:
     """4 hops of ``epoch`` as worker (3 countersigned), 2 countersigned for the peer."""
-    store = HopStore(db)
+    store = BatchStore(db, DOMAIN)
     own = [receipt(epoch, m, NODE.address, PEER.address) for m in range(4)]
-    signed = store.sign_once(
-        [ToSign(hop_key(r), r, receipt_digest(r, DOMAIN), _signer(r, NODE.key)) for r in own]
-    )
-    assert all(isinstance(s, bytes) for s in signed)
-    counter = [sign_receipt(r, DOMAIN, PEER.key) for r in own[:3]]
-    store.add_countersignatures([(hop_key(r), c) for r, c in zip(own, counter, strict=False)])
+    signed = [
+        SignedReceipt(r, sign_receipt(r, DOMAIN, NODE.key), sign_receipt(r, DOMAIN, PEER.key))
+        for r in own
+    ]
+    keep_sealed(store, signed[:3], WORKER)
+    keep_sealed(store, [replace(signed[3], counterparty_signature=b"")], WORKER)
     theirs = [receipt(epoch, 100 + m, PEER.address, NODE.address) for m in range(2)]
-    store.countersign_once(
+    keep_sealed(
+        store,
         [
-            replace(
-                ToSign(hop_key(r), r, receipt_digest(r, DOMAIN), _signer(r, NODE.key)),
-                worker_signature=sign_receipt(r, DOMAIN, PEER.key),
-            )
+            SignedReceipt(r, sign_receipt(r, DOMAIN, PEER.key), sign_receipt(r, DOMAIN, NODE.key))
             for r in theirs
-        ]
+        ],
+        RECEIVER,
     )
 
 

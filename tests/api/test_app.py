@@ -15,10 +15,13 @@ from web3 import Web3
 from gwtf.api.app import MAX_PAGE, create_app
 from gwtf.api.schemas import ReceiptView
 from gwtf.api.services import Refused
-from gwtf.contracts.encoding import hop_key, receipt_digest, sign_receipt
+from gwtf.contracts.encoding import HopBatch, hop_key, receipt_digest, sign_receipt
+from gwtf.contracts.merkle import build_tree, verify_proof
 from gwtf.node.local_api.service import hosts_of
 from gwtf.node.local_api.snapshot import SnapshotBox
 from gwtf.node.local_api.views import NodeViews
+from gwtf.node.store.batches import WORKER, BatchStore, ClosedBatch
+from gwtf.node.store.database import Database
 from gwtf.node.store.models import RECEIPT_COLUMNS
 from tests.api.conftest import DATA_NODE, DOMAIN, NODE, PEER, TOKEN, UNITS, WORKING, receipt
 
@@ -75,9 +78,31 @@ def test_a_receipt_shows_every_field_of_the_receipt_it_signed(app: FastAPI) -> N
         "receipt_digest": "0x" + receipt_digest(signed, DOMAIN).hex(),
         "worker_signature": "0x" + sign_receipt(signed, DOMAIN, NODE.key).hex(),
         "counterparty_signature": item["counterparty_signature"], "as_worker": True,
+        # A batch of one: its root is the receipt's digest, its proof empty.
+        "batch_root": "0x" + receipt_digest(signed, DOMAIN).hex(), "batch_proof": [],
         "proof": None,
     }  # fmt: skip
     assert set(ReceiptView.model_fields) >= set(RECEIPT_COLUMNS.values())
+
+
+def test_a_receipt_in_a_batch_of_several_shows_its_proof_to_the_root_both_signed(
+    db: Database, app: FastAPI
+) -> None:
+    epoch = WORKING + 1
+    own = [receipt(epoch, m, NODE.address, PEER.address) for m in range(5)]
+    digests = [receipt_digest(r, DOMAIN) for r in own]
+    root = build_tree(digests).root
+    store = BatchStore(db, DOMAIN)
+    store.record(own, WORKER)
+    batch = HopBatch(1, epoch, NODE.address, PEER.address, root)
+    store._commit(ClosedBatch(batch, tuple(hop_key(r) for r in own), b"\x01" * 65, None),
+                  WORKER, digests)  # fmt: skip
+    items = TestClient(app).get("/v1/receipts", params={"epoch": epoch}).json()["items"]
+    assert len(items) == 5 and {r["batch_root"] for r in items} == {"0x" + root.hex()}
+    for item in items:
+        proof = [bytes.fromhex(h[2:]) for h in item["batch_proof"]]
+        leaf = bytes.fromhex(item["receipt_digest"][2:])
+        assert proof and verify_proof(proof, root, leaf)
 
 
 def test_earnings_follow_the_contracts_formula_beside_the_chains_view(app: FastAPI) -> None:

@@ -46,9 +46,9 @@ from gwtf.node.receipts.serving import (
     serve_receipts_forwarding,
 )
 from gwtf.node.receipts.wire import ReceiptPage, decode_page, encode_page
+from gwtf.node.store.batches import BatchStore
 from gwtf.node.store.database import open_database
 from gwtf.node.store.evidence import EvidenceArchive
-from gwtf.node.store.hops import HopStore
 from tests.contracts.conftest import Certified, Staffed
 from tests.contracts.test_disputes import certified_with, one_hop
 from tests.contracts.world import STAGES, UNITS_PER_HOP, NodeKey
@@ -83,7 +83,9 @@ def serving_data_node(
     ``evidence`` (it admits no peer: an auditor is served in public); yields its address."""
     terms = ReceiptTerms(s.run, s.w.ledger_domain, STAGES, UNITS_PER_HOP)
     trees = {0: tree} if tree is not None else {}
-    server = ReceiptServer(HopStore(open_database(f"sqlite:///{db}")), terms, trees.get, cheat)
+    server = ReceiptServer(
+        BatchStore(open_database(f"sqlite:///{db}"), terms.domain), terms, trees.get, cheat
+    )
 
     async def refuse(_peer: str) -> bool:
         return False
@@ -214,7 +216,9 @@ def data_node_at_home(s: Staffed, tree: CertificateTree, db: Path) -> Iterator[d
     addresses ("relay node", "forger node", "blinder node", "quitter node", "latecomer
     node")."""
     terms = ReceiptTerms(s.run, s.w.ledger_domain, STAGES, UNITS_PER_HOP)
-    server = ReceiptServer(HopStore(open_database(f"sqlite:///{db}")), terms, {0: tree}.get)
+    server = ReceiptServer(
+        BatchStore(open_database(f"sqlite:///{db}"), terms.domain), terms, {0: tree}.get
+    )
 
     async def refuse(_peer: str) -> bool:
         return False

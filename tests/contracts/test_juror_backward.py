@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 from contextlib import ExitStack
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +16,18 @@ import torch
 import trio
 
 from gwtf.contracts.certificate_tree import SignedReceipt
-from gwtf.contracts.encoding import BACKWARD, FORWARD, HopReceipt, hop_key, receipt_digest
+from gwtf.contracts.encoding import BACKWARD, FORWARD, HopReceipt, receipt_digest
 from gwtf.node.audit import jury
 from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.receipts.cheats import WRONG_TENSOR_SCALE
+from gwtf.node.store.batches import WORKER, BatchStore
 from gwtf.node.store.database import open_database
-from gwtf.node.store.hops import HopStore, ToSign
 from gwtf.node.training import codec
 from gwtf.node.training.codec import CodecLimits
 from gwtf.node.training.settings import TrainingSettings
 from tests.contracts.conftest import Staffed
 from tests.contracts.test_audit_command import serving_data_node
+from tests.node.sealed_receipts import keep_sealed
 from tests.training.test_reexecute import stage_with_kept_state
 
 SETTINGS = TrainingSettings(device="cpu")
@@ -65,16 +65,10 @@ def worked_backward(s: Staffed, tmp_path: Path, *, wrong: bool) -> dict[str, Any
 
 
 def keep_signed(db: Path, s: Staffed, hops: list[SignedReceipt]) -> None:
-    """The hops as their worker's node keeps them: signed, then countersigned."""
+    """The hops as their worker's node keeps them: in batches its receivers countersigned."""
     database = open_database(f"sqlite:///{db}")
     try:
-        store = HopStore(database)
-        store.sign_once([
-            ToSign(hop_key(h.receipt), h.receipt, receipt_digest(h.receipt, s.w.ledger_domain),
-                   partial(bytes, h.worker_signature))
-            for h in hops
-        ])  # fmt: skip
-        store.add_countersignatures([(hop_key(h.receipt), h.counterparty_signature) for h in hops])
+        keep_sealed(BatchStore(database, s.w.ledger_domain), hops, WORKER)
     finally:
         database.close()
 

@@ -6,24 +6,23 @@ oldest epoch with work settles."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 
 import pytest
 
 from gwtf.api.schemas import EpochEarnings
 from gwtf.contracts.certificate_tree import SignedReceipt
-from gwtf.contracts.encoding import hop_key, receipt_digest
 from gwtf.node.chain.actions import Contracts
 from gwtf.node.chain.epochs import EpochLedger
 from gwtf.node.local_api.earnings import earnings_of
 from gwtf.node.local_api.snapshot import ChainParts
 from gwtf.node.local_api.watcher import OPEN_BOOK_READ_S, ChainReader
+from gwtf.node.store.batches import WORKER, BatchStore
 from gwtf.node.store.database import Database, open_database
-from gwtf.node.store.hops import HopStore, ToSign
 from gwtf.node.store.views import NodeRecords
 from tests.contracts.conftest import Staffed
 from tests.contracts.world import EPOCH_S, TEST_GAS_LIMIT, WINDOW_S, World
+from tests.node.sealed_receipts import keep_sealed
 
 
 @pytest.fixture
@@ -36,20 +35,9 @@ def db(tmp_path: Path) -> Iterator[Database]:
 
 
 def keep_worked(db: Database, w: World, hops: list[SignedReceipt]) -> int:
-    """The hops as their worker's node keeps them: signed, then countersigned. Their units."""
-    store = HopStore(db)
-    domain = w.ledger_domain
-    signed = [
-        ToSign(
-            hop_key(h.receipt),
-            h.receipt,
-            receipt_digest(h.receipt, domain),
-            partial(bytes, h.worker_signature),  # signed already: the signer hands it back
-        )
-        for h in hops
-    ]
-    store.sign_once(signed)
-    store.add_countersignatures([(hop_key(h.receipt), h.counterparty_signature) for h in hops])
+    """The hops as their worker's node keeps them: in batches their receivers countersigned.
+    Their units."""
+    keep_sealed(BatchStore(db, w.ledger_domain), hops, WORKER)
     return sum(h.receipt.units for h in hops)
 
 

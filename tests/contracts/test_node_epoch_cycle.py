@@ -15,7 +15,6 @@ from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt
 from gwtf.contracts.encoding import (
     BACKWARD,
     FORWARD,
-    Eip712Domain,
     HopReceipt,
     hop_key,
     receipt_digest,
@@ -28,13 +27,15 @@ from gwtf.node.chain.epochs import EpochLedger
 from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.epochs import DataNodeEpochs, EpochClock, WorkerEpochs
 from gwtf.node.receipts.proofs import checked_proofs
+from gwtf.node.store.batches import RECEIVER, BatchStore
 from gwtf.node.store.database import open_database
-from gwtf.node.store.hops import HopStore, ToSign
+from gwtf.node.store.hops import HopStore
 from gwtf.node.store.ledger import LedgerRecords
 from gwtf.node.store.models import HopProof
 from tests.contracts.conftest import Staffed
 from tests.contracts.crash_child import data_node_cycle
 from tests.contracts.world import STAGES, TEST_GAS_LIMIT, UNITS_PER_HOP, NodeKey, World
+from tests.node.sealed_receipts import keep_sealed
 
 
 class CountingLedger(EpochLedger):
@@ -85,13 +86,6 @@ def chained_hops(s: Staffed, ghost: NodeKey) -> tuple[list[SignedReceipt], list[
     return entries, anchors
 
 
-def received(entry: SignedReceipt, domain: Eip712Domain) -> ToSign:
-    """``entry`` as its counterparty commits it on receipt (``HopStore.countersign_once``)."""
-    r = entry.receipt
-    counter = entry.counterparty_signature
-    return ToSign(hop_key(r), r, receipt_digest(r, domain), lambda: counter, entry.worker_signature)
-
-
 def data_cycle(s: Staffed, db_path: Path, ledger: EpochLedger) -> DataNodeEpochs:
     terms = ReceiptTerms(s.run, s.w.ledger_domain, STAGES, UNITS_PER_HOP)
     return data_node_cycle(terms, s.data.address, db_path, ledger)
@@ -112,7 +106,7 @@ def test_a_data_node_certifies_the_chained_hops_of_members_and_submits_once(
     own = [e for e in entries if e.receipt.counterparty == s.data.address]
     reported = [e for e in entries if e not in own[: len(own) // 2]]
     cycle.store.add_reported([PreparedHop.of(e, w.ledger_domain) for e in reported])
-    cycle.store.countersign_once([received(e, w.ledger_domain) for e in own])
+    keep_sealed(BatchStore(cycle.store.db, w.ledger_domain), own, RECEIVER)
     cycle.store.add_anchors(anchors)
     w.to_submission(s.run, 0)
 

@@ -1,13 +1,12 @@
-"""Receipts on the hot path (``gwtf/node/receipts/book.py``): what the worker signs and the receiver
-countersigns is the contract mirror's receipt, each committed before it is handed out, and the
-receiver holds it whole before its ack; a bad signature either way is refused, scored and
-logged once; no node signs two versions of a hop; the wire format of reports and ranges
-holds."""
+"""Receipts on the hot path (``gwtf/node/receipts/book.py``, ``recording.py``): what both ends
+record is the contract mirror's receipt; a batch the receiver countersigns completes it at both
+ends; a held receipt joins no batch until released; no node records two versions of a hop; a
+receiver that withholds is stopped for the iteration and scored; the wire format of reports and
+ranges holds."""
 
 from __future__ import annotations
 
 import contextlib
-import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -20,29 +19,25 @@ from hypothesis import strategies as st
 
 from gwtf.contracts.certificate_tree import SignedReceipt, build_certificate_tree, check_signatures
 from gwtf.contracts.encoding import (
+    BACKWARD,
     FORWARD,
     HOP_RECEIPT_FIELDS,
-    HopReceipt,
     ledger_domain,
-    receipt_digest,
-    recover_digest_signer,
-    recover_signer,
-    sign_receipt,
     snake_case,
 )
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
-from gwtf.node.receipts import reports
+from gwtf.node.receipts.batching import BatchSettings
 from gwtf.node.receipts.book import (
     HopFacts,
-    ReceiptBook,
     ReceiptTerms,
     address_of_peer,
     check_mirrors_receipt,
 )
-from gwtf.node.receipts.certify import check_report
-from gwtf.node.receipts.reports import MAX_DATA_NODES, ReceiptInbox, ReceiptReporter
+from gwtf.node.receipts.recording import ReceiptBook
+from gwtf.node.receipts.reports import MAX_DATA_NODES, ReceiptReporter
 from gwtf.node.receipts.wire import decode_range, decode_receipts, encode_range, encode_receipts
+from gwtf.node.store.batches import RECEIVER, WORKER, BatchStore
 from gwtf.node.store.database import open_database
 from gwtf.node.store.hops import HopStore
 
@@ -52,11 +47,18 @@ KEYS = {name: keccak(text=f"receipt book test {name}") for name in ("data", "a",
 PEER = {name: str(peer_id_of(identity_from_key(key))) for name, key in KEYS.items()}
 
 
-def book(tmp_path: Path, name: str, penalties: list[tuple[str, str]]) -> ReceiptBook:
+def book(
+    tmp_path: Path,
+    name: str,
+    penalties: list[tuple[str, str]],
+    settings: BatchSettings | None = None,
+) -> ReceiptBook:
     db = open_database(f"sqlite:///{tmp_path / name}.sqlite")
     return ReceiptBook(
-        TERMS, KEYS[name], HopStore(db), penalise=lambda peer, why: penalties.append((peer, why))
-    )
+        TERMS, KEYS[name], BatchStore(db, DOMAIN),
+        penalise=lambda peer, why: penalties.append((peer, why)),
+        settings=settings or BatchSettings(),
+    )  # fmt: skip
 
 
 def facts(attempt: int = 0, output: bytes = b"out") -> HopFacts:
@@ -67,37 +69,32 @@ def facts(attempt: int = 0, output: bytes = b"out") -> HopFacts:
     )  # fmt: skip
 
 
-def run_with(books: list[ReceiptBook], body: object) -> None:
+class Loop:
+    """Request-response between books in one process: a request reaches the handler its
+    receiver serves, as from the sender's peer id."""
+
+    def __init__(self, handlers: dict[str, Any], me: str) -> None:
+        self.handlers, self.me = handlers, me
+
+    def serve(self, protocol: str, handler: Any, *_: Any) -> None:
+        self.handlers[(str(self.me), protocol)] = handler
+
+    async def request(self, peer: Any, protocol: str, payload: bytes, limits: Any) -> bytes:
+        return await self.handlers[(str(peer), protocol)](self.me, payload)  # type: ignore[no-any-return]
+
+
+def run_with(books: dict[str, ReceiptBook], body: object) -> None:
+    handlers: dict[str, Any] = {}
+
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            for b in books:
-                nursery.start_soon(b.run)
+            for name, b in books.items():
+                nursery.start_soon(b.run, Loop(handlers, PEER[name]))
+            await trio.sleep(0)
             await body()  # type: ignore[operator]
             nursery.cancel_scope.cancel()
 
     trio.run(main)
-
-
-async def completion(book: ReceiptBook, count: int) -> None:
-    """Until ``book`` has signed and handed on ``count`` receipts (its writer thread's)."""
-    with trio.fail_after(10):
-        while book.counts.completed < count:
-            await trio.sleep(0.01)
-
-
-async def exchange(
-    worker: ReceiptBook, receiver: ReceiptBook, receipt: HopReceipt
-) -> tuple[bytes, bytes, bool]:
-    """One receipted hop from ``a`` to ``b``: the worker signs, the receiver countersigns, the
-    worker checks the ack. (signature, countersignature, whether the worker took it)"""
-    signature = await worker.sign(receipt)
-    assert signature is not None
-    counter = await receiver.countersign(PEER["a"], PEER["data"], receipt, signature)
-    return (
-        signature,
-        counter,
-        worker.acknowledged(PEER["b"], PEER["data"], receipt, signature, counter),
-    )
 
 
 def test_a_hops_facts_are_its_receipts_fields_but_the_runs_under_peer_ids() -> None:
@@ -140,9 +137,7 @@ def test_a_hop_record_that_drifts_from_the_receipt_is_refused() -> None:
     check_mirrors_receipt(HopFacts)
 
 
-def test_the_worker_signs_the_receiver_countersigns_and_both_keep_the_receipt(
-    tmp_path: Path,
-) -> None:
+def test_both_ends_record_the_hop_and_a_batch_completes_it_at_both(tmp_path: Path) -> None:
     penalties: list[tuple[str, str]] = []
     worker, receiver = book(tmp_path, "a", penalties), book(tmp_path, "b", penalties)
     completed, received = [], []
@@ -155,116 +150,176 @@ def test_the_worker_signs_the_receiver_countersigns_and_both_keep_the_receipt(
         assert receipt.counterparty == receiver.address
         assert receipt.dataNode == address_of_peer(PEER["data"])
         assert receipt.units == 10 and receipt.stage == 1
-        # The receiver rebuilds the same receipt from what it received, checks the worker's
-        # signature, and has the whole receipt on disk before its countersignature is out.
+        # The receiver rebuilds the same receipt from what it received; each end records it.
         assert receiver.receipt(facts()) == receipt
-        signature = await worker.sign(receipt)
-        assert (
-            signature is not None and recover_signer(receipt, DOMAIN, signature) == worker.address
-        )
-        # It signs the receipt as a batch of one (its proof empty), never the bare digest.
-        assert recover_digest_signer(receipt_digest(receipt, DOMAIN), signature) != worker.address
-        counter = await receiver.countersign(PEER["a"], PEER["data"], receipt, signature)
-        assert recover_signer(receipt, DOMAIN, counter) == receiver.address
-        assert receiver.store.received_hops(1, 0) == [SignedReceipt(receipt, signature, counter)]
-        assert worker.acknowledged(PEER["b"], PEER["data"], receipt, signature, counter)
-        await completion(worker, 1)
+        assert await worker.record(receipt, PEER["b"], PEER["data"])
+        assert await receiver.record(receipt, PEER["a"], PEER["data"])
+        assert await worker.close_due(iteration_end=True) == 1
+        with trio.fail_after(5):
+            while not received:
+                await trio.sleep(0.01)
 
-    run_with([worker, receiver], body)
+    run_with({"a": worker, "b": receiver}, body)
     assert penalties == []
     ((origin, entry),) = completed
     assert origin == PEER["data"] and received == completed, "both ends report it"
     check_signatures(entry, DOMAIN)  # what the disputes contract checks of a hop
-    (kept,) = worker.store.signed_hops(1, 0)
-    assert kept == entry, "the complete receipt is in the worker's database"
-    assert build_certificate_tree([kept], DOMAIN).count == 1
+    assert worker.store.sealed(1, 0, WORKER) == [entry]
+    assert receiver.store.sealed(1, 0, RECEIVER) == [entry]
+    assert build_certificate_tree([entry], DOMAIN).count == 1
     assert (worker.counts.signed, receiver.counts.countersigned) == (1, 1)
 
 
-def test_a_bad_countersignature_is_refused_scored_and_logged_once(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_held_receipt_joins_no_batch_until_released(tmp_path: Path) -> None:
+    """A backward recorded held (its forward's batch not countersigned yet) stays out of
+    every batch, and closes once released."""
     penalties: list[tuple[str, str]] = []
     worker, receiver = book(tmp_path, "a", penalties), book(tmp_path, "b", penalties)
-    caplog.set_level(logging.WARNING, logger="gwtf.node.receipts.book")
+    completed: list[SignedReceipt] = []
+    worker.on_complete = lambda origin, entry: completed.append(entry)
 
     async def body() -> None:
         receipt = worker.receipt(facts())
-        signature = await worker.sign(receipt)
-        assert signature is not None
-        _, counter_of_other, _ = await exchange(worker, receiver, worker.receipt(facts(1)))
-        # Not the receiver's key, then the receiver's signature of another receipt.
-        assert not worker.acknowledged(PEER["b"], PEER["data"], receipt, signature, b"\x01" * 65)
-        assert not worker.acknowledged(
-            PEER["b"], PEER["data"], receipt, signature, counter_of_other
-        )
-        counter = await receiver.countersign(PEER["a"], PEER["data"], receipt, signature)
-        assert worker.acknowledged(PEER["b"], PEER["data"], receipt, signature, counter)
-        await completion(worker, 2)
+        assert await worker.record(receipt, PEER["b"], PEER["data"], held=True)
+        assert await receiver.record(receipt, PEER["a"], PEER["data"])
+        assert await worker.close_due(iteration_end=True) == 0
+        worker.release(receipt)
+        assert await worker.close_due(iteration_end=True) == 1
 
-    run_with([worker, receiver], body)
-    assert [peer for peer, _ in penalties] == [PEER["b"], PEER["b"]]
-    assert worker.counts.refused == 2 and worker.counts.completed == 2
-    assert {e.receipt for e in worker.store.signed_hops(1, 0)} == {
-        worker.receipt(facts()),
-        worker.receipt(facts(1)),
-    }
-    logged = [r for r in caplog.records if PEER["b"] in r.getMessage()]
-    assert len(logged) == 1, "a misbehaving peer is logged once"
+    run_with({"a": worker, "b": receiver}, body)
+    assert [e.receipt for e in completed] == [worker.receipt(facts())] and penalties == []
 
 
-def test_a_receipt_its_worker_did_not_sign_is_refused_and_nothing_is_kept(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_a_backward_released_by_its_forwards_batch_closes_in_the_same_iteration_end(
+    tmp_path: Path,
 ) -> None:
+    """At an iteration's end a forward's batch is countersigned first; the backward it releases
+    (in the background) closes in the second round of that same close, not a max age later
+    (or never, after a run's last iteration)."""
     penalties: list[tuple[str, str]] = []
-    receiver = book(tmp_path, "b", penalties)
-    caplog.set_level(logging.WARNING, logger="gwtf.node.receipts.book")
-    results = []
+    worker = book(tmp_path, "a", penalties)
+    downstream, upstream = book(tmp_path, "b", penalties), book(tmp_path, "x", penalties)
+    forward = worker.receipt(facts())
+    backward_facts = facts()._replace(direction=BACKWARD, counterparty=PEER["x"])
+    backward = worker.receipt(backward_facts)
+
+    def release_backward(receipts: tuple[Any, ...], whole: bool) -> None:
+        if whole:  # the forward's batch countersigned: the backward may close
+            worker.release(backward)
+
+    worker.on_sealed = release_backward
 
     async def body() -> None:
-        receipt = receiver.receipt(facts())
-        # Signed by another key; then a's signature of a receipt for another output (the
-        # frame that arrived is not the one a signed).
-        by_x = sign_receipt(receipt, DOMAIN, KEYS["x"])
-        other_output = sign_receipt(receiver.receipt(facts(output=b"else")), DOMAIN, KEYS["a"])
-        for signature in (by_x, other_output, b"\x00" * 65):
-            results.append(await receiver.countersign(PEER["a"], PEER["data"], receipt, signature))
+        assert await worker.record(forward, PEER["b"], PEER["data"])
+        assert await downstream.record(forward, PEER["a"], PEER["data"])
+        assert await worker.record(backward, PEER["x"], PEER["data"], held=True)
+        assert await upstream.record(backward, PEER["a"], PEER["data"])
+        assert await worker.close_due(iteration_end=True) == 2
 
-    run_with([receiver], body)
-    assert results == [b"", b"", b""]
-    assert [peer for peer, _ in penalties] == [PEER["a"]] * 3
-    assert receiver.store.received_hops(1, 0) == [] and receiver.counts.countersigned == 0
-    assert len([r for r in caplog.records if PEER["a"] in r.getMessage()]) == 1
+    run_with({"a": worker, "b": downstream, "x": upstream}, body)
+    assert penalties == []
 
 
-def test_no_node_signs_or_countersigns_two_versions_of_one_hop(tmp_path: Path) -> None:
+def test_no_node_records_two_versions_of_one_hop(tmp_path: Path) -> None:
+    """A second receipt under a hop key held is not recorded: the worker learns it (and
+    re-sends under the next attempt), a receiver refuses and scores the sender."""
     penalties: list[tuple[str, str]] = []
     worker, receiver = book(tmp_path, "a", penalties), book(tmp_path, "b", penalties)
-    results = []
-    received = []
-    receiver.on_received = lambda origin, entry: received.append(entry)
 
     async def body() -> None:
         first = worker.receipt(facts())
         second = worker.receipt(facts(output=b"another output"))  # same hop key
-        signature, counter, taken = await exchange(worker, receiver, first)
-        assert taken and counter != b""
-        # The worker never signs a second version, whatever it computed ...
-        assert await worker.sign(second) is None
-        assert await worker.sign(first) == signature, "the first again is the same signature"
-        # The same hop asked again gets the same countersignature, and is not reported twice.
-        again = await receiver.countersign(PEER["a"], PEER["data"], first, signature)
-        assert again == counter and len(received) == 1
-        # ... nor does the receiver countersign one, though its worker signed it.
-        dishonest = sign_receipt(second, DOMAIN, KEYS["a"])
-        results.append(await receiver.countersign(PEER["a"], PEER["data"], second, dishonest))
-        await completion(worker, 1)
+        assert await worker.record(first, PEER["b"], PEER["data"])
+        conflicts: list[bool] = []
+        assert not await worker.record(second, PEER["b"], PEER["data"], conflicts)
+        assert conflicts == [True]
+        assert await worker.record(first, PEER["b"], PEER["data"]), "the same again is held"
+        assert await receiver.record(first, PEER["a"], PEER["data"])
+        assert not await receiver.record(second, PEER["a"], PEER["data"])
 
-    run_with([worker, receiver], body)
-    assert results == [b""]
-    assert penalties and penalties[-1][0] == PEER["a"]
-    assert [e.receipt for e in worker.store.signed_hops(1, 0)] == [worker.receipt(facts())]
-    assert [e.receipt for e in receiver.store.received_hops(1, 0)] == [worker.receipt(facts())]
+    run_with({"a": worker, "b": receiver}, body)
+    assert [peer for peer, _ in penalties] == [PEER["a"]]
+    assert receiver.counts.refused == 1 and worker.counts.refused == 0
+
+
+def test_a_receiver_that_withholds_is_stopped_scored_and_nothing_is_sealed(
+    tmp_path: Path,
+) -> None:
+    """The receiver never records the hop the worker batches: it answers "not yet" (the close
+    may have overtaken the hop), which stops nobody at first; still so ``max_age_s`` later, it
+    is withholding: the worker scores it and sends it no hop for the iteration, until the
+    next. Nothing is sealed, and the batch is not settled while its close is sent again."""
+    penalties: list[tuple[str, str]] = []
+    settings = BatchSettings(max_age_s=0.2)
+    worker = book(tmp_path, "a", penalties, settings)
+    receiver = book(tmp_path, "b", penalties, settings)
+    completed: list[SignedReceipt] = []
+    settled: list[bool] = []
+    worker.on_complete = lambda origin, entry: completed.append(entry)
+    worker.on_sealed = lambda receipts, whole: settled.append(whole)
+
+    async def body() -> None:
+        worker.iteration_started(0)
+        assert await worker.record(worker.receipt(facts()), PEER["b"], PEER["data"])
+        assert await worker.close_due(iteration_end=True) == 0
+        assert worker.withholders.may_send(PEER["b"]), "'not yet' is nobody's fault at first"
+        assert len(worker.batches.pending_requests()) == 1
+        with trio.fail_after(5):
+            while worker.withholders.may_send(PEER["b"]):  # sent again on the timer
+                await trio.sleep(0.05)
+        worker.iteration_started(1)
+        assert worker.withholders.may_send(PEER["b"])
+
+    run_with({"a": worker, "b": receiver}, body)
+    assert completed == [] and settled == [], "still to be sent again: not settled"
+    assert PEER["b"] in [peer for peer, _ in penalties]
+    assert worker.store.sealed(1, 0, WORKER) == [], "nothing countersigned, nothing sealed"
+
+
+def test_a_close_that_overtook_its_hop_is_sent_again_and_completes(tmp_path: Path) -> None:
+    """The worker closes before the receiver has recorded the hop: "not yet", the batch is
+    kept and not settled (a forward's backwards still wait for it); once the receiver has
+    the hop, the next close sends it again and it is countersigned and reported at both ends."""
+    penalties: list[tuple[str, str]] = []
+    worker, receiver = book(tmp_path, "a", penalties), book(tmp_path, "b", penalties)
+    completed: list[SignedReceipt] = []
+    settled: list[bool] = []
+    worker.on_complete = lambda origin, entry: completed.append(entry)
+    worker.on_sealed = lambda receipts, whole: settled.append(whole)
+
+    async def body() -> None:
+        receipt = worker.receipt(facts())
+        assert await worker.record(receipt, PEER["b"], PEER["data"])
+        assert await worker.close_due(iteration_end=True) == 0
+        assert settled == [] and worker.withholders.may_send(PEER["b"])
+        assert await receiver.record(receipt, PEER["a"], PEER["data"])
+        assert await worker.close_due() == 1, "the same close, sent again"
+        assert settled == [True] and worker.batches.pending_requests() == []
+
+    run_with({"a": worker, "b": receiver}, body)
+    assert [e.receipt for e in completed] == [worker.receipt(facts())] and penalties == []
+
+
+def test_a_received_hop_naming_another_worker_than_its_sender_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A receiver records a hop only under the authenticated peer it came from as worker: one
+    naming another (a third party planting a receipt under a's hop key) is refused and its
+    sender charged; a's own hop under that key is then recorded and closes."""
+    penalties: list[tuple[str, str]] = []
+    worker, receiver = book(tmp_path, "a", penalties), book(tmp_path, "b", penalties)
+
+    async def body() -> None:
+        receipt = worker.receipt(facts())
+        planted = worker.receipt(facts(output=b"planted"))  # a's hop key, another receipt
+        assert not await receiver.record(planted, PEER["x"], PEER["data"])
+        assert await worker.record(receipt, PEER["b"], PEER["data"])
+        assert await receiver.record(receipt, PEER["a"], PEER["data"])
+        assert await worker.close_due(iteration_end=True) == 1
+
+    run_with({"a": worker, "b": receiver}, body)
+    assert [peer for peer, _ in penalties] == [PEER["x"]]
+    assert "another worker" in penalties[0][1]
 
 
 def test_reports_and_ranges_round_trip(tmp_path: Path) -> None:
@@ -275,22 +330,24 @@ def test_reports_and_ranges_round_trip(tmp_path: Path) -> None:
 
     async def body() -> None:
         for attempt in range(3):
-            await exchange(worker, receiver, worker.receipt(facts(attempt)))
-        await completion(worker, 3)
+            receipt = worker.receipt(facts(attempt))
+            assert await worker.record(receipt, PEER["b"], PEER["data"])
+            assert await receiver.record(receipt, PEER["a"], PEER["data"])
+        assert await worker.close_due(iteration_end=True) == 1
 
-    run_with([worker, receiver], body)
+    run_with({"a": worker, "b": receiver}, body)
+    assert len(entries) == 3 and all(e.proof for e in entries), "one batch of three"
     assert decode_receipts(encode_receipts(entries)) == entries
     tree = build_certificate_tree(entries, DOMAIN)
     span = tree.worker_range(worker.address)
     assert span is not None and decode_range(encode_range(span)) == span
     assert decode_range(encode_range(None)) is None
-    # A receipt of a larger batch carries a proof the format has no room for: refused, not
-    # reported without it (the data node could not check its signatures).
-    batched = replace(entries[0], proof=(b"\x01" * 32,))
-    with pytest.raises(ProtocolError, match="batch of more than one"):
-        encode_receipts([batched])
-    with pytest.raises(ProtocolError, match="batch of more than one"):
-        worker.store.certify([(batched.receipt.hop_key, b"\x02" * 32, batched)])
+    # A receipt of a larger batch travels and is kept with its proof in the batch.
+    batched = replace(entries[0], proof=(b"\x01" * 32, b"\x03" * 32))
+    assert decode_receipts(encode_receipts([batched])) == [batched]
+    hops = HopStore(worker.store.db)
+    hops.certify([(batched.receipt.hop_key, b"\x02" * 32, batched)])
+    assert hops.certified_hops(1, 0) == [batched]
 
 
 @given(st.binary(max_size=800))
@@ -316,38 +373,3 @@ def test_a_relays_outbox_keeps_few_data_nodes_a_peer_names_but_every_known_one(
     assert len(reporter.outbox) == MAX_DATA_NODES
     reporter.add(PEER["data"], SignedReceipt(receipt, b"", b""))
     assert known in reporter.outbox, "a data node discovery knows always has its outbox"
-
-
-def test_a_data_node_takes_a_receipt_it_countersigned_itself_without_checking_it_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The receipt of a hop into the data node is whole in its own database once it acked
-    the hop; when the hop's worker reports it too, the data node takes it as held, without
-    recovering its two signatures again. Other bytes under its hop key are checked."""
-    penalties: list[tuple[str, str]] = []
-    worker, data = book(tmp_path, "a", penalties), book(tmp_path, "data", penalties)
-    inbox = ReceiptInbox(None, TERMS, data.address, data.store, 1.0)  # type: ignore[arg-type]
-    checked: list[SignedReceipt] = []
-
-    def counting(entry: SignedReceipt, *args: Any) -> Any:
-        checked.append(entry)
-        return check_report(entry, *args)
-
-    monkeypatch.setattr(reports, "check_report", counting)
-    into_data = facts()._replace(stage=2, counterparty=PEER["data"])
-    entries: list[SignedReceipt] = []
-
-    async def body() -> None:
-        receipt = worker.receipt(into_data)
-        signature = await worker.sign(receipt)
-        assert signature is not None
-        counter = await data.countersign(PEER["a"], PEER["data"], receipt, signature)
-        entries.append(SignedReceipt(receipt, signature, counter))
-        assert await inbox._report(PEER["a"], encode_receipts(entries)) == b"\x00\x01\x00\x00"
-        forged = replace(entries[0], counterparty_signature=signature)
-        assert await inbox._report(PEER["a"], encode_receipts([forged])) == b"\x00\x00\x00\x01"
-
-    run_with([worker, data], body)
-    assert checked == [replace(entries[0], counterparty_signature=entries[0].worker_signature)]
-    assert data.store.reported_hops(1, 0) == [], "its own copy is the one certified"
-    assert (inbox.accepted, inbox.refused) == (1, 1) and penalties == []

@@ -1,4 +1,4 @@
-"""A node's receipts served over ``/gwtf/receipts/2.0.0`` (real libp2p hosts on 127.0.0.1, a
+"""A node's receipts served over ``/gwtf/receipts/3.0.0`` (real libp2p hosts on 127.0.0.1, a
 real SQLite store): every complete receipt it signed or countersigned, and a data node's
 certificate with each leaf's proof against its root, in bounded pages; the page formats hold
 against arbitrary bytes."""
@@ -28,7 +28,6 @@ from gwtf.contracts.encoding import (
     ledger_domain,
     node_address_of,
     node_public_key,
-    receipt_digest,
     sign_receipt,
 )
 from gwtf.contracts.merkle import verify_proof
@@ -56,8 +55,9 @@ from gwtf.node.receipts.wire import (
     encode_page,
     encode_receipts,
 )
+from gwtf.node.store.batches import RECEIVER, WORKER, BatchStore
 from gwtf.node.store.database import open_database
-from gwtf.node.store.hops import HopStore, ToSign
+from tests.node.sealed_receipts import keep_sealed
 
 DOMAIN = ledger_domain(31337, "0x" + "ef" * 20)
 TERMS = ReceiptTerms(run_id=1, domain=DOMAIN, stages=2, units_per_hop=10)
@@ -77,29 +77,16 @@ def signed(microbatch: int, worker: str = "a", receiver: str = "b") -> SignedRec
     )
 
 
-def as_signed(entry: SignedReceipt) -> ToSign:
-    r = entry.receipt
-    return ToSign(hop_key(r), r, receipt_digest(r, DOMAIN), lambda: entry.worker_signature)
-
-
-def as_received(entry: SignedReceipt) -> ToSign:
-    r = entry.receipt
-    signature = entry.counterparty_signature
-    return ToSign(
-        hop_key(r), r, receipt_digest(r, DOMAIN), lambda: signature, entry.worker_signature
-    )
-
-
 def test_a_node_serves_its_receipts_and_a_certificate_with_proofs_in_pages(
     tmp_path: Path,
 ) -> None:
-    store = HopStore(open_database(f"sqlite:///{tmp_path / 'a.sqlite'}"))
+    store = BatchStore(open_database(f"sqlite:///{tmp_path / 'a.sqlite'}"), DOMAIN)
     mine = [signed(m) for m in range(MAX_PAGE + 44)]  # two pages
-    store.sign_once([as_signed(e) for e in mine])
-    complete = mine[:-4]  # the last four never acknowledged: not served
-    store.add_countersignatures([(hop_key(e.receipt), e.counterparty_signature) for e in complete])
+    complete = mine[:-4]  # the last four's batch never countersigned: not served
+    keep_sealed(store, complete, WORKER)
+    keep_sealed(store, [replace(e, counterparty_signature=b"") for e in mine[-4:]], WORKER)
     received = [signed(1000 + m, worker="b", receiver="a") for m in range(5)]
-    store.countersign_once([as_received(e) for e in received])
+    keep_sealed(store, received, RECEIVER)
     tree = build_certificate_tree(mine, DOMAIN)
     # Epoch 1's tree holds the receipts of its first page only: a reading of it breaks off.
     cut = replace(
@@ -183,9 +170,31 @@ def test_a_reported_receipt_is_its_fields_packed_in_struct_order_then_both_signa
         r.attempt, bytes.fromhex(r.worker[2:]), bytes.fromhex(r.counterparty[2:]),
         r.inputDigest, r.outputDigest, r.units, entry.worker_signature,
         entry.counterparty_signature,
-    )  # fmt: skip
-    assert encode_receipts([entry]) == expected and len(expected) == 2 + RECEIPT_BYTES == 325
+    ) + b"\x00"  # fmt: skip
+    assert encode_receipts([entry]) == expected and len(expected) == 2 + RECEIPT_BYTES + 1 == 326
     assert decode_receipts(expected) == [entry]
+
+
+def test_a_receipt_signed_in_a_batch_travels_with_its_proof_and_a_long_proof_is_refused() -> None:
+    """then its proof in the batch: a length byte and the hashes."""
+    entry = signed(5)
+    proof = tuple(bytes([i]) * 32 for i in range(3))
+    batched = SignedReceipt(
+        entry.receipt, entry.worker_signature, entry.counterparty_signature, proof
+    )
+    data = encode_receipts([batched, entry])
+    assert decode_receipts(data) == [batched, entry]
+    assert data[2 + RECEIPT_BYTES] == 3
+    for bad in (
+        data[:-1],
+        data + b"\x00",
+        data[: 2 + RECEIPT_BYTES] + b"\x41" + data[3 + RECEIPT_BYTES :],
+    ):
+        with pytest.raises(ProtocolError):
+            decode_receipts(bad)
+    too_long = SignedReceipt(entry.receipt, b"\x01" * 65, b"\x01" * 65, (b"\x00" * 32,) * 65)
+    with pytest.raises(ProtocolError):
+        encode_receipts([too_long])
 
 
 @given(st.binary(max_size=1200))

@@ -1,5 +1,5 @@
 """An auditor reads the receipts of a node it cannot dial through a node connected to it
-(``/gwtf/receipts-via/2.0.0``), as the audit does for a relay at home: the forwarder passes
+(``/gwtf/receipts-via/3.0.0``), as the audit does for a relay at home: the forwarder passes
 only over connections it has, the next forwarder is tried when one declines (and read too
 after one that passes on none, for a juror), and an
 equivocation in the unreached node's own receipts is found (real hosts on loopback, a real
@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import trio
 
-from gwtf.contracts.encoding import hop_key
 from gwtf.node.audit.checks import equivocations
 from gwtf.node.audit.replays import EvidenceSource
 from gwtf.node.audit.runner import read_receipts
@@ -27,15 +26,14 @@ from gwtf.node.receipts.serving import (
     serve_receipts_forwarding,
 )
 from gwtf.node.receipts.wire import ReceiptPage, encode_page
+from gwtf.node.store.batches import RECEIVER, WORKER, BatchStore
 from gwtf.node.store.database import open_database
-from gwtf.node.store.hops import HopStore
+from tests.node.sealed_receipts import keep_sealed
 from tests.node.test_receipt_serving import (
     ADDRESS,
     DOMAIN,
     KEYS,
     TERMS,
-    as_received,
-    as_signed,
     signed,
 )
 from tests.p2p.test_host_stop import run_bounded
@@ -44,12 +42,11 @@ from tests.p2p.test_host_stop import run_bounded
 def test_a_node_nobody_dials_is_read_through_a_forwarder_and_its_equivocation_found(
     tmp_path: Path,
 ) -> None:
-    store = HopStore(open_database(f"sqlite:///{tmp_path / 'a.sqlite'}"))
+    store = BatchStore(open_database(f"sqlite:///{tmp_path / 'a.sqlite'}"), DOMAIN)
     mine = [signed(m) for m in range(3)]
-    store.sign_once([as_signed(e) for e in mine])
-    store.add_countersignatures([(hop_key(e.receipt), e.counterparty_signature) for e in mine])
+    keep_sealed(store, mine, WORKER)
     received = [signed(100 + m, worker="b", receiver="a") for m in range(2)]
-    store.countersign_once([as_received(e) for e in received])
+    keep_sealed(store, received, RECEIVER)
     # "a" countersigns a second version of the first hop it received and serves it.
     cheat = Cheat(EQUIVOCATE, KEYS["a"], DOMAIN, TERMS.units_per_hop)
     cheat.received(received[0])

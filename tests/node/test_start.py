@@ -330,7 +330,8 @@ def proven_units(url: str, root: bytes) -> int:
             proof["leaf_index"], proof["units_before"], r["worker"], r["units"],
             bytes.fromhex(r["hop_key"][2:]), bytes.fromhex(r["receipt_digest"][2:]),
             signatures_hash(bytes.fromhex(r["worker_signature"][2:]),
-                            bytes.fromhex(r["counterparty_signature"][2:])),
+                            bytes.fromhex(r["counterparty_signature"][2:]),
+                            [bytes.fromhex(h[2:]) for h in r["batch_proof"]]),
         )  # fmt: skip
         assert proof["signatures_hash"] == "0x" + leaf.signaturesHash.hex()
         assert verify_proof([bytes.fromhex(h[2:]) for h in proof["siblings"]], root, leaf.leaf())

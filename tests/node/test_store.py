@@ -42,6 +42,7 @@ from gwtf.node.store.database import (
 from gwtf.node.store.hops import ConflictingReceipt, HopStore, ToSign
 from gwtf.node.store.models import (
     RECEIPT_COLUMNS,
+    BatchedReceipt,
     CertifiedHopRow,
     ReceiptFields,
     ReceivedHop,
@@ -58,9 +59,9 @@ WORKER, RECEIVER = (Account.from_key(keccak(text=f"store test {who}")) for who i
 TABLES = {
     "signed_hops", "countersignatures", "certified_hops", "epoch_certificates",
     "reward_claims", "slashes", "challenges_seen", "peers", "reported_hops", "origin_digests",
-    "received_hops", "hop_proofs",
+    "received_hops", "hop_proofs", "batched_receipts", "hop_batches", "hop_commitments",
 }  # fmt: skip
-RECEIPT_TABLES = (SignedHop, ReceivedHop, CertifiedHopRow, ReportedHop)
+RECEIPT_TABLES = (SignedHop, ReceivedHop, CertifiedHopRow, ReportedHop, BatchedReceipt)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -1,6 +1,8 @@
 """Receipts on an in-process swarm without a chain: each node gets a real ``ReceiptBook`` (its
-own key, its own SQLite database) on its data plane, every complete receipt either end hands on
-is collected with the data node's anchors, and every hop a relay computes is noted. What an
+own key, its own SQLite database, its batches closed over its own host) on its data plane;
+every batch closes at the end of each of the data node's iterations (``settle``) as well as on
+the book's timer; every complete receipt either end hands on is collected with the data node's
+anchors, and every hop a relay computes is noted. What an
 honest data node would certify of them is then ``certified()`` (``gwtf.node.receipts.certify``),
 and ``unpaid()`` lists the hops live relays computed that no certified receipt pays."""
 
@@ -15,14 +17,16 @@ from typing import Any
 import trio
 
 from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt
-from gwtf.contracts.encoding import BACKWARD, FORWARD, hop_key, ledger_domain
-from gwtf.node.receipts.book import ReceiptBook, ReceiptTerms, address_of_peer
+from gwtf.contracts.encoding import BACKWARD, FORWARD, HopReceipt, hop_key, ledger_domain
+from gwtf.node.receipts.batching import BatchSettings
+from gwtf.node.receipts.book import ReceiptTerms, address_of_peer
 from gwtf.node.receipts.certify import Anchor, certifiable, check_report
+from gwtf.node.receipts.recording import ReceiptBook
 from gwtf.node.runtime.dataplane.hop import HopHeader, frame_digest
 from gwtf.node.runtime.live_node import LiveNode
 from gwtf.node.runtime.roles.relay import RelayRole
+from gwtf.node.store.batches import BatchStore
 from gwtf.node.store.database import open_database
-from gwtf.node.store.hops import HopStore
 
 #: (worker address, iteration, microbatch, stage, direction, input digest): one computation.
 Computation = tuple[str, int, int, int, int, bytes]
@@ -39,6 +43,12 @@ class ReceiptTap:
     anchors: list[Anchor] = field(default_factory=list)
     computed: list[Computation] = field(default_factory=list)
     books: dict[str, ReceiptBook] = field(default_factory=dict)
+    #: When the nodes' batches close (besides each iteration's end).
+    settings: BatchSettings = field(default_factory=BatchSettings)
+    #: (peer, why) of every charge a node's book made (a refused batch, a withheld one).
+    charged: list[tuple[str, str]] = field(default_factory=list)
+    #: Every receipt a node recorded as worker, batched or not.
+    recorded: list[HopReceipt] = field(default_factory=list)
     data_peer: str = ""
 
     @property
@@ -49,17 +59,48 @@ class ReceiptTap:
     def attach(self, name: str, node: LiveNode, nursery: trio.Nursery) -> None:
         db = open_database(f"sqlite:///{self.tmp_path / f'receipts-{name}'}.sqlite")
         key = self.identity_of(name).private_key.to_bytes()
-        book = ReceiptBook(self.terms, key, HopStore(db))
+        book = ReceiptBook(
+            self.terms,
+            key,
+            BatchStore(db, self.terms.domain),
+            lambda peer, why: self.charged.append((peer, why)),
+            settings=self.settings,
+        )
         book.on_complete = self._completed
         book.on_received = lambda origin, entry: self.entries.append(entry)
+        book.on_signed = self.recorded.append
         self.books[name] = book
-        node.plane.receipts = book
-        nursery.start_soon(book.run)
+        node.plane.use_receipts(book)
+        nursery.start_soon(book.run, node.rpc)
         if isinstance(node.role, RelayRole):
             self._note_computations(node.role)
         else:
             self.data_peer = node.plane.node_id
             node.plane.origin_send = self._anchor
+            self._settle_after_iterations(node)
+
+    def _settle_after_iterations(self, node: LiveNode) -> None:
+        """The data node's iterations end once every batch of theirs is closed (a live data
+        node serves on after its last iteration; this one stops)."""
+        run_iteration = node.role.run_iteration
+
+        async def then_settle(iteration: int) -> Any:
+            result = await run_iteration(iteration)
+            await self.settle()
+            return result
+
+        node.role.run_iteration = then_settle  # type: ignore[method-assign]
+
+    async def settle(self) -> None:
+        """Close every open batch of every node (a crashed node's close goes unanswered)."""
+        async with trio.open_nursery() as nursery:
+            for book in self.books.values():
+
+                async def close(book: ReceiptBook) -> None:
+                    with trio.move_on_after(10):
+                        await book.close_due(iteration_end=True)
+
+                nursery.start_soon(close, book)
 
     def _completed(self, origin: str, entry: SignedReceipt) -> None:
         self.entries.append(entry)
@@ -96,10 +137,21 @@ class ReceiptTap:
         return certifiable(prepared, self.anchors, self.stages)
 
     def unpaid(self, dead: set[str]) -> set[Computation]:
-        """Computations of relays not in ``dead`` (peer ids) no certified receipt pays."""
+        """Computations of relays not in ``dead`` (peer ids) no certified receipt pays, but
+        those a dead node was to countersign: a hop whose receiver died before its batch
+        closed, and a backward through such a forward (a batch's cost of a crash)."""
         paid = {_computation(p) for p in self.certified()}
         gone = {address_of_peer(peer) for peer in dead}
-        return {c for c in self.computed if c[0] not in gone} - paid
+        lost = {_computation_of(r) for r in self.recorded if r.counterparty in gone}
+        lost_forwards = {(r.worker, r.iteration, r.microbatchId, r.stage) for r in self.recorded
+                         if r.counterparty in gone and r.direction == FORWARD}  # fmt: skip
+        return {
+            c
+            for c in self.computed
+            if c[0] not in gone
+            and c not in lost
+            and not (c[4] == BACKWARD and c[:4] in lost_forwards)
+        } - paid
 
     def assert_every_hop_paid_once(self, dead: set[str]) -> Counter[tuple[int, int]]:
         """Every hop a relay not in ``dead`` computed is certified, each computation once;
@@ -133,5 +185,8 @@ class ReceiptTap:
 
 
 def _computation(p: PreparedHop) -> Computation:
-    r = p.entry.receipt
+    return _computation_of(p.entry.receipt)
+
+
+def _computation_of(r: HopReceipt) -> Computation:
     return (r.worker, r.iteration, r.microbatchId, r.stage, r.direction, r.inputDigest)

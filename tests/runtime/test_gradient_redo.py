@@ -19,7 +19,6 @@ import trio
 
 from gwtf.contracts.encoding import BACKWARD, FORWARD
 from gwtf.coordinator_free.decisions.gradient_redo import Answer, RedoRun, plan_redo
-from gwtf.coordinator_free.wire import HopAck
 from gwtf.errors import ProtocolError
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane
@@ -254,9 +253,10 @@ async def crash_a_stage_2_relay_once_it_delivered(swarm: Swarm, died: list[str])
 def test_a_stand_in_whose_forward_is_never_countersigned_signs_no_receipt_of_its_backward(
     tmp_path: Path,
 ) -> None:
-    """Every sender withholds its countersignature of the forwards the stand-ins keep: a
-    stand-in then holds no whole receipt of its forward, so a juror could not replay its
-    backward, and it signs none (its backward goes unpaid, and nothing of it can be slashed)."""
+    """Every sender withholds its countersignature of the forwards the stand-ins keep (it
+    refuses their batches): a stand-in then holds no whole receipt of its forward, so a juror
+    could not replay its backward, and its backward joins no batch (unpaid, and nothing of it
+    can be slashed)."""
     relays = {"a1": 1, "a2": 1, "b1": 2, "b2": 2}
     died: list[str] = []
 
@@ -273,14 +273,15 @@ def test_a_stand_in_whose_forward_is_never_countersigned_signs_no_receipt_of_its
 
 
 def withhold_forward_countersignatures(plane: DataPlane) -> None:
-    """``plane`` neither countersigns nor hands back the receipts of kept forwards."""
-    countersign_kept = plane._countersign_kept
+    """``plane`` does not record the receipts of the kept forwards it sent, so it refuses any
+    batch holding one (the stand-in's forward is never countersigned)."""
+    record_kept_sent = plane._record_kept_sent
 
-    async def withheld(to: str, header: HopHeader, sent: bytes, ack: HopAck) -> None:
+    async def withheld(to: str, header: HopHeader, sent: bytes, kept_digest: bytes) -> None:
         if header.direction != FORWARD:
-            await countersign_kept(to, header, sent, ack)
+            await record_kept_sent(to, header, sent, kept_digest)
 
-    plane._countersign_kept = withheld  # type: ignore[method-assign]
+    plane._record_kept_sent = withheld  # type: ignore[method-assign]
 
 
 def die_while_averaging(swarm: Swarm, name: str, died: list[str]) -> None:

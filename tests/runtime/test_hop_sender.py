@@ -9,23 +9,33 @@ import random
 from pathlib import Path
 from typing import Any
 
+import base58
 import pytest
 import trio
 import trio.testing
 from eth_utils.crypto import keccak
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.pb import crypto_pb2
 from libp2p.peer.id import ID
 
 from gwtf.contracts.encoding import ledger_domain
 from gwtf.coordinator_free.protocol import FlowConfig, FlowNode, NodeSpec
 from gwtf.coordinator_free.wire import CostAdvert, Hello, HopAck, encode
+from gwtf.errors import ProtocolError
 from gwtf.node.p2p.discovery_records import PeerCard, card_key, open_card, sign_card
 from gwtf.node.p2p.host import build_host
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
-from gwtf.node.p2p.rpc import PeerTimeout, PeerUnavailable, RequestDeclined, RequestResponse
-from gwtf.node.receipts.book import ReceiptBook, ReceiptTerms
+from gwtf.node.p2p.rpc import (
+    Decline,
+    PeerTimeout,
+    PeerUnavailable,
+    RequestDeclined,
+    RequestResponse,
+)
+from gwtf.node.receipts.book import HopFacts, ReceiptTerms, address_of_peer
+from gwtf.node.receipts.recording import ReceiptBook
 from gwtf.node.runtime.dataplane import control
-from gwtf.node.runtime.dataplane.exchange import DataPlane
+from gwtf.node.runtime.dataplane.exchange import DataPlane, HopRejected
 from gwtf.node.runtime.dataplane.hop import (
     BACKWARD,
     FLAG_REPAIR,
@@ -36,11 +46,12 @@ from gwtf.node.runtime.dataplane.hop import (
     frame_digest,
 )
 from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, PassedBack, resend_refusal
-from gwtf.node.runtime.dataplane.try_token import TryTokenError
+from gwtf.node.runtime.dataplane.try_token import TryTokenError, origin_address
 from gwtf.node.runtime.discovery.address_book import AddressBook, PeerRecord, parse_record
+from gwtf.node.runtime.flow.routing import SwarmWiring
 from gwtf.node.runtime.flow.service import FlowService
+from gwtf.node.store.batches import RECEIVER, WORKER, BatchStore
 from gwtf.node.store.database import open_database
-from gwtf.node.store.hops import HopStore
 
 ACK_S = 0.25  # how long the receiver takes to acknowledge a hop
 
@@ -216,6 +227,9 @@ class EchoRpc:
     def __init__(self) -> None:
         self.sent: list[tuple[HopHeader, ReceiptInput | None]] = []
 
+    def serve(self, *_: Any) -> None:
+        pass  # no batch closes here
+
     async def open(self, peer: Any, protocol: str, timeout_s: float) -> None:
         pass  # connected: the hop goes at once
 
@@ -224,30 +238,35 @@ class EchoRpc:
         self.sent.append((header, receipted))
         ack = HopAck(
             str(header.microbatch_id), header.stage, header.direction, header.attempt,
-            frame_digest(frame), b"", b"", b"",
+            frame_digest(frame),
         )  # fmt: skip
         return encode(ack)
+
+
+def book_of(tmp_path: Path, name: str) -> ReceiptBook:
+    db = open_database(f"sqlite:///{tmp_path / name}.sqlite")
+    return ReceiptBook(TERMS, KEYS[name], BatchStore(db, DOMAIN))
 
 
 def test_a_made_up_repair_uses_up_at_most_one_hop_key_and_the_real_hop_takes_the_next(
     tmp_path: Path,
 ) -> None:
     """Another run member sends relay ``a`` made-up repairs of microbatch 7 under attempts
-    0 and 1: ``a`` signs a kept receipt for one of them only, and its real forward of
+    0 and 1: ``a`` records a kept receipt for one of them only, and its real forward of
     microbatch 7 (attempt 0, whose hop key the made-up one took) goes out under attempt 1,
     receipted, instead of unreceipted."""
-    db = open_database(f"sqlite:///{tmp_path / 'a'}.sqlite")
-    book = ReceiptBook(TERMS, KEYS["a"], HopStore(db))
+    book = book_of(tmp_path, "a")
     rpc = EchoRpc()
-    plane = DataPlane(rpc, PEER["a"], 1, 2, 1.0, 1 << 20, receipts=book)  # type: ignore[arg-type]
+    plane = DataPlane(rpc, PEER["a"], 1, 2, 1.0, 1 << 20)  # type: ignore[arg-type]
+    plane.use_receipts(book)
     made_up = HopHeader(1, 0, 7, 0, FORWARD, 1, 0, FLAG_REPAIR, PEER["data"], (PEER["data"],))
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(book.run)
-            first = await plane._sign_kept(PEER["s"], made_up, keccak(b"in"), keccak(b"k0"))
+            nursery.start_soon(book.run, rpc)
+            first = await plane._record_kept(PEER["s"], made_up, keccak(b"in"), keccak(b"k0"))
             again = made_up.onward(attempt=1)
-            second = await plane._sign_kept(PEER["s"], again, keccak(b"in"), keccak(b"k1"))
+            second = await plane._record_kept(PEER["s"], again, keccak(b"in"), keccak(b"k1"))
             assert first and not second
             real = made_up.onward(stage=2, flags=0, path=(PEER["data"], PEER["a"]))
             await plane.send(PEER["s"], real, b"activation", keccak(b"real input"))
@@ -258,67 +277,50 @@ def test_a_made_up_repair_uses_up_at_most_one_hop_key_and_the_real_hop_takes_the
     assert header.attempt == 1 and receipted is not None
 
 
-class SlowWorkerRpc:
-    """Relay ``r`` keeping what it is sent: its ack signs the kept output's receipt, and it
-    takes ``SLOW_S`` to answer the countersignature handed back to it."""
-
-    SLOW_S = 1.5
+class KeepingRpc(EchoRpc):
+    """Relay ``r`` keeping what it is sent: it records the kept output's receipt and names its
+    digest in the ack."""
 
     def __init__(self, worker: DataPlane) -> None:
+        super().__init__()
         self.worker = worker
-        self.handed_back: list[bytes] = []
-
-    async def open(self, peer: Any, protocol: str, timeout_s: float) -> None:
-        pass  # connected: the hop goes at once
 
     async def request(self, peer: Any, protocol: str, payload: bytes, limits: Any) -> bytes:
-        if protocol == control.PROTOCOL_ID:
-            message = control.decode_request(payload)
-            assert isinstance(message, control.Countersigned)
-            await trio.sleep(self.SLOW_S)
-            self.handed_back.append(self.worker.countersigned(PEER["s"], message))
-            return self.handed_back[-1]
         header, _, frame = decode_hop_request(payload)
         kept = keccak(b"kept output")
-        signature = await self.worker._sign_kept(PEER["s"], header, frame_digest(frame), kept)
+        assert await self.worker._record_kept(PEER["s"], header, frame_digest(frame), kept)
         ack = HopAck(
             str(header.microbatch_id), header.stage, header.direction, header.attempt,
-            frame_digest(frame), b"", kept, signature,
+            frame_digest(frame), kept,
         )  # fmt: skip
         return encode(ack)
 
 
-def test_a_slow_worker_does_not_hold_up_the_send_of_a_repair_it_keeps(tmp_path: Path) -> None:
-    """``s`` re-sends a forward to ``r`` as a repair: its send returns with the ack, and the
-    countersignature of ``r``'s kept receipt reaches ``r`` after, making it whole there."""
-    books = {
-        name: ReceiptBook(
-            TERMS, KEYS[name], HopStore(open_database(f"sqlite:///{tmp_path}/{name}"))
-        )
-        for name in ("s", "r")
-    }
-    worker = DataPlane(None, PEER["r"], 1, 2, 5.0, 1 << 20, receipts=books["r"])  # type: ignore[arg-type]
-    rpc = SlowWorkerRpc(worker)
-    sender = DataPlane(rpc, PEER["s"], 1, 2, 5.0, 1 << 20, receipts=books["s"])  # type: ignore[arg-type]
+def test_a_repair_kept_by_its_receiver_is_recorded_alike_at_both_ends(tmp_path: Path) -> None:
+    """``s`` re-sends a forward to ``r`` as a repair: ``r`` (its worker) records the kept
+    output's receipt before its ack, ``s`` (its counterparty) records the same receipt from
+    the ack, so ``r``'s batch of it is one ``s`` rebuilds and countersigns."""
+    books = {name: book_of(tmp_path, name) for name in ("s", "r")}
+    worker = DataPlane(None, PEER["r"], 1, 2, 5.0, 1 << 20)  # type: ignore[arg-type]
+    worker.use_receipts(books["r"])
+    rpc = KeepingRpc(worker)
+    sender = DataPlane(rpc, PEER["s"], 1, 2, 5.0, 1 << 20)  # type: ignore[arg-type]
+    sender.use_receipts(books["s"])
     path = (PEER["data"], PEER["s"])
     repair = HopHeader(1, 0, 7, 1, FORWARD, 2, 0, FLAG_REPAIR, PEER["data"], path)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             for book in books.values():
-                nursery.start_soon(book.run)
-            sender._nursery = nursery
-            with trio.fail_after(SlowWorkerRpc.SLOW_S / 2):
-                await sender.send(PEER["r"], repair, b"activation")
-            assert not rpc.handed_back
-            with trio.fail_after(SlowWorkerRpc.SLOW_S * 4):
-                digest = frame_digest(b"activation")
-                assert await worker.forward_whole(repair, 2, digest, SlowWorkerRpc.SLOW_S * 2)
-                assert not await worker.forward_whole(repair, 2, bytes(32), 0.0)
-            assert control.decode_reply(rpc.handed_back[0])["ok"]
+                nursery.start_soon(book.run, rpc)
+            await sender.send(PEER["r"], repair, b"activation")
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+    r, s = books["r"].address, books["s"].address
+    at_worker = books["r"].store.open_hops(1, 0, r, s, WORKER, 10)
+    at_sender = books["s"].store.open_hops(1, 0, r, s, RECEIVER, 10)
+    assert len(at_worker) == 1 and at_worker == at_sender
 
 
 # ---- who may ask for a re-send: stages two away are known by their signed cards ----------------
@@ -413,3 +415,148 @@ def test_a_forward_that_fails_with_an_error_of_its_own_raises_it_as_it_came() ->
             await sender.send_forward(forward, b"out", "b", b"in")
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_swarms_draws_and_stand_ins_skip_a_receiver_that_withheld_a_countersignature(
+    tmp_path: Path,
+) -> None:
+    """SWARM's weighted draw and its re-sends leave out a peer that withheld a batch's
+    countersignature this iteration, as the router does; only when it is the one left."""
+    config = FlowConfig(stages=2, activation_bytes=1e6)
+    node = FlowNode(NodeSpec("a", "relay", 1, 2, 20.0), config, random.Random(0))
+    for peer in ("b", "c"):
+        node.handle(peer, Hello("relay", 2, 2, 2, 2, 0, 20.0, 0, True), 0.0)
+    unused: Any = None
+    plane = DeadPlane(unused, "a", 1, 2, 1.0, 1 << 20)
+    plane.receipts = book_of(tmp_path, "a")
+    plane.receipts.withholders.withheld("b", "refused a batch")
+    wiring = SwarmWiring(random.Random(1))
+    sender = HopSender(plane, FlowService(unused, node, tick_s=1.0), HopStats(), wiring)
+    assert {sender.next_hop(2, None) for _ in range(50)} == {"c"}
+    assert {sender.stand_in(2, set()) for _ in range(50)} == {"c"}
+    assert sender.stand_in(2, {"c"}) == "b"  # the only one left
+    plane.receipts.withholders.new_iteration()
+    assert {sender.next_hop(2, None) for _ in range(50)} == {"b", "c"}
+
+
+class HandlingRpc:
+    """``s``'s hop requests go straight to a receiver's ``_handle``; a decline comes back as
+    the RPC layer gives it (uncharged)."""
+
+    def __init__(self, receiver: DataPlane) -> None:
+        self.receiver = receiver
+
+    def serve(self, *_: Any) -> None:
+        pass
+
+    async def open(self, *_: Any) -> None:
+        pass
+
+    async def request(self, peer: Any, protocol: str, payload: bytes, limits: Any) -> bytes:
+        try:
+            return await self.receiver._handle(PEER["s"], payload)
+        except Decline as exc:
+            raise RequestDeclined(str(exc)) from exc
+
+
+def test_a_hop_whose_receipt_the_receiver_failed_to_record_is_declined_not_acked(
+    tmp_path: Path,
+) -> None:
+    """``r``'s database fails to record one of three hops: that hop is declined (nobody
+    charged) instead of acknowledged, so ``s`` keeps its receipt held, out of the batch
+    ``r`` countersigns; sent again, it is recorded and acked, and its batch closes too."""
+    books = {name: book_of(tmp_path, name) for name in ("s", "r")}
+    receiver = DataPlane(EchoRpc(), PEER["r"], 1, 2, 5.0, 1 << 20)  # type: ignore[arg-type]
+    receiver.use_receipts(books["r"])
+    receiver.try_tokens.check = lambda header: None  # type: ignore[method-assign]
+
+    async def compute(header: HopHeader, frame: bytes) -> None:
+        return None
+
+    receiver.compute = compute  # type: ignore[method-assign]
+    sender = DataPlane(HandlingRpc(receiver), PEER["s"], 1, 2, 5.0, 1 << 20)  # type: ignore[arg-type]
+    sender.use_receipts(books["s"])
+    real = books["r"]._recording.submit
+    calls = [0]
+
+    async def flaky(item: Any) -> bool:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("database is locked")
+        return await real(item)
+
+    books["r"]._recording.submit = flaky  # type: ignore[method-assign]
+    path = (PEER["data"], PEER["s"])
+    hops = [HopHeader(1, 0, mb, 0, FORWARD, 2, 0, 0, PEER["data"], path) for mb in range(3)]
+    outcomes: list[str] = []
+    refused: list[str] = []
+    books["r"].penalise = books["s"].penalise = lambda peer, why: refused.append(why)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for book in books.values():
+                nursery.start_soon(book.run, EchoRpc())
+            receiver.serve(nursery)
+            for header in [*hops, hops[1]]:
+                try:
+                    await sender.send(PEER["r"], header, b"act", keccak(b"in"))
+                    outcomes.append("acked")
+                except RequestDeclined:
+                    outcomes.append("declined")
+            await books["s"]._releasing.submit(b"")  # the acked ones released on disk
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert outcomes == ["acked", "declined", "acked", "acked"] and not refused
+    s, r = books["s"].batches, books["r"].batches
+    request = s.close(1, 0, r.address, 0.0)
+    assert request is not None and len(request.hop_keys) == 3
+    assert s.answered(request, PEER["r"], r.countersign(request, s.address), "")
+
+
+def uncompressed_spelling(key: bytes) -> str:
+    """Another peer id of the same node key: the identity multihash of it uncompressed."""
+    public = identity_from_key(key).public_key
+    raw = crypto_pb2.PublicKey(
+        key_type=crypto_pb2.KeyType.Secp256k1, data=public.impl.format(compressed=False)
+    ).SerializeToString()
+    return base58.b58encode(bytes([0, len(raw)]) + raw).decode()
+
+
+def test_a_hop_whose_origin_is_another_spelling_of_the_data_nodes_key_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Closes and reports go to a data node at the origin peer id its hops carry: a relay
+    passing on another spelling of that node's key (one no host answers to) has its hop
+    refused, and no spelling but the key's own names a node."""
+    alias = uncompressed_spelling(KEYS["data"])
+    assert alias != PEER["data"] and ID.from_base58(alias).extract_public_key() is not None
+    with pytest.raises(ProtocolError, match="own spelling"):
+        address_of_peer(alias)
+    with pytest.raises(TryTokenError):
+        origin_address(alias)
+    receiver = DataPlane(EchoRpc(), PEER["r"], 1, 2, 5.0, 1 << 20)  # type: ignore[arg-type]
+    receiver.use_receipts(book_of(tmp_path, "r"))
+    receiver.try_tokens.check = lambda header: None  # type: ignore[method-assign]
+    path = (alias, PEER["s"])
+    with pytest.raises(HopRejected, match="own peer id"):
+        receiver._check_sender(PEER["s"], HopHeader(1, 0, 1, 0, FORWARD, 2, 0, 0, alias, path))
+    honest = HopHeader(1, 0, 1, 0, FORWARD, 2, 0, 0, PEER["data"], (PEER["data"], PEER["s"]))
+    receiver._check_sender(PEER["s"], honest)
+    # A receipt recorded with that origin (passed in by hand) routes nothing to it either.
+    book = book_of(tmp_path, "s")
+    hop = HopFacts(
+        epoch=0, data_node=PEER["data"], iteration=0, microbatch_id=1, stage=2,
+        direction=FORWARD, attempt=0, worker=PEER["s"], counterparty=PEER["data"],
+        input_digest=keccak(b"i"), output_digest=keccak(b"o"),
+    )  # fmt: skip
+    receipt = book.receipt(hop)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(book.run, EchoRpc())
+            assert await book.record(receipt, PEER["data"], alias)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert book._peers[receipt.dataNode] == PEER["data"]  # the counterparty's, authenticated

@@ -2,7 +2,7 @@
 forward its real gradient is computed through.
 
 Relay ``r`` (stage 1 of 2) holds microbatch 7's forward (as a stand-in, from a repair whose
-kept receipt it signed and got countersigned, or on the path). Run member ``s``, with the try's
+kept receipt it recorded, or on the path). Run member ``s``, with the try's
 token a colluder on the path leaked (``try_token.py``), sends it a made-up repair of
 microbatch 7 with another input X2. Computed, it would replace r's saved activations: the real
 gradient would then be backpropagated through X2, poisoning the stage, and r's backward receipt
@@ -20,14 +20,16 @@ import pytest
 import torch
 import trio
 from eth_utils.crypto import keccak
+from sqlalchemy import select
 
 from gwtf.contracts.encoding import FORWARD as RECEIPT_FORWARD
-from gwtf.contracts.encoding import ledger_domain
+from gwtf.contracts.encoding import HopReceipt, ledger_domain
 from gwtf.coordinator_free.wire import HopAck, encode
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
 from gwtf.node.p2p.rpc import Decline
-from gwtf.node.receipts.book import ReceiptBook, ReceiptTerms
-from gwtf.node.runtime.dataplane import control
+from gwtf.node.receipts.batch_closing import CLOSE_PROTOCOL
+from gwtf.node.receipts.book import ReceiptTerms
+from gwtf.node.receipts.recording import ReceiptBook
 from gwtf.node.runtime.dataplane.exchange import PROTOCOL_ID, DataPlane
 from gwtf.node.runtime.dataplane.hop import (
     BACKWARD,
@@ -40,8 +42,9 @@ from gwtf.node.runtime.dataplane.hop import (
 )
 from gwtf.node.runtime.dataplane.try_token import NO_CHAIN_TRY_DOMAIN, sign_try
 from gwtf.node.runtime.roles.relay import RelayRole
+from gwtf.node.store.batches import WORKER, BatchStore
 from gwtf.node.store.database import open_database
-from gwtf.node.store.hops import HopStore
+from gwtf.node.store.models import BatchedReceipt
 from gwtf.node.training import codec
 from gwtf.node.training.codec import CodecLimits
 from gwtf.node.training.config import named_config
@@ -67,18 +70,18 @@ class Loop:
     async def open(self, peer: Any, protocol: str, timeout_s: float) -> None:
         pass  # connected: the hop goes at once
 
+    def serve(self, *_: Any) -> None:
+        pass  # its batch closes are not this test's
+
     async def request(self, peer: Any, protocol: str, payload: bytes, limits: Any) -> bytes:
-        if protocol == PROTOCOL_ID:
-            return await self.target._handle(self.me, payload)
-        message = control.decode_request(payload)
-        assert isinstance(message, control.Countersigned)
-        return self.target.countersigned(self.me, message)
+        assert protocol == PROTOCOL_ID
+        return await self.target._handle(self.me, payload)
 
 
 class Capture:
-    """``r``'s own sends: its forwards answered by ``stage_2`` when set (its real ack,
-    countersigned), its gradients (and forwards without it) acknowledged with no
-    countersignature, and noted."""
+    """``r``'s own sends: its forwards answered by ``stage_2`` when set (its real ack), its
+    gradients (and forwards without it) acknowledged and noted; every batch close refused (a
+    receiver withholding its countersignature)."""
 
     def __init__(self) -> None:
         self.sent: list[tuple[HopHeader, ReceiptInput | None, bytes]] = []
@@ -91,13 +94,15 @@ class Capture:
         pass  # connected: the hop goes at once
 
     async def request(self, peer: Any, protocol: str, payload: bytes, limits: Any) -> bytes:
+        if protocol == CLOSE_PROTOCOL:
+            return b"\x00withheld"
         header, receipted, frame = decode_hop_request(payload)
         if header.direction == FORWARD and self.stage_2 is not None:
             return await self.stage_2._handle(PEER["r"], payload)
         self.sent.append((header, receipted, frame))
         ack = HopAck(
             str(header.microbatch_id), header.stage, header.direction, header.attempt,
-            frame_digest(frame), b"", b"", b"",
+            frame_digest(frame),
         )  # fmt: skip
         return encode(ack)
 
@@ -112,9 +117,10 @@ def tensor(seed: int) -> torch.Tensor:
 
 
 def stage_2_of(nursery: trio.Nursery, book: ReceiptBook) -> DataPlane:
-    """Relay t's plane as stage 2: it countersigns r's forwards in its acks, computes
+    """Relay t's plane as stage 2: it records r's forwards before its acks, computes
     nothing."""
-    plane = DataPlane(Capture(), PEER["t"], 1, 2, 5.0, 1 << 24, receipts=book)  # type: ignore[arg-type]
+    plane = DataPlane(Capture(), PEER["t"], 1, 2, 5.0, 1 << 24)  # type: ignore[arg-type]
+    plane.use_receipts(book)
 
     async def computes_nothing(header: HopHeader, frame: bytes) -> None:
         return None
@@ -131,24 +137,19 @@ def swarm_of(
     others, whose requests r answers in process."""
     books = {
         name: ReceiptBook(
-            TERMS, KEYS[name], HopStore(open_database(f"sqlite:///{tmp_path}/{name}"))
+            TERMS, KEYS[name], BatchStore(open_database(f"sqlite:///{tmp_path}/{name}"), DOMAIN)
         )
         for name in ("d", "r", "s", "t")
     }
     capture = Capture()
-    plane_r = DataPlane(capture, PEER["r"], 1, 2, 5.0, 1 << 24, receipts=books["r"])  # type: ignore[arg-type]
+    plane_r = DataPlane(capture, PEER["r"], 1, 2, 5.0, 1 << 24)  # type: ignore[arg-type]
+    plane_r.use_receipts(books["r"])
     planes = {
-        name: DataPlane(
-            Loop(PEER[name], plane_r),  # type: ignore[arg-type]
-            PEER[name],
-            1,
-            2,
-            5.0,
-            1 << 24,
-            receipts=books[name],
-        )
+        name: DataPlane(Loop(PEER[name], plane_r), PEER[name], 1, 2, 5.0, 1 << 24)  # type: ignore[arg-type]
         for name in ("d", "s", "t")
     }
+    for name, plane in planes.items():
+        plane.use_receipts(books[name])
     return books, capture, plane_r, planes
 
 
@@ -159,8 +160,9 @@ def relay_r(
     planes: dict[str, DataPlane],
 ) -> RelayRole:
     """Relay r of stage 1 on ``plane_r``, the books running, the others' planes in ``nursery``."""
-    for book in books.values():
-        nursery.start_soon(book.run)
+    for name, book in books.items():
+        rpc = plane_r.rpc if name == "r" else planes[name].rpc
+        nursery.start_soon(book.run, rpc)
     for plane in planes.values():
         plane._nursery = nursery
     heard = SimpleNamespace(heard_from=lambda *_: None, route=lambda *_: None)
@@ -183,7 +185,7 @@ def relay_r_onto_t(
     capture: Capture,
 ) -> RelayRole:
     """``relay_r`` serving, its forwards sent on to ``t``, whose plane answers them as stage 2
-    (countersigned)."""
+    (recorded)."""
     role = relay_r(nursery, books, plane_r, planes)
     role.sender.next_hop = lambda *_: PEER["t"]  # type: ignore[method-assign]
     capture.stage_2 = stage_2_of(nursery, books["t"])
@@ -204,12 +206,15 @@ def test_a_second_repair_under_a_kept_forwards_attempt_does_not_make_the_backwar
         1, 0, 7, attempt, BACKWARD, 1, 0, 0, PEER["d"], (PEER["d"], PEER["r"], PEER["t"], PEER["d"])
     )
 
+    recorded: list[HopReceipt] = []
+    books["r"].on_signed = recorded.append
+
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             role = relay_r(nursery, books, plane_r, planes)
             plane_r.serve(nursery)
-            await planes["d"].send(PEER["r"], repair, f1)  # the real repair, countersigned
-            assert await plane_r.forward_whole(repair, 1, frame_digest(f1), 1.0)
+            await planes["d"].send(PEER["r"], repair, f1)  # the real repair, recorded
+            assert plane_r.backward_after(repair, 1, frame_digest(f1))
             with pytest.raises(Decline, match="held here from another input"):
                 await planes["s"].send(PEER["r"], made_up, f2)  # made up, same attempt
             await planes["t"].send(PEER["r"], backward, g)
@@ -222,13 +227,10 @@ def test_a_second_repair_under_a_kept_forwards_attempt_does_not_make_the_backwar
 
     trio.run(main)
     [(_, receipted, sent_grad)] = capture.sent
-    assert receipted is not None  # its forward's receipt is whole: the backward is paid
+    assert receipted is not None  # through its recorded forward: paid once that one is
 
-    # The forwards r can show a juror: the kept ones it signed, countersigned.
-    signed = books["r"].store.signed_hops(1, 0)
-    forward_inputs = {
-        e.receipt.inputDigest for e in signed if e.receipt.direction == RECEIPT_FORWARD
-    }
+    # The forwards r can show a juror: the kept ones it recorded.
+    forward_inputs = {r.inputDigest for r in recorded if r.direction == RECEIPT_FORWARD}
     assert forward_inputs == {frame_digest(f1)}
 
     def replay(x: torch.Tensor) -> bytes:
@@ -286,10 +288,10 @@ def test_a_made_up_repair_after_the_paths_forward_does_not_replace_what_the_back
 def test_a_backward_through_a_forward_whose_receiver_withheld_its_countersignature_is_unpaid(
     tmp_path: Path,
 ) -> None:
-    """``r`` sends microbatch 7's forward on to a stage-2 node that acknowledges it without a
-    countersignature. A juror would replay ``r``'s backward with a whole receipt of that
-    forward, which ``r`` does not hold: so ``r`` computes the gradient and passes it on, but
-    signs no receipt of it (unpaid, never slashable)."""
+    """``r`` sends microbatch 7's forward on to a stage-2 node that acknowledges it and then
+    refuses its batch. A juror would replay ``r``'s backward with a whole receipt of that
+    forward, which ``r`` does not hold: so ``r`` computes the gradient and passes it on, and
+    its receipt joins no batch (unpaid, never signed, never slashable)."""
     books, capture, plane_r, planes = swarm_of(tmp_path)
     x1, grad = tensor(1), tensor(3)
     f1, g = (codec.encode(7, t, LIMITS) for t in (x1, grad))
@@ -311,9 +313,24 @@ def test_a_backward_through_a_forward_whose_receiver_withheld_its_countersignatu
             with trio.fail_after(10):
                 while len(capture.sent) < 2:
                     await trio.sleep(0.01)
+            await books["r"].close_due(iteration_end=True)  # t refuses the forward's batch
             nursery.cancel_scope.cancel()
 
     trio.run(main)
     (forward, forward_receipt, _), (gradient, gradient_receipt, _) = capture.sent
     assert forward.direction == FORWARD and forward_receipt is not None
-    assert gradient.direction == BACKWARD and gradient_receipt is None
+    assert gradient.direction == BACKWARD and gradient_receipt is not None
+    store, r = books["r"].store, books["r"].address
+    assert not books["r"].withholders.may_send(PEER["t"])
+    assert [b.batch.counterparty for b in store.batches(1, 0, WORKER, complete=False)] == [
+        books["t"].address
+    ], "the forward's batch only, never countersigned"
+    data_node = books["d"].address
+    assert store.open_hops(1, 0, r, data_node, WORKER, 10) == [], "held out of every batch"
+    with store.db.sessions() as session:
+        (held,) = session.scalars(
+            select(BatchedReceipt).where(
+                BatchedReceipt.worker == r, BatchedReceipt.counterparty == data_node
+            )
+        )
+    assert held.batch_root is None and held.held, "the backward open, held on disk"

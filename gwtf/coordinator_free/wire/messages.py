@@ -300,10 +300,9 @@ class FlowLoanReturn:
 @dataclass(frozen=True, slots=True)
 class HopAck:
     """Data plane: a hop's output arrived; digest of the tensor, and which attempt it was. A
-    live receiver of a signed hop countersigns its receipt here (empty otherwise). A receiver
-    that computed the hop and keeps its output (a repair, a redo: nothing goes on to a next
-    node) names that output's digest and signs its own receipt of it, for the sender to
-    countersign (empty otherwise)."""
+    receiver that computed the hop and keeps its output (a repair, a redo: nothing goes on to
+    a next node) names that output's digest, the receipt it recorded of it, for the sender to
+    record too (empty otherwise)."""
 
     TYPE_ID: ClassVar[int] = 23
     microbatch_id: str
@@ -311,9 +310,7 @@ class HopAck:
     direction: int  # FORWARD or BACKWARD
     attempt: int
     digest: bytes
-    countersignature: bytes = b""
     kept_digest: bytes = b""
-    kept_signature: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

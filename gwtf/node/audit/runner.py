@@ -1,5 +1,5 @@
 """An audit of one epoch of a run, as anyone can run it: the certificates from the chain, the
-receipts and proofs from the nodes over ``/gwtf/receipts/2.0.0``, the checks of ``checks``.
+receipts and proofs from the nodes over ``/gwtf/receipts/3.0.0``, the checks of ``checks``.
 
 The auditor is a libp2p host of its own (a fresh identity: nodes serve receipts to peers outside
 the run, rate-limited) that dials the peers it is given. For each certificate submitted for the
@@ -21,7 +21,7 @@ says when.
 
 A peer the auditor cannot dial (a relay at home, behind a NAT) is read through the nodes it did
 reach, data nodes first: each forwards the request over the connection the relay keeps to it
-(``/gwtf/receipts-via/2.0.0``, ``gwtf.node.p2p.forwarding``), so a home relay's receipts, and
+(``/gwtf/receipts-via/3.0.0``, ``gwtf.node.p2p.forwarding``), so a home relay's receipts, and
 any equivocation in them, are read as a public relay's are; ``AuditReport.forwarded`` says
 through whom. A data node at home has its certificate read the same way, page by page through
 the nodes reached, a reading cut short going on through the next from the first leaf it lacks,

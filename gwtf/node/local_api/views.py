@@ -144,6 +144,8 @@ def receipt_view(row: ReceiptRow) -> ReceiptView:
             "worker_signature": _hex(row.worker_signature),
             "counterparty_signature": None if counter is None else _hex(counter),
             "as_worker": bool(row.as_worker),
+            "batch_root": None if row.batch_root is None else _hex(row.batch_root),
+            "batch_proof": _hashes(row.batch_proof),
             "proof": inclusion_proof(row),
         }
     )
@@ -152,14 +154,19 @@ def receipt_view(row: ReceiptRow) -> ReceiptView:
 def inclusion_proof(row: ReceiptRow) -> InclusionProof | None:
     if row.root is None or row.proof is None or row.signatures_hash is None:
         return None
-    proof = bytes(row.proof)
     return InclusionProof(
         root=_hex(row.root),
         leaf_index=int(row.leaf_index or 0),
         units_before=int(row.units_before or 0),
         signatures_hash=_hex(row.signatures_hash),
-        siblings=[_hex(proof[i : i + 32]) for i in range(0, len(proof), 32)],
+        siblings=_hashes(row.proof),
     )
+
+
+def _hashes(joined: bytes | None) -> list[str]:
+    """A Merkle proof stored as one column (32 bytes a hash) as a list of hex hashes."""
+    value = bytes(joined or b"")
+    return [_hex(value[i : i + 32]) for i in range(0, len(value), 32)]
 
 
 def _hex(value: bytes) -> str:

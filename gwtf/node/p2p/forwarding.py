@@ -3,8 +3,8 @@ outside the run (an auditor, a juror) reaches a node behind a NAT, which nobody 
 
 A node at home keeps its connections to its data nodes and neighbours up
 (``gwtf.node.p2p.keepalive``); each of those serves a *via* protocol beside a protocol of its
-own (``/gwtf/evidence-via/1.0.0`` for ``/gwtf/evidence/1.0.0``, ``/gwtf/receipts-via/2.0.0``
-for ``/gwtf/receipts/2.0.0``), and answers a request naming a peer with that peer's own answer.
+own (``/gwtf/evidence-via/1.0.0`` for ``/gwtf/evidence/1.0.0``, ``/gwtf/receipts-via/3.0.0``
+for ``/gwtf/receipts/3.0.0``), and answers a request naming a peer with that peer's own answer.
 A forwarder never dials for someone else (it declines when it holds no connection), passes on
 one request of the inner protocol's fixed size per request, bounds the reply as the inner
 protocol does, and answers peers outside the run within the same shared rate as its own

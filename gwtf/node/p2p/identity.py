@@ -48,9 +48,13 @@ def public_key_of(key_pair: KeyPair) -> bytes:
 
 def node_address_of_peer(peer_id: ID) -> str:
     """The on-chain node address behind a peer id: the Ethereum address of the secp256k1 key
-    the id embeds. A peer whose id embeds another kind of key is no node."""
+    the id embeds. A peer whose id embeds another kind of key is no node, nor one that spells
+    its key otherwise than its own connections do (``ID.from_pubkey``: the compressed key):
+    one address, one peer id, so a peer id taken from a header names where to reach it."""
     public_key = peer_id.extract_public_key()  # None for an id that embeds no key
     if public_key is None or public_key.get_type() != KeyType.Secp256k1:
         raise ProtocolError(f"peer {peer_id} is not a secp256k1 identity, so not a GWTF node")
+    if ID.from_pubkey(public_key) != peer_id:
+        raise ProtocolError(f"peer id {peer_id} is not its key's own spelling")
     assert isinstance(public_key, Secp256k1PublicKey)
     return node_address_of(bytes(public_key.impl.format(compressed=False))[1:])

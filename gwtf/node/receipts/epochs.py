@@ -43,6 +43,7 @@ from gwtf.node.receipts.certify import Anchor, certifiable, check_fields
 from gwtf.node.receipts.cheats import Cheat
 from gwtf.node.receipts.proofs import fetch_own_proofs
 from gwtf.node.receipts.reports import ReceiptInbox, request_range
+from gwtf.node.store.batches import RECEIVER, BatchStore
 from gwtf.node.store.hops import HopStore
 from gwtf.node.store.ledger import KeptProof, LedgerRecords
 
@@ -253,7 +254,7 @@ class DataNodeEpochs:
         # they also mark the path it saw each microbatch through, ranked first at the cap).
         own = [
             PreparedHop.of(e, self.terms.domain)
-            for e in self.store.received_hops(run_id, epoch)
+            for e in BatchStore(self.store.db, self.terms.domain).sealed(run_id, epoch, RECEIVER)
             if _fits(e, self.terms, self.address)
         ]
         hops = self.store.reported_hops(run_id, epoch) + own
@@ -348,7 +349,8 @@ class WorkerEpochs:
 
     async def _load_worked(self) -> set[tuple[int, str]]:
         if not self._worked_loaded:
-            pairs = await trio.to_thread.run_sync(self.store.signed_epochs, self.terms.run_id)
+            batches = BatchStore(self.store.db, self.terms.domain)
+            pairs = await trio.to_thread.run_sync(batches.worked_epochs, self.terms.run_id)
             self.worked |= set(pairs)
             self._worked_loaded = True
         return self.worked

@@ -2,7 +2,7 @@
 
 When it claims, a worker has checked the two ends of its range against the root on chain. It
 then asks the data node for the leaves in between (``CERTIFIED`` pages of
-``/gwtf/receipts/2.0.0``), checks each one (its own hop, at the index asked, in the tree of
+``/gwtf/receipts/3.0.0``), checks each one (its own hop, at the index asked, in the tree of
 that root) and keeps their proofs. Its operator can then show that any receipt was certified,
 and so paid, without trusting the data node or the node's own word: the API serves each
 receipt with its proof (``/v1/receipts``).

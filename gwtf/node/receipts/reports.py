@@ -2,7 +2,7 @@
 
 A relay reports each complete receipt it holds, as worker or as receiver, to the data node of
 its microbatch, in batches of up to ``MAX_REPORT`` every ``period_s``
-(``/gwtf/receipts/report/1.0.0``); none is lost while the data node is unreachable: they wait
+(``/gwtf/receipts/report/2.0.0``); none is lost while the data node is unreachable: they wait
 in the outbox, and a restarted relay reports again what its database holds of recent epochs (a
 report is idempotent; a receipt kept already is not checked again). A data node checks each
 new receipt (``certify.check_report``), keeps the good ones and refuses, scores down and logs
@@ -29,8 +29,8 @@ from gwtf.node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimi
 from gwtf.node.receipts.book import Penalise, ReceiptTerms, address_of_peer
 from gwtf.node.receipts.certify import check_report
 from gwtf.node.receipts.wire import (
+    MAX_RECEIPT_BYTES,
     MAX_REPORT,
-    RECEIPT_BYTES,
     decode_range,
     decode_receipts,
     encode_range,
@@ -40,7 +40,7 @@ from gwtf.node.store.hops import HopStore
 
 log = logging.getLogger(__name__)
 
-REPORT_PROTOCOL = "/gwtf/receipts/report/1.0.0"
+REPORT_PROTOCOL = "/gwtf/receipts/report/2.0.0"
 RANGE_PROTOCOL = "/gwtf/certificate/range/1.0.0"
 _RANGE_REQUEST = struct.Struct(">QQ")
 _REPORT_REPLY = struct.Struct(">HH")
@@ -237,4 +237,4 @@ async def request_range(
 
 
 def _limits(timeout_s: float) -> RpcLimits:
-    return RpcLimits(2 + MAX_REPORT * RECEIPT_BYTES, 16_384, timeout_s)
+    return RpcLimits(2 + MAX_REPORT * MAX_RECEIPT_BYTES, 16_384, timeout_s)

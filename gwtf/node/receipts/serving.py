@@ -1,4 +1,4 @@
-"""Every node's receipts, served to whoever checks them: ``/gwtf/receipts/2.0.0``.
+"""Every node's receipts, served to whoever checks them: ``/gwtf/receipts/3.0.0``.
 
 A request names a run, an epoch, which receipts (``SIGNED``: the complete receipts of the hops
 this node computed; ``RECEIVED``: those it countersigned; ``CERTIFIED``: a data node's
@@ -11,7 +11,7 @@ are not served: they are in the ledger's ``CertificatesSubmitted`` event. Anyone
 audit: peers the run admits are answered freely, any other peer within one shared rate
 (``PUBLIC_RATE``), each within the layer's deadline; the database is read in a worker thread, so
 a reader never holds up the node's hops. A node behind a NAT, which a reader cannot dial, is
-read through a node it keeps a connection to: every node forwards ``/gwtf/receipts-via/2.0.0``
+read through a node it keeps a connection to: every node forwards ``/gwtf/receipts-via/3.0.0``
 to its connected peers (``gwtf.node.p2p.forwarding``; the receipts are signed, so a forwarder
 can withhold them but never forge one).
 """
@@ -40,15 +40,15 @@ from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.cheats import Cheat
 from gwtf.node.receipts.wire import (
     MAX_PAGE,
+    MAX_PAGE_BYTES,
     ReceiptPage,
     decode_page,
     encode_page,
 )
-from gwtf.node.store.hops import HopStore
-from gwtf.node.store.models import ReceivedHop, SignedHop
+from gwtf.node.store.batches import RECEIVER, WORKER, BatchStore
 
-RECEIPTS_PROTOCOL: Final = "/gwtf/receipts/2.0.0"
-RECEIPTS_VIA_PROTOCOL: Final = "/gwtf/receipts-via/2.0.0"
+RECEIPTS_PROTOCOL: Final = "/gwtf/receipts/3.0.0"
+RECEIPTS_VIA_PROTOCOL: Final = "/gwtf/receipts-via/3.0.0"
 SIGNED, RECEIVED, CERTIFIED = 0, 1, 2
 _REQUEST = struct.Struct(">QQBIH")  # run, epoch, which, offset, page size
 #: Requests per second, and burst, answered to all peers outside the run together.
@@ -69,10 +69,10 @@ class TreeOf(Protocol):
 
 @dataclass
 class ReceiptServer:
-    """Answers ``/gwtf/receipts/2.0.0`` from a node's database and, for a data node, from the
+    """Answers ``/gwtf/receipts/3.0.0`` from a node's database and, for a data node, from the
     certificate trees it submitted (``trees(epoch)``)."""
 
-    store: HopStore
+    store: BatchStore
     terms: ReceiptTerms
     trees: TreeOf = lambda epoch: None
     #: A node that cheats on purpose serves what its cheat makes of its pages (``cheats``).
@@ -100,9 +100,9 @@ class ReceiptServer:
             return encode_page(self.cheat.certified_page(page) if self.cheat else page)
         if which not in (SIGNED, RECEIVED):
             raise ProtocolError(f"receipts of kind {which}: ask for 0, 1 or 2")
-        table = SignedHop if which == SIGNED else ReceivedHop
+        role = WORKER if which == SIGNED else RECEIVER
         total, entries = await trio.to_thread.run_sync(
-            self.store.page, table, run_id, epoch, offset, size
+            self.store.page, role, run_id, epoch, offset, size
         )
         page = ReceiptPage(total, min(offset, total), tuple(entries))
         return encode_page(self.cheat.served(epoch, which, page) if self.cheat else page)
@@ -148,7 +148,7 @@ async def fetch_receipts(
 ) -> Fetched:
     """The pages of one kind of ``peer``'s receipts of ``epoch``, in order, from the
     ``start``-th, up to ``limit`` receipts; through the peer ``via`` when given
-    (``/gwtf/receipts-via/2.0.0``). A page declined as busy (the public rate) is asked
+    (``/gwtf/receipts-via/3.0.0``). A page declined as busy (the public rate) is asked
     again after a backoff; any other failure ends the reading, and what was read before it is
     kept. A page shorter than asked that is not the last ends the reading too: an honest node
     fills every page but the last. Read through a forwarder, or of signed or countersigned
@@ -206,11 +206,11 @@ async def fetch_receipts(
 
 
 def serve_receipts_forwarding(rpc: RequestResponse, timeout_s: float) -> None:
-    """Forward ``/gwtf/receipts-via/2.0.0`` requests to connected peers (see the module)."""
+    """Forward ``/gwtf/receipts-via/3.0.0`` requests to connected peers (see the module)."""
     public = PublicRate(*PUBLIC_RATE)
     limits = _limits(timeout_s)
     serve_forwarding(rpc, RECEIPTS_VIA_PROTOCOL, RECEIPTS_PROTOCOL, limits, "receipts", public)
 
 
 def _limits(timeout_s: float) -> RpcLimits:
-    return RpcLimits(_REQUEST.size, 1 << 20, timeout_s)
+    return RpcLimits(_REQUEST.size, MAX_PAGE_BYTES, timeout_s)

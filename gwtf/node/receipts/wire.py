@@ -1,13 +1,14 @@
 """The bytes of receipts and certificate ranges between nodes.
 
 A signed receipt is 323 fixed bytes (the receipt's fields in struct order, each at its
-Solidity type's width, then the worker's and the counterparty's 65-byte signatures); a report
-is a u16 count and that many receipts. A worker's range of a certificate is its first and last
-leaf (the seven ``CertifiedHop`` values, 180 bytes) each with its Merkle proof (u8 length,
-32-byte hashes). A page of a node's receipts (``/gwtf/receipts/2.0.0``) is its total, offset
-and count, then that many receipts, each followed by its leaf and proof in a page of a
-certificate. Every decoder checks sizes and field ranges and
-raises ``ProtocolError``: a peer's bytes are never trusted.
+Solidity type's width, then the worker's and the counterparty's 65-byte signatures), then its
+proof in the batch both signed (u8 length, at most ``MAX_PROOF`` 32-byte hashes as on chain;
+none for a batch of one); a report is a u16 count and that many receipts. A worker's range of a
+certificate is its first and last leaf (the seven ``CertifiedHop`` values, 180 bytes) each
+with its Merkle proof (u8 length, 32-byte hashes). A page of a node's receipts
+(``/gwtf/receipts/3.0.0``) is its total, offset and count, then that many receipts, each
+followed by its leaf and proof in a page of a certificate. Every decoder checks sizes and field
+ranges and raises ``ProtocolError``: a peer's bytes are never trusted.
 """
 
 from __future__ import annotations
@@ -50,16 +51,25 @@ _CONVERSIONS: Final = tuple(
     (i, *_CONVERTED[abi]) for i, (_, abi) in enumerate(HOP_RECEIPT_FIELDS) if abi in _CONVERTED
 )
 RECEIPT_BYTES: Final = _RECEIPT.size
+MAX_PROOF: Final = 64  # a tree of 2**64 leaves needs no more (the contracts' bound)
+#: Hashes in the proof of a receipt in a batch this node builds: batches of up to 2**12. A
+#: receipt's proof on the wire may be as long as the contracts take (``MAX_PROOF``).
+MAX_BATCH_PROOF: Final = 12
+#: The most bytes one receipt takes on the wire.
+MAX_RECEIPT_BYTES: Final = RECEIPT_BYTES + 1 + 32 * MAX_PROOF
 #: Receipts per report: a report of 512 is ~165 kB, within one request's bound.
 MAX_REPORT: Final = 512
 _COUNT = struct.Struct(">H")
 _LEAF = struct.Struct(">QQ20sQ32s32s32s")
-MAX_PROOF: Final = 64  # a tree of 2**64 leaves needs no more
 
 
 #: Receipts per page: a page of certified receipts with proofs of a 2**20-leaf tree is ~290 kB.
 MAX_PAGE: Final = 256
 _PAGE_HEAD = struct.Struct(">IIH?")  # total, offset, count, with leaves
+#: The most bytes a page takes: every receipt with the longest proofs and a leaf.
+MAX_PAGE_BYTES: Final = _PAGE_HEAD.size + MAX_PAGE * (
+    MAX_RECEIPT_BYTES + _LEAF.size + 1 + 32 * MAX_PROOF
+)
 
 
 @dataclass(frozen=True)
@@ -81,10 +91,8 @@ def encode_receipts(entries: list[SignedReceipt]) -> bytes:
 
 def _encode_receipt(e: SignedReceipt) -> bytes:
     r = e.receipt
-    if e.proof:  # the format carries no proof: the receiver could not check the signatures
-        raise ProtocolError(
-            "a receipt signed in a batch of more than one cannot be reported in this format"
-        )
+    if len(e.proof) > MAX_PROOF:
+        raise ProtocolError(f"a receipt's batch proof of {len(e.proof)} hashes is over {MAX_PROOF}")
     if len(e.worker_signature) != SIGNATURE_BYTES:
         raise ProtocolError("a receipt's worker signature must be 65 bytes")
     if len(e.counterparty_signature) != SIGNATURE_BYTES:
@@ -92,24 +100,40 @@ def _encode_receipt(e: SignedReceipt) -> bytes:
     values = list(_RECEIPT_VALUES(r))
     for i, to_wire, _ in _CONVERSIONS:
         values[i] = to_wire(values[i])
-    return _RECEIPT.pack(*values, e.worker_signature, e.counterparty_signature)
+    packed = _RECEIPT.pack(*values, e.worker_signature, e.counterparty_signature)
+    return packed + bytes([len(e.proof)]) + b"".join(e.proof)
 
 
 def decode_receipts(data: bytes) -> list[SignedReceipt]:
     if len(data) < _COUNT.size:
         raise ProtocolError("a receipt report shorter than its count")
     (count,) = _COUNT.unpack_from(data)
-    if count > MAX_REPORT or len(data) != _COUNT.size + count * RECEIPT_BYTES:
+    if count > MAX_REPORT or len(data) > _COUNT.size + count * MAX_RECEIPT_BYTES:
         raise ProtocolError(f"a receipt report of {len(data)} bytes does not hold {count}")
-    return [_decode_receipt(data, _COUNT.size + i * RECEIPT_BYTES) for i in range(count)]
+    pos, entries = _COUNT.size, []
+    for _ in range(count):
+        entry, pos = _decode_receipt(data, pos)
+        entries.append(entry)
+    if pos != len(data):
+        raise ProtocolError(f"a receipt report of {len(data)} bytes does not hold {count}")
+    return entries
 
 
-def _decode_receipt(data: bytes, pos: int) -> SignedReceipt:
+def _decode_receipt(data: bytes, pos: int) -> tuple[SignedReceipt, int]:
+    """The receipt at ``pos`` and where the next begins."""
+    if len(data) < pos + RECEIPT_BYTES + 1:
+        raise ProtocolError("receipts end inside a receipt")
     *values, signature, counter = _RECEIPT.unpack_from(data, pos)
     for i, _, from_wire in _CONVERSIONS:
         values[i] = from_wire(values[i])
+    pos += RECEIPT_BYTES
+    length = data[pos]
+    end = pos + 1 + 32 * length
+    if length > MAX_PROOF or len(data) < end:
+        raise ProtocolError("a receipt's batch proof is malformed")
+    proof = tuple(data[pos + 1 + 32 * i : pos + 1 + 32 * (i + 1)] for i in range(length))
     # HopReceipt checks every field's range.
-    return SignedReceipt(HopReceipt(*values), signature, counter)
+    return SignedReceipt(HopReceipt(*values), signature, counter, proof), end
 
 
 def encode_page(page: ReceiptPage) -> bytes:
@@ -132,10 +156,8 @@ def decode_page(data: bytes) -> ReceiptPage:
         raise ProtocolError(f"a receipt page of {count} from {offset} of {total} is malformed")
     pos, entries, leaves = _PAGE_HEAD.size, [], []
     for _ in range(count):
-        if len(data) < pos + RECEIPT_BYTES:
-            raise ProtocolError("a receipt page ends inside a receipt")
-        entries.append(_decode_receipt(data, pos))
-        pos += RECEIPT_BYTES
+        entry, pos = _decode_receipt(data, pos)
+        entries.append(entry)
         if with_leaves:
             leaf, pos = _decode_leaf(data, pos)
             leaves.append(leaf)

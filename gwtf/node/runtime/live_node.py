@@ -34,7 +34,7 @@ from gwtf.node.p2p.relay_service import CircuitRelay, RelayLimits, circuit_relay
 from gwtf.node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper, admit_everyone
 from gwtf.node.p2p.scoring import Offence
 from gwtf.node.receipts import ReceiptsConfig
-from gwtf.node.receipts.book import ReceiptBook, address_of_peer
+from gwtf.node.receipts.book import address_of_peer
 from gwtf.node.receipts.cheats import Cheat
 from gwtf.node.receipts.epochs import DataNodeEpochs, EpochClock, WorkerEpochs
 from gwtf.node.receipts.evidence import (
@@ -42,6 +42,7 @@ from gwtf.node.receipts.evidence import (
     serve_evidence,
     serve_evidence_forwarding,
 )
+from gwtf.node.receipts.recording import ReceiptBook
 from gwtf.node.receipts.reports import ReceiptInbox, ReceiptReporter
 from gwtf.node.receipts.serving import ReceiptServer, serve_receipts_forwarding
 from gwtf.node.runtime.dataplane import control
@@ -68,6 +69,7 @@ from gwtf.node.runtime.roles.relay import RelayRole
 from gwtf.node.runtime.roles.relay_roster import report_alive
 from gwtf.node.runtime.roles.validation import swarm_validation_loss
 from gwtf.node.settings import AUTO_STAGE
+from gwtf.node.store.batches import RECEIVER, WORKER, BatchStore
 from gwtf.node.store.database import open_database
 from gwtf.node.store.evidence import EvidenceArchive, run_folder
 from gwtf.node.store.hops import HopStore
@@ -209,6 +211,7 @@ class ReceiptParts:
     """A node's receipts at work: its book, its epoch cycle and its report channel."""
 
     book: ReceiptBook
+    rpc: RequestResponse  # the book's batch closes go over it
     cycle: DataNodeEpochs | WorkerEpochs
     clock: EpochClock
     auto_claim: bool = True
@@ -637,18 +640,19 @@ async def _start_receipts(
     cycle: a data node's inbox of reports, or a worker's reporter."""
     db = await trio.to_thread.run_sync(open_database, setup.db_url)
     store, records = HopStore(db), LedgerRecords(db)
+    batches = BatchStore(db, setup.terms.domain)
 
     def penalise(peer: str, why: str) -> None:
         rpc.scores.penalise(peer, Offence.BAD_RECEIPT, trio.current_time())
 
     private_key = config.identity.private_key.to_bytes()
-    receipts = ReceiptBook(setup.terms, private_key, store, penalise)
+    receipts = ReceiptBook(setup.terms, private_key, batches, penalise, settings=setup.batches)
     cheat = (
         Cheat(setup.cheat, private_key, setup.terms.domain, setup.terms.units_per_hop)
         if setup.cheat
         else None
     )
-    plane.receipts = receipts
+    plane.use_receipts(receipts)
     clock = EpochClock(setup.ledger, setup.clock_period_s)
     await clock.start_reading()
     timeout_s = 2 * config.flow.ack_deadline_s
@@ -662,7 +666,7 @@ async def _start_receipts(
     if isinstance(role, DataRole):
         inbox = ReceiptInbox(rpc, setup.terms, receipts.address, store, timeout_s, penalise)
         inbox.serve()
-        ReceiptServer(store, setup.terms, inbox.trees.get, cheat).serve(rpc, timeout_s)
+        ReceiptServer(batches, setup.terms, inbox.trees.get, cheat).serve(rpc, timeout_s)
         plane.origin_send = lambda header, digest: inbox.note_origin(
             header.epoch, header.iteration, header.microbatch_id, header.direction, digest
         )
@@ -673,8 +677,8 @@ async def _start_receipts(
             busy_in=lambda epoch: data_role.iterating and data_role.epoch == epoch,
             grace_s=setup.grace_s, cheat=cheat,
         )  # fmt: skip
-        return ReceiptParts(receipts, certifying, clock, inbox=inbox)
-    ReceiptServer(store, setup.terms, cheat=cheat).serve(rpc, timeout_s)
+        return ReceiptParts(receipts, rpc, certifying, clock, inbox=inbox)
+    ReceiptServer(batches, setup.terms, cheat=cheat).serve(rpc, timeout_s)
     archive = None
     if setup.evidence_dir:
         # One folder per chain, ledger, run and start time: another run's weights (a devnet
@@ -691,13 +695,16 @@ async def _start_receipts(
     if cheat is not None:
         role.distort = cheat.distort()
     reporter = ReceiptReporter(rpc, timeout_s, setup.report_period_s, data_node_peers)
-    # A restarted relay reports again what its database holds of recent epochs, as worker and
-    # as receiver (the data node takes a receipt twice as once): nothing a countersignature
-    # vouched for is lost to the crash.
+    # A restarted relay reports again what its database holds of recent epochs' countersigned
+    # batches, as worker and as receiver (the data node takes a receipt twice as once): nothing
+    # a countersignature vouched for is lost to the crash. Receipts still open then stay so:
+    # unpaid, never signed.
     recent = max(0, clock.epoch_now() - 1)
     for epoch in range(recent, clock.epoch_now() + 1):
-        for held in (store.signed_hops, store.received_hops):
-            entries = await trio.to_thread.run_sync(held, setup.terms.run_id, epoch)
+        for role_held in (WORKER, RECEIVER):
+            entries = await trio.to_thread.run_sync(
+                batches.sealed, setup.terms.run_id, epoch, role_held
+            )
             reporter.requeue(entries)
 
     def data_node_peer(address: str) -> str | None:
@@ -724,13 +731,13 @@ async def _start_receipts(
     receipts.on_received = received
     receipts.on_signed = lambda receipt: cycle.worked_in(receipt.epoch, receipt.dataNode)
     return ReceiptParts(
-        receipts, cycle, clock, setup.auto_claim, reporter=reporter, evidence=archive
+        receipts, rpc, cycle, clock, setup.auto_claim, reporter=reporter, evidence=archive
     )
 
 
 async def _run_receipts(parts: ReceiptParts) -> None:
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(parts.book.run)
+        nursery.start_soon(parts.book.run, parts.rpc)
         nursery.start_soon(parts.clock.run)
         if parts.inbox is not None:
             nursery.start_soon(parts.inbox.run)
@@ -815,8 +822,6 @@ def _serve_control(
             return role.trace(message)
         if isinstance(message, control.RedoBack):
             return await role.sender.redo_backward(peer, message)
-        if isinstance(message, control.Countersigned):
-            return role.plane.countersigned(peer, message)
         if isinstance(
             message, control.Holds | control.ExpectRedo | control.Forget | control.Discard
         ):

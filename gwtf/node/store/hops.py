@@ -23,13 +23,14 @@ from sqlalchemy.engine import Connection
 
 from gwtf.contracts.certificate_tree import PreparedHop, SignedReceipt
 from gwtf.contracts.encoding import HopReceipt, signatures_hash
-from gwtf.errors import GwtfError, ProtocolError
+from gwtf.errors import GwtfError
 from gwtf.node.failpoints import failpoint
 from gwtf.node.store.database import Database
 from gwtf.node.store.models import (
     Base,
     CertifiedHopRow,
     Countersignature,
+    HopCommitment,
     OriginDigest,
     ReceivedHop,
     ReportedHop,
@@ -81,8 +82,15 @@ def hop_row(
 def signed_receipt_of(
     row: SignedHop | ReceivedHop | CertifiedHopRow | ReportedHop,
 ) -> SignedReceipt:
-    """The receipt a row holds with its signatures (a signed hop's, once countersigned)."""
-    return SignedReceipt(receipt_of(row), row.worker_signature, row.counterparty_signature or b"")
+    """The receipt a row holds with its signatures (a signed hop's, once countersigned) and,
+    of a reported or certified one, its proof in its batch."""
+    proof = getattr(row, "batch_proof", None) or b""
+    return SignedReceipt(
+        receipt_of(row),
+        row.worker_signature,
+        row.counterparty_signature or b"",
+        tuple(proof[i : i + 32] for i in range(0, len(proof), 32)),
+    )
 
 
 class HopStore:
@@ -172,13 +180,11 @@ class HopStore:
     def add_reported(self, prepared: Sequence[PreparedHop]) -> None:
         """Keep receipts workers reported, checked and prepared; again is a no-op."""
         now = time.time()
-        for p in prepared:
-            _check_batch_of_one(p.entry)
         rows = [
             hop_row(
                 p.hop_key, p.receipt_digest, p.entry.receipt, p.entry.worker_signature,
                 p.entry.counterparty_signature, signatures_hash=p.signatures_hash,
-                reported_at=now,
+                reported_at=now, batch_proof=_joined(p.entry.proof),
             )
             for p in prepared
         ]  # fmt: skip
@@ -298,11 +304,16 @@ class HopStore:
         now = time.time()
         keys = [item.hop_key for item in batch]
         with self.db.engine.begin() as connection:
+            committed = self.commit_once(
+                connection, [(item.hop_key, item.receipt_digest) for item in batch]
+            )
             held = self._held(connection, table, keys)
             results: list[bytes | ConflictingReceipt] = []
             fresh: dict[bytes, tuple[bytes, bytes]] = {}
             for item in batch:
                 known = held.get(item.hop_key) or fresh.get(item.hop_key)
+                if committed[item.hop_key] != item.receipt_digest:
+                    known = (committed[item.hop_key], b"")  # committed elsewhere (a batch)
                 if known is None:
                     signature = item.sign()
                     fresh[item.hop_key] = (item.receipt_digest, signature)
@@ -329,6 +340,29 @@ class HopStore:
                 rows = [other_row(item, signature, now) for item, signature in signed]
                 self._insert_new(connection, other, _unique_by_key(rows))
         return results
+
+    def commit_once(
+        self, connection: Connection, pairs: Sequence[tuple[bytes, bytes]]
+    ) -> dict[bytes, bytes]:
+        """Commit this node to one receipt digest per hop key, in ``connection``'s transaction:
+        (hop key, digest) pairs are inserted where the key is new (the first of a key wins) and
+        every key's committed digest is read back. Every path that signs a receipt, per hop or
+        in a batch, goes through here first, so no two ever sign two versions of one hop (the
+        insert waits on a concurrent one of the same key, on SQLite and PostgreSQL alike)."""
+        first: dict[bytes, bytes] = {}
+        for key, digest in pairs:
+            first.setdefault(key, digest)
+        rows: list[dict[str, object]] = [
+            {"hop_key": key, "receipt_digest": digest} for key, digest in first.items()
+        ]
+        self._insert_new(connection, HopCommitment, rows)
+        keys = [key for key, _ in pairs]
+        return {
+            bytes(key): bytes(digest)
+            for key, digest in self._rows_of(
+                connection, HopCommitment, "hop_key, receipt_digest", keys
+            )
+        }
 
     def _held(
         self,
@@ -402,24 +436,23 @@ def _certified_rows(
     entries: Sequence[tuple[bytes, bytes, SignedReceipt]],
 ) -> list[dict[str, object]]:
     now = time.time()
-    for _, _, e in entries:
-        _check_batch_of_one(e)
     return [
         hop_row(
-            key, digest, e.receipt, e.worker_signature, e.counterparty_signature, certified_at=now
+            key,
+            digest,
+            e.receipt,
+            e.worker_signature,
+            e.counterparty_signature,
+            certified_at=now,
+            batch_proof=_joined(e.proof),
         )
         for key, digest, e in entries
     ]
 
 
-def _check_batch_of_one(entry: SignedReceipt) -> None:
-    # The tables hold a receipt's two signatures and no proof: a receipt signed in a larger
-    # batch would be kept without what makes its signatures check. Refused, not kept broken.
-    if entry.proof:
-        raise ProtocolError(
-            f"receipt of hop {entry.receipt.hop_key.hex()} is signed in a batch of more than one, "
-            "which this node's store does not keep (no batch proofs are stored yet)"
-        )
+def _joined(proof: Sequence[bytes]) -> bytes | None:
+    """A receipt's proof in its batch as a column: null for a batch of one."""
+    return b"".join(proof) or None
 
 
 def _unique_by_key(rows: list[dict[str, object]]) -> list[dict[str, object]]:

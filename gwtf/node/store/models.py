@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Final
 
-from sqlalchemy import BigInteger, Index, LargeBinary, String
+from sqlalchemy import BigInteger, Boolean, Index, LargeBinary, String, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from gwtf.contracts.encoding import HOP_RECEIPT_FIELDS, HopReceipt, snake_case
@@ -79,6 +79,16 @@ class SignedHop(ReceiptFields, Base):
     __table_args__ = (Index("ix_signed_hops_epoch", "run_id", "epoch"),)
 
 
+class HopCommitment(Base):
+    """The one receipt this node committed to under a hop key, whatever path signs it (per hop
+    as worker or receiver, or in a batch): every path inserts here first and reads the row
+    back in the same transaction, so two paths never sign two versions of one hop."""
+
+    __tablename__ = "hop_commitments"
+    hop_key: Mapped[bytes] = mapped_column(HASH, primary_key=True)
+    receipt_digest: Mapped[bytes] = mapped_column(HASH)
+
+
 class Countersignature(Base):
     """A hop this node countersigned, as the receiver of its output: one receipt per hop key,
     for ever, so the node never signs two versions of one hop (that would get it slashed)."""
@@ -116,6 +126,8 @@ class CertifiedHopRow(ReceiptFields, Base):
     receipt_digest: Mapped[bytes] = mapped_column(HASH)
     worker_signature: Mapped[bytes] = mapped_column(SIGNATURE)
     counterparty_signature: Mapped[bytes] = mapped_column(SIGNATURE)
+    #: The receipt's proof in the batch both signed (hashes, concatenated); null: a batch of one.
+    batch_proof: Mapped[bytes | None] = mapped_column(LargeBinary(MAX_PROOF_BYTES))
     certified_at: Mapped[float]
     __table_args__ = (Index("ix_certified_hops_epoch", "run_id", "epoch"),)
 
@@ -149,8 +161,64 @@ class ReportedHop(ReceiptFields, Base):
     signatures_hash: Mapped[bytes] = mapped_column(HASH)
     worker_signature: Mapped[bytes] = mapped_column(SIGNATURE)
     counterparty_signature: Mapped[bytes] = mapped_column(SIGNATURE)
+    #: The receipt's proof in the batch both signed (hashes, concatenated); null: a batch of one.
+    batch_proof: Mapped[bytes | None] = mapped_column(LargeBinary(MAX_PROOF_BYTES))
     reported_at: Mapped[float]
     __table_args__ = (Index("ix_reported_hops_epoch", "run_id", "epoch"),)
+
+
+class BatchedReceipt(ReceiptFields, Base):
+    """A receipt this node committed for a hop it computed (``role`` worker) or received
+    (receiver) that travelled with no signature: it waits, open (``batch_root`` null), for the
+    batch of its run, epoch and parties that will sign it; once in a batch it is in that one
+    for ever (its root and leaf index), so no crash or retry puts a hop in two batches."""
+
+    __tablename__ = "batched_receipts"
+    hop_key: Mapped[bytes] = mapped_column(HASH, primary_key=True)
+    receipt_digest: Mapped[bytes] = mapped_column(HASH)
+    role: Mapped[str] = mapped_column(String(8))  # worker | receiver
+    batch_root: Mapped[bytes | None] = mapped_column(HASH)
+    leaf_index: Mapped[int | None]
+    # Its proof in its batch (the hashes concatenated), stored with the batch: reports and
+    # pages read it, no batch's tree is built again per request.
+    batch_proof: Mapped[bytes | None] = mapped_column(LargeBinary(2048))
+    recorded_at: Mapped[float]
+    # A worker's receipt that joins no batch until released (a send until acked, a backward
+    # until its forward's batch is countersigned): on disk, so a restarted node closes only
+    # hops its receiver holds (one never released stays open: unpaid, never signed).
+    held: Mapped[bool] = mapped_column(Boolean)
+    # A kept output's receipt, recorded before the ack that tells its counterparty of it: the
+    # counterparty may never have seen it (a lost ack), so lacking it is no one's fault.
+    kept: Mapped[bool] = mapped_column(Boolean)
+    # A close reads a scope's open rows in hop key order (only open rows are indexed there,
+    # so closed batches cost it nothing); a report reads a batch's rows in leaf order.
+    __table_args__ = (
+        Index(
+            "ix_batched_receipts_open", "run_id", "epoch", "worker", "counterparty", "role",
+            "hop_key", sqlite_where=text("batch_root IS NULL"),
+            postgresql_where=text("batch_root IS NULL"),
+        ),
+        Index("ix_batched_receipts_batch", "batch_root", "leaf_index"),
+    )  # fmt: skip
+
+
+class HopBatchRow(Base):
+    """A batch of receipts this node signed as worker or countersigned as receiver: the
+    ``HopBatch`` (run, epoch, parties, root) with the signatures it has. A worker's row is
+    committed with its own signature before the close request leaves; a receiver's with both
+    before its countersignature does."""
+
+    __tablename__ = "hop_batches"
+    run_id: Mapped[int] = mapped_column(primary_key=True)
+    epoch: Mapped[int] = mapped_column(primary_key=True)
+    worker: Mapped[str] = mapped_column(ADDRESS, primary_key=True)
+    counterparty: Mapped[str] = mapped_column(ADDRESS, primary_key=True)
+    root: Mapped[bytes] = mapped_column(HASH, primary_key=True)
+    role: Mapped[str] = mapped_column(String(8))
+    count: Mapped[int]
+    worker_signature: Mapped[bytes] = mapped_column(SIGNATURE)
+    counterparty_signature: Mapped[bytes | None] = mapped_column(SIGNATURE)
+    closed_at: Mapped[float]
 
 
 class OriginDigest(Base):

@@ -7,16 +7,17 @@ from collections import defaultdict
 from dataclasses import dataclass, fields
 from typing import Any
 
-from sqlalchemy import Row, Select, func, literal, select, union_all
+from sqlalchemy import ColumnElement, Row, and_, func, select
 
 from gwtf.contracts.encoding import HopReceipt
+from gwtf.node.store.batches import WORKER
 from gwtf.node.store.database import Database
 from gwtf.node.store.models import (
     RECEIPT_COLUMNS,
+    BatchedReceipt,
+    HopBatchRow,
     HopProof,
-    ReceivedHop,
     RewardClaim,
-    SignedHop,
     receipt_of,
 )
 
@@ -36,6 +37,10 @@ class ReceiptRow:
     counterparty_signature: bytes | None
     at: float
     as_worker: bool
+    # Its batch's root and its Merkle proof in that batch (leaf to root, 32 bytes a hash;
+    # None for a batch of one); the batch root is None while the receipt is open.
+    batch_root: bytes | None = None
+    batch_proof: bytes | None = None
     # Where the hop sits in the certificate it was paid from (``HopProof``); None before.
     leaf_index: int | None = None
     units_before: int | None = None
@@ -63,11 +68,13 @@ class NodeRecords:
 
     def work(self, run_id: int) -> Work:
         work: Work = defaultdict(dict)
-        complete = func.sum(SignedHop.units).filter(SignedHop.counterparty_signature.is_not(None))
+        r, b = BatchedReceipt, HopBatchRow
+        complete = func.sum(r.units).filter(b.counterparty_signature.is_not(None))
         query = (
-            select(SignedHop.epoch, SignedHop.data_node, complete)
-            .where(SignedHop.run_id == run_id)
-            .group_by(SignedHop.epoch, SignedHop.data_node)
+            select(r.epoch, r.data_node, complete)
+            .outerjoin(b, _in_batch())
+            .where(r.run_id == run_id, r.role == WORKER)
+            .group_by(r.epoch, r.data_node)
         )
         with self.db.sessions() as session:
             for epoch, data_node, total in session.execute(query):
@@ -85,20 +92,25 @@ class NodeRecords:
         """(how many, a page of) the receipts this node signed as worker or countersigned as
         receiver, newest first."""
 
-        def part(
-            table: type[SignedHop] | type[ReceivedHop], at: str, as_worker: bool
-        ) -> Select[Any]:
-            where = [table.run_id == run_id]
-            if epoch is not None:
-                where.append(table.epoch == epoch)
-            columns = [getattr(table, name) for name in FIELDS]
-            return select(
-                *columns, getattr(table, at).label("at"), literal(as_worker).label("as_worker")
-            ).where(*where)
-
-        both = union_all(
-            part(SignedHop, "signed_at", True), part(ReceivedHop, "received_at", False)
-        ).subquery()
+        r, b = BatchedReceipt, HopBatchRow
+        where = [r.run_id == run_id]
+        if epoch is not None:
+            where.append(r.epoch == epoch)
+        # An open receipt (in no batch yet) has no signature: b"" for the worker's.
+        both = (
+            select(
+                *[getattr(r, name) for name in FIELDS[:-2]],
+                func.coalesce(b.worker_signature, b"").label("worker_signature"),
+                b.counterparty_signature,
+                r.recorded_at.label("at"),
+                (r.role == WORKER).label("as_worker"),
+                r.batch_root,
+                r.batch_proof,
+            )
+            .outerjoin(b, _in_batch())
+            .where(*where)
+            .subquery()
+        )
         proofs = [HopProof.leaf_index, HopProof.units_before, HopProof.signatures_hash,
                   HopProof.root, HopProof.proof]  # fmt: skip
         page = (
@@ -111,3 +123,12 @@ class NodeRecords:
         with self.db.sessions() as session:
             total = session.scalar(select(func.count()).select_from(both)) or 0
             return int(total), [_receipt_row(row) for row in session.execute(page)]
+
+
+def _in_batch() -> ColumnElement[bool]:
+    """A batched receipt's batch row (none while it is open)."""
+    r, b = BatchedReceipt, HopBatchRow
+    return and_(
+        b.root == r.batch_root, b.run_id == r.run_id, b.epoch == r.epoch,
+        b.worker == r.worker, b.counterparty == r.counterparty,
+    )  # fmt: skip

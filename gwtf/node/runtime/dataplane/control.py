@@ -32,8 +32,6 @@ mistyped field is a ``ProtocolError`` (charged to the sender by the rpc layer).
     {"type": "iteration_ended", "iteration": int,
      "relays_stepped": int, "members": [peer id]}           -> {"ok": true}
     {"type": "rejoin"}                                      -> {"ok": true}
-    {"type": "countersigned", "hop_key": hex,
-     "signature": hex}                                      -> {"ok": bool, "why": str}
     {"type": "current_try", "iteration": int,
      "microbatch": int}                                     -> {"ok": bool, "attempt": int,
                                                                 "issued": int, "why": str}
@@ -46,8 +44,6 @@ many; every microbatch of the sender's share of the iteration is done, and which
 gradients; redo the lost gradients of your share at these stages (``stages``: bit s set for
 stage s; a round missed a holder) and name your holders now; the relays have stepped, and which
 data nodes train the next iteration; take the sender (back) into the run.
-``countersigned`` hands a worker the countersignature of the receipt it signed in its ack of a
-hop whose output it keeps (``exchange.py``): its copy of the receipt is then complete too.
 ``current_try`` asks a microbatch's origin for the first attempt of the microbatch's try in
 progress (or done) and the first attempt it has not handed out (``issued``): a relay holding the
 microbatch's forward from another input lets a second forward replace it only when that one is
@@ -84,7 +80,7 @@ from gwtf.node.p2p.rpc import RequestResponse, RpcLimits
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_ID = "/gwtf/control/5.0.0"
+PROTOCOL_ID = "/gwtf/control/6.0.0"
 MAX_BYTES = 8192
 MAX_LOADS = 24
 #: A loads entry's compute time per microbatch is at most this (ms): about three hours.
@@ -97,15 +93,6 @@ MAX_HOLDS = 1024
 #: Tries at ending an iteration whose averaging missed a replica holding gradients: the last
 #: steps anyway, with what it has.
 MAX_END_ATTEMPTS = 3
-
-
-@dataclass(frozen=True)
-class Countersigned:
-    """The countersignature (hex) of the receipt of hop ``hop_key`` (hex) the asked node
-    signed in its ack of a hop whose output it keeps."""
-
-    hop_key: str
-    signature: str
 
 
 @dataclass(frozen=True)
@@ -321,7 +308,6 @@ ControlRequest = (
     | RedoLost
     | IterationEnded
     | Rejoin
-    | Countersigned
     | CurrentTry
 )
 _TYPES: dict[str, type[Any]] = {
@@ -343,7 +329,6 @@ _TYPES: dict[str, type[Any]] = {
     "redo_lost": RedoLost,
     "iteration_ended": IterationEnded,
     "rejoin": Rejoin,
-    "countersigned": Countersigned,
     "current_try": CurrentTry,
 }
 _RESEND_FIELDS = {"iteration": int, "microbatch": int, "to": str, "attempt": int}
@@ -366,11 +351,8 @@ _FIELDS: dict[type[Any], dict[str, type]] = {
     RedoLost: {"iteration": int, "stages": int},
     IterationEnded: {"iteration": int, "relays_stepped": int, "members": list},
     Rejoin: {},
-    Countersigned: {"hop_key": str, "signature": str},
     CurrentTry: {"iteration": int, "microbatch": int},
 }
-#: String fields longer than a peer id: hex of a 65-byte signature.
-_LONG_FIELDS = {(Countersigned, "signature"): 130}
 
 
 async def ask(
@@ -448,7 +430,7 @@ def decode_request(data: bytes) -> ControlRequest:
             raise ProtocolError(f"control field {name} must be {kind.__name__}")
         if isinstance(value, int) and not 0 <= value < 2**63:
             raise ProtocolError(f"control field {name} out of range")
-        if isinstance(value, str) and not 0 < len(value) <= _LONG_FIELDS.get((cls, name), 96):
+        if isinstance(value, str) and not 0 < len(value) <= 96:
             raise ProtocolError(f"control field {name} has a bad length")
         if isinstance(value, list):
             if len(value) > MAX_REPLICAS or not all(

@@ -3,34 +3,39 @@
 Received hops go into one FIFO compute queue per node; a hop is acknowledged once the receiver has
 computed it (the ack names the digest of the tensor received and the attempt), so a sender that
 gets no ack before its deadline knows the hop was lost and re-sends it elsewhere. With receipts
-on (``gwtf.node.receipts``), a relay signs the receipt of each hop it computed and sends it with
-the input's digest, the receiver checks it and countersigns in the ack; a data node notes the
-digests of the hops it starts (the anchors its certificate's chains of hops begin at).
+on (``gwtf.node.receipts``), a relay records the receipt of each hop it computed before sending
+it with the input's digest, and the receiver records the same receipt before its ack; the
+worker signs them later in batches its receiver countersigns (``ReceiptBook``). A data node
+notes the digests of the hops it starts (the anchors its certificate's chains of hops begin
+at).
 
 A hop whose output its receiver keeps (``FLAG_REPAIR``: a forward recomputed for a gradient to
-come; ``FLAG_REDO``: a redone gradient) has no next node to countersign it: its receiver, the
-worker, signs its receipt in the ack (the digest of the output kept and its signature), and
-the sender, the node the input came from, countersigns and reports it, and hands the worker
-the countersignature (``control.Countersigned``), so that the worker holds its receipt whole
-too (an auditor or juror asks the worker for it). Its input is the output of a hop the sender
-computed (or a data node's own send), so it chains like any other.
+come; ``FLAG_REDO``: a redone gradient) has no next node: its receiver is the hop's worker and
+the sender its counterparty. The receiver records its receipt and names the digest of the
+output kept in the ack; the sender records it from the ack, and the receiver batches it for the
+sender like any hop it computed. Its input is the output of a hop the sender computed (or a
+data node's own send), so it chains like any other.
+
+A backward is receipted only through a forward whose receipt of that very input this node
+recorded; it joins a batch only once that forward's batch is countersigned (``_Whole``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 import trio
 from libp2p.peer.id import ID
 
-from gwtf.contracts.encoding import Eip712Domain, HopReceipt, hop_key
+from gwtf.contracts.encoding import Eip712Domain, HopReceipt
 from gwtf.coordinator_free.wire import HopAck, decode, encode
 from gwtf.errors import GwtfError, ProtocolError
 from gwtf.node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
-from gwtf.node.receipts.book import HopFacts, ReceiptBook, worker_stage
-from gwtf.node.runtime.dataplane import control
+from gwtf.node.receipts.book import HopFacts, address_of_peer, worker_stage
+from gwtf.node.receipts.recording import ReceiptBook
 from gwtf.node.runtime.dataplane.hop import (
     ATTEMPT_BLOCK,
     BACKWARD,
@@ -47,18 +52,21 @@ from gwtf.node.runtime.dataplane.try_token import NO_CHAIN_TRY_DOMAIN, TryTokenE
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_ID = "/gwtf/hop/9.0.0"
+PROTOCOL_ID = "/gwtf/hop/10.0.0"
 #: How long opening the hop stream to a peer may take (a dial: each address within 3 s, or a
 #: circuit through a relay), before the ack deadline starts.
 OPEN_S = 12.0
 _QUEUE_DEPTH = 64
-#: Receipts of kept outputs signed and waiting for their countersignature (oldest dropped).
-_MAX_KEPT_PENDING = 4096
-#: Forwards whose receipt is known whole here (oldest forgotten): a relay's backwards of an
+#: Kept outputs' receipts recorded here, one per microbatch and direction (oldest forgotten).
+_MAX_KEPT = 4096
+#: Forwards whose receipt is recorded here (oldest forgotten): a relay's backwards of an
 #: iteration come within it, and it holds at most its in-flight microbatches' forwards.
 _MAX_FORWARDS_WHOLE = 16384
-#: (origin, iteration, microbatch, stage, input digest) of a forward this node computed.
+#: (data node address, iteration, microbatch, stage, input digest) of a forward this node
+#: computed.
 ForwardKey = tuple[str, int, int, int, bytes]
+#: (origin, iteration, microbatch, stage) of a backward to send -> the forward it goes through.
+_BackwardKey = tuple[str, int, int, int]
 
 
 class WrongAck(PeerUnavailable):
@@ -68,22 +76,26 @@ class WrongAck(PeerUnavailable):
 
 @dataclass
 class _Whole:
-    """Whether a forward receipt this node signed is whole here, once that is decided: at its
-    receiver's ack (a forward sent on), or when its sender hands back the countersignature (a
-    kept forward)."""
+    """Whether a forward receipt this node recorded is whole here, once its batch is
+    countersigned or withheld; and the backwards through it waiting for that to join a batch."""
 
-    decided: trio.Event = field(default_factory=trio.Event)
+    decided: bool = False
     whole: bool = False
+    waiting: list[HopReceipt] = field(default_factory=list)
 
-    def decide(self, whole: bool) -> None:
+    def decide(self, whole: bool, release: Callable[[HopReceipt], None]) -> None:
         self.whole = self.whole or whole
-        self.decided.set()
+        self.decided = True
+        if self.whole:
+            for backward in self.waiting:
+                release(backward)
+        self.waiting.clear()  # a withheld forward's backwards stay open: unpaid, unsigned
 
 
 @dataclass(frozen=True)
 class Kept:
     """The output of a hop its receiver keeps (a repair's forward, a redone gradient), and
-    whether the receiver signs its receipt in the ack."""
+    whether the receiver records its receipt (naming the output's digest in the ack)."""
 
     frame: bytes
     receipted: bool = True
@@ -238,15 +250,16 @@ class DataPlane:
     #: Hops received and not yet computed, by (iteration, microbatch, direction): a trace of a
     #: stalled microbatch must tell a slow node from one that never got the hop.
     _receiving: dict[tuple[int, int, int], int] = field(default_factory=dict)
-    #: Hop key -> (origin, receipt, signature) of the kept outputs' receipts this node signed
-    #: in an ack, until their sender hands back the countersignature.
-    _kept_pending: dict[bytes, tuple[str, HopReceipt, bytes]] = field(default_factory=dict)
-    #: (origin, iteration, microbatch, stage, input digest) of the forwards this node computed
-    #: whose receipt is whole here (``forward_whole``): set when the receiver's ack brings a
-    #: valid countersignature, or, for a kept forward, when its sender hands it back (oldest
-    #: forgotten: a backward through it then goes unreceipted, which is safe).
+    #: The forwards this node computed whose receipt it recorded, whole or not once their
+    #: batch is closed (oldest forgotten: a backward through it then goes unreceipted, which
+    #: is safe).
     _forward_whole: dict[ForwardKey, _Whole] = field(default_factory=dict)
-    #: (origin, iteration, microbatch, direction) of the kept outputs' receipts signed here.
+    #: The latest of those forwards by (data node, iteration, microbatch, stage): the one a
+    #: redone gradient kept here goes through.
+    _forward_of: dict[tuple[str, int, int, int], ForwardKey] = field(default_factory=dict)
+    #: The forward each backward this relay is about to send goes through (``backward_after``).
+    _backward_after: dict[_BackwardKey, ForwardKey] = field(default_factory=dict)
+    #: (origin, iteration, microbatch, direction) of the kept outputs' receipts recorded here.
     _kept_signed: dict[tuple[str, int, int, int], None] = field(default_factory=dict)
 
     @property
@@ -257,6 +270,19 @@ class DataPlane:
 
     def __post_init__(self) -> None:
         self.try_tokens = TryTokens(self.try_domain)
+
+    def use_receipts(self, book: ReceiptBook) -> None:
+        """Record this node's hops in ``book``; its batches decide which forwards are whole."""
+        self.receipts = book
+        book.on_sealed = self._batch_closed
+
+    def _batch_closed(self, receipts: tuple[HopReceipt, ...], whole: bool) -> None:
+        assert self.receipts is not None
+        for receipt in receipts:
+            if receipt.direction == FORWARD:
+                found = self._forward_whole.get(_forward_key(receipt))
+                if found is not None:
+                    found.decide(whole, self.receipts.release)
 
     def serve(self, nursery: trio.Nursery) -> None:
         send, receive = trio.open_memory_channel[_Job](_QUEUE_DEPTH)
@@ -299,127 +325,126 @@ class DataPlane:
         if job.error is not None:
             raise HopRejected(str(job.error)) from job.error
         digest = frame_digest(frame)
-        countersignature, kept_digest, kept_signature = b"", b"", b""
-        if receipted is not None and self.receipts is not None:
-            countersignature = await self._countersign(peer, header, receipted, digest)
-        if job.kept is not None and job.kept.receipted and self.receipts is not None:
-            kept_digest = frame_digest(job.kept.frame)
-            kept_signature = await self._sign_kept(peer, header, digest, kept_digest)
+        kept_digest = b""
+        if self.receipts is not None:
+            self.receipts.iteration_started(header.iteration)
+            # Recorded before the ack: what the batch's countersignature will vouch for is on
+            # this node's disk before the worker can rely on it.
+            if receipted is not None and not await self._record_received(
+                peer, header, receipted, digest
+            ):
+                # Never an ack of a hop this node holds no receipt of (the batch's close
+                # would then wait on it): the worker keeps it held and sends it again.
+                raise Decline(
+                    f"the receipt of hop {header.microbatch_id} was not recorded here: send "
+                    "it again"
+                )
+            if job.kept is not None and job.kept.receipted:
+                kept = frame_digest(job.kept.frame)
+                if await self._record_kept(peer, header, digest, kept):
+                    kept_digest = kept
         ack = HopAck(
             str(header.microbatch_id),
             header.stage,
             header.direction,
             header.attempt,
             digest,
-            countersignature,
-            kept_digest if kept_signature else b"",
-            kept_signature,
+            kept_digest,
         )
         return encode(ack)
 
-    async def _sign_kept(
+    async def _record_kept(
         self, peer: str, header: HopHeader, input_digest: bytes, kept_digest: bytes
-    ) -> bytes:
-        """This node's signature of the receipt of a hop it computed and keeps the output of
-        (the sender ``peer`` countersigns it), or b"" (not a relay's hop, or not signed)."""
+    ) -> bool:
+        """Record the receipt of a hop this node computed and keeps the output of (the sender
+        ``peer`` records it from the ack); whether it did (not a relay's hop, or refused)."""
         assert self.receipts is not None
         if not 1 <= header.stage <= self.stages:
-            return b""
+            return False
         if header.direction == FORWARD and not header.flags & FLAG_REPAIR:
-            return b""
+            return False
         once = (header.origin, header.iteration, header.microbatch_id, header.direction)
         if once in self._kept_signed:
             # One kept receipt per microbatch and direction: a made-up repair sent here uses
             # up at most one hop key of this node's, and its real hop under that key moves to
             # the next attempt (``send``).
-            return b""
+            return False
         try:
             receipt = self.receipts.receipt(
                 kept_hop(header, self.node_id, peer, input_digest, kept_digest)
             )
         except ProtocolError as exc:  # an origin that is no node, a field out of range
             self.receipts.refuse(peer, f"hop receipt cannot be built: {exc}")
-            return b""
-        signature = await self.receipts.sign(receipt)
-        if signature is None:
-            return b""
+            return False
+        whole = None
+        if header.direction == BACKWARD:
+            # A redone gradient goes through this node's own forward of the microbatch: it
+            # joins a batch only once that forward is whole, as any backward does.
+            forward = self._forward_of.get(
+                (receipt.dataNode, header.iteration, header.microbatch_id, header.stage)
+            )
+            whole = self._forward_whole.get(forward) if forward is not None else None
+            if whole is None or (whole.decided and not whole.whole):
+                return False
+        held = whole is not None
+        if not await self.receipts.record(receipt, peer, header.origin, held=held, kept=True):
+            return False
+        if whole is not None:
+            self._acknowledged(self.receipts, receipt, whole)
         self._kept_signed[once] = None
-        while len(self._kept_signed) > _MAX_KEPT_PENDING:
+        while len(self._kept_signed) > _MAX_KEPT:
             del self._kept_signed[next(iter(self._kept_signed))]
-        self._kept_pending[hop_key(receipt)] = (header.origin, receipt, signature)
-        while len(self._kept_pending) > _MAX_KEPT_PENDING:
-            del self._kept_pending[next(iter(self._kept_pending))]
         if header.direction == FORWARD:
-            self._signed_forward(_forward_key(receipt, header.origin))
-        return signature
+            self._recorded_forward(_forward_key(receipt))
+        return True
 
-    async def forward_whole(
-        self, forward: HopHeader, stage: int, input_digest: bytes, patience_s: float
-    ) -> bool:
-        """Whether a receipt this node signed of a forward of ``forward``'s microbatch at
-        ``stage`` from the input ``input_digest`` is whole here, countersigned by its receiver,
-        waiting up to ``patience_s`` for it (a kept forward's sender hands the countersignature
-        back right after the ack, in the background).
+    def backward_after(self, forward: HopHeader, stage: int, input_digest: bytes) -> bool:
+        """Whether this node recorded a receipt of a forward of ``forward``'s microbatch at
+        ``stage`` from the input ``input_digest``: then the backward it sends next of that
+        microbatch is receipted through it, and joins a batch only once that forward's batch
+        is countersigned (a juror replays a backward with a whole receipt of its worker's
+        forward from the input the backward went through; without it an honest relay could
+        be judged wrong). Otherwise the backward goes unreceipted (unpaid, nothing to slash);
+        declining it instead would stall the microbatch."""
+        data_node = address_of_peer(forward.origin)
+        key = (data_node, forward.iteration, forward.microbatch_id, stage, input_digest)
+        if key not in self._forward_whole:
+            return False  # never recorded here, or forgotten: not provably whole
+        self._backward_after[(forward.origin, forward.iteration, forward.microbatch_id, stage)] = (
+            key
+        )
+        while len(self._backward_after) > _MAX_FORWARDS_WHOLE:
+            del self._backward_after[next(iter(self._backward_after))]
+        return True
 
-        A juror replays a backward with a whole receipt of its worker's forward of the same
-        microbatch, from the input the backward went through; a receiver that withholds the
-        countersignature (or a forward made up to replace the held one) leaves this node
-        without it, and missing evidence loses. So a backward is receipted only through a
-        forward whose receipt of that very input is whole; otherwise it is computed
-        unreceipted (unpaid, and nothing to slash). Declining it instead would stall the
-        microbatch."""
-        key = (forward.origin, forward.iteration, forward.microbatch_id, stage, input_digest)
-        whole = self._forward_whole.get(key)
-        if whole is None:
-            return False  # never signed here, or forgotten: not provably whole
-        with trio.move_on_after(patience_s):
-            await whole.decided.wait()
-        return whole.whole
-
-    def _signed_forward(self, key: ForwardKey) -> _Whole:
-        """Whether a forward's receipt is whole here, to be decided: from its signing on."""
+    def _recorded_forward(self, key: ForwardKey) -> _Whole:
+        """A forward's receipt recorded here: whole once its batch is countersigned."""
         whole = self._forward_whole.get(key)
         if whole is None:
             whole = self._forward_whole[key] = _Whole()
+            self._forward_of[key[:4]] = key
             while len(self._forward_whole) > _MAX_FORWARDS_WHOLE:
                 del self._forward_whole[next(iter(self._forward_whole))]
+            while len(self._forward_of) > _MAX_FORWARDS_WHOLE:
+                del self._forward_of[next(iter(self._forward_of))]
         return whole
 
-    def countersigned(self, peer: str, message: control.Countersigned) -> bytes:
-        """The sender of a hop whose output this node kept hands back its countersignature:
-        the receipt this node signed in its ack is complete here too."""
-        try:
-            key, counter = bytes.fromhex(message.hop_key), bytes.fromhex(message.signature)
-        except ValueError as exc:
-            raise ProtocolError("a countersignature that is not hex") from exc
-        pending = self._kept_pending.get(key)
-        if pending is None or self.receipts is None:
-            return control.encode_reply(False, why="no receipt of that hop waits here")
-        origin, receipt, signature = pending
-        if not self.receipts.acknowledged(peer, origin, receipt, signature, counter):
-            return control.encode_reply(False, why="not that receipt's countersignature")
-        del self._kept_pending[key]
-        if receipt.direction == FORWARD:
-            self._signed_forward(_forward_key(receipt, origin)).decide(True)
-        return control.encode_reply(True)
-
-    async def _countersign(
+    async def _record_received(
         self, peer: str, header: HopHeader, receipted: ReceiptInput, digest: bytes
-    ) -> bytes:
-        """The countersignature of a receipted hop this node computed, or b"" when refused."""
+    ) -> bool:
+        """Record the receipt of a receipted hop this node received and computed; whether it
+        is on disk (or the hop has none)."""
         assert self.receipts is not None
         if not self.receipts.is_receipted(header.direction, header.stage):
-            return b""  # only relays' hops have receipts; a data node's own sends have none
+            return True  # only relays' hops have receipts; a data node's own sends have none
         try:
             receipt = self.receipts.receipt(
                 sent_hop(header, peer, self.node_id, receipted.input_digest, digest)
             )
         except ProtocolError as exc:  # an origin that is no node, a field out of range
             self.receipts.refuse(peer, f"hop receipt cannot be built: {exc}")
-            return b""
-        return await self.receipts.countersign(
-            peer, header.origin, receipt, receipted.worker_signature
-        )
+            return False
+        return await self.receipts.record(receipt, peer, header.origin)
 
     def receiving(self, iteration: int, microbatch_id: int, direction: int) -> bool:
         """Whether such a hop is here, waiting for or in compute."""
@@ -449,6 +474,13 @@ class DataPlane:
     def _check_sender(self, peer: str, header: HopHeader) -> None:
         if header.run_id != self.run_id:
             raise HopRejected(f"hop for run {header.run_id}, this node trains run {self.run_id}")
+        if self.receipts is not None:
+            # Closes and reports go to the origin as spelt: another spelling of its key
+            # would send them to a peer id nobody has. An honest node passes on what it got.
+            try:
+                address_of_peer(header.origin)
+            except (ProtocolError, ValueError) as exc:
+                raise HopRejected(f"hop origin is not a node's own peer id: {exc}") from exc
         if header.direction == FORWARD:
             if not header.path or header.path[-1] != peer or len(header.path) != header.stage:
                 raise HopRejected("forward hop whose path does not end at its sender")
@@ -485,8 +517,8 @@ class DataPlane:
         self, to: str, header: HopHeader, frame: bytes, input_digest: bytes | None = None
     ) -> bytes:
         """Send one hop and wait for its ack; returns the acknowledged digest. With receipts
-        on, this node signs the receipt of a hop it computed (``input_digest`` given: what it
-        computed from) before sending it, and the ack brings it back countersigned.
+        on, this node records the receipt of a hop it computed (``input_digest`` given: what
+        it computed from) before sending it; a batch signs it later.
 
         Raises ``PeerUnavailable`` (or ``PeerTimeout``) when the hop was not acknowledged in time.
         """
@@ -497,24 +529,13 @@ class DataPlane:
                 f"below its try's start {header.try_start}; not sent"
             )
         digest = frame_digest(frame)
-        book, receipt, receipted = self.receipts, None, None
+        book, receipted, recorded = self.receipts, None, None
+        if book is not None:
+            book.iteration_started(header.iteration)
         if book is not None and input_digest is not None:
             if book.is_receipted(header.direction, header.stage):
-                while True:
-                    receipt = book.receipt(sent_hop(header, self.node_id, to, input_digest, digest))
-                    conflicts: list[bool] = []
-                    signature = await book.sign(receipt, conflicts)
-                    if not conflicts or header.attempt % ATTEMPT_BLOCK == ATTEMPT_BLOCK - 1:
-                        break
-                    # Its hop key holds another receipt (a made-up repair sent here under it
-                    # took it first): the hop goes under the next attempt, still paid.
-                    header = header.onward(attempt=header.attempt + 1)
-                if signature is None:
-                    receipt = None
-                else:
-                    receipted = ReceiptInput(input_digest, signature)
-                    if receipt.direction == FORWARD:  # whole or not once acknowledged
-                        self._signed_forward(_forward_key(receipt, header.origin))
+                header, recorded = await self._record_sent(book, to, header, input_digest, digest)
+                receipted = ReceiptInput(input_digest) if recorded is not None else None
             elif self.origin_send is not None and header.origin == self.node_id:
                 self.origin_send(header, digest)
         payload = encode_hop(header, frame, receipted)
@@ -539,48 +560,78 @@ class DataPlane:
             raise WrongAck(f"peer {to} acknowledged another hop")
         if ack.digest != digest:
             raise WrongAck(f"peer {to} acknowledged a tensor other than the one sent")
-        if book is not None and receipt is not None and receipted is not None:
-            whole = book.acknowledged(
-                to, header.origin, receipt, receipted.worker_signature, ack.countersignature
-            )
-            if receipt.direction == FORWARD:
-                self._signed_forward(_forward_key(receipt, header.origin)).decide(whole)
-        if book is not None and ack.kept_signature:
-            await self._countersign_kept(to, header, digest, ack)
+        if book is not None and recorded is not None:
+            self._acknowledged(book, *recorded)
+        if book is not None and ack.kept_digest:
+            await self._record_kept_sent(to, header, digest, ack.kept_digest)
         return ack.digest
 
-    async def _countersign_kept(self, to: str, header: HopHeader, sent: bytes, ack: HopAck) -> None:
-        """Countersign (and so report) the receipt ``to`` signed in its ack of a hop it keeps
-        the output of. Only a hop sent to be kept has one; a worker's signature that does not
-        check, or any other, is refused (``ReceiptBook.countersign``) and the hop stays
-        acknowledged."""
+    def _acknowledged(self, book: ReceiptBook, receipt: HopReceipt, whole: _Whole | None) -> None:
+        """A hop whose receipt this node recorded was acknowledged, so its receiver holds the
+        receipt too: it may join a batch now (a forward), or once the forward it goes through
+        is whole (a backward). An unacknowledged one never does: its receiver, which may not
+        hold it, would refuse the whole batch."""
+        if receipt.direction == FORWARD:
+            book.release(receipt)
+        elif whole is not None:
+            if not whole.decided:
+                whole.waiting.append(receipt)
+            elif whole.whole:
+                book.release(receipt)
+
+    async def _record_sent(
+        self, book: ReceiptBook, to: str, header: HopHeader, input_digest: bytes, digest: bytes
+    ) -> tuple[HopHeader, tuple[HopReceipt, _Whole | None] | None]:
+        """Record the receipt of a hop this node computed and sends ``to``, held out of
+        batches until acknowledged; the header to send it under (a later attempt when its hop
+        key holds another receipt) and the receipt with the forward it goes through (a
+        backward's), or None (not recorded: unreceipted)."""
+        whole = None
+        if header.direction == BACKWARD:
+            stage = worker_stage(header.direction, header.stage)
+            # Kept, not taken: a re-send or redo of this backward goes through it too.
+            after = self._backward_after.get(
+                (header.origin, header.iteration, header.microbatch_id, stage)
+            )
+            whole = self._forward_whole.get(after) if after is not None else None
+            if whole is None or (whole.decided and not whole.whole):
+                return header, None  # no whole forward to replay it with: unreceipted
+        while True:
+            receipt = book.receipt(sent_hop(header, self.node_id, to, input_digest, digest))
+            conflicts: list[bool] = []
+            recorded = await book.record(receipt, to, header.origin, conflicts, held=True)
+            if not conflicts or header.attempt % ATTEMPT_BLOCK == ATTEMPT_BLOCK - 1:
+                break
+            # Its hop key holds another receipt (a made-up repair sent here under it took it
+            # first): the hop goes under the next attempt, still paid.
+            header = header.onward(attempt=header.attempt + 1)
+        if not recorded:
+            return header, None
+        if receipt.direction == FORWARD:
+            # Known from now: its receiver may send the backward before this ack arrives.
+            self._recorded_forward(_forward_key(receipt))
+        return header, (receipt, whole)
+
+    async def _record_kept_sent(
+        self, to: str, header: HopHeader, sent: bytes, kept_digest: bytes
+    ) -> None:
+        """Record the receipt of the hop ``to`` computed from what this node sent and keeps the
+        output of (its ack names that output's digest): ``to`` batches it for this node. Only
+        a hop sent to be kept has one; any other is refused and the hop stays acknowledged."""
         assert self.receipts is not None
         if not header.flags & (FLAG_REPAIR | FLAG_REDO) or not 1 <= header.stage <= self.stages:
-            self.receipts.refuse(to, "a kept output's receipt signed for a hop sent on")
+            self.receipts.refuse(to, "a kept output's receipt named for a hop sent on")
             return
-        if len(ack.kept_digest) != 32:
+        if len(kept_digest) != 32:
             self.receipts.refuse(to, "a kept output's receipt without a 32-byte digest")
             return
-        hop = kept_hop(header, to, self.node_id, sent, ack.kept_digest)
+        hop = kept_hop(header, to, self.node_id, sent, kept_digest)
         try:
             receipt = self.receipts.receipt(hop)
         except ProtocolError as exc:
             self.receipts.refuse(to, f"a kept output's receipt cannot be built: {exc}")
             return
-        counter = await self.receipts.countersign(to, header.origin, receipt, ack.kept_signature)
-        if not counter:
-            return
-        message = control.Countersigned(hop_key(receipt).hex(), counter.hex())
-        if self._nursery is None:
-            await self._hand_back(to, message)
-        else:  # a slow worker must not hold up the send (a re-send's requester has a deadline)
-            self._nursery.start_soon(self._hand_back, to, message)
-
-    async def _hand_back(self, to: str, message: control.Countersigned) -> None:
-        try:
-            await control.ask(self.rpc, to, message, self.ack_deadline_s)
-        except PeerUnavailable as exc:  # it is reported all the same, by this node
-            log.info("countersignature of hop %s not handed back: %s", message.hop_key, exc)
+        await self.receipts.record(receipt, to, header.origin)
 
 
 def sent_hop(
@@ -623,9 +674,12 @@ def _hop(
     )
 
 
-def _forward_key(receipt: HopReceipt, origin: str) -> ForwardKey:
-    """What ``forward_whole`` asks of a forward receipt: its microbatch, stage and input."""
-    return (origin, receipt.iteration, receipt.microbatchId, receipt.stage, receipt.inputDigest)
+def _forward_key(receipt: HopReceipt) -> ForwardKey:
+    """What ``backward_after`` asks of a forward receipt: its microbatch, stage and input."""
+    return (
+        receipt.dataNode, receipt.iteration, receipt.microbatchId, receipt.stage,
+        receipt.inputDigest,
+    )  # fmt: skip
 
 
 def direction_name(direction: int) -> str:

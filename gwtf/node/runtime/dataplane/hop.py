@@ -29,9 +29,9 @@ onto the forwards it sends on; a receiver takes no forward without a valid one.
 
 ``epoch`` is the run's epoch the origin started the microbatch's iteration in; every receipt of
 the microbatch's hops names it. A relay that computed the hop it sends names the digest of the
-input it computed from and signs the hop's receipt (``ReceiptInput``): the receiver rebuilds
-the whole receipt from the header, the two peers' ids, that digest and the frame, checks the
-signature and countersigns it in its ack (``gwtf.node.receipts``).
+input it computed from (``ReceiptInput``), no signature: the receiver rebuilds the whole
+receipt from the header, the two peers' ids, that digest and the frame, and both record it for
+a batch signed later (``gwtf.node.receipts``).
 """
 
 from __future__ import annotations
@@ -55,13 +55,12 @@ FLAG_REPAIR = 1
 FLAG_RESUME = 2
 #: The header names a lender after its path: the data node whose flow slot ``slot`` is.
 FLAG_LENT = 4
-#: The hop has a receipt: its worker's input digest and signature follow the header
-#: (``ReceiptInput``).
+#: The hop has a receipt: its worker's input digest follows the header (``ReceiptInput``).
 FLAG_RECEIPTED = 8
 #: The receiver accumulates a backward that a dead replica of its stage had accumulated, keeps
 #: the gradient for its input and sends nothing on (``gradient_redo.py``): no step of the
-#: microbatch beyond it. Like a repair's, its receipt is signed by the receiver in its ack,
-#: which keeps the output (``exchange.py``).
+#: microbatch beyond it. Like a repair's, its receipt's worker is the receiver, which keeps the
+#: output and names its digest in the ack (``exchange.py``).
 FLAG_REDO = 16
 #: The header carries its try's token (``try_start``, ``try_signature``) after the lender.
 FLAG_TRIED = 32
@@ -109,10 +108,9 @@ class HopHeader:
 @dataclass(frozen=True)
 class ReceiptInput:
     """What a hop request carries of its receipt beyond the header: the digest of the input
-    its worker computed from, and the worker's signature of the receipt."""
+    its worker computed from."""
 
     input_digest: bytes
-    worker_signature: bytes
 
 
 def _pack_id(value: str) -> bytes:
@@ -148,9 +146,9 @@ def encode_hop(header: HopHeader, frame: bytes, receipted: ReceiptInput | None =
             raise HopFormatError("a hop's try token is a u16 start and a 65-byte signature")
         ids += _TRY_START.pack(header.try_start) + header.try_signature
     if receipted is not None:
-        if len(receipted.input_digest) != 32 or len(receipted.worker_signature) != 65:
-            raise HopFormatError("a hop's receipt is a 32-byte digest and a 65-byte signature")
-        ids += receipted.input_digest + receipted.worker_signature
+        if len(receipted.input_digest) != 32:
+            raise HopFormatError("a hop's receipt input is a 32-byte digest")
+        ids += receipted.input_digest
     return fixed + ids + frame
 
 
@@ -204,10 +202,10 @@ def decode_hop_request(data: bytes) -> tuple[HopHeader, ReceiptInput | None, byt
         pos += TRY_SIGNATURE_BYTES
     receipted = None
     if flags & FLAG_RECEIPTED:
-        if len(data) < pos + 97:
+        if len(data) < pos + 32:
             raise HopFormatError("hop request ends inside its receipt")
-        receipted = ReceiptInput(data[pos : pos + 32], data[pos + 32 : pos + 97])
-        pos += 97
+        receipted = ReceiptInput(data[pos : pos + 32])
+        pos += 32
     flags &= ~(FLAG_LENT | FLAG_RECEIPTED | FLAG_TRIED)  # said by the fields they announce
     header = HopHeader(
         run_id, iteration, mb, attempt, direction, stage, slot, flags, origin, path, lender, epoch,

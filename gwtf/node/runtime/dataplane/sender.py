@@ -7,7 +7,7 @@ until the iteration ends: if its receiver is dead, the node before that one re-s
 forward output to another replica as a repair, which recomputes that forward and then takes the
 gradient; the same happens later on request (``resume_backward``) when the receiver acknowledged
 the gradient and died holding it. Every hop is counted once its receiver acknowledged the
-output (its receipt, with receipts on, is signed and countersigned in ``DataPlane.send``).
+output (its receipt, with receipts on, is recorded for a batch in ``DataPlane.send``).
 """
 
 from __future__ import annotations
@@ -129,20 +129,35 @@ class HopSender:
     ) -> str | None:
         """Where a forward into ``stage`` goes: past the last stage its ``origin``, else the
         flow's next hop (``route``: it and this node's slot) else the ranked best next-stage
-        peer (``decisions.next_hop``, as in the simulator), or SWARM's weighted draw."""
+        peer (``decisions.next_hop``, as in the simulator), or SWARM's weighted draw; with
+        receipts on, a peer that withheld a countersignature this iteration only when no
+        other can take it (the training goes on, that hop unpaid)."""
         if self.wiring is not None and (origin is None or stage <= self.plane.stages):
             wanted = 0 if stage > self.plane.stages else stage
             alive = [p.peer_id for p in self.flow.node.alive_peers(wanted)]
-            return self.wiring.choose(_set_aside(alive, self.probes.probing))
-        onward = self._next_hop(route, (), origin)
+            return self.wiring.choose(self._set_aside(alive, stage))
+        onward = self._next_hop(route, (), origin, stage)
         return None if onward is None else onward.to
 
     def _next_hop(
-        self, route: tuple[str, int] | None, tried: Collection[str], origin: str | None
+        self,
+        route: tuple[str, int] | None,
+        tried: Collection[str],
+        origin: str | None,
+        stage: int,
     ) -> Onward | None:
-        """``decisions.next_hop`` with ``tried`` left out, and the peers being probed after a
-        cut send (``PeerProbes``) too unless no other is left: one whose dial hangs would hold
-        the hop for the probe's deadline."""
+        """``decisions.next_hop`` into ``stage`` with ``tried`` left out, and the peers being
+        probed after a cut send (``PeerProbes``) or, with receipts on, that withheld a batch's
+        countersignature this iteration (their hops would go unpaid) too unless no other is
+        left: one whose dial hangs would hold the hop for the probe's deadline."""
+        book = self.plane.receipts
+        if book is not None and stage <= self.plane.stages:  # not the sink, a data node
+            may_send = book.withholders.may_send
+            stopped = () if route is None or may_send(route[0]) else (route[0],)
+            view = hop_view(self.flow.node, route, may_send, self.detours, origin)
+            onward = next_hop(view, {*tried, *stopped, *self.probes.probing})
+            if onward is not None:
+                return onward
         probing = self.probes.probing
         if probing:
             view = hop_view(self.flow.node, route, detours=self.detours, origin=origin)
@@ -221,7 +236,7 @@ class HopSender:
         if self.wiring is not None:  # SWARM's re-send: any other live replica
             chosen = self.stand_in(stage, tried)
             return None if chosen is None else Onward(chosen, None)
-        return self._next_hop(route, tried, origin)
+        return self._next_hop(route, tried, origin, stage)
 
     @contextmanager
     def detour(self, stage: int, to: str, route: tuple[str, int] | None) -> Iterator[None]:
@@ -260,8 +275,20 @@ class HopSender:
         recompute a dead hop (``decisions.stand_in``: at random, from the flow core's seeded
         generator, so repairs spread over the replicas instead of piling onto the first)."""
         wanted = 0 if stage > self.plane.stages else stage
-        candidates = _set_aside(replicas(self.flow.node, wanted), self.probes.probing)
-        return stand_in(candidates, exclude, self.flow.node.rng)
+        candidates = [peer for peer in replicas(self.flow.node, wanted) if peer not in exclude]
+        return stand_in(self._set_aside(candidates, stage), exclude, self.flow.node.rng)
+
+    def _set_aside(self, peers: list[str], stage: int) -> list[str]:
+        """``peers`` but those being probed and, with receipts on, those that withheld a
+        batch's countersignature this iteration (their hops would go unpaid), unless that
+        leaves none: SWARM's draws and stand-ins skip them as ``_next_hop`` does."""
+        book = self.plane.receipts
+        if book is not None and stage <= self.plane.stages:  # not the sink, a data node
+            may_send = book.withholders.may_send
+            kept = [peer for peer in peers if may_send(peer)]
+            if kept:
+                return _set_aside(kept, self.probes.probing)
+        return _set_aside(peers, self.probes.probing)
 
     def pass_back(self, header: HopHeader, frame: bytes, input_digest: bytes | None) -> PassedBack:
         """Keep a gradient this node computed (``header`` is the outgoing backward) until the

@@ -166,7 +166,7 @@ class RelayRole:
             grad_frame: bytes = await self._run(
                 self._in_step, header, self._backward, header, frame, tensor, input_digest
             )
-            receipted = await self._backward_receipted(key)
+            receipted = self._backward_receipted(key)
             if redo:  # signed in the ack: only once the weights it was computed with are kept
                 receipted = receipted and await self._state_kept(header)
             if receipted and input_digest is None:
@@ -209,17 +209,16 @@ class RelayRole:
             "its origin has not started it again since; send it to another replica"
         )
 
-    async def _backward_receipted(self, key: tuple[int, int]) -> bool:
-        """Whether this relay signs the receipt of a microbatch's backward: only when the
-        forward it goes through (the one held, whose activations are saved) has a receipt of
-        that very input that is whole here (``DataPlane.forward_whole``): a juror replays the
-        backward with it, so without it an honest relay could be judged wrong."""
+    def _backward_receipted(self, key: tuple[int, int]) -> bool:
+        """Whether this relay records the receipt of a microbatch's backward: only when it
+        recorded the receipt of the forward it goes through (the one held, whose activations
+        are saved) from that very input (``DataPlane.backward_after``): a juror replays the
+        backward with it, so the backward joins a batch only once that forward's has been
+        countersigned."""
         buffered = self.buffers.get(key)
         if buffered is None or self.plane.receipts is None:
             return buffered is not None
-        return await self.plane.forward_whole(
-            buffered.header, self.stage, buffered.input_digest, self.plane.ack_deadline_s / 4
-        )
+        return self.plane.backward_after(buffered.header, self.stage, buffered.input_digest)
 
     def _pass_on_again(self, header: HopHeader) -> None:
         """A second backward of a microbatch whose gradient this relay computed and passed on
