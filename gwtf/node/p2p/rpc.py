@@ -413,7 +413,9 @@ class RequestResponse:
         old process's address) are forgotten too: py-libp2p refuses for a minute to dial a
         peer whose dial failed, and that would refuse the new process as well."""
         for key, channel in list(self._channels.items()):
-            if key[0] == str(peer):
+            # Another drop of the same peer (the neighbour keeper's, a probe's) may have taken
+            # this channel while the reset below waited.
+            if key[0] == str(peer) and self._channels.get(key) is channel:
                 channel.fail("the peer restarted")
                 del self._channels[key]
                 await _reset_quietly(channel.stream)

@@ -487,6 +487,7 @@ async def run_live_node(
         discovery.relays_for_others = relaying.advertises_relay
         relaying.cards = discovery.cards.get
         relaying.all_cards = lambda: list(discovery.cards.values())
+        discovery.serving = ready  # it looks peers up from now, and announces itself once served
         discoveries.append(discovery)
         nursery.start_soon(discovery.run)
         serve_dialbacks(rpc, book)
@@ -527,6 +528,16 @@ async def run_live_node(
         _serve_control(rpc, role, flow, book, config.flow.ack_deadline_s, config.stages)
         if role.averager is not None:
             role.averager.serve()
+        if isinstance(role, RelayRole):
+            # Before any hop: a data node that found this relay gone (a restart) must ask it to
+            # end the iterations it takes hops in. It can be probed and average from here on.
+            data_nodes = _data_nodes(rpc, book, config.bootstrap)
+            await report_alive(rpc, data_nodes, config.flow.keepalive_timeout_s)
+        # Served before any peer learns of this node (the exchange below, its card and hints
+        # once ``ready`` is set): a peer that greets it or sends it a hop at once is answered,
+        # never refused as speaking an unknown protocol.
+        flow.serve()
+        plane.serve(nursery)
         # Its bootstrap peers learn where it listens before its flow core greets them: a joiner
         # that asks them for the run's loads right after is told of this node (discovery's
         # cards and hints reach them later).
@@ -534,13 +545,6 @@ async def run_live_node(
             async with trio.open_nursery() as introductions:
                 for address in config.bootstrap:
                     introductions.start_soon(book.exchange_with, address)
-        if isinstance(role, RelayRole):
-            # Before any hop: a data node that found this relay gone (a restart) must ask it to
-            # end the iterations it takes hops in. It can be probed and average from here on.
-            data_nodes = _data_nodes(rpc, book, config.bootstrap)
-            await report_alive(rpc, data_nodes, config.flow.keepalive_timeout_s)
-        flow.serve()
-        plane.serve(nursery)
         nursery.start_soon(report_compute, plane, flow)
         ready.set()
         # Peers that met this node before it served (a joiner) hear that it does now.

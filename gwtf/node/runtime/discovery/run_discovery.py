@@ -133,6 +133,10 @@ class RunDiscovery:
         self.counters = DiscoveryCounters()
         self.announced = trio.Event()
         self.ready = trio.Event()  # the DHT and the hint topic are up
+        #: Set once the node answers its run's protocols; until then it looks peers up but
+        #: announces nothing (card, provider records, hints), so no peer learns of it and
+        #: opens a stream it would refuse. None: announce at once.
+        self.serving: trio.Event | None = None
 
     async def run(self) -> None:
         """Run until cancelled; on an orderly stop, say so on the hint topic (best effort).
@@ -177,6 +181,8 @@ class RunDiscovery:
                 raise
 
     async def _announce_forever(self) -> None:
+        if self.serving is not None:
+            await self.serving.wait()
         spare_hinted = 0
         while True:
             await self._join_bootstrap()
