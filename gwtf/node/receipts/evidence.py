@@ -7,8 +7,10 @@ backward input, which only data nodes saw and they keep none) and the relay's st
 at an iteration. Both come in chunks of at most ``CHUNK_BYTES``, read from disk ``READERS`` at
 a time in worker threads, never a file whole; the reader checks a frame against the digest it
 asked for and bounds every total. Access is that of the receipts: the run's peers freely,
-anyone else within one shared rate. ``prune_settled_evidence`` deletes each epoch's evidence
-once the epoch settles on chain.
+anyone else within one shared rate, except the seated jurors of a case about this node (dialling
+with their node keys; their seats read from the court, ``gwtf.node.chain.seats``), each within a
+rate of its own, so flooding the shared rate cannot make an honest relay's evidence missing.
+``prune_settled_evidence`` deletes each epoch's evidence once the epoch settles on chain.
 
 A relay behind a NAT cannot be dialled by an auditor. Every node with receipts therefore also
 forwards evidence requests on ``/gwtf/evidence-via/1.0.0`` to a peer it is connected to right
@@ -42,7 +44,14 @@ from libp2p.peer.id import ID
 from gwtf.errors import ChainError, ProtocolError
 from gwtf.node.chain.epochs import ChainTime, EpochLedger
 from gwtf.node.p2p.forwarding import forwarded, forwarded_limits, serve_forwarding
-from gwtf.node.p2p.rpc import Decline, PublicRate, RequestDeclined, RequestResponse, RpcLimits
+from gwtf.node.p2p.rpc import (
+    Decline,
+    PublicRate,
+    RequestDeclined,
+    RequestResponse,
+    RpcLimits,
+    Seats,
+)
 from gwtf.node.receipts.serving import MAX_BUSY_RETRIES, PUBLIC_RATE
 from gwtf.node.store.evidence import EvidenceArchive, parse_run_folder
 
@@ -76,8 +85,10 @@ def serve_evidence(
     run_id: int,
     timeout_s: float,
     public: PublicRate | None = None,
+    seats: Seats | None = None,
 ) -> None:
-    """Answer ``/gwtf/evidence/1.0.0`` from ``archive``."""
+    """Answer ``/gwtf/evidence/1.0.0`` from ``archive``; outsiders ``seats`` holds (the seated
+    jurors of a case about this node: ``gwtf.node.chain.seats``) within rates of their own."""
 
     async def answer(_peer: str, request: bytes) -> bytes:
         if len(request) != _REQUEST.size:
@@ -99,7 +110,9 @@ def serve_evidence(
         return _REPLY.pack(_FOUND, chunk.total) + chunk.data
 
     readers = trio.CapacityLimiter(READERS)
-    rpc.serve(EVIDENCE_PROTOCOL, answer, _limits(timeout_s), public or PublicRate(*PUBLIC_RATE))
+    public = public or PublicRate(*PUBLIC_RATE)
+    public.seats = seats or public.seats
+    rpc.serve(EVIDENCE_PROTOCOL, answer, _limits(timeout_s), public)
 
 
 def serve_evidence_forwarding(rpc: RequestResponse, timeout_s: float) -> None:

@@ -1,0 +1,94 @@
+"""Who sits on a jury about this node now, read from the court: the peers its evidence server
+answers outside the shared outsider rate (``gwtf.node.p2p.rpc.PublicRate.seats``).
+
+A juror dials the accused with its node key, so its peer id names its juror node
+(``node_address_of_peer``); the accused admits it while the chain says that node holds a seat
+of a round, drawn in a case whose accused is this node, whose commit window (when jurors fetch
+evidence) is open, give or take ``SLACK_BLOCKS`` for providers a few blocks apart. Nothing the
+peer sends is trusted. The seats come from the court's ``JuryDrawn`` logs of the last commit
+window, read incrementally; each case's accused is read once (``getCase``) and cached, a bounded
+number of them. The chain is read on demand, at most once per ``MIN_REFRESH_S`` whoever asks
+(a flood of made-up peer ids costs one read a period), and at least once per ``MAX_AGE_S``
+while peers ask, so a seat that ended stops counting.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+import trio
+from libp2p.peer.id import ID
+
+from gwtf.errors import ChainError, ProtocolError
+from gwtf.node.chain.actions import Contracts
+from gwtf.node.chain.holds import logs_since
+from gwtf.node.p2p.identity import node_address_of_peer
+
+#: Blocks past a round's commit window its jurors are still admitted (providers lag).
+SLACK_BLOCKS: Final = 4
+MIN_REFRESH_S: Final = 1.0
+MAX_AGE_S: Final = 15.0
+#: Cases whose accused is kept (each read once); past it the cache starts afresh.
+MAX_CASES: Final = 4096
+
+log = logging.getLogger(__name__)
+
+
+class CourtSeats:
+    """The seated jurors of the open rounds of cases about ``node`` (a ``Seats``)."""
+
+    def __init__(self, contracts: Contracts, node: str) -> None:
+        self._court = contracts.court
+        self._w3 = contracts.w3
+        self._node = node.lower()
+        self._window: int | None = None
+        self._next_block = 0
+        self._accused: dict[int, bool] = {}
+        #: (case, round) -> (the block its commit window ends, its seated nodes)
+        self._rounds: dict[tuple[int, int], tuple[int, frozenset[str]]] = {}
+        self._seated: frozenset[str] = frozenset()
+        self._read_at = -float("inf")
+        self._lock = trio.Lock()
+
+    async def holds(self, peer: str) -> bool:
+        try:
+            node = node_address_of_peer(ID.from_base58(peer)).lower()
+        except (ProtocolError, ValueError):
+            return False  # no node key in that id: no juror
+        age_s = MAX_AGE_S if node in self._seated else MIN_REFRESH_S
+        if trio.current_time() - self._read_at >= age_s:
+            async with self._lock:  # callers meanwhile wait for this one reading
+                if trio.current_time() - self._read_at >= age_s:
+                    await self._read()
+        return node in self._seated
+
+    async def _read(self) -> None:
+        try:
+            await trio.to_thread.run_sync(self._read_chain)
+        except (ChainError, OSError, ValueError) as exc:
+            log.warning("seated jurors not read from the court (%s); keeping the last", exc)
+        self._read_at = trio.current_time()
+
+    def _read_chain(self) -> None:
+        if self._window is None:
+            self._window = int(self._court.functions.phaseBlocks().call())
+        latest = int(self._w3.eth.block_number)
+        first = max(self._next_block, latest - self._window - SLACK_BLOCKS, 0)
+        for drawn in logs_since(self._court.events.JuryDrawn, first, latest):
+            case_id, r = int(drawn["args"]["caseId"]), int(drawn["args"]["round"])
+            if self._about_me(case_id):
+                ends = int(drawn["blockNumber"]) + self._window + SLACK_BLOCKS
+                seats = frozenset(str(seat).lower() for seat in drawn["args"]["seats"])
+                self._rounds[(case_id, r)] = (ends, seats)
+        self._next_block = latest + 1
+        self._rounds = {k: v for k, v in self._rounds.items() if v[0] >= latest}
+        self._seated = frozenset().union(*(seats for _, seats in self._rounds.values()))
+
+    def _about_me(self, case_id: int) -> bool:
+        if case_id not in self._accused:
+            if len(self._accused) >= MAX_CASES:
+                self._accused.clear()
+            parties = self._court.functions.getCase(case_id).call()[0]
+            self._accused[case_id] = str(parties[0]).lower() == self._node
+        return self._accused[case_id]
