@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 import trio
+from libp2p.crypto.keys import KeyPair
 
 from gwtf.contracts.bindings import ContractRevert
 from gwtf.contracts.certificate_tree import SignedReceipt
@@ -63,7 +64,7 @@ from gwtf.contracts.encoding import (
     receipt_digest,
 )
 from gwtf.contracts.merkle import MAX_PROOF_LENGTH
-from gwtf.errors import ChainError
+from gwtf.errors import ChainError, ConfigError
 from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.audit.replays import (
     EvidenceSource,
@@ -86,7 +87,12 @@ from gwtf.node.chain.adapter import Sender
 from gwtf.node.chain.epochs import EpochLedger
 from gwtf.node.chain.holds import first_dispute_block, logs_since
 from gwtf.node.p2p.host import running_host
-from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.identity import (
+    identity_from_key,
+    new_identity,
+    node_address_of_peer,
+    peer_id_of,
+)
 from gwtf.node.p2p.rpc import RequestResponse
 
 log = logging.getLogger(__name__)
@@ -235,21 +241,33 @@ async def serve_once(
     replayer_of: ReplayerOf | None,
     timeout_s: float = 20.0,
     block_time_s: float | None = None,
+    node_key: bytes | None = None,
 ) -> list[Step]:
     """One pass over the open cases for ``wallet`` (its juror node is ``Court.jurorOf``),
     re-executing with ``replayer_of(run id)``; without it, every step but the votes.
     A juror's evidence phase ends by the blocks of its commit window, read from the chain
     while it runs; ``block_time_s``: the chain's seconds per block, to end it by the clock
-    too (None: by the blocks alone, as a chain's past block times say nothing of the next)."""
+    too (None: by the blocks alone, as a chain's past block times say nothing of the next).
+    ``node_key``: the juror node's key, which it dials the run's nodes with, so an accused
+    answers it outside the rate all outsiders share (``gwtf.node.chain.seats``); without it,
+    a fresh identity within that rate."""
     steps: list[Step] = []
     node = str(await trio.to_thread.run_sync(_juror_of, contracts, wallet))
+    identity = None
+    if node_key is not None:
+        identity = identity_from_key(node_key)
+        if node_address_of_peer(peer_id_of(identity)).lower() != node.lower():
+            raise ConfigError(
+                f"the node key given is not that of {wallet.address}'s juror node {node}"
+            )
     for case in await trio.to_thread.run_sync(open_cases, contracts):
         steps += await trio.to_thread.run_sync(_party_steps, contracts, wallet, case)
         steps += await trio.to_thread.run_sync(_anyone_steps, contracts, wallet, case)
         if replayer_of is not None and int(node, 16) != 0:
             steps += await _juror_steps(
-                contracts, wallet, node, case, peers, replayer_of, timeout_s, block_time_s
-            )
+                contracts, wallet, node, case, peers, replayer_of, timeout_s, block_time_s,
+                identity,
+            )  # fmt: skip
     return steps
 
 
@@ -374,6 +392,7 @@ async def _juror_steps(
     replayer_of: ReplayerOf,
     timeout_s: float,
     block_time_s: float | None,
+    identity: KeyPair | None = None,
 ) -> list[Step]:
     court = contracts.court
     case_view = await trio.to_thread.run_sync(court.functions.getCase(case.case_id).call)
@@ -405,7 +424,9 @@ async def _juror_steps(
             now = trio.current_time()
             left_s = left * block_time_s
             until = (now + RETRY_SHARE * left_s, now + VERDICT_SHARE * left_s)
-        vote, why = await _verdict(case, peers, replayer, timeout_s, domain, cert, until, blocks)
+        vote, why = await _verdict(
+            case, peers, replayer, timeout_s, domain, cert, until, blocks, identity
+        )
         if vote is None:
             return [Step(case.case_id, ABSTAINED, why)]
         sealed = court.functions.voteCommitment(case.case_id, r, node, vote, salt).call()
@@ -449,6 +470,7 @@ async def _verdict(
     cert: CertRef | None,
     until: tuple[float, float] | None = None,
     blocks: ChainStop | None = None,
+    identity: KeyPair | None = None,
 ) -> tuple[int | None, str]:
     """Re-execute the disputed hop: (WRONG or RIGHT, what the replay found), or (None, why)
     when this juror reached no peer at all. Only the leaves of ``cert`` (the data node's
@@ -458,7 +480,8 @@ async def _verdict(
     themselves. ``until`` (trio clock): when evidence tries stop, and when the whole phase
     does; the accused's evidence is missing (WRONG) only when the accused had its whole
     retry schedule, else it is not shown wrong in time (RIGHT): the accused is never
-    convicted for this juror's lateness."""
+    convicted for this juror's lateness. ``identity``: the juror node's, to dial with (None:
+    a fresh one)."""
     receipt = case.receipt
     if not case.checkable:
         return RIGHT, f"not shown wrong: its batch proof is over {MAX_PROOF_LENGTH} hashes"
@@ -471,7 +494,7 @@ async def _verdict(
             if blocks is not None:
                 nursery.start_soon(_watch_blocks, blocks, deadline, phase)
             verdict = await _evidence_verdict(
-                case, peers, replayer, timeout_s, domain, cert, deadline
+                case, peers, replayer, timeout_s, domain, cert, deadline, identity
             )
             nursery.cancel_scope.cancel()
         return verdict
@@ -527,9 +550,10 @@ async def _evidence_verdict(
     domain: Eip712Domain,
     cert: CertRef | None,
     deadline: _Deadline,
+    identity: KeyPair | None,
 ) -> tuple[int | None, str]:
     receipt = case.receipt
-    async with running_host(new_identity()) as host:
+    async with running_host(identity or new_identity()) as host:
         rpc = RequestResponse(host)
         reachable, _ = await connect_peers(host, peers, timeout_s)
         if not reachable:

@@ -1,0 +1,205 @@
+"""A seated juror is answered outside the rate all outsiders share: whoever floods an honest
+relay's outsider rate through a jury's window cannot make its evidence missing. The juror dials
+with its node key; the accused reads the juror's seat from the court (``CourtSeats``), never
+from the request. A real eth-tester court with a drawn jury, real libp2p hosts on loopback, a
+relay serving the evidence of a real stage computation while a fresh peer id floods it.
+
+The juror's busy retries and fetch rounds are cut to one (the real schedule takes minutes of
+backoff under a flood): an accused still busy at the end of its schedule counts as missing, so
+the same flood convicts an honest relay whose jurors share the outsiders' rate."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from multiaddr import Multiaddr
+
+from gwtf.contracts import fraud_proofs
+from gwtf.errors import ProtocolError
+from gwtf.node.audit import jury as court_jury
+from gwtf.node.audit import replays
+from gwtf.node.audit.reexecute import Replayer
+from gwtf.node.chain import seats as seats_module
+from gwtf.node.chain.adapter import Sender
+from gwtf.node.chain.seats import CourtSeats
+from gwtf.node.p2p.host import full_address, running_host
+from gwtf.node.p2p.identity import identity_from_key, new_identity, peer_id_of
+from gwtf.node.p2p.rpc import PublicRate, RequestResponse
+from gwtf.node.receipts import evidence
+from gwtf.node.receipts.book import ReceiptTerms
+from gwtf.node.receipts.evidence import EVIDENCE_PROTOCOL, FRAME, serve_evidence
+from gwtf.node.receipts.serving import ReceiptServer
+from gwtf.node.store.database import open_database
+from gwtf.node.store.evidence import EvidenceArchive
+from gwtf.node.store.hops import HopStore
+from tests.contracts import jury
+from tests.contracts.conftest import Staffed
+from tests.contracts.test_audit_command import serving_data_node
+from tests.contracts.test_dispute_graces import suite_of
+from tests.contracts.test_reexecution_audit import SETTINGS, _index, computed_hops
+from tests.contracts.world import STAGES, UNITS_PER_HOP, NodeKey
+from tests.served import served_in_a_thread
+
+TIMEOUT_S = 5.0
+#: The flooded relay's outsider rate: a flood of a few hundred requests a second takes it all.
+FLOODED = (1.0, 1.0)
+
+
+@contextmanager
+def flooded_relay(
+    s: Staffed, relay: NodeKey, archive: EvidenceArchive, db: Path, seated: bool
+) -> Iterator[str]:
+    """``relay``'s host serving its evidence (no peer admitted: everyone is an outsider), its
+    outsider rate flooded by a fresh peer id all along; ``seated``: it reads its jurors'
+    seats from the court."""
+    seats = CourtSeats(suite_of(s.w), relay.address) if seated else None
+    terms = ReceiptTerms(s.run, s.w.ledger_domain, STAGES, UNITS_PER_HOP)
+    store = HopStore(open_database(f"sqlite:///{db}"))
+
+    async def refuse(_peer: str) -> bool:
+        return False
+
+    @asynccontextmanager
+    async def hosts() -> AsyncIterator[str]:
+        async with running_host(identity_from_key(relay.private_key)) as host:
+            rpc = RequestResponse(host, admit=refuse)
+            ReceiptServer(store, terms).serve(rpc, TIMEOUT_S)
+            serve_evidence(rpc, archive, s.run, TIMEOUT_S, PublicRate(*FLOODED), seats)
+            async with running_host(new_identity()) as flooder, trio.open_nursery() as nursery:
+                flood = RequestResponse(flooder)
+                for _ in range(4):
+                    nursery.start_soon(_flood, flood, full_address(host))
+                yield full_address(host)
+                nursery.cancel_scope.cancel()
+
+    with served_in_a_thread(hosts) as address:
+        yield address
+
+
+async def _flood(rpc: RequestResponse, address: str) -> None:
+    """Ask ``address`` for evidence as fast as it answers, whatever it answers."""
+    info = info_from_p2p_addr(Multiaddr(address))
+    await rpc.host.connect(info)
+    request = evidence._REQUEST.pack(0, 0, FRAME, bytes(32), 0)
+    while True:
+        try:
+            await rpc.request(info.peer_id, EVIDENCE_PROTOCOL, request, evidence._limits(5.0))
+        except ProtocolError:  # declined busy, a stream reset: flood on
+            await trio.sleep(0)
+
+
+def drawn_case(s: Staffed, tmp_path: Path) -> dict[str, Any]:
+    """c's honest hop (microbatch 2) disputed and its first jury drawn in its commit window."""
+    w = s.w
+    entries, made = computed_hops(s, tmp_path)
+    tree = w.certificate_tree(entries)
+    cert = w.certify(tree, s.run, 0, s.data)
+    w.travel_to(w.epoch_times(s.run, 0)[2] + 1)
+    w.mine()
+    jurors = jury.seat_jurors(w, 7)
+    honest = fraud_proofs.wrong_tensor(cert, tree.leaf_proof(_index(tree, s.c)), entries[2])
+    _, case_id = jury.open_case(w, honest)
+    jury.reveal_salt(w, case_id, honest)
+    seats = set(jury.draw(w, case_id))
+    sitting = [j for j in jurors if j.node in seats]
+    idle = [j for j in jurors if j.node not in seats]
+    return {"tree": tree, "made": made, "sitting": sitting, "idle": idle, "case": case_id}
+
+
+def juror_pass(
+    s: Staffed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, seated: bool, node_key: bool
+) -> court_jury.Step:
+    """One seated juror's pass (dialling with its node key if ``node_key``) while c's outsider
+    rate is flooded; its commit."""
+    monkeypatch.setattr(evidence, "MAX_BUSY_RETRIES", 1)
+    monkeypatch.setattr(replays, "FETCH_ROUNDS", 1)
+    case = drawn_case(s, tmp_path)
+    juror = case["sitting"][0]
+    archives: dict[str, EvidenceArchive] = case["made"]["archives"]
+    replayer = Replayer(case["made"]["plan"], SETTINGS)
+    with (
+        serving_data_node(s, s.data, case["tree"], tmp_path / "data.sqlite") as data,
+        flooded_relay(s, s.c, archives[s.c.address], tmp_path / "c.sqlite", seated) as c,
+    ):
+        steps = trio.run(
+            court_jury.serve_once, suite_of(s.w), Sender.unlocked(juror.wallet), [data, c],
+            lambda _run: replayer, TIMEOUT_S, None, juror.key.private_key if node_key else None,
+        )  # fmt: skip
+    (step,) = [st for st in steps if st.action in (court_jury.COMMITTED, court_jury.ABSTAINED)]
+    return step
+
+
+def test_a_seated_juror_gets_a_flooded_honest_relays_evidence_and_votes_right(
+    staffed: Staffed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    step = juror_pass(staffed, tmp_path, monkeypatch, seated=True, node_key=True)
+    assert step.action == court_jury.COMMITTED, step
+    assert step.detail == "right tensor: re-executed: bit-identical", step.detail
+
+
+def test_without_seats_the_same_flood_makes_an_honest_relays_evidence_missing(
+    staffed: Staffed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hole seats close: a relay that answers its jurors within the outsiders' rate."""
+    step = juror_pass(staffed, tmp_path, monkeypatch, seated=False, node_key=True)
+    assert step.action == court_jury.COMMITTED, step
+    assert step.detail.startswith("wrong tensor: missing evidence loses"), step.detail
+
+
+def test_a_juror_dialling_with_a_fresh_peer_id_shares_the_flooded_rate(
+    staffed: Staffed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A seat is read from the chain for the peer id's node key, not claimed: a seated juror
+    without its key is an outsider like any other."""
+    step = juror_pass(staffed, tmp_path, monkeypatch, seated=True, node_key=False)
+    assert step.detail.startswith("wrong tensor: missing evidence loses"), step.detail
+
+
+def test_the_court_says_who_sits_about_this_node_and_until_when(
+    staffed: Staffed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seated jurors of a case about c, in their commit window: c admits them, no one else,
+    and not a's court reader; once their window (and its slack) is over, no one."""
+    s, w = staffed, staffed.w
+    case = drawn_case(s, tmp_path)
+    sitting, idle = case["sitting"], case["idle"]
+
+    def peer(key: NodeKey) -> str:
+        return peer_id_of(identity_from_key(key.private_key)).to_base58()
+
+    async def held(about: NodeKey, keys: list[NodeKey]) -> list[bool]:
+        seats = CourtSeats(suite_of(w), about.address)
+        return [await seats.holds(peer(key)) for key in keys]
+
+    assert trio.run(held, s.c, [j.key for j in sitting]) == [True] * len(sitting)
+    assert trio.run(held, s.c, [j.key for j in idle]) == [False] * len(idle)
+    assert trio.run(held, s.a, [j.key for j in sitting]) == [False] * len(sitting)
+    fresh = peer_id_of(new_identity()).to_base58()
+    assert trio.run(CourtSeats(suite_of(w), s.c.address).holds, fresh) is False
+    drawn_at = int(jury.rounds(w, case["case"])[-1][2])
+    jury.mine_to(w, drawn_at + jury.phase_blocks(w) + seats_module.SLACK_BLOCKS + 2)
+    assert trio.run(held, s.c, [j.key for j in sitting]) == [False] * len(sitting)
+
+
+def test_a_reader_asked_again_reads_the_chain_at_most_once_a_period(
+    staffed: Staffed, tmp_path: Path
+) -> None:
+    """A flood of made-up peer ids costs the court reader one chain read per period."""
+    s = staffed
+    reads: list[int] = []
+    seats = CourtSeats(suite_of(s.w), s.c.address)
+    read = seats._read_chain
+    seats._read_chain = lambda: (reads.append(1), read())[1]  # type: ignore[method-assign]
+
+    async def flood() -> None:
+        for _ in range(200):
+            await seats.holds(peer_id_of(new_identity()).to_base58())
+
+    trio.run(flood)
+    assert len(reads) == 1
