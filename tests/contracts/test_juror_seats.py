@@ -1,8 +1,9 @@
 """A seated juror is answered outside the rate all outsiders share: whoever floods an honest
 relay's outsider rate through a jury's window cannot make its evidence missing. The juror dials
 with its node key; the accused reads the juror's seat from the court (``CourtSeats``), never
-from the request. A real eth-tester court with a drawn jury, real libp2p hosts on loopback, a
-relay serving the evidence of a real stage computation while a fresh peer id floods it.
+from the request; a forwarder (how a juror reaches a relay at home) reads the seats of any case.
+A real eth-tester court with a drawn jury, real libp2p hosts on loopback, a relay serving the
+evidence of a real stage computation while a fresh peer id floods it or its forwarder.
 
 The juror's busy retries and fetch rounds are cut to one (the real schedule takes minutes of
 backoff under a flood): an accused still busy at the end of its schedule counts as missing, so
@@ -28,13 +29,20 @@ from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.chain import seats as seats_module
 from gwtf.node.chain.adapter import Sender
 from gwtf.node.chain.seats import CourtSeats
+from gwtf.node.p2p.forwarding import forwarded
 from gwtf.node.p2p.host import full_address, running_host
 from gwtf.node.p2p.identity import identity_from_key, new_identity, peer_id_of
-from gwtf.node.p2p.rpc import PublicRate, RequestResponse
+from gwtf.node.p2p.rpc import PublicRate, RequestResponse, RpcLimits
 from gwtf.node.receipts import evidence
 from gwtf.node.receipts.book import ReceiptTerms
-from gwtf.node.receipts.evidence import EVIDENCE_PROTOCOL, FRAME, serve_evidence
-from gwtf.node.receipts.serving import ReceiptServer
+from gwtf.node.receipts.evidence import (
+    EVIDENCE_PROTOCOL,
+    EVIDENCE_VIA_PROTOCOL,
+    FRAME,
+    serve_evidence,
+    serve_evidence_forwarding,
+)
+from gwtf.node.receipts.serving import ReceiptServer, serve_receipts_forwarding
 from gwtf.node.store.database import open_database
 from gwtf.node.store.evidence import EvidenceArchive
 from gwtf.node.store.hops import HopStore
@@ -53,43 +61,72 @@ FLOODED = (1.0, 1.0)
 
 @contextmanager
 def flooded_relay(
-    s: Staffed, relay: NodeKey, archive: EvidenceArchive, db: Path, seated: bool
-) -> Iterator[str]:
-    """``relay``'s host serving its evidence (no peer admitted: everyone is an outsider), its
-    outsider rate flooded by a fresh peer id all along; ``seated``: it reads its jurors'
-    seats from the court."""
-    seats = CourtSeats(suite_of(s.w), relay.address) if seated else None
+    s: Staffed,
+    relay: NodeKey,
+    archive: EvidenceArchive,
+    db: Path,
+    seated: bool,
+    at_home: bool = False,
+) -> Iterator[list[str]]:
+    """``relay``'s host serving its receipts and evidence to outsiders only (no peer admitted),
+    its outsider rate flooded by a fresh peer id all along; ``seated``: it reads its jurors'
+    seats from the court. ``at_home``: nothing dials it; a forwarder it keeps connected (and
+    admits) forwards to it, and that forwarder's outsider rate is the one flooded (``seated``:
+    the forwarder reads the seats of any case). Yields the peers a juror is given."""
+    contracts = suite_of(s.w)
+    seats = CourtSeats(contracts, relay.address) if seated else None
     terms = ReceiptTerms(s.run, s.w.ledger_domain, STAGES, UNITS_PER_HOP)
     store = HopStore(open_database(f"sqlite:///{db}"))
 
-    async def refuse(_peer: str) -> bool:
-        return False
-
     @asynccontextmanager
-    async def hosts() -> AsyncIterator[str]:
-        async with running_host(identity_from_key(relay.private_key)) as host:
-            rpc = RequestResponse(host, admit=refuse)
+    async def hosts() -> AsyncIterator[list[str]]:
+        async with (
+            running_host(identity_from_key(relay.private_key)) as host,
+            running_host(new_identity()) as forwarder,
+            running_host(new_identity()) as flooder,
+            trio.open_nursery() as nursery,
+        ):
+
+            async def admit(peer: str) -> bool:
+                return at_home and peer == str(forwarder.get_id())
+
+            async def outsiders_only(_peer: str) -> bool:
+                return False
+
+            rpc = RequestResponse(host, admit=admit)
             ReceiptServer(store, terms).serve(rpc, TIMEOUT_S)
             serve_evidence(rpc, archive, s.run, TIMEOUT_S, PublicRate(*FLOODED), seats)
-            async with running_host(new_identity()) as flooder, trio.open_nursery() as nursery:
-                flood = RequestResponse(flooder)
-                for _ in range(4):
-                    nursery.start_soon(_flood, flood, full_address(host))
-                yield full_address(host)
-                nursery.cancel_scope.cancel()
+            request = evidence._REQUEST.pack(0, 0, FRAME, bytes(32), 0)
+            if at_home:
+                forwarding = RequestResponse(forwarder, admit=outsiders_only)
+                anyone_seated = CourtSeats(contracts, None) if seated else None
+                serve_evidence_forwarding(forwarding, TIMEOUT_S, anyone_seated)
+                serve_receipts_forwarding(forwarding, TIMEOUT_S, anyone_seated)
+                await forwarding.dialer.connect(host.get_id(), host.get_addrs())
+                flooded, protocol = full_address(forwarder), EVIDENCE_VIA_PROTOCOL
+                request = forwarded(str(host.get_id()), request)
+                peers = [flooded, f"/ip4/127.0.0.1/tcp/9/p2p/{host.get_id()}"]  # none listens
+            else:
+                flooded, protocol = full_address(host), EVIDENCE_PROTOCOL
+                peers = [flooded]
+            flood = RequestResponse(flooder)
+            for _ in range(4):
+                nursery.start_soon(_flood, flood, flooded, protocol, request)
+            yield peers
+            nursery.cancel_scope.cancel()
 
-    with served_in_a_thread(hosts) as address:
-        yield address
+    with served_in_a_thread(hosts) as peers:
+        yield peers
 
 
-async def _flood(rpc: RequestResponse, address: str) -> None:
-    """Ask ``address`` for evidence as fast as it answers, whatever it answers."""
+async def _flood(rpc: RequestResponse, address: str, protocol: str, request: bytes) -> None:
+    """Send ``request`` to ``address`` as fast as it answers, whatever it answers."""
     info = info_from_p2p_addr(Multiaddr(address))
     await rpc.host.connect(info)
-    request = evidence._REQUEST.pack(0, 0, FRAME, bytes(32), 0)
+    limits = RpcLimits(1024, 2 << 20, 5.0)
     while True:
         try:
-            await rpc.request(info.peer_id, EVIDENCE_PROTOCOL, request, evidence._limits(5.0))
+            await rpc.request(info.peer_id, protocol, request, limits)
         except ProtocolError:  # declined busy, a stream reset: flood on
             await trio.sleep(0)
 
@@ -113,10 +150,16 @@ def drawn_case(s: Staffed, tmp_path: Path) -> dict[str, Any]:
 
 
 def juror_pass(
-    s: Staffed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, seated: bool, node_key: bool
+    s: Staffed,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    seated: bool,
+    node_key: bool,
+    at_home: bool = False,
 ) -> court_jury.Step:
     """One seated juror's pass (dialling with its node key if ``node_key``) while c's outsider
-    rate is flooded; its commit."""
+    rate (or, ``at_home``, its forwarder's) is flooded; its commit."""
     monkeypatch.setattr(evidence, "MAX_BUSY_RETRIES", 1)
     monkeypatch.setattr(replays, "FETCH_ROUNDS", 1)
     case = drawn_case(s, tmp_path)
@@ -125,10 +168,10 @@ def juror_pass(
     replayer = Replayer(case["made"]["plan"], SETTINGS)
     with (
         serving_data_node(s, s.data, case["tree"], tmp_path / "data.sqlite") as data,
-        flooded_relay(s, s.c, archives[s.c.address], tmp_path / "c.sqlite", seated) as c,
+        flooded_relay(s, s.c, archives[s.c.address], tmp_path / "c.sqlite", seated, at_home) as c,
     ):
         steps = trio.run(
-            court_jury.serve_once, suite_of(s.w), Sender.unlocked(juror.wallet), [data, c],
+            court_jury.serve_once, suite_of(s.w), Sender.unlocked(juror.wallet), [data, *c],
             lambda _run: replayer, TIMEOUT_S, None, juror.key.private_key if node_key else None,
         )  # fmt: skip
     (step,) = [st for st in steps if st.action in (court_jury.COMMITTED, court_jury.ABSTAINED)]
@@ -139,6 +182,14 @@ def test_a_seated_juror_gets_a_flooded_honest_relays_evidence_and_votes_right(
     staffed: Staffed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     step = juror_pass(staffed, tmp_path, monkeypatch, seated=True, node_key=True)
+    assert step.action == court_jury.COMMITTED, step
+    assert step.detail == "right tensor: re-executed: bit-identical", step.detail
+
+
+def test_a_seated_juror_gets_the_evidence_of_a_relay_at_home_through_a_flooded_forwarder(
+    staffed: Staffed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    step = juror_pass(staffed, tmp_path, monkeypatch, seated=True, node_key=True, at_home=True)
     assert step.action == court_jury.COMMITTED, step
     assert step.detail == "right tensor: re-executed: bit-identical", step.detail
 
@@ -165,7 +216,8 @@ def test_the_court_says_who_sits_about_this_node_and_until_when(
     staffed: Staffed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Seated jurors of a case about c, in their commit window: c admits them, no one else,
-    and not a's court reader; once their window (and its slack) is over, no one."""
+    and not a's court reader (a forwarder's, of any case, does); once their window (and its
+    slack) is over, no one."""
     s, w = staffed, staffed.w
     case = drawn_case(s, tmp_path)
     sitting, idle = case["sitting"], case["idle"]
@@ -173,13 +225,16 @@ def test_the_court_says_who_sits_about_this_node_and_until_when(
     def peer(key: NodeKey) -> str:
         return peer_id_of(identity_from_key(key.private_key)).to_base58()
 
-    async def held(about: NodeKey, keys: list[NodeKey]) -> list[bool]:
-        seats = CourtSeats(suite_of(w), about.address)
+    async def held(about: NodeKey | None, keys: list[NodeKey]) -> list[bool]:
+        seats = CourtSeats(suite_of(w), None if about is None else about.address)
         return [await seats.holds(peer(key)) for key in keys]
 
     assert trio.run(held, s.c, [j.key for j in sitting]) == [True] * len(sitting)
     assert trio.run(held, s.c, [j.key for j in idle]) == [False] * len(idle)
     assert trio.run(held, s.a, [j.key for j in sitting]) == [False] * len(sitting)
+    # A forwarder's reader: the seated jurors of any case, still no one else.
+    assert trio.run(held, None, [j.key for j in sitting]) == [True] * len(sitting)
+    assert trio.run(held, None, [j.key for j in idle]) == [False] * len(idle)
     fresh = peer_id_of(new_identity()).to_base58()
     assert trio.run(CourtSeats(suite_of(w), s.c.address).holds, fresh) is False
     drawn_at = int(jury.rounds(w, case["case"])[-1][2])

@@ -8,7 +8,9 @@ window (``gwtf/contracts/Court.sol``):
 * challenger (a dispute this wallet opened): reveal the draw salt it committed
   (``gwtf.node.chain.actions.draw_salt_of``) once the accused answered or could no longer;
 * juror (seats of the wallet's juror node in the current round): fetch the disputed hop's
-  evidence from the run's nodes like an auditor (``gwtf.node.audit.replays``), re-execute it
+  evidence from the run's nodes like an auditor (``gwtf.node.audit.replays``), dialling with
+  the juror node's key, so the accused and its forwarders answer it outside the rate all
+  outsiders share (they read its seat from the court), re-execute it
   (``gwtf.node.audit.reexecute``) and commit a sealed vote: WRONG when the replay is outside the
   run's tolerance or the accused's evidence is missing, RIGHT when it is within; then reveal
   it. A juror that reached no peer at all does not vote (it is fined as absent rather than

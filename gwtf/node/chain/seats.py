@@ -1,5 +1,5 @@
-"""Who sits on a jury about this node now, read from the court: the peers its evidence server
-answers outside the shared outsider rate (``gwtf.node.p2p.rpc.PublicRate.seats``).
+"""Who sits on a jury about this node now, read from the court: the peers its receipts and
+evidence servers answer outside the shared outsider rate (``gwtf.node.p2p.rpc.PublicRate``).
 
 A juror dials the accused with its node key, so its peer id names its juror node
 (``node_address_of_peer``); the accused admits it while the chain says that node holds a seat
@@ -7,9 +7,11 @@ of a round, drawn in a case whose accused is this node, whose commit window (whe
 evidence) is open, give or take ``SLACK_BLOCKS`` for providers a few blocks apart. Nothing the
 peer sends is trusted. The seats come from the court's ``JuryDrawn`` logs of the last commit
 window, read incrementally; each case's accused is read once (``getCase``) and cached, a bounded
-number of them. The chain is read on demand, at most once per ``MIN_REFRESH_S`` whoever asks
-(a flood of made-up peer ids costs one read a period), and at least once per ``MAX_AGE_S``
-while peers ask, so a seat that ended stops counting.
+number of them. A forwarder (``/gwtf/evidence-via``, ``/gwtf/receipts-via``: how a juror reaches
+a relay at home) admits the seated jurors of any case so, each within its own rate. The chain
+is read on demand, at most once per ``MIN_REFRESH_S`` whoever asks (a flood of made-up peer ids
+costs one read a period), and at least once per ``MAX_AGE_S`` while peers ask, so a seat that
+ended stops counting.
 """
 
 from __future__ import annotations
@@ -36,12 +38,14 @@ log = logging.getLogger(__name__)
 
 
 class CourtSeats:
-    """The seated jurors of the open rounds of cases about ``node`` (a ``Seats``)."""
+    """The seated jurors of the open rounds of cases about ``node`` (a ``Seats``); with
+    ``node`` None, of any case (a forwarder's: it passes requests on to relays at home, any
+    of which may be accused)."""
 
-    def __init__(self, contracts: Contracts, node: str) -> None:
+    def __init__(self, contracts: Contracts, node: str | None) -> None:
         self._court = contracts.court
         self._w3 = contracts.w3
-        self._node = node.lower()
+        self._node = None if node is None else node.lower()
         self._window: int | None = None
         self._next_block = 0
         self._accused: dict[int, bool] = {}
@@ -86,6 +90,8 @@ class CourtSeats:
         self._seated = frozenset().union(*(seats for _, seats in self._rounds.values()))
 
     def _about_me(self, case_id: int) -> bool:
+        if self._node is None:
+            return True
         if case_id not in self._accused:
             if len(self._accused) >= MAX_CASES:
                 self._accused.clear()

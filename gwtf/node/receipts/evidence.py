@@ -115,9 +115,12 @@ def serve_evidence(
     rpc.serve(EVIDENCE_PROTOCOL, answer, _limits(timeout_s), public)
 
 
-def serve_evidence_forwarding(rpc: RequestResponse, timeout_s: float) -> None:
-    """Forward ``/gwtf/evidence-via/1.0.0`` requests to connected peers (see the module)."""
-    public = PublicRate(*PUBLIC_RATE)
+def serve_evidence_forwarding(
+    rpc: RequestResponse, timeout_s: float, seats: Seats | None = None
+) -> None:
+    """Forward ``/gwtf/evidence-via/1.0.0`` requests to connected peers (see the module);
+    outsiders ``seats`` holds (seated jurors) within rates of their own."""
+    public = PublicRate(*PUBLIC_RATE, seats=seats)
     serve_forwarding(
         rpc, EVIDENCE_VIA_PROTOCOL, EVIDENCE_PROTOCOL, _limits(timeout_s), "evidence", public
     )

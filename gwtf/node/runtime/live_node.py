@@ -661,8 +661,10 @@ async def _start_receipts(
     await clock.start_reading()
     timeout_s = 2 * config.flow.ack_deadline_s
     # Auditors reach a relay behind a NAT through the nodes it keeps connections to.
-    serve_evidence_forwarding(rpc, timeout_s)
-    serve_receipts_forwarding(rpc, timeout_s)
+    # Seated jurors of any case reach a relay at home through it outside the outsiders' rate.
+    jurors = CourtSeats(setup.ledger.c, None)
+    serve_evidence_forwarding(rpc, timeout_s, jurors)
+    serve_receipts_forwarding(rpc, timeout_s, jurors)
 
     def data_node_peers() -> dict[str, str]:
         return {address_of_peer(p): p for p, record in book.peers.items() if record.stage == 0}
