@@ -155,15 +155,17 @@ def juror_pass(
     monkeypatch: pytest.MonkeyPatch,
     *,
     seated: bool,
-    node_key: bool,
+    node_key: str,
     at_home: bool = False,
 ) -> court_jury.Step:
-    """One seated juror's pass (dialling with its node key if ``node_key``) while c's outsider
+    """One seated juror's pass (``node_key``: dialling with its own node key, "other": with
+    an idle juror's, "none": with a fresh peer id) while c's outsider
     rate (or, ``at_home``, its forwarder's) is flooded; its commit."""
     monkeypatch.setattr(evidence, "MAX_BUSY_RETRIES", 1)
     monkeypatch.setattr(replays, "FETCH_ROUNDS", 1)
     case = drawn_case(s, tmp_path)
     juror = case["sitting"][0]
+    keys = {"own": juror.key.private_key, "other": case["idle"][0].key.private_key, "none": None}
     archives: dict[str, EvidenceArchive] = case["made"]["archives"]
     replayer = Replayer(case["made"]["plan"], SETTINGS)
     with (
@@ -172,7 +174,7 @@ def juror_pass(
     ):
         steps = trio.run(
             court_jury.serve_once, suite_of(s.w), Sender.unlocked(juror.wallet), [data, *c],
-            lambda _run: replayer, TIMEOUT_S, None, juror.key.private_key if node_key else None,
+            lambda _run: replayer, TIMEOUT_S, None, keys[node_key],
         )  # fmt: skip
     (step,) = [st for st in steps if st.action in (court_jury.COMMITTED, court_jury.ABSTAINED)]
     return step
@@ -181,7 +183,7 @@ def juror_pass(
 def test_a_seated_juror_gets_a_flooded_honest_relays_evidence_and_votes_right(
     staffed: Staffed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    step = juror_pass(staffed, tmp_path, monkeypatch, seated=True, node_key=True)
+    step = juror_pass(staffed, tmp_path, monkeypatch, seated=True, node_key="own")
     assert step.action == court_jury.COMMITTED, step
     assert step.detail == "right tensor: re-executed: bit-identical", step.detail
 
@@ -189,7 +191,7 @@ def test_a_seated_juror_gets_a_flooded_honest_relays_evidence_and_votes_right(
 def test_a_seated_juror_gets_the_evidence_of_a_relay_at_home_through_a_flooded_forwarder(
     staffed: Staffed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    step = juror_pass(staffed, tmp_path, monkeypatch, seated=True, node_key=True, at_home=True)
+    step = juror_pass(staffed, tmp_path, monkeypatch, seated=True, node_key="own", at_home=True)
     assert step.action == court_jury.COMMITTED, step
     assert step.detail == "right tensor: re-executed: bit-identical", step.detail
 
@@ -198,17 +200,19 @@ def test_without_seats_the_same_flood_makes_an_honest_relays_evidence_missing(
     staffed: Staffed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The hole seats close: a relay that answers its jurors within the outsiders' rate."""
-    step = juror_pass(staffed, tmp_path, monkeypatch, seated=False, node_key=True)
+    step = juror_pass(staffed, tmp_path, monkeypatch, seated=False, node_key="own")
     assert step.action == court_jury.COMMITTED, step
     assert step.detail.startswith("wrong tensor: missing evidence loses"), step.detail
 
 
-def test_a_juror_dialling_with_a_fresh_peer_id_shares_the_flooded_rate(
-    staffed: Staffed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("key", ["none", "other"])
+def test_a_juror_dialling_without_its_node_key_shares_the_flooded_rate(
+    staffed: Staffed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str
 ) -> None:
     """A seat is read from the chain for the peer id's node key, not claimed: a seated juror
-    without its key is an outsider like any other."""
-    step = juror_pass(staffed, tmp_path, monkeypatch, seated=True, node_key=False)
+    without its key (none, or another node's, which it does not dial with) is an outsider
+    like any other, and still votes."""
+    step = juror_pass(staffed, tmp_path, monkeypatch, seated=True, node_key=key)
     assert step.detail.startswith("wrong tensor: missing evidence loses"), step.detail
 
 

@@ -66,7 +66,7 @@ from gwtf.contracts.encoding import (
     receipt_digest,
 )
 from gwtf.contracts.merkle import MAX_PROOF_LENGTH
-from gwtf.errors import ChainError, ConfigError
+from gwtf.errors import ChainError
 from gwtf.node.audit.reexecute import Replayer
 from gwtf.node.audit.replays import (
     EvidenceSource,
@@ -252,16 +252,21 @@ async def serve_once(
     too (None: by the blocks alone, as a chain's past block times say nothing of the next).
     ``node_key``: the juror node's key, which it dials the run's nodes with, so an accused
     answers it outside the rate all outsiders share (``gwtf.node.chain.seats``); without it,
-    a fresh identity within that rate."""
+    or when it is not the juror node's (one warning line), a fresh identity within that rate."""
     steps: list[Step] = []
     node = str(await trio.to_thread.run_sync(_juror_of, contracts, wallet))
     identity = None
-    if node_key is not None:
+    if node_key is not None and int(node, 16) != 0:
         identity = identity_from_key(node_key)
         if node_address_of_peer(peer_id_of(identity)).lower() != node.lower():
-            raise ConfigError(
-                f"the node key given is not that of {wallet.address}'s juror node {node}"
-            )
+            # The party steps (an answer, a salt) must not wait on a juror's key: it dials as
+            # an outsider, as without one.
+            log.warning(
+                "the node key given is not that of %s's juror node %s (give its --node-name): "
+                "its evidence fetches share the rate all outsiders get",
+                wallet.address, node,
+            )  # fmt: skip
+            identity = None
     for case in await trio.to_thread.run_sync(open_cases, contracts):
         steps += await trio.to_thread.run_sync(_party_steps, contracts, wallet, case)
         steps += await trio.to_thread.run_sync(_anyone_steps, contracts, wallet, case)
