@@ -22,7 +22,7 @@ from typing import Final
 import trio
 from libp2p.peer.id import ID
 
-from gwtf.errors import ChainError, ProtocolError
+from gwtf.errors import ProtocolError
 from gwtf.node.chain.actions import Contracts
 from gwtf.node.chain.holds import logs_since
 from gwtf.node.p2p.identity import node_address_of_peer
@@ -70,9 +70,13 @@ class CourtSeats:
     async def _read(self) -> None:
         try:
             await trio.to_thread.run_sync(self._read_chain)
-        except (ChainError, OSError, ValueError) as exc:
-            log.warning("seated jurors not read from the court (%s); keeping the last", exc)
-        self._read_at = trio.current_time()
+        except Exception as exc:  # supervision boundary: any failure of the provider (web3's
+            # own errors too: an RPC error reply, a range cap) keeps the last seats. Escaping,
+            # it would fail the asking peer's stream, charged to that peer (a run member's
+            # evidence read too), and the next request would read the chain again at once.
+            log.warning("seated jurors not read from the court (%r); keeping the last", exc)
+        finally:
+            self._read_at = trio.current_time()
 
     def _read_chain(self) -> None:
         if self._window is None:
