@@ -157,6 +157,7 @@ def juror_pass(
     seated: bool,
     node_key: str,
     at_home: bool = False,
+    in_run: bool = False,
 ) -> court_jury.Step:
     """One seated juror's pass (``node_key``: dialling with its own node key, "other": with
     an idle juror's, "none": with a fresh peer id) while c's outsider
@@ -165,6 +166,8 @@ def juror_pass(
     monkeypatch.setattr(replays, "FETCH_ROUNDS", 1)
     case = drawn_case(s, tmp_path)
     juror = case["sitting"][0]
+    if in_run:
+        s.w.join(s.run, juror.key, juror.wallet)
     keys = {"own": juror.key.private_key, "other": case["idle"][0].key.private_key, "none": None}
     archives: dict[str, EvidenceArchive] = case["made"]["archives"]
     replayer = Replayer(case["made"]["plan"], SETTINGS)
@@ -213,6 +216,17 @@ def test_a_juror_dialling_without_its_node_key_shares_the_flooded_rate(
     without its key (none, or another node's, which it does not dial with) is an outsider
     like any other, and still votes."""
     step = juror_pass(staffed, tmp_path, monkeypatch, seated=True, node_key=key)
+    assert step.detail.startswith("wrong tensor: missing evidence loses"), step.detail
+
+
+def test_a_juror_whose_node_is_in_the_run_dials_with_a_fresh_identity(
+    staffed: Staffed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its live node keeps connections to the run's nodes: a jury host with the same peer id
+    would take them over (py-libp2p keeps one of the two, the newer, and opens the live
+    node's streams on it), and the live node would lose its hops. So it is an outsider like
+    any other, even with its key given."""
+    step = juror_pass(staffed, tmp_path, monkeypatch, seated=True, node_key="own", in_run=True)
     assert step.detail.startswith("wrong tensor: missing evidence loses"), step.detail
 
 

@@ -252,7 +252,8 @@ async def serve_once(
     too (None: by the blocks alone, as a chain's past block times say nothing of the next).
     ``node_key``: the juror node's key, which it dials the run's nodes with, so an accused
     answers it outside the rate all outsiders share (``gwtf.node.chain.seats``); without it,
-    or when it is not the juror node's (one warning line), a fresh identity within that rate."""
+    when it is not the juror node's, or for a case of a run that node is in (``_in_run``; one
+    warning line each), a fresh identity within that rate."""
     steps: list[Step] = []
     node = str(await trio.to_thread.run_sync(_juror_of, contracts, wallet))
     identity = None
@@ -302,6 +303,26 @@ def next_due_block(contracts: Contracts, case_id: int) -> int | None:
 
 def _juror_of(contracts: Contracts, wallet: Sender) -> str:
     return str(contracts.court.functions.jurorOf(wallet.address).call())
+
+
+def _in_run(contracts: Contracts, run_id: int, node: str) -> bool:
+    """Whether ``node`` is a member or data node of run ``run_id``: its live node then keeps
+    connections to the run's nodes, and a jury host with the same key (so the same peer id)
+    would have them keep one connection of the two, the jury host's (py-libp2p trims the one
+    past its grace period), and open the live node's streams on it, which the jury host does
+    not serve: the live node would lose its hops while the juror fetches. Such a juror dials
+    with a fresh identity (one warning line), within the rate all outsiders share, as a juror
+    without its key does."""
+    ledger = contracts.ledger.functions
+    member = bool(ledger.isAdmitted(run_id, node).call())
+    member = member or bool(ledger.wasDataNodeBefore(run_id, node, 2**256 - 1).call())
+    if member:
+        log.warning(
+            "juror node %s is in run %s: it dials that run's nodes with a fresh identity (its "
+            "own peer id would take its live node's connections), within the rate all "
+            "outsiders share", node, run_id,
+        )  # fmt: skip
+    return member
 
 
 def _next_block(contracts: Contracts) -> int:
@@ -416,6 +437,10 @@ async def _juror_steps(
     salt = vote_salt_of(wallet, case.case_id, r, node)
     if int.from_bytes(commitment, "big") == 0 and drawn_at < at <= drawn_at + window:
         replayer = replayer_of(case.receipt.runId)
+        if identity is not None and await trio.to_thread.run_sync(
+            _in_run, contracts, case.receipt.runId, node
+        ):
+            identity = None
         domain = ledger_domain(contracts.w3.eth.chain_id, contracts.ledger.address)
         cert = await trio.to_thread.run_sync(certificate_of, contracts, case.receipt)
         # Retries end while the window still has blocks to spare for the replay and the
