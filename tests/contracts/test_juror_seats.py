@@ -99,7 +99,7 @@ def flooded_relay(
             request = evidence._REQUEST.pack(0, 0, FRAME, bytes(32), 0)
             if at_home:
                 forwarding = RequestResponse(forwarder, admit=outsiders_only)
-                anyone_seated = CourtSeats(contracts, None) if seated else None
+                anyone_seated = CourtSeats(contracts, None, s.run) if seated else None
                 serve_evidence_forwarding(forwarding, TIMEOUT_S, anyone_seated)
                 serve_receipts_forwarding(forwarding, TIMEOUT_S, anyone_seated)
                 await forwarding.dialer.connect(host.get_id(), host.get_addrs())
@@ -234,8 +234,8 @@ def test_the_court_says_who_sits_about_this_node_and_until_when(
     staffed: Staffed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Seated jurors of a case about c, in their commit window: c admits them, no one else,
-    and not a's court reader (a forwarder's, of any case, does); once their window (and its
-    slack) is over, no one."""
+    and not a's court reader (a forwarder's, of any case about a node of its run, does; one
+    of another run's does not); once their window (and its slack) is over, no one."""
     s, w = staffed, staffed.w
     case = drawn_case(s, tmp_path)
     sitting, idle = case["sitting"], case["idle"]
@@ -243,8 +243,11 @@ def test_the_court_says_who_sits_about_this_node_and_until_when(
     def peer(key: NodeKey) -> str:
         return peer_id_of(identity_from_key(key.private_key)).to_base58()
 
-    async def held(about: NodeKey | None, keys: list[NodeKey]) -> list[bool]:
-        seats = CourtSeats(suite_of(w), None if about is None else about.address)
+    async def held(about: NodeKey | None, keys: list[NodeKey], run: int = s.run) -> list[bool]:
+        if about is None:
+            seats = CourtSeats(suite_of(w), None, run)
+        else:
+            seats = CourtSeats(suite_of(w), about.address)
         return [await seats.holds(peer(key)) for key in keys]
 
     assert trio.run(held, s.c, [j.key for j in sitting]) == [True] * len(sitting)
@@ -253,6 +256,8 @@ def test_the_court_says_who_sits_about_this_node_and_until_when(
     # A forwarder's reader: the seated jurors of any case, still no one else.
     assert trio.run(held, None, [j.key for j in sitting]) == [True] * len(sitting)
     assert trio.run(held, None, [j.key for j in idle]) == [False] * len(idle)
+    # Another run's forwarder would pass nothing on to c: its seats are none of its concern.
+    assert trio.run(held, None, [j.key for j in sitting], s.run + 1) == [False] * len(sitting)
     fresh = peer_id_of(new_identity()).to_base58()
     assert trio.run(CourtSeats(suite_of(w), s.c.address).holds, fresh) is False
     drawn_at = int(jury.rounds(w, case["case"])[-1][2])

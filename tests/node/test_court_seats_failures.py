@@ -28,7 +28,7 @@ class FailingCall:
 def test_a_failing_provider_is_no_peers_fault_and_is_asked_once_a_period() -> None:
     calls: list[int] = []
     court = SimpleNamespace(functions=SimpleNamespace(phaseBlocks=lambda: FailingCall(calls)))
-    seats = CourtSeats(SimpleNamespace(court=court, w3=None), None)  # type: ignore[arg-type]
+    seats = CourtSeats(SimpleNamespace(court=court, w3=None, ledger=None), None, 1)  # type: ignore[arg-type]
 
     async def ask() -> list[bool]:
         return [await seats.holds(peer_id_of(new_identity()).to_base58()) for _ in range(50)]

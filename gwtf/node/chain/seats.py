@@ -8,7 +8,9 @@ evidence) is open, give or take ``SLACK_BLOCKS`` for providers a few blocks apar
 peer sends is trusted. The seats come from the court's ``JuryDrawn`` logs of the last commit
 window, read incrementally; each case's accused is read once (``getCase``) and cached, a bounded
 number of them. A forwarder (``/gwtf/evidence-via``, ``/gwtf/receipts-via``: how a juror reaches
-a relay at home) admits the seated jurors of any case so, each within its own rate. The chain
+a relay at home) admits so the seated jurors of any case whose accused is in its own run (a
+member or data node of it when the case is first seen), each within its own rate: a case about
+another run's node seats nobody whom this forwarder would pass on to its accused. The chain
 is read on demand, at most once per ``MIN_REFRESH_S`` whoever asks (a flood of made-up peer ids
 costs one read a period), and at least once per ``MAX_AGE_S`` while peers ask, so a seat that
 ended stops counting.
@@ -39,11 +41,15 @@ log = logging.getLogger(__name__)
 
 class CourtSeats:
     """The seated jurors of the open rounds of cases about ``node`` (a ``Seats``); with
-    ``node`` None, of any case (a forwarder's: it passes requests on to relays at home, any
-    of which may be accused)."""
+    ``node`` None, of any case whose accused is in run ``run_id`` (a forwarder's: it passes
+    requests on to its run's relays at home, any of which may be accused)."""
 
-    def __init__(self, contracts: Contracts, node: str | None) -> None:
+    def __init__(self, contracts: Contracts, node: str | None, run_id: int | None = None) -> None:
+        if (node is None) == (run_id is None):
+            raise ValueError("court seats are about one node, or about the nodes of one run")
         self._court = contracts.court
+        self._ledger = contracts.ledger
+        self._run_id = run_id
         self._w3 = contracts.w3
         self._node = None if node is None else node.lower()
         self._window: int | None = None
@@ -94,11 +100,17 @@ class CourtSeats:
         self._seated = frozenset().union(*(seats for _, seats in self._rounds.values()))
 
     def _about_me(self, case_id: int) -> bool:
-        if self._node is None:
-            return True
         if case_id not in self._accused:
             if len(self._accused) >= MAX_CASES:
                 self._accused.clear()
-            parties = self._court.functions.getCase(case_id).call()[0]
-            self._accused[case_id] = str(parties[0]).lower() == self._node
+            accused = str(self._court.functions.getCase(case_id).call()[0][0])
+            self._accused[case_id] = self._mine(accused)
         return self._accused[case_id]
+
+    def _mine(self, accused: str) -> bool:
+        if self._run_id is None:
+            return accused.lower() == self._node
+        ledger = self._ledger.functions
+        if ledger.isAdmitted(self._run_id, accused).call():
+            return True
+        return bool(ledger.wasDataNodeBefore(self._run_id, accused, 2**256 - 1).call())

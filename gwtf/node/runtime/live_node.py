@@ -661,8 +661,9 @@ async def _start_receipts(
     await clock.start_reading()
     timeout_s = 2 * config.flow.ack_deadline_s
     # Auditors reach a relay behind a NAT through the nodes it keeps connections to.
-    # Seated jurors of any case reach a relay at home through it outside the outsiders' rate.
-    jurors = CourtSeats(setup.ledger.c, None)
+    # Seated jurors of a case about any node of the run reach a relay at home through it
+    # outside the outsiders' rate.
+    jurors = CourtSeats(setup.ledger.c, None, setup.terms.run_id)
     serve_evidence_forwarding(rpc, timeout_s, jurors)
     serve_receipts_forwarding(rpc, timeout_s, jurors)
 
