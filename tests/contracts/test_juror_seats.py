@@ -265,6 +265,36 @@ def test_the_court_says_who_sits_about_this_node_and_until_when(
     assert trio.run(held, s.c, [j.key for j in sitting]) == [False] * len(sitting)
 
 
+def test_a_draw_a_reorganisation_took_out_seats_no_one(
+    staffed: Staffed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chain the reader read a draw from is replaced by one without it (a reorganisation,
+    as eth-tester's snapshots make one): its jurors are no longer seated."""
+    s, w = staffed, staffed.w
+    before_draw: list[Any] = []
+    draw = jury.draw
+
+    def draw_after_a_snapshot(world: Any, case_id: int) -> Any:
+        before_draw.append(world.tester.take_snapshot())
+        return draw(world, case_id)
+
+    monkeypatch.setattr(jury, "draw", draw_after_a_snapshot)
+    case = drawn_case(s, tmp_path)
+    seats = CourtSeats(suite_of(w), s.c.address)
+    keys = [j.key for j in case["sitting"]]
+
+    async def held() -> list[bool]:
+        return [await seats.holds(peer_id_of(identity_from_key(k.private_key)).to_base58())
+                for k in keys]  # fmt: skip
+
+    assert trio.run(held) == [True] * len(keys)
+    w.tester.revert_to_snapshot(before_draw[0])
+    w.mine()
+    w.mine()
+    seats._read_at = -float("inf")  # the next question reads the chain again
+    assert trio.run(held) == [False] * len(keys)
+
+
 def test_a_reader_asked_again_reads_the_chain_at_most_once_a_period(
     staffed: Staffed, tmp_path: Path
 ) -> None:

@@ -6,14 +6,15 @@ A juror dials the accused with its node key, so its peer id names its juror node
 of a round, drawn in a case whose accused is this node, whose commit window (when jurors fetch
 evidence) is open, give or take ``SLACK_BLOCKS`` for providers a few blocks apart. Nothing the
 peer sends is trusted. The seats come from the court's ``JuryDrawn`` logs of the last commit
-window, read incrementally; each case's accused is read once (``getCase``) and cached, a bounded
-number of them. A forwarder (``/gwtf/evidence-via``, ``/gwtf/receipts-via``: how a juror reaches
-a relay at home) admits so the seated jurors of any case whose accused is in its own run (a
-member or data node of it when the case is first seen), each within its own rate: a case about
-another run's node seats nobody whom this forwarder would pass on to its accused. The chain
-is read on demand, at most once per ``MIN_REFRESH_S`` whoever asks (a flood of made-up peer ids
-costs one read a period), and at least once per ``MAX_AGE_S`` while peers ask, so a seat that
-ended stops counting.
+window, read incrementally (the last ``REORG_BLOCKS`` again at each reading, so a draw a
+reorganisation took out seats no one); each case's accused is read once (``getCase``) and
+cached, a bounded number of them. A forwarder (``/gwtf/evidence-via``, ``/gwtf/receipts-via``:
+how a juror reaches a relay at home) admits so the seated jurors of any case whose accused is
+in its own run (a member or data node of it when the case is first seen), each within its own
+rate: a case about another run's node seats nobody whom this forwarder would pass on to its
+accused. The chain is read on demand, at most once per ``MIN_REFRESH_S`` whoever asks (a flood
+of made-up peer ids costs one read a period), and at least once per ``MAX_AGE_S`` while peers
+ask, so a seat that ended stops counting.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from gwtf.node.p2p.identity import node_address_of_peer
 
 #: Blocks past a round's commit window its jurors are still admitted (providers lag).
 SLACK_BLOCKS: Final = 4
+#: Blocks read again at each reading: a draw a reorganisation took out (or put in again, in
+#: another block, with other seats) is then forgotten (or seen), not kept for its window.
+REORG_BLOCKS: Final = 64
 MIN_REFRESH_S: Final = 1.0
 MAX_AGE_S: Final = 15.0
 #: Cases whose accused is kept (each read once); past it the cache starts afresh.
@@ -55,7 +59,7 @@ class CourtSeats:
         self._window: int | None = None
         self._next_block = 0
         self._accused: dict[int, bool] = {}
-        #: (case, round) -> (the block its commit window ends, its seated nodes)
+        #: (case, round) -> (the block it was drawn in, its seated nodes)
         self._rounds: dict[tuple[int, int], tuple[int, frozenset[str]]] = {}
         self._seated: frozenset[str] = frozenset()
         self._read_at = -float("inf")
@@ -88,16 +92,17 @@ class CourtSeats:
         if self._window is None:
             self._window = int(self._court.functions.phaseBlocks().call())
         latest = int(self._w3.eth.block_number)
-        first = max(self._next_block, latest - self._window - SLACK_BLOCKS, 0)
+        oldest = latest - self._window - SLACK_BLOCKS  # drawn before it: the window is over
+        first = max(self._next_block - REORG_BLOCKS, oldest, 0)
+        # What was read from ``first`` on is read again, whatever a reorganisation did to it.
+        rounds = {k: v for k, v in self._rounds.items() if oldest <= v[0] < first}
         for drawn in logs_since(self._court.events.JuryDrawn, first, latest):
             case_id, r = int(drawn["args"]["caseId"]), int(drawn["args"]["round"])
             if self._about_me(case_id):
-                ends = int(drawn["blockNumber"]) + self._window + SLACK_BLOCKS
                 seats = frozenset(str(seat).lower() for seat in drawn["args"]["seats"])
-                self._rounds[(case_id, r)] = (ends, seats)
-        self._next_block = latest + 1
-        self._rounds = {k: v for k, v in self._rounds.items() if v[0] >= latest}
-        self._seated = frozenset().union(*(seats for _, seats in self._rounds.values()))
+                rounds[(case_id, r)] = (int(drawn["blockNumber"]), seats)
+        self._rounds, self._next_block = rounds, latest + 1
+        self._seated = frozenset().union(*(seats for _, seats in rounds.values()))
 
     def _about_me(self, case_id: int) -> bool:
         if case_id not in self._accused:
