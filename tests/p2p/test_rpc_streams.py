@@ -263,3 +263,48 @@ def test_outsiders_streams_are_capped_and_closed_when_idle(tmp_path: Path) -> No
                 assert await second.request(server_host.get_id(), ECHO, b"\0cd", LIMITS) == b"dc\0"
 
     trio.run(main)
+
+
+def test_a_seated_peer_has_its_own_rate_and_streams_beside_the_outsiders(
+    tmp_path: Path,
+) -> None:
+    """A peer the ``Seats`` hold (a seated juror, read from the chain in the node) is answered
+    when the outsiders have spent their shared rate and filled their streams, within a rate of
+    its own: it cannot flood either."""
+
+    async def refuse(_peer: str) -> bool:
+        return False
+
+    async def main() -> None:
+        async with (
+            host(tmp_path, "server") as server_host,
+            host(tmp_path, "outsider") as outsider_host,
+            host(tmp_path, "juror") as juror_host,
+        ):
+            juror_id = str(juror_host.get_id())
+
+            class Held:
+                async def holds(self, peer: str) -> bool:
+                    return peer == juror_id
+
+            public = PublicRate(
+                per_s=1e-3, burst=1.0, max_streams=1, seats=Held(), seat_per_s=1e-3,
+                seat_burst=2.0,
+            )  # fmt: skip
+            RequestResponse(server_host, admit=refuse).serve(ECHO, delayed_echo, LIMITS, public)
+            outsider, juror = RequestResponse(outsider_host), RequestResponse(juror_host)
+            for client in (outsider_host, juror_host):
+                await client.connect(peer_info(full_address(server_host)))
+            target = server_host.get_id()
+            with trio.fail_after(20):
+                assert await outsider.request(target, ECHO, b"\0ab", LIMITS) == b"ba\0"
+                with pytest.raises(PeerUnavailable, match="busy: peers outside the run"):
+                    await outsider.request(target, ECHO, b"\0ab", LIMITS)
+                assert public.streams == 1  # the outsiders' one stream is taken
+                for _ in range(2):
+                    assert await juror.request(target, ECHO, b"\0cd", LIMITS) == b"dc\0"
+                with pytest.raises(PeerUnavailable, match="busy: a seated juror"):
+                    await juror.request(target, ECHO, b"\0cd", LIMITS)
+                assert public.streams == 1, "the juror's stream is not an outsider's"
+
+    trio.run(main)

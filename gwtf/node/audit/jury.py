@@ -8,7 +8,9 @@ window (``gwtf/contracts/Court.sol``):
 * challenger (a dispute this wallet opened): reveal the draw salt it committed
   (``gwtf.node.chain.actions.draw_salt_of``) once the accused answered or could no longer;
 * juror (seats of the wallet's juror node in the current round): fetch the disputed hop's
-  evidence from the run's nodes like an auditor (``gwtf.node.audit.replays``), re-execute it
+  evidence from the run's nodes like an auditor (``gwtf.node.audit.replays``), dialling with
+  the juror node's key, so the accused and its forwarders answer it outside the rate all
+  outsiders share (they read its seat from the court), re-execute it
   (``gwtf.node.audit.reexecute``) and commit a sealed vote: WRONG when the replay is outside the
   run's tolerance or the accused's evidence is missing, RIGHT when it is within; then reveal
   it. A juror that reached no peer at all does not vote (it is fined as absent rather than
@@ -51,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 import trio
+from libp2p.crypto.keys import KeyPair
 
 from gwtf.contracts.bindings import ContractRevert
 from gwtf.contracts.certificate_tree import SignedReceipt
@@ -86,7 +89,12 @@ from gwtf.node.chain.adapter import Sender
 from gwtf.node.chain.epochs import EpochLedger
 from gwtf.node.chain.holds import first_dispute_block, logs_since
 from gwtf.node.p2p.host import running_host
-from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.identity import (
+    identity_from_key,
+    new_identity,
+    node_address_of_peer,
+    peer_id_of,
+)
 from gwtf.node.p2p.rpc import RequestResponse
 
 log = logging.getLogger(__name__)
@@ -235,21 +243,39 @@ async def serve_once(
     replayer_of: ReplayerOf | None,
     timeout_s: float = 20.0,
     block_time_s: float | None = None,
+    node_key: bytes | None = None,
 ) -> list[Step]:
     """One pass over the open cases for ``wallet`` (its juror node is ``Court.jurorOf``),
     re-executing with ``replayer_of(run id)``; without it, every step but the votes.
     A juror's evidence phase ends by the blocks of its commit window, read from the chain
     while it runs; ``block_time_s``: the chain's seconds per block, to end it by the clock
-    too (None: by the blocks alone, as a chain's past block times say nothing of the next)."""
+    too (None: by the blocks alone, as a chain's past block times say nothing of the next).
+    ``node_key``: the juror node's key, which it dials the run's nodes with, so an accused
+    answers it outside the rate all outsiders share (``gwtf.node.chain.seats``); without it,
+    when it is not the juror node's, or for a case of a run that node is in (``_in_run``; one
+    warning line each), a fresh identity within that rate."""
     steps: list[Step] = []
     node = str(await trio.to_thread.run_sync(_juror_of, contracts, wallet))
+    identity = None
+    if node_key is not None and int(node, 16) != 0:
+        identity = identity_from_key(node_key)
+        if node_address_of_peer(peer_id_of(identity)).lower() != node.lower():
+            # The party steps (an answer, a salt) must not wait on a juror's key: it dials as
+            # an outsider, as without one.
+            log.warning(
+                "the node key given is not that of %s's juror node %s (give its --node-name): "
+                "its evidence fetches share the rate all outsiders get",
+                wallet.address, node,
+            )  # fmt: skip
+            identity = None
     for case in await trio.to_thread.run_sync(open_cases, contracts):
         steps += await trio.to_thread.run_sync(_party_steps, contracts, wallet, case)
         steps += await trio.to_thread.run_sync(_anyone_steps, contracts, wallet, case)
         if replayer_of is not None and int(node, 16) != 0:
             steps += await _juror_steps(
-                contracts, wallet, node, case, peers, replayer_of, timeout_s, block_time_s
-            )
+                contracts, wallet, node, case, peers, replayer_of, timeout_s, block_time_s,
+                identity,
+            )  # fmt: skip
     return steps
 
 
@@ -277,6 +303,26 @@ def next_due_block(contracts: Contracts, case_id: int) -> int | None:
 
 def _juror_of(contracts: Contracts, wallet: Sender) -> str:
     return str(contracts.court.functions.jurorOf(wallet.address).call())
+
+
+def _in_run(contracts: Contracts, run_id: int, node: str) -> bool:
+    """Whether ``node`` is a member or data node of run ``run_id``: its live node then keeps
+    connections to the run's nodes, and a jury host with the same key (so the same peer id)
+    would have them keep one connection of the two, the jury host's (py-libp2p trims the one
+    past its grace period), and open the live node's streams on it, which the jury host does
+    not serve: the live node would lose its hops while the juror fetches. Such a juror dials
+    with a fresh identity (one warning line), within the rate all outsiders share, as a juror
+    without its key does."""
+    ledger = contracts.ledger.functions
+    member = bool(ledger.isAdmitted(run_id, node).call())
+    member = member or bool(ledger.wasDataNodeBefore(run_id, node, 2**256 - 1).call())
+    if member:
+        log.warning(
+            "juror node %s is in run %s: it dials that run's nodes with a fresh identity (its "
+            "own peer id would take its live node's connections), within the rate all "
+            "outsiders share", node, run_id,
+        )  # fmt: skip
+    return member
 
 
 def _next_block(contracts: Contracts) -> int:
@@ -374,6 +420,7 @@ async def _juror_steps(
     replayer_of: ReplayerOf,
     timeout_s: float,
     block_time_s: float | None,
+    identity: KeyPair | None = None,
 ) -> list[Step]:
     court = contracts.court
     case_view = await trio.to_thread.run_sync(court.functions.getCase(case.case_id).call)
@@ -390,6 +437,10 @@ async def _juror_steps(
     salt = vote_salt_of(wallet, case.case_id, r, node)
     if int.from_bytes(commitment, "big") == 0 and drawn_at < at <= drawn_at + window:
         replayer = replayer_of(case.receipt.runId)
+        if identity is not None and await trio.to_thread.run_sync(
+            _in_run, contracts, case.receipt.runId, node
+        ):
+            identity = None
         domain = ledger_domain(contracts.w3.eth.chain_id, contracts.ledger.address)
         cert = await trio.to_thread.run_sync(certificate_of, contracts, case.receipt)
         # Retries end while the window still has blocks to spare for the replay and the
@@ -405,7 +456,9 @@ async def _juror_steps(
             now = trio.current_time()
             left_s = left * block_time_s
             until = (now + RETRY_SHARE * left_s, now + VERDICT_SHARE * left_s)
-        vote, why = await _verdict(case, peers, replayer, timeout_s, domain, cert, until, blocks)
+        vote, why = await _verdict(
+            case, peers, replayer, timeout_s, domain, cert, until, blocks, identity
+        )
         if vote is None:
             return [Step(case.case_id, ABSTAINED, why)]
         sealed = court.functions.voteCommitment(case.case_id, r, node, vote, salt).call()
@@ -449,6 +502,7 @@ async def _verdict(
     cert: CertRef | None,
     until: tuple[float, float] | None = None,
     blocks: ChainStop | None = None,
+    identity: KeyPair | None = None,
 ) -> tuple[int | None, str]:
     """Re-execute the disputed hop: (WRONG or RIGHT, what the replay found), or (None, why)
     when this juror reached no peer at all. Only the leaves of ``cert`` (the data node's
@@ -458,7 +512,8 @@ async def _verdict(
     themselves. ``until`` (trio clock): when evidence tries stop, and when the whole phase
     does; the accused's evidence is missing (WRONG) only when the accused had its whole
     retry schedule, else it is not shown wrong in time (RIGHT): the accused is never
-    convicted for this juror's lateness."""
+    convicted for this juror's lateness. ``identity``: the juror node's, to dial with (None:
+    a fresh one)."""
     receipt = case.receipt
     if not case.checkable:
         return RIGHT, f"not shown wrong: its batch proof is over {MAX_PROOF_LENGTH} hashes"
@@ -471,7 +526,7 @@ async def _verdict(
             if blocks is not None:
                 nursery.start_soon(_watch_blocks, blocks, deadline, phase)
             verdict = await _evidence_verdict(
-                case, peers, replayer, timeout_s, domain, cert, deadline
+                case, peers, replayer, timeout_s, domain, cert, deadline, identity
             )
             nursery.cancel_scope.cancel()
         return verdict
@@ -527,9 +582,10 @@ async def _evidence_verdict(
     domain: Eip712Domain,
     cert: CertRef | None,
     deadline: _Deadline,
+    identity: KeyPair | None,
 ) -> tuple[int | None, str]:
     receipt = case.receipt
-    async with running_host(new_identity()) as host:
+    async with running_host(identity or new_identity()) as host:
         rpc = RequestResponse(host)
         reachable, _ = await connect_peers(host, peers, timeout_s)
         if not reachable:

@@ -25,7 +25,9 @@ forwarder passed on that do not verify, an unreplayed hop).
 
 ``jury join`` locks a juror deposit in the Court for one of the wallet's nodes; ``jury serve``
 then takes every step the wallet's roles call for in each open case (``gwtf.node.audit.jury``): as
-a drawn juror it re-executes the disputed hop and votes by commit-reveal, as the accused it
+a drawn juror it re-executes the disputed hop (dialling with the key of the wallet's node
+``--node-name``, so that the accused answers it outside the outsiders' shared rate) and votes by
+commit-reveal, as the accused it
 answers, as the challenger it reveals its draw salt, and for anyone it draws juries and
 executes rulings that are due. It loops until stopped (``--once``: one pass).
 """
@@ -35,11 +37,12 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
 from typing import TYPE_CHECKING, Any
 
 from gwtf.errors import ConfigError
 from gwtf.node.audit.tolerance import TOLERANCES, Tolerance
-from gwtf.node.cli.args import Command, whole
+from gwtf.node.cli.args import Command, add_wallet_flags, whole
 from gwtf.node.settings import Settings
 
 if TYPE_CHECKING:
@@ -75,8 +78,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> di
         "jury", help="sit on the court's juries: re-execute disputed hops and vote on them"
     )
     jury.add_argument("action", choices=("join", "serve"), help="join: lock a deposit; serve")
-    jury.add_argument("--wallet", required=True, help="the wallet keystore of the juror node")
-    jury.add_argument("--password-file", help="file holding the keystore password")
+    add_wallet_flags(jury)  # serve: the juror node's key (--node-name) is what it dials with
     jury.add_argument("--node", help="join: the wallet's node that sits (one per wallet)")
     jury.add_argument("--deposit-eth", type=float, default=0.0, help="join: ETH to lock")
     _peer_flags(jury)
@@ -171,10 +173,11 @@ def cmd_jury(args: argparse.Namespace, settings: Settings, console: Console) -> 
     from gwtf.node.audit.jury import serve_once
     from gwtf.node.chain.actions import deposit_juror, open_contracts
     from gwtf.node.chain.adapter import Sender
-    from gwtf.node.chain.wallet import open_wallet, resolve_password
+    from gwtf.node.chain.wallet import node_key_path, open_wallet, resolve_password
 
     contracts, _ = open_contracts(settings)
-    wallet = Sender.from_account(open_wallet(args.wallet, resolve_password(args.password_file)))
+    password = resolve_password(args.password_file)
+    wallet = Sender.from_account(open_wallet(args.wallet, password))
     if args.action == "join":
         if not args.node or args.deposit_eth <= 0:
             raise ConfigError("jury join needs --node ADDRESS and --deposit-eth above 0")
@@ -183,6 +186,17 @@ def cmd_jury(args: argparse.Namespace, settings: Settings, console: Console) -> 
         deposit_juror(contracts, wallet, node, amount)
         console.print(f"{node} sits on juries with {args.deposit_eth} ETH more locked")
         return 0
+    # A juror dials with its node's key: an accused answers its seated jurors outside the
+    # rate all outsiders share, which anyone can flood.
+    key_file = node_key_path(args.wallet, args.node_name)
+    node_key = bytes(open_wallet(key_file, password).key) if key_file.is_file() else None
+    if node_key is None:
+        print(
+            f"gwtf-node: no node key {key_file}: a juror dials with a fresh identity, which an "
+            "accused answers only within the rate all outsiders share (give the juror node's "
+            "--node-name)",
+            file=sys.stderr,
+        )
     model = args.model or settings.training.model
     tolerance = TOLERANCES[args.tolerance]
     replayers: dict[int, Replayer] = {}
@@ -193,7 +207,9 @@ def cmd_jury(args: argparse.Namespace, settings: Settings, console: Console) -> 
         return replayers[run_id]
 
     while True:
-        steps = trio.run(serve_once, contracts, wallet, args.peer, replayer_of, args.timeout_s)
+        steps = trio.run(
+            serve_once, contracts, wallet, args.peer, replayer_of, args.timeout_s, None, node_key
+        )
         for step in steps:
             if args.json:
                 print(json.dumps(step.as_json()))

@@ -18,7 +18,8 @@ Handler safety and scoring: a stream handler never lets an exception escape (in 
 escaped exception is swallowed and wedges the whole connection to that peer). A banned or
 unadmitted peer's stream is reset before anything is read, except that a protocol served in
 public (``PublicRate``: an auditor's receipts) answers unadmitted peers within one shared rate,
-on a capped number of streams, each closed once idle.
+on a capped number of streams, each closed once idle; those its ``Seats`` hold (a seated juror
+of a case about this node, read from the chain) each within a rate and streams of their own.
 A frame that is oversized, truncated or stalled is charged to the peer and resets its stream
 (nothing after it can be framed); a request the handler rejects as malformed is charged and
 refused on its own, as is one on which the handler fails; a request the handler could not answer
@@ -148,11 +149,46 @@ async def admit_everyone(_peer: str) -> bool:
     return True
 
 
+class Seats(Protocol):
+    """Outsiders this node has a reason of its own to answer beyond the shared rate (the
+    seated jurors of a case about it): what it holds it reads itself (from the chain), never
+    from the peer's request, and it bounds its own cost whoever asks."""
+
+    async def holds(self, peer: str, /) -> bool: ...
+
+
+#: Budgets of seats kept at once: past it they start afresh (seats of cases long over).
+MAX_SEATS = 1024
+
+
+@dataclass
+class _Bucket:
+    per_s: float
+    burst: float
+    tokens: float = -1.0
+    at: float = 0.0
+
+    def take(self, now: float) -> bool:
+        if self.tokens < 0:
+            self.tokens, self.at = self.burst, now
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.per_s)
+        self.at = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
 @dataclass
 class PublicRate:
     """The rate at which a protocol answers peers outside the run: one budget for all of them
     (a fresh peer id costs nothing, so a budget per peer would bound nothing), refilled at
-    ``per_s`` up to ``burst``. A request over it is declined, not charged."""
+    ``per_s`` up to ``burst``. A request over it is declined, not charged.
+
+    With ``seats``, an outsider those hold (a seated juror, whose peer id is its node key and
+    whose seat the chain says) is answered outside that budget and its stream cap, within a
+    budget of its own (``seat_per_s`` up to ``seat_burst``) on at most ``streams_per_seat``
+    streams: whoever floods the shared budget cannot starve it, and it cannot flood either."""
 
     per_s: float = 10.0
     burst: float = 20.0
@@ -161,22 +197,51 @@ class PublicRate:
     max_streams: int = 32
     idle_s: float = 30.0
     streams: int = 0
-    _tokens: float = -1.0
-    _at: float = 0.0
+    seats: Seats | None = None
+    seat_per_s: float = 10.0
+    seat_burst: float = 20.0
+    streams_per_seat: int = 4
+    _shared: _Bucket | None = None
+    #: One budget and stream count per seat held now (bounded by the seats the chain gives).
+    _per_seat: dict[str, _Bucket] = field(default_factory=dict)
+    _seat_streams: dict[str, int] = field(default_factory=dict)
 
     def take(self, now: float) -> bool:
-        if self._tokens < 0:
-            self._tokens, self._at = self.burst, now
-        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.per_s)
-        self._at = now
-        if self._tokens < 1.0:
+        if self._shared is None:
+            self._shared = _Bucket(self.per_s, self.burst)
+        return self._shared.take(now)
+
+    async def seated(self, peer: str) -> bool:
+        if self.seats is None or not await self.seats.holds(peer):
+            self._per_seat.pop(peer, None)
             return False
-        self._tokens -= 1.0
         return True
+
+    def take_seat(self, peer: str, now: float) -> bool:
+        if peer not in self._per_seat and len(self._per_seat) >= MAX_SEATS:
+            self._per_seat.clear()  # seats long over: a fresh budget costs a seat nothing
+        bucket = self._per_seat.setdefault(peer, _Bucket(self.seat_per_s, self.seat_burst))
+        return bucket.take(now)
+
+    def open_seat_stream(self, peer: str) -> bool:
+        held = self._seat_streams.get(peer, 0)
+        if held >= self.streams_per_seat:
+            return False
+        self._seat_streams[peer] = held + 1
+        return True
+
+    def close_seat_stream(self, peer: str) -> None:
+        self._seat_streams[peer] -= 1
+        if self._seat_streams[peer] == 0:
+            del self._seat_streams[peer]
 
     def limiting(self, handler: Handler) -> Handler:
         async def limited(peer: str, request: bytes) -> bytes:
-            if not self.take(trio.current_time()):
+            now = trio.current_time()
+            if await self.seated(peer):
+                if not self.take_seat(peer, now):
+                    raise Decline(f"busy: a seated juror gets {self.seat_per_s:g} requests/s here")
+            elif not self.take(now):
                 raise Decline(f"busy: peers outside the run get {self.per_s:g} requests/s here")
             return await handler(peer, request)
 
@@ -263,13 +328,24 @@ class RequestResponse:
             await self._serve_frames(stream, peer, handler, limits, None)
             return
         assert public is not None
+        limited = public.limiting(outsiders or handler)
+        if await public.seated(peer):
+            # Its own streams, not the outsiders': a flood of those must not shut it out.
+            if not public.open_seat_stream(peer):
+                self._refuse(peer, f"{public.streams_per_seat} streams of this juror are open")
+                await _reset_quietly(stream)
+                return
+            try:
+                await self._serve_frames(stream, peer, limited, limits, public.idle_s)
+            finally:
+                public.close_seat_stream(peer)
+            return
         if public.streams >= public.max_streams:
             self._refuse(peer, f"{public.max_streams} streams of peers outside the run are open")
             await _reset_quietly(stream)
             return
         public.streams += 1
         try:
-            limited = public.limiting(outsiders or handler)
             await self._serve_frames(stream, peer, limited, limits, public.idle_s)
         finally:
             public.streams -= 1

@@ -5,10 +5,13 @@ receipt names it; the relay neighbours of a hop keep the same frames, so a worke
 withholds its own is no obstacle, except for a first stage's forward input and a last stage's
 backward input, which only data nodes saw and they keep none) and the relay's stage weights
 at an iteration. Both come in chunks of at most ``CHUNK_BYTES``, read from disk ``READERS`` at
-a time in worker threads, never a file whole; the reader checks a frame against the digest it
-asked for and bounds every total. Access is that of the receipts: the run's peers freely,
-anyone else within one shared rate. ``prune_settled_evidence`` deletes each epoch's evidence
-once the epoch settles on chain.
+a time in worker threads (a seated juror's one at a time on a reader of its own), never a file
+whole; the reader checks a frame against the digest it asked for and bounds every total.
+Access is that of the receipts: the run's peers freely, anyone else within one shared rate,
+except the seated jurors of a case about this node (dialling with their node keys; their seats
+read from the court, ``gwtf.node.chain.seats``), each within a rate of its own, so flooding the
+shared rate, or the readers as a member, cannot make an honest relay's evidence missing.
+``prune_settled_evidence`` deletes each epoch's evidence once the epoch settles on chain.
 
 A relay behind a NAT cannot be dialled by an auditor. Every node with receipts therefore also
 forwards evidence requests on ``/gwtf/evidence-via/1.0.0`` to a peer it is connected to right
@@ -42,7 +45,15 @@ from libp2p.peer.id import ID
 from gwtf.errors import ChainError, ProtocolError
 from gwtf.node.chain.epochs import ChainTime, EpochLedger
 from gwtf.node.p2p.forwarding import forwarded, forwarded_limits, serve_forwarding
-from gwtf.node.p2p.rpc import Decline, PublicRate, RequestDeclined, RequestResponse, RpcLimits
+from gwtf.node.p2p.rpc import (
+    MAX_SEATS,
+    Decline,
+    PublicRate,
+    RequestDeclined,
+    RequestResponse,
+    RpcLimits,
+    Seats,
+)
 from gwtf.node.receipts.serving import MAX_BUSY_RETRIES, PUBLIC_RATE
 from gwtf.node.store.evidence import EvidenceArchive, parse_run_folder
 
@@ -76,10 +87,12 @@ def serve_evidence(
     run_id: int,
     timeout_s: float,
     public: PublicRate | None = None,
+    seats: Seats | None = None,
 ) -> None:
-    """Answer ``/gwtf/evidence/1.0.0`` from ``archive``."""
+    """Answer ``/gwtf/evidence/1.0.0`` from ``archive``; outsiders ``seats`` holds (the seated
+    jurors of a case about this node: ``gwtf.node.chain.seats``) within rates of their own."""
 
-    async def answer(_peer: str, request: bytes) -> bytes:
+    async def answer(peer: str, request: bytes) -> bytes:
         if len(request) != _REQUEST.size:
             raise ProtocolError("an evidence request is (run u64, epoch u64, kind u8, key 32 "
                                 "bytes, offset u64)")  # fmt: skip
@@ -93,18 +106,35 @@ def serve_evidence(
             read = functools.partial(archive.state_chunk, epoch, iteration, offset, CHUNK_BYTES)
         else:
             raise ProtocolError(f"evidence kind {kind} is neither 1 (frame) nor 2 (state)")
-        chunk = await trio.to_thread.run_sync(read, limiter=readers)
+        chunk = await trio.to_thread.run_sync(read, limiter=await readers_of(peer))
         if chunk is None:
             return _REPLY.pack(_NOT_KEPT, 0)
         return _REPLY.pack(_FOUND, chunk.total) + chunk.data
 
     readers = trio.CapacityLimiter(READERS)
-    rpc.serve(EVIDENCE_PROTOCOL, answer, _limits(timeout_s), public or PublicRate(*PUBLIC_RATE))
+    #: A seated juror's own reader: the run's members are not rate-limited, and one that
+    #: kept the shared readers busy would otherwise time out every juror's reads.
+    juror_readers: dict[str, trio.CapacityLimiter] = {}
+    public = public or PublicRate(*PUBLIC_RATE)
+    public.seats = seats or public.seats
+
+    async def readers_of(peer: str) -> trio.CapacityLimiter:
+        if public.seats is None or not await public.seats.holds(peer):
+            juror_readers.pop(peer, None)
+            return readers
+        if peer not in juror_readers and len(juror_readers) >= MAX_SEATS:
+            juror_readers.clear()  # seats long over
+        return juror_readers.setdefault(peer, trio.CapacityLimiter(1))
+
+    rpc.serve(EVIDENCE_PROTOCOL, answer, _limits(timeout_s), public)
 
 
-def serve_evidence_forwarding(rpc: RequestResponse, timeout_s: float) -> None:
-    """Forward ``/gwtf/evidence-via/1.0.0`` requests to connected peers (see the module)."""
-    public = PublicRate(*PUBLIC_RATE)
+def serve_evidence_forwarding(
+    rpc: RequestResponse, timeout_s: float, seats: Seats | None = None
+) -> None:
+    """Forward ``/gwtf/evidence-via/1.0.0`` requests to connected peers (see the module);
+    outsiders ``seats`` holds (seated jurors) within rates of their own."""
+    public = PublicRate(*PUBLIC_RATE, seats=seats)
     serve_forwarding(
         rpc, EVIDENCE_VIA_PROTOCOL, EVIDENCE_PROTOCOL, _limits(timeout_s), "evidence", public
     )

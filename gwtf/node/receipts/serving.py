@@ -35,6 +35,7 @@ from gwtf.node.p2p.rpc import (
     RequestDeclined,
     RequestResponse,
     RpcLimits,
+    Seats,
 )
 from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.cheats import Cheat
@@ -205,9 +206,12 @@ async def fetch_receipts(
     return Fetched(tuple(pages), f"stopped at {limit} receipts")
 
 
-def serve_receipts_forwarding(rpc: RequestResponse, timeout_s: float) -> None:
-    """Forward ``/gwtf/receipts-via/3.0.0`` requests to connected peers (see the module)."""
-    public = PublicRate(*PUBLIC_RATE)
+def serve_receipts_forwarding(
+    rpc: RequestResponse, timeout_s: float, seats: Seats | None = None
+) -> None:
+    """Forward ``/gwtf/receipts-via/3.0.0`` requests to connected peers (see the module);
+    outsiders ``seats`` holds (seated jurors) within rates of their own."""
+    public = PublicRate(*PUBLIC_RATE, seats=seats)
     limits = _limits(timeout_s)
     serve_forwarding(rpc, RECEIPTS_VIA_PROTOCOL, RECEIPTS_PROTOCOL, limits, "receipts", public)
 

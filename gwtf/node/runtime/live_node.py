@@ -23,6 +23,7 @@ from gwtf.contracts.encoding import Eip712Domain
 from gwtf.coordinator_free.protocol.config import DATA, FlowConfig, NodeSpec
 from gwtf.coordinator_free.protocol.node import FlowNode
 from gwtf.errors import ConfigError, ProtocolError
+from gwtf.node.chain.seats import CourtSeats
 from gwtf.node.p2p.addresses import LOOPBACK
 from gwtf.node.p2p.holepunch import HolePuncher
 from gwtf.node.p2p.host import ADDRESS_TTL_S, peer_info, running_host
@@ -31,7 +32,14 @@ from gwtf.node.p2p.link_emulation import LinkEmulator, Topology
 from gwtf.node.p2p.reachability import Reachability
 from gwtf.node.p2p.relay import CircuitDialer
 from gwtf.node.p2p.relay_service import CircuitRelay, RelayLimits, circuit_relay
-from gwtf.node.p2p.rpc import Admission, RequestResponse, RpcLimits, Shaper, admit_everyone
+from gwtf.node.p2p.rpc import (
+    Admission,
+    PublicRate,
+    RequestResponse,
+    RpcLimits,
+    Shaper,
+    admit_everyone,
+)
 from gwtf.node.p2p.scoring import Offence
 from gwtf.node.receipts import ReceiptsConfig
 from gwtf.node.receipts.book import address_of_peer
@@ -44,7 +52,7 @@ from gwtf.node.receipts.evidence import (
 )
 from gwtf.node.receipts.recording import ReceiptBook
 from gwtf.node.receipts.reports import ReceiptInbox, ReceiptReporter
-from gwtf.node.receipts.serving import ReceiptServer, serve_receipts_forwarding
+from gwtf.node.receipts.serving import PUBLIC_RATE, ReceiptServer, serve_receipts_forwarding
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.compute_meter import report_compute
 from gwtf.node.runtime.dataplane.exchange import DataPlane, OriginCheck
@@ -661,8 +669,11 @@ async def _start_receipts(
     await clock.start_reading()
     timeout_s = 2 * config.flow.ack_deadline_s
     # Auditors reach a relay behind a NAT through the nodes it keeps connections to.
-    serve_evidence_forwarding(rpc, timeout_s)
-    serve_receipts_forwarding(rpc, timeout_s)
+    # Seated jurors of a case about any node of the run reach a relay at home through it
+    # outside the outsiders' rate.
+    jurors = CourtSeats(setup.ledger.c, None, setup.terms.run_id)
+    serve_evidence_forwarding(rpc, timeout_s, jurors)
+    serve_receipts_forwarding(rpc, timeout_s, jurors)
 
     def data_node_peers() -> dict[str, str]:
         return {address_of_peer(p): p for p, record in book.peers.items() if record.stage == 0}
@@ -682,7 +693,11 @@ async def _start_receipts(
             grace_s=setup.grace_s, cheat=cheat,
         )  # fmt: skip
         return ReceiptParts(receipts, rpc, certifying, clock, inbox=inbox)
-    ReceiptServer(batches, setup.terms, cheat=cheat).serve(rpc, timeout_s)
+    # The seated jurors of a case about this relay are answered outside the outsiders' shared
+    # rate (its receipts and evidence), so no flood of that rate can make its evidence missing.
+    seats = CourtSeats(setup.ledger.c, receipts.address)
+    jurors_too = PublicRate(*PUBLIC_RATE, seats=seats)
+    ReceiptServer(batches, setup.terms, cheat=cheat).serve(rpc, timeout_s, jurors_too)
     archive = None
     if setup.evidence_dir:
         # One folder per chain, ledger, run and start time: another run's weights (a devnet
@@ -695,7 +710,7 @@ async def _start_receipts(
         root = Path(setup.evidence_dir) / folder
         archive = EvidenceArchive(root, setup.evidence_epochs, clock.epoch_now)
         role.evidence = archive
-        serve_evidence(rpc, archive, setup.terms.run_id, timeout_s)
+        serve_evidence(rpc, archive, setup.terms.run_id, timeout_s, seats=seats)
     if cheat is not None:
         role.distort = cheat.distort()
     reporter = ReceiptReporter(rpc, timeout_s, setup.report_period_s, data_node_peers)

@@ -51,9 +51,11 @@ def auditor_of(chain: SwarmChain) -> Sender:
     return auditor
 
 
-def seat_jury(chain: SwarmChain, count: int = JURORS) -> list[Sender]:
+def seat_jury(chain: SwarmChain, count: int = JURORS) -> list[tuple[Sender, bytes]]:
     """``count`` juror wallets, each funded by the sponsor, with a node of its own registered
-    at the minimum stake and a court deposit of JUROR_DEPOSIT_PENALTIES penalties."""
+    at the minimum stake and a court deposit of JUROR_DEPOSIT_PENALTIES penalties; each with
+    its node's key, which it dials with (an accused answers its seated jurors outside the
+    outsiders' rate)."""
     c = chain.contracts
     stake = int(c.registry.functions.minStakeWei().call())
     deposit = JUROR_DEPOSIT_PENALTIES * int(c.court.functions.penaltyWei().call())
@@ -64,7 +66,7 @@ def seat_jury(chain: SwarmChain, count: int = JURORS) -> list[Sender]:
         node = Account.create()
         register_node(c, wallet, bytes(node.key), JUROR_CAPACITY, stake)
         deposit_juror(c, wallet, node.address, deposit)
-        jurors.append(wallet)
+        jurors.append((wallet, bytes(node.key)))
     return jurors
 
 
@@ -112,8 +114,11 @@ class SwarmAudit:
             cases = open_cases(c)
             if not cases:
                 return
-            for wallet in (self.auditor, *self.jurors):
-                for step in trio.run(serve_once, c, wallet, peers, lambda _run: replayer):
+            for wallet, key in ((self.auditor, None), *self.jurors):
+                passed = trio.run(
+                    serve_once, c, wallet, peers, lambda _run: replayer, 20.0, None, key
+                )
+                for step in passed:
                     if step.action == "ruling executed":
                         self.rulings.append(self._ruling(step.case_id, step.tx_hash))
             due = [next_due_block(c, case.case_id) for case in open_cases(c)]
