@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml package.json package-lock.json $(wildcard gwtf/api/dash
 demo: $(STAMP)
 	$(BIN)/gwtf-node demo
 
+# Two workers (pytest-xdist), a test file each at a time: many tests wait on clocks and sockets,
+# and a file's tests share its module fixtures (a chain, a bed of namespaces).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # Only the `slow` tests: the long live swarms of OS processes and the deep stateful run.
 test-slow: $(STAMP)

@@ -36,6 +36,7 @@ from gwtf.node.chain.actions import (
 from gwtf.node.chain.adapter import ChainPort, Sender, connect
 from gwtf.node.cli.main import main
 from gwtf.node.devnet.server import RunningDevnet
+from gwtf.node.export import gather
 from gwtf.node.p2p.host import full_address, running_host
 from gwtf.node.p2p.identity import identity_from_key, peer_id_of
 from gwtf.node.p2p.rpc import RequestResponse
@@ -243,8 +244,11 @@ def test_the_export_loads_in_transformers_with_the_stage_chains_logits(
 
 def test_stages_at_different_steps_are_refused(
     capsys: pytest.CaptureFixture[str], devnet_file: Path, runs: dict[str, RunNodes],
-    chain: Contracts, tmp_path: Path,
+    chain: Contracts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
+    # These nodes never step: every round of manifests is the same, whatever the pause between
+    # two (3 s each, for a snapshot to age out of a live node's cache).
+    monkeypatch.setattr(gather, "ROUND_PAUSE_S", 0.05)
     run = runs["gpt-tiny"]
     pipeline = trained_pipeline(run.model)
     pipeline.stages[1][0].step_count += 1  # stage 2 one step ahead of the others

@@ -19,7 +19,7 @@ import pytest
 from alembic import command
 from eth_account import Account
 from eth_utils.crypto import keccak
-from sqlalchemy import BigInteger, LargeBinary, String, inspect, text
+from sqlalchemy import BigInteger, LargeBinary, String, create_engine, inspect, make_url, text
 
 from gwtf.contracts.certificate_tree import SignedReceipt
 from gwtf.contracts.encoding import (
@@ -64,22 +64,46 @@ TABLES = {
 RECEIPT_TABLES = (SignedHop, ReceivedHop, CertifiedHopRow, ReportedHop, BatchedReceipt)
 
 
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """GWTF_TEST_POSTGRES_URL, or under pytest-xdist a database of this worker's own beside it
+    (``gwtf_test_gw0``), created when missing: each test migrates and drops its schema, which
+    two workers must not do in one database under each other."""
+    if not POSTGRES_URL:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run the PostgreSQL cases: set GWTF_TEST_POSTGRES_URL")
+        pytest.skip("no PostgreSQL server: set GWTF_TEST_POSTGRES_URL (.ci/run starts one)")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return POSTGRES_URL
+    base = make_url(POSTGRES_URL)
+    own = base.set(database=f"{base.database}_{worker}")
+    engine = create_engine(base, isolation_level="AUTOCOMMIT")  # CREATE DATABASE needs it
+    try:
+        with engine.connect() as connection:
+            exists = connection.execute(
+                text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": own.database}
+            ).scalar()
+            if not exists:
+                connection.execute(text(f'CREATE DATABASE "{own.database}"'))
+    finally:
+        engine.dispose()
+    return own.render_as_string(hide_password=False)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'node.sqlite'}"
         return
-    if not POSTGRES_URL:
-        if os.environ.get("CI"):
-            pytest.fail("CI must run the PostgreSQL cases: set GWTF_TEST_POSTGRES_URL")
-        pytest.skip("no PostgreSQL server: set GWTF_TEST_POSTGRES_URL (.ci/run starts one)")
-    db = open_database(POSTGRES_URL)
+    postgres: str = request.getfixturevalue("postgres_url")
+    db = open_database(postgres)
     try:
-        yield POSTGRES_URL
+        yield postgres
     finally:
         # Each test starts from an empty schema: drop everything the migrations made.
         with db.engine.begin() as connection:
-            command.downgrade(alembic_config(POSTGRES_URL, connection), "base")
+            command.downgrade(alembic_config(postgres, connection), "base")
             connection.execute(text("DROP TABLE IF EXISTS alembic_version"))
         db.close()
 
