@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,16 +140,9 @@ class BatchStore:
             f"epoch = {m} AND worker = {m} AND counterparty = {m} AND role = {m} AND "
             f"batch_root IS NULL AND NOT held ORDER BY hop_key LIMIT {m}"
         )
-        with self.db.engine.begin() as connection:
-            cursor = connection.connection.cursor()
-            try:
-                cursor.execute(
-                    sql, (run_id, epoch, worker, counterparty, role, limit + len(exclude))
-                )
-                rows = [(bytes(key), bytes(digest)) for key, digest in cursor.fetchall()]
-                return [row for row in rows if row[0] not in exclude][:limit]
-            finally:
-                cursor.close()
+        found = self._fetch(sql, (run_id, epoch, worker, counterparty, role, limit + len(exclude)))
+        rows = [(bytes(key), bytes(digest)) for key, digest in found]
+        return [row for row in rows if row[0] not in exclude][:limit]
 
     def open_counts(self, run_id: int, epoch: int, worker: str) -> dict[str, int]:
         """How many receipts of hops ``worker`` computed in an epoch wait for a batch, by
@@ -159,13 +153,8 @@ class BatchStore:
             f"epoch = {m} AND worker = {m} AND role = {m} AND batch_root IS NULL AND NOT held "
             "GROUP BY counterparty"
         )
-        with self.db.engine.begin() as connection:
-            cursor = connection.connection.cursor()
-            try:
-                cursor.execute(sql, (run_id, epoch, worker, WORKER))
-                return {str(receiver): int(count) for receiver, count in cursor.fetchall()}
-            finally:
-                cursor.close()
+        found = self._fetch(sql, (run_id, epoch, worker, WORKER))
+        return {str(receiver): int(count) for receiver, count in found}
 
     def open_epochs(self, run_id: int, worker: str) -> list[int]:
         """The epochs of a run in which ``worker`` has receipts to close (open, released) or
@@ -177,13 +166,8 @@ class BatchStore:
             f"hop_batches WHERE run_id = {m} AND worker = {m} AND role = {m} AND "
             "counterparty_signature IS NULL"
         )
-        with self.db.engine.begin() as connection:
-            cursor = connection.connection.cursor()
-            try:
-                cursor.execute(sql, (run_id, worker, WORKER, run_id, worker, WORKER))
-                return sorted(int(epoch) for (epoch,) in cursor.fetchall())
-            finally:
-                cursor.close()
+        found = self._fetch(sql, (run_id, worker, WORKER, run_id, worker, WORKER))
+        return sorted(int(epoch) for (epoch,) in found)
 
     # ------------------------------------------------------------ as worker
     def release(self, keys: Sequence[bytes]) -> None:
@@ -463,6 +447,15 @@ class BatchStore:
             return closed
 
     # ------------------------------------------------------------ internals
+    def _fetch(self, sql: str, params: tuple[object, ...]) -> list[tuple[Any, ...]]:
+        """Rows of one raw statement on the driver's cursor, as the hop store's reads."""
+        with (
+            self.db.engine.begin() as connection,
+            closing(connection.connection.cursor()) as cursor,
+        ):
+            cursor.execute(sql, params)
+            return list(cursor.fetchall())
+
     def _commit(self, closed: ClosedBatch, role: str, digests: Sequence[bytes]) -> None:
         """Keep ``closed`` and put its receipts (their ``digests`` in its order) in it, each
         with its proof, in one transaction; a receipt already in another batch aborts it all
@@ -477,8 +470,7 @@ class BatchStore:
         with self.db.engine.begin() as connection:
             # The driver's executemany, as the hop store's writes: one statement per receipt
             # through SQLAlchemy would cost more than the batch's signature.
-            cursor = connection.connection.cursor()
-            try:
+            with closing(connection.connection.cursor()) as cursor:
                 cursor.executemany(
                     sql,
                     [
@@ -487,8 +479,6 @@ class BatchStore:
                     ],
                 )
                 moved = cursor.rowcount
-            finally:
-                cursor.close()
             if moved != len(closed.hop_keys):
                 raise ConflictingReceipt(
                     f"a hop of batch {b.root.hex()} is in another batch already; not signing "

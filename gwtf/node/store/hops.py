@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -388,8 +389,7 @@ class HopStore:
         """``columns`` of ``table``'s rows under ``keys``, asked ``CHUNK`` keys at a time on
         the raw connection, as this store's other batch reads and writes are."""
         rows: list[tuple[Any, ...]] = []
-        cursor = connection.connection.cursor()
-        try:
+        with closing(connection.connection.cursor()) as cursor:
             for start in range(0, len(keys), CHUNK):
                 chunk = keys[start : start + CHUNK]
                 marks = ", ".join([self._mark] * len(chunk))
@@ -398,8 +398,6 @@ class HopStore:
                     chunk,
                 )
                 rows.extend(cursor.fetchall())
-        finally:
-            cursor.close()
         return rows
 
     def _insert_new(
@@ -425,11 +423,8 @@ class HopStore:
         # The driver's own executemany on the connection, inside its transaction: a
         # receipt row is 18 values, and SQLAlchemy's per-value processing would cost several
         # times the write itself (a relay writes every hop's receipt twice).
-        cursor = connection.connection.cursor()
-        try:
+        with closing(connection.connection.cursor()) as cursor:
             cursor.executemany(sql, rows)
-        finally:
-            cursor.close()
 
 
 def _certified_rows(
