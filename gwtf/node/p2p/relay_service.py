@@ -51,6 +51,7 @@ from libp2p.relay.circuit_v2.utils import write_delimited_msg
 from libp2p.stream_muxer.yamux.yamux import DEFAULT_WINDOW_SIZE, YamuxStream
 
 from gwtf.node.p2p.relay import end_stream, is_circuit, read_relay_message
+from gwtf.node.p2p.relay_budget import CIRCUIT_FLOOR_BYTES_PER_S
 from gwtf.node.p2p.relay_metering import FLOOR_BURST, RelayMeter
 from gwtf.node.p2p.rpc import Admission, admit_everyone
 
@@ -141,7 +142,7 @@ class RelayLimits:
     peer_bytes_per_s: int = 2 << 20
     peer_burst_bytes: int = 16 << 20
     #: Bytes a second each circuit end forwards whatever its peer's bucket holds.
-    circuit_floor_bytes_per_s: int = 128 << 10
+    circuit_floor_bytes_per_s: int = CIRCUIT_FLOOR_BYTES_PER_S
 
     def __post_init__(self) -> None:
         for name, value in dataclasses.asdict(self).items():

@@ -1,0 +1,171 @@
+"""Messages sized against a metered relay: real hosts on 127.0.0.1 through a real circuit relay
+metered at a few KiB/s, so that a message of a few hundred KiB takes longer than its deadline."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AsyncExitStack
+
+import pytest
+import trio
+import trio.testing
+
+from gwtf.node.p2p.host import full_address
+from gwtf.node.p2p.relay_budget import LANE_BYTES, RelayBudget, RelayedLinks
+from gwtf.node.p2p.relay_service import RelayLimits
+from gwtf.node.p2p.rpc import PeerTimeout, RpcLimits, TooLargeForRelay
+from tests.p2p.test_relay import Node, learn, node
+
+BIG = "/gwtf/test-big/1.0.0"
+#: The relay's metering: a peer's rate and burst, and each circuit end's floor (bytes/s).
+KIB = 1024
+SLOW = RelayLimits(peer_bytes_per_s=16 * KIB, peer_burst_bytes=16 * KIB,
+                   circuit_floor_bytes_per_s=16 * KIB)  # fmt: skip
+#: What both ends assume of the relay: its floor, and the most a message may add over it.
+BUDGET = RelayBudget(floor_bytes_per_s=16 * KIB, max_transfer_s=30.0)
+#: A deadline far shorter than the relay's time for the message below.
+LIMITS = RpcLimits(max_request_bytes=1 << 20, max_response_bytes=1 << 20, timeout_s=1.0)
+#: At most 32 KiB/s (rate + floor) after the burst: ~5 s a way. (A stream read takes up to
+#: 64 KiB at once: past that the frame's rest alone takes 4 s.)
+PAYLOAD = b"x" * (192 * KIB)
+
+
+def test_a_budget_stretches_with_size_up_to_its_bound_and_says_what_to_do() -> None:
+    budget = RelayBudget(floor_bytes_per_s=128 * KIB, max_transfer_s=120.0)
+    assert budget.stretch_s(256 * KIB) == pytest.approx(2.0)
+    assert budget.stretch_s(1 << 30) == 120.0  # bounded
+    assert budget.max_bytes == 15 << 20
+    assert budget.fits(15 << 20) and not budget.fits(64 << 20)
+    why = budget.explain("a /gwtf/hop/9.0.0 message", 64 << 20, "QmPeer", 20.0)
+    assert "64.0 MiB" in why and "128 KiB/s" in why and "512 s" in why
+    assert "public address" in why and "\n" not in why
+    with pytest.raises(ValueError):
+        RelayBudget(floor_bytes_per_s=0)
+
+
+def _metered(peer: Node, budget: RelayBudget) -> None:
+    """``peer``'s request/response layer sizes relayed messages against ``budget``."""
+    peer.rpc.relay_budget = budget
+    peer.rpc.relayed = RelayedLinks(peer.host, budget)
+
+
+async def echo(_peer: str, request: bytes) -> bytes:
+    return request
+
+
+async def _relayed_pair(stack: AsyncExitStack, budget: RelayBudget) -> tuple[Node, Node]:
+    """A node and a home that it reaches only through a relay metered at ``SLOW``."""
+    relay = await stack.enter_async_context(node(stack, serve=True, limits=SLOW))
+    home = await stack.enter_async_context(node(stack, relays=(full_address(relay.host),)))
+    other = await stack.enter_async_context(node(stack, trusts=[relay]))
+    for peer in (home, other):
+        _metered(peer, budget)
+    home.rpc.serve(BIG, echo, LIMITS)
+    learn(other, home.host, [f"{full_address(relay.host)}/p2p-circuit/p2p/{home.host.get_id()}"])
+    with trio.fail_after(10):
+        assert await other.rpc.request(home.host.get_id(), BIG, b"hi", LIMITS) == b"hi"
+    return other, home
+
+
+def test_a_message_slower_than_its_deadline_over_a_relay_crosses_in_its_stretched_time() -> None:
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            other, home = await _relayed_pair(stack, BUDGET)
+            limits = RpcLimits(1 << 20, 1 << 20, LIMITS.timeout_s, reply_bytes=len(PAYLOAD))
+            started = trio.current_time()
+            with trio.fail_after(40):
+                reply = await other.rpc.request(home.host.get_id(), BIG, PAYLOAD, limits)
+            took = trio.current_time() - started
+            assert reply == PAYLOAD
+            assert took > 2 * LIMITS.timeout_s, took  # it did need the relay's time
+            # Neither end was charged for the relay's slowness: the frames' deadlines at the
+            # receiving ends stretched as the sender's did.
+            for peer, by in ((other, home), (home, other)):
+                assert not peer.rpc.scores.offences.get(str(by.host.get_id())), peer.rpc.scores
+
+    trio.run(main)
+
+
+def test_without_the_stretch_the_same_message_misses_its_deadline() -> None:
+    """The test above fails without the stretch: the relay is really that slow."""
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            unstretched = RelayBudget(floor_bytes_per_s=1 << 40, max_transfer_s=30.0)
+            other, home = await _relayed_pair(stack, unstretched)
+            with pytest.raises(PeerTimeout):
+                await other.rpc.request(home.host.get_id(), BIG, PAYLOAD, LIMITS)
+
+    trio.run(main)
+
+
+def test_a_message_no_relay_carries_in_time_is_refused_at_once_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tight = RelayBudget(floor_bytes_per_s=16 * KIB, max_transfer_s=2.0)  # 32 KiB at most
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            other, home = await _relayed_pair(stack, tight)
+            for _ in range(3):
+                started = trio.current_time()
+                with pytest.raises(TooLargeForRelay) as refused:
+                    await other.rpc.request(home.host.get_id(), BIG, PAYLOAD, LIMITS)
+                assert trio.current_time() - started < 0.5  # not sent, not waited for
+            why = str(refused.value)
+            assert "0.2 MiB" in why and "16 KiB/s" in why and "public address" in why
+            # A small one still goes: the relay is fine, the message was too large for it.
+            assert await other.rpc.request(home.host.get_id(), BIG, b"x" * 1000, LIMITS)
+
+    with caplog.at_level(logging.ERROR, logger="gwtf.node.p2p.relay_budget"):
+        trio.run(main)
+    told = [r for r in caplog.records if "cannot cross a relay" in r.getMessage()]
+    assert len(told) == 1, told
+
+
+def test_the_same_message_on_a_direct_link_is_neither_stretched_nor_refused() -> None:
+    tight = RelayBudget(floor_bytes_per_s=16 * KIB, max_transfer_s=2.0)
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            home = await stack.enter_async_context(node(stack))
+            other = await stack.enter_async_context(node(stack))
+            _metered(other, tight)
+            home.rpc.serve(BIG, echo, LIMITS)
+            learn(other, home.host)
+            assert other.rpc.relayed.stretch_s(str(home.host.get_id()), len(PAYLOAD)) == 0
+            with trio.fail_after(10):
+                assert await other.rpc.request(home.host.get_id(), BIG, PAYLOAD, LIMITS)
+            assert other.rpc.relayed.stretch_s(str(home.host.get_id()), len(PAYLOAD)) == 0
+
+    trio.run(main)
+
+
+class _AllRelayed(RelayedLinks):
+    def relayed(self, peer: str) -> bool:
+        return True
+
+
+def test_large_frames_to_a_relayed_peer_take_turns_in_order_small_ones_do_not_wait() -> None:
+    async def main() -> None:
+        links = _AllRelayed(host=None)  # type: ignore[arg-type]
+        order: list[tuple[str, float]] = []
+
+        async def write(name: str, size: int, hold_s: float) -> None:
+            async with links.turn("peer", size) as waited:
+                order.append((name, waited))
+                await trio.sleep(hold_s)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write, "first", LANE_BYTES + 1, 5.0)
+            await trio.sleep(0.1)
+            nursery.start_soon(write, "second", LANE_BYTES + 1, 1.0)
+            await trio.sleep(0.1)
+            nursery.start_soon(write, "small", LANE_BYTES, 0.0)
+        assert [name for name, _ in order] == ["first", "small", "second"]
+        waits = dict(order)
+        assert waits["small"] == 0 and waits["second"] == pytest.approx(4.9)
+        assert links.lanes == 0  # nothing kept once no frame is in flight
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
