@@ -7,6 +7,7 @@ import logging
 from contextlib import AsyncExitStack
 
 import pytest
+import torch
 import trio
 import trio.testing
 
@@ -14,6 +15,9 @@ from gwtf.node.p2p.host import full_address
 from gwtf.node.p2p.relay_budget import LANE_BYTES, RelayBudget, RelayedLinks
 from gwtf.node.p2p.relay_service import RelayLimits
 from gwtf.node.p2p.rpc import PeerTimeout, RpcLimits, TooLargeForRelay
+from gwtf.node.runtime.replicas.averaging import GradientAverager, RoundResult
+from gwtf.node.training.codec import CodecLimits
+from gwtf.node.training.trainer import GradientShare
 from tests.p2p.test_relay import Node, learn, node
 
 BIG = "/gwtf/test-big/1.0.0"
@@ -169,3 +173,63 @@ def test_large_frames_to_a_relayed_peer_take_turns_in_order_small_ones_do_not_wa
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
+
+# ---- a replica's gradient share over a relay -------------------------------------------------
+
+
+def _share(replica: str, floats: int) -> GradientShare:
+    return GradientShare(replica, 1, {"w": torch.ones(floats)})
+
+
+def _averaged(budget: RelayBudget, floats: int) -> dict[str, RoundResult | Exception]:
+    """Two replicas, one reached only through the ``SLOW`` relay, average shares of ``floats``
+    float32 each within a 1 s round."""
+    results: dict[str, RoundResult | Exception] = {}
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            other, home = await _relayed_pair(stack, budget)
+            learn(home, other.host)
+            averagers = {}
+            for peer in (other, home):
+                replica = str(peer.host.get_id())
+                averagers[replica] = GradientAverager(peer.rpc, replica, CodecLimits(), 1.0)
+                averagers[replica].serve()
+            ids = sorted(averagers)
+
+            async def average(replica: str) -> None:
+                try:
+                    own = _share(replica, floats)
+                    results[replica] = await averagers[replica].average(1, 0, own, ids)
+                except Exception as exc:  # recorded for the test to look at
+                    results[replica] = exc
+
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+                    for replica in ids:
+                        nursery.start_soon(average, replica)
+
+    trio.run(main)
+    return results
+
+
+def test_a_share_slower_than_the_round_over_a_relay_still_makes_the_round() -> None:
+    results = _averaged(BUDGET, 40_000)  # 160 KB a way: ~5 s, the round is 1 s
+    both = sorted(results)
+    for result in results.values():
+        assert isinstance(result, RoundResult), result
+        assert sorted(result.contributors) == both  # the gatherer waited for the relayed share
+        assert torch.equal(result.combined.gradients["w"], torch.full((40_000,), 2.0))
+
+
+def test_a_share_no_relay_carries_in_time_is_refused_loudly_not_lost_silently(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tight = RelayBudget(floor_bytes_per_s=16 * KIB, max_transfer_s=2.0)
+    with caplog.at_level(logging.WARNING):
+        results = _averaged(tight, 40_000)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("cannot cross a relay in time" in line for line in lines), lines
+    assert any("averaging leader" in line and "public address" in line for line in lines)
+    # Each replica still steps (on its own share): the round did not hang.
+    assert all(isinstance(r, RoundResult) for r in results.values()), results

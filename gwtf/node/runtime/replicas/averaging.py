@@ -41,6 +41,12 @@ from gwtf.node.training.trainer import GradientShare
 
 log = logging.getLogger(__name__)
 
+
+def share_bytes(share: GradientShare) -> int:
+    """About what ``share`` takes on the wire: its tensors' bytes."""
+    return sum(t.numel() * t.element_size() for t in share.gradients.values())
+
+
 PROTOCOL_ID = "/gwtf/average/3.0.0"
 _ROUND = struct.Struct(">HQB")  # stage, iteration, attempt
 
@@ -177,7 +183,8 @@ class GradientAverager:
             for leader in candidates:
                 if leader == self.replica_id:
                     round_.add(own)
-                    with trio.move_on_after(self.round_timeout_s):
+                    wait_s = self.round_timeout_s + self._relayed_wait_s(candidates, own)
+                    with trio.move_on_after(wait_s):
                         await round_.closed.wait()
                     return round_.close()
                 try:
@@ -195,11 +202,25 @@ class GradientAverager:
             for old in [old for old in self._rounds if old[1] < iteration - 1]:
                 del self._rounds[old]
 
+    def _relayed_wait_s(self, replicas: Sequence[str], own: GradientShare) -> float:
+        """How much longer a gatherer waits for shares coming over a relay: the relay's time
+        for a share its size (``relay_budget``), for followers that send it at all (one whose
+        share and the answer do not fit a relay in time is refused at its end, loudly)."""
+        size = share_bytes(own)
+        if not self.rpc.relay_budget.fits(2 * size):
+            return 0.0
+        others = [r for r in replicas if r != self.replica_id]
+        return max((self.rpc.relayed.stretch_s(r, size) for r in others), default=0.0)
+
     async def _send_to(
         self, leader: str, key: tuple[int, int, int], own: GradientShare
     ) -> RoundResult:
         request = _ROUND.pack(*key) + encode_shares([own], self.codec_limits)
-        limits = RpcLimits(len(request), self.codec_limits.max_bytes, 2 * self.round_timeout_s)
+        # The answer is one combined share, the size of this one: over a relay the deadline
+        # stretches for both (or the share is refused at once when no relay carries it in time).
+        limits = RpcLimits(
+            len(request), self.codec_limits.max_bytes, 2 * self.round_timeout_s, len(request)
+        )
         reply = await self.rpc.request(ID.from_base58(leader), PROTOCOL_ID, request, limits)
         try:
             contributors, combined = decode_average(reply, self.codec_limits)
