@@ -107,8 +107,9 @@ class RelayLimits:
     (64 MiB) does not fit, one of 6 x 2048 does; a peer with several busy circuits through
     the relay splits that between them, and counterparts that ask it for state (a run member
     may, at every step) spend the same bucket, leaving each circuit as little as its floor,
-    2.5 MiB in 20 s. Nothing sizes hops or a replica's gradient (one request, same deadline)
-    against this: a message over what the peer's bucket passes in time fails at the deadline.
+    2.5 MiB in 20 s. So the nodes at a circuit's ends size their messages against the floor
+    alone (``relay_budget``): a message's deadline stretches by its size at the floor, and one
+    that the floor does not carry within 2 min more is not sent, with a line saying why.
 
     The floor: each circuit end forwards 128 KiB/s even when its peer's bucket is empty, so a
     circuit busy both ways keeps its flow-control updates moving however many circuits share
