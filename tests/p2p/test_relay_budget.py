@@ -10,11 +10,13 @@ import pytest
 import torch
 import trio
 import trio.testing
+from libp2p.crypto.secp256k1 import create_new_key_pair
+from libp2p.peer.id import ID
 
 from gwtf.node.p2p.host import full_address
 from gwtf.node.p2p.relay_budget import LANE_BYTES, RelayBudget, RelayedLinks
 from gwtf.node.p2p.relay_service import RelayLimits
-from gwtf.node.p2p.rpc import PeerTimeout, RpcLimits, TooLargeForRelay
+from gwtf.node.p2p.rpc import PeerTimeout, RequestRefused, RpcLimits, TooLargeForRelay
 from gwtf.node.runtime.replicas.averaging import GradientAverager, RoundResult
 from gwtf.node.training.codec import CodecLimits
 from gwtf.node.training.trainer import GradientShare
@@ -233,3 +235,73 @@ def test_a_share_no_relay_carries_in_time_is_refused_loudly_not_lost_silently(
     assert any("averaging leader" in line and "public address" in line for line in lines)
     # Each replica still steps (on its own share): the round did not hang.
     assert all(isinstance(r, RoundResult) for r in results.values()), results
+
+
+class _Wire:
+    """Replicas' averagers wired without hosts: requests go straight to the target's handler,
+    and a pair in ``slow`` moves each message at ``rate`` bytes a second (a relay's floor)."""
+
+    def __init__(self, slow: set[frozenset[str]], rate: float) -> None:
+        self.served: dict[str, tuple[object, RpcLimits]] = {}
+        self.slow, self.rate = slow, rate
+
+
+class _WiredLinks(RelayedLinks):
+    def __init__(self, me: str, wire: _Wire, budget: RelayBudget) -> None:
+        super().__init__(host=None, budget=budget)  # type: ignore[arg-type]
+        self.me, self.wire = me, wire
+
+    def relayed(self, peer: str) -> bool:
+        return frozenset((self.me, peer)) in self.wire.slow
+
+
+class _WiredRpc:
+    def __init__(self, me: str, wire: _Wire, budget: RelayBudget) -> None:
+        self.me, self.wire, self.relay_budget = me, wire, budget
+        self.relayed = _WiredLinks(me, wire, budget)
+
+    def serve(self, _protocol: str, handler: object, limits: RpcLimits) -> None:
+        self.wire.served[self.me] = (handler, limits)
+
+    async def request(self, peer: object, _protocol: str, payload: bytes, limits: RpcLimits):  # type: ignore[no-untyped-def]
+        to = str(peer)
+        handler, served = self.wire.served[to]
+        slow = self.relayed.relayed(to)
+        stretch_s = self.relayed.stretch_s(to, len(payload) + limits.reply_bytes)
+        with trio.move_on_after(limits.timeout_s + stretch_s):
+            await trio.sleep(len(payload) / self.wire.rate if slow else 0.0)
+            with trio.move_on_after(served.timeout_s):
+                reply = await handler(self.me, payload)  # type: ignore[operator]
+                await trio.sleep(len(reply) / self.wire.rate if slow else 0.0)
+                return reply
+            raise RequestRefused("not answered in time")
+        raise PeerTimeout("no answer")
+
+
+def test_a_gatherer_waiting_for_a_relayed_share_keeps_its_direct_followers() -> None:
+    """Three replicas: the gatherer waits the relay's time for one follower's share; the other
+    follower, direct, must not give up on the gatherer meanwhile (it would average alone)."""
+    ids = sorted(str(ID.from_pubkey(create_new_key_pair().public_key)) for _ in range(3))
+    gatherer, direct, relayed = ids
+    rate = 8000.0  # a 16 KB share takes 2 s a way; the round is 1 s
+    wire = _Wire({frozenset((gatherer, relayed))}, rate)
+    budget = RelayBudget(floor_bytes_per_s=rate, max_transfer_s=30.0)
+    results: dict[str, RoundResult] = {}
+
+    async def main() -> None:
+        averagers = {}
+        for replica in ids:
+            rpc = _WiredRpc(replica, wire, budget)
+            averagers[replica] = GradientAverager(rpc, replica, CodecLimits(), 1.0)  # type: ignore[arg-type]
+            averagers[replica].serve()
+
+        async def average(replica: str) -> None:
+            results[replica] = await averagers[replica].average(1, 0, _share(replica, 4000), ids)
+
+        async with trio.open_nursery() as nursery:
+            for replica in ids:
+                nursery.start_soon(average, replica)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    for replica in (gatherer, direct, relayed):
+        assert sorted(results[replica].contributors) == ids, (replica, results[replica])
