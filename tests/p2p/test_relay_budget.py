@@ -4,6 +4,7 @@ metered at a few KiB/s, so that a message of a few hundred KiB takes longer than
 from __future__ import annotations
 
 import logging
+import struct
 from contextlib import AsyncExitStack
 
 import pytest
@@ -16,7 +17,13 @@ from libp2p.peer.id import ID
 from gwtf.node.p2p.host import full_address
 from gwtf.node.p2p.relay_budget import LANE_BYTES, RelayBudget, RelayedLinks
 from gwtf.node.p2p.relay_service import RelayLimits
-from gwtf.node.p2p.rpc import PeerTimeout, RequestRefused, RpcLimits, TooLargeForRelay
+from gwtf.node.p2p.rpc import (
+    PeerTimeout,
+    RequestRefused,
+    RpcLimits,
+    TooLargeForRelay,
+    _Channel,
+)
 from gwtf.node.runtime.replicas.averaging import GradientAverager, RoundResult
 from gwtf.node.training.codec import CodecLimits
 from gwtf.node.training.trainer import GradientShare
@@ -305,3 +312,45 @@ def test_a_gatherer_waiting_for_a_relayed_share_keeps_its_direct_followers() -> 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     for replica in (gatherer, direct, relayed):
         assert sorted(results[replica].contributors) == ids, (replica, results[replica])
+
+
+class _FloorStream:
+    """A stream that writes at ``rate`` bytes a second and has each request answered once
+    written (its reply ``b"ok"``), as a relay at its floor would."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.channel: _Channel | None = None
+
+    async def write(self, frame: bytes) -> None:
+        await trio.sleep(len(frame) / self.rate)
+        assert self.channel is not None
+        (request_id,) = struct.unpack_from(">I", frame, 4)
+        self.channel.waiters[request_id].finish(reply=b"ok")
+
+
+def test_requests_queued_on_a_relayed_lane_do_not_spend_their_deadline_waiting() -> None:
+    """Four large requests at once to a relayed peer: each takes its stretch on the wire, and
+    the ones behind it wait their turns; none times out for the wait (a hop that did would
+    declare an honest peer dead)."""
+    rate = 16 * KIB
+    budget = RelayBudget(floor_bytes_per_s=rate, max_transfer_s=30.0)
+    links = _AllRelayed(host=None, budget=budget)  # type: ignore[arg-type]
+    stream = _FloorStream(rate)
+    channel = _Channel(stream, "peer", BIG, lambda *_: None, links)  # type: ignore[arg-type]
+    stream.channel = channel
+    limits = RpcLimits(1 << 20, 1 << 20, timeout_s=1.0)
+    done: list[bytes] = []
+
+    async def request() -> None:
+        with trio.move_on_after(limits.timeout_s) as scope:
+            scope.deadline += links.stretch_s("peer", len(PAYLOAD))
+            done.append(await channel.call(PAYLOAD, limits, scope))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(request)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert done == [b"ok"] * 4

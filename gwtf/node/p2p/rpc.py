@@ -30,6 +30,7 @@ too large is charged to the peer that sent it.
 from __future__ import annotations
 
 import logging
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -671,8 +672,12 @@ class _Channel:
         self.timeout_s = max(self.timeout_s, limits.timeout_s)
         try:
             frame = encode_frame(_REQUEST.pack(request_id) + payload, len(payload) + _REQUEST.size)
+            # The deadline stops while the request waits its turn on a relayed lane: each
+            # frame ahead takes its own stretch, and a wait that ran the deadline out would
+            # read as the peer missing it (a hop's peer would then count dead).
+            deadline, scope.deadline = scope.deadline, math.inf
             async with self.relayed.turn(self.peer, len(frame)) as waited_s:
-                scope.deadline += waited_s
+                scope.deadline = deadline + waited_s
                 await self._write(frame)
             await waiter.done.wait()
         finally:
