@@ -4,8 +4,10 @@ metered at a few KiB/s, so that a message of a few hundred KiB takes longer than
 from __future__ import annotations
 
 import logging
+import math
 import struct
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, ExitStack
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,8 +16,15 @@ import trio.testing
 from libp2p.crypto.secp256k1 import create_new_key_pair
 from libp2p.peer.id import ID
 
-from gwtf.node.p2p.host import full_address
-from gwtf.node.p2p.relay_budget import LANE_BYTES, RelayBudget, RelayedLinks
+from gwtf.node.p2p.host import full_address, full_addresses, peer_info
+from gwtf.node.p2p.relay import is_circuit, is_relayed
+from gwtf.node.p2p.relay_budget import (
+    LANE_BYTES,
+    MAX_STRETCHED_RECEIVES,
+    RelayBudget,
+    RelayedLinks,
+    on_circuit,
+)
 from gwtf.node.p2p.relay_service import RelayLimits
 from gwtf.node.p2p.rpc import (
     PeerTimeout,
@@ -23,6 +32,7 @@ from gwtf.node.p2p.rpc import (
     RpcLimits,
     TooLargeForRelay,
     _Channel,
+    _ReplyWriter,
 )
 from gwtf.node.runtime.replicas.averaging import GradientAverager, RoundResult
 from gwtf.node.training.codec import CodecLimits
@@ -146,17 +156,21 @@ def test_the_same_message_on_a_direct_link_is_neither_stretched_nor_refused() ->
             _metered(other, tight)
             home.rpc.serve(BIG, echo, LIMITS)
             learn(other, home.host)
-            assert other.rpc.relayed.stretch_s(str(home.host.get_id()), len(PAYLOAD)) == 0
+            assert not is_relayed(other.host, home.host.get_id())
             with trio.fail_after(10):
                 assert await other.rpc.request(home.host.get_id(), BIG, PAYLOAD, LIMITS)
-            assert other.rpc.relayed.stretch_s(str(home.host.get_id()), len(PAYLOAD)) == 0
+            assert not is_relayed(other.host, home.host.get_id())
 
     trio.run(main)
 
 
 class _AllRelayed(RelayedLinks):
-    def relayed(self, peer: str) -> bool:
+    def on_circuit(self, stream: object) -> bool:
         return True
+
+
+#: A stream on one connection, as the lanes see it (they take turns per connection).
+_ON_ONE_CONNECTION = SimpleNamespace(muxed_conn=object())
 
 
 def test_large_frames_to_a_relayed_peer_take_turns_in_order_small_ones_do_not_wait() -> None:
@@ -165,7 +179,7 @@ def test_large_frames_to_a_relayed_peer_take_turns_in_order_small_ones_do_not_wa
         order: list[tuple[str, float]] = []
 
         async def write(name: str, size: int, hold_s: float) -> None:
-            async with links.turn("peer", size) as waited:
+            async with links.turn(_ON_ONE_CONNECTION, size) as waited:  # type: ignore[arg-type]
                 order.append((name, waited))
                 await trio.sleep(hold_s)
 
@@ -258,7 +272,7 @@ class _WiredLinks(RelayedLinks):
         super().__init__(host=None, budget=budget)  # type: ignore[arg-type]
         self.me, self.wire = me, wire
 
-    def relayed(self, peer: str) -> bool:
+    def reached_by_relay_only(self, peer: str) -> bool:
         return frozenset((self.me, peer)) in self.wire.slow
 
 
@@ -273,11 +287,13 @@ class _WiredRpc:
     async def request(self, peer: object, _protocol: str, payload: bytes, limits: RpcLimits):  # type: ignore[no-untyped-def]
         to = str(peer)
         handler, served = self.wire.served[to]
-        slow = self.relayed.relayed(to)
-        stretch_s = self.relayed.stretch_s(to, len(payload) + limits.reply_bytes)
+        slow = self.relayed.reached_by_relay_only(to)
+        size = len(payload) + limits.reply_bytes
+        stretch_s = self.relay_budget.stretch_s(size) if slow else 0.0
+        answer_s = served.timeout_s + (served.relayed_answer_s if slow else 0.0)
         with trio.move_on_after(limits.timeout_s + stretch_s):
             await trio.sleep(len(payload) / self.wire.rate if slow else 0.0)
-            with trio.move_on_after(served.timeout_s):
+            with trio.move_on_after(answer_s):
                 reply = await handler(self.me, payload)  # type: ignore[operator]
                 await trio.sleep(len(reply) / self.wire.rate if slow else 0.0)
                 return reply
@@ -285,15 +301,16 @@ class _WiredRpc:
         raise PeerTimeout("no answer")
 
 
-def test_a_gatherer_waiting_for_a_relayed_share_keeps_its_direct_followers() -> None:
-    """Three replicas: the gatherer waits the relay's time for one follower's share; the other
-    follower, direct, must not give up on the gatherer meanwhile (it would average alone)."""
-    ids = sorted(str(ID.from_pubkey(create_new_key_pair().public_key)) for _ in range(3))
-    gatherer, direct, relayed = ids
-    rate = 8000.0  # a 16 KB share takes 2 s a way; the round is 1 s
-    wire = _Wire({frozenset((gatherer, relayed))}, rate)
+def _wired_round(
+    slow: set[frozenset[str]], ids: list[str], dead: str | None = None
+) -> tuple[dict[str, RoundResult], dict[str, float]]:
+    """Replicas ``ids`` average 16 KB shares over ``_Wire`` (2 s a way on a slow pair, the
+    round 1 s); ``dead`` serves but never answers. Each one's result and when it had it."""
+    rate = 8000.0
+    wire = _Wire(slow, rate)
     budget = RelayBudget(floor_bytes_per_s=rate, max_transfer_s=30.0)
     results: dict[str, RoundResult] = {}
+    took: dict[str, float] = {}
 
     async def main() -> None:
         averagers = {}
@@ -301,17 +318,60 @@ def test_a_gatherer_waiting_for_a_relayed_share_keeps_its_direct_followers() -> 
             rpc = _WiredRpc(replica, wire, budget)
             averagers[replica] = GradientAverager(rpc, replica, CodecLimits(), 1.0)  # type: ignore[arg-type]
             averagers[replica].serve()
+        if dead is not None:
+            # A dead leader: nothing answers, not even its handler's deadline.
+            wire.served[dead] = (_never, RpcLimits(timeout_s=math.inf))
 
         async def average(replica: str) -> None:
             results[replica] = await averagers[replica].average(1, 0, _share(replica, 4000), ids)
+            took[replica] = trio.current_time()
 
         async with trio.open_nursery() as nursery:
             for replica in ids:
-                nursery.start_soon(average, replica)
+                if replica != dead:
+                    nursery.start_soon(average, replica)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    for replica in (gatherer, direct, relayed):
+    return results, took
+
+
+async def _never(_peer: str, _request: bytes) -> bytes:
+    await trio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+def _ids(n: int) -> list[str]:
+    return sorted(str(ID.from_pubkey(create_new_key_pair().public_key)) for _ in range(n))
+
+
+def test_a_gatherer_whose_followers_are_all_relayed_waits_for_their_shares() -> None:
+    ids = _ids(3)
+    gatherer = ids[0]
+    results, _ = _wired_round({frozenset((gatherer, r)) for r in ids[1:]}, ids)
+    for replica in ids:
         assert sorted(results[replica].contributors) == ids, (replica, results[replica])
+
+
+def test_a_direct_follower_keeps_its_time_in_a_round_with_a_relayed_one() -> None:
+    """The gatherer does not stretch its wait while a direct follower is in the round: that
+    follower has its answer in the round's time, and every replica applies the same result
+    (the relayed share, slower than the round, missed it)."""
+    ids = _ids(3)
+    gatherer, direct, relayed = ids
+    results, took = _wired_round({frozenset((gatherer, relayed))}, ids)
+    assert took[direct] <= 1.0 + 1e-6, took
+    assert sorted(results[direct].contributors) == [gatherer, direct]
+    assert len({tuple(results[r].contributors) for r in ids}) == 1, results
+
+
+def test_a_direct_follower_moves_on_from_a_dead_leader_in_twice_the_round() -> None:
+    """A direct follower's deadline is twice the round, whatever its share's size or a relay's
+    floor: a dead leader costs it no relay time."""
+    ids = _ids(2)
+    dead, follower = ids
+    results, took = _wired_round(set(), ids, dead=dead)
+    assert took[follower] == pytest.approx(2.0 + 1.0), took  # 2 s to the leader, then its own
+    assert sorted(results[follower].contributors) == [follower]
 
 
 class _FloorStream:
@@ -321,6 +381,7 @@ class _FloorStream:
     def __init__(self, rate: float) -> None:
         self.rate = rate
         self.channel: _Channel | None = None
+        self.muxed_conn = object()
 
     async def write(self, frame: bytes) -> None:
         await trio.sleep(len(frame) / self.rate)
@@ -344,7 +405,7 @@ def test_requests_queued_on_a_relayed_lane_do_not_spend_their_deadline_waiting()
 
     async def request() -> None:
         with trio.move_on_after(limits.timeout_s) as scope:
-            scope.deadline += links.stretch_s("peer", len(PAYLOAD))
+            scope.deadline += links.stretch_s(stream, len(PAYLOAD))  # type: ignore[arg-type]
             done.append(await channel.call(PAYLOAD, limits, scope))
 
     async def main() -> None:
@@ -354,3 +415,87 @@ def test_requests_queued_on_a_relayed_lane_do_not_spend_their_deadline_waiting()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert done == [b"ok"] * 4
+
+
+# ---- per stream, bounded lanes and stretched receives ------------------------------------------
+
+
+def test_a_circuit_stream_keeps_its_stretch_when_the_peer_has_a_direct_connection_too() -> None:
+    """After a hole punch a peer has a direct connection beside the circuit: the streams still
+    on the circuit keep the relay's time (at both ends), the direct connection gets none."""
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            other, home = await _relayed_pair(stack, BUDGET)
+            home_id = home.host.get_id()
+            network = other.host.get_network()
+            circuit = network.connections[home_id][0].muxed_conn
+            direct = next(a for a in full_addresses(home.host) if not is_circuit(a))
+            with trio.fail_after(10):
+                await network.dial_addr(peer_info(direct).addrs[0], home_id)  # type: ignore[attr-defined]
+            conns = network.connections[home_id]
+            assert len(conns) == 2 and not is_relayed(other.host, home_id)
+            on = {c.muxed_conn is circuit: on_circuit(SimpleNamespace(muxed_conn=c.muxed_conn))
+                  for c in conns}  # type: ignore[arg-type]  # fmt: skip
+            assert on == {True: True, False: False}
+            limits = RpcLimits(1 << 20, 1 << 20, LIMITS.timeout_s, reply_bytes=len(PAYLOAD))
+            with trio.fail_after(40):  # on the channel opened over the circuit
+                assert await other.rpc.request(home_id, BIG, PAYLOAD, limits) == PAYLOAD
+            for peer, by in ((other, home), (home, other)):
+                assert not peer.rpc.scores.offences.get(str(by.host.get_id())), peer.rpc.scores
+
+    trio.run(main)
+
+
+class _Held:
+    """A stream whose writes never end (a relayed lane's holder that does not move)."""
+
+    muxed_conn = object()
+
+    async def write(self, _frame: bytes) -> None:
+        await trio.sleep_forever()
+
+
+def test_a_reply_waiting_its_turn_on_a_relayed_lane_gives_up_uncharged() -> None:
+    budget = RelayBudget(floor_bytes_per_s=16 * KIB, max_transfer_s=30.0)
+    links = _AllRelayed(host=None, budget=budget)  # type: ignore[arg-type]
+    stream = _Held()
+    replies = _ReplyWriter(stream, LIMITS, "peer", links)  # type: ignore[arg-type]
+    written: list[tuple[bool, float]] = []
+
+    async def hold_lane() -> None:
+        async with links.turn(stream, LANE_BYTES + 1):  # type: ignore[arg-type]
+            await trio.sleep_forever()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hold_lane)
+            await trio.sleep(0.1)
+            started = trio.current_time()
+            with trio.fail_after(600):
+                ok = await replies.write(1, 0, b"x" * (LANE_BYTES + 1))
+            written.append((ok, trio.current_time() - started))
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    [(ok, waited)] = written
+    assert ok  # not the peer's fault: nobody charges it
+    assert waited == pytest.approx(LIMITS.timeout_s + budget.max_transfer_s)
+
+
+def test_one_peer_holds_at_most_a_few_stretched_receives_at_once() -> None:
+    budget = RelayBudget(floor_bytes_per_s=16 * KIB, max_transfer_s=30.0)
+    links = _AllRelayed(host=None, budget=budget)  # type: ignore[arg-type]
+    stream = _ON_ONE_CONNECTION
+    big = LANE_BYTES + 1
+    with ExitStack() as held:
+        stretches = [held.enter_context(links.receiving(stream, "slow", big)) for _ in range(8)]  # type: ignore[arg-type]
+        assert stretches[:MAX_STRETCHED_RECEIVES] == [budget.stretch_s(big)] * 4
+        assert stretches[MAX_STRETCHED_RECEIVES:] == [0.0] * (8 - MAX_STRETCHED_RECEIVES)
+        # Another peer is not held back by it; small frames are never stretched.
+        with links.receiving(stream, "other", big) as other:  # type: ignore[arg-type]
+            assert other == budget.stretch_s(big)
+        with links.receiving(stream, "slow", LANE_BYTES) as small:  # type: ignore[arg-type]
+            assert small == 0.0
+    with links.receiving(stream, "slow", big) as again:  # type: ignore[arg-type]
+        assert again == budget.stretch_s(big)  # released once its frames were in

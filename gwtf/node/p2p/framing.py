@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
 from typing import Protocol
 
 import trio
@@ -99,17 +100,18 @@ class FrameReader:
         self,
         max_bytes: int,
         body_timeout_s: float,
-        stretch_s: Callable[[int], float] | None = None,
+        stretch_s: Callable[[int], AbstractContextManager[float]] | None = None,
     ) -> bytes | None:
         """The next frame, or None if the peer closed the stream between frames.
 
         Waiting for a frame to begin has no deadline (an idle stream is normal); once it has
         begun, the rest must come within ``body_timeout_s`` (``trio.TooSlowError`` otherwise),
-        plus ``stretch_s(length)`` once its length is read (a slow link's time for its size).
+        plus what ``stretch_s(length)`` yields once its length is read (a slow link's time for
+        its size), held until the frame is in.
         """
         if not await self.wait_for_data():
             return None
-        with trio.fail_after(body_timeout_s) as scope:
+        with trio.fail_after(body_timeout_s) as scope, ExitStack() as held:
             while len(self._buffer) < _LENGTH.size:
                 if not await self._fill(_LENGTH.size - len(self._buffer)):
                     raise FrameError("peer closed the stream in the middle of a frame length")
@@ -119,7 +121,7 @@ class FrameReader:
                     f"peer announced a frame of {length} bytes, over the limit of {max_bytes}"
                 )
             if stretch_s is not None:
-                scope.deadline += stretch_s(length)
+                scope.deadline += held.enter_context(stretch_s(length))
             end = _LENGTH.size + length
             while len(self._buffer) < end:
                 if not await self._fill(end - len(self._buffer)):

@@ -5,9 +5,11 @@ peer's bucket holds: ``relay_metering``), and nothing more: a peer's bucket may 
 its other circuits, or by counterparts asking it for state. So on a relayed connection a
 message of ``n`` bytes gets its protocol's deadline plus ``n / floor`` (the time it takes at
 the floor), on both sides: the sender's wait for the answer and the receiver's wait for the
-frame's last byte (which would otherwise charge an honest sender for a slow relay). Large
-frames to one peer over a relay take turns (``RelayedLinks.turn``), so each has the circuit end's
-floor to itself and its stretch holds; small ones (acks, control) go at once.
+frame's last byte (which would otherwise charge an honest sender for a slow relay). Whether a
+message goes over a relay is decided per stream, from the connection it runs on (a peer may
+have a direct connection beside a circuit). Large frames on one relayed connection take turns
+(``RelayedLinks.turn``), so each has the circuit end's floor to itself and its stretch holds;
+small ones (acks, control) go at once.
 
 Past ``max_transfer_s`` at the floor a message is not sent at all: ``explain`` says why in
 one line (its size, the floor, the bound, and what to do), so that a hop or a replica's share
@@ -17,15 +19,16 @@ that no relay carries in time fails at once and loudly, never at its deadline an
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 import trio
-from libp2p.abc import IHost
+from libp2p.abc import IHost, INetStream
+from libp2p.connection_types import ConnectionType
 from libp2p.peer.id import ID
 
-from gwtf.node.p2p.relay import is_relayed
+from gwtf.node.p2p.relay import is_circuit, is_relayed
 
 log = logging.getLogger(__name__)
 
@@ -83,32 +86,57 @@ def _mib(size: int) -> str:
 _MAX_TOLD = 1024
 
 
+#: Large frames (over ``LANE_BYTES``) one peer may have this node receive at once with their
+#: deadline stretched for a relay: an honest sender writes one at a time per circuit, so this
+#: leaves room for a few circuits; past it a frame keeps its protocol's own deadline, so a
+#: slow sender cannot hold many streams for minutes each.
+MAX_STRETCHED_RECEIVES = 4
+
+
+def on_circuit(stream: INetStream) -> bool:
+    """Whether ``stream`` runs over a relayed connection, as this node set it up: a peer may
+    also have a direct connection (after a hole punch), so this is decided per stream, from
+    the stream's own connection, never from anything the peer says."""
+    muxed = stream.muxed_conn
+    if muxed.get_connection_type() == ConnectionType.RELAYED:
+        return True
+    return any(is_circuit(a) for a in muxed.get_transport_addresses())
+
+
 @dataclass
 class RelayedLinks:
     """A host's relayed connections as its request/response layer sees them: how much a
     message's deadline stretches (``stretch_s``), whether it is sent at all (``refusal``), and
-    the lanes large frames take turns on.
+    the lanes large frames take turns on. Each is decided per stream (``on_circuit``).
 
-    Per relayed peer, large frames are written one at a time, in the order they came: a
+    Per relayed connection, large frames are written one at a time, in the order they came: a
     circuit end's floor is shared by every stream on it, so concurrent large frames would each
     get a fraction of it and miss a deadline stretched for the whole floor."""
 
     host: IHost
     budget: RelayBudget = field(default_factory=RelayBudget)
-    _lanes: dict[str, trio.Lock] = field(default_factory=dict)
+    _lanes: dict[object, trio.Lock] = field(default_factory=dict)
     _told: dict[tuple[str, str], None] = field(default_factory=dict)
+    _receiving: dict[str, int] = field(default_factory=dict)
 
-    def relayed(self, peer: str) -> bool:
+    def on_circuit(self, stream: INetStream) -> bool:
+        return on_circuit(stream)
+
+    def reached_by_relay_only(self, peer: str) -> bool:
+        """Whether every connection to ``peer`` is relayed: for a wait that has no stream yet
+        (a gatherer's for its followers' shares)."""
         return is_relayed(self.host, ID.from_base58(peer))
 
-    def stretch_s(self, peer: str, size: int) -> float:
-        """Seconds ``size`` bytes to or from ``peer`` add to a deadline (0 on a direct link)."""
-        return self.budget.stretch_s(size) if size and self.relayed(peer) else 0.0
+    def stretch_s(self, stream: INetStream, size: int) -> float:
+        """Seconds ``size`` bytes on ``stream`` add to a deadline (0 on a direct connection)."""
+        return self.budget.stretch_s(size) if size and self.on_circuit(stream) else 0.0
 
-    def refusal(self, peer: str, protocol: str, size: int, deadline_s: float) -> str | None:
-        """Why a request of ``size`` bytes (with its reply) is not to be sent to ``peer`` over
-        the relay it is connected through, or None; logged once per peer and protocol."""
-        if self.budget.fits(size) or not self.relayed(peer):
+    def refusal(
+        self, stream: INetStream, peer: str, protocol: str, size: int, deadline_s: float
+    ) -> str | None:
+        """Why a request of ``size`` bytes (with its reply) is not to be sent on ``stream``,
+        which runs through a relay, or None; logged once per peer and protocol."""
+        if self.budget.fits(size) or not self.on_circuit(stream):
             return None
         why = self.budget.explain(f"a {protocol} message", size, peer, deadline_s)
         if (peer, protocol) not in self._told:
@@ -118,22 +146,40 @@ class RelayedLinks:
                 del self._told[next(iter(self._told))]
         return why
 
-    @asynccontextmanager
-    async def turn(self, peer: str, size: int) -> AsyncIterator[float]:
-        """Hold ``peer``'s lane for a frame of ``size`` bytes if it is large and relayed;
-        yields the seconds waited for it (which the frame's deadline does not count)."""
-        if size <= LANE_BYTES or not self.relayed(peer):
+    @contextmanager
+    def receiving(self, stream: INetStream, peer: str, size: int) -> Iterator[float]:
+        """The seconds a frame of ``size`` bytes from ``peer`` on ``stream`` adds to its wait
+        while it is received: its relay time if it is large and relayed, and ``peer`` has
+        fewer than ``MAX_STRETCHED_RECEIVES`` such frames under way; else 0."""
+        held = self._receiving.get(peer, 0)
+        if size <= LANE_BYTES or held >= MAX_STRETCHED_RECEIVES or not self.on_circuit(stream):
             yield 0.0
             return
-        lock = self._lanes.setdefault(peer, trio.Lock())
+        self._receiving[peer] = held + 1
+        try:
+            yield self.budget.stretch_s(size)
+        finally:
+            self._receiving[peer] -= 1
+            if not self._receiving[peer]:
+                del self._receiving[peer]
+
+    @asynccontextmanager
+    async def turn(self, stream: INetStream, size: int) -> AsyncIterator[float]:
+        """Hold the lane of ``stream``'s connection for a frame of ``size`` bytes if it is
+        large and relayed; yields the seconds waited for it."""
+        if size <= LANE_BYTES or not self.on_circuit(stream):
+            yield 0.0
+            return
+        key = stream.muxed_conn
+        lock = self._lanes.setdefault(key, trio.Lock())
         started = trio.current_time()
         try:
             async with lock:
                 yield trio.current_time() - started
         finally:
             idle = not lock.locked() and not lock.statistics().tasks_waiting
-            if idle and self._lanes.get(peer) is lock:
-                del self._lanes[peer]  # only peers with large frames in flight are kept
+            if idle and self._lanes.get(key) is lock:
+                del self._lanes[key]  # only connections with large frames in flight are kept
 
     @property
     def lanes(self) -> int:

@@ -154,6 +154,9 @@ class RpcLimits:
     #: The reply's expected size where it is large (a gatherer's combined share): over a
     #: relay the request's deadline stretches for it too (``relay_budget``).
     reply_bytes: int = 0
+    #: More time a handler may take on a request that came over a relay (a gatherer waiting
+    #: for relayed shares); a request on a direct connection keeps ``timeout_s``.
+    relayed_answer_s: float = 0.0
 
 
 async def admit_everyone(_peer: str) -> bool:
@@ -390,7 +393,7 @@ class RequestResponse:
                     body = await reader.next_frame(
                         limits.max_request_bytes + _REQUEST.size,
                         limits.timeout_s,
-                        lambda size: self.relayed.stretch_s(peer, size),
+                        lambda size: self.relayed.receiving(stream, peer, size),
                     )
                     if body is None:
                         break  # the peer closed its side between requests; answer what is open
@@ -432,7 +435,10 @@ class RequestResponse:
         try:
             status, reply = _OK, b""
             try:
-                with trio.fail_after(replies.limits.timeout_s):
+                answer_s = replies.limits.timeout_s
+                if replies.limits.relayed_answer_s and replies.relayed.on_circuit(replies.stream):
+                    answer_s += replies.limits.relayed_answer_s
+                with trio.fail_after(answer_s):
                     reply = await handler(peer, request)
             except trio.TooSlowError:
                 log.warning("a request from %s was not answered in time", peer)
@@ -478,11 +484,14 @@ class RequestResponse:
                 channel = await self._channel(peer, protocol, dial)
                 # Over a relay the deadline stretches with the bytes both ways, at the floor a
                 # relay guarantees; past its bound the request is not sent (``relay_budget``).
+                # Decided on the stream's own connection: a peer may have a direct one too.
                 size = len(payload) + limits.reply_bytes
-                why = self.relayed.refusal(str(peer), protocol, size, limits.timeout_s)
+                why = self.relayed.refusal(
+                    channel.stream, str(peer), protocol, size, limits.timeout_s
+                )
                 if why is not None:
                     raise TooLargeForRelay(why)
-                stretch_s = self.relayed.stretch_s(str(peer), size)
+                stretch_s = self.relayed.stretch_s(channel.stream, size)
                 scope.deadline += stretch_s
                 return await channel.call(payload, limits, scope)
         except trio.TooSlowError as exc:  # a dial's own deadline
@@ -606,12 +615,24 @@ class _ReplyWriter:
         frame = encode_frame(
             _REPLY.pack(request_id, status) + reply, _reply_bound(self.limits.max_response_bytes)
         )
-        async with self.relayed.turn(self.peer, len(frame)), self.lock:
+        # A reply waits its turn on a relayed lane at most as long as its asker waits for it
+        # (its deadline and the most a relay adds); past that nobody reads it, and the wait is
+        # this node's queue, not the peer's fault: dropped uncharged.
+        wait_s = self.limits.timeout_s + self.relayed.budget.max_transfer_s
+        with trio.move_on_after(wait_s) as waiting:
+            async with self.relayed.turn(self.stream, len(frame)):
+                waiting.deadline = math.inf  # the write below has its own deadline
+                return await self._write_turn(frame)
+        log.info("a reply to %s waited %g s for its relayed lane: dropped", self.peer, wait_s)
+        return True
+
+    async def _write_turn(self, frame: bytes) -> bool:
+        async with self.lock:
             if self.broken:
                 return True  # the stream is gone for a reason already dealt with
             try:
                 # Over a relay the peer's reading takes the relay's time for the reply.
-                stretch_s = self.relayed.stretch_s(self.peer, len(frame))
+                stretch_s = self.relayed.stretch_s(self.stream, len(frame))
                 with trio.fail_after(self.limits.timeout_s + stretch_s):
                     await self.stream.write(frame)
                 return True
@@ -676,7 +697,7 @@ class _Channel:
             # frame ahead takes its own stretch, and a wait that ran the deadline out would
             # read as the peer missing it (a hop's peer would then count dead).
             deadline, scope.deadline = scope.deadline, math.inf
-            async with self.relayed.turn(self.peer, len(frame)) as waited_s:
+            async with self.relayed.turn(self.stream, len(frame)) as waited_s:
                 scope.deadline = deadline + waited_s
                 await self._write(frame)
             await waiter.done.wait()
@@ -718,7 +739,9 @@ class _Channel:
                 if await self.reader.wait_for_data():
                     bound = _reply_bound(self.max_response_bytes)
                     body = await self.reader.next_frame(
-                        bound, self.timeout_s, lambda size: self.relayed.stretch_s(self.peer, size)
+                        bound,
+                        self.timeout_s,
+                        lambda size: self.relayed.receiving(self.stream, self.peer, size),
                     )
                 if body is None:
                     self.fail("the peer closed the stream")

@@ -134,9 +134,14 @@ class GradientAverager:
     _rounds: dict[tuple[int, int, int], _Round] = field(default_factory=dict)
 
     def serve(self) -> None:
-        # A follower's request waits for the round, which may wait for a relayed share.
-        timeout_s = 2 * self.round_timeout_s + self.rpc.relay_budget.max_transfer_s
-        limits = RpcLimits(self.codec_limits.max_bytes, self.codec_limits.max_bytes, timeout_s)
+        # A relayed follower's request waits for the round, which may wait for relayed
+        # shares; a direct follower's keeps its own time.
+        limits = RpcLimits(
+            self.codec_limits.max_bytes,
+            self.codec_limits.max_bytes,
+            2 * self.round_timeout_s,
+            relayed_answer_s=self.rpc.relay_budget.max_transfer_s,
+        )
         self.rpc.serve(PROTOCOL_ID, self._handle, limits)
 
     async def _handle(self, peer: str, request: bytes) -> bytes:
@@ -204,25 +209,27 @@ class GradientAverager:
 
     def _relayed_wait_s(self, replicas: Sequence[str], own: GradientShare) -> float:
         """How much longer a gatherer waits for shares coming over a relay: the relay's time
-        for a share its size (``relay_budget``), for followers that send it at all (one whose
-        share and the answer do not fit a relay in time is refused at its end, loudly)."""
+        for a share its size (``relay_budget``), only when every follower is reached through
+        a relay alone. A direct follower waits its own time (twice the round) and no more, so
+        with one in the round the gatherer closes at its usual time, and a relayed share
+        slower than that misses the round (its follower logs it). A share no relay carries in
+        time with its answer is refused at its follower's end, loudly: no wait for it."""
         others = [r for r in replicas if r != self.replica_id]
-        return max((self.rpc.relayed.stretch_s(r, self._relayable(own)) for r in others),
-                   default=0.0)  # fmt: skip
-
-    def _relayable(self, own: GradientShare) -> int:
-        """A share's size, if a relay carries it and its answer in time; else 0."""
         size = share_bytes(own)
-        return size if self.rpc.relay_budget.fits(2 * size) else 0
+        if not others or not self.rpc.relay_budget.fits(2 * size):
+            return 0.0
+        if not all(self.rpc.relayed.reached_by_relay_only(r) for r in others):
+            return 0.0
+        return self.rpc.relay_budget.stretch_s(size)
 
     async def _send_to(
         self, leader: str, key: tuple[int, int, int], own: GradientShare
     ) -> RoundResult:
         request = _ROUND.pack(*key) + encode_shares([own], self.codec_limits)
         # The answer is one combined share, the size of this one: over a relay the deadline
-        # stretches for both (or the share is refused at once when no relay carries it in time).
-        # Direct or not, the gatherer may wait for another follower's share over a relay.
-        timeout_s = 2 * self.round_timeout_s + self.rpc.relay_budget.stretch_s(self._relayable(own))
+        # stretches for both (or the share is refused at once when no relay carries it in
+        # time); on a direct connection it is twice the round, whatever the share's size.
+        timeout_s = 2 * self.round_timeout_s
         limits = RpcLimits(len(request), self.codec_limits.max_bytes, timeout_s, len(request))
         reply = await self.rpc.request(ID.from_base58(leader), PROTOCOL_ID, request, limits)
         try:
