@@ -11,6 +11,8 @@ for the next frame; it loses nothing when a read is cancelled.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
 from typing import Protocol
 
 import trio
@@ -94,15 +96,22 @@ class FrameReader:
         """Wait (with no deadline) until a frame begins; False if the peer closed instead."""
         return bool(self._buffer) or await self._fill(_LENGTH.size)
 
-    async def next_frame(self, max_bytes: int, body_timeout_s: float) -> bytes | None:
+    async def next_frame(
+        self,
+        max_bytes: int,
+        body_timeout_s: float,
+        stretch_s: Callable[[int], AbstractContextManager[float]] | None = None,
+    ) -> bytes | None:
         """The next frame, or None if the peer closed the stream between frames.
 
         Waiting for a frame to begin has no deadline (an idle stream is normal); once it has
-        begun, the rest must come within ``body_timeout_s`` (``trio.TooSlowError`` otherwise).
+        begun, the rest must come within ``body_timeout_s`` (``trio.TooSlowError`` otherwise),
+        plus what ``stretch_s(length)`` yields once its length is read (a slow link's time for
+        its size), held until the frame is in.
         """
         if not await self.wait_for_data():
             return None
-        with trio.fail_after(body_timeout_s):
+        with trio.fail_after(body_timeout_s) as scope, ExitStack() as held:
             while len(self._buffer) < _LENGTH.size:
                 if not await self._fill(_LENGTH.size - len(self._buffer)):
                     raise FrameError("peer closed the stream in the middle of a frame length")
@@ -111,6 +120,8 @@ class FrameReader:
                 raise FrameError(
                     f"peer announced a frame of {length} bytes, over the limit of {max_bytes}"
                 )
+            if stretch_s is not None:
+                scope.deadline += held.enter_context(stretch_s(length))
             end = _LENGTH.size + length
             while len(self._buffer) < end:
                 if not await self._fill(end - len(self._buffer)):

@@ -51,6 +51,7 @@ from libp2p.relay.circuit_v2.utils import write_delimited_msg
 from libp2p.stream_muxer.yamux.yamux import DEFAULT_WINDOW_SIZE, YamuxStream
 
 from gwtf.node.p2p.relay import end_stream, is_circuit, read_relay_message
+from gwtf.node.p2p.relay_budget import CIRCUIT_FLOOR_BYTES_PER_S
 from gwtf.node.p2p.relay_metering import FLOOR_BURST, RelayMeter
 from gwtf.node.p2p.rpc import Admission, admit_everyone
 
@@ -106,8 +107,9 @@ class RelayLimits:
     (64 MiB) does not fit, one of 6 x 2048 does; a peer with several busy circuits through
     the relay splits that between them, and counterparts that ask it for state (a run member
     may, at every step) spend the same bucket, leaving each circuit as little as its floor,
-    2.5 MiB in 20 s. Nothing sizes hops or a replica's gradient (one request, same deadline)
-    against this: a message over what the peer's bucket passes in time fails at the deadline.
+    2.5 MiB in 20 s. So the nodes at a circuit's ends size their messages against the floor
+    alone (``relay_budget``): a message's deadline stretches by its size at the floor, and one
+    that the floor does not carry within 2 min more is not sent, with a line saying why.
 
     The floor: each circuit end forwards 128 KiB/s even when its peer's bucket is empty, so a
     circuit busy both ways keeps its flow-control updates moving however many circuits share
@@ -141,7 +143,7 @@ class RelayLimits:
     peer_bytes_per_s: int = 2 << 20
     peer_burst_bytes: int = 16 << 20
     #: Bytes a second each circuit end forwards whatever its peer's bucket holds.
-    circuit_floor_bytes_per_s: int = 128 << 10
+    circuit_floor_bytes_per_s: int = CIRCUIT_FLOOR_BYTES_PER_S
 
     def __post_init__(self) -> None:
         for name, value in dataclasses.asdict(self).items():

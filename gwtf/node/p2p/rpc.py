@@ -30,6 +30,7 @@ too large is charged to the peer that sent it.
 from __future__ import annotations
 
 import logging
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -44,6 +45,7 @@ from gwtf.errors import ProtocolError
 from gwtf.node.p2p.dialing import Dialer, DialFailed
 from gwtf.node.p2p.framing import FrameError, FrameReader, encode_frame
 from gwtf.node.p2p.host import on_window_violation
+from gwtf.node.p2p.relay_budget import RelayBudget, RelayedLinks
 from gwtf.node.p2p.scoring import Offence, PeerScores
 
 log = logging.getLogger(__name__)
@@ -136,6 +138,12 @@ class PeerTimeout(PeerUnavailable):
     """A peer did not answer within the deadline."""
 
 
+class TooLargeForRelay(RequestDeclined):
+    """A request (with its expected reply) is larger than a relay carries in time to the peer,
+    which this node reaches only through one: not sent (``relay_budget``). The peer is alive
+    and at no fault; the reason says what to do."""
+
+
 @dataclass(frozen=True)
 class RpcLimits:
     """Bounds of one request/response exchange."""
@@ -143,6 +151,12 @@ class RpcLimits:
     max_request_bytes: int = 1 << 20
     max_response_bytes: int = 1 << 20
     timeout_s: float = 20.0
+    #: The reply's expected size where it is large (a gatherer's combined share): over a
+    #: relay the request's deadline stretches for it too (``relay_budget``).
+    reply_bytes: int = 0
+    #: More time a handler may take on a request that came over a relay (a gatherer waiting
+    #: for relayed shares); a request on a direct connection keeps ``timeout_s``.
+    relayed_answer_s: float = 0.0
 
 
 async def admit_everyone(_peer: str) -> bool:
@@ -262,6 +276,9 @@ class RequestResponse:
     circuits: Circuits | None = None
     refused: dict[str, int] = field(default_factory=dict)
     streams_opened: int = 0
+    #: What a message's size adds to its deadline over a relay, and what is too large for one.
+    relay_budget: RelayBudget = field(default_factory=RelayBudget)
+    relayed: RelayedLinks = field(init=False)
     _channels: dict[tuple[str, str], _Channel] = field(default_factory=dict)
     #: The longest deadline of a served protocol: how long a peer's request may be in flight.
     _longest_served_s: float = 0.0
@@ -270,6 +287,7 @@ class RequestResponse:
     def __post_init__(self) -> None:
         if self.dialer is None:
             self.dialer = Dialer(self.host)
+        self.relayed = RelayedLinks(self.host, self.relay_budget)
         # A host not built by ``build_host`` (a test's fake) has no window guard to hook.
         on_window_violation(self.host, self._muxer_offence)
 
@@ -361,7 +379,7 @@ class RequestResponse:
         """Answer the stream's requests until it closes; with ``idle_s``, close it too once it
         has waited that long for a request."""
         reader = FrameReader(stream)
-        replies = _ReplyWriter(stream, limits)
+        replies = _ReplyWriter(stream, limits, peer, self.relayed)
         slots = trio.Semaphore(MAX_REQUESTS_PER_STREAM)
         async with trio.open_nursery() as nursery:
             try:
@@ -373,7 +391,9 @@ class RequestResponse:
                         if not reader.has_data():
                             break  # idle (or closed): an outsider's stream is not kept
                     body = await reader.next_frame(
-                        limits.max_request_bytes + _REQUEST.size, limits.timeout_s
+                        limits.max_request_bytes + _REQUEST.size,
+                        limits.timeout_s,
+                        lambda size: self.relayed.receiving(stream, peer, size),
                     )
                     if body is None:
                         break  # the peer closed its side between requests; answer what is open
@@ -415,7 +435,10 @@ class RequestResponse:
         try:
             status, reply = _OK, b""
             try:
-                with trio.fail_after(replies.limits.timeout_s):
+                answer_s = replies.limits.timeout_s
+                if replies.limits.relayed_answer_s and replies.relayed.on_circuit(replies.stream):
+                    answer_s += replies.limits.relayed_answer_s
+                with trio.fail_after(answer_s):
                     reply = await handler(peer, request)
             except trio.TooSlowError:
                 log.warning("a request from %s was not answered in time", peer)
@@ -453,18 +476,32 @@ class RequestResponse:
             raise FrameError(
                 f"request of {len(payload)} bytes exceeds the limit of {limits.max_request_bytes}"
             )
+        stretch_s = 0.0
         try:
-            with trio.fail_after(limits.timeout_s):
+            with trio.move_on_after(limits.timeout_s) as scope:
                 if self.shaper is not None:
                     await trio.sleep(self.shaper(str(peer), len(payload)))
                 channel = await self._channel(peer, protocol, dial)
-                return await channel.call(payload, limits)
-        except trio.TooSlowError as exc:
-            raise PeerTimeout(
-                f"peer {peer} did not answer {protocol} within {limits.timeout_s:g} s"
-            ) from exc
+                # Over a relay the deadline stretches with the bytes both ways, at the floor a
+                # relay guarantees; past its bound the request is not sent (``relay_budget``).
+                # Decided on the stream's own connection: a peer may have a direct one too.
+                size = len(payload) + limits.reply_bytes
+                why = self.relayed.refusal(
+                    channel.stream, str(peer), protocol, size, limits.timeout_s
+                )
+                if why is not None:
+                    raise TooLargeForRelay(why)
+                stretch_s = self.relayed.stretch_s(channel.stream, size)
+                scope.deadline += stretch_s
+                return await channel.call(payload, limits, scope)
+        except trio.TooSlowError as exc:  # a dial's own deadline
+            raise PeerTimeout(f"peer {peer} did not open {protocol} in time: {exc}") from exc
         except (BaseLibp2pError, OSError, DialFailed) as exc:
             raise PeerUnavailable(f"peer {peer} is unreachable on {protocol}: {exc}") from exc
+        relayed = f" (+{stretch_s:.0f} s for its size over a relay)" if stretch_s >= 1 else ""
+        raise PeerTimeout(
+            f"peer {peer} did not answer {protocol} within {limits.timeout_s:g} s{relayed}"
+        )
 
     async def open(self, peer: ID, protocol: str, timeout_s: float) -> None:
         """Have the stream to ``peer`` for ``protocol`` open within ``timeout_s``, dialling the
@@ -532,7 +569,7 @@ class RequestResponse:
                     raise DialFailed(f"not connected to {peer}, and not to be dialled")
                 stream = await self._open_stream(peer, protocol)
                 self.streams_opened += 1
-                channel = _Channel(stream, key[0], protocol, self._charge)
+                channel = _Channel(stream, key[0], protocol, self._charge, self.relayed)
                 self._channels[key] = channel
                 trio.lowlevel.spawn_system_task(channel.read_replies, name=f"replies {key}")
             return channel
@@ -568,6 +605,8 @@ class _ReplyWriter:
 
     stream: INetStream
     limits: RpcLimits
+    peer: str
+    relayed: RelayedLinks
     lock: trio.Lock = field(default_factory=trio.Lock)
     broken: bool = False
 
@@ -576,11 +615,25 @@ class _ReplyWriter:
         frame = encode_frame(
             _REPLY.pack(request_id, status) + reply, _reply_bound(self.limits.max_response_bytes)
         )
+        # A reply waits its turn on a relayed lane at most as long as its asker waits for it
+        # (its deadline and the most a relay adds); past that nobody reads it, and the wait is
+        # this node's queue, not the peer's fault: dropped uncharged.
+        wait_s = self.limits.timeout_s + self.relayed.budget.max_transfer_s
+        with trio.move_on_after(wait_s) as waiting:
+            async with self.relayed.turn(self.stream, len(frame)):
+                waiting.deadline = math.inf  # the write below has its own deadline
+                return await self._write_turn(frame)
+        log.info("a reply to %s waited %g s for its relayed lane: dropped", self.peer, wait_s)
+        return True
+
+    async def _write_turn(self, frame: bytes) -> bool:
         async with self.lock:
             if self.broken:
                 return True  # the stream is gone for a reason already dealt with
             try:
-                with trio.fail_after(self.limits.timeout_s):
+                # Over a relay the peer's reading takes the relay's time for the reply.
+                stretch_s = self.relayed.stretch_s(self.stream, len(frame))
+                with trio.fail_after(self.limits.timeout_s + stretch_s):
                     await self.stream.write(frame)
                 return True
             except trio.TooSlowError:
@@ -615,8 +668,10 @@ class _Channel:
         peer: str,
         protocol: str,
         charge: Charge,
+        relayed: RelayedLinks,
     ) -> None:
         self.stream, self.peer, self.protocol, self._charge = stream, peer, protocol, charge
+        self.relayed = relayed
         self.reader = FrameReader(stream)
         self.write_lock = trio.Lock()
         self.waiters: dict[int, _Waiter] = {}
@@ -628,7 +683,9 @@ class _Channel:
         self.max_response_bytes = 0
         self.timeout_s = 1.0
 
-    async def call(self, payload: bytes, limits: RpcLimits) -> bytes:
+    async def call(self, payload: bytes, limits: RpcLimits, scope: trio.CancelScope) -> bytes:
+        """Send one request and wait for its reply within ``scope``'s deadline, which a turn
+        waited for on a relayed link's lane (``RelayedLinks.turn``) pushes back."""
         request_id = self.next_id
         self.next_id = (self.next_id + 1) & 0xFFFFFFFF
         waiter = self.waiters[request_id] = _Waiter(limits.max_response_bytes)
@@ -636,7 +693,13 @@ class _Channel:
         self.timeout_s = max(self.timeout_s, limits.timeout_s)
         try:
             frame = encode_frame(_REQUEST.pack(request_id) + payload, len(payload) + _REQUEST.size)
-            await self._write(frame)
+            # The deadline stops while the request waits its turn on a relayed lane: each
+            # frame ahead takes its own stretch, and a wait that ran the deadline out would
+            # read as the peer missing it (a hop's peer would then count dead).
+            deadline, scope.deadline = scope.deadline, math.inf
+            async with self.relayed.turn(self.stream, len(frame)) as waited_s:
+                scope.deadline = deadline + waited_s
+                await self._write(frame)
             await waiter.done.wait()
         finally:
             self.waiters.pop(request_id, None)
@@ -675,7 +738,11 @@ class _Channel:
                 body = None
                 if await self.reader.wait_for_data():
                     bound = _reply_bound(self.max_response_bytes)
-                    body = await self.reader.next_frame(bound, self.timeout_s)
+                    body = await self.reader.next_frame(
+                        bound,
+                        self.timeout_s,
+                        lambda size: self.relayed.receiving(self.stream, self.peer, size),
+                    )
                 if body is None:
                     self.fail("the peer closed the stream")
                     break

@@ -195,7 +195,8 @@ async def download_manifest(
             f"peer {peer} offers a stage {stage} state of {manifest.size} bytes, over the "
             f"{max_bytes} limit"
         )
-    chunk_limits = RpcLimits(_REQUEST.size, CHUNK_BYTES + 1, timeout_s)
+    # Over a relay a chunk's deadline stretches for its size (``relay_budget``).
+    chunk_limits = RpcLimits(_REQUEST.size, CHUNK_BYTES + 1, timeout_s, CHUNK_BYTES)
     parts: list[bytes] = []
     received = 0
     while received < manifest.size:

@@ -297,7 +297,8 @@ async def _fetch(
 
 
 def _limits(timeout_s: float) -> RpcLimits:
-    return RpcLimits(_REQUEST.size, _REPLY.size + CHUNK_BYTES, timeout_s)
+    # A chunk is the reply's size: over a relay the deadline stretches for it (8 s at the floor).
+    return RpcLimits(_REQUEST.size, _REPLY.size + CHUNK_BYTES, timeout_s, CHUNK_BYTES)
 
 
 def _forwarded_limits(timeout_s: float) -> RpcLimits:

@@ -36,6 +36,7 @@ from gwtf.node.p2p.rpc import (
     RequestDeclined,
     RequestMisdirected,
     RequestRefused,
+    TooLargeForRelay,
 )
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.dataplane.exchange import DataPlane, HopRecord, WrongAck, sent_hop
@@ -210,8 +211,12 @@ class HopSender:
                 self._record(header, to, input_digest, output_digest)
                 return to
             except PeerUnavailable as exc:
-                log.warning(
-                    "forward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
+                log.log(
+                    _level(exc),
+                    "forward of microbatch %s to %s failed: %s",
+                    header.microbatch_id,
+                    to,
+                    exc,
                 )
                 tried.add(to)
                 probes.start_soon(self._failed, to, exc)
@@ -312,8 +317,12 @@ class HopSender:
                 except PeerUnavailable as exc:
                     if header.stage == 0:
                         raise  # the origin holds the iteration; nobody can stand in for it
-                    log.warning(
-                        "backward of microbatch %s to %s failed: %s", header.microbatch_id, to, exc
+                    log.log(
+                        _level(exc),
+                        "backward of microbatch %s to %s failed: %s",
+                        header.microbatch_id,
+                        to,
+                        exc,
                     )
                     tried.add(to)
                     await self._failed(to, exc)
@@ -514,6 +523,12 @@ def _next_attempt(attempt: int) -> int:
         return resend_attempt(attempt)
     except ProtocolError as exc:
         raise PeerUnavailable(str(exc)) from exc
+
+
+def _level(exc: PeerUnavailable) -> int:
+    """A hop too large for the relay to its peer was logged, once, where it was refused: its
+    repair goes on quietly (it is not retried to that peer)."""
+    return logging.DEBUG if isinstance(exc, TooLargeForRelay) else logging.WARNING
 
 
 def may_be_cut(exc: ProtocolError) -> bool:

@@ -41,6 +41,12 @@ from gwtf.node.training.trainer import GradientShare
 
 log = logging.getLogger(__name__)
 
+
+def share_bytes(share: GradientShare) -> int:
+    """About what ``share`` takes on the wire: its tensors' bytes."""
+    return sum(t.numel() * t.element_size() for t in share.gradients.values())
+
+
 PROTOCOL_ID = "/gwtf/average/3.0.0"
 _ROUND = struct.Struct(">HQB")  # stage, iteration, attempt
 
@@ -128,8 +134,13 @@ class GradientAverager:
     _rounds: dict[tuple[int, int, int], _Round] = field(default_factory=dict)
 
     def serve(self) -> None:
+        # A relayed follower's request waits for the round, which may wait for relayed
+        # shares; a direct follower's keeps its own time.
         limits = RpcLimits(
-            self.codec_limits.max_bytes, self.codec_limits.max_bytes, 2 * self.round_timeout_s
+            self.codec_limits.max_bytes,
+            self.codec_limits.max_bytes,
+            2 * self.round_timeout_s,
+            relayed_answer_s=self.rpc.relay_budget.max_transfer_s,
         )
         self.rpc.serve(PROTOCOL_ID, self._handle, limits)
 
@@ -177,7 +188,8 @@ class GradientAverager:
             for leader in candidates:
                 if leader == self.replica_id:
                     round_.add(own)
-                    with trio.move_on_after(self.round_timeout_s):
+                    wait_s = self.round_timeout_s + self._relayed_wait_s(candidates, own)
+                    with trio.move_on_after(wait_s):
                         await round_.closed.wait()
                     return round_.close()
                 try:
@@ -195,11 +207,30 @@ class GradientAverager:
             for old in [old for old in self._rounds if old[1] < iteration - 1]:
                 del self._rounds[old]
 
+    def _relayed_wait_s(self, replicas: Sequence[str], own: GradientShare) -> float:
+        """How much longer a gatherer waits for shares coming over a relay: the relay's time
+        for a share its size (``relay_budget``), only when every follower is reached through
+        a relay alone. A direct follower waits its own time (twice the round) and no more, so
+        with one in the round the gatherer closes at its usual time, and a relayed share
+        slower than that misses the round (its follower logs it). A share no relay carries in
+        time with its answer is refused at its follower's end, loudly: no wait for it."""
+        others = [r for r in replicas if r != self.replica_id]
+        size = share_bytes(own)
+        if not others or not self.rpc.relay_budget.fits(2 * size):
+            return 0.0
+        if not all(self.rpc.relayed.reached_by_relay_only(r) for r in others):
+            return 0.0
+        return self.rpc.relay_budget.stretch_s(size)
+
     async def _send_to(
         self, leader: str, key: tuple[int, int, int], own: GradientShare
     ) -> RoundResult:
         request = _ROUND.pack(*key) + encode_shares([own], self.codec_limits)
-        limits = RpcLimits(len(request), self.codec_limits.max_bytes, 2 * self.round_timeout_s)
+        # The answer is one combined share, the size of this one: over a relay the deadline
+        # stretches for both (or the share is refused at once when no relay carries it in
+        # time); on a direct connection it is twice the round, whatever the share's size.
+        timeout_s = 2 * self.round_timeout_s
+        limits = RpcLimits(len(request), self.codec_limits.max_bytes, timeout_s, len(request))
         reply = await self.rpc.request(ID.from_base58(leader), PROTOCOL_ID, request, limits)
         try:
             contributors, combined = decode_average(reply, self.codec_limits)
