@@ -11,10 +11,20 @@ from pathlib import Path
 import pytest
 import trio
 
+from gwtf.errors import ProtocolError
+from gwtf.node.p2p.forwarding import for_limits, forwarded
 from gwtf.node.p2p.host import running_host
 from gwtf.node.p2p.identity import new_identity
 from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse
-from gwtf.node.receipts.evidence import READERS, fetch_frame, serve_evidence
+from gwtf.node.receipts import evidence
+from gwtf.node.receipts.evidence import (
+    EVIDENCE_FOR_PROTOCOL,
+    FRAME,
+    READERS,
+    fetch_frame,
+    serve_evidence,
+    serve_evidence_forwarding,
+)
 from gwtf.node.store.evidence import Chunk, EvidenceArchive
 from tests.p2p.test_host_stop import run_bounded
 
@@ -75,5 +85,82 @@ def test_a_member_busying_the_readers_does_not_time_out_a_seated_jurors_read(
                 with pytest.raises(PeerUnavailable):
                     await fetch_frame(clients["outsider"], target, RUN, 0, digest, TIMEOUT_S)
                 nursery.cancel_scope.cancel()
+
+    run_bounded(main)
+
+
+def test_a_juror_forwarded_to_a_relay_at_home_reads_on_a_reader_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """Through a forwarder (how a juror reaches a relay at home) a seated juror's read is
+    the forwarder's request at the relay, a member's: the forwarder names the juror
+    (``/gwtf/evidence-for/1.0.0``) and the relay, which reads the seat itself, reads it on a
+    reader of the juror's own, while a member keeps the shared readers busy. A member naming
+    the juror in slow requests of its own busies only its own reader for it, not the juror's;
+    an outsider is not served that protocol, and one the forwarder does not seat waits."""
+
+    async def main() -> None:
+        async with (
+            running_host(new_identity()) as relay,
+            running_host(new_identity()) as forwarder,
+            running_host(new_identity()) as member,
+            running_host(new_identity()) as juror,
+            running_host(new_identity()) as outsider,
+        ):
+            seated = str(juror.get_id())
+            members = {str(member.get_id()), str(forwarder.get_id())}
+
+            class Held:
+                async def holds(self, peer: str) -> bool:
+                    return peer == seated
+
+            async def members_only(peer: str) -> bool:
+                return peer in members
+
+            async def outsiders_only(_peer: str) -> bool:
+                return False
+
+            archive = SlowForOneKey(tmp_path, keep_epochs=2, epoch_now=lambda: 0)
+            digest = archive.keep_frame(0, b"hop evidence")
+            relay_rpc = RequestResponse(relay, admit=members_only)
+            serve_evidence(relay_rpc, archive, RUN, 10.0, seats=Held())
+            forwarding = RequestResponse(forwarder, admit=outsiders_only)
+            serve_evidence_forwarding(forwarding, 10.0, Held())
+            await forwarding.dialer.connect(relay.get_id(), relay.get_addrs())
+            clients = {}
+            for name, host in (("member", member), ("juror", juror), ("outsider", outsider)):
+                clients[name] = RequestResponse(host)
+            await clients["member"].dialer.connect(relay.get_id(), relay.get_addrs())
+            for name in ("juror", "outsider"):
+                await clients[name].dialer.connect(forwarder.get_id(), forwarder.get_addrs())
+            target, via = str(relay.get_id()), str(forwarder.get_id())
+            slow = evidence._REQUEST.pack(RUN, 0, FRAME, SLOW, 0)
+            limits = for_limits(evidence._limits(30.0))
+
+            async def busy_reader() -> None:
+                with pytest.raises(ProtocolError):  # not kept: it only kept a reader busy
+                    await fetch_frame(clients["member"], target, RUN, 0, SLOW, 30.0)
+
+            async def naming_the_juror() -> None:
+                await clients["member"].request(
+                    relay.get_id(), EVIDENCE_FOR_PROTOCOL, forwarded(seated, slow), limits
+                )
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(2 * READERS):
+                    nursery.start_soon(busy_reader)
+                    nursery.start_soon(naming_the_juror)
+                await trio.sleep(0.3)  # every shared reader, and the member's, is busy now
+                read = await fetch_frame(clients["juror"], target, RUN, 0, digest, TIMEOUT_S, via)
+                assert read == b"hop evidence"
+                with pytest.raises(PeerUnavailable):  # the outsider waits for shared readers
+                    await fetch_frame(clients["outsider"], target, RUN, 0, digest, TIMEOUT_S, via)
+                nursery.cancel_scope.cancel()
+            await clients["outsider"].dialer.connect(relay.get_id(), relay.get_addrs())
+            with pytest.raises(PeerUnavailable):  # the for protocol is the run's nodes' only
+                await clients["outsider"].request(
+                    relay.get_id(), EVIDENCE_FOR_PROTOCOL, forwarded(seated, slow), limits
+                )
+            assert relay_rpc.refused == {str(outsider.get_id()): 1}
 
     run_bounded(main)
