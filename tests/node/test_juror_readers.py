@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from libp2p.custom_types import TProtocol
 
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.forwarding import for_limits, forwarded
@@ -162,5 +163,49 @@ def test_a_juror_forwarded_to_a_relay_at_home_reads_on_a_reader_of_its_own(
                     relay.get_id(), EVIDENCE_FOR_PROTOCOL, forwarded(seated, slow), limits
                 )
             assert relay_rpc.refused == {str(outsider.get_id()): 1}
+
+    run_bounded(main)
+
+
+def test_a_forwarder_reaches_a_relay_without_the_for_protocol_for_a_seated_juror(
+    tmp_path: Path,
+) -> None:
+    """A relay of an older version serves no ``/gwtf/evidence-for/1.0.0``: the forwarder
+    passes a seated juror's request on over the plain protocol, as a member's, so the juror
+    reads the evidence (a juror who reads nothing votes it missing: the honest relay would
+    be convicted for its version)."""
+
+    async def main() -> None:
+        async with (
+            running_host(new_identity()) as relay,
+            running_host(new_identity()) as forwarder,
+            running_host(new_identity()) as juror,
+        ):
+            seated = str(juror.get_id())
+
+            class Held:
+                async def holds(self, peer: str) -> bool:
+                    return peer == seated
+
+            async def outsiders_only(_peer: str) -> bool:
+                return False
+
+            async def the_forwarder(peer: str) -> bool:
+                return peer == str(forwarder.get_id())
+
+            archive = EvidenceArchive(tmp_path, keep_epochs=2, epoch_now=lambda: 0)
+            digest = archive.keep_frame(0, b"hop evidence")
+            relay_rpc = RequestResponse(relay, admit=the_forwarder)
+            serve_evidence(relay_rpc, archive, RUN, 10.0, seats=Held())
+            relay.remove_stream_handler(TProtocol(EVIDENCE_FOR_PROTOCOL))  # an older relay
+            forwarding = RequestResponse(forwarder, admit=outsiders_only)
+            serve_evidence_forwarding(forwarding, 10.0, Held())
+            await forwarding.dialer.connect(relay.get_id(), relay.get_addrs())
+            client = RequestResponse(juror)
+            await client.dialer.connect(forwarder.get_id(), forwarder.get_addrs())
+            target, via = str(relay.get_id()), str(forwarder.get_id())
+            for _ in range(2):  # and again, on the channels the first try left
+                read = await fetch_frame(client, target, RUN, 0, digest, 5.0, via)
+                assert read == b"hop evidence"
 
     run_bounded(main)

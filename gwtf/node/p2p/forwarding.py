@@ -20,7 +20,10 @@ A target that gives a seated juror's reads resources of its own (a relay's disk 
 a *for* protocol (``/gwtf/evidence-for/1.0.0``), which names that reader; the target serves it to
 the run's nodes only, checks the named reader's seat itself, and keys what it gives it by
 forwarder and reader both, so a forwarder naming a juror it does not forward for takes nothing
-from that juror's own reads.
+from that juror's own reads. A target that does not speak the *for* protocol (a node of an
+older version) gets the request over the plain one, as a member's: the juror is then read on
+the shared readers, never refused, for a juror who reads nothing votes the accused's evidence
+missing.
 
 Wire format: forwarded request = length u8 | the target's peer id (UTF-8) | the inner request;
 its reply is the target's. A *for* request is the same, naming the reader instead of the target.
@@ -35,6 +38,7 @@ from libp2p.peer.id import ID
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.rpc import (
     Decline,
+    PeerTimeout,
     PeerUnavailable,
     PublicRate,
     RequestDeclined,
@@ -101,9 +105,14 @@ def serve_forwarding(
             raise Decline(f"not connected to {target}: {what} is forwarded over open connections")
         try:
             if for_protocol is not None and await public.seated(peer):
-                return await rpc.request(
-                    target, for_protocol, forwarded(peer, inner), for_limits(limits)
-                )
+                try:
+                    return await rpc.request(
+                        target, for_protocol, forwarded(peer, inner), for_limits(limits)
+                    )
+                except (RequestDeclined, PeerTimeout):
+                    raise
+                except PeerUnavailable:
+                    pass  # a target that does not speak it (an older node): as a member's
             return await rpc.request(target, protocol, inner, limits)
         except RequestDeclined as exc:
             raise Decline(f"{target} declined: {exc}") from exc  # "busy" stays in the text
