@@ -15,11 +15,12 @@ from libp2p.custom_types import TProtocol
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.forwarding import for_limits, forwarded
 from gwtf.node.p2p.host import running_host
-from gwtf.node.p2p.identity import new_identity
+from gwtf.node.p2p.identity import new_identity, peer_id_of
 from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse
 from gwtf.node.receipts import evidence
 from gwtf.node.receipts.evidence import (
     EVIDENCE_FOR_PROTOCOL,
+    FORWARDED_READERS,
     FRAME,
     READERS,
     fetch_frame,
@@ -209,3 +210,55 @@ def test_a_forwarder_reaches_a_relay_without_the_for_protocol_for_a_seated_juror
                 assert read == b"hop evidence"
 
     run_bounded(main)
+
+
+def test_a_member_naming_every_seated_juror_takes_its_forwarders_readers_only(
+    tmp_path: Path,
+) -> None:
+    """A member may name any seated juror on ``/gwtf/evidence-for/1.0.0`` (the relay cannot
+    tell whom it forwards for): each juror it names reads on a reader of its own, but all of
+    them within ``FORWARDED_READERS`` of that member's, so the disk reads it holds at once are
+    bounded whatever seats the chain gives, not one per seat."""
+    jurors = [str(peer_id_of(new_identity())) for _ in range(2 * FORWARDED_READERS)]
+
+    class Counting(EvidenceArchive):
+        now = most = 0
+
+        def frame_chunk(self, epoch: int, digest: bytes, offset: int, size: int) -> Chunk | None:
+            Counting.now += 1
+            Counting.most = max(Counting.most, Counting.now)
+            time.sleep(0.3)
+            Counting.now -= 1
+            return super().frame_chunk(epoch, digest, offset, size)
+
+    async def main() -> None:
+        async with running_host(new_identity()) as relay, running_host(new_identity()) as member:
+
+            class Held:
+                async def holds(self, peer: str) -> bool:
+                    return peer in jurors
+
+            async def members_only(peer: str) -> bool:
+                return peer == str(member.get_id())
+
+            archive = Counting(tmp_path, keep_epochs=2, epoch_now=lambda: 0)
+            digest = archive.keep_frame(0, b"hop evidence")
+            serve_evidence(RequestResponse(relay, admit=members_only), archive, RUN, 10.0,
+                           seats=Held())  # fmt: skip
+            client = RequestResponse(member)
+            await client.dialer.connect(relay.get_id(), relay.get_addrs())
+            request = evidence._REQUEST.pack(RUN, 0, FRAME, digest, 0)
+            limits = for_limits(evidence._limits(30.0))
+
+            async def naming(juror: str) -> None:
+                reply = await client.request(
+                    relay.get_id(), EVIDENCE_FOR_PROTOCOL, forwarded(juror, request), limits
+                )
+                assert reply.endswith(b"hop evidence")
+
+            async with trio.open_nursery() as nursery:
+                for juror in jurors:
+                    nursery.start_soon(naming, juror)
+
+    run_bounded(main)
+    assert Counting.most == FORWARDED_READERS

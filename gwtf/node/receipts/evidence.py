@@ -21,7 +21,8 @@ auditor asks the nodes it reached (the data nodes) for the relays it could not r
 peers outside the run within the same shared rate as its own evidence). A forwarder passes a
 seated juror's request on over ``/gwtf/evidence-for/1.0.0``, naming the juror, which the relay
 serves to the run's nodes only: a juror whose seat (about this relay) it reads itself gets a
-reader of its own through each forwarder, as it does directly.
+reader of its own through each forwarder, as it does directly, the jurors one forwarder names
+sharing ``FORWARDED_READERS`` reads at once (a member may name any seated juror).
 
 Wire format (numbers big-endian):
   request = run u64 | epoch u64 | kind u8 (1 frame, 2 state) | key 32 bytes | offset u64
@@ -74,6 +75,8 @@ FRAME, STATE = 1, 2
 CHUNK_BYTES: Final = 1 << 20
 #: Chunks read from disk at once, whoever asks: the node's threads are not the readers'.
 READERS: Final = 2
+#: Reads of the seated jurors one forwarder names at once (``/gwtf/evidence-for``), whichever.
+FORWARDED_READERS: Final = 4
 #: The largest frame or state a reader takes (a frame is bounded by the codec's 256 MiB).
 MAX_EVIDENCE_BYTES: Final = 1 << 30
 _REQUEST = struct.Struct(">QQB32sQ")
@@ -108,7 +111,14 @@ def serve_evidence(
 
     async def answer_for(forwarder: str, request: bytes) -> bytes:
         reader, inner = split_forwarded(request, _REQUEST.size, "evidence")
-        return await read(inner, await readers_of(str(reader), forwarder))
+        limiter = await readers_of(str(reader), forwarder)
+        if limiter is readers:
+            return await read(inner, readers)
+        # The juror's own reader first, then one of its forwarder's: a juror with requests
+        # waiting holds none of the forwarder's readers, and a member naming every seated
+        # juror takes FORWARDED_READERS threads, not one per seat.
+        async with limiter:
+            return await read(inner, forwarder_readers_of(forwarder))
 
     async def read(request: bytes, limiter: trio.CapacityLimiter) -> bytes:
         if len(request) != _REQUEST.size:
@@ -135,8 +145,14 @@ def serve_evidence(
     #: the forwarder it came through too (None: direct), so a member naming a juror in a
     #: *for* request it does not forward for takes nothing from that juror's own reads.
     juror_readers: dict[tuple[str | None, str], trio.CapacityLimiter] = {}
+    forwarder_readers: dict[str, trio.CapacityLimiter] = {}
     public = public or PublicRate(*PUBLIC_RATE)
     public.seats = seats or public.seats
+
+    def forwarder_readers_of(forwarder: str) -> trio.CapacityLimiter:
+        if forwarder not in forwarder_readers and len(forwarder_readers) >= MAX_SEATS:
+            forwarder_readers.clear()  # forwarders of seats long over
+        return forwarder_readers.setdefault(forwarder, trio.CapacityLimiter(FORWARDED_READERS))
 
     async def readers_of(peer: str, via: str | None = None) -> trio.CapacityLimiter:
         key = (via, peer)
