@@ -12,14 +12,17 @@ import pytest
 import trio
 from libp2p.custom_types import TProtocol
 
+from gwtf.contracts.encoding import ledger_domain
 from gwtf.errors import ProtocolError
-from gwtf.node.p2p.forwarding import for_limits, forwarded
+from gwtf.node.p2p.forwarding import for_limits, forwarded, forwarded_limits
 from gwtf.node.p2p.host import running_host
 from gwtf.node.p2p.identity import new_identity, peer_id_of
 from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse
-from gwtf.node.receipts import evidence
+from gwtf.node.receipts import evidence, serving
+from gwtf.node.receipts.book import ReceiptTerms
 from gwtf.node.receipts.evidence import (
     EVIDENCE_FOR_PROTOCOL,
+    EVIDENCE_VIA_PROTOCOL,
     FORWARDED_READERS,
     FRAME,
     READERS,
@@ -27,12 +30,20 @@ from gwtf.node.receipts.evidence import (
     serve_evidence,
     serve_evidence_forwarding,
 )
+from gwtf.node.receipts.serving import (
+    RECEIPTS_VIA_PROTOCOL,
+    ReceiptServer,
+    serve_receipts_forwarding,
+)
+from gwtf.node.store.batches import BatchStore
+from gwtf.node.store.database import open_database
 from gwtf.node.store.evidence import Chunk, EvidenceArchive
 from tests.p2p.test_host_stop import run_bounded
 
 TIMEOUT_S = 0.5
 RUN = 1
 SLOW = bytes(32)
+DOMAIN = ledger_domain(1, "0x" + "44" * 20)
 
 
 class SlowForOneKey(EvidenceArchive):
@@ -262,3 +273,56 @@ def test_a_member_naming_every_seated_juror_takes_its_forwarders_readers_only(
 
     run_bounded(main)
     assert Counting.most == FORWARDED_READERS
+
+
+@pytest.mark.parametrize("via", ["evidence", "receipts"])
+def test_a_malformed_request_through_a_forwarder_is_charged_to_its_sender_not_the_forwarder(
+    tmp_path: Path, via: str
+) -> None:
+    """An outsider sends requests of a kind nobody serves through a data node to its relay:
+    the relay would charge each as malformed to whoever sent it (the forwarder, an honest
+    run member), six of them a ban, and the relay would refuse its own data node. The
+    forwarder checks the inner request and charges the outsider; the relay charges nobody."""
+
+    async def main() -> None:
+        async with (
+            running_host(new_identity()) as relay,
+            running_host(new_identity()) as forwarder,
+            running_host(new_identity()) as outsider,
+        ):
+
+            async def the_forwarder(peer: str) -> bool:
+                return peer == str(forwarder.get_id())
+
+            async def outsiders_only(_peer: str) -> bool:
+                return False
+
+            relay_rpc = RequestResponse(relay, admit=the_forwarder)
+            forwarding = RequestResponse(forwarder, admit=outsiders_only)
+            if via == "evidence":
+                archive = EvidenceArchive(tmp_path, keep_epochs=2, epoch_now=lambda: 0)
+                serve_evidence(relay_rpc, archive, RUN, 10.0)
+                serve_evidence_forwarding(forwarding, 10.0)
+                protocol, limits = EVIDENCE_VIA_PROTOCOL, evidence._limits(10.0)
+                inner = evidence._REQUEST.pack(RUN, 0, 3, bytes(32), 0)
+            else:
+                terms = ReceiptTerms(RUN, DOMAIN, 2, 1)
+                store = BatchStore(open_database(f"sqlite:///{tmp_path / 'r.sqlite'}"), DOMAIN)
+                ReceiptServer(store, terms).serve(relay_rpc, 10.0)
+                serve_receipts_forwarding(forwarding, 10.0)
+                protocol, limits = RECEIPTS_VIA_PROTOCOL, serving._limits(10.0)
+                inner = serving._REQUEST.pack(RUN, 0, 3, 0, 1)
+            await forwarding.dialer.connect(relay.get_id(), relay.get_addrs())
+            client = RequestResponse(outsider)
+            await client.dialer.connect(forwarder.get_id(), forwarder.get_addrs())
+            outer = forwarded_limits(limits.max_request_bytes, limits.max_response_bytes, 10.0)
+            for _ in range(6):
+                with pytest.raises(PeerUnavailable):  # refused, then banned
+                    await client.request(
+                        forwarder.get_id(), protocol, forwarded(str(relay.get_id()), inner), outer
+                    )
+            now = trio.current_time()
+            assert not relay_rpc.scores.is_banned(str(forwarder.get_id()), now)
+            assert forwarding.scores.is_banned(str(outsider.get_id()), now)
+
+    run_bounded(main)

@@ -12,7 +12,9 @@ answers. What it passes back is meant to be the target's answer, but a forwarder
 anything: signed receipts and frames named by their digest are checked as if read directly,
 while a status ("not kept") or a state file, which nobody signs, may be made up. Readers hold
 neither against the target (``gwtf.node.audit.replays``): a forwarder can withhold, and forge
-only what counts against nobody.
+only what counts against nobody. The target charges a malformed request to whoever sent it, the
+forwarder: so the forwarder checks each inner request as the target would and charges its own
+requester, or any outsider could have a relay ban its own data node.
 
 A target that gives a seated juror's reads resources of its own (a relay's disk reader,
 ``gwtf.node.receipts.evidence``) would see a forwarded juror as the forwarder. A forwarder whose
@@ -31,6 +33,7 @@ its reply is the target's. A *for* request is the same, naming the reader instea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from libp2p.peer.id import ID
@@ -93,14 +96,19 @@ def serve_forwarding(
     what: str,
     public: PublicRate | None = None,
     for_protocol: str | None = None,
+    check: Callable[[bytes], object] | None = None,
 ) -> None:
     """Answer ``via_protocol`` by passing each request on to the peer it names over
     ``protocol`` (bounded by ``limits``, the inner protocol's own), over open connections only;
-    a reader ``public.seats`` holds over ``for_protocol``, naming it, when given."""
+    a reader ``public.seats`` holds over ``for_protocol``, naming it, when given. ``check``
+    raises ``ProtocolError`` for an inner request the target would find malformed: the
+    requester is charged for it here, and the target never charges this node for another's."""
     public = public or PublicRate()
 
     async def forward(peer: str, request: bytes) -> bytes:
         target, inner = split_forwarded(request, limits.max_request_bytes, what)
+        if check is not None:
+            check(inner)
         if not rpc.dialer.connected(target):
             raise Decline(f"not connected to {target}: {what} is forwarded over open connections")
         try:

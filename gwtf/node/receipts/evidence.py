@@ -121,19 +121,14 @@ def serve_evidence(
             return await read(inner, forwarder_readers_of(forwarder))
 
     async def read(request: bytes, limiter: trio.CapacityLimiter) -> bytes:
-        if len(request) != _REQUEST.size:
-            raise ProtocolError("an evidence request is (run u64, epoch u64, kind u8, key 32 "
-                                "bytes, offset u64)")  # fmt: skip
-        run, epoch, kind, key, offset = _REQUEST.unpack(request)
+        run, epoch, kind, key, offset = _parsed(request)
         if run != run_id:
             raise Decline(f"this node works on run {run_id}, not {run}")
         if kind == FRAME:
             chunk_of = functools.partial(archive.frame_chunk, epoch, key, offset, CHUNK_BYTES)
-        elif kind == STATE:
+        else:
             iteration = int.from_bytes(key, "big")
             chunk_of = functools.partial(archive.state_chunk, epoch, iteration, offset, CHUNK_BYTES)
-        else:
-            raise ProtocolError(f"evidence kind {kind} is neither 1 (frame) nor 2 (state)")
         chunk = await trio.to_thread.run_sync(chunk_of, limiter=limiter)
         if chunk is None:
             return _REPLY.pack(_NOT_KEPT, 0)
@@ -169,6 +164,19 @@ def serve_evidence(
     rpc.serve(EVIDENCE_FOR_PROTOCOL, answer_for, for_limits(limits))
 
 
+def _parsed(request: bytes) -> tuple[int, int, int, bytes, int]:
+    """(run, epoch, kind, key, offset) of a well-formed evidence request; ``ProtocolError``
+    for anything else (a forwarder checks so too, so that what it passes on is never charged
+    to it as malformed)."""
+    if len(request) != _REQUEST.size:
+        raise ProtocolError("an evidence request is (run u64, epoch u64, kind u8, key 32 "
+                            "bytes, offset u64)")  # fmt: skip
+    run, epoch, kind, key, offset = _REQUEST.unpack(request)
+    if kind not in (FRAME, STATE):
+        raise ProtocolError(f"evidence kind {kind} is neither 1 (frame) nor 2 (state)")
+    return run, epoch, kind, key, offset
+
+
 def serve_evidence_forwarding(
     rpc: RequestResponse, timeout_s: float, seats: Seats | None = None
 ) -> None:
@@ -177,7 +185,7 @@ def serve_evidence_forwarding(
     public = PublicRate(*PUBLIC_RATE, seats=seats)
     serve_forwarding(
         rpc, EVIDENCE_VIA_PROTOCOL, EVIDENCE_PROTOCOL, _limits(timeout_s), "evidence", public,
-        EVIDENCE_FOR_PROTOCOL,
+        EVIDENCE_FOR_PROTOCOL, _parsed,
     )  # fmt: skip
 
 
