@@ -12,9 +12,11 @@ cached, a bounded number of them. A forwarder (``/gwtf/evidence-via``, ``/gwtf/r
 how a juror reaches a relay at home) admits so the seated jurors of any case whose accused is
 in its own run (a member or data node of it when the case is first seen), each within its own
 rate: a case about another run's node seats nobody whom this forwarder would pass on to its
-accused. The chain is read on demand, at most once per ``MIN_REFRESH_S`` whoever asks (a flood
-of made-up peer ids costs one read a period), and at least once per ``MAX_AGE_S`` while peers
-ask, so a seat that ended stops counting.
+accused. A data node admits the same on its receipts (its certificate, which a juror checks
+the disputed leaf and the hop's replicas against, whichever node of its run is accused). The
+chain is read on demand, at most once per ``MIN_REFRESH_S`` whoever asks (a flood of made-up
+peer ids costs one read a period), and at least once per ``MAX_AGE_S`` while peers ask, so a
+seat that ended stops counting.
 """
 
 from __future__ import annotations

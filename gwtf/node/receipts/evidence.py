@@ -18,7 +18,11 @@ forwards evidence requests on ``/gwtf/evidence-via/1.0.0`` to a peer it is conne
 now (a home relay keeps its connections to its data node up: ``gwtf.node.p2p.keepalive``), and the
 auditor asks the nodes it reached (the data nodes) for the relays it could not reach
 (``gwtf.node.p2p.forwarding``: only over a connection it already has, one chunk per request,
-peers outside the run within the same shared rate as its own evidence).
+peers outside the run within the same shared rate as its own evidence). A forwarder passes a
+seated juror's request on over ``/gwtf/evidence-for/1.0.0``, naming the juror, which the relay
+serves to the run's nodes only: a juror whose seat (about this relay) it reads itself gets a
+reader of its own through each forwarder, as it does directly, the jurors one forwarder names
+sharing ``FORWARDED_READERS`` reads at once (a member may name any seated juror).
 
 Wire format (numbers big-endian):
   request = run u64 | epoch u64 | kind u8 (1 frame, 2 state) | key 32 bytes | offset u64
@@ -26,6 +30,7 @@ Wire format (numbers big-endian):
   reply   = status u8 (0 found, 1 not kept) | total u64 | up to CHUNK_BYTES bytes from offset
   forwarded request = length u8 | the target's peer id (UTF-8) | request (``forwarding``);
             its reply is the target's
+  for request = length u8 | the juror's peer id (UTF-8) | request; its reply is a reply
 """
 
 from __future__ import annotations
@@ -44,7 +49,13 @@ from libp2p.peer.id import ID
 
 from gwtf.errors import ChainError, ProtocolError
 from gwtf.node.chain.epochs import ChainTime, EpochLedger
-from gwtf.node.p2p.forwarding import forwarded, forwarded_limits, serve_forwarding
+from gwtf.node.p2p.forwarding import (
+    for_limits,
+    forwarded,
+    forwarded_limits,
+    serve_forwarding,
+    split_forwarded,
+)
 from gwtf.node.p2p.rpc import (
     MAX_SEATS,
     Decline,
@@ -59,10 +70,13 @@ from gwtf.node.store.evidence import EvidenceArchive, parse_run_folder
 
 EVIDENCE_PROTOCOL: Final = "/gwtf/evidence/1.0.0"
 EVIDENCE_VIA_PROTOCOL: Final = "/gwtf/evidence-via/1.0.0"
+EVIDENCE_FOR_PROTOCOL: Final = "/gwtf/evidence-for/1.0.0"
 FRAME, STATE = 1, 2
 CHUNK_BYTES: Final = 1 << 20
 #: Chunks read from disk at once, whoever asks: the node's threads are not the readers'.
 READERS: Final = 2
+#: Reads of the seated jurors one forwarder names at once (``/gwtf/evidence-for``), whichever.
+FORWARDED_READERS: Final = 4
 #: The largest frame or state a reader takes (a frame is bounded by the codec's 256 MiB).
 MAX_EVIDENCE_BYTES: Final = 1 << 30
 _REQUEST = struct.Struct(">QQB32sQ")
@@ -93,40 +107,74 @@ def serve_evidence(
     jurors of a case about this node: ``gwtf.node.chain.seats``) within rates of their own."""
 
     async def answer(peer: str, request: bytes) -> bytes:
-        if len(request) != _REQUEST.size:
-            raise ProtocolError("an evidence request is (run u64, epoch u64, kind u8, key 32 "
-                                "bytes, offset u64)")  # fmt: skip
-        run, epoch, kind, key, offset = _REQUEST.unpack(request)
+        return await read(request, await readers_of(peer))
+
+    async def answer_for(forwarder: str, request: bytes) -> bytes:
+        reader, inner = split_forwarded(request, _REQUEST.size, "evidence")
+        limiter = await readers_of(str(reader), forwarder)
+        if limiter is readers:
+            return await read(inner, readers)
+        # The juror's own reader first, then one of its forwarder's: a juror with requests
+        # waiting holds none of the forwarder's readers, and a member naming every seated
+        # juror takes FORWARDED_READERS threads, not one per seat.
+        async with limiter:
+            return await read(inner, forwarder_readers_of(forwarder))
+
+    async def read(request: bytes, limiter: trio.CapacityLimiter) -> bytes:
+        run, epoch, kind, key, offset = _parsed(request)
         if run != run_id:
             raise Decline(f"this node works on run {run_id}, not {run}")
         if kind == FRAME:
-            read = functools.partial(archive.frame_chunk, epoch, key, offset, CHUNK_BYTES)
-        elif kind == STATE:
-            iteration = int.from_bytes(key, "big")
-            read = functools.partial(archive.state_chunk, epoch, iteration, offset, CHUNK_BYTES)
+            chunk_of = functools.partial(archive.frame_chunk, epoch, key, offset, CHUNK_BYTES)
         else:
-            raise ProtocolError(f"evidence kind {kind} is neither 1 (frame) nor 2 (state)")
-        chunk = await trio.to_thread.run_sync(read, limiter=await readers_of(peer))
+            iteration = int.from_bytes(key, "big")
+            chunk_of = functools.partial(archive.state_chunk, epoch, iteration, offset, CHUNK_BYTES)
+        chunk = await trio.to_thread.run_sync(chunk_of, limiter=limiter)
         if chunk is None:
             return _REPLY.pack(_NOT_KEPT, 0)
         return _REPLY.pack(_FOUND, chunk.total) + chunk.data
 
     readers = trio.CapacityLimiter(READERS)
     #: A seated juror's own reader: the run's members are not rate-limited, and one that
-    #: kept the shared readers busy would otherwise time out every juror's reads.
-    juror_readers: dict[str, trio.CapacityLimiter] = {}
+    #: kept the shared readers busy would otherwise time out every juror's reads. Keyed by
+    #: the forwarder it came through too (None: direct), so a member naming a juror in a
+    #: *for* request it does not forward for takes nothing from that juror's own reads.
+    juror_readers: dict[tuple[str | None, str], trio.CapacityLimiter] = {}
+    forwarder_readers: dict[str, trio.CapacityLimiter] = {}
     public = public or PublicRate(*PUBLIC_RATE)
     public.seats = seats or public.seats
 
-    async def readers_of(peer: str) -> trio.CapacityLimiter:
-        if public.seats is None or not await public.seats.holds(peer):
-            juror_readers.pop(peer, None)
-            return readers
-        if peer not in juror_readers and len(juror_readers) >= MAX_SEATS:
-            juror_readers.clear()  # seats long over
-        return juror_readers.setdefault(peer, trio.CapacityLimiter(1))
+    def forwarder_readers_of(forwarder: str) -> trio.CapacityLimiter:
+        if forwarder not in forwarder_readers and len(forwarder_readers) >= MAX_SEATS:
+            forwarder_readers.clear()  # forwarders of seats long over
+        return forwarder_readers.setdefault(forwarder, trio.CapacityLimiter(FORWARDED_READERS))
 
-    rpc.serve(EVIDENCE_PROTOCOL, answer, _limits(timeout_s), public)
+    async def readers_of(peer: str, via: str | None = None) -> trio.CapacityLimiter:
+        key = (via, peer)
+        if public.seats is None or not await public.seats.holds(peer):
+            juror_readers.pop(key, None)
+            return readers
+        if key not in juror_readers and len(juror_readers) >= MAX_SEATS:
+            juror_readers.clear()  # seats long over
+        return juror_readers.setdefault(key, trio.CapacityLimiter(1))
+
+    limits = _limits(timeout_s)
+    rpc.serve(EVIDENCE_PROTOCOL, answer, limits, public)
+    # A forwarder's request for a reader it forwards for: the run's nodes only (no ``public``).
+    rpc.serve(EVIDENCE_FOR_PROTOCOL, answer_for, for_limits(limits))
+
+
+def _parsed(request: bytes) -> tuple[int, int, int, bytes, int]:
+    """(run, epoch, kind, key, offset) of a well-formed evidence request; ``ProtocolError``
+    for anything else (a forwarder checks so too, so that what it passes on is never charged
+    to it as malformed)."""
+    if len(request) != _REQUEST.size:
+        raise ProtocolError("an evidence request is (run u64, epoch u64, kind u8, key 32 "
+                            "bytes, offset u64)")  # fmt: skip
+    run, epoch, kind, key, offset = _REQUEST.unpack(request)
+    if kind not in (FRAME, STATE):
+        raise ProtocolError(f"evidence kind {kind} is neither 1 (frame) nor 2 (state)")
+    return run, epoch, kind, key, offset
 
 
 def serve_evidence_forwarding(
@@ -136,8 +184,9 @@ def serve_evidence_forwarding(
     outsiders ``seats`` holds (seated jurors) within rates of their own."""
     public = PublicRate(*PUBLIC_RATE, seats=seats)
     serve_forwarding(
-        rpc, EVIDENCE_VIA_PROTOCOL, EVIDENCE_PROTOCOL, _limits(timeout_s), "evidence", public
-    )
+        rpc, EVIDENCE_VIA_PROTOCOL, EVIDENCE_PROTOCOL, _limits(timeout_s), "evidence", public,
+        EVIDENCE_FOR_PROTOCOL, _parsed,
+    )  # fmt: skip
 
 
 async def prune_settled_evidence(

@@ -86,9 +86,7 @@ class ReceiptServer:
         rpc.serve(RECEIPTS_PROTOCOL, self._answer, _limits(timeout_s), rate)
 
     async def _answer(self, peer: str, request: bytes) -> bytes:
-        if len(request) != _REQUEST.size:
-            raise ProtocolError("a receipts request is (run u64, epoch u64, which u8, offset "
-                                "u32, size u16)")  # fmt: skip
+        _checked(request)
         run_id, epoch, which, offset, size = _REQUEST.unpack(request)
         if run_id != self.terms.run_id:
             raise Decline(f"this node works on run {self.terms.run_id}, not {run_id}")
@@ -99,8 +97,6 @@ class ReceiptServer:
                 raise Decline(f"no certificate of epoch {epoch} here (yet)")
             page = certified_page(tree, offset, size)
             return encode_page(self.cheat.certified_page(page) if self.cheat else page)
-        if which not in (SIGNED, RECEIVED):
-            raise ProtocolError(f"receipts of kind {which}: ask for 0, 1 or 2")
         role = WORKER if which == SIGNED else RECEIVER
         total, entries = await trio.to_thread.run_sync(
             self.store.page, role, run_id, epoch, offset, size
@@ -213,7 +209,20 @@ def serve_receipts_forwarding(
     outsiders ``seats`` holds (seated jurors) within rates of their own."""
     public = PublicRate(*PUBLIC_RATE, seats=seats)
     limits = _limits(timeout_s)
-    serve_forwarding(rpc, RECEIPTS_VIA_PROTOCOL, RECEIPTS_PROTOCOL, limits, "receipts", public)
+    serve_forwarding(
+        rpc, RECEIPTS_VIA_PROTOCOL, RECEIPTS_PROTOCOL, limits, "receipts", public, None, _checked
+    )
+
+
+def _checked(request: bytes) -> None:
+    """``ProtocolError`` for a receipts request the server would find malformed (a forwarder
+    checks so, so that what it passes on is never charged to it as malformed)."""
+    if len(request) != _REQUEST.size:
+        raise ProtocolError("a receipts request is (run u64, epoch u64, which u8, offset "
+                            "u32, size u16)")  # fmt: skip
+    which = _REQUEST.unpack(request)[2]
+    if which not in (SIGNED, RECEIVED, CERTIFIED):
+        raise ProtocolError(f"receipts of kind {which}: ask for 0, 1 or 2")
 
 
 def _limits(timeout_s: float) -> RpcLimits:

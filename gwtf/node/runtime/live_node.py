@@ -681,7 +681,11 @@ async def _start_receipts(
     if isinstance(role, DataRole):
         inbox = ReceiptInbox(rpc, setup.terms, receipts.address, store, timeout_s, penalise)
         inbox.serve()
-        ReceiptServer(batches, setup.terms, inbox.trees.get, cheat).serve(rpc, timeout_s)
+        # Its certificate is what the jurors of a case about any node of its run (a relay,
+        # or itself) check leaves against: they are answered outside the outsiders' rate too.
+        ReceiptServer(batches, setup.terms, inbox.trees.get, cheat).serve(
+            rpc, timeout_s, PublicRate(*PUBLIC_RATE, seats=jurors)
+        )
         plane.origin_send = lambda header, digest: inbox.note_origin(
             header.epoch, header.iteration, header.microbatch_id, header.direction, digest
         )
