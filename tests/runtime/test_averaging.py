@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,6 +30,7 @@ from gwtf.node.runtime.replicas.share_codec import (
     encode_average,
     encode_shares,
 )
+from gwtf.node.runtime.roles.data import DataRole
 from gwtf.node.runtime.roles.relay import RelayRole
 from gwtf.node.training.codec import CodecLimits
 from gwtf.node.training.errors import TensorCodecError
@@ -462,3 +464,49 @@ def test_a_relay_cut_off_with_no_result_to_take_loads_a_replicas_state() -> None
     assert replies[1]["why"] == "cut off"
     assert workers[0].step_count == workers[1].step_count == ITERATION + 1
     assert same_weights(workers[0], workers[1])
+
+
+def test_a_data_node_cut_off_from_its_gatherer_does_not_step_its_embedding_and_head() -> None:
+    """Data nodes average their part like a stage: data node 1, refused by data node 0 with
+    data node 2 up but out of the round, does not step alone; it marks the iteration so that it
+    asks to be taken back in (loading the others' part) once the relays' end is done."""
+    plan = plan_partition(MODEL, 2)
+    roles: list[SimpleNamespace] = []
+
+    async def run(fn: Callable[..., object], *args: object) -> object:
+        return fn(*args)
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            hosts = [
+                await stack.enter_async_context(running_host(new_identity())) for _ in range(3)
+            ]
+            hosts.sort(key=lambda h: str(h.get_id()))
+            ids = [str(h.get_id()) for h in hosts]
+            for j, host in enumerate(hosts):
+
+                async def admit(peer: str, j: int = j) -> bool:
+                    return not (j == 0 and peer == ids[1])
+
+                averager = GradientAverager(RequestResponse(host, admit=admit), ids[j], LIMITS, 2.0)
+                averager.serve()
+                worker = StageWorker(plan, 0, TRAINING, SEED, replica_id=ids[j])
+                worker.step_count = ITERATION
+                output = worker.forward(j, torch.randn(2, 8, MODEL.d_model))
+                worker.backward(j, torch.ones_like(output))
+                roles.append(SimpleNamespace(averager=averager, worker=worker, _run=run))
+                roles[-1].cut_off_at = None
+            for i in range(3):
+                for j in range(3):
+                    if i != j:
+                        await hosts[i].connect(peer_info(full_address(hosts[j])))
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for j in (0, 1):
+                        nursery.start_soon(DataRole._step_own_part, roles[j], ITERATION, ids)
+
+    trio.run(main)
+    gatherer, cut = roles[0], roles[1]
+    assert gatherer.cut_off_at is None and gatherer.worker.step_count == ITERATION + 1
+    assert cut.cut_off_at == ITERATION and cut.worker.step_count == ITERATION
+    assert all(p.grad is None or not p.grad.any() for _, p in cut.worker.named_params)
