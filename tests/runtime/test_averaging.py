@@ -352,6 +352,43 @@ def test_a_replica_cut_off_with_no_result_to_take_does_not_step_alone() -> None:
     assert isinstance(results[ids[1]], RoundCutOff), results
 
 
+def test_a_follower_whose_share_times_out_takes_the_gatherers_result() -> None:
+    """Two replicas; the follower's link to the gatherer is too slow for its share (the upload
+    times out) but not for a small question: with no third replica to ask, it asks the gatherer
+    that failed it and takes its result instead of stepping alone."""
+    results: dict[str, RoundResult] = {}
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            hosts = [
+                await stack.enter_async_context(running_host(new_identity())) for _ in range(2)
+            ]
+            hosts.sort(key=lambda h: str(h.get_id()))
+            ids = [str(h.get_id()) for h in hosts]
+
+            def slow_shares(peer: str, n_bytes: int) -> float:
+                return 10.0 if peer == ids[0] and n_bytes > 100 else 0.0
+
+            rpcs = [RequestResponse(hosts[0]), RequestResponse(hosts[1], shaper=slow_shares)]
+            pairs = zip(rpcs, ids, strict=True)
+            averagers = [GradientAverager(rpc, i, LIMITS, 1.0) for rpc, i in pairs]
+            for averager in averagers:
+                averager.serve()
+            await hosts[1].connect(peer_info(full_address(hosts[0])))
+
+            async def one(i: int) -> None:
+                results[ids[i]] = await averagers[i].average(2, 7, share_of(ids[i], i + 1), ids)
+
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for i in range(2):
+                        nursery.start_soon(one, i)
+
+    trio.run(main)
+    first, second = results.values()
+    assert same_result(first, second) and first.combined.microbatch_count == 1
+
+
 ITERATION = 4
 
 

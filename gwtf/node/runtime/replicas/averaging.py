@@ -17,14 +17,14 @@ leader alive, gathering the others) would otherwise turn to itself, gather its o
 step on it while the others step on the leader's average, and the replicas would drift apart for
 good. So a replica that gathers after a leader failed it (a *fallback*), or that ends up with no
 share but its own while others were expected, first asks the round's other replicas for a result
-they hold (``RESULT_PROTOCOL_ID``; one that follows a leader other than the asker waits, bounded,
-for its leader's answer) and adopts it, the earliest gatherer's if several. Only when none holds
-one does it combine what it has; a fallback left with its own share alone then steps alone only if
-no other replica answered at all (the lone survivor: the others are gone), and otherwise raises
-``RoundCutOff``: the others are alive and may have stepped without it, so its caller must not step
-but load their state (a relay resyncs, a data node asks to be taken back in). This is simpler than
-agreeing on the gatherer beforehand, and every wait is bounded, so a gatherer dying mid-round
-costs at most a few round deadlines, never a stall.
+they hold (``RESULT_PROTOCOL_ID``, the leaders that failed it included; one that follows a leader
+other than the asker waits, bounded, for its leader's answer) and adopts it, the earliest
+gatherer's if several. Only when none holds one does it combine what it has; a fallback left with
+its own share alone then steps alone only if no other replica answered at all (the lone survivor:
+the others are gone), and otherwise raises ``RoundCutOff``: the others are alive and may have
+stepped without it, so its caller must not step but load their state (a relay resyncs, a data node
+asks to be taken back in). This is simpler than agreeing on the gatherer beforehand, and every wait
+is bounded, so a gatherer dying mid-round costs at most a few round deadlines, never a stall.
 
 An iteration's end may take several rounds (``attempt``): the data node asks again once it has
 redone the gradients a replica that died while averaging held (``EndIteration``). Each is its own
@@ -255,7 +255,10 @@ class GradientAverager:
                 raise RoundCutOff(f"averaging round {key} closed without a result")
             return round_.result
         alone = not (set(round_.shares) & (round_.expected or set())) - {self.replica_id}
-        others = [c for c in candidates if c != self.replica_id and c not in failed]
+        # The leaders that failed are asked too: a share's upload can fail (a slow link, a
+        # stream reset) where this small question gets through, and a leader alive holds the
+        # result the others stepped on.
+        others = [c for c in candidates if c != self.replica_id]
         if not (failed or (alone and others)):
             return round_.close()  # the round's first gatherer, with shares besides its own
         answered, results = await self._ask_results(key, others, candidates)
