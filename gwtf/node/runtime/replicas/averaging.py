@@ -12,6 +12,20 @@ the total count), so all of them step bit for bit alike, exactly as if each had 
 itself in that order. A dead replica is simply missing from the sum. If the leader itself does not
 answer, followers drop it and the next smallest id gathers.
 
+Two gatherers must never both complete a round: a follower cut off from the leader alone (the
+leader alive, gathering the others) would otherwise turn to itself, gather its own share alone and
+step on it while the others step on the leader's average, and the replicas would drift apart for
+good. So a replica that gathers after a leader failed it (a *fallback*), or that ends up with no
+share but its own while others were expected, first asks the round's other replicas for a result
+they hold (``RESULT_PROTOCOL_ID``, the leaders that failed it included; one that follows a leader
+other than the asker waits, bounded, for its leader's answer) and adopts it, the earliest
+gatherer's if several. Only when none holds one does it combine what it has; a fallback left with
+its own share alone then steps alone only if no other replica answered at all (the lone survivor:
+the others are gone), and otherwise raises ``RoundCutOff``: the others are alive and may have
+stepped without it, so its caller must not step but load their state (a relay resyncs, a data node
+asks to be taken back in). This is simpler than agreeing on the gatherer beforehand, and every wait
+is bounded, so a gatherer dying mid-round costs at most a few round deadlines, never a stall.
+
 An iteration's end may take several rounds (``attempt``): the data node asks again once it has
 redone the gradients a replica that died while averaging held (``EndIteration``). Each is its own
 round, so a late share of one never lands in the next.
@@ -29,7 +43,7 @@ import trio
 from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError
-from gwtf.node.p2p.rpc import PeerUnavailable, RequestResponse, RpcLimits
+from gwtf.node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
 from gwtf.node.runtime.replicas.share_codec import (
     decode_average,
     decode_shares,
@@ -48,10 +62,20 @@ def share_bytes(share: GradientShare) -> int:
 
 
 PROTOCOL_ID = "/gwtf/average/3.0.0"
+#: Asks a replica for the result it holds of a round: a round header; the reply is
+#: ``_NO_RESULT`` or ``_RESULT`` followed by an ``average``.
+RESULT_PROTOCOL_ID = "/gwtf/average/result/1.0.0"
+_NO_RESULT, _RESULT = b"\x00", b"\x01"
 _ROUND = struct.Struct(">HQB")  # stage, iteration, attempt
 
 
 MAX_OPEN_ROUNDS = 8  # a peer cannot make a replica hold more rounds than this
+
+
+class RoundCutOff(ProtocolError):
+    """This replica could reach neither its round's gatherer nor a result of the round, while
+    other replicas answered: it must not step on its own share (they may have stepped without
+    it), but load the state of a replica that stepped."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +116,8 @@ class _Round:
     expected: frozenset[str] | None = None  # None until this replica itself opens the round
     shares: dict[str, GradientShare] = field(default_factory=dict)
     closed: trio.Event = field(default_factory=trio.Event)
-    result: RoundResult | None = None
+    result: RoundResult | None = None  # None once closed: cut off, this round has no result
+    leader: str | None = None  # the gatherer this replica is waiting on, if another
 
     def add(self, share: GradientShare) -> None:
         if not self.closed.is_set():
@@ -122,6 +147,10 @@ class _Round:
         assert self.result is not None
         return self.result
 
+    def cut_off(self) -> None:
+        """Close the round without a result: this replica has none it may step on."""
+        self.closed.set()
+
 
 @dataclass
 class GradientAverager:
@@ -143,6 +172,7 @@ class GradientAverager:
             relayed_answer_s=self.rpc.relay_budget.max_transfer_s,
         )
         self.rpc.serve(PROTOCOL_ID, self._handle, limits)
+        self.rpc.serve(RESULT_PROTOCOL_ID, self._handle_result, limits)
 
     async def _handle(self, peer: str, request: bytes) -> bytes:
         if len(request) < _ROUND.size:
@@ -159,8 +189,25 @@ class GradientAverager:
             round_ = self._rounds[key] = _Round(self.replica_id)
         round_.add(shares[0])
         await round_.closed.wait()
-        assert round_.result is not None
+        if round_.result is None:
+            raise Decline("this replica was cut off from the round and holds no result of it")
         return encode_average(round_.result.contributors, round_.result.combined, self.codec_limits)
+
+    async def _handle_result(self, peer: str, request: bytes) -> bytes:
+        """Answer the result this replica holds of a round, waiting (bounded) for the one its
+        leader is to send unless the asker is that leader (which would wait on this answer)."""
+        if len(request) != _ROUND.size:
+            raise ProtocolError("averaging result request is not a round header")
+        round_ = self._rounds.get(_ROUND.unpack(request))  # never opens a round for an asker
+        if round_ is None:
+            return _NO_RESULT
+        if round_.leader != peer:
+            with trio.move_on_after(self.round_timeout_s):
+                await round_.closed.wait()
+        result = round_.result if round_.closed.is_set() else None
+        if result is None:
+            return _NO_RESULT
+        return _RESULT + encode_average(result.contributors, result.combined, self.codec_limits)
 
     def open_round(
         self, stage: int, iteration: int, replicas: Sequence[str], attempt: int = 0
@@ -184,18 +231,22 @@ class GradientAverager:
         key = (stage, iteration, attempt)
         self.open_round(stage, iteration, candidates, attempt)
         round_ = self._rounds[key]
+        failed: list[str] = []
         try:
             for leader in candidates:
                 if leader == self.replica_id:
+                    round_.leader = None
                     round_.add(own)
                     wait_s = self.round_timeout_s + self._relayed_wait_s(candidates, own)
                     with trio.move_on_after(wait_s):
                         await round_.closed.wait()
-                    return round_.close()
+                    return await self._gather(round_, key, candidates, failed)
+                round_.leader = leader
                 try:
                     result = await self._send_to(leader, key, own)
                 except PeerUnavailable as exc:
                     log.warning("averaging leader %s of stage %s failed: %s", leader, stage, exc)
+                    failed.append(leader)
                     continue
                 # A follower the leader died before answering may turn to this replica next:
                 # it gets this same result, not a round of its own.
@@ -221,6 +272,72 @@ class GradientAverager:
         if not all(self.rpc.relayed.reached_by_relay_only(r) for r in others):
             return 0.0
         return self.rpc.relay_budget.stretch_s(size)
+
+    async def _gather(
+        self, round_: _Round, key: tuple[int, int, int], candidates: list[str], failed: list[str]
+    ) -> RoundResult:
+        """Close ``round_`` as its gatherer, unless another replica holds a result of it."""
+        if round_.closed.is_set():
+            if round_.result is None:
+                raise RoundCutOff(f"averaging round {key} closed without a result")
+            return round_.result
+        alone = not (set(round_.shares) & (round_.expected or set())) - {self.replica_id}
+        # The leaders that failed are asked too: a share's upload can fail (a slow link, a
+        # stream reset) where this small question gets through, and a leader alive holds the
+        # result the others stepped on.
+        others = [c for c in candidates if c != self.replica_id]
+        if not (failed or (alone and others)):
+            return round_.close()  # the round's first gatherer, with shares besides its own
+        answered, results = await self._ask_results(key, others, candidates)
+        if round_.closed.is_set():  # a leader's answer settled it meanwhile (a late follower's)
+            return await self._gather(round_, key, candidates, failed)
+        if results:
+            # Several results only if gatherers already disagreed: the earliest one's wins.
+            result = min(results, key=lambda r: candidates.index(r.combined.replica_id))
+            round_.settle(result)
+            return result
+        if failed and alone and answered:
+            round_.cut_off()
+            raise RoundCutOff(
+                f"stage {key[0]}'s averaging round of iteration {key[1]} (attempt {key[2]}): "
+                f"cut off from its gatherer {failed[0]}, and none of the {answered} replica(s) "
+                "that answered holds the round's result; not stepping alone"
+            )
+        return round_.close()
+
+    async def _ask_results(
+        self, key: tuple[int, int, int], peers: list[str], candidates: list[str]
+    ) -> tuple[int, list[RoundResult]]:
+        """Ask ``peers`` at once for a result of the round; how many answered, and the
+        results they held that one of the round's ``candidates`` gathered."""
+        answered = 0
+        results: list[RoundResult] = []
+        limits = RpcLimits(_ROUND.size, 1 + self.codec_limits.max_bytes, 2 * self.round_timeout_s)
+
+        async def ask(peer: str) -> None:
+            nonlocal answered
+            try:
+                reply = await self.rpc.request(
+                    ID.from_base58(peer), RESULT_PROTOCOL_ID, _ROUND.pack(*key), limits
+                )
+            except PeerUnavailable as exc:
+                log.info("replica %s gave no averaging result: %s", peer, exc)
+                return
+            answered += 1
+            if reply[:1] != _RESULT:
+                return
+            try:
+                contributors, combined = decode_average(reply[1:], self.codec_limits)
+            except ProtocolError as exc:
+                log.warning("replica %s sent an undecodable averaging result: %s", peer, exc)
+                return
+            if combined.replica_id in candidates:
+                results.append(RoundResult(contributors, combined))
+
+        async with trio.open_nursery() as nursery:
+            for peer in peers:
+                nursery.start_soon(ask, peer)
+        return answered, results
 
     async def _send_to(
         self, leader: str, key: tuple[int, int, int], own: GradientShare

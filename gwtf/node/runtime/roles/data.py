@@ -55,7 +55,7 @@ from gwtf.node.runtime.dataplane.stall_repair import Outcome, StallRepair
 from gwtf.node.runtime.dataplane.try_token import sign_try
 from gwtf.node.runtime.flow.routing import SwarmWiring
 from gwtf.node.runtime.flow.service import FlowService
-from gwtf.node.runtime.replicas.averaging import GradientAverager
+from gwtf.node.runtime.replicas.averaging import GradientAverager, RoundCutOff
 from gwtf.node.runtime.roles.data_peers import DataPeers, LeftOut, shard_microbatches
 from gwtf.node.runtime.roles.flow_pool import Flow, FlowPool
 from gwtf.node.runtime.roles.relay_roster import RelayRoster
@@ -194,6 +194,8 @@ class DataRole:
     #: Other data nodes' requests to redo lost gradients of the iteration being ended: cut
     #: off when it ends, since its microbatches' records (and attempt numbers) go with it.
     redoing: set[trio.CancelScope] = field(default_factory=set)
+    #: The iteration whose embedding and head this data node could not average (``RoundCutOff``).
+    cut_off_at: int | None = None
     #: (iteration, tries) -> the attempt block of a microbatch's try: its tries, unless
     #: earlier processes of this node may have used those (``resume_points.AttemptJournal``).
     attempt_block: AttemptBlock = lambda iteration, tries: tries
@@ -507,6 +509,11 @@ class DataRole:
             self.ending = None
             for scope in self.redoing:
                 scope.cancel()
+        if self.cut_off_at == iteration:
+            # Only now, so that the relays' end this data node may be in charge of is not cut
+            # short: it did not step, so it asks to be taken back in and loads the others'
+            # embedding and head.
+            raise LeftOut(iteration)
         end_s = trio.current_time() - ending
         self.stats.gradients_redone += redo.redone
         self.stats.gradients_lost += redo.lost
@@ -550,7 +557,14 @@ class DataRole:
             await self._run(self.worker.step)
             return
         share = await self._run(self.worker.gradient_share)
-        result = await self.averager.average(0, iteration, share, data_nodes)
+        try:
+            result = await self.averager.average(0, iteration, share, data_nodes)
+        except RoundCutOff as exc:
+            # The others may have stepped without this data node: never step alone.
+            log.error("embedding and head not stepped: %s", exc)
+            await self._run(self.worker.discard_gradients)
+            self.cut_off_at = iteration
+            return
         if result.combined.microbatch_count > 0:
             await self._run(self.worker.average_gradients, [result.combined])
             await self._run(self.worker.step)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -40,7 +41,7 @@ from gwtf.node.runtime.dataplane.hop import (
 from gwtf.node.runtime.dataplane.sender import HopSender, HopStats, PassedBack, resend_refusal
 from gwtf.node.runtime.flow.routing import SwarmWiring
 from gwtf.node.runtime.flow.service import FlowService
-from gwtf.node.runtime.replicas.averaging import GradientAverager
+from gwtf.node.runtime.replicas.averaging import GradientAverager, RoundCutOff
 from gwtf.node.runtime.roles.held_forward import ask_current_try, check_second_forward
 from gwtf.node.runtime.roles.sealed_backwards import MAX_ORIGINS, SealedBackwards
 from gwtf.node.store.evidence import EvidenceArchive
@@ -678,6 +679,24 @@ class RelayRole:
                 self._ended = (request.iteration, request.attempt, reply, settled)
             return reply
 
+    async def _cut_off(self, request: control.EndIteration, exc: RoundCutOff) -> tuple[bytes, bool]:
+        """The round went on without this relay, and the others may have stepped: stepping on
+        its own share would part its weights from theirs for good. Before the last attempt it
+        keeps its gradients for the next one; at the last it loads a replica's state after the
+        step instead (``_resync``, bounded: with none to load from it goes on from its own)."""
+        iteration = request.iteration
+        if not request.final:
+            log.warning("stage %s relay: %s; waiting for the next attempt", self.stage, exc)
+            self._reopened = iteration
+            reply = control.encode_reply(False, why="incomplete", step=self.worker.step_count)
+            return reply, False
+        log.error("stage %s relay: %s; it loads a replica's state instead", self.stage, exc)
+        await self._run(self.worker.discard_gradients)
+        await self._run(self.worker.drop_all)
+        self._forget_microbatches(before=iteration + 1)
+        self._start_resync(iteration + 1)
+        return control.encode_reply(False, why="cut off", step=self.worker.step_count), False
+
     async def _end_iteration(self, request: control.EndIteration) -> tuple[bytes, bool]:
         """The reply, and whether this relay is done with the iteration (it stepped)."""
         iteration, replicas = request.iteration, request.replicas
@@ -698,16 +717,24 @@ class RelayRole:
             if self.plane.node_id in replicas:
                 # Still hand in an empty share, so the round need not wait for this relay.
                 empty = await self._run(self.worker.gradient_share)
-                await self.averager.average(self.stage, iteration, empty, replicas, request.attempt)
+                with suppress(RoundCutOff):  # it resyncs whatever the round's result
+                    await self.averager.average(
+                        self.stage, iteration, empty, replicas, request.attempt
+                    )
             self._start_resync(iteration + 1)
             reply = control.encode_reply(False, why="out of step", step=self.worker.step_count)
             return reply, False
         started = trio.current_time()
         share = await self._run(self.worker.gradient_share)
         averaging = trio.current_time()
-        result = await self.averager.average(
-            self.stage, iteration, share, replicas, request.attempt
-        )
+        try:
+            result = await self.averager.average(
+                self.stage, iteration, share, replicas, request.attempt
+            )
+        except RoundCutOff as exc:
+            self.stats.averaging_s += trio.current_time() - averaging
+            self.stats.ending_s += trio.current_time() - started
+            return await self._cut_off(request, exc)
         self.stats.averaging_s += trio.current_time() - averaging
         missing = sorted(set(request.holders) - set(result.contributors))
         if missing:
