@@ -160,6 +160,11 @@ def test_the_same_message_on_a_direct_link_is_neither_stretched_nor_refused() ->
             with trio.fail_after(10):
                 assert await other.rpc.request(home.host.get_id(), BIG, PAYLOAD, LIMITS)
             assert not is_relayed(other.host, home.host.get_id())
+            # Nor stretched, at either end: a direct link keeps the protocol's own deadlines.
+            stream = other.rpc._channels[(str(home.host.get_id()), BIG)].stream
+            assert other.rpc.relayed.stretch_s(stream, len(PAYLOAD)) == 0.0
+            with other.rpc.relayed.receiving(stream, "home", len(PAYLOAD)) as stretch:
+                assert stretch == 0.0
 
     trio.run(main)
 
@@ -254,8 +259,23 @@ def test_a_share_no_relay_carries_in_time_is_refused_loudly_not_lost_silently(
     lines = [r.getMessage() for r in caplog.records]
     assert any("cannot cross a relay in time" in line for line in lines), lines
     assert any("averaging leader" in line and "public address" in line for line in lines)
-    # Each replica still steps (on its own share): the round did not hang.
+    # The round did not hang (but each replica ends with its own share alone: see below).
     assert all(isinstance(r, RoundResult) for r in results.values()), results
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known bug: a follower whose share is refused for the relay falls through to the "
+    "next candidate, itself, and gathers a round of its own beside the live leader's: the two "
+    "replicas apply different results (drift). It must sit out and resync instead.",
+)
+def test_a_share_no_relay_carries_in_time_leaves_every_replica_with_the_same_result() -> None:
+    tight = RelayBudget(floor_bytes_per_s=16 * KIB, max_transfer_s=2.0)
+    results = _averaged(tight, 40_000)
+    first, second = results.values()
+    assert isinstance(first, RoundResult) and isinstance(second, RoundResult)
+    assert first.contributors == second.contributors
+    assert torch.equal(first.combined.gradients["w"], second.combined.gradients["w"])
 
 
 class _Wire:
