@@ -160,6 +160,11 @@ def test_the_same_message_on_a_direct_link_is_neither_stretched_nor_refused() ->
             with trio.fail_after(10):
                 assert await other.rpc.request(home.host.get_id(), BIG, PAYLOAD, LIMITS)
             assert not is_relayed(other.host, home.host.get_id())
+            # Nor stretched, at either end: a direct link keeps the protocol's own deadlines.
+            stream = other.rpc._channels[(str(home.host.get_id()), BIG)].stream
+            assert other.rpc.relayed.stretch_s(stream, len(PAYLOAD)) == 0.0
+            with other.rpc.relayed.receiving(stream, "home", len(PAYLOAD)) as stretch:
+                assert stretch == 0.0
 
     trio.run(main)
 
@@ -245,17 +250,37 @@ def test_a_share_slower_than_the_round_over_a_relay_still_makes_the_round() -> N
         assert torch.equal(result.combined.gradients["w"], torch.full((40_000,), 2.0))
 
 
-def test_a_share_no_relay_carries_in_time_is_refused_loudly_not_lost_silently(
+def test_a_share_past_the_budget_is_still_sent_and_every_replica_applies_one_result(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    tight = RelayBudget(floor_bytes_per_s=16 * KIB, max_transfer_s=2.0)
+    """A share larger than the budget is sent anyway (with the most stretch), not refused: a
+    refused follower would gather a round of its own beside the live leader's. The relay is
+    faster than the floor assumed here, so the share makes the round."""
+    assumed = RelayBudget(floor_bytes_per_s=2 * KIB, max_transfer_s=4.0)  # 8 KiB at most
     with caplog.at_level(logging.WARNING):
-        results = _averaged(tight, 40_000)
+        results = _averaged(assumed, 8_000)  # 32 KB a way: over the budget, ~1 s at SLOW
     lines = [r.getMessage() for r in caplog.records]
     assert any("cannot cross a relay in time" in line for line in lines), lines
-    assert any("averaging leader" in line and "public address" in line for line in lines)
-    # Each replica still steps (on its own share): the round did not hang.
-    assert all(isinstance(r, RoundResult) for r in results.values()), results
+    first, second = results.values()
+    assert isinstance(first, RoundResult) and isinstance(second, RoundResult), results
+    assert sorted(first.contributors) == sorted(results)  # both shares made the round
+    assert first.contributors == second.contributors
+    assert torch.equal(first.combined.gradients["w"], second.combined.gradients["w"])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known bug (on main too): a follower whose share misses its deadline falls through "
+    "to the next candidate, itself, and gathers a round of its own beside the live leader's: "
+    "the two replicas apply different results (drift). It must sit out and resync instead.",
+)
+def test_a_share_that_misses_its_deadline_leaves_every_replica_with_the_same_result() -> None:
+    tight = RelayBudget(floor_bytes_per_s=16 * KIB, max_transfer_s=2.0)
+    results = _averaged(tight, 40_000)  # 160 KB a way: ~5 s, the deadline 2 + 2 s
+    first, second = results.values()
+    assert isinstance(first, RoundResult) and isinstance(second, RoundResult)
+    assert first.contributors == second.contributors
+    assert torch.equal(first.combined.gradients["w"], second.combined.gradients["w"])
 
 
 class _Wire:

@@ -157,6 +157,12 @@ class RpcLimits:
     #: More time a handler may take on a request that came over a relay (a gatherer waiting
     #: for relayed shares); a request on a direct connection keeps ``timeout_s``.
     relayed_answer_s: float = 0.0
+    #: Over a relay, send a request past the budget anyway (with the most stretch) instead of
+    #: refusing it: for a message whose refusal is worse than its loss. A replica's share is
+    #: one: a follower refused turns to the next gatherer, possibly itself, and would apply a
+    #: result of its own beside the live leader's; sent, it may still cross (relays are most
+    #: often faster than their floor), and if it does not, it fails as a missed deadline.
+    send_past_budget: bool = False
 
 
 async def admit_everyone(_peer: str) -> bool:
@@ -489,7 +495,7 @@ class RequestResponse:
                 why = self.relayed.refusal(
                     channel.stream, str(peer), protocol, size, limits.timeout_s
                 )
-                if why is not None:
+                if why is not None and not limits.send_past_budget:
                     raise TooLargeForRelay(why)
                 stretch_s = self.relayed.stretch_s(channel.stream, size)
                 scope.deadline += stretch_s

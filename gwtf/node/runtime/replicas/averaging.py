@@ -260,15 +260,14 @@ class GradientAverager:
 
     def _relayed_wait_s(self, replicas: Sequence[str], own: GradientShare) -> float:
         """How much longer a gatherer waits for shares coming over a relay: the relay's time
-        for a share its size (``relay_budget``), only when every follower is reached through
-        a relay alone. A direct follower waits its own time (twice the round) and no more, so
-        with one in the round the gatherer closes at its usual time, and a relayed share
-        slower than that misses the round (its follower logs it). A share no relay carries in
-        time with its answer is refused at its follower's end, loudly: no wait for it."""
+        for a share its size (``relay_budget``, at most its bound), only when every follower
+        is reached through a relay alone. A direct follower waits its own time (twice the
+        round) and no more, so with one in the round the gatherer closes at its usual time,
+        and a relayed share slower than that misses the round (its follower logs it)."""
         others = [r for r in replicas if r != self.replica_id]
-        size = share_bytes(own)
-        if not others or not self.rpc.relay_budget.fits(2 * size):
+        if not others:
             return 0.0
+        size = share_bytes(own)
         if not all(self.rpc.relayed.reached_by_relay_only(r) for r in others):
             return 0.0
         return self.rpc.relay_budget.stretch_s(size)
@@ -344,10 +343,15 @@ class GradientAverager:
     ) -> RoundResult:
         request = _ROUND.pack(*key) + encode_shares([own], self.codec_limits)
         # The answer is one combined share, the size of this one: over a relay the deadline
-        # stretches for both (or the share is refused at once when no relay carries it in
-        # time); on a direct connection it is twice the round, whatever the share's size.
+        # stretches for both (at most the relay budget's bound); on a direct connection it is
+        # twice the round, whatever the share's size. A share past the budget is still sent,
+        # not refused: refused, this replica would turn to the next gatherer, possibly itself,
+        # and apply a result of its own while the live leader's replicas apply another.
         timeout_s = 2 * self.round_timeout_s
-        limits = RpcLimits(len(request), self.codec_limits.max_bytes, timeout_s, len(request))
+        limits = RpcLimits(
+            len(request), self.codec_limits.max_bytes, timeout_s, len(request),
+            send_past_budget=True,
+        )  # fmt: skip
         reply = await self.rpc.request(ID.from_base58(leader), PROTOCOL_ID, request, limits)
         try:
             contributors, combined = decode_average(reply, self.codec_limits)
