@@ -270,9 +270,10 @@ def test_a_share_past_the_budget_is_still_sent_and_every_replica_applies_one_res
 
 @pytest.mark.xfail(
     strict=True,
-    reason="known bug (on main too): a follower whose share misses its deadline falls through "
-    "to the next candidate, itself, and gathers a round of its own beside the live leader's: "
-    "the two replicas apply different results (drift). It must sit out and resync instead.",
+    reason="known bug: a follower whose share misses its deadline over a relay asks its leader "
+    "for the round's result, and that answer (as large as a share) misses its deadline too: no "
+    "replica answered, so it steps alone as a lone survivor would, beside the live leader's "
+    "round (drift). A timeout on a live connection must make it sit out and resync instead.",
 )
 def test_a_share_that_misses_its_deadline_leaves_every_replica_with_the_same_result() -> None:
     tight = RelayBudget(floor_bytes_per_s=16 * KIB, max_transfer_s=2.0)
