@@ -104,6 +104,16 @@ def combine_shares(gatherer: str, shares: Sequence[GradientShare]) -> RoundResul
     )
 
 
+def fits(result: RoundResult, own: GradientShare) -> bool:
+    """Whether another replica's result can be applied here: the same tensor names and shapes
+    as this replica's own share, and a count that is not negative. What a replica pulls from
+    another is otherwise taken on trust, like a share; this keeps a made-up one from failing
+    the step (or stepping on tensors of another stage)."""
+    shapes = {name: tensor.shape for name, tensor in own.gradients.items()}
+    theirs = {name: tensor.shape for name, tensor in result.combined.gradients.items()}
+    return theirs == shapes and result.combined.microbatch_count >= 0
+
+
 @dataclass
 class _Round:
     gatherer: str
@@ -228,7 +238,7 @@ class GradientAverager:
                     round_.add(own)
                     with trio.move_on_after(self.round_timeout_s):
                         await round_.closed.wait()
-                    return await self._gather(round_, key, candidates, failed)
+                    return await self._gather(round_, key, candidates, failed, own)
                 round_.leader = leader
                 try:
                     result = await self._send_to(leader, key, own)
@@ -247,7 +257,12 @@ class GradientAverager:
                 del self._rounds[old]
 
     async def _gather(
-        self, round_: _Round, key: tuple[int, int, int], candidates: list[str], failed: list[str]
+        self,
+        round_: _Round,
+        key: tuple[int, int, int],
+        candidates: list[str],
+        failed: list[str],
+        own: GradientShare,
     ) -> RoundResult:
         """Close ``round_`` as its gatherer, unless another replica holds a result of it."""
         if round_.closed.is_set():
@@ -261,9 +276,9 @@ class GradientAverager:
         others = [c for c in candidates if c != self.replica_id]
         if not (failed or (alone and others)):
             return round_.close()  # the round's first gatherer, with shares besides its own
-        answered, results = await self._ask_results(key, others, candidates)
+        answered, results = await self._ask_results(key, others, candidates, own)
         if round_.closed.is_set():  # a leader's answer settled it meanwhile (a late follower's)
-            return await self._gather(round_, key, candidates, failed)
+            return await self._gather(round_, key, candidates, failed, own)
         if results:
             # Several results only if gatherers already disagreed: the earliest one's wins.
             result = min(results, key=lambda r: candidates.index(r.combined.replica_id))
@@ -279,10 +294,10 @@ class GradientAverager:
         return round_.close()
 
     async def _ask_results(
-        self, key: tuple[int, int, int], peers: list[str], candidates: list[str]
+        self, key: tuple[int, int, int], peers: list[str], candidates: list[str], own: GradientShare
     ) -> tuple[int, list[RoundResult]]:
         """Ask ``peers`` at once for a result of the round; how many answered, and the
-        results they held that one of the round's ``candidates`` gathered."""
+        results they held that one of the round's ``candidates`` gathered and that fit ``own``."""
         answered = 0
         results: list[RoundResult] = []
         limits = RpcLimits(_ROUND.size, 1 + self.codec_limits.max_bytes, 2 * self.round_timeout_s)
@@ -304,8 +319,13 @@ class GradientAverager:
             except ProtocolError as exc:
                 log.warning("replica %s sent an undecodable averaging result: %s", peer, exc)
                 return
-            if combined.replica_id in candidates:
-                results.append(RoundResult(contributors, combined))
+            result = RoundResult(contributors, combined)
+            if not fits(result, own):
+                log.warning(
+                    "replica %s sent an averaging result that does not fit this stage", peer
+                )
+            elif combined.replica_id in candidates:
+                results.append(result)
 
         async with trio.open_nursery() as nursery:
             for peer in peers:
@@ -322,6 +342,9 @@ class GradientAverager:
             contributors, combined = decode_average(reply, self.codec_limits)
         except ProtocolError as exc:
             raise PeerUnavailable(f"leader {leader} sent an undecodable average: {exc}") from exc
+        result = RoundResult(contributors, combined)
+        if not fits(result, own):
+            raise PeerUnavailable(f"leader {leader} sent an average that does not fit this stage")
         if self.replica_id not in contributors:
             log.warning("leader %s closed stage %s's round without this replica", leader, key[0])
-        return RoundResult(contributors, combined)
+        return result
