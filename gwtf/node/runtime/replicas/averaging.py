@@ -12,19 +12,19 @@ the total count), so all of them step bit for bit alike, exactly as if each had 
 itself in that order. A dead replica is simply missing from the sum. If the leader itself does not
 answer, followers drop it and the next smallest id gathers.
 
-Two gatherers must never both complete a round: a follower cut off from the leader alone (the
-leader alive, gathering the others) would otherwise turn to itself, gather its own share alone and
-step on it while the others step on the leader's average, and the replicas would drift apart for
-good. So a replica that gathers after a leader failed it (a *fallback*), or that ends up with no
-share but its own while others were expected, first asks the round's other replicas for a result
-they hold (``RESULT_PROTOCOL_ID``, the leaders that failed it included; one that follows a leader
-other than the asker waits, bounded, for its leader's answer) and adopts it, the earliest
-gatherer's if several. Only when none holds one does it combine what it has; a fallback left with
-its own share alone then steps alone only if no other replica answered at all (the lone survivor:
-the others are gone), and otherwise raises ``RoundCutOff``: the others are alive and may have
-stepped without it, so its caller must not step but load their state (a relay resyncs, a data node
-asks to be taken back in). This is simpler than agreeing on the gatherer beforehand, and every wait
-is bounded, so a gatherer dying mid-round costs at most a few round deadlines, never a stall.
+Two gatherers must never both complete a round: a follower cut off from the leader alone (the leader
+alive, gathering the others) would otherwise turn to itself, gather its own share alone and step on
+it while the others step on the leader's average, and the replicas would drift apart for good. So a
+replica that gathers after a leader failed it (a *fallback*), or that ends up with no share but its
+own while others were expected, first asks the round's other replicas for a result they hold
+(``RESULT_PROTOCOL_ID``, the leaders that failed it included; one that follows a leader other than
+the asker waits, bounded, for its leader's answer) and adopts it, the earliest gatherer's if
+several. Only when none holds one does it combine what it has; a fallback left with its own share
+alone then steps alone only if no other replica answered at all, not even with a refusal (the lone
+survivor: the others are gone), and otherwise raises ``RoundCutOff``: the others are alive and may
+have stepped without it, so its caller must not step but load their state (a relay resyncs, a data
+node asks to be taken back in). This is simpler than agreeing on the gatherer beforehand, and every
+wait is bounded, so a gatherer dying mid-round costs at most a few round deadlines, never a stall.
 
 An iteration's end may take several rounds (``attempt``): the data node asks again once it has
 redone the gradients a replica that died while averaging held (``EndIteration``). Each is its own
@@ -43,7 +43,14 @@ import trio
 from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError
-from gwtf.node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
+from gwtf.node.p2p.rpc import (
+    Decline,
+    PeerUnavailable,
+    RequestDeclined,
+    RequestRefused,
+    RequestResponse,
+    RpcLimits,
+)
 from gwtf.node.runtime.replicas.share_codec import (
     decode_average,
     decode_shares,
@@ -308,6 +315,11 @@ class GradientAverager:
                 reply = await self.rpc.request(
                     ID.from_base58(peer), RESULT_PROTOCOL_ID, _ROUND.pack(*key), limits
                 )
+            except (RequestDeclined, RequestRefused) as exc:
+                # It is up (it answered, with a refusal): it may have stepped without this one.
+                log.info("replica %s refused the averaging result question: %s", peer, exc)
+                answered += 1
+                return
             except PeerUnavailable as exc:
                 log.info("replica %s gave no averaging result: %s", peer, exc)
                 return
