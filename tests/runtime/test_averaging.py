@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.host import full_address, peer_info, running_host
 from gwtf.node.p2p.identity import new_identity
-from gwtf.node.p2p.rpc import RequestResponse
+from gwtf.node.p2p.rpc import Decline, RequestResponse, RpcLimits
 from gwtf.node.runtime.dataplane import control
 from gwtf.node.runtime.replicas.averaging import (
+    RESULT_PROTOCOL_ID,
     GradientAverager,
     RoundCutOff,
     RoundResult,
@@ -387,6 +388,90 @@ def test_a_follower_whose_share_times_out_takes_the_gatherers_result() -> None:
     trio.run(main)
     first, second = results.values()
     assert same_result(first, second) and first.combined.microbatch_count == 1
+
+
+def test_a_result_that_does_not_fit_the_stage_is_not_taken() -> None:
+    """The follower withholds its share and answers the gatherer's question with a made-up
+    result of other tensors (naming the gatherer its gatherer): the gatherer leaves it and
+    steps on its own share, instead of failing its step on it."""
+    got: list[RoundResult] = []
+    ids: list[str] = []
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            hosts = [
+                await stack.enter_async_context(running_host(new_identity())) for _ in range(2)
+            ]
+            hosts.sort(key=lambda h: str(h.get_id()))
+            ids.extend(str(h.get_id()) for h in hosts)
+            honest = GradientAverager(RequestResponse(hosts[0]), ids[0], LIMITS, 1.0)
+            honest.serve()
+            forged = GradientShare(ids[0], 1, {"w": torch.full((7, 7), 1e30)})
+
+            async def answer(peer: str, request: bytes) -> bytes:
+                return b"\x01" + encode_average((ids[0], ids[1]), forged, LIMITS)
+
+            forger = RequestResponse(hosts[1])
+            forger.serve(RESULT_PROTOCOL_ID, answer, RpcLimits(1 << 20, 1 << 20, 5.0))
+            await hosts[1].connect(peer_info(full_address(hosts[0])))
+            with trio.fail_after(30):
+                got.append(await honest.average(2, 7, share_of(ids[0], 1), ids))
+
+    trio.run(main)
+    assert got[0].contributors == (ids[0],)
+    assert same_shares([got[0].combined], [share_of(ids[0], 1)])
+
+
+def test_a_replica_that_refuses_the_result_question_still_counts_as_up() -> None:
+    """Replica 1 is refused by the gatherer 0; replica 2 averages with 0 but declines the
+    result question (busy): 1 heard from a live replica, so it must not step alone beside the
+    round of 0 and 2."""
+    got: dict[int, RoundResult | ProtocolError] = {}
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            hosts = [
+                await stack.enter_async_context(running_host(new_identity())) for _ in range(3)
+            ]
+            hosts.sort(key=lambda h: str(h.get_id()))
+            ids = [str(h.get_id()) for h in hosts]
+            averagers = []
+            for j, host in enumerate(hosts):
+
+                async def admit(peer: str, j: int = j) -> bool:
+                    return not (j == 0 and peer == ids[1])
+
+                rpc = RequestResponse(host, admit=admit)
+                averagers.append(GradientAverager(rpc, ids[j], LIMITS, 1.0))
+            for j, averager in enumerate(averagers):
+
+                async def busy(peer: str, request: bytes) -> bytes:
+                    raise Decline("busy")
+
+                if j == 2:
+                    averager._handle_result = busy  # type: ignore[method-assign]
+                averager.serve()
+            for i in range(3):
+                for j in range(3):
+                    if i != j:
+                        await hosts[i].connect(peer_info(full_address(hosts[j])))
+
+            async def one(i: int) -> None:
+                try:
+                    got[i] = await averagers[i].average(2, 7, share_of(ids[i], i + 1), ids)
+                except ProtocolError as exc:
+                    got[i] = exc
+
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for i in range(3):
+                        nursery.start_soon(one, i)
+
+    trio.run(main)
+    assert isinstance(got[1], RoundCutOff), got
+    first, third = got[0], got[2]
+    assert isinstance(first, RoundResult) and isinstance(third, RoundResult)
+    assert same_result(first, third)
 
 
 ITERATION = 4

@@ -12,19 +12,19 @@ the total count), so all of them step bit for bit alike, exactly as if each had 
 itself in that order. A dead replica is simply missing from the sum. If the leader itself does not
 answer, followers drop it and the next smallest id gathers.
 
-Two gatherers must never both complete a round: a follower cut off from the leader alone (the
-leader alive, gathering the others) would otherwise turn to itself, gather its own share alone and
-step on it while the others step on the leader's average, and the replicas would drift apart for
-good. So a replica that gathers after a leader failed it (a *fallback*), or that ends up with no
-share but its own while others were expected, first asks the round's other replicas for a result
-they hold (``RESULT_PROTOCOL_ID``, the leaders that failed it included; one that follows a leader
-other than the asker waits, bounded, for its leader's answer) and adopts it, the earliest
-gatherer's if several. Only when none holds one does it combine what it has; a fallback left with
-its own share alone then steps alone only if no other replica answered at all (the lone survivor:
-the others are gone), and otherwise raises ``RoundCutOff``: the others are alive and may have
-stepped without it, so its caller must not step but load their state (a relay resyncs, a data node
-asks to be taken back in). This is simpler than agreeing on the gatherer beforehand, and every wait
-is bounded, so a gatherer dying mid-round costs at most a few round deadlines, never a stall.
+Two gatherers must never both complete a round: a follower cut off from the leader alone (the leader
+alive, gathering the others) would otherwise turn to itself, gather its own share alone and step on
+it while the others step on the leader's average, and the replicas would drift apart for good. So a
+replica that gathers after a leader failed it (a *fallback*), or that ends up with no share but its
+own while others were expected, first asks the round's other replicas for a result they hold
+(``RESULT_PROTOCOL_ID``, the leaders that failed it included; one that follows a leader other than
+the asker waits, bounded, for its leader's answer) and adopts it, the earliest gatherer's if
+several. Only when none holds one does it combine what it has; a fallback left with its own share
+alone then steps alone only if no other replica answered at all, not even with a refusal (the lone
+survivor: the others are gone), and otherwise raises ``RoundCutOff``: the others are alive and may
+have stepped without it, so its caller must not step but load their state (a relay resyncs, a data
+node asks to be taken back in). This is simpler than agreeing on the gatherer beforehand, and every
+wait is bounded, so a gatherer dying mid-round costs at most a few round deadlines, never a stall.
 
 An iteration's end may take several rounds (``attempt``): the data node asks again once it has
 redone the gradients a replica that died while averaging held (``EndIteration``). Each is its own
@@ -43,7 +43,14 @@ import trio
 from libp2p.peer.id import ID
 
 from gwtf.errors import ProtocolError
-from gwtf.node.p2p.rpc import Decline, PeerUnavailable, RequestResponse, RpcLimits
+from gwtf.node.p2p.rpc import (
+    Decline,
+    PeerUnavailable,
+    RequestDeclined,
+    RequestRefused,
+    RequestResponse,
+    RpcLimits,
+)
 from gwtf.node.runtime.replicas.share_codec import (
     decode_average,
     decode_shares,
@@ -108,6 +115,16 @@ def combine_shares(gatherer: str, shares: Sequence[GradientShare]) -> RoundResul
     return RoundResult(
         tuple(share.replica_id for share in fitting), GradientShare(gatherer, count, summed)
     )
+
+
+def fits(result: RoundResult, own: GradientShare) -> bool:
+    """Whether another replica's result can be applied here: the same tensor names and shapes
+    as this replica's own share, and a count that is not negative. What a replica pulls from
+    another is otherwise taken on trust, like a share; this keeps a made-up one from failing
+    the step (or stepping on tensors of another stage)."""
+    shapes = {name: tensor.shape for name, tensor in own.gradients.items()}
+    theirs = {name: tensor.shape for name, tensor in result.combined.gradients.items()}
+    return theirs == shapes and result.combined.microbatch_count >= 0
 
 
 @dataclass
@@ -240,7 +257,7 @@ class GradientAverager:
                     wait_s = self.round_timeout_s + self._relayed_wait_s(candidates, own)
                     with trio.move_on_after(wait_s):
                         await round_.closed.wait()
-                    return await self._gather(round_, key, candidates, failed)
+                    return await self._gather(round_, key, candidates, failed, own)
                 round_.leader = leader
                 try:
                     result = await self._send_to(leader, key, own)
@@ -273,7 +290,12 @@ class GradientAverager:
         return self.rpc.relay_budget.stretch_s(size)
 
     async def _gather(
-        self, round_: _Round, key: tuple[int, int, int], candidates: list[str], failed: list[str]
+        self,
+        round_: _Round,
+        key: tuple[int, int, int],
+        candidates: list[str],
+        failed: list[str],
+        own: GradientShare,
     ) -> RoundResult:
         """Close ``round_`` as its gatherer, unless another replica holds a result of it."""
         if round_.closed.is_set():
@@ -287,9 +309,9 @@ class GradientAverager:
         others = [c for c in candidates if c != self.replica_id]
         if not (failed or (alone and others)):
             return round_.close()  # the round's first gatherer, with shares besides its own
-        answered, results = await self._ask_results(key, others, candidates)
+        answered, results = await self._ask_results(key, others, candidates, own)
         if round_.closed.is_set():  # a leader's answer settled it meanwhile (a late follower's)
-            return await self._gather(round_, key, candidates, failed)
+            return await self._gather(round_, key, candidates, failed, own)
         if results:
             # Several results only if gatherers already disagreed: the earliest one's wins.
             result = min(results, key=lambda r: candidates.index(r.combined.replica_id))
@@ -305,10 +327,10 @@ class GradientAverager:
         return round_.close()
 
     async def _ask_results(
-        self, key: tuple[int, int, int], peers: list[str], candidates: list[str]
+        self, key: tuple[int, int, int], peers: list[str], candidates: list[str], own: GradientShare
     ) -> tuple[int, list[RoundResult]]:
         """Ask ``peers`` at once for a result of the round; how many answered, and the
-        results they held that one of the round's ``candidates`` gathered."""
+        results they held that one of the round's ``candidates`` gathered and that fit ``own``."""
         answered = 0
         results: list[RoundResult] = []
         limits = RpcLimits(_ROUND.size, 1 + self.codec_limits.max_bytes, 2 * self.round_timeout_s)
@@ -319,6 +341,11 @@ class GradientAverager:
                 reply = await self.rpc.request(
                     ID.from_base58(peer), RESULT_PROTOCOL_ID, _ROUND.pack(*key), limits
                 )
+            except (RequestDeclined, RequestRefused) as exc:
+                # It is up (it answered, with a refusal): it may have stepped without this one.
+                log.info("replica %s refused the averaging result question: %s", peer, exc)
+                answered += 1
+                return
             except PeerUnavailable as exc:
                 log.info("replica %s gave no averaging result: %s", peer, exc)
                 return
@@ -330,8 +357,13 @@ class GradientAverager:
             except ProtocolError as exc:
                 log.warning("replica %s sent an undecodable averaging result: %s", peer, exc)
                 return
-            if combined.replica_id in candidates:
-                results.append(RoundResult(contributors, combined))
+            result = RoundResult(contributors, combined)
+            if not fits(result, own):
+                log.warning(
+                    "replica %s sent an averaging result that does not fit this stage", peer
+                )
+            elif combined.replica_id in candidates:
+                results.append(result)
 
         async with trio.open_nursery() as nursery:
             for peer in peers:
@@ -357,6 +389,9 @@ class GradientAverager:
             contributors, combined = decode_average(reply, self.codec_limits)
         except ProtocolError as exc:
             raise PeerUnavailable(f"leader {leader} sent an undecodable average: {exc}") from exc
+        result = RoundResult(contributors, combined)
+        if not fits(result, own):
+            raise PeerUnavailable(f"leader {leader} sent an average that does not fit this stage")
         if self.replica_id not in contributors:
             log.warning("leader %s closed stage %s's round without this replica", leader, key[0])
-        return RoundResult(contributors, combined)
+        return result
