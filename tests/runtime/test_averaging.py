@@ -12,6 +12,7 @@ import torch
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from libp2p.abc import IHost
 
 from gwtf.errors import ProtocolError
 from gwtf.node.p2p.host import full_address, peer_info, running_host
@@ -253,6 +254,12 @@ def test_truncated_shares_are_refused() -> None:
             decode_shares(encoded[:cut], LIMITS)
 
 
+async def hosts_in_id_order(stack: AsyncExitStack, n: int) -> list[IHost]:
+    """``n`` running hosts sorted by id: the i-th is a round's i-th candidate gatherer."""
+    hosts = [await stack.enter_async_context(running_host(new_identity())) for _ in range(n)]
+    return sorted(hosts, key=lambda h: str(h.get_id()))
+
+
 def run_cut_round(
     cut: frozenset[tuple[int, int]] = frozenset(),
     dies_after_shares: int | None = None,
@@ -269,10 +276,7 @@ def run_cut_round(
 
     async def main() -> None:
         async with AsyncExitStack() as stack:
-            hosts = [
-                await stack.enter_async_context(running_host(new_identity())) for _ in range(3)
-            ]
-            hosts.sort(key=lambda h: str(h.get_id()))
+            hosts = await hosts_in_id_order(stack, 3)
             ids.extend(str(h.get_id()) for h in hosts)
             averagers = []
             for j, host in enumerate(hosts):
@@ -361,10 +365,7 @@ def test_a_follower_whose_share_times_out_takes_the_gatherers_result() -> None:
 
     async def main() -> None:
         async with AsyncExitStack() as stack:
-            hosts = [
-                await stack.enter_async_context(running_host(new_identity())) for _ in range(2)
-            ]
-            hosts.sort(key=lambda h: str(h.get_id()))
+            hosts = await hosts_in_id_order(stack, 2)
             ids = [str(h.get_id()) for h in hosts]
 
             def slow_shares(peer: str, n_bytes: int) -> float:
@@ -399,10 +400,7 @@ def test_a_result_that_does_not_fit_the_stage_is_not_taken() -> None:
 
     async def main() -> None:
         async with AsyncExitStack() as stack:
-            hosts = [
-                await stack.enter_async_context(running_host(new_identity())) for _ in range(2)
-            ]
-            hosts.sort(key=lambda h: str(h.get_id()))
+            hosts = await hosts_in_id_order(stack, 2)
             ids.extend(str(h.get_id()) for h in hosts)
             honest = GradientAverager(RequestResponse(hosts[0]), ids[0], LIMITS, 1.0)
             honest.serve()
@@ -430,10 +428,7 @@ def test_a_replica_that_refuses_the_result_question_still_counts_as_up() -> None
 
     async def main() -> None:
         async with AsyncExitStack() as stack:
-            hosts = [
-                await stack.enter_async_context(running_host(new_identity())) for _ in range(3)
-            ]
-            hosts.sort(key=lambda h: str(h.get_id()))
+            hosts = await hosts_in_id_order(stack, 3)
             ids = [str(h.get_id()) for h in hosts]
             averagers = []
             for j, host in enumerate(hosts):
@@ -491,10 +486,7 @@ def relays_end_with_a_cut(
 
     async def main() -> None:
         async with AsyncExitStack() as stack:
-            hosts = [
-                await stack.enter_async_context(running_host(new_identity())) for _ in range(3)
-            ]
-            hosts.sort(key=lambda h: str(h.get_id()))
+            hosts = await hosts_in_id_order(stack, 3)
             ids.extend(str(h.get_id()) for h in hosts)
             nursery = await stack.enter_async_context(trio.open_nursery())
             roles = []
@@ -600,10 +592,7 @@ def test_a_data_node_cut_off_from_its_gatherer_does_not_step_its_embedding_and_h
 
     async def main() -> None:
         async with AsyncExitStack() as stack:
-            hosts = [
-                await stack.enter_async_context(running_host(new_identity())) for _ in range(3)
-            ]
-            hosts.sort(key=lambda h: str(h.get_id()))
+            hosts = await hosts_in_id_order(stack, 3)
             ids = [str(h.get_id()) for h in hosts]
             for j, host in enumerate(hosts):
 
