@@ -68,6 +68,7 @@ async def node(
     announce: tuple[str, ...] = (),
     admit_delay_s: float = 0.0,
     max_inbound_circuits: int = 32,
+    check_s: float = 0.2,
 ) -> AsyncIterator[Node]:
     """A host that relays (``serve``), holds slots at ``relays`` and takes circuits from them,
     and dials through ``trusts`` (and ``relays``)."""
@@ -103,7 +104,7 @@ async def node(
     async with trio.open_nursery() as nursery:
         reservations = None
         if relays:
-            reservations = RelaySlots(host, relays, check_s=0.2)
+            reservations = RelaySlots(host, relays, check_s=check_s)
             held.append(reservations)
             nursery.start_soon(reservations.run)
             with trio.fail_after(5):
@@ -183,6 +184,31 @@ def test_a_home_takes_its_slot_again_when_its_connection_to_the_relay_drops() ->
             learn(other, home.host)
             with trio.fail_after(10):
                 assert await other.rpc.request(home.host.get_id(), ECHO, b"hi", LIMITS) == b"hi"
+
+    trio.run(main)
+
+
+def test_a_circuit_refused_while_the_home_dials_its_relay_again_is_asked_once_more() -> None:
+    """A relay honours a slot only while it holds a connection to the slot's holder: a circuit
+    asked for in the moment that connection is down (the home dials it again ``check_s`` later)
+    is refused NO_RESERVATION, and the dialer asks once more after ``SLOT_GAP_S``."""
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            relay = await stack.enter_async_context(node(stack, serve=True))
+            home = await stack.enter_async_context(
+                node(stack, relays=(full_address(relay.host),), check_s=0.5)
+            )
+            other = await stack.enter_async_context(node(stack, trusts=[relay]))
+            home_id, relay_id = home.host.get_id(), relay.host.get_id()
+            learn(other, home.host, [f"{full_address(relay.host)}/p2p-circuit/p2p/{home_id}"])
+            await home.host.get_network().close_peer(relay_id)
+            with trio.fail_after(5):
+                while relay.host.get_network().connections.get(home_id):
+                    await trio.sleep(0.01)
+            with trio.fail_after(15):
+                assert await other.rpc.request(home_id, ECHO, b"hi", LIMITS) == b"hi"
+            assert is_relayed(other.host, home_id) and other.dialer.failures == 0
 
     trio.run(main)
 

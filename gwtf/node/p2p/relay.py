@@ -53,6 +53,10 @@ from gwtf.node.p2p.host import peer_info
 
 log = logging.getLogger(__name__)
 
+#: How long a dialer waits before asking a relay once more for a circuit to a peer it said
+#: holds no slot there (the holder's connection to the relay may be coming back).
+SLOT_GAP_S = 1.0
+
 #: A hop or stop message is a peer id, a status and limits: a few hundred bytes.
 MAX_RELAY_MESSAGE_BYTES = 4096
 #: How long ending a stream may take (it runs shielded, after a deadline may have passed).
@@ -323,7 +327,7 @@ class CircuitDialer:
         for relay in await self.circuits(peer):
             began = trio.current_time()
             try:
-                await connect_through(self.host, relay, peer, self.timeout_s)
+                await self._through(relay, peer)
             except Exception as exc:  # libp2p's errors share no base (TooSlowError too)
                 self.failures += 1
                 log.info("no circuit to %s through %s: %s", peer, relay.peer_id, exc)
@@ -334,6 +338,20 @@ class CircuitDialer:
             self.on_circuit(peer)
             return True
         return False
+
+    async def _through(self, relay: PeerInfo, peer: ID) -> None:
+        """A circuit through ``relay``, asked once more after a pause if the relay answers that
+        ``peer`` holds no slot: a relay honours a slot only while it holds a connection to its
+        holder, and that connection can be down for a moment (seen closing as a circuit to the
+        peer ends, the peer dialling it again within a second)."""
+        try:
+            await connect_through(self.host, relay, peer, self.timeout_s)
+        except RelayRefused as exc:
+            if exc.status != StatusCode.NO_RESERVATION:
+                raise
+            log.info("%s; asking once more in %g s", exc, SLOT_GAP_S)
+            await trio.sleep(SLOT_GAP_S)
+            await connect_through(self.host, relay, peer, self.timeout_s)
 
     def _connected(self, peer: ID) -> bool:
         return bool(self.host.get_network().connections.get(peer))
