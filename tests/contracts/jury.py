@@ -14,8 +14,12 @@ from web3.logs import DISCARD
 from web3.types import TxReceipt
 
 from gwtf.contracts import fraud_proofs
+from gwtf.contracts.bindings import transact
 from gwtf.contracts.fraud_proofs import FraudProof
 from tests.contracts.world import ETH, NodeKey, World
+
+#: Enough for a draw whose every seat needs all its tries.
+DRAW_GAS = 10_000_000
 
 RIGHT, WRONG, REFUSED = 1, 2, 0
 SALTS, DRAWING, VOTING, RULED = 1, 2, 3, 4
@@ -122,7 +126,9 @@ def draw(w: World, case_id: int) -> list[str]:
     for _ in range(2):  # a beacon past its window re-arms once
         (*_, last) = rounds(w, case_id)
         mine_to(w, int(last[0]) + 1)
-        receipt = w.tx(w.court.functions.draw(case_id), w.stranger)
+        # A draw's gas depends on its seed (each seat tries up to SEAT_TRIES points past jurors
+        # who cannot sit): more than the world's fixed limit in unlucky seeds of a thin pool.
+        receipt = transact(w.w3, w.court.functions.draw(case_id), w.stranger, gas=DRAW_GAS)
         drawn = w.court.events.JuryDrawn().process_receipt(receipt, errors=DISCARD)
         if drawn:
             return [str(seat) for seat in drawn[0]["args"]["seats"]]
