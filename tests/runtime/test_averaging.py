@@ -36,7 +36,7 @@ from gwtf.node.runtime.roles.data import DataRole
 from gwtf.node.runtime.roles.relay import RelayRole
 from gwtf.node.training.codec import CodecLimits
 from gwtf.node.training.errors import TensorCodecError
-from gwtf.node.training.partition import plan_partition
+from gwtf.node.training.partition import PartitionPlan, plan_partition
 from gwtf.node.training.stage_worker import StageWorker
 from gwtf.node.training.trainer import GradientShare
 from tests.runtime.swarm_harness import MODEL, SEED, STAGES, TRAINING
@@ -472,6 +472,22 @@ def test_a_replica_that_refuses_the_result_question_still_counts_as_up() -> None
 ITERATION = 4
 
 
+def replica_one_cannot_reach(
+    host: IHost, ids: list[str], j: int, plan: PartitionPlan
+) -> tuple[GradientAverager, StageWorker]:
+    """Replica ``j``'s averager (serving) and stage worker at ``ITERATION``; the gatherer,
+    replica 0, refuses every stream of replica 1."""
+
+    async def admit(peer: str) -> bool:
+        return not (j == 0 and peer == ids[1])
+
+    averager = GradientAverager(RequestResponse(host, admit=admit), ids[j], LIMITS, 2.0)
+    averager.serve()
+    worker = StageWorker(plan, 0, TRAINING, SEED, replica_id=ids[j])
+    worker.step_count = ITERATION
+    return averager, worker
+
+
 def relays_end_with_a_cut(
     attempt: int, absent: int | None = None
 ) -> tuple[list[str], list[StageWorker], dict[int, dict]]:
@@ -491,14 +507,7 @@ def relays_end_with_a_cut(
             nursery = await stack.enter_async_context(trio.open_nursery())
             roles = []
             for j, host in enumerate(hosts):
-
-                async def admit(peer: str, j: int = j) -> bool:
-                    return not (j == 0 and peer == ids[1])
-
-                averager = GradientAverager(RequestResponse(host, admit=admit), ids[j], LIMITS, 2.0)
-                averager.serve()
-                worker = StageWorker(plan, 0, TRAINING, SEED, replica_id=ids[j])
-                worker.step_count = ITERATION
+                averager, worker = replica_one_cannot_reach(host, ids, j, plan)
                 activation = torch.randn(
                     2, 8, MODEL.d_model, generator=torch.Generator().manual_seed(j)
                 )
@@ -595,14 +604,7 @@ def test_a_data_node_cut_off_from_its_gatherer_does_not_step_its_embedding_and_h
             hosts = await hosts_in_id_order(stack, 3)
             ids = [str(h.get_id()) for h in hosts]
             for j, host in enumerate(hosts):
-
-                async def admit(peer: str, j: int = j) -> bool:
-                    return not (j == 0 and peer == ids[1])
-
-                averager = GradientAverager(RequestResponse(host, admit=admit), ids[j], LIMITS, 2.0)
-                averager.serve()
-                worker = StageWorker(plan, 0, TRAINING, SEED, replica_id=ids[j])
-                worker.step_count = ITERATION
+                averager, worker = replica_one_cannot_reach(host, ids, j, plan)
                 output = worker.forward(j, torch.randn(2, 8, MODEL.d_model))
                 worker.backward(j, torch.ones_like(output))
                 roles.append(SimpleNamespace(averager=averager, worker=worker, _run=run))
